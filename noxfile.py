@@ -5,33 +5,48 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
+import sys
 
 import nox
 
 ROOT = pathlib.Path(__file__).parent
 PROTO_DIR = ROOT / "proto"
 GENERATED_DIR = ROOT / "src" / "danube" / "proto"
+GENERATED_PACKAGE_DOC = (
+    '"""Generated wire types (betterproto). Regenerate with `nox -s protos`; never edit."""\n'
+)
 
 nox.options.default_venv_backend = "none"
 nox.options.sessions = ["lint", "tests"]
 
 
-def generate_protos(session: nox.Session, out_dir: pathlib.Path) -> None:
-    """Runs protoc with the betterproto plugin from this environment's bin directory."""
+def generate_protos(out_dir: pathlib.Path) -> None:
+    """Compiles proto/ with the betterproto plugin into out_dir.
+
+    Shared by the `protos` session and tests/wire/test_generated_current.py, so the freshness check
+    regenerates exactly what the session commits. The interpreter is this environment's (not
+    whatever `python` is first on PATH), and its bin directory goes first on PATH because protoc
+    finds `protoc-gen-python_betterproto` there.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    bin_dir = pathlib.Path(os.sys.executable).parent
-    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-    protos = sorted(str(p.relative_to(PROTO_DIR)) for p in PROTO_DIR.glob("*.proto"))
-    session.run(
-        "python",
-        "-m",
-        "grpc_tools.protoc",
-        f"-I{PROTO_DIR}",
-        f"--python_betterproto_out={out_dir}",
-        *protos,
+    bin_dir = pathlib.Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    protos = sorted(p.name for p in PROTO_DIR.glob("*.proto"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTO_DIR}",
+            f"--python_betterproto_out={out_dir}",
+            *protos,
+        ],
+        cwd=PROTO_DIR,
         env=env,
-        external=True,
+        check=True,
     )
+    (out_dir / "__init__.py").write_text(GENERATED_PACKAGE_DOC)
 
 
 @nox.session
@@ -39,10 +54,11 @@ def protos(session: nox.Session) -> None:
     """Regenerates the committed betterproto code from proto/."""
     for old in GENERATED_DIR.glob("*/__init__.py"):
         old.unlink()
-    generate_protos(session, GENERATED_DIR)
-    (GENERATED_DIR / "__init__.py").write_text(
-        '"""Generated wire types (betterproto). Regenerate with `nox -s protos`; never edit."""\n'
-    )
+    session.log(f"protoc {PROTO_DIR} -> {GENERATED_DIR}")
+    try:
+        generate_protos(GENERATED_DIR)
+    except subprocess.CalledProcessError as exc:
+        session.error(f"protoc failed with exit code {exc.returncode}")
 
 
 @nox.session

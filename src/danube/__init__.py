@@ -1,0 +1,1 @@
+"""Danube for Python: a Danube-compatible message broker."""

@@ -1,0 +1,1 @@
+"""Generated wire types (betterproto). Regenerate with `nox -s protos`; never edit."""
