@@ -1,0 +1,1 @@
+"""Values shared by every layer: names, errors, hashing, configuration. No I/O here."""

@@ -1,0 +1,155 @@
+"""Broker configuration: Danube's YAML keys where they exist, our own where Danube has none.
+
+Unknown keys are errors, not warnings: a misspelt `max_message_size` silently ignored is a
+production incident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from danube.core.errors import DanubeError
+from danube.core.names import validate_namespace
+
+DEFAULT_MAX_MESSAGE_SIZE = 10 * 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A configuration value a person must fix; the message names the key."""
+
+
+class DispatchStrategy(enum.IntEnum):
+    """Wire values of `danube.DispatchStrategy`; `label` is the metadata spelling."""
+
+    NON_RELIABLE = 0
+    RELIABLE = 1
+
+    @property
+    def label(self) -> str:
+        return "NonReliable" if self is DispatchStrategy.NON_RELIABLE else "Reliable"
+
+    @classmethod
+    def from_label(cls, label: str) -> DispatchStrategy:
+        return cls.RELIABLE if label == "Reliable" else cls.NON_RELIABLE
+
+
+@dataclass(frozen=True, slots=True)
+class Policies:
+    """Per-namespace limits; 0 means unlimited (Danube's convention)."""
+
+    max_producers_per_topic: int = 0
+    max_subscriptions_per_topic: int = 0
+    max_consumers_per_topic: int = 0
+    max_consumers_per_subscription: int = 0
+    max_publish_rate: int = 0
+    max_subscription_dispatch_rate: int = 0
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchConfig:
+    consumer_queue_messages: int = 1000
+    consumer_queue_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def parse(cls, text: str, what: str) -> Address:
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ConfigError(f"{what}: expected host:port, got {text!r}")
+        return cls(host.strip("[]"), int(port))
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    cluster_name: str = "STANDALONE"
+    broker_addr: Address = Address("127.0.0.1", 6650)
+    admin_addr: Address = Address("127.0.0.1", 50051)
+    advertised_addr: str | None = None
+    data_dir: str = "./danube-data"
+    bootstrap_namespaces: tuple[str, ...] = ("default",)
+    auto_create_topics: bool = True
+    policies: Policies = field(default_factory=Policies)
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+
+    @property
+    def broker_url(self) -> str:
+        return f"http://{self.advertised_addr or self.broker_addr}"
+
+
+def _section(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = data.get(key) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}{key}: expected a mapping")
+    return value
+
+
+def _fill(cls: type, data: dict[str, Any], where: str) -> Any:
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    values = {}
+    for key, value in data.items():
+        expected = type(getattr(cls(), key))
+        if expected is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ConfigError(f"{where}.{key}: expected a non-negative integer, got {value!r}")
+        values[key] = value
+    return cls(**values)
+
+
+_TOP_LEVEL = {
+    "cluster_name", "broker", "meta_store", "bootstrap_namespaces", "auto_create_topics",
+    "policies", "dispatch",
+}  # fmt: skip
+
+
+def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
+    """Builds a config from parsed YAML (Danube's layout: broker.host, broker.ports.client...)."""
+    if not isinstance(data, dict):
+        raise ConfigError("the configuration file must be a YAML mapping")
+    unknown = sorted(set(data) - _TOP_LEVEL)
+    if unknown:
+        raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}")
+    config = BrokerConfig()
+    broker = _section(data, "broker", "")
+    ports = _section(broker, "ports", "broker.")
+    host = broker.get("host", config.broker_addr.host)
+    updates: dict[str, Any] = {
+        "broker_addr": Address(host, int(ports.get("client", config.broker_addr.port))),
+        "admin_addr": Address(host, int(ports.get("admin", config.admin_addr.port))),
+    }
+    advertised = _section(broker, "advertised_listeners", "broker.")
+    if advertised.get("broker_url"):
+        updates["advertised_addr"] = str(advertised["broker_url"]).split("://")[-1]
+    if "cluster_name" in data:
+        updates["cluster_name"] = str(data["cluster_name"])
+    meta = _section(data, "meta_store", "")
+    if "data_dir" in meta:
+        updates["data_dir"] = str(meta["data_dir"])
+    if "bootstrap_namespaces" in data:
+        names = data["bootstrap_namespaces"]
+        if not isinstance(names, list):
+            raise ConfigError("bootstrap_namespaces: expected a list of namespace names")
+        try:
+            updates["bootstrap_namespaces"] = tuple(validate_namespace(str(n)) for n in names)
+        except DanubeError as error:
+            raise ConfigError(f"bootstrap_namespaces: {error.message}") from None
+    if "auto_create_topics" in data:
+        if not isinstance(data["auto_create_topics"], bool):
+            raise ConfigError("auto_create_topics: expected true or false")
+        updates["auto_create_topics"] = data["auto_create_topics"]
+    updates["policies"] = _fill(Policies, _section(data, "policies", ""), "policies")
+    updates["dispatch"] = _fill(DispatchConfig, _section(data, "dispatch", ""), "dispatch")
+    return dataclasses.replace(config, **updates)

@@ -1,0 +1,84 @@
+"""Topic, namespace and partition names.
+
+Danube accepts `a/b/c` and `//t` (its validator only splits on `/`); we require the canonical
+`/namespace/topic` with non-empty parts, because a name that two brokers could spell two ways
+cannot be a metadata key (spec/protocol.md, "Names").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from danube.core.errors import invalid
+
+MAX_NAME_LENGTH = 255
+PARTITION_MARKER = "-part-"
+
+_PART_RE = re.compile(r"^[\w-]+$")
+_PARTITION_RE = re.compile(r"^(?P<base>.+)-part-(?P<index>0|[1-9][0-9]*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicName:
+    namespace: str
+    local: str
+
+    @property
+    def full(self) -> str:
+        return f"/{self.namespace}/{self.local}"
+
+    @property
+    def path(self) -> str:
+        """The storage and metadata form: no leading slash."""
+        return f"{self.namespace}/{self.local}"
+
+    @property
+    def partition_of(self) -> tuple[str, int] | None:
+        """(base topic, index) when this is a `<base>-part-<n>` partition."""
+        match = _PARTITION_RE.match(self.full)
+        if match is None:
+            return None
+        return match["base"], int(match["index"])
+
+
+def _valid_part(part: str) -> bool:
+    return bool(part) and _PART_RE.match(part) is not None
+
+
+def validate_namespace(name: str) -> str:
+    if not _valid_part(name) or len(name) > MAX_NAME_LENGTH:
+        raise invalid(
+            f"invalid namespace name {name!r}: use letters, digits, '_' or '-' "
+            f"(1 to {MAX_NAME_LENGTH} characters)"
+        )
+    return name
+
+
+def parse_topic(name: str) -> TopicName:
+    """Parses `/namespace/topic`, refusing anything else with an actionable message."""
+    parts = name.split("/")
+    if (
+        len(name) > MAX_NAME_LENGTH
+        or len(parts) != 3
+        or parts[0] != ""
+        or not _valid_part(parts[1])
+        or not _valid_part(parts[2])
+    ):
+        raise invalid(
+            f"invalid topic name {name!r}: expected '/namespace/topic' where both parts use "
+            f"letters, digits, '_' or '-' (at most {MAX_NAME_LENGTH} characters in all)"
+        )
+    return TopicName(parts[1], parts[2])
+
+
+def partition_name(base: str, index: int) -> str:
+    return f"{base}{PARTITION_MARKER}{index}"
+
+
+def partition_index(full_name: str, base: str) -> int | None:
+    """The index when `full_name` is exactly `<base>-part-<n>`, else None."""
+    match = _PARTITION_RE.match(full_name)
+    if match is None or match["base"] != base:
+        return None
+    return int(match["index"])

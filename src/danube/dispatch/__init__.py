@@ -1,0 +1,22 @@
+"""Delivery decisions as pure state machines: which consumer gets which message, and when a
+message is dropped. Drivers (the trio broker, the simulator) only move the bytes."""
+
+from danube.dispatch.keyshared import HashRing, KeyFilter
+from danube.dispatch.nonreliable import NonReliableSubscription, Queued
+from danube.dispatch.types import (
+    ConsumerReady,
+    DropReason,
+    QueueLimits,
+    SubscriptionType,
+)
+
+__all__ = [
+    "ConsumerReady",
+    "DropReason",
+    "HashRing",
+    "KeyFilter",
+    "NonReliableSubscription",
+    "QueueLimits",
+    "Queued",
+    "SubscriptionType",
+]
