@@ -1,0 +1,148 @@
+"""The part of Danube's admin API (package `danube_admin`) a standalone broker needs today:
+namespaces and topics. Methods not listed here answer UNIMPLEMENTED (grpclib's default).
+
+Unlike Danube, which answers NOT_FOUND for most admin failures, each error keeps its own code.
+"""
+
+from __future__ import annotations
+
+import json
+
+import grpclib.const
+
+from danube.broker.grpc_util import unary
+from danube.broker.runtime import BrokerRuntime
+from danube.core.config import DispatchStrategy
+from danube.core.errors import invalid
+from danube.proto import danube_admin as pb
+
+
+def _strategy(value: int) -> DispatchStrategy:
+    if int(value) not in (0, 1):
+        raise invalid(f"unknown dispatch strategy {int(value)}")
+    return DispatchStrategy(int(value))
+
+
+class AdminServices:
+    """BrokerAdmin, NamespaceAdmin and TopicAdmin on the admin port."""
+
+    def __init__(self, runtime: BrokerRuntime, broker_id: str, admin_url: str) -> None:
+        self._runtime = runtime
+        self._core = runtime.core
+        self._broker_id = broker_id
+        self._admin_url = admin_url
+
+    # BrokerAdmin
+
+    async def list_brokers(self, _: pb.Empty) -> pb.BrokerListResponse:
+        broker = pb.BrokerInfo(
+            broker_id=self._broker_id,
+            broker_addr=self._core.identity.broker_url,
+            broker_role="Cluster_Leader",
+            admin_addr=self._admin_url,
+            broker_status="active",
+        )
+        return pb.BrokerListResponse(brokers=[broker])
+
+    async def get_leader_broker(self, _: pb.Empty) -> pb.BrokerResponse:
+        return pb.BrokerResponse(leader=self._broker_id)
+
+    async def list_namespaces(self, _: pb.Empty) -> pb.NamespaceListResponse:
+        return pb.NamespaceListResponse(namespaces=self._core.namespaces())
+
+    # NamespaceAdmin
+
+    async def get_namespace_topics(self, request: pb.NamespaceRequest) -> pb.TopicListResponse:
+        return pb.TopicListResponse(topics=self._core.topics(request.name))
+
+    async def get_namespace_policies(self, request: pb.NamespaceRequest) -> pb.PolicyResponse:
+        policies = self._core.namespace_policies(request.name)
+        return pb.PolicyResponse(policies=json.dumps(policies, sort_keys=True))
+
+    async def create_namespace(self, request: pb.NamespaceRequest) -> pb.NamespaceResponse:
+        await self._runtime.run(self._core.create_namespace(request.name))
+        return pb.NamespaceResponse(success=True)
+
+    async def delete_namespace(self, request: pb.NamespaceRequest) -> pb.NamespaceResponse:
+        await self._runtime.run(self._core.delete_namespace(request.name))
+        return pb.NamespaceResponse(success=True)
+
+    # TopicAdmin
+
+    async def list_namespace_topics(self, request: pb.NamespaceRequest) -> pb.TopicInfoListResponse:
+        topics = [
+            pb.TopicInfo(
+                name=name,
+                broker_id=self._broker_id,
+                delivery=self._core.topic_strategy(name).label,
+            )
+            for name in self._core.topics(request.name)
+        ]
+        return pb.TopicInfoListResponse(topics=topics)
+
+    async def create_topic(self, request: pb.NewTopicRequest) -> pb.TopicResponse:
+        strategy = _strategy(request.dispatch_strategy)
+        await self._runtime.run(self._core.create_topic(request.name, strategy))
+        return pb.TopicResponse(success=True)
+
+    async def create_partitioned_topic(
+        self, request: pb.PartitionedTopicRequest
+    ) -> pb.TopicResponse:
+        strategy = _strategy(request.dispatch_strategy)
+        step = self._core.create_partitioned_topic(request.base_name, request.partitions, strategy)
+        await self._runtime.run(step)
+        return pb.TopicResponse(success=True)
+
+    async def delete_topic(self, request: pb.TopicRequest) -> pb.TopicResponse:
+        await self._runtime.run(self._core.delete_topic(request.name))
+        return pb.TopicResponse(success=True)
+
+    async def list_subscriptions(self, request: pb.TopicRequest) -> pb.SubscriptionListResponse:
+        return pb.SubscriptionListResponse(subscriptions=self._core.subscriptions(request.name))
+
+    async def describe_topic(self, request: pb.DescribeTopicRequest) -> pb.DescribeTopicResponse:
+        return pb.DescribeTopicResponse(
+            name=request.name,
+            subscriptions=self._core.subscriptions(request.name),
+            broker_id=self._broker_id,
+            delivery=self._core.topic_strategy(request.name).label,
+        )
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        routes = {
+            "BrokerAdmin/ListBrokers": (self.list_brokers, pb.Empty, pb.BrokerListResponse),
+            "BrokerAdmin/GetLeaderBroker": (self.get_leader_broker, pb.Empty, pb.BrokerResponse),
+            "BrokerAdmin/ListNamespaces": (
+                self.list_namespaces, pb.Empty, pb.NamespaceListResponse
+            ),
+            "NamespaceAdmin/GetNamespaceTopics": (
+                self.get_namespace_topics, pb.NamespaceRequest, pb.TopicListResponse
+            ),
+            "NamespaceAdmin/GetNamespacePolicies": (
+                self.get_namespace_policies, pb.NamespaceRequest, pb.PolicyResponse
+            ),
+            "NamespaceAdmin/CreateNamespace": (
+                self.create_namespace, pb.NamespaceRequest, pb.NamespaceResponse
+            ),
+            "NamespaceAdmin/DeleteNamespace": (
+                self.delete_namespace, pb.NamespaceRequest, pb.NamespaceResponse
+            ),
+            "TopicAdmin/ListNamespaceTopics": (
+                self.list_namespace_topics, pb.NamespaceRequest, pb.TopicInfoListResponse
+            ),
+            "TopicAdmin/CreateTopic": (self.create_topic, pb.NewTopicRequest, pb.TopicResponse),
+            "TopicAdmin/CreatePartitionedTopic": (
+                self.create_partitioned_topic, pb.PartitionedTopicRequest, pb.TopicResponse
+            ),
+            "TopicAdmin/DeleteTopic": (self.delete_topic, pb.TopicRequest, pb.TopicResponse),
+            "TopicAdmin/ListSubscriptions": (
+                self.list_subscriptions, pb.TopicRequest, pb.SubscriptionListResponse
+            ),
+            "TopicAdmin/DescribeTopic": (
+                self.describe_topic, pb.DescribeTopicRequest, pb.DescribeTopicResponse
+            ),
+        }  # fmt: skip
+        return {
+            f"/danube_admin.{path}": unary(call, request, response)
+            for path, (call, request, response) in routes.items()
+        }

@@ -1,0 +1,217 @@
+"""Danube's client-facing services (package `danube`): wire messages in, core calls, wire
+messages out. Every decision lives in `BrokerCore`."""
+
+from __future__ import annotations
+
+import logging
+
+import grpclib.const
+import grpclib.server
+from grpclib import GRPCError
+from grpclib.const import Status
+
+from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, grpc_error, present, recv_bounded, unary
+from danube.broker.runtime import BrokerRuntime
+from danube.core.config import DispatchStrategy
+from danube.core.errors import DanubeError, invalid
+from danube.proto import danube as pb
+
+log = logging.getLogger("danube.broker")
+
+STREAM_BATCH = 64
+"""Messages a stream writer takes from its queue per turn."""
+
+
+class ProducerService:
+    def __init__(self, runtime: BrokerRuntime, message_limit: int) -> None:
+        self._runtime = runtime
+        self._core = runtime.core
+        self._message_limit = message_limit
+
+    async def create_producer(self, request: pb.ProducerRequest) -> pb.ProducerResponse:
+        subject = request.schema_ref.subject if present(request.schema_ref) else None
+        strategy = int(request.dispatch_strategy)
+        if strategy not in (0, 1):
+            raise invalid(f"unknown dispatch strategy {strategy}")
+        step = self._core.create_producer(
+            request.topic_name,
+            request.producer_name,
+            access_mode=int(request.producer_access_mode),
+            strategy=DispatchStrategy(strategy),
+            schema_subject=subject,
+        )
+        producer_id = await self._runtime.run(step)
+        log.info(
+            "event=producer_created topic=%s producer=%s id=%d",
+            request.topic_name, request.producer_name, producer_id,
+        )  # fmt: skip
+        return pb.ProducerResponse(
+            request_id=request.request_id,
+            producer_id=producer_id,
+            producer_name=request.producer_name,
+        )
+
+    async def send_message(self, message: pb.StreamMessage) -> pb.MessageResponse:
+        if not present(message.msg_id):
+            raise invalid("msg_id is required (it names the producer and the topic)")
+        key = message.routing_key or message.producer_name
+        step = self._core.publish(
+            message.msg_id.producer_id,
+            message.msg_id.topic_name,
+            message,
+            len(message.payload),
+            key.encode(),
+        )
+        await self._runtime.run(step)
+        return pb.MessageResponse(request_id=message.request_id)
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            "/danube.ProducerService/CreateProducer": unary(
+                self.create_producer, pb.ProducerRequest, pb.ProducerResponse
+            ),
+            "/danube.ProducerService/SendMessage": unary(
+                self.send_message,
+                pb.StreamMessage,
+                pb.MessageResponse,
+                limit=self._message_limit,
+            ),
+        }
+
+
+class ConsumerService:
+    def __init__(self, runtime: BrokerRuntime) -> None:
+        self._runtime = runtime
+        self._core = runtime.core
+
+    async def subscribe(self, request: pb.ConsumerRequest) -> pb.ConsumerResponse:
+        step = self._core.subscribe(
+            request.topic_name,
+            request.consumer_name,
+            request.subscription,
+            int(request.subscription_type),
+            tuple(request.key_filters),
+        )
+        consumer_id = await self._runtime.run(step)
+        log.info(
+            "event=subscribed topic=%s subscription=%s consumer=%s id=%d",
+            request.topic_name, request.subscription, request.consumer_name, consumer_id,
+        )  # fmt: skip
+        return pb.ConsumerResponse(
+            request_id=request.request_id,
+            consumer_id=consumer_id,
+            consumer_name=request.consumer_name,
+        )
+
+    async def receive_messages(self, stream: grpclib.server.Stream) -> None:
+        """Streams the consumer's queue until the client leaves or the stream is superseded
+        (takeover, topic deleted, shutdown); either way the core hears that it closed."""
+        request: pb.ReceiveRequest = await recv_bounded(stream, DEFAULT_REQUEST_LIMIT)
+        consumer_id = request.consumer_id
+        try:
+            step = self._core.open_stream(consumer_id)
+        except DanubeError as error:
+            raise grpc_error(error) from None
+        slot = self._runtime.attach_stream(consumer_id, step.value)
+        try:
+            await self._runtime.run(step)
+            await stream.send_initial_metadata()
+            while not slot.ended:
+                slot.wakeup.clear()
+                batch = self._core.take(consumer_id, slot.generation, STREAM_BATCH)
+                if batch is None:
+                    break
+                if not batch:
+                    await slot.wakeup.wait()
+                    continue
+                for message in batch:
+                    await stream.send_message(message)
+        finally:
+            self._runtime.detach_stream(consumer_id, slot)
+            self._runtime.apply(self._core.close_stream(consumer_id, slot.generation).effects)
+
+    async def ack(self, request: pb.AckRequest) -> pb.AckResponse:
+        self._check_target(request.msg_id, request.subscription_name)
+        return pb.AckResponse(request_id=request.request_id)
+
+    async def nack(self, request: pb.NackRequest) -> pb.NackResponse:
+        self._check_target(request.msg_id, request.subscription_name)
+        return pb.NackResponse(request_id=request.request_id)
+
+    def _check_target(self, msg_id: pb.MsgId, subscription: str) -> None:
+        if not present(msg_id):
+            raise invalid("msg_id is required (it names the topic and the offset)")
+        self._core.check_ack(msg_id.topic_name, subscription)
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            "/danube.ConsumerService/Subscribe": unary(
+                self.subscribe, pb.ConsumerRequest, pb.ConsumerResponse
+            ),
+            "/danube.ConsumerService/ReceiveMessages": grpclib.const.Handler(
+                self.receive_messages,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                pb.ReceiveRequest,
+                pb.StreamMessage,
+            ),
+            "/danube.ConsumerService/Ack": unary(self.ack, pb.AckRequest, pb.AckResponse),
+            "/danube.ConsumerService/Nack": unary(self.nack, pb.NackRequest, pb.NackResponse),
+        }
+
+
+class DiscoveryService:
+    def __init__(self, runtime: BrokerRuntime) -> None:
+        self._core = runtime.core
+
+    async def topic_lookup(self, request: pb.TopicLookupRequest) -> pb.TopicLookupResponse:
+        identity = self._core.lookup(request.topic)
+        return pb.TopicLookupResponse(
+            request_id=request.request_id,
+            response_type=pb.TopicLookupResponseLookupType.Connect,
+            connect_url=identity.connect_url,
+            broker_url=identity.broker_url,
+            proxy=identity.proxy,
+        )
+
+    async def topic_partitions(self, request: pb.TopicLookupRequest) -> pb.TopicPartitionsResponse:
+        return pb.TopicPartitionsResponse(
+            request_id=request.request_id,
+            partitions=self._core.topic_partitions(request.topic),
+        )
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            "/danube.Discovery/TopicLookup": unary(
+                self.topic_lookup, pb.TopicLookupRequest, pb.TopicLookupResponse
+            ),
+            "/danube.Discovery/TopicPartitions": unary(
+                self.topic_partitions, pb.TopicLookupRequest, pb.TopicPartitionsResponse
+            ),
+        }
+
+
+class HealthCheckService:
+    def __init__(self, runtime: BrokerRuntime) -> None:
+        self._core = runtime.core
+
+    async def health_check(self, request: pb.HealthCheckRequest) -> pb.HealthCheckResponse:
+        client = int(request.client)
+        if client == 0:
+            healthy = self._core.producer_healthy(request.id)
+        elif client == 1:
+            healthy = self._core.consumer_healthy(request.id)
+        else:
+            raise GRPCError(Status.INVALID_ARGUMENT, f"unknown client type {client}")
+        status = (
+            pb.HealthCheckResponseClientStatus.OK
+            if healthy
+            else (pb.HealthCheckResponseClientStatus.CLOSE)
+        )
+        return pb.HealthCheckResponse(status=status)
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            "/danube.HealthCheck/HealthCheck": unary(
+                self.health_check, pb.HealthCheckRequest, pb.HealthCheckResponse
+            ),
+        }

@@ -1,0 +1,88 @@
+"""grpclib plumbing shared by every service: bounded reads, error mapping, unary handlers."""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import betterproto
+import grpclib.const
+import grpclib.server
+from grpclib import GRPCError
+from grpclib.const import Status
+
+from danube.core.errors import DanubeError
+
+log = logging.getLogger("danube.broker")
+
+DEFAULT_REQUEST_LIMIT = 1024 * 1024
+"""Largest request other than a published message; anything bigger is not a Danube request."""
+
+
+def grpc_error(error: DanubeError) -> GRPCError:
+    return GRPCError(Status[error.code.name], error.message)
+
+
+async def recv_bounded(stream: grpclib.server.Stream, limit: int) -> Any:
+    """Reads one request, refusing it before buffering when its length prefix exceeds `limit`.
+
+    grpclib 0.4.9 has no receive limit of its own, so a client could make the broker buffer a
+    4 GiB message; this reads the gRPC length prefix itself (grpclib's internals are pinned)."""
+    header = await stream._stream.recv_data(5)
+    if not header:
+        raise GRPCError(Status.INVALID_ARGUMENT, "the request carried no message")
+    if len(header) < 5:
+        raise GRPCError(Status.INVALID_ARGUMENT, "truncated gRPC message header")
+    compressed, length = struct.unpack(">?I", header)
+    if compressed:
+        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+    if length > limit:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT,
+            f"message of {length} bytes exceeds the broker's limit of {limit} bytes",
+        )
+    body = await stream._stream.recv_data(length)
+    if len(body) != length:
+        raise GRPCError(Status.INVALID_ARGUMENT, "truncated gRPC message")
+    try:
+        return stream._codec.decode(body, stream._recv_type)
+    except Exception as error:
+        raise GRPCError(Status.INVALID_ARGUMENT, f"undecodable request: {error}") from None
+
+
+def present(message: betterproto.Message) -> bool:
+    """Whether an embedded message field was sent at all (betterproto fills defaults)."""
+    return betterproto.serialized_on_wire(message)
+
+
+Call = Callable[[Any], Awaitable[Any]]
+
+
+def unary(
+    call: Call,
+    request_type: type,
+    response_type: type,
+    *,
+    limit: int | Callable[[], int] = DEFAULT_REQUEST_LIMIT,
+) -> grpclib.const.Handler:
+    """A unary handler that maps `DanubeError` to its status and any other failure to INTERNAL
+    with a log line, so no request ever sees a bare traceback."""
+
+    async def handle(stream: grpclib.server.Stream) -> None:
+        request = await recv_bounded(stream, limit() if callable(limit) else limit)
+        try:
+            response = await call(request)
+        except DanubeError as error:
+            raise grpc_error(error) from None
+        except GRPCError:
+            raise
+        except Exception:
+            log.exception("event=internal_error rpc=%s", call.__name__)
+            raise GRPCError(Status.INTERNAL, "internal broker error (see broker log)") from None
+        await stream.send_message(response)
+
+    return grpclib.const.Handler(
+        handle, grpclib.const.Cardinality.UNARY_UNARY, request_type, response_type
+    )

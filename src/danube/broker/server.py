@@ -1,0 +1,166 @@
+"""Brings a standalone broker up and down: metadata store, core, gRPC servers, shutdown."""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+import trio_asyncio
+from grpclib.server import Server
+
+from danube.broker.admin import AdminServices
+from danube.broker.data_plane import (
+    ConsumerService,
+    DiscoveryService,
+    HealthCheckService,
+    ProducerService,
+)
+from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT
+from danube.broker.runtime import BrokerRuntime, persist
+from danube.core.config import Address, BrokerConfig
+from danube.dispatch import QueueLimits
+from danube.metadata import EmbeddedStore
+from danube.node.core import BrokerCore, BrokerIdentity
+
+log = logging.getLogger("danube.broker")
+
+SHUTDOWN_GRACE_SECONDS = 2.0
+DROP_REPORT_SECONDS = 10.0
+UNLIMITED_MESSAGE_CAP = 256 * 1024 * 1024
+"""Transport cap when max_message_size is 0 (unlimited): the broker still must not buffer
+whatever length a client claims."""
+
+
+@dataclass(frozen=True, slots=True)
+class BoundAddresses:
+    broker: Address
+    admin: Address
+
+
+def _listen(address: Address) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    # IPPROTO_TCP explicitly: grpclib only sets TCP_NODELAY on sockets that say so, and
+    # without it every small reply waits ~40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address.host, address.port))
+    except OSError as error:
+        sock.close()
+        raise OSError(f"cannot listen on {address}: {error.strerror}") from None
+    sock.listen(1024)
+    return sock
+
+
+def _bound(sock: socket.socket, host: str) -> Address:
+    return Address(host, sock.getsockname()[1])
+
+
+def broker_id_for(data_dir: Path) -> str:
+    """A random id chosen on first start and kept in the data directory."""
+    path = data_dir / "broker_id"
+    if path.exists():
+        return path.read_text().strip()
+    broker_id = str(secrets.randbits(63))
+    path.write_text(broker_id + "\n")
+    return broker_id
+
+
+def _message_limit(config: BrokerConfig) -> int:
+    size = config.policies.max_message_size
+    return (size + DEFAULT_REQUEST_LIMIT) if size else UNLIMITED_MESSAGE_CAP
+
+
+async def _report_drops(core: BrokerCore) -> None:
+    """Non-reliable drops are expected under overload; say so in the log, once per period."""
+    reported: dict[tuple[str, str, str], int] = {}
+    while True:
+        await trio.sleep(DROP_REPORT_SECONDS)
+        for (topic, sub, reason), count in core.drop_counts().items():
+            delta = count - reported.get((topic, sub, reason), 0)
+            if delta:
+                log.warning(
+                    "event=messages_dropped topic=%s subscription=%s reason=%s count=%d total=%d",
+                    topic, sub, reason, delta, count,
+                )  # fmt: skip
+                reported[(topic, sub, reason)] = count
+
+
+async def serve(
+    config: BrokerConfig,
+    shutdown: trio.Event,
+    *,
+    task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Runs a standalone broker until `shutdown` is set, then stops cleanly: open receive
+    streams end with status OK, pending metadata is written, sockets close."""
+    data_dir = Path(config.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    broker_id = broker_id_for(data_dir)
+    store = await EmbeddedStore.open(data_dir / "metadata")
+    sockets: list[socket.socket] = []
+    try:
+        broker_sock = _listen(config.broker_addr)
+        sockets.append(broker_sock)
+        admin_sock = _listen(config.admin_addr)
+        sockets.append(admin_sock)
+        bound = BoundAddresses(
+            _bound(broker_sock, config.broker_addr.host),
+            _bound(admin_sock, config.admin_addr.host),
+        )
+        advertised = config.advertised_addr or str(bound.broker)
+        identity = BrokerIdentity(f"http://{advertised}", f"http://{advertised}")
+        core = BrokerCore(
+            identity,
+            rng=random.Random(secrets.randbits(128)),
+            default_policies=config.policies,
+            queue_limits=QueueLimits(
+                config.dispatch.consumer_queue_messages, config.dispatch.consumer_queue_bytes
+            ),
+            auto_create_topics=config.auto_create_topics,
+        )
+        core.restore({kv.key: kv.value for kv in await store.scan("/")})
+        for effect in core.bootstrap(config.bootstrap_namespaces).effects:
+            await persist(store, effect)
+        async with trio_asyncio.open_loop():
+            runtime = BrokerRuntime(core, store)
+            client_server = Server(
+                [
+                    ProducerService(runtime, _message_limit(config)),
+                    ConsumerService(runtime),
+                    DiscoveryService(runtime),
+                    HealthCheckService(runtime),
+                ]
+            )
+            admin_server = Server([AdminServices(runtime, broker_id, f"http://{bound.admin}")])
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio_asyncio.aio_as_trio(runtime.write_metadata))
+                nursery.start_soon(_report_drops, core)
+                await trio_asyncio.aio_as_trio(client_server.start)(sock=broker_sock)
+                await trio_asyncio.aio_as_trio(admin_server.start)(sock=admin_sock)
+                log.info(
+                    "event=broker_ready broker_id=%s broker_addr=%s admin_addr=%s data_dir=%s",
+                    broker_id, bound.broker, bound.admin, data_dir,
+                )  # fmt: skip
+                task_status.started(bound)
+                await shutdown.wait()
+                log.info("event=broker_stopping open_streams=%d", runtime.open_streams)
+                runtime.apply(core.live_streams())
+                with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
+                    while runtime.open_streams:
+                        await trio.sleep(0.01)
+                for server in (client_server, admin_server):
+                    server.close()
+                    await trio_asyncio.aio_as_trio(server.wait_closed)()
+                await trio_asyncio.aio_as_trio(runtime.flush_metadata)()
+                nursery.cancel_scope.cancel()
+    finally:
+        for sock in sockets:
+            sock.close()
+        await store.aclose()
+    log.info("event=broker_stopped")

@@ -1,0 +1,1 @@
+"""Command-line entry points: `danube-broker` and `danube-cli`."""

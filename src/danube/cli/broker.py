@@ -1,0 +1,115 @@
+"""`danube-broker`: run a broker. With no arguments, a standalone broker on 127.0.0.1:6650 with
+its data under ./danube-data."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import trio
+import yaml
+
+from danube.broker.server import serve
+from danube.cli.logs import setup_logging
+from danube.core.config import Address, BrokerConfig, ConfigError, config_from_mapping
+from danube.metadata import MetadataError
+
+log = logging.getLogger("danube.broker")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="danube-broker",
+        description="Run a Danube-compatible broker. Without arguments it runs standalone on "
+        "127.0.0.1:6650 (admin 127.0.0.1:50051) with embedded metadata in ./danube-data.",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=["standalone"],
+        default="standalone",
+        help="standalone: one broker with an embedded metadata store (default)",
+    )
+    parser.add_argument(
+        "--config-file", type=Path, help="YAML file with Danube's keys; flags override it"
+    )
+    parser.add_argument("--broker-addr", help="client gRPC host:port (default 127.0.0.1:6650)")
+    parser.add_argument("--admin-addr", help="admin gRPC host:port (default 127.0.0.1:50051)")
+    parser.add_argument(
+        "--advertised-addr", help="host:port clients are told to connect to (default: bind addr)"
+    )
+    parser.add_argument("--data-dir", help="where metadata lives (default ./danube-data)")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    return parser
+
+
+def load_config(args: argparse.Namespace) -> BrokerConfig:
+    config = BrokerConfig()
+    if args.config_file is not None:
+        try:
+            text = args.config_file.read_text()
+        except OSError as error:
+            raise ConfigError(f"cannot read {args.config_file}: {error.strerror}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{args.config_file} is not valid YAML: {error}") from None
+        config = config_from_mapping(data)
+    overrides: dict[str, object] = {}
+    if args.broker_addr:
+        overrides["broker_addr"] = Address.parse(args.broker_addr, "--broker-addr")
+    if args.admin_addr:
+        overrides["admin_addr"] = Address.parse(args.admin_addr, "--admin-addr")
+    if args.advertised_addr:
+        Address.parse(args.advertised_addr, "--advertised-addr")
+        overrides["advertised_addr"] = args.advertised_addr
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    return dataclasses.replace(config, **overrides)
+
+
+async def _run(config: BrokerConfig) -> None:
+    """Serves until SIGINT or SIGTERM; a second signal during shutdown is only logged."""
+    shutdown = trio.Event()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch_signals() -> None:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if shutdown.is_set():
+                        log.info("event=signal_ignored signal=%s reason=already_stopping", name)
+                    else:
+                        log.info("event=signal_received signal=%s", name)
+                        shutdown.set()
+
+            nursery.start_soon(watch_signals)
+            await serve(config, shutdown)
+            nursery.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        config = load_config(args)
+        trio.run(_run, config)
+    except KeyboardInterrupt:
+        # A signal that arrived while the receiver was closing; the broker already stopped.
+        return 0
+    except ConfigError as error:
+        print(f"danube-broker: configuration error: {error}", file=sys.stderr)
+        return 2
+    except (OSError, MetadataError) as error:
+        print(f"danube-broker: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

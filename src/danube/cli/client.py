@@ -1,0 +1,230 @@
+"""`danube-cli`: produce and consume from the command line (Danube's flags)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from danube.client import DanubeClient, DanubeClientError, DispatchStrategy, Message, SubType
+
+DEFAULT_SERVICE = "http://127.0.0.1:6650"
+DEFAULT_TOPIC = "/default/test_topic"
+PROGRESS_SECONDS = 1.0
+
+SUB_TYPES = {
+    "exclusive": SubType.EXCLUSIVE,
+    "shared": SubType.SHARED,
+    "fail-over": SubType.FAILOVER,
+    "failover": SubType.FAILOVER,
+    "key-shared": SubType.KEY_SHARED,
+}
+
+
+class UsageError(Exception):
+    """Bad flags the parser cannot see (for example `-m` and `-f` both missing)."""
+
+
+def _attributes(text: str | None) -> dict[str, str]:
+    if not text:
+        return {}
+    pairs = {}
+    for item in text.split(","):
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise UsageError(f"invalid attribute {item!r}: expected key:value[,key:value...]")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+class Progress:
+    """A single status line on stderr, rewritten at most once a second, so long runs show
+    they are alive without flooding the terminal or a log."""
+
+    def __init__(self, verb: str, total: int | None) -> None:
+        self._verb = verb
+        self._total = total
+        self._started = time.monotonic()
+        self._last = self._started
+        self.count = 0
+
+    def tick(self) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self._last >= PROGRESS_SECONDS:
+            self._last = now
+            self._print(now, end="\r")
+
+    def finish(self) -> None:
+        self._print(time.monotonic(), end="\n")
+
+    def _print(self, now: float, end: str) -> None:
+        elapsed = max(now - self._started, 1e-9)
+        of = f"/{self._total}" if self._total else ""
+        print(
+            f"{self._verb} {self.count}{of} messages in {elapsed:.1f} s "
+            f"({self.count / elapsed:.0f} msg/s)",
+            file=sys.stderr,
+            end=end,
+            flush=True,
+        )
+
+
+async def produce(args: argparse.Namespace) -> int:
+    if args.file is not None:
+        try:
+            payload = args.file.read_bytes()
+        except OSError as error:
+            raise UsageError(f"cannot read {args.file}: {error.strerror}") from None
+    elif args.message is not None:
+        payload = args.message.encode()
+    else:
+        raise UsageError("give the payload with -m/--message or -f/--file")
+    if args.count < 1:
+        raise UsageError("-c/--count must be at least 1")
+    attributes = _attributes(args.attributes)
+    strategy = DispatchStrategy.RELIABLE if args.reliable else DispatchStrategy.NON_RELIABLE
+    progress = Progress("sent", args.count)
+    async with DanubeClient(args.service_addr) as client:
+        producer = client.producer(
+            args.topic, args.producer_name, partitions=args.partitions, dispatch=strategy
+        )
+        await producer.create()
+        try:
+            for _ in range(args.count):
+                await producer.send(payload, key=args.key, attributes=attributes)
+                progress.tick()
+                if args.interval:
+                    await asyncio.sleep(args.interval / 1000)
+        finally:
+            progress.finish()
+    return 0
+
+
+def _render(message: Message) -> str:
+    try:
+        body = message.payload.decode()
+    except UnicodeDecodeError:
+        body = f"<{len(message.payload)} bytes> {message.payload[:32].hex()}"
+    attributes = f" attributes={dict(message.attributes)}" if message.attributes else ""
+    key = f" key={message.routing_key}" if message.routing_key else ""
+    return f"[{message.topic} offset={message.offset}{key}{attributes}] {body}"
+
+
+async def consume(args: argparse.Namespace) -> int:
+    if args.count is not None and args.count < 1:
+        raise UsageError("-c/--count must be at least 1")
+    progress = Progress("received", args.count)
+    async with DanubeClient(args.service_addr) as client:
+        consumer = client.consumer(
+            args.topic,
+            args.consumer,
+            args.subscription,
+            sub_type=SUB_TYPES[args.sub_type],
+            key_filters=tuple(args.key_filter or ()),
+        )
+        async with consumer:
+            print(
+                f"subscribed to {args.topic} as {args.consumer} in {args.subscription} "
+                f"({args.sub_type}); waiting for messages, Ctrl-C to stop",
+                file=sys.stderr,
+                flush=True,
+            )
+            try:
+                async for message in consumer:
+                    if not args.quiet:
+                        print(_render(message), flush=True)
+                    await consumer.ack(message)
+                    progress.tick()
+                    if args.count is not None and progress.count >= args.count:
+                        break
+            finally:
+                progress.finish()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="danube-cli", description="Produce to and consume from a Danube broker."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "-s", "--service-addr", default=DEFAULT_SERVICE,
+            help=f"broker URL (default {DEFAULT_SERVICE})",
+        )  # fmt: skip
+        sub.add_argument(
+            "-t", "--topic", default=DEFAULT_TOPIC, help=f"topic (default {DEFAULT_TOPIC})"
+        )
+
+    prod = commands.add_parser("produce", help="send messages")
+    common(prod)
+    prod.add_argument("-n", "--producer-name", default="test_producer")
+    prod.add_argument("-m", "--message", help="payload text")
+    prod.add_argument("-f", "--file", type=Path, help="payload from a file (wins over -m)")
+    prod.add_argument("-a", "--attributes", help='attributes as "k1:v1,k2:v2"')
+    prod.add_argument("-k", "--key", help="routing key (Key-Shared routing, partition choice)")
+    prod.add_argument(
+        "-p", "--partitions", type=int, default=0, help="number of partitions (0: none)"
+    )
+    prod.add_argument("-c", "--count", type=int, default=1, help="messages to send (default 1)")
+    prod.add_argument(
+        "-i", "--interval", type=int, default=0, help="milliseconds between sends (default 0)"
+    )
+    prod.add_argument("--reliable", action="store_true", help="reliable (persistent) topic")
+    prod.set_defaults(run=produce)
+
+    cons = commands.add_parser("consume", help="receive (and acknowledge) messages")
+    common(cons)
+    cons.add_argument("-n", "--consumer", default="consumer_pubsub", help="consumer name")
+    cons.add_argument("-m", "--subscription", required=True, help="subscription name")
+    cons.add_argument(
+        "--sub-type", choices=sorted(SUB_TYPES), default="shared",
+        help="subscription type (default shared)",
+    )  # fmt: skip
+    cons.add_argument("--key-filter", action="append", help="Key-Shared glob filter (repeatable)")
+    cons.add_argument("-c", "--count", type=int, help="stop after this many messages")
+    cons.add_argument("-q", "--quiet", action="store_true", help="print only progress")
+    cons.set_defaults(run=consume)
+    return parser
+
+
+def _run(run: Callable[[argparse.Namespace], object], args: argparse.Namespace) -> int:
+    """Runs the command; Ctrl-C and SIGTERM stop it cleanly (exit 130 / 143)."""
+
+    async def main() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        stopped: list[int] = []
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, lambda s=signum: (stopped.append(s), task.cancel()))
+        try:
+            return await run(args)  # type: ignore[misc]
+        except asyncio.CancelledError:
+            if stopped:
+                return 128 + stopped[0]
+            raise
+
+    return asyncio.run(main())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args.run, args)
+    except (DanubeClientError, UsageError) as error:
+        print(f"danube-cli: error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"danube-cli: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
