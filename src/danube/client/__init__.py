@@ -1,0 +1,19 @@
+"""Python client for Danube brokers (asyncio, grpclib)."""
+
+from danube.client.client import DanubeClient
+from danube.client.connection import RetryPolicy
+from danube.client.consumer import Consumer, Message, SubType
+from danube.client.errors import DanubeClientError
+from danube.client.producer import Producer
+from danube.core.config import DispatchStrategy
+
+__all__ = [
+    "Consumer",
+    "DanubeClient",
+    "DanubeClientError",
+    "DispatchStrategy",
+    "Message",
+    "Producer",
+    "RetryPolicy",
+    "SubType",
+]

@@ -1,0 +1,68 @@
+"""The entry point of the Python client."""
+
+from __future__ import annotations
+
+from danube.client.connection import Connections, RetryPolicy
+from danube.client.consumer import Consumer, SubType
+from danube.client.producer import Producer
+from danube.core.config import DispatchStrategy
+
+
+class DanubeClient:
+    """Talks to a Danube broker (ours or Danube's own) at `service_url`.
+
+    `async with DanubeClient("http://127.0.0.1:6650") as client: ...` closes every channel at
+    the end."""
+
+    def __init__(self, service_url: str, *, retry: RetryPolicy | None = None) -> None:
+        self._connections = Connections(service_url, retry or RetryPolicy())
+        self._consumers: list[Consumer] = []
+
+    async def __aenter__(self) -> DanubeClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stops every consumer's receive loop, then closes the channels."""
+        for consumer in self._consumers:
+            await consumer.close()
+        self._consumers.clear()
+        self._connections.close()
+
+    def producer(
+        self,
+        topic: str,
+        name: str,
+        *,
+        partitions: int = 0,
+        dispatch: DispatchStrategy = DispatchStrategy.NON_RELIABLE,
+    ) -> Producer:
+        return Producer(self._connections, topic, name, partitions=partitions, strategy=dispatch)
+
+    def consumer(
+        self,
+        topic: str,
+        consumer_name: str,
+        subscription: str,
+        *,
+        sub_type: SubType = SubType.SHARED,
+        key_filters: tuple[str, ...] = (),
+    ) -> Consumer:
+        consumer = Consumer(
+            self._connections,
+            topic,
+            consumer_name,
+            subscription,
+            sub_type=sub_type,
+            key_filters=key_filters,
+        )
+        self._consumers.append(consumer)
+        return consumer
+
+    async def partitions(self, topic: str) -> list[str]:
+        return await self._connections.partitions(topic)
+
+    async def lookup(self, topic: str) -> str:
+        return await self._connections.lookup(topic)

@@ -1,0 +1,269 @@
+"""Consumers: one receive loop per (partition) topic feeding one queue.
+
+A receive loop survives broker restarts, takeovers and topic moves: when its stream ends it
+asks HealthCheck whether the broker still knows the consumer, and re-subscribes (lookup +
+Subscribe, with backoff) when it does not. Only a topic that no longer exists ends the
+iteration, with an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+from grpclib import GRPCError
+from grpclib.const import Status
+
+from danube.client.connection import Connections
+from danube.client.errors import RETRYABLE, TRANSPORT_ERRORS, DanubeClientError
+from danube.proto import danube as pb
+
+log = logging.getLogger("danube.client")
+
+
+class SubType(enum.IntEnum):
+    EXCLUSIVE = 0
+    SHARED = 1
+    FAILOVER = 2
+    KEY_SHARED = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    payload: bytes
+    topic: str
+    offset: int
+    producer_name: str
+    publish_time: int
+    attributes: Mapping[str, str]
+    routing_key: str | None
+    raw: pb.StreamMessage
+    """The wire message, needed to acknowledge it."""
+
+
+def _message(raw: pb.StreamMessage) -> Message:
+    return Message(
+        payload=raw.payload,
+        topic=raw.msg_id.topic_name,
+        offset=raw.msg_id.topic_offset,
+        producer_name=raw.producer_name,
+        publish_time=raw.publish_time,
+        attributes=dict(raw.attributes),
+        routing_key=raw.routing_key,
+        raw=raw,
+    )
+
+
+class _TopicConsumer:
+    def __init__(
+        self,
+        connections: Connections,
+        topic: str,
+        consumer_name: str,
+        subscription: str,
+        sub_type: SubType,
+        key_filters: tuple[str, ...],
+    ) -> None:
+        self._connections = connections
+        self.topic = topic
+        self._name = consumer_name
+        self._subscription = subscription
+        self._sub_type = sub_type
+        self._key_filters = key_filters
+        self._consumer_id = 0
+        self._url = ""
+
+    async def subscribe(self) -> None:
+        async def attempt(url: str) -> None:
+            stub = pb.ConsumerServiceStub(self._connections.channel(url))
+            response = await stub.subscribe(
+                pb.ConsumerRequest(
+                    request_id=self._connections.next_request_id(),
+                    topic_name=self.topic,
+                    consumer_name=self._name,
+                    subscription=self._subscription,
+                    subscription_type=int(self._sub_type),
+                    key_filters=list(self._key_filters),
+                )
+            )
+            self._consumer_id, self._url = response.consumer_id, url
+
+        await self._connections.with_retries(f"subscribe to {self.topic}", self.topic, attempt)
+
+    async def _known_to_broker(self) -> bool:
+        stub = pb.HealthCheckStub(self._connections.channel(self._url))
+        try:
+            response = await stub.health_check(
+                pb.HealthCheckRequest(
+                    request_id=self._connections.next_request_id(),
+                    client=pb.HealthCheckRequestClientType.Consumer,
+                    id=self._consumer_id,
+                )
+            )
+        except (GRPCError, *TRANSPORT_ERRORS):
+            return False
+        return response.status == pb.HealthCheckResponseClientStatus.OK
+
+    async def receive_loop(self, queue: asyncio.Queue[object]) -> None:
+        attempt = 0
+        while not self._connections.closed:
+            stub = pb.ConsumerServiceStub(self._connections.channel(self._url))
+            request = pb.ReceiveRequest(
+                request_id=self._connections.next_request_id(), consumer_id=self._consumer_id
+            )
+            try:
+                async for raw in stub.receive_messages(request):
+                    attempt = 0
+                    await queue.put(raw)
+                ended_cleanly = True
+            except GRPCError as error:
+                if error.status not in (*RETRYABLE, Status.NOT_FOUND, Status.CANCELLED):
+                    await queue.put(DanubeClientError.from_grpc(f"receive {self.topic}", error))
+                    return
+                ended_cleanly = False
+            except TRANSPORT_ERRORS:
+                ended_cleanly = False
+            if ended_cleanly and await self._known_to_broker():
+                await queue.put(
+                    DanubeClientError(
+                        f"consumer {self._name!r} on {self.topic} was taken over by another "
+                        "session with the same consumer name"
+                    )
+                )
+                return
+            await asyncio.sleep(self._connections.retry.delay(min(attempt, 5)))
+            attempt += 1
+            if self._connections.closed:
+                return
+            try:
+                await self.subscribe()
+            except DanubeClientError as error:
+                if error.status is Status.NOT_FOUND:
+                    await queue.put(error)
+                    return
+                log.warning("event=resubscribe_failed topic=%s error=%s", self.topic, error)
+
+    async def ack(self, raw: pb.StreamMessage) -> None:
+        stub = pb.ConsumerServiceStub(self._connections.channel(self._url))
+        try:
+            await stub.ack(
+                pb.AckRequest(
+                    request_id=raw.request_id,
+                    msg_id=raw.msg_id,
+                    subscription_name=self._subscription,
+                )
+            )
+        except GRPCError as error:
+            raise DanubeClientError.from_grpc(f"ack on {self.topic}", error) from None
+        except TRANSPORT_ERRORS as error:
+            raise DanubeClientError(f"ack on {self.topic}: {error}") from None
+
+    async def nack(self, raw: pb.StreamMessage, delay_ms: int | None, reason: str | None) -> None:
+        stub = pb.ConsumerServiceStub(self._connections.channel(self._url))
+        try:
+            await stub.nack(
+                pb.NackRequest(
+                    request_id=raw.request_id,
+                    msg_id=raw.msg_id,
+                    subscription_name=self._subscription,
+                    delay_ms=delay_ms,
+                    reason=reason,
+                )
+            )
+        except GRPCError as error:
+            raise DanubeClientError.from_grpc(f"nack on {self.topic}", error) from None
+        except TRANSPORT_ERRORS as error:
+            raise DanubeClientError(f"nack on {self.topic}: {error}") from None
+
+
+class Consumer:
+    """Receives from a topic, or from every partition of a partitioned topic.
+
+    Use as `async with client.consumer(...) as consumer: async for message in consumer: ...`
+    and acknowledge with `await consumer.ack(message)`."""
+
+    def __init__(
+        self,
+        connections: Connections,
+        topic: str,
+        consumer_name: str,
+        subscription: str,
+        *,
+        sub_type: SubType = SubType.SHARED,
+        key_filters: tuple[str, ...] = (),
+        queue_size: int = 1000,
+    ) -> None:
+        self._connections = connections
+        self.topic = topic
+        self._consumer_name = consumer_name
+        self._subscription = subscription
+        self._sub_type = sub_type
+        self._key_filters = tuple(key_filters)
+        self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=queue_size)
+        self._targets: dict[str, _TopicConsumer] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def subscribe(self) -> Consumer:
+        """Subscribes to the topic or all its partitions and starts receiving."""
+        names = await self._connections.partitions(self.topic)
+        if not names:
+            raise DanubeClientError(
+                f"topic {self.topic} does not exist (consumers never create topics)",
+                Status.NOT_FOUND,
+            )
+        for name in names:
+            target = _TopicConsumer(
+                self._connections, name, self._consumer_name, self._subscription,
+                self._sub_type, self._key_filters,
+            )  # fmt: skip
+            await target.subscribe()
+            self._targets[name] = target
+        self._tasks = [
+            asyncio.create_task(t.receive_loop(self._queue)) for t in self._targets.values()
+        ]
+        return self
+
+    async def __aenter__(self) -> Consumer:
+        return await self.subscribe()
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def receive(self) -> Message:
+        item = await self._queue.get()
+        if isinstance(item, DanubeClientError):
+            raise item
+        assert isinstance(item, pb.StreamMessage)
+        return _message(item)
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self
+
+    async def __anext__(self) -> Message:
+        return await self.receive()
+
+    def _target(self, message: Message) -> _TopicConsumer:
+        target = self._targets.get(message.topic)
+        if target is None:
+            raise DanubeClientError(f"message from {message.topic} was not received here")
+        return target
+
+    async def ack(self, message: Message) -> None:
+        await self._target(message).ack(message.raw)
+
+    async def nack(
+        self, message: Message, *, delay_ms: int | None = None, reason: str | None = None
+    ) -> None:
+        await self._target(message).nack(message.raw, delay_ms, reason)
