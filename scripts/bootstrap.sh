@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs what the broker and its test suite need, idempotently: Debian packages (when
+# missing), the project's virtualenv (.venv) and the official danube-client's own virtualenv
+# (.venv-official, used by the conformance tests). Safe to run again; quick when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+OFFICIAL_CLIENT="danube-client==0.5.0"
+APT_UPDATED=0
+
+say() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if ! command -v apt-get >/dev/null 2>&1; then
+    say "missing system packages ${missing[*]} and no apt-get: install them by hand"; exit 1
+  fi
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if [ $APT_UPDATED -eq 0 ]; then
+    say "apt-get update"; $sudo apt-get update -qq; APT_UPDATED=1
+  fi
+  say "installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  say "Python 3.11 or newer is required ($("$PYTHON" --version 2>&1) found)"; exit 1; }
+
+if ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  apt_install python3-venv
+fi
+
+make_venv() {  # dir, stamp text, pip args...
+  local dir=$1 stamp=$2; shift 2
+  if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$stamp" ]; then
+    return 0
+  fi
+  say "preparing $dir"
+  [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir"
+  "$dir/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+  "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@"
+  printf '%s' "$stamp" > "$dir/.stamp"
+}
+
+project_stamp=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
+make_venv .venv "$project_stamp" -e ".[dev]"
+make_venv .venv-official "$OFFICIAL_CLIENT" "$OFFICIAL_CLIENT"
+say "ready: .venv (project) and .venv-official ($OFFICIAL_CLIENT)"
