@@ -1,0 +1,32 @@
+"""Session-wide fixtures: one shared broker process for tests that only need a broker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.broker import BrokerProcess
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A standalone broker shared by the whole session; tests use unique topic names."""
+    with BrokerProcess(tmp_path_factory.mktemp("shared-broker")) as process:
+        yield process
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[type[BrokerProcess]]:
+    """For tests that restart, kill or configure their own broker; all are killed at the end."""
+    started: list[BrokerProcess] = []
+
+    class Factory(BrokerProcess):
+        def start(self) -> BrokerProcess:
+            started.append(self)
+            return super().start()
+
+    yield Factory
+    for process in started:
+        process.kill()

@@ -1,0 +1,129 @@
+"""Starts `danube-broker` as a real subprocess on free loopback ports and stops it again."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+READY = re.compile(r"event=broker_ready .*broker_addr=(\S+) admin_addr=(\S+)")
+BROKER_BIN = Path(sys.executable).parent / "danube-broker"
+START_TIMEOUT_S = 20.0
+
+
+class BrokerProcess:
+    """A broker subprocess. Its stderr is collected in `log_lines` for assertions."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        config_file: Path | None = None,
+        broker_port: int = 0,
+        admin_port: int = 0,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.data_dir = data_dir
+        self.config_file = config_file
+        self.broker_port = broker_port
+        self.admin_port = admin_port
+        self.extra_args = extra_args
+        self.process: subprocess.Popen[str] | None = None
+        self.log_lines: list[str] = []
+        self.broker_addr = ""
+        self.admin_addr = ""
+        self._ready = threading.Event()
+        self._reader: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.broker_addr}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def command(self) -> list[str]:
+        args = [
+            str(BROKER_BIN),
+            "--broker-addr", f"127.0.0.1:{self.broker_port}",
+            "--admin-addr", f"127.0.0.1:{self.admin_port}",
+            "--data-dir", str(self.data_dir),
+            *self.extra_args,
+        ]  # fmt: skip
+        if self.config_file is not None:
+            args += ["--config-file", str(self.config_file)]
+        return args
+
+    def start(self) -> BrokerProcess:
+        self._ready.clear()
+        self.log_lines = []
+        env = {**os.environ, "PYTHONWARNINGS": "default", "PYTHONDEVMODE": ""}
+        self.process = subprocess.Popen(
+            self.command(),
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self._ready.wait(START_TIMEOUT_S):
+            self.kill()
+            raise RuntimeError("broker did not become ready:\n" + self.log_text())
+        # Later restarts reuse the same ports, as a client expects of a restarted broker.
+        self.broker_port = int(self.broker_addr.rsplit(":", 1)[1])
+        self.admin_port = int(self.admin_addr.rsplit(":", 1)[1])
+        return self
+
+    def _read(self) -> None:
+        assert self.process is not None and self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log_lines.append(line.rstrip("\n"))
+            match = READY.search(line)
+            if match:
+                self.broker_addr, self.admin_addr = match.group(1), match.group(2)
+                self._ready.set()
+
+    def log_text(self) -> str:
+        return "\n".join(self.log_lines)
+
+    def wait_for_log(self, pattern: str, timeout: float = 10.0) -> str:
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.log_lines):
+                if regex.search(line):
+                    return line
+            time.sleep(0.05)
+        raise AssertionError(f"no log line matching {pattern!r}:\n{self.log_text()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        """Sends `sig` and waits for the exit code."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout)
+        if self._reader is not None:
+            self._reader.join(5)
+        return code
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        if self._reader is not None:
+            self._reader.join(5)
+
+    def __enter__(self) -> BrokerProcess:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.kill()
