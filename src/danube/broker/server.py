@@ -30,6 +30,7 @@ from danube.node.core import BrokerCore, BrokerIdentity
 log = logging.getLogger("danube.broker")
 
 SHUTDOWN_GRACE_SECONDS = 2.0
+DROP_CHECK_SECONDS = 1.0
 DROP_REPORT_SECONDS = 10.0
 UNLIMITED_MESSAGE_CAP = 256 * 1024 * 1024
 """Transport cap when max_message_size is 0 (unlimited): the broker still must not buffer
@@ -77,18 +78,22 @@ def _message_limit(config: BrokerConfig) -> int:
 
 
 async def _report_drops(core: BrokerCore) -> None:
-    """Non-reliable drops are expected under overload; say so in the log, once per period."""
-    reported: dict[tuple[str, str, str], int] = {}
+    """Non-reliable drops are expected under overload; say so in the log promptly (within a
+    second of the first drop) but at most once per period for each topic, subscription and
+    reason."""
+    reported: dict[tuple[str, str, str], tuple[int, float]] = {}
     while True:
-        await trio.sleep(DROP_REPORT_SECONDS)
-        for (topic, sub, reason), count in core.drop_counts().items():
-            delta = count - reported.get((topic, sub, reason), 0)
-            if delta:
+        await trio.sleep(DROP_CHECK_SECONDS)
+        now = trio.current_time()
+        for key, count in core.drop_counts().items():
+            last_count, last_time = reported.get(key, (0, -DROP_REPORT_SECONDS))
+            if count > last_count and now - last_time >= DROP_REPORT_SECONDS:
+                topic, sub, reason = key
                 log.warning(
                     "event=messages_dropped topic=%s subscription=%s reason=%s count=%d total=%d",
-                    topic, sub, reason, delta, count,
+                    topic, sub, reason, count - last_count, count,
                 )  # fmt: skip
-                reported[(topic, sub, reason)] = count
+                reported[key] = (count, now)
 
 
 async def serve(
