@@ -1,0 +1,1 @@
+"""Metadata store tests: state machine semantics, every backend, durability and recovery."""
