@@ -92,3 +92,10 @@ def fast(session: nox.Session) -> None:
     session.run(
         "pytest", "-q", "-m", "not slow and not conformance", *session.posargs, external=True
     )
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Micro benchmarks (pytest-benchmark) and the end-to-end broker benchmark."""
+    session.run("pytest", "-q", "bench", "--benchmark-only", *session.posargs, external=True)
+    session.run("python", "-m", "bench.e2e_nonreliable", external=True)
