@@ -48,7 +48,10 @@ class BrokerRuntime:
     def __init__(self, core: BrokerCore, store: MetadataStore) -> None:
         self.core = core
         self._store = store
-        self._streams: dict[int, StreamSlot] = {}
+        self._slots: dict[int, StreamSlot] = {}
+        """Open streams by generation: an old stream stays addressable after a takeover."""
+        self._current: dict[int, int] = {}
+        """consumer id -> generation of its newest stream (where its messages go)."""
         self._pending: collections.deque[PersistMeta] = collections.deque()
         self._submitted = 0
         self._durable = 0
@@ -72,12 +75,13 @@ class BrokerRuntime:
         """Starts every effect; returns the metadata sequence number a reply must wait for."""
         for effect in effects:
             if isinstance(effect, ConsumerReady):
-                slot = self._streams.get(effect.consumer_id)
+                generation = self._current.get(effect.consumer_id)
+                slot = self._slots.get(generation) if generation is not None else None
                 if slot is not None:
                     slot.wakeup.set()
             elif isinstance(effect, EndStream):
-                slot = self._streams.get(effect.consumer_id)
-                if slot is not None and slot.generation == effect.generation:
+                slot = self._slots.get(effect.generation)
+                if slot is not None:
                     slot.ended = True
                     slot.wakeup.set()
             else:
@@ -88,16 +92,18 @@ class BrokerRuntime:
 
     def attach_stream(self, consumer_id: int, generation: int) -> StreamSlot:
         slot = StreamSlot(generation)
-        self._streams[consumer_id] = slot
+        self._slots[generation] = slot
+        self._current[consumer_id] = generation
         return slot
 
     def detach_stream(self, consumer_id: int, slot: StreamSlot) -> None:
-        if self._streams.get(consumer_id) is slot:
-            del self._streams[consumer_id]
+        self._slots.pop(slot.generation, None)
+        if self._current.get(consumer_id) == slot.generation:
+            del self._current[consumer_id]
 
     @property
     def open_streams(self) -> int:
-        return len(self._streams)
+        return len(self._slots)
 
     async def flush_metadata(self) -> None:
         """Waits until every metadata change submitted so far is durable (shutdown)."""
