@@ -108,6 +108,8 @@ class ConsumerService:
         (takeover, topic deleted, shutdown); either way the core hears that it closed."""
         request: pb.ReceiveRequest = await recv_bounded(stream, DEFAULT_REQUEST_LIMIT)
         consumer_id = request.consumer_id
+        if self._runtime.stopping:
+            raise GRPCError(Status.UNAVAILABLE, "the broker is shutting down; reconnect shortly")
         try:
             step = self._core.open_stream(consumer_id)
         except DanubeError as error:

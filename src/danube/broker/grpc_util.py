@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ import grpclib.const
 import grpclib.server
 from grpclib import GRPCError
 from grpclib.const import Status
+from grpclib.protocol import H2Protocol
 
 from danube.core.errors import DanubeError
 
@@ -86,3 +88,23 @@ def unary(
     return grpclib.const.Handler(
         handle, grpclib.const.Cardinality.UNARY_UNARY, request_type, response_type
     )
+
+
+class Server(grpclib.server.Server):
+    """grpclib's server, plus closing the accepted connections at shutdown: grpclib 0.4.9
+    cancels their requests but leaves the sockets open (a ResourceWarning at exit)."""
+
+    def __init__(self, handlers: list[Any]) -> None:
+        super().__init__(handlers)
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self._protocols.add(protocol)
+        return protocol
+
+    def close_connections(self) -> None:
+        for protocol in list(self._protocols):
+            connection = getattr(protocol, "connection", None)
+            if connection is not None:
+                connection.close()

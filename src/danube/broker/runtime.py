@@ -58,6 +58,9 @@ class BrokerRuntime:
         self._writer_wakeup = asyncio.Event()
         self._progress = asyncio.Event()
         self._write_failure: str | None = None
+        self.stopping = False
+        """Set at shutdown: new receive streams are refused so that clients which reopen
+        their stream at once (the official ones do) cannot keep the broker from stopping."""
 
     async def run(self, step: Step[T]) -> T:
         """Executes the step's effects and returns its value once its metadata is durable."""

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import trio
 import trio_asyncio
-from grpclib.server import Server
 
 from danube.broker.admin import AdminServices
 from danube.broker.data_plane import (
@@ -20,7 +19,7 @@ from danube.broker.data_plane import (
     HealthCheckService,
     ProducerService,
 )
-from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT
+from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, Server
 from danube.broker.runtime import BrokerRuntime, persist
 from danube.core.config import Address, BrokerConfig
 from danube.dispatch import QueueLimits
@@ -155,6 +154,7 @@ async def serve(
                 task_status.started(bound)
                 await shutdown.wait()
                 log.info("event=broker_stopping open_streams=%d", runtime.open_streams)
+                runtime.stopping = True
                 runtime.apply(core.live_streams())
                 with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
                     while runtime.open_streams:
@@ -162,6 +162,7 @@ async def serve(
                 for server in (client_server, admin_server):
                     server.close()
                     await trio_asyncio.aio_as_trio(server.wait_closed)()
+                    server.close_connections()
                 await trio_asyncio.aio_as_trio(runtime.flush_metadata)()
                 nursery.cancel_scope.cancel()
     finally:
