@@ -113,15 +113,18 @@ class DispatchMachine(RuleBasedStateMachine):
     def appended(
         self, before: dict[int, list[int]], after: dict[int, list[int]], skip: int | None = None
     ) -> dict[int, list[int]]:
-        """(g): every other queue only grew at its tail; returns what each one gained."""
+        """(g): no other queue lost or reordered a message; returns what each one gained
+        (moved messages are merged in publish order, checked by `publish_order`)."""
         gained = {}
         for c, q in after.items():
             if c == skip:
                 continue
             old = before.get(c, [])
-            assert q[: len(old)] == old, f"queue of {c} reordered or lost messages: {old} {q}"
-            if len(q) > len(old):
-                gained[c] = q[len(old) :]
+            kept = [m for m in q if m in set(old)]
+            assert kept == old, f"queue of {c} reordered or lost messages: {old} {q}"
+            new = [m for m in q if m not in set(old)]
+            if new:
+                gained[c] = new
         return gained
 
     def drop_delta(self, before: dict[DropReason, int]) -> Counter[DropReason]:
@@ -215,8 +218,8 @@ class DispatchMachine(RuleBasedStateMachine):
         consumer_id = self.order[consumer_index % len(self.order)]
         before = self.snapshot()
         effects = self.sub.connect(consumer_id)
-        assert self.snapshot() == before, "connect must not move messages"
-        assert effects == []  # a disconnected consumer's queue is always empty
+        after = self.snapshot()
+        self.check_ready(before, after, effects)
         if consumer_id not in self.connected:
             self.connected.add(consumer_id)
             self.forget_key_owners()
@@ -225,6 +228,15 @@ class DispatchMachine(RuleBasedStateMachine):
                 SubscriptionType.FAILOVER,
             ):
                 self.active = consumer_id
+        if self.sub_type is SubscriptionType.KEY_SHARED:
+            # Queued messages follow their key to its new owner (or are dropped if it is full).
+            gained = self.appended(
+                {c: [m for m in q if m in after.get(c, [])] for c, q in before.items()}, after
+            )
+            self.rerouted.update(m for ids in gained.values() for m in ids)
+            self.record_owners({c: q for c, q in after.items() if q})
+        else:
+            assert after == before, "connect must not move messages"
         assert self.sub.is_connected(consumer_id)
 
     @precondition(lambda self: self.order)
@@ -350,6 +362,24 @@ class DispatchMachine(RuleBasedStateMachine):
         for got in self.received.values():
             direct = [m for m in got if m not in self.rerouted]
             assert direct == sorted(direct)
+
+    @invariant()
+    def publish_order(self) -> None:
+        """(g), stronger: every queue holds its messages in publish order, moved ones too."""
+        for q in self.snapshot().values():
+            assert q == sorted(q)
+
+    @invariant()
+    def one_queue_per_key(self) -> None:
+        """(f), for pending messages: on Key-Shared one consumer at a time holds a key's
+        queued messages, through any membership change."""
+        if self.sub_type is not SubscriptionType.KEY_SHARED:
+            return
+        holders: dict[bytes, set[int]] = {}
+        for c, q in self.snapshot().items():
+            for m in q:
+                holders.setdefault(self.messages[m].key, set()).add(c)
+        assert all(len(h) == 1 for h in holders.values()), holders
 
     @invariant()
     def membership(self) -> None:

@@ -208,12 +208,6 @@ def test_shared_disconnect_reroutes_queued_messages_without_duplicates() -> None
     assert sub.delivered == 6
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: spec/invariants.md #3 says a non-reliable consumer receives its messages in "
-    "publish order, but messages re-routed from a disconnected consumer are appended after "
-    "newer messages already queued for the receiving consumer",
-)
 def test_rerouted_messages_keep_publish_order_per_consumer() -> None:
     sub, ids = make(SubscriptionType.SHARED, ("c1", "c2"))
     sub.publish(0, 1, b"")  # -> c1
@@ -223,6 +217,26 @@ def test_rerouted_messages_keep_publish_order_per_consumer() -> None:
 
 
 # -- Key-Shared -------------------------------------------------------------------------------
+
+
+def test_key_shared_connect_moves_pending_messages_to_the_keys_new_owner() -> None:
+    """Without this, the old owner's queue and the new owner's would both hold messages of
+    one key, and per-key order would break across the two streams."""
+    sub, ids = make(SubscriptionType.KEY_SHARED, ("c1",))
+    keys = [b"k%d" % i for i in range(40)]
+    for i, key in enumerate(keys):
+        sub.publish((i, key), 1, key)
+    sub.add_consumer(2, "c2", ())
+    effects = sub.connect(2)
+    assert [e.consumer_id for e in effects] == [2]
+    moved = drain(sub, 2)
+    stayed = drain(sub, ids["c1"])
+    assert moved and stayed, "40 keys over two consumers: some must move"
+    assert {key for _, key in moved}.isdisjoint({key for _, key in stayed})
+    assert moved == sorted(moved) and stayed == sorted(stayed)
+    for key in keys:
+        sub.publish(("again", key), 1, key)
+    assert {key for _, key in drain(sub, 2)} == {key for _, key in moved}
 
 
 def test_key_shared_same_key_same_consumer() -> None:

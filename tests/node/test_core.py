@@ -133,12 +133,6 @@ def test_invalid_topic_names_are_rejected_everywhere(name: str) -> None:
     assert core.topics("default") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: names.py/_SUBSCRIPTION_NAME_RE match with `^...$`, and `$` also matches before "
-    "a trailing newline, so '/ns/t\\n', namespace 'ns\\n' and subscription 's\\n' are accepted "
-    "(a second spelling of the same name, and a newline inside a metadata key)",
-)
 def test_names_with_a_trailing_newline_are_rejected() -> None:
     core = new_core()
     producer(core, "/default/t")
@@ -378,6 +372,7 @@ def test_subscribe_persists_subscription_and_consumer_records() -> None:
             "consumer_id": cid,
             "consumer_name": "c1",
             "key_filters": ["a*"],
+            "order": 1,
         },
     }
     step = core.subscribe("/default/t", "c2", "s", KEY_SHARED, ())
@@ -438,6 +433,7 @@ def test_takeover_with_new_key_filters_persists_them() -> None:
             "consumer_id": cid,
             "consumer_name": "c1",
             "key_filters": ["b*"],
+            "order": 1,
         }
     }
     pid = producer(core)
@@ -447,12 +443,6 @@ def test_takeover_with_new_key_filters_persists_them() -> None:
     assert core.take(cid, generation, 10) == ["b-key"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG?: NonReliableSubscription.set_filters (Key-Shared takeover with new filters) "
-    "does not re-route messages already queued for the consumer, so it receives keys its "
-    "new filters reject",
-)
 def test_takeover_with_narrower_filters_never_delivers_rejected_keys() -> None:
     core = new_core()
     pid = producer(core)
@@ -490,11 +480,6 @@ def test_stream_generations() -> None:
     assert g3 > g2.value and connected(core, cid)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: generation 0 is the 'no stream open' sentinel, yet take(cid, 0, n) hands out "
-    "the queue of a consumer that has no open stream (it should answer None)",
-)
 def test_take_with_generation_zero_is_not_a_stream() -> None:
     core = new_core()
     pid = producer(core)
@@ -503,11 +488,6 @@ def test_take_with_generation_zero_is_not_a_stream() -> None:
     assert core.take(cid, 0, 10) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: close_stream(cid, 0) matches the 'no stream' sentinel and disconnects a "
-    "consumer that never opened a stream (a stale/bogus close must change nothing)",
-)
 def test_close_stream_with_generation_zero_changes_nothing() -> None:
     core = new_core()
     producer(core)
@@ -611,12 +591,6 @@ def test_plain_and_partitioned_topics_conflict() -> None:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: create_partitioned_topic validates only the first partition name; when a "
-    "later one is too long (> 255 chars, e.g. -part-10) it raises INVALID_ARGUMENT after "
-    "partitions 0-9 were already created (rejections must not mutate)",
-)
 def test_partitioned_topic_with_too_long_partition_names_creates_nothing() -> None:
     core = new_core()
     base = "/default/" + "t" * (255 - len("/default/") - len("-part-0"))
@@ -803,12 +777,6 @@ def test_restore_example() -> None:
     ), "the subscription type survives the restart"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: restore re-adds consumers in metadata key order (consumer id as a string), "
-    "not subscribe order, so after a restart Failover promotes a different standby than "
-    "'the earliest-subscribed connected consumer'",
-)
 def test_failover_promotion_order_survives_restore() -> None:
     core = new_core()
     effects = list(core.create_topic("/default/t", NR).effects)

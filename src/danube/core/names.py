@@ -15,8 +15,8 @@ from danube.core.errors import invalid
 MAX_NAME_LENGTH = 255
 PARTITION_MARKER = "-part-"
 
-_PART_RE = re.compile(r"^[\w-]+$")
-_PARTITION_RE = re.compile(r"^(?P<base>.+)-part-(?P<index>0|[1-9][0-9]*)$")
+_PART_RE = re.compile(r"[\w-]+")
+_PARTITION_RE = re.compile(r"(?P<base>.+)-part-(?P<index>0|[1-9][0-9]*)", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,14 +36,14 @@ class TopicName:
     @property
     def partition_of(self) -> tuple[str, int] | None:
         """(base topic, index) when this is a `<base>-part-<n>` partition."""
-        match = _PARTITION_RE.match(self.full)
+        match = _PARTITION_RE.fullmatch(self.full)
         if match is None:
             return None
         return match["base"], int(match["index"])
 
 
 def _valid_part(part: str) -> bool:
-    return bool(part) and _PART_RE.match(part) is not None
+    return bool(part) and _PART_RE.fullmatch(part) is not None
 
 
 def validate_namespace(name: str) -> str:
@@ -78,7 +78,7 @@ def partition_name(base: str, index: int) -> str:
 
 def partition_index(full_name: str, base: str) -> int | None:
     """The index when `full_name` is exactly `<base>-part-<n>`, else None."""
-    match = _PARTITION_RE.match(full_name)
+    match = _PARTITION_RE.fullmatch(full_name)
     if match is None or match["base"] != base:
         return None
     return int(match["index"])

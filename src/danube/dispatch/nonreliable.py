@@ -4,14 +4,17 @@ Each consumer has a bounded queue of messages waiting for its stream writer. A m
 one queue or is dropped and counted; nothing here ever blocks the publisher, so a slow consumer
 costs the others nothing and the broker at most `QueueLimits` per consumer.
 
-Messages still queued for a consumer that disconnects were never handed to the transport, so
-they are re-dispatched to the consumers that remain (at-most-once still holds, and less is lost
-than Danube, which drops them).
+Queued messages were never handed to the transport, so they can still move without being
+duplicated: when a consumer disconnects its queue is re-routed to the consumers that remain
+(Danube drops it), and on Key-Shared every membership or filter change moves queued messages
+to their key's new owner, so one consumer at a time holds a key's pending messages. A queue
+that receives moved messages is kept in publish order.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +24,8 @@ from danube.dispatch.types import ConsumerReady, DropReason, QueueLimits, Subscr
 
 @dataclass(frozen=True, slots=True)
 class Queued:
+    seq: int
+    """Publish order within the subscription."""
     message: Any
     size: int
     key: bytes
@@ -46,6 +51,7 @@ class NonReliableSubscription:
         self._round_robin = 0
         self._active: int | None = None
         self._ring = HashRing()
+        self._published = 0
         self.delivered = 0
         self.dropped: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
 
@@ -53,12 +59,15 @@ class NonReliableSubscription:
 
     def add_consumer(self, consumer_id: int, name: str, key_filters: tuple[str, ...]) -> None:
         """Registers a consumer, disconnected until `connect` (Subscribe then connects it)."""
+        if consumer_id in self._consumers:
+            raise ValueError(f"consumer {consumer_id} is already registered")
         self._consumers[consumer_id] = _Consumer(
             consumer_id, name, tuple(KeyFilter(p) for p in key_filters)
         )
 
-    def set_filters(self, consumer_id: int, key_filters: tuple[str, ...]) -> None:
+    def set_filters(self, consumer_id: int, key_filters: tuple[str, ...]) -> list[ConsumerReady]:
         self._consumers[consumer_id].filters = tuple(KeyFilter(p) for p in key_filters)
+        return self._follow_key_owners()
 
     def remove_consumer(self, consumer_id: int) -> list[ConsumerReady]:
         effects = self.disconnect(consumer_id)
@@ -70,15 +79,17 @@ class NonReliableSubscription:
         if consumer.connected:
             return []
         consumer.connected = True
-        if self.sub_type is SubscriptionType.KEY_SHARED:
-            self._ring.add(consumer_id, consumer.name)
         if self._active is None and self.sub_type in _SINGLE_ACTIVE:
             self._active = consumer_id
-        return [ConsumerReady(consumer_id)] if consumer.queue else []
+        effects = [ConsumerReady(consumer_id)] if consumer.queue else []
+        if self.sub_type is SubscriptionType.KEY_SHARED:
+            self._ring.add(consumer_id, consumer.name)
+            effects.extend(self._follow_key_owners())
+        return effects
 
     def disconnect(self, consumer_id: int) -> list[ConsumerReady]:
-        """Marks the consumer gone; a Failover standby takes over; undelivered messages are
-        offered to the remaining consumers."""
+        """Marks the consumer gone; a Failover standby takes over; its queued messages go to
+        the consumers that remain."""
         consumer = self._consumers[consumer_id]
         if not consumer.connected:
             return []
@@ -88,13 +99,7 @@ class NonReliableSubscription:
             self._active = next(
                 (c.consumer_id for c in self._consumers.values() if c.connected), None
             )
-        stranded = list(consumer.queue)
-        consumer.queue.clear()
-        consumer.queued_bytes = 0
-        effects: list[ConsumerReady] = []
-        for item in stranded:
-            effects.extend(self._route(item))
-        return effects
+        return self._reroute(self._unqueue(consumer, list(consumer.queue)))
 
     def is_connected(self, consumer_id: int) -> bool:
         return self._consumers[consumer_id].connected
@@ -114,7 +119,14 @@ class NonReliableSubscription:
     # -- data path ----------------------------------------------------------------------------
 
     def publish(self, message: Any, size: int, key: bytes) -> list[ConsumerReady]:
-        return self._route(Queued(message, size, key))
+        item = Queued(self._published, message, size, key)
+        self._published += 1
+        target = self._target(item)
+        if target is None:
+            return []
+        was_empty = not target.queue
+        self._push(target, item)
+        return [ConsumerReady(target.consumer_id)] if was_empty else []
 
     def take(self, consumer_id: int, limit: int) -> list[Any]:
         """Hands up to `limit` queued messages to the consumer's stream writer."""
@@ -127,16 +139,22 @@ class NonReliableSubscription:
         self.delivered += len(taken)
         return taken
 
-    def _route(self, item: Queued) -> list[ConsumerReady]:
+    # -- routing ------------------------------------------------------------------------------
+
+    def _target(self, item: Queued) -> _Consumer | None:
+        """The consumer whose queue takes `item`, or None after counting the drop."""
         if self.sub_type is SubscriptionType.SHARED:
-            return self._route_round_robin(item)
+            return self._round_robin_target(item)
         if self.sub_type is SubscriptionType.KEY_SHARED:
-            return self._route_by_key(item)
+            owner = self._key_owner(item.key)
+            if isinstance(owner, DropReason):
+                return self._drop(owner)
+            return self._with_room(owner, item)
         if self._active is None:
             return self._drop(DropReason.NO_CONSUMER)
-        return self._enqueue(self._consumers[self._active], item)
+        return self._with_room(self._consumers[self._active], item)
 
-    def _route_round_robin(self, item: Queued) -> list[ConsumerReady]:
+    def _round_robin_target(self, item: Queued) -> _Consumer | None:
         consumers = list(self._consumers.values())
         connected = False
         for step in range(len(consumers)):
@@ -146,22 +164,58 @@ class NonReliableSubscription:
             connected = True
             if self._has_room(consumer, item):
                 self._round_robin = (self._round_robin + step + 1) % len(consumers)
-                return self._enqueue(consumer, item)
+                return consumer
         return self._drop(DropReason.QUEUE_FULL if connected else DropReason.NO_CONSUMER)
 
-    def _route_by_key(self, item: Queued) -> list[ConsumerReady]:
+    def _key_owner(self, key: bytes) -> _Consumer | DropReason:
         if not len(self._ring):
-            return self._drop(DropReason.NO_CONSUMER)
+            return DropReason.NO_CONSUMER
         eligible = frozenset(
             c.consumer_id
             for c in self._consumers.values()
-            if c.connected and accepts(c.filters, item.key)
+            if c.connected and accepts(c.filters, key)
         )
         if not eligible:
-            return self._drop(DropReason.NO_KEY_MATCH)
-        owner = self._ring.owner(item.key, eligible)
+            return DropReason.NO_KEY_MATCH
+        owner = self._ring.owner(key, eligible)
         assert owner is not None
-        return self._enqueue(self._consumers[owner], item)
+        return self._consumers[owner]
+
+    def _follow_key_owners(self) -> list[ConsumerReady]:
+        """Key-Shared: moves queued messages whose key now belongs to another consumer."""
+        if self.sub_type is not SubscriptionType.KEY_SHARED:
+            return []
+        moving: list[Queued] = []
+        for consumer in self._consumers.values():
+            leaving = [i for i in consumer.queue if self._key_owner(i.key) is not consumer]
+            moving.extend(self._unqueue(consumer, leaving))
+        return self._reroute(moving)
+
+    def _reroute(self, items: list[Queued]) -> list[ConsumerReady]:
+        """Routes already-published messages again, merging them into their new queues in
+        publish order."""
+        effects = []
+        touched: dict[int, _Consumer] = {}
+        for item in sorted(items, key=lambda i: i.seq):
+            target = self._target(item)
+            if target is None:
+                continue
+            if not target.queue:
+                effects.append(ConsumerReady(target.consumer_id))
+            self._push(target, item)
+            touched[target.consumer_id] = target
+        for consumer in touched.values():
+            consumer.queue = deque(sorted(consumer.queue, key=lambda i: i.seq))
+        return effects
+
+    def _unqueue(self, consumer: _Consumer, items: Iterable[Queued]) -> list[Queued]:
+        removed = {id(i) for i in items}
+        if not removed:
+            return []
+        leaving = [i for i in consumer.queue if id(i) in removed]
+        consumer.queue = deque(i for i in consumer.queue if id(i) not in removed)
+        consumer.queued_bytes -= sum(i.size for i in leaving)
+        return leaving
 
     def _has_room(self, consumer: _Consumer, item: Queued) -> bool:
         return (
@@ -169,17 +223,15 @@ class NonReliableSubscription:
             and consumer.queued_bytes + item.size <= self.limits.max_bytes
         )
 
-    def _enqueue(self, consumer: _Consumer, item: Queued) -> list[ConsumerReady]:
-        if not self._has_room(consumer, item):
-            return self._drop(DropReason.QUEUE_FULL)
-        was_empty = not consumer.queue
+    def _with_room(self, consumer: _Consumer, item: Queued) -> _Consumer | None:
+        return consumer if self._has_room(consumer, item) else self._drop(DropReason.QUEUE_FULL)
+
+    def _push(self, consumer: _Consumer, item: Queued) -> None:
         consumer.queue.append(item)
         consumer.queued_bytes += item.size
-        return [ConsumerReady(consumer.consumer_id)] if was_empty else []
 
-    def _drop(self, reason: DropReason) -> list[ConsumerReady]:
+    def _drop(self, reason: DropReason) -> None:
         self.dropped[reason] += 1
-        return []
 
 
 _SINGLE_ACTIVE = (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)

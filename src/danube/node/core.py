@@ -1,8 +1,9 @@
 """The broker-node core: every decision the data plane makes, as a pure state machine.
 
 Requests come in as method calls with plain values; the answer is a `Step`: a value for the
-caller plus effects for the driver (`PersistMeta` before anything else, then `ConsumerReady` /
-`EndStream` for consumer streams). Validation happens before any mutation, so a `DanubeError`
+caller plus effects for the driver. `ConsumerReady` and `EndStream` act on consumer streams at
+once; `PersistMeta` changes must be durable, in order, before the reply to the request (and to
+any later request) leaves. Validation happens before any mutation, so a `DanubeError`
 leaves the state untouched.
 
 Deliberate differences from Danube are listed in spec/protocol.md.
@@ -32,7 +33,7 @@ from danube.node import paths
 T = TypeVar("T")
 
 _U64 = (1 << 64) - 1
-_SUBSCRIPTION_NAME_RE = re.compile(r"^[\w.-]+$")
+_SUBSCRIPTION_NAME_RE = re.compile(r"[\w.-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,8 @@ class ConsumerRecord:
     topic: TopicName
     subscription: str
     key_filters: tuple[str, ...]
+    order: int
+    """Subscribe order across the broker: Failover promotes the earliest connected consumer."""
     stream: int = 0
     """Generation of the live receive stream; 0 when none is open."""
 
@@ -137,6 +140,7 @@ class BrokerCore:
         self._producers: dict[int, ProducerRecord] = {}
         self._consumers: dict[int, ConsumerRecord] = {}
         self._stream_generations = 0
+        self._subscribe_order = 0
 
     # -- restore and bootstrap ----------------------------------------------------------------
 
@@ -168,18 +172,24 @@ class BrokerCore:
                 self._add_subscription(
                     record, value["subscription_name"], SubscriptionType(value["subscription_type"])
                 )
-        for key, value in sorted(entries.items()):
+        consumers = []
+        for key, value in entries.items():
             parts = key.strip("/").split("/")
             if parts[0] == "topics" and len(parts) == 7 and parts[5] == "consumers":
                 record = self._topics.get(f"/{parts[1]}/{parts[2]}")
                 if record is not None and parts[4] in record.subscriptions:
-                    self._add_consumer(
-                        record,
-                        record.subscriptions[parts[4]],
-                        value["consumer_id"],
-                        value["consumer_name"],
-                        tuple(value.get("key_filters", ())),
-                    )
+                    consumers.append((value.get("order", 0), record, parts[4], value))
+        # Subscribe order decides Failover promotion, so it must survive a restart.
+        for order, record, sub_name, value in sorted(consumers, key=lambda c: c[0]):
+            self._add_consumer(
+                record,
+                record.subscriptions[sub_name],
+                value["consumer_id"],
+                value["consumer_name"],
+                tuple(value.get("key_filters", ())),
+                order,
+            )
+            self._subscribe_order = max(self._subscribe_order, order)
 
     def _restore_producer(self, record: TopicRecord, value: Mapping[str, Any]) -> None:
         producer = ProducerRecord(
@@ -190,8 +200,9 @@ class BrokerCore:
 
     def bootstrap(self, namespaces: Iterable[str]) -> Step[None]:
         """Creates the configured namespaces that do not exist yet (`default` always)."""
+        wanted = [validate_namespace(n) for n in dict.fromkeys(["default", *namespaces])]
         puts = []
-        for namespace in dict.fromkeys(["default", *namespaces]):
+        for namespace in wanted:
             if namespace not in self._namespaces:
                 self._namespaces[namespace] = self._default_policies
                 puts.append(
@@ -245,14 +256,16 @@ class BrokerCore:
         parse_topic(base)
         if not 1 <= partitions <= 10_000:
             raise invalid(f"partitions must be between 1 and 10000, got {partitions}")
-        names = [partition_name(base, i) for i in range(partitions)]
-        existing = [n for n in names if n in self._topics]
+        names = [parse_topic(partition_name(base, i)) for i in range(partitions)]
+        existing = [n.full for n in names if n.full in self._topics]
         if existing:
             raise DanubeError(ErrorCode.ALREADY_EXISTS, f"topic {existing[0]} already exists")
-        self._check_partition_conflicts(parse_topic(names[0]))
+        self._require_namespace(names[0].namespace)
+        self._check_partition_conflicts(names[0])
+        self._check_strategy_supported(strategy)
         effects: list[Effect] = []
         for name in names:
-            effects.extend(self._create_topic(parse_topic(name), strategy))
+            effects.extend(self._create_topic(name, strategy))
         return Step(None, tuple(effects))
 
     def delete_topic(self, topic: str) -> Step[None]:
@@ -288,12 +301,7 @@ class BrokerCore:
     def _create_topic(self, name: TopicName, strategy: DispatchStrategy) -> tuple[Effect, ...]:
         self._require_namespace(name.namespace)
         self._check_partition_conflicts(name)
-        if strategy is DispatchStrategy.RELIABLE:
-            raise DanubeError(
-                ErrorCode.UNIMPLEMENTED,
-                "reliable dispatch is not available in this broker version; "
-                "use dispatch strategy NonReliable",
-            )
+        self._check_strategy_supported(strategy)
         self._topics[name.full] = TopicRecord(name, strategy)
         return (
             PersistMeta(
@@ -303,6 +311,15 @@ class BrokerCore:
                 )
             ),
         )
+
+    @staticmethod
+    def _check_strategy_supported(strategy: DispatchStrategy) -> None:
+        if strategy is DispatchStrategy.RELIABLE:
+            raise DanubeError(
+                ErrorCode.UNIMPLEMENTED,
+                "reliable dispatch is not available in this broker version; "
+                "use dispatch strategy NonReliable",
+            )
 
     def _check_partition_conflicts(self, name: TopicName) -> None:
         partition = name.partition_of
@@ -459,7 +476,7 @@ class BrokerCore:
         if (
             not subscription
             or len(subscription) > MAX_NAME_LENGTH
-            or not _SUBSCRIPTION_NAME_RE.match(subscription)
+            or not _SUBSCRIPTION_NAME_RE.fullmatch(subscription)
         ):
             raise invalid(
                 f"invalid subscription name {subscription!r}: use letters, digits, '_', '-' "
@@ -511,23 +528,16 @@ class BrokerCore:
             effects.append(
                 PersistMeta(puts=((paths.subscription(record.name, subscription), value),))
             )
+        self._subscribe_order += 1
         consumer = self._add_consumer(
-            record, sub, self._new_id(self._consumers), consumer_name, key_filters
+            record,
+            sub,
+            self._new_id(self._consumers),
+            consumer_name,
+            key_filters,
+            self._subscribe_order,
         )
-        effects.append(
-            PersistMeta(
-                puts=(
-                    (
-                        paths.consumer(record.name, subscription, consumer.consumer_id),
-                        {
-                            "consumer_id": consumer.consumer_id,
-                            "consumer_name": consumer_name,
-                            "key_filters": list(key_filters),
-                        },
-                    ),
-                )
-            )
-        )
+        effects.append(self._persist_consumer(consumer))
         effects.extend(sub.dispatcher.connect(consumer.consumer_id))
         return Step(consumer.consumer_id, tuple(effects))
 
@@ -574,15 +584,8 @@ class BrokerCore:
             consumer.stream = 0
         if key_filters != consumer.key_filters:
             consumer.key_filters = key_filters
-            sub.dispatcher.set_filters(consumer_id, key_filters)
-            value = {
-                "consumer_id": consumer_id,
-                "consumer_name": consumer.name,
-                "key_filters": list(key_filters),
-            }
-            effects.append(
-                PersistMeta(puts=((paths.consumer(record.name, sub.name, consumer_id), value),))
-            )
+            effects.append(self._persist_consumer(consumer))
+            effects.extend(sub.dispatcher.set_filters(consumer_id, key_filters))
         effects.extend(sub.dispatcher.connect(consumer_id))
         return Step(consumer_id, tuple(effects))
 
@@ -593,6 +596,17 @@ class BrokerCore:
         record.subscriptions[name] = sub
         return sub
 
+    @staticmethod
+    def _persist_consumer(consumer: ConsumerRecord) -> PersistMeta:
+        value = {
+            "consumer_id": consumer.consumer_id,
+            "consumer_name": consumer.name,
+            "key_filters": list(consumer.key_filters),
+            "order": consumer.order,
+        }
+        key = paths.consumer(consumer.topic, consumer.subscription, consumer.consumer_id)
+        return PersistMeta(puts=((key, value),))
+
     def _add_consumer(
         self,
         record: TopicRecord,
@@ -600,8 +614,9 @@ class BrokerCore:
         consumer_id: int,
         name: str,
         key_filters: tuple[str, ...],
+        order: int,
     ) -> ConsumerRecord:
-        consumer = ConsumerRecord(consumer_id, name, record.name, sub.name, key_filters)
+        consumer = ConsumerRecord(consumer_id, name, record.name, sub.name, key_filters, order)
         self._consumers[consumer_id] = consumer
         sub.consumers[name] = consumer_id
         sub.dispatcher.add_consumer(consumer_id, name, key_filters)
@@ -623,7 +638,7 @@ class BrokerCore:
         """The stream of this generation ended; if it was the consumer's current one, the
         consumer is disconnected (a Failover standby takes over)."""
         consumer = self._consumers.get(consumer_id)
-        if consumer is None or consumer.stream != generation:
+        if consumer is None or not generation or consumer.stream != generation:
             return Step(None)
         consumer.stream = 0
         return Step(None, tuple(self._subscription_of(consumer).dispatcher.disconnect(consumer_id)))
@@ -631,7 +646,7 @@ class BrokerCore:
     def take(self, consumer_id: int, generation: int, limit: int) -> list[Any] | None:
         """Messages for the stream writer; None when this stream is no longer current."""
         consumer = self._consumers.get(consumer_id)
-        if consumer is None or consumer.stream != generation:
+        if consumer is None or not generation or consumer.stream != generation:
             return None
         return self._subscription_of(consumer).dispatcher.take(consumer_id, limit)
 
