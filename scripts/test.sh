@@ -4,5 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+# Sessions run inside .venv (nox's venv_backend "none"): its tools must come first on PATH.
+export PATH="$PWD/.venv/bin:$PATH"
 .venv/bin/nox -s lint
 .venv/bin/nox -s tests -- "$@"
