@@ -332,13 +332,6 @@ def test_schema_reference_is_a_failed_precondition(broker: BrokerProcess) -> Non
     run(scenario)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: a schema_ref without a subject (present on the wire, e.g. use_latest=true) is "
-    "silently ignored and the producer is created without a schema; ProducerService only "
-    "refuses a non-empty subject (core.create_producer checks `if schema_subject:`)",
-)
 def test_schema_reference_without_subject_is_not_silently_ignored(broker: BrokerProcess) -> None:
     """spec/protocol.md: a schema reference is FAILED_PRECONDITION. A reference with an empty
     subject is still a reference (and malformed), so it must be refused one way or another."""
@@ -504,14 +497,6 @@ def test_health_check_of_unknown_ids_says_close(broker: BrokerProcess) -> None:
     run(scenario)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: admin CreateTopic / CreatePartitionedTopic ignore schema_subject "
-    "(AdminServices.create_topic never reads it) and create a schema-less topic, while "
-    "CreateProducer refuses a schema reference with FAILED_PRECONDITION until the registry "
-    "exists",
-)
 def test_admin_topic_with_schema_subject_is_not_silently_schema_less(
     broker: BrokerProcess,
 ) -> None:
@@ -524,15 +509,6 @@ def test_admin_topic_with_schema_subject_is_not_silently_schema_less(
     run(scenario)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: a method the broker does not implement is answered by grpclib 0.4.9's "
-    "server._abort with a Trailers-Only response carrying grpc-status 12 but no content-type "
-    "(which the gRPC HTTP/2 spec requires), so grpclib clients, ours included, report "
-    "UNKNOWN 'Missing content-type header' instead of UNIMPLEMENTED (spec/protocol.md: 'Any "
-    "other method answers UNIMPLEMENTED')",
-)
 def test_unimplemented_method_answers_unimplemented(broker: BrokerProcess) -> None:
     async def scenario() -> None:
         async with Channel(*_host_port(broker.admin_addr)) as admin:

@@ -21,11 +21,12 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
+from grpclib import GRPCError
 from grpclib.client import Channel, Stream
-from grpclib.const import Cardinality
+from grpclib.const import Cardinality, Status
 from grpclib.exceptions import StreamTerminatedError
 
-from danube.client import DanubeClient, DanubeClientError, SubType
+from danube.client import DanubeClient, SubType
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from tests.support.aio import run
@@ -147,8 +148,9 @@ def test_signal_stops_broker_cleanly_with_open_stream(
     broker_factory: type[BrokerProcess], tmp_path: Path, sig: signal.Signals
 ) -> None:
     """systemd/Kubernetes (SIGTERM) and Ctrl-C (SIGINT) must both end open receive streams with
-    status OK (so clients re-connect rather than report an error), exit 0 promptly, and leave
-    no leaked tasks or resources behind."""
+    UNAVAILABLE "shutting down" (status OK would tell a client its session was taken over or its
+    topic deleted; UNAVAILABLE says reconnect), exit 0 promptly, and leave no leaked tasks or
+    resources behind."""
     broker = broker_factory(tmp_path / "data").start()
     topic = "/default/shutdown"
 
@@ -167,8 +169,11 @@ def test_signal_stops_broker_cleanly_with_open_stream(
                 code = await asyncio.to_thread(broker.stop, sig)
                 elapsed = time.monotonic() - started
                 assert code == 0, broker.log_text()
-                # Status OK: _drain raises GRPCError/StreamTerminatedError for anything else.
-                assert await asyncio.wait_for(rest, 5) == []
+                # A proper gRPC status, not a broken connection (StreamTerminatedError).
+                with pytest.raises(GRPCError) as ended:
+                    await asyncio.wait_for(rest, 5)
+                assert ended.value.status is Status.UNAVAILABLE
+                assert "shutting down" in (ended.value.message or "")
             return elapsed
 
     elapsed = run(scenario)
@@ -213,14 +218,6 @@ def test_second_sigint_during_shutdown_is_harmless(
     _assert_clean(broker.log_text())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: a SIGINT that arrives after serve() returned but before the interpreter exited "
-    "(broker_stopped already logged; trio has restored Python's default_int_handler) kills "
-    "the process with status -SIGINT (130 in a shell) and no log line, although main() already "
-    "returned 0; danube.cli.broker.main should ignore SIGINT/SIGTERM once shutdown began",
-)
 def test_repeated_sigint_until_exit_is_harmless(
     broker_factory: type[BrokerProcess], tmp_path: Path
 ) -> None:
@@ -323,15 +320,6 @@ def test_metadata_and_ids_survive_a_restart(
     _assert_clean(broker.log_text())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=DanubeClientError,
-    reason="BUG: since HealthCheck answers OK for every known consumer (4599b4e), our client's "
-    "receive loop (danube.client.consumer._TopicConsumer.receive_loop) mistakes the OK end of "
-    "its stream at broker shutdown for a takeover: _known_to_broker() is OK during the grace "
-    "period, so the consumer raises 'was taken over by another session' instead of reopening "
-    "its stream after the restart",
-)
 def test_client_consumer_continues_across_a_clean_restart(
     broker_factory: type[BrokerProcess], tmp_path: Path
 ) -> None:
@@ -427,15 +415,6 @@ def _run_broker(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[
     )
 
 
-STARTUP_TRACEBACK_BUG = (
-    "BUG: start-up failures raised inside serve() (MetadataError for a locked data dir, "
-    "OSError for a port in use) reach danube.cli.broker.main wrapped in a trio ExceptionGroup, "
-    "so `except (OSError, MetadataError)` misses them: the exit code is 1 only because the "
-    "exception is uncaught, and stderr is an 'Exception Group Traceback' instead of one "
-    "'danube-broker: ...' line"
-)
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -486,7 +465,6 @@ def test_second_broker_on_same_data_dir_exits_1(
     assert run(lambda: _partitions(first.url, "/default/none")) == []
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=STARTUP_TRACEBACK_BUG)
 def test_second_broker_on_same_data_dir_says_so_in_one_line(
     broker_factory: type[BrokerProcess], tmp_path: Path
 ) -> None:
@@ -507,7 +485,6 @@ def test_port_in_use_exits_1_naming_the_address(tmp_path: Path, which: str) -> N
     assert "in use" in result.stderr.lower()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=STARTUP_TRACEBACK_BUG)
 def test_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
     with _listening_socket() as port:
         result = _run_broker(

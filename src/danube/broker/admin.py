@@ -13,8 +13,17 @@ import grpclib.const
 from danube.broker.grpc_util import unary
 from danube.broker.runtime import BrokerRuntime
 from danube.core.config import DispatchStrategy
-from danube.core.errors import invalid
+from danube.core.errors import DanubeError, ErrorCode, invalid
 from danube.proto import danube_admin as pb
+
+
+def _no_schema(subject: str | None) -> None:
+    if subject:
+        raise DanubeError(
+            ErrorCode.FAILED_PRECONDITION,
+            f"schema subject {subject!r} is not registered (this broker version has no schema "
+            "registry yet); create the topic without a schema subject",
+        )
 
 
 def _strategy(value: int) -> DispatchStrategy:
@@ -81,6 +90,7 @@ class AdminServices:
         return pb.TopicInfoListResponse(topics=topics)
 
     async def create_topic(self, request: pb.NewTopicRequest) -> pb.TopicResponse:
+        _no_schema(request.schema_subject)
         strategy = _strategy(request.dispatch_strategy)
         await self._runtime.run(self._core.create_topic(request.name, strategy))
         return pb.TopicResponse(success=True)
@@ -88,6 +98,7 @@ class AdminServices:
     async def create_partitioned_topic(
         self, request: pb.PartitionedTopicRequest
     ) -> pb.TopicResponse:
+        _no_schema(request.schema_subject)
         strategy = _strategy(request.dispatch_strategy)
         step = self._core.create_partitioned_topic(request.base_name, request.partitions, strategy)
         await self._runtime.run(step)

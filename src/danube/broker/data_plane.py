@@ -29,10 +29,19 @@ class ProducerService:
         self._message_limit = message_limit
 
     async def create_producer(self, request: pb.ProducerRequest) -> pb.ProducerResponse:
-        subject = request.schema_ref.subject if present(request.schema_ref) else None
+        subject = None
+        if present(request.schema_ref):
+            subject = request.schema_ref.subject
+            if not subject:
+                raise invalid("schema_ref needs a subject")
         strategy = int(request.dispatch_strategy)
         if strategy not in (0, 1):
             raise invalid(f"unknown dispatch strategy {strategy}")
+        if int(request.producer_access_mode) not in (0, 1):
+            raise invalid(
+                f"unknown producer access mode {int(request.producer_access_mode)}; "
+                "expected 0 (Shared) or 1 (Exclusive)"
+            )
         step = self._core.create_producer(
             request.topic_name,
             request.producer_name,
@@ -128,6 +137,10 @@ class ConsumerService:
                     continue
                 for message in batch:
                     await stream.send_message(message)
+            if self._runtime.stopping:
+                # Not OK: an OK end tells a client its session was taken over or its topic
+                # is gone; this one should reconnect once the broker is back.
+                raise GRPCError(Status.UNAVAILABLE, "the broker is shutting down; reconnect")
         finally:
             self._runtime.detach_stream(consumer_id, slot)
             self._runtime.apply(self._core.close_stream(consumer_id, slot.generation).effects)

@@ -108,3 +108,34 @@ class Server(grpclib.server.Server):
             connection = getattr(protocol, "connection", None)
             if connection is not None:
                 connection.close()
+
+
+class Unimplemented:
+    """Answers UNIMPLEMENTED, with a reason, for every method of `bases` that no other
+    service of the server implements. grpclib's own answer for an unknown method lacks the
+    content-type header, so grpclib clients see UNKNOWN instead."""
+
+    def __init__(self, bases: list[type], implemented: list[Any], reason: str) -> None:
+        taken: set[str] = set()
+        for service in implemented:
+            taken.update(service.__mapping__())
+        self._routes: dict[str, grpclib.const.Handler] = {}
+        for base in bases:
+            for path, handler in base().__mapping__().items():
+                if path not in taken:
+                    self._routes[path] = grpclib.const.Handler(
+                        self._refuse(path, reason),
+                        handler.cardinality,
+                        handler.request_type,
+                        handler.reply_type,
+                    )
+
+    @staticmethod
+    def _refuse(path: str, reason: str) -> Callable[[grpclib.server.Stream], Awaitable[None]]:
+        async def refuse(_: grpclib.server.Stream) -> None:
+            raise GRPCError(Status.UNIMPLEMENTED, f"{path} is not implemented: {reason}")
+
+        return refuse
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return self._routes

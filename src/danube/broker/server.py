@@ -19,14 +19,35 @@ from danube.broker.data_plane import (
     HealthCheckService,
     ProducerService,
 )
-from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, Server
+from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
 from danube.broker.runtime import BrokerRuntime, persist
 from danube.core.config import Address, BrokerConfig
 from danube.dispatch import QueueLimits
 from danube.metadata import EmbeddedStore
 from danube.node.core import BrokerCore, BrokerIdentity
+from danube.proto import danube as pb
+from danube.proto import danube_admin as admin_pb
+from danube.proto import danube_schema as schema_pb
 
 log = logging.getLogger("danube.broker")
+
+CLIENT_PORT_BASES: list[type] = [
+    pb.ProducerServiceBase,
+    pb.ConsumerServiceBase,
+    pb.DiscoveryBase,
+    pb.HealthCheckBase,
+    pb.StorageServiceBase,
+    schema_pb.SchemaRegistryBase,
+]
+ADMIN_PORT_BASES: list[type] = [
+    admin_pb.BrokerAdminBase,
+    admin_pb.ClusterAdminBase,
+    admin_pb.NamespaceAdminBase,
+    admin_pb.TopicAdminBase,
+    admin_pb.SecurityAdminBase,
+    schema_pb.SchemaRegistryBase,
+]
+NOT_YET = "this standalone broker version does not offer it yet"
 
 SHUTDOWN_GRACE_SECONDS = 2.0
 DROP_CHECK_SECONDS = 1.0
@@ -133,15 +154,22 @@ async def serve(
             await persist(store, effect)
         async with trio_asyncio.open_loop():
             runtime = BrokerRuntime(core, store)
+            client_services = [
+                ProducerService(runtime, _message_limit(config)),
+                ConsumerService(runtime),
+                DiscoveryService(runtime),
+                HealthCheckService(runtime),
+            ]
             client_server = Server(
                 [
-                    ProducerService(runtime, _message_limit(config)),
-                    ConsumerService(runtime),
-                    DiscoveryService(runtime),
-                    HealthCheckService(runtime),
+                    *client_services,
+                    Unimplemented(CLIENT_PORT_BASES, client_services, NOT_YET),
                 ]
             )
-            admin_server = Server([AdminServices(runtime, broker_id, f"http://{bound.admin}")])
+            admin_services = [AdminServices(runtime, broker_id, f"http://{bound.admin}")]
+            admin_server = Server(
+                [*admin_services, Unimplemented(ADMIN_PORT_BASES, admin_services, NOT_YET)]
+            )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(trio_asyncio.aio_as_trio(runtime.write_metadata))
                 nursery.start_soon(_report_drops, core)

@@ -93,21 +93,33 @@ async def _run(config: BrokerConfig) -> None:
             nursery.cancel_scope.cancel()
 
 
+def _only_error(error: BaseException) -> BaseException:
+    """The single error inside (nested) exception groups, or the group itself: trio wraps a
+    failure inside a nursery, and start-up errors should still read as one line."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
+    # Outside the signal receiver (before it opens, and after it closes with the broker
+    # stopped) a SIGINT or SIGTERM must not kill the process half-way: ignore them there.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     try:
         config = load_config(args)
         trio.run(_run, config)
-    except KeyboardInterrupt:
-        # A signal that arrived while the receiver was closing; the broker already stopped.
-        return 0
-    except ConfigError as error:
-        print(f"danube-broker: configuration error: {error}", file=sys.stderr)
-        return 2
-    except (OSError, MetadataError) as error:
-        print(f"danube-broker: {error}", file=sys.stderr)
-        return 1
+    except BaseException as raised:
+        error = _only_error(raised)
+        if isinstance(error, ConfigError):
+            print(f"danube-broker: configuration error: {error}", file=sys.stderr)
+            return 2
+        if isinstance(error, OSError | MetadataError):
+            print(f"danube-broker: {error}", file=sys.stderr)
+            return 1
+        raise
     return 0
 
 
