@@ -71,6 +71,7 @@ class ProducerService:
             len(message.payload),
             key.encode(),
         )
+        message.msg_id.topic_offset = step.value
         await self._runtime.run(step)
         return pb.MessageResponse(request_id=message.request_id)
 

@@ -136,10 +136,12 @@ async def consume(args: argparse.Namespace) -> int:
             )
             try:
                 async for message in consumer:
-                    if not args.quiet:
-                        print(_render(message), flush=True)
                     await consumer.ack(message)
-                    progress.tick()
+                    if args.quiet:
+                        progress.tick()
+                    else:
+                        progress.count += 1
+                        print(_render(message), flush=True)
                     if args.count is not None and progress.count >= args.count:
                         break
             finally:
@@ -189,7 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     cons.add_argument("--key-filter", action="append", help="Key-Shared glob filter (repeatable)")
     cons.add_argument("-c", "--count", type=int, help="stop after this many messages")
-    cons.add_argument("-q", "--quiet", action="store_true", help="print only progress")
+    cons.add_argument(
+        "-q", "--quiet", action="store_true",
+        help="do not print messages; show a progress line instead",
+    )  # fmt: skip
     cons.set_defaults(run=consume)
     return parser
 

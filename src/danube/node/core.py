@@ -434,10 +434,13 @@ class BrokerCore:
 
     def publish(
         self, producer_id: int, topic: str, message: Any, size: int, key: bytes
-    ) -> Step[None]:
-        """Hands one message to every subscription of the producer's topic.
+    ) -> Step[int]:
+        """Hands one message to every subscription of the producer's topic and returns its
+        sequence number on the topic (0, 1, 2... since the topic was loaded on this broker).
 
-        `key` is the Key-Shared routing key (routing_key, else producer name)."""
+        The caller stamps the sequence as the non-reliable `topic_offset` before its next
+        await, so consumers can see gaps where messages were dropped. `key` is the Key-Shared
+        routing key (routing_key, else producer name)."""
         producer = self._producers.get(producer_id)
         if producer is None:
             raise not_found(
@@ -449,12 +452,13 @@ class BrokerCore:
         limit = self._namespaces[producer.topic.namespace].max_message_size
         if limit and size > limit:
             raise invalid(f"message of {size} bytes exceeds max_message_size of {limit} bytes")
+        sequence = record.messages_in
         record.messages_in += 1
         record.bytes_in += size
         effects: list[Effect] = []
         for sub in record.subscriptions.values():
             effects.extend(sub.dispatcher.publish(message, size, key))
-        return Step(None, tuple(effects))
+        return Step(sequence, tuple(effects))
 
     def producer_healthy(self, producer_id: int) -> bool:
         return producer_id in self._producers
