@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import grpclib.const
 import pytest
-from grpclib.client import Channel
 
 from danube.client import DanubeClient, SubType
 from danube.core.hashing import partition_for_key
 from danube.proto import danube as pb
 from tests.support.aio import receive_for, receive_n, run, unique_topic
 from tests.support.broker import BrokerProcess
+from tests.support.wire import channel_to, receive_stream
 
 pytestmark = pytest.mark.slow
 
@@ -144,66 +143,45 @@ def test_key_shared_keeps_keys_on_one_consumer_and_honours_filters(broker: Broke
     run(scenario)
 
 
-async def _open_stream(channel: Channel, consumer_id: int) -> grpclib.client.Stream:
-    stream = channel.request(
-        "/danube.ConsumerService/ReceiveMessages",
-        grpclib.const.Cardinality.UNARY_STREAM,
-        pb.ReceiveRequest,
-        pb.StreamMessage,
-    )
-    await stream.__aenter__()
-    await stream.send_message(pb.ReceiveRequest(request_id=1, consumer_id=consumer_id), end=True)
-    await stream.recv_initial_metadata()
-    return stream
-
-
 @pytest.mark.parametrize("takeover", ["second_stream", "resubscribe"])
 def test_takeover_ends_the_previous_stream(broker: BrokerProcess, takeover: str) -> None:
     """A newer stream (or a Subscribe with the same consumer name) ends the older stream with
     status OK, and messages flow to the newer one."""
     topic = unique_topic()
-    host, port = broker.broker_addr.rsplit(":", 1)
 
     async def scenario() -> None:
         async with DanubeClient(broker.url) as client:
             await _create_topic(client, topic)
-        channel = Channel(host, int(port))
-        try:
+        async with channel_to(broker.broker_addr) as channel:
             consumers = pb.ConsumerServiceStub(channel)
             request = pb.ConsumerRequest(
                 request_id=1, topic_name=topic, consumer_name="same", subscription="s",
                 subscription_type=0,
             )  # fmt: skip
             consumer_id = (await consumers.subscribe(request)).consumer_id
-            old = await _open_stream(channel, consumer_id)
-            if takeover == "resubscribe":
-                assert (await consumers.subscribe(request)).consumer_id == consumer_id
-            new = await _open_stream(channel, consumer_id)
-            async with asyncio.timeout(5):
-                assert await old.recv_message() is None
-                await old.recv_trailing_metadata()
-            assert old.peer is not None
-            producers = pb.ProducerServiceStub(channel)
-            producer_id = (
-                await producers.create_producer(
-                    pb.ProducerRequest(request_id=1, producer_name="p", topic_name=topic)
-                )
-            ).producer_id
-            await producers.send_message(
-                pb.StreamMessage(
-                    request_id=2,
-                    msg_id=pb.MsgId(producer_id=producer_id, topic_name=topic),
-                    payload=b"to-new",
-                    producer_name="p",
-                )
-            )
-            async with asyncio.timeout(5):
-                message = await new.recv_message()
-            assert message.payload == b"to-new"
-            await new.cancel()
-            await old.__aexit__(None, None, None)
-            await new.__aexit__(None, None, None)
-        finally:
-            channel.close()
+            async with receive_stream(channel, consumer_id) as old:
+                if takeover == "resubscribe":
+                    assert (await consumers.subscribe(request)).consumer_id == consumer_id
+                async with receive_stream(channel, consumer_id) as new:
+                    async with asyncio.timeout(5):
+                        assert await old.recv_message() is None
+                        await old.recv_trailing_metadata()  # raises unless status OK
+                    producers = pb.ProducerServiceStub(channel)
+                    producer_id = (
+                        await producers.create_producer(
+                            pb.ProducerRequest(request_id=1, producer_name="p", topic_name=topic)
+                        )
+                    ).producer_id
+                    await producers.send_message(
+                        pb.StreamMessage(
+                            request_id=2,
+                            msg_id=pb.MsgId(producer_id=producer_id, topic_name=topic),
+                            payload=b"to-new",
+                            producer_name="p",
+                        )
+                    )
+                    async with asyncio.timeout(5):
+                        message = await new.recv_message()
+                    assert message.payload == b"to-new"
 
     run(scenario)

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import pytest
 from grpclib import GRPCError
-from grpclib.client import Channel, Stream
-from grpclib.const import Cardinality, Status
-from grpclib.exceptions import StreamTerminatedError
+from grpclib.client import Channel
+from grpclib.const import Status
 
 from danube.client import DanubeClient, SubType
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from tests.support.aio import run
 from tests.support.broker import BROKER_BIN, BrokerProcess
+from tests.support.wire import ReceiveStream, channel_to, receive_stream
 
 pytestmark = pytest.mark.slow
 
@@ -41,49 +41,11 @@ BrokerProcess runs the broker with PYTHONWARNINGS=default)."""
 STOP_WITHIN_S = 5.0
 """The broker's grace period for open streams is 2 s; a clean stop takes well under that."""
 
-ReceiveStream = Stream[pb.ReceiveRequest, pb.StreamMessage]
-
-
-def _host_port(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host, int(port)
-
-
-@asynccontextmanager
-async def _channel(address: str) -> AsyncIterator[Channel]:
-    channel = Channel(*_host_port(address))
-    try:
-        yield channel
-    finally:
-        channel.close()
-
 
 def _assert_clean(text: str) -> None:
     """No traceback, leaked task, unawaited coroutine or unclosed resource on stderr."""
     found = [marker for marker in UNCLEAN_STDERR if marker in text]
     assert not found, f"stderr shows {found}:\n{text}"
-
-
-@asynccontextmanager
-async def _receive_stream(channel: Channel, consumer_id: int) -> AsyncIterator[ReceiveStream]:
-    """ReceiveMessages for `consumer_id`, yielded once the broker has attached it."""
-    async with channel.request(
-        "/danube.ConsumerService/ReceiveMessages",
-        Cardinality.UNARY_STREAM,
-        pb.ReceiveRequest,
-        pb.StreamMessage,
-    ) as stream:
-        await stream.send_message(
-            pb.ReceiveRequest(request_id=1, consumer_id=consumer_id), end=True
-        )
-        await stream.recv_initial_metadata()
-        yield stream
-        # A stream still open must be cancelled, or leaving the block waits for its end
-        # (grpclib 0.4.9 is pinned, so its two state flags are safe to read).
-        # The connection may already be gone (the broker stopped): nothing left to cancel.
-        if not stream._cancel_done and not stream._recv_trailing_metadata_done:
-            with contextlib.suppress(StreamTerminatedError):
-                await stream.cancel()
 
 
 async def _next_payload(stream: ReceiveStream) -> bytes:
@@ -133,10 +95,10 @@ async def _subscribe(channel: Channel, topic: str, name: str, subscription: str)
 async def _stuck_stream(broker: BrokerProcess, topic: str) -> AsyncIterator[int]:
     """A consumer (own connection) whose receive stream is open but never read; yields its
     id. Its messages pile up in HTTP/2 flow control and then in the broker's queue."""
-    async with _channel(broker.broker_addr) as channel:
+    async with channel_to(broker.broker_addr) as channel:
         await _create_producer(channel, topic, "stuck-creator")
         consumer_id = await _subscribe(channel, topic, "stuck", "stuck-sub")
-        async with _receive_stream(channel, consumer_id):
+        async with receive_stream(channel, consumer_id):
             yield consumer_id
 
 
@@ -155,10 +117,10 @@ def test_signal_stops_broker_cleanly_with_open_stream(
     topic = "/default/shutdown"
 
     async def scenario() -> float:
-        async with _channel(broker.broker_addr) as channel:
+        async with channel_to(broker.broker_addr) as channel:
             producer_id = await _create_producer(channel, topic)
             consumer_id = await _subscribe(channel, topic, "c", "s")
-            async with _receive_stream(channel, consumer_id) as stream:
+            async with receive_stream(channel, consumer_id) as stream:
                 await _send(channel, producer_id, topic, b"before-shutdown")
                 assert await _next_payload(stream) == b"before-shutdown"
                 # Read on while the broker stops: the end of the stream must be seen while
@@ -197,7 +159,7 @@ def test_second_sigint_during_shutdown_is_harmless(
 
     async def scenario() -> float:
         async with (
-            _channel(broker.broker_addr) as channel,
+            channel_to(broker.broker_addr) as channel,
             _stuck_stream(broker, topic),
         ):
             producer_id = await _create_producer(channel, topic)
@@ -249,7 +211,7 @@ def test_shutdown_closes_client_connections(
     broker = broker_factory(tmp_path / "data").start()
 
     async def stop_with_idle_client() -> int:
-        async with _channel(broker.broker_addr) as channel:
+        async with channel_to(broker.broker_addr) as channel:
             await pb.DiscoveryStub(channel).topic_partitions(pb.TopicLookupRequest(topic="/d/x"))
             return await asyncio.to_thread(broker.stop, signal.SIGTERM)
 
@@ -273,13 +235,13 @@ def test_metadata_and_ids_survive_a_restart(
     partitions = [f"{base}-part-{i}" for i in range(3)]
 
     async def before() -> tuple[int, int]:
-        async with _channel(broker.admin_addr) as admin:
+        async with channel_to(broker.admin_addr) as admin:
             await admin_pb.NamespaceAdminStub(admin).create_namespace(
                 admin_pb.NamespaceRequest(name=namespace)
             )
         async with DanubeClient(broker.url) as client:
             await client.producer(base, "parted-producer", partitions=3).create()
-        async with _channel(broker.broker_addr) as channel:
+        async with channel_to(broker.broker_addr) as channel:
             producer_id = await _create_producer(channel, plain)
             consumer_id = await _subscribe(channel, plain, "c", "plain-sub")
             await _subscribe(channel, partitions[1], "c", "part-sub")
@@ -296,7 +258,7 @@ def test_metadata_and_ids_survive_a_restart(
             assert await client.lookup(plain) == broker.url
             for partition in partitions:
                 assert await client.lookup(partition) == broker.url
-        async with _channel(broker.admin_addr) as admin:
+        async with channel_to(broker.admin_addr) as admin:
             listed = await admin_pb.BrokerAdminStub(admin).list_namespaces(admin_pb.Empty())
             assert namespace in listed.namespaces
             topics = await admin_pb.NamespaceAdminStub(admin).get_namespace_topics(
@@ -309,8 +271,8 @@ def test_metadata_and_ids_survive_a_restart(
             subs = await topic_admin.list_subscriptions(admin_pb.TopicRequest(name=partitions[1]))
             assert subs.subscriptions == ["part-sub"]
         async with (
-            _channel(broker.broker_addr) as channel,
-            _receive_stream(channel, consumer_id) as stream,
+            channel_to(broker.broker_addr) as channel,
+            receive_stream(channel, consumer_id) as stream,
         ):
             await _send(channel, producer_id, plain, b"after-restart")
             assert await _next_payload(stream) == b"after-restart"
@@ -336,7 +298,7 @@ def test_client_consumer_continues_across_a_clean_restart(
     async def scenario() -> list[bytes]:
         async with (
             DanubeClient(broker.url) as client,
-            _channel(broker.broker_addr) as channel,
+            channel_to(broker.broker_addr) as channel,
             _stuck_stream(broker, stuck_topic),
         ):
             stuck_producer = await _create_producer(channel, stuck_topic)
@@ -366,7 +328,7 @@ def test_sigkill_keeps_everything_that_was_acknowledged(
     topics = [f"/default/crash-{i}" for i in range(150)]
 
     async def create_then_kill() -> tuple[dict[str, int], dict[str, int]]:
-        async with _channel(broker.broker_addr) as channel:
+        async with channel_to(broker.broker_addr) as channel:
             producer_ids = await asyncio.gather(*(_create_producer(channel, t) for t in topics))
             consumer_ids = await asyncio.gather(
                 *(_subscribe(channel, t, "c", "crash-sub") for t in topics[::10])
@@ -382,7 +344,7 @@ def test_sigkill_keeps_everything_that_was_acknowledged(
     broker.start()
 
     async def check() -> None:
-        async with _channel(broker.admin_addr) as admin:
+        async with channel_to(broker.admin_addr) as admin:
             listed = await admin_pb.NamespaceAdminStub(admin).get_namespace_topics(
                 admin_pb.NamespaceRequest(name="default")
             )
@@ -392,7 +354,7 @@ def test_sigkill_keeps_everything_that_was_acknowledged(
             for topic in consumers:
                 subs = await topic_admin.list_subscriptions(admin_pb.TopicRequest(name=topic))
                 assert subs.subscriptions == ["crash-sub"], topic
-        async with _channel(broker.broker_addr) as channel:
+        async with channel_to(broker.broker_addr) as channel:
             health = pb.HealthCheckStub(channel)
             for topic, producer_id in producers.items():
                 response = await health.health_check(

@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from grpclib.client import Channel
-from grpclib.const import Cardinality
 
 from danube.client import DanubeClient, SubType
 from danube.proto import danube as pb
 from tests.support.aio import run
 from tests.support.broker import BrokerProcess
+from tests.support.wire import channel_to, receive_stream
 
 pytestmark = pytest.mark.slow
 
@@ -62,20 +61,10 @@ class PublishRun:
 
 
 @asynccontextmanager
-async def _channel(broker: BrokerProcess) -> AsyncIterator[Channel]:
-    host, _, port = broker.broker_addr.rpartition(":")
-    channel = Channel(host, int(port))
-    try:
-        yield channel
-    finally:
-        channel.close()
-
-
-@asynccontextmanager
 async def _stuck_stream(broker: BrokerProcess, topic: str) -> AsyncIterator[int]:
     """Subscribes `stuck` (Exclusive, subscription `stuck-sub`) and opens its receive stream
     on a connection of its own that never reads a message; yields the consumer id."""
-    async with _channel(broker) as channel:
+    async with channel_to(broker.broker_addr) as channel:
         response = await pb.ConsumerServiceStub(channel).subscribe(
             pb.ConsumerRequest(
                 request_id=1,
@@ -85,18 +74,8 @@ async def _stuck_stream(broker: BrokerProcess, topic: str) -> AsyncIterator[int]
                 subscription_type=pb.ConsumerRequestSubscriptionType.Exclusive,
             )
         )
-        async with channel.request(
-            "/danube.ConsumerService/ReceiveMessages",
-            Cardinality.UNARY_STREAM,
-            pb.ReceiveRequest,
-            pb.StreamMessage,
-        ) as stream:
-            await stream.send_message(
-                pb.ReceiveRequest(request_id=2, consumer_id=response.consumer_id), end=True
-            )
-            await stream.recv_initial_metadata()
+        async with receive_stream(channel, response.consumer_id):
             yield response.consumer_id
-            await stream.cancel()
 
 
 @asynccontextmanager
@@ -110,7 +89,7 @@ async def _maybe_stuck(broker: BrokerProcess, topic: str, stuck: bool) -> AsyncI
 
 
 async def _consumer_connected(broker: BrokerProcess, consumer_id: int) -> bool:
-    async with _channel(broker) as channel:
+    async with channel_to(broker.broker_addr) as channel:
         response = await pb.HealthCheckStub(channel).health_check(
             pb.HealthCheckRequest(client=pb.HealthCheckRequestClientType.Consumer, id=consumer_id)
         )

@@ -12,26 +12,9 @@ from danube.core.hashing import fmix32, fnv1a_64, partition_for_key, ring_hash
 from danube.dispatch import HashRing, KeyFilter, NonReliableSubscription, QueueLimits
 from danube.dispatch import SubscriptionType as T
 from danube.dispatch.keyshared import VIRTUAL_NODES_PER_CONSUMER, accepts
+from tests.dispatch.reference import glob_match
 
 KEYS = [f"key-{i}".encode() for i in range(1000)]
-
-
-def glob_match(pattern: bytes, key: bytes) -> bool:
-    """Reference matcher, independent of `KeyFilter` (no regex): the set of key positions
-    reachable after each pattern byte. `*` any run (empty too), `?` exactly one byte, every
-    other byte literal, and the whole key must be consumed."""
-    reachable = {0}
-    for symbol in pattern:
-        if symbol == ord("*"):
-            start = min(reachable, default=len(key) + 1)
-            reachable = set(range(start, len(key) + 1))
-        elif symbol == ord("?"):
-            reachable = {j + 1 for j in reachable if j < len(key)}
-        else:
-            reachable = {j + 1 for j in reachable if j < len(key) and key[j] == symbol}
-        if not reachable:
-            return False
-    return len(key) in reachable
 
 
 # -- hashes -----------------------------------------------------------------------------------

@@ -30,26 +30,10 @@ from danube.dispatch import (
     QueueLimits,
     SubscriptionType,
 )
+from tests.dispatch.reference import glob_match
 
 KEYS = [b"", b"a", b"b", b"ab", b"ba", b"aab", b"order-1", b"order-2", b"\xc3\xa9"]
 PATTERNS = ["*", "a*", "b*", "?", "??", "a?b", "*b", "order-*", "ab", "\u00e9"]
-
-
-def glob_match(pattern: bytes, key: bytes) -> bool:
-    """Reference matcher, written independently of `KeyFilter`: dynamic programming over
-    (pattern position, key position); `*` any run of bytes, `?` exactly one byte."""
-    reachable = {0}  # key positions reachable after consuming pattern[:i]
-    for symbol in pattern:
-        if symbol == ord("*"):
-            start = min(reachable, default=len(key) + 1)
-            reachable = set(range(start, len(key) + 1))
-        elif symbol == ord("?"):
-            reachable = {j + 1 for j in reachable if j < len(key)}
-        else:
-            reachable = {j + 1 for j in reachable if j < len(key) and key[j] == symbol}
-        if not reachable:
-            return False
-    return len(key) in reachable
 
 
 def accepted(filters: tuple[str, ...], key: bytes) -> bool:

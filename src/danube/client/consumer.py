@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from grpclib import GRPCError
@@ -148,36 +148,30 @@ class _TopicConsumer:
                 log.warning("event=resubscribe_failed topic=%s error=%s", self.topic, error)
 
     async def ack(self, raw: pb.StreamMessage) -> None:
-        stub = pb.ConsumerServiceStub(self._connections.channel(self._url))
-        try:
-            await stub.ack(
-                pb.AckRequest(
-                    request_id=raw.request_id,
-                    msg_id=raw.msg_id,
-                    subscription_name=self._subscription,
-                )
-            )
-        except GRPCError as error:
-            raise DanubeClientError.from_grpc(f"ack on {self.topic}", error) from None
-        except TRANSPORT_ERRORS as error:
-            raise DanubeClientError(f"ack on {self.topic}: {error}") from None
+        request = pb.AckRequest(
+            request_id=raw.request_id, msg_id=raw.msg_id, subscription_name=self._subscription
+        )
+        await self._call("ack", lambda stub: stub.ack(request))
 
     async def nack(self, raw: pb.StreamMessage, delay_ms: int | None, reason: str | None) -> None:
-        stub = pb.ConsumerServiceStub(self._connections.channel(self._url))
+        request = pb.NackRequest(
+            request_id=raw.request_id,
+            msg_id=raw.msg_id,
+            subscription_name=self._subscription,
+            delay_ms=delay_ms,
+            reason=reason,
+        )
+        await self._call("nack", lambda stub: stub.nack(request))
+
+    async def _call(
+        self, what: str, call: Callable[[pb.ConsumerServiceStub], Awaitable[object]]
+    ) -> None:
         try:
-            await stub.nack(
-                pb.NackRequest(
-                    request_id=raw.request_id,
-                    msg_id=raw.msg_id,
-                    subscription_name=self._subscription,
-                    delay_ms=delay_ms,
-                    reason=reason,
-                )
-            )
+            await call(pb.ConsumerServiceStub(self._connections.channel(self._url)))
         except GRPCError as error:
-            raise DanubeClientError.from_grpc(f"nack on {self.topic}", error) from None
+            raise DanubeClientError.from_grpc(f"{what} on {self.topic}", error) from None
         except TRANSPORT_ERRORS as error:
-            raise DanubeClientError(f"nack on {self.topic}: {error}") from None
+            raise DanubeClientError(f"{what} on {self.topic}: {error}") from None
 
 
 class Consumer:
