@@ -1,0 +1,147 @@
+"""Encoding and decoding of WAL segments (spec/wal-format.md). Pure functions over bytes."""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from danube.kernels import crc32c, find_frame, scan_frames
+from danube.kernels.twins import FRAME_HEADER, FRAME_MAGIC, MAX_FRAME
+
+SEGMENT_MAGIC = b"DANUBEWL"
+FORMAT_VERSION = 1
+SEGMENT_SUFFIX = ".wal"
+MAX_RECORDS_PER_FRAME = 0xFFFF
+
+_SEGMENT_FIXED = struct.Struct("<8sHHIQQH")
+_FRAME_HEAD = struct.Struct("<IIIHHQQ")
+_U32 = struct.Struct("<I")
+
+
+class WalFormatError(ValueError):
+    """Bytes that are not a WAL segment of a version we read."""
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}{SEGMENT_SUFFIX}"
+
+
+def segment_base(name: str) -> int | None:
+    """The base offset encoded in a segment file name, or None for other files."""
+    stem = name.removesuffix(SEGMENT_SUFFIX)
+    if stem == name or len(stem) != 20 or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentHeader:
+    base_offset: int
+    created_ms: int
+    topic: str
+    length: int
+
+
+def encode_segment_header(topic: str, base_offset: int, created_ms: int) -> bytes:
+    name = topic.encode()
+    length = -(-(_SEGMENT_FIXED.size + len(name)) // 8) * 8
+    header = bytearray(length)
+    _SEGMENT_FIXED.pack_into(
+        header, 0, SEGMENT_MAGIC, FORMAT_VERSION, length, 0, base_offset, created_ms, len(name)
+    )
+    header[_SEGMENT_FIXED.size : _SEGMENT_FIXED.size + len(name)] = name
+    _U32.pack_into(header, 12, crc32c(header))
+    return bytes(header)
+
+
+def decode_segment_header(data: bytes | memoryview) -> SegmentHeader:
+    if len(data) < _SEGMENT_FIXED.size:
+        raise WalFormatError(f"segment header truncated ({len(data)} bytes)")
+    magic, version, length, crc, base, created, name_len = _SEGMENT_FIXED.unpack_from(data, 0)
+    if magic != SEGMENT_MAGIC:
+        raise WalFormatError("not a WAL segment (bad magic)")
+    if version != FORMAT_VERSION:
+        raise WalFormatError(f"WAL format version {version} is not supported")
+    if length % 8 or length < _SEGMENT_FIXED.size + name_len or length > len(data):
+        raise WalFormatError(f"segment header length {length} is invalid")
+    header = bytearray(data[:length])
+    header[12:16] = b"\0\0\0\0"
+    if crc32c(header) != crc:
+        raise WalFormatError("segment header CRC mismatch")
+    start = _SEGMENT_FIXED.size
+    topic = bytes(data[start : start + name_len]).decode()
+    return SegmentHeader(base, created, topic, length)
+
+
+def encode_frame(base_offset: int, publish_ms: int, records: Sequence[bytes]) -> bytes:
+    """One append of `records` (offsets base_offset, base_offset + 1, ...) as one frame."""
+    if not 1 <= len(records) <= MAX_RECORDS_PER_FRAME:
+        raise ValueError(f"a frame holds 1 to {MAX_RECORDS_PER_FRAME} records")
+    body = b"".join(_U32.pack(len(r)) + r for r in records)
+    length = FRAME_HEADER + len(body)
+    if length > MAX_FRAME:
+        raise ValueError(f"frame of {length} bytes exceeds {MAX_FRAME}")
+    tail = _FRAME_HEAD.pack(0, length, FRAME_MAGIC, 0, len(records), base_offset, publish_ms)
+    tail = tail[4:] + body
+    return _U32.pack(crc32c(tail)) + tail
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    base_offset: int
+    publish_ms: int
+    records: list[bytes]
+
+
+def decode_frame(data: bytes | memoryview, pos: int) -> Frame:
+    """Decodes a frame the scan already validated."""
+    _, _, _, _, count, base, publish = _FRAME_HEAD.unpack_from(data, pos)
+    records, cursor = [], pos + FRAME_HEADER
+    for _ in range(count):
+        (size,) = _U32.unpack_from(data, cursor)
+        records.append(bytes(data[cursor + 4 : cursor + 4 + size]))
+        cursor += 4 + size
+    return Frame(base, publish, records)
+
+
+class SegmentState(enum.Enum):
+    WHOLE = "whole"
+    TORN = "torn"
+    CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentScan:
+    header: SegmentHeader
+    state: SegmentState
+    valid_end: int
+    """Bytes of header plus valid frames: the length to truncate a torn segment to."""
+    next_offset: int
+    positions: list[int]
+    base_offsets: list[int]
+    bad_at: int | None
+    """Where the valid prefix ends when the segment is not whole."""
+    valid_after: int | None
+    """For a corrupt segment, where the next valid frame starts."""
+
+
+def scan_segment(data: bytes | memoryview) -> SegmentScan:
+    """Verifies a whole segment and classifies its end (spec/wal-format.md, recovery)."""
+    header = decode_segment_header(data)
+    scan = scan_frames(data, header.length, len(data), header.base_offset)
+    end = scan.valid_end
+    if end == len(data):
+        state, bad_at, valid_after = SegmentState.WHOLE, None, None
+    else:
+        found = find_frame(data, end, len(data))
+        bad_at = end
+        if found < 0:
+            state, valid_after = SegmentState.TORN, None
+        else:
+            state, valid_after = SegmentState.CORRUPT, found
+    return SegmentScan(
+        header, state, end, scan.next_offset, scan.positions, scan.base_offsets, bad_at,
+        valid_after,
+    )  # fmt: skip
