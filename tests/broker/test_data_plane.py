@@ -6,8 +6,9 @@ import asyncio
 from collections import Counter
 
 import pytest
+from grpclib.const import Status
 
-from danube.client import DanubeClient, SubType
+from danube.client import DanubeClient, DanubeClientError, SubType
 from danube.core.hashing import partition_for_key
 from danube.proto import danube as pb
 from tests.support.aio import receive_for, receive_n, run, unique_topic
@@ -183,5 +184,24 @@ def test_takeover_ends_the_previous_stream(broker: BrokerProcess, takeover: str)
                     async with asyncio.timeout(5):
                         message = await new.recv_message()
                     assert message.payload == b"to-new"
+
+    run(scenario)
+
+
+def test_start_positions_through_the_extension_service(broker: BrokerProcess) -> None:
+    """`danube_ext.ConsumerExt/SubscribeAt`: latest works everywhere; earliest and offsets need
+    history, which non-reliable topics do not keep."""
+    topic = unique_topic()
+
+    async def scenario() -> None:
+        async with DanubeClient(broker.url) as client:
+            await _create_topic(client, topic)
+            with pytest.raises(DanubeClientError, match="keeps no history") as raised:
+                await client.consumer(topic, "c", "early", start="earliest").subscribe()
+            assert raised.value.status is Status.FAILED_PRECONDITION
+            async with client.consumer(topic, "c", "late", start="latest") as consumer:
+                producer = await client.producer(topic, "p").create()
+                await producer.send(b"after")
+                assert [m.payload for m in await receive_n(consumer, 1)] == [b"after"]
 
     run(scenario)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from danube.core.config import DispatchStrategy, Policies
 from danube.core.errors import DanubeError, ErrorCode
 from danube.core.names import parse_topic, partition_index, partition_name
-from danube.dispatch import ConsumerReady, QueueLimits
+from danube.dispatch import ConsumerReady, QueueLimits, StartKind, StartPosition
 from danube.node.core import BrokerCore, BrokerIdentity, EndStream, PersistMeta, Step
 
 URL = "http://127.0.0.1:6650"
@@ -1138,3 +1138,16 @@ def test_random_operation_alphabet_reaches_the_error_paths() -> None:
         ErrorCode.RESOURCE_EXHAUSTED,
         ErrorCode.PERMISSION_DENIED,
     }
+
+
+def test_non_reliable_subscriptions_start_only_at_latest() -> None:
+    core = new_core()
+    producer(core)
+    with pytest.raises(DanubeError) as raised:
+        core.subscribe("/default/t", "c", "s", SHARED, (), StartPosition(StartKind.EARLIEST))
+    assert raised.value.code is ErrorCode.FAILED_PRECONDITION
+    assert core.subscriptions("/default/t") == []
+    at_latest = core.subscribe("/default/t", "c", "s", SHARED, (), StartPosition()).value
+    # Joining an existing subscription ignores the position: it resumes, it does not start.
+    again = core.subscribe("/default/t", "c", "s", SHARED, (), StartPosition(StartKind.OFFSET, 7))
+    assert again.value == at_latest

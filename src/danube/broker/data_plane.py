@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import betterproto
 import grpclib.const
 import grpclib.server
 from grpclib import GRPCError
@@ -14,7 +15,9 @@ from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, grpc_error, present, 
 from danube.broker.runtime import BrokerRuntime
 from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, invalid
+from danube.dispatch import LATEST, StartKind, StartPosition
 from danube.proto import danube as pb
+from danube.proto import danube_ext as ext_pb
 
 log = logging.getLogger("danube.broker")
 
@@ -94,13 +97,16 @@ class ConsumerService:
         self._runtime = runtime
         self._core = runtime.core
 
-    async def subscribe(self, request: pb.ConsumerRequest) -> pb.ConsumerResponse:
+    async def subscribe(
+        self, request: pb.ConsumerRequest, start: StartPosition = LATEST
+    ) -> pb.ConsumerResponse:
         step = self._core.subscribe(
             request.topic_name,
             request.consumer_name,
             request.subscription,
             int(request.subscription_type),
             tuple(request.key_filters),
+            start,
         )
         consumer_id = await self._runtime.run(step)
         log.info(
@@ -231,3 +237,31 @@ class HealthCheckService:
                 self.health_check, pb.HealthCheckRequest, pb.HealthCheckResponse
             ),
         }
+
+
+class ConsumerExtService:
+    """`danube_ext.ConsumerExt`: our additions for consumers (spec/protocol.md)."""
+
+    def __init__(self, consumers: ConsumerService) -> None:
+        self._consumers = consumers
+
+    async def subscribe_at(self, request: ext_pb.SubscribeAtRequest) -> pb.ConsumerResponse:
+        if not present(request.request):
+            raise invalid("request (the ConsumerRequest) is required")
+        return await self._consumers.subscribe(request.request, start_position(request.start))
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            "/danube_ext.ConsumerExt/SubscribeAt": unary(
+                self.subscribe_at, ext_pb.SubscribeAtRequest, pb.ConsumerResponse
+            ),
+        }
+
+
+def start_position(wire: ext_pb.StartPosition) -> StartPosition:
+    which, value = betterproto.which_one_of(wire, "position")
+    if which == "earliest":
+        return StartPosition(StartKind.EARLIEST)
+    if which == "offset":
+        return StartPosition(StartKind.OFFSET, value)
+    return LATEST

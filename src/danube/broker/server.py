@@ -14,6 +14,7 @@ import trio_asyncio
 
 from danube.broker.admin import AdminServices
 from danube.broker.data_plane import (
+    ConsumerExtService,
     ConsumerService,
     DiscoveryService,
     HealthCheckService,
@@ -154,9 +155,11 @@ async def serve(
             await persist(store, effect)
         async with trio_asyncio.open_loop():
             runtime = BrokerRuntime(core, store)
+            consumers = ConsumerService(runtime)
             client_services = [
                 ProducerService(runtime, _message_limit(config)),
-                ConsumerService(runtime),
+                consumers,
+                ConsumerExtService(consumers),
                 DiscoveryService(runtime),
                 HealthCheckService(runtime),
             ]

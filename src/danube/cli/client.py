@@ -126,6 +126,7 @@ async def consume(args: argparse.Namespace) -> int:
             args.subscription,
             sub_type=SUB_TYPES[args.sub_type],
             key_filters=tuple(args.key_filter or ()),
+            start=args.start,
         )
         async with consumer:
             print(
@@ -147,6 +148,14 @@ async def consume(args: argparse.Namespace) -> int:
             finally:
                 progress.finish()
     return 0
+
+
+def _start_position(text: str) -> str | int:
+    if text in ("latest", "earliest"):
+        return text
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError("expected latest, earliest or an offset (a number)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="subscription type (default shared)",
     )  # fmt: skip
     cons.add_argument("--key-filter", action="append", help="Key-Shared glob filter (repeatable)")
+    cons.add_argument(
+        "--start", type=_start_position, metavar="latest|earliest|OFFSET",
+        help="where a new subscription starts (default: latest; an existing one resumes "
+        "where it left off)",
+    )  # fmt: skip
     cons.add_argument("-c", "--count", type=int, help="stop after this many messages")
     cons.add_argument(
         "-q", "--quiet", action="store_true",

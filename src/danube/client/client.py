@@ -49,7 +49,10 @@ class DanubeClient:
         *,
         sub_type: SubType = SubType.SHARED,
         key_filters: tuple[str, ...] = (),
+        start: str | int | None = None,
     ) -> Consumer:
+        """`start` ("latest", "earliest" or an offset) chooses where a new subscription
+        starts; it needs our broker (Danube's always start at the latest message)."""
         consumer = Consumer(
             self._connections,
             topic,
@@ -57,6 +60,7 @@ class DanubeClient:
             subscription,
             sub_type=sub_type,
             key_filters=key_filters,
+            start=start,
         )
         self._consumers.append(consumer)
         return consumer

@@ -16,11 +16,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from grpclib import GRPCError
+from grpclib.client import Channel
 from grpclib.const import Status
 
 from danube.client.connection import Connections
 from danube.client.errors import RETRYABLE, TRANSPORT_ERRORS, DanubeClientError
 from danube.proto import danube as pb
+from danube.proto import danube_ext as ext_pb
 
 log = logging.getLogger("danube.client")
 
@@ -67,9 +69,11 @@ class _TopicConsumer:
         subscription: str,
         sub_type: SubType,
         key_filters: tuple[str, ...],
+        start: ext_pb.StartPosition | None,
     ) -> None:
         self._connections = connections
         self.topic = topic
+        self._start = start
         self._name = consumer_name
         self._subscription = subscription
         self._sub_type = sub_type
@@ -79,20 +83,40 @@ class _TopicConsumer:
 
     async def subscribe(self) -> None:
         async def attempt(url: str) -> None:
-            stub = pb.ConsumerServiceStub(self._connections.channel(url))
-            response = await stub.subscribe(
-                pb.ConsumerRequest(
-                    request_id=self._connections.next_request_id(),
-                    topic_name=self.topic,
-                    consumer_name=self._name,
-                    subscription=self._subscription,
-                    subscription_type=int(self._sub_type),
-                    key_filters=list(self._key_filters),
-                )
+            channel = self._connections.channel(url)
+            request = pb.ConsumerRequest(
+                request_id=self._connections.next_request_id(),
+                topic_name=self.topic,
+                consumer_name=self._name,
+                subscription=self._subscription,
+                subscription_type=int(self._sub_type),
+                key_filters=list(self._key_filters),
             )
+            if self._start is None:
+                response = await pb.ConsumerServiceStub(channel).subscribe(request)
+            else:
+                response = await self._subscribe_at(channel, request, self._start)
             self._consumer_id, self._url = response.consumer_id, url
 
         await self._connections.with_retries(f"subscribe to {self.topic}", self.topic, attempt)
+
+    @staticmethod
+    async def _subscribe_at(
+        channel: Channel, request: pb.ConsumerRequest, start: ext_pb.StartPosition
+    ) -> pb.ConsumerResponse:
+        try:
+            return await ext_pb.ConsumerExtStub(channel).subscribe_at(
+                ext_pb.SubscribeAtRequest(request=request, start=start)
+            )
+        except GRPCError as error:
+            if error.status is Status.UNIMPLEMENTED:
+                raise DanubeClientError(
+                    "this broker cannot start a subscription at a chosen position "
+                    "(Danube's own brokers start at the latest message); subscribe without "
+                    "a start position",
+                    Status.UNIMPLEMENTED,
+                ) from None
+            raise
 
     async def _known_to_broker(self) -> bool:
         stub = pb.HealthCheckStub(self._connections.channel(self._url))
@@ -174,6 +198,22 @@ class _TopicConsumer:
             raise DanubeClientError(f"{what} on {self.topic}: {error}") from None
 
 
+def wire_start(start: str | int | None) -> ext_pb.StartPosition | None:
+    """`"latest"`, `"earliest"` or an offset: where a new subscription starts (an existing one
+    resumes at its cursor). None asks for nothing: Danube's default, the latest message."""
+    if start is None:
+        return None
+    if start == "latest":
+        return ext_pb.StartPosition(latest=True)
+    if start == "earliest":
+        return ext_pb.StartPosition(earliest=True)
+    if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
+        return ext_pb.StartPosition(offset=start)
+    raise DanubeClientError(
+        f"invalid start position {start!r}: use 'latest', 'earliest' or an offset >= 0"
+    )
+
+
 class Consumer:
     """Receives from a topic, or from every partition of a partitioned topic.
 
@@ -189,6 +229,7 @@ class Consumer:
         *,
         sub_type: SubType = SubType.SHARED,
         key_filters: tuple[str, ...] = (),
+        start: str | int | None = None,
         queue_size: int = 1000,
     ) -> None:
         self._connections = connections
@@ -197,6 +238,7 @@ class Consumer:
         self._subscription = subscription
         self._sub_type = sub_type
         self._key_filters = tuple(key_filters)
+        self._start = wire_start(start)
         self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=queue_size)
         self._targets: dict[str, _TopicConsumer] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -212,7 +254,7 @@ class Consumer:
         for name in names:
             target = _TopicConsumer(
                 self._connections, name, self._consumer_name, self._subscription,
-                self._sub_type, self._key_filters,
+                self._sub_type, self._key_filters, self._start,
             )  # fmt: skip
             await target.subscribe()
             self._targets[name] = target

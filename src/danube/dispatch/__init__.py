@@ -4,13 +4,17 @@ message is dropped. Drivers (the trio broker, the simulator) only move the bytes
 from danube.dispatch.keyshared import HashRing, KeyFilter
 from danube.dispatch.nonreliable import NonReliableSubscription, Queued
 from danube.dispatch.types import (
+    LATEST,
     ConsumerReady,
     DropReason,
     QueueLimits,
+    StartKind,
+    StartPosition,
     SubscriptionType,
 )
 
 __all__ = [
+    "LATEST",
     "ConsumerReady",
     "DropReason",
     "HashRing",
@@ -18,5 +22,7 @@ __all__ = [
     "NonReliableSubscription",
     "QueueLimits",
     "Queued",
+    "StartKind",
+    "StartPosition",
     "SubscriptionType",
 ]

@@ -38,3 +38,20 @@ class ConsumerReady:
     drain it. Emitted once per transition, not once per message."""
 
     consumer_id: int
+
+
+class StartKind(enum.Enum):
+    LATEST = "latest"
+    EARLIEST = "earliest"
+    OFFSET = "offset"
+
+
+@dataclass(frozen=True, slots=True)
+class StartPosition:
+    """Where a new subscription starts (Danube: always the latest message)."""
+
+    kind: StartKind = StartKind.LATEST
+    offset: int = 0
+
+
+LATEST = StartPosition()

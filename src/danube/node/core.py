@@ -27,7 +27,15 @@ from danube.core.names import (
     partition_name,
     validate_namespace,
 )
-from danube.dispatch import ConsumerReady, NonReliableSubscription, QueueLimits, SubscriptionType
+from danube.dispatch import (
+    LATEST,
+    ConsumerReady,
+    NonReliableSubscription,
+    QueueLimits,
+    StartKind,
+    StartPosition,
+    SubscriptionType,
+)
 from danube.node import paths
 
 T = TypeVar("T")
@@ -472,9 +480,11 @@ class BrokerCore:
         subscription: str,
         sub_type: int,
         key_filters: tuple[str, ...],
+        start: StartPosition = LATEST,
     ) -> Step[int]:
         """Returns the consumer id; the same name in the same subscription takes over its
-        previous session (same id, old stream ended)."""
+        previous session (same id, old stream ended). `start` only matters for a subscription
+        this call creates."""
         record = self._topic(topic)
         _check_label(consumer_name, "consumer_name")
         if (
@@ -503,6 +513,14 @@ class BrokerCore:
         if sub is not None and consumer_name in sub.consumers:
             return self._take_over(record, sub, sub.consumers[consumer_name], key_filters)
         if sub is None:
+            if start.kind is not StartKind.LATEST and record.strategy is (
+                DispatchStrategy.NON_RELIABLE
+            ):
+                raise DanubeError(
+                    ErrorCode.FAILED_PRECONDITION,
+                    f"{topic} is non-reliable and keeps no history: a subscription can only "
+                    "start at the latest message",
+                )
             limit = policies.max_subscriptions_per_topic
             if limit and len(record.subscriptions) >= limit:
                 raise DanubeError(
