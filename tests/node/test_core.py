@@ -1151,3 +1151,16 @@ def test_non_reliable_subscriptions_start_only_at_latest() -> None:
     # Joining an existing subscription ignores the position: it resumes, it does not start.
     again = core.subscribe("/default/t", "c", "s", SHARED, (), StartPosition(StartKind.OFFSET, 7))
     assert again.value == at_latest
+
+
+def test_key_shared_routes_by_producer_name_when_a_message_has_no_routing_key() -> None:
+    core = new_core()
+    pid = producer(core, name="orders-producer")
+    consumers = [core.subscribe("/default/t", f"c{i}", "s", KEY_SHARED, ()).value for i in range(3)]
+    streams = {cid: core.open_stream(cid).value for cid in consumers}
+    for n in range(10):
+        core.publish(pid, "/default/t", f"m{n}", 1, None)
+    holders = [cid for cid in consumers if core.take(cid, streams[cid], 100)]
+    assert len(holders) == 1, "one key (the producer name) means one consumer"
+    core.publish(pid, "/default/t", "keyed", 1, b"")
+    assert sum(len(core.take(cid, streams[cid], 100) or []) for cid in consumers) == 1

@@ -66,13 +66,13 @@ class ProducerService:
     async def send_message(self, message: pb.StreamMessage) -> pb.MessageResponse:
         if not present(message.msg_id):
             raise invalid("msg_id is required (it names the producer and the topic)")
-        key = message.routing_key or message.producer_name
+        routing_key = message.routing_key
         step = self._core.publish(
             message.msg_id.producer_id,
             message.msg_id.topic_name,
             message,
             len(message.payload),
-            key.encode(),
+            routing_key.encode() if routing_key is not None else None,
         )
         message.msg_id.topic_offset = step.value
         await self._runtime.run(step)

@@ -441,14 +441,14 @@ class BrokerCore:
         return Step(producer.producer_id, tuple(effects))
 
     def publish(
-        self, producer_id: int, topic: str, message: Any, size: int, key: bytes
+        self, producer_id: int, topic: str, message: Any, size: int, routing_key: bytes | None
     ) -> Step[int]:
         """Hands one message to every subscription of the producer's topic and returns its
         sequence number on the topic (0, 1, 2... since the topic was loaded on this broker).
 
         The caller stamps the sequence as the non-reliable `topic_offset` before its next
-        await, so consumers can see gaps where messages were dropped. `key` is the Key-Shared
-        routing key (routing_key, else producer name)."""
+        await, so consumers can see gaps where messages were dropped. Key-Shared routes by
+        `routing_key`, or by the producer's name when the message has none (as Danube)."""
         producer = self._producers.get(producer_id)
         if producer is None:
             raise not_found(
@@ -463,6 +463,7 @@ class BrokerCore:
         sequence = record.messages_in
         record.messages_in += 1
         record.bytes_in += size
+        key = routing_key if routing_key is not None else producer.name.encode()
         effects: list[Effect] = []
         for sub in record.subscriptions.values():
             effects.extend(sub.dispatcher.publish(message, size, key))
