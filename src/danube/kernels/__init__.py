@@ -1,18 +1,28 @@
 """Hot loops over whole buffers: CRC32C and the WAL frame scan (spec/wal-format.md).
 
-Each kernel has a plain-Python twin in `danube.kernels.twins`, the oracle its tests compare
-against."""
+`crc32c`, `scan_frames` and `find_frame` are numba kernels (`crc32c.py`, `frames.py`); each has
+a plain-Python twin in `danube.kernels.twins` (`*_py`), the oracle their tests compare against.
 
+Cost: importing this package imports numba and numpy (0.3–0.6 s here) and compiles nothing.
+Each kernel compiles on its first call (bytes and read-only memoryviews are the only argument
+types: `crc32c.byte_view` turns any other buffer into the latter) and numba caches the machine
+code next to the sources (`__pycache__/*.nbi`, `*.nbc`, keyed by the CPU). The first process
+after an install or a change of the kernels pays the compile, about 5 s for all of them; later
+processes load them from the cache, and the first kernel call of a process, which also
+initialises numba's compiler, then takes 0.2–0.4 s and later ones microseconds.
+
+Note: the package attribute `crc32c` is the function, which shadows the submodule of the same
+name; import from the module with `from danube.kernels.crc32c import ...`.
+"""
+
+from danube.kernels.crc32c import crc32c
+from danube.kernels.frames import find_frame, scan_frames
 from danube.kernels.twins import (
     FrameScan,
     crc32c_py,
     find_frame_py,
     scan_frames_py,
 )
-
-crc32c = crc32c_py
-scan_frames = scan_frames_py
-find_frame = find_frame_py
 
 __all__ = [
     "FrameScan",
