@@ -1,0 +1,219 @@
+"""A topic's WAL segment files on local disk: the real-I/O side of `danube.wal`.
+
+`SegmentFiles` performs the WAL machine's file effects (create, write, fsync, close, delete)
+and its file reads; `recover` turns whatever a crash left in the directory into a
+`RecoveryPlan` and carries out its actions; `WalExecutor` runs one topic's effects in order and
+feeds completions back to the machine. Every decision (offsets, group commit, rotation, what
+recovery keeps) stays in the pure machine; blocking calls run in worker threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import trio
+
+from danube.wal import format
+from danube.wal.machine import (
+    CloseSegment,
+    CreateSegment,
+    DeleteSegment,
+    Effect,
+    FileRead,
+    Fsync,
+    Write,
+    decode_file_read,
+)
+from danube.wal.recovery import (
+    RecoveryPlan,
+    SyncSegment,
+    TruncateSegment,
+    UnreadableSegment,
+    plan_recovery,
+)
+
+FILE_EFFECTS = (CreateSegment, Write, Fsync, CloseSegment, DeleteSegment)
+
+log = logging.getLogger("danube.wal")
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _scan_file(path: Path) -> format.SegmentScan | UnreadableSegment:
+    data = path.read_bytes()
+    try:
+        return format.scan_segment(data)
+    except format.WalFormatError as error:
+        return UnreadableSegment(len(data), str(error))
+
+
+class SegmentFiles:
+    """The segment files of one topic directory (`<wal_root>/<namespace>/<topic>/`)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._open: dict[int, int] = {}
+        """segment base -> file descriptor of segments that may still be written."""
+
+    def path(self, segment_base: int) -> Path:
+        return self.directory / format.segment_name(segment_base)
+
+    def segment_bases(self) -> list[int]:
+        bases = (format.segment_base(entry.name) for entry in os.scandir(self.directory))
+        return sorted(base for base in bases if base is not None)
+
+    async def recover(self, topic: str) -> RecoveryPlan:
+        """Scans every segment, plans recovery (raising `CorruptSegment` when durable data
+        changed) and performs the plan's actions; the result builds the `WalMachine`."""
+        await trio.to_thread.run_sync(lambda: self.directory.mkdir(parents=True, exist_ok=True))
+        scans = []
+        for base in await trio.to_thread.run_sync(self.segment_bases):
+            scans.append((base, await trio.to_thread.run_sync(_scan_file, self.path(base))))
+        plan = plan_recovery(topic, scans)
+        for action in plan.actions:
+            await trio.to_thread.run_sync(self._recovery_action, action)
+        return plan
+
+    def _recovery_action(self, action: TruncateSegment | SyncSegment | DeleteSegment) -> None:
+        path = self.path(action.segment_base)
+        if isinstance(action, DeleteSegment):
+            path.unlink(missing_ok=True)
+            _fsync_directory(self.directory)
+            return
+        fd = os.open(path, os.O_RDWR)
+        try:
+            if isinstance(action, TruncateSegment):
+                os.ftruncate(fd, action.size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    async def perform(self, effect: Effect) -> None:
+        """Carries out one file effect; raises `OSError` when the disk refuses."""
+        if isinstance(effect, Write):
+            fd = self._writable(effect.segment_base)
+            await trio.to_thread.run_sync(_write_all, fd, effect.data, effect.position)
+        elif isinstance(effect, Fsync):
+            await trio.to_thread.run_sync(os.fdatasync, self._writable(effect.segment_base))
+        elif isinstance(effect, CreateSegment):
+            fd = await trio.to_thread.run_sync(self._create, effect)
+            self._open[effect.base_offset] = fd
+        elif isinstance(effect, CloseSegment):
+            fd = self._open.pop(effect.segment_base, None)
+            if fd is not None:
+                os.close(fd)
+        elif isinstance(effect, DeleteSegment):
+            fd = self._open.pop(effect.segment_base, None)
+            if fd is not None:
+                os.close(fd)
+            await trio.to_thread.run_sync(self._recovery_action, effect)
+        else:
+            raise TypeError(f"{type(effect).__name__} is not a file effect")
+
+    def _writable(self, segment_base: int) -> int:
+        fd = self._open.get(segment_base)
+        if fd is None:
+            raise OSError(
+                errno.EBADF,
+                f"segment {format.segment_name(segment_base)} is not open (creating it failed)",
+            )
+        return fd
+
+    def _create(self, effect: CreateSegment) -> int:
+        """Header into a temporary file, fsync, rename over the segment name, fsync the
+        directory (the contract of `CreateSegment`): a crash leaves either no segment or one
+        with its whole header, and the rename replaces a frameless file recovery kept."""
+        final = self.path(effect.base_offset)
+        temporary = final.with_suffix(".tmp")
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, effect.header, 0)
+            os.fsync(fd)
+            os.rename(temporary, final)
+            _fsync_directory(self.directory)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    async def read(self, plan: FileRead) -> tuple[bytes, ...]:
+        """The records a `FileRead` asked for, verified frame by frame."""
+
+        def read_range() -> bytes:
+            with open(self.path(plan.segment_base), "rb") as file:
+                file.seek(plan.start)
+                return file.read(plan.end - plan.start)
+
+        return decode_file_read(plan, await trio.to_thread.run_sync(read_range))
+
+    def close(self) -> None:
+        for fd in self._open.values():
+            os.close(fd)
+        self._open.clear()
+
+
+def _write_all(fd: int, data: bytes, position: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, position)
+        if written == 0:
+            raise OSError(errno.EIO, "pwrite wrote nothing")
+        view = view[written:]
+        position += written
+
+
+Completion = Callable[[Effect, OSError | None], list[Effect]]
+"""Feeds the outcome of a file effect back to the machine (write_done / fsync_done or their
+failures) and returns the machine's new effects."""
+
+
+class WalExecutor:
+    """Runs one topic's WAL effects strictly in order (the machine relies on it: a segment's
+    header before its frames, a write before its fsync) and passes the effects meant for
+    others (`Acknowledge`, `Readable`, `Failed`) to `emit` as soon as they come."""
+
+    def __init__(
+        self, files: SegmentFiles, complete: Completion, emit: Callable[[Effect], None]
+    ) -> None:
+        self._files = files
+        self._complete = complete
+        self._emit = emit
+        self._queue: deque[Effect] = deque()
+        self._wakeup = trio.Event()
+
+    def submit(self, effects: Iterable[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, FILE_EFFECTS):
+                self._queue.append(effect)
+            else:
+                self._emit(effect)
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        """Executes effects until cancelled."""
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            while self._queue:
+                effect = self._queue.popleft()
+                try:
+                    await self._files.perform(effect)
+                    error = None
+                except OSError as failure:
+                    log.error(
+                        "event=wal_io_failed directory=%s effect=%s error=%r",
+                        self._files.directory, type(effect).__name__, failure,
+                    )  # fmt: skip
+                    error = failure
+                self.submit(self._complete(effect, error))
