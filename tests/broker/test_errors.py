@@ -284,27 +284,26 @@ def test_send_without_msg_id_or_with_unknown_producer_is_refused(broker: BrokerP
     run(scenario)
 
 
-def test_reliable_producer_is_unimplemented_for_now(broker: BrokerProcess) -> None:
-    """Reliable dispatch is not there yet; the client must learn it, not get a silent
-    non-reliable topic. The refusal must not leave the topic half-created."""
+def test_strategy_mismatch_is_a_failed_precondition(broker: BrokerProcess) -> None:
+    """As Danube: a producer whose dispatch strategy differs from the topic's is refused,
+    and the topic keeps its strategy."""
 
     async def scenario() -> None:
-        topic = unique_topic("reliable")
+        topic = unique_topic("mismatch")
         async with _channel(broker) as channel:
-            request = pb.ProducerRequest(
-                request_id=1,
-                producer_name="p",
-                topic_name=topic,
-                dispatch_strategy=pb.DispatchStrategy.Reliable,
-            )
+            stub = pb.ProducerServiceStub(channel)
+
+            def request(name: str, strategy: pb.DispatchStrategy) -> pb.ProducerRequest:
+                return pb.ProducerRequest(
+                    request_id=1, producer_name=name, topic_name=topic, dispatch_strategy=strategy
+                )
+
+            await stub.create_producer(request("p1", pb.DispatchStrategy.Reliable))
             message = await _refused(
-                pb.ProducerServiceStub(channel).create_producer(request), Status.UNIMPLEMENTED
+                stub.create_producer(request("p2", pb.DispatchStrategy.NonReliable)),
+                Status.FAILED_PRECONDITION,
             )
-            assert "NonReliable" in message
-            partitions = await pb.DiscoveryStub(channel).topic_partitions(
-                pb.TopicLookupRequest(topic=topic)
-            )
-            assert partitions.partitions == []
+            assert "Reliable" in message and topic in message
         await _roundtrip(broker.url)
 
     run(scenario)

@@ -16,7 +16,9 @@ from danube.core.config import DispatchStrategy, Policies
 from danube.core.errors import DanubeError, ErrorCode
 from danube.core.names import parse_topic, partition_index, partition_name
 from danube.dispatch import ConsumerReady, QueueLimits, StartKind, StartPosition
+from danube.dispatch.reliable import ReliableSubscription
 from danube.node.core import BrokerCore, BrokerIdentity, EndStream, PersistMeta, Step
+from tests.support.core_driver import MemoryWalDriver
 
 URL = "http://127.0.0.1:6650"
 NR = DispatchStrategy.NON_RELIABLE
@@ -258,21 +260,20 @@ def test_create_producer_without_auto_create_needs_the_topic() -> None:
     assert core.producer_healthy(producer(core, "/default/t"))
 
 
-def test_create_producer_strategy_mismatch_and_reliable() -> None:
+def test_create_producer_strategy_mismatch_both_ways() -> None:
+    """Danube answers FAILED_PRECONDITION when a producer's strategy differs from the
+    topic's; a rejected producer leaves nothing behind."""
     core = new_core()
-    assert code_of(lambda: producer_step(core, "/default/r", strategy=REL)) is (
-        ErrorCode.UNIMPLEMENTED
-    )
-    assert core.topics("default") == []
+    MemoryWalDriver(core).run(producer_step(core, "/default/r", strategy=REL).effects)
     producer(core, "/default/t")
     assert code_of(lambda: producer_step(core, "/default/t", "p2", REL)) is (
         ErrorCode.FAILED_PRECONDITION
     )
-    assert code_of(lambda: core.create_topic("/default/r", REL)) is ErrorCode.UNIMPLEMENTED
-    assert code_of(lambda: core.create_partitioned_topic("/default/r", 3, REL)) is (
-        ErrorCode.UNIMPLEMENTED
+    assert code_of(lambda: producer_step(core, "/default/r", "p2", NR)) is (
+        ErrorCode.FAILED_PRECONDITION
     )
-    assert core.topics("default") == ["/default/t"]
+    assert core.topics("default") == ["/default/r", "/default/t"]
+    assert [core.topic_strategy(t) for t in core.topics("default")] == [REL, NR]
 
 
 def test_create_producer_rejects_bad_names_and_schemas() -> None:
@@ -356,9 +357,9 @@ def test_subscribe_rules() -> None:
     assert code_of(lambda: core.subscribe("/default/t", "d", "s.1-x_y", SHARED, ())) is (
         ErrorCode.FAILED_PRECONDITION
     )
-    core.check_ack("/default/t", "s.1-x_y")
-    assert code_of(lambda: core.check_ack("/default/t", "nope")) is ErrorCode.NOT_FOUND
-    assert code_of(lambda: core.check_ack("/default/nope", "s")) is ErrorCode.NOT_FOUND
+    assert core.ack("/default/t", "s.1-x_y", 0).effects == ()
+    assert code_of(lambda: core.ack("/default/t", "nope", 0)) is ErrorCode.NOT_FOUND
+    assert code_of(lambda: core.nack("/default/nope", "s", 0, None)) is ErrorCode.NOT_FOUND
 
 
 def test_subscribe_persists_subscription_and_consumer_records() -> None:
@@ -726,14 +727,17 @@ def replay(effects: list[Any], into: dict[str, Any] | None = None) -> dict[str, 
     return store
 
 
-def restored(metadata: dict[str, Any], seed: int = 99) -> BrokerCore:
+def restored(
+    metadata: dict[str, Any], seed: int = 99, files: dict[str, dict[int, bytearray]] | None = None
+) -> BrokerCore:
+    """A core restarted from `metadata`, with reliable topics loaded from `files`."""
     core = BrokerCore(
         BrokerIdentity(URL, URL),
         rng=random.Random(seed),
         default_policies=Policies(),
         queue_limits=QueueLimits(),
     )
-    core.restore(metadata)
+    MemoryWalDriver(core, files).run(core.restore(metadata).effects)
     return core
 
 
@@ -891,6 +895,7 @@ class Harness:
         )
         self.effects: list[Any] = list(self.core.bootstrap(["default"]).effects)
         self.metadata = replay(self.effects)
+        self.driver = MemoryWalDriver(self.core)
         self.producers: list[int] = []
         self.consumers: list[int] = []
         self.generations: dict[int, list[int]] = {}
@@ -934,7 +939,14 @@ class Harness:
             if topic is None:
                 record = core._producers.get(producer_id)
                 topic = record.topic.full if record else "/default/t"
-            return core.publish(producer_id, topic, f"msg{len(self.effects)}", size, key)
+            return core.publish(
+                producer_id,
+                topic,
+                f"msg{len(self.effects)}",
+                size,
+                key,
+                encode=lambda offset: f"record{offset}".encode(),
+            )
         if kind == "subscribe":
             topic, name, sub, sub_type, filters = args
             if sub_type is None:
@@ -968,8 +980,9 @@ class Harness:
             assert after[1] == before[1], f"{op} failed with {error!r} but changed internals"
             return
         if isinstance(result, Step):
-            self.effects += result.effects
-            replay(list(result.effects), self.metadata)
+            effects = self.driver.run(result.effects)
+            self.effects += effects
+            replay(effects, self.metadata)
 
 
 def public_state(harness: Harness) -> Any:
@@ -996,6 +1009,19 @@ def deep_state(core: BrokerCore) -> Any:
         subs = {}
         for sub_name, sub in record.subscriptions.items():
             d = sub.dispatcher
+            if isinstance(d, ReliableSubscription):
+                subs[sub_name] = (
+                    sub.sub_type,
+                    dict(sub.consumers),
+                    dict(sub.records),
+                    d.cursor,
+                    d.read_position,
+                    d.readable_end,
+                    d.window_size,
+                    d.active_consumer,
+                    {c: (d.is_connected(c), d.in_flight(c)) for c in d.consumer_ids},
+                )
+                continue
             subs[sub_name] = (
                 sub.sub_type,
                 dict(sub.consumers),
@@ -1021,6 +1047,8 @@ def deep_state(core: BrokerCore) -> Any:
             subs,
             record.messages_in,
             record.bytes_in,
+            None if record.wal is None else (record.wal.next_offset, record.wal.readable_offset),
+            record.stopped,
         )
     return (
         dict(core._namespaces),
@@ -1032,6 +1060,7 @@ def deep_state(core: BrokerCore) -> Any:
         },
         core._stream_generations,
         core._rng.getstate(),
+        {cid: list(box) for cid, box in core._outbox.items()},
     )
 
 
@@ -1075,7 +1104,7 @@ def test_random_operations_rejections_do_not_mutate_and_restore_is_faithful(
     metadata = replay(list(harness.effects))
     assert metadata == harness.metadata, "replaying every effect at once == step by step"
 
-    again = restored(json.loads(json.dumps(metadata)))
+    again = restored(json.loads(json.dumps(metadata)), files=harness.driver.files)
     assert structure(again) == structure(core)
     assert again.namespaces() == core.namespaces()
     for ns in core.namespaces():
@@ -1086,7 +1115,9 @@ def test_random_operations_rejections_do_not_mutate_and_restore_is_faithful(
         assert again.topic_partitions(base) == core.topic_partitions(base)
     for pid, record in core._producers.items():
         assert again.producer_healthy(pid)
-        again.publish(pid, record.topic.full, "after-restart", 1, b"a1")
+        again.publish(
+            pid, record.topic.full, "after-restart", 1, b"a1", encode=lambda offset: b"after"
+        )
         assert producer(again, record.topic.full, record.name) == pid
     for cid in core._consumers:
         assert again.consumer_healthy(cid) and not connected(again, cid)
@@ -1108,7 +1139,8 @@ def test_random_operation_alphabet_reaches_the_error_paths() -> None:
         ("create_namespace", "ns1"),
         ("create_namespace", "ns1"),
         ("create_topic", "/nope/t", NR),
-        ("create_topic", "/default/t", REL),
+        ("create_topic", "/default/r", REL),
+        ("create_producer", "/default/r", "p1", NR, None),
         ("create_producer", "/default/t", "p1", NR, None),
         ("create_producer", "/default/t", "p1", REL, None),
         ("create_producer", "/default/t", "p2", NR, None),
@@ -1133,7 +1165,6 @@ def test_random_operation_alphabet_reaches_the_error_paths() -> None:
         ErrorCode.INVALID_ARGUMENT,
         ErrorCode.ALREADY_EXISTS,
         ErrorCode.NOT_FOUND,
-        ErrorCode.UNIMPLEMENTED,
         ErrorCode.FAILED_PRECONDITION,
         ErrorCode.RESOURCE_EXHAUSTED,
         ErrorCode.PERMISSION_DENIED,

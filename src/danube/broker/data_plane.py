@@ -12,7 +12,7 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, grpc_error, present, recv_bounded, unary
-from danube.broker.runtime import BrokerRuntime
+from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, invalid
 from danube.dispatch import LATEST, StartKind, StartPosition
@@ -67,15 +67,29 @@ class ProducerService:
         if not present(message.msg_id):
             raise invalid("msg_id is required (it names the producer and the topic)")
         routing_key = message.routing_key
+        stored = False
+
+        def encode(offset: int) -> bytes:
+            nonlocal stored
+            stored = True
+            message.msg_id.topic_offset = offset
+            return bytes(message)
+
+        topic = message.msg_id.topic_name
         step = self._core.publish(
             message.msg_id.producer_id,
-            message.msg_id.topic_name,
+            topic,
             message,
             len(message.payload),
             routing_key.encode() if routing_key is not None else None,
+            encode=encode,
+            now_ms=now_ms(),
         )
-        message.msg_id.topic_offset = step.value
-        await self._runtime.run(step)
+        if stored:
+            await self._runtime.publish(topic, step)
+        else:
+            message.msg_id.topic_offset = step.value
+            await self._runtime.run(step)
         return pb.MessageResponse(request_id=message.request_id)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
@@ -107,6 +121,7 @@ class ConsumerService:
             int(request.subscription_type),
             tuple(request.key_filters),
             start,
+            now_ms=now_ms(),
         )
         consumer_id = await self._runtime.run(step)
         log.info(
@@ -127,7 +142,7 @@ class ConsumerService:
         if self._runtime.stopping:
             raise GRPCError(Status.UNAVAILABLE, "the broker is shutting down; reconnect shortly")
         try:
-            step = self._core.open_stream(consumer_id)
+            step = self._core.open_stream(consumer_id, now_ms=now_ms())
         except DanubeError as error:
             raise grpc_error(error) from None
         slot = self._runtime.attach_stream(consumer_id, step.value)
@@ -143,6 +158,8 @@ class ConsumerService:
                     await slot.wakeup.wait()
                     continue
                 for message in batch:
+                    if isinstance(message, bytes):  # a reliable topic's stored record
+                        message = pb.StreamMessage().parse(message)
                     await stream.send_message(message)
             if self._runtime.stopping:
                 # Not OK: an OK end tells a client its session was taken over or its topic
@@ -150,20 +167,28 @@ class ConsumerService:
                 raise GRPCError(Status.UNAVAILABLE, "the broker is shutting down; reconnect")
         finally:
             self._runtime.detach_stream(consumer_id, slot)
-            self._runtime.apply(self._core.close_stream(consumer_id, slot.generation).effects)
+            closed = self._core.close_stream(consumer_id, slot.generation, now_ms=now_ms())
+            self._runtime.apply(closed.effects)
 
     async def ack(self, request: pb.AckRequest) -> pb.AckResponse:
-        self._check_target(request.msg_id, request.subscription_name)
+        msg_id = _target(request.msg_id)
+        step = self._core.ack(
+            msg_id.topic_name, request.subscription_name, msg_id.topic_offset, now_ms=now_ms()
+        )
+        await self._runtime.run(step)
         return pb.AckResponse(request_id=request.request_id)
 
     async def nack(self, request: pb.NackRequest) -> pb.NackResponse:
-        self._check_target(request.msg_id, request.subscription_name)
+        msg_id = _target(request.msg_id)
+        step = self._core.nack(
+            msg_id.topic_name,
+            request.subscription_name,
+            msg_id.topic_offset,
+            request.delay_ms,
+            now_ms=now_ms(),
+        )
+        await self._runtime.run(step)
         return pb.NackResponse(request_id=request.request_id)
-
-    def _check_target(self, msg_id: pb.MsgId, subscription: str) -> None:
-        if not present(msg_id):
-            raise invalid("msg_id is required (it names the topic and the offset)")
-        self._core.check_ack(msg_id.topic_name, subscription)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         return {
@@ -179,6 +204,12 @@ class ConsumerService:
             "/danube.ConsumerService/Ack": unary(self.ack, pb.AckRequest, pb.AckResponse),
             "/danube.ConsumerService/Nack": unary(self.nack, pb.NackRequest, pb.NackResponse),
         }
+
+
+def _target(msg_id: pb.MsgId) -> pb.MsgId:
+    if not present(msg_id):
+        raise invalid("msg_id is required (it names the topic and the offset)")
+    return msg_id
 
 
 class DiscoveryService:

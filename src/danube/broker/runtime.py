@@ -3,7 +3,11 @@
 gRPC handlers run on the asyncio loop that trio-asyncio hosts; they call the core synchronously
 (one thread, so no locks) and hand the resulting effects here. Metadata changes are written by
 one writer in the order the core produced them, and a reply waits until every change produced
-before it is durable: no client is ever told about state a crash could forget.
+before it is durable: no client is ever told about state a crash could forget. A reliable
+publish's reply also waits for the WAL acknowledgement that covers its offset.
+
+WAL work (recovery, each topic's ordered file effects, subscription file reads) runs in trio
+tasks; their completions go back into the core, and its effects come back here.
 """
 
 from __future__ import annotations
@@ -11,15 +15,40 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import shutil
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
+import trio
 import trio_asyncio
 
+from danube.broker.segment_files import SegmentFiles, WalExecutor
 from danube.core.errors import DanubeError, ErrorCode
+from danube.core.names import parse_topic
 from danube.dispatch import ConsumerReady
 from danube.metadata import Delete, DeletePrefix, MetadataStore, Put
-from danube.node.core import BrokerCore, Effect, EndStream, PersistMeta, Step
+from danube.node.core import (
+    BrokerCore,
+    DropWal,
+    Effect,
+    EndStream,
+    LoadWal,
+    PersistMeta,
+    PublishAcked,
+    PublishFailed,
+    ReadWal,
+    RepairWal,
+    RetentionSkipped,
+    Step,
+    TopicStopped,
+    WalIo,
+)
+from danube.wal import machine as wal
+from danube.wal.format import WalFormatError
+from danube.wal.recovery import CorruptSegment
 
 log = logging.getLogger("danube.broker")
 
@@ -44,10 +73,39 @@ async def persist(store: MetadataStore, effect: PersistMeta) -> None:
     await store.txn([], ops)
 
 
+def now_ms() -> int:
+    """The clock the core and its machines get: wall-clock milliseconds (written into WAL
+    frames as publish time; dispatch timers tolerate steps, see dispatch/reliable.py)."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class TopicWal:
+    """The driver side of one reliable topic's WAL."""
+
+    files: SegmentFiles
+    executor: WalExecutor
+    cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
+    stopped: trio.Event = field(default_factory=trio.Event)
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    """Orders loads, repairs and drops of the topic's directory."""
+
+
 class BrokerRuntime:
-    def __init__(self, core: BrokerCore, store: MetadataStore) -> None:
+    def __init__(
+        self, core: BrokerCore, store: MetadataStore, wal_root: Path, nursery: trio.Nursery
+    ) -> None:
         self.core = core
         self._store = store
+        self._wal_root = wal_root
+        self._nursery = nursery
+        self._wals: dict[str, TopicWal] = {}
+        self._drops: dict[str, trio.Event] = {}
+        """Topics whose deleted WAL directory is being removed: a new load waits for it."""
+        self._loads: dict[str, trio.Event] = {}
+        """Topics whose WAL is being loaded: replies that created them wait for it."""
+        self._acked: dict[str, int] = {}
+        self._publishes: dict[str, collections.deque[tuple[int, asyncio.Future[None]]]] = {}
         self._slots: dict[int, StreamSlot] = {}
         """Open streams by generation: an old stream stays addressable after a takeover."""
         self._current: dict[int, int] = {}
@@ -63,7 +121,8 @@ class BrokerRuntime:
         their stream at once (the official ones do) cannot keep the broker from stopping."""
 
     async def run(self, step: Step[T]) -> T:
-        """Executes the step's effects and returns its value once its metadata is durable."""
+        """Executes the step's effects and returns its value once its metadata is durable
+        and the WALs of the reliable topics it created are loaded."""
         target = self.apply(step.effects)
         while self._durable < target:
             await self._progress.wait()
@@ -72,12 +131,54 @@ class BrokerRuntime:
                 ErrorCode.UNAVAILABLE,
                 f"the broker could not persist metadata ({self._write_failure}); retry later",
             )
+        for effect in step.effects:
+            if isinstance(effect, LoadWal):
+                loading = self._loads.get(effect.topic)
+                if loading is not None:
+                    await trio_asyncio.trio_as_aio(loading.wait)()
         return step.value
+
+    async def publish(self, topic: str, step: Step[int]) -> int:
+        """Runs a reliable publish's step; returns its offset once the WAL acknowledged it
+        at the topic's durability level."""
+        offset = step.value
+        # Registered before any effect runs, so no acknowledgement can slip past it.
+        acknowledged = self._acked.get(topic, -1) >= offset
+        waiter: asyncio.Future[None] | None = None
+        if not acknowledged:
+            waiter = asyncio.get_running_loop().create_future()
+            self._publishes.setdefault(topic, collections.deque()).append((offset, waiter))
+        await self.run(step)
+        if waiter is not None:
+            await waiter
+        return offset
 
     def apply(self, effects: tuple[Effect, ...] | list[Effect]) -> int:
         """Starts every effect; returns the metadata sequence number a reply must wait for."""
         for effect in effects:
-            if isinstance(effect, ConsumerReady):
+            if isinstance(effect, WalIo):
+                self._wals[effect.topic].executor.submit(effect.effects)
+            elif isinstance(effect, PublishAcked):
+                self._acknowledge(effect.topic, effect.through_offset)
+            elif isinstance(effect, ReadWal):
+                self._nursery.start_soon(self._read_wal, effect)
+            elif isinstance(effect, (LoadWal, RepairWal, DropWal)):
+                self._start_wal_task(effect)
+            elif isinstance(effect, PublishFailed):
+                log.error(
+                    "event=wal_failed topic=%s from_offset=%d reason=%r",
+                    effect.topic, effect.from_offset, effect.reason,
+                )  # fmt: skip
+                self._fail_publishes(effect.topic, effect.from_offset, effect.reason)
+            elif isinstance(effect, TopicStopped):
+                log.error("event=topic_stopped topic=%s reason=%r", effect.topic, effect.reason)
+                self._fail_publishes(effect.topic, 0, f"topic stopped: {effect.reason}")
+            elif isinstance(effect, RetentionSkipped):
+                log.warning(
+                    "event=retention_skipped topic=%s subscription=%s first=%d end=%d",
+                    effect.topic, effect.subscription, effect.first, effect.end,
+                )  # fmt: skip
+            elif isinstance(effect, ConsumerReady):
                 generation = self._current.get(effect.consumer_id)
                 slot = self._slots.get(generation) if generation is not None else None
                 if slot is not None:
@@ -92,6 +193,157 @@ class BrokerRuntime:
                 self._submitted += 1
                 self._writer_wakeup.set()
         return self._submitted
+
+    # -- reliable topics ----------------------------------------------------------------------
+
+    def _acknowledge(self, topic: str, through: int) -> None:
+        self._acked[topic] = max(self._acked.get(topic, -1), through)
+        waiting = self._publishes.get(topic)
+        while waiting and waiting[0][0] <= through:
+            _, waiter = waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _fail_publishes(self, topic: str, from_offset: int, reason: str) -> None:
+        self._acked[topic] = min(self._acked.get(topic, -1), from_offset - 1)
+        waiting = self._publishes.get(topic)
+        while waiting and waiting[-1][0] >= from_offset:
+            _, waiter = waiting.pop()
+            if not waiter.done():
+                waiter.set_exception(
+                    DanubeError(ErrorCode.UNAVAILABLE, f"{reason}; the message was not stored")
+                )
+
+    def _topic_dir(self, topic: str) -> Path:
+        name = parse_topic(topic)
+        return self._wal_root / name.namespace / name.local
+
+    def _start_wal_task(self, effect: LoadWal | RepairWal | DropWal) -> None:
+        topic = effect.topic
+        if isinstance(effect, LoadWal):
+            self._loads[topic] = trio.Event()
+        if isinstance(effect, DropWal):
+            self._fail_publishes(topic, 0, f"topic {topic} was deleted")
+            self._acked.pop(topic, None)
+            dropped = self._wals.pop(topic, None)
+            if dropped is not None:
+                done = self._drops[topic] = trio.Event()
+                self._nursery.start_soon(self._drop_wal, topic, dropped, done)
+            return
+        topic_wal = self._wals.get(topic)
+        if topic_wal is None:
+            files = SegmentFiles(self._topic_dir(topic))
+            executor = WalExecutor(files, self._completion(topic), self._unexpected)
+            topic_wal = self._wals[topic] = TopicWal(files, executor)
+            self._nursery.start_soon(self._run_executor, topic_wal)
+        self._nursery.start_soon(self._wal_task, effect, topic_wal)
+
+    async def _run_executor(self, topic_wal: TopicWal) -> None:
+        try:
+            with topic_wal.cancel:
+                await topic_wal.executor.run()
+        finally:
+            topic_wal.stopped.set()
+
+    @staticmethod
+    async def _stop_executor(topic_wal: TopicWal) -> None:
+        """Cancels the executor; an effect under way in a thread finishes first, and only
+        then are the files closed."""
+        topic_wal.cancel.cancel()
+        await topic_wal.stopped.wait()
+        topic_wal.files.close()
+
+    async def _drop_wal(self, topic: str, topic_wal: TopicWal, done: trio.Event) -> None:
+        try:
+            async with topic_wal.lock:
+                await self._stop_executor(topic_wal)
+                await trio.to_thread.run_sync(_remove_tree, topic_wal.files.directory)
+                log.info("event=wal_dropped topic=%s", topic)
+        finally:
+            done.set()
+            if self._drops.get(topic) is done:
+                del self._drops[topic]
+
+    async def _wal_task(self, effect: LoadWal | RepairWal, topic_wal: TopicWal) -> None:
+        topic = effect.topic
+        dropping = self._drops.get(topic)
+        if dropping is not None:  # the topic was deleted and created again
+            await dropping.wait()
+        async with topic_wal.lock:
+            try:
+                if isinstance(effect, RepairWal):
+                    topic_wal.executor.discard()
+                    await topic_wal.executor.idle()
+                    await topic_wal.files.truncate(effect.segment_base, effect.truncate_to)
+                elif effect.fresh:
+                    topic_wal.files.close()
+                    await trio.to_thread.run_sync(_remove_tree, topic_wal.files.directory)
+                started = time.monotonic()
+                plan = await topic_wal.files.recover(topic)
+            except CorruptSegment as error:
+                self.apply(self.core.wal_load_failed(topic, str(error)).effects)
+            except OSError as error:
+                reason = f"the WAL directory {topic_wal.files.directory} failed: {error}"
+                self.apply(self.core.wal_load_failed(topic, reason).effects)
+            else:
+                log.info(
+                    "event=wal_loaded topic=%s segments=%d next_offset=%d seconds=%.3f",
+                    topic, len(plan.segments), plan.next_offset, time.monotonic() - started,
+                )  # fmt: skip
+                self.apply(self.core.wal_loaded(topic, plan, now_ms=now_ms()).effects)
+            finally:
+                loading = self._loads.pop(topic, None)
+                if loading is not None:
+                    loading.set()
+
+    async def wal_loads_done(self) -> None:
+        """Waits until every WAL load started so far has finished (broker start)."""
+        while self._loads:
+            await next(iter(self._loads.values())).wait()
+
+    def _completion(self, topic: str) -> Callable[[wal.Effect, OSError | None], list[wal.Effect]]:
+        def complete(effect: wal.Effect, error: OSError | None) -> list[wal.Effect]:
+            reason = None if error is None else f"{type(error).__name__}: {error}"
+            self.apply(self.core.wal_io_done(topic, effect, reason, now_ms=now_ms()).effects)
+            return []
+
+        return complete
+
+    @staticmethod
+    def _unexpected(effect: wal.Effect) -> None:
+        raise AssertionError(f"the core passes only file effects to executors, not {effect}")
+
+    async def _read_wal(self, read: ReadWal) -> None:
+        topic_wal = self._wals.get(read.topic)
+        if topic_wal is None:
+            return
+        try:
+            records = await topic_wal.files.read(read.plan)
+        except FileNotFoundError as error:
+            step = self.core.wal_read_failed(read, str(error), missing=True, now_ms=now_ms())
+        except (OSError, WalFormatError) as error:
+            reason = f"reading {topic_wal.files.directory} failed: {error}"
+            step = self.core.wal_read_failed(read, reason, missing=False, now_ms=now_ms())
+        else:
+            step = self.core.wal_read_done(read, records, now_ms=now_ms())
+        self.apply(step.effects)
+
+    async def tick(self, period: float) -> None:
+        """Time-driven work of the core (WAL flushes and rotation, dispatch timers)."""
+        while True:
+            await trio.sleep(period)
+            self.apply(self.core.tick(now_ms()).effects)
+
+    async def quiesce(self, timeout: float) -> None:
+        """Graceful stop: cursors persisted, WALs sealed and idle (or `timeout` passed)."""
+        self.apply(self.core.quiesce(now_ms()).effects)
+        with trio.move_on_after(timeout):
+            while self.core.wal_busy():
+                await trio.sleep(0.01)
+        for topic_wal in list(self._wals.values()):
+            await self._stop_executor(topic_wal)
+
+    # -- streams --------------------------------------------------------------------------------
 
     def attach_stream(self, consumer_id: int, generation: int) -> StreamSlot:
         slot = StreamSlot(generation)
@@ -128,3 +380,8 @@ class BrokerRuntime:
                 self._durable += 1
                 progress, self._progress = self._progress, asyncio.Event()
                 progress.set()
+
+
+def _remove_tree(directory: Path) -> None:
+    if directory.exists():
+        shutil.rmtree(directory)

@@ -147,6 +147,12 @@ class SegmentFiles:
             raise
         return fd
 
+    async def truncate(self, segment_base: int, size: int) -> None:
+        """Cuts a segment to `size` bytes, durably (the repair after `Failed`)."""
+        self.close()
+        action = TruncateSegment(segment_base, size)
+        await trio.to_thread.run_sync(self._recovery_action, action)
+
     async def read(self, plan: FileRead) -> tuple[bytes, ...]:
         """The records a `FileRead` asked for, verified frame by frame."""
 
@@ -191,6 +197,8 @@ class WalExecutor:
         self._emit = emit
         self._queue: deque[Effect] = deque()
         self._wakeup = trio.Event()
+        self._busy = False
+        self._idle = trio.Event()
 
     def submit(self, effects: Iterable[Effect]) -> None:
         for effect in effects:
@@ -200,6 +208,15 @@ class WalExecutor:
                 self._emit(effect)
         self._wakeup.set()
 
+    def discard(self) -> None:
+        """Drops the effects not started yet (the machine failed; spec/durability.md)."""
+        self._queue.clear()
+
+    async def idle(self) -> None:
+        """Returns once no effect is queued or under way."""
+        while self._busy or self._queue:
+            await self._idle.wait()
+
     async def run(self) -> None:
         """Executes effects until cancelled."""
         while True:
@@ -207,6 +224,7 @@ class WalExecutor:
             self._wakeup = trio.Event()
             while self._queue:
                 effect = self._queue.popleft()
+                self._busy = True
                 try:
                     await self._files.perform(effect)
                     error = None
@@ -216,4 +234,8 @@ class WalExecutor:
                         self._files.directory, type(effect).__name__, failure,
                     )  # fmt: skip
                     error = failure
+                finally:
+                    self._busy = False
                 self.submit(self._complete(effect, error))
+            idle, self._idle = self._idle, trio.Event()
+            idle.set()

@@ -51,6 +51,8 @@ ADMIN_PORT_BASES: list[type] = [
 NOT_YET = "this standalone broker version does not offer it yet"
 
 SHUTDOWN_GRACE_SECONDS = 2.0
+TICK_SECONDS = 0.05
+"""Period of the core's timers: adds to the `flush` loss window and to ack-timeout slack."""
 DROP_CHECK_SECONDS = 1.0
 DROP_REPORT_SECONDS = 10.0
 UNLIMITED_MESSAGE_CAP = 256 * 1024 * 1024
@@ -91,6 +93,13 @@ def broker_id_for(data_dir: Path) -> str:
     broker_id = str(secrets.randbits(63))
     path.write_text(broker_id + "\n")
     return broker_id
+
+
+def _routing_key_of(record: bytes) -> bytes:
+    """Key-Shared routing of a stored record: its routing key, else its producer's name."""
+    message = pb.StreamMessage().parse(record)
+    key = message.routing_key
+    return (key if key is not None else message.producer_name).encode()
 
 
 def _message_limit(config: BrokerConfig) -> int:
@@ -149,12 +158,20 @@ async def serve(
                 config.dispatch.consumer_queue_messages, config.dispatch.consumer_queue_bytes
             ),
             auto_create_topics=config.auto_create_topics,
+            wal_config=config.storage.wal,
+            max_unacked_messages=config.dispatch.max_unacked_messages,
+            routing_key_of=_routing_key_of,
         )
-        core.restore({kv.key: kv.value for kv in await store.scan("/")})
+        restored = core.restore({kv.key: kv.value for kv in await store.scan("/")})
         for effect in core.bootstrap(config.bootstrap_namespaces).effects:
             await persist(store, effect)
-        async with trio_asyncio.open_loop():
-            runtime = BrokerRuntime(core, store)
+        async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+            runtime = BrokerRuntime(core, store, Path(config.wal_root), nursery)
+            nursery.start_soon(trio_asyncio.aio_as_trio(runtime.write_metadata))
+            # Reliable topics recover before the ports open: a client never sees a topic
+            # whose offsets are not known yet.
+            runtime.apply(restored.effects)
+            await runtime.wal_loads_done()
             consumers = ConsumerService(runtime)
             client_services = [
                 ProducerService(runtime, _message_limit(config)),
@@ -173,29 +190,29 @@ async def serve(
             admin_server = Server(
                 [*admin_services, Unimplemented(ADMIN_PORT_BASES, admin_services, NOT_YET)]
             )
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(trio_asyncio.aio_as_trio(runtime.write_metadata))
-                nursery.start_soon(_report_drops, core)
-                await trio_asyncio.aio_as_trio(client_server.start)(sock=broker_sock)
-                await trio_asyncio.aio_as_trio(admin_server.start)(sock=admin_sock)
-                log.info(
-                    "event=broker_ready broker_id=%s broker_addr=%s admin_addr=%s data_dir=%s",
-                    broker_id, bound.broker, bound.admin, data_dir,
-                )  # fmt: skip
-                task_status.started(bound)
-                await shutdown.wait()
-                log.info("event=broker_stopping open_streams=%d", runtime.open_streams)
-                runtime.stopping = True
-                runtime.apply(core.live_streams())
-                with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
-                    while runtime.open_streams:
-                        await trio.sleep(0.01)
-                for server in (client_server, admin_server):
-                    server.close()
-                    await trio_asyncio.aio_as_trio(server.wait_closed)()
-                    server.close_connections()
-                await trio_asyncio.aio_as_trio(runtime.flush_metadata)()
-                nursery.cancel_scope.cancel()
+            nursery.start_soon(_report_drops, core)
+            nursery.start_soon(runtime.tick, TICK_SECONDS)
+            await trio_asyncio.aio_as_trio(client_server.start)(sock=broker_sock)
+            await trio_asyncio.aio_as_trio(admin_server.start)(sock=admin_sock)
+            log.info(
+                "event=broker_ready broker_id=%s broker_addr=%s admin_addr=%s data_dir=%s",
+                broker_id, bound.broker, bound.admin, data_dir,
+            )  # fmt: skip
+            task_status.started(bound)
+            await shutdown.wait()
+            log.info("event=broker_stopping open_streams=%d", runtime.open_streams)
+            runtime.stopping = True
+            runtime.apply(core.live_streams())
+            with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
+                while runtime.open_streams:
+                    await trio.sleep(0.01)
+            for server in (client_server, admin_server):
+                server.close()
+                await trio_asyncio.aio_as_trio(server.wait_closed)()
+                server.close_connections()
+            await runtime.quiesce(SHUTDOWN_GRACE_SECONDS)
+            await trio_asyncio.aio_as_trio(runtime.flush_metadata)()
+            nursery.cancel_scope.cancel()
     finally:
         for sock in sockets:
             sock.close()

@@ -13,6 +13,7 @@ from typing import Any
 
 from danube.core.errors import DanubeError
 from danube.core.names import validate_namespace
+from danube.wal.machine import MIB, Durability, WalConfig
 
 DEFAULT_MAX_MESSAGE_SIZE = 10 * 1024 * 1024
 
@@ -49,10 +50,26 @@ class Policies:
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
 
 
+MAX_UNACKED_MESSAGES_LIMIT = 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchConfig:
     consumer_queue_messages: int = 1000
+    """Non-reliable: messages waiting for one consumer's stream before new ones are dropped."""
     consumer_queue_bytes: int = 16 * 1024 * 1024
+    max_unacked_messages: int = 10
+    """Reliable: the pipelined window of each subscription (Danube's key, 1..10000)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """Where reliable topics keep their WAL and how (Danube's `storage` keys where they map;
+    see spec/durability.md for what each setting trades)."""
+
+    wal_root: str | None = None
+    """Default `<data_dir>/wal`; one directory per topic below it."""
+    wal: WalConfig = field(default_factory=WalConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +99,15 @@ class BrokerConfig:
     auto_create_topics: bool = True
     policies: Policies = field(default_factory=Policies)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     @property
     def broker_url(self) -> str:
         return f"http://{self.advertised_addr or self.broker_addr}"
+
+    @property
+    def wal_root(self) -> str:
+        return self.storage.wal_root or f"{self.data_dir.rstrip('/')}/wal"
 
 
 def _section(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -111,8 +133,66 @@ def _fill(cls: type, data: dict[str, Any], where: str) -> Any:
 
 _TOP_LEVEL = {
     "cluster_name", "broker", "meta_store", "bootstrap_namespaces", "auto_create_topics",
-    "policies", "dispatch",
+    "policies", "dispatch", "storage",
 }  # fmt: skip
+
+
+def _number(data: dict[str, Any], key: str, where: str, *, minimum: int = 1) -> int | None:
+    if key not in data:
+        return None
+    value = data[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{where}{key}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _keys(data: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+
+
+def _storage(data: dict[str, Any]) -> StorageConfig:
+    """`storage:` with Danube's names (`local_wal_root`, `local_retention`, `wal.file_sync`,
+    `wal.rotation`) plus ours (`wal.durability`, `wal.cache_bytes`)."""
+    _keys(data, {"mode", "local_wal_root", "root", "local_retention", "wal"}, "storage")
+    mode = data.get("mode", "local")
+    if mode != "local":
+        raise ConfigError(
+            f"storage.mode: {mode!r} is not supported by this broker version yet; use 'local'"
+        )
+    root = data.get("local_wal_root", data.get("root"))
+    wal = _section(data, "wal", "storage.")
+    _keys(wal, {"durability", "cache_bytes", "file_sync", "rotation"}, "storage.wal")
+    sync = _section(wal, "file_sync", "storage.wal.")
+    _keys(sync, {"interval_ms", "max_batch_bytes"}, "storage.wal.file_sync")
+    rotation = _section(wal, "rotation", "storage.wal.")
+    _keys(rotation, {"max_bytes", "max_hours"}, "storage.wal.rotation")
+    retention = _section(data, "local_retention", "storage.")
+    _keys(retention, {"time_minutes", "size_mb"}, "storage.local_retention")
+    durability = wal.get("durability", Durability.FSYNC.value)
+    if durability not in {d.value for d in Durability}:
+        raise ConfigError(
+            f"storage.wal.durability: expected 'fsync' or 'flush', got {durability!r}"
+        )
+    settings: dict[str, Any] = {
+        "durability": Durability(durability),
+        "cache_bytes": _number(wal, "cache_bytes", "storage.wal.", minimum=0),
+        "flush_interval_ms": _number(sync, "interval_ms", "storage.wal.file_sync."),
+        "max_write_bytes": _number(sync, "max_batch_bytes", "storage.wal.file_sync."),
+        "segment_bytes": _number(rotation, "max_bytes", "storage.wal.rotation."),
+    }
+    hours = _number(rotation, "max_hours", "storage.wal.rotation.")
+    minutes = _number(retention, "time_minutes", "storage.local_retention.")
+    size_mb = _number(retention, "size_mb", "storage.local_retention.")
+    settings["segment_age_ms"] = hours * 3_600_000 if hours else None
+    settings["retention_ms"] = minutes * 60_000 if minutes else None
+    settings["retention_bytes"] = size_mb * MIB if size_mb else None
+    try:
+        wal_config = WalConfig(**{k: v for k, v in settings.items() if v is not None})
+    except ValueError as error:
+        raise ConfigError(f"storage.wal: {error}") from None
+    return StorageConfig(str(root) if root is not None else None, wal_config)
 
 
 def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
@@ -151,5 +231,12 @@ def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
             raise ConfigError("auto_create_topics: expected true or false")
         updates["auto_create_topics"] = data["auto_create_topics"]
     updates["policies"] = _fill(Policies, _section(data, "policies", ""), "policies")
-    updates["dispatch"] = _fill(DispatchConfig, _section(data, "dispatch", ""), "dispatch")
+    dispatch = _fill(DispatchConfig, _section(data, "dispatch", ""), "dispatch")
+    if not 1 <= dispatch.max_unacked_messages <= MAX_UNACKED_MESSAGES_LIMIT:
+        raise ConfigError(
+            f"dispatch.max_unacked_messages: expected 1 to {MAX_UNACKED_MESSAGES_LIMIT}, "
+            f"got {dispatch.max_unacked_messages}"
+        )
+    updates["dispatch"] = dispatch
+    updates["storage"] = _storage(_section(data, "storage", ""))
     return dataclasses.replace(config, **updates)

@@ -201,6 +201,8 @@ class ReliableSubscription:
         self._read_pending = 0
         self._read_batch = max(1, max_unacked_messages // 4)
         self._acked: set[int] = set()
+        self._gaps: dict[int, int] = {}
+        """Offsets [start, end) that retention deleted before they were read."""
         self._entries: dict[int, _Entry] = {}
         self._consumers: dict[int, _Consumer] = {}
         self._connected = 0
@@ -242,6 +244,10 @@ class ReliableSubscription:
     def in_flight(self, consumer_id: int) -> frozenset[int]:
         """Offsets sent to the consumer and not acknowledged, failed or taken back."""
         return frozenset(self._consumers[consumer_id].in_flight)
+
+    def is_pending(self, offset: int) -> bool:
+        """Read and not yet acknowledged: the driver must keep the offset's record."""
+        return offset in self._entries
 
     @property
     def window_size(self) -> int:
@@ -336,6 +342,19 @@ class ReliableSubscription:
                 offset += 1
             self.read_position = offset
             self._read_pending = 0
+        return self._finish()
+
+    def records_lost(self, first_retained: int, now_ms: int) -> list[Effect]:
+        """Answers the outstanding `Read`: retention deleted every record below
+        `first_retained`. The unread ones among them count as acknowledged (there is nothing
+        left to deliver); the driver reports the loss."""
+        self._begin(now_ms)
+        if self._read_pending and first_retained > self.read_position:
+            self._gaps[self.read_position] = first_retained
+            self.read_position = first_retained
+            self.readable_end = max(self.readable_end, first_retained)
+            self._advance_cursor()
+        self._read_pending = 0
         return self._finish()
 
     def ack(self, offset: int, now_ms: int) -> list[Effect]:
@@ -467,11 +486,21 @@ class ReliableSubscription:
                 self._sendable[entry.key] = None
             else:
                 del self._keys[entry.key]
-        acked = self._acked
-        acked.add(offset)
-        while self.cursor + 1 in acked:
-            acked.remove(self.cursor + 1)
-            self.cursor += 1
+        self._acked.add(offset)
+        self._advance_cursor()
+
+    def _advance_cursor(self) -> None:
+        """Over the contiguous prefix of acknowledged offsets and retention gaps."""
+        acked, gaps = self._acked, self._gaps
+        while True:
+            following = self.cursor + 1
+            if following in acked:
+                acked.remove(following)
+                self.cursor = following
+            elif following in gaps:
+                self.cursor = gaps.pop(following) - 1
+            else:
+                return
 
     def _fail(self, offset: int, entry: _Entry, consumer_id: int, requested_ms: int | None) -> None:
         """A nack or an ack timeout: the message waits for its redelivery time."""

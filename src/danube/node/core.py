@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -36,7 +37,10 @@ from danube.dispatch import (
     StartPosition,
     SubscriptionType,
 )
+from danube.dispatch import reliable as rd
 from danube.node import paths
+from danube.wal import machine as wal
+from danube.wal.recovery import RecoveryPlan
 
 T = TypeVar("T")
 
@@ -62,7 +66,114 @@ class EndStream:
     generation: int
 
 
-Effect = PersistMeta | ConsumerReady | EndStream
+@dataclass(frozen=True, slots=True)
+class LoadWal:
+    """Effect: recover the reliable topic's WAL directory (after deleting what is in it when
+    `fresh`: a topic created now owns no data) and report with `wal_loaded` or
+    `wal_load_failed`. Replies to the request that caused it wait for that."""
+
+    topic: str
+    fresh: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RepairWal:
+    """Effect: the topic's WAL failed an I/O (`danube.wal.machine.Failed`). Discard its file
+    effects not yet started, truncate the segment to `truncate_to` bytes and fsync it, then
+    recover as `LoadWal(topic, fresh=False)` does (or report `wal_load_failed`)."""
+
+    topic: str
+    segment_base: int
+    truncate_to: int
+
+
+@dataclass(frozen=True, slots=True)
+class DropWal:
+    """Effect: the topic is deleted; stop its WAL I/O and delete its directory."""
+
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class WalIo:
+    """Effect: the topic's WAL file effects, to perform in order after those submitted
+    before (spec/durability.md, driver contract); report each with `wal_io_done`."""
+
+    topic: str
+    effects: tuple[wal.Effect, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadWal:
+    """Effect: read a file range for a subscription and report with `wal_read_done` (or
+    `wal_read_failed`)."""
+
+    topic: str
+    subscription: str
+    epoch: int
+    plan: wal.FileRead
+
+
+@dataclass(frozen=True, slots=True)
+class PublishAcked:
+    """Effect: every publish to the topic with an offset up to `through_offset` may be
+    answered with success."""
+
+    topic: str
+    through_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishFailed:
+    """Effect: publishes to the topic with an offset from `from_offset` on were not stored
+    (or not as far as anyone can tell); answer them with UNAVAILABLE so producers retry."""
+
+    topic: str
+    from_offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStopped:
+    """Effect: the topic cannot serve until an operator acts (say so in the log); waiting
+    publishes fail."""
+
+    topic: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionSkipped:
+    """Effect: retention deleted offsets [`first`, `end`) before the subscription read them:
+    they are lost to it (log it; a later issue makes retention wait for tiering)."""
+
+    topic: str
+    subscription: str
+    first: int
+    end: int
+
+
+Effect = (
+    PersistMeta
+    | ConsumerReady
+    | EndStream
+    | LoadWal
+    | RepairWal
+    | DropWal
+    | WalIo
+    | ReadWal
+    | PublishAcked
+    | PublishFailed
+    | TopicStopped
+    | RetentionSkipped
+)
+
+_DEFAULT_WAL = wal.WalConfig()
+_FILE_EFFECTS = (wal.CreateSegment, wal.Write, wal.Fsync, wal.CloseSegment, wal.DeleteSegment)
+READ_MAX_BYTES = 4 * 1024 * 1024
+"""Largest file range one subscription read asks for (at index granularity)."""
+MAX_QUEUED_WAL_BYTES = 64 * 1024 * 1024
+"""Appends waiting for the disk beyond this are refused (UNAVAILABLE) instead of queued."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +217,17 @@ class ConsumerRecord:
 class SubscriptionRecord:
     name: str
     sub_type: SubscriptionType
-    dispatcher: NonReliableSubscription
+    dispatcher: NonReliableSubscription | rd.ReliableSubscription
     consumers: dict[str, int] = field(default_factory=dict)
+    records: dict[int, bytes] = field(default_factory=dict)
+    """Reliable: the record of every offset read and not yet acknowledged."""
+    epoch: int = 0
+    """Reliable: bumped when the dispatcher is rebuilt, so older file reads are ignored."""
+
+    @property
+    def reliable(self) -> rd.ReliableSubscription:
+        assert isinstance(self.dispatcher, rd.ReliableSubscription)
+        return self.dispatcher
 
 
 @dataclass(slots=True)
@@ -118,6 +238,16 @@ class TopicRecord:
     subscriptions: dict[str, SubscriptionRecord] = field(default_factory=dict)
     messages_in: int = 0
     bytes_in: int = 0
+    wal: wal.WalMachine | None = None
+    """Reliable topics: None while the WAL is loading or repaired, or once stopped."""
+    loaded: bool = False
+    """The WAL was loaded once: a later load is a repair and rebuilds the subscriptions."""
+    stopped: str | None = None
+    """Why the topic cannot serve (corrupt segment, failed disk), for the operator."""
+
+    @property
+    def reliable(self) -> bool:
+        return self.strategy is DispatchStrategy.RELIABLE
 
 
 def _check_label(value: str, what: str) -> str:
@@ -137,12 +267,22 @@ class BrokerCore:
         default_policies: Policies,
         queue_limits: QueueLimits,
         auto_create_topics: bool = True,
+        wal_config: wal.WalConfig = _DEFAULT_WAL,
+        max_unacked_messages: int = 10,
+        routing_key_of: Callable[[bytes], bytes] = lambda record: b"",
     ) -> None:
+        """`routing_key_of` extracts a stored record's Key-Shared routing key (its routing
+        key, else its producer's name); only the driver knows the record encoding."""
         self.identity = identity
         self._rng = rng
         self._default_policies = default_policies
         self._queue_limits = queue_limits
         self._auto_create = auto_create_topics
+        self._wal_config = wal_config
+        self._max_unacked = max_unacked_messages
+        self._routing_key_of = routing_key_of
+        self._outbox: dict[int, deque[bytes]] = {}
+        """Reliable: records delivered to a consumer, waiting for its stream writer."""
         self._namespaces: dict[str, Policies] = {}
         self._topics: dict[str, TopicRecord] = {}
         self._producers: dict[int, ProducerRecord] = {}
@@ -152,9 +292,11 @@ class BrokerCore:
 
     # -- restore and bootstrap ----------------------------------------------------------------
 
-    def restore(self, entries: Mapping[str, Any]) -> None:
+    def restore(self, entries: Mapping[str, Any]) -> Step[None]:
         """Rebuilds state from a metadata scan. Consumers come back disconnected: their clients
-        reconnect with the same ids, and a restart is invisible to them."""
+        reconnect with the same ids, and a restart is invisible to them. Reliable topics need
+        their WAL loaded (the `LoadWal` effects) before they serve; subscriptions resume at
+        their persisted cursor + 1."""
         for key, value in sorted(entries.items()):
             parts = key.strip("/").split("/")
             if parts[0] == "namespaces" and len(parts) == 3 and parts[2] == "policy":
@@ -177,8 +319,12 @@ class BrokerCore:
             if parts[3] == "producers" and len(parts) == 5:
                 self._restore_producer(record, value)
             elif parts[3] == "subscriptions" and len(parts) == 5:
+                cursor = entries.get(paths.cursor(record.name, parts[4]), -1)
                 self._add_subscription(
-                    record, value["subscription_name"], SubscriptionType(value["subscription_type"])
+                    record,
+                    value["subscription_name"],
+                    SubscriptionType(value["subscription_type"]),
+                    cursor + 1,
                 )
         consumers = []
         for key, value in entries.items():
@@ -198,6 +344,8 @@ class BrokerCore:
                 order,
             )
             self._subscribe_order = max(self._subscribe_order, order)
+        loads = tuple(LoadWal(t, fresh=False) for t, r in self._topics.items() if r.reliable)
+        return Step(None, loads)
 
     def _restore_producer(self, record: TopicRecord, value: Mapping[str, Any]) -> None:
         producer = ProducerRecord(
@@ -270,7 +418,6 @@ class BrokerCore:
             raise DanubeError(ErrorCode.ALREADY_EXISTS, f"topic {existing[0]} already exists")
         self._require_namespace(names[0].namespace)
         self._check_partition_conflicts(names[0])
-        self._check_strategy_supported(strategy)
         effects: list[Effect] = []
         for name in names:
             effects.extend(self._create_topic(name, strategy))
@@ -301,33 +448,28 @@ class BrokerCore:
         for sub in record.subscriptions.values():
             for consumer_id in sub.consumers.values():
                 consumer = self._consumers.pop(consumer_id)
+                self._outbox.pop(consumer_id, None)
                 if consumer.stream:
                     effects.append(EndStream(consumer_id, consumer.stream))
         del self._topics[record.name.full]
+        if record.reliable:
+            effects.append(DropWal(record.name.full))
         return effects
 
     def _create_topic(self, name: TopicName, strategy: DispatchStrategy) -> tuple[Effect, ...]:
         self._require_namespace(name.namespace)
         self._check_partition_conflicts(name)
-        self._check_strategy_supported(strategy)
-        self._topics[name.full] = TopicRecord(name, strategy)
-        return (
-            PersistMeta(
-                puts=(
-                    (paths.namespace_topic(name), None),
-                    (paths.topic_delivery(name), strategy.label),
-                )
-            ),
-        )
-
-    @staticmethod
-    def _check_strategy_supported(strategy: DispatchStrategy) -> None:
-        if strategy is DispatchStrategy.RELIABLE:
-            raise DanubeError(
-                ErrorCode.UNIMPLEMENTED,
-                "reliable dispatch is not available in this broker version; "
-                "use dispatch strategy NonReliable",
+        record = TopicRecord(name, strategy)
+        self._topics[name.full] = record
+        persist = PersistMeta(
+            puts=(
+                (paths.namespace_topic(name), None),
+                (paths.topic_delivery(name), strategy.label),
             )
+        )
+        if record.reliable:
+            return (persist, LoadWal(name.full, fresh=True))
+        return (persist,)
 
     def _check_partition_conflicts(self, name: TopicName) -> None:
         partition = name.partition_of
@@ -418,6 +560,8 @@ class BrokerCore:
                 f"topic {topic} is {record.strategy.label}; the producer asked for "
                 f"{strategy.label}",
             )
+        else:
+            self._check_not_stopped(record)
         existing = record.producers.get(producer_name)
         if existing is not None:
             return Step(existing, tuple(effects))
@@ -441,14 +585,27 @@ class BrokerCore:
         return Step(producer.producer_id, tuple(effects))
 
     def publish(
-        self, producer_id: int, topic: str, message: Any, size: int, routing_key: bytes | None
+        self,
+        producer_id: int,
+        topic: str,
+        message: Any,
+        size: int,
+        routing_key: bytes | None,
+        *,
+        encode: Callable[[int], bytes] | None = None,
+        now_ms: int = 0,
     ) -> Step[int]:
-        """Hands one message to every subscription of the producer's topic and returns its
-        sequence number on the topic (0, 1, 2... since the topic was loaded on this broker).
+        """Publishes one message and returns its offset.
 
-        The caller stamps the sequence as the non-reliable `topic_offset` before its next
-        await, so consumers can see gaps where messages were dropped. Key-Shared routes by
-        `routing_key`, or by the producer's name when the message has none (as Danube)."""
+        Non-reliable: the message goes to every subscription now; the offset is its sequence
+        number on the topic (0, 1, 2... since the topic was loaded on this broker), which the
+        caller stamps as `topic_offset` before its next await, so consumers can see gaps where
+        messages were dropped. Key-Shared routes by `routing_key`, or by the producer's name
+        when the message has none (as Danube).
+
+        Reliable: `encode(offset)` gives the record to store (the message stamped with its
+        offset); the reply must wait for a `PublishAcked` covering the offset (or fail on
+        `PublishFailed` / `TopicStopped`)."""
         producer = self._producers.get(producer_id)
         if producer is None:
             raise not_found(
@@ -460,6 +617,8 @@ class BrokerCore:
         limit = self._namespaces[producer.topic.namespace].max_message_size
         if limit and size > limit:
             raise invalid(f"message of {size} bytes exceeds max_message_size of {limit} bytes")
+        if record.reliable:
+            return self._append(record, size, encode, now_ms)
         sequence = record.messages_in
         record.messages_in += 1
         record.bytes_in += size
@@ -468,6 +627,29 @@ class BrokerCore:
         for sub in record.subscriptions.values():
             effects.extend(sub.dispatcher.publish(message, size, key))
         return Step(sequence, tuple(effects))
+
+    def _append(
+        self,
+        record: TopicRecord,
+        size: int,
+        encode: Callable[[int], bytes] | None,
+        now_ms: int,
+    ) -> Step[int]:
+        if encode is None:
+            raise ValueError("a reliable publish needs encode")
+        log = self._ready_wal(record)
+        if log.queued_bytes > MAX_QUEUED_WAL_BYTES:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE,
+                f"{record.name.full} is writing {log.queued_bytes} bytes behind the disk; "
+                "retry shortly",
+            )
+        offset = log.next_offset
+        first, effects = log.append((encode(offset),), now_ms)
+        assert first == offset
+        record.messages_in += 1
+        record.bytes_in += size
+        return Step(offset, tuple(self._wal_effects(record, effects, now_ms)))
 
     def producer_healthy(self, producer_id: int) -> bool:
         return producer_id in self._producers
@@ -482,6 +664,8 @@ class BrokerCore:
         sub_type: int,
         key_filters: tuple[str, ...],
         start: StartPosition = LATEST,
+        *,
+        now_ms: int = 0,
     ) -> Step[int]:
         """Returns the consumer id; the same name in the same subscription takes over its
         previous session (same id, old stream ended). `start` only matters for a subscription
@@ -511,17 +695,19 @@ class BrokerCore:
                 f"subscription {subscription!r} on {topic} is {sub.sub_type.name}; "
                 f"cannot join it as {kind.name}",
             )
+        self._check_not_stopped(record)
         if sub is not None and consumer_name in sub.consumers:
-            return self._take_over(record, sub, sub.consumers[consumer_name], key_filters)
+            return self._take_over(record, sub, sub.consumers[consumer_name], key_filters, now_ms)
+        start_offset = 0
         if sub is None:
-            if start.kind is not StartKind.LATEST and record.strategy is (
-                DispatchStrategy.NON_RELIABLE
-            ):
+            if start.kind is not StartKind.LATEST and not record.reliable:
                 raise DanubeError(
                     ErrorCode.FAILED_PRECONDITION,
                     f"{topic} is non-reliable and keeps no history: a subscription can only "
                     "start at the latest message",
                 )
+            if record.reliable:
+                start_offset = self._start_offset(record, start)
             limit = policies.max_subscriptions_per_topic
             if limit and len(record.subscriptions) >= limit:
                 raise DanubeError(
@@ -531,7 +717,7 @@ class BrokerCore:
                 )
         else:
             if kind is SubscriptionType.EXCLUSIVE:
-                effects.extend(self._evict_disconnected_exclusive(record, sub))
+                effects.extend(self._evict_disconnected_exclusive(record, sub, now_ms))
             limit = policies.max_consumers_per_subscription
             if limit and len(sub.consumers) >= limit:
                 raise DanubeError(
@@ -546,11 +732,16 @@ class BrokerCore:
                 f"topic {topic} already has {limit} consumers (max_consumers_per_topic)",
             )
         if sub is None:
-            sub = self._add_subscription(record, subscription, kind)
+            sub = self._add_subscription(record, subscription, kind, start_offset)
             value = {"subscription_name": subscription, "subscription_type": int(kind)}
-            effects.append(
-                PersistMeta(puts=((paths.subscription(record.name, subscription), value),))
-            )
+            puts: list[tuple[str, Any]] = [(paths.subscription(record.name, subscription), value)]
+            if record.reliable:
+                # The dispatcher assumes start - 1 is durable (reliable.py, "Cursor").
+                puts.append((paths.cursor(record.name, subscription), start_offset - 1))
+                readable = self._ready_wal(record).readable_offset
+                if readable:
+                    sub.reliable.readable(readable - 1, now_ms)  # nobody connected: no effects
+            effects.append(PersistMeta(puts=tuple(puts)))
         self._subscribe_order += 1
         consumer = self._add_consumer(
             record,
@@ -559,13 +750,36 @@ class BrokerCore:
             consumer_name,
             key_filters,
             self._subscribe_order,
+            now_ms,
         )
         effects.append(self._persist_consumer(consumer))
-        effects.extend(sub.dispatcher.connect(consumer.consumer_id))
+        if isinstance(sub.dispatcher, NonReliableSubscription):
+            # A reliable consumer is connected by its receive stream, which its messages need.
+            effects.extend(sub.dispatcher.connect(consumer.consumer_id))
         return Step(consumer.consumer_id, tuple(effects))
 
+    def _start_offset(self, record: TopicRecord, start: StartPosition) -> int:
+        log = self._ready_wal(record)
+        if start.kind is StartKind.LATEST:
+            return log.next_offset
+        if start.kind is StartKind.EARLIEST:
+            return log.first_offset
+        if start.offset < log.first_offset:
+            raise DanubeError(
+                ErrorCode.OUT_OF_RANGE,
+                f"offset {start.offset} of {record.name.full} is no longer retained; the "
+                f"earliest is {log.first_offset}",
+            )
+        if start.offset > log.next_offset:
+            raise DanubeError(
+                ErrorCode.OUT_OF_RANGE,
+                f"offset {start.offset} of {record.name.full} is past the end; the next "
+                f"message gets offset {log.next_offset}",
+            )
+        return start.offset
+
     def _evict_disconnected_exclusive(
-        self, record: TopicRecord, sub: SubscriptionRecord
+        self, record: TopicRecord, sub: SubscriptionRecord, now_ms: int
     ) -> list[Effect]:
         """An Exclusive subscription admits a new consumer name only when the holder is gone:
         Danube refuses forever once any consumer object exists, which locks the subscription
@@ -579,15 +793,24 @@ class BrokerCore:
             )
         effects: list[Effect] = []
         for consumer_id in holders:
-            effects.extend(self._remove_consumer(record, sub, consumer_id))
+            effects.extend(self._remove_consumer(record, sub, consumer_id, now_ms))
         return effects
 
     def _remove_consumer(
-        self, record: TopicRecord, sub: SubscriptionRecord, consumer_id: int
+        self, record: TopicRecord, sub: SubscriptionRecord, consumer_id: int, now_ms: int
     ) -> list[Effect]:
         consumer = self._consumers.pop(consumer_id)
         del sub.consumers[consumer.name]
-        effects: list[Effect] = list(sub.dispatcher.remove_consumer(consumer_id))
+        self._outbox.pop(consumer_id, None)
+        effects: list[Effect] = []
+        if isinstance(sub.dispatcher, NonReliableSubscription):
+            effects.extend(sub.dispatcher.remove_consumer(consumer_id))
+        else:
+            effects.extend(
+                self._dispatch(
+                    record, sub, sub.dispatcher.remove_consumer(consumer_id, now_ms), now_ms
+                )
+            )
         effects.append(PersistMeta(deletes=(paths.consumer(record.name, sub.name, consumer_id),)))
         if consumer.stream:
             effects.append(EndStream(consumer_id, consumer.stream))
@@ -599,23 +822,51 @@ class BrokerCore:
         sub: SubscriptionRecord,
         consumer_id: int,
         key_filters: tuple[str, ...],
+        now_ms: int,
     ) -> Step[int]:
         consumer = self._consumers[consumer_id]
         effects: list[Effect] = []
         if consumer.stream:
             effects.append(EndStream(consumer_id, consumer.stream))
             consumer.stream = 0
+            if not isinstance(sub.dispatcher, NonReliableSubscription):
+                effects.extend(self._disconnect_reliable(record, sub, consumer_id, now_ms))
         if key_filters != consumer.key_filters:
             consumer.key_filters = key_filters
             effects.append(self._persist_consumer(consumer))
-            effects.extend(sub.dispatcher.set_filters(consumer_id, key_filters))
-        effects.extend(sub.dispatcher.connect(consumer_id))
+            if isinstance(sub.dispatcher, NonReliableSubscription):
+                effects.extend(sub.dispatcher.set_filters(consumer_id, key_filters))
+            else:
+                effects.extend(
+                    self._dispatch(
+                        record,
+                        sub,
+                        sub.dispatcher.set_filters(consumer_id, key_filters, now_ms),
+                        now_ms,
+                    )
+                )
+        if isinstance(sub.dispatcher, NonReliableSubscription):
+            effects.extend(sub.dispatcher.connect(consumer_id))
         return Step(consumer_id, tuple(effects))
 
+    def _disconnect_reliable(
+        self, record: TopicRecord, sub: SubscriptionRecord, consumer_id: int, now_ms: int
+    ) -> list[Effect]:
+        """What the consumer's stream had not sent is in flight to it and goes out again."""
+        self._outbox.pop(consumer_id, None)
+        return self._dispatch(record, sub, sub.reliable.disconnect(consumer_id, now_ms), now_ms)
+
     def _add_subscription(
-        self, record: TopicRecord, name: str, kind: SubscriptionType
+        self, record: TopicRecord, name: str, kind: SubscriptionType, start_offset: int
     ) -> SubscriptionRecord:
-        sub = SubscriptionRecord(name, kind, NonReliableSubscription(kind, self._queue_limits))
+        dispatcher: NonReliableSubscription | rd.ReliableSubscription
+        if record.reliable:
+            dispatcher = rd.ReliableSubscription(
+                kind, max(start_offset, 0), max_unacked_messages=self._max_unacked
+            )
+        else:
+            dispatcher = NonReliableSubscription(kind, self._queue_limits)
+        sub = SubscriptionRecord(name, kind, dispatcher)
         record.subscriptions[name] = sub
         return sub
 
@@ -638,40 +889,64 @@ class BrokerCore:
         name: str,
         key_filters: tuple[str, ...],
         order: int,
+        now_ms: int = 0,
     ) -> ConsumerRecord:
         consumer = ConsumerRecord(consumer_id, name, record.name, sub.name, key_filters, order)
         self._consumers[consumer_id] = consumer
         sub.consumers[name] = consumer_id
-        sub.dispatcher.add_consumer(consumer_id, name, key_filters)
+        if isinstance(sub.dispatcher, NonReliableSubscription):
+            sub.dispatcher.add_consumer(consumer_id, name, key_filters)
+        else:
+            # A new consumer is disconnected: nothing to dispatch yet.
+            sub.dispatcher.add_consumer(consumer_id, name, key_filters, now_ms)
         return consumer
 
-    def open_stream(self, consumer_id: int) -> Step[int]:
-        """Starts a receive stream; a previous stream of the same consumer ends (takeover)."""
+    def open_stream(self, consumer_id: int, *, now_ms: int = 0) -> Step[int]:
+        """Starts a receive stream; a previous stream of the same consumer ends (takeover;
+        on a reliable topic what it had in flight goes out again)."""
         consumer = self._consumer(consumer_id)
+        record = self._topics[consumer.topic.full]
+        sub = record.subscriptions[consumer.subscription]
         effects: list[Effect] = []
         if consumer.stream:
             effects.append(EndStream(consumer_id, consumer.stream))
         self._stream_generations += 1
         consumer.stream = self._stream_generations
-        sub = self._subscription_of(consumer)
-        effects.extend(sub.dispatcher.connect(consumer_id))
+        if isinstance(sub.dispatcher, NonReliableSubscription):
+            effects.extend(sub.dispatcher.connect(consumer_id))
+        else:
+            effects.extend(self._disconnect_reliable(record, sub, consumer_id, now_ms))
+            connected = sub.dispatcher.connect(consumer_id, now_ms)
+            effects.extend(self._dispatch(record, sub, connected, now_ms))
         return Step(consumer.stream, tuple(effects))
 
-    def close_stream(self, consumer_id: int, generation: int) -> Step[None]:
+    def close_stream(self, consumer_id: int, generation: int, *, now_ms: int = 0) -> Step[None]:
         """The stream of this generation ended; if it was the consumer's current one, the
-        consumer is disconnected (a Failover standby takes over)."""
+        consumer is disconnected (a Failover standby takes over; on a reliable topic its
+        unacknowledged messages go out again)."""
         consumer = self._consumers.get(consumer_id)
         if consumer is None or not generation or consumer.stream != generation:
             return Step(None)
         consumer.stream = 0
-        return Step(None, tuple(self._subscription_of(consumer).dispatcher.disconnect(consumer_id)))
+        record = self._topics[consumer.topic.full]
+        sub = record.subscriptions[consumer.subscription]
+        if isinstance(sub.dispatcher, NonReliableSubscription):
+            return Step(None, tuple(sub.dispatcher.disconnect(consumer_id)))
+        return Step(None, tuple(self._disconnect_reliable(record, sub, consumer_id, now_ms)))
 
     def take(self, consumer_id: int, generation: int, limit: int) -> list[Any] | None:
-        """Messages for the stream writer; None when this stream is no longer current."""
+        """Messages for the stream writer (reliable topics: stored records, as bytes); None
+        when this stream is no longer current."""
         consumer = self._consumers.get(consumer_id)
         if consumer is None or not generation or consumer.stream != generation:
             return None
-        return self._subscription_of(consumer).dispatcher.take(consumer_id, limit)
+        dispatcher = self._subscription_of(consumer).dispatcher
+        if isinstance(dispatcher, NonReliableSubscription):
+            return dispatcher.take(consumer_id, limit)
+        box = self._outbox.get(consumer_id)
+        if not box:
+            return []
+        return [box.popleft() for _ in range(min(limit, len(box)))]
 
     def consumer_healthy(self, consumer_id: int) -> bool:
         """Known consumers are healthy even while their stream is down: the official clients
@@ -679,11 +954,277 @@ class BrokerCore:
         only needs to reopen its stream (after a broker restart, say) should not do."""
         return consumer_id in self._consumers
 
-    def check_ack(self, topic: str, subscription: str) -> None:
-        """Ack and Nack on non-reliable topics only need a known target."""
+    def ack(self, topic: str, subscription: str, offset: int, *, now_ms: int = 0) -> Step[None]:
+        """Acknowledges an offset of a reliable subscription (matched by offset alone, as
+        Danube; a late, repeated or unknown ack is ignored). Non-reliable topics only check
+        that the target exists."""
+        record, sub = self._ack_target(topic, subscription)
+        if isinstance(sub.dispatcher, NonReliableSubscription):
+            return Step(None)
+        effects = sub.dispatcher.ack(offset, now_ms)
+        if not sub.dispatcher.is_pending(offset):
+            sub.records.pop(offset, None)
+        return Step(None, tuple(self._dispatch(record, sub, effects, now_ms)))
+
+    def nack(
+        self,
+        topic: str,
+        subscription: str,
+        offset: int,
+        delay_ms: int | None,
+        *,
+        now_ms: int = 0,
+    ) -> Step[None]:
+        """Redelivers the offset after `delay_ms` or the failure policy's delay."""
+        record, sub = self._ack_target(topic, subscription)
+        if isinstance(sub.dispatcher, NonReliableSubscription):
+            return Step(None)
+        effects = sub.dispatcher.nack(offset, delay_ms, now_ms)
+        return Step(None, tuple(self._dispatch(record, sub, effects, now_ms)))
+
+    def _ack_target(self, topic: str, subscription: str) -> tuple[TopicRecord, SubscriptionRecord]:
         record = self._topic(topic)
-        if subscription not in record.subscriptions:
+        sub = record.subscriptions.get(subscription)
+        if sub is None:
             raise not_found(f"subscription {subscription!r} does not exist on {topic}")
+        return record, sub
+
+    # -- reliable topics: WAL and dispatch ------------------------------------------------------
+
+    def wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
+        """The topic's WAL was recovered (first load, or after a repair: then every
+        subscription restarts at its cursor + 1, as after a broker restart)."""
+        record = self._topics.get(topic)
+        if record is None or record.stopped is not None:
+            return Step(None)
+        log = record.wal = wal.WalMachine(topic, self._wal_config, plan)
+        effects: list[Effect] = []
+        for sub in record.subscriptions.values():
+            if record.loaded:
+                self._rebuild(sub, now_ms)
+            if log.readable_offset:
+                readable = sub.reliable.readable(log.readable_offset - 1, now_ms)
+                effects.extend(self._dispatch(record, sub, readable, now_ms))
+        record.loaded = True
+        return Step(None, tuple(effects))
+
+    def _rebuild(self, sub: SubscriptionRecord, now_ms: int) -> None:
+        old = sub.reliable
+        fresh = rd.ReliableSubscription(
+            sub.sub_type,
+            old.cursor + 1,
+            max_unacked_messages=old.max_unacked_messages,
+            cursor_flush_ms=old.cursor_flush_ms,
+            policy=old.policy,
+        )
+        sub.dispatcher, sub.records = fresh, {}
+        sub.epoch += 1
+        members = sorted((self._consumers[c] for c in sub.consumers.values()), key=_order)
+        for consumer in members:
+            self._outbox.pop(consumer.consumer_id, None)
+            fresh.add_consumer(consumer.consumer_id, consumer.name, consumer.key_filters, now_ms)
+            if consumer.stream:
+                fresh.connect(consumer.consumer_id, now_ms)
+
+    def wal_load_failed(self, topic: str, reason: str) -> Step[None]:
+        """Recovery refused the topic's segments (corruption) or the disk failed: the topic
+        stops until an operator acts; other topics are not affected."""
+        record = self._topics.get(topic)
+        if record is None:
+            return Step(None)
+        record.wal = None
+        record.stopped = reason
+        return Step(None, (TopicStopped(topic, reason),))
+
+    def wal_io_done(
+        self, topic: str, effect: wal.Effect, error: str | None, *, now_ms: int
+    ) -> Step[None]:
+        """A file effect of `WalIo` finished (`error` None) or failed."""
+        record = self._topics.get(topic)
+        if record is None or record.wal is None:
+            return Step(None)
+        log = record.wal
+        effects: list[wal.Effect] = []
+        if isinstance(effect, wal.Write):
+            if error is None:
+                effects = log.write_done(effect.write_id, now_ms)
+            else:
+                effects = log.write_failed(effect.write_id, error)
+        elif isinstance(effect, wal.Fsync):
+            if error is None:
+                effects = log.fsync_done(effect.fsync_id, now_ms)
+            else:
+                effects = log.fsync_failed(effect.fsync_id, error)
+        # A failed CreateSegment fails the segment's first Write; a failed close or delete
+        # of a closed segment leaves its data intact (the driver logs it).
+        return Step(None, tuple(self._wal_effects(record, effects, now_ms)))
+
+    def wal_read_done(
+        self, read: ReadWal, records: tuple[bytes, ...], *, now_ms: int
+    ) -> Step[None]:
+        record, sub = self._read_target(read)
+        if sub is None:
+            return Step(None)
+        assert record is not None
+        admitted = self._admit(record, sub, read.plan.from_offset, records, now_ms)
+        return Step(None, tuple(self._dispatch(record, sub, admitted, now_ms)))
+
+    def wal_read_failed(
+        self, read: ReadWal, reason: str, *, missing: bool, now_ms: int
+    ) -> Step[None]:
+        """`missing`: retention deleted the file meanwhile, so the read is planned again.
+        Anything else (a frame that no longer verifies, a failing disk) stops the topic."""
+        record, sub = self._read_target(read)
+        if sub is None:
+            return Step(None)
+        assert record is not None
+        if missing:
+            plan = read.plan
+            again = rd.Read(plan.from_offset, max(plan.end_offset - plan.from_offset, 1))
+            return Step(None, tuple(self._dispatch(record, sub, [again], now_ms)))
+        return Step(None, tuple(self._stop(record, reason)))
+
+    def _read_target(self, read: ReadWal) -> tuple[TopicRecord | None, SubscriptionRecord | None]:
+        record = self._topics.get(read.topic)
+        if record is None or record.wal is None:
+            return None, None
+        sub = record.subscriptions.get(read.subscription)
+        if sub is None or sub.epoch != read.epoch:
+            return None, None
+        return record, sub
+
+    def _stop(self, record: TopicRecord, reason: str) -> list[Effect]:
+        record.wal = None
+        record.stopped = reason
+        return [TopicStopped(record.name.full, reason)]
+
+    def tick(self, now_ms: int) -> Step[None]:
+        """Time passes: WAL flushes, rotation and retention; ack deadlines, redeliveries and
+        cursor flushes of reliable subscriptions."""
+        effects: list[Effect] = []
+        for record in self._topics.values():
+            if record.wal is None:
+                continue
+            effects.extend(self._wal_effects(record, record.wal.tick(now_ms), now_ms))
+            for sub in record.subscriptions.values():
+                due = sub.reliable.next_timer_ms
+                if due is not None and due <= now_ms:
+                    effects.extend(self._dispatch(record, sub, sub.reliable.tick(now_ms), now_ms))
+        return Step(None, tuple(effects))
+
+    def quiesce(self, now_ms: int) -> Step[None]:
+        """Graceful shutdown: persists every reliable cursor that moved since it was last
+        persisted (so a restart redelivers as little as possible) and seals every WAL; the
+        driver then waits until `wal_busy` is false."""
+        effects: list[Effect] = []
+        for record in self._topics.values():
+            if record.wal is None:
+                continue
+            effects.extend(self._wal_effects(record, record.wal.seal(now_ms), now_ms))
+            for sub in record.subscriptions.values():
+                effects.extend(self._dispatch(record, sub, sub.reliable.flush(now_ms), now_ms))
+        return Step(None, tuple(effects))
+
+    def wal_busy(self) -> bool:
+        """Some WAL still has appends or I/O under way (shutdown waits for them)."""
+        return any(r.wal is not None and not r.wal.idle for r in self._topics.values())
+
+    def _ready_wal(self, record: TopicRecord) -> wal.WalMachine:
+        self._check_not_stopped(record)
+        if record.wal is None:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE,
+                f"{record.name.full} is loading its write-ahead log; retry shortly",
+            )
+        return record.wal
+
+    @staticmethod
+    def _check_not_stopped(record: TopicRecord) -> None:
+        if record.stopped is not None:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"topic {record.name.full} is stopped: {record.stopped}",
+            )
+
+    def _wal_effects(
+        self, record: TopicRecord, effects: Iterable[wal.Effect], now_ms: int
+    ) -> list[Effect]:
+        """Turns the WAL machine's effects into the core's: file I/O for the driver,
+        acknowledgements for waiting publishes, new records for every subscription."""
+        topic = record.name.full
+        out: list[Effect] = []
+        io: list[wal.Effect] = []
+        for effect in effects:
+            if isinstance(effect, _FILE_EFFECTS):
+                io.append(effect)
+            elif isinstance(effect, wal.Acknowledge):
+                out.append(PublishAcked(topic, effect.through_offset))
+            elif isinstance(effect, wal.Readable):
+                for sub in record.subscriptions.values():
+                    readable = sub.reliable.readable(effect.through_offset, now_ms)
+                    out.extend(self._dispatch(record, sub, readable, now_ms))
+            elif isinstance(effect, wal.Failed):
+                record.wal = None
+                out.append(PublishFailed(topic, effect.unacknowledged_from, effect.reason))
+                out.append(RepairWal(topic, effect.segment_base, effect.truncate_to))
+        if io:
+            out.insert(0, WalIo(topic, tuple(io)))
+        return out
+
+    def _dispatch(
+        self,
+        record: TopicRecord,
+        sub: SubscriptionRecord,
+        effects: Iterable[rd.Effect],
+        now_ms: int,
+    ) -> list[Effect]:
+        """Carries out a reliable subscription's effects: reads served from the WAL cache
+        are fed straight back (and may deliver), file reads go to the driver, deliveries
+        queue the records for the consumer's stream, cursor moves are persisted."""
+        out: list[Effect] = []
+        work = deque(effects)
+        dispatcher = sub.reliable
+        while work:
+            effect = work.popleft()
+            if isinstance(effect, rd.Deliver):
+                box = self._outbox.setdefault(effect.consumer_id, deque())
+                if not box:
+                    out.append(ConsumerReady(effect.consumer_id))
+                box.extend(sub.records[offset] for offset in effect.offsets)
+            elif isinstance(effect, rd.PersistCursor):
+                key = paths.cursor(record.name, sub.name)
+                out.append(PersistMeta(puts=((key, effect.cursor),)))
+            elif record.wal is not None:
+                result = record.wal.read(effect.from_offset, effect.max_records, READ_MAX_BYTES)
+                if isinstance(result, wal.CachedRecords):
+                    work.extend(self._admit(record, sub, result.offset, result.records, now_ms))
+                elif isinstance(result, wal.FileRead):
+                    out.append(ReadWal(record.name.full, sub.name, sub.epoch, result))
+                else:
+                    lost = (dispatcher.read_position, result.first_offset)
+                    work.extend(dispatcher.records_lost(result.first_offset, now_ms))
+                    out.append(RetentionSkipped(record.name.full, sub.name, *lost))
+        return out
+
+    def _admit(
+        self,
+        record: TopicRecord,
+        sub: SubscriptionRecord,
+        first: int,
+        records: tuple[bytes, ...],
+        now_ms: int,
+    ) -> list[rd.Effect]:
+        """Answers the subscription's read with records `first`, `first + 1`, ...; the
+        records it admits are kept until acknowledged."""
+        dispatcher = sub.reliable
+        keyed = sub.sub_type is SubscriptionType.KEY_SHARED
+        key_of = self._routing_key_of
+        pairs = [(first + i, key_of(r) if keyed else b"") for i, r in enumerate(records)]
+        before = dispatcher.read_position
+        effects = dispatcher.records_read(pairs, now_ms)
+        for offset in range(max(before, first), dispatcher.read_position):
+            sub.records[offset] = records[offset - first]
+        return effects
 
     def live_streams(self) -> list[EndStream]:
         """Every open stream, for a clean shutdown."""
@@ -713,6 +1254,8 @@ class BrokerCore:
         counts = {}
         for topic, record in self._topics.items():
             for sub in record.subscriptions.values():
+                if not isinstance(sub.dispatcher, NonReliableSubscription):
+                    continue
                 for reason, count in sub.dispatcher.dropped.items():
                     if count:
                         counts[(topic, sub.name, reason.value)] = count
@@ -726,3 +1269,7 @@ def _policies_to_json(policies: Policies) -> dict[str, int]:
 def _policies_from_json(value: Mapping[str, Any] | None) -> Policies:
     known = {k: v for k, v in (value or {}).items() if k in Policies.__slots__}
     return Policies(**known)
+
+
+def _order(consumer: ConsumerRecord) -> int:
+    return consumer.order

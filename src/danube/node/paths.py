@@ -36,3 +36,8 @@ def subscription(topic: TopicName, name: str) -> str:
 
 def consumer(topic: TopicName, sub: str, consumer_id: int) -> str:
     return f"/topics/{topic.path}/subscriptions/{sub}/consumers/{consumer_id}"
+
+
+def cursor(topic: TopicName, sub: str) -> str:
+    """The subscription's cursor: every offset up to it is acknowledged (-1: none yet)."""
+    return f"/topics/{topic.path}/subscriptions/{sub}/cursor"
