@@ -1118,7 +1118,8 @@ def test_random_operations_rejections_do_not_mutate_and_restore_is_faithful(
         again.publish(
             pid, record.topic.full, "after-restart", 1, b"a1", encode=lambda offset: b"after"
         )
-        assert producer(again, record.topic.full, record.name) == pid
+        strategy = again.topic_strategy(record.topic.full)
+        assert producer_step(again, record.topic.full, record.name, strategy).value == pid
     for cid in core._consumers:
         assert again.consumer_healthy(cid) and not connected(again, cid)
         generation = again.open_stream(cid).value
