@@ -121,6 +121,26 @@ def test_consume_count_exits_after_the_messages_of_produce_count(broker: BrokerP
     assert "received 5/5 messages" in stderr
 
 
+def test_reliable_produce_then_consume_from_earliest(broker: BrokerProcess) -> None:
+    """`produce --reliable` stores messages nobody is subscribed to yet; a consumer that
+    starts at the earliest offset gets every one, in order, and exits after its count."""
+    topic = unique_topic("cli-reliable")
+    produced = _cli(
+        "produce", "-s", broker.url, "-t", topic, "--reliable", "-m", "kept", "-c", "20"
+    )
+    assert produced.returncode == 0, produced.stderr
+    assert "sent 20/20 messages" in produced.stderr
+    consumed = _cli(
+        "consume", "-s", broker.url, "-t", topic, "-m", "audit", "--start", "earliest",
+        "-c", "20",
+    )  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr
+    lines = consumed.stdout.strip().splitlines()
+    assert len(lines) == 20 and all(line.endswith("] kept") for line in lines), consumed.stdout
+    again = _cli("produce", "-s", broker.url, "-t", topic, "-m", "x")
+    _assert_one_error_line(again, "Reliable", "NonReliable")
+
+
 @pytest.mark.parametrize("sub_type", ["exclusive", "shared", "fail-over", "key-shared"])
 def test_every_subscription_type_is_accepted_and_receives(
     broker: BrokerProcess, sub_type: str

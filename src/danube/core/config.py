@@ -111,7 +111,9 @@ class BrokerConfig:
 
 
 def _section(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
-    value = data.get(key) or {}
+    value = data.get(key)
+    if value is None:  # `key:` with nothing under it
+        return {}
     if not isinstance(value, dict):
         raise ConfigError(f"{where}{key}: expected a mapping")
     return value

@@ -1,0 +1,72 @@
+"""Broker configuration from YAML mappings: Danube's keys map onto ours, and every mistake is
+a `ConfigError` naming the key (a misspelt setting silently ignored is a production incident)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from danube.core.config import BrokerConfig, ConfigError, config_from_mapping
+from danube.wal.machine import MIB, Durability, WalConfig
+
+
+def test_defaults_keep_the_wal_under_the_data_dir_with_fsync() -> None:
+    config = config_from_mapping({})
+    assert config.storage.wal == WalConfig()
+    assert config.storage.wal.durability is Durability.FSYNC
+    assert config.wal_root == "./danube-data/wal"
+    assert config.dispatch.max_unacked_messages == 10
+
+
+def test_danube_storage_keys_map_onto_the_wal_config() -> None:
+    config = config_from_mapping(
+        {
+            "meta_store": {"data_dir": "/var/lib/danube"},
+            "storage": {
+                "mode": "local",
+                "local_wal_root": "/fast/wal",
+                "local_retention": {"time_minutes": 60, "size_mb": 512},
+                "wal": {
+                    "durability": "flush",
+                    "cache_bytes": 0,
+                    "file_sync": {"interval_ms": 250, "max_batch_bytes": 1 << 20},
+                    "rotation": {"max_bytes": 8 * MIB, "max_hours": 2},
+                },
+            },
+            "dispatch": {"max_unacked_messages": 10_000},
+        }
+    )
+    assert config.wal_root == "/fast/wal"
+    assert config.storage.wal == WalConfig(
+        durability=Durability.FLUSH,
+        cache_bytes=0,
+        flush_interval_ms=250,
+        max_write_bytes=1 << 20,
+        segment_bytes=8 * MIB,
+        segment_age_ms=2 * 3_600_000,
+        retention_ms=60 * 60_000,
+        retention_bytes=512 * MIB,
+    )
+    assert config.dispatch.max_unacked_messages == 10_000
+    assert BrokerConfig(data_dir="/d/").wal_root == "/d/wal"
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"storage": {"mode": "object_store"}}, "storage.mode"),
+        ({"storage": {"wal": {"durability": "sometimes"}}}, "storage.wal.durability"),
+        ({"storage": {"wal": {"rotation": {"max_bytes": 0}}}}, "storage.wal.rotation.max_bytes"),
+        ({"storage": {"wal": {"file_sync": {"interval_ms": "1s"}}}}, "interval_ms"),
+        ({"storage": {"wal": {"cache_capacity": 1024}}}, "cache_capacity"),
+        ({"storage": {"local_retention": {"time_minutes": -1}}}, "time_minutes"),
+        ({"storage": {"wal": []}}, "storage.wal"),
+        ({"storage": {"shared": 1}}, "shared"),
+        ({"dispatch": {"max_unacked_messages": 0}}, "max_unacked_messages"),
+        ({"dispatch": {"max_unacked_messages": 10_001}}, "max_unacked_messages"),
+    ],
+)
+def test_mistakes_name_the_key(data: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        config_from_mapping(data)
