@@ -27,13 +27,17 @@ def unique_topic(prefix: str = "t") -> str:
     return f"/default/{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-async def receive_n(consumer: Consumer, count: int, timeout: float = 10.0) -> list[Message]:
-    """Receives exactly `count` messages (acking each) or fails after `timeout`."""
+async def receive_n(
+    consumer: Consumer, count: int, timeout: float = 10.0, *, ack: bool = True
+) -> list[Message]:
+    """Receives exactly `count` messages (acking each unless told not to) or fails after
+    `timeout`."""
     received = []
     async with asyncio.timeout(timeout):
         while len(received) < count:
             message = await consumer.receive()
-            await consumer.ack(message)
+            if ack:
+                await consumer.ack(message)
             received.append(message)
     return received
 

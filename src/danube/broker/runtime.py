@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 import trio_asyncio
@@ -93,9 +93,15 @@ class TopicWal:
 
 class BrokerRuntime:
     def __init__(
-        self, core: BrokerCore, store: MetadataStore, wal_root: Path, nursery: trio.Nursery
+        self,
+        core: BrokerCore,
+        store: MetadataStore,
+        wal_root: Path,
+        nursery: trio.Nursery,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.core = core
+        self._loop = loop
         self._store = store
         self._wal_root = wal_root
         self._nursery = nursery
@@ -281,20 +287,27 @@ class BrokerRuntime:
                 started = time.monotonic()
                 plan = await topic_wal.files.recover(topic)
             except CorruptSegment as error:
-                self.apply(self.core.wal_load_failed(topic, str(error)).effects)
+                self._in_loop(self.core.wal_load_failed, topic, str(error))
             except OSError as error:
                 reason = f"the WAL directory {topic_wal.files.directory} failed: {error}"
-                self.apply(self.core.wal_load_failed(topic, reason).effects)
+                self._in_loop(self.core.wal_load_failed, topic, reason)
             else:
                 log.info(
                     "event=wal_loaded topic=%s segments=%d next_offset=%d seconds=%.3f",
                     topic, len(plan.segments), plan.next_offset, time.monotonic() - started,
                 )  # fmt: skip
-                self.apply(self.core.wal_loaded(topic, plan, now_ms=now_ms()).effects)
+                self._in_loop(self.core.wal_loaded, topic, plan, now_ms=now_ms())
             finally:
                 loading = self._loads.pop(topic, None)
                 if loading is not None:
-                    loading.set()
+                    # after the core heard of the load (the loop runs callbacks in order)
+                    self._loop.call_soon_threadsafe(loading.set)
+
+    def _in_loop(self, call: Callable[..., Step[Any]], *args: Any, **kwargs: Any) -> None:
+        """Calls the core from a trio task: on the asyncio loop, where the handlers call it
+        too, so every core call and the execution of its effects keep one order. (Effects
+        applied straight from trio would not wake the loop's waiters promptly either.)"""
+        self._loop.call_soon_threadsafe(lambda: self.apply(call(*args, **kwargs).effects))
 
     async def wal_loads_done(self) -> None:
         """Waits until every WAL load started so far has finished (broker start)."""
@@ -304,7 +317,7 @@ class BrokerRuntime:
     def _completion(self, topic: str) -> Callable[[wal.Effect, OSError | None], list[wal.Effect]]:
         def complete(effect: wal.Effect, error: OSError | None) -> list[wal.Effect]:
             reason = None if error is None else f"{type(error).__name__}: {error}"
-            self.apply(self.core.wal_io_done(topic, effect, reason, now_ms=now_ms()).effects)
+            self._in_loop(self.core.wal_io_done, topic, effect, reason, now_ms=now_ms())
             return []
 
         return complete
@@ -320,23 +333,31 @@ class BrokerRuntime:
         try:
             records = await topic_wal.files.read(read.plan)
         except FileNotFoundError as error:
-            step = self.core.wal_read_failed(read, str(error), missing=True, now_ms=now_ms())
+            self._in_loop(
+                self.core.wal_read_failed, read, str(error), missing=True, now_ms=now_ms()
+            )
         except (OSError, WalFormatError) as error:
             reason = f"reading {topic_wal.files.directory} failed: {error}"
-            step = self.core.wal_read_failed(read, reason, missing=False, now_ms=now_ms())
+            self._in_loop(self.core.wal_read_failed, read, reason, missing=False, now_ms=now_ms())
         else:
-            step = self.core.wal_read_done(read, records, now_ms=now_ms())
-        self.apply(step.effects)
+            self._in_loop(self.core.wal_read_done, read, records, now_ms=now_ms())
 
     async def tick(self, period: float) -> None:
         """Time-driven work of the core (WAL flushes and rotation, dispatch timers)."""
         while True:
             await trio.sleep(period)
-            self.apply(self.core.tick(now_ms()).effects)
+            self._in_loop(self.core.tick, now_ms())
 
     async def quiesce(self, timeout: float) -> None:
         """Graceful stop: cursors persisted, WALs sealed and idle (or `timeout` passed)."""
-        self.apply(self.core.quiesce(now_ms()).effects)
+        applied = trio.Event()
+
+        def quiesce() -> None:
+            self.apply(self.core.quiesce(now_ms()).effects)
+            applied.set()
+
+        self._loop.call_soon_threadsafe(quiesce)
+        await applied.wait()
         with trio.move_on_after(timeout):
             while self.core.wal_busy():
                 await trio.sleep(0.01)

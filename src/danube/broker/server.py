@@ -165,8 +165,8 @@ async def serve(
         restored = core.restore({kv.key: kv.value for kv in await store.scan("/")})
         for effect in core.bootstrap(config.bootstrap_namespaces).effects:
             await persist(store, effect)
-        async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
-            runtime = BrokerRuntime(core, store, Path(config.wal_root), nursery)
+        async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
+            runtime = BrokerRuntime(core, store, Path(config.wal_root), nursery, loop)
             nursery.start_soon(trio_asyncio.aio_as_trio(runtime.write_metadata))
             # Reliable topics recover before the ports open: a client never sees a topic
             # whose offsets are not known yet.
