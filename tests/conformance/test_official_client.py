@@ -2,8 +2,10 @@
 
 Every scenario script runs under the official client's own interpreter (see `harness.py`),
 and the assertions here are about what that client observed, plus the broker side where it
-matters. All topics are non-reliable: messages published while nobody is subscribed are lost
-by design, so each scenario subscribes before it produces.
+matters. On non-reliable topics messages published while nobody is subscribed are lost by
+design, so those scenarios subscribe before they produce; the reliable ones (`reliable.py`,
+`reliable_reconnect.py`) check at-least-once delivery, redelivery after a consumer closes or
+is killed, and survival of a broker restart (graceful and SIGKILL).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,3 +193,138 @@ def test_producer_and_consumer_survive_broker_restart(
     assert result["producer_id_after"] == ready["producer_id"]
     assert result["consumer_id_after"] == ready["consumer_id"]
     assert result["batch_received"] == [f"after-{i}" for i in range(10)]
+
+
+# Reliable topics (issue 3 point 7d): the official producer asks for them with
+# `with_dispatch_strategy(DispatchStrategy.RELIABLE)` (ProducerRequest.dispatch_strategy = 1)
+# and acks with AckRequest{request_id, msg_id, subscription_name}; see scenarios/reliable.py.
+
+
+def payloads_by_offset(received: list[dict[str, Any]]) -> dict[int, set[str]]:
+    """Every payload seen at each topic offset (one each, or the WAL reused an offset)."""
+    seen: dict[int, set[str]] = {}
+    for message in received:
+        seen.setdefault(message["offset"], set()).add(message["payload"])
+    return seen
+
+
+@pytest.mark.parametrize("sub_type", ["exclusive", "shared"])
+def test_reliable_roundtrip_dense_offsets_byte_exact_and_acked(
+    broker: BrokerProcess, sub_type: str
+) -> None:
+    topic = unique_topic("conf-reliable")
+    result = run_scenario(
+        "reliable", "roundtrip", broker.url, topic, 200, sub_type, timeout=60, broker=broker
+    )
+
+    received, sent = result["received"], result["sent"]
+    assert len(received) == 200
+    if sub_type == "exclusive":  # Exclusive delivers in offset order (invariant 3)
+        assert [m["topic_offset"] for m in received] == list(range(200))
+    in_offset_order = sorted(received, key=lambda m: m["topic_offset"])
+    assert [m["topic_offset"] for m in in_offset_order] == list(range(200)), "offsets not dense"
+    assert [m["payload"] for m in in_offset_order] == [m["payload"] for m in sent]
+    assert [m["attributes"] for m in in_offset_order] == [m["attributes"] for m in sent]
+    # The broker keeps the producer's request ids (the client acks with them) and echoes them.
+    assert [m["request_id"] for m in in_offset_order] == result["send_replies"]
+    assert {m["topic"] for m in received} == {topic}
+    assert {m["producer_id"] for m in received} == {result["producer_id"]}
+    assert {m["producer_name"] for m in received} == {"conf-reliable-producer"}
+    assert all(result["ack_sent"]), "the client skipped acks: msg_id.topic_name did not match"
+    assert result["ack_echo"]["answered"] == result["ack_echo"]["sent"]
+    assert result["extra"] == [], "a message came twice although every one was acked in time"
+    assert result["after_takeover"] == [], "acked messages came back after a takeover"
+    mismatch = result["mismatch"]
+    assert mismatch["non_reliable_on_reliable"].startswith("FAILED_PRECONDITION"), mismatch
+    assert mismatch["reliable_on_non_reliable"].startswith("FAILED_PRECONDITION"), mismatch
+
+
+def test_reliable_unacked_messages_come_back_after_consumer_closes(broker: BrokerProcess) -> None:
+    topic = unique_topic("conf-rel-redeliver")
+    result = run_scenario("reliable", "redeliver", broker.url, topic, 20, 4, broker=broker)
+
+    assert result["first_offsets"] == list(range(20))
+    unacked = [f"m-{i}" for i in range(0, 20, 4)]
+    assert result["unacked"] == unacked
+    # Exclusive redelivers in offset order, and only what was not acked (invariants 3 and 4).
+    assert result["redelivered"] == [{"payload": p, "offset": int(p[2:])} for p in unacked]
+    assert result["consumer_ids"][0] == result["consumer_ids"][1], "same name, same consumer"
+    assert result["more"] == [{"payload": f"more-{i}", "offset": 20 + i} for i in range(5)]
+    assert result["extra"] == []
+
+
+@pytest.mark.parametrize(
+    ("sub_type", "resumer"), [("exclusive", "conf-holder"), ("shared", "conf-resumer")]
+)
+def test_reliable_unacked_messages_come_back_after_consumer_process_is_killed(
+    broker: BrokerProcess, sub_type: str, resumer: str
+) -> None:
+    """SIGKILL: the client cannot close anything. Exclusive: the application restarts with the
+    same consumer name; Shared: another consumer of the subscription takes the messages."""
+    topic = unique_topic("conf-rel-crash")
+    subscription = (topic, "conf-crash", sub_type)
+    with ScenarioProcess(
+        "reliable", "hold", broker.url, *subscription, "conf-holder", 20, 3, broker=broker
+    ) as holder:
+        holding = holder.wait_event("holding", timeout=30)
+        holder.kill()
+    unacked = [f"m-{i}" for i in range(0, 20, 3)]
+    assert holding["unacked"] == unacked
+    assert holding["first_offsets"] == list(range(20))
+
+    result = run_scenario(
+        "reliable", "resume", broker.url, *subscription, resumer, len(unacked), 5, broker=broker
+    )
+    redelivered = result["redelivered"]
+    if sub_type == "exclusive":
+        assert [m["payload"] for m in redelivered] == unacked
+        assert result["consumer_id"] == holding["consumer_ids"][0]
+    else:
+        assert sorted(m["payload"] for m in redelivered) == sorted(unacked)
+        assert result["consumer_id"] != holding["consumer_ids"][0]
+    assert all(m["offset"] == int(m["payload"][2:]) for m in redelivered), redelivered
+    assert result["more"] == [{"payload": f"more-{i}", "offset": 20 + i} for i in range(5)]
+    assert result["extra"] == [], "an acked message came back, or one came twice"
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["term", "kill"])
+def test_reliable_producer_and_consumer_survive_broker_restart(
+    broker_factory: type[BrokerProcess], tmp_path: Path, stop_signal: signal.Signals
+) -> None:
+    own = broker_factory(tmp_path / "reliable-restart-broker").start()
+    topic = unique_topic("conf-rel-restart")
+    before, acked, after = 20, 15, 20
+    with ScenarioProcess(
+        "reliable_reconnect", own.url, topic, before, acked, after, broker=own
+    ) as process:
+        ready = process.wait_event("ready", timeout=30)
+        first_life = list(own.log_lines)
+        code = own.stop(stop_signal)
+        assert code == (0 if stop_signal == signal.SIGTERM else -signal.SIGKILL), own.log_text()
+        own.start()  # same ports, same data directory
+        process.send("restarted")
+        result = process.result(timeout=90)
+
+    assert result["before"] == [{"payload": f"before-{i}", "offset": i} for i in range(before)]
+    assert result["producer_id_after"] == ready["producer_id"]
+    assert result["consumer_id_after"] == ready["consumer_id"]
+    assert result["sent_after"] == [f"after-{i}" for i in range(after)]
+    received = result["after_restart"]
+    assert result["all_seen"], f"not everything unacked or sent after the restart came: {result}"
+    # One offset names one message, across the restart too (invariant 2): offsets continue.
+    expected_at = {i: f"before-{i}" for i in range(before)}
+    expected_at |= {before + i: f"after-{i}" for i in range(after)}
+    by_offset = payloads_by_offset(received)
+    assert all(by_offset[o] == {expected_at.get(o)} for o in by_offset), by_offset
+    first_seen = list(dict.fromkeys(m["offset"] for m in received))
+    if stop_signal == signal.SIGTERM:
+        # A graceful stop persists the cursor: exactly the unacked rest, then the new ones,
+        # in offset order, nothing acked again (invariants 3 and 4).
+        assert [m["offset"] for m in received] == list(range(acked, before + after)), received
+    else:
+        # After a crash the cursor may lag (at-least-once): redelivery restarts at or before
+        # the first unacked offset and runs in offset order to the end.
+        assert first_seen == list(range(first_seen[0], before + after)), received
+        assert first_seen[0] <= acked
+    trouble = [line for line in first_life + own.log_lines if BROKER_TROUBLE.search(line)]
+    assert not trouble, "the broker logged trouble:\n" + "\n".join(trouble)
