@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import logging
 
-import betterproto
 import grpclib.const
 import grpclib.server
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, grpc_error, present, recv_bounded, unary
+from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, grpc_error, recv_bounded, unary
 from danube.broker.runtime import BrokerRuntime, now_ms
-from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, invalid
-from danube.dispatch import LATEST, StartKind, StartPosition
+from danube.dispatch import LATEST, StartPosition
+from danube.node import requests
 from danube.proto import danube as pb
 from danube.proto import danube_ext as ext_pb
 
@@ -32,26 +31,7 @@ class ProducerService:
         self._message_limit = message_limit
 
     async def create_producer(self, request: pb.ProducerRequest) -> pb.ProducerResponse:
-        subject = None
-        if present(request.schema_ref):
-            subject = request.schema_ref.subject
-            if not subject:
-                raise invalid("schema_ref needs a subject")
-        strategy = int(request.dispatch_strategy)
-        if strategy not in (0, 1):
-            raise invalid(f"unknown dispatch strategy {strategy}")
-        if int(request.producer_access_mode) not in (0, 1):
-            raise invalid(
-                f"unknown producer access mode {int(request.producer_access_mode)}; "
-                "expected 0 (Shared) or 1 (Exclusive)"
-            )
-        step = self._core.create_producer(
-            request.topic_name,
-            request.producer_name,
-            access_mode=int(request.producer_access_mode),
-            strategy=DispatchStrategy(strategy),
-            schema_subject=subject,
-        )
+        step = requests.create_producer(self._core, request)
         producer_id = await self._runtime.run(step)
         log.info(
             "event=producer_created topic=%s producer=%s id=%d",
@@ -64,32 +44,11 @@ class ProducerService:
         )
 
     async def send_message(self, message: pb.StreamMessage) -> pb.MessageResponse:
-        if not present(message.msg_id):
-            raise invalid("msg_id is required (it names the producer and the topic)")
-        routing_key = message.routing_key
-        stored = False
-
-        def encode(offset: int) -> bytes:
-            nonlocal stored
-            stored = True
-            message.msg_id.topic_offset = offset
-            return bytes(message)
-
-        topic = message.msg_id.topic_name
-        step = self._core.publish(
-            message.msg_id.producer_id,
-            topic,
-            message,
-            len(message.payload),
-            routing_key.encode() if routing_key is not None else None,
-            encode=encode,
-            now_ms=now_ms(),
-        )
-        if stored:
-            await self._runtime.publish(topic, step)
+        published = requests.publish(self._core, message, now_ms())
+        if published.stored:
+            await self._runtime.publish(message.msg_id.topic_name, published.step)
         else:
-            message.msg_id.topic_offset = step.value
-            await self._runtime.run(step)
+            await self._runtime.run(published.step)
         return pb.MessageResponse(request_id=message.request_id)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
@@ -114,15 +73,7 @@ class ConsumerService:
     async def subscribe(
         self, request: pb.ConsumerRequest, start: StartPosition = LATEST
     ) -> pb.ConsumerResponse:
-        step = self._core.subscribe(
-            request.topic_name,
-            request.consumer_name,
-            request.subscription,
-            int(request.subscription_type),
-            tuple(request.key_filters),
-            start,
-            now_ms=now_ms(),
-        )
+        step = requests.subscribe(self._core, request, start, now_ms())
         consumer_id = await self._runtime.run(step)
         log.info(
             "event=subscribed topic=%s subscription=%s consumer=%s id=%d",
@@ -158,9 +109,7 @@ class ConsumerService:
                     await slot.wakeup.wait()
                     continue
                 for message in batch:
-                    if isinstance(message, bytes):  # a reliable topic's stored record
-                        message = pb.StreamMessage().parse(message)
-                    await stream.send_message(message)
+                    await stream.send_message(requests.stream_message(message))
             if self._runtime.stopping:
                 # Not OK: an OK end tells a client its session was taken over or its topic
                 # is gone; this one should reconnect once the broker is back.
@@ -171,23 +120,11 @@ class ConsumerService:
             self._runtime.apply(closed.effects)
 
     async def ack(self, request: pb.AckRequest) -> pb.AckResponse:
-        msg_id = _target(request.msg_id)
-        step = self._core.ack(
-            msg_id.topic_name, request.subscription_name, msg_id.topic_offset, now_ms=now_ms()
-        )
-        await self._runtime.run(step)
+        await self._runtime.run(requests.ack(self._core, request, now_ms()))
         return pb.AckResponse(request_id=request.request_id)
 
     async def nack(self, request: pb.NackRequest) -> pb.NackResponse:
-        msg_id = _target(request.msg_id)
-        step = self._core.nack(
-            msg_id.topic_name,
-            request.subscription_name,
-            msg_id.topic_offset,
-            request.delay_ms,
-            now_ms=now_ms(),
-        )
-        await self._runtime.run(step)
+        await self._runtime.run(requests.nack(self._core, request, now_ms()))
         return pb.NackResponse(request_id=request.request_id)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
@@ -204,12 +141,6 @@ class ConsumerService:
             "/danube.ConsumerService/Ack": unary(self.ack, pb.AckRequest, pb.AckResponse),
             "/danube.ConsumerService/Nack": unary(self.nack, pb.NackRequest, pb.NackResponse),
         }
-
-
-def _target(msg_id: pb.MsgId) -> pb.MsgId:
-    if not present(msg_id):
-        raise invalid("msg_id is required (it names the topic and the offset)")
-    return msg_id
 
 
 class DiscoveryService:
@@ -277,9 +208,10 @@ class ConsumerExtService:
         self._consumers = consumers
 
     async def subscribe_at(self, request: ext_pb.SubscribeAtRequest) -> pb.ConsumerResponse:
-        if not present(request.request):
+        if not requests.present(request.request):
             raise invalid("request (the ConsumerRequest) is required")
-        return await self._consumers.subscribe(request.request, start_position(request.start))
+        start = requests.start_position(request.start)
+        return await self._consumers.subscribe(request.request, start)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         return {
@@ -287,12 +219,3 @@ class ConsumerExtService:
                 self.subscribe_at, ext_pb.SubscribeAtRequest, pb.ConsumerResponse
             ),
         }
-
-
-def start_position(wire: ext_pb.StartPosition) -> StartPosition:
-    which, value = betterproto.which_one_of(wire, "position")
-    if which == "earliest":
-        return StartPosition(StartKind.EARLIEST)
-    if which == "offset":
-        return StartPosition(StartKind.OFFSET, value)
-    return LATEST

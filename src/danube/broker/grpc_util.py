@@ -8,7 +8,6 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import betterproto
 import grpclib.const
 import grpclib.server
 from grpclib import GRPCError
@@ -52,11 +51,6 @@ async def recv_bounded(stream: grpclib.server.Stream, limit: int) -> Any:
         return stream._codec.decode(body, stream._recv_type)
     except Exception as error:
         raise GRPCError(Status.INVALID_ARGUMENT, f"undecodable request: {error}") from None
-
-
-def present(message: betterproto.Message) -> bool:
-    """Whether an embedded message field was sent at all (betterproto fills defaults)."""
-    return betterproto.serialized_on_wire(message)
 
 
 Call = Callable[[Any], Awaitable[Any]]

@@ -1,0 +1,137 @@
+"""Danube's client requests applied to the broker core: the one translation from wire messages
+to core calls, shared by the gRPC services (`danube.broker.data_plane`) and the simulator
+(`sim/`), so both exercise the same validation and the same calls. Pure: no I/O, no clock
+(callers pass `now_ms`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import betterproto
+
+from danube.core.config import DispatchStrategy
+from danube.core.errors import invalid
+from danube.dispatch import LATEST, StartKind, StartPosition
+from danube.node.core import BrokerCore, Step
+from danube.proto import danube as pb
+from danube.proto import danube_ext as ext_pb
+
+
+def present(message: betterproto.Message) -> bool:
+    """Whether an embedded message field was sent at all (betterproto fills defaults)."""
+    return betterproto.serialized_on_wire(message)
+
+
+def create_producer(core: BrokerCore, request: pb.ProducerRequest) -> Step[int]:
+    subject = None
+    if present(request.schema_ref):
+        subject = request.schema_ref.subject
+        if not subject:
+            raise invalid("schema_ref needs a subject")
+    strategy = int(request.dispatch_strategy)
+    if strategy not in (0, 1):
+        raise invalid(f"unknown dispatch strategy {strategy}")
+    access_mode = int(request.producer_access_mode)
+    if access_mode not in (0, 1):
+        raise invalid(
+            f"unknown producer access mode {access_mode}; expected 0 (Shared) or 1 (Exclusive)"
+        )
+    return core.create_producer(
+        request.topic_name,
+        request.producer_name,
+        access_mode=access_mode,
+        strategy=DispatchStrategy(strategy),
+        schema_subject=subject,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    step: Step[int]
+    """Its value is the message's offset."""
+    stored: bool
+    """Reliable topic: answer only once a `PublishAcked` covers the offset."""
+
+
+def publish(core: BrokerCore, message: pb.StreamMessage, now_ms: int) -> Published:
+    """Publishes; stamps `msg_id.topic_offset` with the message's offset (reliable topics store
+    the stamped message; non-reliable ones deliver it, stamped with the publish sequence)."""
+    if not present(message.msg_id):
+        raise invalid("msg_id is required (it names the producer and the topic)")
+    stored = False
+
+    def encode(offset: int) -> bytes:
+        nonlocal stored
+        stored = True
+        message.msg_id.topic_offset = offset
+        return bytes(message)
+
+    routing_key = message.routing_key
+    step = core.publish(
+        message.msg_id.producer_id,
+        message.msg_id.topic_name,
+        message,
+        len(message.payload),
+        routing_key.encode() if routing_key is not None else None,
+        encode=encode,
+        now_ms=now_ms,
+    )
+    if not stored:
+        message.msg_id.topic_offset = step.value
+    return Published(step, stored)
+
+
+def subscribe(
+    core: BrokerCore, request: pb.ConsumerRequest, start: StartPosition, now_ms: int
+) -> Step[int]:
+    return core.subscribe(
+        request.topic_name,
+        request.consumer_name,
+        request.subscription,
+        int(request.subscription_type),
+        tuple(request.key_filters),
+        start,
+        now_ms=now_ms,
+    )
+
+
+def start_position(wire: ext_pb.StartPosition) -> StartPosition:
+    which, value = betterproto.which_one_of(wire, "position")
+    if which == "earliest":
+        return StartPosition(StartKind.EARLIEST)
+    if which == "offset":
+        return StartPosition(StartKind.OFFSET, value)
+    return LATEST
+
+
+def _target(msg_id: pb.MsgId) -> pb.MsgId:
+    if not present(msg_id):
+        raise invalid("msg_id is required (it names the topic and the offset)")
+    return msg_id
+
+
+def ack(core: BrokerCore, request: pb.AckRequest, now_ms: int) -> Step[None]:
+    msg_id = _target(request.msg_id)
+    return core.ack(
+        msg_id.topic_name, request.subscription_name, msg_id.topic_offset, now_ms=now_ms
+    )
+
+
+def nack(core: BrokerCore, request: pb.NackRequest, now_ms: int) -> Step[None]:
+    msg_id = _target(request.msg_id)
+    return core.nack(
+        msg_id.topic_name,
+        request.subscription_name,
+        msg_id.topic_offset,
+        request.delay_ms,
+        now_ms=now_ms,
+    )
+
+
+def stream_message(item: object) -> pb.StreamMessage:
+    """What a receive stream sends for an item `BrokerCore.take` returned: reliable topics
+    hand out stored records (bytes), non-reliable ones the published message itself."""
+    if isinstance(item, bytes):
+        return pb.StreamMessage().parse(item)
+    assert isinstance(item, pb.StreamMessage)
+    return item
