@@ -29,6 +29,7 @@ from danube.node.core import BrokerCore, BrokerIdentity
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from danube.proto import danube_schema as schema_pb
+from danube.wal import records
 
 log = logging.getLogger("danube.broker")
 
@@ -97,9 +98,7 @@ def broker_id_for(data_dir: Path) -> str:
 
 def _routing_key_of(record: bytes) -> bytes:
     """Key-Shared routing of a stored record: its routing key, else its producer's name."""
-    message = pb.StreamMessage().parse(record)
-    key = message.routing_key
-    return (key if key is not None else message.producer_name).encode()
+    return records.decode(record).key
 
 
 def _message_limit(config: BrokerConfig) -> int:

@@ -223,6 +223,8 @@ class SubscriptionRecord:
     """Reliable: the record of every offset read and not yet acknowledged."""
     epoch: int = 0
     """Reliable: bumped when the dispatcher is rebuilt, so older file reads are ignored."""
+    read_lost: bool = False
+    """Reliable: the dispatcher's outstanding read was dropped while the WAL was down."""
 
     @property
     def reliable(self) -> rd.ReliableSubscription:
@@ -992,16 +994,23 @@ class BrokerCore:
     # -- reliable topics: WAL and dispatch ------------------------------------------------------
 
     def wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
-        """The topic's WAL was recovered (first load, or after a repair: then every
-        subscription restarts at its cursor + 1, as after a broker restart)."""
+        """The topic's WAL was recovered: at start, or after a repair. A repair cuts only
+        records nobody could read (`fsync` mode), so dispatch carries on where it was; only
+        when it cut records a subscription had read (`flush` mode) does that subscription
+        restart at its cursor + 1, as after a broker restart."""
         record = self._topics.get(topic)
         if record is None or record.stopped is not None:
             return Step(None)
         log = record.wal = wal.WalMachine(topic, self._wal_config, plan)
         effects: list[Effect] = []
         for sub in record.subscriptions.values():
-            if record.loaded:
+            if record.loaded and log.readable_offset < sub.reliable.read_position:
                 self._rebuild(sub, now_ms)
+            elif sub.read_lost:
+                # its read was dropped while the WAL was down: an empty answer asks again
+                sub.read_lost = False
+                retry = sub.reliable.records_read((), now_ms)
+                effects.extend(self._dispatch(record, sub, retry, now_ms))
             if log.readable_offset:
                 readable = sub.reliable.readable(log.readable_offset - 1, now_ms)
                 effects.extend(self._dispatch(record, sub, readable, now_ms))
@@ -1019,6 +1028,7 @@ class BrokerCore:
         )
         sub.dispatcher, sub.records = fresh, {}
         sub.epoch += 1
+        sub.read_lost = False
         members = sorted((self._consumers[c] for c in sub.consumers.values()), key=_order)
         for consumer in members:
             self._outbox.pop(consumer.consumer_id, None)
@@ -1086,10 +1096,13 @@ class BrokerCore:
 
     def _read_target(self, read: ReadWal) -> tuple[TopicRecord | None, SubscriptionRecord | None]:
         record = self._topics.get(read.topic)
-        if record is None or record.wal is None:
+        if record is None:
             return None, None
         sub = record.subscriptions.get(read.subscription)
         if sub is None or sub.epoch != read.epoch:
+            return None, None
+        if record.wal is None:
+            sub.read_lost = True
             return None, None
         return record, sub
 
@@ -1194,7 +1207,9 @@ class BrokerCore:
             elif isinstance(effect, rd.PersistCursor):
                 key = paths.cursor(record.name, sub.name)
                 out.append(PersistMeta(puts=((key, effect.cursor),)))
-            elif record.wal is not None:
+            elif record.wal is None:
+                sub.read_lost = True
+            else:
                 result = record.wal.read(effect.from_offset, effect.max_records, READ_MAX_BYTES)
                 if isinstance(result, wal.CachedRecords):
                     work.extend(self._admit(record, sub, result.offset, result.records, now_ms))

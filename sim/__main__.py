@@ -1,0 +1,146 @@
+"""`python -m sim`: run one seed (or `--seeds N` of them) of the deterministic simulator.
+
+Exit status 0 when every run kept every invariant, 1 when one did not (the failing seed's
+replay command and the trace before the violation are printed), 2 for bad arguments."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from sim.faults import Faults
+from sim.run import SUB_TYPES, Result, Simulation, Workload, replay_command
+
+PROFILES = {
+    "none": Faults(),
+    "default": Faults(
+        loss=0.002, partition=0.01, slow_fsync=0.01, disk_full=0.003, crash=0.01,
+        power_failure=0.005, clock_jump=0.005,
+    ),
+    "heavy": Faults(
+        loss=0.01, partition=0.05, slow_fsync=0.05, disk_full=0.02, crash=0.04,
+        power_failure=0.02, clock_jump=0.02, bit_flip=0.005,
+    ),
+}  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sim",
+        description="Deterministic simulation of a Danube broker and its clients under faults.",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="first seed (default 1)")
+    parser.add_argument("--seeds", type=int, default=1, help="how many seeds to run (default 1)")
+    parser.add_argument(
+        "--duration", type=float, default=10.0, help="simulated seconds of load (default 10)"
+    )
+    parser.add_argument(
+        "--profile", choices=sorted(PROFILES), default="default",
+        help="fault probabilities to start from (default: default); knobs below override",
+    )  # fmt: skip
+    parser.add_argument("--trace", type=Path, help="write the whole trace of the run here")
+    parser.add_argument("--json", action="store_true", help="print one JSON summary per run")
+    workload = parser.add_argument_group("workload")
+    defaults = Workload()
+    for item in dataclasses.fields(Workload):
+        value = getattr(defaults, item.name)
+        flag = f"--{item.name.replace('_', '-')}"
+        if isinstance(value, tuple):
+            workload.add_argument(
+                flag, default=",".join(value),
+                help=f"comma-separated, from {', '.join(SUB_TYPES)} (default {','.join(value)})",
+            )  # fmt: skip
+        elif item.name == "durability":
+            workload.add_argument(flag, choices=["fsync", "flush"], default=value)
+        else:
+            workload.add_argument(flag, type=type(value), default=value, help=f"(default {value})")
+    faults = parser.add_argument_group("faults (probabilities per opportunity; see sim/README.md)")
+    for item in dataclasses.fields(Faults):
+        faults.add_argument(
+            f"--{item.name.replace('_', '-')}", type=type(getattr(Faults(), item.name)),
+            default=None,
+        )  # fmt: skip
+    return parser
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    values = {}
+    for item in dataclasses.fields(Workload):
+        value = getattr(args, item.name)
+        if item.name == "subscriptions":
+            value = tuple(s for s in value.split(",") if s)
+            unknown = [s for s in value if s not in SUB_TYPES]
+            if unknown or not value:
+                raise SystemExit(f"python -m sim: error: unknown subscription type(s) {unknown}")
+        values[item.name] = value
+    return Workload(**values)
+
+
+def _faults(args: argparse.Namespace) -> Faults:
+    chosen = PROFILES[args.profile]
+    overrides = {
+        item.name: getattr(args, item.name)
+        for item in dataclasses.fields(Faults)
+        if getattr(args, item.name) is not None
+    }
+    return dataclasses.replace(chosen, **overrides)
+
+
+def report(result: Result, workload: Workload, faults: Faults) -> str:
+    speed = result.duration_s / result.wall_s if result.wall_s else float("inf")
+    lines = [
+        f"seed {result.seed}: {'ok' if result.ok else 'VIOLATION'} · "
+        f"{result.events} events, {result.duration_s:g} s simulated in {result.wall_s:.2f} s "
+        f"({speed:.1f}x real time) · digest {result.digest[:16]}",
+        f"  published {result.produced} (acknowledged {result.acknowledged}), received "
+        f"{result.received}, duplicates {result.duplicates}, drained {result.drained}",
+        f"  faults injected: {result.injected.summary()}",
+    ]
+    if result.lost:
+        lines.append(f"  acknowledged but lost: {result.lost}")
+    if result.stopped_topics:
+        lines.append(f"  topics stopped by the broker: {sorted(result.stopped_topics)}")
+    for violation in result.violations:
+        lines.append(f"  VIOLATION of invariant {violation.invariant}: {violation.detail}")
+    if result.violations:
+        lines.append(
+            f"  replay: {replay_command(result.seed, result.duration_s, workload, faults)}"
+        )
+        lines.append("  trace before the violation:")
+        lines.extend(f"    {line}" for line in result.trace_tail[-40:])
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    workload, faults = _workload(args), _faults(args)
+    failures = 0
+    started = time.perf_counter()
+    for seed in range(args.seed, args.seed + args.seeds):
+        simulation = Simulation(seed, workload, faults, full_trace=args.trace is not None)
+        result = simulation.run(args.duration)
+        if args.trace is not None and result.trace is not None:
+            args.trace.write_text("\n".join(result.trace) + "\n")
+        if args.json:
+            print(json.dumps(result.summary(), sort_keys=True))
+        elif args.seeds == 1 or not result.ok:
+            print(report(result, workload, faults))
+        else:
+            done = seed - args.seed + 1
+            print(
+                f"\r{done}/{args.seeds} seeds, {failures} failing, "
+                f"{time.perf_counter() - started:.0f} s",
+                end="", file=sys.stderr, flush=True,
+            )  # fmt: skip
+        failures += not result.ok
+    if args.seeds > 1:
+        print(f"\n{args.seeds} seeds, {failures} failing", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,512 @@
+"""One simulated broker: the real `BrokerCore` (with its WAL and dispatch machines) and the
+real request translation of `danube.node.requests`, driven by simulated I/O instead of trio.
+
+It does what `danube.broker.runtime` does with the core's effects, with the disk and the
+network of the simulation: metadata changes become durable at once (the real broker replies
+only after they are), WAL file effects run one at a time per topic with simulated latencies,
+receive streams carry stored records over ordered simulated streams. A crash throws all of
+it away except the disk and the metadata, exactly what a restarted process would find.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from danube.core.config import Policies
+from danube.core.errors import DanubeError, ErrorCode
+from danube.dispatch import ConsumerReady, QueueLimits
+from danube.dispatch.reliable import ReliableSubscription
+from danube.dispatch.types import SubscriptionType
+from danube.node import requests
+from danube.node.core import (
+    BrokerCore,
+    BrokerIdentity,
+    DropWal,
+    EndStream,
+    LoadWal,
+    PersistMeta,
+    PublishAcked,
+    PublishFailed,
+    ReadWal,
+    RepairWal,
+    RetentionSkipped,
+    TopicStopped,
+    WalIo,
+)
+from danube.proto import danube as pb
+from danube.wal import format, records
+from danube.wal.machine import (
+    CloseSegment,
+    CreateSegment,
+    DeleteSegment,
+    Durability,
+    Fsync,
+    WalConfig,
+    Write,
+    decode_file_read,
+)
+from danube.wal.recovery import (
+    CorruptSegment,
+    TruncateSegment,
+    UnreadableSegment,
+    plan_recovery,
+)
+from sim.disk import SimDisk
+from sim.faults import Faults, Injected
+from sim.network import Network, Stream
+from sim.world import World
+
+URL = "http://sim-broker:6650"
+TICK_US = 50_000
+EPOCH_MS = 1_795_000_000_000
+"""Where the broker's wall clock starts (November 2026), so clock jumps stay realistic."""
+STREAM_BATCH = 64
+_WRITE_US_PER_KIB = 4
+
+
+class Reply:
+    """Where a request's answer goes (the client's callback, over the network)."""
+
+    def __init__(self, network: Network, client: str, deliver: Callable[[Any], None]) -> None:
+        self._network = network
+        self._client = client
+        self._deliver = deliver
+        self.done = False
+
+    def __call__(self, answer: Any) -> None:
+        if not self.done:
+            self.done = True
+            self._network.send(self._client, lambda: self._deliver(answer))
+
+
+@dataclass(slots=True)
+class OpenStream:
+    consumer_id: int
+    generation: int
+    wire: Stream
+    on_message: Callable[[records.Record], None]
+    on_end: Callable[[str], None]
+    pumping: bool = False
+
+
+@dataclass(slots=True)
+class TopicIo:
+    queue: deque[Any] = field(default_factory=deque)
+    busy: bool = False
+
+
+class Observer:
+    """What the checker wants to hear from inside the broker."""
+
+    def acknowledged(self, topic: str, through: int, durability: Durability) -> None: ...
+
+    def restarted(self) -> None:
+        """The broker process started (again): nothing is in flight any more."""
+
+    def sent(
+        self, topic: str, sub: SubscriptionRecordView, consumer_id: int, offset: int, key: str
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionRecordView:
+    name: str
+    sub_type: SubscriptionType
+    dispatcher: ReliableSubscription | None
+
+
+class SimBroker:
+    def __init__(
+        self,
+        world: World,
+        network: Network,
+        disk: SimDisk,
+        faults: Faults,
+        injected: Injected,
+        wal_config: WalConfig,
+        observer: Observer,
+        *,
+        max_unacked: int = 10,
+    ) -> None:
+        self.world = world
+        self.network = network
+        self.disk = disk
+        self.faults = faults
+        self.injected = injected
+        self.wal_config = wal_config
+        self.observer = observer
+        self.max_unacked = max_unacked
+        self.metadata: dict[str, Any] = {}
+        self.clock_skew_ms = 0
+        self.incarnation = 0
+        self.up = False
+        self.core: BrokerCore | None = None
+        self._io: dict[str, TopicIo] = {}
+        self._waiters: dict[str, deque[tuple[int, Reply]]] = {}
+        self._streams: dict[int, OpenStream] = {}
+        """By generation."""
+        self._current: dict[int, int] = {}
+        """consumer id -> generation of its newest stream."""
+        self.stopped_topics: dict[str, str] = {}
+
+    @property
+    def now_ms(self) -> int:
+        """The broker's wall clock: an epoch-like start, the simulated time, and any injected
+        clock jumps."""
+        return EPOCH_MS + self.world.now_ms + self.clock_skew_ms
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.incarnation += 1
+        self.world.log(f"broker start incarnation={self.incarnation}")
+        self.observer.restarted()
+        core = BrokerCore(
+            BrokerIdentity(URL, URL),
+            rng=random.Random(self.world.rng.getrandbits(64)),
+            default_policies=Policies(),
+            queue_limits=QueueLimits(),
+            wal_config=self.wal_config,
+            max_unacked_messages=self.max_unacked,
+            routing_key_of=_routing_key_of,
+        )
+        self.core = core
+        self._io, self._waiters, self._streams, self._current = {}, {}, {}, {}
+        restored = core.restore(self.metadata)
+        self._apply(core.bootstrap(["default"]).effects)
+        self._apply(restored.effects)  # WAL loads complete at once, before requests arrive
+        self.up = True
+        incarnation = self.incarnation
+        self.world.at(TICK_US, lambda: self._tick(incarnation))
+
+    def crash(self, *, power: bool, fault: bool = True) -> None:
+        """Dies at once: in-flight I/O is lost (a write under way may be torn), streams
+        break, and the process restarts after `restart_us`. `fault=False`: the checker's
+        own restart at the end of a run, not counted as an injected fault."""
+        if not self.up:
+            return
+        kind = "power_failure" if power else "crash"
+        if fault:
+            self.injected[kind] += 1
+        self.world.log(f"fault {kind}" if fault else "final restart")
+        self.up = False
+        self.core = None
+        for topic, io in self._io.items():
+            torn = io.queue[0] if io.busy and io.queue else None
+            if isinstance(torn, Write) and self.world.rng.random() < 0.5:
+                keep = self.world.rng.randrange(len(torn.data))
+                self._torn_write(topic, torn, keep)
+        for stream in list(self._streams.values()):
+            self._break(stream, "broker crashed")
+        self.disk.crash(power=power, rng=self.world.rng)
+        self.world.at(self.faults.restart_us, self.start)
+
+    def _torn_write(self, topic: str, write: Write, keep: int) -> None:
+        if not keep:
+            return
+        self.injected["torn_write"] += 1
+        self.world.log(f"fault torn_write {topic} segment={write.segment_base} kept={keep}")
+        file = self.disk.topics[topic].files.get(write.segment_base)
+        if file is not None and len(file.cache) == write.position:
+            file.cache += write.data[:keep]
+
+    def _alive(self, incarnation: int) -> BrokerCore | None:
+        return self.core if self.up and self.incarnation == incarnation else None
+
+    def _tick(self, incarnation: int) -> None:
+        core = self._alive(incarnation)
+        if core is None:
+            return
+        self._apply(core.tick(self.now_ms).effects)
+        self.world.at(TICK_US, lambda: self._tick(incarnation))
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def handle(self, request: Any, reply: Reply, **stream: Any) -> None:
+        """A request arrived; `reply` gets the response message or a `DanubeError`."""
+        core = self.core
+        if not self.up or core is None:
+            reply(DanubeError(ErrorCode.UNAVAILABLE, "connection refused (broker down)"))
+            return
+        try:
+            if isinstance(request, pb.StreamMessage):
+                self._publish(core, request, reply)
+            elif isinstance(request, pb.ProducerRequest):
+                step = requests.create_producer(core, request)
+                self._apply(step.effects)
+                reply(pb.ProducerResponse(request.request_id, step.value, request.producer_name))
+            elif isinstance(request, pb.ConsumerRequest):
+                step = requests.subscribe(core, request, stream["start"], self.now_ms)
+                self._apply(step.effects)
+                reply(pb.ConsumerResponse(request.request_id, step.value, request.consumer_name))
+            elif isinstance(request, pb.ReceiveRequest):
+                self._open_stream(core, request.consumer_id, reply, **stream)
+            elif isinstance(request, pb.AckRequest):
+                self._apply(requests.ack(core, request, self.now_ms).effects)
+                reply(pb.AckResponse(request.request_id))
+            elif isinstance(request, pb.NackRequest):
+                self._apply(requests.nack(core, request, self.now_ms).effects)
+                reply(pb.NackResponse(request.request_id))
+            else:
+                raise TypeError(f"unexpected request {type(request).__name__}")
+        except DanubeError as error:
+            reply(error)
+
+    def _publish(self, core: BrokerCore, message: pb.StreamMessage, reply: Reply) -> None:
+        published = requests.publish(core, message, self.now_ms)
+        response = pb.MessageResponse(message.request_id)
+        if not published.stored:
+            self._apply(published.step.effects)
+            reply(response)
+            return
+        topic = message.msg_id.topic_name
+        self._waiters.setdefault(topic, deque()).append(
+            (published.step.value, _Answer(reply, response))
+        )
+        self._apply(published.step.effects)
+
+    def _open_stream(
+        self,
+        core: BrokerCore,
+        consumer_id: int,
+        reply: Reply,
+        *,
+        client: str,
+        on_message: Callable[[records.Record], None],
+        on_end: Callable[[str], None],
+        **_: Any,
+    ) -> None:
+        step = core.open_stream(consumer_id, now_ms=self.now_ms)
+        stream = OpenStream(
+            consumer_id, step.value, self.network.open_stream(client), on_message, on_end
+        )
+        self._streams[step.value] = stream
+        self._current[consumer_id] = step.value
+        reply(step.value)
+        self._apply(step.effects)
+        self._pump(stream)
+
+    def break_streams(self, client: str) -> None:
+        """The client is cut off: its streams break on both sides."""
+        for stream in list(self._streams.values()):
+            if stream.wire.client == client:
+                self._break(stream, "connection lost")
+
+    def _break(self, stream: OpenStream, why: str) -> None:
+        stream.wire.alive = False
+        self._streams.pop(stream.generation, None)
+        if self._current.get(stream.consumer_id) == stream.generation:
+            del self._current[stream.consumer_id]
+        if self.up and self.core is not None:
+            closed = self.core.close_stream(
+                stream.consumer_id, stream.generation, now_ms=self.now_ms
+            )
+            self._apply(closed.effects)
+        # the client notices a broken connection a little later
+        self.world.at(self.network.latency() * 4, lambda: stream.on_end(why))
+
+    def _pump(self, stream: OpenStream) -> None:
+        """The stream writer: sends what the consumer's queue holds."""
+        core = self.core
+        if core is None or stream.pumping or self._streams.get(stream.generation) is not stream:
+            return
+        batch = core.take(stream.consumer_id, stream.generation, STREAM_BATCH)
+        if not batch:
+            return
+        view = self._subscription_view(stream.consumer_id)
+        for item in batch:
+            record = records.decode(item)  # what the consumer's client decodes
+            self.observer.sent(
+                record.topic_name,
+                view,
+                stream.consumer_id,
+                record.topic_offset,
+                record.key.decode(),
+            )
+            if not self.network.stream_send(stream.wire, lambda r=record: stream.on_message(r)):
+                self._break(stream, "stream broken")
+                return
+        stream.pumping = True
+
+        def again() -> None:
+            stream.pumping = False
+            self._pump(stream)
+
+        self.world.at(0, again)
+
+    def _subscription_view(self, consumer_id: int) -> SubscriptionRecordView:
+        core = self.core
+        assert core is not None
+        record = core._consumers[consumer_id]
+        sub = core._topics[record.topic.full].subscriptions[record.subscription]
+        dispatcher = sub.dispatcher if isinstance(sub.dispatcher, ReliableSubscription) else None
+        return SubscriptionRecordView(sub.name, sub.sub_type, dispatcher)
+
+    # -- effects ----------------------------------------------------------------------------------
+
+    def _apply(self, effects: Any) -> None:
+        for effect in effects:
+            if isinstance(effect, PersistMeta):
+                self._persist(effect)
+            elif isinstance(effect, WalIo):
+                io = self._io.setdefault(effect.topic, TopicIo())
+                io.queue.extend(effect.effects)
+                self._run_io(effect.topic, io)
+            elif isinstance(effect, PublishAcked):
+                self._acknowledge(effect.topic, effect.through_offset)
+            elif isinstance(effect, ConsumerReady):
+                generation = self._current.get(effect.consumer_id)
+                stream = self._streams.get(generation) if generation is not None else None
+                if stream is not None:
+                    self.world.at(0, lambda s=stream: self._pump(s))
+            elif isinstance(effect, EndStream):
+                stream = self._streams.get(effect.generation)
+                if stream is not None:
+                    self._streams.pop(effect.generation)
+                    self.network.stream_send(stream.wire, lambda s=stream: s.on_end("ended"))
+            elif isinstance(effect, (LoadWal, RepairWal)):
+                self._load(effect)
+            elif isinstance(effect, DropWal):
+                self._io.pop(effect.topic, None)
+                self._fail_waiters(effect.topic, 0, "topic deleted")
+                self.disk.remove_topic(effect.topic)
+            elif isinstance(effect, ReadWal):
+                self.world.at(
+                    self.network.latency(),
+                    lambda e=effect, i=self.incarnation: self._read(i, e),
+                )
+            elif isinstance(effect, PublishFailed):
+                self.world.log(f"publish_failed {effect.topic} from={effect.from_offset}")
+                self._fail_waiters(effect.topic, effect.from_offset, effect.reason)
+            elif isinstance(effect, TopicStopped):
+                self.world.log(f"topic_stopped {effect.topic}")
+                self.stopped_topics[effect.topic] = effect.reason
+                self._fail_waiters(effect.topic, 0, effect.reason)
+            else:
+                assert isinstance(effect, RetentionSkipped), effect
+
+    def _persist(self, effect: PersistMeta) -> None:
+        metadata = self.metadata
+        for prefix in effect.delete_prefixes:
+            for key in [k for k in metadata if k.startswith(prefix)]:
+                del metadata[key]
+        for key in effect.deletes:
+            metadata.pop(key, None)
+        for key, value in effect.puts:
+            metadata[key] = value
+
+    def _acknowledge(self, topic: str, through: int) -> None:
+        self.observer.acknowledged(topic, through, self.wal_config.durability)
+        waiting = self._waiters.get(topic)
+        while waiting and waiting[0][0] <= through:
+            waiting.popleft()[1].ok()
+
+    def _fail_waiters(self, topic: str, from_offset: int, reason: str) -> None:
+        waiting = self._waiters.get(topic)
+        while waiting and waiting[-1][0] >= from_offset:
+            waiting.pop()[1].fail(DanubeError(ErrorCode.UNAVAILABLE, reason))
+
+    # -- WAL I/O ----------------------------------------------------------------------------------
+
+    def _run_io(self, topic: str, io: TopicIo) -> None:
+        if io.busy or not io.queue or self._io.get(topic) is not io:
+            return
+        effect = io.queue[0]
+        io.busy = True
+        delay = 20
+        if isinstance(effect, Write):
+            delay = 30 + _WRITE_US_PER_KIB * len(effect.data) // 1024
+        elif isinstance(effect, Fsync):
+            delay = self.faults.fsync_us
+            if self.faults.slow_fsync and self.world.rng.random() < self.faults.slow_fsync:
+                self.injected["slow_fsync"] += 1
+                delay *= 50
+        incarnation = self.incarnation
+        self.world.at(delay, lambda: self._io_done(incarnation, topic, io, effect))
+
+    def _io_done(self, incarnation: int, topic: str, io: TopicIo, effect: Any) -> None:
+        core = self._alive(incarnation)
+        if core is None or self._io.get(topic) is not io:
+            return
+        io.queue.popleft()
+        io.busy = False
+        error = None
+        try:
+            if isinstance(effect, CreateSegment):
+                self.disk.create(topic, effect.base_offset, effect.header)
+            elif isinstance(effect, Write):
+                self.disk.write(topic, effect.segment_base, effect.position, effect.data)
+            elif isinstance(effect, Fsync):
+                self.disk.fsync(topic, effect.segment_base)
+            elif isinstance(effect, DeleteSegment):
+                self.disk.delete(topic, effect.segment_base)
+            else:
+                assert isinstance(effect, CloseSegment)
+        except OSError as failure:
+            error = f"{type(failure).__name__}: {failure}"
+            self.world.log(f"io_failed {topic} {type(effect).__name__} {error}")
+        self._apply(core.wal_io_done(topic, effect, error, now_ms=self.now_ms).effects)
+        self._run_io(topic, io)
+
+    def _load(self, effect: LoadWal | RepairWal) -> None:
+        core = self.core
+        assert core is not None
+        topic = effect.topic
+        if isinstance(effect, RepairWal):
+            self._io.pop(topic, None)  # effects not started are discarded
+            self.disk.truncate(topic, effect.segment_base, effect.truncate_to)
+            self.disk.fsync(topic, effect.segment_base)
+        elif effect.fresh:
+            self.disk.remove_topic(topic)
+        scans: list[Any] = []
+        for base, data in self.disk.scans(topic):
+            try:
+                scans.append((base, format.scan_segment(data)))
+            except format.WalFormatError as error:
+                scans.append((base, UnreadableSegment(len(data), str(error))))
+        try:
+            plan = plan_recovery(topic, scans)
+        except CorruptSegment as error:
+            self._apply(core.wal_load_failed(topic, str(error)).effects)
+            return
+        for action in plan.actions:
+            if isinstance(action, TruncateSegment):
+                self.disk.truncate(topic, action.segment_base, action.size)
+            self.disk.fsync(topic, action.segment_base)
+        self._apply(core.wal_loaded(topic, plan, now_ms=self.now_ms).effects)
+
+    def _read(self, incarnation: int, effect: ReadWal) -> None:
+        core = self._alive(incarnation)
+        if core is None:
+            return
+        plan = effect.plan
+        try:
+            data = self.disk.read(effect.topic, plan.segment_base, plan.start, plan.end)
+            records = decode_file_read(plan, data)
+        except FileNotFoundError as error:
+            step = core.wal_read_failed(effect, str(error), missing=True, now_ms=self.now_ms)
+        except format.WalFormatError as error:
+            step = core.wal_read_failed(effect, str(error), missing=False, now_ms=self.now_ms)
+        else:
+            step = core.wal_read_done(effect, records, now_ms=self.now_ms)
+        self._apply(step.effects)
+
+
+class _Answer:
+    def __init__(self, reply: Reply, response: pb.MessageResponse) -> None:
+        self._reply = reply
+        self._response = response
+
+    def ok(self) -> None:
+        self._reply(self._response)
+
+    def fail(self, error: DanubeError) -> None:
+        self._reply(error)
+
+
+def _routing_key_of(record: bytes) -> bytes:
+    return records.decode(record).key

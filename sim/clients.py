@@ -1,0 +1,284 @@
+"""Simulated producers and consumers. They send the request messages the gRPC services
+receive (`danube.proto.danube`), time out and retry as real clients do, and tell the checker
+what they were told (acknowledged publishes) and what they received."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from danube.core.errors import DanubeError, ErrorCode
+from danube.dispatch import LATEST
+from danube.proto import danube as pb
+from danube.wal import records
+from sim.broker import Reply, SimBroker
+from sim.network import Network
+from sim.world import US_PER_S, World
+
+REQUEST_TIMEOUT_US = 1_000_000
+RETRY_US = 100_000
+
+
+class Checker(Protocol):
+    def produced(self, topic: str, payload: bytes, key: str | None) -> None: ...
+
+    def received(
+        self, topic: str, sub: str, consumer: str, offset: int, payload: bytes
+    ) -> None: ...
+
+    def client_acked(self, topic: str, sub: str, offset: int) -> None: ...
+
+
+class _Caller:
+    """One request at a time with a timeout: the answer of an abandoned attempt is ignored."""
+
+    def __init__(self, world: World, network: Network, broker: SimBroker, name: str) -> None:
+        self.world = world
+        self.network = network
+        self.broker = broker
+        self.name = name
+        self._attempt = 0
+        self._request_ids = 0
+
+    def next_request_id(self) -> int:
+        self._request_ids += 1
+        return self._request_ids
+
+    def call(
+        self,
+        request: Any,
+        answered: Callable[[Any], None],
+        timed_out: Callable[[], None],
+        **kw: Any,
+    ) -> None:
+        self._attempt += 1
+        attempt = self._attempt
+
+        def deliver(answer: Any) -> None:
+            if attempt == self._attempt:
+                self._attempt += 1  # answered: the timeout is void
+                answered(answer)
+
+        def timeout() -> None:
+            if attempt == self._attempt:
+                self._attempt += 1
+                timed_out()
+
+        reply = Reply(self.network, self.name, deliver)
+        self.network.send(self.name, lambda: self.broker.handle(request, reply, **kw))
+        self.world.at(REQUEST_TIMEOUT_US, timeout)
+
+
+class SimProducer:
+    """Publishes `<name>:<n>` payloads at `rate` per second, one at a time; a failed or timed
+    out send is retried with the same payload until it is acknowledged (so the topic may hold
+    it twice, which the checker counts as a duplicate, not an error)."""
+
+    def __init__(
+        self,
+        world: World,
+        network: Network,
+        broker: SimBroker,
+        checker: Checker,
+        *,
+        name: str,
+        topic: str,
+        rate: float,
+        keys: int,
+        strategy: pb.DispatchStrategy,
+    ) -> None:
+        self.world = world
+        self.checker = checker
+        self.name = name
+        self.topic = topic
+        self.interval_us = int(US_PER_S / rate)
+        self.keys = keys
+        self.strategy = strategy
+        self._caller = _Caller(world, network, broker, name)
+        self._producer_id: int | None = None
+        self._sequence = 0
+        self._key: str | None = None
+        self.sent = 0
+        self.acknowledged = 0
+        self.retries = 0
+        self.stopped = False
+
+    def start(self) -> None:
+        self._create()
+
+    def _create(self) -> None:
+        if self.stopped:
+            return
+        request = pb.ProducerRequest(
+            request_id=self._caller.next_request_id(),
+            producer_name=self.name,
+            topic_name=self.topic,
+            dispatch_strategy=self.strategy,
+        )
+        self._caller.call(request, self._created, self._retry_create)
+
+    def _retry_create(self) -> None:
+        self.world.at(RETRY_US, self._create)
+
+    def _created(self, answer: Any) -> None:
+        if isinstance(answer, DanubeError):
+            self._retry_create()
+            return
+        self._producer_id = answer.producer_id
+        self._send()
+
+    def _payload(self) -> bytes:
+        return f"{self.name}:{self._sequence}".encode()
+
+    def _send(self) -> None:
+        if self.stopped:
+            return
+        assert self._producer_id is not None
+        if self._key is None and self.keys:
+            self._key = f"k{self.world.rng.randrange(self.keys)}"
+        message = pb.StreamMessage(
+            request_id=self._caller.next_request_id(),
+            msg_id=pb.MsgId(producer_id=self._producer_id, topic_name=self.topic),
+            payload=self._payload(),
+            publish_time=self.world.now_ms,
+            producer_name=self.name,
+            routing_key=self._key,
+        )
+        self.sent += 1
+        started = self.world.now
+        self._caller.call(
+            message, lambda answer: self._answered(answer, started), self._send_failed
+        )
+
+    def _send_failed(self) -> None:
+        self.retries += 1
+        self.world.at(RETRY_US, self._send)
+
+    def _answered(self, answer: Any, started: int) -> None:
+        if isinstance(answer, DanubeError):
+            self.retries += 1
+            if answer.code is ErrorCode.NOT_FOUND:
+                self.world.at(RETRY_US, self._create)
+            else:
+                self.world.at(RETRY_US, self._send)
+            return
+        self.checker.produced(self.topic, self._payload(), self._key)
+        self.acknowledged += 1
+        self._sequence += 1
+        self._key = None
+        self.world.at(max(0, started + self.interval_us - self.world.now), self._send)
+
+
+class SimConsumer:
+    """Subscribes, keeps a receive stream open (reopening it after a break, subscribing again
+    when the broker no longer knows it), and acknowledges each message after a random delay
+    (or nacks it, with probability `nack`)."""
+
+    def __init__(
+        self,
+        world: World,
+        network: Network,
+        broker: SimBroker,
+        checker: Checker,
+        *,
+        name: str,
+        topic: str,
+        subscription: str,
+        sub_type: int,
+        ack_delay_us: int,
+        nack: float,
+    ) -> None:
+        self.world = world
+        self.network = network
+        self.broker = broker
+        self.checker = checker
+        self.name = name
+        self.topic = topic
+        self.subscription = subscription
+        self.sub_type = sub_type
+        self.ack_delay_us = ack_delay_us
+        self.nack = nack
+        self._caller = _Caller(world, network, broker, f"{name}@{subscription}")
+        self._consumer_id: int | None = None
+        self._stream = 0
+        self.received = 0
+
+    @property
+    def client(self) -> str:
+        return self._caller.name
+
+    def start(self) -> None:
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        request = pb.ConsumerRequest(
+            request_id=self._caller.next_request_id(),
+            topic_name=self.topic,
+            consumer_name=self.name,
+            subscription=self.subscription,
+            subscription_type=pb.ConsumerRequestSubscriptionType(self.sub_type),
+        )
+        self._caller.call(request, self._subscribed, self._retry_subscribe, start=LATEST)
+
+    def _retry_subscribe(self) -> None:
+        self.world.at(RETRY_US, self._subscribe)
+
+    def _subscribed(self, answer: Any) -> None:
+        if isinstance(answer, DanubeError):
+            self._retry_subscribe()
+            return
+        self._consumer_id = answer.consumer_id
+        self._open()
+
+    def _open(self) -> None:
+        assert self._consumer_id is not None
+        self._stream += 1
+        stream = self._stream
+        request = pb.ReceiveRequest(
+            request_id=self._caller.next_request_id(), consumer_id=self._consumer_id
+        )
+
+        def opened(answer: Any) -> None:
+            if isinstance(answer, DanubeError):
+                retry = self._subscribe if answer.code is ErrorCode.NOT_FOUND else self._open
+                self.world.at(RETRY_US, retry)
+
+        self._caller.call(
+            request,
+            opened,
+            lambda: self.world.at(RETRY_US, self._open),
+            client=self.client,
+            on_message=lambda m: self._on_message(stream, m),
+            on_end=lambda why: self._on_end(stream, why),
+        )
+
+    def _on_end(self, stream: int, why: str) -> None:
+        if stream == self._stream:
+            self.world.at(RETRY_US, self._open)
+
+    def _on_message(self, stream: int, record: records.Record) -> None:
+        self.received += 1
+        self.checker.received(
+            self.topic, self.subscription, self.name, record.topic_offset, record.payload
+        )
+        self.world.at(self.world.rng.randrange(self.ack_delay_us + 1), lambda: self._settle(record))
+
+    def _settle(self, record: records.Record) -> None:
+        offset = record.topic_offset
+        msg_id = pb.MsgId(topic_name=record.topic_name, topic_offset=offset)
+        if self.nack and self.world.rng.random() < self.nack:
+            request: Any = pb.NackRequest(
+                request_id=self._caller.next_request_id(),
+                msg_id=msg_id,
+                subscription_name=self.subscription,
+                delay_ms=self.world.rng.choice([None, 0, 200]),
+            )
+        else:
+            self.checker.client_acked(self.topic, self.subscription, offset)
+            request = pb.AckRequest(
+                request_id=self._caller.next_request_id(),
+                msg_id=msg_id,
+                subscription_name=self.subscription,
+            )
+        reply = Reply(self.network, self.client, lambda answer: None)
+        self.network.send(self.client, lambda: self.broker.handle(request, reply))
