@@ -18,12 +18,20 @@ from danube.node.core import (
     PersistMeta,
     PublishAcked,
     PublishFailed,
+    ReadWal,
     RepairWal,
     TopicStopped,
     WalIo,
 )
 from danube.wal import format
-from danube.wal.machine import Durability, Fsync, WalConfig, Write
+from danube.wal.machine import (
+    CreateSegment,
+    Durability,
+    Fsync,
+    WalConfig,
+    Write,
+    decode_file_read,
+)
 from tests.node.test_core import code_of, replay
 from tests.support.core_driver import MemoryWalDriver
 
@@ -367,3 +375,46 @@ def test_stopped_topic_effect_names_the_topic() -> None:
     broker.producer()
     out = broker.core.wal_load_failed(TOPIC, "disk on fire").effects
     assert out == (TopicStopped(TOPIC, "disk on fire"),)
+
+
+def test_a_read_answered_while_the_wal_is_repaired_is_asked_again() -> None:
+    """Regression (found by the simulator, disk-full seed): a file read whose answer arrived
+    while the WAL was being repaired was dropped, and the subscription never read again."""
+    broker = Broker(WalConfig(cache_bytes=0))
+    pid = broker.producer()
+    consumer = broker.consumer("c")
+    files = broker.driver.files.setdefault(TOPIC, {})
+
+    def perform(effects: Any) -> list[Any]:
+        """Runs file effects by hand, keeping the subscription's file reads aside."""
+        out, work = [], list(effects)
+        while work:
+            effect = work.pop(0)
+            if not isinstance(effect, WalIo):
+                out.append(effect)
+                continue
+            for io in effect.effects:
+                if isinstance(io, CreateSegment):
+                    files[io.base_offset] = bytearray(io.header)
+                elif isinstance(io, Write):
+                    files[io.segment_base] += io.data
+                work += broker.core.wal_io_done(TOPIC, io, None, now_ms=5).effects
+        return out
+
+    first = broker.core.publish(pid, TOPIC, "m0", 2, None, encode=lambda o: b"|m0", now_ms=5)
+    pending_read = next(e for e in perform(first.effects) if isinstance(e, ReadWal))
+    second = broker.core.publish(pid, TOPIC, "m1", 2, None, encode=lambda o: b"|m1", now_ms=6)
+    write = next(f for e in second.effects if isinstance(e, WalIo) for f in e.effects)
+    files[0] += write.data
+    fsync = next(
+        f
+        for e in broker.core.wal_io_done(TOPIC, write, None, now_ms=7).effects
+        if isinstance(e, WalIo)
+        for f in e.effects
+    )
+    failed = broker.core.wal_io_done(TOPIC, fsync, "EIO", now_ms=8).effects
+    plan = pending_read.plan
+    records_read = decode_file_read(plan, bytes(files[0][plan.start : plan.end]))
+    assert broker.core.wal_read_done(pending_read, records_read, now_ms=9).effects == ()
+    broker.run(failed)  # repaired and loaded again
+    assert payloads(broker.take(consumer)) == ["m0"]
