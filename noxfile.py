@@ -99,3 +99,22 @@ def bench(session: nox.Session) -> None:
     """Micro benchmarks (pytest-benchmark) and the end-to-end broker benchmark."""
     session.run("pytest", "-q", "bench", "--benchmark-only", *session.posargs, external=True)
     session.run("python", "-m", "bench.e2e_nonreliable", external=True)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """Many simulator seeds with the default fault profile: `nox -s fuzz -- 500` or
+    FUZZ_SEEDS=500 (default 200); FUZZ_FIRST_SEED moves the window. Further arguments go to
+    `python -m sim` (for example `--profile heavy --duration 20`)."""
+    args = list(session.posargs)
+    seeds = args.pop(0) if args and args[0].isdigit() else os.environ.get("FUZZ_SEEDS", "200")
+    first = os.environ.get("FUZZ_FIRST_SEED", "1")
+    session.run(
+        sys.executable, "-m", "sim", "--seed", first, "--seeds", seeds, *args, external=True
+    )
+
+
+@nox.session
+def sim(session: nox.Session) -> None:
+    """One simulator run, for replaying a seed: `nox -s sim -- --seed 42 --duration 10`."""
+    session.run(sys.executable, "-m", "sim", *session.posargs, external=True)

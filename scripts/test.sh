@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is needed, then runs lint and the whole test suite (slow and conformance tests
-# included). Extra arguments go to pytest, e.g. `scripts/test.sh -k shared`.
+# Installs what is needed, then runs lint, the whole test suite (slow and conformance tests
+# included) and a short simulator fuzz (FUZZ_SEEDS, default 50 here). Extra arguments go to
+# pytest, e.g. `scripts/test.sh -k shared`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -8,3 +9,4 @@ bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 .venv/bin/nox -s lint
 .venv/bin/nox -s tests -- "$@"
+FUZZ_SEEDS="${FUZZ_SEEDS:-50}" .venv/bin/nox -s fuzz

@@ -125,18 +125,19 @@ def main(argv: list[str] | None = None) -> int:
         result = simulation.run(args.duration)
         if args.trace is not None and result.trace is not None:
             args.trace.write_text("\n".join(result.trace) + "\n")
+        failures += not result.ok
         if args.json:
             print(json.dumps(result.summary(), sort_keys=True))
         elif args.seeds == 1 or not result.ok:
             print(report(result, workload, faults))
         else:
             done = seed - args.seed + 1
+            filled = 30 * done // args.seeds
             print(
-                f"\r{done}/{args.seeds} seeds, {failures} failing, "
-                f"{time.perf_counter() - started:.0f} s",
+                f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{args.seeds} seeds, "
+                f"{failures} failing, {time.perf_counter() - started:.0f} s",
                 end="", file=sys.stderr, flush=True,
             )  # fmt: skip
-        failures += not result.ok
     if args.seeds > 1:
         print(f"\n{args.seeds} seeds, {failures} failing", file=sys.stderr)
     return 1 if failures else 0

@@ -80,7 +80,13 @@ class Reply:
     def __call__(self, answer: Any) -> None:
         if not self.done:
             self.done = True
+            shown = f"error {answer.code.name}" if isinstance(answer, DanubeError) else "ok"
+            self._network.world.log(f"reply {self._client} {shown}")
             self._network.send(self._client, lambda: self._deliver(answer))
+
+    @property
+    def client(self) -> str:
+        return self._client
 
 
 @dataclass(slots=True)
@@ -229,6 +235,7 @@ class SimBroker:
     def handle(self, request: Any, reply: Reply, **stream: Any) -> None:
         """A request arrived; `reply` gets the response message or a `DanubeError`."""
         core = self.core
+        self.world.log(f"request {reply.client} {_describe(request)}")
         if not self.up or core is None:
             reply(DanubeError(ErrorCode.UNAVAILABLE, "connection refused (broker down)"))
             return
@@ -320,6 +327,7 @@ class SimBroker:
         view = self._subscription_view(stream.consumer_id)
         for item in batch:
             record = records.decode(item)  # what the consumer's client decodes
+            self.world.log(f"send {view.name} offset={record.topic_offset} to {stream.wire.client}")
             self.observer.sent(
                 record.topic_name,
                 view,
@@ -400,6 +408,7 @@ class SimBroker:
             metadata[key] = value
 
     def _acknowledge(self, topic: str, through: int) -> None:
+        self.world.log(f"acknowledged {topic} through={through}")
         self.observer.acknowledged(topic, through, self.wal_config.durability)
         waiting = self._waiters.get(topic)
         while waiting and waiting[0][0] <= through:
@@ -510,3 +519,12 @@ class _Answer:
 
 def _routing_key_of(record: bytes) -> bytes:
     return records.decode(record).key
+
+
+def _describe(request: Any) -> str:
+    """One trace line's worth of a request."""
+    if isinstance(request, pb.StreamMessage):
+        return f"SendMessage payload={request.payload.decode(errors='replace')}"
+    if isinstance(request, (pb.AckRequest, pb.NackRequest)):
+        return f"{type(request).__name__} offset={request.msg_id.topic_offset}"
+    return type(request).__name__

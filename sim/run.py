@@ -201,8 +201,11 @@ class Simulation:
         self.world.at(FAULT_TICK_US, self._fault_tick)
 
     def _drained(self) -> bool:
+        """Everything acknowledged reached every subscription (of topics still serving)."""
         acknowledged = self.checker.acknowledged_payloads
         for topic, sub in self.subscriptions:
+            if topic in self.broker.stopped_topics:
+                continue
             received = self.checker.subscriptions[(topic, sub)].received
             if any(not received[p] for p in acknowledged[topic]):
                 return False

@@ -1,0 +1,139 @@
+"""Planted bugs the simulator must catch. Each patches the real broker code for the
+duration of a `with` block; nothing outside the tests can switch them on."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+from danube.dispatch import reliable
+from danube.wal import recovery
+from danube.wal.machine import Acknowledge, Durability, WalMachine
+
+
+@contextlib.contextmanager
+def ack_before_fsync() -> Iterator[None]:
+    """`fsync` mode acknowledges as soon as the write completes (Danube's mistake)."""
+    original = WalMachine.write_done
+
+    def write_done(self: WalMachine, write_id: int, now_ms: int) -> list[Any]:
+        pending = self._write
+        effects = original(self, write_id, now_ms)
+        if self.config.durability is Durability.FSYNC and pending is not None:
+            effects.append(Acknowledge(pending.end_offset - 1))
+        return effects
+
+    with mock.patch.object(WalMachine, "write_done", write_done):
+        yield
+
+
+@contextlib.contextmanager
+def cursor_past_unacked() -> Iterator[None]:
+    """An ack moves the cursor to its own offset, over unacknowledged ones below it."""
+
+    def settle(self: Any, offset: int, entry: Any, consumer_id: int) -> None:
+        original_settle(self, offset, entry, consumer_id)
+        self.cursor = max(self.cursor, offset)
+
+    original_settle = reliable.ReliableSubscription._settle
+    with mock.patch.object(reliable.ReliableSubscription, "_settle", settle):
+        yield
+
+
+@contextlib.contextmanager
+def no_redelivery_on_disconnect() -> Iterator[None]:
+    """A consumer's in-flight messages are forgotten when it disconnects."""
+
+    def disconnect(self: Any, consumer_id: int) -> None:
+        consumer = self._consumers[consumer_id]
+        if not consumer.connected:
+            return
+        consumer.connected = False
+        self._connected -= 1
+        self._ring.remove(consumer_id)
+        if self._active == consumer_id:
+            self._active = next((c for c, v in self._consumers.items() if v.connected), None)
+        consumer.in_flight.clear()
+
+    with mock.patch.object(reliable.ReliableSubscription, "_disconnect", disconnect):
+        yield
+
+
+@contextlib.contextmanager
+def truncate_valid_data_at_recovery() -> Iterator[None]:
+    """Recovery cuts the newest segment's last whole frame as if it were torn."""
+    original = recovery.plan_recovery
+
+    def plan(topic: str, scans: Any) -> recovery.RecoveryPlan:
+        result = original(topic, scans)
+        if not result.segments or len(result.segments[-1].positions) < 2:
+            return result
+        newest = result.segments[-1]
+        cut = newest.positions[-1]
+        kept = dataclasses.replace(
+            newest,
+            size=cut,
+            next_offset=newest.base_offsets[-1],
+            positions=newest.positions[:-1],
+            base_offsets=newest.base_offsets[:-1],
+        )
+        return dataclasses.replace(
+            result,
+            actions=(*result.actions, recovery.TruncateSegment(newest.base_offset, cut)),
+            segments=(*result.segments[:-1], kept),
+            next_offset=kept.next_offset,
+        )
+
+    with (
+        mock.patch.object(recovery, "plan_recovery", plan),
+        mock.patch("sim.broker.plan_recovery", plan),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def two_exclusive_consumers() -> Iterator[None]:
+    """Exclusive and Failover subscriptions send to every connected consumer in turn."""
+    original = reliable.ReliableSubscription._dispatch_single
+
+    def dispatch(self: Any, batches: dict[int, list[int]]) -> None:
+        connected = [c for c, v in self._consumers.items() if v.connected]
+        if len(connected) > 1 and self._ready and not self._rewind_at:
+            ready = self._ready
+            turn = 0
+            while ready:
+                self._send(ready.popleft(), connected[turn % len(connected)], batches)
+                turn += 1
+            return
+        original(self, batches)
+
+    with mock.patch.object(reliable.ReliableSubscription, "_dispatch_single", dispatch):
+        yield
+
+
+@contextlib.contextmanager
+def reuse_offset_after_restart() -> Iterator[None]:
+    """After recovery the next offset is one too low: the last offset is assigned again."""
+    original = WalMachine.__init__
+
+    def init(self: WalMachine, topic: str, config: Any, recovered: Any = None) -> None:
+        original(self, topic, config, recovered)
+        if recovered is not None and recovered.segments:
+            self._next_offset -= 1
+            self._written = self._durable = self._readable = self._next_offset
+
+    with mock.patch.object(WalMachine, "__init__", init):
+        yield
+
+
+MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "ack_before_fsync": ack_before_fsync,
+    "cursor_past_unacked": cursor_past_unacked,
+    "no_redelivery_on_disconnect": no_redelivery_on_disconnect,
+    "truncate_valid_data_at_recovery": truncate_valid_data_at_recovery,
+    "two_exclusive_consumers": two_exclusive_consumers,
+    "reuse_offset_after_restart": reuse_offset_after_restart,
+}
