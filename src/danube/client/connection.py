@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Status
+from grpclib.protocol import H2Protocol
 
 from danube.client.errors import RETRYABLE, TRANSPORT_ERRORS, DanubeClientError
 from danube.proto import danube as pb
@@ -26,6 +27,19 @@ def parse_address(url: str) -> tuple[str, int]:
     if not parts.hostname or parts.port is None:
         raise DanubeClientError(f"invalid broker address {url!r}: expected http://host:port")
     return parts.hostname, parts.port
+
+
+class BrokerChannel(Channel):
+    """A grpclib channel that reports a connection lost while it was being set up as a
+    connection error. Stock grpclib hands such a connection (its transport already deleted)
+    to the request, which then fails with AttributeError: seen when a broker dies during a
+    reconnect."""
+
+    async def __connect__(self) -> H2Protocol:
+        protocol = await super().__connect__()
+        if protocol.handler.connection_lost:
+            raise ConnectionResetError("the connection closed while it was being set up")
+        return protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +63,7 @@ class Connections:
     def __init__(self, service_url: str, retry: RetryPolicy) -> None:
         self.service_url = service_url
         self.retry = retry
-        self._channels: dict[tuple[str, int], Channel] = {}
+        self._channels: dict[tuple[str, int], BrokerChannel] = {}
         self.closed = False
         self._request_ids = itertools.count(1)
         parse_address(service_url)
@@ -57,13 +71,13 @@ class Connections:
     def next_request_id(self) -> int:
         return next(self._request_ids)
 
-    def channel(self, url: str) -> Channel:
+    def channel(self, url: str) -> BrokerChannel:
         if self.closed:
             raise DanubeClientError("the client is closed")
         address = parse_address(url)
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = Channel(*address)
+            channel = self._channels[address] = BrokerChannel(*address)
         return channel
 
     def close(self) -> None:

@@ -1,0 +1,37 @@
+"""The client's channel: a connection that dies while it is being set up is a connection
+error (retried like any other), not grpclib's AttributeError on the deleted transport."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from danube.client.connection import BrokerChannel
+from danube.client.errors import TRANSPORT_ERRORS
+
+
+def _protocol(lost: bool) -> Any:
+    return SimpleNamespace(
+        handler=SimpleNamespace(connection_lost=lost), processor=SimpleNamespace(close=lambda: None)
+    )
+
+
+def test_a_connection_lost_during_setup_raises_a_transport_error_and_is_replaced() -> None:
+    async def scenario() -> None:
+        channel = BrokerChannel("127.0.0.1", 1)
+        made = iter([_protocol(lost=True), _protocol(lost=False)])
+
+        async def create_connection() -> Any:
+            return next(made)
+
+        channel._create_connection = create_connection  # type: ignore[method-assign]
+        with pytest.raises(TRANSPORT_ERRORS):
+            await channel.__connect__()
+        healthy = await channel.__connect__()
+        assert healthy.handler.connection_lost is False
+        channel.close()
+
+    asyncio.run(scenario())
