@@ -1,0 +1,72 @@
+"""Where a topic's segment objects and their index entries live (spec/object-layout.md).
+
+Names are functions of the offsets alone, never of a clock or a counter: an upload repeated
+after a crash writes the same key with the same bytes, and its index entry goes to the same
+metadata path, where compare-and-create makes the repeat harmless. That determinism is what
+lets the uploader resume without a checkpoint of its own.
+"""
+
+from __future__ import annotations
+
+from danube.core.names import TopicName
+
+OBJECT_SUFFIX = ".wal"
+CURRENT = "cur"
+"""The last component of Danube's pointer to the newest index entry (`segments/cur`)."""
+
+
+def object_prefix(topic: TopicName) -> str:
+    """The topic's objects, relative to `durable.root` (a listing of this prefix sees no
+    other topic: it ends with a slash)."""
+    return f"storage/topics/{topic.path}/segments/"
+
+
+def object_name(start_offset: int, next_offset: int) -> str:
+    return f"{start_offset:020d}-{next_offset:020d}{OBJECT_SUFFIX}"
+
+
+def object_key(topic: TopicName, start_offset: int, next_offset: int) -> str:
+    """The object holding offsets `start_offset` … `next_offset - 1`: the sealed segment file
+    of that range, byte for byte."""
+    return object_prefix(topic) + object_name(start_offset, next_offset)
+
+
+def parse_object_key(topic: TopicName, key: str) -> tuple[int, int] | None:
+    """(start offset, next offset) of one of the topic's object keys; None for anything else,
+    which the orphan collection must then leave alone."""
+    prefix = object_prefix(topic)
+    if not key.startswith(prefix) or not key.endswith(OBJECT_SUFFIX):
+        return None
+    first, dash, second = key[len(prefix) : -len(OBJECT_SUFFIX)].partition("-")
+    if not dash or not _padded(first) or not _padded(second):
+        return None
+    return int(first), int(second)
+
+
+def index_prefix(topic: TopicName) -> str:
+    """Danube's catalog of the topic's segments in the metadata store. A scan of it also
+    returns the `cur` pointer; `index_start` tells entries from it."""
+    return f"/storage/topics/{topic.path}/segments/"
+
+
+def index_path(topic: TopicName, start_offset: int) -> str:
+    return f"{index_prefix(topic)}{start_offset:020d}"
+
+
+def current_path(topic: TopicName) -> str:
+    return index_prefix(topic) + CURRENT
+
+
+def current_value(start_offset: int) -> dict[str, str]:
+    """Danube's `cur` pointer value: the padded start of the newest entry."""
+    return {"start": f"{start_offset:020d}"}
+
+
+def index_start(path: str) -> int | None:
+    """The start offset an index path names; None for `cur` and anything else."""
+    last = path.rpartition("/")[2]
+    return int(last) if _padded(last) else None
+
+
+def _padded(text: str) -> bool:
+    return len(text) == 20 and text.isascii() and text.isdigit()
