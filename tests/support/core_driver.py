@@ -12,12 +12,26 @@ from danube.node.core import (
     BrokerCore,
     DropWal,
     LoadWal,
+    PersistMeta,
     PublishAcked,
     PublishFailed,
+    ReadObject,
     ReadWal,
     RepairWal,
+    TierHalted,
+    TierIo,
     TopicStopped,
     WalIo,
+)
+from danube.tiering import (
+    CommitIndex,
+    DeleteObject,
+    IndexEntry,
+    ListObjects,
+    StoredObject,
+    UploadSegment,
+    decode_object_read,
+    describe_object,
 )
 from danube.wal import format
 from danube.wal.machine import (
@@ -40,9 +54,20 @@ class MemoryWalDriver:
     """Files live in `files[topic][segment_base]`; every effect completes at once. Effects
     the test cares about (metadata, stream wake-ups, acknowledgements) are returned."""
 
-    def __init__(self, core: BrokerCore, files: dict[str, dict[int, bytearray]] | None = None):
+    def __init__(
+        self,
+        core: BrokerCore,
+        files: dict[str, dict[int, bytearray]] | None = None,
+        objects: dict[str, bytes] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ):
         self.core = core
         self.files: dict[str, dict[int, bytearray]] = files if files is not None else {}
+        self.objects: dict[str, bytes] = objects if objects is not None else {}
+        """The object store: key -> bytes."""
+        self.metadata: dict[str, Any] = metadata if metadata is not None else {}
+        """Metadata written by effects (PersistMeta and index commits), JSON values."""
+        self.halted: list[TierHalted] = []
         self.acked: dict[str, int] = {}
         self.stopped: dict[str, str] = {}
         self.now_ms = 1_000
@@ -68,7 +93,18 @@ class MemoryWalDriver:
                 self.acked.pop(effect.topic, None)
             elif isinstance(effect, ReadWal):
                 work.extend(self._read(effect))
+            elif isinstance(effect, ReadObject):
+                plan = effect.plan
+                data = self.objects[plan.key][plan.start_byte : plan.end_byte]
+                records = decode_object_read(plan, data)
+                work.extend(self.core.wal_read_done(effect, records, now_ms=self.now_ms).effects)
+            elif isinstance(effect, TierIo):
+                work.extend(self._tier(effect))
             else:
+                if isinstance(effect, PersistMeta):
+                    self._persist(effect)
+                elif isinstance(effect, TierHalted):
+                    self.halted.append(effect)
                 if isinstance(effect, PublishAcked):
                     previous = self.acked.get(effect.topic, -1)
                     self.acked[effect.topic] = max(previous, effect.through_offset)
@@ -76,6 +112,44 @@ class MemoryWalDriver:
                     self.stopped[effect.topic] = effect.reason
                 out.append(effect)
         return out
+
+    def _persist(self, effect: PersistMeta) -> None:
+        for prefix in effect.delete_prefixes:
+            for key in [k for k in self.metadata if k.startswith(prefix)]:
+                del self.metadata[key]
+        for key in effect.deletes:
+            self.metadata.pop(key, None)
+        for key, value in effect.puts:
+            self.metadata[key] = value
+
+    def _tier(self, io: TierIo) -> list[Any]:
+        core, topic, effect, now = self.core, io.topic, io.effect, self.now_ms
+        if isinstance(effect, UploadSegment):
+            data = bytes(self.files[topic][effect.segment_base])
+            facts = describe_object(
+                data, effect.segment_base, effect.next_offset, effect.index_interval_bytes
+            )
+            self.objects[effect.key] = data
+            return list(
+                core.tier_upload_done(
+                    topic, effect.key, facts.size, facts.crc32c, facts.offset_index, now_ms=now
+                ).effects
+            )
+        if isinstance(effect, CommitIndex):
+            if effect.path in self.metadata:
+                existing = IndexEntry.from_json(self.metadata[effect.path])
+                return list(core.tier_index_exists(topic, existing, now_ms=now).effects)
+            self.metadata[effect.path] = effect.value
+            self.metadata[effect.current_path] = effect.current_value
+            start = effect.entry.start_offset
+            return list(core.tier_index_committed(topic, start, now_ms=now).effects)
+        if isinstance(effect, ListObjects):
+            keys = sorted(k for k in self.objects if k.startswith(effect.prefix))
+            listed = [StoredObject(key, 0) for key in keys]
+            return list(core.tier_objects_listed(topic, listed, now_ms=now).effects)
+        assert isinstance(effect, DeleteObject)
+        self.objects.pop(effect.key, None)
+        return []
 
     def _perform(self, topic: str, io: Any) -> list[Any]:
         segments = self.files.setdefault(topic, {})

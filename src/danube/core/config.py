@@ -70,6 +70,17 @@ class StorageConfig:
     wal_root: str | None = None
     """Default `<data_dir>/wal`; one directory per topic below it."""
     wal: WalConfig = field(default_factory=WalConfig)
+    mode: str = "local"
+    """`local` (no objects), `shared_fs` or `object_store` (spec/object-layout.md)."""
+    durable_root: str | None = None
+    """fsspec URL of the object tier (`file:///mnt/shared/danube`, `s3://bucket/prefix`)."""
+    endpoint: str | None = None
+    """S3-compatible endpoint URL (credentials come from the environment, never from here)."""
+    region: str | None = None
+
+    @property
+    def tiered(self) -> bool:
+        return self.mode != "local"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +168,24 @@ def _keys(data: dict[str, Any], allowed: set[str], where: str) -> None:
 def _storage(data: dict[str, Any]) -> StorageConfig:
     """`storage:` with Danube's names (`local_wal_root`, `local_retention`, `wal.file_sync`,
     `wal.rotation`) plus ours (`wal.durability`, `wal.cache_bytes`)."""
-    _keys(data, {"mode", "local_wal_root", "root", "local_retention", "wal"}, "storage")
+    _keys(data, {"mode", "local_wal_root", "root", "local_retention", "wal", "durable"}, "storage")
     mode = data.get("mode", "local")
-    if mode != "local":
+    if mode not in ("local", "shared_fs", "object_store"):
+        raise ConfigError(f"storage.mode: expected local, shared_fs or object_store, got {mode!r}")
+    durable = _section(data, "durable", "storage.")
+    _keys(durable, {"root", "endpoint", "region"}, "storage.durable")
+    durable_root = durable.get("root")
+    if mode != "local" and not durable_root:
+        raise ConfigError(f"storage.durable.root: required with storage.mode {mode}")
+    if (
+        mode == "shared_fs"
+        and "://" in str(durable_root)
+        and not str(durable_root).startswith("file://")
+    ):
+        raise ConfigError("storage.durable.root: shared_fs takes a path or a file:// URL")
+    if mode == "object_store" and "://" not in str(durable_root):
         raise ConfigError(
-            f"storage.mode: {mode!r} is not supported by this broker version yet; use 'local'"
+            "storage.durable.root: object_store takes a URL such as s3://bucket/prefix"
         )
     root = data.get("local_wal_root", data.get("root"))
     wal = _section(data, "wal", "storage.")
@@ -194,7 +218,14 @@ def _storage(data: dict[str, Any]) -> StorageConfig:
         wal_config = WalConfig(**{k: v for k, v in settings.items() if v is not None})
     except ValueError as error:
         raise ConfigError(f"storage.wal: {error}") from None
-    return StorageConfig(str(root) if root is not None else None, wal_config)
+    return StorageConfig(
+        str(root) if root is not None else None,
+        wal_config,
+        mode,
+        str(durable_root) if durable_root else None,
+        str(durable["endpoint"]) if durable.get("endpoint") else None,
+        str(durable["region"]) if durable.get("region") else None,
+    )
 
 
 def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:

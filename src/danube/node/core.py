@@ -39,6 +39,10 @@ from danube.dispatch import (
 )
 from danube.dispatch import reliable as rd
 from danube.node import paths
+from danube.tiering import layout as tier_layout
+from danube.tiering import reader as tier_reader
+from danube.tiering import uploader as tier
+from danube.tiering.index import IndexEntry, IndexFormatError
 from danube.wal import machine as wal
 from danube.wal.recovery import RecoveryPlan
 
@@ -115,6 +119,35 @@ class ReadWal:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadObject:
+    """Effect: fetch an object byte range for a subscription, decode it with
+    `danube.tiering.decode_object_read` and report with `wal_read_done` (or `wal_read_failed`)."""
+
+    topic: str
+    subscription: str
+    epoch: int
+    plan: tier_reader.ObjectRead
+
+
+@dataclass(frozen=True, slots=True)
+class TierIo:
+    """Effect: an uploader effect for the object-store driver (`UploadSegment`,
+    `CommitIndex`, `ListObjects`, `DeleteObject`); report with the `tier_*` inputs."""
+
+    topic: str
+    effect: tier.UploadSegment | tier.CommitIndex | tier.ListObjects | tier.DeleteObject
+
+
+@dataclass(frozen=True, slots=True)
+class TierHalted:
+    """Effect: the topic's uploads stopped (log it; `resumable`: fixable by `tier_resume`)."""
+
+    topic: str
+    reason: str
+    resumable: bool
+
+
+@dataclass(frozen=True, slots=True)
 class PublishAcked:
     """Effect: every publish to the topic with an offset up to `through_offset` may be
     answered with success."""
@@ -162,6 +195,9 @@ Effect = (
     | DropWal
     | WalIo
     | ReadWal
+    | ReadObject
+    | TierIo
+    | TierHalted
     | PublishAcked
     | PublishFailed
     | TopicStopped
@@ -246,6 +282,9 @@ class TopicRecord:
     """The WAL was loaded once: a later load is a repair and rebuilds the subscriptions."""
     stopped: str | None = None
     """Why the topic cannot serve (corrupt segment, failed disk), for the operator."""
+    index: list[IndexEntry] = field(default_factory=list)
+    """Tiered: the object index read at restore, until the uploader takes it over."""
+    uploader: tier.Uploader | None = None
 
     @property
     def reliable(self) -> bool:
@@ -272,6 +311,7 @@ class BrokerCore:
         wal_config: wal.WalConfig = _DEFAULT_WAL,
         max_unacked_messages: int = 10,
         routing_key_of: Callable[[bytes], bytes] = lambda record: b"",
+        uploads: tier.UploaderConfig | None = None,
     ) -> None:
         """`routing_key_of` extracts a stored record's Key-Shared routing key (its routing
         key, else its producer's name); only the driver knows the record encoding."""
@@ -283,6 +323,8 @@ class BrokerCore:
         self._wal_config = wal_config
         self._max_unacked = max_unacked_messages
         self._routing_key_of = routing_key_of
+        self._uploads = uploads
+        """Object tier settings; None in `local` storage mode (no objects)."""
         self._outbox: dict[int, deque[bytes]] = {}
         """Reliable: records delivered to a consumer, waiting for its stream writer."""
         self._namespaces: dict[str, Policies] = {}
@@ -346,6 +388,16 @@ class BrokerCore:
                 order,
             )
             self._subscribe_order = max(self._subscribe_order, order)
+        for key, value in sorted(entries.items()):
+            parts = key.strip("/").split("/")
+            if parts[:2] != ["storage", "topics"] or len(parts) != 6 or parts[4] != "segments":
+                continue
+            record = self._topics.get(f"/{parts[2]}/{parts[3]}")
+            if record is not None and tier_layout.index_start(parts[5]) is not None:
+                try:
+                    record.index.append(IndexEntry.from_json(value))
+                except IndexFormatError:
+                    continue  # the uploader's recovery reports what is missing
         loads = tuple(LoadWal(t, fresh=False) for t, r in self._topics.items() if r.reliable)
         return Step(None, loads)
 
@@ -764,13 +816,16 @@ class BrokerCore:
         log = self._ready_wal(record)
         if start.kind is StartKind.LATEST:
             return log.next_offset
+        earliest = log.first_offset
+        if record.uploader is not None and record.uploader.entries:
+            earliest = min(earliest, record.uploader.entries[0].start_offset)
         if start.kind is StartKind.EARLIEST:
-            return log.first_offset
-        if start.offset < log.first_offset:
+            return earliest
+        if start.offset < earliest:
             raise DanubeError(
                 ErrorCode.OUT_OF_RANGE,
                 f"offset {start.offset} of {record.name.full} is no longer retained; the "
-                f"earliest is {log.first_offset}",
+                f"earliest is {earliest}",
             )
         if start.offset > log.next_offset:
             raise DanubeError(
@@ -1001,8 +1056,25 @@ class BrokerCore:
         record = self._topics.get(topic)
         if record is None or record.stopped is not None:
             return Step(None)
-        log = record.wal = wal.WalMachine(topic, self._wal_config, plan)
+        tiered = self._uploads is not None
+        indexed_next = max((e.next_offset for e in record.index), default=0)
+        log = record.wal = wal.WalMachine(
+            topic, self._wal_config, plan, tiered=tiered, start_offset=indexed_next
+        )
         effects: list[Effect] = []
+        if self._uploads is not None and record.uploader is None:
+            record.uploader = tier.Uploader(record.name, self._uploads)
+            sealed = [
+                tier.SealedSegment(s.base_offset, s.next_offset, s.size) for s in plan.segments
+            ]
+            index, record.index = record.index, []
+            effects.extend(
+                self._tier_effects(record, record.uploader.recovered(index, sealed, now_ms))
+            )
+        elif record.uploader is not None:
+            indexed = record.uploader.indexed_next
+            if indexed:
+                log.allow_delete(indexed)
         for sub in record.subscriptions.values():
             if record.loaded and log.readable_offset < sub.reliable.read_position:
                 self._rebuild(sub, now_ms)
@@ -1070,7 +1142,7 @@ class BrokerCore:
         return Step(None, tuple(self._wal_effects(record, effects, now_ms)))
 
     def wal_read_done(
-        self, read: ReadWal, records: tuple[bytes, ...], *, now_ms: int
+        self, read: ReadWal | ReadObject, records: tuple[bytes, ...], *, now_ms: int
     ) -> Step[None]:
         record, sub = self._read_target(read)
         if sub is None:
@@ -1080,7 +1152,7 @@ class BrokerCore:
         return Step(None, tuple(self._dispatch(record, sub, admitted, now_ms)))
 
     def wal_read_failed(
-        self, read: ReadWal, reason: str, *, missing: bool, now_ms: int
+        self, read: ReadWal | ReadObject, reason: str, *, missing: bool, now_ms: int
     ) -> Step[None]:
         """`missing`: retention deleted the file meanwhile, so the read is planned again.
         Anything else (a frame that no longer verifies, a failing disk) stops the topic."""
@@ -1094,7 +1166,9 @@ class BrokerCore:
             return Step(None, tuple(self._dispatch(record, sub, [again], now_ms)))
         return Step(None, tuple(self._stop(record, reason)))
 
-    def _read_target(self, read: ReadWal) -> tuple[TopicRecord | None, SubscriptionRecord | None]:
+    def _read_target(
+        self, read: ReadWal | ReadObject
+    ) -> tuple[TopicRecord | None, SubscriptionRecord | None]:
         record = self._topics.get(read.topic)
         if record is None:
             return None, None
@@ -1119,6 +1193,11 @@ class BrokerCore:
             if record.wal is None:
                 continue
             effects.extend(self._wal_effects(record, record.wal.tick(now_ms), now_ms))
+            uploader = record.uploader
+            if uploader is not None:
+                due = uploader.next_timer_ms
+                if due is not None and due <= now_ms:
+                    effects.extend(self._tier_effects(record, uploader.tick(now_ms)))
             for sub in record.subscriptions.values():
                 due = sub.reliable.next_timer_ms
                 if due is not None and due <= now_ms:
@@ -1170,6 +1249,13 @@ class BrokerCore:
         for effect in effects:
             if isinstance(effect, _FILE_EFFECTS):
                 io.append(effect)
+                if isinstance(effect, wal.CloseSegment) and record.uploader is not None:
+                    assert record.wal is not None
+                    next_offset, size = record.wal.segment_extent(effect.segment_base)
+                    sealed = record.uploader.segment_sealed(
+                        effect.segment_base, next_offset, size, now_ms
+                    )
+                    out.extend(self._tier_effects(record, sealed))
             elif isinstance(effect, wal.Acknowledge):
                 out.append(PublishAcked(topic, effect.through_offset))
             elif isinstance(effect, wal.Readable):
@@ -1216,10 +1302,84 @@ class BrokerCore:
                 elif isinstance(result, wal.FileRead):
                     out.append(ReadWal(record.name.full, sub.name, sub.epoch, result))
                 else:
-                    lost = (dispatcher.read_position, result.first_offset)
-                    work.extend(dispatcher.records_lost(result.first_offset, now_ms))
-                    out.append(RetentionSkipped(record.name.full, sub.name, *lost))
+                    planned = self._plan_history(record, effect, result.first_offset)
+                    if isinstance(planned, tier_reader.ObjectRead):
+                        out.append(ReadObject(record.name.full, sub.name, sub.epoch, planned))
+                    else:
+                        lost = (dispatcher.read_position, planned.first_offset)
+                        work.extend(dispatcher.records_lost(planned.first_offset, now_ms))
+                        out.append(RetentionSkipped(record.name.full, sub.name, *lost))
         return out
+
+    def _plan_history(
+        self, record: TopicRecord, read: rd.Read, wal_first: int
+    ) -> tier_reader.ObjectRead | tier_reader.NotAvailable:
+        """A read below the local WAL: from objects when the index has it."""
+        if record.uploader is None:
+            return tier_reader.NotAvailable(wal_first)
+        planned = tier_reader.plan_read(
+            record.uploader.entries, wal_first, read.from_offset, read.max_records, READ_MAX_BYTES
+        )
+        assert not isinstance(planned, tier_reader.LocalRead), "below the WAL's first offset"
+        return planned
+
+    def _tier_effects(self, record: TopicRecord, effects: Iterable[tier.Effect]) -> list[Effect]:
+        out: list[Effect] = []
+        topic = record.name.full
+        for effect in effects:
+            if isinstance(effect, tier.AllowLocalDelete):
+                if record.wal is not None:
+                    record.wal.allow_delete(effect.next_offset)
+            elif isinstance(effect, tier.Halted):
+                out.append(TierHalted(topic, effect.reason, effect.resumable))
+            else:
+                out.append(TierIo(topic, effect))
+        return out
+
+    def _tier(self, topic: str, call: Callable[[tier.Uploader], list[tier.Effect]]) -> Step[None]:
+        record = self._topics.get(topic)
+        if record is None or record.uploader is None:
+            return Step(None)
+        return Step(None, tuple(self._tier_effects(record, call(record.uploader))))
+
+    def tier_upload_done(
+        self,
+        topic: str,
+        key: str,
+        size: int,
+        crc32c: int,
+        offset_index: tuple[tuple[int, int], ...],
+        *,
+        now_ms: int,
+    ) -> Step[None]:
+        return self._tier(topic, lambda u: u.upload_done(key, size, crc32c, offset_index, now_ms))
+
+    def tier_upload_failed(
+        self, topic: str, key: str, kind: tier.UploadError, reason: str, *, now_ms: int
+    ) -> Step[None]:
+        jitter = self._rng.randrange(250)
+        return self._tier(
+            topic, lambda u: u.upload_failed(key, kind, now_ms, reason=reason, jitter_ms=jitter)
+        )
+
+    def tier_index_committed(self, topic: str, start_offset: int, *, now_ms: int) -> Step[None]:
+        return self._tier(topic, lambda u: u.index_committed(start_offset, now_ms))
+
+    def tier_index_exists(self, topic: str, existing: IndexEntry, *, now_ms: int) -> Step[None]:
+        return self._tier(topic, lambda u: u.index_exists(existing, now_ms))
+
+    def tier_commit_failed(self, topic: str, start_offset: int, *, now_ms: int) -> Step[None]:
+        jitter = self._rng.randrange(250)
+        return self._tier(topic, lambda u: u.commit_failed(start_offset, now_ms, jitter))
+
+    def tier_objects_listed(
+        self, topic: str, objects: list[tier.StoredObject], *, now_ms: int
+    ) -> Step[None]:
+        return self._tier(topic, lambda u: u.objects_listed(objects, now_ms))
+
+    def tier_busy(self) -> bool:
+        """Some topic still has uploads or commits under way (shutdown may wait a little)."""
+        return any(r.uploader is not None and not r.uploader.idle for r in self._topics.values())
 
     def _admit(
         self,

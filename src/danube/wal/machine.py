@@ -322,8 +322,17 @@ class WalMachine:
     the epoch (it is written into frames and segment headers as publish and creation time)."""
 
     def __init__(
-        self, topic: str, config: WalConfig, recovered: RecoveryPlan | None = None
+        self,
+        topic: str,
+        config: WalConfig,
+        recovered: RecoveryPlan | None = None,
+        *,
+        tiered: bool = False,
+        start_offset: int = 0,
     ) -> None:
+        """`tiered`: local retention may delete only segments `allow_delete` released (their
+        objects are indexed). `start_offset`: where offsets continue when the local segments
+        end earlier (a broker on an empty disk whose history is in object storage)."""
         self.topic = topic
         self.config = config
         self._segments: list[_Segment] = []
@@ -345,6 +354,9 @@ class WalMachine:
                     segment.add_index(offset, position, config.index_interval_bytes)
                 self._segments.append(segment)
             self._next_offset = recovered.next_offset
+        self._next_offset = max(self._next_offset, start_offset)
+        self._delete_floor: int | None = 0 if tiered else None
+        """Tiered: segments wholly below this offset may be deleted by retention."""
         self._written = self._durable = self._readable = self._next_offset
         self._pending: deque[_Pending] = deque()
         self._pending_bytes = 0
@@ -505,6 +517,19 @@ class WalMachine:
         if active is not None:
             active.sealing = True
         return self._pump(now_ms)
+
+    def allow_delete(self, next_offset: int) -> None:
+        """Tiering indexed every offset below `next_offset`: retention may delete those
+        segments (within its size and age limits) from the next `tick` on."""
+        if self._delete_floor is not None:
+            self._delete_floor = max(self._delete_floor, next_offset)
+
+    def segment_extent(self, segment_base: int) -> tuple[int, int]:
+        """(next offset, size in bytes) of a segment this machine knows."""
+        for segment in self._segments:
+            if segment.base == segment_base:
+                return segment.next_offset, segment.size
+        raise KeyError(f"{self.topic}: no segment {format.segment_name(segment_base)}")
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -701,8 +726,11 @@ class WalMachine:
             return []
         total = sum(s.size for s in self._segments)
         effects: list[Effect] = []
+        floor = self._delete_floor
         while len(self._segments) > 1:
             oldest, successor = self._segments[0], self._segments[1]
+            if floor is not None and oldest.next_offset > floor:
+                break  # not in object storage yet
             too_big = max_bytes is not None and total > max_bytes
             too_old = max_age is not None and now_ms - successor.created_ms >= max_age
             if not (too_big or too_old):
