@@ -25,11 +25,12 @@ from typing import Any, TypeVar
 import trio
 import trio_asyncio
 
+from danube.broker.object_store import ObjectStore, classify
 from danube.broker.segment_files import SegmentFiles, WalExecutor
 from danube.core.errors import DanubeError, ErrorCode
 from danube.core.names import parse_topic
 from danube.dispatch import ConsumerReady
-from danube.metadata import Delete, DeletePrefix, MetadataStore, Put
+from danube.metadata import Compare, Delete, DeletePrefix, MetadataStore, Put
 from danube.node.core import (
     BrokerCore,
     DropWal,
@@ -39,12 +40,24 @@ from danube.node.core import (
     PersistMeta,
     PublishAcked,
     PublishFailed,
+    ReadObject,
     ReadWal,
     RepairWal,
     RetentionSkipped,
     Step,
+    TierHalted,
+    TierIo,
     TopicStopped,
     WalIo,
+)
+from danube.tiering import (
+    CommitIndex,
+    IndexEntry,
+    ListObjects,
+    StoredObject,
+    UploadSegment,
+    decode_object_read,
+    describe_object,
 )
 from danube.wal import machine as wal
 from danube.wal.format import WalFormatError
@@ -99,9 +112,11 @@ class BrokerRuntime:
         wal_root: Path,
         nursery: trio.Nursery,
         loop: asyncio.AbstractEventLoop,
+        objects: ObjectStore | None = None,
     ) -> None:
         self.core = core
         self._loop = loop
+        self._objects = objects
         self._store = store
         self._wal_root = wal_root
         self._nursery = nursery
@@ -122,6 +137,9 @@ class BrokerRuntime:
         self._writer_wakeup = asyncio.Event()
         self._progress = asyncio.Event()
         self._write_failure: str | None = None
+        self._closed = False
+        """Set once shutdown stopped the WAL executors: later completions are dropped (their
+        tasks' nursery is closing) and recovery redoes whatever they would have done."""
         self.stopping = False
         """Set at shutdown: new receive streams are refused so that clients which reopen
         their stream at once (the official ones do) cannot keep the broker from stopping."""
@@ -168,6 +186,15 @@ class BrokerRuntime:
                 self._acknowledge(effect.topic, effect.through_offset)
             elif isinstance(effect, ReadWal):
                 self._nursery.start_soon(self._read_wal, effect)
+            elif isinstance(effect, ReadObject):
+                self._nursery.start_soon(self._read_object, effect)
+            elif isinstance(effect, TierIo):
+                self._nursery.start_soon(self._tier_io, effect)
+            elif isinstance(effect, TierHalted):
+                log.error(
+                    "event=tier_halted topic=%s resumable=%s reason=%r",
+                    effect.topic, effect.resumable, effect.reason,
+                )  # fmt: skip
             elif isinstance(effect, (LoadWal, RepairWal, DropWal)):
                 self._start_wal_task(effect)
             elif isinstance(effect, PublishFailed):
@@ -307,7 +334,12 @@ class BrokerRuntime:
         """Calls the core from a trio task: on the asyncio loop, where the handlers call it
         too, so every core call and the execution of its effects keep one order. (Effects
         applied straight from trio would not wake the loop's waiters promptly either.)"""
-        self._loop.call_soon_threadsafe(lambda: self.apply(call(*args, **kwargs).effects))
+
+        def run() -> None:
+            if not self._closed:
+                self.apply(call(*args, **kwargs).effects)
+
+        self._loop.call_soon_threadsafe(run)
 
     async def wal_loads_done(self) -> None:
         """Waits until every WAL load started so far has finished (broker start)."""
@@ -342,14 +374,132 @@ class BrokerRuntime:
         else:
             self._in_loop(self.core.wal_read_done, read, records, now_ms=now_ms())
 
+    # -- object tier ------------------------------------------------------------------------------
+
+    async def _read_object(self, read: ReadObject) -> None:
+        """History for a subscription; transient store errors are retried here (a stopped
+        topic is for data that is wrong, not for a store that hiccups)."""
+        assert self._objects is not None
+        plan, delay = read.plan, 0.2
+        for attempt in range(6):
+            try:
+                data = await trio.to_thread.run_sync(
+                    self._objects.get_range, plan.key, plan.start_byte, plan.end_byte
+                )
+                records = decode_object_read(plan, data)
+            except WalFormatError as error:
+                reason = f"object {plan.key} does not verify: {error}"
+                self._in_loop(
+                    self.core.wal_read_failed, read, reason, missing=False, now_ms=now_ms()
+                )
+                return
+            except Exception as error:  # the store's errors vary by backend
+                log.warning(
+                    "event=object_read_failed topic=%s key=%s attempt=%d error=%r",
+                    read.topic, plan.key, attempt + 1, error,
+                )  # fmt: skip
+                if attempt == 5:
+                    reason = f"object {plan.key} cannot be read: {error}"
+                    self._in_loop(
+                        self.core.wal_read_failed, read, reason, missing=False, now_ms=now_ms()
+                    )
+                    return
+                await trio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            else:
+                self._in_loop(self.core.wal_read_done, read, records, now_ms=now_ms())
+                return
+
+    async def _tier_io(self, io: TierIo) -> None:
+        assert self._objects is not None
+        effect, topic = io.effect, io.topic
+        if isinstance(effect, UploadSegment):
+            await self._upload(topic, effect)
+        elif isinstance(effect, CommitIndex):
+            await self._commit(topic, effect)
+        elif isinstance(effect, ListObjects):
+            try:
+                listed = await trio.to_thread.run_sync(self._objects.list, effect.prefix)
+            except Exception as error:  # an empty listing: the next scan tries again
+                log.warning("event=object_list_failed topic=%s error=%r", topic, error)
+                listed = []
+            objects = [StoredObject(key, modified) for key, modified in listed]
+            self._in_loop(self.core.tier_objects_listed, topic, objects, now_ms=now_ms())
+        else:
+            try:
+                await trio.to_thread.run_sync(self._objects.delete, effect.key)
+                log.info("event=orphan_deleted topic=%s key=%s", topic, effect.key)
+            except Exception as error:  # the next scan tries again
+                log.warning("event=orphan_delete_failed key=%s error=%r", effect.key, error)
+
+    async def _upload(self, topic: str, effect: UploadSegment) -> None:
+        assert self._objects is not None
+        objects = self._objects
+        topic_wal = self._wals.get(topic)
+        path = topic_wal.files.path(effect.segment_base) if topic_wal else None
+
+        def upload() -> tuple[int, int, tuple[tuple[int, int], ...]]:
+            if path is None:
+                raise FileNotFoundError(f"{topic} has no WAL directory on this broker")
+            data = path.read_bytes()
+            facts = describe_object(
+                data, effect.segment_base, effect.next_offset, effect.index_interval_bytes
+            )
+            objects.put(effect.key, data)
+            return facts.size, facts.crc32c, tuple(facts.offset_index)
+
+        started = time.monotonic()
+        try:
+            size, crc, index = await trio.to_thread.run_sync(upload)
+        except Exception as error:  # classified: throttled, transient or fatal
+            kind = classify(error)
+            log.warning(
+                "event=upload_failed topic=%s key=%s kind=%s error=%r",
+                topic, effect.key, kind.value, error,
+            )  # fmt: skip
+            reason = f"{type(error).__name__}: {error}"
+            self._in_loop(
+                self.core.tier_upload_failed, topic, effect.key, kind, reason, now_ms=now_ms()
+            )
+            return
+        log.info(
+            "event=segment_uploaded topic=%s key=%s bytes=%d seconds=%.3f",
+            topic, effect.key, size, time.monotonic() - started,
+        )  # fmt: skip
+        self._in_loop(
+            self.core.tier_upload_done, topic, effect.key, size, crc, index, now_ms=now_ms()
+        )
+
+    async def _commit(self, topic: str, effect: CommitIndex) -> None:
+        start = effect.entry.start_offset
+        try:
+            result = await self._store.txn(
+                [Compare(effect.path, "version", "==", 0)],
+                [Put(effect.path, effect.value), Put(effect.current_path, effect.current_value)],
+            )
+            if result.succeeded:
+                self._in_loop(self.core.tier_index_committed, topic, start, now_ms=now_ms())
+                return
+            existing = await self._store.get(effect.path)
+            if existing is None:
+                raise KeyError(f"{effect.path} vanished")
+            entry = IndexEntry.from_json(existing.value)
+        except Exception as error:  # outcome unknown (or a bad entry): the machine retries
+            log.warning("event=index_commit_failed topic=%s error=%r", topic, error)
+            self._in_loop(self.core.tier_commit_failed, topic, start, now_ms=now_ms())
+            return
+        self._in_loop(self.core.tier_index_exists, topic, entry, now_ms=now_ms())
+
     async def tick(self, period: float) -> None:
         """Time-driven work of the core (WAL flushes and rotation, dispatch timers)."""
         while True:
             await trio.sleep(period)
             self._in_loop(self.core.tick, now_ms())
 
-    async def quiesce(self, timeout: float) -> None:
-        """Graceful stop: cursors persisted, WALs sealed and idle (or `timeout` passed)."""
+    async def quiesce(self, timeout: float, upload_timeout: float = 0.0) -> None:
+        """Graceful stop: cursors persisted, WALs sealed and idle (or `timeout` passed), and,
+        with an object tier, the sealed tails uploaded and indexed (or `upload_timeout`
+        passed), so a broker that loses its disk later loses nothing that was stored."""
         applied = trio.Event()
 
         def quiesce() -> None:
@@ -361,6 +511,10 @@ class BrokerRuntime:
         with trio.move_on_after(timeout):
             while self.core.wal_busy():
                 await trio.sleep(0.01)
+        with trio.move_on_after(upload_timeout):
+            while self.core.tier_busy():
+                await trio.sleep(0.05)
+        self._closed = True
         for topic_wal in list(self._wals.values()):
             await self._stop_executor(topic_wal)
 

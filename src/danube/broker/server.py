@@ -21,6 +21,7 @@ from danube.broker.data_plane import (
     ProducerService,
 )
 from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
+from danube.broker.object_store import ObjectStore
 from danube.broker.runtime import BrokerRuntime, persist
 from danube.core.config import Address, BrokerConfig
 from danube.dispatch import QueueLimits
@@ -29,6 +30,7 @@ from danube.node.core import BrokerCore, BrokerIdentity
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from danube.proto import danube_schema as schema_pb
+from danube.tiering import UploaderConfig
 from danube.wal import records
 
 log = logging.getLogger("danube.broker")
@@ -52,6 +54,8 @@ ADMIN_PORT_BASES: list[type] = [
 NOT_YET = "this standalone broker version does not offer it yet"
 
 SHUTDOWN_GRACE_SECONDS = 2.0
+UPLOAD_GRACE_SECONDS = 15.0
+"""How long a graceful stop waits for the sealed tails of tiered topics to be uploaded."""
 TICK_SECONDS = 0.05
 """Period of the core's timers: adds to the `flush` loss window and to ack-timeout slack."""
 DROP_CHECK_SECONDS = 1.0
@@ -160,12 +164,23 @@ async def serve(
             wal_config=config.storage.wal,
             max_unacked_messages=config.dispatch.max_unacked_messages,
             routing_key_of=_routing_key_of,
+            uploads=UploaderConfig() if config.storage.tiered else None,
         )
+        objects = None
+        if config.storage.tiered:
+            assert config.storage.durable_root is not None
+            root, storage = config.storage.durable_root, config.storage
+            # In a worker thread: s3fs starts its own asyncio loop (in a thread of its own) on
+            # first use, which trio-asyncio refuses inside the trio thread.
+            objects = await trio.to_thread.run_sync(
+                lambda: ObjectStore(root, endpoint=storage.endpoint, region=storage.region)
+            )
+            log.info("event=object_tier mode=%s root=%s", config.storage.mode, objects.describe())
         restored = core.restore({kv.key: kv.value for kv in await store.scan("/")})
         for effect in core.bootstrap(config.bootstrap_namespaces).effects:
             await persist(store, effect)
         async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
-            runtime = BrokerRuntime(core, store, Path(config.wal_root), nursery, loop)
+            runtime = BrokerRuntime(core, store, Path(config.wal_root), nursery, loop, objects)
             nursery.start_soon(trio_asyncio.aio_as_trio(runtime.write_metadata))
             # Reliable topics recover before the ports open: a client never sees a topic
             # whose offsets are not known yet.
@@ -209,7 +224,7 @@ async def serve(
                 server.close()
                 await trio_asyncio.aio_as_trio(server.wait_closed)()
                 server.close_connections()
-            await runtime.quiesce(SHUTDOWN_GRACE_SECONDS)
+            await runtime.quiesce(SHUTDOWN_GRACE_SECONDS, UPLOAD_GRACE_SECONDS)
             await trio_asyncio.aio_as_trio(runtime.flush_metadata)()
             nursery.cancel_scope.cancel()
     finally:

@@ -1,0 +1,118 @@
+"""The object tier's storage through fsspec (`file://`, `memory://`, `s3://` and the rest):
+whole-object writes, ranged reads, listings and deletes. Every call blocks, so the runtime runs
+them in worker threads; nothing here decides anything (`danube.tiering` does).
+
+Credentials are never passed through here: s3fs reads them from the environment and the
+SDK's default chain, so they appear in no configuration dump and no log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from danube.tiering import UploadError
+from danube.wal.format import WalFormatError
+
+_THROTTLING = ("SlowDown", "Throttl", "TooManyRequests", "503", "429")
+
+
+class ObjectStore:
+    def __init__(self, root: str, *, endpoint: str | None = None, region: str | None = None):
+        options: dict[str, Any] = {}
+        if root.startswith("s3://"):
+            client: dict[str, Any] = {}
+            if endpoint:
+                client["endpoint_url"] = endpoint
+            if region:
+                client["region_name"] = region
+            options["client_kwargs"] = client
+            options["loop"] = _io_loop()
+        self.root = root
+        self.fs, base = fsspec.core.url_to_fs(root, **options)
+        self._base = base.rstrip("/")
+        self._local = "file" in _protocols(self.fs)
+
+    def describe(self) -> str:
+        """For logs: the root URL without anything secret in it (credentials never are)."""
+        return self.root
+
+    def _path(self, key: str) -> str:
+        return f"{self._base}/{key}"
+
+    def put(self, key: str, data: bytes) -> None:
+        """Writes the whole object atomically: readers and crashes see all of it or none."""
+        path = self._path(key)
+        if not self._local:
+            self.fs.pipe_file(path, data)
+            return
+        final = Path(path)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        temporary = final.with_name(final.name + ".tmp")
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, final)
+        directory = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        return bytes(self.fs.cat_file(self._path(key), start=start, end=end))
+
+    def list(self, prefix: str) -> list[tuple[str, int]]:
+        """(key, last modified in ms) of every object under `prefix`."""
+        try:
+            found = self.fs.find(self._path(prefix), detail=True)
+        except FileNotFoundError:
+            return []
+        listed = []
+        for path, info in found.items():
+            key = path[len(self._base) + 1 :] if path.startswith(self._base) else path
+            listed.append((key, _modified_ms(info)))
+        return sorted(listed)
+
+    def delete(self, key: str) -> None:
+        self.fs.rm_file(self._path(key))
+
+
+def _io_loop() -> asyncio.AbstractEventLoop:
+    """A plain asyncio loop in a thread of its own for s3fs. fsspec would make one through
+    the global event-loop policy, which under trio-asyncio yields a loop that cannot run in
+    another thread."""
+    loop = asyncio.SelectorEventLoop()
+    threading.Thread(target=loop.run_forever, name="danube-object-io", daemon=True).start()
+    return loop
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _modified_ms(info: dict[str, Any]) -> int:
+    value = info.get("LastModified", info.get("mtime", info.get("created", 0)))
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    return int(float(value or 0) * 1000)
+
+
+def classify(error: BaseException) -> UploadError:
+    """What an upload failure means for the uploader: throttling, a transient server or
+    network error, or something only an operator fixes (missing bucket or segment, denied
+    access, a segment that does not verify)."""
+    if isinstance(error, (FileNotFoundError, PermissionError, WalFormatError)):
+        return UploadError.FATAL
+    text = f"{type(error).__name__} {error}"
+    if any(mark in text for mark in _THROTTLING):
+        return UploadError.THROTTLED
+    return UploadError.SERVER_ERROR
