@@ -623,7 +623,12 @@ def test_delete_partitioned_topic_deletes_all_partitions_and_ends_streams() -> N
         f"/namespaces/default/topics/default/t-part-{i}" for i in range(3)
     }
     assert {p for m in metas for p in m.delete_prefixes} == {
-        f"/topics/default/t-part-{i}/" for i in range(3)
+        prefix
+        for i in range(3)
+        for prefix in (
+            f"/topics/default/t-part-{i}/",
+            f"/storage/topics/default/t-part-{i}/segments/",
+        )
     }
     assert not any(core.producer_healthy(p) for p in pids)
     assert not any(core.consumer_healthy(c) for c in cids)

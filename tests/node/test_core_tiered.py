@@ -130,3 +130,16 @@ def test_an_empty_disk_continues_offsets_and_serves_history_from_objects() -> No
     publish(fresh, pid, 5, first=120)
     received = read_all(fresh, "replay", 125)
     assert received == [f"m{i:04d}" for i in range(125)]
+
+
+def test_deleting_a_topic_deletes_its_index_so_a_new_one_starts_empty() -> None:
+    driver = start()
+    pid = producer(driver)
+    publish(driver, pid, 60)
+    assert index_of(driver)
+    driver.run(driver.core.delete_topic(TOPIC).effects)
+    assert index_of(driver) == []
+    pid = producer(driver)  # the same name again
+    publish(driver, pid, 3)
+    restarted = start(files=driver.files, objects=driver.objects, metadata=driver.metadata)
+    assert read_all(restarted, "fresh", 3) == ["m0000", "m0001", "m0002"]

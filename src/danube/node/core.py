@@ -494,7 +494,11 @@ class BrokerCore:
         effects: list[Effect] = [
             PersistMeta(
                 deletes=(paths.namespace_topic(record.name),),
-                delete_prefixes=(paths.topic_prefix(record.name),),
+                # the object index too: a topic created again under this name starts empty
+                delete_prefixes=(
+                    paths.topic_prefix(record.name),
+                    tier_layout.index_prefix(record.name),
+                ),
             )
         ]
         for producer_id in record.producers.values():
