@@ -70,3 +70,43 @@ def test_danube_storage_keys_map_onto_the_wal_config() -> None:
 def test_mistakes_name_the_key(data: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
         config_from_mapping(data)
+
+
+def test_object_tier_modes_take_a_durable_root() -> None:
+    config = config_from_mapping(
+        {
+            "storage": {
+                "mode": "object_store",
+                "durable": {
+                    "root": "s3://bucket/danube",
+                    "endpoint": "http://127.0.0.1:9000",
+                    "region": "eu-west-1",
+                },
+            }
+        }
+    )
+    storage = config.storage
+    assert (storage.mode, storage.tiered) == ("object_store", True)
+    assert (storage.durable_root, storage.endpoint, storage.region) == (
+        "s3://bucket/danube",
+        "http://127.0.0.1:9000",
+        "eu-west-1",
+    )
+    shared = config_from_mapping({"storage": {"mode": "shared_fs", "durable": {"root": "/mnt"}}})
+    assert shared.storage.tiered and shared.storage.durable_root == "/mnt"
+    assert not config_from_mapping({}).storage.tiered
+
+
+@pytest.mark.parametrize(
+    ("storage", "needle"),
+    [
+        ({"mode": "object_store"}, "storage.durable.root: required"),
+        ({"mode": "shared_fs", "durable": {"root": "s3://b"}}, "shared_fs takes a path"),
+        ({"mode": "object_store", "durable": {"root": "/mnt"}}, "s3://bucket/prefix"),
+        ({"mode": "object_store", "durable": {"root": "s3://b", "secret_key": "x"}}, "secret_key"),
+        ({"mode": "tape"}, "local, shared_fs or object_store"),
+    ],
+)
+def test_object_tier_mistakes_name_the_key(storage: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        config_from_mapping({"storage": storage})
