@@ -119,8 +119,8 @@ def reuse_offset_after_restart() -> Iterator[None]:
     """After recovery the next offset is one too low: the last offset is assigned again."""
     original = WalMachine.__init__
 
-    def init(self: WalMachine, topic: str, config: Any, recovered: Any = None) -> None:
-        original(self, topic, config, recovered)
+    def init(self: WalMachine, topic: str, config: Any, recovered: Any = None, **kw: Any) -> None:
+        original(self, topic, config, recovered, **kw)
         if recovered is not None and recovered.segments:
             self._next_offset -= 1
             self._written = self._durable = self._readable = self._next_offset
