@@ -13,19 +13,26 @@ import time
 from pathlib import Path
 
 from sim.faults import Faults
-from sim.run import SUB_TYPES, Result, Simulation, Workload, replay_command
+from sim.run import SUB_TYPES, TIERED, Result, Simulation, Workload, replay_command
 
 PROFILES = {
     "none": Faults(),
     "default": Faults(
         loss=0.002, partition=0.01, slow_fsync=0.01, disk_full=0.003, crash=0.01,
         power_failure=0.005, clock_jump=0.005,
+        s3_throttle=0.02, s3_server_error=0.02, s3_stall=0.005, upload_crash=0.05,
+        commit_unknown=0.05, fenced_upload=0.01,
     ),
     "heavy": Faults(
         loss=0.01, partition=0.05, slow_fsync=0.05, disk_full=0.02, crash=0.04,
         power_failure=0.02, clock_jump=0.02, bit_flip=0.005,
+        s3_throttle=0.05, s3_server_error=0.05, s3_stall=0.02, upload_crash=0.1,
+        commit_unknown=0.1, fenced_upload=0.03,
     ),
 }  # fmt: skip
+"""The object-store knobs (`s3_*`, `upload_crash`, `commit_unknown`, `fenced_upload`) only act
+in tiered runs: a run without an object tier draws nothing for them, so its trace is what it
+was before they existed."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,20 +51,30 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--trace", type=Path, help="write the whole trace of the run here")
     parser.add_argument("--json", action="store_true", help="print one JSON summary per run")
-    workload = parser.add_argument_group("workload")
+    workload = parser.add_argument_group(
+        "workload (with --tiered, segment-bytes and retention-bytes default to "
+        f"{TIERED.segment_bytes} and {TIERED.retention_bytes})"
+    )
     defaults = Workload()
     for item in dataclasses.fields(Workload):
         value = getattr(defaults, item.name)
         flag = f"--{item.name.replace('_', '-')}"
-        if isinstance(value, tuple):
+        # None: not given, so the tiered or the plain defaults apply (`_workload`)
+        if isinstance(value, bool):
             workload.add_argument(
-                flag, default=",".join(value),
-                help=f"comma-separated, from {', '.join(SUB_TYPES)} (default {','.join(value)})",
+                flag, action="store_true", default=None,
+                help="object tier: uploads to a simulated S3, local retention, a late audit "
+                "subscription reading from the earliest offset",
+            )  # fmt: skip
+        elif isinstance(value, tuple):
+            workload.add_argument(
+                flag, help=f"comma-separated, from {', '.join(SUB_TYPES)} (default "
+                f"{','.join(value)})",
             )  # fmt: skip
         elif item.name == "durability":
-            workload.add_argument(flag, choices=["fsync", "flush"], default=value)
+            workload.add_argument(flag, choices=["fsync", "flush"], help=f"(default {value})")
         else:
-            workload.add_argument(flag, type=type(value), default=value, help=f"(default {value})")
+            workload.add_argument(flag, type=type(value), help=f"(default {value})")
     faults = parser.add_argument_group("faults (probabilities per opportunity; see sim/README.md)")
     for item in dataclasses.fields(Faults):
         faults.add_argument(
@@ -71,13 +88,15 @@ def _workload(args: argparse.Namespace) -> Workload:
     values = {}
     for item in dataclasses.fields(Workload):
         value = getattr(args, item.name)
+        if value is None:
+            continue
         if item.name == "subscriptions":
             value = tuple(s for s in value.split(",") if s)
             unknown = [s for s in value if s not in SUB_TYPES]
             if unknown or not value:
                 raise SystemExit(f"python -m sim: error: unknown subscription type(s) {unknown}")
         values[item.name] = value
-    return Workload(**values)
+    return dataclasses.replace(TIERED if args.tiered else Workload(), **values)
 
 
 def _faults(args: argparse.Namespace) -> Faults:
@@ -100,6 +119,11 @@ def report(result: Result, workload: Workload, faults: Faults) -> str:
         f"{result.received}, duplicates {result.duplicates}, drained {result.drained}",
         f"  faults injected: {result.injected.summary()}",
     ]
+    if result.tier:
+        shown = ", ".join(f"{name} {count}" for name, count in sorted(result.tier.items()))
+        lines.append(f"  object tier: {shown}")
+    for halt in result.tier_halts:
+        lines.append(f"  uploads halted ({halt})")
     if result.lost:
         lines.append(f"  acknowledged but lost: {result.lost}")
     if result.stopped_topics:

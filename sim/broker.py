@@ -4,14 +4,18 @@ real request translation of `danube.node.requests`, driven by simulated I/O inst
 It does what `danube.broker.runtime` does with the core's effects, with the disk and the
 network of the simulation: metadata changes become durable at once (the real broker replies
 only after they are), WAL file effects run one at a time per topic with simulated latencies,
-receive streams carry stored records over ordered simulated streams. A crash throws all of
-it away except the disk and the metadata, exactly what a restarted process would find.
+receive streams carry stored records over ordered simulated streams. With an object tier it
+also does what the runtime's object-store driver does: uploads sealed segments read from the
+simulated disk, commits index entries with a compare-and-create on the metadata, lists and
+deletes objects, and serves history reads from the simulated store (retrying the store's
+transient failures). A crash throws all of it away except the disk, the metadata and the
+object store, exactly what a restarted process would find.
 """
 
 from __future__ import annotations
 
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,13 +35,28 @@ from danube.node.core import (
     PersistMeta,
     PublishAcked,
     PublishFailed,
+    ReadObject,
     ReadWal,
     RepairWal,
     RetentionSkipped,
+    TierHalted,
+    TierIo,
     TopicStopped,
     WalIo,
 )
 from danube.proto import danube as pb
+from danube.tiering import (
+    CommitIndex,
+    IndexEntry,
+    ListObjects,
+    ObjectRead,
+    StoredObject,
+    UploaderConfig,
+    UploadError,
+    UploadSegment,
+    decode_object_read,
+    describe_object,
+)
 from danube.wal import format, records
 from danube.wal.machine import (
     CloseSegment,
@@ -55,9 +74,10 @@ from danube.wal.recovery import (
     UnreadableSegment,
     plan_recovery,
 )
-from sim.disk import SimDisk
+from sim.disk import SimDisk, SimFile
 from sim.faults import Faults, Injected
 from sim.network import Network, Stream
+from sim.objects import SimObjectStore, StoreError
 from sim.world import World
 
 URL = "http://sim-broker:6650"
@@ -66,6 +86,10 @@ EPOCH_MS = 1_795_000_000_000
 """Where the broker's wall clock starts (November 2026), so clock jumps stay realistic."""
 STREAM_BATCH = 64
 _WRITE_US_PER_KIB = 4
+META_TXN_US = 2_000
+"""A metadata transaction (an etcd round trip with its fsync) takes this plus network latency."""
+OBJECT_READ_ATTEMPTS = 6
+"""As the runtime: a history read retries the store's failures, then stops the topic."""
 
 
 class Reply:
@@ -117,6 +141,29 @@ class Observer:
         self, topic: str, sub: SubscriptionRecordView, consumer_id: int, offset: int, key: str
     ) -> None: ...
 
+    def written(self, topic: str, data: bytes) -> None:
+        """Frames reached the topic's segment file (a torn write passes its prefix)."""
+
+    def retention_skipped(self, topic: str, subscription: str, first: int, end: int) -> None:
+        """The broker found offsets [first, end) in no tier for a subscription's read."""
+
+    def index_committed(self, topic: str) -> None:
+        """An index entry of the topic was created in the metadata."""
+
+    def object_read(self, topic: str, plan: ObjectRead) -> None:
+        """The broker plans a history read from an object."""
+
+    def object_served(self, topic: str, first: int, records: tuple[bytes, ...]) -> None:
+        """An object read decoded these records, from offset `first` on."""
+
+    def object_deleted(self, topic: str, key: str) -> None:
+        """The broker deletes an object (an orphan, it believes)."""
+
+    def segment_deleted(self, topic: str, base: int, next_offset: int) -> None:
+        """Local retention deletes a segment file holding offsets [base, next_offset)."""
+
+    def tier_halted(self, topic: str, reason: str, resumable: bool) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class SubscriptionRecordView:
@@ -137,7 +184,11 @@ class SimBroker:
         observer: Observer,
         *,
         max_unacked: int = 10,
+        metadata: dict[str, Any] | None = None,
+        objects: SimObjectStore | None = None,
+        uploads: UploaderConfig | None = None,
     ) -> None:
+        """`objects` and `uploads` together turn the object tier on."""
         self.world = world
         self.network = network
         self.disk = disk
@@ -146,7 +197,14 @@ class SimBroker:
         self.wal_config = wal_config
         self.observer = observer
         self.max_unacked = max_unacked
-        self.metadata: dict[str, Any] = {}
+        self.metadata: dict[str, Any] = {} if metadata is None else metadata
+        self.objects = objects
+        self.uploads = uploads
+        self.tier_stats: Counter[str] = Counter()
+        self._landed: set[str] = set()
+        """Objects uploaded since the last crash whose index entry is not committed yet."""
+        self._left: set[str] = set()
+        """Objects a crash left without an index entry, until an upload commits them."""
         self.clock_skew_ms = 0
         self.incarnation = 0
         self.up = False
@@ -179,6 +237,7 @@ class SimBroker:
             wal_config=self.wal_config,
             max_unacked_messages=self.max_unacked,
             routing_key_of=_routing_key_of,
+            uploads=self.uploads,
         )
         self.core = core
         self._io, self._waiters, self._streams, self._current = {}, {}, {}, {}
@@ -201,6 +260,12 @@ class SimBroker:
         self.world.log(f"fault {kind}" if fault else "final restart")
         self.up = False
         self.core = None
+        if self._landed:
+            if fault:
+                self.injected["orphan_left"] += len(self._landed)
+            self.world.log(f"orphans left {sorted(self._landed)}")
+            self._left.update(self._landed)
+            self._landed.clear()
         for topic, io in self._io.items():
             torn = io.queue[0] if io.busy and io.queue else None
             if isinstance(torn, Write) and self.world.rng.random() < 0.5:
@@ -219,6 +284,7 @@ class SimBroker:
         file = self.disk.topics[topic].files.get(write.segment_base)
         if file is not None and len(file.cache) == write.position:
             file.cache += write.data[:keep]
+            self.observer.written(topic, write.data[:keep])
 
     def _alive(self, incarnation: int) -> BrokerCore | None:
         return self.core if self.up and self.incarnation == incarnation else None
@@ -394,8 +460,24 @@ class SimBroker:
                 self.world.log(f"topic_stopped {effect.topic}")
                 self.stopped_topics[effect.topic] = effect.reason
                 self._fail_waiters(effect.topic, 0, effect.reason)
+            elif isinstance(effect, TierIo):
+                self.world.at(0, lambda e=effect, i=self.incarnation: self._tier_io(i, e))
+            elif isinstance(effect, ReadObject):
+                self.observer.object_read(effect.topic, effect.plan)
+                self.world.at(0, lambda e=effect, i=self.incarnation: self._read_object(i, e, 0))
+            elif isinstance(effect, TierHalted):
+                self.world.log(f"tier_halted {effect.topic} resumable={effect.resumable}")
+                self.tier_stats["halts"] += 1
+                self.observer.tier_halted(effect.topic, effect.reason, effect.resumable)
             else:
                 assert isinstance(effect, RetentionSkipped), effect
+                self.world.log(
+                    f"retention_skipped {effect.topic}/{effect.subscription} "
+                    f"{effect.first}-{effect.end}"
+                )
+                self.observer.retention_skipped(
+                    effect.topic, effect.subscription, effect.first, effect.end
+                )
 
     def _persist(self, effect: PersistMeta) -> None:
         metadata = self.metadata
@@ -449,9 +531,11 @@ class SimBroker:
                 self.disk.create(topic, effect.base_offset, effect.header)
             elif isinstance(effect, Write):
                 self.disk.write(topic, effect.segment_base, effect.position, effect.data)
+                self.observer.written(topic, effect.data)
             elif isinstance(effect, Fsync):
                 self.disk.fsync(topic, effect.segment_base)
             elif isinstance(effect, DeleteSegment):
+                self._prune(topic, effect.segment_base)
                 self.disk.delete(topic, effect.segment_base)
             else:
                 assert isinstance(effect, CloseSegment)
@@ -503,6 +587,201 @@ class SimBroker:
         else:
             step = core.wal_read_done(effect, records, now_ms=self.now_ms)
         self._apply(step.effects)
+
+    # -- object tier ------------------------------------------------------------------------------
+
+    def _prune(self, topic: str, base: int) -> None:
+        """Local retention deletes a segment: tell the checker which offsets leave the disk."""
+        file = self._segment_file(topic, base)
+        if file is None or self.objects is None:
+            return
+        self.tier_stats["segments_pruned"] += 1
+        try:
+            next_offset = format.scan_segment(bytes(file.cache)).next_offset
+        except format.WalFormatError:
+            next_offset = base
+        self.observer.segment_deleted(topic, base, next_offset)
+
+    def _segment_file(self, topic: str, base: int) -> SimFile | None:
+        files = self.disk.topics.get(topic)
+        return None if files is None else files.files.get(base)
+
+    def _tier_io(self, incarnation: int, io: TierIo) -> None:
+        if self._alive(incarnation) is None:
+            return
+        effect = io.effect
+        if isinstance(effect, UploadSegment):
+            self._upload(incarnation, io.topic, effect)
+        elif isinstance(effect, CommitIndex):
+            self.world.at(
+                META_TXN_US + self.network.latency(),
+                lambda: self._commit(incarnation, io.topic, effect),
+            )
+        elif isinstance(effect, ListObjects):
+            self._list(incarnation, io.topic, effect)
+        else:
+            self._delete_object(io.topic, effect.key)
+
+    def _upload(self, incarnation: int, topic: str, effect: UploadSegment) -> None:
+        """As the runtime: read the local segment whole, verify it (`describe_object`), put
+        it; a segment that is gone or does not verify is `FATAL`."""
+        store, key = self.objects, effect.key
+        assert store is not None
+        self.tier_stats["uploads"] += 1
+        self.world.log(f"upload {key}")
+        file = self._segment_file(topic, effect.segment_base)
+        try:
+            if file is None:
+                raise FileNotFoundError(f"segment {effect.segment_base} of {topic} is gone")
+            data = bytes(file.cache)
+            facts = describe_object(
+                data, effect.segment_base, effect.next_offset, effect.index_interval_bytes
+            )
+        except (OSError, format.WalFormatError) as error:
+            reason = f"{type(error).__name__}: {error}"
+            self._upload_failed(incarnation, topic, key, UploadError.FATAL, reason)
+            return
+
+        def landed() -> None:
+            self._landed.add(key)
+            self.world.log(f"object landed {key}")
+
+        def done(error: StoreError | None) -> None:
+            if self._alive(incarnation) is None:
+                return
+            if error is not None:
+                kind = (
+                    UploadError.THROTTLED
+                    if error is StoreError.SLOW_DOWN
+                    else UploadError.SERVER_ERROR
+                )
+                self._upload_failed(incarnation, topic, key, kind, error.value)
+                return
+            faults = self.faults
+            if faults.upload_crash and self.world.rng.random() < faults.upload_crash:
+                self.injected["upload_crash"] += 1
+                self.crash(power=False)
+                return
+            core = self._alive(incarnation)
+            assert core is not None
+            step = core.tier_upload_done(
+                topic, key, facts.size, facts.crc32c, facts.offset_index, now_ms=self.now_ms
+            )
+            self._apply(step.effects)
+
+        store.put(key, data, lambda: self._alive(incarnation) is not None, done, landed)
+
+    def _upload_failed(
+        self, incarnation: int, topic: str, key: str, kind: UploadError, reason: str
+    ) -> None:
+        core = self._alive(incarnation)
+        if core is None:
+            return
+        self.tier_stats[f"upload_{kind.value}"] += 1
+        self.world.log(f"upload_failed {key} {kind.value}")
+        step = core.tier_upload_failed(topic, key, kind, reason, now_ms=self.now_ms)
+        self._apply(step.effects)
+
+    def _commit(self, incarnation: int, topic: str, effect: CommitIndex) -> None:
+        """The runtime's transaction: if `path` does not exist, put the entry and the `cur`
+        pointer (durable at once). With `commit_unknown` the answer is lost whatever
+        happened, and the uploader hears only that the outcome is unknown."""
+        core = self._alive(incarnation)
+        if core is None:
+            return  # the process died before its request went out
+        faults, rng, start = self.faults, self.world.rng, effect.entry.start_offset
+        unknown = bool(faults.commit_unknown) and rng.random() < faults.commit_unknown
+        if effect.path not in self.metadata and (not unknown or rng.random() < 0.5):
+            self.metadata[effect.path] = effect.value
+            self.metadata[effect.current_path] = effect.current_value
+            self.tier_stats["commits"] += 1
+            self.world.log(f"index committed {effect.path}")
+            key = effect.entry.key
+            self._landed.discard(key)
+            if key in self._left:
+                self._left.discard(key)
+                self.tier_stats["orphans_adopted"] += 1
+            self.observer.index_committed(topic)
+            created = True
+        else:
+            created = False
+        if unknown:
+            self.injected["commit_unknown"] += 1
+            self.world.log(f"index commit unknown {effect.path}")
+            step = core.tier_commit_failed(topic, start, now_ms=self.now_ms)
+        elif created:
+            step = core.tier_index_committed(topic, start, now_ms=self.now_ms)
+        else:
+            self.tier_stats["commits_found"] += 1
+            existing = IndexEntry.from_json(self.metadata[effect.path])
+            step = core.tier_index_exists(topic, existing, now_ms=self.now_ms)
+        self._apply(step.effects)
+
+    def _list(self, incarnation: int, topic: str, effect: ListObjects) -> None:
+        store = self.objects
+        assert store is not None
+
+        def done(listed: list[tuple[str, int]] | None, error: StoreError | None) -> None:
+            core = self._alive(incarnation)
+            if core is None:
+                return
+            # as the runtime: a failed listing is an empty one; the next scan tries again
+            self.tier_stats["orphan_scans"] += 1
+            found = [StoredObject(key, modified) for key, modified in listed or []]
+            step = core.tier_objects_listed(topic, found, now_ms=self.now_ms)
+            self._apply(step.effects)
+
+        store.list_prefix(effect.prefix, done)
+
+    def _delete_object(self, topic: str, key: str) -> None:
+        store = self.objects
+        assert store is not None
+        self.observer.object_deleted(topic, key)
+        self.world.log(f"delete object {key}")
+
+        def done(error: StoreError | None) -> None:
+            if error is None:
+                self.tier_stats["orphans_deleted"] += 1
+
+        store.delete(key, done)
+
+    def _read_object(self, incarnation: int, read: ReadObject, attempt: int) -> None:
+        """As the runtime: a range GET, decoded and verified; the store's failures are
+        retried with a doubling delay, and only data that does not verify (or a store that
+        fails `OBJECT_READ_ATTEMPTS` times in a row) stops the topic."""
+        store, plan = self.objects, read.plan
+        assert store is not None
+        if self._alive(incarnation) is None:
+            return
+        if attempt == 0:
+            self.tier_stats["object_reads"] += 1
+
+        def done(data: bytes | None, error: StoreError | None) -> None:
+            core = self._alive(incarnation)
+            if core is None:
+                return
+            if error is not None:
+                self.world.log(f"object_read_failed {plan.key} {error.value}")
+                self.tier_stats["object_read_failures"] += 1
+                if attempt + 1 < OBJECT_READ_ATTEMPTS:
+                    delay = min(200_000 << attempt, 5_000_000)
+                    self.world.at(delay, lambda: self._read_object(incarnation, read, attempt + 1))
+                    return
+                reason = f"object {plan.key} cannot be read: {error.value}"
+                step = core.wal_read_failed(read, reason, missing=False, now_ms=self.now_ms)
+            else:
+                assert data is not None
+                try:
+                    records = decode_object_read(plan, data)
+                except format.WalFormatError as failure:
+                    reason = f"object {plan.key} does not verify: {failure}"
+                    step = core.wal_read_failed(read, reason, missing=False, now_ms=self.now_ms)
+                else:
+                    self.observer.object_served(read.topic, plan.from_offset, records)
+                    step = core.wal_read_done(read, records, now_ms=self.now_ms)
+            self._apply(step.effects)
+
+        store.get_range(plan.key, plan.start_byte, plan.end_byte, done)
 
 
 class _Answer:

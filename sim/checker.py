@@ -12,7 +12,15 @@ stream writer sends, and, white-box, the dispatcher's in-flight sets). What it c
 3. order: Exclusive/Failover send in offset order, and a run that restarts begins at an offset
    below which everything is acknowledged; Key-Shared sends a key's messages in offset order;
 5. exclusivity: an Exclusive/Failover subscription never has messages in flight to two
-   consumers, and Key-Shared never has two messages of one key in flight.
+   consumers, and Key-Shared never has two messages of one key in flight;
+7. objects equal frames (tiered runs): after every index commit and at the end, the index in
+   the metadata is sound (`validate_index`: no gap, no overlap), its entries never change or
+   vanish, `cur` names the newest, and each indexed object is whole, of the indexed size and
+   CRC32C, holds exactly the indexed offsets (its sparse index naming real frame starts), and
+   every record in it is the record the local WAL last wrote at that offset; a history read
+   names only an indexed object, inside its entry, and returns those same records; an
+   orphan deletion never names an indexed object; local retention deletes a segment only once
+   all its offsets are indexed; and no read finds an offset in no tier (that would break 4).
 
 `flush` durability gives up 1 and 2 on power failure (spec/durability.md): after one, the
 checker stops judging offsets and reports the acknowledged messages lost instead. A topic the
@@ -21,17 +29,27 @@ broker stopped (a bit flip detected) is reported, not judged: its data is known 
 
 from __future__ import annotations
 
+import struct
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from danube.core.names import parse_topic
 from danube.dispatch.types import SubscriptionType
+from danube.kernels import crc32c
+from danube.tiering import IndexEntry, IndexFormatError, ObjectRead, layout, validate_index
 from danube.wal import format, records
 from danube.wal.machine import Durability
 from sim.broker import Observer, SubscriptionRecordView
 from sim.disk import SimDisk
+from sim.objects import SimObjectStore
 from sim.world import World
 
 _SINGLE_ACTIVE = (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
+_FRAME_LENGTH = struct.Struct("<4xI")
+"""A frame's total length, after its CRC."""
+TIER = "7 objects equal frames"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +84,27 @@ class _Subscription:
 
 
 class InvariantChecker(Observer):
-    def __init__(self, world: World, disk: SimDisk, durability: Durability) -> None:
+    def __init__(
+        self,
+        world: World,
+        disk: SimDisk,
+        durability: Durability,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        objects: SimObjectStore | None = None,
+    ) -> None:
+        """`objects` (with the broker's `metadata`): a tiered run, whose object tier is
+        judged too."""
         self.world = world
         self.disk = disk
         self.durability = durability
+        self.metadata: Mapping[str, Any] = {} if metadata is None else metadata
+        self.objects = objects
+        self.wal_records: dict[str, dict[int, bytes]] = defaultdict(dict)
+        """Tiered: the record the local WAL last wrote at each offset."""
+        self._entries: dict[str, dict[int, IndexEntry]] = defaultdict(dict)
+        """Tiered: the index entries seen so far (already checked), by start offset."""
+        self.tier_halts: list[tuple[str, str, bool]] = []
         self.violations: list[Violation] = []
         self.acknowledged_payloads: dict[str, dict[bytes, str | None]] = defaultdict(dict)
         self.offsets: dict[str, dict[int, bytes]] = defaultdict(dict)
@@ -184,6 +219,168 @@ class InvariantChecker(Observer):
     def client_acked(self, topic: str, sub: str, offset: int) -> None:
         self.subscriptions[(topic, sub)].acks.add(offset)
 
+    # -- the object tier --------------------------------------------------------------------------
+
+    def written(self, topic: str, data: bytes) -> None:
+        if self.objects is None:
+            return
+        stored = self.wal_records[topic]
+        cursor = 0
+        while cursor + _FRAME_LENGTH.size <= len(data):
+            (length,) = _FRAME_LENGTH.unpack_from(data, cursor)
+            if cursor + length > len(data):
+                break  # the torn end of a write
+            frame = format.decode_frame(data, cursor)
+            for index, record in enumerate(frame.records):
+                stored[frame.base_offset + index] = record
+            cursor += length
+
+    def retention_skipped(self, topic: str, subscription: str, first: int, end: int) -> None:
+        self._violate(
+            "4 at-least-once",
+            f"{topic}/{subscription}: offsets {first}–{end - 1} were in no tier when the "
+            "subscription read them",
+        )
+
+    def index_committed(self, topic: str) -> None:
+        self._check_index(topic, everything=False)
+
+    def object_read(self, topic: str, plan: ObjectRead) -> None:
+        entry = self.indexed(topic).get(plan.segment_base)
+        if entry is None or entry.key != plan.key:
+            self._violate(TIER, f"{topic}: a history read names {plan.key}, which no entry names")
+        elif not entry.start_offset <= plan.from_offset < plan.end_offset <= entry.next_offset:
+            self._violate(
+                TIER,
+                f"{topic}: a read of offsets {plan.from_offset}–{plan.end_offset - 1} from "
+                f"{plan.key} reaches outside its entry",
+            )
+
+    def object_served(self, topic: str, first: int, records: tuple[bytes, ...]) -> None:
+        for index, record in enumerate(records):
+            if not self._same_record(topic, first + index, record, "a history read"):
+                return
+
+    def object_deleted(self, topic: str, key: str) -> None:
+        if any(entry.key == key for entry in self.indexed(topic).values()):
+            self._violate(TIER, f"{topic}: the orphan collection deletes indexed object {key}")
+
+    def segment_deleted(self, topic: str, base: int, next_offset: int) -> None:
+        entries = sorted(self.indexed(topic).values(), key=lambda e: e.start_offset)
+        if not (
+            entries and entries[0].start_offset <= base and next_offset <= entries[-1].next_offset
+        ):
+            covered = (
+                f"{entries[0].start_offset}–{entries[-1].end_offset}" if entries else "nothing"
+            )
+            self._violate(
+                TIER,
+                f"{topic}: local retention deletes segment {base} (offsets {base}–"
+                f"{next_offset - 1}) while the index covers {covered}",
+            )
+
+    def tier_halted(self, topic: str, reason: str, resumable: bool) -> None:
+        self.tier_halts.append((topic, reason, resumable))
+
+    def indexed(self, topic: str) -> dict[int, IndexEntry]:
+        """The topic's committed index entries in the metadata, by start offset."""
+        prefix = layout.index_prefix(parse_topic(topic))
+        found: dict[int, IndexEntry] = {}
+        for path, value in self.metadata.items():
+            start = layout.index_start(path) if path.startswith(prefix) else None
+            if start is None:
+                continue
+            try:
+                found[start] = IndexEntry.from_json(value)
+            except IndexFormatError as error:
+                self._violate(TIER, f"{topic}: index entry {path} is malformed: {error}")
+        return found
+
+    def _check_index(self, topic: str, *, everything: bool) -> None:
+        """The index as committed now; the objects of entries not checked before (all of
+        them with `everything`)."""
+        name = parse_topic(topic)
+        indexed = self.indexed(topic)
+        entries = [indexed[start] for start in sorted(indexed)]
+        for start, entry in indexed.items():
+            if entry.start_offset != start:
+                self._violate(TIER, f"{topic}: the entry at {start} starts at {entry.start_offset}")
+        for problem in validate_index(entries):
+            self._violate(TIER, f"{topic}: {problem}")
+        seen = self._entries[topic]
+        for start, before in seen.items():
+            if indexed.get(start) != before:
+                self._violate(TIER, f"{topic}: committed index entry {start} changed or vanished")
+        if entries:
+            current = self.metadata.get(layout.current_path(name))
+            if current != layout.current_value(entries[-1].start_offset):
+                self._violate(
+                    TIER,
+                    f"{topic}: cur is {current}, the newest entry starts at "
+                    f"{entries[-1].start_offset}",
+                )
+        for entry in entries:
+            if everything or entry.start_offset not in seen:
+                self._check_object(topic, entry)
+        seen.update(indexed)
+
+    def _check_object(self, topic: str, entry: IndexEntry) -> None:
+        assert self.objects is not None
+        name = parse_topic(topic)
+        where = f"{topic}: object {entry.key}"
+        if entry.key != layout.object_key(name, entry.start_offset, entry.next_offset):
+            self._violate(TIER, f"{where} is not named after its offsets")
+        stored = self.objects.objects.get(entry.key)
+        if stored is None:
+            self._violate(TIER, f"{where} is indexed but not in the store")
+            return
+        data = stored.data
+        if (len(data), crc32c(data)) != (entry.size, entry.crc32c):
+            self._violate(
+                TIER,
+                f"{where} has {len(data)} bytes with crc32c {crc32c(data)}, the index says "
+                f"{entry.size} bytes with crc32c {entry.crc32c}",
+            )
+            return
+        try:
+            scan = format.scan_segment(data)
+        except format.WalFormatError as error:
+            self._violate(TIER, f"{where} is not a segment: {error}")
+            return
+        held = (scan.state, scan.header.base_offset, scan.next_offset)
+        if held != (format.SegmentState.WHOLE, entry.start_offset, entry.next_offset):
+            self._violate(
+                TIER,
+                f"{where} is {scan.state.value} with offsets {scan.header.base_offset}–"
+                f"{scan.next_offset - 1}, indexed as {entry.start_offset}–{entry.end_offset}",
+            )
+            return
+        frames = dict(zip(scan.positions, scan.base_offsets, strict=True))
+        wrong = [pair for pair in entry.offset_index if frames.get(pair[1]) != pair[0]]
+        if wrong:
+            self._violate(TIER, f"{where}: offset_index pairs {wrong[:3]} name no frame start")
+        for position in scan.positions:
+            frame = format.decode_frame(data, position)
+            for index, record in enumerate(frame.records):
+                if not self._same_record(topic, frame.base_offset + index, record, where):
+                    return
+
+    def _same_record(self, topic: str, offset: int, record: bytes, where: str) -> bool:
+        """Whether `record`, found at `offset` in an object, is what the WAL wrote there."""
+        written = self.wal_records[topic].get(offset)
+        if written == record and records.decode(record).topic_offset == offset:
+            return True
+        payload = records.decode(record).payload
+        if written is None:
+            self._violate(TIER, f"{where} holds offset {offset} ({payload!r}), never written")
+        else:
+            self._violate(
+                TIER,
+                f"{where} holds {payload!r} at offset {offset}, where the WAL wrote "
+                f"{records.decode(written).payload!r}",
+            )
+        return False
+
     # -- at the end -------------------------------------------------------------------------------
 
     def final(self, subscriptions: list[tuple[str, str]], stopped: dict[str, str]) -> None:
@@ -204,6 +401,9 @@ class InvariantChecker(Observer):
         for topic in self.disk.topics:
             if topic not in stopped and self.offsets_judged:
                 self._check_records(topic)
+        if self.objects is not None:
+            for topic in dict.fromkeys(topic for topic, _ in subscriptions):
+                self._check_index(topic, everything=True)
 
     def _check_records(self, topic: str) -> None:
         expected: int | None = None

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from danube.core.errors import DanubeError, ErrorCode
-from danube.dispatch import LATEST
+from danube.dispatch import LATEST, StartPosition
 from danube.proto import danube as pb
 from danube.wal import records
 from sim.broker import Reply, SimBroker
@@ -187,7 +187,9 @@ class SimConsumer:
         sub_type: int,
         ack_delay_us: int,
         nack: float,
+        start: StartPosition = LATEST,
     ) -> None:
+        """`start` matters only when this consumer's subscribe creates the subscription."""
         self.world = world
         self.network = network
         self.broker = broker
@@ -198,6 +200,7 @@ class SimConsumer:
         self.sub_type = sub_type
         self.ack_delay_us = ack_delay_us
         self.nack = nack
+        self.start_position = start
         self._caller = _Caller(world, network, broker, f"{name}@{subscription}")
         self._consumer_id: int | None = None
         self._stream = 0
@@ -218,7 +221,9 @@ class SimConsumer:
             subscription=self.subscription,
             subscription_type=pb.ConsumerRequestSubscriptionType(self.sub_type),
         )
-        self._caller.call(request, self._subscribed, self._retry_subscribe, start=LATEST)
+        self._caller.call(
+            request, self._subscribed, self._retry_subscribe, start=self.start_position
+        )
 
     def _retry_subscribe(self) -> None:
         self.world.at(RETRY_US, self._subscribe)

@@ -37,6 +37,25 @@ class Faults:
     restart_us: int = 300_000
     clock_jump: float = 0.0
     """Per fault tick: the broker's wall clock steps by up to ±30 s."""
+    # object store (tiered runs only: nothing else draws on these)
+    s3_latency_us: int = 20_000
+    """Mean latency of an object-store request (exponential around a 2 ms floor)."""
+    s3_throttle: float = 0.0
+    """Per request: refused with SlowDown (503); nothing is written."""
+    s3_server_error: float = 0.0
+    """Per request: a 5xx; a failed put has landed anyway half the time (lost answer)."""
+    s3_stall: float = 0.0
+    """Per request: it takes 1 to 5 s longer."""
+    upload_crash: float = 0.0
+    """Per landed upload: the broker dies before it commits the index entry, leaving an
+    object no index names (counted as `orphan_left`)."""
+    commit_unknown: float = 0.0
+    """Per index commit: the answer is lost, whether or not the transaction landed (half
+    each); the uploader must retry and recognise its own entry."""
+    fenced_upload: float = 0.0
+    """Per fault tick: an upload by a fenced-out former owner lands: an object with other
+    records whose range starts inside the indexed history. Only the index keeps readers
+    from it; the orphan scan must delete it."""
 
     @classmethod
     def knobs(cls) -> list[str]:
@@ -44,7 +63,9 @@ class Faults:
 
     def without_faults(self) -> Faults:
         """The same latencies, no faults: the drain phase at the end of a run."""
-        return Faults(latency_us=self.latency_us, fsync_us=self.fsync_us)
+        return Faults(
+            latency_us=self.latency_us, fsync_us=self.fsync_us, s3_latency_us=self.s3_latency_us
+        )
 
 
 class Injected(Counter[str]):

@@ -1,5 +1,7 @@
 """One simulation run: a broker, its clients, the fault clock, a drain phase and the final
-checks. Everything random comes from the world's one RNG, seeded by `--seed`."""
+checks. Everything random comes from the world's one RNG, seeded by `--seed`. A tiered run
+adds a simulated object store, uploads, local retention and a late `audit` subscription that
+reads the whole history from the start, most of it from objects."""
 
 from __future__ import annotations
 
@@ -8,15 +10,18 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from danube.core.config import DispatchStrategy
-from danube.dispatch.types import SubscriptionType
+from danube.core.names import parse_topic
+from danube.dispatch.types import StartKind, StartPosition, SubscriptionType
 from danube.proto import danube as pb
+from danube.tiering import UploaderConfig, layout
 from danube.wal.machine import Durability, WalConfig
-from sim.broker import SimBroker
+from sim.broker import EPOCH_MS, SimBroker
 from sim.checker import InvariantChecker, Violation
 from sim.clients import SimConsumer, SimProducer
 from sim.disk import SimDisk
 from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
+from sim.objects import SimObjectStore, StoredBlob, impostor_segment
 from sim.world import US_PER_MS, US_PER_S, World
 
 SUB_TYPES = {
@@ -28,6 +33,20 @@ SUB_TYPES = {
 DRAIN_LIMIT_US = 90 * US_PER_S
 """Ack timeouts (30 s) and redelivery backoff bound how long delivering everything can take
 once the faults stop."""
+AUDIT = "audit"
+"""Tiered runs: an Exclusive subscription created halfway through, starting at the earliest
+offset, after local retention pruned the start of the history."""
+UPLOADS = UploaderConfig(
+    max_in_flight=2,
+    retry_base_ms=200,
+    retry_max_ms=3_000,
+    index_interval_bytes=1024,
+    orphan_scan_interval_ms=1_000,
+    orphan_grace_ms=2_000,
+)
+"""Scaled to a run of seconds: two uploads at a time (commits still go in order), retries
+within a second or so, several sparse-index pairs per object, and orphan scans often enough to
+collect within the run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +67,11 @@ class Workload:
     segment_bytes: int = 64 * 1024
     cache_bytes: int = 16 * 1024
     """Small, so lagging subscriptions read segment files."""
+    tiered: bool = False
+    """An object tier: sealed segments go to a simulated object store and its index, local
+    retention prunes what is indexed, and an `audit` subscription reads from the start."""
+    retention_bytes: int = 0
+    """Tiered runs: local retention keeps about this many bytes of segments (0: all)."""
 
     def wal_config(self) -> WalConfig:
         return WalConfig(
@@ -55,7 +79,14 @@ class Workload:
             segment_bytes=self.segment_bytes,
             cache_bytes=self.cache_bytes,
             flush_interval_ms=200,
+            retention_bytes=self.retention_bytes if self.tiered and self.retention_bytes else None,
         )
+
+
+TIERED = Workload(tiered=True, segment_bytes=8 * 1024, retention_bytes=8 * 1024)
+"""What `--tiered` starts from: segments of about ninety messages, sealed about twice a second,
+and local retention that keeps little more than the open segment, so history moves to
+objects within the run."""
 
 
 @dataclass(slots=True)
@@ -74,6 +105,10 @@ class Result:
     lost: dict[str, int]
     stopped_topics: dict[str, str]
     drained: bool
+    tier: dict[str, int] = field(default_factory=dict)
+    """Tiered runs: what the object tier did (uploads, commits, segments pruned, reads...)."""
+    tier_halts: list[str] = field(default_factory=list)
+    """Why uploads stopped (`TierHalted`): no invariant breaks, but history stops moving."""
     trace_tail: list[str] = field(default_factory=list)
     trace: list[str] | None = None
 
@@ -106,8 +141,15 @@ class Simulation:
         self.injected = Injected()
         self.disk = SimDisk()
         self.network = Network(self.world, faults, self.injected)
+        self.metadata: dict[str, Any] = {}
+        self.objects = (
+            SimObjectStore(self.world, faults, self.injected, EPOCH_MS) if workload.tiered else None
+        )
+        self.impostors: set[str] = set()
         wal = workload.wal_config()
-        self.checker = InvariantChecker(self.world, self.disk, wal.durability)
+        self.checker = InvariantChecker(
+            self.world, self.disk, wal.durability, metadata=self.metadata, objects=self.objects
+        )
         self.broker = SimBroker(
             self.world,
             self.network,
@@ -117,14 +159,39 @@ class Simulation:
             wal,
             self.checker,
             max_unacked=workload.max_unacked,
+            metadata=self.metadata,
+            objects=self.objects,
+            uploads=UPLOADS if workload.tiered else None,
         )
         self.producers: list[SimProducer] = []
         self.consumers: list[SimConsumer] = []
+        self.audits: list[SimConsumer] = []
         self.subscriptions: list[tuple[str, str]] = []
-        for t in range(workload.topics):
-            topic = f"/default/sim-{t}"
+        """Created before anything is published."""
+        self.judged: list[tuple[str, str]] = []
+        """Every subscription owed every acknowledged message (the audits too)."""
+        self.topics = [f"/default/sim-{t}" for t in range(workload.topics)]
+        for t, topic in enumerate(self.topics):
+            if workload.tiered:
+                self.judged.append((topic, AUDIT))
+                self.audits.append(
+                    SimConsumer(
+                        self.world,
+                        self.network,
+                        self.broker,
+                        self.checker,
+                        name="a0",
+                        topic=topic,
+                        subscription=AUDIT,
+                        sub_type=int(SubscriptionType.EXCLUSIVE),
+                        ack_delay_us=workload.ack_delay_ms * US_PER_MS,
+                        nack=workload.nack,
+                        start=StartPosition(StartKind.EARLIEST),
+                    )
+                )
             for name in workload.subscriptions:
                 self.subscriptions.append((topic, name))
+                self.judged.append((topic, name))
                 for c in range(workload.consumers):
                     self.consumers.append(
                         SimConsumer(
@@ -155,6 +222,7 @@ class Simulation:
                     )
                 )
         self._disk_full_until = 0
+        self._pruned_before_audit = 0
 
     def _setup(self) -> None:
         """The topics and subscriptions exist before anything is published, so every
@@ -162,7 +230,7 @@ class Simulation:
         self.broker.start()
         core = self.broker.core
         assert core is not None
-        for topic in dict.fromkeys(t for t, _ in self.subscriptions):
+        for topic in self.topics:
             self.broker._apply(core.create_topic(topic, DispatchStrategy.RELIABLE).effects)
         for topic, name in self.subscriptions:
             self.broker._apply(
@@ -177,7 +245,8 @@ class Simulation:
             self.checker.power_failed()
             self.broker.crash(power=True)
         if faults.partition and rng.random() < faults.partition:
-            clients = [c.client for c in self.consumers] + [p.name for p in self.producers]
+            consumers = self.consumers + self.audits
+            clients = [c.client for c in consumers] + [p.name for p in self.producers]
             client = rng.choice(clients)
             self.network.partition(client, faults.partition_us)
             self.broker.break_streams(client)
@@ -198,12 +267,46 @@ class Simulation:
             self.broker.clock_skew_ms += jump
             self.injected["clock_jump"] += 1
             world.log(f"fault clock_jump {jump}ms")
+        if (
+            self.objects is not None
+            and faults.fenced_upload
+            and rng.random() < faults.fenced_upload
+        ):
+            self._fenced_upload()
         self.world.at(FAULT_TICK_US, self._fault_tick)
+
+    def _start_audits(self) -> None:
+        """Halfway through: by now local retention has pruned the start of the history."""
+        self._pruned_before_audit = self.broker.tier_stats["segments_pruned"]
+        self.world.log(f"audit starts after {self._pruned_before_audit} segments were pruned")
+        for audit in self.audits:
+            audit.start()
+
+    def _fenced_upload(self) -> None:
+        """A former owner's late upload lands: an object, with records no producer sent,
+        whose range starts inside the indexed history but that no entry names. It can never
+        be indexed; readers must never see it and the orphan scan must delete it."""
+        store, rng = self.objects, self.world.rng
+        assert store is not None
+        topic = rng.choice(self.topics)
+        entries = self.checker.indexed(topic)
+        if not entries:
+            return
+        start = rng.randrange(min(entries), max(e.next_offset for e in entries.values()))
+        next_offset = start + rng.randint(1, 20)
+        if start in entries and entries[start].next_offset == next_offset:
+            next_offset += 1
+        key = layout.object_key(parse_topic(topic), start, next_offset)
+        data = impostor_segment(topic, range(start, next_offset), store.now_ms)
+        store.objects[key] = StoredBlob(data, store.now_ms)
+        self.impostors.add(key)
+        self.injected["fenced_upload"] += 1
+        self.world.log(f"fault fenced_upload {key}")
 
     def _drained(self) -> bool:
         """Everything acknowledged reached every subscription (of topics still serving)."""
         acknowledged = self.checker.acknowledged_payloads
-        for topic, sub in self.subscriptions:
+        for topic, sub in self.judged:
             if topic in self.broker.stopped_topics:
                 continue
             received = self.checker.subscriptions[(topic, sub)].received
@@ -221,6 +324,8 @@ class Simulation:
             world.at(100 * US_PER_MS, producer.start)
         world.at(FAULT_TICK_US, self._fault_tick)
         end = int(duration_s * US_PER_S)
+        if self.audits:
+            world.at(end // 2, self._start_audits)
         world.run_until(end, stop=lambda: bool(self.checker.violations))
         drained = False
         if not self.checker.violations:
@@ -230,6 +335,8 @@ class Simulation:
             calm = self.faults.without_faults()
             self.network.faults = calm
             self.broker.faults = calm
+            if self.objects is not None:
+                self.objects.faults = calm
             self.faults = calm
             self.disk.full = False
             world.log("drain")
@@ -242,7 +349,7 @@ class Simulation:
             # durable bytes went bad (an injected bit flip) rather than serve them.
             self.broker.crash(power=False, fault=False)
             world.run_until(world.now + self.faults.restart_us)
-            self.checker.final(self.subscriptions, self.broker.stopped_topics)
+            self.checker.final(self.judged, self.broker.stopped_topics)
         return Result(
             seed=self.seed,
             duration_s=duration_s,
@@ -258,22 +365,43 @@ class Simulation:
             lost={f"{t}/{s}": n for (t, s), n in self.checker.lost.items()},
             stopped_topics=dict(self.broker.stopped_topics),
             drained=drained,
+            tier=self._tier_summary(),
+            tier_halts=[
+                f"{'resumable' if resumable else 'final'}: {reason}"
+                for _, reason, resumable in self.checker.tier_halts
+            ],
             trace_tail=list(world.recent),
             trace=world.lines,
         )
 
+    def _tier_summary(self) -> dict[str, int]:
+        if self.objects is None:
+            return {}
+        summary = dict(self.broker.tier_stats)
+        summary["objects"] = len(self.objects.objects)
+        summary["indexed"] = sum(len(self.checker.indexed(topic)) for topic in self.topics)
+        summary["impostors_left"] = len(self.impostors & self.objects.objects.keys())
+        summary["audit_received"] = sum(audit.received for audit in self.audits)
+        summary["pruned_before_audit"] = self._pruned_before_audit
+        return summary
+
 
 def replay_command(seed: int, duration_s: float, workload: Workload, faults: Faults) -> str:
-    """The command line that reruns exactly this simulation."""
+    """The command line that reruns exactly this simulation: `--tiered` and `--profile none`
+    first, since the command line starts from the tiered workload and the default profile."""
     args = [f"python -m sim --seed {seed} --duration {duration_s:g}"]
-    default_workload, default_faults = Workload(), Faults()
+    base = TIERED if workload.tiered else Workload()
+    if workload.tiered:
+        args.append("--tiered")
+    args.append("--profile none")
     for item in fields(Workload):
         value = getattr(workload, item.name)
-        if value != getattr(default_workload, item.name):
+        if item.name != "tiered" and value != getattr(base, item.name):
             shown = ",".join(value) if isinstance(value, tuple) else value
             args.append(f"--{item.name.replace('_', '-')} {shown}")
+    calm = Faults()
     for item in fields(Faults):
         value = getattr(faults, item.name)
-        if value != getattr(default_faults, item.name):
+        if value != getattr(calm, item.name):
             args.append(f"--{item.name.replace('_', '-')} {value}")
     return " ".join(args)

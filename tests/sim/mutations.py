@@ -10,6 +10,7 @@ from typing import Any
 from unittest import mock
 
 from danube.dispatch import reliable
+from danube.tiering.uploader import AllowLocalDelete, Uploader
 from danube.wal import recovery
 from danube.wal.machine import Acknowledge, Durability, WalMachine
 
@@ -129,6 +130,23 @@ def reuse_offset_after_restart() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def local_delete_before_commit() -> Iterator[None]:
+    """Local retention may delete a segment once its upload landed, before its index entry is
+    committed: a crash in between loses the history, and until the commit no tier serves it."""
+    original = Uploader.upload_done
+
+    def upload_done(self: Uploader, key: str, *args: Any, **kwargs: Any) -> list[Any]:
+        segment = self._by_key.get(key)
+        effects = original(self, key, *args, **kwargs)
+        if segment is not None:
+            effects.insert(0, AllowLocalDelete(segment.base, segment.next_offset))
+        return effects
+
+    with mock.patch.object(Uploader, "upload_done", upload_done):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "ack_before_fsync": ack_before_fsync,
     "cursor_past_unacked": cursor_past_unacked,
@@ -137,3 +155,7 @@ MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "two_exclusive_consumers": two_exclusive_consumers,
     "reuse_offset_after_restart": reuse_offset_after_restart,
 }
+TIERED_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "local_delete_before_commit": local_delete_before_commit,
+}
+"""Bugs of the object tier, caught by tiered runs (`tests/sim/test_tiered_sim.py`)."""

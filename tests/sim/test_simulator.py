@@ -4,6 +4,7 @@ and honest about what `flush` durability loses."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -92,4 +93,22 @@ def test_replay_command_names_every_changed_setting() -> None:
     from sim.run import replay_command
 
     command = replay_command(5, 2.0, Workload(durability="flush"), Faults(crash=0.5))
-    assert command == "python -m sim --seed 5 --duration 2 --durability flush --crash 0.5"
+    assert command == (
+        "python -m sim --seed 5 --duration 2 --profile none --durability flush --crash 0.5"
+    )
+
+
+def test_a_seed_gives_the_same_digest_in_any_process() -> None:
+    """Regression: the Key-Shared dispatcher iterated a set of keys, so the trace followed
+    the per-process string hash seed."""
+    digests = set()
+    for hash_seed in ("0", "1", "12345"):
+        done = subprocess.run(
+            [sys.executable, "-m", "sim", "--seed", "1", "--profile", "heavy",
+             "--duration", "2", "--json"],
+            capture_output=True, text=True, timeout=120, check=False,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        digests.add(json.loads(done.stdout)["digest"])
+    assert len(digests) == 1

@@ -217,7 +217,8 @@ class ReliableSubscription:
         # keys whose head can be sent now, and keys no connected consumer accepts
         self._keys: dict[bytes, deque[int]] = {}
         self._sendable: dict[bytes, None] = {}
-        self._unroutable: set[bytes] = set()
+        self._unroutable: dict[bytes, None] = {}
+        """A dict, not a set: iteration order must not depend on PYTHONHASHSEED."""
         # (time, offset, token): ack deadlines (in time order, as the clock only moves
         # forward) and Shared/Key-Shared redelivery times
         self._deadlines: deque[tuple[int, int, int]] = deque()
@@ -566,7 +567,7 @@ class ReliableSubscription:
         for key in keys:
             owner = self._key_owner(key)
             if owner is None:
-                self._unroutable.add(key)
+                self._unroutable[key] = None
             else:
                 self._send(self._keys[key][0], owner, batches)
 
@@ -580,7 +581,7 @@ class ReliableSubscription:
 
     def _route_unroutable(self) -> None:
         """Membership or filters changed: keys nobody accepted may have an owner now."""
-        self._sendable.update(dict.fromkeys(self._unroutable))
+        self._sendable.update(self._unroutable)
         self._unroutable.clear()
 
     def _next_read(self) -> Read | None:

@@ -140,7 +140,9 @@ class TierIo:
 
 @dataclass(frozen=True, slots=True)
 class TierHalted:
-    """Effect: the topic's uploads stopped (log it; `resumable`: fixable by `tier_resume`)."""
+    """Effect: the topic's uploads stopped (log it). `resumable`: the cause is outside (the
+    store, credentials); a restart of the broker resumes (an admin resume comes with the
+    admin API)."""
 
     topic: str
     reason: str
@@ -285,6 +287,8 @@ class TopicRecord:
     index: list[IndexEntry] = field(default_factory=list)
     """Tiered: the object index read at restore, until the uploader takes it over."""
     uploader: tier.Uploader | None = None
+    sealed_through: int = 0
+    """Tiered: end of the last segment the uploader was told is sealed."""
 
     @property
     def reliable(self) -> bool:
@@ -1072,13 +1076,26 @@ class BrokerCore:
                 tier.SealedSegment(s.base_offset, s.next_offset, s.size) for s in plan.segments
             ]
             index, record.index = record.index, []
+            record.sealed_through = max(
+                [indexed_next, *(s.next_offset for s in plan.segments)], default=0
+            )
             effects.extend(
                 self._tier_effects(record, record.uploader.recovered(index, sealed, now_ms))
             )
         elif record.uploader is not None:
-            indexed = record.uploader.indexed_next
-            if indexed:
-                log.allow_delete(indexed)
+            # A repair: recovery closed the segment that was open. Tell the uploader about
+            # every local segment it has not heard of, and release the indexed ones again.
+            uploader = record.uploader
+            indexed = {entry.start_offset for entry in uploader.entries}
+            for found in plan.segments:
+                if found.base_offset in indexed:
+                    log.allow_delete(found.base_offset)
+                elif found.base_offset >= record.sealed_through:
+                    sealed = uploader.segment_sealed(
+                        found.base_offset, found.next_offset, found.size, now_ms
+                    )
+                    effects.extend(self._tier_effects(record, sealed))
+                    record.sealed_through = found.next_offset
         for sub in record.subscriptions.values():
             if record.loaded and log.readable_offset < sub.reliable.read_position:
                 self._rebuild(sub, now_ms)
@@ -1259,6 +1276,7 @@ class BrokerCore:
                     sealed = record.uploader.segment_sealed(
                         effect.segment_base, next_offset, size, now_ms
                     )
+                    record.sealed_through = next_offset
                     out.extend(self._tier_effects(record, sealed))
             elif isinstance(effect, wal.Acknowledge):
                 out.append(PublishAcked(topic, effect.through_offset))
@@ -1333,7 +1351,7 @@ class BrokerCore:
         for effect in effects:
             if isinstance(effect, tier.AllowLocalDelete):
                 if record.wal is not None:
-                    record.wal.allow_delete(effect.next_offset)
+                    record.wal.allow_delete(effect.segment_base)
             elif isinstance(effect, tier.Halted):
                 out.append(TierHalted(topic, effect.reason, effect.resumable))
             else:

@@ -355,8 +355,8 @@ class WalMachine:
                 self._segments.append(segment)
             self._next_offset = recovered.next_offset
         self._next_offset = max(self._next_offset, start_offset)
-        self._delete_floor: int | None = 0 if tiered else None
-        """Tiered: segments wholly below this offset may be deleted by retention."""
+        self._deletable: set[int] | None = set() if tiered else None
+        """Tiered: bases of the segments whose objects are indexed (only these may go)."""
         self._written = self._durable = self._readable = self._next_offset
         self._pending: deque[_Pending] = deque()
         self._pending_bytes = 0
@@ -518,11 +518,12 @@ class WalMachine:
             active.sealing = True
         return self._pump(now_ms)
 
-    def allow_delete(self, next_offset: int) -> None:
-        """Tiering indexed every offset below `next_offset`: retention may delete those
-        segments (within its size and age limits) from the next `tick` on."""
-        if self._delete_floor is not None:
-            self._delete_floor = max(self._delete_floor, next_offset)
+    def allow_delete(self, segment_base: int) -> None:
+        """Tiering indexed this segment's object: retention may delete it (within its size
+        and age limits) from the next `tick` on. Per segment, not a floor: an index that
+        starts above the oldest local segment must not release it."""
+        if self._deletable is not None:
+            self._deletable.add(segment_base)
 
     def segment_extent(self, segment_base: int) -> tuple[int, int]:
         """(next offset, size in bytes) of a segment this machine knows."""
@@ -726,16 +727,18 @@ class WalMachine:
             return []
         total = sum(s.size for s in self._segments)
         effects: list[Effect] = []
-        floor = self._delete_floor
+        deletable = self._deletable
         while len(self._segments) > 1:
             oldest, successor = self._segments[0], self._segments[1]
-            if floor is not None and oldest.next_offset > floor:
+            if deletable is not None and oldest.base not in deletable:
                 break  # not in object storage yet
             too_big = max_bytes is not None and total > max_bytes
             too_old = max_age is not None and now_ms - successor.created_ms >= max_age
             if not (too_big or too_old):
                 break
             self._segments.pop(0)
+            if deletable is not None:
+                deletable.discard(oldest.base)
             total -= oldest.size
             effects.append(DeleteSegment(oldest.base))
         first = self.first_offset
