@@ -54,3 +54,18 @@ def test_file_store_leaves_no_temporary_files(tmp_path: Path) -> None:
 )
 def test_failures_are_classified_for_the_uploader(error: BaseException, kind: UploadError) -> None:
     assert classify(error) is kind
+
+
+def test_s3fs_slowdown_is_throttling_through_its_cause() -> None:
+    """Regression: s3fs raises OSError(EBUSY, "Reduce your request rate.") from S3's
+    SlowDown; the text alone names neither, and it was taken for a transient error."""
+    import errno
+
+    try:
+        try:
+            raise RuntimeError("An error occurred (SlowDown) when calling the PutObject")
+        except RuntimeError as original:
+            raise OSError(errno.EBUSY, "Reduce your request rate.") from original
+    except OSError as translated:
+        assert classify(translated) is UploadError.THROTTLED
+    assert classify(OSError(errno.EBUSY, "busy")) is UploadError.THROTTLED

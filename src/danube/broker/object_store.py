@@ -9,6 +9,7 @@ SDK's default chain, so they appear in no configuration dump and no log line.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import threading
 from datetime import datetime
@@ -112,7 +113,14 @@ def classify(error: BaseException) -> UploadError:
     access, a segment that does not verify)."""
     if isinstance(error, (FileNotFoundError, PermissionError, WalFormatError)):
         return UploadError.FATAL
-    text = f"{type(error).__name__} {error}"
-    if any(mark in text for mark in _THROTTLING):
-        return UploadError.THROTTLED
+    # s3fs turns S3's SlowDown into OSError(EBUSY, "Reduce your request rate."), keeping the
+    # original as the cause: look at the whole chain.
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno == errno.EBUSY:
+            return UploadError.THROTTLED
+        text = f"{type(cause).__name__} {cause}"
+        if any(mark in text for mark in _THROTTLING) or "request rate" in text.lower():
+            return UploadError.THROTTLED
+        cause = cause.__cause__ or cause.__context__
     return UploadError.SERVER_ERROR

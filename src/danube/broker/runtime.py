@@ -377,11 +377,13 @@ class BrokerRuntime:
     # -- object tier ------------------------------------------------------------------------------
 
     async def _read_object(self, read: ReadObject) -> None:
-        """History for a subscription; transient store errors are retried here (a stopped
-        topic is for data that is wrong, not for a store that hiccups)."""
+        """History for a subscription. Store errors are retried for as long as they last
+        (backoff capped at 5 s): a stopped topic is for data that is wrong, not for a store
+        that is down for a while. Only bytes that do not verify stop the topic."""
         assert self._objects is not None
-        plan, delay = read.plan, 0.2
-        for attempt in range(6):
+        plan, delay, attempt = read.plan, 0.2, 0
+        while not self._closed and read.topic in self._wals:
+            attempt += 1
             try:
                 data = await trio.to_thread.run_sync(
                     self._objects.get_range, plan.key, plan.start_byte, plan.end_byte
@@ -394,16 +396,11 @@ class BrokerRuntime:
                 )
                 return
             except Exception as error:  # the store's errors vary by backend
-                log.warning(
-                    "event=object_read_failed topic=%s key=%s attempt=%d error=%r",
-                    read.topic, plan.key, attempt + 1, error,
-                )  # fmt: skip
-                if attempt == 5:
-                    reason = f"object {plan.key} cannot be read: {error}"
-                    self._in_loop(
-                        self.core.wal_read_failed, read, reason, missing=False, now_ms=now_ms()
-                    )
-                    return
+                if attempt <= 5 or attempt % 20 == 0:
+                    log.warning(
+                        "event=object_read_failed topic=%s key=%s attempt=%d error=%r",
+                        read.topic, plan.key, attempt, error,
+                    )  # fmt: skip
                 await trio.sleep(delay)
                 delay = min(delay * 2, 5.0)
             else:
