@@ -425,7 +425,7 @@ class SimBroker:
     def _apply(self, effects: Any) -> None:
         for effect in effects:
             if isinstance(effect, PersistMeta):
-                self._persist(effect)
+                effect.apply_to(self.metadata)
             elif isinstance(effect, WalIo):
                 io = self._io.setdefault(effect.topic, TopicIo())
                 io.queue.extend(effect.effects)
@@ -479,15 +479,6 @@ class SimBroker:
                     effect.topic, effect.subscription, effect.first, effect.end
                 )
 
-    def _persist(self, effect: PersistMeta) -> None:
-        metadata = self.metadata
-        for prefix in effect.delete_prefixes:
-            for key in [k for k in metadata if k.startswith(prefix)]:
-                del metadata[key]
-        for key in effect.deletes:
-            metadata.pop(key, None)
-        for key, value in effect.puts:
-            metadata[key] = value
 
     def _acknowledge(self, topic: str, through: int) -> None:
         self.world.log(f"acknowledged {topic} through={through}")

@@ -102,7 +102,7 @@ class MemoryWalDriver:
                 work.extend(self._tier(effect))
             else:
                 if isinstance(effect, PersistMeta):
-                    self._persist(effect)
+                    effect.apply_to(self.metadata)
                 elif isinstance(effect, TierHalted):
                     self.halted.append(effect)
                 if isinstance(effect, PublishAcked):
@@ -113,14 +113,6 @@ class MemoryWalDriver:
                 out.append(effect)
         return out
 
-    def _persist(self, effect: PersistMeta) -> None:
-        for prefix in effect.delete_prefixes:
-            for key in [k for k in self.metadata if k.startswith(prefix)]:
-                del self.metadata[key]
-        for key in effect.deletes:
-            self.metadata.pop(key, None)
-        for key, value in effect.puts:
-            self.metadata[key] = value
 
     def _tier(self, io: TierIo) -> list[Any]:
         core, topic, effect, now = self.core, io.topic, io.effect, self.now_ms

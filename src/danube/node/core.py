@@ -61,6 +61,17 @@ class PersistMeta:
     deletes: tuple[str, ...] = ()
     delete_prefixes: tuple[str, ...] = ()
 
+    def apply_to(self, metadata: dict[str, Any]) -> None:
+        """Applies the change to an in-memory key/value map in the order a store applies
+        it (prefix deletes, deletes, puts): for drivers without a store (simulator, tests)."""
+        for prefix in self.delete_prefixes:
+            for key in [k for k in metadata if k.startswith(prefix)]:
+                del metadata[key]
+        for key in self.deletes:
+            metadata.pop(key, None)
+        for key, value in self.puts:
+            metadata[key] = value
+
 
 @dataclass(frozen=True, slots=True)
 class EndStream:
