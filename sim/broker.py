@@ -479,7 +479,6 @@ class SimBroker:
                     effect.topic, effect.subscription, effect.first, effect.end
                 )
 
-
     def _acknowledge(self, topic: str, through: int) -> None:
         self.world.log(f"acknowledged {topic} through={through}")
         self.observer.acknowledged(topic, through, self.wal_config.durability)

@@ -113,7 +113,6 @@ class MemoryWalDriver:
                 out.append(effect)
         return out
 
-
     def _tier(self, io: TierIo) -> list[Any]:
         core, topic, effect, now = self.core, io.topic, io.effect, self.now_ms
         if isinstance(effect, UploadSegment):
