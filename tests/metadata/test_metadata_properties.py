@@ -61,7 +61,9 @@ class MetadataStateMachine(RuleBasedStateMachine):
         actual: object
         expected: object
         if compare.target == "value":
-            actual = canonical(None if entry is None else entry.value)
+            if entry is None:
+                return False  # etcd: no value compare holds on a missing key
+            actual = canonical(entry.value)
             expected = canonical(compare.operand)
         else:
             actual = 0 if entry is None else getattr(entry, compare.target)

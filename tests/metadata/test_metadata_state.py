@@ -109,8 +109,10 @@ def test_compare_on_missing_key_sees_etcd_zero_values() -> None:
         Compare("/m", "version", "==", 0),
         Compare("/m", "create_revision", "==", 0),
         Compare("/m", "mod_revision", "==", 0),
-        Compare("/m", "value", "==", None),
     )
+    # As in etcd, no value compare holds on a missing key, not even `== None` or `!=`.
+    for op in ("==", "!=", "<", ">"):
+        assert not holds(Compare("/m", "value", op, None))  # type: ignore[arg-type]
     assert not holds(Compare("/m", "value", "<", "z"))
     assert not holds(Compare("/m", "value", ">", ""))
     state.put("/m", "x")

@@ -46,10 +46,10 @@ class Compare:
     """A guard of a transaction, evaluated against the state before any of its operations.
 
     A missing key compares as etcd's empty KeyValue: version, create_revision and mod_revision
-    are 0 and the value is None (so `value == None` also holds for a stored JSON null; test
-    `version == 0` for absence). Values compare as their canonical JSON text (sorted keys,
-    compact, ASCII), which is what an etcd backend stores and compares byte-wise; "<" and ">"
-    on a missing key's value are always false, as in etcd.
+    are 0, and every value compare on it is false, whatever the operator (etcd 3.4 checked:
+    even `!=`); test `version == 0` for absence. Values compare as their canonical JSON text
+    (sorted keys, compact, ASCII), which is what an etcd backend stores and compares
+    byte-wise.
     """
 
     key: str

@@ -347,9 +347,9 @@ class MetadataState:
     def _holds(self, compare: Compare) -> bool:
         entry = self._entries.get(compare.key)
         if compare.target == "value":
-            if entry is None and compare.op in ("<", ">"):
-                return False
-            actual: Any = encode_value(None) if entry is None else entry.text
+            if entry is None:
+                return False  # etcd: a value compare on a missing key never holds
+            actual: Any = entry.text
             expected: Any = encode_value(compare.operand)
         else:
             actual = 0 if entry is None else getattr(entry, compare.target)
