@@ -35,6 +35,8 @@ apt_install() {
 if ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
   apt_install python3-venv
 fi
+# The etcd server the metadata tests start on free ports (a cluster's metadata store).
+apt_install etcd-server
 
 make_venv() {  # dir, stamp text, pip args...
   local dir=$1 stamp=$2; shift 2

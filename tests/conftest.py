@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# First, before anything imports google.protobuf: etcd3's generated code needs protobuf's
+# pure-Python implementation, which protobuf picks once per process at its first import
+# (`pytest tests/wire tests/metadata` would otherwise fail to import the etcd backend).
+import danube.metadata.etcd  # noqa: F401  # isort: skip
 from tests.support.broker import BrokerProcess
 
 

@@ -1,0 +1,184 @@
+"""What only the etcd backend has: connecting, key prefixes, etcd's compaction and lease clock,
+several clients racing on one etcd, and etcd going away."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+import pytest
+import trio
+
+from danube.metadata import (
+    CompactedError,
+    Compare,
+    Get,
+    LeaseNotFound,
+    MetadataError,
+    Put,
+    TxnResult,
+    WatchEvent,
+)
+from danube.metadata.etcd import EtcdStore, EtcdUnavailable
+from tests.metadata.conftest import EtcdStores
+from tests.support.etcd import EtcdProcess, free_port
+
+pytestmark = pytest.mark.trio
+
+
+async def test_unreachable_endpoint_is_named_in_the_error(etcd_stores: EtcdStores) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(EtcdUnavailable, match=f"etcd at {dead} did not answer within 0.3 s") as e:
+        await EtcdStore.connect([dead], timeout_s=0.3)
+    assert isinstance(e.value, MetadataError)
+    assert "grpc" not in "".join(traceback.format_exception(e.value)), "no gRPC traceback"
+
+    # The first endpoint that answers is the one used.
+    store = await etcd_stores.open(timeout_s=0.3)
+    await store.put("/k", "v")
+    fallback = await EtcdStore.connect(
+        [dead, f"http://{etcd_stores.server.endpoint}"], prefix=etcd_stores.prefix, timeout_s=0.3
+    )
+    async with fallback:
+        assert (await fallback.get("/k")) == await store.get("/k")
+
+
+async def test_endpoints_must_be_plain_host_and_port() -> None:
+    with pytest.raises(ValueError, match="only plain http"):
+        await EtcdStore.connect(["https://127.0.0.1:2379"])
+    with pytest.raises(ValueError, match="not host:port"):
+        await EtcdStore.connect(["127.0.0.1"])
+    with pytest.raises(ValueError, match="at least one endpoint"):
+        await EtcdStore.connect([])
+
+
+async def test_prefixes_isolate_stores_sharing_one_etcd(etcd_stores: EtcdStores) -> None:
+    a = await etcd_stores.open(prefix=f"{etcd_stores.prefix}/a")
+    b = await etcd_stores.open(prefix=f"{etcd_stores.prefix}/b")
+    parent = await etcd_stores.open()
+    async with b.watch("") as b_events:
+        await a.put("/k", "a")
+        revision = await b.put("/k", "b")
+        assert await anext(b_events) == WatchEvent("put", "/k", "b", revision, None)
+    a_key = await a.get("/k")
+    assert a_key is not None and (a_key.key, a_key.value) == ("/k", "a")
+    assert [(kv.key, kv.value) for kv in await parent.scan("")] == [("/a/k", "a"), ("/b/k", "b")]
+    assert await a.delete_prefix("") == 1
+    assert [kv.key for kv in await b.scan("")] == ["/k"]
+    created = await a.txn([Compare("/k", "version", "==", 0)], [Put("/k", "again")])
+    assert created.succeeded, "a's /k is gone even though b's is not"
+
+
+async def test_value_compares_on_a_missing_key_fail_as_in_etcd(etcd_stores: EtcdStores) -> None:
+    # etcd cannot represent a missing value, so every value compare on a missing key is false;
+    # the in-memory reference treats the missing value as JSON null instead.
+    store = await etcd_stores.open()
+    for op in ("==", "!="):
+        result = await store.txn([Compare("/missing", "value", op, None)], [Put("/x", 1)])
+        assert not result.succeeded, op
+    assert await store.get("/x") is None
+
+
+async def test_watch_from_a_compacted_revision_fails(etcd_stores: EtcdStores) -> None:
+    store = await etcd_stores.open()
+    first = await store.put("/k", 0)
+    second = await store.put("/k", 1)
+    last = await store.put("/k", 2)
+    await trio.to_thread.run_sync(etcd_stores.server.compact, last)
+    async with store.watch("/", start_revision=first) as events:
+        with pytest.raises(CompactedError, match=f"up to revision {last}"):
+            await anext(events)
+    async with store.watch("/", start_revision=second) as events:  # needs only `last` on
+        replayed = await anext(events)
+        assert (replayed.kind, replayed.key, replayed.value) == ("put", "/k", 2)
+        assert replayed.mod_revision == last
+        revision = await store.put("/k", 3)
+        assert await anext(events) == WatchEvent("put", "/k", 3, revision, 2)
+
+
+async def test_concurrent_cas_from_two_stores_has_one_winner(etcd_stores: EtcdStores) -> None:
+    stores = {"first": await etcd_stores.open(), "second": await etcd_stores.open()}
+
+    async def campaign(name: str, key: str, outcomes: dict[str, TxnResult]) -> None:
+        guard = Compare(key, "version", "==", 0)
+        outcomes[name] = await stores[name].txn([guard], [Put(key, name)], [Get(key)])
+
+    for round_ in range(10):
+        key = f"/leader/{round_}"
+        outcomes: dict[str, TxnResult] = {}
+        async with trio.open_nursery() as nursery:
+            for name in stores:
+                nursery.start_soon(campaign, name, key, outcomes)
+        winners = [name for name, outcome in outcomes.items() if outcome.succeeded]
+        assert len(winners) == 1, outcomes
+        (loser,) = set(stores) - set(winners)
+        assert outcomes[loser].responses[0].value == winners[0]
+
+
+async def test_read_modify_cas_loops_from_two_stores_lose_no_update(
+    etcd_stores: EtcdStores,
+) -> None:
+    first, second = await etcd_stores.open(), await etcd_stores.open()
+    await first.put("/counter", 0)
+
+    async def increment(store: EtcdStore, times: int) -> None:
+        for _ in range(times):
+            while True:
+                current = await store.get("/counter")
+                assert current is not None
+                guard = Compare("/counter", "mod_revision", "==", current.mod_revision)
+                if (await store.txn([guard], [Put("/counter", current.value + 1)])).succeeded:
+                    break
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(increment, first, 25)
+        nursery.start_soon(increment, second, 25)
+    counter = await second.get("/counter")
+    assert counter is not None and (counter.value, counter.version) == (50, 51)
+
+
+@pytest.mark.slow
+async def test_lease_expiry_deletes_keys_with_events(etcd_stores: EtcdStores) -> None:
+    store = await etcd_stores.open()
+    # Rounded up to etcd's whole seconds: 1 s, which the test etcd's timings allow.
+    lease = await store.grant_lease(0.4)
+    revision = await store.put("/brokers/1", {"addr": "a"}, lease=lease)
+    async with store.watch("/brokers/") as events:
+        for _ in range(3):  # 1.8 s in all: only the keepalives keep a 1 s lease alive
+            await trio.sleep(0.6)
+            await store.keepalive(lease)
+        assert await store.get("/brokers/1") is not None
+        with trio.fail_after(5):
+            expired = await anext(events)
+    assert expired == WatchEvent("delete", "/brokers/1", None, expired.mod_revision, {"addr": "a"})
+    assert expired.mod_revision > revision
+    assert await store.get("/brokers/1") is None
+    with pytest.raises(LeaseNotFound, match=str(lease)):
+        await store.keepalive(lease)
+    with pytest.raises(LeaseNotFound):
+        await store.put("/brokers/1", {}, lease=lease)
+    with pytest.raises(LeaseNotFound, match=str(lease)):
+        await store.revoke(lease)
+
+
+async def test_etcd_going_away_is_reported_as_unavailable(tmp_path: Path) -> None:
+    server = await trio.to_thread.run_sync(EtcdProcess(tmp_path).start)
+    try:
+        async with await EtcdStore.connect([server.endpoint], timeout_s=2) as store:
+            await store.put("/k", 1)
+            async with store.watch("/") as events:
+                await trio.to_thread.run_sync(server.stop)
+                with pytest.raises(EtcdUnavailable, match=server.endpoint):
+                    await anext(events)
+            with pytest.raises(EtcdUnavailable, match=server.endpoint):
+                await store.get("/k")
+    finally:
+        server.stop()
+
+
+async def test_a_missing_etcd_binary_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("tests.support.etcd.ETCD_BIN", tmp_path / "no-etcd-here")
+    with pytest.raises(RuntimeError, match="install the Debian package etcd-server"):
+        EtcdProcess(tmp_path).start()
