@@ -1,8 +1,9 @@
-"""Session-wide fixtures: one shared broker process for tests that only need a broker."""
+"""Session-wide fixtures: one shared broker process for tests that only need a broker, and one
+shared etcd for every test that needs one (started on first use)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 # (`pytest tests/wire tests/metadata` would otherwise fail to import the etcd backend).
 import danube.metadata.etcd  # noqa: F401  # isort: skip
 from tests.support.broker import BrokerProcess
+from tests.support.etcd import EtcdProcess, EtcdStores
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +36,20 @@ def broker_factory(tmp_path: Path) -> Iterator[type[BrokerProcess]]:
     yield Factory
     for process in started:
         process.kill()
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
+    """One etcd for the whole run, started when a test first needs it; tests keep out of each
+    other's way through key prefixes (`EtcdStores`)."""
+    with EtcdProcess(tmp_path_factory.mktemp("etcd")) as server:
+        yield server
+
+
+@pytest.fixture
+async def etcd_stores(etcd_server: EtcdProcess) -> AsyncIterator[EtcdStores]:
+    stores = EtcdStores(etcd_server)
+    try:
+        yield stores
+    finally:
+        await stores.close()

@@ -20,8 +20,7 @@ from danube.metadata import (
     WatchEvent,
 )
 from danube.metadata.etcd import EtcdStore, EtcdUnavailable
-from tests.metadata.conftest import EtcdStores
-from tests.support.etcd import EtcdProcess, free_port
+from tests.support.etcd import EtcdProcess, EtcdStores, free_port
 
 pytestmark = pytest.mark.trio
 

@@ -1,0 +1,136 @@
+"""Runs the load manager (`danube.cluster.load_manager`) against the metadata store.
+
+Every broker runs one, so its view of `/cluster/` is current on the day it is elected; the
+membership driver tells it when leadership comes and goes. The view is a scan followed by a
+watch; the decisions are transactions whose outcome shows up in that same watch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import trio
+
+from danube.cluster import keys
+from danube.cluster.load_manager import Effect, LoadManager, Log, ScheduleTick, Txn
+from danube.metadata import MetadataError, MetadataStore
+
+log = logging.getLogger("danube.broker")
+
+REQUEST_TIMEOUT_S = 3.0
+WATCH_RETRY_S = 0.5
+
+
+def _now_ns() -> int:
+    return int(trio.current_time() * 1e9)
+
+
+def _unix_s() -> int:
+    return int(time.time())
+
+
+class LoadManagerDriver:
+    def __init__(self, store: MetadataStore, machine: LoadManager) -> None:
+        self.store = store
+        self.machine = machine
+        self._nursery: trio.Nursery | None = None
+        self._tick_at: int | None = None
+        self._woken = trio.Event()
+        self.synced = trio.Event()
+        """Set once the view holds a whole snapshot of `/cluster/`."""
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._timer)
+            await self._follow()
+            nursery.cancel_scope.cancel()
+
+    def leadership(self, leading: bool) -> None:
+        """From the membership driver: this broker won or lost the leader key."""
+        now = _now_ns()
+        self._apply(
+            self.machine.became_leader(now) if leading else self.machine.lost_leadership(now)
+        )
+
+    def trigger_rebalance(self, max_moves: int | None) -> None:
+        self._apply(self.machine.trigger_rebalance(max_moves, _now_ns(), unix_s=_unix_s()))
+
+    def _apply(self, effects: list[Effect]) -> None:
+        if self._nursery is None:
+            return  # not running yet: the first snapshot brings the view up to date
+        for effect in effects:
+            if isinstance(effect, ScheduleTick):
+                self._tick_at = effect.at
+                self._woken.set()
+            elif isinstance(effect, Log):
+                log.info("event=%s %s", effect.event, effect.detail)
+            else:
+                self._nursery.start_soon(self._transact, effect)
+
+    async def _transact(self, txn: Txn) -> None:
+        """Runs one decision. Its outcome is not reported: a decision that took effect shows in
+        the watch, and one that did not (a compare failed, the store did not answer) is made
+        again by the machine when it is still due."""
+        try:
+            with trio.fail_after(REQUEST_TIMEOUT_S):
+                result = await self.store.txn(txn.compares, txn.ops)
+        except (MetadataError, trio.TooSlowError) as error:
+            log.warning(
+                "event=load_manager_txn_failed decision=%s topic=%s error=%s",
+                type(txn).__name__, txn.topic, error or "timeout",
+            )  # fmt: skip
+            return
+        if result.succeeded:
+            log.info("event=%s", _describe(txn))
+        else:
+            log.info(
+                "event=load_manager_txn_stale decision=%s topic=%s",
+                type(txn).__name__, txn.topic,
+            )  # fmt: skip
+
+    async def _timer(self) -> None:
+        while True:
+            self._woken = trio.Event()
+            if self._tick_at is None:
+                await self._woken.wait()
+                continue
+            with trio.move_on_at(self._tick_at / 1e9):
+                await self._woken.wait()
+                continue
+            self._tick_at = None
+            self._apply(self.machine.tick(_now_ns(), unix_s=_unix_s()))
+
+    async def _follow(self) -> None:
+        """Snapshot, then every change. The watch opens before the scan, so nothing falls
+        between them; an event at or below the newest revision in the snapshot is already
+        in it and is skipped (a later one is either newer or a delete of a key the snapshot
+        no longer has, which changes nothing)."""
+        while True:
+            try:
+                async with self.store.watch(keys.CLUSTER_PREFIX) as events:
+                    snapshot = await self.store.scan(keys.CLUSTER_PREFIX)
+                    seen = max((kv.mod_revision for kv in snapshot), default=0)
+                    self._apply(self.machine.resync(snapshot, _now_ns()))
+                    self.synced.set()
+                    async for event in events:
+                        if event.mod_revision > seen:
+                            self._apply(self.machine.observe(event, _now_ns()))
+                    return  # the store closed
+            except MetadataError as error:
+                log.warning("event=cluster_watch_restart error=%s", error)
+                await trio.sleep(WATCH_RETRY_S)
+
+
+def _describe(txn: Txn) -> str:
+    name = type(txn).__name__.lower()
+    fields = {
+        "topic": txn.topic,
+        **{
+            attr: getattr(txn, attr)
+            for attr in ("broker", "from_broker", "to_broker")
+            if hasattr(txn, attr)
+        },
+    }
+    return f"topic_{name} " + " ".join(f"{k}={v}" for k, v in fields.items())

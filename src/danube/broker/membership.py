@@ -1,0 +1,196 @@
+"""Runs a broker's `Membership` machine against the metadata store (spec/cluster.md).
+
+Every request the machine asks for runs as its own task with a deadline, and its outcome goes
+back into the machine; the leader key is watched so the machine sees who leads. What the
+machine decides for the rest of the broker (fenced, unfenced, leadership gained or lost) is
+handed to `on_change`, in the order the machine decided it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from danube.cluster.keys import LEADER_KEY
+from danube.cluster.membership import (
+    Campaign,
+    Effect,
+    Fenced,
+    GrantLease,
+    LeadershipGained,
+    LeadershipLost,
+    Membership,
+    Register,
+    Renew,
+    ReportLoad,
+    Unfenced,
+    WakeAt,
+)
+from danube.metadata import LeaseNotFound, MetadataError, MetadataStore
+
+log = logging.getLogger("danube.broker")
+
+REQUEST_TIMEOUT_S = 3.0
+WATCH_RETRY_S = 0.5
+
+Change = Fenced | Unfenced | LeadershipGained | LeadershipLost
+
+
+def _now_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+class MembershipDriver:
+    def __init__(
+        self,
+        store: MetadataStore,
+        machine: Membership,
+        *,
+        on_change: Callable[[Change], None] = lambda change: None,
+        load_report: Callable[[], dict[str, Any]] = dict,
+    ) -> None:
+        self.store = store
+        self.machine = machine
+        self._on_change = on_change
+        self._load_report = load_report
+        self._nursery: trio.Nursery | None = None
+        self._wake_at: int | None = None
+        self._woken = trio.Event()
+        self.started = trio.Event()
+        """Set once the broker is a registered, unfenced member."""
+
+    async def run(self) -> None:
+        """Until cancelled; `stop` first for a graceful exit that revokes the lease."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._watch_leader)
+            nursery.start_soon(self._timer)
+            self._apply(self.machine.start(_now_ms()))
+
+    async def stop(self) -> None:
+        """Gives up leadership and revokes the lease, so the cluster fails this broker's topics
+        over at once instead of after the lease's TTL."""
+        self._apply(self.machine.stop())
+        lease = self.machine.lease_id
+        if lease is not None:
+            with trio.move_on_after(REQUEST_TIMEOUT_S):
+                try:
+                    await self.store.revoke(lease)
+                except MetadataError as error:
+                    log.warning("event=lease_revoke_failed lease=%d error=%s", lease, error)
+
+    # -- effects ------------------------------------------------------------------------------
+
+    def _apply(self, effects: list[Effect]) -> None:
+        assert self._nursery is not None
+        for effect in effects:
+            if isinstance(effect, WakeAt):
+                self._wake_at = effect.at_ms
+                self._woken.set()
+            elif isinstance(effect, Fenced | Unfenced | LeadershipGained | LeadershipLost):
+                self._announce(effect)
+            else:
+                self._nursery.start_soon(self._request, effect)
+
+    def _announce(self, change: Change) -> None:
+        broker = self.machine.config.broker_id
+        if isinstance(change, Fenced):
+            log.warning("event=broker_fenced broker=%s reason=%r", broker, change.reason)
+        elif isinstance(change, Unfenced):
+            self.started.set()
+            log.info("event=broker_member broker=%s lease=%s", broker, self.machine.lease_id)
+        elif isinstance(change, LeadershipGained):
+            log.info("event=leader_elected broker=%s", broker)
+        else:
+            log.info("event=leadership_lost broker=%s reason=%r", broker, change.reason)
+        self._on_change(change)
+
+    async def _request(self, effect: Effect) -> None:
+        m = self.machine
+        store = self.store
+        outcome: list[Effect]
+        if isinstance(effect, GrantLease):
+            try:
+                with trio.fail_after(REQUEST_TIMEOUT_S):
+                    lease = await store.grant_lease(effect.ttl_s)
+            except (MetadataError, trio.TooSlowError) as error:
+                log.warning("event=lease_grant_failed error=%s", error or "timeout")
+                outcome = m.request_failed(_now_ms())
+            else:
+                outcome = m.lease_granted(lease, sent_at_ms=effect.sent_at_ms, now_ms=_now_ms())
+        elif isinstance(effect, Register):
+            try:
+                with trio.fail_after(REQUEST_TIMEOUT_S):
+                    await store.txn((), effect.ops)
+            except (MetadataError, trio.TooSlowError) as error:
+                log.warning("event=registration_failed error=%s", error or "timeout")
+                outcome = m.request_failed(_now_ms())
+            else:
+                outcome = m.registered(effect.lease_id, _now_ms())
+        elif isinstance(effect, Renew):
+            try:
+                with trio.fail_after(REQUEST_TIMEOUT_S):
+                    await store.keepalive(effect.lease_id)
+            except LeaseNotFound:
+                outcome = m.lease_lost(effect.lease_id, _now_ms())
+            except (MetadataError, trio.TooSlowError) as error:
+                log.warning("event=lease_renew_failed error=%s", error or "timeout")
+                outcome = m.renew_failed(effect.lease_id, _now_ms())
+            else:
+                outcome = m.renewed(effect.lease_id, sent_at_ms=effect.sent_at_ms, now_ms=_now_ms())
+        elif isinstance(effect, Campaign):
+            try:
+                with trio.fail_after(REQUEST_TIMEOUT_S):
+                    result = await store.txn(effect.compares, effect.ops)
+                won = result.succeeded
+            except (MetadataError, trio.TooSlowError):
+                won = False
+            outcome = m.campaign_done(won, _now_ms())
+        else:
+            assert isinstance(effect, ReportLoad)
+            try:
+                with trio.fail_after(REQUEST_TIMEOUT_S):
+                    await store.put(effect.key, self._load_report(), lease=effect.lease_id)
+            except (MetadataError, trio.TooSlowError) as error:
+                log.warning("event=load_report_failed error=%s", error or "timeout")
+            outcome = []
+        self._apply(outcome)
+
+    async def _timer(self) -> None:
+        while True:
+            self._woken = trio.Event()
+            if self._wake_at is None:
+                await self._woken.wait()
+                continue
+            with trio.move_on_at(self._wake_at / 1000):
+                await self._woken.wait()
+                continue
+            self._wake_at = None
+            self._apply(self.machine.tick(_now_ms()))
+
+    async def _watch_leader(self) -> None:
+        """The leader key as the machine must see it: its value now, then every change. The
+        watch opens before the read, so no change falls between them; events the read already
+        covered are skipped by revision."""
+        while True:
+            try:
+                async with self.store.watch(LEADER_KEY) as events:
+                    current = await self.store.get(LEADER_KEY)
+                    seen = 0 if current is None else current.mod_revision
+                    self._apply(
+                        self.machine.leader_seen(
+                            None if current is None else str(current.value), _now_ms()
+                        )
+                    )
+                    async for event in events:
+                        if event.key != LEADER_KEY or event.mod_revision <= seen:
+                            continue
+                        leader = None if event.kind == "delete" else str(event.value)
+                        self._apply(self.machine.leader_seen(leader, _now_ms()))
+                    return  # the store closed
+            except MetadataError as error:
+                log.warning("event=leader_watch_restart error=%s", error)
+                await trio.sleep(WATCH_RETRY_S)
