@@ -1,0 +1,338 @@
+"""The broker side of topic ownership, as a pure state machine (spec/cluster.md, "Ownership
+fencing" and "Topic moves").
+
+The load manager decides which broker a topic belongs to; this machine decides what the broker
+does about it. It sees its own assignments (`/cluster/brokers/<me>/<ns>/<topic>`) and the
+unassigned markers, and for each topic:
+
+- **assigned** → claim the topic (`Claim`): put `/topics/<ns>/<topic>/owner` under the broker's
+  lease by compare-and-create. The claim's revision is the fencing token of every write the
+  broker later makes for the topic beyond its own disk (`Load` carries it). The previous
+  owner's claim is gone by then: it deleted it when it unloaded, or it vanished with its lease
+  on a failover. A claim that finds another broker's claim is retried after `retry_ms`.
+- **claimed** → load it (`Load`); the driver answers `loaded` or `load_failed`.
+- **assignment deleted** → unload it (`Unload`: stop accepting publishes, seal a reliable
+  topic), then release it (`Release`): delete the claim, compared on its revision, and, if the
+  leader posted a not-ready marker naming this broker, rewrite it `ready: true` in the same
+  transaction, compared on the marker's revision. A marker that shows up only after the unload
+  finished is marked ready when it shows up.
+- **a new lease** (the old one expired: the leader failed every topic over) → every topic is
+  dropped at once (`Drop`, no seal: the claims died with the lease and another broker may own
+  the topic already), and the assignments still in the view are claimed afresh.
+
+One topic is in one phase at a time; an assignment deleted while the topic is still being
+claimed or loaded is unloaded as soon as that step answers. Inputs take the monotonic clock in
+milliseconds.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from danube.cluster import keys
+from danube.cluster.keys import Marker, MarkerReason
+from danube.core.names import parse_topic
+from danube.metadata.model import Compare, Delete, Op, Put
+
+
+def owner_key(topic: str) -> str:
+    """`/topics/<ns>/<topic>/owner`: which broker holds the topic now, under its lease."""
+    return f"/topics{parse_topic(topic).full}/owner"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnershipConfig:
+    broker_id: str
+    retry_ms: int = 1_000
+
+    def __post_init__(self) -> None:
+        keys.register_key(self.broker_id)  # validates the id
+        if self.retry_ms <= 0:
+            raise ValueError(f"retry_ms must be positive, got {self.retry_ms}")
+
+
+# Effects -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Run as one transaction; answer `claim_done(topic, succeeded, revision)`."""
+
+    topic: str
+    compares: tuple[Compare, ...]
+    ops: tuple[Op, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load the topic and serve it; `claim_revision` fences its durable writes."""
+
+    topic: str
+    claim_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    """Stop serving: refuse publishes, seal a reliable topic, end client streams; answer
+    `unloaded(topic)`."""
+
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Stop serving at once, without sealing: the topic may be someone else's already."""
+
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Run as one transaction; answer `released(topic, succeeded)`."""
+
+    topic: str
+    compares: tuple[Compare, ...]
+    ops: tuple[Op, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WakeAt:
+    at_ms: int
+
+
+Effect = Claim | Load | Unload | Drop | Release | WakeAt
+
+
+class Phase(enum.Enum):
+    CLAIMING = "claiming"
+    LOADING = "loading"
+    SERVING = "serving"
+    UNLOADING = "unloading"
+    RELEASING = "releasing"
+
+
+@dataclass(slots=True)
+class _Topic:
+    phase: Phase
+    assigned: bool = True
+    """The view still assigns the topic to this broker."""
+    claim_revision: int | None = None
+    busy: bool = False
+    """A request of the current phase is out."""
+    retry_at: int | None = None
+    released_marker: int | None = None
+    """Revision of the marker the `Release` in flight marks ready."""
+
+
+@dataclass(slots=True)
+class _Marker:
+    marker: Marker
+    revision: int
+
+
+class Ownership:
+    def __init__(self, config: OwnershipConfig) -> None:
+        self.config = config
+        self.lease_id: int | None = None
+        self._topics: dict[str, _Topic] = {}
+        self._assigned: set[str] = set()
+        self._markers: dict[str, _Marker] = {}
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def phase(self, topic: str) -> Phase | None:
+        state = self._topics.get(topic)
+        return None if state is None else state.phase
+
+    def serving(self) -> list[str]:
+        return sorted(t for t, s in self._topics.items() if s.phase is Phase.SERVING)
+
+    # -- inputs -------------------------------------------------------------------------------
+
+    def member(self, lease_id: int, now_ms: int) -> list[Effect]:
+        """The broker is registered (again) with this lease."""
+        if lease_id == self.lease_id:
+            return []
+        effects: list[Effect] = []
+        if self.lease_id is not None:
+            effects += [Drop(topic) for topic in sorted(self._topics)]
+            self._topics.clear()
+        self.lease_id = lease_id
+        for topic in sorted(self._assigned):
+            self._topics[topic] = _Topic(Phase.CLAIMING)
+        return [*effects, *self._step(now_ms)]
+
+    def assignment_seen(self, topic: str, assigned: bool, now_ms: int) -> list[Effect]:
+        """`/cluster/brokers/<me>/<topic>` put (True) or deleted (False)."""
+        if assigned:
+            self._assigned.add(topic)
+            state = self._topics.get(topic)
+            if state is None:
+                self._topics[topic] = _Topic(Phase.CLAIMING)
+            else:
+                state.assigned = True
+        else:
+            self._assigned.discard(topic)
+            state = self._topics.get(topic)
+            if state is not None:
+                state.assigned = False
+        return self._step(now_ms)
+
+    def marker_seen(
+        self, topic: str, marker: Marker | None, revision: int, now_ms: int
+    ) -> list[Effect]:
+        """`/cluster/unassigned/<topic>` put at `revision`, or deleted (None)."""
+        if marker is None:
+            self._markers.pop(topic, None)
+            return []
+        self._markers[topic] = _Marker(marker, revision)
+        if topic not in self._topics and self._owes_ready(topic):
+            # Unloaded and released before the marker showed: only the marker is left.
+            self._topics[topic] = _Topic(Phase.RELEASING, assigned=False)
+        return self._step(now_ms)
+
+    def claim_done(self, topic: str, succeeded: bool, revision: int, now_ms: int) -> list[Effect]:
+        state = self._topics.get(topic)
+        if state is None or state.phase is not Phase.CLAIMING or not state.busy:
+            return []
+        state.busy = False
+        if succeeded:
+            state.claim_revision = revision
+            state.phase = Phase.LOADING
+        elif state.assigned:
+            state.retry_at = now_ms + self.config.retry_ms
+        else:
+            del self._topics[topic]
+        return self._step(now_ms)
+
+    def loaded(self, topic: str, now_ms: int) -> list[Effect]:
+        state = self._topics.get(topic)
+        if state is None or state.phase is not Phase.LOADING:
+            return []
+        state.busy = False
+        state.phase = Phase.SERVING
+        return self._step(now_ms)
+
+    def load_failed(self, topic: str, now_ms: int) -> list[Effect]:
+        """The topic cannot be served here (its storage is unreadable): keep the claim so no
+        other broker writes over what an operator must look at, and try again later."""
+        state = self._topics.get(topic)
+        if state is None or state.phase is not Phase.LOADING:
+            return []
+        state.busy = False
+        state.retry_at = now_ms + self.config.retry_ms
+        return self._step(now_ms)
+
+    def unloaded(self, topic: str, now_ms: int) -> list[Effect]:
+        state = self._topics.get(topic)
+        if state is None or state.phase is not Phase.UNLOADING:
+            return []
+        state.busy = False
+        state.phase = Phase.RELEASING
+        return self._step(now_ms)
+
+    def released(self, topic: str, succeeded: bool, now_ms: int) -> list[Effect]:
+        state = self._topics.get(topic)
+        if state is None or state.phase is not Phase.RELEASING:
+            return []
+        state.busy = False
+        if succeeded:
+            state.claim_revision = None
+            seen = self._markers.get(topic)
+            if seen is not None and seen.revision == state.released_marker:
+                del self._markers[topic]  # marked ready; the watch brings the new value
+            if not self._owes_ready(topic):
+                del self._topics[topic]
+                if topic in self._assigned:  # assigned back meanwhile
+                    self._topics[topic] = _Topic(Phase.CLAIMING)
+        else:
+            state.retry_at = now_ms + self.config.retry_ms
+        return self._step(now_ms)
+
+    def tick(self, now_ms: int) -> list[Effect]:
+        return self._step(now_ms)
+
+    # -- rules --------------------------------------------------------------------------------
+
+    def _owes_ready(self, topic: str) -> bool:
+        seen = self._markers.get(topic)
+        return (
+            seen is not None
+            and seen.marker.reason in (MarkerReason.UNLOAD, MarkerReason.REBALANCE)
+            and not seen.marker.ready
+            and seen.marker.from_broker == self.config.broker_id
+        )
+
+    def _step(self, now_ms: int) -> list[Effect]:
+        if self.lease_id is None:
+            return []
+        effects: list[Effect] = []
+        wake: list[int] = []
+        for topic in sorted(self._topics):
+            state = self._topics[topic]
+            if state.busy:
+                continue
+            if state.retry_at is not None:
+                if now_ms < state.retry_at:
+                    wake.append(state.retry_at)
+                    continue
+                state.retry_at = None
+            effect = self._next(topic, state)
+            if effect is not None:
+                state.busy = True
+                effects.append(effect)
+        if wake:
+            effects.append(WakeAt(min(wake)))
+        return effects
+
+    def _next(self, topic: str, state: _Topic) -> Effect | None:
+        if state.phase is Phase.CLAIMING:
+            if not state.assigned:
+                del self._topics[topic]
+                return None
+            return self._claim(topic)
+        if state.phase is Phase.LOADING:
+            if not state.assigned:
+                state.phase = Phase.UNLOADING
+                return Unload(topic)
+            assert state.claim_revision is not None
+            return Load(topic, state.claim_revision)
+        if state.phase is Phase.SERVING:
+            if state.assigned:
+                return None
+            state.phase = Phase.UNLOADING
+            return Unload(topic)
+        if state.phase is Phase.UNLOADING:
+            return Unload(topic)
+        return self._release(topic, state)
+
+    def _claim(self, topic: str) -> Claim:
+        key = owner_key(topic)
+        claim = {"broker_id": keys.broker_id_to_json(self.config.broker_id)}
+        return Claim(topic, (Compare(key, "version", "==", 0),), (Put(key, claim, self.lease_id),))
+
+    def _release(self, topic: str, state: _Topic) -> Release | None:
+        compares: list[Compare] = []
+        ops: list[Op] = []
+        if state.claim_revision is not None:
+            key = owner_key(topic)
+            compares.append(Compare(key, "mod_revision", "==", state.claim_revision))
+            ops.append(Delete(key))
+        if self._owes_ready(topic):
+            seen = self._markers[topic]
+            marker_key = keys.unassigned_key(topic)
+            compares.append(Compare(marker_key, "mod_revision", "==", seen.revision))
+            state.released_marker = seen.revision
+            ready = Marker(
+                seen.marker.reason,
+                seen.marker.from_broker,
+                seen.marker.to_broker,
+                True,
+                seen.marker.timestamp,
+            )
+            ops.append(Put(marker_key, ready.to_json()))
+        if not ops:
+            del self._topics[topic]
+            return None
+        return Release(topic, tuple(compares), tuple(ops))

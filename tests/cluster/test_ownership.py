@@ -1,0 +1,201 @@
+"""The broker side of ownership: claim on assignment, load, unload and release on deletion
+(marking the leader's not-ready marker ready), retries, late markers, and dropping everything
+when the lease changes. One test per rule of danube.cluster.ownership's docstring."""
+
+from __future__ import annotations
+
+import pytest
+
+from danube.cluster.keys import Marker, MarkerReason, unassigned_key
+from danube.cluster.ownership import (
+    Claim,
+    Drop,
+    Load,
+    Ownership,
+    OwnershipConfig,
+    Phase,
+    Release,
+    Unload,
+    WakeAt,
+    owner_key,
+)
+from danube.metadata.model import Compare, Delete, Put
+
+T = "/default/orders"
+OWNER = owner_key(T)
+MARKER = unassigned_key(T)
+
+
+def machine(lease: int = 7) -> Ownership:
+    o = Ownership(OwnershipConfig("1", retry_ms=500))
+    assert o.member(lease, 0) == []
+    return o
+
+
+def serving(o: Ownership, claim_revision: int = 40) -> None:
+    (claim,) = o.assignment_seen(T, True, 0)
+    assert isinstance(claim, Claim)
+    assert o.claim_done(T, True, claim_revision, 0) == [Load(T, claim_revision)]
+    assert o.loaded(T, 0) == []
+    assert o.serving() == [T]
+
+
+def unload_marker(ready: bool = False, from_broker: str = "1") -> Marker:
+    return Marker(MarkerReason.UNLOAD, from_broker, None, ready)
+
+
+def test_owner_key_follows_the_topic_layout() -> None:
+    assert OWNER == "/topics/default/orders/owner"
+
+
+def test_an_assignment_is_claimed_under_the_lease_by_compare_and_create() -> None:
+    o = machine()
+    assert o.assignment_seen(T, True, 0) == [
+        Claim(T, (Compare(OWNER, "version", "==", 0),), (Put(OWNER, {"broker_id": 1}, 7),))
+    ]
+    assert o.phase(T) is Phase.CLAIMING
+    assert o.assignment_seen(T, True, 1) == []  # one claim at a time
+
+
+def test_a_claim_carries_its_revision_into_the_load() -> None:
+    o = machine()
+    serving(o, claim_revision=41)
+
+
+def test_a_refused_claim_is_retried_after_the_delay() -> None:
+    o = machine()
+    o.assignment_seen(T, True, 0)
+    assert o.claim_done(T, False, 0, 100) == [WakeAt(600)]
+    assert o.tick(599) == [WakeAt(600)]
+    assert [type(e) for e in o.tick(600)] == [Claim]
+
+
+def test_a_deleted_assignment_unloads_then_releases_claim_and_marks_the_marker_ready() -> None:
+    o = machine()
+    serving(o)
+    assert o.marker_seen(T, unload_marker(), 50, 0) == []
+    assert o.assignment_seen(T, False, 0) == [Unload(T)]
+    assert o.phase(T) is Phase.UNLOADING
+    assert o.unloaded(T, 0) == [
+        Release(
+            T,
+            (
+                Compare(OWNER, "mod_revision", "==", 40),
+                Compare(MARKER, "mod_revision", "==", 50),
+            ),
+            (Delete(OWNER), Put(MARKER, {"reason": "unload", "from_broker": 1, "ready": True})),
+        )
+    ]
+    assert o.released(T, True, 0) == []
+    assert o.phase(T) is None
+
+
+def test_a_rebalance_marker_is_marked_ready_with_its_target_kept() -> None:
+    o = machine()
+    serving(o)
+    o.marker_seen(T, Marker(MarkerReason.REBALANCE, "1", "2", False, 1_700_000_000), 50, 0)
+    o.assignment_seen(T, False, 0)
+    (release,) = o.unloaded(T, 0)
+    assert isinstance(release, Release)
+    assert release.ops[1] == Put(
+        MARKER,
+        {
+            "reason": "rebalance",
+            "from_broker": 1,
+            "to_broker": 2,
+            "timestamp": 1_700_000_000,
+            "ready": True,
+        },
+    )
+
+
+def test_a_marker_that_shows_after_the_release_is_still_marked_ready() -> None:
+    o = machine()
+    serving(o)
+    o.assignment_seen(T, False, 0)
+    (release,) = o.unloaded(T, 0)
+    assert release == Release(T, (Compare(OWNER, "mod_revision", "==", 40),), (Delete(OWNER),))
+    o.released(T, True, 0)
+    assert o.phase(T) is None
+    (late,) = o.marker_seen(T, unload_marker(), 60, 0)
+    assert late == Release(
+        T,
+        (Compare(MARKER, "mod_revision", "==", 60),),
+        (Put(MARKER, {"reason": "unload", "from_broker": 1, "ready": True}),),
+    )
+    o.released(T, True, 0)
+    assert o.phase(T) is None
+
+
+def test_markers_of_other_brokers_or_already_ready_are_not_ours_to_touch() -> None:
+    o = machine()
+    assert o.marker_seen(T, unload_marker(from_broker="2"), 60, 0) == []
+    assert o.marker_seen(T, unload_marker(ready=True), 61, 0) == []
+    assert o.marker_seen(T, Marker(), 62, 0) == []  # a new topic's null marker
+    assert o.phase(T) is None
+
+
+def test_a_failed_release_is_retried() -> None:
+    o = machine()
+    serving(o)
+    o.assignment_seen(T, False, 0)
+    o.unloaded(T, 0)
+    assert o.released(T, False, 10) == [WakeAt(510)]
+    assert [type(e) for e in o.tick(510)] == [Release]
+
+
+def test_an_assignment_deleted_while_loading_is_unloaded_once_the_load_answers() -> None:
+    o = machine()
+    o.assignment_seen(T, True, 0)
+    o.claim_done(T, True, 40, 0)  # Load(T, 40) is out
+    assert o.assignment_seen(T, False, 0) == []
+    assert o.loaded(T, 0) == [Unload(T)]
+
+
+def test_an_assignment_deleted_while_claiming_needs_no_unload() -> None:
+    o = machine()
+    o.assignment_seen(T, True, 0)
+    o.assignment_seen(T, False, 0)
+    assert o.claim_done(T, False, 0, 0) == []
+    assert o.phase(T) is None
+
+
+def test_a_topic_assigned_back_during_its_unload_is_claimed_again_after_release() -> None:
+    o = machine()
+    serving(o)
+    o.assignment_seen(T, False, 0)
+    assert o.assignment_seen(T, True, 0) == []  # still unloading
+    o.unloaded(T, 0)
+    assert [type(e) for e in o.released(T, True, 0)] == [Claim]
+
+
+def test_a_failed_load_keeps_the_claim_and_tries_again() -> None:
+    o = machine()
+    o.assignment_seen(T, True, 0)
+    o.claim_done(T, True, 40, 0)
+    assert o.load_failed(T, 100) == [WakeAt(600)]
+    assert o.tick(600) == [Load(T, 40)]
+
+
+def test_a_new_lease_drops_every_topic_and_claims_the_assignments_again() -> None:
+    o = machine()
+    serving(o)
+    other = "/default/other"
+    o.assignment_seen(other, True, 0)
+    effects = o.member(8, 0)
+    assert effects[:2] == [Drop(T), Drop(other)]
+    claims = [e for e in effects if isinstance(e, Claim)]
+    assert [c.topic for c in claims] == [T, other]
+    assert all(c.ops[0] == Put(owner_key(c.topic), {"broker_id": 1}, 8) for c in claims)
+
+
+def test_nothing_is_done_before_the_broker_is_a_member() -> None:
+    o = Ownership(OwnershipConfig("1"))
+    assert o.assignment_seen(T, True, 0) == []
+    assert [type(e) for e in o.member(7, 0)] == [Claim]
+
+
+@pytest.mark.parametrize(("broker", "retry"), [("", 1), ("a/b", 1), ("1", 0)])
+def test_bad_settings_are_refused(broker: str, retry: int) -> None:
+    with pytest.raises(ValueError):
+        OwnershipConfig(broker, retry_ms=retry)
