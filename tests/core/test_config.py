@@ -110,3 +110,33 @@ def test_object_tier_modes_take_a_durable_root() -> None:
 def test_object_tier_mistakes_name_the_key(storage: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         config_from_mapping({"storage": storage})
+
+
+def test_object_durability_waits_for_the_object_and_fsyncs_locally() -> None:
+    shared = {"mode": "shared_fs", "durable": {"root": "/mnt"}}
+    config = config_from_mapping({"storage": {**shared, "wal": {"durability": "object"}}})
+    assert config.storage.wal.durability is Durability.FSYNC
+    assert config.storage.object_ack_batch_ms == 100
+    tuned = {**shared, "wal": {"durability": "object", "object_batch_ms": 20}}
+    assert config_from_mapping({"storage": tuned}).storage.object_ack_batch_ms == 20
+    assert config_from_mapping({}).storage.object_ack_batch_ms is None
+
+
+@pytest.mark.parametrize(
+    ("storage", "needle"),
+    [
+        ({"wal": {"durability": "object"}}, "needs storage.mode shared_fs or object_store"),
+        ({"wal": {"object_batch_ms": 50}}, "only used with durability 'object'"),
+        (
+            {
+                "mode": "shared_fs",
+                "durable": {"root": "/mnt"},
+                "wal": {"durability": "object", "object_batch_ms": 0},
+            },
+            "object_batch_ms",
+        ),
+    ],
+)
+def test_object_durability_mistakes_name_the_key(storage: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        config_from_mapping({"storage": storage})

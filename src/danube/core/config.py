@@ -16,6 +16,8 @@ from danube.core.names import validate_namespace
 from danube.wal.machine import MIB, Durability, WalConfig
 
 DEFAULT_MAX_MESSAGE_SIZE = 10 * 1024 * 1024
+OBJECT_DURABILITY = "object"
+DEFAULT_OBJECT_BATCH_MS = 100
 
 
 class ConfigError(ValueError):
@@ -77,6 +79,9 @@ class StorageConfig:
     endpoint: str | None = None
     """S3-compatible endpoint URL (credentials come from the environment, never from here)."""
     region: str | None = None
+    object_ack_batch_ms: int | None = None
+    """`wal.durability: object`: publishes are answered once their object is indexed, with
+    the active segment sealed this long after its oldest unanswered publish."""
 
     @property
     def tiered(self) -> bool:
@@ -189,7 +194,11 @@ def _storage(data: dict[str, Any]) -> StorageConfig:
         )
     root = data.get("local_wal_root", data.get("root"))
     wal = _section(data, "wal", "storage.")
-    _keys(wal, {"durability", "cache_bytes", "file_sync", "rotation"}, "storage.wal")
+    _keys(
+        wal,
+        {"durability", "object_batch_ms", "cache_bytes", "file_sync", "rotation"},
+        "storage.wal",
+    )
     sync = _section(wal, "file_sync", "storage.wal.")
     _keys(sync, {"interval_ms", "max_batch_bytes"}, "storage.wal.file_sync")
     rotation = _section(wal, "rotation", "storage.wal.")
@@ -197,12 +206,25 @@ def _storage(data: dict[str, Any]) -> StorageConfig:
     retention = _section(data, "local_retention", "storage.")
     _keys(retention, {"time_minutes", "size_mb"}, "storage.local_retention")
     durability = wal.get("durability", Durability.FSYNC.value)
-    if durability not in {d.value for d in Durability}:
+    if durability not in {*(d.value for d in Durability), OBJECT_DURABILITY}:
         raise ConfigError(
-            f"storage.wal.durability: expected 'fsync' or 'flush', got {durability!r}"
+            f"storage.wal.durability: expected 'fsync', 'flush' or 'object', got {durability!r}"
         )
+    object_batch = _number(wal, "object_batch_ms", "storage.wal.")
+    if durability == OBJECT_DURABILITY:
+        if mode == "local":
+            raise ConfigError(
+                "storage.wal.durability: 'object' acknowledges once a publish is in object "
+                "storage, so it needs storage.mode shared_fs or object_store"
+            )
+        object_batch = object_batch or DEFAULT_OBJECT_BATCH_MS
+    elif object_batch is not None:
+        raise ConfigError("storage.wal.object_batch_ms: only used with durability 'object'")
     settings: dict[str, Any] = {
-        "durability": Durability(durability),
+        # `object` keeps fsync-before-ack locally and waits for the object on top of it.
+        "durability": Durability.FSYNC
+        if durability == OBJECT_DURABILITY
+        else Durability(durability),
         "cache_bytes": _number(wal, "cache_bytes", "storage.wal.", minimum=0),
         "flush_interval_ms": _number(sync, "interval_ms", "storage.wal.file_sync."),
         "max_write_bytes": _number(sync, "max_batch_bytes", "storage.wal.file_sync."),
@@ -225,6 +247,7 @@ def _storage(data: dict[str, Any]) -> StorageConfig:
         str(durable_root) if durable_root else None,
         str(durable["endpoint"]) if durable.get("endpoint") else None,
         str(durable["region"]) if durable.get("region") else None,
+        object_batch,
     )
 
 

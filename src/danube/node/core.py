@@ -300,6 +300,12 @@ class TopicRecord:
     uploader: tier.Uploader | None = None
     sealed_through: int = 0
     """Tiered: end of the last segment the uploader was told is sealed."""
+    durable_through: int = -1
+    """`object` acknowledgement: the WAL's last acknowledged (locally durable) offset."""
+    acked_through: int = -1
+    """`object` acknowledgement: the last offset the producers were told about."""
+    ack_batch_since: int | None = None
+    """`object` acknowledgement: when the oldest offset waiting for its object was durable."""
 
     @property
     def reliable(self) -> bool:
@@ -327,9 +333,17 @@ class BrokerCore:
         max_unacked_messages: int = 10,
         routing_key_of: Callable[[bytes], bytes] = lambda record: b"",
         uploads: tier.UploaderConfig | None = None,
+        object_ack_batch_ms: int | None = None,
     ) -> None:
         """`routing_key_of` extracts a stored record's Key-Shared routing key (its routing
-        key, else its producer's name); only the driver knows the record encoding."""
+        key, else its producer's name); only the driver knows the record encoding.
+
+        `object_ack_batch_ms` selects the `object` acknowledgement level (spec/durability.md):
+        a publish is answered only once the object holding it is indexed, and the active
+        segment is sealed (and so uploaded) at most this long after its oldest unanswered
+        publish became durable, so that one upload answers every publish of its batch."""
+        if object_ack_batch_ms is not None and (uploads is None or object_ack_batch_ms <= 0):
+            raise ValueError("object acknowledgement needs an object tier and a positive batch")
         self.identity = identity
         self._rng = rng
         self._default_policies = default_policies
@@ -340,6 +354,7 @@ class BrokerCore:
         self._routing_key_of = routing_key_of
         self._uploads = uploads
         """Object tier settings; None in `local` storage mode (no objects)."""
+        self._object_ack_batch_ms = object_ack_batch_ms
         self._outbox: dict[int, deque[bytes]] = {}
         """Reliable: records delivered to a consumer, waiting for its stream writer."""
         self._namespaces: dict[str, Policies] = {}
@@ -1221,10 +1236,17 @@ class BrokerCore:
         """Time passes: WAL flushes, rotation and retention; ack deadlines, redeliveries and
         cursor flushes of reliable subscriptions."""
         effects: list[Effect] = []
+        batch = self._object_ack_batch_ms
         for record in self._topics.values():
             if record.wal is None:
                 continue
             effects.extend(self._wal_effects(record, record.wal.tick(now_ms), now_ms))
+            since = record.ack_batch_since
+            if batch is not None and since is not None and now_ms - since >= batch:
+                # Seal the segment holding the waiting publishes: its upload answers them.
+                record.ack_batch_since = None
+                if record.durable_through >= record.sealed_through:
+                    effects.extend(self._wal_effects(record, record.wal.seal(now_ms), now_ms))
             uploader = record.uploader
             if uploader is not None:
                 due = uploader.next_timer_ms
@@ -1290,7 +1312,12 @@ class BrokerCore:
                     record.sealed_through = next_offset
                     out.extend(self._tier_effects(record, sealed))
             elif isinstance(effect, wal.Acknowledge):
-                out.append(PublishAcked(topic, effect.through_offset))
+                if self._object_ack_batch_ms is None:
+                    out.append(PublishAcked(topic, effect.through_offset))
+                else:
+                    record.durable_through = max(record.durable_through, effect.through_offset)
+                    if record.ack_batch_since is None:
+                        record.ack_batch_since = now_ms
             elif isinstance(effect, wal.Readable):
                 for sub in record.subscriptions.values():
                     readable = sub.reliable.readable(effect.through_offset, now_ms)
@@ -1396,10 +1423,26 @@ class BrokerCore:
         )
 
     def tier_index_committed(self, topic: str, start_offset: int, *, now_ms: int) -> Step[None]:
-        return self._tier(topic, lambda u: u.index_committed(start_offset, now_ms))
+        step = self._tier(topic, lambda u: u.index_committed(start_offset, now_ms))
+        return Step(None, (*step.effects, *self._object_acks(topic)))
 
     def tier_index_exists(self, topic: str, existing: IndexEntry, *, now_ms: int) -> Step[None]:
-        return self._tier(topic, lambda u: u.index_exists(existing, now_ms))
+        step = self._tier(topic, lambda u: u.index_exists(existing, now_ms))
+        return Step(None, (*step.effects, *self._object_acks(topic)))
+
+    def _object_acks(self, topic: str) -> tuple[Effect, ...]:
+        """`object` acknowledgement: answer the publishes the index now covers."""
+        record = self._topics.get(topic)
+        if self._object_ack_batch_ms is None or record is None or record.uploader is None:
+            return ()
+        indexed_next = record.uploader.indexed_next
+        if indexed_next is None:
+            return ()
+        through = min(indexed_next - 1, record.durable_through)
+        if through <= record.acked_through:
+            return ()
+        record.acked_through = through
+        return (PublishAcked(topic, through),)
 
     def tier_commit_failed(self, topic: str, start_offset: int, *, now_ms: int) -> Step[None]:
         jitter = self._rng.randrange(250)
