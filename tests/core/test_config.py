@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from danube.core.config import BrokerConfig, ConfigError, config_from_mapping
+from danube.core.config import BrokerConfig, ConfigError, TopicDurability, config_from_mapping
 from danube.wal.machine import MIB, Durability, WalConfig
 
 
@@ -116,10 +116,10 @@ def test_object_durability_waits_for_the_object_and_fsyncs_locally() -> None:
     shared = {"mode": "shared_fs", "durable": {"root": "/mnt"}}
     config = config_from_mapping({"storage": {**shared, "wal": {"durability": "object"}}})
     assert config.storage.wal.durability is Durability.FSYNC
-    assert config.storage.object_ack_batch_ms == 100
+    assert config.storage.durability == TopicDurability("object", (), 100)
     tuned = {**shared, "wal": {"durability": "object", "object_batch_ms": 20}}
-    assert config_from_mapping({"storage": tuned}).storage.object_ack_batch_ms == 20
-    assert config_from_mapping({}).storage.object_ack_batch_ms is None
+    assert config_from_mapping({"storage": tuned}).storage.durability.object_batch_ms == 20
+    assert config_from_mapping({}).storage.durability == TopicDurability("fsync")
 
 
 @pytest.mark.parametrize(
@@ -140,3 +140,41 @@ def test_object_durability_waits_for_the_object_and_fsyncs_locally() -> None:
 def test_object_durability_mistakes_name_the_key(storage: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         config_from_mapping({"storage": storage})
+
+
+def test_durability_is_chosen_per_topic() -> None:
+    shared = {"mode": "shared_fs", "durable": {"root": "/mnt"}}
+    wal = {
+        "durability": "flush",
+        "topics": {"/payments/*": "object", "/payments/audit": "fsync", "/m/cpu": "fsync"},
+    }
+    config = config_from_mapping({"storage": {**shared, "wal": wal}})
+    assert config.storage.wal.durability is Durability.FLUSH
+    durability = config.storage.durability
+    level = {t: durability.level(t, Durability.FSYNC) for t in (
+        "/payments/card", "/payments/audit", "/m/cpu", "/m/mem", "/paymentsx/a",
+    )}  # fmt: skip
+    assert level == {
+        "/payments/card": "object",
+        "/payments/audit": "fsync",  # an exact name wins over the namespace
+        "/m/cpu": "fsync",
+        "/m/mem": "flush",
+        "/paymentsx/a": "flush",
+    }
+    # Without a default, the WAL configuration's own mode applies (the simulator's case).
+    assert TopicDurability(None, (("/a/b", "flush"),)).level("/a/c", Durability.FSYNC) == "fsync"
+
+
+@pytest.mark.parametrize(
+    ("wal", "needle"),
+    [
+        ({"topics": {"/a/b": "sometimes"}}, r"storage\.wal\.topics\./a/b"),
+        ({"topics": {"a/b": "flush"}}, "neither /namespace/topic"),
+        ({"topics": {"/a/b/c": "flush"}}, "neither /namespace/topic"),
+        ({"topics": {"/a/*": "object"}}, "needs storage.mode shared_fs"),
+        ({"topics": []}, r"storage\.wal\.topics: expected a mapping"),
+    ],
+)
+def test_per_topic_durability_mistakes_name_the_key(wal: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        config_from_mapping({"storage": {"wal": wal}})

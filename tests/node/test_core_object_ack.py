@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from danube.core.config import DispatchStrategy, Policies
+from danube.core.config import DispatchStrategy, Policies, TopicDurability
 from danube.dispatch import QueueLimits
 from danube.node.core import BrokerCore, BrokerIdentity, PublishAcked
 from danube.tiering import UploaderConfig
@@ -22,7 +22,9 @@ TOPIC = "/default/payments"
 BATCH_MS = 100
 
 
-def start(object_ack: bool = True) -> tuple[MemoryWalDriver, int]:
+def start(
+    object_ack: bool = True, durability: TopicDurability | None = None
+) -> tuple[MemoryWalDriver, int]:
     core = BrokerCore(
         BrokerIdentity(URL, URL),
         rng=random.Random(1),
@@ -30,7 +32,7 @@ def start(object_ack: bool = True) -> tuple[MemoryWalDriver, int]:
         queue_limits=QueueLimits(),
         wal_config=WalConfig(segment_bytes=1 << 20),
         uploads=UploaderConfig(orphan_scan_interval_ms=None),
-        object_ack_batch_ms=BATCH_MS if object_ack else None,
+        durability=durability or TopicDurability("object" if object_ack else None, (), BATCH_MS),
     )
     driver = MemoryWalDriver(core)
     driver.run(core.bootstrap(["default"]).effects)
@@ -118,6 +120,25 @@ def test_without_it_a_publish_is_answered_at_the_fsync() -> None:
     assert driver.objects == {}
 
 
+def test_the_level_is_chosen_per_topic() -> None:
+    fast = "/default/metrics"
+    driver, producer = start(durability=TopicDurability("fsync", ((TOPIC, "object"),), BATCH_MS))
+    step = driver.core.create_producer(
+        fast, "m", access_mode=0, strategy=DispatchStrategy.RELIABLE, schema_subject=None
+    )
+    driver.run(step.effects)
+    publish(driver, producer, 0)
+    driver.run(
+        driver.core.publish(
+            step.value, fast, "m", 1, None, encode=lambda offset: b"m", now_ms=driver.now_ms
+        ).effects
+    )
+    assert driver.acked == {fast: 0}  # fsync: answered at once; TOPIC waits for its object
+    tick(driver, BATCH_MS)
+    assert driver.acked == {fast: 0, TOPIC: 0}
+    assert all("metrics" not in key for key in driver.objects)
+
+
 def test_it_needs_an_object_tier() -> None:
     with pytest.raises(ValueError, match="object tier"):
         BrokerCore(
@@ -125,5 +146,5 @@ def test_it_needs_an_object_tier() -> None:
             rng=random.Random(1),
             default_policies=Policies(),
             queue_limits=QueueLimits(),
-            object_ack_batch_ms=BATCH_MS,
+            durability=TopicDurability("object"),
         )

@@ -165,7 +165,7 @@ async def serve(
             max_unacked_messages=config.dispatch.max_unacked_messages,
             routing_key_of=_routing_key_of,
             uploads=UploaderConfig() if config.storage.tiered else None,
-            object_ack_batch_ms=config.storage.object_ack_batch_ms,
+            durability=config.storage.durability,
         )
         objects = None
         if config.storage.tiered:

@@ -64,6 +64,47 @@ class DispatchConfig:
     """Reliable: the pipelined window of each subscription (Danube's key, 1..10000)."""
 
 
+DURABILITY_LEVELS = ("fsync", "flush", OBJECT_DURABILITY)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDurability:
+    """The durability level of each reliable topic (spec/durability.md): `overrides` name
+    topics exactly or as `/namespace/*` (an exact name wins); every other topic gets
+    `default`, or the WAL configuration's own mode when `default` is None. A topic takes its
+    level when its WAL loads, so a changed configuration applies from the next restart."""
+
+    default: str | None = None
+    overrides: tuple[tuple[str, str], ...] = ()
+    object_batch_ms: int = DEFAULT_OBJECT_BATCH_MS
+    """`object` level: seal the active segment this long after its oldest unanswered publish."""
+
+    def __post_init__(self) -> None:
+        for pattern, level in ((None, self.default), *self.overrides):
+            if level is not None and level not in DURABILITY_LEVELS:
+                raise ValueError(f"unknown durability level {level!r} (fsync, flush or object)")
+            if pattern is not None:
+                _check_topic_pattern(pattern)
+        if self.object_batch_ms <= 0:
+            raise ValueError(f"object_batch_ms must be positive, got {self.object_batch_ms}")
+
+    def level(self, topic: str, wal_default: Durability) -> str:
+        levels = dict(self.overrides)
+        namespace = topic.split("/")[1] if topic.count("/") == 2 else ""
+        found = levels.get(topic) or levels.get(f"/{namespace}/*")
+        return found or self.default or wal_default.value
+
+    @property
+    def uses_object(self) -> bool:
+        return OBJECT_DURABILITY in (self.default, *(level for _, level in self.overrides))
+
+
+def _check_topic_pattern(pattern: str) -> None:
+    namespace, _, topic = pattern.removeprefix("/").partition("/")
+    if not pattern.startswith("/") or not namespace or not topic or "/" in topic:
+        raise ValueError(f"{pattern!r} is neither /namespace/topic nor /namespace/*")
+
+
 @dataclass(frozen=True, slots=True)
 class StorageConfig:
     """Where reliable topics keep their WAL and how (Danube's `storage` keys where they map;
@@ -79,9 +120,8 @@ class StorageConfig:
     endpoint: str | None = None
     """S3-compatible endpoint URL (credentials come from the environment, never from here)."""
     region: str | None = None
-    object_ack_batch_ms: int | None = None
-    """`wal.durability: object`: publishes are answered once their object is indexed, with
-    the active segment sealed this long after its oldest unanswered publish."""
+    durability: TopicDurability = field(default_factory=TopicDurability)
+    """`wal.durability`, `wal.topics` and `wal.object_batch_ms`."""
 
     @property
     def tiered(self) -> bool:
@@ -196,7 +236,7 @@ def _storage(data: dict[str, Any]) -> StorageConfig:
     wal = _section(data, "wal", "storage.")
     _keys(
         wal,
-        {"durability", "object_batch_ms", "cache_bytes", "file_sync", "rotation"},
+        {"durability", "topics", "object_batch_ms", "cache_bytes", "file_sync", "rotation"},
         "storage.wal",
     )
     sync = _section(wal, "file_sync", "storage.wal.")
@@ -205,26 +245,10 @@ def _storage(data: dict[str, Any]) -> StorageConfig:
     _keys(rotation, {"max_bytes", "max_hours"}, "storage.wal.rotation")
     retention = _section(data, "local_retention", "storage.")
     _keys(retention, {"time_minutes", "size_mb"}, "storage.local_retention")
-    durability = wal.get("durability", Durability.FSYNC.value)
-    if durability not in {*(d.value for d in Durability), OBJECT_DURABILITY}:
-        raise ConfigError(
-            f"storage.wal.durability: expected 'fsync', 'flush' or 'object', got {durability!r}"
-        )
-    object_batch = _number(wal, "object_batch_ms", "storage.wal.")
-    if durability == OBJECT_DURABILITY:
-        if mode == "local":
-            raise ConfigError(
-                "storage.wal.durability: 'object' acknowledges once a publish is in object "
-                "storage, so it needs storage.mode shared_fs or object_store"
-            )
-        object_batch = object_batch or DEFAULT_OBJECT_BATCH_MS
-    elif object_batch is not None:
-        raise ConfigError("storage.wal.object_batch_ms: only used with durability 'object'")
+    topic_durability = _durability(wal, mode)
     settings: dict[str, Any] = {
         # `object` keeps fsync-before-ack locally and waits for the object on top of it.
-        "durability": Durability.FSYNC
-        if durability == OBJECT_DURABILITY
-        else Durability(durability),
+        "durability": Durability.FLUSH if topic_durability.default == "flush" else Durability.FSYNC,
         "cache_bytes": _number(wal, "cache_bytes", "storage.wal.", minimum=0),
         "flush_interval_ms": _number(sync, "interval_ms", "storage.wal.file_sync."),
         "max_write_bytes": _number(sync, "max_batch_bytes", "storage.wal.file_sync."),
@@ -247,8 +271,43 @@ def _storage(data: dict[str, Any]) -> StorageConfig:
         str(durable_root) if durable_root else None,
         str(durable["endpoint"]) if durable.get("endpoint") else None,
         str(durable["region"]) if durable.get("region") else None,
-        object_batch,
+        topic_durability,
     )
+
+
+def _durability(wal: dict[str, Any], mode: str) -> TopicDurability:
+    """`storage.wal.durability` (every topic's level), `storage.wal.topics` (levels of some
+    topics: `/ns/topic: flush`, `/ns/*: object`) and `storage.wal.object_batch_ms`."""
+    default = wal.get("durability", "fsync")
+    if default not in DURABILITY_LEVELS:
+        raise ConfigError(
+            f"storage.wal.durability: expected 'fsync', 'flush' or 'object', got {default!r}"
+        )
+    topics = _section(wal, "topics", "storage.wal.")
+    for pattern, level in topics.items():
+        if level not in DURABILITY_LEVELS:
+            raise ConfigError(
+                f"storage.wal.topics.{pattern}: expected 'fsync', 'flush' or 'object', "
+                f"got {level!r}"
+            )
+        try:
+            _check_topic_pattern(str(pattern))
+        except ValueError as error:
+            raise ConfigError(f"storage.wal.topics: {error}") from None
+    batch = _number(wal, "object_batch_ms", "storage.wal.")
+    durability = TopicDurability(
+        default,
+        tuple(sorted((str(p), str(level)) for p, level in topics.items())),
+        batch or DEFAULT_OBJECT_BATCH_MS,
+    )
+    if durability.uses_object and mode == "local":
+        raise ConfigError(
+            "storage.wal.durability: 'object' acknowledges once a publish is in object "
+            "storage, so it needs storage.mode shared_fs or object_store"
+        )
+    if batch is not None and not durability.uses_object:
+        raise ConfigError("storage.wal.object_batch_ms: only used with durability 'object'")
+    return durability
 
 
 def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:

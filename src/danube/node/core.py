@@ -11,6 +11,7 @@ Deliberate differences from Danube are listed in spec/protocol.md.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from collections import deque
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from danube.core.config import DispatchStrategy, Policies
+from danube.core.config import OBJECT_DURABILITY, DispatchStrategy, Policies, TopicDurability
 from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
 from danube.core.names import (
     MAX_NAME_LENGTH,
@@ -218,6 +219,7 @@ Effect = (
 )
 
 _DEFAULT_WAL = wal.WalConfig()
+_DEFAULT_DURABILITY = TopicDurability()
 _FILE_EFFECTS = (wal.CreateSegment, wal.Write, wal.Fsync, wal.CloseSegment, wal.DeleteSegment)
 READ_MAX_BYTES = 4 * 1024 * 1024
 """Largest file range one subscription read asks for (at index granularity)."""
@@ -300,6 +302,8 @@ class TopicRecord:
     uploader: tier.Uploader | None = None
     sealed_through: int = 0
     """Tiered: end of the last segment the uploader was told is sealed."""
+    object_ack: bool = False
+    """The topic's durability level is `object` (set when its WAL loads)."""
     durable_through: int = -1
     """`object` acknowledgement: the WAL's last acknowledged (locally durable) offset."""
     acked_through: int = -1
@@ -333,17 +337,18 @@ class BrokerCore:
         max_unacked_messages: int = 10,
         routing_key_of: Callable[[bytes], bytes] = lambda record: b"",
         uploads: tier.UploaderConfig | None = None,
-        object_ack_batch_ms: int | None = None,
+        durability: TopicDurability = _DEFAULT_DURABILITY,
     ) -> None:
         """`routing_key_of` extracts a stored record's Key-Shared routing key (its routing
         key, else its producer's name); only the driver knows the record encoding.
 
-        `object_ack_batch_ms` selects the `object` acknowledgement level (spec/durability.md):
-        a publish is answered only once the object holding it is indexed, and the active
-        segment is sealed (and so uploaded) at most this long after its oldest unanswered
-        publish became durable, so that one upload answers every publish of its batch."""
-        if object_ack_batch_ms is not None and (uploads is None or object_ack_batch_ms <= 0):
-            raise ValueError("object acknowledgement needs an object tier and a positive batch")
+        `durability` gives each reliable topic its level (spec/durability.md). At the
+        `object` level a publish is answered only once the object holding it is indexed, and
+        the active segment is sealed (and so uploaded) at most `object_batch_ms` after its
+        oldest unanswered publish became durable, so that one upload answers every publish
+        of its batch."""
+        if durability.uses_object and uploads is None:
+            raise ValueError("the object durability level needs an object tier")
         self.identity = identity
         self._rng = rng
         self._default_policies = default_policies
@@ -354,7 +359,7 @@ class BrokerCore:
         self._routing_key_of = routing_key_of
         self._uploads = uploads
         """Object tier settings; None in `local` storage mode (no objects)."""
-        self._object_ack_batch_ms = object_ack_batch_ms
+        self._durability = durability
         self._outbox: dict[int, deque[bytes]] = {}
         """Reliable: records delivered to a consumer, waiting for its stream writer."""
         self._namespaces: dict[str, Policies] = {}
@@ -1092,8 +1097,12 @@ class BrokerCore:
             return Step(None)
         tiered = self._uploads is not None
         indexed_next = max((e.next_offset for e in record.index), default=0)
+        level = self._durability.level(topic, self._wal_config.durability)
+        record.object_ack = level == OBJECT_DURABILITY
+        mode = wal.Durability.FLUSH if level == wal.Durability.FLUSH.value else wal.Durability.FSYNC
+        config = dataclasses.replace(self._wal_config, durability=mode)
         log = record.wal = wal.WalMachine(
-            topic, self._wal_config, plan, tiered=tiered, start_offset=indexed_next
+            topic, config, plan, tiered=tiered, start_offset=indexed_next
         )
         effects: list[Effect] = []
         if self._uploads is not None and record.uploader is None:
@@ -1236,13 +1245,13 @@ class BrokerCore:
         """Time passes: WAL flushes, rotation and retention; ack deadlines, redeliveries and
         cursor flushes of reliable subscriptions."""
         effects: list[Effect] = []
-        batch = self._object_ack_batch_ms
+        batch = self._durability.object_batch_ms
         for record in self._topics.values():
             if record.wal is None:
                 continue
             effects.extend(self._wal_effects(record, record.wal.tick(now_ms), now_ms))
             since = record.ack_batch_since
-            if batch is not None and since is not None and now_ms - since >= batch:
+            if since is not None and now_ms - since >= batch:
                 # Seal the segment holding the waiting publishes: its upload answers them.
                 record.ack_batch_since = None
                 if record.durable_through >= record.sealed_through:
@@ -1312,7 +1321,7 @@ class BrokerCore:
                     record.sealed_through = next_offset
                     out.extend(self._tier_effects(record, sealed))
             elif isinstance(effect, wal.Acknowledge):
-                if self._object_ack_batch_ms is None:
+                if not record.object_ack:
                     out.append(PublishAcked(topic, effect.through_offset))
                 else:
                     record.durable_through = max(record.durable_through, effect.through_offset)
@@ -1433,7 +1442,7 @@ class BrokerCore:
     def _object_acks(self, topic: str) -> tuple[Effect, ...]:
         """`object` acknowledgement: answer the publishes the index now covers."""
         record = self._topics.get(topic)
-        if self._object_ack_batch_ms is None or record is None or record.uploader is None:
+        if record is None or not record.object_ack or record.uploader is None:
             return ()
         indexed_next = record.uploader.indexed_next
         if indexed_next is None:
