@@ -8,11 +8,15 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
+
 from danube.client import DanubeClient, SubType
 from danube.core.config import DispatchStrategy
 from danube.wal import format
 from tests.support.aio import receive_for, receive_n, run, unique_topic
 from tests.support.broker import BrokerProcess
+
+pytestmark = pytest.mark.slow
 
 RELIABLE = DispatchStrategy.RELIABLE
 

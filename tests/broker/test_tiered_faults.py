@@ -290,10 +290,9 @@ def test_uploads_ride_out_s3_errors_and_stalls(
     sequential, so the seeded decisions meet the same requests): 18 PUTs in the mixed phase
     (1 SlowDown absorbed by s3fs, 1 InternalError, 3 lost replies, 1 stall), 4
     `upload_failed kind=server_error`; the storm's SlowDown reaches the broker as
-    `OSError(16, 'Reduce your request rate.')` and is logged `kind=server_error`, not
-    `throttled` (the classification bug `test_s3_slowdown_is_classified_as_throttling` pins
-    down, asserted last here so that everything else is still checked); the faulty read saw
-    ~35 failed GETs.
+    `OSError(16, 'Reduce your request rate.')`, which `classify` reads as `throttled`
+    (`test_s3_slowdown_is_classified_as_throttling`; asserted last here so that everything
+    else is still checked); the faulty read saw ~35 failed GETs.
     """
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     mixed = FaultRates(
