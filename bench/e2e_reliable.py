@@ -57,8 +57,11 @@ def _payload(producer: int, sequence: int, padding: bytes) -> bytes:
     return _HEAD.pack(time.monotonic_ns(), producer, sequence) + padding
 
 
-def _config_yaml(durability: str, max_unacked: int | None) -> str:
+def _config_yaml(durability: str, max_unacked: int | None, shared: Path) -> str:
     text = f"storage:\n  wal:\n    durability: {durability}\n"
+    if durability == "object":
+        # `object` needs an object tier: a shared filesystem in the temporary directory.
+        text += f"  mode: shared_fs\n  durable:\n    root: file://{shared}\n"
     if max_unacked is not None:
         text += f"dispatch:\n  max_unacked_messages: {max_unacked}\n"
     return text
@@ -284,7 +287,7 @@ def _broker(root: Path, durability: str, max_unacked: int | None) -> Iterator[Br
     data = root / durability
     data.mkdir()
     config = root / f"{durability}.yaml"
-    config.write_text(_config_yaml(durability, max_unacked))
+    config.write_text(_config_yaml(durability, max_unacked, root / f"{durability}-objects"))
     broker = BrokerProcess(data, config_file=config)
     with broker:
         try:
@@ -301,7 +304,9 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--rate", type=int, default=1000, help="msg/s in the latency phase")
     parser.add_argument("--latency-messages", type=int, default=5000)
-    parser.add_argument("--durability", choices=("fsync", "flush", "both"), default="both")
+    parser.add_argument(
+        "--durability", choices=("fsync", "flush", "object", "both"), default="both"
+    )
     parser.add_argument(
         "--ack-concurrency", type=int, default=64, help="consumer acks in flight (1: in order)"
     )
