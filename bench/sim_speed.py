@@ -19,9 +19,16 @@ def main() -> None:
     args = parser.parse_args()
     result = Simulation(args.seed, WORKLOAD, Faults()).run(args.duration)
     assert result.ok, result.violations
-    print(f"simulated {result.duration_s:g} s in {result.wall_s:.2f} s wall")
-    print(f"speed: {result.duration_s / result.wall_s:.2f} simulated s per wall s")
-    print(f"events: {result.events} ({result.events / result.wall_s:,.0f} per wall s)")
+    load_wall = result.load_wall_s
+    print(
+        f"load phase: {result.duration_s:g} simulated s in {load_wall:.2f} s wall, "
+        f"{result.duration_s / load_wall:.2f} simulated s per wall s, "
+        f"{result.load_events} events ({result.load_events / load_wall:,.0f} per wall s)"
+    )
+    print(
+        f"whole run (set-up, load, drain, final restart): {result.wall_s:.2f} s wall, "
+        f"{result.events} events"
+    )
     print(f"messages: {result.acknowledged} acknowledged, {result.received} received")
 
 

@@ -96,6 +96,10 @@ class Result:
     digest: str
     events: int
     wall_s: float
+    """The whole run: set-up, the load phase, the drain and the final restart."""
+    load_wall_s: float
+    """The load phase alone, which is what `duration_s` of simulated time took."""
+    load_events: int
     injected: Injected
     violations: list[Violation]
     produced: int
@@ -326,7 +330,10 @@ class Simulation:
         end = int(duration_s * US_PER_S)
         if self.audits:
             world.at(end // 2, self._start_audits)
+        load_started, events_before = time.perf_counter(), world.events
         world.run_until(end, stop=lambda: bool(self.checker.violations))
+        load_wall_s = time.perf_counter() - load_started
+        load_events = world.events - events_before
         drained = False
         if not self.checker.violations:
             # Drain: no more faults or publishes; everything acknowledged must arrive.
@@ -356,6 +363,8 @@ class Simulation:
             digest=world.digest,
             events=world.events,
             wall_s=time.perf_counter() - started,
+            load_wall_s=load_wall_s,
+            load_events=load_events,
             injected=self.injected,
             violations=list(self.checker.violations),
             produced=sum(p.sent for p in self.producers),
