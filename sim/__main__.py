@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from sim.cluster_main import main as cluster_main
 from sim.faults import Faults
 from sim.run import SUB_TYPES, TIERED, Result, Simulation, Workload, replay_command
 
@@ -40,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m sim",
         description="Deterministic simulation of a Danube broker and its clients under faults.",
     )
+    parser.add_argument(
+        "--cluster", action="store_true",
+        help="run the cluster control plane instead (brokers' membership and load manager "
+        "against a simulated etcd); `python -m sim --cluster --help` lists its knobs",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1, help="first seed (default 1)")
     parser.add_argument("--seeds", type=int, default=1, help="how many seeds to run (default 1)")
     parser.add_argument(
@@ -140,6 +146,9 @@ def report(result: Result, workload: Workload, faults: Faults) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--cluster" in argv:
+        return cluster_main([arg for arg in argv if arg != "--cluster"])
     args = _parser().parse_args(argv)
     workload, faults = _workload(args), _faults(args)
     failures = 0
