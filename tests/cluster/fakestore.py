@@ -1,7 +1,7 @@
 """A metadata store small enough to trust, and a synchronous driver for the load manager.
 
 `FakeStore` keeps etcd's revision rules (one revision per transaction, `version` reset on
-delete, a missing key compares as version/revisions 0 and value None) and records every change
+delete, a missing key compares as version/revisions 0 and fails every value compare) and records every change
 as a `WatchEvent` in revision order, which is all the load manager relies on. `Driver` runs the
 machine's transactions against it and feeds the resulting events back, one at a time, as the
 trio driver does.
@@ -33,7 +33,7 @@ class FakeStore:
         kv = self.data.get(compare.key)
         if compare.target == "value":
             if kv is None:
-                return compare.op == "!=" if compare.operand is not None else compare.op == "=="
+                return False  # etcd: no value compare holds on a missing key
             left, right = json.dumps(kv.value, sort_keys=True), json.dumps(compare.operand)
         else:
             left = 0 if kv is None else getattr(kv, compare.target)

@@ -20,6 +20,9 @@ log = logging.getLogger("danube.broker")
 
 REQUEST_TIMEOUT_S = 3.0
 WATCH_RETRY_S = 0.5
+TXNS_IN_FLIGHT = 8
+"""Decisions run at once at most: a failover of hundreds of topics must not queue hundreds of
+calls on the store, where they would time out waiting and be made again."""
 
 
 def _now_ns() -> int:
@@ -37,6 +40,7 @@ class LoadManagerDriver:
         self._nursery: trio.Nursery | None = None
         self._tick_at: int | None = None
         self._woken = trio.Event()
+        self._in_flight = trio.CapacityLimiter(TXNS_IN_FLIGHT)
         self.synced = trio.Event()
         """Set once the view holds a whole snapshot of `/cluster/`."""
 
@@ -74,12 +78,13 @@ class LoadManagerDriver:
         the watch, and one that did not (a compare failed, the store did not answer) is made
         again by the machine when it is still due."""
         try:
-            with trio.fail_after(REQUEST_TIMEOUT_S):
-                result = await self.store.txn(txn.compares, txn.ops)
+            async with self._in_flight:
+                with trio.fail_after(REQUEST_TIMEOUT_S):
+                    result = await self.store.txn(txn.compares, txn.ops)
         except (MetadataError, trio.TooSlowError) as error:
             log.warning(
                 "event=load_manager_txn_failed decision=%s topic=%s error=%s",
-                type(txn).__name__, txn.topic, error or "timeout",
+                type(txn).__name__, txn.topic, str(error) or "timeout",
             )  # fmt: skip
             return
         if result.succeeded:
