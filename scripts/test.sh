@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is needed, then runs lint, the whole test suite (slow and conformance tests
-# included) and a short simulator fuzz (FUZZ_SEEDS, default 50 here). Extra arguments go to
+# included) and two short simulator fuzz runs (FUZZ_SEEDS, default 50, with the default
+# faults; FUZZ_TIERED_SEEDS, default 20, tiered with the heavy profile). Extra arguments go to
 # pytest, e.g. `scripts/test.sh -k shared`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,3 +11,5 @@ export PATH="$PWD/.venv/bin:$PATH"
 .venv/bin/nox -s lint
 .venv/bin/nox -s tests -- "$@"
 FUZZ_SEEDS="${FUZZ_SEEDS:-50}" .venv/bin/nox -s fuzz
+# The heavy profile (bit flips, more crashes) with the object tier: what the default run skips.
+FUZZ_FIRST_SEED=1001 .venv/bin/nox -s fuzz -- "${FUZZ_TIERED_SEEDS:-20}" --tiered --profile heavy
