@@ -5,6 +5,7 @@ readable error line (never a traceback) when something is wrong.
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -139,6 +140,26 @@ def test_reliable_produce_then_consume_from_earliest(broker: BrokerProcess) -> N
     assert len(lines) == 20 and all(line.endswith("] kept") for line in lines), consumed.stdout
     again = _cli("produce", "-s", broker.url, "-t", topic, "-m", "x")
     _assert_one_error_line(again, "Reliable", "NonReliable")
+
+
+def test_consume_starts_at_a_given_offset(broker: BrokerProcess) -> None:
+    """`--start N` on a reliable topic: the new subscription's first message is offset N, and
+    an offset past the end is refused with one readable line."""
+    topic = unique_topic("cli-offset")
+    produced = _cli(
+        "produce", "-s", broker.url, "-t", topic, "--reliable", "-m", "m", "-c", "10"
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    consumed = _cli(
+        "consume", "-s", broker.url, "-t", topic, "-m", "from-7", "--start", "7", "-c", "3",
+    )  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr
+    offsets = re.findall(r" offset=(\d+)\]", consumed.stdout)
+    assert offsets == ["7", "8", "9"], consumed.stdout
+    beyond = _cli(
+        "consume", "-s", broker.url, "-t", topic, "-m", "from-99", "--start", "99", "-c", "1"
+    )  # fmt: skip
+    _assert_one_error_line(beyond, "99")
 
 
 @pytest.mark.parametrize("sub_type", ["exclusive", "shared", "fail-over", "key-shared"])

@@ -94,14 +94,17 @@ async def _produce(url: str, topic: str, first: int, count: int, producers: int 
 
 
 async def _read_from_earliest(url: str, topic: str, subscription: str, count: int) -> list[int]:
+    """The offsets received, after checking that the payloads are every message sent, once,
+    each whole (its number, padded to PAYLOAD bytes)."""
     async with DanubeClient(url) as client:
         consumer = client.consumer(
             topic, "reader", subscription, sub_type=SubType.EXCLUSIVE, start="earliest"
         )
         async with consumer:
             messages = await receive_n(consumer, count, timeout=60)
-    for message in messages:
-        assert int(message.payload[:6]) >= 0
+    numbers = sorted(int(m.payload[:6]) for m in messages)
+    assert numbers == list(range(count)), "every message sent, once"
+    assert all(m.payload == m.payload[:6].ljust(PAYLOAD, b".") for m in messages)
     return [m.offset for m in messages]
 
 
