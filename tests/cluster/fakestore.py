@@ -1,8 +1,9 @@
 """A metadata store small enough to trust, and a synchronous driver for the load manager.
 
 `FakeStore` keeps etcd's revision rules (one revision per transaction, `version` reset on
-delete, a missing key compares as version/revisions 0 and fails every value compare) and records every change
-as a `WatchEvent` in revision order, which is all the load manager relies on. `Driver` runs the
+delete, a missing key compares as version/revisions 0 and fails every value compare) and
+records every change as a `WatchEvent` in revision order, which is all the load manager
+relies on. `Driver` runs the
 machine's transactions against it and feeds the resulting events back, one at a time, as the
 trio driver does.
 """

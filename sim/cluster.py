@@ -1,0 +1,266 @@
+"""One run of the cluster control plane: N brokers (`sim.cluster_node`), each with its
+`Membership` and `LoadManager` machines, against one simulated etcd (`sim.etcd`), under
+crashes, graceful stops, broker-etcd partitions, message loss, etcd stalls, slow requests and
+clock drift; the invariants of `sim.cluster_checker` hold after every event.
+
+The brokers boot within the first 200 ms. Topics are created at random times over the first
+80 % of the run, each through a random running broker (a client retries with another after
+the request timeout), so new topics meet every fault. After `duration` the faults stop (those
+under way run out) and the run goes on until the cluster has settled (d), for at most
+`SETTLE_LIMIT_US`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from danube.cluster.load_manager import Aggressiveness, LoadManagerConfig, RebalancingConfig
+from danube.cluster.membership import MembershipConfig
+from danube.core.names import parse_topic
+from danube.node import paths
+from sim.checker import Violation
+from sim.cluster_checker import ClusterChecker
+from sim.cluster_faults import ClusterFaults
+from sim.cluster_node import REQUEST_TIMEOUT_US, Clock, NodeSettings, SimNode
+from sim.etcd import SimEtcd
+from sim.faults import FAULT_TICK_US, Injected
+from sim.network import Network
+from sim.world import US_PER_MS, US_PER_S, World
+
+SETTLE_LIMIT_US = 60 * US_PER_S
+"""A lease's TTL, fail-overs retried every second and rebalancing moves a second apart settle
+well within this once the faults stop."""
+SETTLE_CHECK_US = 100 * US_PER_MS
+CREATE_RETRY_US = REQUEST_TIMEOUT_US + 500 * US_PER_MS
+"""A client that heard nothing back about a topic creation asks another broker."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterWorkload:
+    brokers: int = 3
+    topics: int = 24
+    """Created at random times over the first 80 % of the run."""
+    rebalance: bool = True
+    """Automatic rebalancing every second (aggressive, a second of cooldown, topics older than
+    two seconds), so restarted brokers draw `Move`s and the data plane's ready markers."""
+    lease_ttl_ms: int = 4_000
+    renew_interval_ms: int = 1_000
+    drift_ms: int = 400
+    retry_ms: int = 250
+    """The membership's retries (grant, registration, campaign)."""
+    assign_retry_ms: int = 1_000
+    """The load manager's `retry_ms`: a decision not seen in the watch by then is made again."""
+    report_interval_ms: int = 5_000
+
+    def settings(self, broker: str) -> NodeSettings:
+        membership = MembershipConfig(
+            broker,
+            {
+                "broker_url": f"http://broker-{broker}:6650",
+                "connect_url": f"http://broker-{broker}:6650",
+                "admin_addr": f"http://broker-{broker}:50051",
+            },
+            lease_ttl_ms=self.lease_ttl_ms,
+            renew_interval_ms=self.renew_interval_ms,
+            drift_ms=self.drift_ms,
+            retry_ms=self.retry_ms,
+            load_report_interval_ms=self.report_interval_ms,
+        )
+        rebalancing = (
+            RebalancingConfig(
+                enabled=True,
+                aggressiveness=Aggressiveness.AGGRESSIVE,
+                check_interval_seconds=1,
+                max_moves_per_hour=10_000,
+                cooldown_seconds=1,
+                min_topic_age_seconds=2,
+            )
+            if self.rebalance
+            else None
+        )
+        manager = LoadManagerConfig(
+            load_report_interval_seconds=max(1, self.report_interval_ms // 1000),
+            rebalancing=rebalancing,
+            retry_ms=self.assign_retry_ms,
+        )
+        return NodeSettings(membership, manager)
+
+
+@dataclass(slots=True)
+class ClusterResult:
+    seed: int
+    duration_s: float
+    digest: str
+    events: int
+    wall_s: float
+    injected: Injected
+    violations: list[Violation]
+    settled: bool
+    settle_s: float
+    """Simulated seconds from the end of the faults until the cluster settled."""
+    created: int
+    landed: dict[str, int]
+    """Writes that took effect, by kind: decisions (`Assign`, `Move`, `FailOver`,
+    `Release`), `campaign`s won, `register`, `create`, `ready`, `revoke`."""
+    trace_tail: list[str] = field(default_factory=list)
+    trace: list[str] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def summary(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("trace_tail")
+        data.pop("trace")
+        data["injected"] = dict(self.injected)
+        data["violations"] = [asdict(v) for v in self.violations]
+        return data
+
+
+class ClusterSimulation:
+    def __init__(
+        self,
+        seed: int,
+        workload: ClusterWorkload,
+        faults: ClusterFaults,
+        *,
+        full_trace: bool = False,
+    ) -> None:
+        self.seed = seed
+        self.workload = workload
+        self.faults = faults
+        self.world = World(seed, full_trace=full_trace)
+        self.injected = Injected()
+        self.network = Network(self.world, faults.network(), self.injected)
+        self.etcd = SimEtcd(self.world, self.network, faults, self.injected)
+        rng = self.world.rng
+        spread = faults.skew * workload.drift_ms / workload.lease_ttl_ms
+        self.nodes = [
+            SimNode(
+                str(n),
+                self.world,
+                self.network,
+                self.etcd,
+                self.injected,
+                workload.settings(str(n)),
+                Clock(rng.randrange(10**12), 1 + rng.uniform(-spread, spread)),
+            )
+            for n in range(1, workload.brokers + 1)
+        ]
+        self.checker = ClusterChecker(self.world, self.etcd, self.nodes)
+        self.topics = [f"/default/topic-{t}" for t in range(workload.topics)]
+        for topic in self.topics:
+            self.checker.expect(topic, paths.namespace_topic(parse_topic(topic)))
+
+    def _after_event(self) -> bool:
+        self.checker.check()
+        return bool(self.checker.violations)
+
+    def run(self, duration_s: float) -> ClusterResult:
+        started = time.perf_counter()
+        world = self.world
+        rng = world.rng
+        end = int(duration_s * US_PER_S)
+        for node in self.nodes:
+            world.at(rng.randrange(200 * US_PER_MS), node.boot)
+        for topic in self.topics:
+            world.at(rng.randrange(end * 4 // 5 + 1), lambda t=topic: self._create(t))
+        self.etcd.start()
+        world.at(FAULT_TICK_US, self._fault_tick)
+        world.run_until(end, stop=self._after_event)
+        settled, settle_s = False, 0.0
+        if not self.checker.violations:
+            settled, settle_s = self._settle()
+        return ClusterResult(
+            seed=self.seed,
+            duration_s=duration_s,
+            digest=world.digest,
+            events=world.events,
+            wall_s=time.perf_counter() - started,
+            injected=self.injected,
+            violations=list(self.checker.violations),
+            settled=settled,
+            settle_s=settle_s,
+            created=len(self.checker.created),
+            landed=dict(sorted(self.checker.landed.items())),
+            trace_tail=list(world.recent),
+            trace=world.lines,
+        )
+
+    def _settle(self) -> tuple[bool, float]:
+        """No new faults; the cluster must settle (d) before `SETTLE_LIMIT_US`."""
+        world = self.world
+        calm = self.faults.calm()
+        self.faults = self.etcd.faults = calm
+        self.network.faults = calm.network()
+        world.log("faults stop")
+        began = world.now
+        problems: list[str] = []
+        while world.now < began + SETTLE_LIMIT_US:
+            world.run_until(world.now + SETTLE_CHECK_US, stop=self._after_event)
+            if self.checker.violations:
+                return False, 0.0
+            problems = self.checker.unsettled(self.topics)
+            if not problems:
+                world.log("settled")
+                return True, (world.now - began) / US_PER_S
+        self.checker.unsettled_for_good(problems)
+        return False, 0.0
+
+    def _create(self, topic: str) -> None:
+        if topic in self.checker.created:
+            return
+        running = [node.running for node in self.nodes if node.running is not None]
+        if running:
+            process = self.world.rng.choice(running)
+            process.create_topic(topic)
+        self.world.at(CREATE_RETRY_US, lambda: self._create(topic))
+
+    def _fault_tick(self) -> None:
+        world, faults, rng = self.world, self.faults, self.world.rng
+        restart = faults.restart_us
+        if faults.crash and rng.random() < faults.crash:
+            up = [node for node in self.nodes if node.running is not None]
+            if up:
+                rng.choice(up).crash(rng.randint(restart // 2, restart * 3 // 2))
+        if faults.stop and rng.random() < faults.stop:
+            up = [node for node in self.nodes if node.running is not None]
+            if up:
+                rng.choice(up).stop(rng.randint(restart // 2, restart * 3 // 2))
+        if faults.kill and rng.random() < faults.kill:
+            up = [node for node in self.nodes if node.running is not None]
+            if sum(not node.lost for node in self.nodes) > 2 and up:
+                rng.choice(up).kill()
+        if faults.partition and rng.random() < faults.partition:
+            node = rng.choice(self.nodes)
+            self.network.partition(
+                node.name, rng.randint(faults.partition_us // 10, faults.partition_us)
+            )
+        if faults.stall and rng.random() < faults.stall:
+            self.etcd.stall(rng.randint(faults.stall_us // 10, faults.stall_us))
+        world.at(FAULT_TICK_US, self._fault_tick)
+
+
+def cluster_replay_command(
+    seed: int, duration_s: float, workload: ClusterWorkload, faults: ClusterFaults
+) -> str:
+    """The command line that reruns exactly this run (from `--profile none`)."""
+    args = [f"python -m sim --cluster --seed {seed} --duration {duration_s:g} --profile none"]
+    base = ClusterWorkload()
+    for item in fields(ClusterWorkload):
+        value = getattr(workload, item.name)
+        if value != getattr(base, item.name):
+            flag = item.name.replace("_", "-")
+            if isinstance(value, bool):
+                args.append(f"--{flag}" if value else f"--no-{flag}")
+            else:
+                args.append(f"--{flag} {value}")
+    calm = ClusterFaults()
+    for item in fields(ClusterFaults):
+        value = getattr(faults, item.name)
+        if value != getattr(calm, item.name):
+            args.append(f"--{item.name.replace('_', '-')} {value}")
+    return " ".join(args)

@@ -1,0 +1,188 @@
+"""The invariants of the cluster control plane (spec/cluster.md), checked after every event
+of a cluster run, at every commit of the simulated etcd, and once the run has settled.
+
+a. at most one broker believes it leads at any instant, and the one that does is named by the
+   leader key in the store;
+b. a broker that believes it is unfenced has its lease alive in the store (the clocks drift
+   within `drift_ms` per TTL, which self-fencing allows for);
+c. a topic is never assigned to two brokers in the store;
+d. once the faults stop, the cluster settles: every broker runs as an unfenced member, one of
+   them leads, every created topic is assigned to a live broker's current incarnation, no
+   assignment names a dead broker (or a past incarnation), and no marker is left;
+e. an assignment is written only for a broker registered (and active) in the store when it is
+   written;
+f. only the leader's decisions land: every load-manager transaction that took effect was sent
+   by the broker the leader key named when it was applied (spec/cluster.md, "Fencing of its
+   writes").
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from danube.cluster import keys
+from danube.cluster.membership import Phase
+from danube.metadata.model import TxnResult, WatchEvent
+from sim.checker import Violation
+from sim.cluster_node import SimNode
+from sim.etcd import Origin, SimEtcd
+from sim.world import World
+
+ONE_LEADER = "a one leader"
+ALIVE = "b unfenced means alive"
+ONE_OWNER = "c one owner per topic"
+SETTLED = "d every topic on a live broker"
+REGISTERED = "e assigned only to registered brokers"
+LEADER_WRITES = "f only the leader's decisions land"
+DECISIONS = ("Assign", "Move", "FailOver", "Release")
+
+
+class ClusterChecker:
+    def __init__(self, world: World, etcd: SimEtcd, nodes: Sequence[SimNode]) -> None:
+        self.world = world
+        self.etcd = etcd
+        self.nodes = nodes
+        self.violations: list[Violation] = []
+        self.landed: Counter[str] = Counter()
+        """Writes that took effect, by kind (decisions, campaigns won, topics created...)."""
+        self._records: dict[str, str] = {}
+        """The topic record key a creation writes → its topic."""
+        self.created: dict[str, int] = {}
+        """Topics whose creation landed → at which revision."""
+        self._owners: dict[str, dict[str, int]] = {}
+        """topic → broker → revision of its assignment, as in the store."""
+        etcd.observers.append(self)
+
+    def _violate(self, invariant: str, detail: str) -> None:
+        self.world.log(f"VIOLATION {invariant}: {detail}")
+        self.violations.append(Violation(invariant, detail, self.world.now))
+
+    def expect(self, topic: str, record: str) -> None:
+        """The workload will create `topic` by writing `record`."""
+        self._records[record] = topic
+
+    # -- after every event ------------------------------------------------------------------------
+
+    def check(self) -> None:
+        leaders = []
+        for node in self.nodes:
+            process = node.process
+            if process is None or not process.alive:
+                continue
+            m = process.membership
+            if m.leading:
+                leaders.append(node.name)
+            stopping = m.phase is Phase.STOPPED
+            if not m.fenced and not stopping and not self.etcd.lease_alive(m.lease_id):
+                self._violate(
+                    ALIVE,
+                    f"broker {node.name} believes it is unfenced, but its lease {m.lease_id} is "
+                    "not alive in the store",
+                )
+        if len(leaders) > 1:
+            self._violate(ONE_LEADER, f"brokers {', '.join(leaders)} all believe they lead")
+        key = self.etcd.get(keys.LEADER_KEY)
+        for name in leaders:
+            if key is None or str(key.value) != name:
+                held = "no one" if key is None else str(key.value)
+                self._violate(
+                    ONE_LEADER, f"broker {name} believes it leads, the leader key names {held}"
+                )
+
+    # -- at every commit ---------------------------------------------------------------------------
+
+    def committed(
+        self, events: list[WatchEvent], origin: Origin | None, result: TxnResult | None
+    ) -> None:
+        if origin is not None and events:
+            self.landed[origin.kind] += 1
+            if origin.kind in DECISIONS:
+                self._leader_wrote(origin)
+        for event in events:
+            if (pair := keys.parse_assignment_key(event.key)) is not None:
+                self._assignment(event, *pair)
+            elif event.key in self._records and event.kind == "put":
+                self.created.setdefault(self._records[event.key], event.mod_revision)
+
+    def _leader_wrote(self, origin: Origin) -> None:
+        leader = self.etcd.get(keys.LEADER_KEY)
+        if leader is None or str(leader.value) != origin.broker:
+            held = "no one" if leader is None else str(leader.value)
+            self._violate(
+                LEADER_WRITES,
+                f"a {origin.kind} of broker {origin.broker} took effect while the leader key "
+                f"named {held}",
+            )
+
+    def _assignment(self, event: WatchEvent, broker: str, topic: str) -> None:
+        owners = self._owners.setdefault(topic, {})
+        if event.kind == "delete":
+            owners.pop(broker, None)
+            return
+        owners[broker] = event.mod_revision
+        if len(owners) > 1:
+            brokers = ", ".join(sorted(owners))
+            self._violate(ONE_OWNER, f"{topic} is assigned to {brokers} at r{event.mod_revision}")
+        registration = self.etcd.get(keys.register_key(broker))
+        state = self.etcd.get(keys.state_key(broker))
+        mode = None if state is None else keys.broker_mode(state.value)
+        if registration is None or mode not in (None, "active"):
+            why = "not registered" if registration is None else f"in mode {mode}"
+            self._violate(
+                REGISTERED,
+                f"{topic} was assigned to broker {broker} at r{event.mod_revision}, which is "
+                f"{why} in the store",
+            )
+
+    # -- once the faults stopped -----------------------------------------------------------------
+
+    def unsettled(self, wanted: Sequence[str]) -> list[str]:
+        """What keeps the cluster from being settled (d); empty once it is."""
+        problems = []
+        running = {}
+        for node in self.nodes:
+            process = node.running
+            if node.lost:
+                continue
+            if process is None:
+                problems.append(f"broker {node.name} is not running")
+                continue
+            running[node.name] = process
+            m = process.membership
+            if m.phase is not Phase.MEMBER or m.fenced:
+                problems.append(
+                    f"broker {node.name} is not an unfenced member ({m.phase.value}, "
+                    f"fenced={m.fenced}, lease {m.lease_id})"
+                )
+        leaders = sorted(name for name, p in running.items() if p.membership.leading)
+        if len(leaders) != 1:
+            key = self.etcd.get(keys.LEADER_KEY)
+            held = "no one" if key is None else str(key.value)
+            problems.append(f"{len(leaders)} brokers lead ({leaders}); the leader key names {held}")
+        problems += [f"{topic} was never created" for topic in wanted if topic not in self.created]
+        for topic in sorted(self.created):
+            owners = self._owners.get(topic, {})
+            if not owners:
+                problems.append(f"{topic} is not assigned")
+            for broker, revision in sorted(owners.items()):
+                registration = self.etcd.get(keys.register_key(broker))
+                process = running.get(broker)
+                if (
+                    process is None
+                    or registration is None
+                    or registration.lease != process.membership.lease_id
+                    or revision < registration.mod_revision
+                ):
+                    problems.append(
+                        f"{topic} is assigned (r{revision}) to broker {broker}, which is dead "
+                        "or a later incarnation of it"
+                    )
+        markers = self.etcd.scan(keys.UNASSIGNED_PREFIX)
+        if markers:
+            problems.append(f"markers left: {', '.join(kv.key for kv in markers[:5])}")
+        return problems
+
+    def unsettled_for_good(self, problems: list[str]) -> None:
+        shown = "; ".join(problems[:6]) + ("; ..." if len(problems) > 6 else "")
+        self._violate(SETTLED, f"the cluster did not settle after the faults stopped: {shown}")

@@ -1,0 +1,120 @@
+"""`python -m sim --cluster`: the cluster control-plane run, for one seed or many.
+
+Exit status 0 when every run kept every invariant, 1 when one did not (its replay command and
+the trace before the violation are printed), 2 for bad arguments."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from sim.cluster import ClusterResult, ClusterSimulation, ClusterWorkload, cluster_replay_command
+from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sim --cluster",
+        description="Deterministic simulation of the cluster control plane: brokers' "
+        "membership and load manager against a simulated etcd, under faults.",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="first seed (default 1)")
+    parser.add_argument("--seeds", type=int, default=1, help="how many seeds to run (default 1)")
+    parser.add_argument(
+        "--duration", type=float, default=30.0, help="simulated seconds of faults (default 30)"
+    )
+    parser.add_argument(
+        "--profile", choices=sorted(CLUSTER_PROFILES), default="default",
+        help="fault probabilities to start from (default: default); knobs below override",
+    )  # fmt: skip
+    parser.add_argument("--trace", type=Path, help="write the whole trace of the run here")
+    parser.add_argument("--json", action="store_true", help="print one JSON summary per run")
+    workload = parser.add_argument_group("workload")
+    defaults = ClusterWorkload()
+    for item in dataclasses.fields(ClusterWorkload):
+        value = getattr(defaults, item.name)
+        flag = f"--{item.name.replace('_', '-')}"
+        if isinstance(value, bool):
+            workload.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=value,
+                help=f"(default {'on' if value else 'off'})",
+            )  # fmt: skip
+        else:
+            workload.add_argument(flag, type=type(value), default=value, help=f"(default {value})")
+    faults = parser.add_argument_group("faults (probabilities per opportunity; see sim/README.md)")
+    for item in dataclasses.fields(ClusterFaults):
+        faults.add_argument(
+            f"--{item.name.replace('_', '-')}", type=type(getattr(ClusterFaults(), item.name)),
+            default=None,
+        )  # fmt: skip
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> tuple[ClusterWorkload, ClusterFaults]:
+    workload = ClusterWorkload(
+        **{item.name: getattr(args, item.name) for item in dataclasses.fields(ClusterWorkload)}
+    )
+    overrides = {
+        item.name: getattr(args, item.name)
+        for item in dataclasses.fields(ClusterFaults)
+        if getattr(args, item.name) is not None
+    }
+    return workload, dataclasses.replace(CLUSTER_PROFILES[args.profile], **overrides)
+
+
+def cluster_report(result: ClusterResult, workload: ClusterWorkload, faults: ClusterFaults) -> str:
+    speed = (result.duration_s + result.settle_s) / result.wall_s if result.wall_s else 0.0
+    landed = ", ".join(f"{kind} {count}" for kind, count in result.landed.items()) or "nothing"
+    lines = [
+        f"seed {result.seed}: {'ok' if result.ok else 'VIOLATION'} · {result.events} events, "
+        f"{result.duration_s:g} s of faults simulated in {result.wall_s:.2f} s "
+        f"({speed:.0f}x real time) · digest {result.digest[:16]}",
+        f"  {result.created}/{workload.topics} topics created; settled {result.settled} "
+        f"({result.settle_s:.1f} s after the faults stopped)",
+        f"  writes that took effect: {landed}",
+        f"  faults injected: {result.injected.summary()}",
+    ]
+    for violation in result.violations:
+        lines.append(f"  VIOLATION of invariant {violation.invariant}: {violation.detail}")
+    if result.violations:
+        replay = cluster_replay_command(result.seed, result.duration_s, workload, faults)
+        lines.append(f"  replay: {replay}")
+        lines.append("  trace before the violation:")
+        lines.extend(f"    {line}" for line in result.trace_tail[-40:])
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    workload, faults = _settings(args)
+    try:
+        workload.settings("1")
+    except ValueError as error:
+        raise SystemExit(f"python -m sim --cluster: error: {error}") from None
+    failures = 0
+    started = time.perf_counter()
+    for seed in range(args.seed, args.seed + args.seeds):
+        simulation = ClusterSimulation(seed, workload, faults, full_trace=args.trace is not None)
+        result = simulation.run(args.duration)
+        if args.trace is not None and result.trace is not None:
+            args.trace.write_text("\n".join(result.trace) + "\n")
+        failures += not result.ok
+        if args.json:
+            print(json.dumps(result.summary(), sort_keys=True))
+        elif args.seeds == 1 or not result.ok:
+            print(cluster_report(result, workload, faults))
+        else:
+            done = seed - args.seed + 1
+            filled = 30 * done // args.seeds
+            print(
+                f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{args.seeds} seeds, "
+                f"{failures} failing, {time.perf_counter() - started:.0f} s",
+                end="", file=sys.stderr, flush=True,
+            )  # fmt: skip
+    if args.seeds > 1:
+        print(f"\n{args.seeds} seeds, {failures} failing", file=sys.stderr)
+    return 1 if failures else 0

@@ -1,0 +1,540 @@
+"""One broker of the cluster run: its `Membership` and `LoadManager` machines, driven as
+`danube.broker.membership.MembershipDriver` and `danube.broker.load_manager.LoadManagerDriver`
+drive them, against `sim.etcd.SimEtcd`, plus the least of a data plane.
+
+What the drivers do, done here with simulated time:
+
+- every request runs with the drivers' timeout (3 s); an error or no answer is the failure
+  input (`request_failed`, `renew_failed`, `lease_lost` for an unknown lease, a lost campaign);
+  at most `TXNS_IN_FLIGHT` load-manager transactions run at once, the rest wait their turn;
+- `WakeAt` and `ScheduleTick` arm one timer each, a later one replacing the earlier;
+- the load manager's view is a watch of `/cluster/` opened before a scan of it (`resync`), then
+  the watch's events above the snapshot's newest revision (`observe`); the membership's view
+  of the leader is a watch of the leader key opened before a get of it; a broken watch is
+  opened again after 0.5 s;
+- leadership changes from the membership machine go straight into the load manager, and the
+  load manager's decisions run as transactions whose outcome is only logged;
+- as in the control-plane test, the membership starts once the view is synced.
+
+The data plane only does what the load manager waits for (spec/cluster.md, "Topic moves"): a
+not-ready `unload`/`rebalance` marker that names this broker and was written after it
+registered is rewritten `ready: true` (compared on the marker's revision) a moment later.
+
+A broker's clock has its own origin and a rate that drifts from etcd's within the configured
+skew; a crash ends the incarnation (its timers, requests and watches die with it) and the next
+one starts from nothing but the clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from danube.broker.load_manager import TXNS_IN_FLIGHT
+from danube.broker.membership import REQUEST_TIMEOUT_S, WATCH_RETRY_S
+from danube.cluster import keys
+from danube.cluster import load_manager as lm
+from danube.cluster import membership as ms
+from danube.cluster.keys import CLUSTER_PREFIX, LEADER_KEY, Marker
+from danube.cluster.load_manager import LoadManager, LoadManagerConfig
+from danube.cluster.membership import Membership, MembershipConfig
+from danube.cluster.ranking import LoadReport
+from danube.core.names import parse_topic
+from danube.metadata.model import Compare, KeyValue, LeaseNotFound, MetadataError, Put, WatchEvent
+from danube.node import paths
+from sim.etcd import Origin, SimEtcd
+from sim.faults import Injected
+from sim.network import Network, Stream
+from sim.world import US_PER_MS, US_PER_S, World
+
+REQUEST_TIMEOUT_US = int(REQUEST_TIMEOUT_S * US_PER_S)
+WATCH_RETRY_US = int(WATCH_RETRY_S * US_PER_S)
+EPOCH_S = 1_795_000_000
+"""The brokers' wall clock (audit records of moves) starts at a realistic date."""
+SEAL_US = (5_000, 150_000)
+"""How long a broker takes to unload a topic before it marks the marker ready."""
+DATA_RETRY_US = 500_000
+TIMEOUT = TimeoutError("no answer within the request timeout")
+
+
+def failed(result: Any) -> bool:
+    return isinstance(result, MetadataError | TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """A broker machine's monotonic clock in µs: its own origin, and a rate against etcd's."""
+
+    origin_us: int
+    rate: float
+
+    def us(self, world_us: int) -> int:
+        return self.origin_us + int(world_us * self.rate)
+
+    def delay(self, target_us: int, world_us: int) -> int:
+        """World µs from `world_us` until this clock reads at least `target_us`."""
+        return max(0, math.ceil((target_us - self.origin_us) / self.rate) + 1 - world_us)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSettings:
+    membership: MembershipConfig
+    manager: LoadManagerConfig
+
+
+@dataclass(slots=True)
+class _Follow:
+    """One watch opened before a read of what it watches (the drivers' pattern)."""
+
+    stream: Stream
+    seen: int | None = None
+    """The revision the read covered; None until it is answered (events wait meanwhile)."""
+    backlog: list[list[WatchEvent]] = field(default_factory=list)
+
+
+class BrokerProcess:
+    """One incarnation of a broker."""
+
+    def __init__(self, node: SimNode, incarnation: int) -> None:
+        self.node = node
+        self.name = node.name
+        self.world = node.world
+        self.etcd = node.etcd
+        self.incarnation = incarnation
+        self.alive = True
+        self.stopping = False
+        self.membership = Membership(node.settings.membership)
+        self.manager = LoadManager(node.name, node.settings.manager)
+        self._member_started = False
+        self._wake = 0
+        self._tick = 0
+        self._follows: dict[str, _Follow] = {}
+        self._registration: int | None = None
+        """`mod_revision` of this broker's registration in the view (the data plane's)."""
+        self._markers: dict[str, tuple[Marker, int]] = {}
+        self._sealing: dict[str, int] = {}
+        """topic → marker revision being (or already) marked ready."""
+        self._txns: deque[lm.Txn] = deque()
+        """Decisions waiting for one of the driver's `TXNS_IN_FLIGHT` slots."""
+        self._txns_in_flight = 0
+
+    # -- clocks ------------------------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        return self.node.clock.us(self.world.now) // US_PER_MS
+
+    def now_ns(self) -> int:
+        return self.node.clock.us(self.world.now) * 1_000
+
+    def unix_s(self) -> int:
+        return EPOCH_S + self.node.clock.us(self.world.now) // US_PER_S
+
+    def _at_clock(self, target_us: int, action: Callable[[], None]) -> None:
+        self.world.at(self.node.clock.delay(target_us, self.world.now), action)
+
+    # -- life --------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.world.log(f"broker {self.name} starts (incarnation {self.incarnation})")
+        self._follow("cluster")
+
+    def die(self) -> None:
+        self.alive = False
+        for follow in self._follows.values():
+            follow.stream.alive = False
+        self._follows.clear()
+
+    def stop(self, exited: Callable[[], None]) -> None:
+        """A graceful stop: give up leadership, revoke the lease, exit."""
+        self.stopping = True
+        self._membership(self.membership.stop())
+        lease = self.membership.lease_id
+
+        def done(_: Any) -> None:
+            self.die()
+            exited()
+
+        if lease is None:
+            done(None)
+            return
+        origin = Origin(self.name, "revoke")
+        self._call(f"revoke lease {lease}", lambda: self.etcd.revoke(lease, origin), done)
+
+    def _call(self, what: str, run: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        """One request with the drivers' timeout: `done` gets the answer, the error, or
+        `TIMEOUT`, once, and only while this incarnation lives."""
+        answered = False
+
+        def finish(result: Any) -> None:
+            nonlocal answered
+            if answered or not self.alive:
+                return
+            answered = True
+            if result is TIMEOUT:
+                self.world.log(f"broker {self.name} timeout: {what}")
+            done(result)
+
+        self.world.at(REQUEST_TIMEOUT_US, lambda: finish(TIMEOUT))
+        self.etcd.request(self.name, what, run, finish)
+
+    # -- watches -----------------------------------------------------------------------------------
+
+    def _follow(self, name: str) -> None:
+        if not self.alive:
+            return
+        prefix = LEADER_KEY if name == "leader" else CLUSTER_PREFIX
+        follow = _Follow(self.node.network.open_stream(self.name))
+        self._follows[name] = follow
+
+        def current() -> bool:
+            return self.alive and self._follows.get(name) is follow
+
+        def deliver(events: list[WatchEvent]) -> None:
+            if not current():
+                return
+            if follow.seen is None:
+                follow.backlog.append(events)
+            else:
+                self._events(name, follow.seen, events)
+
+        def broken() -> None:
+            if current():
+                self._refollow(name, follow, "stream broken")
+
+        def read() -> Any:
+            if name == "leader":
+                return self.etcd.get(LEADER_KEY)
+            return self.etcd.scan(CLUSTER_PREFIX)
+
+        def snapshot(result: Any) -> None:
+            if not current():
+                return
+            if failed(result):
+                self._refollow(name, follow, "read failed")
+                return
+            follow.seen = self._synced(name, result)
+            for events in follow.backlog:
+                self._events(name, follow.seen, events)
+            follow.backlog.clear()
+
+        def opened(result: Any) -> None:
+            if not current():
+                return
+            if failed(result):
+                self._refollow(name, follow, "watch not opened")
+                return
+            self._call(f"read {prefix}", read, snapshot)
+
+        self._call(
+            f"watch {prefix}",
+            lambda: self.etcd.watch(prefix, follow.stream, deliver, broken),
+            opened,
+        )
+
+    def _refollow(self, name: str, follow: _Follow, why: str) -> None:
+        follow.stream.alive = False
+        del self._follows[name]
+        self.world.log(f"broker {self.name} watch {name} restarts: {why}")
+        self.world.at(WATCH_RETRY_US, lambda: self._follow(name))
+
+    def _synced(self, name: str, result: Any) -> int:
+        """Applies a watch's read; returns the revision its events must be above."""
+        if name == "leader":
+            current: KeyValue | None = result
+            leader = None if current is None else str(current.value)
+            self._membership(self.membership.leader_seen(leader, self.now_ms()))
+            return 0 if current is None else current.mod_revision
+        snapshot: list[KeyValue] = result
+        self._manager(self.manager.resync(snapshot, self.now_ns()))
+        self._registration = None
+        self._markers.clear()
+        for kv in snapshot:
+            self._see(kv.key, kv.value, kv.mod_revision)
+        self._seal()
+        if not self._member_started:
+            self._member_started = True
+            self._follow("leader")
+            self._membership(self.membership.start(self.now_ms()))
+        return max((kv.mod_revision for kv in snapshot), default=0)
+
+    def _events(self, name: str, seen: int, events: list[WatchEvent]) -> None:
+        for event in events:
+            if not self.alive or event.mod_revision <= seen:
+                continue
+            if name == "leader":
+                if event.key == LEADER_KEY:
+                    leader = None if event.kind == "delete" else str(event.value)
+                    self._membership(self.membership.leader_seen(leader, self.now_ms()))
+            else:
+                self._manager(self.manager.observe(event, self.now_ns()))
+                put = event.kind == "put"
+                self._see(event.key, event.value, event.mod_revision if put else None)
+                self._seal()
+
+    # -- membership driver -------------------------------------------------------------------------
+
+    def _membership(self, effects: list[ms.Effect]) -> None:
+        for effect in effects:
+            if not self.alive:
+                return
+            if isinstance(effect, ms.WakeAt):
+                self._wake += 1
+                token = self._wake
+                self._at_clock(effect.at_ms * US_PER_MS, lambda t=token: self._woken(t))
+            elif isinstance(effect, ms.Fenced | ms.Unfenced):
+                self.world.log(f"broker {self.name} {type(effect).__name__.lower()}")
+            elif isinstance(effect, ms.LeadershipGained):
+                self.world.log(f"broker {self.name} leads")
+                self._manager(self.manager.became_leader(self.now_ns()))
+            elif isinstance(effect, ms.LeadershipLost):
+                self.world.log(f"broker {self.name} no longer leads: {effect.reason}")
+                self._manager(self.manager.lost_leadership(self.now_ns()))
+            else:
+                self._membership_request(effect)
+
+    def _woken(self, token: int) -> None:
+        if self.alive and token == self._wake:
+            self._membership(self.membership.tick(self.now_ms()))
+
+    def _membership_request(self, effect: ms.Effect) -> None:
+        m, etcd, name = self.membership, self.etcd, self.name
+        if isinstance(effect, ms.GrantLease):
+            grant = effect
+
+            def granted(result: Any) -> None:
+                if failed(result):
+                    self._membership(m.request_failed(self.now_ms()))
+                else:
+                    self._membership(
+                        m.lease_granted(result, sent_at_ms=grant.sent_at_ms, now_ms=self.now_ms())
+                    )
+
+            self._call("grant lease", lambda: etcd.grant(grant.ttl_s), granted)
+        elif isinstance(effect, ms.Register):
+            register = effect
+
+            def registered(result: Any) -> None:
+                if failed(result):
+                    self._membership(m.request_failed(self.now_ms()))
+                else:
+                    self._membership(m.registered(register.lease_id, self.now_ms()))
+
+            origin = Origin(name, "register")
+            self._call(
+                f"register with lease {register.lease_id}",
+                lambda: etcd.txn((), register.ops, origin),
+                registered,
+            )
+        elif isinstance(effect, ms.Renew):
+            renew = effect
+
+            def renewed(result: Any) -> None:
+                now = self.now_ms()
+                if isinstance(result, LeaseNotFound):
+                    self._membership(m.lease_lost(renew.lease_id, now))
+                elif failed(result):
+                    self._membership(m.renew_failed(renew.lease_id, now))
+                else:
+                    self._membership(
+                        m.renewed(renew.lease_id, sent_at_ms=renew.sent_at_ms, now_ms=now)
+                    )
+
+            lease = renew.lease_id
+            self._call(f"renew lease {lease}", lambda: etcd.keepalive(lease), renewed)
+        elif isinstance(effect, ms.Campaign):
+            campaign = effect
+
+            def campaigned(result: Any) -> None:
+                won = not failed(result) and result.succeeded
+                self._membership(m.campaign_done(won, self.now_ms()))
+
+            origin = Origin(name, "campaign")
+            self._call(
+                "campaign",
+                lambda: etcd.txn(campaign.compares, campaign.ops, origin),
+                campaigned,
+            )
+        else:
+            assert isinstance(effect, ms.ReportLoad)
+            report = LoadReport(name, timestamp=self.unix_s()).to_json()
+            origin = Origin(name, "load report")
+            key, lease = effect.key, effect.lease_id
+            self._call("report load", lambda: etcd.put(key, report, lease, origin), _ignore)
+
+    # -- load manager driver -----------------------------------------------------------------------
+
+    def _manager(self, effects: list[lm.Effect]) -> None:
+        for effect in effects:
+            if not self.alive:
+                return
+            if isinstance(effect, lm.ScheduleTick):
+                self._tick += 1
+                token = self._tick
+                self._at_clock(-(-effect.at // 1_000), lambda t=token: self._ticked(t))
+            elif isinstance(effect, lm.Log):
+                self.world.log(f"broker {self.name} {effect.event}: {effect.detail}")
+            else:
+                self._transact(effect)
+
+    def _ticked(self, token: int) -> None:
+        if self.alive and token == self._tick:
+            self._manager(self.manager.tick(self.now_ns(), unix_s=self.unix_s()))
+
+    def _transact(self, txn: lm.Txn) -> None:
+        self.world.log(f"broker {self.name} decides {type(txn).__name__} {describe(txn)}")
+        self._txns.append(txn)
+        self._next_txns()
+
+    def _next_txns(self) -> None:
+        """At most `TXNS_IN_FLIGHT` at once, first come first served, each timed from its
+        call (the driver's limiter)."""
+        while self._txns and self._txns_in_flight < TXNS_IN_FLIGHT:
+            txn = self._txns.popleft()
+            self._txns_in_flight += 1
+            origin = Origin(self.name, type(txn).__name__)
+            self._call(
+                f"{origin.kind} {describe(txn)}",
+                lambda t=txn, o=origin: self.etcd.txn(t.compares, t.ops, o),
+                self._txn_done,
+            )
+
+    def _txn_done(self, _: Any) -> None:
+        self._txns_in_flight -= 1
+        self._next_txns()
+
+    # -- data plane and workload -------------------------------------------------------------------
+
+    def create_topic(self, topic: str) -> None:
+        """As a broker creating a topic: the namespace's topic record and a null marker, once
+        (a retried creation finds the record and changes nothing)."""
+        record = paths.namespace_topic(parse_topic(topic))
+        origin = Origin(self.name, "create")
+        self._call(
+            f"create {topic}",
+            lambda: self.etcd.txn(
+                (Compare(record, "version", "==", 0),),
+                (Put(record, {}), Put(keys.unassigned_key(topic), None)),
+                origin,
+            ),
+            _ignore,
+        )
+
+    def _see(self, key: str, value: Any, revision: int | None) -> None:
+        """The data plane's view: its own registration and the markers (None: deleted)."""
+        if keys.parse_register_key(key) == self.name:
+            self._registration = revision
+        elif (topic := keys.parse_unassigned_key(key)) is not None:
+            if revision is None:
+                self._markers.pop(topic, None)
+                self._sealing.pop(topic, None)
+            else:
+                self._markers[topic] = (Marker.from_json(value), revision)
+
+    def _seal(self) -> None:
+        for topic, (marker, revision) in sorted(self._markers.items()):
+            if (
+                marker.ready
+                or marker.from_broker != self.name
+                or self._registration is None
+                or revision <= self._registration
+                or self._sealing.get(topic) == revision
+            ):
+                continue
+            self._sealing[topic] = revision
+            delay = self.world.rng.randint(*SEAL_US)
+            self.world.at(delay, lambda t=topic, m=marker, r=revision: self._mark_ready(t, m, r))
+
+    def _mark_ready(self, topic: str, marker: Marker, revision: int) -> None:
+        if not self.alive:
+            return
+        key = keys.unassigned_key(topic)
+        ready = dataclasses.replace(marker, ready=True).to_json()
+        origin = Origin(self.name, "ready")
+
+        def done(result: Any) -> None:
+            if failed(result) or not result.succeeded:
+                self._sealing.pop(topic, None)
+                self.world.at(DATA_RETRY_US, self._seal)
+
+        self._call(
+            f"mark {topic} ready",
+            lambda: self.etcd.txn(
+                (Compare(key, "mod_revision", "==", revision),), (Put(key, ready),), origin
+            ),
+            done,
+        )
+
+
+class SimNode:
+    """A broker machine: its name, its clock, and its current incarnation (if running)."""
+
+    def __init__(
+        self,
+        name: str,
+        world: World,
+        network: Network,
+        etcd: SimEtcd,
+        injected: Injected,
+        settings: NodeSettings,
+        clock: Clock,
+    ) -> None:
+        self.name = name
+        self.world = world
+        self.network = network
+        self.etcd = etcd
+        self.injected = injected
+        self.settings = settings
+        self.clock = clock
+        self.process: BrokerProcess | None = None
+        self.incarnations = 0
+        self.lost = False
+        """Dead for good: never restarts."""
+
+    @property
+    def running(self) -> BrokerProcess | None:
+        """The live incarnation, unless it is stopping."""
+        process = self.process
+        return process if process is not None and process.alive and not process.stopping else None
+
+    def boot(self) -> None:
+        self.incarnations += 1
+        self.process = BrokerProcess(self, self.incarnations)
+        self.process.start()
+
+    def crash(self, restart_us: int) -> None:
+        assert self.process is not None
+        self.process.die()
+        self.injected["crash"] += 1
+        self.world.log(f"fault crash broker {self.name}; restarts in {restart_us}us")
+        self.world.at(restart_us, self.boot)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.die()
+        self.lost = True
+        self.injected["kill"] += 1
+        self.world.log(f"fault broker {self.name} dies for good")
+
+    def stop(self, restart_us: int) -> None:
+        assert self.process is not None
+        self.injected["stop"] += 1
+        self.world.log(f"fault stop broker {self.name}; restarts {restart_us}us after exit")
+        self.process.stop(lambda: self.world.at(restart_us, self.boot))
+
+
+def describe(txn: lm.Txn) -> str:
+    if isinstance(txn, lm.Assign):
+        return f"{txn.topic} to {txn.broker}"
+    if isinstance(txn, lm.Move):
+        return f"{txn.topic} from {txn.from_broker} to {txn.to_broker}"
+    if isinstance(txn, lm.FailOver):
+        return f"{txn.topic} from {txn.broker}"
+    return f"{txn.topic} from {txn.from_broker}"
+
+
+def _ignore(_: Any) -> None:
+    """The drivers only log these outcomes; the store's trace line says it already."""

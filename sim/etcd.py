@@ -1,0 +1,226 @@
+"""A simulated etcd for the cluster run: `danube.metadata.state.MetadataState` (revisions,
+transactions with compares, leases, watch events) driven by the simulation's virtual clock.
+
+Everything a broker asks crosses `sim.network.Network`: a request reaches the store after a
+latency (or is lost, or dropped by a partition), is applied there, and its answer travels back
+the same way; the caller's timeout notices what never comes back. Watches are ordered streams
+from the store: each commit's events go to every watcher of their prefix in revision order, one
+message per revision, and a stream that loses a message is broken as a whole (the broker
+notices after a short while and watches again).
+
+The store's clock is the simulation's: leases are granted, renewed and expire on it, collected
+before every request and every 100 ms, as etcd's lessor does. The brokers' clocks drift from it
+(`sim.cluster_node.Clock`). Faults of its own: a stall (requests wait, in order, and are applied
+when it ends; leases keep expiring meanwhile) and slow requests (one leg takes seconds, so the
+request lands or is answered after the caller gave up on it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from danube.metadata.model import (
+    Compare,
+    KeyValue,
+    MetadataError,
+    Op,
+    Put,
+    TxnResult,
+    WatchEvent,
+)
+from danube.metadata.state import MetadataState
+from sim.cluster_faults import ClusterFaults
+from sim.faults import Injected
+from sim.network import Network, Stream
+from sim.world import US_PER_S, World
+
+EXPIRY_TICK_US = 100_000
+"""How often expired leases are collected between requests."""
+SLOW_US = (1_000_000, 6_000_000)
+"""How much longer a slow request (or its answer) takes."""
+BREAK_NOTICED_US = (200_000, 1_500_000)
+"""How long a broker takes to notice that its watch stream broke (keepalive timeout)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Who wrote: a broker, and the kind of write (`Assign`, `register`, `revoke`...)."""
+
+    broker: str
+    kind: str
+
+
+class CommitObserver(Protocol):
+    def committed(
+        self, events: list[WatchEvent], origin: Origin | None, result: TxnResult | None
+    ) -> None:
+        """After every transaction (applied or not), revoke and lease expiry."""
+
+
+@dataclass(slots=True)
+class _Watcher:
+    prefix: str
+    stream: Stream
+    deliver: Callable[[list[WatchEvent]], None]
+    broken: Callable[[], None]
+
+
+class SimEtcd:
+    def __init__(
+        self, world: World, network: Network, faults: ClusterFaults, injected: Injected
+    ) -> None:
+        self.world = world
+        self.network = network
+        self.faults = faults
+        self.injected = injected
+        self.state = MetadataState()
+        self.observers: list[CommitObserver] = []
+        self._ttl_s: dict[int, float] = {}
+        self._deadline_s: dict[int, float] = {}
+        """Each live lease's expiry on the store's clock (the state keeps its own, privately;
+        this copy lets the checker ask whether a lease is alive without changing anything)."""
+        self._watchers: list[_Watcher] = []
+        self._stalled_until = 0
+
+    @property
+    def now_s(self) -> float:
+        return self.world.now / US_PER_S
+
+    def start(self) -> None:
+        self.world.at(EXPIRY_TICK_US, self._expiry_tick)
+
+    def lease_alive(self, lease: int | None) -> bool:
+        deadline = None if lease is None else self._deadline_s.get(lease)
+        return deadline is not None and deadline > self.now_s
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def request(
+        self, client: str, what: str, run: Callable[[], Any], reply: Callable[[Any], None]
+    ) -> None:
+        """`run` is applied at the store when the request arrives; `reply` gets its result (or
+        the `MetadataError` it raised) when the answer arrives, if it does."""
+        world, faults = self.world, self.faults
+        late_request = late_answer = 0
+        if faults.slow and world.rng.random() < faults.slow:
+            extra = world.rng.randint(*SLOW_US)
+            if world.rng.random() < 0.5:
+                late_request = extra
+            else:
+                late_answer = extra
+            self.injected["slow_request"] += 1
+
+        def apply() -> None:
+            if world.now < self._stalled_until:
+                world.at(self._stalled_until - world.now, apply)
+                return
+            self.expire()
+            result: Any
+            try:
+                result = run()
+            except MetadataError as error:
+                result = error
+            world.log(f"etcd {client} {what}: {_summary(result)}")
+            world.at(late_answer, lambda: self.network.send(client, lambda: reply(result)))
+
+        self.network.send(client, lambda: world.at(late_request, apply))
+
+    def stall(self, duration_us: int) -> None:
+        self._stalled_until = max(self._stalled_until, self.world.now + duration_us)
+        self.injected["stall"] += 1
+        self.world.log(f"fault etcd stalls for {duration_us}us")
+
+    # -- what a request runs at the store ----------------------------------------------------------
+
+    def get(self, key: str) -> KeyValue | None:
+        return self.state.get(key)
+
+    def scan(self, prefix: str) -> list[KeyValue]:
+        return self.state.scan(prefix)
+
+    def txn(self, compares: Sequence[Compare], ops: Sequence[Op], origin: Origin) -> TxnResult:
+        result, events = self.state.txn(compares, ops)
+        self._publish(events, origin, result)
+        return result
+
+    def put(self, key: str, value: Any, lease: int | None, origin: Origin) -> int:
+        return self.txn((), (Put(key, value, lease),), origin).revision
+
+    def grant(self, ttl_s: float) -> int:
+        lease = self.state.grant_lease(ttl_s, self.now_s)
+        self._ttl_s[lease] = ttl_s
+        self._deadline_s[lease] = self.now_s + ttl_s
+        return lease
+
+    def keepalive(self, lease: int) -> None:
+        self.state.keepalive(lease, self.now_s)  # raises LeaseNotFound
+        self._deadline_s[lease] = self.now_s + self._ttl_s[lease]
+
+    def revoke(self, lease: int, origin: Origin) -> None:
+        events = self.state.revoke(lease)
+        self._forget(lease)
+        self._publish(events, origin, None)
+
+    def watch(
+        self,
+        prefix: str,
+        stream: Stream,
+        deliver: Callable[[list[WatchEvent]], None],
+        broken: Callable[[], None],
+    ) -> int:
+        """Streams every later change under `prefix`; returns the current revision."""
+        self._watchers.append(_Watcher(prefix, stream, deliver, broken))
+        return self.state.revision
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def expire(self) -> None:
+        now = self.now_s
+        for lease in [lease for lease, deadline in self._deadline_s.items() if deadline <= now]:
+            self._forget(lease)
+            self.world.log(f"etcd lease {lease} expired")
+        self._publish(self.state.expire(now), None, None)
+
+    def _forget(self, lease: int) -> None:
+        self._ttl_s.pop(lease, None)
+        self._deadline_s.pop(lease, None)
+
+    def _expiry_tick(self) -> None:
+        self.expire()
+        self.world.at(EXPIRY_TICK_US, self._expiry_tick)
+
+    def _publish(
+        self, events: list[WatchEvent], origin: Origin | None, result: TxnResult | None
+    ) -> None:
+        for observer in self.observers:
+            observer.committed(events, origin, result)
+        if not events:
+            return
+        batches: dict[int, list[WatchEvent]] = {}
+        for event in events:
+            batches.setdefault(event.mod_revision, []).append(event)
+        for watcher in list(self._watchers):
+            for batch in batches.values():
+                mine = [e for e in batch if e.key.startswith(watcher.prefix)]
+                if not mine:
+                    continue
+                if not self.network.stream_send(
+                    watcher.stream, lambda w=watcher, m=mine: w.deliver(m)
+                ):
+                    self._watchers.remove(watcher)
+                    self.world.at(self.world.rng.randint(*BREAK_NOTICED_US), watcher.broken)
+                    break
+
+
+def _summary(result: Any) -> str:
+    if isinstance(result, TxnResult):
+        return f"{'ok' if result.succeeded else 'compare failed'} at r{result.revision}"
+    if isinstance(result, MetadataError):
+        return type(result).__name__
+    if isinstance(result, KeyValue):
+        return f"r{result.mod_revision}"
+    if isinstance(result, list):
+        return f"{len(result)} keys"
+    return "ok" if result is None else repr(result)

@@ -1,0 +1,154 @@
+"""The cluster control-plane run (`python -m sim --cluster`): deterministic, quiet on the
+machines as they should be, loud on planted bugs, and still showing the bugs it found in the
+real ones until those are fixed (`tests/sim/cluster_mutations.py`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sim.cluster import ClusterResult, ClusterSimulation, ClusterWorkload, cluster_replay_command
+from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
+from sim.cluster_main import cluster_report
+from tests.sim.cluster_mutations import MUTATIONS, PENDING_FIXES, pending_fixes
+
+DEFAULT = CLUSTER_PROFILES["default"]
+HEAVY = CLUSTER_PROFILES["heavy"]
+DURATION = 30
+WORKLOAD = ClusterWorkload()
+CAUGHT_BY = {
+    "never_fence": "b",
+    "campaign_without_compare": "a",
+    "assign_without_marker_compare": "c",
+    "failover_skips_dead_brokers": "d",
+}
+"""The invariant each planted bug breaks first."""
+
+
+def run(seed: int, faults: ClusterFaults, workload: ClusterWorkload = WORKLOAD) -> ClusterResult:
+    return ClusterSimulation(seed, workload, faults).run(DURATION)
+
+
+def test_the_same_seed_gives_a_byte_identical_trace() -> None:
+    with pending_fixes():
+        first = ClusterSimulation(7, WORKLOAD, HEAVY, full_trace=True).run(DURATION)
+        second = ClusterSimulation(7, WORKLOAD, HEAVY, full_trace=True).run(DURATION)
+        other = run(8, HEAVY)
+    assert first.trace is not None and second.trace is not None
+    assert len(first.trace) > 500, "the trace records the run"
+    assert first.trace == second.trace
+    assert (first.digest, first.events) == (second.digest, second.events)
+    assert other.digest != first.digest
+
+
+def test_a_seed_gives_the_same_digest_in_any_process() -> None:
+    digests = set()
+    for hash_seed in ("0", "1", "12345"):
+        done = subprocess.run(
+            [sys.executable, "-m", "sim", "--cluster", "--seed", "1", "--duration", "10",
+             "--json"],
+            capture_output=True, text=True, timeout=120, check=False,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        )  # fmt: skip
+        assert done.returncode in (0, 1), done.stderr
+        digests.add(json.loads(done.stdout)["digest"])
+    assert len(digests) == 1
+
+
+@pytest.mark.parametrize(
+    ("faults", "workload", "seeds"),
+    [
+        (DEFAULT, WORKLOAD, range(1, 81)),
+        (HEAVY, WORKLOAD, range(1, 41)),
+        (HEAVY, ClusterWorkload(brokers=5, topics=40), range(1, 16)),
+        (HEAVY, ClusterWorkload(rebalance=False), range(1, 16)),
+    ],
+    ids=["default", "heavy", "heavy-5-brokers", "heavy-no-rebalancing"],
+)
+def test_the_machines_keep_every_invariant(
+    faults: ClusterFaults, workload: ClusterWorkload, seeds: range
+) -> None:
+    """With the pending fixes: the real machines' known bugs aside, nothing breaks."""
+    landed: dict[str, int] = {}
+    with pending_fixes():
+        for seed in seeds:
+            result = run(seed, faults, workload)
+            assert result.ok, cluster_report(result, workload, faults)
+            assert result.settled and result.created == workload.topics
+            for kind, count in result.landed.items():
+                landed[kind] = landed.get(kind, 0) + count
+    decisions = {"Assign", "FailOver", "campaign", "revoke"}
+    if workload.rebalance:
+        decisions |= {"Move", "ready"}
+    assert decisions <= landed.keys(), f"the faults exercise every path: {landed}"
+
+
+def test_faults_are_injected_and_counted() -> None:
+    injected: set[str] = set()
+    with pending_fixes():
+        for seed in range(1, 6):
+            injected |= set(run(seed, HEAVY).injected)
+    assert {"crash", "stop", "kill", "partition", "stall", "slow_request", "message_lost"} <= (
+        injected
+    )
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_each_planted_bug_is_caught_within_200_seeds(mutation: str) -> None:
+    with pending_fixes(), MUTATIONS[mutation]():
+        for seed in range(1, 201):
+            result = run(seed, DEFAULT)
+            if result.ok:
+                continue
+            text = cluster_report(result, WORKLOAD, DEFAULT)
+            print(f"{mutation}: caught by seed {seed}\n{text}")
+            assert result.violations[0].invariant.startswith(CAUGHT_BY[mutation]), text
+            assert f"replay: python -m sim --cluster --seed {seed} --duration 30" in text
+            assert "trace before the violation:" in text
+            return
+    pytest.fail(f"the cluster run did not catch {mutation} in 200 seeds")
+
+
+@pytest.mark.parametrize("name", sorted(PENDING_FIXES))
+def test_a_bug_found_in_the_machines(name: str, request: pytest.FixtureRequest) -> None:
+    """Expected to fail while the machines have the bug; once they are fixed it passes, and
+    strict xfail turns that into a failure: delete the pending fix then."""
+    bug = PENDING_FIXES[name]
+    request.applymarker(
+        pytest.mark.xfail(
+            strict=True,
+            raises=AssertionError,
+            reason=f"the machines still have this bug; tests/sim/cluster_mutations.py: {name}",
+        )
+    )
+    with pending_fixes(without=name):
+        result = run(bug.seed, bug.faults)
+    if not result.ok and not result.violations[0].invariant.startswith(bug.invariant):
+        pytest.fail(f"seed {bug.seed} breaks another invariant than {bug.invariant}")
+    assert result.ok, cluster_report(result, WORKLOAD, bug.faults)
+
+
+def test_replay_command_names_every_changed_setting() -> None:
+    command = cluster_replay_command(
+        5, 20.0, ClusterWorkload(brokers=4, rebalance=False), ClusterFaults(crash=0.5)
+    )
+    assert command == (
+        "python -m sim --cluster --seed 5 --duration 20 --profile none --brokers 4 "
+        "--no-rebalance --crash 0.5"
+    )
+
+
+def test_the_replay_command_replays_the_run() -> None:
+    workload = ClusterWorkload(brokers=4, rebalance=False)
+    faults = ClusterFaults(crash=0.02, loss=0.01, skew=0.5)
+    expected = ClusterSimulation(3, workload, faults).run(5)
+    command = cluster_replay_command(3, 5, workload, faults).split()[3:]
+    done = subprocess.run(
+        [sys.executable, "-m", "sim", *command, "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert json.loads(done.stdout)["digest"] == expected.digest
