@@ -246,7 +246,8 @@ class BrokerProcess:
         if name == "leader":
             current: KeyValue | None = result
             leader = None if current is None else str(current.value)
-            self._membership(self.membership.leader_seen(leader, self.now_ms()))
+            lease = None if current is None else current.lease
+            self._membership(self.membership.leader_seen(leader, self.now_ms(), lease=lease))
             return 0 if current is None else current.mod_revision
         snapshot: list[KeyValue] = result
         self._manager(self.manager.resync(snapshot, self.now_ns()))
@@ -350,7 +351,7 @@ class BrokerProcess:
 
             def campaigned(result: Any) -> None:
                 won = not failed(result) and result.succeeded
-                self._membership(m.campaign_done(won, self.now_ms()))
+                self._membership(m.campaign_done(campaign.lease_id, won, self.now_ms()))
 
             origin = Origin(name, "campaign")
             self._call(

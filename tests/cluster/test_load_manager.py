@@ -239,9 +239,11 @@ def test_assign_is_fenced_by_the_leader_key_and_the_marker_revision() -> None:
     revision = d.store.revision
     (assign,) = of(d.settle(0), Assign)
     marker_key = keys.unassigned_key("/ns/x")
+    registered = d.store.data[keys.register_key("1")].mod_revision
     assert assign.compares == (
         Compare(LEADER_KEY, "value", "==", ME),
         Compare(marker_key, "mod_revision", "==", revision),
+        Compare(keys.register_key("1"), "mod_revision", "==", registered),
     )
     assert assign.ops == (Put(keys.assignment_key("1", "/ns/x"), None), Delete(marker_key))
 
@@ -257,6 +259,19 @@ def test_a_decision_on_a_marker_rewritten_meanwhile_fails_and_the_new_one_is_dec
     assert store.txn(stale.compares, stale.ops) is False
     d.settle(0)
     assert owner(d, "/ns/x") == "2"
+
+
+def test_a_topic_is_not_assigned_to_a_broker_whose_registration_changed_unseen() -> None:
+    """Found by the cluster simulator (seed 13): a new leader whose view had not yet seen a
+    broker's expiry gave it topics. The registration the view saw is compared."""
+    d = cluster("1", "2")
+    d.store.delete(keys.register_key("1"))  # expired; this view has not heard yet
+    d.store.delete(keys.register_key("2"))
+    d.store.put(keys.register_key("2"), {"broker_url": "http://2:6650"})  # a new incarnation
+    d.store.put(keys.unassigned_key("/ns/x"), None)
+    (assign,) = of(d.manager.observe(d.store.events[-1], 0), Assign)
+    assert d.store.txn(assign.compares, assign.ops) is False
+    assert owner(d, "/ns/x") is None
 
 
 def test_a_deposed_leader_cannot_write_and_a_failed_decision_is_made_again() -> None:
@@ -283,7 +298,8 @@ def test_a_follower_keeps_its_view_emits_nothing_and_acts_once_elected() -> None
     assert d.settle(0) == []
     assert manager.tick(10 * S, unix_s=UNIX) == []
     assert manager.trigger_rebalance(None, 10 * S, unix_s=UNIX) == []
-    assert manager.broker_registered("4", store.revision, 10 * S) == []
+    store.put(keys.register_key("4"), {"broker_url": "http://4:6650"})
+    assert d.settle(10 * S) == []
     assert d.effects == []
     store.put(LEADER_KEY, ME)
     d.run(manager.became_leader(20 * S))

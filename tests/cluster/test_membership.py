@@ -93,7 +93,7 @@ def test_unanswered_renewals_fence_the_broker_at_sent_plus_ttl_minus_drift() -> 
 
 def test_a_leader_that_cannot_renew_gives_up_leadership_before_its_lease_can_expire() -> None:
     m, _ = member()
-    assert m.campaign_done(True, 10) == [LeadershipGained(), WakeAt(2_000)]
+    assert m.campaign_done(7, True, 10) == [LeadershipGained(), WakeAt(2_000)]
     reason = "lease not renewed in time"
     assert m.tick(9_000)[:2] == [LeadershipLost(reason), Fenced(reason)]
     assert not m.leading
@@ -119,7 +119,7 @@ def test_a_renewal_answered_after_its_own_deadline_does_not_unfence() -> None:
 
 def test_a_lost_lease_fences_and_starts_over_with_a_new_one() -> None:
     m, _ = member()
-    m.campaign_done(True, 10)
+    m.campaign_done(7, True, 10)
     effects = m.lease_lost(7, 3_000)
     assert effects == [
         LeadershipLost("lease expired"),
@@ -142,7 +142,7 @@ def test_answers_about_an_old_lease_are_ignored() -> None:
 
 def test_a_seen_leader_stops_campaigns_and_its_disappearance_starts_one() -> None:
     m, _ = member()
-    m.campaign_done(False, 10)
+    m.campaign_done(7, False, 10)
     assert of(m.leader_seen("b2", 20), Campaign) == []
     assert of(m.tick(600), Campaign) == []
     assert of(m.leader_seen(None, 700), Campaign) != []
@@ -151,18 +151,18 @@ def test_a_seen_leader_stops_campaigns_and_its_disappearance_starts_one() -> Non
 
 def test_a_lost_campaign_with_no_leader_seen_is_retried() -> None:
     m, _ = member()
-    m.campaign_done(False, 10)
+    m.campaign_done(7, False, 10)
     assert of(m.tick(509), Campaign) == []
     assert of(m.tick(510), Campaign) != []
 
 
 def test_leadership_ends_when_the_watch_shows_the_key_gone_or_replaced() -> None:
     m, _ = member()
-    m.campaign_done(True, 10)
+    m.campaign_done(7, True, 10)
     assert of(m.leader_seen("b1", 20), LeadershipLost) == []
     assert of(m.leader_seen("b2", 30), LeadershipLost) == [LeadershipLost("replaced")]
     m2, _ = member()
-    m2.campaign_done(True, 10)
+    m2.campaign_done(7, True, 10)
     assert of(m2.leader_seen(None, 30), LeadershipLost) == [LeadershipLost("leader key gone")]
 
 
@@ -171,13 +171,13 @@ def test_a_fenced_broker_neither_campaigns_nor_takes_a_won_campaign() -> None:
     m.tick(2_000)
     m.tick(9_000)
     assert of(m.leader_seen(None, 9_001), Campaign) == []
-    assert of(m.campaign_done(True, 9_002), LeadershipGained) == []
+    assert of(m.campaign_done(7, True, 9_002), LeadershipGained) == []
     assert not m.leading
 
 
 def test_stop_gives_up_leadership_and_silences_the_machine() -> None:
     m, _ = member()
-    m.campaign_done(True, 10)
+    m.campaign_done(7, True, 10)
     assert m.stop() == [LeadershipLost("stopping")]
     assert m.tick(100_000) == []
 
@@ -317,9 +317,9 @@ class Cluster:
                 if won:
                     s.keys[LEADER_KEY] = (m.config.broker_id, campaign.lease_id)
                     self.notify_leader()
-                return lambda: m.campaign_done(won, s.now)
+                return lambda: m.campaign_done(campaign.lease_id, won, s.now)
 
-            self._request(m, run, lambda: m.campaign_done(False, s.now))
+            self._request(m, run, lambda: m.campaign_done(campaign.lease_id, False, s.now))
         elif isinstance(effect, WakeAt):
             self.at(effect.at_ms, lambda: self.execute(m, m.tick(s.now)))
 
@@ -372,3 +372,59 @@ def test_unfenced_means_alive_and_there_is_at_most_one_leader(seed: int, loss: f
         # good: everyone is a member and somebody leads.
         assert all(not m.fenced for m in cluster.members)
         assert sum(m.leading for m in cluster.members) == 1
+
+
+# Bugs the cluster simulator found (tests/sim/cluster_mutations.py, FOUND_BUGS) --------------
+
+
+def test_a_leader_key_of_a_past_incarnation_is_not_ours() -> None:
+    m, _ = member()
+    m.campaign_done(7, False, 15)  # the key exists: the campaign at registration lost
+    effects = m.leader_seen("b1", 20, lease=3)  # our id, another lease: before a restart
+    assert of(effects, LeadershipGained) == [] and of(effects, Campaign) == []
+    assert not m.leading
+    assert of(m.leader_seen(None, 30), Campaign) != []  # it expired: campaign
+
+
+def test_a_leader_fenced_while_its_lease_lived_leads_again_when_unfenced() -> None:
+    m, _ = member()
+    m.campaign_done(7, True, 10)
+    m.tick(2_000)
+    m.tick(9_000)
+    assert m.fenced and not m.leading
+    effects = m.renewed(7, sent_at_ms=8_900, now_ms=9_100)
+    assert of(effects, LeadershipGained) == [LeadershipGained()]
+    assert m.leading
+
+
+def test_a_lost_lease_takes_the_leader_key_with_it() -> None:
+    m, _ = member()
+    m.campaign_done(7, True, 10)
+    m.lease_lost(7, 3_000)
+    assert m.leader is None
+
+
+def test_a_registration_failing_past_the_lease_deadline_asks_for_a_new_lease() -> None:
+    m = Membership(CONFIG)
+    m.start(0)
+    m.lease_granted(7, sent_at_ms=0, now_ms=0)
+    assert of(m.request_failed(100), GrantLease) == []  # the lease is still good: retry
+    assert of(m.request_failed(9_000), GrantLease) == [GrantLease(10.0, 9_000)]
+    assert m.lease_id is None and m.phase is Phase.GRANTING
+
+
+def test_a_stopping_broker_never_leads() -> None:
+    m, _ = member()
+    m.stop()
+    assert of(m.campaign_done(7, True, 20), LeadershipGained) == []
+    assert of(m.leader_seen("b1", 30), LeadershipGained) == []
+    assert not m.leading
+
+
+def test_a_campaign_won_under_a_lost_lease_is_no_win() -> None:
+    m, _ = member()
+    m.lease_lost(7, 100)
+    m.lease_granted(8, sent_at_ms=100, now_ms=150)
+    m.registered(8, 200)
+    assert of(m.campaign_done(7, True, 300), LeadershipGained) == []
+    assert not m.leading

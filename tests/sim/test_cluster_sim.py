@@ -1,6 +1,6 @@
 """The cluster control-plane run (`python -m sim --cluster`): deterministic, quiet on the
-machines as they should be, loud on planted bugs, and still showing the bugs it found in the
-real ones until those are fixed (`tests/sim/cluster_mutations.py`)."""
+real machines, loud on planted bugs, and each bug it found in the machines stays fixed (its
+seed is replayed; `tests/sim/cluster_mutations.py`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from sim.cluster import ClusterResult, ClusterSimulation, ClusterWorkload, cluster_replay_command
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 from sim.cluster_main import cluster_report
-from tests.sim.cluster_mutations import MUTATIONS, PENDING_FIXES, pending_fixes
+from tests.sim.cluster_mutations import FOUND_BUGS, MUTATIONS
 
 DEFAULT = CLUSTER_PROFILES["default"]
 HEAVY = CLUSTER_PROFILES["heavy"]
@@ -34,10 +34,9 @@ def run(seed: int, faults: ClusterFaults, workload: ClusterWorkload = WORKLOAD) 
 
 
 def test_the_same_seed_gives_a_byte_identical_trace() -> None:
-    with pending_fixes():
-        first = ClusterSimulation(7, WORKLOAD, HEAVY, full_trace=True).run(DURATION)
-        second = ClusterSimulation(7, WORKLOAD, HEAVY, full_trace=True).run(DURATION)
-        other = run(8, HEAVY)
+    first = ClusterSimulation(7, WORKLOAD, HEAVY, full_trace=True).run(DURATION)
+    second = ClusterSimulation(7, WORKLOAD, HEAVY, full_trace=True).run(DURATION)
+    other = run(8, HEAVY)
     assert first.trace is not None and second.trace is not None
     assert len(first.trace) > 500, "the trace records the run"
     assert first.trace == second.trace
@@ -72,15 +71,13 @@ def test_a_seed_gives_the_same_digest_in_any_process() -> None:
 def test_the_machines_keep_every_invariant(
     faults: ClusterFaults, workload: ClusterWorkload, seeds: range
 ) -> None:
-    """With the pending fixes: the real machines' known bugs aside, nothing breaks."""
     landed: dict[str, int] = {}
-    with pending_fixes():
-        for seed in seeds:
-            result = run(seed, faults, workload)
-            assert result.ok, cluster_report(result, workload, faults)
-            assert result.settled and result.created == workload.topics
-            for kind, count in result.landed.items():
-                landed[kind] = landed.get(kind, 0) + count
+    for seed in seeds:
+        result = run(seed, faults, workload)
+        assert result.ok, cluster_report(result, workload, faults)
+        assert result.settled and result.created == workload.topics
+        for kind, count in result.landed.items():
+            landed[kind] = landed.get(kind, 0) + count
     decisions = {"Assign", "FailOver", "campaign", "revoke"}
     if workload.rebalance:
         decisions |= {"Move", "ready"}
@@ -89,9 +86,8 @@ def test_the_machines_keep_every_invariant(
 
 def test_faults_are_injected_and_counted() -> None:
     injected: set[str] = set()
-    with pending_fixes():
-        for seed in range(1, 6):
-            injected |= set(run(seed, HEAVY).injected)
+    for seed in range(1, 6):
+        injected |= set(run(seed, HEAVY).injected)
     assert {"crash", "stop", "kill", "partition", "stall", "slow_request", "message_lost"} <= (
         injected
     )
@@ -99,7 +95,7 @@ def test_faults_are_injected_and_counted() -> None:
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_each_planted_bug_is_caught_within_200_seeds(mutation: str) -> None:
-    with pending_fixes(), MUTATIONS[mutation]():
+    with MUTATIONS[mutation]():
         for seed in range(1, 201):
             result = run(seed, DEFAULT)
             if result.ok:
@@ -113,22 +109,11 @@ def test_each_planted_bug_is_caught_within_200_seeds(mutation: str) -> None:
     pytest.fail(f"the cluster run did not catch {mutation} in 200 seeds")
 
 
-@pytest.mark.parametrize("name", sorted(PENDING_FIXES))
-def test_a_bug_found_in_the_machines(name: str, request: pytest.FixtureRequest) -> None:
-    """Expected to fail while the machines have the bug; once they are fixed it passes, and
-    strict xfail turns that into a failure: delete the pending fix then."""
-    bug = PENDING_FIXES[name]
-    request.applymarker(
-        pytest.mark.xfail(
-            strict=True,
-            raises=AssertionError,
-            reason=f"the machines still have this bug; tests/sim/cluster_mutations.py: {name}",
-        )
-    )
-    with pending_fixes(without=name):
-        result = run(bug.seed, bug.faults)
-    if not result.ok and not result.violations[0].invariant.startswith(bug.invariant):
-        pytest.fail(f"seed {bug.seed} breaks another invariant than {bug.invariant}")
+@pytest.mark.parametrize("name", sorted(FOUND_BUGS))
+def test_a_bug_found_in_the_machines_stays_fixed(name: str) -> None:
+    """Each seed broke its invariant before its fix in src/ (see FOUND_BUGS)."""
+    bug = FOUND_BUGS[name]
+    result = run(bug.seed, bug.faults)
     assert result.ok, cluster_report(result, WORKLOAD, bug.faults)
 
 

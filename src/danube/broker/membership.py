@@ -148,7 +148,7 @@ class MembershipDriver:
                 won = result.succeeded
             except (MetadataError, trio.TooSlowError):
                 won = False
-            outcome = m.campaign_done(won, _now_ms())
+            outcome = m.campaign_done(effect.lease_id, won, _now_ms())
         else:
             assert isinstance(effect, ReportLoad)
             try:
@@ -182,7 +182,9 @@ class MembershipDriver:
                     seen = 0 if current is None else current.mod_revision
                     self._apply(
                         self.machine.leader_seen(
-                            None if current is None else str(current.value), _now_ms()
+                            None if current is None else str(current.value),
+                            _now_ms(),
+                            lease=None if current is None else current.lease,
                         )
                     )
                     async for event in events:

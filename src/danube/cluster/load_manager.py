@@ -756,11 +756,21 @@ class LoadManager:
         pending.due = now + self._retry_ns
         pending.stalled = None
         marker_key = keys.unassigned_key(topic)
+        # The target's registration as this view saw it: a view that lags the store (a new
+        # leader acting before it has seen the expiry that made it leader) must not give a
+        # topic to a broker that is gone.
+        registered = Compare(
+            keys.register_key(broker), "mod_revision", "==", self._registered[broker]
+        )
         return Assign(
             topic,
             broker,
             pending.marker.reason,
-            (self._leader_compare, Compare(marker_key, "mod_revision", "==", pending.revision)),
+            (
+                self._leader_compare,
+                Compare(marker_key, "mod_revision", "==", pending.revision),
+                registered,
+            ),
             (Put(keys.assignment_key(broker, topic), None), Delete(marker_key)),
         )
 

@@ -37,6 +37,10 @@ from danube.cluster.keys import LEADER_KEY, load_key, register_key, state_key
 from danube.metadata.model import Compare, Op, Put
 
 
+PAST_INCARNATION = "(a past incarnation of this broker)"
+"""What the machine records as the leader when the key names this broker under another lease."""
+
+
 @dataclass(frozen=True, slots=True)
 class MembershipConfig:
     broker_id: str
@@ -218,6 +222,12 @@ class Membership:
         """A grant or registration was not answered or refused: try again shortly."""
         if self.phase is Phase.GRANTING:
             self.phase = Phase.NO_LEASE
+        if self.phase is Phase.REGISTERING and not self._lease_valid(now_ms):
+            # The store may have expired the lease meanwhile: registering with it would fail
+            # forever. Start over with a new one.
+            self.lease_id = None
+            self.valid_until_ms = None
+            return [*self._grant(now_ms), *self._wake(now_ms)]
         if self.phase in (Phase.NO_LEASE, Phase.REGISTERING):
             self._timers.retry_at = now_ms + self.config.retry_ms
         return self._wake(now_ms)
@@ -232,6 +242,12 @@ class Membership:
         if self.fenced and self._lease_valid(now_ms):
             self.fenced = False
             effects.append(Unfenced())
+            if self.leader == self.config.broker_id:
+                # Fenced by the deadline while the renewals did land: the lease, and the
+                # leader key under it, lived on. Nobody else campaigns while the key exists,
+                # so this broker must lead again or the cluster has no leader.
+                self.leading = True
+                effects.append(LeadershipGained())
             effects += self._maybe_campaign()
         return [*effects, *self._wake(now_ms)]
 
@@ -246,13 +262,22 @@ class Membership:
         if lease_id != self.lease_id or self.phase is Phase.STOPPED:
             return []
         effects = self._fence("lease expired")
+        if self.leader == self.config.broker_id:
+            self.leader = None  # the leader key died with the lease
         self.lease_id = None
         self.valid_until_ms = None
         self._timers = _Timers()
         return [*effects, *self._grant(now_ms)]
 
-    def leader_seen(self, leader: str | None, now_ms: int) -> list[Effect]:
-        """The watch of the leader key (also its value when the watch started)."""
+    def leader_seen(
+        self, leader: str | None, now_ms: int, *, lease: int | None = None
+    ) -> list[Effect]:
+        """The watch of the leader key (also its value when the watch started, with the
+        `lease` it was put with: a read tells it, a watch event does not). A key naming this
+        broker under another lease is a past incarnation's (a crash and a restart within the
+        TTL): it is somebody else's until it expires, never a reason to lead."""
+        if leader == self.config.broker_id and lease is not None and lease != self.lease_id:
+            leader = PAST_INCARNATION
         self.leader = leader
         effects: list[Effect] = []
         if self.leading and leader != self.config.broker_id:
@@ -265,9 +290,12 @@ class Membership:
             effects.append(LeadershipGained())
         return [*effects, *self._maybe_campaign()]
 
-    def campaign_done(self, won: bool, now_ms: int) -> list[Effect]:
+    def campaign_done(self, lease_id: int, won: bool, now_ms: int) -> list[Effect]:
+        """The answer to the `Campaign` made under `lease_id`: a win under a lease since lost
+        (the answer came late) is no win, its key died with that lease."""
         self._campaigning = False
         effects: list[Effect] = []
+        won = won and lease_id == self.lease_id
         if won and not self.leading and self._lease_valid(now_ms) and not self.fenced:
             self.leading = True
             self.leader = self.config.broker_id
@@ -313,6 +341,7 @@ class Membership:
             self.leading = False
             effects.append(LeadershipLost("stopping"))
         self.phase = Phase.STOPPED
+        self.valid_until_ms = None  # being revoked: no late answer may make it lead
         return effects
 
     # Rules -----------------------------------------------------------------------------------
