@@ -36,7 +36,6 @@ from typing import Any
 from danube.cluster.keys import LEADER_KEY, load_key, register_key, state_key
 from danube.metadata.model import Compare, Op, Put
 
-
 PAST_INCARNATION = "(a past incarnation of this broker)"
 """What the machine records as the leader when the key names this broker under another lease."""
 
