@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
-import time
 from pathlib import Path
 
 from sim.cluster_main import main as cluster_main
 from sim.faults import Faults
 from sim.run import SUB_TYPES, TIERED, Result, Simulation, Workload, replay_command
+from sim.seeds import run_seeds
 
 PROFILES = {
     "none": Faults(),
@@ -151,29 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         return cluster_main([arg for arg in argv if arg != "--cluster"])
     args = _parser().parse_args(argv)
     workload, faults = _workload(args), _faults(args)
-    failures = 0
-    started = time.perf_counter()
-    for seed in range(args.seed, args.seed + args.seeds):
-        simulation = Simulation(seed, workload, faults, full_trace=args.trace is not None)
-        result = simulation.run(args.duration)
-        if args.trace is not None and result.trace is not None:
-            args.trace.write_text("\n".join(result.trace) + "\n")
-        failures += not result.ok
-        if args.json:
-            print(json.dumps(result.summary(), sort_keys=True))
-        elif args.seeds == 1 or not result.ok:
-            print(report(result, workload, faults))
-        else:
-            done = seed - args.seed + 1
-            filled = 30 * done // args.seeds
-            print(
-                f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{args.seeds} seeds, "
-                f"{failures} failing, {time.perf_counter() - started:.0f} s",
-                end="", file=sys.stderr, flush=True,
-            )  # fmt: skip
-    if args.seeds > 1:
-        print(f"\n{args.seeds} seeds, {failures} failing", file=sys.stderr)
-    return 1 if failures else 0
+    full_trace = args.trace is not None
+    return run_seeds(
+        args,
+        lambda seed: Simulation(seed, workload, faults, full_trace=full_trace).run(args.duration),
+        lambda result: report(result, workload, faults),
+    )
 
 
 if __name__ == "__main__":

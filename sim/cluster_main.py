@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import sys
-import time
 from pathlib import Path
 
 from sim.cluster import ClusterResult, ClusterSimulation, ClusterWorkload, cluster_replay_command
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
+from sim.seeds import run_seeds
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,26 +93,11 @@ def main(argv: list[str]) -> int:
         workload.settings("1")
     except ValueError as error:
         raise SystemExit(f"python -m sim --cluster: error: {error}") from None
-    failures = 0
-    started = time.perf_counter()
-    for seed in range(args.seed, args.seed + args.seeds):
-        simulation = ClusterSimulation(seed, workload, faults, full_trace=args.trace is not None)
-        result = simulation.run(args.duration)
-        if args.trace is not None and result.trace is not None:
-            args.trace.write_text("\n".join(result.trace) + "\n")
-        failures += not result.ok
-        if args.json:
-            print(json.dumps(result.summary(), sort_keys=True))
-        elif args.seeds == 1 or not result.ok:
-            print(cluster_report(result, workload, faults))
-        else:
-            done = seed - args.seed + 1
-            filled = 30 * done // args.seeds
-            print(
-                f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{args.seeds} seeds, "
-                f"{failures} failing, {time.perf_counter() - started:.0f} s",
-                end="", file=sys.stderr, flush=True,
-            )  # fmt: skip
-    if args.seeds > 1:
-        print(f"\n{args.seeds} seeds, {failures} failing", file=sys.stderr)
-    return 1 if failures else 0
+    full_trace = args.trace is not None
+    return run_seeds(
+        args,
+        lambda seed: ClusterSimulation(seed, workload, faults, full_trace=full_trace).run(
+            args.duration
+        ),
+        lambda result: cluster_report(result, workload, faults),
+    )
