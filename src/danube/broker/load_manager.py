@@ -12,14 +12,13 @@ import time
 
 import trio
 
+from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, follow
 from danube.cluster import keys
 from danube.cluster.load_manager import Effect, LoadManager, Log, ScheduleTick, Txn
-from danube.metadata import MetadataError, MetadataStore
+from danube.metadata import MetadataError, MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")
 
-REQUEST_TIMEOUT_S = 3.0
-WATCH_RETRY_S = 0.5
 TXNS_IN_FLIGHT = 8
 """Decisions run at once at most: a failover of hundreds of topics must not queue hundreds of
 calls on the store, where they would time out waiting and be made again."""
@@ -38,8 +37,7 @@ class LoadManagerDriver:
         self.store = store
         self.machine = machine
         self._nursery: trio.Nursery | None = None
-        self._tick_at: int | None = None
-        self._woken = trio.Event()
+        self._alarm = Alarm(lambda: self._apply(self.machine.tick(_now_ns(), unix_s=_unix_s())))
         self._in_flight = trio.CapacityLimiter(TXNS_IN_FLIGHT)
         self.synced = trio.Event()
         """Set once the view holds a whole snapshot of `/cluster/`."""
@@ -47,8 +45,8 @@ class LoadManagerDriver:
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._timer)
-            await self._follow()
+            nursery.start_soon(self._alarm.run)
+            await follow(self.store, keys.CLUSTER_PREFIX, self._resync, self._observe)
             nursery.cancel_scope.cancel()
 
     def leadership(self, leading: bool) -> None:
@@ -66,8 +64,7 @@ class LoadManagerDriver:
             return  # not running yet: the first snapshot brings the view up to date
         for effect in effects:
             if isinstance(effect, ScheduleTick):
-                self._tick_at = effect.at
-                self._woken.set()
+                self._alarm.set(effect.at / 1e9)
             elif isinstance(effect, Log):
                 log.info("event=%s %s", effect.event, effect.detail)
             else:
@@ -95,37 +92,14 @@ class LoadManagerDriver:
                 type(txn).__name__, txn.topic,
             )  # fmt: skip
 
-    async def _timer(self) -> None:
-        while True:
-            self._woken = trio.Event()
-            if self._tick_at is None:
-                await self._woken.wait()
-                continue
-            with trio.move_on_at(self._tick_at / 1e9):
-                await self._woken.wait()
-                continue
-            self._tick_at = None
-            self._apply(self.machine.tick(_now_ns(), unix_s=_unix_s()))
+    async def _resync(self) -> int:
+        snapshot = await self.store.scan(keys.CLUSTER_PREFIX)
+        self._apply(self.machine.resync(snapshot, _now_ns()))
+        self.synced.set()
+        return max((kv.mod_revision for kv in snapshot), default=0)
 
-    async def _follow(self) -> None:
-        """Snapshot, then every change. The watch opens before the scan, so nothing falls
-        between them; an event at or below the newest revision in the snapshot is already
-        in it and is skipped (a later one is either newer or a delete of a key the snapshot
-        no longer has, which changes nothing)."""
-        while True:
-            try:
-                async with self.store.watch(keys.CLUSTER_PREFIX) as events:
-                    snapshot = await self.store.scan(keys.CLUSTER_PREFIX)
-                    seen = max((kv.mod_revision for kv in snapshot), default=0)
-                    self._apply(self.machine.resync(snapshot, _now_ns()))
-                    self.synced.set()
-                    async for event in events:
-                        if event.mod_revision > seen:
-                            self._apply(self.machine.observe(event, _now_ns()))
-                    return  # the store closed
-            except MetadataError as error:
-                log.warning("event=cluster_watch_restart error=%s", error)
-                await trio.sleep(WATCH_RETRY_S)
+    def _observe(self, event: WatchEvent) -> None:
+        self._apply(self.machine.observe(event, _now_ns()))
 
 
 def _describe(txn: Txn) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, follow
 from danube.cluster.keys import LEADER_KEY
 from danube.cluster.membership import (
     Campaign,
@@ -29,12 +30,9 @@ from danube.cluster.membership import (
     Unfenced,
     WakeAt,
 )
-from danube.metadata import LeaseNotFound, MetadataError, MetadataStore
+from danube.metadata import LeaseNotFound, MetadataError, MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")
-
-REQUEST_TIMEOUT_S = 3.0
-WATCH_RETRY_S = 0.5
 
 Change = Fenced | Unfenced | LeadershipGained | LeadershipLost
 
@@ -57,8 +55,7 @@ class MembershipDriver:
         self._on_change = on_change
         self._load_report = load_report
         self._nursery: trio.Nursery | None = None
-        self._wake_at: int | None = None
-        self._woken = trio.Event()
+        self._alarm = Alarm(lambda: self._apply(self.machine.tick(_now_ms())))
         self.started = trio.Event()
         """Set once the broker is a registered, unfenced member."""
 
@@ -66,8 +63,10 @@ class MembershipDriver:
         """Until cancelled; `stop` first for a graceful exit that revokes the lease."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._watch_leader)
-            nursery.start_soon(self._timer)
+            nursery.start_soon(
+                follow, self.store, LEADER_KEY, self._read_leader, self._leader_event
+            )
+            nursery.start_soon(self._alarm.run)
             self._apply(self.machine.start(_now_ms()))
 
     async def stop(self) -> None:
@@ -88,8 +87,7 @@ class MembershipDriver:
         assert self._nursery is not None
         for effect in effects:
             if isinstance(effect, WakeAt):
-                self._wake_at = effect.at_ms
-                self._woken.set()
+                self._alarm.set(effect.at_ms / 1000)
             elif isinstance(effect, Fenced | Unfenced | LeadershipGained | LeadershipLost):
                 self._announce(effect)
             else:
@@ -159,40 +157,16 @@ class MembershipDriver:
             outcome = []
         self._apply(outcome)
 
-    async def _timer(self) -> None:
-        while True:
-            self._woken = trio.Event()
-            if self._wake_at is None:
-                await self._woken.wait()
-                continue
-            with trio.move_on_at(self._wake_at / 1000):
-                await self._woken.wait()
-                continue
-            self._wake_at = None
-            self._apply(self.machine.tick(_now_ms()))
+    async def _read_leader(self) -> int:
+        current = await self.store.get(LEADER_KEY)
+        if current is None:
+            self._apply(self.machine.leader_seen(None, _now_ms()))
+            return 0
+        leader = str(current.value)
+        self._apply(self.machine.leader_seen(leader, _now_ms(), lease=current.lease))
+        return current.mod_revision
 
-    async def _watch_leader(self) -> None:
-        """The leader key as the machine must see it: its value now, then every change. The
-        watch opens before the read, so no change falls between them; events the read already
-        covered are skipped by revision."""
-        while True:
-            try:
-                async with self.store.watch(LEADER_KEY) as events:
-                    current = await self.store.get(LEADER_KEY)
-                    seen = 0 if current is None else current.mod_revision
-                    self._apply(
-                        self.machine.leader_seen(
-                            None if current is None else str(current.value),
-                            _now_ms(),
-                            lease=None if current is None else current.lease,
-                        )
-                    )
-                    async for event in events:
-                        if event.key != LEADER_KEY or event.mod_revision <= seen:
-                            continue
-                        leader = None if event.kind == "delete" else str(event.value)
-                        self._apply(self.machine.leader_seen(leader, _now_ms()))
-                    return  # the store closed
-            except MetadataError as error:
-                log.warning("event=leader_watch_restart error=%s", error)
-                await trio.sleep(WATCH_RETRY_S)
+    def _leader_event(self, event: WatchEvent) -> None:
+        if event.key == LEADER_KEY:  # the watch is of a prefix: not /cluster/leader_x
+            leader = None if event.kind == "delete" else str(event.value)
+            self._apply(self.machine.leader_seen(leader, _now_ms()))
