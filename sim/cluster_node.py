@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from danube.broker.load_manager import TXNS_IN_FLIGHT
-from danube.broker.membership import REQUEST_TIMEOUT_S, WATCH_RETRY_S
+from danube.broker.watching import REQUEST_TIMEOUT_S, WATCH_RETRY_S
 from danube.cluster import keys
 from danube.cluster import load_manager as lm
 from danube.cluster import membership as ms
