@@ -8,12 +8,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 
 from sim.cluster_main import main as cluster_main
 from sim.faults import Faults
 from sim.run import SUB_TYPES, TIERED, Result, Simulation, Workload, replay_command
-from sim.seeds import run_seeds
+from sim.seeds import add_run_arguments, run_seeds
 
 PROFILES = {
     "none": Faults(),
@@ -45,17 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run the cluster control plane instead (brokers' membership and load manager "
         "against a simulated etcd); `python -m sim --cluster --help` lists its knobs",
     )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=1, help="first seed (default 1)")
-    parser.add_argument("--seeds", type=int, default=1, help="how many seeds to run (default 1)")
-    parser.add_argument(
-        "--duration", type=float, default=10.0, help="simulated seconds of load (default 10)"
-    )
-    parser.add_argument(
-        "--profile", choices=sorted(PROFILES), default="default",
-        help="fault probabilities to start from (default: default); knobs below override",
-    )  # fmt: skip
-    parser.add_argument("--trace", type=Path, help="write the whole trace of the run here")
-    parser.add_argument("--json", action="store_true", help="print one JSON summary per run")
+    add_run_arguments(parser, PROFILES, 10.0, "load")
     workload = parser.add_argument_group(
         "workload (with --tiered, segment-bytes and retention-bytes default to "
         f"{TIERED.segment_bytes} and {TIERED.retention_bytes})"

@@ -13,8 +13,7 @@ under way run out) and the run goes on until the cluster has settled (d), for at
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields
 
 from danube.cluster.load_manager import Aggressiveness, LoadManagerConfig, RebalancingConfig
 from danube.cluster.membership import MembershipConfig
@@ -27,6 +26,7 @@ from sim.cluster_node import REQUEST_TIMEOUT_US, Clock, NodeSettings, SimNode
 from sim.etcd import SimEtcd
 from sim.faults import FAULT_TICK_US, Injected
 from sim.network import Network
+from sim.seeds import ResultMethods
 from sim.world import US_PER_MS, US_PER_S, World
 
 SETTLE_LIMIT_US = 60 * US_PER_S
@@ -89,7 +89,7 @@ class ClusterWorkload:
 
 
 @dataclass(slots=True)
-class ClusterResult:
+class ClusterResult(ResultMethods):
     seed: int
     duration_s: float
     digest: str
@@ -106,18 +106,6 @@ class ClusterResult:
     `Release`), `campaign`s won, `register`, `create`, `ready`, `revoke`."""
     trace_tail: list[str] = field(default_factory=list)
     trace: list[str] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def summary(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("trace_tail")
-        data.pop("trace")
-        data["injected"] = dict(self.injected)
-        data["violations"] = [asdict(v) for v in self.violations]
-        return data
 
 
 class ClusterSimulation:

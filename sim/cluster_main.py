@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
 from sim.cluster import ClusterResult, ClusterSimulation, ClusterWorkload, cluster_replay_command
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
-from sim.seeds import run_seeds
+from sim.seeds import add_run_arguments, run_seeds
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,17 +19,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Deterministic simulation of the cluster control plane: brokers' "
         "membership and load manager against a simulated etcd, under faults.",
     )
-    parser.add_argument("--seed", type=int, default=1, help="first seed (default 1)")
-    parser.add_argument("--seeds", type=int, default=1, help="how many seeds to run (default 1)")
-    parser.add_argument(
-        "--duration", type=float, default=30.0, help="simulated seconds of faults (default 30)"
-    )
-    parser.add_argument(
-        "--profile", choices=sorted(CLUSTER_PROFILES), default="default",
-        help="fault probabilities to start from (default: default); knobs below override",
-    )  # fmt: skip
-    parser.add_argument("--trace", type=Path, help="write the whole trace of the run here")
-    parser.add_argument("--json", action="store_true", help="print one JSON summary per run")
+    add_run_arguments(parser, CLUSTER_PROFILES, 30.0, "faults")
     workload = parser.add_argument_group("workload")
     defaults = ClusterWorkload()
     for item in dataclasses.fields(ClusterWorkload):

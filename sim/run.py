@@ -6,7 +6,7 @@ reads the whole history from the start, most of it from objects."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from danube.core.config import DispatchStrategy
@@ -22,6 +22,7 @@ from sim.disk import SimDisk
 from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
 from sim.objects import SimObjectStore, StoredBlob, impostor_segment
+from sim.seeds import ResultMethods
 from sim.world import US_PER_MS, US_PER_S, World
 
 SUB_TYPES = {
@@ -90,7 +91,7 @@ objects within the run."""
 
 
 @dataclass(slots=True)
-class Result:
+class Result(ResultMethods):
     seed: int
     duration_s: float
     digest: str
@@ -115,18 +116,6 @@ class Result:
     """Why uploads stopped (`TierHalted`): no invariant breaks, but history stops moving."""
     trace_tail: list[str] = field(default_factory=list)
     trace: list[str] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def summary(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("trace_tail")
-        data.pop("trace")
-        data["injected"] = dict(self.injected)
-        data["violations"] = [asdict(v) for v in self.violations]
-        return data
 
 
 class Simulation:

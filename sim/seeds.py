@@ -1,6 +1,6 @@
-"""Running many seeds from the command line: one loop for `python -m sim` and
-`python -m sim --cluster`, with the progress bar, the reports of failing seeds and the exit
-status they share."""
+"""What `python -m sim` and `python -m sim --cluster` share: the arguments that choose seeds
+and output, the loop over seeds with its progress bar, reports and exit status, and the
+methods of their results."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -20,6 +22,45 @@ class SeedResult(Protocol):
     def trace(self) -> list[str] | None: ...
 
     def summary(self) -> dict[str, Any]: ...
+
+
+class ResultMethods:
+    """`ok` and `summary` of a result dataclass with `violations`, `injected`, `trace_tail`
+    and `trace` fields (a mixin: it adds no fields)."""
+
+    __slots__ = ()
+    violations: list[Any]
+    injected: Any
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def summary(self) -> dict[str, Any]:
+        data = asdict(self)  # type: ignore[call-overload]
+        data.pop("trace_tail")
+        data.pop("trace")
+        data["injected"] = dict(self.injected)
+        data["violations"] = [asdict(v) for v in self.violations]
+        return data
+
+
+def add_run_arguments(
+    parser: argparse.ArgumentParser, profiles: Iterable[str], duration_s: float, what: str
+) -> None:
+    """--seed, --seeds, --duration (simulated seconds of `what`), --profile, --trace, --json."""
+    parser.add_argument("--seed", type=int, default=1, help="first seed (default 1)")
+    parser.add_argument("--seeds", type=int, default=1, help="how many seeds to run (default 1)")
+    parser.add_argument(
+        "--duration", type=float, default=duration_s,
+        help=f"simulated seconds of {what} (default {duration_s:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profile", choices=sorted(profiles), default="default",
+        help="fault probabilities to start from (default: default); knobs below override",
+    )  # fmt: skip
+    parser.add_argument("--trace", type=Path, help="write the whole trace of the run here")
+    parser.add_argument("--json", action="store_true", help="print one JSON summary per run")
 
 
 def run_seeds(
