@@ -64,22 +64,25 @@ async def _read_from_earliest(url: str, topic: str, count: int | None) -> list[t
     return [(m.offset, int(m.payload)) for m in messages]
 
 
-def _lose_the_disk(process: BrokerProcess, data_dir: Path) -> None:
+def _publish_then_lose_the_disk(
+    broker_factory: type[BrokerProcess], tmp_path: Path, durability: str
+) -> tuple[BrokerProcess, str]:
+    """Publishes MESSAGES (each acknowledged), SIGKILLs the broker, deletes its WAL directory
+    (metadata and objects remain) and starts a new broker on what is left."""
+    config = _config(tmp_path, durability)
+    data_dir = tmp_path / "data"
+    topic = unique_topic(f"{durability}-ack")
+    process = broker_factory(data_dir, config_file=config).start()
+    run(lambda: _produce(process.url, topic), timeout=120)
     process.kill()
-    shutil.rmtree(data_dir / "wal")  # metadata and objects remain
+    shutil.rmtree(data_dir / "wal")
+    return broker_factory(data_dir, config_file=config).start(), topic
 
 
 def test_object_acknowledged_publishes_survive_losing_the_local_wal(
     broker_factory: type[BrokerProcess], tmp_path: Path
 ) -> None:
-    config = _config(tmp_path, "object")
-    data_dir = tmp_path / "data"
-    topic = unique_topic("object-ack")
-    process = broker_factory(data_dir, config_file=config).start()
-    run(lambda: _produce(process.url, topic), timeout=120)
-    _lose_the_disk(process, data_dir)
-
-    process = broker_factory(data_dir, config_file=config).start()
+    process, topic = _publish_then_lose_the_disk(broker_factory, tmp_path, "object")
     received = run(lambda: _read_from_earliest(process.url, topic, MESSAGES), timeout=60)
     assert [offset for offset, _ in received] == list(range(MESSAGES)), "in order, no gap"
     assert sorted(n for _, n in received) == list(range(MESSAGES)), "every acknowledged publish"
@@ -89,14 +92,7 @@ def test_object_acknowledged_publishes_survive_losing_the_local_wal(
 def test_fsync_acknowledged_publishes_do_not_survive_losing_the_local_wal(
     broker_factory: type[BrokerProcess], tmp_path: Path
 ) -> None:
-    config = _config(tmp_path, "fsync")
-    data_dir = tmp_path / "data"
-    topic = unique_topic("fsync-ack")
-    process = broker_factory(data_dir, config_file=config).start()
-    run(lambda: _produce(process.url, topic), timeout=120)
-    _lose_the_disk(process, data_dir)
-
-    process = broker_factory(data_dir, config_file=config).start()
+    process, topic = _publish_then_lose_the_disk(broker_factory, tmp_path, "fsync")
     received = run(lambda: _read_from_earliest(process.url, topic, None), timeout=30)
     # Nothing was sealed, so nothing reached an object: the acknowledged tail is gone.
     assert len(received) < MESSAGES
