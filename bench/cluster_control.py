@@ -20,6 +20,7 @@ from pathlib import Path
 import trio
 
 from bench.e2e_nonreliable import _percentile
+from danube.localcluster.etcd_process import EtcdProcess
 from danube.metadata.etcd import EtcdStore
 from tests.support.control_plane import (
     assignments,
@@ -28,7 +29,6 @@ from tests.support.control_plane import (
     post_topics,
     wait_until,
 )
-from tests.support.etcd import EtcdProcess
 
 
 def _ms(seconds: float) -> str:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from danube.client import DanubeClient, SubType
-from tests.support.broker import BrokerProcess
+from danube.localcluster.broker_process import BrokerProcess
 
 PAYLOAD_SIZE = 1024
 _STAMP = struct.Struct("<Q")

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from bench.e2e_nonreliable import PAYLOAD_SIZE, _percentile
 from danube.client import Consumer, DanubeClient, DispatchStrategy, Message, SubType
-from tests.support.broker import BrokerProcess
+from danube.localcluster.broker_process import BrokerProcess
 
 _HEAD = struct.Struct("<QII")
 """Send time (monotonic ns), producer index, sequence number: enough to time each message and

@@ -446,8 +446,9 @@ class SimBroker:
                 self._load(effect)
             elif isinstance(effect, DropWal):
                 self._io.pop(effect.topic, None)
-                self._fail_waiters(effect.topic, 0, "topic deleted")
-                self.disk.remove_topic(effect.topic)
+                self._fail_waiters(effect.topic, 0, effect.reason)
+                if effect.delete_files:
+                    self.disk.remove_topic(effect.topic)
             elif isinstance(effect, ReadWal):
                 self.world.at(
                     self.network.latency(),

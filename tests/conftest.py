@@ -12,8 +12,9 @@ import pytest
 # pure-Python implementation, which protobuf picks once per process at its first import
 # (`pytest tests/wire tests/metadata` would otherwise fail to import the etcd backend).
 import danube.metadata.etcd  # noqa: F401  # isort: skip
-from tests.support.broker import BrokerProcess
-from tests.support.etcd import EtcdProcess, EtcdStores
+from danube.localcluster.broker_process import BrokerProcess
+from danube.localcluster.etcd_process import EtcdProcess
+from tests.support.etcd import EtcdStores
 
 
 @pytest.fixture(scope="session")

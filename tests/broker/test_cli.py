@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from danube.client import DanubeClient
+from danube.localcluster.broker_process import BrokerProcess
 from tests.support.aio import run, unique_topic
-from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
 

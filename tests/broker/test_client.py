@@ -12,9 +12,9 @@ from grpclib.client import Channel
 from grpclib.const import Status
 
 from danube.client import DanubeClient, DanubeClientError, SubType
+from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube_admin as admin_pb
 from tests.support.aio import receive_n, run, unique_topic
-from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
 

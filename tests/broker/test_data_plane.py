@@ -10,9 +10,9 @@ from grpclib.const import Status
 
 from danube.client import DanubeClient, DanubeClientError, SubType
 from danube.core.hashing import partition_for_key
+from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube as pb
 from tests.support.aio import receive_for, receive_n, run, unique_topic
-from tests.support.broker import BrokerProcess
 from tests.support.wire import channel_to, receive_stream
 
 pytestmark = pytest.mark.slow

@@ -25,10 +25,10 @@ from grpclib.const import Status
 from grpclib.exceptions import StreamTerminatedError
 
 from danube.client import DanubeClient, SubType
+from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from tests.support.aio import receive_n, run, unique_topic
-from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -26,10 +26,10 @@ from grpclib.client import Channel
 from grpclib.const import Status
 
 from danube.client import DanubeClient, SubType
+from danube.localcluster.broker_process import BROKER_BIN, BrokerProcess
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from tests.support.aio import run
-from tests.support.broker import BROKER_BIN, BrokerProcess
 from tests.support.wire import ReceiveStream, channel_to, receive_stream
 
 pytestmark = pytest.mark.slow

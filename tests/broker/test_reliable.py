@@ -12,9 +12,9 @@ import pytest
 
 from danube.client import DanubeClient, SubType
 from danube.core.config import DispatchStrategy
+from danube.localcluster.broker_process import BrokerProcess
 from danube.wal import format
 from tests.support.aio import receive_for, receive_n, run, unique_topic
-from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -26,9 +26,9 @@ from grpclib.client import Channel
 from grpclib.const import Status
 
 from danube.client import DanubeClient, DanubeClientError, DispatchStrategy, SubType
+from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube as pb
 from tests.support.aio import receive_for, receive_n, run, unique_topic
-from tests.support.broker import BrokerProcess
 from tests.support.wire import channel_to
 
 pytestmark = pytest.mark.slow

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from danube.client import DanubeClient, SubType
+from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube as pb
 from tests.support.aio import run
-from tests.support.broker import BrokerProcess
 from tests.support.wire import channel_to, receive_stream
 
 pytestmark = pytest.mark.slow

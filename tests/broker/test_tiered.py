@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from danube.client import DanubeClient, DispatchStrategy, SubType
+from danube.localcluster.broker_process import BrokerProcess
 from tests.support.aio import receive_n, run, unique_topic
-from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
 

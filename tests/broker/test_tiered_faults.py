@@ -30,13 +30,13 @@ import trio
 from danube.client import DanubeClient, DispatchStrategy, Message, SubType
 from danube.core.names import parse_topic
 from danube.kernels import crc32c
+from danube.localcluster.broker_process import BrokerProcess
 from danube.metadata.embedded import EmbeddedStore
 from danube.metadata.model import Delete, Put
 from danube.tiering import layout
 from danube.tiering.index import IndexEntry, validate_index
 from danube.wal import format
 from tests.support.aio import receive_n, run, unique_topic
-from tests.support.broker import BrokerProcess
 from tests.support.flaky_s3 import (
     INTERNAL_ERROR_MESSAGE,
     SLOWDOWN_MESSAGE,

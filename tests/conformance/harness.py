@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 import grpclib.client
 import pytest
 
+from danube.localcluster.broker_process import BrokerProcess
 from danube.proto.danube_admin import NewTopicRequest, TopicAdminStub, TopicRequest
 from tests.support.aio import run
-from tests.support.broker import BrokerProcess
 
 T = TypeVar("T")
 

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from danube.core.hashing import partition_for_key
+from danube.localcluster.broker_process import BrokerProcess
 from tests.conformance.harness import (
     ScenarioProcess,
     admin_create_topic,
@@ -28,7 +29,6 @@ from tests.conformance.harness import (
     run_scenario,
 )
 from tests.support.aio import unique_topic
-from tests.support.broker import BrokerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.conformance]
 

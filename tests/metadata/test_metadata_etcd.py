@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from danube.localcluster.etcd_process import EtcdProcess, free_port
 from danube.metadata import (
     CompactedError,
     Compare,
@@ -20,7 +21,7 @@ from danube.metadata import (
     WatchEvent,
 )
 from danube.metadata.etcd import EtcdStore, EtcdUnavailable
-from tests.support.etcd import EtcdProcess, EtcdStores, free_port
+from tests.support.etcd import EtcdStores
 
 pytestmark = pytest.mark.trio
 
@@ -178,6 +179,6 @@ async def test_etcd_going_away_is_reported_as_unavailable(tmp_path: Path) -> Non
 async def test_a_missing_etcd_binary_says_what_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("tests.support.etcd.ETCD_BIN", tmp_path / "no-etcd-here")
+    monkeypatch.setattr("danube.localcluster.etcd_process.ETCD_BIN", tmp_path / "no-etcd-here")
     with pytest.raises(RuntimeError, match="install the Debian package etcd-server"):
         EtcdProcess(tmp_path).start()

@@ -89,7 +89,8 @@ class MemoryWalDriver:
                 del segment[effect.truncate_to :]
                 work.extend(self._load(effect.topic, fresh=False))
             elif isinstance(effect, DropWal):
-                self.files.pop(effect.topic, None)
+                if effect.delete_files:
+                    self.files.pop(effect.topic, None)
                 self.acked.pop(effect.topic, None)
             elif isinstance(effect, ReadWal):
                 work.extend(self._read(effect))

@@ -7,13 +7,16 @@ Unlike Danube, which answers NOT_FOUND for most admin failures, each error keeps
 from __future__ import annotations
 
 import json
+from typing import Protocol
 
 import grpclib.const
 
 from danube.broker.grpc_util import unary
+from danube.broker.placement import ClusterPlacement
 from danube.broker.runtime import BrokerRuntime
 from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, ErrorCode, invalid
+from danube.core.names import parse_topic
 from danube.proto import danube_admin as pb
 
 
@@ -32,14 +35,31 @@ def _strategy(value: int) -> DispatchStrategy:
     return DispatchStrategy(int(value))
 
 
+class ClusterAdmin(Protocol):
+    """What the admin services need of cluster mode."""
+
+    placement: ClusterPlacement
+
+    def leader(self) -> str | None: ...
+
+    def trigger_rebalance(self, max_moves: int | None) -> None: ...
+
+
 class AdminServices:
     """BrokerAdmin, NamespaceAdmin and TopicAdmin on the admin port."""
 
-    def __init__(self, runtime: BrokerRuntime, broker_id: str, admin_url: str) -> None:
+    def __init__(
+        self,
+        runtime: BrokerRuntime,
+        broker_id: str,
+        admin_url: str,
+        cluster: ClusterAdmin | None = None,
+    ) -> None:
         self._runtime = runtime
         self._core = runtime.core
         self._broker_id = broker_id
         self._admin_url = admin_url
+        self._cluster = cluster
 
     # BrokerAdmin
 
@@ -54,7 +74,26 @@ class AdminServices:
         return pb.BrokerListResponse(brokers=[broker])
 
     async def get_leader_broker(self, _: pb.Empty) -> pb.BrokerResponse:
+        if self._cluster is not None:
+            return pb.BrokerResponse(leader=self._cluster.leader() or "")
         return pb.BrokerResponse(leader=self._broker_id)
+
+    async def trigger_rebalance(self, request: pb.RebalanceRequest) -> pb.RebalanceResponse:
+        """Cluster mode, on the leader: starts a rebalance (moves go on in the background,
+        as in Danube). Dry runs are not offered yet."""
+        if self._cluster is None:
+            raise DanubeError(ErrorCode.FAILED_PRECONDITION, "rebalancing needs cluster mode")
+        if request.dry_run:
+            raise DanubeError(ErrorCode.UNIMPLEMENTED, "dry-run rebalancing is not offered yet")
+        leader = self._cluster.leader()
+        if leader != self._broker_id:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"broker {leader or '(none yet)'} leads the cluster; ask its admin port",
+            )
+        max_moves = request.max_moves if request.max_moves is not None else None
+        self._cluster.trigger_rebalance(max_moves)
+        return pb.RebalanceResponse(success=True)
 
     async def list_namespaces(self, _: pb.Empty) -> pb.NamespaceListResponse:
         return pb.NamespaceListResponse(namespaces=self._core.namespaces())
@@ -92,7 +131,10 @@ class AdminServices:
     async def create_topic(self, request: pb.NewTopicRequest) -> pb.TopicResponse:
         _no_schema(request.schema_subject)
         strategy = _strategy(request.dispatch_strategy)
-        await self._runtime.run(self._core.create_topic(request.name, strategy))
+        if self._cluster is not None:
+            await self._cluster.placement.create([parse_topic(request.name)], strategy)
+        else:
+            await self._runtime.run(self._core.create_topic(request.name, strategy))
         return pb.TopicResponse(success=True)
 
     async def create_partitioned_topic(
@@ -100,11 +142,20 @@ class AdminServices:
     ) -> pb.TopicResponse:
         _no_schema(request.schema_subject)
         strategy = _strategy(request.dispatch_strategy)
+        if self._cluster is not None:
+            await self._cluster.placement.create_partitioned(
+                request.base_name, request.partitions, strategy
+            )
+            return pb.TopicResponse(success=True)
         step = self._core.create_partitioned_topic(request.base_name, request.partitions, strategy)
         await self._runtime.run(step)
         return pb.TopicResponse(success=True)
 
     async def delete_topic(self, request: pb.TopicRequest) -> pb.TopicResponse:
+        if self._cluster is not None:
+            raise DanubeError(
+                ErrorCode.UNIMPLEMENTED, "deleting a topic is not offered in cluster mode yet"
+            )
         await self._runtime.run(self._core.delete_topic(request.name))
         return pb.TopicResponse(success=True)
 
@@ -123,6 +174,9 @@ class AdminServices:
         routes = {
             "BrokerAdmin/ListBrokers": (self.list_brokers, pb.Empty, pb.BrokerListResponse),
             "BrokerAdmin/GetLeaderBroker": (self.get_leader_broker, pb.Empty, pb.BrokerResponse),
+            "BrokerAdmin/TriggerRebalance": (
+                self.trigger_rebalance, pb.RebalanceRequest, pb.RebalanceResponse
+            ),
             "BrokerAdmin/ListNamespaces": (
                 self.list_namespaces, pb.Empty, pb.NamespaceListResponse
             ),

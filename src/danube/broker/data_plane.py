@@ -11,7 +11,9 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, grpc_error, recv_bounded, unary
+from danube.broker.placement import Answer, Placement
 from danube.broker.runtime import BrokerRuntime, now_ms
+from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, invalid
 from danube.dispatch import LATEST, StartPosition
 from danube.node import requests
@@ -25,12 +27,16 @@ STREAM_BATCH = 64
 
 
 class ProducerService:
-    def __init__(self, runtime: BrokerRuntime, message_limit: int) -> None:
+    def __init__(self, runtime: BrokerRuntime, placement: Placement, message_limit: int) -> None:
         self._runtime = runtime
         self._core = runtime.core
+        self._placement = placement
         self._message_limit = message_limit
 
     async def create_producer(self, request: pb.ProducerRequest) -> pb.ProducerResponse:
+        strategy = int(request.dispatch_strategy)
+        if strategy in (0, 1):
+            await self._placement.route(request.topic_name, DispatchStrategy(strategy))
         step = requests.create_producer(self._core, request)
         producer_id = await self._runtime.run(step)
         log.info(
@@ -44,6 +50,7 @@ class ProducerService:
         )
 
     async def send_message(self, message: pb.StreamMessage) -> pb.MessageResponse:
+        self._runtime.check_unfenced()
         published = requests.publish(self._core, message, now_ms())
         if published.stored:
             await self._runtime.publish(message.msg_id.topic_name, published.step)
@@ -66,13 +73,15 @@ class ProducerService:
 
 
 class ConsumerService:
-    def __init__(self, runtime: BrokerRuntime) -> None:
+    def __init__(self, runtime: BrokerRuntime, placement: Placement) -> None:
         self._runtime = runtime
         self._core = runtime.core
+        self._placement = placement
 
     async def subscribe(
         self, request: pb.ConsumerRequest, start: StartPosition = LATEST
     ) -> pb.ConsumerResponse:
+        await self._placement.route(request.topic_name, None)
         step = requests.subscribe(self._core, request, start, now_ms())
         consumer_id = await self._runtime.run(step)
         log.info(
@@ -144,23 +153,28 @@ class ConsumerService:
 
 
 class DiscoveryService:
-    def __init__(self, runtime: BrokerRuntime) -> None:
-        self._core = runtime.core
+    def __init__(self, placement: Placement) -> None:
+        self._placement = placement
 
     async def topic_lookup(self, request: pb.TopicLookupRequest) -> pb.TopicLookupResponse:
-        identity = self._core.lookup(request.topic)
+        located = await self._placement.lookup(request.topic)
+        kind = (
+            pb.TopicLookupResponseLookupType.Connect
+            if located.answer is Answer.CONNECT
+            else pb.TopicLookupResponseLookupType.Redirect
+        )
         return pb.TopicLookupResponse(
             request_id=request.request_id,
-            response_type=pb.TopicLookupResponseLookupType.Connect,
-            connect_url=identity.connect_url,
-            broker_url=identity.broker_url,
-            proxy=identity.proxy,
+            response_type=kind,
+            connect_url=located.broker.connect_url,
+            broker_url=located.broker.broker_url,
+            proxy=located.broker.proxy,
         )
 
     async def topic_partitions(self, request: pb.TopicLookupRequest) -> pb.TopicPartitionsResponse:
         return pb.TopicPartitionsResponse(
             request_id=request.request_id,
-            partitions=self._core.topic_partitions(request.topic),
+            partitions=await self._placement.partitions(request.topic),
         )
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:

@@ -17,7 +17,7 @@ import collections
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +27,7 @@ import trio_asyncio
 
 from danube.broker.object_store import ObjectStore, classify
 from danube.broker.segment_files import SegmentFiles, WalExecutor
+from danube.cluster.ownership import owner_key
 from danube.core.errors import DanubeError, ErrorCode
 from danube.core.names import parse_topic
 from danube.dispatch import ConsumerReady
@@ -67,6 +68,9 @@ log = logging.getLogger("danube.broker")
 
 T = TypeVar("T")
 
+MAX_REMEMBERED_FAILURES = 1024
+"""A reply checks the failures of its own writes; older ones are of no one's interest."""
+
 
 @dataclass(slots=True)
 class StreamSlot:
@@ -77,13 +81,49 @@ class StreamSlot:
     ended: bool = False
 
 
-async def persist(store: MetadataStore, effect: PersistMeta) -> None:
+class NotOwner(Exception):
+    """Cluster mode: a write for a topic this broker no longer owns was refused."""
+
+
+def topic_of_key(key: str) -> str | None:
+    """The topic a metadata key belongs to (`/topics/<ns>/<t>/...` or the object index
+    `/storage/topics/<ns>/<t>/...`), else None."""
+    parts = key.strip("/").split("/")
+    if parts[0] == "topics" and len(parts) >= 4:
+        return f"/{parts[1]}/{parts[2]}"
+    if parts[:2] == ["storage", "topics"] and len(parts) >= 5:
+        return f"/{parts[2]}/{parts[3]}"
+    return None
+
+
+def ownership_compares(keys: list[str], claims: Mapping[str, int] | None) -> list[Compare]:
+    """Cluster mode (`claims` not None): a write that outlives the broker is made only while
+    the broker's claim on each topic it touches still stands (spec/cluster.md, "Ownership
+    fencing"); a topic without a claim here is refused outright."""
+    if claims is None:
+        return []
+    compares = []
+    for topic in sorted({t for t in map(topic_of_key, keys) if t is not None}):
+        revision = claims.get(topic)
+        if revision is None:
+            raise NotOwner(f"{topic} is not owned by this broker")
+        compares.append(Compare(owner_key(topic), "mod_revision", "==", revision))
+    return compares
+
+
+async def persist(
+    store: MetadataStore, effect: PersistMeta, claims: Mapping[str, int] | None = None
+) -> None:
     ops = [
         *(DeletePrefix(prefix) for prefix in effect.delete_prefixes),
         *(Delete(key) for key in effect.deletes),
         *(Put(key, value) for key, value in effect.puts),
     ]
-    await store.txn([], ops)
+    keys = [*effect.delete_prefixes, *effect.deletes, *(key for key, _ in effect.puts)]
+    compares = ownership_compares(keys, claims)
+    result = await store.txn(compares, ops)
+    if not result.succeeded:
+        raise NotOwner("this broker's claim on the topic is gone")
 
 
 def now_ms() -> int:
@@ -113,8 +153,13 @@ class BrokerRuntime:
         nursery: trio.Nursery,
         loop: asyncio.AbstractEventLoop,
         objects: ObjectStore | None = None,
+        *,
+        clustered: bool = False,
     ) -> None:
         self.core = core
+        self.claims: dict[str, int] | None = {} if clustered else None
+        """Cluster mode: topic -> revision of this broker's ownership claim, the fencing
+        token of every metadata write for the topic (kept by the ownership driver)."""
         self._loop = loop
         self._objects = objects
         self._store = store
@@ -136,10 +181,14 @@ class BrokerRuntime:
         self._durable = 0
         self._writer_wakeup = asyncio.Event()
         self._progress = asyncio.Event()
-        self._write_failure: str | None = None
+        self._write_failures: dict[int, str] = {}
+        """Sequence number -> why that metadata write failed (the newest few)."""
         self._closed = False
         """Set once shutdown stopped the WAL executors: later completions are dropped (their
         tasks' nursery is closing) and recovery redoes whatever they would have done."""
+        self.fenced: str | None = None
+        """Cluster mode: why this broker may not acknowledge publishes now (its membership
+        is not renewed in time), else None."""
         self.stopping = False
         """Set at shutdown: new receive streams are refused so that clients which reopen
         their stream at once (the official ones do) cannot keep the broker from stopping."""
@@ -147,14 +196,17 @@ class BrokerRuntime:
     async def run(self, step: Step[T]) -> T:
         """Executes the step's effects and returns its value once its metadata is durable
         and the WALs of the reliable topics it created are loaded."""
+        first = self._submitted + 1
         target = self.apply(step.effects)
         while self._durable < target:
             await self._progress.wait()
-        if self._write_failure is not None:
-            raise DanubeError(
-                ErrorCode.UNAVAILABLE,
-                f"the broker could not persist metadata ({self._write_failure}); retry later",
-            )
+        for sequence in range(first, target + 1):
+            failure = self._write_failures.get(sequence)
+            if failure is not None:
+                raise DanubeError(
+                    ErrorCode.UNAVAILABLE,
+                    f"the broker could not persist metadata ({failure}); retry later",
+                )
         for effect in step.effects:
             if isinstance(effect, LoadWal):
                 loading = self._loads.get(effect.topic)
@@ -175,7 +227,17 @@ class BrokerRuntime:
         await self.run(step)
         if waiter is not None:
             await waiter
+        self.check_unfenced()
         return offset
+
+    def check_unfenced(self) -> None:
+        """A fenced broker (cluster mode) acknowledges nothing: another broker may own the
+        topic by now (spec/cluster.md, "Ownership fencing", rule 1)."""
+        if self.fenced is not None:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE,
+                f"this broker is fenced ({self.fenced}); look the topic up and send again",
+            )
 
     def apply(self, effects: tuple[Effect, ...] | list[Effect]) -> int:
         """Starts every effect; returns the metadata sequence number a reply must wait for."""
@@ -244,7 +306,10 @@ class BrokerRuntime:
             _, waiter = waiting.pop()
             if not waiter.done():
                 waiter.set_exception(
-                    DanubeError(ErrorCode.UNAVAILABLE, f"{reason}; the message was not stored")
+                    DanubeError(
+                        ErrorCode.UNAVAILABLE,
+                        f"{reason}; the message is not acknowledged, send it again",
+                    )
                 )
 
     def _topic_dir(self, topic: str) -> Path:
@@ -256,12 +321,12 @@ class BrokerRuntime:
         if isinstance(effect, LoadWal):
             self._loads[topic] = trio.Event()
         if isinstance(effect, DropWal):
-            self._fail_publishes(topic, 0, f"topic {topic} was deleted")
+            self._fail_publishes(topic, 0, effect.reason)
             self._acked.pop(topic, None)
             dropped = self._wals.pop(topic, None)
             if dropped is not None:
                 done = self._drops[topic] = trio.Event()
-                self._nursery.start_soon(self._drop_wal, topic, dropped, done)
+                self._nursery.start_soon(self._drop_wal, effect, dropped, done)
             return
         topic_wal = self._wals.get(topic)
         if topic_wal is None:
@@ -286,12 +351,14 @@ class BrokerRuntime:
         await topic_wal.stopped.wait()
         topic_wal.files.close()
 
-    async def _drop_wal(self, topic: str, topic_wal: TopicWal, done: trio.Event) -> None:
+    async def _drop_wal(self, effect: DropWal, topic_wal: TopicWal, done: trio.Event) -> None:
+        topic = effect.topic
         try:
             async with topic_wal.lock:
                 await self._stop_executor(topic_wal)
-                await trio.to_thread.run_sync(_remove_tree, topic_wal.files.directory)
-                log.info("event=wal_dropped topic=%s", topic)
+                if effect.delete_files:
+                    await trio.to_thread.run_sync(_remove_tree, topic_wal.files.directory)
+                log.info("event=wal_dropped topic=%s deleted=%s", topic, effect.delete_files)
         finally:
             done.set()
             if self._drops.get(topic) is done:
@@ -470,8 +537,9 @@ class BrokerRuntime:
     async def _commit(self, topic: str, effect: CommitIndex) -> None:
         start = effect.entry.start_offset
         try:
+            fence = ownership_compares([effect.path], self.claims)
             result = await self._store.txn(
-                [Compare(effect.path, "version", "==", 0)],
+                [Compare(effect.path, "version", "==", 0), *fence],
                 [Put(effect.path, effect.value), Put(effect.current_path, effect.current_value)],
             )
             if result.succeeded:
@@ -479,7 +547,7 @@ class BrokerRuntime:
                 return
             existing = await self._store.get(effect.path)
             if existing is None:
-                raise KeyError(f"{effect.path} vanished")
+                raise NotOwner(f"the claim on {topic} is gone: the index is another's now")
             entry = IndexEntry.from_json(existing.value)
         except Exception as error:  # outcome unknown (or a bad entry): the machine retries
             log.warning("event=index_commit_failed topic=%s error=%r", topic, error)
@@ -545,10 +613,13 @@ class BrokerRuntime:
             while self._pending:
                 effect = self._pending.popleft()
                 try:
-                    await trio_asyncio.trio_as_aio(persist)(self._store, effect)
+                    await trio_asyncio.trio_as_aio(persist)(self._store, effect, self.claims)
                 except Exception as error:
-                    self._write_failure = f"{type(error).__name__}: {error}"
-                    log.error("event=metadata_write_failed error=%r", self._write_failure)
+                    failure = f"{type(error).__name__}: {error}"
+                    self._write_failures[self._durable + 1] = failure
+                    if len(self._write_failures) > MAX_REMEMBERED_FAILURES:
+                        del self._write_failures[min(self._write_failures)]
+                    log.error("event=metadata_write_failed error=%r", failure)
                 self._durable += 1
                 progress, self._progress = self._progress, asyncio.Event()
                 progress.set()

@@ -1,4 +1,5 @@
-"""Brings a standalone broker up and down: metadata store, core, gRPC servers, shutdown."""
+"""Brings a broker up and down: metadata store, core, gRPC servers, cluster membership (in
+cluster mode), shutdown."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import trio
 import trio_asyncio
 
 from danube.broker.admin import AdminServices
+from danube.broker.cluster_member import ClusterMember
 from danube.broker.data_plane import (
     ConsumerExtService,
     ConsumerService,
@@ -22,10 +24,11 @@ from danube.broker.data_plane import (
 )
 from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
 from danube.broker.object_store import ObjectStore
+from danube.broker.placement import ClusterPlacement, LocalPlacement, Placement
 from danube.broker.runtime import BrokerRuntime, persist
 from danube.core.config import Address, BrokerConfig
 from danube.dispatch import QueueLimits
-from danube.metadata import EmbeddedStore
+from danube.metadata import EmbeddedStore, MetadataStore
 from danube.node.core import BrokerCore, BrokerIdentity
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
@@ -129,18 +132,38 @@ async def _report_drops(core: BrokerCore) -> None:
                 reported[key] = (count, now)
 
 
+async def _open_store(config: BrokerConfig, data_dir: Path) -> MetadataStore:
+    if config.mode != "cluster":
+        return await EmbeddedStore.open(data_dir / "metadata")
+    from danube.metadata import EtcdStore  # loads grpc and etcd3: only in cluster mode
+
+    return await EtcdStore.connect(config.cluster.etcd_endpoints, prefix=config.cluster.etcd_prefix)
+
+
+async def _run_member(
+    member: ClusterMember,
+    scope: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with scope:
+        await member.run(task_status=task_status)
+
+
 async def serve(
     config: BrokerConfig,
     shutdown: trio.Event,
     *,
     task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Runs a standalone broker until `shutdown` is set, then stops cleanly: open receive
-    streams end with status OK, pending metadata is written, sockets close."""
+    """Runs a broker until `shutdown` is set, then stops cleanly: open receive streams end,
+    pending metadata is written, WAL tails are sealed (and uploaded with an object tier), a
+    cluster member gives up its lease so its topics move at once, sockets close."""
     data_dir = Path(config.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     broker_id = broker_id_for(data_dir)
-    store = await EmbeddedStore.open(data_dir / "metadata")
+    clustered = config.mode == "cluster"
+    store = await _open_store(config, data_dir)
     sockets: list[socket.socket] = []
     try:
         broker_sock = _listen(config.broker_addr)
@@ -166,6 +189,7 @@ async def serve(
             routing_key_of=_routing_key_of,
             uploads=UploaderConfig() if config.storage.tiered else None,
             durability=config.storage.durability,
+            clustered=clustered,
         )
         objects = None
         if config.storage.tiered:
@@ -177,22 +201,42 @@ async def serve(
                 lambda: ObjectStore(root, endpoint=storage.endpoint, region=storage.region)
             )
             log.info("event=object_tier mode=%s root=%s", config.storage.mode, objects.describe())
-        restored = core.restore({kv.key: kv.value for kv in await store.scan("/")})
+        # Cluster mode: the broker owns no topic yet; they come by assignment.
+        restored = core.restore(
+            {kv.key: kv.value for kv in await store.scan("/namespaces/" if clustered else "/")}
+        )
         for effect in core.bootstrap(config.bootstrap_namespaces).effects:
             await persist(store, effect)
         async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
-            runtime = BrokerRuntime(core, store, Path(config.wal_root), nursery, loop, objects)
+            runtime = BrokerRuntime(
+                core, store, Path(config.wal_root), nursery, loop, objects, clustered=clustered
+            )
             nursery.start_soon(trio_asyncio.aio_as_trio(runtime.write_metadata))
             # Reliable topics recover before the ports open: a client never sees a topic
             # whose offsets are not known yet.
             runtime.apply(restored.effects)
             await runtime.wal_loads_done()
-            consumers = ConsumerService(runtime)
+            placement: Placement = LocalPlacement(core)
+            member: ClusterMember | None = None
+            if clustered:
+                cluster_placement = ClusterPlacement(
+                    core, store, broker_id, auto_create_topics=config.auto_create_topics
+                )
+                placement = cluster_placement
+                registration = {
+                    "broker_url": identity.broker_url,
+                    "connect_url": identity.connect_url,
+                    "admin_addr": f"http://{bound.admin}",
+                }
+                member = ClusterMember(
+                    store, runtime, broker_id, registration, config.cluster, cluster_placement
+                )
+            consumers = ConsumerService(runtime, placement)
             client_services = [
-                ProducerService(runtime, _message_limit(config)),
+                ProducerService(runtime, placement, _message_limit(config)),
                 consumers,
                 ConsumerExtService(consumers),
-                DiscoveryService(runtime),
+                DiscoveryService(placement),
                 HealthCheckService(runtime),
             ]
             client_server = Server(
@@ -201,7 +245,7 @@ async def serve(
                     Unimplemented(CLIENT_PORT_BASES, client_services, NOT_YET),
                 ]
             )
-            admin_services = [AdminServices(runtime, broker_id, f"http://{bound.admin}")]
+            admin_services = [AdminServices(runtime, broker_id, f"http://{bound.admin}", member)]
             admin_server = Server(
                 [*admin_services, Unimplemented(ADMIN_PORT_BASES, admin_services, NOT_YET)]
             )
@@ -209,9 +253,13 @@ async def serve(
             nursery.start_soon(runtime.tick, TICK_SECONDS)
             await trio_asyncio.aio_as_trio(client_server.start)(sock=broker_sock)
             await trio_asyncio.aio_as_trio(admin_server.start)(sock=admin_sock)
+            member_scope = trio.CancelScope()
+            if member is not None:
+                await nursery.start(_run_member, member, member_scope)
             log.info(
-                "event=broker_ready broker_id=%s broker_addr=%s admin_addr=%s data_dir=%s",
-                broker_id, bound.broker, bound.admin, data_dir,
+                "event=broker_ready broker_id=%s mode=%s broker_addr=%s admin_addr=%s "
+                "data_dir=%s",
+                broker_id, config.mode, bound.broker, bound.admin, data_dir,
             )  # fmt: skip
             task_status.started(bound)
             await shutdown.wait()
@@ -227,6 +275,9 @@ async def serve(
                 server.close_connections()
             await runtime.quiesce(SHUTDOWN_GRACE_SECONDS, UPLOAD_GRACE_SECONDS)
             await trio_asyncio.aio_as_trio(runtime.flush_metadata)()
+            if member is not None:
+                await member.leave()
+                member_scope.cancel()
             nursery.cancel_scope.cancel()
     finally:
         for sock in sockets:

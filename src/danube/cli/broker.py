@@ -15,7 +15,14 @@ import yaml
 
 from danube.broker.server import serve
 from danube.cli.logs import setup_logging
-from danube.core.config import Address, BrokerConfig, ConfigError, config_from_mapping
+from danube.core.config import (
+    Address,
+    BrokerConfig,
+    ConfigError,
+    config_from_mapping,
+    etcd_endpoints,
+    storage_with,
+)
 from danube.metadata import MetadataError
 
 log = logging.getLogger("danube.broker")
@@ -29,9 +36,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--mode",
-        choices=["standalone"],
+        choices=["standalone", "cluster"],
         default="standalone",
-        help="standalone: one broker with an embedded metadata store (default)",
+        help="standalone: one broker with an embedded metadata store (default); cluster: "
+        "brokers share etcd and an object store, topics are placed and moved among them",
+    )
+    parser.add_argument(
+        "--etcd-endpoints",
+        help="cluster mode: etcd host:port list, comma-separated (meta_store.etcd_endpoints)",
+    )
+    parser.add_argument(
+        "--storage-mode",
+        choices=["local", "shared_fs", "object_store"],
+        help="storage.mode (cluster mode needs shared_fs or object_store)",
+    )
+    parser.add_argument(
+        "--durable-root",
+        help="storage.durable.root: s3://bucket/prefix, file:///path or a path",
+    )
+    parser.add_argument(
+        "--s3-endpoint", help="storage.durable.endpoint: an S3-compatible endpoint URL"
     )
     parser.add_argument(
         "--config-file", type=Path, help="YAML file with Danube's keys; flags override it"
@@ -70,7 +94,24 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
         overrides["advertised_addr"] = args.advertised_addr
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
-    return dataclasses.replace(config, **overrides)
+    overrides["mode"] = args.mode
+    if args.mode == "cluster" and config.cluster_name == "STANDALONE":
+        overrides["cluster_name"] = "danube"
+    if args.etcd_endpoints:
+        endpoints = etcd_endpoints(args.etcd_endpoints, "--etcd-endpoints")
+        overrides["cluster"] = dataclasses.replace(config.cluster, etcd_endpoints=endpoints)
+    storage = config.storage
+    if args.storage_mode or args.durable_root or args.s3_endpoint:
+        storage = storage_with(
+            storage,
+            mode=args.storage_mode,
+            durable_root=args.durable_root,
+            endpoint=args.s3_endpoint,
+        )
+        overrides["storage"] = storage
+    result = dataclasses.replace(config, **overrides)
+    result.check_mode()
+    return result
 
 
 async def _run(config: BrokerConfig) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -50,6 +51,14 @@ class RetryPolicy:
     max_retries: int = 5
     base_backoff_s: float = 0.2
     max_backoff_s: float = 5.0
+    min_elapsed_s: float = 30.0
+    """Once a broker has answered, retries go on for at least this long, beyond
+    `max_retries`: a topic is unavailable for a while when its broker dies (the lease's TTL,
+    then the move), and a client that gave up after the official clients' ~3 s would fail
+    every failover. A client that never reached a broker gives up after `max_retries`."""
+
+    def exhausted(self, attempt: int, elapsed_s: float, reached: bool) -> bool:
+        return attempt >= self.max_retries and (not reached or elapsed_s >= self.min_elapsed_s)
 
     def delay(self, attempt: int) -> float:
         limit = min(self.base_backoff_s * (attempt + 1), self.max_backoff_s)
@@ -61,12 +70,44 @@ class Connections:
     client."""
 
     def __init__(self, service_url: str, retry: RetryPolicy) -> None:
-        self.service_url = service_url
+        self.service_urls = [url.strip() for url in service_url.split(",") if url.strip()]
+        """Several brokers of a cluster (comma-separated): lookups go to the first that
+        answers, so the client outlives any one broker."""
+        if not self.service_urls:
+            raise DanubeClientError("no broker address given")
         self.retry = retry
         self._channels: dict[tuple[str, int], BrokerChannel] = {}
         self.closed = False
         self._request_ids = itertools.count(1)
-        parse_address(service_url)
+        self.reached = False
+        """Some broker has answered a discovery call."""
+        for url in self.service_urls:
+            parse_address(url)
+
+    @property
+    def service_url(self) -> str:
+        """The broker that answered the last discovery call (the first one to begin with)."""
+        return self.service_urls[0]
+
+    async def _discover(self, what: str, call: Callable[[pb.DiscoveryStub], Awaitable[T]]) -> T:
+        """Runs a discovery call on the service brokers in turn until one is reached; the
+        one reached goes first next time."""
+        failures = []
+        for url in list(self.service_urls):
+            try:
+                result = await call(pb.DiscoveryStub(self.channel(url)))
+            except TRANSPORT_ERRORS as error:
+                failures.append(f"{url}: {error}")
+                continue
+            except GRPCError:
+                self.reached = True
+                raise
+            self.reached = True
+            if url != self.service_urls[0]:
+                self.service_urls.remove(url)
+                self.service_urls.insert(0, url)
+            return result
+        raise DanubeClientError(f"{what}: cannot reach any broker ({'; '.join(failures)})")
 
     def next_request_id(self) -> int:
         return next(self._request_ids)
@@ -89,46 +130,45 @@ class Connections:
     async def lookup(self, topic: str) -> str:
         """The connect URL of the broker that serves `topic`. An unknown topic answers the
         service URL: a producer's create will make the topic there."""
-        stub = pb.DiscoveryStub(self.channel(self.service_url))
+        request = pb.TopicLookupRequest(request_id=self.next_request_id(), topic=topic)
         try:
-            response = await stub.topic_lookup(
-                pb.TopicLookupRequest(request_id=self.next_request_id(), topic=topic)
+            response = await self._discover(
+                f"lookup of {topic}", lambda stub: stub.topic_lookup(request)
             )
         except GRPCError as error:
             if error.status is Status.NOT_FOUND:
                 return self.service_url
-            raise DanubeClientError.from_grpc(f"lookup of {topic}", error) from None
-        except TRANSPORT_ERRORS as error:
-            raise DanubeClientError(f"cannot reach {self.service_url}: {error}") from None
+            raise
         if response.response_type == pb.TopicLookupResponseLookupType.Failed:
             raise DanubeClientError(f"lookup of {topic} failed")
         return response.connect_url or self.service_url
 
     async def partitions(self, topic: str) -> list[str]:
-        stub = pb.DiscoveryStub(self.channel(self.service_url))
+        request = pb.TopicLookupRequest(request_id=self.next_request_id(), topic=topic)
         try:
-            response = await stub.topic_partitions(
-                pb.TopicLookupRequest(request_id=self.next_request_id(), topic=topic)
+            response = await self._discover(
+                f"partitions of {topic}", lambda stub: stub.topic_partitions(request)
             )
         except GRPCError as error:
             raise DanubeClientError.from_grpc(f"partitions of {topic}", error) from None
-        except TRANSPORT_ERRORS as error:
-            raise DanubeClientError(f"cannot reach {self.service_url}: {error}") from None
         return list(response.partitions)
 
     async def with_retries(self, what: str, topic: str, call: Callable[[str], Awaitable[T]]) -> T:
         """Runs `call(connect_url)`, re-looking up the topic and backing off on retryable
         statuses and connection failures."""
         attempt = 0
+        started = time.monotonic()
         while True:
             try:
                 url = await self.lookup(topic)
                 return await call(url)
             except GRPCError as error:
-                if error.status not in RETRYABLE or attempt >= self.retry.max_retries:
+                elapsed = time.monotonic() - started
+                exhausted = self.retry.exhausted(attempt, elapsed, self.reached)
+                if error.status not in RETRYABLE or exhausted:
                     raise DanubeClientError.from_grpc(what, error) from None
             except (*TRANSPORT_ERRORS, DanubeClientError) as error:
-                if attempt >= self.retry.max_retries:
+                if self.retry.exhausted(attempt, time.monotonic() - started, self.reached):
                     if isinstance(error, DanubeClientError):
                         raise
                     raise DanubeClientError(f"{what}: cannot reach the broker: {error}") from None

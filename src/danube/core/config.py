@@ -145,7 +145,24 @@ class Address:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Cluster mode: where the metadata lives (`meta_store.etcd_endpoints`, `meta_store.prefix`)
+    and how fast a dead broker is noticed (`cluster.*`, ours: spec/cluster.md)."""
+
+    etcd_endpoints: tuple[str, ...] = ()
+    etcd_prefix: str = ""
+    lease_ttl_ms: int = 10_000
+    renew_interval_ms: int = 2_000
+    drift_ms: int = 1_000
+    load_report_interval_ms: int = 30_000
+    load_manager: Any = None
+    """The parsed `load_manager` section (`danube.cluster.load_manager.LoadManagerConfig`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
+    mode: str = "standalone"
+    """`standalone` (embedded metadata, every topic here) or `cluster` (etcd, object tier)."""
     cluster_name: str = "STANDALONE"
     broker_addr: Address = Address("127.0.0.1", 6650)
     admin_addr: Address = Address("127.0.0.1", 50051)
@@ -156,6 +173,34 @@ class BrokerConfig:
     policies: Policies = field(default_factory=Policies)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def check_mode(self) -> None:
+        """What cluster mode needs, checked once every source (file, flags) is applied."""
+        if self.mode == "standalone":
+            return
+        if self.mode != "cluster":
+            raise ConfigError(f"mode: expected standalone or cluster, got {self.mode!r}")
+        if not self.cluster.etcd_endpoints:
+            raise ConfigError(
+                "cluster mode needs meta_store.etcd_endpoints (or --etcd-endpoints host:port)"
+            )
+        if not self.storage.tiered:
+            raise ConfigError(
+                "cluster mode needs an object tier (storage.mode object_store or shared_fs): "
+                "a topic that moves to another broker continues from its objects"
+            )
+        c = self.cluster
+        if not 0 <= c.drift_ms < c.lease_ttl_ms or not (
+            0 < c.renew_interval_ms < c.lease_ttl_ms - c.drift_ms
+        ):
+            raise ConfigError(
+                "cluster: need drift_ms < lease_ttl_ms and renew_interval_ms < lease_ttl_ms - "
+                f"drift_ms (got lease_ttl_ms={c.lease_ttl_ms}, renew_interval_ms="
+                f"{c.renew_interval_ms}, drift_ms={c.drift_ms})"
+            )
+        if c.lease_ttl_ms < 1_000:
+            raise ConfigError(f"cluster.lease_ttl_ms: at least 1000, got {c.lease_ttl_ms}")
 
     @property
     def broker_url(self) -> str:
@@ -191,7 +236,7 @@ def _fill(cls: type, data: dict[str, Any], where: str) -> Any:
 
 _TOP_LEVEL = {
     "cluster_name", "broker", "meta_store", "bootstrap_namespaces", "auto_create_topics",
-    "policies", "dispatch", "storage",
+    "policies", "dispatch", "storage", "cluster", "load_manager",
 }  # fmt: skip
 
 
@@ -210,16 +255,9 @@ def _keys(data: dict[str, Any], allowed: set[str], where: str) -> None:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
 
 
-def _storage(data: dict[str, Any]) -> StorageConfig:
-    """`storage:` with Danube's names (`local_wal_root`, `local_retention`, `wal.file_sync`,
-    `wal.rotation`) plus ours (`wal.durability`, `wal.cache_bytes`)."""
-    _keys(data, {"mode", "local_wal_root", "root", "local_retention", "wal", "durable"}, "storage")
-    mode = data.get("mode", "local")
+def _check_durable(mode: Any, durable_root: Any) -> None:
     if mode not in ("local", "shared_fs", "object_store"):
         raise ConfigError(f"storage.mode: expected local, shared_fs or object_store, got {mode!r}")
-    durable = _section(data, "durable", "storage.")
-    _keys(durable, {"root", "endpoint", "region"}, "storage.durable")
-    durable_root = durable.get("root")
     if mode != "local" and not durable_root:
         raise ConfigError(f"storage.durable.root: required with storage.mode {mode}")
     if (
@@ -232,6 +270,35 @@ def _storage(data: dict[str, Any]) -> StorageConfig:
         raise ConfigError(
             "storage.durable.root: object_store takes a URL such as s3://bucket/prefix"
         )
+
+
+def storage_with(
+    storage: StorageConfig,
+    *,
+    mode: str | None,
+    durable_root: str | None,
+    endpoint: str | None,
+) -> StorageConfig:
+    """The storage settings with command-line overrides applied, checked as a file's are."""
+    updated = dataclasses.replace(
+        storage,
+        mode=mode or storage.mode,
+        durable_root=durable_root or storage.durable_root,
+        endpoint=endpoint or storage.endpoint,
+    )
+    _check_durable(updated.mode, updated.durable_root)
+    return updated
+
+
+def _storage(data: dict[str, Any]) -> StorageConfig:
+    """`storage:` with Danube's names (`local_wal_root`, `local_retention`, `wal.file_sync`,
+    `wal.rotation`) plus ours (`wal.durability`, `wal.cache_bytes`)."""
+    _keys(data, {"mode", "local_wal_root", "root", "local_retention", "wal", "durable"}, "storage")
+    mode = data.get("mode", "local")
+    durable = _section(data, "durable", "storage.")
+    _keys(durable, {"root", "endpoint", "region"}, "storage.durable")
+    durable_root = durable.get("root")
+    _check_durable(mode, durable_root)
     root = data.get("local_wal_root", data.get("root"))
     wal = _section(data, "wal", "storage.")
     _keys(
@@ -273,6 +340,46 @@ def _storage(data: dict[str, Any]) -> StorageConfig:
         str(durable["region"]) if durable.get("region") else None,
         topic_durability,
     )
+
+
+def etcd_endpoints(value: Any, where: str) -> tuple[str, ...]:
+    """A list of `host:port` (or `http://host:port`), or one comma-separated string."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{where}: expected a list of host:port")
+    endpoints = tuple(i.strip() for i in items if i.strip())
+    for endpoint in endpoints:
+        Address.parse(endpoint.removeprefix("http://"), where)
+    return endpoints
+
+
+def _cluster(meta: dict[str, Any], data: dict[str, Any]) -> ClusterConfig:
+    from danube.cluster.load_manager import LoadManagerConfig  # it imports this module
+
+    config = ClusterConfig()
+    section = _section(data, "cluster", "")
+    _keys(
+        section,
+        {"lease_ttl_ms", "renew_interval_ms", "drift_ms", "load_report_interval_ms"},
+        "cluster",
+    )
+    timings = {
+        key: _number(section, key, "cluster.")
+        for key in ("lease_ttl_ms", "renew_interval_ms", "load_report_interval_ms")
+    }
+    timings["drift_ms"] = _number(section, "drift_ms", "cluster.", minimum=0)
+    values: dict[str, Any] = {k: v for k, v in timings.items() if v is not None}
+    if "etcd_endpoints" in meta:
+        values["etcd_endpoints"] = etcd_endpoints(
+            meta["etcd_endpoints"], "meta_store.etcd_endpoints"
+        )
+    if "prefix" in meta:
+        values["etcd_prefix"] = str(meta["prefix"])
+    manager = LoadManagerConfig.from_mapping(data.get("load_manager"))
+    if "load_report_interval_ms" not in values and "load_manager" in data:
+        values["load_report_interval_ms"] = manager.load_report_interval_seconds * 1000
+    values["load_manager"] = manager
+    return dataclasses.replace(config, **values)
 
 
 def _durability(wal: dict[str, Any], mode: str) -> TopicDurability:
@@ -331,8 +438,10 @@ def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
     if "cluster_name" in data:
         updates["cluster_name"] = str(data["cluster_name"])
     meta = _section(data, "meta_store", "")
+    _keys(meta, {"data_dir", "seed_nodes", "etcd_endpoints", "prefix"}, "meta_store")
     if "data_dir" in meta:
         updates["data_dir"] = str(meta["data_dir"])
+    updates["cluster"] = _cluster(meta, data)
     if "bootstrap_namespaces" in data:
         names = data["bootstrap_namespaces"]
         if not isinstance(names, list):

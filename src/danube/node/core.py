@@ -105,9 +105,13 @@ class RepairWal:
 
 @dataclass(frozen=True, slots=True)
 class DropWal:
-    """Effect: the topic is deleted; stop its WAL I/O and delete its directory."""
+    """Effect: the topic is gone from this broker (deleted, moved away, or its ownership
+    lost): fail the publishes still waiting with `reason`, stop its WAL I/O and, when
+    `delete_files`, delete its directory."""
 
     topic: str
+    reason: str
+    delete_files: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +314,8 @@ class TopicRecord:
     """`object` acknowledgement: the last offset the producers were told about."""
     ack_batch_since: int | None = None
     """`object` acknowledgement: when the oldest offset waiting for its object was durable."""
+    unloading: bool = False
+    """Cluster mode: the topic is moving away; it takes no more publishes or clients."""
 
     @property
     def reliable(self) -> bool:
@@ -338,6 +344,7 @@ class BrokerCore:
         routing_key_of: Callable[[bytes], bytes] = lambda record: b"",
         uploads: tier.UploaderConfig | None = None,
         durability: TopicDurability = _DEFAULT_DURABILITY,
+        clustered: bool = False,
     ) -> None:
         """`routing_key_of` extracts a stored record's Key-Shared routing key (its routing
         key, else its producer's name); only the driver knows the record encoding.
@@ -346,7 +353,10 @@ class BrokerCore:
         `object` level a publish is answered only once the object holding it is indexed, and
         the active segment is sealed (and so uploaded) at most `object_batch_ms` after its
         oldest unanswered publish became durable, so that one upload answers every publish
-        of its batch."""
+        of its batch.
+
+        `clustered`: topics come and go by ownership (`adopt`, `unload`, `remove`); the core
+        never creates one itself on a producer's behalf, the cluster driver does."""
         if durability.uses_object and uploads is None:
             raise ValueError("the object durability level needs an object tier")
         self.identity = identity
@@ -354,6 +364,7 @@ class BrokerCore:
         self._default_policies = default_policies
         self._queue_limits = queue_limits
         self._auto_create = auto_create_topics
+        self._clustered = clustered
         self._wal_config = wal_config
         self._max_unacked = max_unacked_messages
         self._routing_key_of = routing_key_of
@@ -375,7 +386,8 @@ class BrokerCore:
         """Rebuilds state from a metadata scan. Consumers come back disconnected: their clients
         reconnect with the same ids, and a restart is invisible to them. Reliable topics need
         their WAL loaded (the `LoadWal` effects) before they serve; subscriptions resume at
-        their persisted cursor + 1."""
+        their persisted cursor + 1. Topics already present are left as they are."""
+        present = set(self._topics)
         for key, value in sorted(entries.items()):
             parts = key.strip("/").split("/")
             if parts[0] == "namespaces" and len(parts) == 3 and parts[2] == "policy":
@@ -384,7 +396,7 @@ class BrokerCore:
             parts = key.strip("/").split("/")
             if parts[0] == "topics" and len(parts) == 4 and parts[3] == "delivery":
                 topic = TopicName(parts[1], parts[2])
-                if topic.namespace in self._namespaces:
+                if topic.namespace in self._namespaces and topic.full not in present:
                     self._topics[topic.full] = TopicRecord(
                         topic, DispatchStrategy.from_label(value)
                     )
@@ -393,7 +405,7 @@ class BrokerCore:
             if parts[0] != "topics" or len(parts) < 5:
                 continue
             record = self._topics.get(f"/{parts[1]}/{parts[2]}")
-            if record is None:
+            if record is None or record.name.full in present:
                 continue
             if parts[3] == "producers" and len(parts) == 5:
                 self._restore_producer(record, value)
@@ -410,7 +422,11 @@ class BrokerCore:
             parts = key.strip("/").split("/")
             if parts[0] == "topics" and len(parts) == 7 and parts[5] == "consumers":
                 record = self._topics.get(f"/{parts[1]}/{parts[2]}")
-                if record is not None and parts[4] in record.subscriptions:
+                if (
+                    record is not None
+                    and record.name.full not in present
+                    and parts[4] in record.subscriptions
+                ):
                     consumers.append((value.get("order", 0), record, parts[4], value))
         # Subscribe order decides Failover promotion, so it must survive a restart.
         for order, record, sub_name, value in sorted(consumers, key=lambda c: c[0]):
@@ -428,12 +444,20 @@ class BrokerCore:
             if parts[:2] != ["storage", "topics"] or len(parts) != 6 or parts[4] != "segments":
                 continue
             record = self._topics.get(f"/{parts[2]}/{parts[3]}")
-            if record is not None and tier_layout.index_start(parts[5]) is not None:
+            if (
+                record is not None
+                and record.name.full not in present
+                and tier_layout.index_start(parts[5]) is not None
+            ):
                 try:
                     record.index.append(IndexEntry.from_json(value))
                 except IndexFormatError:
                     continue  # the uploader's recovery reports what is missing
-        loads = tuple(LoadWal(t, fresh=False) for t, r in self._topics.items() if r.reliable)
+        loads = tuple(
+            LoadWal(t, fresh=False)
+            for t, r in self._topics.items()
+            if r.reliable and t not in present
+        )
         return Step(None, loads)
 
     def _restore_producer(self, record: TopicRecord, value: Mapping[str, Any]) -> None:
@@ -442,6 +466,70 @@ class BrokerCore:
         )
         self._producers[producer.producer_id] = producer
         record.producers[producer.name] = producer.producer_id
+
+    # -- ownership (cluster mode, spec/cluster.md "Topic moves") --------------------------------
+
+    def adopt(self, entries: Mapping[str, Any], *, keep_local: bool) -> Step[None]:
+        """Starts serving the topics of a metadata read: a topic this broker has just
+        claimed. `keep_local` False discards a WAL directory an earlier ownership left here:
+        another broker has written the topic since, so the history continues from the object
+        index and the old directory holds nothing that is still the topic's."""
+        step = self.restore(entries)
+        loads = tuple(
+            LoadWal(e.topic, fresh=not keep_local) if isinstance(e, LoadWal) else e
+            for e in step.effects
+        )
+        return Step(None, loads)
+
+    def serves(self, topic: str) -> bool:
+        """The topic is loaded here and not on its way out."""
+        record = self._topics.get(topic)
+        return record is not None and not record.unloading
+
+    def unload(self, topic: str, now_ms: int) -> Step[None]:
+        """First half of a move: refuse publishes and new clients, persist every cursor that
+        moved and seal the WAL, so that the tiered uploader puts the tail in an object. The
+        driver waits for `settled` and the metadata, then calls `remove`."""
+        record = self._topics.get(topic)
+        if record is None or record.unloading:
+            return Step(None)
+        record.unloading = True
+        effects: list[Effect] = []
+        if record.wal is not None:
+            effects.extend(self._wal_effects(record, record.wal.seal(now_ms), now_ms))
+        if record.reliable:
+            for sub in record.subscriptions.values():
+                effects.extend(self._dispatch(record, sub, sub.reliable.flush(now_ms), now_ms))
+        return Step(None, tuple(effects))
+
+    def settled(self, topic: str) -> bool:
+        """An unloading topic's WAL is idle and every sealed segment is indexed (or the
+        topic is stopped and can do neither)."""
+        record = self._topics.get(topic)
+        if record is None or record.stopped is not None:
+            return True
+        if record.wal is not None and not record.wal.idle:
+            return False
+        return record.uploader is None or record.uploader.idle
+
+    def remove(self, topic: str, *, reason: str, delete_files: bool) -> Step[None]:
+        """The topic leaves this broker without touching its metadata: after `unload`
+        settled (`delete_files`: the objects hold everything), or at once when the broker
+        lost its ownership (its files stay: they may hold the only copy of a tail)."""
+        record = self._topics.get(topic)
+        if record is None:
+            return Step(None)
+        return Step(None, tuple(self._forget(record, reason, delete_files)))
+
+    def namespace_seen(self, name: str, policies: Mapping[str, Any] | None) -> None:
+        """Cluster mode: another broker created (policies) or deleted (None) a namespace."""
+        if policies is None:
+            self._namespaces.pop(name, None)
+        else:
+            self._namespaces[name] = _policies_from_json(policies)
+
+    def served_topics(self) -> list[str]:
+        return sorted(self._topics)
 
     def bootstrap(self, namespaces: Iterable[str]) -> Step[None]:
         """Creates the configured namespaces that do not exist yet (`default` always)."""
@@ -536,6 +624,13 @@ class BrokerCore:
                 ),
             )
         ]
+        effects.extend(self._forget(record, f"topic {record.name.full} was deleted", True))
+        return effects
+
+    def _forget(self, record: TopicRecord, reason: str, delete_files: bool) -> list[Effect]:
+        """Removes the topic from memory: its producers and consumers are unknown from now on
+        (health checks answer CLOSE) and open receive streams end."""
+        effects: list[Effect] = []
         for producer_id in record.producers.values():
             del self._producers[producer_id]
         for sub in record.subscriptions.values():
@@ -546,7 +641,7 @@ class BrokerCore:
                     effects.append(EndStream(consumer_id, consumer.stream))
         del self._topics[record.name.full]
         if record.reliable:
-            effects.append(DropWal(record.name.full))
+            effects.append(DropWal(record.name.full, reason, delete_files))
         return effects
 
     def _create_topic(self, name: TopicName, strategy: DispatchStrategy) -> tuple[Effect, ...]:
@@ -643,6 +738,10 @@ class BrokerCore:
         effects: list[Effect] = []
         record = self._topics.get(topic)
         if record is None:
+            if self._clustered:
+                raise DanubeError(
+                    ErrorCode.UNAVAILABLE, f"{topic} is not served by this broker; look it up"
+                )
             if not self._auto_create:
                 raise not_found(f"topic {topic} does not exist and auto_create_topics is off")
             effects.extend(self._create_topic(name, strategy))
@@ -655,6 +754,7 @@ class BrokerCore:
             )
         else:
             self._check_not_stopped(record)
+            self._check_not_moving(record)
         existing = record.producers.get(producer_name)
         if existing is not None:
             return Step(existing, tuple(effects))
@@ -707,6 +807,7 @@ class BrokerCore:
         if producer.topic.full != topic:
             raise invalid(f"producer {producer_id} belongs to {producer.topic.full}, not {topic!r}")
         record = self._topics[topic]
+        self._check_not_moving(record)
         limit = self._namespaces[producer.topic.namespace].max_message_size
         if limit and size > limit:
             raise invalid(f"message of {size} bytes exceeds max_message_size of {limit} bytes")
@@ -789,6 +890,7 @@ class BrokerCore:
                 f"cannot join it as {kind.name}",
             )
         self._check_not_stopped(record)
+        self._check_not_moving(record)
         if sub is not None and consumer_name in sub.consumers:
             return self._take_over(record, sub, sub.consumers[consumer_name], key_filters, now_ms)
         start_offset = 0
@@ -1292,6 +1394,14 @@ class BrokerCore:
                 f"{record.name.full} is loading its write-ahead log; retry shortly",
             )
         return record.wal
+
+    @staticmethod
+    def _check_not_moving(record: TopicRecord) -> None:
+        if record.unloading:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE,
+                f"{record.name.full} is moving to another broker; look it up again",
+            )
 
     @staticmethod
     def _check_not_stopped(record: TopicRecord) -> None:

@@ -27,12 +27,14 @@ class BrokerProcess:
         broker_port: int = 0,
         admin_port: int = 0,
         extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.config_file = config_file
         self.broker_port = broker_port
         self.admin_port = admin_port
         self.extra_args = extra_args
+        self.env = env or {}
         self.process: subprocess.Popen[str] | None = None
         self.log_lines: list[str] = []
         self.broker_addr = ""
@@ -64,7 +66,7 @@ class BrokerProcess:
     def start(self) -> BrokerProcess:
         self._ready.clear()
         self.log_lines = []
-        env = {**os.environ, "PYTHONWARNINGS": "default", "PYTHONDEVMODE": ""}
+        env = {**os.environ, "PYTHONWARNINGS": "default", "PYTHONDEVMODE": "", **self.env}
         self.process = subprocess.Popen(
             self.command(),
             stderr=subprocess.PIPE,

@@ -1,0 +1,277 @@
+"""Runs the broker's `Ownership` machine (`danube.cluster.ownership`) against the metadata
+store and the broker core: the data-plane half of cluster mode (spec/cluster.md, "Ownership
+fencing" and "Topic moves").
+
+The machine sees this broker's assignments and the unassigned markers, each followed as a read
+plus a watch; it decides when to claim, load, unload, drop and release a topic. This driver
+runs those steps:
+
+- **Claim / Release**: one store transaction each, the outcome reported back.
+- **Load**: reads the topic's metadata, records this broker as the topic's writer (compared on
+  the claim, so a stale claim loads nothing), registers the claim as the fencing token of the
+  runtime's writes, then adopts the topic in the core and waits for its WAL.
+- **Unload**: the core refuses publishes and seals; the driver waits until the WAL is idle,
+  every sealed segment is indexed and the cursors are written, then forgets the topic and its
+  local files.
+- **Drop**: forgets the topic at once and keeps its files (the lease that held the claim is
+  gone; another broker may own the topic already).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+import trio_asyncio
+
+from danube.broker.runtime import BrokerRuntime, now_ms
+from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, follow
+from danube.cluster import keys
+from danube.cluster.keys import Marker
+from danube.cluster.ownership import (
+    Claim,
+    Drop,
+    Effect,
+    Load,
+    Ownership,
+    Release,
+    Unload,
+    WakeAt,
+    owner_key,
+)
+from danube.core.names import parse_topic
+from danube.metadata import Compare, MetadataError, MetadataStore, Put, WatchEvent
+from danube.node import paths
+from danube.tiering import layout as tier_layout
+
+log = logging.getLogger("danube.broker")
+
+T = TypeVar("T")
+
+SETTLE_POLL_S = 0.02
+"""How often an unload checks whether the topic's WAL and uploads are done."""
+
+
+def writer_key(topic: str) -> str:
+    """`/topics/<ns>/<topic>/writer`: the broker that last loaded the topic for writing. A
+    broker keeps a WAL directory it finds only when it is still the writer: otherwise another
+    broker has continued the topic since, from the object index."""
+    return f"/topics{parse_topic(topic).full}/writer"
+
+
+def _monotonic_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+class OwnershipDriver:
+    def __init__(
+        self,
+        store: MetadataStore,
+        machine: Ownership,
+        runtime: BrokerRuntime,
+    ) -> None:
+        self.store = store
+        self.machine = machine
+        self.runtime = runtime
+        self.core = runtime.core
+        self._broker_id = machine.config.broker_id
+        self._nursery: trio.Nursery | None = None
+        self._alarm = Alarm(lambda: self._apply(self.machine.tick(_monotonic_ms())))
+        self._assigned: set[str] = set()
+        self._markers: set[str] = set()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._alarm.run)
+            prefix = f"{keys.BROKERS_PREFIX}{self._broker_id}/"
+            nursery.start_soon(follow, self.store, prefix, self._read_assignments, self._assignment)
+            nursery.start_soon(
+                follow, self.store, keys.UNASSIGNED_PREFIX, self._read_markers, self._marker
+            )
+
+    def member(self, lease_id: int) -> None:
+        """From the membership driver: the broker is registered with this lease."""
+        self._apply(self.machine.member(lease_id, _monotonic_ms()))
+
+    # -- the machine's view ---------------------------------------------------------------------
+
+    async def _read_assignments(self) -> int:
+        prefix = f"{keys.BROKERS_PREFIX}{self._broker_id}/"
+        snapshot = await self.store.scan(prefix)
+        now = _monotonic_ms()
+        found = set()
+        for kv in snapshot:
+            parsed = keys.parse_assignment_key(kv.key)
+            if parsed is not None:
+                found.add(parsed[1])
+        for topic in sorted(self._assigned - found):
+            self._apply(self.machine.assignment_seen(topic, False, now))
+        for topic in sorted(found):
+            self._apply(self.machine.assignment_seen(topic, True, now))
+        self._assigned = found
+        return max((kv.mod_revision for kv in snapshot), default=0)
+
+    def _assignment(self, event: WatchEvent) -> None:
+        parsed = keys.parse_assignment_key(event.key)
+        if parsed is None or parsed[0] != self._broker_id:
+            return
+        topic, assigned = parsed[1], event.kind == "put"
+        if assigned:
+            self._assigned.add(topic)
+        else:
+            self._assigned.discard(topic)
+        self._apply(self.machine.assignment_seen(topic, assigned, _monotonic_ms()))
+
+    async def _read_markers(self) -> int:
+        snapshot = await self.store.scan(keys.UNASSIGNED_PREFIX)
+        now = _monotonic_ms()
+        found = set()
+        for kv in snapshot:
+            topic = keys.parse_unassigned_key(kv.key)
+            if topic is not None:
+                found.add(topic)
+                self._see_marker(topic, kv.value, kv.mod_revision, now)
+        for topic in sorted(self._markers - found):
+            self._apply(self.machine.marker_seen(topic, None, 0, now))
+        self._markers = found
+        return max((kv.mod_revision for kv in snapshot), default=0)
+
+    def _marker(self, event: WatchEvent) -> None:
+        topic = keys.parse_unassigned_key(event.key)
+        if topic is None:
+            return
+        now = _monotonic_ms()
+        if event.kind == "put":
+            self._markers.add(topic)
+            self._see_marker(topic, event.value, event.mod_revision, now)
+        else:
+            self._markers.discard(topic)
+            self._apply(self.machine.marker_seen(topic, None, 0, now))
+
+    def _see_marker(self, topic: str, value: Any, revision: int, now: int) -> None:
+        try:
+            marker = Marker.from_json(value)
+        except ValueError as error:
+            log.warning("event=marker_unreadable topic=%s error=%s", topic, error)
+            return
+        self._apply(self.machine.marker_seen(topic, marker, revision, now))
+
+    # -- effects --------------------------------------------------------------------------------
+
+    def _apply(self, effects: list[Effect]) -> None:
+        if self._nursery is None:
+            return
+        for effect in effects:
+            if isinstance(effect, WakeAt):
+                self._alarm.set(effect.at_ms / 1000)
+            elif isinstance(effect, Claim):
+                self._nursery.start_soon(self._claim, effect)
+            elif isinstance(effect, Release):
+                self._nursery.start_soon(self._release, effect)
+            elif isinstance(effect, Load):
+                self._nursery.start_soon(self._load, effect)
+            elif isinstance(effect, Unload):
+                self._nursery.start_soon(self._unload, effect.topic)
+            elif isinstance(effect, Drop):
+                self._drop(effect.topic)
+
+    async def _claim(self, effect: Claim) -> None:
+        try:
+            with trio.fail_after(REQUEST_TIMEOUT_S):
+                result = await self.store.txn(effect.compares, effect.ops)
+        except (MetadataError, trio.TooSlowError) as error:
+            log.warning("event=claim_failed topic=%s error=%s", effect.topic, error or "timeout")
+            succeeded, revision = False, 0
+        else:
+            succeeded, revision = result.succeeded, result.revision
+            if succeeded:
+                log.info("event=topic_claimed topic=%s revision=%d", effect.topic, revision)
+        self._apply(self.machine.claim_done(effect.topic, succeeded, revision, _monotonic_ms()))
+
+    async def _release(self, effect: Release) -> None:
+        try:
+            with trio.fail_after(REQUEST_TIMEOUT_S):
+                result = await self.store.txn(effect.compares, effect.ops)
+            succeeded = result.succeeded
+        except (MetadataError, trio.TooSlowError) as error:
+            log.warning("event=release_failed topic=%s error=%s", effect.topic, error or "timeout")
+            succeeded = False
+        if succeeded:
+            log.info("event=topic_released topic=%s", effect.topic)
+        self._apply(self.machine.released(effect.topic, succeeded, _monotonic_ms()))
+
+    async def _load(self, effect: Load) -> None:
+        topic = effect.topic
+        try:
+            entries, keep_local = await self._prepare(topic, effect.claim_revision)
+        except (MetadataError, trio.TooSlowError, LookupError) as error:
+            log.warning("event=topic_load_failed topic=%s error=%s", topic, error or "timeout")
+            self._apply(self.machine.load_failed(topic, _monotonic_ms()))
+            return
+        assert self.runtime.claims is not None
+        self.runtime.claims[topic] = effect.claim_revision
+        await self._on_loop(lambda: self._adopt(entries, keep_local))
+        log.info("event=topic_loaded topic=%s kept_local_wal=%s", topic, keep_local)
+        self._apply(self.machine.loaded(topic, _monotonic_ms()))
+
+    async def _prepare(self, topic: str, claim_revision: int) -> tuple[dict[str, Any], bool]:
+        """The topic's metadata, and whether a WAL directory found here is still its own."""
+        name = parse_topic(topic)
+        with trio.fail_after(REQUEST_TIMEOUT_S):
+            scanned = [
+                *await self.store.scan(paths.topic_prefix(name)),
+                *await self.store.scan(tier_layout.index_prefix(name)),
+            ]
+            policy = await self.store.get(paths.namespace_policy(name.namespace))
+        entries = {kv.key: kv.value for kv in scanned}
+        if paths.topic_delivery(name) not in entries:
+            raise LookupError(f"{topic} has no metadata (deleted?)")
+        if policy is not None:
+            entries[policy.key] = policy.value
+        writer = entries.get(writer_key(topic))
+        keep_local = isinstance(writer, dict) and writer.get("broker_id") == keys.broker_id_to_json(
+            self._broker_id
+        )
+        fence = Compare(owner_key(topic), "mod_revision", "==", claim_revision)
+        value = {"broker_id": keys.broker_id_to_json(self._broker_id)}
+        with trio.fail_after(REQUEST_TIMEOUT_S):
+            result = await self.store.txn([fence], [Put(writer_key(topic), value)])
+        if not result.succeeded:
+            raise LookupError(f"the claim on {topic} is gone")
+        return entries, keep_local
+
+    async def _adopt(self, entries: dict[str, Any], keep_local: bool) -> None:
+        await self.runtime.run(self.core.adopt(entries, keep_local=keep_local))
+
+    async def _unload(self, topic: str) -> None:
+        started = trio.current_time()
+        await self._on_loop(lambda: self._seal(topic))
+        while not self.core.settled(topic):
+            await trio.sleep(SETTLE_POLL_S)
+        await trio_asyncio.aio_as_trio(self.runtime.flush_metadata)()
+        await self._on_loop(lambda: self._forget(topic, "moved to another broker", True))
+        log.info("event=topic_unloaded topic=%s seconds=%.3f", topic, trio.current_time() - started)
+        self._apply(self.machine.unloaded(topic, _monotonic_ms()))
+
+    async def _seal(self, topic: str) -> None:
+        self.runtime.apply(self.core.unload(topic, now_ms()).effects)
+
+    async def _forget(self, topic: str, reason: str, delete_files: bool) -> None:
+        removed = self.core.remove(topic, reason=reason, delete_files=delete_files)
+        self.runtime.apply(removed.effects)
+        if self.runtime.claims is not None:
+            self.runtime.claims.pop(topic, None)
+
+    def _drop(self, topic: str) -> None:
+        log.warning("event=topic_dropped topic=%s reason=ownership_lost", topic)
+        assert self._nursery is not None
+        reason = "this broker lost its ownership of the topic"
+        self._nursery.start_soon(self._on_loop, lambda: self._forget(topic, reason, False))
+
+    async def _on_loop(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Core calls and the runtime's effects happen on the asyncio loop, in one order with
+        the gRPC handlers' (see BrokerRuntime)."""
+        return await trio_asyncio.aio_as_trio(work)()

@@ -1,0 +1,135 @@
+"""A whole cluster on one machine: etcd, moto's S3 server and N brokers in cluster mode, each
+a real process on loopback ports, all data under one directory. `danube-local-cluster` runs
+it for a demo; the cluster tests and benchmarks drive it from Python (kill a broker, add one).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from danube.localcluster.broker_process import BrokerProcess
+from danube.localcluster.etcd_process import EtcdProcess
+from danube.localcluster.s3_process import CREDENTIALS, S3Process
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    brokers: int = 3
+    lease_ttl_ms: int = 3_000
+    """How long a dead broker keeps its topics: failover starts once its lease expires."""
+    durability: str = "fsync"
+    segment_bytes: int = 1024 * 1024
+    """Small segments: moves and failovers upload (and lose, at `fsync`) little."""
+    first_port: int = 0
+    """Brokers listen on first_port + 2i (client) and + 2i + 1 (admin); 0: free ports."""
+    rebalancing: bool = True
+    """A `load_manager.rebalancing` section (manual rebalances only, no minimum topic age)."""
+
+
+class LocalCluster:
+    def __init__(self, root: Path, settings: ClusterSettings = ClusterSettings()) -> None:
+        self.root = root
+        self.settings = settings
+        self.etcd = EtcdProcess(root / "etcd")
+        self.s3 = S3Process(root / "s3.log")
+        self.brokers: list[BrokerProcess] = []
+
+    def start(self) -> LocalCluster:
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.etcd.start()
+            self.s3.start()
+            for _ in range(self.settings.brokers):
+                self.add_broker()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def add_broker(self) -> BrokerProcess:
+        index = len(self.brokers)
+        data_dir = self.root / f"broker-{index}"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        config = data_dir / "broker.yaml"
+        config.write_text(yaml.safe_dump(self.broker_config()))
+        first = self.settings.first_port
+        broker = BrokerProcess(
+            data_dir,
+            config_file=config,
+            broker_port=first + 2 * index if first else 0,
+            admin_port=first + 2 * index + 1 if first else 0,
+            extra_args=("--mode", "cluster"),
+            env=CREDENTIALS,
+        )
+        self.brokers.append(broker)
+        broker.start()
+        return broker
+
+    def broker_config(self) -> dict[str, object]:
+        ttl = self.settings.lease_ttl_ms
+        config: dict[str, object] = {
+            "cluster_name": "local",
+            "meta_store": {"etcd_endpoints": [self.etcd.endpoint]},
+            "cluster": {
+                "lease_ttl_ms": ttl,
+                "renew_interval_ms": max(ttl // 5, 100),
+                "drift_ms": ttl // 6,
+                "load_report_interval_ms": 2_000,
+            },
+            "storage": {
+                "mode": "object_store",
+                "durable": {"root": f"s3://{self.s3.bucket}/cluster", "endpoint": self.s3.endpoint},
+                "wal": {
+                    "durability": self.settings.durability,
+                    "rotation": {"max_bytes": self.settings.segment_bytes},
+                },
+            },
+            "load_manager": {"assignment_strategy": "fair"},
+        }
+        if self.settings.rebalancing:
+            config["load_manager"] = {
+                "assignment_strategy": "fair",
+                "rebalancing": {
+                    "enabled": False,
+                    "aggressiveness": "aggressive",
+                    "cooldown_seconds": 1,
+                    "min_topic_age_seconds": 0,
+                    "max_moves_per_hour": 1000,
+                },
+            }
+        return config
+
+    @property
+    def service_urls(self) -> list[str]:
+        return [b.url for b in self.brokers if b.process is not None and b.process.poll() is None]
+
+    def stop(self) -> None:
+        """Brokers first (all at once: each seals and uploads its topics), then S3 and etcd."""
+        running = [b for b in self.brokers if b.process is not None and b.process.poll() is None]
+        threads = [
+            threading.Thread(target=self._stop_broker, args=(b,), daemon=True) for b in running
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        self.s3.stop()
+        self.etcd.stop()
+
+    @staticmethod
+    def _stop_broker(broker: BrokerProcess) -> None:
+        try:
+            broker.stop(signal.SIGTERM, timeout=45)
+        except Exception:
+            broker.kill()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

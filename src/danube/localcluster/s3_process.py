@@ -1,0 +1,73 @@
+"""moto's S3-compatible server as a subprocess on a loopback port, with one bucket.
+
+Credentials are moto's test ones, passed to brokers in their environment (as a deployment
+passes real ones), never in a config file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from danube.localcluster.etcd_process import free_port
+
+START_TIMEOUT_S = 30.0
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+class S3Process:
+    def __init__(self, log_path: Path, bucket: str = "danube") -> None:
+        self.log_path = log_path
+        self.bucket = bucket
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, port: int = 0) -> S3Process:
+        self.port = port or free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the S3 server exited; see {self.log_path}")
+            try:
+                request = urllib.request.Request(f"{self.endpoint}/{self.bucket}", method="PUT")
+                with urllib.request.urlopen(request, timeout=1) as response:
+                    response.read()
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"the S3 server did not answer within {START_TIMEOUT_S} s"
+                    ) from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.process = None
