@@ -3,6 +3,8 @@ a `ConfigError` naming the key (a misspelt setting silently ignored is a product
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -178,3 +180,40 @@ def test_durability_is_chosen_per_topic() -> None:
 def test_per_topic_durability_mistakes_name_the_key(wal: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         config_from_mapping({"storage": {"wal": wal}})
+
+
+CLUSTER_FILE: dict[str, Any] = {
+    "meta_store": {"etcd_endpoints": ["127.0.0.1:2379", "http://10.0.0.2:2379"]},
+    "cluster": {"lease_ttl_ms": 3000, "renew_interval_ms": 500, "drift_ms": 500},
+    "storage": {"mode": "object_store", "durable": {"root": "s3://bucket/danube"}},
+    "load_manager": {"assignment_strategy": "fair", "load_report_interval_seconds": 5},
+}
+
+
+def test_cluster_settings_come_from_meta_store_cluster_and_load_manager() -> None:
+    config = dataclasses.replace(config_from_mapping(CLUSTER_FILE), mode="cluster")
+    config.check_mode()
+    assert config.cluster.etcd_endpoints == ("127.0.0.1:2379", "http://10.0.0.2:2379")
+    assert (config.cluster.lease_ttl_ms, config.cluster.renew_interval_ms) == (3000, 500)
+    assert config.cluster.load_report_interval_ms == 5000
+    assert config.cluster.load_manager.assignment_strategy.value == "fair"
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"meta_store": {}}, "meta_store.etcd_endpoints"),
+        ({"storage": {"mode": "local"}}, "needs an object tier"),
+        ({"cluster": {"lease_ttl_ms": 3000, "renew_interval_ms": 2900}}, "renew_interval_ms"),
+        ({"meta_store": {"etcd_endpoints": ["no-port"]}}, "etcd_endpoints"),
+        ({"cluster": {"lease": 1}}, "cluster: unknown key(s) lease"),
+    ],
+)
+def test_cluster_mode_mistakes_name_the_key(change: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        config = config_from_mapping({**CLUSTER_FILE, **change})
+        dataclasses.replace(config, mode="cluster").check_mode()
+
+
+def test_standalone_mode_needs_no_cluster_settings() -> None:
+    BrokerConfig().check_mode()

@@ -28,6 +28,7 @@ class BrokerProcess:
         admin_port: int = 0,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        log_file: Path | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.config_file = config_file
@@ -35,6 +36,8 @@ class BrokerProcess:
         self.admin_port = admin_port
         self.extra_args = extra_args
         self.env = env or {}
+        self.log_file = log_file
+        """Also append the broker's log here (as well as to `log_lines`)."""
         self.process: subprocess.Popen[str] | None = None
         self.log_lines: list[str] = []
         self.broker_addr = ""
@@ -72,6 +75,7 @@ class BrokerProcess:
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C reaches the launcher, which stops us in order
             text=True,
             env=env,
         )
@@ -87,12 +91,23 @@ class BrokerProcess:
 
     def _read(self) -> None:
         assert self.process is not None and self.process.stderr is not None
-        for line in self.process.stderr:
-            self.log_lines.append(line.rstrip("\n"))
-            match = READY.search(line)
-            if match:
-                self.broker_addr, self.admin_addr = match.group(1), match.group(2)
-                self._ready.set()
+        sink = self.log_file.open("a") if self.log_file is not None else None
+        try:
+            for line in self.process.stderr:
+                self._take(line)
+                if sink is not None:
+                    sink.write(line)
+                    sink.flush()
+        finally:
+            if sink is not None:
+                sink.close()
+
+    def _take(self, line: str) -> None:
+        self.log_lines.append(line.rstrip("\n"))
+        match = READY.search(line)
+        if match:
+            self.broker_addr, self.admin_addr = match.group(1), match.group(2)
+            self._ready.set()
 
     def log_text(self) -> str:
         return "\n".join(self.log_lines)

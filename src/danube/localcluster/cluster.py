@@ -23,6 +23,8 @@ class ClusterSettings:
     lease_ttl_ms: int = 3_000
     """How long a dead broker keeps its topics: failover starts once its lease expires."""
     durability: str = "fsync"
+    object_batch_ms: int = 100
+    """With `object` durability: how long a publish may wait for others to share its upload."""
     segment_bytes: int = 1024 * 1024
     """Small segments: moves and failovers upload (and lose, at `fsync`) little."""
     first_port: int = 0
@@ -65,6 +67,7 @@ class LocalCluster:
             admin_port=first + 2 * index + 1 if first else 0,
             extra_args=("--mode", "cluster"),
             env=CREDENTIALS,
+            log_file=data_dir / "broker.log",
         )
         self.brokers.append(broker)
         broker.start()
@@ -87,6 +90,11 @@ class LocalCluster:
                 "wal": {
                     "durability": self.settings.durability,
                     "rotation": {"max_bytes": self.settings.segment_bytes},
+                    **(
+                        {"object_batch_ms": self.settings.object_batch_ms}
+                        if self.settings.durability == "object"
+                        else {}
+                    ),
                 },
             },
             "load_manager": {"assignment_strategy": "fair"},

@@ -40,6 +40,7 @@ class S3Process:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,  # outlives a Ctrl-C until the brokers have stopped
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

@@ -328,6 +328,9 @@ def _check_label(value: str, what: str) -> str:
     return value
 
 
+MAX_DEPARTED_PRODUCERS = 100_000
+
+
 class BrokerCore:
     """One broker's topics, producers and subscriptions. Single-threaded by contract."""
 
@@ -376,6 +379,9 @@ class BrokerCore:
         self._namespaces: dict[str, Policies] = {}
         self._topics: dict[str, TopicRecord] = {}
         self._producers: dict[int, ProducerRecord] = {}
+        self._departed: dict[int, str] = {}
+        """Producers of topics that left this broker: their publishes answer UNAVAILABLE, a
+        status every client retries with a new lookup (an unknown producer is NOT_FOUND)."""
         self._consumers: dict[int, ConsumerRecord] = {}
         self._stream_generations = 0
         self._subscribe_order = 0
@@ -519,6 +525,10 @@ class BrokerCore:
         record = self._topics.get(topic)
         if record is None:
             return Step(None)
+        for producer_id in record.producers.values():
+            self._departed[producer_id] = topic
+        while len(self._departed) > MAX_DEPARTED_PRODUCERS:
+            del self._departed[next(iter(self._departed))]
         return Step(None, tuple(self._forget(record, reason, delete_files)))
 
     def namespace_seen(self, name: str, policies: Mapping[str, Any] | None) -> None:
@@ -800,6 +810,12 @@ class BrokerCore:
         offset); the reply must wait for a `PublishAcked` covering the offset (or fail on
         `PublishFailed` / `TopicStopped`)."""
         producer = self._producers.get(producer_id)
+        if producer is None and producer_id in self._departed:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE,
+                f"{self._departed[producer_id]} moved to another broker; look it up and "
+                "create the producer there",
+            )
         if producer is None:
             raise not_found(
                 f"producer {producer_id} does not exist on this broker; create the producer again"
