@@ -129,10 +129,12 @@ class ConsumerService:
             self._runtime.apply(closed.effects)
 
     async def ack(self, request: pb.AckRequest) -> pb.AckResponse:
+        self._placement.check_served(request.msg_id.topic_name)
         await self._runtime.run(requests.ack(self._core, request, now_ms()))
         return pb.AckResponse(request_id=request.request_id)
 
     async def nack(self, request: pb.NackRequest) -> pb.NackResponse:
+        self._placement.check_served(request.msg_id.topic_name)
         await self._runtime.run(requests.nack(self._core, request, now_ms()))
         return pb.NackResponse(request_id=request.request_id)
 

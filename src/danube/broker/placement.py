@@ -53,6 +53,10 @@ class Placement(Protocol):
         may create the topic (None for a consumer)."""
         ...
 
+    def check_served(self, topic: str) -> None:
+        """Before an ack or nack: raises when another broker serves the topic now."""
+        ...
+
 
 class LocalPlacement:
     """Standalone: the core knows every topic."""
@@ -67,6 +71,9 @@ class LocalPlacement:
         return self._core.topic_partitions(topic)
 
     async def route(self, topic: str, create: DispatchStrategy | None) -> None:
+        return None
+
+    def check_served(self, topic: str) -> None:
         return None
 
 
@@ -120,6 +127,13 @@ class ClusterPlacement:
         broker_url = str(value["broker_url"])
         connect_url = str(value.get("connect_url") or broker_url)
         return Located(Answer.REDIRECT, BrokerIdentity(broker_url, connect_url))
+
+    def check_served(self, topic: str) -> None:
+        if not self._core.serves(topic):
+            raise _unavailable(
+                f"{topic} is not served by this broker (it moved); the message will be "
+                "delivered again by its owner"
+            )
 
     async def partitions(self, topic: str) -> list[str]:
         name = parse_topic(topic)

@@ -171,13 +171,13 @@ class _TopicConsumer:
                     return
                 log.warning("event=resubscribe_failed topic=%s error=%s", self.topic, error)
 
-    async def ack(self, raw: pb.StreamMessage) -> None:
+    async def ack(self, raw: pb.StreamMessage) -> bool:
         request = pb.AckRequest(
             request_id=raw.request_id, msg_id=raw.msg_id, subscription_name=self._subscription
         )
-        await self._call("ack", lambda stub: stub.ack(request))
+        return await self._call("ack", lambda stub: stub.ack(request))
 
-    async def nack(self, raw: pb.StreamMessage, delay_ms: int | None, reason: str | None) -> None:
+    async def nack(self, raw: pb.StreamMessage, delay_ms: int | None, reason: str | None) -> bool:
         request = pb.NackRequest(
             request_id=raw.request_id,
             msg_id=raw.msg_id,
@@ -185,17 +185,25 @@ class _TopicConsumer:
             delay_ms=delay_ms,
             reason=reason,
         )
-        await self._call("nack", lambda stub: stub.nack(request))
+        return await self._call("nack", lambda stub: stub.nack(request))
 
     async def _call(
         self, what: str, call: Callable[[pb.ConsumerServiceStub], Awaitable[object]]
-    ) -> None:
+    ) -> bool:
+        """False when the broker that delivered the message is gone or no longer serves the
+        topic (it moved): the acknowledgement is lost and the new owner delivers the message
+        again, as at-least-once allows. Other failures raise."""
         try:
             await call(pb.ConsumerServiceStub(self._connections.channel(self._url)))
         except GRPCError as error:
+            if error.status in (Status.UNAVAILABLE, Status.NOT_FOUND):
+                log.warning("event=%s_lost topic=%s reason=%s", what, self.topic, error.message)
+                return False
             raise DanubeClientError.from_grpc(f"{what} on {self.topic}", error) from None
         except TRANSPORT_ERRORS as error:
-            raise DanubeClientError(f"{what} on {self.topic}: {error}") from None
+            log.warning("event=%s_lost topic=%s reason=%s", what, self.topic, error)
+            return False
+        return True
 
 
 def wire_start(start: str | int | None) -> ext_pb.StartPosition | None:
@@ -296,10 +304,13 @@ class Consumer:
             raise DanubeClientError(f"message from {message.topic} was not received here")
         return target
 
-    async def ack(self, message: Message) -> None:
-        await self._target(message).ack(message.raw)
+    async def ack(self, message: Message) -> bool:
+        """True once the broker took the acknowledgement; False when it was lost because the
+        topic moved or its broker died (the message will be delivered again)."""
+        return await self._target(message).ack(message.raw)
 
     async def nack(
         self, message: Message, *, delay_ms: int | None = None, reason: str | None = None
-    ) -> None:
-        await self._target(message).nack(message.raw, delay_ms, reason)
+    ) -> bool:
+        """As `ack`: False when the negative acknowledgement was lost."""
+        return await self._target(message).nack(message.raw, delay_ms, reason)
