@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     def common(sub: argparse.ArgumentParser) -> None:
         sub.add_argument(
             "-s", "--service-addr", default=DEFAULT_SERVICE,
-            help=f"broker URL (default {DEFAULT_SERVICE})",
+            help=f"broker URL, or several of a cluster comma-separated (default {DEFAULT_SERVICE})",
         )  # fmt: skip
         sub.add_argument(
             "-t", "--topic", default=DEFAULT_TOPIC, help=f"topic (default {DEFAULT_TOPIC})"

@@ -9,7 +9,8 @@ from danube.core.config import DispatchStrategy
 
 
 class DanubeClient:
-    """Talks to a Danube broker (ours or Danube's own) at `service_url`.
+    """Talks to a Danube broker (ours or Danube's own) at `service_url`, or to a cluster:
+    several broker URLs comma-separated, any of which can answer lookups.
 
     `async with DanubeClient("http://127.0.0.1:6650") as client: ...` closes every channel at
     the end."""
