@@ -131,6 +131,9 @@ async def test_members_register_report_load_and_elect_one_leader(
         assert [m.name for m in group if m.leading] == [leader.name]
         for m in group:
             assert [type(c) for c in m.changes if isinstance(c, Fenced)] == []
+        # No flap at start: a leader-key read answered after the first campaign won must not
+        # pass for "the key is gone" (it did, and the winner lost and won again at once).
+        assert [c for m in group for c in m.changes if isinstance(c, LeadershipLost)] == []
 
 
 async def test_a_graceful_stop_hands_leadership_over_at_once(etcd_stores: EtcdStores) -> None:

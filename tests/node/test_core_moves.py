@@ -211,3 +211,22 @@ def test_a_stale_local_wal_gives_way_to_the_objects_of_the_newer_owner() -> None
     assert history[-1] == "m2", "the history is the newer owner's"
     publish(old, producer(old, "again"), 100, 1)
     assert consume(old, len(history) + 1, ack=0)[-1] == "m100"
+
+
+def test_a_non_reliable_topic_moves_too() -> None:
+    """Danube never reassigns a non-reliable topic after a rebalance (reference §17); here
+    it takes the same path, minus the seal."""
+    objects, metadata = shared_state()
+    metadata[paths.topic_delivery(NAME)] = DispatchStrategy.NON_RELIABLE.label
+    old = broker(6650, objects, metadata)
+    adopt(old)
+    assert old.core.serves(TOPIC)
+    old.run(old.core.unload(TOPIC, old.now_ms).effects)
+    assert old.core.settled(TOPIC), "nothing to seal"
+    old.run(old.core.remove(TOPIC, reason="moved", delete_files=True).effects)
+    new = broker(6651, objects, metadata)
+    adopt(new)
+    step = new.core.create_producer(
+        TOPIC, "p", access_mode=0, strategy=DispatchStrategy.NON_RELIABLE, schema_subject=None
+    )
+    assert step.value and new.core.serves(TOPIC)

@@ -56,6 +56,7 @@ class MembershipDriver:
         self._load_report = load_report
         self._nursery: trio.Nursery | None = None
         self._alarm = Alarm(lambda: self._apply(self.machine.tick(_now_ms())))
+        self._leader_read = trio.Event()
         self.started = trio.Event()
         """Set once the broker is a registered, unfenced member."""
 
@@ -67,6 +68,10 @@ class MembershipDriver:
                 follow, self.store, LEADER_KEY, self._read_leader, self._leader_event
             )
             nursery.start_soon(self._alarm.run)
+            # The first campaign waits for the first read of the leader key: a read answered
+            # after the campaign won would tell the machine the key is gone, and the new
+            # leader would lose and win again at once.
+            await self._leader_read.wait()
             self._apply(self.machine.start(_now_ms()))
 
     async def stop(self) -> None:
@@ -159,6 +164,7 @@ class MembershipDriver:
 
     async def _read_leader(self) -> int:
         current = await self.store.get(LEADER_KEY)
+        self._leader_read.set()
         if current is None:
             self._apply(self.machine.leader_seen(None, _now_ms()))
             return 0
