@@ -11,13 +11,17 @@ from danube.cluster.ownership import (
     Claim,
     Drop,
     Load,
+    NotOwner,
     Ownership,
     OwnershipConfig,
     Phase,
     Release,
     Unload,
     WakeAt,
+    become_writer,
+    fence_compares,
     owner_key,
+    writer_key,
 )
 from danube.metadata.model import Compare, Delete, Put
 
@@ -199,3 +203,37 @@ def test_nothing_is_done_before_the_broker_is_a_member() -> None:
 def test_bad_settings_are_refused(broker: str, retry: int) -> None:
     with pytest.raises(ValueError):
         OwnershipConfig(broker, retry_ms=retry)
+
+
+# -- the fenced writes and the writer record ---------------------------------------------------
+
+
+def test_every_topic_a_write_touches_is_fenced_on_its_claim() -> None:
+    keys = [
+        "/topics/default/orders/subscriptions/s/cursor",
+        "/storage/topics/default/orders/segments/00000000000000000000",
+        "/topics/default/audit/producers/9",
+        "/namespaces/default/policy",
+    ]
+    claims = {T: 11, "/default/audit": 12}
+    assert fence_compares(keys, claims) == [
+        Compare("/topics/default/audit/owner", "mod_revision", "==", 12),
+        Compare(OWNER, "mod_revision", "==", 11),
+    ]
+
+
+def test_a_write_for_an_unclaimed_topic_is_refused_and_standalone_is_not_fenced() -> None:
+    cursor = ["/topics/default/orders/subscriptions/s/cursor"]
+    with pytest.raises(NotOwner, match="/default/orders"):
+        fence_compares(cursor, {"/default/audit": 3})
+    assert fence_compares(cursor, None) == []
+    assert fence_compares(["/namespaces/default/policy"], {}) == []
+
+
+def test_a_broker_keeps_its_wal_only_while_it_is_still_the_writer() -> None:
+    mine = become_writer(T, "1", 40, {writer_key(T): {"broker_id": 1}})
+    assert mine.keep_local
+    assert mine.compares == (Compare(OWNER, "mod_revision", "==", 40),)
+    assert mine.ops == (Put(writer_key(T), {"broker_id": 1}),)
+    assert not become_writer(T, "1", 40, {writer_key(T): {"broker_id": 2}}).keep_local
+    assert not become_writer(T, "1", 40, {}).keep_local

@@ -39,10 +39,10 @@ from danube.cluster.ownership import (
     Release,
     Unload,
     WakeAt,
-    owner_key,
+    become_writer,
 )
 from danube.core.names import parse_topic
-from danube.metadata import Compare, MetadataError, MetadataStore, Put, WatchEvent
+from danube.metadata import MetadataError, MetadataStore, WatchEvent
 from danube.node import paths
 from danube.tiering import layout as tier_layout
 
@@ -52,13 +52,6 @@ T = TypeVar("T")
 
 SETTLE_POLL_S = 0.02
 """How often an unload checks whether the topic's WAL and uploads are done."""
-
-
-def writer_key(topic: str) -> str:
-    """`/topics/<ns>/<topic>/writer`: the broker that last loaded the topic for writing. A
-    broker keeps a WAL directory it finds only when it is still the writer: otherwise another
-    broker has continued the topic since, from the object index."""
-    return f"/topics{parse_topic(topic).full}/writer"
 
 
 def _monotonic_ms() -> int:
@@ -231,17 +224,12 @@ class OwnershipDriver:
             raise LookupError(f"{topic} has no metadata (deleted?)")
         if policy is not None:
             entries[policy.key] = policy.value
-        writer = entries.get(writer_key(topic))
-        keep_local = isinstance(writer, dict) and writer.get("broker_id") == keys.broker_id_to_json(
-            self._broker_id
-        )
-        fence = Compare(owner_key(topic), "mod_revision", "==", claim_revision)
-        value = {"broker_id": keys.broker_id_to_json(self._broker_id)}
+        writer = become_writer(topic, self._broker_id, claim_revision, entries)
         with trio.fail_after(REQUEST_TIMEOUT_S):
-            result = await self.store.txn([fence], [Put(writer_key(topic), value)])
+            result = await self.store.txn(writer.compares, writer.ops)
         if not result.succeeded:
             raise LookupError(f"the claim on {topic} is gone")
-        return entries, keep_local
+        return entries, writer.keep_local
 
     async def _adopt(self, entries: dict[str, Any], keep_local: bool) -> None:
         await self.runtime.run(self.core.adopt(entries, keep_local=keep_local))

@@ -27,7 +27,7 @@ import trio_asyncio
 
 from danube.broker.object_store import ObjectStore, classify
 from danube.broker.segment_files import SegmentFiles, WalExecutor
-from danube.cluster.ownership import owner_key
+from danube.cluster.ownership import NotOwner, fence_compares
 from danube.core.errors import DanubeError, ErrorCode
 from danube.core.names import parse_topic
 from danube.dispatch import ConsumerReady
@@ -81,36 +81,6 @@ class StreamSlot:
     ended: bool = False
 
 
-class NotOwner(Exception):
-    """Cluster mode: a write for a topic this broker no longer owns was refused."""
-
-
-def topic_of_key(key: str) -> str | None:
-    """The topic a metadata key belongs to (`/topics/<ns>/<t>/...` or the object index
-    `/storage/topics/<ns>/<t>/...`), else None."""
-    parts = key.strip("/").split("/")
-    if parts[0] == "topics" and len(parts) >= 4:
-        return f"/{parts[1]}/{parts[2]}"
-    if parts[:2] == ["storage", "topics"] and len(parts) >= 5:
-        return f"/{parts[2]}/{parts[3]}"
-    return None
-
-
-def ownership_compares(keys: list[str], claims: Mapping[str, int] | None) -> list[Compare]:
-    """Cluster mode (`claims` not None): a write that outlives the broker is made only while
-    the broker's claim on each topic it touches still stands (spec/cluster.md, "Ownership
-    fencing"); a topic without a claim here is refused outright."""
-    if claims is None:
-        return []
-    compares = []
-    for topic in sorted({t for t in map(topic_of_key, keys) if t is not None}):
-        revision = claims.get(topic)
-        if revision is None:
-            raise NotOwner(f"{topic} is not owned by this broker")
-        compares.append(Compare(owner_key(topic), "mod_revision", "==", revision))
-    return compares
-
-
 async def persist(
     store: MetadataStore, effect: PersistMeta, claims: Mapping[str, int] | None = None
 ) -> None:
@@ -120,7 +90,7 @@ async def persist(
         *(Put(key, value) for key, value in effect.puts),
     ]
     keys = [*effect.delete_prefixes, *effect.deletes, *(key for key, _ in effect.puts)]
-    compares = ownership_compares(keys, claims)
+    compares = fence_compares(keys, claims)
     result = await store.txn(compares, ops)
     if not result.succeeded:
         raise NotOwner("this broker's claim on the topic is gone")
@@ -537,7 +507,7 @@ class BrokerRuntime:
     async def _commit(self, topic: str, effect: CommitIndex) -> None:
         start = effect.entry.start_offset
         try:
-            fence = ownership_compares([effect.path], self.claims)
+            fence = fence_compares([effect.path], self.claims)
             result = await self._store.txn(
                 [Compare(effect.path, "version", "==", 0), *fence],
                 [Put(effect.path, effect.value), Put(effect.current_path, effect.current_value)],

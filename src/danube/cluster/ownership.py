@@ -28,7 +28,9 @@ milliseconds.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from danube.cluster import keys
 from danube.cluster.keys import Marker, MarkerReason
@@ -39,6 +41,69 @@ from danube.metadata.model import Compare, Delete, Op, Put
 def owner_key(topic: str) -> str:
     """`/topics/<ns>/<topic>/owner`: which broker holds the topic now, under its lease."""
     return f"/topics{parse_topic(topic).full}/owner"
+
+
+def writer_key(topic: str) -> str:
+    """`/topics/<ns>/<topic>/writer`: the broker that last loaded the topic for writing."""
+    return f"/topics{parse_topic(topic).full}/writer"
+
+
+class NotOwner(Exception):
+    """A write for a topic this broker holds no claim on (any more)."""
+
+
+def topic_of_key(key: str) -> str | None:
+    """The topic a metadata key belongs to (`/topics/<ns>/<t>/...` or the object index
+    `/storage/topics/<ns>/<t>/...`), else None."""
+    parts = key.strip("/").split("/")
+    if parts[0] == "topics" and len(parts) >= 4:
+        return f"/{parts[1]}/{parts[2]}"
+    if parts[:2] == ["storage", "topics"] and len(parts) >= 5:
+        return f"/{parts[2]}/{parts[3]}"
+    return None
+
+
+def fence_compares(keys: Iterable[str], claims: Mapping[str, int] | None) -> list[Compare]:
+    """Rule 2 of "Ownership fencing": a write that outlives the broker is made only while the
+    broker's claim on each topic it touches still stands, so its transaction compares every
+    such claim's revision. `claims` None is standalone mode (no fencing); a topic without a
+    claim raises NotOwner before anything is sent."""
+    if claims is None:
+        return []
+    compares = []
+    for topic in sorted({t for t in map(topic_of_key, keys) if t is not None}):
+        revision = claims.get(topic)
+        if revision is None:
+            raise NotOwner(f"{topic} is not owned by this broker")
+        compares.append(Compare(owner_key(topic), "mod_revision", "==", revision))
+    return compares
+
+
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """What loading a topic writes and decides besides the core's state (spec/cluster.md,
+    "Topic moves", step 3)."""
+
+    keep_local: bool
+    """The WAL directory found here is still the topic's: nobody wrote it since this broker
+    did. Otherwise another broker continued from the object index and the directory goes."""
+    compares: tuple[Compare, ...]
+    ops: tuple[Op, ...]
+    """Record this broker as the writer, only while its claim stands."""
+
+
+def become_writer(
+    topic: str, broker_id: str, claim_revision: int, entries: Mapping[str, Any]
+) -> Writer:
+    """`entries`: the topic's metadata as read before the load."""
+    me = keys.broker_id_to_json(broker_id)
+    previous = entries.get(writer_key(topic))
+    keep_local = isinstance(previous, dict) and previous.get("broker_id") == me
+    return Writer(
+        keep_local,
+        (Compare(owner_key(topic), "mod_revision", "==", claim_revision),),
+        (Put(writer_key(topic), {"broker_id": me}),),
+    )
 
 
 @dataclass(frozen=True, slots=True)
