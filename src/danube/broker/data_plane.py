@@ -11,8 +11,9 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, grpc_error, recv_bounded, unary
-from danube.broker.placement import Answer, Placement
+from danube.broker.placement import Placement
 from danube.broker.runtime import BrokerRuntime, now_ms
+from danube.cluster.placement import Answer
 from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, invalid
 from danube.dispatch import LATEST, StartPosition
@@ -168,9 +169,9 @@ class DiscoveryService:
         return pb.TopicLookupResponse(
             request_id=request.request_id,
             response_type=kind,
-            connect_url=located.broker.connect_url,
-            broker_url=located.broker.broker_url,
-            proxy=located.broker.proxy,
+            connect_url=located.connect_url,
+            broker_url=located.broker_url,
+            proxy=located.proxy,
         )
 
     async def topic_partitions(self, request: pb.TopicLookupRequest) -> pb.TopicPartitionsResponse:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from danube.core.errors import invalid
+from danube.core.errors import DanubeError, ErrorCode, invalid
 
 MAX_NAME_LENGTH = 255
+MAX_PARTITIONS = 10_000
 PARTITION_MARKER = "-part-"
 
 _PART_RE = re.compile(r"[\w-]+")
@@ -82,3 +83,29 @@ def partition_index(full_name: str, base: str) -> int | None:
     if match is None or match["base"] != base:
         return None
     return int(match["index"])
+
+
+def partition_names(base: str, partitions: int) -> list[TopicName]:
+    """The topics of a partitioned topic, checked: a valid base and 1 to MAX_PARTITIONS."""
+    parse_topic(base)
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise invalid(f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
+    return [parse_topic(partition_name(base, i)) for i in range(partitions)]
+
+
+def check_partition_conflict(name: TopicName, *, base_exists: bool, partitioned: bool) -> None:
+    """A partition cannot be created beside a plain topic of its base name, nor a plain topic
+    beside partitions of its own name. `base_exists`: the partition's base is a plain topic;
+    `partitioned`: the name has partitions."""
+    partition = name.partition_of
+    if partition is not None and base_exists:
+        raise DanubeError(
+            ErrorCode.ALREADY_EXISTS,
+            f"cannot create partition {name.full}: {partition[0]} exists as a "
+            "non-partitioned topic",
+        )
+    if partition is None and partitioned:
+        raise DanubeError(
+            ErrorCode.ALREADY_EXISTS,
+            f"cannot create topic {name.full}: it exists as a partitioned topic",
+        )

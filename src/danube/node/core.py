@@ -24,9 +24,10 @@ from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
 from danube.core.names import (
     MAX_NAME_LENGTH,
     TopicName,
+    check_partition_conflict,
     parse_topic,
     partition_index,
-    partition_name,
+    partition_names,
     validate_namespace,
 )
 from danube.dispatch import (
@@ -241,10 +242,6 @@ class Step(Generic[T]):
 class BrokerIdentity:
     broker_url: str
     connect_url: str
-
-    @property
-    def proxy(self) -> bool:
-        return self.broker_url != self.connect_url
 
 
 @dataclass(slots=True)
@@ -596,10 +593,7 @@ class BrokerCore:
     def create_partitioned_topic(
         self, base: str, partitions: int, strategy: DispatchStrategy
     ) -> Step[None]:
-        parse_topic(base)
-        if not 1 <= partitions <= 10_000:
-            raise invalid(f"partitions must be between 1 and 10000, got {partitions}")
-        names = [parse_topic(partition_name(base, i)) for i in range(partitions)]
+        names = partition_names(base, partitions)
         existing = [n.full for n in names if n.full in self._topics]
         if existing:
             raise DanubeError(ErrorCode.ALREADY_EXISTS, f"topic {existing[0]} already exists")
@@ -671,17 +665,11 @@ class BrokerCore:
 
     def _check_partition_conflicts(self, name: TopicName) -> None:
         partition = name.partition_of
-        if partition is not None and partition[0] in self._topics:
-            raise DanubeError(
-                ErrorCode.ALREADY_EXISTS,
-                f"cannot create partition {name.full}: {partition[0]} exists as a "
-                "non-partitioned topic",
-            )
-        if partition is None and self.partitions(name.full):
-            raise DanubeError(
-                ErrorCode.ALREADY_EXISTS,
-                f"cannot create topic {name.full}: it exists as a partitioned topic",
-            )
+        check_partition_conflict(
+            name,
+            base_exists=partition is not None and partition[0] in self._topics,
+            partitioned=partition is None and bool(self.partitions(name.full)),
+        )
 
     def partitions(self, base: str) -> list[str]:
         """Names of `<base>-part-<n>`, ordered by n (only exact partitions, unlike Danube's

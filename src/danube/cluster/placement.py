@@ -1,0 +1,106 @@
+"""Where a topic is served, decided from facts the broker read (pure; spec/cluster.md,
+"Lookup, create and subscribe"). The broker gathers the facts from its core and the metadata
+store (`danube.broker.placement`); these rules decide what the client is told.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from danube.cluster import keys
+from danube.core.config import DispatchStrategy
+from danube.core.errors import DanubeError, ErrorCode, not_found
+from danube.core.names import TopicName
+from danube.metadata.model import Compare, Op, Put
+from danube.node import paths
+
+
+class Answer(enum.Enum):
+    CONNECT = "connect"
+    REDIRECT = "redirect"
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    answer: Answer
+    broker_url: str
+    connect_url: str
+
+    @property
+    def proxy(self) -> bool:
+        return self.broker_url != self.connect_url
+
+
+@dataclass(frozen=True, slots=True)
+class TopicFacts:
+    """What a broker knows of a topic it does not serve: whether the topic exists and
+    which broker's claim it carries (None: nobody's, it is being assigned or moved)."""
+
+    exists: bool
+    owner: str | None
+
+
+def unavailable(message: str) -> DanubeError:
+    return DanubeError(ErrorCode.UNAVAILABLE, message)
+
+
+def lookup(
+    topic: str, facts: TopicFacts, me: str, registration: Mapping[str, Any] | None
+) -> Located:
+    """TopicLookup for a topic this broker does not serve; `registration` is the owner's
+    `/cluster/register/<id>` value."""
+    if facts.owner is None:
+        if not facts.exists:
+            raise not_found(f"topic {topic} does not exist")
+        raise unavailable(f"{topic} is being assigned to a broker; retry shortly")
+    if facts.owner == me:
+        raise unavailable(f"{topic} is loading or moving on this broker; retry shortly")
+    if not isinstance(registration, Mapping) or not registration.get("broker_url"):
+        raise unavailable(f"{topic} is owned by broker {facts.owner}, which is not registered")
+    broker_url = str(registration["broker_url"])
+    return Located(Answer.REDIRECT, broker_url, str(registration.get("connect_url") or broker_url))
+
+
+class Route(enum.Enum):
+    CREATE = "create"
+    """Create the topic in the store (`creation`), then tell the client to look it up."""
+
+
+def route(
+    topic: str,
+    facts: TopicFacts,
+    me: str,
+    *,
+    create: DispatchStrategy | None,
+    auto_create: bool,
+) -> Route:
+    """CreateProducer (`create`: its strategy) or Subscribe (`create` None) for a topic this
+    broker does not serve: raises what the client must hear, or says to create it."""
+    if facts.exists:
+        if facts.owner is None or facts.owner == me:
+            raise unavailable(f"{topic} is being assigned to a broker; retry shortly")
+        raise unavailable(f"{topic} is served by another broker; look it up again")
+    if create is None:
+        raise not_found(f"topic {topic} does not exist")
+    if not auto_create:
+        raise not_found(f"topic {topic} does not exist and auto_create_topics is off")
+    return Route.CREATE
+
+
+def creation(
+    names: Sequence[TopicName], strategy: DispatchStrategy
+) -> tuple[tuple[Compare, ...], tuple[Op, ...]]:
+    """One transaction creating every topic (the partitions of one topic together), each
+    with a null unassigned marker for the leader; compared on none of them existing."""
+    compares = tuple(Compare(paths.topic_delivery(n), "version", "==", 0) for n in names)
+    ops: list[Op] = []
+    for name in names:
+        ops += [
+            Put(paths.namespace_topic(name), None),
+            Put(paths.topic_delivery(name), strategy.label),
+            Put(keys.unassigned_key(name.full), None),
+        ]
+    return compares, tuple(ops)
