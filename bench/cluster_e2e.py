@@ -22,29 +22,15 @@ import argparse
 import asyncio
 import os
 import platform
-import re
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from danube.client import DanubeClient, DispatchStrategy, SubType
-from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
 
 PAYLOAD = b"x" * 1024
-
-
-def _owner(cluster: LocalCluster, topic: str) -> BrokerProcess:
-    for broker in cluster.brokers:
-        alive = broker.process is not None and broker.process.poll() is None
-        if alive and f"event=topic_loaded topic={topic} " in broker.log_text():
-            return broker
-    raise RuntimeError(f"no live broker loaded {topic}")
-
-
-def _loaded_at(broker: BrokerProcess, topic: str) -> bool:
-    return f"event=topic_loaded topic={topic} " in broker.log_text()
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -82,11 +68,11 @@ async def _failover_round(cluster: LocalCluster, topic: str) -> tuple[float, flo
         tasks = [asyncio.create_task(produce()), asyncio.create_task(consume())]
         while len(received) < 50:
             await asyncio.sleep(0.05)
-        victim = _owner(cluster, topic)
+        victim = cluster.owner(topic)
         survivors = [b for b in cluster.brokers if b is not victim]
         victim.kill()
         killed = time.monotonic()
-        while not any(_loaded_at(b, topic) for b in survivors):
+        while not any(topic in b.loaded_topics() for b in survivors):
             await asyncio.sleep(0.02)
         loaded = time.monotonic() - killed
         while not served_after(killed):
@@ -129,7 +115,7 @@ async def _assign(urls: str, topics: int) -> list[float]:
 def assign(args: argparse.Namespace, root: Path) -> None:
     with LocalCluster(root, ClusterSettings(brokers=3)) as cluster:
         took = asyncio.run(_assign(",".join(cluster.service_urls), args.topics))
-        brokers = [len(re.findall("event=topic_loaded", b.log_text())) for b in cluster.brokers]
+        brokers = [len(b.loaded_topics()) for b in cluster.brokers]
     ms = [t * 1000 for t in took]
     print(f"{args.topics} topics created one at a time: create → producer ready p50 "
           f"{_percentile(ms, 0.5):.0f} ms, p99 {_percentile(ms, 0.99):.0f} ms, max "

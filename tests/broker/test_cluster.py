@@ -101,22 +101,6 @@ class Traffic:
                 self.ready.set()
 
 
-def _loaded(broker: BrokerProcess) -> list[str]:
-    """Topics the broker loaded, in order (a topic that moved away may be listed)."""
-    return re.findall(r"event=topic_loaded topic=(\S+)", broker.log_text())
-
-
-def _owner(cluster: LocalCluster, topic: str) -> BrokerProcess:
-    owners = [b for b in cluster.brokers if b.process and b.process.poll() is None]
-    found = [
-        b
-        for b in owners
-        if topic in _loaded(b) and f"topic_unloaded topic={topic} " not in b.log_text()
-    ]
-    assert len(found) == 1, f"{topic} loaded on {len(found)} live brokers"
-    return found[0]
-
-
 def _wait(check: object, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]
@@ -132,7 +116,7 @@ def _broker_id(broker: BrokerProcess) -> str:
 
 
 async def _rebalance(cluster: LocalCluster) -> admin_pb.RebalanceResponse:
-    live = [b for b in cluster.brokers if b.process and b.process.poll() is None]
+    live = [b for b in cluster.brokers if b.alive]
     channel = Channel(*live[0].admin_addr.rsplit(":", 1))
     try:
         leader = (
@@ -186,8 +170,8 @@ def test_killed_broker_fails_over_and_a_new_broker_takes_topics_without_loss(
         ours.start()
         assert ours.ready.wait(60), f"our traffic did not start: {ours.errors}"
 
-        victim = _owner(cluster, "/default/official")
-        ours_on_victim = {t for t in _loaded(victim) if t.startswith("/default/ours-part-")}
+        victim = cluster.owner("/default/official")
+        ours_on_victim = {t for t in victim.loaded_topics() if t.startswith("/default/ours-part-")}
         assert ours_on_victim, "the killed broker should hold some of our partitions"
         victim.kill()
         killed_at = time.monotonic()
@@ -195,7 +179,7 @@ def test_killed_broker_fails_over_and_a_new_broker_takes_topics_without_loss(
         moved = {"/default/official", *ours_on_victim}
         survivors = [b for b in cluster.brokers if b is not victim]
         _wait(
-            lambda: moved <= {t for b in survivors for t in _loaded(b)},
+            lambda: moved <= {t for b in survivors for t in b.loaded_topics()},
             60,
             f"{sorted(moved)} to load on the surviving brokers",
         )
@@ -218,7 +202,7 @@ def test_killed_broker_fails_over_and_a_new_broker_takes_topics_without_loss(
         newcomer = cluster.add_broker()
         response = asyncio.run(_rebalance(cluster))
         assert response.success
-        _wait(lambda: _loaded(newcomer), 60, "a topic to move to the new broker")
+        _wait(lambda: newcomer.loaded_topics(), 60, "a topic to move to the new broker")
         time.sleep(3)  # traffic on the moved topic
 
         ours.stop.set()
@@ -237,5 +221,5 @@ def test_killed_broker_fails_over_and_a_new_broker_takes_topics_without_loss(
         f"failover: first message of a failed-over partition {first_served - killed_at:.2f} s "
         f"after SIGKILL; ours acked {len(ours.acked)}, official acked {result['acked']} "
         f"(producer recoveries {result['producer_recoveries']}, consumer recoveries "
-        f"{result['consumer_recoveries']}); moved to the new broker: {_loaded(newcomer)}"
+        f"{result['consumer_recoveries']}); moved to the new broker: {newcomer.loaded_topics()}"
     )

@@ -1,5 +1,6 @@
-"""The part of Danube's admin API (package `danube_admin`) a standalone broker needs today:
-namespaces and topics. Methods not listed here answer UNIMPLEMENTED (grpclib's default).
+"""The part of Danube's admin API (package `danube_admin`) offered today: namespaces and
+topics, and in cluster mode topic creation through the store, the leader and
+TriggerRebalance. Methods not listed here answer UNIMPLEMENTED (grpclib's default).
 
 Unlike Danube, which answers NOT_FOUND for most admin failures, each error keeps its own code.
 """

@@ -74,8 +74,6 @@ class ClusterMember:
             store, membership, on_change=self._changed, load_report=self._load_report
         )
         self.ownership = OwnershipDriver(store, Ownership(OwnershipConfig(broker_id)), runtime)
-        self.fenced = True
-        """The broker may not acknowledge: it is not (or no longer surely) a member."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Until cancelled; started once the broker is a member."""
@@ -112,13 +110,11 @@ class ClusterMember:
         if isinstance(change, LeadershipGained | LeadershipLost):
             self.load_manager.leadership(isinstance(change, LeadershipGained))
         elif isinstance(change, Unfenced):
-            self.fenced = False
             self.runtime.fenced = None
             lease = self.membership.machine.lease_id
             assert lease is not None
             self.ownership.member(lease)
         else:
-            self.fenced = True
             self.runtime.fenced = change.reason
 
     def _load_report(self) -> dict[str, Any]:

@@ -54,7 +54,7 @@ ADMIN_PORT_BASES: list[type] = [
     admin_pb.SecurityAdminBase,
     schema_pb.SchemaRegistryBase,
 ]
-NOT_YET = "this standalone broker version does not offer it yet"
+NOT_YET = "this broker version does not offer it yet"
 
 SHUTDOWN_GRACE_SECONDS = 2.0
 UPLOAD_GRACE_SECONDS = 15.0

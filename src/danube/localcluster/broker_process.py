@@ -109,6 +109,15 @@ class BrokerProcess:
             self.broker_addr, self.admin_addr = match.group(1), match.group(2)
             self._ready.set()
 
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def loaded_topics(self) -> list[str]:
+        """Cluster mode: the topics this broker loaded, in order (from its log; a topic
+        that moved away again is still listed)."""
+        return re.findall(r"event=topic_loaded topic=(\S+)", self.log_text())
+
     def log_text(self) -> str:
         return "\n".join(self.log_lines)
 

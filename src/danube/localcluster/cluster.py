@@ -114,11 +114,24 @@ class LocalCluster:
 
     @property
     def service_urls(self) -> list[str]:
-        return [b.url for b in self.brokers if b.process is not None and b.process.poll() is None]
+        return [b.url for b in self.brokers if b.alive]
+
+    def owner(self, topic: str) -> BrokerProcess:
+        """The live broker serving `topic` now (loaded it and did not unload it since)."""
+        found = [
+            b
+            for b in self.brokers
+            if b.alive
+            and topic in b.loaded_topics()
+            and f"event=topic_unloaded topic={topic} " not in b.log_text()
+        ]
+        if len(found) != 1:
+            raise AssertionError(f"{topic} is served by {len(found)} live brokers")
+        return found[0]
 
     def stop(self) -> None:
         """Brokers first (all at once: each seals and uploads its topics), then S3 and etcd."""
-        running = [b for b in self.brokers if b.process is not None and b.process.poll() is None]
+        running = [b for b in self.brokers if b.alive]
         threads = [
             threading.Thread(target=self._stop_broker, args=(b,), daemon=True) for b in running
         ]

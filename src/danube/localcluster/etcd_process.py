@@ -15,10 +15,22 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ETCD_BIN = Path("/usr/bin/etcd")
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 10.0
+
+
+def terminate(process: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within `timeout` seconds."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
 
 
 def free_port() -> int:
@@ -119,15 +131,8 @@ class EtcdProcess:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if etcd has not exited within STOP_TIMEOUT_S."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(STOP_TIMEOUT_S)
+        if self.process is not None:
+            terminate(self.process, STOP_TIMEOUT_S)
         self.process = None
 
     def __enter__(self) -> EtcdProcess:

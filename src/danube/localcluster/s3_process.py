@@ -12,9 +12,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from danube.localcluster.etcd_process import free_port
+from danube.localcluster.etcd_process import free_port, terminate
 
 START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -33,8 +34,8 @@ class S3Process:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, port: int = 0) -> S3Process:
-        self.port = port or free_port()
+    def start(self) -> S3Process:
+        self.port = free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
@@ -62,13 +63,6 @@ class S3Process:
                 time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        if self.process is not None:
+            terminate(self.process, STOP_TIMEOUT_S)
         self.process = None
