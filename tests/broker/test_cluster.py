@@ -214,7 +214,8 @@ def test_killed_broker_fails_over_and_a_new_broker_takes_topics_without_loss(
     missing = sorted(set(ours.acked) - set(ours.received))
     assert not missing, _explain(missing, cluster)
     assert len(ours.acked) > 300
-    assert result["missing"] == [], result
+    assert "consumer_failure" not in result, f"{result}"
+    assert result["missing"] == [], f"{result}"
     print(f"official client: {result}")
     assert result["acked"] > 50, result
     print(

@@ -13,11 +13,14 @@ broker (its `connect_url`), and its consumer reopens streams to it forever witho
 (danube-reference §16.3 and §16.4). So this application does what one must do with that
 client: when a send raises, or nothing has arrived for a while although sends succeed, it
 builds a new client on the next service URL and creates the producer (or subscribes) again.
-The result counts those recoveries.
+The result counts those recoveries. An ack can fail too, when the topic moved between the
+delivery and the ack (the old broker answers UNAVAILABLE): the message is not lost, the new
+owner delivers it again, so the application counts the failure and goes on receiving.
 
 Events: `ready` once 20 messages made the round trip. Result: `acked` (payloads whose send
 returned), `received` (distinct payloads), `missing`, `duplicates`, `producer_recoveries`,
-`consumer_recoveries`, `send_errors` (first ones).
+`consumer_recoveries`, `ack_errors`, `errors` (the first ones raised to the application),
+`consumer_failure` (what ended the consuming task early, if anything).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ async def scenario(argv: list[str]) -> None:
     received: list[str] = []
     errors: list[str] = []
     state: dict[str, Any] = {"stop": False, "last_received": time.monotonic()}
-    report.update(producer_recoveries=0, consumer_recoveries=0)
+    report.update(producer_recoveries=0, consumer_recoveries=0, ack_errors=0)
 
     async def new_producer() -> Any:
         while True:
@@ -125,7 +128,11 @@ async def scenario(argv: list[str]) -> None:
                 continue
             state["last_received"] = time.monotonic()
             received.append(message.payload.decode())
-            await consumer.ack(message)
+            try:
+                await consumer.ack(message)
+            except Exception as error:
+                report["ack_errors"] += 1
+                errors.append(f"ack {message.payload.decode()}: {error!r}"[:200])
 
     # The producer creates the topic; the consumer subscribes before the first send (a new
     # subscription starts at the latest message).
@@ -141,12 +148,14 @@ async def scenario(argv: list[str]) -> None:
     deadline = time.monotonic() + DRAIN_S
     while not set(acked) <= set(received) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
+    if consuming.done():
+        report["consumer_failure"] = repr(consuming.exception())
     consuming.cancel()
     report["acked"] = len(acked)
     report["received"] = len(set(received))
     report["missing"] = sorted(set(acked) - set(received))[:50]
     report["duplicates"] = len(received) - len(set(received))
-    report["send_errors"] = errors[:10]
+    report["errors"] = errors[:10]
 
 
 if __name__ == "__main__":
