@@ -229,7 +229,17 @@ class SimBroker:
         self.incarnation += 1
         self.world.log(f"broker start incarnation={self.incarnation}")
         self.observer.restarted()
-        core = BrokerCore(
+        core = self.core = self._new_core()
+        self._io, self._waiters, self._streams, self._current = {}, {}, {}, {}
+        restored = core.restore(self.metadata)
+        self._apply(core.bootstrap(["default"]).effects)
+        self._apply(restored.effects)  # WAL loads complete at once, before requests arrive
+        self.up = True
+        incarnation = self.incarnation
+        self.world.at(TICK_US, lambda: self._tick(incarnation))
+
+    def _new_core(self, **options: Any) -> BrokerCore:
+        return BrokerCore(
             BrokerIdentity(URL, URL),
             rng=random.Random(self.world.rng.getrandbits(64)),
             default_policies=Policies(),
@@ -238,15 +248,8 @@ class SimBroker:
             max_unacked_messages=self.max_unacked,
             routing_key_of=_routing_key_of,
             uploads=self.uploads,
+            **options,
         )
-        self.core = core
-        self._io, self._waiters, self._streams, self._current = {}, {}, {}, {}
-        restored = core.restore(self.metadata)
-        self._apply(core.bootstrap(["default"]).effects)
-        self._apply(restored.effects)  # WAL loads complete at once, before requests arrive
-        self.up = True
-        incarnation = self.incarnation
-        self.world.at(TICK_US, lambda: self._tick(incarnation))
 
     def crash(self, *, power: bool, fault: bool = True) -> None:
         """Dies at once: in-flight I/O is lost (a write under way may be torn), streams
@@ -425,7 +428,7 @@ class SimBroker:
     def _apply(self, effects: Any) -> None:
         for effect in effects:
             if isinstance(effect, PersistMeta):
-                effect.apply_to(self.metadata)
+                self._persist(effect)
             elif isinstance(effect, WalIo):
                 io = self._io.setdefault(effect.topic, TopicIo())
                 io.queue.extend(effect.effects)
@@ -479,6 +482,9 @@ class SimBroker:
                 self.observer.retention_skipped(
                     effect.topic, effect.subscription, effect.first, effect.end
                 )
+
+    def _persist(self, effect: PersistMeta) -> None:
+        effect.apply_to(self.metadata)
 
     def _acknowledge(self, topic: str, through: int) -> None:
         self.world.log(f"acknowledged {topic} through={through}")
@@ -602,21 +608,21 @@ class SimBroker:
             return
         effect = io.effect
         if isinstance(effect, UploadSegment):
-            self._upload(incarnation, io.topic, effect)
+            self._upload(incarnation, io, effect)
         elif isinstance(effect, CommitIndex):
             self.world.at(
                 META_TXN_US + self.network.latency(),
-                lambda: self._commit(incarnation, io.topic, effect),
+                lambda: self._commit(incarnation, io, effect),
             )
         elif isinstance(effect, ListObjects):
-            self._list(incarnation, io.topic, effect)
+            self._list(incarnation, io)
         else:
             self._delete_object(io.topic, effect.key)
 
-    def _upload(self, incarnation: int, topic: str, effect: UploadSegment) -> None:
+    def _upload(self, incarnation: int, io: TierIo, effect: UploadSegment) -> None:
         """As the runtime: read the local segment whole, verify it (`describe_object`), put
         it; a segment that is gone or does not verify is `FATAL`."""
-        store, key = self.objects, effect.key
+        store, key, topic = self.objects, effect.key, io.topic
         assert store is not None
         self.tier_stats["uploads"] += 1
         self.world.log(f"upload {key}")
@@ -630,7 +636,7 @@ class SimBroker:
             )
         except (OSError, format.WalFormatError) as error:
             reason = f"{type(error).__name__}: {error}"
-            self._upload_failed(incarnation, topic, key, UploadError.FATAL, reason)
+            self._upload_failed(incarnation, io, UploadError.FATAL, reason)
             return
 
         def landed() -> None:
@@ -646,7 +652,7 @@ class SimBroker:
                     if error is StoreError.SLOW_DOWN
                     else UploadError.SERVER_ERROR
                 )
-                self._upload_failed(incarnation, topic, key, kind, error.value)
+                self._upload_failed(incarnation, io, kind, error.value)
                 return
             faults = self.faults
             if faults.upload_crash and self.world.rng.random() < faults.upload_crash:
@@ -656,31 +662,30 @@ class SimBroker:
             core = self._alive(incarnation)
             assert core is not None
             step = core.tier_upload_done(
-                topic, key, facts.size, facts.crc32c, facts.offset_index, now_ms=self.now_ms
+                io, facts.size, facts.crc32c, facts.offset_index, now_ms=self.now_ms
             )
             self._apply(step.effects)
 
         store.put(key, data, lambda: self._alive(incarnation) is not None, done, landed)
 
-    def _upload_failed(
-        self, incarnation: int, topic: str, key: str, kind: UploadError, reason: str
-    ) -> None:
+    def _upload_failed(self, incarnation: int, io: TierIo, kind: UploadError, reason: str) -> None:
         core = self._alive(incarnation)
         if core is None:
             return
         self.tier_stats[f"upload_{kind.value}"] += 1
-        self.world.log(f"upload_failed {key} {kind.value}")
-        step = core.tier_upload_failed(topic, key, kind, reason, now_ms=self.now_ms)
+        assert isinstance(io.effect, UploadSegment)
+        self.world.log(f"upload_failed {io.effect.key} {kind.value}")
+        step = core.tier_upload_failed(io, kind, reason, now_ms=self.now_ms)
         self._apply(step.effects)
 
-    def _commit(self, incarnation: int, topic: str, effect: CommitIndex) -> None:
+    def _commit(self, incarnation: int, io: TierIo, effect: CommitIndex) -> None:
         """The runtime's transaction: if `path` does not exist, put the entry and the `cur`
         pointer (durable at once). With `commit_unknown` the answer is lost whatever
         happened, and the uploader hears only that the outcome is unknown."""
         core = self._alive(incarnation)
         if core is None:
             return  # the process died before its request went out
-        faults, rng, start = self.faults, self.world.rng, effect.entry.start_offset
+        faults, rng, topic = self.faults, self.world.rng, io.topic
         unknown = bool(faults.commit_unknown) and rng.random() < faults.commit_unknown
         if effect.path not in self.metadata and (not unknown or rng.random() < 0.5):
             self.metadata[effect.path] = effect.value
@@ -699,18 +704,18 @@ class SimBroker:
         if unknown:
             self.injected["commit_unknown"] += 1
             self.world.log(f"index commit unknown {effect.path}")
-            step = core.tier_commit_failed(topic, start, now_ms=self.now_ms)
+            step = core.tier_commit_failed(io, now_ms=self.now_ms)
         elif created:
-            step = core.tier_index_committed(topic, start, now_ms=self.now_ms)
+            step = core.tier_index_committed(io, now_ms=self.now_ms)
         else:
             self.tier_stats["commits_found"] += 1
             existing = IndexEntry.from_json(self.metadata[effect.path])
-            step = core.tier_index_exists(topic, existing, now_ms=self.now_ms)
+            step = core.tier_index_exists(io, existing, now_ms=self.now_ms)
         self._apply(step.effects)
 
-    def _list(self, incarnation: int, topic: str, effect: ListObjects) -> None:
-        store = self.objects
-        assert store is not None
+    def _list(self, incarnation: int, io: TierIo) -> None:
+        store, effect = self.objects, io.effect
+        assert store is not None and isinstance(effect, ListObjects)
 
         def done(listed: list[tuple[str, int]] | None, error: StoreError | None) -> None:
             core = self._alive(incarnation)
@@ -719,7 +724,7 @@ class SimBroker:
             # as the runtime: a failed listing is an empty one; the next scan tries again
             self.tier_stats["orphan_scans"] += 1
             found = [StoredObject(key, modified) for key, modified in listed or []]
-            step = core.tier_objects_listed(topic, found, now_ms=self.now_ms)
+            step = core.tier_objects_listed(io, found, now_ms=self.now_ms)
             self._apply(step.effects)
 
         store.list_prefix(effect.prefix, done)

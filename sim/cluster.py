@@ -8,6 +8,13 @@ The brokers boot within the first 200 ms. Topics are created at random times ove
 the request timeout), so new topics meet every fault. After `duration` the faults stop (those
 under way run out) and the run goes on until the cluster has settled (d), for at most
 `SETTLE_LIMIT_US`.
+
+With data planes (`--data`) every broker also runs its ownership machine and a broker core
+(`sim.cluster_data`), topics are reliable at the `object` level on one simulated object store,
+each topic has a producer (`sim.cluster_clients`) from its creation to the end of the faults,
+and `sim.cluster_data_checker` adds the invariants "at most one writer per topic" (g) and "no
+acknowledged loss across moves and failovers" (h); settling then also means every topic is
+served by exactly one broker.
 """
 
 from __future__ import annotations
@@ -17,15 +24,22 @@ from dataclasses import dataclass, field, fields
 
 from danube.cluster.load_manager import Aggressiveness, LoadManagerConfig, RebalancingConfig
 from danube.cluster.membership import MembershipConfig
+from danube.core.config import Policies
 from danube.core.names import parse_topic
+from danube.metadata.model import Put
 from danube.node import paths
+from danube.node.core import policies_to_json
+from sim.broker import EPOCH_MS
 from sim.checker import Violation
 from sim.cluster_checker import ClusterChecker
+from sim.cluster_clients import ClusterProducer
+from sim.cluster_data_checker import DataChecker
 from sim.cluster_faults import ClusterFaults
 from sim.cluster_node import REQUEST_TIMEOUT_US, Clock, NodeSettings, SimNode
-from sim.etcd import SimEtcd
-from sim.faults import FAULT_TICK_US, Injected
+from sim.etcd import Origin, SimEtcd
+from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
+from sim.objects import SimObjectStore
 from sim.seeds import ResultMethods
 from sim.world import US_PER_MS, US_PER_S, World
 
@@ -35,6 +49,8 @@ well within this once the faults stop."""
 SETTLE_CHECK_US = 100 * US_PER_MS
 CREATE_RETRY_US = REQUEST_TIMEOUT_US + 500 * US_PER_MS
 """A client that heard nothing back about a topic creation asks another broker."""
+PRODUCER_START_US = 300 * US_PER_MS
+"""A topic's producer starts this long after the topic's creation was first asked for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +69,12 @@ class ClusterWorkload:
     assign_retry_ms: int = 1_000
     """The load manager's `retry_ms`: a decision not seen in the watch by then is made again."""
     report_interval_ms: int = 5_000
+    data: bool = False
+    """Data planes: ownership, broker cores, object store, producers (invariants g and h)."""
+    rate: float = 20.0
+    """With data planes: messages per second of each topic's producer."""
 
-    def settings(self, broker: str) -> NodeSettings:
+    def settings(self, broker: str, objects: SimObjectStore | None = None) -> NodeSettings:
         membership = MembershipConfig(
             broker,
             {
@@ -85,7 +105,7 @@ class ClusterWorkload:
             rebalancing=rebalancing,
             retry_ms=self.assign_retry_ms,
         )
-        return NodeSettings(membership, manager)
+        return NodeSettings(membership, manager, objects)
 
 
 @dataclass(slots=True)
@@ -103,7 +123,10 @@ class ClusterResult(ResultMethods):
     created: int
     landed: dict[str, int]
     """Writes that took effect, by kind: decisions (`Assign`, `Move`, `FailOver`,
-    `Release`), `campaign`s won, `register`, `create`, `ready`, `revoke`."""
+    `Release`), `campaign`s won, `register`, `create`, `ready`, `revoke`; with data planes
+    also `claim`, `release`, `writer`, `persist`, `index`."""
+    data: dict[str, int] = field(default_factory=dict)
+    """With data planes: messages acknowledged, objects indexed, producers' lookups."""
     trace_tail: list[str] = field(default_factory=list)
     trace: list[str] | None = None
 
@@ -124,6 +147,9 @@ class ClusterSimulation:
         self.injected = Injected()
         self.network = Network(self.world, faults.network(), self.injected)
         self.etcd = SimEtcd(self.world, self.network, faults, self.injected)
+        self.objects = (
+            SimObjectStore(self.world, Faults(), self.injected, EPOCH_MS) if workload.data else None
+        )
         rng = self.world.rng
         spread = faults.skew * workload.drift_ms / workload.lease_ttl_ms
         self.nodes = [
@@ -133,7 +159,7 @@ class ClusterSimulation:
                 self.network,
                 self.etcd,
                 self.injected,
-                workload.settings(str(n)),
+                workload.settings(str(n), self.objects),
                 Clock(rng.randrange(10**12), 1 + rng.uniform(-spread, spread)),
             )
             for n in range(1, workload.brokers + 1)
@@ -142,10 +168,33 @@ class ClusterSimulation:
         self.topics = [f"/default/topic-{t}" for t in range(workload.topics)]
         for topic in self.topics:
             self.checker.expect(topic, paths.namespace_topic(parse_topic(topic)))
+        self.data_checker: DataChecker | None = None
+        self.producers: dict[str, ClusterProducer] = {}
+        if self.objects is not None:
+            self.data_checker = DataChecker(
+                self.world, self.etcd, self.objects, self.nodes, self.topics
+            )
+            for index, topic in enumerate(self.topics):
+                self.producers[topic] = ClusterProducer(
+                    self.world,
+                    self.network,
+                    self.nodes,
+                    self.data_checker,
+                    name=f"producer-{index}",
+                    topic=topic,
+                    rate=workload.rate,
+                )
+
+    @property
+    def violations(self) -> list[Violation]:
+        found = list(self.checker.violations)
+        if self.data_checker is not None:
+            found += self.data_checker.violations
+        return found
 
     def _after_event(self) -> bool:
         self.checker.check()
-        return bool(self.checker.violations)
+        return bool(self.violations)
 
     def run(self, duration_s: float) -> ClusterResult:
         started = time.perf_counter()
@@ -157,11 +206,23 @@ class ClusterSimulation:
         for topic in self.topics:
             world.at(rng.randrange(end * 4 // 5 + 1), lambda t=topic: self._create(t))
         self.etcd.start()
+        if self.objects is not None:
+            # The cluster was set up with its default namespace (as `bootstrap` writes it).
+            policy = Put(paths.namespace_policy("default"), policies_to_json(Policies()))
+            self.etcd.txn((), (policy,), Origin("setup", "namespace"))
         world.at(FAULT_TICK_US, self._fault_tick)
         world.run_until(end, stop=self._after_event)
+        for producer in self.producers.values():
+            producer.stop()
         settled, settle_s = False, 0.0
-        if not self.checker.violations:
+        if not self.violations:
             settled, settle_s = self._settle()
+        if settled and self.data_checker is not None:
+            self.data_checker.final()
+        data: dict[str, int] = {}
+        if self.data_checker is not None:
+            data = dict(self.data_checker.counts)
+            data["lookups"] = sum(p.lookups for p in self.producers.values())
         return ClusterResult(
             seed=self.seed,
             duration_s=duration_s,
@@ -169,11 +230,12 @@ class ClusterSimulation:
             events=world.events,
             wall_s=time.perf_counter() - started,
             injected=self.injected,
-            violations=list(self.checker.violations),
+            violations=self.violations,
             settled=settled,
             settle_s=settle_s,
             created=len(self.checker.created),
             landed=dict(sorted(self.checker.landed.items())),
+            data=data,
             trace_tail=list(world.recent),
             trace=world.lines,
         )
@@ -189,9 +251,11 @@ class ClusterSimulation:
         problems: list[str] = []
         while world.now < began + SETTLE_LIMIT_US:
             world.run_until(world.now + SETTLE_CHECK_US, stop=self._after_event)
-            if self.checker.violations:
+            if self.violations:
                 return False, 0.0
             problems = self.checker.unsettled(self.topics)
+            if self.data_checker is not None:
+                problems += self.data_checker.unsettled()
             if not problems:
                 world.log("settled")
                 return True, (world.now - began) / US_PER_S
@@ -201,6 +265,10 @@ class ClusterSimulation:
     def _create(self, topic: str) -> None:
         if topic in self.checker.created:
             return
+        producer = self.producers.get(topic)
+        if producer is not None and not producer.started:
+            producer.started = True
+            self.world.at(PRODUCER_START_US, producer.start)
         running = [node.running for node in self.nodes if node.running is not None]
         if running:
             process = self.world.rng.choice(running)

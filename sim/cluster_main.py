@@ -65,6 +65,9 @@ def cluster_report(result: ClusterResult, workload: ClusterWorkload, faults: Clu
         f"  writes that took effect: {landed}",
         f"  faults injected: {result.injected.summary()}",
     ]
+    if result.data:
+        counts = ", ".join(f"{kind} {count}" for kind, count in sorted(result.data.items()))
+        lines.insert(3, f"  data plane: {counts}")
     for violation in result.violations:
         lines.append(f"  VIOLATION of invariant {violation.invariant}: {violation.detail}")
     if result.violations:

@@ -16,9 +16,12 @@ What the drivers do, done here with simulated time:
   load manager's decisions run as transactions whose outcome is only logged;
 - as in the control-plane test, the membership starts once the view is synced.
 
-The data plane only does what the load manager waits for (spec/cluster.md, "Topic moves"): a
-not-ready `unload`/`rebalance` marker that names this broker and was written after it
-registered is rewritten `ready: true` (compared on the marker's revision) a moment later.
+Without a data plane (`NodeSettings.data` None) the broker only does what the load manager
+waits for (spec/cluster.md, "Topic moves"): a not-ready `unload`/`rebalance` marker that names
+this broker and was written after it registered is rewritten `ready: true` (compared on the
+marker's revision) a moment later. With one, `sim.cluster_data.DataPlane` runs the real
+ownership machine and broker core instead, fed by the same `/cluster/` watch; its fencing
+follows the membership's `Fenced`/`Unfenced`.
 
 A broker's clock has its own origin and a rate that drifts from etcd's within the configured
 skew; a crash ends the incarnation (its timers, requests and watches die with it) and the next
@@ -42,13 +45,18 @@ from danube.cluster import membership as ms
 from danube.cluster.keys import CLUSTER_PREFIX, LEADER_KEY, Marker
 from danube.cluster.load_manager import LoadManager, LoadManagerConfig
 from danube.cluster.membership import Membership, MembershipConfig
+from danube.cluster.placement import creation
 from danube.cluster.ranking import LoadReport
+from danube.core.config import DispatchStrategy
 from danube.core.names import parse_topic
 from danube.metadata.model import Compare, KeyValue, LeaseNotFound, MetadataError, Put, WatchEvent
 from danube.node import paths
+from sim.cluster_data import DataPlane
+from sim.disk import SimDisk
 from sim.etcd import Origin, SimEtcd
 from sim.faults import Injected
 from sim.network import Network, Stream
+from sim.objects import SimObjectStore
 from sim.world import US_PER_MS, US_PER_S, World
 
 REQUEST_TIMEOUT_US = int(REQUEST_TIMEOUT_S * US_PER_S)
@@ -84,6 +92,8 @@ class Clock:
 class NodeSettings:
     membership: MembershipConfig
     manager: LoadManagerConfig
+    objects: SimObjectStore | None = None
+    """The cluster's object store: set, the brokers run data planes."""
 
 
 @dataclass(slots=True)
@@ -104,6 +114,7 @@ class BrokerProcess:
         self.name = node.name
         self.world = node.world
         self.etcd = node.etcd
+        self.network = node.network
         self.incarnation = incarnation
         self.alive = True
         self.stopping = False
@@ -121,6 +132,10 @@ class BrokerProcess:
         self._txns: deque[lm.Txn] = deque()
         """Decisions waiting for one of the driver's `TXNS_IN_FLIGHT` slots."""
         self._txns_in_flight = 0
+        self.assignments: dict[str, str] = {}
+        """topic → broker, as this broker's view of the store has it (what a lookup reads)."""
+        objects = node.settings.objects
+        self.data = None if objects is None else DataPlane(self, node.disk, objects, node.injected)
 
     # -- clocks ------------------------------------------------------------------------------------
 
@@ -133,17 +148,21 @@ class BrokerProcess:
     def unix_s(self) -> int:
         return EPOCH_S + self.node.clock.us(self.world.now) // US_PER_S
 
-    def _at_clock(self, target_us: int, action: Callable[[], None]) -> None:
+    def at_clock(self, target_us: int, action: Callable[[], None]) -> None:
         self.world.at(self.node.clock.delay(target_us, self.world.now), action)
 
     # -- life --------------------------------------------------------------------------------------
 
     def start(self) -> None:
         self.world.log(f"broker {self.name} starts (incarnation {self.incarnation})")
+        if self.data is not None:
+            self.data.start()
         self._follow("cluster")
 
     def die(self) -> None:
         self.alive = False
+        if self.data is not None:
+            self.data.die()
         for follow in self._follows.values():
             follow.stream.alive = False
         self._follows.clear()
@@ -162,9 +181,9 @@ class BrokerProcess:
             done(None)
             return
         origin = Origin(self.name, "revoke")
-        self._call(f"revoke lease {lease}", lambda: self.etcd.revoke(lease, origin), done)
+        self.call(f"revoke lease {lease}", lambda: self.etcd.revoke(lease, origin), done)
 
-    def _call(self, what: str, run: Callable[[], Any], done: Callable[[Any], None]) -> None:
+    def call(self, what: str, run: Callable[[], Any], done: Callable[[Any], None]) -> None:
         """One request with the drivers' timeout: `done` gets the answer, the error, or
         `TIMEOUT`, once, and only while this incarnation lives."""
         answered = False
@@ -227,9 +246,9 @@ class BrokerProcess:
             if failed(result):
                 self._refollow(name, follow, "watch not opened")
                 return
-            self._call(f"read {prefix}", read, snapshot)
+            self.call(f"read {prefix}", read, snapshot)
 
-        self._call(
+        self.call(
             f"watch {prefix}",
             lambda: self.etcd.watch(prefix, follow.stream, deliver, broken),
             opened,
@@ -253,8 +272,11 @@ class BrokerProcess:
         self._manager(self.manager.resync(snapshot, self.now_ns()))
         self._registration = None
         self._markers.clear()
+        self.assignments.clear()
         for kv in snapshot:
             self._see(kv.key, kv.value, kv.mod_revision)
+        if self.data is not None:
+            self.data.resync(snapshot)
         self._seal()
         if not self._member_started:
             self._member_started = True
@@ -272,8 +294,10 @@ class BrokerProcess:
                     self._membership(self.membership.leader_seen(leader, self.now_ms()))
             else:
                 self._manager(self.manager.observe(event, self.now_ns()))
-                put = event.kind == "put"
-                self._see(event.key, event.value, event.mod_revision if put else None)
+                revision = event.mod_revision if event.kind == "put" else None
+                self._see(event.key, event.value, revision)
+                if self.data is not None:
+                    self.data.seen(event.key, event.value, revision)
                 self._seal()
 
     # -- membership driver -------------------------------------------------------------------------
@@ -285,9 +309,16 @@ class BrokerProcess:
             if isinstance(effect, ms.WakeAt):
                 self._wake += 1
                 token = self._wake
-                self._at_clock(effect.at_ms * US_PER_MS, lambda t=token: self._woken(t))
+                self.at_clock(effect.at_ms * US_PER_MS, lambda t=token: self._woken(t))
             elif isinstance(effect, ms.Fenced | ms.Unfenced):
                 self.world.log(f"broker {self.name} {type(effect).__name__.lower()}")
+                if self.data is None:
+                    continue
+                if isinstance(effect, ms.Fenced):
+                    self.data.fenced()
+                else:
+                    assert self.membership.lease_id is not None
+                    self.data.unfenced(self.membership.lease_id)
             elif isinstance(effect, ms.LeadershipGained):
                 self.world.log(f"broker {self.name} leads")
                 self._manager(self.manager.became_leader(self.now_ns()))
@@ -314,7 +345,7 @@ class BrokerProcess:
                         m.lease_granted(result, sent_at_ms=grant.sent_at_ms, now_ms=self.now_ms())
                     )
 
-            self._call("grant lease", lambda: etcd.grant(grant.ttl_s), granted)
+            self.call("grant lease", lambda: etcd.grant(grant.ttl_s), granted)
         elif isinstance(effect, ms.Register):
             register = effect
 
@@ -325,7 +356,7 @@ class BrokerProcess:
                     self._membership(m.registered(register.lease_id, self.now_ms()))
 
             origin = Origin(name, "register")
-            self._call(
+            self.call(
                 f"register with lease {register.lease_id}",
                 lambda: etcd.txn((), register.ops, origin),
                 registered,
@@ -345,7 +376,7 @@ class BrokerProcess:
                     )
 
             lease = renew.lease_id
-            self._call(f"renew lease {lease}", lambda: etcd.keepalive(lease), renewed)
+            self.call(f"renew lease {lease}", lambda: etcd.keepalive(lease), renewed)
         elif isinstance(effect, ms.Campaign):
             campaign = effect
 
@@ -354,7 +385,7 @@ class BrokerProcess:
                 self._membership(m.campaign_done(campaign.lease_id, won, self.now_ms()))
 
             origin = Origin(name, "campaign")
-            self._call(
+            self.call(
                 "campaign",
                 lambda: etcd.txn(campaign.compares, campaign.ops, origin),
                 campaigned,
@@ -364,7 +395,7 @@ class BrokerProcess:
             report = LoadReport(name, timestamp=self.unix_s()).to_json()
             origin = Origin(name, "load report")
             key, lease = effect.key, effect.lease_id
-            self._call("report load", lambda: etcd.put(key, report, lease, origin), _ignore)
+            self.call("report load", lambda: etcd.put(key, report, lease, origin), _ignore)
 
     # -- load manager driver -----------------------------------------------------------------------
 
@@ -375,7 +406,7 @@ class BrokerProcess:
             if isinstance(effect, lm.ScheduleTick):
                 self._tick += 1
                 token = self._tick
-                self._at_clock(-(-effect.at // 1_000), lambda t=token: self._ticked(t))
+                self.at_clock(-(-effect.at // 1_000), lambda t=token: self._ticked(t))
             elif isinstance(effect, lm.Log):
                 self.world.log(f"broker {self.name} {effect.event}: {effect.detail}")
             else:
@@ -397,7 +428,7 @@ class BrokerProcess:
             txn = self._txns.popleft()
             self._txns_in_flight += 1
             origin = Origin(self.name, type(txn).__name__)
-            self._call(
+            self.call(
                 f"{origin.kind} {describe(txn)}",
                 lambda t=txn, o=origin: self.etcd.txn(t.compares, t.ops, o),
                 self._txn_done,
@@ -410,23 +441,27 @@ class BrokerProcess:
     # -- data plane and workload -------------------------------------------------------------------
 
     def create_topic(self, topic: str) -> None:
-        """As a broker creating a topic: the namespace's topic record and a null marker, once
-        (a retried creation finds the record and changes nothing)."""
-        record = paths.namespace_topic(parse_topic(topic))
+        """As a broker creating a topic: the namespace's topic record and a null marker (with
+        a data plane, a reliable topic as `danube.cluster.placement.creation` writes it),
+        once (a retried creation finds the record and changes nothing)."""
+        name = parse_topic(topic)
+        record = paths.namespace_topic(name)
+        compares: tuple[Compare, ...] = (Compare(record, "version", "==", 0),)
+        ops: tuple[Any, ...] = (Put(record, {}), Put(keys.unassigned_key(topic), None))
+        if self.data is not None:
+            compares, ops = creation([name], DispatchStrategy.RELIABLE)
         origin = Origin(self.name, "create")
-        self._call(
-            f"create {topic}",
-            lambda: self.etcd.txn(
-                (Compare(record, "version", "==", 0),),
-                (Put(record, {}), Put(keys.unassigned_key(topic), None)),
-                origin,
-            ),
-            _ignore,
-        )
+        self.call(f"create {topic}", lambda: self.etcd.txn(compares, ops, origin), _ignore)
 
     def _see(self, key: str, value: Any, revision: int | None) -> None:
         """The data plane's view: its own registration and the markers (None: deleted)."""
-        if keys.parse_register_key(key) == self.name:
+        if (pair := keys.parse_assignment_key(key)) is not None:
+            if revision is None:
+                if self.assignments.get(pair[1]) == pair[0]:
+                    del self.assignments[pair[1]]
+            else:
+                self.assignments[pair[1]] = pair[0]
+        elif keys.parse_register_key(key) == self.name:
             self._registration = revision
         elif (topic := keys.parse_unassigned_key(key)) is not None:
             if revision is None:
@@ -436,6 +471,8 @@ class BrokerProcess:
                 self._markers[topic] = (Marker.from_json(value), revision)
 
     def _seal(self) -> None:
+        if self.data is not None:
+            return
         for topic, (marker, revision) in sorted(self._markers.items()):
             if (
                 marker.ready
@@ -461,7 +498,7 @@ class BrokerProcess:
                 self._sealing.pop(topic, None)
                 self.world.at(DATA_RETRY_US, self._seal)
 
-        self._call(
+        self.call(
             f"mark {topic} ready",
             lambda: self.etcd.txn(
                 (Compare(key, "mod_revision", "==", revision),), (Put(key, ready),), origin
@@ -490,6 +527,8 @@ class SimNode:
         self.injected = injected
         self.settings = settings
         self.clock = clock
+        self.disk = SimDisk()
+        """The machine's disk: it outlives crashes, not the machine."""
         self.process: BrokerProcess | None = None
         self.incarnations = 0
         self.lost = False

@@ -237,3 +237,21 @@ def test_a_broker_keeps_its_wal_only_while_it_is_still_the_writer() -> None:
     assert mine.ops == (Put(writer_key(T), {"broker_id": 1}),)
     assert not become_writer(T, "1", 40, {writer_key(T): {"broker_id": 2}}).keep_local
     assert not become_writer(T, "1", 40, {}).keep_local
+
+
+def test_a_claim_found_is_ours_only_under_our_name_and_lease() -> None:
+    """Found by `python -m sim --cluster --data` (seed 5 of the default profile): a claim
+    whose answer timed out had landed; every retry's compare failed on it, and the topic was
+    served by no broker for as long as the lease lived."""
+    from danube.cluster.ownership import own_claim
+    from danube.metadata.model import KeyValue
+
+    def found(value: object, lease: int | None) -> KeyValue:
+        return KeyValue("/topics/default/t/owner", value, 5, 7, 1, lease)
+
+    assert own_claim(found({"broker_id": 1}, 42), "1", 42)
+    assert not own_claim(found({"broker_id": 1}, 41), "1", 42)
+    assert not own_claim(found({"broker_id": 2}, 42), "1", 42)
+    assert not own_claim(found("garbage", 42), "1", 42)
+    assert not own_claim(None, "1", 42)
+    assert not own_claim(found({"broker_id": 1}, 42), "1", None)

@@ -16,17 +16,23 @@ from danube.core.errors import DanubeError, ErrorCode
 from danube.core.names import parse_topic
 from danube.dispatch import QueueLimits, StartKind, StartPosition
 from danube.node import paths
-from danube.node.core import BrokerCore, BrokerIdentity, DropWal, LoadWal
-from danube.tiering import UploaderConfig
+from danube.node.core import BrokerCore, BrokerIdentity, DropWal, LoadWal, TierIo
+from danube.tiering import ListObjects, UploaderConfig
 from danube.wal.machine import WalConfig
 from tests.support.core_driver import MemoryWalDriver
 
 TOPIC = "/default/moving"
 NAME = parse_topic(TOPIC)
 EARLIEST = StartPosition(StartKind.EARLIEST)
+NO_ORPHAN_SCAN = UploaderConfig(orphan_scan_interval_ms=None)
 
 
-def broker(port: int, objects: dict[str, bytes], metadata: dict[str, Any]) -> MemoryWalDriver:
+def broker(
+    port: int,
+    objects: dict[str, bytes],
+    metadata: dict[str, Any],
+    uploads: UploaderConfig = NO_ORPHAN_SCAN,
+) -> MemoryWalDriver:
     url = f"http://127.0.0.1:{port}"
     core = BrokerCore(
         BrokerIdentity(url, url),
@@ -34,7 +40,7 @@ def broker(port: int, objects: dict[str, bytes], metadata: dict[str, Any]) -> Me
         default_policies=Policies(),
         queue_limits=QueueLimits(),
         wal_config=WalConfig(segment_bytes=1 << 20),
-        uploads=UploaderConfig(orphan_scan_interval_ms=None),
+        uploads=uploads,
         clustered=True,
     )
     driver = MemoryWalDriver(core, {}, objects, metadata)
@@ -230,3 +236,27 @@ def test_a_non_reliable_topic_moves_too() -> None:
         TOPIC, "p", access_mode=0, strategy=DispatchStrategy.NON_RELIABLE, schema_subject=None
     )
     assert step.value and new.core.serves(TOPIC)
+
+
+def test_an_answer_for_the_uploader_of_an_earlier_stay_is_ignored() -> None:
+    """Found by `python -m sim --cluster --data`: a topic left this broker and came back while
+    its old uploader's object listing was out; the answer reached the new uploader, which
+    raised (it had asked nothing) or, had it asked too, took the old answer for its own."""
+    objects, metadata = shared_state()
+    a = broker(7001, objects, metadata, UploaderConfig(orphan_scan_interval_ms=1_000))
+    adopt(a)
+
+    def listing(now_ms: int) -> TierIo:
+        effects = a.core.tick(now_ms).effects
+        a.run([e for e in effects if not isinstance(e, TierIo)])
+        [io] = [e for e in effects if isinstance(e, TierIo)]
+        assert isinstance(io.effect, ListObjects)
+        return io
+
+    old = listing(10_000)
+    a.run(a.core.remove(TOPIC, reason="moved", delete_files=True).effects)
+    adopt(a)
+    new = listing(20_000)
+
+    assert a.core.tier_objects_listed(old, [], now_ms=20_001).effects == ()
+    a.core.tier_objects_listed(new, [], now_ms=20_002)  # still the new uploader's to answer

@@ -124,21 +124,20 @@ class MemoryWalDriver:
             self.objects[effect.key] = data
             return list(
                 core.tier_upload_done(
-                    topic, effect.key, facts.size, facts.crc32c, facts.offset_index, now_ms=now
+                    io, facts.size, facts.crc32c, facts.offset_index, now_ms=now
                 ).effects
             )
         if isinstance(effect, CommitIndex):
             if effect.path in self.metadata:
                 existing = IndexEntry.from_json(self.metadata[effect.path])
-                return list(core.tier_index_exists(topic, existing, now_ms=now).effects)
+                return list(core.tier_index_exists(io, existing, now_ms=now).effects)
             self.metadata[effect.path] = effect.value
             self.metadata[effect.current_path] = effect.current_value
-            start = effect.entry.start_offset
-            return list(core.tier_index_committed(topic, start, now_ms=now).effects)
+            return list(core.tier_index_committed(io, now_ms=now).effects)
         if isinstance(effect, ListObjects):
             keys = sorted(k for k in self.objects if k.startswith(effect.prefix))
             listed = [StoredObject(key, 0) for key in keys]
-            return list(core.tier_objects_listed(topic, listed, now_ms=now).effects)
+            return list(core.tier_objects_listed(io, listed, now_ms=now).effects)
         assert isinstance(effect, DeleteObject)
         self.objects.pop(effect.key, None)
         return []

@@ -40,6 +40,8 @@ from danube.cluster.ownership import (
     Unload,
     WakeAt,
     become_writer,
+    own_claim,
+    owner_key,
 )
 from danube.core.names import parse_topic
 from danube.metadata import MetadataError, MetadataStore, WatchEvent
@@ -180,9 +182,23 @@ class OwnershipDriver:
             succeeded, revision = False, 0
         else:
             succeeded, revision = result.succeeded, result.revision
+            if not succeeded:
+                succeeded, revision = await self._own_claim(effect.topic)
             if succeeded:
                 log.info("event=topic_claimed topic=%s revision=%d", effect.topic, revision)
         self._apply(self.machine.claim_done(effect.topic, succeeded, revision, _monotonic_ms()))
+
+    async def _own_claim(self, topic: str) -> tuple[bool, int]:
+        """The claim found in the store, if it is this broker's own (`own_claim`)."""
+        try:
+            with trio.fail_after(REQUEST_TIMEOUT_S):
+                found = await self.store.get(owner_key(topic))
+        except (MetadataError, trio.TooSlowError):
+            return False, 0
+        if own_claim(found, self._broker_id, self.machine.lease_id):
+            assert found is not None
+            return True, found.mod_revision
+        return False, 0
 
     async def _release(self, effect: Release) -> None:
         try:

@@ -448,9 +448,9 @@ class BrokerRuntime:
         assert self._objects is not None
         effect, topic = io.effect, io.topic
         if isinstance(effect, UploadSegment):
-            await self._upload(topic, effect)
+            await self._upload(io, effect)
         elif isinstance(effect, CommitIndex):
-            await self._commit(topic, effect)
+            await self._commit(io, effect)
         elif isinstance(effect, ListObjects):
             try:
                 listed = await trio.to_thread.run_sync(self._objects.list, effect.prefix)
@@ -458,7 +458,7 @@ class BrokerRuntime:
                 log.warning("event=object_list_failed topic=%s error=%r", topic, error)
                 listed = []
             objects = [StoredObject(key, modified) for key, modified in listed]
-            self._in_loop(self.core.tier_objects_listed, topic, objects, now_ms=now_ms())
+            self._in_loop(self.core.tier_objects_listed, io, objects, now_ms=now_ms())
         else:
             try:
                 await trio.to_thread.run_sync(self._objects.delete, effect.key)
@@ -466,7 +466,8 @@ class BrokerRuntime:
             except Exception as error:  # the next scan tries again
                 log.warning("event=orphan_delete_failed key=%s error=%r", effect.key, error)
 
-    async def _upload(self, topic: str, effect: UploadSegment) -> None:
+    async def _upload(self, io: TierIo, effect: UploadSegment) -> None:
+        topic = io.topic
         assert self._objects is not None
         objects = self._objects
         topic_wal = self._wals.get(topic)
@@ -492,20 +493,16 @@ class BrokerRuntime:
                 topic, effect.key, kind.value, error,
             )  # fmt: skip
             reason = f"{type(error).__name__}: {error}"
-            self._in_loop(
-                self.core.tier_upload_failed, topic, effect.key, kind, reason, now_ms=now_ms()
-            )
+            self._in_loop(self.core.tier_upload_failed, io, kind, reason, now_ms=now_ms())
             return
         log.info(
             "event=segment_uploaded topic=%s key=%s bytes=%d seconds=%.3f",
             topic, effect.key, size, time.monotonic() - started,
         )  # fmt: skip
-        self._in_loop(
-            self.core.tier_upload_done, topic, effect.key, size, crc, index, now_ms=now_ms()
-        )
+        self._in_loop(self.core.tier_upload_done, io, size, crc, index, now_ms=now_ms())
 
-    async def _commit(self, topic: str, effect: CommitIndex) -> None:
-        start = effect.entry.start_offset
+    async def _commit(self, io: TierIo, effect: CommitIndex) -> None:
+        topic = io.topic
         try:
             fence = fence_compares([effect.path], self.claims)
             result = await self._store.txn(
@@ -513,7 +510,7 @@ class BrokerRuntime:
                 [Put(effect.path, effect.value), Put(effect.current_path, effect.current_value)],
             )
             if result.succeeded:
-                self._in_loop(self.core.tier_index_committed, topic, start, now_ms=now_ms())
+                self._in_loop(self.core.tier_index_committed, io, now_ms=now_ms())
                 return
             existing = await self._store.get(effect.path)
             if existing is None:
@@ -521,9 +518,9 @@ class BrokerRuntime:
             entry = IndexEntry.from_json(existing.value)
         except Exception as error:  # outcome unknown (or a bad entry): the machine retries
             log.warning("event=index_commit_failed topic=%s error=%r", topic, error)
-            self._in_loop(self.core.tier_commit_failed, topic, start, now_ms=now_ms())
+            self._in_loop(self.core.tier_commit_failed, io, now_ms=now_ms())
             return
-        self._in_loop(self.core.tier_index_exists, topic, entry, now_ms=now_ms())
+        self._in_loop(self.core.tier_index_exists, io, entry, now_ms=now_ms())
 
     async def tick(self, period: float) -> None:
         """Time-driven work of the core (WAL flushes and rotation, dispatch timers)."""

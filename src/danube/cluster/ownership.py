@@ -6,8 +6,10 @@ does about it. It sees its own assignments (`/cluster/brokers/<me>/<ns>/<topic>`
 unassigned markers, and for each topic:
 
 - **assigned** → claim the topic (`Claim`): put `/topics/<ns>/<topic>/owner` under the broker's
-  lease by compare-and-create. The claim's revision is the fencing token of every write the
-  broker later makes for the topic beyond its own disk (`Load` carries it). The previous
+  lease by compare-and-create (a claim found there that is this broker's own under the same
+  lease, `own_claim`, is one whose answer was lost: it counts as done). The claim's revision
+  is the fencing token of every write the broker later makes for the topic beyond its own
+  disk (`Load` carries it). The previous
   owner's claim is gone by then: it deleted it when it unloaded, or it vanished with its lease
   on a failover. A claim that finds another broker's claim is retried after `retry_ms`.
 - **claimed** → load it (`Load`); the driver answers `loaded` or `load_failed`.
@@ -35,7 +37,7 @@ from typing import Any
 from danube.cluster import keys
 from danube.cluster.keys import Marker, MarkerReason
 from danube.core.names import parse_topic
-from danube.metadata.model import Compare, Delete, Op, Put
+from danube.metadata.model import Compare, Delete, KeyValue, Op, Put
 
 
 def owner_key(topic: str) -> str:
@@ -77,6 +79,19 @@ def fence_compares(keys: Iterable[str], claims: Mapping[str, int] | None) -> lis
             raise NotOwner(f"{topic} is not owned by this broker")
         compares.append(Compare(owner_key(topic), "mod_revision", "==", revision))
     return compares
+
+
+def own_claim(found: KeyValue | None, broker_id: str, lease_id: int | None) -> bool:
+    """A `Claim` whose compare failed found this claim in the store. It is this broker's own
+    when it names this broker under the lease the machine claims with: an earlier claim whose
+    answer was lost (a timeout) landed after all. The driver then reports the claim done at
+    the claim's revision; otherwise the compare would fail on every retry, for as long as the
+    lease lives, and the topic would be served by nobody."""
+    if found is None or lease_id is None or found.lease != lease_id:
+        return False
+    value = found.value
+    holder = value.get("broker_id") if isinstance(value, dict) else None
+    return keys.broker_id_from_json(holder) == broker_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,10 +149,14 @@ class ReadObject:
 @dataclass(frozen=True, slots=True)
 class TierIo:
     """Effect: an uploader effect for the object-store driver (`UploadSegment`,
-    `CommitIndex`, `ListObjects`, `DeleteObject`); report with the `tier_*` inputs."""
+    `CommitIndex`, `ListObjects`, `DeleteObject`); report with the `tier_*` inputs, passing
+    this effect back. `uploader` names the uploader that asked: in cluster mode a topic can
+    leave and come back while an answer is on its way, and the old uploader's answer must not
+    reach the new one (it expects other work and could index another's object)."""
 
     topic: str
     effect: tier.UploadSegment | tier.CommitIndex | tier.ListObjects | tier.DeleteObject
+    uploader: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +294,8 @@ class TopicRecord:
     strategy: DispatchStrategy
     producers: dict[str, int] = field(default_factory=dict)
     subscriptions: dict[str, SubscriptionRecord] = field(default_factory=dict)
+    uploader_id: int = 0
+    """Which of this core's uploaders is the topic's (`TierIo.uploader`)."""
     messages_in: int = 0
     bytes_in: int = 0
     wal: wal.WalMachine | None = None
@@ -381,6 +387,7 @@ class BrokerCore:
         status every client retries with a new lookup (an unknown producer is NOT_FOUND)."""
         self._consumers: dict[int, ConsumerRecord] = {}
         self._stream_generations = 0
+        self._uploaders = 0
         self._subscribe_order = 0
 
     # -- restore and bootstrap ----------------------------------------------------------------
@@ -546,7 +553,7 @@ class BrokerCore:
             if namespace not in self._namespaces:
                 self._namespaces[namespace] = self._default_policies
                 puts.append(
-                    (paths.namespace_policy(namespace), _policies_to_json(self._default_policies))
+                    (paths.namespace_policy(namespace), policies_to_json(self._default_policies))
                 )
         return Step(None, (PersistMeta(puts=tuple(puts)),) if puts else ())
 
@@ -560,7 +567,7 @@ class BrokerCore:
         if name in self._namespaces:
             raise DanubeError(ErrorCode.ALREADY_EXISTS, f"namespace {name!r} already exists")
         self._namespaces[name] = self._default_policies
-        put = (paths.namespace_policy(name), _policies_to_json(self._default_policies))
+        put = (paths.namespace_policy(name), policies_to_json(self._default_policies))
         return Step(None, (PersistMeta(puts=(put,)),))
 
     def delete_namespace(self, name: str) -> Step[None]:
@@ -575,7 +582,7 @@ class BrokerCore:
         return Step(None, (PersistMeta(delete_prefixes=(paths.namespace_prefix(name),)),))
 
     def namespace_policies(self, name: str) -> dict[str, int]:
-        return _policies_to_json(self._require_namespace(name))
+        return policies_to_json(self._require_namespace(name))
 
     def topics(self, namespace: str) -> list[str]:
         self._require_namespace(namespace)
@@ -1213,6 +1220,8 @@ class BrokerCore:
         effects: list[Effect] = []
         if self._uploads is not None and record.uploader is None:
             record.uploader = tier.Uploader(record.name, self._uploads)
+            self._uploaders += 1
+            record.uploader_id = self._uploaders
             sealed = [
                 tier.SealedSegment(s.base_offset, s.next_offset, s.size) for s in plan.segments
             ]
@@ -1516,42 +1525,47 @@ class BrokerCore:
             elif isinstance(effect, tier.Halted):
                 out.append(TierHalted(topic, effect.reason, effect.resumable))
             else:
-                out.append(TierIo(topic, effect))
+                out.append(TierIo(topic, effect, record.uploader_id))
         return out
 
-    def _tier(self, topic: str, call: Callable[[tier.Uploader], list[tier.Effect]]) -> Step[None]:
-        record = self._topics.get(topic)
-        if record is None or record.uploader is None:
+    def _tier(self, io: TierIo, call: Callable[[tier.Uploader], list[tier.Effect]]) -> Step[None]:
+        """Feeds an answer to the uploader that asked, if the topic still has it."""
+        record = self._topics.get(io.topic)
+        if record is None or record.uploader is None or record.uploader_id != io.uploader:
             return Step(None)
         return Step(None, tuple(self._tier_effects(record, call(record.uploader))))
 
     def tier_upload_done(
         self,
-        topic: str,
-        key: str,
+        io: TierIo,
         size: int,
         crc32c: int,
         offset_index: tuple[tuple[int, int], ...],
         *,
         now_ms: int,
     ) -> Step[None]:
-        return self._tier(topic, lambda u: u.upload_done(key, size, crc32c, offset_index, now_ms))
+        assert isinstance(io.effect, tier.UploadSegment)
+        key = io.effect.key
+        return self._tier(io, lambda u: u.upload_done(key, size, crc32c, offset_index, now_ms))
 
     def tier_upload_failed(
-        self, topic: str, key: str, kind: tier.UploadError, reason: str, *, now_ms: int
+        self, io: TierIo, kind: tier.UploadError, reason: str, *, now_ms: int
     ) -> Step[None]:
-        jitter = self._rng.randrange(250)
+        assert isinstance(io.effect, tier.UploadSegment)
+        key, jitter = io.effect.key, self._rng.randrange(250)
         return self._tier(
-            topic, lambda u: u.upload_failed(key, kind, now_ms, reason=reason, jitter_ms=jitter)
+            io, lambda u: u.upload_failed(key, kind, now_ms, reason=reason, jitter_ms=jitter)
         )
 
-    def tier_index_committed(self, topic: str, start_offset: int, *, now_ms: int) -> Step[None]:
-        step = self._tier(topic, lambda u: u.index_committed(start_offset, now_ms))
-        return Step(None, (*step.effects, *self._object_acks(topic)))
+    def tier_index_committed(self, io: TierIo, *, now_ms: int) -> Step[None]:
+        assert isinstance(io.effect, tier.CommitIndex)
+        start = io.effect.entry.start_offset
+        step = self._tier(io, lambda u: u.index_committed(start, now_ms))
+        return Step(None, (*step.effects, *self._object_acks(io.topic)))
 
-    def tier_index_exists(self, topic: str, existing: IndexEntry, *, now_ms: int) -> Step[None]:
-        step = self._tier(topic, lambda u: u.index_exists(existing, now_ms))
-        return Step(None, (*step.effects, *self._object_acks(topic)))
+    def tier_index_exists(self, io: TierIo, existing: IndexEntry, *, now_ms: int) -> Step[None]:
+        step = self._tier(io, lambda u: u.index_exists(existing, now_ms))
+        return Step(None, (*step.effects, *self._object_acks(io.topic)))
 
     def _object_acks(self, topic: str) -> tuple[Effect, ...]:
         """`object` acknowledgement: answer the publishes the index now covers."""
@@ -1567,14 +1581,15 @@ class BrokerCore:
         record.acked_through = through
         return (PublishAcked(topic, through),)
 
-    def tier_commit_failed(self, topic: str, start_offset: int, *, now_ms: int) -> Step[None]:
-        jitter = self._rng.randrange(250)
-        return self._tier(topic, lambda u: u.commit_failed(start_offset, now_ms, jitter))
+    def tier_commit_failed(self, io: TierIo, *, now_ms: int) -> Step[None]:
+        assert isinstance(io.effect, tier.CommitIndex)
+        start, jitter = io.effect.entry.start_offset, self._rng.randrange(250)
+        return self._tier(io, lambda u: u.commit_failed(start, now_ms, jitter))
 
     def tier_objects_listed(
-        self, topic: str, objects: list[tier.StoredObject], *, now_ms: int
+        self, io: TierIo, objects: list[tier.StoredObject], *, now_ms: int
     ) -> Step[None]:
-        return self._tier(topic, lambda u: u.objects_listed(objects, now_ms))
+        return self._tier(io, lambda u: u.objects_listed(objects, now_ms))
 
     def tier_busy(self) -> bool:
         """Some topic still has uploads or commits under way (shutdown may wait a little)."""
@@ -1636,7 +1651,7 @@ class BrokerCore:
         return counts
 
 
-def _policies_to_json(policies: Policies) -> dict[str, int]:
+def policies_to_json(policies: Policies) -> dict[str, int]:
     return {name: getattr(policies, name) for name in Policies.__slots__}
 
 

@@ -1,0 +1,461 @@
+"""The data plane of a cluster run (`python -m sim --cluster --data`): each broker incarnation
+runs the real `Ownership` machine (`danube.cluster.ownership`) and a real clustered
+`BrokerCore` with its WAL on the machine's simulated disk and its object tier on the shared
+simulated object store, and does with their effects what `danube.broker.ownership` and
+`danube.broker.runtime` do, against the simulated etcd:
+
+- **Claim / Release**: one transaction each, the outcome fed back.
+- **Load**: one read of the topic's metadata and object index (at one revision), the writer
+  transaction (`become_writer`, compared on the claim), then the claim becomes the fencing
+  token of the topic's writes and the core adopts the topic.
+- **Unload**: the core refuses publishes and seals; once the WAL is idle, every sealed segment
+  indexed and the metadata queue empty, the topic and its local files go.
+- **Drop**: the topic goes at once; its files stay.
+- Metadata writes (`PersistMeta`) go out one at a time, in order, each compared on the claims
+  of the topics it touches (`fence_compares`); a reply does not wait for them (the runtime's
+  does: a simplification that only touches producer and cursor records, not acknowledgements).
+- Index commits are the runtime's fenced compare-and-create; an entry found already there is
+  read back (`tier_index_exists`).
+- Topics are reliable at the `object` level: a publish is answered once the object holding it
+  is indexed, and a broker that believes it is fenced answers UNAVAILABLE instead (the
+  runtime's `check_unfenced`).
+- A request for a topic the core does not serve is answered UNAVAILABLE, which sends the
+  client to look the topic up again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from danube.cluster import keys
+from danube.cluster import ownership as own
+from danube.cluster.keys import Marker
+from danube.cluster.ownership import NotOwner, Ownership, OwnershipConfig, fence_compares
+from danube.core.config import OBJECT_DURABILITY, TopicDurability
+from danube.core.errors import DanubeError, ErrorCode
+from danube.core.names import parse_topic
+from danube.metadata.model import Compare, Delete, DeletePrefix, KeyValue, Op, Put
+from danube.node import paths
+from danube.node.core import PersistMeta, TierIo
+from danube.proto import danube as pb
+from danube.tiering import CommitIndex, IndexEntry
+from danube.tiering import layout as tier_layout
+from danube.wal.machine import Durability, WalConfig
+from sim.broker import TICK_US, Observer, Reply, SimBroker
+from sim.disk import SimDisk
+from sim.etcd import Origin, SimEtcd
+from sim.faults import Faults, Injected
+from sim.network import Network
+from sim.objects import SimObjectStore
+from sim.run import UPLOADS
+from sim.world import US_PER_MS, World
+
+DATA_WAL = WalConfig(
+    durability=Durability.FSYNC,
+    segment_bytes=8 * 1024,
+    cache_bytes=16 * 1024,
+    flush_interval_ms=200,
+)
+OBJECT_BATCH_MS = 20
+"""The `object` level seals the active segment this long after its oldest unanswered
+publish, so one upload answers a batch (the cluster test's setting)."""
+SETTLE_POLL_US = 20 * US_PER_MS
+"""How often an unload checks whether the topic is settled (the driver's `SETTLE_POLL_S`)."""
+OWNERSHIP_RETRY_MS = 250
+
+
+class Host(Protocol):
+    """What a data plane needs of its broker process (`sim.cluster_node.BrokerProcess`)."""
+
+    name: str
+    world: World
+    network: Network
+    etcd: SimEtcd
+    alive: bool
+
+    def now_ms(self) -> int: ...
+
+    def call(self, what: str, run: Callable[[], Any], done: Callable[[Any], None]) -> None: ...
+
+    def at_clock(self, target_us: int, action: Callable[[], None]) -> None: ...
+
+
+def failed(result: Any) -> bool:
+    return isinstance(result, Exception)
+
+
+class ClusterBroker(SimBroker):
+    """`SimBroker` as one broker of a cluster: a clustered core, metadata in the simulated
+    etcd behind the claims' fence, and no restart of its own (the node starts a new
+    incarnation)."""
+
+    def __init__(
+        self, host: Host, disk: SimDisk, objects: SimObjectStore, injected: Injected
+    ) -> None:
+        super().__init__(
+            host.world,
+            host.network,
+            disk,
+            Faults(),
+            injected,
+            DATA_WAL,
+            Observer(),
+            objects=objects,
+            uploads=UPLOADS,
+        )
+        self.host = host
+        self.claims: dict[str, int] = {}
+        """topic → revision of this broker's claim: the fencing token of its writes."""
+        self.fenced = True
+        """Until the membership says otherwise, acknowledge nothing."""
+        self._meta: deque[PersistMeta] = deque()
+        self._meta_busy = False
+
+    def start(self) -> None:
+        self.incarnation += 1
+        durability = TopicDurability(default=OBJECT_DURABILITY, object_batch_ms=OBJECT_BATCH_MS)
+        self.core = self._new_core(durability=durability, clustered=True)
+        self.up = True
+        incarnation = self.incarnation
+        self.world.at(TICK_US, lambda: self._tick(incarnation))
+
+    def die(self) -> None:
+        """The process is gone: streams break, in-flight work is lost, the disk keeps what
+        reached the page cache."""
+        if not self.up:
+            return
+        for stream in list(self._streams.values()):
+            self._break(stream, "broker crashed")
+        self.up = False
+        self.core = None
+        self.disk.crash(power=False, rng=self.world.rng)
+
+    @property
+    def metadata_flushed(self) -> bool:
+        return not self._meta and not self._meta_busy
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def handle(self, request: Any, reply: Reply, **stream: Any) -> None:
+        core, topic = self.core, _topic_of(request)
+        if core is not None and self.up and topic is not None and not core.serves(topic):
+            self.world.log(f"request {reply.client} for {topic}: not served by {self.host.name}")
+            reply(DanubeError(ErrorCode.UNAVAILABLE, f"{topic} is not served here"))
+            return
+        super().handle(request, reply, **stream)
+
+    def _acknowledge(self, topic: str, through: int) -> None:
+        if not self.fenced:
+            super()._acknowledge(topic, through)
+            return
+        self.world.log(f"fenced: not acknowledging {topic} through={through}")
+        waiting = self._waiters.get(topic)
+        while waiting and waiting[0][0] <= through:
+            waiting.popleft()[1].fail(DanubeError(ErrorCode.UNAVAILABLE, "broker fenced"))
+
+    # -- metadata ---------------------------------------------------------------------------------
+
+    def _persist(self, effect: PersistMeta) -> None:
+        self._meta.append(effect)
+        self._write_metadata()
+
+    def _write_metadata(self) -> None:
+        """The runtime's single metadata writer: one fenced transaction at a time, in order;
+        a failed one is logged and the next goes."""
+        if self._meta_busy or not self._meta or not self.up:
+            return
+        effect = self._meta[0]
+        ops: list[Op] = [
+            *(DeletePrefix(prefix) for prefix in effect.delete_prefixes),
+            *(Delete(key) for key in effect.deletes),
+            *(Put(key, value) for key, value in effect.puts),
+        ]
+        touched = [*effect.delete_prefixes, *effect.deletes, *(key for key, _ in effect.puts)]
+        try:
+            compares = fence_compares(touched, self.claims)
+        except NotOwner as error:
+            self.world.log(f"broker {self.host.name} metadata write refused: {error}")
+            self._meta.popleft()
+            self._write_metadata()
+            return
+        self._meta_busy = True
+        incarnation = self.incarnation
+
+        def done(result: Any) -> None:
+            if self._alive(incarnation) is None:
+                return
+            self._meta.popleft()
+            self._meta_busy = False
+            if failed(result) or not result.succeeded:
+                self.world.log(f"broker {self.host.name} metadata write failed: {result}")
+            self._write_metadata()
+
+        origin = Origin(self.host.name, "persist")
+        etcd = self.host.etcd
+        self.host.call(f"persist {touched[:2]}", lambda: etcd.txn(compares, ops, origin), done)
+
+    def _commit(self, incarnation: int, io: TierIo, effect: CommitIndex) -> None:
+        core = self._alive(incarnation)
+        if core is None:
+            return
+        etcd = self.host.etcd
+        try:
+            fence = fence_compares([effect.path], self.claims)
+        except NotOwner:
+            self._apply(core.tier_commit_failed(io, now_ms=self.now_ms).effects)
+            return
+        compares = (Compare(effect.path, "version", "==", 0), *fence)
+        ops = (Put(effect.path, effect.value), Put(effect.current_path, effect.current_value))
+
+        def found(result: Any) -> None:
+            core = self._alive(incarnation)
+            if core is None:
+                return
+            if failed(result) or result is None:
+                step = core.tier_commit_failed(io, now_ms=self.now_ms)
+            else:
+                existing = IndexEntry.from_json(result.value)
+                step = core.tier_index_exists(io, existing, now_ms=self.now_ms)
+            self._apply(step.effects)
+
+        def done(result: Any) -> None:
+            core = self._alive(incarnation)
+            if core is None:
+                return
+            if failed(result):
+                step = core.tier_commit_failed(io, now_ms=self.now_ms)
+            elif result.succeeded:
+                self.tier_stats["commits"] += 1
+                self.world.log(f"index committed {effect.path}")
+                step = core.tier_index_committed(io, now_ms=self.now_ms)
+            else:
+                self.host.call(f"read {effect.path}", lambda: etcd.get(effect.path), found)
+                return
+            self._apply(step.effects)
+
+        origin = Origin(self.host.name, "index")
+        self.host.call(f"commit {effect.path}", lambda: etcd.txn(compares, ops, origin), done)
+
+
+class DataPlane:
+    """One incarnation's ownership driver and broker."""
+
+    def __init__(
+        self, host: Host, disk: SimDisk, objects: SimObjectStore, injected: Injected
+    ) -> None:
+        self.host = host
+        self.broker = ClusterBroker(host, disk, objects, injected)
+        self.machine = Ownership(OwnershipConfig(host.name, retry_ms=OWNERSHIP_RETRY_MS))
+        self._wake = 0
+        self._assigned: set[str] = set()
+        self._markers: set[str] = set()
+
+    def start(self) -> None:
+        self.broker.start()
+
+    def die(self) -> None:
+        self.broker.die()
+
+    # -- from the membership ----------------------------------------------------------------------
+
+    def unfenced(self, lease_id: int) -> None:
+        self.broker.fenced = False
+        self.apply(self.machine.member(lease_id, self.host.now_ms()))
+
+    def fenced(self) -> None:
+        self.broker.fenced = True
+
+    # -- the machine's view (the `/cluster/` watch of the broker process) -------------------------
+
+    def resync(self, snapshot: list[KeyValue]) -> None:
+        now = self.host.now_ms()
+        assigned, markers = set(), set()
+        for kv in snapshot:
+            pair = keys.parse_assignment_key(kv.key)
+            if pair is not None and pair[0] == self.host.name:
+                assigned.add(pair[1])
+            elif (topic := keys.parse_unassigned_key(kv.key)) is not None:
+                markers.add(topic)
+                self.apply(
+                    self.machine.marker_seen(
+                        topic, Marker.from_json(kv.value), kv.mod_revision, now
+                    )
+                )
+        for topic in sorted(self._markers - markers):
+            self.apply(self.machine.marker_seen(topic, None, 0, now))
+        for topic in sorted(self._assigned - assigned):
+            self.apply(self.machine.assignment_seen(topic, False, now))
+        for topic in sorted(assigned):
+            self.apply(self.machine.assignment_seen(topic, True, now))
+        self._assigned, self._markers = assigned, markers
+
+    def seen(self, key: str, value: Any, revision: int | None) -> None:
+        """A watch event: put at `revision`, or deleted (None)."""
+        now = self.host.now_ms()
+        pair = keys.parse_assignment_key(key)
+        if pair is not None and pair[0] == self.host.name:
+            topic = pair[1]
+            if revision is None:
+                self._assigned.discard(topic)
+            else:
+                self._assigned.add(topic)
+            self.apply(self.machine.assignment_seen(topic, revision is not None, now))
+        elif (topic := keys.parse_unassigned_key(key)) is not None:
+            if revision is None:
+                self._markers.discard(topic)
+                self.apply(self.machine.marker_seen(topic, None, 0, now))
+            else:
+                self._markers.add(topic)
+                marker = Marker.from_json(value)
+                self.apply(self.machine.marker_seen(topic, marker, revision, now))
+
+    # -- effects ----------------------------------------------------------------------------------
+
+    def apply(self, effects: list[own.Effect]) -> None:
+        host = self.host
+        for effect in effects:
+            if not host.alive:
+                return
+            if isinstance(effect, own.WakeAt):
+                self._wake += 1
+                token = self._wake
+                host.at_clock(effect.at_ms * US_PER_MS, lambda t=token: self._woken(t))
+            elif isinstance(effect, own.Claim):
+                self._transact(effect.topic, "claim", effect.compares, effect.ops, self._claimed)
+            elif isinstance(effect, own.Release):
+                self._transact(effect.topic, "release", effect.compares, effect.ops, self._released)
+            elif isinstance(effect, own.Load):
+                self._load(effect)
+            elif isinstance(effect, own.Unload):
+                self._unload(effect.topic)
+            else:
+                assert isinstance(effect, own.Drop)
+                host.world.log(f"broker {host.name} drops {effect.topic}")
+                self._forget(effect.topic, delete_files=False)
+
+    def _woken(self, token: int) -> None:
+        if self.host.alive and token == self._wake:
+            self.apply(self.machine.tick(self.host.now_ms()))
+
+    def _transact(
+        self,
+        topic: str,
+        kind: str,
+        compares: tuple[Compare, ...],
+        ops: tuple[Op, ...],
+        done: Callable[[str, Any], None],
+    ) -> None:
+        etcd, origin = self.host.etcd, Origin(self.host.name, kind)
+        self.host.call(
+            f"{kind} {topic}", lambda: etcd.txn(compares, ops, origin), lambda r: done(topic, r)
+        )
+
+    def _claimed(self, topic: str, result: Any) -> None:
+        if failed(result) or result.succeeded:
+            ok = not failed(result)
+            self.apply(
+                self.machine.claim_done(topic, ok, result.revision if ok else 0, self._now())
+            )
+            return
+        host, key = self.host, own.owner_key(topic)
+
+        def found(kv: Any) -> None:
+            mine = not failed(kv) and own.own_claim(kv, host.name, self.machine.lease_id)
+            if mine:
+                host.world.log(f"broker {host.name} finds its own claim on {topic}")
+            revision = kv.mod_revision if mine else 0
+            self.apply(self.machine.claim_done(topic, mine, revision, self._now()))
+
+        host.call(f"read {key}", lambda: host.etcd.get(key), found)
+
+    def _now(self) -> int:
+        return self.host.now_ms()
+
+    def _released(self, topic: str, result: Any) -> None:
+        ok = not failed(result) and result.succeeded
+        self.apply(self.machine.released(topic, ok, self.host.now_ms()))
+
+    def _load(self, effect: own.Load) -> None:
+        host, topic, name = self.host, effect.topic, parse_topic(effect.topic)
+        etcd = host.etcd
+
+        def read() -> dict[str, Any]:
+            scanned = [
+                *etcd.scan(paths.topic_prefix(name)),
+                *etcd.scan(tier_layout.index_prefix(name)),
+            ]
+            entries = {kv.key: kv.value for kv in scanned}
+            policy = etcd.get(paths.namespace_policy(name.namespace))
+            if policy is not None:
+                entries[policy.key] = policy.value
+            return entries
+
+        def fail(why: str) -> None:
+            host.world.log(f"broker {host.name} cannot load {topic}: {why}")
+            self.apply(self.machine.load_failed(topic, host.now_ms()))
+
+        def have(entries: Any) -> None:
+            if failed(entries):
+                fail(str(entries))
+                return
+            if paths.topic_delivery(name) not in entries:
+                fail("no metadata")
+                return
+            writer = own.become_writer(topic, host.name, effect.claim_revision, entries)
+            origin = Origin(host.name, "writer")
+
+            def written(result: Any) -> None:
+                core = self.broker.core
+                if failed(result) or not result.succeeded or core is None:
+                    fail("the claim is gone")
+                    return
+                self.broker.claims[topic] = effect.claim_revision
+                self.broker._apply(core.adopt(entries, keep_local=writer.keep_local).effects)
+                host.world.log(f"broker {host.name} loaded {topic} keep_local={writer.keep_local}")
+                self.apply(self.machine.loaded(topic, host.now_ms()))
+
+            host.call(
+                f"writer {topic}", lambda: etcd.txn(writer.compares, writer.ops, origin), written
+            )
+
+        host.call(f"read {topic}", read, have)
+
+    def _unload(self, topic: str) -> None:
+        core = self.broker.core
+        if core is None:
+            return
+        self.broker._apply(core.unload(topic, self.broker.now_ms).effects)
+        self._when_settled(topic)
+
+    def _when_settled(self, topic: str) -> None:
+        core = self.broker.core
+        if (
+            not self.host.alive
+            or core is None
+            or self.machine.phase(topic) is not own.Phase.UNLOADING
+        ):
+            return
+        if not (core.settled(topic) and self.broker.metadata_flushed):
+            self.host.world.at(SETTLE_POLL_US, lambda: self._when_settled(topic))
+            return
+        self._forget(topic, delete_files=True)
+        self.host.world.log(f"broker {self.host.name} unloaded {topic}")
+        self.apply(self.machine.unloaded(topic, self.host.now_ms()))
+
+    def _forget(self, topic: str, *, delete_files: bool) -> None:
+        core = self.broker.core
+        if core is None:
+            return
+        reason = "moved to another broker" if delete_files else "ownership lost"
+        self.broker._apply(core.remove(topic, reason=reason, delete_files=delete_files).effects)
+        self.broker.claims.pop(topic, None)
+
+
+def _topic_of(request: Any) -> str | None:
+    if isinstance(request, pb.StreamMessage | pb.AckRequest | pb.NackRequest):
+        return str(request.msg_id.topic_name)
+    if isinstance(request, pb.ProducerRequest | pb.ConsumerRequest):
+        return str(request.topic_name)
+    return None

@@ -1,0 +1,174 @@
+"""The data-plane invariants of a cluster run with data planes (spec/cluster.md, "Ownership
+fencing" and "Topic moves"; issue 6):
+
+g. **at most one writer per topic**: every write to a topic's metadata or object index that
+   takes effect in the store (cursors and producers, index entries, the writer record) comes
+   from the broker whose claim (`/topics/<ns>/<t>/owner`) stands at that moment;
+h. **no acknowledged loss across moves and failovers**: when a producer is told a message is
+   stored, the message is in an object the topic's index names (topics are at the `object`
+   level); at the end the index is sound (no gap, no overlap, from offset 0) and holds every
+   acknowledged message.
+
+The checker decodes each object when its index entry lands, so (h) costs one dictionary look-up
+per acknowledgement.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from danube.cluster import keys
+from danube.cluster.ownership import Phase, owner_key, topic_of_key
+from danube.core.names import parse_topic
+from danube.metadata.model import TxnResult, WatchEvent
+from danube.tiering import IndexEntry, validate_index
+from danube.tiering import layout as tier_layout
+from danube.wal import format, records
+from sim.checker import Violation
+from sim.cluster_node import SimNode
+from sim.etcd import Origin, SimEtcd
+from sim.objects import SimObjectStore
+from sim.world import World
+
+ONE_WRITER = "g at most one writer per topic"
+NO_LOSS = "h no acknowledged loss across moves and failovers"
+DATA_WRITES = ("persist", "index", "writer")
+
+
+class DataChecker:
+    def __init__(
+        self,
+        world: World,
+        etcd: SimEtcd,
+        objects: SimObjectStore,
+        nodes: Sequence[SimNode],
+        topics: Sequence[str],
+    ) -> None:
+        self.world = world
+        self.etcd = etcd
+        self.objects = objects
+        self.nodes = nodes
+        self.topics = topics
+        self.violations: list[Violation] = []
+        self.stored: dict[str, dict[str, int]] = {topic: {} for topic in topics}
+        """topic → payload → offset, of every object the index names."""
+        self.acked: dict[str, list[str]] = {topic: [] for topic in topics}
+        self.counts: Counter[str] = Counter()
+        etcd.observers.append(self)
+
+    def _violate(self, invariant: str, detail: str) -> None:
+        self.world.log(f"VIOLATION {invariant}: {detail}")
+        self.violations.append(Violation(invariant, detail, self.world.now))
+
+    # -- at every commit (g, and the stored payloads for h) ---------------------------------------
+
+    def committed(
+        self, events: list[WatchEvent], origin: Origin | None, result: TxnResult | None
+    ) -> None:
+        if origin is None or origin.kind not in DATA_WRITES or not events:
+            return
+        for topic in sorted({t for e in events if (t := topic_of_key(e.key)) is not None}):
+            owner = self.etcd.get(owner_key(topic))
+            holder = (
+                None
+                if owner is None
+                else keys.broker_id_from_json(
+                    owner.value.get("broker_id") if isinstance(owner.value, dict) else None
+                )
+            )
+            if holder != origin.broker:
+                self._violate(
+                    ONE_WRITER,
+                    f"a {origin.kind} write of broker {origin.broker} to {topic} took effect "
+                    f"while the claim was {'no one' if holder is None else holder}'s",
+                )
+        for event in events:
+            if event.kind == "put" and _is_index_entry(event.key):
+                self._index_entry(event.key, IndexEntry.from_json(event.value))
+
+    def _index_entry(self, key: str, entry: IndexEntry) -> None:
+        topic = topic_of_key(key)
+        blob = self.objects.objects.get(entry.key)
+        if topic not in self.stored:
+            return
+        if blob is None:
+            self._violate(NO_LOSS, f"{key} names object {entry.key}, which is not in the store")
+            return
+        self.counts["objects_indexed"] += 1
+        stored = self.stored[topic]
+        for offset, payload in _records_of(blob.data):
+            stored.setdefault(payload, offset)
+
+    # -- from the producers ----------------------------------------------------------------------
+
+    def acknowledged(self, topic: str, payload: str) -> None:
+        self.acked[topic].append(payload)
+        self.counts["acknowledged"] += 1
+        if payload not in self.stored[topic]:
+            self._violate(
+                NO_LOSS,
+                f"{topic}: {payload} was acknowledged but no indexed object holds it",
+            )
+
+    # -- once settled ------------------------------------------------------------------------------
+
+    def unsettled(self) -> list[str]:
+        """Every topic served by the broker it is assigned to."""
+        problems = []
+        for topic in self.topics:
+            serving = [
+                node.name
+                for node in self.nodes
+                if (p := node.running) is not None
+                and p.data is not None
+                and p.data.machine.phase(topic) is Phase.SERVING
+            ]
+            if len(serving) != 1:
+                problems.append(f"{topic} is served by {serving or 'no broker'}")
+        return problems
+
+    def final(self) -> None:
+        """h at the end, from the store alone: the index is sound from offset 0 and its
+        objects hold every acknowledged message."""
+        for topic in self.topics:
+            prefix = tier_layout.index_prefix(parse_topic(topic))
+            entries = sorted(
+                (
+                    IndexEntry.from_json(kv.value)
+                    for kv in self.etcd.scan(prefix)
+                    if _is_index_entry(kv.key)
+                ),
+                key=lambda e: e.start_offset,
+            )
+            problems = validate_index(entries)
+            if entries and entries[0].start_offset != 0:
+                problems.append(f"the index starts at offset {entries[0].start_offset}")
+            for problem in problems:
+                self._violate(NO_LOSS, f"{topic}: the index is not sound: {problem}")
+            held: set[str] = set()
+            for entry in entries:
+                blob = self.objects.objects.get(entry.key)
+                if blob is None:
+                    self._violate(NO_LOSS, f"{topic}: indexed object {entry.key} is missing")
+                    continue
+                held.update(payload for _, payload in _records_of(blob.data))
+            lost = [p for p in self.acked[topic] if p not in held]
+            if lost:
+                self._violate(
+                    NO_LOSS, f"{topic}: {len(lost)} acknowledged messages are lost: {lost[:5]}"
+                )
+
+
+def _is_index_entry(key: str) -> bool:
+    return key.startswith("/storage/topics/") and tier_layout.index_start(key) is not None
+
+
+def _records_of(data: bytes) -> list[tuple[int, str]]:
+    scan = format.scan_segment(data)
+    found = []
+    for position in scan.positions:
+        frame = format.decode_frame(data, position)
+        for index, record in enumerate(frame.records):
+            found.append((frame.base_offset + index, records.decode(record).payload.decode()))
+    return found
