@@ -12,7 +12,7 @@ import sys
 from sim.cluster_main import main as cluster_main
 from sim.faults import Faults
 from sim.run import SUB_TYPES, TIERED, Result, Simulation, Workload, replay_command
-from sim.seeds import add_run_arguments, run_seeds
+from sim.seeds import add_fault_arguments, add_run_arguments, chosen_faults, run_seeds
 
 PROFILES = {
     "none": Faults(),
@@ -69,12 +69,7 @@ def _parser() -> argparse.ArgumentParser:
             workload.add_argument(flag, choices=["fsync", "flush"], help=f"(default {value})")
         else:
             workload.add_argument(flag, type=type(value), help=f"(default {value})")
-    faults = parser.add_argument_group("faults (probabilities per opportunity; see sim/README.md)")
-    for item in dataclasses.fields(Faults):
-        faults.add_argument(
-            f"--{item.name.replace('_', '-')}", type=type(getattr(Faults(), item.name)),
-            default=None,
-        )  # fmt: skip
+    add_fault_arguments(parser, Faults)
     return parser
 
 
@@ -91,16 +86,6 @@ def _workload(args: argparse.Namespace) -> Workload:
                 raise SystemExit(f"python -m sim: error: unknown subscription type(s) {unknown}")
         values[item.name] = value
     return dataclasses.replace(TIERED if args.tiered else Workload(), **values)
-
-
-def _faults(args: argparse.Namespace) -> Faults:
-    chosen = PROFILES[args.profile]
-    overrides = {
-        item.name: getattr(args, item.name)
-        for item in dataclasses.fields(Faults)
-        if getattr(args, item.name) is not None
-    }
-    return dataclasses.replace(chosen, **overrides)
 
 
 def report(result: Result, workload: Workload, faults: Faults) -> str:
@@ -138,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--cluster" in argv:
         return cluster_main([arg for arg in argv if arg != "--cluster"])
     args = _parser().parse_args(argv)
-    workload, faults = _workload(args), _faults(args)
+    workload, faults = _workload(args), chosen_faults(args, PROFILES)
     full_trace = args.trace is not None
     return run_seeds(
         args,

@@ -359,11 +359,9 @@ class InvariantChecker(Observer):
         wrong = [pair for pair in entry.offset_index if frames.get(pair[1]) != pair[0]]
         if wrong:
             self._violate(TIER, f"{where}: offset_index pairs {wrong[:3]} name no frame start")
-        for position in scan.positions:
-            frame = format.decode_frame(data, position)
-            for index, record in enumerate(frame.records):
-                if not self._same_record(topic, frame.base_offset + index, record, where):
-                    return
+        for offset, record in format.scanned_records(data, scan):
+            if not self._same_record(topic, offset, record, where):
+                return
 
     def _same_record(self, topic: str, offset: int, record: bytes, where: str) -> bool:
         """Whether `record`, found at `offset` in an object, is what the WAL wrote there."""

@@ -29,11 +29,25 @@ class Checker(Protocol):
     def client_acked(self, topic: str, sub: str, offset: int) -> None: ...
 
 
-class _Caller:
+class Handler(Protocol):
+    """Where a client's requests go: a broker (or a client-side route to one)."""
+
+    def handle(self, request: Any, reply: Reply, **stream: Any) -> None: ...
+
+
+class Caller:
     """One request at a time with a timeout: the answer of an abandoned attempt is ignored."""
 
-    def __init__(self, world: World, network: Network, broker: SimBroker, name: str) -> None:
+    def __init__(
+        self,
+        world: World,
+        network: Network,
+        broker: Handler,
+        name: str,
+        timeout_us: int = REQUEST_TIMEOUT_US,
+    ) -> None:
         self.world = world
+        self.timeout_us = timeout_us
         self.network = network
         self.broker = broker
         self.name = name
@@ -64,9 +78,9 @@ class _Caller:
                 self._attempt += 1
                 timed_out()
 
-        reply = Reply(self.network, self.name, deliver)
-        self.network.send(self.name, lambda: self.broker.handle(request, reply, **kw))
-        self.world.at(REQUEST_TIMEOUT_US, timeout)
+        reply, broker = Reply(self.network, self.name, deliver), self.broker
+        self.network.send(self.name, lambda: broker.handle(request, reply, **kw))
+        self.world.at(self.timeout_us, timeout)
 
 
 class SimProducer:
@@ -94,7 +108,7 @@ class SimProducer:
         self.interval_us = int(US_PER_S / rate)
         self.keys = keys
         self.strategy = strategy
-        self._caller = _Caller(world, network, broker, name)
+        self._caller = Caller(world, network, broker, name)
         self._producer_id: int | None = None
         self._sequence = 0
         self._key: str | None = None
@@ -201,7 +215,7 @@ class SimConsumer:
         self.ack_delay_us = ack_delay_us
         self.nack = nack
         self.start_position = start
-        self._caller = _Caller(world, network, broker, f"{name}@{subscription}")
+        self._caller = Caller(world, network, broker, f"{name}@{subscription}")
         self._consumer_id: int | None = None
         self._stream = 0
         self.received = 0

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from danube.core.errors import DanubeError, ErrorCode
 from danube.proto import danube as pb
 from sim.broker import Reply
+from sim.clients import Caller
 from sim.cluster_node import SimNode
 from sim.network import Network
 from sim.world import US_PER_MS, US_PER_S, World
@@ -46,13 +47,10 @@ class ClusterProducer:
         self.interval_us = int(US_PER_S / rate)
         self.started = False
         self.stopped = False
-        self.acknowledged = 0
         self.lookups = 0
-        self._target: SimNode | None = None
         self._producer_id: int | None = None
         self._sequence = 0
-        self._attempt = 0
-        self._request_ids = 0
+        self._caller = Caller(world, network, _Route(nodes[0]), name, REQUEST_TIMEOUT_US)
 
     def start(self) -> None:
         self._lookup()
@@ -76,16 +74,15 @@ class ClusterProducer:
         assert process is not None
         owner = process.assignments.get(self.topic)
         target = next((n for n in self.nodes if n.name == owner), asked)
-        self._target = target
+        self._caller.broker = _Route(target)
         self._producer_id = None
         self.world.at(2 * self.network.latency(), self._create)
 
     def _create(self) -> None:
         if self.stopped:
             return
-        self._request_ids += 1
         request = pb.ProducerRequest(
-            request_id=self._request_ids,
+            request_id=self._caller.next_request_id(),
             producer_name=self.name,
             topic_name=self.topic,
             dispatch_strategy=pb.DispatchStrategy.Reliable,
@@ -107,10 +104,9 @@ class ClusterProducer:
     def _send(self) -> None:
         if self.stopped or self._producer_id is None:
             return
-        self._request_ids += 1
         payload = self._payload()
         message = pb.StreamMessage(
-            request_id=self._request_ids,
+            request_id=self._caller.next_request_id(),
             msg_id=pb.MsgId(producer_id=self._producer_id, topic_name=self.topic),
             payload=payload.encode(),
             publish_time=self.world.now_ms,
@@ -124,32 +120,27 @@ class ClusterProducer:
             self.world.at(RETRY_US, self._lookup)
             return
         self.checker.acknowledged(self.topic, payload)
-        self.acknowledged += 1
         self._sequence += 1
         self.world.at(max(0, started + self.interval_us - self.world.now), self._send)
 
     # -- the wire ----------------------------------------------------------------------------------
 
     def _call(self, request: Any, answered: Callable[[Any], None]) -> None:
-        """One request to the target broker with a timeout; an abandoned attempt's answer is
-        ignored (a timeout is an error: look the topic up again)."""
-        self._attempt += 1
-        attempt, target = self._attempt, self._target
-        assert target is not None
-
-        def deliver(answer: Any) -> None:
-            if attempt == self._attempt:
-                self._attempt += 1
-                answered(answer)
-
-        def arrive() -> None:
-            process = target.running
-            if process is None or process.data is None:
-                reply(DanubeError(ErrorCode.UNAVAILABLE, "connection refused (broker down)"))
-                return
-            process.data.broker.handle(request, reply)
-
-        reply = Reply(self.network, self.name, deliver)
-        self.network.send(self.name, arrive)
+        """One request to the target broker; no answer in time is an error like any other
+        (look the topic up again)."""
         timeout = DanubeError(ErrorCode.UNAVAILABLE, "no answer within the timeout")
-        self.world.at(REQUEST_TIMEOUT_US, lambda: deliver(timeout))
+        self._caller.call(request, answered, lambda: answered(timeout))
+
+
+class _Route:
+    """A connection to one broker machine: requests land on its running data plane."""
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
+
+    def handle(self, request: Any, reply: Reply, **_: Any) -> None:
+        process = self.node.running
+        if process is None or process.data is None:
+            reply(DanubeError(ErrorCode.UNAVAILABLE, "connection refused (broker down)"))
+            return
+        process.data.broker.handle(request, reply)

@@ -35,17 +35,14 @@ from danube.cluster.keys import Marker
 from danube.cluster.ownership import NotOwner, Ownership, OwnershipConfig, fence_compares
 from danube.core.config import OBJECT_DURABILITY, TopicDurability
 from danube.core.errors import DanubeError, ErrorCode
-from danube.core.names import parse_topic
-from danube.metadata.model import Compare, Delete, DeletePrefix, KeyValue, Op, Put
-from danube.node import paths
+from danube.metadata.model import Compare, KeyValue, Op
 from danube.node.core import PersistMeta, TierIo
 from danube.proto import danube as pb
 from danube.tiering import CommitIndex, IndexEntry
-from danube.tiering import layout as tier_layout
 from danube.wal.machine import Durability, WalConfig
 from sim.broker import TICK_US, Observer, Reply, SimBroker
 from sim.disk import SimDisk
-from sim.etcd import Origin, SimEtcd
+from sim.etcd import Origin, SimEtcd, failed
 from sim.faults import Faults, Injected
 from sim.network import Network
 from sim.objects import SimObjectStore
@@ -80,10 +77,6 @@ class Host(Protocol):
     def call(self, what: str, run: Callable[[], Any], done: Callable[[Any], None]) -> None: ...
 
     def at_clock(self, target_us: int, action: Callable[[], None]) -> None: ...
-
-
-def failed(result: Any) -> bool:
-    return isinstance(result, Exception)
 
 
 class ClusterBroker(SimBroker):
@@ -167,14 +160,9 @@ class ClusterBroker(SimBroker):
         if self._meta_busy or not self._meta or not self.up:
             return
         effect = self._meta[0]
-        ops: list[Op] = [
-            *(DeletePrefix(prefix) for prefix in effect.delete_prefixes),
-            *(Delete(key) for key in effect.deletes),
-            *(Put(key, value) for key, value in effect.puts),
-        ]
-        touched = [*effect.delete_prefixes, *effect.deletes, *(key for key, _ in effect.puts)]
+        ops = effect.ops()
         try:
-            compares = fence_compares(touched, self.claims)
+            compares = fence_compares(effect.keys, self.claims)
         except NotOwner as error:
             self.world.log(f"broker {self.host.name} metadata write refused: {error}")
             self._meta.popleft()
@@ -194,7 +182,7 @@ class ClusterBroker(SimBroker):
 
         origin = Origin(self.host.name, "persist")
         etcd = self.host.etcd
-        self.host.call(f"persist {touched[:2]}", lambda: etcd.txn(compares, ops, origin), done)
+        self.host.call(f"persist {effect.keys[:2]}", lambda: etcd.txn(compares, ops, origin), done)
 
     def _commit(self, incarnation: int, io: TierIo, effect: CommitIndex) -> None:
         core = self._alive(incarnation)
@@ -206,8 +194,8 @@ class ClusterBroker(SimBroker):
         except NotOwner:
             self._apply(core.tier_commit_failed(io, now_ms=self.now_ms).effects)
             return
-        compares = (Compare(effect.path, "version", "==", 0), *fence)
-        ops = (Put(effect.path, effect.value), Put(effect.current_path, effect.current_value))
+        creation, ops = effect.creation()
+        compares = (*creation, *fence)
 
         def found(result: Any) -> None:
             core = self._alive(incarnation)
@@ -378,30 +366,23 @@ class DataPlane:
         self.apply(self.machine.released(topic, ok, self.host.now_ms()))
 
     def _load(self, effect: own.Load) -> None:
-        host, topic, name = self.host, effect.topic, parse_topic(effect.topic)
-        etcd = host.etcd
+        host, topic, etcd = self.host, effect.topic, self.host.etcd
+        prefixes, policy_key = own.load_reads(topic)
 
-        def read() -> dict[str, Any]:
-            scanned = [
-                *etcd.scan(paths.topic_prefix(name)),
-                *etcd.scan(tier_layout.index_prefix(name)),
-            ]
-            entries = {kv.key: kv.value for kv in scanned}
-            policy = etcd.get(paths.namespace_policy(name.namespace))
-            if policy is not None:
-                entries[policy.key] = policy.value
-            return entries
+        def read() -> dict[str, Any] | LookupError:
+            scanned = [kv for prefix in prefixes for kv in etcd.scan(prefix)]
+            try:
+                return own.load_entries(topic, scanned, etcd.get(policy_key))
+            except LookupError as error:
+                return error
 
         def fail(why: str) -> None:
             host.world.log(f"broker {host.name} cannot load {topic}: {why}")
             self.apply(self.machine.load_failed(topic, host.now_ms()))
 
         def have(entries: Any) -> None:
-            if failed(entries):
+            if failed(entries) or isinstance(entries, LookupError):
                 fail(str(entries))
-                return
-            if paths.topic_delivery(name) not in entries:
-                fail("no metadata")
                 return
             writer = own.become_writer(topic, host.name, effect.claim_revision, entries)
             origin = Origin(host.name, "writer")

@@ -165,10 +165,7 @@ def _is_index_entry(key: str) -> bool:
 
 
 def _records_of(data: bytes) -> list[tuple[int, str]]:
-    scan = format.scan_segment(data)
-    found = []
-    for position in scan.positions:
-        frame = format.decode_frame(data, position)
-        for index, record in enumerate(frame.records):
-            found.append((frame.base_offset + index, records.decode(record).payload.decode()))
-    return found
+    return [
+        (offset, records.decode(record).payload.decode())
+        for offset, record in format.scanned_records(data, format.scan_segment(data))
+    ]

@@ -10,7 +10,7 @@ import dataclasses
 
 from sim.cluster import ClusterResult, ClusterSimulation, ClusterWorkload, cluster_replay_command
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
-from sim.seeds import add_run_arguments, run_seeds
+from sim.seeds import add_fault_arguments, add_run_arguments, chosen_faults, run_seeds
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,12 +32,7 @@ def _parser() -> argparse.ArgumentParser:
             )  # fmt: skip
         else:
             workload.add_argument(flag, type=type(value), default=value, help=f"(default {value})")
-    faults = parser.add_argument_group("faults (probabilities per opportunity; see sim/README.md)")
-    for item in dataclasses.fields(ClusterFaults):
-        faults.add_argument(
-            f"--{item.name.replace('_', '-')}", type=type(getattr(ClusterFaults(), item.name)),
-            default=None,
-        )  # fmt: skip
+    add_fault_arguments(parser, ClusterFaults)
     return parser
 
 
@@ -45,12 +40,7 @@ def _settings(args: argparse.Namespace) -> tuple[ClusterWorkload, ClusterFaults]
     workload = ClusterWorkload(
         **{item.name: getattr(args, item.name) for item in dataclasses.fields(ClusterWorkload)}
     )
-    overrides = {
-        item.name: getattr(args, item.name)
-        for item in dataclasses.fields(ClusterFaults)
-        if getattr(args, item.name) is not None
-    }
-    return workload, dataclasses.replace(CLUSTER_PROFILES[args.profile], **overrides)
+    return workload, chosen_faults(args, CLUSTER_PROFILES)
 
 
 def cluster_report(result: ClusterResult, workload: ClusterWorkload, faults: ClusterFaults) -> str:

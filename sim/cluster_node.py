@@ -49,11 +49,11 @@ from danube.cluster.placement import creation
 from danube.cluster.ranking import LoadReport
 from danube.core.config import DispatchStrategy
 from danube.core.names import parse_topic
-from danube.metadata.model import Compare, KeyValue, LeaseNotFound, MetadataError, Put, WatchEvent
+from danube.metadata.model import Compare, KeyValue, LeaseNotFound, Put, WatchEvent
 from danube.node import paths
 from sim.cluster_data import DataPlane
 from sim.disk import SimDisk
-from sim.etcd import Origin, SimEtcd
+from sim.etcd import Origin, SimEtcd, failed
 from sim.faults import Injected
 from sim.network import Network, Stream
 from sim.objects import SimObjectStore
@@ -67,10 +67,6 @@ SEAL_US = (5_000, 150_000)
 """How long a broker takes to unload a topic before it marks the marker ready."""
 DATA_RETRY_US = 500_000
 TIMEOUT = TimeoutError("no answer within the request timeout")
-
-
-def failed(result: Any) -> bool:
-    return isinstance(result, MetadataError | TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,12 @@ BREAK_NOTICED_US = (200_000, 1_500_000)
 """How long a broker takes to notice that its watch stream broke (keepalive timeout)."""
 
 
+def failed(result: Any) -> bool:
+    """An answer that is an error: the store refused, or no answer came in time (the
+    brokers' request timeout delivers a `TimeoutError`)."""
+    return isinstance(result, MetadataError | TimeoutError)
+
+
 @dataclass(frozen=True, slots=True)
 class Origin:
     """Who wrote: a broker, and the kind of write (`Assign`, `register`, `revoke`...)."""

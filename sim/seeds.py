@@ -5,13 +5,16 @@ methods of their results."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class SeedResult(Protocol):
@@ -61,6 +64,27 @@ def add_run_arguments(
     )  # fmt: skip
     parser.add_argument("--trace", type=Path, help="write the whole trace of the run here")
     parser.add_argument("--json", action="store_true", help="print one JSON summary per run")
+
+
+def add_fault_arguments(parser: argparse.ArgumentParser, faults: type[Any]) -> None:
+    """One `--<knob>` per field of the fault dataclass; unset knobs keep the profile's."""
+    group = parser.add_argument_group("faults (probabilities per opportunity; see sim/README.md)")
+    for item in dataclasses.fields(faults):
+        group.add_argument(
+            f"--{item.name.replace('_', '-')}", type=type(getattr(faults(), item.name)),
+            default=None,
+        )  # fmt: skip
+
+
+def chosen_faults(args: argparse.Namespace, profiles: Mapping[str, T]) -> T:
+    """The `--profile`, with every knob given on the command line in its place."""
+    chosen = profiles[args.profile]
+    overrides = {
+        item.name: getattr(args, item.name)
+        for item in dataclasses.fields(chosen)  # type: ignore[arg-type]
+        if getattr(args, item.name) is not None
+    }
+    return dataclasses.replace(chosen, **overrides)  # type: ignore[type-var]
 
 
 def run_seeds(

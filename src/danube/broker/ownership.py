@@ -40,13 +40,12 @@ from danube.cluster.ownership import (
     Unload,
     WakeAt,
     become_writer,
+    load_entries,
+    load_reads,
     own_claim,
     owner_key,
 )
-from danube.core.names import parse_topic
 from danube.metadata import MetadataError, MetadataStore, WatchEvent
-from danube.node import paths
-from danube.tiering import layout as tier_layout
 
 log = logging.getLogger("danube.broker")
 
@@ -228,18 +227,11 @@ class OwnershipDriver:
 
     async def _prepare(self, topic: str, claim_revision: int) -> tuple[dict[str, Any], bool]:
         """The topic's metadata, and whether a WAL directory found here is still its own."""
-        name = parse_topic(topic)
+        prefixes, policy_key = load_reads(topic)
         with trio.fail_after(REQUEST_TIMEOUT_S):
-            scanned = [
-                *await self.store.scan(paths.topic_prefix(name)),
-                *await self.store.scan(tier_layout.index_prefix(name)),
-            ]
-            policy = await self.store.get(paths.namespace_policy(name.namespace))
-        entries = {kv.key: kv.value for kv in scanned}
-        if paths.topic_delivery(name) not in entries:
-            raise LookupError(f"{topic} has no metadata (deleted?)")
-        if policy is not None:
-            entries[policy.key] = policy.value
+            scanned = [kv for prefix in prefixes for kv in await self.store.scan(prefix)]
+            policy = await self.store.get(policy_key)
+        entries = load_entries(topic, scanned, policy)
         writer = become_writer(topic, self._broker_id, claim_revision, entries)
         with trio.fail_after(REQUEST_TIMEOUT_S):
             result = await self.store.txn(writer.compares, writer.ops)

@@ -31,7 +31,7 @@ from danube.cluster.ownership import NotOwner, fence_compares
 from danube.core.errors import DanubeError, ErrorCode
 from danube.core.names import parse_topic
 from danube.dispatch import ConsumerReady
-from danube.metadata import Compare, Delete, DeletePrefix, MetadataStore, Put
+from danube.metadata import MetadataStore
 from danube.node.core import (
     BrokerCore,
     DropWal,
@@ -84,14 +84,7 @@ class StreamSlot:
 async def persist(
     store: MetadataStore, effect: PersistMeta, claims: Mapping[str, int] | None = None
 ) -> None:
-    ops = [
-        *(DeletePrefix(prefix) for prefix in effect.delete_prefixes),
-        *(Delete(key) for key in effect.deletes),
-        *(Put(key, value) for key, value in effect.puts),
-    ]
-    keys = [*effect.delete_prefixes, *effect.deletes, *(key for key, _ in effect.puts)]
-    compares = fence_compares(keys, claims)
-    result = await store.txn(compares, ops)
+    result = await store.txn(fence_compares(effect.keys, claims), effect.ops())
     if not result.succeeded:
         raise NotOwner("this broker's claim on the topic is gone")
 
@@ -504,11 +497,9 @@ class BrokerRuntime:
     async def _commit(self, io: TierIo, effect: CommitIndex) -> None:
         topic = io.topic
         try:
+            compares, ops = effect.creation()
             fence = fence_compares([effect.path], self.claims)
-            result = await self._store.txn(
-                [Compare(effect.path, "version", "==", 0), *fence],
-                [Put(effect.path, effect.value), Put(effect.current_path, effect.current_value)],
-            )
+            result = await self._store.txn([*compares, *fence], ops)
             if result.succeeded:
                 self._in_loop(self.core.tier_index_committed, io, now_ms=now_ms())
                 return

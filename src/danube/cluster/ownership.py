@@ -38,6 +38,8 @@ from danube.cluster import keys
 from danube.cluster.keys import Marker, MarkerReason
 from danube.core.names import parse_topic
 from danube.metadata.model import Compare, Delete, KeyValue, Op, Put
+from danube.node import paths
+from danube.tiering import layout as tier_layout
 
 
 def owner_key(topic: str) -> str:
@@ -92,6 +94,27 @@ def own_claim(found: KeyValue | None, broker_id: str, lease_id: int | None) -> b
     value = found.value
     holder = value.get("broker_id") if isinstance(value, dict) else None
     return keys.broker_id_from_json(holder) == broker_id
+
+
+def load_reads(topic: str) -> tuple[tuple[str, ...], str]:
+    """What a `Load` reads before it adopts the topic: the prefixes to scan (the topic's keys,
+    its object index) and its namespace's policy key."""
+    name = parse_topic(topic)
+    prefixes = (paths.topic_prefix(name), tier_layout.index_prefix(name))
+    return prefixes, paths.namespace_policy(name.namespace)
+
+
+def load_entries(
+    topic: str, scanned: Iterable[KeyValue], policy: KeyValue | None
+) -> dict[str, Any]:
+    """The reads of `load_reads` as `BrokerCore.adopt` takes them. LookupError: the topic has
+    no metadata (it was deleted meanwhile), so there is nothing to load."""
+    entries = {kv.key: kv.value for kv in scanned}
+    if paths.topic_delivery(parse_topic(topic)) not in entries:
+        raise LookupError(f"{topic} has no metadata (deleted?)")
+    if policy is not None:
+        entries[policy.key] = policy.value
+    return entries
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ from danube.dispatch import (
     SubscriptionType,
 )
 from danube.dispatch import reliable as rd
+from danube.metadata.model import Delete, DeletePrefix, Op, Put
 from danube.node import paths
 from danube.tiering import layout as tier_layout
 from danube.tiering import reader as tier_reader
@@ -62,6 +63,19 @@ class PersistMeta:
     puts: tuple[tuple[str, Any], ...] = ()
     deletes: tuple[str, ...] = ()
     delete_prefixes: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> list[str]:
+        """Every key (or prefix) the change touches: what its fence compares cover."""
+        return [*self.delete_prefixes, *self.deletes, *(key for key, _ in self.puts)]
+
+    def ops(self) -> list[Op]:
+        """The change as store operations, in the order a store applies them."""
+        return [
+            *(DeletePrefix(prefix) for prefix in self.delete_prefixes),
+            *(Delete(key) for key in self.deletes),
+            *(Put(key, value) for key, value in self.puts),
+        ]
 
     def apply_to(self, metadata: dict[str, Any]) -> None:
         """Applies the change to an in-memory key/value map in the order a store applies

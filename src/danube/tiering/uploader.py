@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from danube.core.names import TopicName
+from danube.metadata.model import Compare, Op, Put
 from danube.tiering import layout
 from danube.tiering.index import IndexEntry, entry_problems, validate_index
 from danube.wal import format
@@ -156,6 +157,13 @@ class CommitIndex:
     @property
     def current_value(self) -> dict[str, str]:
         return layout.current_value(self.entry.start_offset)
+
+    def creation(self) -> tuple[tuple[Compare, ...], tuple[Op, ...]]:
+        """The transaction: the entry and `cur`, only if the entry does not exist yet."""
+        return (
+            (Compare(self.path, "version", "==", 0),),
+            (Put(self.path, self.value), Put(self.current_path, self.current_value)),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from danube.kernels import crc32c, find_frame, scan_frames
@@ -145,3 +145,12 @@ def scan_segment(data: bytes | memoryview) -> SegmentScan:
         header, state, end, scan.next_offset, scan.positions, scan.base_offsets, bad_at,
         valid_after,
     )  # fmt: skip
+
+
+def scanned_records(data: bytes | memoryview, scan: SegmentScan) -> Iterator[tuple[int, bytes]]:
+    """(offset, record) of every record in the valid frames `scan` found in `data`, in order:
+    for readers of a whole segment (audits, checkers), not the hot read path."""
+    for position in scan.positions:
+        frame = decode_frame(data, position)
+        for index, record in enumerate(frame.records):
+            yield frame.base_offset + index, record
