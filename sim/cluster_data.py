@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from danube.cluster import keys
 from danube.cluster import ownership as own
@@ -35,7 +35,7 @@ from danube.cluster.keys import Marker
 from danube.cluster.ownership import NotOwner, Ownership, OwnershipConfig, fence_compares
 from danube.core.config import OBJECT_DURABILITY, TopicDurability
 from danube.core.errors import DanubeError, ErrorCode
-from danube.metadata.model import Compare, KeyValue, Op
+from danube.metadata.model import KeyValue
 from danube.node.core import PersistMeta, TierIo
 from danube.proto import danube as pb
 from danube.tiering import CommitIndex, IndexEntry
@@ -61,6 +61,7 @@ publish, so one upload answers a batch (the cluster test's setting)."""
 SETTLE_POLL_US = 20 * US_PER_MS
 """How often an unload checks whether the topic is settled (the driver's `SETTLE_POLL_S`)."""
 OWNERSHIP_RETRY_MS = 250
+E = TypeVar("E", own.Claim, own.Release)
 
 
 class Host(Protocol):
@@ -311,13 +312,13 @@ class DataPlane:
                 token = self._wake
                 host.at_clock(effect.at_ms * US_PER_MS, lambda t=token: self._woken(t))
             elif isinstance(effect, own.Claim):
-                self._transact(effect.topic, "claim", effect.compares, effect.ops, self._claimed)
+                self._transact(effect, "claim", self._claimed)
             elif isinstance(effect, own.Release):
-                self._transact(effect.topic, "release", effect.compares, effect.ops, self._released)
+                self._transact(effect, "release", self._released)
             elif isinstance(effect, own.Load):
                 self._load(effect)
             elif isinstance(effect, own.Unload):
-                self._unload(effect.topic)
+                self._unload(effect)
             else:
                 assert isinstance(effect, own.Drop)
                 host.world.log(f"broker {host.name} drops {effect.topic}")
@@ -327,20 +328,16 @@ class DataPlane:
         if self.host.alive and token == self._wake:
             self.apply(self.machine.tick(self.host.now_ms()))
 
-    def _transact(
-        self,
-        topic: str,
-        kind: str,
-        compares: tuple[Compare, ...],
-        ops: tuple[Op, ...],
-        done: Callable[[str, Any], None],
-    ) -> None:
+    def _transact(self, effect: E, kind: str, done: Callable[[E, Any], None]) -> None:
         etcd, origin = self.host.etcd, Origin(self.host.name, kind)
         self.host.call(
-            f"{kind} {topic}", lambda: etcd.txn(compares, ops, origin), lambda r: done(topic, r)
+            f"{kind} {effect.topic}",
+            lambda: etcd.txn(effect.compares, effect.ops, origin),
+            lambda result: done(effect, result),
         )
 
-    def _claimed(self, topic: str, result: Any) -> None:
+    def _claimed(self, claim: own.Claim, result: Any) -> None:
+        topic = claim.topic
         if failed(result) or result.succeeded:
             ok = not failed(result)
             self.apply(
@@ -361,9 +358,18 @@ class DataPlane:
     def _now(self) -> int:
         return self.host.now_ms()
 
-    def _released(self, topic: str, result: Any) -> None:
-        ok = not failed(result) and result.succeeded
-        self.apply(self.machine.released(topic, ok, self.host.now_ms()))
+    def _released(self, release: own.Release, result: Any) -> None:
+        topic, host = release.topic, self.host
+        if failed(result) or result.succeeded:
+            self.apply(self.machine.released(topic, not failed(result), self._now()))
+            return
+
+        def found(kv: Any) -> None:
+            done = not failed(kv) and own.release_done(release, kv)
+            self.apply(self.machine.released(topic, done, self._now()))
+
+        key = own.owner_key(topic)
+        host.call(f"read {key}", lambda: host.etcd.get(key), found)
 
     def _load(self, effect: own.Load) -> None:
         host, topic, etcd = self.host, effect.topic, self.host.etcd
@@ -403,23 +409,21 @@ class DataPlane:
 
         host.call(f"read {topic}", read, have)
 
-    def _unload(self, topic: str) -> None:
+    def _unload(self, effect: own.Unload) -> None:
         core = self.broker.core
         if core is None:
             return
-        self.broker._apply(core.unload(topic, self.broker.now_ms).effects)
-        self._when_settled(topic)
+        self.broker._apply(core.unload(effect.topic, self.broker.now_ms).effects)
+        self._when_settled(effect)
 
-    def _when_settled(self, topic: str) -> None:
-        core = self.broker.core
-        if (
-            not self.host.alive
-            or core is None
-            or self.machine.phase(topic) is not own.Phase.UNLOADING
-        ):
+    def _when_settled(self, effect: own.Unload) -> None:
+        core, topic = self.broker.core, effect.topic
+        if not self.host.alive or core is None:
             return
         if not (core.settled(topic) and self.broker.metadata_flushed):
-            self.host.world.at(SETTLE_POLL_US, lambda: self._when_settled(topic))
+            self.host.world.at(SETTLE_POLL_US, lambda: self._when_settled(effect))
+            return
+        if not self.machine.unloading(topic, effect.claim_revision):
             return
         self._forget(topic, delete_files=True)
         self.host.world.log(f"broker {self.host.name} unloaded {topic}")

@@ -78,7 +78,7 @@ def test_a_deleted_assignment_unloads_then_releases_claim_and_marks_the_marker_r
     o = machine()
     serving(o)
     assert o.marker_seen(T, unload_marker(), 50, 0) == []
-    assert o.assignment_seen(T, False, 0) == [Unload(T)]
+    assert o.assignment_seen(T, False, 0) == [Unload(T, 40)]
     assert o.phase(T) is Phase.UNLOADING
     assert o.unloaded(T, 0) == [
         Release(
@@ -153,7 +153,7 @@ def test_an_assignment_deleted_while_loading_is_unloaded_once_the_load_answers()
     o.assignment_seen(T, True, 0)
     o.claim_done(T, True, 40, 0)  # Load(T, 40) is out
     assert o.assignment_seen(T, False, 0) == []
-    assert o.loaded(T, 0) == [Unload(T)]
+    assert o.loaded(T, 0) == [Unload(T, 40)]
 
 
 def test_an_assignment_deleted_while_claiming_needs_no_unload() -> None:
@@ -255,3 +255,44 @@ def test_a_claim_found_is_ours_only_under_our_name_and_lease() -> None:
     assert not own_claim(found("garbage", 42), "1", 42)
     assert not own_claim(None, "1", 42)
     assert not own_claim(found({"broker_id": 1}, 42), "1", None)
+
+
+def test_an_unload_overtaken_by_a_new_lease_and_claim_is_no_longer_current() -> None:
+    """Found in review: the driver forgot the topic once the seal settled without asking
+    whether the unload was still current, so a stay loaded again meanwhile (new lease, new
+    claim) lost its topic and WAL directory while the machine believed it served."""
+    o = machine()
+    serving(o, claim_revision=40)
+    assert o.assignment_seen(T, False, 0) == [Unload(T, 40)]
+    assert o.unloading(T, 40)
+    o.member(8, 0)  # a new lease: Drop, the topic is not assigned any more
+    assert not o.unloading(T, 40)
+    o.assignment_seen(T, True, 0)
+    o.claim_done(T, True, 90, 0)
+    o.loaded(T, 0)
+    assert o.phase(T) is Phase.SERVING
+    assert not o.unloading(T, 40)
+    o.assignment_seen(T, False, 0)
+    assert o.unloading(T, 90) and not o.unloading(T, 40)
+
+
+def test_a_release_whose_claim_is_gone_is_done_and_one_whose_claim_stands_is_not() -> None:
+    """Found in review: a release that landed but whose answer was lost compared a deleted
+    claim on every retry and stayed RELEASING for good."""
+    from danube.cluster.ownership import release_done
+    from danube.metadata.model import KeyValue
+
+    o = machine()
+    serving(o, claim_revision=40)
+    [unload] = o.assignment_seen(T, False, 0)
+    [release] = o.unloaded(T, 0)
+    assert isinstance(unload, Unload) and isinstance(release, Release)
+
+    def claim(revision: int) -> KeyValue:
+        return KeyValue(OWNER, {"broker_id": 1}, revision, revision, 1, 7)
+
+    assert release_done(release, None)
+    assert release_done(release, claim(90))  # claimed anew since: not ours to delete
+    assert not release_done(release, claim(40))
+    marker_only = Release(T, (Compare(MARKER, "mod_revision", "==", 50),), ())
+    assert not release_done(marker_only, None)

@@ -44,8 +44,9 @@ from danube.cluster.ownership import (
     load_reads,
     own_claim,
     owner_key,
+    release_done,
 )
-from danube.metadata import MetadataError, MetadataStore, WatchEvent
+from danube.metadata import KeyValue, MetadataError, MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")
 
@@ -168,7 +169,7 @@ class OwnershipDriver:
             elif isinstance(effect, Load):
                 self._nursery.start_soon(self._load, effect)
             elif isinstance(effect, Unload):
-                self._nursery.start_soon(self._unload, effect.topic)
+                self._nursery.start_soon(self._unload, effect)
             elif isinstance(effect, Drop):
                 self._drop(effect.topic)
 
@@ -182,22 +183,22 @@ class OwnershipDriver:
         else:
             succeeded, revision = result.succeeded, result.revision
             if not succeeded:
-                succeeded, revision = await self._own_claim(effect.topic)
+                read, found = await self._owner(effect.topic)
+                if read and own_claim(found, self._broker_id, self.machine.lease_id):
+                    assert found is not None
+                    succeeded, revision = True, found.mod_revision
             if succeeded:
                 log.info("event=topic_claimed topic=%s revision=%d", effect.topic, revision)
         self._apply(self.machine.claim_done(effect.topic, succeeded, revision, _monotonic_ms()))
 
-    async def _own_claim(self, topic: str) -> tuple[bool, int]:
-        """The claim found in the store, if it is this broker's own (`own_claim`)."""
+    async def _owner(self, topic: str) -> tuple[bool, KeyValue | None]:
+        """(read, the claim in the store): after a compare failed, what is really there
+        (`own_claim`, `release_done`); `read` False when the store did not answer."""
         try:
             with trio.fail_after(REQUEST_TIMEOUT_S):
-                found = await self.store.get(owner_key(topic))
+                return True, await self.store.get(owner_key(topic))
         except (MetadataError, trio.TooSlowError):
-            return False, 0
-        if own_claim(found, self._broker_id, self.machine.lease_id):
-            assert found is not None
-            return True, found.mod_revision
-        return False, 0
+            return False, None
 
     async def _release(self, effect: Release) -> None:
         try:
@@ -207,6 +208,10 @@ class OwnershipDriver:
         except (MetadataError, trio.TooSlowError) as error:
             log.warning("event=release_failed topic=%s error=%s", effect.topic, error or "timeout")
             succeeded = False
+        else:
+            if not succeeded:
+                read, found = await self._owner(effect.topic)
+                succeeded = read and release_done(effect, found)
         if succeeded:
             log.info("event=topic_released topic=%s", effect.topic)
         self._apply(self.machine.released(effect.topic, succeeded, _monotonic_ms()))
@@ -242,12 +247,15 @@ class OwnershipDriver:
     async def _adopt(self, entries: dict[str, Any], keep_local: bool) -> None:
         await self.runtime.run(self.core.adopt(entries, keep_local=keep_local))
 
-    async def _unload(self, topic: str) -> None:
-        started = trio.current_time()
+    async def _unload(self, effect: Unload) -> None:
+        topic, started = effect.topic, trio.current_time()
         await self._on_loop(lambda: self._seal(topic))
         while not self.core.settled(topic):
             await trio.sleep(SETTLE_POLL_S)
         await trio_asyncio.aio_as_trio(self.runtime.flush_metadata)()
+        if not self.machine.unloading(topic, effect.claim_revision):
+            log.info("event=unload_overtaken topic=%s", topic)
+            return
         await self._on_loop(lambda: self._forget(topic, "moved to another broker", True))
         log.info("event=topic_unloaded topic=%s seconds=%.3f", topic, trio.current_time() - started)
         self._apply(self.machine.unloaded(topic, _monotonic_ms()))

@@ -96,6 +96,16 @@ def own_claim(found: KeyValue | None, broker_id: str, lease_id: int | None) -> b
     return keys.broker_id_from_json(holder) == broker_id
 
 
+def release_done(effect: Release, found: KeyValue | None) -> bool:
+    """A `Release` whose compare failed found this at the owner key. It is done when the
+    claim it deletes is gone: its own answer was lost after it landed (it deleted the claim
+    and marked the marker in one transaction), or the lease expired and took the claim. A
+    release that deletes no claim, or whose claim still stands, must go again."""
+    key = owner_key(effect.topic)
+    claim = next((c.operand for c in effect.compares if c.key == key), None)
+    return claim is not None and (found is None or found.mod_revision != claim)
+
+
 def load_reads(topic: str) -> tuple[tuple[str, ...], str]:
     """What a `Load` reads before it adopts the topic: the prefixes to scan (the topic's keys,
     its object index) and its namespace's policy key."""
@@ -160,7 +170,8 @@ class OwnershipConfig:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """Run as one transaction; answer `claim_done(topic, succeeded, revision)`."""
+    """Run as one transaction; answer `claim_done(topic, succeeded, revision)`, where a failed
+    compare still succeeded, at the found claim's revision, if `own_claim` says so."""
 
     topic: str
     compares: tuple[Compare, ...]
@@ -178,9 +189,10 @@ class Load:
 @dataclass(frozen=True, slots=True)
 class Unload:
     """Stop serving: refuse publishes, seal a reliable topic, end client streams; answer
-    `unloaded(topic)`."""
+    `unloaded(topic)`, if `unloading(topic, claim_revision)` still holds once sealed."""
 
     topic: str
+    claim_revision: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +204,8 @@ class Drop:
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """Run as one transaction; answer `released(topic, succeeded)`."""
+    """Run as one transaction; answer `released(topic, succeeded)`, where a failed compare
+    still succeeded if `release_done` says so of the owner key read afterwards."""
 
     topic: str
     compares: tuple[Compare, ...]
@@ -247,6 +260,17 @@ class Ownership:
     def phase(self, topic: str) -> Phase | None:
         state = self._topics.get(topic)
         return None if state is None else state.phase
+
+    def unloading(self, topic: str, claim_revision: int) -> bool:
+        """The `Unload` of this claim is still the topic's step. A driver asks before it
+        forgets the topic: while it waited for the seal, a new lease may have dropped the
+        topic and a new claim loaded it again, and that stay must not be forgotten."""
+        state = self._topics.get(topic)
+        return (
+            state is not None
+            and state.phase is Phase.UNLOADING
+            and state.claim_revision == claim_revision
+        )
 
     def serving(self) -> list[str]:
         return sorted(t for t, s in self._topics.items() if s.phase is Phase.SERVING)
@@ -396,18 +420,20 @@ class Ownership:
                 return None
             return self._claim(topic)
         if state.phase is Phase.LOADING:
+            assert state.claim_revision is not None
             if not state.assigned:
                 state.phase = Phase.UNLOADING
-                return Unload(topic)
-            assert state.claim_revision is not None
+                return Unload(topic, state.claim_revision)
             return Load(topic, state.claim_revision)
         if state.phase is Phase.SERVING:
             if state.assigned:
                 return None
             state.phase = Phase.UNLOADING
-            return Unload(topic)
+            assert state.claim_revision is not None
+            return Unload(topic, state.claim_revision)
         if state.phase is Phase.UNLOADING:
-            return Unload(topic)
+            assert state.claim_revision is not None
+            return Unload(topic, state.claim_revision)
         return self._release(topic, state)
 
     def _claim(self, topic: str) -> Claim:
