@@ -41,8 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cluster", action="store_true",
-        help="run the cluster control plane instead (brokers' membership and load manager "
-        "against a simulated etcd); `python -m sim --cluster --help` lists its knobs",
+        help="run a cluster instead (brokers' membership and load manager against a "
+        "simulated etcd, and with --data their data planes); `python -m sim --cluster "
+        "--help` lists its knobs",
     )  # fmt: skip
     add_run_arguments(parser, PROFILES, 10.0, "load")
     workload = parser.add_argument_group(

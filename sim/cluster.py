@@ -1,11 +1,11 @@
-"""One run of the cluster control plane: N brokers (`sim.cluster_node`), each with its
+"""One cluster run: N brokers (`sim.cluster_node`), each with its
 `Membership` and `LoadManager` machines, against one simulated etcd (`sim.etcd`), under
 crashes, graceful stops, broker-etcd partitions, message loss, etcd stalls, slow requests and
 clock drift; the invariants of `sim.cluster_checker` hold after every event.
 
 The brokers boot within the first 200 ms. Topics are created at random times over the first
-80 % of the run, each through a random running broker (a client retries with another after
-the request timeout), so new topics meet every fault. After `duration` the faults stop (those
+80 % of the run, each through a random running broker (a client asks again through a random
+running broker 3.5 s later), so new topics meet every fault. After `duration` the faults stop (those
 under way run out) and the run goes on until the cluster has settled (d), for at most
 `SETTLE_LIMIT_US`.
 
@@ -123,8 +123,9 @@ class ClusterResult(ResultMethods):
     created: int
     landed: dict[str, int]
     """Writes that took effect, by kind: decisions (`Assign`, `Move`, `FailOver`,
-    `Release`), `campaign`s won, `register`, `create`, `ready`, `revoke`; with data planes
-    also `claim`, `release`, `writer`, `persist`, `index`."""
+    `Release`), `campaign`s won, `register`, `create`, `ready`, `revoke`, `load report`; with
+    data planes also `namespace` (the setup),
+    `claim`, `release`, `writer`, `persist`, `index`."""
     data: dict[str, int] = field(default_factory=dict)
     """With data planes: messages acknowledged, objects indexed, producers' lookups."""
     trace_tail: list[str] = field(default_factory=list)

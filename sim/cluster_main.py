@@ -12,12 +12,18 @@ from sim.cluster import ClusterResult, ClusterSimulation, ClusterWorkload, clust
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 from sim.seeds import add_fault_arguments, add_run_arguments, chosen_faults, run_seeds
 
+KNOB_HELP = {
+    "data": "data planes: ownership, broker cores, object store, producers ",
+    "rate": "with --data: messages per second of each topic's producer ",
+}
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sim --cluster",
-        description="Deterministic simulation of the cluster control plane: brokers' "
-        "membership and load manager against a simulated etcd, under faults.",
+        description="Deterministic simulation of a cluster under faults: brokers' membership "
+        "and load manager against a simulated etcd; with --data also their ownership "
+        "machines, broker cores, an object store and producers (invariants g and h).",
     )
     add_run_arguments(parser, CLUSTER_PROFILES, 30.0, "faults")
     workload = parser.add_argument_group("workload")
@@ -25,13 +31,16 @@ def _parser() -> argparse.ArgumentParser:
     for item in dataclasses.fields(ClusterWorkload):
         value = getattr(defaults, item.name)
         flag = f"--{item.name.replace('_', '-')}"
+        what = KNOB_HELP.get(item.name, "")
         if isinstance(value, bool):
             workload.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=value,
-                help=f"(default {'on' if value else 'off'})",
+                help=f"{what}(default {'on' if value else 'off'})",
             )  # fmt: skip
         else:
-            workload.add_argument(flag, type=type(value), default=value, help=f"(default {value})")
+            workload.add_argument(
+                flag, type=type(value), default=value, help=f"{what}(default {value})"
+            )
     add_fault_arguments(parser, ClusterFaults)
     return parser
 

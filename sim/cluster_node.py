@@ -25,7 +25,7 @@ follows the membership's `Fenced`/`Unfenced`.
 
 A broker's clock has its own origin and a rate that drifts from etcd's within the configured
 skew; a crash ends the incarnation (its timers, requests and watches die with it) and the next
-one starts from nothing but the clock.
+one starts from nothing but the clock (and, with a data plane, the machine's disk).
 """
 
 from __future__ import annotations

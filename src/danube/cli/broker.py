@@ -65,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--advertised-addr", help="host:port clients are told to connect to (default: bind addr)"
     )
-    parser.add_argument("--data-dir", help="where metadata lives (default ./danube-data)")
+    parser.add_argument(
+        "--data-dir",
+        help="the WAL (<dir>/wal) and, standalone, the metadata (default ./danube-data)",
+    )
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )

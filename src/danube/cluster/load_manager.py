@@ -306,7 +306,7 @@ Effect = Txn | ScheduleTick | Log
 
 @dataclass(frozen=True, slots=True)
 class Proposal:
-    """The move a rebalancing step would make (also the answer to a dry run)."""
+    """The move a rebalancing step would make (what a dry run will answer, issue 10)."""
 
     topic: str
     from_broker: str
@@ -450,42 +450,6 @@ class LoadManager:
 
     # -- inputs: the view ------------------------------------------------------------------
 
-    def broker_registered(self, broker: str, revision: int, now: int) -> list[Effect]:
-        """`/cluster/register/<broker>` put at `revision`."""
-        self._register(broker, revision, now)
-        return self._react(now)
-
-    def broker_unregistered(self, broker: str, now: int) -> list[Effect]:
-        """`/cluster/register/<broker>` is gone: its lease expired (or it stopped)."""
-        self._unregister(broker, now)
-        return self._react(now)
-
-    def broker_state_changed(self, broker: str, mode: str | None, now: int) -> list[Effect]:
-        """`mode` of `/cluster/brokers/<broker>/state` (`keys.broker_mode`), None if unset."""
-        self._set_mode(broker, mode)
-        return self._react(now)
-
-    def load_report_received(
-        self, broker: str, report: LoadReport | None, now: int
-    ) -> list[Effect]:
-        """A new report of `broker`, or None when its load key was deleted."""
-        self._set_report(broker, report)
-        return self._react(now)
-
-    def unassigned_seen(
-        self, topic: str, marker: Marker | None, revision: int, now: int
-    ) -> list[Effect]:
-        """`/cluster/unassigned/<topic>` put at `revision`, or deleted (marker None)."""
-        self._set_marker(topic, marker, revision, now)
-        return self._react(now)
-
-    def assignment_seen(
-        self, broker: str, topic: str, revision: int | None, now: int
-    ) -> list[Effect]:
-        """`/cluster/brokers/<broker>/<topic>` put at `revision`, or deleted (None)."""
-        self._set_assignment(broker, topic, revision, now)
-        return self._react(now)
-
     def observe(self, event: WatchEvent, now: int) -> list[Effect]:
         """Routes one event of the watch on `keys.CLUSTER_PREFIX` to the input it stands for;
         keys the load manager does not read are ignored."""
@@ -527,7 +491,7 @@ class LoadManager:
         return ranking(self._scores())
 
     def balance(self) -> Imbalance:
-        """The figures of `GetClusterBalance`."""
+        """The figures `GetClusterBalance` will report (issue 10; not served yet)."""
         return imbalance(self._scores())
 
     def propose_move(self, now: int) -> Proposal | None:
