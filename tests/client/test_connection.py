@@ -35,3 +35,28 @@ def test_a_connection_lost_during_setup_raises_a_transport_error_and_is_replaced
         channel.close()
 
     asyncio.run(scenario())
+
+
+def test_a_broker_that_answers_with_an_error_goes_first_next_time() -> None:
+    """Found in review: only a successful answer moved a service URL to the front, so after
+    the first broker died and the second answered NOT_FOUND (a topic not created yet), the
+    lookup fell back to the dead first URL."""
+    from grpclib.const import Status
+    from grpclib.exceptions import GRPCError
+
+    from danube.client.connection import Connections, RetryPolicy
+
+    async def scenario() -> None:
+        connections = Connections("http://127.0.0.1:1,http://127.0.0.1:2", RetryPolicy())
+        answers: list[Exception] = [OSError("refused"), GRPCError(Status.NOT_FOUND, "no topic")]
+
+        async def call(_: object) -> None:
+            raise answers.pop(0)
+
+        with pytest.raises(GRPCError):
+            await connections._discover("lookup", call)
+        assert connections.service_url == "http://127.0.0.1:2"
+        assert connections.reached
+        connections.close()
+
+    asyncio.run(scenario())

@@ -100,14 +100,17 @@ class Connections:
                 failures.append(f"{url}: {error}")
                 continue
             except GRPCError:
-                self.reached = True
+                self._answered(url)  # an error answer still proves the broker is up
                 raise
-            self.reached = True
-            if url != self.service_urls[0]:
-                self.service_urls.remove(url)
-                self.service_urls.insert(0, url)
+            self._answered(url)
             return result
         raise DanubeClientError(f"{what}: cannot reach any broker ({'; '.join(failures)})")
+
+    def _answered(self, url: str) -> None:
+        self.reached = True
+        if url != self.service_urls[0]:
+            self.service_urls.remove(url)
+            self.service_urls.insert(0, url)
 
     def next_request_id(self) -> int:
         return next(self._request_ids)
