@@ -296,3 +296,21 @@ def test_a_release_whose_claim_is_gone_is_done_and_one_whose_claim_stands_is_not
     assert not release_done(release, claim(40))
     marker_only = Release(T, (Compare(MARKER, "mod_revision", "==", 50),), ())
     assert not release_done(marker_only, None)
+
+
+def test_a_topic_assigned_back_while_only_its_marker_was_owed_is_claimed_again() -> None:
+    """Found in review: when the claim was released but the marker's ready was still owed and
+    the marker then went away, the topic was forgotten without looking whether it had been
+    assigned back meanwhile; it waited for an assignment event that never came."""
+    o = machine()
+    serving(o)
+    o.marker_seen(T, unload_marker(), 50, 0)
+    o.assignment_seen(T, False, 0)
+    o.unloaded(T, 0)  # Release: the claim, and the marker at revision 50
+    o.marker_seen(T, unload_marker(), 60, 0)  # rewritten while the release was out
+    o.released(T, True, 0)  # the claim is gone; the marker at 60 is still owed: a new release
+    o.assignment_seen(T, True, 0)  # assigned back meanwhile
+    o.marker_seen(T, None, 0, 0)  # the marker is gone: nothing is owed any more
+    o.released(T, False, 0)  # so the marker's release failed
+    effects = o.tick(10_000)
+    assert [type(e) for e in effects] == [Claim], effects

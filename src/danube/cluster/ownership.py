@@ -29,6 +29,7 @@ milliseconds.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -370,9 +371,7 @@ class Ownership:
             if seen is not None and seen.revision == state.released_marker:
                 del self._markers[topic]  # marked ready; the watch brings the new value
             if not self._owes_ready(topic):
-                del self._topics[topic]
-                if topic in self._assigned:  # assigned back meanwhile
-                    self._topics[topic] = _Topic(Phase.CLAIMING)
+                self._released_all(topic)
         else:
             state.retry_at = now_ms + self.config.retry_ms
         return self._step(now_ms)
@@ -407,7 +406,7 @@ class Ownership:
                 state.retry_at = None
             effect = self._next(topic, state)
             if effect is not None:
-                state.busy = True
+                self._topics[topic].busy = True  # a new stay's state, after a release
                 effects.append(effect)
         if wake:
             effects.append(WakeAt(min(wake)))
@@ -441,6 +440,15 @@ class Ownership:
         claim = {"broker_id": keys.broker_id_to_json(self.config.broker_id)}
         return Claim(topic, (Compare(key, "version", "==", 0),), (Put(key, claim, self.lease_id),))
 
+    def _released_all(self, topic: str) -> bool:
+        """Nothing of the topic's stay is left to release: forget it, or, if it was assigned
+        back here meanwhile, start it over as a new stay (True: it is to be claimed)."""
+        if topic not in self._assigned:
+            del self._topics[topic]
+            return False
+        self._topics[topic] = _Topic(Phase.CLAIMING)
+        return True
+
     def _release(self, topic: str, state: _Topic) -> Release | None:
         compares: list[Compare] = []
         ops: list[Op] = []
@@ -453,15 +461,8 @@ class Ownership:
             marker_key = keys.unassigned_key(topic)
             compares.append(Compare(marker_key, "mod_revision", "==", seen.revision))
             state.released_marker = seen.revision
-            ready = Marker(
-                seen.marker.reason,
-                seen.marker.from_broker,
-                seen.marker.to_broker,
-                True,
-                seen.marker.timestamp,
-            )
+            ready = dataclasses.replace(seen.marker, ready=True)
             ops.append(Put(marker_key, ready.to_json()))
         if not ops:
-            del self._topics[topic]
-            return None
+            return self._claim(topic) if self._released_all(topic) else None
         return Release(topic, tuple(compares), tuple(ops))
