@@ -328,7 +328,7 @@ class InvariantChecker(Observer):
         assert self.objects is not None
         name = parse_topic(topic)
         where = f"{topic}: object {entry.key}"
-        if entry.key != layout.object_key(name, entry.start_offset, entry.next_offset):
+        if layout.parse_object_key(name, entry.key) != (entry.start_offset, entry.next_offset):
             self._violate(TIER, f"{where} is not named after its offsets")
         stored = self.objects.objects.get(entry.key)
         if stored is None:

@@ -399,7 +399,10 @@ class DataPlane:
                     fail("the claim is gone")
                     return
                 self.broker.claims[topic] = effect.claim_revision
-                self.broker._apply(core.adopt(entries, keep_local=writer.keep_local).effects)
+                adopted = core.adopt(
+                    entries, keep_local=writer.keep_local, epoch=effect.claim_revision
+                )
+                self.broker._apply(adopted.effects)
                 host.world.log(f"broker {host.name} loaded {topic} keep_local={writer.keep_local}")
                 self.apply(self.machine.loaded(topic, host.now_ms()))
 

@@ -71,6 +71,10 @@ class MemoryWalDriver:
         self.acked: dict[str, int] = {}
         self.stopped: dict[str, str] = {}
         self.now_ms = 1_000
+        self.hold_uploads = False
+        """Keep `UploadSegment` requests in `held` instead of performing them: an upload
+        still under way, to finish later with `finish_upload`."""
+        self.held: list[TierIo] = []
 
     def run(self, effects: Iterable[Any]) -> list[Any]:
         """Performs every WAL effect, feeding completions back until nothing is left;
@@ -114,8 +118,15 @@ class MemoryWalDriver:
                 out.append(effect)
         return out
 
-    def _tier(self, io: TierIo) -> list[Any]:
+    def finish_upload(self, io: TierIo) -> list[Any]:
+        """Performs a held upload now and reports it to the core."""
+        return self.run(self._tier(io, hold=False))
+
+    def _tier(self, io: TierIo, *, hold: bool | None = None) -> list[Any]:
         core, topic, effect, now = self.core, io.topic, io.effect, self.now_ms
+        if isinstance(effect, UploadSegment) and (self.hold_uploads if hold is None else hold):
+            self.held.append(io)
+            return []
         if isinstance(effect, UploadSegment):
             data = bytes(self.files[topic][effect.segment_base])
             facts = describe_object(

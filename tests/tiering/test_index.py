@@ -104,7 +104,7 @@ def test_a_sound_index_has_no_problems() -> None:
     [
         (entry(10, 9), "offsets 10–9 are empty"),
         (entry(10, 19, crc32c=1 << 32), "not a 32-bit value"),
-        (entry(10, 19, key="x/00000000000000000010-00000000000000000021.wal"), "does not end"),
+        (entry(10, 19, key="x/00000000000000000010-00000000000000000021.wal"), "does not name"),
         (entry(10, 19, offset_index=()), "offset_index is empty"),
         (entry(10, 19, offset_index=((11, 56),)), "starts at offset 11"),
         (entry(10, 19, offset_index=((10, 8),)), "inside the header"),
@@ -186,11 +186,23 @@ def test_describe_object_refuses_damaged_or_mismatched_segments() -> None:
 # -- names ------------------------------------------------------------------------------------
 
 
-@given(start=st.integers(0, 10**20 - 1), end=st.integers(0, 10**20 - 1))
-def test_object_keys_parse_back(start: int, end: int) -> None:
-    key = layout.object_key(TOPIC, start, end)
+@given(
+    start=st.integers(0, 10**20 - 1),
+    end=st.integers(0, 10**20 - 1),
+    epoch=st.integers(0, 10**20 - 1),
+)
+def test_object_keys_parse_back(start: int, end: int, epoch: int) -> None:
+    key = layout.object_key(TOPIC, start, end, epoch)
     assert layout.parse_object_key(TOPIC, key) == (start, end)
     assert layout.index_start(layout.index_path(TOPIC, start)) == start
+
+
+def test_writers_of_one_range_get_keys_of_their_own() -> None:
+    keys = {layout.object_key(TOPIC, 10, 20, epoch) for epoch in (0, 1, 7)}
+    assert len(keys) == 3
+    assert layout.object_key(TOPIC, 10, 20).endswith(
+        "/00000000000000000010-00000000000000000020.wal"
+    ), "standalone (epoch 0) keeps the names of earlier releases"
 
 
 @pytest.mark.parametrize(
@@ -201,6 +213,10 @@ def test_object_keys_parse_back(start: int, end: int) -> None:
         "storage/topics/default/tiered/segments/00000000000000000001-00000000000000000002.tmp",
         "storage/topics/default/tiered2/segments/00000000000000000001-00000000000000000002.wal",
         "storage/topics/default/tiered/segments/x/00000000000000000001-00000000000000000002.wal",
+        "storage/topics/default/tiered/segments/00000000000000000001-00000000000000000002-"
+        "00000000000000000000.wal",
+        "storage/topics/default/tiered/segments/00000000000000000001-00000000000000000002-"
+        "00000000000000000003-00000000000000000004.wal",
     ],
 )
 def test_foreign_keys_do_not_parse(key: str) -> None:

@@ -226,7 +226,8 @@ class OwnershipDriver:
             return
         assert self.runtime.claims is not None
         self.runtime.claims[topic] = effect.claim_revision
-        await self._on_loop(lambda: self._adopt(entries, keep_local))
+        revision = effect.claim_revision
+        await self._on_loop(lambda: self._adopt(entries, keep_local, revision))
         log.info("event=topic_loaded topic=%s kept_local_wal=%s", topic, keep_local)
         self._apply(self.machine.loaded(topic, _monotonic_ms()))
 
@@ -244,8 +245,8 @@ class OwnershipDriver:
             raise LookupError(f"the claim on {topic} is gone")
         return entries, writer.keep_local
 
-    async def _adopt(self, entries: dict[str, Any], keep_local: bool) -> None:
-        await self.runtime.run(self.core.adopt(entries, keep_local=keep_local))
+    async def _adopt(self, entries: dict[str, Any], keep_local: bool, epoch: int) -> None:
+        await self.runtime.run(self.core.adopt(entries, keep_local=keep_local, epoch=epoch))
 
     async def _unload(self, effect: Unload) -> None:
         topic, started = effect.topic, trio.current_time()

@@ -321,6 +321,9 @@ class TopicRecord:
     index: list[IndexEntry] = field(default_factory=list)
     """Tiered: the object index read at restore, until the uploader takes it over."""
     uploader: tier.Uploader | None = None
+    epoch: int = 0
+    """Tiered: names this broker's objects of the topic (`layout.object_key`): the revision
+    of its claim in cluster mode, 0 standalone."""
     sealed_through: int = 0
     """Tiered: end of the last segment the uploader was told is sealed."""
     object_ack: bool = False
@@ -493,17 +496,20 @@ class BrokerCore:
 
     # -- ownership (cluster mode, spec/cluster.md "Topic moves") --------------------------------
 
-    def adopt(self, entries: Mapping[str, Any], *, keep_local: bool) -> Step[None]:
+    def adopt(self, entries: Mapping[str, Any], *, keep_local: bool, epoch: int) -> Step[None]:
         """Starts serving the topics of a metadata read: a topic this broker has just
-        claimed. `keep_local` False discards a WAL directory an earlier ownership left here:
-        another broker has written the topic since, so the history continues from the object
-        index and the old directory holds nothing that is still the topic's."""
+        claimed, under the claim of revision `epoch`. `keep_local` False discards a WAL
+        directory an earlier ownership left here: another broker has written the topic since,
+        so the history continues from the object index and the old directory holds nothing
+        that is still the topic's."""
         step = self.restore(entries)
-        loads = tuple(
-            LoadWal(e.topic, fresh=not keep_local) if isinstance(e, LoadWal) else e
-            for e in step.effects
-        )
-        return Step(None, loads)
+        loads: list[Effect] = []
+        for effect in step.effects:
+            if isinstance(effect, LoadWal):
+                self._topics[effect.topic].epoch = epoch
+                effect = LoadWal(effect.topic, fresh=not keep_local)
+            loads.append(effect)
+        return Step(None, tuple(loads))
 
     def serves(self, topic: str) -> bool:
         """The topic is loaded here and not on its way out."""
@@ -1233,7 +1239,7 @@ class BrokerCore:
         )
         effects: list[Effect] = []
         if self._uploads is not None and record.uploader is None:
-            record.uploader = tier.Uploader(record.name, self._uploads)
+            record.uploader = tier.Uploader(record.name, self._uploads, record.epoch)
             self._uploaders += 1
             record.uploader_id = self._uploaders
             sealed = [

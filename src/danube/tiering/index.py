@@ -17,7 +17,7 @@ from typing import Any
 
 from danube.kernels import crc32c
 from danube.kernels.twins import MIN_FRAME
-from danube.tiering.layout import object_name
+from danube.tiering.layout import parse_object_name
 from danube.wal import format
 
 MIN_HEADER = 40
@@ -115,9 +115,11 @@ def entry_problems(entry: IndexEntry) -> list[str]:
         problems.append(f"{where}: offsets {entry.start_offset}–{entry.end_offset} are empty")
     if not 0 <= entry.crc32c < U32:
         problems.append(f"{where}: crc32c {entry.crc32c} is not a 32-bit value")
-    name = object_name(entry.start_offset, entry.next_offset)
-    if not entry.key.endswith("/" + name):
-        problems.append(f"{where}: key {entry.key!r} does not end with /{name}")
+    if parse_object_name(entry.key.rpartition("/")[2]) != (entry.start_offset, entry.next_offset):
+        problems.append(
+            f"{where}: key {entry.key!r} does not name offsets "
+            f"{entry.start_offset}–{entry.end_offset}"
+        )
     index = entry.offset_index
     if not index:
         problems.append(f"{where}: offset_index is empty")

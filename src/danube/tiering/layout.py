@@ -1,9 +1,14 @@
 """Where a topic's segment objects and their index entries live (spec/object-layout.md).
 
-Names are functions of the offsets alone, never of a clock or a counter: an upload repeated
-after a crash writes the same key with the same bytes, and its index entry goes to the same
-metadata path, where compare-and-create makes the repeat harmless. That determinism is what
-lets the uploader resume without a checkpoint of its own.
+Names are functions of the offsets and the writer's epoch, never of a clock or a counter: an
+upload repeated after a crash writes the same key with the same bytes, and its index entry
+goes to the same metadata path, where compare-and-create makes the repeat harmless. That
+determinism is what lets the uploader resume without a checkpoint of its own.
+
+The epoch (cluster mode: the revision of the claim the writer holds; 0 standalone, where
+there is one writer) keeps two writers of one range apart. A broker that lost its claim cannot
+commit an index entry, but it can still finish an upload; without the epoch that upload would
+overwrite, under the same offsets-only key, the object the new owner had indexed.
 """
 
 from __future__ import annotations
@@ -21,26 +26,35 @@ def object_prefix(topic: TopicName) -> str:
     return f"storage/topics/{topic.path}/segments/"
 
 
-def object_name(start_offset: int, next_offset: int) -> str:
-    return f"{start_offset:020d}-{next_offset:020d}{OBJECT_SUFFIX}"
+def object_name(start_offset: int, next_offset: int, epoch: int = 0) -> str:
+    """Epoch 0 leaves the epoch out, so standalone names stay those of earlier releases."""
+    writer = f"-{epoch:020d}" if epoch else ""
+    return f"{start_offset:020d}-{next_offset:020d}{writer}{OBJECT_SUFFIX}"
 
 
-def object_key(topic: TopicName, start_offset: int, next_offset: int) -> str:
-    """The object holding offsets `start_offset` … `next_offset - 1`: the sealed segment file
-    of that range, byte for byte."""
-    return object_prefix(topic) + object_name(start_offset, next_offset)
+def object_key(topic: TopicName, start_offset: int, next_offset: int, epoch: int = 0) -> str:
+    """The object holding offsets `start_offset` … `next_offset - 1` as written by the
+    writer of `epoch`: the sealed segment file of that range, byte for byte."""
+    return object_prefix(topic) + object_name(start_offset, next_offset, epoch)
 
 
 def parse_object_key(topic: TopicName, key: str) -> tuple[int, int] | None:
-    """(start offset, next offset) of one of the topic's object keys; None for anything else,
-    which the orphan collection must then leave alone."""
+    """(start offset, next offset) of one of the topic's object keys, whatever its epoch;
+    None for anything else, which the orphan collection must then leave alone."""
     prefix = object_prefix(topic)
-    if not key.startswith(prefix) or not key.endswith(OBJECT_SUFFIX):
+    return parse_object_name(key[len(prefix) :]) if key.startswith(prefix) else None
+
+
+def parse_object_name(name: str) -> tuple[int, int] | None:
+    """(start offset, next offset) of a name `object_name` makes, whatever its epoch."""
+    if not name.endswith(OBJECT_SUFFIX):
         return None
-    first, dash, second = key[len(prefix) : -len(OBJECT_SUFFIX)].partition("-")
-    if not dash or not _padded(first) or not _padded(second):
+    parts = name[: -len(OBJECT_SUFFIX)].split("-")
+    if len(parts) not in (2, 3) or not all(_padded(part) for part in parts):
         return None
-    return int(first), int(second)
+    if len(parts) == 3 and int(parts[2]) == 0:
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 def index_prefix(topic: TopicName) -> str:

@@ -13,13 +13,15 @@ uncommitted ones are uploading or uploaded-but-uncommitted at a time (default 1:
 segment after the other). Index entries are committed one at a time in offset order, so the
 index never has a gap, not even for a moment, and a crash cannot leave one.
 
-**Idempotent resume, no checkpoint.** An object's key and its index path are functions of its
-offsets (`danube.tiering.layout`), and an index entry is written with compare-and-create. So
-the index itself is the uploader's checkpoint: after a crash the driver passes the committed
-entries and the local sealed segments to `recovered`; segments already indexed are skipped
-(and their local files may go), and a segment uploaded but not indexed is simply uploaded
-again to the same key, overwriting the same bytes, then indexed. A commit repeated after an
-ambiguous failure finds its entry present (`index_exists`) and counts as done.
+**Idempotent resume, no checkpoint.** An object's key is a function of its offsets and the
+writer's epoch, its index path of its offsets (`danube.tiering.layout`), and an index entry is
+written with compare-and-create. So the index itself is the uploader's checkpoint: after a
+crash the driver passes the committed entries and the local sealed segments to `recovered`;
+segments already indexed are skipped (and their local files may go), and a segment uploaded
+but not indexed is simply uploaded again (to the same key under the same epoch, overwriting
+the same bytes; under a new epoch to a new key, leaving the old one an orphan), then indexed.
+A commit repeated after an ambiguous failure finds its entry present (`index_exists`) and
+counts as done.
 
 **Retries.** A `throttled` or `server_error` upload is retried after an exponential backoff
 (`retry_base_ms` doubling up to `retry_max_ms`, plus the `jitter_ms` the driver passes, so
@@ -236,9 +238,16 @@ class _Segment:
 class Uploader:
     """One topic's uploader. Single-threaded by contract; call `recovered` first."""
 
-    def __init__(self, topic: TopicName, config: UploaderConfig | None = None) -> None:
+    def __init__(
+        self, topic: TopicName, config: UploaderConfig | None = None, epoch: int = 0
+    ) -> None:
+        """`epoch` names this writer's objects (`layout.object_key`): the revision of the
+        broker's claim on the topic in cluster mode, 0 standalone."""
+        if epoch < 0:
+            raise ValueError(f"epoch cannot be negative, got {epoch}")
         self.topic = topic
         self.config = config or UploaderConfig()
+        self.epoch = epoch
         self._entries: list[IndexEntry] = []
         self._indexed_keys: set[str] = set()
         self._uncommitted: deque[_Segment] = deque()
@@ -302,11 +311,11 @@ class Uploader:
         entries = sorted(indexed, key=_start_of)
         problems = validate_index(entries)
         for entry in entries:
-            expected = layout.object_key(self.topic, entry.start_offset, entry.next_offset)
-            if entry.key != expected:
+            named = layout.parse_object_key(self.topic, entry.key)
+            if named != (entry.start_offset, entry.next_offset):
                 problems.append(
-                    f"index entry {entry.start_offset:020d} names key {entry.key!r}, not "
-                    f"{expected!r}"
+                    f"index entry {entry.start_offset:020d} names key {entry.key!r}, not one "
+                    f"of offsets {entry.start_offset}–{entry.end_offset} of this topic"
                 )
         if problems:
             return self._stop(f"the object index is unsound: {'; '.join(problems)}", False)
@@ -464,7 +473,7 @@ class Uploader:
                 f"before offset {expected}: offsets {low}–{high - 1} are {what}"
             )
             return self._stop(reason, False)
-        key = layout.object_key(self.topic, base, next_offset)
+        key = layout.object_key(self.topic, base, next_offset, self.epoch)
         segment = _Segment(base, next_offset, size, key)
         self._uncommitted.append(segment)
         self._by_key[key] = segment
