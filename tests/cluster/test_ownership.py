@@ -164,6 +164,34 @@ def test_an_assignment_deleted_while_claiming_needs_no_unload() -> None:
     assert o.phase(T) is None
 
 
+@pytest.mark.parametrize("claim_out", [True, False], ids=["claim in flight", "claim waiting"])
+def test_a_topic_moved_away_before_its_claim_landed_still_marks_the_marker_ready(
+    claim_out: bool,
+) -> None:
+    """Found by `python -m sim --cluster --data` (seed 4): the claim kept finding the
+    broker's own claim of its previous lease, the leader moved the topic away, and with the
+    marker seen before the deleted assignment the machine forgot the topic without marking
+    the marker ready; no broker was ever assigned the topic again."""
+    o = machine()
+    o.assignment_seen(T, True, 0)
+    if not claim_out:
+        assert o.claim_done(T, False, 0, 0) == [WakeAt(500)]
+    moved = Marker(MarkerReason.REBALANCE, "1", "2", False, 1_700_000_000)
+    assert o.marker_seen(T, moved, 60, 1) == ([] if claim_out else [WakeAt(500)])
+    effects = o.assignment_seen(T, False, 2)
+    if claim_out:
+        assert effects == []
+        effects = o.claim_done(T, False, 0, 3)
+    (release,) = effects
+    assert release == Release(
+        T,
+        (Compare(MARKER, "mod_revision", "==", 60),),
+        (Put(MARKER, dict(moved.to_json(), ready=True)),),
+    )
+    assert o.released(T, True, 4) == []
+    assert o.phase(T) is None
+
+
 def test_a_topic_assigned_back_during_its_unload_is_claimed_again_after_release() -> None:
     o = machine()
     serving(o)

@@ -23,8 +23,9 @@ unassigned markers, and for each topic:
   the topic already), and the assignments still in the view are claimed afresh.
 
 One topic is in one phase at a time; an assignment deleted while the topic is still being
-claimed or loaded is unloaded as soon as that step answers. Inputs take the monotonic clock in
-milliseconds.
+loaded is unloaded as soon as the load answers, and one deleted before a claim landed has
+nothing to unload, but still marks ready a marker that names this broker. Inputs take the
+monotonic clock in milliseconds.
 """
 
 from __future__ import annotations
@@ -305,6 +306,8 @@ class Ownership:
             state = self._topics.get(topic)
             if state is not None:
                 state.assigned = False
+                if state.phase is Phase.CLAIMING:
+                    state.retry_at = None  # no claim to wait for any more
         return self._step(now_ms)
 
     def marker_seen(
@@ -330,8 +333,6 @@ class Ownership:
             state.phase = Phase.LOADING
         elif state.assigned:
             state.retry_at = now_ms + self.config.retry_ms
-        else:
-            del self._topics[topic]
         return self._step(now_ms)
 
     def loaded(self, topic: str, now_ms: int) -> list[Effect]:
@@ -414,10 +415,11 @@ class Ownership:
 
     def _next(self, topic: str, state: _Topic) -> Effect | None:
         if state.phase is Phase.CLAIMING:
-            if not state.assigned:
-                del self._topics[topic]
-                return None
-            return self._claim(topic)
+            if state.assigned:
+                return self._claim(topic)
+            # Never held: nothing to unload, but a marker naming this broker still waits
+            # for its `ready`, or nobody would ever assign the topic again.
+            state.phase = Phase.RELEASING
         if state.phase is Phase.LOADING:
             assert state.claim_revision is not None
             if not state.assigned:
