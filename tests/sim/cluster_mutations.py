@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
-from danube.cluster import keys
+from danube.cluster import keys, ownership
 from danube.cluster.load_manager import Assign, LoadManager
 from danube.cluster.membership import Campaign, Effect, Membership
+from danube.core.names import TopicName
+from danube.metadata.model import Compare
+from danube.tiering import layout
+from sim import cluster_data
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 
 Patch = Callable[[], contextlib.AbstractContextManager[None]]
@@ -80,6 +84,38 @@ def failover_skips_dead_brokers() -> Iterator[None]:
     with mock.patch.object(LoadManager, "_check_owner", check_owner):
         yield
 
+
+@contextlib.contextmanager
+def writes_without_claim_compare() -> Iterator[None]:
+    """Fenced writes (metadata and index commits) still refuse a topic without a claim, but
+    no longer compare the claim's revision: a deposed broker's late write lands."""
+
+    def unfenced(keys: Iterable[str], claims: Mapping[str, int] | None) -> list[Compare]:
+        ownership.fence_compares(keys, claims)
+        return []
+
+    with mock.patch.object(cluster_data, "fence_compares", unfenced):
+        yield
+
+
+@contextlib.contextmanager
+def object_keys_without_epoch() -> Iterator[None]:
+    """Object keys name the offsets alone again: a deposed owner's late upload replaces the
+    object the new owner indexed for the same range (the loss seed 37 found)."""
+    original = layout.object_key
+
+    def offsets_only(topic: TopicName, start: int, next_offset: int, epoch: int = 0) -> str:
+        return original(topic, start, next_offset)
+
+    with mock.patch.object(layout, "object_key", offsets_only):
+        yield
+
+
+DATA_MUTATIONS: dict[str, Patch] = {
+    "writes_without_claim_compare": writes_without_claim_compare,
+    "object_keys_without_epoch": object_keys_without_epoch,
+}
+"""Planted bugs of the data planes, for the run with `--data`."""
 
 MUTATIONS: dict[str, Patch] = {
     "never_fence": never_fence,

@@ -1,16 +1,21 @@
 """The cluster run with data planes (`python -m sim --cluster --data`): brokers run their
 ownership machines and broker cores over one simulated etcd and object store while producers
 publish at the `object` level. Deterministic, quiet on twelve seeds under the default faults,
-and quiet on the seed where it found an acknowledged loss."""
+quiet on the seed where it found an acknowledged loss, and loud on planted bugs of g and h
+(`DATA_MUTATIONS` in tests/sim/cluster_mutations.py)."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from danube.core.names import parse_topic
 from danube.tiering import layout
 from sim.cluster import ClusterSimulation, ClusterWorkload
+from sim.cluster_data_checker import NO_LOSS, ONE_WRITER
 from sim.cluster_faults import CLUSTER_PROFILES
+from tests.sim.cluster_mutations import DATA_MUTATIONS
 
 DEFAULT = CLUSTER_PROFILES["default"]
 DATA = ClusterWorkload(data=True)
@@ -50,9 +55,23 @@ def test_a_deposed_owners_late_upload_lands_beside_the_new_owners_object() -> No
     simulation = ClusterSimulation(37, DATA, DEFAULT)
     result = simulation.run(15)
     assert result.ok, [v.detail for v in result.violations]
+    with DATA_MUTATIONS["object_keys_without_epoch"]():
+        planted = ClusterSimulation(37, DATA, DEFAULT).run(15)
+    assert [v.invariant for v in planted.violations] == [NO_LOSS]
+    assert "/default/topic-13: 1 acknowledged messages are lost" in planted.violations[0].detail
     assert simulation.objects is not None
     name = parse_topic("/default/topic-13")
     ranges = Counter(layout.parse_object_key(name, key) for key in simulation.objects.objects)
     assert any(count > 1 for at, count in ranges.items() if at is not None), (
         "two writers uploaded one range"
     )
+
+
+def test_writes_without_the_claim_compare_are_caught_as_a_second_writer() -> None:
+    with DATA_MUTATIONS["writes_without_claim_compare"]():
+        for seed in range(1, 21):
+            result = ClusterSimulation(seed, DATA, DEFAULT).run(10)
+            if not result.ok:
+                assert result.violations[0].invariant == ONE_WRITER, result.violations
+                return
+    pytest.fail("20 seeds did not catch unfenced writes")
