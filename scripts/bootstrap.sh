@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the broker and its test suite need, idempotently: Debian packages (when
-# missing), the project's virtualenv (.venv) and the official danube-client's own virtualenv
+# missing: etcd, and Java 17 for Spark unless one is found), the project's virtualenv (.venv) and the official danube-client's own virtualenv
 # (.venv-official, used by the conformance tests). Safe to run again; quick when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +37,21 @@ if ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
 fi
 # The etcd server the metadata tests start on free ports (a cluster's metadata store).
 apt_install etcd-server
+# Java 17 or newer for Spark (the audits in spark/, issue 7).
+java_major() {
+  "$1" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1
+}
+JAVA_BIN=""
+for candidate in "${JAVA_HOME:+$JAVA_HOME/bin/java}" "$(command -v java || true)"; do
+  if [ -n "$candidate" ] && [ -x "$candidate" ] && [ "$(java_major "$candidate")" -ge 17 ] 2>/dev/null; then
+    JAVA_BIN=$candidate; break
+  fi
+done
+if [ -z "$JAVA_BIN" ]; then
+  apt_install openjdk-17-jre-headless
+  JAVA_BIN=/usr/lib/jvm/java-17-openjdk-amd64/bin/java
+fi
+say "java for Spark: $JAVA_BIN (version $(java_major "$JAVA_BIN"))"
 
 make_venv() {  # dir, stamp text, pip args...
   local dir=$1 stamp=$2; shift 2
@@ -51,6 +66,6 @@ make_venv() {  # dir, stamp text, pip args...
 }
 
 project_stamp=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
-make_venv .venv "$project_stamp" -e ".[dev]"
+make_venv .venv "$project_stamp" -e ".[dev,audit]"
 make_venv .venv-official "$OFFICIAL_CLIENT" "$OFFICIAL_CLIENT"
 say "ready: .venv (project) and .venv-official ($OFFICIAL_CLIENT)"

@@ -1,0 +1,1 @@
+"""PySpark correctness audits (issue 7, spec/audit.md): `python -m spark.audit --help`."""

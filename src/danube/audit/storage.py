@@ -1,0 +1,167 @@
+"""Decoding a stored segment (a local WAL segment or an uploaded object: the same bytes,
+spec/wal-format.md) into audit rows, tolerantly.
+
+The broker's own reader stops at the first bad frame, because serving past it could skip
+data. An audit must instead see everything that is there: it reports a bad frame and goes on
+with the next valid one, and it leaves offset continuity to the checks that compare files
+(a frame whose offsets do not continue the previous one is decoded, not rejected; the checks
+then find the gap or the duplicated offset). Runs inside Spark tasks: plain Python, no
+session, no I/O beyond the bytes it is given.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from danube.audit.digest import payload_digest
+from danube.kernels import find_frame, scan_frames
+from danube.wal.format import WalFormatError, decode_frame, decode_segment_header
+
+_FRAME_BASE = struct.Struct("<Q")
+
+
+class SourceKind(enum.Enum):
+    WAL = "wal"
+    """A local segment: only its newest one may end torn (a crash before the write ended)."""
+    OBJECT = "object"
+    """An uploaded sealed segment: whole, or it is damaged."""
+
+
+class StoredRecord(NamedTuple):
+    topic: str
+    offset: int
+    producer: str
+    digest: int
+    key: str | None
+    source: str
+    position: int
+    """Byte position of the record's frame in the source."""
+
+
+class StorageProblem(NamedTuple):
+    kind: str
+    """`corrupt-frame` (bytes that are no valid frame, inside a segment or an object),
+    `corrupt-record` (a valid frame holds a record that is no `StreamMessage`), `torn-tail`
+    (a local segment ends in an unfinished write: expected after a crash) or `unreadable`
+    (no valid segment header)."""
+    topic: str | None
+    source: str
+    position: int
+    detail: str
+
+
+class StreamFields(NamedTuple):
+    producer: str
+    payload: bytes
+    key: str | None
+
+
+def decode_source(
+    data: bytes, source: str, kind: SourceKind
+) -> Iterator[StoredRecord | StorageProblem]:
+    """Every record of the valid frames in `data`, and a problem for each stretch that is not
+    one."""
+    try:
+        header = decode_segment_header(data)
+    except WalFormatError as error:
+        yield StorageProblem("unreadable", None, source, 0, str(error))
+        return
+    topic, position, end = header.topic, header.length, len(data)
+    while position < end:
+        found = find_frame(data, position, end)
+        if found != position:
+            yield _damage(topic, source, kind, position, found, end)
+            if found < 0:
+                return
+            position = found
+        (base,) = _FRAME_BASE.unpack_from(data, position + 16)
+        scan = scan_frames(data, position, end, base)
+        for frame_at in scan.positions:
+            frame = decode_frame(data, frame_at)
+            for index, record in enumerate(frame.records):
+                try:
+                    fields = stream_fields(record)
+                except WalFormatError as error:
+                    yield StorageProblem(
+                        "corrupt-record",
+                        topic,
+                        source,
+                        frame_at,
+                        f"offset {frame.base_offset + index} is no StreamMessage: {error}",
+                    )
+                    continue
+                yield StoredRecord(
+                    topic,
+                    frame.base_offset + index,
+                    fields.producer,
+                    payload_digest(fields.payload),
+                    fields.key,
+                    source,
+                    frame_at,
+                )
+        position = scan.valid_end
+
+
+def _damage(
+    topic: str, source: str, kind: SourceKind, start: int, found: int, end: int
+) -> StorageProblem:
+    if found < 0 and kind is SourceKind.WAL:
+        return StorageProblem(
+            "torn-tail", topic, source, start, f"{end - start} bytes after the last valid frame"
+        )
+    stop = end if found < 0 else found
+    return StorageProblem(
+        "corrupt-frame",
+        topic,
+        source,
+        start,
+        f"bytes {start}–{stop - 1} are no valid frame (CRC32C or framing fails)"
+        + ("" if found < 0 else f"; the next valid frame starts at byte {found}"),
+    )
+
+
+def stream_fields(record: bytes) -> StreamFields:
+    """Producer name, payload and routing key of an encoded `danube.StreamMessage`: a field
+    walk about ten times cheaper than decoding the whole message, for millions of rows."""
+    producer, payload, key = "", b"", None
+    position, end = 0, len(record)
+    while position < end:
+        tag, position = _varint(record, position)
+        field, wire = tag >> 3, tag & 7
+        if wire == 0:
+            _, position = _varint(record, position)
+        elif wire == 2:
+            size, position = _varint(record, position)
+            value = record[position : position + size]
+            position += size
+            if field == 3:
+                payload = value
+            elif field == 5:
+                producer = value.decode("utf-8", "replace")
+            elif field == 10:
+                key = value.decode("utf-8", "replace")
+        elif wire == 1:
+            position += 8
+        elif wire == 5:
+            position += 4
+        else:
+            raise WalFormatError(f"record field {field} has wire type {wire}")
+    if position != end:
+        raise WalFormatError("record ends inside a field")
+    return StreamFields(producer, payload, key)
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(data):
+            raise WalFormatError("record ends inside a varint")
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
