@@ -340,9 +340,8 @@ class DataPlane:
         topic = claim.topic
         if failed(result) or result.succeeded:
             ok = not failed(result)
-            self.apply(
-                self.machine.claim_done(topic, ok, result.revision if ok else 0, self._now())
-            )
+            revision = result.revision if ok else 0
+            self.apply(self.machine.claim_done(topic, ok, revision, self._now(), known=ok))
             return
         host, key = self.host, own.owner_key(topic)
 
@@ -351,7 +350,8 @@ class DataPlane:
             if mine:
                 host.world.log(f"broker {host.name} finds its own claim on {topic}")
             revision = kv.mod_revision if mine else 0
-            self.apply(self.machine.claim_done(topic, mine, revision, self._now()))
+            known = not failed(kv)
+            self.apply(self.machine.claim_done(topic, mine, revision, self._now(), known=known))
 
         host.call(f"read {key}", lambda: host.etcd.get(key), found)
 

@@ -192,6 +192,34 @@ def test_a_topic_moved_away_before_its_claim_landed_still_marks_the_marker_ready
     assert o.phase(T) is None
 
 
+def test_a_claim_whose_answer_was_lost_is_settled_before_the_topic_is_forgotten() -> None:
+    """The claim timed out, then the assignment went: the claim may have landed under the
+    lease and would block the next owner until the lease dies. The machine claims again,
+    and releases what that finds."""
+    o = machine()
+    o.assignment_seen(T, True, 0)
+    assert o.claim_done(T, False, 0, 100, known=False) == [WakeAt(600)]
+    assert o.assignment_seen(T, False, 200) == [WakeAt(600)], "the retry still stands"
+    (again,) = o.tick(600)
+    assert isinstance(again, Claim)
+    assert o.claim_done(T, True, 41, 650) == [Unload(T, 41)]  # it had landed: own_claim
+    (release,) = o.unloaded(T, 700)
+    assert release == Release(T, (Compare(OWNER, "mod_revision", "==", 41),), (Delete(OWNER),))
+    assert o.released(T, True, 750) == []
+    assert o.phase(T) is None
+
+
+def test_an_unassigned_topic_whose_claim_is_known_to_have_failed_is_forgotten() -> None:
+    o = machine()
+    o.assignment_seen(T, True, 0)
+    assert o.claim_done(T, False, 0, 100, known=False) == [WakeAt(600)]
+    o.assignment_seen(T, False, 200)
+    (again,) = o.tick(600)
+    assert isinstance(again, Claim)
+    assert o.claim_done(T, False, 0, 650) == []  # another broker's claim is there
+    assert o.phase(T) is None
+
+
 def test_a_topic_assigned_back_during_its_unload_is_claimed_again_after_release() -> None:
     o = machine()
     serving(o)

@@ -179,17 +179,19 @@ class OwnershipDriver:
                 result = await self.store.txn(effect.compares, effect.ops)
         except (MetadataError, trio.TooSlowError) as error:
             log.warning("event=claim_failed topic=%s error=%s", effect.topic, error or "timeout")
-            succeeded, revision = False, 0
+            succeeded, revision, known = False, 0, False
         else:
-            succeeded, revision = result.succeeded, result.revision
+            succeeded, revision, known = result.succeeded, result.revision, True
             if not succeeded:
-                read, found = await self._owner(effect.topic)
-                if read and own_claim(found, self._broker_id, self.machine.lease_id):
+                known, found = await self._owner(effect.topic)
+                if known and own_claim(found, self._broker_id, self.machine.lease_id):
                     assert found is not None
                     succeeded, revision = True, found.mod_revision
             if succeeded:
                 log.info("event=topic_claimed topic=%s revision=%d", effect.topic, revision)
-        self._apply(self.machine.claim_done(effect.topic, succeeded, revision, _monotonic_ms()))
+        self._apply(
+            self.machine.claim_done(effect.topic, succeeded, revision, _monotonic_ms(), known=known)
+        )
 
     async def _owner(self, topic: str) -> tuple[bool, KeyValue | None]:
         """(read, the claim in the store): after a compare failed, what is really there

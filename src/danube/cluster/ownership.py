@@ -24,8 +24,9 @@ unassigned markers, and for each topic:
 
 One topic is in one phase at a time; an assignment deleted while the topic is still being
 loaded is unloaded as soon as the load answers, and one deleted before a claim landed has
-nothing to unload, but still marks ready a marker that names this broker. Inputs take the
-monotonic clock in milliseconds.
+nothing to unload, but still marks ready a marker that names this broker. A claim whose
+answer was lost may have landed: the topic is claimed again, assigned or not, until an answer
+says which (`claim_done(known=False)`). Inputs take the monotonic clock in milliseconds.
 """
 
 from __future__ import annotations
@@ -241,6 +242,8 @@ class _Topic:
     retry_at: int | None = None
     released_marker: int | None = None
     """Revision of the marker the `Release` in flight marks ready."""
+    claim_unknown: bool = False
+    """The last claim's answer was lost: it may have landed under the lease."""
 
 
 @dataclass(slots=True)
@@ -306,7 +309,7 @@ class Ownership:
             state = self._topics.get(topic)
             if state is not None:
                 state.assigned = False
-                if state.phase is Phase.CLAIMING:
+                if state.phase is Phase.CLAIMING and not state.claim_unknown:
                     state.retry_at = None  # no claim to wait for any more
         return self._step(now_ms)
 
@@ -323,15 +326,20 @@ class Ownership:
             self._topics[topic] = _Topic(Phase.RELEASING, assigned=False)
         return self._step(now_ms)
 
-    def claim_done(self, topic: str, succeeded: bool, revision: int, now_ms: int) -> list[Effect]:
+    def claim_done(
+        self, topic: str, succeeded: bool, revision: int, now_ms: int, *, known: bool = True
+    ) -> list[Effect]:
+        """`known` False: the claim failed without an answer that says it did not land (the
+        transaction or the read after its failed compare timed out)."""
         state = self._topics.get(topic)
         if state is None or state.phase is not Phase.CLAIMING or not state.busy:
             return []
         state.busy = False
+        state.claim_unknown = not succeeded and not known
         if succeeded:
             state.claim_revision = revision
             state.phase = Phase.LOADING
-        elif state.assigned:
+        elif state.assigned or state.claim_unknown:
             state.retry_at = now_ms + self.config.retry_ms
         return self._step(now_ms)
 
@@ -415,11 +423,15 @@ class Ownership:
 
     def _next(self, topic: str, state: _Topic) -> Effect | None:
         if state.phase is Phase.CLAIMING:
-            if state.assigned:
+            if state.assigned or state.claim_unknown:
+                # Unassigned, a claim that may have landed is settled by claiming again: the
+                # retry finds it (`own_claim`) or lands, and unload and release delete it.
+                # Left alone it would block the next owner for as long as the lease lives.
                 return self._claim(topic)
             # Never held: nothing to unload, but a marker naming this broker still waits
             # for its `ready`, or nobody would ever assign the topic again.
             state.phase = Phase.RELEASING
+            return self._release(topic, state)
         if state.phase is Phase.LOADING:
             assert state.claim_revision is not None
             if not state.assigned:
