@@ -1,7 +1,8 @@
 """Cluster benchmarks with real processes (`danube.localcluster`: etcd, moto's S3 server,
 broker processes in cluster mode) and our client in this process.
 
-- `failover`: a reliable topic (`object` level) with 100 msg/s of traffic; its owner is
+- `failover`: a reliable topic (`object` level) with one sequential producer (each send waits
+  for its acknowledgement, then 10 ms: at most 100 msg/s, fewer at `object`); its owner is
   SIGKILLed; measures SIGKILL → the new owner loaded the topic (its log) and SIGKILL → the
   consumer's first message from the new owner. A fresh broker replaces the dead one before the
   next round, so every round starts with the same number of brokers.
@@ -155,7 +156,9 @@ def throughput(args: argparse.Namespace, root: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="bench.cluster_e2e", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="bench.cluster_e2e", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     one = sub.add_parser("failover")
     one.add_argument("--rounds", type=int, default=3)

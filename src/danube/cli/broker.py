@@ -70,7 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the WAL (<dir>/wal) and, standalone, the metadata (default ./danube-data)",
     )
     parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe log lines written to stderr (default info)",
     )
     return parser
 

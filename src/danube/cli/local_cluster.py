@@ -19,7 +19,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start a local Danube cluster: etcd, an S3-compatible server and brokers "
         "in cluster mode on loopback, with all data under --dir. Ctrl-C stops everything.",
     )
-    parser.add_argument("--dir", type=Path, default=Path("danube-cluster"), help="data directory")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("danube-cluster"),
+        help="data directory (default ./danube-cluster)",
+    )
     parser.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
     parser.add_argument(
         "--first-port",
@@ -38,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--durability",
         choices=["fsync", "flush", "object"],
         default="fsync",
-        help="storage.wal.durability of every topic (spec/durability.md)",
+        help="storage.wal.durability of every topic (default fsync; spec/durability.md)",
     )
     parser.add_argument(
         "--fresh", action="store_true", help="delete --dir first (start with no data)"

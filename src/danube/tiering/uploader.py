@@ -43,7 +43,7 @@ retention stays blocked, nothing is overwritten. An operator has to look.
 The only such objects that can never be indexed are those whose range starts below the end of
 the index (an index start offset is written once): every `orphan_scan_interval_ms` the machine
 lists the topic's prefix and deletes those, once older than `orphan_grace_ms`. A key at or past
-the end of the index may still be committed, by this machine or a later owner, and is kept.
+the end of the index is kept: its writer (the epoch in its name) may still commit it.
 """
 
 from __future__ import annotations
