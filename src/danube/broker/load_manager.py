@@ -12,7 +12,7 @@ import time
 
 import trio
 
-from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, follow
+from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
 from danube.cluster import keys
 from danube.cluster.load_manager import Effect, LoadManager, Log, ScheduleTick, Txn
 from danube.metadata import MetadataError, MetadataStore, WatchEvent
@@ -81,7 +81,7 @@ class LoadManagerDriver:
         except (MetadataError, trio.TooSlowError) as error:
             log.warning(
                 "event=load_manager_txn_failed decision=%s topic=%s error=%s",
-                type(txn).__name__, txn.topic, str(error) or "timeout",
+                type(txn).__name__, txn.topic, failure_text(error),
             )  # fmt: skip
             return
         if result.succeeded:

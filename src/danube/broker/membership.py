@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, follow
+from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
 from danube.cluster.keys import LEADER_KEY
 from danube.cluster.membership import (
     Campaign,
@@ -120,7 +120,7 @@ class MembershipDriver:
                 with trio.fail_after(REQUEST_TIMEOUT_S):
                     lease = await store.grant_lease(effect.ttl_s)
             except (MetadataError, trio.TooSlowError) as error:
-                log.warning("event=lease_grant_failed error=%s", str(error) or "timeout")
+                log.warning("event=lease_grant_failed error=%s", failure_text(error))
                 outcome = m.request_failed(_now_ms())
             else:
                 outcome = m.lease_granted(lease, sent_at_ms=effect.sent_at_ms, now_ms=_now_ms())
@@ -129,7 +129,7 @@ class MembershipDriver:
                 with trio.fail_after(REQUEST_TIMEOUT_S):
                     await store.txn((), effect.ops)
             except (MetadataError, trio.TooSlowError) as error:
-                log.warning("event=registration_failed error=%s", str(error) or "timeout")
+                log.warning("event=registration_failed error=%s", failure_text(error))
                 outcome = m.request_failed(_now_ms())
             else:
                 outcome = m.registered(effect.lease_id, _now_ms())
@@ -140,7 +140,7 @@ class MembershipDriver:
             except LeaseNotFound:
                 outcome = m.lease_lost(effect.lease_id, _now_ms())
             except (MetadataError, trio.TooSlowError) as error:
-                log.warning("event=lease_renew_failed error=%s", str(error) or "timeout")
+                log.warning("event=lease_renew_failed error=%s", failure_text(error))
                 outcome = m.renew_failed(effect.lease_id, _now_ms())
             else:
                 outcome = m.renewed(effect.lease_id, sent_at_ms=effect.sent_at_ms, now_ms=_now_ms())
@@ -158,7 +158,7 @@ class MembershipDriver:
                 with trio.fail_after(REQUEST_TIMEOUT_S):
                     await store.put(effect.key, self._load_report(), lease=effect.lease_id)
             except (MetadataError, trio.TooSlowError) as error:
-                log.warning("event=load_report_failed error=%s", str(error) or "timeout")
+                log.warning("event=load_report_failed error=%s", failure_text(error))
             outcome = []
         self._apply(outcome)
 

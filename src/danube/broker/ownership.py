@@ -27,7 +27,7 @@ import trio
 import trio_asyncio
 
 from danube.broker.runtime import BrokerRuntime, now_ms
-from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, follow
+from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
 from danube.cluster import keys
 from danube.cluster.keys import Marker
 from danube.cluster.ownership import (
@@ -178,7 +178,7 @@ class OwnershipDriver:
             with trio.fail_after(REQUEST_TIMEOUT_S):
                 result = await self.store.txn(effect.compares, effect.ops)
         except (MetadataError, trio.TooSlowError) as error:
-            log.warning("event=claim_failed topic=%s error=%s", effect.topic, error or "timeout")
+            log.warning("event=claim_failed topic=%s error=%s", effect.topic, failure_text(error))
             succeeded, revision, known = False, 0, False
         else:
             succeeded, revision, known = result.succeeded, result.revision, True
@@ -208,7 +208,7 @@ class OwnershipDriver:
                 result = await self.store.txn(effect.compares, effect.ops)
             succeeded = result.succeeded
         except (MetadataError, trio.TooSlowError) as error:
-            log.warning("event=release_failed topic=%s error=%s", effect.topic, error or "timeout")
+            log.warning("event=release_failed topic=%s error=%s", effect.topic, failure_text(error))
             succeeded = False
         else:
             if not succeeded:
@@ -223,7 +223,7 @@ class OwnershipDriver:
         try:
             entries, keep_local = await self._prepare(topic, effect.claim_revision)
         except (MetadataError, trio.TooSlowError, LookupError) as error:
-            log.warning("event=topic_load_failed topic=%s error=%s", topic, error or "timeout")
+            log.warning("event=topic_load_failed topic=%s error=%s", topic, failure_text(error))
             self._apply(self.machine.load_failed(topic, _monotonic_ms()))
             return
         assert self.runtime.claims is not None

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 import trio_asyncio
 
-from danube.broker.watching import REQUEST_TIMEOUT_S
+from danube.broker.watching import REQUEST_TIMEOUT_S, failure_text
 from danube.cluster import keys
 from danube.cluster import placement as rules
 from danube.cluster.ownership import owner_key
@@ -90,7 +90,7 @@ async def _store_call(call: Callable[..., Awaitable[T]], *args: Any) -> T:
         return await trio_asyncio.trio_as_aio(bounded)()
     except (MetadataError, trio.TooSlowError) as error:
         raise rules.unavailable(
-            f"the metadata store did not answer ({error or 'timeout'})"
+            f"the metadata store did not answer ({failure_text(error)})"
         ) from None
 
 

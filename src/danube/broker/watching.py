@@ -16,6 +16,12 @@ REQUEST_TIMEOUT_S = 3.0
 WATCH_RETRY_S = 0.5
 
 
+def failure_text(error: BaseException) -> str:
+    """What a failed store request says in a log line or an error: `trio.TooSlowError` (our
+    deadline) carries no message, and an exception object is always truthy."""
+    return str(error) or "timeout"
+
+
 class Alarm:
     """Calls `fire` once at the time last `set` (trio clock seconds); a later `set` replaces
     an earlier one, as the machines' WakeAt and ScheduleTick effects say."""
