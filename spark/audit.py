@@ -4,7 +4,8 @@ consumers' delivery logs, and report every anomaly (spec/audit.md).
     python -m spark.audit --wal DIR --objects URL --logs DIR --out DIR
 
 Writes `OUT/violations/` (Parquet, one row per anomaly), `OUT/summary.json` and
-`OUT/report.txt`; exits 1 when a forbidden anomaly was found, 2 on bad input.
+`OUT/report.txt`; exits 1 when a forbidden anomaly was found, 2 on input it cannot read, 3
+when the job failed.
 """
 
 from __future__ import annotations
@@ -79,11 +80,13 @@ def run_audit(
     if inputs.objects_root is not None:
         found += sources.object_sources(inputs.objects_root, inputs.options, inputs.indexed_keys)
     progress(f"{wal_count} WAL segments and {len(found) - wal_count} objects to decode")
+    if not found:
+        raise AuditInputError("no WAL segment and no object found under the given roots")
     out_root = out.rstrip("/")
     stored = _decode(spark, found, inputs.options, f"{out_root}/stored")
     progress("storage decoded")
-    acks = _log(spark, inputs.logs, ACKS, ACK_SCHEMA)
-    deliveries = _log(spark, inputs.logs, DELIVERIES, DELIVERY_SCHEMA)
+    acks = _log(spark, inputs.logs, ACKS, ACK_SCHEMA, inputs.options)
+    deliveries = _log(spark, inputs.logs, DELIVERIES, DELIVERY_SCHEMA, inputs.options)
     checks.all_violations(stored, acks, deliveries).write.mode("overwrite").parquet(
         f"{out_root}/violations"
     )
@@ -107,16 +110,26 @@ def _decode(
     context = spark.sparkContext
     slices = max(1, min(len(found), context.defaultParallelism * 4))
     rdd = context.parallelize(found, slices).mapPartitions(sources.decoder(options))
-    spark.createDataFrame(rdd, sources.STORED_COLUMNS).write.mode("overwrite").parquet(path)
+    rows = spark.createDataFrame(rdd, sources.STORED_COLUMNS, verifySchema=False)
+    rows.write.mode("overwrite").parquet(path)
     return spark.read.parquet(path)
 
 
-def _log(spark: SparkSession, roots: Sequence[str], name: str, schema: pa.Schema) -> DataFrame:
+def _log(
+    spark: SparkSession,
+    roots: Sequence[str],
+    name: str,
+    schema: pa.Schema,
+    options: dict[str, Any],
+) -> DataFrame:
+    """One log from every `--logs` root. Spark reads the part files itself, so their paths
+    keep the root as given (`s3a://` stays `s3a://`, which fsspec would rewrite)."""
     paths = []
     for root in roots:
-        fs, base = fsspec.core.url_to_fs(f"{root.rstrip('/')}/{name}")
-        if fs.exists(base):
-            paths += [fs.unstrip_protocol(p) for p in fs.glob(f"{base}/*.parquet")]
+        directory = f"{root.rstrip('/')}/{name}"
+        fs, base = fsspec.core.url_to_fs(directory, **options)
+        parts = fs.glob(f"{base}/*.parquet") if fs.exists(base) else []
+        paths += [f"{directory}/{part.rpartition('/')[2]}" for part in parts]
     if not paths:
         return spark.createDataFrame([], ddl(schema))
     return spark.read.schema(ddl(schema)).parquet(*paths)
@@ -125,10 +138,11 @@ def _log(spark: SparkSession, roots: Sequence[str], name: str, schema: pa.Schema
 def _summary(
     table: DataFrame, stored: DataFrame, acks: DataFrame, deliveries: DataFrame
 ) -> dict[str, Any]:
-    by_anomaly = {r["anomaly"]: r["count"] for r in table.groupBy("anomaly").count().collect()}
+    by_anomaly: dict[str, int] = {}
     per_topic: dict[str, dict[str, int]] = {}
     for row in table.groupBy("topic", "anomaly").count().collect():
         per_topic.setdefault(row["topic"] or "(none)", {})[row["anomaly"]] = row["count"]
+        by_anomaly[row["anomaly"]] = by_anomaly.get(row["anomaly"], 0) + row["count"]
     records = stored.where(F.col("row_type") == "record")
     counts = records.agg(
         F.count("*").alias("rows"), F.countDistinct("topic").alias("topics")
@@ -208,13 +222,14 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="fsspec option for --objects, e.g. endpoint_url=http://...",
+        help="fsspec option for every root read or written through fsspec (storage, the "
+        "listing of --logs, summary.json, report.txt), e.g. endpoint_url=http://...",
     )
     parser.add_argument(
         "--master", default=None, help="Spark master (default: local[*], or spark-submit's own)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    return parser.parse_args(argv)  # fmt: skip
+    return parser.parse_args(argv)
 
 
 def inputs_from(arguments: argparse.Namespace) -> AuditInputs:
@@ -226,10 +241,19 @@ def inputs_from(arguments: argparse.Namespace) -> AuditInputs:
         if not sep or not key:
             raise AuditInputError(f"--storage-option wants KEY=VALUE, got {item!r}")
         options[key] = value
-    for root in arguments.wal:
-        fs, path = fsspec.core.url_to_fs(root)
-        if not fs.isdir(path):
-            raise AuditInputError(f"--wal {root}: no such directory")
+    for flag, roots in (
+        ("--wal", arguments.wal),
+        ("--objects", [arguments.objects] if arguments.objects else []),
+        ("--logs", arguments.logs),
+    ):
+        for root in roots:
+            fs, path = fsspec.core.url_to_fs(root, **options)
+            if not fs.isdir(path):
+                raise AuditInputError(f"{flag} {root}: no such directory")
+    for root in arguments.logs:
+        fs, path = fsspec.core.url_to_fs(root, **options)
+        if not fs.glob(f"{path}/*/*.parquet"):
+            raise AuditInputError(f"--logs {root}: no acks/ or deliveries/ Parquet files")
     indexed = None
     if arguments.index is not None:
         try:
@@ -255,6 +279,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = get_session(master, progress=not arguments.quiet)
     try:
         result = run_audit(spark, inputs, arguments.out, quiet=arguments.quiet)
+    except AuditInputError as error:
+        print(f"audit: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:
+        print(f"audit: the audit did not finish: {type(error).__name__}: {error}", file=sys.stderr)
+        return 3
     finally:
         if running is None:
             spark.stop()

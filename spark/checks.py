@@ -23,7 +23,7 @@ FORBIDDEN = {
 ALLOWED = {
     "duplicate": "one acknowledged message is stored at two offsets (a producer's retry)",
     "duplicate-delivery": "a subscription received one offset more than once (redelivery)",
-    "torn-tail": "a local segment ends in an unfinished write (a crash)",
+    "torn-tail": "a topic's newest local segment ends in an unfinished write (a crash)",
 }
 ANOMALIES = {**FORBIDDEN, **ALLOWED}
 
@@ -34,34 +34,30 @@ ORDERED_TYPES = ("exclusive", "failover")
 """Subscription types whose consumers must see offsets in order (key_shared: per key)."""
 
 
-def violations(anomaly: str, frame: DataFrame, **columns: Column) -> DataFrame:
-    """`frame` shaped as violation rows of `anomaly`; absent columns are null."""
-    if anomaly not in ANOMALIES:
-        raise ValueError(f"unknown anomaly {anomaly!r}")
-    select = [F.lit(anomaly).alias("anomaly")]
-    for name in VIOLATION_COLUMNS[1:]:
+def violations(
+    anomaly: Column | str, frame: DataFrame, detail: Column, **columns: Column
+) -> DataFrame:
+    """`frame` shaped as violation rows of `anomaly`: each column is the one given, else the
+    frame's column of that name, else null."""
+    if isinstance(anomaly, str):
+        if anomaly not in ANOMALIES:
+            raise ValueError(f"unknown anomaly {anomaly!r}")
+        anomaly = F.lit(anomaly)
+    select = [anomaly.alias("anomaly")]
+    for name in VIOLATION_COLUMNS[1:-1]:
         value = columns.get(name)
+        if value is None and name in frame.columns:
+            value = F.col(name)
         if value is None:
-            kind = "long" if name in ("offset", "digest") else "string"
-            value = F.lit(None).cast(kind)
+            value = F.lit(None).cast("long" if name in ("offset", "digest") else "string")
         select.append(value.alias(name))
-    return frame.select(*select)
+    return frame.select(*select, detail.alias("detail"))
 
 
 def storage_problems(stored: DataFrame) -> DataFrame:
     problems = stored.where(F.col("row_type") != "record")
-    return problems.select(
-        F.col("row_type").alias("anomaly"),
-        "topic",
-        F.lit(None).cast("string").alias("subscription"),
-        F.lit(None).cast("string").alias("consumer"),
-        F.lit(None).cast("long").alias("offset"),
-        F.lit(None).cast("string").alias("producer"),
-        F.lit(None).cast("long").alias("digest"),
-        F.concat_ws(": ", "source", F.concat(F.lit("byte "), F.col("position")), "detail").alias(
-            "detail"
-        ),
-    )
+    detail = F.format_string("%s: byte %d: %s", "source", "position", "detail")
+    return violations(F.col("row_type"), problems, detail)
 
 
 def distinct_records(stored: DataFrame) -> DataFrame:
@@ -69,7 +65,7 @@ def distinct_records(stored: DataFrame) -> DataFrame:
     one record."""
     records = stored.where(F.col("row_type") == "record")
     return records.groupBy("topic", "offset", "producer", "digest").agg(
-        F.first("key").alias("key"), F.min("source").alias("source")
+        F.min("source").alias("source")
     )
 
 
@@ -78,191 +74,96 @@ def inconsistent_offsets(records: DataFrame) -> DataFrame:
         F.count("*").alias("messages"), F.sort_array(F.collect_set("source")).alias("sources")
     )
     clash = clash.where(F.col("messages") > 1)
-    return violations(
-        "inconsistent-offsets",
-        clash,
-        topic=F.col("topic"),
-        offset=F.col("offset"),
-        detail=F.concat(
-            F.col("messages").cast("string"),
-            F.lit(" different messages stored at this offset, in "),
-            F.concat_ws(", ", "sources"),
-        ),
+    detail = F.format_string(
+        "%d different messages stored at this offset, in %s",
+        "messages",
+        F.concat_ws(", ", "sources"),
     )
+    return violations("inconsistent-offsets", clash, detail)
 
 
 def offset_gaps(records: DataFrame) -> DataFrame:
     offsets = records.select("topic", "offset").distinct()
     following = F.lead("offset").over(Window.partitionBy("topic").orderBy("offset"))
     gaps = offsets.withColumn("next", following).where(F.col("next") > F.col("offset") + 1)
-    return violations(
-        "offset-gap",
-        gaps,
-        topic=F.col("topic"),
-        offset=F.col("offset") + 1,
-        detail=F.concat(
-            F.lit("offsets "),
-            (F.col("offset") + 1).cast("string"),
-            F.lit("–"),
-            (F.col("next") - 1).cast("string"),
-            F.lit(" are in no stored segment"),
-        ),
-    )
+    gaps = gaps.withColumn("offset", F.col("offset") + 1)
+    detail = F.format_string("offsets %d–%d are in no stored segment", "offset", F.col("next") - 1)
+    return violations("offset-gap", gaps, detail)
 
 
-def duplicates(records: DataFrame) -> DataFrame:
-    twice = records.groupBy("topic", "producer", "digest").agg(
+def messages(records: DataFrame) -> DataFrame:
+    """Each stored message with every offset it is stored at, lowest first."""
+    return records.groupBy("topic", "producer", "digest").agg(
         F.sort_array(F.collect_list("offset")).alias("offsets")
     )
-    twice = twice.where(F.size("offsets") > 1)
-    return violations(
-        "duplicate",
-        twice,
-        topic=F.col("topic"),
-        offset=F.element_at("offsets", 1),
-        producer=F.col("producer"),
-        digest=F.col("digest"),
-        detail=F.concat(F.lit("stored at offsets "), F.concat_ws(", ", "offsets")),
-    )
 
 
-def acked_at(acks: DataFrame, records: DataFrame) -> DataFrame:
-    """Each acknowledged message with the first offset storage holds it at (null: lost)."""
-    first = records.groupBy("topic", "producer", "digest").agg(F.min("offset").alias("stored"))
-    return acks.join(first, ["topic", "producer", "digest"], "left")
+def duplicates(stored_messages: DataFrame) -> DataFrame:
+    twice = stored_messages.where(F.size("offsets") > 1)
+    detail = F.format_string("stored at offsets %s", F.concat_ws(", ", "offsets"))
+    return violations("duplicate", twice, detail, offset=F.element_at("offsets", 1))
+
+
+def acked_at(acks: DataFrame, stored_messages: DataFrame) -> DataFrame:
+    """Each acknowledged message with the offsets storage holds it at (null: lost)."""
+    return acks.join(stored_messages, ["topic", "producer", "digest"], "left")
 
 
 def lost_writes(acked: DataFrame) -> DataFrame:
-    lost = acked.where(F.col("stored").isNull())
-    return violations(
-        "lost-write",
-        lost,
-        topic=F.col("topic"),
-        offset=F.col("offset"),
-        producer=F.col("producer"),
-        digest=F.col("digest"),
-        detail=F.concat(
-            F.lit("seq "),
-            F.col("seq").cast("string"),
-            F.lit(" acknowledged at "),
-            F.col("ack_ms").cast("string"),
-            F.lit(" ms is in no stored segment"),
-        ),
+    lost = acked.where(F.col("offsets").isNull())
+    detail = F.format_string(
+        "seq %d acknowledged at %d ms is in no stored segment", "seq", "ack_ms"
     )
+    return violations("lost-write", lost, detail)
 
 
-def acked_offsets_disagree(acks: DataFrame, records: DataFrame) -> DataFrame:
-    """Acks that named an offset whose stored message is another one."""
-    named = acks.where(F.col("offset").isNotNull()).alias("a")
-    stored = records.alias("s")
-    joined = named.join(
-        stored, (F.col("a.topic") == F.col("s.topic")) & (F.col("a.offset") == F.col("s.offset"))
+def acked_offsets_disagree(acked: DataFrame) -> DataFrame:
+    """Acks that named an offset at which storage does not hold the message."""
+    wrong = acked.where(
+        F.col("offset").isNotNull()
+        & F.col("offsets").isNotNull()
+        & ~F.array_contains("offsets", F.col("offset"))
     )
-    wrong = joined.where(
-        (F.col("a.producer") != F.col("s.producer")) | (F.col("a.digest") != F.col("s.digest"))
+    detail = F.format_string(
+        "acknowledged at this offset, but stored at %s", F.concat_ws(", ", "offsets")
     )
-    return violations(
-        "inconsistent-offsets",
-        wrong,
-        topic=F.col("a.topic"),
-        offset=F.col("a.offset"),
-        producer=F.col("a.producer"),
-        digest=F.col("a.digest"),
-        detail=F.concat(
-            F.lit("acknowledged at this offset, but storage holds a message of "),
-            F.col("s.producer"),
-            F.lit(" there"),
-        ),
-    )
-
-
-def reliable_deliveries(deliveries: DataFrame) -> DataFrame:
-    return deliveries.where(F.col("reliable"))
+    return violations("inconsistent-offsets", wrong, detail)
 
 
 def delivered_against_storage(deliveries: DataFrame, records: DataFrame) -> DataFrame:
-    """Reliable deliveries of an offset storage does not hold, or holds another message at."""
-    got = reliable_deliveries(deliveries).alias("d")
-    stored = records.select("topic", "offset", "producer", "digest").alias("s")
-    joined = got.join(
-        stored,
-        (F.col("d.topic") == F.col("s.topic")) & (F.col("d.offset") == F.col("s.offset")),
-        "left",
+    """Reliable deliveries of an offset storage does not hold, or holds only other messages
+    at (storage may hold two there, itself an inconsistency)."""
+    held = records.groupBy("topic", "offset").agg(
+        F.collect_set(F.struct("producer", "digest")).alias("held")
     )
-    phantom = joined.where(F.col("s.offset").isNull())
-    phantom_rows = violations(
-        "phantom-delivery",
-        phantom,
-        topic=F.col("d.topic"),
-        subscription=F.col("d.subscription"),
-        consumer=F.col("d.consumer"),
-        offset=F.col("d.offset"),
-        producer=F.col("d.producer"),
-        digest=F.col("d.digest"),
-        detail=F.lit("delivered, but no stored segment holds this offset"),
+    got = deliveries.where(F.col("reliable")).join(held, ["topic", "offset"], "left")
+    wrong = got.where(
+        F.col("held").isNull() | ~F.array_contains("held", F.struct("producer", "digest"))
     )
-    other = joined.where(
-        F.col("s.offset").isNotNull()
-        & ((F.col("d.producer") != F.col("s.producer")) | (F.col("d.digest") != F.col("s.digest")))
+    phantom = F.col("held").isNull()
+    anomaly = F.when(phantom, "phantom-delivery").otherwise("inconsistent-offsets")
+    detail = F.when(phantom, "delivered, but no stored segment holds this offset").otherwise(
+        "delivered at this offset, but storage holds another message there"
     )
-    # Storage may hold two messages at one offset (itself an inconsistency): a delivery is
-    # wrong only if it matches none of them.
-    matched = joined.where(
-        (F.col("d.producer") == F.col("s.producer")) & (F.col("d.digest") == F.col("s.digest"))
-    ).select("d.subscription", "d.consumer", "d.n", "d.topic")
-    other = other.join(
-        matched.alias("m"),
-        [
-            F.col("d.subscription") == F.col("m.subscription"),
-            F.col("d.consumer") == F.col("m.consumer"),
-            F.col("d.n") == F.col("m.n"),
-            F.col("d.topic") == F.col("m.topic"),
-        ],
-        "left_anti",
-    ).dropDuplicates(["subscription", "consumer", "n", "topic"])
-    other_rows = violations(
-        "inconsistent-offsets",
-        other,
-        topic=F.col("d.topic"),
-        subscription=F.col("d.subscription"),
-        consumer=F.col("d.consumer"),
-        offset=F.col("d.offset"),
-        producer=F.col("d.producer"),
-        digest=F.col("d.digest"),
-        detail=F.concat(
-            F.lit("delivered at this offset, but storage holds a message of "),
-            F.col("s.producer"),
-            F.lit(" there"),
-        ),
-    )
-    return phantom_rows.unionByName(other_rows)
+    return violations(anomaly, wrong, detail)
 
 
 def unseen(acked: DataFrame, deliveries: DataFrame) -> DataFrame:
-    """Acknowledged messages a reliable subscription never received, on each topic from the
-    first offset it received there (where it started)."""
-    got = reliable_deliveries(deliveries)
+    """Acknowledged messages a reliable subscription never received, on each topic where it
+    received an offset at or below one the message is stored at (where it started)."""
+    got = deliveries.where(F.col("reliable"))
     starts = got.groupBy("subscription", "topic").agg(F.min("offset").alias("start"))
-    expected = acked.where(F.col("stored").isNotNull()).join(starts, "topic")
-    expected = expected.where(F.col("stored") >= F.col("start"))
+    expected = acked.where(F.col("offsets").isNotNull()).join(starts, "topic")
+    expected = expected.withColumn("offset", F.element_at("offsets", -1))
+    expected = expected.where(F.col("offset") >= F.col("start"))
     received = got.select("subscription", "topic", "producer", "digest").distinct()
     missing = expected.join(received, ["subscription", "topic", "producer", "digest"], "left_anti")
-    return violations(
-        "unseen",
-        missing,
-        topic=F.col("topic"),
-        subscription=F.col("subscription"),
-        offset=F.col("stored"),
-        producer=F.col("producer"),
-        digest=F.col("digest"),
-        detail=F.concat(
-            F.lit("seq "),
-            F.col("seq").cast("string"),
-            F.lit(" acknowledged, never delivered (the subscription started at offset "),
-            F.col("start").cast("string"),
-            F.lit(")"),
-        ),
+    detail = F.format_string(
+        "seq %d acknowledged, never delivered (the subscription started at offset %d)",
+        "seq",
+        "start",
     )
+    return violations("unseen", missing, detail)
 
 
 def duplicate_deliveries(deliveries: DataFrame) -> DataFrame:
@@ -270,51 +171,31 @@ def duplicate_deliveries(deliveries: DataFrame) -> DataFrame:
         F.count("*").alias("times")
     )
     repeated = repeated.where(F.col("times") > 1)
-    return violations(
-        "duplicate-delivery",
-        repeated,
-        topic=F.col("topic"),
-        subscription=F.col("subscription"),
-        offset=F.col("offset"),
-        detail=F.concat(F.lit("delivered "), F.col("times").cast("string"), F.lit(" times")),
-    )
+    detail = F.format_string("delivered %d times", "times")
+    return violations("duplicate-delivery", repeated, detail)
 
 
 def first_deliveries(deliveries: DataFrame) -> DataFrame:
     """Each consumer's first receipt of each offset, in the order it received them, with the
-    offset it had received just before (`previous`), for the ordered subscription types (and
-    key_shared per key)."""
-    ordered = deliveries.where(
-        F.col("sub_type").isin(*ORDERED_TYPES) | (F.col("sub_type") == "key_shared")
-    )
+    highest offset it had received before (`previous`), for the ordered subscription types,
+    and for key_shared per routing key (the producer's name for a message without one, as
+    Danube routes it)."""
+    ordered = deliveries.where(F.col("sub_type").isin(*ORDERED_TYPES, "key_shared"))
+    lane_key = F.coalesce("key", "producer")
     ordered = ordered.withColumn(
-        "lane",
-        F.when(F.col("sub_type") == "key_shared", F.coalesce("key", F.lit(""))).otherwise(""),
+        "lane", F.when(F.col("sub_type") == "key_shared", lane_key).otherwise("")
     )
     repeat = Window.partitionBy("subscription", "consumer", "topic", "offset").orderBy("n")
     firsts = ordered.withColumn("time", F.row_number().over(repeat)).where(F.col("time") == 1)
     lane = Window.partitionBy("subscription", "consumer", "topic", "lane").orderBy("n")
-    return firsts.withColumn("previous", F.lag("offset").over(lane))
+    before = lane.rowsBetween(Window.unboundedPreceding, -1)
+    return firsts.withColumn("previous", F.max("offset").over(before))
 
 
 def nonmonotonic_polls(firsts: DataFrame) -> DataFrame:
     back = firsts.where(F.col("offset") < F.col("previous"))
-    return violations(
-        "nonmonotonic-poll",
-        back,
-        topic=F.col("topic"),
-        subscription=F.col("subscription"),
-        consumer=F.col("consumer"),
-        offset=F.col("offset"),
-        producer=F.col("producer"),
-        digest=F.col("digest"),
-        detail=F.concat(
-            F.lit("received (delivery "),
-            F.col("n").cast("string"),
-            F.lit(") after offset "),
-            F.col("previous").cast("string"),
-        ),
-    )
+    detail = F.format_string("received (delivery %d) after offset %d", "n", "previous")
+    return violations("nonmonotonic-poll", back, detail)
 
 
 def poll_skips(firsts: DataFrame, deliveries: DataFrame, records: DataFrame) -> DataFrame:
@@ -335,34 +216,26 @@ def poll_skips(firsts: DataFrame, deliveries: DataFrame, records: DataFrame) -> 
     received = deliveries.select("subscription", "topic", F.col("offset").alias("skipped"))
     missed = between.join(received.distinct(), ["subscription", "topic", "skipped"], "left_anti")
     per_jump = missed.groupBy("subscription", "consumer", "topic", "landed").agg(
-        F.min("skipped").alias("first"), F.count("*").alias("skipped")
+        F.min("skipped").alias("offset"), F.count("*").alias("skipped")
     )
-    return violations(
-        "poll-skip",
-        per_jump,
-        topic=F.col("topic"),
-        subscription=F.col("subscription"),
-        consumer=F.col("consumer"),
-        offset=F.col("first"),
-        detail=F.concat(
-            F.col("skipped").cast("string"),
-            F.lit(" stored offsets from this one skipped on the way to offset "),
-            F.col("landed").cast("string"),
-        ),
+    detail = F.format_string(
+        "%d stored offsets from this one skipped on the way to offset %d", "skipped", "landed"
     )
+    return violations("poll-skip", per_jump, detail)
 
 
 def all_violations(stored: DataFrame, acks: DataFrame, deliveries: DataFrame) -> DataFrame:
     records = distinct_records(stored)
-    acked = acked_at(acks, records)
+    stored_messages = messages(records)
+    acked = acked_at(acks, stored_messages)
     firsts = first_deliveries(deliveries)
     parts = [
         storage_problems(stored),
         inconsistent_offsets(records),
         offset_gaps(records),
-        duplicates(records),
+        duplicates(stored_messages),
         lost_writes(acked),
-        acked_offsets_disagree(acks, records),
+        acked_offsets_disagree(acked),
         delivered_against_storage(deliveries, records),
         unseen(acked, deliveries),
         duplicate_deliveries(deliveries),

@@ -25,10 +25,22 @@ STORED_COLUMNS = (
 
 
 def wal_sources(root: str, options: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Every segment file under a broker's WAL root (`<root>/<ns>/<topic>/<base>.wal`)."""
+    """Every segment file under a broker's WAL root (`<root>/<ns>/<topic>/<base>.wal`), the
+    newest of each topic marked as the one that may end torn."""
     fs, path = fsspec.core.url_to_fs(root, **options)
-    found = [p for p in fs.find(path) if wal_format.segment_base(p.rpartition("/")[2]) is not None]
-    return [(fs.unstrip_protocol(p), SourceKind.WAL.value) for p in sorted(found)]
+    newest: dict[str, tuple[int, str]] = {}
+    found = []
+    for file in fs.find(path):
+        directory, _, name = file.rpartition("/")
+        base = wal_format.segment_base(name)
+        if base is None:
+            continue
+        found.append(file)
+        if base > newest.get(directory, (-1, ""))[0]:
+            newest[directory] = (base, file)
+    last = {file for _, file in newest.values()}
+    kinds = {True: SourceKind.WAL_NEWEST.value, False: SourceKind.WAL.value}
+    return [(fs.unstrip_protocol(f), kinds[f in last]) for f in sorted(found)]
 
 
 def object_sources(

@@ -94,11 +94,20 @@ def test_a_damaged_frame_is_reported_and_the_read_goes_on() -> None:
     assert problems == ["corrupt-frame"]
 
 
-def test_a_torn_end_is_expected_of_a_wal_segment_and_damage_in_an_object() -> None:
+def test_a_torn_end_is_expected_only_of_a_topics_newest_wal_segment() -> None:
+    """As recovery rules (`plan_recovery`): the broker closes a segment durably before it
+    writes the next, so only the newest can end in an unfinished write."""
     data, _ = segment([0, 1])
     torn = data + b"\x00garbage"
-    assert decoded(torn, SourceKind.WAL) == ([0, 1], ["torn-tail"])
+    assert decoded(torn, SourceKind.WAL_NEWEST) == ([0, 1], ["torn-tail"])
+    assert decoded(torn, SourceKind.WAL) == ([0, 1], ["corrupt-frame"])
     assert decoded(torn, SourceKind.OBJECT) == ([0, 1], ["corrupt-frame"])
+
+
+def test_a_header_cut_short_is_a_torn_newest_segment_and_unreadable_elsewhere() -> None:
+    cut = wal_format.encode_segment_header(TOPIC, 0, 1)[:20]
+    assert decoded(cut, SourceKind.WAL_NEWEST) == ([], ["torn-tail"])
+    assert decoded(cut, SourceKind.WAL) == ([], ["unreadable"])
 
 
 def test_offsets_that_do_not_continue_are_decoded_for_the_checks_to_judge() -> None:

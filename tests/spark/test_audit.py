@@ -166,6 +166,42 @@ def test_an_ack_naming_another_offset_is_inconsistent(spark: SparkSession, tmp_p
     ]
 
 
+def test_key_shared_order_is_judged_per_routing_key(spark: SparkSession, tmp_path: Path) -> None:
+    """Keys are k0, k1, k2 for offsets 0, 1, 2, 3...: offset 1 (k1) before 0 (k0) is no
+    disorder for a Key-Shared consumer; offset 6 (k0) before 3 (k0) is."""
+    run = write_clean_run(tmp_path)
+    deliveries = dataset.deliveries_of()
+    order = [1, 0, 2, 6, 3, 4, 5, *range(7, dataset.MESSAGES)]
+    by_offset = {d.offset: d for d in deliveries if (d.subscription, d.topic) == ("ex", ORDERS)}
+    for n, offset in enumerate(order):
+        deliveries.append(
+            by_offset[offset]._replace(subscription="ks", sub_type="key_shared", consumer="k", n=n)
+        )
+    _rewrite_logs(run, dataset.acks_of(), deliveries)
+    _, rows = audit(spark, run)
+    assert [(r["anomaly"], r["subscription"], r["offset"]) for r in rows] == [
+        ("nonmonotonic-poll", "ks", 3)
+    ]
+
+
+def test_a_delivery_of_another_message_than_stored_is_inconsistent(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    run = write_clean_run(tmp_path)
+    deliveries = [
+        d._replace(digest=d.digest + 1)
+        if (d.subscription, d.topic, d.offset) == ("sh", ORDERS, 6)
+        else d
+        for d in dataset.deliveries_of()
+    ]
+    _rewrite_logs(run, dataset.acks_of(), deliveries)
+    _, rows = audit(spark, run)
+    assert sorted((r["anomaly"], r["subscription"], r["consumer"], r["offset"]) for r in rows) == [
+        ("inconsistent-offsets", "sh", "s0", 6),
+        ("unseen", "sh", None, 6),
+    ]
+
+
 def test_the_command_exits_nonzero_on_forbidden_anomalies_and_says_why(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -187,6 +223,8 @@ def test_bad_input_is_refused_with_a_message(capsys: pytest.CaptureFixture[str])
     assert "nothing to audit" in capsys.readouterr().err
     assert main(["--wal", "/nonexistent/wal", "--out", "/tmp/x"]) == 2
     assert "no such directory" in capsys.readouterr().err
+    assert main(["--wal", "/tmp", "--logs", "/tmp", "--out", "/tmp/x"]) == 2
+    assert "no acks/ or deliveries/ Parquet files" in capsys.readouterr().err
 
 
 def _rewrite_logs(run: Run, acks: list[Ack], deliveries: list[Any]) -> None:

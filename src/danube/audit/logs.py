@@ -10,12 +10,14 @@ the audit cannot tell from a message that was never acknowledged: flush before s
 from __future__ import annotations
 
 import itertools
-import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from danube.core.names import parse_topic
+from danube.dispatch.types import SubscriptionType
 
 ACKS = "acks"
 DELIVERIES = "deliveries"
@@ -55,15 +57,13 @@ DELIVERY_SCHEMA = pa.schema(
 deliveries in the order it received them (its order checks use it, never the clock);
 `sub_type` is exclusive, shared, failover or key_shared."""
 
-SUB_TYPES = ("exclusive", "shared", "failover", "key_shared")
-
-_PARTITION = re.compile(r"-part-(\d+)$")
+SUB_TYPES = tuple(kind.name.lower() for kind in SubscriptionType)
 
 
 def partition_of(topic: str) -> int | None:
     """The partition number of `/ns/name-part-N`, None for a plain topic."""
-    found = _PARTITION.search(topic)
-    return int(found.group(1)) if found else None
+    partition = parse_topic(topic).partition_of
+    return None if partition is None else partition[1]
 
 
 class Ack(NamedTuple):
@@ -128,7 +128,6 @@ class AuditLogs:
     """Both logs of one writer under `root` (`root/acks`, `root/deliveries`)."""
 
     def __init__(self, root: Path, writer: str, rows_per_file: int = 200_000) -> None:
-        self.root = root
         self.acks = LogWriter(root / ACKS, ACK_SCHEMA, writer, rows_per_file)
         self.deliveries = LogWriter(root / DELIVERIES, DELIVERY_SCHEMA, writer, rows_per_file)
 

@@ -12,20 +12,24 @@ session, no I/O beyond the bytes it is given.
 from __future__ import annotations
 
 import enum
-import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
 from danube.audit.digest import payload_digest
 from danube.kernels import find_frame, scan_frames
+from danube.wal import records
 from danube.wal.format import WalFormatError, decode_frame, decode_segment_header
-
-_FRAME_BASE = struct.Struct("<Q")
 
 
 class SourceKind(enum.Enum):
+    """What a file may legally look like (the rule of `wal.recovery.plan_recovery`: the
+    machine closes a segment durably before it writes the next)."""
+
     WAL = "wal"
-    """A local segment: only its newest one may end torn (a crash before the write ended)."""
+    """A closed local segment: whole, or it is damaged."""
+    WAL_NEWEST = "wal-newest"
+    """A topic's newest local segment: it may end torn, or have a header cut short, when the
+    broker died during a write (a crash before the write ended)."""
     OBJECT = "object"
     """An uploaded sealed segment: whole, or it is damaged."""
 
@@ -45,8 +49,8 @@ class StorageProblem(NamedTuple):
     kind: str
     """`corrupt-frame` (bytes that are no valid frame, inside a segment or an object),
     `corrupt-record` (a valid frame holds a record that is no `StreamMessage`), `torn-tail`
-    (a local segment ends in an unfinished write: expected after a crash) or `unreadable`
-    (no valid segment header)."""
+    (a topic's newest local segment ends in an unfinished write: expected after a crash) or
+    `unreadable` (no valid segment header)."""
     topic: str | None
     source: str
     position: int
@@ -67,7 +71,11 @@ def decode_source(
     try:
         header = decode_segment_header(data)
     except WalFormatError as error:
-        yield StorageProblem("unreadable", None, source, 0, str(error))
+        if kind is SourceKind.WAL_NEWEST and find_frame(data, 0, len(data)) < 0:
+            detail = f"the header was never completed ({error}): the broker died creating it"
+            yield StorageProblem("torn-tail", None, source, 0, detail)
+        else:
+            yield StorageProblem("unreadable", None, source, 0, str(error))
         return
     topic, position, end = header.topic, header.length, len(data)
     while position < end:
@@ -77,14 +85,13 @@ def decode_source(
             if found < 0:
                 return
             position = found
-        (base,) = _FRAME_BASE.unpack_from(data, position + 16)
-        scan = scan_frames(data, position, end, base)
+        scan = scan_frames(data, position, end, decode_frame(data, position).base_offset)
         for frame_at in scan.positions:
             frame = decode_frame(data, frame_at)
             for index, record in enumerate(frame.records):
                 try:
                     fields = stream_fields(record)
-                except WalFormatError as error:
+                except records.RecordError as error:
                     yield StorageProblem(
                         "corrupt-record",
                         topic,
@@ -108,7 +115,7 @@ def decode_source(
 def _damage(
     topic: str, source: str, kind: SourceKind, start: int, found: int, end: int
 ) -> StorageProblem:
-    if found < 0 and kind is SourceKind.WAL:
+    if found < 0 and kind is SourceKind.WAL_NEWEST:
         return StorageProblem(
             "torn-tail", topic, source, start, f"{end - start} bytes after the last valid frame"
         )
@@ -124,44 +131,16 @@ def _damage(
 
 
 def stream_fields(record: bytes) -> StreamFields:
-    """Producer name, payload and routing key of an encoded `danube.StreamMessage`: a field
-    walk about ten times cheaper than decoding the whole message, for millions of rows."""
+    """Producer name, payload and routing key of an encoded `danube.StreamMessage`, without
+    building a whole `Record` (about half the cost of `records.decode`)."""
     producer, payload, key = "", b"", None
-    position, end = 0, len(record)
-    while position < end:
-        tag, position = _varint(record, position)
-        field, wire = tag >> 3, tag & 7
-        if wire == 0:
-            _, position = _varint(record, position)
-        elif wire == 2:
-            size, position = _varint(record, position)
-            value = record[position : position + size]
-            position += size
-            if field == 3:
-                payload = value
-            elif field == 5:
-                producer = value.decode("utf-8", "replace")
-            elif field == 10:
-                key = value.decode("utf-8", "replace")
-        elif wire == 1:
-            position += 8
-        elif wire == 5:
-            position += 4
-        else:
-            raise WalFormatError(f"record field {field} has wire type {wire}")
-    if position != end:
-        raise WalFormatError("record ends inside a field")
+    for number, _, value in records.fields(record):
+        if not isinstance(value, bytes):
+            continue
+        if number == 3:
+            payload = value
+        elif number == 5:
+            producer = value.decode("utf-8", "replace")
+        elif number == 10:
+            key = value.decode("utf-8", "replace")
     return StreamFields(producer, payload, key)
-
-
-def _varint(data: bytes, position: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if position >= len(data):
-            raise WalFormatError("record ends inside a varint")
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position
-        shift += 7

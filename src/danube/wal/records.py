@@ -119,9 +119,10 @@ def _read_varint(data: bytes, position: int) -> tuple[int, int]:
             raise RecordError("varint longer than 10 bytes")
 
 
-def _fields(data: bytes):  # type: ignore[no-untyped-def]
+def fields(data: bytes):  # type: ignore[no-untyped-def]
     """(field number, wire type, value) for each field: ints for varints and fixed widths,
-    bytes for length-delimited ones."""
+    bytes for length-delimited ones. For readers that want a few fields of many messages
+    (the audit) without building a `Record`."""
     position, end = 0, len(data)
     while position < end:
         tag, position = _read_varint(data, position)
@@ -150,7 +151,7 @@ def _fields(data: bytes):  # type: ignore[no-untyped-def]
 def decode(data: bytes) -> Record:
     record = Record(has_msg_id=False)
     try:
-        for number, wire, value in _fields(data):
+        for number, wire, value in fields(data):
             if wire == _VARINT:
                 if number == 1:
                     record.request_id = value
@@ -172,7 +173,7 @@ def decode(data: bytes) -> Record:
                     record.subscription_name = value.decode()
                 elif number == 7:
                     key = text = ""
-                    for entry_number, entry_wire, entry_value in _fields(value):
+                    for entry_number, entry_wire, entry_value in fields(value):
                         if entry_wire == _LEN and entry_number == 1:
                             key = entry_value.decode()
                         elif entry_wire == _LEN and entry_number == 2:
@@ -186,7 +187,7 @@ def decode(data: bytes) -> Record:
 
 
 def _decode_msg_id(data: bytes, record: Record) -> None:
-    for number, wire, value in _fields(data):
+    for number, wire, value in fields(data):
         if wire == _VARINT and number == 1:
             record.producer_id = value
         elif wire == _VARINT and number == 5:
