@@ -44,6 +44,8 @@ def test_without_faults_every_message_is_acknowledged_once_and_indexed() -> None
     result = ClusterSimulation(1, DATA, calm).run(10)
     assert result.ok and result.settled
     assert result.landed["claim"] == result.created == DATA.topics
+    assert result.data["acknowledged"] > 1_000
+    assert result.data.get("stored_twice", 0) == 0, "without faults no send is retried"
 
 
 def test_a_deposed_owners_late_upload_lands_beside_the_new_owners_object() -> None:
