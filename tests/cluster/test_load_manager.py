@@ -320,6 +320,9 @@ def test_a_follower_keeps_its_view_emits_nothing_and_acts_once_elected() -> None
 
 
 def test_every_topic_of_an_expired_broker_fails_over_non_reliable_ones_too() -> None:
+    """Danube never reassigns a non-reliable topic (reference §17). Here the load manager has
+    no input that names a topic's dispatch mode at all (it reads only `/cluster/`), so both
+    kinds are one case; the delivery key below only shows that nothing reads it."""
     d = cluster("1", "2", "3")
     give(d, "2", "/ns/reliable", "/ns/fast")
     d.store.put("/topics/ns/fast/delivery", "NonReliable")  # not the load manager's concern

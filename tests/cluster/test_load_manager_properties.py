@@ -453,6 +453,9 @@ def test_automatic_moves_respect_the_hourly_cap(config: LoadManagerConfig, run: 
 @settings(max_examples=30, deadline=None)
 @given(configs(), runs)
 def test_same_inputs_same_effects(config: LoadManagerConfig, run: Run) -> None:
+    """Catches state that outlives a machine (globals, class attributes). Both plays share
+    one string-hash seed, so set-order dependence cannot show here: the cluster run does that
+    across processes (tests/sim/test_cluster_sim.py, `any_process`)."""
     first, second = play(config, run), play(config, run)
     first.calm()
     second.calm()

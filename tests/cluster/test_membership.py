@@ -167,12 +167,25 @@ def test_leadership_ends_when_the_watch_shows_the_key_gone_or_replaced() -> None
 
 
 def test_a_fenced_broker_neither_campaigns_nor_takes_a_won_campaign() -> None:
+    """The registration's campaign is answered (lost: b2 leads) before the fence, so the
+    leader key vanishing afterwards would start a campaign, if fencing did not stop it."""
     m, _ = member()
+    m.campaign_done(7, False, 10)
+    m.leader_seen("b2", 20)
     m.tick(2_000)
     m.tick(9_000)
+    assert m.fenced
     assert of(m.leader_seen(None, 9_001), Campaign) == []
     assert of(m.campaign_done(7, True, 9_002), LeadershipGained) == []
     assert not m.leading
+
+
+def test_an_unfenced_member_campaigns_when_the_leader_key_vanishes() -> None:
+    """The twin of the test above, so that its first refusal is fencing's doing."""
+    m, _ = member()
+    m.campaign_done(7, False, 10)
+    m.leader_seen("b2", 20)
+    assert of(m.leader_seen(None, 30), Campaign) != []
 
 
 def test_stop_gives_up_leadership_and_silences_the_machine() -> None:

@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from danube.cluster.ownership import load_entries, load_reads
 from danube.core.config import DispatchStrategy, Policies
 from danube.core.errors import DanubeError, ErrorCode
 from danube.core.names import parse_topic
 from danube.dispatch import QueueLimits, StartKind, StartPosition
+from danube.metadata.model import KeyValue
 from danube.node import paths
 from danube.node.core import BrokerCore, BrokerIdentity, DropWal, LoadWal, TierIo
 from danube.tiering import ListObjects, UploaderConfig
@@ -62,9 +64,15 @@ def shared_state() -> tuple[dict[str, bytes], dict[str, Any]]:
 
 
 def topic_entries(metadata: dict[str, Any]) -> dict[str, Any]:
-    """What the ownership driver reads before it adopts the topic."""
-    prefixes = ("/namespaces/", paths.topic_prefix(NAME), f"/storage/topics/{NAME.path}/")
-    return {k: v for k, v in metadata.items() if k.startswith(prefixes)}
+    """What the ownership driver reads before it adopts the topic (`load_reads`), as it
+    hands it over (`load_entries`)."""
+    prefixes, policy_key = load_reads(TOPIC)
+
+    def kv(key: str) -> KeyValue:
+        return KeyValue(key, metadata[key], 1, 1, 1, None)
+
+    scanned = [kv(k) for k in sorted(metadata) if k.startswith(prefixes)]
+    return load_entries(TOPIC, scanned, kv(policy_key) if policy_key in metadata else None)
 
 
 CLAIMS = itertools.count(1)
