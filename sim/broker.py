@@ -47,7 +47,6 @@ from danube.node.core import (
 from danube.proto import danube as pb
 from danube.tiering import (
     CommitIndex,
-    IndexEntry,
     ListObjects,
     ObjectRead,
     StoredObject,
@@ -709,8 +708,7 @@ class SimBroker:
             step = core.tier_index_committed(io, now_ms=self.now_ms)
         else:
             self.tier_stats["commits_found"] += 1
-            existing = IndexEntry.from_json(self.metadata[effect.path])
-            step = core.tier_index_exists(io, existing, now_ms=self.now_ms)
+            step = core.tier_index_read(io, self.metadata[effect.path], now_ms=self.now_ms)
         self._apply(step.effects)
 
     def _list(self, incarnation: int, io: TierIo) -> None:

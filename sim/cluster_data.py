@@ -38,7 +38,7 @@ from danube.core.errors import DanubeError, ErrorCode
 from danube.metadata.model import KeyValue
 from danube.node.core import PersistMeta, TierIo
 from danube.proto import danube as pb
-from danube.tiering import CommitIndex, IndexEntry
+from danube.tiering import CommitIndex
 from danube.wal.machine import Durability, WalConfig
 from sim.broker import TICK_US, Observer, Reply, SimBroker
 from sim.disk import SimDisk
@@ -202,12 +202,8 @@ class ClusterBroker(SimBroker):
             core = self._alive(incarnation)
             if core is None:
                 return
-            if failed(result) or result is None:
-                step = core.tier_commit_failed(io, now_ms=self.now_ms)
-            else:
-                existing = IndexEntry.from_json(result.value)
-                step = core.tier_index_exists(io, existing, now_ms=self.now_ms)
-            self._apply(step.effects)
+            value = None if failed(result) or result is None else result.value
+            self._apply(core.tier_index_read(io, value, now_ms=self.now_ms).effects)
 
         def done(result: Any) -> None:
             core = self._alive(incarnation)

@@ -10,9 +10,10 @@ import random
 from typing import Any
 
 from danube.core.config import DispatchStrategy, Policies
+from danube.core.names import parse_topic
 from danube.dispatch import QueueLimits, StartKind, StartPosition
 from danube.node.core import BrokerCore, BrokerIdentity
-from danube.tiering import UploaderConfig, validate_index
+from danube.tiering import UploaderConfig, layout, validate_index
 from danube.tiering.index import IndexEntry
 from danube.wal.machine import WalConfig
 from tests.support.core_driver import MemoryWalDriver
@@ -143,3 +144,20 @@ def test_deleting_a_topic_deletes_its_index_so_a_new_one_starts_empty() -> None:
     publish(driver, pid, 3)
     restarted = start(files=driver.files, objects=driver.objects, metadata=driver.metadata)
     assert read_all(restarted, "fresh", 3) == ["m0000", "m0001", "m0002"]
+
+
+def test_an_index_path_holding_no_entry_makes_the_commit_retry_not_halt() -> None:
+    """`tier_index_read`: what a failed compare finds is judged in the core. A value that is
+    no index entry tells nothing about the commit's outcome, so the commit goes again; the
+    simulator's driver used to parse it itself and raise."""
+    driver = start()
+    path = layout.index_path(parse_topic(TOPIC), 0)
+    driver.metadata[path] = "not an entry"
+    publish(driver, producer(driver), 30)
+    assert driver.metadata[path] == "not an entry"
+    assert driver.halted == []
+    del driver.metadata[path]
+    for _ in range(100):
+        driver.now_ms += 1_000
+        driver.run(driver.core.tick(driver.now_ms).effects)
+    assert IndexEntry.from_json(driver.metadata[path]).start_offset == 0

@@ -26,7 +26,6 @@ from danube.node.core import (
 from danube.tiering import (
     CommitIndex,
     DeleteObject,
-    IndexEntry,
     ListObjects,
     StoredObject,
     UploadSegment,
@@ -140,8 +139,9 @@ class MemoryWalDriver:
             )
         if isinstance(effect, CommitIndex):
             if effect.path in self.metadata:
-                existing = IndexEntry.from_json(self.metadata[effect.path])
-                return list(core.tier_index_exists(io, existing, now_ms=now).effects)
+                return list(
+                    core.tier_index_read(io, self.metadata[effect.path], now_ms=now).effects
+                )
             self.metadata[effect.path] = effect.value
             self.metadata[effect.current_path] = effect.current_value
             return list(core.tier_index_committed(io, now_ms=now).effects)

@@ -53,7 +53,6 @@ from danube.node.core import (
 )
 from danube.tiering import (
     CommitIndex,
-    IndexEntry,
     ListObjects,
     StoredObject,
     UploadSegment,
@@ -504,14 +503,12 @@ class BrokerRuntime:
                 self._in_loop(self.core.tier_index_committed, io, now_ms=now_ms())
                 return
             existing = await self._store.get(effect.path)
-            if existing is None:
-                raise NotOwner(f"the claim on {topic} is gone: the index is another's now")
-            entry = IndexEntry.from_json(existing.value)
-        except Exception as error:  # outcome unknown (or a bad entry): the machine retries
+        except Exception as error:  # outcome unknown: the machine retries
             log.warning("event=index_commit_failed topic=%s error=%r", topic, error)
             self._in_loop(self.core.tier_commit_failed, io, now_ms=now_ms())
             return
-        self._in_loop(self.core.tier_index_exists, io, entry, now_ms=now_ms())
+        value = None if existing is None else existing.value
+        self._in_loop(self.core.tier_index_read, io, value, now_ms=now_ms())
 
     async def tick(self, period: float) -> None:
         """Time-driven work of the core (WAL flushes and rotation, dispatch timers)."""
