@@ -262,6 +262,25 @@ def test_a_deposed_owners_late_upload_leaves_the_new_owners_objects_alone() -> N
     assert consume(reader, 5, ack=0) == ["m5", "m6", "m7", "m8", "m9"]
 
 
+def test_acks_for_a_topic_that_moves_or_left_ask_the_client_to_look_it_up_again() -> None:
+    """UNAVAILABLE, not NOT_FOUND: the client then finds the new owner, which delivers the
+    message again from the persisted cursor."""
+    objects, metadata = shared_state()
+    old = broker(6650, objects, metadata)
+    adopt(old)
+    publish(old, producer(old), 0, 3)
+    consume(old, 3, ack=0)
+    old.run(old.core.unload(TOPIC, old.now_ms).effects)
+    for stage in ("unloading", "removed"):
+        with pytest.raises(DanubeError) as refused:
+            old.core.ack(TOPIC, "audit", 0, now_ms=old.now_ms)
+        assert refused.value.code is ErrorCode.UNAVAILABLE, stage
+        with pytest.raises(DanubeError) as refused:
+            old.core.nack(TOPIC, "audit", 0, None, now_ms=old.now_ms)
+        assert refused.value.code is ErrorCode.UNAVAILABLE, stage
+        old.run(old.core.remove(TOPIC, reason="moved", delete_files=True).effects)
+
+
 def test_a_non_reliable_topic_moves_too() -> None:
     """Danube never reassigns a non-reliable topic after a rebalance (reference §17); here
     it takes the same path, minus the seal."""

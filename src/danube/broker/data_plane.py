@@ -1,5 +1,7 @@
 """Danube's client-facing services (package `danube`): wire messages in, core calls, wire
-messages out. Every decision lives in `BrokerCore`."""
+messages out. Decisions live in `BrokerCore` and, for which broker takes a request, in the
+placement rules (`danube.cluster.placement` through `danube.broker.placement`); this layer
+also refuses work while the broker is fenced (`BrokerRuntime.check_unfenced`)."""
 
 from __future__ import annotations
 
@@ -130,12 +132,10 @@ class ConsumerService:
             self._runtime.apply(closed.effects)
 
     async def ack(self, request: pb.AckRequest) -> pb.AckResponse:
-        self._placement.check_served(request.msg_id.topic_name)
         await self._runtime.run(requests.ack(self._core, request, now_ms()))
         return pb.AckResponse(request_id=request.request_id)
 
     async def nack(self, request: pb.NackRequest) -> pb.NackResponse:
-        self._placement.check_served(request.msg_id.topic_name)
         await self._runtime.run(requests.nack(self._core, request, now_ms()))
         return pb.NackResponse(request_id=request.request_id)
 

@@ -49,10 +49,6 @@ class Placement(Protocol):
         may create the topic (None for a consumer)."""
         ...
 
-    def check_served(self, topic: str) -> None:
-        """Before an ack or nack: raises when another broker serves the topic now."""
-        ...
-
 
 def _here(core: BrokerCore) -> Located:
     return Located(Answer.CONNECT, core.identity.broker_url, core.identity.connect_url)
@@ -72,9 +68,6 @@ class LocalPlacement:
         return self._core.topic_partitions(topic)
 
     async def route(self, topic: str, create: DispatchStrategy | None) -> None:
-        return None
-
-    def check_served(self, topic: str) -> None:
         return None
 
 
@@ -133,13 +126,6 @@ class ClusterPlacement:
         assert create is not None
         await self.create([name], create)
         raise rules.unavailable(f"{topic} was created and is being assigned; look it up again")
-
-    def check_served(self, topic: str) -> None:
-        if not self._core.serves(topic):
-            raise rules.unavailable(
-                f"{topic} is not served by this broker (it moved); the message will be "
-                "delivered again by its owner"
-            )
 
     async def create(self, names: list[TopicName], strategy: DispatchStrategy) -> None:
         """Creates topics in the store for the leader to assign (`rules.creation`)."""

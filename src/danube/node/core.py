@@ -1212,7 +1212,18 @@ class BrokerCore:
         return Step(None, tuple(self._dispatch(record, sub, effects, now_ms)))
 
     def _ack_target(self, topic: str, subscription: str) -> tuple[TopicRecord, SubscriptionRecord]:
+        """Cluster mode: an ack for a topic that left (or is leaving) this broker is refused
+        as UNAVAILABLE, so the client looks it up again; the new owner delivers the message
+        again from the persisted cursor."""
+        if self._clustered and topic not in self._topics:
+            parse_topic(topic)
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE,
+                f"{topic} is not served by this broker (it moved); the message will be "
+                "delivered again by its owner",
+            )
         record = self._topic(topic)
+        self._check_not_moving(record)
         sub = record.subscriptions.get(subscription)
         if sub is None:
             raise not_found(f"subscription {subscription!r} does not exist on {topic}")
