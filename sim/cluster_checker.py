@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from danube.cluster import keys
 from danube.cluster.membership import Phase
-from danube.metadata.model import TxnResult, WatchEvent
+from danube.metadata.model import WatchEvent
 from sim.checker import Violation
 from sim.cluster_node import SimNode
 from sim.etcd import Origin, SimEtcd
@@ -92,9 +92,7 @@ class ClusterChecker:
 
     # -- at every commit ---------------------------------------------------------------------------
 
-    def committed(
-        self, events: list[WatchEvent], origin: Origin | None, result: TxnResult | None
-    ) -> None:
+    def committed(self, events: list[WatchEvent], origin: Origin | None) -> None:
         if origin is not None and events:
             self.landed[origin.kind] += 1
             if origin.kind in DECISIONS:

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from danube.broker.ownership import SETTLE_POLL_S
 from danube.cluster import keys
 from danube.cluster import ownership as own
 from danube.cluster.keys import Marker
@@ -47,7 +48,7 @@ from sim.faults import Faults, Injected
 from sim.network import Network
 from sim.objects import SimObjectStore
 from sim.run import UPLOADS
-from sim.world import US_PER_MS, World
+from sim.world import US_PER_MS, US_PER_S, World
 
 DATA_WAL = WalConfig(
     durability=Durability.FSYNC,
@@ -58,8 +59,8 @@ DATA_WAL = WalConfig(
 OBJECT_BATCH_MS = 20
 """The `object` level seals the active segment this long after its oldest unanswered
 publish, so one upload answers a batch (the cluster test's setting)."""
-SETTLE_POLL_US = 20 * US_PER_MS
-"""How often an unload checks whether the topic is settled (the driver's `SETTLE_POLL_S`)."""
+SETTLE_POLL_US = int(SETTLE_POLL_S * US_PER_S)
+"""How often an unload checks whether the topic is settled, as the driver does."""
 OWNERSHIP_RETRY_MS = 250
 E = TypeVar("E", own.Claim, own.Release)
 

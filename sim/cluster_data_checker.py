@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from danube.cluster import keys
 from danube.cluster.ownership import Phase, owner_key, topic_of_key
 from danube.core.names import parse_topic
-from danube.metadata.model import TxnResult, WatchEvent
+from danube.metadata.model import WatchEvent
 from danube.tiering import IndexEntry, validate_index
 from danube.tiering import layout as tier_layout
 from danube.wal import format, records
@@ -63,9 +63,7 @@ class DataChecker:
 
     # -- at every commit (g, and the stored payloads for h) ---------------------------------------
 
-    def committed(
-        self, events: list[WatchEvent], origin: Origin | None, result: TxnResult | None
-    ) -> None:
+    def committed(self, events: list[WatchEvent], origin: Origin | None) -> None:
         if origin is None or origin.kind not in DATA_WRITES or not events:
             return
         for topic in sorted({t for e in events if (t := topic_of_key(e.key)) is not None}):

@@ -5,7 +5,7 @@ when the cluster run gains a knob."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from sim.faults import Faults
 
@@ -42,10 +42,6 @@ class ClusterFaults:
     """How much of the allowed drift (`drift_ms` per lease TTL) each broker's clock uses: its
     rate against etcd's is drawn from 1 ± skew·drift/TTL. Below 1 the self-fencing margin
     holds."""
-
-    @classmethod
-    def knobs(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
     def network(self) -> Faults:
         """What `sim.network.Network` reads: latency and loss."""

@@ -59,9 +59,7 @@ class Origin:
 
 
 class CommitObserver(Protocol):
-    def committed(
-        self, events: list[WatchEvent], origin: Origin | None, result: TxnResult | None
-    ) -> None:
+    def committed(self, events: list[WatchEvent], origin: Origin | None) -> None:
         """After every transaction (applied or not), revoke and lease expiry."""
 
 
@@ -148,7 +146,7 @@ class SimEtcd:
 
     def txn(self, compares: Sequence[Compare], ops: Sequence[Op], origin: Origin) -> TxnResult:
         result, events = self.state.txn(compares, ops)
-        self._publish(events, origin, result)
+        self._publish(events, origin)
         return result
 
     def put(self, key: str, value: Any, lease: int | None, origin: Origin) -> int:
@@ -167,7 +165,7 @@ class SimEtcd:
     def revoke(self, lease: int, origin: Origin) -> None:
         events = self.state.revoke(lease)
         self._forget(lease)
-        self._publish(events, origin, None)
+        self._publish(events, origin)
 
     def watch(
         self,
@@ -187,7 +185,7 @@ class SimEtcd:
         for lease in [lease for lease, deadline in self._deadline_s.items() if deadline <= now]:
             self._forget(lease)
             self.world.log(f"etcd lease {lease} expired")
-        self._publish(self.state.expire(now), None, None)
+        self._publish(self.state.expire(now), None)
 
     def _forget(self, lease: int) -> None:
         self._ttl_s.pop(lease, None)
@@ -197,11 +195,9 @@ class SimEtcd:
         self.expire()
         self.world.at(EXPIRY_TICK_US, self._expiry_tick)
 
-    def _publish(
-        self, events: list[WatchEvent], origin: Origin | None, result: TxnResult | None
-    ) -> None:
+    def _publish(self, events: list[WatchEvent], origin: Origin | None) -> None:
         for observer in self.observers:
-            observer.committed(events, origin, result)
+            observer.committed(events, origin)
         if not events:
             return
         batches: dict[int, list[WatchEvent]] = {}
