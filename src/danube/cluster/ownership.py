@@ -234,8 +234,6 @@ class Phase(enum.Enum):
 @dataclass(slots=True)
 class _Topic:
     phase: Phase
-    assigned: bool = True
-    """The view still assigns the topic to this broker."""
     claim_revision: int | None = None
     busy: bool = False
     """A request of the current phase is out."""
@@ -299,18 +297,12 @@ class Ownership:
         """`/cluster/brokers/<me>/<topic>` put (True) or deleted (False)."""
         if assigned:
             self._assigned.add(topic)
-            state = self._topics.get(topic)
-            if state is None:
-                self._topics[topic] = _Topic(Phase.CLAIMING)
-            else:
-                state.assigned = True
+            self._topics.setdefault(topic, _Topic(Phase.CLAIMING))
         else:
             self._assigned.discard(topic)
             state = self._topics.get(topic)
-            if state is not None:
-                state.assigned = False
-                if state.phase is Phase.CLAIMING and not state.claim_unknown:
-                    state.retry_at = None  # no claim to wait for any more
+            if state is not None and state.phase is Phase.CLAIMING and not state.claim_unknown:
+                state.retry_at = None  # no claim to wait for any more
         return self._step(now_ms)
 
     def marker_seen(
@@ -323,7 +315,7 @@ class Ownership:
         self._markers[topic] = _Marker(marker, revision)
         if topic not in self._topics and self._owes_ready(topic):
             # Unloaded and released before the marker showed: only the marker is left.
-            self._topics[topic] = _Topic(Phase.RELEASING, assigned=False)
+            self._topics[topic] = _Topic(Phase.RELEASING)
         return self._step(now_ms)
 
     def claim_done(
@@ -339,7 +331,7 @@ class Ownership:
         if succeeded:
             state.claim_revision = revision
             state.phase = Phase.LOADING
-        elif state.assigned or state.claim_unknown:
+        elif topic in self._assigned or state.claim_unknown:
             state.retry_at = now_ms + self.config.retry_ms
         return self._step(now_ms)
 
@@ -423,7 +415,7 @@ class Ownership:
 
     def _next(self, topic: str, state: _Topic) -> Effect | None:
         if state.phase is Phase.CLAIMING:
-            if state.assigned or state.claim_unknown:
+            if topic in self._assigned or state.claim_unknown:
                 # Unassigned, a claim that may have landed is settled by claiming again: the
                 # retry finds it (`own_claim`) or lands, and unload and release delete it.
                 # Left alone it would block the next owner for as long as the lease lives.
@@ -434,12 +426,12 @@ class Ownership:
             return self._release(topic, state)
         if state.phase is Phase.LOADING:
             assert state.claim_revision is not None
-            if not state.assigned:
+            if topic not in self._assigned:
                 state.phase = Phase.UNLOADING
                 return Unload(topic, state.claim_revision)
             return Load(topic, state.claim_revision)
         if state.phase is Phase.SERVING:
-            if state.assigned:
+            if topic in self._assigned:
                 return None
             state.phase = Phase.UNLOADING
             assert state.claim_revision is not None
