@@ -92,8 +92,7 @@ class AdminServices:
                 ErrorCode.FAILED_PRECONDITION,
                 f"broker {leader or '(none yet)'} leads the cluster; ask its admin port",
             )
-        max_moves = request.max_moves if request.max_moves is not None else None
-        self._cluster.trigger_rebalance(max_moves)
+        self._cluster.trigger_rebalance(request.max_moves)
         return pb.RebalanceResponse(success=True)
 
     async def list_namespaces(self, _: pb.Empty) -> pb.NamespaceListResponse:

@@ -122,9 +122,10 @@ class ClusterPlacement:
             return
         name = parse_topic(topic)
         facts = await self._facts(name)
-        rules.route(topic, facts, self._broker_id, create=create, auto_create=self._auto_create)
-        assert create is not None
-        await self.create([name], create)
+        strategy = rules.route(
+            topic, facts, self._broker_id, create=create, auto_create=self._auto_create
+        )
+        await self.create([name], strategy)
         raise rules.unavailable(f"{topic} was created and is being assigned; look it up again")
 
     async def create(self, names: list[TopicName], strategy: DispatchStrategy) -> None:

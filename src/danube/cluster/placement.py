@@ -64,11 +64,6 @@ def lookup(
     return Located(Answer.REDIRECT, broker_url, str(registration.get("connect_url") or broker_url))
 
 
-class Route(enum.Enum):
-    CREATE = "create"
-    """Create the topic in the store (`creation`), then tell the client to look it up."""
-
-
 def route(
     topic: str,
     facts: TopicFacts,
@@ -76,9 +71,10 @@ def route(
     *,
     create: DispatchStrategy | None,
     auto_create: bool,
-) -> Route:
+) -> DispatchStrategy:
     """CreateProducer (`create`: its strategy) or Subscribe (`create` None) for a topic this
-    broker does not serve: raises what the client must hear, or says to create it."""
+    broker does not serve: raises what the client must hear, or returns the strategy to
+    create the topic with (`creation`), after which the client is told to look it up."""
     if facts.exists:
         if facts.owner is None or facts.owner == me:
             raise unavailable(f"{topic} is being assigned to a broker; retry shortly")
@@ -87,7 +83,7 @@ def route(
         raise not_found(f"topic {topic} does not exist")
     if not auto_create:
         raise not_found(f"topic {topic} does not exist and auto_create_topics is off")
-    return Route.CREATE
+    return create
 
 
 def creation(
