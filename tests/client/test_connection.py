@@ -60,3 +60,26 @@ def test_a_broker_that_answers_with_an_error_goes_first_next_time() -> None:
         connections.close()
 
     asyncio.run(scenario())
+
+
+def test_a_refused_lookup_raises_the_clients_own_error() -> None:
+    """Found in review: DanubeClient.lookup let grpclib's GRPCError through, unlike every
+    other call of the client."""
+    from grpclib.const import Status
+    from grpclib.exceptions import GRPCError
+
+    from danube.client import DanubeClient
+    from danube.client.errors import DanubeClientError
+
+    async def scenario() -> None:
+        client = DanubeClient("http://127.0.0.1:1")
+
+        async def refuse(what: str, call: object) -> None:
+            raise GRPCError(Status.UNAVAILABLE, "moving")
+
+        client._connections._discover = refuse  # type: ignore[method-assign,assignment]
+        with pytest.raises(DanubeClientError, match="lookup of /default/t: UNAVAILABLE"):
+            await client.lookup("/default/t")
+        client._connections.close()
+
+    asyncio.run(scenario())

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from grpclib.exceptions import GRPCError
+
 from danube.client.connection import Connections, RetryPolicy
 from danube.client.consumer import Consumer, SubType
+from danube.client.errors import DanubeClientError
 from danube.client.producer import Producer
 from danube.core.config import DispatchStrategy
 
@@ -70,4 +73,9 @@ class DanubeClient:
         return await self._connections.partitions(topic)
 
     async def lookup(self, topic: str) -> str:
-        return await self._connections.lookup(topic)
+        """The connect URL of the broker that serves `topic` (the service URL for a topic
+        not created yet); a broker's refusal raises `DanubeClientError`."""
+        try:
+            return await self._connections.lookup(topic)
+        except GRPCError as error:
+            raise DanubeClientError.from_grpc(f"lookup of {topic}", error) from None
