@@ -49,7 +49,13 @@ def s3_endpoint() -> Iterator[str]:
     endpoint = f"http://127.0.0.1:{port}"
     import s3fs
 
-    s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}).mkdir("danube-history")
+    from danube.broker.object_store import io_loop
+
+    # Our own loop, as the broker's ObjectStore: fsspec's default one comes from the global
+    # event-loop policy, which trio-asyncio (used by earlier tests) replaces with one that
+    # never runs here, and the call then waits forever.
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, loop=io_loop())
+    fs.mkdir("danube-history")
     yield endpoint
     server.stop()
     for key, value in saved.items():

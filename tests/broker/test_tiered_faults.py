@@ -94,10 +94,13 @@ class _Bucket:
     def __init__(self, endpoint: str, root: str) -> None:
         import s3fs
 
+        from danube.broker.object_store import io_loop
+
         self.fs = s3fs.S3FileSystem(
             client_kwargs={"endpoint_url": endpoint},
             use_listings_cache=False,
             skip_instance_cache=True,
+            loop=io_loop(),  # not fsspec's default loop: see test_tiered.s3_endpoint
         )
         self.root = root
 

@@ -34,7 +34,7 @@ class ObjectStore:
             if region:
                 client["region_name"] = region
             options["client_kwargs"] = client
-            options["loop"] = _io_loop()
+            options["loop"] = io_loop()
         self.root = root
         self.fs, base = fsspec.core.url_to_fs(root, **options)
         self._base = base.rstrip("/")
@@ -86,7 +86,7 @@ class ObjectStore:
         self.fs.rm_file(self._path(key))
 
 
-def _io_loop() -> asyncio.AbstractEventLoop:
+def io_loop() -> asyncio.AbstractEventLoop:
     """A plain asyncio loop in a thread of its own for s3fs. fsspec would make one through
     the global event-loop policy, which under trio-asyncio yields a loop that cannot run in
     another thread."""
