@@ -166,11 +166,13 @@ def unseen(acked: DataFrame, deliveries: DataFrame) -> DataFrame:
     return violations("unseen", missing, detail)
 
 
-def duplicate_deliveries(deliveries: DataFrame) -> DataFrame:
-    repeated = deliveries.groupBy("subscription", "topic", "offset").agg(
-        F.count("*").alias("times")
-    )
-    repeated = repeated.where(F.col("times") > 1)
+def delivery_counts(deliveries: DataFrame) -> DataFrame:
+    """How many times each subscription received each offset of each topic."""
+    return deliveries.groupBy("subscription", "topic", "offset").agg(F.count("*").alias("times"))
+
+
+def duplicate_deliveries(counts: DataFrame) -> DataFrame:
+    repeated = counts.where(F.col("times") > 1)
     detail = F.format_string("delivered %d times", "times")
     return violations("duplicate-delivery", repeated, detail)
 
@@ -192,8 +194,14 @@ def first_deliveries(deliveries: DataFrame) -> DataFrame:
     return firsts.withColumn("previous", F.max("offset").over(before))
 
 
-def nonmonotonic_polls(firsts: DataFrame) -> DataFrame:
+def nonmonotonic_polls(firsts: DataFrame, counts: DataFrame) -> DataFrame:
+    """Offsets the subscription received only once that came below one the consumer had
+    received before. A repeat is left out wherever it lands: after a restart, a reconnect or
+    a failover the subscription starts again at its cursor, so its consumer may receive,
+    for the first time, offsets another consumer (or an earlier stream) already had."""
+    once = counts.where(F.col("times") == 1).select("subscription", "topic", "offset")
     back = firsts.where(F.col("offset") < F.col("previous"))
+    back = back.join(once, ["subscription", "topic", "offset"])
     detail = F.format_string("received (delivery %d) after offset %d", "n", "previous")
     return violations("nonmonotonic-poll", back, detail)
 
@@ -229,6 +237,7 @@ def all_violations(stored: DataFrame, acks: DataFrame, deliveries: DataFrame) ->
     stored_messages = messages(records)
     acked = acked_at(acks, stored_messages)
     firsts = first_deliveries(deliveries)
+    counts = delivery_counts(deliveries)
     parts = [
         storage_problems(stored),
         inconsistent_offsets(records),
@@ -238,8 +247,8 @@ def all_violations(stored: DataFrame, acks: DataFrame, deliveries: DataFrame) ->
         acked_offsets_disagree(acked),
         delivered_against_storage(deliveries, records),
         unseen(acked, deliveries),
-        duplicate_deliveries(deliveries),
-        nonmonotonic_polls(firsts),
+        duplicate_deliveries(counts),
+        nonmonotonic_polls(firsts, counts),
         poll_skips(firsts, deliveries, records),
     ]
     result = parts[0]

@@ -112,6 +112,34 @@ def test_a_reordered_delivery_log_is_a_nonmonotonic_poll(
     assert not summary["ok"]
 
 
+def test_a_takeover_that_starts_again_at_the_cursor_is_no_nonmonotonic_poll(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """What the simulator showed: c1 received 0–19 and died; the restarted broker first
+    redelivered c1's unacknowledged 15–19 to c2, then started again at the cursor (10), so
+    c2 received 10–14 for the first time after 19. Every one of them is a repeat for the
+    subscription. A once-only offset below one c2 had seen is still a violation (22)."""
+    run = write_clean_run(tmp_path)
+    deliveries = [d for d in dataset.deliveries_of() if d.subscription != "ex"]
+    exclusive = [d for d in dataset.deliveries_of() if d.subscription == "ex"]
+    by_offset = {(d.topic, d.offset): d for d in exclusive}
+    for topic in TOPICS:
+        received = list(range(20))
+        taken_over = [*range(15, 20), *range(10, 20)]
+        rest = [20, 21, 23, 22, *range(24, 30)] if topic == ORDERS else list(range(20, 30))
+        deliveries += [by_offset[topic, o]._replace(n=n) for n, o in enumerate(received)]
+        deliveries += [
+            by_offset[topic, o]._replace(consumer="c2", n=n)
+            for n, o in enumerate(taken_over + rest)
+        ]
+    _rewrite_logs(run, dataset.acks_of(), deliveries)
+    summary, rows = audit(spark, run)
+    assert kinds(rows) == {"nonmonotonic-poll", "duplicate-delivery"}
+    (back,) = [r for r in rows if r["anomaly"] == "nonmonotonic-poll"]
+    assert (back["topic"], back["consumer"], back["offset"]) == (ORDERS, "c2", 22)
+    assert summary["allowed"]["duplicate-delivery"] == 2 * 10
+
+
 @pytest.mark.parametrize(
     ("subscription", "expected"),
     [("sh", {"unseen"}), ("ex", {"unseen", "poll-skip"})],
