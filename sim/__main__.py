@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
 from sim.cluster_main import main as cluster_main
 from sim.faults import Faults
@@ -46,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
         "--help` lists its knobs",
     )  # fmt: skip
     add_run_arguments(parser, PROFILES, 10.0, "load")
+    parser.add_argument(
+        "--audit-out", type=Path, metavar="DIR",
+        help="leave each run's client logs and storage images in DIR/seed-<N> for the Spark "
+        "audit (spark/README.md)",
+    )  # fmt: skip
     workload = parser.add_argument_group(
         "workload (with --tiered, segment-bytes and retention-bytes default to "
         f"{TIERED.segment_bytes} and {TIERED.retention_bytes})"
@@ -126,11 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     workload, faults = _workload(args), chosen_faults(args, PROFILES)
     full_trace = args.trace is not None
-    return run_seeds(
-        args,
-        lambda seed: Simulation(seed, workload, faults, full_trace=full_trace).run(args.duration),
-        lambda result: report(result, workload, faults),
-    )
+
+    def run(seed: int) -> Result:
+        audit_dir = None if args.audit_out is None else args.audit_out / f"seed-{seed}"
+        simulation = Simulation(seed, workload, faults, full_trace=full_trace, audit_dir=audit_dir)
+        return simulation.run(args.duration)
+
+    return run_seeds(args, run, lambda result: report(result, workload, faults))
 
 
 if __name__ == "__main__":

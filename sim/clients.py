@@ -11,6 +11,7 @@ from danube.core.errors import DanubeError, ErrorCode
 from danube.dispatch import LATEST, StartPosition
 from danube.proto import danube as pb
 from danube.wal import records
+from sim.audit_output import AuditOutput
 from sim.broker import Reply, SimBroker
 from sim.network import Network
 from sim.world import US_PER_S, World
@@ -100,9 +101,11 @@ class SimProducer:
         rate: float,
         keys: int,
         strategy: pb.DispatchStrategy,
+        audit: AuditOutput | None = None,
     ) -> None:
         self.world = world
         self.checker = checker
+        self.audit = audit
         self.name = name
         self.topic = topic
         self.interval_us = int(US_PER_S / rate)
@@ -177,6 +180,8 @@ class SimProducer:
                 self.world.at(RETRY_US, self._send)
             return
         self.checker.produced(self.topic, self._payload(), self._key)
+        if self.audit is not None:
+            self.audit.acked(self.topic, self.name, self._sequence, self._payload(), started)
         self.acknowledged += 1
         self._sequence += 1
         self._key = None
@@ -202,9 +207,11 @@ class SimConsumer:
         ack_delay_us: int,
         nack: float,
         start: StartPosition = LATEST,
+        audit: AuditOutput | None = None,
     ) -> None:
         """`start` matters only when this consumer's subscribe creates the subscription."""
         self.world = world
+        self.audit = audit
         self.network = network
         self.broker = broker
         self.checker = checker
@@ -280,6 +287,8 @@ class SimConsumer:
         self.checker.received(
             self.topic, self.subscription, self.name, record.topic_offset, record.payload
         )
+        if self.audit is not None:
+            self.audit.delivered(self.client, self.subscription, self.sub_type, record)
         self.world.at(self.world.rng.randrange(self.ack_delay_us + 1), lambda: self._settle(record))
 
     def _settle(self, record: records.Record) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from danube.core.config import DispatchStrategy
@@ -15,6 +16,7 @@ from danube.dispatch.types import StartKind, StartPosition, SubscriptionType
 from danube.proto import danube as pb
 from danube.tiering import UploaderConfig, layout
 from danube.wal.machine import Durability, WalConfig
+from sim.audit_output import AuditOutput
 from sim.broker import EPOCH_MS, SimBroker
 from sim.checker import InvariantChecker, Violation
 from sim.clients import SimConsumer, SimProducer
@@ -126,7 +128,10 @@ class Simulation:
         faults: Faults,
         *,
         full_trace: bool = False,
+        audit_dir: Path | None = None,
     ) -> None:
+        """`audit_dir`: where the run leaves its client logs and storage images for the Spark
+        audit (sim/audit_output.py)."""
         self.seed = seed
         self.workload = workload
         self.faults = faults
@@ -139,6 +144,7 @@ class Simulation:
             SimObjectStore(self.world, faults, self.injected, EPOCH_MS) if workload.tiered else None
         )
         self.impostors: set[str] = set()
+        self.audit = None if audit_dir is None else AuditOutput(audit_dir, self.world)
         wal = workload.wal_config()
         self.checker = InvariantChecker(
             self.world, self.disk, wal.durability, metadata=self.metadata, objects=self.objects
@@ -180,6 +186,7 @@ class Simulation:
                         ack_delay_us=workload.ack_delay_ms * US_PER_MS,
                         nack=workload.nack,
                         start=StartPosition(StartKind.EARLIEST),
+                        audit=self.audit,
                     )
                 )
             for name in workload.subscriptions:
@@ -198,6 +205,7 @@ class Simulation:
                             sub_type=int(SUB_TYPES[name]),
                             ack_delay_us=workload.ack_delay_ms * US_PER_MS,
                             nack=workload.nack,
+                            audit=self.audit,
                         )
                     )
             for p in range(workload.producers):
@@ -212,6 +220,7 @@ class Simulation:
                         rate=workload.rate,
                         keys=workload.keys,
                         strategy=pb.DispatchStrategy.Reliable,
+                        audit=self.audit,
                     )
                 )
         self._disk_full_until = 0
@@ -346,6 +355,8 @@ class Simulation:
             self.broker.crash(power=False, fault=False)
             world.run_until(world.now + self.faults.restart_us)
             self.checker.final(self.judged, self.broker.stopped_topics)
+        if self.audit is not None:
+            self.audit.write_storage(self.disk, self.objects, self.metadata)
         return Result(
             seed=self.seed,
             duration_s=duration_s,
