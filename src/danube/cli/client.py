@@ -150,6 +150,38 @@ async def consume(args: argparse.Namespace) -> int:
     return 0
 
 
+async def load(args: argparse.Namespace) -> int:
+    try:
+        from danube.audit.load import LoadPlan, LoadRun, say_on_stderr, summary
+    except ImportError as error:
+        raise UsageError(
+            f"danube-cli load writes Parquet logs and needs the audit extra "
+            f"(pip install 'danube[audit]'): {error}"
+        ) from None
+    plan = LoadPlan(
+        service_url=args.service_addr,
+        logs=args.logs,
+        topic_prefix=args.topic_prefix,
+        topics=args.topics,
+        partitions=args.partitions,
+        producers=args.producers,
+        messages=args.messages,
+        rate=args.rate,
+        payload_bytes=args.payload_bytes,
+        keys=args.keys,
+        subscriptions=tuple(s.strip() for s in args.subscriptions.split(",") if s.strip()),
+        consumers=args.consumers,
+        reliable=not args.non_reliable,
+        drain_s=args.drain,
+    )
+    problems = plan.problems()
+    if problems:
+        raise UsageError("; ".join(problems))
+    result = await LoadRun(plan, say_on_stderr).run()
+    print(summary(plan, result), flush=True)
+    return 0
+
+
 def _start_position(text: str) -> str | int:
     if text in ("latest", "earliest"):
         return text
@@ -210,6 +242,56 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not print messages; show a progress line instead",
     )  # fmt: skip
     cons.set_defaults(run=consume)
+
+    gen = commands.add_parser(
+        "load",
+        help="drive producers and consumers at a set rate and log what they were told and "
+        "received, for an audit (spark/README.md)",
+    )
+    gen.add_argument(
+        "-s", "--service-addr", default=DEFAULT_SERVICE,
+        help=f"broker URL, or several of a cluster comma-separated (default {DEFAULT_SERVICE})",
+    )  # fmt: skip
+    gen.add_argument("--logs", type=Path, required=True, help="directory for the Parquet logs")
+    gen.add_argument(
+        "--topic-prefix", default="/default/load",
+        help="topics are <prefix>-0, <prefix>-1, ... (default /default/load)",
+    )  # fmt: skip
+    gen.add_argument("--topics", type=int, default=1, help="number of topics (default 1)")
+    gen.add_argument(
+        "-p", "--partitions", type=int, default=0, help="partitions per topic (default 0: none)"
+    )
+    gen.add_argument("--producers", type=int, default=1, help="producers per topic (default 1)")
+    gen.add_argument(
+        "-c", "--messages", type=int, default=1000, help="messages in all (default 1000)"
+    )
+    gen.add_argument(
+        "-r", "--rate", type=float, default=100.0,
+        help="messages per second in all, paced open-loop (default 100)",
+    )  # fmt: skip
+    gen.add_argument("--payload-bytes", type=int, default=128, help="(default 128)")
+    gen.add_argument(
+        "--keys", type=int, default=0, help="routing keys per producer (default 0: no key)"
+    )
+    gen.add_argument(
+        "--subscriptions", default="exclusive,shared",
+        help="subscription types, one subscription each, comma-separated from exclusive, "
+        "shared, failover, key_shared (default exclusive,shared)",
+    )  # fmt: skip
+    gen.add_argument(
+        "--consumers", type=int, default=2,
+        help="consumers per subscription; an Exclusive one has one (default 2)",
+    )  # fmt: skip
+    gen.add_argument(
+        "--non-reliable", action="store_true",
+        help="non-reliable topics (default: reliable, at-least-once)",
+    )  # fmt: skip
+    gen.add_argument(
+        "--drain", type=float, default=30.0,
+        help="seconds to wait for deliveries without progress after the last "
+        "acknowledgement (default 30)",
+    )  # fmt: skip
+    gen.set_defaults(run=load)
     return parser
 
 

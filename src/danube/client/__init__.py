@@ -4,7 +4,7 @@ from danube.client.client import DanubeClient
 from danube.client.connection import RetryPolicy
 from danube.client.consumer import Consumer, Message, SubType
 from danube.client.errors import DanubeClientError
-from danube.client.producer import Producer
+from danube.client.producer import Producer, Receipt
 from danube.core.config import DispatchStrategy
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "DispatchStrategy",
     "Message",
     "Producer",
+    "Receipt",
     "RetryPolicy",
     "SubType",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from grpclib import GRPCError
 from grpclib.const import Status
@@ -15,6 +16,17 @@ from danube.core.config import DispatchStrategy
 from danube.core.hashing import partition_for_key
 from danube.core.names import partition_name
 from danube.proto import danube as pb
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """Where an acknowledged message went: the topic or partition, and the producer name the
+    broker stores with it (a partition's producer is `<name>-<n>`), which is how an audit
+    finds the message again."""
+
+    topic: str
+    producer_name: str
+    request_id: int
 
 
 class _TopicProducer:
@@ -53,7 +65,7 @@ class _TopicProducer:
 
     async def send(
         self, payload: bytes, key: str | None, attributes: Mapping[str, str] | None
-    ) -> int:
+    ) -> Receipt:
         """Sends one message; re-creates the producer once if the broker no longer knows it
         (topic moved, broker restarted without our metadata) and on retryable statuses."""
         for attempt in range(2):
@@ -75,7 +87,7 @@ class _TopicProducer:
             )
             try:
                 response = await self._stub.send_message(message)
-                return response.request_id
+                return Receipt(self.topic, self.name, response.request_id)
             except GRPCError as error:
                 recoverable = error.status in (Status.NOT_FOUND, Status.UNAVAILABLE)
                 if attempt or not recoverable:
@@ -131,8 +143,8 @@ class Producer:
         *,
         key: str | None = None,
         attributes: Mapping[str, str] | None = None,
-    ) -> int:
-        """Returns once the broker acknowledged the message; the value is its request id."""
+    ) -> Receipt:
+        """Returns once the broker acknowledged the message, saying where it went."""
         if key is not None:
             target = self._targets[partition_for_key(key, len(self._targets))]
         else:
