@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from danube.core.names import parse_topic
+from danube.tiering import layout
 from sim.__main__ import PROFILES
 from sim.__main__ import main as sim_main
+from sim.objects import impostor_segment
 from sim.run import TIERED, Simulation, Workload
 from spark.audit import AuditInputs, run_audit
 
@@ -42,26 +45,29 @@ def test_a_faulty_run_audits_clean_and_the_logs_match_the_run(
     assert summary["allowed"].get("duplicate-delivery", 0) > 0  # nacks and restarts
 
 
-def test_a_tiered_run_needs_the_index_to_leave_out_a_fenced_writers_orphan(
+def test_a_tiered_run_audits_clean_and_needs_the_index_to_leave_out_an_orphan(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """Seed 1 uploads an impostor object for a range (a deposed writer's late upload) that
-    is still in the store at the end: read as history it contradicts the real objects."""
+    """The orphan collection of the run deletes the impostors its fenced uploads leave, so
+    the test plants one as a deposed writer leaves it (its own epoch in the key, other
+    messages at offsets the index has): read as history it contradicts the real objects."""
     simulation = Simulation(1, TIERED, FAULTS, audit_dir=tmp_path)
     result = simulation.run(10.0)
     assert result.ok
-    assert simulation.objects is not None
-    left = simulation.impostors & simulation.objects.objects.keys()
-    assert left and all((tmp_path / "objects" / key).exists() for key in left)
-    assert not set(json.loads((tmp_path / "index.json").read_text())) & left
+    indexed = json.loads((tmp_path / "index.json").read_text())
+    assert indexed and all((tmp_path / "objects" / key).exists() for key in indexed)
 
     summary = audit(spark, tmp_path)
     assert summary["ok"], summary
     assert summary["acknowledged"] == result.acknowledged
 
+    topic = simulation.topics[0]
+    orphan = layout.object_key(parse_topic(topic), 10, 20, epoch=99)
+    (tmp_path / "objects" / orphan).write_bytes(impostor_segment(topic, range(10, 20), 0))
+    assert audit(spark, tmp_path)["ok"]
     unindexed = audit(spark, tmp_path, index=False)
     assert not unindexed["ok"]
-    assert "inconsistent-offsets" in unindexed["forbidden"]
+    assert unindexed["forbidden"]["inconsistent-offsets"] == 10
 
 
 def test_the_logs_change_nothing_in_the_run(tmp_path: Path) -> None:
@@ -81,3 +87,21 @@ def test_the_command_writes_one_directory_per_seed(
     for seed in (3, 4):
         assert list((tmp_path / f"seed-{seed}" / "wal").rglob("*.wal"))
         assert list((tmp_path / f"seed-{seed}" / "logs" / "deliveries").glob("*.parquet"))
+
+
+def test_a_bit_the_simulator_flipped_is_the_corrupt_frame_the_broker_stopped_at(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Heavy seed 1 flips a durable bit; the broker's recovery stops the topic at byte 489
+    of its first segment. The audit, reading the same disk image, names the same place."""
+    result = Simulation(1, Workload(), PROFILES["heavy"], audit_dir=tmp_path).run(10.0)
+    assert result.ok and result.injected["bit_flip"] == 1
+    (reason,) = result.stopped_topics.values()
+    assert "segment 00000000000000000000.wal, byte 489" in reason
+
+    summary = audit(spark, tmp_path)
+    assert not summary["ok"]
+    assert summary["forbidden"]["corrupt-frame"] == 1
+    rows = spark.read.parquet(str(tmp_path / "out" / "violations")).collect()
+    (corrupt,) = [r for r in rows if r["anomaly"] == "corrupt-frame"]
+    assert "/default/sim-0/00000000000000000000.wal: byte 489: " in corrupt["detail"]

@@ -6,7 +6,7 @@ run id, so each message is unique across runs on the same topics. A failed send 
 with the same payload (so storage may hold it twice: an allowed `duplicate`); only what the
 broker acknowledged goes into the ack log. Subscriptions are made before the first publish,
 so every acknowledged message is owed to every reliable one. A non-reliable run writes only
-the delivery log: nothing is stored, so nothing is owed (the audit counts its repeats)."""
+the delivery log: nothing is stored, so nothing is owed and there is nothing to audit."""
 
 from __future__ import annotations
 
