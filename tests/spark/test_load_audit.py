@@ -35,7 +35,7 @@ def test_a_load_run_against_a_broker_audits_clean(
 ) -> None:
     broker = broker_factory(tmp_path / "broker").start()
     logs = tmp_path / "logs"
-    common = ["-s", broker.url, "--logs", str(logs), "-c", str(MESSAGES), "-r", "300",
+    common = ["-s", broker.url, "--logs", str(logs), "-c", str(MESSAGES), "-r", "200",
               "--producers", "2", "--keys", "3", "--drain", "20",
               "--subscriptions", "exclusive,shared,failover,key_shared"]  # fmt: skip
     plain = load(*common, "--topic-prefix", "/default/audit-plain")

@@ -2,10 +2,14 @@
 a cluster at a set rate, writing the ack and delivery logs an audit reads (spec/audit.md).
 
 Every payload is `<producer>:<seq>:` padded to the payload size, and producer names carry a
-run id, so each message is unique across runs on the same topics. A failed send is retried
-with the same payload (so storage may hold it twice: an allowed `duplicate`); only what the
-broker acknowledged goes into the ack log. Subscriptions are made before the first publish,
-so every acknowledged message is owed to every reliable one. A non-reliable run writes only
+run id, so each message is unique across runs. Topic names carry the run id too (unless a
+prefix is given): a subscription is owed every message stored on its topic after it started,
+so two generators on the same topics would make each other's messages `unseen` to their
+subscriptions. A failed send is retried with the same payload (to the same partition when
+the message has a key, so storage may hold it twice: an allowed `duplicate`; without a key
+the retry goes to the next partition); only what the broker acknowledged goes into the ack
+log. Subscriptions are made before the first publish, so every acknowledged message is owed
+to every reliable one. A non-reliable run writes only
 the delivery log: nothing is stored, so nothing is owed and there is nothing to audit."""
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ SUB_TYPES = {
     "failover": SubType.FAILOVER,
     "key_shared": SubType.KEY_SHARED,
 }
+"""The log's names (spec/audit.md); `subscription_types` also takes danube-cli's spellings."""
 SEND_ATTEMPTS = 10
 RETRY_S = 0.5
 PROGRESS_S = 1.0
@@ -38,7 +43,8 @@ PROGRESS_S = 1.0
 class LoadPlan:
     service_url: str
     logs: Path
-    topic_prefix: str = "/default/load"
+    topic_prefix: str = ""
+    """Topics are `<prefix>-0`, `<prefix>-1`, ...; empty: `/default/load-<run id>`."""
     topics: int = 1
     partitions: int = 0
     producers: int = 1
@@ -63,6 +69,12 @@ class LoadPlan:
         for name in ("topics", "producers", "messages", "consumers"):
             if getattr(self, name) < 1:
                 found.append(f"--{name} must be at least 1")
+        if self.keys < 0:
+            found.append("--keys must be 0 (no key) or more")
+        if self.drain_s < 0:
+            found.append("--drain must not be negative")
+        if not self.subscriptions:
+            found.append("name at least one subscription type")
         if self.partitions < 0:
             found.append("--partitions must be 0 (not partitioned) or more")
         if self.rate <= 0:
@@ -78,7 +90,8 @@ class LoadPlan:
 
     @property
     def topic_names(self) -> list[str]:
-        return [f"{self.topic_prefix}-{t}" for t in range(self.topics)]
+        prefix = self.topic_prefix or f"/default/load-{self.run_id}"
+        return [f"{prefix}-{t}" for t in range(self.topics)]
 
 
 @dataclass
@@ -89,23 +102,40 @@ class LoadResult:
     """Per subscription type: every delivery, repeats included."""
     missing: dict[str, int] = field(default_factory=dict)
     """Per reliable subscription: acknowledged messages it never received."""
+    failures: list[str] = field(default_factory=list)
+    """Consumers that stopped before the end, and why: the run is not complete."""
     elapsed_s: float = 0.0
 
 
-class _Tally:
-    """What was acknowledged and what each subscription received, by (topic, producer,
-    digest), so the drain knows when every subscription has everything."""
+class Tally:
+    """Which acknowledged messages each subscription still owes, by (topic, producer,
+    digest), so the drain knows when every subscription has everything. A message received
+    before its acknowledgement came back is remembered until the acknowledgement does."""
 
     def __init__(self, subscriptions: tuple[str, ...]) -> None:
-        self.acked: set[tuple[str, str, int]] = set()
-        self.received: dict[str, set[tuple[str, str, int]]] = {
-            name: set() for name in subscriptions
-        }
+        self.outstanding: dict[str, set[tuple[str, str, int]]] = {s: set() for s in subscriptions}
+        self.early: dict[str, set[tuple[str, str, int]]] = {s: set() for s in subscriptions}
         self.deliveries = dict.fromkeys(subscriptions, 0)
         self.changed = time.monotonic()
 
+    def acked(self, message: tuple[str, str, int]) -> None:
+        for sub, owed in self.outstanding.items():
+            if message in self.early[sub]:
+                self.early[sub].discard(message)
+            else:
+                owed.add(message)
+
+    def received(self, sub: str, message: tuple[str, str, int]) -> None:
+        owed = self.outstanding[sub]
+        if message in owed:
+            owed.discard(message)
+        else:
+            self.early[sub].add(message)
+        self.deliveries[sub] += 1
+        self.changed = time.monotonic()
+
     def missing(self) -> dict[str, int]:
-        return {name: len(self.acked - got) for name, got in self.received.items()}
+        return {sub: len(owed) for sub, owed in self.outstanding.items()}
 
 
 class LoadRun:
@@ -113,7 +143,7 @@ class LoadRun:
         self.plan = plan
         self.say = say
         self.logs = AuditLogs(plan.logs, f"load-{plan.run_id}")
-        self.tally = _Tally(plan.subscriptions)
+        self.tally = Tally(plan.subscriptions)
         self.result = LoadResult()
         self._started = time.monotonic()
 
@@ -136,17 +166,20 @@ class LoadRun:
                 try:
                     shares = _shares(plan.messages, len(producers))
                     interval = len(producers) / plan.rate
-                    sending = zip(producers, shares, strict=True)
-                    await asyncio.gather(*(self._produce(p, n, interval) for p, n in sending))
+                    # A TaskGroup: a producer that gives up stops the others at once, so the
+                    # logs do not go on collecting acknowledgements nobody consumes.
+                    try:
+                        async with asyncio.TaskGroup() as sending:
+                            for producer, share in zip(producers, shares, strict=True):
+                                sending.create_task(self._produce(producer, share, interval))
+                    except ExceptionGroup as group:
+                        raise group.exceptions[0] from None
                     await self._drain()
                 finally:
                     progress.cancel()
                     for task in receiving:
                         task.cancel()
-                    ended = await asyncio.gather(progress, *receiving, return_exceptions=True)
-                    for outcome in ended:
-                        if isinstance(outcome, DanubeClientError):
-                            self.say(f"a consumer stopped early: {outcome}")
+                    await asyncio.gather(progress, *receiving, return_exceptions=True)
         finally:
             self.logs.close()
         self.result.deliveries = dict(self.tally.deliveries)
@@ -166,6 +199,16 @@ class LoadRun:
                     )
                     consumers.append((await consumer.subscribe(), sub, name))
         return consumers
+
+    async def _receive(self, consumer: Consumer, sub: str, name: str) -> None:
+        """Any failure is recorded with the consumer's name (a dead consumer would otherwise
+        show only as messages never received) and ends the drain's wait for it."""
+        try:
+            await self._consume(consumer, sub, name)
+        except Exception as error:
+            failure = f"consumer {name} of {consumer.topic} ({sub}) stopped: {error}"
+            self.result.failures.append(failure)
+            self.say(failure)
 
     async def _produce(self, producer: Producer, count: int, interval: float) -> None:
         padding_to = self.plan.payload_bytes
@@ -194,10 +237,10 @@ class LoadRun:
                     Ack(receipt.topic, receipt.producer_name, seq, digest, None, sent_ms,
                         time.time_ns() // 1_000_000)
                 )  # fmt: skip
-            self.tally.acked.add((receipt.topic, receipt.producer_name, digest))
+            self.tally.acked((receipt.topic, receipt.producer_name, digest))
             self.result.acknowledged += 1
 
-    async def _receive(self, consumer: Consumer, sub: str, name: str) -> None:
+    async def _consume(self, consumer: Consumer, sub: str, name: str) -> None:
         counts: dict[str, int] = {}
         subscription = f"load-{self.plan.run_id}-{sub}"
         async for message in consumer:
@@ -209,9 +252,7 @@ class LoadRun:
                          message.producer_name, message.offset, digest, message.routing_key,
                          time.time_ns() // 1_000_000)
             )  # fmt: skip
-            self.tally.received[sub].add((message.topic, message.producer_name, digest))
-            self.tally.deliveries[sub] += 1
-            self.tally.changed = time.monotonic()
+            self.tally.received(sub, (message.topic, message.producer_name, digest))
             await consumer.ack(message)
 
     async def _drain(self) -> None:
@@ -219,6 +260,8 @@ class LoadRun:
         arrived for `drain_s` seconds (a non-reliable run always waits that long)."""
         self.tally.changed = time.monotonic()
         while time.monotonic() - self.tally.changed < self.plan.drain_s:
+            if self.result.failures:
+                return
             if self.plan.reliable and not any(self.tally.missing().values()):
                 return
             await asyncio.sleep(0.1)
@@ -235,6 +278,12 @@ class LoadRun:
             )
 
 
+def subscription_types(text: str) -> tuple[str, ...]:
+    """Comma-separated, in the log's spelling or danube-cli's (`key-shared`, `fail-over`)."""
+    names = (part.strip().lower().replace("-", "_") for part in text.split(","))
+    return tuple("failover" if name == "fail_over" else name for name in names if name)
+
+
 def _shares(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
 
@@ -249,11 +298,13 @@ def summary(plan: LoadPlan, result: LoadResult) -> str:
         tail = "" if missing is None else (", all received" if not missing else f", {missing} "
                                            "acknowledged messages not received")  # fmt: skip
         lines.append(f"subscription load-{plan.run_id}-{sub}: {count} deliveries{tail}")
-    lines.append(f"logs in {plan.logs} (run {plan.run_id}); audit them with")
-    lines.append(
-        f"  python -m spark.audit --wal <each broker's wal dir> --logs {plan.logs} "
-        "--out <dir> [--objects <durable root> --index <keys.json>]"
-    )
+    lines += [f"FAILED: {failure}" for failure in result.failures]
+    lines.append(f"logs in {plan.logs} (run {plan.run_id}, topics {plan.topic_names[0]} ...)")
+    if plan.reliable:
+        lines.append(
+            "audit them with: python -m spark.audit --wal <each broker's wal dir> "
+            f"--logs {plan.logs} --out <dir> [--objects <durable root> --index <keys.json>]"
+        )
     return "\n".join(lines)
 
 

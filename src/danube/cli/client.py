@@ -152,11 +152,17 @@ async def consume(args: argparse.Namespace) -> int:
 
 async def load(args: argparse.Namespace) -> int:
     try:
-        from danube.audit.load import LoadPlan, LoadRun, say_on_stderr, summary
+        from danube.audit.load import (
+            LoadPlan,
+            LoadRun,
+            say_on_stderr,
+            subscription_types,
+            summary,
+        )
     except ImportError as error:
         raise UsageError(
             f"danube-cli load writes Parquet logs and needs the audit extra "
-            f"(pip install 'danube[audit]'): {error}"
+            f"(pip install 'pydanube[audit]'): {error}"
         ) from None
     plan = LoadPlan(
         service_url=args.service_addr,
@@ -169,7 +175,7 @@ async def load(args: argparse.Namespace) -> int:
         rate=args.rate,
         payload_bytes=args.payload_bytes,
         keys=args.keys,
-        subscriptions=tuple(s.strip() for s in args.subscriptions.split(",") if s.strip()),
+        subscriptions=subscription_types(args.subscriptions),
         consumers=args.consumers,
         reliable=not args.non_reliable,
         drain_s=args.drain,
@@ -179,7 +185,7 @@ async def load(args: argparse.Namespace) -> int:
         raise UsageError("; ".join(problems))
     result = await LoadRun(plan, say_on_stderr).run()
     print(summary(plan, result), flush=True)
-    return 0
+    return 1 if result.failures else 0
 
 
 def _start_position(text: str) -> str | int:
@@ -254,8 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     gen.add_argument("--logs", type=Path, required=True, help="directory for the Parquet logs")
     gen.add_argument(
-        "--topic-prefix", default="/default/load",
-        help="topics are <prefix>-0, <prefix>-1, ... (default /default/load)",
+        "--topic-prefix", default="",
+        help="topics are <prefix>-0, <prefix>-1, ... (default /default/load-<run id>); "
+        "generators running at once need prefixes of their own",
     )  # fmt: skip
     gen.add_argument("--topics", type=int, default=1, help="number of topics (default 1)")
     gen.add_argument(
@@ -269,14 +276,17 @@ def build_parser() -> argparse.ArgumentParser:
         "-r", "--rate", type=float, default=100.0,
         help="messages per second in all, paced open-loop (default 100)",
     )  # fmt: skip
-    gen.add_argument("--payload-bytes", type=int, default=128, help="(default 128)")
+    gen.add_argument(
+        "--payload-bytes", type=int, default=128,
+        help="payload size, at least the producer name and sequence number (default 128)",
+    )  # fmt: skip
     gen.add_argument(
         "--keys", type=int, default=0, help="routing keys per producer (default 0: no key)"
     )
     gen.add_argument(
         "--subscriptions", default="exclusive,shared",
         help="subscription types, one subscription each, comma-separated from exclusive, "
-        "shared, failover, key_shared (default exclusive,shared)",
+        "shared, failover, key_shared (or key-shared, fail-over; default exclusive,shared)",
     )  # fmt: skip
     gen.add_argument(
         "--consumers", type=int, default=2,
