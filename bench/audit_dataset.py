@@ -56,7 +56,6 @@ class TopicWriter:
         self.messages = messages
         self.rng = random.Random(f"{args.seed}:{topic}")
         self.tag = f"t{index:03d}"
-        self.padding = b"x" * max(0, args.payload_bytes - 32)
         self.segment_bases: list[int] = []
         self.acks: dict[str, list[object]] = {name: [] for name in ACK_SCHEMA.names}
         self.deliveries: dict[str, list[object]] = {name: [] for name in DELIVERY_SCHEMA.names}
@@ -88,7 +87,8 @@ class TopicWriter:
 
     def _message(self, offset: int, producer: int, seq: int) -> bytes:
         name = f"{self.tag}-p{producer}"
-        payload = f"{name}:{seq:012d}:".encode() + self.padding
+        stem = f"{name}:{seq:012d}:".encode()
+        payload = stem + b"x" * max(0, self.args.payload_bytes - len(stem))
         key = f"k{seq % KEYS}"
         digest = payload_digest(payload)
         self._log(offset, name, seq, digest, key)
@@ -178,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    if args.messages < 1 or args.topics < 1 or args.segment_records < 1:
-        parser.error("--messages, --topics and --segment-records must be at least 1")
+    if min(args.messages, args.topics, args.segment_records, args.repeat_every) < 1:
+        parser.error(
+            "--messages, --topics, --segment-records and --repeat-every must be at least 1"
+        )
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"{args.out} is not empty")
     started = time.monotonic()

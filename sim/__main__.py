@@ -129,7 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--cluster" in argv:
         return cluster_main([arg for arg in argv if arg != "--cluster"])
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.audit_out is not None:
+        taken = [
+            seed
+            for seed in range(args.seed, args.seed + args.seeds)
+            if (args.audit_out / f"seed-{seed}").exists()
+        ]
+        if taken:
+            parser.error(f"{args.audit_out}/seed-{taken[0]} exists: give a fresh --audit-out")
     workload, faults = _workload(args), chosen_faults(args, PROFILES)
     full_trace = args.trace is not None
 

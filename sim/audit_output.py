@@ -36,6 +36,10 @@ class AuditOutput:
     """The logs of one run's clients; `write_storage` adds the images at the end."""
 
     def __init__(self, root: Path, world: World) -> None:
+        """Refuses a directory with files in it: an audit would read an earlier run's files
+        with this one's (and its logs would mix, under the same part names)."""
+        if root.exists() and any(root.iterdir()):
+            raise FileExistsError(f"{root} is not empty: give --audit-out a fresh directory")
         self.root = root
         self.world = world
         self.logs = AuditLogs(root / "logs", "sim")

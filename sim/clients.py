@@ -5,16 +5,18 @@ what they were told (acknowledged publishes) and what they received."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from danube.core.errors import DanubeError, ErrorCode
 from danube.dispatch import LATEST, StartPosition
 from danube.proto import danube as pb
 from danube.wal import records
-from sim.audit_output import AuditOutput
 from sim.broker import Reply, SimBroker
 from sim.network import Network
 from sim.world import US_PER_S, World
+
+if TYPE_CHECKING:
+    from sim.audit_output import AuditOutput
 
 REQUEST_TIMEOUT_US = 1_000_000
 RETRY_US = 100_000

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from danube.core.config import DispatchStrategy
 from danube.core.names import parse_topic
@@ -16,7 +16,6 @@ from danube.dispatch.types import StartKind, StartPosition, SubscriptionType
 from danube.proto import danube as pb
 from danube.tiering import UploaderConfig, layout
 from danube.wal.machine import Durability, WalConfig
-from sim.audit_output import AuditOutput
 from sim.broker import EPOCH_MS, SimBroker
 from sim.checker import InvariantChecker, Violation
 from sim.clients import SimConsumer, SimProducer
@@ -26,6 +25,9 @@ from sim.network import Network
 from sim.objects import SimObjectStore, StoredBlob, impostor_segment
 from sim.seeds import ResultMethods
 from sim.world import US_PER_MS, US_PER_S, World
+
+if TYPE_CHECKING:
+    from sim.audit_output import AuditOutput
 
 SUB_TYPES = {
     "exclusive": SubscriptionType.EXCLUSIVE,
@@ -144,7 +146,11 @@ class Simulation:
             SimObjectStore(self.world, faults, self.injected, EPOCH_MS) if workload.tiered else None
         )
         self.impostors: set[str] = set()
-        self.audit = None if audit_dir is None else AuditOutput(audit_dir, self.world)
+        self.audit_output: AuditOutput | None = None
+        if audit_dir is not None:
+            from sim.audit_output import AuditOutput  # pyarrow: only with the audit extra
+
+            self.audit_output = AuditOutput(audit_dir, self.world)
         wal = workload.wal_config()
         self.checker = InvariantChecker(
             self.world, self.disk, wal.durability, metadata=self.metadata, objects=self.objects
@@ -186,7 +192,7 @@ class Simulation:
                         ack_delay_us=workload.ack_delay_ms * US_PER_MS,
                         nack=workload.nack,
                         start=StartPosition(StartKind.EARLIEST),
-                        audit=self.audit,
+                        audit=self.audit_output,
                     )
                 )
             for name in workload.subscriptions:
@@ -205,7 +211,7 @@ class Simulation:
                             sub_type=int(SUB_TYPES[name]),
                             ack_delay_us=workload.ack_delay_ms * US_PER_MS,
                             nack=workload.nack,
-                            audit=self.audit,
+                            audit=self.audit_output,
                         )
                     )
             for p in range(workload.producers):
@@ -220,7 +226,7 @@ class Simulation:
                         rate=workload.rate,
                         keys=workload.keys,
                         strategy=pb.DispatchStrategy.Reliable,
-                        audit=self.audit,
+                        audit=self.audit_output,
                     )
                 )
         self._disk_full_until = 0
@@ -355,8 +361,8 @@ class Simulation:
             self.broker.crash(power=False, fault=False)
             world.run_until(world.now + self.faults.restart_us)
             self.checker.final(self.judged, self.broker.stopped_topics)
-        if self.audit is not None:
-            self.audit.write_storage(self.disk, self.objects, self.metadata)
+        if self.audit_output is not None:
+            self.audit_output.write_storage(self.disk, self.objects, self.metadata)
         return Result(
             seed=self.seed,
             duration_s=duration_s,

@@ -105,3 +105,13 @@ def test_a_bit_the_simulator_flipped_is_the_corrupt_frame_the_broker_stopped_at(
     rows = spark.read.parquet(str(tmp_path / "out" / "violations")).collect()
     (corrupt,) = [r for r in rows if r["anomaly"] == "corrupt-frame"]
     assert "/default/sim-0/00000000000000000000.wal: byte 489: " in corrupt["detail"]
+
+
+def test_the_command_refuses_a_directory_an_earlier_run_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "seed-5" / "logs").mkdir(parents=True)
+    with pytest.raises(SystemExit) as stopped:
+        sim_main(["--seed", "5", "--duration", "1", "--audit-out", str(tmp_path)])
+    assert stopped.value.code == 2
+    assert "seed-5 exists: give a fresh --audit-out" in capsys.readouterr().err

@@ -1,11 +1,11 @@
 """The client logs an audit reads (spec/audit.md): what each producer was told
 (`acks/`) and what each consumer received (`deliveries/`), as Parquet part files.
 
-Written through `AuditLogs` (by the load generator and the simulator, once they exist; by
-the audit tests today); read by `spark/audit.py`. Rows are
-buffered and written `rows_per_file` at a time, so a long run keeps bounded memory and a
-crash loses at most one buffer of log (never reported as anything but missing log rows, which
-the audit cannot tell from a message that was never acknowledged: flush before stopping)."""
+Written through `AuditLogs` (by the load generator, `danube.audit.load`, and the
+simulator, `sim/audit_output.py`); read by `spark/audit.py`. Rows are buffered and written
+`rows_per_file` at a time, so a long run keeps bounded memory and a crash loses at most one
+buffer of log (never reported as anything but missing log rows, which the audit cannot tell
+from a message that was never acknowledged: flush before stopping)."""
 
 from __future__ import annotations
 
