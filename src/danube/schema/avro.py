@@ -1,0 +1,1051 @@
+"""Avro schemas for the registry: parsing, fingerprints, the specification's schema
+resolution as a compatibility check, and checks of payloads against a schema.
+
+The rules are those of the Avro 1.11 specification, walked over a normalised copy of the
+schema that this module builds itself, because the bytes are read by consumers in every
+language (Java above all), not only by fastavro: fastavro's parser lets through schemas the
+specification forbids (duplicate field names, a union default of the wrong branch, invalid
+names) and its decoder accepts datums a Java consumer refuses (an int wider than 32 bits, a
+boolean byte of 2, a negative enum index). fastavro still parses every schema a second time,
+supplies the Parsing Canonical Form and writes the binary encoding of JSON input."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import re
+import struct
+from collections.abc import Callable, Mapping, Set
+from dataclasses import dataclass, field
+from functools import partial
+from types import MappingProxyType
+from typing import Any, TypeAlias
+
+import fastavro
+from fastavro.schema import to_parsing_canonical_form
+
+from danube.schema.compatibility import Incompatibility
+from danube.schema.errors import SchemaParseError
+
+PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+
+# (writer, reader) pairs the specification lets a reader promote.
+_PROMOTIONS = frozenset(
+    {
+        ("int", "long"),
+        ("int", "float"),
+        ("int", "double"),
+        ("long", "float"),
+        ("long", "double"),
+        ("float", "double"),
+        ("string", "bytes"),
+        ("bytes", "string"),
+    }
+)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_FIELD_ORDERS = frozenset({"ascending", "descending", "ignore"})
+_INT_BITS = {"int": 32, "long": 64}
+_FLOAT_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Ref:
+    """A use of a named type by its full name; the definition lives in the schema's table, so
+    recursive types stay finite trees."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Field:
+    name: str
+    type: _Node
+    aliases: tuple[str, ...]
+    has_default: bool
+    default: object
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Record:
+    name: str
+    aliases: frozenset[str]
+    fields: tuple[_Field, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Enum:
+    name: str
+    aliases: frozenset[str]
+    symbols: tuple[str, ...]
+    default: str | None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Fixed:
+    name: str
+    aliases: frozenset[str]
+    size: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Array:
+    items: _Node
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Map:
+    values: _Node
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Union:
+    branches: tuple[_Node, ...]
+
+
+_Named: TypeAlias = _Record | _Enum | _Fixed
+# A primitive is its name; logical types are dropped, as schema resolution ignores them.
+_Node: TypeAlias = str | _Ref | _Record | _Enum | _Fixed | _Array | _Map | _Union
+
+
+@dataclass(frozen=True, slots=True)
+class AvroSchema:
+    """A parsed Avro schema. Two schemas are equal when their Parsing Canonical Forms are:
+    the canonical form keeps exactly what decides the bytes written (types, full names, field
+    order, symbols, sizes) and drops docs, aliases, defaults and logical types. The
+    fingerprint adds the defaults and aliases back (they change what a reader fills in and
+    which names it matches, so a schema that changes only them is a new version, as in
+    Confluent's registry); reformatting, reordering JSON attributes or editing docs keeps it.
+    `parsed` is fastavro's parsed form, for fastavro's reader and writer."""
+
+    canonical: str
+    fingerprint: str
+    parsed: str | list[Any] | dict[str, Any] = field(compare=False, repr=False)
+    _tree: _Node = field(compare=False, repr=False)
+    _named: Mapping[str, _Named] = field(compare=False, repr=False)
+    # Records every value of which is encoded in zero bytes, which a decoder must not loop on.
+    _empty: frozenset[str] = field(compare=False, repr=False)
+
+
+def _resolution_extras(named: Mapping[str, _Named]) -> str:
+    """What a reader uses beyond the canonical form — defaults and aliases of every named
+    type and field — as compact, key-sorted JSON."""
+    extras: list[object] = []
+    for name in sorted(named):
+        node = named[name]
+        entry: dict[str, object] = {"name": name, "aliases": sorted(node.aliases)}
+        if isinstance(node, _Record):
+            entry["fields"] = [
+                [f.name, sorted(f.aliases), f.has_default, f.default if f.has_default else None]
+                for f in node.fields
+            ]
+        elif isinstance(node, _Enum):
+            entry["default"] = node.default
+        extras.append(entry)
+    return json.dumps(extras, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+def parse_avro(definition: bytes) -> AvroSchema:
+    """Parse the UTF-8 JSON text of an Avro schema. Named types must be defined before use and
+    are resolved in the enclosing namespace, as the specification says; a field default is
+    checked against its type (of a union, against the first branch, per Avro 1.11)."""
+    try:
+        text = definition.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SchemaParseError(
+            f"the schema is not UTF-8 text: {exc.reason} at byte {exc.start}"
+        ) from None
+    try:
+        document = json.loads(text, object_pairs_hook=_refuse_repeated_keys)
+        parser = _Parser()
+        tree = parser.parse(document)
+    except json.JSONDecodeError as exc:
+        raise SchemaParseError(
+            f"the schema is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+        ) from None
+    except RecursionError:
+        raise SchemaParseError("the schema nests too deeply to parse") from None
+    try:
+        parsed = fastavro.parse_schema(document)
+        canonical = to_parsing_canonical_form(document)
+    except Exception as exc:  # fastavro raises what it likes, and every one is a bad schema
+        raise SchemaParseError(f"fastavro cannot use the schema: {exc}") from None
+    identity = canonical + "\0" + _resolution_extras(parser.named)
+    return AvroSchema(
+        canonical=canonical,
+        fingerprint="sha256:" + hashlib.sha256(identity.encode("utf-8")).hexdigest(),
+        parsed=parsed,
+        _tree=tree,
+        _named=MappingProxyType(parser.named),
+        _empty=_empty_records(parser.named),
+    )
+
+
+def avro_can_read(reader: AvroSchema, writer: AvroSchema) -> list[Incompatibility]:
+    """Every reason a consumer holding `reader` could fail to read data written with `writer`,
+    by the specification's Schema Resolution rules; empty when it always can.
+
+    Where the specification leaves room: named types match on their unqualified names (its
+    words) or when the writer's full name is one of the reader's aliases (qualified in the
+    reader's namespace, as Java does); a writer type read by a reader union is readable when
+    any branch reads it (Java's SchemaCompatibility, which registries follow), and if none
+    does the findings of the first branch the specification would pick are reported.
+    Logical types are ignored, as resolution ignores them."""
+    return list(_Resolution(reader._named, writer._named).compare(reader._tree, writer._tree))
+
+
+def validate_datum(schema: AvroSchema, payload: bytes) -> str | None:
+    """Whether `payload` is exactly one datum of `schema` in Avro's binary encoding, without
+    the container or a schema id, as Kafka-style producers send it: None if so, else what is
+    wrong and where. Stricter than fastavro's decoder (ints in range, booleans 0 or 1, enum
+    and union indexes in range, UTF-8 strings), since any consumer must be able to read what
+    is accepted; it never loops on a count it has not seen the bytes for, so a hostile
+    payload costs time in proportion to its length."""
+    try:
+        _Decoder(schema, payload).run()
+    except _Invalid as exc:
+        return exc.message()
+    return None
+
+
+def validate_json(schema: AvroSchema, value: object) -> str | None:
+    """Whether `value` (decoded from JSON) is a datum of `schema`: None if so, else a message
+    naming the field. JSON has no bytes, so bytes and fixed values are strings whose code
+    points 0–255 are the bytes (the convention of Avro defaults); a union value is untagged
+    and belongs to the first branch it fits; a missing field takes its default; a field the
+    record does not have is an error (a misspelt name would otherwise be dropped silently)."""
+    try:
+        _Conformer(schema._named, first_branch_only=False).value(schema._tree, value, None)
+    except _Invalid as exc:
+        return exc.message()
+    except RecursionError:
+        return "the value nests too deeply to check"
+    return None
+
+
+def encode_json_datum(schema: AvroSchema, value: object) -> bytes:
+    """The binary datum for a JSON value, for producers whose input is JSON; raises ValueError
+    with `validate_json`'s message when the value is not a datum of the schema. The branch
+    of each union written is the one the value was checked against."""
+    try:
+        prepared = _Conformer(schema._named, first_branch_only=False).value(
+            schema._tree, value, None
+        )
+    except _Invalid as exc:
+        raise ValueError(exc.message()) from None
+    except RecursionError:
+        raise ValueError("the value nests too deeply to check") from None
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, schema.parsed, prepared)
+    return buffer.getvalue()
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Python's JSON keeps the last of repeated keys; another parser may keep the first, so a
+    schema saying two things is refused rather than read one way."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise SchemaParseError(f"the schema repeats the key '{key}' in one object")
+        result[key] = value
+    return result
+
+
+def _error(path: str, problem: str) -> SchemaParseError:
+    return SchemaParseError(f"{path}: {problem}" if path else problem)
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _qualify(name: str, namespace: str) -> str:
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
+def _namespace_of(full_name: str) -> str:
+    return full_name.rpartition(".")[0]
+
+
+def _short(full_name: str) -> str:
+    return full_name.rpartition(".")[2]
+
+
+class _Parser:
+    """One walk over a schema's JSON that checks what the specification requires and builds
+    the normalised tree: full names everywhere, aliases qualified, later uses of a named type
+    as references. Paths in errors are JSON Pointers into the document."""
+
+    def __init__(self) -> None:
+        self.named: dict[str, _Named] = {}
+        # Names usable from here on: those defined, and records whose fields are being read.
+        self._declared: set[str] = set()
+        self._defaults: list[tuple[str, _Field]] = []
+
+    def parse(self, document: object) -> _Node:
+        tree = self._schema(document, "", "")
+        # Defaults are checked once every record is complete: a default may hold a value of
+        # the very record whose fields were still being read when it was met.
+        defaults = _Conformer(self.named, first_branch_only=True)
+        for path, declared in self._defaults:
+            try:
+                defaults.value(declared.type, declared.default, None)
+            except _Invalid as exc:
+                raise _error(
+                    path,
+                    f"the default of field '{declared.name}' does not fit its type: "
+                    f"{exc.message()}",
+                ) from None
+        return tree
+
+    def _schema(self, node: object, path: str, namespace: str) -> _Node:
+        if isinstance(node, str):
+            return self._reference(node, path, namespace)
+        if isinstance(node, list):
+            return self._union(node, path, namespace)
+        if not isinstance(node, dict):
+            raise _error(
+                path, f"a schema is a type name, an object or a union array, not {_json_kind(node)}"
+            )
+        if "type" not in node:
+            raise _error(path, "a schema object needs a 'type'")
+        kind = node["type"]
+        if not isinstance(kind, str):
+            raise _error(
+                f"{path}/type",
+                "an object's 'type' must be the name of a primitive type or of record, enum, "
+                f"fixed, array or map, not {_json_kind(kind)}",
+            )
+        if kind in PRIMITIVES:
+            return kind
+        if kind == "record":
+            return self._record(node, path, namespace)
+        if kind == "enum":
+            return self._enum(node, path, namespace)
+        if kind == "fixed":
+            return self._fixed(node, path, namespace)
+        if kind == "array":
+            return _Array(
+                self._schema(self._required(node, "items", path), f"{path}/items", namespace)
+            )
+        if kind == "map":
+            values = self._required(node, "values", path)
+            return _Map(self._schema(values, f"{path}/values", namespace))
+        raise _error(
+            f"{path}/type",
+            f"unknown type '{kind}': an object's 'type' is a primitive type or record, enum, "
+            "fixed, array or map (a named type is used by its name alone)",
+        )
+
+    @staticmethod
+    def _required(node: dict[str, Any], key: str, path: str) -> Any:
+        if key not in node:
+            raise _error(path, f"a schema of type {node['type']} needs '{key}'")
+        return node[key]
+
+    def _reference(self, name: str, path: str, namespace: str) -> _Node:
+        if name in PRIMITIVES:
+            return name
+        full_name = _qualify(name, namespace)
+        if full_name not in self._declared:
+            raise _error(
+                path,
+                f"unknown type '{name}': not a primitive type, and no named type "
+                f"'{full_name}' is defined before this point",
+            )
+        return _Ref(full_name)
+
+    def _union(self, branches: list[Any], path: str, namespace: str) -> _Union:
+        seen: dict[tuple[str, str], int] = {}
+        parsed: list[_Node] = []
+        for index, branch in enumerate(branches):
+            where = f"{path}/{index}"
+            if isinstance(branch, list):
+                raise _error(where, "a union cannot contain another union")
+            node = self._schema(branch, where, namespace)
+            key = _branch_key(node)
+            if key in seen:
+                raise _error(
+                    where,
+                    f"the union already has a branch of type {key[1]} (at {seen[key]}); a "
+                    "union holds one of each unnamed type and each name",
+                )
+            seen[key] = index
+            parsed.append(node)
+        return _Union(tuple(parsed))
+
+    def _name(self, node: dict[str, Any], path: str, namespace: str) -> tuple[str, frozenset[str]]:
+        """Declare a named type; gives its full name and its aliases, qualified."""
+        name = node.get("name")
+        if not isinstance(name, str):
+            raise _error(path, f"a {node['type']} needs a 'name' string")
+        if "namespace" in node and "." not in name:
+            own = node["namespace"]
+            if not isinstance(own, str) or (own and not _valid_full_name(own)):
+                raise _error(f"{path}/namespace", "a namespace is a dot-separated list of names")
+            namespace = own
+        full_name = _qualify(name, namespace)
+        if not _valid_full_name(full_name):
+            raise _error(
+                f"{path}/name",
+                f"'{name}' is not a valid name: each dot-separated part starts with a letter "
+                "or _ and holds only letters, digits and _",
+            )
+        if _short(full_name) in PRIMITIVES:
+            raise _error(f"{path}/name", f"a named type cannot be called '{_short(full_name)}'")
+        if full_name in self._declared:
+            raise _error(f"{path}/name", f"the type '{full_name}' is defined twice")
+        aliases = node.get("aliases", [])
+        if not isinstance(aliases, list) or not all(
+            isinstance(alias, str) and _valid_full_name(alias) for alias in aliases
+        ):
+            raise _error(f"{path}/aliases", "'aliases' must be an array of names")
+        self._declared.add(full_name)
+        own_namespace = _namespace_of(full_name)
+        return full_name, frozenset(_qualify(alias, own_namespace) for alias in aliases)
+
+    def _record(self, node: dict[str, Any], path: str, namespace: str) -> _Record:
+        full_name, aliases = self._name(node, path, namespace)
+        declared = node.get("fields")
+        if not isinstance(declared, list):
+            raise _error(path, f"record '{full_name}' needs a 'fields' array")
+        fields: list[_Field] = []
+        names: set[str] = set()
+        for index, raw in enumerate(declared):
+            where = f"{path}/fields/{index}"
+            if not isinstance(raw, dict):
+                raise _error(where, "a field is an object with a 'name' and a 'type'")
+            name = raw.get("name")
+            if not isinstance(name, str) or not _NAME.match(name):
+                raise _error(
+                    where,
+                    "a field needs a 'name' that starts with a letter or _ and holds only "
+                    "letters, digits and _",
+                )
+            if name in names:
+                raise _error(f"{where}/name", f"record '{full_name}' has two fields '{name}'")
+            names.add(name)
+            if "type" not in raw:
+                raise _error(where, f"field '{name}' has no 'type'")
+            field_aliases = raw.get("aliases", [])
+            if not isinstance(field_aliases, list) or not all(
+                isinstance(alias, str) and _NAME.match(alias) for alias in field_aliases
+            ):
+                raise _error(f"{where}/aliases", "a field's 'aliases' must be an array of names")
+            if "order" in raw and raw["order"] not in _FIELD_ORDERS:
+                raise _error(f"{where}/order", "'order' is one of ascending, descending and ignore")
+            parsed = _Field(
+                name=name,
+                type=self._schema(raw["type"], f"{where}/type", _namespace_of(full_name)),
+                aliases=tuple(field_aliases),
+                has_default="default" in raw,
+                default=raw.get("default"),
+            )
+            if parsed.has_default:
+                self._defaults.append((f"{where}/default", parsed))
+            fields.append(parsed)
+        record = _Record(full_name, aliases, tuple(fields))
+        self.named[full_name] = record
+        return record
+
+    def _enum(self, node: dict[str, Any], path: str, namespace: str) -> _Enum:
+        full_name, aliases = self._name(node, path, namespace)
+        symbols = node.get("symbols")
+        if not isinstance(symbols, list):
+            raise _error(path, f"enum '{full_name}' needs a 'symbols' array")
+        for index, symbol in enumerate(symbols):
+            if not isinstance(symbol, str) or not _NAME.match(symbol):
+                raise _error(
+                    f"{path}/symbols/{index}",
+                    "a symbol starts with a letter or _ and holds only letters, digits and _",
+                )
+            if symbol in symbols[:index]:
+                raise _error(f"{path}/symbols/{index}", f"the symbol '{symbol}' is listed twice")
+        default = node.get("default")
+        if "default" in node and default not in symbols:
+            raise _error(
+                f"{path}/default", f"the default of enum '{full_name}' must be one of its symbols"
+            )
+        enum = _Enum(full_name, aliases, tuple(symbols), default)
+        self.named[full_name] = enum
+        return enum
+
+    def _fixed(self, node: dict[str, Any], path: str, namespace: str) -> _Fixed:
+        full_name, aliases = self._name(node, path, namespace)
+        size = node.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise _error(path, f"fixed '{full_name}' needs a 'size' that is a whole number ≥ 0")
+        fixed = _Fixed(full_name, aliases, size)
+        self.named[full_name] = fixed
+        return fixed
+
+
+def _valid_full_name(name: str) -> bool:
+    return all(_NAME.match(part) for part in name.split("."))
+
+
+def _branch_key(node: _Node) -> tuple[str, str]:
+    """What a union may hold only once: each unnamed type, and each name."""
+    if isinstance(node, str):
+        return ("type", node)
+    if isinstance(node, _Ref | _Record | _Enum | _Fixed):
+        return ("name", node.name)
+    return ("type", "array" if isinstance(node, _Array) else "map")
+
+
+def _empty_records(named: Mapping[str, _Named]) -> frozenset[str]:
+    """The records whose every value is encoded in zero bytes (fields all null, fixed of size
+    0 or such records), found as a greatest fixed point, since records may refer to one
+    another in cycles."""
+    records = {name: node for name, node in named.items() if isinstance(node, _Record)}
+    empty = set(records)
+    changed = True
+    while changed:
+        changed = False
+        for name, record in records.items():
+            if name in empty and not all(_is_empty(f.type, named, empty) for f in record.fields):
+                empty.discard(name)
+                changed = True
+    return frozenset(empty)
+
+
+def _is_empty(node: _Node, named: Mapping[str, _Named], empty: Set[str]) -> bool:
+    node = _deref(node, named)
+    if isinstance(node, _Fixed):
+        return node.size == 0
+    if isinstance(node, _Record):
+        return node.name in empty
+    return node == "null"
+
+
+def _deref(node: _Node, named: Mapping[str, _Named]) -> _Node:
+    return named[node.name] if isinstance(node, _Ref) else node
+
+
+def _describe(node: _Node, named: Mapping[str, _Named]) -> str:
+    node = _deref(node, named)
+    if isinstance(node, str):
+        return node
+    if isinstance(node, _Record | _Enum | _Fixed):
+        kind = {_Record: "record", _Enum: "enum", _Fixed: "fixed"}[type(node)]
+        return f"{kind} '{node.name}'"
+    if isinstance(node, _Array):
+        return f"array of {_describe(node.items, named)}"
+    if isinstance(node, _Map):
+        return f"map of {_describe(node.values, named)}"
+    return "union [" + ", ".join(_describe(branch, named) for branch in node.branches) + "]"
+
+
+def _under(prefix: str, found: list[Incompatibility]) -> list[Incompatibility]:
+    return [Incompatibility(prefix + issue.path, issue.message) for issue in found]
+
+
+def _names_match(reader: _Named, writer: _Named) -> bool:
+    return _short(reader.name) == _short(writer.name) or writer.name in reader.aliases
+
+
+class _Resolution:
+    """One reader/writer comparison; findings carry paths relative to the types compared, and
+    each caller puts its own step in front. Record pairs are memoised: a pair met again while
+    still being compared is taken as readable — recursive types describe finite data, so a
+    real mismatch shows at the outer level — and a finished pair's findings are reused
+    wherever the pair occurs again, which keeps schemas that share types linear."""
+
+    def __init__(self, reader: Mapping[str, _Named], writer: Mapping[str, _Named]) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._records: dict[tuple[str, str], list[Incompatibility] | None] = {}
+
+    def compare(self, reader: _Node, writer: _Node) -> list[Incompatibility]:
+        r = _deref(reader, self._reader)
+        w = _deref(writer, self._writer)
+        if isinstance(w, _Union):
+            return [
+                issue
+                for index, branch in enumerate(w.branches)
+                for issue in _under(f"/union[{index}]", self.compare(r, branch))
+            ]
+        if isinstance(r, _Union):
+            return self._reader_union(r, w)
+        if isinstance(r, str) and isinstance(w, str):
+            if r == w or (w, r) in _PROMOTIONS:
+                return []
+        elif isinstance(r, _Array) and isinstance(w, _Array):
+            return _under("/items", self.compare(r.items, w.items))
+        elif isinstance(r, _Map) and isinstance(w, _Map):
+            return _under("/values", self.compare(r.values, w.values))
+        elif isinstance(r, _Record) and isinstance(w, _Record):
+            return self._record(r, w)
+        elif isinstance(r, _Enum) and isinstance(w, _Enum):
+            return self._enum(r, w)
+        elif isinstance(r, _Fixed) and isinstance(w, _Fixed):
+            return self._fixed(r, w)
+        return [self._mismatch(r, w)]
+
+    def _mismatch(self, reader: _Node, writer: _Node) -> Incompatibility:
+        return Incompatibility(
+            "",
+            f"writer type {_describe(writer, self._writer)} cannot be read as "
+            f"{_describe(reader, self._reader)}",
+        )
+
+    def _reader_union(self, reader: _Union, writer: _Node) -> list[Incompatibility]:
+        first_match: list[Incompatibility] | None = None
+        for branch in reader.branches:
+            found = self.compare(branch, writer)
+            if not found:
+                return []
+            if first_match is None and self._matches(_deref(branch, self._reader), writer):
+                first_match = found
+        if first_match is not None:
+            return first_match
+        return [
+            Incompatibility(
+                "",
+                f"writer type {_describe(writer, self._writer)} cannot be read by any branch of "
+                f"the reader's {_describe(reader, self._reader)}",
+            )
+        ]
+
+    @staticmethod
+    def _matches(reader: _Node, writer: _Node) -> bool:
+        """The specification's shallow "match", which picks the reader branch whose deeper
+        findings are worth reporting."""
+        if isinstance(reader, str) or isinstance(writer, str):
+            return reader == writer or (writer, reader) in _PROMOTIONS
+        if type(reader) is not type(writer):
+            return False
+        if isinstance(reader, _Record | _Enum | _Fixed) and isinstance(
+            writer, _Record | _Enum | _Fixed
+        ):
+            return _names_match(reader, writer)
+        return isinstance(reader, _Array | _Map)
+
+    def _renamed(self, kind: str, reader: _Named, writer: _Named) -> list[Incompatibility]:
+        return [
+            Incompatibility(
+                "",
+                f"writer {kind} '{writer.name}' cannot be read as {kind} '{reader.name}': the "
+                f"names differ and '{writer.name}' is not an alias of the reader's",
+            )
+        ]
+
+    def _record(self, reader: _Record, writer: _Record) -> list[Incompatibility]:
+        if not _names_match(reader, writer):
+            return self._renamed("record", reader, writer)
+        key = (reader.name, writer.name)
+        if key in self._records:
+            return self._records[key] or []
+        self._records[key] = None
+        written = {f.name: f for f in writer.fields}
+        found: list[Incompatibility] = []
+        for wanted in reader.fields:
+            source = next(
+                (written[name] for name in (wanted.name, *wanted.aliases) if name in written),
+                None,
+            )
+            where = f"/fields/{wanted.name}"
+            if source is not None:
+                found.extend(_under(where, self.compare(wanted.type, source.type)))
+            elif not wanted.has_default:
+                found.append(
+                    Incompatibility(
+                        where,
+                        f"reader field '{wanted.name}' has no default and the writer has no "
+                        "such field",
+                    )
+                )
+        self._records[key] = found
+        return found
+
+    def _enum(self, reader: _Enum, writer: _Enum) -> list[Incompatibility]:
+        if not _names_match(reader, writer):
+            return self._renamed("enum", reader, writer)
+        missing = [symbol for symbol in writer.symbols if symbol not in reader.symbols]
+        if not missing or reader.default is not None:
+            return []
+        listed = ", ".join(f"'{symbol}'" for symbol in missing)
+        return [
+            Incompatibility(
+                "",
+                f"writer symbols {listed} of enum '{writer.name}' are not in the reader's "
+                "symbols, and the reader's enum has no default",
+            )
+        ]
+
+    def _fixed(self, reader: _Fixed, writer: _Fixed) -> list[Incompatibility]:
+        if not _names_match(reader, writer):
+            return self._renamed("fixed", reader, writer)
+        if reader.size == writer.size:
+            return []
+        return [
+            Incompatibility(
+                "",
+                f"writer fixed '{writer.name}' has size {writer.size}, the reader's has size "
+                f"{reader.size}",
+            )
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class _At:
+    """A place in a datum, built only as deep as the walk goes and spelt out only for an
+    error: a record field (a name), an array item or map entry (an index), or a map value
+    (its key)."""
+
+    parent: _At | None
+    step: str | int
+    is_key: bool = False
+
+
+def _spell(at: _At | None) -> str:
+    steps: list[str] = []
+    while at is not None:
+        if isinstance(at.step, int):
+            steps.append(f"[{at.step}]")
+        elif at.is_key:
+            steps.append(f"[{json.dumps(at.step)}]")
+        else:
+            steps.append(f".{at.step}")
+        at = at.parent
+    return "".join(reversed(steps)).removeprefix(".")
+
+
+def _depth(at: _At | None) -> int:
+    depth = 0
+    while at is not None:
+        depth, at = depth + 1, at.parent
+    return depth
+
+
+class _Invalid(Exception):
+    """A datum that does not fit its schema, and where."""
+
+    def __init__(self, at: _At | None, problem: str) -> None:
+        super().__init__(problem)
+        self.at = at
+        self.problem = problem
+
+    def message(self) -> str:
+        return f"field '{_spell(self.at)}': {self.problem}" if self.at else self.problem
+
+
+def _type_name(value: object) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+class _Conformer:
+    """Checks a Python value against a schema and turns it into what fastavro's writer takes:
+    bytes for bytes and fixed (given as strings of code points 0–255), floats for float and
+    double, defaults filled in, and each union value tagged with the branch it was checked
+    against (fastavro's tuple notation), so that branch is the one written. With
+    `first_branch_only`, a union value must fit the first branch: the rule for defaults."""
+
+    def __init__(self, named: Mapping[str, _Named], first_branch_only: bool) -> None:
+        self._named = named
+        self._first_branch_only = first_branch_only
+        self._defaults = self if first_branch_only else _Conformer(named, first_branch_only=True)
+
+    def value(self, node: _Node, value: object, at: _At | None) -> object:
+        node = _deref(node, self._named)
+        if isinstance(node, str):
+            return self._primitive(node, value, at)
+        if isinstance(node, _Record):
+            return self._record(node, value, at)
+        if isinstance(node, _Union):
+            return self._union(node, value, at)
+        if isinstance(node, _Enum):
+            if not isinstance(value, str) or value not in node.symbols:
+                shown = f"'{value}'" if isinstance(value, str) else _type_name(value)
+                raise _Invalid(
+                    at,
+                    f"expected a symbol of enum '{node.name}' ({', '.join(node.symbols)}), "
+                    f"got {shown}",
+                )
+            return value
+        if isinstance(node, _Fixed):
+            data = self._bytes(value, at, f"fixed '{node.name}'")
+            if len(data) != node.size:
+                raise _Invalid(at, f"fixed '{node.name}' holds {node.size} bytes, got {len(data)}")
+            return data
+        if isinstance(node, _Array):
+            if not isinstance(value, list):
+                raise _Invalid(at, f"expected an array, got {_type_name(value)}")
+            return [self.value(node.items, item, _At(at, i)) for i, item in enumerate(value)]
+        if not isinstance(value, dict):
+            raise _Invalid(at, f"expected a map, got {_type_name(value)}")
+        for key in value:
+            if not isinstance(key, str):
+                raise _Invalid(at, f"map keys are strings, got {_type_name(key)}")
+        return {
+            key: self.value(node.values, item, _At(at, key, is_key=True))
+            for key, item in value.items()
+        }
+
+    def _primitive(self, kind: str, value: object, at: _At | None) -> object:
+        expected = f"expected {kind}, got {_type_name(value)}"
+        if kind == "null":
+            if value is not None:
+                raise _Invalid(at, expected)
+            return None
+        if kind == "boolean":
+            if not isinstance(value, bool):
+                raise _Invalid(at, expected)
+            return value
+        if kind in _INT_BITS:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise _Invalid(at, expected)
+            bound = 1 << (_INT_BITS[kind] - 1)
+            if not -bound <= value < bound:
+                raise _Invalid(at, f"{value} is out of the range of {kind}")
+            return value
+        if kind in ("float", "double"):
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise _Invalid(at, expected)
+            number = float(value)
+            if kind == "float" and math.isfinite(number) and abs(number) > _FLOAT_MAX:
+                raise _Invalid(at, f"{value} is out of the range of float")
+            return number
+        if kind == "bytes":
+            return self._bytes(value, at, "bytes")
+        if not isinstance(value, str):
+            raise _Invalid(at, expected)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Invalid(
+                at, "the string holds a lone surrogate, which UTF-8 cannot encode"
+            ) from None
+        return value
+
+    @staticmethod
+    def _bytes(value: object, at: _At | None, kind: str) -> bytes:
+        if isinstance(value, bytes):
+            return value
+        if not isinstance(value, str):
+            raise _Invalid(at, f"expected {kind} (a string), got {_type_name(value)}")
+        try:
+            return value.encode("latin-1")
+        except UnicodeEncodeError:
+            raise _Invalid(
+                at,
+                f"{kind} is written as a string of code points U+0000–U+00FF, one per byte; "
+                "this one has a character above U+00FF",
+            ) from None
+
+    def _record(self, node: _Record, value: object, at: _At | None) -> dict[str, object]:
+        if not isinstance(value, dict):
+            raise _Invalid(at, f"expected record '{node.name}', got {_type_name(value)}")
+        declared = {f.name for f in node.fields}
+        for key in value:
+            if key not in declared:
+                raise _Invalid(_At(at, str(key)), f"record '{node.name}' has no such field")
+        prepared: dict[str, object] = {}
+        for declared_field in node.fields:
+            where = _At(at, declared_field.name)
+            if declared_field.name in value:
+                prepared[declared_field.name] = self.value(
+                    declared_field.type, value[declared_field.name], where
+                )
+            elif declared_field.has_default:
+                prepared[declared_field.name] = self._defaults.value(
+                    declared_field.type, declared_field.default, where
+                )
+            else:
+                raise _Invalid(where, "missing, and the field has no default")
+        return prepared
+
+    def _union(self, node: _Union, value: object, at: _At | None) -> tuple[str, object]:
+        branches = node.branches[:1] if self._first_branch_only else node.branches
+        failures: list[_Invalid] = []
+        for branch in branches:
+            try:
+                return (_tag(branch), self.value(branch, value, at))
+            except _Invalid as exc:
+                failures.append(exc)
+        # The failure that got furthest into the value says most about what was meant.
+        deepest = max(failures, key=lambda failure: _depth(failure.at), default=None)
+        if deepest is not None and _depth(deepest.at) > _depth(at):
+            raise deepest
+        if self._first_branch_only and node.branches:
+            raise _Invalid(
+                at,
+                f"expected {_describe(node.branches[0], self._named)} (a union's default "
+                f"belongs to its first branch), got {_type_name(value)}",
+            )
+        choices = " or ".join(_describe(branch, self._named) for branch in node.branches)
+        raise _Invalid(
+            at, f"expected {choices or 'nothing (an empty union)'}, got {_type_name(value)}"
+        )
+
+
+def _tag(branch: _Node) -> str:
+    """The name fastavro's tuple notation gives a union branch."""
+    if isinstance(branch, str):
+        return branch
+    if isinstance(branch, _Ref | _Record | _Enum | _Fixed):
+        return branch.name
+    return "array" if isinstance(branch, _Array) else "map"
+
+
+class _Decoder:
+    """Reads one binary datum the way a strict consumer would, with an explicit stack of steps
+    rather than recursion, so a long linked list is no deeper for Python than a flat record.
+    A block count is believed only as far as the bytes left can hold its items, so a few
+    bytes cannot make it loop for ages; items of types whose values take no bytes are not
+    walked at all."""
+
+    def __init__(self, schema: AvroSchema, data: bytes) -> None:
+        self._schema = schema
+        self._data = data
+        self._pos = 0
+        self._steps: list[Callable[[], None]] = []
+
+    def run(self) -> None:
+        self._steps.append(partial(self._value, self._schema._tree, None))
+        while self._steps:
+            self._steps.pop()()
+        left = len(self._data) - self._pos
+        if left:
+            raise _Invalid(
+                None,
+                f"the datum ends at byte {self._pos}, but the payload goes on for {left} more "
+                "(trailing bytes)",
+            )
+
+    def _empty(self, node: _Node) -> bool:
+        return _is_empty(node, self._schema._named, self._schema._empty)
+
+    def _value(self, node: _Node, at: _At | None) -> None:
+        node = _deref(node, self._schema._named)
+        if self._empty(node):
+            return
+        if isinstance(node, str):
+            self._primitive(node, at)
+        elif isinstance(node, _Record):
+            for declared in reversed(node.fields):
+                self._steps.append(partial(self._value, declared.type, _At(at, declared.name)))
+        elif isinstance(node, _Union):
+            index = self._varint(at, "a union index", 32)
+            if not 0 <= index < len(node.branches):
+                raise _Invalid(
+                    at,
+                    f"union index {index} is out of range: the union has "
+                    f"{len(node.branches)} branches",
+                )
+            self._steps.append(partial(self._value, node.branches[index], at))
+        elif isinstance(node, _Enum):
+            index = self._varint(at, "an enum index", 32)
+            if not 0 <= index < len(node.symbols):
+                raise _Invalid(
+                    at,
+                    f"enum index {index} is out of range: enum '{node.name}' has "
+                    f"{len(node.symbols)} symbols",
+                )
+        elif isinstance(node, _Fixed):
+            self._take(node.size, at, f"fixed '{node.name}'")
+        elif isinstance(node, _Array):
+            self._steps.append(partial(self._block, node.items, at, False, 0))
+        else:
+            self._steps.append(partial(self._block, node.values, at, True, 0))
+
+    def _primitive(self, kind: str, at: _At | None) -> None:
+        if kind == "boolean":
+            byte = self._take(1, at, "a boolean")[0]
+            if byte > 1:
+                raise _Invalid(at, f"a boolean is the byte 0 or 1, not {byte}")
+        elif kind in _INT_BITS:
+            self._varint(at, "an int" if kind == "int" else "a long", _INT_BITS[kind])
+        elif kind == "float":
+            self._take(4, at, "a float")
+        elif kind == "double":
+            self._take(8, at, "a double")
+        elif kind == "bytes":
+            self._take(self._length(at, "bytes"), at, "bytes")
+        else:
+            self._string(at)
+
+    def _string(self, at: _At | None) -> str:
+        length = self._length(at, "a string")
+        start = self._pos
+        try:
+            return self._take(length, at, "a string").decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _Invalid(
+                at, f"the string is not UTF-8: {exc.reason} at byte {start + exc.start}"
+            ) from None
+
+    def _block(self, items: _Node, at: _At | None, is_map: bool, first: int) -> None:
+        count = self._varint(at, "a block count", 64)
+        if count == 0:
+            return
+        if count < 0:
+            count = -count
+            size = self._length(at, "a block")
+            self._steps.append(partial(self._block, items, at, is_map, first + count))
+            self._steps.append(partial(self._block_end, self._pos + size, at))
+        else:
+            self._steps.append(partial(self._block, items, at, is_map, first + count))
+        if not is_map and self._empty(_deref(items, self._schema._named)):
+            return
+        left = len(self._data) - self._pos
+        if count > left:
+            raise _Invalid(
+                at, f"a block claims {count} items, but only {left} bytes are left for them"
+            )
+        for index in reversed(range(first, first + count)):
+            if is_map:
+                self._steps.append(partial(self._entry, items, at, index))
+            else:
+                self._steps.append(partial(self._value, items, _At(at, index)))
+
+    def _block_end(self, end: int, at: _At | None) -> None:
+        if self._pos != end:
+            raise _Invalid(
+                at, f"a block's byte size says it ends at byte {end}, its items end at {self._pos}"
+            )
+
+    def _entry(self, values: _Node, at: _At | None, index: int) -> None:
+        key = self._string(_At(at, index))
+        self._steps.append(partial(self._value, values, _At(at, key, is_key=True)))
+
+    def _take(self, count: int, at: _At | None, what: str) -> bytes:
+        left = len(self._data) - self._pos
+        if count > left:
+            raise _Invalid(
+                at,
+                f"the payload ends inside {what}: {count} bytes needed at byte {self._pos}, "
+                f"{left} left",
+            )
+        self._pos += count
+        return self._data[self._pos - count : self._pos]
+
+    def _length(self, at: _At | None, what: str) -> int:
+        length = self._varint(at, f"the length of {what}", 64)
+        if length < 0:
+            raise _Invalid(at, f"the length of {what} is negative ({length})")
+        return length
+
+    def _varint(self, at: _At | None, what: str, bits: int) -> int:
+        """A zig-zag varint of at most `bits` bits, in at most as many bytes as those bits
+        need, as Java's decoder reads them."""
+        most = (bits + 6) // 7
+        number = 0
+        for shift in range(0, 7 * most, 7):
+            if self._pos >= len(self._data):
+                raise _Invalid(at, f"the payload ends inside {what} at byte {self._pos}")
+            byte = self._data[self._pos]
+            self._pos += 1
+            number |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                if number >> bits:
+                    raise _Invalid(at, f"{what} does not fit in {bits} bits")
+                return (number >> 1) ^ -(number & 1)
+        raise _Invalid(at, f"{what} runs over {most} bytes")
