@@ -26,6 +26,7 @@ from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
 from danube.broker.object_store import ObjectStore
 from danube.broker.placement import ClusterPlacement, LocalPlacement, Placement
 from danube.broker.runtime import BrokerRuntime, persist
+from danube.broker.schema_service import SchemaService
 from danube.core.config import Address, BrokerConfig
 from danube.dispatch import QueueLimits
 from danube.metadata import EmbeddedStore, MetadataStore
@@ -33,6 +34,7 @@ from danube.node.core import BrokerCore, BrokerIdentity
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from danube.proto import danube_schema as schema_pb
+from danube.protoc import compile_proto
 from danube.tiering import UploaderConfig
 from danube.wal import records
 
@@ -66,6 +68,11 @@ DROP_REPORT_SECONDS = 10.0
 UNLIMITED_MESSAGE_CAP = 256 * 1024 * 1024
 """Transport cap when max_message_size is 0 (unlimited): the broker still must not buffer
 whatever length a client claims."""
+
+
+async def _compile_in_thread(definition: bytes) -> bytes:
+    """protoc runs as a program: a gRPC handler (asyncio) waits for it in a worker thread."""
+    return await trio_asyncio.trio_as_aio(trio.to_thread.run_sync)(compile_proto, definition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +239,9 @@ async def serve(
                     store, runtime, broker_id, registration, config.cluster, cluster_placement
                 )
             consumers = ConsumerService(runtime, placement)
+            schemas = SchemaService(store, _compile_in_thread)
             client_services = [
+                schemas,
                 ProducerService(runtime, placement, _message_limit(config)),
                 consumers,
                 ConsumerExtService(consumers),
@@ -245,7 +254,10 @@ async def serve(
                     Unimplemented(CLIENT_PORT_BASES, client_services, NOT_YET),
                 ]
             )
-            admin_services = [AdminServices(runtime, broker_id, f"http://{bound.admin}", member)]
+            admin_services = [
+                AdminServices(runtime, broker_id, f"http://{bound.admin}", member),
+                schemas,
+            ]
             admin_server = Server(
                 [*admin_services, Unimplemented(ADMIN_PORT_BASES, admin_services, NOT_YET)]
             )

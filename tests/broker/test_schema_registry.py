@@ -1,0 +1,110 @@
+"""The schema registry in a real broker process: subjects survive a restart, concurrent
+registrations of different schemas get distinct version numbers, and the admin port answers
+too (issue 8, point 1). The official client's view: tests/conformance."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from grpclib import GRPCError
+from grpclib.client import Channel
+from grpclib.const import Status
+
+from danube.localcluster.broker_process import BrokerProcess
+from danube.proto import danube_schema as pb
+from tests.support.aio import run
+
+pytestmark = pytest.mark.slow
+
+
+def avro(*names: str) -> bytes:
+    fields = [{"name": n, "type": "string", "default": ""} for n in names]
+    return json.dumps({"type": "record", "name": "R", "fields": fields}).encode()
+
+
+def channel(address: str) -> closing[Channel]:
+    host, _, port = address.rpartition(":")
+    return closing(Channel(host, int(port)))
+
+
+def test_subjects_survive_a_restart_and_answer_on_both_ports(
+    tmp_path: Path, broker_factory: type[BrokerProcess]
+) -> None:
+    data = tmp_path / "data"
+    broker = broker_factory(data).start()
+
+    async def register() -> pb.RegisterSchemaResponse:
+        with channel(broker.broker_addr) as ch:
+            stub = pb.SchemaRegistryStub(ch)
+            request = pb.RegisterSchemaRequest("orders", "avro", avro("a"), created_by="t")
+            return await stub.register_schema(request)
+
+    first = run(register)
+    broker.stop()
+    broker = broker_factory(data).start()
+
+    async def read_back() -> tuple[pb.GetSchemaResponse, pb.GetSchemaResponse]:
+        with channel(broker.broker_addr) as client_ch, channel(broker.admin_addr) as admin_ch:
+            on_client = pb.SchemaRegistryStub(client_ch)
+            on_admin = pb.SchemaRegistryStub(admin_ch)
+            latest = await on_client.get_latest_schema(pb.GetLatestSchemaRequest("orders"))
+            by_id = await on_admin.get_schema(pb.GetSchemaRequest(first.schema_id))
+            return latest, by_id
+
+    latest, by_id = run(read_back)
+    assert (latest.schema_id, latest.version, latest.schema_definition) == (
+        first.schema_id, 1, avro("a"),
+    )  # fmt: skip
+    assert by_id.subject == "orders" and by_id.fingerprint == first.fingerprint
+
+
+def test_concurrent_registrations_get_distinct_versions(broker: BrokerProcess) -> None:
+    subject = f"race-{id(broker)}"
+
+    async def scenario() -> list[pb.RegisterSchemaResponse]:
+        with channel(broker.broker_addr) as ch:
+            stub = pb.SchemaRegistryStub(ch)
+            await stub.register_schema(pb.RegisterSchemaRequest(subject, "avro", avro()))
+            requests = [
+                stub.register_schema(pb.RegisterSchemaRequest(subject, "avro", avro(f"f{i}")))
+                for i in range(6)
+            ]
+            answers = await asyncio.gather(*requests, return_exceptions=True)
+            return [a for a in answers if isinstance(a, pb.RegisterSchemaResponse)]
+
+    answers = run(scenario)
+    # each adds a defaulted field to version 1; some may be refused by a sibling that landed
+    # first (backward: a reader without the other's field is fine, so all are compatible)
+    versions = sorted(a.version for a in answers)
+    assert versions == list(range(2, 2 + len(answers))) and len(answers) == 6
+
+
+def test_bad_requests_say_what_is_wrong(broker: BrokerProcess) -> None:
+    async def scenario() -> list[GRPCError]:
+        errors = []
+        with channel(broker.broker_addr) as ch:
+            stub = pb.SchemaRegistryStub(ch)
+            for call in (
+                stub.register_schema(pb.RegisterSchemaRequest("s1", "yaml", b"x")),
+                stub.register_schema(pb.RegisterSchemaRequest("s1", "avro", b"{not json")),
+                stub.register_schema(pb.RegisterSchemaRequest("a/b", "string", b"x")),
+                stub.set_compatibility_mode(pb.SetCompatibilityModeRequest("nobody", "full")),
+                stub.get_schema(pb.GetSchemaRequest(10**9)),
+            ):
+                with pytest.raises(GRPCError) as caught:
+                    await call
+                errors.append(caught.value)
+        return errors
+
+    unknown_type, bad_json, bad_name, no_subject, no_id = run(scenario)
+    assert unknown_type.status is Status.INVALID_ARGUMENT and "unknown schema type" in str(
+        unknown_type.message
+    )
+    assert bad_json.status is Status.INVALID_ARGUMENT and "not valid JSON" in str(bad_json.message)
+    assert bad_name.status is Status.INVALID_ARGUMENT
+    assert no_subject.status is Status.NOT_FOUND
+    assert no_id.status is Status.NOT_FOUND

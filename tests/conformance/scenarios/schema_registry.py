@@ -1,0 +1,110 @@
+"""The official client's `SchemaRegistryClient` end to end against our broker (issue 8).
+
+Usage: schema_registry.py BROKER_URL SUBJECT_PREFIX
+
+Registers Avro versions under one subject (an identical re-registration, a compatible
+second version, an incompatible one refused and then accepted under mode none, which is
+then deleted), a JSON Schema and a Protobuf subject, and reads everything back the ways the
+client can. Result: what the client got at each step; error codes by name.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import grpc
+from official_harness import build_client, main, report
+
+from danube.schema import CompatibilityMode, SchemaType
+
+ID = {"name": "id", "type": "long"}
+V1 = json.dumps({"type": "record", "name": "Order", "fields": [ID]}).encode()
+V2 = json.dumps(
+    {
+        "type": "record",
+        "name": "Order",
+        "fields": [ID, {"name": "note", "type": "string", "default": ""}],
+    }
+).encode()
+V3_BREAKING = json.dumps(
+    {
+        "type": "record",
+        "name": "Order",
+        "fields": [{"name": "id", "type": "int"}, {"name": "due", "type": "long"}],
+    }
+).encode()
+JSON_SCHEMA = json.dumps(
+    {"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]}
+).encode()
+PROTO = b'syntax = "proto3";\npackage shop;\nmessage Item { string sku = 1; int32 qty = 2; }\n'
+
+
+async def error_of(call: Any) -> dict[str, str] | None:
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        return {"code": error.code().name, "details": error.details() or ""}
+    return None
+
+
+def info(schema: Any) -> dict[str, Any]:
+    return {
+        "schema_id": schema.schema_id,
+        "subject": schema.subject,
+        "version": schema.version,
+        "schema_type": schema.schema_type,
+        "definition": schema.schema_definition.decode(),
+        "fingerprint": schema.fingerprint,
+    }
+
+
+async def scenario(argv: list[str]) -> None:
+    url, prefix = argv[0], argv[1]
+    orders, items, shop = f"{prefix}-orders", f"{prefix}-items", f"{prefix}-shop"
+    report["registered"] = {
+        "v1": V1.decode(), "v2": V2.decode(), "json": JSON_SCHEMA.decode(), "proto": PROTO.decode()
+    }  # fmt: skip
+    client = await build_client(url)
+    registry = client.schema()
+
+    async def register(subject: str, kind: SchemaType, data: bytes) -> int:
+        builder = registry.register_schema(subject).with_type(kind).with_schema_data(data)
+        return await builder.with_description("conformance").with_tags(["test"]).execute()
+
+    report["v1_id"] = await register(orders, SchemaType.AVRO, V1)
+    report["v1_again_id"] = await register(orders, SchemaType.AVRO, V1)
+    report["versions_after_repeat"] = await registry.list_versions(orders)
+    report["v2_id"] = await register(orders, SchemaType.AVRO, V2)
+    report["versions_after_v2"] = await registry.list_versions(orders)
+    compatible, errors = await registry.check_compatibility(orders, V3_BREAKING, SchemaType.AVRO)
+    report["check_breaking"] = {"compatible": compatible, "errors": errors}
+    compatible, errors = await registry.check_compatibility(
+        orders, V3_BREAKING, SchemaType.AVRO, CompatibilityMode.NONE
+    )
+    report["check_breaking_under_none"] = {"compatible": compatible, "errors": errors}
+    report["register_breaking"] = await error_of(register(orders, SchemaType.AVRO, V3_BREAKING))
+    report["latest"] = info(await registry.get_latest_schema(orders))
+    report["by_id_v1"] = info(await registry.get_schema_version(report["v1_id"], 1))
+    report["by_id_latest"] = info(await registry.get_schema_by_id(report["v1_id"]))
+    report["set_none"] = list(await registry.set_compatibility_mode(orders, CompatibilityMode.NONE))
+    await register(orders, SchemaType.AVRO, V3_BREAKING)
+    report["versions_after_v3"] = await registry.list_versions(orders)
+    report["delete_v3"] = list(await registry.delete_schema_version(orders, 3))
+    report["versions_after_delete"] = await registry.list_versions(orders)
+    report["json_id"] = await register(items, SchemaType.JSON_SCHEMA, JSON_SCHEMA)
+    report["json_latest"] = info(await registry.get_latest_schema(items))
+    report["proto_id"] = await register(shop, SchemaType.PROTOBUF, PROTO)
+    report["proto_latest"] = info(await registry.get_latest_schema(shop))
+    bad = register(f"{prefix}-bad", SchemaType.PROTOBUF, b"message {")
+    report["bad_proto"] = await error_of(bad)
+    report["unknown_subject"] = await error_of(registry.get_latest_schema(f"{prefix}-nobody"))
+    report["unknown_version"] = await error_of(registry.get_schema_version(report["v1_id"], 9))
+
+
+if __name__ == "__main__":
+    main(scenario, timeout=40.0)
