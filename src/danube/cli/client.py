@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from danube.cli.schema import add_schema_commands
+from danube.cli.usage import UsageError
 from danube.client import DanubeClient, DanubeClientError, DispatchStrategy, Message, SubType
 
 DEFAULT_SERVICE = "http://127.0.0.1:6650"
@@ -23,10 +25,6 @@ SUB_TYPES = {
     "failover": SubType.FAILOVER,
     "key-shared": SubType.KEY_SHARED,
 }
-
-
-class UsageError(Exception):
-    """Bad flags the parser cannot see (for example `-m` and `-f` both missing)."""
 
 
 def _attributes(text: str | None) -> dict[str, str]:
@@ -302,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
         "acknowledgement (default 30)",
     )  # fmt: skip
     gen.set_defaults(run=load)
+
+    add_schema_commands(commands, DEFAULT_SERVICE)
     return parser
 
 

@@ -8,6 +8,7 @@ from danube.client.connection import Connections, RetryPolicy
 from danube.client.consumer import Consumer, SubType
 from danube.client.errors import DanubeClientError
 from danube.client.producer import Producer
+from danube.client.schemas import SchemaRegistry
 from danube.core.config import DispatchStrategy
 
 
@@ -68,6 +69,11 @@ class DanubeClient:
         )
         self._consumers.append(consumer)
         return consumer
+
+    @property
+    def schemas(self) -> SchemaRegistry:
+        """The schema registry, served by any broker."""
+        return SchemaRegistry(self._connections)
 
     async def partitions(self, topic: str) -> list[str]:
         return await self._connections.partitions(topic)

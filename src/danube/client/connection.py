@@ -90,12 +90,16 @@ class Connections:
         return self.service_urls[0]
 
     async def _discover(self, what: str, call: Callable[[pb.DiscoveryStub], Awaitable[T]]) -> T:
-        """Runs a discovery call on the service brokers in turn until one is reached; the
-        one reached goes first next time."""
+        return await self.on_any_broker(what, lambda channel: call(pb.DiscoveryStub(channel)))
+
+    async def on_any_broker(self, what: str, call: Callable[[BrokerChannel], Awaitable[T]]) -> T:
+        """Runs a call that any broker can answer (discovery, the schema registry) on the
+        service brokers in turn until one is reached; the one reached goes first next
+        time."""
         failures = []
         for url in list(self.service_urls):
             try:
-                result = await call(pb.DiscoveryStub(self.channel(url)))
+                result = await call(self.channel(url))
             except TRANSPORT_ERRORS as error:
                 failures.append(f"{url}: {error}")
                 continue

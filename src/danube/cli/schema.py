@@ -1,0 +1,150 @@
+"""`danube-cli schema ...`: the schema registry from the command line (register, show,
+versions, list, check, mode, delete), as Danube's CLI offers it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from danube.cli.usage import UsageError
+from danube.client import DanubeClient
+
+TYPES = ("bytes", "string", "number", "avro", "json_schema", "protobuf")
+MODES = (
+    "none", "backward", "backward_transitive", "forward", "forward_transitive", "full",
+    "full_transitive",
+)  # fmt: skip
+
+
+def _definition(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error.strerror}") from None
+
+
+def _when(seconds: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + "Z"
+
+
+async def register(args: argparse.Namespace) -> int:
+    async with DanubeClient(args.service_addr) as client:
+        answer = await client.schemas.register(
+            args.subject, args.type, _definition(args.file),
+            description=args.description, created_by="danube-cli", tags=args.tag or (),
+        )  # fmt: skip
+    state = "registered as" if answer.is_new_version else "already registered as"
+    print(
+        f"{args.subject}: {state} version {answer.version} (schema id {answer.schema_id}, "
+        f"{answer.fingerprint})"
+    )
+    return 0
+
+
+async def show(args: argparse.Namespace) -> int:
+    async with DanubeClient(args.service_addr) as client:
+        schema = await client.schemas.latest(args.subject)
+        if args.version is not None and args.version != schema.version:
+            schema = await client.schemas.get(schema.schema_id, args.version)
+    print(
+        f"subject {schema.subject} version {schema.version} (schema id {schema.schema_id}), "
+        f"{schema.schema_type}, mode {schema.compatibility_mode}\n"
+        f"fingerprint {schema.fingerprint}; created {_when(schema.created_at)} by "
+        f"{schema.created_by or '-'}" + (f"; {schema.description}" if schema.description else ""),
+        file=sys.stderr,
+    )
+    sys.stdout.write(schema.schema_definition.decode("utf-8", "replace"))
+    if not schema.schema_definition.endswith(b"\n"):
+        sys.stdout.write("\n")
+    return 0
+
+
+async def versions(args: argparse.Namespace) -> int:
+    async with DanubeClient(args.service_addr) as client:
+        found = await client.schemas.versions(args.subject)
+    print(f"{'version':>7}  {'created (UTC)':<20}  {'by':<12}  fingerprint")
+    for v in found:
+        print(f"{v.version:>7}  {_when(v.created_at):<20}  {v.created_by:<12}  {v.fingerprint}")
+    return 0
+
+
+async def subjects(args: argparse.Namespace) -> int:
+    async with DanubeClient(args.service_addr) as client:
+        found = await client.schemas.subjects()
+    print(f"{'subject':<32}  {'type':<11}  {'latest':>6}  {'id':>5}  mode")
+    for s in found:
+        print(
+            f"{s.subject:<32}  {s.schema_type:<11}  {s.latest_version:>6}  {s.schema_id:>5}  "
+            f"{s.compatibility_mode}"
+        )
+    return 0
+
+
+async def check(args: argparse.Namespace) -> int:
+    """Exit status 1 when the schema would be refused, so scripts and CI can gate on it."""
+    async with DanubeClient(args.service_addr) as client:
+        answer = await client.schemas.check(
+            args.subject, args.type, _definition(args.file), args.mode
+        )
+    if answer.is_compatible:
+        print(f"{args.subject}: compatible")
+        return 0
+    print(f"{args.subject}: NOT compatible")
+    for error in answer.errors:
+        print(f"  {error}")
+    return 1
+
+
+async def mode(args: argparse.Namespace) -> int:
+    async with DanubeClient(args.service_addr) as client:
+        answer = await client.schemas.set_mode(args.subject, args.mode)
+    print(answer.message)
+    return 0
+
+
+async def delete(args: argparse.Namespace) -> int:
+    async with DanubeClient(args.service_addr) as client:
+        answer = await client.schemas.delete_version(args.subject, args.version)
+    print(answer.message)
+    return 0
+
+
+def add_schema_commands(commands: argparse._SubParsersAction, default_service: str) -> None:  # type: ignore[type-arg]
+    schema = commands.add_parser("schema", help="register, show and check schemas")
+    actions = schema.add_subparsers(dest="action", required=True)
+
+    def action(name: str, help_text: str, run: object) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=help_text)
+        sub.add_argument(
+            "-s", "--service-addr", default=default_service,
+            help=f"broker URL, or several comma-separated (default {default_service})",
+        )  # fmt: skip
+        sub.set_defaults(run=run)
+        return sub
+
+    def definition(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("subject")
+        sub.add_argument("-t", "--type", required=True, choices=TYPES, help="schema type")
+        sub.add_argument("-f", "--file", type=Path, required=True, help="the schema's file")
+
+    sub = action("register", "register a schema (a new version if it changed)", register)
+    definition(sub)
+    sub.add_argument("--description", default="")
+    sub.add_argument("--tag", action="append", help="a tag (repeatable)")
+    sub = action("show", "print a version's definition (the latest by default)", show)
+    sub.add_argument("subject")
+    sub.add_argument("-v", "--version", type=int)
+    sub = action("versions", "list a subject's live versions", versions)
+    sub.add_argument("subject")
+    action("list", "list every subject", subjects)
+    sub = action("check", "would this schema be accepted? (exit 1 if not)", check)
+    definition(sub)
+    sub.add_argument("--mode", choices=MODES, help="judge under this mode instead of the subject's")
+    sub = action("mode", "set a subject's compatibility mode", mode)
+    sub.add_argument("subject")
+    sub.add_argument("mode", choices=MODES)
+    sub = action("delete", "delete one version (its number is never reused)", delete)
+    sub.add_argument("subject")
+    sub.add_argument("version", type=int)

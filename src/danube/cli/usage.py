@@ -1,0 +1,7 @@
+"""What the command-line tools share."""
+
+from __future__ import annotations
+
+
+class UsageError(Exception):
+    """Bad flags the parser cannot see (for example `-m` and `-f` both missing)."""
