@@ -310,8 +310,8 @@ def test_strategy_mismatch_is_a_failed_precondition(broker: BrokerProcess) -> No
 
 
 def test_schema_reference_is_a_failed_precondition(broker: BrokerProcess) -> None:
-    """No schema registry yet: a producer that names a schema subject must not be created as
-    if it had none."""
+    """Topics cannot be bound to a schema subject yet: a producer that names one must not be
+    created as if it had none."""
 
     async def scenario() -> None:
         async with _channel(broker) as channel:

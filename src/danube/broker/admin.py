@@ -25,8 +25,8 @@ def _no_schema(subject: str | None) -> None:
     if subject:
         raise DanubeError(
             ErrorCode.FAILED_PRECONDITION,
-            f"schema subject {subject!r} is not registered (this broker version has no schema "
-            "registry yet); create the topic without a schema subject",
+            f"topics with a schema subject ({subject!r}) are not offered yet: this broker "
+            "version cannot bind a topic to a subject; create the topic without one",
         )
 
 

@@ -757,8 +757,9 @@ class BrokerCore:
         if schema_subject:
             raise DanubeError(
                 ErrorCode.FAILED_PRECONDITION,
-                f"schema subject {schema_subject!r} is not registered (this broker version "
-                "has no schema registry yet); create the producer without a schema",
+                f"producers with a schema (subject {schema_subject!r}) are not offered yet: "
+                "topics cannot be bound to a schema subject in this broker version; create "
+                "the producer without a schema",
             )
         effects: list[Effect] = []
         record = self._topics.get(topic)
