@@ -351,6 +351,18 @@ def test_the_fingerprint_changes_with_the_written_format(changed: dict[str, Any]
     assert avro(changed).fingerprint != avro(record("R", field("a", "int"))).fingerprint
 
 
+def test_the_fingerprint_changes_with_a_logical_type() -> None:
+    """A decimal's scale changes what its bytes mean: another version, not the same one."""
+
+    def decimal(scale: int) -> dict[str, Any]:
+        kind = {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": scale}
+        return record("R", field("a", kind))
+
+    two, four, plain = avro(decimal(2)), avro(decimal(4)), avro(record("R", field("a", "bytes")))
+    assert two.canonical == four.canonical == plain.canonical
+    assert len({two.fingerprint, four.fingerprint, plain.fingerprint}) == 3
+
+
 def test_the_fingerprint_changes_with_a_default_or_an_alias() -> None:
     """Same written format, but readers fill in or match differently: a new version."""
     plain = avro(record("R", field("a", "int")))

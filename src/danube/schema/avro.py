@@ -114,9 +114,10 @@ class AvroSchema:
     """A parsed Avro schema. Two schemas are equal when their Parsing Canonical Forms are:
     the canonical form keeps exactly what decides the bytes written (types, full names, field
     order, symbols, sizes) and drops docs, aliases, defaults and logical types. The
-    fingerprint adds the defaults and aliases back (they change what a reader fills in and
-    which names it matches, so a schema that changes only them is a new version, as in
-    Confluent's registry); reformatting, reordering JSON attributes or editing docs keeps it.
+    fingerprint adds back the defaults and aliases (they change what a reader fills in and
+    which names it matches) and the logical types (a decimal's scale changes what the bytes
+    mean), so a schema that changes only them is a new version, as in Confluent's registry;
+    reformatting, reordering JSON attributes or editing docs keeps it.
     `parsed` is fastavro's parsed form, for fastavro's reader and writer."""
 
     canonical: str
@@ -146,6 +147,26 @@ def _resolution_extras(named: Mapping[str, _Named]) -> str:
     return json.dumps(extras, sort_keys=True, separators=(",", ":"), default=repr)
 
 
+def _logical_types(document: object) -> str:
+    """Every logical-type annotation with its place in the document, as compact JSON."""
+    found: list[object] = []
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            if "logicalType" in node:
+                kept = {k: node[k] for k in ("logicalType", "precision", "scale") if k in node}
+                found.append([path, kept])
+            for key in sorted(node):
+                if key not in ("doc", "default"):
+                    walk(node[key], f"{path}/{key}")
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                walk(item, f"{path}/{index}")
+
+    walk(document, "")
+    return json.dumps(found, sort_keys=True, separators=(",", ":"), default=repr)
+
+
 def parse_avro(definition: bytes) -> AvroSchema:
     """Parse the UTF-8 JSON text of an Avro schema. Named types must be defined before use and
     are resolved in the enclosing namespace, as the specification says; a field default is
@@ -171,7 +192,7 @@ def parse_avro(definition: bytes) -> AvroSchema:
         canonical = to_parsing_canonical_form(document)
     except Exception as exc:  # fastavro raises what it likes, and every one is a bad schema
         raise SchemaParseError(f"fastavro cannot use the schema: {exc}") from None
-    identity = canonical + "\0" + _resolution_extras(parser.named)
+    identity = "\0".join((canonical, _resolution_extras(parser.named), _logical_types(document)))
     return AvroSchema(
         canonical=canonical,
         fingerprint="sha256:" + hashlib.sha256(identity.encode("utf-8")).hexdigest(),
