@@ -23,9 +23,12 @@ from pathlib import Path
 import grpc_tools
 
 from danube.schema.errors import SchemaParseError
-from danube.schema.protobuf import SCHEMA_FILE, ProtoSchema, from_descriptor_set
+from danube.schema.protobuf import SCHEMA_FILE
 
 WELL_KNOWN_PROTOS = Path(grpc_tools.__file__).parent / "_proto"
+
+TIMEOUT_S = 30.0
+"""A compile that takes longer is given up (protoc normally needs well under a second)."""
 
 _ABSL_LOG_LINE = re.compile(r"^(WARNING: All log messages before absl|[IWEF]\d{4} )")
 """protoc's logging library writes lines with a timestamp and pid: noise, not diagnostics."""
@@ -44,29 +47,33 @@ def compile_proto(definition: bytes) -> bytes:
         source.mkdir()
         (source / SCHEMA_FILE).write_bytes(definition)
         output = Path(temporary, "schema.desc")
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "grpc_tools.protoc",
-                "-I.",
-                f"-I{WELL_KNOWN_PROTOS}",
-                "--include_imports",
-                f"--descriptor_set_out={output}",
-                SCHEMA_FILE,
-            ],
-            cwd=source,
-            capture_output=True,
-            check=False,
-        )
+        try:
+            result = _run_protoc(source, output)
+        except subprocess.TimeoutExpired:
+            raise SchemaParseError(f"protoc did not finish within {TIMEOUT_S:g} s") from None
         if result.returncode != 0:
             raise SchemaParseError(_diagnostics(result.stderr, temporary, result.returncode))
         return output.read_bytes()
 
 
-def parse_proto(definition: bytes, message: str | None = None) -> ProtoSchema:
-    """Compiles and chooses the message type in one step (see `from_descriptor_set`)."""
-    return from_descriptor_set(compile_proto(definition), message)
+def _run_protoc(source: Path, output: Path) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-I.",
+            f"-I{WELL_KNOWN_PROTOS}",
+            "--include_imports",
+            f"--descriptor_set_out={output}",
+            SCHEMA_FILE,
+        ],
+        cwd=source,
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
 
 
 def _diagnostics(stderr: bytes, temporary: str, returncode: int) -> str:

@@ -73,14 +73,13 @@ def test_concurrent_registrations_get_distinct_versions(broker: BrokerProcess) -
                 stub.register_schema(pb.RegisterSchemaRequest(subject, "avro", avro(f"f{i}")))
                 for i in range(6)
             ]
-            answers = await asyncio.gather(*requests, return_exceptions=True)
-            return [a for a in answers if isinstance(a, pb.RegisterSchemaResponse)]
+            return await asyncio.gather(*requests)
 
     answers = run(scenario)
-    # each adds a defaulted field to version 1; some may be refused by a sibling that landed
-    # first (backward: a reader without the other's field is fine, so all are compatible)
-    versions = sorted(a.version for a in answers)
-    assert versions == list(range(2, 2 + len(answers))) and len(answers) == 6
+    # each adds one defaulted field to version 1, so each is backward compatible with any
+    # sibling that landed first (it reads the sibling's data, filling in its own default)
+    assert sorted(a.version for a in answers) == list(range(2, 8))
+    assert len({a.schema_id for a in answers}) == 1
 
 
 def test_bad_requests_say_what_is_wrong(broker: BrokerProcess) -> None:
@@ -108,3 +107,30 @@ def test_bad_requests_say_what_is_wrong(broker: BrokerProcess) -> None:
     assert bad_name.status is Status.INVALID_ARGUMENT
     assert no_subject.status is Status.NOT_FOUND
     assert no_id.status is Status.NOT_FOUND
+
+
+def test_aliases_modes_and_the_protobuf_message_a_subject_carries(broker: BrokerProcess) -> None:
+    subject = f"shop-{id(broker)}"
+    item = b'syntax = "proto3";\nmessage Item { string sku = 1; }\n'
+    helper_first = b'syntax = "proto3";\nmessage Helper { int64 n = 1; }\n' + item[19:]
+
+    async def scenario() -> tuple[pb.CheckCompatibilityResponse, GRPCError, pb.GetSchemaResponse]:
+        with channel(broker.broker_addr) as ch:
+            stub = pb.SchemaRegistryStub(ch)
+            await stub.register_schema(pb.RegisterSchemaRequest(subject, "PROTO", item))
+            # a message added above Item: the subject's payloads are still Items
+            await stub.register_schema(pb.RegisterSchemaRequest(subject, "protobuf", helper_first))
+            check = await stub.check_compatibility(
+                pb.CheckCompatibilityRequest(subject, item, "proto", "FULL_TRANSITIVE")
+            )
+            with pytest.raises(GRPCError) as bad_mode:
+                await stub.check_compatibility(
+                    pb.CheckCompatibilityRequest(subject, item, "proto", "sideways")
+                )
+            latest = await stub.get_latest_schema(pb.GetLatestSchemaRequest(subject))
+            return check, bad_mode.value, latest
+
+    check, bad_mode, latest = run(scenario)
+    assert check.is_compatible, check.errors
+    assert bad_mode.status is Status.INVALID_ARGUMENT and "full_transitive" in str(bad_mode.message)
+    assert latest.version == 2 and latest.schema_type == "protobuf"

@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from danube.core.errors import DanubeError, ErrorCode
+from danube.protoc import compile_proto
 from danube.schema import records, registry
 from danube.schema.compatibility import CompatibilityMode
-from danube.schema.formats import ParsedSchema, SchemaType, parse
+from danube.schema.formats import ParsedSchema, SchemaType, incompatibilities, parse, validate
 from danube.schema.registry import Registration, SchemaVersion, Subject
 
 
@@ -29,7 +30,9 @@ ID_AS_INT = {"name": "id", "type": "int"}
 
 
 def read(version: SchemaVersion) -> ParsedSchema:
-    return parse(version.schema_type, version.definition)
+    return parse(
+        version.schema_type, version.definition, compiled=version.compiled, message=version.message
+    )
 
 
 def register(subject: Subject | None, schema: ParsedSchema, now_ms: int = 1_000) -> Registration:
@@ -179,3 +182,43 @@ def test_a_subject_survives_its_stored_record(
 def test_a_damaged_record_is_named_as_such() -> None:
     with pytest.raises(records.RecordError):
         records.subject_from_json({"subject": "x"})
+
+
+def test_a_protobuf_version_keeps_its_descriptors_and_message_in_the_record() -> None:
+    """Stored compiled, so a later check reads it again without running protoc."""
+    text = b'syntax = "proto3";\nmessage Helper {}\nmessage Item { string sku = 1; }\n'
+    parsed = parse(SchemaType.PROTOBUF, text, compiled=compile_proto(text), message="Item")
+    subject = register(None, parsed).subject
+    stored = records.subject_from_json(json.loads(json.dumps(records.subject_to_json(subject))))
+    (version,) = stored.versions
+    assert version.message == "Item" and version.compiled == parsed.compiled
+    assert read(version).fingerprint == parsed.fingerprint
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload", "problem"),
+    [
+        (SchemaType.BYTES, b"\xff\x00", None),
+        (SchemaType.STRING, "héllo".encode(), None),
+        (SchemaType.STRING, b"\xff", "not UTF-8 text"),
+        (SchemaType.NUMBER, b"\x00" * 8, None),
+        (SchemaType.NUMBER, b"\x00" * 3, "4 or 8 bytes"),
+    ],
+)
+def test_simple_types_validate_payloads(
+    kind: SchemaType, payload: bytes, problem: str | None
+) -> None:
+    found = validate(parse(kind, b""), payload)
+    assert (found is None) if problem is None else (found is not None and problem in found)
+
+
+def test_avro_payloads_are_validated_as_binary_datums() -> None:
+    schema = avro(ID)
+    assert validate(schema, b"\x02") is None  # zigzag 1
+    assert validate(schema, b"\x02\x00") is not None  # a byte left over
+
+
+def test_a_reader_of_another_type_reads_nothing() -> None:
+    assert incompatibilities(parse(SchemaType.STRING, b""), avro(ID)) == [
+        "a string reader cannot read avro"
+    ]

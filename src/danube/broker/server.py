@@ -3,12 +3,15 @@ cluster mode), shutdown."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import trio
 import trio_asyncio
@@ -26,7 +29,7 @@ from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
 from danube.broker.object_store import ObjectStore
 from danube.broker.placement import ClusterPlacement, LocalPlacement, Placement
 from danube.broker.runtime import BrokerRuntime, persist
-from danube.broker.schema_service import SchemaService
+from danube.broker.schema_service import Offload, SchemaService
 from danube.core.config import Address, BrokerConfig
 from danube.dispatch import QueueLimits
 from danube.metadata import EmbeddedStore, MetadataStore
@@ -34,7 +37,6 @@ from danube.node.core import BrokerCore, BrokerIdentity
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from danube.proto import danube_schema as schema_pb
-from danube.protoc import compile_proto
 from danube.tiering import UploaderConfig
 from danube.wal import records
 
@@ -70,9 +72,19 @@ UNLIMITED_MESSAGE_CAP = 256 * 1024 * 1024
 whatever length a client claims."""
 
 
-async def _compile_in_thread(definition: bytes) -> bytes:
-    """protoc runs as a program: a gRPC handler (asyncio) waits for it in a worker thread."""
-    return await trio_asyncio.trio_as_aio(trio.to_thread.run_sync)(compile_proto, definition)
+T = TypeVar("T")
+SCHEMA_WORKERS = 2
+"""Schema compiles and comparisons at once: each may run protoc or compare large schemas,
+and the worker threads they take are shared with WAL writes and fsyncs."""
+
+
+def _schema_offload(limiter: trio.CapacityLimiter) -> Offload[Any]:
+    async def offload(work: Callable[[], T]) -> T:
+        run = functools.partial(trio.to_thread.run_sync, work, limiter=limiter)
+        result: T = await trio_asyncio.trio_as_aio(run)()
+        return result
+
+    return offload
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +251,7 @@ async def serve(
                     store, runtime, broker_id, registration, config.cluster, cluster_placement
                 )
             consumers = ConsumerService(runtime, placement)
-            schemas = SchemaService(store, _compile_in_thread)
+            schemas = SchemaService(store, _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)))
             client_services = [
                 schemas,
                 ProducerService(runtime, placement, _message_limit(config)),

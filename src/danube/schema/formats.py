@@ -59,7 +59,7 @@ class ParsedSchema:
 def parse(
     kind: SchemaType, definition: bytes, *, compiled: bytes = b"", message: str = ""
 ) -> ParsedSchema:
-    """A Protobuf definition comes with its compiled descriptor set (`danube.broker.protoc`
+    """A Protobuf definition comes with its compiled descriptor set (`danube.protoc`
     makes it: compiling runs a program, which no pure code may do)."""
     if kind in SIMPLE:
         return ParsedSchema(kind, definition, kind.value, None)

@@ -149,7 +149,7 @@ def check(
     if mode is CompatibilityMode.NONE or not subject.versions:
         return []
     against = subject.versions if mode.transitive else subject.versions[-1:]
-    problems = []
+    problems: list[str] = []
     for existing in against:
         if existing.schema_type is not candidate.schema_type:
             problems.append(
@@ -158,7 +158,7 @@ def check(
             )
             continue
         old = read(existing)
-        found = []
+        found: list[str] = []
         if mode.backward:
             found += [f"backward: {p}" for p in incompatibilities(candidate, old)]
         if mode.forward:
