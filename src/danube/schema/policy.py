@@ -1,0 +1,110 @@
+"""Topic schema bindings and what each validation policy does with a published message
+(spec/schema-registry.md "Topics"). Pure: the broker finds the facts (the topic's binding,
+the subject of the message's schema id, whether the payload validates) and asks here.
+
+Where Danube rejects under `warn` (an unknown schema id, an invalid payload) [quirk], `warn`
+here accepts and reports: warn means "tell me", enforce means "refuse"."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from danube.core.errors import invalid
+
+
+class ValidationPolicy(enum.Enum):
+    NONE = "none"
+    WARN = "warn"
+    ENFORCE = "enforce"
+
+
+def parse_policy(text: str) -> ValidationPolicy:
+    try:
+        return ValidationPolicy(text.strip().lower())
+    except ValueError:
+        raise invalid(f"unknown validation policy {text!r} (none, warn or enforce)") from None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSchemaConfig:
+    subject: str
+    policy: ValidationPolicy
+    payload_validation: bool
+    """Also decode each payload against the schema version the message names."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "validation_policy": self.policy.value,
+            "enable_payload_validation": self.payload_validation,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any) -> TopicSchemaConfig:
+        try:
+            return cls(
+                str(value["subject"]),
+                ValidationPolicy(value["validation_policy"]),
+                bool(value["enable_payload_validation"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"not a topic schema config: {error!r}") from None
+
+
+class Problem(enum.Enum):
+    """Why a message does not fit its topic's schema (the metric label of a failure)."""
+
+    MISSING_SCHEMA_ID = "missing_schema_id"
+    UNKNOWN_SCHEMA = "unknown_schema"
+    SUBJECT_MISMATCH = "subject_mismatch"
+    PAYLOAD_INVALID = "payload_invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    accept: bool
+    problem: Problem | None = None
+    detail: str = ""
+
+
+ACCEPT = Verdict(True)
+
+
+def judge(
+    config: TopicSchemaConfig | None,
+    schema_id: int | None,
+    subject_of_id: str | None,
+    payload_problem: str | None,
+) -> Verdict:
+    """`subject_of_id`: the subject the message's schema id (and version) names, None when
+    the registry has no such schema; `payload_problem`: what the payload validator said
+    (None: valid, or not checked)."""
+    if config is None or config.policy is ValidationPolicy.NONE:
+        return ACCEPT
+    if schema_id is None:
+        found = Verdict(
+            False,
+            Problem.MISSING_SCHEMA_ID,
+            f"the topic requires schema subject {config.subject!r} and the message names no "
+            "schema id",
+        )
+    elif subject_of_id is None:
+        found = Verdict(
+            False, Problem.UNKNOWN_SCHEMA, f"the registry has no schema {schema_id} (or version)"
+        )
+    elif subject_of_id != config.subject:
+        found = Verdict(
+            False,
+            Problem.SUBJECT_MISMATCH,
+            f"schema {schema_id} belongs to subject {subject_of_id!r}, the topic requires "
+            f"{config.subject!r}",
+        )
+    elif payload_problem is not None:
+        found = Verdict(False, Problem.PAYLOAD_INVALID, payload_problem)
+    else:
+        return ACCEPT
+    if config.policy is ValidationPolicy.WARN:
+        return Verdict(True, found.problem, found.detail)
+    return found

@@ -1,0 +1,84 @@
+"""What each validation policy does with a message (danube.schema.policy): the table of
+spec/schema-registry.md "Topics", and the properties that make the policies what they say."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from danube.core.errors import DanubeError, ErrorCode
+from danube.schema.policy import (
+    Problem,
+    TopicSchemaConfig,
+    ValidationPolicy,
+    judge,
+    parse_policy,
+)
+
+SUBJECT = "orders"
+
+
+def config(policy: ValidationPolicy, payloads: bool = True) -> TopicSchemaConfig:
+    return TopicSchemaConfig(SUBJECT, policy, payloads)
+
+
+@pytest.mark.parametrize(
+    ("schema_id", "subject_of_id", "payload_problem", "problem"),
+    [
+        (None, None, None, Problem.MISSING_SCHEMA_ID),
+        (9, None, None, Problem.UNKNOWN_SCHEMA),
+        (3, "payments", None, Problem.SUBJECT_MISMATCH),
+        (1, SUBJECT, "$.qty: 'x' is not of type 'integer'", Problem.PAYLOAD_INVALID),
+        (1, SUBJECT, None, None),
+    ],
+)
+def test_enforce_refuses_and_warn_accepts_every_problem(
+    schema_id: int | None, subject_of_id: str | None, payload_problem: str | None,
+    problem: Problem | None,
+) -> None:  # fmt: skip
+    enforced = judge(config(ValidationPolicy.ENFORCE), schema_id, subject_of_id, payload_problem)
+    warned = judge(config(ValidationPolicy.WARN), schema_id, subject_of_id, payload_problem)
+    assert enforced.problem is warned.problem is problem
+    assert enforced.accept is (problem is None)
+    assert warned.accept
+    if payload_problem:
+        assert payload_problem in enforced.detail
+
+
+def test_no_binding_or_policy_none_accepts_anything() -> None:
+    assert judge(None, None, None, "garbage").accept
+    verdict = judge(config(ValidationPolicy.NONE), None, None, "garbage")
+    assert verdict.accept and verdict.problem is None
+
+
+@given(
+    st.sampled_from(list(ValidationPolicy)),
+    st.one_of(st.none(), st.integers(0, 5)),
+    st.one_of(st.none(), st.sampled_from([SUBJECT, "other"])),
+    st.one_of(st.none(), st.text(min_size=1, max_size=5)),
+)
+def test_only_enforce_ever_refuses_and_it_always_says_why(
+    policy: ValidationPolicy, schema_id: int | None, subject: str | None, problem: str | None
+) -> None:
+    verdict = judge(config(policy), schema_id, subject, problem)
+    if policy is not ValidationPolicy.ENFORCE:
+        assert verdict.accept
+    if not verdict.accept:
+        assert verdict.problem is not None and verdict.detail
+
+
+def test_a_binding_survives_its_stored_form() -> None:
+    bound = config(ValidationPolicy.WARN, payloads=False)
+    assert TopicSchemaConfig.from_json(bound.to_json()) == bound
+    with pytest.raises(ValueError):
+        TopicSchemaConfig.from_json({"subject": "x"})
+
+
+def test_policies_are_read_in_any_case_and_unknown_ones_named() -> None:
+    assert parse_policy(" Enforce ") is ValidationPolicy.ENFORCE
+    with pytest.raises(DanubeError) as refused:
+        parse_policy("strict")
+    assert refused.value.code is ErrorCode.INVALID_ARGUMENT and "none, warn or enforce" in str(
+        refused.value.message
+    )
