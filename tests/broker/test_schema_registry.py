@@ -15,8 +15,9 @@ from grpclib.client import Channel
 from grpclib.const import Status
 
 from danube.localcluster.broker_process import BrokerProcess
+from danube.proto import danube as api
 from danube.proto import danube_schema as pb
-from tests.support.aio import run
+from tests.support.aio import run, unique_topic
 
 pytestmark = pytest.mark.slow
 
@@ -134,3 +135,77 @@ def test_aliases_modes_and_the_protobuf_message_a_subject_carries(broker: Broker
     assert check.is_compatible, check.errors
     assert bad_mode.status is Status.INVALID_ARGUMENT and "full_transitive" in str(bad_mode.message)
     assert latest.version == 2 and latest.schema_type == "protobuf"
+
+
+ORDER = json.dumps(
+    {"type": "object", "properties": {"qty": {"type": "integer"}}, "required": ["qty"]}
+).encode()
+
+
+def test_a_bound_topic_checks_every_publish_by_its_policy(broker: BrokerProcess) -> None:
+    """enforce refuses what does not fit (naming the field), warn lets it through, none
+    does not look; the binding is reported back and persists as the topic's key."""
+    topic = unique_topic("bound")
+    subject = f"orders-{topic.rpartition('-')[2]}"
+
+    async def scenario() -> dict[str, object]:
+        found: dict[str, object] = {}
+        with channel(broker.broker_addr) as ch:
+            registry = pb.SchemaRegistryStub(ch)
+            producers = api.ProducerServiceStub(ch)
+            registered = await registry.register_schema(
+                pb.RegisterSchemaRequest(subject, "json_schema", ORDER)
+            )
+            created = await producers.create_producer(
+                api.ProducerRequest(request_id=1, producer_name="p", topic_name=topic)
+            )
+
+            async def send(payload: bytes, schema_id: int | None) -> str | None:
+                message = api.StreamMessage(
+                    request_id=1,
+                    msg_id=api.MsgId(producer_id=created.producer_id, topic_name=topic),
+                    payload=payload,
+                    producer_name="p",
+                    schema_id=schema_id,
+                    schema_version=None if schema_id is None else 1,
+                )
+                try:
+                    await producers.send_message(message)
+                except GRPCError as error:
+                    assert error.status is Status.INVALID_ARGUMENT
+                    return str(error.message)
+                return None
+
+            found["unbound"] = await send(b"not json", None)
+            await registry.configure_topic_schema(
+                pb.ConfigureTopicSchemaRequest(topic, subject, "enforce", True)
+            )
+            found["config"] = await registry.get_topic_schema_config(
+                pb.GetTopicSchemaConfigRequest(topic)
+            )
+            found["valid"] = await send(b'{"qty": 3}', registered.schema_id)
+            found["invalid"] = await send(b'{"qty": "three"}', registered.schema_id)
+            found["no_id"] = await send(b'{"qty": 3}', None)
+            found["unknown_id"] = await send(b'{"qty": 3}', 10**9)
+            await registry.update_topic_validation_policy(
+                pb.UpdateTopicValidationPolicyRequest(topic, "warn", True)
+            )
+            found["warned"] = await send(b'{"qty": "three"}', registered.schema_id)
+            with pytest.raises(GRPCError) as unknown_subject:
+                await registry.configure_topic_schema(
+                    pb.ConfigureTopicSchemaRequest(topic, "nobody-here", "enforce", False)
+                )
+            found["unknown_subject"] = unknown_subject.value.status
+        return found
+
+    found = run(scenario)
+    assert found["unbound"] is None and found["valid"] is None and found["warned"] is None
+    config = found["config"]
+    assert isinstance(config, pb.GetTopicSchemaConfigResponse)
+    assert (config.schema_subject, config.validation_policy) == (subject, "enforce")
+    assert config.enable_payload_validation and config.schema_id > 0
+    assert "$.qty" in str(found["invalid"]) and "integer" in str(found["invalid"])
+    assert "names no schema id" in str(found["no_id"])
+    assert "has no schema" in str(found["unknown_id"])
+    assert found["unknown_subject"] is Status.NOT_FOUND
+    broker.wait_for_log("event=schema_validation_warning")

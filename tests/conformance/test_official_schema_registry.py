@@ -47,6 +47,14 @@ def test_the_official_schema_client_works_end_to_end(broker: BrokerProcess) -> N
     assert len({schema_id, result["json_id"], result["proto_id"]}) == 3
     assert result["json_latest"]["schema_type"] == "json_schema"
     assert result["json_latest"]["definition"] == registered["json"]
+    assert result["configure"][0] is True
+    assert result["topic_config"] == {
+        "subject": result["json_latest"]["subject"], "policy": "enforce", "payloads": True,
+        "schema_id": result["json_id"],
+    }  # fmt: skip
+    refused = result["send_without_schema"]
+    assert refused["code"] == "INVALID_ARGUMENT" and "names no schema id" in refused["details"]
+    assert result["update"][0] is True and result["send_under_warn"] is None
     assert result["proto_latest"]["schema_type"] == "protobuf"
     assert result["proto_latest"]["definition"] == registered["proto"]
 

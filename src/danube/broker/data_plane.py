@@ -15,6 +15,7 @@ from grpclib.const import Status
 from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, grpc_error, recv_bounded, unary
 from danube.broker.placement import Placement
 from danube.broker.runtime import BrokerRuntime, now_ms
+from danube.broker.schema_gate import SchemaGate
 from danube.cluster.placement import Answer
 from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, invalid
@@ -30,11 +31,18 @@ STREAM_BATCH = 64
 
 
 class ProducerService:
-    def __init__(self, runtime: BrokerRuntime, placement: Placement, message_limit: int) -> None:
+    def __init__(
+        self,
+        runtime: BrokerRuntime,
+        placement: Placement,
+        message_limit: int,
+        gate: SchemaGate | None = None,
+    ) -> None:
         self._runtime = runtime
         self._core = runtime.core
         self._placement = placement
         self._message_limit = message_limit
+        self._gate = gate
 
     async def create_producer(self, request: pb.ProducerRequest) -> pb.ProducerResponse:
         strategy = int(request.dispatch_strategy)
@@ -54,6 +62,8 @@ class ProducerService:
 
     async def send_message(self, message: pb.StreamMessage) -> pb.MessageResponse:
         self._runtime.check_unfenced()
+        if self._gate is not None:
+            await self._gate.admit(message)
         published = requests.publish(self._core, message, now_ms())
         if published.stored:
             await self._runtime.publish(message.msg_id.topic_name, published.step)

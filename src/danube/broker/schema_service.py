@@ -23,13 +23,16 @@ import trio_asyncio
 from danube.broker.grpc_util import unary
 from danube.broker.watching import failure_text
 from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
+from danube.core.names import TopicName, parse_topic
 from danube.metadata import MetadataStore
 from danube.metadata.model import Compare, KeyValue, MetadataError, Op, Put
+from danube.node import paths
 from danube.proto import danube_schema as pb
 from danube.protoc import compile_proto
 from danube.schema import records, registry
 from danube.schema.errors import SchemaParseError
 from danube.schema.formats import ParsedSchema, SchemaType, parse, schema_type
+from danube.schema.policy import TopicSchemaConfig, ValidationPolicy, parse_policy
 from danube.schema.registry import Registration, SchemaVersion, Subject
 
 T = TypeVar("T")
@@ -42,6 +45,9 @@ MAX_SUBJECT_BYTES = 1024 * 1024
 above 1.5 MiB by default, so a subject stops growing well before that."""
 PARSED_CACHE = 256
 """Stored versions kept parsed (every check reads the latest, transitive ones all)."""
+CONFIG_TTL_S = 1.0
+"""How long a topic's binding is trusted before it is read again: a change made through
+another broker of a cluster takes effect within this time (through this one, at once)."""
 
 Offload = Callable[[Callable[[], T]], Awaitable[T]]
 """Runs CPU-bound work (protoc, parsing, comparing) away from the event loop, with a bound
@@ -61,6 +67,10 @@ class SchemaService:
         self._offload = offload
         self._clock_ms = clock_ms
         self._parsed: OrderedDict[tuple[SchemaType, str, str], ParsedSchema] = OrderedDict()
+        self._configs: dict[str, tuple[float, TopicSchemaConfig | None]] = {}
+        self._by_id: OrderedDict[tuple[int, int | None], tuple[str, ParsedSchema] | None] = (
+            OrderedDict()
+        )
 
     # -- store access ---------------------------------------------------------------------
 
@@ -317,6 +327,117 @@ class SchemaService:
             )
         return pb.ListSubjectsResponse(subjects=summaries)
 
+    # -- topic bindings -------------------------------------------------------------------
+
+    async def _topics(self, topic: str) -> list[TopicName]:
+        """The topic, or every partition of a partitioned one; NOT_FOUND when neither."""
+        name = parse_topic(topic)
+        if await self._call(self._store.get, paths.topic_delivery(name)) is not None:
+            return [name]
+        partitions = []
+        for kv in await self._call(self._store.scan, f"/topics/{name.path}-part-"):
+            parts = kv.key.strip("/").split("/")
+            if len(parts) == 4 and parts[3] == "delivery":
+                partitions.append(parse_topic(f"/{parts[1]}/{parts[2]}"))
+        if not partitions:
+            raise not_found(f"topic {topic} does not exist")
+        return partitions
+
+    async def _set_config(self, topic: str, config: TopicSchemaConfig) -> None:
+        for name in await self._topics(topic):
+            await self._call(self._store.put, _config_key(name), config.to_json())
+            self._configs.pop(name.full, None)
+
+    async def topic_config(self, topic: str) -> TopicSchemaConfig | None:
+        """The topic's binding, trusted for CONFIG_TTL_S (read on every publish)."""
+        cached = self._configs.get(topic)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < CONFIG_TTL_S:
+            return cached[1]
+        found = await self._call(self._store.get, _config_key(parse_topic(topic)))
+        config = (
+            None
+            if found is None
+            else _decoded(found.key, partial(TopicSchemaConfig.from_json, found.value))
+        )
+        self._configs[topic] = (now, config)
+        return config
+
+    async def schema_of(
+        self, schema_id: int, version: int | None
+    ) -> tuple[str, ParsedSchema] | None:
+        """The subject and parsed schema a message's (schema id, version) names (the latest
+        version without one), None when the registry has no such schema. Kept: a version
+        never changes once registered."""
+        key = (schema_id, version)
+        if key in self._by_id:
+            self._by_id.move_to_end(key)
+            return self._by_id[key]
+        index = await self._call(self._store.get, records.id_key(schema_id))
+        found: tuple[str, ParsedSchema] | None = None
+        if index is not None:
+            name = _decoded(index.key, lambda: str(index.value["subject"]))
+            subject, _ = await self._subject(name)
+            live = {v.version: v for v in subject.versions} if subject else {}
+            chosen = live.get(version) if version is not None else (
+                subject.versions[-1] if subject and subject.versions else None
+            )  # fmt: skip
+            if subject is not None and chosen is not None:
+                found = (subject.name, await self._offload(partial(self._read, chosen)))
+        if version is not None and found is not None:
+            self._by_id[key] = found
+            if len(self._by_id) > PARSED_CACHE:
+                self._by_id.popitem(last=False)
+        return found
+
+    async def configure_topic_schema(
+        self, request: pb.ConfigureTopicSchemaRequest
+    ) -> pb.ConfigureTopicSchemaResponse:
+        policy = parse_policy(request.validation_policy or "none")
+        await self._existing(request.schema_subject)
+        config = TopicSchemaConfig(
+            request.schema_subject, policy, request.enable_payload_validation
+        )
+        await self._set_config(request.topic_name, config)
+        return pb.ConfigureTopicSchemaResponse(
+            success=True,
+            message=f"{request.topic_name} is bound to {request.schema_subject!r} "
+            f"(policy {policy.value})",
+        )
+
+    async def update_topic_validation_policy(
+        self, request: pb.UpdateTopicValidationPolicyRequest
+    ) -> pb.UpdateTopicValidationPolicyResponse:
+        policy = parse_policy(request.validation_policy or "none")
+        first = (await self._topics(request.topic_name))[0]
+        current = await self.topic_config(first.full)
+        if current is None:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"{request.topic_name} is bound to no schema subject: configure one first",
+            )
+        config = TopicSchemaConfig(current.subject, policy, request.enable_payload_validation)
+        await self._set_config(request.topic_name, config)
+        return pb.UpdateTopicValidationPolicyResponse(
+            success=True, message=f"policy of {request.topic_name} is {policy.value}"
+        )
+
+    async def get_topic_schema_config(
+        self, request: pb.GetTopicSchemaConfigRequest
+    ) -> pb.GetTopicSchemaConfigResponse:
+        first = (await self._topics(request.topic_name))[0]
+        self._configs.pop(first.full, None)
+        config = await self.topic_config(first.full)
+        if config is None:
+            return pb.GetTopicSchemaConfigResponse(validation_policy=ValidationPolicy.NONE.value)
+        subject, _ = await self._subject(config.subject)
+        return pb.GetTopicSchemaConfigResponse(
+            schema_subject=config.subject,
+            validation_policy=config.policy.value,
+            enable_payload_validation=config.payload_validation,
+            schema_id=subject.schema_id if subject else 0,
+        )
+
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         routes: Sequence[tuple[str, Callable[[Any], Awaitable[Any]], type, type]] = [
             ("RegisterSchema", self.register_schema, pb.RegisterSchemaRequest,
@@ -334,11 +455,22 @@ class SchemaService:
              pb.SetCompatibilityModeRequest, pb.SetCompatibilityModeResponse),
             ("ListSubjects", self.list_subjects, pb.ListSubjectsRequest,
              pb.ListSubjectsResponse),
+            ("ConfigureTopicSchema", self.configure_topic_schema,
+             pb.ConfigureTopicSchemaRequest, pb.ConfigureTopicSchemaResponse),
+            ("UpdateTopicValidationPolicy", self.update_topic_validation_policy,
+             pb.UpdateTopicValidationPolicyRequest, pb.UpdateTopicValidationPolicyResponse),
+            ("GetTopicSchemaConfig", self.get_topic_schema_config,
+             pb.GetTopicSchemaConfigRequest, pb.GetTopicSchemaConfigResponse),
         ]  # fmt: skip
         return {
             f"/danube_schema.SchemaRegistry/{name}": unary(call, request, response)
             for name, call, request, response in routes
         }
+
+
+def _config_key(topic: TopicName) -> str:
+    """Danube's key for a topic's binding; deleting the topic's keys deletes it too."""
+    return f"{paths.topic_prefix(topic)}schema_config"
 
 
 def _decoded(where: str, decode: Callable[[], T]) -> T:

@@ -29,6 +29,7 @@ from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
 from danube.broker.object_store import ObjectStore
 from danube.broker.placement import ClusterPlacement, LocalPlacement, Placement
 from danube.broker.runtime import BrokerRuntime, persist
+from danube.broker.schema_gate import SchemaGate
 from danube.broker.schema_service import Offload, SchemaService
 from danube.core.config import Address, BrokerConfig
 from danube.dispatch import QueueLimits
@@ -254,7 +255,7 @@ async def serve(
             schemas = SchemaService(store, _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)))
             client_services = [
                 schemas,
-                ProducerService(runtime, placement, _message_limit(config)),
+                ProducerService(runtime, placement, _message_limit(config), SchemaGate(schemas)),
                 consumers,
                 ConsumerExtService(consumers),
                 DiscoveryService(placement),

@@ -98,6 +98,18 @@ async def scenario(argv: list[str]) -> None:
     report["versions_after_delete"] = await registry.list_versions(orders)
     report["json_id"] = await register(items, SchemaType.JSON_SCHEMA, JSON_SCHEMA)
     report["json_latest"] = info(await registry.get_latest_schema(items))
+    topic = f"/default/{prefix}-bound"
+    producer = client.new_producer().with_topic(topic).with_name("conf-schema").build()
+    await producer.create()
+    report["configure"] = list(await registry.configure_topic_schema(topic, items, "enforce", True))
+    config = await registry.get_topic_schema_config(topic)
+    report["topic_config"] = {
+        "subject": config.schema_subject, "policy": config.validation_policy,
+        "payloads": config.enable_payload_validation, "schema_id": config.schema_id,
+    }  # fmt: skip
+    report["send_without_schema"] = await error_of(producer.send(b'{"sku": "a"}', None))
+    report["update"] = list(await registry.update_topic_validation_policy(topic, "warn", True))
+    report["send_under_warn"] = await error_of(producer.send(b'{"sku": 1}', None))
     report["proto_id"] = await register(shop, SchemaType.PROTOBUF, PROTO)
     report["proto_latest"] = info(await registry.get_latest_schema(shop))
     bad = register(f"{prefix}-bad", SchemaType.PROTOBUF, b"message {")

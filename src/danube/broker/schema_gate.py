@@ -1,0 +1,71 @@
+"""The schema check every publish passes: the topic's binding and policy, the schema the
+message names, its payload when asked (decisions in `danube.schema.policy`).
+
+A topic without a binding costs one cached lookup. Warnings are counted per topic and
+problem and logged at most once per topic and problem every WARN_LOG_S, so a producer that
+sends a million unschematised messages does not write a million log lines."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+from danube.broker.schema_service import SchemaService
+from danube.core.errors import DanubeError, ErrorCode
+from danube.core.names import parse_topic
+from danube.proto import danube as pb
+from danube.schema.formats import validate
+from danube.schema.policy import Problem, ValidationPolicy, judge
+
+log = logging.getLogger("danube.broker")
+
+WARN_LOG_S = 10.0
+
+
+class SchemaGate:
+    def __init__(self, schemas: SchemaService) -> None:
+        self._schemas = schemas
+        self.warnings: Counter[tuple[str, Problem]] = Counter()
+        """Messages accepted under `warn` that did not fit, by topic and problem."""
+        self._logged: dict[tuple[str, Problem], float] = {}
+
+    async def admit(self, message: pb.StreamMessage) -> None:
+        """Returns when the message may be published; raises INVALID_ARGUMENT, naming the
+        problem, when the topic's policy is enforce and the message does not fit. A message
+        without a valid topic passes: the core refuses it with the reason that applies (it
+        decides before anything changes, so the gate must come first)."""
+        topic = message.msg_id.topic_name
+        try:
+            parse_topic(topic)
+        except DanubeError:
+            return
+        config = await self._schemas.topic_config(topic)
+        if config is None or config.policy is ValidationPolicy.NONE:
+            return
+        schema_id = message.schema_id
+        named = None
+        if schema_id is not None:
+            named = await self._schemas.schema_of(schema_id, message.schema_version)
+        payload_problem = None
+        if named is not None and config.payload_validation and named[0] == config.subject:
+            payload_problem = validate(named[1], message.payload)
+        verdict = judge(config, schema_id, None if named is None else named[0], payload_problem)
+        if not verdict.accept:
+            raise DanubeError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"message refused by the schema policy of {topic} (enforce): {verdict.detail}",
+            )
+        if verdict.problem is not None:
+            self._warn(topic, verdict.problem, verdict.detail)
+
+    def _warn(self, topic: str, problem: Problem, detail: str) -> None:
+        key = (topic, problem)
+        self.warnings[key] += 1
+        now = time.monotonic()
+        if now - self._logged.get(key, -WARN_LOG_S) >= WARN_LOG_S:
+            self._logged[key] = now
+            log.warning(
+                "event=schema_validation_warning topic=%s reason=%s count=%d detail=%s",
+                topic, problem.value, self.warnings[key], detail,
+            )  # fmt: skip
