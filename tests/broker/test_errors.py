@@ -310,8 +310,8 @@ def test_strategy_mismatch_is_a_failed_precondition(broker: BrokerProcess) -> No
 
 
 def test_schema_reference_is_a_failed_precondition(broker: BrokerProcess) -> None:
-    """Topics cannot be bound to a schema subject yet: a producer that names one must not be
-    created as if it had none."""
+    """A producer that names a subject the registry does not have must not be created as if
+    it had no schema."""
 
     async def scenario() -> None:
         async with _channel(broker) as channel:

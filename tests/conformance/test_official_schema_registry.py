@@ -55,6 +55,14 @@ def test_the_official_schema_client_works_end_to_end(broker: BrokerProcess) -> N
     refused = result["send_without_schema"]
     assert refused["code"] == "INVALID_ARGUMENT" and "names no schema id" in refused["details"]
     assert result["update"][0] is True and result["send_under_warn"] is None
+
+    # a producer with a schema subject: its messages carry the resolved id and version to
+    # consumers, the unbound topic took the subject (warn), another subject is refused
+    assert result["typed_message"] == {"schema_id": schema_id, "schema_version": 2}
+    assert result["typed_config"] == "warn"
+    other = result["other_subject"]
+    assert other is not None and other["code"] == "FAILED_PRECONDITION"
+    assert "is bound to schema subject" in other["details"]
     assert result["proto_latest"]["schema_type"] == "protobuf"
     assert result["proto_latest"]["definition"] == registered["proto"]
 

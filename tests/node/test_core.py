@@ -49,11 +49,8 @@ def producer_step(
     topic: str = "/default/t",
     name: str = "p",
     strategy: DispatchStrategy = NR,
-    schema_subject: str | None = None,
 ) -> Step[int]:
-    return core.create_producer(
-        topic, name, access_mode=0, strategy=strategy, schema_subject=schema_subject
-    )
+    return core.create_producer(topic, name, access_mode=0, strategy=strategy)
 
 
 def producer(core: BrokerCore, topic: str = "/default/t", name: str = "p") -> int:
@@ -276,14 +273,11 @@ def test_create_producer_strategy_mismatch_both_ways() -> None:
     assert [core.topic_strategy(t) for t in core.topics("default")] == [REL, NR]
 
 
-def test_create_producer_rejects_bad_names_and_schemas() -> None:
+def test_create_producer_rejects_bad_names() -> None:
     core = new_core()
     assert code_of(lambda: producer(core, "/default/t", "")) is ErrorCode.INVALID_ARGUMENT
     assert code_of(lambda: producer(core, "/default/t", "a\nb")) is ErrorCode.INVALID_ARGUMENT
     assert code_of(lambda: producer(core, "/default/t", "p" * 256)) is (ErrorCode.INVALID_ARGUMENT)
-    assert code_of(lambda: producer_step(core, "/default/t", "p", NR, "subject")) is (
-        ErrorCode.FAILED_PRECONDITION
-    )
     assert core.topics("default") == []
     assert producer(core, "/default/t", "name with spaces é")
 
@@ -825,7 +819,7 @@ NAMESPACES = ["ns1", "ns2", "default", "bad ns"]
 FILTERS = [(), ("a*",), ("*", "b?")]
 PROLOGUE = [
     ("create_namespace", "ns1"),
-    ("create_producer", "/default/t", "p1", NR, None),
+    ("create_producer", "/default/t", "p1", NR),
     ("subscribe", "/default/t", "c1", "s1", None, ()),
     ("subscribe", "/default/t", "c2", "s2", None, ()),
 ]
@@ -864,7 +858,6 @@ OPS = st.one_of(
         TOPICS,
         st.sampled_from(["p1", "p2", "p3", "p1", ""]),
         st.sampled_from([NR, NR, NR, REL]),
-        st.sampled_from([None, None, None, "schema"]),
     ),
     st.tuples(st.just("create_topic"), TOPICS, st.sampled_from([NR, NR, REL])),
     st.tuples(
@@ -931,10 +924,8 @@ class Harness:
         if kind == "delete_topic":
             return core.delete_topic(*args)
         if kind == "create_producer":
-            topic, name, strategy, schema = args
-            step = core.create_producer(
-                topic, name, access_mode=0, strategy=strategy, schema_subject=schema
-            )
+            topic, name, strategy = args
+            step = core.create_producer(topic, name, access_mode=0, strategy=strategy)
             if step.value not in self.producers:
                 self.producers.append(step.value)
             return step
@@ -1146,12 +1137,12 @@ def test_random_operation_alphabet_reaches_the_error_paths() -> None:
         ("create_namespace", "ns1"),
         ("create_topic", "/nope/t", NR),
         ("create_topic", "/default/r", REL),
-        ("create_producer", "/default/r", "p1", NR, None),
-        ("create_producer", "/default/t", "p1", NR, None),
-        ("create_producer", "/default/t", "p1", REL, None),
-        ("create_producer", "/default/t", "p2", NR, None),
-        ("create_producer", "/default/t", "p3", NR, None),
-        ("create_producer", "/default/t", "p1", NR, "schema"),
+        ("create_producer", "/default/r", "p1", NR),
+        ("create_producer", "/default/t", "p1", NR),
+        ("create_producer", "/default/t", "p1", REL),
+        ("create_producer", "/default/t", "p2", NR),
+        ("create_producer", "/default/t", "p3", NR),
+        ("create_producer", "/default/t", "p1", NR),
         ("publish", 0, "/default/t", 101, b""),
         ("publish", 5, "/default/t", 1, b""),
         ("subscribe", "/default/t", "c1", "s1", 0, ()),

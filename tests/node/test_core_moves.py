@@ -88,7 +88,7 @@ def adopt(driver: MemoryWalDriver, *, keep_local: bool = False) -> list[Any]:
 
 def producer(driver: MemoryWalDriver, name: str = "p") -> int:
     step = driver.core.create_producer(
-        TOPIC, name, access_mode=0, strategy=DispatchStrategy.RELIABLE, schema_subject=None
+        TOPIC, name, access_mode=0, strategy=DispatchStrategy.RELIABLE
     )
     driver.run(step.effects)
     return step.value
@@ -295,7 +295,7 @@ def test_a_non_reliable_topic_moves_too() -> None:
     new = broker(6651, objects, metadata)
     adopt(new)
     step = new.core.create_producer(
-        TOPIC, "p", access_mode=0, strategy=DispatchStrategy.NON_RELIABLE, schema_subject=None
+        TOPIC, "p", access_mode=0, strategy=DispatchStrategy.NON_RELIABLE
     )
     assert step.value and new.core.serves(TOPIC)
 

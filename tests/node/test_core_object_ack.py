@@ -36,9 +36,7 @@ def start(
     )
     driver = MemoryWalDriver(core)
     driver.run(core.bootstrap(["default"]).effects)
-    step = core.create_producer(
-        TOPIC, "p", access_mode=0, strategy=DispatchStrategy.RELIABLE, schema_subject=None
-    )
+    step = core.create_producer(TOPIC, "p", access_mode=0, strategy=DispatchStrategy.RELIABLE)
     driver.run(step.effects)
     return driver, step.value
 
@@ -123,9 +121,7 @@ def test_without_it_a_publish_is_answered_at_the_fsync() -> None:
 def test_the_level_is_chosen_per_topic() -> None:
     fast = "/default/metrics"
     driver, producer = start(durability=TopicDurability("fsync", ((TOPIC, "object"),), BATCH_MS))
-    step = driver.core.create_producer(
-        fast, "m", access_mode=0, strategy=DispatchStrategy.RELIABLE, schema_subject=None
-    )
+    step = driver.core.create_producer(fast, "m", access_mode=0, strategy=DispatchStrategy.RELIABLE)
     driver.run(step.effects)
     publish(driver, producer, 0)
     driver.run(

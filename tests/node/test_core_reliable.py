@@ -83,9 +83,7 @@ class Broker:
         return out
 
     def producer(self, topic: str = TOPIC, name: str = "p") -> int:
-        step = self.core.create_producer(
-            topic, name, access_mode=0, strategy=REL, schema_subject=None
-        )
+        step = self.core.create_producer(topic, name, access_mode=0, strategy=REL)
         self.run(step.effects)
         return step.value
 
@@ -290,16 +288,10 @@ def test_corrupt_segment_stops_only_its_topic() -> None:
         ErrorCode.FAILED_PRECONDITION
     )
     assert (
-        code_of(
-            lambda: again.core.create_producer(
-                TOPIC, "p2", access_mode=0, strategy=REL, schema_subject=None
-            )
-        )
+        code_of(lambda: again.core.create_producer(TOPIC, "p2", access_mode=0, strategy=REL))
         is ErrorCode.FAILED_PRECONDITION
     )
-    other = again.core.create_producer(
-        "/default/other", "p", access_mode=0, strategy=REL, schema_subject=None
-    )
+    other = again.core.create_producer("/default/other", "p", access_mode=0, strategy=REL)
     again.run(other.effects)
     step = again.core.publish(
         other.value, "/default/other", "m", 1, None, encode=lambda o: b"m", now_ms=1
@@ -343,9 +335,7 @@ def test_deleted_topic_created_again_starts_empty() -> None:
     effects = broker.core.delete_topic(TOPIC).effects
     broker.run(effects)
     assert TOPIC not in broker.driver.files
-    created = broker.core.create_producer(
-        TOPIC, "p", access_mode=0, strategy=REL, schema_subject=None
-    )
+    created = broker.core.create_producer(TOPIC, "p", access_mode=0, strategy=REL)
     assert LoadWal(TOPIC, fresh=True) in created.effects
     broker.run(created.effects)
     assert broker.publish(created.value, "new") == 0

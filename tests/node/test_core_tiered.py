@@ -62,7 +62,7 @@ def publish(driver: MemoryWalDriver, producer_id: int, count: int, first: int = 
 
 def producer(driver: MemoryWalDriver) -> int:
     step = driver.core.create_producer(
-        TOPIC, "p", access_mode=0, strategy=DispatchStrategy.RELIABLE, schema_subject=None
+        TOPIC, "p", access_mode=0, strategy=DispatchStrategy.RELIABLE
     )
     driver.run(step.effects)
     return step.value

@@ -48,8 +48,13 @@ class ProducerService:
         strategy = int(request.dispatch_strategy)
         if strategy in (0, 1):
             await self._placement.route(request.topic_name, DispatchStrategy(strategy))
+        subject = requests.schema_subject(request)
+        if subject is not None and self._gate is not None:
+            await self._gate.check_producer(request.topic_name, subject)
         step = requests.create_producer(self._core, request)
         producer_id = await self._runtime.run(step)
+        if subject is not None and self._gate is not None:
+            await self._gate.bind(request.topic_name, subject)
         log.info(
             "event=producer_created topic=%s producer=%s id=%d",
             request.topic_name, request.producer_name, producer_id,

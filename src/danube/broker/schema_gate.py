@@ -16,7 +16,7 @@ from danube.core.errors import DanubeError, ErrorCode
 from danube.core.names import parse_topic
 from danube.proto import danube as pb
 from danube.schema.formats import validate
-from danube.schema.policy import Problem, ValidationPolicy, judge
+from danube.schema.policy import Problem, TopicSchemaConfig, ValidationPolicy, judge
 
 log = logging.getLogger("danube.broker")
 
@@ -58,6 +58,30 @@ class SchemaGate:
             )
         if verdict.problem is not None:
             self._warn(topic, verdict.problem, verdict.detail)
+
+    async def check_producer(self, topic: str, subject: str) -> None:
+        """Before a producer with a schema is created: its subject exists, and the topic is
+        bound to no other (FAILED_PRECONDITION, as Danube)."""
+        if not await self._schemas.subject_exists(subject):
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"schema subject {subject!r} is not registered: register it first",
+            )
+        config = await self._schemas.topic_config(topic)
+        if config is not None and config.subject != subject:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"{topic} is bound to schema subject {config.subject!r}, not {subject!r}",
+            )
+
+    async def bind(self, topic: str, subject: str) -> None:
+        """After it is created: an unbound topic takes the producer's subject with policy
+        warn (Danube's default), so messages that do not fit are counted and logged until
+        an operator chooses enforce."""
+        if await self._schemas.topic_config(topic) is None:
+            await self._schemas.bind_topic(
+                topic, TopicSchemaConfig(subject, ValidationPolicy.WARN, False)
+            )
 
     def _warn(self, topic: str, problem: Problem, detail: str) -> None:
         key = (topic, problem)

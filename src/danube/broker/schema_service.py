@@ -343,7 +343,11 @@ class SchemaService:
             raise not_found(f"topic {topic} does not exist")
         return partitions
 
-    async def _set_config(self, topic: str, config: TopicSchemaConfig) -> None:
+    async def subject_exists(self, name: str) -> bool:
+        subject, _ = await self._subject(name)
+        return subject is not None
+
+    async def bind_topic(self, topic: str, config: TopicSchemaConfig) -> None:
         for name in await self._topics(topic):
             await self._call(self._store.put, _config_key(name), config.to_json())
             self._configs.pop(name.full, None)
@@ -398,7 +402,7 @@ class SchemaService:
         config = TopicSchemaConfig(
             request.schema_subject, policy, request.enable_payload_validation
         )
-        await self._set_config(request.topic_name, config)
+        await self.bind_topic(request.topic_name, config)
         return pb.ConfigureTopicSchemaResponse(
             success=True,
             message=f"{request.topic_name} is bound to {request.schema_subject!r} "
@@ -417,7 +421,7 @@ class SchemaService:
                 f"{request.topic_name} is bound to no schema subject: configure one first",
             )
         config = TopicSchemaConfig(current.subject, policy, request.enable_payload_validation)
-        await self._set_config(request.topic_name, config)
+        await self.bind_topic(request.topic_name, config)
         return pb.UpdateTopicValidationPolicyResponse(
             success=True, message=f"policy of {request.topic_name} is {policy.value}"
         )

@@ -749,18 +749,12 @@ class BrokerCore:
         *,
         access_mode: int,
         strategy: DispatchStrategy,
-        schema_subject: str | None,
     ) -> Step[int]:
-        """Idempotent per (topic, producer_name): a repeat returns the existing id."""
+        """Idempotent per (topic, producer_name): a repeat returns the existing id. A
+        producer's schema subject is the registry's business (`danube.broker.schema_gate`
+        checks and binds it around this call), not the topic's life cycle."""
         name = parse_topic(topic)
         _check_label(producer_name, "producer_name")
-        if schema_subject:
-            raise DanubeError(
-                ErrorCode.FAILED_PRECONDITION,
-                f"producers with a schema (subject {schema_subject!r}) are not offered yet: "
-                "topics cannot be bound to a schema subject in this broker version; create "
-                "the producer without a schema",
-            )
         effects: list[Effect] = []
         record = self._topics.get(topic)
         if record is None:

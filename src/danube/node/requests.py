@@ -23,12 +23,16 @@ def present(message: betterproto.Message) -> bool:
     return betterproto.serialized_on_wire(message)
 
 
+def schema_subject(request: pb.ProducerRequest) -> str | None:
+    """The subject a producer's `schema_ref` names, None without one."""
+    if not present(request.schema_ref):
+        return None
+    if not request.schema_ref.subject:
+        raise invalid("schema_ref needs a subject")
+    return request.schema_ref.subject
+
+
 def create_producer(core: BrokerCore, request: pb.ProducerRequest) -> Step[int]:
-    subject = None
-    if present(request.schema_ref):
-        subject = request.schema_ref.subject
-        if not subject:
-            raise invalid("schema_ref needs a subject")
     strategy = int(request.dispatch_strategy)
     if strategy not in (0, 1):
         raise invalid(f"unknown dispatch strategy {strategy}")
@@ -42,7 +46,6 @@ def create_producer(core: BrokerCore, request: pb.ProducerRequest) -> Step[int]:
         request.producer_name,
         access_mode=access_mode,
         strategy=DispatchStrategy(strategy),
-        schema_subject=subject,
     )
 
 

@@ -18,8 +18,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc
-from official_harness import build_client, main, report
+from official_harness import build_client, main, receive_n, report
 
+from danube import SubType
 from danube.schema import CompatibilityMode, SchemaType
 
 ID = {"name": "id", "type": "long"}
@@ -110,6 +111,34 @@ async def scenario(argv: list[str]) -> None:
     report["send_without_schema"] = await error_of(producer.send(b'{"sku": "a"}', None))
     report["update"] = list(await registry.update_topic_validation_policy(topic, "warn", True))
     report["send_under_warn"] = await error_of(producer.send(b'{"sku": 1}', None))
+
+    typed_topic = f"/default/{prefix}-typed"
+    typed = (
+        client.new_producer().with_topic(typed_topic).with_name("conf-typed")
+        .with_schema_subject(orders).build()
+    )  # fmt: skip
+    await typed.create()
+    consumer = (
+        client.new_consumer().with_topic(typed_topic).with_consumer_name("conf-typed-c")
+        .with_subscription("conf-typed-s").with_subscription_type(SubType.EXCLUSIVE).build()
+    )  # fmt: skip
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    await typed.send(b"\x02\x00", None)  # id 1, note "" (version 2)
+    (received,) = await receive_n(queue, 1, 5.0, "a message with a schema")
+    report["typed_message"] = {
+        "schema_id": received.schema_id if received.HasField("schema_id") else None,
+        "schema_version": (
+            received.schema_version if received.HasField("schema_version") else None
+        ),
+    }
+    report["typed_config"] = (await registry.get_topic_schema_config(typed_topic)).validation_policy
+    other = (
+        client.new_producer().with_topic(typed_topic).with_name("conf-other")
+        .with_schema_subject(items).build()
+    )  # fmt: skip
+    report["other_subject"] = await error_of(other.create())
+    await consumer.close()
     report["proto_id"] = await register(shop, SchemaType.PROTOBUF, PROTO)
     report["proto_latest"] = info(await registry.get_latest_schema(shop))
     bad = register(f"{prefix}-bad", SchemaType.PROTOBUF, b"message {")
