@@ -11,13 +11,9 @@ is decided by the pure rules of `danube.cluster.placement`; this module reads th
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-import trio
-import trio_asyncio
-
-from danube.broker.watching import REQUEST_TIMEOUT_S, failure_text
+from danube.broker.watching import store_call_from_grpc
 from danube.cluster import keys
 from danube.cluster import placement as rules
 from danube.cluster.ownership import owner_key
@@ -31,7 +27,7 @@ from danube.core.names import (
     partition_index,
     partition_names,
 )
-from danube.metadata import KeyValue, MetadataError, MetadataStore, TxnResult
+from danube.metadata import KeyValue, MetadataStore, TxnResult
 from danube.node import paths
 from danube.node.core import BrokerCore
 
@@ -69,22 +65,6 @@ class LocalPlacement:
 
     async def route(self, topic: str, create: DispatchStrategy | None) -> None:
         return None
-
-
-async def _store_call(call: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """A store request from a gRPC handler (asyncio), run in trio with a deadline; a store
-    that does not answer is UNAVAILABLE to the client, who retries."""
-
-    async def bounded() -> T:
-        with trio.fail_after(REQUEST_TIMEOUT_S):
-            return await call(*args)
-
-    try:
-        return await trio_asyncio.trio_as_aio(bounded)()
-    except (MetadataError, trio.TooSlowError) as error:
-        raise rules.unavailable(
-            f"the metadata store did not answer ({failure_text(error)})"
-        ) from None
 
 
 class ClusterPlacement:
@@ -143,7 +123,7 @@ class ClusterPlacement:
             partitioned=partition is None and bool(await self._partitions_of(first)),
         )
         compares, ops = rules.creation(names, strategy)
-        result: TxnResult = await _store_call(self._store.txn, compares, ops)
+        result: TxnResult = await store_call_from_grpc(self._store.txn, compares, ops)
         if not result.succeeded:
             raise DanubeError(ErrorCode.ALREADY_EXISTS, f"topic {first.full} already exists")
 
@@ -165,7 +145,7 @@ class ClusterPlacement:
     async def _partitions_of(self, base: TopicName) -> list[str]:
         prefix = paths.namespace_prefix(base.namespace) + "topics/"
         found = []
-        scanned: list[KeyValue] = await _store_call(self._store.scan, prefix)
+        scanned: list[KeyValue] = await store_call_from_grpc(self._store.scan, prefix)
         for kv in scanned:
             full = "/" + kv.key[len(prefix) :]
             index = partition_index(full, base.full)
@@ -174,5 +154,5 @@ class ClusterPlacement:
         return [full for _, full in sorted(found)]
 
     async def _get(self, key: str) -> KeyValue | None:
-        found: KeyValue | None = await _store_call(self._store.get, key)
+        found: KeyValue | None = await store_call_from_grpc(self._store.get, key)
         return found

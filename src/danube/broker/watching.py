@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import trio
+import trio_asyncio
 
+from danube.core.errors import DanubeError, ErrorCode
 from danube.metadata import MetadataError, MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")
+
+T = TypeVar("T")
 
 REQUEST_TIMEOUT_S = 3.0
 WATCH_RETRY_S = 0.5
@@ -20,6 +25,23 @@ def failure_text(error: BaseException) -> str:
     """What a failed store request says in a log line or an error: `trio.TooSlowError` (our
     deadline) carries no message, and an exception object is always truthy."""
     return str(error) or "timeout"
+
+
+async def store_call_from_grpc(call: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """A store request from a gRPC handler (asyncio), run in trio with a deadline; a store
+    that does not answer is UNAVAILABLE to the client, who retries."""
+
+    async def bounded() -> T:
+        with trio.fail_after(REQUEST_TIMEOUT_S):
+            return await call(*args)
+
+    try:
+        result: T = await trio_asyncio.trio_as_aio(bounded)()
+    except (MetadataError, trio.TooSlowError) as error:
+        raise DanubeError(
+            ErrorCode.UNAVAILABLE, f"the metadata store did not answer ({failure_text(error)})"
+        ) from None
+    return result
 
 
 class Alarm:
