@@ -12,8 +12,10 @@ from danube.schema.policy import (
     Problem,
     TopicSchemaConfig,
     ValidationPolicy,
+    checks_payload,
     judge,
     parse_policy,
+    producer_binding,
 )
 
 SUBJECT = "orders"
@@ -82,3 +84,25 @@ def test_policies_are_read_in_any_case_and_unknown_ones_named() -> None:
     assert refused.value.code is ErrorCode.INVALID_ARGUMENT and "none, warn or enforce" in str(
         refused.value.message
     )
+
+
+def test_a_producer_binds_an_unbound_topic_with_warn_and_is_refused_elsewhere() -> None:
+    bound = producer_binding(None, "/default/t", SUBJECT, registered=True)
+    assert bound == TopicSchemaConfig(SUBJECT, ValidationPolicy.WARN, False)
+    assert producer_binding(config(ValidationPolicy.ENFORCE), "/default/t", SUBJECT, True) is None
+    for topic_config, registered, words in (
+        (None, False, "is not registered"),
+        (TopicSchemaConfig("payments", ValidationPolicy.NONE, False), True, "bound to"),
+    ):
+        with pytest.raises(DanubeError) as refused:
+            producer_binding(topic_config, "/default/t", SUBJECT, registered)
+        assert refused.value.code is ErrorCode.FAILED_PRECONDITION and words in str(
+            refused.value.message
+        )
+
+
+def test_payloads_are_decoded_only_when_asked_and_of_the_bound_subject() -> None:
+    assert checks_payload(config(ValidationPolicy.WARN, payloads=True), SUBJECT)
+    assert not checks_payload(config(ValidationPolicy.WARN, payloads=False), SUBJECT)
+    assert not checks_payload(config(ValidationPolicy.WARN, payloads=True), "other")
+    assert not checks_payload(config(ValidationPolicy.WARN, payloads=True), None)

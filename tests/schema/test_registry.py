@@ -222,3 +222,16 @@ def test_a_reader_of_another_type_reads_nothing() -> None:
     assert incompatibilities(parse(SchemaType.STRING, b""), avro(ID)) == [
         "a string reader cannot read avro"
     ]
+
+
+def test_a_protobuf_candidate_is_read_as_the_message_its_subject_carries() -> None:
+    item = b'syntax = "proto3";\nmessage Item { string sku = 1; }\n'
+    helper_first = b'syntax = "proto3";\nmessage Helper { int64 n = 1; }\n' + item[19:]
+    subject = register(None, parse(SchemaType.PROTOBUF, item, compiled=compile_proto(item))).subject
+    candidate = parse(SchemaType.PROTOBUF, helper_first, compiled=compile_proto(helper_first))
+    assert candidate.message == "Helper"
+    assert registry.as_the_subject_reads(subject, candidate).message == "Item"
+    assert registry.as_the_subject_reads(None, candidate) is candidate
+    renamed = b'syntax = "proto3";\nmessage Other { string sku = 1; }\n'
+    gone = parse(SchemaType.PROTOBUF, renamed, compiled=compile_proto(renamed))
+    assert registry.as_the_subject_reads(subject, gone) is gone  # the check names the rename

@@ -49,12 +49,13 @@ class ProducerService:
         if strategy in (0, 1):
             await self._placement.route(request.topic_name, DispatchStrategy(strategy))
         subject = requests.schema_subject(request)
+        binding = None
         if subject is not None and self._gate is not None:
-            await self._gate.check_producer(request.topic_name, subject)
+            binding = await self._gate.producer_binding(request.topic_name, subject)
         step = requests.create_producer(self._core, request)
         producer_id = await self._runtime.run(step)
-        if subject is not None and self._gate is not None:
-            await self._gate.bind(request.topic_name, subject)
+        if binding is not None and self._gate is not None:
+            await self._gate.bind(request.topic_name, binding)
         log.info(
             "event=producer_created topic=%s producer=%s id=%d",
             request.topic_name, request.producer_name, producer_id,

@@ -13,10 +13,16 @@ from collections import Counter
 
 from danube.broker.schema_service import SchemaService
 from danube.core.errors import DanubeError, ErrorCode
-from danube.core.names import parse_topic
 from danube.proto import danube as pb
 from danube.schema.formats import validate
-from danube.schema.policy import Problem, TopicSchemaConfig, ValidationPolicy, judge
+from danube.schema.policy import (
+    Problem,
+    TopicSchemaConfig,
+    ValidationPolicy,
+    checks_payload,
+    judge,
+    producer_binding,
+)
 
 log = logging.getLogger("danube.broker")
 
@@ -32,14 +38,10 @@ class SchemaGate:
 
     async def admit(self, message: pb.StreamMessage) -> None:
         """Returns when the message may be published; raises INVALID_ARGUMENT, naming the
-        problem, when the topic's policy is enforce and the message does not fit. A message
-        without a valid topic passes: the core refuses it with the reason that applies (it
-        decides before anything changes, so the gate must come first)."""
+        problem, when the topic's policy is enforce and the message does not fit. It runs
+        before the core (which decides before anything changes); a message without a valid
+        topic passes here and the core refuses it with the reason that applies."""
         topic = message.msg_id.topic_name
-        try:
-            parse_topic(topic)
-        except DanubeError:
-            return
         config = await self._schemas.topic_config(topic)
         if config is None or config.policy is ValidationPolicy.NONE:
             return
@@ -47,10 +49,11 @@ class SchemaGate:
         named = None
         if schema_id is not None:
             named = await self._schemas.schema_of(schema_id, message.schema_version)
+        subject_of_id = None if named is None else named[0]
         payload_problem = None
-        if named is not None and config.payload_validation and named[0] == config.subject:
+        if named is not None and checks_payload(config, subject_of_id):
             payload_problem = validate(named[1], message.payload)
-        verdict = judge(config, schema_id, None if named is None else named[0], payload_problem)
+        verdict = judge(config, schema_id, subject_of_id, payload_problem)
         if not verdict.accept:
             raise DanubeError(
                 ErrorCode.INVALID_ARGUMENT,
@@ -59,29 +62,14 @@ class SchemaGate:
         if verdict.problem is not None:
             self._warn(topic, verdict.problem, verdict.detail)
 
-    async def check_producer(self, topic: str, subject: str) -> None:
-        """Before a producer with a schema is created: its subject exists, and the topic is
-        bound to no other (FAILED_PRECONDITION, as Danube)."""
-        if not await self._schemas.subject_exists(subject):
-            raise DanubeError(
-                ErrorCode.FAILED_PRECONDITION,
-                f"schema subject {subject!r} is not registered: register it first",
-            )
-        config = await self._schemas.topic_config(topic)
-        if config is not None and config.subject != subject:
-            raise DanubeError(
-                ErrorCode.FAILED_PRECONDITION,
-                f"{topic} is bound to schema subject {config.subject!r}, not {subject!r}",
-            )
+    async def producer_binding(self, topic: str, subject: str) -> TopicSchemaConfig | None:
+        """Before a producer naming `subject` is created (`policy.producer_binding`): the
+        binding to store once the topic exists, or None; refusals raise."""
+        registered = await self._schemas.subject_exists(subject)
+        return producer_binding(await self._schemas.topic_config(topic), topic, subject, registered)
 
-    async def bind(self, topic: str, subject: str) -> None:
-        """After it is created: an unbound topic takes the producer's subject with policy
-        warn (Danube's default), so messages that do not fit are counted and logged until
-        an operator chooses enforce."""
-        if await self._schemas.topic_config(topic) is None:
-            await self._schemas.bind_topic(
-                topic, TopicSchemaConfig(subject, ValidationPolicy.WARN, False)
-            )
+    async def bind(self, topic: str, binding: TopicSchemaConfig) -> None:
+        await self._schemas.bind_topic(topic, binding)
 
     def _warn(self, topic: str, problem: Problem, detail: str) -> None:
         key = (topic, problem)

@@ -17,15 +17,13 @@ from functools import partial
 from typing import Any, TypeVar
 
 import grpclib.const
-import trio
-import trio_asyncio
 
 from danube.broker.grpc_util import unary
-from danube.broker.watching import failure_text
+from danube.broker.watching import store_call_from_grpc
 from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
 from danube.core.names import TopicName, parse_topic
 from danube.metadata import MetadataStore
-from danube.metadata.model import Compare, KeyValue, MetadataError, Op, Put
+from danube.metadata.model import Compare, KeyValue, Op, Put
 from danube.node import paths
 from danube.proto import danube_schema as pb
 from danube.protoc import compile_proto
@@ -36,7 +34,6 @@ from danube.schema.policy import TopicSchemaConfig, ValidationPolicy, parse_poli
 from danube.schema.registry import Registration, SchemaVersion, Subject
 
 T = TypeVar("T")
-STORE_TIMEOUT_S = 5.0
 RACE_ATTEMPTS = 8
 """Changes lost to another broker's change before the client is told to retry."""
 MAX_DEFINITION_BYTES = 256 * 1024
@@ -45,6 +42,9 @@ MAX_SUBJECT_BYTES = 1024 * 1024
 above 1.5 MiB by default, so a subject stops growing well before that."""
 PARSED_CACHE = 256
 """Stored versions kept parsed (every check reads the latest, transitive ones all)."""
+CONFIG_CACHE = 65_536
+"""Topics whose binding is kept: publishes are checked before the core has looked at their
+topic, so the names a client sends must not grow the broker's memory without bound."""
 CONFIG_TTL_S = 1.0
 """How long a topic's binding is trusted before it is read again: a change made through
 another broker of a cluster takes effect within this time (through this one, at once)."""
@@ -67,30 +67,16 @@ class SchemaService:
         self._offload = offload
         self._clock_ms = clock_ms
         self._parsed: OrderedDict[tuple[SchemaType, str, str], ParsedSchema] = OrderedDict()
-        self._configs: dict[str, tuple[float, TopicSchemaConfig | None]] = {}
+        self._configs: OrderedDict[str, tuple[float, TopicSchemaConfig | None]] = OrderedDict()
         self._by_id: OrderedDict[tuple[int, int | None], tuple[str, ParsedSchema] | None] = (
             OrderedDict()
         )
 
     # -- store access ---------------------------------------------------------------------
 
-    async def _call(self, call: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """A store request from a gRPC handler (asyncio), run in trio with a deadline."""
-
-        async def bounded() -> T:
-            with trio.fail_after(STORE_TIMEOUT_S):
-                return await call(*args)
-
-        try:
-            return await trio_asyncio.trio_as_aio(bounded)()
-        except (MetadataError, trio.TooSlowError) as error:
-            raise DanubeError(
-                ErrorCode.UNAVAILABLE, f"the metadata store did not answer ({failure_text(error)})"
-            ) from None
-
     async def _subject(self, name: str) -> tuple[Subject | None, KeyValue | None]:
         registry.check_subject_name(name)
-        found = await self._call(self._store.get, records.subject_key(name))
+        found = await store_call_from_grpc(self._store.get, records.subject_key(name))
         if found is None:
             return None, None
         return _decoded(found.key, lambda: records.subject_from_json(found.value)), found
@@ -135,7 +121,7 @@ class SchemaService:
                 )
             ops.append(Put(records.NEXT_ID, subject.schema_id + 1))
             ops.append(Put(records.id_key(subject.schema_id), {"subject": subject.name}))
-        result = await self._call(self._store.txn, compares, ops)
+        result = await store_call_from_grpc(self._store.txn, compares, ops)
         return result.succeeded
 
     # -- parsing ----------------------------------------------------------------------------
@@ -157,32 +143,6 @@ class SchemaService:
         except SchemaParseError as error:
             raise invalid(f"invalid {type_text} schema: {error}") from None
         return parsed
-
-    async def _in_subject(self, candidate: ParsedSchema, subject: Subject | None) -> ParsedSchema:
-        """A Protobuf candidate is read as the message type the subject's latest version
-        carries, if it defines it: adding a message above the main one must not change
-        what the subject's payloads are."""
-        if (
-            subject is None
-            or not subject.versions
-            or candidate.schema_type is not SchemaType.PROTOBUF
-            or subject.latest.schema_type is not SchemaType.PROTOBUF
-            or subject.latest.message == candidate.message
-        ):
-            return candidate
-        message = subject.latest.message
-
-        def work() -> ParsedSchema:
-            return parse(
-                SchemaType.PROTOBUF, candidate.definition, compiled=candidate.compiled,
-                message=message,
-            )  # fmt: skip
-
-        try:
-            reread: ParsedSchema = await self._offload(work)
-        except SchemaParseError:
-            return candidate  # the message is gone: the check reports the root's new name
-        return reread
 
     def _read(self, version: SchemaVersion) -> ParsedSchema:
         """A stored version parsed again, from a bounded cache."""
@@ -210,10 +170,10 @@ class SchemaService:
         parsed = await self._parse(request.schema_type, request.schema_definition)
         for _ in range(RACE_ATTEMPTS):
             subject, seen = await self._subject(request.subject)
-            candidate = await self._in_subject(parsed, subject)
+            candidate = await self._offload(partial(registry.as_the_subject_reads, subject, parsed))
             counter = None
             if subject is None:
-                counter = await self._call(self._store.get, records.NEXT_ID)
+                counter = await store_call_from_grpc(self._store.get, records.NEXT_ID)
             new_id = 1 if counter is None else _decoded(counter.key, partial(int, counter.value))
             decide = partial(
                 registry.register,
@@ -242,7 +202,7 @@ class SchemaService:
         )
 
     async def get_schema(self, request: pb.GetSchemaRequest) -> pb.GetSchemaResponse:
-        index = await self._call(self._store.get, records.id_key(request.schema_id))
+        index = await store_call_from_grpc(self._store.get, records.id_key(request.schema_id))
         if index is None:
             raise not_found(f"no schema has id {request.schema_id}")
         name = _decoded(index.key, lambda: str(index.value["subject"]))
@@ -280,7 +240,7 @@ class SchemaService:
             else registry.parse_mode(request.compatibility_mode)
         )
         parsed = await self._parse(request.schema_type, request.new_schema_definition)
-        candidate = await self._in_subject(parsed, subject)
+        candidate = await self._offload(partial(registry.as_the_subject_reads, subject, parsed))
         problems: list[str] = await self._offload(
             lambda: registry.check(subject, candidate, self._read, mode)
         )
@@ -308,7 +268,7 @@ class SchemaService:
     async def list_subjects(self, _: pb.ListSubjectsRequest) -> pb.ListSubjectsResponse:
         """A damaged subject is left out (and logged) rather than failing the whole list."""
         summaries: list[pb.SubjectSummary] = []
-        for kv in await self._call(self._store.scan, records.SUBJECTS):
+        for kv in await store_call_from_grpc(self._store.scan, records.SUBJECTS):
             try:
                 subject = records.subject_from_json(kv.value)
             except records.RecordError as error:
@@ -332,10 +292,10 @@ class SchemaService:
     async def _topics(self, topic: str) -> list[TopicName]:
         """The topic, or every partition of a partitioned one; NOT_FOUND when neither."""
         name = parse_topic(topic)
-        if await self._call(self._store.get, paths.topic_delivery(name)) is not None:
+        if await store_call_from_grpc(self._store.get, paths.topic_delivery(name)) is not None:
             return [name]
         partitions = []
-        for kv in await self._call(self._store.scan, f"/topics/{name.path}-part-"):
+        for kv in await store_call_from_grpc(self._store.scan, f"/topics/{name.path}-part-"):
             parts = kv.key.strip("/").split("/")
             if len(parts) == 4 and parts[3] == "delivery":
                 partitions.append(parse_topic(f"/{parts[1]}/{parts[2]}"))
@@ -349,7 +309,7 @@ class SchemaService:
 
     async def bind_topic(self, topic: str, config: TopicSchemaConfig) -> None:
         for name in await self._topics(topic):
-            await self._call(self._store.put, _config_key(name), config.to_json())
+            await store_call_from_grpc(self._store.put, _config_key(name), config.to_json())
             self._configs.pop(name.full, None)
 
     async def topic_config(self, topic: str) -> TopicSchemaConfig | None:
@@ -358,13 +318,20 @@ class SchemaService:
         now = time.monotonic()
         if cached is not None and now - cached[0] < CONFIG_TTL_S:
             return cached[1]
-        found = await self._call(self._store.get, _config_key(parse_topic(topic)))
+        try:
+            name = parse_topic(topic)
+        except DanubeError:
+            return None  # no topic has this name: nothing is bound to it
+        found = await store_call_from_grpc(self._store.get, _config_key(name))
         config = (
             None
             if found is None
             else _decoded(found.key, partial(TopicSchemaConfig.from_json, found.value))
         )
         self._configs[topic] = (now, config)
+        self._configs.move_to_end(topic)
+        if len(self._configs) > CONFIG_CACHE:
+            self._configs.popitem(last=False)
         return config
 
     async def schema_of(
@@ -377,7 +344,7 @@ class SchemaService:
         if key in self._by_id:
             self._by_id.move_to_end(key)
             return self._by_id[key]
-        index = await self._call(self._store.get, records.id_key(schema_id))
+        index = await store_call_from_grpc(self._store.get, records.id_key(schema_id))
         found: tuple[str, ParsedSchema] | None = None
         if index is not None:
             name = _decoded(index.key, lambda: str(index.value["subject"]))

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from danube.core.errors import invalid
+from danube.core.errors import DanubeError, ErrorCode, invalid
 
 
 class ValidationPolicy(enum.Enum):
@@ -70,6 +70,35 @@ class Verdict:
 
 
 ACCEPT = Verdict(True)
+
+
+def producer_binding(
+    config: TopicSchemaConfig | None, topic: str, subject: str, registered: bool
+) -> TopicSchemaConfig | None:
+    """What a producer naming `subject` does to its topic: refused (FAILED_PRECONDITION, as
+    Danube) when the subject is not registered or the topic is bound to another; an unbound
+    topic is bound to it with policy warn (Danube's default), so messages that do not fit
+    are counted and logged until an operator chooses enforce. Returns the binding to store,
+    None when there is nothing to store."""
+    if not registered:
+        raise DanubeError(
+            ErrorCode.FAILED_PRECONDITION,
+            f"schema subject {subject!r} is not registered: register it first",
+        )
+    if config is None:
+        return TopicSchemaConfig(subject, ValidationPolicy.WARN, False)
+    if config.subject != subject:
+        raise DanubeError(
+            ErrorCode.FAILED_PRECONDITION,
+            f"{topic} is bound to schema subject {config.subject!r}, not {subject!r}",
+        )
+    return None
+
+
+def checks_payload(config: TopicSchemaConfig, subject_of_id: str | None) -> bool:
+    """The payload is decoded only when asked and when the message names a schema of the
+    bound subject (any other case is refused or warned without looking at it)."""
+    return config.payload_validation and subject_of_id == config.subject
 
 
 def judge(

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 
 from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
 from danube.schema.compatibility import CompatibilityMode
-from danube.schema.formats import ParsedSchema, SchemaType, incompatibilities
+from danube.schema.errors import SchemaParseError
+from danube.schema.formats import ParsedSchema, SchemaType, incompatibilities, parse
 
 DEFAULT_MODE = CompatibilityMode.BACKWARD
 """Danube's and Confluent's default: consumers upgraded first can read what is stored."""
@@ -139,6 +140,28 @@ def register(
         )
     grown = replace(subject, versions=(*subject.versions, new), next_version=new.version + 1)
     return Registration(grown, new, is_new=True)
+
+
+def as_the_subject_reads(subject: Subject | None, candidate: ParsedSchema) -> ParsedSchema:
+    """A Protobuf candidate is read as the message type the subject's latest version
+    carries, if it defines it: adding a message above the main one must not change what
+    the subject's payloads are. If it no longer defines it, the candidate stays as parsed
+    and the check reports the root's new name."""
+    if (
+        subject is None
+        or not subject.versions
+        or candidate.schema_type is not SchemaType.PROTOBUF
+        or subject.latest.schema_type is not SchemaType.PROTOBUF
+        or subject.latest.message == candidate.message
+    ):
+        return candidate
+    try:
+        return parse(
+            SchemaType.PROTOBUF, candidate.definition, compiled=candidate.compiled,
+            message=subject.latest.message,
+        )  # fmt: skip
+    except SchemaParseError:
+        return candidate
 
 
 def check(
