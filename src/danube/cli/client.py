@@ -11,10 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from danube.cli.schema import add_schema_commands
-from danube.cli.usage import UsageError
+from danube.cli.usage import UsageError, add_service_addr
 from danube.client import DanubeClient, DanubeClientError, DispatchStrategy, Message, SubType
 
-DEFAULT_SERVICE = "http://127.0.0.1:6650"
 DEFAULT_TOPIC = "/default/test_topic"
 PROGRESS_SECONDS = 1.0
 
@@ -201,10 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     def common(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument(
-            "-s", "--service-addr", default=DEFAULT_SERVICE,
-            help=f"broker URL, or several of a cluster comma-separated (default {DEFAULT_SERVICE})",
-        )  # fmt: skip
+        add_service_addr(sub)
         sub.add_argument(
             "-t", "--topic", default=DEFAULT_TOPIC, help=f"topic (default {DEFAULT_TOPIC})"
         )
@@ -252,10 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="drive producers and consumers at a set rate and log what they were told and "
         "received, for an audit (spark/README.md)",
     )
-    gen.add_argument(
-        "-s", "--service-addr", default=DEFAULT_SERVICE,
-        help=f"broker URL, or several of a cluster comma-separated (default {DEFAULT_SERVICE})",
-    )  # fmt: skip
+    add_service_addr(gen)
     gen.add_argument("--logs", type=Path, required=True, help="directory for the Parquet logs")
     gen.add_argument(
         "--topic-prefix", default="",
@@ -301,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     gen.set_defaults(run=load)
 
-    add_schema_commands(commands, DEFAULT_SERVICE)
+    add_schema_commands(commands)
     return parser
 
 

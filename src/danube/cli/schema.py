@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from danube.cli.usage import UsageError
+from danube.cli.usage import UsageError, add_service_addr
 from danube.client import DanubeClient
 
 TYPES = ("bytes", "string", "number", "avro", "json_schema", "protobuf")
@@ -111,16 +111,13 @@ async def delete(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_schema_commands(commands: argparse._SubParsersAction, default_service: str) -> None:  # type: ignore[type-arg]
+def add_schema_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     schema = commands.add_parser("schema", help="register, show and check schemas")
     actions = schema.add_subparsers(dest="action", required=True)
 
     def action(name: str, help_text: str, run: object) -> argparse.ArgumentParser:
         sub = actions.add_parser(name, help=help_text)
-        sub.add_argument(
-            "-s", "--service-addr", default=default_service,
-            help=f"broker URL, or several comma-separated (default {default_service})",
-        )  # fmt: skip
+        add_service_addr(sub)
         sub.set_defaults(run=run)
         return sub
 
