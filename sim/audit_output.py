@@ -29,8 +29,6 @@ from sim.disk import SimDisk
 from sim.objects import SimObjectStore
 from sim.world import World
 
-INDEX_ROOT = "/storage/topics/"
-
 
 class AuditOutput:
     """The logs of one run's clients; `write_storage` adds the images at the end."""
@@ -91,7 +89,7 @@ class AuditOutput:
         indexed = sorted(
             IndexEntry.from_json(value).key
             for path, value in metadata.items()
-            if path.startswith(INDEX_ROOT) and layout.index_start(path) is not None
+            if layout.is_index_entry(path)
         )
         _write(self.root / "index.json", json.dumps(indexed, indent=1).encode())
 

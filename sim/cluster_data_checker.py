@@ -82,7 +82,7 @@ class DataChecker:
                     f"while the claim was {'no one' if holder is None else holder}'s",
                 )
         for event in events:
-            if event.kind == "put" and _is_index_entry(event.key):
+            if event.kind == "put" and tier_layout.is_index_entry(event.key):
                 self._index_entry(event.key, IndexEntry.from_json(event.value))
 
     def _index_entry(self, key: str, entry: IndexEntry) -> None:
@@ -136,7 +136,7 @@ class DataChecker:
                 (
                     IndexEntry.from_json(kv.value)
                     for kv in self.etcd.scan(prefix)
-                    if _is_index_entry(kv.key)
+                    if tier_layout.is_index_entry(kv.key)
                 ),
                 key=lambda e: e.start_offset,
             )
@@ -157,10 +157,6 @@ class DataChecker:
                 self._violate(
                     NO_LOSS, f"{topic}: {len(lost)} acknowledged messages are lost: {lost[:5]}"
                 )
-
-
-def _is_index_entry(key: str) -> bool:
-    return key.startswith("/storage/topics/") and tier_layout.index_start(key) is not None
 
 
 def _records_of(data: bytes) -> list[tuple[int, str]]:

@@ -29,12 +29,7 @@ from sim.world import US_PER_MS, US_PER_S, World
 if TYPE_CHECKING:
     from sim.audit_output import AuditOutput
 
-SUB_TYPES = {
-    "exclusive": SubscriptionType.EXCLUSIVE,
-    "shared": SubscriptionType.SHARED,
-    "failover": SubscriptionType.FAILOVER,
-    "key_shared": SubscriptionType.KEY_SHARED,
-}
+SUB_TYPES = {kind.name.lower(): kind for kind in SubscriptionType}
 DRAIN_LIMIT_US = 90 * US_PER_S
 """Ack timeouts (30 s) and redelivery backoff bound how long delivering everything can take
 once the faults stop."""

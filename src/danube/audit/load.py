@@ -22,17 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from danube.audit import logs
 from danube.audit.digest import payload_digest
 from danube.audit.logs import Ack, AuditLogs, Delivery
 from danube.client import DanubeClient, DanubeClientError, DispatchStrategy, Producer, SubType
 from danube.client.consumer import Consumer
 
-SUB_TYPES = {
-    "exclusive": SubType.EXCLUSIVE,
-    "shared": SubType.SHARED,
-    "failover": SubType.FAILOVER,
-    "key_shared": SubType.KEY_SHARED,
-}
+SUB_TYPES = {name: SubType[name.upper()] for name in logs.SUB_TYPES}
 """The log's names (spec/audit.md); `subscription_types` also takes danube-cli's spellings."""
 SEND_ATTEMPTS = 10
 RETRY_S = 0.5

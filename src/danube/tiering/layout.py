@@ -82,5 +82,10 @@ def index_start(path: str) -> int | None:
     return int(last) if _padded(last) else None
 
 
+def is_index_entry(path: str) -> bool:
+    """Whether a metadata path is one of the object index's entries (of any topic)."""
+    return path.startswith("/storage/topics/") and index_start(path) is not None
+
+
 def _padded(text: str) -> bool:
     return len(text) == 20 and text.isascii() and text.isdigit()
