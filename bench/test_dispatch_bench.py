@@ -27,9 +27,8 @@ def _core_with(
     )
     core.bootstrap(["default"])
     producer = core.create_producer(
-        "/default/bench", "p", access_mode=0, strategy=DispatchStrategy.NON_RELIABLE,
-        schema_subject=None,
-    ).value  # fmt: skip
+        "/default/bench", "p", access_mode=0, strategy=DispatchStrategy.NON_RELIABLE
+    ).value
     ids = []
     for i in range(consumers):
         consumer_id = core.subscribe("/default/bench", f"c{i}", "sub", int(sub_type), ()).value

@@ -11,7 +11,7 @@ is decided by the pure rules of `danube.cluster.placement`; this module reads th
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from danube.broker.watching import store_call_from_grpc
 from danube.cluster import keys
@@ -30,8 +30,6 @@ from danube.core.names import (
 from danube.metadata import KeyValue, MetadataStore, TxnResult
 from danube.node import paths
 from danube.node.core import BrokerCore
-
-T = TypeVar("T")
 
 
 class Placement(Protocol):
