@@ -19,8 +19,9 @@ simulated object store, and does with their effects what `danube.broker.ownershi
 - Topics are reliable at the `object` level: a publish is answered once the object holding it
   is indexed, and a broker that believes it is fenced answers UNAVAILABLE instead (the
   runtime's `check_unfenced`).
-- A request for a topic the core does not serve is answered UNAVAILABLE, which sends the
-  client to look the topic up again.
+- Creating a producer or a consumer for a topic the core does not serve is answered
+  UNAVAILABLE (the runtime's placement route), which sends the client to look the topic up
+  again; publishes, acks and nacks go to the core, which refuses them by its own rules.
 """
 
 from __future__ import annotations
@@ -439,8 +440,8 @@ class DataPlane:
 
 
 def _topic_of(request: Any) -> str | None:
-    if isinstance(request, pb.StreamMessage | pb.AckRequest | pb.NackRequest):
-        return str(request.msg_id.topic_name)
+    """The topic a request is routed by, as `Placement.route` routes them; publishes, acks and
+    nacks go to the core, which refuses them itself for a topic it does not serve."""
     if isinstance(request, pb.ProducerRequest | pb.ConsumerRequest):
         return str(request.topic_name)
     return None
