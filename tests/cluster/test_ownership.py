@@ -39,7 +39,7 @@ def machine(lease: int = 7) -> Ownership:
 def serving(o: Ownership, claim_revision: int = 40) -> None:
     (claim,) = o.assignment_seen(T, True, 0)
     assert isinstance(claim, Claim)
-    assert o.claim_done(T, True, claim_revision, 0) == [Load(T, claim_revision)]
+    assert o.claim_done(T, True, claim_revision, 0, known=True) == [Load(T, claim_revision)]
     assert o.loaded(T, 0) == []
     assert o.serving() == [T]
 
@@ -69,7 +69,7 @@ def test_a_claim_carries_its_revision_into_the_load() -> None:
 def test_a_refused_claim_is_retried_after_the_delay() -> None:
     o = machine()
     o.assignment_seen(T, True, 0)
-    assert o.claim_done(T, False, 0, 100) == [WakeAt(600)]
+    assert o.claim_done(T, False, 0, 100, known=True) == [WakeAt(600)]
     assert o.tick(599) == [WakeAt(600)]
     assert [type(e) for e in o.tick(600)] == [Claim]
 
@@ -151,7 +151,7 @@ def test_a_failed_release_is_retried() -> None:
 def test_an_assignment_deleted_while_loading_is_unloaded_once_the_load_answers() -> None:
     o = machine()
     o.assignment_seen(T, True, 0)
-    o.claim_done(T, True, 40, 0)  # Load(T, 40) is out
+    o.claim_done(T, True, 40, 0, known=True)  # Load(T, 40) is out
     assert o.assignment_seen(T, False, 0) == []
     assert o.loaded(T, 0) == [Unload(T, 40)]
 
@@ -160,7 +160,7 @@ def test_an_assignment_deleted_while_claiming_needs_no_unload() -> None:
     o = machine()
     o.assignment_seen(T, True, 0)
     o.assignment_seen(T, False, 0)
-    assert o.claim_done(T, False, 0, 0) == []
+    assert o.claim_done(T, False, 0, 0, known=True) == []
     assert o.phase(T) is None
 
 
@@ -175,13 +175,13 @@ def test_a_topic_moved_away_before_its_claim_landed_still_marks_the_marker_ready
     o = machine()
     o.assignment_seen(T, True, 0)
     if not claim_out:
-        assert o.claim_done(T, False, 0, 0) == [WakeAt(500)]
+        assert o.claim_done(T, False, 0, 0, known=True) == [WakeAt(500)]
     moved = Marker(MarkerReason.REBALANCE, "1", "2", False, 1_700_000_000)
     assert o.marker_seen(T, moved, 60, 1) == ([] if claim_out else [WakeAt(500)])
     effects = o.assignment_seen(T, False, 2)
     if claim_out:
         assert effects == []
-        effects = o.claim_done(T, False, 0, 3)
+        effects = o.claim_done(T, False, 0, 3, known=True)
     (release,) = effects
     assert release == Release(
         T,
@@ -202,7 +202,7 @@ def test_a_claim_whose_answer_was_lost_is_settled_before_the_topic_is_forgotten(
     assert o.assignment_seen(T, False, 200) == [WakeAt(600)], "the retry still stands"
     (again,) = o.tick(600)
     assert isinstance(again, Claim)
-    assert o.claim_done(T, True, 41, 650) == [Unload(T, 41)]  # it had landed: own_claim
+    assert o.claim_done(T, True, 41, 650, known=True) == [Unload(T, 41)]  # it had landed: own_claim
     (release,) = o.unloaded(T, 700)
     assert release == Release(T, (Compare(OWNER, "mod_revision", "==", 41),), (Delete(OWNER),))
     assert o.released(T, True, 750) == []
@@ -216,7 +216,7 @@ def test_an_unassigned_topic_whose_claim_is_known_to_have_failed_is_forgotten() 
     o.assignment_seen(T, False, 200)
     (again,) = o.tick(600)
     assert isinstance(again, Claim)
-    assert o.claim_done(T, False, 0, 650) == []  # another broker's claim is there
+    assert o.claim_done(T, False, 0, 650, known=True) == []  # another broker's claim is there
     assert o.phase(T) is None
 
 
@@ -232,7 +232,7 @@ def test_a_topic_assigned_back_during_its_unload_is_claimed_again_after_release(
 def test_a_failed_load_keeps_the_claim_and_tries_again() -> None:
     o = machine()
     o.assignment_seen(T, True, 0)
-    o.claim_done(T, True, 40, 0)
+    o.claim_done(T, True, 40, 0, known=True)
     assert o.load_failed(T, 100) == [WakeAt(600)]
     assert o.tick(600) == [Load(T, 40)]
 
@@ -324,7 +324,7 @@ def test_an_unload_overtaken_by_a_new_lease_and_claim_is_no_longer_current() -> 
     o.member(8, 0)  # a new lease: Drop, the topic is not assigned any more
     assert not o.unloading(T, 40)
     o.assignment_seen(T, True, 0)
-    o.claim_done(T, True, 90, 0)
+    o.claim_done(T, True, 90, 0, known=True)
     o.loaded(T, 0)
     assert o.phase(T) is Phase.SERVING
     assert not o.unloading(T, 40)

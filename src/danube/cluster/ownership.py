@@ -11,7 +11,8 @@ unassigned markers, and for each topic:
   is the fencing token of every write the broker later makes for the topic beyond its own
   disk (`Load` carries it). The previous
   owner's claim is gone by then: it deleted it when it unloaded, or it vanished with its lease
-  on a failover. A claim that finds another broker's claim is retried after `retry_ms`.
+  on a failover. A claim that finds another broker's claim is retried after `retry_ms` while
+  the topic is still assigned here; once it is not, the topic takes the release path.
 - **claimed** → load it (`Load`); the driver answers `loaded` or `load_failed`.
 - **assignment deleted** → unload it (`Unload`: stop accepting publishes, seal a reliable
   topic), then release it (`Release`): delete the claim, compared on its revision, and, if the
@@ -173,8 +174,10 @@ class OwnershipConfig:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """Run as one transaction; answer `claim_done(topic, succeeded, revision)`, where a failed
-    compare still succeeded, at the found claim's revision, if `own_claim` says so."""
+    """Run as one transaction; answer `claim_done(topic, succeeded, revision, known=...)`,
+    where a failed compare still succeeded, at the found claim's revision, if `own_claim`
+    says so, and `known` is False when no answer says the claim did not land (the
+    transaction or the read after its failed compare timed out)."""
 
     topic: str
     compares: tuple[Compare, ...]
@@ -319,7 +322,7 @@ class Ownership:
         return self._step(now_ms)
 
     def claim_done(
-        self, topic: str, succeeded: bool, revision: int, now_ms: int, *, known: bool = True
+        self, topic: str, succeeded: bool, revision: int, now_ms: int, *, known: bool
     ) -> list[Effect]:
         """`known` False: the claim failed without an answer that says it did not land (the
         transaction or the read after its failed compare timed out)."""
