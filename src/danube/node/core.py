@@ -1589,23 +1589,20 @@ class BrokerCore:
         step = self._tier(io, lambda u: u.index_committed(start, now_ms))
         return Step(None, (*step.effects, *self._object_acks(io.topic)))
 
-    def tier_index_exists(self, io: TierIo, existing: IndexEntry, *, now_ms: int) -> Step[None]:
-        step = self._tier(io, lambda u: u.index_exists(existing, now_ms))
-        return Step(None, (*step.effects, *self._object_acks(io.topic)))
-
     def tier_index_read(self, io: TierIo, value: Any | None, *, now_ms: int) -> Step[None]:
         """A `CommitIndex` whose compare failed, and what its path holds when read afterwards
-        (None: nothing, or the read failed). An entry is judged by `index_exists`; nothing
-        means the compare failed on the fence (the claim is gone), and neither that nor a
-        value that is no entry tells the outcome: the commit is retried, and the fence
-        decides again."""
-        if value is not None:
-            try:
-                entry = IndexEntry.from_json(value)
-            except IndexFormatError:
-                return self.tier_commit_failed(io, now_ms=now_ms)
-            return self.tier_index_exists(io, entry, now_ms=now_ms)
-        return self.tier_commit_failed(io, now_ms=now_ms)
+        (None: nothing, or the read failed). An entry is judged by `index_exists` (one that
+        parses but is unsound halts the uploader); nothing means the compare failed on the
+        fence (the claim is gone), and neither that nor a value that is no entry at all tells
+        the outcome: the commit is retried, and the fence decides again."""
+        if value is None:
+            return self.tier_commit_failed(io, now_ms=now_ms)
+        try:
+            entry = IndexEntry.from_json(value)
+        except IndexFormatError:
+            return self.tier_commit_failed(io, now_ms=now_ms)
+        step = self._tier(io, lambda u: u.index_exists(entry, now_ms))
+        return Step(None, (*step.effects, *self._object_acks(io.topic)))
 
     def _object_acks(self, topic: str) -> tuple[Effect, ...]:
         """`object` acknowledgement: answer the publishes the index now covers."""
