@@ -154,7 +154,6 @@ def test_an_index_path_holding_no_entry_makes_the_commit_retry_not_halt() -> Non
     path = layout.index_path(parse_topic(TOPIC), 0)
     driver.metadata[path] = "not an entry"
     publish(driver, producer(driver), 30)
-    assert driver.metadata[path] == "not an entry"
     assert driver.halted == []
     del driver.metadata[path]
     for _ in range(100):
