@@ -15,7 +15,7 @@ simulated object store, and does with their effects what `danube.broker.ownershi
   of the topics it touches (`fence_compares`); a reply does not wait for them (the runtime's
   does: a simplification that only touches producer and cursor records, not acknowledgements).
 - Index commits are the runtime's fenced compare-and-create; an entry found already there is
-  read back (`tier_index_exists`).
+  read back (`tier_index_read`).
 - Topics are reliable at the `object` level: a publish is answered once the object holding it
   is indexed, and a broker that believes it is fenced answers UNAVAILABLE instead (the
   runtime's `check_unfenced`).
@@ -30,7 +30,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from danube.broker.ownership import SETTLE_POLL_S
 from danube.cluster import keys
 from danube.cluster import ownership as own
 from danube.cluster.keys import Marker
@@ -49,7 +48,7 @@ from sim.faults import Faults, Injected
 from sim.network import Network
 from sim.objects import SimObjectStore
 from sim.run import UPLOADS
-from sim.world import US_PER_MS, US_PER_S, World
+from sim.world import US_PER_MS, World
 
 DATA_WAL = WalConfig(
     durability=Durability.FSYNC,
@@ -60,7 +59,7 @@ DATA_WAL = WalConfig(
 OBJECT_BATCH_MS = 20
 """The `object` level seals the active segment this long after its oldest unanswered
 publish, so one upload answers a batch (the cluster test's setting)."""
-SETTLE_POLL_US = int(SETTLE_POLL_S * US_PER_S)
+SETTLE_POLL_US = own.SETTLE_POLL_MS * 1000
 """How often an unload checks whether the topic is settled, as the driver does."""
 OWNERSHIP_RETRY_MS = 250
 E = TypeVar("E", own.Claim, own.Release)

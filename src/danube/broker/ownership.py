@@ -31,6 +31,7 @@ from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follo
 from danube.cluster import keys
 from danube.cluster.keys import Marker
 from danube.cluster.ownership import (
+    SETTLE_POLL_MS,
     Claim,
     Drop,
     Effect,
@@ -51,9 +52,6 @@ from danube.metadata import KeyValue, MetadataError, MetadataStore, WatchEvent
 log = logging.getLogger("danube.broker")
 
 T = TypeVar("T")
-
-SETTLE_POLL_S = 0.02
-"""How often an unload checks whether the topic's WAL and uploads are done."""
 
 
 def _monotonic_ms() -> int:
@@ -254,7 +252,7 @@ class OwnershipDriver:
         topic, started = effect.topic, trio.current_time()
         await self._on_loop(lambda: self._seal(topic))
         while not self.core.settled(topic):
-            await trio.sleep(SETTLE_POLL_S)
+            await trio.sleep(SETTLE_POLL_MS / 1000)
         await trio_asyncio.aio_as_trio(self.runtime.flush_metadata)()
         if not self.machine.unloading(topic, effect.claim_revision):
             log.info("event=unload_overtaken topic=%s", topic)

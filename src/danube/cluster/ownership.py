@@ -131,6 +131,11 @@ def load_entries(
     return entries
 
 
+SETTLE_POLL_MS = 20
+"""How often a driver's unload checks whether the topic's WAL and uploads are done
+(`BrokerCore.settled`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Writer:
     """What loading a topic writes and decides besides the core's state (spec/cluster.md,
