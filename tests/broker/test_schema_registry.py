@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from contextlib import closing
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def test_subjects_survive_a_restart_and_answer_on_both_ports(
 
 
 def test_concurrent_registrations_get_distinct_versions(broker: BrokerProcess) -> None:
-    subject = f"race-{id(broker)}"
+    subject = f"race-{uuid.uuid4().hex[:8]}"
 
     async def scenario() -> list[pb.RegisterSchemaResponse]:
         with channel(broker.broker_addr) as ch:
@@ -111,7 +112,7 @@ def test_bad_requests_say_what_is_wrong(broker: BrokerProcess) -> None:
 
 
 def test_aliases_modes_and_the_protobuf_message_a_subject_carries(broker: BrokerProcess) -> None:
-    subject = f"shop-{id(broker)}"
+    subject = f"shop-{uuid.uuid4().hex[:8]}"
     item = b'syntax = "proto3";\nmessage Item { string sku = 1; }\n'
     helper_first = b'syntax = "proto3";\nmessage Helper { int64 n = 1; }\n' + item[19:]
 
@@ -143,8 +144,9 @@ ORDER = json.dumps(
 
 
 def test_a_bound_topic_checks_every_publish_by_its_policy(broker: BrokerProcess) -> None:
-    """enforce refuses what does not fit (naming the field), warn lets it through, none
-    does not look; the binding is reported back and persists as the topic's key."""
+    """enforce refuses what does not fit (naming the field), warn lets it through and logs
+    it, none does not look; the binding is reported back. A partitioned-looking name that
+    is no topic is not found (no prefix match, unlike Danube)."""
     topic = unique_topic("bound")
     subject = f"orders-{topic.rpartition('-')[2]}"
 
@@ -191,6 +193,15 @@ def test_a_bound_topic_checks_every_publish_by_its_policy(broker: BrokerProcess)
                 pb.UpdateTopicValidationPolicyRequest(topic, "warn", True)
             )
             found["warned"] = await send(b'{"qty": "three"}', registered.schema_id)
+            await registry.update_topic_validation_policy(
+                pb.UpdateTopicValidationPolicyRequest(topic, "none", True)
+            )
+            found["unchecked"] = await send(b"not json", None)
+            with pytest.raises(GRPCError) as no_such_topic:
+                await registry.configure_topic_schema(
+                    pb.ConfigureTopicSchemaRequest(topic + "-part-0x", subject, "warn", False)
+                )
+            found["no_such_topic"] = no_such_topic.value.status
             with pytest.raises(GRPCError) as unknown_subject:
                 await registry.configure_topic_schema(
                     pb.ConfigureTopicSchemaRequest(topic, "nobody-here", "enforce", False)
@@ -200,6 +211,7 @@ def test_a_bound_topic_checks_every_publish_by_its_policy(broker: BrokerProcess)
 
     found = run(scenario)
     assert found["unbound"] is None and found["valid"] is None and found["warned"] is None
+    assert found["unchecked"] is None and found["no_such_topic"] is Status.NOT_FOUND
     config = found["config"]
     assert isinstance(config, pb.GetTopicSchemaConfigResponse)
     assert (config.schema_subject, config.validation_policy) == (subject, "enforce")
@@ -208,4 +220,4 @@ def test_a_bound_topic_checks_every_publish_by_its_policy(broker: BrokerProcess)
     assert "names no schema id" in str(found["no_id"])
     assert "has no schema" in str(found["unknown_id"])
     assert found["unknown_subject"] is Status.NOT_FOUND
-    broker.wait_for_log("event=schema_validation_warning")
+    broker.wait_for_log(f"event=schema_validation_warning topic={topic} reason=payload_invalid")

@@ -16,6 +16,7 @@ from danube.schema.policy import (
     judge,
     parse_policy,
     producer_binding,
+    updated_binding,
 )
 
 SUBJECT = "orders"
@@ -106,3 +107,20 @@ def test_payloads_are_decoded_only_when_asked_and_of_the_bound_subject() -> None
     assert not checks_payload(config(ValidationPolicy.WARN, payloads=False), SUBJECT)
     assert not checks_payload(config(ValidationPolicy.WARN, payloads=True), "other")
     assert not checks_payload(config(ValidationPolicy.WARN, payloads=True), None)
+
+
+def test_an_update_keeps_the_subject_and_needs_a_binding() -> None:
+    changed = updated_binding(
+        config(ValidationPolicy.WARN, payloads=False), topic="/default/t",
+        policy=ValidationPolicy.ENFORCE, payload_validation=True,
+    )  # fmt: skip
+    assert changed == TopicSchemaConfig(SUBJECT, ValidationPolicy.ENFORCE, True)
+    with pytest.raises(DanubeError) as unbound:
+        updated_binding(
+            None, topic="/default/t", policy=ValidationPolicy.WARN, payload_validation=False
+        )
+    assert unbound.value.code is ErrorCode.FAILED_PRECONDITION
+
+
+def test_an_unset_policy_is_none() -> None:
+    assert parse_policy("") is ValidationPolicy.NONE

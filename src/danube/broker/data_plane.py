@@ -36,7 +36,7 @@ class ProducerService:
         runtime: BrokerRuntime,
         placement: Placement,
         message_limit: int,
-        gate: SchemaGate | None = None,
+        gate: SchemaGate,
     ) -> None:
         self._runtime = runtime
         self._core = runtime.core
@@ -50,12 +50,12 @@ class ProducerService:
             await self._placement.route(request.topic_name, DispatchStrategy(strategy))
         subject = requests.schema_subject(request)
         binding = None
-        if subject is not None and self._gate is not None:
+        if subject is not None:
             binding = await self._gate.producer_binding(request.topic_name, subject)
         step = requests.create_producer(self._core, request)
         producer_id = await self._runtime.run(step)
-        if binding is not None and self._gate is not None:
-            await self._gate.bind(request.topic_name, binding)
+        if subject is not None and binding is not None:
+            await self._gate.bind(request.topic_name, subject, binding)
         log.info(
             "event=producer_created topic=%s producer=%s id=%d",
             request.topic_name, request.producer_name, producer_id,
@@ -68,8 +68,9 @@ class ProducerService:
 
     async def send_message(self, message: pb.StreamMessage) -> pb.MessageResponse:
         self._runtime.check_unfenced()
-        if self._gate is not None:
-            await self._gate.admit(message)
+        topic = message.msg_id.topic_name
+        if self._core.serves(topic):  # the core refuses the others with its own reasons
+            await self._gate.admit(topic, message)
         published = requests.publish(self._core, message, now_ms())
         if published.stored:
             await self._runtime.publish(message.msg_id.topic_name, published.step)

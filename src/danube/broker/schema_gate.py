@@ -1,7 +1,8 @@
 """The schema check every publish passes: the topic's binding and policy, the schema the
 message names, its payload when asked (decisions in `danube.schema.policy`).
 
-A topic without a binding costs one cached lookup. Warnings are counted per topic and
+A topic without a binding costs a cached lookup per publish and a store read per second
+(the binding may change through another broker). Warnings are counted per topic and
 problem and logged at most once per topic and problem every WARN_LOG_S, so a producer that
 sends a million unschematised messages does not write a million log lines."""
 
@@ -36,12 +37,11 @@ class SchemaGate:
         """Messages accepted under `warn` that did not fit, by topic and problem."""
         self._logged: dict[tuple[str, Problem], float] = {}
 
-    async def admit(self, message: pb.StreamMessage) -> None:
-        """Returns when the message may be published; raises INVALID_ARGUMENT, naming the
-        problem, when the topic's policy is enforce and the message does not fit. It runs
-        before the core (which decides before anything changes); a message without a valid
-        topic passes here and the core refuses it with the reason that applies."""
-        topic = message.msg_id.topic_name
+    async def admit(self, topic: str, message: pb.StreamMessage) -> None:
+        """Returns when the message may be published to `topic` (one this broker serves);
+        raises INVALID_ARGUMENT, naming the problem, when the topic's policy is enforce and
+        the message does not fit. It runs before the core, which decides before anything
+        changes."""
         config = await self._schemas.topic_config(topic)
         if config is None or config.policy is ValidationPolicy.NONE:
             return
@@ -68,8 +68,11 @@ class SchemaGate:
         registered = await self._schemas.subject_exists(subject)
         return producer_binding(await self._schemas.topic_config(topic), topic, subject, registered)
 
-    async def bind(self, topic: str, binding: TopicSchemaConfig) -> None:
-        await self._schemas.bind_topic(topic, binding)
+    async def bind(self, topic: str, subject: str, binding: TopicSchemaConfig) -> None:
+        """Once the topic exists: the default binding is written only where none is; one
+        made meanwhile is judged as the first was (another subject is refused)."""
+        in_force = await self._schemas.bind_if_unbound(topic, binding)
+        producer_binding(in_force, topic, subject, registered=True)
 
     def _warn(self, topic: str, problem: Problem, detail: str) -> None:
         key = (topic, problem)

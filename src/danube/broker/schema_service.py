@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -19,18 +20,25 @@ from typing import Any, TypeVar
 import grpclib.const
 
 from danube.broker.grpc_util import unary
+from danube.broker.placement import Placement
+from danube.broker.runtime import now_ms
 from danube.broker.watching import store_call_from_grpc
 from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
 from danube.core.names import TopicName, parse_topic
 from danube.metadata import MetadataStore
-from danube.metadata.model import Compare, KeyValue, Op, Put
+from danube.metadata.model import Compare, Get, KeyValue, Op, Put
 from danube.node import paths
 from danube.proto import danube_schema as pb
 from danube.protoc import compile_proto
 from danube.schema import records, registry
 from danube.schema.errors import SchemaParseError
 from danube.schema.formats import ParsedSchema, SchemaType, parse, schema_type
-from danube.schema.policy import TopicSchemaConfig, ValidationPolicy, parse_policy
+from danube.schema.policy import (
+    TopicSchemaConfig,
+    ValidationPolicy,
+    parse_policy,
+    updated_binding,
+)
 from danube.schema.registry import Registration, SchemaVersion, Subject
 
 T = TypeVar("T")
@@ -61,13 +69,17 @@ class SchemaService:
         self,
         store: MetadataStore,
         offload: Offload[Any],
-        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        placement: Placement,
     ) -> None:
         self._store = store
         self._offload = offload
-        self._clock_ms = clock_ms
+        self._placement = placement
         self._parsed: OrderedDict[tuple[SchemaType, str, str], ParsedSchema] = OrderedDict()
-        self._configs: OrderedDict[str, tuple[float, TopicSchemaConfig | None]] = OrderedDict()
+        self._parsed_lock = threading.Lock()
+        """`_read` runs in worker threads (checks, payload lookups), two at once."""
+        self._configs: OrderedDict[str, tuple[float, TopicSchemaConfig | DanubeError | None]] = (
+            OrderedDict()
+        )
         self._by_id: OrderedDict[tuple[int, int | None], tuple[str, ParsedSchema] | None] = (
             OrderedDict()
         )
@@ -147,10 +159,11 @@ class SchemaService:
     def _read(self, version: SchemaVersion) -> ParsedSchema:
         """A stored version parsed again, from a bounded cache."""
         key = (version.schema_type, version.fingerprint, version.message)
-        parsed = self._parsed.get(key)
-        if parsed is not None:
-            self._parsed.move_to_end(key)
-            return parsed
+        with self._parsed_lock:
+            parsed = self._parsed.get(key)
+            if parsed is not None:
+                self._parsed.move_to_end(key)
+                return parsed
         parsed = _decoded(
             f"version {version.version}",
             lambda: parse(
@@ -158,9 +171,10 @@ class SchemaService:
                 message=version.message,
             ),
         )  # fmt: skip
-        self._parsed[key] = parsed
-        if len(self._parsed) > PARSED_CACHE:
-            self._parsed.popitem(last=False)
+        with self._parsed_lock:
+            self._parsed[key] = parsed
+            if len(self._parsed) > PARSED_CACHE:
+                self._parsed.popitem(last=False)
         return parsed
 
     # -- RPCs -------------------------------------------------------------------------------
@@ -182,7 +196,7 @@ class SchemaService:
                 candidate,
                 self._read,
                 new_id=new_id,
-                now_ms=self._clock_ms(),
+                now_ms=now_ms(),
                 created_by=request.created_by,
                 description=request.description,
                 tags=request.tags,
@@ -290,49 +304,95 @@ class SchemaService:
     # -- topic bindings -------------------------------------------------------------------
 
     async def _topics(self, topic: str) -> list[TopicName]:
-        """The topic, or every partition of a partitioned one; NOT_FOUND when neither."""
-        name = parse_topic(topic)
-        if await store_call_from_grpc(self._store.get, paths.topic_delivery(name)) is not None:
-            return [name]
-        partitions = []
-        for kv in await store_call_from_grpc(self._store.scan, f"/topics/{name.path}-part-"):
-            parts = kv.key.strip("/").split("/")
-            if len(parts) == 4 and parts[3] == "delivery":
-                partitions.append(parse_topic(f"/{parts[1]}/{parts[2]}"))
-        if not partitions:
+        """The topic, or every partition of a partitioned one (as TopicPartitions answers);
+        NOT_FOUND when neither exists."""
+        names = await self._placement.partitions(topic)
+        if not names:
             raise not_found(f"topic {topic} does not exist")
-        return partitions
+        return [parse_topic(name) for name in names]
 
     async def subject_exists(self, name: str) -> bool:
         subject, _ = await self._subject(name)
         return subject is not None
 
     async def bind_topic(self, topic: str, config: TopicSchemaConfig) -> None:
+        """An operator's binding (ConfigureTopicSchema): replaces whatever was there."""
         for name in await self._topics(topic):
             await store_call_from_grpc(self._store.put, _config_key(name), config.to_json())
             self._configs.pop(name.full, None)
 
+    async def bind_if_unbound(self, topic: str, config: TopicSchemaConfig) -> TopicSchemaConfig:
+        """A producer's default binding, written only where none exists (an operator's, made
+        meanwhile through another broker, is never replaced); the binding in force after."""
+        key = _config_key(parse_topic(topic))
+        result = await store_call_from_grpc(
+            self._store.txn,
+            [Compare(key, "version", "==", 0)],
+            [Put(key, config.to_json())],
+            [Get(key)],
+        )
+        self._configs.pop(topic, None)
+        if result.succeeded:
+            return config
+        found = result.responses[0]
+        if found is None:
+            return config  # deleted in between: the next publish reads it again
+        return _decoded(found.key, partial(TopicSchemaConfig.from_json, found.value))
+
+    async def _change_binding(
+        self, topic: str, change: Callable[[TopicSchemaConfig | None], TopicSchemaConfig]
+    ) -> None:
+        """Each partition's binding changed under a compare on the revision read, so a
+        change made meanwhile through another broker is read again, not written over."""
+        for name in await self._topics(topic):
+            key = _config_key(name)
+            for _ in range(RACE_ATTEMPTS):
+                found = await store_call_from_grpc(self._store.get, key)
+                current = (
+                    None
+                    if found is None
+                    else _decoded(key, partial(TopicSchemaConfig.from_json, found.value))
+                )
+                seen = Compare(
+                    key, "mod_revision", "==", 0 if found is None else found.mod_revision
+                )
+                put = Put(key, change(current).to_json())
+                result = await store_call_from_grpc(self._store.txn, [seen], [put])
+                if result.succeeded:
+                    break
+            else:
+                raise DanubeError(ErrorCode.UNAVAILABLE, f"{topic}'s binding kept changing; retry")
+            self._configs.pop(name.full, None)
+
     async def topic_config(self, topic: str) -> TopicSchemaConfig | None:
-        """The topic's binding, trusted for CONFIG_TTL_S (read on every publish)."""
+        """The topic's binding, trusted for CONFIG_TTL_S (read on every publish to a served
+        topic). A store that does not answer leaves the last binding read in force; a
+        damaged one is refused (INTERNAL) from the cache until it is read again."""
         cached = self._configs.get(topic)
         now = time.monotonic()
         if cached is not None and now - cached[0] < CONFIG_TTL_S:
-            return cached[1]
+            return _known(cached[1])
         try:
             name = parse_topic(topic)
         except DanubeError:
             return None  # no topic has this name: nothing is bound to it
-        found = await store_call_from_grpc(self._store.get, _config_key(name))
-        config = (
-            None
-            if found is None
-            else _decoded(found.key, partial(TopicSchemaConfig.from_json, found.value))
-        )
+        try:
+            found = await store_call_from_grpc(self._store.get, _config_key(name))
+        except DanubeError:
+            if cached is None:
+                raise
+            return _known(cached[1])
+        config: TopicSchemaConfig | DanubeError | None = None
+        if found is not None:
+            try:
+                config = _decoded(found.key, partial(TopicSchemaConfig.from_json, found.value))
+            except DanubeError as damaged:
+                config = damaged
         self._configs[topic] = (now, config)
         self._configs.move_to_end(topic)
         if len(self._configs) > CONFIG_CACHE:
             self._configs.popitem(last=False)
-        return config
+        return _known(config)
 
     async def schema_of(
         self, schema_id: int, version: int | None
@@ -364,7 +424,7 @@ class SchemaService:
     async def configure_topic_schema(
         self, request: pb.ConfigureTopicSchemaRequest
     ) -> pb.ConfigureTopicSchemaResponse:
-        policy = parse_policy(request.validation_policy or "none")
+        policy = parse_policy(request.validation_policy)
         await self._existing(request.schema_subject)
         config = TopicSchemaConfig(
             request.schema_subject, policy, request.enable_payload_validation
@@ -379,16 +439,16 @@ class SchemaService:
     async def update_topic_validation_policy(
         self, request: pb.UpdateTopicValidationPolicyRequest
     ) -> pb.UpdateTopicValidationPolicyResponse:
-        policy = parse_policy(request.validation_policy or "none")
-        first = (await self._topics(request.topic_name))[0]
-        current = await self.topic_config(first.full)
-        if current is None:
-            raise DanubeError(
-                ErrorCode.FAILED_PRECONDITION,
-                f"{request.topic_name} is bound to no schema subject: configure one first",
-            )
-        config = TopicSchemaConfig(current.subject, policy, request.enable_payload_validation)
-        await self.bind_topic(request.topic_name, config)
+        policy = parse_policy(request.validation_policy)
+        await self._change_binding(
+            request.topic_name,
+            partial(
+                updated_binding,
+                topic=request.topic_name,
+                policy=policy,
+                payload_validation=request.enable_payload_validation,
+            ),
+        )
         return pb.UpdateTopicValidationPolicyResponse(
             success=True, message=f"policy of {request.topic_name} is {policy.value}"
         )
@@ -437,6 +497,12 @@ class SchemaService:
             f"/danube_schema.SchemaRegistry/{name}": unary(call, request, response)
             for name, call, request, response in routes
         }
+
+
+def _known(config: TopicSchemaConfig | DanubeError | None) -> TopicSchemaConfig | None:
+    if isinstance(config, DanubeError):
+        raise config
+    return config
 
 
 def _config_key(topic: TopicName) -> str:

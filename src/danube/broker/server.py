@@ -75,8 +75,9 @@ whatever length a client claims."""
 
 T = TypeVar("T")
 SCHEMA_WORKERS = 2
-"""Schema compiles and comparisons at once: each may run protoc or compare large schemas,
-and the worker threads they take are shared with WAL writes and fsyncs."""
+"""Schema compiles and comparisons at once, in worker threads of their own limiter: each
+may run protoc or compare large schemas, and they share the interpreter (the GIL) with
+everything else the broker does."""
 
 
 def _schema_offload(limiter: trio.CapacityLimiter) -> Offload[Any]:
@@ -252,7 +253,9 @@ async def serve(
                     store, runtime, broker_id, registration, config.cluster, cluster_placement
                 )
             consumers = ConsumerService(runtime, placement)
-            schemas = SchemaService(store, _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)))
+            schemas = SchemaService(
+                store, _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)), placement
+            )
             client_services = [
                 schemas,
                 ProducerService(runtime, placement, _message_limit(config), SchemaGate(schemas)),

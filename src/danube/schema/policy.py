@@ -21,8 +21,9 @@ class ValidationPolicy(enum.Enum):
 
 
 def parse_policy(text: str) -> ValidationPolicy:
+    """Any case; empty (a request that left the field unset) is `none`."""
     try:
-        return ValidationPolicy(text.strip().lower())
+        return ValidationPolicy(text.strip().lower() or "none")
     except ValueError:
         raise invalid(f"unknown validation policy {text!r} (none, warn or enforce)") from None
 
@@ -93,6 +94,23 @@ def producer_binding(
             f"{topic} is bound to schema subject {config.subject!r}, not {subject!r}",
         )
     return None
+
+
+def updated_binding(
+    current: TopicSchemaConfig | None,
+    *,
+    topic: str,
+    policy: ValidationPolicy,
+    payload_validation: bool,
+) -> TopicSchemaConfig:
+    """UpdateTopicValidationPolicy: the subject stays, policy and flag change; a topic bound
+    to nothing has no policy to change (FAILED_PRECONDITION)."""
+    if current is None:
+        raise DanubeError(
+            ErrorCode.FAILED_PRECONDITION,
+            f"{topic} is bound to no schema subject: configure one first",
+        )
+    return TopicSchemaConfig(current.subject, policy, payload_validation)
 
 
 def checks_payload(config: TopicSchemaConfig, subject_of_id: str | None) -> bool:
