@@ -25,8 +25,8 @@ def _no_schema(subject: str | None) -> None:
     if subject:
         raise DanubeError(
             ErrorCode.FAILED_PRECONDITION,
-            f"topics with a schema subject ({subject!r}) are not offered yet: this broker "
-            "version cannot bind a topic to a subject; create the topic without one",
+            f"creating a topic with a schema subject ({subject!r}) is not offered yet: create "
+            "it without one, then bind it with the schema registry's ConfigureTopicSchema",
         )
 
 

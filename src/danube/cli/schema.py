@@ -136,7 +136,11 @@ def add_schema_commands(commands: argparse._SubParsersAction) -> None:  # type: 
     sub = action("versions", "list a subject's live versions", versions)
     sub.add_argument("subject")
     action("list", "list every subject", subjects)
-    sub = action("check", "would this schema be accepted? (exit 1 if not)", check)
+    sub = action(
+        "check",
+        "is this schema compatible under the subject's mode, or --mode? (exit 1 if not)",
+        check,
+    )
     definition(sub)
     sub.add_argument("--mode", choices=MODES, help="judge under this mode instead of the subject's")
     sub = action("mode", "set a subject's compatibility mode", mode)
