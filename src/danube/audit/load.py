@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from danube.audit import logs
-from danube.audit.digest import payload_digest
+from danube.audit.digest import payload_digest, unique_payload
 from danube.audit.logs import Ack, AuditLogs, Delivery
 from danube.client import DanubeClient, DanubeClientError, DispatchStrategy, Producer, SubType
 from danube.client.consumer import Consumer
@@ -207,12 +207,10 @@ class LoadRun:
             self.say(failure)
 
     async def _produce(self, producer: Producer, count: int, interval: float) -> None:
-        padding_to = self.plan.payload_bytes
         start = time.monotonic()
         for seq in range(count):
             await asyncio.sleep(max(0.0, start + seq * interval - time.monotonic()))
-            stem = f"{producer.name}:{seq:012d}:".encode()
-            payload = stem + b"x" * max(0, padding_to - len(stem))
+            payload = unique_payload(producer.name, seq, self.plan.payload_bytes)
             key = f"k{seq % self.plan.keys}" if self.plan.keys else None
             sent_ms = time.time_ns() // 1_000_000
             for attempt in range(SEND_ATTEMPTS):
@@ -233,7 +231,8 @@ class LoadRun:
                     Ack(receipt.topic, receipt.producer_name, seq, digest, None, sent_ms,
                         time.time_ns() // 1_000_000)
                 )  # fmt: skip
-            self.tally.acked((receipt.topic, receipt.producer_name, digest))
+            if self.plan.reliable:  # nothing is owed on a non-reliable topic
+                self.tally.acked((receipt.topic, receipt.producer_name, digest))
             self.result.acknowledged += 1
 
     async def _consume(self, consumer: Consumer, sub: str, name: str) -> None:
@@ -275,9 +274,16 @@ class LoadRun:
 
 
 def subscription_types(text: str) -> tuple[str, ...]:
-    """Comma-separated, in the log's spelling or danube-cli's (`key-shared`, `fail-over`)."""
-    names = (part.strip().lower().replace("-", "_") for part in text.split(","))
-    return tuple("failover" if name == "fail_over" else name for name in names if name)
+    """Comma-separated, any spelling `SubType.named` takes, as the log's names; an unknown
+    one is kept as given, for `LoadPlan.problems` to name."""
+    names = []
+    for part in (p.strip() for p in text.split(",")):
+        if part:
+            try:
+                names.append(SubType.named(part).name.lower())
+            except ValueError:
+                names.append(part)
+    return tuple(names)
 
 
 def _shares(total: int, parts: int) -> list[int]:

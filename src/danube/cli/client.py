@@ -1,4 +1,5 @@
-"""`danube-cli`: produce and consume from the command line (Danube's flags)."""
+"""`danube-cli`: produce, consume (Danube's flags), drive load for an audit, and manage
+schemas from the command line."""
 
 from __future__ import annotations
 
@@ -16,14 +17,6 @@ from danube.client import DanubeClient, DanubeClientError, DispatchStrategy, Mes
 
 DEFAULT_TOPIC = "/default/test_topic"
 PROGRESS_SECONDS = 1.0
-
-SUB_TYPES = {
-    "exclusive": SubType.EXCLUSIVE,
-    "shared": SubType.SHARED,
-    "fail-over": SubType.FAILOVER,
-    "failover": SubType.FAILOVER,
-    "key-shared": SubType.KEY_SHARED,
-}
 
 
 def _attributes(text: str | None) -> dict[str, str]:
@@ -121,7 +114,7 @@ async def consume(args: argparse.Namespace) -> int:
             args.topic,
             args.consumer,
             args.subscription,
-            sub_type=SUB_TYPES[args.sub_type],
+            sub_type=SubType.named(args.sub_type),
             key_filters=tuple(args.key_filter or ()),
             start=args.start,
         )
@@ -182,7 +175,15 @@ async def load(args: argparse.Namespace) -> int:
         raise UsageError("; ".join(problems))
     result = await LoadRun(plan, say_on_stderr).run()
     print(summary(plan, result), flush=True)
-    return 1 if result.failures else 0
+    return 1 if result.failures or any(result.missing.values()) else 0
+
+
+def _sub_type(text: str) -> str:
+    try:
+        SubType.named(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def _start_position(text: str) -> str | int:
@@ -195,7 +196,9 @@ def _start_position(text: str) -> str | int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="danube-cli", description="Produce to and consume from a Danube broker."
+        prog="danube-cli",
+        description="Produce to and consume from a Danube broker, drive load for an audit, "
+        "and manage schemas."
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -227,8 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     cons.add_argument("-n", "--consumer", default="consumer_pubsub", help="consumer name")
     cons.add_argument("-m", "--subscription", required=True, help="subscription name")
     cons.add_argument(
-        "--sub-type", choices=sorted(SUB_TYPES), default="shared",
-        help="subscription type (default shared)",
+        "--sub-type", type=_sub_type, default="shared",
+        metavar="{exclusive,shared,failover,key-shared}",
+        help="subscription type, also spelled fail-over or key_shared (default shared)",
     )  # fmt: skip
     cons.add_argument("--key-filter", action="append", help="Key-Shared glob filter (repeatable)")
     cons.add_argument(

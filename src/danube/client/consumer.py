@@ -33,6 +33,17 @@ class SubType(enum.IntEnum):
     FAILOVER = 2
     KEY_SHARED = 3
 
+    @classmethod
+    def named(cls, text: str) -> SubType:
+        """Any spelling people and tools use: `key_shared`, `key-shared`, `Key-Shared`,
+        `failover`, `fail-over`; ValueError for anything else."""
+        name = text.strip().lower().replace("-", "_")
+        try:
+            return cls["FAILOVER" if name == "fail_over" else name.upper()]
+        except KeyError:
+            known = "exclusive, shared, failover, key_shared"
+            raise ValueError(f"unknown subscription type {text!r} (one of {known})") from None
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
