@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from danube.audit.digest import payload_digest
+from danube.audit.digest import payload_digest, unique_payload
 from danube.audit.logs import ACK_SCHEMA, ACKS, DELIVERIES, DELIVERY_SCHEMA, partition_of
 from danube.core.names import parse_topic
 from danube.tiering import layout
@@ -87,8 +87,7 @@ class TopicWriter:
 
     def _message(self, offset: int, producer: int, seq: int) -> bytes:
         name = f"{self.tag}-p{producer}"
-        stem = f"{name}:{seq:012d}:".encode()
-        payload = stem + b"x" * max(0, self.args.payload_bytes - len(stem))
+        payload = unique_payload(name, seq, self.args.payload_bytes)
         key = f"k{seq % KEYS}"
         digest = payload_digest(payload)
         self._log(offset, name, seq, digest, key)

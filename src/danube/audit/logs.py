@@ -103,7 +103,6 @@ class LogWriter:
         self.schema = schema
         self.writer = writer
         self.rows_per_file = rows_per_file
-        self.rows_written = 0
         self._columns: dict[str, list[Any]] = {name: [] for name in schema.names}
         self._parts = itertools.count()
         directory.mkdir(parents=True, exist_ok=True)
@@ -120,7 +119,6 @@ class LogWriter:
         table = pa.table(self._columns, schema=self.schema)
         path = self.directory / f"part-{self.writer}-{next(self._parts):05d}.parquet"
         pq.write_table(table, path)
-        self.rows_written += table.num_rows
         self._columns = {name: [] for name in self.schema.names}
 
 

@@ -26,7 +26,6 @@ class Receipt:
 
     topic: str
     producer_name: str
-    request_id: int
 
 
 class _TopicProducer:
@@ -86,8 +85,8 @@ class _TopicProducer:
                 routing_key=key,
             )
             try:
-                response = await self._stub.send_message(message)
-                return Receipt(self.topic, self.name, response.request_id)
+                await self._stub.send_message(message)
+                return Receipt(self.topic, self.name)
             except GRPCError as error:
                 recoverable = error.status in (Status.NOT_FOUND, Status.UNAVAILABLE)
                 if attempt or not recoverable:
