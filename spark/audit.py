@@ -24,12 +24,11 @@ import fsspec
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from danube.audit.logs import ACK_SCHEMA, ACKS, DELIVERIES, DELIVERY_SCHEMA
 from spark import checks, sources
 from spark.session import get_session
-
-_DDL_TYPES = {pa.int32(): "int", pa.int64(): "long", pa.string(): "string", pa.bool_(): "boolean"}
 
 
 class AuditInputError(Exception):
@@ -54,10 +53,6 @@ class AuditResult:
     @property
     def ok(self) -> bool:
         return bool(self.summary["ok"])
-
-
-def ddl(schema: pa.Schema) -> str:
-    return ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in schema)
 
 
 class Progress:
@@ -131,8 +126,8 @@ def _log(
         parts = fs.glob(f"{base}/*.parquet") if fs.exists(base) else []
         paths += [f"{directory}/{part.rpartition('/')[2]}" for part in parts]
     if not paths:
-        return spark.createDataFrame([], ddl(schema))
-    return spark.read.schema(ddl(schema)).parquet(*paths)
+        return spark.createDataFrame([], from_arrow_schema(schema))
+    return spark.read.schema(from_arrow_schema(schema)).parquet(*paths)
 
 
 def _summary(
