@@ -246,12 +246,16 @@ def test_the_command_exits_nonzero_on_forbidden_anomalies_and_says_why(
     assert (out / "report.txt").read_text() == report
 
 
-def test_bad_input_is_refused_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--out", "/tmp/x"]) == 2
+def test_bad_input_is_refused_with_a_message(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out, empty = str(tmp_path / "out"), tmp_path / "empty"
+    empty.mkdir()
+    assert main(["--out", out]) == 2
     assert "nothing to audit" in capsys.readouterr().err
-    assert main(["--wal", "/nonexistent/wal", "--out", "/tmp/x"]) == 2
+    assert main(["--wal", "/nonexistent/wal", "--out", out]) == 2
     assert "no such directory" in capsys.readouterr().err
-    assert main(["--wal", "/tmp", "--logs", "/tmp", "--out", "/tmp/x"]) == 2
+    assert main(["--wal", str(empty), "--logs", str(empty), "--out", out]) == 2
     assert "no acks/ or deliveries/ Parquet files" in capsys.readouterr().err
 
 

@@ -13,6 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from danube.localcluster.broker_process import BrokerProcess
+from danube.wal import format as wal_format
 from spark.audit import AuditInputs, run_audit
 
 pytestmark = pytest.mark.slow
@@ -75,7 +76,8 @@ def test_a_run_against_a_lost_write_fails_its_audit(
     broker.stop()
     (segment,) = (broker.data_dir / "wal").rglob("*.wal")
     data = segment.read_bytes()
-    segment.write_bytes(data[: len(data) // 2])
+    frames = wal_format.scan_segment(data).positions
+    segment.write_bytes(data[: frames[len(frames) // 2] + 5])  # inside a frame
 
     inputs = AuditInputs([str(broker.data_dir / "wal")], None, None, [str(logs)])
     summary = run_audit(spark, inputs, str(tmp_path / "out"), quiet=True).summary
