@@ -80,9 +80,8 @@ class SchemaService:
         self._configs: OrderedDict[str, tuple[float, TopicSchemaConfig | DanubeError | None]] = (
             OrderedDict()
         )
-        self._by_id: OrderedDict[tuple[int, int | None], tuple[str, ParsedSchema] | None] = (
-            OrderedDict()
-        )
+        self._by_id: OrderedDict[tuple[int, int], tuple[str, ParsedSchema]] = OrderedDict()
+        """Schemas messages named by (id, version): a registered version never changes."""
 
     # -- store access ---------------------------------------------------------------------
 
@@ -318,13 +317,15 @@ class SchemaService:
     async def bind_topic(self, topic: str, config: TopicSchemaConfig) -> None:
         """An operator's binding (ConfigureTopicSchema): replaces whatever was there."""
         for name in await self._topics(topic):
-            await store_call_from_grpc(self._store.put, _config_key(name), config.to_json())
+            await store_call_from_grpc(
+                self._store.put, paths.topic_schema_config(name), config.to_json()
+            )
             self._configs.pop(name.full, None)
 
     async def bind_if_unbound(self, topic: str, config: TopicSchemaConfig) -> TopicSchemaConfig:
         """A producer's default binding, written only where none exists (an operator's, made
         meanwhile through another broker, is never replaced); the binding in force after."""
-        key = _config_key(parse_topic(topic))
+        key = paths.topic_schema_config(parse_topic(topic))
         result = await store_call_from_grpc(
             self._store.txn,
             [Compare(key, "version", "==", 0)],
@@ -345,7 +346,7 @@ class SchemaService:
         """Each partition's binding changed under a compare on the revision read, so a
         change made meanwhile through another broker is read again, not written over."""
         for name in await self._topics(topic):
-            key = _config_key(name)
+            key = paths.topic_schema_config(name)
             for _ in range(RACE_ATTEMPTS):
                 found = await store_call_from_grpc(self._store.get, key)
                 current = (
@@ -377,7 +378,7 @@ class SchemaService:
         except DanubeError:
             return None  # no topic has this name: nothing is bound to it
         try:
-            found = await store_call_from_grpc(self._store.get, _config_key(name))
+            found = await store_call_from_grpc(self._store.get, paths.topic_schema_config(name))
         except DanubeError:
             if cached is None:
                 raise
@@ -400,10 +401,9 @@ class SchemaService:
         """The subject and parsed schema a message's (schema id, version) names (the latest
         version without one), None when the registry has no such schema. Kept: a version
         never changes once registered."""
-        key = (schema_id, version)
-        if key in self._by_id:
-            self._by_id.move_to_end(key)
-            return self._by_id[key]
+        if version is not None and (schema_id, version) in self._by_id:
+            self._by_id.move_to_end((schema_id, version))
+            return self._by_id[(schema_id, version)]
         index = await store_call_from_grpc(self._store.get, records.id_key(schema_id))
         found: tuple[str, ParsedSchema] | None = None
         if index is not None:
@@ -416,7 +416,7 @@ class SchemaService:
             if subject is not None and chosen is not None:
                 found = (subject.name, await self._offload(partial(self._read, chosen)))
         if version is not None and found is not None:
-            self._by_id[key] = found
+            self._by_id[(schema_id, version)] = found
             if len(self._by_id) > PARSED_CACHE:
                 self._by_id.popitem(last=False)
         return found
@@ -503,11 +503,6 @@ def _known(config: TopicSchemaConfig | DanubeError | None) -> TopicSchemaConfig 
     if isinstance(config, DanubeError):
         raise config
     return config
-
-
-def _config_key(topic: TopicName) -> str:
-    """Danube's key for a topic's binding; deleting the topic's keys deletes it too."""
-    return f"{paths.topic_prefix(topic)}schema_config"
 
 
 def _decoded(where: str, decode: Callable[[], T]) -> T:

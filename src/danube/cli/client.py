@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="danube-cli",
         description="Produce to and consume from a Danube broker, drive load for an audit, "
-        "and manage schemas."
+        "and manage schemas.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
 

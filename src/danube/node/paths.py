@@ -26,6 +26,11 @@ def topic_delivery(topic: TopicName) -> str:
     return f"/topics/{topic.path}/delivery"
 
 
+def topic_schema_config(topic: TopicName) -> str:
+    """The topic's schema binding (Danube's key); deleting the topic's keys deletes it."""
+    return f"/topics/{topic.path}/schema_config"
+
+
 def producer(topic: TopicName, producer_id: int) -> str:
     return f"/topics/{topic.path}/producers/{producer_id}"
 
