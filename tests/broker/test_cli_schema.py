@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from danube.client import DanubeClient, DispatchStrategy, SchemaRef
 from danube.localcluster.broker_process import BrokerProcess
+from tests.support.aio import run as aio_run
+from tests.support.aio import unique_topic
 
 pytestmark = pytest.mark.slow
 CLI = Path(sys.executable).parent / "danube-cli"
@@ -85,3 +88,139 @@ def test_a_bad_schema_file_names_the_problem(broker: BrokerProcess, tmp_path: Pa
     bad.write_text('{"type": "record", "name": "R", "fields": [{"name": "a", "type": "nope"}]}')
     run = cli(broker, "register", "bad-subject", "-t", "avro", "-f", str(bad))
     assert run.returncode == 1 and "INVALID_ARGUMENT" in run.stderr and "nope" in run.stderr
+
+
+def register_order(broker: BrokerProcess, subject: str, tmp_path: Path) -> None:
+    definition = write(tmp_path / "v1.avsc", [{"name": "id", "type": "long"}])
+    assert cli(broker, "register", subject, "-t", "avro", "-f", str(definition)).returncode == 0
+
+
+def data_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(CLI), *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60
+    )
+
+
+def consume_earliest(broker: BrokerProcess, topic: str, count: int) -> list[str]:
+    run = data_cli(
+        "consume", "-s", broker.url, "-t", topic, "-m", "check", "--start", "earliest",
+        "-c", str(count),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return run.stdout.splitlines()
+
+
+def test_produce_registers_a_schema_file_and_sends_avro_typed_as_json(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Danube's `--schema-file`: the subject is the topic's name with dashes; the JSON typed
+    goes out as a binary Avro datum, which consume decodes back to JSON."""
+    topic = f"/default/cli-avro-{uuid.uuid4().hex[:8]}"
+    schema = write(tmp_path / "order.avsc", [{"name": "id", "type": "long"}])
+    produced = data_cli(
+        "produce", "-s", broker.url, "-t", topic, "--reliable", "-m", '{"id": 41}',
+        "--schema-file", str(schema), "--schema-type", "avro", "-c", "2",
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    subject = topic.lstrip("/").replace("/", "-")
+    assert f"schema {subject}: registered version 1" in produced.stderr
+    lines = consume_earliest(broker, topic, 2)
+    assert all(line.endswith(f'schema={subject} v1 (avro)] {{"id": 41}}') for line in lines)
+
+
+def test_produce_refuses_a_payload_that_does_not_fit_before_sending(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    subject = f"cli-{uuid.uuid4().hex[:8]}"
+    topic = f"/default/cli-refused-{uuid.uuid4().hex[:8]}"
+    register_order(broker, subject, tmp_path)
+    refused = data_cli(
+        "produce", "-s", broker.url, "-t", topic, "--reliable", "--schema-subject", subject,
+        "-m", '{"id": "forty-one"}',
+    )  # fmt: skip
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines() == [
+        f"danube-cli: error: not a datum of {subject} v1 (avro): field 'id': expected long, "
+        "got str; nothing was sent"
+    ]
+    missing = data_cli(
+        "consume", "-s", broker.url, "-t", topic, "-m", "check", "--start", "earliest"
+    )
+    assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+def test_a_pinned_older_json_schema_version_is_what_consumers_see(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    subject = f"cli-{uuid.uuid4().hex[:8]}"
+    topic = f"/default/cli-pinned-{uuid.uuid4().hex[:8]}"
+    for version, extra in ((1, {}), (2, {"note": {"type": "string"}})):
+        path = tmp_path / f"v{version}.json"
+        path.write_text(
+            json.dumps(
+                {
+                    "type": "object",
+                    "properties": {"id": {"type": "integer"}, **extra},
+                    "additionalProperties": False,
+                }
+            )
+        )
+        assert (
+            cli(broker, "register", subject, "-t", "json_schema", "-f", str(path)).returncode == 0
+        )
+    produced = data_cli(
+        "produce", "-s", broker.url, "-t", topic, "--reliable", "--schema-subject", subject,
+        "--schema-version", "1", "-m", '{"id": 7}',
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    wrong = data_cli(
+        "produce", "-s", broker.url, "-t", topic, "--reliable", "--schema-subject", subject,
+        "-m", '{"id": "seven"}',
+    )  # fmt: skip
+    assert wrong.returncode == 1 and "$.id: 'seven' is not of type 'integer'" in wrong.stderr
+    too_new = data_cli(
+        "produce", "-s", broker.url, "-t", topic, "--schema-subject", subject,
+        "--schema-min-version", "3", "-m", "{}",
+    )  # fmt: skip
+    assert too_new.returncode == 1 and "below the minimum 3" in too_new.stderr
+    assert consume_earliest(broker, topic, 1)[0].endswith(
+        f'schema={subject} v1 (json_schema)] {{"id": 7}}'
+    )
+
+
+def test_consume_marks_a_message_that_does_not_fit_the_schema_it_names(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Under the default `warn` policy the broker lets it through; the reader is told."""
+    subject = f"cli-{uuid.uuid4().hex[:8]}"
+    topic = unique_topic("cli-invalid")
+    register_order(broker, subject, tmp_path)
+
+    async def send_garbage() -> None:
+        async with DanubeClient(broker.url) as client:
+            producer = client.producer(
+                topic, "p", dispatch=DispatchStrategy.RELIABLE, schema=SchemaRef(subject)
+            )
+            await (await producer.create()).send(b"\x80")
+
+    aio_run(send_garbage)
+    line = consume_earliest(broker, topic, 1)[0]
+    assert f"INVALID: not a datum of {subject} v1 (avro)" in line and line.endswith("<1 bytes> 80")
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--schema-version", "2"), "need --schema-subject"),
+        (("--schema-type", "avro"), "--schema-type goes with --schema-file"),
+        (("--schema-file", "/nonexistent.avsc", "--schema-type", "avro"), "cannot read"),
+        (("--schema-file", "/nonexistent.avsc"), "needs --schema-type"),
+        (("--schema-subject", "nobody-at-all"), "NOT_FOUND"),
+    ],
+)
+def test_schema_flags_that_cannot_work_get_one_error_line(
+    broker: BrokerProcess, args: tuple[str, ...], words: str
+) -> None:
+    run = data_cli("produce", "-s", broker.url, "-t", unique_topic(), "-m", "{}", *args)
+    assert run.returncode == 1 and words in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1

@@ -11,9 +11,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from danube.cli.schema import add_schema_commands
+from danube.cli.schema import TYPES, add_schema_commands
+from danube.cli.schema_payloads import PayloadError, SchemaPayloads, render_bytes
 from danube.cli.usage import UsageError, add_service_addr
-from danube.client import DanubeClient, DanubeClientError, DispatchStrategy, Message, SubType
+from danube.client import (
+    DanubeClient,
+    DanubeClientError,
+    DispatchStrategy,
+    Message,
+    SchemaRef,
+    SubType,
+    WriterSchema,
+)
+from danube.client.schemas import SchemaRegistry
 
 DEFAULT_TOPIC = "/default/test_topic"
 PROGRESS_SECONDS = 1.0
@@ -64,6 +74,42 @@ class Progress:
         )
 
 
+def subject_for_topic(topic: str) -> str:
+    """Danube's CLI's subject for a schema given with the payload: `/default/orders` is
+    `default-orders`."""
+    return topic.lstrip("/").replace("/", "-")
+
+
+async def _schema_ref(args: argparse.Namespace, registry: SchemaRegistry) -> SchemaRef | None:
+    """The schema the producer writes with, registering `--schema-file` first; a schema file
+    pins the version it registered as (or already was), so an older definition is written as
+    that older version."""
+    if args.schema_file is not None:
+        if args.schema_version is not None or args.schema_min_version is not None:
+            raise UsageError("--schema-file registers the version it writes with; drop "
+                             "--schema-version and --schema-min-version")  # fmt: skip
+        if args.schema_type is None:
+            raise UsageError("--schema-file needs --schema-type")
+        try:
+            definition = args.schema_file.read_bytes()
+        except OSError as error:
+            raise UsageError(f"cannot read {args.schema_file}: {error.strerror}") from None
+        subject = args.schema_subject or subject_for_topic(args.topic)
+        answer = await registry.register(
+            subject, args.schema_type, definition, created_by="danube-cli"
+        )
+        state = "registered" if answer.is_new_version else "found"
+        print(f"schema {subject}: {state} version {answer.version}", file=sys.stderr)
+        return SchemaRef(subject, pinned=answer.version)
+    if args.schema_type is not None:
+        raise UsageError("--schema-type goes with --schema-file")
+    if args.schema_subject is None:
+        if args.schema_version is not None or args.schema_min_version is not None:
+            raise UsageError("--schema-version and --schema-min-version need --schema-subject")
+        return None
+    return SchemaRef(args.schema_subject, args.schema_version, args.schema_min_version)
+
+
 async def produce(args: argparse.Namespace) -> int:
     if args.file is not None:
         try:
@@ -81,8 +127,18 @@ async def produce(args: argparse.Namespace) -> int:
     progress = Progress("sent", args.count)
     async with DanubeClient(args.service_addr) as client:
         producer = client.producer(
-            args.topic, args.producer_name, partitions=args.partitions, dispatch=strategy
+            args.topic,
+            args.producer_name,
+            partitions=args.partitions,
+            dispatch=strategy,
+            schema=await _schema_ref(args, client.schemas),
         )
+        schema = await producer.resolve_schema()
+        if schema is not None:
+            try:
+                payload = SchemaPayloads.of(schema).encode(payload)
+            except PayloadError as error:
+                raise UsageError(f"{error}; nothing was sent") from None
         await producer.create()
         try:
             for _ in range(args.count):
@@ -95,14 +151,39 @@ async def produce(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render(message: Message) -> str:
-    try:
-        body = message.payload.decode()
-    except UnicodeDecodeError:
-        body = f"<{len(message.payload)} bytes> {message.payload[:32].hex()}"
-    attributes = f" attributes={dict(message.attributes)}" if message.attributes else ""
-    key = f" key={message.routing_key}" if message.routing_key else ""
-    return f"[{message.topic} offset={message.offset}{key}{attributes}] {body}"
+class MessageRenderer:
+    """Prints messages; one written with a schema is decoded (Avro) and checked against the
+    version it names, fetched once per version, and one that does not fit says why."""
+
+    def __init__(self, registry: SchemaRegistry) -> None:
+        self._registry = registry
+        self._schemas: dict[tuple[int, int | None], SchemaPayloads | str] = {}
+
+    async def _schema(self, schema_id: int, version: int | None) -> SchemaPayloads | str:
+        """The schema's codec, or why there is none."""
+        key = (schema_id, version)
+        if key not in self._schemas:
+            try:
+                answer = await self._registry.get(schema_id, version)
+                self._schemas[key] = SchemaPayloads.of(WriterSchema.of(answer))
+            except (DanubeClientError, PayloadError) as error:
+                self._schemas[key] = f"schema id {schema_id} v{version}: {error}"
+        return self._schemas[key]
+
+    async def render(self, message: Message) -> str:
+        attributes = f" attributes={dict(message.attributes)}" if message.attributes else ""
+        key = f" key={message.routing_key}" if message.routing_key else ""
+        head = f"{message.topic} offset={message.offset}{key}{attributes}"
+        if message.schema_id is None:
+            return f"[{head}] {render_bytes(message.payload)}"
+        schema = await self._schema(message.schema_id, message.schema_version)
+        if isinstance(schema, str):
+            return f"[{head} schema unknown: {schema}] {render_bytes(message.payload)}"
+        try:
+            body = schema.render(message.payload)
+        except PayloadError as error:
+            return f"[{head} INVALID: {error}] {render_bytes(message.payload)}"
+        return f"[{head} schema={schema.name}] {body}"
 
 
 async def consume(args: argparse.Namespace) -> int:
@@ -125,6 +206,7 @@ async def consume(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+            renderer = MessageRenderer(client.schemas)
             try:
                 async for message in consumer:
                     await consumer.ack(message)
@@ -132,7 +214,7 @@ async def consume(args: argparse.Namespace) -> int:
                         progress.tick()
                     else:
                         progress.count += 1
-                        print(_render(message), flush=True)
+                        print(await renderer.render(message), flush=True)
                     if args.count is not None and progress.count >= args.count:
                         break
             finally:
@@ -223,9 +305,33 @@ def build_parser() -> argparse.ArgumentParser:
         "-i", "--interval", type=int, default=0, help="milliseconds between sends (default 0)"
     )
     prod.add_argument("--reliable", action="store_true", help="reliable (persistent) topic")
+    prod.add_argument(
+        "--schema-subject",
+        help="write with this subject's schema (latest version unless pinned); the payload "
+        "is checked against it first (JSON Schema, Avro: given as JSON, sent as binary)",
+    )
+    prod.add_argument(
+        "--schema-version", type=int, metavar="N", help="pin version N of --schema-subject"
+    )
+    prod.add_argument(
+        "--schema-min-version", type=int, metavar="N",
+        help="fail unless the latest version of --schema-subject is N or later",
+    )  # fmt: skip
+    prod.add_argument(
+        "--schema-file", type=Path,
+        help="register this schema (under --schema-subject, or <namespace>-<topic>) and "
+        "write with it",
+    )  # fmt: skip
+    prod.add_argument("--schema-type", choices=TYPES, help="the type of --schema-file")
     prod.set_defaults(run=produce)
 
-    cons = commands.add_parser("consume", help="receive (and acknowledge) messages")
+    cons = commands.add_parser(
+        "consume",
+        help="receive (and acknowledge) messages",
+        description="Receive and acknowledge messages, printing one line each. A message "
+        "written with a schema is checked against the version it names (Avro is shown as "
+        "JSON); one that does not fit is marked INVALID with the reason.",
+    )
     common(cons)
     cons.add_argument("-n", "--consumer", default="consumer_pubsub", help="consumer name")
     cons.add_argument("-m", "--subscription", required=True, help="subscription name")

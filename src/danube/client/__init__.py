@@ -5,6 +5,7 @@ from danube.client.connection import RetryPolicy
 from danube.client.consumer import Consumer, Message, SubType
 from danube.client.errors import DanubeClientError
 from danube.client.producer import Producer, Receipt
+from danube.client.schemas import SchemaRef, WriterSchema
 from danube.core.config import DispatchStrategy
 
 __all__ = [
@@ -16,5 +17,7 @@ __all__ = [
     "Producer",
     "Receipt",
     "RetryPolicy",
+    "SchemaRef",
     "SubType",
+    "WriterSchema",
 ]

@@ -8,7 +8,7 @@ from danube.client.connection import Connections, RetryPolicy
 from danube.client.consumer import Consumer, SubType
 from danube.client.errors import DanubeClientError
 from danube.client.producer import Producer
-from danube.client.schemas import SchemaRegistry
+from danube.client.schemas import SchemaRef, SchemaRegistry
 from danube.core.config import DispatchStrategy
 
 
@@ -43,8 +43,17 @@ class DanubeClient:
         *,
         partitions: int = 0,
         dispatch: DispatchStrategy = DispatchStrategy.NON_RELIABLE,
+        schema: SchemaRef | None = None,
     ) -> Producer:
-        return Producer(self._connections, topic, name, partitions=partitions, strategy=dispatch)
+        """`schema` names the subject (and version) the messages are written with."""
+        return Producer(
+            self._connections,
+            topic,
+            name,
+            partitions=partitions,
+            strategy=dispatch,
+            schema=schema,
+        )
 
     def consumer(
         self,

@@ -54,6 +54,9 @@ class Message:
     publish_time: int
     attributes: Mapping[str, str]
     routing_key: str | None
+    schema_id: int | None
+    """The producer's schema (with `schema_version`), when it wrote with one."""
+    schema_version: int | None
     raw: pb.StreamMessage
     """The wire message, needed to acknowledge it."""
 
@@ -67,6 +70,8 @@ def _message(raw: pb.StreamMessage) -> Message:
         publish_time=raw.publish_time,
         attributes=dict(raw.attributes),
         routing_key=raw.routing_key,
+        schema_id=raw.schema_id,
+        schema_version=raw.schema_version,
         raw=raw,
     )
 

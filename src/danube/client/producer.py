@@ -12,6 +12,7 @@ from grpclib.const import Status
 
 from danube.client.connection import Connections
 from danube.client.errors import TRANSPORT_ERRORS, DanubeClientError
+from danube.client.schemas import SchemaRef, SchemaRegistry, WriterSchema
 from danube.core.config import DispatchStrategy
 from danube.core.hashing import partition_for_key
 from danube.core.names import partition_name
@@ -42,6 +43,8 @@ class _TopicProducer:
         self._broker_url = ""
         self._stub: pb.ProducerServiceStub | None = None
         self._request_ids = itertools.count(1)
+        self.schema: tuple[SchemaRef, WriterSchema] | None = None
+        """Set by the `Producer` before `create` when its messages carry a schema."""
 
     async def create(self) -> None:
         async def attempt(url: str) -> None:
@@ -53,6 +56,7 @@ class _TopicProducer:
                     topic_name=self.topic,
                     producer_access_mode=pb.ProducerAccessMode.Shared,
                     dispatch_strategy=pb.DispatchStrategy(int(self._strategy)),
+                    schema_ref=self.schema[0].wire() if self.schema else None,
                 )
             )
             self._stub, self._broker_url = stub, url
@@ -83,6 +87,8 @@ class _TopicProducer:
                 producer_name=self.name,
                 attributes=dict(attributes or {}),
                 routing_key=key,
+                schema_id=self.schema[1].schema_id if self.schema else None,
+                schema_version=self.schema[1].version if self.schema else None,
             )
             try:
                 await self._stub.send_message(message)
@@ -101,6 +107,10 @@ class Producer:
     """Publishes to a topic; with `partitions > 0`, to `<topic>-part-<n>`, choosing the
     partition round-robin, or by FNV-1a 64 of the key (as every official client does).
 
+    With a `schema` reference, the version it chooses is resolved once, at `create`, and
+    every message is stamped with its schema id and version (`self.schema` says which); the
+    broker binds an unbound topic to the subject and refuses a topic bound to another.
+
     Use as `async with client.producer(...) as producer: await producer.send(b"...")`."""
 
     def __init__(
@@ -111,6 +121,7 @@ class Producer:
         *,
         partitions: int = 0,
         strategy: DispatchStrategy = DispatchStrategy.NON_RELIABLE,
+        schema: SchemaRef | None = None,
     ) -> None:
         if partitions < 0:
             raise DanubeClientError("partitions must be 0 (not partitioned) or more")
@@ -124,8 +135,21 @@ class Producer:
         else:
             self._targets = [_TopicProducer(connections, topic, name, strategy)]
         self._next = 0
+        self._registry = SchemaRegistry(connections)
+        self._schema_ref = schema
+        self.schema: WriterSchema | None = None
+
+    async def resolve_schema(self) -> WriterSchema | None:
+        """The schema the messages will carry, resolved on the first call (`create` calls
+        it), so an application can check its payloads before the topic is touched."""
+        if self._schema_ref is not None and self.schema is None:
+            self.schema = await self._registry.resolve(self._schema_ref)
+            for target in self._targets:
+                target.schema = (self._schema_ref, self.schema)
+        return self.schema
 
     async def create(self) -> Producer:
+        await self.resolve_schema()
         for target in self._targets:
             await target.create()
         return self

@@ -4,15 +4,67 @@ whichever service broker answers (any broker serves the registry, spec/schema-re
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from grpclib import GRPCError
+from grpclib.const import Status
 
 from danube.client.connection import BrokerChannel, Connections
 from danube.client.errors import DanubeClientError
+from danube.proto import danube as api_pb
 from danube.proto import danube_schema as pb
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaRef:
+    """Which version of a subject a producer writes: the latest one (the default), exactly
+    `pinned`, or the latest one provided it is at least `minimum`, as Danube's clients offer.
+    The choice is made once, when the producer is created."""
+
+    subject: str
+    pinned: int | None = None
+    minimum: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.subject:
+            raise DanubeClientError("a schema reference needs a subject")
+        if self.pinned is not None and self.minimum is not None:
+            raise DanubeClientError("pin a schema version or give a minimum one, not both")
+        for bound in (self.pinned, self.minimum):
+            if bound is not None and bound < 1:
+                raise DanubeClientError(f"schema versions start at 1, not {bound}")
+
+    def wire(self) -> api_pb.SchemaReference:
+        if self.pinned is not None:
+            return api_pb.SchemaReference(self.subject, pinned_version=self.pinned)
+        if self.minimum is not None:
+            return api_pb.SchemaReference(self.subject, min_version=self.minimum)
+        return api_pb.SchemaReference(self.subject, use_latest=True)
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSchema:
+    """The schema a producer's messages are stamped with (`schema_id`, `schema_version`), and
+    its definition, so an application can check or encode what it sends."""
+
+    subject: str
+    schema_id: int
+    version: int
+    schema_type: str
+    definition: bytes
+
+    @classmethod
+    def of(cls, answer: pb.GetSchemaResponse) -> WriterSchema:
+        return cls(
+            answer.subject,
+            answer.schema_id,
+            answer.version,
+            answer.schema_type,
+            answer.schema_definition,
+        )
 
 
 class SchemaRegistry:
@@ -71,6 +123,30 @@ class SchemaRegistry:
         return await self._call(
             f"delete {subject} v{version}", lambda s: s.delete_schema_version(request)
         )
+
+    async def resolve(self, ref: SchemaRef) -> WriterSchema:
+        """The version `ref` chooses; a subject or version the registry does not have, or a
+        latest version below the minimum, raises `DanubeClientError` naming it."""
+        latest = WriterSchema.of(await self.latest(ref.subject))
+        if ref.minimum is not None and latest.version < ref.minimum:
+            raise DanubeClientError(
+                f"subject {ref.subject} is at version {latest.version}, below the minimum "
+                f"{ref.minimum} asked for"
+            )
+        if ref.pinned is None or ref.pinned == latest.version:
+            return latest
+        if ref.pinned > latest.version:
+            raise DanubeClientError(
+                f"subject {ref.subject} has no version {ref.pinned} (latest is {latest.version})"
+            )
+        try:
+            return WriterSchema.of(await self.get(latest.schema_id, ref.pinned))
+        except DanubeClientError as error:
+            if error.status is Status.NOT_FOUND:
+                raise DanubeClientError(
+                    f"subject {ref.subject} has no version {ref.pinned} (deleted)"
+                ) from None
+            raise
 
     async def subjects(self) -> list[pb.SubjectSummary]:
         answer = await self._call("subjects", lambda s: s.list_subjects(pb.ListSubjectsRequest()))

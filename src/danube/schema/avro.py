@@ -262,6 +262,32 @@ def encode_json_datum(schema: AvroSchema, value: object) -> bytes:
     return buffer.getvalue()
 
 
+def decode_json_datum(schema: AvroSchema, payload: bytes) -> object:
+    """A binary datum of `schema` as a JSON value, for people reading payloads; raises
+    ValueError with `validate_datum`'s message when `payload` is not one. The inverse of
+    `encode_json_datum` in spirit: bytes and fixed values are strings of code points 0–255,
+    and a logical type is shown in its usual text form (a timestamp in ISO 8601, a decimal
+    in digits)."""
+    problem = validate_datum(schema, payload)
+    if problem is not None:
+        raise ValueError(problem)
+    return _jsonable(fastavro.schemaless_reader(io.BytesIO(payload), schema.parsed, None))
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
 def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """Python's JSON keeps the last of repeated keys; another parser may keep the first, so a
     schema saying two things is refused rather than read one way."""
