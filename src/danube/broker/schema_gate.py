@@ -15,13 +15,11 @@ from collections import Counter
 from danube.broker.schema_service import SchemaService
 from danube.core.errors import DanubeError, ErrorCode
 from danube.proto import danube as pb
-from danube.schema.formats import validate
 from danube.schema.policy import (
     Problem,
     TopicSchemaConfig,
     ValidationPolicy,
-    checks_payload,
-    judge,
+    admission,
     producer_binding,
 )
 
@@ -45,15 +43,10 @@ class SchemaGate:
         config = await self._schemas.topic_config(topic)
         if config is None or config.policy is ValidationPolicy.NONE:
             return
-        schema_id = message.schema_id
         named = None
-        if schema_id is not None:
-            named = await self._schemas.schema_of(schema_id, message.schema_version)
-        subject_of_id = None if named is None else named[0]
-        payload_problem = None
-        if named is not None and checks_payload(config, subject_of_id):
-            payload_problem = validate(named[1], message.payload)
-        verdict = judge(config, schema_id, subject_of_id, payload_problem)
+        if message.schema_id is not None:
+            named = await self._schemas.schema_of(message.schema_id, message.schema_version)
+        verdict = admission(config, message.schema_id, named, message.payload)
         if not verdict.accept:
             raise DanubeError(
                 ErrorCode.INVALID_ARGUMENT,

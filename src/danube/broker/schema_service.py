@@ -8,7 +8,6 @@ again and decided again (spec/schema-registry.md)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -26,7 +25,7 @@ from danube.broker.watching import store_call_from_grpc
 from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
 from danube.core.names import TopicName, parse_topic
 from danube.metadata import MetadataStore
-from danube.metadata.model import Compare, Get, KeyValue, Op, Put
+from danube.metadata.model import Compare, Get, KeyValue, Put
 from danube.node import paths
 from danube.proto import danube_schema as pb
 from danube.protoc import compile_proto
@@ -45,7 +44,6 @@ T = TypeVar("T")
 RACE_ATTEMPTS = 8
 """Changes lost to another broker's change before the client is told to retry."""
 MAX_DEFINITION_BYTES = 256 * 1024
-MAX_SUBJECT_BYTES = 1024 * 1024
 """A subject is one metadata key, rewritten whole on every change: etcd refuses requests
 above 1.5 MiB by default, so a subject stops growing well before that."""
 PARSED_CACHE = 256
@@ -110,28 +108,11 @@ class SchemaService:
     async def _commit(
         self, subject: Subject, seen: KeyValue | None, counter: KeyValue | None
     ) -> bool:
-        key = records.subject_key(subject.name)
-        value = records.subject_to_json(subject)
-        size = len(json.dumps(value))
-        if size > MAX_SUBJECT_BYTES:
-            raise DanubeError(
-                ErrorCode.FAILED_PRECONDITION,
-                f"subject {subject.name!r} would hold {size} bytes of versions, above the "
-                f"{MAX_SUBJECT_BYTES} a subject may: delete old versions first",
-            )
-        ops: list[Op] = [Put(key, value)]
-        if seen is not None:
-            compares = [Compare(key, "mod_revision", "==", seen.mod_revision)]
-        else:
-            compares = [Compare(key, "version", "==", 0)]
-            if counter is None:
-                compares.append(Compare(records.NEXT_ID, "version", "==", 0))
-            else:
-                compares.append(
-                    Compare(records.NEXT_ID, "mod_revision", "==", counter.mod_revision)
-                )
-            ops.append(Put(records.NEXT_ID, subject.schema_id + 1))
-            ops.append(Put(records.id_key(subject.schema_id), {"subject": subject.name}))
+        compares, ops = records.commit(
+            subject,
+            None if seen is None else seen.mod_revision,
+            None if counter is None else counter.mod_revision,
+        )
         result = await store_call_from_grpc(self._store.txn, compares, ops)
         return result.succeeded
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from danube.core.errors import DanubeError, ErrorCode, invalid
+from danube.schema.formats import ParsedSchema, validate
 
 
 class ValidationPolicy(enum.Enum):
@@ -155,3 +156,21 @@ def judge(
     if config.policy is ValidationPolicy.WARN:
         return Verdict(True, found.problem, found.detail)
     return found
+
+
+def admission(
+    config: TopicSchemaConfig | None,
+    schema_id: int | None,
+    named: tuple[str, ParsedSchema] | None,
+    payload: bytes,
+) -> Verdict:
+    """The whole publish check once the driver has found the facts: the topic's binding and
+    the subject and schema the message's (schema id, version) names (None: the registry has
+    no such schema). The payload is decoded here when the binding asks for it."""
+    if config is None or config.policy is ValidationPolicy.NONE:
+        return ACCEPT
+    subject_of_id = None if named is None else named[0]
+    payload_problem = None
+    if named is not None and checks_payload(config, subject_of_id):
+        payload_problem = validate(named[1], payload)
+    return judge(config, schema_id, subject_of_id, payload_problem)

@@ -5,8 +5,11 @@ index from schema id to subject; and the id counter."""
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
+from danube.core.errors import DanubeError, ErrorCode
+from danube.metadata.model import Compare, Op, Put
 from danube.schema.compatibility import CompatibilityMode
 from danube.schema.formats import SchemaType
 from danube.schema.registry import SchemaVersion, Subject
@@ -14,6 +17,9 @@ from danube.schema.registry import SchemaVersion, Subject
 SUBJECTS = "/schemas/subjects/"
 IDS = "/schemas/ids/"
 NEXT_ID = "/schemas/next_id"
+
+MAX_SUBJECT_BYTES = 1024 * 1024
+"""A subject is one key, and etcd refuses requests above 1.5 MiB by default."""
 
 
 class RecordError(ValueError):
@@ -26,6 +32,36 @@ def subject_key(name: str) -> str:
 
 def id_key(schema_id: int) -> str:
     return f"{IDS}{schema_id:020d}"
+
+
+def commit(
+    subject: Subject, seen_revision: int | None, counter_revision: int | None
+) -> tuple[list[Compare], list[Op]]:
+    """The transaction that stores `subject` only if nothing changed since the driver read
+    it: the subject's key at `seen_revision` (None: it did not exist, and then the id
+    counter at `counter_revision`, None when it did not exist either, is bumped and the id
+    indexed in the same transaction). A driver that loses reads again and decides again.
+    A subject above MAX_SUBJECT_BYTES is refused (FAILED_PRECONDITION)."""
+    key = subject_key(subject.name)
+    value = subject_to_json(subject)
+    size = len(json.dumps(value))
+    if size > MAX_SUBJECT_BYTES:
+        raise DanubeError(
+            ErrorCode.FAILED_PRECONDITION,
+            f"subject {subject.name!r} would hold {size} bytes of versions, above the "
+            f"{MAX_SUBJECT_BYTES} a subject may: delete old versions first",
+        )
+    ops: list[Op] = [Put(key, value)]
+    if seen_revision is not None:
+        return [Compare(key, "mod_revision", "==", seen_revision)], ops
+    compares = [Compare(key, "version", "==", 0)]
+    if counter_revision is None:
+        compares.append(Compare(NEXT_ID, "version", "==", 0))
+    else:
+        compares.append(Compare(NEXT_ID, "mod_revision", "==", counter_revision))
+    ops.append(Put(NEXT_ID, subject.schema_id + 1))
+    ops.append(Put(id_key(subject.schema_id), {"subject": subject.name}))
+    return compares, ops
 
 
 def subject_to_json(subject: Subject) -> dict[str, Any]:
