@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is needed, then runs lint, the whole test suite (slow and conformance tests
-# included) and two short simulator fuzz runs (FUZZ_SEEDS, default 50, with the default
-# faults; FUZZ_TIERED_SEEDS, default 20, tiered with the heavy profile). Extra arguments go to
-# pytest, e.g. `scripts/test.sh -k shared`.
+# included) and three short simulator fuzz runs (FUZZ_SEEDS, default 50, with the default
+# faults; FUZZ_TIERED_SEEDS, default 20, tiered with the heavy profile; FUZZ_SCHEMA_SEEDS,
+# default 50, the schema registry with the heavy profile). Extra arguments go to pytest, e.g.
+# `scripts/test.sh -k shared`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -13,3 +14,5 @@ export PATH="$PWD/.venv/bin:$PATH"
 FUZZ_SEEDS="${FUZZ_SEEDS:-50}" .venv/bin/nox -s fuzz
 # The heavy profile (bit flips, more crashes) with the object tier: what the default run skips.
 FUZZ_FIRST_SEED=1001 .venv/bin/nox -s fuzz -- "${FUZZ_TIERED_SEEDS:-20}" --tiered --profile heavy
+# Producers evolving schemas under every compatibility mode, through brokers under faults.
+FUZZ_FIRST_SEED=2001 .venv/bin/nox -s fuzz -- "${FUZZ_SCHEMA_SEEDS:-50}" --schemas --profile heavy

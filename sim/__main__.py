@@ -13,6 +13,7 @@ from pathlib import Path
 from sim.cluster_main import main as cluster_main
 from sim.faults import Faults
 from sim.run import SUB_TYPES, TIERED, Result, Simulation, Workload, replay_command
+from sim.schema_main import main as schema_main
 from sim.seeds import add_fault_arguments, add_run_arguments, chosen_faults, run_seeds
 
 PROFILES = {
@@ -45,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
         help="run a cluster instead (brokers' membership and load manager against a "
         "simulated etcd, and with --data their data planes); `python -m sim --cluster "
         "--help` lists its knobs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--schemas", action="store_true",
+        help="run the schema registry instead (producers evolving subjects under every "
+        "compatibility mode, topics checking publishes); `python -m sim --schemas --help`",
     )  # fmt: skip
     add_run_arguments(parser, PROFILES, 10.0, "load")
     parser.add_argument(
@@ -129,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--cluster" in argv:
         return cluster_main([arg for arg in argv if arg != "--cluster"])
+    if "--schemas" in argv:
+        return schema_main([arg for arg in argv if arg != "--schemas"])
     parser = _parser()
     args = parser.parse_args(argv)
     if args.audit_out is not None:

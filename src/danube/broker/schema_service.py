@@ -41,8 +41,6 @@ from danube.schema.policy import (
 from danube.schema.registry import Registration, SchemaVersion, Subject
 
 T = TypeVar("T")
-RACE_ATTEMPTS = 8
-"""Changes lost to another broker's change before the client is told to retry."""
 MAX_DEFINITION_BYTES = 256 * 1024
 """A subject is one metadata key, rewritten whole on every change: etcd refuses requests
 above 1.5 MiB by default, so a subject stops growing well before that."""
@@ -98,7 +96,7 @@ class SchemaService:
 
     async def _update(self, name: str, change: Callable[[Subject], Subject]) -> Subject:
         """Applies `change` under a compare on the revision read, again after a lost race."""
-        for _ in range(RACE_ATTEMPTS):
+        for _ in range(records.RACE_ATTEMPTS):
             subject, seen = await self._existing(name)
             changed = change(subject)
             if await self._commit(changed, seen, None):
@@ -162,7 +160,7 @@ class SchemaService:
     async def register_schema(self, request: pb.RegisterSchemaRequest) -> pb.RegisterSchemaResponse:
         registry.check_subject_name(request.subject)
         parsed = await self._parse(request.schema_type, request.schema_definition)
-        for _ in range(RACE_ATTEMPTS):
+        for _ in range(records.RACE_ATTEMPTS):
             subject, seen = await self._subject(request.subject)
             candidate = await self._offload(partial(registry.as_the_subject_reads, subject, parsed))
             counter = None
@@ -328,7 +326,7 @@ class SchemaService:
         change made meanwhile through another broker is read again, not written over."""
         for name in await self._topics(topic):
             key = paths.topic_schema_config(name)
-            for _ in range(RACE_ATTEMPTS):
+            for _ in range(records.RACE_ATTEMPTS):
                 found = await store_call_from_grpc(self._store.get, key)
                 current = (
                     None

@@ -18,6 +18,8 @@ SUBJECTS = "/schemas/subjects/"
 IDS = "/schemas/ids/"
 NEXT_ID = "/schemas/next_id"
 
+RACE_ATTEMPTS = 8
+"""Changes lost to another broker's change before the client is told to retry."""
 MAX_SUBJECT_BYTES = 1024 * 1024
 """A subject is one key, and etcd refuses requests above 1.5 MiB by default."""
 

@@ -1,0 +1,197 @@
+"""The invariants of the schema run (spec/schema-registry.md), judged with knowledge the
+broker does not have: what each producer meant to send, and fastavro's own schema
+resolution as the oracle of what a consumer can read.
+
+- *Registrations are what they said*: every version a producer was told it registered is
+  stored under that number with that schema (by fingerprint) and that subject's id; versions
+  run 1, 2, ... with no gap and no two alike; the id index and counter agree.
+- *Modes keep their promise*: every valid message written with version W is read by every
+  version the subject's mode promises can read W (backward: the next one; forward: the one
+  before; full: both; transitive: all later, all earlier, all others), decoding with fastavro
+  from W to that reader's schema.
+- *Policies do what they say*: a message that fits is accepted without a warning; one that
+  does not (no schema id, an unknown version, another subject's schema, a damaged payload
+  where payloads are checked) is accepted under `none`, accepted with a warning under
+  `warn`, refused under `enforce`; a damaged payload where payloads are not checked passes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import fastavro
+
+from danube.core.errors import DanubeError, ErrorCode
+from danube.metadata.state import MetadataState
+from danube.proto import danube as pb
+from danube.schema import records
+from danube.schema.avro import parse_avro
+from danube.schema.compatibility import CompatibilityMode
+from danube.schema.policy import TopicSchemaConfig, ValidationPolicy, Verdict
+from danube.schema.registry import Subject
+from sim.checker import Violation
+from sim.world import World
+
+PAYLOAD_DEFECTS = ("truncated", "trailing")
+DEFECTS = ("missing_id", "unknown_version", "other_subject", *PAYLOAD_DEFECTS)
+MAX_REPORTED = 5
+"""Violations of one invariant reported per run (the first ones tell the story)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Told:
+    producer: str
+    subject: str
+    schema_id: int
+    version: int
+    definition: bytes
+
+
+def expected_outcome(config: TopicSchemaConfig | None, defect: str | None) -> str:
+    if config is None or config.policy is ValidationPolicy.NONE or defect is None:
+        return "accepted"
+    if defect in PAYLOAD_DEFECTS and not config.payload_validation:
+        return "accepted"
+    return "warned" if config.policy is ValidationPolicy.WARN else "refused"
+
+
+def promised_readers(mode: CompatibilityMode, versions: list[int], writer: int) -> list[int]:
+    at = versions.index(writer)
+    later, earlier = versions[at + 1 :], versions[:at]
+    readers: list[int] = []
+    if mode.backward:
+        readers += later if mode.transitive else later[:1]
+    if mode.forward:
+        readers += earlier if mode.transitive else earlier[-1:]
+    return readers
+
+
+class SchemaChecker:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.violations: list[Violation] = []
+        self._reported: Counter[str] = Counter()
+        self.told: list[Told] = []
+        self.bindings: dict[str, TopicSchemaConfig | None] = {}
+        self.outcomes: Counter[str] = Counter()
+        self._valid: list[tuple[str, int, bytes]] = []
+        """(subject, version, payload) of every accepted message that fits."""
+        self.promises_checked = 0
+
+    def violation(self, invariant: str, detail: str) -> None:
+        self._reported[invariant] += 1
+        if self._reported[invariant] <= MAX_REPORTED:
+            self.violations.append(Violation(invariant, detail, self.world.now))
+            self.world.log(f"VIOLATION {invariant}: {detail}")
+
+    def registered(self, told: Told) -> None:
+        self.told.append(told)
+
+    def admitted(
+        self,
+        topic: str,
+        subject: str,
+        defect: str | None,
+        message: pb.StreamMessage,
+        outcome: Verdict | DanubeError,
+    ) -> None:
+        """At the broker, when it decided (its answer may still be lost on the way back)."""
+        if isinstance(outcome, DanubeError) and outcome.code is not ErrorCode.INVALID_ARGUMENT:
+            self.outcomes["unavailable"] += 1
+            return
+        if isinstance(outcome, DanubeError):
+            actual = "refused"
+        else:
+            actual = "accepted" if outcome.problem is None else "warned"
+        self.outcomes[actual] += 1
+        wanted = expected_outcome(self.bindings[topic], defect)
+        if actual != wanted:
+            self.violation(
+                "policy",
+                f"{topic} ({self.bindings[topic]}): a message with defect {defect} was "
+                f"{actual}, expected {wanted} ({outcome})",
+            )
+        if actual != "refused" and defect is None:
+            assert message.schema_version is not None
+            self._valid.append((subject, message.schema_version, message.payload))
+
+    def final(self, state: MetadataState, subjects: list[str]) -> None:
+        stored: dict[str, Subject] = {}
+        for name in subjects:
+            found = state.get(records.subject_key(name))
+            if found is not None:
+                stored[name] = records.subject_from_json(found.value)
+        self._check_registrations(state, stored)
+        self._check_promises(stored)
+
+    def _check_registrations(self, state: MetadataState, stored: dict[str, Subject]) -> None:
+        for told in self.told:
+            subject = stored.get(told.subject)
+            version = None
+            if subject is not None:
+                version = next((v for v in subject.versions if v.version == told.version), None)
+            fingerprint = parse_avro(told.definition).fingerprint
+            if subject is None or version is None:
+                self.violation("registration", f"{told} is not stored")
+            elif version.fingerprint != fingerprint or subject.schema_id != told.schema_id:
+                self.violation(
+                    "registration",
+                    f"{told.producer} was told {told.subject} v{told.version} (id "
+                    f"{told.schema_id}) is {told.definition.decode()}; stored: id "
+                    f"{subject.schema_id}, {version.definition.decode()}",
+                )
+        ids: dict[int, str] = {}
+        for subject in stored.values():
+            numbers = [v.version for v in subject.versions]
+            if numbers != list(range(1, len(numbers) + 1)):
+                self.violation("registration", f"{subject.name} has versions {numbers}")
+            prints = [v.fingerprint for v in subject.versions]
+            if len(set(prints)) != len(prints):
+                self.violation("registration", f"{subject.name} stores one schema twice")
+            if subject.schema_id in ids:
+                self.violation(
+                    "registration",
+                    f"{subject.name} and {ids[subject.schema_id]} share id {subject.schema_id}",
+                )
+            ids[subject.schema_id] = subject.name
+            index = state.get(records.id_key(subject.schema_id))
+            if index is None or index.value != {"subject": subject.name}:
+                self.violation("registration", f"id {subject.schema_id} indexes {index}")
+        counter = state.get(records.NEXT_ID)
+        if ids and (counter is None or int(counter.value) <= max(ids)):
+            self.violation("registration", f"the id counter is {counter} with ids {sorted(ids)}")
+
+    def _check_promises(self, stored: dict[str, Subject]) -> None:
+        parsed: dict[tuple[str, int], Any] = {}
+        for subject in stored.values():
+            for version in subject.versions:
+                parsed[(subject.name, version.version)] = fastavro.parse_schema(
+                    json.loads(version.definition)
+                )
+        for name, writer, payload in self._valid:
+            subject = stored[name]
+            numbers = [v.version for v in subject.versions]
+            own = parsed[(name, writer)]
+            buffer = io.BytesIO(payload)
+            try:
+                fastavro.schemaless_reader(buffer, own, None)
+                whole = buffer.tell() == len(payload)
+            except Exception:
+                whole = False
+            if not whole:
+                self.violation("promise", f"{name} v{writer}: a valid payload does not decode")
+                continue
+            for reader in promised_readers(subject.mode, numbers, writer):
+                self.promises_checked += 1
+                try:
+                    fastavro.schemaless_reader(io.BytesIO(payload), own, parsed[(name, reader)])
+                except Exception as error:
+                    self.violation(
+                        "promise",
+                        f"{name} ({subject.mode.value}): v{reader} cannot read a message "
+                        f"written with v{writer}: {error}",
+                    )
