@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import json
 import uuid
+from contextlib import closing
 
 import pytest
+from grpclib.client import Channel
 
-from danube.client import DanubeClient, DanubeClientError, SchemaRef
+from danube.client import DanubeClient, DanubeClientError, Producer, SchemaRef
 from danube.localcluster.broker_process import BrokerProcess
+from danube.proto import danube_schema as schema_pb
+from danube.schema.avro import encode_json_datum, parse_avro
+from danube.schema.compatibility import CompatibilityMode
 from tests.support.aio import receive_n, run, unique_topic
 
 pytestmark = pytest.mark.slow
@@ -142,3 +147,66 @@ def test_a_malformed_reference_is_refused_at_once(kwargs: dict[str, object], wor
     arguments: dict[str, object] = {"subject": "s", **kwargs}
     with pytest.raises(DanubeClientError, match=words):
         SchemaRef(**arguments)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", [mode.value for mode in CompatibilityMode])
+def test_a_producer_switches_versions_under_each_mode(broker: BrokerProcess, mode: str) -> None:
+    """v2 adds an optional field (compatible under every mode), v3 changes a field's type
+    (refused unless the mode is none). On a topic that enforces with payloads checked, the
+    producer writes v1, v2, then v1 again; a v1 payload stamped v2 is refused."""
+    subject, topic = subject_name(), unique_topic()
+    v1 = order()
+    v2 = json.dumps(
+        {
+            "type": "record",
+            "name": "Order",
+            "fields": [
+                {"name": "id", "type": "long"},
+                {"name": "note", "type": ["null", "string"], "default": None},
+            ],
+        }
+    ).encode()
+    v3 = json.dumps(
+        {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "string"}]}
+    ).encode()
+
+    def datum(definition: bytes, value: dict[str, object]) -> bytes:
+        return encode_json_datum(parse_avro(definition), value)
+
+    async def scenario() -> tuple[list[int | None], str | None, DanubeClientError]:
+        async with DanubeClient(broker.url) as client:
+            await client.schemas.register(subject, "avro", v1)
+            await client.schemas.set_mode(subject, mode)
+            await client.schemas.register(subject, "avro", v2)
+            try:
+                await client.schemas.register(subject, "avro", v3)
+                third = None
+            except DanubeClientError as error:
+                third = str(error)
+
+            def pinned(name: str, version: int) -> Producer:
+                return client.producer(topic, name, schema=SchemaRef(subject, pinned=version))
+
+            first = await pinned("p1", 1).create()
+            with closing(Channel(*broker.broker_addr.rsplit(":", 1))) as channel:
+                await schema_pb.SchemaRegistryStub(channel).configure_topic_schema(
+                    schema_pb.ConfigureTopicSchemaRequest(topic, subject, "enforce", True)
+                )
+            consumer = await client.consumer(topic, "c", "s").subscribe()
+            second = await pinned("p2", 2).create()
+            again = await pinned("p3", 1).create()
+            await first.send(datum(v1, {"id": 1}))
+            await second.send(datum(v2, {"id": 2, "note": "x"}))
+            with pytest.raises(DanubeClientError) as refused:
+                await second.send(datum(v1, {"id": 3}))
+            await again.send(datum(v1, {"id": 4}))
+            received = await receive_n(consumer, 3)
+        return [m.schema_version for m in received], third, refused.value
+
+    versions, third, refused = run(scenario)
+    assert versions == [1, 2, 1]
+    if mode == "none":
+        assert third is None
+    else:
+        assert third is not None and "FAILED_PRECONDITION" in third and mode in third
+    assert "INVALID_ARGUMENT" in str(refused) and "enforce" in str(refused)
