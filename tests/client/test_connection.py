@@ -83,3 +83,35 @@ def test_a_refused_lookup_raises_the_clients_own_error() -> None:
         client._connections.close()
 
     asyncio.run(scenario())
+
+
+def test_registry_calls_retry_a_retryable_answer_but_never_a_deletion() -> None:
+    """A broker whose store did not answer says UNAVAILABLE; registering again is safe (an
+    identical schema returns its version), deleting again is not."""
+    from grpclib.const import Status
+    from grpclib.exceptions import GRPCError
+
+    from danube.client.connection import Connections, RetryPolicy
+    from danube.client.errors import DanubeClientError
+    from danube.client.schemas import SchemaRegistry
+
+    async def scenario() -> tuple[int, int]:
+        connections = Connections("http://127.0.0.1:1", RetryPolicy(base_backoff_s=0.001))
+        calls = {"register": 0, "delete": 0}
+
+        async def on_any_broker(what: str, _: object) -> str:
+            kind = what.split()[0]
+            calls[kind] += 1
+            if calls[kind] < 3:
+                raise GRPCError(Status.UNAVAILABLE, "metadata store: no answer")
+            return "answered"
+
+        connections.on_any_broker = on_any_broker  # type: ignore[assignment,method-assign]
+        registry = SchemaRegistry(connections)
+        assert await registry.register("s", "string", b"") == "answered"  # type: ignore[comparison-overlap]
+        with pytest.raises(DanubeClientError, match="UNAVAILABLE"):
+            await registry.delete_version("s", 1)
+        connections.close()
+        return calls["register"], calls["delete"]
+
+    assert asyncio.run(scenario()) == (3, 1)

@@ -3,6 +3,7 @@ whichever service broker answers (any broker serves the registry, spec/schema-re
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -11,7 +12,7 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from danube.client.connection import BrokerChannel, Connections
-from danube.client.errors import DanubeClientError
+from danube.client.errors import RETRYABLE, DanubeClientError
 from danube.proto import danube as api_pb
 from danube.proto import danube_schema as pb
 
@@ -71,14 +72,31 @@ class SchemaRegistry:
     def __init__(self, connections: Connections) -> None:
         self._connections = connections
 
-    async def _call(self, what: str, call: Callable[[pb.SchemaRegistryStub], Awaitable[T]]) -> T:
+    async def _call(
+        self,
+        what: str,
+        call: Callable[[pb.SchemaRegistryStub], Awaitable[T]],
+        *,
+        idempotent: bool = True,
+    ) -> T:
+        """A retryable answer (a store that did not answer the broker, a subject that kept
+        changing under concurrent registrations) is asked again with the client's backoff,
+        when asking twice cannot do anything twice: registering an identical schema returns
+        the version that has it; a deletion is not repeated."""
+
         def on(channel: BrokerChannel) -> Awaitable[T]:
             return call(pb.SchemaRegistryStub(channel))
 
-        try:
-            return await self._connections.on_any_broker(what, on)
-        except GRPCError as error:
-            raise DanubeClientError.from_grpc(what, error) from None
+        retry = self._connections.retry
+        for attempt in range(retry.max_retries + 1):
+            try:
+                return await self._connections.on_any_broker(what, on)
+            except GRPCError as error:
+                final = not idempotent or attempt == retry.max_retries
+                if final or error.status not in RETRYABLE:
+                    raise DanubeClientError.from_grpc(what, error) from None
+            await asyncio.sleep(retry.delay(attempt))
+        raise AssertionError("unreachable")
 
     async def register(
         self,
@@ -121,7 +139,9 @@ class SchemaRegistry:
     async def delete_version(self, subject: str, version: int) -> pb.DeleteSchemaVersionResponse:
         request = pb.DeleteSchemaVersionRequest(subject, version)
         return await self._call(
-            f"delete {subject} v{version}", lambda s: s.delete_schema_version(request)
+            f"delete {subject} v{version}",
+            lambda s: s.delete_schema_version(request),
+            idempotent=False,
         )
 
     async def resolve(self, ref: SchemaRef) -> WriterSchema:
