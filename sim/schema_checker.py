@@ -9,6 +9,8 @@ resolution as the oracle of what a consumer can read.
   version the subject's mode promises can read W (backward: the next one; forward: the one
   before; full: both; transitive: all later, all earlier, all others), decoding with fastavro
   from W to that reader's schema.
+- *Progress*: every subject gets its first version and mode (a registry that refuses what
+  it should take would otherwise make a quiet, empty run).
 - *Policies do what they say*: a message that fits is accepted without a warning; one that
   does not (no schema id, an unknown version, another subject's schema, a damaged payload
   where payloads are checked) is accepted under `none`, accepted with a warning under
@@ -100,8 +102,11 @@ class SchemaChecker:
         outcome: Verdict | DanubeError,
     ) -> None:
         """At the broker, when it decided (its answer may still be lost on the way back)."""
-        if isinstance(outcome, DanubeError) and outcome.code is not ErrorCode.INVALID_ARGUMENT:
+        if isinstance(outcome, DanubeError) and outcome.code is ErrorCode.UNAVAILABLE:
             self.outcomes["unavailable"] += 1
+            return
+        if isinstance(outcome, DanubeError) and outcome.code is not ErrorCode.INVALID_ARGUMENT:
+            self.violation("policy", f"{topic}: a publish was answered {outcome}")
             return
         if isinstance(outcome, DanubeError):
             actual = "refused"
@@ -119,7 +124,12 @@ class SchemaChecker:
             assert message.schema_version is not None
             self._valid.append((subject, message.schema_version, message.payload))
 
-    def final(self, state: MetadataState, subjects: list[str]) -> None:
+    def final(self, state: MetadataState, subjects: list[str], ready: set[str]) -> None:
+        """`ready`: the subjects whose first version and mode were set (the run retried
+        until the end, through a calm drain phase, so any other was never going to be)."""
+        for name in subjects:
+            if name not in ready:
+                self.violation("progress", f"{name} never got its first version and mode")
         stored: dict[str, Subject] = {}
         for name in subjects:
             found = state.get(records.subject_key(name))
@@ -173,7 +183,11 @@ class SchemaChecker:
                     json.loads(version.definition)
                 )
         for name, writer, payload in self._valid:
-            subject = stored[name]
+            subject = stored.get(name)
+            if subject is None or (name, writer) not in parsed:
+                self.violation("registration", f"messages were accepted with {name} v{writer}, "
+                               "which is not stored")  # fmt: skip
+                continue
             numbers = [v.version for v in subject.versions]
             own = parsed[(name, writer)]
             buffer = io.BytesIO(payload)

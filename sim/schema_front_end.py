@@ -29,7 +29,8 @@ from sim.etcd import Origin, SimEtcd
 from sim.world import US_PER_S, World
 
 REQUEST_TIMEOUT_US = 3 * US_PER_S
-"""The broker's store request timeout."""
+"""The broker's store request timeout (`danube.broker.watching.REQUEST_TIMEOUT_S`, which
+the simulator does not import: it would bring in the trio driver)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +123,7 @@ class FrontEnd:
             )
         config = self._bindings[topic]
         named = None
-        if message.schema_id is not None and config is not None:
+        if message.schema_id is not None and policy.inspects(config):
             named = yield from self._schema_of(message.schema_id, message.schema_version)
         verdict: Verdict = policy.admission(config, message.schema_id, named, message.payload)
         if not verdict.accept:

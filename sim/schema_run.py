@@ -103,7 +103,7 @@ class SchemaResult(ResultMethods):
     registrations: dict[str, int]
     publishes: dict[str, int]
     subjects: dict[str, str]
-    """Per mode: the versions it ended with and the policy of its topic."""
+    """Per subject (one per mode): the versions it ended with and its topic's policy."""
     promises_checked: int
     violations: list[Violation]
     injected: Injected
@@ -166,8 +166,10 @@ class SchemaSimulation:
         self.checker = SchemaChecker(self.world)
         self.registrations: Counter[str] = Counter()
         self.stopping = False
+        self.operators_failed = 0
         self.subjects = [f"orders-{mode.value}" for mode in CompatibilityMode]
         self.ids: dict[str, int] = {}
+        self.ready: set[str] = set()
         self.producers: list[SchemaProducer] = []
         self._setup()
 
@@ -188,6 +190,7 @@ class SchemaSimulation:
 
     def started(self, subject: str, topic: str, registration: Registration, first: Any) -> None:
         self.ids[subject] = registration.subject.schema_id
+        self.ready.add(subject)
         for index in range(self.workload.producers):
             producer = SchemaProducer(
                 self, f"{subject}-p{index}", subject, topic, registration, first
@@ -217,7 +220,7 @@ class SchemaSimulation:
         self.stopping = True
         self.world.log("producers stop")
         self.world.run_until(end + DRAIN_LIMIT_US, lambda: self.idle)
-        self.checker.final(self.etcd.state, self.subjects)
+        self.checker.final(self.etcd.state, self.subjects, self.ready)
         return SchemaResult(
             seed=self.world.seed,
             duration_s=duration_s,
@@ -236,7 +239,8 @@ class SchemaSimulation:
 
     @property
     def idle(self) -> bool:
-        return all(p.pending is None for p in self.producers)
+        settled = len(self.ready) + self.operators_failed == len(self.subjects)
+        return settled and all(p.pending is None for p in self.producers)
 
     def _subjects_summary(self) -> dict[str, str]:
         shown = {}
@@ -280,11 +284,19 @@ class Operator:
 
     def _registered(self, result: Any) -> None:
         if not isinstance(result, Registration):
-            self.sim.world.log(f"{self.name} register again after {result!r}")
-            self.sim.world.at(RETRY_US, self.start)
+            self._again(result, self.start)
             return
         self.registration = result
         self._set_mode()
+
+    def _again(self, result: Any, action: Callable[[], None]) -> None:
+        """Retries after a timeout or UNAVAILABLE; any other answer can never change."""
+        if isinstance(result, DanubeError) and result.code is not ErrorCode.UNAVAILABLE:
+            self.sim.operators_failed += 1
+            self.sim.checker.violation("progress", f"{self.name}: {result}")
+            return
+        self.sim.world.log(f"{self.name} asks again after {result!r}")
+        self.sim.world.at(RETRY_US, action)
 
     def _set_mode(self) -> None:
         self.sim.calls.call(
@@ -295,8 +307,7 @@ class Operator:
 
     def _mode_set(self, result: Any) -> None:
         if not isinstance(result, Subject):
-            self.sim.world.log(f"{self.name} set the mode again after {result!r}")
-            self.sim.world.at(RETRY_US, self._set_mode)
+            self._again(result, self._set_mode)
             return
         assert self.registration is not None
         self.sim.world.log(f"{self.name} ready: id {result.schema_id}, mode {result.mode.value}")

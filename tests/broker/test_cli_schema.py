@@ -224,3 +224,19 @@ def test_schema_flags_that_cannot_work_get_one_error_line(
     run = data_cli("produce", "-s", broker.url, "-t", unique_topic(), "-m", "{}", *args)
     assert run.returncode == 1 and words in run.stderr, run.stderr
     assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_a_payload_that_does_not_fit_the_schema_file_registers_nothing(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Found in review: the file was registered before the payload was checked."""
+    subject = f"cli-{uuid.uuid4().hex[:8]}"
+    schema = write(tmp_path / "order.avsc", [{"name": "id", "type": "long"}])
+    refused = data_cli(
+        "produce", "-s", broker.url, "-t", unique_topic(), "--schema-subject", subject,
+        "--schema-file", str(schema), "--schema-type", "avro", "-m", '{"id": "x"}',
+    )  # fmt: skip
+    assert refused.returncode == 1
+    assert "from the schema file (avro): field 'id'" in refused.stderr
+    assert "nothing was registered or sent" in refused.stderr
+    assert "NOT_FOUND" in cli(broker, "versions", subject).stderr

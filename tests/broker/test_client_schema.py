@@ -210,3 +210,30 @@ def test_a_producer_switches_versions_under_each_mode(broker: BrokerProcess, mod
     else:
         assert third is not None and "FAILED_PRECONDITION" in third and mode in third
     assert "INVALID_ARGUMENT" in str(refused) and "enforce" in str(refused)
+
+
+def test_a_deleted_version_is_refused_at_once_on_an_enforcing_topic(
+    broker: BrokerProcess,
+) -> None:
+    """Found in review: the broker kept the schemas messages named for ever, so a version
+    deleted after a message had named it went on being accepted."""
+    subject, topic = subject_name(), unique_topic()
+
+    async def scenario() -> DanubeClientError:
+        async with DanubeClient(broker.url) as client:
+            await three_versions(client, subject)
+            producer = await client.producer(
+                topic, "p", schema=SchemaRef(subject, pinned=1)
+            ).create()
+            with closing(Channel(*broker.broker_addr.rsplit(":", 1))) as channel:
+                await schema_pb.SchemaRegistryStub(channel).configure_topic_schema(
+                    schema_pb.ConfigureTopicSchemaRequest(topic, subject, "enforce", False)
+                )
+            await producer.send(b"\x02")
+            await client.schemas.delete_version(subject, 1)
+            with pytest.raises(DanubeClientError) as refused:
+                await producer.send(b"\x02")
+            return refused.value
+
+    error = run(scenario)
+    assert "INVALID_ARGUMENT" in str(error) and "registry has no schema" in str(error)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
+from danube.core.errors import invalid
 from danube.schema import policy, records, registry
 
 
@@ -39,8 +40,21 @@ def payloads_never_checked() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def registrations_refused() -> Iterator[None]:
+    """Every registration is refused as invalid: a run that only counted what happened
+    would report an empty run as a clean one."""
+
+    def register(*_args: Any, **_kwargs: Any) -> Any:
+        raise invalid("refused")
+
+    with mock.patch.object(registry, "register", register):
+        yield
+
+
 SCHEMA_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "compatibility_unchecked": compatibility_unchecked,
     "commit_without_compare": commit_without_compare,
     "payloads_never_checked": payloads_never_checked,
+    "registrations_refused": registrations_refused,
 }

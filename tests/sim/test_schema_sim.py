@@ -12,10 +12,14 @@ from collections.abc import Callable
 
 import pytest
 
+from danube.core.errors import DanubeError, ErrorCode
+from danube.metadata.state import MetadataState
+from danube.proto import danube as pb
 from danube.schema.compatibility import CompatibilityMode
-from danube.schema.policy import TopicSchemaConfig, ValidationPolicy
-from sim.schema_checker import expected_outcome, promised_readers
+from danube.schema.policy import TopicSchemaConfig, ValidationPolicy, Verdict
+from sim.schema_checker import SchemaChecker, expected_outcome, promised_readers
 from sim.schema_run import SCHEMA_PROFILES, SchemaResult, SchemaSimulation, SchemaWorkload
+from sim.world import World
 from tests.sim.schema_mutations import SCHEMA_MUTATIONS
 
 
@@ -95,3 +99,25 @@ def test_the_command_line_reports_a_run_identically_in_any_process() -> None:
         return done.stdout.splitlines()[0].split("digest ")[1]
 
     assert digest_line("1") == digest_line("2")
+
+
+def test_a_message_of_a_version_the_store_lost_is_reported_not_a_crash() -> None:
+    """Found in review: the checker looked the writer version up unguarded, so a registry bug
+    that lost a version ended the run with a KeyError instead of a report."""
+    checker = SchemaChecker(World(1))
+    checker.bindings["/sim/t"] = None
+    message = pb.StreamMessage(payload=b"\x02", schema_id=1, schema_version=4)
+    checker.admitted("/sim/t", "orders", None, message, Verdict(True))
+    checker.final(MetadataState(), ["orders"], {"orders"})
+    assert [v.invariant for v in checker.violations] == ["registration"]
+    assert "orders v4" in checker.violations[0].detail
+
+
+def test_a_publish_answered_with_anything_but_a_refusal_or_unavailable_is_a_violation() -> None:
+    checker = SchemaChecker(World(1))
+    checker.bindings["/sim/t"] = None
+    message = pb.StreamMessage(payload=b"\x02", schema_id=1, schema_version=1)
+    checker.admitted("/sim/t", "orders", None, message, DanubeError(ErrorCode.UNAVAILABLE, "x"))
+    assert checker.violations == []
+    checker.admitted("/sim/t", "orders", None, message, DanubeError(ErrorCode.INTERNAL, "x"))
+    assert [v.invariant for v in checker.violations] == ["policy"]

@@ -18,8 +18,8 @@ from danube.proto import danube as pb
 from danube.schema.policy import (
     Problem,
     TopicSchemaConfig,
-    ValidationPolicy,
     admission,
+    inspects,
     producer_binding,
 )
 
@@ -41,7 +41,7 @@ class SchemaGate:
         the message does not fit. It runs before the core, which decides before anything
         changes."""
         config = await self._schemas.topic_config(topic)
-        if config is None or config.policy is ValidationPolicy.NONE:
+        if not inspects(config):
             return
         named = None
         if message.schema_id is not None:

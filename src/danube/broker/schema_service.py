@@ -42,8 +42,11 @@ from danube.schema.registry import Registration, SchemaVersion, Subject
 
 T = TypeVar("T")
 MAX_DEFINITION_BYTES = 256 * 1024
-"""A subject is one metadata key, rewritten whole on every change: etcd refuses requests
-above 1.5 MiB by default, so a subject stops growing well before that."""
+"""A subject is one metadata key, rewritten whole on every change (`records.MAX_SUBJECT_BYTES`
+bounds it): one definition may take a quarter of it."""
+NAMED_TTL_S = 10.0
+"""How long a broker trusts what it read of the schema a message names: a version never
+changes, but it can be deleted through another broker."""
 PARSED_CACHE = 256
 """Stored versions kept parsed (every check reads the latest, transitive ones all)."""
 CONFIG_CACHE = 65_536
@@ -76,8 +79,10 @@ class SchemaService:
         self._configs: OrderedDict[str, tuple[float, TopicSchemaConfig | DanubeError | None]] = (
             OrderedDict()
         )
-        self._by_id: OrderedDict[tuple[int, int], tuple[str, ParsedSchema]] = OrderedDict()
-        """Schemas messages named by (id, version): a registered version never changes."""
+        self._by_id: OrderedDict[tuple[int, int], tuple[float, tuple[str, ParsedSchema]]] = (
+            OrderedDict()
+        )
+        """Schemas messages named by (id, version), with when they were read (NAMED_TTL_S)."""
 
     # -- store access ---------------------------------------------------------------------
 
@@ -241,9 +246,10 @@ class SchemaService:
     async def delete_schema_version(
         self, request: pb.DeleteSchemaVersionRequest
     ) -> pb.DeleteSchemaVersionResponse:
-        await self._update(
+        left = await self._update(
             request.subject, lambda subject: registry.delete_version(subject, request.version)
         )
+        self._by_id.pop((left.schema_id, request.version), None)
         return pb.DeleteSchemaVersionResponse(
             success=True, message=f"deleted version {request.version} of {request.subject!r}"
         )
@@ -378,11 +384,12 @@ class SchemaService:
         self, schema_id: int, version: int | None
     ) -> tuple[str, ParsedSchema] | None:
         """The subject and parsed schema a message's (schema id, version) names (the latest
-        version without one), None when the registry has no such schema. Kept: a version
-        never changes once registered."""
-        if version is not None and (schema_id, version) in self._by_id:
+        version without one), None when the registry has no such schema. Kept for
+        NAMED_TTL_S; a deletion through this broker forgets it at once."""
+        cached = None if version is None else self._by_id.get((schema_id, version))
+        if cached is not None and time.monotonic() - cached[0] < NAMED_TTL_S:
             self._by_id.move_to_end((schema_id, version))
-            return self._by_id[(schema_id, version)]
+            return cached[1]
         index = await store_call_from_grpc(self._store.get, records.id_key(schema_id))
         found: tuple[str, ParsedSchema] | None = None
         if index is not None:
@@ -395,7 +402,7 @@ class SchemaService:
             if subject is not None and chosen is not None:
                 found = (subject.name, await self._offload(partial(self._read, chosen)))
         if version is not None and found is not None:
-            self._by_id[(schema_id, version)] = found
+            self._by_id[(schema_id, version)] = (time.monotonic(), found)
             if len(self._by_id) > PARSED_CACHE:
                 self._by_id.popitem(last=False)
         return found

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from grpclib.const import Status
+
 from danube.cli.schema import TYPES, add_schema_commands
 from danube.cli.schema_payloads import PayloadError, SchemaPayloads, render_bytes
 from danube.cli.usage import UsageError, add_service_addr
@@ -80,8 +82,11 @@ def subject_for_topic(topic: str) -> str:
     return topic.lstrip("/").replace("/", "-")
 
 
-async def _schema_ref(args: argparse.Namespace, registry: SchemaRegistry) -> SchemaRef | None:
-    """The schema the producer writes with, registering `--schema-file` first; a schema file
+async def _schema_ref(
+    args: argparse.Namespace, registry: SchemaRegistry, payload: bytes
+) -> SchemaRef | None:
+    """The schema the producer writes with, registering `--schema-file` first (once the
+    payload is known to fit it, so a typo in the payload registers nothing); a schema file
     pins the version it registered as (or already was), so an older definition is written as
     that older version."""
     if args.schema_file is not None:
@@ -95,6 +100,11 @@ async def _schema_ref(args: argparse.Namespace, registry: SchemaRegistry) -> Sch
         except OSError as error:
             raise UsageError(f"cannot read {args.schema_file}: {error.strerror}") from None
         subject = args.schema_subject or subject_for_topic(args.topic)
+        try:
+            local = WriterSchema(subject, 0, 0, args.schema_type, definition)
+            SchemaPayloads.of(local).encode(payload)
+        except PayloadError as error:
+            raise UsageError(f"{error}; nothing was registered or sent") from None
         answer = await registry.register(
             subject, args.schema_type, definition, created_by="danube-cli"
         )
@@ -131,7 +141,7 @@ async def produce(args: argparse.Namespace) -> int:
             args.producer_name,
             partitions=args.partitions,
             dispatch=strategy,
-            schema=await _schema_ref(args, client.schemas),
+            schema=await _schema_ref(args, client.schemas, payload),
         )
         schema = await producer.resolve_schema()
         if schema is not None:
@@ -158,16 +168,24 @@ class MessageRenderer:
     def __init__(self, registry: SchemaRegistry) -> None:
         self._registry = registry
         self._schemas: dict[tuple[int, int | None], SchemaPayloads | str] = {}
+        """Codecs, and answers that cannot change (no such schema, one that does not parse
+        here); a registry that could not answer is asked again at the next message."""
 
     async def _schema(self, schema_id: int, version: int | None) -> SchemaPayloads | str:
         """The schema's codec, or why there is none."""
         key = (schema_id, version)
-        if key not in self._schemas:
-            try:
-                answer = await self._registry.get(schema_id, version)
-                self._schemas[key] = SchemaPayloads.of(WriterSchema.of(answer))
-            except (DanubeClientError, PayloadError) as error:
-                self._schemas[key] = f"schema id {schema_id} v{version}: {error}"
+        if key in self._schemas:
+            return self._schemas[key]
+        named = f"schema id {schema_id} {'latest' if version is None else f'v{version}'}"
+        try:
+            answer = await self._registry.get(schema_id, version)
+            self._schemas[key] = SchemaPayloads.of(WriterSchema.of(answer))
+        except PayloadError as error:
+            self._schemas[key] = f"{named}: {error}"
+        except DanubeClientError as error:
+            if error.status is not Status.NOT_FOUND:
+                return f"{named}: {error}"
+            self._schemas[key] = f"{named}: {error}"
         return self._schemas[key]
 
     async def render(self, message: Message) -> str:

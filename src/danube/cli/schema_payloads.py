@@ -81,7 +81,9 @@ class SchemaPayloads:
 
 
 def describe(schema: WriterSchema) -> str:
-    return f"{schema.subject} v{schema.version} ({schema.schema_type})"
+    """Version 0 is a schema not registered yet (`produce --schema-file` checks first)."""
+    version = f"v{schema.version}" if schema.version else "from the schema file"
+    return f"{schema.subject} {version} ({schema.schema_type})"
 
 
 def render_bytes(payload: bytes) -> str:

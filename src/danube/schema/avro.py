@@ -263,11 +263,13 @@ def encode_json_datum(schema: AvroSchema, value: object) -> bytes:
 
 
 def decode_json_datum(schema: AvroSchema, payload: bytes) -> object:
-    """A binary datum of `schema` as a JSON value, for people reading payloads; raises
-    ValueError with `validate_datum`'s message when `payload` is not one. The inverse of
-    `encode_json_datum` in spirit: bytes and fixed values are strings of code points 0–255,
-    and a logical type is shown in its usual text form (a timestamp in ISO 8601, a decimal
-    in digits)."""
+    """A binary datum of `schema` as a value for people to read (`danube-cli consume`);
+    raises ValueError with `validate_datum`'s message when `payload` is not one. Bytes and
+    fixed values are strings of code points 0–255 and unions are untagged, as
+    `encode_json_datum` takes them, so without logical types the output can be given back
+    to it. A logical type is shown in its usual text form (a timestamp in ISO 8601, a
+    decimal in digits), which `encode_json_datum` does not take; a NaN or infinite double
+    stays a float, which `json.dumps` writes as `NaN`/`Infinity`, not strict JSON."""
     problem = validate_datum(schema, payload)
     if problem is not None:
         raise ValueError(problem)

@@ -158,6 +158,12 @@ def judge(
     return found
 
 
+def inspects(config: TopicSchemaConfig | None) -> bool:
+    """Whether publishes under this binding are looked at: the driver finds the schema a
+    message names only for these (none costs a publish nothing)."""
+    return config is not None and config.policy is not ValidationPolicy.NONE
+
+
 def admission(
     config: TopicSchemaConfig | None,
     schema_id: int | None,
@@ -167,7 +173,7 @@ def admission(
     """The whole publish check once the driver has found the facts: the topic's binding and
     the subject and schema the message's (schema id, version) names (None: the registry has
     no such schema). The payload is decoded here when the binding asks for it."""
-    if config is None or config.policy is ValidationPolicy.NONE:
+    if config is None or not inspects(config):
         return ACCEPT
     subject_of_id = None if named is None else named[0]
     payload_problem = None
