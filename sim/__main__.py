@@ -14,7 +14,13 @@ from sim.cluster_main import main as cluster_main
 from sim.faults import Faults
 from sim.run import SUB_TYPES, TIERED, Result, Simulation, Workload, replay_command
 from sim.schema_main import main as schema_main
-from sim.seeds import add_fault_arguments, add_run_arguments, chosen_faults, run_seeds
+from sim.seeds import (
+    add_fault_arguments,
+    add_run_arguments,
+    chosen_faults,
+    run_seeds,
+    violation_lines,
+)
 
 PROFILES = {
     "none": Faults(),
@@ -120,14 +126,8 @@ def report(result: Result, workload: Workload, faults: Faults) -> str:
         lines.append(f"  acknowledged but lost: {result.lost}")
     if result.stopped_topics:
         lines.append(f"  topics stopped by the broker: {sorted(result.stopped_topics)}")
-    for violation in result.violations:
-        lines.append(f"  VIOLATION of invariant {violation.invariant}: {violation.detail}")
-    if result.violations:
-        lines.append(
-            f"  replay: {replay_command(result.seed, result.duration_s, workload, faults)}"
-        )
-        lines.append("  trace before the violation:")
-        lines.extend(f"    {line}" for line in result.trace_tail[-40:])
+    replay = replay_command(result.seed, result.duration_s, workload, faults)
+    lines += violation_lines(result.violations, replay, result.trace_tail)
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ served by exactly one broker.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from danube.cluster.load_manager import Aggressiveness, LoadManagerConfig, RebalancingConfig
 from danube.cluster.membership import MembershipConfig
@@ -40,7 +40,7 @@ from sim.etcd import Origin, SimEtcd
 from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
 from sim.objects import SimObjectStore
-from sim.seeds import ResultMethods
+from sim.seeds import ResultMethods, changed_flags
 from sim.world import US_PER_MS, US_PER_S, World
 
 SETTLE_LIMIT_US = 60 * US_PER_S
@@ -306,18 +306,5 @@ def cluster_replay_command(
 ) -> str:
     """The command line that reruns exactly this run (from `--profile none`)."""
     args = [f"python -m sim --cluster --seed {seed} --duration {duration_s:g} --profile none"]
-    base = ClusterWorkload()
-    for item in fields(ClusterWorkload):
-        value = getattr(workload, item.name)
-        if value != getattr(base, item.name):
-            flag = item.name.replace("_", "-")
-            if isinstance(value, bool):
-                args.append(f"--{flag}" if value else f"--no-{flag}")
-            else:
-                args.append(f"--{flag} {value}")
-    calm = ClusterFaults()
-    for item in fields(ClusterFaults):
-        value = getattr(faults, item.name)
-        if value != getattr(calm, item.name):
-            args.append(f"--{item.name.replace('_', '-')} {value}")
+    args += changed_flags(workload, ClusterWorkload()) + changed_flags(faults, ClusterFaults())
     return " ".join(args)

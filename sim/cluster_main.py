@@ -6,11 +6,18 @@ the trace before the violation are printed), 2 for bad arguments."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from sim.cluster import ClusterResult, ClusterSimulation, ClusterWorkload, cluster_replay_command
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
-from sim.seeds import add_fault_arguments, add_run_arguments, chosen_faults, run_seeds
+from sim.seeds import (
+    add_fault_arguments,
+    add_run_arguments,
+    add_workload_arguments,
+    chosen_faults,
+    chosen_workload,
+    run_seeds,
+    violation_lines,
+)
 
 KNOB_HELP = {
     "data": "data planes: ownership, broker cores, object store, producers ",
@@ -26,30 +33,13 @@ def _parser() -> argparse.ArgumentParser:
         "machines, broker cores, an object store and producers (invariants g and h).",
     )
     add_run_arguments(parser, CLUSTER_PROFILES, 30.0, "faults")
-    workload = parser.add_argument_group("workload")
-    defaults = ClusterWorkload()
-    for item in dataclasses.fields(ClusterWorkload):
-        value = getattr(defaults, item.name)
-        flag = f"--{item.name.replace('_', '-')}"
-        what = KNOB_HELP.get(item.name, "")
-        if isinstance(value, bool):
-            workload.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=value,
-                help=f"{what}(default {'on' if value else 'off'})",
-            )  # fmt: skip
-        else:
-            workload.add_argument(
-                flag, type=type(value), default=value, help=f"{what}(default {value})"
-            )
+    add_workload_arguments(parser, ClusterWorkload, KNOB_HELP)
     add_fault_arguments(parser, ClusterFaults)
     return parser
 
 
 def _settings(args: argparse.Namespace) -> tuple[ClusterWorkload, ClusterFaults]:
-    workload = ClusterWorkload(
-        **{item.name: getattr(args, item.name) for item in dataclasses.fields(ClusterWorkload)}
-    )
-    return workload, chosen_faults(args, CLUSTER_PROFILES)
+    return chosen_workload(args, ClusterWorkload), chosen_faults(args, CLUSTER_PROFILES)
 
 
 def cluster_report(result: ClusterResult, workload: ClusterWorkload, faults: ClusterFaults) -> str:
@@ -67,13 +57,8 @@ def cluster_report(result: ClusterResult, workload: ClusterWorkload, faults: Clu
     if result.data:
         counts = ", ".join(f"{kind} {count}" for kind, count in sorted(result.data.items()))
         lines.insert(3, f"  data plane: {counts}")
-    for violation in result.violations:
-        lines.append(f"  VIOLATION of invariant {violation.invariant}: {violation.detail}")
-    if result.violations:
-        replay = cluster_replay_command(result.seed, result.duration_s, workload, faults)
-        lines.append(f"  replay: {replay}")
-        lines.append("  trace before the violation:")
-        lines.extend(f"    {line}" for line in result.trace_tail[-40:])
+    replay = cluster_replay_command(result.seed, result.duration_s, workload, faults)
+    lines += violation_lines(result.violations, replay, result.trace_tail)
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ reads the whole history from the start, most of it from objects."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from sim.disk import SimDisk
 from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
 from sim.objects import SimObjectStore, StoredBlob, impostor_segment
-from sim.seeds import ResultMethods
+from sim.seeds import ResultMethods, changed_flags
 from sim.world import US_PER_MS, US_PER_S, World
 
 if TYPE_CHECKING:
@@ -400,18 +400,9 @@ def replay_command(seed: int, duration_s: float, workload: Workload, faults: Fau
     """The command line that reruns exactly this simulation: `--tiered` and `--profile none`
     first, since the command line starts from the tiered workload and the default profile."""
     args = [f"python -m sim --seed {seed} --duration {duration_s:g}"]
-    base = TIERED if workload.tiered else Workload()
     if workload.tiered:
         args.append("--tiered")
     args.append("--profile none")
-    for item in fields(Workload):
-        value = getattr(workload, item.name)
-        if item.name != "tiered" and value != getattr(base, item.name):
-            shown = ",".join(value) if isinstance(value, tuple) else value
-            args.append(f"--{item.name.replace('_', '-')} {shown}")
-    calm = Faults()
-    for item in fields(Faults):
-        value = getattr(faults, item.name)
-        if value != getattr(calm, item.name):
-            args.append(f"--{item.name.replace('_', '-')} {value}")
+    args += changed_flags(workload, TIERED if workload.tiered else Workload(), skip=("tiered",))
+    args += changed_flags(faults, Faults())
     return " ".join(args)

@@ -6,7 +6,6 @@ the trace before the violation are printed), 2 for bad arguments."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from sim.schema_run import (
     SCHEMA_PROFILES,
@@ -16,7 +15,15 @@ from sim.schema_run import (
     SchemaWorkload,
     schema_replay_command,
 )
-from sim.seeds import add_fault_arguments, add_run_arguments, chosen_faults, run_seeds
+from sim.seeds import (
+    add_fault_arguments,
+    add_run_arguments,
+    add_workload_arguments,
+    chosen_faults,
+    chosen_workload,
+    run_seeds,
+    violation_lines,
+)
 
 KNOB_HELP = {
     "producers": "producers per subject, evolving it at once ",
@@ -37,14 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         "checks that every mode keeps its promise.",
     )
     add_run_arguments(parser, SCHEMA_PROFILES, 10.0, "producers")
-    workload = parser.add_argument_group("workload")
-    defaults = SchemaWorkload()
-    for item in dataclasses.fields(SchemaWorkload):
-        value = getattr(defaults, item.name)
-        workload.add_argument(
-            f"--{item.name.replace('_', '-')}", type=type(value), default=value,
-            help=f"{KNOB_HELP[item.name]}(default {value})",
-        )  # fmt: skip
+    add_workload_arguments(parser, SchemaWorkload, KNOB_HELP)
     add_fault_arguments(parser, SchemaFaults)
     return parser
 
@@ -62,21 +62,14 @@ def schema_report(result: SchemaResult, workload: SchemaWorkload, faults: Schema
         *(f"  {subject}: {summary}" for subject, summary in result.subjects.items()),
         f"  faults injected: {result.injected.summary()}",
     ]
-    for violation in result.violations:
-        lines.append(f"  VIOLATION of invariant {violation.invariant}: {violation.detail}")
-    if result.violations:
-        replay = schema_replay_command(result.seed, result.duration_s, workload, faults)
-        lines.append(f"  replay: {replay}")
-        lines.append("  trace before the violation:")
-        lines.extend(f"    {line}" for line in result.trace_tail[-40:])
+    replay = schema_replay_command(result.seed, result.duration_s, workload, faults)
+    lines += violation_lines(result.violations, replay, result.trace_tail)
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    workload = SchemaWorkload(
-        **{item.name: getattr(args, item.name) for item in dataclasses.fields(SchemaWorkload)}
-    )
+    workload = chosen_workload(args, SchemaWorkload)
     if workload.producers < 1 or workload.brokers < 1 or workload.rate <= 0:
         raise SystemExit("python -m sim --schemas: error: producers, brokers and rate must be > 0")
     faults = chosen_faults(args, SCHEMA_PROFILES)

@@ -37,7 +37,7 @@ from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
 from sim.schema_checker import DEFECTS, SchemaChecker, Told
 from sim.schema_front_end import FrontEnd
-from sim.seeds import ResultMethods
+from sim.seeds import ResultMethods, changed_flags
 from sim.world import US_PER_MS, US_PER_S, World
 
 CLIENT_TIMEOUT_US = 5 * US_PER_S
@@ -459,15 +459,7 @@ class SchemaProducer:
 def schema_replay_command(
     seed: int, duration_s: float, workload: SchemaWorkload, faults: SchemaFaults
 ) -> str:
-    parts = [f".venv/bin/python -m sim --schemas --seed {seed} --duration {duration_s:g}"]
-    defaults = SchemaWorkload()
-    for name in workload.__dataclass_fields__:
-        value = getattr(workload, name)
-        if value != getattr(defaults, name):
-            parts.append(f"--{name.replace('_', '-')} {value}")
-    parts.append("--profile none")
-    for name in faults.__dataclass_fields__:
-        value = getattr(faults, name)
-        if value != getattr(SchemaFaults(), name):
-            parts.append(f"--{name.replace('_', '-')} {value}")
-    return " ".join(parts)
+    """The command line that reruns exactly this run (from `--profile none`)."""
+    args = [f"python -m sim --schemas --seed {seed} --duration {duration_s:g} --profile none"]
+    args += changed_flags(workload, SchemaWorkload()) + changed_flags(faults, SchemaFaults())
+    return " ".join(args)

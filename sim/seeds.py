@@ -48,6 +48,34 @@ class ResultMethods:
         return data
 
 
+def changed_flags(chosen: Any, base: Any, skip: Iterable[str] = ()) -> list[str]:
+    """The command-line flags that turn dataclass `base` into `chosen`, for a replay command:
+    `--no-x` for a switched-off boolean, comma-joined tuples."""
+    flags = []
+    for item in dataclasses.fields(chosen):
+        value = getattr(chosen, item.name)
+        if item.name in skip or value == getattr(base, item.name):
+            continue
+        flag = item.name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{flag}" if value else f"--no-{flag}")
+        elif isinstance(value, tuple):
+            flags.append(f"--{flag} {','.join(value)}")
+        else:
+            flags.append(f"--{flag} {value}")
+    return flags
+
+
+def violation_lines(violations: list[Any], replay: str, trace_tail: list[str]) -> list[str]:
+    """The end of a failing run's report: each violation, the replay command, the trace."""
+    lines = [f"  VIOLATION of invariant {v.invariant}: {v.detail}" for v in violations]
+    if violations:
+        lines.append(f"  replay: {replay}")
+        lines.append("  trace before the violation:")
+        lines.extend(f"    {line}" for line in trace_tail[-40:])
+    return lines
+
+
 def add_run_arguments(
     parser: argparse.ArgumentParser, profiles: Iterable[str], duration_s: float, what: str
 ) -> None:
@@ -64,6 +92,34 @@ def add_run_arguments(
     )  # fmt: skip
     parser.add_argument("--trace", type=Path, help="write the whole trace of the run here")
     parser.add_argument("--json", action="store_true", help="print one JSON summary per run")
+
+
+def add_workload_arguments(
+    parser: argparse.ArgumentParser, workload: type[Any], helps: Mapping[str, str]
+) -> None:
+    """One `--<knob>` per field of the workload dataclass (`--no-<knob>` for a boolean), with
+    its default; `helps` says what a knob means, ending in a space."""
+    group = parser.add_argument_group("workload")
+    defaults = workload()
+    for item in dataclasses.fields(workload):
+        value = getattr(defaults, item.name)
+        flag = f"--{item.name.replace('_', '-')}"
+        what = helps.get(item.name, "")
+        if isinstance(value, bool):
+            group.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=value,
+                help=f"{what}(default {'on' if value else 'off'})",
+            )  # fmt: skip
+        else:
+            group.add_argument(
+                flag, type=type(value), default=value, help=f"{what}(default {value})"
+            )
+
+
+def chosen_workload(args: argparse.Namespace, workload: type[T]) -> T:
+    """The workload `add_workload_arguments` read."""
+    names = [item.name for item in dataclasses.fields(workload)]  # type: ignore[arg-type]
+    return workload(**{name: getattr(args, name) for name in names})
 
 
 def add_fault_arguments(parser: argparse.ArgumentParser, faults: type[Any]) -> None:

@@ -4,6 +4,7 @@ each planted bug is caught."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,14 @@ from danube.proto import danube as pb
 from danube.schema.compatibility import CompatibilityMode
 from danube.schema.policy import TopicSchemaConfig, ValidationPolicy, Verdict
 from sim.schema_checker import SchemaChecker, expected_outcome, promised_readers
-from sim.schema_run import SCHEMA_PROFILES, SchemaResult, SchemaSimulation, SchemaWorkload
+from sim.schema_run import (
+    SCHEMA_PROFILES,
+    SchemaFaults,
+    SchemaResult,
+    SchemaSimulation,
+    SchemaWorkload,
+    schema_replay_command,
+)
 from sim.world import World
 from tests.sim.schema_mutations import SCHEMA_MUTATIONS
 
@@ -121,3 +129,19 @@ def test_a_publish_answered_with_anything_but_a_refusal_or_unavailable_is_a_viol
     assert checker.violations == []
     checker.admitted("/sim/t", "orders", None, message, DanubeError(ErrorCode.INTERNAL, "x"))
     assert [v.invariant for v in checker.violations] == ["policy"]
+
+
+def test_the_replay_command_replays_the_run() -> None:
+    workload = SchemaWorkload(producers=3, bad=0.3)
+    faults = SchemaFaults(loss=0.01, crash=0.05)
+    expected = SchemaSimulation(4, workload, faults).run(2)
+    command = schema_replay_command(4, 2, workload, faults)
+    assert command == (
+        "python -m sim --schemas --seed 4 --duration 2 --profile none --producers 3 --bad 0.3 "
+        "--loss 0.01 --crash 0.05"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "sim", *command.split()[3:], "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert json.loads(done.stdout)["digest"] == expected.digest
