@@ -15,7 +15,7 @@ from grpclib.const import Status
 
 from danube.cli.schema import TYPES, add_schema_commands
 from danube.cli.schema_payloads import PayloadError, SchemaPayloads, render_bytes
-from danube.cli.usage import UsageError, add_service_addr
+from danube.cli.usage import UsageError, add_service_addr, read_input
 from danube.client import (
     DanubeClient,
     DanubeClientError,
@@ -95,10 +95,7 @@ async def _schema_ref(
                              "--schema-version and --schema-min-version")  # fmt: skip
         if args.schema_type is None:
             raise UsageError("--schema-file needs --schema-type")
-        try:
-            definition = args.schema_file.read_bytes()
-        except OSError as error:
-            raise UsageError(f"cannot read {args.schema_file}: {error.strerror}") from None
+        definition = read_input(args.schema_file)
         subject = args.schema_subject or subject_for_topic(args.topic)
         try:
             local = WriterSchema(subject, 0, 0, args.schema_type, definition)
@@ -122,10 +119,7 @@ async def _schema_ref(
 
 async def produce(args: argparse.Namespace) -> int:
     if args.file is not None:
-        try:
-            payload = args.file.read_bytes()
-        except OSError as error:
-            raise UsageError(f"cannot read {args.file}: {error.strerror}") from None
+        payload = read_input(args.file)
     elif args.message is not None:
         payload = args.message.encode()
     else:

@@ -8,21 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from danube.cli.usage import UsageError, add_service_addr
+from danube.cli.usage import add_service_addr, read_input
 from danube.client import DanubeClient
+from danube.schema.compatibility import CompatibilityMode
+from danube.schema.formats import SchemaType
 
-TYPES = ("bytes", "string", "number", "avro", "json_schema", "protobuf")
-MODES = (
-    "none", "backward", "backward_transitive", "forward", "forward_transitive", "full",
-    "full_transitive",
-)  # fmt: skip
-
-
-def _definition(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise UsageError(f"cannot read {path}: {error.strerror}") from None
+TYPES = tuple(kind.value for kind in SchemaType)
+MODES = tuple(mode.value for mode in CompatibilityMode)
 
 
 def _when(seconds: int) -> str:
@@ -32,7 +24,7 @@ def _when(seconds: int) -> str:
 async def register(args: argparse.Namespace) -> int:
     async with DanubeClient(args.service_addr) as client:
         answer = await client.schemas.register(
-            args.subject, args.type, _definition(args.file),
+            args.subject, args.type, read_input(args.file),
             description=args.description, created_by="danube-cli", tags=args.tag or (),
         )  # fmt: skip
     state = "registered as" if answer.is_new_version else "already registered as"
@@ -86,7 +78,7 @@ async def check(args: argparse.Namespace) -> int:
     """Exit status 1 when the schema would be refused, so scripts and CI can gate on it."""
     async with DanubeClient(args.service_addr) as client:
         answer = await client.schemas.check(
-            args.subject, args.type, _definition(args.file), args.mode
+            args.subject, args.type, read_input(args.file), args.mode
         )
     if answer.is_compatible:
         print(f"{args.subject}: compatible")
