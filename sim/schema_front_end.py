@@ -1,45 +1,35 @@
-"""A broker's schema registry and publish check in the schema run: the decisions of
-`danube.schema` (`registry.register`, `registry.as_the_subject_reads`, `records.commit`,
-`policy.admission`) composed as `danube.broker.schema_service` and `schema_gate` compose
-them, against the simulated etcd.
+"""A broker's schema registry and publish check in the schema run: the registry's flows
+(`danube.schema.flows`: register, update, the version a message names) driven over the
+simulated etcd as `danube.broker.schema_service` drives them over etcd, and the publish
+check `danube.broker.schema_gate` makes (`policy.inspects`, `policy.admission`).
 
-Each request runs as a flow: a generator that yields the store calls it needs and gets their
-answers back, so a registration's read, decision and compare-and-put interleave with other
-brokers' as they would over a network. A store call that gets no answer within the request
-timeout ends the flow with UNAVAILABLE (the client retries); a crash ends every flow of the
-incarnation without an answer and forgets the caches, as a restarted process would."""
+Every store call crosses the simulated network, so two brokers' reads, decisions and
+compare-and-puts interleave as they would. A store call that gets no answer within the
+request timeout ends the request with UNAVAILABLE (the client retries); a crash ends every
+request of the incarnation without an answer and forgets the caches, as a restarted process
+would. CPU-bound steps (`flows.Work`) run at once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator
 from typing import Any
 
 from danube.core.errors import DanubeError, ErrorCode, invalid
 from danube.core.names import parse_topic
-from danube.metadata.model import Compare, MetadataError, Op, TxnResult
+from danube.metadata.model import MetadataError
 from danube.node import paths
 from danube.proto import danube as pb
-from danube.schema import policy, records, registry
+from danube.schema import flows, policy, registry
 from danube.schema.errors import SchemaParseError
-from danube.schema.formats import ParsedSchema, SchemaType, parse
+from danube.schema.formats import ParsedSchema, SchemaType, parse, schema_type
 from danube.schema.policy import TopicSchemaConfig, Verdict
-from danube.schema.registry import Registration, SchemaVersion
+from danube.schema.registry import SchemaVersion
+from sim.cluster_node import REQUEST_TIMEOUT_US
 from sim.etcd import Origin, SimEtcd
 from sim.world import US_PER_S, World
 
-REQUEST_TIMEOUT_US = 3 * US_PER_S
-"""The broker's store request timeout (`danube.broker.watching.REQUEST_TIMEOUT_S`, which
-the simulator does not import: it would bring in the trio driver)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoreCall:
-    what: str
-    run: Callable[[], Any]
-
-
-Flow = Generator[StoreCall, Any, Any]
+NAMED_TTL_US = int(flows.NAMED_TTL_S * US_PER_S)
+Request = Generator[flows.Step, Any, Any]
 
 
 class FrontEnd:
@@ -49,8 +39,10 @@ class FrontEnd:
         self.etcd = etcd
         self.incarnation = 0
         self._parsed: dict[tuple[SchemaType, str, str], ParsedSchema] = {}
-        self._by_id: dict[tuple[int, int], tuple[str, ParsedSchema]] = {}
+        self._by_id: dict[tuple[int, int], tuple[int, tuple[str, ParsedSchema]]] = {}
+        """As the broker's: what a message named, with when it was read (NAMED_TTL_S)."""
         self._bindings: dict[str, TopicSchemaConfig | None] = {}
+        """Kept for the whole incarnation: the run binds topics once, before it starts."""
 
     def crash(self) -> None:
         self.incarnation += 1
@@ -61,11 +53,14 @@ class FrontEnd:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def register(self, subject: str, definition: bytes, answer: Callable[[Any], None]) -> None:
+    def register(
+        self, subject: str, kind: str, definition: bytes, answer: Callable[[Any], None]
+    ) -> None:
         """`answer` gets a `Registration` or a `DanubeError`."""
-        self._run(f"register {subject}", self._register(subject, definition), answer)
+        self._run(f"register {subject}", self._register(subject, kind, definition), answer)
 
     def set_mode(self, subject: str, mode: str, answer: Callable[[Any], None]) -> None:
+        """`answer` gets the changed `Subject` or a `DanubeError`."""
         self._run(f"mode {subject}", self._set_mode(subject, mode), answer)
 
     def publish(self, topic: str, message: pb.StreamMessage, answer: Callable[[Any], None]) -> None:
@@ -73,51 +68,29 @@ class FrontEnd:
         refused it."""
         self._run(f"publish {topic}", self._admit(topic, message), answer)
 
-    # -- flows (what SchemaService and SchemaGate do) -----------------------------------------
+    # -- requests as the broker serves them ---------------------------------------------
 
-    def _register(self, name: str, definition: bytes) -> Flow:
+    def _register(self, name: str, kind: str, definition: bytes) -> Request:
         registry.check_subject_name(name)
-        parsed = self._parse(definition)
-        for _ in range(records.RACE_ATTEMPTS):
-            seen = yield self._get(records.subject_key(name))
-            subject = None if seen is None else records.subject_from_json(seen.value)
-            candidate = registry.as_the_subject_reads(subject, parsed)
-            counter = None
-            if subject is None:
-                counter = yield self._get(records.NEXT_ID)
-            outcome: Registration = registry.register(
-                subject, name, candidate, self._read,
-                new_id=1 if counter is None else int(counter.value),
-                now_ms=self.world.now_ms, created_by=self.name, description="", tags=(),
-            )  # fmt: skip
-            if outcome.is_new:
-                compares, ops = records.commit(
-                    outcome.subject,
-                    None if seen is None else seen.mod_revision,
-                    None if counter is None else counter.mod_revision,
-                )
-                result: TxnResult = yield self._txn(compares, ops, "register")
-                if not result.succeeded:
-                    continue
-            return outcome
-        raise DanubeError(ErrorCode.UNAVAILABLE, f"subject {name!r} kept changing; retry")
+        try:
+            parsed = parse(schema_type(kind), definition)
+        except SchemaParseError as error:
+            raise invalid(f"invalid {kind} schema: {error}") from None
+        return (
+            yield from flows.register(
+                name, parsed, self._read, now_ms=self.world.now_ms, created_by=self.name,
+                description="", tags=(),
+            )
+        )  # fmt: skip
 
-    def _set_mode(self, name: str, mode_text: str) -> Flow:
+    def _set_mode(self, name: str, mode_text: str) -> Request:
         mode = registry.parse_mode(mode_text)
-        for _ in range(records.RACE_ATTEMPTS):
-            seen = yield self._get(records.subject_key(name))
-            if seen is None:
-                raise DanubeError(ErrorCode.NOT_FOUND, f"subject {name!r} is not registered")
-            changed = registry.set_mode(records.subject_from_json(seen.value), mode)
-            compares, ops = records.commit(changed, seen.mod_revision, None)
-            result: TxnResult = yield self._txn(compares, ops, "mode")
-            if result.succeeded:
-                return changed
-        raise DanubeError(ErrorCode.UNAVAILABLE, f"subject {name!r} kept changing; retry")
+        return (yield from flows.update(name, lambda subject: registry.set_mode(subject, mode)))
 
-    def _admit(self, topic: str, message: pb.StreamMessage) -> Flow:
+    def _admit(self, topic: str, message: pb.StreamMessage) -> Request:
+        """What `SchemaGate.admit` does."""
         if topic not in self._bindings:
-            found = yield self._get(paths.topic_schema_config(parse_topic(topic)))
+            found = yield flows.Read(paths.topic_schema_config(parse_topic(topic)))
             self._bindings[topic] = (
                 None if found is None else TopicSchemaConfig.from_json(found.value)
             )
@@ -130,83 +103,68 @@ class FrontEnd:
             raise DanubeError(ErrorCode.INVALID_ARGUMENT, verdict.detail)
         return verdict
 
-    def _schema_of(self, schema_id: int, version: int | None) -> Flow:
-        if version is not None and (schema_id, version) in self._by_id:
-            return self._by_id[(schema_id, version)]
-        index = yield self._get(records.id_key(schema_id))
-        if index is None:
-            return None
-        found = yield self._get(records.subject_key(str(index.value["subject"])))
+    def _schema_of(self, schema_id: int, version: int | None) -> Request:
+        """What `SchemaService.schema_of` does, on the simulated clock."""
+        cached = None if version is None else self._by_id.get((schema_id, version))
+        if cached is not None and self.world.now - cached[0] < NAMED_TTL_US:
+            return cached[1]
+        found = yield from flows.named(schema_id, version)
         if found is None:
             return None
-        subject = records.subject_from_json(found.value)
-        live = {v.version: v for v in subject.versions}
-        newest = subject.versions[-1] if subject.versions else None
-        chosen = live.get(version) if version is not None else newest
-        if chosen is None:
-            return None
-        named = (subject.name, self._read(chosen))
+        named = (found[0].name, self._read(found[1]))
         if version is not None:
-            self._by_id[(schema_id, version)] = named
+            self._by_id[(schema_id, version)] = (self.world.now, named)
         return named
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _parse(self, definition: bytes) -> ParsedSchema:
-        try:
-            return parse(SchemaType.AVRO, definition)
-        except SchemaParseError as error:
-            raise invalid(f"invalid avro schema: {error}") from None
-
     def _read(self, version: SchemaVersion) -> ParsedSchema:
         key = (version.schema_type, version.fingerprint, version.message)
         if key not in self._parsed:
-            self._parsed[key] = parse(version.schema_type, version.definition)
+            self._parsed[key] = registry.parse_version(version)
         return self._parsed[key]
 
-    def _get(self, key: str) -> StoreCall:
-        return StoreCall(f"get {key}", lambda: self.etcd.get(key))
+    def _store_call(self, step: flows.Read | flows.Write) -> tuple[str, Callable[[], Any]]:
+        if isinstance(step, flows.Read):
+            return f"get {step.key}", lambda: self.etcd.get(step.key)
+        origin = Origin(self.name, "schema")
+        return "txn", lambda: self.etcd.txn(step.compares, step.ops, origin).succeeded
 
-    def _txn(self, compares: Sequence[Compare], ops: Sequence[Op], kind: str) -> StoreCall:
-        origin = Origin(self.name, kind)
-        return StoreCall(f"txn {kind}", lambda: self.etcd.txn(compares, ops, origin))
-
-    def _run(self, what: str, flow: Flow, answer: Callable[[Any], None]) -> None:
-        """Drives `flow` over the store until it returns or raises; a crash of this
+    def _run(self, what: str, request: Request, answer: Callable[[Any], None]) -> None:
+        """Drives `request` over the store until it returns or raises; a crash of this
         incarnation leaves it unanswered."""
         incarnation = self.incarnation
 
         def step(value: Any) -> None:
-            if incarnation != self.incarnation:
+            while incarnation == self.incarnation:
+                try:
+                    thrown = isinstance(value, BaseException)
+                    call = request.throw(value) if thrown else request.send(value)
+                    if isinstance(call, flows.Work):
+                        value = call.run()
+                        continue
+                except StopIteration as done:
+                    answer(done.value)
+                except DanubeError as error:
+                    answer(error)
+                except (TimeoutError, MetadataError) as error:
+                    self.world.log(f"front-end {self.name} {what}: store failed: {error!r}")
+                    answer(DanubeError(ErrorCode.UNAVAILABLE, f"metadata store: {error}"))
+                else:
+                    ask(call)
                 return
-            try:
-                thrown = isinstance(value, BaseException)
-                call = flow.throw(value) if thrown else flow.send(value)
-            except StopIteration as done:
-                answer(done.value)
-                return
-            except DanubeError as error:
-                answer(error)
-                return
-            except (TimeoutError, MetadataError) as error:
-                self.world.log(f"front-end {self.name} {what}: store failed: {error!r}")
-                answer(DanubeError(ErrorCode.UNAVAILABLE, f"metadata store: {error}"))
-                return
-            ask(call)
 
-        def ask(call: StoreCall) -> None:
+        def ask(call: flows.Read | flows.Write) -> None:
             answered = False
+            what, run = self._store_call(call)
 
             def finish(result: Any) -> None:
                 nonlocal answered
-                if answered:
-                    return
-                answered = True
-                step(result)
+                if not answered:
+                    answered = True
+                    step(result)
 
-            self.world.at(
-                REQUEST_TIMEOUT_US, lambda: finish(TimeoutError(f"no answer to {call.what}"))
-            )
-            self.etcd.request(self.name, call.what, call.run, finish)
+            self.world.at(REQUEST_TIMEOUT_US, lambda: finish(TimeoutError(f"no answer to {what}")))
+            self.etcd.request(self.name, what, run, finish)
 
         step(None)

@@ -278,7 +278,7 @@ class Operator:
         definition = schema_workload.encoded(self.first)
         self.sim.calls.call(
             self.name,
-            lambda answer: self.sim.front_end().register(self.subject, definition, answer),
+            lambda answer: self.sim.front_end().register(self.subject, "avro", definition, answer),
             self._registered,
         )
 
@@ -376,7 +376,7 @@ class SchemaProducer:
         definition = schema_workload.encoded(self.pending)
         self.sim.calls.call(
             self.name,
-            lambda answer: self.sim.front_end().register(self.subject, definition, answer),
+            lambda answer: self.sim.front_end().register(self.subject, "avro", definition, answer),
             self._registered,
         )
 

@@ -1,6 +1,6 @@
-"""What `python -m sim` and `python -m sim --cluster` share: the arguments that choose seeds
-and output, the loop over seeds with its progress bar, reports and exit status, and the
-methods of their results."""
+"""What `python -m sim`, `--cluster` and `--schemas` share: the arguments that choose seeds,
+workload and output, the loop over seeds with its progress bar, the end of a failing run's
+report with its replay command, the exit status, and the methods of their results."""
 
 from __future__ import annotations
 

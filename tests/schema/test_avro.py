@@ -824,8 +824,9 @@ def test_a_decoded_datum_is_json_that_encodes_to_the_same_value(data: st.DataObj
     definition = data.draw(schemas())
     schema = avro(definition)
     shown = decode_json_datum(schema, binary(schema, data.draw(values(definition))))
-    again = json.loads(json.dumps(shown))
-    assert decode_json_datum(schema, encode_json_datum(schema, again)) == shown
+    printed = json.dumps(shown)
+    again = decode_json_datum(schema, encode_json_datum(schema, json.loads(printed)))
+    assert json.dumps(again) == printed  # as text: a NaN equals nothing, its text equals itself
 
 
 def test_a_decoded_datum_shows_bytes_as_code_points_and_logical_types_as_text() -> None:

@@ -8,10 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from danube.core.errors import DanubeError, ErrorCode
+from danube.schema.formats import SchemaType, parse
 from danube.schema.policy import (
+    ACCEPT,
     Problem,
     TopicSchemaConfig,
     ValidationPolicy,
+    admission,
     checks_payload,
     judge,
     parse_policy,
@@ -124,3 +127,20 @@ def test_an_update_keeps_the_subject_and_needs_a_binding() -> None:
 
 def test_an_unset_policy_is_none() -> None:
     assert parse_policy("") is ValidationPolicy.NONE
+
+
+def test_admission_decodes_the_payload_only_of_the_bound_subject_when_asked() -> None:
+    """The whole publish check the broker's gate and the simulator both call."""
+    schema = parse(SchemaType.STRING, b"")
+    bad = b"\xff"
+    enforce = config(ValidationPolicy.ENFORCE)
+    assert admission(enforce, 1, (SUBJECT, schema), b"fine").accept
+    refused = admission(enforce, 1, (SUBJECT, schema), bad)
+    assert (refused.accept, refused.problem) == (False, Problem.PAYLOAD_INVALID)
+    assert admission(
+        config(ValidationPolicy.ENFORCE, payloads=False), 1, (SUBJECT, schema), bad
+    ).accept
+    other = admission(enforce, 1, ("another", schema), bad)
+    assert other.problem is Problem.SUBJECT_MISMATCH
+    assert admission(config(ValidationPolicy.NONE), None, None, bad) == ACCEPT
+    assert admission(None, None, None, bad) == ACCEPT

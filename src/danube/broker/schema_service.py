@@ -25,12 +25,13 @@ from danube.broker.watching import store_call_from_grpc
 from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
 from danube.core.names import TopicName, parse_topic
 from danube.metadata import MetadataStore
-from danube.metadata.model import Compare, Get, KeyValue, Put
+from danube.metadata.model import Compare, Get, Put
 from danube.node import paths
 from danube.proto import danube_schema as pb
 from danube.protoc import compile_proto
-from danube.schema import records, registry
+from danube.schema import flows, records, registry
 from danube.schema.errors import SchemaParseError
+from danube.schema.flows import NAMED_TTL_S
 from danube.schema.formats import ParsedSchema, SchemaType, parse, schema_type
 from danube.schema.policy import (
     TopicSchemaConfig,
@@ -38,15 +39,12 @@ from danube.schema.policy import (
     parse_policy,
     updated_binding,
 )
-from danube.schema.registry import Registration, SchemaVersion, Subject
+from danube.schema.registry import SchemaVersion, Subject
 
 T = TypeVar("T")
 MAX_DEFINITION_BYTES = 256 * 1024
 """A subject is one metadata key, rewritten whole on every change (`records.MAX_SUBJECT_BYTES`
 bounds it): one definition may take a quarter of it."""
-NAMED_TTL_S = 10.0
-"""How long a broker trusts what it read of the schema a message names: a version never
-changes, but it can be deleted through another broker."""
 PARSED_CACHE = 256
 """Stored versions kept parsed (every check reads the latest, transitive ones all)."""
 CONFIG_CACHE = 65_536
@@ -86,38 +84,32 @@ class SchemaService:
 
     # -- store access ---------------------------------------------------------------------
 
-    async def _subject(self, name: str) -> tuple[Subject | None, KeyValue | None]:
-        registry.check_subject_name(name)
-        found = await store_call_from_grpc(self._store.get, records.subject_key(name))
-        if found is None:
-            return None, None
-        return _decoded(found.key, lambda: records.subject_from_json(found.value)), found
+    async def _drive(self, flow: flows.Flow[T]) -> T:
+        """Runs a registry flow over the store, its CPU-bound steps in worker threads."""
+        answer: Any = None
+        try:
+            while True:
+                step = flow.send(answer)
+                if isinstance(step, flows.Read):
+                    answer = await store_call_from_grpc(self._store.get, step.key)
+                elif isinstance(step, flows.Write):
+                    result = await store_call_from_grpc(self._store.txn, step.compares, step.ops)
+                    answer = result.succeeded
+                else:
+                    answer = await self._offload(step.run)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        except records.DamagedRecord as error:
+            log.warning("event=schema_record_damaged error=%s", error.message)
+            raise
 
-    async def _existing(self, name: str) -> tuple[Subject, KeyValue]:
-        subject, seen = await self._subject(name)
-        if subject is None or seen is None:
-            raise not_found(f"schema subject {name!r} is not registered")
-        return subject, seen
+    async def _subject(self, name: str) -> Subject | None:
+        found, _ = await self._drive(flows.subject(name))
+        return found
 
-    async def _update(self, name: str, change: Callable[[Subject], Subject]) -> Subject:
-        """Applies `change` under a compare on the revision read, again after a lost race."""
-        for _ in range(records.RACE_ATTEMPTS):
-            subject, seen = await self._existing(name)
-            changed = change(subject)
-            if await self._commit(changed, seen, None):
-                return changed
-        raise DanubeError(ErrorCode.UNAVAILABLE, f"subject {name!r} kept changing; retry")
-
-    async def _commit(
-        self, subject: Subject, seen: KeyValue | None, counter: KeyValue | None
-    ) -> bool:
-        compares, ops = records.commit(
-            subject,
-            None if seen is None else seen.mod_revision,
-            None if counter is None else counter.mod_revision,
-        )
-        result = await store_call_from_grpc(self._store.txn, compares, ops)
-        return result.succeeded
+    async def _existing(self, name: str) -> Subject:
+        found, _ = await self._drive(flows.existing(name))
+        return found
 
     # -- parsing ----------------------------------------------------------------------------
 
@@ -147,13 +139,7 @@ class SchemaService:
             if parsed is not None:
                 self._parsed.move_to_end(key)
                 return parsed
-        parsed = _decoded(
-            f"version {version.version}",
-            lambda: parse(
-                version.schema_type, version.definition, compiled=version.compiled,
-                message=version.message,
-            ),
-        )  # fmt: skip
+        parsed = _decoded(f"version {version.version}", partial(registry.parse_version, version))
         with self._parsed_lock:
             self._parsed[key] = parsed
             if len(self._parsed) > PARSED_CACHE:
@@ -165,37 +151,18 @@ class SchemaService:
     async def register_schema(self, request: pb.RegisterSchemaRequest) -> pb.RegisterSchemaResponse:
         registry.check_subject_name(request.subject)
         parsed = await self._parse(request.schema_type, request.schema_definition)
-        for _ in range(records.RACE_ATTEMPTS):
-            subject, seen = await self._subject(request.subject)
-            candidate = await self._offload(partial(registry.as_the_subject_reads, subject, parsed))
-            counter = None
-            if subject is None:
-                counter = await store_call_from_grpc(self._store.get, records.NEXT_ID)
-            new_id = 1 if counter is None else _decoded(counter.key, partial(int, counter.value))
-            decide = partial(
-                registry.register,
-                subject,
-                request.subject,
-                candidate,
-                self._read,
-                new_id=new_id,
-                now_ms=now_ms(),
-                created_by=request.created_by,
-                description=request.description,
+        outcome = await self._drive(
+            flows.register(
+                request.subject, parsed, self._read, now_ms=now_ms(),
+                created_by=request.created_by, description=request.description,
                 tags=request.tags,
             )
-            outcome: Registration = await self._offload(decide)
-            if outcome.is_new and not await self._commit(outcome.subject, seen, counter):
-                continue
-            return pb.RegisterSchemaResponse(
-                schema_id=outcome.subject.schema_id,
-                version=outcome.version.version,
-                is_new_version=outcome.is_new,
-                fingerprint=outcome.version.fingerprint,
-            )
-        raise DanubeError(
-            ErrorCode.UNAVAILABLE,
-            f"subject {request.subject!r} kept changing under concurrent registrations; retry",
+        )  # fmt: skip
+        return pb.RegisterSchemaResponse(
+            schema_id=outcome.subject.schema_id,
+            version=outcome.version.version,
+            is_new_version=outcome.is_new,
+            fingerprint=outcome.version.fingerprint,
         )
 
     async def get_schema(self, request: pb.GetSchemaRequest) -> pb.GetSchemaResponse:
@@ -203,16 +170,16 @@ class SchemaService:
         if index is None:
             raise not_found(f"no schema has id {request.schema_id}")
         name = _decoded(index.key, lambda: str(index.value["subject"]))
-        subject, _ = await self._existing(name)
+        subject = await self._existing(name)
         version = subject.latest if request.version is None else subject.version(request.version)
         return _schema_response(subject, version)
 
     async def get_latest_schema(self, request: pb.GetLatestSchemaRequest) -> pb.GetSchemaResponse:
-        subject, _ = await self._existing(request.subject)
+        subject = await self._existing(request.subject)
         return _schema_response(subject, subject.latest)
 
     async def list_versions(self, request: pb.ListVersionsRequest) -> pb.ListVersionsResponse:
-        subject, _ = await self._existing(request.subject)
+        subject = await self._existing(request.subject)
         return pb.ListVersionsResponse(
             versions=[
                 pb.SchemaVersionInfo(
@@ -230,7 +197,7 @@ class SchemaService:
     async def check_compatibility(
         self, request: pb.CheckCompatibilityRequest
     ) -> pb.CheckCompatibilityResponse:
-        subject, _ = await self._existing(request.subject)
+        subject = await self._existing(request.subject)
         mode = (
             subject.mode
             if not request.compatibility_mode
@@ -246,8 +213,8 @@ class SchemaService:
     async def delete_schema_version(
         self, request: pb.DeleteSchemaVersionRequest
     ) -> pb.DeleteSchemaVersionResponse:
-        left = await self._update(
-            request.subject, lambda subject: registry.delete_version(subject, request.version)
+        left = await self._drive(
+            flows.update(request.subject, partial(registry.delete_version, number=request.version))
         )
         self._by_id.pop((left.schema_id, request.version), None)
         return pb.DeleteSchemaVersionResponse(
@@ -258,7 +225,7 @@ class SchemaService:
         self, request: pb.SetCompatibilityModeRequest
     ) -> pb.SetCompatibilityModeResponse:
         mode = registry.parse_mode(request.compatibility_mode)
-        await self._update(request.subject, lambda subject: registry.set_mode(subject, mode))
+        await self._drive(flows.update(request.subject, partial(registry.set_mode, mode=mode)))
         return pb.SetCompatibilityModeResponse(
             success=True, message=f"compatibility mode of {request.subject!r} is {mode.value}"
         )
@@ -296,8 +263,7 @@ class SchemaService:
         return [parse_topic(name) for name in names]
 
     async def subject_exists(self, name: str) -> bool:
-        subject, _ = await self._subject(name)
-        return subject is not None
+        return await self._subject(name) is not None
 
     async def bind_topic(self, topic: str, config: TopicSchemaConfig) -> None:
         """An operator's binding (ConfigureTopicSchema): replaces whatever was there."""
@@ -390,17 +356,10 @@ class SchemaService:
         if cached is not None and time.monotonic() - cached[0] < NAMED_TTL_S:
             self._by_id.move_to_end((schema_id, version))
             return cached[1]
-        index = await store_call_from_grpc(self._store.get, records.id_key(schema_id))
+        named = await self._drive(flows.named(schema_id, version))
         found: tuple[str, ParsedSchema] | None = None
-        if index is not None:
-            name = _decoded(index.key, lambda: str(index.value["subject"]))
-            subject, _ = await self._subject(name)
-            live = {v.version: v for v in subject.versions} if subject else {}
-            chosen = live.get(version) if version is not None else (
-                subject.versions[-1] if subject and subject.versions else None
-            )  # fmt: skip
-            if subject is not None and chosen is not None:
-                found = (subject.name, await self._offload(partial(self._read, chosen)))
+        if named is not None:
+            found = (named[0].name, await self._offload(partial(self._read, named[1])))
         if version is not None and found is not None:
             self._by_id[(schema_id, version)] = (time.monotonic(), found)
             if len(self._by_id) > PARSED_CACHE:
@@ -447,7 +406,7 @@ class SchemaService:
         config = await self.topic_config(first.full)
         if config is None:
             return pb.GetTopicSchemaConfigResponse(validation_policy=ValidationPolicy.NONE.value)
-        subject, _ = await self._subject(config.subject)
+        subject = await self._subject(config.subject)
         return pb.GetTopicSchemaConfigResponse(
             schema_subject=config.subject,
             validation_policy=config.policy.value,
@@ -492,15 +451,12 @@ def _known(config: TopicSchemaConfig | DanubeError | None) -> TopicSchemaConfig 
 
 
 def _decoded(where: str, decode: Callable[[], T]) -> T:
-    """A stored value this broker cannot read is named (INTERNAL, one log line), never a
-    traceback: a damaged key, or a version the parsers no longer accept."""
+    """`records.decoded`, with the one log line a damaged record gets."""
     try:
-        return decode()
-    except (records.RecordError, SchemaParseError, KeyError, TypeError, ValueError) as error:
-        log.warning("event=schema_record_damaged where=%s error=%s", where, error)
-        raise DanubeError(
-            ErrorCode.INTERNAL, f"the registry's stored {where} cannot be read: {error}"
-        ) from None
+        return records.decoded(where, decode)
+    except records.DamagedRecord as error:
+        log.warning("event=schema_record_damaged error=%s", error.message)
+        raise
 
 
 def _schema_response(subject: Subject, version: SchemaVersion) -> pb.GetSchemaResponse:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from danube.core.errors import DanubeError, ErrorCode
 from danube.metadata.model import Compare, Op, Put
 from danube.schema.compatibility import CompatibilityMode
+from danube.schema.errors import SchemaParseError
 from danube.schema.formats import SchemaType
 from danube.schema.registry import SchemaVersion, Subject
 
@@ -24,8 +26,25 @@ MAX_SUBJECT_BYTES = 1024 * 1024
 """A subject is one key, and etcd refuses requests above 1.5 MiB by default."""
 
 
+T = TypeVar("T")
+
+
 class RecordError(ValueError):
     """A stored subject that is not what this module writes (a damaged or foreign key)."""
+
+
+class DamagedRecord(DanubeError):
+    """A stored value this broker cannot read (INTERNAL): a damaged key, or a version the
+    parsers no longer accept. Named, never a traceback; drivers log it."""
+
+
+def decoded(where: str, decode: Callable[[], T]) -> T:
+    try:
+        return decode()
+    except (RecordError, SchemaParseError, KeyError, TypeError, ValueError) as error:
+        raise DamagedRecord(
+            ErrorCode.INTERNAL, f"the registry's stored {where} cannot be read: {error}"
+        ) from None
 
 
 def subject_key(name: str) -> str:

@@ -57,6 +57,12 @@ class Subject:
             raise not_found(f"subject {self.name!r} has no live version (all were deleted)")
         return self.versions[-1]
 
+    def named(self, number: int | None) -> SchemaVersion | None:
+        """The live version a message names (the latest when it names none), or None."""
+        if number is None:
+            return self.versions[-1] if self.versions else None
+        return next((v for v in self.versions if v.version == number), None)
+
     def version(self, number: int) -> SchemaVersion:
         for found in self.versions:
             if found.version == number:
@@ -200,3 +206,12 @@ def delete_version(subject: Subject, number: int) -> Subject:
     again)."""
     subject.version(number)
     return replace(subject, versions=tuple(v for v in subject.versions if v.version != number))
+
+
+def parse_version(version: SchemaVersion) -> ParsedSchema:
+    """A stored version parsed again, from what was stored (a Protobuf version with its
+    compiled descriptors and message type, so nothing is compiled twice)."""
+    return parse(
+        version.schema_type, version.definition, compiled=version.compiled,
+        message=version.message,
+    )  # fmt: skip
