@@ -61,6 +61,7 @@ def test_register_show_versions_check_mode_and_delete(
     assert "/fields/id" in refused.stdout
     under_none = cli(broker, "check", subject, "-t", "avro", "-f", str(breaking), "--mode", "none")
     assert under_none.returncode == 0 and "compatible" in under_none.stdout
+    assert "NOT compatible" not in under_none.stdout
 
     assert "is none" in cli(broker, "mode", subject, "none").stdout
     assert cli(broker, "register", subject, "-t", "avro", "-f", str(breaking)).returncode == 0

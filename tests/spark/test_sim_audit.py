@@ -38,7 +38,7 @@ def test_a_faulty_run_audits_clean_and_the_logs_match_the_run(
     simulation = Simulation(42, Workload(), FAULTS, audit_dir=tmp_path)
     result = simulation.run(6.0)
     assert result.ok and result.drained
-    assert result.injected.summary()  # faults really happened
+    assert sum(result.injected.values()) > 0  # faults really happened
     summary = audit(spark, tmp_path)
     assert summary["ok"], summary
     assert summary["acknowledged"] == result.acknowledged
