@@ -1,10 +1,12 @@
 """`danube_schema.SchemaRegistry` on the broker and admin ports: subjects in the metadata
 store, decisions in `danube.schema.registry`.
 
-Every change is one transaction that compares the revisions it read (the subject's key and,
-for a new subject, the id counter), so brokers of a cluster sharing one etcd cannot
-register two versions under one number or give two subjects one id; a lost race is read
-again and decided again (spec/schema-registry.md)."""
+Every change to a subject is one transaction that compares the revisions it read (the
+subject's key and, for a new subject, the id counter), so brokers of a cluster sharing one
+etcd cannot register two versions under one number or give two subjects one id; a lost race
+is read again and decided again (`danube.schema.flows`, spec/schema-registry.md). Topic
+bindings are written under a compare too, except an operator's ConfigureTopicSchema, which
+replaces whatever is there."""
 
 from __future__ import annotations
 
@@ -48,8 +50,9 @@ bounds it): one definition may take a quarter of it."""
 PARSED_CACHE = 256
 """Stored versions kept parsed (every check reads the latest, transitive ones all)."""
 CONFIG_CACHE = 65_536
-"""Topics whose binding is kept: publishes are checked before the core has looked at their
-topic, so the names a client sends must not grow the broker's memory without bound."""
+"""Topics whose binding is kept: CreateProducer reads the binding before the core has
+looked at the topic, so the names a client sends must not grow the broker's memory without
+bound."""
 CONFIG_TTL_S = 1.0
 """How long a topic's binding is trusted before it is read again: a change made through
 another broker of a cluster takes effect within this time (through this one, at once)."""
@@ -74,9 +77,10 @@ class SchemaService:
         self._parsed: OrderedDict[tuple[SchemaType, str, str], ParsedSchema] = OrderedDict()
         self._parsed_lock = threading.Lock()
         """`_read` runs in worker threads (checks, payload lookups), two at once."""
-        self._configs: OrderedDict[str, tuple[float, TopicSchemaConfig | DanubeError | None]] = (
+        self._configs: OrderedDict[str, tuple[float, TopicSchemaConfig | str | None]] = (
             OrderedDict()
         )
+        """Bindings by topic with when they were read; a damaged one as its error text."""
         self._by_id: OrderedDict[tuple[int, int], tuple[float, tuple[str, ParsedSchema]]] = (
             OrderedDict()
         )
@@ -139,7 +143,9 @@ class SchemaService:
             if parsed is not None:
                 self._parsed.move_to_end(key)
                 return parsed
-        parsed = _decoded(f"version {version.version}", partial(registry.parse_version, version))
+        parsed = records.decoded(
+            f"version {version.version}", partial(registry.parse_version, version)
+        )
         with self._parsed_lock:
             self._parsed[key] = parsed
             if len(self._parsed) > PARSED_CACHE:
@@ -287,8 +293,7 @@ class SchemaService:
         if result.succeeded:
             return config
         found = result.responses[0]
-        if found is None:
-            return config  # deleted in between: the next publish reads it again
+        assert found is not None  # the compare failed in the revision this read
         return _decoded(found.key, partial(TopicSchemaConfig.from_json, found.value))
 
     async def _change_binding(
@@ -318,8 +323,9 @@ class SchemaService:
 
     async def topic_config(self, topic: str) -> TopicSchemaConfig | None:
         """The topic's binding, trusted for CONFIG_TTL_S (read on every publish to a served
-        topic). A store that does not answer leaves the last binding read in force; a
-        damaged one is refused (INTERNAL) from the cache until it is read again."""
+        topic). A store that does not answer leaves the last binding read in force for
+        another CONFIG_TTL_S (publishes do not each wait for the store); a damaged one is
+        refused (INTERNAL) from the cache until it is read again."""
         cached = self._configs.get(topic)
         now = time.monotonic()
         if cached is not None and now - cached[0] < CONFIG_TTL_S:
@@ -333,13 +339,14 @@ class SchemaService:
         except DanubeError:
             if cached is None:
                 raise
+            self._configs[topic] = (now, cached[1])
             return _known(cached[1])
-        config: TopicSchemaConfig | DanubeError | None = None
+        config: TopicSchemaConfig | str | None = None
         if found is not None:
             try:
                 config = _decoded(found.key, partial(TopicSchemaConfig.from_json, found.value))
             except DanubeError as damaged:
-                config = damaged
+                config = damaged.message
         self._configs[topic] = (now, config)
         self._configs.move_to_end(topic)
         if len(self._configs) > CONFIG_CACHE:
@@ -359,7 +366,12 @@ class SchemaService:
         named = await self._drive(flows.named(schema_id, version))
         found: tuple[str, ParsedSchema] | None = None
         if named is not None:
-            found = (named[0].name, await self._offload(partial(self._read, named[1])))
+            try:
+                parsed = await self._offload(partial(self._read, named[1]))
+            except records.DamagedRecord as error:
+                log.warning("event=schema_record_damaged error=%s", error.message)
+                raise
+            found = (named[0].name, parsed)
         if version is not None and found is not None:
             self._by_id[(schema_id, version)] = (time.monotonic(), found)
             if len(self._by_id) > PARSED_CACHE:
@@ -444,9 +456,11 @@ class SchemaService:
         }
 
 
-def _known(config: TopicSchemaConfig | DanubeError | None) -> TopicSchemaConfig | None:
-    if isinstance(config, DanubeError):
-        raise config
+def _known(config: TopicSchemaConfig | str | None) -> TopicSchemaConfig | None:
+    """A cached binding; a damaged one (its text) is refused with a fresh error each time,
+    so no traceback accumulates on one cached exception."""
+    if isinstance(config, str):
+        raise DanubeError(ErrorCode.INTERNAL, config)
     return config
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from danube.core.errors import DanubeError, ErrorCode, invalid
 from danube.schema.formats import ParsedSchema, validate
@@ -56,7 +56,8 @@ class TopicSchemaConfig:
 
 
 class Problem(enum.Enum):
-    """Why a message does not fit its topic's schema (the metric label of a failure)."""
+    """Why a message does not fit its topic's schema (the reason a warning is counted and
+    logged under)."""
 
     MISSING_SCHEMA_ID = "missing_schema_id"
     UNKNOWN_SCHEMA = "unknown_schema"
@@ -158,7 +159,7 @@ def judge(
     return found
 
 
-def inspects(config: TopicSchemaConfig | None) -> bool:
+def inspects(config: TopicSchemaConfig | None) -> TypeGuard[TopicSchemaConfig]:
     """Whether publishes under this binding are looked at: the driver finds the schema a
     message names only for these (none costs a publish nothing)."""
     return config is not None and config.policy is not ValidationPolicy.NONE
@@ -173,7 +174,7 @@ def admission(
     """The whole publish check once the driver has found the facts: the topic's binding and
     the subject and schema the message's (schema id, version) names (None: the registry has
     no such schema). The payload is decoded here when the binding asks for it."""
-    if config is None or not inspects(config):
+    if not inspects(config):
         return ACCEPT
     subject_of_id = None if named is None else named[0]
     payload_problem = None
