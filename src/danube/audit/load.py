@@ -48,7 +48,8 @@ class LoadPlan:
     messages: int = 1000
     """In all, shared evenly by the producers."""
     rate: float = 100.0
-    """Messages per second in all; each producer paces its share open-loop."""
+    """Messages per second in all. Each producer sends its share one at a time on a fixed
+    schedule: a slow acknowledgement delays the sends behind it, which then catch up."""
     payload_bytes: int = 128
     keys: int = 0
     """Routing keys drawn round-robin per producer (0: none)."""

@@ -320,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     prod.add_argument(
         "--schema-subject",
         help="write with this subject's schema (latest version unless pinned); the payload "
-        "is checked against it first (JSON Schema, Avro: given as JSON, sent as binary)",
+        "is checked against it first (JSON Schema: JSON, sent as given; Avro: JSON, sent "
+        "as one binary datum)",
     )
     prod.add_argument(
         "--schema-version", type=int, metavar="N", help="pin version N of --schema-subject"
@@ -387,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument(
         "-r", "--rate", type=float, default=100.0,
-        help="messages per second in all, paced open-loop (default 100)",
+        help="messages per second in all; each producer sends one at a time on a schedule "
+        "and catches up after a slow acknowledgement (default 100)",
     )  # fmt: skip
     gen.add_argument(
         "--payload-bytes", type=int, default=128,

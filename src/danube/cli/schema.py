@@ -124,7 +124,7 @@ def add_schema_commands(commands: argparse._SubParsersAction) -> None:  # type: 
     sub.add_argument("--tag", action="append", help="a tag (repeatable)")
     sub = action("show", "print a version's definition (the latest by default)", show)
     sub.add_argument("subject")
-    sub.add_argument("-v", "--version", type=int)
+    sub.add_argument("-v", "--version", type=int, help="this version (default: the latest)")
     sub = action("versions", "list a subject's live versions", versions)
     sub.add_argument("subject")
     action("list", "list every subject", subjects)
