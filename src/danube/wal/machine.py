@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from danube.core.errors import DanubeError, ErrorCode
 from danube.kernels import scan_frames
 from danube.wal import format
+from danube.wal.batches import PackedRecords
 
 if TYPE_CHECKING:
     from danube.wal.recovery import RecoveryPlan
@@ -309,7 +310,7 @@ class _InFlightFsync:
 @dataclass(frozen=True, slots=True)
 class _CachedBatch:
     first_offset: int
-    records: list[bytes]
+    records: Sequence[bytes]
     size: int
 
 
@@ -432,11 +433,29 @@ class WalMachine:
             frame = format.encode_frame(first, now_ms, records)
         except ValueError as exc:
             raise DanubeError(ErrorCode.INVALID_ARGUMENT, f"{self.topic}: {exc}") from exc
+        records = list(records)
+        self._queue(first, frame, records, sum(len(r) for r in records))
+        return first, self._pump(now_ms)
+
+    def append_packed(self, packed: PackedRecords, now_ms: int) -> tuple[int, list[Effect]]:
+        """`append` for a frame stamped already (`danube.wal.batches.stamp`, which took its
+        offsets from `next_offset`): queued and cached as it is, without a Python object per
+        record."""
+        if self._failure is not None:
+            raise WalUnavailable(self._failure)
+        if packed.first_offset != self._next_offset:
+            raise ValueError(
+                f"{self.topic}: a frame stamped at {packed.first_offset} cannot be appended at "
+                f"{self._next_offset}"
+            )
+        self._queue(packed.first_offset, packed.frame, packed, packed.record_bytes)
+        return packed.first_offset, self._pump(now_ms)
+
+    def _queue(self, first: int, frame: bytes, records: Sequence[bytes], size: int) -> None:
         self._next_offset += len(records)
         self._pending.append(_Pending(first, len(records), frame))
         self._pending_bytes += len(frame)
-        self._cache_put(first, list(records))
-        return first, self._pump(now_ms)
+        self._cache_put(first, records, size)
 
     def write_done(self, write_id: int, now_ms: int) -> list[Effect]:
         write = self._write
@@ -558,7 +577,9 @@ class WalMachine:
         size = 0
         offset = from_offset
         for batch in itertools.islice(cache, index, None):
-            for record in batch.records[offset - batch.first_offset :]:
+            batch_records = batch.records
+            for position in range(offset - batch.first_offset, len(batch_records)):
+                record = batch_records[position]
                 if offset >= limit or (records and size + len(record) > max_bytes):
                     return CachedRecords(from_offset, tuple(records))
                 records.append(record)
@@ -703,8 +724,7 @@ class WalMachine:
 
     # -- cache and retention ----------------------------------------------------------------------
 
-    def _cache_put(self, first: int, records: list[bytes]) -> None:
-        size = sum(len(r) for r in records)
+    def _cache_put(self, first: int, records: Sequence[bytes], size: int) -> None:
         self._cache.append(_CachedBatch(first, records, size))
         self._cache_bytes += size
         self._cache_evict(lambda batch: self._cache_bytes > self.config.cache_bytes)

@@ -196,3 +196,16 @@ def _decode_msg_id(data: bytes, record: Record) -> None:
             record.topic_name = value.decode()
         elif wire == _LEN and number == 3:
             record.broker_addr = value.decode()
+
+
+def msg_id_fields(producer_id: int, topic_name: str, broker_addr: str) -> bytes:
+    """The encoded fields of a `MsgID` other than its offset (which each record adds)."""
+    out = bytearray()
+    if producer_id:
+        out.append(1 << 3)
+        _varint(producer_id, out)
+    if topic_name:
+        _bytes_field(2, topic_name.encode(), out)
+    if broker_addr:
+        _bytes_field(3, broker_addr.encode(), out)
+    return bytes(out)
