@@ -26,12 +26,15 @@ def grpc_error(error: DanubeError) -> GRPCError:
     return GRPCError(Status[error.code.name], error.message)
 
 
-async def recv_bounded(stream: grpclib.server.Stream, limit: int) -> Any:
+async def recv_bounded(stream: grpclib.server.Stream, limit: int, *, end_ok: bool = False) -> Any:
     """Reads one request, refusing it before buffering when its length prefix exceeds `limit`.
+    With `end_ok` (client streams), the end of the client's stream returns None.
 
     grpclib 0.4.9 has no receive limit of its own, so a client could make the broker buffer a
     4 GiB message; this reads the gRPC length prefix itself (grpclib's internals are pinned)."""
     header = await stream._stream.recv_data(5)
+    if not header and end_ok:
+        return None
     if not header:
         raise GRPCError(Status.INVALID_ARGUMENT, "the request carried no message")
     if len(header) < 5:

@@ -17,7 +17,7 @@ import collections
 import logging
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -158,8 +158,17 @@ class BrokerRuntime:
     async def run(self, step: Step[T]) -> T:
         """Executes the step's effects and returns its value once its metadata is durable
         and the WALs of the reliable topics it created are loaded."""
+        await self.start(step)
+        return step.value
+
+    def start(self, step: Step[Any]) -> Awaitable[None]:
+        """`run`, split for callers that must keep the core's order between steps: the
+        effects start now, before the caller's next await; the result waits for the rest."""
         first = self._submitted + 1
         target = self.apply(step.effects)
+        return self._settled(first, target, step.effects)
+
+    async def _settled(self, first: int, target: int, effects: tuple[Effect, ...]) -> None:
         while self._durable < target:
             await self._progress.wait()
         for sequence in range(first, target + 1):
@@ -169,28 +178,35 @@ class BrokerRuntime:
                     ErrorCode.UNAVAILABLE,
                     f"the broker could not persist metadata ({failure}); retry later",
                 )
-        for effect in step.effects:
+        for effect in effects:
             if isinstance(effect, LoadWal):
                 loading = self._loads.get(effect.topic)
                 if loading is not None:
                     await trio_asyncio.trio_as_aio(loading.wait)()
-        return step.value
 
     async def publish(self, topic: str, step: Step[int]) -> int:
         """Runs a reliable publish's step; returns its offset once the WAL acknowledged it
         at the topic's durability level."""
-        offset = step.value
+        await self.start_publish(topic, step, step.value)
+        return step.value
+
+    def start_publish(self, topic: str, step: Step[int], through: int) -> Awaitable[None]:
+        """`publish`, split as `start` splits `run`, for a step that appended offsets up to
+        `through` (a batch): done once the WAL acknowledged all of them."""
         # Registered before any effect runs, so no acknowledgement can slip past it.
-        acknowledged = self._acked.get(topic, -1) >= offset
         waiter: asyncio.Future[None] | None = None
-        if not acknowledged:
+        if self._acked.get(topic, -1) < through:
             waiter = asyncio.get_running_loop().create_future()
-            self._publishes.setdefault(topic, collections.deque()).append((offset, waiter))
-        await self.run(step)
+            self._publishes.setdefault(topic, collections.deque()).append((through, waiter))
+        return self._acknowledged(self.start(step), waiter)
+
+    async def _acknowledged(
+        self, settled: Awaitable[None], waiter: asyncio.Future[None] | None
+    ) -> None:
+        await settled
         if waiter is not None:
             await waiter
         self.check_unfenced()
-        return offset
 
     def check_unfenced(self) -> None:
         """A fenced broker (cluster mode) acknowledges nothing: another broker may own the

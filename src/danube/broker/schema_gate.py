@@ -55,6 +55,11 @@ class SchemaGate:
         if verdict.problem is not None:
             self._warn(topic, verdict.problem, verdict.detail)
 
+    async def inspects(self, topic: str) -> bool:
+        """Whether `admit` may refuse or warn about a message of `topic`: a batch is split
+        into messages for `admit` only then."""
+        return inspects(await self._schemas.topic_config(topic))
+
     async def producer_binding(self, topic: str, subject: str) -> TopicSchemaConfig | None:
         """Before a producer naming `subject` is created (`policy.producer_binding`): the
         binding to store once the topic exists, or None; refusals raise."""

@@ -17,6 +17,12 @@ import trio
 import trio_asyncio
 
 from danube.broker.admin import AdminServices
+from danube.broker.batch_plane import (
+    BATCH_REQUEST_LIMIT,
+    RECEIVE_BATCH,
+    ConsumerBatchService,
+    ProducerExtService,
+)
 from danube.broker.cluster_member import ClusterMember
 from danube.broker.data_plane import (
     ConsumerExtService,
@@ -256,11 +262,15 @@ async def serve(
             schemas = SchemaService(
                 store, _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)), placement
             )
+            gate = SchemaGate(schemas)
+            batch_limit = BATCH_REQUEST_LIMIT + _message_limit(config)
             client_services = [
                 schemas,
-                ProducerService(runtime, placement, _message_limit(config), SchemaGate(schemas)),
+                ProducerService(runtime, placement, _message_limit(config), gate),
+                ProducerExtService(runtime, gate, batch_limit),
                 consumers,
                 ConsumerExtService(consumers),
+                ConsumerBatchService(runtime, RECEIVE_BATCH),
                 DiscoveryService(placement),
                 HealthCheckService(runtime),
             ]

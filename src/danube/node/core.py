@@ -12,6 +12,7 @@ Deliberate differences from Danube are listed in spec/protocol.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import re
 from collections import deque
@@ -46,6 +47,7 @@ from danube.tiering import layout as tier_layout
 from danube.tiering import reader as tier_reader
 from danube.tiering import uploader as tier
 from danube.tiering.index import IndexEntry, IndexFormatError
+from danube.wal import batches
 from danube.wal import machine as wal
 from danube.wal.recovery import RecoveryPlan
 
@@ -819,6 +821,22 @@ class BrokerCore:
         Reliable: `encode(offset)` gives the record to store (the message stamped with its
         offset); the reply must wait for a `PublishAcked` covering the offset (or fail on
         `PublishFailed` / `TopicStopped`)."""
+        producer, record = self._publisher(producer_id, topic)
+        limit = self._namespaces[producer.topic.namespace].max_message_size
+        if limit and size > limit:
+            raise invalid(f"message of {size} bytes exceeds max_message_size of {limit} bytes")
+        if record.reliable:
+            return self._append(record, size, encode, now_ms)
+        sequence = record.messages_in
+        record.messages_in += 1
+        record.bytes_in += size
+        key = routing_key if routing_key is not None else producer.name.encode()
+        effects: list[Effect] = []
+        for sub in record.subscriptions.values():
+            effects.extend(sub.dispatcher.publish(message, size, key))
+        return Step(sequence, tuple(effects))
+
+    def _publisher(self, producer_id: int, topic: str) -> tuple[ProducerRecord, TopicRecord]:
         producer = self._producers.get(producer_id)
         if producer is None and producer_id in self._departed:
             raise DanubeError(
@@ -834,19 +852,57 @@ class BrokerCore:
             raise invalid(f"producer {producer_id} belongs to {producer.topic.full}, not {topic!r}")
         record = self._topics[topic]
         self._check_not_moving(record)
+        return producer, record
+
+    def publish_batch(
+        self, producer_id: int, topic: str, batch: batches.ClientBatch, *, now_ms: int
+    ) -> Step[int]:
+        """Publishes a checked batch (`batches.check_batch`) as one frame and returns the
+        offset of its first message; message i gets that offset + i. All or nothing: a
+        refusal stores none of it. Reliable topics answer as `publish` does, once a
+        `PublishAcked` covers the batch's last offset; non-reliable ones deliver each
+        message now, numbered as `publish` numbers them."""
+        producer, record = self._publisher(producer_id, topic)
         limit = self._namespaces[producer.topic.namespace].max_message_size
-        if limit and size > limit:
-            raise invalid(f"message of {size} bytes exceeds max_message_size of {limit} bytes")
+        if limit:
+            index, size = batch.largest_payload()
+            if size > limit:
+                raise invalid(
+                    f"message {index} of the batch has {size} bytes, more than "
+                    f"max_message_size of {limit} bytes; nothing of the batch was stored"
+                )
+        stamp = functools.partial(
+            batches.stamp,
+            batch,
+            publish_ms=now_ms,
+            producer_id=producer_id,
+            topic=topic,
+            broker_addr=self.identity.broker_url,
+        )
         if record.reliable:
-            return self._append(record, size, encode, now_ms)
-        sequence = record.messages_in
-        record.messages_in += 1
-        record.bytes_in += size
-        key = routing_key if routing_key is not None else producer.name.encode()
-        effects: list[Effect] = []
-        for sub in record.subscriptions.values():
-            effects.extend(sub.dispatcher.publish(message, size, key))
-        return Step(sequence, tuple(effects))
+            log = self._ready_wal(record)
+            if log.queued_bytes > MAX_QUEUED_WAL_BYTES:
+                raise DanubeError(
+                    ErrorCode.UNAVAILABLE,
+                    f"{topic} is writing {log.queued_bytes} bytes behind the disk; retry shortly",
+                )
+            first, effects = log.append_packed(stamp(first_offset=log.next_offset), now_ms)
+            record.messages_in += batch.count
+            record.bytes_in += batch.payload_bytes
+            return Step(first, tuple(self._wal_effects(record, effects, now_ms)))
+        first = record.messages_in
+        packed = stamp(first_offset=first)
+        record.messages_in += batch.count
+        record.bytes_in += batch.payload_bytes
+        subscriptions = list(record.subscriptions.values())
+        keyed = any(sub.sub_type is SubscriptionType.KEY_SHARED for sub in subscriptions)
+        out: list[Effect] = []
+        for index, size in enumerate(batch.payload_sizes.tolist()):
+            message = packed[index]
+            key = self._routing_key_of(message) if keyed else b""
+            for sub in subscriptions:
+                out.extend(sub.dispatcher.publish(message, size, key))
+        return Step(first, tuple(out))
 
     def _append(
         self,
@@ -1188,6 +1244,21 @@ class BrokerCore:
         effects = sub.dispatcher.ack(offset, now_ms)
         if not sub.dispatcher.is_pending(offset):
             sub.records.pop(offset, None)
+        return Step(None, tuple(self._dispatch(record, sub, effects, now_ms)))
+
+    def ack_many(
+        self, topic: str, subscription: str, offsets: Iterable[int], *, now_ms: int = 0
+    ) -> Step[None]:
+        """`ack` of each offset, in one step (the batched path's AckBatch)."""
+        record, sub = self._ack_target(topic, subscription)
+        if isinstance(sub.dispatcher, NonReliableSubscription):
+            return Step(None)
+        dispatcher = sub.dispatcher
+        effects: list[rd.Effect] = []
+        for offset in offsets:
+            effects.extend(dispatcher.ack(offset, now_ms))
+            if not dispatcher.is_pending(offset):
+                sub.records.pop(offset, None)
         return Step(None, tuple(self._dispatch(record, sub, effects, now_ms)))
 
     def nack(

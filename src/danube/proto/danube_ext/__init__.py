@@ -6,8 +6,13 @@
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
+    AsyncIterable,
+    AsyncIterator,
     Dict,
+    Iterable,
+    List,
     Optional,
+    Union,
 )
 
 import betterproto
@@ -35,6 +40,73 @@ class SubscribeAtRequest(betterproto.Message):
     start: "StartPosition" = betterproto.message_field(2)
 
 
+@dataclass(eq=False, repr=False)
+class PublishBatch(betterproto.Message):
+    producer_id: int = betterproto.uint64_field(1)
+    topic_name: str = betterproto.string_field(2)
+    sequence: int = betterproto.uint64_field(3)
+    """The client's number for this batch, echoed in its acknowledgement."""
+
+    frame: bytes = betterproto.bytes_field(4)
+    """
+    One WAL frame with base offset 0 and publish time 0. Each record is a danube.StreamMessage
+     WITHOUT msg_id (the broker appends it: producer, topic, broker and the record's offset).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class BatchAck(betterproto.Message):
+    sequence: int = betterproto.uint64_field(1)
+    first_offset: int = betterproto.uint64_field(2)
+    """
+    Offset of the batch's first message; message i of the batch has first_offset + i.
+    """
+
+    count: int = betterproto.uint32_field(3)
+    status: int = betterproto.uint32_field(4)
+    """
+    A gRPC status code: 0 stored; otherwise nothing of this batch was stored and `error`
+     says why. The stream stays open for later batches.
+    """
+
+    error: str = betterproto.string_field(5)
+
+
+@dataclass(eq=False, repr=False)
+class ReceiveBatchesRequest(betterproto.Message):
+    consumer_id: int = betterproto.uint64_field(1)
+    """The consumer (from danube.ConsumerService/Subscribe or SubscribeAt)."""
+
+    max_messages: int = betterproto.uint32_field(2)
+    """
+    Largest number of messages per MessageBatch (0: the broker's default).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class MessageBatch(betterproto.Message):
+    records: bytes = betterproto.bytes_field(1)
+    """
+    Records as danube.ConsumerService/ReceiveMessages would send them, each preceded by its
+     length (u32, little-endian).
+    """
+
+    count: int = betterproto.uint32_field(2)
+
+
+@dataclass(eq=False, repr=False)
+class AckBatchRequest(betterproto.Message):
+    request_id: int = betterproto.uint64_field(1)
+    topic_name: str = betterproto.string_field(2)
+    subscription_name: str = betterproto.string_field(3)
+    offsets: List[int] = betterproto.uint64_field(4)
+
+
+@dataclass(eq=False, repr=False)
+class AckBatchResponse(betterproto.Message):
+    request_id: int = betterproto.uint64_field(1)
+
+
 class ConsumerExtStub(betterproto.ServiceStub):
     async def subscribe_at(
         self,
@@ -53,12 +125,81 @@ class ConsumerExtStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def receive_batches(
+        self,
+        receive_batches_request: "ReceiveBatchesRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> AsyncIterator[MessageBatch]:
+        async for response in self._unary_stream(
+            "/danube_ext.ConsumerExt/ReceiveBatches",
+            receive_batches_request,
+            MessageBatch,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
+    async def ack_batch(
+        self,
+        ack_batch_request: "AckBatchRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "AckBatchResponse":
+        return await self._unary_unary(
+            "/danube_ext.ConsumerExt/AckBatch",
+            ack_batch_request,
+            AckBatchResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+
+class ProducerExtStub(betterproto.ServiceStub):
+    async def publish_batches(
+        self,
+        publish_batch_iterator: Union[
+            AsyncIterable[PublishBatch], Iterable[PublishBatch]
+        ],
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> AsyncIterator[BatchAck]:
+        async for response in self._stream_stream(
+            "/danube_ext.ProducerExt/PublishBatches",
+            publish_batch_iterator,
+            PublishBatch,
+            BatchAck,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
 
 class ConsumerExtBase(ServiceBase):
 
     async def subscribe_at(
         self, subscribe_at_request: "SubscribeAtRequest"
     ) -> "_danube__.ConsumerResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def receive_batches(
+        self, receive_batches_request: "ReceiveBatchesRequest"
+    ) -> AsyncIterator[MessageBatch]:
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield MessageBatch()
+
+    async def ack_batch(
+        self, ack_batch_request: "AckBatchRequest"
+    ) -> "AckBatchResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_subscribe_at(
@@ -69,6 +210,23 @@ class ConsumerExtBase(ServiceBase):
         response = await self.subscribe_at(request)
         await stream.send_message(response)
 
+    async def __rpc_receive_batches(
+        self, stream: "grpclib.server.Stream[ReceiveBatchesRequest, MessageBatch]"
+    ) -> None:
+        request = await stream.recv_message()
+        await self._call_rpc_handler_server_stream(
+            self.receive_batches,
+            stream,
+            request,
+        )
+
+    async def __rpc_ack_batch(
+        self, stream: "grpclib.server.Stream[AckBatchRequest, AckBatchResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.ack_batch(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/danube_ext.ConsumerExt/SubscribeAt": grpclib.const.Handler(
@@ -76,5 +234,46 @@ class ConsumerExtBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 SubscribeAtRequest,
                 _danube__.ConsumerResponse,
+            ),
+            "/danube_ext.ConsumerExt/ReceiveBatches": grpclib.const.Handler(
+                self.__rpc_receive_batches,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                ReceiveBatchesRequest,
+                MessageBatch,
+            ),
+            "/danube_ext.ConsumerExt/AckBatch": grpclib.const.Handler(
+                self.__rpc_ack_batch,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                AckBatchRequest,
+                AckBatchResponse,
+            ),
+        }
+
+
+class ProducerExtBase(ServiceBase):
+
+    async def publish_batches(
+        self, publish_batch_iterator: AsyncIterator[PublishBatch]
+    ) -> AsyncIterator[BatchAck]:
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield BatchAck()
+
+    async def __rpc_publish_batches(
+        self, stream: "grpclib.server.Stream[PublishBatch, BatchAck]"
+    ) -> None:
+        request = stream.__aiter__()
+        await self._call_rpc_handler_server_stream(
+            self.publish_batches,
+            stream,
+            request,
+        )
+
+    def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
+        return {
+            "/danube_ext.ProducerExt/PublishBatches": grpclib.const.Handler(
+                self.__rpc_publish_batches,
+                grpclib.const.Cardinality.STREAM_STREAM,
+                PublishBatch,
+                BatchAck,
             ),
         }

@@ -1,0 +1,177 @@
+"""The batched data path (`danube_ext.ProducerExt`, `ConsumerExt.ReceiveBatches` and
+`AckBatch`; spec/protocol.md, "Batched data path"): many messages per gRPC message, one core
+call and one WAL frame per batch."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Awaitable
+
+import grpclib.const
+import grpclib.server
+from grpclib.const import Status
+
+from danube.broker.grpc_util import recv_bounded, unary
+from danube.broker.runtime import BrokerRuntime, now_ms
+from danube.broker.schema_gate import SchemaGate
+from danube.broker.streams import serve_consumer
+from danube.core.config import DispatchStrategy
+from danube.core.errors import DanubeError
+from danube.node.core import BrokerCore
+from danube.node.requests import stream_message
+from danube.proto import danube_ext as ext_pb
+from danube.wal import records
+from danube.wal.batches import ClientBatch, PackedRecords, check_batch
+
+log = logging.getLogger("danube.broker")
+
+BATCH_REQUEST_LIMIT = 8 * 1024 * 1024
+"""Largest PublishBatch the broker reads (at least one largest message's worth more)."""
+RECEIVE_BATCH = 512
+"""Messages per MessageBatch when the consumer does not say."""
+MAX_IN_FLIGHT = 16
+"""Batches of one stream stored or being stored but not yet acknowledged: the broker reads
+the stream no further until one is answered, so HTTP/2 flow control slows the client."""
+
+_U32 = struct.Struct("<I")
+
+
+class ProducerExtService:
+    def __init__(self, runtime: BrokerRuntime, gate: SchemaGate, batch_limit: int) -> None:
+        self._runtime = runtime
+        self._core: BrokerCore = runtime.core
+        self._gate = gate
+        self._batch_limit = batch_limit
+
+    async def publish_batches(self, stream: grpclib.server.Stream) -> None:
+        """Reads batches in order and calls the core for each before reading the next, so
+        offsets follow the stream; a writer task sends the answers in the same order as
+        each batch's storage completes."""
+        answers: asyncio.Queue[Awaitable[ext_pb.BatchAck] | None] = asyncio.Queue()
+        window = asyncio.Semaphore(MAX_IN_FLIGHT)
+        writer = asyncio.ensure_future(self._write_answers(stream, answers, window))
+        try:
+            while not writer.done():
+                request = await recv_bounded(stream, self._batch_limit, end_ok=True)
+                if request is None:
+                    break
+                await window.acquire()
+                answers.put_nowait(await self._begin(request))
+            answers.put_nowait(None)
+            await writer
+        finally:
+            writer.cancel()
+
+    @staticmethod
+    async def _write_answers(
+        stream: grpclib.server.Stream,
+        answers: asyncio.Queue[Awaitable[ext_pb.BatchAck] | None],
+        window: asyncio.Semaphore,
+    ) -> None:
+        while (answer := await answers.get()) is not None:
+            ack = await answer
+            window.release()
+            await stream.send_message(ack)
+
+    async def _begin(self, request: ext_pb.PublishBatch) -> Awaitable[ext_pb.BatchAck]:
+        """Checks the batch and calls the core (in stream order); the returned awaitable
+        answers once the batch is stored, or at once when it is refused."""
+        topic = request.topic_name
+        try:
+            self._runtime.check_unfenced()
+            batch = check_batch(request.frame)
+            if self._core.serves(topic) and await self._gate.inspects(topic):
+                # The topic's schema policy judges each message (one decode each): all of
+                # the batch must pass before any of it is stored.
+                for record in PackedRecords(batch.frame, _positions(batch), 0):
+                    await self._gate.admit(topic, records.decode(record))
+            step = self._core.publish_batch(request.producer_id, topic, batch, now_ms=now_ms())
+        except DanubeError as error:
+            return _done(_refused(request.sequence, error))
+        first = step.value
+        ack = ext_pb.BatchAck(sequence=request.sequence, first_offset=first, count=batch.count)
+        if self._core.topic_strategy(topic) is DispatchStrategy.RELIABLE:
+            return _after(self._runtime.start_publish(topic, step, first + batch.count - 1), ack)
+        return _after(self._runtime.start(step), ack)
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            "/danube_ext.ProducerExt/PublishBatches": grpclib.const.Handler(
+                self.publish_batches,
+                grpclib.const.Cardinality.STREAM_STREAM,
+                ext_pb.PublishBatch,
+                ext_pb.BatchAck,
+            ),
+        }
+
+
+def _positions(batch: ClientBatch) -> list[int]:
+    """Where each record of a client's frame starts (its length prefix)."""
+    positions, cursor = [], 32
+    for _ in range(batch.count):
+        positions.append(cursor)
+        cursor += 4 + _U32.unpack_from(batch.frame, cursor)[0]
+    return positions
+
+
+async def _after(done: Awaitable[None], ack: ext_pb.BatchAck) -> ext_pb.BatchAck:
+    try:
+        await done
+    except DanubeError as error:
+        return _refused(ack.sequence, error)
+    return ack
+
+
+async def _done(ack: ext_pb.BatchAck) -> ext_pb.BatchAck:
+    return ack
+
+
+def _refused(sequence: int, error: DanubeError) -> ext_pb.BatchAck:
+    return ext_pb.BatchAck(
+        sequence=sequence, status=Status[error.code.name].value, error=error.message
+    )
+
+
+def _packed(items: list[bytes]) -> bytes:
+    return b"".join(_U32.pack(len(item)) + item for item in items)
+
+
+class ConsumerBatchService:
+    """`ReceiveBatches` and `AckBatch` of `danube_ext.ConsumerExt`."""
+
+    def __init__(self, runtime: BrokerRuntime, default_batch: int) -> None:
+        self._runtime = runtime
+        self._core: BrokerCore = runtime.core
+        self._default_batch = default_batch
+
+    async def receive_batches(self, stream: grpclib.server.Stream) -> None:
+        request: ext_pb.ReceiveBatchesRequest = await recv_bounded(stream, 1024)
+        limit = request.max_messages or self._default_batch
+
+        async def send(items: list[object]) -> None:
+            wire = [item if type(item) is bytes else bytes(stream_message(item)) for item in items]
+            await stream.send_message(ext_pb.MessageBatch(records=_packed(wire), count=len(wire)))
+
+        await serve_consumer(self._runtime, stream, request.consumer_id, limit, send)
+
+    async def ack_batch(self, request: ext_pb.AckBatchRequest) -> ext_pb.AckBatchResponse:
+        step = self._core.ack_many(
+            request.topic_name, request.subscription_name, request.offsets, now_ms=now_ms()
+        )
+        await self._runtime.run(step)
+        return ext_pb.AckBatchResponse(request_id=request.request_id)
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            "/danube_ext.ConsumerExt/ReceiveBatches": grpclib.const.Handler(
+                self.receive_batches,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                ext_pb.ReceiveBatchesRequest,
+                ext_pb.MessageBatch,
+            ),
+            "/danube_ext.ConsumerExt/AckBatch": unary(
+                self.ack_batch, ext_pb.AckBatchRequest, ext_pb.AckBatchResponse
+            ),
+        }
