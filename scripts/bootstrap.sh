@@ -66,6 +66,6 @@ make_venv() {  # dir, stamp text, pip args...
 }
 
 project_stamp=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
-make_venv .venv "$project_stamp" -e ".[dev,audit]"
+make_venv .venv "$project_stamp" -e ".[dev,audit,bench]"
 make_venv .venv-official "$OFFICIAL_CLIENT" "$OFFICIAL_CLIENT"
 say "ready: .venv (project) and .venv-official ($OFFICIAL_CLIENT)"

@@ -1,5 +1,6 @@
 """Python client for Danube brokers (asyncio, grpclib)."""
 
+from danube.client.batching import Batching
 from danube.client.client import DanubeClient
 from danube.client.connection import RetryPolicy
 from danube.client.consumer import Consumer, Message, SubType
@@ -9,6 +10,7 @@ from danube.client.schemas import SchemaRef, WriterSchema
 from danube.core.config import DispatchStrategy
 
 __all__ = [
+    "Batching",
     "Consumer",
     "DanubeClient",
     "DanubeClientError",

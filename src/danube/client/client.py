@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from grpclib.exceptions import GRPCError
 
+from danube.client.batching import Batching
 from danube.client.connection import Connections, RetryPolicy
 from danube.client.consumer import Consumer, SubType
 from danube.client.errors import DanubeClientError
 from danube.client.producer import Producer
 from danube.client.schemas import SchemaRef, SchemaRegistry
 from danube.core.config import DispatchStrategy
+
+DEFAULT_BATCHING = Batching()
 
 
 class DanubeClient:
@@ -44,8 +47,11 @@ class DanubeClient:
         partitions: int = 0,
         dispatch: DispatchStrategy = DispatchStrategy.NON_RELIABLE,
         schema: SchemaRef | None = None,
+        batching: Batching | None = DEFAULT_BATCHING,
     ) -> Producer:
-        """`schema` names the subject (and version) the messages are written with."""
+        """`schema` names the subject (and version) the messages are written with.
+        `batching` groups messages on our brokers' batched path (None: one call per
+        message, as Danube's protocol does; brokers without the path get that anyway)."""
         return Producer(
             self._connections,
             topic,
@@ -53,6 +59,7 @@ class DanubeClient:
             partitions=partitions,
             strategy=dispatch,
             schema=schema,
+            batching=batching,
         )
 
     def consumer(

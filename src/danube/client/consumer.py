@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
@@ -23,8 +24,11 @@ from danube.client.connection import Connections
 from danube.client.errors import RETRYABLE, TRANSPORT_ERRORS, DanubeClientError
 from danube.proto import danube as pb
 from danube.proto import danube_ext as ext_pb
+from danube.wal import records
 
 log = logging.getLogger("danube.client")
+
+_U32 = struct.Struct("<I")
 
 
 class SubType(enum.IntEnum):
@@ -57,8 +61,10 @@ class Message:
     schema_id: int | None
     """The producer's schema (with `schema_version`), when it wrote with one."""
     schema_version: int | None
-    raw: pb.StreamMessage
-    """The wire message, needed to acknowledge it."""
+    producer_id: int
+    """With `topic`, `offset` and `broker_addr`: the message's id, which acknowledges it."""
+    broker_addr: str
+    request_id: int
 
 
 def _message(raw: pb.StreamMessage) -> Message:
@@ -72,7 +78,45 @@ def _message(raw: pb.StreamMessage) -> Message:
         routing_key=raw.routing_key,
         schema_id=raw.schema_id,
         schema_version=raw.schema_version,
-        raw=raw,
+        producer_id=raw.msg_id.producer_id,
+        broker_addr=raw.msg_id.broker_addr,
+        request_id=raw.request_id,
+    )
+
+
+def _batch_messages(batch: ext_pb.MessageBatch) -> list[Message]:
+    """The messages of a `MessageBatch`, decoded by the record codec (no betterproto
+    object per message)."""
+    data, messages, cursor = batch.records, [], 0
+    while cursor < len(data):
+        (size,) = _U32.unpack_from(data, cursor)
+        record = records.decode(data[cursor + 4 : cursor + 4 + size])
+        cursor += 4 + size
+        messages.append(
+            Message(
+                payload=record.payload,
+                topic=record.topic_name,
+                offset=record.topic_offset,
+                producer_name=record.producer_name,
+                publish_time=record.publish_time,
+                attributes=record.attributes,
+                routing_key=record.routing_key,
+                schema_id=record.schema_id,
+                schema_version=record.schema_version,
+                producer_id=record.producer_id,
+                broker_addr=record.broker_addr,
+                request_id=record.request_id,
+            )
+        )
+    return messages
+
+
+def _msg_id(message: Message) -> pb.MsgId:
+    return pb.MsgId(
+        producer_id=message.producer_id,
+        topic_name=message.topic,
+        broker_addr=message.broker_addr,
+        topic_offset=message.offset,
     )
 
 
@@ -96,6 +140,13 @@ class _TopicConsumer:
         self._key_filters = key_filters
         self._consumer_id = 0
         self._url = ""
+        self._batched = True
+        """Until the broker answers UNIMPLEMENTED to the batched receive."""
+        self._batched_acks = True
+        self._acks: list[Message] = []
+        self._acks_done: asyncio.Future[bool] | None = None
+        """Answers every acknowledgement queued in `_acks`."""
+        self._ack_task: asyncio.Task[None] | None = None
 
     async def subscribe(self) -> None:
         async def attempt(url: str) -> None:
@@ -148,17 +199,32 @@ class _TopicConsumer:
             return False
         return response.status == pb.HealthCheckResponseClientStatus.OK
 
+    async def _receive(self, queue: asyncio.Queue[object]) -> None:
+        """One receive stream: the batched one (`ReceiveBatches`) unless this broker lacks
+        it, then Danube's `ReceiveMessages`."""
+        channel = self._connections.channel(self._url)
+        if self._batched:
+            request = ext_pb.ReceiveBatchesRequest(consumer_id=self._consumer_id)
+            try:
+                async for batch in ext_pb.ConsumerExtStub(channel).receive_batches(request):
+                    for message in _batch_messages(batch):
+                        await queue.put(message)
+                return
+            except GRPCError as error:
+                if error.status is not Status.UNIMPLEMENTED:
+                    raise
+                self._batched = False
+        plain = pb.ReceiveRequest(
+            request_id=self._connections.next_request_id(), consumer_id=self._consumer_id
+        )
+        async for raw in pb.ConsumerServiceStub(channel).receive_messages(plain):
+            await queue.put(_message(raw))
+
     async def receive_loop(self, queue: asyncio.Queue[object]) -> None:
         attempt = 0
         while not self._connections.closed:
-            stub = pb.ConsumerServiceStub(self._connections.channel(self._url))
-            request = pb.ReceiveRequest(
-                request_id=self._connections.next_request_id(), consumer_id=self._consumer_id
-            )
             try:
-                async for raw in stub.receive_messages(request):
-                    attempt = 0
-                    await queue.put(raw)
+                await self._receive(queue)
                 ended_cleanly = True
             except GRPCError as error:
                 if error.status not in (*RETRYABLE, Status.NOT_FOUND, Status.CANCELLED):
@@ -187,16 +253,73 @@ class _TopicConsumer:
                     return
                 log.warning("event=resubscribe_failed topic=%s error=%s", self.topic, error)
 
-    async def ack(self, raw: pb.StreamMessage) -> bool:
-        request = pb.AckRequest(
-            request_id=raw.request_id, msg_id=raw.msg_id, subscription_name=self._subscription
-        )
-        return await self._call("ack", lambda stub: stub.ack(request))
+    async def ack(self, message: Message) -> bool:
+        return await self.ack_many([message])
 
-    async def nack(self, raw: pb.StreamMessage, delay_ms: int | None, reason: str | None) -> bool:
+    async def ack_many(self, messages: list[Message]) -> bool:
+        if self._batched_acks:
+            self._acks.extend(messages)
+            if self._acks_done is None:
+                self._acks_done = asyncio.get_running_loop().create_future()
+            done = self._acks_done
+            if self._ack_task is None or self._ack_task.done():
+                self._ack_task = asyncio.ensure_future(self._send_acks())
+            return await asyncio.shield(done)
+        acknowledged = True
+        for message in messages:
+            request = pb.AckRequest(
+                request_id=message.request_id,
+                msg_id=_msg_id(message),
+                subscription_name=self._subscription,
+            )
+            acknowledged &= await self._call("ack", lambda stub, r=request: stub.ack(r))
+        return acknowledged
+
+    async def _send_acks(self) -> None:
+        """Sends the acknowledgements queued so far in one `AckBatch`, again while more
+        arrived meanwhile (so a busy consumer sends few large calls and an idle one no
+        delay). Against a broker without it, each goes alone (`Ack`)."""
+        while self._acks:
+            messages, done = self._acks, self._acks_done
+            assert done is not None
+            self._acks, self._acks_done = [], None
+            try:
+                result = await self._ack_batch(messages)
+            except Exception as error:  # every waiter of this round hears of it
+                done.set_exception(error)
+                continue
+            if result is None:
+                self._batched_acks = False
+                result = await self.ack_many(messages)
+            done.set_result(result)
+
+    async def _ack_batch(self, messages: list[Message]) -> bool | None:
+        """None when the broker has no `AckBatch`."""
+        request = ext_pb.AckBatchRequest(
+            request_id=self._connections.next_request_id(),
+            topic_name=self.topic,
+            subscription_name=self._subscription,
+            offsets=[message.offset for message in messages],
+        )
+        stub = ext_pb.ConsumerExtStub(self._connections.channel(self._url))
+        try:
+            await stub.ack_batch(request)
+        except GRPCError as error:
+            if error.status is Status.UNIMPLEMENTED:
+                return None
+            if error.status in (Status.UNAVAILABLE, Status.NOT_FOUND):
+                log.warning("event=ack_lost topic=%s reason=%s", self.topic, error.message)
+                return False
+            raise DanubeClientError.from_grpc(f"ack on {self.topic}", error) from None
+        except TRANSPORT_ERRORS as error:
+            log.warning("event=ack_lost topic=%s reason=%s", self.topic, error)
+            return False
+        return True
+
+    async def nack(self, message: Message, delay_ms: int | None, reason: str | None) -> bool:
         request = pb.NackRequest(
-            request_id=raw.request_id,
-            msg_id=raw.msg_id,
+            request_id=message.request_id,
+            msg_id=_msg_id(message),
             subscription_name=self._subscription,
             delay_ms=delay_ms,
             reason=reason,
@@ -301,12 +424,17 @@ class Consumer:
                 await task
         self._tasks = []
 
+    @property
+    def queued(self) -> int:
+        """Messages received and not yet taken by `receive`."""
+        return self._queue.qsize()
+
     async def receive(self) -> Message:
         item = await self._queue.get()
         if isinstance(item, DanubeClientError):
             raise item
-        assert isinstance(item, pb.StreamMessage)
-        return _message(item)
+        assert isinstance(item, Message)
+        return item
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self
@@ -323,10 +451,19 @@ class Consumer:
     async def ack(self, message: Message) -> bool:
         """True once the broker took the acknowledgement; False when it was lost because the
         topic moved or its broker died (the message will be delivered again)."""
-        return await self._target(message).ack(message.raw)
+        return await self._target(message).ack(message)
+
+    async def ack_many(self, messages: list[Message]) -> bool:
+        """`ack` of many messages in as few calls as the broker allows (one per topic or
+        partition on ours); False when any acknowledgement was lost."""
+        by_target: dict[str, list[Message]] = {}
+        for message in messages:
+            by_target.setdefault(message.topic, []).append(message)
+        results = [await self._target(group[0]).ack_many(group) for group in by_target.values()]
+        return all(results)
 
     async def nack(
         self, message: Message, *, delay_ms: int | None = None, reason: str | None = None
     ) -> bool:
         """As `ack`: False when the negative acknowledgement was lost."""
-        return await self._target(message).nack(message.raw, delay_ms, reason)
+        return await self._target(message).nack(message, delay_ms, reason)

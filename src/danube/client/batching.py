@@ -1,0 +1,249 @@
+"""Batched publishing (spec/protocol.md, "Batched data path"): messages accumulate while
+earlier batches are on their way and go out together, as one WAL frame on one
+`danube_ext.ProducerExt/PublishBatches` stream.
+
+Like Kafka's accumulator: a batch leaves when it is full (`max_messages`, `max_bytes`), when
+`linger_ms` passed since its first message, or at once when fewer than `max_in_flight` batches
+are unanswered (so an idle producer adds no delay and a busy one sends big batches)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from grpclib import GRPCError
+from grpclib.const import Status
+
+from danube.client.errors import RETRYABLE, TRANSPORT_ERRORS, DanubeClientError
+from danube.kernels import crc32c
+from danube.kernels.twins import FRAME_HEADER, FRAME_MAGIC
+from danube.proto import danube_ext as ext_pb
+
+_U32 = struct.Struct("<I")
+_HEAD_TAIL = struct.Struct("<IIHHQQ")
+MAX_BATCH_MESSAGES = 0xFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class Batching:
+    """How a producer groups messages for our brokers; Danube's own brokers (no batched
+    path) get one call per message whatever this says."""
+
+    linger_ms: float = 0.0
+    """Wait this long after a batch's first message for more (0: only while the window of
+    unanswered batches is full)."""
+    max_messages: int = 1000
+    max_bytes: int = 1024 * 1024
+    max_in_flight: int = 4
+    """Batches sent and not yet answered."""
+
+    def __post_init__(self) -> None:
+        if self.linger_ms < 0:
+            raise DanubeClientError("linger_ms must not be negative")
+        if not 1 <= self.max_messages <= MAX_BATCH_MESSAGES:
+            raise DanubeClientError(f"max_messages must be 1 to {MAX_BATCH_MESSAGES}")
+        if self.max_bytes < 1 or self.max_in_flight < 1:
+            raise DanubeClientError("max_bytes and max_in_flight must be at least 1")
+
+
+class Unsupported(Exception):
+    """The broker has no batched path: send this batch's messages one by one."""
+
+
+class Retry(Exception):
+    """The batch was not stored, or its outcome is unknown (the stream broke): send its
+    messages again, once the producer was created again (`error` says why)."""
+
+    def __init__(self, error: DanubeClientError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Batch:
+    """Messages that travel together; `done` gives the offset of the first once stored."""
+
+    __slots__ = ("count", "done", "parts", "size")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.count = 0
+        self.size = 0
+        self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def add(self, record: bytes) -> int:
+        self.parts.append(_U32.pack(len(record)))
+        self.parts.append(record)
+        self.size += 4 + len(record)
+        self.count += 1
+        return self.count - 1
+
+    def frame(self) -> bytes:
+        """The batch as one WAL frame with base offset 0 (spec/wal-format.md)."""
+        length = FRAME_HEADER + self.size
+        tail = _HEAD_TAIL.pack(length, FRAME_MAGIC, 0, self.count, 0, 0)
+        body = b"".join([tail, *self.parts])
+        return _U32.pack(crc32c(body)) + body
+
+
+OpenStream = Callable[[], contextlib.AbstractAsyncContextManager]  # type: ignore[type-arg]
+
+
+class BatchSender:
+    """One producer's accumulator and its stream. `add` queues an encoded message (a
+    `StreamMessage` without msg_id) and says which batch took it; the caller awaits that
+    batch's `done`."""
+
+    def __init__(
+        self,
+        settings: Batching,
+        open_stream: Callable[[bool], Awaitable[tuple[OpenStream, int, str]]],
+    ) -> None:
+        self._settings = settings
+        self._open_stream = open_stream
+        self._current: Batch | None = None
+        self._ready: collections.deque[Batch] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._last: Batch | None = None
+        self._recreate = False
+        """The last stream ended because the producer is gone: create it again first."""
+        self.unsupported = False
+
+    def add(self, record: bytes) -> tuple[Batch, int]:
+        batch = self._current
+        settings = self._settings
+        if batch is not None and (
+            batch.count >= settings.max_messages
+            or batch.size + 4 + len(record) > settings.max_bytes
+        ):
+            self._ready.append(batch)
+            batch = None
+        if batch is None:
+            batch = self._current = self._last = Batch()
+        index = batch.add(record)
+        self._wakeup.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+        return batch, index
+
+    async def flush(self) -> None:
+        """Waits until the newest batch is answered: answers come in order, so every
+        earlier batch is answered too (a batch sent again is newer than the newest)."""
+        while self._last is not None and not self._last.done.done():
+            await asyncio.wait([self._last.done])
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _next_batch(self, unanswered: int) -> Batch:
+        """The next batch to send: a full one, else the current one once it lingered (or
+        at once while the window has room and nothing lingers)."""
+        while True:
+            if self._ready:
+                return self._ready.popleft()
+            current = self._current
+            if current is not None and current.count:
+                linger = self._settings.linger_ms
+                if linger and unanswered:
+                    await asyncio.sleep(linger / 1000)
+                if self._ready:
+                    continue
+                self._current = None
+                return current
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    async def _run(self) -> None:
+        """Sends batches on one stream for as long as it works; a broken stream fails its
+        unanswered batches with `Retry` (their senders try again) and ends the task."""
+        in_flight: collections.deque[Batch] = collections.deque()
+        window = asyncio.Semaphore(self._settings.max_in_flight)
+        try:
+            open_stream, producer_id, topic = await self._open_stream(self._recreate)
+            self._recreate = False
+            async with open_stream() as stream:
+                await stream.send_request()
+                reader = asyncio.ensure_future(self._read_acks(stream, in_flight, window))
+                sender = asyncio.ensure_future(
+                    self._send(stream, producer_id, topic, in_flight, window)
+                )
+                try:
+                    done, _ = await asyncio.wait(
+                        {reader, sender}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    for task in done:
+                        task.result()
+                finally:
+                    reader.cancel()
+                    sender.cancel()
+        except (GRPCError, DanubeClientError, *TRANSPORT_ERRORS) as error:
+            self._fail_all(in_flight, error)
+
+    async def _send(
+        self,
+        stream: ext_pb.ProducerExtStub,
+        producer_id: int,
+        topic: str,
+        in_flight: collections.deque[Batch],
+        window: asyncio.Semaphore,
+    ) -> None:
+        sequence = 0
+        while True:
+            await window.acquire()
+            batch = await self._next_batch(len(in_flight))
+            in_flight.append(batch)
+            sequence += 1
+            request = ext_pb.PublishBatch(
+                producer_id=producer_id, topic_name=topic, sequence=sequence, frame=batch.frame()
+            )
+            await stream.send_message(request)  # type: ignore[attr-defined]
+
+    async def _read_acks(
+        self,
+        stream: ext_pb.ProducerExtStub,
+        in_flight: collections.deque[Batch],
+        window: asyncio.Semaphore,
+    ) -> None:
+        while (ack := await stream.recv_message()) is not None:  # type: ignore[attr-defined]
+            batch = in_flight.popleft()
+            window.release()
+            if ack.status == 0:
+                batch.done.set_result(ack.first_offset)
+                continue
+            status = Status(ack.status)
+            error = DanubeClientError.from_grpc("send", GRPCError(status, ack.error))
+            if status not in RETRYABLE and status is not Status.NOT_FOUND:
+                batch.done.set_exception(error)
+                continue
+            # The producer is gone here (topic moved or deleted, broker restarted): this
+            # stream can store nothing more; the next one starts with a new producer.
+            in_flight.appendleft(batch)
+            raise error
+        raise DanubeClientError("the broker ended the batch stream", Status.UNAVAILABLE)
+
+    def _fail_all(self, in_flight: collections.deque[Batch], cause: BaseException) -> None:
+        """Every batch not answered, and every batch waiting, learns the stream broke."""
+        pending = [*in_flight, *self._ready]
+        if self._current is not None:
+            pending.append(self._current)
+        self._current = None
+        self._ready.clear()
+        if isinstance(cause, GRPCError) and cause.status is Status.UNIMPLEMENTED:
+            self.unsupported = True
+        self._recreate = True
+        for batch in pending:
+            if batch.done.done():
+                continue
+            if self.unsupported:
+                batch.done.set_exception(Unsupported())
+            elif isinstance(cause, GRPCError):
+                batch.done.set_exception(Retry(DanubeClientError.from_grpc("publish", cause)))
+            elif isinstance(cause, DanubeClientError):
+                batch.done.set_exception(Retry(cause))
+            else:
+                batch.done.set_exception(Retry(DanubeClientError(f"publish: {cause}")))
