@@ -73,6 +73,17 @@ def test_crc32c_numba(benchmark: Any, noise: bytes, size: int) -> None:
 
 
 @pytest.mark.parametrize("size", [MIB, SEGMENT], ids=["1MiB", "64MiB"])
+def test_crc32c_c_package(benchmark: Any, noise: bytes, size: int) -> None:
+    """The `crc32c` C package (ICRAR's, hardware path), side by side with our kernel."""
+    import crc32c as c_package
+
+    data = noise[:size]
+    assert c_package.crc32c(data) == crc32c(data)
+    benchmark(c_package.crc32c, data)
+    _record(benchmark, size)
+
+
+@pytest.mark.parametrize("size", [MIB, SEGMENT], ids=["1MiB", "64MiB"])
 def test_crc32c_numba_slicing_by_8(benchmark: Any, noise: bytes, size: int) -> None:
     """The table path every CPU gets when SSE4.2 is missing, measured here directly."""
     view = memoryview(noise[:size])
