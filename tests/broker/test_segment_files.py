@@ -3,6 +3,7 @@ and recovery truncates torn tails and refuses corruption (spec/wal-format.md).""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -87,8 +88,10 @@ class Log:
         return records
 
 
-async def open_log(directory: Path, config: WalConfig, run: Callable[..., object]) -> Log:
-    files = SegmentFiles(directory)
+async def open_log(
+    directory: Path, config: WalConfig, run: Callable[..., object], *, sync_writes: bool = False
+) -> Log:
+    files = SegmentFiles(directory, sync_writes=sync_writes)
     plan = await files.recover(TOPIC)
     log = Log(WalMachine(TOPIC, config, plan), files)
     run(log.executor.run)
@@ -186,3 +189,29 @@ async def test_a_segment_cut_short_while_being_created_is_replaced(tmp_path: Pat
         nursery.cancel_scope.cancel()
     log.files.close()
     assert format.scan_segment(stub.read_bytes()).next_offset == 41
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("sync_writes", [False, True])
+async def test_each_acknowledged_group_commit_was_synced_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_writes: bool
+) -> None:
+    """With `sync_writes` (fsync durability) a write and its fdatasync are one worker-thread
+    call and the Fsync effect after it adds none; either way every acknowledged append was
+    covered by an fdatasync of its segment."""
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def counting(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting)
+    async with trio.open_nursery() as nursery:
+        log = await open_log(tmp_path, WalConfig(), nursery.start_soon, sync_writes=sync_writes)
+        first = len(synced)
+        for n in range(5):
+            await log.acknowledged_through(log.append([_record(n)]))
+        assert len(synced) - first == 5
+        assert log.performed.count(Fsync) == 5 and log.performed.count(Write) == 5
+        nursery.cancel_scope.cancel()

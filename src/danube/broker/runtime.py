@@ -308,7 +308,9 @@ class BrokerRuntime:
             return
         topic_wal = self._wals.get(topic)
         if topic_wal is None:
-            files = SegmentFiles(self._topic_dir(topic))
+            files = SegmentFiles(
+                self._topic_dir(topic), sync_writes=self.core.wal_syncs_every_write(topic)
+            )
             executor = WalExecutor(files, self._completion(topic), self._unexpected)
             topic_wal = self._wals[topic] = TopicWal(files, executor)
             self._nursery.start_soon(self._run_executor, topic_wal)

@@ -1297,6 +1297,12 @@ class BrokerCore:
 
     # -- reliable topics: WAL and dispatch ------------------------------------------------------
 
+    def wal_syncs_every_write(self, topic: str) -> bool:
+        """Whether the topic's WAL fsyncs after every write (every level but `flush`)."""
+        return (
+            self._durability.level(topic, self._wal_config.durability) != wal.Durability.FLUSH.value
+        )
+
     def wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
         """The topic's WAL was recovered: at start, or after a repair. A repair cuts only
         records nobody could read (`fsync` mode), so dispatch carries on where it was; only
