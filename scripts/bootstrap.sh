@@ -68,4 +68,7 @@ make_venv() {  # dir, stamp text, pip args...
 project_stamp=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
 make_venv .venv "$project_stamp" -e ".[dev,audit,bench]"
 make_venv .venv-official "$OFFICIAL_CLIENT" "$OFFICIAL_CLIENT"
+# The peers of the benchmark harness (bench/peers_run.py; CI runs its smoke): nats-server and
+# redis-server, installed without starting their system services.
+.venv/bin/python -c 'from bench.peer_servers import ensure_installed; ensure_installed()'
 say "ready: .venv (project) and .venv-official ($OFFICIAL_CLIENT)"
