@@ -321,10 +321,14 @@ class SimBroker:
             elif isinstance(request, pb.ReceiveRequest):
                 self._open_stream(core, request.consumer_id, reply, **stream)
             elif isinstance(request, pb.AckRequest):
-                self._apply(requests.ack(core, request, self.now_ms).effects)
+                self._apply(
+                    requests.ack(core, requests.acknowledgement(request), self.now_ms).effects
+                )
                 reply(pb.AckResponse(request.request_id))
             elif isinstance(request, pb.NackRequest):
-                self._apply(requests.nack(core, request, self.now_ms).effects)
+                self._apply(
+                    requests.nack(core, requests.acknowledgement(request), self.now_ms).effects
+                )
                 reply(pb.NackResponse(request.request_id))
             else:
                 raise TypeError(f"unexpected request {type(request).__name__}")
@@ -332,7 +336,7 @@ class SimBroker:
             reply(error)
 
     def _publish(self, core: BrokerCore, message: pb.StreamMessage, reply: Reply) -> None:
-        published = requests.publish(core, message, self.now_ms)
+        published = requests.publish(core, requests.record_of(message), self.now_ms)
         response = pb.MessageResponse(message.request_id)
         if not published.stored:
             self._apply(published.step.effects)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube.node.requests import StoredStreamMessage, record_of
+from danube.node.requests import record_of
 from danube.proto import danube as pb
 from danube.wal import records
 
@@ -49,13 +49,6 @@ def test_encode_equals_betterproto_and_decode_inverts_it(message: pb.StreamMessa
     assert decoded == record
     key = message.routing_key if message.routing_key is not None else message.producer_name
     assert decoded.key == key.encode()
-
-
-@given(messages())
-def test_a_stored_record_goes_out_byte_for_byte(message: pb.StreamMessage) -> None:
-    wire = bytes(message)
-    assert StoredStreamMessage(wire).SerializeToString() == wire
-    assert isinstance(StoredStreamMessage(wire), pb.StreamMessage), "grpclib checks the type"
 
 
 @given(st.binary(max_size=64))

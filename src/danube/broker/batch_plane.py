@@ -20,7 +20,7 @@ from danube.broker.streams import serve_consumer
 from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError
 from danube.node.core import BrokerCore
-from danube.node.requests import stream_message
+from danube.node.requests import encoded
 from danube.proto import danube_ext as ext_pb
 from danube.wal import records
 from danube.wal.batches import ClientBatch, PackedRecords, check_batch
@@ -151,7 +151,7 @@ class ConsumerBatchService:
         limit = request.max_messages or self._default_batch
 
         async def send(items: list[object]) -> None:
-            wire = [item if type(item) is bytes else bytes(stream_message(item)) for item in items]
+            wire = [encoded(item) for item in items]
             await stream.send_message(ext_pb.MessageBatch(records=_packed(wire), count=len(wire)))
 
         await serve_consumer(self._runtime, stream, request.consumer_id, limit, send)

@@ -12,17 +12,30 @@ import grpclib.server
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, grpc_error, recv_bounded, unary
+from danube.broker.grpc_util import (
+    DEFAULT_REQUEST_LIMIT,
+    recv_bounded,
+    send_encoded,
+    unary,
+)
 from danube.broker.placement import Placement
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.broker.schema_gate import SchemaGate
+from danube.broker.streams import serve_consumer
+from danube.broker.wire_codec import (
+    AckRequestWire,
+    NackRequestWire,
+    RequestIdReply,
+    StreamMessageWire,
+)
 from danube.cluster.placement import Answer
 from danube.core.config import DispatchStrategy
-from danube.core.errors import DanubeError, invalid
+from danube.core.errors import invalid
 from danube.dispatch import LATEST, StartPosition
 from danube.node import requests
 from danube.proto import danube as pb
 from danube.proto import danube_ext as ext_pb
+from danube.wal import records
 
 log = logging.getLogger("danube.broker")
 
@@ -66,17 +79,17 @@ class ProducerService:
             producer_name=request.producer_name,
         )
 
-    async def send_message(self, message: pb.StreamMessage) -> pb.MessageResponse:
+    async def send_message(self, message: records.Record) -> RequestIdReply:
         self._runtime.check_unfenced()
-        topic = message.msg_id.topic_name
+        topic = message.topic_name
         if self._core.serves(topic):  # the core refuses the others with its own reasons
             await self._gate.admit(topic, message)
         published = requests.publish(self._core, message, now_ms())
         if published.stored:
-            await self._runtime.publish(message.msg_id.topic_name, published.step)
+            await self._runtime.publish(topic, published.step)
         else:
             await self._runtime.run(published.step)
-        return pb.MessageResponse(request_id=message.request_id)
+        return RequestIdReply(message.request_id)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         return {
@@ -85,8 +98,8 @@ class ProducerService:
             ),
             "/danube.ProducerService/SendMessage": unary(
                 self.send_message,
-                pb.StreamMessage,
-                pb.MessageResponse,
+                StreamMessageWire,
+                RequestIdReply,
                 limit=self._message_limit,
             ),
         }
@@ -115,46 +128,22 @@ class ConsumerService:
         )
 
     async def receive_messages(self, stream: grpclib.server.Stream) -> None:
-        """Streams the consumer's queue until the client leaves or the stream is superseded
-        (takeover, topic deleted, shutdown); either way the core hears that it closed."""
+        """Streams the consumer's queue, one message per stream message, a turn's messages
+        in one HTTP/2 send (`serve_consumer` says when the stream ends)."""
         request: pb.ReceiveRequest = await recv_bounded(stream, DEFAULT_REQUEST_LIMIT)
-        consumer_id = request.consumer_id
-        if self._runtime.stopping:
-            raise GRPCError(Status.UNAVAILABLE, "the broker is shutting down; reconnect shortly")
-        try:
-            step = self._core.open_stream(consumer_id, now_ms=now_ms())
-        except DanubeError as error:
-            raise grpc_error(error) from None
-        slot = self._runtime.attach_stream(consumer_id, step.value)
-        try:
-            await self._runtime.run(step)
-            await stream.send_initial_metadata()
-            while not slot.ended:
-                slot.wakeup.clear()
-                batch = self._core.take(consumer_id, slot.generation, STREAM_BATCH)
-                if batch is None:
-                    break
-                if not batch:
-                    await slot.wakeup.wait()
-                    continue
-                for message in batch:
-                    await stream.send_message(requests.stream_message(message))
-            if self._runtime.stopping:
-                # Not OK: an OK end tells a client its session was taken over or its topic
-                # is gone; this one should reconnect once the broker is back.
-                raise GRPCError(Status.UNAVAILABLE, "the broker is shutting down; reconnect")
-        finally:
-            self._runtime.detach_stream(consumer_id, slot)
-            closed = self._core.close_stream(consumer_id, slot.generation, now_ms=now_ms())
-            self._runtime.apply(closed.effects)
 
-    async def ack(self, request: pb.AckRequest) -> pb.AckResponse:
+        async def send(items: list[object]) -> None:
+            await send_encoded(stream, [requests.encoded(item) for item in items])
+
+        await serve_consumer(self._runtime, stream, request.consumer_id, STREAM_BATCH, send)
+
+    async def ack(self, request: requests.Acknowledgement) -> RequestIdReply:
         await self._runtime.run(requests.ack(self._core, request, now_ms()))
-        return pb.AckResponse(request_id=request.request_id)
+        return RequestIdReply(request.request_id)
 
-    async def nack(self, request: pb.NackRequest) -> pb.NackResponse:
+    async def nack(self, request: requests.Acknowledgement) -> RequestIdReply:
         await self._runtime.run(requests.nack(self._core, request, now_ms()))
-        return pb.NackResponse(request_id=request.request_id)
+        return RequestIdReply(request.request_id)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         return {
@@ -167,8 +156,8 @@ class ConsumerService:
                 pb.ReceiveRequest,
                 pb.StreamMessage,
             ),
-            "/danube.ConsumerService/Ack": unary(self.ack, pb.AckRequest, pb.AckResponse),
-            "/danube.ConsumerService/Nack": unary(self.nack, pb.NackRequest, pb.NackResponse),
+            "/danube.ConsumerService/Ack": unary(self.ack, AckRequestWire, RequestIdReply),
+            "/danube.ConsumerService/Nack": unary(self.nack, NackRequestWire, RequestIdReply),
         }
 
 

@@ -14,7 +14,6 @@ from collections import Counter
 
 from danube.broker.schema_service import SchemaService
 from danube.core.errors import DanubeError, ErrorCode
-from danube.proto import danube as pb
 from danube.schema.policy import (
     Problem,
     TopicSchemaConfig,
@@ -22,6 +21,7 @@ from danube.schema.policy import (
     inspects,
     producer_binding,
 )
+from danube.wal import records
 
 log = logging.getLogger("danube.broker")
 
@@ -35,7 +35,7 @@ class SchemaGate:
         """Messages accepted under `warn` that did not fit, by topic and problem."""
         self._logged: dict[tuple[str, Problem], float] = {}
 
-    async def admit(self, topic: str, message: pb.StreamMessage) -> None:
+    async def admit(self, topic: str, message: records.Record) -> None:
         """Returns when the message may be published to `topic` (one this broker serves);
         raises INVALID_ARGUMENT, naming the problem, when the topic's policy is enforce and
         the message does not fit. It runs before the core, which decides before anything

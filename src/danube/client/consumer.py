@@ -61,10 +61,10 @@ class Message:
     schema_id: int | None
     """The producer's schema (with `schema_version`), when it wrote with one."""
     schema_version: int | None
-    producer_id: int
+    producer_id: int = 0
     """With `topic`, `offset` and `broker_addr`: the message's id, which acknowledges it."""
-    broker_addr: str
-    request_id: int
+    broker_addr: str = ""
+    request_id: int = 0
 
 
 def _message(raw: pb.StreamMessage) -> Message:

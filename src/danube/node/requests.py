@@ -57,23 +57,24 @@ class Published:
     """Reliable topic: answer only once a `PublishAcked` covers the offset."""
 
 
-def publish(core: BrokerCore, message: pb.StreamMessage, now_ms: int) -> Published:
-    """Publishes; stamps `msg_id.topic_offset` with the message's offset (reliable topics store
-    the stamped message; non-reliable ones deliver it, stamped with the publish sequence)."""
-    if not present(message.msg_id):
+def publish(core: BrokerCore, message: records.Record, now_ms: int) -> Published:
+    """Publishes; stamps `topic_offset` with the message's offset. Reliable topics store the
+    stamped record; non-reliable ones deliver the record itself, stamped with the publish
+    sequence before the caller's next await (`encoded` encodes it when it goes out)."""
+    if not message.has_msg_id:
         raise invalid("msg_id is required (it names the producer and the topic)")
     stored = False
 
     def encode(offset: int) -> bytes:
         nonlocal stored
         stored = True
-        message.msg_id.topic_offset = offset
-        return records.encode(record_of(message))
+        message.topic_offset = offset
+        return records.encode(message)
 
     routing_key = message.routing_key
     step = core.publish(
-        message.msg_id.producer_id,
-        message.msg_id.topic_name,
+        message.producer_id,
+        message.topic_name,
         message,
         len(message.payload),
         routing_key.encode() if routing_key is not None else None,
@@ -81,7 +82,7 @@ def publish(core: BrokerCore, message: pb.StreamMessage, now_ms: int) -> Publish
         now_ms=now_ms,
     )
     if not stored:
-        message.msg_id.topic_offset = step.value
+        message.topic_offset = step.value
     return Published(step, stored)
 
 
@@ -108,31 +109,58 @@ def start_position(wire: ext_pb.StartPosition) -> StartPosition:
     return LATEST
 
 
-def _target(msg_id: pb.MsgId) -> pb.MsgId:
-    if not present(msg_id):
-        raise invalid("msg_id is required (it names the topic and the offset)")
-    return msg_id
+@dataclass(slots=True)
+class Acknowledgement:
+    """An `AckRequest` or a `NackRequest` as the core reads it, its `msg_id` flattened (the
+    broker decodes these by hand: `danube.broker.wire_codec`)."""
+
+    request_id: int = 0
+    has_msg_id: bool = False
+    topic_name: str = ""
+    topic_offset: int = 0
+    subscription_name: str = ""
+    delay_ms: int | None = None
+    """Nack only: redeliver after this long; None leaves it to the failure policy."""
 
 
-def ack(core: BrokerCore, request: pb.AckRequest, now_ms: int) -> Step[None]:
-    msg_id = _target(request.msg_id)
-    return core.ack(
-        msg_id.topic_name, request.subscription_name, msg_id.topic_offset, now_ms=now_ms
+def acknowledgement(request: pb.AckRequest | pb.NackRequest) -> Acknowledgement:
+    """The same from a betterproto message (the simulator's clients send those)."""
+    msg_id = request.msg_id
+    return Acknowledgement(
+        request.request_id,
+        present(msg_id),
+        msg_id.topic_name,
+        msg_id.topic_offset,
+        request.subscription_name,
+        request.delay_ms if isinstance(request, pb.NackRequest) else None,
     )
 
 
-def nack(core: BrokerCore, request: pb.NackRequest, now_ms: int) -> Step[None]:
-    msg_id = _target(request.msg_id)
+def _check_target(request: Acknowledgement) -> None:
+    if not request.has_msg_id:
+        raise invalid("msg_id is required (it names the topic and the offset)")
+
+
+def ack(core: BrokerCore, request: Acknowledgement, now_ms: int) -> Step[None]:
+    _check_target(request)
+    return core.ack(
+        request.topic_name, request.subscription_name, request.topic_offset, now_ms=now_ms
+    )
+
+
+def nack(core: BrokerCore, request: Acknowledgement, now_ms: int) -> Step[None]:
+    _check_target(request)
     return core.nack(
-        msg_id.topic_name,
+        request.topic_name,
         request.subscription_name,
-        msg_id.topic_offset,
+        request.topic_offset,
         request.delay_ms,
         now_ms=now_ms,
     )
 
 
 def record_of(message: pb.StreamMessage) -> records.Record:
+    """The record of a betterproto message (the simulator's clients send those)."""
     msg_id = message.msg_id
     return records.Record(
         message.request_id,
@@ -148,29 +176,15 @@ def record_of(message: pb.StreamMessage) -> records.Record:
         message.schema_id,
         message.schema_version,
         message.routing_key,
+        present(msg_id),
     )
 
 
-class StoredStreamMessage(pb.StreamMessage):
-    """A `StreamMessage` whose wire bytes are known already (a stored record): grpclib's codec
-    asks only for `SerializeToString`, so the record goes out as it is, with no betterproto
-    parse and encode (hundreds of microseconds each) per delivery. Nothing else may be read
-    from it."""
-
-    def __init__(self, data: bytes) -> None:  # the dataclass fields stay unset on purpose
-        object.__setattr__(self, "_stored", data)
-
-    def SerializeToString(self) -> bytes:  # the protobuf API grpclib calls
-        return self._stored
-
-    def __bytes__(self) -> bytes:
-        return self._stored
-
-
-def stream_message(item: object) -> pb.StreamMessage:
-    """What a receive stream sends for an item `BrokerCore.take` returned: reliable topics
-    hand out stored records (bytes), non-reliable ones the published message itself."""
+def encoded(item: object) -> bytes:
+    """The `StreamMessage` a receive stream sends for an item `BrokerCore.take` returned:
+    reliable topics hand out stored records (bytes), non-reliable ones the published
+    `records.Record`."""
     if isinstance(item, bytes):
-        return StoredStreamMessage(item)
-    assert isinstance(item, pb.StreamMessage)
-    return item
+        return item
+    assert isinstance(item, records.Record)
+    return records.encode(item)
