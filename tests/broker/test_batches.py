@@ -185,3 +185,41 @@ def test_the_client_falls_back_to_one_call_per_message_without_the_batched_path(
 
     run(scenario)
     assert fake.sent == [b"first", *(b"m%d" % i for i in range(5))]
+
+
+def test_a_producer_that_leaves_mid_stream_leaves_nothing_dangling(
+    broker: BrokerProcess,
+) -> None:
+    """The batches were handed to the core (stored); the answers nobody reads are dropped
+    cleanly, not left as coroutines never awaited."""
+    topic = unique_topic()
+    frame = format.encode_frame(
+        0, 0, [records.encode(records.Record(payload=b"x", has_msg_id=False))]
+    )
+
+    async def scenario() -> None:
+        async with DanubeClient(broker.url) as client:
+            await client.producer(topic, "raw", dispatch=RELIABLE).create()
+        host, port = broker.broker_addr.rsplit(":", 1)
+        channel = Channel(host, int(port))
+        created = await pb.ProducerServiceStub(channel).create_producer(
+            pb.ProducerRequest(
+                producer_name="raw", topic_name=topic, dispatch_strategy=pb.DispatchStrategy(1)
+            )
+        )
+        stream = channel.request(
+            "/danube_ext.ProducerExt/PublishBatches",
+            grpclib.const.Cardinality.STREAM_STREAM,
+            ext_pb.PublishBatch,
+            ext_pb.BatchAck,
+        )
+        await stream.__aenter__()
+        for sequence in range(1, 20):
+            await stream.send_message(
+                ext_pb.PublishBatch(created.producer_id, topic, sequence, frame)
+            )
+        channel.close()
+        await asyncio.sleep(1.0)
+
+    run(scenario)
+    assert not [line for line in broker.log_lines if "never awaited" in line]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
+from typing import Any
 
 import grpclib.const
 import grpclib.server
@@ -49,7 +50,7 @@ class ProducerExtService:
         """Reads batches in order and calls the core for each before reading the next, so
         offsets follow the stream; a writer task sends the answers in the same order as
         each batch's storage completes."""
-        answers: asyncio.Queue[Awaitable[ext_pb.BatchAck] | None] = asyncio.Queue()
+        answers: asyncio.Queue[asyncio.Future[ext_pb.BatchAck] | None] = asyncio.Queue()
         window = asyncio.Semaphore(MAX_IN_FLIGHT)
         writer = asyncio.ensure_future(self._write_answers(stream, answers, window))
         try:
@@ -58,16 +59,22 @@ class ProducerExtService:
                 if request is None:
                     break
                 await window.acquire()
-                answers.put_nowait(await self._begin(request))
+                answers.put_nowait(asyncio.ensure_future(await self._begin(request)))
             answers.put_nowait(None)
             await writer
         finally:
             writer.cancel()
+            # A client that left: its batches were handed to the core already (stored or
+            # not); only the answers nobody will read are dropped.
+            while not answers.empty():
+                answer = answers.get_nowait()
+                if answer is not None:
+                    answer.cancel()
 
     @staticmethod
     async def _write_answers(
         stream: grpclib.server.Stream,
-        answers: asyncio.Queue[Awaitable[ext_pb.BatchAck] | None],
+        answers: asyncio.Queue[asyncio.Future[ext_pb.BatchAck] | None],
         window: asyncio.Semaphore,
     ) -> None:
         while (answer := await answers.get()) is not None:
@@ -75,7 +82,7 @@ class ProducerExtService:
             window.release()
             await stream.send_message(ack)
 
-    async def _begin(self, request: ext_pb.PublishBatch) -> Awaitable[ext_pb.BatchAck]:
+    async def _begin(self, request: ext_pb.PublishBatch) -> Coroutine[Any, Any, ext_pb.BatchAck]:
         """Checks the batch and calls the core (in stream order); the returned awaitable
         answers once the batch is stored, or at once when it is refused."""
         topic = request.topic_name
