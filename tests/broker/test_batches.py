@@ -116,6 +116,23 @@ class _DanubeWithoutBatches:
     def __init__(self, port: int) -> None:
         self.port = port
         self.sent: list[bytes] = []
+        self.acked: list[int] = []
+
+    async def subscribe(self, stream: grpclib.server.Stream) -> None:
+        request = await stream.recv_message()
+        await stream.send_message(pb.ConsumerResponse(request.request_id, 9, request.consumer_name))
+
+    async def receive_messages(self, stream: grpclib.server.Stream) -> None:
+        await stream.recv_message()
+        for offset, payload in enumerate(self.sent):
+            msg_id = pb.MsgId(producer_id=7, topic_name="/default/t", topic_offset=offset)
+            await stream.send_message(pb.StreamMessage(msg_id=msg_id, payload=payload))
+        await asyncio.Event().wait()  # the stream stays open, as a broker's does
+
+    async def ack(self, stream: grpclib.server.Stream) -> None:
+        request = await stream.recv_message()
+        self.acked.append(request.msg_id.topic_offset)
+        await stream.send_message(pb.AckResponse(request.request_id))
 
     async def create_producer(self, stream: grpclib.server.Stream) -> None:
         request = await stream.recv_message()
@@ -152,6 +169,16 @@ class _DanubeWithoutBatches:
             "/danube.ProducerService/SendMessage": handler(
                 self.send_message, pb.StreamMessage, pb.MessageResponse
             ),
+            "/danube.ConsumerService/Subscribe": handler(
+                self.subscribe, pb.ConsumerRequest, pb.ConsumerResponse
+            ),
+            "/danube.ConsumerService/ReceiveMessages": grpclib.const.Handler(
+                self.receive_messages,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                pb.ReceiveRequest,
+                pb.StreamMessage,
+            ),
+            "/danube.ConsumerService/Ack": handler(self.ack, pb.AckRequest, pb.AckResponse),
             "/danube.Discovery/TopicLookup": handler(
                 self.topic_lookup, pb.TopicLookupRequest, pb.TopicLookupResponse
             ),
@@ -161,7 +188,7 @@ class _DanubeWithoutBatches:
         }
 
 
-def test_the_client_falls_back_to_one_call_per_message_without_the_batched_path() -> None:
+def test_the_client_falls_back_to_danubes_rpcs_without_the_batched_path() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -169,7 +196,12 @@ def test_the_client_falls_back_to_one_call_per_message_without_the_batched_path(
 
     async def scenario() -> None:
         server = grpclib.server.Server(
-            [fake, Unimplemented([ext_pb.ProducerExtBase], [fake], "not Danube's")]
+            [
+                fake,
+                Unimplemented(
+                    [ext_pb.ProducerExtBase, ext_pb.ConsumerExtBase], [fake], "not Danube's"
+                ),
+            ]
         )
         await server.start("127.0.0.1", port)
         try:
@@ -179,12 +211,19 @@ def test_the_client_falls_back_to_one_call_per_message_without_the_batched_path(
             ):
                 await producer.send(b"first")
                 await asyncio.gather(*[producer.enqueue(b"m%d" % i) for i in range(5)])
+                consumer = await client.consumer("/default/t", "c", "s").subscribe()
+                received = await receive_n(consumer, 6, ack=False)
+                assert [m.payload for m in received] == fake.sent
+                assert await consumer.ack(received[0])
+                assert await consumer.ack_many(received[1:])
+                await consumer.close()
         finally:
             server.close()
             await server.wait_closed()
 
     run(scenario)
     assert fake.sent == [b"first", *(b"m%d" % i for i in range(5))]
+    assert fake.acked == list(range(6))
 
 
 def test_a_producer_that_leaves_mid_stream_leaves_nothing_dangling(
