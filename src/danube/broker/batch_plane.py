@@ -24,7 +24,7 @@ from danube.node.core import BrokerCore
 from danube.node.requests import encoded
 from danube.proto import danube_ext as ext_pb
 from danube.wal import records
-from danube.wal.batches import ClientBatch, PackedRecords, check_batch
+from danube.wal.batches import PackedRecords, check_batch
 
 log = logging.getLogger("danube.broker")
 
@@ -92,7 +92,7 @@ class ProducerExtService:
             if self._core.serves(topic) and await self._gate.inspects(topic):
                 # The topic's schema policy judges each message (one decode each): all of
                 # the batch must pass before any of it is stored.
-                for record in PackedRecords(batch.frame, _positions(batch), 0):
+                for record in PackedRecords(batch.frame, batch.positions, 0):
                     await self._gate.admit(topic, records.decode(record))
             step = self._core.publish_batch(request.producer_id, topic, batch, now_ms=now_ms())
         except DanubeError as error:
@@ -114,15 +114,6 @@ class ProducerExtService:
         }
 
 
-def _positions(batch: ClientBatch) -> list[int]:
-    """Where each record of a client's frame starts (its length prefix)."""
-    positions, cursor = [], 32
-    for _ in range(batch.count):
-        positions.append(cursor)
-        cursor += 4 + _U32.unpack_from(batch.frame, cursor)[0]
-    return positions
-
-
 async def _after(done: Awaitable[None], ack: ext_pb.BatchAck) -> ext_pb.BatchAck:
     try:
         await done
@@ -142,7 +133,7 @@ def _refused(sequence: int, error: DanubeError) -> ext_pb.BatchAck:
 
 
 def _packed(items: list[bytes]) -> bytes:
-    return b"".join(_U32.pack(len(item)) + item for item in items)
+    return b"".join([part for item in items for part in (_U32.pack(len(item)), item)])
 
 
 class ConsumerBatchService:

@@ -27,6 +27,10 @@ from danube.kernels.twins import FRAME_HEADER, FRAME_MAGIC
 MSG_ID_FIELD = 2
 PAYLOAD_FIELD = 3
 
+STAMP_ROOM = 1 + 10 + 1 + 10
+"""Most bytes stamping adds to a record besides the msg_id fields: the msg_id tag and length,
+the offset's tag and varint."""
+
 BAD_NONE = 0
 BAD_PROTOBUF = 1
 """A record is not a `StreamMessage` every parser accepts: a field runs past its end, a wire
@@ -165,10 +169,14 @@ def _record_ok(buf: memoryview, pos: int, end: int, payloads: np.ndarray, index:
 
 
 @njit(cache=True, nogil=True)
-def _check(buf: memoryview, count: int, payloads: np.ndarray) -> tuple[int, int]:
-    """Walks every record. Returns (BAD_*, index of the first bad record)."""
+def _check(
+    buf: memoryview, count: int, payloads: np.ndarray, positions: np.ndarray
+) -> tuple[int, int]:
+    """Walks every record, noting where each starts (its length prefix). Returns (BAD_*,
+    index of the first bad record)."""
     cursor = FRAME_HEADER
     for index in range(count):
+        positions[index] = cursor
         size = _load_u32(buf, cursor)
         bad = _record_ok(buf, cursor + 4, cursor + 4 + size, payloads, index)
         if bad != BAD_NONE:
@@ -255,13 +263,15 @@ def _stamp(
     return dst
 
 
-def check_records(frame: bytes) -> tuple[int, int, np.ndarray]:
-    """(BAD_*, record index, payload sizes) for a frame that already passed `scan_frames`."""
+def check_records(frame: bytes) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """(BAD_*, record index, payload sizes, record positions) for a frame that already passed
+    `scan_frames`."""
     view = byte_view(frame)
     count = _record_count(frame)
     payloads = np.empty(count, dtype=np.int64)
-    bad, index = _check(view, count, payloads)
-    return int(bad), int(index), payloads
+    positions = np.empty(count, dtype=np.int64)
+    bad, index = _check(view, count, payloads, positions)
+    return int(bad), int(index), payloads, positions
 
 
 def _record_count(frame: bytes) -> int:
@@ -289,12 +299,12 @@ def stamp_frame(
     position in it."""
     count = _record_count(frame)
     source = np.frombuffer(frame, dtype=np.uint8)
-    room = len(frame) + count * (1 + 10 + len(msg_id) + 1 + 10)
+    room = len(frame) + count * (STAMP_ROOM + len(msg_id))
     out = _scratch(room)
     positions = np.empty(count, dtype=np.int64)
     length = _stamp(source, count, byte_view(msg_id), base, publish_ms, out, positions)
     stored = out[:length]
-    # The CRC kernel runs on a read-only view: its compilation for writable arrays is ~7x
+    # The CRC kernel runs on a read-only view: its compilation for writable arrays is far
     # slower (measured: 3.3 ms against 0.05 ms for 1 MiB).
     stored[:4] = np.frombuffer(
         crc32c(memoryview(stored)[4:].toreadonly()).to_bytes(4, "little"), np.uint8

@@ -18,14 +18,18 @@ import numpy as np
 
 from danube.core.errors import invalid
 from danube.kernels import crc32c, scan_frames
-from danube.kernels.batches import BAD_MSG_ID, BAD_NONE, check_records, stamp_frame
+from danube.kernels.batches import (
+    BAD_MSG_ID,
+    BAD_NONE,
+    STAMP_ROOM,
+    check_records,
+    stamp_frame,
+)
 from danube.kernels.twins import FRAME_HEADER, FRAME_MAGIC, MAX_FRAME
 from danube.wal.records import msg_id_fields
 
 _HEAD = struct.Struct("<IIIHHQQ")
 _U32 = struct.Struct("<I")
-STAMP_ROOM = 23
-"""Most bytes stamping adds to a record besides the msg_id fields: tag, two varints, tag."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,8 @@ class ClientBatch:
     frame: bytes
     count: int
     payload_sizes: np.ndarray
+    positions: np.ndarray
+    """Where each record (its length prefix) starts in `frame`."""
 
     @property
     def payload_bytes(self) -> int:
@@ -52,12 +58,12 @@ def check_batch(frame: bytes) -> ClientBatch:
     scan = scan_frames(frame, 0, len(frame), 0)
     if len(scan.positions) != 1 or scan.valid_end != len(frame):
         raise invalid(f"the batch is not one valid frame: {_diagnose(frame)}")
-    bad, index, payloads = check_records(frame)
+    bad, index, payloads, positions = check_records(frame)
     if bad == BAD_MSG_ID:
         raise invalid(f"message {index} of the batch carries a msg_id; the broker sets it")
     if bad != BAD_NONE:
         raise invalid(f"message {index} of the batch is not a valid StreamMessage encoding")
-    return ClientBatch(frame, len(payloads), payloads)
+    return ClientBatch(frame, len(payloads), payloads, positions)
 
 
 def _diagnose(frame: bytes) -> str:

@@ -79,12 +79,12 @@ def encode_frame(base_offset: int, publish_ms: int, records: Sequence[bytes]) ->
     """One append of `records` (offsets base_offset, base_offset + 1, ...) as one frame."""
     if not 1 <= len(records) <= MAX_RECORDS_PER_FRAME:
         raise ValueError(f"a frame holds 1 to {MAX_RECORDS_PER_FRAME} records")
-    body = b"".join(_U32.pack(len(r)) + r for r in records)
-    length = FRAME_HEADER + len(body)
+    length = FRAME_HEADER + 4 * len(records) + sum(len(r) for r in records)
     if length > MAX_FRAME:
         raise ValueError(f"frame of {length} bytes exceeds {MAX_FRAME}")
-    tail = _FRAME_HEAD.pack(0, length, FRAME_MAGIC, 0, len(records), base_offset, publish_ms)
-    tail = tail[4:] + body
+    head = _FRAME_HEAD.pack(0, length, FRAME_MAGIC, 0, len(records), base_offset, publish_ms)
+    # One join of the header and every (length, record) pair: no copy per record.
+    tail = b"".join([head[4:], *(part for r in records for part in (_U32.pack(len(r)), r))])
     return _U32.pack(crc32c(tail)) + tail
 
 
