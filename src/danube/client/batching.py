@@ -10,22 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import grpclib.client
 from grpclib import GRPCError
 from grpclib.const import Status
 
 from danube.client.errors import RETRYABLE, TRANSPORT_ERRORS, DanubeClientError
-from danube.kernels import crc32c
-from danube.kernels.twins import FRAME_HEADER, FRAME_MAGIC
 from danube.proto import danube_ext as ext_pb
+from danube.wal.format import MAX_RECORDS_PER_FRAME, encode_frame
 
-_U32 = struct.Struct("<I")
-_HEAD_TAIL = struct.Struct("<IIHHQQ")
-MAX_BATCH_MESSAGES = 0xFFFF
+MAX_BATCH_MESSAGES = MAX_RECORDS_PER_FRAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,36 +62,35 @@ class Retry(Exception):
 class Batch:
     """Messages that travel together; `done` gives the offset of the first once stored."""
 
-    __slots__ = ("count", "done", "parts", "size")
+    __slots__ = ("done", "records", "size")
 
     def __init__(self) -> None:
-        self.parts: list[bytes] = []
-        self.count = 0
+        self.records: list[bytes] = []
         self.size = 0
+        """Bytes of the frame's body: each record and its length prefix."""
         self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
-    def add(self, record: bytes) -> int:
-        self.parts.append(_U32.pack(len(record)))
-        self.parts.append(record)
+    @property
+    def count(self) -> int:
+        return len(self.records)
+
+    def add(self, record: bytes) -> None:
+        self.records.append(record)
         self.size += 4 + len(record)
-        self.count += 1
-        return self.count - 1
 
     def frame(self) -> bytes:
         """The batch as one WAL frame with base offset 0 (spec/wal-format.md)."""
-        length = FRAME_HEADER + self.size
-        tail = _HEAD_TAIL.pack(length, FRAME_MAGIC, 0, self.count, 0, 0)
-        body = b"".join([tail, *self.parts])
-        return _U32.pack(crc32c(body)) + body
+        return encode_frame(0, 0, self.records)
 
 
-OpenStream = Callable[[], contextlib.AbstractAsyncContextManager]  # type: ignore[type-arg]
+OpenStream = Callable[[], grpclib.client.Stream]
+"""Opens a new PublishBatches stream (grpclib's, an async context manager)."""
 
 
 class BatchSender:
     """One producer's accumulator and its stream. `add` queues an encoded message (a
-    `StreamMessage` without msg_id) and says which batch took it; the caller awaits that
-    batch's `done`."""
+    `StreamMessage` without msg_id) and returns the batch that took it; the caller awaits
+    that batch's `done`."""
 
     def __init__(
         self,
@@ -113,7 +108,8 @@ class BatchSender:
         """The last stream ended because the producer is gone: create it again first."""
         self.unsupported = False
 
-    def add(self, record: bytes) -> tuple[Batch, int]:
+    def add(self, record: bytes) -> Batch:
+        """Queues an encoded message; the batch that took it answers for it."""
         batch = self._current
         settings = self._settings
         if batch is not None and (
@@ -124,11 +120,11 @@ class BatchSender:
             batch = None
         if batch is None:
             batch = self._current = self._last = Batch()
-        index = batch.add(record)
+        batch.add(record)
         self._wakeup.set()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
-        return batch, index
+        return batch
 
     async def flush(self) -> None:
         """Waits until the newest batch is answered: answers come in order, so every
@@ -186,7 +182,7 @@ class BatchSender:
 
     async def _send(
         self,
-        stream: ext_pb.ProducerExtStub,
+        stream: grpclib.client.Stream,
         producer_id: int,
         topic: str,
         in_flight: collections.deque[Batch],
@@ -201,15 +197,15 @@ class BatchSender:
             request = ext_pb.PublishBatch(
                 producer_id=producer_id, topic_name=topic, sequence=sequence, frame=batch.frame()
             )
-            await stream.send_message(request)  # type: ignore[attr-defined]
+            await stream.send_message(request)
 
     async def _read_acks(
         self,
-        stream: ext_pb.ProducerExtStub,
+        stream: grpclib.client.Stream,
         in_flight: collections.deque[Batch],
         window: asyncio.Semaphore,
     ) -> None:
-        while (ack := await stream.recv_message()) is not None:  # type: ignore[attr-defined]
+        while (ack := await stream.recv_message()) is not None:
             batch = in_flight.popleft()
             window.release()
             if ack.status == 0:
@@ -236,14 +232,11 @@ class BatchSender:
         if isinstance(cause, GRPCError) and cause.status is Status.UNIMPLEMENTED:
             self.unsupported = True
         self._recreate = True
+        if isinstance(cause, GRPCError):
+            cause = DanubeClientError.from_grpc("publish", cause)
+        elif not isinstance(cause, DanubeClientError):
+            cause = DanubeClientError(f"publish: {cause}")
+        failure = Unsupported() if self.unsupported else Retry(cause)
         for batch in pending:
-            if batch.done.done():
-                continue
-            if self.unsupported:
-                batch.done.set_exception(Unsupported())
-            elif isinstance(cause, GRPCError):
-                batch.done.set_exception(Retry(DanubeClientError.from_grpc("publish", cause)))
-            elif isinstance(cause, DanubeClientError):
-                batch.done.set_exception(Retry(cause))
-            else:
-                batch.done.set_exception(Retry(DanubeClientError(f"publish: {cause}")))
+            if not batch.done.done():
+                batch.done.set_exception(failure)

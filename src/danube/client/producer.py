@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -11,6 +10,7 @@ from collections.abc import Awaitable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import grpclib.client
 import grpclib.const
 from grpclib import GRPCError
 from grpclib.const import Status
@@ -29,6 +29,9 @@ from danube.wal import records
 log = logging.getLogger("danube.client")
 
 PUBLISH_BATCHES = "/danube_ext.ProducerExt/PublishBatches"
+
+_Message = tuple[bytes, str | None, Mapping[str, str] | None]
+"""What `send` was given: payload, key, attributes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +95,7 @@ class _TopicProducer:
         assert self._producer_id is not None
         channel = self._connections.channel(self._broker_url)
 
-        def open_stream() -> contextlib.AbstractAsyncContextManager:  # type: ignore[type-arg]
+        def open_stream() -> grpclib.client.Stream:
             return channel.request(
                 PUBLISH_BATCHES,
                 grpclib.const.Cardinality.STREAM_STREAM,
@@ -107,27 +110,40 @@ class _TopicProducer:
     ) -> Awaitable[Receipt]:
         """Adds the message to the current batch (the batched path); the result answers
         once it is stored. Without batching, or against a broker without the batched path,
-        the message is sent on its own when the result is awaited."""
+        the message is sent on its own at once."""
         if self._batcher is None or self._batcher.unsupported or self._stub is None:
             return asyncio.ensure_future(self.send(payload, key, attributes))
         record = self._record(payload, key, attributes)
-        batch, _ = self._batcher.add(record)
-        return _Enqueued(self, batch, payload, key, attributes)
+        return _Enqueued(self, self._batcher.add(record), record, (payload, key, attributes))
+
+    async def send(
+        self, payload: bytes, key: str | None, attributes: Mapping[str, str] | None
+    ) -> Receipt:
+        """Sends one message and waits for it to be stored: batched when the producer
+        batches and the broker can, else on its own."""
+        message = (payload, key, attributes)
+        if self._batcher is None or self._batcher.unsupported:
+            return await self._send_one(*message)
+        if self._stub is None:
+            await self.create()
+        record = self._record(payload, key, attributes)
+        return await self._stored(self._batcher.add(record), record, message)
 
     async def _stored(
-        self,
-        batch: Batch,
-        payload: bytes,
-        key: str | None,
-        attributes: Mapping[str, str] | None,
+        self, batch: Batch, record: bytes, message: _Message, *, retried: bool = False
     ) -> Receipt:
+        """Waits for the batch holding `record`. A batch the broker refused as retryable, or
+        lost with its stream, is sent again once (in a new batch, after the producer was
+        created again); against a broker without the batched path the message goes alone."""
         try:
             await asyncio.shield(batch.done)
         except Unsupported:
-            return await self._send_one(payload, key, attributes)
+            return await self._send_one(*message)
         except Retry as retry:
+            if retried or self._batcher is None:
+                raise retry.error from None
             log.info("event=batch_retry topic=%s reason=%s", self.topic, retry.error)
-            return await self.send(payload, key, attributes)
+            return await self._stored(self._batcher.add(record), record, message, retried=True)
         return Receipt(self.topic, self.name)
 
     def _record(
@@ -146,29 +162,6 @@ class _TopicProducer:
                 has_msg_id=False,
             )
         )
-
-    async def send(
-        self, payload: bytes, key: str | None, attributes: Mapping[str, str] | None
-    ) -> Receipt:
-        """Sends one message and waits for it to be stored: batched when the producer
-        batches and the broker can (a failed batch is sent again once), else on its own."""
-        batcher = self._batcher
-        if batcher is None or batcher.unsupported:
-            return await self._send_one(payload, key, attributes)
-        if self._stub is None:
-            await self.create()
-        record = self._record(payload, key, attributes)
-        for attempt in range(2):
-            batch, _ = batcher.add(record)
-            try:
-                await asyncio.shield(batch.done)
-                return Receipt(self.topic, self.name)
-            except Unsupported:
-                return await self._send_one(payload, key, attributes)
-            except Retry as retry:
-                if attempt:
-                    raise retry.error from None
-        raise AssertionError("unreachable")
 
     def close(self) -> None:
         if self._batcher is not None:
@@ -218,22 +211,18 @@ class _TopicProducer:
 class _Enqueued:
     """The result of `enqueue`: awaiting it waits for its batch (no task per message)."""
 
-    __slots__ = ("_args", "_batch", "_producer")
+    __slots__ = ("_batch", "_message", "_producer", "_record")
 
     def __init__(
-        self,
-        producer: _TopicProducer,
-        batch: Batch,
-        payload: bytes,
-        key: str | None,
-        attributes: Mapping[str, str] | None,
+        self, producer: _TopicProducer, batch: Batch, record: bytes, message: _Message
     ) -> None:
         self._producer = producer
         self._batch = batch
-        self._args = (payload, key, attributes)
+        self._record = record
+        self._message = message
 
     def __await__(self) -> Generator[Any, None, Receipt]:
-        return self._producer._stored(self._batch, *self._args).__await__()
+        return self._producer._stored(self._batch, self._record, self._message).__await__()
 
 
 class Producer:
