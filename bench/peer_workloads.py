@@ -9,8 +9,8 @@ import asyncio
 import os
 import resource
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import nats
 from nats.aio.msg import Msg
@@ -20,9 +20,15 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 
 from bench.peer_servers import PeerServer, nats_server, redis_server
-from bench.workload import SystemResult, Workload, percentile, rss_mib
-
-T = TypeVar("T")
+from bench.phases import (
+    Stopwatch,
+    Ticker,
+    record_latencies,
+    stamped_index,
+    until,
+    within,
+)
+from bench.workload import SystemResult, Workload, rss_mib
 
 PUBLISH_WINDOW = 4_000
 """NATS publishes awaiting their ack at once (nats-py's own default for `publish_async`)."""
@@ -33,8 +39,6 @@ BATCH = 1_000
 MAX_ACK_PENDING = 20_000
 """The NATS consumer's unacknowledged-message limit, well above one fetch, so the limit never
 holds back the next fetch while the previous batch's ack is still on its way."""
-DONE_TIMEOUT_S = 60.0
-REPORT_EVERY_S = 5.0
 OPEN_FILES_PER_STREAM = 2
 """nats-server 2.9 keeps each stream's message block and its index open, even when idle."""
 OPEN_FILES_SPARE = 512
@@ -49,80 +53,6 @@ REDIS_DURABILITY = {
     ),
     "always": "AOF appendfsync always: fsync before the replies of each event-loop batch",
 }
-
-
-class _Ticker:
-    """Reports a long phase's count every few seconds, so a user sees the run is alive."""
-
-    def __init__(self, progress: Callable[[str], None], label: str, total: int) -> None:
-        self._progress = progress
-        self._label = label
-        self._total = total
-        self._last = time.perf_counter()
-
-    def __call__(self, done: int) -> None:
-        now = time.perf_counter()
-        if now - self._last >= REPORT_EVERY_S:
-            self._last = now
-            self._progress(f"{self._label}: {done:,} of {self._total:,}")
-
-
-class _Stopwatch:
-    """Times one phase and the CPU this process and the server spent in it: on two vCPUs a
-    throughput is often what the Python client can do, and the notes should say so."""
-
-    def __init__(self, server_pid: int) -> None:
-        self._server_pid = server_pid
-        self._server_cpu = _cpu_seconds(server_pid)
-        self._own_cpu = time.process_time()
-        self._started = time.perf_counter()
-        self.elapsed = 0.0
-
-    def stop(self) -> _Stopwatch:
-        self.elapsed = time.perf_counter() - self._started
-        self._own_cpu = time.process_time() - self._own_cpu
-        self._server_cpu = _cpu_seconds(self._server_pid) - self._server_cpu
-        return self
-
-    def note(self, phase: str) -> str:
-        return (
-            f"{phase}: this Python process used {self._own_cpu / self.elapsed:.0%} of a core, "
-            f"the server {self._server_cpu / self.elapsed:.0%}"
-        )
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    # utime and stime, fields 14 and 15 of proc(5), counted after the parenthesised name.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def _within(awaitable: Awaitable[T], what: str) -> T:
-    try:
-        return await asyncio.wait_for(awaitable, DONE_TIMEOUT_S)
-    except TimeoutError:
-        raise RuntimeError(f"{what} did not finish within {DONE_TIMEOUT_S:.0f} s") from None
-
-
-async def _until(due: float) -> None:
-    delay = due - time.perf_counter()
-    if delay > 0:
-        await asyncio.sleep(delay)
-
-
-def _index(payload: bytes) -> int:
-    return int.from_bytes(payload[:8], "little")
-
-
-def _latencies(
-    result: SystemResult, sent: list[float], acked: list[float], received: dict[int, float]
-) -> None:
-    end_to_end = [received[index] - at for index, at in enumerate(sent)]
-    result.ack_p50_ms = percentile(acked, 0.5) * 1000
-    result.ack_p99_ms = percentile(acked, 0.99) * 1000
-    result.e2e_p50_ms = percentile(end_to_end, 0.5) * 1000
-    result.e2e_p99_ms = percentile(end_to_end, 0.99) * 1000
 
 
 def _check(workload: Workload) -> None:
@@ -164,23 +94,23 @@ async def run_nats(workload: Workload, progress: Callable[[str], None]) -> Syste
 
 
 async def _nats_publish(
-    js: JetStreamContext, subject: str, count: int, payload: bytes, tick: _Ticker
+    js: JetStreamContext, subject: str, count: int, payload: bytes, tick: Ticker
 ) -> None:
     answers: list[asyncio.Future[Any]] = []
     for index in range(count):
         answers.append(await js.publish_async(subject, payload))
         tick(index + 1)
-    await _within(asyncio.gather(*answers), f"acks of {count:,} NATS publishes")
+    await within(asyncio.gather(*answers), f"acks of {count:,} NATS publishes")
 
 
 async def _nats_throughput(
     js: JetStreamContext, server_pid: int, workload: Workload, progress: Callable[[str], None]
-) -> _Stopwatch:
+) -> Stopwatch:
     count = workload.publish_messages
     await js.add_stream(name="BENCH_PUB", subjects=["bench.pub"], storage=StorageType.FILE)
-    tick = _Ticker(progress, "nats: published", count)
+    tick = Ticker(progress, "nats: published", count)
     payload = os.urandom(workload.message_bytes)
-    watch = _Stopwatch(server_pid)
+    watch = Stopwatch(server_pid)
     await _nats_publish(js, "bench.pub", count, payload, tick)
     watch.stop()
     await js.delete_stream("BENCH_PUB")
@@ -196,7 +126,7 @@ async def _nats_latency(js: JetStreamContext, workload: Workload, result: System
     all_received = asyncio.Event()
 
     async def receive(message: Msg) -> None:
-        received[_index(message.data)] = time.perf_counter()
+        received[stamped_index(message.data)] = time.perf_counter()
         if len(received) == count:
             all_received.set()
 
@@ -208,35 +138,35 @@ async def _nats_latency(js: JetStreamContext, workload: Workload, result: System
     answers: list[asyncio.Future[Any]] = []
     start = time.perf_counter()
     for index in range(count):
-        await _until(start + index / rate)
+        await until(start + index / rate)
         sent[index] = time.perf_counter()
         answer = await js.publish_async("bench.lat", index.to_bytes(8, "little") + padding)
         answer.add_done_callback(answered(sent[index]))
         answers.append(answer)
-    await _within(asyncio.gather(*answers), "NATS latency acks")
+    await within(asyncio.gather(*answers), "NATS latency acks")
     result.latency_achieved_per_s = count / (time.perf_counter() - start)
-    await _within(all_received.wait(), "NATS latency consumer")
+    await within(all_received.wait(), "NATS latency consumer")
     await subscription.unsubscribe()
     await js.delete_stream("BENCH_LAT")
-    _latencies(result, sent, acked, received)
+    record_latencies(result, sent, acked, received)
 
 
 async def _nats_consume(
     js: JetStreamContext, server_pid: int, workload: Workload, progress: Callable[[str], None]
-) -> _Stopwatch:
+) -> Stopwatch:
     count = workload.consume_messages
     await js.add_stream(name="BENCH_CON", subjects=["bench.con"], storage=StorageType.FILE)
     payload = os.urandom(workload.message_bytes)
-    await _nats_publish(js, "bench.con", count, payload, _Ticker(progress, "nats: filled", count))
+    await _nats_publish(js, "bench.con", count, payload, Ticker(progress, "nats: filled", count))
     reader = await js.pull_subscribe(
         "bench.con",
         durable="reader",
         stream="BENCH_CON",
         config=ConsumerConfig(ack_policy=AckPolicy.ALL, max_ack_pending=MAX_ACK_PENDING),
     )
-    tick = _Ticker(progress, "nats: consumed", count)
+    tick = Ticker(progress, "nats: consumed", count)
     got = 0
-    watch = _Stopwatch(server_pid)
+    watch = Stopwatch(server_pid)
     while got < count:
         batch = await reader.fetch(BATCH, timeout=5)
         got += len(batch)
@@ -286,7 +216,7 @@ async def _nats_memory(
 async def _nats_idle_streams(
     js: JetStreamContext, count: int, progress: Callable[[str], None]
 ) -> float:
-    tick = _Ticker(progress, "nats: idle streams", count)
+    tick = Ticker(progress, "nats: idle streams", count)
     started = time.perf_counter()
     for index in range(count):
         # One at a time: each creation waits on the server's stream-wide bookkeeping anyway.
@@ -303,11 +233,11 @@ async def _nats_idle_subjects(
 ) -> None:
     await js.add_stream(name="IDLE", subjects=["idle.>"], storage=StorageType.FILE)
     answers: list[asyncio.Future[Any]] = []
-    tick = _Ticker(progress, "nats: idle subjects", count)
+    tick = Ticker(progress, "nats: idle subjects", count)
     for index in range(count):
         answers.append(await js.publish_async(f"idle.{index}", b"x"))
         tick(index + 1)
-    await _within(asyncio.gather(*answers), "NATS idle subject publishes")
+    await within(asyncio.gather(*answers), "NATS idle subject publishes")
 
 
 async def _nats_reference_streams(
@@ -362,7 +292,7 @@ async def run_redis(
         result.base_rss_mib = rss_mib(server.pid)
         client = Redis.from_url(server.url)
         try:
-            tick = _Ticker(progress, f"{label}: idle streams", workload.idle_topics)
+            tick = Ticker(progress, f"{label}: idle streams", workload.idle_topics)
             await _redis_publish(
                 client, lambda index: f"idle:{index}", workload.idle_topics, b"x", tick
             )
@@ -383,7 +313,7 @@ async def run_redis(
 
 
 async def _redis_publish(
-    client: Redis, key: Callable[[int], str], count: int, payload: bytes, tick: _Ticker
+    client: Redis, key: Callable[[int], str], count: int, payload: bytes, tick: Ticker
 ) -> None:
     for first in range(0, count, PIPELINE):
         pipeline = client.pipeline(transaction=False)
@@ -399,11 +329,11 @@ async def _redis_throughput(
     workload: Workload,
     label: str,
     progress: Callable[[str], None],
-) -> _Stopwatch:
+) -> Stopwatch:
     count = workload.publish_messages
-    tick = _Ticker(progress, f"{label}: published", count)
+    tick = Ticker(progress, f"{label}: published", count)
     payload = os.urandom(workload.message_bytes)
-    watch = _Stopwatch(server_pid)
+    watch = Stopwatch(server_pid)
     await _redis_publish(client, lambda _: "bench:pub", count, payload, tick)
     watch.stop()
     await client.delete("bench:pub")
@@ -432,7 +362,7 @@ async def _redis_latency(
             now = time.perf_counter()
             for _stream, entries in reply:
                 for entry_id, fields in entries:
-                    received[_index(fields[b"d"])] = now
+                    received[stamped_index(fields[b"d"])] = now
                     last = entry_id
 
     async def answers() -> None:
@@ -446,20 +376,20 @@ async def _redis_latency(
     try:
         start = time.perf_counter()
         for index in range(count):
-            await _until(start + index / rate)
+            await until(start + index / rate)
             sent[index] = time.perf_counter()
             payload = index.to_bytes(8, "little") + padding
             await producer.send_command("XADD", "bench:lat", "*", "d", payload)
-        await _within(answered, "Redis latency replies")
+        await within(answered, "Redis latency replies")
         result.latency_achieved_per_s = count / (time.perf_counter() - start)
-        await _within(reader, "Redis latency consumer")
+        await within(reader, "Redis latency consumer")
     finally:
         reader.cancel()
         answered.cancel()
         await reader_client.aclose()
         await producer.disconnect()
     await client.delete("bench:lat")
-    _latencies(result, sent, acked, received)
+    record_latencies(result, sent, acked, received)
 
 
 async def _redis_consume(
@@ -468,16 +398,16 @@ async def _redis_consume(
     workload: Workload,
     label: str,
     progress: Callable[[str], None],
-) -> _Stopwatch:
+) -> Stopwatch:
     count = workload.consume_messages
     payload = os.urandom(workload.message_bytes)
-    filled = _Ticker(progress, f"{label}: filled", count)
+    filled = Ticker(progress, f"{label}: filled", count)
     await _redis_publish(client, lambda _: "bench:con", count, payload, filled)
     await client.xgroup_create("bench:con", "reader", id="0")
-    tick = _Ticker(progress, f"{label}: consumed", count)
+    tick = Ticker(progress, f"{label}: consumed", count)
     got = 0
     ids: list[bytes] = []
-    watch = _Stopwatch(server_pid)
+    watch = Stopwatch(server_pid)
     while got < count:
         pipeline = client.pipeline(transaction=False)
         if ids:
