@@ -282,6 +282,23 @@ def test_a_broker_refuses_malformed_requests(broker: BrokerProcess, path: str, d
     run(scenario)
 
 
+async def _producer_and_consumer(
+    channel: Channel, topic: str
+) -> tuple[pb.ProducerResponse, pb.ConsumerResponse]:
+    """A producer "p" and a consumer "c" of subscription "s" on `topic`, over raw calls."""
+    producer = pb.ProducerRequest(request_id=1, producer_name="p", topic_name=topic)
+    created = pb.ProducerResponse().parse(
+        await _call(channel, "/danube.ProducerService/CreateProducer")(bytes(producer))
+    )
+    subscribe = pb.ConsumerRequest(
+        request_id=2, topic_name=topic, consumer_name="c", subscription="s"
+    )
+    subscribed = pb.ConsumerResponse().parse(
+        await _call(channel, "/danube.ConsumerService/Subscribe")(bytes(subscribe))
+    )
+    return created, subscribed
+
+
 @pytest.mark.slow
 def test_a_broker_takes_any_valid_encoding_and_delivers_the_stamped_record(
     broker: BrokerProcess,
@@ -293,16 +310,7 @@ def test_a_broker_takes_any_valid_encoding_and_delivers_the_stamped_record(
     async def scenario() -> None:
         channel = _raw_channel(broker)
         try:
-            producer = pb.ProducerRequest(request_id=1, producer_name="p", topic_name=topic)
-            created = pb.ProducerResponse().parse(
-                await _call(channel, "/danube.ProducerService/CreateProducer")(bytes(producer))
-            )
-            subscribe = pb.ConsumerRequest(
-                request_id=2, topic_name=topic, consumer_name="c", subscription="s"
-            )
-            subscribed = pb.ConsumerResponse().parse(
-                await _call(channel, "/danube.ConsumerService/Subscribe")(bytes(subscribe))
-            )
+            created, subscribed = await _producer_and_consumer(channel, topic)
             receive = UnaryStreamMethod(
                 channel, "/danube.ConsumerService/ReceiveMessages", bytes, bytes
             )
@@ -358,16 +366,7 @@ def test_a_backlog_goes_out_whole_and_in_order(broker: BrokerProcess) -> None:
     async def scenario() -> None:
         channel = _raw_channel(broker)
         try:
-            producer = pb.ProducerRequest(request_id=1, producer_name="p", topic_name=topic)
-            created = pb.ProducerResponse().parse(
-                await _call(channel, "/danube.ProducerService/CreateProducer")(bytes(producer))
-            )
-            subscribe = pb.ConsumerRequest(
-                request_id=2, topic_name=topic, consumer_name="c", subscription="s"
-            )
-            subscribed = pb.ConsumerResponse().parse(
-                await _call(channel, "/danube.ConsumerService/Subscribe")(bytes(subscribe))
-            )
+            created, subscribed = await _producer_and_consumer(channel, topic)
             send = _call(channel, "/danube.ProducerService/SendMessage")
             msg_id = pb.MsgId(producer_id=created.producer_id, topic_name=topic)
             for index in range(count):
