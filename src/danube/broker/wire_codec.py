@@ -92,12 +92,7 @@ class RequestIdReply:
         self.request_id = request_id
 
     def SerializeToString(self) -> bytes:  # the protobuf API grpclib calls
-        value = self.request_id & _UINT64  # a uint64, whatever varint the request carried
-        if not value:
-            return b""
-        out = bytearray(b"\x08")
-        while value > 0x7F:
-            out.append((value & 0x7F) | 0x80)
-            value >>= 7
-        out.append(value)
-        return bytes(out)
+        # A record holding only request_id encodes as exactly field 1; keep a uint64's bits,
+        # whatever varint the request carried.
+        only_id = records.Record(request_id=self.request_id & _UINT64, has_msg_id=False)
+        return records.encode(only_id)
