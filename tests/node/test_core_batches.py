@@ -40,7 +40,7 @@ def test_a_batch_is_one_frame_of_stamped_records_after_the_plain_publishes() -> 
     pid = broker.producer()
     assert broker.publish(pid, "first") == 0
     step = broker.core.publish_batch(pid, TOPIC, check_batch(batch_of(b"a", b"b", b"c")), now_ms=9)
-    assert step.value == 1
+    assert step.value.first_offset == 1 and step.value.stored
     broker.run(step.effects)
     assert broker.driver.acked[TOPIC] == 3
     # the plain publish stored the test's stand-in encoding; the batch, protobuf records
@@ -91,7 +91,7 @@ def test_a_message_over_the_size_limit_refuses_the_whole_batch() -> None:
         core.publish_batch(pid, TOPIC, check_batch(batch_of(b"ok", b"too long")), now_ms=1)
     assert caught.value.code is ErrorCode.INVALID_ARGUMENT
     assert "message 1 of the batch has 8 bytes" in caught.value.message
-    assert core.publish_batch(pid, TOPIC, check_batch(batch_of(b"ok")), now_ms=1).value == 0
+    assert core.publish_batch(pid, TOPIC, check_batch(batch_of(b"ok")), now_ms=1).value.count == 1
 
 
 def test_non_reliable_batches_are_delivered_message_by_message_in_sequence() -> None:
@@ -105,8 +105,10 @@ def test_non_reliable_batches_are_delivered_message_by_message_in_sequence() -> 
     pid = core.create_producer(TOPIC, "p", access_mode=0, strategy=NON_RELIABLE).value
     consumer = core.subscribe(TOPIC, "c", "s", EXCLUSIVE, (), LATEST, now_ms=1).value
     generation = core.open_stream(consumer, now_ms=1).value
-    assert core.publish_batch(pid, TOPIC, check_batch(batch_of(b"a", b"b")), now_ms=1).value == 0
-    assert core.publish_batch(pid, TOPIC, check_batch(batch_of(b"c")), now_ms=1).value == 2
+    first = core.publish_batch(pid, TOPIC, check_batch(batch_of(b"a", b"b")), now_ms=1).value
+    assert (first.first_offset, first.last_offset, first.stored) == (0, 1, False)
+    second = core.publish_batch(pid, TOPIC, check_batch(batch_of(b"c")), now_ms=1).value
+    assert second.first_offset == 2
     taken = core.take(consumer, generation, 10)
     assert taken is not None
     decoded = [records.decode(item) for item in taken]

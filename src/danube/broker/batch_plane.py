@@ -18,7 +18,6 @@ from danube.broker.grpc_util import recv_bounded, unary
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.broker.schema_gate import SchemaGate
 from danube.broker.streams import serve_consumer
-from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError
 from danube.node.core import BrokerCore
 from danube.node.requests import encoded
@@ -97,10 +96,12 @@ class ProducerExtService:
             step = self._core.publish_batch(request.producer_id, topic, batch, now_ms=now_ms())
         except DanubeError as error:
             return _done(_refused(request.sequence, error))
-        first = step.value
-        ack = ext_pb.BatchAck(sequence=request.sequence, first_offset=first, count=batch.count)
-        if self._core.topic_strategy(topic) is DispatchStrategy.RELIABLE:
-            return _after(self._runtime.start_publish(topic, step, first + batch.count - 1), ack)
+        published = step.value
+        ack = ext_pb.BatchAck(
+            sequence=request.sequence, first_offset=published.first_offset, count=published.count
+        )
+        if published.stored:
+            return _after(self._runtime.start_publish(topic, step, published.last_offset), ack)
         return _after(self._runtime.start(step), ack)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:

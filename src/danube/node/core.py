@@ -259,6 +259,21 @@ class Step(Generic[T]):
 
 
 @dataclass(frozen=True, slots=True)
+class BatchPublished:
+    """Where a published batch went: message i has offset `first_offset` + i."""
+
+    first_offset: int
+    count: int
+    stored: bool
+    """Reliable topic: the answer waits for a `PublishAcked` covering `last_offset`;
+    otherwise the messages were delivered and the answer is due at once."""
+
+    @property
+    def last_offset(self) -> int:
+        return self.first_offset + self.count - 1
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerIdentity:
     broker_url: str
     connect_url: str
@@ -856,7 +871,7 @@ class BrokerCore:
 
     def publish_batch(
         self, producer_id: int, topic: str, batch: batches.ClientBatch, *, now_ms: int
-    ) -> Step[int]:
+    ) -> Step[BatchPublished]:
         """Publishes a checked batch (`batches.check_batch`) as one frame and returns the
         offset of its first message; message i gets that offset + i. All or nothing: a
         refusal stores none of it. Reliable topics answer as `publish` does, once a
@@ -889,7 +904,8 @@ class BrokerCore:
             first, effects = log.append_packed(stamp(first_offset=log.next_offset), now_ms)
             record.messages_in += batch.count
             record.bytes_in += batch.payload_bytes
-            return Step(first, tuple(self._wal_effects(record, effects, now_ms)))
+            published = BatchPublished(first, batch.count, stored=True)
+            return Step(published, tuple(self._wal_effects(record, effects, now_ms)))
         first = record.messages_in
         packed = stamp(first_offset=first)
         record.messages_in += batch.count
@@ -902,7 +918,7 @@ class BrokerCore:
             key = self._routing_key_of(message) if keyed else b""
             for sub in subscriptions:
                 out.extend(sub.dispatcher.publish(message, size, key))
-        return Step(first, tuple(out))
+        return Step(BatchPublished(first, batch.count, stored=False), tuple(out))
 
     def _append(
         self,
