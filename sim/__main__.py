@@ -42,6 +42,14 @@ in tiered runs: a run without an object tier draws nothing for them, so its trac
 was before they existed."""
 
 
+BOOLEAN_HELP = {
+    "tiered": "object tier: uploads to a simulated S3, local retention, a late audit "
+    "subscription reading from the earliest offset",
+    "synced_writes": "the WAL driver fsyncs every write itself, as the broker's does, so no "
+    "fsync follows a write (WalConfig.synced_writes)",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sim",
@@ -75,10 +83,8 @@ def _parser() -> argparse.ArgumentParser:
         # None: not given, so the tiered or the plain defaults apply (`_workload`)
         if isinstance(value, bool):
             workload.add_argument(
-                flag, action="store_true", default=None,
-                help="object tier: uploads to a simulated S3, local retention, a late audit "
-                "subscription reading from the earliest offset",
-            )  # fmt: skip
+                flag, action="store_true", default=None, help=BOOLEAN_HELP[item.name]
+            )
         elif isinstance(value, tuple):
             workload.add_argument(
                 flag, help=f"comma-separated, from {', '.join(SUB_TYPES)} (default "

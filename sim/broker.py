@@ -511,6 +511,8 @@ class SimBroker:
         delay = 20
         if isinstance(effect, Write):
             delay = 30 + _WRITE_US_PER_KIB * len(effect.data) // 1024
+            if self.core is not None and self.core.wal_syncs_every_write(topic):
+                delay += self.faults.fsync_us
         elif isinstance(effect, Fsync):
             delay = self.faults.fsync_us
             if self.faults.slow_fsync and self.world.rng.random() < self.faults.slow_fsync:
@@ -532,6 +534,8 @@ class SimBroker:
             elif isinstance(effect, Write):
                 self.disk.write(topic, effect.segment_base, effect.position, effect.data)
                 self.observer.written(topic, effect.data)
+                if core.wal_syncs_every_write(topic):
+                    self.disk.fsync(topic, effect.segment_base)
             elif isinstance(effect, Fsync):
                 self.disk.fsync(topic, effect.segment_base)
             elif isinstance(effect, DeleteSegment):

@@ -61,6 +61,9 @@ class Workload:
     """Per subscription."""
     keys: int = 8
     durability: str = "fsync"
+    synced_writes: bool = False
+    """The WAL driver fsyncs each write before reporting it done, as the broker's does
+    (`WalConfig.synced_writes`): no Fsync follows a write under `fsync` durability."""
     max_unacked: int = 10
     ack_delay_ms: int = 20
     nack: float = 0.02
@@ -79,6 +82,7 @@ class Workload:
             segment_bytes=self.segment_bytes,
             cache_bytes=self.cache_bytes,
             flush_interval_ms=200,
+            synced_writes=self.synced_writes,
             retention_bytes=self.retention_bytes if self.tiered and self.retention_bytes else None,
         )
 

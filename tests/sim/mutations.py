@@ -131,6 +131,19 @@ def reuse_offset_after_restart() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def synced_writes_assumed() -> Iterator[None]:
+    """The WAL machine counts writes as synced (`synced_writes`) while its driver does not
+    fsync them: the broker's write-and-sync shortcut with the sync left out."""
+    original = WalMachine.__init__
+
+    def init(self: WalMachine, topic: str, config: Any, recovered: Any = None, **kw: Any) -> None:
+        original(self, topic, dataclasses.replace(config, synced_writes=True), recovered, **kw)
+
+    with mock.patch.object(WalMachine, "__init__", init):
+        yield
+
+
+@contextlib.contextmanager
 def local_delete_before_commit() -> Iterator[None]:
     """Local retention may delete a segment once its upload landed, before its index entry is
     committed: a crash in between loses the history, and until the commit no tier serves it."""
@@ -154,6 +167,7 @@ MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "truncate_valid_data_at_recovery": truncate_valid_data_at_recovery,
     "two_exclusive_consumers": two_exclusive_consumers,
     "reuse_offset_after_restart": reuse_offset_after_restart,
+    "synced_writes_assumed": synced_writes_assumed,
 }
 TIERED_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "local_delete_before_commit": local_delete_before_commit,

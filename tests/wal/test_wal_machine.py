@@ -122,6 +122,22 @@ def test_fsync_mode_acknowledges_only_after_the_fsync() -> None:
     assert machine.read(0, 10, 100) == CachedRecords(0, (b"a",))
 
 
+def test_synced_writes_are_durable_at_write_done_and_need_no_fsync() -> None:
+    """`synced_writes`: the driver fsyncs each write itself, so the machine acknowledges at
+    write_done, writes the next group at once, and seals a segment without an Fsync."""
+    machine = WalMachine(TOPIC, WalConfig(synced_writes=True, segment_bytes=200))
+    _, effects = machine.append([b"a"], NOW)
+    write = only(effects, Write)
+    assert machine.append([b"b"], NOW)[1] == []
+    done = machine.write_done(write.write_id, NOW)
+    assert done[:2] == [Acknowledge(0), Readable(0)] and not of(done, Fsync)
+    assert machine.durable_offset == machine.readable_offset == 1
+    second = only(done, Write)
+    assert machine.write_done(second.write_id, NOW)[:2] == [Acknowledge(1), Readable(1)]
+    _, effects = machine.append([b"x" * 150], NOW)
+    assert of(effects, CloseSegment) and not of(effects, Fsync), "sealed without an fsync"
+
+
 def test_appends_during_a_cycle_join_the_next_one_as_one_write_and_one_fsync() -> None:
     machine = WalMachine(TOPIC, WalConfig())
     _, effects = machine.append([b"first"], NOW)

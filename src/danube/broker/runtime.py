@@ -310,7 +310,7 @@ class BrokerRuntime:
         if topic_wal is None:
             sync_writes = self.core.wal_syncs_every_write(topic)
             files = SegmentFiles(self._topic_dir(topic), sync_writes=sync_writes)
-            executor = WalExecutor(files, self._completion(topic, sync_writes), self._unexpected)
+            executor = WalExecutor(files, self._completion(topic), self._unexpected)
             topic_wal = self._wals[topic] = TopicWal(files, executor)
             self._nursery.start_soon(self._run_executor, topic_wal)
         self._nursery.start_soon(self._wal_task, effect, topic_wal)
@@ -392,47 +392,13 @@ class BrokerRuntime:
         while self._loads:
             await next(iter(self._loads.values())).wait()
 
-    def _completion(
-        self, topic: str, sync_writes: bool
-    ) -> Callable[[wal.Effect, OSError | None], list[wal.Effect]]:
-        """Feeds a file effect's completion to the core. With `sync_writes` a completed
-        Write is already durable, so the Fsync the machine asks for next is answered in the
-        same call, without a trip through the executor (two fewer hops between the loops per
-        group commit)."""
-
+    def _completion(self, topic: str) -> Callable[[wal.Effect, OSError | None], list[wal.Effect]]:
         def complete(effect: wal.Effect, error: OSError | None) -> list[wal.Effect]:
             reason = None if error is None else f"{type(error).__name__}: {error}"
-
-            def run() -> None:
-                if self._closed:
-                    return
-                effects = self.core.wal_io_done(topic, effect, reason, now_ms=now_ms()).effects
-                if sync_writes and error is None and isinstance(effect, wal.Write):
-                    effects = self._synced_fsyncs(topic, effects)
-                self.apply(effects)
-
-            self._loop.call_soon_threadsafe(run)
+            self._in_loop(self.core.wal_io_done, topic, effect, reason, now_ms=now_ms())
             return []
 
         return complete
-
-    def _synced_fsyncs(self, topic: str, effects: tuple[Effect, ...]) -> tuple[Effect, ...]:
-        """`effects` with the topic's Fsyncs taken out and answered as done (every write
-        they cover was synced before its completion), followed by what the answers bring."""
-        kept: list[Effect] = []
-        done: list[wal.Fsync] = []
-        for effect in effects:
-            if isinstance(effect, WalIo) and effect.topic == topic:
-                fsyncs = [e for e in effect.effects if isinstance(e, wal.Fsync)]
-                rest = tuple(e for e in effect.effects if not isinstance(e, wal.Fsync))
-                done.extend(fsyncs)
-                if rest:
-                    kept.append(WalIo(topic, rest))
-            else:
-                kept.append(effect)
-        for fsync in done:
-            kept.extend(self.core.wal_io_done(topic, fsync, None, now_ms=now_ms()).effects)
-        return tuple(kept)
 
     @staticmethod
     def _unexpected(effect: wal.Effect) -> None:

@@ -66,9 +66,8 @@ class SegmentFiles:
         self._open: dict[int, int] = {}
         """segment base -> file descriptor of segments that may still be written."""
         self._sync_writes = sync_writes
-        """`fsync` durability: every Write is followed by an Fsync, so each write is synced in
-        the same worker-thread call and the Fsync after it costs nothing (one thread hop
-        per group commit instead of two)."""
+        """Every Write is fsynced in the same worker-thread call (`WalConfig.synced_writes`:
+        the machine then asks for no Fsync after it)."""
 
     def path(self, segment_base: int) -> Path:
         return self.directory / format.segment_name(segment_base)
@@ -110,11 +109,7 @@ class SegmentFiles:
             write = _write_synced if self._sync_writes else _write_all
             await trio.to_thread.run_sync(write, fd, effect.data, effect.position)
         elif isinstance(effect, Fsync):
-            fd = self._writable(effect.segment_base)
-            if self._sync_writes:  # every Write before it was synced in its own call
-                await trio.lowlevel.checkpoint()
-                return
-            await trio.to_thread.run_sync(os.fdatasync, fd)
+            await trio.to_thread.run_sync(os.fdatasync, self._writable(effect.segment_base))
         elif isinstance(effect, CreateSegment):
             fd = await trio.to_thread.run_sync(self._create, effect)
             self._open[effect.base_offset] = fd

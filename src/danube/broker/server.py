@@ -3,6 +3,7 @@ cluster mode), shutdown."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import random
@@ -211,7 +212,9 @@ async def serve(
                 config.dispatch.consumer_queue_messages, config.dispatch.consumer_queue_bytes
             ),
             auto_create_topics=config.auto_create_topics,
-            wal_config=config.storage.wal,
+            # SegmentFiles fsyncs each write in the same worker-thread call (one I/O round
+            # trip per group commit instead of two).
+            wal_config=dataclasses.replace(config.storage.wal, synced_writes=True),
             max_unacked_messages=config.dispatch.max_unacked_messages,
             routing_key_of=_routing_key_of,
             uploads=UploaderConfig() if config.storage.tiered else None,

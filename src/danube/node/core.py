@@ -1314,10 +1314,10 @@ class BrokerCore:
     # -- reliable topics: WAL and dispatch ------------------------------------------------------
 
     def wal_syncs_every_write(self, topic: str) -> bool:
-        """Whether the topic's WAL fsyncs after every write (every level but `flush`)."""
-        return (
-            self._durability.level(topic, self._wal_config.durability) != wal.Durability.FLUSH.value
-        )
+        """Whether the topic's WAL driver must fsync every write before reporting it done
+        (`WalConfig.synced_writes`, for every level but `flush`)."""
+        level = self._durability.level(topic, self._wal_config.durability)
+        return self._wal_config.synced_writes and level != wal.Durability.FLUSH.value
 
     def wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
         """The topic's WAL was recovered: at start, or after a repair. A repair cuts only
@@ -1332,7 +1332,9 @@ class BrokerCore:
         level = self._durability.level(topic, self._wal_config.durability)
         record.object_ack = level == OBJECT_DURABILITY
         mode = wal.Durability.FLUSH if level == wal.Durability.FLUSH.value else wal.Durability.FSYNC
-        config = dataclasses.replace(self._wal_config, durability=mode)
+        config = dataclasses.replace(
+            self._wal_config, durability=mode, synced_writes=self.wal_syncs_every_write(topic)
+        )
         log = record.wal = wal.WalMachine(
             topic, config, plan, tiered=tiered, start_offset=indexed_next
         )

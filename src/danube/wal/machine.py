@@ -79,6 +79,10 @@ class WalConfig:
     """Delete the oldest closed segments while the topic's segments exceed this."""
     retention_ms: int | None = None
     """Delete closed segments whose newest record is older than this."""
+    synced_writes: bool = False
+    """`FSYNC` only: the driver fsyncs every `Write` before it reports `write_done`, so a
+    write is durable when done and no `Fsync` follows it (one I/O round trip per group commit
+    instead of two)."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -465,6 +469,9 @@ class WalMachine:
         write.segment.written = write.end_position
         self._written = write.end_offset
         if self.config.durability is Durability.FSYNC:
+            if self.config.synced_writes:
+                segment, position = write.segment, write.end_position
+                return self._durable_through(segment, position, write.end_offset, now_ms)
             return [self._start_fsync(write.segment)]
         if self._unsynced_since_ms is None:
             self._unsynced_since_ms = now_ms
@@ -477,13 +484,19 @@ class WalMachine:
         if fsync is None or fsync.fsync_id != fsync_id:
             return self._stale(f"fsync {fsync_id}")
         self._fsync = None
-        fsync.segment.durable = max(fsync.segment.durable, fsync.position)
+        return self._durable_through(fsync.segment, fsync.position, fsync.end_offset, now_ms)
+
+    def _durable_through(
+        self, segment: _Segment, position: int, end_offset: int, now_ms: int
+    ) -> list[Effect]:
+        """The segment is on disk up to `position`, the topic below `end_offset`."""
+        segment.durable = max(segment.durable, position)
         effects: list[Effect] = []
-        if fsync.end_offset > self._durable:
-            self._durable = fsync.end_offset
+        if end_offset > self._durable:
+            self._durable = end_offset
             if self.config.durability is Durability.FSYNC:
-                self._readable = fsync.end_offset
-                through = fsync.end_offset - 1
+                self._readable = end_offset
+                through = end_offset - 1
                 effects += [Acknowledge(through), Readable(through)]
         return effects + self._pump(now_ms)
 
