@@ -283,7 +283,8 @@ _SCRATCH = threading.local()
 
 def _scratch(size: int) -> np.ndarray:
     """A reused output buffer for this thread: a fresh megabyte array costs more in page
-    faults on first touch than the whole stamping (measured ~1.1 ms against ~0.5 ms per MiB)."""
+    faults on first touch than the whole stamping (measured: stamping 1 MiB took 1.6 ms with a
+    fresh array and 0.5 ms with a reused one)."""
     buffer: np.ndarray | None = getattr(_SCRATCH, "buffer", None)
     if buffer is None or len(buffer) < size:
         buffer = _SCRATCH.buffer = np.empty(max(size, 1 << 20), dtype=np.uint8)
