@@ -107,6 +107,35 @@ class AckBatchResponse(betterproto.Message):
     request_id: int = betterproto.uint64_field(1)
 
 
+@dataclass(eq=False, repr=False)
+class SetPoliciesRequest(betterproto.Message):
+    name: str = betterproto.string_field(1)
+    """A namespace ("default") or a topic ("/default/orders")."""
+
+    policies: str = betterproto.string_field(2)
+    """
+    A JSON object with the fields to change, e.g. {"max_producers_per_topic": 2}.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class PoliciesRequest(betterproto.Message):
+    name: str = betterproto.string_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class PoliciesResponse(betterproto.Message):
+    policies: str = betterproto.string_field(1)
+    """
+    The effective policies after the call, as a JSON object of every field.
+    """
+
+    overridden: List[str] = betterproto.string_field(2)
+    """
+    For a topic, the fields it sets itself (the others are its namespace's).
+    """
+
+
 class ConsumerExtStub(betterproto.ServiceStub):
     async def subscribe_at(
         self,
@@ -182,6 +211,76 @@ class ProducerExtStub(betterproto.ServiceStub):
             metadata=metadata,
         ):
             yield response
+
+
+class PolicyAdminStub(betterproto.ServiceStub):
+    async def set_namespace_policies(
+        self,
+        set_policies_request: "SetPoliciesRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "PoliciesResponse":
+        return await self._unary_unary(
+            "/danube_ext.PolicyAdmin/SetNamespacePolicies",
+            set_policies_request,
+            PoliciesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def set_topic_policies(
+        self,
+        set_policies_request: "SetPoliciesRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "PoliciesResponse":
+        return await self._unary_unary(
+            "/danube_ext.PolicyAdmin/SetTopicPolicies",
+            set_policies_request,
+            PoliciesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def get_topic_policies(
+        self,
+        policies_request: "PoliciesRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "PoliciesResponse":
+        return await self._unary_unary(
+            "/danube_ext.PolicyAdmin/GetTopicPolicies",
+            policies_request,
+            PoliciesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def clear_topic_policies(
+        self,
+        policies_request: "PoliciesRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "PoliciesResponse":
+        return await self._unary_unary(
+            "/danube_ext.PolicyAdmin/ClearTopicPolicies",
+            policies_request,
+            PoliciesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
 
 
 class ConsumerExtBase(ServiceBase):
@@ -275,5 +374,84 @@ class ProducerExtBase(ServiceBase):
                 grpclib.const.Cardinality.STREAM_STREAM,
                 PublishBatch,
                 BatchAck,
+            ),
+        }
+
+
+class PolicyAdminBase(ServiceBase):
+
+    async def set_namespace_policies(
+        self, set_policies_request: "SetPoliciesRequest"
+    ) -> "PoliciesResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def set_topic_policies(
+        self, set_policies_request: "SetPoliciesRequest"
+    ) -> "PoliciesResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def get_topic_policies(
+        self, policies_request: "PoliciesRequest"
+    ) -> "PoliciesResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def clear_topic_policies(
+        self, policies_request: "PoliciesRequest"
+    ) -> "PoliciesResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def __rpc_set_namespace_policies(
+        self, stream: "grpclib.server.Stream[SetPoliciesRequest, PoliciesResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.set_namespace_policies(request)
+        await stream.send_message(response)
+
+    async def __rpc_set_topic_policies(
+        self, stream: "grpclib.server.Stream[SetPoliciesRequest, PoliciesResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.set_topic_policies(request)
+        await stream.send_message(response)
+
+    async def __rpc_get_topic_policies(
+        self, stream: "grpclib.server.Stream[PoliciesRequest, PoliciesResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.get_topic_policies(request)
+        await stream.send_message(response)
+
+    async def __rpc_clear_topic_policies(
+        self, stream: "grpclib.server.Stream[PoliciesRequest, PoliciesResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.clear_topic_policies(request)
+        await stream.send_message(response)
+
+    def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
+        return {
+            "/danube_ext.PolicyAdmin/SetNamespacePolicies": grpclib.const.Handler(
+                self.__rpc_set_namespace_policies,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SetPoliciesRequest,
+                PoliciesResponse,
+            ),
+            "/danube_ext.PolicyAdmin/SetTopicPolicies": grpclib.const.Handler(
+                self.__rpc_set_topic_policies,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SetPoliciesRequest,
+                PoliciesResponse,
+            ),
+            "/danube_ext.PolicyAdmin/GetTopicPolicies": grpclib.const.Handler(
+                self.__rpc_get_topic_policies,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                PoliciesRequest,
+                PoliciesResponse,
+            ),
+            "/danube_ext.PolicyAdmin/ClearTopicPolicies": grpclib.const.Handler(
+                self.__rpc_clear_topic_policies,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                PoliciesRequest,
+                PoliciesResponse,
             ),
         }
