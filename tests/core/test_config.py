@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from danube.core.config import BrokerConfig, ConfigError, TopicDurability, config_from_mapping
+from danube.cli.broker import build_parser, load_config
+from danube.core.config import (
+    Address,
+    BrokerConfig,
+    ConfigError,
+    TopicDurability,
+    config_from_mapping,
+    prometheus_address,
+)
 from danube.wal.machine import MIB, Durability, WalConfig
 
 
@@ -217,3 +225,33 @@ def test_cluster_mode_mistakes_name_the_key(change: dict[str, Any], needle: str)
 
 def test_standalone_mode_needs_no_cluster_settings() -> None:
     BrokerConfig().check_mode()
+
+
+def test_prometheus_endpoint_defaults_to_the_broker_host_on_9040() -> None:
+    assert BrokerConfig().prometheus_addr == Address("127.0.0.1", 9040)
+    config = config_from_mapping({"broker": {"host": "0.0.0.0", "ports": {"prometheus": 9100}}})
+    assert config.prometheus_addr == Address("0.0.0.0", 9100)
+    assert config_from_mapping({"broker": {"ports": {}}}).prometheus_addr == Address(
+        "127.0.0.1", 9040
+    )
+    # YAML 1.1 reads a bare `off` as false
+    assert config_from_mapping({"broker": {"ports": {"prometheus": False}}}).prometheus_addr is None
+    assert prometheus_address("off", "--prom-exporter") is None
+    assert prometheus_address("127.0.0.1:0", "--prom-exporter") == Address("127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("value", [-1, 70_000, "9040", None, True])
+def test_prometheus_port_mistakes_name_the_key(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"broker\.ports\.prometheus"):
+        config_from_mapping({"broker": {"ports": {"prometheus": value}}})
+
+
+def test_prom_exporter_flag_overrides_and_follows_the_broker_host() -> None:
+    parse = build_parser().parse_args
+    assert load_config(parse(["--prom-exporter", "off"])).prometheus_addr is None
+    flagged = load_config(parse(["--prom-exporter", "127.0.0.1:0"]))
+    assert flagged.prometheus_addr == Address("127.0.0.1", 0)
+    moved = load_config(parse(["--broker-addr", "0.0.0.0:7000"]))
+    assert moved.prometheus_addr == Address("0.0.0.0", 9040)
+    with pytest.raises(ConfigError, match="--prom-exporter"):
+        load_config(parse(["--prom-exporter", "nowhere"]))

@@ -21,6 +21,7 @@ from danube.core.config import (
     ConfigError,
     config_from_mapping,
     etcd_endpoints,
+    prometheus_address,
     storage_with,
 )
 from danube.metadata import MetadataError
@@ -63,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--broker-addr", help="client gRPC host:port (default 127.0.0.1:6650)")
     parser.add_argument("--admin-addr", help="admin gRPC host:port (default 127.0.0.1:50051)")
     parser.add_argument(
+        "--prom-exporter",
+        metavar="HOST:PORT|off",
+        help="metrics and health endpoint (default: the broker's host, port 9040; port 0 "
+        "picks a free one; off: none)",
+    )
+    parser.add_argument(
         "--advertised-addr", help="host:port clients are told to connect to (default: bind addr)"
     )
     parser.add_argument(
@@ -95,6 +102,12 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
         overrides["broker_addr"] = Address.parse(args.broker_addr, "--broker-addr")
     if args.admin_addr:
         overrides["admin_addr"] = Address.parse(args.admin_addr, "--admin-addr")
+    if args.prom_exporter:
+        overrides["prometheus_addr"] = prometheus_address(args.prom_exporter, "--prom-exporter")
+    elif args.broker_addr and config.prometheus_addr is not None:
+        # the endpoint follows the broker's host unless told otherwise
+        host = Address.parse(args.broker_addr, "--broker-addr").host
+        overrides["prometheus_addr"] = dataclasses.replace(config.prometheus_addr, host=host)
     if args.advertised_addr:
         Address.parse(args.advertised_addr, "--advertised-addr")
         overrides["advertised_addr"] = args.advertised_addr

@@ -18,6 +18,7 @@ from danube.wal.machine import MIB, Durability, WalConfig
 DEFAULT_MAX_MESSAGE_SIZE = 10 * 1024 * 1024
 OBJECT_DURABILITY = "object"
 DEFAULT_OBJECT_BATCH_MS = 100
+DEFAULT_PROMETHEUS_PORT = 9040
 
 
 class ConfigError(ValueError):
@@ -166,6 +167,8 @@ class BrokerConfig:
     cluster_name: str = "STANDALONE"
     broker_addr: Address = Address("127.0.0.1", 6650)
     admin_addr: Address = Address("127.0.0.1", 50051)
+    prometheus_addr: Address | None = Address("127.0.0.1", DEFAULT_PROMETHEUS_PORT)
+    """The metrics and health endpoint (spec/observability.md); None turns it off."""
     advertised_addr: str | None = None
     data_dir: str = "./danube-data"
     bootstrap_namespaces: tuple[str, ...] = ("default",)
@@ -209,6 +212,26 @@ class BrokerConfig:
     @property
     def wal_root(self) -> str:
         return self.storage.wal_root or f"{self.data_dir.rstrip('/')}/wal"
+
+
+def prometheus_address(text: str, what: str) -> Address | None:
+    """`host:port` of the metrics endpoint, or `off` (None): no endpoint."""
+    if text.strip().lower() == "off":
+        return None
+    return Address.parse(text, what)
+
+
+def _prometheus_port(ports: dict[str, Any], host: str) -> Address | None:
+    """`broker.ports.prometheus`: a port (0 picks a free one), or false / off for none
+    (YAML reads a bare `off` as false)."""
+    value = ports.get("prometheus", DEFAULT_PROMETHEUS_PORT)
+    if value is False or value == "off":
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
+        raise ConfigError(
+            f"broker.ports.prometheus: expected a port (0 to 65535) or off, got {value!r}"
+        )
+    return Address(host, value)
 
 
 def _section(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -431,6 +454,7 @@ def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
     updates: dict[str, Any] = {
         "broker_addr": Address(host, int(ports.get("client", config.broker_addr.port))),
         "admin_addr": Address(host, int(ports.get("admin", config.admin_addr.port))),
+        "prometheus_addr": _prometheus_port(ports, host),
     }
     advertised = _section(broker, "advertised_listeners", "broker.")
     if advertised.get("broker_url"):
