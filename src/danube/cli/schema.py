@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from danube.cli.usage import add_service_addr, read_input
 from danube.client import DanubeClient
+from danube.proto import danube_schema as pb
 from danube.schema.compatibility import CompatibilityMode
 from danube.schema.formats import SchemaType
 
@@ -21,17 +23,61 @@ def _when(seconds: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + "Z"
 
 
+def registered_text(subject: str, answer: pb.RegisterSchemaResponse) -> str:
+    state = "registered as" if answer.is_new_version else "already registered as"
+    return (
+        f"{subject}: {state} version {answer.version} (schema id {answer.schema_id}, "
+        f"{answer.fingerprint})"
+    )
+
+
+def schema_header(schema: pb.GetSchemaResponse) -> str:
+    """What a version is, beside its definition (which goes to stdout alone in danube-cli, so
+    it can be redirected to a file)."""
+    return (
+        f"subject {schema.subject} version {schema.version} (schema id {schema.schema_id}), "
+        f"{schema.schema_type}, mode {schema.compatibility_mode}\n"
+        f"fingerprint {schema.fingerprint}; created {_when(schema.created_at)} by "
+        f"{schema.created_by or '-'}" + (f"; {schema.description}" if schema.description else "")
+    )
+
+
+def definition_text(schema: pb.GetSchemaResponse) -> str:
+    return schema.schema_definition.decode("utf-8", "replace").removesuffix("\n")
+
+
+def versions_text(found: Sequence[pb.SchemaVersionInfo]) -> str:
+    lines = [f"{'version':>7}  {'created (UTC)':<20}  {'by':<12}  fingerprint"]
+    for v in found:
+        lines.append(
+            f"{v.version:>7}  {_when(v.created_at):<20}  {v.created_by:<12}  {v.fingerprint}"
+        )
+    return "\n".join(lines)
+
+
+def subjects_text(found: Sequence[pb.SubjectSummary]) -> str:
+    lines = [f"{'subject':<32}  {'type':<11}  {'latest':>6}  {'id':>5}  mode"]
+    for s in found:
+        lines.append(
+            f"{s.subject:<32}  {s.schema_type:<11}  {s.latest_version:>6}  {s.schema_id:>5}  "
+            f"{s.compatibility_mode}"
+        )
+    return "\n".join(lines)
+
+
+def check_text(subject: str, answer: pb.CheckCompatibilityResponse) -> str:
+    if answer.is_compatible:
+        return f"{subject}: compatible"
+    return "\n".join([f"{subject}: NOT compatible", *(f"  {error}" for error in answer.errors)])
+
+
 async def register(args: argparse.Namespace) -> int:
     async with DanubeClient(args.service_addr) as client:
         answer = await client.schemas.register(
             args.subject, args.type, read_input(args.file),
             description=args.description, created_by="danube-cli", tags=args.tag or (),
         )  # fmt: skip
-    state = "registered as" if answer.is_new_version else "already registered as"
-    print(
-        f"{args.subject}: {state} version {answer.version} (schema id {answer.schema_id}, "
-        f"{answer.fingerprint})"
-    )
+    print(registered_text(args.subject, answer))
     return 0
 
 
@@ -40,37 +86,22 @@ async def show(args: argparse.Namespace) -> int:
         schema = await client.schemas.latest(args.subject)
         if args.version is not None and args.version != schema.version:
             schema = await client.schemas.get(schema.schema_id, args.version)
-    print(
-        f"subject {schema.subject} version {schema.version} (schema id {schema.schema_id}), "
-        f"{schema.schema_type}, mode {schema.compatibility_mode}\n"
-        f"fingerprint {schema.fingerprint}; created {_when(schema.created_at)} by "
-        f"{schema.created_by or '-'}" + (f"; {schema.description}" if schema.description else ""),
-        file=sys.stderr,
-    )
-    sys.stdout.write(schema.schema_definition.decode("utf-8", "replace"))
-    if not schema.schema_definition.endswith(b"\n"):
-        sys.stdout.write("\n")
+    print(schema_header(schema), file=sys.stderr)
+    print(definition_text(schema))
     return 0
 
 
 async def versions(args: argparse.Namespace) -> int:
     async with DanubeClient(args.service_addr) as client:
         found = await client.schemas.versions(args.subject)
-    print(f"{'version':>7}  {'created (UTC)':<20}  {'by':<12}  fingerprint")
-    for v in found:
-        print(f"{v.version:>7}  {_when(v.created_at):<20}  {v.created_by:<12}  {v.fingerprint}")
+    print(versions_text(found))
     return 0
 
 
 async def subjects(args: argparse.Namespace) -> int:
     async with DanubeClient(args.service_addr) as client:
         found = await client.schemas.subjects()
-    print(f"{'subject':<32}  {'type':<11}  {'latest':>6}  {'id':>5}  mode")
-    for s in found:
-        print(
-            f"{s.subject:<32}  {s.schema_type:<11}  {s.latest_version:>6}  {s.schema_id:>5}  "
-            f"{s.compatibility_mode}"
-        )
+    print(subjects_text(found))
     return 0
 
 
@@ -80,13 +111,8 @@ async def check(args: argparse.Namespace) -> int:
         answer = await client.schemas.check(
             args.subject, args.type, read_input(args.file), args.mode
         )
-    if answer.is_compatible:
-        print(f"{args.subject}: compatible")
-        return 0
-    print(f"{args.subject}: NOT compatible")
-    for error in answer.errors:
-        print(f"  {error}")
-    return 1
+    print(check_text(args.subject, answer))
+    return 0 if answer.is_compatible else 1
 
 
 async def mode(args: argparse.Namespace) -> int:

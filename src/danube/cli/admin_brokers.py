@@ -1,0 +1,164 @@
+"""`danube-admin brokers ...`: the cluster's brokers, their leader, draining one for
+maintenance and spreading topics evenly again (BrokerAdmin)."""
+
+from __future__ import annotations
+
+import argparse
+
+from danube.cli.admin_args import Actions, command, count, group, positive
+from danube.cli.admin_call import AdminClient, AdminError
+from danube.cli.admin_render import Result, fields, plain, table
+from danube.proto import danube_admin as pb
+
+CLUSTER = "cluster mode (etcd) with at least two brokers"
+
+
+async def list_brokers(client: AdminClient, _: argparse.Namespace) -> Result:
+    answer = await client.call("list brokers", client.brokers.list_brokers(pb.Empty()))
+    rows = [
+        (b.broker_id, b.broker_role, b.broker_status, b.broker_addr, b.admin_addr, b.metrics_addr)
+        for b in answer.brokers
+    ]
+    text = table(
+        ("broker_id", "role", "status", "broker_addr", "admin_addr", "metrics_addr"),
+        rows,
+        "no brokers registered",
+    )
+    return Result(plain(answer), text)
+
+
+async def leader(client: AdminClient, _: argparse.Namespace) -> Result:
+    answer = await client.call("leader broker", client.brokers.get_leader_broker(pb.Empty()))
+    return Result(plain(answer), answer.leader or "no leader elected yet")
+
+
+async def namespaces(client: AdminClient, _: argparse.Namespace) -> Result:
+    answer = await client.call("list namespaces", client.brokers.list_namespaces(pb.Empty()))
+    rows = [(name,) for name in answer.namespaces]
+    return Result(plain(answer), table(("namespace",), rows, "no namespaces"))
+
+
+async def unload(client: AdminClient, args: argparse.Namespace) -> Result:
+    request = pb.UnloadBrokerRequest(
+        broker_id=args.broker_id,
+        max_parallel=args.max_parallel,
+        namespaces_include=args.namespaces_include or [],
+        namespaces_exclude=args.namespaces_exclude or [],
+        dry_run=args.dry_run,
+        timeout_seconds=args.unload_timeout,
+    )
+    answer = await client.call(
+        f"unload broker {args.broker_id}", client.brokers.unload_broker(request)
+    )
+    if args.dry_run:
+        head = f"Dry run: would unload {answer.total} topics from broker {args.broker_id}"
+    else:
+        head = f"Unloading broker {args.broker_id}: {answer.total} topics"
+    counts = (
+        f"{head} (succeeded {answer.succeeded}, failed {answer.failed}, pending {answer.pending})"
+    )
+    if answer.failed_topics:
+        counts += "\nfailed topics: " + ", ".join(answer.failed_topics)
+    return Result(plain(answer), counts)
+
+
+async def activate(client: AdminClient, args: argparse.Namespace) -> Result:
+    request = pb.ActivateBrokerRequest(broker_id=args.broker_id, reason=args.reason)
+    what = f"activate broker {args.broker_id}"
+    answer = await client.call(what, client.brokers.activate_broker(request))
+    if not answer.success:
+        raise AdminError(f"{what}: the broker reported failure")
+    return Result(plain(answer), f"Activated broker {args.broker_id} ({args.reason})")
+
+
+async def balance(client: AdminClient, _: argparse.Namespace) -> Result:
+    answer = await client.call(
+        "cluster balance", client.brokers.get_cluster_balance(pb.ClusterBalanceRequest())
+    )
+    summary = fields(
+        [
+            ("brokers", answer.broker_count),
+            ("assignment strategy", answer.assignment_strategy),
+            ("coefficient of variation", answer.coefficient_of_variation),
+            ("mean load", answer.mean_load),
+            ("min load", answer.min_load),
+            ("max load", answer.max_load),
+            ("std deviation", answer.std_deviation),
+        ]
+    )
+    rows = [
+        (b.broker_id, b.load, b.topic_count, b.is_overloaded, b.is_underloaded)
+        for b in answer.brokers
+    ]
+    loads = table(
+        ("broker_id", "load", "topics", "overloaded", "underloaded"), rows, "no broker loads"
+    )
+    return Result(plain(answer), f"{summary}\n\n{loads}")
+
+
+async def rebalance(client: AdminClient, args: argparse.Namespace) -> Result:
+    request = pb.RebalanceRequest(dry_run=args.dry_run, max_moves=args.max_moves)
+    answer = await client.call("rebalance", client.brokers.trigger_rebalance(request))
+    if not answer.success:
+        raise AdminError(f"rebalance: {answer.error_message or 'the broker reported failure'}")
+    moves = table(
+        ("topic", "from_broker", "to_broker", "estimated_load", "reason"),
+        [
+            (m.topic_name, m.from_broker, m.to_broker, m.estimated_load, m.reason)
+            for m in answer.proposed_moves
+        ],
+        "no moves proposed",
+    )
+    if args.dry_run:
+        head = f"Dry run: {len(answer.proposed_moves)} proposed moves"
+    else:
+        head = f"Rebalance started: {answer.moves_executed} moves executed"
+    note = f"\n{answer.error_message}" if answer.error_message else ""
+    return Result(plain(answer), f"{head}{note}\n{moves}")
+
+
+def add_broker_commands(commands: Actions) -> None:
+    actions = group(commands, "brokers", "list, drain, activate and balance brokers")
+    command(actions, "list", "list the cluster's brokers with role and status", list_brokers,
+            "BrokerAdmin/ListBrokers")  # fmt: skip
+    command(actions, "leader-broker", "print the cluster leader's broker id", leader,
+            "BrokerAdmin/GetLeaderBroker")  # fmt: skip
+    command(actions, "namespaces", "list every namespace", namespaces,
+            "BrokerAdmin/ListNamespaces")  # fmt: skip
+
+    sub = command(
+        actions, "unload",
+        "drain a broker: move all its topics (or the filtered ones) to the other brokers "
+        "and mark it draining, then drained",
+        unload, f"BrokerAdmin/UnloadBroker, {CLUSTER}",
+    )  # fmt: skip
+    sub.add_argument("--broker-id", required=True, help="the broker to drain")
+    sub.add_argument("--max-parallel", type=positive, default=1,
+                     help="topics unloaded at once (default 1)")  # fmt: skip
+    sub.add_argument("--namespaces-include", action="append", metavar="NS",
+                     help="only topics of this namespace (repeatable)")  # fmt: skip
+    sub.add_argument("--namespaces-exclude", action="append", metavar="NS",
+                     help="skip topics of this namespace (repeatable)")  # fmt: skip
+    sub.add_argument("--dry-run", action="store_true", help="count the topics, move nothing")
+    sub.add_argument("--timeout", dest="unload_timeout", type=count, default=60,
+                     help="seconds the broker allows the unload (default 60)")  # fmt: skip
+
+    sub = command(
+        actions, "activate", "make a drained or draining broker take topics again",
+        activate, "BrokerAdmin/ActivateBroker, cluster mode",
+    )  # fmt: skip
+    sub.add_argument("--broker-id", required=True, help="the broker to activate")
+    sub.add_argument("--reason", default="admin_activate",
+                     help="recorded with the state (default admin_activate)")  # fmt: skip
+
+    command(actions, "balance", "show how evenly load is spread over the brokers", balance,
+            "BrokerAdmin/GetClusterBalance, cluster mode; accurate on the leader")  # fmt: skip
+
+    sub = command(
+        actions, "rebalance", "move topics from loaded brokers to idle ones (or only propose)",
+        rebalance,
+        "BrokerAdmin/TriggerRebalance, cluster mode with load_manager.rebalancing configured, "
+        "asked on the leader",
+    )  # fmt: skip
+    sub.add_argument("--dry-run", action="store_true", help="propose moves, make none")
+    sub.add_argument("--max-moves", type=positive, help="stop after this many moves")

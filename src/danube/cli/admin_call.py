@@ -1,0 +1,92 @@
+"""One connection to a broker's admin port, and the three ways a call can fail, each with
+its own exit status so scripts can tell a refusal from a broker that is not there."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from grpclib import GRPCError
+from grpclib.const import Status
+
+from danube.client.connection import BrokerChannel, parse_address
+from danube.client.errors import TRANSPORT_ERRORS, DanubeClientError
+from danube.proto import danube_admin as admin_pb
+from danube.proto import danube_ext as ext_pb
+from danube.proto import danube_schema as schema_pb
+
+T = TypeVar("T")
+
+DEFAULT_ENDPOINT = "http://127.0.0.1:50051"
+ENDPOINT_ENV = "DANUBE_ADMIN_ENDPOINT"
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+
+class AdminError(Exception):
+    """A one-line message for stderr and the exit status that goes with it."""
+
+    exit_code = EXIT_REFUSED
+
+
+class Refused(AdminError):
+    """The broker answered with an error status."""
+
+    def __init__(self, what: str, status: Status, message: str) -> None:
+        super().__init__(f"{what}: {status.name}: {message}")
+        self.status = status
+
+
+class Unreachable(AdminError):
+    exit_code = EXIT_UNREACHABLE
+
+
+class BadUsage(AdminError):
+    """Input argparse cannot check (a topic name, an endpoint, a missing --confirm)."""
+
+    exit_code = EXIT_USAGE
+
+
+class AdminClient:
+    """The admin services of one broker: Danube's (`danube_admin`), the schema registry
+    (served on the admin port too) and our policy extension."""
+
+    def __init__(self, endpoint: str, timeout_s: float) -> None:
+        try:
+            host, port = parse_address(endpoint)
+        except DanubeClientError as error:
+            raise BadUsage(str(error)) from None
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._channel = BrokerChannel(host, port)
+        self.brokers = admin_pb.BrokerAdminStub(self._channel, timeout=timeout_s)
+        self.cluster = admin_pb.ClusterAdminStub(self._channel, timeout=timeout_s)
+        self.namespaces = admin_pb.NamespaceAdminStub(self._channel, timeout=timeout_s)
+        self.topics = admin_pb.TopicAdminStub(self._channel, timeout=timeout_s)
+        self.schemas = schema_pb.SchemaRegistryStub(self._channel, timeout=timeout_s)
+
+    @property
+    def policies(self) -> ext_pb.PolicyAdminStub:
+        return ext_pb.PolicyAdminStub(self._channel, timeout=self.timeout_s)
+
+    async def call(self, what: str, request: Awaitable[T]) -> T:
+        """Awaits one RPC; `what` names it in the error ("create namespace orders")."""
+        try:
+            return await request
+        except GRPCError as error:
+            raise Refused(what, error.status, error.message or "(no message)") from None
+        except TimeoutError:
+            raise Unreachable(
+                f"{what}: no answer from {self.endpoint} within {self.timeout_s:g} s "
+                "(raise --timeout, or check the broker)"
+            ) from None
+        except TRANSPORT_ERRORS as error:
+            raise Unreachable(
+                f"{what}: cannot reach the admin port at {self.endpoint} ({error}); "
+                f"pass --endpoint or set {ENDPOINT_ENV}"
+            ) from None
+
+    def close(self) -> None:
+        self._channel.close()

@@ -1,0 +1,72 @@
+"""Policy flags and their rendering, shared by `namespaces set-policies` and `topics
+set-policies` (our PolicyAdmin extension: policies travel as a JSON object, 0 = unlimited)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from danube.cli.admin_args import count
+from danube.cli.admin_call import AdminError
+from danube.cli.admin_render import Result, table
+
+POLICY_FIELDS = (
+    ("max_producers_per_topic", "producers a topic accepts at once"),
+    ("max_consumers_per_topic", "consumers a topic accepts at once"),
+    ("max_subscriptions_per_topic", "subscriptions a topic may have"),
+    ("max_consumers_per_subscription", "consumers one subscription accepts"),
+    ("max_message_size", "largest payload in bytes"),
+    ("max_publish_rate", "messages per second a topic accepts"),
+    ("max_subscription_dispatch_rate", "messages per second sent to one subscription"),
+)
+
+
+def add_policy_flags(parser: argparse.ArgumentParser) -> None:
+    for name, meaning in POLICY_FIELDS:
+        parser.add_argument(
+            "--" + name.replace("_", "-"), dest=name, type=count, metavar="N",
+            help=f"{meaning} (0: unlimited)",
+        )  # fmt: skip
+
+
+def policy_changes(args: argparse.Namespace) -> str:
+    """The fields given on the command line, as the JSON object PolicyAdmin takes."""
+    changes = {name: getattr(args, name) for name, _ in POLICY_FIELDS}
+    given = {name: value for name, value in changes.items() if value is not None}
+    if not given:
+        flags = ", ".join("--" + name.replace("_", "-") for name, _ in POLICY_FIELDS)
+        raise AdminError(f"nothing to change: give at least one of {flags}")
+    return json.dumps(given, sort_keys=True)
+
+
+def parse_policies(what: str, text: str) -> dict[str, object]:
+    try:
+        found = json.loads(text or "{}")
+    except json.JSONDecodeError as error:
+        raise AdminError(f"{what}: the broker sent policies that are not JSON ({error})") from None
+    if not isinstance(found, dict):
+        raise AdminError(f"{what}: the broker sent policies that are not a JSON object")
+    return found
+
+
+def policies_result(
+    what: str, text: str, overridden: list[str] | None = None, head: str = ""
+) -> Result:
+    """A policy per row; for a topic (`overridden` given) also where each value comes from."""
+    policies = parse_policies(what, text)
+    if overridden is None:
+        rows: list[tuple[object, ...]] = [(k, _limit(v)) for k, v in sorted(policies.items())]
+        body = table(("policy", "value"), rows, "no policies")
+        data: dict[str, object] = dict(policies)
+    else:
+        rows = [
+            (k, _limit(v), "topic" if k in overridden else "namespace")
+            for k, v in sorted(policies.items())
+        ]
+        body = table(("policy", "value", "source"), rows, "no policies")
+        data = {"policies": policies, "overridden": sorted(overridden)}
+    return Result(data, f"{head}\n{body}" if head else body)
+
+
+def _limit(value: object) -> object:
+    return "unlimited" if value == 0 else value
