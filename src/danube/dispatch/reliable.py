@@ -62,6 +62,7 @@ everything after it.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 from collections import deque
@@ -378,6 +379,30 @@ class ReliableSubscription:
         self._begin(now_ms)
         return self._finish()
 
+    def configure(
+        self,
+        now_ms: int,
+        *,
+        max_unacked_messages: int | None = None,
+        policy: FailurePolicy | None = None,
+    ) -> list[Effect]:
+        """An operator's change to a live subscription (Danube applies such changes only to
+        subscriptions loaded afterwards). A smaller window takes no offsets away: it reads
+        nothing more until acknowledgements bring it under the new size. A new ack timeout
+        applies to deliveries from now on; deadlines already set keep their time."""
+        self._begin(now_ms)
+        if max_unacked_messages is not None:
+            if not 1 <= max_unacked_messages <= MAX_UNACKED_MESSAGES_LIMIT:
+                raise ValueError(
+                    f"max_unacked_messages must be 1..{MAX_UNACKED_MESSAGES_LIMIT}, "
+                    f"not {max_unacked_messages}"
+                )
+            self.max_unacked_messages = max_unacked_messages
+            self._read_batch = max(1, max_unacked_messages // 4)
+        if policy is not None:
+            self.policy = policy
+        return self._finish()
+
     def flush(self, now_ms: int) -> list[Effect]:
         """Topic unload: persist the cursor now if it moved since it was last persisted."""
         self._begin(now_ms)
@@ -472,7 +497,12 @@ class ReliableSubscription:
         entry.token = self._tokens
         entry.consumer = consumer_id
         self._consumers[consumer_id].in_flight.add(offset)
-        self._deadlines.append((self._now + self.policy.ack_timeout_ms, offset, entry.token))
+        deadline = (self._now + self.policy.ack_timeout_ms, offset, entry.token)
+        if self._deadlines and self._deadlines[-1] > deadline:
+            # only after `configure` shortened the ack timeout: keep the time order
+            bisect.insort(self._deadlines, deadline)
+        else:
+            self._deadlines.append(deadline)
         batches.setdefault(consumer_id, []).append(offset)
 
     def _settle(self, offset: int, entry: _Entry, consumer_id: int) -> None:

@@ -43,6 +43,8 @@ from danube.dispatch import (
 from danube.dispatch import reliable as rd
 from danube.metadata.model import Delete, DeletePrefix, Op, Put
 from danube.node import paths
+from danube.node import settings as settings_rules
+from danube.node.settings import SubscriptionFailureSettings, SubscriptionSettings
 from danube.tiering import layout as tier_layout
 from danube.tiering import reader as tier_reader
 from danube.tiering import uploader as tier
@@ -129,6 +131,9 @@ class DropWal:
     topic: str
     reason: str
     delete_files: bool = True
+    delete_objects: bool = False
+    """The topic was deleted: its uploaded objects go too (after the WAL stops, before a
+    topic created again under the name can upload)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +358,11 @@ class TopicRecord:
     """`object` acknowledgement: when the oldest offset waiting for its object was durable."""
     unloading: bool = False
     """Cluster mode: the topic is moving away; it takes no more publishes or clients."""
+    policies: dict[str, int] = field(default_factory=dict)
+    """The topic's own policies, over its namespace's (`/topics/<ns>/<topic>/policy`)."""
+    settings: dict[str, SubscriptionSettings] = field(default_factory=dict)
+    """Subscriptions' own failure policy and window, by name; may name one that does not
+    exist yet."""
 
     @property
     def reliable(self) -> bool:
@@ -446,6 +456,17 @@ class BrokerCore:
                     )
         for key, value in sorted(entries.items()):
             parts = key.strip("/").split("/")
+            record = self._topics.get(f"/{parts[1]}/{parts[2]}") if len(parts) > 3 else None
+            if parts[0] != "topics" or record is None or record.name.full in present:
+                continue
+            if len(parts) == 4 and parts[3] == "policy" and isinstance(value, Mapping):
+                record.policies = {
+                    k: v for k, v in value.items() if k in settings_rules.POLICY_FIELDS
+                }
+            elif len(parts) == 6 and parts[3] == "subscriptions":
+                self._restore_setting(record, parts[4], parts[5], value)
+        for key, value in sorted(entries.items()):
+            parts = key.strip("/").split("/")
             if parts[0] != "topics" or len(parts) < 5:
                 continue
             record = self._topics.get(f"/{parts[1]}/{parts[2]}")
@@ -503,6 +524,23 @@ class BrokerCore:
             if r.reliable and t not in present
         )
         return Step(None, loads)
+
+    @staticmethod
+    def _restore_setting(record: TopicRecord, sub: str, kind: str, value: Any) -> None:
+        """A stored setting that no longer validates (written by another version) is left
+        out: the subscription runs with the broker's defaults rather than not at all."""
+        settings = record.settings.setdefault(sub, SubscriptionSettings())
+        try:
+            if kind == "failure_policy" and isinstance(value, Mapping):
+                settings.failure = SubscriptionFailureSettings.from_json(value)
+            elif kind == "dispatch_config" and isinstance(value, Mapping):
+                settings.max_unacked_messages = settings_rules.check_window(
+                    int(value["max_unacked_messages"])
+                )
+        except (DanubeError, KeyError, ValueError, TypeError):
+            pass
+        if settings.empty:
+            del record.settings[sub]
 
     def _restore_producer(self, record: TopicRecord, value: Mapping[str, Any]) -> None:
         producer = ProducerRecord(
@@ -672,10 +710,14 @@ class BrokerCore:
                 ),
             )
         ]
-        effects.extend(self._forget(record, f"topic {record.name.full} was deleted", True))
+        effects.extend(
+            self._forget(record, f"topic {record.name.full} was deleted", True, objects=True)
+        )
         return effects
 
-    def _forget(self, record: TopicRecord, reason: str, delete_files: bool) -> list[Effect]:
+    def _forget(
+        self, record: TopicRecord, reason: str, delete_files: bool, *, objects: bool = False
+    ) -> list[Effect]:
         """Removes the topic from memory: its producers and consumers are unknown from now on
         (health checks answer CLOSE) and open receive streams end."""
         effects: list[Effect] = []
@@ -689,7 +731,7 @@ class BrokerCore:
                     effects.append(EndStream(consumer_id, consumer.stream))
         del self._topics[record.name.full]
         if record.reliable:
-            effects.append(DropWal(record.name.full, reason, delete_files))
+            effects.append(DropWal(record.name.full, reason, delete_files, objects))
         return effects
 
     def _create_topic(self, name: TopicName, strategy: DispatchStrategy) -> tuple[Effect, ...]:
@@ -740,6 +782,146 @@ class BrokerCore:
 
     def subscriptions(self, topic: str) -> list[str]:
         return sorted(self._topic(topic).subscriptions)
+
+    # -- operator settings (admin API; rules in danube.node.settings) -------------------------
+
+    def _policies(self, record: TopicRecord) -> Policies:
+        """The limits in force: the namespace's as they are now (Danube snapshots them when
+        the topic loads), with the topic's own over them."""
+        return settings_rules.with_overrides(
+            self._namespaces[record.name.namespace], record.policies
+        )
+
+    def set_namespace_policies(self, name: str, changes: Mapping[str, Any]) -> Step[dict]:
+        """Changes the named fields; they apply at once to every topic of the namespace that
+        does not set them itself. Limits already exceeded are not enforced backwards: a topic
+        over a lowered limit keeps its producers and consumers and takes no new ones."""
+        checked = settings_rules.policy_changes(changes)
+        policies = dataclasses.replace(self._require_namespace(name), **checked)
+        self._namespaces[name] = policies
+        value = policies_to_json(policies)
+        return Step(value, (PersistMeta(puts=((paths.namespace_policy(name), value),)),))
+
+    def topic_policies(self, topic: str) -> tuple[dict[str, int], list[str]]:
+        """The policies in force for the topic, and the fields it sets itself."""
+        record = self._topic(topic)
+        return policies_to_json(self._policies(record)), sorted(record.policies)
+
+    def set_topic_policies(self, topic: str, changes: Mapping[str, Any]) -> Step[dict]:
+        record = self._topic(topic)
+        record.policies = {**record.policies, **settings_rules.policy_changes(changes)}
+        put = (paths.topic_policy(record.name), dict(record.policies))
+        return Step(policies_to_json(self._policies(record)), (PersistMeta(puts=(put,)),))
+
+    def clear_topic_policies(self, topic: str) -> Step[dict]:
+        record = self._topic(topic)
+        record.policies = {}
+        delete = PersistMeta(deletes=(paths.topic_policy(record.name),))
+        return Step(policies_to_json(self._policies(record)), (delete,))
+
+    def _reliable_topic(self, topic: str, what: str) -> TopicRecord:
+        record = self._topic(topic)
+        if not record.reliable:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"{topic} is non-reliable: {what} applies to reliable topics only",
+            )
+        return record
+
+    def subscription_type(self, topic: str, subscription: str) -> SubscriptionType | None:
+        sub = self._topic(topic).subscriptions.get(subscription)
+        return sub.sub_type if sub is not None else None
+
+    def failure_policy(self, topic: str, subscription: str) -> SubscriptionFailureSettings | None:
+        """The subscription's own policy; None when it runs with the broker's defaults."""
+        settings = self._topic(topic).settings.get(subscription)
+        return settings.failure if settings is not None else None
+
+    def set_failure_policy(
+        self,
+        topic: str,
+        subscription: str,
+        policy: SubscriptionFailureSettings,
+        *,
+        now_ms: int = 0,
+    ) -> Step[None]:
+        """Stored for the subscription, which may not exist yet, and applied at once to a
+        live one (Danube only reads it when the subscription loads)."""
+        record = self._reliable_topic(topic, "a failure policy")
+        self._check_subscription_name(subscription)
+        record.settings.setdefault(subscription, SubscriptionSettings()).failure = policy
+        effects: list[Effect] = [
+            PersistMeta(puts=((paths.failure_policy(record.name, subscription), policy.to_json()),))
+        ]
+        sub = record.subscriptions.get(subscription)
+        if sub is not None:
+            found = sub.reliable.configure(now_ms, policy=policy.dispatch_policy)
+            effects.extend(self._dispatch(record, sub, found, now_ms))
+        return Step(None, tuple(effects))
+
+    def dispatch_window(self, topic: str, subscription: str) -> int | None:
+        """The subscription's own `max_unacked_messages`; None when it uses the broker's."""
+        settings = self._topic(topic).settings.get(subscription)
+        return settings.max_unacked_messages if settings is not None else None
+
+    def set_dispatch_window(
+        self, topic: str, subscription: str, max_unacked_messages: int, *, now_ms: int = 0
+    ) -> Step[None]:
+        """Danube stores this and never reads it; here it is the subscription's window from
+        now on."""
+        record = self._reliable_topic(topic, "a dispatch config")
+        self._check_subscription_name(subscription)
+        window = settings_rules.check_window(max_unacked_messages)
+        record.settings.setdefault(
+            subscription, SubscriptionSettings()
+        ).max_unacked_messages = window
+        value = {"max_unacked_messages": window}
+        effects: list[Effect] = [
+            PersistMeta(puts=((paths.dispatch_config(record.name, subscription), value),))
+        ]
+        sub = record.subscriptions.get(subscription)
+        if sub is not None:
+            found = sub.reliable.configure(now_ms, max_unacked_messages=window)
+            effects.extend(self._dispatch(record, sub, found, now_ms))
+        return Step(None, tuple(effects))
+
+    def unsubscribe(self, topic: str, subscription: str, *, now_ms: int = 0) -> Step[None]:
+        """Removes a subscription nobody is attached to, with its cursor, consumers and
+        settings. A consumer with an open receive stream keeps it: close that consumer
+        first. Consumers registered but not attached (their client went away) go with it;
+        a client that comes back finds its consumer unknown and subscribes again."""
+        record = self._topic(topic)
+        sub = record.subscriptions.get(subscription)
+        if sub is None:
+            raise not_found(f"subscription {subscription!r} does not exist on {topic}")
+        attached = [
+            self._consumers[c].name for c in sub.consumers.values() if self._consumers[c].stream
+        ]
+        if attached:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"subscription {subscription!r} on {topic} has {len(attached)} attached "
+                f"consumer(s) ({', '.join(sorted(attached))}); close them first",
+            )
+        for consumer_id in sub.consumers.values():
+            del self._consumers[consumer_id]
+            self._outbox.pop(consumer_id, None)
+        del record.subscriptions[subscription]
+        record.settings.pop(subscription, None)
+        key = paths.subscription(record.name, subscription)
+        return Step(None, (PersistMeta(deletes=(key,), delete_prefixes=(key + "/",)),))
+
+    @staticmethod
+    def _check_subscription_name(subscription: str) -> None:
+        if (
+            not subscription
+            or len(subscription) > MAX_NAME_LENGTH
+            or not _SUBSCRIPTION_NAME_RE.fullmatch(subscription)
+        ):
+            raise invalid(
+                f"invalid subscription name {subscription!r}: use letters, digits, '_', '-' "
+                f"or '.' (1 to {MAX_NAME_LENGTH} characters)"
+            )
 
     def _require_namespace(self, namespace: str) -> Policies:
         policies = self._namespaces.get(namespace)
@@ -795,7 +977,7 @@ class BrokerCore:
         existing = record.producers.get(producer_name)
         if existing is not None:
             return Step(existing, tuple(effects))
-        limit = self._require_namespace(name.namespace).max_producers_per_topic
+        limit = self._policies(record).max_producers_per_topic
         if limit and len(record.producers) >= limit:
             raise DanubeError(
                 ErrorCode.RESOURCE_EXHAUSTED,
@@ -837,7 +1019,7 @@ class BrokerCore:
         offset); the reply must wait for a `PublishAcked` covering the offset (or fail on
         `PublishFailed` / `TopicStopped`)."""
         producer, record = self._publisher(producer_id, topic)
-        limit = self._namespaces[producer.topic.namespace].max_message_size
+        limit = self._policies(record).max_message_size
         if limit and size > limit:
             raise invalid(f"message of {size} bytes exceeds max_message_size of {limit} bytes")
         if record.reliable:
@@ -877,8 +1059,8 @@ class BrokerCore:
         refusal stores none of it. Reliable topics answer as `publish` does, once a
         `PublishAcked` covers the batch's last offset; non-reliable ones deliver each
         message now, numbered as `publish` numbers them."""
-        producer, record = self._publisher(producer_id, topic)
-        limit = self._namespaces[producer.topic.namespace].max_message_size
+        _, record = self._publisher(producer_id, topic)
+        limit = self._policies(record).max_message_size
         if limit:
             index, size = batch.largest_payload()
             if size > limit:
@@ -964,21 +1146,13 @@ class BrokerCore:
         this call creates."""
         record = self._topic(topic)
         _check_label(consumer_name, "consumer_name")
-        if (
-            not subscription
-            or len(subscription) > MAX_NAME_LENGTH
-            or not _SUBSCRIPTION_NAME_RE.fullmatch(subscription)
-        ):
-            raise invalid(
-                f"invalid subscription name {subscription!r}: use letters, digits, '_', '-' "
-                f"or '.' (1 to {MAX_NAME_LENGTH} characters)"
-            )
+        self._check_subscription_name(subscription)
         if sub_type not in SubscriptionType._value2member_map_:
             raise invalid(f"unknown subscription type {sub_type}; expected 0 to 3")
         kind = SubscriptionType(sub_type)
         if kind is not SubscriptionType.KEY_SHARED and key_filters:
             raise invalid("key_filters are only allowed on Key-Shared subscriptions")
-        policies = self._namespaces[record.name.namespace]
+        policies = self._policies(record)
         sub = record.subscriptions.get(subscription)
         effects: list[Effect] = []
         if sub is not None and sub.sub_type is not kind:
@@ -1157,8 +1331,12 @@ class BrokerCore:
     ) -> SubscriptionRecord:
         dispatcher: NonReliableSubscription | rd.ReliableSubscription
         if record.reliable:
+            settings = record.settings.get(name) or SubscriptionSettings()
             dispatcher = rd.ReliableSubscription(
-                kind, max(start_offset, 0), max_unacked_messages=self._max_unacked
+                kind,
+                max(start_offset, 0),
+                max_unacked_messages=settings.max_unacked_messages or self._max_unacked,
+                policy=settings.failure.dispatch_policy if settings.failure else rd.DEFAULT_POLICY,
             )
         else:
             dispatcher = NonReliableSubscription(kind, self._queue_limits)

@@ -46,3 +46,16 @@ def consumer(topic: TopicName, sub: str, consumer_id: int) -> str:
 def cursor(topic: TopicName, sub: str) -> str:
     """The subscription's cursor: every offset up to it is acknowledged (-1: none yet)."""
     return f"/topics/{topic.path}/subscriptions/{sub}/cursor"
+
+
+def topic_policy(topic: TopicName) -> str:
+    """The topic's own policies (Danube reads this key but never writes it)."""
+    return f"/topics/{topic.path}/policy"
+
+
+def failure_policy(topic: TopicName, sub: str) -> str:
+    return f"/topics/{topic.path}/subscriptions/{sub}/failure_policy"
+
+
+def dispatch_config(topic: TopicName, sub: str) -> str:
+    return f"/topics/{topic.path}/subscriptions/{sub}/dispatch_config"

@@ -1,0 +1,241 @@
+"""What an operator sets through the admin API, in the core: namespace and topic policies
+(enforced at once, kept across restarts), a subscription's failure policy and dispatch window
+(applied to a live subscription, kept for one that does not exist yet), and unsubscribing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from danube.core.config import MAX_UNACKED_MESSAGES_LIMIT, DispatchStrategy, Policies
+from danube.core.errors import DanubeError, ErrorCode
+from danube.dispatch.reliable import Backoff
+from danube.node.settings import (
+    POLICY_FIELDS,
+    PoisonPolicy,
+    SubscriptionFailureSettings,
+    policy_changes,
+)
+from tests.node.test_core import code_of
+from tests.node.test_core_reliable import EXCLUSIVE, SHARED, TOPIC, Broker, payloads
+
+NON = DispatchStrategy.NON_RELIABLE
+
+
+def _policy(**fields: object) -> SubscriptionFailureSettings:
+    return SubscriptionFailureSettings(poison_policy=PoisonPolicy.BLOCK, **fields)  # type: ignore[arg-type]
+
+
+# -- policies -----------------------------------------------------------------------------------
+
+
+def test_namespace_policy_applies_at_once_to_existing_topics() -> None:
+    broker = Broker()
+    broker.producer(name="p1")
+    step = broker.core.set_namespace_policies("default", {"max_producers_per_topic": 1})
+    broker.run(step.effects)
+    assert step.value["max_producers_per_topic"] == 1
+    assert broker.metadata["/namespaces/default/policy"]["max_producers_per_topic"] == 1
+    with pytest.raises(DanubeError) as refused:
+        broker.producer(name="p2")
+    assert refused.value.code is ErrorCode.RESOURCE_EXHAUSTED
+    assert "max_producers_per_topic" in refused.value.message
+    assert broker.producer(name="p1") == broker.producer(name="p1"), "an existing one stays"
+
+
+def test_topic_policies_override_the_namespace_and_survive_a_restart() -> None:
+    broker = Broker()
+    pid = broker.producer()
+    step = broker.core.set_topic_policies(TOPIC, {"max_message_size": 3})
+    broker.run(step.effects)
+    assert step.value["max_message_size"] == 3
+    policies, overridden = broker.core.topic_policies(TOPIC)
+    assert overridden == ["max_message_size"]
+    assert policies["max_producers_per_topic"] == Policies().max_producers_per_topic
+    with pytest.raises(DanubeError) as refused:
+        broker.publish(pid, "four")
+    assert refused.value.code is ErrorCode.INVALID_ARGUMENT
+    assert "max_message_size of 3" in refused.value.message
+    assert broker.publish(pid, "ok") == 0
+
+    again = Broker(files=broker.driver.files, metadata=broker.metadata)
+    assert again.core.topic_policies(TOPIC) == (policies, ["max_message_size"])
+    cleared = again.core.clear_topic_policies(TOPIC)
+    again.run(cleared.effects)
+    assert cleared.value["max_message_size"] == Policies().max_message_size
+    assert f"/topics{TOPIC}/policy" not in again.metadata
+    assert again.publish(pid, "four") == 1
+
+
+def test_subscription_limits_come_from_the_topic() -> None:
+    broker = Broker()
+    broker.producer()
+    broker.run(broker.core.set_topic_policies(TOPIC, {"max_subscriptions_per_topic": 1}).effects)
+    broker.consumer("c1", sub="s1")
+    with pytest.raises(DanubeError) as refused:
+        broker.consumer("c2", sub="s2")
+    assert refused.value.code is ErrorCode.RESOURCE_EXHAUSTED
+    assert "max_subscriptions_per_topic" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"max_producers": 1}, {"max_message_size": -1}, {"max_message_size": 1.5},
+     {"max_message_size": True}, {"max_message_size": 1 << 32}, []],
+)  # fmt: skip
+def test_bad_policy_changes_are_refused_and_change_nothing(changes: object) -> None:
+    broker = Broker()
+    before = broker.core.namespace_policies("default")
+    code = code_of(lambda: broker.core.set_namespace_policies("default", changes))  # type: ignore[arg-type]
+    assert code is ErrorCode.INVALID_ARGUMENT
+    assert broker.core.namespace_policies("default") == before
+
+
+def test_policies_of_unknown_namespace_or_topic_are_not_found() -> None:
+    broker = Broker()
+    assert code_of(lambda: broker.core.set_namespace_policies("nope", {"max_message_size": 1})) is (
+        ErrorCode.NOT_FOUND
+    )
+    assert code_of(lambda: broker.core.topic_policies("/default/none")) is ErrorCode.NOT_FOUND
+
+
+@given(st.dictionaries(st.sampled_from(POLICY_FIELDS), st.integers(0, (1 << 32) - 1), min_size=1))
+def test_valid_policy_changes_are_taken_as_given(changes: dict[str, int]) -> None:
+    assert policy_changes(changes) == changes
+
+
+# -- failure policy ---------------------------------------------------------------------------
+
+
+def test_failure_policy_applies_to_a_live_subscription() -> None:
+    """A nack's redelivery waits for the policy's delay: set to a fixed 5 s, the message is
+    not back at 4 s and is back at 5 s."""
+    broker = Broker()
+    pid = broker.producer()
+    consumer = broker.consumer("c", sub_type=SHARED)
+    broker.publish(pid, "m0")
+    assert payloads(broker.take(consumer)) == ["m0"]
+    policy = _policy(base_redelivery_delay_ms=5_000, backoff=Backoff.FIXED)
+    step = broker.core.set_failure_policy(TOPIC, "s", policy, now_ms=broker.driver.now_ms)
+    broker.run(step.effects)
+    assert broker.core.failure_policy(TOPIC, "s") == policy
+    start = broker.driver.now_ms
+    broker.run(broker.core.nack(TOPIC, "s", 0, None, now_ms=start).effects)
+    broker.run(broker.core.tick(start + 4_000).effects)
+    assert broker.take(consumer) == []
+    broker.run(broker.core.tick(start + 5_000).effects)
+    assert payloads(broker.take(consumer)) == ["m0"]
+
+
+def test_failure_policy_set_before_the_subscription_exists_is_used_by_it() -> None:
+    broker = Broker()
+    broker.producer()
+    policy = _policy(ack_timeout_ms=1234)
+    broker.run(broker.core.set_failure_policy(TOPIC, "later", policy).effects)
+    stored = broker.metadata[f"/topics{TOPIC}/subscriptions/later/failure_policy"]
+    assert stored["ack_timeout_ms"] == 1234
+    assert broker.core.subscription_type(TOPIC, "later") is None
+    broker.consumer("c", sub="later")
+    again = Broker(files=broker.driver.files, metadata=broker.metadata)
+    assert again.core.failure_policy(TOPIC, "later") == policy
+
+
+def test_failure_policy_rules() -> None:
+    broker = Broker()
+    broker.producer()
+    assert code_of(lambda: _policy(ack_timeout_ms=0)) is ErrorCode.INVALID_ARGUMENT
+    assert (
+        code_of(lambda: _policy(base_redelivery_delay_ms=10, max_redelivery_delay_ms=5))
+        is ErrorCode.INVALID_ARGUMENT
+    )
+    assert (
+        code_of(lambda: SubscriptionFailureSettings(poison_policy=PoisonPolicy.DEAD_LETTER))
+        is ErrorCode.INVALID_ARGUMENT
+    ), "DeadLetter needs a dead-letter topic (as Danube)"
+    assert code_of(lambda: _policy(dead_letter_topic="not a topic")) is ErrorCode.INVALID_ARGUMENT
+    assert code_of(lambda: _policy(max_redelivery_count=3)) is ErrorCode.UNIMPLEMENTED
+    nonreliable = "/default/plain"
+    broker.run(broker.core.create_topic(nonreliable, NON).effects)
+    assert (
+        code_of(lambda: broker.core.set_failure_policy(nonreliable, "s", _policy()))
+        is ErrorCode.FAILED_PRECONDITION
+    )
+    assert (
+        code_of(lambda: broker.core.set_failure_policy(TOPIC, "bad/name", _policy()))
+        is ErrorCode.INVALID_ARGUMENT
+    )
+
+
+def test_failure_policy_json_round_trips() -> None:
+    policy = SubscriptionFailureSettings(
+        ack_timeout_ms=7,
+        base_redelivery_delay_ms=1,
+        max_redelivery_delay_ms=9,
+        backoff=Backoff.FIXED,
+        dead_letter_topic="/default/dlq",
+        poison_policy=PoisonPolicy.DEAD_LETTER,
+    )
+    assert SubscriptionFailureSettings.from_json(policy.to_json()) == policy
+
+
+# -- dispatch window --------------------------------------------------------------------------
+
+
+def test_dispatch_window_changes_a_live_subscription() -> None:
+    broker = Broker(max_unacked=2)
+    pid = broker.producer()
+    consumer = broker.consumer("c")
+    for i in range(6):
+        broker.publish(pid, f"m{i}")
+    assert payloads(broker.take(consumer)) == ["m0", "m1"]
+    step = broker.core.set_dispatch_window(TOPIC, "s", 5, now_ms=broker.driver.now_ms)
+    broker.run(step.effects)
+    assert broker.core.dispatch_window(TOPIC, "s") == 5
+    assert payloads(broker.take(consumer)) == ["m2", "m3", "m4"]
+    again = Broker(files=broker.driver.files, metadata=broker.metadata, max_unacked=2)
+    assert again.core.dispatch_window(TOPIC, "s") == 5
+
+
+@pytest.mark.parametrize("window", [0, MAX_UNACKED_MESSAGES_LIMIT + 1])
+def test_dispatch_window_range(window: int) -> None:
+    broker = Broker()
+    broker.producer()
+    code = code_of(lambda: broker.core.set_dispatch_window(TOPIC, "s", window))
+    assert code is ErrorCode.INVALID_ARGUMENT
+    assert broker.core.dispatch_window(TOPIC, "s") is None
+
+
+# -- unsubscribe ------------------------------------------------------------------------------
+
+
+def test_unsubscribe_refuses_an_attached_consumer_then_removes_everything() -> None:
+    broker = Broker()
+    pid = broker.producer()
+    consumer_id, generation = broker.consumer("c", sub_type=EXCLUSIVE)
+    broker.run(broker.core.set_dispatch_window(TOPIC, "s", 3).effects)
+    broker.publish(pid, "m0")
+    with pytest.raises(DanubeError) as refused:
+        broker.core.unsubscribe(TOPIC, "s")
+    assert refused.value.code is ErrorCode.FAILED_PRECONDITION
+    assert "'c'" in refused.value.message or "c" in refused.value.message
+    broker.run(broker.core.close_stream(consumer_id, generation).effects)
+    broker.run(broker.core.unsubscribe(TOPIC, "s").effects)
+    assert broker.core.subscriptions(TOPIC) == []
+    assert not [k for k in broker.metadata if "/subscriptions/s" in k]
+    assert not broker.core.consumer_healthy(consumer_id)
+    assert broker.core.dispatch_window(TOPIC, "s") is None
+    assert code_of(lambda: broker.core.unsubscribe(TOPIC, "s")) is ErrorCode.NOT_FOUND
+    again = Broker(files=broker.driver.files, metadata=broker.metadata)
+    assert again.core.subscriptions(TOPIC) == []
+
+
+def test_unsubscribe_leaves_a_subscription_whose_name_extends_it() -> None:
+    broker = Broker()
+    broker.producer()
+    first = broker.consumer("c1", sub="s")
+    broker.consumer("c2", sub="s2")
+    broker.run(broker.core.close_stream(*first).effects)
+    broker.run(broker.core.unsubscribe(TOPIC, "s").effects)
+    assert broker.core.subscriptions(TOPIC) == ["s2"]
+    assert f"/topics{TOPIC}/subscriptions/s2" in broker.metadata
