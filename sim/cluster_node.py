@@ -569,6 +569,8 @@ def describe(txn: lm.Txn) -> str:
         return f"{txn.topic} from {txn.from_broker} to {txn.to_broker}"
     if isinstance(txn, lm.FailOver):
         return f"{txn.topic} from {txn.broker}"
+    if isinstance(txn, lm.MarkDrained):
+        return f"broker {txn.broker} drained"
     return f"{txn.topic} from {txn.from_broker}"
 
 

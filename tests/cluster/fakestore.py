@@ -16,7 +16,7 @@ from typing import Any
 
 from danube.cluster import keys
 from danube.cluster.load_manager import Effect, LoadManager, ScheduleTick, Txn
-from danube.metadata.model import Compare, Delete, KeyValue, Op, Put, WatchEvent
+from danube.metadata.model import Compare, Delete, DeletePrefix, KeyValue, Op, Put, WatchEvent
 
 TXN_TYPES = Txn.__args__  # type: ignore[attr-defined]
 
@@ -68,6 +68,11 @@ class FakeStore:
                 old = self.data.pop(op.key)
                 self.events.append(WatchEvent("delete", op.key, None, revision, old.value))
                 changed = True
+            elif isinstance(op, DeletePrefix):
+                for key in sorted(k for k in self.data if k.startswith(op.prefix)):
+                    old = self.data.pop(key)
+                    self.events.append(WatchEvent("delete", key, None, revision, old.value))
+                    changed = True
         if changed:
             self.revision = revision
         return True

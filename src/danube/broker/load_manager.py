@@ -14,7 +14,7 @@ import trio
 
 from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
 from danube.cluster import keys
-from danube.cluster.load_manager import Effect, LoadManager, Log, ScheduleTick, Txn
+from danube.cluster.load_manager import Effect, LoadManager, Log, MarkDrained, ScheduleTick, Txn
 from danube.metadata import MetadataError, MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")
@@ -80,16 +80,16 @@ class LoadManagerDriver:
                     result = await self.store.txn(txn.compares, txn.ops)
         except (MetadataError, trio.TooSlowError) as error:
             log.warning(
-                "event=load_manager_txn_failed decision=%s topic=%s error=%s",
-                type(txn).__name__, txn.topic, failure_text(error),
+                "event=load_manager_txn_failed decision=%s %s error=%s",
+                type(txn).__name__, _subject(txn), failure_text(error),
             )  # fmt: skip
             return
         if result.succeeded:
             log.info("event=%s", _describe(txn))
         else:
             log.info(
-                "event=load_manager_txn_stale decision=%s topic=%s",
-                type(txn).__name__, txn.topic,
+                "event=load_manager_txn_stale decision=%s %s",
+                type(txn).__name__, _subject(txn),
             )  # fmt: skip
 
     async def _resync(self) -> int:
@@ -102,7 +102,13 @@ class LoadManagerDriver:
         self._apply(self.machine.observe(event, _now_ns()))
 
 
+def _subject(txn: Txn) -> str:
+    return f"broker={txn.broker}" if isinstance(txn, MarkDrained) else f"topic={txn.topic}"
+
+
 def _describe(txn: Txn) -> str:
+    if isinstance(txn, MarkDrained):
+        return f"broker_drained broker={txn.broker}"
     name = type(txn).__name__.lower()
     fields = {
         "topic": txn.topic,

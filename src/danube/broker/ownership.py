@@ -12,7 +12,8 @@ runs those steps:
   runtime's writes, then adopts the topic in the core and waits for its WAL.
 - **Unload**: the core refuses publishes and seals; the driver waits until the WAL is idle,
   every sealed segment is indexed and the cursors are written, then forgets the topic and its
-  local files.
+  local files. The unload of a deleted topic skips the seal: it forgets the topic and its
+  files at once (the admin's DeleteTopic removes the metadata and objects).
 - **Drop**: forgets the topic at once and keeps its files (the lease that held the claim is
   gone; another broker may own the topic already).
 """
@@ -250,6 +251,11 @@ class OwnershipDriver:
 
     async def _unload(self, effect: Unload) -> None:
         topic, started = effect.topic, trio.current_time()
+        if effect.deleted:
+            await self._on_loop(lambda: self._forget(topic, f"topic {topic} was deleted", True))
+            log.info("event=topic_deleted_here topic=%s", topic)
+            self._apply(self.machine.unloaded(topic, _monotonic_ms()))
+            return
         await self._on_loop(lambda: self._seal(topic))
         while not self.core.settled(topic):
             await trio.sleep(SETTLE_POLL_MS / 1000)

@@ -143,6 +143,19 @@ def broker_id_from_json(value: JSONValue) -> str | None:
     return None
 
 
+ACTIVE = "active"
+DRAINING = "draining"
+DRAINED = "drained"
+MODES = (ACTIVE, DRAINING, DRAINED)
+
+
+def state_value(mode: str, reason: str) -> dict[str, str]:
+    """The value of `/cluster/brokers/<id>/state` (Danube's `{mode, reason}`)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown broker mode {mode!r}: expected one of {', '.join(MODES)}")
+    return {"mode": mode, "reason": reason}
+
+
 def broker_mode(state: JSONValue) -> str | None:
     """The `mode` of `/cluster/brokers/<id>/state` (active, draining, drained), None if unset.
 
@@ -161,6 +174,9 @@ class MarkerReason(enum.Enum):
     UNLOAD = "unload"
     REBALANCE = "rebalance"
     DRAIN_REDIRECT = "drain_redirect"
+    DELETE = "delete"
+    """Ours: the topic is being deleted (DeleteTopic). Never assigned; once `ready` (its owner,
+    if any, let go of it) the admin removes its metadata, objects and this marker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +227,6 @@ class Marker:
                 value["to_broker"] = broker_id_to_json(self.to_broker)
             if self.timestamp is not None:
                 value["timestamp"] = self.timestamp
-        if self.reason in (MarkerReason.UNLOAD, MarkerReason.REBALANCE):
+        if self.reason in (MarkerReason.UNLOAD, MarkerReason.REBALANCE, MarkerReason.DELETE):
             value["ready"] = self.ready
         return value

@@ -299,7 +299,17 @@ class Log:
     detail: str
 
 
-Txn = Assign | Move | FailOver | Release
+@dataclass(frozen=True, slots=True)
+class MarkDrained:
+    """A `draining` broker holds no topic any more and owes no unload: set it `drained`
+    (Danube's automatic transition once an UnloadBroker's last topic left)."""
+
+    broker: str
+    compares: tuple[Compare, ...]
+    ops: tuple[Op, ...]
+
+
+Txn = Assign | Move | FailOver | Release | MarkDrained
 """Run `compares` and `ops` as one transaction; its outcome needs no report."""
 Effect = Txn | ScheduleTick | Log
 
@@ -372,6 +382,10 @@ class LoadManager:
         self._registered: dict[str, int] = {}
         """broker → `mod_revision` of its registration."""
         self._modes: dict[str, str] = {}
+        self._state_revisions: dict[str, int] = {}
+        """broker → `mod_revision` of its state key."""
+        self._drain_due: dict[str, int] = {}
+        """Draining brokers found empty → when to (re)send their `MarkDrained`."""
         self._reports: dict[str, LoadReport] = {}
         self._topic_loads: dict[str, dict[str, TopicLoad]] = {}
         self._owners: dict[str, dict[str, _Owned]] = {}
@@ -410,6 +424,7 @@ class LoadManager:
             pending.stalled = None
         for key in self._failing:
             self._failing[key] = now
+        self._drain_due.clear()
         cfg = self.config.rebalancing
         if cfg is not None and cfg.enabled:
             # A full interval first: the view of loads settles after a change of leader.
@@ -464,6 +479,7 @@ class LoadManager:
         previous = {(b, t): o for b, topics in self._owned.items() for t, o in topics.items()}
         self._registered.clear()
         self._modes.clear()
+        self._state_revisions.clear()
         self._reports.clear()
         self._topic_loads.clear()
         self._owners.clear()
@@ -499,6 +515,35 @@ class LoadManager:
         topic qualifies."""
         return self._propose(now, automatic=False)
 
+    def registered(self) -> list[str]:
+        """Every registered broker, by id."""
+        return sorted(self._registered)
+
+    def active(self) -> list[str]:
+        """The brokers that may be given topics (registered, mode `active` or unset)."""
+        return self._active()
+
+    def mode(self, broker: str) -> str:
+        """The broker's state mode as the admin reports it (no state key reads as active)."""
+        return self._modes.get(broker, keys.ACTIVE)
+
+    def owner(self, topic: str) -> tuple[str, int] | None:
+        """(broker, assignment `mod_revision`) of the topic's assignment, if it has one."""
+        owners = self._owners.get(topic)
+        if not owners:
+            return None
+        broker = min(owners)
+        return broker, owners[broker].revision
+
+    def assignments(self, broker: str) -> dict[str, int]:
+        """topic → assignment `mod_revision` of every topic assigned to the broker."""
+        return {topic: owned.revision for topic, owned in self._owned.get(broker, {}).items()}
+
+    def marker(self, topic: str) -> tuple[Marker, int] | None:
+        """(marker, `mod_revision`) of the topic's unassigned marker, if it has one."""
+        pending = self._pending.get(topic)
+        return None if pending is None else (pending.marker, pending.revision)
+
     # -- view updates ----------------------------------------------------------------------
 
     def _apply(self, put: bool, key: str, value: Any, revision: int, now: int) -> str | None:
@@ -509,7 +554,7 @@ class LoadManager:
             else:
                 self._unregister(broker, now)
         elif (broker := keys.parse_state_key(key)) is not None:
-            self._set_mode(broker, keys.broker_mode(value) if put else None)
+            self._set_mode(broker, keys.broker_mode(value) if put else None, revision)
         elif (pair := keys.parse_assignment_key(key)) is not None:
             self._set_assignment(pair[0], pair[1], revision if put else None, now)
         elif (topic := keys.parse_unassigned_key(key)) is not None:
@@ -545,11 +590,13 @@ class LoadManager:
         else:
             self._failing.pop((broker, topic), None)
 
-    def _set_mode(self, broker: str, mode: str | None) -> None:
+    def _set_mode(self, broker: str, mode: str | None, revision: int) -> None:
         if mode is None:
             self._modes.pop(broker, None)
+            self._state_revisions.pop(broker, None)
         else:
             self._modes[broker] = mode
+            self._state_revisions[broker] = revision
 
     def _set_report(self, broker: str, report: LoadReport | None) -> None:
         if report is None:
@@ -609,7 +656,7 @@ class LoadManager:
         self._advance(now)
         if not self.leading:
             return []
-        effects = [*self._failovers(now), *self._assignments(now)]
+        effects = [*self._failovers(now), *self._assignments(now), *self._drains(now)]
         if unix_s is not None:
             effects += self._rebalance(now, unix_s)
         return [*effects, *self._schedule(now)]
@@ -677,6 +724,8 @@ class LoadManager:
                 if self._orphaned(pending):
                     effects.append(self._release(topic, pending, now))
                 continue
+            if marker.reason is MarkerReason.DELETE:
+                continue  # never assigned: the admin's DeleteTopic removes it
             owners = self._owners.get(topic)
             if owners:
                 # Never a second owner: the marker waits until the assignment goes (a
@@ -704,14 +753,46 @@ class LoadManager:
         return [Log("assignment_waiting", f"{topic}: {why}")]
 
     def _release(self, topic: str, pending: _Pending, now: int) -> Release:
+        """A deleted topic's marker stays a delete marker, only ready: released as null, the
+        topic would be assigned again and outlive its deletion."""
         pending.due = now + self._retry_ns
         marker_key = keys.unassigned_key(topic)
+        marker = pending.marker
+        released = (
+            dataclasses.replace(marker, ready=True) if marker.reason is MarkerReason.DELETE
+            else Marker()
+        )  # fmt: skip
         return Release(
             topic,
-            pending.marker.from_broker,
+            marker.from_broker,
             (self._leader_compare, Compare(marker_key, "mod_revision", "==", pending.revision)),
-            (Put(marker_key, None),),
+            (Put(marker_key, released.to_json()),),
         )
+
+    def _drains(self, now: int) -> list[Effect]:
+        """Draining brokers whose last topic left: no assignment, no unload of theirs pending
+        (a marker that is not ready yet still needs them to seal the topic)."""
+        owing = {
+            p.marker.from_broker for p in self._pending.values() if not p.marker.ready
+        }  # fmt: skip
+        effects: list[Effect] = []
+        for broker in sorted(self._registered):
+            if self._modes.get(broker) != keys.DRAINING or self._owned.get(broker):
+                self._drain_due.pop(broker, None)
+                continue
+            if broker in owing or self._drain_due.get(broker, now) > now:
+                continue
+            self._drain_due[broker] = now + self._retry_ns
+            state = keys.state_key(broker)
+            compare = Compare(state, "mod_revision", "==", self._state_revisions[broker])
+            effects.append(
+                MarkDrained(
+                    broker,
+                    (self._leader_compare, compare),
+                    (Put(state, keys.state_value(keys.DRAINED, "no_topics")),),
+                )
+            )
+        return effects
 
     def _assign(self, topic: str, pending: _Pending, broker: str, now: int) -> Assign:
         self._expect(topic, pending, add=False)
@@ -861,6 +942,7 @@ class LoadManager:
     def _schedule(self, now: int) -> list[Effect]:
         times = [p.due for p in self._pending.values() if p.due > now]
         times += [due for due in self._failing.values() if due > now]
+        times += [due for due in self._drain_due.values() if due > now]
         cfg = self.config.rebalancing
         if cfg is not None:
             gate = self._gate(cfg, now)

@@ -200,10 +200,16 @@ class Load:
 @dataclass(frozen=True, slots=True)
 class Unload:
     """Stop serving: refuse publishes, seal a reliable topic, end client streams; answer
-    `unloaded(topic)`, if `unloading(topic, claim_revision)` still holds once sealed."""
+    `unloaded(topic)`, if `unloading(topic, claim_revision)` still holds once sealed.
+
+    `deleted`: the topic is being deleted (a `delete` marker names this broker), not moved:
+    nothing is sealed or uploaded, the local WAL goes at once, and the clients are told the
+    topic was deleted. The admin's DeleteTopic removes the metadata and objects after the
+    release."""
 
     topic: str
     claim_revision: int
+    deleted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +262,10 @@ class _Topic:
 class _Marker:
     marker: Marker
     revision: int
+
+
+_OWED = (MarkerReason.UNLOAD, MarkerReason.REBALANCE, MarkerReason.DELETE)
+"""Markers whose `ready` the broker named `from_broker` must write once it let go."""
 
 
 class Ownership:
@@ -394,7 +404,7 @@ class Ownership:
         seen = self._markers.get(topic)
         return (
             seen is not None
-            and seen.marker.reason in (MarkerReason.UNLOAD, MarkerReason.REBALANCE)
+            and seen.marker.reason in _OWED
             and not seen.marker.ready
             and seen.marker.from_broker == self.config.broker_id
         )
@@ -436,18 +446,26 @@ class Ownership:
             assert state.claim_revision is not None
             if topic not in self._assigned:
                 state.phase = Phase.UNLOADING
-                return Unload(topic, state.claim_revision)
+                return self._unload(topic, state.claim_revision)
             return Load(topic, state.claim_revision)
         if state.phase is Phase.SERVING:
             if topic in self._assigned:
                 return None
             state.phase = Phase.UNLOADING
             assert state.claim_revision is not None
-            return Unload(topic, state.claim_revision)
+            return self._unload(topic, state.claim_revision)
         if state.phase is Phase.UNLOADING:
             assert state.claim_revision is not None
-            return Unload(topic, state.claim_revision)
+            return self._unload(topic, state.claim_revision)
         return self._release(topic, state)
+
+    def _unload(self, topic: str, claim_revision: int) -> Unload:
+        seen = self._markers.get(topic)
+        deleted = (
+            self._owes_ready(topic) and seen is not None
+            and seen.marker.reason is MarkerReason.DELETE
+        )  # fmt: skip
+        return Unload(topic, claim_revision, deleted)
 
     def _claim(self, topic: str) -> Claim:
         key = owner_key(topic)
