@@ -1,0 +1,484 @@
+"""The admin operations that need the cluster (spec/cluster.md, "Administration"), for the
+admin gRPC services (`danube.broker.admin`) to delegate to in cluster mode.
+
+Reads (brokers, a broker's topics, owners) are answered by any broker, from the store or its
+own load manager's view, which every broker keeps current. Everything else is the leader's:
+its writes compare the leader key, and the balance is the leader's view. A follower forwards
+those calls to the leader's admin port (registered as `admin_addr`), so a CLI needs one
+endpoint. (Two brokers that each believe the other leads, for the moment a leadership change
+takes to show, pass a call between them until its deadline.)
+
+Methods are called from grpclib handlers (asyncio); the work runs in trio, where the store
+and the load manager live, and the decisions are `danube.cluster.admin_ops`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import trio
+import trio_asyncio
+from grpclib import GRPCError
+from grpclib.client import Channel
+
+from danube.broker.cluster_member import ClusterMember
+from danube.broker.watching import REQUEST_TIMEOUT_S, failure_text
+from danube.cluster import admin_ops, keys
+from danube.cluster.admin_ops import Step
+from danube.cluster.load_manager import LoadManager
+from danube.cluster.ranking import Strategy
+from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
+from danube.core.names import TopicName, parse_topic, partition_index
+from danube.metadata import KeyValue, MetadataError, MetadataStore
+from danube.node import paths
+from danube.proto import danube_admin as pb
+from danube.tiering import layout as tier_layout
+
+log = logging.getLogger("danube.broker")
+
+T = TypeVar("T")
+
+POLL_S = 0.05
+"""How often a waiting operation looks at the view again."""
+DEFAULT_UNLOAD_TIMEOUT_S = 60
+MOVE_WAIT_S = 30.0
+"""How long UnloadTopic and DeleteTopic wait for the topic to leave its broker."""
+FORWARD_TIMEOUT_S = 120.0
+
+_STRATEGIES = {
+    Strategy.FAIR: "Fair",
+    Strategy.BALANCED: "Balanced",
+    Strategy.WEIGHTED_LOAD: "WeightedLoad",
+}
+
+
+def _u64(broker_id: str) -> int:
+    """Broker ids are u64 on the wire of GetClusterBalance and TriggerRebalance."""
+    return int(broker_id) if broker_id.isascii() and broker_id.isdigit() else 0
+
+
+def _topic(name: str) -> TopicName:
+    if not name:
+        raise invalid("a topic name is required (/namespace/topic)")
+    return parse_topic(name)
+
+
+def _broker_id(broker_id: str) -> str:
+    if not broker_id:
+        raise invalid("a broker id is required (see `danube-admin brokers list`)")
+    if "/" in broker_id:
+        raise invalid(f"invalid broker id {broker_id!r}")
+    return broker_id
+
+
+class ClusterAdminOps:
+    def __init__(self, store: MetadataStore, member: ClusterMember) -> None:
+        self._store = store
+        self._member = member
+        self._me = member.broker_id
+
+    @property
+    def _view(self) -> LoadManager:
+        return self._member.load_manager.machine
+
+    # -- BrokerAdmin ----------------------------------------------------------------------------
+
+    async def list_brokers(self, request: pb.Empty) -> pb.BrokerListResponse:
+        return await self._trio(self._list_brokers)
+
+    async def get_leader_broker(self, request: pb.Empty) -> pb.BrokerResponse:
+        return pb.BrokerResponse(leader=self._member.leader() or "")
+
+    async def unload_broker(self, request: pb.UnloadBrokerRequest) -> pb.UnloadBrokerResponse:
+        _broker_id(request.broker_id)
+        return await self._leader("unload_broker", request, self._unload_broker)
+
+    async def activate_broker(self, request: pb.ActivateBrokerRequest) -> pb.ActivateBrokerResponse:
+        _broker_id(request.broker_id)
+        return await self._leader("activate_broker", request, self._activate_broker)
+
+    async def get_cluster_balance(
+        self, request: pb.ClusterBalanceRequest
+    ) -> pb.ClusterBalanceResponse:
+        return await self._leader("get_cluster_balance", request, self._balance)
+
+    async def trigger_rebalance(self, request: pb.RebalanceRequest) -> pb.RebalanceResponse:
+        if self._view.config.rebalancing is None:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                "rebalancing needs a load_manager.rebalancing section in the configuration",
+            )
+        if request.max_moves is not None and request.max_moves < 1:
+            raise invalid(f"max_moves must be at least 1, got {request.max_moves}")
+        return await self._leader("trigger_rebalance", request, self._rebalance)
+
+    # -- TopicAdmin -----------------------------------------------------------------------------
+
+    async def unload_topic(self, request: pb.TopicRequest) -> pb.TopicResponse:
+        _topic(request.name)
+        return await self._leader("unload_topic", request, self._unload_topic)
+
+    async def delete_topic(self, request: pb.TopicRequest) -> pb.TopicResponse:
+        name = _topic(request.name)
+        partition = name.partition_of
+        if partition is not None:
+            raise invalid(
+                f"{name.full} is a partition of {partition[0]}: delete the partitioned topic "
+                f"by its base name {partition[0]}"
+            )
+        return await self._leader("delete_topic", request, self._delete_topic)
+
+    async def list_broker_topics(self, request: pb.BrokerRequest) -> pb.TopicInfoListResponse:
+        broker = _broker_id(request.broker_id)
+        return await self._trio(self._broker_topics, broker)
+
+    async def topic_owners(self, topics: list[str]) -> dict[str, str]:
+        """topic → the broker it is assigned to, "" while unassigned (this broker's view)."""
+        owners = {}
+        for topic in topics:
+            owner = self._view.owner(topic)
+            owners[topic] = "" if owner is None else owner[0]
+        return owners
+
+    # -- running on the leader --------------------------------------------------------------------
+
+    async def _trio(self, work: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Runs `work` in trio; a store that does not answer is UNAVAILABLE."""
+        try:
+            result: T = await trio_asyncio.trio_as_aio(work)(*args)
+        except (MetadataError, trio.TooSlowError) as error:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE, f"the metadata store did not answer ({failure_text(error)})"
+            ) from None
+        return result
+
+    async def _leader(self, method: str, request: Any, work: Callable[[Any], Awaitable[T]]) -> T:
+        """Runs `work` here if this broker leads, else forwards the call to the leader."""
+        leader = self._member.leader()
+        if leader == self._me:
+            return await self._trio(work, request)
+        if leader is None:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE, "the cluster has no leader right now; try again shortly"
+            )
+        registration = await self._trio(self._get, keys.register_key(leader))
+        value = registration.value if registration is not None else None
+        admin = value.get("admin_addr") if isinstance(value, dict) else None
+        if not isinstance(admin, str) or not admin:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE,
+                f"broker {leader} leads the cluster but its admin address is not registered",
+            )
+        return await _forward(admin, leader, method, request)
+
+    async def _get(self, key: str) -> KeyValue | None:
+        with trio.fail_after(REQUEST_TIMEOUT_S):
+            return await self._store.get(key)
+
+    async def _scan(self, prefix: str) -> list[KeyValue]:
+        with trio.fail_after(REQUEST_TIMEOUT_S):
+            return await self._store.scan(prefix)
+
+    async def _txn(self, txn: admin_ops.Txn) -> bool:
+        with trio.fail_after(REQUEST_TIMEOUT_S):
+            return (await self._store.txn(txn.compares, txn.ops)).succeeded
+
+    def _still_leading(self) -> None:
+        if self._member.leader() != self._me:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE,
+                "this broker stopped leading the cluster during the operation; run it again",
+            )
+
+    # -- the operations (trio, on the leader unless said otherwise) -------------------------------
+
+    async def _list_brokers(self) -> pb.BrokerListResponse:
+        """Any broker: from the store."""
+        registrations = await self._scan(keys.REGISTER_PREFIX)
+        leader = self._member.leader()
+        brokers = []
+        for kv in registrations:
+            broker = keys.parse_register_key(kv.key)
+            if broker is None:
+                continue
+            value = kv.value if isinstance(kv.value, dict) else {}
+            state = await self._get(keys.state_key(broker))
+            mode = keys.broker_mode(state.value if state is not None else None)
+            brokers.append(
+                pb.BrokerInfo(
+                    broker_id=broker,
+                    broker_addr=str(value.get("broker_url", "")),
+                    broker_role="Cluster_Leader" if broker == leader else "Cluster_Follower",
+                    admin_addr=str(value.get("admin_addr", "")),
+                    metrics_addr=str(value.get("metrics_addr", "")),
+                    broker_status=mode or keys.ACTIVE,
+                )
+            )
+        return pb.BrokerListResponse(brokers=brokers)
+
+    async def _broker_topics(self, broker: str) -> pb.TopicInfoListResponse:
+        """Any broker: from the store."""
+        assigned = await self._scan(f"{keys.BROKERS_PREFIX}{broker}/")
+        topics = sorted(
+            pair[1] for kv in assigned if (pair := keys.parse_assignment_key(kv.key)) is not None
+        )
+        if not topics and await self._get(keys.register_key(broker)) is None:
+            raise not_found(f"no broker {broker} is registered (see `danube-admin brokers list`)")
+        infos = []
+        for topic in topics:
+            delivery = await self._get(paths.topic_delivery(parse_topic(topic)))
+            label = delivery.value if delivery is not None else ""
+            infos.append(pb.TopicInfo(name=topic, broker_id=broker, delivery=str(label)))
+        return pb.TopicInfoListResponse(topics=infos)
+
+    def _known_broker(self, broker: str) -> None:
+        if broker not in self._view.registered():
+            raise not_found(f"no broker {broker} is registered (see `danube-admin brokers list`)")
+
+    def _other_active(self, broker: str, what: str) -> None:
+        if not [b for b in self._view.active() if b != broker]:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"{what} needs another active broker to take the topics; activate or add one",
+            )
+
+    async def _unload_broker(self, request: pb.UnloadBrokerRequest) -> pb.UnloadBrokerResponse:
+        broker = request.broker_id
+        self._known_broker(broker)
+        self._other_active(broker, f"unloading broker {broker}")
+        topics = admin_ops.selected(
+            self._view.assignments(broker), request.namespaces_include, request.namespaces_exclude
+        )
+        if request.dry_run:
+            return pb.UnloadBrokerResponse(started=False, total=len(topics), pending=len(topics))
+        if not await self._txn(admin_ops.set_mode(self._me, broker, keys.DRAINING, "admin_unload")):
+            self._still_leading()
+            raise DanubeError(ErrorCode.UNAVAILABLE, f"could not mark {broker} draining; retry")
+        log.info("event=broker_unload broker=%s topics=%d", broker, len(topics))
+        timeout = request.timeout_seconds or DEFAULT_UNLOAD_TIMEOUT_S
+        limiter = trio.CapacityLimiter(max(request.max_parallel, 1))
+        succeeded: list[str] = []
+        failed: list[str] = []
+        with trio.move_on_after(timeout):
+            async with trio.open_nursery() as nursery:
+                for topic in topics:
+                    nursery.start_soon(self._unload_one, limiter, broker, topic, succeeded, failed)
+        pending = len(topics) - len(succeeded) - len(failed)
+        return pb.UnloadBrokerResponse(
+            started=True,
+            total=len(topics),
+            succeeded=len(succeeded),
+            failed=len(failed),
+            pending=pending,
+            failed_topics=sorted(failed),
+        )
+
+    async def _unload_one(
+        self,
+        limiter: trio.CapacityLimiter,
+        broker: str,
+        topic: str,
+        succeeded: list[str],
+        failed: list[str],
+    ) -> None:
+        async with limiter:
+            try:
+                await self._move_away(topic, broker)
+            except (DanubeError, MetadataError, trio.TooSlowError) as error:
+                log.warning("event=broker_unload_failed topic=%s error=%s", topic, error)
+                failed.append(topic)
+                return
+            succeeded.append(topic)
+
+    async def _move_away(self, topic: str, broker: str) -> None:
+        """Unloads `topic` from `broker` and returns once another broker has it (or it is
+        gone); a compare that failed is decided again from the view as it is then."""
+        posted = False
+        while True:
+            self._still_leading()
+            owner = self._view.owner(topic)
+            if owner is None or owner[0] != broker:
+                marker = self._view.marker(topic)
+                if owner is not None or marker is None:
+                    return  # another broker has it, or it was deleted
+            elif not posted and self._view.marker(topic) is None:
+                posted = await self._txn(admin_ops.unload(self._me, topic, broker, owner[1]))
+            await trio.sleep(POLL_S)
+
+    async def _activate_broker(
+        self, request: pb.ActivateBrokerRequest
+    ) -> pb.ActivateBrokerResponse:
+        broker = request.broker_id
+        self._known_broker(broker)
+        reason = request.reason or "admin_activate"
+        if not await self._txn(admin_ops.set_mode(self._me, broker, keys.ACTIVE, reason)):
+            self._still_leading()
+            raise DanubeError(ErrorCode.UNAVAILABLE, f"could not activate {broker}; retry")
+        return pb.ActivateBrokerResponse(success=True)
+
+    async def _balance(self, request: pb.ClusterBalanceRequest) -> pb.ClusterBalanceResponse:
+        view = self._view
+        stats = view.balance()
+        brokers = [
+            pb.BrokerLoadInfo(
+                broker_id=_u64(broker),
+                load=float(score),
+                topic_count=len(view.assignments(broker)),
+                is_overloaded=broker in stats.overloaded,
+                is_underloaded=broker in stats.underloaded,
+            )
+            for broker, score in view.rankings()
+        ]
+        return pb.ClusterBalanceResponse(
+            coefficient_of_variation=stats.coefficient_of_variation,
+            mean_load=stats.mean,
+            max_load=stats.max_load,
+            min_load=stats.min_load,
+            std_deviation=stats.std_deviation,
+            broker_count=len(brokers),
+            brokers=brokers,
+            assignment_strategy=_STRATEGIES[view.config.assignment_strategy],
+        )
+
+    async def _rebalance(self, request: pb.RebalanceRequest) -> pb.RebalanceResponse:
+        view = self._view
+        proposal = view.propose_move(int(trio.current_time() * 1e9))
+        if proposal is None:
+            cfg = view.config.rebalancing
+            assert cfg is not None
+            stats = view.balance()
+            if stats.coefficient_of_variation < cfg.aggressiveness.threshold:
+                message = (
+                    f"Cluster is balanced (coefficient of variation "
+                    f"{stats.coefficient_of_variation:.2f} below "
+                    f"{cfg.aggressiveness.threshold:.2f}); nothing to move"
+                )
+            else:
+                message = (
+                    "no topic may move now (blacklisted, or younger than "
+                    f"min_topic_age_seconds = {cfg.min_topic_age_seconds})"
+                )
+            return pb.RebalanceResponse(success=True, error_message=message)
+        move = pb.ProposedMove(
+            topic_name=proposal.topic,
+            from_broker=_u64(proposal.from_broker),
+            to_broker=_u64(proposal.to_broker),
+            estimated_load=proposal.estimated_load,
+            reason="ManualRebalance",
+        )
+        if request.dry_run:
+            return pb.RebalanceResponse(success=True, proposed_moves=[move])
+        self._member.trigger_rebalance(request.max_moves)
+        return pb.RebalanceResponse(success=True, moves_executed=1, proposed_moves=[move])
+
+    async def _unload_topic(self, request: pb.TopicRequest) -> pb.TopicResponse:
+        topic = parse_topic(request.name).full
+        owner = self._view.owner(topic)
+        if owner is None:
+            exists = await self._get(paths.topic_delivery(parse_topic(topic))) is not None
+            raise not_found(
+                f"topic {topic} is not assigned to any broker right now (it is being moved)"
+                if exists
+                else f"topic {topic} does not exist"
+            )
+        self._other_active(owner[0], f"unloading {topic}")
+        with trio.move_on_after(MOVE_WAIT_S):
+            await self._move_away(topic, owner[0])
+        return pb.TopicResponse(success=True)
+
+    async def _delete_topic(self, request: pb.TopicRequest) -> pb.TopicResponse:
+        name = parse_topic(request.name)
+        targets = await self._deletion_targets(name)
+        with trio.move_on_after(MOVE_WAIT_S):
+            for topic in targets:
+                await self._delete_one(topic)
+            return pb.TopicResponse(success=True)
+        raise DanubeError(
+            ErrorCode.UNAVAILABLE,
+            f"the deletion of {name.full} is under way but not finished; run it again to finish",
+        )
+
+    async def _deletion_targets(self, name: TopicName) -> list[str]:
+        if await self._get(paths.topic_delivery(name)) is not None:
+            return [name.full]
+        prefix = paths.namespace_prefix(name.namespace) + "topics/"
+        found = []
+        for kv in await self._scan(prefix):
+            full = "/" + kv.key[len(prefix) :]
+            index = partition_index(full, name.full)
+            if index is not None:
+                found.append((index, full))
+        if not found and self._view.marker(name.full) is None:
+            raise not_found(f"topic {name.full} does not exist")
+        return [full for _, full in sorted(found)] or [name.full]
+
+    async def _delete_one(self, topic: str) -> None:
+        while True:
+            self._still_leading()
+            decision = admin_ops.delete_step(
+                self._me, topic, self._view.owner(topic), self._view.marker(topic)
+            )
+            if decision.step is Step.PURGE:
+                assert decision.txn is not None
+                if await self._txn(decision.txn):
+                    await self._delete_objects(topic)
+                    log.info("event=topic_deleted topic=%s", topic)
+                    return
+            elif decision.step is Step.POST:
+                assert decision.txn is not None
+                await self._txn(decision.txn)
+            await trio.sleep(POLL_S)
+
+    async def _delete_objects(self, topic: str) -> None:
+        objects = self._member.runtime.objects
+        if objects is None:
+            return
+        prefix = tier_layout.object_prefix(parse_topic(topic))
+        listed = await trio.to_thread.run_sync(objects.list, prefix)
+        for key, _ in listed:
+            await trio.to_thread.run_sync(objects.delete, key)
+        log.info("event=objects_deleted topic=%s count=%d", topic, len(listed))
+
+
+_STUBS = {
+    "unload_broker": pb.BrokerAdminStub,
+    "activate_broker": pb.BrokerAdminStub,
+    "get_cluster_balance": pb.BrokerAdminStub,
+    "trigger_rebalance": pb.BrokerAdminStub,
+    "unload_topic": pb.TopicAdminStub,
+    "delete_topic": pb.TopicAdminStub,
+}
+
+
+async def _forward(admin_url: str, leader: str, method: str, request: Any) -> Any:
+    """The leader's answer to `request` (asyncio, as grpclib is). Its errors are passed on
+    with their own code and message."""
+    address = urlsplit(admin_url if "//" in admin_url else f"http://{admin_url}")
+    if address.hostname is None or address.port is None:
+        raise DanubeError(
+            ErrorCode.UNAVAILABLE, f"broker {leader} registered an unusable admin address"
+        )
+    channel = Channel(address.hostname, address.port)
+    try:
+        stub = _STUBS[method](channel, timeout=FORWARD_TIMEOUT_S)
+        started = time.monotonic()
+        answer = await getattr(stub, method)(request)
+        log.info(
+            "event=admin_forwarded method=%s leader=%s seconds=%.3f",
+            method, leader, time.monotonic() - started,
+        )  # fmt: skip
+        return answer
+    except GRPCError as error:
+        code = ErrorCode.__members__.get(error.status.name, ErrorCode.UNAVAILABLE)
+        raise DanubeError(code, error.message or f"the leader ({leader}) refused") from None
+    except (OSError, TimeoutError) as error:
+        raise DanubeError(
+            ErrorCode.UNAVAILABLE,
+            f"the leader, broker {leader} at {admin_url}, did not answer ({error or 'timeout'})",
+        ) from None
+    finally:
+        channel.close()
