@@ -48,7 +48,7 @@ def plain(value: object) -> object:
         return {str(key): plain(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [plain(item) for item in value]
-    if isinstance(value, enum.Enum):
+    if isinstance(value, enum.Enum | betterproto.Enum):
         return snake(value.name)
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
@@ -63,7 +63,7 @@ def cell(value: object) -> str:
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.3f}".rstrip("0").rstrip(".") if value != int(value) else f"{value:.0f}"
-    if isinstance(value, enum.Enum):
+    if isinstance(value, enum.Enum | betterproto.Enum):
         return snake(value.name)
     if isinstance(value, list | tuple):
         return ", ".join(cell(item) for item in value) or "-"
@@ -71,7 +71,8 @@ def cell(value: object) -> str:
 
 
 def _numeric(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    named = isinstance(value, bool | enum.Enum | betterproto.Enum)
+    return isinstance(value, int | float) and not named
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], empty: str) -> str:

@@ -30,11 +30,12 @@ POISON = {
 RELIABLE = "a reliable topic"
 
 
-def _sub_type(value: int) -> str:
+def _sub_type(value: int) -> str | None:
+    """The live subscription's type by name; None when it is not loaded (-1 from our broker)."""
     try:
         return snake(api_pb.ConsumerRequestSubscriptionType(value).name)
     except ValueError:
-        return str(value)
+        return None
 
 
 async def unsubscribe(client: AdminClient, args: argparse.Namespace) -> Result:
