@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Awaitable, Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import grpclib.const
@@ -84,7 +85,10 @@ class ProducerExtService:
     async def _begin(self, request: ext_pb.PublishBatch) -> Coroutine[Any, Any, ext_pb.BatchAck]:
         """Checks the batch and calls the core (in stream order); the returned awaitable
         answers once the batch is stored, or at once when it is refused."""
+        started = time.perf_counter()
         topic = request.topic_name
+        metrics = self._runtime.metrics
+        batch = None
         try:
             self._runtime.check_unfenced()
             batch = check_batch(request.frame)
@@ -95,14 +99,26 @@ class ProducerExtService:
                     await self._gate.admit(topic, records.decode(record))
             step = self._core.publish_batch(request.producer_id, topic, batch, now_ms=now_ms())
         except DanubeError as error:
+            metrics.send_failed(topic, batch.count if batch is not None else 1, error.code.name)
             return _done(_refused(request.sequence, error))
         published = step.value
         ack = ext_pb.BatchAck(
             sequence=request.sequence, first_offset=published.first_offset, count=published.count
         )
         if published.stored:
-            return _after(self._runtime.start_publish(topic, step, published.last_offset), ack)
-        return _after(self._runtime.start(step), ack)
+            done = self._runtime.start_publish(topic, step, published.last_offset)
+        else:
+            done = self._runtime.start(step)
+        sizes = batch.payload_sizes
+
+        def report(error: DanubeError | None) -> None:
+            if error is not None:
+                metrics.send_failed(topic, len(sizes), error.code.name)
+            else:
+                seconds = time.perf_counter() - started
+                metrics.sent_batch(topic, sizes, seconds, stored=published.stored)
+
+        return _after(done, ack, report)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         return {
@@ -115,11 +131,15 @@ class ProducerExtService:
         }
 
 
-async def _after(done: Awaitable[None], ack: ext_pb.BatchAck) -> ext_pb.BatchAck:
+async def _after(
+    done: Awaitable[None], ack: ext_pb.BatchAck, report: Callable[[DanubeError | None], None]
+) -> ext_pb.BatchAck:
     try:
         await done
     except DanubeError as error:
+        report(error)
         return _refused(ack.sequence, error)
+    report(None)
     return ack
 
 
@@ -149,9 +169,11 @@ class ConsumerBatchService:
         request: ext_pb.ReceiveBatchesRequest = await recv_bounded(stream, 1024)
         limit = request.max_messages or self._default_batch
 
-        async def send(items: list[object]) -> None:
+        async def send(items: list[object]) -> int:
             wire = [encoded(item) for item in items]
-            await stream.send_message(ext_pb.MessageBatch(records=_packed(wire), count=len(wire)))
+            packed = _packed(wire)
+            await stream.send_message(ext_pb.MessageBatch(records=packed, count=len(wire)))
+            return len(packed) - 4 * len(wire)
 
         await serve_consumer(self._runtime, stream, request.consumer_id, limit, send)
 

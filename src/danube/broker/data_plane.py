@@ -6,6 +6,7 @@ also refuses work while the broker is fenced (`BrokerRuntime.check_unfenced`).""
 from __future__ import annotations
 
 import logging
+import time
 
 import grpclib.const
 import grpclib.server
@@ -30,7 +31,7 @@ from danube.broker.wire_codec import (
 )
 from danube.cluster.placement import Answer
 from danube.core.config import DispatchStrategy
-from danube.core.errors import invalid
+from danube.core.errors import DanubeError, invalid
 from danube.dispatch import LATEST, StartPosition
 from danube.node import requests
 from danube.proto import danube as pb
@@ -80,15 +81,23 @@ class ProducerService:
         )
 
     async def send_message(self, message: records.Record) -> RequestIdReply:
-        self._runtime.check_unfenced()
+        started = time.perf_counter()
         topic = message.topic_name
-        if self._core.serves(topic):  # the core refuses the others with its own reasons
-            await self._gate.admit(topic, message)
-        published = requests.publish(self._core, message, now_ms())
-        if published.stored:
-            await self._runtime.publish(topic, published.step)
-        else:
-            await self._runtime.run(published.step)
+        try:
+            self._runtime.check_unfenced()
+            if self._core.serves(topic):  # the core refuses the others with its own reasons
+                await self._gate.admit(topic, message)
+            published = requests.publish(self._core, message, now_ms())
+            if published.stored:
+                await self._runtime.publish(topic, published.step)
+            else:
+                await self._runtime.run(published.step)
+        except DanubeError as error:
+            self._runtime.metrics.send_failed(topic, 1, error.code.name)
+            raise
+        self._runtime.metrics.sent(
+            topic, len(message.payload), time.perf_counter() - started, stored=published.stored
+        )
         return RequestIdReply(message.request_id)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
@@ -132,8 +141,10 @@ class ConsumerService:
         in one HTTP/2 send (`serve_consumer` says when the stream ends)."""
         request: pb.ReceiveRequest = await recv_bounded(stream, DEFAULT_REQUEST_LIMIT)
 
-        async def send(items: list[object]) -> None:
-            await send_encoded(stream, [requests.encoded(item) for item in items])
+        async def send(items: list[object]) -> int:
+            wire = [requests.encoded(item) for item in items]
+            await send_encoded(stream, wire)
+            return sum(map(len, wire))
 
         await serve_consumer(self._runtime, stream, request.consumer_id, STREAM_BATCH, send)
 
@@ -143,6 +154,7 @@ class ConsumerService:
 
     async def nack(self, request: requests.Acknowledgement) -> RequestIdReply:
         await self._runtime.run(requests.nack(self._core, request, now_ms()))
+        self._runtime.metrics.nacked(request.topic_name, request.subscription_name)
         return RequestIdReply(request.request_id)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:

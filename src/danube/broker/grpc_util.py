@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 import time
@@ -13,6 +14,7 @@ import grpclib.const
 import grpclib.server
 from grpclib import GRPCError
 from grpclib.const import Status
+from grpclib.exceptions import StreamTerminatedError
 from grpclib.protocol import H2Protocol
 
 from danube.core.errors import DanubeError
@@ -102,12 +104,44 @@ def unary(
     )
 
 
-class Server(grpclib.server.Server):
-    """grpclib's server, plus closing the accepted connections at shutdown: grpclib 0.4.9
-    cancels their requests but leaves the sockets open (a ResourceWarning at exit)."""
+RpcDone = Callable[[str, str, str], None]
+"""Told (service, method, grpc status name) as each call ends."""
 
-    def __init__(self, handlers: list[Any]) -> None:
+
+def _counted(path: str, handler: grpclib.const.Handler, done: RpcDone) -> grpclib.const.Handler:
+    """The handler, reporting how each call ended: the status it raised, OK, CANCELLED
+    when the client left, UNKNOWN for anything else (what grpclib answers then)."""
+    service, _, method = path.lstrip("/").partition("/")
+    func = handler.func
+
+    async def call(stream: grpclib.server.Stream) -> None:
+        try:
+            await func(stream)
+        except GRPCError as error:
+            done(service, method, error.status.name)
+            raise
+        except (asyncio.CancelledError, StreamTerminatedError):
+            done(service, method, Status.CANCELLED.name)
+            raise
+        except Exception:
+            done(service, method, Status.UNKNOWN.name)
+            raise
+        done(service, method, Status.OK.name)
+
+    return handler._replace(func=call)
+
+
+class Server(grpclib.server.Server):
+    """grpclib's server, plus closing the accepted connections at shutdown (grpclib 0.4.9
+    cancels their requests but leaves the sockets open: a ResourceWarning at exit), plus
+    `rpc_done` told the outcome of every call (`danube_broker_rpc_total`)."""
+
+    def __init__(self, handlers: list[Any], rpc_done: RpcDone | None = None) -> None:
         super().__init__(handlers)
+        if rpc_done is not None:
+            self._mapping = {
+                path: _counted(path, handler, rpc_done) for path, handler in self._mapping.items()
+            }
         self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
 
     def _protocol_factory(self) -> H2Protocol:

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import trio
 import trio_asyncio
 
+from danube.broker.metrics import BrokerMetrics
 from danube.broker.object_store import ObjectStore, classify
 from danube.broker.segment_files import SegmentFiles, WalExecutor
 from danube.cluster.ownership import NotOwner, fence_compares
@@ -59,6 +60,7 @@ from danube.tiering import (
     decode_object_read,
     describe_object,
 )
+from danube.tiering import layout as tier_layout
 from danube.wal import machine as wal
 from danube.wal.format import WalFormatError
 from danube.wal.recovery import CorruptSegment
@@ -116,14 +118,18 @@ class BrokerRuntime:
         loop: asyncio.AbstractEventLoop,
         objects: ObjectStore | None = None,
         *,
+        metrics: BrokerMetrics,
         clustered: bool = False,
     ) -> None:
         self.core = core
+        self.metrics = metrics
         self.claims: dict[str, int] | None = {} if clustered else None
         """Cluster mode: topic -> revision of this broker's ownership claim, the fencing
         token of every metadata write for the topic (kept by the ownership driver)."""
         self._loop = loop
         self._objects = objects
+        self.objects = objects
+        """The object tier, for the admin's cluster DeleteTopic (danube.broker.cluster_admin)."""
         self._store = store
         self._wal_root = wal_root
         self._nursery = nursery
@@ -270,7 +276,11 @@ class BrokerRuntime:
     # -- reliable topics ----------------------------------------------------------------------
 
     def _acknowledge(self, topic: str, through: int) -> None:
-        self._acked[topic] = max(self._acked.get(topic, -1), through)
+        previous = self._acked.get(topic)
+        if previous is not None and through > previous:
+            # the records this group commit made durable (unknown for a topic's first one)
+            self.metrics.wal.group_commit.observe(through - previous)
+        self._acked[topic] = max(-1 if previous is None else previous, through)
         waiting = self._publishes.get(topic)
         while waiting and waiting[0][0] <= through:
             _, waiter = waiting.popleft()
@@ -309,7 +319,9 @@ class BrokerRuntime:
         topic_wal = self._wals.get(topic)
         if topic_wal is None:
             sync_writes = self.core.wal_syncs_every_write(topic)
-            files = SegmentFiles(self._topic_dir(topic), sync_writes=sync_writes)
+            files = SegmentFiles(
+                self._topic_dir(topic), sync_writes=sync_writes, metrics=self.metrics.wal
+            )
             executor = WalExecutor(files, self._completion(topic), self._unexpected)
             topic_wal = self._wals[topic] = TopicWal(files, executor)
             self._nursery.start_soon(self._run_executor, topic_wal)
@@ -330,6 +342,24 @@ class BrokerRuntime:
         await topic_wal.stopped.wait()
         topic_wal.files.close()
 
+    async def _delete_objects(self, topic: str) -> None:
+        """A deleted topic's uploaded segments. Runs before the drop completes, so a topic
+        created again under the name uploads only after its predecessor's objects are gone.
+        A failure leaves objects no index names (never read again) and says so."""
+        assert self._objects is not None
+        objects = self._objects
+        prefix = tier_layout.object_prefix(parse_topic(topic))
+        try:
+            listed = await trio.to_thread.run_sync(objects.list, prefix)
+            for key, _ in listed:
+                await trio.to_thread.run_sync(objects.delete, key)
+        except Exception as error:
+            log.warning(
+                "event=objects_not_deleted topic=%s prefix=%s error=%r", topic, prefix, error
+            )
+            return
+        log.info("event=objects_deleted topic=%s count=%d", topic, len(listed))
+
     async def _drop_wal(self, effect: DropWal, topic_wal: TopicWal, done: trio.Event) -> None:
         topic = effect.topic
         try:
@@ -337,6 +367,8 @@ class BrokerRuntime:
                 await self._stop_executor(topic_wal)
                 if effect.delete_files:
                     await trio.to_thread.run_sync(_remove_tree, topic_wal.files.directory)
+                if effect.delete_objects and self._objects is not None:
+                    await self._delete_objects(topic)
                 log.info("event=wal_dropped topic=%s deleted=%s", topic, effect.delete_files)
         finally:
             done.set()

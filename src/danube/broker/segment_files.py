@@ -12,12 +12,14 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import trio
 
+from danube.broker.metrics import WalMetrics
 from danube.wal import format
 from danube.wal.machine import (
     CloseSegment,
@@ -61,8 +63,11 @@ def _scan_file(path: Path) -> format.SegmentScan | UnreadableSegment:
 class SegmentFiles:
     """The segment files of one topic directory (`<wal_root>/<namespace>/<topic>/`)."""
 
-    def __init__(self, directory: Path, *, sync_writes: bool = False) -> None:
+    def __init__(
+        self, directory: Path, *, sync_writes: bool = False, metrics: WalMetrics | None = None
+    ) -> None:
         self.directory = directory
+        self._metrics = metrics or WalMetrics()
         self._open: dict[int, int] = {}
         """segment base -> file descriptor of segments that may still be written."""
         self._sync_writes = sync_writes
@@ -104,15 +109,25 @@ class SegmentFiles:
 
     async def perform(self, effect: Effect) -> None:
         """Carries out one file effect; raises `OSError` when the disk refuses."""
+        metrics = self._metrics
         if isinstance(effect, Write):
             fd = self._writable(effect.segment_base)
-            write = _write_synced if self._sync_writes else _write_all
-            await trio.to_thread.run_sync(write, fd, effect.data, effect.position)
+            if self._sync_writes:
+                synced = await trio.to_thread.run_sync(
+                    _write_synced, fd, effect.data, effect.position
+                )
+                metrics.flushed(synced)
+            else:
+                await trio.to_thread.run_sync(_write_all, fd, effect.data, effect.position)
+            metrics.append_bytes += len(effect.data)
         elif isinstance(effect, Fsync):
-            await trio.to_thread.run_sync(os.fdatasync, self._writable(effect.segment_base))
+            fd = self._writable(effect.segment_base)
+            metrics.flushed(await trio.to_thread.run_sync(_timed_fdatasync, fd))
         elif isinstance(effect, CreateSegment):
             fd = await trio.to_thread.run_sync(self._create, effect)
             self._open[effect.base_offset] = fd
+            if effect.base_offset:
+                metrics.rotations += 1
         elif isinstance(effect, CloseSegment):
             fd = self._open.pop(effect.segment_base, None)
             if fd is not None:
@@ -173,9 +188,17 @@ class SegmentFiles:
         self._open.clear()
 
 
-def _write_synced(fd: int, data: bytes, position: int) -> None:
-    _write_all(fd, data, position)
+def _timed_fdatasync(fd: int) -> float:
+    """Seconds the fdatasync took: the WAL's durability cost, for the metrics."""
+    started = time.perf_counter()
     os.fdatasync(fd)
+    return time.perf_counter() - started
+
+
+def _write_synced(fd: int, data: bytes, position: int) -> float:
+    """Writes, then fdatasyncs; returns the fdatasync's seconds."""
+    _write_all(fd, data, position)
+    return _timed_fdatasync(fd)
 
 
 def _write_all(fd: int, data: bytes, position: int) -> None:

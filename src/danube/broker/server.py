@@ -33,6 +33,8 @@ from danube.broker.data_plane import (
     ProducerService,
 )
 from danube.broker.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
+from danube.broker.metrics import BrokerMetrics
+from danube.broker.metrics_http import Endpoints, Health, serve_http
 from danube.broker.object_store import ObjectStore
 from danube.broker.placement import ClusterPlacement, LocalPlacement, Placement
 from danube.broker.runtime import BrokerRuntime, persist
@@ -100,6 +102,8 @@ def _schema_offload(limiter: trio.CapacityLimiter) -> Offload[Any]:
 class BoundAddresses:
     broker: Address
     admin: Address
+    metrics: Address | None = None
+    """The metrics and health endpoint (`broker.ports.prometheus`); None when it is off."""
 
 
 def _listen(address: Address) -> socket.socket:
@@ -198,9 +202,15 @@ async def serve(
         sockets.append(broker_sock)
         admin_sock = _listen(config.admin_addr)
         sockets.append(admin_sock)
+        metrics_sock = metrics_addr = None
+        if config.prometheus_addr is not None:
+            metrics_sock = _listen(config.prometheus_addr)
+            sockets.append(metrics_sock)
+            metrics_addr = _bound(metrics_sock, config.prometheus_addr.host)
         bound = BoundAddresses(
             _bound(broker_sock, config.broker_addr.host),
             _bound(admin_sock, config.admin_addr.host),
+            metrics_addr,
         )
         advertised = config.advertised_addr or str(bound.broker)
         identity = BrokerIdentity(f"http://{advertised}", f"http://{advertised}")
@@ -221,6 +231,7 @@ async def serve(
             durability=config.storage.durability,
             clustered=clustered,
         )
+        metrics = BrokerMetrics(core, broker_id, config.mode)
         objects = None
         if config.storage.tiered:
             assert config.storage.durable_root is not None
@@ -239,8 +250,19 @@ async def serve(
             await persist(store, effect)
         async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
             runtime = BrokerRuntime(
-                core, store, Path(config.wal_root), nursery, loop, objects, clustered=clustered
+                core,
+                store,
+                Path(config.wal_root),
+                nursery,
+                loop,
+                objects,
+                metrics=metrics,
+                clustered=clustered,
             )
+            health = Health(runtime)
+            if metrics_sock is not None:
+                endpoints = Endpoints(metrics.exposition, health.not_ready, health.alive)
+                nursery.start_soon(serve_http, metrics_sock, endpoints)
             nursery.start_soon(trio_asyncio.aio_as_trio(runtime.write_metadata))
             # Reliable topics recover before the ports open: a client never sees a topic
             # whose offsets are not known yet.
@@ -261,6 +283,8 @@ async def serve(
                 member = ClusterMember(
                     store, runtime, broker_id, registration, config.cluster, cluster_placement
                 )
+                leader = member.leader
+                metrics.leading = lambda: leader() == broker_id
             consumers = ConsumerService(runtime, placement)
             schemas = SchemaService(
                 store, _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)), placement
@@ -281,14 +305,16 @@ async def serve(
                 [
                     *client_services,
                     Unimplemented(CLIENT_PORT_BASES, client_services, NOT_YET),
-                ]
+                ],
+                metrics.rpc_done,
             )
             admin_services = [
                 AdminServices(runtime, broker_id, f"http://{bound.admin}", member),
                 schemas,
             ]
             admin_server = Server(
-                [*admin_services, Unimplemented(ADMIN_PORT_BASES, admin_services, NOT_YET)]
+                [*admin_services, Unimplemented(ADMIN_PORT_BASES, admin_services, NOT_YET)],
+                metrics.rpc_done,
             )
             nursery.start_soon(_report_drops, core)
             nursery.start_soon(runtime.tick, TICK_SECONDS)
@@ -297,10 +323,12 @@ async def serve(
             member_scope = trio.CancelScope()
             if member is not None:
                 await nursery.start(_run_member, member, member_scope)
+            health.started = True
             log.info(
                 "event=broker_ready broker_id=%s mode=%s broker_addr=%s admin_addr=%s "
-                "data_dir=%s",
-                broker_id, config.mode, bound.broker, bound.admin, data_dir,
+                "metrics_addr=%s data_dir=%s",
+                broker_id, config.mode, bound.broker, bound.admin, bound.metrics or "off",
+                data_dir,
             )  # fmt: skip
             task_status.started(bound)
             await shutdown.wait()

@@ -13,6 +13,7 @@ from grpclib.const import Status
 from danube.broker.grpc_util import grpc_error
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.core.errors import DanubeError
+from danube.node.stats import consumer_target
 
 
 async def serve_consumer(
@@ -20,11 +21,12 @@ async def serve_consumer(
     stream: grpclib.server.Stream,
     consumer_id: int,
     limit: int,
-    send: Callable[[list[Any]], Awaitable[None]],
+    send: Callable[[list[Any]], Awaitable[int]],
 ) -> None:
     """Hands the consumer's queue to `send`, up to `limit` items a turn, until the client
     leaves or the stream is superseded (takeover, topic deleted, shutdown); either way the
-    core hears that it closed. Items are what `BrokerCore.take` returns."""
+    core hears that it closed. Items are what `BrokerCore.take` returns; `send` returns the
+    bytes it sent, for the metrics."""
     if runtime.stopping:
         raise GRPCError(Status.UNAVAILABLE, "the broker is shutting down; reconnect shortly")
     core = runtime.core
@@ -33,6 +35,8 @@ async def serve_consumer(
     except DanubeError as error:
         raise grpc_error(error) from None
     slot = runtime.attach_stream(consumer_id, step.value)
+    target = consumer_target(core, consumer_id)
+    metrics = runtime.metrics
     try:
         await runtime.run(step)
         await stream.send_initial_metadata()
@@ -44,7 +48,9 @@ async def serve_consumer(
             if not items:
                 await slot.wakeup.wait()
                 continue
-            await send(items)
+            sent = await send(items)
+            if target is not None:
+                metrics.consumer_sent(target, len(items), sent)
         if runtime.stopping:
             # Not OK: an OK end tells a client its session was taken over or its topic is
             # gone; this one should reconnect once the broker is back.

@@ -30,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--first-port",
         type=int,
         default=6650,
-        help="broker i listens on first-port + 2i, its admin port on the next (default 6650; "
-        "0 picks free ports)",
+        help="broker i listens on first-port + 2i, its admin port on the next and serves "
+        "metrics on 9040 + i (default 6650; 0 picks free ports for all)",
     )
     parser.add_argument(
         "--lease-ttl-ms",
@@ -77,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"etcd:      {cluster.etcd.endpoint}")
     print(f"S3:        {cluster.s3.endpoint} (bucket {cluster.s3.bucket})")
     for index, broker in enumerate(cluster.brokers):
-        print(f"broker {index}:  {broker.url}  admin http://{broker.admin_addr}")
+        print(
+            f"broker {index}:  {broker.url}  admin http://{broker.admin_addr}  "
+            f"metrics {broker.metrics_url}/metrics"
+        )
     print(f"service URL for clients: {','.join(cluster.service_urls)}")
     print(f"logs: {args.dir}/broker-N/broker.log; Ctrl-C stops the cluster", flush=True)
     try:

@@ -11,7 +11,9 @@ import threading
 import time
 from pathlib import Path
 
-READY = re.compile(r"event=broker_ready .*broker_addr=(\S+) admin_addr=(\S+)")
+READY = re.compile(
+    r"event=broker_ready .*broker_addr=(\S+) admin_addr=(\S+)(?: metrics_addr=(\S+))?"
+)
 BROKER_BIN = Path(sys.executable).parent / "danube-broker"
 START_TIMEOUT_S = 20.0
 
@@ -26,6 +28,7 @@ class BrokerProcess:
         config_file: Path | None = None,
         broker_port: int = 0,
         admin_port: int = 0,
+        metrics_port: int | None = 0,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         log_file: Path | None = None,
@@ -34,6 +37,8 @@ class BrokerProcess:
         self.config_file = config_file
         self.broker_port = broker_port
         self.admin_port = admin_port
+        self.metrics_port = metrics_port
+        """The metrics and health endpoint's port (0: a free one); None turns it off."""
         self.extra_args = extra_args
         self.env = env or {}
         self.log_file = log_file
@@ -42,12 +47,21 @@ class BrokerProcess:
         self.log_lines: list[str] = []
         self.broker_addr = ""
         self.admin_addr = ""
+        self.metrics_addr = ""
+        """host:port of the metrics endpoint once started; empty when it is off."""
         self._ready = threading.Event()
         self._reader: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.broker_addr}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Base URL of the metrics and health endpoint (`/metrics`, `/healthz`, `/readyz`)."""
+        if not self.metrics_addr:
+            raise RuntimeError("this broker runs without a metrics endpoint")
+        return f"http://{self.metrics_addr}"
 
     @property
     def pid(self) -> int:
@@ -60,6 +74,8 @@ class BrokerProcess:
             "--broker-addr", f"127.0.0.1:{self.broker_port}",
             "--admin-addr", f"127.0.0.1:{self.admin_port}",
             "--data-dir", str(self.data_dir),
+            "--prom-exporter",
+            "off" if self.metrics_port is None else f"127.0.0.1:{self.metrics_port}",
             *self.extra_args,
         ]  # fmt: skip
         if self.config_file is not None:
@@ -87,6 +103,8 @@ class BrokerProcess:
         # Later restarts reuse the same ports, as a client expects of a restarted broker.
         self.broker_port = int(self.broker_addr.rsplit(":", 1)[1])
         self.admin_port = int(self.admin_addr.rsplit(":", 1)[1])
+        if self.metrics_addr:
+            self.metrics_port = int(self.metrics_addr.rsplit(":", 1)[1])
         return self
 
     def _read(self) -> None:
@@ -107,6 +125,8 @@ class BrokerProcess:
         match = READY.search(line)
         if match:
             self.broker_addr, self.admin_addr = match.group(1), match.group(2)
+            metrics = match.group(3)
+            self.metrics_addr = "" if metrics in (None, "off") else metrics
             self._ready.set()
 
     @property

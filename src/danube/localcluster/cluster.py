@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from danube.core.config import DEFAULT_PROMETHEUS_PORT
 from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.etcd_process import EtcdProcess
 from danube.localcluster.s3_process import CREDENTIALS, S3Process
@@ -28,7 +29,8 @@ class ClusterSettings:
     segment_bytes: int = 1024 * 1024
     """Small segments: moves and failovers upload (and lose, at `fsync`) little."""
     first_port: int = 0
-    """Brokers listen on first_port + 2i (client) and + 2i + 1 (admin); 0: free ports."""
+    """Brokers listen on first_port + 2i (client) and + 2i + 1 (admin), and serve metrics on
+    9040 + i; 0: free ports for all three."""
     rebalancing: bool = True
     """A `load_manager.rebalancing` section (manual rebalances only, no minimum topic age)."""
 
@@ -65,6 +67,7 @@ class LocalCluster:
             config_file=config,
             broker_port=first + 2 * index if first else 0,
             admin_port=first + 2 * index + 1 if first else 0,
+            metrics_port=DEFAULT_PROMETHEUS_PORT + index if first else 0,
             extra_args=("--mode", "cluster"),
             env=CREDENTIALS,
             log_file=data_dir / "broker.log",

@@ -1,0 +1,191 @@
+"""The broker's HTTP endpoint for Prometheus and orchestrators (spec/observability.md):
+`GET /metrics`, `GET /healthz` (liveness), `GET /readyz` (readiness).
+
+A deliberately tiny HTTP/1.1 server on trio's sockets: one request per connection
+(`Connection: close`), a bounded request head, a deadline per connection and a cap on
+connections at once, so a slow, malformed or hostile client costs a few KiB and a few
+seconds, and never the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import trio
+import trio_asyncio
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from danube.broker.runtime import BrokerRuntime
+
+log = logging.getLogger("danube.broker")
+
+MAX_HEAD_BYTES = 8 * 1024
+"""Request line and headers; a scrape needs a few hundred bytes."""
+CONNECTION_TIMEOUT_S = 5.0
+"""From accept to the last byte of the answer."""
+MAX_CONNECTIONS = 32
+LIVENESS_TIMEOUT_S = 2.0
+TEXT = "text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    reason: str
+    body: bytes
+    content_type: str = TEXT
+
+    def encode(self) -> bytes:
+        head = (
+            f"HTTP/1.1 {self.status} {self.reason}\r\n"
+            f"Content-Type: {self.content_type}\r\n"
+            f"Content-Length: {len(self.body)}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        return head.encode("ascii") + self.body
+
+
+def _text(status: int, reason: str, body: str) -> Response:
+    return Response(status, reason, (body + "\n").encode())
+
+
+def parse_head(head: bytes) -> Request | Response:
+    """The request line of a complete head (up to the blank line), or the error answer."""
+    line = head.split(b"\r\n", 1)[0]
+    parts = line.split(b" ")
+    if len(parts) != 3 or not parts[0].isalpha() or not parts[1].startswith(b"/"):
+        return _text(400, "Bad Request", "bad request line")
+    method, target, version = parts
+    if version not in (b"HTTP/1.0", b"HTTP/1.1"):
+        return _text(505, "HTTP Version Not Supported", "HTTP/1.0 or HTTP/1.1 only")
+    try:
+        path = target.decode("ascii").split("?", 1)[0]
+    except UnicodeDecodeError:
+        return _text(400, "Bad Request", "the path is not ASCII")
+    return Request(method.decode("ascii"), path)
+
+
+async def read_head(stream: trio.abc.ReceiveStream) -> bytes | Response:
+    """Bytes up to and including the blank line ending the head, or the error answer (too
+    large, or the client closed first)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if len(data) > MAX_HEAD_BYTES:
+            return _text(431, "Request Header Fields Too Large", "request head too large")
+        chunk = await stream.receive_some(MAX_HEAD_BYTES)
+        if not chunk:
+            return _text(400, "Bad Request", "incomplete request")
+        data += chunk
+    head = data[: data.index(b"\r\n\r\n") + 4]
+    if len(head) > MAX_HEAD_BYTES:
+        return _text(431, "Request Header Fields Too Large", "request head too large")
+    return head
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    """What the paths answer with: the exposition, why the broker is not ready (None when
+    it is), and whether its event loop answers."""
+
+    metrics: Callable[[], bytes]
+    not_ready: Callable[[], str | None]
+    alive: Callable[[], Awaitable[bool]]
+
+
+async def answer(endpoints: Endpoints, request: Request) -> Response:
+    routes = ("/metrics", "/healthz", "/readyz")
+    if request.path not in routes:
+        return _text(404, "Not Found", f"no such path; try {', '.join(routes)}")
+    if request.method != "GET":
+        return _text(405, "Method Not Allowed", "only GET")
+    if request.path == "/metrics":
+        return Response(200, "OK", endpoints.metrics(), CONTENT_TYPE_LATEST)
+    if request.path == "/healthz":
+        if await endpoints.alive():
+            return _text(200, "OK", "ok")
+        return _text(503, "Service Unavailable", "the broker's event loop does not answer")
+    reason = endpoints.not_ready()
+    if reason is None:
+        return _text(200, "OK", "ready")
+    return _text(503, "Service Unavailable", reason)
+
+
+class Health:
+    """Liveness and readiness of a broker, from its runtime's state."""
+
+    def __init__(self, runtime: BrokerRuntime) -> None:
+        self._runtime = runtime
+        self.started = False
+        """Set once the ports are open (reliable topics recovered; in cluster mode the
+        broker is registered)."""
+
+    def not_ready(self) -> str | None:
+        if self._runtime.stopping:
+            return "the broker is shutting down"
+        if not self.started:
+            return "starting: reliable topics are recovering or the ports are not open yet"
+        if self._runtime.fenced is not None:
+            return f"fenced: {self._runtime.fenced}"
+        return None
+
+    async def alive(self) -> bool:
+        """A round trip through the asyncio loop the gRPC handlers run on."""
+        with trio.move_on_after(LIVENESS_TIMEOUT_S):
+            await trio_asyncio.aio_as_trio(asyncio.sleep)(0)
+            return True
+        return False
+
+
+async def serve_http(sock: socket.socket, endpoints: Endpoints) -> None:
+    """Serves the listening socket until cancelled."""
+    listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+    active = 0
+
+    async def handle(stream: trio.SocketStream) -> None:
+        nonlocal active
+        active += 1
+        try:
+            async with stream:
+                if active > MAX_CONNECTIONS:
+                    response = _text(503, "Service Unavailable", "too many connections")
+                    with trio.move_on_after(CONNECTION_TIMEOUT_S):
+                        await stream.send_all(response.encode())
+                    return
+                with trio.move_on_after(CONNECTION_TIMEOUT_S):
+                    await _exchange(stream, endpoints)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the client went away
+        except Exception:
+            log.exception("event=metrics_http_error")
+        finally:
+            active -= 1
+
+    await trio.serve_listeners(handle, [listener])
+
+
+async def _exchange(stream: trio.SocketStream, endpoints: Endpoints) -> None:
+    head = await read_head(stream)
+    if isinstance(head, Response):
+        response = head
+    else:
+        request = parse_head(head)
+        response = request if isinstance(request, Response) else await _answered(endpoints, request)
+    await stream.send_all(response.encode())
+
+
+async def _answered(endpoints: Endpoints, request: Request) -> Response:
+    try:
+        return await answer(endpoints, request)
+    except Exception:
+        log.exception("event=metrics_http_error path=%s", request.path)
+        return _text(500, "Internal Server Error", "see the broker log")

@@ -1,0 +1,71 @@
+"""Read-only views of a `BrokerCore`'s state for metrics and operators: plain values, computed
+when asked (a scrape), so the publish and dispatch paths pay nothing for them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from danube.dispatch.nonreliable import NonReliableSubscription
+from danube.node.core import BrokerCore, TopicRecord
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionStats:
+    name: str
+    consumers: int
+    """Consumers attached to the subscription (with or without an open stream)."""
+    backlog: int | None
+    """Reliable: messages stored and not yet acknowledged (from the cursor); None otherwise."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStats:
+    topic: str
+    reliable: bool
+    messages_in: int
+    """Messages accepted since the topic was loaded on this broker."""
+    bytes_in: int
+    producers: int
+    subscriptions: tuple[SubscriptionStats, ...]
+    upload_lag: int | None
+    """With an object tier: committed offsets not yet in an indexed object; else None."""
+
+
+def topic_stats(core: BrokerCore) -> list[TopicStats]:
+    """Every topic this broker serves (not those on their way out), by name."""
+    return [_topic(record) for name, record in sorted(core._topics.items()) if not record.unloading]
+
+
+def _topic(record: TopicRecord) -> TopicStats:
+    committed = record.wal.readable_offset if record.wal is not None else None
+    subscriptions = []
+    for sub in record.subscriptions.values():
+        backlog = None
+        if committed is not None and not isinstance(sub.dispatcher, NonReliableSubscription):
+            backlog = max(0, committed - 1 - sub.reliable.cursor)
+        subscriptions.append(SubscriptionStats(sub.name, len(sub.consumers), backlog))
+    return TopicStats(
+        record.name.full,
+        record.reliable,
+        record.messages_in,
+        record.bytes_in,
+        len(record.producers),
+        tuple(subscriptions),
+        _upload_lag(record, committed),
+    )
+
+
+def _upload_lag(record: TopicRecord, committed: int | None) -> int | None:
+    if record.uploader is None or committed is None or record.wal is None:
+        return None
+    indexed = record.uploader.indexed_next
+    start = indexed if indexed is not None else record.wal.first_offset
+    return max(0, committed - start)
+
+
+def consumer_target(core: BrokerCore, consumer_id: int) -> tuple[str, str] | None:
+    """(topic, subscription) of a consumer, or None when it is gone."""
+    consumer = core._consumers.get(consumer_id)
+    if consumer is None:
+        return None
+    return consumer.topic.full, consumer.subscription
