@@ -1,107 +1,281 @@
-"""The part of Danube's admin API (package `danube_admin`) offered today: namespaces and
-topics, and in cluster mode topic creation through the store, the leader and
-TriggerRebalance. Methods not listed here answer UNIMPLEMENTED (grpclib's default).
+"""Danube's admin API (package `danube_admin`: BrokerAdmin, NamespaceAdmin, TopicAdmin) and
+our PolicyAdmin (`danube_ext`). The decisions are the core's (`danube.node.core`,
+`danube.node.settings`) or, in cluster mode, the cluster's (`ClusterOps`); these handlers
+translate. ClusterAdmin (Raft membership) and SecurityAdmin answer UNIMPLEMENTED.
 
-Unlike Danube, which answers NOT_FOUND for most admin failures, each error keeps its own code.
+Unlike Danube, which answers NOT_FOUND for most admin failures, each error keeps its own
+code (spec/protocol.md "Admin API"). In cluster mode a question about a topic another
+broker serves goes to that broker's admin port, so any broker answers for the cluster.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Protocol
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import grpclib.const
+from grpclib import GRPCError
+from grpclib.client import Channel
 
 from danube.broker.grpc_util import unary
 from danube.broker.placement import ClusterPlacement
-from danube.broker.runtime import BrokerRuntime
+from danube.broker.runtime import BrokerRuntime, now_ms
+from danube.broker.schema_service import SchemaService
+from danube.broker.watching import store_call_from_grpc
 from danube.core.config import DispatchStrategy
-from danube.core.errors import DanubeError, ErrorCode, invalid
-from danube.core.names import parse_topic
+from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
+from danube.core.names import TopicName, parse_topic
+from danube.dispatch.reliable import Backoff
+from danube.metadata import MetadataStore
+from danube.node import paths
+from danube.node.settings import BACKOFF_WIRE, PoisonPolicy, SubscriptionFailureSettings
 from danube.proto import danube_admin as pb
+from danube.proto import danube_ext as ext_pb
+from danube.schema.policy import TopicSchemaConfig, ValidationPolicy
+
+R = TypeVar("R")
+
+FORWARD_TIMEOUT_S = 10.0
 
 
-def _no_schema(subject: str | None) -> None:
-    if subject:
-        raise DanubeError(
-            ErrorCode.FAILED_PRECONDITION,
-            f"creating a topic with a schema subject ({subject!r}) is not offered yet: create "
-            "it without one, then bind it with the schema registry's ConfigureTopicSchema",
-        )
+class ClusterOps(Protocol):
+    """What the admin services need of cluster mode (`danube.broker.cluster_admin`)."""
+
+    async def list_brokers(self, request: pb.Empty) -> pb.BrokerListResponse: ...
+
+    async def get_leader_broker(self, request: pb.Empty) -> pb.BrokerResponse: ...
+
+    async def unload_broker(self, request: pb.UnloadBrokerRequest) -> pb.UnloadBrokerResponse: ...
+
+    async def activate_broker(
+        self, request: pb.ActivateBrokerRequest
+    ) -> pb.ActivateBrokerResponse: ...
+
+    async def get_cluster_balance(
+        self, request: pb.ClusterBalanceRequest
+    ) -> pb.ClusterBalanceResponse: ...
+
+    async def trigger_rebalance(self, request: pb.RebalanceRequest) -> pb.RebalanceResponse: ...
+
+    async def unload_topic(self, request: pb.TopicRequest) -> pb.TopicResponse: ...
+
+    async def list_broker_topics(self, request: pb.BrokerRequest) -> pb.TopicInfoListResponse: ...
+
+    async def topic_owners(self, topics: list[str]) -> dict[str, str]: ...
+
+    async def delete_topic(self, request: pb.TopicRequest) -> pb.TopicResponse: ...
 
 
 def _strategy(value: int) -> DispatchStrategy:
     if int(value) not in (0, 1):
-        raise invalid(f"unknown dispatch strategy {int(value)}")
+        raise invalid(f"unknown dispatch strategy {int(value)}; expected 0 (non-reliable) or 1")
     return DispatchStrategy(int(value))
 
 
-class ClusterAdmin(Protocol):
-    """What the admin services need of cluster mode."""
+def _policies_json(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise invalid(f"policies are not valid JSON: {error.msg}") from None
+    if not isinstance(value, dict):
+        raise invalid('policies must be a JSON object, e.g. {"max_producers_per_topic": 2}')
+    return value
 
-    placement: ClusterPlacement
 
-    def leader(self) -> str | None: ...
+def _failure_settings(wire: pb.SubscriptionFailurePolicy) -> SubscriptionFailureSettings:
+    if int(wire.backoff_strategy) not in (0, 1):
+        raise invalid(f"unknown backoff strategy {int(wire.backoff_strategy)}")
+    if int(wire.poison_policy) not in PoisonPolicy._value2member_map_:
+        raise invalid(f"unknown poison policy {int(wire.poison_policy)}")
+    return SubscriptionFailureSettings(
+        max_redelivery_count=wire.max_redelivery_count,
+        ack_timeout_ms=wire.ack_timeout_ms,
+        base_redelivery_delay_ms=wire.base_redelivery_delay_ms,
+        max_redelivery_delay_ms=wire.max_redelivery_delay_ms,
+        backoff=BACKOFF_WIRE[int(wire.backoff_strategy)],
+        dead_letter_topic=wire.dead_letter_topic or None,
+        poison_policy=PoisonPolicy(int(wire.poison_policy)),
+    )
 
-    def trigger_rebalance(self, max_moves: int | None) -> None: ...
+
+def _failure_wire(settings: SubscriptionFailureSettings) -> pb.SubscriptionFailurePolicy:
+    return pb.SubscriptionFailurePolicy(
+        max_redelivery_count=settings.max_redelivery_count,
+        ack_timeout_ms=settings.ack_timeout_ms,
+        base_redelivery_delay_ms=settings.base_redelivery_delay_ms,
+        max_redelivery_delay_ms=settings.max_redelivery_delay_ms,
+        backoff_strategy=pb.SubscriptionBackoffStrategy(
+            0 if settings.backoff is Backoff.FIXED else 1
+        ),
+        dead_letter_topic=settings.dead_letter_topic,
+        poison_policy=pb.SubscriptionPoisonPolicy(int(settings.poison_policy)),
+    )
+
+
+async def forward(admin_url: str, path: str, request: Any, reply_type: type[R]) -> R:
+    """One admin call made again on another broker's admin port; its answer, or its error
+    with the status it had."""
+    host, _, port = admin_url.removeprefix("http://").rpartition(":")
+    channel = Channel(host.strip("[]"), int(port))
+    try:
+        async with channel.request(
+            path, grpclib.const.Cardinality.UNARY_UNARY, type(request), reply_type,
+            timeout=FORWARD_TIMEOUT_S,
+        ) as stream:  # fmt: skip
+            await stream.send_message(request, end=True)
+            reply = await stream.recv_message()
+    except GRPCError:
+        raise
+    except (OSError, TimeoutError) as error:
+        raise DanubeError(
+            ErrorCode.UNAVAILABLE, f"the owning broker's admin port {admin_url} did not answer: "
+            f"{error}",
+        ) from None  # fmt: skip
+    finally:
+        channel.close()
+    if reply is None:
+        raise DanubeError(ErrorCode.UNAVAILABLE, f"{admin_url} answered nothing")
+    return reply
 
 
 class AdminServices:
-    """BrokerAdmin, NamespaceAdmin and TopicAdmin on the admin port."""
+    """BrokerAdmin, NamespaceAdmin, TopicAdmin and PolicyAdmin on the admin port."""
 
     def __init__(
         self,
         runtime: BrokerRuntime,
         broker_id: str,
         admin_url: str,
-        cluster: ClusterAdmin | None = None,
+        schemas: SchemaService,
+        *,
+        metrics_url: str = "",
+        cluster: ClusterOps | None = None,
+        placement: ClusterPlacement | None = None,
+        store: MetadataStore | None = None,
     ) -> None:
+        """Cluster mode passes `cluster`, `placement` and `store`: topics this broker does
+        not serve are known from the store."""
         self._runtime = runtime
         self._core = runtime.core
         self._broker_id = broker_id
         self._admin_url = admin_url
+        self._metrics_url = metrics_url
+        self._schemas = schemas
         self._cluster = cluster
+        self._placement = placement
+        self._store = store
 
-    # BrokerAdmin
+    # -- helpers ----------------------------------------------------------------------------
 
-    async def list_brokers(self, _: pb.Empty) -> pb.BrokerListResponse:
+    def _topic(self, name: str) -> str:
+        """A topic name as given, checked (bad names are INVALID_ARGUMENT, not NOT_FOUND)."""
+        parse_topic(name)
+        return name
+
+    async def _elsewhere(self, topic: str) -> str | None:
+        """Cluster mode: the admin URL of the broker serving `topic`, when that is another
+        broker; None when this broker answers itself."""
+        if self._cluster is None or self._core.serves(topic):
+            return None
+        owner = (await self._cluster.topic_owners([topic])).get(topic, "")
+        if not owner:
+            if topic in set(await self._placement_partitions(topic)):
+                raise DanubeError(
+                    ErrorCode.UNAVAILABLE,
+                    f"{topic} is being assigned to a broker; retry in a moment",
+                )
+            raise not_found(f"topic {topic} does not exist")
+        if owner == self._broker_id:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE, f"{topic} is being loaded by this broker; retry"
+            )
+        brokers = await self._cluster.list_brokers(pb.Empty())
+        for broker in brokers.brokers:
+            if broker.broker_id == owner and broker.admin_addr:
+                return broker.admin_addr
+        raise DanubeError(
+            ErrorCode.UNAVAILABLE, f"{topic}'s owner (broker {owner}) is not registered"
+        )
+
+    async def _placement_partitions(self, topic: str) -> list[str]:
+        if self._placement is None:
+            return []
+        return await self._placement.partitions(topic)
+
+    async def _owned(
+        self,
+        topic: str,
+        path: str,
+        request: Any,
+        reply_type: type[R],
+        local: Callable[[], Awaitable[R]],
+    ) -> R:
+        admin_url = await self._elsewhere(self._topic(topic))
+        if admin_url is None:
+            return await local()
+        return await forward(admin_url, path, request, reply_type)
+
+    # -- BrokerAdmin ------------------------------------------------------------------------
+
+    async def list_brokers(self, request: pb.Empty) -> pb.BrokerListResponse:
+        if self._cluster is not None:
+            return await self._cluster.list_brokers(request)
         broker = pb.BrokerInfo(
             broker_id=self._broker_id,
             broker_addr=self._core.identity.broker_url,
             broker_role="Cluster_Leader",
             admin_addr=self._admin_url,
+            metrics_addr=self._metrics_url,
             broker_status="active",
         )
         return pb.BrokerListResponse(brokers=[broker])
 
-    async def get_leader_broker(self, _: pb.Empty) -> pb.BrokerResponse:
+    async def get_leader_broker(self, request: pb.Empty) -> pb.BrokerResponse:
         if self._cluster is not None:
-            return pb.BrokerResponse(leader=self._cluster.leader() or "")
+            return await self._cluster.get_leader_broker(request)
         return pb.BrokerResponse(leader=self._broker_id)
 
-    async def trigger_rebalance(self, request: pb.RebalanceRequest) -> pb.RebalanceResponse:
-        """Cluster mode, on the leader: starts a rebalance (moves go on in the background,
-        as in Danube). Dry runs are not offered yet."""
+    def _cluster_only(self, what: str) -> ClusterOps:
         if self._cluster is None:
-            raise DanubeError(ErrorCode.FAILED_PRECONDITION, "rebalancing needs cluster mode")
-        if request.dry_run:
-            raise DanubeError(ErrorCode.UNIMPLEMENTED, "dry-run rebalancing is not offered yet")
-        leader = self._cluster.leader()
-        if leader != self._broker_id:
             raise DanubeError(
                 ErrorCode.FAILED_PRECONDITION,
-                f"broker {leader or '(none yet)'} leads the cluster; ask its admin port",
+                f"{what} needs cluster mode: a standalone broker has nowhere to move topics",
             )
-        self._cluster.trigger_rebalance(request.max_moves)
-        return pb.RebalanceResponse(success=True)
+        return self._cluster
+
+    async def unload_broker(self, request: pb.UnloadBrokerRequest) -> pb.UnloadBrokerResponse:
+        return await self._cluster_only("unloading a broker").unload_broker(request)
+
+    async def activate_broker(self, request: pb.ActivateBrokerRequest) -> pb.ActivateBrokerResponse:
+        return await self._cluster_only("activating a broker").activate_broker(request)
+
+    async def get_cluster_balance(
+        self, request: pb.ClusterBalanceRequest
+    ) -> pb.ClusterBalanceResponse:
+        return await self._cluster_only("cluster balance").get_cluster_balance(request)
+
+    async def trigger_rebalance(self, request: pb.RebalanceRequest) -> pb.RebalanceResponse:
+        return await self._cluster_only("rebalancing").trigger_rebalance(request)
 
     async def list_namespaces(self, _: pb.Empty) -> pb.NamespaceListResponse:
         return pb.NamespaceListResponse(namespaces=self._core.namespaces())
 
-    # NamespaceAdmin
+    # -- NamespaceAdmin ---------------------------------------------------------------------
+
+    async def _namespace_topics(self, namespace: str) -> list[str]:
+        """Every topic of the namespace: this broker's, or in cluster mode the store's."""
+        local = self._core.topics(namespace)
+        if self._store is None:
+            return local
+        prefix = paths.namespace_prefix(namespace) + "topics/"
+        scanned = await store_call_from_grpc(self._store.scan, prefix)
+        stored = [f"/{kv.key.removeprefix(prefix)}" for kv in scanned]
+        return sorted(set(local) | set(stored))
 
     async def get_namespace_topics(self, request: pb.NamespaceRequest) -> pb.TopicListResponse:
-        return pb.TopicListResponse(topics=self._core.topics(request.name))
+        return pb.TopicListResponse(topics=await self._namespace_topics(request.name))
 
     async def get_namespace_policies(self, request: pb.NamespaceRequest) -> pb.PolicyResponse:
         policies = self._core.namespace_policies(request.name)
@@ -112,102 +286,290 @@ class AdminServices:
         return pb.NamespaceResponse(success=True)
 
     async def delete_namespace(self, request: pb.NamespaceRequest) -> pb.NamespaceResponse:
+        if self._placement is not None:
+            topics = await self._namespace_topics(request.name)
+            if topics:
+                raise DanubeError(
+                    ErrorCode.FAILED_PRECONDITION,
+                    f"namespace {request.name!r} still has {len(topics)} topic(s); "
+                    "delete them first",
+                )
         await self._runtime.run(self._core.delete_namespace(request.name))
         return pb.NamespaceResponse(success=True)
 
-    # TopicAdmin
+    # -- TopicAdmin ---------------------------------------------------------------------------
+
+    async def _topic_infos(self, topics: list[str]) -> list[pb.TopicInfo]:
+        owners = (
+            await self._cluster.topic_owners(topics)
+            if self._cluster is not None
+            else dict.fromkeys(topics, self._broker_id)
+        )
+        strategies = await self._strategies(topics)
+        return [
+            pb.TopicInfo(name=name, broker_id=owners.get(name, ""), delivery=strategies[name])
+            for name in topics
+        ]
+
+    async def _strategies(self, topics: list[str]) -> dict[str, str]:
+        found = {}
+        for name in topics:
+            if self._core.serves(name) or self._store is None:
+                found[name] = self._core.topic_strategy(name).label
+            else:
+                key = paths.topic_delivery(TopicName.parse(name))
+                kv = await store_call_from_grpc(self._store.get, key)
+                found[name] = str(kv.value) if kv is not None else ""
+        return found
 
     async def list_namespace_topics(self, request: pb.NamespaceRequest) -> pb.TopicInfoListResponse:
-        topics = [
-            pb.TopicInfo(
-                name=name,
-                broker_id=self._broker_id,
-                delivery=self._core.topic_strategy(name).label,
+        topics = await self._namespace_topics(request.name)
+        return pb.TopicInfoListResponse(topics=await self._topic_infos(topics))
+
+    async def list_broker_topics(self, request: pb.BrokerRequest) -> pb.TopicInfoListResponse:
+        if self._cluster is not None:
+            return await self._cluster.list_broker_topics(request)
+        if request.broker_id != self._broker_id:
+            raise not_found(f"broker {request.broker_id!r} is not this standalone broker")
+        topics = sorted(self._core.served_topics())
+        return pb.TopicInfoListResponse(topics=await self._topic_infos(topics))
+
+    async def _check_subject(self, subject: str | None) -> None:
+        """Danube stores a creation's subject without looking at the registry; a subject
+        that does not exist would refuse every publish later, so it is refused now."""
+        if subject and not await self._schemas.subject_exists(subject):
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"schema subject {subject!r} is not registered; register it first "
+                "(danube-admin schemas register)",
             )
-            for name in self._core.topics(request.name)
-        ]
-        return pb.TopicInfoListResponse(topics=topics)
+
+    async def _bind_schema(self, topic: str, subject: str | None) -> None:
+        """A topic created with a subject is bound to it under `enforce`: the reason to
+        name a subject at creation is that its messages must match it."""
+        if subject:
+            config = TopicSchemaConfig(subject, ValidationPolicy.ENFORCE, False)
+            await self._schemas.bind_topic(topic, config)
 
     async def create_topic(self, request: pb.NewTopicRequest) -> pb.TopicResponse:
-        _no_schema(request.schema_subject)
         strategy = _strategy(request.dispatch_strategy)
-        if self._cluster is not None:
-            await self._cluster.placement.create([parse_topic(request.name)], strategy)
+        name = parse_topic(request.name)
+        await self._check_subject(request.schema_subject)
+        if self._placement is not None:
+            await self._placement.create([name], strategy)
         else:
             await self._runtime.run(self._core.create_topic(request.name, strategy))
+        await self._bind_schema(request.name, request.schema_subject)
         return pb.TopicResponse(success=True)
 
     async def create_partitioned_topic(
         self, request: pb.PartitionedTopicRequest
     ) -> pb.TopicResponse:
-        _no_schema(request.schema_subject)
         strategy = _strategy(request.dispatch_strategy)
-        if self._cluster is not None:
-            await self._cluster.placement.create_partitioned(
+        await self._check_subject(request.schema_subject)
+        if self._placement is not None:
+            await self._placement.create_partitioned(
                 request.base_name, request.partitions, strategy
             )
-            return pb.TopicResponse(success=True)
-        step = self._core.create_partitioned_topic(request.base_name, request.partitions, strategy)
-        await self._runtime.run(step)
+        else:
+            step = self._core.create_partitioned_topic(
+                request.base_name, request.partitions, strategy
+            )
+            await self._runtime.run(step)
+        await self._bind_schema(request.base_name, request.schema_subject)
         return pb.TopicResponse(success=True)
 
     async def delete_topic(self, request: pb.TopicRequest) -> pb.TopicResponse:
+        """Standalone: the topic, its metadata, its WAL and its uploaded objects (Danube
+        leaves the storage behind). A base name deletes every partition."""
         if self._cluster is not None:
-            raise DanubeError(
-                ErrorCode.UNIMPLEMENTED, "deleting a topic is not offered in cluster mode yet"
-            )
+            return await self._cluster.delete_topic(request)
         await self._runtime.run(self._core.delete_topic(request.name))
         return pb.TopicResponse(success=True)
 
+    async def unload_topic(self, request: pb.TopicRequest) -> pb.TopicResponse:
+        self._topic(request.name)
+        return await self._cluster_only("unloading a topic").unload_topic(request)
+
     async def list_subscriptions(self, request: pb.TopicRequest) -> pb.SubscriptionListResponse:
-        return pb.SubscriptionListResponse(subscriptions=self._core.subscriptions(request.name))
+        async def local() -> pb.SubscriptionListResponse:
+            return pb.SubscriptionListResponse(subscriptions=self._core.subscriptions(request.name))
+
+        return await self._owned(
+            request.name, "/danube_admin.TopicAdmin/ListSubscriptions", request,
+            pb.SubscriptionListResponse, local,
+        )  # fmt: skip
+
+    async def unsubscribe(self, request: pb.SubscriptionRequest) -> pb.SubscriptionResponse:
+        async def local() -> pb.SubscriptionResponse:
+            await self._runtime.run(self._core.unsubscribe(request.topic, request.subscription))
+            return pb.SubscriptionResponse(success=True)
+
+        return await self._owned(
+            request.topic, "/danube_admin.TopicAdmin/Unsubscribe", request,
+            pb.SubscriptionResponse, local,
+        )  # fmt: skip
 
     async def describe_topic(self, request: pb.DescribeTopicRequest) -> pb.DescribeTopicResponse:
-        return pb.DescribeTopicResponse(
-            name=request.name,
-            subscriptions=self._core.subscriptions(request.name),
-            broker_id=self._broker_id,
-            delivery=self._core.topic_strategy(request.name).label,
+        async def local() -> pb.DescribeTopicResponse:
+            reply = pb.DescribeTopicResponse(
+                name=request.name,
+                subscriptions=self._core.subscriptions(request.name),
+                broker_id=self._broker_id,
+                delivery=self._core.topic_strategy(request.name).label,
+            )
+            bound = await self._schemas.topic_schema(request.name)
+            if bound is not None:
+                config, subject = bound
+                reply.schema_subject = config.subject
+                if subject is not None and subject.versions:
+                    reply.schema_id = subject.schema_id
+                    reply.schema_version = subject.latest.version
+                    reply.schema_type = subject.latest.schema_type.value
+                    reply.compatibility_mode = subject.mode.value
+            return reply
+
+        return await self._owned(
+            request.name, "/danube_admin.TopicAdmin/DescribeTopic", request,
+            pb.DescribeTopicResponse, local,
+        )  # fmt: skip
+
+    async def set_subscription_failure_policy(
+        self, request: pb.SetSubscriptionFailurePolicyRequest
+    ) -> pb.SubscriptionResponse:
+        async def local() -> pb.SubscriptionResponse:
+            settings = _failure_settings(request.failure_policy)
+            step = self._core.set_failure_policy(
+                request.topic, request.subscription, settings, now_ms=now_ms()
+            )
+            await self._runtime.run(step)
+            return pb.SubscriptionResponse(success=True)
+
+        return await self._owned(
+            request.topic, "/danube_admin.TopicAdmin/SetSubscriptionFailurePolicy", request,
+            pb.SubscriptionResponse, local,
+        )  # fmt: skip
+
+    async def get_subscription_failure_policy(
+        self, request: pb.GetSubscriptionFailurePolicyRequest
+    ) -> pb.GetSubscriptionFailurePolicyResponse:
+        async def local() -> pb.GetSubscriptionFailurePolicyResponse:
+            settings = self._core.failure_policy(request.topic, request.subscription)
+            kind = self._core.subscription_type(request.topic, request.subscription)
+            reply = pb.GetSubscriptionFailurePolicyResponse(
+                subscription_type=int(kind) if kind is not None else -1
+            )
+            if settings is not None:
+                reply.failure_policy = _failure_wire(settings)
+            return reply
+
+        return await self._owned(
+            request.topic, "/danube_admin.TopicAdmin/GetSubscriptionFailurePolicy", request,
+            pb.GetSubscriptionFailurePolicyResponse, local,
+        )  # fmt: skip
+
+    async def set_subscription_dispatch_config(
+        self, request: pb.SetSubscriptionDispatchConfigRequest
+    ) -> pb.SubscriptionResponse:
+        async def local() -> pb.SubscriptionResponse:
+            step = self._core.set_dispatch_window(
+                request.topic,
+                request.subscription,
+                request.dispatch_config.max_unacked_messages,
+                now_ms=now_ms(),
+            )
+            await self._runtime.run(step)
+            return pb.SubscriptionResponse(success=True)
+
+        return await self._owned(
+            request.topic, "/danube_admin.TopicAdmin/SetSubscriptionDispatchConfig", request,
+            pb.SubscriptionResponse, local,
+        )  # fmt: skip
+
+    async def get_subscription_dispatch_config(
+        self, request: pb.GetSubscriptionDispatchConfigRequest
+    ) -> pb.GetSubscriptionDispatchConfigResponse:
+        async def local() -> pb.GetSubscriptionDispatchConfigResponse:
+            window = self._core.dispatch_window(request.topic, request.subscription)
+            reply = pb.GetSubscriptionDispatchConfigResponse()
+            if window is not None:
+                reply.dispatch_config = pb.SubscriptionDispatchConfig(max_unacked_messages=window)
+            return reply
+
+        return await self._owned(
+            request.topic, "/danube_admin.TopicAdmin/GetSubscriptionDispatchConfig", request,
+            pb.GetSubscriptionDispatchConfigResponse, local,
+        )  # fmt: skip
+
+    # -- PolicyAdmin (danube_ext) -------------------------------------------------------------
+
+    async def set_namespace_policies(
+        self, request: ext_pb.SetPoliciesRequest
+    ) -> ext_pb.PoliciesResponse:
+        changes = _policies_json(request.policies)
+        policies = await self._runtime.run(self._core.set_namespace_policies(request.name, changes))
+        return ext_pb.PoliciesResponse(policies=json.dumps(policies, sort_keys=True))
+
+    async def set_topic_policies(
+        self, request: ext_pb.SetPoliciesRequest
+    ) -> ext_pb.PoliciesResponse:
+        async def local() -> ext_pb.PoliciesResponse:
+            changes = _policies_json(request.policies)
+            policies = await self._runtime.run(self._core.set_topic_policies(request.name, changes))
+            return self._policies_reply(request.name, policies)
+
+        return await self._owned(
+            request.name, "/danube_ext.PolicyAdmin/SetTopicPolicies", request,
+            ext_pb.PoliciesResponse, local,
+        )  # fmt: skip
+
+    async def get_topic_policies(self, request: ext_pb.PoliciesRequest) -> ext_pb.PoliciesResponse:
+        async def local() -> ext_pb.PoliciesResponse:
+            policies, _ = self._core.topic_policies(request.name)
+            return self._policies_reply(request.name, policies)
+
+        return await self._owned(
+            request.name, "/danube_ext.PolicyAdmin/GetTopicPolicies", request,
+            ext_pb.PoliciesResponse, local,
+        )  # fmt: skip
+
+    async def clear_topic_policies(
+        self, request: ext_pb.PoliciesRequest
+    ) -> ext_pb.PoliciesResponse:
+        async def local() -> ext_pb.PoliciesResponse:
+            policies = await self._runtime.run(self._core.clear_topic_policies(request.name))
+            return self._policies_reply(request.name, policies)
+
+        return await self._owned(
+            request.name, "/danube_ext.PolicyAdmin/ClearTopicPolicies", request,
+            ext_pb.PoliciesResponse, local,
+        )  # fmt: skip
+
+    def _policies_reply(self, topic: str, policies: dict[str, int]) -> ext_pb.PoliciesResponse:
+        _, overridden = self._core.topic_policies(topic)
+        return ext_pb.PoliciesResponse(
+            policies=json.dumps(policies, sort_keys=True), overridden=overridden
         )
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        routes = {
-            "BrokerAdmin/ListBrokers": (self.list_brokers, pb.Empty, pb.BrokerListResponse),
-            "BrokerAdmin/GetLeaderBroker": (self.get_leader_broker, pb.Empty, pb.BrokerResponse),
-            "BrokerAdmin/TriggerRebalance": (
-                self.trigger_rebalance, pb.RebalanceRequest, pb.RebalanceResponse
-            ),
-            "BrokerAdmin/ListNamespaces": (
-                self.list_namespaces, pb.Empty, pb.NamespaceListResponse
-            ),
-            "NamespaceAdmin/GetNamespaceTopics": (
-                self.get_namespace_topics, pb.NamespaceRequest, pb.TopicListResponse
-            ),
-            "NamespaceAdmin/GetNamespacePolicies": (
-                self.get_namespace_policies, pb.NamespaceRequest, pb.PolicyResponse
-            ),
-            "NamespaceAdmin/CreateNamespace": (
-                self.create_namespace, pb.NamespaceRequest, pb.NamespaceResponse
-            ),
-            "NamespaceAdmin/DeleteNamespace": (
-                self.delete_namespace, pb.NamespaceRequest, pb.NamespaceResponse
-            ),
-            "TopicAdmin/ListNamespaceTopics": (
-                self.list_namespace_topics, pb.NamespaceRequest, pb.TopicInfoListResponse
-            ),
-            "TopicAdmin/CreateTopic": (self.create_topic, pb.NewTopicRequest, pb.TopicResponse),
-            "TopicAdmin/CreatePartitionedTopic": (
-                self.create_partitioned_topic, pb.PartitionedTopicRequest, pb.TopicResponse
-            ),
-            "TopicAdmin/DeleteTopic": (self.delete_topic, pb.TopicRequest, pb.TopicResponse),
-            "TopicAdmin/ListSubscriptions": (
-                self.list_subscriptions, pb.TopicRequest, pb.SubscriptionListResponse
-            ),
-            "TopicAdmin/DescribeTopic": (
-                self.describe_topic, pb.DescribeTopicRequest, pb.DescribeTopicResponse
-            ),
-        }  # fmt: skip
-        return {
-            f"/danube_admin.{path}": unary(call, request, response)
-            for path, (call, request, response) in routes.items()
-        }
+        """Every method of the generated bases this class implements, under the method's
+        snake_case name, with the bases' request and reply types."""
+        routes = {}
+        for base in _BASES:
+            for path, handler in base().__mapping__().items():
+                call = getattr(self, _snake(path.rpartition("/")[2]), None)
+                if call is not None:
+                    routes[path] = unary(call, handler.request_type, handler.reply_type)
+        return routes
+
+
+_BASES = (
+    pb.BrokerAdminBase,
+    pb.NamespaceAdminBase,
+    pb.TopicAdminBase,
+    ext_pb.PolicyAdminBase,
+)
+
+
+def _snake(rpc: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", rpc).lower()

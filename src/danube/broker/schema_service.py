@@ -321,6 +321,15 @@ class SchemaService:
                 raise DanubeError(ErrorCode.UNAVAILABLE, f"{topic}'s binding kept changing; retry")
             self._configs.pop(name.full, None)
 
+    async def topic_schema(self, topic: str) -> tuple[TopicSchemaConfig, Subject | None] | None:
+        """The binding in force, read afresh, with its subject (None when the subject is
+        gone): what DescribeTopic shows (Danube shows the subject given at creation only)."""
+        self._configs.pop(topic, None)
+        config = await self.topic_config(topic)
+        if config is None:
+            return None
+        return config, await self._subject(config.subject)
+
     async def topic_config(self, topic: str) -> TopicSchemaConfig | None:
         """The topic's binding, trusted for CONFIG_TTL_S (read on every publish to a served
         topic). A store that does not answer leaves the last binding read in force for

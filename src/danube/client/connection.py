@@ -65,6 +65,12 @@ class RetryPolicy:
         return random.uniform(limit / 2, limit)
 
 
+CREATE_RETRYABLE = RETRYABLE - {Status.RESOURCE_EXHAUSTED}
+"""What creating a producer or subscribing retries. A broker answers RESOURCE_EXHAUSTED there
+for a topic's limit (max producers, consumers, subscriptions), which stays reached until
+someone leaves: the caller hears of it at once rather than after half a minute of retries."""
+
+
 class Connections:
     """One grpclib channel per broker address, shared by every producer and consumer of a
     client."""
@@ -172,7 +178,7 @@ class Connections:
             except GRPCError as error:
                 elapsed = time.monotonic() - started
                 exhausted = self.retry.exhausted(attempt, elapsed, self.reached)
-                if error.status not in RETRYABLE or exhausted:
+                if error.status not in CREATE_RETRYABLE or exhausted:
                     raise DanubeClientError.from_grpc(what, error) from None
             except (*TRANSPORT_ERRORS, DanubeClientError) as error:
                 if self.retry.exhausted(attempt, time.monotonic() - started, self.reached):
