@@ -160,9 +160,7 @@ def test_failure_policy_and_dispatch_config_round_trip(broker: BrokerProcess) ->
                     admin_pb.SetSubscriptionDispatchConfigRequest(
                         topic=topic,
                         subscription="s",
-                        dispatch_config=admin_pb.SubscriptionDispatchConfig(
-                            max_unacked_messages=0
-                        ),
+                        dispatch_config=admin_pb.SubscriptionDispatchConfig(max_unacked_messages=0),
                     )
                 )
             )
