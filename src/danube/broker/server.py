@@ -24,6 +24,7 @@ from danube.broker.batch_plane import (
     ConsumerBatchService,
     ProducerExtService,
 )
+from danube.broker.cluster_admin import ClusterAdminOps
 from danube.broker.cluster_member import ClusterMember
 from danube.broker.data_plane import (
     ConsumerExtService,
@@ -308,10 +309,17 @@ async def serve(
                 ],
                 metrics.rpc_done,
             )
-            admin_services = [
-                AdminServices(runtime, broker_id, f"http://{bound.admin}", member),
+            admin = AdminServices(
+                runtime,
+                broker_id,
+                f"http://{bound.admin}",
                 schemas,
-            ]
+                metrics_url=f"http://{bound.metrics}" if bound.metrics else "",
+                cluster=ClusterAdminOps(store, member) if member is not None else None,
+                placement=cluster_placement if clustered else None,
+                store=store if clustered else None,
+            )
+            admin_services = [admin, schemas]
             admin_server = Server(
                 [*admin_services, Unimplemented(ADMIN_PORT_BASES, admin_services, NOT_YET)],
                 metrics.rpc_done,
