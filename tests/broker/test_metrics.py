@@ -1,0 +1,144 @@
+"""The metrics endpoint of a real broker process, scraped over HTTP while our client produces
+and consumes on a reliable and a non-reliable topic: every counter moves by what the
+scenario did, the backlog gauge rises and falls, and the health endpoints answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from danube.client import DanubeClient, SubType
+from danube.core.config import DispatchStrategy
+from danube.localcluster.broker_process import BrokerProcess
+from tests.support.aio import receive_n, run, unique_topic
+from tests.support.metrics import Samples, http_get, scrape
+
+pytestmark = pytest.mark.slow
+
+RELIABLE_PAYLOADS = [b"a" * 10, b"b" * 200, b"c" * 3000, b"d", b"e" * 50]
+PLAIN_PAYLOADS = [b"w" * 7, b"x" * 70, b"y" * 700, b"z" * 7000]
+
+
+def _delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    return after.value(name, **labels) - before.value(name, **labels)
+
+
+def _eventually(url: str, check: str, name: str, expected: float, **labels: str) -> Samples:
+    """Scrapes until the sample has the value (a streaming call is counted when its stream
+    ends, a moment after the client closed it)."""
+    deadline = time.monotonic() + 10
+    while True:
+        samples = scrape(url)
+        if samples.value(name, **labels) == expected or time.monotonic() > deadline:
+            assert samples.value(name, **labels) == expected, (check, samples.matching(name))
+            return samples
+        time.sleep(0.1)
+
+
+def test_counters_and_gauges_follow_a_produce_and_consume_session(
+    broker_factory: type[BrokerProcess], tmp_path: Path
+) -> None:
+    broker = broker_factory(tmp_path / "data").start()
+    url = broker.metrics_url
+    reliable, plain = unique_topic("metrics-rel"), unique_topic("metrics-plain")
+    before = scrape(url)
+    during: dict[str, Samples] = {}
+
+    async def scenario() -> None:
+        async with DanubeClient(broker.url) as client:
+            producer = await client.producer(
+                reliable, "p-rel", dispatch=DispatchStrategy.RELIABLE, batching=None
+            ).create()
+            consumer = await client.consumer(
+                reliable, "c-rel", "s-rel", sub_type=SubType.EXCLUSIVE
+            ).subscribe()
+            for payload in RELIABLE_PAYLOADS:
+                await producer.send(payload)
+            got = await receive_n(consumer, len(RELIABLE_PAYLOADS), ack=False)
+            during["unacked"] = await asyncio.to_thread(scrape, url)
+            await consumer.nack(got[0], delay_ms=0)
+            again = await receive_n(consumer, len(RELIABLE_PAYLOADS), timeout=15, ack=False)
+            assert [m.offset for m in again] == [m.offset for m in got]
+            for message in again:
+                await consumer.ack(message)
+
+            plain_producer = await client.producer(plain, "p-plain").create()
+            plain_consumer = await client.consumer(
+                plain, "c-plain", "s-plain", sub_type=SubType.SHARED
+            ).subscribe()
+            for payload in PLAIN_PAYLOADS:
+                await plain_producer.send(payload)
+            await receive_n(plain_consumer, len(PLAIN_PAYLOADS))
+            during["open"] = await asyncio.to_thread(scrape, url)
+
+    run(scenario)
+    unacked, open_ = during["unacked"], during["open"]
+    assert unacked.value("danube_subscription_lag_messages", topic=reliable) == 5
+    assert open_.value("danube_subscription_lag_messages", topic=reliable) == 0
+    assert open_.value("danube_topic_active_producers", topic=reliable) == 1
+    assert open_.value("danube_topic_active_consumers", topic=plain) == 1
+    assert open_.value("danube_topic_active_subscriptions", topic=reliable) == 1
+    assert open_.value("danube_subscription_active_consumers", subscription="s-plain") == 1
+    assert open_.value("danube_broker_topics_owned") == 2
+
+    after = _eventually(
+        url,
+        "the batched publish stream is counted once it ends (our client cancels it)",
+        "danube_broker_rpc_total",
+        1,
+        method="PublishBatches",
+    )
+    assert after.value("danube_topic_messages_in_total", topic=reliable) == 5
+    assert after.value("danube_topic_bytes_in_total", topic=reliable) == sum(
+        map(len, RELIABLE_PAYLOADS)
+    )
+    assert after.value("danube_topic_messages_in_total", topic=plain) == 4
+    assert after.value("danube_topic_bytes_in_total", topic=plain) == sum(map(len, PLAIN_PAYLOADS))
+    # five first deliveries and the redelivery of all five (Exclusive restarts at the cursor)
+    assert after.value("danube_consumer_messages_out_total", topic=reliable) == 10
+    assert after.value("danube_consumer_messages_out_total", topic=plain) == 4
+    assert after.value("danube_consumer_bytes_out_total", topic=plain) > sum(
+        map(len, PLAIN_PAYLOADS)
+    )
+    assert after.value("danube_subscription_nack_total", topic=reliable, subscription="s-rel") == 1
+    for topic, count in ((reliable, 5), (plain, 4)):
+        assert after.value("danube_producer_send_total", topic=topic, result="ok") == count
+        assert after.value("danube_topic_message_size_bytes_count", topic=topic) == count
+    assert after.value("danube_producer_send_latency_ms_count", topic=reliable) == 5
+    assert after.value("danube_producer_send_latency_ms_count", topic=plain) >= 1
+    rpc = "danube_broker_rpc_total"
+    assert _delta(before, after, rpc, method="SendMessage", result="OK") == 5
+    assert _delta(before, after, rpc, method="Nack", result="OK") == 1
+    acks = sum(_delta(before, after, rpc, method=m, result="OK") for m in ("Ack", "AckBatch"))
+    assert acks == 9, [s for s in after.matching(rpc) if "Ack" in s.labels["method"]]
+    assert _delta(before, after, rpc, method="CreateProducer", result="OK") == 2
+    assert _delta(before, after, "danube_wal_append_total") == 5
+    assert _delta(before, after, "danube_wal_append_bytes_total") > sum(map(len, RELIABLE_PAYLOADS))
+    assert _delta(before, after, "danube_wal_flush_total") >= 5  # one per sequential send
+    assert _delta(before, after, "danube_wal_flush_latency_ms_count") >= 5
+    assert _delta(before, after, "danube_wal_group_commit_records_count") >= 4
+    assert after.value("danube_nonreliable_dropped_total") == 0
+    assert after.value("danube_leader_election_state") == 1
+    broker_id = after.matching("danube_broker_info")[0].labels["broker"]
+    assert broker_id and all(s.labels["broker"] == broker_id for s in after.samples)
+
+
+def test_health_readiness_and_unknown_paths(broker: BrokerProcess) -> None:
+    base = broker.metrics_url
+    assert http_get(f"{base}/healthz")[::2] == (200, "ok\n")
+    assert http_get(f"{base}/readyz")[::2] == (200, "ready\n")
+    status, content_type, _ = http_get(f"{base}/metrics")
+    assert status == 200 and content_type.startswith("text/plain; version=")
+    assert http_get(f"{base}/metrics/extra")[0] == 404
+    assert http_get(f"{base}/")[0] == 404
+
+
+def test_the_endpoint_can_be_turned_off(
+    broker_factory: type[BrokerProcess], tmp_path: Path
+) -> None:
+    broker = broker_factory(tmp_path / "data", metrics_port=None).start()
+    assert broker.metrics_addr == ""
+    assert "metrics_addr=off" in broker.wait_for_log("event=broker_ready")
