@@ -1,0 +1,299 @@
+"""The cluster's admin API on a real cluster (three broker processes, etcd, moto's S3),
+driven over gRPC as `danube-admin` drives it (issue 10): brokers and their leader, balance,
+topics per broker, unloading a topic (its messages stay readable), draining a broker and
+activating it again, a rebalance dry run, deleting a reliable topic with its objects and WAL.
+Leader-only calls are sent to a follower's admin port: it forwards them to the leader."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from grpclib import GRPCError
+from grpclib.client import Channel
+from grpclib.const import Status
+
+from danube.broker.cluster_admin import decodable_load_info
+from danube.broker.object_store import ObjectStore
+from danube.client import DanubeClient, SubType
+from danube.client.client import DispatchStrategy
+from danube.localcluster.broker_process import BrokerProcess
+from danube.localcluster.cluster import ClusterSettings, LocalCluster
+from danube.localcluster.s3_process import CREDENTIALS
+from danube.proto import danube_admin as pb
+
+pytestmark = pytest.mark.slow
+
+RELIABLE = pb.DispatchStrategy.Reliable
+
+decodable_load_info()  # this test decodes ClusterBalanceResponse as a client
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("cluster-admin")
+    with LocalCluster(root, ClusterSettings(brokers=3)) as running:
+        yield running
+
+
+def broker_id(broker: BrokerProcess) -> str:
+    match = re.search(r"event=broker_ready broker_id=(\S+)", broker.log_text())
+    assert match is not None
+    return match.group(1)
+
+
+def call(broker: BrokerProcess, method: str, request: Any) -> Any:
+    """One admin call on `broker`'s admin port."""
+
+    async def run() -> Any:
+        channel = Channel(*broker.admin_addr.rsplit(":", 1))
+        try:
+            for stub in (pb.BrokerAdminStub, pb.TopicAdminStub):
+                if hasattr(stub, method):
+                    return await getattr(stub(channel, timeout=120), method)(request)
+            raise AssertionError(f"no admin method {method}")
+        finally:
+            channel.close()
+
+    return asyncio.run(run())
+
+
+def refused(broker: BrokerProcess, method: str, request: Any) -> GRPCError:
+    with pytest.raises(GRPCError) as caught:
+        call(broker, method, request)
+    return caught.value
+
+
+def wait(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def roles(cluster: LocalCluster) -> tuple[BrokerProcess, list[BrokerProcess]]:
+    leader = call(cluster.brokers[0], "get_leader_broker", pb.Empty()).leader
+    by_id = {broker_id(b): b for b in cluster.brokers}
+    return by_id[leader], [b for i, b in by_id.items() if i != leader]
+
+
+def topics_of(broker: BrokerProcess, target: str) -> list[str]:
+    answer = call(broker, "list_broker_topics", pb.BrokerRequest(broker_id=target))
+    return [t.name for t in answer.topics]
+
+
+def where(cluster: LocalCluster, topic: str) -> str | None:
+    asker = cluster.brokers[0]
+    for broker in cluster.brokers:
+        if topic in topics_of(asker, broker_id(broker)):
+            return broker_id(broker)
+    return None
+
+
+def create(cluster: LocalCluster, *topics: str) -> None:
+    for topic in topics:
+        call(cluster.brokers[0], "create_topic", pb.NewTopicRequest(topic, None, RELIABLE))
+    for topic in topics:
+        wait(lambda t=topic: where(cluster, t), f"{topic} to be assigned")  # type: ignore[misc]
+
+
+def status(cluster: LocalCluster, target: str) -> str:
+    brokers = call(cluster.brokers[0], "list_brokers", pb.Empty()).brokers
+    return next(b.broker_status for b in brokers if b.broker_id == target)
+
+
+async def produce(urls: str, topic: str, count: int) -> None:
+    async with DanubeClient(urls) as client:
+        producer = await client.producer(
+            topic, "admin-test", dispatch=DispatchStrategy.RELIABLE
+        ).create()
+        for i in range(count):
+            await producer.send(f"m-{i}".encode())
+
+
+async def subscribe(urls: str, topic: str) -> None:
+    async with DanubeClient(urls) as client:
+        consumer = await client.consumer(topic, "c", "sub", sub_type=SubType.EXCLUSIVE).subscribe()
+        await consumer.close()
+
+
+async def consume(urls: str, topic: str, count: int) -> list[str]:
+    async with DanubeClient(urls) as client:
+        consumer = await client.consumer(topic, "c", "sub", sub_type=SubType.EXCLUSIVE).subscribe()
+        received = []
+        async with asyncio.timeout(60):
+            async for message in consumer:
+                received.append(message.payload.decode())
+                await consumer.ack(message)
+                if len(received) == count:
+                    break
+        await consumer.close()
+        return received
+
+
+def objects(cluster: LocalCluster, topic: str) -> list[str]:
+    os.environ.update(CREDENTIALS)
+    store = ObjectStore(f"s3://{cluster.s3.bucket}/cluster", endpoint=cluster.s3.endpoint)
+    namespace, local = topic.strip("/").split("/")
+    listed = store.list(f"storage/topics/{namespace}/{local}/segments/")
+    return [key for key, _ in listed if key.endswith(".wal")]  # not s3fs's directory entry
+
+
+# -- tests ----------------------------------------------------------------------------------------
+
+
+def test_every_broker_lists_the_same_three_brokers_and_one_leader(cluster: LocalCluster) -> None:
+    answers = [call(b, "list_brokers", pb.Empty()).brokers for b in cluster.brokers]
+    first = sorted((b.broker_id, b.broker_role, b.admin_addr, b.broker_status) for b in answers[0])
+    assert len(first) == 3
+    for answer in answers[1:]:
+        assert (
+            sorted((b.broker_id, b.broker_role, b.admin_addr, b.broker_status) for b in answer)
+            == first
+        )
+    leaders = [b for b in answers[0] if b.broker_role == "Cluster_Leader"]
+    assert len(leaders) == 1
+    leader, _ = roles(cluster)
+    assert leaders[0].broker_id == broker_id(leader)
+    assert {b.broker_status for b in answers[0]} == {"active"}
+    assert {b.admin_addr for b in answers[0]} == {f"http://{b.admin_addr}" for b in cluster.brokers}
+    assert {b.broker_addr for b in answers[0]} == {b.url for b in cluster.brokers}
+
+
+def test_balance_counts_the_topics_per_broker_on_leader_and_follower(
+    cluster: LocalCluster,
+) -> None:
+    create(cluster, *(f"/default/bal-{i}" for i in range(6)))
+    leader, followers = roles(cluster)
+    balance = call(leader, "get_cluster_balance", pb.ClusterBalanceRequest())
+    assert balance.broker_count == 3
+    assert balance.assignment_strategy == "Fair"
+    per_broker = {
+        str(b.broker_id): len(topics_of(followers[0], broker_id(p)))
+        for p in cluster.brokers
+        for b in balance.brokers
+        if str(b.broker_id) == broker_id(p)
+    }
+    assert {str(b.broker_id): b.topic_count for b in balance.brokers} == per_broker
+    assert sum(per_broker.values()) >= 6
+    assert balance.max_load >= balance.mean_load >= balance.min_load
+    assert call(followers[0], "get_cluster_balance", pb.ClusterBalanceRequest()) == balance
+    topics = call(followers[1], "list_broker_topics", pb.BrokerRequest(broker_id(leader))).topics
+    assert {t.delivery for t in topics} <= {"Reliable"}
+
+
+def test_an_unloaded_topic_moves_and_keeps_its_messages(cluster: LocalCluster) -> None:
+    topic = "/default/moving"
+    urls = ",".join(cluster.service_urls)
+    create(cluster, topic)
+    asyncio.run(subscribe(urls, topic))
+    asyncio.run(produce(urls, topic, 20))
+    before = where(cluster, topic)
+    _, followers = roles(cluster)
+    assert call(followers[0], "unload_topic", pb.TopicRequest(topic)).success
+    after = wait(lambda: (w := where(cluster, topic)) != before and w, "the topic to move")
+    assert after != before
+    assert asyncio.run(consume(urls, topic, 20)) == [f"m-{i}" for i in range(20)]
+
+
+def test_draining_a_broker_moves_its_topics_away_until_it_is_activated(
+    cluster: LocalCluster,
+) -> None:
+    _, followers = roles(cluster)
+    drained = broker_id(followers[1])
+    create(cluster, *(f"/default/drain-{i}" for i in range(6)))
+    held = topics_of(followers[0], drained)
+    assert held, "the broker to drain should hold topics"
+    request = pb.UnloadBrokerRequest(drained, max_parallel=2, dry_run=True)
+    dry = call(followers[0], "unload_broker", request)
+    assert (dry.started, dry.total) == (False, len(held))
+    assert topics_of(followers[0], drained) == held
+    request = pb.UnloadBrokerRequest(drained, max_parallel=2, timeout_seconds=90)
+    answer = call(followers[0], "unload_broker", request)
+    assert (answer.started, answer.total, answer.succeeded) == (True, len(held), len(held))
+    assert (answer.failed, answer.pending, answer.failed_topics) == (0, 0, [])
+    assert topics_of(followers[0], drained) == []
+    wait(lambda: status(cluster, drained) == "drained", "the broker to be drained")
+    create(cluster, *(f"/default/after-drain-{i}" for i in range(3)))
+    assert topics_of(followers[0], drained) == []
+    activate = pb.ActivateBrokerRequest(drained, "")
+    assert call(followers[0], "activate_broker", activate).success
+    assert status(cluster, drained) == "active"
+    create(cluster, "/default/after-activate")
+    assert where(cluster, "/default/after-activate") == drained
+
+
+def test_a_rebalance_dry_run_proposes_a_move_onto_the_empty_broker_and_makes_none(
+    cluster: LocalCluster,
+) -> None:
+    _, followers = roles(cluster)
+    empty = broker_id(followers[1])
+    loads = {
+        str(b.broker_id): b.topic_count
+        for b in call(followers[0], "get_cluster_balance", pb.ClusterBalanceRequest()).brokers
+    }
+    assert loads[empty] == min(loads.values())
+    answer = call(followers[0], "trigger_rebalance", pb.RebalanceRequest(dry_run=True))
+    assert answer.success and answer.moves_executed == 0
+    (move,) = answer.proposed_moves
+    assert str(move.to_broker) == empty and str(move.from_broker) != empty
+    assert move.topic_name in topics_of(followers[0], str(move.from_broker))
+    time.sleep(1)
+    assert move.topic_name in topics_of(followers[0], str(move.from_broker))
+
+
+def test_deleting_a_reliable_topic_removes_its_objects_and_wal(cluster: LocalCluster) -> None:
+    topic = "/default/doomed"
+    urls = ",".join(cluster.service_urls)
+    create(cluster, topic)
+    asyncio.run(produce(urls, topic, 50))
+    _, followers = roles(cluster)
+    call(followers[0], "unload_topic", pb.TopicRequest(topic))  # seals and uploads the WAL
+    wait(lambda: objects(cluster, topic), "the topic's objects")
+    owner = wait(lambda: where(cluster, topic), "the topic to be assigned again")
+    assert call(followers[0], "delete_topic", pb.TopicRequest(topic)).success
+    assert objects(cluster, topic) == []
+    assert where(cluster, topic) is None
+    for broker in cluster.brokers:
+        assert not (broker.data_dir / "wal" / "default" / "doomed").exists(), broker_id(broker)
+    assert any(f"event=topic_deleted_here topic={topic}" in b.log_text() for b in cluster.brokers)
+    assert owner in {broker_id(b) for b in cluster.brokers}
+    asyncio.run(produce(urls, topic, 1))  # created again, empty
+
+    async def earliest() -> str:
+        async with DanubeClient(urls) as client:
+            consumer = await client.consumer(topic, "c", "fresh", start="earliest").subscribe()
+            async with asyncio.timeout(30):
+                message = await consumer.receive()
+            await consumer.close()
+            return message.payload.decode()
+
+    assert asyncio.run(earliest()) == "m-0"
+
+
+def test_bad_requests_say_what_is_wrong(cluster: LocalCluster) -> None:
+    _, followers = roles(cluster)
+    asker = followers[0]
+    error = refused(asker, "delete_topic", pb.TopicRequest("/default/bal-0-part-1"))
+    assert error.status is Status.INVALID_ARGUMENT and "/default/bal-0" in str(error.message)
+    assert refused(asker, "delete_topic", pb.TopicRequest("/default/nope")).status is (
+        Status.NOT_FOUND
+    )
+    assert refused(asker, "unload_topic", pb.TopicRequest("/default/nope")).status is (
+        Status.NOT_FOUND
+    )
+    assert refused(asker, "unload_broker", pb.UnloadBrokerRequest("")).status is (
+        Status.INVALID_ARGUMENT
+    )
+    assert refused(asker, "unload_broker", pb.UnloadBrokerRequest("12345")).status is (
+        Status.NOT_FOUND
+    )
