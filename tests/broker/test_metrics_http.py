@@ -1,0 +1,176 @@
+"""The metrics endpoint's HTTP handling without a broker: malformed, oversized and slow
+requests get an answer or a closed connection, never a crash; the histograms count as
+Prometheus means them; removed topics lose their series."""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+from danube.broker import metrics_http
+from danube.broker.metrics import BrokerMetrics, Histogram
+from danube.broker.metrics_http import Endpoints, Request, Response, parse_head, read_head
+from danube.core.config import DispatchStrategy, Policies
+from danube.dispatch import QueueLimits
+from danube.node.core import BrokerCore, BrokerIdentity
+
+
+class Stub:
+    def __init__(self) -> None:
+        self.reason: str | None = "starting"
+        self.scrapes = 0
+
+    def metrics(self) -> bytes:
+        self.scrapes += 1
+        if self.scrapes == 2:
+            raise RuntimeError("a collector broke")
+        return b"up 1\n"
+
+    def not_ready(self) -> str | None:
+        return self.reason
+
+    async def alive(self) -> bool:
+        return True
+
+
+@asynccontextmanager
+async def endpoint(stub: Stub) -> AsyncIterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    port = sock.getsockname()[1]
+    endpoints = Endpoints(stub.metrics, stub.not_ready, stub.alive)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(metrics_http.serve_http, sock, endpoints)
+        yield port
+        nursery.cancel_scope.cancel()
+    sock.close()
+
+
+async def exchange(port: int, data: bytes) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(data)
+        received = b""
+        while chunk := await stream.receive_some(65536):
+            received += chunk
+    return received
+
+
+def status_of(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"\x16\x03\x01garbage\r\n\r\n", 400),
+        (b"GET /metrics\r\n\r\n", 400),
+        (b"GET metrics HTTP/1.1\r\n\r\n", 400),
+        (b"GET /metrics HTTP/2.0\r\n\r\n", 505),
+        (b"GET /m\xc3\xa9trics HTTP/1.1\r\n\r\n", 400),
+    ],
+)
+def test_malformed_request_lines_get_an_error_answer(head: bytes, status: int) -> None:
+    parsed = parse_head(head)
+    assert isinstance(parsed, Response) and parsed.status == status
+
+
+def test_the_query_string_is_ignored() -> None:
+    assert parse_head(b"GET /metrics?x=1 HTTP/1.0\r\nHost: a\r\n\r\n") == Request("GET", "/metrics")
+
+
+@pytest.mark.trio
+async def test_an_oversized_head_is_refused_without_reading_more() -> None:
+    client, server = trio.testing.memory_stream_pair()
+    await client.send_all(b"GET /metrics HTTP/1.1\r\n" + b"X: y\r\n" * 4000)
+    answer = await read_head(server)
+    assert isinstance(answer, Response) and answer.status == 431
+
+
+@pytest.mark.trio
+async def test_a_client_that_closes_early_gets_a_bad_request() -> None:
+    client, server = trio.testing.memory_stream_pair()
+    await client.send_all(b"GET /metr")
+    await client.aclose()
+    answer = await read_head(server)
+    assert isinstance(answer, Response) and answer.status == 400
+
+
+@pytest.mark.trio
+async def test_paths_methods_and_readiness_over_a_real_socket() -> None:
+    stub = Stub()
+    async with endpoint(stub) as port:
+        ok = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status_of(ok) == 200 and ok.endswith(b"\r\n\r\nup 1\n")
+        assert b"Connection: close" in ok and b"Content-Length: 5" in ok
+        broken = await exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert status_of(broken) == 500, "a failing collector is an error answer, not a crash"
+        assert status_of(await exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n")) == 200
+        assert status_of(await exchange(port, b"POST /metrics HTTP/1.1\r\n\r\n")) == 405
+        assert status_of(await exchange(port, b"GET /other HTTP/1.1\r\n\r\n")) == 404
+        assert status_of(await exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n")) == 200
+        not_ready = await exchange(port, b"GET /readyz HTTP/1.1\r\n\r\n")
+        assert status_of(not_ready) == 503 and not_ready.endswith(b"starting\n")
+        stub.reason = None
+        assert status_of(await exchange(port, b"GET /readyz HTTP/1.1\r\n\r\n")) == 200
+        garbage = await exchange(port, b"\x00\xff" * 100 + b"\r\n\r\n")
+        assert status_of(garbage) == 400
+
+
+@pytest.mark.trio
+async def test_slow_clients_are_cut_off_and_too_many_are_turned_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(metrics_http, "CONNECTION_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(metrics_http, "MAX_CONNECTIONS", 1)
+    async with endpoint(Stub()) as port:
+        slow = await trio.open_tcp_stream("127.0.0.1", port)
+        await slow.send_all(b"GET /metr")
+        await trio.sleep(0.05)
+        crowded = await exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n")
+        assert status_of(crowded) == 503 and b"too many connections" in crowded
+        with trio.fail_after(2):
+            assert await slow.receive_some(100) == b"", "the slow client is disconnected"
+        await slow.aclose()
+        assert status_of(await exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n")) == 200
+
+
+def test_histogram_buckets_are_cumulative_and_le_inclusive() -> None:
+    histogram = Histogram((1, 10))
+    histogram.observe(1)
+    histogram.observe_many(np.array([0, 5, 10, 11]))
+    assert histogram.buckets() == [("1", 2), ("10", 4), ("+Inf", 5)]
+    assert histogram.total == 27
+
+
+def test_series_of_topics_the_broker_no_longer_serves_disappear() -> None:
+    core = BrokerCore(
+        BrokerIdentity("http://b:1", "http://b:1"),
+        rng=random.Random(1),
+        default_policies=Policies(),
+        queue_limits=QueueLimits(10, 1 << 20),
+    )
+    core.bootstrap(["default"])
+    core.create_topic("/default/t", DispatchStrategy.NON_RELIABLE)
+    metrics = BrokerMetrics(core, "7", "standalone")
+    metrics.nacked("/default/t", "s")
+    metrics.send_failed("/default/never-served", 1, "NOT_FOUND")
+    text = metrics.exposition().decode()
+    assert (
+        'danube_subscription_nack_total{broker="7",subscription="s",topic="/default/t"} 1.0' in text
+    )
+    assert 'danube_topic_messages_in_total{broker="7",topic="/default/t"} 0.0' in text
+    unserved = (
+        'danube_producer_send_total{broker="7",error_code="NOT_FOUND",result="error",topic=""}'
+    )
+    assert f"{unserved} 1.0" in text, "unserved topics share one series"
+    core.delete_topic("/default/t")
+    assert 'topic="/default/t"' not in metrics.exposition().decode()
