@@ -18,7 +18,9 @@ unassigned markers, and for each topic:
   topic), then release it (`Release`): delete the claim, compared on its revision, and, if the
   leader posted a not-ready marker naming this broker, rewrite it `ready: true` in the same
   transaction, compared on the marker's revision. A marker that shows up only after the unload
-  finished is marked ready when it shows up.
+  finished is marked ready when it shows up. When the marker is a `delete` naming this
+  broker, the unload says so (`Unload.deleted`): the topic is dropped with its WAL, not
+  sealed, and the admin's DeleteTopic removes its metadata and objects after the release.
 - **a new lease** (the old one expired: the leader failed every topic over) → every topic is
   dropped at once (`Drop`, no seal: the claims died with the lease and another broker may own
   the topic already), and the assignments still in the view are claimed afresh.
