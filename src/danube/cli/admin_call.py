@@ -77,6 +77,10 @@ class AdminClient:
             return await request
         except GRPCError as error:
             raise Refused(what, error.status, error.message or "(no message)") from None
+        except (ValueError, TypeError) as error:
+            raise AdminError(
+                f"{what}: the broker's answer could not be decoded ({error})"
+            ) from None
         except TimeoutError:
             raise Unreachable(
                 f"{what}: no answer from {self.endpoint} within {self.timeout_s:g} s "
