@@ -280,6 +280,7 @@ async def serve(
                     "broker_url": identity.broker_url,
                     "connect_url": identity.connect_url,
                     "admin_addr": f"http://{bound.admin}",
+                    "metrics_addr": f"http://{bound.metrics}" if bound.metrics else "",
                 }
                 member = ClusterMember(
                     store, runtime, broker_id, registration, config.cluster, cluster_placement
