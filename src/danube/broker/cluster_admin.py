@@ -14,19 +14,18 @@ and the load manager live, and the decisions are `danube.cluster.admin_ops`'s.
 
 from __future__ import annotations
 
-import io
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import betterproto
 import trio
 import trio_asyncio
 from grpclib import GRPCError
 from grpclib.client import Channel
 
+import danube.proto_compat  # noqa: F401  (ClusterBalanceResponse decodes)
 from danube.broker.cluster_member import ClusterMember
 from danube.broker.watching import REQUEST_TIMEOUT_S, failure_text
 from danube.cluster import admin_ops, keys
@@ -56,21 +55,6 @@ _STRATEGIES = {
     Strategy.BALANCED: "Balanced",
     Strategy.WEIGHTED_LOAD: "WeightedLoad",
 }
-
-
-def decodable_load_info() -> None:
-    """Makes `BrokerLoadInfo` decodable. Its field `load` (Danube's name, kept for the wire and
-    JSON) hides the `Message.load` that betterproto's `parse` calls, so a ClusterBalanceResponse
-    with brokers cannot be decoded: not by a follower forwarding GetClusterBalance, nor by a
-    client. The generated code is never edited; this restores `parse` on the class."""
-
-    def parse(self: pb.BrokerLoadInfo, data: bytes) -> pb.BrokerLoadInfo:
-        return betterproto.Message.load(self, io.BytesIO(data))
-
-    pb.BrokerLoadInfo.parse = parse  # type: ignore[method-assign]
-
-
-decodable_load_info()
 
 
 def _u64(broker_id: str) -> int:
