@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+import danube.proto_compat  # noqa: F401  (ClusterBalanceResponse decodes)
 from danube.cli.admin_args import Actions, command, count, group, positive
 from danube.cli.admin_call import AdminClient, AdminError
-from danube.cli.admin_render import Result, fields, plain, record, table
-from danube.cli.admin_wire import balance_data, cluster_balance
+from danube.cli.admin_render import Result, fields, plain, table
 from danube.proto import danube_admin as pb
 
 CLUSTER = "cluster mode (etcd) with at least two brokers"
@@ -73,7 +73,8 @@ async def activate(client: AdminClient, args: argparse.Namespace) -> Result:
 
 
 async def balance(client: AdminClient, _: argparse.Namespace) -> Result:
-    answer = await client.call("cluster balance", cluster_balance(client.brokers, client.timeout_s))
+    request = pb.ClusterBalanceRequest()
+    answer = await client.call("cluster balance", client.brokers.get_cluster_balance(request))
     summary = fields(
         [
             ("brokers", answer.broker_count),
@@ -86,13 +87,13 @@ async def balance(client: AdminClient, _: argparse.Namespace) -> Result:
         ]
     )
     rows = [
-        (b.broker_id, b.load_value, b.topic_count, b.is_overloaded, b.is_underloaded)
+        (b.broker_id, b.load, b.topic_count, b.is_overloaded, b.is_underloaded)
         for b in answer.brokers
     ]
     loads = table(
         ("broker_id", "load", "topics", "overloaded", "underloaded"), rows, "no broker loads"
     )
-    return Result(balance_data(answer, record(answer)), f"{summary}\n\n{loads}")
+    return Result(plain(answer), f"{summary}\n\n{loads}")
 
 
 async def rebalance(client: AdminClient, args: argparse.Namespace) -> Result:
