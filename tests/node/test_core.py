@@ -635,11 +635,11 @@ def test_delete_partitioned_topic_deletes_all_partitions_and_ends_streams() -> N
     assert code_of(lambda: core.delete_topic("/default/t")) is ErrorCode.NOT_FOUND
 
 
-def test_delete_one_partition_and_recreate_a_topic_fresh() -> None:
+def test_partitions_go_together_and_a_topic_is_recreated_fresh() -> None:
     core = new_core()
     core.create_partitioned_topic("/default/t", 2, NR)
-    core.delete_topic("/default/t-part-0")
-    assert core.topic_partitions("/default/t") == ["/default/t-part-1"]
+    assert code_of(lambda: core.delete_topic("/default/t-part-0")) is ErrorCode.INVALID_ARGUMENT
+    assert core.topic_partitions("/default/t") == ["/default/t-part-0", "/default/t-part-1"]
     pid = producer(core, "/default/u")
     consumer(core, "/default/u")
     core.delete_topic("/default/u")

@@ -26,7 +26,7 @@ from danube.broker.schema_service import SchemaService
 from danube.broker.watching import store_call_from_grpc
 from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
-from danube.core.names import TopicName, parse_topic
+from danube.core.names import parse_topic
 from danube.dispatch.reliable import Backoff
 from danube.metadata import MetadataStore
 from danube.node import paths
@@ -317,7 +317,7 @@ class AdminServices:
             if self._core.serves(name) or self._store is None:
                 found[name] = self._core.topic_strategy(name).label
             else:
-                key = paths.topic_delivery(TopicName.parse(name))
+                key = paths.topic_delivery(parse_topic(name))
                 kv = await store_call_from_grpc(self._store.get, key)
                 found[name] = str(kv.value) if kv is not None else ""
         return found

@@ -690,7 +690,12 @@ class BrokerCore:
         """Deletes a topic, or every partition when given a partitioned topic's base name.
         Its producers and consumers are forgotten (health checks answer CLOSE) and open
         receive streams end."""
-        parse_topic(topic)
+        partition = parse_topic(topic).partition_of
+        if partition is not None:
+            raise invalid(
+                f"{topic} is a partition of {partition[0]}: delete the partitioned topic by "
+                f"its base name {partition[0]} (as Danube, partitions go together)"
+            )
         targets = [topic] if topic in self._topics else self.partitions(topic)
         if not targets:
             raise not_found(f"topic {topic} does not exist")
