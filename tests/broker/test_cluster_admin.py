@@ -18,7 +18,7 @@ from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Status
 
-from danube.broker.cluster_admin import decodable_load_info
+import danube.proto_compat  # noqa: F401  (this test decodes ClusterBalanceResponse)
 from danube.broker.object_store import ObjectStore
 from danube.client import DanubeClient, SubType
 from danube.client.client import DispatchStrategy
@@ -30,8 +30,6 @@ from danube.proto import danube_admin as pb
 pytestmark = pytest.mark.slow
 
 RELIABLE = pb.DispatchStrategy.Reliable
-
-decodable_load_info()  # this test decodes ClusterBalanceResponse as a client
 
 
 @pytest.fixture(scope="module")
