@@ -13,6 +13,7 @@ import pytest
 from danube.client import DanubeClient, SubType
 from danube.core.config import DispatchStrategy
 from danube.localcluster.broker_process import BrokerProcess
+from danube.localcluster.cluster import ClusterSettings, LocalCluster
 from tests.support.aio import receive_n, run, unique_topic
 from tests.support.metrics import Samples, http_get, scrape
 
@@ -142,3 +143,46 @@ def test_the_endpoint_can_be_turned_off(
     broker = broker_factory(tmp_path / "data", metrics_port=None).start()
     assert broker.metrics_addr == ""
     assert "metrics_addr=off" in broker.wait_for_log("event=broker_ready")
+
+
+def test_a_three_broker_cluster_reports_one_leader_and_the_topics_each_owns(
+    tmp_path: Path,
+) -> None:
+    """Each broker of a real cluster serves its own endpoint: one leader among them, every
+    one ready, and the topics of a partitioned producer counted where they were placed."""
+    topic = unique_topic("metrics-cluster")
+    with LocalCluster(tmp_path / "cluster", ClusterSettings(brokers=3)) as cluster:
+        urls = [b.metrics_url for b in cluster.brokers]
+        assert len(set(urls)) == 3, "parallel brokers get ports of their own"
+
+        async def produce() -> None:
+            async with DanubeClient(",".join(cluster.service_urls)) as client:
+                producer = await client.producer(
+                    topic, "p", partitions=6, dispatch=DispatchStrategy.RELIABLE
+                ).create()
+                for index in range(12):
+                    await producer.send(b"m", key=str(index))
+
+        run(produce, timeout=60)
+        for url in urls:
+            assert http_get(f"{url}/readyz")[::2] == (200, "ready\n")
+        deadline = time.monotonic() + 10
+        while True:  # an election may still be settling
+            scrapes = [scrape(url) for url in urls]
+            leaders = [s.value("danube_leader_election_state") for s in scrapes]
+            if sorted(leaders) == [0, 0, 1] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert sorted(leaders) == [0, 0, 1], leaders
+        ids = {
+            s.matching("danube_broker_info", mode="cluster")[0].labels["broker"] for s in scrapes
+        }
+        assert len(ids) == 3
+        partitions = [
+            sample
+            for s in scrapes
+            for sample in s.matching("danube_topic_messages_in_total")
+            if sample.labels["topic"].startswith(topic)
+        ]
+        assert len(partitions) == 6 and sum(p.value for p in partitions) == 12
+        assert sum(s.value("danube_wal_append_total") for s in scrapes) == 12
