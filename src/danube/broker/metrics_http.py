@@ -28,6 +28,10 @@ MAX_HEAD_BYTES = 8 * 1024
 CONNECTION_TIMEOUT_S = 5.0
 """From accept to the last byte of the answer."""
 MAX_CONNECTIONS = 32
+LINGER_S = 1.0
+"""After answering: how long to read (and drop) what the client still sends before closing,
+so that unread bytes do not turn the close into a reset that destroys the answer."""
+LINGER_BYTES = 64 * 1024
 LIVENESS_TIMEOUT_S = 2.0
 TEXT = "text/plain; charset=utf-8"
 
@@ -160,9 +164,11 @@ async def serve_http(sock: socket.socket, endpoints: Endpoints) -> None:
                     response = _text(503, "Service Unavailable", "too many connections")
                     with trio.move_on_after(CONNECTION_TIMEOUT_S):
                         await stream.send_all(response.encode())
+                        await _linger(stream)
                     return
                 with trio.move_on_after(CONNECTION_TIMEOUT_S):
                     await _exchange(stream, endpoints)
+                    await _linger(stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the client went away
         except Exception:
@@ -181,6 +187,15 @@ async def _exchange(stream: trio.SocketStream, endpoints: Endpoints) -> None:
         request = parse_head(head)
         response = request if isinstance(request, Response) else await _answered(endpoints, request)
     await stream.send_all(response.encode())
+
+
+async def _linger(stream: trio.SocketStream) -> None:
+    """Half-closes, then drops what the client still sends until it closes (bounded)."""
+    await stream.send_eof()
+    with trio.move_on_after(LINGER_S):
+        dropped = 0
+        while dropped < LINGER_BYTES and (chunk := await stream.receive_some(4096)):
+            dropped += len(chunk)
 
 
 async def _answered(endpoints: Endpoints, request: Request) -> Response:
