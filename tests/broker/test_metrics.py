@@ -105,6 +105,10 @@ def test_counters_and_gauges_follow_a_produce_and_consume_session(
         map(len, PLAIN_PAYLOADS)
     )
     assert after.value("danube_subscription_nack_total", topic=reliable, subscription="s-rel") == 1
+    assert (
+        after.value("danube_subscription_redelivery_total", topic=reliable, subscription="s-rel")
+        == 5
+    )
     for topic, count in ((reliable, 5), (plain, 4)):
         assert after.value("danube_producer_send_total", topic=topic, result="ok") == count
         assert after.value("danube_topic_message_size_bytes_count", topic=topic) == count

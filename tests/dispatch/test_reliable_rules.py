@@ -313,6 +313,38 @@ def test_nack_redelivers_after_the_policy_delay_doubling_each_time() -> None:
     assert d.sub.next_timer_ms == 700
 
 
+def test_redeliveries_are_counted_and_first_deliveries_are_not() -> None:
+    d = Driver(KEY_SHARED, consumers=("c1", "c2"), policy=FailurePolicy(base_redelivery_delay_ms=0))
+    d.publish(b"a", b"b", b"a", b"c")
+    assert sorted(o for _, offsets in d.take() for o in offsets) == [0, 1, 3]
+    d.ack(0)
+    assert [o for _, offsets in d.take() for o in offsets] == [2], "a key's next, sent later"
+    assert d.sub.redelivered == 0
+    d.nack(1)
+    d.at(1)
+    assert d.sub.redelivered == 1
+    leaving = "c1" if 3 in d.sub.in_flight(d.ids["c1"]) else "c2"
+    held = len(d.sub.in_flight(d.ids[leaving]))
+    d.disconnect(leaving)
+    assert held and d.sub.redelivered == 1 + held, "its messages went to the other consumer"
+
+
+def test_configure_changes_the_window_and_policy_of_a_live_subscription() -> None:
+    d = Driver(SHARED, max_unacked_messages=2, policy=FailurePolicy(ack_timeout_ms=10_000))
+    d.publish(count=5)
+    assert [o for _, offsets in d.take() for o in offsets] == [0, 1]
+    d.run(d.sub.configure(d.now, max_unacked_messages=4))
+    assert [o for _, offsets in d.take() for o in offsets] == [2, 3]
+    d.run(d.sub.configure(d.now, policy=FailurePolicy(ack_timeout_ms=100)))
+    d.ack(0)
+    assert [o for _, offsets in d.take() for o in offsets] == [4]
+    # 4 was sent under the 100 ms timeout: it times out first, though sent last
+    d.at(100)
+    assert 4 not in d.sub.in_flight(1) and 1 in d.sub.in_flight(1)
+    with pytest.raises(ValueError):
+        d.sub.configure(d.now, max_unacked_messages=0)
+
+
 def test_a_nack_delay_lengthens_but_never_shortens_and_is_capped() -> None:
     policy = FailurePolicy(base_redelivery_delay_ms=100, max_redelivery_delay_ms=1_000)
     d = Driver(SHARED, policy=policy)

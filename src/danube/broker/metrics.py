@@ -266,6 +266,12 @@ def _topic_families(broker: str, topics: list[stats.TopicStats]) -> Iterable[Met
         "Reliable subscriptions: messages stored and not yet acknowledged (the backlog).",
         ["topic", "subscription"],
     )
+    redelivered = _counter(
+        "danube_subscription_redelivery_total",
+        "Reliable subscriptions: messages sent again (after a nack, an ack timeout or their "
+        "consumer leaving) since the subscription was loaded on this broker.",
+        ["topic", "subscription"],
+    )
     upload = _gauge(
         "danube_tier_upload_lag_messages",
         "Object tier: committed messages of the topic not yet in an indexed object.",
@@ -282,9 +288,13 @@ def _topic_families(broker: str, topics: list[stats.TopicStats]) -> Iterable[Met
             sub_consumers.add_metric([broker, name, sub.name], sub.consumers)
             if sub.backlog is not None:
                 lag.add_metric([broker, name, sub.name], sub.backlog)
+                redelivered.add_metric([broker, name, sub.name], sub.redeliveries)
         if topic.upload_lag is not None:
             upload.add_metric([broker, name], topic.upload_lag)
-    return (owned, messages, size, producers, consumers, subscriptions, sub_consumers, lag, upload)
+    return (
+        owned, messages, size, producers, consumers, subscriptions, sub_consumers, lag,
+        redelivered, upload,
+    )  # fmt: skip
 
 
 def _event_families(m: BrokerMetrics) -> Iterable[Metric]:

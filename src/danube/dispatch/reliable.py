@@ -225,6 +225,9 @@ class ReliableSubscription:
         self._deadlines: deque[tuple[int, int, int]] = deque()
         self._retries: list[tuple[int, int, int]] = []
         self._tokens = 0
+        self.redelivered = 0
+        """Sends of an offset that had been sent before (after a nack, an ack timeout or its
+        consumer leaving): the operator's measure of how much work is done twice."""
         self._now = _DAWN
         self._persisted = self.cursor
         self._persisted_at = _DAWN
@@ -493,6 +496,8 @@ class ReliableSubscription:
 
     def _send(self, offset: int, consumer_id: int, batches: dict[int, list[int]]) -> None:
         entry = self._entries[offset]
+        if entry.token:  # a token is given at the first send: this is a later one
+            self.redelivered += 1
         self._tokens += 1
         entry.token = self._tokens
         entry.consumer = consumer_id

@@ -1573,6 +1573,7 @@ class BrokerCore:
             cursor_flush_ms=old.cursor_flush_ms,
             policy=old.policy,
         )
+        fresh.redelivered = old.redelivered
         sub.dispatcher, sub.records = fresh, {}
         sub.epoch += 1
         sub.read_lost = False

@@ -16,6 +16,8 @@ class SubscriptionStats:
     """Consumers attached to the subscription (with or without an open stream)."""
     backlog: int | None
     """Reliable: messages stored and not yet acknowledged (from the cursor); None otherwise."""
+    redeliveries: int
+    """Reliable: messages sent again since the subscription was loaded here; 0 otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +43,12 @@ def _topic(record: TopicRecord) -> TopicStats:
     subscriptions = []
     for sub in record.subscriptions.values():
         backlog = None
-        if committed is not None and not isinstance(sub.dispatcher, NonReliableSubscription):
-            backlog = max(0, committed - 1 - sub.reliable.cursor)
-        subscriptions.append(SubscriptionStats(sub.name, len(sub.consumers), backlog))
+        redeliveries = 0
+        if not isinstance(sub.dispatcher, NonReliableSubscription):
+            redeliveries = sub.reliable.redelivered
+            if committed is not None:
+                backlog = max(0, committed - 1 - sub.reliable.cursor)
+        subscriptions.append(SubscriptionStats(sub.name, len(sub.consumers), backlog, redeliveries))
     return TopicStats(
         record.name.full,
         record.reliable,
