@@ -129,6 +129,38 @@ def test_topics_list_by_namespace_agrees_with_the_brokers(
     assert table.splitlines()[0].split() == ["TOPIC", "BROKER_ID", "DELIVERY"]
 
 
+def test_topic_commands_sent_to_any_broker_reach_the_owner(
+    any_broker: BrokerProcess, namespace: str
+) -> None:
+    """One endpoint serves the whole cluster: settings of a topic another broker serves are
+    made and read through `any_broker`, which asks the owner."""
+    where = placement(any_broker, namespace)
+    assert where is not None
+    (mine,) = [
+        b for b in brokers(any_broker) if b["admin_addr"] == f"http://{any_broker.admin_addr}"
+    ]
+    topic, owner = next((t, o) for t, o in sorted(where.items()) if o != mine["broker_id"])
+    described = as_json(any_broker, "topics", "describe", topic)
+    assert described["broker_id"] == owner and described["delivery"] == "Reliable"
+    ok(
+        any_broker,
+        "topics",
+        "set-dispatch-config",
+        topic,
+        "-s",
+        "audit",
+        "--max-unacked-messages",
+        "7",
+    )
+    got = as_json(any_broker, "topics", "get-dispatch-config", topic, "-s", "audit")
+    assert got["dispatch_config"] == {"max_unacked_messages": 7}
+    ok(any_broker, "topics", "set-policies", topic, "--max-producers-per-topic", "2")
+    policies = as_json(any_broker, "topics", "get-policies", topic)
+    assert policies["policies"]["max_producers_per_topic"] == 2  # type: ignore[index]
+    assert policies["overridden"] == ["max_producers_per_topic"]
+    assert as_json(any_broker, "topics", "subscriptions", topic)["subscriptions"] == []
+
+
 def test_topic_unload_moves_it_to_another_broker(any_broker: BrokerProcess, namespace: str) -> None:
     before = placement(any_broker, namespace)
     assert before is not None

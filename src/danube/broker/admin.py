@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import grpclib.const
 from grpclib import GRPCError
 from grpclib.client import Channel
 
-from danube.broker.grpc_util import unary
+from danube.broker.grpc_util import Call, unary
 from danube.broker.placement import ClusterPlacement
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.broker.schema_service import SchemaService
@@ -204,19 +203,6 @@ class AdminServices:
             return []
         return await self._placement.partitions(topic)
 
-    async def _owned(
-        self,
-        topic: str,
-        path: str,
-        request: Any,
-        reply_type: type[R],
-        local: Callable[[], Awaitable[R]],
-    ) -> R:
-        admin_url = await self._elsewhere(self._topic(topic))
-        if admin_url is None:
-            return await local()
-        return await forward(admin_url, path, request, reply_type)
-
     # -- BrokerAdmin ------------------------------------------------------------------------
 
     async def list_brokers(self, request: pb.Empty) -> pb.BrokerListResponse:
@@ -392,114 +378,72 @@ class AdminServices:
         return await self._cluster_only("unloading a topic").unload_topic(request)
 
     async def list_subscriptions(self, request: pb.TopicRequest) -> pb.SubscriptionListResponse:
-        async def local() -> pb.SubscriptionListResponse:
-            return pb.SubscriptionListResponse(subscriptions=self._core.subscriptions(request.name))
-
-        return await self._owned(
-            request.name, "/danube_admin.TopicAdmin/ListSubscriptions", request,
-            pb.SubscriptionListResponse, local,
-        )  # fmt: skip
+        return pb.SubscriptionListResponse(subscriptions=self._core.subscriptions(request.name))
 
     async def unsubscribe(self, request: pb.SubscriptionRequest) -> pb.SubscriptionResponse:
-        async def local() -> pb.SubscriptionResponse:
-            await self._runtime.run(self._core.unsubscribe(request.topic, request.subscription))
-            return pb.SubscriptionResponse(success=True)
-
-        return await self._owned(
-            request.topic, "/danube_admin.TopicAdmin/Unsubscribe", request,
-            pb.SubscriptionResponse, local,
-        )  # fmt: skip
+        await self._runtime.run(self._core.unsubscribe(request.topic, request.subscription))
+        return pb.SubscriptionResponse(success=True)
 
     async def describe_topic(self, request: pb.DescribeTopicRequest) -> pb.DescribeTopicResponse:
-        async def local() -> pb.DescribeTopicResponse:
-            reply = pb.DescribeTopicResponse(
-                name=request.name,
-                subscriptions=self._core.subscriptions(request.name),
-                broker_id=self._broker_id,
-                delivery=self._core.topic_strategy(request.name).label,
-            )
-            bound = await self._schemas.topic_schema(request.name)
-            if bound is not None:
-                config, subject = bound
-                reply.schema_subject = config.subject
-                if subject is not None and subject.versions:
-                    reply.schema_id = subject.schema_id
-                    reply.schema_version = subject.latest.version
-                    reply.schema_type = subject.latest.schema_type.value
-                    reply.compatibility_mode = subject.mode.value
-            return reply
-
-        return await self._owned(
-            request.name, "/danube_admin.TopicAdmin/DescribeTopic", request,
-            pb.DescribeTopicResponse, local,
-        )  # fmt: skip
+        reply = pb.DescribeTopicResponse(
+            name=request.name,
+            subscriptions=self._core.subscriptions(request.name),
+            broker_id=self._broker_id,
+            delivery=self._core.topic_strategy(request.name).label,
+        )
+        bound = await self._schemas.topic_schema(request.name)
+        if bound is not None:
+            config, subject = bound
+            reply.schema_subject = config.subject
+            if subject is not None and subject.versions:
+                reply.schema_id = subject.schema_id
+                reply.schema_version = subject.latest.version
+                reply.schema_type = subject.latest.schema_type.value
+                reply.compatibility_mode = subject.mode.value
+        return reply
 
     async def set_subscription_failure_policy(
         self, request: pb.SetSubscriptionFailurePolicyRequest
     ) -> pb.SubscriptionResponse:
-        async def local() -> pb.SubscriptionResponse:
-            settings = _failure_settings(request.failure_policy)
-            step = self._core.set_failure_policy(
-                request.topic, request.subscription, settings, now_ms=now_ms()
-            )
-            await self._runtime.run(step)
-            return pb.SubscriptionResponse(success=True)
-
-        return await self._owned(
-            request.topic, "/danube_admin.TopicAdmin/SetSubscriptionFailurePolicy", request,
-            pb.SubscriptionResponse, local,
-        )  # fmt: skip
+        settings = _failure_settings(request.failure_policy)
+        step = self._core.set_failure_policy(
+            request.topic, request.subscription, settings, now_ms=now_ms()
+        )
+        await self._runtime.run(step)
+        return pb.SubscriptionResponse(success=True)
 
     async def get_subscription_failure_policy(
         self, request: pb.GetSubscriptionFailurePolicyRequest
     ) -> pb.GetSubscriptionFailurePolicyResponse:
-        async def local() -> pb.GetSubscriptionFailurePolicyResponse:
-            settings = self._core.failure_policy(request.topic, request.subscription)
-            kind = self._core.subscription_type(request.topic, request.subscription)
-            reply = pb.GetSubscriptionFailurePolicyResponse(
-                subscription_type=int(kind) if kind is not None else -1
-            )
-            if settings is not None:
-                reply.failure_policy = _failure_wire(settings)
-            return reply
-
-        return await self._owned(
-            request.topic, "/danube_admin.TopicAdmin/GetSubscriptionFailurePolicy", request,
-            pb.GetSubscriptionFailurePolicyResponse, local,
-        )  # fmt: skip
+        settings = self._core.failure_policy(request.topic, request.subscription)
+        kind = self._core.subscription_type(request.topic, request.subscription)
+        reply = pb.GetSubscriptionFailurePolicyResponse(
+            subscription_type=int(kind) if kind is not None else -1
+        )
+        if settings is not None:
+            reply.failure_policy = _failure_wire(settings)
+        return reply
 
     async def set_subscription_dispatch_config(
         self, request: pb.SetSubscriptionDispatchConfigRequest
     ) -> pb.SubscriptionResponse:
-        async def local() -> pb.SubscriptionResponse:
-            step = self._core.set_dispatch_window(
-                request.topic,
-                request.subscription,
-                request.dispatch_config.max_unacked_messages,
-                now_ms=now_ms(),
-            )
-            await self._runtime.run(step)
-            return pb.SubscriptionResponse(success=True)
-
-        return await self._owned(
-            request.topic, "/danube_admin.TopicAdmin/SetSubscriptionDispatchConfig", request,
-            pb.SubscriptionResponse, local,
-        )  # fmt: skip
+        step = self._core.set_dispatch_window(
+            request.topic,
+            request.subscription,
+            request.dispatch_config.max_unacked_messages,
+            now_ms=now_ms(),
+        )
+        await self._runtime.run(step)
+        return pb.SubscriptionResponse(success=True)
 
     async def get_subscription_dispatch_config(
         self, request: pb.GetSubscriptionDispatchConfigRequest
     ) -> pb.GetSubscriptionDispatchConfigResponse:
-        async def local() -> pb.GetSubscriptionDispatchConfigResponse:
-            window = self._core.dispatch_window(request.topic, request.subscription)
-            reply = pb.GetSubscriptionDispatchConfigResponse()
-            if window is not None:
-                reply.dispatch_config = pb.SubscriptionDispatchConfig(max_unacked_messages=window)
-            return reply
-
-        return await self._owned(
-            request.topic, "/danube_admin.TopicAdmin/GetSubscriptionDispatchConfig", request,
-            pb.GetSubscriptionDispatchConfigResponse, local,
-        )  # fmt: skip
+        window = self._core.dispatch_window(request.topic, request.subscription)
+        reply = pb.GetSubscriptionDispatchConfigResponse()
+        if window is not None:
+            reply.dispatch_config = pb.SubscriptionDispatchConfig(max_unacked_messages=window)
+        return reply
 
     # -- PolicyAdmin (danube_ext) -------------------------------------------------------------
 
@@ -513,37 +457,19 @@ class AdminServices:
     async def set_topic_policies(
         self, request: ext_pb.SetPoliciesRequest
     ) -> ext_pb.PoliciesResponse:
-        async def local() -> ext_pb.PoliciesResponse:
-            changes = _policies_json(request.policies)
-            policies = await self._runtime.run(self._core.set_topic_policies(request.name, changes))
-            return self._policies_reply(request.name, policies)
-
-        return await self._owned(
-            request.name, "/danube_ext.PolicyAdmin/SetTopicPolicies", request,
-            ext_pb.PoliciesResponse, local,
-        )  # fmt: skip
+        changes = _policies_json(request.policies)
+        policies = await self._runtime.run(self._core.set_topic_policies(request.name, changes))
+        return self._policies_reply(request.name, policies)
 
     async def get_topic_policies(self, request: ext_pb.PoliciesRequest) -> ext_pb.PoliciesResponse:
-        async def local() -> ext_pb.PoliciesResponse:
-            policies, _ = self._core.topic_policies(request.name)
-            return self._policies_reply(request.name, policies)
-
-        return await self._owned(
-            request.name, "/danube_ext.PolicyAdmin/GetTopicPolicies", request,
-            ext_pb.PoliciesResponse, local,
-        )  # fmt: skip
+        policies, _ = self._core.topic_policies(request.name)
+        return self._policies_reply(request.name, policies)
 
     async def clear_topic_policies(
         self, request: ext_pb.PoliciesRequest
     ) -> ext_pb.PoliciesResponse:
-        async def local() -> ext_pb.PoliciesResponse:
-            policies = await self._runtime.run(self._core.clear_topic_policies(request.name))
-            return self._policies_reply(request.name, policies)
-
-        return await self._owned(
-            request.name, "/danube_ext.PolicyAdmin/ClearTopicPolicies", request,
-            ext_pb.PoliciesResponse, local,
-        )  # fmt: skip
+        policies = await self._runtime.run(self._core.clear_topic_policies(request.name))
+        return self._policies_reply(request.name, policies)
 
     def _policies_reply(self, topic: str, policies: dict[str, int]) -> ext_pb.PoliciesResponse:
         _, overridden = self._core.topic_policies(topic)
@@ -551,17 +477,50 @@ class AdminServices:
             policies=json.dumps(policies, sort_keys=True), overridden=overridden
         )
 
+    def _at_owner(self, call: Call, path: str, field: str, reply_type: type) -> Call:
+        """The handler of a topic-scoped method: run here when this broker answers for the
+        topic, else asked again of the owner's admin port."""
+
+        async def routed(request: Any) -> Any:
+            admin_url = await self._elsewhere(self._topic(getattr(request, field)))
+            if admin_url is None:
+                return await call(request)
+            return await forward(admin_url, path, request, reply_type)
+
+        routed.__name__ = call.__name__
+        return routed
+
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         """Every method of the generated bases this class implements, under the method's
         snake_case name, with the bases' request and reply types."""
         routes = {}
         for base in _BASES:
             for path, handler in base().__mapping__().items():
-                call = getattr(self, _snake(path.rpartition("/")[2]), None)
-                if call is not None:
-                    routes[path] = unary(call, handler.request_type, handler.reply_type)
+                rpc = path.rpartition("/")[2]
+                call = getattr(self, _snake(rpc), None)
+                if call is None:
+                    continue
+                field = _TOPIC_FIELD.get(rpc)
+                if field is not None:
+                    call = self._at_owner(call, path, field, handler.reply_type)
+                routes[path] = unary(call, handler.request_type, handler.reply_type)
         return routes
 
+
+_TOPIC_FIELD = {
+    "ListSubscriptions": "name",
+    "Unsubscribe": "topic",
+    "DescribeTopic": "name",
+    "SetSubscriptionFailurePolicy": "topic",
+    "GetSubscriptionFailurePolicy": "topic",
+    "SetSubscriptionDispatchConfig": "topic",
+    "GetSubscriptionDispatchConfig": "topic",
+    "SetTopicPolicies": "name",
+    "GetTopicPolicies": "name",
+    "ClearTopicPolicies": "name",
+}
+"""Methods about one topic, which the broker serving it answers (cluster mode), and the
+request field naming the topic."""
 
 _BASES = (
     pb.BrokerAdminBase,
