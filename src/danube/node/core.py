@@ -617,6 +617,15 @@ class BrokerCore:
         else:
             self._namespaces[name] = _policies_from_json(policies)
 
+    def topic_records(self) -> list[TopicRecord]:
+        """Every topic record this broker holds, by name, for read-only views
+        (`danube.node.stats`); callers must not change them."""
+        return [self._topics[name] for name in sorted(self._topics)]
+
+    def consumer_record(self, consumer_id: int) -> ConsumerRecord | None:
+        """A consumer's record (read-only), None when it is gone."""
+        return self._consumers.get(consumer_id)
+
     def served_topics(self) -> list[str]:
         return sorted(self._topics)
 

@@ -35,7 +35,7 @@ class TopicStats:
 
 def topic_stats(core: BrokerCore) -> list[TopicStats]:
     """Every topic this broker serves (not those on their way out), by name."""
-    return [_topic(record) for name, record in sorted(core._topics.items()) if not record.unloading]
+    return [_topic(record) for record in core.topic_records() if not record.unloading]
 
 
 def _topic(record: TopicRecord) -> TopicStats:
@@ -70,7 +70,7 @@ def _upload_lag(record: TopicRecord, committed: int | None) -> int | None:
 
 def consumer_target(core: BrokerCore, consumer_id: int) -> tuple[str, str] | None:
     """(topic, subscription) of a consumer, or None when it is gone."""
-    consumer = core._consumers.get(consumer_id)
+    consumer = core.consumer_record(consumer_id)
     if consumer is None:
         return None
     return consumer.topic.full, consumer.subscription
