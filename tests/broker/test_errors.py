@@ -508,13 +508,17 @@ def test_admin_topic_with_schema_subject_is_not_silently_schema_less(
     run(scenario)
 
 
-def test_unimplemented_method_answers_unimplemented(broker: BrokerProcess) -> None:
+def test_unimplemented_methods_say_why(broker: BrokerProcess) -> None:
     async def scenario() -> None:
         async with Channel(*_host_port(broker.admin_addr)) as admin:
+            call = admin_pb.ClusterAdminStub(admin).cluster_status(admin_pb.Empty())
+            assert "etcd" in await _refused(call, Status.UNIMPLEMENTED)
+            call = admin_pb.SecurityAdminStub(admin).list_roles(admin_pb.Empty())
+            assert "RBAC" in await _refused(call, Status.UNIMPLEMENTED)
             call = admin_pb.TopicAdminStub(admin).unload_topic(
                 admin_pb.TopicRequest(name=unique_topic())
             )
-            await _refused(call, Status.UNIMPLEMENTED)
+            assert "cluster mode" in await _refused(call, Status.FAILED_PRECONDITION)
 
     run(scenario)
 

@@ -63,13 +63,16 @@ CLIENT_PORT_BASES: list[type] = [
 ]
 ADMIN_PORT_BASES: list[type] = [
     admin_pb.BrokerAdminBase,
-    admin_pb.ClusterAdminBase,
     admin_pb.NamespaceAdminBase,
     admin_pb.TopicAdminBase,
-    admin_pb.SecurityAdminBase,
     schema_pb.SchemaRegistryBase,
 ]
 NOT_YET = "this broker version does not offer it yet"
+NO_RAFT = (
+    "there is no Raft group to manage: the metadata store is etcd (cluster mode) or embedded "
+    "(standalone), and etcd manages its own members (etcdctl member add/remove)"
+)
+NO_SECURITY = "roles and bindings arrive with authentication and RBAC, not offered yet"
 
 SHUTDOWN_GRACE_SECONDS = 2.0
 UPLOAD_GRACE_SECONDS = 15.0
@@ -322,7 +325,12 @@ async def serve(
             )
             admin_services = [admin, schemas]
             admin_server = Server(
-                [*admin_services, Unimplemented(ADMIN_PORT_BASES, admin_services, NOT_YET)],
+                [
+                    *admin_services,
+                    Unimplemented(ADMIN_PORT_BASES, admin_services, NOT_YET),
+                    Unimplemented([admin_pb.ClusterAdminBase], admin_services, NO_RAFT),
+                    Unimplemented([admin_pb.SecurityAdminBase], admin_services, NO_SECURITY),
+                ],
                 metrics.rpc_done,
             )
             nursery.start_soon(_report_drops, core)
