@@ -239,3 +239,26 @@ def test_unsubscribe_leaves_a_subscription_whose_name_extends_it() -> None:
     broker.run(broker.core.unsubscribe(TOPIC, "s").effects)
     assert broker.core.subscriptions(TOPIC) == ["s2"]
     assert f"/topics{TOPIC}/subscriptions/s2" in broker.metadata
+
+
+def test_stored_topic_policies_that_do_not_validate_are_left_out() -> None:
+    """A hand-written policy key must not make every publish fail: bad fields fall back to
+    the namespace's values."""
+    broker = Broker()
+    pid = broker.producer()
+    broker.metadata[f"/topics{TOPIC}/policy"] = {
+        "max_message_size": "big",
+        "max_producers_per_topic": 3,
+        "unknown": 1,
+    }
+    again = Broker(files=broker.driver.files, metadata=broker.metadata)
+    policies, overridden = again.core.topic_policies(TOPIC)
+    assert overridden == ["max_producers_per_topic"]
+    assert policies["max_message_size"] == Policies().max_message_size
+    assert again.publish(pid, "still works") == 0
+
+
+def test_unsubscribe_checks_the_name_before_looking_it_up() -> None:
+    broker = Broker()
+    broker.producer()
+    assert code_of(lambda: broker.core.unsubscribe(TOPIC, "bad/name")) is ErrorCode.INVALID_ARGUMENT

@@ -459,10 +459,8 @@ class BrokerCore:
             record = self._topics.get(f"/{parts[1]}/{parts[2]}") if len(parts) > 3 else None
             if parts[0] != "topics" or record is None or record.name.full in present:
                 continue
-            if len(parts) == 4 and parts[3] == "policy" and isinstance(value, Mapping):
-                record.policies = {
-                    k: v for k, v in value.items() if k in settings_rules.POLICY_FIELDS
-                }
+            if len(parts) == 4 and parts[3] == "policy":
+                record.policies = settings_rules.stored_policies(value)
             elif len(parts) == 6 and parts[3] == "subscriptions":
                 self._restore_setting(record, parts[4], parts[5], value)
         for key, value in sorted(entries.items()):
@@ -899,12 +897,13 @@ class BrokerCore:
             effects.extend(self._dispatch(record, sub, found, now_ms))
         return Step(None, tuple(effects))
 
-    def unsubscribe(self, topic: str, subscription: str, *, now_ms: int = 0) -> Step[None]:
+    def unsubscribe(self, topic: str, subscription: str) -> Step[None]:
         """Removes a subscription nobody is attached to, with its cursor, consumers and
         settings. A consumer with an open receive stream keeps it: close that consumer
         first. Consumers registered but not attached (their client went away) go with it;
         a client that comes back finds its consumer unknown and subscribes again."""
         record = self._topic(topic)
+        self._check_subscription_name(subscription)
         sub = record.subscriptions.get(subscription)
         if sub is None:
             raise not_found(f"subscription {subscription!r} does not exist on {topic}")

@@ -37,6 +37,21 @@ def policy_changes(changes: Mapping[str, Any]) -> dict[str, int]:
     return checked
 
 
+def stored_policies(value: Any) -> dict[str, int]:
+    """A topic's own policies as read back from the store: the fields that pass the same
+    checks as a change; anything else (hand-written, another version's) is left out, so the
+    namespace's value applies rather than a publish failing on a bad one."""
+    if not isinstance(value, Mapping):
+        return {}
+    kept = {}
+    for name, field in value.items():
+        try:
+            kept.update(policy_changes({name: field}))
+        except DanubeError:
+            continue
+    return kept
+
+
 def with_overrides(policies: Policies, overrides: Mapping[str, int]) -> Policies:
     return dataclasses.replace(policies, **overrides) if overrides else policies
 
