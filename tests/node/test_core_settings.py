@@ -15,6 +15,7 @@ from danube.node.settings import (
     POLICY_FIELDS,
     PoisonPolicy,
     SubscriptionFailureSettings,
+    merged_policies,
     policy_changes,
 )
 from tests.node.test_core import code_of
@@ -262,3 +263,12 @@ def test_unsubscribe_checks_the_name_before_looking_it_up() -> None:
     broker = Broker()
     broker.producer()
     assert code_of(lambda: broker.core.unsubscribe(TOPIC, "bad/name")) is ErrorCode.INVALID_ARGUMENT
+
+
+def test_merged_policies_keep_what_another_broker_wrote() -> None:
+    stored = {**dict.fromkeys(POLICY_FIELDS, 0), "max_consumers_per_topic": 4}
+    merged = merged_policies(stored, {"max_producers_per_topic": 2})
+    assert merged["max_consumers_per_topic"] == 4 and merged["max_producers_per_topic"] == 2
+    assert merged_policies(None, {"max_producers_per_topic": 1})["max_message_size"] == (
+        Policies().max_message_size
+    )

@@ -28,8 +28,14 @@ from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
 from danube.core.names import parse_topic
 from danube.dispatch.reliable import Backoff
 from danube.metadata import MetadataStore
+from danube.metadata.model import Compare, Put
 from danube.node import paths
-from danube.node.settings import BACKOFF_WIRE, PoisonPolicy, SubscriptionFailureSettings
+from danube.node.settings import (
+    BACKOFF_WIRE,
+    PoisonPolicy,
+    SubscriptionFailureSettings,
+    merged_policies,
+)
 from danube.proto import danube_admin as pb
 from danube.proto import danube_ext as ext_pb
 from danube.schema.policy import TopicSchemaConfig, ValidationPolicy
@@ -37,6 +43,7 @@ from danube.schema.policy import TopicSchemaConfig, ValidationPolicy
 R = TypeVar("R")
 
 FORWARD_TIMEOUT_S = 10.0
+POLICY_RACE_ATTEMPTS = 5
 
 
 class ClusterOps(Protocol):
@@ -84,10 +91,12 @@ def _policies_json(text: str) -> dict[str, Any]:
 
 
 def _failure_settings(wire: pb.SubscriptionFailurePolicy) -> SubscriptionFailureSettings:
-    if int(wire.backoff_strategy) not in (0, 1):
+    if not 0 <= int(wire.backoff_strategy) < len(BACKOFF_WIRE):
         raise invalid(f"unknown backoff strategy {int(wire.backoff_strategy)}")
-    if int(wire.poison_policy) not in PoisonPolicy._value2member_map_:
-        raise invalid(f"unknown poison policy {int(wire.poison_policy)}")
+    try:
+        poison = PoisonPolicy(int(wire.poison_policy))
+    except ValueError:
+        raise invalid(f"unknown poison policy {int(wire.poison_policy)}") from None
     return SubscriptionFailureSettings(
         max_redelivery_count=wire.max_redelivery_count,
         ack_timeout_ms=wire.ack_timeout_ms,
@@ -95,7 +104,7 @@ def _failure_settings(wire: pb.SubscriptionFailurePolicy) -> SubscriptionFailure
         max_redelivery_delay_ms=wire.max_redelivery_delay_ms,
         backoff=BACKOFF_WIRE[int(wire.backoff_strategy)],
         dead_letter_topic=wire.dead_letter_topic or None,
-        poison_policy=PoisonPolicy(int(wire.poison_policy)),
+        poison_policy=poison,
     )
 
 
@@ -451,8 +460,35 @@ class AdminServices:
         self, request: ext_pb.SetPoliciesRequest
     ) -> ext_pb.PoliciesResponse:
         changes = _policies_json(request.policies)
-        policies = await self._runtime.run(self._core.set_namespace_policies(request.name, changes))
+        if self._store is None:
+            step = self._core.set_namespace_policies(request.name, changes)
+            policies = await self._runtime.run(step)
+        else:
+            policies = await self._namespace_policies_in_store(request.name, changes)
         return ext_pb.PoliciesResponse(policies=json.dumps(policies, sort_keys=True))
+
+    async def _namespace_policies_in_store(
+        self, name: str, changes: dict[str, Any]
+    ) -> dict[str, int]:
+        """Cluster mode: merged with the store's value under a compare on its revision, so a
+        change made meanwhile through another broker is read again, not written over (this
+        broker's own copy follows the store's watch and may lag)."""
+        assert self._store is not None
+        self._core.namespace_policies(name)  # NOT_FOUND for a namespace nobody created
+        key = paths.namespace_policy(name)
+        for _ in range(POLICY_RACE_ATTEMPTS):
+            found = await store_call_from_grpc(self._store.get, key)
+            if found is None:
+                raise not_found(f"namespace {name!r} does not exist")
+            policies = merged_policies(found.value, changes)
+            seen = Compare(key, "mod_revision", "==", found.mod_revision)
+            result = await store_call_from_grpc(self._store.txn, [seen], [Put(key, policies)])
+            if result.succeeded:
+                self._core.namespace_seen(name, policies)
+                return policies
+        raise DanubeError(
+            ErrorCode.UNAVAILABLE, f"the policies of {name!r} kept changing meanwhile; retry"
+        )
 
     async def set_topic_policies(
         self, request: ext_pb.SetPoliciesRequest

@@ -52,6 +52,14 @@ def stored_policies(value: Any) -> dict[str, int]:
     return kept
 
 
+def merged_policies(stored: Any, changes: Mapping[str, Any]) -> dict[str, int]:
+    """Every field of a namespace's policies after `changes`, over the stored value (a
+    field missing from it takes its default)."""
+    checked = policy_changes(changes)
+    merged = dataclasses.replace(Policies(**stored_policies(stored)), **checked)
+    return {name: getattr(merged, name) for name in POLICY_FIELDS}
+
+
 def with_overrides(policies: Policies, overrides: Mapping[str, int]) -> Policies:
     return dataclasses.replace(policies, **overrides) if overrides else policies
 
