@@ -255,16 +255,26 @@ def test_deleting_a_reliable_topic_removes_its_objects_and_wal(cluster: LocalClu
     create(cluster, topic)
     asyncio.run(produce(urls, topic, 50))
     _, followers = roles(cluster)
+    loads = {broker_id(b): b.log_text().count(f"event=topic_loaded topic={topic} ") for b in
+             cluster.brokers}  # fmt: skip
     call(followers[0], "unload_topic", pb.TopicRequest(topic))  # seals and uploads the WAL
     wait(lambda: objects(cluster, topic), "the topic's objects")
     owner = wait(lambda: where(cluster, topic), "the topic to be assigned again")
+    serving = {broker_id(b): b for b in cluster.brokers}[owner]
+
+    def served() -> bool:  # a topic not loaded yet is released without an unload of any kind
+        return serving.log_text().count(f"event=topic_loaded topic={topic} ") > loads[owner]
+
+    wait(served, "the new owner to serve the topic")
     assert call(followers[0], "delete_topic", pb.TopicRequest(topic)).success
     assert objects(cluster, topic) == []
     assert where(cluster, topic) is None
     for broker in cluster.brokers:
         assert not (broker.data_dir / "wal" / "default" / "doomed").exists(), broker_id(broker)
-    assert any(f"event=topic_deleted_here topic={topic}" in b.log_text() for b in cluster.brokers)
-    assert owner in {broker_id(b) for b in cluster.brokers}
+    log = serving.log_text()
+    assert f"event=topic_deleted_here topic={topic}" in log
+    last_load = log.rindex(f"event=topic_loaded topic={topic} ")
+    assert f"event=topic_unloaded topic={topic} " not in log[last_load:]  # dropped, not sealed
     asyncio.run(produce(urls, topic, 1))  # created again, empty
 
     async def earliest() -> str:

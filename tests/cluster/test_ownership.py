@@ -370,3 +370,19 @@ def test_a_topic_assigned_back_while_only_its_marker_was_owed_is_claimed_again()
     o.released(T, False, 0)  # so the marker's release failed
     effects = o.tick(10_000)
     assert [type(e) for e in effects] == [Claim], effects
+
+
+def test_a_delete_marker_reported_before_the_assignment_deletion_drops_the_topic() -> None:
+    """The driver reads the marker before it reports the deletion, and the watch brings the
+    same marker again afterwards: the older or equal report changes nothing."""
+    o = machine()
+    serving(o)
+    delete = Marker(MarkerReason.DELETE, "1", None, False)
+    assert o.marker_seen(T, delete, 60, 0) == []
+    (unload,) = o.assignment_seen(T, False, 0)
+    assert unload == Unload(T, 40, deleted=True)
+    assert o.marker_seen(T, delete, 60, 0) == []
+    assert o.marker_seen(T, unload_marker(), 59, 0) == []
+    (release,) = o.unloaded(T, 0)
+    assert isinstance(release, Release)
+    assert Compare(MARKER, "mod_revision", "==", 60) in release.compares

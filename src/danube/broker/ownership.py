@@ -21,6 +21,7 @@ runs those steps:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -54,6 +55,9 @@ log = logging.getLogger("danube.broker")
 
 T = TypeVar("T")
 
+_Change = frozenset[str] | tuple[str, bool]
+"""An assignment snapshot (every topic assigned here), or one topic (un)assigned."""
+
 
 def _monotonic_ms() -> int:
     return int(trio.current_time() * 1000)
@@ -75,11 +79,13 @@ class OwnershipDriver:
         self._alarm = Alarm(lambda: self._apply(self.machine.tick(_monotonic_ms())))
         self._assigned: set[str] = set()
         self._markers: set[str] = set()
+        self._changes_in, self._changes = trio.open_memory_channel[_Change](math.inf)
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._alarm.run)
+            nursery.start_soon(self._apply_assignments)
             prefix = f"{keys.BROKERS_PREFIX}{self._broker_id}/"
             nursery.start_soon(follow, self.store, prefix, self._read_assignments, self._assignment)
             nursery.start_soon(
@@ -95,29 +101,62 @@ class OwnershipDriver:
     async def _read_assignments(self) -> int:
         prefix = f"{keys.BROKERS_PREFIX}{self._broker_id}/"
         snapshot = await self.store.scan(prefix)
-        now = _monotonic_ms()
         found = set()
         for kv in snapshot:
             parsed = keys.parse_assignment_key(kv.key)
             if parsed is not None:
                 found.add(parsed[1])
-        for topic in sorted(self._assigned - found):
-            self._apply(self.machine.assignment_seen(topic, False, now))
-        for topic in sorted(found):
-            self._apply(self.machine.assignment_seen(topic, True, now))
-        self._assigned = found
+        self._changes_in.send_nowait(frozenset(found))
         return max((kv.mod_revision for kv in snapshot), default=0)
 
     def _assignment(self, event: WatchEvent) -> None:
         parsed = keys.parse_assignment_key(event.key)
         if parsed is None or parsed[0] != self._broker_id:
             return
-        topic, assigned = parsed[1], event.kind == "put"
-        if assigned:
-            self._assigned.add(topic)
-        else:
-            self._assigned.discard(topic)
-        self._apply(self.machine.assignment_seen(topic, assigned, _monotonic_ms()))
+        self._changes_in.send_nowait((parsed[1], event.kind == "put"))
+
+    async def _apply_assignments(self) -> None:
+        """Assignment changes reach the machine here, one at a time and in the order seen,
+        because a deletion waits for its marker to be read (`_unassigned`)."""
+        async for change in self._changes:
+            if isinstance(change, frozenset):
+                for topic in sorted(self._assigned - change):
+                    await self._unassigned(topic)
+                for topic in sorted(change):
+                    self._apply(self.machine.assignment_seen(topic, True, _monotonic_ms()))
+                self._assigned = set(change)
+                continue
+            topic, assigned = change
+            if assigned:
+                self._assigned.add(topic)
+                self._apply(self.machine.assignment_seen(topic, True, _monotonic_ms()))
+            else:
+                await self._unassigned(topic)
+
+    async def _unassigned(self, topic: str) -> None:
+        """The leader posted the topic's marker in the transaction that deleted the
+        assignment; the marker watch may not have brought it yet, so it is read first and
+        the machine decides knowing whether the topic is moved or deleted. A marker that
+        does not name this broker is left to the watch (the machine owes it nothing)."""
+        self._assigned.discard(topic)
+        try:
+            with trio.fail_after(REQUEST_TIMEOUT_S):
+                found = await self.store.get(keys.unassigned_key(topic))
+        except (MetadataError, trio.TooSlowError) as error:
+            log.warning("event=marker_read_failed topic=%s error=%s", topic, failure_text(error))
+            found = None
+        if found is not None:
+            try:
+                marker = Marker.from_json(found.value)
+            except ValueError:
+                marker = None
+            if marker is not None and marker.from_broker == self._broker_id and not marker.ready:
+                self._apply(
+                    self.machine.marker_seen(
+                        topic, marker, found.mod_revision, now_ms=_monotonic_ms()
+                    )
+                )
+        self._apply(self.machine.assignment_seen(topic, False, _monotonic_ms()))
 
     async def _read_markers(self) -> int:
         snapshot = await self.store.scan(keys.UNASSIGNED_PREFIX)

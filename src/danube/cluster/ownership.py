@@ -314,7 +314,11 @@ class Ownership:
         return [*effects, *self._step(now_ms)]
 
     def assignment_seen(self, topic: str, assigned: bool, now_ms: int) -> list[Effect]:
-        """`/cluster/brokers/<me>/<topic>` put (True) or deleted (False)."""
+        """`/cluster/brokers/<me>/<topic>` put (True) or deleted (False). The leader deletes
+        an assignment in the transaction that posts the topic's marker, but the two arrive by
+        different watches: before reporting a deletion, the driver reads the marker and
+        reports it (`marker_seen`), so whether the topic is sealed or dropped as deleted
+        never depends on which watch spoke first."""
         if assigned:
             self._assigned.add(topic)
             self._topics.setdefault(topic, _Topic(Phase.CLAIMING))
@@ -328,10 +332,15 @@ class Ownership:
     def marker_seen(
         self, topic: str, marker: Marker | None, revision: int, now_ms: int
     ) -> list[Effect]:
-        """`/cluster/unassigned/<topic>` put at `revision`, or deleted (None)."""
+        """`/cluster/unassigned/<topic>` put at `revision`, or deleted (None). A put older
+        than the marker held changes nothing: the driver may report a marker it read as well
+        as the watch's event for it, in either order."""
         if marker is None:
             self._markers.pop(topic, None)
             return []
+        held = self._markers.get(topic)
+        if held is not None and held.revision >= revision:
+            return []  # seen already (a re-read, or the driver's read raced the watch)
         self._markers[topic] = _Marker(marker, revision)
         if topic not in self._topics and self._owes_ready(topic):
             # Unloaded and released before the marker showed: only the marker is left.
