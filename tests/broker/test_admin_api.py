@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from danube.client import DanubeClient, DanubeClientError, SubType
+from danube.client import Batching, DanubeClient, DanubeClientError, SubType
 from danube.client.client import DispatchStrategy
 from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube_admin as admin_pb
@@ -229,3 +230,31 @@ def test_deleting_a_reliable_topic_deletes_its_wal(broker: BrokerProcess) -> Non
             assert message.payload == b"fresh", "the recreated topic starts empty"
 
     run(scenario)
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched-path", "plain-path"])
+def test_publish_rate_slows_producers_down_without_errors(
+    broker: BrokerProcess, batched: bool
+) -> None:
+    """At 20 messages a second after a one-second burst, 45 messages cannot all be stored in
+    less than a second; every one is stored, none refused."""
+    topic = unique_topic("rate")
+
+    async def scenario() -> float:
+        async with DanubeClient(broker.url) as client, channel_to(broker.admin_addr) as channel:
+            producer = await client.producer(
+                topic, "p", batching=Batching() if batched else None
+            ).create()
+            await ext_pb.PolicyAdminStub(channel).set_topic_policies(
+                ext_pb.SetPoliciesRequest(name=topic, policies='{"max_publish_rate": 20}')
+            )
+            started = time.monotonic()
+            if batched:
+                await asyncio.gather(*(producer.enqueue(b"m%d" % i) for i in range(45)))
+            else:
+                for i in range(45):
+                    await producer.send(b"m%d" % i)
+            return time.monotonic() - started
+
+    elapsed = run(scenario)
+    assert elapsed >= 1.0, f"45 messages at 20/s took only {elapsed:.2f} s"

@@ -272,3 +272,35 @@ def test_merged_policies_keep_what_another_broker_wrote() -> None:
     assert merged_policies(None, {"max_producers_per_topic": 1})["max_message_size"] == (
         Policies().max_message_size
     )
+
+
+# -- publish rate -------------------------------------------------------------------------------
+
+
+def test_publish_rate_paces_after_a_one_second_burst() -> None:
+    broker = Broker()
+    broker.producer()
+    assert broker.core.publish_pace(TOPIC, 1, now_ms=0) == 0, "no rate: no waiting"
+    broker.run(broker.core.set_topic_policies(TOPIC, {"max_publish_rate": 10}).effects)
+    waits = [broker.core.publish_pace(TOPIC, 1, now_ms=5_000) for _ in range(13)]
+    assert waits[:10] == [0] * 10
+    assert waits[10:] == [100, 200, 300], "each message past the burst waits 1/rate more"
+    # 1.3 s of messages taken at 5 s: at 6 s they are within the burst again
+    assert broker.core.publish_pace(TOPIC, 1, now_ms=6_000) == 0
+    assert broker.core.publish_pace(TOPIC, 5, now_ms=10_000) == 0, "a batch counts its messages"
+    assert broker.core.publish_pace(TOPIC, 20, now_ms=10_000) == 1_500, "and waits for its size"
+    assert broker.core.publish_pace(TOPIC, 1, now_ms=10_000) == 1_600
+
+
+def test_publish_rate_refuses_what_would_wait_too_long() -> None:
+    broker = Broker()
+    broker.producer()
+    broker.run(broker.core.set_topic_policies(TOPIC, {"max_publish_rate": 10}).effects)
+    assert broker.core.publish_pace(TOPIC, 500, now_ms=0) == 10_000, "held at most 10 s"
+    with pytest.raises(DanubeError) as refused:
+        broker.core.publish_pace(TOPIC, 1, now_ms=0)
+    assert refused.value.code is ErrorCode.RESOURCE_EXHAUSTED
+    assert "max_publish_rate" in refused.value.message
+    assert broker.core.publish_pace(TOPIC, 1, now_ms=39_000) == 10_000, "a refusal takes no slot"
+    with pytest.raises(DanubeError):
+        broker.core.publish_pace(TOPIC, 1, now_ms=39_000)

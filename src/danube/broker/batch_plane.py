@@ -97,6 +97,7 @@ class ProducerExtService:
                 # the batch must pass before any of it is stored.
                 for record in PackedRecords(batch.frame, batch.positions, 0):
                     await self._gate.admit(topic, records.decode(record))
+            await self._runtime.pace(topic, batch.count)
             step = self._core.publish_batch(request.producer_id, topic, batch, now_ms=now_ms())
         except DanubeError as error:
             metrics.send_failed(topic, batch.count if batch is not None else 1, error.code.name)

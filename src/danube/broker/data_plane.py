@@ -87,6 +87,7 @@ class ProducerService:
             self._runtime.check_unfenced()
             if self._core.serves(topic):  # the core refuses the others with its own reasons
                 await self._gate.admit(topic, message)
+                await self._runtime.pace(topic, 1)
             published = requests.publish(self._core, message, now_ms())
             if published.stored:
                 await self._runtime.publish(topic, published.step)

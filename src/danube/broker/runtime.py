@@ -190,6 +190,13 @@ class BrokerRuntime:
                 if loading is not None:
                     await trio_asyncio.trio_as_aio(loading.wait)()
 
+    async def pace(self, topic: str, count: int) -> None:
+        """Holds `count` messages of `topic` as long as its `max_publish_rate` asks
+        (`BrokerCore.publish_pace`): the caller's reply, and so its producer, waits."""
+        delay_ms = self.core.publish_pace(topic, count, now_ms())
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
+
     async def publish(self, topic: str, step: Step[int]) -> int:
         """Runs a reliable publish's step; returns its offset once the WAL acknowledged it
         at the topic's durability level."""

@@ -363,6 +363,9 @@ class TopicRecord:
     settings: dict[str, SubscriptionSettings] = field(default_factory=dict)
     """Subscriptions' own failure policy and window, by name; may name one that does not
     exist yet."""
+    rate_clock_us: int = 0
+    """`max_publish_rate` pacing: when the messages admitted so far would all have been
+    taken at the rate (a GCRA's theoretical arrival time), in microseconds."""
 
     @property
     def reliable(self) -> bool:
@@ -376,6 +379,10 @@ def _check_label(value: str, what: str) -> str:
 
 
 MAX_DEPARTED_PRODUCERS = 100_000
+PUBLISH_BURST_US = 1_000_000
+"""`max_publish_rate` lets a topic take one second's worth of messages at once."""
+MAX_PUBLISH_WAIT_MS = 10_000
+"""Past this much waiting at the publish rate, a publish is refused rather than held."""
 
 
 class BrokerCore:
@@ -1008,6 +1015,32 @@ class BrokerCore:
         }
         effects.append(PersistMeta(puts=((paths.producer(name, producer.producer_id), value),)))
         return Step(producer.producer_id, tuple(effects))
+
+    def publish_pace(self, topic: str, count: int, now_ms: int) -> int:
+        """How long (ms) the driver holds `count` messages before publishing them, so the
+        topic takes at most `max_publish_rate` messages a second after a burst of one
+        second's worth (a GCRA: the debt is a clock running ahead of now). Holding the reply slows a producer down without an error, as Pulsar
+        throttles (Danube only warns). More than MAX_PUBLISH_WAIT_MS of waiting is refused
+        (RESOURCE_EXHAUSTED): the producer sends faster than the rate for too long. 0 for a
+        topic without a rate or not served here (publish says why)."""
+        record = self._topics.get(topic)
+        rate = self._policies(record).max_publish_rate if record is not None else 0
+        if record is None or not rate:
+            return 0
+        now_us = now_ms * 1000
+        start = max(record.rate_clock_us, now_us)
+        behind_us = start - PUBLISH_BURST_US - now_us
+        if behind_us > MAX_PUBLISH_WAIT_MS * 1000:
+            raise DanubeError(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"{topic} takes at most {rate} messages a second (max_publish_rate) and its "
+                f"publishes are {behind_us // 1000} ms behind; slow down and retry",
+            )
+        record.rate_clock_us = start + -(-count * 1_000_000 // rate)
+        # held until the last of them is within the rate: a batch waits for its own size,
+        # for at most MAX_PUBLISH_WAIT_MS (a larger one leaves the rest owed by later ones)
+        wait_us = record.rate_clock_us - PUBLISH_BURST_US - now_us
+        return min(MAX_PUBLISH_WAIT_MS, max(0, -(-wait_us // 1000)))
 
     def publish(
         self,
