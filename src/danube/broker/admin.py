@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import grpclib.const
-from grpclib import GRPCError
-from grpclib.client import Channel
 
+from danube.broker.forwarding import forward
 from danube.broker.grpc_util import Call, unary
 from danube.broker.placement import ClusterPlacement
 from danube.broker.runtime import BrokerRuntime, now_ms
@@ -40,9 +39,6 @@ from danube.proto import danube_admin as pb
 from danube.proto import danube_ext as ext_pb
 from danube.schema.policy import TopicSchemaConfig, ValidationPolicy
 
-R = TypeVar("R")
-
-FORWARD_TIMEOUT_S = 10.0
 POLICY_RACE_ATTEMPTS = 5
 
 
@@ -120,32 +116,6 @@ def _failure_wire(settings: SubscriptionFailureSettings) -> pb.SubscriptionFailu
         dead_letter_topic=settings.dead_letter_topic,
         poison_policy=pb.SubscriptionPoisonPolicy(int(settings.poison_policy)),
     )
-
-
-async def forward(admin_url: str, path: str, request: Any, reply_type: type[R]) -> R:
-    """One admin call made again on another broker's admin port; its answer, or its error
-    with the status it had."""
-    host, _, port = admin_url.removeprefix("http://").rpartition(":")
-    channel = Channel(host.strip("[]"), int(port))
-    try:
-        async with channel.request(
-            path, grpclib.const.Cardinality.UNARY_UNARY, type(request), reply_type,
-            timeout=FORWARD_TIMEOUT_S,
-        ) as stream:  # fmt: skip
-            await stream.send_message(request, end=True)
-            reply = await stream.recv_message()
-    except GRPCError:
-        raise
-    except (OSError, TimeoutError) as error:
-        raise DanubeError(
-            ErrorCode.UNAVAILABLE, f"the owning broker's admin port {admin_url} did not answer: "
-            f"{error}",
-        ) from None  # fmt: skip
-    finally:
-        channel.close()
-    if reply is None:
-        raise DanubeError(ErrorCode.UNAVAILABLE, f"{admin_url} answered nothing")
-    return reply
 
 
 class AdminServices:

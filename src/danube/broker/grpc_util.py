@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import struct
 import time
@@ -25,6 +26,13 @@ DEFAULT_REQUEST_LIMIT = 1024 * 1024
 """Largest request other than a published message; anything bigger is not a Danube request."""
 
 _MESSAGE_HEADER = struct.Struct(">?I")
+
+FORWARDED_HEADER = "x-danube-forwarded"
+"""Marks an admin call one broker forwarded to another (`danube.broker.forwarding`)."""
+
+FORWARDED: contextvars.ContextVar[bool] = contextvars.ContextVar("forwarded", default=False)
+"""The call being handled reached this broker forwarded by another one: it must not be
+forwarded again."""
 
 
 def grpc_error(error: DanubeError) -> GRPCError:
@@ -88,6 +96,8 @@ def unary(
 
     async def handle(stream: grpclib.server.Stream) -> None:
         request = await recv_bounded(stream, limit() if callable(limit) else limit)
+        metadata = stream.metadata
+        FORWARDED.set(metadata is not None and FORWARDED_HEADER in metadata)
         try:
             response = await call(request)
         except DanubeError as error:
