@@ -4,9 +4,12 @@ admin gRPC services (`danube.broker.admin`) to delegate to in cluster mode.
 Reads (brokers, a broker's topics, owners) are answered by any broker, from the store or its
 own load manager's view, which every broker keeps current. Everything else is the leader's:
 its writes compare the leader key, and the balance is the leader's view. A follower forwards
-those calls to the leader's admin port (registered as `admin_addr`), so a CLI needs one
-endpoint. (Two brokers that each believe the other leads, for the moment a leadership change
-takes to show, pass a call between them until its deadline.)
+those calls to the leader's admin port (registered as `admin_addr`, `danube.broker.forwarding`),
+so a CLI needs one endpoint; a call forwarded once is never forwarded again, so two brokers
+that each believe the other leads answer UNAVAILABLE at once.
+
+A broker's drain runs in the cluster member's nursery, not the call's: it goes on after the
+answer (whose deadline may end the call first) until every topic moved or failed.
 
 Methods are called from grpclib handlers (asyncio); the work runs in trio, where the store
 and the load manager live, and the decisions are `danube.cluster.admin_ops`'s.
@@ -15,18 +18,17 @@ and the load manager live, and the decisions are `danube.cluster.admin_ops`'s.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import trio
 import trio_asyncio
-from grpclib import GRPCError
-from grpclib.client import Channel
 
 import danube.proto_compat  # noqa: F401  (ClusterBalanceResponse decodes)
 from danube.broker.cluster_member import ClusterMember
+from danube.broker.forwarding import forward
+from danube.broker.object_store import delete_topic_objects
 from danube.broker.watching import REQUEST_TIMEOUT_S, failure_text
 from danube.cluster import admin_ops, keys
 from danube.cluster.admin_ops import Step
@@ -37,7 +39,6 @@ from danube.core.names import TopicName, parse_topic, partition_index
 from danube.metadata import KeyValue, MetadataError, MetadataStore
 from danube.node import paths
 from danube.proto import danube_admin as pb
-from danube.tiering import layout as tier_layout
 
 log = logging.getLogger("danube.broker")
 
@@ -48,7 +49,23 @@ POLL_S = 0.05
 DEFAULT_UNLOAD_TIMEOUT_S = 60
 MOVE_WAIT_S = 30.0
 """How long UnloadTopic and DeleteTopic wait for the topic to leave its broker."""
+MOVE_GIVE_UP_S = 600.0
+"""How long a drain keeps after one topic before it counts it failed."""
 FORWARD_TIMEOUT_S = 120.0
+"""A forwarded leader call: longer than any wait of the leader's (UnloadBroker's is the
+caller's `timeout_seconds`, whose client deadline ends the call sooner anyway)."""
+
+_PATHS = {
+    "unload_broker": ("/danube_admin.BrokerAdmin/UnloadBroker", pb.UnloadBrokerResponse),
+    "activate_broker": ("/danube_admin.BrokerAdmin/ActivateBroker", pb.ActivateBrokerResponse),
+    "get_cluster_balance": (
+        "/danube_admin.BrokerAdmin/GetClusterBalance",
+        pb.ClusterBalanceResponse,
+    ),
+    "trigger_rebalance": ("/danube_admin.BrokerAdmin/TriggerRebalance", pb.RebalanceResponse),
+    "unload_topic": ("/danube_admin.TopicAdmin/UnloadTopic", pb.TopicResponse),
+    "delete_topic": ("/danube_admin.TopicAdmin/DeleteTopic", pb.TopicResponse),
+}
 
 _STRATEGIES = {
     Strategy.FAIR: "Fair",
@@ -174,7 +191,9 @@ class ClusterAdminOps:
                 ErrorCode.UNAVAILABLE,
                 f"broker {leader} leads the cluster but its admin address is not registered",
             )
-        return await _forward(admin, leader, method, request)
+        path, reply_type = _PATHS[method]
+        answer: T = await forward(admin, path, request, reply_type, timeout=FORWARD_TIMEOUT_S)
+        return answer
 
     async def _get(self, key: str) -> KeyValue | None:
         with trio.fail_after(REQUEST_TIMEOUT_S):
@@ -260,40 +279,46 @@ class ClusterAdminOps:
             self._still_leading()
             raise DanubeError(ErrorCode.UNAVAILABLE, f"could not mark {broker} draining; retry")
         log.info("event=broker_unload broker=%s topics=%d", broker, len(topics))
-        timeout = request.timeout_seconds or DEFAULT_UNLOAD_TIMEOUT_S
-        limiter = trio.CapacityLimiter(max(request.max_parallel, 1))
-        succeeded: list[str] = []
-        failed: list[str] = []
-        with trio.move_on_after(timeout):
-            async with trio.open_nursery() as nursery:
-                for topic in topics:
-                    nursery.start_soon(self._unload_one, limiter, broker, topic, succeeded, failed)
-        pending = len(topics) - len(succeeded) - len(failed)
+        drain = _Drain(len(topics))
+        self._member.spawn(self._drain, drain, broker, topics, max(request.max_parallel, 1))
+        with trio.move_on_after(request.timeout_seconds or DEFAULT_UNLOAD_TIMEOUT_S):
+            await drain.done.wait()
         return pb.UnloadBrokerResponse(
             started=True,
-            total=len(topics),
-            succeeded=len(succeeded),
-            failed=len(failed),
-            pending=pending,
-            failed_topics=sorted(failed),
+            total=drain.total,
+            succeeded=len(drain.succeeded),
+            failed=len(drain.failed),
+            pending=drain.total - len(drain.succeeded) - len(drain.failed),
+            failed_topics=sorted(drain.failed),
         )
 
+    async def _drain(self, drain: _Drain, broker: str, topics: list[str], parallel: int) -> None:
+        """In the member's nursery: every topic moves, `parallel` at a time, whether or not
+        anyone still waits for the answer."""
+        limiter = trio.CapacityLimiter(parallel)
+        async with trio.open_nursery() as nursery:
+            for topic in topics:
+                nursery.start_soon(self._unload_one, limiter, broker, topic, drain)
+        log.info(
+            "event=broker_unload_done broker=%s succeeded=%d failed=%d",
+            broker, len(drain.succeeded), len(drain.failed),
+        )  # fmt: skip
+        drain.done.set()
+
     async def _unload_one(
-        self,
-        limiter: trio.CapacityLimiter,
-        broker: str,
-        topic: str,
-        succeeded: list[str],
-        failed: list[str],
+        self, limiter: trio.CapacityLimiter, broker: str, topic: str, drain: _Drain
     ) -> None:
         async with limiter:
             try:
-                await self._move_away(topic, broker)
+                with trio.fail_after(MOVE_GIVE_UP_S):
+                    await self._move_away(topic, broker)
             except (DanubeError, MetadataError, trio.TooSlowError) as error:
-                log.warning("event=broker_unload_failed topic=%s error=%s", topic, error)
-                failed.append(topic)
+                log.warning(
+                    "event=broker_unload_failed topic=%s error=%s", topic, failure_text(error)
+                )
+                drain.failed.append(topic)
                 return
-            succeeded.append(topic)
+            drain.succeeded.append(topic)
 
     async def _move_away(self, topic: str, broker: str) -> None:
         """Unloads `topic` from `broker` and returns once another broker has it (or it is
@@ -389,7 +414,12 @@ class ClusterAdminOps:
         self._other_active(owner[0], f"unloading {topic}")
         with trio.move_on_after(MOVE_WAIT_S):
             await self._move_away(topic, owner[0])
-        return pb.TopicResponse(success=True)
+            return pb.TopicResponse(success=True)
+        raise DanubeError(
+            ErrorCode.UNAVAILABLE,
+            f"the unload of {topic} is under way but not finished yet (no other broker took it "
+            f"within {MOVE_WAIT_S:.0f} s); `topics list-broker` shows where it is",
+        )
 
     async def _delete_topic(self, request: pb.TopicRequest) -> pb.TopicResponse:
         name = parse_topic(request.name)
@@ -435,51 +465,18 @@ class ClusterAdminOps:
             await trio.sleep(POLL_S)
 
     async def _delete_objects(self, topic: str) -> None:
+        """After the metadata went: a store failure leaves objects no index names, which the
+        log reports, and the deletion still succeeded."""
         objects = self._member.runtime.objects
-        if objects is None:
-            return
-        prefix = tier_layout.object_prefix(parse_topic(topic))
-        listed = await trio.to_thread.run_sync(objects.list, prefix)
-        for key, _ in listed:
-            await trio.to_thread.run_sync(objects.delete, key)
-        log.info("event=objects_deleted topic=%s count=%d", topic, len(listed))
+        if objects is not None:
+            await delete_topic_objects(objects, topic)
 
 
-_STUBS = {
-    "unload_broker": pb.BrokerAdminStub,
-    "activate_broker": pb.BrokerAdminStub,
-    "get_cluster_balance": pb.BrokerAdminStub,
-    "trigger_rebalance": pb.BrokerAdminStub,
-    "unload_topic": pb.TopicAdminStub,
-    "delete_topic": pb.TopicAdminStub,
-}
+@dataclass(slots=True)
+class _Drain:
+    """A broker's drain as it goes: the answer counts the topics not done yet as pending."""
 
-
-async def _forward(admin_url: str, leader: str, method: str, request: Any) -> Any:
-    """The leader's answer to `request` (asyncio, as grpclib is). Its errors are passed on
-    with their own code and message."""
-    address = urlsplit(admin_url if "//" in admin_url else f"http://{admin_url}")
-    if address.hostname is None or address.port is None:
-        raise DanubeError(
-            ErrorCode.UNAVAILABLE, f"broker {leader} registered an unusable admin address"
-        )
-    channel = Channel(address.hostname, address.port)
-    try:
-        stub = _STUBS[method](channel, timeout=FORWARD_TIMEOUT_S)
-        started = time.monotonic()
-        answer = await getattr(stub, method)(request)
-        log.info(
-            "event=admin_forwarded method=%s leader=%s seconds=%.3f",
-            method, leader, time.monotonic() - started,
-        )  # fmt: skip
-        return answer
-    except GRPCError as error:
-        code = ErrorCode.__members__.get(error.status.name, ErrorCode.UNAVAILABLE)
-        raise DanubeError(code, error.message or f"the leader ({leader}) refused") from None
-    except (OSError, TimeoutError) as error:
-        raise DanubeError(
-            ErrorCode.UNAVAILABLE,
-            f"the leader, broker {leader} at {admin_url}, did not answer ({error or 'timeout'})",
-        ) from None
-    finally:
-        channel.close()
+    total: int
+    succeeded: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    done: trio.Event = field(default_factory=trio.Event)

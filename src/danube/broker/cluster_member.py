@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -74,10 +75,12 @@ class ClusterMember:
             store, membership, on_change=self._changed, load_report=self._load_report
         )
         self.ownership = OwnershipDriver(store, Ownership(OwnershipConfig(broker_id)), runtime)
+        self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Until cancelled; started once the broker is a member."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(follow, self.store, NAMESPACES_PREFIX, self._read_ns, self._ns)
             nursery.start_soon(self.load_manager.run)
             await self.load_manager.synced.wait()
@@ -91,6 +94,13 @@ class ClusterMember:
         so the cluster moves them at once rather than after the lease's TTL."""
         with trio.move_on_after(REQUEST_TIMEOUT_S):
             await self.membership.stop()
+
+    def spawn(self, work: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Runs `work` for as long as the member runs, beyond the call that started it (a
+        broker's drain outlives the admin call whose client stopped waiting)."""
+        if self._nursery is None:
+            raise DanubeError(ErrorCode.UNAVAILABLE, "this broker is not a cluster member yet")
+        self._nursery.start_soon(work, *args)
 
     def leader(self) -> str | None:
         machine = self.membership.machine

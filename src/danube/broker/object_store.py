@@ -1,6 +1,8 @@
 """The object tier's storage through fsspec (`file://`, `memory://`, `s3://` and the rest):
 whole-object writes, ranged reads, listings and deletes. Every call blocks, so the runtime runs
-them in worker threads; nothing here decides anything (`danube.tiering` does).
+them in worker threads; nothing here decides anything (`danube.tiering` does). A deleted
+topic's objects are removed by `delete_topic_objects`, the one routine every deleting path
+(the standalone runtime, the cluster's DeleteTopic) shares.
 
 Credentials are never passed through here: s3fs reads them from the environment and the
 SDK's default chain, so they appear in no configuration dump and no log line.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import threading
 from datetime import datetime
@@ -17,9 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import trio
 
+from danube.core.names import parse_topic
 from danube.tiering import UploadError
+from danube.tiering import layout as tier_layout
 from danube.wal.format import WalFormatError
+
+log = logging.getLogger("danube.broker")
 
 _THROTTLING = ("SlowDown", "Throttl", "TooManyRequests", "503", "429")
 
@@ -124,3 +132,24 @@ def classify(error: BaseException) -> UploadError:
             return UploadError.THROTTLED
         cause = cause.__cause__ or cause.__context__
     return UploadError.SERVER_ERROR
+
+
+async def delete_topic_objects(objects: ObjectStore, topic: str) -> bool:
+    """Deletes a deleted topic's uploaded objects (trio, in worker threads); False when the
+    store failed. A failure never fails the deletion: its metadata is gone, so the objects
+    left are named by no index and never read again, and the log line says which remain."""
+    prefix = tier_layout.object_prefix(parse_topic(topic))
+    deleted = 0
+    try:
+        listed = await trio.to_thread.run_sync(objects.list, prefix)
+        for key, _ in listed:
+            await trio.to_thread.run_sync(objects.delete, key)
+            deleted += 1
+    except Exception as error:
+        log.warning(
+            "event=objects_not_deleted topic=%s prefix=%s deleted=%d error=%r",
+            topic, prefix, deleted, error,
+        )  # fmt: skip
+        return False
+    log.info("event=objects_deleted topic=%s count=%d", topic, deleted)
+    return True
