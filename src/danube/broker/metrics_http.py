@@ -160,14 +160,10 @@ async def serve_http(sock: socket.socket, endpoints: Endpoints) -> None:
         active += 1
         try:
             async with stream:
-                if active > MAX_CONNECTIONS:
-                    response = _text(503, "Service Unavailable", "too many connections")
-                    with trio.move_on_after(CONNECTION_TIMEOUT_S):
-                        await stream.send_all(response.encode())
-                        await _linger(stream)
-                    return
-                with trio.move_on_after(CONNECTION_TIMEOUT_S):
-                    await _exchange(stream, endpoints)
+                refused = active > MAX_CONNECTIONS
+                with trio.move_on_after(CONNECTION_TIMEOUT_S) as deadline:
+                    await _exchange(stream, None if refused else endpoints)
+                if not deadline.cancelled_caught:
                     await _linger(stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the client went away
@@ -179,9 +175,14 @@ async def serve_http(sock: socket.socket, endpoints: Endpoints) -> None:
     await trio.serve_listeners(handle, [listener])
 
 
-async def _exchange(stream: trio.SocketStream, endpoints: Endpoints) -> None:
+async def _exchange(stream: trio.SocketStream, endpoints: Endpoints | None) -> None:
+    """Reads the request head, then answers; without endpoints (too many connections) the
+    answer is 503, but still only once the head is read, so that the request's bytes are not
+    left unread when the connection closes."""
     head = await read_head(stream)
-    if isinstance(head, Response):
+    if endpoints is None:
+        response = _text(503, "Service Unavailable", "too many connections")
+    elif isinstance(head, Response):
         response = head
     else:
         request = parse_head(head)
@@ -190,7 +191,9 @@ async def _exchange(stream: trio.SocketStream, endpoints: Endpoints) -> None:
 
 
 async def _linger(stream: trio.SocketStream) -> None:
-    """Half-closes, then drops what the client still sends until it closes (bounded)."""
+    """Half-closes, then drops what the client still sends until it closes, for at most
+    LINGER_S (its own budget, so an answer sent just before the connection's deadline still
+    gets its drain)."""
     await stream.send_eof()
     with trio.move_on_after(LINGER_S):
         dropped = 0
