@@ -127,20 +127,46 @@ async def test_paths_methods_and_readiness_over_a_real_socket() -> None:
 
 @pytest.mark.trio
 async def test_slow_clients_are_cut_off_and_too_many_are_turned_away(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
 ) -> None:
-    monkeypatch.setattr(metrics_http, "CONNECTION_TIMEOUT_S", 0.3)
+    """Time stands still (the mock clock) until the test moves it, and each step waits until
+    the server has handled what the sockets hold, so no load can reorder the steps."""
     monkeypatch.setattr(metrics_http, "MAX_CONNECTIONS", 1)
     async with endpoint(Stub()) as port:
         slow = await trio.open_tcp_stream("127.0.0.1", port)
         await slow.send_all(b"GET /metr")
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()
         crowded = await exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n")
         assert status_of(crowded) == 503 and b"too many connections" in crowded
-        with trio.fail_after(2):
-            assert await slow.receive_some(100) == b"", "the slow client is disconnected"
+        mock_clock.jump(metrics_http.CONNECTION_TIMEOUT_S)
+        assert await slow.receive_some(100) == b"", "the slow client is disconnected"
         await slow.aclose()
+        await trio.testing.wait_all_tasks_blocked()
         assert status_of(await exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n")) == 200
+
+
+@pytest.mark.trio
+async def test_a_refused_client_gets_its_answer_after_sending_its_request(
+    monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
+) -> None:
+    """The 503 goes out once the request head is read and the close waits for the client's
+    close: a request arriving late, in pieces and with a body, is never left unread in the
+    server's socket, where it would turn the close into a reset that destroys the answer."""
+    monkeypatch.setattr(metrics_http, "MAX_CONNECTIONS", 0)
+    async with endpoint(Stub()) as port:
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        async with client:
+            await trio.testing.wait_all_tasks_blocked()
+            mock_clock.jump(metrics_http.CONNECTION_TIMEOUT_S * 0.9)
+            await client.send_all(b"GET /healthz HTTP/1.1\r\n")
+            await trio.testing.wait_all_tasks_blocked()
+            await client.send_all(b"Content-Length: 5000\r\n\r\n" + b"x" * 5000)
+            await trio.testing.wait_all_tasks_blocked()
+            mock_clock.jump(metrics_http.CONNECTION_TIMEOUT_S * 0.2)
+            received = b""
+            while chunk := await client.receive_some(65536):
+                received += chunk
+        assert status_of(received) == 503 and received.endswith(b"too many connections\n")
 
 
 def test_histogram_buckets_are_cumulative_and_le_inclusive() -> None:
@@ -151,7 +177,7 @@ def test_histogram_buckets_are_cumulative_and_le_inclusive() -> None:
     assert histogram.total == 27
 
 
-def test_series_of_topics_the_broker_no_longer_serves_disappear() -> None:
+def standalone_core() -> BrokerCore:
     core = BrokerCore(
         BrokerIdentity("http://b:1", "http://b:1"),
         rng=random.Random(1),
@@ -159,8 +185,14 @@ def test_series_of_topics_the_broker_no_longer_serves_disappear() -> None:
         queue_limits=QueueLimits(10, 1 << 20),
     )
     core.bootstrap(["default"])
+    return core
+
+
+def test_series_of_topics_the_broker_no_longer_serves_disappear() -> None:
+    core = standalone_core()
     core.create_topic("/default/t", DispatchStrategy.NON_RELIABLE)
     metrics = BrokerMetrics(core, "7", "standalone")
+    core.subscribe("/default/t", "c", "s", 0, ())
     metrics.nacked("/default/t", "s")
     metrics.send_failed("/default/never-served", 1, "NOT_FOUND")
     text = metrics.exposition().decode()
@@ -174,3 +206,39 @@ def test_series_of_topics_the_broker_no_longer_serves_disappear() -> None:
     assert f"{unserved} 1.0" in text, "unserved topics share one series"
     core.delete_topic("/default/t")
     assert 'topic="/default/t"' not in metrics.exposition().decode()
+
+
+def test_series_of_removed_subscriptions_disappear() -> None:
+    core = standalone_core()
+    core.create_topic("/default/t", DispatchStrategy.NON_RELIABLE)
+    metrics = BrokerMetrics(core, "7", "standalone")
+    for sub in ("kept", "gone"):
+        core.subscribe("/default/t", f"c-{sub}", sub, 0, ())
+        metrics.consumer_sent(("/default/t", sub), 2, 100)
+        metrics.nacked("/default/t", sub)
+    core.unsubscribe("/default/t", "gone")
+    text = metrics.exposition().decode()
+    for family in (
+        "danube_consumer_messages_out_total",
+        "danube_consumer_bytes_out_total",
+        "danube_subscription_nack_total",
+    ):
+        assert f'{family}{{broker="7",subscription="kept",topic="/default/t"}}' in text
+        assert f'{family}{{broker="7",subscription="gone",topic="/default/t"}}' not in text
+
+
+def test_only_consumers_with_an_open_stream_count_as_active() -> None:
+    core = standalone_core()
+    core.create_topic("/default/t", DispatchStrategy.NON_RELIABLE)
+    metrics = BrokerMetrics(core, "7", "standalone")
+    attached = core.subscribe("/default/t", "a", "s", 1, ()).value
+    core.subscribe("/default/t", "b", "s", 1, ())
+    generation = core.open_stream(attached).value
+    labels = 'broker="7",subscription="s",topic="/default/t"'
+    text = metrics.exposition().decode()
+    assert f"danube_subscription_active_consumers{{{labels}}} 1.0" in text
+    assert 'danube_topic_active_consumers{broker="7",topic="/default/t"} 1.0' in text
+    core.close_stream(attached, generation)
+    text = metrics.exposition().decode()
+    assert f"danube_subscription_active_consumers{{{labels}}} 0.0" in text
+    assert 'danube_topic_active_consumers{broker="7",topic="/default/t"} 0.0' in text

@@ -203,11 +203,16 @@ class BrokerMetrics:
 
     # -- scrape side ----------------------------------------------------------------------------
 
-    def forget_removed(self, served: set[str]) -> None:
-        """Drops the series of topics this broker no longer serves (deleted or moved away),
-        keeping label cardinality to the topics it serves."""
-        for table in (self.sends, self.delivered, self.nacks):
-            for key in [k for k in table if k[0] != NOT_SERVED and k[0] not in served]:
+    def forget_removed(self, topics: list[stats.TopicStats]) -> None:
+        """Drops the series of topics this broker no longer serves (deleted or moved away)
+        and of subscriptions no longer on them (unsubscribed, deleted), keeping label
+        cardinality to what it serves."""
+        served = {t.topic for t in topics}
+        subscribed = {(t.topic, s.name) for t in topics for s in t.subscriptions}
+        for key in [k for k in self.sends if k[0] != NOT_SERVED and k[0] not in served]:
+            del self.sends[key]
+        for table in (self.delivered, self.nacks):
+            for key in [k for k in table if k not in subscribed]:
                 del table[key]
         for histograms in (self.send_latency, self.message_size):
             for topic in [t for t in histograms if t != NOT_SERVED and t not in served]:
@@ -222,7 +227,7 @@ class _Collector(Collector):
         m = self._metrics
         broker = m.broker_id
         topics = stats.topic_stats(m.core)
-        m.forget_removed({t.topic for t in topics})
+        m.forget_removed(topics)
         yield from _topic_families(broker, topics)
         yield from _event_families(m)
         yield from _drop_families(broker, m.core)
@@ -252,13 +257,17 @@ def _topic_families(broker: str, topics: list[stats.TopicStats]) -> Iterable[Met
         ["topic"],
     )
     producers = _gauge("danube_topic_active_producers", "Producers of the topic.", ["topic"])
-    consumers = _gauge("danube_topic_active_consumers", "Consumers of the topic.", ["topic"])
+    consumers = _gauge(
+        "danube_topic_active_consumers",
+        "Consumers attached to the topic's subscriptions (receive stream open).",
+        ["topic"],
+    )
     subscriptions = _gauge(
         "danube_topic_active_subscriptions", "Subscriptions of the topic.", ["topic"]
     )
     sub_consumers = _gauge(
         "danube_subscription_active_consumers",
-        "Consumers attached to the subscription.",
+        "Consumers attached to the subscription (receive stream open).",
         ["topic", "subscription"],
     )
     lag = _gauge(

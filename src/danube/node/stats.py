@@ -3,6 +3,7 @@ when asked (a scrape), so the publish and dispatch paths pay nothing for them.""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from danube.dispatch.nonreliable import NonReliableSubscription
@@ -13,7 +14,8 @@ from danube.node.core import BrokerCore, TopicRecord
 class SubscriptionStats:
     name: str
     consumers: int
-    """Consumers attached to the subscription (with or without an open stream)."""
+    """Consumers attached to the subscription: registered and with their receive stream
+    open (a registered consumer whose stream closed is not attached)."""
     backlog: int | None
     """Reliable: messages stored and not yet acknowledged (from the cursor); None otherwise."""
     redeliveries: int
@@ -35,10 +37,10 @@ class TopicStats:
 
 def topic_stats(core: BrokerCore) -> list[TopicStats]:
     """Every topic this broker serves (not those on their way out), by name."""
-    return [_topic(record) for record in core.topic_records() if not record.unloading]
+    return [_topic(core, record) for record in core.topic_records() if not record.unloading]
 
 
-def _topic(record: TopicRecord) -> TopicStats:
+def _topic(core: BrokerCore, record: TopicRecord) -> TopicStats:
     committed = record.wal.readable_offset if record.wal is not None else None
     subscriptions = []
     for sub in record.subscriptions.values():
@@ -48,7 +50,8 @@ def _topic(record: TopicRecord) -> TopicStats:
             redeliveries = sub.reliable.redelivered
             if committed is not None:
                 backlog = max(0, committed - 1 - sub.reliable.cursor)
-        subscriptions.append(SubscriptionStats(sub.name, len(sub.consumers), backlog, redeliveries))
+        attached = _attached(core, sub.consumers.values())
+        subscriptions.append(SubscriptionStats(sub.name, attached, backlog, redeliveries))
     return TopicStats(
         record.name.full,
         record.reliable,
@@ -58,6 +61,15 @@ def _topic(record: TopicRecord) -> TopicStats:
         tuple(subscriptions),
         _upload_lag(record, committed),
     )
+
+
+def _attached(core: BrokerCore, consumer_ids: Iterable[int]) -> int:
+    count = 0
+    for consumer_id in consumer_ids:
+        consumer = core.consumer_record(consumer_id)
+        if consumer is not None and consumer.stream:
+            count += 1
+    return count
 
 
 def _upload_lag(record: TopicRecord, committed: int | None) -> int | None:
