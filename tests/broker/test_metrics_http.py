@@ -4,17 +4,21 @@ Prometheus means them; removed topics lose their series."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 
+import grpclib.const
 import numpy as np
 import pytest
 import trio
 import trio.testing
+from grpclib.metadata import Deadline
 
-from danube.broker import metrics_http
+from danube.broker import grpc_util, metrics_http
 from danube.broker.metrics import BrokerMetrics, Histogram
 from danube.broker.metrics_http import Endpoints, Request, Response, parse_head, read_head
 from danube.core.config import DispatchStrategy, Policies
@@ -242,3 +246,28 @@ def test_only_consumers_with_an_open_stream_count_as_active() -> None:
     text = metrics.exposition().decode()
     assert f"danube_subscription_active_consumers{{{labels}}} 0.0" in text
     assert 'danube_topic_active_consumers{broker="7",topic="/default/t"} 0.0' in text
+
+
+@pytest.mark.parametrize(
+    ("deadline", "status"),
+    [
+        (Deadline.from_timeout(0), "DEADLINE_EXCEEDED"),
+        (Deadline.from_timeout(60), "CANCELLED"),
+        (None, "CANCELLED"),
+    ],
+)
+def test_a_call_cut_short_is_counted_by_whether_its_deadline_passed(
+    deadline: Deadline | None, status: str
+) -> None:
+    async def handler(_: object) -> None:
+        raise asyncio.CancelledError
+
+    outcomes: list[tuple[str, str, str]] = []
+    counted = grpc_util._counted(
+        "/danube.Svc/Call",
+        grpclib.const.Handler(handler, grpclib.const.Cardinality.UNARY_UNARY, None, None),
+        lambda *outcome: outcomes.append(outcome),
+    )
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(counted.func(SimpleNamespace(deadline=deadline)))
+    assert outcomes == [("danube.Svc", "Call", status)]

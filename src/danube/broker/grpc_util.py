@@ -119,8 +119,9 @@ RpcDone = Callable[[str, str, str], None]
 
 
 def _counted(path: str, handler: grpclib.const.Handler, done: RpcDone) -> grpclib.const.Handler:
-    """The handler, reporting how each call ended: the status it raised, OK, CANCELLED
-    when the client left, UNKNOWN for anything else (what grpclib answers then)."""
+    """The handler, reporting how each call ended: the status it raised, OK,
+    DEADLINE_EXCEEDED or CANCELLED when it was cut short (`_abandoned`), UNKNOWN for
+    anything else (what grpclib answers then)."""
     service, _, method = path.lstrip("/").partition("/")
     func = handler.func
 
@@ -131,7 +132,7 @@ def _counted(path: str, handler: grpclib.const.Handler, done: RpcDone) -> grpcli
             done(service, method, error.status.name)
             raise
         except (asyncio.CancelledError, StreamTerminatedError):
-            done(service, method, Status.CANCELLED.name)
+            done(service, method, _abandoned(stream).name)
             raise
         except Exception:
             done(service, method, Status.UNKNOWN.name)
@@ -139,6 +140,16 @@ def _counted(path: str, handler: grpclib.const.Handler, done: RpcDone) -> grpcli
         done(service, method, Status.OK.name)
 
     return handler._replace(func=call)
+
+
+def _abandoned(stream: grpclib.server.Stream) -> Status:
+    """Why a call was cut short: DEADLINE_EXCEEDED once the client's deadline (grpc-timeout)
+    has passed, as grpclib then cancels the handler itself; CANCELLED when the client left
+    or reset the stream before it."""
+    deadline = stream.deadline
+    if deadline is not None and deadline.time_remaining() <= 0:
+        return Status.DEADLINE_EXCEEDED
+    return Status.CANCELLED
 
 
 class Server(grpclib.server.Server):
