@@ -150,10 +150,10 @@ def test_set_policies_sends_only_the_fields_given() -> None:
     }
 
 
-def test_set_policies_without_a_field_exits_1_naming_the_flags(
+def test_set_policies_without_a_field_is_a_usage_error_naming_the_flags(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert admin.main(["namespaces", "set-policies", "orders"]) == 1
+    assert admin.main(["namespaces", "set-policies", "orders"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "nothing to change" in err and "--max-producers-per-topic" in err

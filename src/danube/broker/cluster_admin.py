@@ -48,7 +48,9 @@ POLL_S = 0.05
 """How often a waiting operation looks at the view again."""
 DEFAULT_UNLOAD_TIMEOUT_S = 60
 MOVE_WAIT_S = 30.0
-"""How long UnloadTopic and DeleteTopic wait for the topic to leave its broker."""
+"""How long UnloadTopic and DeleteTopic wait for the topic to leave its broker before they
+answer UNAVAILABLE ("under way"); `danube-admin` gives those calls a longer deadline
+(`danube.cli.admin_topics.SERVER_MOVE_WAIT_S`)."""
 MOVE_GIVE_UP_S = 600.0
 """How long a drain keeps after one topic before it counts it failed."""
 FORWARD_TIMEOUT_S = 120.0

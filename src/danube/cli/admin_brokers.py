@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 import danube.proto_compat  # noqa: F401  (ClusterBalanceResponse decodes)
-from danube.cli.admin_args import Actions, command, count, group, positive
+from danube.cli.admin_args import Actions, command, group, positive
 from danube.cli.admin_call import AdminClient, AdminError
 from danube.cli.admin_render import Result, fields, plain, table
 from danube.proto import danube_admin as pb
@@ -48,8 +48,11 @@ async def unload(client: AdminClient, args: argparse.Namespace) -> Result:
         dry_run=args.dry_run,
         timeout_seconds=args.unload_timeout,
     )
+    deadline = client.long_call(args.unload_timeout)
     answer = await client.call(
-        f"unload broker {args.broker_id}", client.brokers.unload_broker(request)
+        f"unload broker {args.broker_id}",
+        client.brokers.unload_broker(request, timeout=deadline),
+        timeout_s=deadline,
     )
     if args.dry_run:
         head = f"Dry run: would unload {answer.total} topics from broker {args.broker_id}"
@@ -140,8 +143,9 @@ def add_broker_commands(commands: Actions) -> None:
     sub.add_argument("--namespaces-exclude", action="append", metavar="NS",
                      help="skip topics of this namespace (repeatable)")  # fmt: skip
     sub.add_argument("--dry-run", action="store_true", help="count the topics, move nothing")
-    sub.add_argument("--timeout", dest="unload_timeout", type=count, default=60,
-                     help="seconds the broker allows the unload (default 60)")  # fmt: skip
+    sub.add_argument("--timeout", dest="unload_timeout", type=positive, default=60,
+                     help="seconds to wait for the topics to move (default 60); the answer "
+                          "counts those still moving as pending, and they keep moving")  # fmt: skip
 
     sub = command(
         actions, "activate", "make a drained or draining broker take topics again",
@@ -152,13 +156,14 @@ def add_broker_commands(commands: Actions) -> None:
                      help="recorded with the state (default admin_activate)")  # fmt: skip
 
     command(actions, "balance", "show how evenly load is spread over the brokers", balance,
-            "BrokerAdmin/GetClusterBalance, cluster mode; accurate on the leader")  # fmt: skip
+            "BrokerAdmin/GetClusterBalance, cluster mode; any broker passes it to the leader, "
+            "whose view it shows")  # fmt: skip
 
     sub = command(
         actions, "rebalance", "move topics from loaded brokers to idle ones (or only propose)",
         rebalance,
-        "BrokerAdmin/TriggerRebalance, cluster mode with load_manager.rebalancing configured, "
-        "asked on the leader",
+        "BrokerAdmin/TriggerRebalance, cluster mode with load_manager.rebalancing configured; "
+        "any broker passes it to the leader",
     )  # fmt: skip
     sub.add_argument("--dry-run", action="store_true", help="propose moves, make none")
     sub.add_argument("--max-moves", type=positive, help="stop after this many moves")

@@ -8,6 +8,7 @@ from typing import TypeVar
 
 from grpclib import GRPCError
 from grpclib.const import Status
+from grpclib.protocol import H2Protocol
 
 from danube.client.connection import BrokerChannel, parse_address
 from danube.client.errors import TRANSPORT_ERRORS, DanubeClientError
@@ -23,6 +24,8 @@ ENDPOINT_ENV = "DANUBE_ADMIN_ENDPOINT"
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+
+LONG_CALL_MARGIN_S = 10.0
 
 
 class AdminError(Exception):
@@ -49,6 +52,18 @@ class BadUsage(AdminError):
     exit_code = EXIT_USAGE
 
 
+class _AdminChannel(BrokerChannel):
+    """Remembers whether the broker was ever reached, so a deadline can tell a broker that
+    is not there from one that is slow to finish."""
+
+    reached = False
+
+    async def __connect__(self) -> H2Protocol:
+        protocol = await super().__connect__()
+        self.reached = True
+        return protocol
+
+
 class AdminClient:
     """The admin services of one broker: Danube's (`danube_admin`), the schema registry
     (served on the admin port too) and our policy extension."""
@@ -60,7 +75,7 @@ class AdminClient:
             raise BadUsage(str(error)) from None
         self.endpoint = endpoint
         self.timeout_s = timeout_s
-        self._channel = BrokerChannel(host, port)
+        self._channel = _AdminChannel(host, port)
         self.brokers = admin_pb.BrokerAdminStub(self._channel, timeout=timeout_s)
         self.cluster = admin_pb.ClusterAdminStub(self._channel, timeout=timeout_s)
         self.namespaces = admin_pb.NamespaceAdminStub(self._channel, timeout=timeout_s)
@@ -71,8 +86,15 @@ class AdminClient:
     def policies(self) -> ext_pb.PolicyAdminStub:
         return ext_pb.PolicyAdminStub(self._channel, timeout=self.timeout_s)
 
-    async def call(self, what: str, request: Awaitable[T]) -> T:
-        """Awaits one RPC; `what` names it in the error ("create namespace orders")."""
+    def long_call(self, server_wait_s: float) -> float:
+        """The deadline of a call the broker may work on for `server_wait_s` seconds before
+        it answers (a drain, a topic's move): long enough to hear that answer."""
+        return max(self.timeout_s, server_wait_s + LONG_CALL_MARGIN_S)
+
+    async def call(self, what: str, request: Awaitable[T], *, timeout_s: float | None = None) -> T:
+        """Awaits one RPC; `what` names it in the error ("create namespace orders").
+        `timeout_s`: the deadline the request was made with, when not `--timeout`'s."""
+        deadline = self.timeout_s if timeout_s is None else timeout_s
         try:
             return await request
         except GRPCError as error:
@@ -82,8 +104,13 @@ class AdminClient:
                 f"{what}: the broker's answer could not be decoded ({error})"
             ) from None
         except TimeoutError:
+            if self._channel.reached:
+                raise AdminError(
+                    f"{what}: {self.endpoint} did not finish within {deadline:g} s; it may "
+                    "still be under way (check, or raise --timeout)"
+                ) from None
             raise Unreachable(
-                f"{what}: no answer from {self.endpoint} within {self.timeout_s:g} s "
+                f"{what}: no answer from {self.endpoint} within {deadline:g} s "
                 "(raise --timeout, or check the broker)"
             ) from None
         except TRANSPORT_ERRORS as error:

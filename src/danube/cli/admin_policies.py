@@ -7,7 +7,7 @@ import argparse
 import json
 
 from danube.cli.admin_args import count
-from danube.cli.admin_call import AdminError
+from danube.cli.admin_call import AdminError, BadUsage
 from danube.cli.admin_render import Result, table
 
 POLICY_FIELDS = (
@@ -35,7 +35,7 @@ def policy_changes(args: argparse.Namespace) -> str:
     given = {name: value for name, value in changes.items() if value is not None}
     if not given:
         flags = ", ".join("--" + name.replace("_", "-") for name, _ in POLICY_FIELDS)
-        raise AdminError(f"nothing to change: give at least one of {flags}")
+        raise BadUsage(f"nothing to change: give at least one of {flags}")
     return json.dumps(given, sort_keys=True)
 
 

@@ -14,6 +14,11 @@ from danube.cli.admin_topic_schema import add_topic_schema_commands
 from danube.proto import danube_admin as pb
 from danube.proto import danube_ext as ext_pb
 
+SERVER_MOVE_WAIT_S = 30.0
+"""How long a broker waits for a topic's unload or deletion before it answers
+(`danube.broker.cluster_admin.MOVE_WAIT_S`; kept light here, the CLI does not import the
+broker)."""
+
 STRATEGIES = {
     "non_reliable": pb.DispatchStrategy.NonReliable,
     "reliable": pb.DispatchStrategy.Reliable,
@@ -65,7 +70,9 @@ async def create(client: AdminClient, args: argparse.Namespace) -> Result:
 async def delete(client: AdminClient, args: argparse.Namespace) -> Result:
     name = topic_name(args)
     what = f"delete topic {name}"
-    answer = await client.call(what, client.topics.delete_topic(pb.TopicRequest(name=name)))
+    deadline = client.long_call(SERVER_MOVE_WAIT_S)
+    request = client.topics.delete_topic(pb.TopicRequest(name=name), timeout=deadline)
+    answer = await client.call(what, request, timeout_s=deadline)
     _done(what, answer.success)
     return Result(plain(answer), f"Deleted topic {name}")
 
@@ -73,7 +80,9 @@ async def delete(client: AdminClient, args: argparse.Namespace) -> Result:
 async def unload(client: AdminClient, args: argparse.Namespace) -> Result:
     name = topic_name(args)
     what = f"unload topic {name}"
-    answer = await client.call(what, client.topics.unload_topic(pb.TopicRequest(name=name)))
+    deadline = client.long_call(SERVER_MOVE_WAIT_S)
+    request = client.topics.unload_topic(pb.TopicRequest(name=name), timeout=deadline)
+    answer = await client.call(what, request, timeout_s=deadline)
     _done(what, answer.success)
     return Result(plain(answer), f"Unloaded topic {name}: another broker will serve it")
 
