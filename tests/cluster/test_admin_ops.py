@@ -114,7 +114,7 @@ def test_a_draining_or_drained_broker_gets_no_new_topic_until_activated() -> Non
     assert {a.broker for a in of(d.effects, Assign)} == {"1"}
     assert d.manager.active() == ["1"]
     run(d, admin_ops.set_mode(ME, "2", keys.ACTIVE, "admin_activate"))
-    assert d.manager.mode("2") == keys.ACTIVE
+    assert mode(d, "2") == keys.ACTIVE
     create(d, "/default/after")
     assert owner(d, "/default/after") == "2"
 

@@ -316,7 +316,7 @@ Effect = Txn | ScheduleTick | Log
 
 @dataclass(frozen=True, slots=True)
 class Proposal:
-    """The move a rebalancing step would make (what a dry run will answer, issue 10)."""
+    """The move a rebalancing step would make (what a TriggerRebalance dry run answers)."""
 
     topic: str
     from_broker: str
@@ -507,7 +507,7 @@ class LoadManager:
         return ranking(self._scores())
 
     def balance(self) -> Imbalance:
-        """The figures `GetClusterBalance` will report (issue 10; not served yet)."""
+        """The figures `GetClusterBalance` reports (`danube.broker.cluster_admin`)."""
         return imbalance(self._scores())
 
     def propose_move(self, now: int) -> Proposal | None:
@@ -522,10 +522,6 @@ class LoadManager:
     def active(self) -> list[str]:
         """The brokers that may be given topics (registered, mode `active` or unset)."""
         return self._active()
-
-    def mode(self, broker: str) -> str:
-        """The broker's state mode as the admin reports it (no state key reads as active)."""
-        return self._modes.get(broker, keys.ACTIVE)
 
     def owner(self, topic: str) -> tuple[str, int] | None:
         """(broker, assignment `mod_revision`) of the topic's assignment, if it has one."""
@@ -574,6 +570,7 @@ class LoadManager:
 
     def _unregister(self, broker: str, now: int) -> None:
         self._registered.pop(broker, None)
+        self._drain_due.pop(broker, None)
         self._set_report(broker, None)
         for topic in list(self._owned.get(broker, {})):
             self._check_owner(broker, topic, now)

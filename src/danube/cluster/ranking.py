@@ -2,7 +2,7 @@
 spec/cluster.md "Load manager").
 
 The formulas are Danube's, down to the integer truncation of every score, so that a Danube
-operator reading `GetClusterBalance` (issue 10) will see the numbers, thresholds and presets
+operator reading `GetClusterBalance` sees the numbers, thresholds and presets
 they know. All of it is pure arithmetic on frozen values: the load manager decides with it
 and the tests check it against hand-computed examples.
 """
@@ -319,7 +319,7 @@ def ranking(broker_scores: Mapping[str, int]) -> list[tuple[str, int]]:
 
 @dataclass(frozen=True, slots=True)
 class Imbalance:
-    """How unevenly the scores spread; `GetClusterBalance` will report these (issue 10)."""
+    """How unevenly the scores spread; `GetClusterBalance` reports these."""
 
     brokers: int
     mean: float
