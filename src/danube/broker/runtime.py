@@ -26,7 +26,7 @@ import trio
 import trio_asyncio
 
 from danube.broker.metrics import BrokerMetrics
-from danube.broker.object_store import ObjectStore, classify
+from danube.broker.object_store import ObjectStore, classify, delete_topic_objects
 from danube.broker.segment_files import SegmentFiles, WalExecutor
 from danube.cluster.ownership import NotOwner, fence_compares
 from danube.core.errors import DanubeError, ErrorCode
@@ -60,7 +60,6 @@ from danube.tiering import (
     decode_object_read,
     describe_object,
 )
-from danube.tiering import layout as tier_layout
 from danube.wal import machine as wal
 from danube.wal.format import WalFormatError
 from danube.wal.recovery import CorruptSegment
@@ -349,24 +348,6 @@ class BrokerRuntime:
         await topic_wal.stopped.wait()
         topic_wal.files.close()
 
-    async def _delete_objects(self, topic: str) -> None:
-        """A deleted topic's uploaded segments. Runs before the drop completes, so a topic
-        created again under the name uploads only after its predecessor's objects are gone.
-        A failure leaves objects no index names (never read again) and says so."""
-        assert self._objects is not None
-        objects = self._objects
-        prefix = tier_layout.object_prefix(parse_topic(topic))
-        try:
-            listed = await trio.to_thread.run_sync(objects.list, prefix)
-            for key, _ in listed:
-                await trio.to_thread.run_sync(objects.delete, key)
-        except Exception as error:
-            log.warning(
-                "event=objects_not_deleted topic=%s prefix=%s error=%r", topic, prefix, error
-            )
-            return
-        log.info("event=objects_deleted topic=%s count=%d", topic, len(listed))
-
     async def _drop_wal(self, effect: DropWal, topic_wal: TopicWal, done: trio.Event) -> None:
         topic = effect.topic
         try:
@@ -375,7 +356,9 @@ class BrokerRuntime:
                 if effect.delete_files:
                     await trio.to_thread.run_sync(_remove_tree, topic_wal.files.directory)
                 if effect.delete_objects and self._objects is not None:
-                    await self._delete_objects(topic)
+                    # Before the drop completes: a topic created again under the name
+                    # uploads only after its predecessor's objects are gone.
+                    await delete_topic_objects(self._objects, topic)
                 log.info("event=wal_dropped topic=%s deleted=%s", topic, effect.delete_files)
         finally:
             done.set()
