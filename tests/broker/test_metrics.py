@@ -190,3 +190,11 @@ def test_a_three_broker_cluster_reports_one_leader_and_the_topics_each_owns(
         ]
         assert len(partitions) == 6 and sum(p.value for p in partitions) == 12
         assert sum(s.value("danube_wal_append_total") for s in scrapes) == 12
+        cvs = [s.matching("danube_cluster_imbalance_cv") for s in scrapes]
+        assert [len(found) for found in cvs] == [int(leader) for leader in leaders], (
+            "only the leader reports the cluster's imbalance"
+        )
+        assert all(sample.value >= 0 for found in cvs for sample in found)
+        owners = {p.labels["broker"] for p in partitions}
+        redirects = sum(s.value("danube_client_redirects_total") for s in scrapes)
+        assert len(owners) > 1 and redirects > 0, (owners, redirects)

@@ -271,3 +271,25 @@ def test_a_call_cut_short_is_counted_by_whether_its_deadline_passed(
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(counted.func(SimpleNamespace(deadline=deadline)))
     assert outcomes == [("danube.Svc", "Call", status)]
+
+
+def test_schema_checks_redirects_and_imbalance_are_exported() -> None:
+    core = standalone_core()
+    core.create_topic("/default/t", DispatchStrategy.NON_RELIABLE)
+    metrics = BrokerMetrics(core, "7", "cluster", leading=lambda: False)
+    metrics.imbalance = lambda: 0.25
+    metrics.schema_checked("/default/t", "warn", None)
+    metrics.schema_checked("/default/t", "warn", "payload_invalid")
+    metrics.redirected()
+    text = metrics.exposition().decode()
+    assert 'danube_schema_validation_total{broker="7",policy="warn",topic="/default/t"} 2.0' in text
+    assert (
+        'danube_schema_validation_failures_total{broker="7",reason="payload_invalid",'
+        'topic="/default/t"} 1.0'
+    ) in text
+    assert 'danube_client_redirects_total{broker="7",reason="not_local"} 1.0' in text
+    assert "danube_cluster_imbalance_cv" not in text, "only the leader reports it"
+    metrics.leading = lambda: True
+    assert 'danube_cluster_imbalance_cv{broker="7"} 0.25' in metrics.exposition().decode()
+    core.delete_topic("/default/t")
+    assert "/default/t" not in metrics.exposition().decode()

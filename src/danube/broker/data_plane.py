@@ -19,6 +19,7 @@ from danube.broker.grpc_util import (
     send_encoded,
     unary,
 )
+from danube.broker.metrics import BrokerMetrics
 from danube.broker.placement import Placement
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.broker.schema_gate import SchemaGate
@@ -175,8 +176,9 @@ class ConsumerService:
 
 
 class DiscoveryService:
-    def __init__(self, placement: Placement) -> None:
+    def __init__(self, placement: Placement, metrics: BrokerMetrics | None = None) -> None:
         self._placement = placement
+        self._metrics = metrics
 
     async def topic_lookup(self, request: pb.TopicLookupRequest) -> pb.TopicLookupResponse:
         located = await self._placement.lookup(request.topic)
@@ -185,6 +187,8 @@ class DiscoveryService:
             if located.answer is Answer.CONNECT
             else pb.TopicLookupResponseLookupType.Redirect
         )
+        if located.answer is Answer.REDIRECT and self._metrics is not None:
+            self._metrics.redirected()
         return pb.TopicLookupResponse(
             request_id=request.request_id,
             response_type=kind,

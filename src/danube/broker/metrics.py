@@ -139,6 +139,14 @@ class BrokerMetrics:
         self.delivered: dict[tuple[str, str], list[int]] = {}
         """(topic, subscription) -> [messages, bytes] sent to consumers."""
         self.nacks: dict[tuple[str, str], int] = {}
+        self.redirects = 0
+        """Topic lookups answered with a Redirect to another broker."""
+        self.schema_checks: dict[tuple[str, str], int] = {}
+        """(topic, validation policy) -> messages the schema gate inspected."""
+        self.schema_failures: dict[tuple[str, str], int] = {}
+        """(topic, problem) -> inspected messages that did not fit (refused or warned)."""
+        self.imbalance: Callable[[], float] | None = None
+        """Cluster mode: the load manager's coefficient of variation of broker loads."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
@@ -197,6 +205,17 @@ class BrokerMetrics:
         counts[0] += messages
         counts[1] += size
 
+    def redirected(self) -> None:
+        self.redirects += 1
+
+    def schema_checked(self, topic: str, policy: str, problem: str | None) -> None:
+        """One message the schema gate inspected (topics with a policy only)."""
+        key = (topic, policy)
+        self.schema_checks[key] = self.schema_checks.get(key, 0) + 1
+        if problem is not None:
+            failure = (topic, problem)
+            self.schema_failures[failure] = self.schema_failures.get(failure, 0) + 1
+
     def nacked(self, topic: str, subscription: str) -> None:
         key = (topic, subscription)
         self.nacks[key] = self.nacks.get(key, 0) + 1
@@ -209,8 +228,9 @@ class BrokerMetrics:
         cardinality to what it serves."""
         served = {t.topic for t in topics}
         subscribed = {(t.topic, s.name) for t in topics for s in t.subscriptions}
-        for key in [k for k in self.sends if k[0] != NOT_SERVED and k[0] not in served]:
-            del self.sends[key]
+        for table in (self.sends, self.schema_checks, self.schema_failures):
+            for key in [k for k in table if k[0] != NOT_SERVED and k[0] not in served]:
+                del table[key]
         for table in (self.delivered, self.nacks):
             for key in [k for k in table if k not in subscribed]:
                 del table[key]
@@ -241,6 +261,13 @@ class _Collector(Collector):
         )
         leader.add_metric([broker], 1 if m.leading() else 0)
         yield leader
+        if m.imbalance is not None and m.leading():
+            cv = _gauge(
+                "danube_cluster_imbalance_cv",
+                "Coefficient of variation of the brokers' load scores (the leader's view).",
+            )
+            cv.add_metric([broker], m.imbalance())
+            yield cv
 
 
 def _topic_families(broker: str, topics: list[stats.TopicStats]) -> Iterable[Metric]:
@@ -354,7 +381,38 @@ def _event_families(m: BrokerMetrics) -> Iterable[Metric]:
     )
     for topic, histogram in sorted(m.message_size.items()):
         sizes.add_metric([broker, topic], histogram.buckets(), histogram.total)
-    return (rpcs, sends, out_messages, out_bytes, nacks, latency, sizes)
+    redirects = _counter(
+        "danube_client_redirects_total",
+        "Topic lookups answered with a Redirect: the topic is served by another broker.",
+        ["reason"],
+    )
+    redirects.add_metric([broker, "not_local"], m.redirects)
+    checks = _counter(
+        "danube_schema_validation_total",
+        "Messages checked against their topic's schema policy (topics with a policy only).",
+        ["topic", "policy"],
+    )
+    for (topic, policy), count in sorted(m.schema_checks.items()):
+        checks.add_metric([broker, topic, policy], count)
+    failures = _counter(
+        "danube_schema_validation_failures_total",
+        "Checked messages that did not fit the schema, refused (enforce) or accepted (warn).",
+        ["topic", "reason"],
+    )
+    for (topic, reason), count in sorted(m.schema_failures.items()):
+        failures.add_metric([broker, topic, reason], count)
+    return (
+        rpcs,
+        sends,
+        out_messages,
+        out_bytes,
+        nacks,
+        latency,
+        sizes,
+        redirects,
+        checks,
+        failures,
+    )
 
 
 def _drop_families(broker: str, core: BrokerCore) -> Iterable[Metric]:

@@ -12,6 +12,7 @@ import logging
 import time
 from collections import Counter
 
+from danube.broker.metrics import BrokerMetrics
 from danube.broker.schema_service import SchemaService
 from danube.core.errors import DanubeError, ErrorCode
 from danube.schema.policy import (
@@ -29,8 +30,9 @@ WARN_LOG_S = 10.0
 
 
 class SchemaGate:
-    def __init__(self, schemas: SchemaService) -> None:
+    def __init__(self, schemas: SchemaService, metrics: BrokerMetrics | None = None) -> None:
         self._schemas = schemas
+        self._metrics = metrics
         self.warnings: Counter[tuple[str, Problem]] = Counter()
         """Messages accepted under `warn` that did not fit, by topic and problem."""
         self._logged: dict[tuple[str, Problem], float] = {}
@@ -47,6 +49,9 @@ class SchemaGate:
         if message.schema_id is not None:
             named = await self._schemas.schema_of(message.schema_id, message.schema_version)
         verdict = admission(config, message.schema_id, named, message.payload)
+        if self._metrics is not None:
+            problem = verdict.problem.value if verdict.problem is not None else None
+            self._metrics.schema_checked(topic, config.policy.value, problem)
         if not verdict.accept:
             raise DanubeError(
                 ErrorCode.INVALID_ARGUMENT,
