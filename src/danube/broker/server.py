@@ -290,11 +290,13 @@ async def serve(
                 )
                 leader = member.leader
                 metrics.leading = lambda: leader() == broker_id
+                balance = member.load_manager.machine.balance
+                metrics.imbalance = lambda: balance().coefficient_of_variation
             consumers = ConsumerService(runtime, placement)
             schemas = SchemaService(
                 store, _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)), placement
             )
-            gate = SchemaGate(schemas)
+            gate = SchemaGate(schemas, metrics)
             batch_limit = BATCH_REQUEST_LIMIT + _message_limit(config)
             client_services = [
                 schemas,
@@ -303,7 +305,7 @@ async def serve(
                 consumers,
                 ConsumerExtService(consumers),
                 ConsumerBatchService(runtime, RECEIVE_BATCH),
-                DiscoveryService(placement),
+                DiscoveryService(placement, metrics),
                 HealthCheckService(runtime),
             ]
             client_server = Server(
