@@ -663,3 +663,22 @@ def test_a_consumer_registers_once() -> None:
     d = Driver(SHARED)
     with pytest.raises(ValueError, match="already registered"):
         d.sub.add_consumer(d.ids["c1"], "c1", (), 0)
+
+
+@pytest.mark.parametrize("sub_type", [EXCLUSIVE, SHARED, KEY_SHARED])
+def test_dispatch_rate_sends_a_burst_then_one_message_per_turn(
+    sub_type: SubscriptionType,
+) -> None:
+    d = Driver(sub_type, max_unacked_messages=100)
+    d.run(d.sub.configure(0, dispatch_rate=10))
+    d.publish(*[b"k%d" % i for i in range(15)])
+    assert len([o for _, offsets in d.take() for o in offsets]) == 10, "one second's worth"
+    assert d.sub.next_timer_ms == 100, "the next turn comes after 1/rate"
+    assert delivers(d.at(99)) == []
+    assert [o for x in delivers(d.at(100)) for o in x.offsets] == [10]
+    d.take()
+    d.at(1_000)
+    assert sorted(o for _, offsets in d.take() for o in offsets) == [11, 12, 13, 14]
+    d.run(d.sub.configure(d.now, dispatch_rate=0))
+    d.publish(*[b"x%d" % i for i in range(30)])
+    assert len([o for _, offsets in d.take() for o in offsets]) == 30, "no limit any more"

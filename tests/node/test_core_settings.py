@@ -304,3 +304,19 @@ def test_publish_rate_refuses_what_would_wait_too_long() -> None:
     assert broker.core.publish_pace(TOPIC, 1, now_ms=39_000) == 10_000, "a refusal takes no slot"
     with pytest.raises(DanubeError):
         broker.core.publish_pace(TOPIC, 1, now_ms=39_000)
+
+
+def test_dispatch_rate_policy_paces_a_live_subscription() -> None:
+    broker = Broker(max_unacked=100)
+    pid = broker.producer()
+    consumer = broker.consumer("c")
+    broker.run(broker.core.set_topic_policies(TOPIC, {"max_subscription_dispatch_rate": 5}).effects)
+    broker.run(broker.core.tick(broker.driver.now_ms).effects)
+    for i in range(8):
+        broker.publish(pid, f"m{i}")
+    assert payloads(broker.take(consumer)) == [f"m{i}" for i in range(5)]
+    broker.run(broker.core.tick(broker.driver.now_ms + 200).effects)
+    assert payloads(broker.take(consumer)) == ["m5"]
+    broker.run(broker.core.clear_topic_policies(TOPIC).effects)
+    broker.run(broker.core.tick(broker.driver.now_ms + 201).effects)
+    assert payloads(broker.take(consumer)) == ["m6", "m7"], "no limit once the policy is gone"

@@ -74,6 +74,8 @@ from danube.dispatch.types import SubscriptionType
 
 MAX_UNACKED_MESSAGES_LIMIT = 10_000
 _DAWN = -(1 << 62)
+DISPATCH_BURST_US = 1_000_000
+"""A subscription with a dispatch rate may send one second's worth at once."""
 """Earlier than any clock reading: the time of "never" and of a machine no input has reached."""
 
 
@@ -225,6 +227,10 @@ class ReliableSubscription:
         self._deadlines: deque[tuple[int, int, int]] = deque()
         self._retries: list[tuple[int, int, int]] = []
         self._tokens = 0
+        self.dispatch_rate = 0
+        """Messages a second sent to consumers (redeliveries included); 0: no limit. Past a
+        burst of one second's worth, sends wait for their turn (a GCRA)."""
+        self._rate_clock_us = _DAWN
         self.redelivered = 0
         """Sends of an offset that had been sent before (after a nack, an ack timeout or its
         consumer leaving): the operator's measure of how much work is done twice."""
@@ -272,6 +278,8 @@ class ReliableSubscription:
             times.append(self._rewind_at)
         if self.cursor > self._persisted:
             times.append(self._persisted_at + self.cursor_flush_ms)
+        if self.dispatch_rate and (self._ready or self._sendable):
+            times.append(max(self._now + 1, -(-self._next_send_us() // 1000)))
         return min(times, default=None)
 
     # -- membership ---------------------------------------------------------------------------
@@ -388,6 +396,7 @@ class ReliableSubscription:
         *,
         max_unacked_messages: int | None = None,
         policy: FailurePolicy | None = None,
+        dispatch_rate: int | None = None,
     ) -> list[Effect]:
         """An operator's change to a live subscription (Danube applies such changes only to
         subscriptions loaded afterwards). A smaller window takes no offsets away: it reads
@@ -404,6 +413,10 @@ class ReliableSubscription:
             self._read_batch = max(1, max_unacked_messages // 4)
         if policy is not None:
             self.policy = policy
+        if dispatch_rate is not None:
+            if dispatch_rate < 0:
+                raise ValueError(f"dispatch_rate cannot be negative, not {dispatch_rate}")
+            self.dispatch_rate = dispatch_rate
         return self._finish()
 
     def flush(self, now_ms: int) -> list[Effect]:
@@ -571,7 +584,7 @@ class ReliableSubscription:
             consumer.in_flight.clear()
             self._ready = deque(self._entries)  # offset order: reads arrive in order
         ready = self._ready
-        while ready:
+        while ready and self._may_send():
             self._send(ready.popleft(), active, batches)
 
     def _dispatch_shared(self, batches: dict[int, list[int]]) -> None:
@@ -579,7 +592,7 @@ class ReliableSubscription:
             return
         ready = self._ready
         ids = list(self._consumers)
-        while ready:
+        while ready and self._may_send():
             self._send(ready.popleft(), self._next_round_robin(ids), batches)
 
     def _next_round_robin(self, ids: list[int]) -> int:
@@ -599,12 +612,30 @@ class ReliableSubscription:
             return
         keys = list(self._sendable)
         self._sendable.clear()
-        for key in keys:
+        for index, key in enumerate(keys):
             owner = self._key_owner(key)
             if owner is None:
                 self._unroutable[key] = None
-            else:
+            elif self._may_send():
                 self._send(self._keys[key][0], owner, batches)
+            else:  # the rest wait for their turn, in the same order
+                self._sendable.update(dict.fromkeys(keys[index:]))
+                break
+
+    def _next_send_us(self) -> int:
+        """When the dispatch rate lets the next message go (microseconds): once the clock
+        (when every message sent so far would have gone at the rate) is within a burst."""
+        return self._rate_clock_us + 1_000_000 // self.dispatch_rate - DISPATCH_BURST_US
+
+    def _may_send(self) -> bool:
+        """Takes one message's turn under the dispatch rate, if it has come."""
+        if not self.dispatch_rate:
+            return True
+        now_us = self._now * 1000
+        if self._next_send_us() > now_us:
+            return False
+        self._rate_clock_us = max(self._rate_clock_us, now_us) + 1_000_000 // self.dispatch_rate
+        return True
 
     def _key_owner(self, key: bytes) -> int | None:
         if not self._connected:

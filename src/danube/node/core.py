@@ -1019,10 +1019,11 @@ class BrokerCore:
     def publish_pace(self, topic: str, count: int, now_ms: int) -> int:
         """How long (ms) the driver holds `count` messages before publishing them, so the
         topic takes at most `max_publish_rate` messages a second after a burst of one
-        second's worth (a GCRA: the debt is a clock running ahead of now). Holding the reply slows a producer down without an error, as Pulsar
-        throttles (Danube only warns). More than MAX_PUBLISH_WAIT_MS of waiting is refused
-        (RESOURCE_EXHAUSTED): the producer sends faster than the rate for too long. 0 for a
-        topic without a rate or not served here (publish says why)."""
+        second's worth (a GCRA: the debt is a clock running ahead of now). Holding the
+        reply slows a producer down without an error, as Pulsar throttles (Danube only
+        warns). More than MAX_PUBLISH_WAIT_MS of waiting is refused (RESOURCE_EXHAUSTED):
+        the producer sends faster than the rate for too long. 0 for a topic without a rate
+        or not served here (publish says why)."""
         record = self._topics.get(topic)
         rate = self._policies(record).max_publish_rate if record is not None else 0
         if record is None or not rate:
@@ -1384,6 +1385,7 @@ class BrokerCore:
                 max_unacked_messages=settings.max_unacked_messages or self._max_unacked,
                 policy=settings.failure.dispatch_policy if settings.failure else rd.DEFAULT_POLICY,
             )
+            dispatcher.dispatch_rate = self._policies(record).max_subscription_dispatch_rate
         else:
             dispatcher = NonReliableSubscription(kind, self._queue_limits)
         sub = SubscriptionRecord(name, kind, dispatcher)
@@ -1615,6 +1617,7 @@ class BrokerCore:
             policy=old.policy,
         )
         fresh.redelivered = old.redelivered
+        fresh.dispatch_rate = old.dispatch_rate
         sub.dispatcher, sub.records = fresh, {}
         sub.epoch += 1
         sub.read_lost = False
@@ -1722,7 +1725,12 @@ class BrokerCore:
                 due = uploader.next_timer_ms
                 if due is not None and due <= now_ms:
                     effects.extend(self._tier_effects(record, uploader.tick(now_ms)))
+            rate = self._policies(record).max_subscription_dispatch_rate
             for sub in record.subscriptions.values():
+                if sub.reliable.dispatch_rate != rate:
+                    # a policy changed (here or, in a cluster, through another broker)
+                    found = sub.reliable.configure(now_ms, dispatch_rate=rate)
+                    effects.extend(self._dispatch(record, sub, found, now_ms))
                 due = sub.reliable.next_timer_ms
                 if due is not None and due <= now_ms:
                     effects.extend(self._dispatch(record, sub, sub.reliable.tick(now_ms), now_ms))
