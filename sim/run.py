@@ -23,6 +23,7 @@ from sim.disk import SimDisk
 from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
 from sim.objects import SimObjectStore, StoredBlob, impostor_segment
+from sim.operator import Operator
 from sim.seeds import ResultMethods, changed_flags
 from sim.world import US_PER_MS, US_PER_S, World
 
@@ -75,6 +76,9 @@ class Workload:
     retention prunes what is indexed, and an `audit` subscription reads from the start."""
     retention_bytes: int = 0
     """Tiered runs: local retention keeps about this many bytes of segments (0: all)."""
+    operator: float = 0.0
+    """Chance per fault tick that an operator changes a subscription's window, failure
+    policy or dispatch rate while the load runs (sim/operator.py)."""
 
     def wal_config(self) -> WalConfig:
         return WalConfig(
@@ -230,6 +234,12 @@ class Simulation:
                 )
         self._disk_full_until = 0
         self._pruned_before_audit = 0
+        self.operator = Operator(self.world, self.broker, self.injected, self.subscriptions)
+
+    def _operator_tick(self) -> None:
+        if self.world.rng.random() < self.workload.operator:
+            self.operator.act()
+        self.world.at(FAULT_TICK_US, self._operator_tick)
 
     def _setup(self) -> None:
         """The topics and subscriptions exist before anything is published, so every
@@ -330,6 +340,8 @@ class Simulation:
         for producer in self.producers:
             world.at(100 * US_PER_MS, producer.start)
         world.at(FAULT_TICK_US, self._fault_tick)
+        if self.workload.operator:
+            world.at(FAULT_TICK_US, self._operator_tick)
         end = int(duration_s * US_PER_S)
         if self.audits:
             world.at(end // 2, self._start_audits)

@@ -160,6 +160,31 @@ def local_delete_before_commit() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def smaller_window_acks_the_overflow() -> Iterator[None]:
+    """An operator's smaller window 'trims' the offsets in flight beyond it by treating them
+    as acknowledged, so they are never redelivered if their consumer fails."""
+    original = reliable.ReliableSubscription.configure
+
+    def configure(self: Any, now_ms: int, **changes: Any) -> list[Any]:
+        window = changes.get("max_unacked_messages")
+        if window is not None:
+            for offset in sorted(self._entries)[window:]:
+                entry = self._entries.pop(offset)
+                if entry.consumer is not None:
+                    self._consumers[entry.consumer].in_flight.discard(offset)
+                self._acked.add(offset)
+        return original(self, now_ms, **changes)
+
+    with mock.patch.object(reliable.ReliableSubscription, "configure", configure):
+        yield
+
+
+OPERATOR_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "smaller_window_acks_the_overflow": smaller_window_acks_the_overflow,
+}
+"""Bugs in applying an operator's change, caught by runs with `--operator`."""
+
 MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "ack_before_fsync": ack_before_fsync,
     "cursor_past_unacked": cursor_past_unacked,

@@ -14,7 +14,7 @@ from sim.__main__ import PROFILES, report
 from sim.durability import measure
 from sim.faults import Faults
 from sim.run import Simulation, Workload
-from tests.sim.mutations import MUTATIONS
+from tests.sim.mutations import MUTATIONS, OPERATOR_MUTATIONS
 
 DEFAULT = PROFILES["default"]
 HEAVY = PROFILES["heavy"]
@@ -130,3 +130,29 @@ def test_a_seed_gives_the_same_digest_in_any_process() -> None:
         assert done.returncode == 0, done.stderr
         digests.add(json.loads(done.stdout)["digest"])
     assert len(digests) == 1
+
+
+@pytest.mark.parametrize("profile", ["default", "heavy"])
+def test_an_operator_changing_live_subscriptions_breaks_no_invariant(profile: str) -> None:
+    """Windows, failure policies and dispatch rates changed while consumers work, under
+    crashes and partitions: every invariant holds and everything is delivered."""
+    workload = Workload(operator=0.3)
+    changes: set[str] = set()
+    for seed in range(1, 5):
+        result = Simulation(seed, workload, PROFILES[profile]).run(4)
+        assert result.ok, report(result, workload, PROFILES[profile])
+        assert result.drained, f"seed {seed}: not everything acknowledged was delivered"
+        changes |= {name for name in result.injected if name.startswith("operator_")}
+    assert changes == {"operator_window", "operator_failure_policy", "operator_dispatch_rate"}
+
+
+@pytest.mark.parametrize("mutation", sorted(OPERATOR_MUTATIONS))
+def test_a_planted_bug_in_applying_an_operators_change_is_caught(mutation: str) -> None:
+    workload = Workload(operator=0.3)
+    with OPERATOR_MUTATIONS[mutation]():
+        for seed in range(1, 101):
+            result = Simulation(seed, workload, DEFAULT).run(3)
+            if not result.ok:
+                assert "--operator 0.3" in report(result, workload, DEFAULT)
+                return
+    pytest.fail(f"the simulator did not catch {mutation} in 100 seeds")
