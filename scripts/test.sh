@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is needed, then runs lint, the whole test suite (slow and conformance tests
 # included) and three short simulator fuzz runs (FUZZ_SEEDS, default 50, with the default
-# faults; FUZZ_TIERED_SEEDS, default 20, tiered with the heavy profile; FUZZ_SCHEMA_SEEDS,
+# faults and an operator changing settings; FUZZ_TIERED_SEEDS, default 20, tiered with the heavy profile; FUZZ_SCHEMA_SEEDS,
 # default 50, the schema registry with the heavy profile). Extra arguments go to pytest, e.g.
 # `scripts/test.sh -k shared`.
 set -euo pipefail
@@ -11,7 +11,8 @@ bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 .venv/bin/nox -s lint
 .venv/bin/nox -s tests -- "$@"
-FUZZ_SEEDS="${FUZZ_SEEDS:-50}" .venv/bin/nox -s fuzz
+# The default faults, with an operator changing subscriptions' settings now and then.
+FUZZ_SEEDS="${FUZZ_SEEDS:-50}" .venv/bin/nox -s fuzz -- --operator 0.2
 # The heavy profile (bit flips, more crashes) with the object tier: what the default run skips.
 FUZZ_FIRST_SEED=1001 .venv/bin/nox -s fuzz -- "${FUZZ_TIERED_SEEDS:-20}" --tiered --profile heavy
 # Producers evolving schemas under every compatibility mode, through brokers under faults.
