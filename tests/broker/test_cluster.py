@@ -23,6 +23,7 @@ from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
 from danube.proto import danube_admin as admin_pb
 from tests.conformance.harness import ScenarioProcess
+from tests.support.metrics import scrape
 
 pytestmark = pytest.mark.slow
 
@@ -203,6 +204,12 @@ def test_killed_broker_fails_over_and_a_new_broker_takes_topics_without_loss(
         response = asyncio.run(_rebalance(cluster))
         assert response.success
         _wait(lambda: newcomer.loaded_topics(), 60, "a topic to move to the new broker")
+        moves = sum(
+            scrape(b.metrics_url).value("danube_rebalancing_moves_total", reason="manual")
+            for b in cluster.brokers
+            if b.alive
+        )
+        assert moves >= 1, "the leader counts the moves of the manual rebalance"
         time.sleep(3)  # traffic on the moved topic
 
         ours.stop.set()

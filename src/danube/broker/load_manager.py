@@ -7,6 +7,7 @@ watch; the decisions are transactions whose outcome shows up in that same watch.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 
@@ -14,7 +15,15 @@ import trio
 
 from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
 from danube.cluster import keys
-from danube.cluster.load_manager import Effect, LoadManager, Log, MarkDrained, ScheduleTick, Txn
+from danube.cluster.load_manager import (
+    Effect,
+    LoadManager,
+    Log,
+    MarkDrained,
+    Move,
+    ScheduleTick,
+    Txn,
+)
 from danube.metadata import MetadataError, MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")
@@ -41,6 +50,10 @@ class LoadManagerDriver:
         self._in_flight = trio.CapacityLimiter(TXNS_IN_FLIGHT)
         self.synced = trio.Event()
         """Set once the view holds a whole snapshot of `/cluster/`."""
+        self.moves: collections.Counter[str] = collections.Counter()
+        """Topic moves this broker made as leader, by reason (`load_imbalance`, `manual`)."""
+        self.move_failures = 0
+        """Moves whose transaction failed or found the cluster changed (made again if due)."""
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -79,11 +92,13 @@ class LoadManagerDriver:
                 with trio.fail_after(REQUEST_TIMEOUT_S):
                     result = await self.store.txn(txn.compares, txn.ops)
         except (MetadataError, trio.TooSlowError) as error:
+            self._count(txn, succeeded=False)
             log.warning(
                 "event=load_manager_txn_failed decision=%s %s error=%s",
                 type(txn).__name__, _subject(txn), failure_text(error),
             )  # fmt: skip
             return
+        self._count(txn, succeeded=result.succeeded)
         if result.succeeded:
             log.info("event=%s", _describe(txn))
         else:
@@ -91,6 +106,14 @@ class LoadManagerDriver:
                 "event=load_manager_txn_stale decision=%s %s",
                 type(txn).__name__, _subject(txn),
             )  # fmt: skip
+
+    def _count(self, txn: Txn, *, succeeded: bool) -> None:
+        if not isinstance(txn, Move):
+            return
+        if succeeded:
+            self.moves["manual" if txn.manual else "load_imbalance"] += 1
+        else:
+            self.move_failures += 1
 
     async def _resync(self) -> int:
         snapshot = await self.store.scan(keys.CLUSTER_PREFIX)

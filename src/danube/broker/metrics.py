@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import importlib.metadata
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
@@ -147,6 +147,8 @@ class BrokerMetrics:
         """(topic, problem) -> inspected messages that did not fit (refused or warned)."""
         self.imbalance: Callable[[], float] | None = None
         """Cluster mode: the load manager's coefficient of variation of broker loads."""
+        self.rebalancing: Callable[[], tuple[Mapping[str, int], int]] | None = None
+        """Cluster mode: (moves made by reason, moves that failed) as this broker led."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
@@ -268,6 +270,22 @@ class _Collector(Collector):
             )
             cv.add_metric([broker], m.imbalance())
             yield cv
+        if m.rebalancing is not None:
+            made, failed = m.rebalancing()
+            moves = _counter(
+                "danube_rebalancing_moves_total",
+                "Topic moves this broker made as leader (rebalancing or a manual rebalance).",
+                ["reason"],
+            )
+            for reason in sorted(made):
+                moves.add_metric([broker, reason], made[reason])
+            yield moves
+            failures = _counter(
+                "danube_rebalancing_failures_total",
+                "Moves whose transaction failed or found the cluster changed.",
+            )
+            failures.add_metric([broker], failed)
+            yield failures
 
 
 def _topic_families(broker: str, topics: list[stats.TopicStats]) -> Iterable[Metric]:

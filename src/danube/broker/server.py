@@ -292,6 +292,8 @@ async def serve(
                 metrics.leading = lambda: leader() == broker_id
                 balance = member.load_manager.machine.balance
                 metrics.imbalance = lambda: balance().coefficient_of_variation
+                driver = member.load_manager
+                metrics.rebalancing = lambda: (driver.moves, driver.move_failures)
             consumers = ConsumerService(runtime, placement)
             schemas = SchemaService(
                 store, _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)), placement
