@@ -142,7 +142,11 @@ def add_subscription_commands(actions: Actions) -> None:
     add_topic(sub)
     add_subscription(sub)
     for flag, meaning in (
-        ("--max-redelivery-count", "deliveries after the first before the poison policy acts"),
+        (
+            "--max-redelivery-count",
+            "deliveries after the first before the poison policy acts (our brokers take 0 "
+            "only, no limit, until dead-letter handling arrives)",
+        ),
         ("--ack-timeout-ms", "redeliver a message not acknowledged within this time"),
         ("--base-redelivery-delay-ms", "wait before the first redelivery"),
         ("--max-redelivery-delay-ms", "longest wait between redeliveries"),
