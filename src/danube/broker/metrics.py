@@ -283,6 +283,7 @@ class _Collector(Collector):
             failures = _counter(
                 "danube_rebalancing_failures_total",
                 "Moves whose transaction failed or found the cluster changed.",
+                [],
             )
             failures.add_metric([broker], failed)
             yield failures
