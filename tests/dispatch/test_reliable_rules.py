@@ -682,3 +682,16 @@ def test_dispatch_rate_sends_a_burst_then_one_message_per_turn(
     d.run(d.sub.configure(d.now, dispatch_rate=0))
     d.publish(*[b"x%d" % i for i in range(30)])
     assert len([o for _, offsets in d.take() for o in offsets]) == 30, "no limit any more"
+
+
+def test_a_dispatch_rate_asks_for_no_tick_while_nothing_waits_for_its_turn() -> None:
+    """Messages held back by something else (here an Exclusive run waiting to restart after
+    a nack) ask for no rate timer: one would tick the subscription every millisecond."""
+    d = Driver(EXCLUSIVE, policy=FailurePolicy(base_redelivery_delay_ms=100))
+    d.run(d.sub.configure(0, dispatch_rate=10))
+    d.publish(count=2)
+    d.take()
+    d.nack(0)
+    d.publish(count=2)
+    assert d.sub.next_timer_ms == 100, "only the restart of the run"
+    assert [o for x in delivers(d.at(100)) for o in x.offsets] == [0, 1, 2, 3]

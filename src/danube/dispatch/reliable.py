@@ -231,6 +231,8 @@ class ReliableSubscription:
         """Messages a second sent to consumers (redeliveries included); 0: no limit. Past a
         burst of one second's worth, sends wait for their turn (a GCRA)."""
         self._rate_clock_us = _DAWN
+        self._rate_blocked = False
+        """The last input left a message waiting for its turn under the dispatch rate."""
         self.redelivered = 0
         """Sends of an offset that had been sent before (after a nack, an ack timeout or its
         consumer leaving): the operator's measure of how much work is done twice."""
@@ -278,7 +280,7 @@ class ReliableSubscription:
             times.append(self._rewind_at)
         if self.cursor > self._persisted:
             times.append(self._persisted_at + self.cursor_flush_ms)
-        if self.dispatch_rate and (self._ready or self._sendable):
+        if self._rate_blocked:
             times.append(max(self._now + 1, -(-self._next_send_us() // 1000)))
         return min(times, default=None)
 
@@ -455,6 +457,7 @@ class ReliableSubscription:
         """Sends what can be sent, reads what the window has room for, persists the cursor
         when due."""
         self._retries_due()
+        self._rate_blocked = False
         batches: dict[int, list[int]] = {}
         if self.sub_type is SubscriptionType.KEY_SHARED:
             self._dispatch_key_shared(batches)
@@ -633,6 +636,7 @@ class ReliableSubscription:
             return True
         now_us = self._now * 1000
         if self._next_send_us() > now_us:
+            self._rate_blocked = True
             return False
         self._rate_clock_us = max(self._rate_clock_us, now_us) + 1_000_000 // self.dispatch_rate
         return True
