@@ -267,7 +267,8 @@ def test_deleting_a_reliable_topic_removes_its_objects_and_wal(cluster: LocalClu
 
     wait(served, "the new owner to serve the topic")
     assert call(followers[0], "delete_topic", pb.TopicRequest(topic)).success
-    assert objects(cluster, topic) == []
+    # the objects go after the metadata, beyond the call (its deadline cannot cut them short)
+    wait(lambda: objects(cluster, topic) == [], "the topic's objects to be deleted", timeout=20)
     assert where(cluster, topic) is None
     for broker in cluster.brokers:
         assert not (broker.data_dir / "wal" / "default" / "doomed").exists(), broker_id(broker)

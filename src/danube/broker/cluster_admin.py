@@ -54,8 +54,9 @@ answer UNAVAILABLE ("under way"); `danube-admin` gives those calls a longer dead
 MOVE_GIVE_UP_S = 600.0
 """How long a drain keeps after one topic before it counts it failed."""
 FORWARD_TIMEOUT_S = 120.0
-"""A forwarded leader call: longer than any wait of the leader's (UnloadBroker's is the
-caller's `timeout_seconds`, whose client deadline ends the call sooner anyway)."""
+"""A forwarded leader call: longer than any wait of the leader's but UnloadBroker's, which is
+the caller's `timeout_seconds` (`_forward_timeout`)."""
+FORWARD_MARGIN_S = 30.0
 
 _PATHS = {
     "unload_broker": ("/danube_admin.BrokerAdmin/UnloadBroker", pb.UnloadBrokerResponse),
@@ -100,6 +101,9 @@ class ClusterAdminOps:
         self._store = store
         self._member = member
         self._me = member.broker_id
+        self._drains: dict[str, _Drain] = {}
+        """Drains running on this leader, by broker: a repeated UnloadBroker (a client that
+        retried after its deadline) waits on the one under way instead of starting another."""
 
     @property
     def _view(self) -> LoadManager:
@@ -194,7 +198,9 @@ class ClusterAdminOps:
                 f"broker {leader} leads the cluster but its admin address is not registered",
             )
         path, reply_type = _PATHS[method]
-        answer: T = await forward(admin, path, request, reply_type, timeout=FORWARD_TIMEOUT_S)
+        answer: T = await forward(
+            admin, path, request, reply_type, timeout=_forward_timeout(request)
+        )
         return answer
 
     async def _get(self, key: str) -> KeyValue | None:
@@ -277,12 +283,9 @@ class ClusterAdminOps:
         )
         if request.dry_run:
             return pb.UnloadBrokerResponse(started=False, total=len(topics), pending=len(topics))
-        if not await self._txn(admin_ops.set_mode(self._me, broker, keys.DRAINING, "admin_unload")):
-            self._still_leading()
-            raise DanubeError(ErrorCode.UNAVAILABLE, f"could not mark {broker} draining; retry")
-        log.info("event=broker_unload broker=%s topics=%d", broker, len(topics))
-        drain = _Drain(len(topics))
-        self._member.spawn(self._drain, drain, broker, topics, max(request.max_parallel, 1))
+        drain = self._drains.get(broker)
+        if drain is None or drain.done.is_set():
+            drain = await self._start_drain(broker, topics, max(request.max_parallel, 1))
         with trio.move_on_after(request.timeout_seconds or DEFAULT_UNLOAD_TIMEOUT_S):
             await drain.done.wait()
         return pb.UnloadBrokerResponse(
@@ -294,18 +297,39 @@ class ClusterAdminOps:
             failed_topics=sorted(drain.failed),
         )
 
+    async def _start_drain(self, broker: str, topics: list[str], parallel: int) -> _Drain:
+        drain = _Drain(len(topics))
+        if not await self._txn(admin_ops.set_mode(self._me, broker, keys.DRAINING, "admin_unload")):
+            self._still_leading()
+            raise DanubeError(ErrorCode.UNAVAILABLE, f"could not mark {broker} draining; retry")
+        log.info("event=broker_unload broker=%s topics=%d", broker, len(topics))
+        try:
+            self._member.spawn(self._drain, drain, broker, topics, parallel)
+        except RuntimeError:  # the member's nursery closed: the broker is stopping
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE,
+                f"this broker is stopping; {broker} is marked draining and the next leader "
+                "will not move its topics: run the unload again, or activate it",
+            ) from None
+        self._drains[broker] = drain
+        return drain
+
     async def _drain(self, drain: _Drain, broker: str, topics: list[str], parallel: int) -> None:
         """In the member's nursery: every topic moves, `parallel` at a time, whether or not
-        anyone still waits for the answer."""
+        anyone still waits for the answer. No failure of one topic may end the member."""
         limiter = trio.CapacityLimiter(parallel)
-        async with trio.open_nursery() as nursery:
-            for topic in topics:
-                nursery.start_soon(self._unload_one, limiter, broker, topic, drain)
-        log.info(
-            "event=broker_unload_done broker=%s succeeded=%d failed=%d",
-            broker, len(drain.succeeded), len(drain.failed),
-        )  # fmt: skip
-        drain.done.set()
+        try:
+            async with trio.open_nursery() as nursery:
+                for topic in topics:
+                    nursery.start_soon(self._unload_one, limiter, broker, topic, drain)
+            log.info(
+                "event=broker_unload_done broker=%s succeeded=%d failed=%d",
+                broker, len(drain.succeeded), len(drain.failed),
+            )  # fmt: skip
+        finally:
+            drain.done.set()
+            if self._drains.get(broker) is drain:
+                del self._drains[broker]
 
     async def _unload_one(
         self, limiter: trio.CapacityLimiter, broker: str, topic: str, drain: _Drain
@@ -318,6 +342,10 @@ class ClusterAdminOps:
                 log.warning(
                     "event=broker_unload_failed topic=%s error=%s", topic, failure_text(error)
                 )
+                drain.failed.append(topic)
+                return
+            except Exception:
+                log.exception("event=broker_unload_failed topic=%s error=unexpected", topic)
                 drain.failed.append(topic)
                 return
             drain.succeeded.append(topic)
@@ -458,8 +486,8 @@ class ClusterAdminOps:
             if decision.step is Step.PURGE:
                 assert decision.txn is not None
                 if await self._txn(decision.txn):
-                    await self._delete_objects(topic)
                     log.info("event=topic_deleted topic=%s", topic)
+                    self._member.spawn(self._delete_objects, topic)
                     return
             elif decision.step is Step.POST:
                 assert decision.txn is not None
@@ -467,11 +495,20 @@ class ClusterAdminOps:
             await trio.sleep(POLL_S)
 
     async def _delete_objects(self, topic: str) -> None:
-        """After the metadata went: a store failure leaves objects no index names, which the
-        log reports, and the deletion still succeeded."""
+        """After the metadata went, in the member's nursery: neither the call's deadline nor
+        its wait cuts it short. A store failure leaves objects no index names, which the log
+        reports; the deletion still succeeded."""
         objects = self._member.runtime.objects
         if objects is not None:
             await delete_topic_objects(objects, topic)
+
+
+def _forward_timeout(request: Any) -> float:
+    """Long enough for the leader's own wait, so its answer (an unload's counts) comes back."""
+    if isinstance(request, pb.UnloadBrokerRequest):
+        waits = request.timeout_seconds or DEFAULT_UNLOAD_TIMEOUT_S
+        return max(FORWARD_TIMEOUT_S, waits + FORWARD_MARGIN_S)
+    return FORWARD_TIMEOUT_S
 
 
 @dataclass(slots=True)
