@@ -320,3 +320,12 @@ def test_dispatch_rate_policy_paces_a_live_subscription() -> None:
     broker.run(broker.core.clear_topic_policies(TOPIC).effects)
     broker.run(broker.core.tick(broker.driver.now_ms + 201).effects)
     assert payloads(broker.take(consumer)) == ["m6", "m7"], "no limit once the policy is gone"
+
+
+def test_a_raised_publish_rate_forgives_what_the_old_rate_made_wait() -> None:
+    broker = Broker()
+    broker.producer()
+    broker.run(broker.core.set_topic_policies(TOPIC, {"max_publish_rate": 1}).effects)
+    assert broker.core.publish_pace(TOPIC, 11, now_ms=0) == 10_000
+    broker.run(broker.core.set_topic_policies(TOPIC, {"max_publish_rate": 10_000}).effects)
+    assert broker.core.publish_pace(TOPIC, 1, now_ms=0) == 0, "11 messages are nothing at 10k/s"

@@ -366,6 +366,8 @@ class TopicRecord:
     rate_clock_us: int = 0
     """`max_publish_rate` pacing: when the messages admitted so far would all have been
     taken at the rate (a GCRA's theoretical arrival time), in microseconds."""
+    rate_clock_rate: int = 0
+    """The rate `rate_clock_us` was reckoned at."""
 
     @property
     def reliable(self) -> bool:
@@ -1029,6 +1031,12 @@ class BrokerCore:
         if record is None or not rate:
             return 0
         now_us = now_ms * 1000
+        if record.rate_clock_rate != rate:
+            # the messages owed were counted at the old rate: owe them at the new one
+            owed_us = max(0, record.rate_clock_us - now_us)
+            old = record.rate_clock_rate or rate
+            record.rate_clock_us = now_us + owed_us * old // rate
+            record.rate_clock_rate = rate
         start = max(record.rate_clock_us, now_us)
         behind_us = start - PUBLISH_BURST_US - now_us
         if behind_us > MAX_PUBLISH_WAIT_MS * 1000:
