@@ -67,24 +67,28 @@ async def create(client: AdminClient, args: argparse.Namespace) -> Result:
     return Result(plain(answer), done)
 
 
-async def delete(client: AdminClient, args: argparse.Namespace) -> Result:
+async def _leave(client: AdminClient, args: argparse.Namespace, verb: str) -> Result:
+    """A topic leaving its broker (deleted or unloaded): the broker waits for that before it
+    answers, so the call gets a deadline that covers the wait."""
     name = topic_name(args)
-    what = f"delete topic {name}"
+    what = f"{verb} topic {name}"
     deadline = client.long_call(SERVER_MOVE_WAIT_S)
-    request = client.topics.delete_topic(pb.TopicRequest(name=name), timeout=deadline)
-    answer = await client.call(what, request, timeout_s=deadline)
+    rpc = client.topics.delete_topic if verb == "delete" else client.topics.unload_topic
+    answer = await client.call(
+        what, rpc(pb.TopicRequest(name=name), timeout=deadline), timeout_s=deadline
+    )
     _done(what, answer.success)
-    return Result(plain(answer), f"Deleted topic {name}")
+    if verb == "delete":
+        return Result(plain(answer), f"Deleted topic {name}")
+    return Result(plain(answer), f"Unloaded topic {name}: another broker will serve it")
+
+
+async def delete(client: AdminClient, args: argparse.Namespace) -> Result:
+    return await _leave(client, args, "delete")
 
 
 async def unload(client: AdminClient, args: argparse.Namespace) -> Result:
-    name = topic_name(args)
-    what = f"unload topic {name}"
-    deadline = client.long_call(SERVER_MOVE_WAIT_S)
-    request = client.topics.unload_topic(pb.TopicRequest(name=name), timeout=deadline)
-    answer = await client.call(what, request, timeout_s=deadline)
-    _done(what, answer.success)
-    return Result(plain(answer), f"Unloaded topic {name}: another broker will serve it")
+    return await _leave(client, args, "unload")
 
 
 async def subscriptions(client: AdminClient, args: argparse.Namespace) -> Result:
