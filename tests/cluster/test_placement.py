@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from danube.cluster.keys import unassigned_key
-from danube.cluster.placement import Answer, Located, TopicFacts, creation, lookup, route
+from danube.cluster.placement import (
+    Answer,
+    Located,
+    TopicFacts,
+    admin_route,
+    creation,
+    lookup,
+    route,
+)
 from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, ErrorCode
 from danube.core.names import parse_topic
@@ -75,3 +83,17 @@ def test_creation_is_one_transaction_with_a_marker_per_topic() -> None:
     assert Put(unassigned_key(f"{T}-part-0"), None) in ops
     assert Put("/namespaces/default/topics/default/orders-part-1", None) in ops
     assert len(ops) == 6
+
+
+def test_admin_questions_go_to_the_owners_admin_port_with_lookups_refusals() -> None:
+    owner = {**OTHER, "admin_addr": "http://b2:6651"}
+    assert admin_route(T, TopicFacts(True, "2"), ME, owner) == "http://b2:6651"
+    assert code(lambda: admin_route(T, TopicFacts(True, "2"), ME, OTHER)) is (
+        ErrorCode.UNAVAILABLE
+    ), "an owner registered without an admin address cannot be asked"
+    for facts, expected in [
+        (TopicFacts(False, None), ErrorCode.NOT_FOUND),
+        (TopicFacts(True, None), ErrorCode.UNAVAILABLE),
+        (TopicFacts(True, ME), ErrorCode.UNAVAILABLE),
+    ]:
+        assert code(lambda facts=facts: admin_route(T, facts, ME, owner)) is expected

@@ -155,32 +155,9 @@ class AdminServices:
     async def _elsewhere(self, topic: str) -> str | None:
         """Cluster mode: the admin URL of the broker serving `topic`, when that is another
         broker; None when this broker answers itself."""
-        if self._cluster is None or self._core.serves(topic):
-            return None
-        owner = (await self._cluster.topic_owners([topic])).get(topic, "")
-        if not owner:
-            if topic in set(await self._placement_partitions(topic)):
-                raise DanubeError(
-                    ErrorCode.UNAVAILABLE,
-                    f"{topic} is being assigned to a broker; retry in a moment",
-                )
-            raise not_found(f"topic {topic} does not exist")
-        if owner == self._broker_id:
-            raise DanubeError(
-                ErrorCode.UNAVAILABLE, f"{topic} is being loaded by this broker; retry"
-            )
-        brokers = await self._cluster.list_brokers(pb.Empty())
-        for broker in brokers.brokers:
-            if broker.broker_id == owner and broker.admin_addr:
-                return broker.admin_addr
-        raise DanubeError(
-            ErrorCode.UNAVAILABLE, f"{topic}'s owner (broker {owner}) is not registered"
-        )
-
-    async def _placement_partitions(self, topic: str) -> list[str]:
         if self._placement is None:
-            return []
-        return await self._placement.partitions(topic)
+            return None
+        return await self._placement.admin_url(topic)
 
     # -- BrokerAdmin ------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ is decided by the pure rules of `danube.cluster.placement`; this module reads th
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from danube.broker.watching import store_call_from_grpc
 from danube.cluster import keys
@@ -82,12 +82,25 @@ class ClusterPlacement:
     async def lookup(self, topic: str) -> Located:
         if self._core.serves(topic):
             return _here(self._core)
+        facts, registration = await self._owner(topic)
+        return rules.lookup(topic, facts, self._broker_id, registration)
+
+    async def _owner(self, topic: str) -> tuple[rules.TopicFacts, Any]:
+        """The topic's facts and, when another broker owns it, that broker's registration."""
         facts = await self._facts(parse_topic(topic))
         registration = None
         if facts.owner is not None and facts.owner != self._broker_id:
             found = await self._get(keys.register_key(facts.owner))
             registration = found.value if found is not None else None
-        return rules.lookup(topic, facts, self._broker_id, registration)
+        return facts, registration
+
+    async def admin_url(self, topic: str) -> str | None:
+        """The admin URL of the broker serving `topic` (`rules.admin_route`); None when it
+        is this broker."""
+        if self._core.serves(topic):
+            return None
+        facts, registration = await self._owner(topic)
+        return rules.admin_route(topic, facts, self._broker_id, registration)
 
     async def partitions(self, topic: str) -> list[str]:
         name = parse_topic(topic)

@@ -47,21 +47,38 @@ def unavailable(message: str) -> DanubeError:
     return DanubeError(ErrorCode.UNAVAILABLE, message)
 
 
-def lookup(
-    topic: str, facts: TopicFacts, me: str, registration: Mapping[str, Any] | None
-) -> Located:
-    """TopicLookup for a topic this broker does not serve; `registration` is the owner's
-    `/cluster/register/<id>` value."""
+def _owner_address(
+    topic: str, facts: TopicFacts, me: str, registration: Mapping[str, Any] | None, field: str
+) -> str:
+    """The `field` address of the broker serving a topic this broker does not serve, from
+    the owner's `/cluster/register/<id>` value; raises what the caller must hear when there
+    is none to give."""
     if facts.owner is None:
         if not facts.exists:
             raise not_found(f"topic {topic} does not exist")
         raise unavailable(f"{topic} is being assigned to a broker; retry shortly")
     if facts.owner == me:
         raise unavailable(f"{topic} is loading or moving on this broker; retry shortly")
-    if not isinstance(registration, Mapping) or not registration.get("broker_url"):
+    if not isinstance(registration, Mapping) or not registration.get(field):
         raise unavailable(f"{topic} is owned by broker {facts.owner}, which is not registered")
-    broker_url = str(registration["broker_url"])
-    return Located(Answer.REDIRECT, broker_url, str(registration.get("connect_url") or broker_url))
+    return str(registration[field])
+
+
+def lookup(
+    topic: str, facts: TopicFacts, me: str, registration: Mapping[str, Any] | None
+) -> Located:
+    """TopicLookup for a topic this broker does not serve."""
+    broker_url = _owner_address(topic, facts, me, registration, "broker_url")
+    connect_url = registration.get("connect_url") if registration else None
+    return Located(Answer.REDIRECT, broker_url, str(connect_url or broker_url))
+
+
+def admin_route(
+    topic: str, facts: TopicFacts, me: str, registration: Mapping[str, Any] | None
+) -> str:
+    """Where an admin question about a topic this broker does not serve goes: the owner's
+    admin URL (the admin services ask it again there)."""
+    return _owner_address(topic, facts, me, registration, "admin_addr")
 
 
 def route(
