@@ -871,14 +871,8 @@ class BrokerCore:
         record = self._reliable_topic(topic, "a failure policy")
         self._check_subscription_name(subscription)
         record.settings.setdefault(subscription, SubscriptionSettings()).failure = policy
-        effects: list[Effect] = [
-            PersistMeta(puts=((paths.failure_policy(record.name, subscription), policy.to_json()),))
-        ]
-        sub = record.subscriptions.get(subscription)
-        if sub is not None:
-            found = sub.reliable.configure(now_ms, policy=policy.dispatch_policy)
-            effects.extend(self._dispatch(record, sub, found, now_ms))
-        return Step(None, tuple(effects))
+        stored = (paths.failure_policy(record.name, subscription), policy.to_json())
+        return self._configure(record, subscription, stored, now_ms, policy=policy.dispatch_policy)
 
     def dispatch_window(self, topic: str, subscription: str) -> int | None:
         """The subscription's own `max_unacked_messages`; None when it uses the broker's."""
@@ -893,16 +887,26 @@ class BrokerCore:
         record = self._reliable_topic(topic, "a dispatch config")
         self._check_subscription_name(subscription)
         window = settings_rules.check_window(max_unacked_messages)
-        record.settings.setdefault(
-            subscription, SubscriptionSettings()
-        ).max_unacked_messages = window
+        settings = record.settings.setdefault(subscription, SubscriptionSettings())
+        settings.max_unacked_messages = window
         value = {"max_unacked_messages": window}
-        effects: list[Effect] = [
-            PersistMeta(puts=((paths.dispatch_config(record.name, subscription), value),))
-        ]
+        stored = (paths.dispatch_config(record.name, subscription), value)
+        return self._configure(record, subscription, stored, now_ms, max_unacked_messages=window)
+
+    def _configure(
+        self,
+        record: TopicRecord,
+        subscription: str,
+        stored: tuple[str, Any],
+        now_ms: int,
+        **changes: Any,
+    ) -> Step[None]:
+        """Persists a subscription setting (the key and value in `stored`) and applies
+        `changes` to the live subscription, if there is one yet."""
+        effects: list[Effect] = [PersistMeta(puts=(stored,))]
         sub = record.subscriptions.get(subscription)
         if sub is not None:
-            found = sub.reliable.configure(now_ms, max_unacked_messages=window)
+            found = sub.reliable.configure(now_ms, **changes)
             effects.extend(self._dispatch(record, sub, found, now_ms))
         return Step(None, tuple(effects))
 
