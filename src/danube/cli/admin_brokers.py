@@ -7,7 +7,7 @@ import argparse
 
 import danube.proto_compat  # noqa: F401  (ClusterBalanceResponse decodes)
 from danube.cli.admin_args import Actions, command, group, positive
-from danube.cli.admin_call import AdminClient, AdminError
+from danube.cli.admin_call import AdminClient, require_success
 from danube.cli.admin_render import Result, fields, plain, table
 from danube.proto import danube_admin as pb
 
@@ -70,8 +70,7 @@ async def activate(client: AdminClient, args: argparse.Namespace) -> Result:
     request = pb.ActivateBrokerRequest(broker_id=args.broker_id, reason=args.reason)
     what = f"activate broker {args.broker_id}"
     answer = await client.call(what, client.brokers.activate_broker(request))
-    if not answer.success:
-        raise AdminError(f"{what}: the broker reported failure")
+    require_success(what, answer.success)
     return Result(plain(answer), f"Activated broker {args.broker_id} ({args.reason})")
 
 
@@ -102,8 +101,7 @@ async def balance(client: AdminClient, _: argparse.Namespace) -> Result:
 async def rebalance(client: AdminClient, args: argparse.Namespace) -> Result:
     request = pb.RebalanceRequest(dry_run=args.dry_run, max_moves=args.max_moves)
     answer = await client.call("rebalance", client.brokers.trigger_rebalance(request))
-    if not answer.success:
-        raise AdminError(f"rebalance: {answer.error_message or 'the broker reported failure'}")
+    require_success("rebalance", answer.success, answer.error_message)
     moves = table(
         ("topic", "from_broker", "to_broker", "estimated_load", "reason"),
         [

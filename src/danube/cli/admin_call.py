@@ -34,6 +34,12 @@ class AdminError(Exception):
     exit_code = EXIT_REFUSED
 
 
+def require_success(what: str, success: bool, message: str = "") -> None:
+    """Danube's mutating replies carry `success`: false is a refusal without a status."""
+    if not success:
+        raise AdminError(f"{what}: {message or 'the broker reported failure'}")
+
+
 class Refused(AdminError):
     """The broker answered with an error status."""
 

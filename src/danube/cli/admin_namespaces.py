@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from danube.cli.admin_args import Actions, command, group
-from danube.cli.admin_call import AdminClient, AdminError
+from danube.cli.admin_call import AdminClient, require_success
 from danube.cli.admin_policies import add_policy_flags, policies_result, policy_changes
 from danube.cli.admin_render import Result, plain, table
 from danube.proto import danube_admin as pb
@@ -33,8 +33,7 @@ async def create(client: AdminClient, args: argparse.Namespace) -> Result:
     what = f"create namespace {args.namespace}"
     request = pb.NamespaceRequest(name=args.namespace)
     answer = await client.call(what, client.namespaces.create_namespace(request))
-    if not answer.success:
-        raise AdminError(f"{what}: the broker reported failure")
+    require_success(what, answer.success)
     return Result(plain(answer), f"Created namespace {args.namespace}")
 
 
@@ -42,8 +41,7 @@ async def delete(client: AdminClient, args: argparse.Namespace) -> Result:
     what = f"delete namespace {args.namespace}"
     request = pb.NamespaceRequest(name=args.namespace)
     answer = await client.call(what, client.namespaces.delete_namespace(request))
-    if not answer.success:
-        raise AdminError(f"{what}: the broker reported failure")
+    require_success(what, answer.success)
     return Result(plain(answer), f"Deleted namespace {args.namespace}")
 
 

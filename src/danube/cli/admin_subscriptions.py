@@ -14,7 +14,7 @@ from danube.cli.admin_args import (
     positive,
     topic_name,
 )
-from danube.cli.admin_call import AdminClient, AdminError
+from danube.cli.admin_call import AdminClient, require_success
 from danube.cli.admin_render import Result, fields, plain, record, snake
 from danube.proto import danube as api_pb
 from danube.proto import danube_admin as pb
@@ -43,8 +43,7 @@ async def unsubscribe(client: AdminClient, args: argparse.Namespace) -> Result:
     what = f"unsubscribe {args.subscription} from {name}"
     request = pb.SubscriptionRequest(topic=name, subscription=args.subscription)
     answer = await client.call(what, client.topics.unsubscribe(request))
-    if not answer.success:
-        raise AdminError(f"{what}: the broker reported failure")
+    require_success(what, answer.success)
     return Result(plain(answer), f"Removed subscription {args.subscription} from {name}")
 
 
@@ -64,8 +63,7 @@ async def set_failure_policy(client: AdminClient, args: argparse.Namespace) -> R
         topic=name, subscription=args.subscription, failure_policy=policy
     )
     answer = await client.call(what, client.topics.set_subscription_failure_policy(request))
-    if not answer.success:
-        raise AdminError(f"{what}: the broker reported failure")
+    require_success(what, answer.success)
     return Result(plain(answer), f"Set failure policy of {args.subscription} on {name}")
 
 
@@ -104,8 +102,7 @@ async def set_dispatch_config(client: AdminClient, args: argparse.Namespace) -> 
         topic=name, subscription=args.subscription, dispatch_config=config
     )
     answer = await client.call(what, client.topics.set_subscription_dispatch_config(request))
-    if not answer.success:
-        raise AdminError(f"{what}: the broker reported failure")
+    require_success(what, answer.success)
     return Result(
         plain(answer),
         f"Set max unacked messages of {args.subscription} on {name} to {args.max_unacked_messages}",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from danube.cli.admin_args import Actions, add_topic, command, topic_name
-from danube.cli.admin_call import AdminClient, AdminError
+from danube.cli.admin_call import AdminClient, require_success
 from danube.cli.admin_render import Result, fields, plain
 from danube.proto import danube_schema as pb
 
@@ -30,8 +30,7 @@ async def configure(client: AdminClient, args: argparse.Namespace) -> Result:
         enable_payload_validation=args.enable_payload_validation,
     )
     answer = await client.call(what, client.schemas.configure_topic_schema(request))
-    if not answer.success:
-        raise AdminError(f"{what}: {answer.message or 'the broker reported failure'}")
+    require_success(what, answer.success, answer.message)
     done = f"Bound {name} to subject {args.subject} (validation {args.validation_policy})"
     return Result(plain(answer), done)
 
@@ -45,8 +44,7 @@ async def set_validation(client: AdminClient, args: argparse.Namespace) -> Resul
         enable_payload_validation=args.enable_payload_validation,
     )
     answer = await client.call(what, client.schemas.update_topic_validation_policy(request))
-    if not answer.success:
-        raise AdminError(f"{what}: {answer.message or 'the broker reported failure'}")
+    require_success(what, answer.success, answer.message)
     return Result(plain(answer), f"Set validation policy of {name} to {args.policy}")
 
 

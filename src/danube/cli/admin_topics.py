@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from danube.cli.admin_args import Actions, add_topic, command, count, group, topic_name
-from danube.cli.admin_call import AdminClient, AdminError
+from danube.cli.admin_call import AdminClient, require_success
 from danube.cli.admin_policies import add_policy_flags, policies_result, policy_changes
 from danube.cli.admin_render import Result, fields, plain, table
 from danube.cli.admin_subscriptions import add_subscription_commands
@@ -23,11 +23,6 @@ STRATEGIES = {
     "non_reliable": pb.DispatchStrategy.NonReliable,
     "reliable": pb.DispatchStrategy.Reliable,
 }
-
-
-def _done(what: str, success: bool) -> None:
-    if not success:
-        raise AdminError(f"{what}: the broker reported failure")
 
 
 async def list_topics(client: AdminClient, args: argparse.Namespace) -> Result:
@@ -63,7 +58,7 @@ async def create(client: AdminClient, args: argparse.Namespace) -> Result:
         )
         answer = await client.call(what, client.topics.create_topic(single))
         done = f"Created topic {name} ({args.dispatch_strategy})"
-    _done(what, answer.success)
+    require_success(what, answer.success)
     return Result(plain(answer), done)
 
 
@@ -77,7 +72,7 @@ async def _leave(client: AdminClient, args: argparse.Namespace, verb: str) -> Re
     answer = await client.call(
         what, rpc(pb.TopicRequest(name=name), timeout=deadline), timeout_s=deadline
     )
-    _done(what, answer.success)
+    require_success(what, answer.success)
     if verb == "delete":
         return Result(plain(answer), f"Deleted topic {name}")
     return Result(plain(answer), f"Unloaded topic {name}: another broker will serve it")
