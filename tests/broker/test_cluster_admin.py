@@ -183,10 +183,13 @@ def test_balance_counts_the_topics_per_broker_on_leader_and_follower(
     }
     assert {str(b.broker_id): b.topic_count for b in balance.brokers} == per_broker
     assert sum(per_broker.values()) >= 6
-    assert balance.max_load >= balance.mean_load >= balance.min_load
+    loads = [b.load for b in balance.brokers]
+    assert (balance.max_load, balance.min_load) == (max(loads), min(loads))
+    assert balance.mean_load == pytest.approx(sum(loads) / len(loads))
     assert call(followers[0], "get_cluster_balance", pb.ClusterBalanceRequest()) == balance
     topics = call(followers[1], "list_broker_topics", pb.BrokerRequest(broker_id(leader))).topics
-    assert {t.delivery for t in topics} <= {"Reliable"}
+    assert len(topics) == per_broker[broker_id(leader)]
+    assert all(t.delivery == "Reliable" for t in topics)
 
 
 def test_an_unloaded_topic_moves_and_keeps_its_messages(cluster: LocalCluster) -> None:

@@ -225,3 +225,15 @@ def test_an_unload_is_not_a_deletion() -> None:
     o.loaded(T, 0)
     o.marker_seen(T, Marker(MarkerReason.UNLOAD, "1", ready=False), 50, 0)
     assert o.assignment_seen(T, False, 0) == [Unload(T, 40, deleted=False)]
+
+
+def test_unload_step_posts_once_then_waits_until_another_broker_has_it() -> None:
+    assignment = ("2", 7)
+    post = admin_ops.unload_step(ME, T, "2", assignment, None)
+    assert post.step is Step.POST and post.txn is not None
+    assert post.txn == admin_ops.unload(ME, T, "2", 7)
+    moving = (Marker(MarkerReason.UNLOAD, "2", ready=False), 8)
+    assert admin_ops.unload_step(ME, T, "2", assignment, moving).step is Step.WAIT
+    assert admin_ops.unload_step(ME, T, "2", None, moving).step is Step.WAIT
+    assert admin_ops.unload_step(ME, T, "2", ("3", 9), None).step is Step.DONE
+    assert admin_ops.unload_step(ME, T, "2", None, None).step is Step.DONE, "deleted meanwhile"

@@ -283,8 +283,8 @@ class ClusterAdminOps:
         )
         if request.dry_run:
             return pb.UnloadBrokerResponse(started=False, total=len(topics), pending=len(topics))
-        drain = self._drains.get(broker)
-        if drain is None or drain.done.is_set():
+        drain = self._drains.get(broker)  # a drain leaves the map as it finishes
+        if drain is None:
             drain = await self._start_drain(broker, topics, max(request.max_parallel, 1))
         with trio.move_on_after(request.timeout_seconds or DEFAULT_UNLOAD_TIMEOUT_S):
             await drain.done.wait()
@@ -353,16 +353,17 @@ class ClusterAdminOps:
     async def _move_away(self, topic: str, broker: str) -> None:
         """Unloads `topic` from `broker` and returns once another broker has it (or it is
         gone); a compare that failed is decided again from the view as it is then."""
-        posted = False
         while True:
             self._still_leading()
-            owner = self._view.owner(topic)
-            if owner is None or owner[0] != broker:
-                marker = self._view.marker(topic)
-                if owner is not None or marker is None:
-                    return  # another broker has it, or it was deleted
-            elif not posted and self._view.marker(topic) is None:
-                posted = await self._txn(admin_ops.unload(self._me, topic, broker, owner[1]))
+            view = self._view
+            decision = admin_ops.unload_step(
+                self._me, topic, broker, view.owner(topic), view.marker(topic)
+            )
+            if decision.step is Step.DONE:
+                return
+            if decision.step is Step.POST:
+                assert decision.txn is not None
+                await self._txn(decision.txn)
             await trio.sleep(POLL_S)
 
     async def _activate_broker(
@@ -487,7 +488,10 @@ class ClusterAdminOps:
                 assert decision.txn is not None
                 if await self._txn(decision.txn):
                     log.info("event=topic_deleted topic=%s", topic)
-                    self._member.spawn(self._delete_objects, topic)
+                    try:
+                        self._member.spawn(self._delete_objects, topic)
+                    except RuntimeError:  # stopping: the deletion happened, its objects stay
+                        log.warning("event=objects_not_deleted topic=%s error=stopping", topic)
                     return
             elif decision.step is Step.POST:
                 assert decision.txn is not None

@@ -90,6 +90,8 @@ class Step(enum.Enum):
     once the view changed."""
     PURGE = "purge"
     """Remove the metadata and the marker (the transaction given), then the objects."""
+    DONE = "done"
+    """Nothing left to do for this topic."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,28 @@ class Decision:
     step: Step
     txn: Txn | None = None
     why: str = ""
+
+
+def unload_step(
+    leader: str,
+    topic: str,
+    broker: str,
+    owner: tuple[str, int] | None,
+    marker: tuple[Marker, int] | None,
+) -> Decision:
+    """The next step of moving `topic` off `broker` (UnloadTopic, a drain), from the
+    leader's view: its assignment (broker, revision) and its unassigned marker. Nothing is
+    remembered between steps: a posted unload deletes the assignment in its own
+    transaction, so the view shows it, and one posted twice fails its compare."""
+    if owner is not None and owner[0] == broker:
+        if marker is not None:
+            return Decision(Step.WAIT, why="a move of it is under way")
+        return Decision(Step.POST, unload(leader, topic, broker, owner[1]))
+    if owner is not None:
+        return Decision(Step.DONE, why=f"broker {owner[0]} serves it")
+    if marker is not None:
+        return Decision(Step.WAIT, why="it is on its way to another broker")
+    return Decision(Step.DONE, why="it was deleted")
 
 
 def delete_step(
