@@ -19,7 +19,7 @@ import trio.testing
 from grpclib.metadata import Deadline
 
 from danube.broker import grpc_util, metrics_http
-from danube.broker.metrics import BrokerMetrics, Histogram
+from danube.broker.metrics import SIZE_BUCKETS, BrokerMetrics, Histogram
 from danube.broker.metrics_http import Endpoints, Request, Response, parse_head, read_head
 from danube.core.config import DispatchStrategy, Policies
 from danube.dispatch import QueueLimits
@@ -179,6 +179,16 @@ def test_histogram_buckets_are_cumulative_and_le_inclusive() -> None:
     histogram.observe_many(np.array([0, 5, 10, 11]))
     assert histogram.buckets() == [("1", 2), ("10", 4), ("+Inf", 5)]
     assert histogram.total == 27
+
+
+def test_a_batch_is_counted_as_its_messages_one_by_one_would_be() -> None:
+    values = np.array([0, 64, 65, 300, 1024, 5000, 10**7, 2**25] * 5)
+    one_by_one, batched = Histogram(SIZE_BUCKETS), Histogram(SIZE_BUCKETS)
+    for value in values.tolist():
+        one_by_one.observe(value)
+    batched.observe_many(values)
+    assert batched.buckets() == one_by_one.buckets()
+    assert batched.total == one_by_one.total
 
 
 def standalone_core() -> BrokerCore:
