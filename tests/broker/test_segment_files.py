@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from danube.broker.metrics import WalMetrics
 from danube.broker.segment_files import SegmentFiles, WalExecutor
 from danube.wal import format
 from danube.wal.machine import (
@@ -89,9 +90,14 @@ class Log:
 
 
 async def open_log(
-    directory: Path, config: WalConfig, run: Callable[..., object], *, sync_writes: bool = False
+    directory: Path,
+    config: WalConfig,
+    run: Callable[..., object],
+    *,
+    sync_writes: bool = False,
+    metrics: WalMetrics | None = None,
 ) -> Log:
-    files = SegmentFiles(directory, sync_writes=sync_writes)
+    files = SegmentFiles(directory, sync_writes=sync_writes, metrics=metrics)
     plan = await files.recover(TOPIC)
     log = Log(WalMachine(TOPIC, config, plan), files)
     run(log.executor.run)
@@ -217,3 +223,28 @@ async def test_each_acknowledged_group_commit_was_synced_once(
         assert log.performed.count(Write) == 5
         assert log.performed.count(Fsync) == (0 if synced_writes else 5)
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_rotations_count_segments_started_after_the_first_of_a_run(tmp_path: Path) -> None:
+    """Reopening a log starts a segment at a nonzero offset: that is no rotation."""
+    config = WalConfig(segment_bytes=4096, cache_bytes=0)
+    first = WalMetrics()
+    async with trio.open_nursery() as nursery:
+        log = await open_log(tmp_path, config, nursery.start_soon, metrics=first)
+        last = -1
+        for n in range(0, 300, 3):
+            last = log.append([_record(n), _record(n + 1), _record(n + 2)])
+        await log.acknowledged_through(last)
+        nursery.cancel_scope.cancel()
+    log.files.close()
+    segments = len(list(tmp_path.glob("*.wal")))
+    assert segments > 1 and first.rotations == segments - 1
+    again = WalMetrics()
+    async with trio.open_nursery() as nursery:
+        log = await open_log(tmp_path, config, nursery.start_soon, metrics=again)
+        await log.acknowledged_through(log.append([_record(300)]))
+        nursery.cancel_scope.cancel()
+    log.files.close()
+    assert len(list(tmp_path.glob("*.wal"))) == segments + 1, "the reopened log starts one"
+    assert again.rotations == 0

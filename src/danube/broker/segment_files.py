@@ -70,6 +70,9 @@ class SegmentFiles:
         self._metrics = metrics or WalMetrics()
         self._open: dict[int, int] = {}
         """segment base -> file descriptor of segments that may still be written."""
+        self._created = False
+        """A segment was started since these files were opened: the next one is a rotation
+        (the first after a start or a reload only reopens the log, whatever its offset)."""
         self._sync_writes = sync_writes
         """Every Write is fsynced in the same worker-thread call (`WalConfig.synced_writes`:
         the machine then asks for no Fsync after it)."""
@@ -126,8 +129,9 @@ class SegmentFiles:
         elif isinstance(effect, CreateSegment):
             fd = await trio.to_thread.run_sync(self._create, effect)
             self._open[effect.base_offset] = fd
-            if effect.base_offset:
+            if self._created:
                 metrics.rotations += 1
+            self._created = True
         elif isinstance(effect, CloseSegment):
             fd = self._open.pop(effect.segment_base, None)
             if fd is not None:
