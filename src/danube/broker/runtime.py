@@ -126,9 +126,8 @@ class BrokerRuntime:
         """Cluster mode: topic -> revision of this broker's ownership claim, the fencing
         token of every metadata write for the topic (kept by the ownership driver)."""
         self._loop = loop
-        self._objects = objects
         self.objects = objects
-        """The object tier, for the admin's cluster DeleteTopic (danube.broker.cluster_admin)."""
+        """The object tier (None without one); the admin's cluster DeleteTopic uses it too."""
         self._store = store
         self._wal_root = wal_root
         self._nursery = nursery
@@ -286,7 +285,7 @@ class BrokerRuntime:
         if previous is not None and through > previous:
             # the records this group commit made durable (unknown for a topic's first one)
             self.metrics.wal.group_commit.observe(through - previous)
-        self._acked[topic] = max(-1 if previous is None else previous, through)
+        self._acked[topic] = through if previous is None else max(previous, through)
         waiting = self._publishes.get(topic)
         while waiting and waiting[0][0] <= through:
             _, waiter = waiting.popleft()
@@ -355,10 +354,10 @@ class BrokerRuntime:
                 await self._stop_executor(topic_wal)
                 if effect.delete_files:
                     await trio.to_thread.run_sync(_remove_tree, topic_wal.files.directory)
-                if effect.delete_objects and self._objects is not None:
+                if effect.delete_objects and self.objects is not None:
                     # Before the drop completes: a topic created again under the name
                     # uploads only after its predecessor's objects are gone.
-                    await delete_topic_objects(self._objects, topic)
+                    await delete_topic_objects(self.objects, topic)
                 log.info("event=wal_dropped topic=%s deleted=%s", topic, effect.delete_files)
         finally:
             done.set()
@@ -448,13 +447,13 @@ class BrokerRuntime:
         """History for a subscription. Store errors are retried for as long as they last
         (backoff capped at 5 s): a stopped topic is for data that is wrong, not for a store
         that is down for a while. Only bytes that do not verify stop the topic."""
-        assert self._objects is not None
+        assert self.objects is not None
         plan, delay, attempt = read.plan, 0.2, 0
         while not self._closed and read.topic in self._wals:
             attempt += 1
             try:
                 data = await trio.to_thread.run_sync(
-                    self._objects.get_range, plan.key, plan.start_byte, plan.end_byte
+                    self.objects.get_range, plan.key, plan.start_byte, plan.end_byte
                 )
                 records = decode_object_read(plan, data)
             except WalFormatError as error:
@@ -476,7 +475,7 @@ class BrokerRuntime:
                 return
 
     async def _tier_io(self, io: TierIo) -> None:
-        assert self._objects is not None
+        assert self.objects is not None
         effect, topic = io.effect, io.topic
         if isinstance(effect, UploadSegment):
             await self._upload(io, effect)
@@ -484,7 +483,7 @@ class BrokerRuntime:
             await self._commit(io, effect)
         elif isinstance(effect, ListObjects):
             try:
-                listed = await trio.to_thread.run_sync(self._objects.list, effect.prefix)
+                listed = await trio.to_thread.run_sync(self.objects.list, effect.prefix)
             except Exception as error:  # an empty listing: the next scan tries again
                 log.warning("event=object_list_failed topic=%s error=%r", topic, error)
                 listed = []
@@ -492,15 +491,15 @@ class BrokerRuntime:
             self._in_loop(self.core.tier_objects_listed, io, objects, now_ms=now_ms())
         else:
             try:
-                await trio.to_thread.run_sync(self._objects.delete, effect.key)
+                await trio.to_thread.run_sync(self.objects.delete, effect.key)
                 log.info("event=orphan_deleted topic=%s key=%s", topic, effect.key)
             except Exception as error:  # the next scan tries again
                 log.warning("event=orphan_delete_failed key=%s error=%r", effect.key, error)
 
     async def _upload(self, io: TierIo, effect: UploadSegment) -> None:
         topic = io.topic
-        assert self._objects is not None
-        objects = self._objects
+        assert self.objects is not None
+        objects = self.objects
         topic_wal = self._wals.get(topic)
         path = topic_wal.files.path(effect.segment_base) if topic_wal else None
 
