@@ -42,3 +42,22 @@ def invalid(message: str) -> DanubeError:
 
 def not_found(message: str) -> DanubeError:
     return DanubeError(ErrorCode.NOT_FOUND, message)
+
+
+QUOTE_LIMIT = 64
+"""Characters of a client's string an error message may quote. Status messages travel in
+HTTP/2 trailers, which grpclib HPACK-encodes in pure Python on the event loop, in time that
+grows faster than their length: a message that echoed a 400 KB name stalled every client for
+25 s (issue 20). A person needs only the start of the value and its length."""
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """`repr` of a client-supplied value for an error message, cut to `limit` characters with
+    its full length said, so a message stays short whatever the client sent."""
+    if isinstance(value, str | bytes) and len(value) > limit:
+        kind = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[:limit]!r}… ({len(value)} {kind})"
+    text = repr(value)
+    if len(text) > limit + 2:
+        return f"{text[: limit + 2]}… ({len(text)} characters as text)"
+    return text
