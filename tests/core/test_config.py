@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +16,10 @@ from danube.core.config import (
     BrokerConfig,
     ConfigError,
     TopicDurability,
+    advertised_admin,
     config_from_mapping,
     prometheus_address,
+    unreachable_admin,
 )
 from danube.wal.machine import MIB, Durability, WalConfig
 
@@ -227,10 +230,10 @@ def test_standalone_mode_needs_no_cluster_settings() -> None:
     BrokerConfig().check_mode()
 
 
-def test_prometheus_endpoint_defaults_to_the_broker_host_on_9040() -> None:
+def test_prometheus_endpoint_defaults_to_loopback_on_9040() -> None:
     assert BrokerConfig().prometheus_addr == Address("127.0.0.1", 9040)
     config = config_from_mapping({"broker": {"host": "0.0.0.0", "ports": {"prometheus": 9100}}})
-    assert config.prometheus_addr == Address("0.0.0.0", 9100)
+    assert config.prometheus_addr == Address("127.0.0.1", 9100)
     assert config_from_mapping({"broker": {"ports": {}}}).prometheus_addr == Address(
         "127.0.0.1", 9040
     )
@@ -240,18 +243,136 @@ def test_prometheus_endpoint_defaults_to_the_broker_host_on_9040() -> None:
     assert prometheus_address("127.0.0.1:0", "--prom-exporter") == Address("127.0.0.1", 0)
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "broker-1.example.com", "fe80::1"])
+def test_a_public_client_host_keeps_admin_and_metrics_on_loopback(host: str) -> None:
+    """Issue 20: `broker.host: 0.0.0.0` put the admin port on 0.0.0.0 too, and the metrics."""
+    config = config_from_mapping({"broker": {"host": host}})
+    assert config.broker_addr == Address(host, 6650)
+    assert config.admin_addr == Address("127.0.0.1", 50051)
+    assert config.prometheus_addr == Address("127.0.0.1", 9040)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.2", "localhost", "::1"])
+def test_a_loopback_client_host_takes_admin_and_metrics_along(host: str) -> None:
+    """Several local brokers on 127.0.0.x keep their default admin and metrics ports apart."""
+    config = config_from_mapping({"broker": {"host": host}})
+    assert config.admin_addr == Address(host, 50051)
+    assert config.prometheus_addr == Address(host, 9040)
+
+
+def test_admin_and_metrics_hosts_are_configured_on_their_own() -> None:
+    config = config_from_mapping(
+        {
+            "broker": {
+                "host": "0.0.0.0",
+                "admin_host": "10.0.0.5",
+                "prometheus_host": "[::]",
+                "ports": {"client": 7000, "admin": 7001, "raft": 7650, "prometheus": 7002},
+            }
+        }
+    )
+    assert config.broker_addr == Address("0.0.0.0", 7000)
+    assert config.admin_addr == Address("10.0.0.5", 7001)
+    assert config.prometheus_addr == Address("::", 7002)
+    # configured on their own, they stay where they are when --broker-addr moves the client
+    moved = config.with_broker_addr(Address("127.0.0.3", 6650))
+    assert (moved.admin_addr, moved.prometheus_addr) == (config.admin_addr, config.prometheus_addr)
+
+
+@pytest.mark.parametrize(
+    ("broker", "key"),
+    [
+        ({"admin_hots": "0.0.0.0"}, r"broker: unknown key\(s\) admin_hots"),
+        ({"ports": {"admn": 1}}, r"broker\.ports: unknown key\(s\) admn"),
+        ({"ports": {"admin": "50051"}}, r"broker\.ports\.admin"),
+        ({"ports": {"client": 70_000}}, r"broker\.ports\.client"),
+        ({"admin_host": 5}, r"broker\.admin_host"),
+        ({"prometheus_host": ""}, r"broker\.prometheus_host"),
+    ],
+)
+def test_address_mistakes_name_the_key(broker: dict[str, Any], key: str) -> None:
+    """A misspelt `admin_host` silently ignored would leave the port where nobody expects."""
+    with pytest.raises(ConfigError, match=key):
+        config_from_mapping({"broker": broker})
+
+
 @pytest.mark.parametrize("value", [-1, 70_000, "9040", None, True])
 def test_prometheus_port_mistakes_name_the_key(value: object) -> None:
     with pytest.raises(ConfigError, match=r"broker\.ports\.prometheus"):
         config_from_mapping({"broker": {"ports": {"prometheus": value}}})
 
 
-def test_prom_exporter_flag_overrides_and_follows_the_broker_host() -> None:
+def test_prom_exporter_flag_overrides_and_follows_only_a_loopback_broker_host() -> None:
     parse = build_parser().parse_args
     assert load_config(parse(["--prom-exporter", "off"])).prometheus_addr is None
     flagged = load_config(parse(["--prom-exporter", "127.0.0.1:0"]))
     assert flagged.prometheus_addr == Address("127.0.0.1", 0)
-    moved = load_config(parse(["--broker-addr", "0.0.0.0:7000"]))
-    assert moved.prometheus_addr == Address("0.0.0.0", 9040)
     with pytest.raises(ConfigError, match="--prom-exporter"):
         load_config(parse(["--prom-exporter", "nowhere"]))
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.7.7", "[::]"])
+def test_broker_addr_flag_on_a_public_host_moves_only_the_client_port(host: str) -> None:
+    """Issue 20: `--broker-addr 0.0.0.0:P` moved the metrics endpoint to 0.0.0.0."""
+    config = load_config(build_parser().parse_args(["--broker-addr", f"{host}:7000"]))
+    assert config.broker_addr == Address(host.strip("[]"), 7000)
+    assert config.admin_addr == Address("127.0.0.1", 50051)
+    assert config.prometheus_addr == Address("127.0.0.1", 9040)
+
+
+def test_broker_addr_flag_on_loopback_takes_admin_and_metrics_along() -> None:
+    config = load_config(build_parser().parse_args(["--broker-addr", "127.0.0.2:7000"]))
+    assert config.admin_addr == Address("127.0.0.2", 50051)
+    assert config.prometheus_addr == Address("127.0.0.2", 9040)
+
+
+def test_admin_and_metrics_flags_expose_them_only_when_asked(tmp_path: Path) -> None:
+    path = tmp_path / "broker.yaml"
+    path.write_text("broker:\n  host: 0.0.0.0\n  admin_host: 10.0.0.5\n")
+    parse = build_parser().parse_args
+    config = load_config(
+        parse(["--config-file", str(path), "--broker-addr", "0.0.0.0:6650",
+               "--prom-exporter", "0.0.0.0:9100"])
+    )  # fmt: skip
+    assert config.admin_addr == Address("10.0.0.5", 50051), "the file's admin_host stays"
+    assert config.prometheus_addr == Address("0.0.0.0", 9100)
+    asked = load_config(parse(["--broker-addr", "0.0.0.0:6650", "--admin-addr", "0.0.0.0:7001"]))
+    assert asked.admin_addr == Address("0.0.0.0", 7001)
+
+
+@pytest.mark.parametrize(
+    ("admin", "client", "expected"),
+    [
+        ("0.0.0.0:50051", "10.0.0.5:6650", "10.0.0.5:50051"),
+        ("[::]:50051", "broker-1.example.com:6650", "broker-1.example.com:50051"),
+        ("10.0.0.9:50051", "10.0.0.5:6650", "10.0.0.9:50051"),
+        ("0.0.0.0:50051", "0.0.0.0:6650", "0.0.0.0:50051"),
+        ("127.0.0.1:50051", "127.0.0.1:6650", "127.0.0.1:50051"),
+    ],
+)
+def test_a_wildcard_admin_bind_is_advertised_by_the_client_host(
+    admin: str, client: str, expected: str
+) -> None:
+    bound = Address.parse(admin, "admin")
+    assert str(advertised_admin(bound, client)) == expected
+
+
+def test_a_loopback_admin_port_behind_a_public_client_address_is_reported() -> None:
+    """Cluster mode: other hosts' brokers forward admin calls to this address."""
+    local = Address("127.0.0.1", 50051)
+    why = unreachable_admin(local, "10.0.0.5:6650")
+    assert why is not None and "broker.admin_host" in why and "127.0.0.1:50051" in why
+    assert unreachable_admin(local, "127.0.0.1:6650") is None, "one host: fine"
+    assert unreachable_admin(Address("10.0.0.5", 50051), "10.0.0.5:6650") is None
+
+
+def test_metrics_per_topic_is_on_unless_turned_off() -> None:
+    assert config_from_mapping({}).metrics_per_topic is True
+    assert config_from_mapping({"metrics": {"per_topic": False}}).metrics_per_topic is False
+    with pytest.raises(ConfigError, match=r"metrics\.per_topic"):
+        config_from_mapping({"metrics": {"per_topic": "no"}})
+    with pytest.raises(ConfigError, match=r"metrics: unknown key"):
+        config_from_mapping({"metrics": {"per_topics": False}})
+    parse = build_parser().parse_args
+    assert load_config(parse(["--metrics-per-topic", "off"])).metrics_per_topic is False
+    assert load_config(parse(["--metrics-per-topic", "on"])).metrics_per_topic is True

@@ -34,6 +34,8 @@ GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 NOT_SERVED = ""
 """The topic label of sends for topics this broker does not serve: a client naming random
 topics must not grow the number of series."""
+PER_TOPIC_LABELS = frozenset({"topic", "subscription"})
+"""Dropped (their samples added up per broker) with `metrics.per_topic: false`."""
 
 
 def _version() -> str:
@@ -120,10 +122,14 @@ class BrokerMetrics:
         mode: str,
         *,
         leading: Callable[[], bool] = lambda: True,
+        per_topic: bool = True,
     ) -> None:
         self.core = core
         self.broker_id = broker_id
         self.mode = mode
+        self.per_topic = per_topic
+        """False: no series names a topic or subscription (`metrics.per_topic`), so however
+        many topics clients create, a scrape has the same number of series."""
         self.leading = leading
         """Whether this broker is the cluster's leader (a standalone broker always is)."""
         self.wal = WalMetrics()
@@ -159,7 +165,8 @@ class BrokerMetrics:
         self.rpcs[key] = self.rpcs.get(key, 0) + 1
 
     def _topic_label(self, topic: str) -> str:
-        return topic if self.core.serves(topic) else NOT_SERVED
+        """Without per-topic series every send shares one key: the tables stay one entry."""
+        return topic if self.per_topic and self.core.serves(topic) else NOT_SERVED
 
     def send_failed(self, topic: str, count: int, error_code: str) -> None:
         key = (self._topic_label(topic), "error", error_code)
@@ -243,6 +250,13 @@ class _Collector(Collector):
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
+        families = self._families()
+        if self._metrics.per_topic:
+            yield from families
+        else:
+            yield from (summed_per_broker(family) for family in families)
+
+    def _families(self) -> Iterator[Metric]:
         m = self._metrics
         broker = m.broker_id
         topics = stats.topic_stats(m.core)
@@ -284,6 +298,25 @@ class _Collector(Collector):
             )
             failures.add_metric([broker], failed)
             yield failures
+
+
+def summed_per_broker(family: Metric) -> Metric:
+    """The family without its topic and subscription labels: samples left with the same
+    labels are added up (counters and gauges per broker, histogram buckets per bound). A
+    family without those labels is returned as it is."""
+    if not any(PER_TOPIC_LABELS & sample.labels.keys() for sample in family.samples):
+        return family
+    totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for sample in family.samples:
+        labels = tuple(
+            sorted((k, v) for k, v in sample.labels.items() if k not in PER_TOPIC_LABELS)
+        )
+        key = (sample.name, labels)
+        totals[key] = totals.get(key, 0.0) + sample.value
+    summed = Metric(family.name, family.documentation, family.type, family.unit)
+    for (name, labels), value in totals.items():
+        summed.add_sample(name, dict(labels), value)
+    return summed
 
 
 def _topic_families(broker: str, topics: list[stats.TopicStats]) -> Iterable[Metric]:

@@ -41,7 +41,7 @@ from danube.broker.placement import ClusterPlacement, LocalPlacement, Placement
 from danube.broker.runtime import BrokerRuntime, persist
 from danube.broker.schema_gate import SchemaGate
 from danube.broker.schema_service import Offload, SchemaService
-from danube.core.config import Address, BrokerConfig
+from danube.core.config import Address, BrokerConfig, advertised_admin, unreachable_admin
 from danube.dispatch import QueueLimits
 from danube.metadata import EmbeddedStore, MetadataStore
 from danube.node.core import BrokerCore, BrokerIdentity
@@ -218,6 +218,8 @@ async def serve(
         )
         advertised = config.advertised_addr or str(bound.broker)
         identity = BrokerIdentity(f"http://{advertised}", f"http://{advertised}")
+        # what other brokers and ListBrokers are told: a wildcard bind named reachably
+        admin_seen = advertised_admin(bound.admin, advertised)
         core = BrokerCore(
             identity,
             rng=random.Random(secrets.randbits(128)),
@@ -235,7 +237,7 @@ async def serve(
             durability=config.storage.durability,
             clustered=clustered,
         )
-        metrics = BrokerMetrics(core, broker_id, config.mode)
+        metrics = BrokerMetrics(core, broker_id, config.mode, per_topic=config.metrics_per_topic)
         objects = None
         if config.storage.tiered:
             assert config.storage.durable_root is not None
@@ -279,10 +281,12 @@ async def serve(
                     core, store, broker_id, auto_create_topics=config.auto_create_topics
                 )
                 placement = cluster_placement
+                if (why := unreachable_admin(admin_seen, advertised)) is not None:
+                    log.warning("event=admin_address_unreachable reason=%r", why)
                 registration = {
                     "broker_url": identity.broker_url,
                     "connect_url": identity.connect_url,
-                    "admin_addr": f"http://{bound.admin}",
+                    "admin_addr": f"http://{admin_seen}",
                     "metrics_addr": f"http://{bound.metrics}" if bound.metrics else "",
                 }
                 member = ClusterMember(
@@ -320,7 +324,7 @@ async def serve(
             admin = AdminServices(
                 runtime,
                 broker_id,
-                f"http://{bound.admin}",
+                f"http://{admin_seen}",
                 schemas,
                 metrics_url=f"http://{bound.metrics}" if bound.metrics else "",
                 cluster=ClusterAdminOps(store, member) if member is not None else None,

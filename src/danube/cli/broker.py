@@ -61,13 +61,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config-file", type=Path, help="YAML file with Danube's keys; flags override it"
     )
-    parser.add_argument("--broker-addr", help="client gRPC host:port (default 127.0.0.1:6650)")
-    parser.add_argument("--admin-addr", help="admin gRPC host:port (default 127.0.0.1:50051)")
+    parser.add_argument(
+        "--broker-addr",
+        help="client gRPC host:port (default 127.0.0.1:6650); a non-loopback host opens only "
+        "this port to the network, never the admin or metrics port",
+    )
+    parser.add_argument(
+        "--admin-addr",
+        help="admin gRPC host:port (default 127.0.0.1:50051, or broker.admin_host; on the "
+        "client host only when that is loopback). Cluster brokers on several hosts need an "
+        "address the others can reach: they forward admin calls here",
+    )
     parser.add_argument(
         "--prom-exporter",
         metavar="HOST:PORT|off",
-        help="metrics and health endpoint (default: the broker's host, port 9040; port 0 "
-        "picks a free one; off: none)",
+        help="metrics and health endpoint (default 127.0.0.1:9040, or broker.prometheus_host; "
+        "on the client host only when that is loopback; port 0 picks a free one; off: none)",
+    )
+    parser.add_argument(
+        "--metrics-per-topic",
+        choices=["on", "off"],
+        help="metrics.per_topic: series per topic and subscription (on, the default) or summed "
+        "per broker (off), so many topics cannot blow up a scrape",
     )
     parser.add_argument(
         "--advertised-addr", help="host:port clients are told to connect to (default: bind addr)"
@@ -97,17 +112,17 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
         except yaml.YAMLError as error:
             raise ConfigError(f"{args.config_file} is not valid YAML: {error}") from None
         config = config_from_mapping(data)
-    overrides: dict[str, object] = {}
     if args.broker_addr:
-        overrides["broker_addr"] = Address.parse(args.broker_addr, "--broker-addr")
+        config = config.with_broker_addr(Address.parse(args.broker_addr, "--broker-addr"))
+    overrides: dict[str, object] = {}
     if args.admin_addr:
         overrides["admin_addr"] = Address.parse(args.admin_addr, "--admin-addr")
+        overrides["admin_host_own"] = True
     if args.prom_exporter:
         overrides["prometheus_addr"] = prometheus_address(args.prom_exporter, "--prom-exporter")
-    elif args.broker_addr and config.prometheus_addr is not None:
-        # the endpoint follows the broker's host unless told otherwise
-        host = Address.parse(args.broker_addr, "--broker-addr").host
-        overrides["prometheus_addr"] = dataclasses.replace(config.prometheus_addr, host=host)
+        overrides["prometheus_host_own"] = True
+    if args.metrics_per_topic:
+        overrides["metrics_per_topic"] = args.metrics_per_topic == "on"
     if args.advertised_addr:
         Address.parse(args.advertised_addr, "--advertised-addr")
         overrides["advertised_addr"] = args.advertised_addr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ DEFAULT_MAX_MESSAGE_SIZE = 10 * 1024 * 1024
 OBJECT_DURABILITY = "object"
 DEFAULT_OBJECT_BATCH_MS = 100
 DEFAULT_PROMETHEUS_PORT = 9040
+LOOPBACK_HOST = "127.0.0.1"
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 
 class ConfigError(ValueError):
@@ -145,6 +148,49 @@ class Address:
         return cls(host.strip("[]"), int(port))
 
 
+def is_loopback(host: str) -> bool:
+    """`localhost` or a loopback IP (127.0.0.0/8, ::1); any other name counts as public."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def private_host(client_host: str) -> str:
+    """Where the admin and metrics endpoints listen unless configured on their own: on the
+    client port's host when that is loopback (local brokers on 127.0.0.x keep apart), else on
+    127.0.0.1. Opening the client port to a network must not open with it the admin port
+    (which can delete anything) or the metrics (which name every topic)."""
+    return client_host if is_loopback(client_host) else LOOPBACK_HOST
+
+
+def advertised_admin(admin: Address, advertised_client: str) -> Address:
+    """The admin address other brokers of a cluster are told (`/cluster/register`): the bound
+    one, except that a wildcard bind (0.0.0.0, ::) is named by the client's advertised host,
+    which is reachable where the wildcard is not."""
+    if admin.host not in WILDCARD_HOSTS:
+        return admin
+    client_host = Address.parse(advertised_client, "advertised address").host
+    return Address(client_host, admin.port) if client_host not in WILDCARD_HOSTS else admin
+
+
+def unreachable_admin(admin: Address, advertised_client: str) -> str | None:
+    """Cluster mode: why other brokers may not reach this one's admin port (they forward
+    admin calls to a topic's owner there), or None. A loopback admin address is fine for
+    brokers sharing one host and unusable across hosts, where the operator must set
+    `broker.admin_host` (or --admin-addr) to an address the other brokers can reach."""
+    client_host = Address.parse(advertised_client, "advertised address").host
+    if is_loopback(admin.host) and not is_loopback(client_host):
+        return (
+            f"the admin port listens on {admin} (loopback) while clients reach this broker at "
+            f"{advertised_client}: brokers on other hosts cannot forward admin calls here; set "
+            "broker.admin_host (or --admin-addr) to an address they can reach"
+        )
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
     """Cluster mode: where the metadata lives (`meta_store.etcd_endpoints`, `meta_store.prefix`)
@@ -166,9 +212,19 @@ class BrokerConfig:
     """`standalone` (embedded metadata, every topic here) or `cluster` (etcd, object tier)."""
     cluster_name: str = "STANDALONE"
     broker_addr: Address = Address("127.0.0.1", 6650)
-    admin_addr: Address = Address("127.0.0.1", 50051)
-    prometheus_addr: Address | None = Address("127.0.0.1", DEFAULT_PROMETHEUS_PORT)
-    """The metrics and health endpoint (spec/observability.md); None turns it off."""
+    """The client port (`broker.host`, `broker.ports.client`, --broker-addr)."""
+    admin_addr: Address = Address(LOOPBACK_HOST, 50051)
+    """The admin port: on `private_host` of the client's host unless `admin_host_own`."""
+    prometheus_addr: Address | None = Address(LOOPBACK_HOST, DEFAULT_PROMETHEUS_PORT)
+    """The metrics and health endpoint (spec/observability.md); None turns it off. On
+    `private_host` of the client's host unless `prometheus_host_own`."""
+    admin_host_own: bool = False
+    """The admin host was configured on its own (`broker.admin_host`, --admin-addr)."""
+    prometheus_host_own: bool = False
+    """The metrics host was configured on its own (`broker.prometheus_host`, --prom-exporter)."""
+    metrics_per_topic: bool = True
+    """`metrics.per_topic`: series labelled by topic and subscription; false sums them per
+    broker, so the number of series no longer grows with the topics (spec/observability.md)."""
     advertised_addr: str | None = None
     data_dir: str = "./danube-data"
     bootstrap_namespaces: tuple[str, ...] = ("default",)
@@ -205,6 +261,20 @@ class BrokerConfig:
         if c.lease_ttl_ms < 1_000:
             raise ConfigError(f"cluster.lease_ttl_ms: at least 1000, got {c.lease_ttl_ms}")
 
+    def with_broker_addr(self, address: Address) -> BrokerConfig:
+        """The client port moved (--broker-addr): the admin and metrics hosts follow it only
+        as far as `private_host` lets them, unless they were configured on their own."""
+        host = private_host(address.host)
+        admin = self.admin_addr
+        if not self.admin_host_own:
+            admin = dataclasses.replace(admin, host=host)
+        metrics = self.prometheus_addr
+        if metrics is not None and not self.prometheus_host_own:
+            metrics = dataclasses.replace(metrics, host=host)
+        return dataclasses.replace(
+            self, broker_addr=address, admin_addr=admin, prometheus_addr=metrics
+        )
+
     @property
     def broker_url(self) -> str:
         return f"http://{self.advertised_addr or self.broker_addr}"
@@ -234,6 +304,53 @@ def _prometheus_port(ports: dict[str, Any], host: str) -> Address | None:
     return Address(host, value)
 
 
+def _host(broker: dict[str, Any], key: str) -> str | None:
+    value = broker.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip("[]"):
+        raise ConfigError(f"broker.{key}: expected a host name or IP address, got {value!r}")
+    return value.strip("[]")
+
+
+def _port(ports: dict[str, Any], key: str, default: int) -> int:
+    value = ports.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
+        raise ConfigError(f"broker.ports.{key}: expected a port (0 to 65535), got {value!r}")
+    return value
+
+
+def _addresses(broker: dict[str, Any], config: BrokerConfig) -> dict[str, Any]:
+    """`broker.host` is the client port's host (Danube binds every port there); the admin
+    and metrics ports take `broker.admin_host` and `broker.prometheus_host` (ours), else
+    `private_host(broker.host)`: never a public interface unless named on their own."""
+    _keys(broker, {"host", "ports", "advertised_listeners", "admin_host", "prometheus_host"},
+          "broker")  # fmt: skip
+    ports = _section(broker, "ports", "broker.")
+    _keys(ports, {"client", "admin", "raft", "prometheus"}, "broker.ports")
+    host = _host(broker, "host") or config.broker_addr.host
+    admin_host = _host(broker, "admin_host")
+    metrics_host = _host(broker, "prometheus_host")
+    return {
+        "broker_addr": Address(host, _port(ports, "client", config.broker_addr.port)),
+        "admin_addr": Address(
+            admin_host or private_host(host), _port(ports, "admin", config.admin_addr.port)
+        ),
+        "admin_host_own": admin_host is not None,
+        "prometheus_addr": _prometheus_port(ports, metrics_host or private_host(host)),
+        "prometheus_host_own": metrics_host is not None,
+    }
+
+
+def _metrics(section: dict[str, Any]) -> bool:
+    """`metrics.per_topic` (ours, default true)."""
+    _keys(section, {"per_topic"}, "metrics")
+    value = section.get("per_topic", True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"metrics.per_topic: expected true or false, got {value!r}")
+    return value
+
+
 def _section(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     value = data.get(key)
     if value is None:  # `key:` with nothing under it
@@ -259,7 +376,7 @@ def _fill(cls: type, data: dict[str, Any], where: str) -> Any:
 
 _TOP_LEVEL = {
     "cluster_name", "broker", "meta_store", "bootstrap_namespaces", "auto_create_topics",
-    "policies", "dispatch", "storage", "cluster", "load_manager",
+    "policies", "dispatch", "storage", "cluster", "load_manager", "metrics",
 }  # fmt: skip
 
 
@@ -449,13 +566,8 @@ def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
         raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}")
     config = BrokerConfig()
     broker = _section(data, "broker", "")
-    ports = _section(broker, "ports", "broker.")
-    host = broker.get("host", config.broker_addr.host)
-    updates: dict[str, Any] = {
-        "broker_addr": Address(host, int(ports.get("client", config.broker_addr.port))),
-        "admin_addr": Address(host, int(ports.get("admin", config.admin_addr.port))),
-        "prometheus_addr": _prometheus_port(ports, host),
-    }
+    updates = _addresses(broker, config)
+    updates["metrics_per_topic"] = _metrics(_section(data, "metrics", ""))
     advertised = _section(broker, "advertised_listeners", "broker.")
     if advertised.get("broker_url"):
         updates["advertised_addr"] = str(advertised["broker_url"]).split("://")[-1]
