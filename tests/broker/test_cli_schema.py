@@ -20,10 +20,19 @@ pytestmark = pytest.mark.slow
 CLI = Path(sys.executable).parent / "danube-cli"
 
 
-def cli(broker: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+ADMIN_ACTIONS = ("mode", "delete")
+"""They change a subject's rules: on the admin port (`-a`), spec/protocol.md."""
+
+
+def cli(
+    broker: BrokerProcess, *args: str, port: str | None = None
+) -> subprocess.CompletedProcess[str]:
     action, rest = args[0], args[1:]
+    where = ["-a", f"http://{broker.admin_addr}"] if action in ADMIN_ACTIONS else ["-s", broker.url]
+    if port is not None:
+        where = [where[0], port]
     return subprocess.run(
-        [str(CLI), "schema", action, "-s", broker.url, *rest],
+        [str(CLI), "schema", action, *where, *rest],
         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60,
     )  # fmt: skip
 
@@ -63,6 +72,9 @@ def test_register_show_versions_check_mode_and_delete(
     assert under_none.returncode == 0 and "compatible" in under_none.stdout
     assert "NOT compatible" not in under_none.stdout
 
+    on_client_port = cli(broker, "mode", subject, "none", port=broker.url)
+    assert on_client_port.returncode == 1 and "PERMISSION_DENIED" in on_client_port.stderr
+    assert "admin port" in on_client_port.stderr
     assert "is none" in cli(broker, "mode", subject, "none").stdout
     assert cli(broker, "register", subject, "-t", "avro", "-f", str(breaking)).returncode == 0
     assert "deleted version 3" in cli(broker, "delete", subject, "3").stdout

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import closing
+from typing import TypeVar
 
 import pytest
 from grpclib.client import Channel
 
 from danube.client import DanubeClient, DanubeClientError, Producer, SchemaRef
+from danube.client.schemas import SchemaRegistry
 from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube_schema as schema_pb
 from danube.schema.avro import encode_json_datum, parse_avro
@@ -21,11 +24,20 @@ from tests.support.aio import receive_n, run, unique_topic
 
 pytestmark = pytest.mark.slow
 
+T = TypeVar("T")
+
 
 def order(*extra: str) -> bytes:
     fields = [{"name": "id", "type": "long"}]
     fields += [{"name": name, "type": "string", "default": ""} for name in extra]
     return json.dumps({"type": "record", "name": "Order", "fields": fields}).encode()
+
+
+async def on_admin_port(broker: BrokerProcess, call: Callable[[SchemaRegistry], Awaitable[T]]) -> T:
+    """Changing a subject's rules or a topic's binding is an operator call: admin port only
+    (the client port refuses it, spec/protocol.md)."""
+    async with DanubeClient(f"http://{broker.admin_addr}") as admin:
+        return await call(admin.schemas)
 
 
 def subject_name() -> str:
@@ -109,7 +121,7 @@ def test_a_reference_the_registry_cannot_satisfy_fails_before_the_topic_exists(
     async def scenario() -> tuple[str, list[str]]:
         async with DanubeClient(broker.url) as client:
             await three_versions(client, subject)
-            await client.schemas.delete_version(subject, 2)
+            await on_admin_port(broker, lambda r: r.delete_version(subject, 2))
             with pytest.raises(DanubeClientError) as raised:
                 await client.producer(topic, "p", schema=ref(subject)).create()  # type: ignore[operator]
             return str(raised.value), await client.partitions(topic)
@@ -176,7 +188,7 @@ def test_a_producer_switches_versions_under_each_mode(broker: BrokerProcess, mod
     async def scenario() -> tuple[list[int | None], str | None, DanubeClientError]:
         async with DanubeClient(broker.url) as client:
             await client.schemas.register(subject, "avro", v1)
-            await client.schemas.set_mode(subject, mode)
+            await on_admin_port(broker, lambda r: r.set_mode(subject, mode))
             await client.schemas.register(subject, "avro", v2)
             try:
                 await client.schemas.register(subject, "avro", v3)
@@ -188,7 +200,7 @@ def test_a_producer_switches_versions_under_each_mode(broker: BrokerProcess, mod
                 return client.producer(topic, name, schema=SchemaRef(subject, pinned=version))
 
             first = await pinned("p1", 1).create()
-            with closing(Channel(*broker.broker_addr.rsplit(":", 1))) as channel:
+            with closing(Channel(*broker.admin_addr.rsplit(":", 1))) as channel:
                 await schema_pb.SchemaRegistryStub(channel).configure_topic_schema(
                     schema_pb.ConfigureTopicSchemaRequest(topic, subject, "enforce", True)
                 )
@@ -225,12 +237,12 @@ def test_a_deleted_version_is_refused_at_once_on_an_enforcing_topic(
             producer = await client.producer(
                 topic, "p", schema=SchemaRef(subject, pinned=1)
             ).create()
-            with closing(Channel(*broker.broker_addr.rsplit(":", 1))) as channel:
+            with closing(Channel(*broker.admin_addr.rsplit(":", 1))) as channel:
                 await schema_pb.SchemaRegistryStub(channel).configure_topic_schema(
                     schema_pb.ConfigureTopicSchemaRequest(topic, subject, "enforce", False)
                 )
             await producer.send(b"\x02")
-            await client.schemas.delete_version(subject, 1)
+            await on_admin_port(broker, lambda r: r.delete_version(subject, 1))
             with pytest.raises(DanubeClientError) as refused:
                 await producer.send(b"\x02")
             return refused.value

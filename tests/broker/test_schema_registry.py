@@ -87,13 +87,15 @@ def test_concurrent_registrations_get_distinct_versions(broker: BrokerProcess) -
 def test_bad_requests_say_what_is_wrong(broker: BrokerProcess) -> None:
     async def scenario() -> list[GRPCError]:
         errors = []
-        with channel(broker.broker_addr) as ch:
+        with channel(broker.broker_addr) as ch, channel(broker.admin_addr) as admin_ch:
             stub = pb.SchemaRegistryStub(ch)
             for call in (
                 stub.register_schema(pb.RegisterSchemaRequest("s1", "yaml", b"x")),
                 stub.register_schema(pb.RegisterSchemaRequest("s1", "avro", b"{not json")),
                 stub.register_schema(pb.RegisterSchemaRequest("a/b", "string", b"x")),
-                stub.set_compatibility_mode(pb.SetCompatibilityModeRequest("nobody", "full")),
+                pb.SchemaRegistryStub(admin_ch).set_compatibility_mode(
+                    pb.SetCompatibilityModeRequest("nobody", "full")
+                ),
                 stub.get_schema(pb.GetSchemaRequest(10**9)),
             ):
                 with pytest.raises(GRPCError) as caught:
@@ -152,8 +154,9 @@ def test_a_bound_topic_checks_every_publish_by_its_policy(broker: BrokerProcess)
 
     async def scenario() -> dict[str, object]:
         found: dict[str, object] = {}
-        with channel(broker.broker_addr) as ch:
+        with channel(broker.broker_addr) as ch, channel(broker.admin_addr) as admin_ch:
             registry = pb.SchemaRegistryStub(ch)
+            operator = pb.SchemaRegistryStub(admin_ch)
             producers = api.ProducerServiceStub(ch)
             registered = await registry.register_schema(
                 pb.RegisterSchemaRequest(subject, "json_schema", ORDER)
@@ -179,7 +182,7 @@ def test_a_bound_topic_checks_every_publish_by_its_policy(broker: BrokerProcess)
                 return None
 
             found["unbound"] = await send(b"not json", None)
-            await registry.configure_topic_schema(
+            await operator.configure_topic_schema(
                 pb.ConfigureTopicSchemaRequest(topic, subject, "enforce", True)
             )
             found["config"] = await registry.get_topic_schema_config(
@@ -189,21 +192,21 @@ def test_a_bound_topic_checks_every_publish_by_its_policy(broker: BrokerProcess)
             found["invalid"] = await send(b'{"qty": "three"}', registered.schema_id)
             found["no_id"] = await send(b'{"qty": 3}', None)
             found["unknown_id"] = await send(b'{"qty": 3}', 10**9)
-            await registry.update_topic_validation_policy(
+            await operator.update_topic_validation_policy(
                 pb.UpdateTopicValidationPolicyRequest(topic, "warn", True)
             )
             found["warned"] = await send(b'{"qty": "three"}', registered.schema_id)
-            await registry.update_topic_validation_policy(
+            await operator.update_topic_validation_policy(
                 pb.UpdateTopicValidationPolicyRequest(topic, "none", True)
             )
             found["unchecked"] = await send(b"not json", None)
             with pytest.raises(GRPCError) as no_such_topic:
-                await registry.configure_topic_schema(
+                await operator.configure_topic_schema(
                     pb.ConfigureTopicSchemaRequest(topic + "-part-0x", subject, "warn", False)
                 )
             found["no_such_topic"] = no_such_topic.value.status
             with pytest.raises(GRPCError) as unknown_subject:
-                await registry.configure_topic_schema(
+                await operator.configure_topic_schema(
                     pb.ConfigureTopicSchemaRequest(topic, "nobody-here", "enforce", False)
                 )
             found["unknown_subject"] = unknown_subject.value.status
@@ -221,3 +224,83 @@ def test_a_bound_topic_checks_every_publish_by_its_policy(broker: BrokerProcess)
     assert "has no schema" in str(found["unknown_id"])
     assert found["unknown_subject"] is Status.NOT_FOUND
     broker.wait_for_log(f"event=schema_validation_warning topic={topic} reason=payload_invalid")
+
+
+def test_changing_a_binding_or_a_subjects_rules_is_refused_on_the_client_port(
+    broker: BrokerProcess,
+) -> None:
+    """Issue 20: any client could set an enforcing topic's policy to none, or delete the
+    versions its producers name, from the client port. There those calls now answer
+    PERMISSION_DENIED naming the admin port, and change nothing; on the admin port they
+    work; what a producer does (register, read, check) still works on the client port."""
+    topic = unique_topic("guarded")
+    subject = f"guarded-{topic.rpartition('-')[2]}"
+
+    async def scenario() -> dict[str, object]:
+        found: dict[str, object] = {}
+        with channel(broker.broker_addr) as ch, channel(broker.admin_addr) as admin_ch:
+            client_port = pb.SchemaRegistryStub(ch)
+            admin_port = pb.SchemaRegistryStub(admin_ch)
+            await client_port.register_schema(
+                pb.RegisterSchemaRequest(subject, "json_schema", ORDER)
+            )
+            await api.ProducerServiceStub(ch).create_producer(
+                api.ProducerRequest(request_id=1, producer_name="p", topic_name=topic)
+            )
+            await admin_port.configure_topic_schema(
+                pb.ConfigureTopicSchemaRequest(topic, subject, "enforce", True)
+            )
+            refused = {
+                "ConfigureTopicSchema": client_port.configure_topic_schema(
+                    pb.ConfigureTopicSchemaRequest(topic, subject, "none", False)
+                ),
+                "UpdateTopicValidationPolicy": client_port.update_topic_validation_policy(
+                    pb.UpdateTopicValidationPolicyRequest(topic, "none", False)
+                ),
+                "DeleteSchemaVersion": client_port.delete_schema_version(
+                    pb.DeleteSchemaVersionRequest(subject, 1)
+                ),
+                "SetCompatibilityMode": client_port.set_compatibility_mode(
+                    pb.SetCompatibilityModeRequest(subject, "none")
+                ),
+            }
+            for method, call in refused.items():
+                with pytest.raises(GRPCError) as caught:
+                    await call
+                found[method] = (caught.value.status, str(caught.value.message))
+            config = await client_port.get_topic_schema_config(
+                pb.GetTopicSchemaConfigRequest(topic)
+            )
+            found["config"] = (config.validation_policy, config.enable_payload_validation)
+            versions = await client_port.list_versions(pb.ListVersionsRequest(subject))
+            found["versions"] = [v.version for v in versions.versions]
+            checked = await client_port.check_compatibility(
+                pb.CheckCompatibilityRequest(subject, ORDER, "json_schema")
+            )
+            found["check"] = checked.is_compatible
+            await admin_port.update_topic_validation_policy(
+                pb.UpdateTopicValidationPolicyRequest(topic, "warn", False)
+            )
+            config = await client_port.get_topic_schema_config(
+                pb.GetTopicSchemaConfigRequest(topic)
+            )
+            found["config_after_admin"] = config.validation_policy
+            await admin_port.set_compatibility_mode(pb.SetCompatibilityModeRequest(subject, "full"))
+            deleted = await admin_port.delete_schema_version(
+                pb.DeleteSchemaVersionRequest(subject, 1)
+            )
+            found["deleted"] = deleted.success
+        return found
+
+    found = run(scenario)
+    for method in (
+        "ConfigureTopicSchema", "UpdateTopicValidationPolicy", "DeleteSchemaVersion",
+        "SetCompatibilityMode",
+    ):  # fmt: skip
+        status, message = found[method]  # type: ignore[misc]
+        assert status is Status.PERMISSION_DENIED, (method, status, message)
+        assert method in message and "admin port" in message
+    assert found["config"] == ("enforce", True), "the refused calls changed nothing"
+    assert found["versions"] == [1] and found["check"] is True
+    assert found["config_after_admin"] == "warn" and found["deleted"] is True
+    assert not [line for line in broker.log_lines if "Traceback" in line]

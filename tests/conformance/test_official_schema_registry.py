@@ -1,5 +1,6 @@
 """The official client's SchemaRegistryClient (danube-client 0.5.0) against our broker:
-every RPC it offers, end to end, the answers it sees (issue 8, point 1). The scenario runs
+every RPC it offers, end to end, the answers it sees (issue 8, point 1); the calls that
+change a subject's rules or a topic's binding on the admin port (issue 20). The scenario runs
 under the official client's interpreter (harness.py)."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.conformance]
 
 def test_the_official_schema_client_works_end_to_end(broker: BrokerProcess) -> None:
     prefix = unique_topic("schemas").rpartition("/")[2]
-    result = run_scenario("schema_registry", broker.url, prefix, broker=broker)
+    admin_url = f"http://{broker.admin_addr}"
+    result = run_scenario("schema_registry", broker.url, prefix, admin_url, broker=broker)
 
     registered = result["registered"]
     schema_id = result["v1_id"]
@@ -39,6 +41,14 @@ def test_the_official_schema_client_works_end_to_end(broker: BrokerProcess) -> N
     assert result["by_id_v1"]["subject"].endswith("-orders")
     assert result["by_id_latest"]["version"] == 2
 
+    # changing a subject's rules or a topic's binding: the admin port only (issue 20)
+    for step in (
+        "set_none_on_client_port", "delete_on_client_port", "configure_on_client_port",
+        "update_on_client_port",
+    ):  # fmt: skip
+        refused = result[step]
+        assert refused is not None and refused["code"] == "PERMISSION_DENIED", (step, refused)
+        assert "admin port" in refused["details"]
     assert result["set_none"][0] is True
     assert result["versions_after_v3"] == [1, 2, 3]
     assert result["delete_v3"][0] is True

@@ -40,6 +40,7 @@ from danube.broker.object_store import ObjectStore
 from danube.broker.placement import ClusterPlacement, LocalPlacement, Placement
 from danube.broker.runtime import BrokerRuntime, persist
 from danube.broker.schema_gate import SchemaGate
+from danube.broker.schema_ports import ClientPortSchemaRegistry
 from danube.broker.schema_service import Offload, SchemaService
 from danube.core.config import Address, BrokerConfig, advertised_admin, unreachable_admin
 from danube.dispatch import QueueLimits
@@ -305,7 +306,7 @@ async def serve(
             gate = SchemaGate(schemas, metrics)
             batch_limit = BATCH_REQUEST_LIMIT + _message_limit(config)
             client_services = [
-                schemas,
+                ClientPortSchemaRegistry(schemas),
                 ProducerService(runtime, placement, _message_limit(config), gate),
                 ProducerExtService(runtime, gate, batch_limit),
                 consumers,

@@ -16,6 +16,7 @@ from danube.schema.compatibility import CompatibilityMode
 from danube.schema.formats import SchemaType
 
 TYPES = tuple(kind.value for kind in SchemaType)
+DEFAULT_ADMIN = "http://127.0.0.1:50051"
 MODES = tuple(mode.value for mode in CompatibilityMode)
 
 
@@ -116,14 +117,16 @@ async def check(args: argparse.Namespace) -> int:
 
 
 async def mode(args: argparse.Namespace) -> int:
-    async with DanubeClient(args.service_addr) as client:
+    """On the admin port: a subject's mode is the operator's (spec/protocol.md, Ports)."""
+    async with DanubeClient(args.admin_addr) as client:
         answer = await client.schemas.set_mode(args.subject, args.mode)
     print(answer.message)
     return 0
 
 
 async def delete(args: argparse.Namespace) -> int:
-    async with DanubeClient(args.service_addr) as client:
+    """On the admin port, as `mode`."""
+    async with DanubeClient(args.admin_addr) as client:
         answer = await client.schemas.delete_version(args.subject, args.version)
     print(answer.message)
     return 0
@@ -133,9 +136,18 @@ def add_schema_commands(commands: argparse._SubParsersAction) -> None:  # type: 
     schema = commands.add_parser("schema", help="register, show and check schemas")
     actions = schema.add_subparsers(dest="action", required=True)
 
-    def action(name: str, help_text: str, run: object) -> argparse.ArgumentParser:
+    def action(
+        name: str, help_text: str, run: object, *, admin: bool = False
+    ) -> argparse.ArgumentParser:
         sub = actions.add_parser(name, help=help_text)
-        add_service_addr(sub)
+        if admin:
+            sub.add_argument(
+                "-a", "--admin-addr", default=DEFAULT_ADMIN,
+                help="the broker's admin port URL, which alone changes a subject's rules "
+                f"(default {DEFAULT_ADMIN})",
+            )  # fmt: skip
+        else:
+            add_service_addr(sub)
         sub.set_defaults(run=run)
         return sub
 
@@ -161,9 +173,11 @@ def add_schema_commands(commands: argparse._SubParsersAction) -> None:  # type: 
     )
     definition(sub)
     sub.add_argument("--mode", choices=MODES, help="judge under this mode instead of the subject's")
-    sub = action("mode", "set a subject's compatibility mode", mode)
+    sub = action("mode", "set a subject's compatibility mode (admin port)", mode, admin=True)
     sub.add_argument("subject")
     sub.add_argument("mode", choices=MODES)
-    sub = action("delete", "delete one version (its number is never reused)", delete)
+    sub = action(
+        "delete", "delete one version (its number is never reused; admin port)", delete, admin=True
+    )
     sub.add_argument("subject")
     sub.add_argument("version", type=int)

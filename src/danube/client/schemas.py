@@ -1,5 +1,7 @@
 """The schema registry from the client side: every `danube_schema.SchemaRegistry` RPC, on
-whichever service broker answers (any broker serves the registry, spec/schema-registry.md)."""
+whichever service broker answers (any broker serves the registry, spec/schema-registry.md).
+Changing a subject's rules (`set_mode`, `delete_version`) needs a client made with a broker's
+admin URL: the client port refuses those calls (spec/protocol.md, Ports)."""
 
 from __future__ import annotations
 
@@ -133,10 +135,14 @@ class SchemaRegistry:
         return await self._call(f"check {subject}", lambda s: s.check_compatibility(request))
 
     async def set_mode(self, subject: str, mode: str) -> pb.SetCompatibilityModeResponse:
+        """An operator call: brokers serve it on their admin port only (PERMISSION_DENIED on
+        the client port), so the client must be made with the admin URL
+        (`DanubeClient("http://127.0.0.1:50051")`); spec/protocol.md, Ports."""
         request = pb.SetCompatibilityModeRequest(subject, mode)
         return await self._call(f"mode of {subject}", lambda s: s.set_compatibility_mode(request))
 
     async def delete_version(self, subject: str, version: int) -> pb.DeleteSchemaVersionResponse:
+        """An operator call, on the admin port only, as `set_mode`."""
         request = pb.DeleteSchemaVersionRequest(subject, version)
         return await self._call(
             f"delete {subject} v{version}",

@@ -1,11 +1,14 @@
 """The official client's `SchemaRegistryClient` end to end against our broker (issue 8).
 
-Usage: schema_registry.py BROKER_URL SUBJECT_PREFIX
+Usage: schema_registry.py BROKER_URL SUBJECT_PREFIX ADMIN_URL
 
 Registers Avro versions under one subject (an identical re-registration, a compatible
 second version, an incompatible one refused and then accepted under mode none, which is
 then deleted), a JSON Schema and a Protobuf subject, and reads everything back the ways the
-client can. Result: what the client got at each step; error codes by name.
+client can. Changing a subject's mode, deleting a version and binding a topic are operator
+calls served on the admin port only: the client's SchemaRegistryClient makes them through a
+client built on ADMIN_URL, after seeing the client port refuse them. Result: what the client
+got at each step; error codes by name.
 """
 
 from __future__ import annotations
@@ -65,13 +68,14 @@ def info(schema: Any) -> dict[str, Any]:
 
 
 async def scenario(argv: list[str]) -> None:
-    url, prefix = argv[0], argv[1]
+    url, prefix, admin_url = argv[0], argv[1], argv[2]
     orders, items, shop = f"{prefix}-orders", f"{prefix}-items", f"{prefix}-shop"
     report["registered"] = {
         "v1": V1.decode(), "v2": V2.decode(), "json": JSON_SCHEMA.decode(), "proto": PROTO.decode()
     }  # fmt: skip
     client = await build_client(url)
     registry = client.schema()
+    operator = (await build_client(admin_url)).schema()
 
     async def register(subject: str, kind: SchemaType, data: bytes) -> int:
         builder = registry.register_schema(subject).with_type(kind).with_schema_data(data)
@@ -92,24 +96,34 @@ async def scenario(argv: list[str]) -> None:
     report["latest"] = info(await registry.get_latest_schema(orders))
     report["by_id_v1"] = info(await registry.get_schema_version(report["v1_id"], 1))
     report["by_id_latest"] = info(await registry.get_schema_by_id(report["v1_id"]))
-    report["set_none"] = list(await registry.set_compatibility_mode(orders, CompatibilityMode.NONE))
+    report["set_none_on_client_port"] = await error_of(
+        registry.set_compatibility_mode(orders, CompatibilityMode.NONE)
+    )
+    report["set_none"] = list(await operator.set_compatibility_mode(orders, CompatibilityMode.NONE))
     await register(orders, SchemaType.AVRO, V3_BREAKING)
     report["versions_after_v3"] = await registry.list_versions(orders)
-    report["delete_v3"] = list(await registry.delete_schema_version(orders, 3))
+    report["delete_on_client_port"] = await error_of(registry.delete_schema_version(orders, 3))
+    report["delete_v3"] = list(await operator.delete_schema_version(orders, 3))
     report["versions_after_delete"] = await registry.list_versions(orders)
     report["json_id"] = await register(items, SchemaType.JSON_SCHEMA, JSON_SCHEMA)
     report["json_latest"] = info(await registry.get_latest_schema(items))
     topic = f"/default/{prefix}-bound"
     producer = client.new_producer().with_topic(topic).with_name("conf-schema").build()
     await producer.create()
-    report["configure"] = list(await registry.configure_topic_schema(topic, items, "enforce", True))
+    report["configure_on_client_port"] = await error_of(
+        registry.configure_topic_schema(topic, items, "none", False)
+    )
+    report["configure"] = list(await operator.configure_topic_schema(topic, items, "enforce", True))
     config = await registry.get_topic_schema_config(topic)
     report["topic_config"] = {
         "subject": config.schema_subject, "policy": config.validation_policy,
         "payloads": config.enable_payload_validation, "schema_id": config.schema_id,
     }  # fmt: skip
     report["send_without_schema"] = await error_of(producer.send(b'{"sku": "a"}', None))
-    report["update"] = list(await registry.update_topic_validation_policy(topic, "warn", True))
+    report["update_on_client_port"] = await error_of(
+        registry.update_topic_validation_policy(topic, "none", False)
+    )
+    report["update"] = list(await operator.update_topic_validation_policy(topic, "warn", True))
     report["send_under_warn"] = await error_of(producer.send(b'{"sku": 1}', None))
 
     typed_topic = f"/default/{prefix}-typed"
