@@ -5,6 +5,7 @@ Prometheus means them; removed topics lose their series."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import socket
 from collections.abc import AsyncIterator
@@ -17,6 +18,8 @@ import pytest
 import trio
 import trio.testing
 from grpclib.metadata import Deadline
+from hypothesis import given
+from hypothesis import strategies as st
 
 from danube.broker import grpc_util, metrics_http
 from danube.broker.metrics import SIZE_BUCKETS, BrokerMetrics, Histogram
@@ -130,7 +133,7 @@ async def test_paths_methods_and_readiness_over_a_real_socket() -> None:
 
 
 @pytest.mark.trio
-async def test_slow_clients_are_cut_off_and_too_many_are_turned_away(
+async def test_a_slow_head_is_cut_off_and_gives_way_to_a_newcomer(
     monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
 ) -> None:
     """Time stands still (the mock clock) until the test moves it, and each step waits until
@@ -140,37 +143,116 @@ async def test_slow_clients_are_cut_off_and_too_many_are_turned_away(
         slow = await trio.open_tcp_stream("127.0.0.1", port)
         await slow.send_all(b"GET /metr")
         await trio.testing.wait_all_tasks_blocked()
-        crowded = await exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n")
-        assert status_of(crowded) == 503 and b"too many connections" in crowded
-        mock_clock.jump(metrics_http.CONNECTION_TIMEOUT_S)
+        served = await exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n")
+        assert status_of(served) == 200, "at the cap the slow head gives way"
         assert await slow.receive_some(100) == b"", "the slow client is disconnected"
         await slow.aclose()
+        alone = await trio.open_tcp_stream("127.0.0.1", port)
+        await alone.send_all(b"GET /metr")
         await trio.testing.wait_all_tasks_blocked()
-        assert status_of(await exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n")) == 200
+        mock_clock.jump(metrics_http.HEAD_TIMEOUT_S)
+        assert await alone.receive_some(100) == b"", "a head that never ends is cut off"
+        await alone.aclose()
 
 
 @pytest.mark.trio
-async def test_a_refused_client_gets_its_answer_after_sending_its_request(
+async def test_a_refused_scrape_gets_its_answer_after_sending_its_request(
     monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
 ) -> None:
     """The 503 goes out once the request head is read and the close waits for the client's
     close: a request arriving late, in pieces and with a body, is never left unread in the
     server's socket, where it would turn the close into a reset that destroys the answer."""
-    monkeypatch.setattr(metrics_http, "MAX_CONNECTIONS", 0)
+    monkeypatch.setattr(metrics_http, "MAX_SCRAPES", 0)
     async with endpoint(Stub()) as port:
         client = await trio.open_tcp_stream("127.0.0.1", port)
         async with client:
             await trio.testing.wait_all_tasks_blocked()
-            mock_clock.jump(metrics_http.CONNECTION_TIMEOUT_S * 0.9)
-            await client.send_all(b"GET /healthz HTTP/1.1\r\n")
+            mock_clock.jump(metrics_http.HEAD_TIMEOUT_S * 0.9)
+            await client.send_all(b"GET /metrics HTTP/1.1\r\n")
             await trio.testing.wait_all_tasks_blocked()
             await client.send_all(b"Content-Length: 5000\r\n\r\n" + b"x" * 5000)
             await trio.testing.wait_all_tasks_blocked()
-            mock_clock.jump(metrics_http.CONNECTION_TIMEOUT_S * 0.2)
+            mock_clock.jump(metrics_http.HEAD_TIMEOUT_S * 0.2)
             received = b""
             while chunk := await client.receive_some(65536):
                 received += chunk
-        assert status_of(received) == 503 and received.endswith(b"too many connections\n")
+        assert status_of(received) == 503 and received.endswith(b"too many scrapes at once\n")
+        assert status_of(await exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n")) == 200
+
+
+@pytest.mark.trio
+async def test_healthz_answers_while_more_slow_heads_than_the_cap_keep_coming() -> None:
+    """Issue 20: 40 connections holding half a request head made /healthz answer 503 for 5 s
+    (a liveness probe would have killed the broker). Here more than the cap's worth of slow
+    heads are held open, and reopened as soon as the endpoint drops one, while /healthz is
+    polled on the real clock: every poll is answered 200 (the bound is seconds, where the
+    bug answered 503 at once)."""
+    slow_clients = metrics_http.MAX_CONNECTIONS + 16
+    polls: list[int] = []
+    heads_sent = 0
+    async with endpoint(Stub()) as port, trio.open_nursery() as attackers:
+
+        async def hold_slow_heads() -> None:
+            nonlocal heads_sent
+            while True:
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                async with stream:
+                    await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                    heads_sent += 1
+                    while await stream.receive_some(100):
+                        pass  # dropped by the endpoint: open another
+
+        for _ in range(slow_clients):
+            attackers.start_soon(hold_slow_heads)
+        with trio.fail_after(10):
+            while heads_sent < slow_clients:
+                await trio.sleep(0.01)
+        await trio.sleep(0.2)  # the endpoint has accepted them
+        for _ in range(20):
+            with trio.fail_after(10):
+                polls.append(status_of(await exchange(port, b"GET /healthz HTTP/1.1\r\n\r\n")))
+            await trio.sleep(0.05)
+        attackers.cancel_scope.cancel()
+    assert polls == [200] * 20
+
+
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(["admit", "answer", "linger", "leave"]), st.integers(0, 30)),
+        max_size=80,
+    ),
+    limit=st.integers(1, 5),
+)
+def test_admission_holds_at_most_the_limit_and_evicts_slow_heads_first(
+    steps: list[tuple[str, int]], limit: int
+) -> None:
+    admission = metrics_http.Admission(limit)
+    fresh = itertools.count(100)
+    for action, pick in steps:
+        held = admission.held()
+        if action == "admit":
+            heads = admission.held(metrics_http.Phase.HEAD)
+            lingering = admission.held(metrics_http.Phase.LINGER)
+            newcomer = next(fresh)
+            victim = admission.admit(newcomer)
+            if len(held) < limit:
+                assert victim is None
+            elif heads:
+                assert victim == heads[0], "the oldest head gives way first"
+            elif lingering:
+                assert victim == lingering[0]
+            else:
+                assert victim == newcomer, "turned away only when all are being answered"
+        elif held:
+            connection = held[pick % len(held)]
+            if action == "leave":
+                admission.left(connection)
+            else:
+                phase = (
+                    metrics_http.Phase.ANSWER if action == "answer" else metrics_http.Phase.LINGER
+                )
+                admission.moved(connection, phase)
+        assert len(admission.held()) <= limit
 
 
 def test_histogram_buckets_are_cumulative_and_le_inclusive() -> None:

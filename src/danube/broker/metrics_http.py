@@ -2,14 +2,20 @@
 `GET /metrics`, `GET /healthz` (liveness), `GET /readyz` (readiness).
 
 A deliberately tiny HTTP/1.1 server on trio's sockets: one request per connection
-(`Connection: close`), a bounded request head, a deadline per connection and a cap on
-connections at once, so a slow, malformed or hostile client costs a few KiB and a few
-seconds, and never the broker.
+(`Connection: close`), a bounded request head, a deadline for the head and one for the whole
+exchange, and a cap on connections at once, so a slow, malformed or hostile client costs a
+few KiB and a few seconds, and never the broker. Health checks never queue behind anyone:
+each connection is served on its own, and at the cap a newcomer takes the place of the
+oldest connection still sending its head (`Admission`): forty clients that open a connection
+and send half a head cannot make `/healthz` answer 503, which a liveness probe would take for
+a dead broker (issue 20).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
+import itertools
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -25,9 +31,15 @@ log = logging.getLogger("danube.broker")
 
 MAX_HEAD_BYTES = 8 * 1024
 """Request line and headers; a scrape needs a few hundred bytes."""
+HEAD_TIMEOUT_S = 3.0
+"""From accept to the end of the request head: a scraper or a probe sends it at once."""
 CONNECTION_TIMEOUT_S = 5.0
 """From accept to the last byte of the answer."""
-MAX_CONNECTIONS = 32
+MAX_CONNECTIONS = 64
+"""Connections held at once (`Admission`)."""
+MAX_SCRAPES = 4
+"""`/metrics` answers being sent at once (an exposition can be large and its reader slow);
+more are answered 503. `/healthz` and `/readyz` answers are a few bytes and never wait."""
 LINGER_S = 1.0
 """After answering: how long to read (and drop) what the client still sends before closing,
 so that unread bytes do not turn the close into a reset that destroys the answer."""
@@ -150,44 +162,137 @@ class Health:
         return False
 
 
+class Phase(enum.Enum):
+    HEAD = "head"
+    """Reading the request head."""
+    ANSWER = "answer"
+    LINGER = "linger"
+    """Answered; draining what the client still sends before closing."""
+
+
+class Admission:
+    """Which connections the endpoint holds (pure: connection ids in, ids to close out).
+
+    Up to `limit` at once. At the limit a newcomer takes the place of the oldest connection
+    still sending its head (a slow or hostile client: scrapers and probes send theirs at
+    once), else of the oldest one lingering after its answer; only when every connection is
+    being answered is the newcomer itself turned away. So slow heads cannot starve a health
+    check, however many there are."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: dict[int, Phase] = {}
+        """By age: dicts keep insertion order."""
+
+    def admit(self, connection: int) -> int | None:
+        """Takes a new connection; returns the one to close to make room for it (the
+        newcomer itself when none may go), or None."""
+        victim = None
+        if len(self._held) >= self.limit:
+            victim = self._oldest(Phase.HEAD)
+            if victim is None:
+                victim = self._oldest(Phase.LINGER)
+            if victim is None:
+                return connection
+            del self._held[victim]
+        self._held[connection] = Phase.HEAD
+        return victim
+
+    def moved(self, connection: int, phase: Phase) -> None:
+        if connection in self._held:
+            self._held[connection] = phase
+
+    def left(self, connection: int) -> None:
+        self._held.pop(connection, None)
+
+    def held(self, phase: Phase | None = None) -> list[int]:
+        return [c for c, p in self._held.items() if phase is None or p is phase]
+
+    def _oldest(self, phase: Phase) -> int | None:
+        return next((c for c, p in self._held.items() if p is phase), None)
+
+
+class _Scrapes:
+    """`/metrics` answers in flight (MAX_SCRAPES)."""
+
+    def __init__(self) -> None:
+        self.active = 0
+
+
 async def serve_http(sock: socket.socket, endpoints: Endpoints) -> None:
     """Serves the listening socket until cancelled."""
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-    active = 0
+    admission = Admission(MAX_CONNECTIONS)
+    scopes: dict[int, trio.CancelScope] = {}
+    scrapes = _Scrapes()
+    ids = itertools.count()
 
     async def handle(stream: trio.SocketStream) -> None:
-        nonlocal active
-        active += 1
+        connection = next(ids)
+        victim = admission.admit(connection)
+        if victim == connection:
+            await stream.aclose()
+            return
+        if victim is not None and victim in scopes:
+            scopes[victim].cancel()
+        scope = scopes[connection] = trio.CancelScope()
         try:
             async with stream:
-                refused = active > MAX_CONNECTIONS
-                with trio.move_on_after(CONNECTION_TIMEOUT_S) as deadline:
-                    await _exchange(stream, None if refused else endpoints)
-                if not deadline.cancelled_caught:
-                    await _linger(stream)
+                with scope:
+                    answered = False
+                    with trio.move_on_after(CONNECTION_TIMEOUT_S):
+                        answered = await _exchange(
+                            stream,
+                            endpoints,
+                            lambda: admission.moved(connection, Phase.ANSWER),
+                            scrapes,
+                        )
+                    if answered:
+                        admission.moved(connection, Phase.LINGER)
+                        await _linger(stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the client went away
         except Exception:
             log.exception("event=metrics_http_error")
         finally:
-            active -= 1
+            admission.left(connection)
+            scopes.pop(connection, None)
 
     await trio.serve_listeners(handle, [listener])
 
 
-async def _exchange(stream: trio.SocketStream, endpoints: Endpoints | None) -> None:
-    """Reads the request head, then answers; without endpoints (too many connections) the
-    answer is 503, but still only once the head is read, so that the request's bytes are not
-    left unread when the connection closes."""
-    head = await read_head(stream)
-    if endpoints is None:
-        response = _text(503, "Service Unavailable", "too many connections")
-    elif isinstance(head, Response):
-        response = head
+async def _exchange(
+    stream: trio.SocketStream,
+    endpoints: Endpoints,
+    head_read: Callable[[], None],
+    scrapes: _Scrapes,
+) -> bool:
+    """Reads the request head (within HEAD_TIMEOUT_S), then answers; False when the head
+    did not come in time. A scrape beyond MAX_SCRAPES is answered 503, but still only once
+    its head is read, so that the request's bytes are not left unread when the connection
+    closes."""
+    head: bytes | Response | None = None
+    with trio.move_on_after(HEAD_TIMEOUT_S):
+        head = await read_head(stream)
+    if head is None:
+        return False
+    head_read()
+    request = head if isinstance(head, Response) else parse_head(head)
+    if isinstance(request, Response):
+        response = request
+    elif request.path != "/metrics":
+        response = await _answered(endpoints, request)
+    elif scrapes.active >= MAX_SCRAPES:
+        response = _text(503, "Service Unavailable", "too many scrapes at once")
     else:
-        request = parse_head(head)
-        response = request if isinstance(request, Response) else await _answered(endpoints, request)
+        scrapes.active += 1
+        try:
+            await stream.send_all((await _answered(endpoints, request)).encode())
+        finally:
+            scrapes.active -= 1
+        return True
     await stream.send_all(response.encode())
+    return True
 
 
 async def _linger(stream: trio.SocketStream) -> None:
