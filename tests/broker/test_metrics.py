@@ -200,3 +200,24 @@ def test_a_three_broker_cluster_reports_one_leader_and_the_topics_each_owns(
         owners = {p.labels["broker"] for p in partitions}
         redirects = sum(s.value("danube_client_redirects_total") for s in scrapes)
         assert len(owners) > 1 and redirects > 0, (owners, redirects)
+
+
+def test_a_broker_told_metrics_per_topic_off_names_no_topic(
+    broker_factory: type[BrokerProcess], tmp_path: Path
+) -> None:
+    """`--metrics-per-topic off` reaches the exporter: messages on several topics are counted
+    in one series per broker, and no series names a topic or a subscription."""
+    broker = broker_factory(tmp_path / "data", extra_args=("--metrics-per-topic", "off")).start()
+    topics = [unique_topic("per-broker") for _ in range(3)]
+
+    async def scenario() -> None:
+        async with DanubeClient(broker.url) as client:
+            for topic in topics:
+                producer = await client.producer(topic, "p", batching=None).create()
+                await producer.send(b"x" * 10)
+
+    run(scenario)
+    samples = scrape(broker.metrics_url)
+    assert "topic=" not in samples.text and "subscription=" not in samples.text
+    assert samples.value("danube_topic_messages_in_total") == 3
+    assert samples.value("danube_broker_topics_owned") >= 3

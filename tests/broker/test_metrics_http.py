@@ -20,8 +20,10 @@ import trio.testing
 from grpclib.metadata import Deadline
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from danube.broker import grpc_util, metrics_http
+from danube.broker import metrics as metrics_module
 from danube.broker.metrics import SIZE_BUCKETS, BrokerMetrics, Histogram
 from danube.broker.metrics_http import Endpoints, Request, Response, parse_head, read_head
 from danube.core.config import DispatchStrategy, Policies
@@ -384,3 +386,45 @@ def test_schema_checks_redirects_and_imbalance_are_exported() -> None:
     assert 'danube_cluster_imbalance_cv{broker="7"} 0.25' in metrics.exposition().decode()
     core.delete_topic("/default/t")
     assert "/default/t" not in metrics.exposition().decode()
+
+
+def _summed(
+    text: str, dropped: frozenset[str]
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an exposition with the `dropped` labels removed, added up."""
+    totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k not in dropped))
+            key = (sample.name, labels)
+            totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
+def test_without_per_topic_series_every_family_is_summed_per_broker() -> None:
+    """`metrics.per_topic: false`: however many topics clients create, a scrape has the same
+    series, and each is the sum of what the per-topic series would say."""
+    core = standalone_core()
+    per_topic = BrokerMetrics(core, "7", "standalone")
+    per_broker = BrokerMetrics(core, "7", "standalone", per_topic=False)
+    for index in range(5):
+        topic = f"/default/t{index}"
+        core.create_topic(topic, DispatchStrategy.NON_RELIABLE)
+        core.subscribe(topic, f"c{index}", "s", 0, ())
+        for metrics in (per_topic, per_broker):
+            metrics.sent(topic, 100 * index, 0.002 * index, stored=False)
+            metrics.sent_batch(topic, np.array([10, 5000, 70_000]), 0.01, stored=False)
+            metrics.consumer_sent((topic, "s"), 2, 300)
+            metrics.nacked(topic, "s")
+            metrics.schema_checked(topic, "warn", "payload_invalid")
+            metrics.send_failed(topic, 1, "INVALID_ARGUMENT")
+    labelled = per_topic.exposition().decode()
+    summed = per_broker.exposition().decode()
+    assert 'topic="/default/t4"' in labelled
+    assert "topic=" not in summed and "subscription=" not in summed
+    assert _summed(summed, frozenset()) == _summed(labelled, metrics_module.PER_TOPIC_LABELS)
+    assert 'danube_producer_send_total{broker="7",error_code="",result="ok"} 20.0' in summed
+    assert 'danube_topic_active_subscriptions{broker="7"} 5.0' in summed
+    for index in range(5, 50):  # more topics: no more series
+        core.create_topic(f"/default/t{index}", DispatchStrategy.NON_RELIABLE)
+    assert len(per_broker.exposition().decode().splitlines()) == len(summed.splitlines())
