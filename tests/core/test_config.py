@@ -4,11 +4,14 @@ a `ConfigError` naming the key (a misspelt setting silently ignored is a product
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from danube.cli.broker import build_parser, load_config
 from danube.core.config import (
@@ -18,6 +21,7 @@ from danube.core.config import (
     TopicDurability,
     advertised_admin,
     config_from_mapping,
+    is_loopback,
     prometheus_address,
     unreachable_admin,
 )
@@ -376,3 +380,29 @@ def test_metrics_per_topic_is_on_unless_turned_off() -> None:
     parse = build_parser().parse_args
     assert load_config(parse(["--metrics-per-topic", "off"])).metrics_per_topic is False
     assert load_config(parse(["--metrics-per-topic", "on"])).metrics_per_topic is True
+
+
+HOSTS = st.one_of(
+    st.ip_addresses().map(str),
+    st.sampled_from(["0.0.0.0", "::", "localhost", "broker.example.com", "::1", "127.9.9.9"]),
+)
+
+
+@given(client=HOSTS, moved_to=HOSTS)
+def test_admin_and_metrics_never_follow_the_client_to_a_public_host(
+    client: str, moved_to: str
+) -> None:
+    """The rule, for any host the file or the flag names: unless configured on their own, the
+    admin and metrics ports listen on a loopback address, and on the client's host only
+    when that is loopback."""
+    config = config_from_mapping({"broker": {"host": client}})
+    for current in (config, config.with_broker_addr(Address(moved_to, 7000))):
+        for address in (current.admin_addr, current.prometheus_addr):
+            assert address is not None and is_loopback(address.host)
+            assert address.host in (current.broker_addr.host, "127.0.0.1")
+
+
+def test_is_loopback_knows_names_only_by_localhost() -> None:
+    assert is_loopback("127.0.0.5") and is_loopback("::1") and is_loopback("LOCALHOST")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("loopy")
+    assert not is_loopback(str(ipaddress.ip_address("10.0.0.1")))
