@@ -70,6 +70,8 @@ def _skip_varint(buf: memoryview, pos: int, end: int) -> int:
     """The position after a value varint; -TRUNCATED when cut short, -BAD_VARINT when it is
     not one every parser reads (over 10 bytes, or a 10th byte above 1: prost and Go refuse
     those, upb drops the bits)."""
+    if pos < end and buf[pos] < 0x80:  # the common one-byte varint
+        return pos + 1
     for size in range(10):
         if pos >= end:
             return -_TRUNCATED
@@ -86,6 +88,8 @@ def _skip_varint(buf: memoryview, pos: int, end: int) -> int:
 def _short_varint(buf: memoryview, pos: int, end: int, too_long: int) -> tuple[int, int]:
     """(value, next position) of a tag or a length, which upb refuses beyond 5 bytes; next
     position -TRUNCATED when cut short, -too_long when longer."""
+    if pos < end and buf[pos] < 0x80:  # the common one-byte length
+        return buf[pos], pos + 1
     value = 0
     for shift in range(0, 35, 7):
         if pos >= end:
@@ -103,9 +107,13 @@ def _tag(buf: memoryview, pos: int, end: int) -> tuple[int, int, int]:
     """(field number, wire type, next position) as upb reads a tag: at most 5 bytes, below
     2**32, a field number from 1; next position -reason otherwise, or for a wire type that is
     a group's (3, 4: refused) or none (6, 7)."""
-    tag, pos = _short_varint(buf, pos, end, _BAD_TAG)
-    if pos < 0:
-        return 0, 0, pos
+    tag = buf[pos]  # callers call with pos < end
+    if tag < 0x80:
+        pos += 1
+    else:
+        tag, pos = _short_varint(buf, pos, end, _BAD_TAG)
+        if pos < 0:
+            return 0, 0, pos
     if tag > 0xFFFFFFFF or tag < 8:
         return 0, 0, -_BAD_TAG
     wire = tag & 7
@@ -176,7 +184,7 @@ def _skip(buf: memoryview, pos: int, end: int, wire: int) -> tuple[int, int]:
     return (pos + width if pos + width <= end else -_TRUNCATED), pos
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _entry_ok(buf: memoryview, pos: int, end: int, count: int) -> tuple[int, int]:
     """(BAD_* , fields counted) for an `attributes` map entry: only its key (1) and value (2),
     as UTF-8 strings. upb files an entry with any other field under the message's unknown
