@@ -4,7 +4,8 @@
 betterproto needs hundreds of microseconds to encode or parse one message on this machine;
 the WAL and dispatch paths touch every record, and the simulator every message, so they use
 this codec instead. It produces exactly the bytes betterproto produces for the same message
-(tests/wal/test_records.py checks that with hypothesis) and reads any encoding that every
+(tests/wal/test_records.py checks that with hypothesis), but for an attribute whose key and
+value are both empty, which betterproto drops, and reads any encoding that every
 Danube client's protobuf parser reads alike, skipping fields it does not know: the rules, and
 where they are stricter than one parser, are in spec/record-validity.md. Decoding is bounded
 (`MAX_FIELDS`, `MAX_ATTRIBUTES`): it runs on the event loop.
@@ -92,8 +93,9 @@ def encode(record: Record) -> bytes:
             _bytes_field(1, key.encode(), entry)
         if value:
             _bytes_field(2, value.encode(), entry)
-        if entry:  # as betterproto: an all-default entry is left out
-            _bytes_field(7, bytes(entry), out)
+        # Even an all-default entry: the attribute "" = "" is one (prost and upb keep it;
+        # betterproto alone leaves it out, so its bytes differ from ours there).
+        _bytes_field(7, bytes(entry), out)
     if record.schema_id is not None:
         out.append(8 << 3)
         _varint(record.schema_id, out)
