@@ -180,6 +180,19 @@ def simple_fields(draw: st.DrawFn) -> bytes:
     return tag
 
 
+def msg_id_contents() -> st.SearchStrategy[bytes]:
+    """The fields of a `MsgID`: its own (1, 5 integers; 2, 3 strings) and any other."""
+    ints = st.builds(
+        lambda n, v: varint(n << 3) + varint(v),
+        st.sampled_from([1, 5]),
+        st.integers(0, 2**64 - 1),
+    )
+    texts = st.builds(
+        lambda n, t: varint(n << 3 | 2) + varint(len(t)) + t, st.sampled_from([2, 3]), STRINGS
+    )
+    return st.lists(st.one_of(ints, ints, texts, texts, simple_fields()), max_size=4).map(b"".join)
+
+
 @st.composite
 def known_fields(draw: st.DrawFn, *, msg_id: bool) -> bytes:
     """One StreamMessage field as a client would send it (some in odd but valid encodings)."""
@@ -190,16 +203,7 @@ def known_fields(draw: st.DrawFn, *, msg_id: bool) -> bytes:
     if number == 7:
         entry = b"".join(draw(st.lists(entry_chunks(), max_size=3)))
     elif number == 2:
-        ints = st.builds(
-            lambda n, v: varint(n << 3) + varint(v),
-            st.sampled_from([1, 5]),
-            st.integers(0, 2**64 - 1),
-        )
-        texts = st.builds(
-            lambda n, t: varint(n << 3 | 2) + varint(len(t)) + t, st.sampled_from([2, 3]), TEXTS
-        )
-        inner = st.one_of(ints, texts, simple_fields())
-        entry = b"".join(draw(st.lists(inner, max_size=4)))
+        entry = draw(msg_id_contents())
     elif number == 3:
         entry = draw(st.binary(max_size=12))
     else:

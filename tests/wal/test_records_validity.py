@@ -60,33 +60,34 @@ def test_fields_raises_only_record_errors(data: bytes) -> None:
     try:
         list(records.fields(data))
     except records.RecordError as error:
-        assert error.reason in records.REASONS
+        assert str(error) == records.REASONS[error.reason]
 
 
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
-        pytest.param(b"\x80\x80\x80\x80\x10\x01", records.BAD_TAG, id="field-2**29"),
-        pytest.param(b"\x88\x80\x80\x80\x80\x00\x01", records.BAD_TAG, id="6-byte-tag"),
-        pytest.param(b"\x00\x01", records.BAD_TAG, id="field-0"),
-        pytest.param(b"\x08" + b"\xff" * 9 + b"\x02", records.BAD_VARINT, id="varint-past-64-bits"),
-        pytest.param(b"\x08" + b"\xff" * 10 + b"\x01", records.BAD_VARINT, id="11-byte-varint"),
-        pytest.param(b"\x1a\x81\x80\x80\x80\x80\x00x", records.BAD_VARINT, id="6-byte-length"),
-        pytest.param(b"\x5b\x5c", records.BAD_WIRE_TYPE, id="group"),
-        pytest.param(b"\x5e", records.BAD_WIRE_TYPE, id="wire-type-6"),
-        pytest.param(b"\x18\x01", records.WRONG_WIRE_TYPE, id="payload-as-varint"),
-        pytest.param(b"\x12\x02\x0a\x00", records.WRONG_WIRE_TYPE, id="msg-id-field-as-bytes"),
-        pytest.param(b"\x3a\x05\x0a\x01a\x18\x01", records.BAD_ENTRY, id="entry-extra-field"),
-        pytest.param(b"\x3a\x02\x08\x01", records.BAD_ENTRY, id="entry-key-as-varint"),
-        pytest.param(b"\x52\x01\xff", records.BAD_UTF8, id="routing-key-not-utf8"),
-        pytest.param(b"\x1a\x05ab", records.TRUNCATED, id="payload-past-end"),
+        pytest.param(b"\x80\x80\x80\x80\x10\x01", "BAD_TAG", id="field-2**29"),
+        pytest.param(b"\x88\x80\x80\x80\x80\x00\x01", "BAD_TAG", id="6-byte-tag"),
+        pytest.param(b"\x00\x01", "BAD_TAG", id="field-0"),
+        pytest.param(b"\x08" + b"\xff" * 9 + b"\x02", "BAD_VARINT", id="varint-past-64-bits"),
+        pytest.param(b"\x08" + b"\xff" * 10 + b"\x01", "BAD_VARINT", id="11-byte-varint"),
+        pytest.param(b"\x1a\x81\x80\x80\x80\x80\x00x", "BAD_VARINT", id="6-byte-length"),
+        pytest.param(b"\x5b\x5c", "BAD_WIRE_TYPE", id="group"),
+        pytest.param(b"\x5e", "BAD_WIRE_TYPE", id="wire-type-6"),
+        pytest.param(b"\x18\x01", "WRONG_WIRE_TYPE", id="payload-as-varint"),
+        pytest.param(b"\x12\x02\x0a\x00", "WRONG_WIRE_TYPE", id="msg-id-field-as-bytes"),
+        pytest.param(b"\x3a\x05\x0a\x01a\x18\x01", "BAD_ENTRY", id="entry-extra-field"),
+        pytest.param(b"\x3a\x02\x08\x01", "BAD_ENTRY", id="entry-key-as-varint"),
+        pytest.param(b"\x52\x01\xff", "BAD_UTF8", id="routing-key-not-utf8"),
+        pytest.param(b"\x1a\x05ab", "TRUNCATED", id="payload-past-end"),
     ],
 )
-def test_each_refusal_says_why(data: bytes, reason: int) -> None:
+def test_each_refusal_says_why(data: bytes, reason: str) -> None:
     with pytest.raises(records.RecordError) as refused:
         records.decode(data)
-    assert refused.value.reason == reason
-    assert str(refused.value) == records.REASONS[reason]
+    code = getattr(records, reason)  # read here: the module loads on code without the codes
+    assert refused.value.reason == code
+    assert str(refused.value) == records.REASONS[code]
 
 
 def test_a_uint32_keeps_the_low_bits_of_a_64_bit_varint_as_protobuf_does() -> None:
