@@ -235,3 +235,15 @@ def stream_messages(*, msg_id: bool) -> st.SearchStrategy[bytes]:
     unknown ones, odd and invalid encodings, damage."""
     chunks = st.one_of(known_fields(msg_id=msg_id), known_fields(msg_id=msg_id), simple_fields())
     return st.one_of(mutated(chunks), st.binary(max_size=40))
+
+
+def client_messages(*, msg_id: bool) -> st.SearchStrategy[bytes]:
+    """`StreamMessage`s as clients send them, in any valid encoding and with unknown fields,
+    undamaged (some still refused: a bad string, an odd entry, an odd unknown field); with
+    `msg_id`, each carries one (the plain path requires it)."""
+    known = known_fields(msg_id=False)
+    fields = st.lists(st.one_of(known, known, known, simple_fields()), max_size=8).map(b"".join)
+    if not msg_id:
+        return fields
+    msg_ids = msg_id_contents().map(lambda inner: b"\x12" + varint(len(inner)) + inner)
+    return st.tuples(fields, msg_ids, fields).map(b"".join)
