@@ -4,8 +4,10 @@ appends. Their oracle in tests/kernels/test_batches.py is the WAL's own frame en
 record codec (`danube.wal.format`, `danube.wal.records`).
 
 A batch is one WAL frame whose records are `danube.StreamMessage`s without `msg_id`. The
-broker must know, without building a Python object per message, that each record is protobuf
-it can store (so a consumer never receives bytes it cannot parse), how large each payload is
+broker must know, without building a Python object per message, that each record is one every
+Danube client's parser reads alike (spec/record-validity.md: the rules, the reason codes of
+`danube.wal.records`, the limits; `twins.check_records_py` is the plain-Python twin of the
+check, `records.decode` accepts the same records), how large each payload is
 (the namespace's `max_message_size`), and then append to each record the `msg_id` field that
 names its producer, topic, broker and offset. A protobuf parser merges fields in any order, so
 appending a field at a record's end is a valid encoding of the stamped message.
