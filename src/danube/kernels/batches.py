@@ -1,7 +1,7 @@
 """Published batches (spec/protocol.md, "Batched data path"), compiled with numba: the check of
 every record of a client's frame, and the stamping that turns it into the WAL frame the broker
-appends. Their oracle in tests/kernels/test_batches.py is the WAL's own frame encoder and the
-record codec (`danube.wal.format`, `danube.wal.records`).
+appends. Their oracles in tests/kernels/ are the WAL's own frame encoder, the record codec
+(`danube.wal.format`, `danube.wal.records`), the twin and google.protobuf's own parser.
 
 A batch is one WAL frame whose records are `danube.StreamMessage`s without `msg_id`. The
 broker must know, without building a Python object per message, that each record is one every
