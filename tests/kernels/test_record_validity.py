@@ -104,3 +104,20 @@ def test_a_record_at_the_limits_is_stored_and_decodes_once_stamped() -> None:
     decoded = records.decode(stored)
     assert decoded.attributes == {"": ""} and decoded.topic_offset == 7
     assert decoded.producer_id == 3 and decoded.broker_addr == "broker:1"
+
+
+@pytest.mark.parametrize(
+    "records_",
+    [
+        pytest.param([b"\x3a\x00" * 1000, b"\x3a\x00" * 1001], id="attributes"),
+        pytest.param([b"\x08\x01" * 4091, b"\x08\x01" * 4092], id="fields"),
+        pytest.param([b"\x3a\x00" * 990 + b"\x3a\x80\x80\x01" + b"\x0a\x00" * 8192], id="entry"),
+        pytest.param([b"\x1a\x01x" * 5000 + b"\x12\x00"], id="fields-before-msg-id"),
+    ],
+)
+def test_the_kernel_and_its_twin_agree_at_the_limits(records_: list[bytes]) -> None:
+    frame = _frame(*records_)
+    bad, index, payloads, _ = check_records(frame)
+    twin = twins.check_records_py(frame, kernel.BATCH_FIELDS)
+    assert (bad, index) == twin[:2] and bad != 0
+    assert payloads[:index].tolist() == twin[2][:index]
