@@ -2,7 +2,8 @@
 
 A stamped frame must be exactly `encode_frame(base, publish, [record + msg_id field])`, and
 the check must refuse every record a protobuf parser (betterproto here, prost in Danube's
-clients) would refuse or that names its own msg_id."""
+clients) would refuse or that names its own msg_id; tests/kernels/test_record_validity.py
+checks it against google.protobuf (upb) and the kernel's twin."""
 
 from __future__ import annotations
 
@@ -68,8 +69,7 @@ def test_stamping_equals_the_frame_encoder(
         assert parsed.msg_id.topic_offset == base + i
         assert parsed.msg_id.producer_id == producer
         assert parsed.msg_id.broker_addr == broker
-        # an all-default map entry is not encoded (as betterproto), so it is not read back
-        assert dict(parsed.attributes) == {k: v for k, v in value.attributes.items() if k or v}
+        assert dict(parsed.attributes) == value.attributes
 
 
 def test_a_stamped_frame_continues_the_topics_offsets() -> None:
@@ -100,6 +100,14 @@ def _refusal(frame: bytes) -> str:
         (b"\x08", "not a valid StreamMessage"),  # a varint cut short
         (b"\x00\x01", "not a valid StreamMessage"),  # field number 0
         (b"\x0b", "not a valid StreamMessage"),  # a group (wire type 3)
+        # issue 20: field 2**29 (a 5-byte tag above 2**32-1) was acknowledged and stored
+        (b"\x1a\x01x\x80\x80\x80\x80\x10\x01", "not a valid StreamMessage"),
+        # issue 20: a 10-byte varint whose last byte is above 1 (past 64 bits)
+        (b"\x1a\x01x\xa0\x06" + b"\xff" * 9 + b"\x02", "not a valid StreamMessage"),
+        (b"\x1a\x81\x80\x80\x80\x80\x00x", "not a valid StreamMessage"),  # a 6-byte length
+        (b"\x5b\x5c", "not a valid StreamMessage"),  # an empty group, which upb would skip
+        (b"\x3a\x05\x0a\x01a\x18\x01", "not a valid StreamMessage"),  # entry with a field 3
+        (b"\x3a\x00" * 1001, "more than 1000 attributes"),  # past the limit
     ],
 )
 def test_records_no_parser_would_take_are_refused(record: bytes, reason: str) -> None:

@@ -5,8 +5,9 @@ reply with `reply.SerializeToString()` once it is an instance of the handler's r
 types here answer those two calls without building a betterproto message, whose parse or
 encode costs more CPU than the gRPC call itself on this machine (bench/plain_path.py). A
 `StreamMessage` goes through `danube.wal.records`, the codec reliable topics store with; the
-small messages are read here. Every decoder accepts any valid encoding (fields in any order,
-repeated, unknown ones skipped) and raises `records.RecordError` for malformed bytes, which
+small messages are read here. Every decoder accepts any encoding every Danube client's parser
+reads alike (fields in any order, repeated, unknown ones skipped; spec/record-validity.md) and
+raises `records.RecordError` for anything else or beyond the codec's limits, which
 `grpc_util.recv_bounded` answers with INVALID_ARGUMENT."""
 
 from __future__ import annotations
@@ -36,38 +37,37 @@ def decode_nack(data: bytes) -> Acknowledgement:
     return _acknowledgement(data, nack=True)
 
 
+_ACK = records.Schema({1: _VARINT, 2: _LEN, 3: _LEN}, frozenset({3}))
+_NACK = records.Schema({1: _VARINT, 2: _LEN, 3: _LEN, 4: _VARINT, 5: _LEN}, frozenset({3, 5}))
+"""`reason` (5) matters to no nack, but is still checked, as any string field."""
+
+
 def _acknowledgement(data: bytes, *, nack: bool) -> Acknowledgement:
     request = Acknowledgement()
-    try:
-        for number, wire, value in records.fields(data):
-            if wire == _VARINT:
-                if number == 1:
-                    request.request_id = value
-                elif number == 4 and nack:
-                    request.delay_ms = value
-            elif wire == _LEN:
-                if number == 2:
-                    request.has_msg_id = True
-                    _msg_id(value, request)
-                elif number == 3:
-                    request.subscription_name = value.decode()
-                elif number == 5 and nack:
-                    value.decode()  # unused, but a string field must be UTF-8 to be valid
-    except UnicodeDecodeError as error:
-        raise records.RecordError(f"a string field is not UTF-8: {error}") from None
+    found, count = records.read(data, _NACK if nack else _ACK)
+    for number, _, value in found:
+        if number == 1:
+            request.request_id = value
+        elif number == 2:
+            request.has_msg_id = True
+            count = _msg_id(value, request, count)
+        elif number == 3:
+            request.subscription_name = value
+        elif number == 4 and nack:
+            request.delay_ms = value
     return request
 
 
-def _msg_id(data: bytes, request: Acknowledgement) -> None:
-    """Fields 1 (producer_id) and 3 (broker_addr) matter to no acknowledgement; the latter is
-    still checked, as any string field."""
-    for number, wire, value in records.fields(data):
-        if wire == _VARINT and number == 5:
+def _msg_id(data: bytes, request: Acknowledgement, count: int) -> int:
+    """Fields 1 (producer_id) and 3 (broker_addr) matter to no acknowledgement; they are still
+    checked, as any field."""
+    found, count = records.read(data, records.MSG_ID, count)
+    for number, _, value in found:
+        if number == 5:
             request.topic_offset = value
-        elif wire == _LEN and number == 2:
-            request.topic_name = value.decode()
-        elif wire == _LEN and number == 3:
-            value.decode()
+        elif number == 2:
+            request.topic_name = value
+    return count
 
 
 class AckRequestWire:
@@ -92,7 +92,7 @@ class RequestIdReply:
         self.request_id = request_id
 
     def SerializeToString(self) -> bytes:  # the protobuf API grpclib calls
-        # A record holding only request_id encodes as exactly field 1; keep a uint64's bits,
-        # whatever varint the request carried.
+        # A record holding only request_id encodes as exactly field 1. The decoders refuse a
+        # varint past 64 bits; the mask keeps a uint64's bits for any other caller.
         only_id = records.Record(request_id=self.request_id & _UINT64, has_msg_id=False)
         return records.encode(only_id)

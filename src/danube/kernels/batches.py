@@ -1,11 +1,13 @@
 """Published batches (spec/protocol.md, "Batched data path"), compiled with numba: the check of
 every record of a client's frame, and the stamping that turns it into the WAL frame the broker
-appends. Their oracle in tests/kernels/test_batches.py is the WAL's own frame encoder and the
-record codec (`danube.wal.format`, `danube.wal.records`).
+appends. Their oracles in tests/kernels/ are the WAL's own frame encoder, the record codec
+(`danube.wal.format`, `danube.wal.records`), the twin and google.protobuf's own parser.
 
 A batch is one WAL frame whose records are `danube.StreamMessage`s without `msg_id`. The
-broker must know, without building a Python object per message, that each record is protobuf
-it can store (so a consumer never receives bytes it cannot parse), how large each payload is
+broker must know, without building a Python object per message, that each record is one every
+Danube client's parser reads alike (spec/record-validity.md: the rules, the reason codes of
+`danube.wal.records`, the limits; `twins.check_records_py` is the plain-Python twin of the
+check, `records.decode` accepts the same records), how large each payload is
 (the namespace's `max_message_size`), and then append to each record the `msg_id` field that
 names its producer, topic, broker and offset. A protobuf parser merges fields in any order, so
 appending a field at a record's end is a valid encoding of the stamped message.
@@ -23,36 +25,103 @@ from numba import njit
 
 from danube.kernels.crc32c import _load_u32, byte_view, crc32c
 from danube.kernels.twins import FRAME_HEADER, FRAME_MAGIC
+from danube.wal import records
 
 MSG_ID_FIELD = 2
 PAYLOAD_FIELD = 3
+ATTRIBUTES_FIELD = 7
 
 STAMP_ROOM = 1 + 10 + 1 + 10
 """Most bytes stamping adds to a record besides the msg_id fields: the msg_id tag and length,
 the offset's tag and varint."""
 
-BAD_NONE = 0
-BAD_PROTOBUF = 1
-"""A record is not a `StreamMessage` every parser accepts: a field runs past its end, a wire
-type or field number is invalid, a known field has another wire type, a string is not UTF-8."""
-BAD_MSG_ID = 2
+BAD_NONE = records.OK
+BAD_MSG_ID = records.HAS_MSG_ID
 """A record carries a `msg_id`: the broker is the one that names a stored message."""
+BATCH_FIELDS = records.MAX_FIELDS - records.MSG_ID_FIELDS
+"""Most fields of a batch's record: stamped, it must still be one `records.decode` reads."""
+# The other reason codes (`danube.wal.records`), as the kernels' compile-time constants.
+_TRUNCATED = records.TRUNCATED
+_BAD_VARINT = records.BAD_VARINT
+_BAD_TAG = records.BAD_TAG
+_BAD_WIRE_TYPE = records.BAD_WIRE_TYPE
+_WRONG_WIRE_TYPE = records.WRONG_WIRE_TYPE
+_BAD_UTF8 = records.BAD_UTF8
+_BAD_ENTRY = records.BAD_ENTRY
+_TOO_MANY_FIELDS = records.TOO_MANY_FIELDS
+_TOO_MANY_ATTRIBUTES = records.TOO_MANY_ATTRIBUTES
+_MAX_ATTRIBUTES = records.MAX_ATTRIBUTES
+
+
+def refusal(bad: int) -> str:
+    """What a client is told about a record the check refused (after "message N of the batch")."""
+    if bad == BAD_MSG_ID:
+        return "carries a msg_id; the broker sets it"
+    if bad == _TOO_MANY_FIELDS:
+        return (
+            f"has more than {BATCH_FIELDS} fields (msg_id's and attribute entries' included), "
+            f"the limit: with the broker's msg_id a record may hold {records.MAX_FIELDS}"
+        )
+    if bad == _TOO_MANY_ATTRIBUTES:
+        return f"has more than {records.MAX_ATTRIBUTES} attributes, the limit"
+    return f"is not a valid StreamMessage encoding: {records.REASONS[bad]}"
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    """(value, next position); next position -1 when the varint is cut short or too long.
-    Values above 2**63 wrap negative, which every caller treats as out of range."""
+def _skip_varint(buf: memoryview, pos: int, end: int) -> int:
+    """The position after a value varint; -TRUNCATED when cut short, -BAD_VARINT when it is
+    not one every parser reads (over 10 bytes, or a 10th byte above 1: prost and Go refuse
+    those, upb drops the bits)."""
+    if pos < end and buf[pos] < 0x80:  # the common one-byte varint
+        return pos + 1
+    for size in range(10):
+        if pos >= end:
+            return -_TRUNCATED
+        byte = buf[pos]
+        pos += 1
+        if size == 9:
+            return pos if byte <= 1 else -_BAD_VARINT
+        if byte < 0x80:
+            return pos
+    return -_BAD_VARINT  # unreachable: the 10th byte returns
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _short_varint(buf: memoryview, pos: int, end: int, too_long: int) -> tuple[int, int]:
+    """(value, next position) of a tag or a length, which upb refuses beyond 5 bytes; next
+    position -TRUNCATED when cut short, -too_long when longer."""
+    if pos < end and buf[pos] < 0x80:  # the common one-byte length
+        return buf[pos], pos + 1
     value = 0
-    shift = 0
-    while pos < end and shift < 64:
+    for shift in range(0, 35, 7):
+        if pos >= end:
+            return 0, -_TRUNCATED
         byte = buf[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
             return value, pos
-        shift += 7
-    return 0, -1
+    return 0, -too_long
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tag(buf: memoryview, pos: int, end: int) -> tuple[int, int, int]:
+    """(field number, wire type, next position) as upb reads a tag: at most 5 bytes, below
+    2**32, a field number from 1; next position -reason otherwise, or for a wire type that is
+    a group's (3, 4: refused) or none (6, 7)."""
+    tag = buf[pos]  # callers call with pos < end
+    if tag < 0x80:
+        pos += 1
+    else:
+        tag, pos = _short_varint(buf, pos, end, _BAD_TAG)
+        if pos < 0:
+            return 0, 0, pos
+    if tag > 0xFFFFFFFF or tag < 8:
+        return 0, 0, -_BAD_TAG
+    wire = tag & 7
+    if wire != 0 and wire != 1 and wire != 2 and wire != 5:
+        return 0, 0, -_BAD_WIRE_TYPE
+    return tag >> 3, wire, pos
 
 
 @njit(cache=True, nogil=True)
@@ -91,8 +160,8 @@ _ANY_WIRE = -1
 
 @njit(cache=True, nogil=True, inline="always")
 def _wire_of(field: int) -> int:
-    """The wire type a known `StreamMessage` field must have (a parser refuses another);
-    `_ANY_WIRE` for unknown fields, which parsers skip whatever their type."""
+    """The wire type a known `StreamMessage` field must have (prost refuses another; upb and
+    Go would keep it as an unknown field); `_ANY_WIRE` for unknown fields."""
     if field == 1 or field == 4 or field == 8 or field == 9:
         return 0
     if field == 3 or field == 5 or field == 6 or field == 7 or field == 10:
@@ -102,66 +171,78 @@ def _wire_of(field: int) -> int:
 
 @njit(cache=True, nogil=True, inline="always")
 def _skip(buf: memoryview, pos: int, end: int, wire: int) -> tuple[int, int]:
-    """(position after the value, start of a length-delimited value); position -1 when the
-    value is malformed or runs past `end`."""
+    """(position after the value, start of a length-delimited value); the position is
+    -reason when the value is malformed or runs past `end`."""
     if wire == 0:
-        _, after = _varint(buf, pos, end)
-        return after, pos
-    if wire == 1:
-        return (pos + 8 if pos + 8 <= end else -1), pos
-    if wire == 5:
-        return (pos + 4 if pos + 4 <= end else -1), pos
+        return _skip_varint(buf, pos, end), pos
     if wire == 2:
-        length, start = _varint(buf, pos, end)
-        if start < 0 or length < 0 or length > end - start:
-            return -1, pos
+        length, start = _short_varint(buf, pos, end, _BAD_VARINT)
+        if start < 0:
+            return start, pos
+        if length > end - start:
+            return -_TRUNCATED, pos
         return start + length, start
-    return -1, pos
+    width = 8 if wire == 1 else 4
+    return (pos + width if pos + width <= end else -_TRUNCATED), pos
 
 
-@njit(cache=True, nogil=True)
-def _entry_ok(buf: memoryview, pos: int, end: int) -> bool:
-    """An `attributes` map entry: key (1) and value (2) are strings."""
+@njit(cache=True, nogil=True, inline="always")
+def _entry_ok(buf: memoryview, pos: int, end: int, count: int) -> tuple[int, int]:
+    """(BAD_* , fields counted) for an `attributes` map entry: only its key (1) and value (2),
+    as UTF-8 strings. upb files an entry with any other field under the message's unknown
+    fields (the attribute vanishes) where prost and Go keep it, so none is stored."""
     while pos < end:
-        key, pos = _varint(buf, pos, end)
-        if pos < 0 or key < 8:
-            return False
-        field, wire = key >> 3, key & 7
-        if (field == 1 or field == 2) and wire != 2:
-            return False
+        field, wire, pos = _tag(buf, pos, end)
+        if pos < 0:
+            return -pos, count
+        count += 1
+        if count > BATCH_FIELDS:
+            return _TOO_MANY_FIELDS, count
+        if (field != 1 and field != 2) or wire != 2:
+            return _BAD_ENTRY, count
         after, start = _skip(buf, pos, end, wire)
         if after < 0:
-            return False
-        if (field == 1 or field == 2) and not _utf8_ok(buf, start, after):
-            return False
+            return -after, count
+        if not _utf8_ok(buf, start, after):
+            return _BAD_UTF8, count
         pos = after
-    return True
+    return BAD_NONE, count
 
 
 @njit(cache=True, nogil=True)
 def _record_ok(buf: memoryview, pos: int, end: int, payloads: np.ndarray, index: int) -> int:
-    """BAD_* for one record; its payload size goes to `payloads[index]` (the last field 3
-    wins, as in protobuf)."""
+    """BAD_* for one record (its first problem in byte order, each field checked whole: tag,
+    field count, msg_id, wire type, attribute count, extent, contents); its payload size goes
+    to `payloads[index]` (the last field 3 wins, as in protobuf)."""
     payloads[index] = 0
+    count = 0
+    attributes = 0
     while pos < end:
-        key, pos = _varint(buf, pos, end)
-        if pos < 0 or key < 8:
-            return BAD_PROTOBUF
-        field, wire = key >> 3, key & 7
+        field, wire, pos = _tag(buf, pos, end)
+        if pos < 0:
+            return -pos
+        count += 1
+        if count > BATCH_FIELDS:
+            return _TOO_MANY_FIELDS
         if field == MSG_ID_FIELD:
             return BAD_MSG_ID
         expected = _wire_of(field)
         if expected != _ANY_WIRE and wire != expected:
-            return BAD_PROTOBUF
+            return _WRONG_WIRE_TYPE
+        if field == ATTRIBUTES_FIELD:
+            attributes += 1
+            if attributes > _MAX_ATTRIBUTES:
+                return _TOO_MANY_ATTRIBUTES
         after, start = _skip(buf, pos, end, wire)
         if after < 0:
-            return BAD_PROTOBUF
+            return -after
         if field == 5 or field == 6 or field == 10:
             if not _utf8_ok(buf, start, after):
-                return BAD_PROTOBUF
-        elif field == 7:
-            if not _entry_ok(buf, start, after):
-                return BAD_PROTOBUF
+                return _BAD_UTF8
+        elif field == ATTRIBUTES_FIELD:
+            bad, count = _entry_ok(buf, start, after, count)
+            if bad != BAD_NONE:
+                return bad
         elif field == PAYLOAD_FIELD:
             payloads[index] = after - start
         pos = after

@@ -19,10 +19,10 @@ import numpy as np
 from danube.core.errors import invalid
 from danube.kernels import crc32c, scan_frames
 from danube.kernels.batches import (
-    BAD_MSG_ID,
     BAD_NONE,
     STAMP_ROOM,
     check_records,
+    refusal,
     stamp_frame,
 )
 from danube.kernels.twins import FRAME_HEADER, FRAME_MAGIC, MAX_FRAME
@@ -54,15 +54,14 @@ class ClientBatch:
 
 def check_batch(frame: bytes) -> ClientBatch:
     """Raises INVALID_ARGUMENT, saying what is wrong, unless `frame` is exactly one valid WAL
-    frame with base offset 0 whose records are protobuf messages without a `msg_id`."""
+    frame with base offset 0 whose records are `StreamMessage`s without a `msg_id` that every
+    Danube client parses (spec/record-validity.md)."""
     scan = scan_frames(frame, 0, len(frame), 0)
     if len(scan.positions) != 1 or scan.valid_end != len(frame):
         raise invalid(f"the batch is not one valid frame: {_diagnose(frame)}")
     bad, index, payloads, positions = check_records(frame)
-    if bad == BAD_MSG_ID:
-        raise invalid(f"message {index} of the batch carries a msg_id; the broker sets it")
     if bad != BAD_NONE:
-        raise invalid(f"message {index} of the batch is not a valid StreamMessage encoding")
+        raise invalid(f"message {index} of the batch {refusal(bad)}")
     return ClientBatch(frame, len(payloads), payloads, positions)
 
 
