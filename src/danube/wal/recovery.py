@@ -292,16 +292,18 @@ def check_evidence(
     the recovered log must reach every offset durable evidence has seen, or durable data was
     lost (a damaged last frame, a deleted or zeroed newest segment) and the topic stops.
 
-    A directory with neither segment files nor a checkpoint claims nothing (a new topic, or a
-    broker on an empty disk whose history is in object storage); offsets then continue after
-    everything the evidence has seen. So does the operator's accepted loss (every segment file
-    moved out, `LOSS_ACCEPTED_NAME` written). Otherwise the recovered end is the newest
-    segment's (or, with no segment file left, the object index's)."""
+    A directory with neither segment files nor a checkpoint claims nothing: a new topic, or a
+    broker on an empty disk whose history is in object storage, which continues at the
+    index's end (in a cluster, the new owner after a failover: spec/durability.md says which
+    acknowledged offsets that gives up). The operator's accepted loss (every segment file moved
+    out, `LOSS_ACCEPTED_NAME` written) continues after everything the evidence has seen.
+    Otherwise the recovered end is the newest segment's (or, with no segment file left, the
+    object index's), and it must reach every claim."""
     claimed = evidence.claimed_end
     if not scans:
-        resume = claimed
+        resume = evidence.indexed_end
         if evidence.loss_accepted_at is not None:
-            resume = max(resume, evidence.loss_accepted_at)
+            resume = max(claimed, evidence.loss_accepted_at)
         elif evidence.checkpoint_end is not None and evidence.indexed_end < claimed:
             problem = (
                 "no segment file is left, but "
