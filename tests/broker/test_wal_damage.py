@@ -19,7 +19,12 @@ from grpclib.const import Status
 
 from danube.client import DanubeClient, DanubeClientError, DispatchStrategy, SubType
 from danube.localcluster.broker_process import BrokerProcess
-from tests.broker.test_reliable_durability import _frames, _segments, _topic_dir
+from tests.broker.test_reliable_durability import (
+    _frames,
+    _segments,
+    _topic_dir,
+    _wait_until_bindable,
+)
 from tests.support.aio import receive_for, receive_n, run, unique_topic
 
 pytestmark = pytest.mark.slow
@@ -83,15 +88,21 @@ def _assert_refused(
     assert "Traceback" not in broker.log_text(), broker.log_text()
 
 
+@pytest.mark.parametrize("stop", ["graceful", "sigkill"])
 def test_a_bit_flipped_in_the_newest_frame_stops_the_topic(
-    broker_factory: type[BrokerProcess], tmp_path: Path
+    broker_factory: type[BrokerProcess], tmp_path: Path, stop: str
 ) -> None:
     """The issue's reproduction: 10 acknowledged messages, one bit flipped 5 bytes from the
-    end of the newest segment. Before the fix: INFO "torn tail", `new-0` at offset 9."""
+    end of the newest segment. Before the fix: INFO "torn tail", `new-0` at offset 9. After
+    SIGKILL no shutdown wrote a last mark nor persisted the cursor: the checkpoint the broker
+    kept while it ran is the evidence."""
     broker = broker_factory(tmp_path / "data").start()
     topic = unique_topic("flip")
     _publish_acknowledged(broker, topic, [f"old-{i}".encode() for i in range(10)])
-    broker.stop()
+    if stop == "graceful":
+        broker.stop()
+    else:
+        broker.kill()
     [segment] = _segments(broker, topic)
     data = bytearray(segment.read_bytes())
     last = _frames(bytes(data))[-1]
@@ -99,6 +110,8 @@ def test_a_bit_flipped_in_the_newest_frame_stops_the_topic(
     data[-5] ^= 0x10
     segment.write_bytes(data)
 
+    _wait_until_bindable(broker.broker_port)
+    _wait_until_bindable(broker.admin_port)
     broker.start()
     _assert_refused(broker, topic, segment.name, last.start, 9, 9)
     assert segment.read_bytes() == data, "the damaged segment was changed"
