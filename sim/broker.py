@@ -69,6 +69,7 @@ from danube.wal.machine import (
 )
 from danube.wal.recovery import (
     CorruptSegment,
+    PlaceSegment,
     RecoveryEvidence,
     TruncateSegment,
     UnreadableSegment,
@@ -613,6 +614,10 @@ class SimBroker:
             self._apply(core.wal_load_failed(topic, str(error)).effects)
             return
         for action in plan.actions:
+            if isinstance(action, PlaceSegment):  # after an accepted loss
+                header = format.encode_segment_header(topic, action.segment_base, self.now_ms)
+                self.disk.create(topic, action.segment_base, header)
+                continue
             if isinstance(action, TruncateSegment):
                 self.disk.truncate(topic, action.segment_base, action.size)
             self.disk.fsync(topic, action.segment_base)

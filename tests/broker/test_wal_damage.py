@@ -170,7 +170,7 @@ def test_the_remedy_continues_after_the_highest_durable_offset(
     """The operator accepts the loss as the error says (every segment file moved out,
     `accept-loss` written): the topic continues at the offset after everything durable has
     seen, so `s1` (cursor at 9) receives `new-0` at offset 10 and no offset names two
-    messages."""
+    messages, even across a restart before the first append."""
     broker = broker_factory(tmp_path / "data").start()
     topic = unique_topic("remedy")
     _publish_acknowledged(broker, topic, [f"old-{i}".encode() for i in range(10)])
@@ -190,6 +190,8 @@ def test_the_remedy_continues_after_the_highest_durable_offset(
     segment.rename(moved / segment.name)
     (_topic_dir(broker, topic) / "accept-loss").write_text(resume.group(1))
 
+    broker.start()
+    broker.stop()  # a restart before the first append still knows where offsets go on
     broker.start()
 
     async def after() -> list[tuple[int, bytes]]:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from danube.wal import checkpoint as ck
 from danube.wal.recovery import (
     CorruptSegment,
+    PlaceSegment,
     RecoveryEvidence,
     TruncateSegment,
     plan_recovery,
@@ -137,16 +138,27 @@ def test_a_zeroed_newest_segment_stops_the_topic(how: str) -> None:
     assert (plan.next_offset, plan.replaced) == (3, 3)
 
 
-def test_an_empty_directory_continues_at_the_index_and_an_accepted_loss_after_everything() -> None:
-    """An empty directory claims nothing (a new disk, a new owner after a failover) and
-    continues at the object index's end; the operator's accepted loss assigns no offset the
-    checkpoint, a cursor or the index already names."""
+def test_an_empty_directory_continues_at_the_index_unless_more_was_acknowledged() -> None:
+    """An empty directory continues at the object index's end (a new topic, a new disk whose
+    history is in object storage); a cursor beyond it proves the directory lost data."""
     assert plan_recovery(TOPIC, [], RecoveryEvidence(indexed_end=4)).next_offset == 4
-    assert plan_recovery(TOPIC, [], RecoveryEvidence(acknowledged_end=9)).next_offset == 0
+    assert plan_recovery(TOPIC, [], RecoveryEvidence(4, 3, 4)).next_offset == 4
+    with pytest.raises(CorruptSegment, match="the WAL directory holds no segment file") as raised:
+        plan_recovery(TOPIC, [], RecoveryEvidence(acknowledged_end=9, indexed_end=4))
+    assert (raised.value.lost_from, raised.value.lost_through) == (4, 8)
+
+
+def test_an_accepted_loss_continues_after_everything_and_leaves_a_frameless_segment() -> None:
+    """The operator's remedy assigns no offset the checkpoint, a cursor or the index already
+    names, and leaves that offset on disk for a restart before the first append."""
     accepted = RecoveryEvidence(checkpoint_end=10, acknowledged_end=7, loss_accepted_at=12)
-    assert plan_recovery(TOPIC, [], accepted).next_offset == 12
+    plan = plan_recovery(TOPIC, [], accepted)
+    assert (plan.next_offset, plan.replaced, plan.actions) == (12, 12, (PlaceSegment(12),))
     below = RecoveryEvidence(checkpoint_end=10, loss_accepted_at=0)
     assert plan_recovery(TOPIC, [], below).next_offset == 10
+    placed = segment(12, [])
+    again = plan_recovery(TOPIC, scans((12, placed)), RecoveryEvidence(checkpoint_end=12))
+    assert (again.next_offset, again.replaced) == (12, 12)
 
 
 def test_the_remedy_names_an_offset_after_everything_durable() -> None:

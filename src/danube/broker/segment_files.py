@@ -34,6 +34,7 @@ from danube.wal.machine import (
 )
 from danube.wal.recovery import (
     LOSS_ACCEPTED_NAME,
+    PlaceSegment,
     RecoveryEvidence,
     RecoveryPlan,
     SyncSegment,
@@ -53,6 +54,10 @@ def _fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _scan_file(path: Path) -> format.SegmentScan | UnreadableSegment:
@@ -113,7 +118,12 @@ class SegmentFiles:
         )
         plan = plan_recovery(topic, scans, evidence)
         for action in plan.actions:
-            await trio.to_thread.run_sync(self._recovery_action, action)
+            if isinstance(action, PlaceSegment):
+                header = format.encode_segment_header(topic, action.segment_base, _now_ms())
+                create = CreateSegment(action.segment_base, header)
+                os.close(await trio.to_thread.run_sync(self._create, create))
+            else:
+                await trio.to_thread.run_sync(self._recovery_action, action)
         if plan.next_offset or self._mark is not None:
             await trio.to_thread.run_sync(self.write_checkpoint, plan.next_offset)
         if accepted is not None:

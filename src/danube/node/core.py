@@ -1560,9 +1560,11 @@ class BrokerCore:
     def recovery_evidence(self, topic: str) -> tuple[int, int]:
         """(acknowledged end, indexed end) of a reliable topic, for WAL recovery
         (`danube.wal.recovery.RecoveryEvidence`): one past the highest subscription cursor
-        (0 in `flush` mode, where a consumer may acknowledge what a power failure loses) and
-        one past the object index's last offset. Both are durable records of how far the log
-        reached: a log that recovers to less lost durable data."""
+        (0 in `flush` mode, where a consumer may acknowledge what a power failure loses, and in
+        cluster mode, where a failover gives up the acknowledged offsets beyond the index,
+        spec/durability.md "Losing a broker") and one past the object index's last offset.
+        Both are durable records of how far the log reached: a log that recovers to less lost
+        durable data."""
         record = self._topics.get(topic)
         if record is None:
             return 0, 0
@@ -1570,7 +1572,7 @@ class BrokerCore:
         if record.uploader is not None:
             indexed = max([indexed, *(e.next_offset for e in record.uploader.entries)])
         level = self._durability.level(topic, self._wal_config.durability)
-        if level == wal.Durability.FLUSH.value:
+        if level == wal.Durability.FLUSH.value or self._clustered:
             return 0, indexed
         cursors = [
             sub.dispatcher.cursor

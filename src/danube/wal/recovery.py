@@ -75,7 +75,17 @@ class SyncSegment:
     segment_base: int
 
 
-RecoveryAction = TruncateSegment | SyncSegment
+@dataclass(frozen=True, slots=True)
+class PlaceSegment:
+    """Create a segment file holding only a header (as `CreateSegment` does: temporary file,
+    fsync, rename, fsync of the directory). After an accepted loss it is the only record in the
+    directory of where offsets continue, as a frameless newest segment is after a crash; the
+    first append's `CreateSegment` replaces it."""
+
+    segment_base: int
+
+
+RecoveryAction = TruncateSegment | SyncSegment | PlaceSegment
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +120,9 @@ class RecoveryEvidence:
     acknowledged_end: int = 0
     """One past the highest subscription cursor (each cursor is an offset a consumer
     acknowledged). Only for topics whose records become readable once durable (`fsync`
-    levels): in `flush` mode a consumer may acknowledge a record a power failure then loses,
-    as spec/durability.md says."""
+    levels) on a single broker: in `flush` mode a consumer may acknowledge a record a power
+    failure then loses, and in a cluster a failover gives up what the index lacks, as
+    spec/durability.md says."""
     indexed_end: int = 0
     """One past the last offset of the object tier's index (0 without a tier)."""
     loss_accepted_at: int | None = None
@@ -292,29 +303,31 @@ def check_evidence(
     the recovered log must reach every offset durable evidence has seen, or durable data was
     lost (a damaged last frame, a deleted or zeroed newest segment) and the topic stops.
 
-    A directory with neither segment files nor a checkpoint claims nothing: a new topic, or a
-    broker on an empty disk whose history is in object storage, which continues at the
-    index's end (in a cluster, the new owner after a failover: spec/durability.md says which
-    acknowledged offsets that gives up). The operator's accepted loss (every segment file moved
-    out, `LOSS_ACCEPTED_NAME` written) continues after everything the evidence has seen.
-    Otherwise the recovered end is the newest segment's (or, with no segment file left, the
-    object index's), and it must reach every claim."""
+    The recovered end is the newest segment's or, with no segment file, the object index's
+    (a new topic; a broker on an empty disk whose history is in object storage; in a cluster,
+    the new owner after a failover), and it must reach every claim. The operator's accepted
+    loss (every segment file moved out, `LOSS_ACCEPTED_NAME` written) continues after
+    everything the evidence has seen instead, and leaves a frameless segment there
+    (`PlaceSegment`) so that a restart before the first append finds where offsets go on."""
     claimed = evidence.claimed_end
     if not scans:
-        resume = evidence.indexed_end
         if evidence.loss_accepted_at is not None:
             resume = max(claimed, evidence.loss_accepted_at)
-        elif evidence.checkpoint_end is not None and evidence.indexed_end < claimed:
-            problem = (
-                "no segment file is left, but "
-                + evidence.sources(evidence.indexed_end)
-                + ": the newest segment was deleted"
+            return dataclasses.replace(
+                plan, actions=(PlaceSegment(resume),), next_offset=resume, replaced=resume
             )
+        if evidence.indexed_end < claimed:
+            what = (
+                "no segment file is left (the newest segment was deleted)"
+                if evidence.checkpoint_end is not None
+                else "the WAL directory holds no segment file"
+            )
+            problem = f"{what}, but {evidence.sources(evidence.indexed_end)}"
             raise _corrupt(
                 plan.topic, evidence.indexed_end, 0, evidence.indexed_end, problem, (),
                 evidence, claimed - 1,
             )  # fmt: skip
-        return dataclasses.replace(plan, next_offset=max(plan.next_offset, resume))
+        return dataclasses.replace(plan, next_offset=max(plan.next_offset, evidence.indexed_end))
     if plan.next_offset >= claimed:
         return plan
     base, scan = max(scans, key=lambda entry: entry[0])
