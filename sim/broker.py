@@ -69,6 +69,8 @@ from danube.wal.machine import (
 )
 from danube.wal.recovery import (
     CorruptSegment,
+    PlaceSegment,
+    RecoveryEvidence,
     TruncateSegment,
     UnreadableSegment,
     plan_recovery,
@@ -163,6 +165,10 @@ class Observer:
 
     def tier_halted(self, topic: str, reason: str, resumable: bool) -> None: ...
 
+    def recovered(self, topic: str, next_offset: int, *, fresh: bool) -> None:
+        """A topic's WAL was loaded (not stopped): offsets continue at `next_offset`;
+        `fresh`: a topic created now, owning no earlier offsets."""
+
 
 @dataclass(frozen=True, slots=True)
 class SubscriptionRecordView:
@@ -215,6 +221,11 @@ class SimBroker:
         self._current: dict[int, int] = {}
         """consumer id -> generation of its newest stream."""
         self.stopped_topics: dict[str, str] = {}
+        self._marking: set[str] = set()
+        """Topics with a checkpoint write in flight."""
+        self._mark_epochs: Counter[str] = Counter()
+        """Bumped when a topic's directory is removed: a checkpoint write started before
+        must not land in its successor's."""
 
     @property
     def now_ms(self) -> int:
@@ -230,6 +241,7 @@ class SimBroker:
         self.observer.restarted()
         core = self.core = self._new_core()
         self._io, self._waiters, self._streams, self._current = {}, {}, {}, {}
+        self._marking = set()
         restored = core.restore(self.metadata)
         self._apply(core.bootstrap(["default"]).effects)
         self._apply(restored.effects)  # WAL loads complete at once, before requests arrive
@@ -454,6 +466,7 @@ class SimBroker:
                 self._io.pop(effect.topic, None)
                 self._fail_waiters(effect.topic, 0, effect.reason)
                 if effect.delete_files:
+                    self._mark_epochs[effect.topic] += 1
                     self.disk.remove_topic(effect.topic)
             elif isinstance(effect, ReadWal):
                 self.world.at(
@@ -547,7 +560,29 @@ class SimBroker:
             error = f"{type(failure).__name__}: {failure}"
             self.world.log(f"io_failed {topic} {type(effect).__name__} {error}")
         self._apply(core.wal_io_done(topic, effect, error, now_ms=self.now_ms).effects)
+        self._mark_durable(topic)
         self._run_io(topic, io)
+
+    def _mark_durable(self, topic: str) -> None:
+        """The broker's checkpoint writer (`BrokerRuntime._run_checkpoints`): beside the
+        topic's I/O queue, one write (an fsync's time) at a time, coalescing the durable ends
+        that arrive meanwhile. A crash loses a write in flight: the previous mark stays."""
+        core = self.core
+        end = None if core is None else core.wal_durable_end(topic)
+        if end is None or end <= self.disk.checkpoints.get(topic, 0) or topic in self._marking:
+            return
+        self._marking.add(topic)
+        incarnation, epoch = self.incarnation, self._mark_epochs[topic]
+
+        def written() -> None:
+            if self._alive(incarnation) is None:
+                return
+            self._marking.discard(topic)
+            if self._mark_epochs[topic] == epoch:
+                self.disk.mark(topic, end)
+                self._mark_durable(topic)
+
+        self.world.at(self.faults.fsync_us, written)
 
     def _load(self, effect: LoadWal | RepairWal) -> None:
         core = self.core
@@ -558,6 +593,7 @@ class SimBroker:
             self.disk.truncate(topic, effect.segment_base, effect.truncate_to)
             self.disk.fsync(topic, effect.segment_base)
         elif effect.fresh:
+            self._mark_epochs[topic] += 1
             self.disk.remove_topic(topic)
         scans: list[Any] = []
         for base, data in self.disk.scans(topic):
@@ -565,16 +601,33 @@ class SimBroker:
                 scans.append((base, format.scan_segment(data)))
             except format.WalFormatError as error:
                 scans.append((base, UnreadableSegment(len(data), str(error))))
+        acknowledged_end, indexed_end = core.recovery_evidence(topic)
+        evidence = RecoveryEvidence(
+            checkpoint_end=self.disk.checkpoints.get(topic),
+            acknowledged_end=acknowledged_end,
+            indexed_end=indexed_end,
+        )
         try:
-            plan = plan_recovery(topic, scans)
+            plan = plan_recovery(topic, scans, evidence)
         except CorruptSegment as error:
+            self.world.log(f"wal_corrupt {topic} {error.segment} byte={error.position}")
             self._apply(core.wal_load_failed(topic, str(error)).effects)
             return
         for action in plan.actions:
+            if isinstance(action, PlaceSegment):  # after an accepted loss
+                header = format.encode_segment_header(topic, action.segment_base, self.now_ms)
+                self.disk.create(topic, action.segment_base, header)
+                continue
             if isinstance(action, TruncateSegment):
                 self.disk.truncate(topic, action.segment_base, action.size)
             self.disk.fsync(topic, action.segment_base)
+        if plan.next_offset or topic in self.disk.checkpoints:
+            self.disk.mark(topic, plan.next_offset)  # the kept segments are durable now
         self._apply(core.wal_loaded(topic, plan, now_ms=self.now_ms).effects)
+        next_offset = core.wal_durable_end(topic)
+        if next_offset is not None:
+            fresh = isinstance(effect, LoadWal) and effect.fresh
+            self.observer.recovered(topic, next_offset, fresh=fresh)
 
     def _read(self, incarnation: int, effect: ReadWal) -> None:
         core = self._alive(incarnation)

@@ -13,6 +13,10 @@ stream writer sends, and, white-box, the dispatcher's in-flight sets). What it c
    below which everything is acknowledged; Key-Shared sends a key's messages in offset order;
 5. exclusivity: an Exclusive/Failover subscription never has messages in flight to two
    consumers, and Key-Shared never has two messages of one key in flight;
+15. damage is never silent: each time a topic's WAL is loaded (a restart, a repair), offsets
+   continue at or after every offset acknowledged in `fsync` mode, so none is lost silently or
+   assigned again; a damaged newest segment (`Faults.newest_damage`) must stop the topic
+   instead (a stopped topic is not loaded, so not judged);
 7. objects equal frames (tiered runs): after every index commit and at the end, the index in
    the metadata is sound (`validate_index`: no gap, no overlap), its entries never change or
    vanish, `cur` names the newest, and each indexed object is whole, of the indexed size and
@@ -50,6 +54,7 @@ _SINGLE_ACTIVE = (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
 _FRAME_LENGTH = struct.Struct("<4xI")
 """A frame's total length, after its CRC."""
 TIER = "7 objects equal frames"
+SILENT_DAMAGE = "15 damage is never silent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +119,8 @@ class InvariantChecker(Observer):
         """False once a power failure in `flush` mode made offset reuse legitimate."""
         self.duplicates = 0
         self.lost: dict[tuple[str, str], int] = {}
+        self.acknowledged_end: dict[str, int] = defaultdict(int)
+        """One past the highest offset acknowledged in `fsync` mode, per topic."""
 
     def _violate(self, invariant: str, detail: str) -> None:
         self.world.log(f"VIOLATION {invariant}: {detail}")
@@ -134,6 +141,21 @@ class InvariantChecker(Observer):
             self._violate(
                 "1 no acknowledged message lost",
                 f"{topic} offset {through} acknowledged before it was durable",
+            )
+        if durability is Durability.FSYNC:
+            self.acknowledged_end[topic] = max(self.acknowledged_end[topic], through + 1)
+
+    def recovered(self, topic: str, next_offset: int, *, fresh: bool) -> None:
+        if fresh:
+            self.acknowledged_end[topic] = 0
+            return
+        acknowledged = self.acknowledged_end[topic]
+        if self.offsets_judged and next_offset < acknowledged:
+            self._violate(
+                SILENT_DAMAGE,
+                f"{topic} was loaded with offsets continuing at {next_offset}, but offsets "
+                f"through {acknowledged - 1} were acknowledged: they are lost and will be "
+                "assigned again",
             )
 
     def sent(

@@ -47,6 +47,9 @@ class DiskFull(OSError):
 class SimDisk:
     def __init__(self) -> None:
         self.topics: dict[str, TopicFiles] = {}
+        self.checkpoints: dict[str, int] = {}
+        """Each topic's WAL checkpoint (`danube.wal.checkpoint`): the durable end it marks.
+        A mark is durable once its write completes (the driver's pwrite + fdatasync)."""
         self.full = False
         """Writes fail with ENOSPC while set (fsyncs of written data still succeed)."""
 
@@ -102,6 +105,11 @@ class SimDisk:
 
     def remove_topic(self, topic: str) -> None:
         self.topics.pop(topic, None)
+        self.checkpoints.pop(topic, None)
+
+    def mark(self, topic: str, durable_end: int) -> None:
+        """A checkpoint write completed: it never lowers the mark."""
+        self.checkpoints[topic] = max(self.checkpoints.get(topic, 0), durable_end)
 
     def read(self, topic: str, base: int, start: int, end: int) -> bytes:
         file = self._topic(topic).files.get(base)
@@ -162,3 +170,48 @@ class SimDisk:
         if len(file.cache) > position:
             file.cache[position] ^= bit
         return topic, base, position
+
+    def damage_newest(self, rng: random.Random) -> str | None:
+        """Damages the newest segment of a topic where the checkpoint marks it durable (the
+        damage recovery must tell from a torn tail; a frame beyond the mark is in the window
+        spec/wal-format.md names, where it cannot): a bit flipped inside the last frame the
+        mark covers, half the time; else the frames zeroed or the file deleted. Both layers
+        change (the process is down; the OS reads the same bytes). Returns what it did, or
+        None when no newest segment holds a checkpointed frame."""
+        candidates = []
+        for topic, entry in sorted(self.topics.items()):
+            if not entry.files:
+                continue
+            base = max(entry.files)
+            mark = self.checkpoints.get(topic, 0)
+            durable = bytes(entry.files[base].durable)
+            try:
+                scan = format.scan_segment(durable)
+            except format.WalFormatError:
+                continue
+            covered = [
+                (position, offset)
+                for position, offset in zip(scan.positions, scan.base_offsets, strict=True)
+                if offset < mark
+            ]
+            if covered:
+                candidates.append((topic, base, covered[-1][0], scan.header.length))
+        if not candidates:
+            return None
+        topic, base, frame_start, header = rng.choice(candidates)
+        file = self.topics[topic].files[base]
+        roll = rng.random()
+        if roll < 0.5:
+            (length,) = struct.unpack_from("<I", file.durable, frame_start + 4)
+            position = rng.randrange(frame_start, min(frame_start + length, len(file.durable)))
+            bit = 1 << rng.randrange(8)
+            file.durable[position] ^= bit
+            if len(file.cache) > position:
+                file.cache[position] ^= bit
+            return f"flip {topic} segment={base} position={position}"
+        if roll < 0.75:
+            file.durable[header:] = bytes(len(file.durable) - header)
+            file.cache[header:] = bytes(len(file.cache) - header)
+            return f"zero {topic} segment={base}"
+        del self.topics[topic].files[base]
+        return f"delete {topic} segment={base}"

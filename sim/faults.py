@@ -28,6 +28,10 @@ class Faults:
     """Per fault tick: the disk is full for a while (writes fail with ENOSPC)."""
     bit_flip: float = 0.0
     """Per fault tick: a bit of a closed segment goes bad at rest."""
+    newest_damage: float = 0.0
+    """Per fault tick: the broker process dies and, while it is down, the newest segment of
+    a topic is damaged where the WAL checkpoint says it was durable: a bit flipped in its
+    last checkpointed frame (half the time), its frames zeroed, or the file deleted."""
     # process
     crash: float = 0.0
     """Per fault tick: the broker process dies (writes in flight are torn) and restarts."""

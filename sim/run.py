@@ -279,6 +279,12 @@ class Simulation:
             if flipped is not None:
                 self.injected["bit_flip"] += 1
                 world.log(f"fault bit_flip {flipped}")
+        if faults.newest_damage and rng.random() < faults.newest_damage:
+            self.broker.crash(power=False)
+            damaged = self.disk.damage_newest(rng)
+            if damaged is not None:
+                self.injected["newest_damage"] += 1
+                world.log(f"fault newest_damage {damaged}")
         if faults.clock_jump and rng.random() < faults.clock_jump:
             jump = rng.randint(-30_000, 30_000)
             self.broker.clock_skew_ms += jump

@@ -326,7 +326,10 @@ def test_torn_tail_is_cut_and_offsets_continue_after_it(
 ) -> None:
     """A crash in the middle of writing the newest frame leaves a torn tail: the broker cuts
     it off, serves every whole frame, and the next message takes the first offset after the
-    last surviving record (the torn one was never readable, so nobody saw that offset)."""
+    last surviving record (the torn one was never acknowledged nor readable, so nobody saw
+    that offset). The torn frame is one that was being written when the process died: the
+    next offset's frame, cut short, after every acknowledged one (cutting an acknowledged
+    frame is damage to durable data instead: tests/broker/test_wal_damage.py)."""
     broker = broker_factory(tmp_path / "data").start()
     topic = unique_topic("torn")
     count = 50
@@ -343,9 +346,12 @@ def test_torn_tail_is_cut_and_offsets_continue_after_it(
     frames = _frames(segment.read_bytes())
     assert sum(frame.count for frame in frames) == count
     assert len(frames) >= 2, "sequential sends should be separate frames"
-    surviving = frames[-1].base_offset
-    with segment.open("r+b") as file:
-        file.truncate(segment.stat().st_size - 10)  # mid-frame: every frame is >= 36 bytes
+    surviving = count
+    last = frames[-1]
+    torn = bytearray(segment.read_bytes()[last.start : last.end])
+    struct.pack_into("<Q", torn, 16, surviving)  # the unacknowledged next frame's offset
+    with segment.open("ab") as file:
+        file.write(torn[:-10])  # mid-frame: every frame is >= 36 bytes
 
     broker.start()
 
@@ -367,7 +373,7 @@ def test_torn_tail_is_cut_and_offsets_continue_after_it(
     assert new == [(surviving, b"after-restart")]
     # Recovery truncated the torn bytes, and the first append after it began a new segment
     # named by its base offset (segments found at recovery are closed).
-    assert segment.stat().st_size == frames[-1].start
+    assert segment.stat().st_size == frames[-1].end
     assert (segment.parent / f"{surviving:020d}.wal").exists()
     log = broker.log_text()
     assert "Traceback" not in log, log

@@ -68,8 +68,8 @@ def truncate_valid_data_at_recovery() -> Iterator[None]:
     """Recovery cuts the newest segment's last whole frame as if it were torn."""
     original = recovery.plan_recovery
 
-    def plan(topic: str, scans: Any) -> recovery.RecoveryPlan:
-        result = original(topic, scans)
+    def plan(topic: str, scans: Any, *evidence: Any) -> recovery.RecoveryPlan:
+        result = original(topic, scans, *evidence)
         if not result.segments or len(result.segments[-1].positions) < 2:
             return result
         newest = result.segments[-1]
@@ -180,6 +180,19 @@ def smaller_window_acks_the_overflow() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def ignore_recovery_evidence() -> Iterator[None]:
+    """Recovery trusts the segment files alone, as before issue 20: a damaged last frame is
+    a torn tail, a deleted or zeroed newest segment an honest end, whatever the checkpoint,
+    the cursors and the object index say."""
+
+    def check_evidence(plan: recovery.RecoveryPlan, *_: Any) -> recovery.RecoveryPlan:
+        return plan
+
+    with mock.patch.object(recovery, "check_evidence", check_evidence):
+        yield
+
+
 OPERATOR_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "smaller_window_acks_the_overflow": smaller_window_acks_the_overflow,
 }
@@ -198,3 +211,7 @@ TIERED_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]
     "local_delete_before_commit": local_delete_before_commit,
 }
 """Bugs of the object tier, caught by tiered runs (`tests/sim/test_tiered_sim.py`)."""
+DAMAGE_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "ignore_recovery_evidence": ignore_recovery_evidence,
+}
+"""Bugs only damage to the newest segment (`Faults.newest_damage`) reveals."""

@@ -104,7 +104,12 @@ class TopicWal:
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
     stopped: trio.Event = field(default_factory=trio.Event)
     lock: trio.Lock = field(default_factory=trio.Lock)
-    """Orders loads, repairs and drops of the topic's directory."""
+    """Orders loads, repairs, drops and checkpoint writes of the topic's directory."""
+    checkpoint_target: int = 0
+    """The durable end the checkpoint should mark (`BrokerCore.wal_durable_end`)."""
+    checkpoint_wakeup: trio.Event = field(default_factory=trio.Event)
+    checkpoint_cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
+    checkpoint_stopped: trio.Event = field(default_factory=trio.Event)
 
 
 class BrokerRuntime:
@@ -330,6 +335,7 @@ class BrokerRuntime:
             executor = WalExecutor(files, self._completion(topic), self._unexpected)
             topic_wal = self._wals[topic] = TopicWal(files, executor)
             self._nursery.start_soon(self._run_executor, topic_wal)
+            self._nursery.start_soon(self._run_checkpoints, topic, topic_wal)
         self._nursery.start_soon(self._wal_task, effect, topic_wal)
 
     async def _run_executor(self, topic_wal: TopicWal) -> None:
@@ -339,12 +345,48 @@ class BrokerRuntime:
         finally:
             topic_wal.stopped.set()
 
+    async def _run_checkpoints(self, topic: str, topic_wal: TopicWal) -> None:
+        """Marks the topic's durable end in its WAL checkpoint as fsyncs complete, beside the
+        executor rather than in its queue: no acknowledgement waits for a checkpoint write.
+        Coalescing: marks that arrive during a write are covered by the next one. The mark
+        trails the acknowledgements by about one fdatasync; a last frame damaged in that
+        window reads as a torn tail (spec/wal-format.md "Reading and recovery")."""
+        try:
+            with topic_wal.checkpoint_cancel:
+                while True:
+                    await topic_wal.checkpoint_wakeup.wait()
+                    topic_wal.checkpoint_wakeup = trio.Event()
+                    async with topic_wal.lock:
+                        await self._write_checkpoint(topic, topic_wal)
+        finally:
+            topic_wal.checkpoint_stopped.set()
+
+    @staticmethod
+    async def _write_checkpoint(topic: str, topic_wal: TopicWal) -> None:
+        try:
+            await trio.to_thread.run_sync(
+                topic_wal.files.write_checkpoint, topic_wal.checkpoint_target
+            )
+        except OSError as error:
+            # The mark only lags (weaker evidence); the next fsync tries again.
+            log.error("event=wal_checkpoint_failed topic=%s error=%r", topic, error)
+
+    def _durable_moved(self, topic: str) -> None:
+        """After a WAL completion: wakes the checkpoint writer when the durable end grew."""
+        topic_wal = self._wals.get(topic)
+        end = self.core.wal_durable_end(topic)
+        if topic_wal is not None and end is not None and end > topic_wal.checkpoint_target:
+            topic_wal.checkpoint_target = end
+            topic_wal.checkpoint_wakeup.set()
+
     @staticmethod
     async def _stop_executor(topic_wal: TopicWal) -> None:
-        """Cancels the executor; an effect under way in a thread finishes first, and only
-        then are the files closed."""
+        """Cancels the executor and the checkpoint writer; an effect under way in a thread
+        finishes first, and only then are the files closed."""
         topic_wal.cancel.cancel()
+        topic_wal.checkpoint_cancel.cancel()
         await topic_wal.stopped.wait()
+        await topic_wal.checkpoint_stopped.wait()
         topic_wal.files.close()
 
     async def _drop_wal(self, effect: DropWal, topic_wal: TopicWal, done: trio.Event) -> None:
@@ -379,7 +421,9 @@ class BrokerRuntime:
                     topic_wal.files.close()
                     await trio.to_thread.run_sync(_remove_tree, topic_wal.files.directory)
                 started = time.monotonic()
-                plan = await topic_wal.files.recover(topic)
+                acknowledged_end, indexed_end = self.core.recovery_evidence(topic)
+                plan = await topic_wal.files.recover(topic, acknowledged_end, indexed_end)
+                topic_wal.checkpoint_target = plan.next_offset
             except CorruptSegment as error:
                 self._in_loop(self.core.wal_load_failed, topic, str(error))
             except OSError as error:
@@ -416,7 +460,15 @@ class BrokerRuntime:
     def _completion(self, topic: str) -> Callable[[wal.Effect, OSError | None], list[wal.Effect]]:
         def complete(effect: wal.Effect, error: OSError | None) -> list[wal.Effect]:
             reason = None if error is None else f"{type(error).__name__}: {error}"
-            self._in_loop(self.core.wal_io_done, topic, effect, reason, now_ms=now_ms())
+
+            def run() -> None:
+                if not self._closed:
+                    self.apply(
+                        self.core.wal_io_done(topic, effect, reason, now_ms=now_ms()).effects
+                    )
+                    self._durable_moved(topic)
+
+            self._loop.call_soon_threadsafe(run)
             return []
 
         return complete
@@ -572,6 +624,13 @@ class BrokerRuntime:
         with trio.move_on_after(upload_timeout):
             while self.core.tier_busy():
                 await trio.sleep(0.05)
+        for topic, topic_wal in list(self._wals.items()):
+            # The last marks, so that a restart can tell damage from a torn tail.
+            end = self.core.wal_durable_end(topic)
+            if end is not None and end > topic_wal.checkpoint_target:
+                topic_wal.checkpoint_target = end
+            async with topic_wal.lock:
+                await self._write_checkpoint(topic, topic_wal)
         self._closed = True
         for topic_wal in list(self._wals.values()):
             await self._stop_executor(topic_wal)

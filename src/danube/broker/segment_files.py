@@ -20,6 +20,7 @@ from pathlib import Path
 import trio
 
 from danube.broker.metrics import WalMetrics
+from danube.wal import checkpoint as ck
 from danube.wal import format
 from danube.wal.machine import (
     CloseSegment,
@@ -32,6 +33,9 @@ from danube.wal.machine import (
     decode_file_read,
 )
 from danube.wal.recovery import (
+    LOSS_ACCEPTED_NAME,
+    PlaceSegment,
+    RecoveryEvidence,
     RecoveryPlan,
     SyncSegment,
     TruncateSegment,
@@ -50,6 +54,10 @@ def _fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _scan_file(path: Path) -> format.SegmentScan | UnreadableSegment:
@@ -76,6 +84,9 @@ class SegmentFiles:
         self._sync_writes = sync_writes
         """Every Write is fsynced in the same worker-thread call (`WalConfig.synced_writes`:
         the machine then asks for no Fsync after it)."""
+        self._mark: ck.Checkpoint | None = None
+        """The newest checkpoint mark in the file (read at recovery, then as written)."""
+        self._mark_fd: int | None = None
 
     def path(self, segment_base: int) -> Path:
         return self.directory / format.segment_name(segment_base)
@@ -84,17 +95,82 @@ class SegmentFiles:
         bases = (format.segment_base(entry.name) for entry in os.scandir(self.directory))
         return sorted(base for base in bases if base is not None)
 
-    async def recover(self, topic: str) -> RecoveryPlan:
-        """Scans every segment, plans recovery (raising `CorruptSegment` when durable data
-        changed) and performs the plan's actions; the result builds the `WalMachine`."""
+    async def recover(
+        self, topic: str, acknowledged_end: int = 0, indexed_end: int = 0
+    ) -> RecoveryPlan:
+        """Scans every segment, reads the checkpoint and the operator's `accept-loss` file,
+        plans recovery with that evidence and the core's (`acknowledged_end`, `indexed_end`;
+        raising `CorruptSegment` when durable data changed or is missing) and performs the
+        plan's actions. Then the recovered end is marked in the checkpoint (the kept segments
+        are durable now) and an `accept-loss` file is removed: the result builds the
+        `WalMachine`."""
         await trio.to_thread.run_sync(lambda: self.directory.mkdir(parents=True, exist_ok=True))
         scans = []
         for base in await trio.to_thread.run_sync(self.segment_bases):
             scans.append((base, await trio.to_thread.run_sync(_scan_file, self.path(base))))
-        plan = plan_recovery(topic, scans)
+        self._mark = await trio.to_thread.run_sync(self._read_checkpoint)
+        accepted = await trio.to_thread.run_sync(self._read_loss_accepted)
+        evidence = RecoveryEvidence(
+            checkpoint_end=None if self._mark is None else self._mark.durable_end,
+            acknowledged_end=acknowledged_end,
+            indexed_end=indexed_end,
+            loss_accepted_at=accepted,
+        )
+        plan = plan_recovery(topic, scans, evidence)
         for action in plan.actions:
-            await trio.to_thread.run_sync(self._recovery_action, action)
+            if isinstance(action, PlaceSegment):
+                header = format.encode_segment_header(topic, action.segment_base, _now_ms())
+                create = CreateSegment(action.segment_base, header)
+                os.close(await trio.to_thread.run_sync(self._create, create))
+            else:
+                await trio.to_thread.run_sync(self._recovery_action, action)
+        if plan.next_offset or self._mark is not None:
+            await trio.to_thread.run_sync(self.write_checkpoint, plan.next_offset)
+        if accepted is not None:
+            log.warning(
+                "event=wal_loss_accepted directory=%s continues_at=%d",
+                self.directory, plan.next_offset,
+            )  # fmt: skip
+            await trio.to_thread.run_sync(self._remove_loss_accepted)
         return plan
+
+    def _read_checkpoint(self) -> ck.Checkpoint | None:
+        try:
+            return ck.decode_checkpoint((self.directory / ck.CHECKPOINT_NAME).read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def _read_loss_accepted(self) -> int | None:
+        """The offset in the operator's `accept-loss` file (0 when empty), None without one;
+        an unreadable number counts as 0 (the evidence still decides)."""
+        try:
+            text = (self.directory / LOSS_ACCEPTED_NAME).read_text(errors="replace").strip()
+        except FileNotFoundError:
+            return None
+        return int(text) if text.isdigit() else 0
+
+    def _remove_loss_accepted(self) -> None:
+        (self.directory / LOSS_ACCEPTED_NAME).unlink(missing_ok=True)
+        _fsync_directory(self.directory)
+
+    def write_checkpoint(self, durable_end: int) -> bool:
+        """Marks `durable_end` durably in the checkpoint's other slot (one pwrite, one
+        fdatasync; the directory is fsynced once, when the file is created). Skips a mark
+        that says no more than the last: returns whether it wrote."""
+        if durable_end <= (0 if self._mark is None else self._mark.durable_end):
+            return False
+        mark = ck.next_mark(self._mark, durable_end)
+        created = False
+        if self._mark_fd is None:
+            path = self.directory / ck.CHECKPOINT_NAME
+            created = not path.exists()
+            self._mark_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        _write_all(self._mark_fd, ck.encode_checkpoint(mark), mark.position)
+        os.fdatasync(self._mark_fd)
+        if created:
+            _fsync_directory(self.directory)
+        self._mark = mark
+        return True
 
     def _recovery_action(self, action: TruncateSegment | SyncSegment | DeleteSegment) -> None:
         path = self.path(action.segment_base)
@@ -190,6 +266,9 @@ class SegmentFiles:
         for fd in self._open.values():
             os.close(fd)
         self._open.clear()
+        if self._mark_fd is not None:
+            os.close(self._mark_fd)
+            self._mark_fd = None
 
 
 def _timed_fdatasync(fd: int) -> float:

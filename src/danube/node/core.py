@@ -1557,6 +1557,38 @@ class BrokerCore:
         level = self._durability.level(topic, self._wal_config.durability)
         return self._wal_config.synced_writes and level != wal.Durability.FLUSH.value
 
+    def recovery_evidence(self, topic: str) -> tuple[int, int]:
+        """(acknowledged end, indexed end) of a reliable topic, for WAL recovery
+        (`danube.wal.recovery.RecoveryEvidence`): one past the highest subscription cursor
+        (0 in `flush` mode, where a consumer may acknowledge what a power failure loses, and in
+        cluster mode, where a failover gives up the acknowledged offsets beyond the index,
+        spec/durability.md "Losing a broker") and one past the object index's last offset.
+        Both are durable records of how far the log reached: a log that recovers to less lost
+        durable data."""
+        record = self._topics.get(topic)
+        if record is None:
+            return 0, 0
+        indexed = max((e.next_offset for e in record.index), default=0)
+        if record.uploader is not None:
+            indexed = max([indexed, *(e.next_offset for e in record.uploader.entries)])
+        level = self._durability.level(topic, self._wal_config.durability)
+        if level == wal.Durability.FLUSH.value or self._clustered:
+            return 0, indexed
+        cursors = [
+            sub.dispatcher.cursor
+            for sub in record.subscriptions.values()
+            if isinstance(sub.dispatcher, rd.ReliableSubscription)
+        ]
+        return max(cursors, default=-1) + 1, indexed
+
+    def wal_durable_end(self, topic: str) -> int | None:
+        """Every offset of the topic below this is covered by a completed fsync (the WAL
+        checkpoint's value); None while the topic has no working WAL."""
+        record = self._topics.get(topic)
+        if record is None or record.wal is None or record.wal.failure is not None:
+            return None
+        return record.wal.durable_offset
+
     def wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
         """The topic's WAL was recovered: at start, or after a repair. A repair cuts only
         records nobody could read (`fsync` mode), so dispatch carries on where it was; only
