@@ -129,10 +129,10 @@ def decode_request(body: bytes, request_type: Any, codec: Any) -> Any:
         return codec.decode(body, request_type)
     except (RequestRejected, RecordError) as error:
         reason = capped(str(error), 200)
-        raise GRPCError(Status.INVALID_ARGUMENT, f"malformed {name}: {reason}") from None
+        raise GRPCError(Status.INVALID_ARGUMENT, f"undecodable request: {reason}") from None
     except Exception as error:  # a decoder's bug, not the client's: once with its traceback
         internal_error(f"decode {name}", error)
-        raise GRPCError(Status.INVALID_ARGUMENT, f"undecodable {name}") from None
+        raise GRPCError(Status.INVALID_ARGUMENT, f"undecodable request ({name})") from None
 
 
 async def send_encoded(stream: grpclib.server.Stream, messages: list[bytes]) -> None:
