@@ -320,6 +320,11 @@ def test_names_are_limited_in_bytes_before_anything_is_created(
                 pb.ProducerRequest(request_id=2, producer_name="p", topic_name=at_limit)
             )
             assert producer.producer_id
+            subscribe = pb.ConsumerRequest(
+                request_id=3, topic_name=at_limit, consumer_name="c", subscription="é" * 128
+            )
+            path = "/danube.ConsumerService/Subscribe"
+            assert "bytes" in await _refused(client, path, bytes(subscribe))
         finally:
             admin.close()
             client.close()
