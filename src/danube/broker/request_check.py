@@ -22,6 +22,7 @@ the same to us as to every other parser."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass
 from functools import cache
@@ -52,6 +53,9 @@ _NARROW = frozenset({betterproto.TYPE_UINT32, betterproto.TYPE_ENUM})
 """32-bit varint types protobuf cuts to their low 32 bits and betterproto does not (it cuts
 int32 itself; no request has a sint32 field)."""
 _FIXED_SIZE = {FIXED64: 8, FIXED32: 4}
+_PACKED_VARINTS = re.compile(rb"(?:[\x80-\xff]{0,8}[\x00-\x7f]|[\x80-\xff]{9}[\x00\x01])*")
+"""Canonical varints back to back: up to 9 continuation bytes, a 10th byte 0 or 1."""
+_CONTINUATION = bytes(range(0x80, 0x100))
 
 
 class RequestRejected(ValueError):
@@ -187,7 +191,14 @@ class _Walk:
         """A packed repeated scalar: only a repeated numeric field may come length-delimited."""
         if not field.repeated:
             raise _wrong_wire(shape, field, LEN)
-        if field.wire == VARINT:
+        if field.wire == VARINT and field.proto_type not in _NARROW:
+            # An AckBatch's offsets: checked by one regular expression and counted by their
+            # last bytes, at C speed (a Python loop per varint cost a fifth of the decoding).
+            values = self.data[start:end]
+            self.count_packed(len(values.translate(None, _CONTINUATION)))  # before the match
+            if _PACKED_VARINTS.fullmatch(values) is None:
+                raise RequestRejected(f"packed field {field.name} of {shape.name} is malformed")
+        elif field.wire == VARINT:
             pos = start
             while pos < end:
                 value, pos = self.varint(pos, end)
