@@ -17,6 +17,7 @@ from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 
+from danube.broker.server import ADMIN_PORT_BASES, CLIENT_PORT_BASES
 from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
@@ -330,6 +331,53 @@ def test_names_are_limited_in_bytes_before_anything_is_created(
             client.close()
 
     run(scenario)
+
+
+def _paths(bases: list[type]) -> list[str]:
+    return [path for base in bases for path in base().__mapping__()]
+
+
+CLIENT_PATHS = _paths(
+    [*CLIENT_PORT_BASES, ext_pb.ConsumerExtBase, ext_pb.ProducerExtBase]  # type: ignore[list-item]
+)
+ADMIN_PATHS = _paths(
+    [
+        *ADMIN_PORT_BASES,
+        admin_pb.ClusterAdminBase,
+        admin_pb.SecurityAdminBase,
+        ext_pb.PolicyAdminBase,
+    ]  # type: ignore[list-item]
+)
+
+
+def test_every_method_refuses_malformed_bytes_cleanly(hostile_broker: BrokerProcess) -> None:
+    """Each method of both ports, sent bytes no protobuf parser accepts (a group's start tag
+    with nothing after it): INVALID_ARGUMENT, or UNIMPLEMENTED for a method the broker does not
+    offer; never INTERNAL or UNKNOWN."""
+
+    async def scenario() -> dict[str, str]:
+        answers: dict[str, str] = {}
+        for address, paths in [
+            (hostile_broker.broker_addr, CLIENT_PATHS),
+            (hostile_broker.admin_addr, ADMIN_PATHS),
+        ]:
+            channel = _channel(address)
+            try:
+                for path in paths:
+                    try:
+                        await _call(channel, path, b"\x0b")
+                        answers[path] = "OK"
+                    except GRPCError as error:
+                        answers[path] = error.status.name
+            finally:
+                channel.close()
+        return answers
+
+    answers = run(scenario, timeout=120)
+    assert len(answers) >= 60
+    unclean = {p: s for p, s in answers.items() if s not in ("INVALID_ARGUMENT", "UNIMPLEMENTED")}
+    assert not unclean
+    assert sum(s == "INVALID_ARGUMENT" for s in answers.values()) >= 45
 
 
 def test_the_broker_logged_no_traceback(hostile_broker: BrokerProcess) -> None:
