@@ -4,8 +4,9 @@ betterproto decodes in pure Python and trusts the bytes: a known field sent with
 wire type reaches a handler as the wrong Python type (an int where a str was declared, an
 INTERNAL with a traceback), and a megabyte of unknown fields took it 28 s (issue 20). This
 module walks the bytes once, in linear time, driven by the message classes' own field
-metadata, so it knows every request type of every service without a list of its own, and
-refuses what a conforming protobuf parser refuses plus what no Danube request needs:
+metadata, so it knows every request type of every service without a list of its own. It
+refuses what the strictest conforming parsers (upb, prost, Go) refuse, plus what no Danube
+request needs (spec/protocol.md, "Limits on requests"):
 
 - field numbers 1 … 2^29-1, varints of at most 10 bytes whose 10th byte is 0 or 1;
 - wire types 0, 1, 2 and 5 only (groups are not proto3), and for a known field the wire type
@@ -35,7 +36,7 @@ MAX_DEPTH = 32
 MAX_FIELDS = 4096
 """Fields (tags) in one request, nested ones, map entries and unknown fields included. A
 Danube request has tens. betterproto decodes about 80,000 fields a second on the reference
-machine, so this bounds a request's decoding to some 50 ms; 1 MiB of one-byte unknown fields
+machine, so this bounds a request's decoding to some 50 ms; 1 MB of unknown varint fields
 took it 28 s (issue 20)."""
 MAX_PACKED = 65_536
 """Elements of packed repeated fields in one request (an `AckBatch`'s offsets), which cost
