@@ -22,8 +22,9 @@ from danube.broker.placement import ClusterPlacement
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.broker.schema_service import SchemaService
 from danube.broker.watching import store_call_from_grpc
+from danube.core import bounded_json
 from danube.core.config import DispatchStrategy
-from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
+from danube.core.errors import DanubeError, ErrorCode, invalid, not_found, quoted
 from danube.core.names import parse_topic
 from danube.dispatch.reliable import Backoff
 from danube.metadata import MetadataStore
@@ -77,10 +78,7 @@ def _strategy(value: int) -> DispatchStrategy:
 
 
 def _policies_json(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise invalid(f"policies are not valid JSON: {error.msg}") from None
+    value = bounded_json.loads(text, "policies")
     if not isinstance(value, dict):
         raise invalid('policies must be a JSON object, e.g. {"max_producers_per_topic": 2}')
     return value
@@ -233,7 +231,7 @@ class AdminServices:
             if topics:
                 raise DanubeError(
                     ErrorCode.FAILED_PRECONDITION,
-                    f"namespace {request.name!r} still has {len(topics)} topic(s); "
+                    f"namespace {quoted(request.name)} still has {len(topics)} topic(s); "
                     "delete them first",
                 )
         await self._runtime.run(self._core.delete_namespace(request.name))
@@ -272,7 +270,7 @@ class AdminServices:
         if self._cluster is not None:
             return await self._cluster.list_broker_topics(request)
         if request.broker_id != self._broker_id:
-            raise not_found(f"broker {request.broker_id!r} is not this standalone broker")
+            raise not_found(f"broker {quoted(request.broker_id)} is not this standalone broker")
         topics = sorted(self._core.served_topics())
         return pb.TopicInfoListResponse(topics=await self._topic_infos(topics))
 
@@ -282,7 +280,7 @@ class AdminServices:
         if subject and not await self._schemas.subject_exists(subject):
             raise DanubeError(
                 ErrorCode.FAILED_PRECONDITION,
-                f"schema subject {subject!r} is not registered; register it first "
+                f"schema subject {quoted(subject)} is not registered; register it first "
                 "(danube-admin schemas register)",
             )
 
@@ -426,7 +424,7 @@ class AdminServices:
         for _ in range(POLICY_RACE_ATTEMPTS):
             found = await store_call_from_grpc(self._store.get, key)
             if found is None:
-                raise not_found(f"namespace {name!r} does not exist")
+                raise not_found(f"namespace {quoted(name)} does not exist")
             policies = merged_policies(found.value, changes)
             seen = Compare(key, "mod_revision", "==", found.mod_revision)
             result = await store_call_from_grpc(self._store.txn, [seen], [Put(key, policies)])
@@ -434,7 +432,7 @@ class AdminServices:
                 self._core.namespace_seen(name, policies)
                 return policies
         raise DanubeError(
-            ErrorCode.UNAVAILABLE, f"the policies of {name!r} kept changing meanwhile; retry"
+            ErrorCode.UNAVAILABLE, f"the policies of {quoted(name)} kept changing meanwhile; retry"
         )
 
     async def set_topic_policies(

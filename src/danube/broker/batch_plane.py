@@ -15,7 +15,7 @@ import grpclib.const
 import grpclib.server
 from grpclib.const import Status
 
-from danube.broker.grpc_util import recv_bounded, unary
+from danube.broker.grpc_util import recv_bounded, recv_single, unary
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.broker.schema_gate import SchemaGate
 from danube.broker.streams import serve_consumer
@@ -167,7 +167,7 @@ class ConsumerBatchService:
         self._default_batch = default_batch
 
     async def receive_batches(self, stream: grpclib.server.Stream) -> None:
-        request: ext_pb.ReceiveBatchesRequest = await recv_bounded(stream, 1024)
+        request: ext_pb.ReceiveBatchesRequest = await recv_single(stream, 1024)
         limit = request.max_messages or self._default_batch
 
         async def send(items: list[object]) -> int:

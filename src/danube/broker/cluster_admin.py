@@ -34,7 +34,7 @@ from danube.cluster import admin_ops, keys
 from danube.cluster.admin_ops import Step
 from danube.cluster.load_manager import LoadManager
 from danube.cluster.ranking import Strategy
-from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
+from danube.core.errors import DanubeError, ErrorCode, invalid, not_found, quoted
 from danube.core.names import TopicName, parse_topic, partition_index
 from danube.metadata import KeyValue, MetadataError, MetadataStore
 from danube.node import paths
@@ -92,7 +92,7 @@ def _broker_id(broker_id: str) -> str:
     if not broker_id:
         raise invalid("a broker id is required (see `danube-admin brokers list`)")
     if "/" in broker_id:
-        raise invalid(f"invalid broker id {broker_id!r}")
+        raise invalid(f"invalid broker id {quoted(broker_id)}")
     return broker_id
 
 

@@ -15,7 +15,7 @@ from grpclib.const import Status
 
 from danube.broker.grpc_util import (
     DEFAULT_REQUEST_LIMIT,
-    recv_bounded,
+    recv_single,
     send_encoded,
     unary,
 )
@@ -141,7 +141,7 @@ class ConsumerService:
     async def receive_messages(self, stream: grpclib.server.Stream) -> None:
         """Streams the consumer's queue, one message per stream message, a turn's messages
         in one HTTP/2 send (`serve_consumer` says when the stream ends)."""
-        request: pb.ReceiveRequest = await recv_bounded(stream, DEFAULT_REQUEST_LIMIT)
+        request: pb.ReceiveRequest = await recv_single(stream, DEFAULT_REQUEST_LIMIT)
 
         async def send(items: list[object]) -> int:
             wire = [requests.encoded(item) for item in items]

@@ -21,7 +21,7 @@ from grpclib.client import Channel
 
 from danube.broker.grpc_util import FORWARDED, FORWARDED_HEADER
 from danube.client.errors import TRANSPORT_ERRORS
-from danube.core.errors import DanubeError, ErrorCode
+from danube.core.errors import DanubeError, ErrorCode, quoted
 
 log = logging.getLogger("danube.broker")
 
@@ -37,7 +37,7 @@ def _address(admin_url: str) -> tuple[str, int]:
     except ValueError:
         port = None
     if split.hostname is None or port is None:
-        raise DanubeError(ErrorCode.UNAVAILABLE, f"unusable admin address {admin_url!r}")
+        raise DanubeError(ErrorCode.UNAVAILABLE, f"unusable admin address {quoted(admin_url)}")
     return split.hostname, port
 
 

@@ -11,14 +11,18 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import betterproto
 import grpclib.const
 import grpclib.server
+import h2.exceptions
 from grpclib import GRPCError
 from grpclib.const import Status
 from grpclib.exceptions import StreamTerminatedError
 from grpclib.protocol import H2Protocol
 
+from danube.broker.request_check import RequestRejected, check, narrow
 from danube.core.errors import DanubeError
+from danube.wal.records import RecordError
 
 log = logging.getLogger("danube.broker")
 
@@ -35,8 +39,42 @@ FORWARDED: contextvars.ContextVar[bool] = contextvars.ContextVar("forwarded", de
 forwarded again."""
 
 
+STATUS_MESSAGE_LIMIT = 1024
+"""Bytes (UTF-8) of a status message the broker sends. Messages travel in HTTP/2 trailers,
+which grpclib HPACK-encodes in pure Python on the event loop in time that grows faster than
+their length (a 400 KB message stalled every client for 25 s, issue 20); messages quote
+client strings through `errors.quoted` already, this is the limit for whatever else."""
+
+
 def grpc_error(error: DanubeError) -> GRPCError:
     return GRPCError(Status[error.code.name], error.message)
+
+
+def capped(message: str, limit: int = STATUS_MESSAGE_LIMIT) -> str:
+    """`message` cut to at most `limit` UTF-8 bytes on a character boundary, marked "…"."""
+    encoded = message.encode("utf-8", "replace")
+    if len(encoded) <= limit:
+        return message
+    return encoded[: limit - 3].decode("utf-8", "ignore") + "…"
+
+
+_LOGGED_INTERNAL: set[tuple[str, type]] = set()
+
+
+def internal_error(rpc: str, error: BaseException) -> GRPCError:
+    """INTERNAL for a failure no rule foresaw, logged with its traceback the first time an
+    rpc fails this way and in one line afterwards, so a flood of requests that trip the same
+    bug cannot fill the log (a 5-byte request once wrote 2 KB of traceback)."""
+    kind = (rpc, type(error))
+    if kind in _LOGGED_INTERNAL:
+        log.error(
+            "event=internal_error rpc=%s error=%s: %s (traceback logged before)",
+            rpc, type(error).__name__, capped(str(error), 200),
+        )  # fmt: skip
+    else:
+        _LOGGED_INTERNAL.add(kind)
+        log.error("event=internal_error rpc=%s", rpc, exc_info=error)
+    return GRPCError(Status.INTERNAL, "internal broker error (see broker log)")
 
 
 async def recv_bounded(stream: grpclib.server.Stream, limit: int, *, end_ok: bool = False) -> Any:
@@ -63,10 +101,38 @@ async def recv_bounded(stream: grpclib.server.Stream, limit: int, *, end_ok: boo
     body = await stream._stream.recv_data(length)
     if len(body) != length:
         raise GRPCError(Status.INVALID_ARGUMENT, "truncated gRPC message")
+    return decode_request(body, stream._recv_type, stream._codec)
+
+
+async def recv_single(stream: grpclib.server.Stream, limit: int) -> Any:
+    """The request of a unary or server-streaming call, which must be exactly one message:
+    a second one is refused, as grpc-core does, not silently ignored."""
+    request = await recv_bounded(stream, limit)
+    if await stream._stream.recv_data(1):
+        raise GRPCError(Status.INVALID_ARGUMENT, "a unary request must carry exactly one message")
+    return request
+
+
+def decode_request(body: bytes, request_type: Any, codec: Any) -> Any:
+    """Decodes a request body: a betterproto message only after `request_check` found it
+    valid and bounded (it runs in time linear in the body); the hand-decoded types
+    (`wire_codec`) check themselves and raise `RecordError`. Anything refused answers
+    INVALID_ARGUMENT with a short message."""
+    name = getattr(request_type, "__name__", "request")
     try:
-        return stream._codec.decode(body, stream._recv_type)
-    except Exception as error:
-        raise GRPCError(Status.INVALID_ARGUMENT, f"undecodable request: {error}") from None
+        if isinstance(request_type, type) and issubclass(request_type, betterproto.Message):
+            wide = check(body, request_type)
+            request = codec.decode(body, request_type)
+            if wide:
+                narrow(request)
+            return request
+        return codec.decode(body, request_type)
+    except (RequestRejected, RecordError) as error:
+        reason = capped(str(error), 200)
+        raise GRPCError(Status.INVALID_ARGUMENT, f"undecodable request: {reason}") from None
+    except Exception as error:  # a decoder's bug, not the client's: once with its traceback
+        internal_error(f"decode {name}", error)
+        raise GRPCError(Status.INVALID_ARGUMENT, f"undecodable request ({name})") from None
 
 
 async def send_encoded(stream: grpclib.server.Stream, messages: list[bytes]) -> None:
@@ -95,7 +161,7 @@ def unary(
     with a log line, so no request ever sees a bare traceback."""
 
     async def handle(stream: grpclib.server.Stream) -> None:
-        request = await recv_bounded(stream, limit() if callable(limit) else limit)
+        request = await recv_single(stream, limit() if callable(limit) else limit)
         metadata = stream.metadata
         FORWARDED.set(metadata is not None and FORWARDED_HEADER in metadata)
         try:
@@ -104,9 +170,8 @@ def unary(
             raise grpc_error(error) from None
         except GRPCError:
             raise
-        except Exception:
-            log.exception("event=internal_error rpc=%s", call.__name__)
-            raise GRPCError(Status.INTERNAL, "internal broker error (see broker log)") from None
+        except Exception as error:
+            raise internal_error(call.__name__, error) from None
         await stream.send_message(response)
 
     return grpclib.const.Handler(
@@ -142,6 +207,38 @@ def _counted(path: str, handler: grpclib.const.Handler, done: RpcDone) -> grpcli
     return handler._replace(func=call)
 
 
+_PASSED_THROUGH = (
+    asyncio.CancelledError,
+    TimeoutError,  # grpclib's deadline
+    StreamTerminatedError,
+    h2.exceptions.StreamClosedError,
+    ConnectionError,
+)
+"""Ways a call ends that grpclib handles itself (the client left, the deadline passed)."""
+
+
+def _guarded(path: str, handler: grpclib.const.Handler) -> grpclib.const.Handler:
+    """The handler, with every status message it ends with cut to `STATUS_MESSAGE_LIMIT`
+    (grpclib's own errors raised inside the call included) and any unforeseen exception
+    answered INTERNAL and logged by `internal_error`, instead of grpclib's UNKNOWN with a
+    traceback per call."""
+    func = handler.func
+
+    async def call(stream: grpclib.server.Stream) -> None:
+        try:
+            await func(stream)
+        except GRPCError as error:
+            if error.message is None or len(error.message) <= STATUS_MESSAGE_LIMIT // 4:
+                raise
+            raise GRPCError(error.status, capped(error.message), error.details) from None
+        except _PASSED_THROUGH:
+            raise
+        except Exception as error:
+            raise internal_error(path, error) from None
+
+    return handler._replace(func=call)
+
+
 def _abandoned(stream: grpclib.server.Stream) -> Status:
     """Why a call was cut short: DEADLINE_EXCEEDED once the client's deadline (grpc-timeout)
     has passed, as grpclib then cancels the handler itself; CANCELLED when the client left
@@ -153,12 +250,14 @@ def _abandoned(stream: grpclib.server.Stream) -> Status:
 
 
 class Server(grpclib.server.Server):
-    """grpclib's server, plus closing the accepted connections at shutdown (grpclib 0.4.9
+    """grpclib's server, plus every call `_guarded` (short status messages, no traceback per
+    call), plus closing the accepted connections at shutdown (grpclib 0.4.9
     cancels their requests but leaves the sockets open: a ResourceWarning at exit), plus
     `rpc_done` told the outcome of every call (`danube_broker_rpc_total`)."""
 
     def __init__(self, handlers: list[Any], rpc_done: RpcDone | None = None) -> None:
         super().__init__(handlers)
+        self._mapping = {path: _guarded(path, handler) for path, handler in self._mapping.items()}
         if rpc_done is not None:
             self._mapping = {
                 path: _counted(path, handler, rpc_done) for path, handler in self._mapping.items()

@@ -19,7 +19,7 @@ from danube.cluster import placement as rules
 from danube.cluster.ownership import owner_key
 from danube.cluster.placement import Answer, Located
 from danube.core.config import DispatchStrategy
-from danube.core.errors import DanubeError, ErrorCode, not_found
+from danube.core.errors import DanubeError, ErrorCode, not_found, quoted
 from danube.core.names import (
     TopicName,
     check_partition_conflict,
@@ -124,7 +124,7 @@ class ClusterPlacement:
         first = names[0]
         if await self._get(paths.namespace_policy(first.namespace)) is None:
             raise not_found(
-                f"namespace {first.namespace!r} does not exist; create it first "
+                f"namespace {quoted(first.namespace)} does not exist; create it first "
                 "(or list it in bootstrap_namespaces)"
             )
         partition = first.partition_of

@@ -24,7 +24,7 @@ from danube.broker.grpc_util import unary
 from danube.broker.placement import Placement
 from danube.broker.runtime import now_ms
 from danube.broker.watching import store_call_from_grpc
-from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
+from danube.core.errors import DanubeError, ErrorCode, invalid, not_found, quoted
 from danube.core.names import TopicName, parse_topic
 from danube.metadata import MetadataStore
 from danube.metadata.model import Compare, Get, Put
@@ -224,7 +224,7 @@ class SchemaService:
         )
         self._by_id.pop((left.schema_id, request.version), None)
         return pb.DeleteSchemaVersionResponse(
-            success=True, message=f"deleted version {request.version} of {request.subject!r}"
+            success=True, message=f"deleted version {request.version} of {quoted(request.subject)}"
         )
 
     async def set_compatibility_mode(
@@ -233,7 +233,7 @@ class SchemaService:
         mode = registry.parse_mode(request.compatibility_mode)
         await self._drive(flows.update(request.subject, partial(registry.set_mode, mode=mode)))
         return pb.SetCompatibilityModeResponse(
-            success=True, message=f"compatibility mode of {request.subject!r} is {mode.value}"
+            success=True, message=f"compatibility mode of {quoted(request.subject)} is {mode.value}"
         )
 
     async def list_subjects(self, _: pb.ListSubjectsRequest) -> pb.ListSubjectsResponse:
@@ -398,7 +398,7 @@ class SchemaService:
         await self.bind_topic(request.topic_name, config)
         return pb.ConfigureTopicSchemaResponse(
             success=True,
-            message=f"{request.topic_name} is bound to {request.schema_subject!r} "
+            message=f"{request.topic_name} is bound to {quoted(request.schema_subject)} "
             f"(policy {policy.value})",
         )
 

@@ -10,9 +10,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from danube.core.errors import DanubeError, ErrorCode, invalid
+from danube.core.errors import DanubeError, ErrorCode, invalid, quoted
 
 MAX_NAME_LENGTH = 255
+"""Bytes (UTF-8) of a topic's full name, a namespace's name, a subscription's or a client's
+name. A topic's namespace and local name become directory names (the WAL's, the object
+store's), which filesystems limit to 255 bytes, not characters: `/default/` + "é" × 200
+passed a limit in characters and then stopped the topic with `File name too long` (issue
+20). Danube (Rust) measures `String::len()`, which is bytes too."""
 MAX_PARTITIONS = 10_000
 PARTITION_MARKER = "-part-"
 
@@ -47,28 +52,37 @@ def _valid_part(part: str) -> bool:
     return bool(part) and _PART_RE.fullmatch(part) is not None
 
 
+def utf8_length(text: str) -> int:
+    """Bytes of `text` in UTF-8 (what a filesystem or a key store counts)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def too_long(text: str, limit: int = MAX_NAME_LENGTH) -> bool:
+    """`text` takes more than `limit` bytes in UTF-8 (a long string is not encoded to say so)."""
+    return len(text) > limit or (not text.isascii() and utf8_length(text) > limit)
+
+
 def validate_namespace(name: str) -> str:
-    if not _valid_part(name) or len(name) > MAX_NAME_LENGTH:
+    if not _valid_part(name) or too_long(name):
         raise invalid(
-            f"invalid namespace name {name!r}: use letters, digits, '_' or '-' "
-            f"(1 to {MAX_NAME_LENGTH} characters)"
+            f"invalid namespace name {quoted(name)}: use letters, digits, '_' or '-' "
+            f"(1 to {MAX_NAME_LENGTH} bytes in UTF-8)"
         )
     return name
 
 
 def parse_topic(name: str) -> TopicName:
     """Parses `/namespace/topic`, refusing anything else with an actionable message."""
-    parts = name.split("/")
-    if (
-        len(name) > MAX_NAME_LENGTH
-        or len(parts) != 3
-        or parts[0] != ""
-        or not _valid_part(parts[1])
-        or not _valid_part(parts[2])
-    ):
+    if too_long(name):
         raise invalid(
-            f"invalid topic name {name!r}: expected '/namespace/topic' where both parts use "
-            f"letters, digits, '_' or '-' (at most {MAX_NAME_LENGTH} characters in all)"
+            f"invalid topic name {quoted(name)}: longer than {MAX_NAME_LENGTH} bytes in UTF-8 "
+            f"({utf8_length(name)} bytes)"
+        )
+    parts = name.split("/")
+    if len(parts) != 3 or parts[0] != "" or not _valid_part(parts[1]) or not _valid_part(parts[2]):
+        raise invalid(
+            f"invalid topic name {quoted(name)}: expected '/namespace/topic' where both parts "
+            f"use letters, digits, '_' or '-' (at most {MAX_NAME_LENGTH} bytes in all)"
         )
     return TopicName(parts[1], parts[2])
 
@@ -86,10 +100,18 @@ def partition_index(full_name: str, base: str) -> int | None:
 
 
 def partition_names(base: str, partitions: int) -> list[TopicName]:
-    """The topics of a partitioned topic, checked: a valid base and 1 to MAX_PARTITIONS."""
+    """The topics of a partitioned topic, checked: a valid base and 1 to MAX_PARTITIONS, and
+    every partition's name (the base with `-part-<n>`) within the byte limit."""
     parse_topic(base)
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise invalid(f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
+    longest = partition_name(base, partitions - 1)
+    if too_long(longest):
+        raise invalid(
+            f"topic name {quoted(base)} is too long for {partitions} partitions: "
+            f"{quoted(longest[len(base) :])} makes {utf8_length(longest)} bytes, more than "
+            f"{MAX_NAME_LENGTH} bytes in UTF-8"
+        )
     return [parse_topic(partition_name(base, i)) for i in range(partitions)]
 
 

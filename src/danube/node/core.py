@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from danube.core.config import OBJECT_DURABILITY, DispatchStrategy, Policies, TopicDurability
-from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
+from danube.core.errors import DanubeError, ErrorCode, invalid, not_found, quoted
 from danube.core.names import (
     MAX_NAME_LENGTH,
     TopicName,
@@ -29,6 +29,7 @@ from danube.core.names import (
     parse_topic,
     partition_index,
     partition_names,
+    too_long,
     validate_namespace,
 )
 from danube.dispatch import (
@@ -375,8 +376,10 @@ class TopicRecord:
 
 
 def _check_label(value: str, what: str) -> str:
-    if not value or len(value) > MAX_NAME_LENGTH or not value.isprintable():
-        raise invalid(f"{what} must be 1 to {MAX_NAME_LENGTH} printable characters")
+    if not value or too_long(value) or not value.isprintable():
+        raise invalid(
+            f"{what} must be 1 to {MAX_NAME_LENGTH} bytes (UTF-8) of printable characters"
+        )
     return value
 
 
@@ -656,7 +659,7 @@ class BrokerCore:
     def create_namespace(self, name: str) -> Step[None]:
         validate_namespace(name)
         if name in self._namespaces:
-            raise DanubeError(ErrorCode.ALREADY_EXISTS, f"namespace {name!r} already exists")
+            raise DanubeError(ErrorCode.ALREADY_EXISTS, f"namespace {quoted(name)} already exists")
         self._namespaces[name] = self._default_policies
         put = (paths.namespace_policy(name), policies_to_json(self._default_policies))
         return Step(None, (PersistMeta(puts=(put,)),))
@@ -667,7 +670,7 @@ class BrokerCore:
         if topics:
             raise DanubeError(
                 ErrorCode.FAILED_PRECONDITION,
-                f"namespace {name!r} still has {len(topics)} topic(s); delete them first",
+                f"namespace {quoted(name)} still has {len(topics)} topic(s); delete them first",
             )
         del self._namespaces[name]
         return Step(None, (PersistMeta(delete_prefixes=(paths.namespace_prefix(name),)),))
@@ -919,14 +922,14 @@ class BrokerCore:
         self._check_subscription_name(subscription)
         sub = record.subscriptions.get(subscription)
         if sub is None:
-            raise not_found(f"subscription {subscription!r} does not exist on {topic}")
+            raise not_found(f"subscription {quoted(subscription)} does not exist on {topic}")
         attached = [
             self._consumers[c].name for c in sub.consumers.values() if self._consumers[c].stream
         ]
         if attached:
             raise DanubeError(
                 ErrorCode.FAILED_PRECONDITION,
-                f"subscription {subscription!r} on {topic} has {len(attached)} attached "
+                f"subscription {quoted(subscription)} on {topic} has {len(attached)} attached "
                 f"consumer(s) ({', '.join(sorted(attached))}); close them first",
             )
         for consumer_id in sub.consumers.values():
@@ -941,19 +944,19 @@ class BrokerCore:
     def _check_subscription_name(subscription: str) -> None:
         if (
             not subscription
-            or len(subscription) > MAX_NAME_LENGTH
+            or too_long(subscription)
             or not _SUBSCRIPTION_NAME_RE.fullmatch(subscription)
         ):
             raise invalid(
-                f"invalid subscription name {subscription!r}: use letters, digits, '_', '-' "
-                f"or '.' (1 to {MAX_NAME_LENGTH} characters)"
+                f"invalid subscription name {quoted(subscription)}: use letters, digits, '_', "
+                f"'-' or '.' (1 to {MAX_NAME_LENGTH} bytes in UTF-8)"
             )
 
     def _require_namespace(self, namespace: str) -> Policies:
         policies = self._namespaces.get(namespace)
         if policies is None:
             raise not_found(
-                f"namespace {namespace!r} does not exist; create it first "
+                f"namespace {quoted(namespace)} does not exist; create it first "
                 "(or list it in bootstrap_namespaces)"
             )
         return policies
@@ -1105,7 +1108,9 @@ class BrokerCore:
                 f"producer {producer_id} does not exist on this broker; create the producer again"
             )
         if producer.topic.full != topic:
-            raise invalid(f"producer {producer_id} belongs to {producer.topic.full}, not {topic!r}")
+            raise invalid(
+                f"producer {producer_id} belongs to {producer.topic.full}, not {quoted(topic)}"
+            )
         record = self._topics[topic]
         self._check_not_moving(record)
         return producer, record
@@ -1217,7 +1222,7 @@ class BrokerCore:
         if sub is not None and sub.sub_type is not kind:
             raise DanubeError(
                 ErrorCode.FAILED_PRECONDITION,
-                f"subscription {subscription!r} on {topic} is {sub.sub_type.name}; "
+                f"subscription {quoted(subscription)} on {topic} is {sub.sub_type.name}; "
                 f"cannot join it as {kind.name}",
             )
         self._check_not_stopped(record)
@@ -1248,7 +1253,7 @@ class BrokerCore:
             if limit and len(sub.consumers) >= limit:
                 raise DanubeError(
                     ErrorCode.RESOURCE_EXHAUSTED,
-                    f"subscription {subscription!r} already has {limit} consumers "
+                    f"subscription {quoted(subscription)} already has {limit} consumers "
                     "(max_consumers_per_subscription)",
                 )
         limit = policies.max_consumers_per_topic
@@ -1317,7 +1322,7 @@ class BrokerCore:
         if any(sub.dispatcher.is_connected(c) for c in holders):
             raise DanubeError(
                 ErrorCode.PERMISSION_DENIED,
-                f"subscription {sub.name!r} on {record.name.full} is Exclusive and already "
+                f"subscription {quoted(sub.name)} on {record.name.full} is Exclusive and already "
                 "has an active consumer",
             )
         effects: list[Effect] = []

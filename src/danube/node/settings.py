@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from danube.core.config import MAX_UNACKED_MESSAGES_LIMIT, Policies
-from danube.core.errors import DanubeError, ErrorCode, invalid
+from danube.core.errors import DanubeError, ErrorCode, invalid, quoted
 from danube.core.names import parse_topic
 from danube.dispatch.reliable import Backoff, FailurePolicy
 
@@ -30,7 +30,7 @@ def policy_changes(changes: Mapping[str, Any]) -> dict[str, int]:
     checked: dict[str, int] = {}
     for name, value in changes.items():
         if name not in POLICY_FIELDS:
-            raise invalid(f"unknown policy {name!r}; known: {', '.join(POLICY_FIELDS)}")
+            raise invalid(f"unknown policy {quoted(name)}; known: {', '.join(POLICY_FIELDS)}")
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= U32_MAX:
             raise invalid(f"{name} must be a whole number from 0 (unlimited) to {U32_MAX}")
         checked[name] = value

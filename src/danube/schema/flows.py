@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeAlias, TypeVar
 
-from danube.core.errors import DanubeError, ErrorCode, not_found
+from danube.core.errors import DanubeError, ErrorCode, not_found, quoted
 from danube.metadata.model import Compare, KeyValue, Op
 from danube.schema import records, registry
 from danube.schema.formats import ParsedSchema
@@ -64,7 +64,7 @@ def subject(name: str) -> Flow[tuple[Subject | None, KeyValue | None]]:
 def existing(name: str) -> Flow[tuple[Subject, KeyValue]]:
     found, seen = yield from subject(name)
     if found is None or seen is None:
-        raise not_found(f"schema subject {name!r} is not registered")
+        raise not_found(f"schema subject {quoted(name)} is not registered")
     return found, seen
 
 
@@ -104,7 +104,7 @@ def register(
         return outcome
     raise DanubeError(
         ErrorCode.UNAVAILABLE,
-        f"subject {name!r} kept changing under concurrent registrations; retry",
+        f"subject {quoted(name)} kept changing under concurrent registrations; retry",
     )
 
 
@@ -117,7 +117,7 @@ def update(name: str, change: Callable[[Subject], Subject]) -> Flow[Subject]:
         compares, ops = records.commit(changed, seen.mod_revision, None)
         if (yield Write(compares, ops)):
             return changed
-    raise DanubeError(ErrorCode.UNAVAILABLE, f"subject {name!r} kept changing; retry")
+    raise DanubeError(ErrorCode.UNAVAILABLE, f"subject {quoted(name)} kept changing; retry")
 
 
 def named(schema_id: int, version: int | None) -> Flow[tuple[Subject, SchemaVersion] | None]:

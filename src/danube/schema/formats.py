@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from danube.core.errors import quoted
 from danube.schema import avro, json_schema, protobuf
 from danube.schema.errors import SchemaParseError
 
@@ -40,7 +41,7 @@ def schema_type(text: str) -> SchemaType:
     found = ALIASES.get(text.strip().lower())
     if found is None:
         known = ", ".join(kind.value for kind in SchemaType)
-        raise SchemaParseError(f"unknown schema type {text!r} (one of {known})")
+        raise SchemaParseError(f"unknown schema type {quoted(text)} (one of {known})")
     return found
 
 

@@ -38,6 +38,7 @@ from jsonschema.exceptions import SchemaError, best_match
 from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
+from danube.core.errors import quoted
 from danube.schema.compatibility import Incompatibility
 from danube.schema.errors import SchemaParseError
 
@@ -256,7 +257,7 @@ def _draft_of(schema: Any) -> type[Validator]:
     uri = schema["$schema"]
     if not isinstance(uri, str) or uri.removesuffix("#") not in _META_SCHEMA_URIS:
         raise SchemaParseError(
-            f"invalid JSON Schema at $['$schema']: {uri!r} names no supported draft "
+            f"invalid JSON Schema at $['$schema']: {quoted(uri)} names no supported draft "
             "(Draft 4, 6, 7, 2019-09 or 2020-12)"
         )
     return validator_for(schema, default=Draft7Validator)
@@ -410,13 +411,13 @@ def _resolve(root: Any, base: str, anchors: Mapping[str, Any], ref: str) -> Any:
         document, fragment = urldefrag(urljoin(base, ref))
         if not base or document != base:
             raise LookupError(
-                f"reference {ref!r} points outside this schema; only references within it "
+                f"reference {quoted(ref)} points outside this schema; only references within it "
                 "('#/definitions/...', '#/$defs/...') are supported"
             )
     fragment = unquote(fragment)
     if fragment and not fragment.startswith("/"):
         if fragment not in anchors:
-            raise LookupError(f"reference {ref!r} names no anchor of this schema")
+            raise LookupError(f"reference {quoted(ref)} names no anchor of this schema")
         return anchors[fragment]
     target = root
     for token in fragment.split("/")[1:]:
@@ -426,9 +427,9 @@ def _resolve(root: Any, base: str, anchors: Mapping[str, Any], ref: str) -> Any:
         elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
             target = target[int(token)]
         else:
-            raise LookupError(f"reference {ref!r} points to nothing in this schema")
+            raise LookupError(f"reference {quoted(ref)} points to nothing in this schema")
     if not isinstance(target, dict | bool):
-        raise LookupError(f"reference {ref!r} points to a value that is not a schema")
+        raise LookupError(f"reference {quoted(ref)} points to a value that is not a schema")
     return target
 
 
@@ -825,7 +826,7 @@ class _Comparison:
         if isinstance(ref, str):
             target = self.r.target(ref)
             if target is None:
-                found.append(Incompatibility(path, f"reference {ref!r} cannot be resolved"))
+                found.append(Incompatibility(path, f"reference {quoted(ref)} cannot be resolved"))
             else:
                 found += self.check(target, writer, path, depth)
             if self.r.ref_alone:
@@ -1030,7 +1031,7 @@ class _Comparison:
             if keyword in _OPAQUE:
                 found.append(
                     Incompatibility(
-                        where, f"a reader using {keyword!r} is compared only when unchanged"
+                        where, f"a reader using {quoted(keyword)} is compared only when unchanged"
                     )
                 )
                 continue
@@ -1043,7 +1044,8 @@ class _Comparison:
                 found.append(
                     Incompatibility(
                         where,
-                        f"the reader's {keyword!r} is compared only with an equal {keyword!r} "
+                        f"the reader's {quoted(keyword)} is compared only with an equal "
+                        f"{quoted(keyword)} "
                         "in the writer",
                     )
                 )
@@ -1231,7 +1233,8 @@ class _Comparison:
                 found.append(
                     Incompatibility(
                         f"{path}/required",
-                        f"the reader requires property {name!r}, which the writer does not require",
+                        f"the reader requires property {quoted(name)}, which the writer does "
+                        "not require",
                     )
                 )
         if closed is None:
@@ -1288,7 +1291,9 @@ class _Comparison:
                     else "the reader does not declare it and its additionalProperties is false"
                 )
                 found.append(
-                    Incompatibility(where, f"the writer allows property {name!r}, but {reason}")
+                    Incompatibility(
+                        where, f"the writer allows property {quoted(name)}, but {reason}"
+                    )
                 )
                 continue
             issues = self.check(node, writer, where, depth + 1)
@@ -1296,7 +1301,7 @@ class _Comparison:
                 found.append(
                     Incompatibility(
                         where,
-                        f"the reader declares property {name!r}, which the writer does not "
+                        f"the reader declares property {quoted(name)}, which the writer does not "
                         "declare while its content model is open (additionalProperties is not "
                         "false): the writer's data may carry it with any value, and the "
                         "reader's schema for it does not accept every value",
@@ -1383,8 +1388,8 @@ class _Comparison:
                 found.append(
                     Incompatibility(
                         where,
-                        f"the writer allows property name {name!r}, which the reader rejects: "
-                        + reason,
+                        f"the writer allows property name {quoted(name)}, which the reader "
+                        "rejects: " + reason,
                     )
                 )
         return found
@@ -1417,7 +1422,8 @@ class _Comparison:
                     found += [
                         Incompatibility(
                             where,
-                            f"the reader requires {other!r} whenever {name!r} is present, but "
+                            f"the reader requires {quoted(other)} whenever {quoted(name)} is "
+                            "present, but "
                             "the writer does not",
                         )
                         for other in need

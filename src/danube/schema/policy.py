@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from danube.core.errors import DanubeError, ErrorCode, invalid
+from danube.core.errors import DanubeError, ErrorCode, invalid, quoted
 from danube.schema.formats import ParsedSchema, validate
 
 
@@ -26,7 +26,7 @@ def parse_policy(text: str) -> ValidationPolicy:
     try:
         return ValidationPolicy(text.strip().lower() or "none")
     except ValueError:
-        raise invalid(f"unknown validation policy {text!r} (none, warn or enforce)") from None
+        raise invalid(f"unknown validation policy {quoted(text)} (none, warn or enforce)") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +86,14 @@ def producer_binding(
     if not registered:
         raise DanubeError(
             ErrorCode.FAILED_PRECONDITION,
-            f"schema subject {subject!r} is not registered: register it first",
+            f"schema subject {quoted(subject)} is not registered: register it first",
         )
     if config is None:
         return TopicSchemaConfig(subject, ValidationPolicy.WARN, False)
     if config.subject != subject:
         raise DanubeError(
             ErrorCode.FAILED_PRECONDITION,
-            f"{topic} is bound to schema subject {config.subject!r}, not {subject!r}",
+            f"{topic} is bound to schema subject {quoted(config.subject)}, not {quoted(subject)}",
         )
     return None
 
@@ -136,7 +136,7 @@ def judge(
         found = Verdict(
             False,
             Problem.MISSING_SCHEMA_ID,
-            f"the topic requires schema subject {config.subject!r} and the message names no "
+            f"the topic requires schema subject {quoted(config.subject)} and the message names no "
             "schema id",
         )
     elif subject_of_id is None:
@@ -147,8 +147,8 @@ def judge(
         found = Verdict(
             False,
             Problem.SUBJECT_MISMATCH,
-            f"schema {schema_id} belongs to subject {subject_of_id!r}, the topic requires "
-            f"{config.subject!r}",
+            f"schema {schema_id} belongs to subject {quoted(subject_of_id)}, the topic requires "
+            f"{quoted(config.subject)}",
         )
     elif payload_problem is not None:
         found = Verdict(False, Problem.PAYLOAD_INVALID, payload_problem)

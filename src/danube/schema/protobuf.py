@@ -26,6 +26,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, json_format, messag
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, EncodeError, Message
 
+from danube.core.errors import quoted
 from danube.schema.compatibility import Incompatibility
 from danube.schema.errors import SchemaParseError
 
@@ -126,7 +127,7 @@ def from_descriptor_set(compiled: bytes, message: str | None = None) -> ProtoSch
         message = prefix + schema_file.message_type[0].name
     elif message not in defined:
         raise SchemaParseError(
-            f"{SCHEMA_FILE}: no message type {message!r}; it defines: {', '.join(defined)}"
+            f"{SCHEMA_FILE}: no message type {quoted(message)}; it defines: {', '.join(defined)}"
         )
     canonical = message.encode() + b"\0" + schema_file.SerializeToString(deterministic=True)
     return ProtoSchema(
@@ -247,7 +248,7 @@ class _Comparison:
         elif written.name in reader_proto.reserved_name:
             self._report(
                 path,
-                f"the writer uses field name {written.name!r}, which the reader reserves "
+                f"the writer uses field name {quoted(written.name)}, which the reader reserves "
                 "(declares must never be used)",
             )
 

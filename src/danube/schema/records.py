@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from danube.core.errors import DanubeError, ErrorCode
+from danube.core.errors import DanubeError, ErrorCode, quoted
 from danube.metadata.model import Compare, Op, Put
 from danube.schema.compatibility import CompatibilityMode
 from danube.schema.errors import SchemaParseError
@@ -69,7 +69,7 @@ def commit(
     if size > MAX_SUBJECT_BYTES:
         raise DanubeError(
             ErrorCode.FAILED_PRECONDITION,
-            f"subject {subject.name!r} would hold {size} bytes of versions, above the "
+            f"subject {quoted(subject.name)} would hold {size} bytes of versions, above the "
             f"{MAX_SUBJECT_BYTES} a subject may: delete old versions first",
         )
     ops: list[Op] = [Put(key, value)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from danube.core.errors import DanubeError, ErrorCode, invalid, not_found
+from danube.core.errors import DanubeError, ErrorCode, invalid, not_found, quoted
 from danube.schema.compatibility import CompatibilityMode
 from danube.schema.errors import SchemaParseError
 from danube.schema.formats import ParsedSchema, SchemaType, incompatibilities, parse
@@ -54,7 +54,7 @@ class Subject:
     @property
     def latest(self) -> SchemaVersion:
         if not self.versions:
-            raise not_found(f"subject {self.name!r} has no live version (all were deleted)")
+            raise not_found(f"subject {quoted(self.name)} has no live version (all were deleted)")
         return self.versions[-1]
 
     def named(self, number: int | None) -> SchemaVersion | None:
@@ -68,7 +68,9 @@ class Subject:
             if found.version == number:
                 return found
         live = ", ".join(str(v.version) for v in self.versions) or "none"
-        raise not_found(f"subject {self.name!r} has no version {number} (live versions: {live})")
+        raise not_found(
+            f"subject {quoted(self.name)} has no version {number} (live versions: {live})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +89,7 @@ def check_subject_name(name: str) -> None:
         raise invalid("a schema subject needs a name")
     if len(name) > MAX_SUBJECT_LENGTH or any(ord(c) < 0x20 for c in name) or "/" in name:
         raise invalid(
-            f"invalid subject {name!r}: at most {MAX_SUBJECT_LENGTH} characters, no '/' and "
+            f"invalid subject {quoted(name)}: at most {MAX_SUBJECT_LENGTH} characters, no '/' and "
             "no control characters"
         )
 
@@ -97,7 +99,7 @@ def parse_mode(text: str) -> CompatibilityMode:
         return CompatibilityMode(text.strip().lower())
     except ValueError:
         known = ", ".join(mode.value for mode in CompatibilityMode)
-        raise invalid(f"unknown compatibility mode {text!r} (one of {known})") from None
+        raise invalid(f"unknown compatibility mode {quoted(text)} (one of {known})") from None
 
 
 def register(
@@ -141,7 +143,7 @@ def register(
     if problems:
         raise DanubeError(
             ErrorCode.FAILED_PRECONDITION,
-            f"schema is not compatible with subject {name!r} under {subject.mode.value}: "
+            f"schema is not compatible with subject {quoted(name)} under {subject.mode.value}: "
             + "; ".join(problems),
         )
     grown = replace(subject, versions=(*subject.versions, new), next_version=new.version + 1)
