@@ -22,9 +22,9 @@ from danube.schema.avro import (
     decode_json_datum,
     encode_json_datum,
     parse_avro,
-    validate_datum,
     validate_json,
 )
+from danube.schema.avro_binary import validate_datum
 from danube.schema.errors import SchemaParseError
 
 PRIMITIVES = ["null", "boolean", "int", "long", "float", "double", "bytes", "string"]

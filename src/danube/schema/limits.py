@@ -1,0 +1,41 @@
+"""The budgets of schema work, in one place (spec/schema-registry.md, "Limits", lists them
+with what a client sees). Each name in quotes is the `limit` a refusal names."""
+
+from __future__ import annotations
+
+COMPATIBILITY_STEPS = 20_000
+"""'compatibility steps': one comparison of two schemas (one version pair). The project's
+test schemas all take under 3,000; a schema whose references multiply takes billions. A step
+costs 10-40 microseconds, so the limit is under a second of CPU."""
+
+VALIDATION_STEPS = 100_000
+"""'validation steps': one payload checked against its schema (a JSON Schema keyword
+applied to a value, an Avro value read): an Avro array of more values than this is refused
+on a validating topic. A JSON Schema step costs up to ~25 microseconds."""
+
+INLINE_VALIDATION_STEPS = 2_000
+"""A payload is first checked on the event loop with this many steps (a few milliseconds at
+most); one that needs more is checked again in a worker thread under VALIDATION_STEPS."""
+
+INLINE_VALIDATION_BYTES = 16 * 1024
+"""A larger payload goes to a worker thread at once (decoding it alone takes time)."""
+
+MAX_VALIDATED_BYTES = 1024 * 1024
+"""'validated payload bytes': the largest payload a topic that validates payloads accepts."""
+
+PATTERN_SECONDS = 0.05
+"""'pattern seconds': one regular-expression search of a JSON Schema `pattern` or
+`patternProperties` (ECMA-262 patterns may backtrack exponentially)."""
+
+INLINE_PATTERN_SECONDS = 0.002
+"""The same on the event loop: a search that needs longer moves the check to a worker."""
+
+SCHEMA_CPU_SECONDS = 5.0
+"""'schema CPU seconds': CPU time of one piece of schema work in a broker worker thread,
+whatever the steps say (the thread's own CPU clock)."""
+
+MAX_ENUM_SYMBOLS = 10_000
+"""'enum symbols': symbols of one Avro enum."""
+
+VALIDATION_CPU_SECONDS = 1.0
+"""'schema CPU seconds' of one payload validation in a worker thread."""
