@@ -40,7 +40,7 @@ from danube.broker.object_store import ObjectStore
 from danube.broker.placement import ClusterPlacement, LocalPlacement, Placement
 from danube.broker.runtime import BrokerRuntime, persist
 from danube.broker.schema_gate import SchemaGate
-from danube.broker.schema_service import Offload, SchemaService
+from danube.broker.schema_service import Offload, SchemaService, in_worker_thread
 from danube.core.config import Address, BrokerConfig
 from danube.dispatch import QueueLimits
 from danube.metadata import EmbeddedStore, MetadataStore
@@ -88,14 +88,15 @@ whatever length a client claims."""
 
 T = TypeVar("T")
 SCHEMA_WORKERS = 2
-"""Schema compiles and comparisons at once, in worker threads of their own limiter: each
-may run protoc or compare large schemas, and they share the interpreter (the GIL) with
-everything else the broker does."""
+"""Schema compiles, comparisons and large payload checks at once, in worker threads of their
+own limiter: they share the interpreter (the GIL) with everything else the broker does, so
+each runs under a step and CPU budget and ends at its next step once its caller gives up
+(`schema_service.in_worker_thread`)."""
 
 
 def _schema_offload(limiter: trio.CapacityLimiter) -> Offload[Any]:
     async def offload(work: Callable[[], T]) -> T:
-        run = functools.partial(trio.to_thread.run_sync, work, limiter=limiter)
+        run = functools.partial(in_worker_thread, work, limiter)
         result: T = await trio_asyncio.trio_as_aio(run)()
         return result
 

@@ -517,10 +517,10 @@ class _Parser:
         if not isinstance(symbols, list):
             raise _error(path, f"enum '{full_name}' needs a 'symbols' array")
         if len(symbols) > MAX_ENUM_SYMBOLS:
-            raise _error(
-                f"{path}/symbols",
-                f"enum '{full_name}' has {len(symbols)} symbols; an enum may have "
-                f"{MAX_ENUM_SYMBOLS} (limit: enum symbols)",
+            raise budgets.LimitExceeded(
+                "enum symbols",
+                f"enum '{full_name}' at {path or '/'} has {len(symbols)} symbols, an enum may "
+                f"have {MAX_ENUM_SYMBOLS}",
             )
         seen: set[str] = set()
         for index, symbol in enumerate(symbols):

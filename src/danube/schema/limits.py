@@ -13,7 +13,10 @@ VALIDATION_STEPS = 100_000
 applied to a value, an Avro value read): an Avro array of more values than this is refused
 on a validating topic. A JSON Schema step costs up to ~25 microseconds."""
 
-INLINE_VALIDATION_STEPS = 2_000
+BATCH_VALIDATION_STEPS = 1_000_000
+"""'batch validation steps': all the payloads of one batch together."""
+
+INLINE_VALIDATION_STEPS = 200
 """A payload is first checked on the event loop with this many steps (a few milliseconds at
 most); one that needs more is checked again in a worker thread under VALIDATION_STEPS."""
 
