@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from danube.schema import avro, avro_binary, json_compat, json_schema, protobuf
+from danube.schema import avro, avro_binary, avro_compat, json_compat, json_schema, protobuf
 from danube.schema.budget import LimitExceeded
 from danube.schema.errors import SchemaParseError
 from danube.schema.limits import MAX_VALIDATED_BYTES
@@ -90,7 +90,7 @@ def incompatibilities(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:
         return [f"a {reader.schema_type.value} reader cannot read {writer.schema_type.value}"]
     r, w = reader.form, writer.form
     if isinstance(r, avro.AvroSchema) and isinstance(w, avro.AvroSchema):
-        found = avro.avro_can_read(r, w)
+        found = avro_compat.avro_can_read(r, w)
     elif isinstance(r, json_schema.JsonSchema) and isinstance(w, json_schema.JsonSchema):
         found = json_compat.json_can_read(r, w)
     elif isinstance(r, protobuf.ProtoSchema) and isinstance(w, protobuf.ProtoSchema):

@@ -19,6 +19,7 @@ from jsonschema.protocols import Validator
 
 from danube.core.errors import quoted
 from danube.schema import budget as budgets
+from danube.schema.limits import JSON_KEYWORD_STEPS
 from danube.schema.patterns import search
 
 Keyword = Callable[[Any, Any, Any, dict[str, Any]], Any]
@@ -28,7 +29,7 @@ def _counted(keyword: Keyword) -> Keyword:
     def apply(validator: Any, value: Any, instance: Any, schema: dict[str, Any]) -> Any:
         budget = budgets.current()
         if budget is not None:
-            budget.spend()
+            budget.spend(JSON_KEYWORD_STEPS)
         return keyword(validator, value, instance, schema)
 
     return apply
