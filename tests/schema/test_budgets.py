@@ -258,3 +258,36 @@ PATTERN_PARTS = ["a", "b", ".", "a*", "b+", "(a|b)", "[ab]", "^", "$", "a?", "(a
 def test_the_limited_search_agrees_with_re(parts: list[str], text: str) -> None:
     pattern = "".join(parts)
     assert search(pattern, text) == (re.search(pattern, text) is not None)
+
+
+def test_one_piece_of_work_has_a_cpu_limit_across_its_budgets() -> None:
+    """A transitive check makes a budget per version pair; together they have one limit."""
+    now = [0.0]
+    runtime = budgets.Runtime(clock=lambda: now[0], work_cpu_seconds=3.0)
+
+    def work() -> None:
+        for _ in range(5):
+            budget = budgets.runtime().budget(10**9, "check", "steps", cpu_seconds=2.0)
+            budget.spend(budgets.CHECK_EVERY)
+            now[0] += 1.0
+        budgets.runtime().budget(10, "check", "steps").spend(budgets.CHECK_EVERY)
+
+    with pytest.raises(LimitExceeded) as refused:
+        budgets.run_with(runtime, work)
+    assert refused.value.limit == "schema CPU seconds"
+    assert "one request" in refused.value.detail
+
+
+@pytest.mark.parametrize("pattern", ["(a{1000}){1000}", "((ab|cd){200}){200}"])
+def test_a_pattern_that_unrolls_to_millions_is_refused_at_registration(pattern: str) -> None:
+    """`regex` takes seconds to compile these."""
+    with pytest.raises(LimitExceeded) as refused:
+        json_schema({"type": "object", "properties": {"a": {"pattern": pattern}}})
+    assert refused.value.limit == "pattern size"
+    with pytest.raises(LimitExceeded, match="pattern size"):
+        json_schema({"patternProperties": {pattern: {}}})
+
+
+def test_a_pattern_within_the_size_limit_is_accepted() -> None:
+    schema = json_schema({"type": "string", "pattern": "^(a{100}){100}$"})
+    assert validate_payload(schema, json.dumps("a" * 10_000).encode()) is None

@@ -39,6 +39,7 @@ from danube.schema.flows import NAMED_TTL_S
 from danube.schema.formats import ParsedSchema, SchemaType, parse, schema_type, validate
 from danube.schema.limits import (
     BATCH_VALIDATION_STEPS,
+    SCHEMA_WORK_CPU_SECONDS,
     VALIDATION_CPU_SECONDS,
     VALIDATION_STEPS,
 )
@@ -77,7 +78,7 @@ async def in_worker_thread(work: Callable[[], T], limiter: trio.CapacityLimiter)
     waiting (a graceful stop, a client gone). The thread is abandoned at once then and ends
     at its work's next step, so nothing waits on a check that no one wants."""
     cancel = threading.Event()
-    runtime = budgets.Runtime(time.thread_time, cancel)
+    runtime = budgets.Runtime(time.thread_time, cancel, SCHEMA_WORK_CPU_SECONDS)
     try:
         result: T = await trio.to_thread.run_sync(
             partial(budgets.run_with, runtime, work),  # type: ignore[arg-type]

@@ -15,9 +15,9 @@ import contextvars
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from danube.schema.limits import PATTERN_SECONDS
+from danube.schema.limits import PATTERN_SECONDS, SCHEMA_WORK_CPU_SECONDS
 
 CHECK_EVERY = 1024
 """Steps between looks at the cancel flag and the CPU clock (both cost more than a step)."""
@@ -51,6 +51,9 @@ class Budget:
     cancel: threading.Event | None = None
     pattern_seconds: float = PATTERN_SECONDS
     """How long one regular-expression search may take (`danube.schema.patterns`)."""
+    work_deadline: float | None = None
+    """On `clock`: when the whole piece of work this budget is part of (one request's
+    comparisons with every version, say) has used its CPU time (`Runtime.work_cpu_seconds`)."""
     spent: int = 0
     _check_at: int = CHECK_EVERY
     _cpu_start: float | None = field(default=None, repr=False)
@@ -79,6 +82,13 @@ class Budget:
                     "schema CPU seconds",
                     f"the {self.what} used more than {self.cpu_seconds:g} s of CPU time",
                 )
+        deadline = self.work_deadline
+        if self.clock is not None and deadline is not None and self.clock() > deadline:
+            raise LimitExceeded(
+                "schema CPU seconds",
+                f"the schema work of one request used more than {SCHEMA_WORK_CPU_SECONDS:g} s "
+                "of CPU time",
+            )
 
     def remaining_seconds(self, default: float) -> float:
         """CPU seconds left, for work that is timed rather than counted (a regex search),
@@ -115,6 +125,9 @@ class Runtime:
 
     clock: Callable[[], float] | None = None
     cancel: threading.Event | None = None
+    work_cpu_seconds: float | None = None
+    """CPU time of one piece of work (one `run_with`) across all the budgets it makes."""
+    work_started: float | None = None
 
     def budget(
         self,
@@ -124,7 +137,12 @@ class Runtime:
         cpu_seconds: float | None = None,
         pattern_seconds: float = PATTERN_SECONDS,
     ) -> Budget:
-        return Budget(steps, what, limit, cpu_seconds, self.clock, self.cancel, pattern_seconds)
+        deadline = None
+        if self.work_started is not None and self.work_cpu_seconds is not None:
+            deadline = self.work_started + self.work_cpu_seconds
+        return Budget(
+            steps, what, limit, cpu_seconds, self.clock, self.cancel, pattern_seconds, deadline
+        )
 
 
 PURE = Runtime()
@@ -142,6 +160,8 @@ def runtime() -> Runtime:
 def run_with(runtime_: Runtime, work: Callable[[], object]) -> object:
     """Runs `work` with `runtime_` in force: the broker's worker threads call this so that
     every budget made inside sees the thread's CPU clock and the caller's cancel flag."""
+    if runtime_.clock is not None and runtime_.work_cpu_seconds is not None:
+        runtime_ = replace(runtime_, work_started=runtime_.clock())
     token = _RUNTIME.set(runtime_)
     try:
         return work()

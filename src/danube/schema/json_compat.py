@@ -129,6 +129,7 @@ class _Comparison:
             if self._text(left) != self._text(right):
                 return False
             for _, node in _walk(left, self.r.id_key):
+                self._budget.spend()
                 if "$dynamicRef" in node or "$recursiveRef" in node:
                     return False
                 ref = node.get("$ref")

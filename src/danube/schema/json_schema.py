@@ -41,6 +41,7 @@ from danube.schema import budget as budgets
 from danube.schema.errors import SchemaParseError
 from danube.schema.json_keywords import budgeted
 from danube.schema.limits import VALIDATION_CPU_SECONDS, VALIDATION_STEPS
+from danube.schema.patterns import prepare
 
 _DRAFTS: tuple[type[Validator], ...] = (
     Draft4Validator,
@@ -110,6 +111,7 @@ def parse_json_schema(definition: bytes) -> JsonSchema:
     except RecursionError:
         raise SchemaParseError("JSON Schema is nested too deeply") from None
     _check_references(schema, draft)
+    _prepare_patterns(schema, draft)
     canonical = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return JsonSchema(
         schema=schema,
@@ -232,6 +234,17 @@ def _check_references(schema: Any, draft: type[Validator]) -> None:
                 open_nodes.add(id(child))
                 here = located.get(id(child), where)
                 pending.append((child, _same_document_steps(schema, base, anchors, child, here)))
+
+
+def _prepare_patterns(schema: Any, draft: type[Validator]) -> None:
+    """Every `pattern` and `patternProperties` name checked for size and compiled now, in
+    the registration's worker, rather than by the first payload (`patterns.prepare`)."""
+    for _, node in _walk(schema, _id_key(draft)):
+        if isinstance(node.get("pattern"), str):
+            prepare(node["pattern"])
+        if isinstance(node.get("patternProperties"), dict):
+            for pattern in node["patternProperties"]:
+                prepare(pattern)
 
 
 def _same_document_steps(

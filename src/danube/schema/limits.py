@@ -34,6 +34,10 @@ PATTERN_SECONDS = 0.05
 """'pattern seconds': one regular-expression search of a JSON Schema `pattern` or
 `patternProperties` (ECMA-262 patterns may backtrack exponentially)."""
 
+MAX_PATTERN_SIZE = 20_000
+"""'pattern size': a regular expression with its counted repetitions unrolled (`regex`
+compiles `(a{1000}){1000}` into a million items, for seconds); checked at registration."""
+
 INLINE_PATTERN_SECONDS = 0.002
 """The same on the event loop: a search that needs longer moves the check to a worker."""
 
@@ -43,6 +47,10 @@ whatever the steps say (the thread's own CPU clock)."""
 
 MAX_ENUM_SYMBOLS = 10_000
 """'enum symbols': symbols of one Avro enum."""
+
+SCHEMA_WORK_CPU_SECONDS = 10.0
+"""'schema CPU seconds' of all the schema work of one request in a worker thread (a
+transitive check compares with every version, each pair under its own budget)."""
 
 VALIDATION_CPU_SECONDS = 1.0
 """'schema CPU seconds' of one payload validation in a worker thread."""
