@@ -145,6 +145,7 @@ class _Comparison:
         if cached is None:
             cached = (node, json.dumps(_essence(node), sort_keys=True, separators=(",", ":")))
             self._texts[id(node)] = cached
+            self._budget.spend(len(cached[1]) // 256)  # kept: memory paid for as steps
         return cached[1]
 
     def _dnf(self, side: _Side, node: Any) -> list[tuple[Any, ...]]:
