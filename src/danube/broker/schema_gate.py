@@ -94,9 +94,9 @@ class SchemaGate:
                     ErrorCode.RESOURCE_EXHAUSTED,
                     f"message refused by the schema policy of {topic} (enforce): {error.message}",
                 ) from None
-            self._count(topic, config, Problem.PAYLOAD_INVALID)
+            # warn: the payloads go unvalidated (said once), the rest is judged as ever.
             self._warn(topic, Problem.PAYLOAD_INVALID, f"not validated: {error.message}")
-            return
+            checked = []
         by_index = dict(zip(checked, problems.values(), strict=True))
         for index, message in enumerate(messages):
             subject = None if named[index] is None else named[index][0]  # type: ignore[index]
