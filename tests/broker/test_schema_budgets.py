@@ -95,15 +95,20 @@ def test_a_comparison_bomb_is_refused_while_others_are_answered(
                 pb.RegisterSchemaRequest("bomb", "json_schema", doubling("string", 31))
             )
             second = pb.RegisterSchemaRequest("bomb", "json_schema", doubling("integer", 31))
-            return await slowest_answer_while(
+            refused, slowest = await slowest_answer_while(
                 ch, lambda: refusal(registry.register_schema(second, timeout=60))
             )
+            check = pb.CheckCompatibilityRequest("bomb", doubling("integer", 31), "json_schema")
+            checked = await refusal(registry.check_compatibility(check, timeout=60))
+            return (refused, checked), slowest
 
-    refused, slowest = run(scenario, timeout=90)
-    assert isinstance(refused, GRPCError)
-    assert refused.status is Status.RESOURCE_EXHAUSTED
-    assert "compatibility steps" in str(refused.message)
+    (refused, checked), slowest = run(scenario, timeout=120)
+    for answer in (refused, checked):
+        assert isinstance(answer, GRPCError)
+        assert answer.status is Status.RESOURCE_EXHAUSTED
+        assert "(limit: compatibility steps)" in str(answer.message)
     assert slowest < PROMPT_S
+    assert "Traceback" not in broker.log_text()
 
 
 def test_a_graceful_stop_during_checks_finishes(
