@@ -35,6 +35,7 @@ from sim.cluster_faults import ClusterFaults
 from sim.etcd import SimEtcd
 from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
+from sim.schema_bomb import Bomber
 from sim.schema_checker import DEFECTS, SchemaChecker, Told
 from sim.schema_front_end import FrontEnd
 from sim.seeds import ResultMethods, changed_flags
@@ -171,6 +172,7 @@ class SchemaSimulation:
         self.ids: dict[str, int] = {}
         self.ready: set[str] = set()
         self.producers: list[SchemaProducer] = []
+        self.bomber = Bomber(self)
         self._setup()
 
     def front_end(self) -> FrontEnd:
@@ -187,6 +189,7 @@ class SchemaSimulation:
             self.checker.bindings[topic] = config
             first = schema_workload.initial(rng)
             Operator(self, subject, topic, mode, first).start()
+        self.bomber.start()
 
     def started(self, subject: str, topic: str, registration: Registration, first: Any) -> None:
         self.ids[subject] = registration.subject.schema_id
@@ -221,6 +224,8 @@ class SchemaSimulation:
         self.world.log("producers stop")
         self.world.run_until(end + DRAIN_LIMIT_US, lambda: self.idle)
         self.checker.final(self.etcd.state, self.subjects, self.ready)
+        if not self.bomber.done:
+            self.checker.violation("progress", "the comparison bomb was never answered")
         return SchemaResult(
             seed=self.world.seed,
             duration_s=duration_s,
@@ -240,7 +245,7 @@ class SchemaSimulation:
     @property
     def idle(self) -> bool:
         settled = len(self.ready) + self.operators_failed == len(self.subjects)
-        return settled and all(p.pending is None for p in self.producers)
+        return settled and self.bomber.done and all(p.pending is None for p in self.producers)
 
     def _subjects_summary(self) -> dict[str, str]:
         shown = {}
