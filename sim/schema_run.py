@@ -189,7 +189,6 @@ class SchemaSimulation:
             self.checker.bindings[topic] = config
             first = schema_workload.initial(rng)
             Operator(self, subject, topic, mode, first).start()
-        self.bomber.start()
 
     def started(self, subject: str, topic: str, registration: Registration, first: Any) -> None:
         self.ids[subject] = registration.subject.schema_id
@@ -222,6 +221,9 @@ class SchemaSimulation:
         self.world.run_until(end)
         self.stopping = True
         self.world.log("producers stop")
+        # In the drain, after every fault of the run was drawn: the bomb leaves the seeds'
+        # fault sequences as they were.
+        self.bomber.start()
         self.world.run_until(end + DRAIN_LIMIT_US, lambda: self.idle)
         self.checker.final(self.etcd.state, self.subjects, self.ready)
         if not self.bomber.done:
