@@ -54,6 +54,7 @@ class Budget:
     work_deadline: float | None = None
     """On `clock`: when the whole piece of work this budget is part of (one request's
     comparisons with every version, say) has used its CPU time (`Runtime.work_cpu_seconds`)."""
+    work_cpu_seconds: float = SCHEMA_WORK_CPU_SECONDS
     spent: int = 0
     _check_at: int = CHECK_EVERY
     _cpu_start: float | None = field(default=None, repr=False)
@@ -86,7 +87,7 @@ class Budget:
         if self.clock is not None and deadline is not None and self.clock() > deadline:
             raise LimitExceeded(
                 "schema CPU seconds",
-                f"the schema work of one request used more than {SCHEMA_WORK_CPU_SECONDS:g} s "
+                f"the schema work of one request used more than {self.work_cpu_seconds:g} s "
                 "of CPU time",
             )
 
@@ -141,7 +142,15 @@ class Runtime:
         if self.work_started is not None and self.work_cpu_seconds is not None:
             deadline = self.work_started + self.work_cpu_seconds
         return Budget(
-            steps, what, limit, cpu_seconds, self.clock, self.cancel, pattern_seconds, deadline
+            steps,
+            what,
+            limit,
+            cpu_seconds,
+            self.clock,
+            self.cancel,
+            pattern_seconds,
+            deadline,
+            self.work_cpu_seconds or SCHEMA_WORK_CPU_SECONDS,
         )
 
 
