@@ -26,7 +26,7 @@ from danube.schema.json_sides import (
     _EXPANDED,
     _HANDLED,
     _KEYWORD_GROUPS,
-    _MAX_DISJUNCTS,
+    _MAX_UNION,
     _NUMERIC,
     _OBJECT_KEYWORDS,
     _OPAQUE,
@@ -188,7 +188,7 @@ class _Comparison:
         for keyword in ("anyOf", "oneOf"):
             if side.has(node, keyword):
                 union = [d for b in node[keyword] for d in self._dnf(side, b)]
-                parts.append(union if len(union) <= _MAX_DISJUNCTS else [()])
+                parts.append(union if len(union) <= _MAX_UNION else [()])
         return _product(parts)
 
     def _read(

@@ -105,6 +105,10 @@ _OBJECT_KEYWORDS = frozenset({"unevaluatedProperties"})
 _STRING_SCHEMA: dict[str, Any] = {"type": "string"}
 
 _MAX_DISJUNCTS = 64
+_MAX_UNION = 1024
+"""Branches an `anyOf`/`oneOf` may expand to (its own and those of the schemas it refers
+to); past it the union reads as "anything" (widening), so schemas whose references double
+at every level cost a bounded expansion instead of 2**depth."""
 _DISJOINT_DEPTH = 4
 
 
