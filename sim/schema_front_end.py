@@ -20,6 +20,7 @@ from danube.metadata.model import MetadataError
 from danube.node import paths
 from danube.proto import danube as pb
 from danube.schema import flows, policy, registry
+from danube.schema.budget import LimitExceeded
 from danube.schema.errors import SchemaParseError
 from danube.schema.formats import ParsedSchema, SchemaType, parse, schema_type
 from danube.schema.policy import TopicSchemaConfig, Verdict
@@ -147,6 +148,8 @@ class FrontEnd:
                     answer(done.value)
                 except DanubeError as error:
                     answer(error)
+                except LimitExceeded as error:  # as SchemaService._work maps it
+                    answer(DanubeError(ErrorCode.RESOURCE_EXHAUSTED, str(error)))
                 except (TimeoutError, MetadataError) as error:
                     self.world.log(f"front-end {self.name} {what}: store failed: {error!r}")
                     answer(DanubeError(ErrorCode.UNAVAILABLE, f"metadata store: {error}"))

@@ -35,6 +35,7 @@ from sim.cluster_faults import ClusterFaults
 from sim.etcd import SimEtcd
 from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
+from sim.schema_bomb import Bomber
 from sim.schema_checker import DEFECTS, SchemaChecker, Told
 from sim.schema_front_end import FrontEnd
 from sim.seeds import ResultMethods, changed_flags
@@ -171,6 +172,7 @@ class SchemaSimulation:
         self.ids: dict[str, int] = {}
         self.ready: set[str] = set()
         self.producers: list[SchemaProducer] = []
+        self.bomber = Bomber(self)
         self._setup()
 
     def front_end(self) -> FrontEnd:
@@ -219,8 +221,13 @@ class SchemaSimulation:
         self.world.run_until(end)
         self.stopping = True
         self.world.log("producers stop")
+        # In the drain, after every fault of the run was drawn: the bomb leaves the seeds'
+        # fault sequences as they were.
+        self.bomber.start()
         self.world.run_until(end + DRAIN_LIMIT_US, lambda: self.idle)
         self.checker.final(self.etcd.state, self.subjects, self.ready)
+        if not self.bomber.done:
+            self.checker.violation("progress", "the comparison bomb was never answered")
         return SchemaResult(
             seed=self.world.seed,
             duration_s=duration_s,
@@ -240,7 +247,7 @@ class SchemaSimulation:
     @property
     def idle(self) -> bool:
         settled = len(self.ready) + self.operators_failed == len(self.subjects)
-        return settled and all(p.pending is None for p in self.producers)
+        return settled and self.bomber.done and all(p.pending is None for p in self.producers)
 
     def _subjects_summary(self) -> dict[str, str]:
         shown = {}

@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 
 from danube.schema.avro import (
     AvroSchema,
-    avro_can_read,
     decode_json_datum,
     encode_json_datum,
     parse_avro,
-    validate_datum,
     validate_json,
 )
+from danube.schema.avro_binary import validate_datum
+from danube.schema.avro_compat import avro_can_read
 from danube.schema.errors import SchemaParseError
 
 PRIMITIVES = ["null", "boolean", "int", "long", "float", "double", "bytes", "string"]

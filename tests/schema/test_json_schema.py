@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from danube.schema.errors import SchemaParseError
+from danube.schema.json_compat import json_can_read
 from danube.schema.json_schema import (
     JsonSchema,
-    json_can_read,
     parse_json_schema,
     validate_payload,
 )

@@ -93,10 +93,12 @@ class ProducerExtService:
             self._runtime.check_unfenced()
             batch = check_batch(request.frame)
             if self._core.serves(topic) and await self._gate.inspects(topic):
-                # The topic's schema policy judges each message (one decode each): all of
-                # the batch must pass before any of it is stored.
-                for record in PackedRecords(batch.frame, batch.positions, 0):
-                    await self._gate.admit(topic, records.decode(record))
+                # The topic's schema policy judges each message (one decode each, payloads
+                # checked in one worker trip): all must pass before any of it is stored.
+                messages = [
+                    records.decode(r) for r in PackedRecords(batch.frame, batch.positions, 0)
+                ]
+                await self._gate.admit_batch(topic, messages)
             await self._runtime.pace(topic, batch.count)
             step = self._core.publish_batch(request.producer_id, topic, batch, now_ms=now_ms())
         except DanubeError as error:

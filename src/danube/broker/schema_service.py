@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import grpclib.const
+import trio
 
 from danube.broker.grpc_util import unary
 from danube.broker.placement import Placement
@@ -31,10 +32,17 @@ from danube.metadata.model import Compare, Get, Put
 from danube.node import paths
 from danube.proto import danube_schema as pb
 from danube.protoc import compile_proto
+from danube.schema import budget as budgets
 from danube.schema import flows, records, registry
 from danube.schema.errors import SchemaParseError
 from danube.schema.flows import NAMED_TTL_S
-from danube.schema.formats import ParsedSchema, SchemaType, parse, schema_type
+from danube.schema.formats import ParsedSchema, SchemaType, parse, schema_type, validate
+from danube.schema.limits import (
+    BATCH_VALIDATION_STEPS,
+    SCHEMA_WORK_CPU_SECONDS,
+    VALIDATION_CPU_SECONDS,
+    VALIDATION_STEPS,
+)
 from danube.schema.policy import (
     TopicSchemaConfig,
     ValidationPolicy,
@@ -64,6 +72,29 @@ on how much runs at once (`danube.broker.server` passes trio threads with a limi
 log = logging.getLogger("danube.broker")
 
 
+async def in_worker_thread(work: Callable[[], T], limiter: trio.CapacityLimiter) -> T:
+    """Runs `work` in a trio worker thread with the schema runtime in force: budgets made
+    inside see the thread's CPU clock, and the cancel flag set when the caller stops
+    waiting (a graceful stop, a client gone). The thread is abandoned at once then and ends
+    at its work's next step, so nothing waits on a check that no one wants."""
+    cancel = threading.Event()
+    runtime = budgets.Runtime(time.thread_time, cancel, SCHEMA_WORK_CPU_SECONDS)
+    try:
+        result: T = await trio.to_thread.run_sync(
+            partial(budgets.run_with, runtime, work),  # type: ignore[arg-type]
+            limiter=limiter,
+            abandon_on_cancel=True,
+        )
+    finally:
+        cancel.set()
+    return result
+
+
+def over_budget(error: budgets.LimitExceeded) -> DanubeError:
+    """What the client sees of work refused by a limit: RESOURCE_EXHAUSTED naming it."""
+    return DanubeError(ErrorCode.RESOURCE_EXHAUSTED, str(error))
+
+
 class SchemaService:
     def __init__(
         self,
@@ -86,6 +117,37 @@ class SchemaService:
         )
         """Schemas messages named by (id, version), with when they were read (NAMED_TTL_S)."""
 
+    async def _work(self, work: Callable[[], T]) -> T:
+        """`work` in a worker thread; a limit it reaches becomes RESOURCE_EXHAUSTED."""
+        try:
+            result: T = await self._offload(work)
+        except budgets.LimitExceeded as error:
+            raise over_budget(error) from None
+        except budgets.WorkCancelled as error:
+            raise DanubeError(ErrorCode.UNAVAILABLE, str(error)) from None
+        return result
+
+    async def validate(self, schema: ParsedSchema, payloads: Sequence[bytes]) -> list[str | None]:
+        """Each payload checked against `schema` in one worker thread (a batch is one trip),
+        each under VALIDATION_STEPS and all under BATCH_VALIDATION_STEPS: what is wrong
+        with each (None: valid); RESOURCE_EXHAUSTED naming the limit when one is reached."""
+
+        def work() -> list[str | None]:
+            runtime = budgets.runtime()
+            left = BATCH_VALIDATION_STEPS
+            found: list[str | None] = []
+            for payload in payloads:
+                steps = min(VALIDATION_STEPS, left)
+                whole = steps == VALIDATION_STEPS
+                limit = "validation steps" if whole else "batch validation steps"
+                budget = runtime.budget(steps, "payload validation", limit, VALIDATION_CPU_SECONDS)
+                with budgets.using(budget):
+                    found.append(validate(schema, payload))
+                left -= budget.spent
+            return found
+
+        return await self._work(work)
+
     # -- store access ---------------------------------------------------------------------
 
     async def _drive(self, flow: flows.Flow[T]) -> T:
@@ -100,7 +162,7 @@ class SchemaService:
                     result = await store_call_from_grpc(self._store.txn, step.compares, step.ops)
                     answer = result.succeeded
                 else:
-                    answer = await self._offload(step.run)
+                    answer = await self._work(step.run)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         except records.DamagedRecord as error:
@@ -130,7 +192,7 @@ class SchemaService:
             return parse(kind, definition, compiled=compiled)
 
         try:
-            parsed: ParsedSchema = await self._offload(work)
+            parsed: ParsedSchema = await self._work(work)
         except SchemaParseError as error:
             raise invalid(f"invalid {type_text} schema: {error}") from None
         return parsed
@@ -210,8 +272,8 @@ class SchemaService:
             else registry.parse_mode(request.compatibility_mode)
         )
         parsed = await self._parse(request.schema_type, request.new_schema_definition)
-        candidate = await self._offload(partial(registry.as_the_subject_reads, subject, parsed))
-        problems: list[str] = await self._offload(
+        candidate = await self._work(partial(registry.as_the_subject_reads, subject, parsed))
+        problems: list[str] = await self._work(
             lambda: registry.check(subject, candidate, self._read, mode)
         )
         return pb.CheckCompatibilityResponse(is_compatible=not problems, errors=problems)
@@ -376,7 +438,7 @@ class SchemaService:
         found: tuple[str, ParsedSchema] | None = None
         if named is not None:
             try:
-                parsed = await self._offload(partial(self._read, named[1]))
+                parsed = await self._work(partial(self._read, named[1]))
             except records.DamagedRecord as error:
                 log.warning("event=schema_record_damaged error=%s", error.message)
                 raise

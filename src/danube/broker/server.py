@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import logging
 import random
 import secrets
@@ -41,7 +42,7 @@ from danube.broker.placement import ClusterPlacement, LocalPlacement, Placement
 from danube.broker.runtime import BrokerRuntime, persist
 from danube.broker.schema_gate import SchemaGate
 from danube.broker.schema_ports import ClientPortSchemaRegistry
-from danube.broker.schema_service import Offload, SchemaService
+from danube.broker.schema_service import Offload, SchemaService, in_worker_thread
 from danube.core.config import Address, BrokerConfig, advertised_admin, unreachable_admin
 from danube.dispatch import QueueLimits
 from danube.metadata import EmbeddedStore, MetadataStore
@@ -89,14 +90,15 @@ whatever length a client claims."""
 
 T = TypeVar("T")
 SCHEMA_WORKERS = 2
-"""Schema compiles and comparisons at once, in worker threads of their own limiter: each
-may run protoc or compare large schemas, and they share the interpreter (the GIL) with
-everything else the broker does."""
+"""Schema compiles, comparisons and large payload checks at once, in worker threads of their
+own limiter: they share the interpreter (the GIL) with everything else the broker does, so
+each runs under a step and CPU budget and ends at its next step once its caller gives up
+(`schema_service.in_worker_thread`)."""
 
 
 def _schema_offload(limiter: trio.CapacityLimiter) -> Offload[Any]:
     async def offload(work: Callable[[], T]) -> T:
-        run = functools.partial(trio.to_thread.run_sync, work, limiter=limiter)
+        run = functools.partial(in_worker_thread, work, limiter)
         result: T = await trio_asyncio.trio_as_aio(run)()
         return result
 
@@ -304,6 +306,10 @@ async def serve(
                 store, _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)), placement
             )
             gate = SchemaGate(schemas, metrics)
+            # Everything built so far lives as long as the broker: moved out of the cyclic
+            # collector's reach, a full collection (set off by a schema check's garbage in a
+            # worker thread, say) no longer pauses the event loop for 100+ ms scanning it.
+            gc.freeze()
             batch_limit = BATCH_REQUEST_LIMIT + _message_limit(config)
             client_services = [
                 ClientPortSchemaRegistry(schemas),

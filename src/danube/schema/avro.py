@@ -1,5 +1,6 @@
-"""Avro schemas for the registry: parsing, fingerprints, the specification's schema
-resolution as a compatibility check, and checks of payloads against a schema.
+"""Avro schemas for the registry: parsing, fingerprints and JSON datums; the specification's
+schema resolution as a compatibility check is in `avro_compat`, the binary payload check in
+`avro_binary`.
 
 The rules are those of the Avro 1.11 specification, walked over a normalised copy of the
 schema that this module builds itself, because the bytes are read by consumers in every
@@ -17,17 +18,17 @@ import json
 import math
 import re
 import struct
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
-from functools import partial
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
 
-from danube.schema.compatibility import Incompatibility
+from danube.schema import budget as budgets
 from danube.schema.errors import SchemaParseError
+from danube.schema.limits import MAX_ENUM_SYMBOLS
 
 PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 
@@ -47,6 +48,7 @@ _PROMOTIONS = frozenset(
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FIELD_ORDERS = frozenset({"ascending", "descending", "ignore"})
 _INT_BITS = {"int": 32, "long": 64}
+UNLIMITED_STEPS = 1 << 62
 _FLOAT_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
 
 
@@ -203,33 +205,6 @@ def parse_avro(definition: bytes) -> AvroSchema:
     )
 
 
-def avro_can_read(reader: AvroSchema, writer: AvroSchema) -> list[Incompatibility]:
-    """Every reason a consumer holding `reader` could fail to read data written with `writer`,
-    by the specification's Schema Resolution rules; empty when it always can.
-
-    Where the specification leaves room: named types match on their unqualified names (its
-    words) or when the writer's full name is one of the reader's aliases (qualified in the
-    reader's namespace, as Java does); a writer type read by a reader union is readable when
-    any branch reads it (Java's SchemaCompatibility, which registries follow), and if none
-    does the findings of the first branch the specification would pick are reported.
-    Logical types are ignored, as resolution ignores them."""
-    return list(_Resolution(reader._named, writer._named).compare(reader._tree, writer._tree))
-
-
-def validate_datum(schema: AvroSchema, payload: bytes) -> str | None:
-    """Whether `payload` is exactly one datum of `schema` in Avro's binary encoding, without
-    the container or a schema id, as Kafka-style producers send it: None if so, else what is
-    wrong and where. Stricter than fastavro's decoder (ints in range, booleans 0 or 1, enum
-    and union indexes in range, UTF-8 strings), since any consumer must be able to read what
-    is accepted; it never loops on a count it has not seen the bytes for, so a hostile
-    payload costs time in proportion to its length."""
-    try:
-        _Decoder(schema, payload).run()
-    except _Invalid as exc:
-        return exc.message()
-    return None
-
-
 def validate_json(schema: AvroSchema, value: object) -> str | None:
     """Whether `value` (decoded from JSON) is a datum of `schema`: None if so, else a message
     naming the field. JSON has no bytes, so bytes and fixed values are strings whose code
@@ -270,7 +245,11 @@ def decode_json_datum(schema: AvroSchema, payload: bytes) -> object:
     to it. A logical type is shown in its usual text form (a timestamp in ISO 8601, a
     decimal in digits), which `encode_json_datum` does not take; a NaN or infinite double
     stays a float, which `json.dumps` writes as `NaN`/`Infinity`, not strict JSON."""
-    problem = validate_datum(schema, payload)
+    from danube.schema.avro_binary import validate_datum  # it builds on this module
+
+    # What a consumer reads was accepted once: no validation limits here.
+    with budgets.using(budgets.Budget(UNLIMITED_STEPS, "payload decoding", "none")):
+        problem = validate_datum(schema, payload)
     if problem is not None:
         raise ValueError(problem)
     return _jsonable(fastavro.schemaless_reader(io.BytesIO(payload), schema.parsed, None))
@@ -340,6 +319,14 @@ class _Parser:
 
     def parse(self, document: object) -> _Node:
         tree = self._schema(document, "", "")
+        endless = _endless_records(self.named)
+        if endless:
+            raise _error(
+                "",
+                f"record '{endless[0]}' can never end: every value of it holds another "
+                "value of a record that must go on for ever (give the recursive field a "
+                'union with "null", an array or a map)',
+            )
         # Defaults are checked once every record is complete: a default may hold a value of
         # the very record whose fields were still being read when it was met.
         defaults = _Conformer(self.named, first_branch_only=True)
@@ -509,14 +496,22 @@ class _Parser:
         symbols = node.get("symbols")
         if not isinstance(symbols, list):
             raise _error(path, f"enum '{full_name}' needs a 'symbols' array")
+        if len(symbols) > MAX_ENUM_SYMBOLS:
+            raise budgets.LimitExceeded(
+                "enum symbols",
+                f"enum '{full_name}' at {path or '/'} has {len(symbols)} symbols, an enum may "
+                f"have {MAX_ENUM_SYMBOLS}",
+            )
+        seen: set[str] = set()
         for index, symbol in enumerate(symbols):
             if not isinstance(symbol, str) or not _NAME.match(symbol):
                 raise _error(
                     f"{path}/symbols/{index}",
                     "a symbol starts with a letter or _ and holds only letters, digits and _",
                 )
-            if symbol in symbols[:index]:
+            if symbol in seen:
                 raise _error(f"{path}/symbols/{index}", f"the symbol '{symbol}' is listed twice")
+            seen.add(symbol)
         default = node.get("default")
         if "default" in node and default not in symbols:
             raise _error(
@@ -565,6 +560,32 @@ def _empty_records(named: Mapping[str, _Named]) -> frozenset[str]:
     return frozenset(empty)
 
 
+def _endless_records(named: Mapping[str, _Named]) -> list[str]:
+    """The records no finite value exists of (a field of the record's own type with no way
+    out), in definition order: the least fixed point of "has a finite value", since a
+    record has one when all its fields do, a union when any branch does, and arrays and
+    maps always (the empty one)."""
+    records = {name: node for name, node in named.items() if isinstance(node, _Record)}
+    finite: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, record in records.items():
+            if name not in finite and all(_has_end(f.type, named, finite) for f in record.fields):
+                finite.add(name)
+                changed = True
+    return [name for name in records if name not in finite]
+
+
+def _has_end(node: _Node, named: Mapping[str, _Named], finite: Set[str]) -> bool:
+    node = _deref(node, named)
+    if isinstance(node, _Record):
+        return node.name in finite
+    if isinstance(node, _Union):
+        return any(_has_end(branch, named, finite) for branch in node.branches)
+    return True
+
+
 def _is_empty(node: _Node, named: Mapping[str, _Named], empty: Set[str]) -> bool:
     node = _deref(node, named)
     if isinstance(node, _Fixed):
@@ -590,157 +611,6 @@ def _describe(node: _Node, named: Mapping[str, _Named]) -> str:
     if isinstance(node, _Map):
         return f"map of {_describe(node.values, named)}"
     return "union [" + ", ".join(_describe(branch, named) for branch in node.branches) + "]"
-
-
-def _under(prefix: str, found: list[Incompatibility]) -> list[Incompatibility]:
-    return [Incompatibility(prefix + issue.path, issue.message) for issue in found]
-
-
-def _names_match(reader: _Named, writer: _Named) -> bool:
-    return _short(reader.name) == _short(writer.name) or writer.name in reader.aliases
-
-
-class _Resolution:
-    """One reader/writer comparison; findings carry paths relative to the types compared, and
-    each caller puts its own step in front. Record pairs are memoised: a pair met again while
-    still being compared is taken as readable — recursive types describe finite data, so a
-    real mismatch shows at the outer level — and a finished pair's findings are reused
-    wherever the pair occurs again, which keeps schemas that share types linear."""
-
-    def __init__(self, reader: Mapping[str, _Named], writer: Mapping[str, _Named]) -> None:
-        self._reader = reader
-        self._writer = writer
-        self._records: dict[tuple[str, str], list[Incompatibility] | None] = {}
-
-    def compare(self, reader: _Node, writer: _Node) -> list[Incompatibility]:
-        r = _deref(reader, self._reader)
-        w = _deref(writer, self._writer)
-        if isinstance(w, _Union):
-            return [
-                issue
-                for index, branch in enumerate(w.branches)
-                for issue in _under(f"/union[{index}]", self.compare(r, branch))
-            ]
-        if isinstance(r, _Union):
-            return self._reader_union(r, w)
-        if isinstance(r, str) and isinstance(w, str):
-            if r == w or (w, r) in _PROMOTIONS:
-                return []
-        elif isinstance(r, _Array) and isinstance(w, _Array):
-            return _under("/items", self.compare(r.items, w.items))
-        elif isinstance(r, _Map) and isinstance(w, _Map):
-            return _under("/values", self.compare(r.values, w.values))
-        elif isinstance(r, _Record) and isinstance(w, _Record):
-            return self._record(r, w)
-        elif isinstance(r, _Enum) and isinstance(w, _Enum):
-            return self._enum(r, w)
-        elif isinstance(r, _Fixed) and isinstance(w, _Fixed):
-            return self._fixed(r, w)
-        return [self._mismatch(r, w)]
-
-    def _mismatch(self, reader: _Node, writer: _Node) -> Incompatibility:
-        return Incompatibility(
-            "",
-            f"writer type {_describe(writer, self._writer)} cannot be read as "
-            f"{_describe(reader, self._reader)}",
-        )
-
-    def _reader_union(self, reader: _Union, writer: _Node) -> list[Incompatibility]:
-        first_match: list[Incompatibility] | None = None
-        for branch in reader.branches:
-            found = self.compare(branch, writer)
-            if not found:
-                return []
-            if first_match is None and self._matches(_deref(branch, self._reader), writer):
-                first_match = found
-        if first_match is not None:
-            return first_match
-        return [
-            Incompatibility(
-                "",
-                f"writer type {_describe(writer, self._writer)} cannot be read by any branch of "
-                f"the reader's {_describe(reader, self._reader)}",
-            )
-        ]
-
-    @staticmethod
-    def _matches(reader: _Node, writer: _Node) -> bool:
-        """The specification's shallow "match", which picks the reader branch whose deeper
-        findings are worth reporting."""
-        if isinstance(reader, str) or isinstance(writer, str):
-            return reader == writer or (writer, reader) in _PROMOTIONS
-        if type(reader) is not type(writer):
-            return False
-        if isinstance(reader, _Record | _Enum | _Fixed) and isinstance(
-            writer, _Record | _Enum | _Fixed
-        ):
-            return _names_match(reader, writer)
-        return isinstance(reader, _Array | _Map)
-
-    def _renamed(self, kind: str, reader: _Named, writer: _Named) -> list[Incompatibility]:
-        return [
-            Incompatibility(
-                "",
-                f"writer {kind} '{writer.name}' cannot be read as {kind} '{reader.name}': the "
-                f"names differ and '{writer.name}' is not an alias of the reader's",
-            )
-        ]
-
-    def _record(self, reader: _Record, writer: _Record) -> list[Incompatibility]:
-        if not _names_match(reader, writer):
-            return self._renamed("record", reader, writer)
-        key = (reader.name, writer.name)
-        if key in self._records:
-            return self._records[key] or []
-        self._records[key] = None
-        written = {f.name: f for f in writer.fields}
-        found: list[Incompatibility] = []
-        for wanted in reader.fields:
-            source = next(
-                (written[name] for name in (wanted.name, *wanted.aliases) if name in written),
-                None,
-            )
-            where = f"/fields/{wanted.name}"
-            if source is not None:
-                found.extend(_under(where, self.compare(wanted.type, source.type)))
-            elif not wanted.has_default:
-                found.append(
-                    Incompatibility(
-                        where,
-                        f"reader field '{wanted.name}' has no default and the writer has no "
-                        "such field",
-                    )
-                )
-        self._records[key] = found
-        return found
-
-    def _enum(self, reader: _Enum, writer: _Enum) -> list[Incompatibility]:
-        if not _names_match(reader, writer):
-            return self._renamed("enum", reader, writer)
-        missing = [symbol for symbol in writer.symbols if symbol not in reader.symbols]
-        if not missing or reader.default is not None:
-            return []
-        listed = ", ".join(f"'{symbol}'" for symbol in missing)
-        return [
-            Incompatibility(
-                "",
-                f"writer symbols {listed} of enum '{writer.name}' are not in the reader's "
-                "symbols, and the reader's enum has no default",
-            )
-        ]
-
-    def _fixed(self, reader: _Fixed, writer: _Fixed) -> list[Incompatibility]:
-        if not _names_match(reader, writer):
-            return self._renamed("fixed", reader, writer)
-        if reader.size == writer.size:
-            return []
-        return [
-            Incompatibility(
-                "",
-                f"writer fixed '{writer.name}' has size {writer.size}, the reader's has size "
-                f"{reader.size}",
-            )
-        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -942,159 +812,3 @@ def _tag(branch: _Node) -> str:
     if isinstance(branch, _Ref | _Record | _Enum | _Fixed):
         return branch.name
     return "array" if isinstance(branch, _Array) else "map"
-
-
-class _Decoder:
-    """Reads one binary datum the way a strict consumer would, with an explicit stack of steps
-    rather than recursion, so a long linked list is no deeper for Python than a flat record.
-    A block count is believed only as far as the bytes left can hold its items, so a few
-    bytes cannot make it loop for ages; items of types whose values take no bytes are not
-    walked at all."""
-
-    def __init__(self, schema: AvroSchema, data: bytes) -> None:
-        self._schema = schema
-        self._data = data
-        self._pos = 0
-        self._steps: list[Callable[[], None]] = []
-
-    def run(self) -> None:
-        self._steps.append(partial(self._value, self._schema._tree, None))
-        while self._steps:
-            self._steps.pop()()
-        left = len(self._data) - self._pos
-        if left:
-            raise _Invalid(
-                None,
-                f"the datum ends at byte {self._pos}, but the payload goes on for {left} more "
-                "(trailing bytes)",
-            )
-
-    def _empty(self, node: _Node) -> bool:
-        return _is_empty(node, self._schema._named, self._schema._empty)
-
-    def _value(self, node: _Node, at: _At | None) -> None:
-        node = _deref(node, self._schema._named)
-        if self._empty(node):
-            return
-        if isinstance(node, str):
-            self._primitive(node, at)
-        elif isinstance(node, _Record):
-            for declared in reversed(node.fields):
-                self._steps.append(partial(self._value, declared.type, _At(at, declared.name)))
-        elif isinstance(node, _Union):
-            index = self._varint(at, "a union index", 32)
-            if not 0 <= index < len(node.branches):
-                raise _Invalid(
-                    at,
-                    f"union index {index} is out of range: the union has "
-                    f"{len(node.branches)} branches",
-                )
-            self._steps.append(partial(self._value, node.branches[index], at))
-        elif isinstance(node, _Enum):
-            index = self._varint(at, "an enum index", 32)
-            if not 0 <= index < len(node.symbols):
-                raise _Invalid(
-                    at,
-                    f"enum index {index} is out of range: enum '{node.name}' has "
-                    f"{len(node.symbols)} symbols",
-                )
-        elif isinstance(node, _Fixed):
-            self._take(node.size, at, f"fixed '{node.name}'")
-        elif isinstance(node, _Array):
-            self._steps.append(partial(self._block, node.items, at, False, 0))
-        else:
-            self._steps.append(partial(self._block, node.values, at, True, 0))
-
-    def _primitive(self, kind: str, at: _At | None) -> None:
-        if kind == "boolean":
-            byte = self._take(1, at, "a boolean")[0]
-            if byte > 1:
-                raise _Invalid(at, f"a boolean is the byte 0 or 1, not {byte}")
-        elif kind in _INT_BITS:
-            self._varint(at, "an int" if kind == "int" else "a long", _INT_BITS[kind])
-        elif kind == "float":
-            self._take(4, at, "a float")
-        elif kind == "double":
-            self._take(8, at, "a double")
-        elif kind == "bytes":
-            self._take(self._length(at, "bytes"), at, "bytes")
-        else:
-            self._string(at)
-
-    def _string(self, at: _At | None) -> str:
-        length = self._length(at, "a string")
-        start = self._pos
-        try:
-            return self._take(length, at, "a string").decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise _Invalid(
-                at, f"the string is not UTF-8: {exc.reason} at byte {start + exc.start}"
-            ) from None
-
-    def _block(self, items: _Node, at: _At | None, is_map: bool, first: int) -> None:
-        count = self._varint(at, "a block count", 64)
-        if count == 0:
-            return
-        if count < 0:
-            count = -count
-            size = self._length(at, "a block")
-            self._steps.append(partial(self._block, items, at, is_map, first + count))
-            self._steps.append(partial(self._block_end, self._pos + size, at))
-        else:
-            self._steps.append(partial(self._block, items, at, is_map, first + count))
-        if not is_map and self._empty(_deref(items, self._schema._named)):
-            return
-        left = len(self._data) - self._pos
-        if count > left:
-            raise _Invalid(
-                at, f"a block claims {count} items, but only {left} bytes are left for them"
-            )
-        for index in reversed(range(first, first + count)):
-            if is_map:
-                self._steps.append(partial(self._entry, items, at, index))
-            else:
-                self._steps.append(partial(self._value, items, _At(at, index)))
-
-    def _block_end(self, end: int, at: _At | None) -> None:
-        if self._pos != end:
-            raise _Invalid(
-                at, f"a block's byte size says it ends at byte {end}, its items end at {self._pos}"
-            )
-
-    def _entry(self, values: _Node, at: _At | None, index: int) -> None:
-        key = self._string(_At(at, index))
-        self._steps.append(partial(self._value, values, _At(at, key, is_key=True)))
-
-    def _take(self, count: int, at: _At | None, what: str) -> bytes:
-        left = len(self._data) - self._pos
-        if count > left:
-            raise _Invalid(
-                at,
-                f"the payload ends inside {what}: {count} bytes needed at byte {self._pos}, "
-                f"{left} left",
-            )
-        self._pos += count
-        return self._data[self._pos - count : self._pos]
-
-    def _length(self, at: _At | None, what: str) -> int:
-        length = self._varint(at, f"the length of {what}", 64)
-        if length < 0:
-            raise _Invalid(at, f"the length of {what} is negative ({length})")
-        return length
-
-    def _varint(self, at: _At | None, what: str, bits: int) -> int:
-        """A zig-zag varint of at most `bits` bits, in at most as many bytes as those bits
-        need, as Java's decoder reads them."""
-        most = (bits + 6) // 7
-        number = 0
-        for shift in range(0, 7 * most, 7):
-            if self._pos >= len(self._data):
-                raise _Invalid(at, f"the payload ends inside {what} at byte {self._pos}")
-            byte = self._data[self._pos]
-            self._pos += 1
-            number |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                if number >> bits:
-                    raise _Invalid(at, f"{what} does not fit in {bits} bits")
-                return (number >> 1) ^ -(number & 1)
-        raise _Invalid(at, f"{what} runs over {most} bytes")

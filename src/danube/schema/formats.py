@@ -8,8 +8,10 @@ import enum
 from dataclasses import dataclass
 
 from danube.core.errors import quoted
-from danube.schema import avro, json_schema, protobuf
+from danube.schema import avro, avro_binary, avro_compat, json_compat, json_schema, protobuf
+from danube.schema.budget import LimitExceeded
 from danube.schema.errors import SchemaParseError
+from danube.schema.limits import MAX_VALIDATED_BYTES
 
 
 class SchemaType(enum.Enum):
@@ -89,9 +91,9 @@ def incompatibilities(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:
         return [f"a {reader.schema_type.value} reader cannot read {writer.schema_type.value}"]
     r, w = reader.form, writer.form
     if isinstance(r, avro.AvroSchema) and isinstance(w, avro.AvroSchema):
-        found = avro.avro_can_read(r, w)
+        found = avro_compat.avro_can_read(r, w)
     elif isinstance(r, json_schema.JsonSchema) and isinstance(w, json_schema.JsonSchema):
-        found = json_schema.json_can_read(r, w)
+        found = json_compat.json_can_read(r, w)
     elif isinstance(r, protobuf.ProtoSchema) and isinstance(w, protobuf.ProtoSchema):
         found = protobuf.proto_can_read(r, w)
     else:
@@ -100,10 +102,18 @@ def incompatibilities(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:
 
 
 def validate(schema: ParsedSchema, payload: bytes) -> str | None:
-    """None when `payload` is a valid message of `schema`, else what is wrong with it."""
+    """None when `payload` is a valid message of `schema`, else what is wrong with it;
+    `budget.LimitExceeded` when the payload is larger than MAX_VALIDATED_BYTES or its check
+    needs more than the budget in force."""
+    if len(payload) > MAX_VALIDATED_BYTES:
+        raise LimitExceeded(
+            "validated payload bytes",
+            f"a payload checked against a schema may be {MAX_VALIDATED_BYTES} bytes, this one "
+            f"is {len(payload)}",
+        )
     form = schema.form
     if isinstance(form, avro.AvroSchema):
-        return avro.validate_datum(form, payload)
+        return avro_binary.validate_datum(form, payload)
     if isinstance(form, json_schema.JsonSchema):
         return json_schema.validate_payload(form, payload)
     if isinstance(form, protobuf.ProtoSchema):
