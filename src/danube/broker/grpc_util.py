@@ -18,6 +18,8 @@ from grpclib.const import Status
 from grpclib.exceptions import StreamTerminatedError
 from grpclib.protocol import H2Protocol
 
+from danube.broker.h2_guard import GuardedHandler, GuardedProtocol, grpclib_config
+from danube.core.config import GrpcConfig
 from danube.core.errors import DanubeError
 
 log = logging.getLogger("danube.broker")
@@ -155,10 +157,17 @@ def _abandoned(stream: grpclib.server.Stream) -> Status:
 class Server(grpclib.server.Server):
     """grpclib's server, plus closing the accepted connections at shutdown (grpclib 0.4.9
     cancels their requests but leaves the sockets open: a ResourceWarning at exit), plus
-    `rpc_done` told the outcome of every call (`danube_broker_rpc_total`)."""
+    `rpc_done` told the outcome of every call (`danube_broker_rpc_total`), plus the HTTP/2
+    connection guard's `limits` on every connection (`danube.broker.h2_guard`)."""
 
-    def __init__(self, handlers: list[Any], rpc_done: RpcDone | None = None) -> None:
-        super().__init__(handlers)
+    def __init__(
+        self,
+        handlers: list[Any],
+        rpc_done: RpcDone | None = None,
+        limits: GrpcConfig | None = None,
+    ) -> None:
+        super().__init__(handlers, config=grpclib_config())
+        self.limits = limits or GrpcConfig()
         if rpc_done is not None:
             self._mapping = {
                 path: _counted(path, handler, rpc_done) for path, handler in self._mapping.items()
@@ -166,7 +175,12 @@ class Server(grpclib.server.Server):
         self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
 
     def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
+        self.__gc_step__()
+        handler = GuardedHandler(
+            self._mapping, self._codec, self._status_details_codec, self.__dispatch__
+        )
+        self._handlers.add(handler)
+        protocol = GuardedProtocol(handler, self._config, self._h2_config, self.limits)
         self._protocols.add(protocol)
         return protocol
 
