@@ -58,8 +58,8 @@ HARD_HEADER_LIST_FACTOR = 4
 """Headers up to this many times the advertised limit are decoded and the stream refused;
 beyond it HPACK decoding stops and the connection is closed (h2: ENHANCE_YOUR_CALM)."""
 
-ABORT_AFTER_GOAWAY_S = 1.0
-"""After a GOAWAY the socket is closed gracefully; a peer that does not read is cut off then."""
+LINGER_AFTER_GOAWAY_S = 1.0
+"""After the guard's GOAWAY the socket lingers this long (module `LingeringTransport`)."""
 
 PING_PAYLOAD = b"danube\x00\x00"
 
@@ -105,6 +105,46 @@ class GuardedHandler(grpclib.server.Handler):
         )
 
 
+class LingeringTransport:
+    """The transport grpclib is given. Once told to `linger`, its `close` is a lingering close
+    (as nginx's `lingering_close`): the write side is shut after what is buffered (the GOAWAY),
+    what the peer still sends is read and dropped, and the socket is aborted after
+    `LINGER_AFTER_GOAWAY_S`. A plain close with unread bytes in the socket makes the kernel
+    send RST, and a peer that receives RST discards what it had not read yet: the GOAWAY saying
+    why. grpclib sees `is_closing()` from the close on, so no handler writes any more."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._closing = False
+        self.lingering = False
+
+    def write(self, data: bytes) -> None:
+        if not self._closing:
+            self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._closing or self._transport.is_closing()
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        transport = self._transport
+        if self.lingering and not transport.is_closing() and transport.can_write_eof():
+            transport.write_eof()
+            self._loop.call_later(LINGER_AFTER_GOAWAY_S, transport.abort)
+        else:
+            transport.close()
+
+    def abort(self) -> None:
+        self._closing = True
+        self._transport.abort()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+
 class GuardedConnection(Connection):
     """grpclib's connection, telling the ping policy when the broker sends."""
 
@@ -146,6 +186,7 @@ class GuardedProtocol(H2Protocol):
         self._timers: list[asyncio.TimerHandle] = []
         self._keepalive_timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
+        self._lingering: LingeringTransport | None = None
 
     # -- connection set-up ------------------------------------------------------------------
 
@@ -177,7 +218,10 @@ class GuardedProtocol(H2Protocol):
             h2_conn.update_settings(
                 {SettingCodes.INITIAL_WINDOW_SIZE: self.config.http2_stream_window_size}
             )
-        connection = GuardedConnection(h2_conn, self._transport, config=self.config)
+        self._lingering = LingeringTransport(self._transport, self._loop)
+        connection = GuardedConnection(
+            h2_conn, cast(asyncio.Transport, self._lingering), config=self.config
+        )
         connection.on_send = self._pings.sent
         self.connection = connection
         connection.flush()
@@ -305,29 +349,27 @@ class GuardedProtocol(H2Protocol):
         self, code: ErrorCodes | int, reason: str, *, abort: bool = False, goaway: bool = True
     ) -> None:
         """Closes the connection: GOAWAY (`code`, `reason` as its debug data), every handler
-        cancelled, the socket closed (aborted at once with `abort`, else after
-        `ABORT_AFTER_GOAWAY_S` if the peer has not let it close)."""
+        cancelled, the socket aborted at once with `abort` (a frozen peer reads nothing),
+        else closed lingering (`LingeringTransport`)."""
         if self.closed_reason is not None:
             return
         self.closed_reason = reason
-        transport = self._transport
         h2_conn = self.connection._connection
         try:
             if goaway:
                 h2_conn.close_connection(error_code=code, additional_data=reason.encode())
-            pending = h2_conn.data_to_send()
-            if pending and transport is not None and not transport.is_closing():
-                transport.write(pending)
+            self.connection.flush()
         except Exception:  # the state machine may already be closed
             log.debug("event=goaway_failed", exc_info=True)
         log.info("event=grpc_connection_closed peer=%s reason=%s", self._peer(), reason)
         self._cancel_timers()
-        self.processor.close(f"connection closed by the broker: {reason}")
-        if transport is not None:
+        lingering = self._lingering
+        if lingering is not None:
             if abort:
-                transport.abort()
+                lingering.abort()
             else:
-                self._loop.call_later(ABORT_AFTER_GOAWAY_S, transport.abort)
+                lingering.lingering = True
+        self.processor.close(f"connection closed by the broker: {reason}")
 
     def _cancel_timers(self) -> None:
         for timer in self._timers:
