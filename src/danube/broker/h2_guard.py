@@ -270,8 +270,8 @@ class GuardedProtocol(H2Protocol):
             # h2 queued a GOAWAY naming the error; grpclib closed without sending it.
             self._shut(error.error_code, "protocol_error", goaway=False)
             return
-        except Exception as error:  # e.g. a header h2 cannot decode as ASCII
-            log.info("event=grpc_bad_frames peer=%s error=%s", self._peer(), type(error).__name__)
+        except Exception:  # e.g. a header h2 cannot decode as ASCII
+            log.debug("event=grpc_bad_frames peer=%s", self._peer(), exc_info=True)
             self._shut(ErrorCodes.PROTOCOL_ERROR, "undecodable_frames")
             return
         self.connection.flush()
