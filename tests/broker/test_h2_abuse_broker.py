@@ -22,6 +22,7 @@ from danube.client import DanubeClient, DanubeClientError, SubType
 from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube as pb
 from tests.broker.h2_raw import HEALTH_PATH, RawH2, rapid_reset
+from tests.conformance.harness import ScenarioProcess, admin_create_topic, run_scenario
 from tests.support.aio import receive_n, run, unique_topic
 
 pytestmark = pytest.mark.slow
@@ -141,6 +142,18 @@ def test_a_frozen_exclusive_consumer_loses_its_subscription_after_the_keepalive_
         os.kill(frozen.pid, signal.SIGSTOP)
 
         async def take_over() -> tuple[Status | None, float, list[bytes]]:
+            """Also keeps a healthy consumer of our client on another subscription through
+            many keepalive rounds: it answers the PINGs and keeps receiving."""
+            async with DanubeClient(broker.url) as healthy_client:
+                healthy = await healthy_client.consumer(topic, "healthy", "other").subscribe()
+                result = await _take_over_frozen()
+                await asyncio.sleep(2.0)  # four more keepalive rounds
+                await publish(b"for the healthy consumer too")
+                payloads = [m.payload for m in await receive_n(healthy, 2)]
+                assert payloads == [b"for the new consumer", b"for the healthy consumer too"]
+                return result
+
+        async def _take_over_frozen() -> tuple[Status | None, float, list[bytes]]:
             first: Status | None = None
             stopped = time.monotonic()
             while time.monotonic() - stopped < 30:
@@ -167,3 +180,26 @@ def test_a_frozen_exclusive_consumer_loses_its_subscription_after_the_keepalive_
     assert payloads == [b"for the new consumer"]
     assert waited < 15, waited
     assert "reason=keepalive_timeout" in broker.log_text()
+
+
+@pytest.mark.conformance
+def test_the_official_client_answers_pings_and_keeps_its_subscription(
+    broker_factory: type[BrokerProcess], tmp_path: Path
+) -> None:
+    """grpcio (the official client's transport) answers the broker's PINGs: with a keepalive
+    round every 0.6 s, an idle consumer still receives after many rounds."""
+    config = tmp_path / "broker.yaml"
+    config.write_text(
+        "broker:\n  grpc:\n    keepalive_time_ms: 200\n    keepalive_timeout_ms: 400\n"
+    )
+    broker = broker_factory(tmp_path / "data", config_file=config).start()
+    topic = unique_topic("pinged")
+    admin_create_topic(broker, topic)
+    with ScenarioProcess("consume", broker.url, topic, "s", "c", "exclusive", broker=broker) as c:
+        c.wait_event("subscribed")
+        time.sleep(3.0)
+        run_scenario("produce", broker.url, topic, "p", "late", 3, broker=broker)
+        assert [c.wait_event("message", 10)["payload"] for _ in range(3)] == [
+            f"late-{i}" for i in range(3)
+        ]
+    assert "reason=keepalive_timeout" not in broker.log_text()
