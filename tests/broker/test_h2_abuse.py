@@ -17,6 +17,7 @@ import h2.events
 import h2.settings
 from grpclib.client import Channel
 from h2.errors import ErrorCodes
+from hyperframe.frame import HeadersFrame
 
 from danube.broker.grpc_util import Server, unary
 from danube.broker.h2_guard import GuardedHandler
@@ -358,3 +359,32 @@ def test_undecodable_headers_close_the_connection_without_a_traceback(caplog: ob
     run(scenario)
     records = getattr(caplog, "records", [])
     assert not [r for r in records if r.exc_info], "a traceback was logged"
+
+
+def test_slowloris_a_frame_or_header_block_left_incomplete_is_closed() -> None:
+    async def scenario() -> None:
+        async with serving(GrpcConfig(frame_timeout_ms=300)) as served:
+            # a HEADERS frame without END_HEADERS, and no CONTINUATION ever
+            open_block = await RawH2.open(served.port)
+            await open_block.pump(0.2)
+            frame = HeadersFrame(1, open_block.h2.encoder.encode(grpc_headers(SLOW_PATH)))
+            open_block.writer.write(frame.serialize())
+            # a frame header announcing 1000 bytes, followed by 10 of them
+            trickle = await RawH2.open(served.port)
+            await trickle.pump(0.2)
+            trickle.writer.write(b"\x00\x03\xe8\x00\x00\x00\x00\x00\x01" + b"x" * 10)
+            healthy = await RawH2.open(served.port)
+            await healthy.pump(0.2)
+            await asyncio.gather(open_block.pump(3), trickle.pump(3), healthy.pump(1))
+            assert open_block.closed and trickle.closed
+            assert not healthy.closed
+            # a complete request long after the last one is no slowloris
+            stream_id = healthy.request(HEALTH_PATH)
+            await healthy.flush()
+            await healthy.pump(1)
+            assert healthy.trailers(stream_id).get("grpc-status") == "0"
+            assert served.probe.started == 0
+            for client in (open_block, trickle, healthy):
+                client.close()
+
+    run(scenario)

@@ -185,6 +185,8 @@ class GuardedProtocol(H2Protocol):
         """Why the guard closed this connection (None: it did not)."""
         self._timers: list[asyncio.TimerHandle] = []
         self._keepalive_timer: asyncio.TimerHandle | None = None
+        self._partial_since: float | None = None
+        self._partial_timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self._lingering: LingeringTransport | None = None
 
@@ -275,6 +277,7 @@ class GuardedProtocol(H2Protocol):
             self._shut(ErrorCodes.PROTOCOL_ERROR, "undecodable_frames")
             return
         self.connection.flush()
+        self._watch_partial(now)
         doomed = {e.stream_id for e in events if isinstance(e, StreamReset)}
         for event in events:
             if self.closed_reason is not None:
@@ -284,6 +287,28 @@ class GuardedProtocol(H2Protocol):
             self.processor.process(event)
         if self.closed_reason is None:
             self.connection.flush()
+
+    def _watch_partial(self, now: float) -> None:
+        """Slowloris: a frame or header block left incomplete must complete within
+        `frame_timeout_ms` (h2 buffers it meanwhile; nothing else would ever time it out)."""
+        timeout = self.limits.frame_timeout_ms
+        if timeout <= 0:
+            return
+        buffer = self.connection._connection.incoming_buffer
+        if not (buffer._data or buffer._headers_buffer):
+            self._partial_since = None
+            if self._partial_timer is not None:
+                self._partial_timer.cancel()
+                self._partial_timer = None
+            return
+        if self._partial_since is None:
+            self._partial_since = now
+            self._partial_timer = self._loop.call_later(timeout / 1000, self._partial_expired)
+
+    def _partial_expired(self) -> None:
+        self._partial_timer = None
+        if self._partial_since is not None:
+            self._shut(ErrorCodes.PROTOCOL_ERROR, "frame_timeout", abort=True)
 
     def _admit(self, event: Event, now: float, doomed: set[int]) -> bool:
         """Whether grpclib may process `event`; acts on what it must not."""
@@ -375,9 +400,10 @@ class GuardedProtocol(H2Protocol):
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
-        if self._keepalive_timer is not None:
-            self._keepalive_timer.cancel()
-            self._keepalive_timer = None
+        for handle in (self._keepalive_timer, self._partial_timer):
+            if handle is not None:
+                handle.cancel()
+        self._keepalive_timer = self._partial_timer = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._cancel_timers()

@@ -181,6 +181,8 @@ class GrpcConfig:
     stream_reset_window_ms: int = 10_000
     handshake_timeout_ms: int = 10_000
     """A connection that has not sent the HTTP/2 preface and SETTINGS by then is closed."""
+    frame_timeout_ms: int = 10_000
+    """... and one that leaves a frame or a header block incomplete this long (slowloris)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,12 +466,12 @@ def _durability(wal: dict[str, Any], mode: str) -> TopicDurability:
     return durability
 
 
-_MAY_BE_ZERO = {"max_stream_resets", "handshake_timeout_ms"}
+_MAY_BE_ZERO = {"max_stream_resets", "handshake_timeout_ms", "frame_timeout_ms"}
 
 
 def grpc_config(data: dict[str, Any], base: GrpcConfig | None = None) -> GrpcConfig:
     """`broker.grpc` over `base`: every key a positive integer (milliseconds or a count),
-    except that 0 turns off the reset limit and the handshake timeout."""
+    except that 0 turns off the reset limit and the handshake and frame timeouts."""
     _keys(data, {f.name for f in dataclasses.fields(GrpcConfig)}, "broker.grpc")
     values: dict[str, int] = {}
     for key in data:
