@@ -27,6 +27,7 @@ from tests.broker.h2_raw import HEALTH_PATH, RawH2, grpc_headers, rapid_reset
 from tests.support.aio import run
 
 SLOW_PATH = "/danube.HealthCheck/Slow"
+STUBBORN_PATH = "/danube.HealthCheck/Stubborn"
 
 
 class Probe:
@@ -48,11 +49,24 @@ class Probe:
         finally:
             self.finished += 1
 
+    async def stubborn(self, _: pb.HealthCheckRequest) -> pb.HealthCheckResponse:
+        """Takes `delay` more to clean up when cancelled: its stream is gone, it still runs."""
+        self.started += 1
+        try:
+            await asyncio.sleep(self.delay)
+        except asyncio.CancelledError:
+            await asyncio.sleep(self.delay)
+            raise
+        finally:
+            self.finished += 1
+        return pb.HealthCheckResponse()
+
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         request, response = pb.HealthCheckRequest, pb.HealthCheckResponse
         return {
             HEALTH_PATH: unary(self.health, request, response),
             SLOW_PATH: unary(self.slow, request, response),
+            STUBBORN_PATH: unary(self.stubborn, request, response),
         }
 
 
@@ -206,6 +220,39 @@ def test_streams_beyond_the_advertised_limit_close_the_connection_with_a_goaway(
             assert goaway is not None and goaway.error_code == ErrorCodes.PROTOCOL_ERROR
             await settle(lambda: served.live_tasks() == 0)
             assert served.live_tasks() == 0
+            client.close()
+
+    run(scenario)
+
+
+def test_handlers_still_running_for_reset_streams_count_against_the_stream_limit() -> None:
+    """The rapid-reset variant the h2 limit cannot see: reset streams are closed for h2, but
+    their handlers still run; a new stream beyond the limit is refused (REFUSED_STREAM)."""
+
+    async def scenario() -> None:
+        async with serving(GrpcConfig(max_concurrent_streams=4), delay=1.0) as served:
+            client = await RawH2.open(served.port)
+            await client.pump(0.3)
+            for _ in range(4):
+                client.request(STUBBORN_PATH)
+            await client.flush()
+            await settle(lambda: served.probe.started == 4)
+            for stream_id in (1, 3, 5, 7):
+                client.h2.reset_stream(stream_id, ErrorCodes.CANCEL)
+            await client.flush()
+            await asyncio.sleep(0.2)
+            refused = client.request(HEALTH_PATH)
+            await client.flush()
+            events = await client.pump(0.5)
+            resets = [e for e in events if isinstance(e, h2.events.StreamReset)]
+            assert [(e.stream_id, e.error_code) for e in resets] == [
+                (refused, ErrorCodes.REFUSED_STREAM)
+            ]
+            await settle(lambda: served.live_tasks() == 0)
+            answered = client.request(HEALTH_PATH)  # the handlers ended: room again
+            await client.flush()
+            await client.pump(1)
+            assert client.trailers(answered).get("grpc-status") == "0"
             client.close()
 
     run(scenario)
