@@ -20,7 +20,9 @@ from grpclib.const import Status
 from grpclib.exceptions import StreamTerminatedError
 from grpclib.protocol import H2Protocol
 
+from danube.broker.h2_guard import GuardedHandler, GuardedProtocol, grpclib_config
 from danube.broker.request_check import RequestRejected, check, narrow
+from danube.core.config import GrpcConfig
 from danube.core.errors import DanubeError
 from danube.wal.records import RecordError
 
@@ -253,10 +255,17 @@ class Server(grpclib.server.Server):
     """grpclib's server, plus every call `_guarded` (short status messages, no traceback per
     call), plus closing the accepted connections at shutdown (grpclib 0.4.9
     cancels their requests but leaves the sockets open: a ResourceWarning at exit), plus
-    `rpc_done` told the outcome of every call (`danube_broker_rpc_total`)."""
+    `rpc_done` told the outcome of every call (`danube_broker_rpc_total`), plus the HTTP/2
+    connection guard's `limits` on every connection (`danube.broker.h2_guard`)."""
 
-    def __init__(self, handlers: list[Any], rpc_done: RpcDone | None = None) -> None:
-        super().__init__(handlers)
+    def __init__(
+        self,
+        handlers: list[Any],
+        rpc_done: RpcDone | None = None,
+        limits: GrpcConfig | None = None,
+    ) -> None:
+        super().__init__(handlers, config=grpclib_config())
+        self.limits = limits or GrpcConfig()
         self._mapping = {path: _guarded(path, handler) for path, handler in self._mapping.items()}
         if rpc_done is not None:
             self._mapping = {
@@ -265,7 +274,12 @@ class Server(grpclib.server.Server):
         self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
 
     def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
+        self.__gc_step__()
+        handler = GuardedHandler(
+            self._mapping, self._codec, self._status_details_codec, self.__dispatch__
+        )
+        self._handlers.add(handler)
+        protocol = GuardedProtocol(handler, self._config, self._h2_config, self.limits)
         self._protocols.add(protocol)
         return protocol
 

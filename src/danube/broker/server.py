@@ -327,6 +327,7 @@ async def serve(
                     Unimplemented(CLIENT_PORT_BASES, client_services, NOT_YET),
                 ],
                 metrics.rpc_done,
+                config.grpc,
             )
             admin = AdminServices(
                 runtime,
@@ -347,6 +348,7 @@ async def serve(
                     Unimplemented([admin_pb.SecurityAdminBase], admin_services, NO_SECURITY),
                 ],
                 metrics.rpc_done,
+                config.grpc,
             )
             nursery.start_soon(_report_drops, core)
             nursery.start_soon(runtime.tick, TICK_SECONDS)

@@ -21,6 +21,7 @@ from danube.core.config import (
     ConfigError,
     config_from_mapping,
     etcd_endpoints,
+    grpc_config,
     prometheus_address,
     storage_with,
 )
@@ -92,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="the WAL (<dir>/wal) and, standalone, the metadata (default ./danube-data)",
     )
     parser.add_argument(
+        "--keepalive-time-ms",
+        type=int,
+        help="broker.grpc.keepalive_time_ms: PING a connection with open streams after this "
+        "long without a frame from it (default 30000)",
+    )
+    parser.add_argument(
+        "--keepalive-timeout-ms",
+        type=int,
+        help="broker.grpc.keepalive_timeout_ms: close the connection when the PING is not "
+        "answered within this; its streams end, a frozen consumer loses its subscription "
+        "(default 20000)",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -128,6 +142,16 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
         overrides["advertised_addr"] = args.advertised_addr
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
+    keepalive = {
+        key: value
+        for key, value in (
+            ("keepalive_time_ms", args.keepalive_time_ms),
+            ("keepalive_timeout_ms", args.keepalive_timeout_ms),
+        )
+        if value is not None
+    }
+    if keepalive:
+        overrides["grpc"] = grpc_config(keepalive, config.grpc)
     overrides["mode"] = args.mode
     if args.mode == "cluster" and config.cluster_name == "STANDALONE":
         overrides["cluster_name"] = "danube"

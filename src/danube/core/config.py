@@ -207,6 +207,31 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GrpcConfig:
+    """`broker.grpc`: bounds on what one HTTP/2 connection may cost the broker (both gRPC
+    ports; spec/hardening.md, section HTTP/2). 0 turns a limit off where that makes sense."""
+
+    keepalive_time_ms: int = 30_000
+    """A connection with open streams is PINGed when it has been this long without a ping."""
+    keepalive_timeout_ms: int = 20_000
+    """... and closed when the PING's ack has not come within this (a frozen peer)."""
+    min_client_ping_interval_ms: int = 10_000
+    """Client PINGs closer than this, with no data or headers sent in between, are strikes;
+    the third strike closes the connection (GOAWAY ENHANCE_YOUR_CALM, `too_many_pings`)."""
+    max_concurrent_streams: int = 1000
+    """Advertised SETTINGS_MAX_CONCURRENT_STREAMS, also the cap on running handlers."""
+    max_header_list_bytes: int = 16 * 1024
+    """Larger request headers (HPACK-decoded size) are refused with RESOURCE_EXHAUSTED."""
+    max_stream_resets: int = 200
+    """Client RST_STREAMs allowed per `stream_reset_window_ms`; more close the connection."""
+    stream_reset_window_ms: int = 10_000
+    handshake_timeout_ms: int = 10_000
+    """A connection that has not sent the HTTP/2 preface and SETTINGS by then is closed."""
+    frame_timeout_ms: int = 10_000
+    """... and one that leaves a frame or a header block incomplete this long (slowloris)."""
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     mode: str = "standalone"
     """`standalone` (embedded metadata, every topic here) or `cluster` (etcd, object tier)."""
@@ -233,6 +258,7 @@ class BrokerConfig:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    grpc: GrpcConfig = field(default_factory=GrpcConfig)
 
     def check_mode(self) -> None:
         """What cluster mode needs, checked once every source (file, flags) is applied."""
@@ -324,8 +350,8 @@ def _addresses(broker: dict[str, Any], config: BrokerConfig) -> dict[str, Any]:
     """`broker.host` is the client port's host (Danube binds every port there); the admin
     and metrics ports take `broker.admin_host` and `broker.prometheus_host` (ours), else
     `private_host(broker.host)`: never a public interface unless named on their own."""
-    _keys(broker, {"host", "ports", "advertised_listeners", "admin_host", "prometheus_host"},
-          "broker")  # fmt: skip
+    known = {"host", "ports", "advertised_listeners", "admin_host", "prometheus_host", "grpc"}
+    _keys(broker, known, "broker")
     ports = _section(broker, "ports", "broker.")
     _keys(ports, {"client", "admin", "raft", "prometheus"}, "broker.ports")
     host = _host(broker, "host") or config.broker_addr.host
@@ -557,6 +583,22 @@ def _durability(wal: dict[str, Any], mode: str) -> TopicDurability:
     return durability
 
 
+_MAY_BE_ZERO = {"max_stream_resets", "handshake_timeout_ms", "frame_timeout_ms"}
+
+
+def grpc_config(data: dict[str, Any], base: GrpcConfig | None = None) -> GrpcConfig:
+    """`broker.grpc` over `base`: every key a positive integer (milliseconds or a count),
+    except that 0 turns off the reset limit and the handshake and frame timeouts."""
+    _keys(data, {f.name for f in dataclasses.fields(GrpcConfig)}, "broker.grpc")
+    values: dict[str, int] = {}
+    for key in data:
+        minimum = 0 if key in _MAY_BE_ZERO else 1
+        number = _number(data, key, "broker.grpc.", minimum=minimum)
+        assert number is not None
+        values[key] = number
+    return dataclasses.replace(base or GrpcConfig(), **values)
+
+
 def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
     """Builds a config from parsed YAML (Danube's layout: broker.host, broker.ports.client...)."""
     if not isinstance(data, dict):
@@ -568,6 +610,7 @@ def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
     broker = _section(data, "broker", "")
     updates = _addresses(broker, config)
     updates["metrics_per_topic"] = _metrics(_section(data, "metrics", ""))
+    updates["grpc"] = grpc_config(_section(broker, "grpc", "broker."))
     advertised = _section(broker, "advertised_listeners", "broker.")
     if advertised.get("broker_url"):
         updates["advertised_addr"] = str(advertised["broker_url"]).split("://")[-1]

@@ -12,15 +12,22 @@ worker thread ends at its next step instead of keeping the broker alive."""
 from __future__ import annotations
 
 import contextvars
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from danube.schema.limits import PATTERN_SECONDS, SCHEMA_WORK_CPU_SECONDS
 
 CHECK_EVERY = 1024
 """Steps between looks at the cancel flag and the CPU clock (both cost more than a step)."""
+
+
+class CancelFlag(Protocol):
+    """What a budget looks at to learn that its caller gave up (a `threading.Event` in the
+    broker); a protocol, so this module stays pure."""
+
+    def is_set(self) -> bool: ...
 
 
 class LimitExceeded(Exception):
@@ -48,7 +55,7 @@ class Budget:
     cpu_seconds: float | None = None
     clock: Callable[[], float] | None = None
     """The calling thread's CPU time (`time.thread_time`); None (pure code): steps only."""
-    cancel: threading.Event | None = None
+    cancel: CancelFlag | None = None
     pattern_seconds: float = PATTERN_SECONDS
     """How long one regular-expression search may take (`danube.schema.patterns`)."""
     work_deadline: float | None = None
@@ -125,7 +132,7 @@ class Runtime:
     The simulator and the unit tests use `PURE` (steps only, never cancelled)."""
 
     clock: Callable[[], float] | None = None
-    cancel: threading.Event | None = None
+    cancel: CancelFlag | None = None
     work_cpu_seconds: float | None = None
     """CPU time of one piece of work (one `run_with`) across all the budgets it makes."""
     work_started: float | None = None
