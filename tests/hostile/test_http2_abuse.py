@@ -73,8 +73,8 @@ def test_rapid_reset_is_cut_off_with_goaway(broker: WatchedBroker) -> None:
     outcome = "GOAWAY" if seen.goaway else ("CLOSED" if seen.closed else "ENDURED")
     LEDGER.record("http2", "rapid reset", outcome)
     LEDGER.windows[f"http2: rapid reset pairs sent before the cut ({outcome})"] = float(sent)
-    broker.assert_healthy_since(started, f"rapid reset x{sent}")
     assert seen.goaway or seen.closed, f"{sent} HEADERS+RST_STREAM pairs all accepted"
+    broker.assert_healthy_since(started, f"rapid reset x{sent}")
 
 
 def test_streams_beyond_the_cap_are_refused(broker: WatchedBroker) -> None:
@@ -103,13 +103,13 @@ def test_streams_beyond_the_cap_are_refused(broker: WatchedBroker) -> None:
         refused = len(client.seen.resets)
         closed = client.seen.goaway or client.seen.closed
     LEDGER.record("http2", "streams beyond the cap", "REFUSED" if refused or closed else "OPEN")
-    broker.assert_healthy_since(started, f"{opening} open streams")
     assert advertised is not None and advertised <= STREAM_CAP, (
         f"MAX_CONCURRENT_STREAMS advertised: {advertised}"
     )
     assert closed or refused >= opening - advertised, (
         f"{opening} streams opened, {refused} refused, limit {advertised}"
     )
+    broker.assert_healthy_since(started, f"{opening} open streams")
 
 
 def test_an_oversized_header_block_is_refused(broker: WatchedBroker) -> None:
@@ -136,8 +136,8 @@ def test_an_oversized_header_block_is_refused(broker: WatchedBroker) -> None:
         refused = stream_id in client.seen.resets or client.seen.goaway or client.seen.closed
     outcome = "REFUSED" if refused else f"status {status}"
     LEDGER.record("http2", "1 MiB header", "RESOURCE_EXHAUSTED" if status == "8" else outcome)
-    broker.assert_healthy_since(started, "1 MiB header block")
     assert refused or (status is not None and status != "0"), f"served anyway: {outcome}"
+    broker.assert_healthy_since(started, "1 MiB header block")
 
 
 def test_unfinished_prefaces_are_timed_out(broker: WatchedBroker) -> None:
@@ -165,8 +165,8 @@ def test_unfinished_prefaces_are_timed_out(broker: WatchedBroker) -> None:
         with contextlib.suppress(OSError):
             sock.close()
     LEDGER.record("http2", "unfinished preface", "OPEN" if open_ else "CLOSED")
-    broker.assert_healthy_since(started, "40 unfinished prefaces")
     assert not open_, f"{len(open_)} of 40 unfinished prefaces still open after {HANDSHAKE_S} s"
+    broker.assert_healthy_since(started, "40 unfinished prefaces")
 
 
 def test_health_endpoint_answers_under_slow_clients(broker: WatchedBroker) -> None:

@@ -6,7 +6,7 @@ its log and its acknowledged messages intact.
 
 Hypothesis is seeded per method (`@seed`), so CI tries the same inputs every run; no shrinking
 (an unclean outcome is recorded with its bytes and reported, not minimised), so a broken broker
-cannot stretch the time budget. HOSTILE_EXAMPLES (default 12) sets the examples per method on
+cannot stretch the time budget. HOSTILE_EXAMPLES (default 10) sets the examples per method on
 its own port, HOSTILE_FOREIGN_EXAMPLES (default 2) on the port that does not serve it.
 """
 
@@ -25,12 +25,12 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from tests.hostile.harness import WatchedBroker
 from tests.hostile.ledger import LEDGER, env_int
 from tests.hostile.rawcall import Method, RawCaller, all_methods
-from tests.hostile.wire import CALLS, crafted, field_bytes
+from tests.hostile.wire import CALLS, crafted, field_bytes, field_varint
 
 pytestmark = pytest.mark.slow
 
 METHODS = all_methods()
-EXAMPLES = env_int("HOSTILE_EXAMPLES", 12)
+EXAMPLES = env_int("HOSTILE_EXAMPLES", 10)
 FOREIGN_EXAMPLES = env_int("HOSTILE_FOREIGN_EXAMPLES", 2)
 PORTS = ("client", "admin")
 CRAFTED = crafted()
@@ -143,6 +143,21 @@ def test_many_attributes_do_not_stall_the_broker(target: Target) -> None:
     LEDGER.record("repro-client", f"SendMessage {entries} attributes", outcome, body)
     assert outcome not in {"INTERNAL", "UNKNOWN", "DROPPED", "TIMEOUT"}, outcome
     target.broker.assert_healthy_since(started, f"SendMessage {entries} attributes")
+
+
+def test_a_name_too_long_in_bytes_is_refused_before_anything_is_created(target: Target) -> None:
+    """Issue 20 (8): `/default/` + 200 × "é" (209 characters, 409 bytes) was accepted, then
+    the topic failed with `File name too long` and stayed broken in the metadata."""
+    started = time.time()
+    create = _method("ProducerService/CreateProducer")
+    topic = ("/default/" + "é" * 200).encode()
+    body = field_varint(1, 1) + field_bytes(2, b"p") + field_bytes(3, topic)
+    outcome = target.call("client", create, [body], timeout=30.0)
+    LEDGER.record("repro-client", "CreateProducer 409-byte topic name", outcome, body)
+    described = target.call("admin", _method("TopicAdmin/DescribeTopic"), [field_bytes(1, topic)])
+    assert outcome == "INVALID_ARGUMENT", f"a 409-byte topic name: {outcome}"
+    assert described == "NOT_FOUND", f"the refused topic exists anyway: DescribeTopic {described}"
+    target.broker.assert_healthy_since(started, "409-byte topic name")
 
 
 def test_the_broker_came_through(target: Target) -> None:
