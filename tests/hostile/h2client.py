@@ -72,7 +72,8 @@ class RawH2:
     def handshake(self) -> None:
         self.conn.initiate_connection()
         self.flush()
-        self.pump(0.5, until=lambda: bool(self.seen.settings))
+        # A broker still busy with an earlier abuse may take a while to send its SETTINGS.
+        self.pump(15.0, until=lambda: bool(self.seen.settings))
 
     def flush(self) -> bool:
         """Sends what h2 has queued; False once the server has closed the connection."""

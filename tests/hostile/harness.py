@@ -21,6 +21,8 @@ WATCHER = Path(__file__).with_name("watch.py")
 ACKED_MESSAGES = 24
 SETTLE_S = 90.0
 """How long a window's end waits for the prober to finish a call in flight (a stall)."""
+SETTLED_CALLS = 2
+"""A step starts, and its window ends, once this many HealthChecks in a row were fast."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,9 +168,33 @@ class WatchedBroker:
                 samples.append(Sample(float(parts[0]), float(parts[1]), parts[2], int(parts[3])))
         return samples
 
+    def mark(self) -> float:
+        """The start of a step's window, once the broker answers fast (so what an earlier
+        step left behind is not blamed on this one)."""
+        self._settle()
+        return time.time()
+
+    def _settle(self) -> None:
+        """Waits (up to SETTLE_S) until the broker answers fast again, so work an abuse left
+        behind (a backlog of reset streams, a check still running) counts against the step
+        that caused it rather than the next one."""
+        since = time.time()
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            if self._watcher is None or self._watcher.poll() is not None:
+                return
+            recent = [s for s in self.samples() if s.started >= since]
+            if len(recent) >= SETTLED_CALLS and all(
+                s.latency_ms <= HEALTH_LIMIT_MS for s in recent[-SETTLED_CALLS:]
+            ):
+                return
+            time.sleep(0.02)
+
     def window_health(self, started: float, label: str) -> list[Sample]:
-        """The HealthCheck calls that overlapped [started, now], once the prober has begun a
-        call after now (so a stall in progress is measured to its end). Records the worst."""
+        """The HealthCheck calls that overlapped [started, now] and the first one after it,
+        once that one has completed (so a stall in progress is measured to its end). Records
+        the worst."""
+        self._settle()
         ended = time.time()
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline:
@@ -183,6 +209,9 @@ class WatchedBroker:
         inside = [
             s for s in samples if s.started <= ended and s.started + s.latency_ms / 1000 >= started
         ]
+        # A window shorter than the prober's pause may hold no call: the first call after it
+        # then says how the broker was left.
+        inside += [s for s in samples if s.started > ended][:1]
         worst = max((s.latency_ms for s in inside), default=0.0)
         LEDGER.windows[f"{self.name}: {label}"] = worst
         return inside

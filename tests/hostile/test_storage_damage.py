@@ -9,7 +9,6 @@ subscription whose cursor stood at the end must receive what is published next.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,7 +85,7 @@ def test_a_flipped_bit_in_the_newest_segment_is_not_silent_loss(broker: WatchedB
     position = _flip_bit_near_end(segment)
     broker.process.start()
     broker.start_watcher()
-    started = time.time()
+    started = broker.mark()
 
     offsets, refused = asyncio.run(asyncio.wait_for(_publish_new(broker), 60))
     try:
