@@ -58,6 +58,8 @@ def main() -> int:
     )
     print(f"statuses: {report['statuses']}")
     print(f"unclean outcomes: {report['unclean']}")
+    for offender in report["offenders"][:10]:
+        print(f"  {offender}")
     for broker in report["brokers"]:
         print(
             f"  {broker['name']}: RSS {broker['rss_before_mb']:.0f} -> "

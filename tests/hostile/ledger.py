@@ -62,6 +62,8 @@ class Ledger:
     outcomes: dict[str, Counter[str]] = field(default_factory=dict)
     offenders: list[Offender] = field(default_factory=list)
     runs: dict[str, BrokerRun] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """Findings that are no status: an OK that should have been a refusal."""
     windows: dict[str, float] = field(default_factory=dict)
     """The worst HealthCheck latency (ms) seen during each named step of the suite."""
 
@@ -97,7 +99,8 @@ class Ledger:
             "statuses": dict(sorted(self.statuses().items())),
             "by_category": {k: dict(sorted(v.items())) for k, v in sorted(self.outcomes.items())},
             "unclean": len(self.offenders),
-            "first_offenders": [str(o) for o in self.offenders[:20]],
+            "offenders": [str(o) for o in self.offenders[:400]],
+            "notes": self.notes,
             "worst_health_ms_by_step": dict(
                 sorted(self.windows.items(), key=lambda kv: -kv[1])[:25]
             ),

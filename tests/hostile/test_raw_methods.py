@@ -109,9 +109,13 @@ def test_crafted_bytes_get_clean_statuses(target: Target, method: Method) -> Non
         LEDGER.record(category, f"{method.short} {name}", outcome, b"".join(messages))
         if name == "two_messages" and not method.server_streaming and outcome == "OK":
             two_accepted = True
-    found = [o for o in LEDGER.offenders if o.category == category and method.short in o.method]
-    assert not found, f"{len(found)} unclean: " + "; ".join(str(o) for o in found[:4])
-    assert not two_accepted, f"{method.short} answered OK to a unary call with two messages"
+    found = [
+        str(o) for o in LEDGER.offenders if o.category == category and method.short in o.method
+    ]
+    if two_accepted:
+        found.insert(0, f"{method.short} answered OK to a unary call with two messages")
+        LEDGER.notes.append(f"{method.short}: a unary call with two messages answered OK")
+    assert not found, f"{len(found)} problems: " + "; ".join(found[:4])
     target.broker.assert_healthy_since(started, f"{port} {method.short} crafted")
 
 
