@@ -1,7 +1,7 @@
 """Runs the hostile-input suite (tests/hostile) against real broker processes and prints its
 numbers: inputs tried, statuses, worst HealthCheck latency, broker memory before and after.
 
-    python -m bench.hostile [--report bench/hostile.json] [-- extra pytest arguments]
+    python -m bench.hostile [--report bench/hostile.json] [pytest arguments, e.g. -k rapid]
 
 The numbers are written as JSON to the report file (bench/RESULTS.md, "Hostile input",
 quotes it). The suite's size is tuned by the HOSTILE_* variables the test modules name
@@ -25,8 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--report", type=Path, default=ROOT / "bench" / "hostile.json")
-    parser.add_argument("pytest_args", nargs="*")
-    args = parser.parse_args()
+    args, pytest_args = parser.parse_known_args()
     env = {**os.environ, "HOSTILE_REPORT": str(args.report)}
     started = time.monotonic()
     code = subprocess.call(
@@ -38,7 +37,7 @@ def main() -> int:
             "-p",
             "no:cacheprovider",
             "tests/hostile",
-            *args.pytest_args,
+            *pytest_args,
         ],
         cwd=ROOT,
         env=env,

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,13 +50,14 @@ class WatchedBroker:
         self.process = BrokerProcess(data_dir, extra_args=extra_args)
         self.samples_path = data_dir.parent / f"{name}-health.txt"
         self.topic = f"/default/hostile-acked-{name}"
-        self.payloads = acked_payloads(len(name))
+        self.payloads = acked_payloads(zlib.crc32(name.encode()))
         self.offsets: dict[int, bytes] = {}
         self.run = BrokerRun(name)
         LEDGER.runs[name] = self.run
         self._watcher: subprocess.Popen[bytes] | None = None
         self._reads = 0
         self._watch_from = 0.0
+        self._measured: dict[tuple[float, str], list[Sample]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -216,9 +218,16 @@ class WatchedBroker:
         LEDGER.windows[f"{self.name}: {label}"] = worst
         return inside
 
+    def measure(self, started: float, label: str) -> None:
+        """Takes the step's window now, before the step's other assertions, so its stall is
+        recorded even when one of them fails first; `assert_healthy_since` then judges it."""
+        self._measured[(started, label)] = self.window_health(started, label)
+
     def assert_healthy_since(self, started: float, label: str) -> None:
         """HealthCheck answered within the limit all through the window, and never failed."""
-        inside = self.window_health(started, label)
+        inside = self._measured.pop((started, label), None)
+        if inside is None:
+            inside = self.window_health(started, label)
         assert inside, f"{label}: no HealthCheck completed in the window"
         slow = [s for s in inside if s.latency_ms > HEALTH_LIMIT_MS or s.outcome != "OK"]
         worst = max(s.latency_ms for s in inside)

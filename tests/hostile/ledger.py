@@ -101,9 +101,10 @@ class Ledger:
             "unclean": len(self.offenders),
             "offenders": [str(o) for o in self.offenders[:400]],
             "notes": self.notes,
-            "worst_health_ms_by_step": dict(
-                sorted(self.windows.items(), key=lambda kv: -kv[1])[:25]
-            ),
+            "worst_health_ms_by_step": [
+                [step, round(ms, 1)]
+                for step, ms in sorted(self.windows.items(), key=lambda kv: -kv[1])[:25]
+            ],
             "brokers": [vars(r) for r in runs],
         }
 
@@ -124,9 +125,10 @@ class Ledger:
                 f"acknowledged intact {run.acknowledged_intact}"
             )
         worst = report["worst_health_ms_by_step"]
-        assert isinstance(worst, dict)
-        for step, ms in list(worst.items())[:10]:
+        assert isinstance(worst, list)
+        for step, ms in worst[:10]:
             lines.append(f"  worst HealthCheck during {step}: {ms:.1f} ms")
+        lines += [f"  {note}" for note in self.notes]
         return lines
 
     def write(self, path: Path) -> None:

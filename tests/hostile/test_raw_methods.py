@@ -91,6 +91,7 @@ def test_generated_bytes_get_clean_statuses(target: Target, method: Method, port
         LEDGER.record(category, method.short, outcome, b"".join(messages))
 
     fuzz()
+    target.broker.measure(started, f"{port} {method.short} generated")
     assert not LEDGER.offenders_in(category, method.short), _offenders_message(category, method)
     target.broker.assert_healthy_since(started, f"{port} {method.short} generated")
 
@@ -115,6 +116,7 @@ def test_crafted_bytes_get_clean_statuses(target: Target, method: Method) -> Non
     if two_accepted:
         found.insert(0, f"{method.short} answered OK to a unary call with two messages")
         LEDGER.notes.append(f"{method.short}: a unary call with two messages answered OK")
+    target.broker.measure(started, f"{port} {method.short} crafted")
     assert not found, f"{len(found)} problems: " + "; ".join(found[:4])
     target.broker.assert_healthy_since(started, f"{port} {method.short} crafted")
 
@@ -131,6 +133,7 @@ def test_a_long_topic_name_does_not_stall_the_broker(target: Target) -> None:
     body = field_bytes(1, b"q" * 200_000)
     outcome = target.call("client", lookup, [body], timeout=60.0)
     LEDGER.record("repro-client", "TopicLookup 200k name", outcome, body)
+    target.broker.measure(started, "TopicLookup 200k name")
     assert outcome not in {"INTERNAL", "UNKNOWN", "DROPPED", "TIMEOUT"}, outcome
     target.broker.assert_healthy_since(started, "TopicLookup 200k name")
 
@@ -144,6 +147,7 @@ def test_many_attributes_do_not_stall_the_broker(target: Target) -> None:
     body = entry * entries
     outcome = target.call("client", send, [body], timeout=60.0)
     LEDGER.record("repro-client", f"SendMessage {entries} attributes", outcome, body)
+    target.broker.measure(started, f"SendMessage {entries} attributes")
     assert outcome not in {"INTERNAL", "UNKNOWN", "DROPPED", "TIMEOUT"}, outcome
     target.broker.assert_healthy_since(started, f"SendMessage {entries} attributes")
 
@@ -158,6 +162,7 @@ def test_a_name_too_long_in_bytes_is_refused_before_anything_is_created(target: 
     outcome = target.call("client", create, [body], timeout=30.0)
     LEDGER.record("repro-client", "CreateProducer 409-byte topic name", outcome, body)
     described = target.call("admin", _method("TopicAdmin/DescribeTopic"), [field_bytes(1, topic)])
+    target.broker.measure(started, "409-byte topic name")
     assert outcome == "INVALID_ARGUMENT", f"a 409-byte topic name: {outcome}"
     # Not found, or the name refused outright again: either way no topic was made.
     assert described in {"NOT_FOUND", "INVALID_ARGUMENT"}, (

@@ -102,6 +102,7 @@ def test_a_doubling_compatibility_check_is_refused_and_others_go_on(broker: Watc
     bomb, other, other_took = asyncio.run(scenario())
     LEDGER.record("schema", "BACKWARD check of 31 anyOf levels", bomb, b"")
     LEDGER.record("schema", "RegisterSchema during the check", other, b"")
+    broker.measure(started, "anyOf-doubling BACKWARD check")
     assert bomb in CLEAN_REFUSALS, f"the doubling compatibility check ended {bomb}"
     assert other == "OK" and other_took < 5.0, f"another registration: {other} ({other_took}s)"
     broker.assert_healthy_since(started, "anyOf-doubling BACKWARD check")
@@ -153,6 +154,7 @@ def test_a_backtracking_pattern_does_not_stall_the_broker(broker: WatchedBroker)
         broker, "redos", schema, json.dumps("a" * 24 + "!").encode()
     )
     LEDGER.record("schema", "ReDoS pattern payload", outcome, b"")
+    broker.measure(started, f"ReDoS payload ({took:.1f} s)")
     assert outcome in CLEAN_REFUSALS, f"ReDoS payload: {outcome}"
     broker.assert_healthy_since(started, f"ReDoS payload ({took:.1f} s)")
 
@@ -164,6 +166,7 @@ def test_a_doubling_validation_does_not_stall_the_broker(broker: WatchedBroker) 
     schema = _anyof_doubling(ANYOF_DEPTH, {"type": "string", "maxLength": 1})
     outcome, took = _bound_topic_scenario(broker, "anyof", schema, b'"too long"')
     LEDGER.record("schema", f"anyOf depth {ANYOF_DEPTH} payload", outcome, b"")
+    broker.measure(started, f"anyOf depth {ANYOF_DEPTH} payload ({took:.1f} s)")
     assert outcome in CLEAN_REFUSALS, f"anyOf payload: {outcome}"
     broker.assert_healthy_since(started, f"anyOf depth {ANYOF_DEPTH} payload ({took:.1f} s)")
 
@@ -175,6 +178,7 @@ def test_a_huge_array_payload_does_not_stall_the_broker(broker: WatchedBroker) -
     payload = json.dumps(list(range(ARRAY_ITEMS))).encode()
     outcome, took = _bound_topic_scenario(broker, "array", schema, payload)
     LEDGER.record("schema", f"array of {ARRAY_ITEMS} ints", outcome, b"")
+    broker.measure(started, f"array of {ARRAY_ITEMS} ints ({took:.1f} s)")
     assert outcome == "OK" or outcome in CLEAN_REFUSALS, f"array payload: {outcome}"
     broker.assert_healthy_since(started, f"array of {ARRAY_ITEMS} ints ({took:.1f} s)")
 
@@ -201,6 +205,7 @@ def test_an_avro_record_that_never_ends_is_refused(broker: WatchedBroker) -> Non
     ).encode()
     outcome = _register(broker, "never-ends", "avro", schema)
     LEDGER.record("schema", "Avro record that never ends", outcome, b"")
+    broker.measure(started, "Avro record that never ends")
     assert outcome == "INVALID_ARGUMENT", f"an endless Avro record: {outcome}"
     broker.assert_healthy_since(started, "Avro record that never ends")
 
@@ -213,6 +218,7 @@ def test_a_huge_avro_enum_does_not_stall_the_broker(broker: WatchedBroker) -> No
     ).encode()
     outcome = _register(broker, "big-enum", "avro", schema)
     LEDGER.record("schema", "Avro enum of 20k symbols", outcome, b"")
+    broker.measure(started, "Avro enum of 20k symbols")
     assert outcome == "OK" or outcome in CLEAN_REFUSALS, f"a 20k-symbol enum: {outcome}"
     broker.assert_healthy_since(started, "Avro enum of 20k symbols")
 
