@@ -118,3 +118,11 @@ def fuzz(session: nox.Session) -> None:
 def sim(session: nox.Session) -> None:
     """One simulator run, for replaying a seed: `nox -s sim -- --seed 42 --duration 10`."""
     session.run(sys.executable, "-m", "sim", *session.posargs, external=True)
+
+
+@nox.session
+def hostile(session: nox.Session) -> None:
+    """The hostile-input suite alone (it also runs within `tests`), printing its numbers and
+    writing them to bench/hostile.json: `nox -s hostile`; HOSTILE_EXAMPLES and the other
+    HOSTILE_* variables size it (tests/hostile)."""
+    session.run(sys.executable, "-m", "bench.hostile", *session.posargs, external=True)
