@@ -91,7 +91,7 @@ def test_graceful_restart_persists_cursors_and_seals_the_wal(
     run(before)
     assert process.stop(signal.SIGTERM) == 0
     wal_dir = tmp_path / "data" / "wal" / "default" / topic.split("/")[-1]
-    assert [p.name for p in wal_dir.iterdir()] == [format.segment_name(0)]
+    assert [p.name for p in wal_dir.glob("*.wal")] == [format.segment_name(0)]
     restarted = broker_factory(tmp_path / "data", broker_port=0).start()
 
     async def after() -> None:
@@ -106,7 +106,7 @@ def test_graceful_restart_persists_cursors_and_seals_the_wal(
             assert [m.payload for m in messages][-1] == b"m10"
 
     run(after)
-    segments = sorted(p.name for p in wal_dir.iterdir())
+    segments = sorted(p.name for p in wal_dir.glob("*.wal"))
     assert segments == [format.segment_name(0), format.segment_name(10)], (
         "a restart never appends to a sealed segment"
     )

@@ -178,9 +178,10 @@ def test_a_payload_bomb_on_an_enforcing_topic_is_refused_while_others_are_answer
             created = await producers.create_producer(
                 api.ProducerRequest(request_id=1, producer_name="p", topic_name=topic)
             )
-            await registry.configure_topic_schema(
-                pb.ConfigureTopicSchemaRequest(topic, subject, "enforce", True)
-            )
+            with channel(broker.admin_addr) as admin:  # a binding changes on the admin port
+                await pb.SchemaRegistryStub(admin).configure_topic_schema(
+                    pb.ConfigureTopicSchemaRequest(topic, subject, "enforce", True)
+                )
             message = api.StreamMessage(
                 request_id=1,
                 msg_id=api.MsgId(producer_id=created.producer_id, topic_name=topic),
