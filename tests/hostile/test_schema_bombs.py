@@ -79,9 +79,13 @@ def test_a_doubling_compatibility_check_is_refused_and_others_go_on(broker: Watc
         try:
             registry = pb.SchemaRegistryStub(channel)
             await registry.register_schema(pb.RegisterSchemaRequest("bomb", "json_schema", v1))
-            await registry.set_compatibility_mode(
-                pb.SetCompatibilityModeRequest("bomb", "BACKWARD")
-            )
+            admin = _channel(broker.admin_addr)  # a subject's rules change on the admin port
+            try:
+                await pb.SchemaRegistryStub(admin).set_compatibility_mode(
+                    pb.SetCompatibilityModeRequest("bomb", "BACKWARD")
+                )
+            finally:
+                admin.close()
             bomb = asyncio.ensure_future(
                 _outcome(
                     registry.register_schema(pb.RegisterSchemaRequest("bomb", "json_schema", v2))
@@ -111,8 +115,9 @@ def test_a_doubling_compatibility_check_is_refused_and_others_go_on(broker: Watc
 def _bound_topic_scenario(
     broker: WatchedBroker, name: str, schema: bytes, payload: bytes
 ) -> tuple[str, float]:
-    """Registers `schema`, binds it with enforce to a new topic from the client port, and
-    publishes `payload`; returns the publish's outcome and how long it took."""
+    """Registers `schema` from the client port, binds it with enforce to a new topic on the
+    admin port (where bindings change), and publishes `payload` from the client port; returns
+    the publish's outcome and how long it took."""
     topic = f"/default/hostile-{name}"
 
     async def scenario() -> tuple[str, float]:
@@ -126,9 +131,13 @@ def _bound_topic_scenario(
             created = await producers.create_producer(
                 api.ProducerRequest(request_id=1, producer_name="p", topic_name=topic)
             )
-            await registry.configure_topic_schema(
-                pb.ConfigureTopicSchemaRequest(topic, name, "enforce", True)
-            )
+            admin = _channel(broker.admin_addr)  # a binding changes on the admin port
+            try:
+                await pb.SchemaRegistryStub(admin).configure_topic_schema(
+                    pb.ConfigureTopicSchemaRequest(topic, name, "enforce", True)
+                )
+            finally:
+                admin.close()
             message = api.StreamMessage(
                 request_id=2,
                 msg_id=api.MsgId(producer_id=created.producer_id, topic_name=topic),

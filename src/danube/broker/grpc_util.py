@@ -85,7 +85,7 @@ async def recv_bounded(stream: grpclib.server.Stream, limit: int, *, end_ok: boo
 
     grpclib 0.4.9 has no receive limit of its own, so a client could make the broker buffer a
     4 GiB message; this reads the gRPC length prefix itself (grpclib's internals are pinned)."""
-    header = await stream._stream.recv_data(5)
+    header = await _recv_data(stream, 5, "truncated gRPC message header")
     if not header and end_ok:
         return None
     if not header:
@@ -100,10 +100,21 @@ async def recv_bounded(stream: grpclib.server.Stream, limit: int, *, end_ok: boo
             Status.INVALID_ARGUMENT,
             f"message of {length} bytes exceeds the broker's limit of {limit} bytes",
         )
-    body = await stream._stream.recv_data(length)
+    body = await _recv_data(stream, length, "truncated gRPC message")
     if len(body) != length:
         raise GRPCError(Status.INVALID_ARGUMENT, "truncated gRPC message")
     return decode_request(body, stream._recv_type, stream._codec)
+
+
+async def _recv_data(stream: grpclib.server.Stream, size: int, truncated: str) -> bytes:
+    """`size` bytes of the request stream, b"" at its end. grpclib's buffer asserts when the
+    stream ends inside the bytes asked for (a client that cut a message short): that is the
+    client's mistake, INVALID_ARGUMENT, not an internal error."""
+    try:
+        data: bytes = await stream._stream.recv_data(size)
+    except AssertionError:
+        raise GRPCError(Status.INVALID_ARGUMENT, truncated) from None
+    return data
 
 
 async def recv_single(stream: grpclib.server.Stream, limit: int) -> Any:
