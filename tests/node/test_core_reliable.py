@@ -215,6 +215,22 @@ def test_start_positions() -> None:
     broker.core.subscribe(TOPIC, "d", "d", SHARED, (), StartPosition(StartKind.OFFSET, 5))
 
 
+def test_a_subscription_made_during_a_publish_stores_no_cursor_past_the_durable_end() -> None:
+    """Recovery takes a stored cursor as proof its offsets were acknowledged: a LATEST (or
+    at-the-end) start while a publish awaits its fsync must not store the unwritten offset,
+    or a crash before that fsync stops a healthy topic (review of issue 20)."""
+    broker = Broker()
+    pid = broker.producer()
+    broker.publish(pid, "m0")
+    step = broker.core.publish(pid, TOPIC, "m1", 2, None, encode=lambda o: b"|m1", now_ms=5)
+    assert step.value == 1  # assigned, its Write and Fsync not carried out
+    for sub, start in (("latest", StartPosition()), ("at1", StartPosition(StartKind.OFFSET, 1))):
+        broker.run(broker.core.subscribe(TOPIC, sub, sub, SHARED, (), start, now_ms=6).effects)
+        assert broker.cursor(sub) == 0, sub
+    # A repair now (a failed fsync) must not take the live LATEST cursor (1) as acknowledged.
+    assert broker.core.recovery_evidence(TOPIC)[0] == 1
+
+
 def test_closing_the_stream_redelivers_what_was_in_flight_to_the_next_consumer() -> None:
     broker = Broker()
     pid = broker.producer()

@@ -1267,9 +1267,14 @@ class BrokerCore:
             value = {"subscription_name": subscription, "subscription_type": int(kind)}
             puts: list[tuple[str, Any]] = [(paths.subscription(record.name, subscription), value)]
             if record.reliable:
-                # The dispatcher assumes start - 1 is durable (reliable.py, "Cursor").
-                puts.append((paths.cursor(record.name, subscription), start_offset - 1))
+                # The dispatcher assumes start - 1 is durable (reliable.py, "Cursor"). The
+                # stored cursor never names an offset not yet readable (a LATEST start during
+                # a publish, say): recovery takes a stored cursor as proof that its offsets
+                # were acknowledged (`recovery_evidence`), and a crash before that publish's
+                # fsync would then stop a healthy topic as damaged.
                 readable = self._ready_wal(record).readable_offset
+                stored = min(start_offset, readable) - 1
+                puts.append((paths.cursor(record.name, subscription), stored))
                 if readable:
                     sub.reliable.readable(readable - 1, now_ms)  # nobody connected: no effects
             effects.append(PersistMeta(puts=tuple(puts)))
@@ -1584,7 +1589,13 @@ class BrokerCore:
             for sub in record.subscriptions.values()
             if isinstance(sub.dispatcher, rd.ReliableSubscription)
         ]
-        return max(cursors, default=-1) + 1, indexed
+        acknowledged = max(cursors, default=-1) + 1
+        if record.wal is not None:
+            # A repair in a running broker: a live cursor may sit where a subscription
+            # started (LATEST during a publish), past what any fsync covered; only what was
+            # durable can have been acknowledged.
+            acknowledged = min(acknowledged, record.wal.durable_offset)
+        return acknowledged, indexed
 
     def wal_durable_end(self, topic: str) -> int | None:
         """Every offset of the topic below this is covered by a completed fsync (the WAL
