@@ -408,6 +408,34 @@ def test_undecodable_headers_close_the_connection_without_a_traceback(caplog: ob
     assert not [r for r in records if r.exc_info], "a traceback was logged"
 
 
+def test_a_busy_connection_whose_reads_end_mid_frame_is_no_slowloris() -> None:
+    """Every read ends inside a frame, but each frame completes quickly: the frame timeout
+    measures one frame left incomplete, not a buffer that is never empty (a producer
+    streaming large batches was cut off after `frame_timeout_ms`; review of issue 20)."""
+
+    def window_update() -> bytes:  # 13 bytes: a connection-level WINDOW_UPDATE of 1
+        return b"\x00\x00\x04\x08\x00" + (0).to_bytes(4, "big") + (1).to_bytes(4, "big")
+
+    async def scenario() -> None:
+        async with serving(GrpcConfig(frame_timeout_ms=300)) as served:
+            client = await RawH2.open(served.port)
+            await client.pump(0.2)
+            frames = window_update() * 2000
+            position, started = 0, time.monotonic()
+            while time.monotonic() - started < 1.2 and not client.closed:
+                end = position + 20
+                if end % 13 == 0:
+                    end += 1  # every write ends inside a frame
+                client.writer.write(frames[position:end])
+                position = end
+                await client.writer.drain()
+                await client.pump(0.02)
+            assert not client.closed, "a connection completing frames was closed"
+            client.close()
+
+    run(scenario)
+
+
 def test_slowloris_a_frame_or_header_block_left_incomplete_is_closed() -> None:
     async def scenario() -> None:
         async with serving(GrpcConfig(frame_timeout_ms=300)) as served:

@@ -277,7 +277,7 @@ class GuardedProtocol(H2Protocol):
             self._shut(ErrorCodes.PROTOCOL_ERROR, "undecodable_frames")
             return
         self.connection.flush()
-        self._watch_partial(now)
+        self._watch_partial(now, progressed=bool(events))
         doomed = {e.stream_id for e in events if isinstance(e, StreamReset)}
         for event in events:
             if self.closed_reason is not None:
@@ -288,20 +288,23 @@ class GuardedProtocol(H2Protocol):
         if self.closed_reason is None:
             self.connection.flush()
 
-    def _watch_partial(self, now: float) -> None:
+    def _watch_partial(self, now: float, *, progressed: bool) -> None:
         """Slowloris: a frame or header block left incomplete must complete within
-        `frame_timeout_ms` (h2 buffers it meanwhile; nothing else would ever time it out)."""
+        `frame_timeout_ms` (h2 buffers it meanwhile; nothing else would ever time it out).
+        The clock restarts whenever a read completed a frame (`progressed`): a busy stream
+        whose reads rarely end on a frame boundary always has a partial frame buffered, but
+        never the same one for long."""
         timeout = self.limits.frame_timeout_ms
         if timeout <= 0:
             return
         buffer = self.connection._connection.incoming_buffer
-        if not (buffer._data or buffer._headers_buffer):
+        partial = bool(buffer._data or buffer._headers_buffer)
+        if progressed or not partial:
             self._partial_since = None
             if self._partial_timer is not None:
                 self._partial_timer.cancel()
                 self._partial_timer = None
-            return
-        if self._partial_since is None:
+        if partial and self._partial_since is None:
             self._partial_since = now
             self._partial_timer = self._loop.call_later(timeout / 1000, self._partial_expired)
 
