@@ -257,7 +257,7 @@ class SimBroker:
             queue_limits=QueueLimits(),
             wal_config=self.wal_config,
             max_unacked_messages=self.max_unacked,
-            routing_key_of=_routing_key_of,
+            routing_key_of=records.routing_key,
             uploads=self.uploads,
             **options,
         )
@@ -849,10 +849,6 @@ class _Answer:
 
     def fail(self, error: DanubeError) -> None:
         self._reply(error)
-
-
-def _routing_key_of(record: bytes) -> bytes:
-    return records.decode(record).key
 
 
 def _describe(request: Any) -> str:

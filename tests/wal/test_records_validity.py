@@ -138,3 +138,14 @@ def test_the_most_attributes_decode() -> None:
         + b"\x12\x00" for i in range(records.MAX_ATTRIBUTES)
     )  # fmt: skip
     assert len(records.decode(data).attributes) == records.MAX_ATTRIBUTES
+
+
+def test_a_record_stored_before_the_strict_rules_routes_by_the_empty_key() -> None:
+    """A record the old batch check let through (a field numbered 2^29) may still sit in a
+    WAL after an upgrade: Key-Shared routing of it must not raise inside the core."""
+    good = records.encode(records.Record(payload=b"x", producer_name="p", routing_key="k"))
+    assert records.routing_key(good) == b"k"
+    legacy = good + b"\x80\x80\x80\x80\x10\x01"  # field 2^29, varint 1
+    with pytest.raises(records.RecordError):
+        records.decode(legacy)
+    assert records.routing_key(legacy) == b""

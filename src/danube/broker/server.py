@@ -142,11 +142,6 @@ def broker_id_for(data_dir: Path) -> str:
     return broker_id
 
 
-def _routing_key_of(record: bytes) -> bytes:
-    """Key-Shared routing of a stored record: its routing key, else its producer's name."""
-    return records.decode(record).key
-
-
 def _message_limit(config: BrokerConfig) -> int:
     size = config.policies.max_message_size
     return (size + DEFAULT_REQUEST_LIMIT) if size else UNLIMITED_MESSAGE_CAP
@@ -235,7 +230,7 @@ async def serve(
             # trip per group commit instead of two).
             wal_config=dataclasses.replace(config.storage.wal, synced_writes=True),
             max_unacked_messages=config.dispatch.max_unacked_messages,
-            routing_key_of=_routing_key_of,
+            routing_key_of=records.routing_key,
             uploads=UploaderConfig() if config.storage.tiered else None,
             durability=config.storage.durability,
             clustered=clustered,
