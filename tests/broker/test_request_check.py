@@ -271,6 +271,17 @@ def test_fields_are_limited_unknown_ones_included() -> None:
         check(known + b"\x22\x01\x00", ext_pb.AckBatchRequest)
 
 
+def test_a_repeated_number_sent_unpacked_has_the_packed_limit() -> None:
+    """Protobuf parsers take a repeated number packed or one field per element; both cost
+    betterproto the same, so both count against MAX_PACKED, not the field limit (review)."""
+    unpacked = b"".join(b"\x20" + bytes([n % 100]) for n in range(5_000))  # field 4, varint
+    check(unpacked, ext_pb.AckBatchRequest)
+    decoded = ext_pb.AckBatchRequest().parse(unpacked)
+    assert decoded.offsets == [n % 100 for n in range(5_000)]
+    with pytest.raises(RequestRejected, match="packed elements"):
+        check(b"\x20\x01" * (request_check.MAX_PACKED + 1), ext_pb.AckBatchRequest)
+
+
 def test_wide_32_bit_values_are_cut_as_protobuf_cuts_them(reference: Any) -> None:
     """A uint32 or enum sent as a wider varint: betterproto kept all the bits, protobuf the
     low 32 (an enum as a signed int32)."""

@@ -152,8 +152,13 @@ class _Walk:
             number, wire = key >> 3, key & 7
             if not 1 <= number <= MAX_FIELD_NUMBER:
                 raise RequestRejected(f"invalid field number {number}")
-            self.count()
             field = shape.fields.get(number)
+            if field is not None and field.repeated and field.wire == wire != LEN:
+                # An element of a repeated number sent unpacked: protobuf parsers must take
+                # both encodings, so both count against the same limit.
+                self.count_packed(1)
+            else:
+                self.count()
             if wire == VARINT:
                 value, pos = self.varint(pos, end)
                 if field is not None and field.proto_type in _NARROW and value >> 32:
