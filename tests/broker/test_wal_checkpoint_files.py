@@ -84,3 +84,15 @@ async def test_accept_loss_continues_after_the_mark_once(tmp_path: Path) -> None
     assert [path.name for path in tmp_path.glob("*.wal")] == [f"{12:020d}.wal"]
     again = await SegmentFiles(tmp_path).recover(TOPIC)
     assert (again.next_offset, again.replaced) == (12, 12)
+
+
+async def test_an_accept_loss_file_that_is_no_number_counts_as_zero(tmp_path: Path) -> None:
+    """'²' passes str.isdigit but int() refuses it: the file must count as 0, not raise a
+    ValueError the WAL task does not expect (review of issue 20)."""
+    segments = await _write_segments(tmp_path, 12)
+    await SegmentFiles(tmp_path).recover(TOPIC)  # marks 12
+    for path in segments:
+        path.unlink()
+    (tmp_path / LOSS_ACCEPTED_NAME).write_text("²\n")
+    plan = await SegmentFiles(tmp_path).recover(TOPIC)
+    assert plan.next_offset == 12  # after the mark, whatever the file said

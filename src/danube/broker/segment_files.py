@@ -147,7 +147,7 @@ class SegmentFiles:
             text = (self.directory / LOSS_ACCEPTED_NAME).read_text(errors="replace").strip()
         except FileNotFoundError:
             return None
-        return int(text) if text.isdigit() else 0
+        return int(text) if text.isascii() and text.isdigit() else 0
 
     def _remove_loss_accepted(self) -> None:
         (self.directory / LOSS_ACCEPTED_NAME).unlink(missing_ok=True)
