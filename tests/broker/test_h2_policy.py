@@ -112,3 +112,14 @@ def test_keepalive_pings_then_closes_a_silent_busy_peer_and_an_answer_saves_it()
 def test_header_list_size_counts_32_bytes_per_field() -> None:
     assert header_list_size([]) == 0
     assert header_list_size([("ab", "cde"), (b"x", b"")]) == 2 + 3 + 32 + 1 + 32
+
+
+def test_a_client_pinging_at_the_minimum_interval_with_jitter_collects_no_strike() -> None:
+    """A Rust client's keep_alive_interval of exactly 10 s on a quiet stream: its pings land
+    a little early or late; only clearly early ones are strikes (review of issue 20)."""
+    strikes = PingStrikes(min_interval=10.0)
+    now = 0.0
+    for _ in range(20):
+        assert not strikes.ping(now)
+        now += 9.95
+    assert strikes.strikes == 0

@@ -38,6 +38,12 @@ class ResetBudget:
         return len(times) > self.limit
 
 
+PING_JITTER = 0.9
+"""A client ping counts as early only below this share of the minimum interval: a client
+that pings exactly every `min_interval` (a Rust client's `keep_alive_interval` of 10 s, say)
+must not collect strikes from timer jitter."""
+
+
 class PingStrikes:
     """grpc's server-side ping policing ("too_many_pings"): a client PING that comes sooner than
     `min_interval` after the previous one is a strike, unless the broker sent data or headers
@@ -61,7 +67,7 @@ class PingStrikes:
             self._sent_since = False
             self.strikes = 0
             self._last = None
-        if self._last is not None and now - self._last < self.min_interval:
+        if self._last is not None and now - self._last < self.min_interval * PING_JITTER:
             self.strikes += 1
         self._last = now
         return self.strikes > self.max_strikes
