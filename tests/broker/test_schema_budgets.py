@@ -23,20 +23,13 @@ from grpclib.const import Status
 from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube as api
 from danube.proto import danube_schema as pb
+from tests.schema.test_budgets import doubling
 from tests.support.aio import run, unique_topic
 
 pytestmark = pytest.mark.slow
 
 PROMPT_S = 3.0
 """The slowest answer another client may get while a bomb is checked (the bugs: minutes)."""
-
-
-def doubling(leaf: str, depth: int) -> bytes:
-    definitions: dict[str, Any] = {"a0": {"type": leaf}}
-    for n in range(1, depth + 1):
-        ref = {"$ref": f"#/definitions/a{n - 1}"}
-        definitions[f"a{n}"] = {"anyOf": [ref, dict(ref)]}
-    return json.dumps({"definitions": definitions, "$ref": f"#/definitions/a{depth}"}).encode()
 
 
 def channel(address: str) -> closing[Channel]:
