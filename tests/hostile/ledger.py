@@ -55,6 +55,9 @@ class BrokerRun:
     tracebacks: int = 0
     alive: bool = True
     acknowledged_intact: bool | None = None
+    acknowledged_outcome: str | None = None
+    """How acknowledged data came through when not simply intact (e.g. the damaged topic
+    refused with its corruption error): printed instead of "intact False"."""
 
 
 @dataclass
@@ -122,7 +125,9 @@ class Ledger:
                 f"broker {run.name}: RSS {run.rss_before_mb:.0f} -> {run.rss_after_mb:.0f} MB "
                 f"(peak {run.rss_peak_mb:.0f}), worst HealthCheck {run.worst_health_ms:.1f} ms, "
                 f"tracebacks {run.tracebacks}, alive {run.alive}, "
-                f"acknowledged intact {run.acknowledged_intact}"
+                f"acknowledged {run.acknowledged_outcome}"
+                if run.acknowledged_outcome
+                else f"acknowledged intact {run.acknowledged_intact}"
             )
         worst = report["worst_health_ms_by_step"]
         assert isinstance(worst, list)

@@ -104,6 +104,10 @@ def test_a_flipped_bit_in_the_newest_segment_is_not_silent_loss(broker: WatchedB
     outcome = "INTACT" if served_intact else (f"REFUSED {read_refusal}" if read_refusal else "LOST")
     LEDGER.record("storage", "bit flip in the newest frame", outcome)
     broker.run.acknowledged_intact = served_intact
+    if not served_intact:
+        broker.run.acknowledged_outcome = (
+            f"refused: {outcome}, corruption logged {corruption_logged}"
+        )
     broker.assert_healthy_since(started, "restart after a flipped bit")
 
     differing = sorted(o for o in acknowledged if o in found and found[o] != acknowledged[o])
