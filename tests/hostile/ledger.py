@@ -125,9 +125,11 @@ class Ledger:
                 f"broker {run.name}: RSS {run.rss_before_mb:.0f} -> {run.rss_after_mb:.0f} MB "
                 f"(peak {run.rss_peak_mb:.0f}), worst HealthCheck {run.worst_health_ms:.1f} ms, "
                 f"tracebacks {run.tracebacks}, alive {run.alive}, "
-                f"acknowledged {run.acknowledged_outcome}"
-                if run.acknowledged_outcome
-                else f"acknowledged intact {run.acknowledged_intact}"
+                + (
+                    f"acknowledged {run.acknowledged_outcome}"
+                    if run.acknowledged_outcome
+                    else f"acknowledged intact {run.acknowledged_intact}"
+                )
             )
         worst = report["worst_health_ms_by_step"]
         assert isinstance(worst, list)
