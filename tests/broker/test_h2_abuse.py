@@ -196,7 +196,7 @@ def test_settings_advertise_the_stream_and_header_limits() -> None:
             assert settings
             changed = settings[0].changed_settings
             codes = h2.settings.SettingCodes
-            assert changed[codes.MAX_CONCURRENT_STREAMS].new_value == 1000
+            assert changed[codes.MAX_CONCURRENT_STREAMS].new_value == 500
             assert changed[codes.MAX_HEADER_LIST_SIZE].new_value == 16 * 1024
             client.close()
 

@@ -14,7 +14,7 @@ def test_defaults() -> None:
     grpc = config_from_mapping({}).grpc
     assert grpc == GrpcConfig()
     assert (grpc.keepalive_time_ms, grpc.keepalive_timeout_ms) == (30_000, 20_000)
-    assert (grpc.max_concurrent_streams, grpc.max_header_list_bytes) == (1000, 16384)
+    assert (grpc.max_concurrent_streams, grpc.max_header_list_bytes) == (500, 16384)
     assert (grpc.max_stream_resets, grpc.stream_reset_window_ms) == (200, 10_000)
     assert (grpc.handshake_timeout_ms, grpc.frame_timeout_ms) == (10_000, 10_000)
 

@@ -98,33 +98,29 @@ class RawH2:
             if left <= 0:
                 return
             self.sock.settimeout(min(left, 0.2))
-            try:
-                data = self.sock.recv(1 << 16)
-            except TimeoutError:
-                continue
-            except OSError:
-                self.seen.closed = True
-                return
-            if not data:
-                self.seen.closed = True
-                return
-            self._feed(data)
+            self._read()
 
     def drain(self) -> None:
         """Handles whatever has already arrived, without waiting."""
         self.sock.settimeout(0.0)
-        while not self.seen.closed:
-            try:
-                data = self.sock.recv(1 << 16)
-            except BlockingIOError:
-                return
-            except OSError:
-                self.seen.closed = True
-                return
-            if not data:
-                self.seen.closed = True
-                return
-            self._feed(data)
+        while not self.seen.closed and self._read():
+            pass
+
+    def _read(self) -> bool:
+        """One receive, handled: True when data came, False when none was there in time or
+        the connection closed (`seen.closed` says which)."""
+        try:
+            data = self.sock.recv(1 << 16)
+        except (TimeoutError, BlockingIOError):
+            return False
+        except OSError:
+            self.seen.closed = True
+            return False
+        if not data:
+            self.seen.closed = True
+            return False
+        self._feed(data)
+        return True
 
     def _feed(self, data: bytes) -> None:
         try:
