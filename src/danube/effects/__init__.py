@@ -1,0 +1,279 @@
+"""The one vocabulary of I/O that every machine and flow of the broker asks for.
+
+A machine decides; what it needs from the world it names with one of these values, and a
+port carries it out: the production runtime (etcd, files, S3, trio), the simulator (the
+same, with latency and faults) or the instant in-memory port of `danube.testing`. Since
+every machine speaks this vocabulary, each port implements it once, and the simulator runs
+exactly the flows production runs (spec/effects.md).
+
+The values are answered, not returned: a flow (`danube.effects.flow`) yields one and gets
+the answer sent back, or the failure thrown in. What each is answered with is said on it.
+
+Failures are exceptions a port raises into the flow:
+- `StoreUnreachable`: the metadata store did not answer (a transaction's outcome is then
+  `Outcome.UNKNOWN`, not this error);
+- `ObjectStoreFailed` with its `ObjectFailure` kind;
+- `OSError` from files, as the operating system says it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from danube.metadata.model import Compare, KeyValue, Op
+
+# -- the metadata store ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRead:
+    """Answered with the key's `KeyValue`, or None when it does not exist."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoreList:
+    """Answered with every `KeyValue` under `prefix`, in key order."""
+
+    prefix: str
+
+
+class Outcome(enum.Enum):
+    COMMITTED = "committed"
+    """The compares held and the operations were applied."""
+    REFUSED = "refused"
+    """A compare did not hold; nothing was applied."""
+    UNKNOWN = "unknown"
+    """No answer came (a timeout, a lost connection): the operations may or may not have
+    been applied. `read_back` tells the machine what the store holds now, if it could be
+    read."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreTxn:
+    """One atomic compare-and-operate transaction: if every compare holds, apply `ops`.
+
+    Answered with a `TxnAnswer`. Whenever the outcome is not `COMMITTED`, the interpreter
+    reads the keys of `read_back` (the same for every machine: one read after the refusal
+    or the unknown outcome) and passes what it found, so the machine can tell "somebody
+    else holds it" from "my own write landed after all".
+
+    `fenced` names keys written under this broker's ownership of a topic: the port adds the
+    compares of the ownership claim (cluster mode), so a broker that lost the topic cannot
+    write. `purpose` is for logs and the simulator's trace only."""
+
+    compares: tuple[Compare, ...]
+    ops: tuple[Op, ...]
+    read_back: tuple[str, ...] = ()
+    fenced: tuple[str, ...] = ()
+    purpose: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TxnAnswer:
+    outcome: Outcome
+    found: Mapping[str, KeyValue | None] = field(default_factory=dict)
+    """The `read_back` keys as read after a refusal or an unknown outcome (missing keys
+    were not readable: the store was down too)."""
+
+    @property
+    def committed(self) -> bool:
+        return self.outcome is Outcome.COMMITTED
+
+
+class StoreUnreachable(Exception):
+    """The metadata store did not answer a read."""
+
+
+# -- objects --------------------------------------------------------------------------------
+
+
+class ObjectFailure(enum.Enum):
+    THROTTLED = "throttled"
+    """The store asks to slow down: retry later, with a longer pause."""
+    TRANSIENT = "transient"
+    """A server error or a lost connection: retry."""
+    FATAL = "fatal"
+    """Credentials, a missing bucket, a request the store refuses: retrying does not help."""
+    MISSING = "missing"
+    """The object does not exist."""
+
+
+class ObjectStoreFailed(Exception):
+    def __init__(self, kind: ObjectFailure, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectGet:
+    """Answered with the bytes [`start`, `end`) of the object (all of it when `end` is
+    None)."""
+
+    key: str
+    start: int = 0
+    end: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectPut:
+    """Answered with None once the object is stored whole."""
+
+    key: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectList:
+    """Answered with `(key, modified_ms)` pairs under `prefix`."""
+
+    prefix: str
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectDelete:
+    """Answered with None (deleting what is not there succeeds)."""
+
+    key: str
+
+
+# -- files of a topic's WAL directory --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TopicFile:
+    """A WAL file effect (`danube.wal.machine.CreateSegment`, `Write`, `Fsync`,
+    `CloseSegment`, `DeleteSegment`) on the topic's directory; answered with None. A write
+    of a topic whose durability syncs every write is synced before the answer."""
+
+    topic: str
+    effect: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ReadTopicFile:
+    """Answered with the bytes [`start`, `end`) of the topic's segment `segment_base`
+    (all of it when `end` is None); `FileNotFoundError` when the segment is gone."""
+
+    topic: str
+    segment_base: int
+    start: int = 0
+    end: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScanTopic:
+    """Answered with the topic's directory as recovery sees it: `TopicScan`."""
+
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class TopicScan:
+    segments: tuple[tuple[int, Any], ...]
+    """(segment base, `wal.format` scan or `wal.recovery.UnreadableSegment`), by base."""
+    checkpoint_end: int | None
+    """The durable end the checkpoint marks, None without a checkpoint."""
+    loss_accepted_at: int | None
+    """The offset of an operator's `accept-loss` file, None without one."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverTopic:
+    """Carry out a recovery plan's actions (`wal.recovery.TruncateSegment`, `PlaceSegment`,
+    …), mark `next_offset` in the checkpoint when asked and remove an `accept-loss` file;
+    answered with None."""
+
+    topic: str
+    actions: tuple[Any, ...]
+    mark: int | None
+    clear_loss_accepted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateTopicFile:
+    """Cut the segment to `size` bytes and sync it; answered with None."""
+
+    topic: str
+    segment_base: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class MarkDurable:
+    """Write the topic's checkpoint: offsets below `end` are durable. Answered with None."""
+
+    topic: str
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveTopicFiles:
+    """Delete the topic's WAL directory and everything in it; answered with None."""
+
+    topic: str
+
+
+# -- time and work ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Answered with None after `ms` milliseconds of the port's clock."""
+
+    ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """CPU-bound work (parsing, checksums): answered with what `run()` returns. Production
+    runs it in a worker thread; the simulator and the testing port run it inline."""
+
+    run: Callable[[], Any]
+
+
+IoEffect: TypeAlias = (
+    StoreRead
+    | StoreList
+    | StoreTxn
+    | ObjectGet
+    | ObjectPut
+    | ObjectList
+    | ObjectDelete
+    | TopicFile
+    | ReadTopicFile
+    | ScanTopic
+    | RecoverTopic
+    | TruncateTopicFile
+    | MarkDurable
+    | RemoveTopicFiles
+    | Sleep
+    | Work
+)
+
+
+# -- policies as data ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How a flow retries a failing call: pauses of `first_ms`, growing by `factor` up to
+    `cap_ms`; `attempts` None retries for as long as the failure lasts (the flow still ends
+    when its owner goes: a topic unloaded, a broker stopped)."""
+
+    first_ms: int
+    factor: float = 2.0
+    cap_ms: int = 5_000
+    attempts: int | None = None
+
+    def pause_ms(self, attempt: int) -> int:
+        """The pause after failed attempt `attempt` (1 for the first)."""
+        return int(min(self.cap_ms, self.first_ms * self.factor ** (attempt - 1)))
+
+    def gives_up(self, attempt: int) -> bool:
+        return self.attempts is not None and attempt >= self.attempts
