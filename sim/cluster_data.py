@@ -28,14 +28,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from danube.cluster import keys
 from danube.cluster import ownership as own
+from danube.cluster import ownership_flows as flows
 from danube.cluster.keys import Marker
 from danube.cluster.ownership import NotOwner, Ownership, OwnershipConfig, fence_compares
 from danube.core.config import OBJECT_DURABILITY, TopicDurability
 from danube.core.errors import DanubeError, ErrorCode
+from danube.effects.flow import Finished
 from danube.metadata.model import KeyValue
 from danube.node.core import PersistMeta, TierIo
 from danube.proto import danube as pb
@@ -45,6 +47,7 @@ from sim.broker import TICK_US, Observer, Reply, SimBroker
 from sim.disk import SimDisk
 from sim.etcd import Origin, SimEtcd, failed
 from sim.faults import Faults, Injected
+from sim.flow_runner import Answer, run_flow
 from sim.network import Network
 from sim.objects import SimObjectStore
 from sim.run import UPLOADS
@@ -62,7 +65,6 @@ publish, so one upload answers a batch (the cluster test's setting)."""
 SETTLE_POLL_US = own.SETTLE_POLL_MS * 1000
 """How often an unload checks whether the topic is settled, as the driver does."""
 OWNERSHIP_RETRY_MS = 250
-E = TypeVar("E", own.Claim, own.Release)
 
 
 class Host(Protocol):
@@ -300,6 +302,9 @@ class DataPlane:
     # -- effects ----------------------------------------------------------------------------------
 
     def apply(self, effects: list[own.Effect]) -> None:
+        """Each effect runs the broker's own flow (`danube.cluster.ownership_flows`); its
+        store requests go to the simulated etcd, its core requests to this incarnation's
+        broker."""
         host = self.host
         for effect in effects:
             if not host.alive:
@@ -308,134 +313,61 @@ class DataPlane:
                 self._wake += 1
                 token = self._wake
                 host.at_clock(effect.at_ms * US_PER_MS, lambda t=token: self._woken(t))
-            elif isinstance(effect, own.Claim):
-                self._transact(effect, "claim", self._claimed)
-            elif isinstance(effect, own.Release):
-                self._transact(effect, "release", self._released)
-            elif isinstance(effect, own.Load):
-                self._load(effect)
-            elif isinstance(effect, own.Unload):
-                self._unload(effect)
-            else:
-                assert isinstance(effect, own.Drop)
-                host.world.log(f"broker {host.name} drops {effect.topic}")
-                self._forget(effect.topic, delete_files=False)
+                continue
+            flow = flows.flow_of(self.machine, effect, host.now_ms)
+            if flow is not None:
+                run_flow(host, flow, self._core_request, self._finished)
+
+    def _finished(self, end: Finished) -> None:
+        if end.error is not None:
+            raise end.error  # a flow's bug: the run fails loudly
+        if self.host.alive:
+            self.apply(end.value)
 
     def _woken(self, token: int) -> None:
         if self.host.alive and token == self._wake:
             self.apply(self.machine.tick(self.host.now_ms()))
 
-    def _transact(self, effect: E, kind: str, done: Callable[[E, Any], None]) -> None:
-        etcd, origin = self.host.etcd, Origin(self.host.name, kind)
-        self.host.call(
-            f"{kind} {effect.topic}",
-            lambda: etcd.txn(effect.compares, effect.ops, origin),
-            lambda result: done(effect, result),
-        )
-
-    def _claimed(self, claim: own.Claim, result: Any) -> None:
-        topic = claim.topic
-        if failed(result) or result.succeeded:
-            ok = not failed(result)
-            revision = result.revision if ok else 0
-            self.apply(self.machine.claim_done(topic, ok, revision, self._now(), known=ok))
-            return
-        host, key = self.host, own.owner_key(topic)
-
-        def found(kv: Any) -> None:
-            mine = not failed(kv) and own.own_claim(kv, host.name, self.machine.lease_id)
-            if mine:
-                host.world.log(f"broker {host.name} finds its own claim on {topic}")
-            revision = kv.mod_revision if mine else 0
-            known = not failed(kv)
-            self.apply(self.machine.claim_done(topic, mine, revision, self._now(), known=known))
-
-        host.call(f"read {key}", lambda: host.etcd.get(key), found)
-
-    def _now(self) -> int:
-        return self.host.now_ms()
-
-    def _released(self, release: own.Release, result: Any) -> None:
-        topic, host = release.topic, self.host
-        if failed(result) or result.succeeded:
-            self.apply(self.machine.released(topic, not failed(result), self._now()))
-            return
-
-        def found(kv: Any) -> None:
-            done = not failed(kv) and own.release_done(release, kv)
-            self.apply(self.machine.released(topic, done, self._now()))
-
-        key = own.owner_key(topic)
-        host.call(f"read {key}", lambda: host.etcd.get(key), found)
-
-    def _load(self, effect: own.Load) -> None:
-        host, topic, etcd = self.host, effect.topic, self.host.etcd
-        prefixes, policy_key = own.load_reads(topic)
-
-        def read() -> dict[str, Any] | LookupError:
-            scanned = [kv for prefix in prefixes for kv in etcd.scan(prefix)]
-            try:
-                return own.load_entries(topic, scanned, etcd.get(policy_key))
-            except LookupError as error:
-                return error
-
-        def fail(why: str) -> None:
-            host.world.log(f"broker {host.name} cannot load {topic}: {why}")
-            self.apply(self.machine.load_failed(topic, host.now_ms()))
-
-        def have(entries: Any) -> None:
-            if failed(entries) or isinstance(entries, LookupError):
-                fail(str(entries))
-                return
-            writer = own.become_writer(topic, host.name, effect.claim_revision, entries)
-            origin = Origin(host.name, "writer")
-
-            def written(result: Any) -> None:
-                core = self.broker.core
-                if failed(result) or not result.succeeded or core is None:
-                    fail("the claim is gone")
-                    return
-                self.broker.claims[topic] = effect.claim_revision
-                adopted = core.adopt(
-                    entries, keep_local=writer.keep_local, epoch=effect.claim_revision
-                )
-                self.broker._apply(adopted.effects)
-                host.world.log(f"broker {host.name} loaded {topic} keep_local={writer.keep_local}")
-                self.apply(self.machine.loaded(topic, host.now_ms()))
-
-            host.call(
-                f"writer {topic}", lambda: etcd.txn(writer.compares, writer.ops, origin), written
+    def _core_request(self, request: flows.CoreRequest, answer: Answer) -> None:
+        broker, host = self.broker, self.host
+        core = broker.core
+        if core is None or not host.alive:
+            return  # the incarnation is gone: the flow ends with it
+        if isinstance(request, flows.Adopt):
+            broker.claims[request.topic] = request.claim_revision
+            adopted = core.adopt(
+                request.entries, keep_local=request.keep_local, epoch=request.claim_revision
             )
+            broker._apply(adopted.effects)
+            host.world.log(
+                f"broker {host.name} loaded {request.topic} keep_local={request.keep_local}"
+            )
+            answer(None)
+        elif isinstance(request, flows.Seal):
+            broker._apply(core.unload(request.topic, broker.now_ms).effects)
+            answer(None)
+        elif isinstance(request, flows.AwaitSettled):
+            self._when_settled(request.topic, answer)
+        else:
+            assert isinstance(request, flows.Forget), request
+            removed = core.remove(
+                request.topic, reason=request.reason, delete_files=request.delete_files
+            )
+            broker._apply(removed.effects)
+            broker.claims.pop(request.topic, None)
+            host.world.log(f"broker {host.name} {request.event} {request.topic}")
+            answer(None)
 
-        host.call(f"read {topic}", read, have)
-
-    def _unload(self, effect: own.Unload) -> None:
+    def _when_settled(self, topic: str, answer: Answer) -> None:
+        """The driver's poll (`SETTLE_POLL_MS`): WAL idle, segments indexed, metadata
+        written."""
         core = self.broker.core
-        if core is None:
-            return
-        self.broker._apply(core.unload(effect.topic, self.broker.now_ms).effects)
-        self._when_settled(effect)
-
-    def _when_settled(self, effect: own.Unload) -> None:
-        core, topic = self.broker.core, effect.topic
         if not self.host.alive or core is None:
             return
         if not (core.settled(topic) and self.broker.metadata_flushed):
-            self.host.world.at(SETTLE_POLL_US, lambda: self._when_settled(effect))
+            self.host.world.at(SETTLE_POLL_US, lambda: self._when_settled(topic, answer))
             return
-        if not self.machine.unloading(topic, effect.claim_revision):
-            return
-        self._forget(topic, delete_files=True)
-        self.host.world.log(f"broker {self.host.name} unloaded {topic}")
-        self.apply(self.machine.unloaded(topic, self.host.now_ms()))
-
-    def _forget(self, topic: str, *, delete_files: bool) -> None:
-        core = self.broker.core
-        if core is None:
-            return
-        reason = "moved to another broker" if delete_files else "ownership lost"
-        self.broker._apply(core.remove(topic, reason=reason, delete_files=delete_files).effects)
-        self.broker.claims.pop(topic, None)
+        answer(None)
 
 
 def _topic_of(request: Any) -> str | None:

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
-from danube.cluster import keys, ownership
+from danube.cluster import keys, ownership, ownership_flows
 from danube.cluster.load_manager import Assign, LoadManager
 from danube.cluster.membership import Campaign, Effect, Membership
 from danube.core.names import TopicName
+from danube.effects import TxnAnswer
 from danube.metadata.model import Compare
 from danube.tiering import layout
 from sim import cluster_data
@@ -111,7 +112,32 @@ def object_keys_without_epoch() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def claim_ignores_read_back() -> Iterator[None]:
+    """The shared claim flow (`danube.cluster.ownership_flows.claim`) no longer looks at what
+    it read back after a refused or unanswered claim: a claim of its own that landed after
+    its answer was lost reads as somebody else's, every retry's compare fails while the
+    lease lives, and the topic is served by nobody."""
+    original = ownership_flows.claim
+
+    def claim(machine: Any, effect: Any, now: Any) -> Generator[Any, Any, Any]:
+        inner = original(machine, effect, now)
+        request = next(inner)
+        while True:
+            answer = yield request
+            if isinstance(answer, TxnAnswer) and not answer.committed:
+                answer = TxnAnswer(answer.outcome, answer.revision, {})
+            try:
+                request = inner.send(answer)
+            except StopIteration as stop:
+                return stop.value
+
+    with mock.patch.object(ownership_flows, "claim", claim):
+        yield
+
+
 DATA_MUTATIONS: dict[str, Patch] = {
+    "claim_ignores_read_back": claim_ignores_read_back,
     "writes_without_claim_compare": writes_without_claim_compare,
     "object_keys_without_epoch": object_keys_without_epoch,
 }

@@ -35,7 +35,9 @@ def test_every_invariant_holds_under_the_default_faults() -> None:
         result = ClusterSimulation(seed, DATA, DEFAULT).run(10)
         assert result.ok, (seed, [v.detail for v in result.violations])
         assert result.settled, seed
-        assert result.data["acknowledged"] > 300, (seed, result.data)
+        # A floor that a stuck cluster misses (seeds 1-12 acknowledge 294-1,120 since loads
+        # make the runtime's three store requests, not one atomic read).
+        assert result.data["acknowledged"] > 250, (seed, result.data)
         assert result.data["objects_indexed"] >= result.data["acknowledged"] // 2, result.data
 
 
@@ -49,20 +51,22 @@ def test_without_faults_every_message_is_acknowledged_once_and_indexed() -> None
 
 
 def test_a_deposed_owners_late_upload_lands_beside_the_new_owners_object() -> None:
-    """Seed 37: broker 2, cut off from etcd, still owns /default/topic-13 as far as it
-    knows; broker 3 has claimed it, continued the offsets and indexed offset 55 (an
-    acknowledged message). Broker 2's late upload of its own offset 55 used to land under the
-    same object key (offsets alone) and replace the indexed object: the acknowledged message
-    was gone. Keys now carry the writer's claim revision."""
-    simulation = ClusterSimulation(37, DATA, DEFAULT)
+    """Seed 54: a deposed owner, cut off from etcd, still owns /default/topic-2 as far as it
+    knows; the new owner has claimed it, continued the offsets and indexed an acknowledged
+    message. The deposed owner's late upload of its own copy of that offset used to land
+    under the same object key (offsets alone) and replace the indexed object: the
+    acknowledged message was gone. Keys now carry the writer's claim revision. (Seed 37
+    until the ownership flows were shared with the broker: a load now makes the runtime's
+    three store requests, which moves the scenario to another seed.)"""
+    simulation = ClusterSimulation(54, DATA, DEFAULT)
     result = simulation.run(15)
     assert result.ok, [v.detail for v in result.violations]
     with DATA_MUTATIONS["object_keys_without_epoch"]():
-        planted = ClusterSimulation(37, DATA, DEFAULT).run(15)
+        planted = ClusterSimulation(54, DATA, DEFAULT).run(15)
     assert [v.invariant for v in planted.violations] == [NO_LOSS]
-    assert "/default/topic-13: 1 acknowledged messages are lost" in planted.violations[0].detail
+    assert "/default/topic-2: 1 acknowledged messages are lost" in planted.violations[0].detail
     assert simulation.objects is not None
-    name = parse_topic("/default/topic-13")
+    name = parse_topic("/default/topic-2")
     ranges = Counter(layout.parse_object_key(name, key) for key in simulation.objects.objects)
     assert any(count > 1 for at, count in ranges.items() if at is not None), (
         "two writers uploaded one range"
@@ -77,3 +81,15 @@ def test_writes_without_the_claim_compare_are_caught_as_a_second_writer() -> Non
                 assert result.violations[0].invariant == ONE_WRITER, result.violations
                 return
     pytest.fail("20 seeds did not catch unfenced writes")
+
+
+def test_a_claim_flow_that_ignores_its_read_back_leaves_a_topic_unserved() -> None:
+    """The ownership flows are shared by the broker and the simulator: a bug planted in the
+    claim flow is a bug of both, and the run finds it (seed 2 of the first 30)."""
+    with DATA_MUTATIONS["claim_ignores_read_back"]():
+        for seed in range(1, 51):
+            result = ClusterSimulation(seed, DATA, DEFAULT).run(10)
+            if not result.ok:
+                assert "every topic on a live broker" in result.violations[0].invariant
+                return
+    raise AssertionError("no seed of 50 caught the planted bug")

@@ -29,27 +29,15 @@ import trio
 import trio_asyncio
 
 from danube.broker.runtime import BrokerRuntime, now_ms
+from danube.broker.store_port import STORE_EFFECTS, drive, perform_store
 from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
 from danube.cluster import keys
+from danube.cluster import ownership_flows as flows
 from danube.cluster.keys import Marker
-from danube.cluster.ownership import (
-    SETTLE_POLL_MS,
-    Claim,
-    Drop,
-    Effect,
-    Load,
-    Ownership,
-    Release,
-    Unload,
-    WakeAt,
-    become_writer,
-    load_entries,
-    load_reads,
-    own_claim,
-    owner_key,
-    release_done,
-)
-from danube.metadata import KeyValue, MetadataError, MetadataStore, WatchEvent
+from danube.cluster.ownership import SETTLE_POLL_MS, Effect, Ownership, WakeAt
+from danube.effects import StoreTxn
+from danube.effects.flow import Flow
+from danube.metadata import MetadataError, MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")
 
@@ -200,126 +188,61 @@ class OwnershipDriver:
         for effect in effects:
             if isinstance(effect, WakeAt):
                 self._alarm.set(effect.at_ms / 1000)
-            elif isinstance(effect, Claim):
-                self._nursery.start_soon(self._claim, effect)
-            elif isinstance(effect, Release):
-                self._nursery.start_soon(self._release, effect)
-            elif isinstance(effect, Load):
-                self._nursery.start_soon(self._load, effect)
-            elif isinstance(effect, Unload):
-                self._nursery.start_soon(self._unload, effect)
-            elif isinstance(effect, Drop):
-                self._drop(effect.topic)
+                continue
+            flow = flows.flow_of(self.machine, effect, _monotonic_ms)
+            if flow is not None:
+                self._nursery.start_soon(self._run, flow)
 
-    async def _claim(self, effect: Claim) -> None:
-        try:
-            with trio.fail_after(REQUEST_TIMEOUT_S):
-                result = await self.store.txn(effect.compares, effect.ops)
-        except (MetadataError, trio.TooSlowError) as error:
-            log.warning("event=claim_failed topic=%s error=%s", effect.topic, failure_text(error))
-            succeeded, revision, known = False, 0, False
+    async def _run(self, flow: Flow[list[Effect]]) -> None:
+        """Carries out one effect's flow (`danube.cluster.ownership_flows`) and feeds the
+        machine's answer back."""
+        self._apply(await drive(flow, self._perform))
+
+    async def _perform(self, request: Any) -> Any:
+        if isinstance(request, STORE_EFFECTS):
+            answer = await perform_store(self.store, request)
+            if isinstance(request, StoreTxn):
+                log.info(
+                    "event=ownership_txn what=%r outcome=%s",
+                    request.purpose, answer.outcome.value,
+                )  # fmt: skip
+            return answer
+        if isinstance(request, flows.Adopt):
+            await self._adopt(request)
+        elif isinstance(request, flows.Seal):
+            await self._on_loop(lambda: self._seal(request.topic))
+        elif isinstance(request, flows.AwaitSettled):
+            while not self.core.settled(request.topic):
+                await trio.sleep(SETTLE_POLL_MS / 1000)
+            await trio_asyncio.aio_as_trio(self.runtime.flush_metadata)()
+        elif isinstance(request, flows.Forget):
+            await self._on_loop(lambda: self._forget(request))
         else:
-            succeeded, revision, known = result.succeeded, result.revision, True
-            if not succeeded:
-                known, found = await self._owner(effect.topic)
-                if known and own_claim(found, self._broker_id, self.machine.lease_id):
-                    assert found is not None
-                    succeeded, revision = True, found.mod_revision
-            if succeeded:
-                log.info("event=topic_claimed topic=%s revision=%d", effect.topic, revision)
-        self._apply(
-            self.machine.claim_done(effect.topic, succeeded, revision, _monotonic_ms(), known=known)
-        )
+            raise AssertionError(f"an ownership flow asked for {request!r}")
+        return None
 
-    async def _owner(self, topic: str) -> tuple[bool, KeyValue | None]:
-        """(read, the claim in the store): after a compare failed, what is really there
-        (`own_claim`, `release_done`); `read` False when the store did not answer."""
-        try:
-            with trio.fail_after(REQUEST_TIMEOUT_S):
-                return True, await self.store.get(owner_key(topic))
-        except (MetadataError, trio.TooSlowError):
-            return False, None
-
-    async def _release(self, effect: Release) -> None:
-        try:
-            with trio.fail_after(REQUEST_TIMEOUT_S):
-                result = await self.store.txn(effect.compares, effect.ops)
-            succeeded = result.succeeded
-        except (MetadataError, trio.TooSlowError) as error:
-            log.warning("event=release_failed topic=%s error=%s", effect.topic, failure_text(error))
-            succeeded = False
-        else:
-            if not succeeded:
-                read, found = await self._owner(effect.topic)
-                succeeded = read and release_done(effect, found)
-        if succeeded:
-            log.info("event=topic_released topic=%s", effect.topic)
-        self._apply(self.machine.released(effect.topic, succeeded, _monotonic_ms()))
-
-    async def _load(self, effect: Load) -> None:
-        topic = effect.topic
-        try:
-            entries, keep_local = await self._prepare(topic, effect.claim_revision)
-        except (MetadataError, trio.TooSlowError, LookupError) as error:
-            log.warning("event=topic_load_failed topic=%s error=%s", topic, failure_text(error))
-            self._apply(self.machine.load_failed(topic, _monotonic_ms()))
-            return
+    async def _adopt(self, request: flows.Adopt) -> None:
         assert self.runtime.claims is not None
-        self.runtime.claims[topic] = effect.claim_revision
-        revision = effect.claim_revision
-        await self._on_loop(lambda: self._adopt(entries, keep_local, revision))
-        log.info("event=topic_loaded topic=%s kept_local_wal=%s", topic, keep_local)
-        self._apply(self.machine.loaded(topic, _monotonic_ms()))
-
-    async def _prepare(self, topic: str, claim_revision: int) -> tuple[dict[str, Any], bool]:
-        """The topic's metadata, and whether a WAL directory found here is still its own."""
-        prefixes, policy_key = load_reads(topic)
-        with trio.fail_after(REQUEST_TIMEOUT_S):
-            scanned = [kv for prefix in prefixes for kv in await self.store.scan(prefix)]
-            policy = await self.store.get(policy_key)
-        entries = load_entries(topic, scanned, policy)
-        writer = become_writer(topic, self._broker_id, claim_revision, entries)
-        with trio.fail_after(REQUEST_TIMEOUT_S):
-            result = await self.store.txn(writer.compares, writer.ops)
-        if not result.succeeded:
-            raise LookupError(f"the claim on {topic} is gone")
-        return entries, writer.keep_local
-
-    async def _adopt(self, entries: dict[str, Any], keep_local: bool, epoch: int) -> None:
-        await self.runtime.run(self.core.adopt(entries, keep_local=keep_local, epoch=epoch))
-
-    async def _unload(self, effect: Unload) -> None:
-        topic, started = effect.topic, trio.current_time()
-        if effect.deleted:
-            await self._on_loop(lambda: self._forget(topic, f"topic {topic} was deleted", True))
-            log.info("event=topic_deleted_here topic=%s", topic)
-            self._apply(self.machine.unloaded(topic, _monotonic_ms()))
-            return
-        await self._on_loop(lambda: self._seal(topic))
-        while not self.core.settled(topic):
-            await trio.sleep(SETTLE_POLL_MS / 1000)
-        await trio_asyncio.aio_as_trio(self.runtime.flush_metadata)()
-        if not self.machine.unloading(topic, effect.claim_revision):
-            log.info("event=unload_overtaken topic=%s", topic)
-            return
-        await self._on_loop(lambda: self._forget(topic, "moved to another broker", True))
-        log.info("event=topic_unloaded topic=%s seconds=%.3f", topic, trio.current_time() - started)
-        self._apply(self.machine.unloaded(topic, _monotonic_ms()))
+        self.runtime.claims[request.topic] = request.claim_revision
+        step = self.core.adopt
+        await self._on_loop(
+            lambda: self.runtime.run(
+                step(request.entries, keep_local=request.keep_local, epoch=request.claim_revision)
+            )
+        )
+        log.info("event=topic_loaded topic=%s kept_local_wal=%s", request.topic, request.keep_local)
 
     async def _seal(self, topic: str) -> None:
         self.runtime.apply(self.core.unload(topic, now_ms()).effects)
 
-    async def _forget(self, topic: str, reason: str, delete_files: bool) -> None:
-        removed = self.core.remove(topic, reason=reason, delete_files=delete_files)
+    async def _forget(self, request: flows.Forget) -> None:
+        topic = request.topic
+        removed = self.core.remove(topic, reason=request.reason, delete_files=request.delete_files)
         self.runtime.apply(removed.effects)
         if self.runtime.claims is not None:
             self.runtime.claims.pop(topic, None)
-
-    def _drop(self, topic: str) -> None:
-        log.warning("event=topic_dropped topic=%s reason=ownership_lost", topic)
-        assert self._nursery is not None
-        reason = "this broker lost its ownership of the topic"
-        self._nursery.start_soon(self._on_loop, lambda: self._forget(topic, reason, False))
+        level = logging.WARNING if request.event == "topic_dropped" else logging.INFO
+        log.log(level, "event=%s topic=%s reason=%r", request.event, topic, request.reason)
 
     async def _on_loop(self, work: Callable[[], Awaitable[T]]) -> T:
         """Core calls and the runtime's effects happen on the asyncio loop, in one order with

@@ -76,6 +76,8 @@ class StoreTxn:
 @dataclass(frozen=True, slots=True)
 class TxnAnswer:
     outcome: Outcome
+    revision: int = 0
+    """The store's revision of a committed transaction."""
     found: Mapping[str, KeyValue | None] = field(default_factory=dict)
     """The `read_back` keys as read after a refusal or an unknown outcome (missing keys
     were not readable: the store was down too)."""

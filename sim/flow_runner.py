@@ -1,0 +1,127 @@
+"""The simulator's driver of flows (`danube.effects.flow`) and its port of the metadata-store
+effects: each store request is one request of a broker process to the simulated etcd (with
+its latency, stalls, faults and the drivers' timeout, `BrokerProcess.call`), so a flow runs
+here exactly as it runs in a broker, only on simulated time.
+
+What a store effect is answered with follows `danube.broker.store_port`: a read that gets no
+answer throws `StoreUnreachable`; a transaction that gets none is `Outcome.UNKNOWN`; after
+any transaction that did not commit, the keys of `read_back` are read, one request each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from danube.cluster.ownership import NotOwner, fence_compares
+from danube.effects import (
+    Outcome,
+    StoreList,
+    StoreRead,
+    StoreTxn,
+    StoreUnreachable,
+    TxnAnswer,
+)
+from danube.effects.flow import Finished, Flow, step
+from danube.metadata import KeyValue
+from sim.etcd import Origin, SimEtcd, failed
+
+Answer = Callable[..., None]
+"""`answer(value)` or `answer(error=exception)`: what a handler calls, once."""
+
+
+class StoreHost(Protocol):
+    name: str
+    etcd: SimEtcd
+
+    def call(self, what: str, run: Callable[[], Any], done: Callable[[Any], None]) -> None: ...
+
+
+def run_flow(
+    host: StoreHost,
+    flow: Flow[Any],
+    handle: Callable[[Any, Answer], None],
+    done: Callable[[Finished], None],
+    claims: Mapping[str, int] | None = None,
+) -> None:
+    """Runs `flow`: store effects go to the simulated etcd; any other request goes to
+    `handle(request, answer)`. `done` gets the flow's end."""
+
+    def advance(request: Any) -> None:
+        if isinstance(request, Finished):
+            done(request)
+            return
+        if isinstance(request, StoreTxn | StoreRead | StoreList):
+            perform_store(host, request, answer, claims)
+        else:
+            handle(request, answer)
+
+    def answer(value: Any = None, *, error: BaseException | None = None) -> None:
+        if error is not None:
+            advance(step(flow, error=error))
+        else:
+            advance(step(flow, answer=value))
+
+    advance(step(flow))
+
+
+def perform_store(
+    host: StoreHost,
+    effect: StoreTxn | StoreRead | StoreList,
+    answer: Answer,
+    claims: Mapping[str, int] | None = None,
+) -> None:
+    etcd = host.etcd
+    if isinstance(effect, StoreRead):
+        key = effect.key
+        host.call(f"read {key}", lambda: etcd.get(key), lambda got: _read(got, answer))
+        return
+    if isinstance(effect, StoreList):
+        prefix = effect.prefix
+        host.call(f"scan {prefix}", lambda: etcd.scan(prefix), lambda got: _read(got, answer))
+        return
+    try:
+        fence = fence_compares(effect.fenced, claims)
+    except NotOwner as error:
+        answer(error=error)
+        return
+    compares, ops = (*effect.compares, *fence), effect.ops
+    kind = effect.purpose.split(" ", 1)[0] if effect.purpose else "txn"
+    origin = Origin(host.name, kind)
+
+    def transacted(result: Any) -> None:
+        if not failed(result) and result.succeeded:
+            answer(TxnAnswer(Outcome.COMMITTED, result.revision))
+            return
+        outcome = Outcome.UNKNOWN if failed(result) else Outcome.REFUSED
+        _read_back(host, list(effect.read_back), {}, outcome, answer)
+
+    host.call(effect.purpose or "txn", lambda: etcd.txn(compares, ops, origin), transacted)
+
+
+def _read(result: Any, answer: Answer) -> None:
+    if failed(result):
+        answer(error=StoreUnreachable(str(result)))
+    else:
+        answer(result)
+
+
+def _read_back(
+    host: StoreHost,
+    keys: list[str],
+    found: dict[str, KeyValue | None],
+    outcome: Outcome,
+    answer: Answer,
+) -> None:
+    if not keys:
+        answer(TxnAnswer(outcome, 0, found))
+        return
+    key = keys[0]
+
+    def got(result: Any) -> None:
+        if failed(result):  # the store is gone: the flow sees the key as not read
+            answer(TxnAnswer(outcome, 0, found))
+            return
+        found[key] = result
+        _read_back(host, keys[1:], found, outcome, answer)
+
+    host.call(f"read {key}", lambda: host.etcd.get(key), got)

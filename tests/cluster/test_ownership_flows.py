@@ -1,0 +1,164 @@
+"""The ownership flows, run with `run_now` against scripted answers: what each asks for, in
+which order, and which machine input it ends with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from danube.cluster import keys
+from danube.cluster import ownership as own
+from danube.cluster import ownership_flows as flows
+from danube.core.names import parse_topic
+from danube.effects import (
+    Outcome,
+    StoreList,
+    StoreRead,
+    StoreTxn,
+    StoreUnreachable,
+    TxnAnswer,
+)
+from danube.effects.flow import run_now
+from danube.metadata.model import KeyValue
+from danube.node import paths
+
+TOPIC = "/default/orders"
+OWNER = own.owner_key(TOPIC)
+
+
+class Machine:
+    """Records the inputs a flow feeds to the machine (the flows call nothing else)."""
+
+    def __init__(self, *, lease_id: int = 7, unloading: bool = True) -> None:
+        self.config = own.OwnershipConfig("b1")
+        self.lease_id = lease_id
+        self._unloading = unloading
+        self.inputs: list[tuple[Any, ...]] = []
+
+    def claim_done(self, topic: str, ok: bool, revision: int, now: int, *, known: bool) -> list:
+        self.inputs.append(("claim_done", topic, ok, revision, known))
+        return []
+
+    def released(self, topic: str, ok: bool, now: int) -> list:
+        self.inputs.append(("released", topic, ok))
+        return []
+
+    def loaded(self, topic: str, now: int) -> list:
+        self.inputs.append(("loaded", topic))
+        return []
+
+    def load_failed(self, topic: str, now: int) -> list:
+        self.inputs.append(("load_failed", topic))
+        return []
+
+    def unloaded(self, topic: str, now: int) -> list:
+        self.inputs.append(("unloaded", topic))
+        return []
+
+    def unloading(self, topic: str, revision: int) -> bool:
+        return self._unloading
+
+
+def claim_of(holder: str, lease: int, revision: int) -> KeyValue:
+    return KeyValue(OWNER, {"broker_id": holder}, revision, revision, 1, lease)
+
+
+def answers(*replies: Any) -> tuple[list[Any], Any]:
+    asked: list[Any] = []
+    queue = list(replies)
+
+    def perform(request: Any) -> Any:
+        asked.append(request)
+        reply = queue.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    return asked, perform
+
+
+def claim_effect() -> own.Claim:
+    return own.Claim(TOPIC, (), ())
+
+
+def test_a_committed_claim_is_done_at_its_revision() -> None:
+    machine = Machine()
+    asked, perform = answers(TxnAnswer(Outcome.COMMITTED, 41))
+    run_now(flows.claim(machine, claim_effect(), lambda: 0), perform)  # type: ignore[arg-type]
+    assert machine.inputs == [("claim_done", TOPIC, True, 41, True)]
+    assert isinstance(asked[0], StoreTxn) and asked[0].read_back == (OWNER,)
+
+
+def test_an_unanswered_claim_found_as_its_own_is_done() -> None:
+    """Its answer was lost after it landed: the read-back finds it under this lease."""
+    machine = Machine(lease_id=7)
+    found = {OWNER: claim_of(keys.broker_id_to_json("b1"), 7, 52)}
+    _, perform = answers(TxnAnswer(Outcome.UNKNOWN, 0, found))
+    run_now(flows.claim(machine, claim_effect(), lambda: 0), perform)  # type: ignore[arg-type]
+    assert machine.inputs == [("claim_done", TOPIC, True, 52, True)]
+
+
+def test_an_unanswered_claim_not_found_is_not_known_to_have_failed() -> None:
+    """It may still land: only a refusal says it did not."""
+    machine = Machine()
+    _, perform = answers(TxnAnswer(Outcome.UNKNOWN, 0, {OWNER: None}))
+    run_now(flows.claim(machine, claim_effect(), lambda: 0), perform)  # type: ignore[arg-type]
+    assert machine.inputs == [("claim_done", TOPIC, False, 0, False)]
+    machine = Machine()
+    _, perform = answers(TxnAnswer(Outcome.REFUSED, 0, {OWNER: claim_of("other", 3, 9)}))
+    run_now(flows.claim(machine, claim_effect(), lambda: 0), perform)  # type: ignore[arg-type]
+    assert machine.inputs == [("claim_done", TOPIC, False, 0, True)]
+
+
+def test_a_load_reads_records_the_writer_and_adopts() -> None:
+    machine = Machine()
+    prefixes, policy_key = own.load_reads(TOPIC)
+    delivery = paths.topic_delivery(parse_topic(TOPIC))
+    entry = KeyValue(delivery, {"strategy": "reliable"}, 1, 1, 1, None)
+    asked, perform = answers([entry], [], None, TxnAnswer(Outcome.COMMITTED, 60), None)
+    run_now(flows.load(machine, own.Load(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
+    assert [type(a) for a in asked] == [StoreList, StoreList, StoreRead, StoreTxn, flows.Adopt]
+    assert [a.prefix for a in asked[:2]] == list(prefixes) and asked[2].key == policy_key
+    assert asked[4].claim_revision == 50 and asked[4].entries[delivery] == {"strategy": "reliable"}
+    assert machine.inputs == [("loaded", TOPIC)]
+
+
+def test_a_load_without_metadata_or_store_fails_without_adopting() -> None:
+    machine = Machine()
+    asked, perform = answers([], [], None)
+    run_now(flows.load(machine, own.Load(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
+    assert machine.inputs == [("load_failed", TOPIC)] and len(asked) == 3
+    machine = Machine()
+    _, perform = answers(StoreUnreachable("down"))
+    run_now(flows.load(machine, own.Load(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
+    assert machine.inputs == [("load_failed", TOPIC)]
+
+
+def test_a_deleted_topic_is_forgotten_at_once_and_a_moved_one_sealed_first() -> None:
+    machine = Machine()
+    asked, perform = answers(None)
+    effect = own.Unload(TOPIC, 50, deleted=True)
+    run_now(flows.unload(machine, effect, lambda: 0), perform)  # type: ignore[arg-type]
+    assert [type(a) for a in asked] == [flows.Forget]
+    assert asked[0].delete_files and asked[0].event == "topic_deleted_here"
+    assert machine.inputs == [("unloaded", TOPIC)]
+    machine = Machine()
+    asked, perform = answers(None, None, None)
+    run_now(flows.unload(machine, own.Unload(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
+    assert [type(a) for a in asked] == [flows.Seal, flows.AwaitSettled, flows.Forget]
+    assert asked[2].event == "topic_unloaded" and machine.inputs == [("unloaded", TOPIC)]
+
+
+def test_an_overtaken_unload_forgets_nothing() -> None:
+    machine = Machine(unloading=False)
+    asked, perform = answers(None, None)
+    run_now(flows.unload(machine, own.Unload(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
+    assert [type(a) for a in asked] == [flows.Seal, flows.AwaitSettled]
+    assert machine.inputs == []
+
+
+def test_a_drop_keeps_the_files() -> None:
+    asked, perform = answers(None)
+    run_now(flows.drop(own.Drop(TOPIC)), perform)
+    assert asked == [
+        flows.Forget(TOPIC, "this broker lost its ownership of the topic", False, "topic_dropped")
+    ]
