@@ -39,9 +39,10 @@ from typing import Any
 
 from danube.broker.load_manager import TXNS_IN_FLIGHT
 from danube.broker.watching import REQUEST_TIMEOUT_S, WATCH_RETRY_S
-from danube.cluster import keys
+from danube.cluster import decisions, keys
 from danube.cluster import load_manager as lm
 from danube.cluster import membership as ms
+from danube.cluster import membership_flows as ms_flows
 from danube.cluster.keys import CLUSTER_PREFIX, LEADER_KEY, Marker
 from danube.cluster.load_manager import LoadManager, LoadManagerConfig
 from danube.cluster.membership import Membership, MembershipConfig
@@ -49,12 +50,14 @@ from danube.cluster.placement import creation
 from danube.cluster.ranking import LoadReport
 from danube.core.config import DispatchStrategy
 from danube.core.names import parse_topic
-from danube.metadata.model import Compare, KeyValue, LeaseNotFound, Put, WatchEvent
+from danube.effects.flow import Finished
+from danube.metadata.model import Compare, KeyValue, Put, WatchEvent
 from danube.node import paths
 from sim.cluster_data import DataPlane
 from sim.disk import SimDisk
 from sim.etcd import Origin, SimEtcd, failed
 from sim.faults import Injected
+from sim.flow_runner import Answer, perform_store, run_flow
 from sim.network import Network, Stream
 from sim.objects import SimObjectStore
 from sim.world import US_PER_MS, US_PER_S, World
@@ -329,69 +332,21 @@ class BrokerProcess:
             self._membership(self.membership.tick(self.now_ms()))
 
     def _membership_request(self, effect: ms.Effect) -> None:
-        m, etcd, name = self.membership, self.etcd, self.name
-        if isinstance(effect, ms.GrantLease):
-            grant = effect
+        """Runs the request's flow (`danube.cluster.membership_flows`), as the broker's
+        membership driver does, over the simulated etcd."""
+        flow = ms_flows.flow_of(self.membership, effect, self.now_ms)
+        assert flow is not None, effect
+        run_flow(self, flow, self._measure_load, self._membership_done)
 
-            def granted(result: Any) -> None:
-                if failed(result):
-                    self._membership(m.request_failed(self.now_ms()))
-                else:
-                    self._membership(
-                        m.lease_granted(result, sent_at_ms=grant.sent_at_ms, now_ms=self.now_ms())
-                    )
+    def _measure_load(self, request: Any, answer: Answer) -> None:
+        assert isinstance(request, ms_flows.MeasureLoad), request
+        answer(LoadReport(self.name, timestamp=self.unix_s()).to_json())
 
-            self.call("grant lease", lambda: etcd.grant(grant.ttl_s), granted)
-        elif isinstance(effect, ms.Register):
-            register = effect
-
-            def registered(result: Any) -> None:
-                if failed(result):
-                    self._membership(m.request_failed(self.now_ms()))
-                else:
-                    self._membership(m.registered(register.lease_id, self.now_ms()))
-
-            origin = Origin(name, "register")
-            self.call(
-                f"register with lease {register.lease_id}",
-                lambda: etcd.txn((), register.ops, origin),
-                registered,
-            )
-        elif isinstance(effect, ms.Renew):
-            renew = effect
-
-            def renewed(result: Any) -> None:
-                now = self.now_ms()
-                if isinstance(result, LeaseNotFound):
-                    self._membership(m.lease_lost(renew.lease_id, now))
-                elif failed(result):
-                    self._membership(m.renew_failed(renew.lease_id, now))
-                else:
-                    self._membership(
-                        m.renewed(renew.lease_id, sent_at_ms=renew.sent_at_ms, now_ms=now)
-                    )
-
-            lease = renew.lease_id
-            self.call(f"renew lease {lease}", lambda: etcd.keepalive(lease), renewed)
-        elif isinstance(effect, ms.Campaign):
-            campaign = effect
-
-            def campaigned(result: Any) -> None:
-                won = not failed(result) and result.succeeded
-                self._membership(m.campaign_done(campaign.lease_id, won, self.now_ms()))
-
-            origin = Origin(name, "campaign")
-            self.call(
-                "campaign",
-                lambda: etcd.txn(campaign.compares, campaign.ops, origin),
-                campaigned,
-            )
-        else:
-            assert isinstance(effect, ms.ReportLoad)
-            report = LoadReport(name, timestamp=self.unix_s()).to_json()
-            origin = Origin(name, "load report")
-            key, lease = effect.key, effect.lease_id
-            self.call("report load", lambda: etcd.put(key, report, lease, origin), _ignore)
+    def _membership_done(self, end: Finished) -> None:
+        if end.error is not None:
+            raise end.error  # a flow's bug: the run fails loudly
+        if self.alive:
+            self._membership(end.value)
 
     # -- load manager driver -----------------------------------------------------------------------
 
@@ -413,7 +368,7 @@ class BrokerProcess:
             self._manager(self.manager.tick(self.now_ns(), unix_s=self.unix_s()))
 
     def _transact(self, txn: lm.Txn) -> None:
-        self.world.log(f"broker {self.name} decides {type(txn).__name__} {describe(txn)}")
+        self.world.log(f"broker {self.name} decides {type(txn).__name__} {decisions.describe(txn)}")
         self._txns.append(txn)
         self._next_txns()
 
@@ -423,14 +378,9 @@ class BrokerProcess:
         while self._txns and self._txns_in_flight < TXNS_IN_FLIGHT:
             txn = self._txns.popleft()
             self._txns_in_flight += 1
-            origin = Origin(self.name, type(txn).__name__)
-            self.call(
-                f"{origin.kind} {describe(txn)}",
-                lambda t=txn, o=origin: self.etcd.txn(t.compares, t.ops, o),
-                self._txn_done,
-            )
+            perform_store(self, decisions.as_txn(txn), self._txn_done)
 
-    def _txn_done(self, _: Any) -> None:
+    def _txn_done(self, _: Any = None, *, error: BaseException | None = None) -> None:
         self._txns_in_flight -= 1
         self._next_txns()
 
@@ -560,18 +510,6 @@ class SimNode:
         self.injected["stop"] += 1
         self.world.log(f"fault stop broker {self.name}; restarts {restart_us}us after exit")
         self.process.stop(lambda: self.world.at(restart_us, self.boot))
-
-
-def describe(txn: lm.Txn) -> str:
-    if isinstance(txn, lm.Assign):
-        return f"{txn.topic} to {txn.broker}"
-    if isinstance(txn, lm.Move):
-        return f"{txn.topic} from {txn.from_broker} to {txn.to_broker}"
-    if isinstance(txn, lm.FailOver):
-        return f"{txn.topic} from {txn.broker}"
-    if isinstance(txn, lm.MarkDrained):
-        return f"broker {txn.broker} drained"
-    return f"{txn.topic} from {txn.from_broker}"
 
 
 def _ignore(_: Any) -> None:

@@ -14,6 +14,9 @@ from typing import Any, Protocol
 
 from danube.cluster.ownership import NotOwner, fence_compares
 from danube.effects import (
+    LeaseGone,
+    LeaseGrant,
+    LeaseRenew,
     Outcome,
     StoreList,
     StoreRead,
@@ -22,7 +25,7 @@ from danube.effects import (
     TxnAnswer,
 )
 from danube.effects.flow import Finished, Flow, step
-from danube.metadata import KeyValue
+from danube.metadata import KeyValue, LeaseNotFound
 from sim.etcd import Origin, SimEtcd, failed
 
 Answer = Callable[..., None]
@@ -50,7 +53,7 @@ def run_flow(
         if isinstance(request, Finished):
             done(request)
             return
-        if isinstance(request, StoreTxn | StoreRead | StoreList):
+        if isinstance(request, StoreTxn | StoreRead | StoreList | LeaseGrant | LeaseRenew):
             perform_store(host, request, answer, claims)
         else:
             handle(request, answer)
@@ -66,7 +69,7 @@ def run_flow(
 
 def perform_store(
     host: StoreHost,
-    effect: StoreTxn | StoreRead | StoreList,
+    effect: StoreTxn | StoreRead | StoreList | LeaseGrant | LeaseRenew,
     answer: Answer,
     claims: Mapping[str, int] | None = None,
 ) -> None:
@@ -78,6 +81,21 @@ def perform_store(
     if isinstance(effect, StoreList):
         prefix = effect.prefix
         host.call(f"scan {prefix}", lambda: etcd.scan(prefix), lambda got: _read(got, answer))
+        return
+    if isinstance(effect, LeaseGrant):
+        ttl = effect.ttl_s
+        host.call("grant lease", lambda: etcd.grant(ttl), lambda got: _read(got, answer))
+        return
+    if isinstance(effect, LeaseRenew):
+        lease = effect.lease_id
+
+        def renewed(result: Any) -> None:
+            if isinstance(result, LeaseNotFound):
+                answer(error=LeaseGone(str(result)))
+            else:
+                _read(None if not failed(result) else result, answer)
+
+        host.call(f"renew lease {lease}", lambda: etcd.keepalive(lease), renewed)
         return
     try:
         fence = fence_compares(effect.fenced, claims)

@@ -13,8 +13,9 @@ import time
 
 import trio
 
-from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
-from danube.cluster import keys
+from danube.broker.store_port import perform_store
+from danube.broker.watching import Alarm, follow
+from danube.cluster import decisions, keys
 from danube.cluster.load_manager import (
     Effect,
     LoadManager,
@@ -24,7 +25,8 @@ from danube.cluster.load_manager import (
     ScheduleTick,
     Txn,
 )
-from danube.metadata import MetadataError, MetadataStore, WatchEvent
+from danube.effects import Outcome
+from danube.metadata import MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")
 
@@ -84,23 +86,19 @@ class LoadManagerDriver:
                 self._nursery.start_soon(self._transact, effect)
 
     async def _transact(self, txn: Txn) -> None:
-        """Runs one decision. Its outcome is not reported: a decision that took effect shows in
-        the watch, and one that did not (a compare failed, the store did not answer) is made
-        again by the machine when it is still due."""
-        try:
-            async with self._in_flight:
-                with trio.fail_after(REQUEST_TIMEOUT_S):
-                    result = await self.store.txn(txn.compares, txn.ops)
-        except (MetadataError, trio.TooSlowError) as error:
-            self._count(txn, succeeded=False)
-            log.warning(
-                "event=load_manager_txn_failed decision=%s %s error=%s",
-                type(txn).__name__, _subject(txn), failure_text(error),
-            )  # fmt: skip
-            return
-        self._count(txn, succeeded=result.succeeded)
-        if result.succeeded:
+        """Runs one decision (`danube.cluster.decisions`). Its outcome is not reported: a
+        decision that took effect shows in the watch, and one that did not (a compare failed,
+        the store did not answer) is made again by the machine when it is still due."""
+        async with self._in_flight:
+            answer = await perform_store(self.store, decisions.as_txn(txn))
+        self._count(txn, succeeded=answer.committed)
+        if answer.committed:
             log.info("event=%s", _describe(txn))
+        elif answer.outcome is Outcome.UNKNOWN:
+            log.warning(
+                "event=load_manager_txn_failed decision=%s %s error=no answer",
+                type(txn).__name__, _subject(txn),
+            )  # fmt: skip
         else:
             log.info(
                 "event=load_manager_txn_stale decision=%s %s",

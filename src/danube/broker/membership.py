@@ -14,23 +14,21 @@ from typing import Any
 
 import trio
 
-from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
+from danube.broker.store_port import drive, perform_store
+from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, follow
+from danube.cluster import membership_flows as flows
 from danube.cluster.keys import LEADER_KEY
 from danube.cluster.membership import (
-    Campaign,
     Effect,
     Fenced,
-    GrantLease,
     LeadershipGained,
     LeadershipLost,
     Membership,
-    Register,
-    Renew,
-    ReportLoad,
     Unfenced,
     WakeAt,
 )
-from danube.metadata import LeaseNotFound, MetadataError, MetadataStore, WatchEvent
+from danube.effects import StoreTxn, StoreUnreachable
+from danube.metadata import MetadataError, MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")
 
@@ -112,55 +110,26 @@ class MembershipDriver:
         self._on_change(change)
 
     async def _request(self, effect: Effect) -> None:
-        m = self.machine
-        store = self.store
-        outcome: list[Effect]
-        if isinstance(effect, GrantLease):
-            try:
-                with trio.fail_after(REQUEST_TIMEOUT_S):
-                    lease = await store.grant_lease(effect.ttl_s)
-            except (MetadataError, trio.TooSlowError) as error:
-                log.warning("event=lease_grant_failed error=%s", failure_text(error))
-                outcome = m.request_failed(_now_ms())
-            else:
-                outcome = m.lease_granted(lease, sent_at_ms=effect.sent_at_ms, now_ms=_now_ms())
-        elif isinstance(effect, Register):
-            try:
-                with trio.fail_after(REQUEST_TIMEOUT_S):
-                    await store.txn((), effect.ops)
-            except (MetadataError, trio.TooSlowError) as error:
-                log.warning("event=registration_failed error=%s", failure_text(error))
-                outcome = m.request_failed(_now_ms())
-            else:
-                outcome = m.registered(effect.lease_id, _now_ms())
-        elif isinstance(effect, Renew):
-            try:
-                with trio.fail_after(REQUEST_TIMEOUT_S):
-                    await store.keepalive(effect.lease_id)
-            except LeaseNotFound:
-                outcome = m.lease_lost(effect.lease_id, _now_ms())
-            except (MetadataError, trio.TooSlowError) as error:
-                log.warning("event=lease_renew_failed error=%s", failure_text(error))
-                outcome = m.renew_failed(effect.lease_id, _now_ms())
-            else:
-                outcome = m.renewed(effect.lease_id, sent_at_ms=effect.sent_at_ms, now_ms=_now_ms())
-        elif isinstance(effect, Campaign):
-            try:
-                with trio.fail_after(REQUEST_TIMEOUT_S):
-                    result = await store.txn(effect.compares, effect.ops)
-                won = result.succeeded
-            except (MetadataError, trio.TooSlowError):
-                won = False
-            outcome = m.campaign_done(effect.lease_id, won, _now_ms())
-        else:
-            assert isinstance(effect, ReportLoad)
-            try:
-                with trio.fail_after(REQUEST_TIMEOUT_S):
-                    await store.put(effect.key, self._load_report(), lease=effect.lease_id)
-            except (MetadataError, trio.TooSlowError) as error:
-                log.warning("event=load_report_failed error=%s", failure_text(error))
-            outcome = []
-        self._apply(outcome)
+        """Runs the request's flow (`danube.cluster.membership_flows`) and feeds the
+        machine's answer back."""
+        flow = flows.flow_of(self.machine, effect, _now_ms)
+        assert flow is not None, effect
+        self._apply(await drive(flow, self._perform))
+
+    async def _perform(self, request: Any) -> Any:
+        if isinstance(request, flows.MeasureLoad):
+            return self._load_report()
+        try:
+            answer = await perform_store(self.store, request)
+        except StoreUnreachable as error:
+            log.warning("event=membership_request_failed request=%r error=%s", request, error)
+            raise
+        if isinstance(request, StoreTxn) and not answer.committed:
+            log.warning(
+                "event=membership_request_failed request=%r outcome=%s",
+                request.purpose, answer.outcome.value,
+            )  # fmt: skip
+        return answer
 
     async def _read_leader(self) -> int:
         current = await self.store.get(LEADER_KEY)

@@ -16,6 +16,9 @@ import trio
 from danube.broker.watching import REQUEST_TIMEOUT_S
 from danube.cluster.ownership import fence_compares
 from danube.effects import (
+    LeaseGone,
+    LeaseGrant,
+    LeaseRenew,
     Outcome,
     StoreList,
     StoreRead,
@@ -24,28 +27,34 @@ from danube.effects import (
     TxnAnswer,
 )
 from danube.effects.flow import Finished, Flow, step
-from danube.metadata import KeyValue, MetadataError, MetadataStore
+from danube.metadata import KeyValue, LeaseNotFound, MetadataError, MetadataStore
 
 T = TypeVar("T")
 
-STORE_EFFECTS = (StoreRead, StoreList, StoreTxn)
+STORE_EFFECTS = (StoreRead, StoreList, StoreTxn, LeaseGrant, LeaseRenew)
+StoreEffect = StoreRead | StoreList | StoreTxn | LeaseGrant | LeaseRenew
 
 
 async def perform_store(
-    store: MetadataStore,
-    effect: StoreRead | StoreList | StoreTxn,
-    claims: Mapping[str, int] | None = None,
+    store: MetadataStore, effect: StoreEffect, claims: Mapping[str, int] | None = None
 ) -> Any:
     """Carries out one store effect with the request timeout; raises `StoreUnreachable`
-    for a read the store did not answer, `danube.cluster.ownership.NotOwner` for a fenced
-    write this broker holds no claim for."""
+    for a request the store did not answer, `LeaseGone` for a lease it does not know,
+    `danube.cluster.ownership.NotOwner` for a fenced write this broker holds no claim for."""
     if isinstance(effect, StoreTxn):
         return await _transact(store, effect, claims)
     try:
         with trio.fail_after(REQUEST_TIMEOUT_S):
             if isinstance(effect, StoreRead):
                 return await store.get(effect.key)
-            return await store.scan(effect.prefix)
+            if isinstance(effect, StoreList):
+                return await store.scan(effect.prefix)
+            if isinstance(effect, LeaseGrant):
+                return await store.grant_lease(effect.ttl_s)
+            await store.keepalive(effect.lease_id)
+            return None
+    except LeaseNotFound as error:
+        raise LeaseGone(str(error)) from error
     except (MetadataError, trio.TooSlowError) as error:
         raise StoreUnreachable(f"{type(error).__name__}: {error}") from error
 

@@ -91,6 +91,25 @@ class StoreUnreachable(Exception):
     """The metadata store did not answer a read."""
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    """Answered with the id of a new lease of `ttl_s` seconds."""
+
+    ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRenew:
+    """Keep the lease alive one more time-to-live; answered with None, or `LeaseGone` when
+    the store says it no longer exists (expired or revoked)."""
+
+    lease_id: int
+
+
+class LeaseGone(Exception):
+    """The store answered that the lease does not exist."""
+
+
 # -- objects --------------------------------------------------------------------------------
 
 
@@ -243,6 +262,8 @@ IoEffect: TypeAlias = (
     StoreRead
     | StoreList
     | StoreTxn
+    | LeaseGrant
+    | LeaseRenew
     | ObjectGet
     | ObjectPut
     | ObjectList
