@@ -15,70 +15,38 @@ object store, exactly what a restarted process would find.
 from __future__ import annotations
 
 import random
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from danube.core.config import Policies
 from danube.core.errors import DanubeError, ErrorCode
-from danube.dispatch import ConsumerReady, QueueLimits
+from danube.dispatch import QueueLimits
 from danube.dispatch.reliable import ReliableSubscription
 from danube.dispatch.types import SubscriptionType
+from danube.interpreter import Interpreter
 from danube.node import requests
 from danube.node.core import (
     BrokerCore,
     BrokerIdentity,
-    DropWal,
-    EndStream,
-    LoadWal,
-    PersistMeta,
-    PublishAcked,
-    PublishFailed,
-    ReadObject,
-    ReadWal,
-    RepairWal,
-    RetentionSkipped,
-    TierHalted,
-    TierIo,
-    TopicStopped,
-    WalIo,
 )
 from danube.proto import danube as pb
 from danube.tiering import (
-    CommitIndex,
-    ListObjects,
     ObjectRead,
-    StoredObject,
     UploaderConfig,
-    UploadError,
-    UploadSegment,
-    decode_object_read,
-    describe_object,
 )
 from danube.wal import format, records
 from danube.wal.machine import (
-    CloseSegment,
-    CreateSegment,
-    DeleteSegment,
     Durability,
-    Fsync,
     WalConfig,
     Write,
-    decode_file_read,
 )
-from danube.wal.recovery import (
-    CorruptSegment,
-    PlaceSegment,
-    RecoveryEvidence,
-    TruncateSegment,
-    UnreadableSegment,
-    plan_recovery,
-)
+from sim.broker_io import SimPort
 from sim.disk import SimDisk, SimFile
 from sim.faults import Faults, Injected
 from sim.network import Network, Stream
-from sim.objects import SimObjectStore, StoreError
+from sim.objects import SimObjectStore
 from sim.world import World
 
 URL = "http://sim-broker:6650"
@@ -86,11 +54,6 @@ TICK_US = 50_000
 EPOCH_MS = 1_795_000_000_000
 """Where the broker's wall clock starts (November 2026), so clock jumps stay realistic."""
 STREAM_BATCH = 64
-_WRITE_US_PER_KIB = 4
-META_TXN_US = 2_000
-"""A metadata transaction (an etcd round trip with its fsync) takes this plus network latency."""
-OBJECT_READ_ATTEMPTS = 6
-"""As the runtime: a history read retries the store's failures, then stops the topic."""
 
 
 class Reply:
@@ -103,6 +66,12 @@ class Reply:
         self.done = False
 
     def __call__(self, answer: Any) -> None:
+        if self.done:
+            world = self._network.world
+            world.log(f"reply {self._client} again")
+            if world.answered_twice is not None:
+                world.answered_twice(self._client)
+            return
         if not self.done:
             self.done = True
             shown = f"error {answer.code.name}" if isinstance(answer, DanubeError) else "ok"
@@ -122,12 +91,6 @@ class OpenStream:
     on_message: Callable[[records.Record], None]
     on_end: Callable[[str], None]
     pumping: bool = False
-
-
-@dataclass(slots=True)
-class TopicIo:
-    queue: deque[Any] = field(default_factory=deque)
-    busy: bool = False
 
 
 class Observer:
@@ -214,18 +177,13 @@ class SimBroker:
         self.incarnation = 0
         self.up = False
         self.core: BrokerCore | None = None
-        self._io: dict[str, TopicIo] = {}
-        self._waiters: dict[str, deque[tuple[int, Reply]]] = {}
+        self.port: SimPort | None = None
+        self.interpreter: Interpreter | None = None
         self._streams: dict[int, OpenStream] = {}
         """By generation."""
         self._current: dict[int, int] = {}
         """consumer id -> generation of its newest stream."""
         self.stopped_topics: dict[str, str] = {}
-        self._marking: set[str] = set()
-        """Topics with a checkpoint write in flight."""
-        self._mark_epochs: Counter[str] = Counter()
-        """Bumped when a topic's directory is removed: a checkpoint write started before
-        must not land in its successor's."""
 
     @property
     def now_ms(self) -> int:
@@ -240,12 +198,13 @@ class SimBroker:
         self.world.log(f"broker start incarnation={self.incarnation}")
         self.observer.restarted()
         core = self.core = self._new_core()
-        self._io, self._waiters, self._streams, self._current = {}, {}, {}, {}
-        self._marking = set()
+        self.port = SimPort(self, self.incarnation)
+        self.interpreter = Interpreter(core, self.port, objects=self.objects is not None)
+        self._streams, self._current = {}, {}
+        self.up = True  # the port performs for a live incarnation only
         restored = core.restore(self.metadata)
         self._apply(core.bootstrap(["default"]).effects)
         self._apply(restored.effects)  # WAL loads complete at once, before requests arrive
-        self.up = True
         incarnation = self.incarnation
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 
@@ -274,15 +233,18 @@ class SimBroker:
         self.world.log(f"fault {kind}" if fault else "final restart")
         self.up = False
         self.core = None
+        port, self.port = self.port, None
+        if self.interpreter is not None:
+            self.interpreter.close()
+            self.interpreter = None
         if self._landed:
             if fault:
                 self.injected["orphan_left"] += len(self._landed)
             self.world.log(f"orphans left {sorted(self._landed)}")
             self._left.update(self._landed)
             self._landed.clear()
-        for topic, io in self._io.items():
-            torn = io.queue[0] if io.busy and io.queue else None
-            if isinstance(torn, Write) and self.world.rng.random() < 0.5:
+        for topic, torn in (port.writing if port is not None else {}).items():
+            if self.world.rng.random() < 0.5:
                 keep = self.world.rng.randrange(len(torn.data))
                 self._torn_write(topic, torn, keep)
         for stream in list(self._streams.values()):
@@ -355,9 +317,7 @@ class SimBroker:
             reply(response)
             return
         topic = message.msg_id.topic_name
-        self._waiters.setdefault(topic, deque()).append(
-            (published.step.value, _Answer(reply, response))
-        )
+        self.wait_stored(topic, published.step.value, _Answer(reply, response))
         self._apply(published.step.effects)
 
     def _open_stream(
@@ -441,209 +401,39 @@ class SimBroker:
     # -- effects ----------------------------------------------------------------------------------
 
     def _apply(self, effects: Any) -> None:
-        for effect in effects:
-            if isinstance(effect, PersistMeta):
-                self._persist(effect)
-            elif isinstance(effect, WalIo):
-                io = self._io.setdefault(effect.topic, TopicIo())
-                io.queue.extend(effect.effects)
-                self._run_io(effect.topic, io)
-            elif isinstance(effect, PublishAcked):
-                self._acknowledge(effect.topic, effect.through_offset)
-            elif isinstance(effect, ConsumerReady):
-                generation = self._current.get(effect.consumer_id)
-                stream = self._streams.get(generation) if generation is not None else None
-                if stream is not None:
-                    self.world.at(0, lambda s=stream: self._pump(s))
-            elif isinstance(effect, EndStream):
-                stream = self._streams.get(effect.generation)
-                if stream is not None:
-                    self._streams.pop(effect.generation)
-                    self.network.stream_send(stream.wire, lambda s=stream: s.on_end("ended"))
-            elif isinstance(effect, (LoadWal, RepairWal)):
-                self._load(effect)
-            elif isinstance(effect, DropWal):
-                self._io.pop(effect.topic, None)
-                self._fail_waiters(effect.topic, 0, effect.reason)
-                if effect.delete_files:
-                    self._mark_epochs[effect.topic] += 1
-                    self.disk.remove_topic(effect.topic)
-            elif isinstance(effect, ReadWal):
-                self.world.at(
-                    self.network.latency(),
-                    lambda e=effect, i=self.incarnation: self._read(i, e),
-                )
-            elif isinstance(effect, PublishFailed):
-                self.world.log(f"publish_failed {effect.topic} from={effect.from_offset}")
-                self._fail_waiters(effect.topic, effect.from_offset, effect.reason)
-            elif isinstance(effect, TopicStopped):
-                self.world.log(f"topic_stopped {effect.topic}")
-                self.stopped_topics[effect.topic] = effect.reason
-                self._fail_waiters(effect.topic, 0, effect.reason)
-            elif isinstance(effect, TierIo):
-                self.world.at(0, lambda e=effect, i=self.incarnation: self._tier_io(i, e))
-            elif isinstance(effect, ReadObject):
-                self.observer.object_read(effect.topic, effect.plan)
-                self.world.at(0, lambda e=effect, i=self.incarnation: self._read_object(i, e, 0))
-            elif isinstance(effect, TierHalted):
-                self.world.log(f"tier_halted {effect.topic} resumable={effect.resumable}")
-                self.tier_stats["halts"] += 1
-                self.observer.tier_halted(effect.topic, effect.reason, effect.resumable)
-            else:
-                assert isinstance(effect, RetentionSkipped), effect
-                self.world.log(
-                    f"retention_skipped {effect.topic}/{effect.subscription} "
-                    f"{effect.first}-{effect.end}"
-                )
-                self.observer.retention_skipped(
-                    effect.topic, effect.subscription, effect.first, effect.end
-                )
+        """The interpreter carries the core's effects out on this incarnation's port."""
+        assert self.interpreter is not None
+        self.interpreter.apply(effects)
 
-    def _persist(self, effect: PersistMeta) -> None:
-        effect.apply_to(self.metadata)
+    def wait_stored(self, topic: str, through: int, waiter: Any) -> None:
+        """`waiter.ok()` once the WAL acknowledged offsets up to `through` of `topic`,
+        `waiter.fail(error)` when they are lost (the interpreter's waiter table, as
+        production's `BrokerRuntime.start_publish`). Call before applying the step."""
+        assert self.interpreter is not None
+        self.interpreter.wait_stored(topic, through, waiter)
 
-    def _acknowledge(self, topic: str, through: int) -> None:
-        self.world.log(f"acknowledged {topic} through={through}")
-        self.observer.acknowledged(topic, through, self.wal_config.durability)
-        waiting = self._waiters.get(topic)
-        while waiting and waiting[0][0] <= through:
-            waiting.popleft()[1].ok()
+    def wake(self, consumer_id: int) -> None:
+        generation = self._current.get(consumer_id)
+        stream = self._streams.get(generation) if generation is not None else None
+        if stream is not None:
+            self.world.at(0, lambda s=stream: self._pump(s))
 
-    def _fail_waiters(self, topic: str, from_offset: int, reason: str) -> None:
-        waiting = self._waiters.get(topic)
-        while waiting and waiting[-1][0] >= from_offset:
-            waiting.pop()[1].fail(DanubeError(ErrorCode.UNAVAILABLE, reason))
+    def end_stream(self, generation: int) -> None:
+        stream = self._streams.pop(generation, None)
+        if stream is not None:
+            self.network.stream_send(stream.wire, lambda s=stream: s.on_end("ended"))
 
-    # -- WAL I/O ----------------------------------------------------------------------------------
+    def landed(self, key: str) -> None:
+        """An uploaded object landed in the store; its index entry is not committed yet."""
+        self._landed.add(key)
+        self.world.log(f"object landed {key}")
 
-    def _run_io(self, topic: str, io: TopicIo) -> None:
-        if io.busy or not io.queue or self._io.get(topic) is not io:
-            return
-        effect = io.queue[0]
-        io.busy = True
-        delay = 20
-        if isinstance(effect, Write):
-            delay = 30 + _WRITE_US_PER_KIB * len(effect.data) // 1024
-            if self.core is not None and self.core.wal_syncs_every_write(topic):
-                delay += self.faults.fsync_us
-        elif isinstance(effect, Fsync):
-            delay = self.faults.fsync_us
-            if self.faults.slow_fsync and self.world.rng.random() < self.faults.slow_fsync:
-                self.injected["slow_fsync"] += 1
-                delay *= 50
-        incarnation = self.incarnation
-        self.world.at(delay, lambda: self._io_done(incarnation, topic, io, effect))
-
-    def _io_done(self, incarnation: int, topic: str, io: TopicIo, effect: Any) -> None:
-        core = self._alive(incarnation)
-        if core is None or self._io.get(topic) is not io:
-            return
-        io.queue.popleft()
-        io.busy = False
-        error = None
-        try:
-            if isinstance(effect, CreateSegment):
-                self.disk.create(topic, effect.base_offset, effect.header)
-            elif isinstance(effect, Write):
-                self.disk.write(topic, effect.segment_base, effect.position, effect.data)
-                self.observer.written(topic, effect.data)
-                if core.wal_syncs_every_write(topic):
-                    self.disk.fsync(topic, effect.segment_base)
-            elif isinstance(effect, Fsync):
-                self.disk.fsync(topic, effect.segment_base)
-            elif isinstance(effect, DeleteSegment):
-                self._prune(topic, effect.segment_base)
-                self.disk.delete(topic, effect.segment_base)
-            else:
-                assert isinstance(effect, CloseSegment)
-        except OSError as failure:
-            error = f"{type(failure).__name__}: {failure}"
-            self.world.log(f"io_failed {topic} {type(effect).__name__} {error}")
-        self._apply(core.wal_io_done(topic, effect, error, now_ms=self.now_ms).effects)
-        self._mark_durable(topic)
-        self._run_io(topic, io)
-
-    def _mark_durable(self, topic: str) -> None:
-        """The broker's checkpoint writer (`BrokerRuntime._run_checkpoints`): beside the
-        topic's I/O queue, one write (an fsync's time) at a time, coalescing the durable ends
-        that arrive meanwhile. A crash loses a write in flight: the previous mark stays."""
-        core = self.core
-        end = None if core is None else core.wal_durable_end(topic)
-        if end is None or end <= self.disk.checkpoints.get(topic, 0) or topic in self._marking:
-            return
-        self._marking.add(topic)
-        incarnation, epoch = self.incarnation, self._mark_epochs[topic]
-
-        def written() -> None:
-            if self._alive(incarnation) is None:
-                return
-            self._marking.discard(topic)
-            if self._mark_epochs[topic] == epoch:
-                self.disk.mark(topic, end)
-                self._mark_durable(topic)
-
-        self.world.at(self.faults.fsync_us, written)
-
-    def _load(self, effect: LoadWal | RepairWal) -> None:
-        core = self.core
-        assert core is not None
-        topic = effect.topic
-        if isinstance(effect, RepairWal):
-            self._io.pop(topic, None)  # effects not started are discarded
-            self.disk.truncate(topic, effect.segment_base, effect.truncate_to)
-            self.disk.fsync(topic, effect.segment_base)
-        elif effect.fresh:
-            self._mark_epochs[topic] += 1
-            self.disk.remove_topic(topic)
-        scans: list[Any] = []
-        for base, data in self.disk.scans(topic):
-            try:
-                scans.append((base, format.scan_segment(data)))
-            except format.WalFormatError as error:
-                scans.append((base, UnreadableSegment(len(data), str(error))))
-        acknowledged_end, indexed_end = core.recovery_evidence(topic)
-        evidence = RecoveryEvidence(
-            checkpoint_end=self.disk.checkpoints.get(topic),
-            acknowledged_end=acknowledged_end,
-            indexed_end=indexed_end,
-        )
-        try:
-            plan = plan_recovery(topic, scans, evidence)
-        except CorruptSegment as error:
-            self.world.log(f"wal_corrupt {topic} {error.segment} byte={error.position}")
-            self._apply(core.wal_load_failed(topic, str(error)).effects)
-            return
-        for action in plan.actions:
-            if isinstance(action, PlaceSegment):  # after an accepted loss
-                header = format.encode_segment_header(topic, action.segment_base, self.now_ms)
-                self.disk.create(topic, action.segment_base, header)
-                continue
-            if isinstance(action, TruncateSegment):
-                self.disk.truncate(topic, action.segment_base, action.size)
-            self.disk.fsync(topic, action.segment_base)
-        if plan.next_offset or topic in self.disk.checkpoints:
-            self.disk.mark(topic, plan.next_offset)  # the kept segments are durable now
-        self._apply(core.wal_loaded(topic, plan, now_ms=self.now_ms).effects)
-        next_offset = core.wal_durable_end(topic)
-        if next_offset is not None:
-            fresh = isinstance(effect, LoadWal) and effect.fresh
-            self.observer.recovered(topic, next_offset, fresh=fresh)
-
-    def _read(self, incarnation: int, effect: ReadWal) -> None:
-        core = self._alive(incarnation)
-        if core is None:
-            return
-        plan = effect.plan
-        try:
-            data = self.disk.read(effect.topic, plan.segment_base, plan.start, plan.end)
-            records = decode_file_read(plan, data)
-        except FileNotFoundError as error:
-            step = core.wal_read_failed(effect, str(error), missing=True, now_ms=self.now_ms)
-        except format.WalFormatError as error:
-            step = core.wal_read_failed(effect, str(error), missing=False, now_ms=self.now_ms)
-        else:
-            step = core.wal_read_done(effect, records, now_ms=self.now_ms)
-        self._apply(step.effects)
+    def adopted(self, key: str) -> None:
+        """An index entry naming `key` was committed."""
+        self._landed.discard(key)
+        if key in self._left:
+            self._left.discard(key)
+            self.tier_stats["orphans_adopted"] += 1
 
     # -- object tier ------------------------------------------------------------------------------
 
@@ -662,181 +452,6 @@ class SimBroker:
     def _segment_file(self, topic: str, base: int) -> SimFile | None:
         files = self.disk.topics.get(topic)
         return None if files is None else files.files.get(base)
-
-    def _tier_io(self, incarnation: int, io: TierIo) -> None:
-        if self._alive(incarnation) is None:
-            return
-        effect = io.effect
-        if isinstance(effect, UploadSegment):
-            self._upload(incarnation, io, effect)
-        elif isinstance(effect, CommitIndex):
-            self.world.at(
-                META_TXN_US + self.network.latency(),
-                lambda: self._commit(incarnation, io, effect),
-            )
-        elif isinstance(effect, ListObjects):
-            self._list(incarnation, io)
-        else:
-            self._delete_object(io.topic, effect.key)
-
-    def _upload(self, incarnation: int, io: TierIo, effect: UploadSegment) -> None:
-        """As the runtime: read the local segment whole, verify it (`describe_object`), put
-        it; a segment that is gone or does not verify is `FATAL`."""
-        store, key, topic = self.objects, effect.key, io.topic
-        assert store is not None
-        self.tier_stats["uploads"] += 1
-        self.world.log(f"upload {key}")
-        file = self._segment_file(topic, effect.segment_base)
-        try:
-            if file is None:
-                raise FileNotFoundError(f"segment {effect.segment_base} of {topic} is gone")
-            data = bytes(file.cache)
-            facts = describe_object(
-                data, effect.segment_base, effect.next_offset, effect.index_interval_bytes
-            )
-        except (OSError, format.WalFormatError) as error:
-            reason = f"{type(error).__name__}: {error}"
-            self._upload_failed(incarnation, io, UploadError.FATAL, reason)
-            return
-
-        def landed() -> None:
-            self._landed.add(key)
-            self.world.log(f"object landed {key}")
-
-        def done(error: StoreError | None) -> None:
-            if self._alive(incarnation) is None:
-                return
-            if error is not None:
-                kind = (
-                    UploadError.THROTTLED
-                    if error is StoreError.SLOW_DOWN
-                    else UploadError.SERVER_ERROR
-                )
-                self._upload_failed(incarnation, io, kind, error.value)
-                return
-            faults = self.faults
-            if faults.upload_crash and self.world.rng.random() < faults.upload_crash:
-                self.injected["upload_crash"] += 1
-                self.crash(power=False)
-                return
-            core = self._alive(incarnation)
-            assert core is not None
-            step = core.tier_upload_done(
-                io, facts.size, facts.crc32c, facts.offset_index, now_ms=self.now_ms
-            )
-            self._apply(step.effects)
-
-        store.put(key, data, lambda: self._alive(incarnation) is not None, done, landed)
-
-    def _upload_failed(self, incarnation: int, io: TierIo, kind: UploadError, reason: str) -> None:
-        core = self._alive(incarnation)
-        if core is None:
-            return
-        self.tier_stats[f"upload_{kind.value}"] += 1
-        assert isinstance(io.effect, UploadSegment)
-        self.world.log(f"upload_failed {io.effect.key} {kind.value}")
-        step = core.tier_upload_failed(io, kind, reason, now_ms=self.now_ms)
-        self._apply(step.effects)
-
-    def _commit(self, incarnation: int, io: TierIo, effect: CommitIndex) -> None:
-        """The runtime's transaction: if `path` does not exist, put the entry and the `cur`
-        pointer (durable at once). With `commit_unknown` the answer is lost whatever
-        happened, and the uploader hears only that the outcome is unknown."""
-        core = self._alive(incarnation)
-        if core is None:
-            return  # the process died before its request went out
-        faults, rng, topic = self.faults, self.world.rng, io.topic
-        unknown = bool(faults.commit_unknown) and rng.random() < faults.commit_unknown
-        if effect.path not in self.metadata and (not unknown or rng.random() < 0.5):
-            self.metadata[effect.path] = effect.value
-            self.metadata[effect.current_path] = effect.current_value
-            self.tier_stats["commits"] += 1
-            self.world.log(f"index committed {effect.path}")
-            key = effect.entry.key
-            self._landed.discard(key)
-            if key in self._left:
-                self._left.discard(key)
-                self.tier_stats["orphans_adopted"] += 1
-            self.observer.index_committed(topic)
-            created = True
-        else:
-            created = False
-        if unknown:
-            self.injected["commit_unknown"] += 1
-            self.world.log(f"index commit unknown {effect.path}")
-            step = core.tier_commit_failed(io, now_ms=self.now_ms)
-        elif created:
-            step = core.tier_index_committed(io, now_ms=self.now_ms)
-        else:
-            self.tier_stats["commits_found"] += 1
-            step = core.tier_index_read(io, self.metadata[effect.path], now_ms=self.now_ms)
-        self._apply(step.effects)
-
-    def _list(self, incarnation: int, io: TierIo) -> None:
-        store, effect = self.objects, io.effect
-        assert store is not None and isinstance(effect, ListObjects)
-
-        def done(listed: list[tuple[str, int]] | None, error: StoreError | None) -> None:
-            core = self._alive(incarnation)
-            if core is None:
-                return
-            # as the runtime: a failed listing is an empty one; the next scan tries again
-            self.tier_stats["orphan_scans"] += 1
-            found = [StoredObject(key, modified) for key, modified in listed or []]
-            step = core.tier_objects_listed(io, found, now_ms=self.now_ms)
-            self._apply(step.effects)
-
-        store.list_prefix(effect.prefix, done)
-
-    def _delete_object(self, topic: str, key: str) -> None:
-        store = self.objects
-        assert store is not None
-        self.observer.object_deleted(topic, key)
-        self.world.log(f"delete object {key}")
-
-        def done(error: StoreError | None) -> None:
-            if error is None:
-                self.tier_stats["orphans_deleted"] += 1
-
-        store.delete(key, done)
-
-    def _read_object(self, incarnation: int, read: ReadObject, attempt: int) -> None:
-        """As the runtime: a range GET, decoded and verified; the store's failures are
-        retried with a doubling delay, and only data that does not verify (or a store that
-        fails `OBJECT_READ_ATTEMPTS` times in a row) stops the topic."""
-        store, plan = self.objects, read.plan
-        assert store is not None
-        if self._alive(incarnation) is None:
-            return
-        if attempt == 0:
-            self.tier_stats["object_reads"] += 1
-
-        def done(data: bytes | None, error: StoreError | None) -> None:
-            core = self._alive(incarnation)
-            if core is None:
-                return
-            if error is not None:
-                self.world.log(f"object_read_failed {plan.key} {error.value}")
-                self.tier_stats["object_read_failures"] += 1
-                if attempt + 1 < OBJECT_READ_ATTEMPTS:
-                    delay = min(200_000 << attempt, 5_000_000)
-                    self.world.at(delay, lambda: self._read_object(incarnation, read, attempt + 1))
-                    return
-                reason = f"object {plan.key} cannot be read: {error.value}"
-                step = core.wal_read_failed(read, reason, missing=False, now_ms=self.now_ms)
-            else:
-                assert data is not None
-                try:
-                    records = decode_object_read(plan, data)
-                except format.WalFormatError as failure:
-                    reason = f"object {plan.key} does not verify: {failure}"
-                    step = core.wal_read_failed(read, reason, missing=False, now_ms=self.now_ms)
-                else:
-                    self.observer.object_served(read.topic, plan.from_offset, records)
-                    step = core.wal_read_done(read, records, now_ms=self.now_ms)
-            self._apply(step.effects)
-
-        store.get_range(plan.key, plan.start_byte, plan.end_byte, done)
 
 
 class _Answer:

@@ -54,6 +54,7 @@ _SINGLE_ACTIVE = (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
 _FRAME_LENGTH = struct.Struct("<4xI")
 """A frame's total length, after its CRC."""
 TIER = "7 objects equal frames"
+ONE_ANSWER = "8 each request answered once"
 SILENT_DAMAGE = "15 damage is never silent"
 
 
@@ -125,6 +126,10 @@ class InvariantChecker(Observer):
     def _violate(self, invariant: str, detail: str) -> None:
         self.world.log(f"VIOLATION {invariant}: {detail}")
         self.violations.append(Violation(invariant, detail, self.world.now))
+
+    def answered_twice(self, client: str) -> None:
+        """A request of `client` got a second answer (a waiter table that answers twice)."""
+        self._violate(ONE_ANSWER, f"a request of {client} was answered twice")
 
     def restarted(self) -> None:
         for state in self.subscriptions.values():
@@ -405,6 +410,9 @@ class InvariantChecker(Observer):
 
     def final(self, subscriptions: list[tuple[str, str]], stopped: dict[str, str]) -> None:
         """At-least-once and the records on disk, once the run has drained."""
+        for topic, reason in sorted(stopped.items()):
+            if "cannot be read" in reason:  # flows.read_object: a store failure, not damage
+                self._violate(TIER, f"{topic} stopped because the object store failed: {reason}")
         for topic, sub in subscriptions:
             if topic in stopped:
                 continue

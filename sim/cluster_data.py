@@ -26,7 +26,6 @@ simulated object store, and does with their effects what `danube.broker.ownershi
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -34,20 +33,21 @@ from danube.cluster import keys
 from danube.cluster import ownership as own
 from danube.cluster import ownership_flows as flows
 from danube.cluster.keys import Marker
-from danube.cluster.ownership import NotOwner, Ownership, OwnershipConfig, fence_compares
+from danube.cluster.ownership import NotOwner, Ownership, OwnershipConfig
 from danube.core.config import OBJECT_DURABILITY, TopicDurability
 from danube.core.errors import DanubeError, ErrorCode
+from danube.effects import Outcome, StoreTxn, TxnAnswer
 from danube.effects.flow import Finished
+from danube.interpreter import Done, Interpreter
 from danube.metadata.model import KeyValue
-from danube.node.core import PersistMeta, TierIo
 from danube.proto import danube as pb
-from danube.tiering import CommitIndex
 from danube.wal.machine import Durability, WalConfig
 from sim.broker import TICK_US, Observer, Reply, SimBroker
+from sim.broker_io import SimPort
 from sim.disk import SimDisk
-from sim.etcd import Origin, SimEtcd, failed
+from sim.etcd import SimEtcd
 from sim.faults import Faults, Injected
-from sim.flow_runner import Answer, run_flow
+from sim.flow_runner import Answer, perform_store, run_flow
 from sim.network import Network
 from sim.objects import SimObjectStore
 from sim.run import UPLOADS
@@ -107,13 +107,13 @@ class ClusterBroker(SimBroker):
         """topic → revision of this broker's claim: the fencing token of its writes."""
         self.fenced = True
         """Until the membership says otherwise, acknowledge nothing."""
-        self._meta: deque[PersistMeta] = deque()
-        self._meta_busy = False
 
     def start(self) -> None:
         self.incarnation += 1
         durability = TopicDurability(default=OBJECT_DURABILITY, object_batch_ms=OBJECT_BATCH_MS)
-        self.core = self._new_core(durability=durability, clustered=True)
+        core = self.core = self._new_core(durability=durability, clustered=True)
+        self.port = ClusterPort(self, self.incarnation)
+        self.interpreter = Interpreter(core, self.port, objects=True)
         self.up = True
         incarnation = self.incarnation
         self.world.at(TICK_US, lambda: self._tick(incarnation))
@@ -127,11 +127,14 @@ class ClusterBroker(SimBroker):
             self._break(stream, "broker crashed")
         self.up = False
         self.core = None
+        if self.interpreter is not None:
+            self.interpreter.close()
         self.disk.crash(power=False, rng=self.world.rng)
 
     @property
     def metadata_flushed(self) -> bool:
-        return not self._meta and not self._meta_busy
+        lane = None if self.interpreter is None else self.interpreter.metadata
+        return lane is None or (lane.durable == lane.submitted and not lane.writing)
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -143,88 +146,41 @@ class ClusterBroker(SimBroker):
             return
         super().handle(request, reply, **stream)
 
-    def _acknowledge(self, topic: str, through: int) -> None:
-        if not self.fenced:
-            super()._acknowledge(topic, through)
+
+class ClusterPort(SimPort):
+    """The simulator's port in a cluster: metadata transactions go to the simulated etcd,
+    fenced by the broker's claims (as `BrokerRuntime` fences them), and a fenced broker
+    answers no publish (production's `check_unfenced` after the wait)."""
+
+    broker: ClusterBroker
+
+    def resolve(self, waiter: Any) -> None:
+        if self.broker.fenced:
+            self.broker.world.log("fenced: not acknowledging")
+            waiter.fail(DanubeError(ErrorCode.UNAVAILABLE, "broker fenced"))
+        else:
+            waiter.ok()
+
+    def perform(self, effect: Any, done: Done) -> None:
+        if not isinstance(effect, StoreTxn):
+            super().perform(effect, done)
             return
-        self.world.log(f"fenced: not acknowledging {topic} through={through}")
-        waiting = self._waiters.get(topic)
-        while waiting and waiting[0][0] <= through:
-            waiting.popleft()[1].fail(DanubeError(ErrorCode.UNAVAILABLE, "broker fenced"))
+        broker = self.broker
+        host = broker.host
 
-    # -- metadata ---------------------------------------------------------------------------------
-
-    def _persist(self, effect: PersistMeta) -> None:
-        self._meta.append(effect)
-        self._write_metadata()
-
-    def _write_metadata(self) -> None:
-        """The runtime's single metadata writer: one fenced transaction at a time, in order;
-        a failed one is logged and the next goes."""
-        if self._meta_busy or not self._meta or not self.up:
-            return
-        effect = self._meta[0]
-        ops = effect.ops()
-        try:
-            compares = fence_compares(effect.keys, self.claims)
-        except NotOwner as error:
-            self.world.log(f"broker {self.host.name} metadata write refused: {error}")
-            self._meta.popleft()
-            self._write_metadata()
-            return
-        self._meta_busy = True
-        incarnation = self.incarnation
-
-        def done(result: Any) -> None:
-            if self._alive(incarnation) is None:
+        def answered(answer: Any = None, *, error: BaseException | None = None) -> None:
+            if not self.alive:
                 return
-            self._meta.popleft()
-            self._meta_busy = False
-            if failed(result) or not result.succeeded:
-                self.world.log(f"broker {self.host.name} metadata write failed: {result}")
-            self._write_metadata()
-
-        origin = Origin(self.host.name, "persist")
-        etcd = self.host.etcd
-        self.host.call(f"persist {effect.keys[:2]}", lambda: etcd.txn(compares, ops, origin), done)
-
-    def _commit(self, incarnation: int, io: TierIo, effect: CommitIndex) -> None:
-        core = self._alive(incarnation)
-        if core is None:
-            return
-        etcd = self.host.etcd
-        try:
-            fence = fence_compares([effect.path], self.claims)
-        except NotOwner:
-            self._apply(core.tier_commit_failed(io, now_ms=self.now_ms).effects)
-            return
-        creation, ops = effect.creation()
-        compares = (*creation, *fence)
-
-        def found(result: Any) -> None:
-            core = self._alive(incarnation)
-            if core is None:
+            if isinstance(error, NotOwner):  # refused before it is sent, as the runtime does
+                broker.world.log(f"broker {host.name} {effect.purpose} refused: {error}")
+                done(TxnAnswer(Outcome.REFUSED))
                 return
-            value = None if failed(result) or result is None else result.value
-            self._apply(core.tier_index_read(io, value, now_ms=self.now_ms).effects)
+            if error is None and answer.committed and effect.purpose.startswith("index "):
+                self.stats["commits"] += 1
+                broker.world.log(f"index committed {effect.ops[0]}")
+            done(answer, error)
 
-        def done(result: Any) -> None:
-            core = self._alive(incarnation)
-            if core is None:
-                return
-            if failed(result):
-                step = core.tier_commit_failed(io, now_ms=self.now_ms)
-            elif result.succeeded:
-                self.tier_stats["commits"] += 1
-                self.world.log(f"index committed {effect.path}")
-                step = core.tier_index_committed(io, now_ms=self.now_ms)
-            else:
-                self.host.call(f"read {effect.path}", lambda: etcd.get(effect.path), found)
-                return
-            self._apply(step.effects)
-
-        origin = Origin(self.host.name, "index")
-        self.host.call(f"commit {effect.path}", lambda: etcd.txn(compares, ops, origin), done)
+        perform_store(host, effect, answered, broker.claims)
 
 
 class DataPlane:

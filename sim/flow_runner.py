@@ -108,7 +108,7 @@ def perform_store(
 
     def transacted(result: Any) -> None:
         if not failed(result) and result.succeeded:
-            answer(TxnAnswer(Outcome.COMMITTED, result.revision))
+            answer(TxnAnswer(Outcome.COMMITTED, revision=result.revision))
             return
         outcome = Outcome.UNKNOWN if failed(result) else Outcome.REFUSED
         _read_back(host, list(effect.read_back), {}, outcome, answer)
@@ -131,13 +131,13 @@ def _read_back(
     answer: Answer,
 ) -> None:
     if not keys:
-        answer(TxnAnswer(outcome, 0, found))
+        answer(TxnAnswer(outcome, found))
         return
     key = keys[0]
 
     def got(result: Any) -> None:
         if failed(result):  # the store is gone: the flow sees the key as not read
-            answer(TxnAnswer(outcome, 0, found))
+            answer(TxnAnswer(outcome, found))
             return
         found[key] = result
         _read_back(host, keys[1:], found, outcome, answer)

@@ -158,6 +158,7 @@ class Simulation:
         self.checker = InvariantChecker(
             self.world, self.disk, wal.durability, metadata=self.metadata, objects=self.objects
         )
+        self.world.answered_twice = self.checker.answered_twice
         self.broker = SimBroker(
             self.world,
             self.network,

@@ -30,6 +30,9 @@ class World:
         """The last lines of the trace, for the report of a violation."""
         self.lines: list[str] | None = [] if full_trace else None
         self.events = 0
+        self.answered_twice: Callable[[str], None] | None = None
+        """Told when a request is answered a second time (the checker makes it a
+        violation: each request gets exactly one answer)."""
 
     @property
     def now_ms(self) -> int:

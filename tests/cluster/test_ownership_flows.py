@@ -82,7 +82,7 @@ def claim_effect() -> own.Claim:
 
 def test_a_committed_claim_is_done_at_its_revision() -> None:
     machine = Machine()
-    asked, perform = answers(TxnAnswer(Outcome.COMMITTED, 41))
+    asked, perform = answers(TxnAnswer(Outcome.COMMITTED, revision=41))
     run_now(flows.claim(machine, claim_effect(), lambda: 0), perform)  # type: ignore[arg-type]
     assert machine.inputs == [("claim_done", TOPIC, True, 41, True)]
     assert isinstance(asked[0], StoreTxn) and asked[0].read_back == (OWNER,)
@@ -92,7 +92,7 @@ def test_an_unanswered_claim_found_as_its_own_is_done() -> None:
     """Its answer was lost after it landed: the read-back finds it under this lease."""
     machine = Machine(lease_id=7)
     found = {OWNER: claim_of(keys.broker_id_to_json("b1"), 7, 52)}
-    _, perform = answers(TxnAnswer(Outcome.UNKNOWN, 0, found))
+    _, perform = answers(TxnAnswer(Outcome.UNKNOWN, found))
     run_now(flows.claim(machine, claim_effect(), lambda: 0), perform)  # type: ignore[arg-type]
     assert machine.inputs == [("claim_done", TOPIC, True, 52, True)]
 
@@ -100,11 +100,11 @@ def test_an_unanswered_claim_found_as_its_own_is_done() -> None:
 def test_an_unanswered_claim_not_found_is_not_known_to_have_failed() -> None:
     """It may still land: only a refusal says it did not."""
     machine = Machine()
-    _, perform = answers(TxnAnswer(Outcome.UNKNOWN, 0, {OWNER: None}))
+    _, perform = answers(TxnAnswer(Outcome.UNKNOWN, {OWNER: None}))
     run_now(flows.claim(machine, claim_effect(), lambda: 0), perform)  # type: ignore[arg-type]
     assert machine.inputs == [("claim_done", TOPIC, False, 0, False)]
     machine = Machine()
-    _, perform = answers(TxnAnswer(Outcome.REFUSED, 0, {OWNER: claim_of("other", 3, 9)}))
+    _, perform = answers(TxnAnswer(Outcome.REFUSED, {OWNER: claim_of("other", 3, 9)}))
     run_now(flows.claim(machine, claim_effect(), lambda: 0), perform)  # type: ignore[arg-type]
     assert machine.inputs == [("claim_done", TOPIC, False, 0, True)]
 
@@ -114,7 +114,7 @@ def test_a_load_reads_records_the_writer_and_adopts() -> None:
     prefixes, policy_key = own.load_reads(TOPIC)
     delivery = paths.topic_delivery(parse_topic(TOPIC))
     entry = KeyValue(delivery, {"strategy": "reliable"}, 1, 1, 1, None)
-    asked, perform = answers([entry], [], None, TxnAnswer(Outcome.COMMITTED, 60), None)
+    asked, perform = answers([entry], [], None, TxnAnswer(Outcome.COMMITTED, revision=60), None)
     run_now(flows.load(machine, own.Load(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
     assert [type(a) for a in asked] == [StoreList, StoreList, StoreRead, StoreTxn, flows.Adopt]
     assert [a.prefix for a in asked[:2]] == list(prefixes) and asked[2].key == policy_key

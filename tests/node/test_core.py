@@ -18,7 +18,7 @@ from danube.core.names import parse_topic, partition_index, partition_name
 from danube.dispatch import ConsumerReady, QueueLimits, StartKind, StartPosition
 from danube.dispatch.reliable import ReliableSubscription
 from danube.node.core import BrokerCore, BrokerIdentity, EndStream, PersistMeta, Step
-from tests.support.core_driver import MemoryWalDriver
+from danube.testing import CoreDriver
 
 URL = "http://127.0.0.1:6650"
 NR = DispatchStrategy.NON_RELIABLE
@@ -261,7 +261,7 @@ def test_create_producer_strategy_mismatch_both_ways() -> None:
     """Danube answers FAILED_PRECONDITION when a producer's strategy differs from the
     topic's; a rejected producer leaves nothing behind."""
     core = new_core()
-    MemoryWalDriver(core).run(producer_step(core, "/default/r", strategy=REL).effects)
+    CoreDriver(core).run(producer_step(core, "/default/r", strategy=REL).effects)
     producer(core, "/default/t")
     assert code_of(lambda: producer_step(core, "/default/t", "p2", REL)) is (
         ErrorCode.FAILED_PRECONDITION
@@ -736,7 +736,7 @@ def restored(
         default_policies=Policies(),
         queue_limits=QueueLimits(),
     )
-    MemoryWalDriver(core, files).run(core.restore(metadata).effects)
+    CoreDriver(core, files).run(core.restore(metadata).effects)
     return core
 
 
@@ -893,7 +893,7 @@ class Harness:
         )
         self.effects: list[Any] = list(self.core.bootstrap(["default"]).effects)
         self.metadata = replay(self.effects)
-        self.driver = MemoryWalDriver(self.core)
+        self.driver = CoreDriver(self.core)
         self.producers: list[int] = []
         self.consumers: list[int] = []
         self.generations: dict[int, list[int]] = {}

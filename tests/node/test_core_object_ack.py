@@ -1,7 +1,7 @@
 """The `object` acknowledgement level in the broker core (spec/durability.md): a publish is
 answered only once the object holding it is indexed, the active segment is sealed within the
 batch window after its oldest unanswered publish became durable, and one upload answers the
-whole batch. The I/O runs in memory (tests/support/core_driver.py)."""
+whole batch. The I/O runs in memory (`danube.testing`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from danube.core.config import DispatchStrategy, Policies, TopicDurability
 from danube.dispatch import QueueLimits
 from danube.node.core import BrokerCore, BrokerIdentity, PublishAcked
+from danube.testing import CoreDriver
 from danube.tiering import UploaderConfig
 from danube.tiering.index import IndexEntry
 from danube.wal.machine import WalConfig
-from tests.support.core_driver import MemoryWalDriver
 
 URL = "http://127.0.0.1:6650"
 TOPIC = "/default/payments"
@@ -24,7 +24,7 @@ BATCH_MS = 100
 
 def start(
     object_ack: bool = True, durability: TopicDurability | None = None
-) -> tuple[MemoryWalDriver, int]:
+) -> tuple[CoreDriver, int]:
     core = BrokerCore(
         BrokerIdentity(URL, URL),
         rng=random.Random(1),
@@ -34,14 +34,14 @@ def start(
         uploads=UploaderConfig(orphan_scan_interval_ms=None),
         durability=durability or TopicDurability("object" if object_ack else None, (), BATCH_MS),
     )
-    driver = MemoryWalDriver(core)
+    driver = CoreDriver(core)
     driver.run(core.bootstrap(["default"]).effects)
     step = core.create_producer(TOPIC, "p", access_mode=0, strategy=DispatchStrategy.RELIABLE)
     driver.run(step.effects)
     return driver, step.value
 
 
-def publish(driver: MemoryWalDriver, producer_id: int, n: int) -> list[object]:
+def publish(driver: CoreDriver, producer_id: int, n: int) -> list[object]:
     payload = f"message {n}"
     step = driver.core.publish(
         producer_id, TOPIC, payload, len(payload), None,
@@ -50,12 +50,12 @@ def publish(driver: MemoryWalDriver, producer_id: int, n: int) -> list[object]:
     return driver.run(step.effects)
 
 
-def tick(driver: MemoryWalDriver, advance_ms: int) -> list[object]:
+def tick(driver: CoreDriver, advance_ms: int) -> list[object]:
     driver.now_ms += advance_ms
     return driver.run(driver.core.tick(driver.now_ms).effects)
 
 
-def index(driver: MemoryWalDriver) -> list[IndexEntry]:
+def index(driver: CoreDriver) -> list[IndexEntry]:
     return [
         IndexEntry.from_json(v)
         for k, v in sorted(driver.metadata.items())

@@ -1,6 +1,6 @@
 """Reliable topics in the broker core: publishes acknowledged only once durable, deliveries
 from the WAL, acks and cursors, restarts, start positions, takeover, Key-Shared routing,
-corrupt and failing WALs. The WAL effects run in memory (tests/support/core_driver.py)."""
+corrupt and failing WALs. The WAL effects run in memory (`danube.testing`)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from danube.node.core import (
     TopicStopped,
     WalIo,
 )
+from danube.testing import CoreDriver
 from danube.wal import format
 from danube.wal.machine import (
     CreateSegment,
@@ -33,7 +34,6 @@ from danube.wal.machine import (
     decode_file_read,
 )
 from tests.node.test_core import code_of, replay
-from tests.support.core_driver import MemoryWalDriver
 
 URL = "http://127.0.0.1:6650"
 REL = DispatchStrategy.RELIABLE
@@ -70,7 +70,7 @@ class Broker:
             max_unacked_messages=max_unacked,
             routing_key_of=key_of,
         )
-        self.driver = MemoryWalDriver(self.core, files)
+        self.driver = CoreDriver(self.core, files)
         self.metadata: dict[str, Any] = {}
         if metadata is not None:
             self.metadata = json.loads(json.dumps(metadata))

@@ -2,7 +2,7 @@
 segments become indexed objects, local retention deletes only what is indexed, a
 subscription from the earliest offset reads history from objects and hands off to the local
 WAL with no gap and no duplicate, and a broker with an empty disk continues the offsets and
-serves the whole history from objects. The I/O runs in memory (tests/support/core_driver.py)."""
+serves the whole history from objects. The I/O runs in memory (`danube.testing`)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from danube.core.config import DispatchStrategy, Policies
 from danube.core.names import parse_topic
 from danube.dispatch import QueueLimits, StartKind, StartPosition
 from danube.node.core import BrokerCore, BrokerIdentity
+from danube.testing import CoreDriver
 from danube.tiering import UploaderConfig, layout, validate_index
 from danube.tiering.index import IndexEntry
 from danube.wal.machine import WalConfig
-from tests.support.core_driver import MemoryWalDriver
 
 URL = "http://127.0.0.1:6650"
 TOPIC = "/default/history"
@@ -39,16 +39,16 @@ def start(
     files: dict[str, dict[int, bytearray]] | None = None,
     objects: dict[str, bytes] | None = None,
     metadata: dict[str, Any] | None = None,
-) -> MemoryWalDriver:
+) -> CoreDriver:
     core = new_core()
-    driver = MemoryWalDriver(core, files, objects, dict(metadata or {}))
+    driver = CoreDriver(core, files, objects, dict(metadata or {}))
     if metadata is not None:
         driver.run(core.restore(dict(metadata)).effects)
     driver.run(core.bootstrap(["default"]).effects)
     return driver
 
 
-def publish(driver: MemoryWalDriver, producer_id: int, count: int, first: int = 0) -> None:
+def publish(driver: CoreDriver, producer_id: int, count: int, first: int = 0) -> None:
     for i in range(first, first + count):
         payload = f"|m{i:04d}-" + "x" * 200
         step = driver.core.publish(
@@ -60,7 +60,7 @@ def publish(driver: MemoryWalDriver, producer_id: int, count: int, first: int = 
         driver.run(driver.core.tick(driver.now_ms).effects)
 
 
-def producer(driver: MemoryWalDriver) -> int:
+def producer(driver: CoreDriver) -> int:
     step = driver.core.create_producer(
         TOPIC, "p", access_mode=0, strategy=DispatchStrategy.RELIABLE
     )
@@ -68,7 +68,7 @@ def producer(driver: MemoryWalDriver) -> int:
     return step.value
 
 
-def read_all(driver: MemoryWalDriver, name: str, expected: int) -> list[str]:
+def read_all(driver: CoreDriver, name: str, expected: int) -> list[str]:
     core = driver.core
     step = core.subscribe(TOPIC, name, name, 0, (), EARLIEST, now_ms=driver.now_ms)
     driver.run(step.effects)
@@ -88,7 +88,7 @@ def read_all(driver: MemoryWalDriver, name: str, expected: int) -> list[str]:
     return received
 
 
-def index_of(driver: MemoryWalDriver) -> list[IndexEntry]:
+def index_of(driver: CoreDriver) -> list[IndexEntry]:
     return [
         IndexEntry.from_json(v)
         for k, v in sorted(driver.metadata.items())

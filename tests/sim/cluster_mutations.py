@@ -18,7 +18,7 @@ from danube.core.names import TopicName
 from danube.effects import TxnAnswer
 from danube.metadata.model import Compare
 from danube.tiering import layout
-from sim import cluster_data
+from sim import flow_runner
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 
 Patch = Callable[[], contextlib.AbstractContextManager[None]]
@@ -95,7 +95,7 @@ def writes_without_claim_compare() -> Iterator[None]:
         ownership.fence_compares(keys, claims)
         return []
 
-    with mock.patch.object(cluster_data, "fence_compares", unfenced):
+    with mock.patch.object(flow_runner, "fence_compares", unfenced):
         yield
 
 
@@ -126,7 +126,7 @@ def claim_ignores_read_back() -> Iterator[None]:
         while True:
             answer = yield request
             if isinstance(answer, TxnAnswer) and not answer.committed:
-                answer = TxnAnswer(answer.outcome, answer.revision, {})
+                answer = TxnAnswer(answer.outcome, {}, answer.revision)
             try:
                 request = inner.send(answer)
             except StopIteration as stop:

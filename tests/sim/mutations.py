@@ -10,6 +10,9 @@ from typing import Any
 from unittest import mock
 
 from danube.dispatch import reliable
+from danube.effects import Backoff
+from danube.interpreter import flows
+from danube.interpreter.waiters import Publishes
 from danube.tiering.uploader import AllowLocalDelete, Uploader
 from danube.wal import recovery
 from danube.wal.machine import Acknowledge, Durability, WalMachine
@@ -90,7 +93,6 @@ def truncate_valid_data_at_recovery() -> Iterator[None]:
 
     with (
         mock.patch.object(recovery, "plan_recovery", plan),
-        mock.patch("sim.broker.plan_recovery", plan),
     ):
         yield
 
@@ -207,6 +209,39 @@ MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "reuse_offset_after_restart": reuse_offset_after_restart,
     "synced_writes_assumed": synced_writes_assumed,
 }
+
+
+@contextlib.contextmanager
+def object_read_gives_up() -> Iterator[None]:
+    """The interpreter's object-read flow stops the topic after 6 failed attempts (the old
+    simulator's policy, which production never had)."""
+    original = flows.read_object
+
+    def read_object(plan: Any, live: Any, backoff: Any = None, failed: Any = None) -> Any:
+        bounded = Backoff(first_ms=200, cap_ms=5_000, attempts=6)
+        return original(plan, live, bounded, failed)
+
+    with mock.patch.object(flows, "read_object", read_object):
+        yield
+
+
+@contextlib.contextmanager
+def waiting_publish_answered_twice() -> Iterator[None]:
+    """The waiter table answers the first publish an acknowledgement covers twice."""
+    original = Publishes.acknowledge
+
+    def acknowledge(self: Publishes, topic: str, through: int) -> int | None:
+        queue = self.waiting.get(topic)
+        first = queue[0] if queue and queue[0][0] <= through else None
+        previous = original(self, topic, through)
+        if first is not None:
+            self.answer(first[1], None)
+        return previous
+
+    with mock.patch.object(Publishes, "acknowledge", acknowledge):
+        yield
+
+
 TIERED_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "local_delete_before_commit": local_delete_before_commit,
 }

@@ -16,7 +16,12 @@ from sim.checker import SILENT_DAMAGE
 from sim.durability import measure
 from sim.faults import Faults
 from sim.run import Simulation, Workload
-from tests.sim.mutations import DAMAGE_MUTATIONS, MUTATIONS, OPERATOR_MUTATIONS
+from tests.sim.mutations import (
+    DAMAGE_MUTATIONS,
+    MUTATIONS,
+    OPERATOR_MUTATIONS,
+    waiting_publish_answered_twice,
+)
 
 DEFAULT = PROFILES["default"]
 HEAVY = PROFILES["heavy"]
@@ -195,3 +200,15 @@ def test_a_planted_bug_in_weighing_recovery_evidence_is_caught(mutation: str) ->
                 assert "--newest-damage 0.05" in text, text
                 return
     pytest.fail(f"the simulator did not catch {mutation} in 40 seeds")
+
+
+def test_a_waiting_publish_answered_twice_is_caught_within_50_seeds() -> None:
+    """The interpreter's waiter table answers each waiting publish exactly once; a second
+    answer is a violation of its own (the simulator's `Reply` used to swallow it)."""
+    with waiting_publish_answered_twice():
+        for seed in range(1, 51):
+            result = Simulation(seed, Workload(), DEFAULT).run(2)
+            if not result.ok:
+                assert any("answered twice" in v.detail for v in result.violations)
+                return
+    pytest.fail("the simulator did not catch waiting_publish_answered_twice in 50 seeds")

@@ -67,11 +67,11 @@ async def _transact(
         with trio.fail_after(REQUEST_TIMEOUT_S):
             result = await store.txn(compares, list(effect.ops))
     except (MetadataError, trio.TooSlowError):
-        outcome, revision = Outcome.UNKNOWN, 0
+        outcome = Outcome.UNKNOWN
     else:
         if result.succeeded:
-            return TxnAnswer(Outcome.COMMITTED, result.revision)
-        outcome, revision = Outcome.REFUSED, 0
+            return TxnAnswer(Outcome.COMMITTED, revision=result.revision)
+        outcome = Outcome.REFUSED
     found: dict[str, KeyValue | None] = {}
     for key in effect.read_back:
         try:
@@ -79,7 +79,7 @@ async def _transact(
                 found[key] = await store.get(key)
         except (MetadataError, trio.TooSlowError):
             break  # the store is gone: the flow sees the key as not read
-    return TxnAnswer(outcome, revision, found)
+    return TxnAnswer(outcome, found)
 
 
 async def drive(flow: Flow[T], perform: Callable[[Any], Awaitable[Any]]) -> T:

@@ -76,11 +76,11 @@ class StoreTxn:
 @dataclass(frozen=True, slots=True)
 class TxnAnswer:
     outcome: Outcome
-    revision: int = 0
-    """The store's revision of a committed transaction."""
     found: Mapping[str, KeyValue | None] = field(default_factory=dict)
     """The `read_back` keys as read after a refusal or an unknown outcome (missing keys
     were not readable: the store was down too)."""
+    revision: int = 0
+    """The store's revision of a committed transaction."""
 
     @property
     def committed(self) -> bool:
@@ -174,6 +174,9 @@ class TopicFile:
 
     topic: str
     effect: Any
+    sync: bool = False
+    """The topic syncs every write (`WalConfig.synced_writes`, decided when its WAL was
+    loaded): a `Write` is fdatasynced before it is answered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +217,8 @@ class RecoverTopic:
     actions: tuple[Any, ...]
     mark: int | None
     clear_loss_accepted: bool
+    now_ms: int = 0
+    """The clock for the headers of segments a `PlaceSegment` creates."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +241,14 @@ class MarkDurable:
 @dataclass(frozen=True, slots=True)
 class RemoveTopicFiles:
     """Delete the topic's WAL directory and everything in it; answered with None."""
+
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseTopicFiles:
+    """The interpreter is done with the topic's files (an unload, a drop): release what the
+    port holds open for them; answered with None."""
 
     topic: str
 
@@ -275,9 +288,54 @@ IoEffect: TypeAlias = (
     | TruncateTopicFile
     | MarkDurable
     | RemoveTopicFiles
+    | CloseTopicFiles
     | Sleep
     | Work
 )
+
+
+# -- in-memory stores (the simulator's and the testing port's) -------------------------------
+
+
+def apply_ops(ops: tuple[Op, ...] | list[Op], data: dict[str, Any]) -> None:
+    """Applies store operations to a plain key -> value map, in order (`Put`, `Delete`,
+    `DeletePrefix`): the store of the ports that keep their metadata in a dict."""
+    from danube.metadata.model import Delete, DeletePrefix, Put
+
+    for op in ops:
+        if isinstance(op, Put):
+            data[op.key] = op.value
+        elif isinstance(op, Delete):
+            data.pop(op.key, None)
+        elif isinstance(op, DeletePrefix):
+            for key in [k for k in data if k.startswith(op.prefix)]:
+                del data[key]
+        else:
+            raise TypeError(f"{type(op).__name__} is not a write")
+
+
+def compares_hold(compares: tuple[Compare, ...] | list[Compare], data: dict[str, Any]) -> bool:
+    """Evaluates compares on a plain map without versions: `version`/`create_revision`/
+    `mod_revision` compare as 1 for a present key and 0 for a missing one (enough for
+    "absent" and "present" guards), values as themselves."""
+    for compare in compares:
+        present = compare.key in data
+        if compare.target == "value":
+            if not present:
+                return False
+            actual: Any = data[compare.key]
+        else:
+            actual = 1 if present else 0
+        expected: Any = compare.operand
+        if compare.op == "==" and actual != expected:
+            return False
+        if compare.op == "!=" and actual == expected:
+            return False
+        if compare.op == ">" and not actual > expected:
+            return False
+        if compare.op == "<" and not actual < expected:
+            return False
+    return True
 
 
 # -- policies as data ------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from danube.core.names import TopicName
+from danube.effects import StoreTxn
 from danube.metadata.model import Compare, Op, Put
 from danube.tiering import layout
 from danube.tiering.index import IndexEntry, entry_problems, validate_index
@@ -165,6 +166,15 @@ class CommitIndex:
         return (
             (Compare(self.path, "version", "==", 0),),
             (Put(self.path, self.value), Put(self.current_path, self.current_value)),
+        )
+
+    def transaction(self) -> StoreTxn:
+        """`creation` in the one store vocabulary: fenced by the topic's claim (cluster
+        mode), and the entry's path read back when the compare fails or the outcome is
+        unknown (the entry found tells "mine landed after all" from "another's")."""
+        compares, ops = self.creation()
+        return StoreTxn(
+            compares, ops, read_back=(self.path,), fenced=(self.path,), purpose=f"index {self.path}"
         )
 
 

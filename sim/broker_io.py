@@ -1,0 +1,346 @@
+"""The simulator's port of the effect interpreter (`danube.interpreter`): it performs each
+I/O effect on the simulated disk, object store and metadata with their latencies and faults
+(slow fsyncs, torn writes on a crash, throttling and 5xx answers, lost commit answers, a
+crash right after an upload) and tells the checker what happened. It decides nothing: the
+order of WAL effects, retries, what answers mean are the interpreter's, as in production.
+
+One port serves one incarnation of the broker process: a crash closes it, and answers still
+on their way are dropped (the disk, the metadata and the objects are what survive).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from danube.core.errors import DanubeError
+from danube.effects import (
+    CloseTopicFiles,
+    MarkDurable,
+    ObjectDelete,
+    ObjectFailure,
+    ObjectGet,
+    ObjectList,
+    ObjectPut,
+    ObjectStoreFailed,
+    Outcome,
+    ReadTopicFile,
+    RecoverTopic,
+    RemoveTopicFiles,
+    ScanTopic,
+    Sleep,
+    StoreTxn,
+    TopicFile,
+    TopicScan,
+    TruncateTopicFile,
+    TxnAnswer,
+    Work,
+    apply_ops,
+    compares_hold,
+)
+from danube.interpreter.host import Done
+from danube.metadata.model import KeyValue, Put
+from danube.wal import format
+from danube.wal.machine import CloseSegment, CreateSegment, DeleteSegment, Fsync, Write
+from danube.wal.recovery import PlaceSegment, TruncateSegment, UnreadableSegment
+from sim.objects import StoreError
+
+if TYPE_CHECKING:
+    from sim.broker import SimBroker
+
+_WRITE_US_PER_KIB = 4
+META_TXN_US = 2_000
+"""A metadata transaction (an etcd round trip with its fsync) takes this plus network latency."""
+
+_FAILURES = {
+    StoreError.SLOW_DOWN: ObjectFailure.THROTTLED,
+    StoreError.SERVER_ERROR: ObjectFailure.TRANSIENT,
+    StoreError.NO_SUCH_KEY: ObjectFailure.MISSING,
+}
+
+
+def _failed(error: StoreError) -> ObjectStoreFailed:
+    return ObjectStoreFailed(_FAILURES[error], error.value)
+
+
+class SimPort:
+    def __init__(self, broker: SimBroker, incarnation: int) -> None:
+        self.broker = broker
+        self.incarnation = incarnation
+        self.writing: dict[str, Write] = {}
+        """The write under way per topic: a crash may tear it."""
+        self.stats: Counter[str] = broker.tier_stats
+
+    @property
+    def alive(self) -> bool:
+        broker = self.broker
+        return broker.up and broker.incarnation == self.incarnation
+
+    def _later(self, delay_us: int, action: Callable[[], None]) -> None:
+        """Runs `action` after `delay_us` if this incarnation still lives."""
+
+        def run() -> None:
+            if self.alive:
+                action()
+
+        self.broker.world.at(delay_us, run)
+
+    # -- Host ------------------------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        return self.broker.now_ms
+
+    def wake(self, consumer_id: int) -> None:
+        self.broker.wake(consumer_id)
+
+    def end_stream(self, generation: int) -> None:
+        self.broker.end_stream(generation)
+
+    def resolve(self, waiter: Any) -> None:
+        waiter.ok()
+
+    def fail(self, waiter: Any, error: DanubeError) -> None:
+        waiter.fail(error)
+
+    def event(self, name: str, **f: Any) -> None:
+        broker, log, observer = self.broker, self.broker.world.log, self.broker.observer
+        if name == "acknowledged":
+            log(f"acknowledged {f['topic']} through={f['through']}")
+            observer.acknowledged(f["topic"], f["through"], broker.wal_config.durability)
+        elif name == "wal_loaded":
+            if f["next_offset"] is not None:
+                observer.recovered(f["topic"], f["next_offset"], fresh=f["fresh"])
+        elif name == "wal_load_failed":
+            log(f"wal_load_failed {f['topic']} {f['reason']}")
+        elif name == "topic_stopped":
+            log(f"topic_stopped {f['topic']}")
+            broker.stopped_topics[f["topic"]] = f["reason"]
+        elif name == "publish_failed":
+            log(f"publish_failed {f['topic']} from={f['from_offset']}")
+        elif name == "wal_io_failed":
+            log(f"io_failed {f['topic']} {f['effect']} {f['error']}")
+        elif name == "tier_halted":
+            log(f"tier_halted {f['topic']} resumable={f['resumable']}")
+            self.stats["halts"] += 1
+            observer.tier_halted(f["topic"], f["reason"], f["resumable"])
+        elif name == "retention_skipped":
+            log(f"retention_skipped {f['topic']}/{f['subscription']} {f['first']}-{f['end']}")
+            observer.retention_skipped(f["topic"], f["subscription"], f["first"], f["end"])
+        elif name == "upload":
+            self.stats["uploads"] += 1
+            log(f"upload {f['key']}")
+        elif name == "upload_failed":
+            self.stats[f"upload_{f['kind']}"] += 1
+            log(f"upload_failed {f['key']} {f['kind']}")
+        elif name in ("index_committed", "index_commit_unresolved"):
+            if name == "index_commit_unresolved" and f["found"]:
+                self.stats["commits_found"] += 1
+            observer.index_committed(f["topic"])
+        elif name == "object_read":
+            self.stats["object_reads"] += 1
+            observer.object_read(f["topic"], f["plan"])
+        elif name == "object_read_failed":
+            self.stats["object_read_failures"] += 1
+            log(f"object_read_failed {f['key']} {f['error']}")
+        elif name == "object_served":
+            observer.object_served(f["topic"], f["first"], f["records"])
+        elif name == "object_delete":
+            observer.object_deleted(f["topic"], f["key"])
+            log(f"delete object {f['key']}")
+        elif name == "orphan_deleted":
+            self.stats["orphans_deleted"] += 1
+
+    # -- effects ---------------------------------------------------------------------------------
+
+    def perform(self, effect: Any, done: Done) -> None:
+        broker = self.broker
+        if isinstance(effect, TopicFile):
+            self._file(effect, done)
+        elif isinstance(effect, StoreTxn):
+            if effect.purpose.startswith("index "):
+                delay = META_TXN_US + broker.network.latency()
+                self._later(delay, lambda: self._commit(effect, done))
+            else:  # durable at once (the real broker replies only after it is)
+                apply_ops(effect.ops, broker.metadata)
+                done(TxnAnswer(Outcome.COMMITTED))
+        elif isinstance(effect, Work):
+            self._answer(done, effect.run)
+        elif isinstance(effect, ReadTopicFile):
+            read = lambda: self._read(effect)  # noqa: E731
+            self._later(broker.network.latency(), lambda: self._answer(done, read))
+        elif isinstance(effect, MarkDurable):
+            self._later(broker.faults.fsync_us, lambda: self._mark(effect, done))
+        elif isinstance(effect, Sleep):
+            self._later(effect.ms * 1_000, lambda: done(None))
+        elif isinstance(effect, ScanTopic):
+            done(self._scan(effect.topic))
+        elif isinstance(effect, RecoverTopic):
+            self._answer(done, lambda: self._recover(effect))
+        elif isinstance(effect, TruncateTopicFile):
+            broker.disk.truncate(effect.topic, effect.segment_base, effect.size)
+            broker.disk.fsync(effect.topic, effect.segment_base)
+            done(None)
+        elif isinstance(effect, RemoveTopicFiles):
+            broker.disk.remove_topic(effect.topic)
+            done(None)
+        elif isinstance(effect, CloseTopicFiles):
+            done(None)
+        else:
+            self._object(effect, done)
+
+    @staticmethod
+    def _answer(done: Done, call: Callable[[], Any]) -> None:
+        try:
+            answer = call()
+        except Exception as error:
+            done(error=error)
+        else:
+            done(answer)
+
+    def _read(self, read: ReadTopicFile) -> bytes:
+        end = read.end
+        if end is None:
+            file = self.broker._segment_file(read.topic, read.segment_base)
+            end = 0 if file is None else len(file.cache)
+        return self.broker.disk.read(read.topic, read.segment_base, read.start, end)
+
+    def _file(self, request: TopicFile, done: Done) -> None:
+        broker, effect, topic = self.broker, request.effect, request.topic
+        faults = broker.faults
+        delay = 20
+        if isinstance(effect, Write):
+            delay = 30 + _WRITE_US_PER_KIB * len(effect.data) // 1024
+            if request.sync:
+                delay += faults.fsync_us
+            self.writing[topic] = effect
+        elif isinstance(effect, Fsync):
+            delay = faults.fsync_us
+            if faults.slow_fsync and broker.world.rng.random() < faults.slow_fsync:
+                broker.injected["slow_fsync"] += 1
+                delay *= 50
+
+        def complete() -> None:
+            self.writing.pop(topic, None)
+            self._answer(done, lambda: self._file_now(topic, effect, request.sync))
+
+        self._later(delay, complete)
+
+    def _file_now(self, topic: str, effect: Any, sync: bool) -> None:
+        broker, disk = self.broker, self.broker.disk
+        if isinstance(effect, CreateSegment):
+            disk.create(topic, effect.base_offset, effect.header)
+        elif isinstance(effect, Write):
+            disk.write(topic, effect.segment_base, effect.position, effect.data)
+            broker.observer.written(topic, effect.data)
+            if sync:
+                disk.fsync(topic, effect.segment_base)
+        elif isinstance(effect, Fsync):
+            disk.fsync(topic, effect.segment_base)
+        elif isinstance(effect, DeleteSegment):
+            broker._prune(topic, effect.segment_base)
+            disk.delete(topic, effect.segment_base)
+        else:
+            assert isinstance(effect, CloseSegment)
+
+    def _mark(self, effect: MarkDurable, done: Done) -> None:
+        self.broker.disk.mark(effect.topic, effect.end)
+        done(None)
+
+    def _scan(self, topic: str) -> TopicScan:
+        disk = self.broker.disk
+        scans: list[tuple[int, Any]] = []
+        for base, data in disk.scans(topic):
+            try:
+                scans.append((base, format.scan_segment(data)))
+            except format.WalFormatError as error:
+                scans.append((base, UnreadableSegment(len(data), str(error))))
+        return TopicScan(tuple(scans), disk.checkpoints.get(topic), None)
+
+    def _recover(self, effect: RecoverTopic) -> None:
+        disk, topic = self.broker.disk, effect.topic
+        for action in effect.actions:
+            if isinstance(action, PlaceSegment):  # after an accepted loss
+                header = format.encode_segment_header(topic, action.segment_base, effect.now_ms)
+                disk.create(topic, action.segment_base, header)
+                continue
+            if isinstance(action, TruncateSegment):
+                disk.truncate(topic, action.segment_base, action.size)
+            disk.fsync(topic, action.segment_base)
+        if effect.mark is not None:
+            disk.mark(topic, effect.mark)  # the kept segments are durable now
+
+    def _commit(self, txn: StoreTxn, done: Done) -> None:
+        """The compare-and-create of an index entry, durable at once. With `commit_unknown`
+        the answer is lost whatever happened: the interpreter reads the entry back."""
+        broker = self.broker
+        faults, rng, metadata = broker.faults, broker.world.rng, broker.metadata
+        unknown = bool(faults.commit_unknown) and rng.random() < faults.commit_unknown
+        holds = compares_hold(txn.compares, metadata)
+        if holds and (not unknown or rng.random() < 0.5):
+            apply_ops(txn.ops, metadata)
+            self.stats["commits"] += 1
+            put = next(op for op in txn.ops if isinstance(op, Put))
+            broker.world.log(f"index committed {put.key}")
+            broker.adopted(str(put.value["key"]))  # type: ignore[index]
+            outcome = Outcome.COMMITTED
+        else:
+            outcome = Outcome.REFUSED
+        if unknown:
+            broker.injected["commit_unknown"] += 1
+            outcome = Outcome.UNKNOWN
+            broker.world.log(f"index commit unknown {txn.ops[0]}")
+        found: dict[str, KeyValue | None] = {}
+        if outcome is not Outcome.COMMITTED:
+            for key in txn.read_back:
+                value = metadata.get(key)
+                found[key] = None if value is None else KeyValue(key, value, 1, 1, 1, None)
+        done(TxnAnswer(outcome, found))
+
+    def _object(self, effect: Any, done: Done) -> None:
+        store = self.broker.objects
+        assert store is not None
+        if isinstance(effect, ObjectGet):
+
+            def got(data: bytes | None, error: StoreError | None) -> None:
+                if self.alive:
+                    done(data) if error is None else done(error=_failed(error))
+
+            end = effect.end if effect.end is not None else 1 << 62
+            store.get_range(effect.key, effect.start, end, got)
+        elif isinstance(effect, ObjectPut):
+            broker, key = self.broker, effect.key
+
+            def landed() -> None:
+                broker.landed(key)
+
+            def put(error: StoreError | None) -> None:
+                if not self.alive:
+                    return
+                if error is not None:
+                    done(error=_failed(error))
+                    return
+                faults = broker.faults
+                if faults.upload_crash and broker.world.rng.random() < faults.upload_crash:
+                    broker.injected["upload_crash"] += 1
+                    broker.crash(power=False)
+                    return
+                done(None)
+
+            store.put(key, effect.data, lambda: self.alive, put, landed)
+        elif isinstance(effect, ObjectList):
+
+            def listed(found: list[tuple[str, int]] | None, error: StoreError | None) -> None:
+                if self.alive:
+                    self.stats["orphan_scans"] += 1
+                    done(found) if error is None else done(error=_failed(error))
+
+            store.list_prefix(effect.prefix, listed)
+        else:
+            assert isinstance(effect, ObjectDelete)
+
+            def deleted(error: StoreError | None) -> None:
+                if self.alive:
+                    done(None) if error is None else done(error=_failed(error))
+
+            store.delete(effect.key, deleted)

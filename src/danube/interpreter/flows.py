@@ -1,0 +1,261 @@
+"""One flow per kind of core effect: every decision about carrying an effect out.
+
+Each flow is a generator (`danube.effects.flow`) yielding `danube.effects` values (and the
+interpreter's own `Exclusive`/`FilesIdle`); the port answers. The flows return what the core
+must hear, as a `Report` of the core input to call; the interpreter makes that call. What used
+to be written three times (runtime, simulator, test driver) is written here once: the order of
+a recovery, what a failed read means, how long an object read retries, how an upload failure
+is classified, how an unknown index commit is resolved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from danube.effects import (
+    Backoff,
+    ObjectDelete,
+    ObjectFailure,
+    ObjectGet,
+    ObjectList,
+    ObjectPut,
+    ObjectStoreFailed,
+    ReadTopicFile,
+    RecoverTopic,
+    RemoveTopicFiles,
+    ScanTopic,
+    Sleep,
+    StoreTxn,
+    TopicScan,
+    TruncateTopicFile,
+    TxnAnswer,
+    Work,
+)
+from danube.effects.flow import Flow
+from danube.interpreter.requests import FilesIdle
+from danube.tiering import (
+    CommitIndex,
+    ObjectRead,
+    StoredObject,
+    UploadError,
+    UploadSegment,
+    decode_object_read,
+    describe_object,
+)
+from danube.wal import recovery
+from danube.wal.format import WalFormatError
+from danube.wal.machine import FileRead, decode_file_read
+
+OBJECT_READ_BACKOFF = Backoff(first_ms=200, cap_ms=5_000, attempts=None)
+"""The decided policy for history reads from the object store (spec/effects.md): a store
+that fails is retried for as long as it fails (pauses doubling from 200 ms to 5 s); only
+bytes that do not verify stop the topic. A stopped topic is for data that is wrong, not for
+a store that is down for a while. (The simulator used to give up after 6 attempts: a policy
+production never had.)"""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOutcome:
+    """What a WAL or object read tells the core: the records, or why not."""
+
+    records: tuple[bytes, ...] = ()
+    failure: str | None = None
+    missing: bool = False
+
+
+# -- recovery --------------------------------------------------------------------------------
+
+
+def recover(
+    topic: str,
+    evidence: Callable[[], tuple[int, int]],
+    *,
+    fresh: bool = False,
+    repair: tuple[int, int] | None = None,
+    now_ms: Callable[[], int],
+) -> Flow[recovery.RecoveryPlan]:
+    """Loads (or repairs) a topic's WAL directory: for a repair, waits for the file effect
+    under way and cuts the failed segment (`repair` = (segment base, size)); a fresh topic's
+    leftovers are removed. Then scans, plans with the core's evidence (`evidence()` gives
+    `recovery_evidence`: read now, after the repair) and the scan's checkpoint and
+    `accept-loss` file, and carries the plan out, marking the recovered end in the
+    checkpoint (the kept segments are durable now). Raises `CorruptSegment` when durable data
+    changed or is missing, `OSError` when the directory fails."""
+    if repair is not None:
+        yield FilesIdle(topic)
+        yield TruncateTopicFile(topic, repair[0], repair[1])
+    elif fresh:
+        yield RemoveTopicFiles(topic)
+    scan: TopicScan = yield ScanTopic(topic)
+    acknowledged_end, indexed_end = evidence()
+    facts = recovery.RecoveryEvidence(
+        checkpoint_end=scan.checkpoint_end,
+        acknowledged_end=acknowledged_end,
+        indexed_end=indexed_end,
+        loss_accepted_at=scan.loss_accepted_at,
+    )
+    plan = recovery.plan_recovery(topic, list(scan.segments), facts)
+    mark = plan.next_offset if plan.next_offset or scan.checkpoint_end is not None else None
+    yield RecoverTopic(
+        topic,
+        tuple(plan.actions),
+        mark,
+        clear_loss_accepted=scan.loss_accepted_at is not None,
+        now_ms=now_ms(),
+    )
+    return plan
+
+
+# -- reads -----------------------------------------------------------------------------------
+
+
+def read_wal(topic: str, plan: FileRead) -> Flow[ReadOutcome]:
+    """A subscription's read from a segment file: a segment that is gone is `missing` (local
+    retention deleted it: the core looks in the object tier), bytes that fail or do not
+    verify are not."""
+    try:
+        data = yield ReadTopicFile(topic, plan.segment_base, plan.start, plan.end)
+        records = yield Work(lambda: decode_file_read(plan, data))
+    except FileNotFoundError as error:
+        return ReadOutcome(failure=str(error), missing=True)
+    except (OSError, WalFormatError) as error:
+        return ReadOutcome(
+            failure=f"reading segment {plan.segment_base} of {topic} failed: {error}"
+        )
+    return ReadOutcome(tuple(records))
+
+
+def read_object(
+    plan: ObjectRead,
+    live: Callable[[], bool],
+    backoff: Backoff = OBJECT_READ_BACKOFF,
+    failed: Callable[[int, BaseException], None] | None = None,
+) -> Flow[ReadOutcome | None]:
+    """A history read from the object store, retried by `backoff` while `live()` (the topic
+    is still served here): None when the topic went meanwhile. `failed(attempt, error)`
+    hears each failed attempt (logs)."""
+    attempt = 0
+    while live():
+        attempt += 1
+        try:
+            data = yield ObjectGet(plan.key, plan.start_byte, plan.end_byte)
+            records = yield Work(lambda data=data: decode_object_read(plan, data))
+        except WalFormatError as error:
+            return ReadOutcome(failure=f"object {plan.key} does not verify: {error}")
+        except Exception as error:  # the store's failures: ObjectStoreFailed, OSError, …
+            if failed is not None:
+                failed(attempt, error)
+            if backoff.gives_up(attempt):
+                return ReadOutcome(failure=f"object {plan.key} cannot be read: {error}")
+            yield Sleep(backoff.pause_ms(attempt))
+            continue
+        return ReadOutcome(tuple(records))
+    return None
+
+
+# -- the object tier -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Uploaded:
+    size: int
+    crc32c: int
+    offset_index: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class UploadFailed:
+    kind: UploadError
+    reason: str
+
+
+def classify(error: BaseException) -> UploadError:
+    """What an upload failure means for the uploader. A segment that is gone, unreadable or
+    does not verify, and a store that refuses for good, are `FATAL` (an operator acts);
+    throttling backs off all uploads; anything else is a transient server error."""
+    if isinstance(error, ObjectStoreFailed):
+        if error.kind is ObjectFailure.THROTTLED:
+            return UploadError.THROTTLED
+        if error.kind is ObjectFailure.TRANSIENT:
+            return UploadError.SERVER_ERROR
+        return UploadError.FATAL
+    if isinstance(error, (FileNotFoundError, PermissionError, WalFormatError)):
+        return UploadError.FATAL
+    return UploadError.SERVER_ERROR
+
+
+def upload(topic: str, effect: UploadSegment) -> Flow[Uploaded | UploadFailed]:
+    """Reads the sealed segment whole, verifies it and learns its facts (`describe_object`),
+    then puts it."""
+    try:
+        data = yield ReadTopicFile(topic, effect.segment_base)
+        facts = yield Work(
+            lambda: describe_object(
+                data, effect.segment_base, effect.next_offset, effect.index_interval_bytes
+            )
+        )
+        yield ObjectPut(effect.key, data)
+    except Exception as error:
+        return UploadFailed(classify(error), f"{type(error).__name__}: {error}")
+    return Uploaded(facts.size, facts.crc32c, tuple(facts.offset_index))
+
+
+def commit_index(effect: CommitIndex) -> Flow[TxnAnswer | None]:
+    """The index entry's compare-and-create (`CommitIndex.transaction`), fenced: the answer,
+    with the entry's path read back after a refusal or an unknown outcome; None when the
+    store failed outright."""
+    try:
+        answer: TxnAnswer = yield effect.transaction()
+    except Exception:
+        return None
+    return answer
+
+
+def list_objects(prefix: str) -> Flow[list[StoredObject]]:
+    """The objects under `prefix`; a failed listing is an empty one (the next scan tries
+    again)."""
+    try:
+        listed = yield ObjectList(prefix)
+    except Exception:
+        return []
+    return [StoredObject(key, modified) for key, modified in listed]
+
+
+def delete_object(key: str) -> Flow[BaseException | None]:
+    """Deletes an object; returns the failure, if any (the next scan tries again)."""
+    try:
+        yield ObjectDelete(key)
+    except Exception as error:
+        return error
+    return None
+
+
+def delete_objects(prefix: str) -> Flow[tuple[int, BaseException | None]]:
+    """Every object under `prefix` (a deleted topic's): (how many went, the failure that
+    stopped it). A failure never fails the deletion: its metadata is gone, so what is left
+    is named by no index and never read again."""
+    deleted = 0
+    try:
+        listed = yield ObjectList(prefix)
+        for key, _ in listed:
+            yield ObjectDelete(key)
+            deleted += 1
+    except Exception as error:
+        return deleted, error
+    return deleted, None
+
+
+def metadata_write(txn: StoreTxn) -> Flow[str | None]:
+    """One metadata change: None once durable, else why it failed."""
+    try:
+        answer: TxnAnswer = yield txn
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    if answer.committed:
+        return None
+    return f"NotOwner: this broker's claim on the topic is gone ({answer.outcome.value})"
+
+
+def sleep(ms: int) -> Flow[None]:
+    yield Sleep(ms)

@@ -1,0 +1,710 @@
+"""The one interpreter of the broker core's effects.
+
+`BrokerCore` decides and returns effects; the interpreter carries them out against a port
+(`Host`) and feeds every completion back into the core, whose new effects it carries out in
+turn: every core call that follows I/O happens here. It holds the state each driver used to
+copy: the per-topic order of WAL file effects, the one metadata writer and the replies
+waiting for it, the publishes waiting for durability, the checkpoint writer, the order of a
+topic's loads, repairs and drops, and the flows (`danube.interpreter.flows`) that decide
+what each effect's I/O is and what its answers mean.
+
+It is pure: no threads, clocks or sockets. A port calls `apply` (and `settle`, `wait_stored`)
+from one thread; answers it delivers through `Done`, at once or later, from that same
+thread. Answers delivered while the interpreter is busy are queued and run after the call at
+hand (a trampoline), so an instant port never recurses.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from danube.core.errors import DanubeError, ErrorCode
+from danube.core.names import parse_topic
+from danube.dispatch import ConsumerReady
+from danube.effects import (
+    CloseTopicFiles,
+    MarkDurable,
+    RemoveTopicFiles,
+    Sleep,
+    StoreTxn,
+    TopicFile,
+    TxnAnswer,
+)
+from danube.effects.flow import Finished, Flow, step
+from danube.interpreter import flows
+from danube.interpreter.host import Host
+from danube.interpreter.requests import Exclusive, FilesIdle
+from danube.interpreter.waiters import MetadataLane, Publishes
+from danube.node.core import (
+    BrokerCore,
+    DropWal,
+    EndStream,
+    LoadWal,
+    PersistMeta,
+    PublishAcked,
+    PublishFailed,
+    ReadObject,
+    ReadWal,
+    RepairWal,
+    RetentionSkipped,
+    TierHalted,
+    TierIo,
+    TopicStopped,
+    WalIo,
+)
+from danube.tiering import CommitIndex, ListObjects, UploadSegment
+from danube.tiering import layout as tier_layout
+from danube.wal import machine as wal
+from danube.wal.recovery import CorruptSegment, RecoveryPlan
+
+CHECKPOINT_INTERVAL_MS = 10
+"""Least time between two checkpoint writes of one topic (spec/wal-format.md, "Remaining
+window"): bounds the extra fdatasyncs a busy topic costs, at the price of a mark that trails
+the acknowledgements by up to this much more."""
+
+FILE_EFFECTS = (wal.CreateSegment, wal.Write, wal.Fsync, wal.CloseSegment, wal.DeleteSegment)
+
+Finish = Callable[[Any, BaseException | None], None]
+
+
+@dataclass(slots=True)
+class _Files:
+    """One topic's WAL file effects: run one at a time, in the order the machine made them."""
+
+    queue: deque[Any] = field(default_factory=deque)
+    busy: bool = False
+    epoch: int = 0
+    """Bumped by a drop: the answer of an effect started before is not the new WAL's."""
+    sync: bool = False
+    idle: list[Callable[[], None]] = field(default_factory=list)
+    checkpoint_target: int = 0
+    checkpoint_marked: int = 0
+    checkpointing: bool = False
+
+
+class Interpreter:
+    def __init__(
+        self,
+        core: BrokerCore,
+        host: Host,
+        *,
+        objects: bool = False,
+        checkpoint_interval_ms: int = CHECKPOINT_INTERVAL_MS,
+        object_read_backoff: Any = flows.OBJECT_READ_BACKOFF,
+        observe: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.core = core
+        self.host = host
+        self.objects = objects
+        """An object tier exists: a topic deleted with its objects has them removed."""
+        self.checkpoint_interval_ms = checkpoint_interval_ms
+        self.object_read_backoff = object_read_backoff
+        self._observe = observe
+        """Hears every core effect before it is carried out (the testing kit's record)."""
+        self.publishes = Publishes(self._answer)
+        self.metadata = MetadataLane()
+        self.closed = False
+        """Set by `close`: later answers are dropped (recovery redoes their work)."""
+        self._files: dict[str, _Files] = {}
+        self._directory: dict[str, deque[Callable[[], None]]] = {}
+        """Topics whose directory is held (`Exclusive`), with who waits for it."""
+        self._loading: dict[str, list[Callable[[], None]]] = {}
+        self._all_loaded: list[Callable[[], None]] = []
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._running = False
+
+    # -- the port's calls ----------------------------------------------------------------------
+
+    def apply(self, effects: Iterable[Any]) -> int:
+        """Starts every effect; returns the metadata sequence number a reply must wait for."""
+        self._enter(lambda: self._apply(effects))
+        return self.metadata.submitted
+
+    def settle(self, first: int, target: int, effects: Iterable[Any], waiter: Any) -> None:
+        """Answers `waiter` once metadata changes `first`..`target` are durable (failed
+        when one failed) and the WALs of the reliable topics `effects` loads are loaded."""
+        loads = [effect.topic for effect in effects if isinstance(effect, LoadWal)]
+
+        def durable(failure: str | None) -> None:
+            if failure is not None:
+                message = f"the broker could not persist metadata ({failure}); retry later"
+                self._answer(waiter, DanubeError(ErrorCode.UNAVAILABLE, message))
+                return
+            self._after_loads(loads, lambda: self._answer(waiter, None))
+
+        self._enter(lambda: self.metadata.when_durable(first, target, durable))
+
+    def wait_stored(self, topic: str, through: int, waiter: Any) -> None:
+        """Answers `waiter` once the WAL acknowledged every offset up to `through` at the
+        topic's durability level, or fails it when they are lost. Register it before the
+        step that appends them is applied: no acknowledgement can slip past it."""
+        self._enter(lambda: self.publishes.wait(topic, through, waiter))
+
+    def when_loaded(self, then: Callable[[], None]) -> None:
+        """Calls `then` once no WAL load is under way (broker start)."""
+        if self._loading:
+            self._all_loaded.append(then)
+        else:
+            then()
+
+    def perform_now(self, call: Callable[[], None]) -> None:
+        """Runs `call` (a port delivering answers it held) as the interpreter's own work:
+        what the answers cause is carried out before this returns."""
+        self._enter(call)
+
+    def loading(self, topic: str) -> bool:
+        return topic in self._loading
+
+    def checkpoint_all(self, then: Callable[[], None]) -> None:
+        """Writes the last checkpoint marks of every topic (a graceful stop), then `then`."""
+        topics = list(self._files)
+        left = [len(topics)]
+
+        def one_done(_value: Any = None, _error: BaseException | None = None) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                then()
+
+        def start() -> None:
+            if not topics:
+                then()
+                return
+            for topic in topics:
+                lane = self._files[topic]
+                end = self.core.wal_durable_end(topic)
+                if end is not None and end > lane.checkpoint_target:
+                    lane.checkpoint_target = end
+                self._run(self._mark_once(topic, lane.checkpoint_target), one_done)
+
+        self._enter(start)
+
+    def close(self) -> None:
+        """The process stops (or, in the simulator, dies): answers still on their way are
+        dropped."""
+        self.closed = True
+
+    def topics_with_files(self) -> list[str]:
+        return list(self._files)
+
+    # -- running flows ---------------------------------------------------------------------------
+
+    def _enter(self, job: Callable[[], None]) -> None:
+        if self._running:
+            job()
+            return
+        self._running = True
+        try:
+            job()
+            while self._jobs:
+                self._jobs.popleft()()
+        finally:
+            self._running = False
+
+    def _post(self, job: Callable[[], None]) -> None:
+        if self._running:
+            self._jobs.append(job)
+        else:
+            self._enter(job)
+
+    def _run(self, flow: Flow[Any], finish: Finish) -> None:
+        self._advance(flow, step(flow), finish)
+
+    def _resume(
+        self, flow: Flow[Any], answer: Any, error: BaseException | None, finish: Finish
+    ) -> None:
+        request = step(flow, error=error) if error is not None else step(flow, answer=answer)
+        self._advance(flow, request, finish)
+
+    def _advance(self, flow: Flow[Any], request: Any, finish: Finish) -> None:
+        if isinstance(request, Finished):
+            finish(request.value, request.error)
+        elif isinstance(request, Exclusive):
+            topic = request.topic
+
+            def held() -> None:
+                def released(value: Any, error: BaseException | None) -> None:
+                    self._release(topic)
+                    self._resume(flow, value, error, finish)
+
+                self._run(request.flow, released)
+
+            self._hold(topic, held)
+        elif isinstance(request, FilesIdle):
+            lane = self._files.get(request.topic)
+            resume = lambda: self._resume(flow, None, None, finish)  # noqa: E731
+            if lane is None or not lane.busy:
+                self._post(resume)
+            else:
+                lane.idle.append(resume)
+        else:
+            answered = False
+
+            def done(answer: Any = None, error: BaseException | None = None) -> None:
+                nonlocal answered
+                if answered:
+                    raise AssertionError(f"{request!r} was answered twice")
+                answered = True
+                if not self.closed:
+                    self._post(lambda: self._resume(flow, answer, error, finish))
+
+            self.host.perform(request, done)
+
+    def _hold(self, topic: str, start: Callable[[], None]) -> None:
+        waiting = self._directory.get(topic)
+        if waiting is None:
+            self._directory[topic] = deque()
+            start()
+        else:
+            waiting.append(start)
+
+    def _release(self, topic: str) -> None:
+        waiting = self._directory.get(topic)
+        if waiting:
+            self._post(waiting.popleft())
+        else:
+            self._directory.pop(topic, None)
+
+    def _answer(self, waiter: Any, error: DanubeError | None) -> None:
+        if error is None:
+            self.host.resolve(waiter)
+        else:
+            self.host.fail(waiter, error)
+
+    def _apply_step(self, call: Callable[[], Any]) -> None:
+        """A core input after I/O (skipped once closed): its effects are carried out."""
+        if not self.closed:
+            self._apply(call().effects)
+
+    # -- the core's effects ----------------------------------------------------------------------
+
+    def _apply(self, effects: Iterable[Any]) -> None:
+        host, observe = self.host, self._observe
+        for effect in effects:
+            if observe is not None:
+                observe(effect)
+            if isinstance(effect, WalIo):
+                self._submit_files(effect.topic, effect.effects)
+            elif isinstance(effect, PublishAcked):
+                previous = self.publishes.acknowledge(effect.topic, effect.through_offset)
+                host.event(
+                    "acknowledged",
+                    topic=effect.topic,
+                    through=effect.through_offset,
+                    previous=previous,
+                )
+            elif isinstance(effect, PersistMeta):
+                txn = StoreTxn(
+                    (), tuple(effect.ops()), fenced=tuple(effect.keys), purpose="persist"
+                )
+                self.metadata.submit(txn)
+                self._write_metadata()
+            elif isinstance(effect, ConsumerReady):
+                host.wake(effect.consumer_id)
+            elif isinstance(effect, EndStream):
+                host.end_stream(effect.generation)
+            elif isinstance(effect, ReadWal):
+                self._read_wal(effect)
+            elif isinstance(effect, ReadObject):
+                self._read_object(effect)
+            elif isinstance(effect, TierIo):
+                self._tier_io(effect)
+            elif isinstance(effect, (LoadWal, RepairWal)):
+                self._load(effect)
+            elif isinstance(effect, DropWal):
+                self._drop(effect)
+            elif isinstance(effect, PublishFailed):
+                host.event(
+                    "publish_failed",
+                    topic=effect.topic,
+                    from_offset=effect.from_offset,
+                    reason=effect.reason,
+                )
+                self.publishes.fail(effect.topic, effect.from_offset, effect.reason)
+            elif isinstance(effect, TopicStopped):
+                host.event("topic_stopped", topic=effect.topic, reason=effect.reason)
+                self.publishes.fail(effect.topic, 0, f"topic stopped: {effect.reason}")
+            elif isinstance(effect, TierHalted):
+                host.event(
+                    "tier_halted",
+                    topic=effect.topic,
+                    reason=effect.reason,
+                    resumable=effect.resumable,
+                )
+            elif isinstance(effect, RetentionSkipped):
+                host.event(
+                    "retention_skipped",
+                    topic=effect.topic,
+                    subscription=effect.subscription,
+                    first=effect.first,
+                    end=effect.end,
+                )
+            else:
+                raise TypeError(f"the core made an effect no one carries out: {effect!r}")
+
+    # -- metadata ----------------------------------------------------------------------------------
+
+    def _write_metadata(self) -> None:
+        lane = self.metadata
+        if lane.writing or not lane.pending:
+            return
+        lane.writing = True
+        txn = lane.pending.popleft()
+
+        def written(failure: str | None, error: BaseException | None) -> None:
+            lane.writing = False
+            if error is not None:  # a bug in the flow: the change counts as failed
+                failure = f"{type(error).__name__}: {error}"
+            if failure is not None:
+                self.host.event("metadata_write_failed", error=failure)
+            lane.written(failure)
+            self._write_metadata()
+
+        self._run(flows.metadata_write(txn), written)
+
+    # -- WAL files ---------------------------------------------------------------------------------
+
+    def _lane(self, topic: str) -> _Files:
+        lane = self._files.get(topic)
+        if lane is None:
+            lane = self._files[topic] = _Files()
+        return lane
+
+    def _submit_files(self, topic: str, effects: Iterable[Any]) -> None:
+        lane = self._lane(topic)
+        for effect in effects:
+            if not isinstance(effect, FILE_EFFECTS):
+                raise AssertionError(f"the core passes only file effects, not {effect!r}")
+            lane.queue.append(effect)
+        self._next_file(topic, lane)
+
+    def _next_file(self, topic: str, lane: _Files) -> None:
+        if lane.busy or not lane.queue:
+            return
+        effect = lane.queue.popleft()
+        lane.busy = True
+        epoch = lane.epoch
+
+        def done(_value: Any, error: BaseException | None) -> None:
+            lane.busy = False
+            if lane.epoch == epoch and not self.closed:
+                reason = None
+                if error is not None:
+                    reason = f"{type(error).__name__}: {error}"
+                    self.host.event(
+                        "wal_io_failed", topic=topic, effect=type(effect).__name__, error=reason
+                    )
+                core = self.core
+                self._apply(
+                    core.wal_io_done(topic, effect, reason, now_ms=self.host.now_ms()).effects
+                )
+                self._durable_moved(topic, lane)
+            if not lane.busy:
+                idle, lane.idle = lane.idle, []
+                for resume in idle:
+                    resume()
+                self._next_file(topic, lane)
+
+        self._run(self._file_flow(TopicFile(topic, effect, lane.sync)), done)
+
+    @staticmethod
+    def _file_flow(request: TopicFile) -> Flow[None]:
+        yield request
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def _durable_moved(self, topic: str, lane: _Files) -> None:
+        """After a WAL completion: the checkpoint writer marks the grown durable end, beside
+        the file effects (no acknowledgement waits for it), one write at a time, coalescing
+        the ends that arrive meanwhile, at most one write per `checkpoint_interval_ms`."""
+        end = self.core.wal_durable_end(topic)
+        if end is None or end <= lane.checkpoint_target:
+            return
+        lane.checkpoint_target = end
+        if not lane.checkpointing:
+            lane.checkpointing = True
+            self._run(self._checkpoints(topic, lane, lane.epoch), self._checkpoints_done(lane))
+
+    @staticmethod
+    def _checkpoints_done(lane: _Files) -> Finish:
+        def done(_value: Any, error: BaseException | None) -> None:
+            lane.checkpointing = False
+            if error is not None:
+                raise error
+
+        return done
+
+    def _checkpoints(self, topic: str, lane: _Files, epoch: int) -> Flow[None]:
+        while lane.epoch == epoch and lane.checkpoint_target > lane.checkpoint_marked:
+            target = lane.checkpoint_target
+            yield from self._mark_once(topic, target)
+            lane.checkpoint_marked = max(lane.checkpoint_marked, target)
+            yield Sleep(self.checkpoint_interval_ms)
+
+    def _mark_once(self, topic: str, end: int) -> Flow[None]:
+        try:
+            yield Exclusive(topic, self._mark_flow(topic, end))
+        except OSError as error:  # the mark only lags (weaker evidence); the next tries again
+            self.host.event("wal_checkpoint_failed", topic=topic, error=repr(error))
+
+    @staticmethod
+    def _mark_flow(topic: str, end: int) -> Flow[None]:
+        yield MarkDurable(topic, end)
+
+    # -- loads, repairs, drops ---------------------------------------------------------------------
+
+    def _load(self, effect: LoadWal | RepairWal) -> None:
+        topic = effect.topic
+        lane = self._lane(topic)
+        if isinstance(effect, RepairWal):
+            lane.queue.clear()  # the effects not started are discarded (spec/durability.md)
+            repair: tuple[int, int] | None = (effect.segment_base, effect.truncate_to)
+            fresh = False
+        else:
+            repair, fresh = None, effect.fresh
+            self._loading.setdefault(topic, [])
+        core = self.core
+        flow = flows.recover(
+            topic,
+            lambda: core.recovery_evidence(topic),
+            fresh=fresh,
+            repair=repair,
+            now_ms=self.host.now_ms,
+        )
+
+        def loaded(plan: RecoveryPlan | None, error: BaseException | None) -> None:
+            try:
+                if not self.closed:
+                    self._loaded(topic, lane, plan, error, fresh=fresh)
+            finally:
+                if isinstance(effect, LoadWal):
+                    self._load_finished(topic)
+
+        self._run(self._exclusive(topic, flow), loaded)
+
+    @staticmethod
+    def _exclusive(topic: str, flow: Flow[Any]) -> Flow[Any]:
+        return (yield Exclusive(topic, flow))
+
+    def _loaded(
+        self,
+        topic: str,
+        lane: _Files,
+        plan: RecoveryPlan | None,
+        error: BaseException | None,
+        *,
+        fresh: bool,
+    ) -> None:
+        core, host = self.core, self.host
+        if error is not None:
+            if isinstance(error, CorruptSegment):
+                reason = str(error)
+            elif isinstance(error, OSError):
+                reason = f"the WAL directory of {topic} failed: {error}"
+            else:
+                raise error
+            host.event("wal_load_failed", topic=topic, reason=reason)
+            self._apply(core.wal_load_failed(topic, reason).effects)
+            return
+        assert plan is not None
+        lane.checkpoint_target = lane.checkpoint_marked = plan.next_offset
+        step_ = core.wal_loaded(topic, plan, now_ms=host.now_ms())
+        lane.sync = core.wal_syncs_every_write(topic)
+        next_offset = core.wal_durable_end(topic)
+        host.event(
+            "wal_loaded",
+            topic=topic,
+            segments=len(plan.segments),
+            next_offset=next_offset,
+            fresh=fresh,
+        )
+        self._apply(step_.effects)
+
+    def _load_finished(self, topic: str) -> None:
+        waiters = self._loading.pop(topic, [])
+        for then in waiters:
+            then()
+        if not self._loading:
+            everyone, self._all_loaded = self._all_loaded, []
+            for then in everyone:
+                then()
+
+    def _after_loads(self, topics: list[str], then: Callable[[], None]) -> None:
+        pending = [topic for topic in topics if topic in self._loading]
+        if not pending:
+            then()
+            return
+        left = [len(pending)]
+
+        def one() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                then()
+
+        for topic in pending:
+            self._loading[topic].append(one)
+
+    def _drop(self, effect: DropWal) -> None:
+        topic = effect.topic
+        self.publishes.fail(topic, 0, effect.reason)
+        self.publishes.forget(topic)
+        lane = self._files.get(topic)
+        if lane is None:
+            return
+        lane.queue.clear()
+        lane.epoch += 1
+        lane.checkpoint_target = lane.checkpoint_marked = 0
+
+        def dropped(_value: Any, error: BaseException | None) -> None:
+            idle = not lane.busy and not lane.queue and topic not in self._directory
+            if idle and self._files.get(topic) is lane:
+                del self._files[topic]
+            if error is not None:
+                self.host.event("wal_drop_failed", topic=topic, error=repr(error))
+            else:
+                self.host.event("wal_dropped", topic=topic, deleted=effect.delete_files)
+
+        self._run(self._exclusive(topic, self._drop_flow(effect)), dropped)
+
+    def _drop_flow(self, effect: DropWal) -> Flow[None]:
+        topic = effect.topic
+        yield FilesIdle(topic)
+        yield CloseTopicFiles(topic)
+        if effect.delete_files:
+            yield RemoveTopicFiles(topic)
+        if effect.delete_objects and self.objects:
+            # Before the drop completes: a topic created again under the name uploads only
+            # after its predecessor's objects are gone.
+            prefix = tier_layout.object_prefix(parse_topic(topic))
+            deleted, failure = yield from flows.delete_objects(prefix)
+            if failure is not None:
+                self.host.event(
+                    "topic_objects_left", topic=topic, deleted=deleted, error=repr(failure)
+                )
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    def _read_wal(self, read: ReadWal) -> None:
+        def done(outcome: flows.ReadOutcome, error: BaseException | None) -> None:
+            if error is not None:
+                raise error
+            self._report_read(read, outcome)
+
+        self._run(flows.read_wal(read.topic, read.plan), done)
+
+    def _report_read(self, read: ReadWal | ReadObject, outcome: flows.ReadOutcome) -> None:
+        core, now = self.core, self.host.now_ms()
+        if outcome.failure is None:
+            self._apply_step(lambda: core.wal_read_done(read, outcome.records, now_ms=now))
+        else:
+            self._apply_step(
+                lambda: core.wal_read_failed(
+                    read, outcome.failure or "", missing=outcome.missing, now_ms=now
+                )
+            )
+
+    def _read_object(self, read: ReadObject) -> None:
+        plan, host = read.plan, self.host
+        host.event("object_read", topic=read.topic, plan=plan)
+
+        def failed(attempt: int, error: BaseException) -> None:
+            host.event(
+                "object_read_failed", topic=read.topic, key=plan.key, attempt=attempt, error=error
+            )
+
+        def done(outcome: flows.ReadOutcome | None, error: BaseException | None) -> None:
+            if error is not None:
+                raise error
+            if outcome is None:
+                return
+            if outcome.failure is None:
+                host.event(
+                    "object_served",
+                    topic=read.topic,
+                    first=plan.from_offset,
+                    records=outcome.records,
+                )
+            self._report_read(read, outcome)
+
+        live = lambda: not self.closed and read.topic in self._files  # noqa: E731
+        self._run(flows.read_object(plan, live, self.object_read_backoff, failed), done)
+
+    # -- the object tier ---------------------------------------------------------------------------
+
+    def _tier_io(self, io: TierIo) -> None:
+        effect, core, host = io.effect, self.core, self.host
+        if isinstance(effect, UploadSegment):
+            host.event("upload", topic=io.topic, key=effect.key)
+
+            def uploaded(result: Any, error: BaseException | None) -> None:
+                if error is not None:
+                    raise error
+                now = host.now_ms()
+                if isinstance(result, flows.UploadFailed):
+                    host.event(
+                        "upload_failed",
+                        topic=io.topic,
+                        key=effect.key,
+                        kind=result.kind.value,
+                        error=result.reason,
+                    )
+                    self._apply_step(
+                        lambda: core.tier_upload_failed(io, result.kind, result.reason, now_ms=now)
+                    )
+                else:
+                    host.event(
+                        "segment_uploaded", topic=io.topic, key=effect.key, bytes=result.size
+                    )
+                    self._apply_step(
+                        lambda: core.tier_upload_done(
+                            io, result.size, result.crc32c, result.offset_index, now_ms=now
+                        )
+                    )
+
+            self._run(flows.upload(io.topic, effect), uploaded)
+        elif isinstance(effect, CommitIndex):
+
+            def committed(answer: TxnAnswer | None, error: BaseException | None) -> None:
+                if error is not None:
+                    raise error
+                now = host.now_ms()
+                if answer is not None and answer.committed:
+                    host.event("index_committed", topic=io.topic, key=effect.entry.key)
+                    self._apply_step(lambda: core.tier_index_committed(io, now_ms=now))
+                    return
+                found = None if answer is None else answer.found.get(effect.path)
+                host.event(
+                    "index_commit_unresolved",
+                    topic=io.topic,
+                    path=effect.path,
+                    outcome=None if answer is None else answer.outcome.value,
+                    found=found is not None,
+                )
+                value = None if found is None else found.value
+                self._apply_step(lambda: core.tier_index_read(io, value, now_ms=now))
+
+            self._run(flows.commit_index(effect), committed)
+        elif isinstance(effect, ListObjects):
+
+            def listed(objects: Any, error: BaseException | None) -> None:
+                if error is not None:
+                    raise error
+                now = host.now_ms()
+                self._apply_step(lambda: core.tier_objects_listed(io, objects, now_ms=now))
+
+            self._run(flows.list_objects(effect.prefix), listed)
+        else:
+            key = effect.key
+            host.event("object_delete", topic=io.topic, key=key)
+
+            def deleted(failure: BaseException | None, error: BaseException | None) -> None:
+                if error is not None:
+                    raise error
+                if failure is None:
+                    host.event("orphan_deleted", topic=io.topic, key=key)
+                else:
+                    host.event("orphan_delete_failed", topic=io.topic, key=key, error=repr(failure))
+
+            self._run(flows.delete_object(key), deleted)

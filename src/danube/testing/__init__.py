@@ -1,0 +1,18 @@
+"""The testing kit, shipped in the package as `trio.testing` is: the instant in-memory port
+of the effect interpreter (`MemoryPort`), a core driven through it (`CoreDriver`),
+`make_core`, a fake clock, `wait_until` and free ports (spec/effects.md, "Ports")."""
+
+from danube.testing.driver import CoreDriver
+from danube.testing.memory import MemoryPort, WaiterResult
+from danube.testing.support import FakeClock, free_port, free_ports, make_core, wait_until
+
+__all__ = [
+    "CoreDriver",
+    "FakeClock",
+    "MemoryPort",
+    "WaiterResult",
+    "free_port",
+    "free_ports",
+    "make_core",
+    "wait_until",
+]
