@@ -13,8 +13,8 @@ import time
 
 import trio
 
+from danube import keys
 from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
-from danube.cluster import keys
 from danube.cluster.load_manager import (
     Effect,
     LoadManager,

@@ -15,7 +15,6 @@ from typing import Any
 import trio
 
 from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
-from danube.cluster.keys import LEADER_KEY
 from danube.cluster.membership import (
     Campaign,
     Effect,
@@ -30,6 +29,7 @@ from danube.cluster.membership import (
     Unfenced,
     WakeAt,
 )
+from danube.keys import LEADER_KEY
 from danube.metadata import LeaseNotFound, MetadataError, MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")

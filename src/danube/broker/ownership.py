@@ -28,10 +28,9 @@ from typing import Any, TypeVar
 import trio
 import trio_asyncio
 
+from danube import keys
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
-from danube.cluster import keys
-from danube.cluster.keys import Marker
 from danube.cluster.ownership import (
     SETTLE_POLL_MS,
     Claim,
@@ -49,6 +48,7 @@ from danube.cluster.ownership import (
     owner_key,
     release_done,
 )
+from danube.cluster.records import Marker
 from danube.metadata import KeyValue, MetadataError, MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")

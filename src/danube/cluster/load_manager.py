@@ -43,8 +43,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from danube.cluster import keys
-from danube.cluster.keys import Marker, MarkerReason
+from danube import keys
+from danube.cluster import records
 from danube.cluster.ranking import (
     BrokerLoad,
     Imbalance,
@@ -57,6 +57,7 @@ from danube.cluster.ranking import (
     rebalance_sources,
     scores,
 )
+from danube.cluster.records import Marker, MarkerReason
 from danube.core.config import ConfigError
 from danube.core.errors import DanubeError
 from danube.core.names import parse_topic, validate_namespace
@@ -377,7 +378,7 @@ class LoadManager:
         self.broker_id = broker_id
         self.config = config
         self.leading = False
-        self._leader_compare = keys.leader_compare(broker_id)
+        self._leader_compare = records.leader_compare(broker_id)
         self._retry_ns = config.retry_ms * NS_PER_MS
         self._registered: dict[str, int] = {}
         """broker → `mod_revision` of its registration."""
@@ -550,7 +551,7 @@ class LoadManager:
             else:
                 self._unregister(broker, now)
         elif (broker := keys.parse_state_key(key)) is not None:
-            self._set_mode(broker, keys.broker_mode(value) if put else None, revision)
+            self._set_mode(broker, records.broker_mode(value) if put else None, revision)
         elif (pair := keys.parse_assignment_key(key)) is not None:
             self._set_assignment(pair[0], pair[1], revision if put else None, now)
         elif (topic := keys.parse_unassigned_key(key)) is not None:
@@ -774,7 +775,7 @@ class LoadManager:
         }  # fmt: skip
         effects: list[Effect] = []
         for broker in sorted(self._registered):
-            if self._modes.get(broker) != keys.DRAINING or self._owned.get(broker):
+            if self._modes.get(broker) != records.DRAINING or self._owned.get(broker):
                 self._drain_due.pop(broker, None)
                 continue
             if broker in owing or self._drain_due.get(broker, now) > now:
@@ -786,7 +787,7 @@ class LoadManager:
                 MarkDrained(
                     broker,
                     (self._leader_compare, compare),
-                    (Put(state, keys.state_value(keys.DRAINED, "no_topics")),),
+                    (Put(state, records.state_value(records.DRAINED, "no_topics")),),
                 )
             )
         return effects
@@ -912,8 +913,8 @@ class LoadManager:
         marker = Marker(MarkerReason.REBALANCE, source, target, ready=False, timestamp=unix_s)
         record = {
             "topic": topic,
-            "from_broker": keys.broker_id_to_json(source),
-            "to_broker": keys.broker_id_to_json(target),
+            "from_broker": records.broker_id_to_json(source),
+            "to_broker": records.broker_id_to_json(target),
             "reason": "ManualRebalance" if manual else "LoadImbalance",
             "estimated_load": proposal.estimated_load,
             "timestamp": unix_s,

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from danube.cluster.keys import broker_id_from_json, broker_id_to_json
+from danube.cluster.records import broker_id_from_json, broker_id_to_json
 from danube.metadata.model import JSONValue
 
 # -- load reports (Danube's JSON, §7.2) --------------------------------------------------------
