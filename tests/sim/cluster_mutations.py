@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
+from danube import keys as danube_keys
 from danube.cluster import keys, ownership, ownership_flows
 from danube.cluster.load_manager import Assign, LoadManager
 from danube.cluster.membership import Campaign, Effect, Membership
 from danube.core.names import TopicName
 from danube.effects import TxnAnswer
 from danube.metadata.model import Compare
-from danube.tiering import layout
 from sim import flow_runner
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 
@@ -103,12 +103,13 @@ def writes_without_claim_compare() -> Iterator[None]:
 def object_keys_without_epoch() -> Iterator[None]:
     """Object keys name the offsets alone again: a deposed owner's late upload replaces the
     object the new owner indexed for the same range (the loss seed 37 found)."""
-    original = layout.object_key
+    original = danube_keys.object_key
 
     def offsets_only(topic: TopicName, start: int, next_offset: int, epoch: int = 0) -> str:
         return original(topic, start, next_offset)
 
-    with mock.patch.object(layout, "object_key", offsets_only):
+    # Patched where every key is built (the uploader calls `danube.keys.object_key`).
+    with mock.patch.object(danube_keys, "object_key", offsets_only):
         yield
 
 

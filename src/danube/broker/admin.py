@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import grpclib.const
 
+from danube import keys
 from danube.broker.forwarding import forward
 from danube.broker.grpc_util import Call, unary
 from danube.broker.placement import ClusterPlacement
@@ -29,7 +30,6 @@ from danube.core.names import parse_topic
 from danube.dispatch.reliable import Backoff
 from danube.metadata import MetadataStore
 from danube.metadata.model import Compare, Put
-from danube.node import paths
 from danube.node.settings import (
     BACKOFF_WIRE,
     PoisonPolicy,
@@ -209,9 +209,10 @@ class AdminServices:
         local = self._core.topics(namespace)
         if self._store is None:
             return local
-        prefix = paths.namespace_prefix(namespace) + "topics/"
-        scanned = await store_call_from_grpc(self._store.scan, prefix)
-        stored = [f"/{kv.key.removeprefix(prefix)}" for kv in scanned]
+        scanned = await store_call_from_grpc(
+            self._store.scan, keys.namespace_topics_prefix(namespace)
+        )
+        stored = [t.full for kv in scanned if (t := keys.parse_namespace_topic(kv.key)) is not None]
         return sorted(set(local) | set(stored))
 
     async def get_namespace_topics(self, request: pb.NamespaceRequest) -> pb.TopicListResponse:
@@ -257,7 +258,7 @@ class AdminServices:
             if self._core.serves(name) or self._store is None:
                 found[name] = self._core.topic_strategy(name).label
             else:
-                key = paths.topic_delivery(parse_topic(name))
+                key = keys.topic_delivery(parse_topic(name))
                 kv = await store_call_from_grpc(self._store.get, key)
                 found[name] = str(kv.value) if kv is not None else ""
         return found
@@ -420,7 +421,7 @@ class AdminServices:
         broker's own copy follows the store's watch and may lag)."""
         assert self._store is not None
         self._core.namespace_policies(name)  # NOT_FOUND for a namespace nobody created
-        key = paths.namespace_policy(name)
+        key = keys.namespace_policy(name)
         for _ in range(POLICY_RACE_ATTEMPTS):
             found = await store_call_from_grpc(self._store.get, key)
             if found is None:

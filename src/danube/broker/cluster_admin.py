@@ -26,18 +26,18 @@ import trio
 import trio_asyncio
 
 import danube.proto_compat  # noqa: F401  (ClusterBalanceResponse decodes)
+from danube import keys
 from danube.broker.cluster_member import ClusterMember
 from danube.broker.forwarding import forward
 from danube.broker.object_store import delete_topic_objects
 from danube.broker.watching import REQUEST_TIMEOUT_S, failure_text
-from danube.cluster import admin_ops, keys
+from danube.cluster import admin_ops, records
 from danube.cluster.admin_ops import Step
 from danube.cluster.load_manager import LoadManager
 from danube.cluster.ranking import Strategy
 from danube.core.errors import DanubeError, ErrorCode, invalid, not_found, quoted
 from danube.core.names import TopicName, parse_topic, partition_index
 from danube.metadata import KeyValue, MetadataError, MetadataStore
-from danube.node import paths
 from danube.proto import danube_admin as pb
 
 log = logging.getLogger("danube.broker")
@@ -235,7 +235,7 @@ class ClusterAdminOps:
                 continue
             value = kv.value if isinstance(kv.value, dict) else {}
             state = await self._get(keys.state_key(broker))
-            mode = keys.broker_mode(state.value if state is not None else None)
+            mode = records.broker_mode(state.value if state is not None else None)
             brokers.append(
                 pb.BrokerInfo(
                     broker_id=broker,
@@ -243,7 +243,7 @@ class ClusterAdminOps:
                     broker_role="Cluster_Leader" if broker == leader else "Cluster_Follower",
                     admin_addr=str(value.get("admin_addr", "")),
                     metrics_addr=str(value.get("metrics_addr", "")),
-                    broker_status=mode or keys.ACTIVE,
+                    broker_status=mode or records.ACTIVE,
                 )
             )
         return pb.BrokerListResponse(brokers=brokers)
@@ -258,7 +258,7 @@ class ClusterAdminOps:
             raise not_found(f"no broker {broker} is registered (see `danube-admin brokers list`)")
         infos = []
         for topic in topics:
-            delivery = await self._get(paths.topic_delivery(parse_topic(topic)))
+            delivery = await self._get(keys.topic_delivery(parse_topic(topic)))
             label = delivery.value if delivery is not None else ""
             infos.append(pb.TopicInfo(name=topic, broker_id=broker, delivery=str(label)))
         return pb.TopicInfoListResponse(topics=infos)
@@ -299,7 +299,9 @@ class ClusterAdminOps:
 
     async def _start_drain(self, broker: str, topics: list[str], parallel: int) -> _Drain:
         drain = _Drain(len(topics))
-        if not await self._txn(admin_ops.set_mode(self._me, broker, keys.DRAINING, "admin_unload")):
+        if not await self._txn(
+            admin_ops.set_mode(self._me, broker, records.DRAINING, "admin_unload")
+        ):
             self._still_leading()
             raise DanubeError(ErrorCode.UNAVAILABLE, f"could not mark {broker} draining; retry")
         log.info("event=broker_unload broker=%s topics=%d", broker, len(topics))
@@ -372,7 +374,7 @@ class ClusterAdminOps:
         broker = request.broker_id
         self._known_broker(broker)
         reason = request.reason or "admin_activate"
-        if not await self._txn(admin_ops.set_mode(self._me, broker, keys.ACTIVE, reason)):
+        if not await self._txn(admin_ops.set_mode(self._me, broker, records.ACTIVE, reason)):
             self._still_leading()
             raise DanubeError(ErrorCode.UNAVAILABLE, f"could not activate {broker}; retry")
         return pb.ActivateBrokerResponse(success=True)
@@ -436,7 +438,7 @@ class ClusterAdminOps:
         topic = parse_topic(request.name).full
         owner = self._view.owner(topic)
         if owner is None:
-            exists = await self._get(paths.topic_delivery(parse_topic(topic))) is not None
+            exists = await self._get(keys.topic_delivery(parse_topic(topic))) is not None
             raise not_found(
                 f"topic {topic} is not assigned to any broker right now (it is being moved)"
                 if exists
@@ -465,15 +467,15 @@ class ClusterAdminOps:
         )
 
     async def _deletion_targets(self, name: TopicName) -> list[str]:
-        if await self._get(paths.topic_delivery(name)) is not None:
+        if await self._get(keys.topic_delivery(name)) is not None:
             return [name.full]
-        prefix = paths.namespace_prefix(name.namespace) + "topics/"
+        prefix = keys.namespace_topics_prefix(name.namespace)
         found = []
         for kv in await self._scan(prefix):
-            full = "/" + kv.key[len(prefix) :]
-            index = partition_index(full, name.full)
-            if index is not None:
-                found.append((index, full))
+            topic = keys.parse_namespace_topic(kv.key)
+            index = None if topic is None else partition_index(topic.full, name.full)
+            if topic is not None and index is not None:
+                found.append((index, topic.full))
         if not found and self._view.marker(name.full) is None:
             raise not_found(f"topic {name.full} does not exist")
         return [full for _, full in sorted(found)] or [name.full]

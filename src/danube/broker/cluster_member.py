@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 
+from danube import keys
 from danube.broker.load_manager import LoadManagerDriver
 from danube.broker.membership import Change, MembershipDriver
 from danube.broker.ownership import OwnershipDriver
@@ -36,13 +37,6 @@ from danube.core.errors import DanubeError, ErrorCode, invalid
 from danube.metadata import MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")
-
-NAMESPACES_PREFIX = "/namespaces/"
-
-
-def _policy_namespace(key: str) -> str | None:
-    parts = key.strip("/").split("/")
-    return parts[1] if len(parts) == 3 and parts[2] == "policy" else None
 
 
 class ClusterMember:
@@ -81,7 +75,7 @@ class ClusterMember:
         """Until cancelled; started once the broker is a member."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(follow, self.store, NAMESPACES_PREFIX, self._read_ns, self._ns)
+            nursery.start_soon(follow, self.store, keys.NAMESPACES_PREFIX, self._read_ns, self._ns)
             nursery.start_soon(self.load_manager.run)
             await self.load_manager.synced.wait()
             nursery.start_soon(self.ownership.run)
@@ -133,10 +127,10 @@ class ClusterMember:
         return report.to_json()
 
     async def _read_ns(self) -> int:
-        snapshot = await self.store.scan(NAMESPACES_PREFIX)
+        snapshot = await self.store.scan(keys.NAMESPACES_PREFIX)
         seen = {}
         for kv in snapshot:
-            name = _policy_namespace(kv.key)
+            name = keys.parse_namespace_policy(kv.key)
             if name is not None:
                 seen[name] = kv.value if isinstance(kv.value, dict) else {}
         core = self.runtime.core
@@ -148,7 +142,7 @@ class ClusterMember:
         return max((kv.mod_revision for kv in snapshot), default=0)
 
     def _ns(self, event: WatchEvent) -> None:
-        name = _policy_namespace(event.key)
+        name = keys.parse_namespace_policy(event.key)
         if name is None:
             return
         value = event.value if isinstance(event.value, dict) else {}

@@ -13,9 +13,10 @@ import time
 
 import trio
 
+from danube import keys
 from danube.broker.store_port import perform_store
 from danube.broker.watching import Alarm, follow
-from danube.cluster import decisions, keys
+from danube.cluster import decisions
 from danube.cluster.load_manager import (
     Effect,
     LoadManager,

@@ -17,7 +17,6 @@ import trio
 from danube.broker.store_port import drive, perform_store
 from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, follow
 from danube.cluster import membership_flows as flows
-from danube.cluster.keys import LEADER_KEY
 from danube.cluster.membership import (
     Effect,
     Fenced,
@@ -28,6 +27,7 @@ from danube.cluster.membership import (
     WakeAt,
 )
 from danube.effects import StoreTxn, StoreUnreachable
+from danube.keys import LEADER_KEY
 from danube.metadata import MetadataError, MetadataStore, WatchEvent
 
 log = logging.getLogger("danube.broker")

@@ -22,9 +22,9 @@ from typing import Any
 import fsspec
 import trio
 
+from danube import keys
 from danube.core.names import parse_topic
 from danube.tiering import UploadError
-from danube.tiering import layout as tier_layout
 from danube.wal.format import WalFormatError
 
 log = logging.getLogger("danube.broker")
@@ -138,7 +138,7 @@ async def delete_topic_objects(objects: ObjectStore, topic: str) -> bool:
     """Deletes a deleted topic's uploaded objects (trio, in worker threads); False when the
     store failed. A failure never fails the deletion: its metadata is gone, so the objects
     left are named by no index and never read again, and the log line says which remain."""
-    prefix = tier_layout.object_prefix(parse_topic(topic))
+    prefix = keys.object_prefix(parse_topic(topic))
     deleted = 0
     try:
         listed = await trio.to_thread.run_sync(objects.list, prefix)

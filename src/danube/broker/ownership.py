@@ -28,13 +28,13 @@ from typing import Any, TypeVar
 import trio
 import trio_asyncio
 
+from danube import keys
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.broker.store_port import STORE_EFFECTS, drive, perform_store
 from danube.broker.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
-from danube.cluster import keys
 from danube.cluster import ownership_flows as flows
-from danube.cluster.keys import Marker
 from danube.cluster.ownership import SETTLE_POLL_MS, Effect, Ownership, WakeAt
+from danube.cluster.records import Marker
 from danube.effects import StoreTxn
 from danube.effects.flow import Flow
 from danube.metadata import MetadataError, MetadataStore, WatchEvent

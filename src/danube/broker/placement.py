@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from danube import keys
 from danube.broker.watching import store_call_from_grpc
-from danube.cluster import keys
 from danube.cluster import placement as rules
-from danube.cluster.ownership import owner_key
+from danube.cluster import records
 from danube.cluster.placement import Answer, Located
 from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, ErrorCode, not_found, quoted
@@ -27,8 +27,8 @@ from danube.core.names import (
     partition_index,
     partition_names,
 )
+from danube.keys import owner_key
 from danube.metadata import KeyValue, MetadataStore, TxnResult
-from danube.node import paths
 from danube.node.core import BrokerCore
 
 
@@ -122,7 +122,7 @@ class ClusterPlacement:
     async def create(self, names: list[TopicName], strategy: DispatchStrategy) -> None:
         """Creates topics in the store for the leader to assign (`rules.creation`)."""
         first = names[0]
-        if await self._get(paths.namespace_policy(first.namespace)) is None:
+        if await self._get(keys.namespace_policy(first.namespace)) is None:
             raise not_found(
                 f"namespace {quoted(first.namespace)} does not exist; create it first "
                 "(or list it in bootstrap_namespaces)"
@@ -147,21 +147,21 @@ class ClusterPlacement:
         claim = await self._get(owner_key(name.full))
         owner = None
         if claim is not None and isinstance(claim.value, dict):
-            owner = keys.broker_id_from_json(claim.value.get("broker_id"))
+            owner = records.broker_id_from_json(claim.value.get("broker_id"))
         return rules.TopicFacts(await self._exists(name), owner)
 
     async def _exists(self, name: TopicName) -> bool:
-        return await self._get(paths.topic_delivery(name)) is not None
+        return await self._get(keys.topic_delivery(name)) is not None
 
     async def _partitions_of(self, base: TopicName) -> list[str]:
-        prefix = paths.namespace_prefix(base.namespace) + "topics/"
+        prefix = keys.namespace_topics_prefix(base.namespace)
         found = []
         scanned: list[KeyValue] = await store_call_from_grpc(self._store.scan, prefix)
         for kv in scanned:
-            full = "/" + kv.key[len(prefix) :]
-            index = partition_index(full, base.full)
-            if index is not None:
-                found.append((index, full))
+            topic = keys.parse_namespace_topic(kv.key)
+            index = None if topic is None else partition_index(topic.full, base.full)
+            if topic is not None and index is not None:
+                found.append((index, topic.full))
         return [full for _, full in sorted(found)]
 
     async def _get(self, key: str) -> KeyValue | None:

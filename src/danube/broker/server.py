@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import trio
 import trio_asyncio
 
+from danube import keys
 from danube.broker.admin import AdminServices
 from danube.broker.batch_plane import (
     BATCH_REQUEST_LIMIT,
@@ -248,7 +249,10 @@ async def serve(
             log.info("event=object_tier mode=%s root=%s", config.storage.mode, objects.describe())
         # Cluster mode: the broker owns no topic yet; they come by assignment.
         restored = core.restore(
-            {kv.key: kv.value for kv in await store.scan("/namespaces/" if clustered else "/")}
+            {
+                kv.key: kv.value
+                for kv in await store.scan(keys.NAMESPACES_PREFIX if clustered else "/")
+            }
         )
         for effect in core.bootstrap(config.bootstrap_namespaces).effects:
             await persist(store, effect)

@@ -2,7 +2,7 @@
 unloading a topic, draining a broker, setting a broker's mode, deleting a topic.
 
 Every write here is one that only the leader may make, so each transaction compares the leader
-key with the leader's id (`keys.leader_compare`) and the revision of the key the decision was
+key with the leader's id (`records.leader_compare`) and the revision of the key the decision was
 read from; the admin's driver (`danube.broker.cluster_admin`) runs them on the leader's view
 of `/cluster/` and retries from a fresh view when a compare fails.
 
@@ -20,13 +20,12 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from danube.cluster import keys
-from danube.cluster.keys import Marker, MarkerReason
-from danube.cluster.ownership import owner_key
+from danube import keys
+from danube.cluster import records
+from danube.cluster.records import Marker, MarkerReason
 from danube.core.names import parse_topic
+from danube.keys import owner_key
 from danube.metadata.model import Compare, Delete, DeletePrefix, Op, Put
-from danube.node import paths
-from danube.tiering import layout as tier_layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +37,8 @@ class Txn:
 def set_mode(leader: str, broker: str, mode: str, reason: str) -> Txn:
     """`/cluster/brokers/<broker>/state` = {mode, reason}."""
     return Txn(
-        (keys.leader_compare(leader),),
-        (Put(keys.state_key(broker), keys.state_value(mode, reason)),),
+        (records.leader_compare(leader),),
+        (Put(keys.state_key(broker), records.state_value(mode, reason)),),
     )
 
 
@@ -58,7 +57,7 @@ def unload(
     marker = Marker(reason, owner, ready=False)
     return Txn(
         (
-            keys.leader_compare(leader),
+            records.leader_compare(leader),
             Compare(assignment, "mod_revision", "==", assignment_revision),
             Compare(marker_key, "version", "==", 0),
         ),
@@ -153,7 +152,7 @@ def delete_step(
     claim = Compare(owner_key(topic), "version", "==", 0)
     return Decision(
         Step.POST,
-        Txn((keys.leader_compare(leader), seen, claim), (Put(marker_key, tombstone),)),
+        Txn((records.leader_compare(leader), seen, claim), (Put(marker_key, tombstone),)),
     )
 
 
@@ -166,14 +165,14 @@ def purge(leader: str, topic: str, marker_revision: int) -> Txn:
     marker_key = keys.unassigned_key(topic)
     return Txn(
         (
-            keys.leader_compare(leader),
+            records.leader_compare(leader),
             Compare(marker_key, "mod_revision", "==", marker_revision),
             Compare(owner_key(topic), "version", "==", 0),
         ),
         (
-            DeletePrefix(paths.topic_prefix(name)),
-            DeletePrefix(tier_layout.index_prefix(name)),
-            Delete(paths.namespace_topic(name)),
+            DeletePrefix(keys.topic_prefix(name)),
+            DeletePrefix(keys.index_prefix(name)),
+            Delete(keys.namespace_topic(name)),
             Delete(marker_key),
         ),
     )

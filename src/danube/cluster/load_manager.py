@@ -32,24 +32,35 @@ monotonic clock in nanoseconds; the inputs that may move a topic also take the w
 Unix seconds (`unix_s`) for the audit record. Nothing here is random: every iteration that
 produces effects is in sorted order, so the same inputs give the same effects on every replica
 and under every hash seed.
+
+Its configuration is a value (`danube.core.load_manager_config`) and its effects have a module
+of their own (`danube.cluster.load_manager_effects`); both are re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from danube.cluster import keys
-from danube.cluster.keys import Marker, MarkerReason
+from danube import keys
+from danube.cluster import records
+from danube.cluster.load_manager_effects import Assign as Assign
+from danube.cluster.load_manager_effects import Effect as Effect
+from danube.cluster.load_manager_effects import FailOver as FailOver
+from danube.cluster.load_manager_effects import Log as Log
+from danube.cluster.load_manager_effects import MarkDrained as MarkDrained
+from danube.cluster.load_manager_effects import Move as Move
+from danube.cluster.load_manager_effects import Proposal as Proposal
+from danube.cluster.load_manager_effects import Release as Release
+from danube.cluster.load_manager_effects import ScheduleTick as ScheduleTick
+from danube.cluster.load_manager_effects import Txn as Txn
 from danube.cluster.ranking import (
     BrokerLoad,
     Imbalance,
     LoadReport,
-    Strategy,
     TopicLoad,
     blacklisted,
     imbalance,
@@ -57,274 +68,15 @@ from danube.cluster.ranking import (
     rebalance_sources,
     scores,
 )
-from danube.core.config import ConfigError
-from danube.core.errors import DanubeError
-from danube.core.names import parse_topic, validate_namespace
-from danube.metadata.model import Compare, Delete, KeyValue, Op, Put, WatchEvent
+from danube.cluster.records import Marker, MarkerReason
+from danube.core.load_manager_config import Aggressiveness as Aggressiveness
+from danube.core.load_manager_config import LoadManagerConfig as LoadManagerConfig
+from danube.core.load_manager_config import RebalancingConfig as RebalancingConfig
+from danube.metadata.model import Compare, Delete, KeyValue, Put, WatchEvent
 
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
 HOUR_NS = 3600 * NS_PER_S
-
-# -- configuration ------------------------------------------------------------------------------
-
-
-class Aggressiveness(enum.Enum):
-    """`rebalancing.aggressiveness`: how uneven the cluster may get before topics move."""
-
-    CONSERVATIVE = "conservative"
-    BALANCED = "balanced"
-    AGGRESSIVE = "aggressive"
-
-    @property
-    def threshold(self) -> float:
-        """Rebalance while the coefficient of variation is at least this."""
-        return _THRESHOLDS[self]
-
-
-_THRESHOLDS = {
-    Aggressiveness.CONSERVATIVE: 0.40,
-    Aggressiveness.BALANCED: 0.30,
-    Aggressiveness.AGGRESSIVE: 0.20,
-}
-
-_REBALANCING_MINIMA = {
-    "check_interval_seconds": 1,
-    "max_moves_per_hour": 0,
-    "cooldown_seconds": 0,
-    "min_brokers_for_rebalance": 1,
-    "min_topic_age_seconds": 0,
-}
-_WHERE = "load_manager.rebalancing"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_pattern(pattern: Any) -> None:
-    where = f"{_WHERE}.blacklist_topics"
-    if not isinstance(pattern, str):
-        raise ConfigError(f"{where}: expected topic names, got {pattern!r}")
-    try:
-        if pattern.startswith("/") and pattern.endswith("/*") and pattern.count("/") == 2:
-            validate_namespace(pattern[1:-2])
-        else:
-            parse_topic(pattern)
-    except DanubeError as error:
-        raise ConfigError(
-            f"{where}: {pattern!r} is neither '/namespace/topic' nor '/namespace/*' "
-            f"({error.message})"
-        ) from None
-
-
-@dataclass(frozen=True, slots=True)
-class RebalancingConfig:
-    """`load_manager.rebalancing`, with Danube's code defaults."""
-
-    enabled: bool = False
-    aggressiveness: Aggressiveness = Aggressiveness.BALANCED
-    check_interval_seconds: int = 300
-    max_moves_per_hour: int = 10
-    """Cap on automatic moves in any sliding hour (manual moves count towards it too)."""
-    cooldown_seconds: int = 60
-    """No move, automatic or manual, sooner than this after the previous one."""
-    min_brokers_for_rebalance: int = 2
-    min_topic_age_seconds: int = 300
-    """A topic moves only once it has been on its broker (or since its last move) this long."""
-    blacklist_topics: tuple[str, ...] = ()
-    """Never moved: exact topic names, or `/namespace/*`."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ConfigError(f"{_WHERE}.enabled: expected true or false, got {self.enabled!r}")
-        if not isinstance(self.aggressiveness, Aggressiveness):
-            raise ConfigError(f"{_WHERE}.aggressiveness: got {self.aggressiveness!r}")
-        for name, minimum in _REBALANCING_MINIMA.items():
-            value = getattr(self, name)
-            if not _is_int(value) or value < minimum:
-                raise ConfigError(
-                    f"{_WHERE}.{name}: expected an integer >= {minimum}, got {value!r}"
-                )
-        for pattern in self.blacklist_topics:
-            _check_pattern(pattern)
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> RebalancingConfig:
-        _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, _WHERE)
-        values = dict(data)
-        if "aggressiveness" in values:
-            values["aggressiveness"] = _enum(
-                Aggressiveness, values["aggressiveness"], f"{_WHERE}.aggressiveness"
-            )
-        if "blacklist_topics" in values:
-            patterns = values["blacklist_topics"]
-            if patterns is None:
-                patterns = []
-            if not isinstance(patterns, list):
-                raise ConfigError(f"{_WHERE}.blacklist_topics: expected a list of topic names")
-            values["blacklist_topics"] = tuple(patterns)
-        return cls(**values)
-
-
-@dataclass(frozen=True, slots=True)
-class LoadManagerConfig:
-    """The `load_manager` section, plus `retry_ms`."""
-
-    assignment_strategy: Strategy = Strategy.BALANCED
-    load_report_interval_seconds: int = 30
-    """How often each broker writes its load report; read by the membership machine, kept
-    here because it is a key of this section."""
-    rebalancing: RebalancingConfig | None = None
-    """None when the section is absent: nothing moves on its own and a manual rebalance is
-    refused, as in Danube."""
-    retry_ms: int = 2_000
-    """Ours, not read from YAML: how long a transaction may take to show in the watch before
-    its decision is made again (a transaction that failed leaves no trace in the watch)."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.assignment_strategy, Strategy):
-            raise ConfigError(f"load_manager.assignment_strategy: got {self.assignment_strategy!r}")
-        for name, minimum in (("load_report_interval_seconds", 1), ("retry_ms", 1)):
-            value = getattr(self, name)
-            if not _is_int(value) or value < minimum:
-                raise ConfigError(
-                    f"load_manager.{name}: expected an integer >= {minimum}, got {value!r}"
-                )
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None) -> LoadManagerConfig:
-        """The parsed YAML section (None when absent), with Danube's keys only."""
-        if data is None:
-            return cls()
-        if not isinstance(data, Mapping):
-            raise ConfigError("load_manager: expected a mapping")
-        allowed = {"assignment_strategy", "load_report_interval_seconds", "rebalancing"}
-        _reject_unknown(data, allowed, "load_manager")
-        values: dict[str, Any] = {}
-        if "assignment_strategy" in data:
-            values["assignment_strategy"] = _enum(
-                Strategy, data["assignment_strategy"], "load_manager.assignment_strategy"
-            )
-        if "load_report_interval_seconds" in data:
-            values["load_report_interval_seconds"] = data["load_report_interval_seconds"]
-        section = data.get("rebalancing")
-        if section is not None:
-            if not isinstance(section, Mapping):
-                raise ConfigError(f"{_WHERE}: expected a mapping")
-            values["rebalancing"] = RebalancingConfig.from_mapping(section)
-        return cls(**values)
-
-
-def _reject_unknown(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(str(k) for k in data if k not in allowed)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
-
-
-_E = TypeVar("_E", bound=enum.Enum)
-
-
-def _enum(cls: type[_E], value: Any, where: str) -> _E:
-    try:
-        return cls(value)
-    except ValueError:
-        choices = ", ".join(str(member.value) for member in cls)
-        raise ConfigError(f"{where}: expected one of {choices}, got {value!r}") from None
-
-
-# -- effects ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Assign:
-    """Give `topic` to `broker`: put its assignment key, delete the unassigned marker."""
-
-    topic: str
-    broker: str
-    reason: MarkerReason
-    compares: tuple[Compare, ...]
-    ops: tuple[Op, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Move:
-    """Rebalance `topic` from `from_broker` to `to_broker`: post a `rebalance` marker (not
-    ready), delete the source's assignment (the source then unloads the topic and marks it
-    ready, and an `Assign` to `to_broker` follows), and write the audit record."""
-
-    topic: str
-    from_broker: str
-    to_broker: str
-    manual: bool
-    estimated_load: float
-    compares: tuple[Compare, ...]
-    ops: tuple[Op, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class FailOver:
-    """The assignment of `topic` belongs to a past incarnation of `broker` (spec/cluster.md,
-    "Fail-over"): delete it and post a null marker."""
-
-    topic: str
-    broker: str
-    compares: tuple[Compare, ...]
-    ops: tuple[Op, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Release:
-    """The broker that was unloading `topic` (`from_broker`) is gone and will never mark it
-    ready: rewrite the marker as null so the topic is assigned again."""
-
-    topic: str
-    from_broker: str | None
-    compares: tuple[Compare, ...]
-    ops: tuple[Op, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleTick:
-    """Call `tick` at `at` (monotonic ns); a later `ScheduleTick` replaces an earlier one."""
-
-    at: int
-
-
-@dataclass(frozen=True, slots=True)
-class Log:
-    """Something an operator should see that no other effect shows."""
-
-    event: str
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class MarkDrained:
-    """A `draining` broker holds no topic any more and owes no unload: set it `drained`
-    (Danube's automatic transition once an UnloadBroker's last topic left)."""
-
-    broker: str
-    compares: tuple[Compare, ...]
-    ops: tuple[Op, ...]
-
-
-Txn = Assign | Move | FailOver | Release | MarkDrained
-"""Run `compares` and `ops` as one transaction; its outcome needs no report."""
-Effect = Txn | ScheduleTick | Log
-
-
-@dataclass(frozen=True, slots=True)
-class Proposal:
-    """The move a rebalancing step would make (what a TriggerRebalance dry run answers)."""
-
-    topic: str
-    from_broker: str
-    to_broker: str
-    estimated_load: float
-    revision: int
-    """`mod_revision` of the source's assignment the proposal was read from."""
-
 
 # -- the machine --------------------------------------------------------------------------------
 
@@ -377,7 +129,7 @@ class LoadManager:
         self.broker_id = broker_id
         self.config = config
         self.leading = False
-        self._leader_compare = keys.leader_compare(broker_id)
+        self._leader_compare = records.leader_compare(broker_id)
         self._retry_ns = config.retry_ms * NS_PER_MS
         self._registered: dict[str, int] = {}
         """broker → `mod_revision` of its registration."""
@@ -550,7 +302,7 @@ class LoadManager:
             else:
                 self._unregister(broker, now)
         elif (broker := keys.parse_state_key(key)) is not None:
-            self._set_mode(broker, keys.broker_mode(value) if put else None, revision)
+            self._set_mode(broker, records.broker_mode(value) if put else None, revision)
         elif (pair := keys.parse_assignment_key(key)) is not None:
             self._set_assignment(pair[0], pair[1], revision if put else None, now)
         elif (topic := keys.parse_unassigned_key(key)) is not None:
@@ -774,7 +526,7 @@ class LoadManager:
         }  # fmt: skip
         effects: list[Effect] = []
         for broker in sorted(self._registered):
-            if self._modes.get(broker) != keys.DRAINING or self._owned.get(broker):
+            if self._modes.get(broker) != records.DRAINING or self._owned.get(broker):
                 self._drain_due.pop(broker, None)
                 continue
             if broker in owing or self._drain_due.get(broker, now) > now:
@@ -786,7 +538,7 @@ class LoadManager:
                 MarkDrained(
                     broker,
                     (self._leader_compare, compare),
-                    (Put(state, keys.state_value(keys.DRAINED, "no_topics")),),
+                    (Put(state, records.state_value(records.DRAINED, "no_topics")),),
                 )
             )
         return effects
@@ -912,8 +664,8 @@ class LoadManager:
         marker = Marker(MarkerReason.REBALANCE, source, target, ready=False, timestamp=unix_s)
         record = {
             "topic": topic,
-            "from_broker": keys.broker_id_to_json(source),
-            "to_broker": keys.broker_id_to_json(target),
+            "from_broker": records.broker_id_to_json(source),
+            "to_broker": records.broker_id_to_json(target),
             "reason": "ManualRebalance" if manual else "LoadImbalance",
             "estimated_load": proposal.estimated_load,
             "timestamp": unix_s,

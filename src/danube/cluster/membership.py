@@ -22,7 +22,7 @@ broker's lease, so at most one broker holds it at a time in the store's history,
 disappears with its holder's lease. A broker campaigns whenever it sees no leader and it is
 registered and unfenced, and leads from the moment its campaign succeeds until it is fenced or
 the watch shows the key gone or held by another. Every write a leader makes also compares the
-leader key with its id (`keys.leader_compare`), so a leader that lost its lease without noticing
+leader key with its id (`records.leader_compare`), so a leader that lost its lease without noticing
 cannot write: the key is gone or someone else's.
 """
 
@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from danube.cluster.keys import LEADER_KEY, load_key, register_key, state_key
+from danube.keys import LEADER_KEY, load_key, register_key, state_key
 from danube.metadata.model import Compare, Op, Put
 
 PAST_INCARNATION = "(a past incarnation of this broker)"

@@ -40,37 +40,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from danube.cluster import keys
-from danube.cluster.keys import Marker, MarkerReason
+from danube import keys
+from danube.cluster import records
+from danube.cluster.records import Marker, MarkerReason
 from danube.core.names import parse_topic
+from danube.keys import owner_key as owner_key
+from danube.keys import topic_of_key as topic_of_key
+from danube.keys import writer_key as writer_key
 from danube.metadata.model import Compare, Delete, KeyValue, Op, Put
-from danube.node import paths
-from danube.tiering import layout as tier_layout
-
-
-def owner_key(topic: str) -> str:
-    """`/topics/<ns>/<topic>/owner`: which broker holds the topic now, under its lease."""
-    return f"/topics{parse_topic(topic).full}/owner"
-
-
-def writer_key(topic: str) -> str:
-    """`/topics/<ns>/<topic>/writer`: the broker that last loaded the topic for writing."""
-    return f"/topics{parse_topic(topic).full}/writer"
 
 
 class NotOwner(Exception):
     """A write for a topic this broker holds no claim on (any more)."""
-
-
-def topic_of_key(key: str) -> str | None:
-    """The topic a metadata key belongs to (`/topics/<ns>/<t>/...` or the object index
-    `/storage/topics/<ns>/<t>/...`), else None."""
-    parts = key.strip("/").split("/")
-    if parts[0] == "topics" and len(parts) >= 4:
-        return f"/{parts[1]}/{parts[2]}"
-    if parts[:2] == ["storage", "topics"] and len(parts) >= 5:
-        return f"/{parts[2]}/{parts[3]}"
-    return None
 
 
 def fence_compares(keys: Iterable[str], claims: Mapping[str, int] | None) -> list[Compare]:
@@ -99,7 +80,7 @@ def own_claim(found: KeyValue | None, broker_id: str, lease_id: int | None) -> b
         return False
     value = found.value
     holder = value.get("broker_id") if isinstance(value, dict) else None
-    return keys.broker_id_from_json(holder) == broker_id
+    return records.broker_id_from_json(holder) == broker_id
 
 
 def release_done(effect: Release, found: KeyValue | None) -> bool:
@@ -116,8 +97,8 @@ def load_reads(topic: str) -> tuple[tuple[str, ...], str]:
     """What a `Load` reads before it adopts the topic: the prefixes to scan (the topic's keys,
     its object index) and its namespace's policy key."""
     name = parse_topic(topic)
-    prefixes = (paths.topic_prefix(name), tier_layout.index_prefix(name))
-    return prefixes, paths.namespace_policy(name.namespace)
+    prefixes = (keys.topic_prefix(name), keys.index_prefix(name))
+    return prefixes, keys.namespace_policy(name.namespace)
 
 
 def load_entries(
@@ -126,7 +107,7 @@ def load_entries(
     """The reads of `load_reads` as `BrokerCore.adopt` takes them. LookupError: the topic has
     no metadata (it was deleted meanwhile), so there is nothing to load."""
     entries = {kv.key: kv.value for kv in scanned}
-    if paths.topic_delivery(parse_topic(topic)) not in entries:
+    if keys.topic_delivery(parse_topic(topic)) not in entries:
         raise LookupError(f"{topic} has no metadata (deleted?)")
     if policy is not None:
         entries[policy.key] = policy.value
@@ -155,7 +136,7 @@ def become_writer(
     topic: str, broker_id: str, claim_revision: int, entries: Mapping[str, Any]
 ) -> Writer:
     """`entries`: the topic's metadata as read before the load."""
-    me = keys.broker_id_to_json(broker_id)
+    me = records.broker_id_to_json(broker_id)
     previous = entries.get(writer_key(topic))
     keep_local = isinstance(previous, dict) and previous.get("broker_id") == me
     return Writer(
@@ -480,7 +461,7 @@ class Ownership:
 
     def _claim(self, topic: str) -> Claim:
         key = owner_key(topic)
-        claim = {"broker_id": keys.broker_id_to_json(self.config.broker_id)}
+        claim = {"broker_id": records.broker_id_to_json(self.config.broker_id)}
         return Claim(topic, (Compare(key, "version", "==", 0),), (Put(key, claim, self.lease_id),))
 
     def _released_all(self, topic: str) -> bool:

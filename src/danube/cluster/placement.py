@@ -10,12 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from danube.cluster import keys
+from danube import keys
 from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, ErrorCode, not_found
 from danube.core.names import TopicName
 from danube.metadata.model import Compare, Op, Put
-from danube.node import paths
 
 
 class Answer(enum.Enum):
@@ -108,12 +107,12 @@ def creation(
 ) -> tuple[tuple[Compare, ...], tuple[Op, ...]]:
     """One transaction creating every topic (the partitions of one topic together), each
     with a null unassigned marker for the leader; compared on none of them existing."""
-    compares = tuple(Compare(paths.topic_delivery(n), "version", "==", 0) for n in names)
+    compares = tuple(Compare(keys.topic_delivery(n), "version", "==", 0) for n in names)
     ops: list[Op] = []
     for name in names:
         ops += [
-            Put(paths.namespace_topic(name), None),
-            Put(paths.topic_delivery(name), strategy.label),
+            Put(keys.namespace_topic(name), None),
+            Put(keys.topic_delivery(name), strategy.label),
             Put(keys.unassigned_key(name.full), None),
         ]
     return compares, tuple(ops)

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from danube.cluster.keys import broker_id_from_json, broker_id_to_json
+from danube.cluster.records import broker_id_from_json, broker_id_to_json
+from danube.core.load_manager_config import Strategy as Strategy
 from danube.metadata.model import JSONValue
 
 # -- load reports (Danube's JSON, §7.2) --------------------------------------------------------
@@ -205,14 +206,6 @@ class LoadReport:
 
 
 # -- scores (§7.3) -------------------------------------------------------------------------------
-
-
-class Strategy(enum.Enum):
-    """`load_manager.assignment_strategy`."""
-
-    FAIR = "fair"
-    BALANCED = "balanced"
-    WEIGHTED_LOAD = "weighted_load"
 
 
 def topic_weight(topics: Sequence[TopicLoad]) -> float:

@@ -12,9 +12,11 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from danube.core.errors import ConfigError as ConfigError
 from danube.core.errors import DanubeError
+from danube.core.load_manager_config import LoadManagerConfig
 from danube.core.names import validate_namespace
-from danube.wal.machine import MIB, Durability, WalConfig
+from danube.core.wal_config import MIB, Durability, WalConfig
 
 DEFAULT_MAX_MESSAGE_SIZE = 10 * 1024 * 1024
 OBJECT_DURABILITY = "object"
@@ -22,10 +24,6 @@ DEFAULT_OBJECT_BATCH_MS = 100
 DEFAULT_PROMETHEUS_PORT = 9040
 LOOPBACK_HOST = "127.0.0.1"
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-
-
-class ConfigError(ValueError):
-    """A configuration value a person must fix; the message names the key."""
 
 
 class DispatchStrategy(enum.IntEnum):
@@ -203,7 +201,7 @@ class ClusterConfig:
     drift_ms: int = 1_000
     load_report_interval_ms: int = 30_000
     load_manager: Any = None
-    """The parsed `load_manager` section (`danube.cluster.load_manager.LoadManagerConfig`)."""
+    """The parsed `load_manager` section (`danube.core.load_manager_config.LoadManagerConfig`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,8 +522,6 @@ def etcd_endpoints(value: Any, where: str) -> tuple[str, ...]:
 
 
 def _cluster(meta: dict[str, Any], data: dict[str, Any]) -> ClusterConfig:
-    from danube.cluster.load_manager import LoadManagerConfig  # it imports this module
-
     config = ClusterConfig()
     section = _section(data, "cluster", "")
     _keys(

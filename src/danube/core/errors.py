@@ -61,3 +61,7 @@ def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
     if len(text) > limit + 2:
         return f"{text[: limit + 2]}… ({len(text)} characters as text)"
     return text
+
+
+class ConfigError(ValueError):
+    """A configuration value a person must fix; the message names the key."""

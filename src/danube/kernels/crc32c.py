@@ -17,10 +17,9 @@ pieces chain. The kernels assume a little-endian host (all numba targets are).
 
 from __future__ import annotations
 
-import mmap
 import platform
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
@@ -29,6 +28,9 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic
+
+if TYPE_CHECKING:
+    import mmap  # a type of `byte_view`'s argument: the kernels map no file themselves
 
 from danube.kernels.twins import CRC32C_POLY
 

@@ -4,10 +4,9 @@ and etcd backends."""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from danube.metadata.embedded import EmbeddedStore
-from danube.metadata.memory import MemoryStore
 from danube.metadata.model import (
     CompactedError,
     Compare,
@@ -29,7 +28,22 @@ from danube.metadata.state import MetadataState, PreparedTxn
 from danube.metadata.store import MetadataStore
 
 if TYPE_CHECKING:
+    from danube.metadata.embedded import EmbeddedStore
     from danube.metadata.etcd import EtcdStore, EtcdUnavailable
+    from danube.metadata.memory import MemoryStore
+
+_LAZY = {
+    "EmbeddedStore": "danube.metadata.embedded",
+    "EtcdStore": "danube.metadata.etcd",
+    "EtcdUnavailable": "danube.metadata.etcd",
+    "MemoryStore": "danube.metadata.memory",
+}
+"""The backends, imported on first use (PEP 562), so that the pure modules importing the
+values (`danube.metadata.model`, `danube.metadata.state`) load no trio: importing any module
+of a package runs the package's `__init__` first. The etcd backend also loads grpc and etcd3
+and pins protobuf to its pure-Python implementation for the whole process (see
+danube.metadata.etcd), which standalone brokers and the simulator should not pay for.
+tests/core/test_purity.py reads this table to follow these imports."""
 
 __all__ = [
     "CompactedError",
@@ -58,11 +72,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The etcd backend is imported on first use: it loads grpc and etcd3 and pins protobuf to
-    # its pure-Python implementation for the whole process (see danube.metadata.etcd), which
-    # standalone brokers and the simulator should not pay for by importing this package.
-    if name in ("EtcdStore", "EtcdUnavailable"):
-        from danube.metadata import etcd
-
-        return getattr(etcd, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -8,127 +8,56 @@ language (Java above all), not only by fastavro: fastavro's parser lets through 
 specification forbids (duplicate field names, a union default of the wrong branch, invalid
 names) and its decoder accepts datums a Java consumer refuses (an int wider than 32 bits, a
 boolean byte of 2, a negative enum index). fastavro still parses every schema a second time,
-supplies the Parsing Canonical Form and writes the binary encoding of JSON input."""
+supplies the Parsing Canonical Form and writes the binary encoding of JSON input.
+
+The parsed form is `avro_model`'s and the JSON datum checks `avro_conform`'s; their public
+names are re-exported here."""
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import math
-import re
-import struct
-from collections.abc import Mapping, Set
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, TypeAlias
+from typing import Any
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
 
 from danube.schema import budget as budgets
+from danube.schema.avro_conform import _Conformer
+from danube.schema.avro_conform import decode_json_datum as decode_json_datum
+from danube.schema.avro_conform import encode_json_datum as encode_json_datum
+from danube.schema.avro_conform import validate_json as validate_json
+from danube.schema.avro_model import (
+    _FIELD_ORDERS,
+    _NAME,
+    PRIMITIVES,
+    AvroSchema,
+    _Array,
+    _branch_key,
+    _empty_records,
+    _endless_records,
+    _Enum,
+    _error,
+    _Field,
+    _Fixed,
+    _Invalid,
+    _json_kind,
+    _Map,
+    _Named,
+    _namespace_of,
+    _Node,
+    _qualify,
+    _Record,
+    _Ref,
+    _short,
+    _Union,
+    _valid_full_name,
+)
+from danube.schema.avro_model import UNLIMITED_STEPS as UNLIMITED_STEPS
 from danube.schema.errors import SchemaParseError
 from danube.schema.limits import MAX_ENUM_SYMBOLS
-
-PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
-
-# (writer, reader) pairs the specification lets a reader promote.
-_PROMOTIONS = frozenset(
-    {
-        ("int", "long"),
-        ("int", "float"),
-        ("int", "double"),
-        ("long", "float"),
-        ("long", "double"),
-        ("float", "double"),
-        ("string", "bytes"),
-        ("bytes", "string"),
-    }
-)
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_FIELD_ORDERS = frozenset({"ascending", "descending", "ignore"})
-_INT_BITS = {"int": 32, "long": 64}
-UNLIMITED_STEPS = 1 << 62
-_FLOAT_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Ref:
-    """A use of a named type by its full name; the definition lives in the schema's table, so
-    recursive types stay finite trees."""
-
-    name: str
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Field:
-    name: str
-    type: _Node
-    aliases: tuple[str, ...]
-    has_default: bool
-    default: object
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Record:
-    name: str
-    aliases: frozenset[str]
-    fields: tuple[_Field, ...]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Enum:
-    name: str
-    aliases: frozenset[str]
-    symbols: tuple[str, ...]
-    default: str | None
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Fixed:
-    name: str
-    aliases: frozenset[str]
-    size: int
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Array:
-    items: _Node
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Map:
-    values: _Node
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Union:
-    branches: tuple[_Node, ...]
-
-
-_Named: TypeAlias = _Record | _Enum | _Fixed
-# A primitive is its name; logical types are dropped, as schema resolution ignores them.
-_Node: TypeAlias = str | _Ref | _Record | _Enum | _Fixed | _Array | _Map | _Union
-
-
-@dataclass(frozen=True, slots=True)
-class AvroSchema:
-    """A parsed Avro schema. Two schemas are equal when their Parsing Canonical Forms are:
-    the canonical form keeps exactly what decides the bytes written (types, full names, field
-    order, symbols, sizes) and drops docs, aliases, defaults and logical types. The
-    fingerprint adds back the defaults and aliases (they change what a reader fills in and
-    which names it matches) and the logical types (a decimal's scale changes what the bytes
-    mean), so a schema that changes only them is a new version, as in Confluent's registry;
-    reformatting, reordering JSON attributes or editing docs keeps it.
-    `parsed` is fastavro's parsed form, for fastavro's reader and writer."""
-
-    canonical: str
-    fingerprint: str
-    parsed: str | list[Any] | dict[str, Any] = field(compare=False, repr=False)
-    _tree: _Node = field(compare=False, repr=False)
-    _named: Mapping[str, _Named] = field(compare=False, repr=False)
-    # Records every value of which is encoded in zero bytes, which a decoder must not loop on.
-    _empty: frozenset[str] = field(compare=False, repr=False)
 
 
 def _resolution_extras(named: Mapping[str, _Named]) -> str:
@@ -205,70 +134,6 @@ def parse_avro(definition: bytes) -> AvroSchema:
     )
 
 
-def validate_json(schema: AvroSchema, value: object) -> str | None:
-    """Whether `value` (decoded from JSON) is a datum of `schema`: None if so, else a message
-    naming the field. JSON has no bytes, so bytes and fixed values are strings whose code
-    points 0–255 are the bytes (the convention of Avro defaults); a union value is untagged
-    and belongs to the first branch it fits; a missing field takes its default; a field the
-    record does not have is an error (a misspelt name would otherwise be dropped silently)."""
-    try:
-        _Conformer(schema._named, first_branch_only=False).value(schema._tree, value, None)
-    except _Invalid as exc:
-        return exc.message()
-    except RecursionError:
-        return "the value nests too deeply to check"
-    return None
-
-
-def encode_json_datum(schema: AvroSchema, value: object) -> bytes:
-    """The binary datum for a JSON value, for producers whose input is JSON; raises ValueError
-    with `validate_json`'s message when the value is not a datum of the schema. The branch
-    of each union written is the one the value was checked against."""
-    try:
-        prepared = _Conformer(schema._named, first_branch_only=False).value(
-            schema._tree, value, None
-        )
-    except _Invalid as exc:
-        raise ValueError(exc.message()) from None
-    except RecursionError:
-        raise ValueError("the value nests too deeply to check") from None
-    buffer = io.BytesIO()
-    fastavro.schemaless_writer(buffer, schema.parsed, prepared)
-    return buffer.getvalue()
-
-
-def decode_json_datum(schema: AvroSchema, payload: bytes) -> object:
-    """A binary datum of `schema` as a value for people to read (`danube-cli consume`);
-    raises ValueError with `validate_datum`'s message when `payload` is not one. Bytes and
-    fixed values are strings of code points 0–255 and unions are untagged, as
-    `encode_json_datum` takes them, so without logical types the output can be given back
-    to it. A logical type is shown in its usual text form (a timestamp in ISO 8601, a
-    decimal in digits), which `encode_json_datum` does not take; a NaN or infinite double
-    stays a float, which `json.dumps` writes as `NaN`/`Infinity`, not strict JSON."""
-    from danube.schema.avro_binary import validate_datum  # it builds on this module
-
-    # What a consumer reads was accepted once: no validation limits here.
-    with budgets.using(budgets.Budget(UNLIMITED_STEPS, "payload decoding", "none")):
-        problem = validate_datum(schema, payload)
-    if problem is not None:
-        raise ValueError(problem)
-    return _jsonable(fastavro.schemaless_reader(io.BytesIO(payload), schema.parsed, None))
-
-
-def _jsonable(value: object) -> object:
-    if isinstance(value, dict):
-        return {key: _jsonable(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, bytes):
-        return value.decode("latin-1")
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return str(value)
-
-
 def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """Python's JSON keeps the last of repeated keys; another parser may keep the first, so a
     schema saying two things is refused rather than read one way."""
@@ -278,32 +143,6 @@ def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise SchemaParseError(f"the schema repeats the key '{key}' in one object")
         result[key] = value
     return result
-
-
-def _error(path: str, problem: str) -> SchemaParseError:
-    return SchemaParseError(f"{path}: {problem}" if path else problem)
-
-
-def _json_kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    return "an array" if isinstance(value, list) else "an object"
-
-
-def _qualify(name: str, namespace: str) -> str:
-    return name if "." in name or not namespace else f"{namespace}.{name}"
-
-
-def _namespace_of(full_name: str) -> str:
-    return full_name.rpartition(".")[0]
-
-
-def _short(full_name: str) -> str:
-    return full_name.rpartition(".")[2]
 
 
 class _Parser:
@@ -529,286 +368,3 @@ class _Parser:
         fixed = _Fixed(full_name, aliases, size)
         self.named[full_name] = fixed
         return fixed
-
-
-def _valid_full_name(name: str) -> bool:
-    return all(_NAME.match(part) for part in name.split("."))
-
-
-def _branch_key(node: _Node) -> tuple[str, str]:
-    """What a union may hold only once: each unnamed type, and each name."""
-    if isinstance(node, str):
-        return ("type", node)
-    if isinstance(node, _Ref | _Record | _Enum | _Fixed):
-        return ("name", node.name)
-    return ("type", "array" if isinstance(node, _Array) else "map")
-
-
-def _empty_records(named: Mapping[str, _Named]) -> frozenset[str]:
-    """The records whose every value is encoded in zero bytes (fields all null, fixed of size
-    0 or such records), found as a greatest fixed point, since records may refer to one
-    another in cycles."""
-    records = {name: node for name, node in named.items() if isinstance(node, _Record)}
-    empty = set(records)
-    changed = True
-    while changed:
-        changed = False
-        for name, record in records.items():
-            if name in empty and not all(_is_empty(f.type, named, empty) for f in record.fields):
-                empty.discard(name)
-                changed = True
-    return frozenset(empty)
-
-
-def _endless_records(named: Mapping[str, _Named]) -> list[str]:
-    """The records no finite value exists of (a field of the record's own type with no way
-    out), in definition order: the least fixed point of "has a finite value", since a
-    record has one when all its fields do, a union when any branch does, and arrays and
-    maps always (the empty one)."""
-    records = {name: node for name, node in named.items() if isinstance(node, _Record)}
-    finite: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, record in records.items():
-            if name not in finite and all(_has_end(f.type, named, finite) for f in record.fields):
-                finite.add(name)
-                changed = True
-    return [name for name in records if name not in finite]
-
-
-def _has_end(node: _Node, named: Mapping[str, _Named], finite: Set[str]) -> bool:
-    node = _deref(node, named)
-    if isinstance(node, _Record):
-        return node.name in finite
-    if isinstance(node, _Union):
-        return any(_has_end(branch, named, finite) for branch in node.branches)
-    return True
-
-
-def _is_empty(node: _Node, named: Mapping[str, _Named], empty: Set[str]) -> bool:
-    node = _deref(node, named)
-    if isinstance(node, _Fixed):
-        return node.size == 0
-    if isinstance(node, _Record):
-        return node.name in empty
-    return node == "null"
-
-
-def _deref(node: _Node, named: Mapping[str, _Named]) -> _Node:
-    return named[node.name] if isinstance(node, _Ref) else node
-
-
-def _describe(node: _Node, named: Mapping[str, _Named]) -> str:
-    node = _deref(node, named)
-    if isinstance(node, str):
-        return node
-    if isinstance(node, _Record | _Enum | _Fixed):
-        kind = {_Record: "record", _Enum: "enum", _Fixed: "fixed"}[type(node)]
-        return f"{kind} '{node.name}'"
-    if isinstance(node, _Array):
-        return f"array of {_describe(node.items, named)}"
-    if isinstance(node, _Map):
-        return f"map of {_describe(node.values, named)}"
-    return "union [" + ", ".join(_describe(branch, named) for branch in node.branches) + "]"
-
-
-@dataclass(frozen=True, slots=True)
-class _At:
-    """A place in a datum, built only as deep as the walk goes and spelt out only for an
-    error: a record field (a name), an array item or map entry (an index), or a map value
-    (its key)."""
-
-    parent: _At | None
-    step: str | int
-    is_key: bool = False
-
-
-def _spell(at: _At | None) -> str:
-    steps: list[str] = []
-    while at is not None:
-        if isinstance(at.step, int):
-            steps.append(f"[{at.step}]")
-        elif at.is_key:
-            steps.append(f"[{json.dumps(at.step)}]")
-        else:
-            steps.append(f".{at.step}")
-        at = at.parent
-    return "".join(reversed(steps)).removeprefix(".")
-
-
-def _depth(at: _At | None) -> int:
-    depth = 0
-    while at is not None:
-        depth, at = depth + 1, at.parent
-    return depth
-
-
-class _Invalid(Exception):
-    """A datum that does not fit its schema, and where."""
-
-    def __init__(self, at: _At | None, problem: str) -> None:
-        super().__init__(problem)
-        self.at = at
-        self.problem = problem
-
-    def message(self) -> str:
-        return f"field '{_spell(self.at)}': {self.problem}" if self.at else self.problem
-
-
-def _type_name(value: object) -> str:
-    return "None" if value is None else type(value).__name__
-
-
-class _Conformer:
-    """Checks a Python value against a schema and turns it into what fastavro's writer takes:
-    bytes for bytes and fixed (given as strings of code points 0–255), floats for float and
-    double, defaults filled in, and each union value tagged with the branch it was checked
-    against (fastavro's tuple notation), so that branch is the one written. With
-    `first_branch_only`, a union value must fit the first branch: the rule for defaults."""
-
-    def __init__(self, named: Mapping[str, _Named], first_branch_only: bool) -> None:
-        self._named = named
-        self._first_branch_only = first_branch_only
-        self._defaults = self if first_branch_only else _Conformer(named, first_branch_only=True)
-
-    def value(self, node: _Node, value: object, at: _At | None) -> object:
-        node = _deref(node, self._named)
-        if isinstance(node, str):
-            return self._primitive(node, value, at)
-        if isinstance(node, _Record):
-            return self._record(node, value, at)
-        if isinstance(node, _Union):
-            return self._union(node, value, at)
-        if isinstance(node, _Enum):
-            if not isinstance(value, str) or value not in node.symbols:
-                shown = f"'{value}'" if isinstance(value, str) else _type_name(value)
-                raise _Invalid(
-                    at,
-                    f"expected a symbol of enum '{node.name}' ({', '.join(node.symbols)}), "
-                    f"got {shown}",
-                )
-            return value
-        if isinstance(node, _Fixed):
-            data = self._bytes(value, at, f"fixed '{node.name}'")
-            if len(data) != node.size:
-                raise _Invalid(at, f"fixed '{node.name}' holds {node.size} bytes, got {len(data)}")
-            return data
-        if isinstance(node, _Array):
-            if not isinstance(value, list):
-                raise _Invalid(at, f"expected an array, got {_type_name(value)}")
-            return [self.value(node.items, item, _At(at, i)) for i, item in enumerate(value)]
-        if not isinstance(value, dict):
-            raise _Invalid(at, f"expected a map, got {_type_name(value)}")
-        for key in value:
-            if not isinstance(key, str):
-                raise _Invalid(at, f"map keys are strings, got {_type_name(key)}")
-        return {
-            key: self.value(node.values, item, _At(at, key, is_key=True))
-            for key, item in value.items()
-        }
-
-    def _primitive(self, kind: str, value: object, at: _At | None) -> object:
-        expected = f"expected {kind}, got {_type_name(value)}"
-        if kind == "null":
-            if value is not None:
-                raise _Invalid(at, expected)
-            return None
-        if kind == "boolean":
-            if not isinstance(value, bool):
-                raise _Invalid(at, expected)
-            return value
-        if kind in _INT_BITS:
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise _Invalid(at, expected)
-            bound = 1 << (_INT_BITS[kind] - 1)
-            if not -bound <= value < bound:
-                raise _Invalid(at, f"{value} is out of the range of {kind}")
-            return value
-        if kind in ("float", "double"):
-            if not isinstance(value, int | float) or isinstance(value, bool):
-                raise _Invalid(at, expected)
-            number = float(value)
-            if kind == "float" and math.isfinite(number) and abs(number) > _FLOAT_MAX:
-                raise _Invalid(at, f"{value} is out of the range of float")
-            return number
-        if kind == "bytes":
-            return self._bytes(value, at, "bytes")
-        if not isinstance(value, str):
-            raise _Invalid(at, expected)
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _Invalid(
-                at, "the string holds a lone surrogate, which UTF-8 cannot encode"
-            ) from None
-        return value
-
-    @staticmethod
-    def _bytes(value: object, at: _At | None, kind: str) -> bytes:
-        if isinstance(value, bytes):
-            return value
-        if not isinstance(value, str):
-            raise _Invalid(at, f"expected {kind} (a string), got {_type_name(value)}")
-        try:
-            return value.encode("latin-1")
-        except UnicodeEncodeError:
-            raise _Invalid(
-                at,
-                f"{kind} is written as a string of code points U+0000–U+00FF, one per byte; "
-                "this one has a character above U+00FF",
-            ) from None
-
-    def _record(self, node: _Record, value: object, at: _At | None) -> dict[str, object]:
-        if not isinstance(value, dict):
-            raise _Invalid(at, f"expected record '{node.name}', got {_type_name(value)}")
-        declared = {f.name for f in node.fields}
-        for key in value:
-            if key not in declared:
-                raise _Invalid(_At(at, str(key)), f"record '{node.name}' has no such field")
-        prepared: dict[str, object] = {}
-        for declared_field in node.fields:
-            where = _At(at, declared_field.name)
-            if declared_field.name in value:
-                prepared[declared_field.name] = self.value(
-                    declared_field.type, value[declared_field.name], where
-                )
-            elif declared_field.has_default:
-                prepared[declared_field.name] = self._defaults.value(
-                    declared_field.type, declared_field.default, where
-                )
-            else:
-                raise _Invalid(where, "missing, and the field has no default")
-        return prepared
-
-    def _union(self, node: _Union, value: object, at: _At | None) -> tuple[str, object]:
-        branches = node.branches[:1] if self._first_branch_only else node.branches
-        failures: list[_Invalid] = []
-        for branch in branches:
-            try:
-                return (_tag(branch), self.value(branch, value, at))
-            except _Invalid as exc:
-                failures.append(exc)
-        # The failure that got furthest into the value says most about what was meant.
-        deepest = max(failures, key=lambda failure: _depth(failure.at), default=None)
-        if deepest is not None and _depth(deepest.at) > _depth(at):
-            raise deepest
-        if self._first_branch_only and node.branches:
-            raise _Invalid(
-                at,
-                f"expected {_describe(node.branches[0], self._named)} (a union's default "
-                f"belongs to its first branch), got {_type_name(value)}",
-            )
-        choices = " or ".join(_describe(branch, self._named) for branch in node.branches)
-        raise _Invalid(
-            at, f"expected {choices or 'nothing (an empty union)'}, got {_type_name(value)}"
-        )
-
-
-def _tag(branch: _Node) -> str:
-    """The name fastavro's tuple notation gives a union branch."""
-    if isinstance(branch, str):
-        return branch
-    if isinstance(branch, _Ref | _Record | _Enum | _Fixed):
-        return branch.name
-    return "array" if isinstance(branch, _Array) else "map"

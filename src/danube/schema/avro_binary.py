@@ -10,7 +10,7 @@ from collections.abc import Callable
 from functools import partial
 
 from danube.schema import budget as budgets
-from danube.schema.avro import (
+from danube.schema.avro_model import (
     _INT_BITS,
     AvroSchema,
     _Array,

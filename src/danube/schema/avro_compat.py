@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from danube.schema import budget as budgets
-from danube.schema.avro import (
+from danube.schema.avro_model import (
     _PROMOTIONS,
     AvroSchema,
     _Array,

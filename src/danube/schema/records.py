@@ -1,6 +1,7 @@
 """How subjects are kept in the metadata store (spec/schema-registry.md "Storage"): one key
 per subject holding all of it, so a registration is one compare-and-put on one key; an
-index from schema id to subject; and the id counter."""
+index from schema id to subject; and the id counter. The keys are `danube.keys`'s
+(re-exported here: `SUBJECTS`, `IDS`, `NEXT_ID`, `subject_key`, `id_key`)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from danube.core.errors import DanubeError, ErrorCode, quoted
+from danube.keys import IDS as IDS
+from danube.keys import NEXT_ID, id_key, subject_key
+from danube.keys import SUBJECTS as SUBJECTS
 from danube.metadata.model import Compare, Op, Put
 from danube.schema.compatibility import CompatibilityMode
 from danube.schema.errors import SchemaParseError
 from danube.schema.formats import SchemaType
 from danube.schema.registry import SchemaVersion, Subject
-
-SUBJECTS = "/schemas/subjects/"
-IDS = "/schemas/ids/"
-NEXT_ID = "/schemas/next_id"
 
 RACE_ATTEMPTS = 8
 """Changes lost to another broker's change before the client is told to retry."""
@@ -45,14 +45,6 @@ def decoded(where: str, decode: Callable[[], T]) -> T:
         raise DamagedRecord(
             ErrorCode.INTERNAL, f"the registry's stored {where} cannot be read: {error}"
         ) from None
-
-
-def subject_key(name: str) -> str:
-    return SUBJECTS + name
-
-
-def id_key(schema_id: int) -> str:
-    return f"{IDS}{schema_id:020d}"
 
 
 def commit(

@@ -17,7 +17,7 @@ from typing import Any
 
 from danube.kernels import crc32c
 from danube.kernels.twins import MIN_FRAME
-from danube.tiering.layout import parse_object_name
+from danube.keys import parse_object_name
 from danube.wal import format
 
 MIN_HEADER = 40

@@ -56,6 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from danube import keys
 from danube.core.names import TopicName
 from danube.effects import StoreTxn
 from danube.metadata.model import Compare, Op, Put
@@ -251,7 +252,7 @@ class Uploader:
     def __init__(
         self, topic: TopicName, config: UploaderConfig | None = None, epoch: int = 0
     ) -> None:
-        """`epoch` names this writer's objects (`layout.object_key`): the revision of the
+        """`epoch` names this writer's objects (`keys.object_key`): the revision of the
         broker's claim on the topic in cluster mode, 0 standalone."""
         if epoch < 0:
             raise ValueError(f"epoch cannot be negative, got {epoch}")
@@ -311,7 +312,7 @@ class Uploader:
         self, indexed: Sequence[IndexEntry], sealed: Sequence[SealedSegment], now_ms: int
     ) -> list[Effect]:
         """The durable state, once, before any other input: the committed index entries (a
-        scan of `layout.index_prefix`, `cur` left out) and every closed local segment after
+        scan of `keys.index_prefix`, `cur` left out) and every closed local segment after
         WAL recovery (`RecoveryPlan.segments`: all of them are closed)."""
         if self._started:
             raise ValueError(f"{self.topic.full}: recovered called twice")
@@ -320,7 +321,7 @@ class Uploader:
             self._next_scan_ms = now_ms
         entries = sorted(indexed, key=_start_of)
         problems = validate_index(entries)
-        prefix = layout.object_prefix(self.topic)
+        prefix = keys.object_prefix(self.topic)
         for entry in entries:
             if not entry.key.startswith(prefix):
                 problems.append(
@@ -483,7 +484,7 @@ class Uploader:
                 f"before offset {expected}: offsets {low}–{high - 1} are {what}"
             )
             return self._stop(reason, False)
-        key = layout.object_key(self.topic, base, next_offset, self.epoch)
+        key = keys.object_key(self.topic, base, next_offset, self.epoch)
         segment = _Segment(base, next_offset, size, key)
         self._uncommitted.append(segment)
         self._by_key[key] = segment
@@ -511,12 +512,12 @@ class Uploader:
         if head is not None and head.phase is _Phase.UPLOADED and now_ms >= head.due_ms:
             assert head.entry is not None
             head.phase = _Phase.COMMITTING
-            path = layout.index_path(self.topic, head.base)
-            effects.append(CommitIndex(path, head.entry, layout.current_path(self.topic)))
+            path = keys.index_path(self.topic, head.base)
+            effects.append(CommitIndex(path, head.entry, keys.current_path(self.topic)))
         scan = self._next_scan_ms
         if scan is not None and not self._listing and now_ms >= scan:
             self._listing = True
-            effects.append(ListObjects(layout.object_prefix(self.topic)))
+            effects.append(ListObjects(keys.object_prefix(self.topic)))
         return effects
 
     def _committed(self, entry: IndexEntry, now_ms: int) -> list[Effect]:
@@ -529,7 +530,7 @@ class Uploader:
     def _is_orphan(self, stored: StoredObject, now_ms: int) -> bool:
         """Never indexable (its range starts inside the indexed history, whose entry starts
         are final) and old enough."""
-        parsed = layout.parse_object_key(self.topic, stored.key)
+        parsed = keys.parse_object_key(self.topic, stored.key)
         indexed_next = self.indexed_next
         return (
             parsed is not None
