@@ -57,24 +57,37 @@ class NonReliableSubscription:
 
     # -- membership ---------------------------------------------------------------------------
 
-    def add_consumer(self, consumer_id: int, name: str, key_filters: tuple[str, ...]) -> None:
+    def add_consumer(
+        self, consumer_id: int, name: str, key_filters: tuple[str, ...], now_ms: int = 0
+    ) -> list[ConsumerReady]:
         """Registers a consumer, disconnected until `connect` (Subscribe then connects it)."""
         if consumer_id in self._consumers:
             raise ValueError(f"consumer {consumer_id} is already registered")
         self._consumers[consumer_id] = _Consumer(
             consumer_id, name, tuple(KeyFilter(p) for p in key_filters)
         )
+        return []
 
-    def set_filters(self, consumer_id: int, key_filters: tuple[str, ...]) -> list[ConsumerReady]:
+    def set_filters(
+        self, consumer_id: int, key_filters: tuple[str, ...], now_ms: int = 0
+    ) -> list[ConsumerReady]:
         self._consumers[consumer_id].filters = tuple(KeyFilter(p) for p in key_filters)
         return self._follow_key_owners()
 
-    def remove_consumer(self, consumer_id: int) -> list[ConsumerReady]:
+    def remove_consumer(self, consumer_id: int, now_ms: int = 0) -> list[ConsumerReady]:
         effects = self.disconnect(consumer_id)
         del self._consumers[consumer_id]
         return effects
 
-    def connect(self, consumer_id: int) -> list[ConsumerReady]:
+    def subscribed(self, consumer_id: int, now_ms: int = 0) -> list[ConsumerReady]:
+        """Subscribe connects the consumer: its messages need no stream to be queued."""
+        return self.connect(consumer_id)
+
+    def stream_reset(self, consumer_id: int, now_ms: int = 0) -> list[ConsumerReady]:
+        """A new stream of a connected consumer: its queue was never sent, so it stays."""
+        return []
+
+    def connect(self, consumer_id: int, now_ms: int = 0) -> list[ConsumerReady]:
         consumer = self._consumers[consumer_id]
         if consumer.connected:
             return []
@@ -87,7 +100,7 @@ class NonReliableSubscription:
             effects.extend(self._follow_key_owners())
         return effects
 
-    def disconnect(self, consumer_id: int) -> list[ConsumerReady]:
+    def disconnect(self, consumer_id: int, now_ms: int = 0) -> list[ConsumerReady]:
         """Marks the consumer gone; a Failover standby takes over; its queued messages go to
         the consumers that remain."""
         consumer = self._consumers[consumer_id]
@@ -138,6 +151,31 @@ class NonReliableSubscription:
             taken.append(item.message)
         self.delivered += len(taken)
         return taken
+
+    def ack(self, offset: int, now_ms: int = 0) -> list[ConsumerReady]:
+        """At-most-once delivery takes no acknowledgements: nothing to do."""
+        return []
+
+    def nack(self, offset: int, delay_ms: int | None, now_ms: int = 0) -> list[ConsumerReady]:
+        """Nothing is kept to deliver again."""
+        return []
+
+    def is_pending(self, offset: int) -> bool:
+        return False
+
+    # -- statistics ---------------------------------------------------------------------------
+
+    @property
+    def redelivered(self) -> int:
+        """Nothing is ever sent twice."""
+        return 0
+
+    def drop_counts(self) -> dict[DropReason, int]:
+        return dict(self.dropped)
+
+    def backlog(self, readable_end: int | None) -> int | None:
+        """No history, so no backlog."""
+        return None
 
     # -- routing ------------------------------------------------------------------------------
 

@@ -68,9 +68,10 @@ import heapq
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from danube.dispatch.keyshared import HashRing, KeyFilter, accepts
-from danube.dispatch.types import SubscriptionType
+from danube.dispatch.types import DropReason, SubscriptionType
 
 MAX_UNACKED_MESSAGES_LIMIT = 10_000
 _DAWN = -(1 << 62)
@@ -335,7 +336,20 @@ class ReliableSubscription:
         del self._consumers[consumer_id]
         return self._finish()
 
+    def subscribed(self, consumer_id: int, now_ms: int) -> list[Effect]:
+        """A reliable consumer is connected by its receive stream, which its messages need."""
+        return []
+
+    def stream_reset(self, consumer_id: int, now_ms: int) -> list[Effect]:
+        """The consumer's stream is replaced: a disconnect, so what the old stream had in
+        flight goes out again."""
+        return self.disconnect(consumer_id, now_ms)
+
     # -- data path ----------------------------------------------------------------------------
+
+    def take(self, consumer_id: int, limit: int) -> list[Any]:
+        """`Deliver` names offsets; the driver holds their records for the stream writer."""
+        return []
 
     def readable(self, through_offset: int, now_ms: int) -> list[Effect]:
         """The WAL can serve every record up to `through_offset`."""
@@ -387,6 +401,16 @@ class ReliableSubscription:
         if entry is not None and entry.consumer is not None:
             self._fail(offset, entry, entry.consumer, delay_ms)
         return self._finish()
+
+    def drop_counts(self) -> dict[DropReason, int]:
+        """Nothing is ever dropped."""
+        return {}
+
+    def backlog(self, readable_end: int | None) -> int | None:
+        """Offsets stored and not yet acknowledged; None when the WAL cannot say."""
+        if readable_end is None:
+            return None
+        return max(0, readable_end - 1 - self.cursor)
 
     def tick(self, now_ms: int) -> list[Effect]:
         self._begin(now_ms)

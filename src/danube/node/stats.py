@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from danube.dispatch.nonreliable import NonReliableSubscription
 from danube.node.core import BrokerCore, TopicRecord
 
 
@@ -37,19 +36,15 @@ class TopicStats:
 
 def topic_stats(core: BrokerCore) -> list[TopicStats]:
     """Every topic this broker serves (not those on their way out), by name."""
-    return [_topic(core, record) for record in core.topic_records() if not record.unloading]
+    return [_topic(core, record) for record in core.topic_records() if not record.phase.moving]
 
 
 def _topic(core: BrokerCore, record: TopicRecord) -> TopicStats:
     committed = record.wal.readable_offset if record.wal is not None else None
     subscriptions = []
     for sub in record.subscriptions.values():
-        backlog = None
-        redeliveries = 0
-        if not isinstance(sub.dispatcher, NonReliableSubscription):
-            redeliveries = sub.reliable.redelivered
-            if committed is not None:
-                backlog = max(0, committed - 1 - sub.reliable.cursor)
+        backlog = sub.dispatcher.backlog(committed)
+        redeliveries = sub.dispatcher.redelivered
         attached = _attached(core, sub.consumers.values())
         subscriptions.append(SubscriptionStats(sub.name, attached, backlog, redeliveries))
     return TopicStats(
