@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "danube"
-PURE = ("core", "dispatch", "wal", "tiering", "cluster", "node", "schema")
+PURE = ("core", "dispatch", "wal", "tiering", "cluster", "node", "schema", "requests")
 DRIVERS = ("danube.broker", "danube.protoc", "danube.client", "danube.cli", "danube.localcluster")
 """The project's own modules that do I/O: a pure module reaching them is no longer pure."""
 FORBIDDEN = {
