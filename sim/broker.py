@@ -32,6 +32,8 @@ from danube.node.core import (
     BrokerIdentity,
 )
 from danube.proto import danube as pb
+from danube.proto import danube_ext as ext_pb
+from danube.requests.publish import BatchRequest
 from danube.tiering import (
     ObjectRead,
     UploaderConfig,
@@ -47,6 +49,7 @@ from sim.disk import SimDisk, SimFile
 from sim.faults import Faults, Injected
 from sim.network import Network, Stream
 from sim.objects import SimObjectStore
+from sim.requests import SimRequests
 from sim.world import World
 
 URL = "http://sim-broker:6650"
@@ -179,6 +182,7 @@ class SimBroker:
         self.core: BrokerCore | None = None
         self.port: SimPort | None = None
         self.interpreter: Interpreter | None = None
+        self.requests = SimRequests(self)
         self._streams: dict[int, OpenStream] = {}
         """By generation."""
         self._current: dict[int, int] = {}
@@ -275,7 +279,8 @@ class SimBroker:
     # -- requests ---------------------------------------------------------------------------------
 
     def handle(self, request: Any, reply: Reply, **stream: Any) -> None:
-        """A request arrived; `reply` gets the response message or a `DanubeError`."""
+        """A request arrived; `reply` gets the response message or a `DanubeError`. Publishes
+        and acknowledgements run the request flows the gRPC services run (`sim.requests`)."""
         core = self.core
         self.world.log(f"request {reply.client} {_describe(request)}")
         if not self.up or core is None:
@@ -284,6 +289,8 @@ class SimBroker:
         try:
             if isinstance(request, pb.StreamMessage):
                 self._publish(core, request, reply)
+            elif isinstance(request, ext_pb.PublishBatch):
+                self._publish_batch(request, reply)
             elif isinstance(request, pb.ProducerRequest):
                 step = requests.create_producer(core, request)
                 self._apply(step.effects)
@@ -295,30 +302,46 @@ class SimBroker:
             elif isinstance(request, pb.ReceiveRequest):
                 self._open_stream(core, request.consumer_id, reply, **stream)
             elif isinstance(request, pb.AckRequest):
-                self._apply(
-                    requests.ack(core, requests.acknowledgement(request), self.now_ms).effects
+                flow = self.requests.ack_one(requests.acknowledgement(request))
+                self.requests.run(flow, _answered(reply, pb.AckResponse(request.request_id)))
+            elif isinstance(request, ext_pb.AckBatchRequest):
+                flow = self.requests.ack(
+                    request.topic_name, request.subscription_name, list(request.offsets)
                 )
-                reply(pb.AckResponse(request.request_id))
+                response = ext_pb.AckBatchResponse(request.request_id)
+                self.requests.run(flow, _answered(reply, response))
             elif isinstance(request, pb.NackRequest):
-                self._apply(
-                    requests.nack(core, requests.acknowledgement(request), self.now_ms).effects
-                )
-                reply(pb.NackResponse(request.request_id))
+                flow = self.requests.nack_one(requests.acknowledgement(request))
+                self.requests.run(flow, _answered(reply, pb.NackResponse(request.request_id)))
             else:
                 raise TypeError(f"unexpected request {type(request).__name__}")
         except DanubeError as error:
             reply(error)
 
     def _publish(self, core: BrokerCore, message: pb.StreamMessage, reply: Reply) -> None:
-        published = requests.publish(core, requests.record_of(message), self.now_ms)
-        response = pb.MessageResponse(message.request_id)
-        if not published.stored:
-            self._apply(published.step.effects)
-            reply(response)
-            return
-        topic = message.msg_id.topic_name
-        self.wait_stored(topic, published.step.value, _Answer(reply, response))
-        self._apply(published.step.effects)
+        flow = self.requests.publish_one(requests.record_of(message))
+        self.requests.run(flow, _answered(reply, pb.MessageResponse(message.request_id)))
+
+    def _publish_batch(self, request: ext_pb.PublishBatch, reply: Reply) -> None:
+        batch = BatchRequest(request.producer_id, request.topic_name, request.frame)
+
+        def done(answer: Any) -> None:
+            if isinstance(answer, DanubeError):
+                reply(answer)
+            else:
+                reply(ext_pb.BatchAck(request.sequence, answer.first_offset, answer.count))
+
+        self.requests.run(self.requests.publish_batch(batch), done)
+
+    # -- hooks of the request flows (`sim.requests`) ----------------------------------------
+
+    def apply_step(self, step: Any) -> None:
+        """A flow's `Apply`: the core step's effects, metadata durable at once."""
+        self._apply(step.effects)
+
+    def wait_for_storage(self, topic: str, through: int, waiter: Any) -> None:
+        """A flow's storage wait joins the interpreter's table of waiting publishes."""
+        self.wait_stored(topic, through, waiter)
 
     def _open_stream(
         self,
@@ -454,16 +477,13 @@ class SimBroker:
         return None if files is None else files.files.get(base)
 
 
-class _Answer:
-    def __init__(self, reply: Reply, response: pb.MessageResponse) -> None:
-        self._reply = reply
-        self._response = response
+def _answered(reply: Reply, response: Any) -> Callable[[Any], None]:
+    """A flow's end as the reply: its refusal, or `response`."""
 
-    def ok(self) -> None:
-        self._reply(self._response)
+    def done(answer: Any) -> None:
+        reply(answer if isinstance(answer, DanubeError) else response)
 
-    def fail(self, error: DanubeError) -> None:
-        self._reply(error)
+    return done
 
 
 def _describe(request: Any) -> str:
@@ -472,4 +492,6 @@ def _describe(request: Any) -> str:
         return f"SendMessage payload={request.payload.decode(errors='replace')}"
     if isinstance(request, (pb.AckRequest, pb.NackRequest)):
         return f"{type(request).__name__} offset={request.msg_id.topic_offset}"
+    if isinstance(request, ext_pb.PublishBatch):
+        return f"PublishBatch sequence={request.sequence}"
     return type(request).__name__

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from danube.core.errors import DanubeError, ErrorCode
 from danube.dispatch import LATEST, StartPosition
 from danube.proto import danube as pb
+from danube.proto import danube_ext as ext_pb
 from danube.wal import records
+from danube.wal.format import encode_frame
 from sim.broker import Reply, SimBroker
 from sim.network import Network
 from sim.world import US_PER_S, World
@@ -20,6 +22,9 @@ if TYPE_CHECKING:
 
 REQUEST_TIMEOUT_US = 1_000_000
 RETRY_US = 100_000
+ACK_BATCH_US = 20_000
+"""How long a batched consumer gathers acknowledgements before it sends them in one
+AckBatch."""
 
 
 class Checker(Protocol):
@@ -181,13 +186,80 @@ class SimProducer:
             else:
                 self.world.at(RETRY_US, self._send)
             return
+        count = self._acked(started)
+        self._key = None
+        self.world.at(max(0, started + count * self.interval_us - self.world.now), self._send)
+
+    def _acked(self, started: int) -> int:
+        """Tells the checker what was acknowledged; returns how many messages that was."""
         self.checker.produced(self.topic, self._payload(), self._key)
         if self.audit is not None:
             self.audit.acked(self.topic, self.name, self._sequence, self._payload(), started)
         self.acknowledged += 1
         self._sequence += 1
-        self._key = None
-        self.world.at(max(0, started + self.interval_us - self.world.now), self._send)
+        return 1
+
+
+class SimBatchProducer(SimProducer):
+    """A producer on the batched path (`PublishBatches`, as our client publishes by default):
+    up to `batch` messages per `PublishBatch`, one frame and one answer for all; a refused or
+    unanswered batch is sent again whole. Its rate is the plain producer's, in messages."""
+
+    def __init__(self, *args: Any, batch: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batch = batch
+        self._count = 0
+        """Messages of the batch being sent (0: none yet)."""
+
+    def _payloads(self) -> list[bytes]:
+        return [f"{self.name}:{self._sequence + i}".encode() for i in range(self._count)]
+
+    def _send(self) -> None:
+        if self.stopped:
+            return
+        assert self._producer_id is not None
+        if not self._count:
+            self._count = self.world.rng.randint(1, self.batch)
+        if self._key is None and self.keys:
+            self._key = f"k{self.world.rng.randrange(self.keys)}"
+        frame = encode_frame(
+            0,
+            0,
+            [
+                records.encode(
+                    records.Record(
+                        payload=payload,
+                        publish_time=self.world.now_ms,
+                        producer_name=self.name,
+                        routing_key=self._key,
+                        has_msg_id=False,
+                    )
+                )
+                for payload in self._payloads()
+            ],
+        )
+        request = ext_pb.PublishBatch(
+            producer_id=self._producer_id,
+            topic_name=self.topic,
+            sequence=self._caller.next_request_id(),
+            frame=frame,
+        )
+        self.sent += self._count
+        started = self.world.now
+        self._caller.call(
+            request, lambda answer: self._answered(answer, started), self._send_failed
+        )
+
+    def _acked(self, started: int) -> int:
+        count = self._count
+        for i, payload in enumerate(self._payloads()):
+            self.checker.produced(self.topic, payload, self._key)
+            if self.audit is not None:
+                self.audit.acked(self.topic, self.name, self._sequence + i, payload, started)
+        self.acknowledged += count
+        self._sequence += count
+        self._count = 0
+        return count
 
 
 class SimConsumer:
@@ -310,5 +382,46 @@ class SimConsumer:
                 msg_id=msg_id,
                 subscription_name=self.subscription,
             )
+        self._send_settlement(request)
+
+    def _send_settlement(self, request: Any) -> None:
+        """Acks and nacks are not retried: an unanswered one is redelivered later."""
         reply = Reply(self.network, self.client, lambda answer: None)
         self.network.send(self.client, lambda: self.broker.handle(request, reply))
+
+
+class SimBatchConsumer(SimConsumer):
+    """A consumer that acknowledges on the batched path: its acks are gathered for
+    ACK_BATCH_US and sent together in one `AckBatch` (nacks go one by one, as our client
+    sends them)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._acks: list[int] = []
+
+    def _settle(self, record: records.Record) -> None:
+        if self.nack and self.world.rng.random() < self.nack:
+            self._send_settlement(
+                pb.NackRequest(
+                    request_id=self._caller.next_request_id(),
+                    msg_id=pb.MsgId(topic_name=record.topic_name, topic_offset=record.topic_offset),
+                    subscription_name=self.subscription,
+                    delay_ms=self.world.rng.choice([None, 0, 200]),
+                )
+            )
+            return
+        self.checker.client_acked(self.topic, self.subscription, record.topic_offset)
+        if not self._acks:
+            self.world.at(ACK_BATCH_US, self._flush)
+        self._acks.append(record.topic_offset)
+
+    def _flush(self) -> None:
+        offsets, self._acks = self._acks, []
+        self._send_settlement(
+            ext_pb.AckBatchRequest(
+                request_id=self._caller.next_request_id(),
+                topic_name=self.topic,
+                subscription_name=self.subscription,
+                offsets=offsets,
+            )
+        )

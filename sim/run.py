@@ -18,7 +18,7 @@ from danube.tiering import UploaderConfig, layout
 from danube.wal.machine import Durability, WalConfig
 from sim.broker import EPOCH_MS, SimBroker
 from sim.checker import InvariantChecker, Violation
-from sim.clients import SimConsumer, SimProducer
+from sim.clients import SimBatchConsumer, SimBatchProducer, SimConsumer, SimProducer
 from sim.disk import SimDisk
 from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
@@ -79,6 +79,13 @@ class Workload:
     operator: float = 0.0
     """Chance per fault tick that an operator changes a subscription's window, failure
     policy or dispatch rate while the load runs (sim/operator.py)."""
+    batched: float = 0.0
+    """Chance that a producer publishes on the batched path (`PublishBatches`, up to
+    `batch` messages a request) and that a consumer acknowledges with `AckBatch`: the seed
+    chooses the mix, as real deployments mix our client (batched) and others (plain).
+    0 (the default, for now) draws nothing from the seed: plain clients, digests as
+    before."""
+    batch: int = 8
 
     def wal_config(self) -> WalConfig:
         return WalConfig(
@@ -203,8 +210,13 @@ class Simulation:
                 self.subscriptions.append((topic, name))
                 self.judged.append((topic, name))
                 for c in range(workload.consumers):
+                    consumer = (
+                        SimBatchConsumer
+                        if workload.batched and self.world.rng.random() < workload.batched
+                        else SimConsumer
+                    )
                     self.consumers.append(
-                        SimConsumer(
+                        consumer(
                             self.world,
                             self.network,
                             self.broker,
@@ -219,19 +231,19 @@ class Simulation:
                         )
                     )
             for p in range(workload.producers):
+                options: dict[str, Any] = dict(
+                    name=f"p{t}-{p}",
+                    topic=topic,
+                    rate=workload.rate,
+                    keys=workload.keys,
+                    strategy=pb.DispatchStrategy.Reliable,
+                    audit=self.audit_output,
+                )
+                producer = SimProducer
+                if workload.batched and self.world.rng.random() < workload.batched:
+                    producer, options["batch"] = SimBatchProducer, workload.batch
                 self.producers.append(
-                    SimProducer(
-                        self.world,
-                        self.network,
-                        self.broker,
-                        self.checker,
-                        name=f"p{t}-{p}",
-                        topic=topic,
-                        rate=workload.rate,
-                        keys=workload.keys,
-                        strategy=pb.DispatchStrategy.Reliable,
-                        audit=self.audit_output,
-                    )
+                    producer(self.world, self.network, self.broker, self.checker, **options)
                 )
         self._disk_full_until = 0
         self._pruned_before_audit = 0

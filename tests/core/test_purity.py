@@ -42,6 +42,7 @@ MACHINES = (
     "danube.effects",
     "danube.interpreter",
     "danube.kernels",
+    "danube.requests",
     "danube.metadata.model",
     "danube.metadata.state",
     "danube.node",
@@ -53,6 +54,7 @@ MACHINES = (
 values and its in-memory state): inputs in, effects out."""
 PURE = (
     "core", "dispatch", "wal", "tiering", "cluster", "node", "schema", "effects", "interpreter",
+    "requests",
 )  # fmt: skip
 """Packages whose own sources are checked line by line (`impurities`)."""
 DRIVERS = (
@@ -83,12 +85,7 @@ EXEMPT = {
     "thread (the broker runs kernels in worker threads); nothing is started or waited on",
 }
 """(module, import) pairs allowed on purpose, each with its reason."""
-KNOWN_IMPURE = {
-    "danube.node.requests": "translates betterproto messages, and the generated "
-    "`danube.proto.*` modules import grpclib (their service stubs) at import time; "
-    "node/requests.py is being reworked by the BrokerCore split (issue 21), which decides "
-    "whether it moves to the runtime or takes plain values",
-}
+KNOWN_IMPURE: dict[str, str] = {}
 """Machine modules whose walk still finds something, each with its reason and owner: a list the
 lead shortens, never a place to hide a new one (the walk still runs on each, and the test
 fails once one comes clean, so the entry is removed)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 from unittest import mock
 
@@ -13,6 +13,8 @@ from danube.dispatch import reliable
 from danube.effects import Backoff
 from danube.interpreter import flows
 from danube.interpreter.waiters import Publishes
+from danube.requests import publish
+from danube.requests.effects import AwaitStored
 from danube.tiering.uploader import AllowLocalDelete, Uploader
 from danube.wal import recovery
 from danube.wal.machine import Acknowledge, Durability, WalMachine
@@ -194,6 +196,38 @@ def ignore_recovery_evidence() -> Iterator[None]:
     with mock.patch.object(recovery, "check_evidence", check_evidence):
         yield
 
+
+@contextlib.contextmanager
+def batched_publish_answered_before_stored() -> Iterator[None]:
+    """The batch flow answers a `PublishBatch` once the core took it, without waiting for
+    the WAL: a crash then loses batches their producers were told are stored."""
+    original = publish.publish_batch
+
+    def publish_batch(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        flow = original(*args, **kwargs)
+        outcome: tuple[bool, Any] = (False, None)  # (thrown, answer or error)
+        while True:
+            thrown, value = outcome
+            try:
+                request = flow.throw(value) if thrown else flow.send(value)
+            except StopIteration as done:
+                return done.value
+            if isinstance(request, AwaitStored):
+                outcome = (False, None)  # answered at once: "stored"
+                continue
+            try:
+                outcome = (False, (yield request))
+            except Exception as error:
+                outcome = (True, error)
+
+    with mock.patch.object(publish, "publish_batch", publish_batch):
+        yield
+
+
+REQUEST_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "batched_publish_answered_before_stored": batched_publish_answered_before_stored,
+}
+"""Bugs of the request flows (`danube.requests`), each caught within 50 seeds."""
 
 OPERATOR_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "smaller_window_acks_the_overflow": smaller_window_acks_the_overflow,

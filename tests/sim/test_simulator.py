@@ -20,6 +20,7 @@ from tests.sim.mutations import (
     DAMAGE_MUTATIONS,
     MUTATIONS,
     OPERATOR_MUTATIONS,
+    REQUEST_MUTATIONS,
     waiting_publish_answered_twice,
 )
 
@@ -67,6 +68,7 @@ CAUGHT_BY = {
     "two_exclusive_consumers": "5 ",
     "reuse_offset_after_restart": "15 ",
     "synced_writes_assumed": "1 ",
+    "batched_publish_answered_before_stored": "4 ",
 }
 """The invariant each planted bug breaks first (a skipped redelivery or a cursor moved past
 an unacknowledged offset shows first as a gap in a subscription's order; an offset assigned
@@ -85,6 +87,29 @@ def test_each_planted_bug_is_caught_within_200_seeds(mutation: str) -> None:
                 assert "trace before the violation:" in text
                 return
     pytest.fail(f"the simulator did not catch {mutation} in 200 seeds")
+
+
+@pytest.mark.parametrize("mutation", sorted(REQUEST_MUTATIONS))
+def test_each_planted_bug_in_the_request_flows_is_caught_within_50_seeds(mutation: str) -> None:
+    """The simulator runs the request flows the gRPC services run (`sim/requests.py`), so a
+    bug in them is a bug it sees."""
+    workload = Workload(batched=0.5)
+    with REQUEST_MUTATIONS[mutation]():
+        for seed in range(1, 51):
+            result = Simulation(seed, workload, DEFAULT).run(3)
+            if not result.ok:
+                text = report(result, workload, DEFAULT)
+                assert result.violations[0].invariant.startswith(CAUGHT_BY[mutation]), text
+                return
+    pytest.fail(f"the simulator did not catch {mutation} in 50 seeds")
+
+
+def test_the_real_broker_keeps_every_invariant_with_batched_clients() -> None:
+    workload = Workload(batched=0.5)
+    for seed in range(1, 6):
+        result = Simulation(seed, workload, DEFAULT).run(4)
+        assert result.ok, report(result, workload, DEFAULT)
+        assert result.drained, f"seed {seed}: not everything acknowledged was delivered"
 
 
 def test_fsync_loses_nothing_acknowledged_on_power_failure_and_flush_does() -> None:

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import struct
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable
 from typing import Any
 
 import grpclib.const
@@ -16,15 +16,17 @@ import grpclib.server
 from grpclib.const import Status
 
 from danube.broker.grpc_util import recv_bounded, recv_single, unary
+from danube.broker.metrics import BrokerMetrics
+from danube.broker.request_driver import RequestDriver
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.broker.schema_gate import SchemaGate
 from danube.broker.streams import serve_consumer
 from danube.core.errors import DanubeError
-from danube.node.core import BrokerCore
+from danube.node.core import BatchPublished, BrokerCore
 from danube.node.requests import encoded
 from danube.proto import danube_ext as ext_pb
-from danube.wal import records
-from danube.wal.batches import PackedRecords, check_batch
+from danube.requests import settle
+from danube.requests.publish import BatchRequest, publish_batch
 
 log = logging.getLogger("danube.broker")
 
@@ -45,6 +47,7 @@ class ProducerExtService:
         self._core: BrokerCore = runtime.core
         self._gate = gate
         self._batch_limit = batch_limit
+        self._requests = RequestDriver(runtime, gate)
 
     async def publish_batches(self, stream: grpclib.server.Stream) -> None:
         """Reads batches in order and calls the core for each before reading the next, so
@@ -82,46 +85,23 @@ class ProducerExtService:
             window.release()
             await stream.send_message(ack)
 
-    async def _begin(self, request: ext_pb.PublishBatch) -> Coroutine[Any, Any, ext_pb.BatchAck]:
-        """Checks the batch and calls the core (in stream order); the returned awaitable
-        answers once the batch is stored, or at once when it is refused."""
+    async def _begin(self, request: ext_pb.PublishBatch) -> Awaitable[ext_pb.BatchAck]:
+        """Runs the batch's publish flow up to its core call and the start of its effects
+        (in stream order); the returned awaitable answers once the batch is stored, or at
+        once when it is refused."""
         started = time.perf_counter()
         topic = request.topic_name
         metrics = self._runtime.metrics
-        batch = None
+        batch = BatchRequest(request.producer_id, topic, request.frame)
         try:
-            self._runtime.check_unfenced()
-            batch = check_batch(request.frame)
-            if self._core.serves(topic) and await self._gate.inspects(topic):
-                # The topic's schema policy judges each message (one decode each, payloads
-                # checked in one worker trip): all must pass before any of it is stored.
-                messages = [
-                    records.decode(r) for r in PackedRecords(batch.frame, batch.positions, 0)
-                ]
-                await self._gate.admit_batch(topic, messages)
-            await self._runtime.pace(topic, batch.count)
-            step = self._core.publish_batch(request.producer_id, topic, batch, now_ms=now_ms())
+            done = await self._requests.begin(publish_batch(self._core, batch, now_ms))
         except DanubeError as error:
-            metrics.send_failed(topic, batch.count if batch is not None else 1, error.code.name)
+            count = batch.checked.count if batch.checked is not None else 1
+            metrics.send_failed(topic, count, error.code.name)
             return _done(_refused(request.sequence, error))
-        published = step.value
-        ack = ext_pb.BatchAck(
-            sequence=request.sequence, first_offset=published.first_offset, count=published.count
-        )
-        if published.stored:
-            done = self._runtime.start_publish(topic, step, published.last_offset)
-        else:
-            done = self._runtime.start(step)
-        sizes = batch.payload_sizes
-
-        def report(error: DanubeError | None) -> None:
-            if error is not None:
-                metrics.send_failed(topic, len(sizes), error.code.name)
-            else:
-                seconds = time.perf_counter() - started
-                metrics.sent_batch(topic, sizes, seconds, stored=published.stored)
-
-        return _after(done, ack, report)
+        assert batch.checked is not None
+        sizes = batch.checked.payload_sizes
+        return _after(done, request.sequence, topic, sizes, started, metrics)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         return {
@@ -135,15 +115,23 @@ class ProducerExtService:
 
 
 async def _after(
-    done: Awaitable[None], ack: ext_pb.BatchAck, report: Callable[[DanubeError | None], None]
+    done: Awaitable[BatchPublished],
+    sequence: int,
+    topic: str,
+    sizes: Any,
+    started: float,
+    metrics: BrokerMetrics,
 ) -> ext_pb.BatchAck:
     try:
-        await done
+        published = await done
     except DanubeError as error:
-        report(error)
-        return _refused(ack.sequence, error)
-    report(None)
-    return ack
+        metrics.send_failed(topic, len(sizes), error.code.name)
+        return _refused(sequence, error)
+    seconds = time.perf_counter() - started
+    metrics.sent_batch(topic, sizes, seconds, stored=published.stored)
+    return ext_pb.BatchAck(
+        sequence=sequence, first_offset=published.first_offset, count=published.count
+    )
 
 
 async def _done(ack: ext_pb.BatchAck) -> ext_pb.BatchAck:
@@ -167,6 +155,7 @@ class ConsumerBatchService:
         self._runtime = runtime
         self._core: BrokerCore = runtime.core
         self._default_batch = default_batch
+        self._requests = RequestDriver(runtime)
 
     async def receive_batches(self, stream: grpclib.server.Stream) -> None:
         request: ext_pb.ReceiveBatchesRequest = await recv_single(stream, 1024)
@@ -181,10 +170,11 @@ class ConsumerBatchService:
         await serve_consumer(self._runtime, stream, request.consumer_id, limit, send)
 
     async def ack_batch(self, request: ext_pb.AckBatchRequest) -> ext_pb.AckBatchResponse:
-        step = self._core.ack_many(
-            request.topic_name, request.subscription_name, request.offsets, now_ms=now_ms()
+        offsets = list(request.offsets)
+        flow = settle.ack(
+            self._core, request.topic_name, request.subscription_name, offsets, now_ms()
         )
-        await self._runtime.run(step)
+        await self._requests.run(flow)
         return ext_pb.AckBatchResponse(request_id=request.request_id)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:

@@ -1,7 +1,7 @@
-"""Danube's client-facing services (package `danube`): wire messages in, core calls, wire
-messages out. Decisions live in `BrokerCore` and, for which broker takes a request, in the
-placement rules (`danube.cluster.placement` through `danube.broker.placement`); this layer
-also refuses work while the broker is fenced (`BrokerRuntime.check_unfenced`)."""
+"""Danube's client-facing services (package `danube`): wire messages in, request flows run,
+wire messages out. Decisions live in the request flows (`danube.requests`: the publish
+order, fencing, acknowledgements), in `BrokerCore` and, for which broker takes a request, in
+the placement rules (`danube.cluster.placement` through `danube.broker.placement`)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from danube.broker.grpc_util import (
 )
 from danube.broker.metrics import BrokerMetrics
 from danube.broker.placement import Placement
+from danube.broker.request_driver import RequestDriver
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.broker.schema_gate import SchemaGate
 from danube.broker.streams import serve_consumer
@@ -37,6 +38,8 @@ from danube.dispatch import LATEST, StartPosition
 from danube.node import requests
 from danube.proto import danube as pb
 from danube.proto import danube_ext as ext_pb
+from danube.requests import settle
+from danube.requests.publish import publish_one
 from danube.wal import records
 
 log = logging.getLogger("danube.broker")
@@ -58,6 +61,7 @@ class ProducerService:
         self._placement = placement
         self._message_limit = message_limit
         self._gate = gate
+        self._requests = RequestDriver(runtime, gate)
 
     async def create_producer(self, request: pb.ProducerRequest) -> pb.ProducerResponse:
         strategy = int(request.dispatch_strategy)
@@ -85,15 +89,7 @@ class ProducerService:
         started = time.perf_counter()
         topic = message.topic_name
         try:
-            self._runtime.check_unfenced()
-            if self._core.serves(topic):  # the core refuses the others with its own reasons
-                await self._gate.admit(topic, message)
-                await self._runtime.pace(topic, 1)
-            published = requests.publish(self._core, message, now_ms())
-            if published.stored:
-                await self._runtime.publish(topic, published.step)
-            else:
-                await self._runtime.run(published.step)
+            published = await self._requests.run(publish_one(self._core, message, now_ms))
         except DanubeError as error:
             self._runtime.metrics.send_failed(topic, 1, error.code.name)
             raise
@@ -121,6 +117,7 @@ class ConsumerService:
         self._runtime = runtime
         self._core = runtime.core
         self._placement = placement
+        self._requests = RequestDriver(runtime)
 
     async def subscribe(
         self, request: pb.ConsumerRequest, start: StartPosition = LATEST
@@ -151,11 +148,11 @@ class ConsumerService:
         await serve_consumer(self._runtime, stream, request.consumer_id, STREAM_BATCH, send)
 
     async def ack(self, request: requests.Acknowledgement) -> RequestIdReply:
-        await self._runtime.run(requests.ack(self._core, request, now_ms()))
+        await self._requests.run(settle.ack_one(self._core, request, now_ms()))
         return RequestIdReply(request.request_id)
 
     async def nack(self, request: requests.Acknowledgement) -> RequestIdReply:
-        await self._runtime.run(requests.nack(self._core, request, now_ms()))
+        await self._requests.run(settle.nack_one(self._core, request, now_ms()))
         self._runtime.metrics.nacked(request.topic_name, request.subscription_name)
         return RequestIdReply(request.request_id)
 

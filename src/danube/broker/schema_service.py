@@ -32,6 +32,7 @@ from danube.metadata.model import Compare, Get, Put
 from danube.node import paths
 from danube.proto import danube_schema as pb
 from danube.protoc import compile_proto
+from danube.requests.binding_cache import BindingCache
 from danube.schema import budget as budgets
 from danube.schema import flows, records, registry
 from danube.schema.errors import SchemaParseError
@@ -108,10 +109,11 @@ class SchemaService:
         self._parsed: OrderedDict[tuple[SchemaType, str, str], ParsedSchema] = OrderedDict()
         self._parsed_lock = threading.Lock()
         """`_read` runs in worker threads (checks, payload lookups), two at once."""
-        self._configs: OrderedDict[str, tuple[float, TopicSchemaConfig | str | None]] = (
-            OrderedDict()
+        self._configs: BindingCache[TopicSchemaConfig | str | None] = BindingCache(
+            time.monotonic, CONFIG_TTL_S, CONFIG_CACHE
         )
-        """Bindings by topic with when they were read; a damaged one as its error text."""
+        """Bindings by topic (`danube.requests.binding_cache`); a damaged one as its error
+        text."""
         self._by_id: OrderedDict[tuple[int, int], tuple[float, tuple[str, ParsedSchema]]] = (
             OrderedDict()
         )
@@ -339,7 +341,7 @@ class SchemaService:
             await store_call_from_grpc(
                 self._store.put, paths.topic_schema_config(name), config.to_json()
             )
-            self._configs.pop(name.full, None)
+            self._configs.forget(name.full)
 
     async def bind_if_unbound(self, topic: str, config: TopicSchemaConfig) -> TopicSchemaConfig:
         """A producer's default binding, written only where none exists (an operator's, made
@@ -351,7 +353,7 @@ class SchemaService:
             [Put(key, config.to_json())],
             [Get(key)],
         )
-        self._configs.pop(topic, None)
+        self._configs.forget(topic)
         if result.succeeded:
             return config
         found = result.responses[0]
@@ -381,12 +383,12 @@ class SchemaService:
                     break
             else:
                 raise DanubeError(ErrorCode.UNAVAILABLE, f"{topic}'s binding kept changing; retry")
-            self._configs.pop(name.full, None)
+            self._configs.forget(name.full)
 
     async def topic_schema(self, topic: str) -> tuple[TopicSchemaConfig, Subject | None] | None:
         """The binding in force, read afresh, with its subject (None when the subject is
         gone): what DescribeTopic shows (Danube shows the subject given at creation only)."""
-        self._configs.pop(topic, None)
+        self._configs.forget(topic)
         config = await self.topic_config(topic)
         if config is None:
             return None
@@ -397,10 +399,9 @@ class SchemaService:
         topic). A store that does not answer leaves the last binding read in force for
         another CONFIG_TTL_S (publishes do not each wait for the store); a damaged one is
         refused (INTERNAL) from the cache until it is read again."""
-        cached = self._configs.get(topic)
-        now = time.monotonic()
-        if cached is not None and now - cached[0] < CONFIG_TTL_S:
-            return _known(cached[1])
+        hit, cached = self._configs.fresh(topic)
+        if hit:
+            return _known(cached)
         try:
             name = parse_topic(topic)
         except DanubeError:
@@ -408,20 +409,17 @@ class SchemaService:
         try:
             found = await store_call_from_grpc(self._store.get, paths.topic_schema_config(name))
         except DanubeError:
-            if cached is None:
+            kept, cached = self._configs.failed(topic)
+            if not kept:
                 raise
-            self._configs[topic] = (now, cached[1])
-            return _known(cached[1])
+            return _known(cached)
         config: TopicSchemaConfig | str | None = None
         if found is not None:
             try:
                 config = _decoded(found.key, partial(TopicSchemaConfig.from_json, found.value))
             except DanubeError as damaged:
                 config = damaged.message
-        self._configs[topic] = (now, config)
-        self._configs.move_to_end(topic)
-        if len(self._configs) > CONFIG_CACHE:
-            self._configs.popitem(last=False)
+        self._configs.read(topic, config)
         return _known(config)
 
     async def schema_of(
@@ -485,7 +483,7 @@ class SchemaService:
         self, request: pb.GetTopicSchemaConfigRequest
     ) -> pb.GetTopicSchemaConfigResponse:
         first = (await self._topics(request.topic_name))[0]
-        self._configs.pop(first.full, None)
+        self._configs.forget(first.full)
         config = await self.topic_config(first.full)
         if config is None:
             return pb.GetTopicSchemaConfigResponse(validation_policy=ValidationPolicy.NONE.value)

@@ -6,6 +6,7 @@ to core calls, shared by the gRPC services (`danube.broker.data_plane`) and the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import betterproto
 
@@ -13,9 +14,11 @@ from danube.core.config import DispatchStrategy
 from danube.core.errors import invalid
 from danube.dispatch import LATEST, StartKind, StartPosition
 from danube.node.core import BrokerCore, Step
-from danube.proto import danube as pb
-from danube.proto import danube_ext as ext_pb
 from danube.wal import records
+
+if TYPE_CHECKING:  # the generated modules import grpclib (their service stubs)
+    from danube.proto import danube as pb
+    from danube.proto import danube_ext as ext_pb
 
 
 def present(message: betterproto.Message) -> bool:
@@ -132,7 +135,7 @@ def acknowledgement(request: pb.AckRequest | pb.NackRequest) -> Acknowledgement:
         msg_id.topic_name,
         msg_id.topic_offset,
         request.subscription_name,
-        request.delay_ms if isinstance(request, pb.NackRequest) else None,
+        getattr(request, "delay_ms", None),  # a NackRequest's; an AckRequest has none
     )
 
 

@@ -1,0 +1,140 @@
+"""The simulated broker's front end: the request flows the gRPC services run
+(`danube.requests`: publish one message or a batch, ack one or many, nack), driven over the
+simulated broker instead of asyncio, so the simulator checks the order and the decisions
+production makes, not a copy of them.
+
+What a flow asks is answered as `danube.broker.request_driver` answers it, with the
+simulation's means: a storage wait is a row of the broker's waiter table (the one its WAL
+acknowledgements and failures settle), a pause is a timer of the simulated world, metadata
+is durable at once (`SimBroker._apply`), the broker is never fenced and no topic carries a
+schema policy (the schema run, `sim/schema_front_end.py`, drives the gate). A crash ends
+every flow of the incarnation without an answer, as a killed process would."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from danube.core.errors import DanubeError
+from danube.effects import Sleep
+from danube.effects.flow import Finished, Flow, step
+from danube.requests import publish, settle
+from danube.requests.effects import AdmitSchema, Apply, AwaitStored, CheckFence, SchemaInspects
+
+if TYPE_CHECKING:
+    from sim.broker import SimBroker
+
+US_PER_MS = 1_000
+
+
+class StorageWait:
+    """A row of `SimBroker._waiters`: settled by the broker's acknowledgement (`ok`) or its
+    failure (`fail`), perhaps before the flow asks to wait on it."""
+
+    __slots__ = ("outcome", "resume")
+
+    def __init__(self) -> None:
+        self.outcome: tuple[DanubeError | None] | None = None
+        self.resume: Callable[[DanubeError | None], None] | None = None
+
+    def ok(self) -> None:
+        self._settle(None)
+
+    def fail(self, error: DanubeError) -> None:
+        self._settle(error)
+
+    def _settle(self, error: DanubeError | None) -> None:
+        if self.outcome is not None:
+            return
+        self.outcome = (error,)
+        if self.resume is not None:
+            self.resume(error)
+
+
+class SimRequests:
+    def __init__(self, broker: SimBroker) -> None:
+        self.broker = broker
+
+    def now(self) -> int:
+        return self.broker.now_ms
+
+    # -- the flows ---------------------------------------------------------------------------
+
+    def publish_one(self, message: Any) -> Flow[publish.Published]:
+        return publish.publish_one(self._core(), message, self.now)
+
+    def publish_batch(self, request: publish.BatchRequest) -> Flow[Any]:
+        return publish.publish_batch(self._core(), request, self.now)
+
+    def ack(self, topic: str, subscription: str, offsets: list[int]) -> Flow[None]:
+        return settle.ack(self._core(), topic, subscription, offsets, self.now())
+
+    def ack_one(self, request: Any) -> Flow[None]:
+        return settle.ack_one(self._core(), request, self.now())
+
+    def nack_one(self, request: Any) -> Flow[None]:
+        return settle.nack_one(self._core(), request, self.now())
+
+    def _core(self) -> Any:
+        core = self.broker.core
+        assert core is not None
+        return core
+
+    # -- the driver --------------------------------------------------------------------------
+
+    def run(self, flow: Flow[Any], done: Callable[[Any], None]) -> None:
+        """Drives `flow`; `done` gets its value or the `DanubeError` that refused it. A
+        flow's other exceptions are bugs and propagate."""
+        incarnation = self.broker.incarnation
+        waits: dict[int, StorageWait] = {}
+
+        def advance(request: Any) -> None:
+            while not isinstance(request, Finished):
+                if self.broker.incarnation != incarnation or not self.broker.up:
+                    return  # the broker crashed: nobody answers
+                if isinstance(request, CheckFence):
+                    request = step(flow, answer=None)
+                elif isinstance(request, (SchemaInspects, AdmitSchema)):
+                    request = step(
+                        flow, answer=False if isinstance(request, SchemaInspects) else None
+                    )
+                elif isinstance(request, Apply):
+                    if request.stored is not None:
+                        wait = waits[id(request.stored)] = StorageWait()
+                        self.broker.wait_for_storage(
+                            request.stored.topic, request.stored.through, wait
+                        )
+                    self.broker.apply_step(request.step)
+                    request = step(flow, answer=None)
+                elif isinstance(request, AwaitStored):
+                    wait = waits.pop(id(request))
+                    if wait.outcome is None:
+                        wait.resume = lambda error: resumed(error)
+                        return
+                    request = _resume(flow, wait.outcome[0])
+                elif isinstance(request, Sleep):
+                    self.broker.world.at(request.ms * US_PER_MS, lambda: resumed(None))
+                    return
+                else:
+                    raise TypeError(f"a request flow asked for {request!r}")
+            if isinstance(request.error, DanubeError):
+                done(request.error)
+            elif request.error is not None:
+                raise request.error
+            else:
+                done(request.value)
+
+        def resumed(error: DanubeError | None) -> None:
+            if self.broker.incarnation == incarnation and self.broker.up:
+                advance(_resume(flow, error))
+
+        try:
+            first = step(flow)
+        except DanubeError as error:  # pragma: no cover - step reports it as Finished
+            done(error)
+            return
+        advance(first)
+
+
+def _resume(flow: Flow[Any], error: DanubeError | None) -> Any:
+    return step(flow, error=error) if error is not None else step(flow, answer=None)

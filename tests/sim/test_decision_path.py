@@ -1,0 +1,164 @@
+"""The simulator checks what production decides: a publish (one message and a batch), an
+ack (one and many) and a nack, run by the broker's gRPC-side driver
+(`danube.broker.request_driver`) and by a simulator run (`sim/requests.py`), go through the
+same decision modules and the same request-flow functions."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+from danube.broker.request_driver import RequestDriver
+from danube.core.config import Policies
+from danube.dispatch import LATEST, QueueLimits
+from danube.node import requests
+from danube.node.core import BrokerCore, BrokerIdentity
+from danube.proto import danube as pb
+from danube.requests import settle
+from danube.requests.publish import BatchRequest, publish_batch, publish_one
+from danube.testing import CoreDriver
+from danube.wal import records
+from danube.wal.format import encode_frame
+from danube.wal.machine import WalConfig
+from sim.__main__ import PROFILES
+from sim.clients import SimBatchConsumer, SimBatchProducer
+from sim.run import Simulation, Workload
+
+URL = "http://broker:6650"
+TOPIC = "/default/decisions"
+
+
+def _decision_module(name: str) -> bool:
+    return name == "danube.node.requests" or name.startswith("danube.requests")
+
+
+@contextmanager
+def _recording() -> Iterator[set[tuple[str, str]]]:
+    """(module, function) of every call into the request decision modules."""
+    seen: set[tuple[str, str]] = set()
+
+    def profile(frame: FrameType, event: str, _: Any) -> None:
+        if event == "call":
+            module = frame.f_globals.get("__name__", "")
+            if _decision_module(module):
+                seen.add((module, frame.f_code.co_name))
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
+
+
+class _Done:
+    def __await__(self) -> Any:
+        return None
+        yield  # pragma: no cover
+
+
+class _InstantRuntime:
+    """What `RequestDriver` asks of `BrokerRuntime`, with every effect done at once (the
+    runtime is I/O: it is not on the decision path)."""
+
+    fenced = None
+
+    def __init__(self, wal: CoreDriver) -> None:
+        self._wal = wal
+
+    def start(self, step: Any) -> _Done:
+        self._wal.run(step.effects)
+        return _Done()
+
+    def start_publish(self, topic: str, step: Any, through: int) -> Any:
+        self._wal.run(step.effects)
+
+        async def stored() -> None:
+            return None
+
+        return stored()
+
+
+class _NoSchemas:
+    """A gate over a broker without schema bindings (as the simulator's main run has)."""
+
+    async def inspects(self, topic: str) -> bool:
+        return False
+
+    async def admit_batch(self, topic: str, messages: Any) -> None:
+        return None
+
+
+def _broker_side() -> set[tuple[str, str]]:
+    core = BrokerCore(
+        BrokerIdentity(URL, URL),
+        rng=random.Random(1),
+        default_policies=Policies(),
+        queue_limits=QueueLimits(),
+        wal_config=WalConfig(),
+        max_unacked_messages=10,
+        routing_key_of=records.routing_key,
+    )
+    wal = CoreDriver(core)
+    wal.run(core.bootstrap(["default"]).effects)
+    driver = RequestDriver(_InstantRuntime(wal), _NoSchemas())  # type: ignore[arg-type]
+    now: Callable[[], int] = lambda: wal.now_ms  # noqa: E731
+
+    async def scenario() -> None:
+        producer = requests.create_producer(
+            core, pb.ProducerRequest(request_id=1, producer_name="p", topic_name=TOPIC)
+        )
+        wal.run(producer.effects)
+        consumer = pb.ConsumerRequest(
+            request_id=2, topic_name=TOPIC, consumer_name="c", subscription="s"
+        )
+        wal.run(requests.subscribe(core, consumer, LATEST, now()).effects)
+        message = requests.record_of(
+            pb.StreamMessage(
+                request_id=3,
+                msg_id=pb.MsgId(producer_id=producer.value, topic_name=TOPIC),
+                payload=b"one",
+            )
+        )
+        await driver.run(publish_one(core, message, now))
+        frame = encode_frame(
+            0, 0, [records.encode(records.Record(payload=b"two", has_msg_id=False))] * 2
+        )
+        await driver.run(publish_batch(core, BatchRequest(producer.value, TOPIC, frame), now))
+        one = requests.Acknowledgement(4, True, TOPIC, 0, "s")
+        await driver.run(settle.ack_one(core, one, now()))
+        await driver.run(settle.ack(core, TOPIC, "s", [1, 2], now()))
+        await driver.run(
+            settle.nack_one(core, requests.Acknowledgement(5, True, TOPIC, 1, "s"), now())
+        )
+
+    with _recording() as seen:
+        asyncio.run(scenario())
+    return seen
+
+
+def _simulator_side() -> set[tuple[str, str]]:
+    workload = Workload(nack=0.2, batched=0.5)
+    for seed in range(1, 20):
+        simulation = Simulation(seed, workload, PROFILES["none"])
+        kinds = {type(p) for p in simulation.producers} | {type(c) for c in simulation.consumers}
+        if SimBatchProducer in kinds and SimBatchConsumer in kinds and len(kinds) == 4:
+            with _recording() as seen:
+                result = simulation.run(2)
+            assert result.ok and result.acknowledged > 0
+            return seen
+    raise AssertionError("no seed in 1-19 mixes plain and batched clients")
+
+
+def test_broker_and_simulator_decide_publishes_and_acks_in_the_same_code() -> None:
+    broker, simulator = _broker_side(), _simulator_side()
+    assert {m for m, _ in broker} == {m for m, _ in simulator}
+    flows = {f for f in broker if f[0].startswith("danube.requests")}
+    assert flows == {f for f in simulator if f[0].startswith("danube.requests")}
+    assert ("danube.requests.publish", "publish_batch") in flows
+    assert ("danube.requests.settle", "nack_one") in flows
