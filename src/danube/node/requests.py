@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import betterproto
-
 from danube.core.config import DispatchStrategy
 from danube.core.errors import invalid
 from danube.dispatch import LATEST, StartKind, StartPosition
@@ -17,12 +15,18 @@ from danube.node.core import BrokerCore, Step
 from danube.wal import records
 
 if TYPE_CHECKING:  # the generated modules import grpclib (their service stubs)
+    import betterproto
+
     from danube.proto import danube as pb
     from danube.proto import danube_ext as ext_pb
 
 
 def present(message: betterproto.Message) -> bool:
-    """Whether an embedded message field was sent at all (betterproto fills defaults)."""
+    """Whether an embedded message field was sent at all (betterproto fills defaults).
+    betterproto is imported here, not with the module: it loads asyncio, and the caller
+    that holds a message has loaded it already."""
+    import betterproto
+
     return betterproto.serialized_on_wire(message)
 
 
