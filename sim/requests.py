@@ -23,6 +23,7 @@ from danube.requests.effects import AdmitSchema, Apply, AwaitStored, CheckFence,
 
 if TYPE_CHECKING:
     from sim.broker import SimBroker
+    from sim.world import World
 
 US_PER_MS = 1_000
 
@@ -31,11 +32,12 @@ class StorageWait:
     """A row of `SimBroker._waiters`: settled by the broker's acknowledgement (`ok`) or its
     failure (`fail`), perhaps before the flow asks to wait on it."""
 
-    __slots__ = ("outcome", "resume")
+    __slots__ = ("outcome", "resume", "world")
 
-    def __init__(self) -> None:
+    def __init__(self, world: World) -> None:
         self.outcome: tuple[DanubeError | None] | None = None
         self.resume: Callable[[DanubeError | None], None] | None = None
+        self.world = world
 
     def ok(self) -> None:
         self._settle(None)
@@ -44,7 +46,10 @@ class StorageWait:
         self._settle(error)
 
     def _settle(self, error: DanubeError | None) -> None:
-        if self.outcome is not None:
+        if self.outcome is not None:  # the waiter table answered it before: a bug of the table
+            self.world.log("storage wait settled again")
+            if self.world.answered_twice is not None:
+                self.world.answered_twice("a publish waiting for storage")
             return
         self.outcome = (error,)
         if self.resume is not None:
@@ -100,7 +105,7 @@ class SimRequests:
                     )
                 elif isinstance(request, Apply):
                     if request.stored is not None:
-                        wait = waits[id(request.stored)] = StorageWait()
+                        wait = waits[id(request.stored)] = StorageWait(self.broker.world)
                         self.broker.wait_for_storage(
                             request.stored.topic, request.stored.through, wait
                         )
