@@ -9,12 +9,12 @@ from collections import Counter
 import pytest
 
 from danube.cluster import keys
+from danube.testing import wait_until
 from tests.support.control_plane import (
     assignments,
     control_plane,
     leaders,
     post_topics,
-    wait_until,
 )
 from tests.support.etcd import EtcdStores
 

@@ -29,6 +29,7 @@ from danube.client import DanubeClient, SubType
 from danube.localcluster.broker_process import BROKER_BIN, BrokerProcess
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
+from danube.testing import free_port
 from tests.support.aio import run
 from tests.support.wire import ReceiveStream, channel_to, receive_stream
 
@@ -377,17 +378,11 @@ def _run_broker(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _fresh_ports(**taken: int) -> list[str]:
     """`--broker-addr`/`--admin-addr` on free ports, or on the given (taken) ones."""
     args = []
     for flag in ("--broker-addr", "--admin-addr"):
-        args += [flag, f"127.0.0.1:{taken.get(flag, _free_port())}"]
+        args += [flag, f"127.0.0.1:{taken.get(flag, free_port())}"]
     return args
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from danube.client import DanubeClient, DispatchStrategy, SubType
 from danube.localcluster.broker_process import BrokerProcess
+from danube.testing import free_port
 from tests.support.aio import receive_n, run, unique_topic
 
 pytestmark = pytest.mark.slow
@@ -26,19 +26,13 @@ MESSAGES = 1500
 PAYLOAD = 1024
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server on a free loopback port, with a bucket; credentials in the
     environment (as a real deployment passes them), never in the broker's config."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}

@@ -18,7 +18,6 @@ import asyncio
 import os
 import re
 import shutil
-import socket
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -33,6 +32,7 @@ from danube.kernels import crc32c
 from danube.localcluster.broker_process import BrokerProcess
 from danube.metadata.embedded import EmbeddedStore
 from danube.metadata.model import Delete, Put
+from danube.testing import free_port
 from danube.tiering import layout
 from danube.tiering.index import IndexEntry, validate_index
 from danube.wal import format
@@ -54,12 +54,6 @@ FAILURE_EVENTS = ("Traceback", "event=tier_halted", "event=topic_stopped", "rete
 """Log marks that mean the tier gave up or history went missing: none is acceptable here."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[str]:
     """moto's S3 server on a free loopback port, in this process (so a test can backdate an
@@ -67,7 +61,7 @@ def s3_server() -> Iterator[str]:
     as a deployment passes them."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")

@@ -21,32 +21,32 @@ from danube.cluster.ownership import Release as OwnerRelease
 from danube.core.names import parse_topic
 from danube.metadata.model import Put
 from danube.node import paths
+from danube.testing import ManagerDriver
 from danube.tiering import layout as tier_layout
-from tests.cluster.fakestore import Driver
 from tests.cluster.test_load_manager import ME, cluster, create, give, of, owner
 
 T = "/default/orders"
 MARKER = keys.unassigned_key(T)
 
 
-def run(d: Driver, txn: admin_ops.Txn) -> bool:
+def run(d: ManagerDriver, txn: admin_ops.Txn) -> bool:
     ok = d.store.txn(txn.compares, txn.ops)
     d.settle(0)
     return ok
 
 
-def assignment_revision(d: Driver, broker: str, topic: str) -> int:
+def assignment_revision(d: ManagerDriver, broker: str, topic: str) -> int:
     return d.store.data[keys.assignment_key(broker, topic)].mod_revision
 
 
-def owner_lets_go(d: Driver, topic: str) -> None:
+def owner_lets_go(d: ManagerDriver, topic: str) -> None:
     """What the owner's Release does to the marker (danube.cluster.ownership)."""
     marker = Marker.from_json(d.store.value(keys.unassigned_key(topic)))
     d.store.put(keys.unassigned_key(topic), Marker(marker.reason, marker.from_broker).to_json())
     d.settle(0)
 
 
-def mode(d: Driver, broker: str) -> str | None:
+def mode(d: ManagerDriver, broker: str) -> str | None:
     kv = d.store.data.get(keys.state_key(broker))
     return keys.broker_mode(kv.value) if kv is not None else None
 
@@ -128,7 +128,7 @@ def test_an_active_broker_without_topics_is_left_active() -> None:
 # -- delete ---------------------------------------------------------------------------------------
 
 
-def topic_metadata(d: Driver, topic: str) -> None:
+def topic_metadata(d: ManagerDriver, topic: str) -> None:
     name = parse_topic(topic)
     d.store.put(paths.topic_delivery(name), "Reliable")
     d.store.put(paths.cursor(name, "s"), 4)
@@ -137,7 +137,7 @@ def topic_metadata(d: Driver, topic: str) -> None:
     d.settle(0)
 
 
-def step(d: Driver, topic: str = T) -> admin_ops.Decision:
+def step(d: ManagerDriver, topic: str = T) -> admin_ops.Decision:
     return admin_ops.delete_step(ME, topic, d.manager.owner(topic), d.manager.marker(topic))
 
 

@@ -1,4 +1,5 @@
-"""The load manager, one rule at a time, against a model store (`fakestore`): assignment
+"""The load manager, one rule at a time, against an instant store
+(`danube.testing.InstantStore`): assignment
 (threshold, round robin, fallbacks, markers), fencing of its transactions, fail-over,
 rebalancing (choice of topic and target, hourly cap, cooldown, topic age, blacklist, manual
 runs) and its configuration."""
@@ -29,7 +30,7 @@ from danube.cluster.load_manager import (
 from danube.cluster.ranking import LoadReport, Resource, ResourceUsage, Strategy, TopicLoad
 from danube.core.config import ConfigError
 from danube.metadata.model import Compare, Delete, Put
-from tests.cluster.fakestore import Driver, FakeStore
+from danube.testing import InstantStore, ManagerDriver
 
 ME = "1"
 S = NS_PER_S
@@ -46,14 +47,14 @@ def cluster(
     *brokers: str,
     cfg: LoadManagerConfig | None = None,
     leader: bool = True,
-    store: FakeStore | None = None,
-) -> Driver:
+    store: InstantStore | None = None,
+) -> ManagerDriver:
     """A load manager on broker "1" whose view is `store` plus `brokers` registered."""
-    store = store or FakeStore()
+    store = store or InstantStore()
     for broker in brokers:
         store.put(keys.register_key(broker), {"broker_url": f"http://{broker}:6650"})
     store.put(LEADER_KEY, ME if leader else "other")
-    driver = Driver(LoadManager(ME, cfg or config()), store)
+    driver = ManagerDriver(LoadManager(ME, cfg or config()), store)
     driver.run(driver.manager.resync(store.snapshot(), 0))
     driver.delivered = len(store.events)
     if leader:
@@ -65,29 +66,29 @@ def of(effects: list[Effect], kind: type) -> list[Any]:
     return [e for e in effects if isinstance(e, kind)]
 
 
-def create(d: Driver, topic: str, now: int = 0) -> list[Effect]:
+def create(d: ManagerDriver, topic: str, now: int = 0) -> list[Effect]:
     d.store.put(keys.unassigned_key(topic), None)
     return d.settle(now)
 
 
-def give(d: Driver, broker: str, *topics: str) -> None:
+def give(d: ManagerDriver, broker: str, *topics: str) -> None:
     for topic in topics:
         d.store.put(keys.assignment_key(broker, topic), None)
     d.settle(0)
 
 
-def owner(d: Driver, topic: str) -> str | None:
+def owner(d: ManagerDriver, topic: str) -> str | None:
     owners = d.store.owners(topic)
     assert len(owners) <= 1, f"{topic} has two owners: {owners}"
     return owners[0] if owners else None
 
 
-def set_mode(d: Driver, broker: str, mode: str, now: int = 0) -> list[Effect]:
+def set_mode(d: ManagerDriver, broker: str, mode: str, now: int = 0) -> list[Effect]:
     d.store.put(keys.state_key(broker), {"mode": mode, "reason": "admin_unload"})
     return d.settle(now)
 
 
-def report_load(d: Driver, broker: str, cpu: float = 0.0, *topics: TopicLoad) -> None:
+def report_load(d: ManagerDriver, broker: str, cpu: float = 0.0, *topics: TopicLoad) -> None:
     usage = (ResourceUsage(Resource.CPU, cpu), ResourceUsage(Resource.MEMORY, 0.0))
     d.store.put(keys.load_key(broker), LoadReport(broker, usage, topics, timestamp=1).to_json())
     d.settle(0)
@@ -386,7 +387,7 @@ def test_a_failed_failover_is_retried() -> None:
 
 
 def test_after_a_restart_assignments_older_than_their_brokers_registration_fail_over() -> None:
-    store = FakeStore()
+    store = InstantStore()
     store.put(keys.assignment_key("9", "/ns/a"), None)  # 9 never comes back
     store.put(keys.assignment_key("8", "/ns/b"), None)  # 8 restarts: a new incarnation
     store.put(keys.register_key("8"), {"broker_url": "http://8:6650"})
@@ -440,7 +441,7 @@ def rebalancing(**overrides: Any) -> LoadManagerConfig:
     return config(rebalancing=RebalancingConfig(**{**values, **overrides}))
 
 
-def complete_moves(d: Driver, now: int) -> None:
+def complete_moves(d: ManagerDriver, now: int) -> None:
     """Acts as the source brokers: each one seals what was moved off it and marks it ready."""
     for key, kv in sorted(d.store.data.items()):
         marker = Marker.from_json(kv.value) if key.startswith(keys.UNASSIGNED_PREFIX) else None
@@ -449,7 +450,7 @@ def complete_moves(d: Driver, now: int) -> None:
     d.settle(now)
 
 
-def run_until(d: Driver, end: int) -> list[tuple[int, Move]]:
+def run_until(d: ManagerDriver, end: int) -> list[tuple[int, Move]]:
     """Ticks as scheduled until `end`, completing every move; returns (time, move)."""
     moves = []
     while d.tick_at is not None and d.tick_at <= end:

@@ -41,7 +41,7 @@ from danube.cluster.load_manager import (
 )
 from danube.cluster.ranking import LoadReport, Resource, ResourceUsage, Strategy, TopicLoad
 from danube.metadata.model import Compare, Delete, Put, WatchEvent
-from tests.cluster.fakestore import TXN_TYPES, FakeStore
+from danube.testing import DECISIONS, InstantStore
 
 ME = "1"
 BROKERS = ("1", "2", "3", "4")
@@ -110,7 +110,7 @@ runs = st.tuples(
 @dataclass
 class World:
     config: LoadManagerConfig
-    store: FakeStore = field(default_factory=FakeStore)
+    store: InstantStore = field(default_factory=InstantStore)
     now: int = 0
     delivered: int = 0
     queue: list[Any] = field(default_factory=list)
@@ -140,7 +140,7 @@ class World:
             assert effects == [], f"a follower emitted {effects}"
         for effect in effects:
             self.trace.append((self.now, effect))
-            if isinstance(effect, TXN_TYPES):
+            if isinstance(effect, DECISIONS):
                 self.check_decision(effect)
                 self.queue.append(effect)
             elif isinstance(effect, ScheduleTick):

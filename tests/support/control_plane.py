@@ -99,13 +99,5 @@ async def post_topics(store: MetadataStore, topics: list[str]) -> None:
         await store.put(keys.unassigned_key(topic), None)
 
 
-async def wait_until(
-    check: Callable[[], Awaitable[bool]], timeout: float = 15.0, poll: float = 0.01
-) -> None:
-    with trio.fail_after(timeout):
-        while not await check():
-            await trio.sleep(poll)
-
-
 def leaders(nodes: dict[str, Node]) -> list[Node]:
     return [n for n in nodes.values() if n.leading]
