@@ -1,7 +1,9 @@
 """One simulation run: a broker, its clients, the fault clock, a drain phase and the final
 checks. Everything random comes from the world's one RNG, seeded by `--seed`. A tiered run
 adds a simulated object store, uploads, local retention and a late `audit` subscription that
-reads the whole history from the start, most of it from objects."""
+reads the whole history from the start, most of it from objects; with `history_every_ms`,
+history readers (sim/history_readers.py) keep starting such subscriptions all through the
+load."""
 
 from __future__ import annotations
 
