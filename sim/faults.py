@@ -50,6 +50,11 @@ class Faults:
     """Per request: a 5xx; a failed put has landed anyway half the time (lost answer)."""
     s3_stall: float = 0.0
     """Per request: it takes 1 to 5 s longer."""
+    s3_get_outage: float = 0.0
+    """Per fault tick: the store answers every GET (a history read) with a 5xx for 1 to
+    10 s, while puts, lists and deletes go on (a read path outage). Half of them outlast
+    the object-read flow's first six pauses (6.2 s): a flow that waits out the store's
+    failures serves the reads afterwards, one that gives up stops the topic."""
     upload_crash: float = 0.0
     """Per landed upload: the broker dies before it commits the index entry, leaving an
     object no index names (counted as `orphan_left`)."""

@@ -1,14 +1,15 @@
 """A simulated S3-like object store: the shared storage tiered topics move their history to.
 
 Keys map to whole objects (bytes and a last-modified time). Every request takes a latency and
-may be refused with SlowDown (throttled), fail with a 5xx, or stall for seconds; each outcome
-is rolled from the world's RNG, so a run stays a pure function of its seed. Writes are atomic,
-as an S3 PUT is: an object is either absent or whole. A put lands only when its completion
-event fires and the process that sent it is still alive (a broker that dies mid-upload cut the
-connection: nothing lands); a put that fails with a 5xx may have landed anyway (the answer was
-lost), which is the ambiguity the uploader must tolerate. The store keeps its own clock, the
-simulated time without the broker's injected clock jumps: objects are dated by the store, and
-the orphan grace period compares that date with the broker's wall clock.
+may be refused with SlowDown (throttled), fail with a 5xx, or stall for seconds, and a read
+outage fails every GET for seconds; each outcome is rolled from the world's RNG, so a run stays
+a pure function of its seed. Writes are atomic, as an S3 PUT is: an object is either absent or
+whole. A put lands only when its completion event fires and the process that sent it is still
+alive (a broker that dies mid-upload cut the connection: nothing lands); a put that fails with
+a 5xx may have landed anyway (the answer was lost), which is the ambiguity the uploader must
+tolerate. The store keeps its own clock, the simulated time without the broker's injected clock
+jumps: objects are dated by the store, and the orphan grace period compares that date with the
+broker's wall clock.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ FLOOR_US = 2_000
 """The fastest request (a round trip to a nearby region)."""
 STALL_US = (1_000_000, 5_000_000)
 """How long a stalled request takes (a slow partition, a long GC pause on the server)."""
+GET_OUTAGE_US = (1_000_000, 10_000_000)
+"""How long a read outage (`Faults.s3_get_outage`) lasts."""
 
 
 class StoreError(enum.Enum):
@@ -49,10 +52,19 @@ class SimObjectStore:
         self.injected = injected
         self.epoch_ms = epoch_ms
         self.objects: dict[str, StoredBlob] = {}
+        self.gets_fail_until = 0
+        """World time (µs) until which every GET fails: a read outage."""
 
     @property
     def now_ms(self) -> int:
         return self.epoch_ms + self.world.now_ms
+
+    def get_outage(self) -> None:
+        """From now on, every GET fails for a while (drawn from the world's RNG)."""
+        lasts = self.world.rng.randint(*GET_OUTAGE_US)
+        self.gets_fail_until = max(self.gets_fail_until, self.world.now + lasts)
+        self.injected["s3_get_outage"] += 1
+        self.world.log(f"fault s3_get_outage {lasts // 1000}ms")
 
     def _roll(self) -> tuple[int, StoreError | None]:
         """One request's latency and failure, if any."""
@@ -104,6 +116,8 @@ class SimObjectStore:
     ) -> None:
         """Bytes [`start`, `end`) of `key`, read when the request completes."""
         delay, error = self._roll()
+        if error is None and self.world.now < self.gets_fail_until:
+            error = StoreError.SERVER_ERROR
 
         def complete() -> None:
             stored = self.objects.get(key)

@@ -1,7 +1,9 @@
 """One simulation run: a broker, its clients, the fault clock, a drain phase and the final
 checks. Everything random comes from the world's one RNG, seeded by `--seed`. A tiered run
 adds a simulated object store, uploads, local retention and a late `audit` subscription that
-reads the whole history from the start, most of it from objects."""
+reads the whole history from the start, most of it from objects; with `history_every_ms`,
+history readers (sim/history_readers.py) keep starting such subscriptions all through the
+load."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from sim.checker import InvariantChecker, Violation
 from sim.clients import SimBatchConsumer, SimBatchProducer, SimConsumer, SimProducer
 from sim.disk import SimDisk
 from sim.faults import FAULT_TICK_US, Faults, Injected
+from sim.history_readers import HistoryReaders
 from sim.network import Network
 from sim.objects import SimObjectStore, StoredBlob, impostor_segment
 from sim.operator import Operator
@@ -86,6 +89,11 @@ class Workload:
     0 (the default, for now) draws nothing from the seed: plain clients, digests as
     before."""
     batch: int = 8
+    history_every_ms: int = 0
+    """Tiered runs: once local retention pruned a segment, a new Exclusive subscription per
+    topic starts at the earliest offset every this many ms (sim/history_readers.py), so
+    history is read from objects all through the load, not only by the audit. 0 (the
+    default): none, digests as before."""
 
     def wal_config(self) -> WalConfig:
         return WalConfig(
@@ -245,6 +253,19 @@ class Simulation:
                 self.producers.append(
                     producer(self.world, self.network, self.broker, self.checker, **options)
                 )
+        self.history: HistoryReaders | None = None
+        if workload.tiered and workload.history_every_ms:
+            self.history = HistoryReaders(
+                self.world,
+                self.network,
+                self.broker,
+                self.checker,
+                self.topics,
+                every_us=workload.history_every_ms * US_PER_MS,
+                ack_delay_us=workload.ack_delay_ms * US_PER_MS,
+                nack=workload.nack,
+                judged=self.judged,
+            )
         self._disk_full_until = 0
         self._pruned_before_audit = 0
         self.operator = Operator(self.world, self.broker, self.injected, self.subscriptions)
@@ -276,6 +297,8 @@ class Simulation:
             self.broker.crash(power=True)
         if faults.partition and rng.random() < faults.partition:
             consumers = self.consumers + self.audits
+            if self.history is not None:
+                consumers = consumers + self.history.consumers
             clients = [c.client for c in consumers] + [p.name for p in self.producers]
             client = rng.choice(clients)
             self.network.partition(client, faults.partition_us)
@@ -309,6 +332,12 @@ class Simulation:
             and rng.random() < faults.fenced_upload
         ):
             self._fenced_upload()
+        if (
+            self.objects is not None
+            and faults.s3_get_outage
+            and rng.random() < faults.s3_get_outage
+        ):
+            self.objects.get_outage()
         self.world.at(FAULT_TICK_US, self._fault_tick)
 
     def _start_audits(self) -> None:
@@ -364,6 +393,8 @@ class Simulation:
         end = int(duration_s * US_PER_S)
         if self.audits:
             world.at(end // 2, self._start_audits)
+        if self.history is not None:
+            self.history.start()
         load_started, events_before = time.perf_counter(), world.events
         world.run_until(end, stop=lambda: bool(self.checker.violations))
         load_wall_s = time.perf_counter() - load_started
@@ -373,11 +404,14 @@ class Simulation:
             # Drain: no more faults or publishes; everything acknowledged must arrive.
             for producer in self.producers:
                 producer.stopped = True
+            if self.history is not None:
+                self.history.stopped = True
             calm = self.faults.without_faults()
             self.network.faults = calm
             self.broker.faults = calm
             if self.objects is not None:
                 self.objects.faults = calm
+                self.objects.gets_fail_until = 0
             self.faults = calm
             self.disk.full = False
             world.log("drain")
@@ -428,6 +462,9 @@ class Simulation:
         summary["impostors_left"] = len(self.impostors & self.objects.objects.keys())
         summary["audit_received"] = sum(audit.received for audit in self.audits)
         summary["pruned_before_audit"] = self._pruned_before_audit
+        if self.history is not None:
+            summary["history_subscriptions"] = self.history.generations * len(self.topics)
+            summary["history_received"] = self.history.received
         return summary
 
 

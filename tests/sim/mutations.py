@@ -280,6 +280,11 @@ TIERED_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]
     "local_delete_before_commit": local_delete_before_commit,
 }
 """Bugs of the object tier, caught by tiered runs (`tests/sim/test_tiered_sim.py`)."""
+OBJECT_READ_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "object_read_gives_up": object_read_gives_up,
+}
+"""Bugs of history reads from objects, caught by tiered runs whose history readers
+(`Workload.history_every_ms`) keep reading through read outages (`Faults.s3_get_outage`)."""
 DAMAGE_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "ignore_recovery_evidence": ignore_recovery_evidence,
 }

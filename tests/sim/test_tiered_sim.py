@@ -23,7 +23,7 @@ from sim.faults import Faults, Injected
 from sim.objects import SimObjectStore, StoredBlob, impostor_segment
 from sim.run import TIERED, Simulation, replay_command
 from sim.world import World
-from tests.sim.mutations import TIERED_MUTATIONS
+from tests.sim.mutations import OBJECT_READ_MUTATIONS, TIERED_MUTATIONS
 
 S3_FAULTS = PROFILES["default"]
 """The default profile, with its object-store faults and a full disk now and then."""
@@ -32,6 +32,14 @@ STORMY_S3 = dataclasses.replace(
 )
 """Crashes between upload and commit, lost commit answers and stray objects often enough
 that a few short runs see each of them."""
+READ_OUTAGES = dataclasses.replace(S3_FAULTS, s3_get_outage=0.1)
+"""The default profile with read outages of 1 to 10 s starting about once a second: half
+outlast the object-read flow's first six pauses (6.2 s)."""
+HISTORY = dataclasses.replace(TIERED, history_every_ms=2_000)
+"""A new subscription from the earliest offset every 2 s once retention pruned a segment,
+so history is read from objects while the outages come and go."""
+HISTORY_S = 10
+"""Long enough for a read that began a second in to fail six times in a row."""
 TOPIC = "/default/sim-0"
 NAME = parse_topic(TOPIC)
 
@@ -100,6 +108,47 @@ def test_each_planted_tiering_bug_is_caught_within_200_seeds(mutation: str) -> N
                 assert "--tiered" in text
                 return
     pytest.fail(f"the simulator did not catch {mutation} in 200 seeds")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutation", sorted(OBJECT_READ_MUTATIONS))
+def test_reads_wait_out_a_read_outage_and_a_flow_that_gives_up_is_caught(mutation: str) -> None:
+    """Issue 21's decided policy: a history read retries the store's failures for as long as
+    they last. A flow that stops the topic after six failures (the old simulator's policy) is
+    caught within 50 seeds by the checker (a topic stopped because the store failed), and the
+    seeds that catch it keep every invariant with the real flow."""
+    caught: int | None = None
+    with OBJECT_READ_MUTATIONS[mutation]():
+        for seed in range(1, 51):
+            result = Simulation(seed, HISTORY, READ_OUTAGES).run(HISTORY_S)
+            if not result.ok:
+                details = [v.detail for v in result.violations]
+                assert any("stopped because the object store failed" in d for d in details), report(
+                    result, HISTORY, READ_OUTAGES
+                )
+                assert "--history-every-ms 2000" in report(result, HISTORY, READ_OUTAGES)
+                caught = seed
+                break
+    assert caught is not None, f"the simulator did not catch {mutation} in 50 seeds"
+    for seed in sorted({caught, caught + 1}):
+        result = Simulation(seed, HISTORY, READ_OUTAGES).run(HISTORY_S)
+        assert result.ok and result.drained, report(result, HISTORY, READ_OUTAGES)
+        assert result.injected["s3_get_outage"] > 0 and not result.stopped_topics
+        tier = result.tier
+        assert tier["object_read_failures"] >= 6 and tier["history_subscriptions"] >= 3
+        # every history subscription was judged: it received the whole history
+        assert tier["history_received"] >= tier["history_subscriptions"] * result.acknowledged
+
+
+def test_history_readers_and_read_outages_off_draw_nothing_from_the_seed() -> None:
+    """The new knobs at 0 leave a run as it was: same digest as with the knobs unset."""
+    off = dataclasses.replace(TIERED, history_every_ms=0)
+    base = Simulation(7, TIERED, S3_FAULTS).run(2)
+    again = Simulation(7, off, dataclasses.replace(S3_FAULTS, s3_get_outage=0.0)).run(2)
+    assert base.digest == again.digest and "history_subscriptions" not in base.tier
+    on = Simulation(7, dataclasses.replace(TIERED, history_every_ms=500), S3_FAULTS).run(2)
+    assert on.ok, report(on, TIERED, S3_FAULTS)
+    assert on.tier["history_subscriptions"] >= 1 and on.digest != base.digest
 
 
 @pytest.mark.parametrize("seed", [2, 4], ids=["uploads halt", "history lost"])

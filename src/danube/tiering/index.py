@@ -115,6 +115,9 @@ def entry_problems(entry: IndexEntry) -> list[str]:
         problems.append(f"{where}: offsets {entry.start_offset}–{entry.end_offset} are empty")
     if not 0 <= entry.crc32c < U32:
         problems.append(f"{where}: crc32c {entry.crc32c} is not a 32-bit value")
+    # Only the object's name is checked: an entry does not say its topic, and whether its key
+    # is the topic's is the uploader's check ("names key ..."). `keys.parse_any_object_key`
+    # would also refuse keys outside `storage/topics/<ns>/<t>/segments/`, which this never has.
     if parse_object_name(entry.key.rpartition("/")[2]) != (entry.start_offset, entry.next_offset):
         problems.append(
             f"{where}: key {entry.key!r} does not name offsets "
