@@ -131,6 +131,11 @@ class Observer:
 
     def tier_halted(self, topic: str, reason: str, resumable: bool) -> None: ...
 
+    def internal_error(self, request: str, error: Exception) -> None:
+        """A request failed with an unforeseen exception (production answers INTERNAL): a
+        bug of the broker. An observer that does not judge it lets it propagate."""
+        raise error
+
     def recovered(self, topic: str, next_offset: int, *, fresh: bool) -> None:
         """A topic's WAL was loaded (not stopped): offsets continue at `next_offset`;
         `fresh`: a topic created now, owning no earlier offsets."""
@@ -317,6 +322,8 @@ class SimBroker:
                 raise TypeError(f"unexpected request {type(request).__name__}")
         except DanubeError as error:
             reply(error)
+        except Exception as error:  # answered INTERNAL, as the gRPC services do
+            reply(self.internal_error(_describe(request), error))
 
     def _publish(self, core: BrokerCore, message: pb.StreamMessage, reply: Reply) -> None:
         flow = self.requests.publish_one(requests.record_of(message))
@@ -334,6 +341,14 @@ class SimBroker:
         self.requests.run(self.requests.publish_batch(batch), done)
 
     # -- hooks of the request flows (`sim.requests`) ----------------------------------------
+
+    def internal_error(self, request: Any, error: Exception) -> DanubeError:
+        """`request` (a flow, or its description) failed with `error`, which no rule foresaw:
+        the observer hears of it, and the client gets what production answers, INTERNAL."""
+        what = request if isinstance(request, str) else getattr(request, "__name__", "a flow")
+        self.world.log(f"internal error in {what}: {type(error).__name__}: {error}")
+        self.observer.internal_error(what, error)
+        return DanubeError(ErrorCode.INTERNAL, "internal broker error (see broker log)")
 
     def apply_step(self, step: Any) -> None:
         """A flow's `Apply`: the core step's effects, metadata durable at once."""

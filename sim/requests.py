@@ -8,7 +8,11 @@ simulation's means: a storage wait is a row of the broker's waiter table (the on
 acknowledgements and failures settle), a pause is a timer of the simulated world, metadata
 is durable at once (`SimBroker._apply`), the broker is never fenced and no topic carries a
 schema policy (the schema run, `sim/schema_front_end.py`, drives the gate). A crash ends
-every flow of the incarnation without an answer, as a killed process would."""
+every flow of the incarnation without an answer, as a killed process would.
+
+A flow that fails with anything but a `DanubeError` is answered INTERNAL, as the gRPC
+services answer it (`grpc_util.internal_error`), and the broker's observer hears of it: the
+checker makes it a violation (a bug of the broker, never a client's fault)."""
 
 from __future__ import annotations
 
@@ -88,15 +92,32 @@ class SimRequests:
     # -- the driver --------------------------------------------------------------------------
 
     def run(self, flow: Flow[Any], done: Callable[[Any], None]) -> None:
-        """Drives `flow`; `done` gets its value or the `DanubeError` that refused it. A
-        flow's other exceptions are bugs and propagate."""
+        """Drives `flow`; `done` gets its value or the `DanubeError` that refused it. Any
+        other exception of the flow (or of carrying out what it asked) is a bug: `done` gets
+        INTERNAL, as production answers, and the observer hears of it."""
         incarnation = self.broker.incarnation
         waits: dict[int, StorageWait] = {}
 
         def advance(request: Any) -> None:
+            try:
+                finished = carry_on(request)
+            except Exception as error:  # carrying out an effect failed: a bug
+                done(self.broker.internal_error(flow, error))
+                return
+            if finished is None:
+                return  # waiting, or the broker crashed
+            if isinstance(finished.error, DanubeError):
+                done(finished.error)
+            elif finished.error is not None:
+                done(self.broker.internal_error(flow, finished.error))
+            else:
+                done(finished.value)
+
+        def carry_on(request: Any) -> Finished | None:
+            """Answers the flow's requests up to its end (returned) or a wait (None)."""
             while not isinstance(request, Finished):
                 if self.broker.incarnation != incarnation or not self.broker.up:
-                    return  # the broker crashed: nobody answers
+                    return None  # the broker crashed: nobody answers
                 if isinstance(request, CheckFence):
                     request = step(flow, answer=None)
                 elif isinstance(request, (SchemaInspects, AdmitSchema)):
@@ -115,19 +136,14 @@ class SimRequests:
                     wait = waits.pop(id(request))
                     if wait.outcome is None:
                         wait.resume = lambda error: resumed(error)
-                        return
+                        return None
                     request = _resume(flow, wait.outcome[0])
                 elif isinstance(request, Sleep):
                     self.broker.world.at(request.ms * US_PER_MS, lambda: resumed(None))
-                    return
+                    return None
                 else:
                     raise TypeError(f"a request flow asked for {request!r}")
-            if isinstance(request.error, DanubeError):
-                done(request.error)
-            elif request.error is not None:
-                raise request.error
-            else:
-                done(request.value)
+            return request
 
         def resumed(error: DanubeError | None) -> None:
             if self.broker.incarnation == incarnation and self.broker.up:
