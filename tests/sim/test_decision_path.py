@@ -1,7 +1,8 @@
 """The simulator checks what production decides: a publish (one message and a batch), an
 ack (one and many) and a nack, run by the broker's gRPC-side driver
 (`danube.broker.request_driver`) and by a simulator run (`sim/requests.py`), go through the
-same decision modules and the same request-flow functions."""
+same decision modules and the same request-flow functions; so does the schema gate, in the
+broker's `SchemaGate` and in the schema run (`sim/schema_front_end.py`)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,20 @@ from types import FrameType
 from typing import Any
 
 from danube.broker.request_driver import RequestDriver
+from danube.broker.schema_gate import SchemaGate
+from danube.broker.schema_service import SchemaService
 from danube.core.config import Policies
+from danube.core.names import parse_topic
 from danube.dispatch import LATEST, QueueLimits
-from danube.node import requests
+from danube.metadata.state import MetadataState
+from danube.node import paths, requests
 from danube.node.core import BrokerCore, BrokerIdentity
 from danube.proto import danube as pb
 from danube.requests import settle
 from danube.requests.publish import BatchRequest, publish_batch, publish_one
+from danube.schema import flows as schema_flows
+from danube.schema.formats import SchemaType, parse
+from danube.schema.policy import TopicSchemaConfig, ValidationPolicy
 from danube.testing import CoreDriver
 from danube.wal import records
 from danube.wal.format import encode_frame
@@ -28,6 +36,7 @@ from danube.wal.machine import WalConfig
 from sim.__main__ import PROFILES
 from sim.clients import SimBatchConsumer, SimBatchProducer
 from sim.run import Simulation, Workload
+from sim.schema_run import SCHEMA_PROFILES, SchemaSimulation, SchemaWorkload
 
 URL = "http://broker:6650"
 TOPIC = "/default/decisions"
@@ -162,3 +171,70 @@ def test_broker_and_simulator_decide_publishes_and_acks_in_the_same_code() -> No
     assert flows == {f for f in simulator if f[0].startswith("danube.requests")}
     assert ("danube.requests.publish", "publish_batch") in flows
     assert ("danube.requests.settle", "nack_one") in flows
+
+
+class _StoreService(SchemaService):
+    """The broker's schema service over an in-memory store (`MetadataState`): its flows
+    are driven by `SchemaService._drive`, as over etcd, with CPU work done at once."""
+
+    def __init__(self, state: MetadataState) -> None:
+        super().__init__(store=None, offload=None, placement=None)  # type: ignore[arg-type]
+        self._state = state
+
+    async def _drive(self, flow: Any) -> Any:
+        answer: Any = None
+        try:
+            while True:
+                step = flow.send(answer)
+                if isinstance(step, schema_flows.Read):
+                    answer = self._state.get(step.key)
+                elif isinstance(step, schema_flows.Write):
+                    answer = self._state.txn(step.compares, step.ops)[0].succeeded
+                else:
+                    answer = step.run()
+        except StopIteration as done:
+            return done.value
+
+
+AVRO = b'{"type": "record", "name": "R", "fields": [{"name": "n", "type": "long"}]}'
+
+
+def _broker_gate() -> set[tuple[str, str]]:
+    state = MetadataState()
+    service = _StoreService(state)
+    topic = "/default/gated"
+    parsed = parse(SchemaType.AVRO, AVRO)
+    registration = asyncio.run(
+        service._drive(
+            schema_flows.register(
+                "gated", parsed, service._read, now_ms=0, created_by="t", description="", tags=()
+            )
+        )
+    )
+    config = TopicSchemaConfig("gated", ValidationPolicy.WARN, True)
+    state.put(paths.topic_schema_config(parse_topic(topic)), config.to_json())
+    schema_id = registration.subject.schema_id
+    good = records.Record(payload=b"\x02", schema_id=schema_id, schema_version=1)
+    bad = records.Record(payload=b"", schema_id=schema_id, schema_version=1)
+    gate = SchemaGate(service)
+    with _recording() as seen:
+        asyncio.run(gate.admit(topic, good))
+        asyncio.run(gate.admit(topic, bad))  # the schema run publishes one message a time
+    return seen
+
+
+def _simulator_gate() -> set[tuple[str, str]]:
+    with _recording() as seen:
+        result = SchemaSimulation(1, SchemaWorkload(), SCHEMA_PROFILES["none"]).run(1.5)
+    assert result.ok and result.publishes.get("warned", 0) > 0
+    return seen
+
+
+def test_broker_and_simulator_decide_the_schema_gate_in_the_same_code() -> None:
+    """Issue 21: the gate's binding cache, the schemas messages name and the verdicts are
+    `danube.requests.schema_gate`'s, in the broker's `SchemaGate` and in the schema run."""
+    broker = {f for f in _broker_gate() if f[0] == "danube.requests.schema_gate"}
+    simulator = {f for f in _simulator_gate() if f[0] == "danube.requests.schema_gate"}
+    assert broker <= simulator, broker - simulator
+    for name in ("admit", "binding", "schema_of", "payload_problems"):
+        assert ("danube.requests.schema_gate", name) in broker
