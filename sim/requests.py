@@ -1,7 +1,8 @@
 """The simulated broker's front end: the request flows the gRPC services run
-(`danube.requests`: publish one message or a batch, ack one or many, nack), driven over the
-simulated broker instead of asyncio, so the simulator checks the order and the decisions
-production makes, not a copy of them.
+(`danube.requests`: publish one message or a batch, subscribe, ack one or many, nack; a
+receive stream's decisions are `danube.requests.receive.Receiver`'s, in `SimBroker`),
+driven over the simulated broker instead of asyncio, so the simulator checks the order and
+the decisions production makes, not a copy of them.
 
 What a flow asks is answered as `danube.broker.request_driver` answers it, with the
 simulation's means: a storage wait is a row of the broker's waiter table (the one its WAL
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from danube.core.errors import DanubeError
 from danube.effects import Sleep
 from danube.effects.flow import Finished, Flow, step
-from danube.requests import publish, settle
+from danube.requests import publish, receive, settle
 from danube.requests.effects import AdmitSchema, Apply, AwaitStored, CheckFence, SchemaInspects
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ class SimRequests:
 
     def publish_batch(self, request: publish.BatchRequest) -> Flow[Any]:
         return publish.publish_batch(self._core(), request, self.now)
+
+    def subscribe(self, request: Any, start: Any) -> Flow[int]:
+        return receive.subscribe(self._core(), request, start, self.now())
 
     def ack(self, topic: str, subscription: str, offsets: list[int]) -> Flow[None]:
         return settle.ack(self._core(), topic, subscription, offsets, self.now())

@@ -1,12 +1,14 @@
 """The simulator checks what production decides: a publish (one message and a batch), an
-ack (one and many) and a nack, run by the broker's gRPC-side driver
-(`danube.broker.request_driver`) and by a simulator run (`sim/requests.py`), go through the
-same decision modules and the same request-flow functions; so does the schema gate, in the
-broker's `SchemaGate` and in the schema run (`sim/schema_front_end.py`)."""
+ack (one and many), a nack, a subscription and a receive stream, run by the broker's
+gRPC-side driver (`danube.broker.request_driver`, `broker/streams.py`) and by a simulator
+run (`sim/requests.py`, `SimBroker`'s streams), go through the same decision modules and
+the same request-flow functions; so does the schema gate, in the broker's `SchemaGate` and
+in the schema run (`sim/schema_front_end.py`)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import sys
 from collections.abc import Callable, Iterator
@@ -17,14 +19,15 @@ from typing import Any
 from danube.broker.request_driver import RequestDriver
 from danube.broker.schema_gate import SchemaGate
 from danube.broker.schema_service import SchemaService
+from danube.broker.streams import serve_consumer
 from danube.core.config import Policies
 from danube.core.names import parse_topic
-from danube.dispatch import LATEST, QueueLimits
+from danube.dispatch import QueueLimits
 from danube.metadata.state import MetadataState
 from danube.node import paths, requests
 from danube.node.core import BrokerCore, BrokerIdentity
 from danube.proto import danube as pb
-from danube.requests import settle
+from danube.requests import receive, settle
 from danube.requests.publish import BatchRequest, publish_batch, publish_one
 from danube.schema import flows as schema_flows
 from danube.schema.formats import SchemaType, parse
@@ -76,13 +79,31 @@ class _InstantRuntime:
     runtime is I/O: it is not on the decision path)."""
 
     fenced = None
+    stopping = False
 
     def __init__(self, wal: CoreDriver) -> None:
         self._wal = wal
+        self.core = wal.core
+        self.metrics = _Metrics()
+        self.slot: Any = None
 
     def start(self, step: Any) -> _Done:
         self._wal.run(step.effects)
         return _Done()
+
+    async def run(self, step: Any) -> Any:
+        self._wal.run(step.effects)
+        return step.value
+
+    def apply(self, effects: Any) -> None:
+        self._wal.run(effects)
+
+    def attach_stream(self, consumer_id: int, generation: int) -> Any:
+        self.slot = _Slot(generation)
+        return self.slot
+
+    def detach_stream(self, consumer_id: int, slot: Any) -> None:
+        pass
 
     def start_publish(self, topic: str, step: Any, through: int) -> Any:
         self._wal.run(step.effects)
@@ -91,6 +112,25 @@ class _InstantRuntime:
             return None
 
         return stored()
+
+
+class _Metrics:
+    def consumer_sent(self, *_: Any) -> None:
+        pass
+
+
+class _Slot:
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.ended = False
+        self.wakeup = asyncio.Event()
+
+
+class _Wire:
+    """A gRPC server stream that takes one turn of messages; the client then leaves."""
+
+    async def send_initial_metadata(self) -> None:
+        pass
 
 
 class _NoSchemas:
@@ -126,7 +166,7 @@ def _broker_side() -> set[tuple[str, str]]:
         consumer = pb.ConsumerRequest(
             request_id=2, topic_name=TOPIC, consumer_name="c", subscription="s"
         )
-        wal.run(requests.subscribe(core, consumer, LATEST, now()).effects)
+        consumer_id = await driver.run(receive.subscribe(core, consumer, None, now()))
         message = requests.record_of(
             pb.StreamMessage(
                 request_id=3,
@@ -145,16 +185,28 @@ def _broker_side() -> set[tuple[str, str]]:
         await driver.run(
             settle.nack_one(core, requests.Acknowledgement(5, True, TOPIC, 1, "s"), now())
         )
+        runtime = driver._runtime
+
+        async def send(items: list[Any]) -> int:
+            runtime.slot.ended = True  # the client leaves after one turn
+            runtime.slot.wakeup.set()
+            return len(items)
+
+        await serve_consumer(runtime, _Wire(), consumer_id, receive.turn_limit(None), send)  # type: ignore[arg-type]
 
     with _recording() as seen:
         asyncio.run(scenario())
     return seen
 
 
+CUT_OFF = dataclasses.replace(PROFILES["none"], partition=0.2)
+"""No faults but clients cut off now and then, so receive streams end and close."""
+
+
 def _simulator_side() -> set[tuple[str, str]]:
     workload = Workload(nack=0.2, batched=0.5)
     for seed in range(1, 20):
-        simulation = Simulation(seed, workload, PROFILES["none"])
+        simulation = Simulation(seed, workload, CUT_OFF)
         kinds = {type(p) for p in simulation.producers} | {type(c) for c in simulation.consumers}
         if SimBatchProducer in kinds and SimBatchConsumer in kinds and len(kinds) == 4:
             with _recording() as seen:
@@ -171,6 +223,8 @@ def test_broker_and_simulator_decide_publishes_and_acks_in_the_same_code() -> No
     assert flows == {f for f in simulator if f[0].startswith("danube.requests")}
     assert ("danube.requests.publish", "publish_batch") in flows
     assert ("danube.requests.settle", "nack_one") in flows
+    assert ("danube.requests.receive", "subscribe") in flows
+    assert ("danube.requests.receive", "turn") in flows
 
 
 class _StoreService(SchemaService):
