@@ -33,7 +33,9 @@ from danube.node.core import (
 )
 from danube.proto import danube as pb
 from danube.proto import danube_ext as ext_pb
+from danube.requests import receive
 from danube.requests.publish import BatchRequest
+from danube.requests.receive import Receiver, Send
 from danube.tiering import (
     ObjectRead,
     UploaderConfig,
@@ -56,7 +58,6 @@ URL = "http://sim-broker:6650"
 TICK_US = 50_000
 EPOCH_MS = 1_795_000_000_000
 """Where the broker's wall clock starts (November 2026), so clock jumps stay realistic."""
-STREAM_BATCH = 64
 
 
 class Reply:
@@ -93,6 +94,9 @@ class OpenStream:
     wire: Stream
     on_message: Callable[[records.Record], None]
     on_end: Callable[[str], None]
+    receiver: Receiver
+    batched: bool = False
+    """A `ReceiveBatches` stream: each turn goes out as one `MessageBatch`."""
     pumping: bool = False
 
 
@@ -130,6 +134,11 @@ class Observer:
         """Local retention deletes a segment file holding offsets [base, next_offset)."""
 
     def tier_halted(self, topic: str, reason: str, resumable: bool) -> None: ...
+
+    def internal_error(self, request: str, error: Exception) -> None:
+        """A request failed with an unforeseen exception (production answers INTERNAL): a
+        bug of the broker. An observer that does not judge it lets it propagate."""
+        raise error
 
     def recovered(self, topic: str, next_offset: int, *, fresh: bool) -> None:
         """A topic's WAL was loaded (not stopped): offsets continue at `next_offset`;
@@ -296,11 +305,11 @@ class SimBroker:
                 self._apply(step.effects)
                 reply(pb.ProducerResponse(request.request_id, step.value, request.producer_name))
             elif isinstance(request, pb.ConsumerRequest):
-                step = requests.subscribe(core, request, stream["start"], self.now_ms)
-                self._apply(step.effects)
-                reply(pb.ConsumerResponse(request.request_id, step.value, request.consumer_name))
+                self._subscribe(request, stream.get("start"), reply)
             elif isinstance(request, pb.ReceiveRequest):
-                self._open_stream(core, request.consumer_id, reply, **stream)
+                self._open_stream(core, request.consumer_id, reply, None, **stream)
+            elif isinstance(request, ext_pb.ReceiveBatchesRequest):
+                self._open_stream(core, request.consumer_id, reply, request.max_messages, **stream)
             elif isinstance(request, pb.AckRequest):
                 flow = self.requests.ack_one(requests.acknowledgement(request))
                 self.requests.run(flow, _answered(reply, pb.AckResponse(request.request_id)))
@@ -317,6 +326,17 @@ class SimBroker:
                 raise TypeError(f"unexpected request {type(request).__name__}")
         except DanubeError as error:
             reply(error)
+        except Exception as error:  # answered INTERNAL, as the gRPC services do
+            reply(self.internal_error(_describe(request), error))
+
+    def _subscribe(self, request: pb.ConsumerRequest, start: Any, reply: Reply) -> None:
+        def done(answer: Any) -> None:
+            if isinstance(answer, DanubeError):
+                reply(answer)
+            else:
+                reply(pb.ConsumerResponse(request.request_id, answer, request.consumer_name))
+
+        self.requests.run(self.requests.subscribe(request, start), done)
 
     def _publish(self, core: BrokerCore, message: pb.StreamMessage, reply: Reply) -> None:
         flow = self.requests.publish_one(requests.record_of(message))
@@ -335,6 +355,14 @@ class SimBroker:
 
     # -- hooks of the request flows (`sim.requests`) ----------------------------------------
 
+    def internal_error(self, request: Any, error: Exception) -> DanubeError:
+        """`request` (a flow, or its description) failed with `error`, which no rule foresaw:
+        the observer hears of it, and the client gets what production answers, INTERNAL."""
+        what = request if isinstance(request, str) else getattr(request, "__name__", "a flow")
+        self.world.log(f"internal error in {what}: {type(error).__name__}: {error}")
+        self.observer.internal_error(what, error)
+        return DanubeError(ErrorCode.INTERNAL, "internal broker error (see broker log)")
+
     def apply_step(self, step: Any) -> None:
         """A flow's `Apply`: the core step's effects, metadata durable at once."""
         self._apply(step.effects)
@@ -348,16 +376,21 @@ class SimBroker:
         core: BrokerCore,
         consumer_id: int,
         reply: Reply,
+        max_messages: int | None,
         *,
         client: str,
         on_message: Callable[[records.Record], None],
         on_end: Callable[[str], None],
         **_: Any,
     ) -> None:
-        step = core.open_stream(consumer_id, now_ms=self.now_ms)
-        stream = OpenStream(
-            consumer_id, step.value, self.network.open_stream(client), on_message, on_end
-        )
+        """`max_messages`: None for a plain `ReceiveMessages` stream, else a
+        `ReceiveBatches` one's (0: the broker's default)."""
+        batched = max_messages is not None
+        limit = receive.turn_limit(max_messages, receive.RECEIVE_BATCH if batched else 0)
+        receiver = Receiver(core, consumer_id, limit)
+        step = receiver.open(self.now_ms)
+        wire = self.network.open_stream(client)
+        stream = OpenStream(consumer_id, step.value, wire, on_message, on_end, receiver, batched)
         self._streams[step.value] = stream
         self._current[consumer_id] = step.value
         reply(step.value)
@@ -375,24 +408,30 @@ class SimBroker:
         self._streams.pop(stream.generation, None)
         if self._current.get(stream.consumer_id) == stream.generation:
             del self._current[stream.consumer_id]
-        if self.up and self.core is not None:
-            closed = self.core.close_stream(
-                stream.consumer_id, stream.generation, now_ms=self.now_ms
-            )
-            self._apply(closed.effects)
+        self._close(stream)
         # the client notices a broken connection a little later
         self.world.at(self.network.latency() * 4, lambda: stream.on_end(why))
 
+    def _close(self, stream: OpenStream) -> None:
+        """The stream ended, whatever ended it: the core hears it once (as in production's
+        `serve_consumer`), if this incarnation opened it."""
+        if self.up and self.core is not None and stream.receiver.core is self.core:
+            closed = stream.receiver.close(self.now_ms)
+            if closed is not None:
+                self._apply(closed.effects)
+
     def _pump(self, stream: OpenStream) -> None:
-        """The stream writer: sends what the consumer's queue holds."""
+        """The stream writer: sends what the consumer's queue holds (`Receiver.turn`
+        decides how much, and when the stream is over)."""
         core = self.core
         if core is None or stream.pumping or self._streams.get(stream.generation) is not stream:
             return
-        batch = core.take(stream.consumer_id, stream.generation, STREAM_BATCH)
-        if not batch:
+        turn = stream.receiver.turn()
+        if not isinstance(turn, Send):
             return
         view = self._subscription_view(stream.consumer_id)
-        for item in batch:
+        sending = []
+        for item in turn.items:
             record = records.decode(item)  # what the consumer's client decodes
             self.world.log(f"send {view.name} offset={record.topic_offset} to {stream.wire.client}")
             self.observer.sent(
@@ -402,9 +441,16 @@ class SimBroker:
                 record.topic_offset,
                 record.key.decode(),
             )
-            if not self.network.stream_send(stream.wire, lambda r=record: stream.on_message(r)):
+            if stream.batched:
+                sending.append(record)
+            elif not self.network.stream_send(stream.wire, lambda r=record: stream.on_message(r)):
                 self._break(stream, "stream broken")
                 return
+        if sending and not self.network.stream_send(
+            stream.wire, lambda rs=sending: [stream.on_message(r) for r in rs]
+        ):
+            self._break(stream, "stream broken")
+            return
         stream.pumping = True
 
         def again() -> None:
@@ -442,9 +488,13 @@ class SimBroker:
             self.world.at(0, lambda s=stream: self._pump(s))
 
     def end_stream(self, generation: int) -> None:
+        """The core ended the stream (a takeover, its topic gone): the client hears the end
+        and, as production's stream writer does on its way out, the core hears it closed
+        (after the effect at hand)."""
         stream = self._streams.pop(generation, None)
         if stream is not None:
             self.network.stream_send(stream.wire, lambda s=stream: s.on_end("ended"))
+            self.world.at(0, lambda s=stream: self._close(s))
 
     def landed(self, key: str) -> None:
         """An uploaded object landed in the store; its index entry is not committed yet."""

@@ -25,6 +25,10 @@ stream writer sends, and, white-box, the dispatcher's in-flight sets). What it c
    names only an indexed object, inside its entry, and returns those same records; an
    orphan deletion never names an indexed object; local retention deletes a segment only once
    all its offsets are indexed; and no read finds an offset in no tier (that would break 4).
+16. no request fails internally: a request whose flow (or whose core call) raises anything
+   but a `DanubeError` is a bug of the broker; production answers it INTERNAL, the simulator
+   does too and reports it (a planted bug that corrupts a dispatcher shows first as a later
+   request's `KeyError` inside the core).
 
 `flush` durability gives up 1 and 2 on power failure (spec/durability.md): after one, the
 checker stops judging offsets and reports the acknowledged messages lost instead. A topic the
@@ -56,6 +60,7 @@ _FRAME_LENGTH = struct.Struct("<4xI")
 TIER = "7 objects equal frames"
 ONE_ANSWER = "8 each request answered once"
 SILENT_DAMAGE = "15 damage is never silent"
+NO_INTERNAL = "16 no request fails internally"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +135,10 @@ class InvariantChecker(Observer):
     def answered_twice(self, client: str) -> None:
         """A request of `client` got a second answer (a waiter table that answers twice)."""
         self._violate(ONE_ANSWER, f"a request of {client} was answered twice")
+
+    def internal_error(self, request: str, error: Exception) -> None:
+        """A request failed with an exception no rule foresaw (production: INTERNAL)."""
+        self._violate(NO_INTERNAL, f"{request} failed: {type(error).__name__}: {error}")
 
     def restarted(self) -> None:
         for state in self.subscriptions.values():

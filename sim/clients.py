@@ -334,9 +334,7 @@ class SimConsumer:
         assert self._consumer_id is not None
         self._stream += 1
         stream = self._stream
-        request = pb.ReceiveRequest(
-            request_id=self._caller.next_request_id(), consumer_id=self._consumer_id
-        )
+        request = self._receive_request(self._consumer_id)
 
         def opened(answer: Any) -> None:
             if isinstance(answer, DanubeError):
@@ -351,6 +349,10 @@ class SimConsumer:
             on_message=lambda m: self._on_message(stream, m),
             on_end=lambda why: self._on_end(stream, why),
         )
+
+    def _receive_request(self, consumer_id: int) -> Any:
+        """The plain stream: one message per stream message."""
+        return pb.ReceiveRequest(request_id=self._caller.next_request_id(), consumer_id=consumer_id)
 
     def _on_end(self, stream: int, why: str) -> None:
         if stream == self._stream:
@@ -391,13 +393,17 @@ class SimConsumer:
 
 
 class SimBatchConsumer(SimConsumer):
-    """A consumer that acknowledges on the batched path: its acks are gathered for
-    ACK_BATCH_US and sent together in one `AckBatch` (nacks go one by one, as our client
-    sends them)."""
+    """A consumer on the batched path: it receives on a `ReceiveBatches` stream (a turn's
+    messages in one `MessageBatch`), and its acks are gathered for ACK_BATCH_US and sent
+    together in one `AckBatch` (nacks go one by one, as our client sends them)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._acks: list[int] = []
+
+    def _receive_request(self, consumer_id: int) -> Any:
+        """The batched stream (`ReceiveBatches`), at the broker's default batch size."""
+        return ext_pb.ReceiveBatchesRequest(consumer_id=consumer_id)
 
     def _settle(self, record: records.Record) -> None:
         if self.nack and self.world.rng.random() < self.nack:

@@ -1,14 +1,19 @@
 """The simulated broker's front end: the request flows the gRPC services run
-(`danube.requests`: publish one message or a batch, ack one or many, nack), driven over the
-simulated broker instead of asyncio, so the simulator checks the order and the decisions
-production makes, not a copy of them.
+(`danube.requests`: publish one message or a batch, subscribe, ack one or many, nack; a
+receive stream's decisions are `danube.requests.receive.Receiver`'s, in `SimBroker`),
+driven over the simulated broker instead of asyncio, so the simulator checks the order and
+the decisions production makes, not a copy of them.
 
 What a flow asks is answered as `danube.broker.request_driver` answers it, with the
 simulation's means: a storage wait is a row of the broker's waiter table (the one its WAL
 acknowledgements and failures settle), a pause is a timer of the simulated world, metadata
 is durable at once (`SimBroker._apply`), the broker is never fenced and no topic carries a
 schema policy (the schema run, `sim/schema_front_end.py`, drives the gate). A crash ends
-every flow of the incarnation without an answer, as a killed process would."""
+every flow of the incarnation without an answer, as a killed process would.
+
+A flow that fails with anything but a `DanubeError` is answered INTERNAL, as the gRPC
+services answer it (`grpc_util.internal_error`), and the broker's observer hears of it: the
+checker makes it a violation (a bug of the broker, never a client's fault)."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from danube.core.errors import DanubeError
 from danube.effects import Sleep
 from danube.effects.flow import Finished, Flow, step
-from danube.requests import publish, settle
+from danube.requests import publish, receive, settle
 from danube.requests.effects import AdmitSchema, Apply, AwaitStored, CheckFence, SchemaInspects
 
 if TYPE_CHECKING:
@@ -71,6 +76,9 @@ class SimRequests:
     def publish_batch(self, request: publish.BatchRequest) -> Flow[Any]:
         return publish.publish_batch(self._core(), request, self.now)
 
+    def subscribe(self, request: Any, start: Any) -> Flow[int]:
+        return receive.subscribe(self._core(), request, start, self.now())
+
     def ack(self, topic: str, subscription: str, offsets: list[int]) -> Flow[None]:
         return settle.ack(self._core(), topic, subscription, offsets, self.now())
 
@@ -88,15 +96,32 @@ class SimRequests:
     # -- the driver --------------------------------------------------------------------------
 
     def run(self, flow: Flow[Any], done: Callable[[Any], None]) -> None:
-        """Drives `flow`; `done` gets its value or the `DanubeError` that refused it. A
-        flow's other exceptions are bugs and propagate."""
+        """Drives `flow`; `done` gets its value or the `DanubeError` that refused it. Any
+        other exception of the flow (or of carrying out what it asked) is a bug: `done` gets
+        INTERNAL, as production answers, and the observer hears of it."""
         incarnation = self.broker.incarnation
         waits: dict[int, StorageWait] = {}
 
         def advance(request: Any) -> None:
+            try:
+                finished = carry_on(request)
+            except Exception as error:  # carrying out an effect failed: a bug
+                done(self.broker.internal_error(flow, error))
+                return
+            if finished is None:
+                return  # waiting, or the broker crashed
+            if isinstance(finished.error, DanubeError):
+                done(finished.error)
+            elif finished.error is not None:
+                done(self.broker.internal_error(flow, finished.error))
+            else:
+                done(finished.value)
+
+        def carry_on(request: Any) -> Finished | None:
+            """Answers the flow's requests up to its end (returned) or a wait (None)."""
             while not isinstance(request, Finished):
                 if self.broker.incarnation != incarnation or not self.broker.up:
-                    return  # the broker crashed: nobody answers
+                    return None  # the broker crashed: nobody answers
                 if isinstance(request, CheckFence):
                     request = step(flow, answer=None)
                 elif isinstance(request, (SchemaInspects, AdmitSchema)):
@@ -115,19 +140,14 @@ class SimRequests:
                     wait = waits.pop(id(request))
                     if wait.outcome is None:
                         wait.resume = lambda error: resumed(error)
-                        return
+                        return None
                     request = _resume(flow, wait.outcome[0])
                 elif isinstance(request, Sleep):
                     self.broker.world.at(request.ms * US_PER_MS, lambda: resumed(None))
-                    return
+                    return None
                 else:
                     raise TypeError(f"a request flow asked for {request!r}")
-            if isinstance(request.error, DanubeError):
-                done(request.error)
-            elif request.error is not None:
-                raise request.error
-            else:
-                done(request.value)
+            return request
 
         def resumed(error: DanubeError | None) -> None:
             if self.broker.incarnation == incarnation and self.broker.up:

@@ -82,12 +82,11 @@ class Workload:
     operator: float = 0.0
     """Chance per fault tick that an operator changes a subscription's window, failure
     policy or dispatch rate while the load runs (sim/operator.py)."""
-    batched: float = 0.0
+    batched: float = 0.5
     """Chance that a producer publishes on the batched path (`PublishBatches`, up to
     `batch` messages a request) and that a consumer acknowledges with `AckBatch`: the seed
     chooses the mix, as real deployments mix our client (batched) and others (plain).
-    0 (the default, for now) draws nothing from the seed: plain clients, digests as
-    before."""
+    0 draws nothing from the seed: plain clients only."""
     batch: int = 8
     history_every_ms: int = 0
     """Tiered runs: once local retention pruned a segment, a new Exclusive subscription per

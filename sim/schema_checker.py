@@ -15,6 +15,12 @@ resolution as the oracle of what a consumer can read.
   does not (no schema id, an unknown version, another subject's schema, a damaged payload
   where payloads are checked) is accepted under `none`, accepted with a warning under
   `warn`, refused under `enforce`; a damaged payload where payloads are not checked passes.
+  Each message is judged by the binding the broker judged it under (an operator rebinds
+  topics during the run).
+- *Bindings are fresh*: that binding is one the broker read from the store less than the
+  binding cache's TTL before the publish began (or before it was decided), or one it kept
+  because a later read failed (stale-on-failure renews it for another TTL); the checker
+  follows each front end's binding reads to know.
 """
 
 from __future__ import annotations
@@ -28,15 +34,21 @@ from typing import Any
 import fastavro
 
 from danube.core.errors import DanubeError, ErrorCode
+from danube.core.names import parse_topic
+from danube.metadata.model import KeyValue
 from danube.metadata.state import MetadataState
+from danube.node import paths
 from danube.proto import danube as pb
+from danube.requests.binding_cache import TTL_S
 from danube.schema import records
 from danube.schema.avro import parse_avro
 from danube.schema.compatibility import CompatibilityMode
 from danube.schema.policy import TopicSchemaConfig, ValidationPolicy, Verdict
 from danube.schema.registry import Subject
 from sim.checker import Violation
-from sim.world import World
+from sim.world import US_PER_S, World
+
+TTL_US = int(TTL_S * US_PER_S)
 
 PAYLOAD_DEFECTS = ("truncated", "trailing")
 DEFECTS = ("missing_id", "unknown_version", "other_subject", *PAYLOAD_DEFECTS)
@@ -79,6 +91,12 @@ class SchemaChecker:
         self._reported: Counter[str] = Counter()
         self.told: list[Told] = []
         self.bindings: dict[str, TopicSchemaConfig | None] = {}
+        """The binding in force, by topic."""
+        self._topic_of: dict[str, str] = {}
+        """Binding key -> topic."""
+        self._cached: dict[tuple[str, str], list[tuple[int, TopicSchemaConfig | None]]] = {}
+        """By (front end, topic): when its binding cache took or renewed a binding, and
+        which (the reads it was answered, or a failed read while one was cached)."""
         self.outcomes: Counter[str] = Counter()
         self._valid: list[tuple[str, int, bytes]] = []
         """(subject, version, payload) of every accepted message that fits."""
@@ -93,6 +111,45 @@ class SchemaChecker:
     def registered(self, told: Told) -> None:
         self.told.append(told)
 
+    def bound(self, topic: str, config: TopicSchemaConfig | None) -> None:
+        """`topic`'s binding in the store is now `config` (set up, or an operator's)."""
+        self.bindings[topic] = config
+        self._topic_of[paths.topic_schema_config(parse_topic(topic))] = topic
+
+    def store_read(self, front_end: str, key: str, answer: Any) -> None:
+        topic = self._topic_of.get(key)
+        if topic is None:
+            return
+        taken = self._cached.setdefault((front_end, topic), [])
+        if isinstance(answer, BaseException):
+            if not taken:
+                return  # nothing cached: the failure stands
+            config = taken[-1][1]
+        elif isinstance(answer, KeyValue):
+            config = TopicSchemaConfig.from_json(answer.value)
+        else:
+            config = None
+        taken.append((self.world.now, config))
+        del taken[:-64]
+
+    def crashed(self, front_end: str) -> None:
+        for key in [key for key in self._cached if key[0] == front_end]:
+            del self._cached[key]
+
+    def fresh(
+        self, front_end: str, topic: str, config: TopicSchemaConfig | None, began: int
+    ) -> None:
+        """A publish that began at `began` was judged now under `config`: the front end's
+        cache took that binding less than TTL_S before some moment of the publish."""
+        for at, taken in reversed(self._cached.get((front_end, topic), [])):
+            if taken == config and began - TTL_US <= at <= self.world.now:
+                return
+        self.violation(
+            "binding freshness",
+            f"{front_end} judged a publish to {topic} (begun at {began} us) under {config}, "
+            f"which it did not read within {TTL_S} s",
+        )
+
     def admitted(
         self,
         topic: str,
@@ -100,8 +157,11 @@ class SchemaChecker:
         defect: str | None,
         message: pb.StreamMessage,
         outcome: Verdict | DanubeError,
+        judged: tuple[str, TopicSchemaConfig | None, int] | None = None,
     ) -> None:
-        """At the broker, when it decided (its answer may still be lost on the way back)."""
+        """At the broker, when it decided (its answer may still be lost on the way back);
+        `judged`: which front end decided, under which binding, and when the publish began
+        (None: judged under the binding in force)."""
         if isinstance(outcome, DanubeError) and outcome.code is ErrorCode.UNAVAILABLE:
             self.outcomes["unavailable"] += 1
             return
@@ -113,11 +173,15 @@ class SchemaChecker:
         else:
             actual = "accepted" if outcome.problem is None else "warned"
         self.outcomes[actual] += 1
-        wanted = expected_outcome(self.bindings[topic], defect)
+        config = self.bindings[topic]
+        if judged is not None:
+            front_end, config, began = judged
+            self.fresh(front_end, topic, config, began)
+        wanted = expected_outcome(config, defect)
         if actual != wanted:
             self.violation(
                 "policy",
-                f"{topic} ({self.bindings[topic]}): a message with defect {defect} was "
+                f"{topic} ({config}): a message with defect {defect} was "
                 f"{actual}, expected {wanted} ({outcome})",
             )
         if actual != "refused" and defect is None:

@@ -1,56 +1,96 @@
 """A broker's schema registry and publish check in the schema run: the registry's flows
-(`danube.schema.flows`: register, update, the version a message names) driven over the
-simulated etcd as `danube.broker.schema_service` drives them over etcd, and the publish
-check `danube.broker.schema_gate` makes (`policy.inspects`, `policy.admission`).
+(`danube.schema.flows`: register, update, the version a message names) and the publish
+check (`danube.requests.schema_gate.admit`, with its binding cache on the simulated clock)
+driven over the simulated etcd as `danube.broker.schema_service` drives them over etcd.
 
 Every store call crosses the simulated network, so two brokers' reads, decisions and
 compare-and-puts interleave as they would. A store call that gets no answer within the
-request timeout ends the request with UNAVAILABLE (the client retries); a crash ends every
-request of the incarnation without an answer and forgets the caches, as a restarted process
-would. CPU-bound steps (`flows.Work`) run at once."""
+request timeout fails it (thrown into the flow as UNAVAILABLE, as production's store calls
+fail: the gate serves the binding it had, the registry's flows end with it and the client
+retries); a crash ends every request of the incarnation without an answer and forgets the
+caches, as a restarted process would. CPU-bound steps (`flows.Work`) run at once; one over
+a limit is thrown in as RESOURCE_EXHAUSTED."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, Protocol
 
 from danube.core.errors import DanubeError, ErrorCode, invalid
-from danube.core.names import parse_topic
 from danube.metadata.model import MetadataError
-from danube.node import paths
 from danube.proto import danube as pb
-from danube.schema import flows, policy, registry
+from danube.requests import schema_gate as gate
+from danube.requests.binding_cache import BindingCache
+from danube.schema import flows, registry
 from danube.schema.budget import LimitExceeded
 from danube.schema.errors import SchemaParseError
 from danube.schema.formats import ParsedSchema, SchemaType, parse, schema_type
-from danube.schema.policy import TopicSchemaConfig, Verdict
+from danube.schema.policy import Problem, TopicSchemaConfig
 from danube.schema.registry import SchemaVersion
 from sim.cluster_node import REQUEST_TIMEOUT_US
 from sim.etcd import Origin, SimEtcd
 from sim.world import US_PER_S, World
 
-NAMED_TTL_US = int(flows.NAMED_TTL_S * US_PER_S)
 Request = Generator[flows.Step, Any, Any]
 
 
+class ReadObserver(Protocol):
+    def store_read(self, front_end: str, key: str, answer: Any) -> None:
+        """A read of `key` was answered (a `KeyValue`, None) or failed (an exception),
+        just before the flow that asked gets it."""
+
+    def crashed(self, front_end: str) -> None:
+        """The front end lost its caches."""
+
+
+class Judged(gate.Report):
+    """One publish's report: the binding it was judged under (for the checker)."""
+
+    def __init__(self) -> None:
+        self.config: TopicSchemaConfig | None = None
+
+    def judged(self, topic: str, config: TopicSchemaConfig, problem: Problem | None) -> None:
+        self.config = config
+
+    def warned(self, topic: str, problem: Problem, detail: str) -> None:
+        pass
+
+
 class FrontEnd:
-    def __init__(self, name: str, world: World, etcd: SimEtcd) -> None:
+    def __init__(
+        self,
+        name: str,
+        world: World,
+        etcd: SimEtcd,
+        observer: ReadObserver | None = None,
+    ) -> None:
+        """`observer` hears each store read this front end's flows get an answer to (or
+        fail) and each crash: the checker follows the gate's binding cache with them."""
         self.name = name
         self.world = world
         self.etcd = etcd
         self.incarnation = 0
+        self._observer = observer
         self._parsed: dict[tuple[SchemaType, str, str], ParsedSchema] = {}
-        self._by_id: dict[tuple[int, int], tuple[int, tuple[str, ParsedSchema]]] = {}
-        """As the broker's: what a message named, with when it was read (NAMED_TTL_S)."""
-        self._bindings: dict[str, TopicSchemaConfig | None] = {}
-        """Kept for the whole incarnation: the run binds topics once, before it starts."""
+        self._new_caches()
+
+    def _new_caches(self) -> None:
+        """As a broker's `SchemaService`: bindings (`BindingCache`) and the schemas messages
+        named, on the simulated clock."""
+        clock = self._clock
+        self.bindings: BindingCache[gate.Binding] = BindingCache(clock)
+        self._by_id = gate.NamedCache(clock)
+
+    def _clock(self) -> float:
+        return self.world.now / US_PER_S
 
     def crash(self) -> None:
         self.incarnation += 1
         self._parsed.clear()
-        self._by_id.clear()
-        self._bindings.clear()
+        self._new_caches()
         self.world.log(f"fault front-end {self.name} crashes")
+        if self._observer is not None:
+            self._observer.crashed(self.name)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -64,10 +104,24 @@ class FrontEnd:
         """`answer` gets the changed `Subject` or a `DanubeError`."""
         self._run(f"mode {subject}", self._set_mode(subject, mode), answer)
 
-    def publish(self, topic: str, message: pb.StreamMessage, answer: Callable[[Any], None]) -> None:
+    def publish(
+        self,
+        topic: str,
+        message: pb.StreamMessage,
+        answer: Callable[[Any, TopicSchemaConfig | None], None],
+    ) -> None:
         """`answer` gets the `Verdict` of an accepted message or the `DanubeError` that
-        refused it."""
-        self._run(f"publish {topic}", self._admit(topic, message), answer)
+        refused it, with the binding it was judged under (None: none, or not judged)."""
+        judged = Judged()
+        flow = gate.admit(self.bindings, self._by_id, self._read, topic, [message], judged)
+        self._run(
+            f"publish {topic}",
+            flow,
+            lambda outcome: answer(
+                outcome.verdicts[0] if isinstance(outcome, gate.Admission) else outcome,
+                outcome.config if isinstance(outcome, gate.Admission) else judged.config,
+            ),
+        )
 
     # -- requests as the broker serves them ---------------------------------------------
 
@@ -87,35 +141,6 @@ class FrontEnd:
     def _set_mode(self, name: str, mode_text: str) -> Request:
         mode = registry.parse_mode(mode_text)
         return (yield from flows.update(name, lambda subject: registry.set_mode(subject, mode)))
-
-    def _admit(self, topic: str, message: pb.StreamMessage) -> Request:
-        """What `SchemaGate.admit` does."""
-        if topic not in self._bindings:
-            found = yield flows.Read(paths.topic_schema_config(parse_topic(topic)))
-            self._bindings[topic] = (
-                None if found is None else TopicSchemaConfig.from_json(found.value)
-            )
-        config = self._bindings[topic]
-        named = None
-        if message.schema_id is not None and policy.inspects(config):
-            named = yield from self._schema_of(message.schema_id, message.schema_version)
-        verdict: Verdict = policy.admission(config, message.schema_id, named, message.payload)
-        if not verdict.accept:
-            raise DanubeError(ErrorCode.INVALID_ARGUMENT, verdict.detail)
-        return verdict
-
-    def _schema_of(self, schema_id: int, version: int | None) -> Request:
-        """What `SchemaService.schema_of` does, on the simulated clock."""
-        cached = None if version is None else self._by_id.get((schema_id, version))
-        if cached is not None and self.world.now - cached[0] < NAMED_TTL_US:
-            return cached[1]
-        found = yield from flows.named(schema_id, version)
-        if found is None:
-            return None
-        named = (found[0].name, self._read(found[1]))
-        if version is not None:
-            self._by_id[(schema_id, version)] = (self.world.now, named)
-        return named
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -142,7 +167,10 @@ class FrontEnd:
                     thrown = isinstance(value, BaseException)
                     call = request.throw(value) if thrown else request.send(value)
                     if isinstance(call, flows.Work):
-                        value = call.run()
+                        try:
+                            value = call.run()
+                        except LimitExceeded as error:  # as SchemaService._work maps it
+                            value = DanubeError(ErrorCode.RESOURCE_EXHAUSTED, str(error))
                         continue
                 except StopIteration as done:
                     answer(done.value)
@@ -163,9 +191,16 @@ class FrontEnd:
 
             def finish(result: Any) -> None:
                 nonlocal answered
-                if not answered:
-                    answered = True
-                    step(result)
+                if answered:
+                    return
+                answered = True
+                observed = isinstance(call, flows.Read) and incarnation == self.incarnation
+                if observed and self._observer is not None:
+                    self._observer.store_read(self.name, call.key, result)
+                if isinstance(result, (TimeoutError, MetadataError)):
+                    self.world.log(f"front-end {self.name} {what}: store failed: {result!r}")
+                    result = DanubeError(ErrorCode.UNAVAILABLE, f"metadata store: {result}")
+                step(result)
 
             self.world.at(REQUEST_TIMEOUT_US, lambda: finish(TimeoutError(f"no answer to {what}")))
             self.etcd.request(self.name, what, run, finish)

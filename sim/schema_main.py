@@ -32,6 +32,7 @@ KNOB_HELP = {
     "switch": "per step: write with another known version ",
     "bad": "per message: one that does not fit its topic's schema ",
     "brokers": "brokers whose registries share the store ",
+    "rebind": "per 100 ms: an operator changes a topic's validation policy ",
 }
 
 

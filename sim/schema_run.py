@@ -1,7 +1,8 @@
 """One schema run (`python -m sim --schemas`): a subject under each of the seven
 compatibility modes, each bound to a topic with a random validation policy, and producers
 that evolve their schema step by step, switch between the versions they know, and now and
-then send a message that does not fit, through two brokers' registries
+then send a message that does not fit (while an operator now and then changes a topic's
+validation policy), through two brokers' registries
 (`sim.schema_front_end`) sharing one simulated etcd, under lost messages, slow and stalled
 store requests, broker-store partitions and broker crashes. `sim.schema_checker` judges.
 
@@ -62,6 +63,8 @@ class SchemaWorkload:
     bad: float = 0.1
     """Per publish: a message that does not fit (see `sim.schema_checker.DEFECTS`)."""
     brokers: int = 2
+    rebind: float = 0.05
+    """Per 100 ms: an operator changes a topic's validation policy or payload checks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,10 +164,10 @@ class SchemaSimulation:
             self.injected,
         )
         self.calls = Calls(self.world, Network(self.world, faults.network(), self.injected))
-        self.front_ends = [
-            FrontEnd(f"b{i}", self.world, self.etcd) for i in range(workload.brokers)
-        ]
         self.checker = SchemaChecker(self.world)
+        self.front_ends = [
+            FrontEnd(f"b{i}", self.world, self.etcd, self.checker) for i in range(workload.brokers)
+        ]
         self.registrations: Counter[str] = Counter()
         self.stopping = False
         self.operators_failed = 0
@@ -186,7 +189,7 @@ class SchemaSimulation:
                 subject, rng.choice(list(ValidationPolicy)), rng.random() < 0.7
             )
             self.etcd.state.put(paths.topic_schema_config(parse_topic(topic)), config.to_json())
-            self.checker.bindings[topic] = config
+            self.checker.bound(topic, config)
             first = schema_workload.initial(rng)
             Operator(self, subject, topic, mode, first).start()
 
@@ -213,10 +216,35 @@ class SchemaSimulation:
             self.etcd.network.partition(self.front_end().name, rng.randint(500_000, 4_000_000))
         self.world.at(FAULT_TICK_US, self._fault_tick)
 
+    def _rebind_tick(self) -> None:
+        """Now and then an operator changes a topic's validation policy or payload checks
+        through another broker (straight into the store): the brokers' binding caches must
+        take the change within their TTL."""
+        if self.stopping:
+            return
+        rng = self.world.rng
+        if rng.random() < self.workload.rebind:
+            subject = rng.choice(self.subjects)
+            topic = f"/sim/{subject}"
+            current = self.checker.bindings[topic]
+            choices = [
+                TopicSchemaConfig(subject, policy, checked)
+                for policy in ValidationPolicy
+                for checked in (False, True)
+            ]
+            config = rng.choice([c for c in choices if c != current])
+            self.etcd.state.put(paths.topic_schema_config(parse_topic(topic)), config.to_json())
+            self.checker.bound(topic, config)
+            self.injected["rebind"] += 1
+            self.world.log(f"operator rebinds {topic}: {config}")
+        self.world.at(FAULT_TICK_US, self._rebind_tick)
+
     def run(self, duration_s: float) -> SchemaResult:
         started = time.perf_counter()
         self.etcd.start()
         self.world.at(FAULT_TICK_US, self._fault_tick)
+        if self.workload.rebind:
+            self.world.at(FAULT_TICK_US, self._rebind_tick)
         end = int(duration_s * US_PER_S)
         self.world.run_until(end)
         self.stopping = True
@@ -454,11 +482,14 @@ class SchemaProducer:
         subject, topic, checker = self.subject, self.topic, self.sim.checker
 
         def ask(answer: Callable[[Any], None]) -> None:
-            def decided(outcome: Any) -> None:
-                checker.admitted(topic, subject, defect, message, outcome)
+            front_end, began = self.sim.front_end(), self.sim.world.now
+
+            def decided(outcome: Any, config: TopicSchemaConfig | None) -> None:
+                judged = (front_end.name, config, began)
+                checker.admitted(topic, subject, defect, message, outcome, judged)
                 answer(outcome)
 
-            self.sim.front_end().publish(topic, message, decided)
+            front_end.publish(topic, message, decided)
 
         self.sim.calls.call(self.name, ask, lambda _: None)
 

@@ -11,10 +11,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from danube.broker import schema_service
 from danube.broker.schema_gate import SchemaGate
 from danube.broker.schema_service import SchemaService
 from danube.core.errors import DanubeError, ErrorCode
+from danube.requests import schema_gate
+from danube.requests.binding_cache import BindingCache
 from danube.schema import budget as budgets
 from danube.schema.formats import ParsedSchema, SchemaType, parse
 from danube.schema.policy import Problem, TopicSchemaConfig, ValidationPolicy
@@ -41,23 +42,22 @@ def doubling(depth: int) -> ParsedSchema:
 
 
 class Registry(SchemaService):
-    """The service with the store left out: one binding, one schema, counted worker trips."""
+    """The service with the store left out: the gate's caches hold one binding and one
+    schema on a clock that never moves (`danube.requests.schema_gate` decides), and worker
+    trips are counted."""
 
     def __init__(self, policy: ValidationPolicy, schema: ParsedSchema) -> None:
         super().__init__(store=None, offload=self._trip, placement=None)  # type: ignore[arg-type]
         self.config = TopicSchemaConfig("orders", policy, True)
-        self.schema = schema
+        self._configs = BindingCache(lambda: 0.0)
+        self._configs.read(TOPIC, self.config)
+        self._by_id = schema_gate.NamedCache(lambda: 0.0)
+        self._by_id.read((1, 1), ("orders", schema))
         self.trips = 0
 
     async def _trip(self, work: Callable[[], T]) -> T:
         self.trips += 1
         return budgets.run_with(budgets.Runtime(), work)  # type: ignore[return-value]
-
-    async def topic_config(self, topic: str) -> TopicSchemaConfig | None:
-        return self.config
-
-    async def schema_of(self, schema_id: int, version: int | None) -> tuple[str, ParsedSchema]:
-        return ("orders", self.schema)
 
 
 def message(payload: bytes) -> records.Record:
@@ -115,7 +115,7 @@ def test_a_payload_over_a_limit_is_a_counted_warning_under_warn() -> None:
 
 
 def test_a_batch_shares_one_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(schema_service, "BATCH_VALIDATION_STEPS", 20_000)
+    monkeypatch.setattr(schema_gate, "BATCH_VALIDATION_STEPS", 20_000)
     registry = Registry(ValidationPolicy.ENFORCE, NUMBERS)
     payload = json.dumps(list(range(1000))).encode()  # about 8,000 steps each
     assert admit(registry, [payload, payload]) is None

@@ -13,6 +13,7 @@ from danube.dispatch import reliable
 from danube.effects import Backoff
 from danube.interpreter import flows
 from danube.interpreter.waiters import Publishes
+from danube.node.core import BrokerCore
 from danube.requests import publish
 from danube.requests.effects import AwaitStored
 from danube.tiering.uploader import AllowLocalDelete, Uploader
@@ -224,8 +225,24 @@ def batched_publish_answered_before_stored() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def ack_fails_inside_the_core() -> Iterator[None]:
+    """Acknowledging some offsets raises `KeyError` inside the core (a dispatcher's state
+    out of step with itself): production answers INTERNAL, the simulator reports it."""
+    original = BrokerCore.ack
+
+    def ack(self: BrokerCore, topic: str, subscription: str, offset: int, **kw: Any) -> Any:
+        if offset % 97 == 96:
+            raise KeyError(offset)
+        return original(self, topic, subscription, offset, **kw)
+
+    with mock.patch.object(BrokerCore, "ack", ack):
+        yield
+
+
 REQUEST_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "batched_publish_answered_before_stored": batched_publish_answered_before_stored,
+    "ack_fails_inside_the_core": ack_fails_inside_the_core,
 }
 """Bugs of the request flows (`danube.requests`), each caught within 50 seeds."""
 

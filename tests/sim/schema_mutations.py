@@ -9,6 +9,7 @@ from typing import Any
 from unittest import mock
 
 from danube.core.errors import invalid
+from danube.requests.binding_cache import BindingCache
 from danube.schema import policy, records, registry
 
 
@@ -51,6 +52,25 @@ def registrations_refused() -> Iterator[None]:
     with mock.patch.object(registry, "register", register):
         yield
 
+
+@contextlib.contextmanager
+def binding_cache_never_expires() -> Iterator[None]:
+    """The gate's binding cache trusts a binding once read for ever: an operator's change
+    made through another broker never reaches this one's publishes."""
+
+    def fresh(self: BindingCache[Any], topic: str) -> tuple[bool, Any]:
+        cached = self._entries.get(topic)
+        return (True, cached[1]) if cached is not None else (False, None)
+
+    with mock.patch.object(BindingCache, "fresh", fresh):
+        yield
+
+
+GATE_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "binding_cache_never_expires": binding_cache_never_expires,
+}
+"""Bugs of the publish gate's shared flow (`danube.requests.schema_gate`), each caught
+within 50 seeds by the invariant named."""
 
 SCHEMA_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "compatibility_unchecked": compatibility_unchecked,

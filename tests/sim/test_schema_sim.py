@@ -28,7 +28,7 @@ from sim.schema_run import (
     schema_replay_command,
 )
 from sim.world import World
-from tests.sim.schema_mutations import SCHEMA_MUTATIONS
+from tests.sim.schema_mutations import GATE_MUTATIONS, SCHEMA_MUTATIONS
 
 
 def run(seed: int, duration_s: float = 3.0, profile: str = "default") -> SchemaResult:
@@ -81,6 +81,7 @@ def test_heavy_faults_keep_every_invariant() -> None:
     assert [r.violations for r in results] == [[]] * 4
     injected = sum((r.injected for r in results), start=Counter[str]())
     assert all(injected[kind] > 0 for kind in ("crash", "stall", "partition", "slow_request"))
+    assert injected["rebind"] > 0, "an operator changes bindings while producers publish"
 
 
 def test_a_seed_replays_to_the_same_digest() -> None:
@@ -94,6 +95,23 @@ CAUGHT_BY = {
     "payloads_never_checked": "policy",
     "registrations_refused": "progress",
 }
+
+
+GATE_CAUGHT_BY = {"binding_cache_never_expires": "binding freshness"}
+
+
+@pytest.mark.parametrize("name", sorted(GATE_MUTATIONS))
+def test_each_planted_bug_in_the_gate_flow_is_caught_within_50_seeds(name: str) -> None:
+    """The schema run drives the gate's flow (`danube.requests.schema_gate`) with its
+    binding cache on the simulated clock, while an operator rebinds topics: a cache that
+    keeps a binding past its TTL is noticed."""
+    with GATE_MUTATIONS[name]():
+        for seed in range(1, 51):
+            violations = run(seed).violations
+            if violations:
+                assert violations[0].invariant == GATE_CAUGHT_BY[name], violations
+                return
+    pytest.fail(f"the schema run did not catch {name} in 50 seeds")
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMA_MUTATIONS))

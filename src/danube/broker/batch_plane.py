@@ -25,15 +25,13 @@ from danube.core.errors import DanubeError
 from danube.node.core import BatchPublished, BrokerCore
 from danube.node.requests import encoded
 from danube.proto import danube_ext as ext_pb
-from danube.requests import settle
+from danube.requests import receive, settle
 from danube.requests.publish import BatchRequest, publish_batch
 
 log = logging.getLogger("danube.broker")
 
 BATCH_REQUEST_LIMIT = 8 * 1024 * 1024
 """Largest PublishBatch the broker reads (at least one largest message's worth more)."""
-RECEIVE_BATCH = 512
-"""Messages per MessageBatch when the consumer does not say."""
 MAX_IN_FLIGHT = 16
 """Batches of one stream stored or being stored but not yet acknowledged: the broker reads
 the stream no further until one is answered, so HTTP/2 flow control slows the client."""
@@ -159,7 +157,7 @@ class ConsumerBatchService:
 
     async def receive_batches(self, stream: grpclib.server.Stream) -> None:
         request: ext_pb.ReceiveBatchesRequest = await recv_single(stream, 1024)
-        limit = request.max_messages or self._default_batch
+        limit = receive.turn_limit(request.max_messages, self._default_batch)
 
         async def send(items: list[object]) -> int:
             wire = [encoded(item) for item in items]

@@ -34,18 +34,15 @@ from danube.broker.wire_codec import (
 from danube.cluster.placement import Answer
 from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, invalid
-from danube.dispatch import LATEST, StartPosition
+from danube.dispatch import StartPosition
 from danube.node import requests
 from danube.proto import danube as pb
 from danube.proto import danube_ext as ext_pb
-from danube.requests import settle
+from danube.requests import receive, settle
 from danube.requests.publish import publish_one
 from danube.wal import records
 
 log = logging.getLogger("danube.broker")
-
-STREAM_BATCH = 64
-"""Messages a stream writer takes from its queue per turn."""
 
 
 class ProducerService:
@@ -120,11 +117,13 @@ class ConsumerService:
         self._requests = RequestDriver(runtime)
 
     async def subscribe(
-        self, request: pb.ConsumerRequest, start: StartPosition = LATEST
+        self, request: pb.ConsumerRequest, start: StartPosition | None = None
     ) -> pb.ConsumerResponse:
+        """`start`: where the subscription starts (`SubscribeAt`); None, the plain
+        Subscribe: `receive.start_of` decides (the latest offset)."""
         await self._placement.route(request.topic_name, None)
-        step = requests.subscribe(self._core, request, start, now_ms())
-        consumer_id = await self._runtime.run(step)
+        flow = receive.subscribe(self._core, request, start, now_ms())
+        consumer_id: int = await self._requests.run(flow)
         log.info(
             "event=subscribed topic=%s subscription=%s consumer=%s id=%d",
             request.topic_name, request.subscription, request.consumer_name, consumer_id,
@@ -145,7 +144,8 @@ class ConsumerService:
             await send_encoded(stream, wire)
             return sum(map(len, wire))
 
-        await serve_consumer(self._runtime, stream, request.consumer_id, STREAM_BATCH, send)
+        limit = receive.turn_limit(None)
+        await serve_consumer(self._runtime, stream, request.consumer_id, limit, send)
 
     async def ack(self, request: requests.Acknowledgement) -> RequestIdReply:
         await self._requests.run(settle.ack_one(self._core, request, now_ms()))

@@ -15,21 +15,10 @@ from collections.abc import Sequence
 
 from danube.broker.metrics import BrokerMetrics
 from danube.broker.schema_service import SchemaService
-from danube.core.errors import DanubeError, ErrorCode
-from danube.schema import budget as budgets
-from danube.schema.formats import ParsedSchema, validate
-from danube.schema.limits import (
-    INLINE_PATTERN_SECONDS,
-    INLINE_VALIDATION_BYTES,
-    INLINE_VALIDATION_STEPS,
-)
 from danube.schema.policy import (
     Problem,
     TopicSchemaConfig,
-    ValidationPolicy,
-    checks_payload,
     inspects,
-    judge,
     producer_binding,
 )
 from danube.wal import records
@@ -37,14 +26,6 @@ from danube.wal import records
 log = logging.getLogger("danube.broker")
 
 WARN_LOG_S = 10.0
-DETAIL_CHARS = 300
-"""A refusal's detail (a validator's message, which may quote the payload) is cut to this."""
-
-
-def _short(detail: str) -> str:
-    if len(detail) <= DETAIL_CHARS:
-        return detail
-    return f"{detail[:DETAIL_CHARS]}… ({len(detail)} characters)"
 
 
 class SchemaGate:
@@ -63,82 +44,19 @@ class SchemaGate:
         await self.admit_batch(topic, [message])
 
     async def admit_batch(self, topic: str, messages: Sequence[records.Record]) -> None:
-        """`admit` for all of `messages` (one batch): payloads the binding asks to check go
-        to one worker thread together, except a lone small one, which is tried on the event
-        loop first under a budget of a few milliseconds."""
-        config = await self._schemas.topic_config(topic)
-        if not inspects(config):
-            return
-        named: list[tuple[str, ParsedSchema] | None] = []
-        for message in messages:
-            found = None
-            if message.schema_id is not None:
-                found = await self._schemas.schema_of(message.schema_id, message.schema_version)
-            named.append(found)
-        checked = [
-            index
-            for index, found in enumerate(named)
-            if found is not None and checks_payload(config, found[0])
-        ]
-        problems: dict[int, str | None] = {}
-        try:
-            problems = await self._payload_problems(
-                [(named[i][1], messages[i].payload) for i in checked]  # type: ignore[index]
-            )
-        except DanubeError as error:
-            if error.code is not ErrorCode.RESOURCE_EXHAUSTED:
-                raise
-            if config.policy is ValidationPolicy.ENFORCE:
-                self._count(topic, config, Problem.PAYLOAD_INVALID)
-                raise DanubeError(
-                    ErrorCode.RESOURCE_EXHAUSTED,
-                    f"message refused by the schema policy of {topic} (enforce): {error.message}",
-                ) from None
-            # warn: the payloads go unvalidated (said once), the rest is judged as ever.
-            self._warn(topic, Problem.PAYLOAD_INVALID, f"not validated: {error.message}")
-            checked = []
-        by_index = dict(zip(checked, problems.values(), strict=True))
-        for index, message in enumerate(messages):
-            subject = None if named[index] is None else named[index][0]  # type: ignore[index]
-            verdict = judge(config, message.schema_id, subject, by_index.get(index))
-            self._count(topic, config, verdict.problem)
-            if not verdict.accept:
-                raise DanubeError(
-                    ErrorCode.INVALID_ARGUMENT,
-                    f"message refused by the schema policy of {topic} (enforce): "
-                    f"{_short(verdict.detail)}",
-                )
-            if verdict.problem is not None:
-                self._warn(topic, verdict.problem, _short(verdict.detail))
+        """`admit` for all of `messages` (one batch), decided by
+        `danube.requests.schema_gate.admit` (the simulator runs the same flow): payloads the
+        binding asks to check go to one worker thread together, except a lone small one,
+        which is tried on the event loop first under a budget of a few milliseconds."""
+        await self._schemas.admit(topic, messages, self)
 
-    async def _payload_problems(
-        self, work: list[tuple[ParsedSchema, bytes]]
-    ) -> dict[int, str | None]:
-        """What is wrong with each payload (None: valid), by position in `work`."""
-        if not work:
-            return {}
-        if len(work) == 1 and len(work[0][1]) <= INLINE_VALIDATION_BYTES:
-            schema, payload = work[0]
-            budget = budgets.Budget(
-                INLINE_VALIDATION_STEPS,
-                "payload validation on the event loop",
-                "inline validation steps",
-                pattern_seconds=INLINE_PATTERN_SECONDS,
-            )
-            try:
-                with budgets.using(budget):
-                    return {0: validate(schema, payload)}
-            except budgets.LimitExceeded:
-                pass  # more than a few milliseconds: checked again in a worker thread
-        groups: dict[int, list[int]] = {}
-        for index, (schema, _) in enumerate(work):
-            groups.setdefault(id(schema), []).append(index)
-        found: dict[int, str | None] = {}
-        for indexes in groups.values():
-            schema = work[indexes[0]][0]
-            answers = await self._schemas.validate(schema, [work[i][1] for i in indexes])
-            found.update(zip(indexes, answers, strict=True))
-        return dict(sorted(found.items()))
+    def judged(self, topic: str, config: TopicSchemaConfig, problem: Problem | None) -> None:
+        """`gate.Report`: one message judged (the metrics)."""
+        self._count(topic, config, problem)
+
+    def warned(self, topic: str, problem: Problem, detail: str) -> None:
+        """`gate.Report`: a message accepted under `warn` that did not fit."""
+        self._warn(topic, problem, detail)
 
     def _count(self, topic: str, config: TopicSchemaConfig, problem: Problem | None) -> None:
         if self._metrics is not None:

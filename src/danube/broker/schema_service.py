@@ -32,17 +32,15 @@ from danube.metadata.model import Compare, Get, Put
 from danube.node import paths
 from danube.proto import danube_schema as pb
 from danube.protoc import compile_proto
+from danube.requests import schema_gate as gate
 from danube.requests.binding_cache import BindingCache
 from danube.schema import budget as budgets
 from danube.schema import flows, records, registry
 from danube.schema.errors import SchemaParseError
 from danube.schema.flows import NAMED_TTL_S
-from danube.schema.formats import ParsedSchema, SchemaType, parse, schema_type, validate
+from danube.schema.formats import ParsedSchema, SchemaType, parse, schema_type
 from danube.schema.limits import (
-    BATCH_VALIDATION_STEPS,
     SCHEMA_WORK_CPU_SECONDS,
-    VALIDATION_CPU_SECONDS,
-    VALIDATION_STEPS,
 )
 from danube.schema.policy import (
     TopicSchemaConfig,
@@ -114,9 +112,7 @@ class SchemaService:
         )
         """Bindings by topic (`danube.requests.binding_cache`); a damaged one as its error
         text."""
-        self._by_id: OrderedDict[tuple[int, int], tuple[float, tuple[str, ParsedSchema]]] = (
-            OrderedDict()
-        )
+        self._by_id = gate.NamedCache(time.monotonic, NAMED_TTL_S, PARSED_CACHE)
         """Schemas messages named by (id, version), with when they were read (NAMED_TTL_S)."""
 
     async def _work(self, work: Callable[[], T]) -> T:
@@ -129,42 +125,32 @@ class SchemaService:
             raise DanubeError(ErrorCode.UNAVAILABLE, str(error)) from None
         return result
 
-    async def validate(self, schema: ParsedSchema, payloads: Sequence[bytes]) -> list[str | None]:
-        """Each payload checked against `schema` in one worker thread (a batch is one trip),
-        each under VALIDATION_STEPS and all under BATCH_VALIDATION_STEPS: what is wrong
-        with each (None: valid); RESOURCE_EXHAUSTED naming the limit when one is reached."""
-
-        def work() -> list[str | None]:
-            runtime = budgets.runtime()
-            left = BATCH_VALIDATION_STEPS
-            found: list[str | None] = []
-            for payload in payloads:
-                steps = min(VALIDATION_STEPS, left)
-                whole = steps == VALIDATION_STEPS
-                limit = "validation steps" if whole else "batch validation steps"
-                budget = runtime.budget(steps, "payload validation", limit, VALIDATION_CPU_SECONDS)
-                with budgets.using(budget):
-                    found.append(validate(schema, payload))
-                left -= budget.spent
-            return found
-
-        return await self._work(work)
-
     # -- store access ---------------------------------------------------------------------
 
     async def _drive(self, flow: flows.Flow[T]) -> T:
-        """Runs a registry flow over the store, its CPU-bound steps in worker threads."""
+        """Runs a registry flow over the store, its CPU-bound steps in worker threads; a
+        failed store call or work over a limit is thrown into the flow (the gate's binding
+        flow serves the binding it had; the others let it pass)."""
         answer: Any = None
+        failed: DanubeError | None = None
         try:
             while True:
-                step = flow.send(answer)
-                if isinstance(step, flows.Read):
-                    answer = await store_call_from_grpc(self._store.get, step.key)
-                elif isinstance(step, flows.Write):
-                    result = await store_call_from_grpc(self._store.txn, step.compares, step.ops)
-                    answer = result.succeeded
-                else:
-                    answer = await self._work(step.run)
+                step = flow.send(answer) if failed is None else flow.throw(failed)
+                answer, failed = None, None
+                try:
+                    if isinstance(step, flows.Read):
+                        answer = await store_call_from_grpc(self._store.get, step.key)
+                    elif isinstance(step, flows.Write):
+                        result = await store_call_from_grpc(
+                            self._store.txn, step.compares, step.ops
+                        )
+                        answer = result.succeeded
+                    else:
+                        answer = await self._work(step.run)
+                except records.DamagedRecord:
+                    raise
+                except DanubeError as error:  # thrown in: a flow may keep what it had
+                    failed = error
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         except records.DamagedRecord as error:
@@ -395,32 +381,9 @@ class SchemaService:
         return config, await self._subject(config.subject)
 
     async def topic_config(self, topic: str) -> TopicSchemaConfig | None:
-        """The topic's binding, trusted for CONFIG_TTL_S (read on every publish to a served
-        topic). A store that does not answer leaves the last binding read in force for
-        another CONFIG_TTL_S (publishes do not each wait for the store); a damaged one is
-        refused (INTERNAL) from the cache until it is read again."""
-        hit, cached = self._configs.fresh(topic)
-        if hit:
-            return _known(cached)
-        try:
-            name = parse_topic(topic)
-        except DanubeError:
-            return None  # no topic has this name: nothing is bound to it
-        try:
-            found = await store_call_from_grpc(self._store.get, paths.topic_schema_config(name))
-        except DanubeError:
-            kept, cached = self._configs.failed(topic)
-            if not kept:
-                raise
-            return _known(cached)
-        config: TopicSchemaConfig | str | None = None
-        if found is not None:
-            try:
-                config = _decoded(found.key, partial(TopicSchemaConfig.from_json, found.value))
-            except DanubeError as damaged:
-                config = damaged.message
-        self._configs.read(topic, config)
-        return _known(config)
+        """The topic's binding (`danube.requests.schema_gate.binding`: trusted for
+        CONFIG_TTL_S, the last one read kept while the store does not answer)."""
+        return await self._drive(gate.binding(self._configs, topic))  # type: ignore[no-any-return]
 
     async def schema_of(
         self, schema_id: int, version: int | None
@@ -428,24 +391,15 @@ class SchemaService:
         """The subject and parsed schema a message's (schema id, version) names (the latest
         version without one), None when the registry has no such schema. Kept for
         NAMED_TTL_S; a deletion through this broker forgets it at once."""
-        cached = None if version is None else self._by_id.get((schema_id, version))
-        if cached is not None and time.monotonic() - cached[0] < NAMED_TTL_S:
-            self._by_id.move_to_end((schema_id, version))
-            return cached[1]
-        named = await self._drive(flows.named(schema_id, version))
-        found: tuple[str, ParsedSchema] | None = None
-        if named is not None:
-            try:
-                parsed = await self._work(partial(self._read, named[1]))
-            except records.DamagedRecord as error:
-                log.warning("event=schema_record_damaged error=%s", error.message)
-                raise
-            found = (named[0].name, parsed)
-        if version is not None and found is not None:
-            self._by_id[(schema_id, version)] = (time.monotonic(), found)
-            if len(self._by_id) > PARSED_CACHE:
-                self._by_id.popitem(last=False)
-        return found
+        return await self._drive(gate.schema_of(self._by_id, self._read, schema_id, version))  # type: ignore[no-any-return]
+
+    async def admit(
+        self, topic: str, messages: Sequence[Any], report: gate.Report
+    ) -> gate.Admission:
+        """The gate's decision for `messages` of `topic` (`danube.requests.schema_gate`)."""
+        return await self._drive(  # type: ignore[no-any-return]
+            gate.admit(self._configs, self._by_id, self._read, topic, messages, report)
+        )
 
     async def configure_topic_schema(
         self, request: pb.ConfigureTopicSchemaRequest
@@ -523,14 +477,6 @@ class SchemaService:
             f"/danube_schema.SchemaRegistry/{name}": unary(call, request, response)
             for name, call, request, response in routes
         }
-
-
-def _known(config: TopicSchemaConfig | str | None) -> TopicSchemaConfig | None:
-    """A cached binding; a damaged one (its text) is refused with a fresh error each time,
-    so no traceback accumulates on one cached exception."""
-    if isinstance(config, str):
-        raise DanubeError(ErrorCode.INTERNAL, config)
-    return config
 
 
 def _decoded(where: str, decode: Callable[[], T]) -> T:

@@ -22,7 +22,6 @@ from danube import keys
 from danube.broker.admin import AdminServices
 from danube.broker.batch_plane import (
     BATCH_REQUEST_LIMIT,
-    RECEIVE_BATCH,
     ConsumerBatchService,
     ProducerExtService,
 )
@@ -51,6 +50,7 @@ from danube.node.core import BrokerCore, BrokerIdentity
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from danube.proto import danube_schema as schema_pb
+from danube.requests.receive import RECEIVE_BATCH
 from danube.tiering import UploaderConfig
 from danube.wal import records
 

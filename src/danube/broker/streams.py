@@ -14,6 +14,7 @@ from danube.broker.grpc_util import grpc_error
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.core.errors import DanubeError
 from danube.node.stats import consumer_target
+from danube.requests.receive import End, Receiver, Wait
 
 
 async def serve_consumer(
@@ -25,13 +26,15 @@ async def serve_consumer(
 ) -> None:
     """Hands the consumer's queue to `send`, up to `limit` items a turn, until the client
     leaves or the stream is superseded (takeover, topic deleted, shutdown); either way the
-    core hears that it closed. Items are what `BrokerCore.take` returns; `send` returns the
-    bytes it sent, for the metrics."""
+    core hears that it closed. The stream's decisions are `danube.requests.receive.Receiver`'s
+    (the simulator's streams make them too); items are what `BrokerCore.take` returns;
+    `send` returns the bytes it sent, for the metrics."""
     if runtime.stopping:
         raise GRPCError(Status.UNAVAILABLE, "the broker is shutting down; reconnect shortly")
     core = runtime.core
+    receiver = Receiver(core, consumer_id, limit)
     try:
-        step = core.open_stream(consumer_id, now_ms=now_ms())
+        step = receiver.open(now_ms())
     except DanubeError as error:
         raise grpc_error(error) from None
     slot = runtime.attach_stream(consumer_id, step.value)
@@ -40,22 +43,23 @@ async def serve_consumer(
     try:
         await runtime.run(step)
         await stream.send_initial_metadata()
-        while not slot.ended:
+        while True:
             slot.wakeup.clear()
-            items = core.take(consumer_id, slot.generation, limit)
-            if items is None:
+            turn = receiver.turn(ended=slot.ended)
+            if isinstance(turn, End):
                 break
-            if not items:
+            if isinstance(turn, Wait):
                 await slot.wakeup.wait()
                 continue
-            sent = await send(items)
+            sent = await send(turn.items)
             if target is not None:
-                metrics.consumer_sent(target, len(items), sent)
+                metrics.consumer_sent(target, len(turn.items), sent)
         if runtime.stopping:
             # Not OK: an OK end tells a client its session was taken over or its topic is
             # gone; this one should reconnect once the broker is back.
             raise GRPCError(Status.UNAVAILABLE, "the broker is shutting down; reconnect")
     finally:
         runtime.detach_stream(consumer_id, slot)
-        closed = core.close_stream(consumer_id, slot.generation, now_ms=now_ms())
-        runtime.apply(closed.effects)
+        closed = receiver.close(now_ms())
+        if closed is not None:
+            runtime.apply(closed.effects)
