@@ -25,6 +25,8 @@ CAUGHT_BY = {
     "campaign_without_compare": "a",
     "assign_without_marker_compare": "c",
     "failover_skips_dead_brokers": "d",
+    "policy_merge_drops_a_field": "k",
+    "delete_answered_before_release": "i",
 }
 """The invariant each planted bug breaks first."""
 
