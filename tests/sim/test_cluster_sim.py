@@ -114,6 +114,21 @@ def test_each_planted_bug_is_caught_within_200_seeds(mutation: str) -> None:
     pytest.fail(f"the cluster run did not catch {mutation} in 200 seeds")
 
 
+@pytest.mark.parametrize(
+    "mutation", ["policy_merge_drops_a_field", "delete_answered_before_release"]
+)
+def test_a_planted_bug_of_the_shared_admin_flows_is_caught_within_50_seeds(mutation: str) -> None:
+    """The operator (`sim.cluster_admin`) runs the admin flows the broker's services run: a
+    bug planted in them is caught by the invariant of the operator's answers."""
+    with MUTATIONS[mutation]():
+        for seed in range(1, 51):
+            result = run(seed, DEFAULT)
+            if not result.ok:
+                assert result.violations[0].invariant.startswith(CAUGHT_BY[mutation])
+                return
+    pytest.fail(f"the cluster run did not catch {mutation} in 50 seeds")
+
+
 @pytest.mark.parametrize("name", sorted(FOUND_BUGS))
 def test_a_bug_found_in_the_machines_stays_fixed(name: str) -> None:
     """Each seed broke its invariant before its fix in src/ (see FOUND_BUGS)."""
