@@ -15,6 +15,11 @@ each topic has a producer (`sim.cluster_clients`) from its creation to the end o
 and `sim.cluster_data_checker` adds the invariants "at most one writer per topic" (g) and "no
 acknowledged loss across moves and failovers" (h); settling then also means every topic is
 served by exactly one broker.
+
+An operator (`sim.cluster_admin`, `ClusterWorkload.admin` operations) drains brokers, unloads
+topics, deletes topics of its own and changes the default namespace's policies at random times
+under the faults, through the admin flows production runs; `AdminChecker` adds the invariants
+(i), (j) and (k) of its answers.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from danube.node import paths
 from danube.node.core import policies_to_json
 from sim.broker import EPOCH_MS
 from sim.checker import Violation
+from sim.cluster_admin import AdminChecker, Operator
 from sim.cluster_checker import ClusterChecker
 from sim.cluster_clients import ClusterProducer
 from sim.cluster_data_checker import DataChecker
@@ -73,6 +79,11 @@ class ClusterWorkload:
     """Data planes: ownership, broker cores, object store, producers (invariants g and h)."""
     rate: float = 20.0
     """With data planes: messages per second of each topic's producer."""
+    admin: int = 8
+    """Operations of the operator (`sim.cluster_admin`): drains, unloads, deletions of its
+    own topics, namespace-policy changes, at random times under the faults (0: none)."""
+    scratch_topics: int = 3
+    """Topics the operator creates to delete them."""
 
     def settings(self, broker: str, objects: SimObjectStore | None = None) -> NodeSettings:
         membership = MembershipConfig(
@@ -128,6 +139,8 @@ class ClusterResult(ResultMethods):
     `claim`, `release`, `writer`, `persist`, `index`."""
     data: dict[str, int] = field(default_factory=dict)
     """With data planes: messages acknowledged, objects indexed, producers' lookups."""
+    admin: dict[str, int] = field(default_factory=dict)
+    """The operator's calls answered, by kind and status."""
     trace_tail: list[str] = field(default_factory=list)
     trace: list[str] | None = None
 
@@ -167,6 +180,15 @@ class ClusterSimulation:
         ]
         self.checker = ClusterChecker(self.world, self.etcd, self.nodes)
         self.topics = [f"/default/topic-{t}" for t in range(workload.topics)]
+        self.admin_checker = AdminChecker(self.world, self.etcd)
+        self.operator = Operator(
+            self.world,
+            self.nodes,
+            self.admin_checker,
+            self.topics,
+            operations=workload.admin,
+            scratch=workload.scratch_topics if workload.admin else 0,
+        )
         for topic in self.topics:
             self.checker.expect(topic, paths.namespace_topic(parse_topic(topic)))
         self.data_checker: DataChecker | None = None
@@ -188,7 +210,7 @@ class ClusterSimulation:
 
     @property
     def violations(self) -> list[Violation]:
-        found = list(self.checker.violations)
+        found = list(self.checker.violations) + self.admin_checker.violations
         if self.data_checker is not None:
             found += self.data_checker.violations
         return found
@@ -207,7 +229,8 @@ class ClusterSimulation:
         for topic in self.topics:
             world.at(rng.randrange(end * 4 // 5 + 1), lambda t=topic: self._create(t))
         self.etcd.start()
-        if self.objects is not None:
+        self.operator.start(end)
+        if self.objects is not None or self.workload.admin:
             # The cluster was set up with its default namespace (as `bootstrap` writes it).
             policy = Put(paths.namespace_policy("default"), policies_to_json(Policies()))
             self.etcd.txn((), (policy,), Origin("setup", "namespace"))
@@ -237,6 +260,7 @@ class ClusterSimulation:
             created=len(self.checker.created),
             landed=dict(sorted(self.checker.landed.items())),
             data=data,
+            admin=dict(sorted(self.operator.answers.items())),
             trace_tail=list(world.recent),
             trace=world.lines,
         )
@@ -248,13 +272,14 @@ class ClusterSimulation:
         self.faults = self.etcd.faults = calm
         self.network.faults = calm.network()
         world.log("faults stop")
+        self.operator.calm()
         began = world.now
         problems: list[str] = []
         while world.now < began + SETTLE_LIMIT_US:
             world.run_until(world.now + SETTLE_CHECK_US, stop=self._after_event)
             if self.violations:
                 return False, 0.0
-            problems = self.checker.unsettled(self.topics)
+            problems = self.checker.unsettled(self.topics) + self.operator.unsettled()
             if self.data_checker is not None:
                 problems += self.data_checker.unsettled()
             if not problems:

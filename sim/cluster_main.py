@@ -22,6 +22,8 @@ from sim.seeds import (
 KNOB_HELP = {
     "data": "data planes: ownership, broker cores, object store, producers ",
     "rate": "with --data: messages per second of each topic's producer ",
+    "admin": "operator's calls (drains, unloads, deletions, policies; invariants i, j, k) ",
+    "scratch_topics": "topics the operator creates to delete ",
 }
 
 
@@ -57,6 +59,9 @@ def cluster_report(result: ClusterResult, workload: ClusterWorkload, faults: Clu
     if result.data:
         counts = ", ".join(f"{kind} {count}" for kind, count in sorted(result.data.items()))
         lines.insert(3, f"  data plane: {counts}")
+    if result.admin:
+        answers = ", ".join(f"{kind} {count}" for kind, count in result.admin.items())
+        lines.insert(3, f"  operator's calls answered: {answers}")
     replay = cluster_replay_command(result.seed, result.duration_s, workload, faults)
     lines += violation_lines(result.violations, replay, result.trace_tail)
     return "\n".join(lines)

@@ -237,3 +237,17 @@ def test_unload_step_posts_once_then_waits_until_another_broker_has_it() -> None
     assert admin_ops.unload_step(ME, T, "2", None, moving).step is Step.WAIT
     assert admin_ops.unload_step(ME, T, "2", ("3", 9), None).step is Step.DONE
     assert admin_ops.unload_step(ME, T, "2", None, None).step is Step.DONE, "deleted meanwhile"
+
+
+def test_a_tombstone_decided_on_a_stale_view_does_not_outlive_the_purge() -> None:
+    """Neither marker nor owner in the view: the tombstone lands only while the topic exists
+    (the operator of the cluster run found one landing late, after the purge, left behind
+    for good)."""
+    d = cluster("1", "2")
+    decision = admin_ops.delete_step(ME, T, None, None)
+    assert decision.step is Step.POST and decision.txn is not None
+    assert not run(d, decision.txn)  # gone already: nothing is left behind
+    assert MARKER not in d.store.data
+    topic_metadata(d, T)
+    assert run(d, decision.txn)
+    assert Marker.from_json(d.store.value(MARKER)) == Marker(MarkerReason.DELETE)

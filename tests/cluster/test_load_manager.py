@@ -234,7 +234,9 @@ def test_a_marker_for_a_topic_still_assigned_waits_for_the_assignment_to_go() ->
 # -- fencing -------------------------------------------------------------------------------------
 
 
-def test_assign_is_fenced_by_the_leader_key_and_the_marker_revision() -> None:
+def test_assign_is_fenced_by_the_leader_key_the_marker_and_the_targets_mode() -> None:
+    """The target's registration and mode as seen: a drain that lands between the decision
+    and its transaction refuses it (found by the simulator's operator, seed 28)."""
     d = cluster("1", "2")
     d.store.put(keys.unassigned_key("/ns/x"), None)
     revision = d.store.revision
@@ -245,8 +247,19 @@ def test_assign_is_fenced_by_the_leader_key_and_the_marker_revision() -> None:
         Compare(LEADER_KEY, "value", "==", ME),
         Compare(marker_key, "mod_revision", "==", revision),
         Compare(keys.register_key("1"), "mod_revision", "==", registered),
+        Compare(keys.state_key("1"), "version", "==", 0),
     )
     assert assign.ops == (Put(keys.assignment_key("1", "/ns/x"), None), Delete(marker_key))
+
+
+def test_an_assign_decided_before_a_drain_landed_is_refused() -> None:
+    d = cluster("1", "2")
+    d.store.put(keys.state_key("1"), {"mode": "active", "reason": "admin_activate"})
+    d.settle(0)
+    d.store.put(keys.unassigned_key("/ns/x"), None)
+    (assign,) = of(d.settle(0), Assign)
+    state = d.store.data[keys.state_key("1")].mod_revision
+    assert Compare(keys.state_key("1"), "mod_revision", "==", state) in assign.compares
 
 
 def test_a_decision_on_a_marker_rewritten_meanwhile_fails_and_the_new_one_is_decided() -> None:

@@ -12,12 +12,14 @@ from typing import Any
 from unittest import mock
 
 from danube import keys as danube_keys
-from danube.cluster import keys, ownership, ownership_flows
+from danube.cluster import admin_ops, keys, ownership, ownership_flows
 from danube.cluster.load_manager import Assign, LoadManager
 from danube.cluster.membership import Campaign, Effect, Membership
 from danube.core.names import TopicName
-from danube.effects import TxnAnswer
+from danube.effects import StoreTxn, TxnAnswer
 from danube.metadata.model import Compare
+from danube.node import settings
+from danube.requests import admin as admin_flows
 from sim import flow_runner
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 
@@ -144,11 +146,46 @@ DATA_MUTATIONS: dict[str, Patch] = {
 }
 """Planted bugs of the data planes, for the run with `--data`."""
 
+
+@contextlib.contextmanager
+def policy_merge_drops_a_field() -> Iterator[None]:
+    """The admin flow's merge of a namespace's policies keeps only the fields asked for:
+    every other field goes back to its default (`danube.requests.admin`)."""
+
+    def merged(stored: Any, changes: Mapping[str, Any]) -> dict[str, int]:
+        return settings.merged_policies(None, changes)
+
+    with mock.patch.object(admin_flows, "merged_policies", merged):
+        yield
+
+
+@contextlib.contextmanager
+def delete_answered_before_release() -> Iterator[None]:
+    """DeleteTopic's flow answers once the delete marker is posted, without waiting for the
+    owner to let the topic go and purging its metadata."""
+    original = admin_flows.delete_one
+
+    def delete_one(me: str, topic: str, deadline: int, now: Callable[[], int]) -> Any:
+        view = yield from admin_flows._leading(me)
+        if view.marker(topic) is not None or view.owner(topic) is not None:
+            step = admin_ops.delete_step(me, topic, view.owner(topic), view.marker(topic))
+            if step.step is admin_ops.Step.POST and step.txn is not None:
+                answer = yield StoreTxn(step.txn.compares, step.txn.ops, purpose=f"delete {topic}")
+                if answer.committed:
+                    return True
+        return (yield from original(me, topic, deadline, now))
+
+    with mock.patch.object(admin_flows, "delete_one", delete_one):
+        yield
+
+
 MUTATIONS: dict[str, Patch] = {
     "never_fence": never_fence,
     "campaign_without_compare": campaign_without_compare,
     "assign_without_marker_compare": assign_without_marker_compare,
     "failover_skips_dead_brokers": failover_skips_dead_brokers,
+    "policy_merge_drops_a_field": policy_merge_drops_a_field,
+    "delete_answered_before_release": delete_answered_before_release,
 }
 
 # -- bugs the cluster run found ------------------------------------------------------------------
@@ -170,6 +207,11 @@ FOUND_BUGS: dict[str, FoundBug] = {
     "register_with_a_new_lease": FoundBug(131, DEFAULT, "d"),
     "stopped_never_leads": FoundBug(286, HEAVY, "a"),
     "campaign_answer_of_its_lease": FoundBug(115, dataclasses.replace(HEAVY, slow=0.05), "a"),
+    "assign_compares_mode": FoundBug(90, DEFAULT, "e"),
 }
 """Bugs the cluster run found in the machines, each fixed in src/ with a unit test; the seed
-that showed each is replayed by tests/sim/test_cluster_sim.py so that it stays fixed."""
+that showed each is replayed by tests/sim/test_cluster_sim.py so that it stays fixed. Since
+the operator (`sim.cluster_admin`) joined the default workload, the older seeds no longer
+replay their original runs; they stay as runs that must pass. `assign_compares_mode` was found
+by the operator: an Assign decided before a drain's mode write landed gave the draining broker
+a topic (the Assign now compares the target's state key as seen)."""

@@ -25,6 +25,8 @@ CAUGHT_BY = {
     "campaign_without_compare": "a",
     "assign_without_marker_compare": "c",
     "failover_skips_dead_brokers": "d",
+    "policy_merge_drops_a_field": "k",
+    "delete_answered_before_release": "i",
 }
 """The invariant each planted bug breaks first."""
 
@@ -110,6 +112,21 @@ def test_each_planted_bug_is_caught_within_200_seeds(mutation: str) -> None:
             assert "trace before the violation:" in text
             return
     pytest.fail(f"the cluster run did not catch {mutation} in 200 seeds")
+
+
+@pytest.mark.parametrize(
+    "mutation", ["policy_merge_drops_a_field", "delete_answered_before_release"]
+)
+def test_a_planted_bug_of_the_shared_admin_flows_is_caught_within_50_seeds(mutation: str) -> None:
+    """The operator (`sim.cluster_admin`) runs the admin flows the broker's services run: a
+    bug planted in them is caught by the invariant of the operator's answers."""
+    with MUTATIONS[mutation]():
+        for seed in range(1, 51):
+            result = run(seed, DEFAULT)
+            if not result.ok:
+                assert result.violations[0].invariant.startswith(CAUGHT_BY[mutation])
+                return
+    pytest.fail(f"the cluster run did not catch {mutation} in 50 seeds")
 
 
 @pytest.mark.parametrize("name", sorted(FOUND_BUGS))

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import grpclib.const
 
@@ -22,25 +23,29 @@ from danube.broker.grpc_util import Call, unary
 from danube.broker.placement import ClusterPlacement
 from danube.broker.runtime import BrokerRuntime, now_ms
 from danube.broker.schema_service import SchemaService
+from danube.broker.store_port import STORE_EFFECTS, drive, perform_store
 from danube.broker.watching import store_call_from_grpc
 from danube.core import bounded_json
 from danube.core.config import DispatchStrategy
 from danube.core.errors import DanubeError, ErrorCode, invalid, not_found, quoted
 from danube.core.names import parse_topic
 from danube.dispatch.reliable import Backoff
+from danube.effects import StoreUnreachable
+from danube.effects.flow import Flow
 from danube.metadata import MetadataStore
-from danube.metadata.model import Compare, Put
 from danube.node.settings import (
     BACKOFF_WIRE,
     PoisonPolicy,
     SubscriptionFailureSettings,
-    merged_policies,
 )
 from danube.proto import danube_admin as pb
 from danube.proto import danube_ext as ext_pb
+from danube.requests import admin as flows
 from danube.schema.policy import TopicSchemaConfig, ValidationPolicy
 
-POLICY_RACE_ATTEMPTS = 5
+POLICY_RACE_ATTEMPTS = flows.POLICY_RACE_ATTEMPTS
+
+T = TypeVar("T")
 
 
 class ClusterOps(Protocol):
@@ -402,72 +407,106 @@ class AdminServices:
 
     # -- PolicyAdmin (danube_ext) -------------------------------------------------------------
 
+    async def _run(self, flow: Flow[T], here: Callable[[], Awaitable[Any]] | None = None) -> T:
+        """Drives an admin flow (`danube.requests.admin`): store effects against the store,
+        its admin requests answered by the core, the placement and the forwarding."""
+
+        async def perform(request: Any) -> Any:
+            if isinstance(request, STORE_EFFECTS):
+                assert self._store is not None
+                return await store_call_from_grpc(perform_store, self._store, request)
+            if isinstance(request, flows.CorePolicies):
+                step = self._core.set_namespace_policies(request.namespace, request.changes)
+                return await self._runtime.run(step)
+            if isinstance(request, flows.NamespaceSeen):
+                self._core.namespace_seen(request.namespace, request.policies)
+                return None
+            if isinstance(request, flows.TopicPolicies):
+                return await self._topic_policies(request)
+            if isinstance(request, flows.OwnerAdmin):
+                return await self._elsewhere(self._topic(request.topic))
+            if isinstance(request, flows.RunHere) and here is not None:
+                return await here()
+            raise TypeError(f"unexpected request of an admin flow: {request!r}")
+
+        return await drive(flow, perform)
+
     async def set_namespace_policies(
         self, request: ext_pb.SetPoliciesRequest
     ) -> ext_pb.PoliciesResponse:
+        """Cluster mode: merged with the store's value under a compare on its revision
+        (`danube.requests.admin.namespace_policies`)."""
         changes = _policies_json(request.policies)
-        if self._store is None:
-            step = self._core.set_namespace_policies(request.name, changes)
-            policies = await self._runtime.run(step)
-        else:
-            policies = await self._namespace_policies_in_store(request.name, changes)
+        clustered = self._store is not None
+        if clustered:
+            self._core.namespace_policies(request.name)  # NOT_FOUND for an unknown namespace
+        flow = flows.namespace_policies(request.name, changes, clustered=clustered)
+        try:
+            policies = await self._run(flow)
+        except StoreUnreachable as error:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE, f"the metadata store did not answer ({error})"
+            ) from None
         return ext_pb.PoliciesResponse(policies=json.dumps(policies, sort_keys=True))
 
-    async def _namespace_policies_in_store(
-        self, name: str, changes: dict[str, Any]
-    ) -> dict[str, int]:
-        """Cluster mode: merged with the store's value under a compare on its revision, so a
-        change made meanwhile through another broker is read again, not written over (this
-        broker's own copy follows the store's watch and may lag)."""
-        assert self._store is not None
-        self._core.namespace_policies(name)  # NOT_FOUND for a namespace nobody created
-        key = keys.namespace_policy(name)
-        for _ in range(POLICY_RACE_ATTEMPTS):
-            found = await store_call_from_grpc(self._store.get, key)
-            if found is None:
-                raise not_found(f"namespace {quoted(name)} does not exist")
-            policies = merged_policies(found.value, changes)
-            seen = Compare(key, "mod_revision", "==", found.mod_revision)
-            result = await store_call_from_grpc(self._store.txn, [seen], [Put(key, policies)])
-            if result.succeeded:
-                self._core.namespace_seen(name, policies)
-                return policies
-        raise DanubeError(
-            ErrorCode.UNAVAILABLE, f"the policies of {quoted(name)} kept changing meanwhile; retry"
-        )
+    async def _topic_policies(
+        self, request: flows.TopicPolicies
+    ) -> tuple[dict[str, int], list[str]]:
+        """The core's decision about a topic's overrides, once stored."""
+        if request.clear:
+            policies = await self._runtime.run(self._core.clear_topic_policies(request.topic))
+        elif not request.read_only:
+            step = self._core.set_topic_policies(request.topic, request.changes)
+            policies = await self._runtime.run(step)
+        else:
+            policies, _ = self._core.topic_policies(request.topic)
+        _, overridden = self._core.topic_policies(request.topic)
+        return policies, list(overridden)
 
     async def set_topic_policies(
         self, request: ext_pb.SetPoliciesRequest
     ) -> ext_pb.PoliciesResponse:
         changes = _policies_json(request.policies)
-        policies = await self._runtime.run(self._core.set_topic_policies(request.name, changes))
-        return self._policies_reply(request.name, policies)
+        flow = flows.core_topic_policies(flows.TopicPolicies(request.name, changes))
+        return self._policies_reply(*(await self._run(flow)))
 
     async def get_topic_policies(self, request: ext_pb.PoliciesRequest) -> ext_pb.PoliciesResponse:
-        policies, _ = self._core.topic_policies(request.name)
-        return self._policies_reply(request.name, policies)
+        flow = flows.core_topic_policies(flows.TopicPolicies(request.name, read_only=True))
+        return self._policies_reply(*(await self._run(flow)))
 
     async def clear_topic_policies(
         self, request: ext_pb.PoliciesRequest
     ) -> ext_pb.PoliciesResponse:
-        policies = await self._runtime.run(self._core.clear_topic_policies(request.name))
-        return self._policies_reply(request.name, policies)
+        flow = flows.core_topic_policies(flows.TopicPolicies(request.name, clear=True))
+        return self._policies_reply(*(await self._run(flow)))
 
-    def _policies_reply(self, topic: str, policies: dict[str, int]) -> ext_pb.PoliciesResponse:
-        _, overridden = self._core.topic_policies(topic)
+    def _policies_reply(
+        self, policies: dict[str, int], overridden: list[str]
+    ) -> ext_pb.PoliciesResponse:
         return ext_pb.PoliciesResponse(
             policies=json.dumps(policies, sort_keys=True), overridden=overridden
         )
 
     def _at_owner(self, call: Call, path: str, field: str, reply_type: type) -> Call:
         """The handler of a topic-scoped method: run here when this broker answers for the
-        topic, else asked again of the owner's admin port."""
+        topic, else asked again of the owner's admin port (`danube.requests.admin.at_owner`)."""
 
         async def routed(request: Any) -> Any:
-            admin_url = await self._elsewhere(self._topic(getattr(request, field)))
-            if admin_url is None:
-                return await call(request)
-            return await forward(admin_url, path, request, reply_type)
+            topic = getattr(request, field)
+
+            async def forward_to(admin_url: str) -> Any:
+                return await forward(admin_url, path, request, reply_type)
+
+            async def perform(asked: Any) -> Any:
+                if isinstance(asked, flows.OwnerAdmin):
+                    return await self._elsewhere(self._topic(asked.topic))
+                if isinstance(asked, flows.Forward):
+                    return await forward_to(asked.admin_url)
+                if isinstance(asked, flows.RunHere):
+                    return await call(request)
+                raise TypeError(f"unexpected request of a routing flow: {asked!r}")
+
+            return await drive(flows.at_owner(topic, flows.run_here), perform)
 
         routed.__name__ = call.__name__
         return routed

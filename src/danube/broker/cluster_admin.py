@@ -12,7 +12,9 @@ A broker's drain runs in the cluster member's nursery, not the call's: it goes o
 answer (whose deadline may end the call first) until every topic moved or failed.
 
 Methods are called from grpclib handlers (asyncio); the work runs in trio, where the store
-and the load manager live, and the decisions are `danube.cluster.admin_ops`'s.
+and the load manager live. The operations are the flows of `danube.requests.admin` (the
+simulator's operator runs the same ones); this module translates requests into flows and
+their ends into replies, and answers the flows' admin requests.
 """
 
 from __future__ import annotations
@@ -30,29 +32,28 @@ from danube import keys
 from danube.broker.cluster_member import ClusterMember
 from danube.broker.forwarding import forward
 from danube.broker.object_store import delete_topic_objects
+from danube.broker.store_port import STORE_EFFECTS, drive, perform_store
 from danube.broker.watching import REQUEST_TIMEOUT_S, failure_text
-from danube.cluster import admin_ops, records
-from danube.cluster.admin_ops import Step
+from danube.cluster import records
 from danube.cluster.load_manager import LoadManager
 from danube.cluster.ranking import Strategy
 from danube.core.errors import DanubeError, ErrorCode, invalid, not_found, quoted
-from danube.core.names import TopicName, parse_topic, partition_index
+from danube.core.names import TopicName, parse_topic
+from danube.effects import Sleep, StoreUnreachable
+from danube.effects.flow import Flow, answered
 from danube.metadata import KeyValue, MetadataError, MetadataStore
 from danube.proto import danube_admin as pb
+from danube.requests import admin as flows
 
 log = logging.getLogger("danube.broker")
 
 T = TypeVar("T")
 
-POLL_S = 0.05
-"""How often a waiting operation looks at the view again."""
 DEFAULT_UNLOAD_TIMEOUT_S = 60
-MOVE_WAIT_S = 30.0
+MOVE_WAIT_S = flows.MOVE_WAIT_MS / 1000
 """How long UnloadTopic and DeleteTopic wait for the topic to leave its broker before they
 answer UNAVAILABLE ("under way"); `danube-admin` gives those calls a longer deadline
 (`danube.cli.admin_topics.SERVER_MOVE_WAIT_S`)."""
-MOVE_GIVE_UP_S = 600.0
-"""How long a drain keeps after one topic before it counts it failed."""
 FORWARD_TIMEOUT_S = 120.0
 """A forwarded leader call: longer than any wait of the leader's but UnloadBroker's, which is
 the caller's `timeout_seconds` (`_forward_timeout`)."""
@@ -128,7 +129,9 @@ class ClusterAdminOps:
     async def get_cluster_balance(
         self, request: pb.ClusterBalanceRequest
     ) -> pb.ClusterBalanceResponse:
-        return await self._leader("get_cluster_balance", request, self._balance)
+        return await self._leader(
+            "get_cluster_balance", request, lambda r: answered(self._balance(r))
+        )
 
     async def trigger_rebalance(self, request: pb.RebalanceRequest) -> pb.RebalanceResponse:
         if self._view.config.rebalancing is None:
@@ -138,7 +141,9 @@ class ClusterAdminOps:
             )
         if request.max_moves is not None and request.max_moves < 1:
             raise invalid(f"max_moves must be at least 1, got {request.max_moves}")
-        return await self._leader("trigger_rebalance", request, self._rebalance)
+        return await self._leader(
+            "trigger_rebalance", request, lambda r: answered(self._rebalance(r))
+        )
 
     # -- TopicAdmin -----------------------------------------------------------------------------
 
@@ -168,39 +173,62 @@ class ClusterAdminOps:
             owners[topic] = "" if owner is None else owner[0]
         return owners
 
-    # -- running on the leader --------------------------------------------------------------------
+    # -- driving the flows (`danube.requests.admin`) -------------------------------------------
 
     async def _trio(self, work: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Runs `work` in trio; a store that does not answer is UNAVAILABLE."""
         try:
             result: T = await trio_asyncio.trio_as_aio(work)(*args)
-        except (MetadataError, trio.TooSlowError) as error:
+        except (MetadataError, trio.TooSlowError, StoreUnreachable) as error:
             raise DanubeError(
                 ErrorCode.UNAVAILABLE, f"the metadata store did not answer ({failure_text(error)})"
             ) from None
         return result
 
-    async def _leader(self, method: str, request: Any, work: Callable[[Any], Awaitable[T]]) -> T:
-        """Runs `work` here if this broker leads, else forwards the call to the leader."""
-        leader = self._member.leader()
-        if leader == self._me:
-            return await self._trio(work, request)
-        if leader is None:
-            raise DanubeError(
-                ErrorCode.UNAVAILABLE, "the cluster has no leader right now; try again shortly"
-            )
-        registration = await self._trio(self._get, keys.register_key(leader))
-        value = registration.value if registration is not None else None
-        admin = value.get("admin_addr") if isinstance(value, dict) else None
-        if not isinstance(admin, str) or not admin:
-            raise DanubeError(
-                ErrorCode.UNAVAILABLE,
-                f"broker {leader} leads the cluster but its admin address is not registered",
-            )
+    async def _run(self, flow: Flow[T]) -> T:
+        """Drives an admin flow in trio: store effects against the store, admin requests
+        answered here."""
+
+        async def perform(request: Any) -> Any:
+            if isinstance(request, STORE_EFFECTS):
+                return await perform_store(self._store, request)
+            if isinstance(request, Sleep):
+                await trio.sleep(request.ms / 1000)
+                return None
+            if isinstance(request, flows.ReadView):
+                return flows.Seen(self._member.leader(), self._view)
+            if isinstance(request, flows.DeleteObjects):
+                log.info("event=topic_deleted topic=%s", request.topic)
+                try:
+                    self._member.spawn(self._delete_objects, request.topic)
+                except RuntimeError:  # stopping: the deletion happened, its objects stay
+                    log.warning("event=objects_not_deleted topic=%s error=stopping", request.topic)
+                return None
+            if isinstance(request, _AwaitDrain):
+                return await self._await_drain(request)
+            raise TypeError(f"unexpected request of an admin flow: {request!r}")
+
+        return await drive(flow, perform)
+
+    async def _leader(self, method: str, request: Any, work: Callable[[Any], Flow[T]]) -> T:
+        """Runs `work` here if this broker leads, else forwards the call to the leader
+        (`danube.requests.admin.at_leader`). The routing runs where grpclib does (asyncio),
+        the work in trio."""
         path, reply_type = _PATHS[method]
-        answer: T = await forward(
-            admin, path, request, reply_type, timeout=_forward_timeout(request)
-        )
+
+        async def perform(asked: Any) -> Any:
+            if isinstance(asked, flows.ReadView):
+                return flows.Seen(self._member.leader(), self._view)
+            if isinstance(asked, STORE_EFFECTS):
+                return await self._trio(perform_store, self._store, asked)
+            if isinstance(asked, flows.Forward):
+                timeout = _forward_timeout(request)
+                return await forward(asked.admin_url, path, request, reply_type, timeout=timeout)
+            if isinstance(asked, flows.RunHere):
+                return await self._trio(self._run, work(request))
+            raise TypeError(f"unexpected request of a routing flow: {asked!r}")
+
+        answer: T = await drive(flows.at_leader(self._me, flows.run_here), perform)
         return answer
 
     async def _get(self, key: str) -> KeyValue | None:
@@ -211,18 +239,8 @@ class ClusterAdminOps:
         with trio.fail_after(REQUEST_TIMEOUT_S):
             return await self._store.scan(prefix)
 
-    async def _txn(self, txn: admin_ops.Txn) -> bool:
-        with trio.fail_after(REQUEST_TIMEOUT_S):
-            return (await self._store.txn(txn.compares, txn.ops)).succeeded
-
-    def _still_leading(self) -> None:
-        if self._member.leader() != self._me:
-            raise DanubeError(
-                ErrorCode.UNAVAILABLE,
-                "this broker stopped leading the cluster during the operation; run it again",
-            )
-
-    # -- the operations (trio, on the leader unless said otherwise) -------------------------------
+    def _now(self) -> int:
+        return int(trio.current_time() * 1000)
 
     async def _list_brokers(self) -> pb.BrokerListResponse:
         """Any broker: from the store."""
@@ -263,30 +281,29 @@ class ClusterAdminOps:
             infos.append(pb.TopicInfo(name=topic, broker_id=broker, delivery=str(label)))
         return pb.TopicInfoListResponse(topics=infos)
 
-    def _known_broker(self, broker: str) -> None:
-        if broker not in self._view.registered():
-            raise not_found(f"no broker {broker} is registered (see `danube-admin brokers list`)")
-
-    def _other_active(self, broker: str, what: str) -> None:
-        if not [b for b in self._view.active() if b != broker]:
-            raise DanubeError(
-                ErrorCode.FAILED_PRECONDITION,
-                f"{what} needs another active broker to take the topics; activate or add one",
-            )
-
-    async def _unload_broker(self, request: pb.UnloadBrokerRequest) -> pb.UnloadBrokerResponse:
+    def _unload_broker(self, request: pb.UnloadBrokerRequest) -> Flow[pb.UnloadBrokerResponse]:
+        """The plan is the flow's; the drain runs in the member's nursery (`_drain`) and the
+        answer counts what moved by `timeout_seconds`."""
         broker = request.broker_id
-        self._known_broker(broker)
-        self._other_active(broker, f"unloading broker {broker}")
-        topics = admin_ops.selected(
-            self._view.assignments(broker), request.namespaces_include, request.namespaces_exclude
+        dry_run = request.dry_run or broker in self._drains
+        plan = yield from flows.plan_drain(
+            self._me,
+            broker,
+            request.namespaces_include,
+            request.namespaces_exclude,
+            dry_run=dry_run,
         )
         if request.dry_run:
-            return pb.UnloadBrokerResponse(started=False, total=len(topics), pending=len(topics))
+            total = len(plan.topics)
+            return pb.UnloadBrokerResponse(started=False, total=total, pending=total)
+        return (yield _AwaitDrain(plan, max(request.max_parallel, 1), request))
+
+    async def _await_drain(self, wait: _AwaitDrain) -> pb.UnloadBrokerResponse:
+        broker = wait.plan.broker
         drain = self._drains.get(broker)  # a drain leaves the map as it finishes
         if drain is None:
-            drain = await self._start_drain(broker, topics, max(request.max_parallel, 1))
-        with trio.move_on_after(request.timeout_seconds or DEFAULT_UNLOAD_TIMEOUT_S):
+            drain = self._start_drain(broker, wait.plan.topics, wait.parallel)
+        with trio.move_on_after(wait.request.timeout_seconds or DEFAULT_UNLOAD_TIMEOUT_S):
             await drain.done.wait()
         return pb.UnloadBrokerResponse(
             started=True,
@@ -297,13 +314,8 @@ class ClusterAdminOps:
             failed_topics=sorted(drain.failed),
         )
 
-    async def _start_drain(self, broker: str, topics: list[str], parallel: int) -> _Drain:
+    def _start_drain(self, broker: str, topics: list[str], parallel: int) -> _Drain:
         drain = _Drain(len(topics))
-        if not await self._txn(
-            admin_ops.set_mode(self._me, broker, records.DRAINING, "admin_unload")
-        ):
-            self._still_leading()
-            raise DanubeError(ErrorCode.UNAVAILABLE, f"could not mark {broker} draining; retry")
         log.info("event=broker_unload broker=%s topics=%d", broker, len(topics))
         try:
             self._member.spawn(self._drain, drain, broker, topics, parallel)
@@ -338,48 +350,22 @@ class ClusterAdminOps:
     ) -> None:
         async with limiter:
             try:
-                with trio.fail_after(MOVE_GIVE_UP_S):
-                    await self._move_away(topic, broker)
-            except (DanubeError, MetadataError, trio.TooSlowError) as error:
+                moved = await self._run(flows.drain_topic(self._me, broker, topic, self._now))
+            except Exception as error:  # the store, or a bug: the topic failed, the member lives
                 log.warning(
                     "event=broker_unload_failed topic=%s error=%s", topic, failure_text(error)
                 )
                 drain.failed.append(topic)
                 return
-            except Exception:
-                log.exception("event=broker_unload_failed topic=%s error=unexpected", topic)
-                drain.failed.append(topic)
-                return
-            drain.succeeded.append(topic)
+            (drain.succeeded if moved else drain.failed).append(topic)
 
-    async def _move_away(self, topic: str, broker: str) -> None:
-        """Unloads `topic` from `broker` and returns once another broker has it (or it is
-        gone); a compare that failed is decided again from the view as it is then."""
-        while True:
-            self._still_leading()
-            view = self._view
-            decision = admin_ops.unload_step(
-                self._me, topic, broker, view.owner(topic), view.marker(topic)
-            )
-            if decision.step is Step.DONE:
-                return
-            if decision.step is Step.POST:
-                assert decision.txn is not None
-                await self._txn(decision.txn)
-            await trio.sleep(POLL_S)
-
-    async def _activate_broker(
+    def _activate_broker(
         self, request: pb.ActivateBrokerRequest
-    ) -> pb.ActivateBrokerResponse:
-        broker = request.broker_id
-        self._known_broker(broker)
-        reason = request.reason or "admin_activate"
-        if not await self._txn(admin_ops.set_mode(self._me, broker, records.ACTIVE, reason)):
-            self._still_leading()
-            raise DanubeError(ErrorCode.UNAVAILABLE, f"could not activate {broker}; retry")
+    ) -> Flow[pb.ActivateBrokerResponse]:
+        yield from flows.activate(self._me, request.broker_id, request.reason)
         return pb.ActivateBrokerResponse(success=True)
 
-    async def _balance(self, request: pb.ClusterBalanceRequest) -> pb.ClusterBalanceResponse:
+    def _balance(self, request: pb.ClusterBalanceRequest) -> pb.ClusterBalanceResponse:
         view = self._view
         stats = view.balance()
         brokers = [
@@ -403,7 +389,7 @@ class ClusterAdminOps:
             assignment_strategy=_STRATEGIES[view.config.assignment_strategy],
         )
 
-    async def _rebalance(self, request: pb.RebalanceRequest) -> pb.RebalanceResponse:
+    def _rebalance(self, request: pb.RebalanceRequest) -> pb.RebalanceResponse:
         view = self._view
         proposal = view.propose_move(int(trio.current_time() * 1e9))
         if proposal is None:
@@ -434,71 +420,13 @@ class ClusterAdminOps:
         self._member.trigger_rebalance(request.max_moves)
         return pb.RebalanceResponse(success=True, moves_executed=1, proposed_moves=[move])
 
-    async def _unload_topic(self, request: pb.TopicRequest) -> pb.TopicResponse:
-        topic = parse_topic(request.name).full
-        owner = self._view.owner(topic)
-        if owner is None:
-            exists = await self._get(keys.topic_delivery(parse_topic(topic))) is not None
-            raise not_found(
-                f"topic {topic} is not assigned to any broker right now (it is being moved)"
-                if exists
-                else f"topic {topic} does not exist"
-            )
-        self._other_active(owner[0], f"unloading {topic}")
-        with trio.move_on_after(MOVE_WAIT_S):
-            await self._move_away(topic, owner[0])
-            return pb.TopicResponse(success=True)
-        raise DanubeError(
-            ErrorCode.UNAVAILABLE,
-            f"the unload of {topic} is under way but not finished yet (no other broker took it "
-            f"within {MOVE_WAIT_S:.0f} s); `topics list-broker` shows where it is",
-        )
+    def _unload_topic(self, request: pb.TopicRequest) -> Flow[pb.TopicResponse]:
+        yield from flows.unload_topic(self._me, request.name, self._now)
+        return pb.TopicResponse(success=True)
 
-    async def _delete_topic(self, request: pb.TopicRequest) -> pb.TopicResponse:
-        name = parse_topic(request.name)
-        targets = await self._deletion_targets(name)
-        with trio.move_on_after(MOVE_WAIT_S):
-            for topic in targets:
-                await self._delete_one(topic)
-            return pb.TopicResponse(success=True)
-        raise DanubeError(
-            ErrorCode.UNAVAILABLE,
-            f"the deletion of {name.full} is under way but not finished; run it again to finish",
-        )
-
-    async def _deletion_targets(self, name: TopicName) -> list[str]:
-        if await self._get(keys.topic_delivery(name)) is not None:
-            return [name.full]
-        prefix = keys.namespace_topics_prefix(name.namespace)
-        found = []
-        for kv in await self._scan(prefix):
-            topic = keys.parse_namespace_topic(kv.key)
-            index = None if topic is None else partition_index(topic.full, name.full)
-            if topic is not None and index is not None:
-                found.append((index, topic.full))
-        if not found and self._view.marker(name.full) is None:
-            raise not_found(f"topic {name.full} does not exist")
-        return [full for _, full in sorted(found)] or [name.full]
-
-    async def _delete_one(self, topic: str) -> None:
-        while True:
-            self._still_leading()
-            decision = admin_ops.delete_step(
-                self._me, topic, self._view.owner(topic), self._view.marker(topic)
-            )
-            if decision.step is Step.PURGE:
-                assert decision.txn is not None
-                if await self._txn(decision.txn):
-                    log.info("event=topic_deleted topic=%s", topic)
-                    try:
-                        self._member.spawn(self._delete_objects, topic)
-                    except RuntimeError:  # stopping: the deletion happened, its objects stay
-                        log.warning("event=objects_not_deleted topic=%s error=stopping", topic)
-                    return
-            elif decision.step is Step.POST:
-                assert decision.txn is not None
-                await self._txn(decision.txn)
-            await trio.sleep(POLL_S)
+    def _delete_topic(self, request: pb.TopicRequest) -> Flow[pb.TopicResponse]:
+        yield from flows.delete_topic(self._me, request.name, self._now)
+        return pb.TopicResponse(success=True)
 
     async def _delete_objects(self, topic: str) -> None:
         """After the metadata went, in the member's nursery: neither the call's deadline nor
@@ -515,6 +443,16 @@ def _forward_timeout(request: Any) -> float:
         waits = request.timeout_seconds or DEFAULT_UNLOAD_TIMEOUT_S
         return max(FORWARD_TIMEOUT_S, waits + FORWARD_MARGIN_S)
     return FORWARD_TIMEOUT_S
+
+
+@dataclass(frozen=True, slots=True)
+class _AwaitDrain:
+    """UnloadBroker's own request: start the planned drain (unless one of the broker runs
+    already) and answer with its counts once it ended or the caller's wait did."""
+
+    plan: flows.DrainPlan
+    parallel: int
+    request: pb.UnloadBrokerRequest
 
 
 @dataclass(slots=True)

@@ -143,16 +143,20 @@ def delete_step(
     marker_key = keys.unassigned_key(topic)
     tombstone = Marker(MarkerReason.DELETE).to_json()
     if marker is None:
-        seen = Compare(marker_key, "version", "==", 0)
+        # Neither marker nor owner in the view: the topic must still exist when this lands.
+        # A view that lags the store (or a request that lands late) could otherwise leave a
+        # tombstone behind a purge that already happened, which nothing would ever remove.
+        exists = Compare(keys.topic_delivery(parse_topic(topic)), "version", ">", 0)
+        seen: tuple[Compare, ...] = (Compare(marker_key, "version", "==", 0), exists)
     elif marker[0].ready:
-        seen = Compare(marker_key, "mod_revision", "==", marker[1])  # a pending assignment
+        seen = (Compare(marker_key, "mod_revision", "==", marker[1]),)  # a pending assignment
     else:
         return Decision(Step.WAIT, why=f"broker {marker[0].from_broker} is unloading it")
     # Nobody owns it: the tombstone is ready at once. No claim may stand either.
     claim = Compare(owner_key(topic), "version", "==", 0)
     return Decision(
         Step.POST,
-        Txn((records.leader_compare(leader), seen, claim), (Put(marker_key, tombstone),)),
+        Txn((records.leader_compare(leader), *seen, claim), (Put(marker_key, tombstone),)),
     )
 
 

@@ -556,6 +556,14 @@ class LoadManager:
         registered = Compare(
             keys.register_key(broker), "mod_revision", "==", self._registered[broker]
         )
+        # And its mode as seen (active): an admin's drain that lands after the decision was
+        # made and before it is applied must not be overtaken by it.
+        state = keys.state_key(broker)
+        seen_mode = (
+            Compare(state, "mod_revision", "==", self._state_revisions[broker])
+            if broker in self._state_revisions
+            else Compare(state, "version", "==", 0)
+        )
         return Assign(
             topic,
             broker,
@@ -564,6 +572,7 @@ class LoadManager:
                 self._leader_compare,
                 Compare(marker_key, "mod_revision", "==", pending.revision),
                 registered,
+                seen_mode,
             ),
             (Put(keys.assignment_key(broker, topic), None), Delete(marker_key)),
         )

@@ -1,0 +1,369 @@
+"""The operator of a cluster run: drains, activations, topic unloads, topic deletions and
+namespace-policy changes at seed-chosen times, each run through the admin flows production
+runs (`danube.requests.admin`), on a random running broker, which forwards it to the broker
+it believes leads as the admin services do. Store requests go to the simulated etcd with its
+faults (`sim.flow_runner.run_flow`); the flows' admin requests are answered here from the
+broker's own machines.
+
+The topics it deletes are its own (`scratch-N`, created once each, without producers), so
+the workload's topics stay for the data invariants. Once the faults stop (`calm`) it
+finishes what it left undone: every drained broker is activated again, every deletion it
+started is run again until it answers, so the cluster can settle.
+
+The invariants its answers must keep (`AdminChecker`):
+i. a deleted topic's metadata, marker and assignment are gone once the deletion answered,
+   and it is never assigned again;
+j. a drained broker owns none of the topics the drain counted moved once it answered;
+k. every write of a namespace's policies is the merge of what the store held and the
+   changes asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from danube import keys as danube_keys
+from danube.cluster import keys
+from danube.cluster.placement import creation
+from danube.core.config import DispatchStrategy
+from danube.core.errors import DanubeError, ErrorCode
+from danube.core.names import parse_topic
+from danube.effects import Sleep, StoreUnreachable
+from danube.effects.flow import Finished, Flow
+from danube.metadata.model import WatchEvent
+from danube.node.settings import merged_policies
+from danube.requests import admin as flows
+from sim.checker import Violation
+from sim.cluster_node import BrokerProcess, SimNode
+from sim.etcd import Origin, SimEtcd
+from sim.flow_runner import Answer, run_flow
+from sim.world import US_PER_MS, US_PER_S, World
+
+DELETED = "i a deleted topic is gone for good"
+DRAINED = "j a drained broker keeps none of its topics"
+MERGED = "k policies are the merge of what was set"
+
+DRAINING = ("draining", "drained")
+RETRY_US = US_PER_S
+"""After the faults: a deletion or an activation that did not answer is asked again."""
+POLICY_FIELDS = (
+    "max_subscriptions_per_topic",
+    "max_consumers_per_topic",
+    "max_consumers_per_subscription",
+    "max_subscription_dispatch_rate",
+)
+"""Fields the operator changes: none of them limits the workload's producers."""
+
+Local = Callable[[BrokerProcess], Flow[Any]]
+"""The operation as the broker that answers it runs it (`me` is that broker)."""
+
+
+class AdminChecker:
+    """The invariants of the operator's answers (i, j, k), checked at each answer and at
+    every commit of the simulated etcd."""
+
+    def __init__(self, world: World, etcd: SimEtcd) -> None:
+        self.world = world
+        self.etcd = etcd
+        self.violations: list[Violation] = []
+        self.deleted: set[str] = set()
+        self.asked: dict[str, Any] = {}
+        """The policy changes under way: the namespace → changes."""
+        self._policies: dict[str, Any] = {}
+        """namespace policy key → its value in the store."""
+        etcd.observers.append(self)
+
+    def _violate(self, invariant: str, detail: str) -> None:
+        self.world.log(f"VIOLATION {invariant}: {detail}")
+        self.violations.append(Violation(invariant, detail, self.world.now))
+
+    def committed(self, events: list[WatchEvent], origin: Origin | None) -> None:
+        for event in events:
+            pair = keys.parse_assignment_key(event.key)
+            if pair is not None and event.kind == "put" and pair[1] in self.deleted:
+                self._violate(DELETED, f"{pair[1]} was assigned to {pair[0]} after its deletion")
+            namespace = danube_keys.parse_namespace_policy(event.key)
+            if namespace is None:
+                continue
+            before = self._policies.get(event.key)
+            self._policies[event.key] = event.value if event.kind == "put" else None
+            if origin is None or origin.kind != "policies" or event.kind != "put":
+                continue
+            changes = self.asked.get(namespace)
+            wanted = None if changes is None else merged_policies(before, changes)
+            if event.value != wanted:
+                self._violate(
+                    MERGED,
+                    f"the policies of {namespace} were written {event.value} over {before}; "
+                    f"asked {changes}",
+                )
+
+    def delete_answered(self, topic: str) -> None:
+        self.deleted.add(topic)
+        name = parse_topic(topic)
+        left = [kv.key for kv in self.etcd.scan(danube_keys.topic_prefix(name))]
+        for key in (danube_keys.namespace_topic(name), keys.unassigned_key(topic)):
+            if self.etcd.get(key) is not None:
+                left.append(key)
+        for kv in self.etcd.scan(keys.BROKERS_PREFIX):
+            pair = keys.parse_assignment_key(kv.key)
+            if pair is not None and pair[1] == topic:
+                left.append(kv.key)
+        if left:
+            self._violate(DELETED, f"the deletion of {topic} answered; still there: {left}")
+
+    def drain_answered(self, broker: str, moved: Sequence[str]) -> None:
+        """Unless the broker was activated meanwhile (it may take topics again)."""
+        state = self.etcd.get(keys.state_key(broker))
+        if keys.broker_mode(None if state is None else state.value) not in DRAINING:
+            return
+        kept = [
+            topic
+            for topic in moved
+            if self.etcd.get(keys.assignment_key(broker, topic)) is not None
+        ]
+        if kept:
+            self._violate(DRAINED, f"the drain of {broker} answered; it still owns {kept}")
+
+
+class Operator:
+    def __init__(
+        self,
+        world: World,
+        nodes: Sequence[SimNode],
+        checker: AdminChecker,
+        topics: Sequence[str],
+        *,
+        operations: int,
+        scratch: int,
+    ) -> None:
+        self.world = world
+        self.nodes = nodes
+        self.checker = checker
+        self.topics = list(topics)
+        self.operations = operations
+        self.scratch = [f"/default/scratch-{n}" for n in range(scratch)]
+        self.drained: set[str] = set()
+        """Brokers drained and not activated since."""
+        self.deleting: set[str] = set()
+        """Scratch topics whose deletion started and has not answered yet."""
+        self.answers: dict[str, int] = {}
+        """Operations answered, by kind and outcome (`unload ok`, `drain UNAVAILABLE`, ...)."""
+        self._calm = False
+        self._policy_busy = False
+
+    # -- the schedule ------------------------------------------------------------------------------
+
+    def start(self, end_us: int) -> None:
+        rng = self.world.rng
+        for topic in self.scratch:
+            self.world.at(rng.randrange(end_us // 2 + 1), lambda t=topic: self._create(t))
+        for _ in range(self.operations):
+            self.world.at(end_us // 4 + rng.randrange(end_us * 3 // 5 + 1), self._operate)
+
+    def calm(self) -> None:
+        """The faults stopped: undo the drains and finish the deletions."""
+        self._calm = True
+        for broker in sorted(self.drained):
+            self._activate(broker)
+        for topic in sorted(self.deleting):
+            self._delete(topic)
+
+    def unsettled(self) -> list[str]:
+        problems = [f"broker {b} is still drained by the operator" for b in sorted(self.drained)]
+        problems += [f"the deletion of {t} has not answered" for t in sorted(self.deleting)]
+        return problems
+
+    def _create(self, topic: str) -> None:
+        """As a broker creates a reliable topic (with or without data planes), once: a
+        creation that landed late after the deletion would bring the topic back."""
+        running = [node.running for node in self.nodes if node.running is not None]
+        if not running:
+            return
+        process = self.world.rng.choice(running)
+        compares, ops = creation([parse_topic(topic)], DispatchStrategy.RELIABLE)
+        origin = Origin(process.name, "create")
+        etcd = process.etcd
+        process.call(f"create {topic}", lambda: etcd.txn(compares, ops, origin), _ignore)
+
+    def _operate(self) -> None:
+        rng = self.world.rng
+        kind = rng.choice(("unload", "drain", "delete", "policy"))
+        if kind == "unload":
+            self._unload(rng.choice(self.topics))
+        elif kind == "drain":
+            self._drain(rng.choice(self.nodes).name)
+        elif kind == "delete":
+            self._delete(rng.choice(self.scratch))
+        elif not self._policy_busy:
+            fields = rng.sample(POLICY_FIELDS, rng.randint(1, 2))
+            self._policies({name: rng.randint(1, 1_000) for name in fields})
+
+    # -- the operations --------------------------------------------------------------------------
+
+    def _unload(self, topic: str) -> None:
+        def local(p: BrokerProcess) -> Flow[None]:
+            return flows.unload_topic(p.name, topic, p.now_ms)
+
+        self._ask("unload", local, lambda _: None)
+
+    def _drain(self, broker: str) -> None:
+        if broker in self.drained:
+            return
+
+        def local(p: BrokerProcess) -> Flow[tuple[list[str], list[str]]]:
+            self.drained.add(broker)  # marked draining, perhaps: activated after the faults
+            plan = yield from flows.plan_drain(p.name, broker, (), (), dry_run=False)
+            moved, failed = [], []
+            for topic in plan.topics:
+                done = yield from flows.drain_topic(p.name, broker, topic, p.now_ms)
+                (moved if done else failed).append(topic)
+            return moved, failed
+
+        def answered(value: tuple[list[str], list[str]]) -> None:
+            self.checker.drain_answered(broker, value[0])
+            self.world.at(
+                self.world.rng.randint(US_PER_S, 4 * US_PER_S), lambda: self._activate(broker)
+            )
+
+        self._ask("drain", local, answered)
+
+    def _activate(self, broker: str) -> None:
+        def local(p: BrokerProcess) -> Flow[None]:
+            return flows.activate(p.name, broker, "")
+
+        def answered(_: Any) -> None:
+            self.drained.discard(broker)
+
+        def refused(error: BaseException) -> bool:
+            gone = any(node.lost for node in self.nodes if node.name == broker)
+            if gone and isinstance(error, DanubeError) and error.code is ErrorCode.NOT_FOUND:
+                self.drained.discard(broker)  # dead for good: nothing to activate
+                return True
+            return False
+
+        self._ask("activate", local, answered, retry=lambda: self._activate(broker), final=refused)
+
+    def _delete(self, topic: str) -> None:
+        def local(p: BrokerProcess) -> Flow[list[str]]:
+            self.deleting.add(topic)
+            return (yield from flows.delete_topic(p.name, topic, p.now_ms))
+
+        def answered(_: Any) -> None:
+            self.deleting.discard(topic)
+            self.checker.delete_answered(topic)
+
+        def refused(error: BaseException) -> bool:
+            if isinstance(error, DanubeError) and error.code is ErrorCode.NOT_FOUND:
+                self.deleting.discard(topic)  # never created, or deleted already
+                return True
+            return False
+
+        self._ask("delete", local, answered, retry=lambda: self._delete(topic), final=refused)
+
+    def _policies(self, changes: dict[str, int]) -> None:
+        self._policy_busy = True
+        self.checker.asked["default"] = changes
+
+        def local(p: BrokerProcess) -> Flow[dict[str, int]]:
+            return flows.namespace_policies("default", changes, clustered=True)
+
+        def ended(_: Any = None) -> None:
+            self._policy_busy = False
+
+        self._ask("policy", local, ended, final=lambda _: ended() or True, direct=True)
+
+    # -- running a call ----------------------------------------------------------------------------
+
+    def _ask(
+        self,
+        kind: str,
+        local: Local,
+        answered: Callable[[Any], None],
+        *,
+        retry: Callable[[], None] | None = None,
+        final: Callable[[BaseException], bool] | None = None,
+        direct: bool = False,
+    ) -> None:
+        """Asks a random running broker; it forwards the leader's operations to the broker
+        it believes leads (`direct`: any broker answers). Without an answer (the broker
+        died) nothing more happens, as for a client whose call was cut; after the faults a
+        `retry` asks again."""
+        running = [node.running for node in self.nodes if node.running is not None]
+        if not running:
+            if retry is not None and self._calm:
+                self.world.at(RETRY_US, retry)
+            return
+        process = self.world.rng.choice(running)
+        self.world.log(f"operator asks broker {process.name}: {kind}")
+
+        def done(end: Finished) -> None:
+            outcome = "ok" if end.error is None else _code(end.error)
+            self.answers[f"{kind} {outcome}"] = self.answers.get(f"{kind} {outcome}", 0) + 1
+            self.world.log(f"operator {kind} answered: {outcome} {end.error or ''}")
+            if end.error is None:
+                answered(end.value)
+                return
+            if _code(end.error) == "bug":
+                raise end.error
+            if final is not None and final(end.error):
+                return
+            if retry is not None and self._calm:
+                self.world.at(RETRY_US, retry)
+
+        flow = local(process) if direct else flows.at_leader(process.name, lambda: local(process))
+        run_flow(process, flow, self._handler(process, local), done)
+
+    def _handler(self, process: BrokerProcess, local: Local) -> Callable[[Any, Answer], None]:
+        def handle(request: Any, answer: Answer) -> None:
+            if not process.alive:
+                return  # the call dies with the broker
+            if isinstance(request, flows.ReadView):
+                m = process.membership
+                leader = m.config.broker_id if m.leading else m.leader
+                answer(flows.Seen(leader, process.manager))
+            elif isinstance(request, Sleep):
+                self.world.at(request.ms * US_PER_MS, lambda: _if_alive(process, answer))
+            elif isinstance(request, flows.Forward):
+                self._forwarded(request.admin_url, local, answer)
+            elif isinstance(request, flows.DeleteObjects | flows.NamespaceSeen):
+                answer(None)
+            else:
+                answer(error=TypeError(f"unexpected admin request {request!r}"))
+
+        return handle
+
+    def _forwarded(self, admin_url: str, local: Local, answer: Answer) -> None:
+        """The leader answers a forwarded call itself, never forwarding it again."""
+        target = next((n.running for n in self.nodes if f"broker-{n.name}:" in admin_url), None)
+        if target is None:
+            answer(error=flows.unavailable(f"{admin_url} does not answer"))
+            return
+
+        def done(end: Finished) -> None:
+            if end.error is not None:
+                answer(error=end.error)
+            else:
+                answer(end.value)
+
+        run_flow(target, local(target), self._handler(target, local), done)
+
+
+def _code(error: BaseException) -> str:
+    """The status the admin services would answer with; "bug" for anything else."""
+    if isinstance(error, StoreUnreachable):
+        return "UNAVAILABLE"
+    if isinstance(error, DanubeError):
+        return error.code.name
+    return "bug"
+
+
+def _ignore(_: Any) -> None:
+    """The creation's outcome shows in the store (a deletion of a topic never created
+    answers NOT_FOUND)."""
+
+
+def _if_alive(process: BrokerProcess, answer: Answer) -> None:
+    if process.alive:
+        answer(None)

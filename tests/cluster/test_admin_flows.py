@@ -1,0 +1,298 @@
+"""The admin flows (danube.requests.admin) against the load manager and a model store, run
+synchronously (`run_now`): routing to the leader, unloads, drains, deletions (the flow waits
+for the owner to let go before it purges), broker modes with a lost answer read back, and
+namespace policies merged under a compare that a concurrent change refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from danube.cluster import keys, records
+from danube.cluster.keys import Marker
+from danube.core.errors import DanubeError, ErrorCode
+from danube.core.names import parse_topic
+from danube.effects import Outcome, Sleep, StoreList, StoreRead, StoreTxn, TxnAnswer
+from danube.effects.flow import Flow, run_now
+from danube.metadata.model import Put
+from danube.node import paths
+from danube.node.settings import merged_policies
+from danube.requests import admin as flows
+from danube.testing import ManagerDriver
+from tests.cluster.test_load_manager import ME, cluster, give, owner
+
+T = "/default/orders"
+
+
+class Port:
+    """Answers a flow's requests from the driver's store and view; `on_sleep` plays the rest
+    of the cluster (an owner letting go) while the flow waits."""
+
+    def __init__(self, d: ManagerDriver, *, leader: str | None = ME) -> None:
+        self.d = d
+        self.leader = leader
+        self.clock = 0
+        self.asked: list[Any] = []
+        self.on_sleep: Callable[[], None] = lambda: None
+        self.on_txn: Callable[[StoreTxn], Outcome | None] = lambda txn: None
+
+    def now(self) -> int:
+        return self.clock
+
+    def __call__(self, request: Any) -> Any:
+        store = self.d.store
+        if isinstance(request, StoreRead):
+            return store.data.get(request.key)
+        if isinstance(request, StoreList):
+            return [kv for k, kv in sorted(store.data.items()) if k.startswith(request.prefix)]
+        if isinstance(request, StoreTxn):
+            forced = self.on_txn(request)
+            ok = forced is None and store.txn(request.compares, request.ops)
+            self.d.settle(0)
+            if ok:
+                return TxnAnswer(Outcome.COMMITTED, revision=store.revision)
+            found = {key: store.data.get(key) for key in request.read_back}
+            return TxnAnswer(forced or Outcome.REFUSED, found)
+        if isinstance(request, flows.ReadView):
+            return flows.Seen(self.leader, self.d.manager)
+        if isinstance(request, Sleep):
+            self.clock += request.ms
+            self.on_sleep()
+            self.d.settle(0)
+            return None
+        self.asked.append(request)
+        if isinstance(request, flows.Forward):
+            return "the leader's reply"
+        return None
+
+    def run(self, flow: Flow[Any]) -> Any:
+        return run_now(flow, self)
+
+
+def mark_ready(d: ManagerDriver, topic: str) -> None:
+    """The owner let go of `topic`: its marker becomes ready."""
+    kv = d.store.data.get(keys.unassigned_key(topic))
+    if kv is not None and kv.value is not None:
+        marker = Marker.from_json(kv.value)
+        if not marker.ready:
+            d.store.put(kv.key, dataclasses.replace(marker, ready=True).to_json())
+
+
+def created(d: ManagerDriver, topic: str, broker: str) -> None:
+    name = parse_topic(topic)
+    d.store.put(paths.topic_delivery(name), "reliable")
+    d.store.put(paths.namespace_topic(name), {})
+    give(d, broker, topic)
+
+
+def refused(port: Port, flow: Flow[Any]) -> DanubeError:
+    with pytest.raises(DanubeError) as caught:
+        port.run(flow)
+    return caught.value
+
+
+# -- routing ------------------------------------------------------------------------------------
+
+
+def test_a_follower_forwards_to_the_leaders_registered_admin_port() -> None:
+    d = cluster("1", "2")
+    d.store.put(keys.register_key("2"), {"admin_addr": "http://two:50051"})
+    port = Port(d, leader="2")
+    here = port.run(flows.at_leader(ME, flows.run_here))
+    assert here == "the leader's reply"
+    assert port.asked == [flows.Forward("http://two:50051")]
+
+
+def test_no_leader_or_no_admin_address_is_unavailable() -> None:
+    d = cluster("1", "2")
+    assert refused(Port(d, leader=None), flows.at_leader(ME, flows.run_here)).code is (
+        ErrorCode.UNAVAILABLE
+    )
+    error = refused(Port(d, leader="2"), flows.at_leader(ME, flows.run_here))
+    assert "admin address is not registered" in error.message
+
+
+def test_the_leader_runs_the_call_itself() -> None:
+    port = Port(cluster("1", "2"))
+    assert port.run(flows.at_leader(ME, flows.run_here)) is None
+    assert port.asked == [flows.RunHere()]
+
+
+# -- unloads and drains -------------------------------------------------------------------------
+
+
+def test_an_unload_waits_until_another_broker_has_the_topic() -> None:
+    d = cluster("1", "2")
+    created(d, T, "2")
+    port = Port(d)
+    port.on_sleep = lambda: mark_ready(d, T)
+    port.run(flows.unload_topic(ME, T, port.now))
+    assert owner(d, T) == "1"
+
+
+def test_an_unload_that_nobody_finishes_is_under_way_after_the_wait() -> None:
+    d = cluster("1", "2")
+    created(d, T, "2")
+    port = Port(d)
+    error = refused(port, flows.unload_topic(ME, T, port.now))
+    assert error.code is ErrorCode.UNAVAILABLE and "under way" in error.message
+    assert port.clock >= flows.MOVE_WAIT_MS
+
+
+def test_unloading_an_unknown_topic_is_not_found() -> None:
+    port = Port(cluster("1", "2"))
+    assert refused(port, flows.unload_topic(ME, "/default/nope", port.now)).code is (
+        ErrorCode.NOT_FOUND
+    )
+
+
+def test_a_leader_that_stops_leading_mid_way_says_so() -> None:
+    d = cluster("1", "2")
+    created(d, T, "2")
+    port = Port(d)
+
+    def deposed() -> None:
+        port.leader = "2"
+
+    port.on_sleep = deposed
+    error = refused(port, flows.unload_topic(ME, T, port.now))
+    assert "stopped leading" in error.message
+
+
+def test_a_drain_marks_the_broker_draining_and_moves_each_topic() -> None:
+    d = cluster("1", "2")
+    for topic in ("/a/x", "/b/y"):
+        created(d, topic, "2")
+    port = Port(d)
+    port.on_sleep = lambda: [mark_ready(d, t) for t in ("/a/x", "/b/y")]
+    plan = port.run(flows.plan_drain(ME, "2", ("a",), (), dry_run=False))
+    assert plan.topics == ["/a/x"]
+    mode = d.store.value(keys.state_key("2"))
+    assert mode == records.state_value(records.DRAINING, "admin_unload")
+    assert port.run(flows.drain_topic(ME, "2", "/a/x", port.now)) is True
+    assert owner(d, "/a/x") == "1" and owner(d, "/b/y") == "2"
+
+
+def test_a_dry_run_drain_writes_nothing() -> None:
+    d = cluster("1", "2")
+    created(d, T, "2")
+    revision = d.store.revision
+    plan = Port(d).run(flows.plan_drain(ME, "2", (), (), dry_run=True))
+    assert plan.topics == [T] and d.store.revision == revision
+
+
+def test_draining_the_only_active_broker_is_refused() -> None:
+    d = cluster("1")
+    error = refused(Port(d), flows.plan_drain(ME, "1", (), (), dry_run=False))
+    assert error.code is ErrorCode.FAILED_PRECONDITION
+
+
+def test_a_mode_change_whose_answer_was_lost_counts_when_it_landed() -> None:
+    d = cluster("1", "2")
+    port = Port(d)
+
+    def lost_after_landing(txn: StoreTxn) -> Outcome | None:
+        d.store.txn(txn.compares, txn.ops)
+        return Outcome.UNKNOWN
+
+    port.on_txn = lost_after_landing
+    port.run(flows.activate(ME, "2", ""))
+    assert d.store.value(keys.state_key("2")) == records.state_value("active", "admin_activate")
+
+
+def test_a_mode_change_that_did_not_land_is_unavailable() -> None:
+    port = Port(cluster("1", "2"))
+    port.on_txn = lambda txn: Outcome.UNKNOWN
+    assert refused(port, flows.activate(ME, "2", "")).code is ErrorCode.UNAVAILABLE
+
+
+# -- deletion -----------------------------------------------------------------------------------
+
+
+def test_a_deletion_waits_for_the_owner_then_purges_and_deletes_the_objects() -> None:
+    d = cluster("1", "2")
+    created(d, T, "2")
+    port = Port(d)
+    seen_owner_let_go: list[bool] = []
+
+    def owner_lets_go() -> None:
+        seen_owner_let_go.append(True)
+        mark_ready(d, T)
+
+    port.on_sleep = owner_lets_go
+    assert port.run(flows.delete_topic(ME, T, port.now)) == [T]
+    assert seen_owner_let_go
+    name = parse_topic(T)
+    assert not [k for k in d.store.data if k.startswith(paths.topic_prefix(name))]
+    assert keys.unassigned_key(T) not in d.store.data
+    assert paths.namespace_topic(name) not in d.store.data
+    assert owner(d, T) is None
+    assert port.asked == [flows.DeleteObjects(T)]
+
+
+def test_a_purge_whose_answer_was_lost_is_read_back() -> None:
+    d = cluster("1", "2")
+    created(d, T, "2")
+    port = Port(d)
+    port.on_sleep = lambda: mark_ready(d, T)
+
+    def lost(txn: StoreTxn) -> Outcome | None:
+        if txn.purpose.startswith("purge"):
+            d.store.txn(txn.compares, txn.ops)
+            return Outcome.UNKNOWN
+        return None
+
+    port.on_txn = lost
+    assert port.run(flows.delete_topic(ME, T, port.now)) == [T]
+    assert port.asked == [flows.DeleteObjects(T)]
+
+
+def test_deleting_an_unknown_topic_is_not_found() -> None:
+    port = Port(cluster("1", "2"))
+    assert refused(port, flows.delete_topic(ME, "/default/nope", port.now)).code is (
+        ErrorCode.NOT_FOUND
+    )
+
+
+# -- policies -----------------------------------------------------------------------------------
+
+
+def test_namespace_policies_are_merged_with_the_stores_and_a_race_is_read_again() -> None:
+    d = cluster("1")
+    key = paths.namespace_policy("default")
+    d.store.put(key, merged_policies(None, {"max_producers_per_topic": 3}))
+    port = Port(d)
+    raced: list[bool] = []
+
+    def concurrent_change(txn: StoreTxn) -> Outcome | None:
+        if not raced:
+            raced.append(True)
+            d.store.txn(
+                (), (Put(key, merged_policies(d.store.value(key), {"max_publish_rate": 9})),)
+            )
+        return None
+
+    port.on_txn = concurrent_change
+    merged = port.run(
+        flows.namespace_policies("default", {"max_consumers_per_topic": 4}, clustered=True)
+    )
+    assert merged["max_producers_per_topic"] == 3
+    assert merged["max_publish_rate"] == 9
+    assert merged["max_consumers_per_topic"] == 4
+    assert d.store.value(key) == merged
+    assert port.asked == [flows.NamespaceSeen("default", merged)]
+
+
+def test_policies_of_a_namespace_nobody_created_are_not_found() -> None:
+    port = Port(cluster("1"))
+    flow = flows.namespace_policies("nope", {"max_publish_rate": 1}, clustered=True)
+    assert refused(port, flow).code is ErrorCode.NOT_FOUND
+
+
+def test_topic_policies_are_the_owners() -> None:
+    port = Port(cluster("1"))
+    port.run(flows.topic_policies(T, {"max_publish_rate": 1}))
+    assert port.asked == [flows.OwnerAdmin(T), flows.TopicPolicies(T, {"max_publish_rate": 1})]
