@@ -108,6 +108,8 @@ def subscribe(
 
 
 def start_position(wire: ext_pb.StartPosition) -> StartPosition:
+    import betterproto
+
     which, value = betterproto.which_one_of(wire, "position")
     if which == "earliest":
         return StartPosition(StartKind.EARLIEST)
