@@ -1,10 +1,11 @@
 """A topic's WAL segment files on local disk: the real-I/O side of `danube.wal`.
 
 `SegmentFiles` performs the WAL machine's file effects (create, write, fsync, close, delete)
-and its file reads; `recover` turns whatever a crash left in the directory into a
-`RecoveryPlan` and carries out its actions; `WalExecutor` runs one topic's effects in order and
-feeds completions back to the machine. Every decision (offsets, group commit, rotation, what
-recovery keeps) stays in the pure machine; blocking calls run in worker threads.
+and its file reads; `scan` and `carry_out` turn whatever a crash left in the directory into
+what a `RecoveryPlan` keeps. The production port (`danube.broker.io_port`) calls it for the
+interpreter, which orders each topic's effects and feeds completions back to the machine.
+Every decision (offsets, group commit, rotation, what recovery keeps) stays in the pure
+machines; blocking calls run in worker threads.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import logging
 import os
 import shutil
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -328,65 +327,3 @@ def _write_all(fd: int, data: bytes, position: int) -> None:
             raise OSError(errno.EIO, "pwrite wrote nothing")
         view = view[written:]
         position += written
-
-
-Completion = Callable[[Effect, OSError | None], list[Effect]]
-"""Feeds the outcome of a file effect back to the machine (write_done / fsync_done or their
-failures) and returns the machine's new effects."""
-
-
-class WalExecutor:
-    """Runs one topic's WAL effects strictly in order (the machine relies on it: a segment's
-    header before its frames, a write before its fsync) and passes the effects meant for
-    others (`Acknowledge`, `Readable`, `Failed`) to `emit` as soon as they come."""
-
-    def __init__(
-        self, files: SegmentFiles, complete: Completion, emit: Callable[[Effect], None]
-    ) -> None:
-        self._files = files
-        self._complete = complete
-        self._emit = emit
-        self._queue: deque[Effect] = deque()
-        self._wakeup = trio.Event()
-        self._busy = False
-        self._idle = trio.Event()
-
-    def submit(self, effects: Iterable[Effect]) -> None:
-        for effect in effects:
-            if isinstance(effect, FILE_EFFECTS):
-                self._queue.append(effect)
-            else:
-                self._emit(effect)
-        self._wakeup.set()
-
-    def discard(self) -> None:
-        """Drops the effects not started yet (the machine failed; spec/durability.md)."""
-        self._queue.clear()
-
-    async def idle(self) -> None:
-        """Returns once no effect is queued or under way."""
-        while self._busy or self._queue:
-            await self._idle.wait()
-
-    async def run(self) -> None:
-        """Executes effects until cancelled."""
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            while self._queue:
-                effect = self._queue.popleft()
-                self._busy = True
-                try:
-                    await self._files.perform(effect)
-                    error = None
-                except OSError as failure:
-                    log.error(
-                        "event=wal_io_failed directory=%s effect=%s error=%r",
-                        self._files.directory, type(effect).__name__, failure,
-                    )  # fmt: skip
-                    error = failure
-                finally:
-                    self._busy = False
-                self.submit(self._complete(effect, error))
-            idle, self._idle = self._idle, trio.Event()
-            idle.set()
