@@ -128,7 +128,7 @@ _LEVELS: dict[str, int] = {
     "upload_failed": logging.WARNING,
     "orphan_delete_failed": logging.WARNING,
     "objects_not_deleted": logging.WARNING,
-    "index_commit_unresolved": logging.WARNING,
+    "index_commit_unresolved": logging.INFO,
     "wal_loaded": logging.INFO,
     "wal_dropped": logging.INFO,
     "segment_uploaded": logging.INFO,
