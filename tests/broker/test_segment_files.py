@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import trio
 
 from danube.broker.metrics import WalMetrics
-from danube.broker.segment_files import SegmentFiles, WalExecutor
+from danube.broker.segment_files import FILE_EFFECTS, SegmentFiles
 from danube.wal import format
 from danube.wal.machine import (
     Acknowledge,
@@ -34,7 +35,8 @@ def _now() -> int:
 
 
 class Log:
-    """A WAL on real files, with the machine's completions wired back."""
+    """A WAL on real files, with the machine's completions wired back: its file effects run
+    one at a time, in order (what the interpreter's per-topic lane does in the broker)."""
 
     def __init__(self, machine: WalMachine, files: SegmentFiles) -> None:
         self.machine = machine
@@ -42,7 +44,29 @@ class Log:
         self.acknowledged = -1
         self.performed: list[type] = []
         self.changed = trio.Event()
-        self.executor = WalExecutor(files, self._complete, self._emit)
+        self._queue: deque[Effect] = deque()
+        self._wakeup = trio.Event()
+
+    def submit(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, FILE_EFFECTS):
+                self._queue.append(effect)
+            else:
+                self._emit(effect)
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            while self._queue:
+                effect = self._queue.popleft()
+                try:
+                    await self.files.perform(effect)
+                    error = None
+                except OSError as failure:
+                    error = failure
+                self.submit(self._complete(effect, error))
 
     def _complete(self, effect: Effect, error: OSError | None) -> list[Effect]:
         self.performed.append(type(effect))
@@ -65,7 +89,7 @@ class Log:
 
     def append(self, records: list[bytes]) -> int:
         first, effects = self.machine.append(records, _now())
-        self.executor.submit(effects)
+        self.submit(effects)
         return first + len(records) - 1
 
     async def acknowledged_through(self, offset: int) -> None:
@@ -100,7 +124,7 @@ async def open_log(
     files = SegmentFiles(directory, sync_writes=sync_writes, metrics=metrics)
     plan = await files.recover(TOPIC)
     log = Log(WalMachine(TOPIC, config, plan), files)
-    run(log.executor.run)
+    run(log.run)
     return log
 
 

@@ -1,8 +1,9 @@
 """The object tier's storage through fsspec (`file://`, `memory://`, `s3://` and the rest):
-whole-object writes, ranged reads, listings and deletes. Every call blocks, so the runtime runs
-them in worker threads; nothing here decides anything (`danube.tiering` does). A deleted
-topic's objects are removed by `delete_topic_objects`, the one routine every deleting path
-(the standalone runtime, the cluster's DeleteTopic) shares.
+whole-object writes, ranged reads, listings and deletes. Every call blocks, so the production
+port (`danube.broker.io_port`) runs them in worker threads; nothing here decides anything
+(`danube.tiering` does). A deleted topic's objects are removed by the interpreter's
+`flows.delete_objects`, in a drop or, for the cluster's DeleteTopic, through
+`delete_topic_objects`.
 
 Credentials are never passed through here: s3fs reads them from the environment and the
 SDK's default chain, so they appear in no configuration dump and no log line.
@@ -11,6 +12,7 @@ SDK's default chain, so they appear in no configuration dump and no log line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -23,7 +25,10 @@ import fsspec
 import trio
 
 from danube import keys
+from danube.broker.store_port import drive
 from danube.core.names import parse_topic
+from danube.effects import ObjectDelete, ObjectList
+from danube.interpreter import flows
 from danube.tiering import UploadError
 from danube.wal.format import WalFormatError
 
@@ -135,17 +140,23 @@ def classify(error: BaseException) -> UploadError:
 
 
 async def delete_topic_objects(objects: ObjectStore, topic: str) -> bool:
-    """Deletes a deleted topic's uploaded objects (trio, in worker threads); False when the
-    store failed. A failure never fails the deletion: its metadata is gone, so the objects
-    left are named by no index and never read again, and the log line says which remain."""
+    """Deletes a deleted topic's uploaded objects (trio, in worker threads) by the
+    interpreter's own flow (`flows.delete_objects`, what a dropped topic's objects go
+    through); False when the store failed. A failure never fails the deletion: its metadata
+    is gone, so the objects left are named by no index and never read again, and the log
+    line says which remain."""
     prefix = keys.object_prefix(parse_topic(topic))
-    deleted = 0
-    try:
-        listed = await trio.to_thread.run_sync(objects.list, prefix)
-        for key, _ in listed:
-            await trio.to_thread.run_sync(objects.delete, key)
-            deleted += 1
-    except Exception as error:
+
+    async def perform(request: Any) -> Any:
+        if isinstance(request, ObjectList):
+            return await trio.to_thread.run_sync(objects.list, request.prefix)
+        assert isinstance(request, ObjectDelete), request
+        with contextlib.suppress(FileNotFoundError):  # what is not there is deleted
+            await trio.to_thread.run_sync(objects.delete, request.key)
+        return None
+
+    deleted, error = await drive(flows.delete_objects(prefix), perform)
+    if error is not None:
         log.warning(
             "event=objects_not_deleted topic=%s prefix=%s deleted=%d error=%r",
             topic, prefix, deleted, error,

@@ -1,10 +1,11 @@
 """A topic's WAL segment files on local disk: the real-I/O side of `danube.wal`.
 
 `SegmentFiles` performs the WAL machine's file effects (create, write, fsync, close, delete)
-and its file reads; `recover` turns whatever a crash left in the directory into a
-`RecoveryPlan` and carries out its actions; `WalExecutor` runs one topic's effects in order and
-feeds completions back to the machine. Every decision (offsets, group commit, rotation, what
-recovery keeps) stays in the pure machine; blocking calls run in worker threads.
+and its file reads; `scan` and `carry_out` turn whatever a crash left in the directory into
+what a `RecoveryPlan` keeps. The production port (`danube.broker.io_port`) calls it for the
+interpreter, which orders each topic's effects and feeds completions back to the machine.
+Every decision (offsets, group commit, rotation, what recovery keeps) stays in the pure
+machines; blocking calls run in worker threads.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from danube.broker.metrics import WalMetrics
+from danube.effects import TopicScan
 from danube.wal import checkpoint as ck
 from danube.wal import format
 from danube.wal.machine import (
@@ -81,7 +83,7 @@ class SegmentFiles:
         self._created = False
         """A segment was started since these files were opened: the next one is a rotation
         (the first after a start or a reload only reopens the log, whatever its offset)."""
-        self._sync_writes = sync_writes
+        self.sync_writes = sync_writes
         """Every Write is fsynced in the same worker-thread call (`WalConfig.synced_writes`:
         the machine then asks for no Fsync after it)."""
         self._mark: ck.Checkpoint | None = None
@@ -101,38 +103,60 @@ class SegmentFiles:
         """Scans every segment, reads the checkpoint and the operator's `accept-loss` file,
         plans recovery with that evidence and the core's (`acknowledged_end`, `indexed_end`;
         raising `CorruptSegment` when durable data changed or is missing) and performs the
-        plan's actions. Then the recovered end is marked in the checkpoint (the kept segments
-        are durable now) and an `accept-loss` file is removed: the result builds the
-        `WalMachine`."""
-        await trio.to_thread.run_sync(lambda: self.directory.mkdir(parents=True, exist_ok=True))
-        scans = []
-        for base in await trio.to_thread.run_sync(self.segment_bases):
-            scans.append((base, await trio.to_thread.run_sync(_scan_file, self.path(base))))
-        self._mark = await trio.to_thread.run_sync(self._read_checkpoint)
-        accepted = await trio.to_thread.run_sync(self._read_loss_accepted)
+        plan's actions (`scan`, then `carry_out`: what the interpreter's `recover` flow asks
+        of the production port, composed here for tools and tests that hold no core)."""
+        scan = await trio.to_thread.run_sync(self.scan)
         evidence = RecoveryEvidence(
-            checkpoint_end=None if self._mark is None else self._mark.durable_end,
+            checkpoint_end=scan.checkpoint_end,
             acknowledged_end=acknowledged_end,
             indexed_end=indexed_end,
-            loss_accepted_at=accepted,
+            loss_accepted_at=scan.loss_accepted_at,
         )
-        plan = plan_recovery(topic, scans, evidence)
-        for action in plan.actions:
+        plan = plan_recovery(topic, list(scan.segments), evidence)
+        mark = plan.next_offset if plan.next_offset or scan.checkpoint_end is not None else None
+        clear = scan.loss_accepted_at is not None
+        await trio.to_thread.run_sync(
+            self.carry_out, topic, tuple(plan.actions), mark, clear, _now_ms()
+        )
+        return plan
+
+    def scan(self) -> TopicScan:
+        """The directory as recovery sees it (`danube.effects.ScanTopic`): every segment's
+        scan, the checkpoint's durable end, the `accept-loss` offset. Blocking."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        scans = tuple((base, _scan_file(self.path(base))) for base in self.segment_bases())
+        self._mark = self._read_checkpoint()
+        return TopicScan(
+            scans,
+            None if self._mark is None else self._mark.durable_end,
+            self._read_loss_accepted(),
+        )
+
+    def carry_out(
+        self,
+        topic: str,
+        actions: tuple[Any, ...],
+        mark: int | None,
+        clear_loss_accepted: bool,
+        now_ms: int,
+    ) -> None:
+        """A recovery plan's actions (`danube.effects.RecoverTopic`), then the recovered end
+        marked in the checkpoint (the kept segments are durable now) and an `accept-loss`
+        file removed. Blocking."""
+        for action in actions:
             if isinstance(action, PlaceSegment):
-                header = format.encode_segment_header(topic, action.segment_base, _now_ms())
-                create = CreateSegment(action.segment_base, header)
-                os.close(await trio.to_thread.run_sync(self._create, create))
+                header = format.encode_segment_header(topic, action.segment_base, now_ms)
+                os.close(self._create(CreateSegment(action.segment_base, header)))
             else:
-                await trio.to_thread.run_sync(self._recovery_action, action)
-        if plan.next_offset or self._mark is not None:
-            await trio.to_thread.run_sync(self.write_checkpoint, plan.next_offset)
-        if accepted is not None:
+                self._recovery_action(action)
+        if mark is not None:
+            self.write_checkpoint(mark)
+        if clear_loss_accepted:
             log.warning(
                 "event=wal_loss_accepted directory=%s continues_at=%d",
-                self.directory, plan.next_offset,
+                self.directory, 0 if mark is None else mark,
             )  # fmt: skip
-            await trio.to_thread.run_sync(self._remove_loss_accepted)
-        return plan
+            self._remove_loss_accepted()
 
     def _read_checkpoint(self) -> ck.Checkpoint | None:
         try:
@@ -191,7 +215,7 @@ class SegmentFiles:
         metrics = self._metrics
         if isinstance(effect, Write):
             fd = self._writable(effect.segment_base)
-            if self._sync_writes:
+            if self.sync_writes:
                 synced = await trio.to_thread.run_sync(
                     _write_synced, fd, effect.data, effect.position
                 )
@@ -252,15 +276,26 @@ class SegmentFiles:
         action = TruncateSegment(segment_base, size)
         await trio.to_thread.run_sync(self._recovery_action, action)
 
+    def read_bytes(self, segment_base: int, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [`start`, `end`) of a segment (to its end when `end` is None); raises
+        `FileNotFoundError` when the segment is gone. Blocking."""
+        with open(self.path(segment_base), "rb") as file:
+            file.seek(start)
+            return file.read() if end is None else file.read(end - start)
+
+    def remove(self) -> None:
+        """Closes the files and deletes the directory with everything in it. Blocking."""
+        self.close()
+        if self.directory.exists():
+            shutil.rmtree(self.directory)
+
     async def read(self, plan: FileRead) -> tuple[bytes, ...]:
         """The records a `FileRead` asked for, verified frame by frame."""
 
-        def read_range() -> bytes:
-            with open(self.path(plan.segment_base), "rb") as file:
-                file.seek(plan.start)
-                return file.read(plan.end - plan.start)
-
-        return decode_file_read(plan, await trio.to_thread.run_sync(read_range))
+        data = await trio.to_thread.run_sync(
+            self.read_bytes, plan.segment_base, plan.start, plan.end
+        )
+        return decode_file_read(plan, data)
 
     def close(self) -> None:
         for fd in self._open.values():
@@ -292,65 +327,3 @@ def _write_all(fd: int, data: bytes, position: int) -> None:
             raise OSError(errno.EIO, "pwrite wrote nothing")
         view = view[written:]
         position += written
-
-
-Completion = Callable[[Effect, OSError | None], list[Effect]]
-"""Feeds the outcome of a file effect back to the machine (write_done / fsync_done or their
-failures) and returns the machine's new effects."""
-
-
-class WalExecutor:
-    """Runs one topic's WAL effects strictly in order (the machine relies on it: a segment's
-    header before its frames, a write before its fsync) and passes the effects meant for
-    others (`Acknowledge`, `Readable`, `Failed`) to `emit` as soon as they come."""
-
-    def __init__(
-        self, files: SegmentFiles, complete: Completion, emit: Callable[[Effect], None]
-    ) -> None:
-        self._files = files
-        self._complete = complete
-        self._emit = emit
-        self._queue: deque[Effect] = deque()
-        self._wakeup = trio.Event()
-        self._busy = False
-        self._idle = trio.Event()
-
-    def submit(self, effects: Iterable[Effect]) -> None:
-        for effect in effects:
-            if isinstance(effect, FILE_EFFECTS):
-                self._queue.append(effect)
-            else:
-                self._emit(effect)
-        self._wakeup.set()
-
-    def discard(self) -> None:
-        """Drops the effects not started yet (the machine failed; spec/durability.md)."""
-        self._queue.clear()
-
-    async def idle(self) -> None:
-        """Returns once no effect is queued or under way."""
-        while self._busy or self._queue:
-            await self._idle.wait()
-
-    async def run(self) -> None:
-        """Executes effects until cancelled."""
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            while self._queue:
-                effect = self._queue.popleft()
-                self._busy = True
-                try:
-                    await self._files.perform(effect)
-                    error = None
-                except OSError as failure:
-                    log.error(
-                        "event=wal_io_failed directory=%s effect=%s error=%r",
-                        self._files.directory, type(effect).__name__, failure,
-                    )  # fmt: skip
-                    error = failure
-                finally:
-                    self._busy = False
-                self.submit(self._complete(effect, error))
-            idle, self._idle = self._idle, trio.Event()
-            idle.set()

@@ -168,6 +168,8 @@ class Uploaded:
 class UploadFailed:
     kind: UploadError
     reason: str
+    error: BaseException | None = None
+    """The failure itself, for the log line (operators read what the store said)."""
 
 
 def classify(error: BaseException) -> UploadError:
@@ -197,7 +199,7 @@ def upload(topic: str, effect: UploadSegment) -> Flow[Uploaded | UploadFailed]:
         )
         yield ObjectPut(effect.key, data)
     except Exception as error:
-        return UploadFailed(classify(error), f"{type(error).__name__}: {error}")
+        return UploadFailed(classify(error), f"{type(error).__name__}: {error}", error)
     return Uploaded(facts.size, facts.crc32c, tuple(facts.offset_index))
 
 

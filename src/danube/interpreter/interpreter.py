@@ -648,7 +648,7 @@ class Interpreter:
                         topic=io.topic,
                         key=effect.key,
                         kind=result.kind.value,
-                        error=result.reason,
+                        error=result.reason if result.error is None else result.error,
                     )
                     self._apply_step(
                         lambda: core.tier_upload_failed(io, result.kind, result.reason, now_ms=now)
