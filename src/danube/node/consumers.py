@@ -21,7 +21,7 @@ from danube.dispatch import (
     SubscriptionType,
 )
 from danube.dispatch import reliable as rd
-from danube.dispatch.protocol import DispatchEffect, Subscription
+from danube.dispatch.protocol import Subscription
 from danube.node import paths
 from danube.node.catalogue import Catalogue
 from danube.node.effects import Effect, EndStream, PersistMeta, Step
@@ -385,15 +385,20 @@ class Consumers:
     def ack_many(
         self, topic: str, subscription: str, offsets: Iterable[int], *, now_ms: int = 0
     ) -> Step[None]:
-        """`ack` of each offset, in one step (the batched path's AckBatch)."""
+        """`ack` of each offset, in one step (the batched path's AckBatch). Each ack's
+        effects are carried out before the next ack: an ack can free the window and deliver
+        an offset again that a later ack of the same batch settles, and the settled offset's
+        record is let go then (the simulator's seeds 1, 7, 21, 23 and 49 with `--operator 0.2`
+        found the Deliver of a record already let go)."""
         record, sub = self._ack_target(topic, subscription)
         dispatcher = sub.dispatcher
-        effects: list[DispatchEffect] = []
+        out: list[Effect] = []
         for offset in offsets:
-            effects.extend(dispatcher.ack(offset, now_ms))
+            effects = dispatcher.ack(offset, now_ms)
             if not dispatcher.is_pending(offset):
                 sub.records.pop(offset, None)
-        return Step(None, tuple(self._logs.dispatch(record, sub, effects, now_ms)))
+            out.extend(self._logs.dispatch(record, sub, effects, now_ms))
+        return Step(None, tuple(out))
 
     def nack(
         self, topic: str, subscription: str, offset: int, delay_ms: int | None, *, now_ms: int
