@@ -1,7 +1,8 @@
 """A clean run of any size, written as a broker and its clients leave one, for measuring the
 Spark audit at scale (issue 7, point 5) without waiting hours for real traffic to make it.
 
-Storage uses the project's own encoders (`danube.wal.records`, `danube.wal.format`, the
+Storage uses the project's own encoders (`danube.machines.wal.records`,
+`danube.machines.wal.format`, the
 object layout): per topic, sealed segments become objects, the newest two stay in the local
 WAL (the older of them also uploaded, as after an upload that local retention has not pruned
 yet), frames hold 1–64 records as group commits do, and two producers interleave on every
@@ -27,10 +28,10 @@ import pyarrow.parquet as pq
 
 from danube.audit.digest import payload_digest, unique_payload
 from danube.audit.logs import ACK_SCHEMA, ACKS, DELIVERIES, DELIVERY_SCHEMA, partition_of
-from danube.core.names import parse_topic
-from danube.tiering import layout
-from danube.wal import format as wal_format
-from danube.wal import records
+from danube.machines.tiering import layout
+from danube.machines.wal import format as wal_format
+from danube.machines.wal import records
+from danube.values.names import parse_topic
 
 PRODUCERS = 2
 KEYS = 16

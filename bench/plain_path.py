@@ -40,8 +40,8 @@ from grpclib.encoding.base import CodecBase
 
 from bench.grpc_baseline import _serve
 from danube.localcluster.broker_process import BrokerProcess
+from danube.machines.wal import records
 from danube.proto import danube as pb
-from danube.wal import records
 
 PAYLOAD_SIZE = 1024
 WARMUP_CALLS = 300

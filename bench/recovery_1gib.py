@@ -1,6 +1,7 @@
 """WAL recovery of one large segment: how long a broker restart spends on a full-size WAL.
 
-Builds one segment file of `--size-mib` (spec/wal-format.md, written with `danube.wal.format`)
+Builds one segment file of `--size-mib` (spec/wal-format.md, written with
+`danube.machines.wal.format`)
 and times `SegmentFiles.recover`, the broker's recovery path: read the file, scan and
 CRC-verify every frame (numba), plan, then carry out the plan (fsync the newest segment;
 truncate a torn tail). Runs:
@@ -36,9 +37,9 @@ from pathlib import Path
 
 import trio
 
-from danube.broker.segment_files import SegmentFiles
-from danube.wal import format
-from danube.wal.recovery import SyncSegment, TruncateSegment
+from danube.machines.wal import format
+from danube.machines.wal.recovery import SyncSegment, TruncateSegment
+from danube.runtime.segment_files import SegmentFiles
 
 TOPIC = "/default/recovery-bench"
 CHUNK_BYTES = 64 << 20

@@ -1,5 +1,5 @@
 """Cost of the batched path's per-record work and of the plain path's hand codec: the record
-check and stamping kernels (`danube.kernels.batches`) and `danube.wal.records.decode`.
+check and stamping kernels (`danube.kernels.batches`) and `danube.machines.wal.records.decode`.
 
 PYTHONPATH=src .venv/bin/pytest bench/test_batch_kernels_bench.py --benchmark-only
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from danube.kernels.batches import check_records, stamp_frame
-from danube.wal import format, records
+from danube.machines.wal import format, records
 
 
 def _record(payload_size: int, index: int) -> bytes:

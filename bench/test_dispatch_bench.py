@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from danube.core.config import DispatchStrategy, Policies
-from danube.dispatch import QueueLimits, SubscriptionType
-from danube.node.core import BrokerCore, BrokerIdentity
+from danube.machines.dispatch import QueueLimits, SubscriptionType
+from danube.machines.node.core import BrokerCore, BrokerIdentity
+from danube.values.config import DispatchStrategy, Policies
 
 BATCH = 1000
 

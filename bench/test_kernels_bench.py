@@ -24,7 +24,7 @@ from danube.kernels import (
     scan_frames_py,
 )
 from danube.kernels.crc32c import HARDWARE, crc32c_update_sw
-from danube.wal.format import encode_frame
+from danube.machines.wal.format import encode_frame
 
 MIB = 1 << 20
 SEGMENT = 64 * MIB

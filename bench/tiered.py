@@ -62,7 +62,7 @@ from bench.e2e_nonreliable import _percentile
 from bench.e2e_reliable import _HEAD, STALL_S, BenchFailure, _cpu_ticks, _payload
 from danube.client import DanubeClient, DispatchStrategy, SubType
 from danube.localcluster.broker_process import BrokerProcess
-from danube.wal.format import segment_base
+from danube.machines.wal.format import segment_base
 
 BUCKET = "danube-bench"
 UPLOADED = re.compile(

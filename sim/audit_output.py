@@ -19,12 +19,12 @@ from typing import Any
 
 from danube.audit.digest import payload_digest
 from danube.audit.logs import Ack, AuditLogs, Delivery
-from danube.core.names import parse_topic
-from danube.dispatch.types import SubscriptionType
-from danube.tiering import layout
-from danube.tiering.index import IndexEntry
-from danube.wal import format as wal_format
-from danube.wal import records
+from danube.machines.dispatch.types import SubscriptionType
+from danube.machines.tiering import layout
+from danube.machines.tiering.index import IndexEntry
+from danube.machines.wal import format as wal_format
+from danube.machines.wal import records
+from danube.values.names import parse_topic
 from sim.disk import SimDisk
 from sim.objects import SimObjectStore
 from sim.world import World

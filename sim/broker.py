@@ -1,7 +1,8 @@
 """One simulated broker: the real `BrokerCore` (with its WAL and dispatch machines) and the
-real request translation of `danube.node.requests`, driven by simulated I/O instead of trio.
+real request translation of `danube.machines.node.requests`, driven by simulated I/O instead of
+trio.
 
-It does what `danube.broker.runtime` does with the core's effects, with the disk and the
+It does what `danube.runtime.broker` does with the core's effects, with the disk and the
 network of the simulation: metadata changes become durable at once (the real broker replies
 only after they are), WAL file effects run one at a time per topic with simulated latencies,
 receive streams carry stored records over ordered simulated streams. With an object tier it
@@ -20,32 +21,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from danube.core.config import Policies
-from danube.core.errors import DanubeError, ErrorCode
-from danube.dispatch import QueueLimits
-from danube.dispatch.reliable import ReliableSubscription
-from danube.dispatch.types import SubscriptionType
 from danube.interpreter import Interpreter
-from danube.node import requests
-from danube.node.core import (
+from danube.machines.dispatch import QueueLimits
+from danube.machines.dispatch.reliable import ReliableSubscription
+from danube.machines.dispatch.types import SubscriptionType
+from danube.machines.node import requests
+from danube.machines.node.core import (
     BrokerCore,
     BrokerIdentity,
 )
-from danube.proto import danube as pb
-from danube.proto import danube_ext as ext_pb
-from danube.requests import receive
-from danube.requests.publish import BatchRequest
-from danube.requests.receive import Receiver, Send
-from danube.tiering import (
+from danube.machines.requests import receive
+from danube.machines.requests.publish import BatchRequest
+from danube.machines.requests.receive import Receiver, Send
+from danube.machines.tiering import (
     ObjectRead,
     UploaderConfig,
 )
-from danube.wal import format, records
-from danube.wal.machine import (
+from danube.machines.wal import format, records
+from danube.machines.wal.machine import (
     Durability,
     WalConfig,
     Write,
 )
+from danube.proto import danube as pb
+from danube.proto import danube_ext as ext_pb
+from danube.values.config import Policies
+from danube.values.errors import DanubeError, ErrorCode
 from sim.broker_io import SimPort
 from sim.disk import SimDisk, SimFile
 from sim.faults import Faults, Injected

@@ -14,7 +14,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from danube.core.errors import DanubeError
 from danube.effects import (
     CloseTopicFiles,
     MarkDurable,
@@ -40,10 +39,11 @@ from danube.effects import (
     compares_hold,
 )
 from danube.interpreter.host import Done
+from danube.machines.wal import format
+from danube.machines.wal.machine import CloseSegment, CreateSegment, DeleteSegment, Fsync, Write
+from danube.machines.wal.recovery import PlaceSegment, TruncateSegment, UnreadableSegment
 from danube.metadata.model import KeyValue, Put
-from danube.wal import format
-from danube.wal.machine import CloseSegment, CreateSegment, DeleteSegment, Fsync, Write
-from danube.wal.recovery import PlaceSegment, TruncateSegment, UnreadableSegment
+from danube.values.errors import DanubeError
 from sim.objects import StoreError
 
 if TYPE_CHECKING:

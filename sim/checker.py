@@ -43,12 +43,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from danube.core.names import parse_topic
-from danube.dispatch.types import SubscriptionType
 from danube.kernels import crc32c
-from danube.tiering import IndexEntry, IndexFormatError, ObjectRead, layout, validate_index
-from danube.wal import format, records
-from danube.wal.machine import Durability
+from danube.machines.dispatch.types import SubscriptionType
+from danube.machines.tiering import IndexEntry, IndexFormatError, ObjectRead, layout, validate_index
+from danube.machines.wal import format, records
+from danube.machines.wal.machine import Durability
+from danube.values.names import parse_topic
 from sim.broker import Observer, SubscriptionRecordView
 from sim.disk import SimDisk
 from sim.objects import SimObjectStore

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from danube.core.errors import DanubeError, ErrorCode
-from danube.dispatch import LATEST, StartPosition
+from danube.machines.dispatch import LATEST, StartPosition
+from danube.machines.wal import records
+from danube.machines.wal.format import encode_frame
 from danube.proto import danube as pb
 from danube.proto import danube_ext as ext_pb
-from danube.wal import records
-from danube.wal.format import encode_frame
+from danube.values.errors import DanubeError, ErrorCode
 from sim.broker import Reply, SimBroker
 from sim.network import Network
 from sim.world import US_PER_S, World

@@ -27,13 +27,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from danube.cluster.load_manager import Aggressiveness, LoadManagerConfig, RebalancingConfig
-from danube.cluster.membership import MembershipConfig
-from danube.core.config import Policies
-from danube.core.names import parse_topic
+from danube.machines.cluster.load_manager import (
+    Aggressiveness,
+    LoadManagerConfig,
+    RebalancingConfig,
+)
+from danube.machines.cluster.membership import MembershipConfig
+from danube.machines.node import paths
+from danube.machines.node.core import policies_to_json
 from danube.metadata.model import Put
-from danube.node import paths
-from danube.node.core import policies_to_json
+from danube.values.config import Policies
+from danube.values.names import parse_topic
 from sim.broker import EPOCH_MS
 from sim.checker import Violation
 from sim.cluster_admin import AdminChecker, Operator

@@ -1,6 +1,6 @@
 """The operator of a cluster run: drains, activations, topic unloads, topic deletions and
 namespace-policy changes at seed-chosen times, each run through the admin flows production
-runs (`danube.requests.admin`), on a random running broker, which forwards it to the broker
+runs (`danube.machines.requests.admin`), on a random running broker, which forwards it to the broker
 it believes leads as the admin services do. Store requests go to the simulated etcd with its
 faults (`sim.flow_runner.run_flow`); the flows' admin requests are answered here from the
 broker's own machines.
@@ -24,16 +24,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from danube import keys as danube_keys
-from danube.cluster import keys
-from danube.cluster.placement import creation
-from danube.core.config import DispatchStrategy
-from danube.core.errors import DanubeError, ErrorCode
-from danube.core.names import parse_topic
 from danube.effects import Sleep, StoreUnreachable
 from danube.effects.flow import Finished, Flow
+from danube.machines.cluster import keys
+from danube.machines.cluster.placement import creation
+from danube.machines.node.settings import merged_policies
+from danube.machines.requests import admin as flows
 from danube.metadata.model import WatchEvent
-from danube.node.settings import merged_policies
-from danube.requests import admin as flows
+from danube.values.config import DispatchStrategy
+from danube.values.errors import DanubeError, ErrorCode
+from danube.values.names import parse_topic
 from sim.checker import Violation
 from sim.cluster_node import BrokerProcess, SimNode
 from sim.etcd import Origin, SimEtcd

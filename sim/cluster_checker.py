@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from danube.cluster import keys
-from danube.cluster.membership import Phase
+from danube.machines.cluster import keys
+from danube.machines.cluster.membership import Phase
 from danube.metadata.model import WatchEvent
 from sim.checker import Violation
 from sim.cluster_node import SimNode

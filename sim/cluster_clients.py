@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from danube.core.errors import DanubeError, ErrorCode
 from danube.proto import danube as pb
+from danube.values.errors import DanubeError, ErrorCode
 from sim.broker import Reply
 from sim.clients import Caller
 from sim.cluster_node import SimNode

@@ -1,8 +1,8 @@
 """The data plane of a cluster run (`python -m sim --cluster --data`): each broker incarnation
-runs the real `Ownership` machine (`danube.cluster.ownership`) and a real clustered
+runs the real `Ownership` machine (`danube.machines.cluster.ownership`) and a real clustered
 `BrokerCore` with its WAL on the machine's simulated disk and its object tier on the shared
-simulated object store, and does with their effects what `danube.broker.ownership` and
-`danube.broker.runtime` do, against the simulated etcd:
+simulated object store, and does with their effects what `danube.runtime.ownership` and
+`danube.runtime.broker` do, against the simulated etcd:
 
 - **Claim / Release**: one transaction each, the outcome fed back.
 - **Load**: one read of the topic's metadata and object index (at one revision), the writer
@@ -29,19 +29,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from danube.cluster import keys
-from danube.cluster import ownership as own
-from danube.cluster import ownership_flows as flows
-from danube.cluster.keys import Marker
-from danube.cluster.ownership import NotOwner, Ownership, OwnershipConfig
-from danube.core.config import OBJECT_DURABILITY, TopicDurability
-from danube.core.errors import DanubeError, ErrorCode
 from danube.effects import Outcome, StoreTxn, TxnAnswer
 from danube.effects.flow import Finished
 from danube.interpreter import Done, Interpreter
+from danube.machines.cluster import keys
+from danube.machines.cluster import ownership as own
+from danube.machines.cluster import ownership_flows as flows
+from danube.machines.cluster.keys import Marker
+from danube.machines.cluster.ownership import NotOwner, Ownership, OwnershipConfig
+from danube.machines.wal.machine import Durability, WalConfig
 from danube.metadata.model import KeyValue
 from danube.proto import danube as pb
-from danube.wal.machine import Durability, WalConfig
+from danube.values.config import OBJECT_DURABILITY, TopicDurability
+from danube.values.errors import DanubeError, ErrorCode
 from sim.broker import TICK_US, Observer, Reply, SimBroker
 from sim.broker_io import SimPort
 from sim.disk import SimDisk
@@ -258,7 +258,7 @@ class DataPlane:
     # -- effects ----------------------------------------------------------------------------------
 
     def apply(self, effects: list[own.Effect]) -> None:
-        """Each effect runs the broker's own flow (`danube.cluster.ownership_flows`); its
+        """Each effect runs the broker's own flow (`danube.machines.cluster.ownership_flows`); its
         store requests go to the simulated etcd, its core requests to this incarnation's
         broker."""
         host = self.host

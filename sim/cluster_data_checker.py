@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from danube.cluster import keys
-from danube.cluster.ownership import Phase, owner_key, topic_of_key
-from danube.core.names import parse_topic
+from danube.machines.cluster import keys
+from danube.machines.cluster.ownership import Phase, owner_key, topic_of_key
+from danube.machines.tiering import IndexEntry, validate_index
+from danube.machines.tiering import layout as tier_layout
+from danube.machines.wal import format, records
 from danube.metadata.model import WatchEvent
-from danube.tiering import IndexEntry, validate_index
-from danube.tiering import layout as tier_layout
-from danube.wal import format, records
+from danube.values.names import parse_topic
 from sim.checker import Violation
 from sim.cluster_node import SimNode
 from sim.etcd import Origin, SimEtcd

@@ -1,5 +1,5 @@
 """One broker of the cluster run: its `Membership` and `LoadManager` machines, driven as
-`danube.broker.membership.MembershipDriver` and `danube.broker.load_manager.LoadManagerDriver`
+`danube.runtime.membership.MembershipDriver` and `danube.runtime.load_manager.LoadManagerDriver`
 drive them, against `sim.etcd.SimEtcd`, plus the least of a data plane.
 
 What the drivers do, done here with simulated time:
@@ -37,22 +37,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from danube.broker.load_manager import TXNS_IN_FLIGHT
-from danube.broker.watching import REQUEST_TIMEOUT_S, WATCH_RETRY_S
-from danube.cluster import decisions, keys
-from danube.cluster import load_manager as lm
-from danube.cluster import membership as ms
-from danube.cluster import membership_flows as ms_flows
-from danube.cluster.keys import CLUSTER_PREFIX, LEADER_KEY, Marker
-from danube.cluster.load_manager import LoadManager, LoadManagerConfig
-from danube.cluster.membership import Membership, MembershipConfig
-from danube.cluster.placement import creation
-from danube.cluster.ranking import LoadReport
-from danube.core.config import DispatchStrategy
-from danube.core.names import parse_topic
 from danube.effects.flow import Finished
+from danube.machines.cluster import decisions, keys
+from danube.machines.cluster import load_manager as lm
+from danube.machines.cluster import membership as ms
+from danube.machines.cluster import membership_flows as ms_flows
+from danube.machines.cluster.keys import CLUSTER_PREFIX, LEADER_KEY, Marker
+from danube.machines.cluster.load_manager import LoadManager, LoadManagerConfig
+from danube.machines.cluster.membership import Membership, MembershipConfig
+from danube.machines.cluster.placement import creation
+from danube.machines.cluster.ranking import LoadReport
+from danube.machines.node import paths
 from danube.metadata.model import Compare, KeyValue, Put, WatchEvent
-from danube.node import paths
+from danube.runtime.load_manager import TXNS_IN_FLIGHT
+from danube.runtime.watching import REQUEST_TIMEOUT_S, WATCH_RETRY_S
+from danube.values.config import DispatchStrategy
+from danube.values.names import parse_topic
 from sim.cluster_data import DataPlane
 from sim.disk import SimDisk
 from sim.etcd import Origin, SimEtcd, failed
@@ -332,7 +332,7 @@ class BrokerProcess:
             self._membership(self.membership.tick(self.now_ms()))
 
     def _membership_request(self, effect: ms.Effect) -> None:
-        """Runs the request's flow (`danube.cluster.membership_flows`), as the broker's
+        """Runs the request's flow (`danube.machines.cluster.membership_flows`), as the broker's
         membership driver does, over the simulated etcd."""
         flow = ms_flows.flow_of(self.membership, effect, self.now_ms)
         assert flow is not None, effect
@@ -388,7 +388,7 @@ class BrokerProcess:
 
     def create_topic(self, topic: str) -> None:
         """As a broker creating a topic: the namespace's topic record and a null marker (with
-        a data plane, a reliable topic as `danube.cluster.placement.creation` writes it),
+        a data plane, a reliable topic as `danube.machines.cluster.placement.creation` writes it),
         once (a retried creation finds the record and changes nothing)."""
         name = parse_topic(topic)
         record = paths.namespace_topic(name)

@@ -19,7 +19,7 @@ import random
 import struct
 from dataclasses import dataclass, field
 
-from danube.wal import format
+from danube.machines.wal import format
 
 _FRAME = struct.Struct("<IIIHHQ")  # crc, length, magic, flags, count, base offset
 
@@ -48,7 +48,7 @@ class SimDisk:
     def __init__(self) -> None:
         self.topics: dict[str, TopicFiles] = {}
         self.checkpoints: dict[str, int] = {}
-        """Each topic's WAL checkpoint (`danube.wal.checkpoint`): the durable end it marks.
+        """Each topic's WAL checkpoint (`danube.machines.wal.checkpoint`): the durable end it marks.
         A mark is durable once its write completes (the driver's pwrite + fdatasync)."""
         self.full = False
         """Writes fail with ENOSPC while set (fsyncs of written data still succeed)."""

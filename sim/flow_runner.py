@@ -3,7 +3,7 @@ effects: each store request is one request of a broker process to the simulated 
 its latency, stalls, faults and the drivers' timeout, `BrokerProcess.call`), so a flow runs
 here exactly as it runs in a broker, only on simulated time.
 
-What a store effect is answered with follows `danube.broker.store_port`: a read that gets no
+What a store effect is answered with follows `danube.runtime.store_port`: a read that gets no
 answer throws `StoreUnreachable`; a transaction that gets none is `Outcome.UNKNOWN`; after
 any transaction that did not commit, the keys of `read_back` are read, one request each."""
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from danube.cluster.ownership import NotOwner, fence_compares
 from danube.effects import (
     LeaseGone,
     LeaseGrant,
@@ -25,6 +24,7 @@ from danube.effects import (
     TxnAnswer,
 )
 from danube.effects.flow import Finished, Flow, step
+from danube.machines.cluster.ownership import NotOwner, fence_compares
 from danube.metadata import KeyValue, LeaseNotFound
 from sim.etcd import Origin, SimEtcd, failed
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from danube.dispatch.types import StartKind, StartPosition, SubscriptionType
+from danube.machines.dispatch.types import StartKind, StartPosition, SubscriptionType
 from sim.clients import Checker, SimConsumer
 from sim.world import US_PER_MS
 

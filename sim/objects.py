@@ -18,7 +18,7 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from danube.wal import format, records
+from danube.machines.wal import format, records
 from sim.faults import Faults, Injected
 from sim.world import World
 

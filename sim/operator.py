@@ -5,9 +5,9 @@ everything else. The broker's own answer to each change (effects, refusals) is w
 
 from __future__ import annotations
 
-from danube.core.errors import DanubeError
-from danube.dispatch.reliable import Backoff
-from danube.node.settings import PoisonPolicy, SubscriptionFailureSettings
+from danube.machines.dispatch.reliable import Backoff
+from danube.machines.node.settings import PoisonPolicy, SubscriptionFailureSettings
+from danube.values.errors import DanubeError
 from sim.broker import SimBroker
 from sim.faults import Injected
 from sim.world import World

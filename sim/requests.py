@@ -1,10 +1,10 @@
 """The simulated broker's front end: the request flows the gRPC services run
-(`danube.requests`: publish one message or a batch, subscribe, ack one or many, nack; a
-receive stream's decisions are `danube.requests.receive.Receiver`'s, in `SimBroker`),
+(`danube.machines.requests`: publish one message or a batch, subscribe, ack one or many, nack; a
+receive stream's decisions are `danube.machines.requests.receive.Receiver`'s, in `SimBroker`),
 driven over the simulated broker instead of asyncio, so the simulator checks the order and
 the decisions production makes, not a copy of them.
 
-What a flow asks is answered as `danube.broker.request_driver` answers it, with the
+What a flow asks is answered as `danube.runtime.request_driver` answers it, with the
 simulation's means: a storage wait is a row of the broker's waiter table (the one its WAL
 acknowledgements and failures settle), a pause is a timer of the simulated world, metadata
 is durable at once (`SimBroker._apply`), the broker is never fenced and no topic carries a
@@ -20,11 +20,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from danube.core.errors import DanubeError
 from danube.effects import Sleep
 from danube.effects.flow import Finished, Flow, step
-from danube.requests import publish, receive, settle
-from danube.requests.effects import AdmitSchema, Apply, AwaitStored, CheckFence, SchemaInspects
+from danube.machines.requests import publish, receive, settle
+from danube.machines.requests.effects import (
+    AdmitSchema,
+    Apply,
+    AwaitStored,
+    CheckFence,
+    SchemaInspects,
+)
+from danube.values.errors import DanubeError
 
 if TYPE_CHECKING:
     from sim.broker import SimBroker

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from danube.core.config import DispatchStrategy
-from danube.core.names import parse_topic
-from danube.dispatch.types import StartKind, StartPosition, SubscriptionType
+from danube.machines.dispatch.types import StartKind, StartPosition, SubscriptionType
+from danube.machines.tiering import UploaderConfig, layout
+from danube.machines.wal.machine import Durability, WalConfig
 from danube.proto import danube as pb
-from danube.tiering import UploaderConfig, layout
-from danube.wal.machine import Durability, WalConfig
+from danube.values.config import DispatchStrategy
+from danube.values.names import parse_topic
 from sim.broker import EPOCH_MS, SimBroker
 from sim.checker import InvariantChecker, Violation
 from sim.clients import SimBatchConsumer, SimBatchProducer, SimConsumer, SimProducer

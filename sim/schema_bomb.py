@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from danube.core.errors import DanubeError, ErrorCode
-from danube.schema.registry import Registration
+from danube.machines.schema.registry import Registration
+from danube.values.errors import DanubeError, ErrorCode
 
 if TYPE_CHECKING:
     from sim.schema_run import SchemaSimulation

@@ -33,18 +33,18 @@ from typing import Any
 
 import fastavro
 
-from danube.core.errors import DanubeError, ErrorCode
-from danube.core.names import parse_topic
+from danube.machines.node import paths
+from danube.machines.requests.binding_cache import TTL_S
+from danube.machines.schema import records
+from danube.machines.schema.avro import parse_avro
+from danube.machines.schema.compatibility import CompatibilityMode
+from danube.machines.schema.policy import TopicSchemaConfig, ValidationPolicy, Verdict
+from danube.machines.schema.registry import Subject
 from danube.metadata.model import KeyValue
 from danube.metadata.state import MetadataState
-from danube.node import paths
 from danube.proto import danube as pb
-from danube.requests.binding_cache import TTL_S
-from danube.schema import records
-from danube.schema.avro import parse_avro
-from danube.schema.compatibility import CompatibilityMode
-from danube.schema.policy import TopicSchemaConfig, ValidationPolicy, Verdict
-from danube.schema.registry import Subject
+from danube.values.errors import DanubeError, ErrorCode
+from danube.values.names import parse_topic
 from sim.checker import Violation
 from sim.world import US_PER_S, World
 

@@ -1,7 +1,7 @@
 """A broker's schema registry and publish check in the schema run: the registry's flows
-(`danube.schema.flows`: register, update, the version a message names) and the publish
-check (`danube.requests.schema_gate.admit`, with its binding cache on the simulated clock)
-driven over the simulated etcd as `danube.broker.schema_service` drives them over etcd.
+(`danube.machines.schema.flows`: register, update, the version a message names) and the publish
+check (`danube.machines.requests.schema_gate.admit`, with its binding cache on the simulated clock)
+driven over the simulated etcd as `danube.runtime.schema_service` drives them over etcd.
 
 Every store call crosses the simulated network, so two brokers' reads, decisions and
 compare-and-puts interleave as they would. A store call that gets no answer within the
@@ -16,17 +16,17 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any, Protocol
 
-from danube.core.errors import DanubeError, ErrorCode, invalid
+from danube.machines.requests import schema_gate as gate
+from danube.machines.requests.binding_cache import BindingCache
+from danube.machines.schema import flows, registry
+from danube.machines.schema.budget import LimitExceeded
+from danube.machines.schema.errors import SchemaParseError
+from danube.machines.schema.formats import ParsedSchema, SchemaType, parse, schema_type
+from danube.machines.schema.policy import Problem, TopicSchemaConfig
+from danube.machines.schema.registry import SchemaVersion
 from danube.metadata.model import MetadataError
 from danube.proto import danube as pb
-from danube.requests import schema_gate as gate
-from danube.requests.binding_cache import BindingCache
-from danube.schema import flows, registry
-from danube.schema.budget import LimitExceeded
-from danube.schema.errors import SchemaParseError
-from danube.schema.formats import ParsedSchema, SchemaType, parse, schema_type
-from danube.schema.policy import Problem, TopicSchemaConfig
-from danube.schema.registry import SchemaVersion
+from danube.values.errors import DanubeError, ErrorCode, invalid
 from sim.cluster_node import REQUEST_TIMEOUT_US
 from sim.etcd import Origin, SimEtcd
 from sim.world import US_PER_S, World

@@ -22,14 +22,14 @@ from typing import Any
 
 import fastavro
 
-from danube.core.errors import DanubeError, ErrorCode
-from danube.core.names import parse_topic
-from danube.node import paths
+from danube.machines.node import paths
+from danube.machines.schema import records
+from danube.machines.schema.compatibility import CompatibilityMode
+from danube.machines.schema.policy import TopicSchemaConfig, ValidationPolicy
+from danube.machines.schema.registry import Registration, Subject
 from danube.proto import danube as pb
-from danube.schema import records
-from danube.schema.compatibility import CompatibilityMode
-from danube.schema.policy import TopicSchemaConfig, ValidationPolicy
-from danube.schema.registry import Registration, Subject
+from danube.values.errors import DanubeError, ErrorCode
+from danube.values.names import parse_topic
 from sim import schema_workload
 from sim.checker import Violation
 from sim.cluster_faults import ClusterFaults

@@ -12,8 +12,8 @@ from typing import Any
 import fsspec
 
 from danube.audit.storage import SourceKind, StoredRecord, decode_source
-from danube.tiering import layout
-from danube.wal import format as wal_format
+from danube.machines.tiering import layout
+from danube.machines.wal import format as wal_format
 
 OBJECTS_PREFIX = "storage/topics/"
 

@@ -1,4 +1,4 @@
-"""Reference model of reliable dispatch for one subscription (`danube.dispatch.reliable`).
+"""Reference model of reliable dispatch for one subscription (`danube.machines.dispatch.reliable`).
 
 It does not choose anything: the machine decides who gets which offset and when, and the
 model judges each decision against the rules, the slow and obvious way (sets and lists, full
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from danube.dispatch.types import SubscriptionType
+from danube.machines.dispatch.types import SubscriptionType
 
 SINGLE_ACTIVE = (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
 

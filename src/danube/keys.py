@@ -11,8 +11,8 @@ raises: a foreign key in a scan is skipped, not a crash.
 
 Why `danube.keys` and not `danube.metadata.keys`: object-store keys are not metadata, and
 `danube.metadata` is the store adapters' package; keys are values (pure string functions,
-importing only `danube.core.names`) that every layer above the values may use, machines and
-runtime alike, so they sit at the top of the package beside `danube.core`.
+importing only `danube.values.names`) that every layer above the values may use, machines and
+runtime alike, so they sit at the top of the package beside `danube.values`.
 
 Layout, in short (`<ns>/<t>` is a topic's `TopicName.path`):
 
@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from danube.core.errors import DanubeError
-from danube.core.names import TopicName, parse_topic
+from danube.values.errors import DanubeError
+from danube.values.names import TopicName, parse_topic
 
 # -- shared pieces ------------------------------------------------------------------------------
 

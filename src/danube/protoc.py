@@ -8,7 +8,7 @@ third-party re-implementation of the grammar that would drift from it.
 
 It runs as a program in a private temporary directory (so its diagnostics can be captured
 and nothing else is touched), which is why it lives here and not in the pure
-`danube.schema`: callers (the broker's schema service, tests) compile, and
+`danube.machines.schema`: callers (the broker's schema service, tests) compile, and
 the registry only ever sees the descriptor set."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import grpc_tools
 
-from danube.schema.errors import SchemaParseError
-from danube.schema.protobuf import SCHEMA_FILE
+from danube.machines.schema.errors import SchemaParseError
+from danube.machines.schema.protobuf import SCHEMA_FILE
 
 WELL_KNOWN_PROTOS = Path(grpc_tools.__file__).parent / "_proto"
 

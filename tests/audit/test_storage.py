@@ -14,8 +14,8 @@ from danube.audit.storage import (
     decode_source,
     stream_fields,
 )
+from danube.machines.wal import format as wal_format
 from danube.proto import danube as pb
-from danube.wal import format as wal_format
 
 TOPIC = "/default/audited"
 

@@ -1,5 +1,5 @@
 """A raw HTTP/2 client (the `h2` library over asyncio streams) that behaves as a hostile or
-frozen gRPC client would: the tests of `danube.broker.h2_guard` drive brokers with it."""
+frozen gRPC client would: the tests of `danube.runtime.h2_guard` drive brokers with it."""
 
 from __future__ import annotations
 

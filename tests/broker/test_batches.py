@@ -13,12 +13,12 @@ import pytest
 from grpclib.client import Channel
 from grpclib.const import Status
 
-from danube.broker.grpc_util import Unimplemented
 from danube.client import Batching, DanubeClient, DispatchStrategy
 from danube.localcluster.broker_process import BrokerProcess
+from danube.machines.wal import format, records
 from danube.proto import danube as pb
 from danube.proto import danube_ext as ext_pb
-from danube.wal import format, records
+from danube.runtime.grpc_util import Unimplemented
 from tests.support.aio import receive_n, run, unique_topic
 
 pytestmark = pytest.mark.slow

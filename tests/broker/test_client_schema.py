@@ -17,9 +17,9 @@ from grpclib.client import Channel
 from danube.client import DanubeClient, DanubeClientError, Producer, SchemaRef
 from danube.client.schemas import SchemaRegistry
 from danube.localcluster.broker_process import BrokerProcess
+from danube.machines.schema.avro import encode_json_datum, parse_avro
+from danube.machines.schema.compatibility import CompatibilityMode
 from danube.proto import danube_schema as schema_pb
-from danube.schema.avro import encode_json_datum, parse_avro
-from danube.schema.compatibility import CompatibilityMode
 from tests.support.aio import receive_n, run, unique_topic
 
 pytestmark = pytest.mark.slow

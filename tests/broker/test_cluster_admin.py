@@ -19,13 +19,13 @@ from grpclib.client import Channel
 from grpclib.const import Status
 
 import danube.proto_compat  # noqa: F401  (this test decodes ClusterBalanceResponse)
-from danube.broker.object_store import ObjectStore
 from danube.client import DanubeClient, SubType
 from danube.client.client import DispatchStrategy
 from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
 from danube.localcluster.s3_process import CREDENTIALS
 from danube.proto import danube_admin as pb
+from danube.runtime.object_store import ObjectStore
 
 pytestmark = pytest.mark.slow
 

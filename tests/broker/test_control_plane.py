@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from danube.cluster import keys
+from danube.machines.cluster import keys
 from danube.testing import wait_until
 from tests.support.control_plane import (
     assignments,

@@ -9,9 +9,9 @@ import pytest
 from grpclib.const import Status
 
 from danube.client import DanubeClient, DanubeClientError, SubType
-from danube.core.hashing import partition_for_key
 from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube as pb
+from danube.values.hashing import partition_for_key
 from tests.support.aio import receive_for, receive_n, run, unique_topic
 from tests.support.wire import channel_to, receive_stream
 

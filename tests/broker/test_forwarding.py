@@ -1,4 +1,4 @@
-"""The admin forwarder (danube.broker.forwarding), with in-process grpclib servers: a call is
+"""The admin forwarder (danube.runtime.forwarding), with in-process grpclib servers: a call is
 answered by the broker it is forwarded to, errors keep their status, a broker that cannot be
 reached is UNAVAILABLE naming its address, and a forwarded call is never forwarded again."""
 
@@ -15,10 +15,10 @@ from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Status
 
-from danube.broker.forwarding import forward
-from danube.broker.grpc_util import FORWARDED_HEADER, Server, unary
-from danube.core.errors import DanubeError, ErrorCode, not_found
 from danube.proto import danube_admin as pb
+from danube.runtime.forwarding import forward
+from danube.runtime.grpc_util import FORWARDED_HEADER, Server, unary
+from danube.values.errors import DanubeError, ErrorCode, not_found
 
 PATH = "/danube_admin.TopicAdmin/UnloadTopic"
 

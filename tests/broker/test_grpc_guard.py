@@ -15,10 +15,10 @@ from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 
-from danube.broker import grpc_util
-from danube.broker.grpc_util import STATUS_MESSAGE_LIMIT, Server, capped, unary
-from danube.core.errors import invalid
 from danube.proto import danube as pb
+from danube.runtime import grpc_util
+from danube.runtime.grpc_util import STATUS_MESSAGE_LIMIT, Server, capped, unary
+from danube.values.errors import invalid
 from tests.support.aio import run
 
 

@@ -19,10 +19,10 @@ from grpclib.client import Channel
 from h2.errors import ErrorCodes
 from hyperframe.frame import HeadersFrame
 
-from danube.broker.grpc_util import Server, unary
-from danube.broker.h2_guard import GuardedHandler
-from danube.core.config import GrpcConfig
 from danube.proto import danube as pb
+from danube.runtime.grpc_util import Server, unary
+from danube.runtime.h2_guard import GuardedHandler
+from danube.values.config import GrpcConfig
 from tests.broker.h2_raw import HEALTH_PATH, RawH2, grpc_headers, rapid_reset
 from tests.support.aio import run
 

@@ -1,11 +1,11 @@
-"""The HTTP/2 guard's decisions (`danube.broker.h2_policy`), as properties over any timing."""
+"""The HTTP/2 guard's decisions (`danube.runtime.h2_policy`), as properties over any timing."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube.broker.h2_policy import (
+from danube.runtime.h2_policy import (
     Keepalive,
     KeepaliveAction,
     PingStrikes,

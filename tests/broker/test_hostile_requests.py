@@ -17,11 +17,11 @@ from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 
-from danube.broker.server import ADMIN_PORT_BASES, CLIENT_PORT_BASES
 from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from danube.proto import danube_ext as ext_pb
+from danube.runtime.server import ADMIN_PORT_BASES, CLIENT_PORT_BASES
 from tests.support.aio import run, unique_topic
 from tests.support.wire import host_port
 

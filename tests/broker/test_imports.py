@@ -12,7 +12,7 @@ import pytest
 
 @pytest.mark.parametrize(
     "first",
-    ["danube.broker.server", "danube.cli.broker", "danube.broker.schema_service"],
+    ["danube.runtime.server", "danube.cli.broker", "danube.runtime.schema_service"],
 )
 def test_the_etcd_backend_loads_after_the_broker_modules(first: str) -> None:
     code = f"import {first}\nfrom danube.metadata import EtcdStore\nprint(EtcdStore.__name__)"

@@ -1,4 +1,4 @@
-"""The production port (`danube.broker.io_port`) under the one interpreter: what the broker
+"""The production port (`danube.runtime.io_port`) under the one interpreter: what the broker
 process does with answers the old runtime had no tests for. A metadata write whose outcome
 is unknown fails the reply that waited for it; an object read that fails and then heals
 serves its records (the decided policy, spec/effects.md)."""
@@ -13,17 +13,17 @@ import pytest
 import trio
 import trio_asyncio
 
-from danube.broker.io_port import ProductionPort, format_event
-from danube.broker.metrics import BrokerMetrics
-from danube.broker.runtime import BrokerRuntime
-from danube.core.errors import DanubeError, ErrorCode
 from danube.effects import Backoff
 from danube.effects.flow import Finished, Flow, step
 from danube.interpreter import flows
+from danube.machines.tiering import ObjectRead
+from danube.machines.wal.format import encode_frame
 from danube.metadata import MemoryStore, MetadataError
+from danube.runtime.broker import BrokerRuntime
+from danube.runtime.io_port import ProductionPort, format_event
+from danube.runtime.metrics import BrokerMetrics
 from danube.testing import make_core
-from danube.tiering import ObjectRead
-from danube.wal.format import encode_frame
+from danube.values.errors import DanubeError, ErrorCode
 
 
 class _LostAnswers(MemoryStore):
@@ -54,7 +54,7 @@ async def test_an_unknown_metadata_outcome_fails_the_reply(
 ) -> None:
     core = make_core()
     metrics = BrokerMetrics(core, "b1", "standalone")
-    caplog.set_level(logging.ERROR, "danube.broker")
+    caplog.set_level(logging.ERROR, "danube.runtime")
     async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
         runtime = BrokerRuntime(core, _LostAnswers(), tmp_path, nursery, loop, metrics=metrics)
         with pytest.raises(DanubeError) as failed:
@@ -113,7 +113,7 @@ async def test_an_object_read_that_fails_twice_then_heals_serves_its_records(
     objects = _HealingObjects(data, failures=2)
     core = make_core()
     metrics = BrokerMetrics(core, "b1", "standalone")
-    caplog.set_level(logging.WARNING, "danube.broker")
+    caplog.set_level(logging.WARNING, "danube.runtime")
     async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
         port = ProductionPort(
             MemoryStore(),

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 import trio
 
-from danube.broker.membership import Change, MembershipDriver
-from danube.cluster.keys import LEADER_KEY
-from danube.cluster.membership import (
+from danube.machines.cluster.keys import LEADER_KEY
+from danube.machines.cluster.membership import (
     Fenced,
     LeadershipGained,
     LeadershipLost,
@@ -22,6 +21,7 @@ from danube.cluster.membership import (
 )
 from danube.metadata import MetadataStore
 from danube.metadata.etcd import EtcdStore, EtcdUnavailable
+from danube.runtime.membership import Change, MembershipDriver
 from tests.support.etcd import EtcdStores
 
 pytestmark = [pytest.mark.trio, pytest.mark.slow]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from danube.client import DanubeClient, SubType
-from danube.core.config import DispatchStrategy
 from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
+from danube.values.config import DispatchStrategy
 from tests.support.aio import receive_n, run, unique_topic
 from tests.support.metrics import Samples, http_get, scrape
 

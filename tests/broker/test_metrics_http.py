@@ -22,13 +22,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from danube.broker import grpc_util, metrics_http
-from danube.broker import metrics as metrics_module
-from danube.broker.metrics import SIZE_BUCKETS, BrokerMetrics, Histogram
-from danube.broker.metrics_http import Endpoints, Request, Response, parse_head, read_head
-from danube.core.config import DispatchStrategy, Policies
-from danube.dispatch import QueueLimits
-from danube.node.core import BrokerCore, BrokerIdentity
+from danube.machines.dispatch import QueueLimits
+from danube.machines.node.core import BrokerCore, BrokerIdentity
+from danube.runtime import grpc_util, metrics_http
+from danube.runtime import metrics as metrics_module
+from danube.runtime.metrics import SIZE_BUCKETS, BrokerMetrics, Histogram
+from danube.runtime.metrics_http import Endpoints, Request, Response, parse_head, read_head
+from danube.values.config import DispatchStrategy, Policies
 
 
 class Stub:

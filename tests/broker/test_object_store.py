@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from danube.broker.object_store import ObjectStore, classify
-from danube.tiering import UploadError
-from danube.wal.format import WalFormatError
+from danube.machines.tiering import UploadError
+from danube.machines.wal.format import WalFormatError
+from danube.runtime.object_store import ObjectStore, classify
 
 
 @pytest.fixture(params=["file", "memory"])

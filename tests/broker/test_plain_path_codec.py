@@ -1,4 +1,4 @@
-"""The plain data path's hand codecs (`danube.broker.wire_codec`) against betterproto: whatever
+"""The plain data path's hand codecs (`danube.runtime.wire_codec`) against betterproto: whatever
 betterproto encodes decodes to the same values, so does any other valid encoding (fields in any
 order, repeated, unknown ones mixed in), malformed bytes are refused, and a broker answers them
 with INVALID_ARGUMENT."""
@@ -17,7 +17,11 @@ from grpclib.encoding.proto import ProtoCodec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube.broker.wire_codec import (
+from danube.localcluster.broker_process import BrokerProcess
+from danube.machines.node.requests import Acknowledgement, acknowledgement
+from danube.machines.wal import records
+from danube.proto import danube as pb
+from danube.runtime.wire_codec import (
     AckRequestWire,
     NackRequestWire,
     RequestIdReply,
@@ -25,10 +29,6 @@ from danube.broker.wire_codec import (
     decode_ack,
     decode_nack,
 )
-from danube.localcluster.broker_process import BrokerProcess
-from danube.node.requests import Acknowledgement, acknowledgement
-from danube.proto import danube as pb
-from danube.wal import records
 from tests.kernels.upb_oracle import (
     STRINGS,
     every_client_accepts,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from danube.client import DanubeClient, SubType
-from danube.core.config import DispatchStrategy
 from danube.localcluster.broker_process import BrokerProcess
-from danube.wal import format
+from danube.machines.wal import format
+from danube.values.config import DispatchStrategy
 from tests.support.aio import receive_for, receive_n, run, unique_topic
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ the middle of a segment stops that topic (FAILED_PRECONDITION naming the file) b
 broker (spec/durability.md, spec/wal-format.md; issue 3, point 7).
 
 The segment files are read and damaged by walking the frames as spec/wal-format.md describes,
-not with `danube.wal.format`: the on-disk layout is a contract for outside readers, so the
+not with `danube.machines.wal.format`: the on-disk layout is a contract for outside readers, so the
 test relies on the page, not on the code under test.
 """
 

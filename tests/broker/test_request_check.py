@@ -19,12 +19,12 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from danube.broker import request_check
-from danube.broker.request_check import RequestRejected, check, narrow, shape_of
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from danube.proto import danube_ext as ext_pb
 from danube.proto import danube_schema as schema_pb
+from danube.runtime import request_check
+from danube.runtime.request_check import RequestRejected, check, narrow, shape_of
 
 PROTO_DIR = Path(__file__).resolve().parents[2] / "proto"
 PACKAGES = {

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from danube.broker import schema_service
-from danube.broker.schema_service import CONFIG_TTL_S, SchemaService
-from danube.core.errors import DanubeError, ErrorCode
+from danube.machines.schema.policy import TopicSchemaConfig, ValidationPolicy
 from danube.metadata.model import KeyValue
-from danube.schema.policy import TopicSchemaConfig, ValidationPolicy
+from danube.runtime import schema_service
+from danube.runtime.schema_service import CONFIG_TTL_S, SchemaService
+from danube.values.errors import DanubeError, ErrorCode
 
 TOPIC = "/default/orders"
 BOUND = TopicSchemaConfig("orders", ValidationPolicy.ENFORCE, True)

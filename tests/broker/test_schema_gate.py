@@ -11,15 +11,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from danube.broker.schema_gate import SchemaGate
-from danube.broker.schema_service import SchemaService
-from danube.core.errors import DanubeError, ErrorCode
-from danube.requests import schema_gate
-from danube.requests.binding_cache import BindingCache
-from danube.schema import budget as budgets
-from danube.schema.formats import ParsedSchema, SchemaType, parse
-from danube.schema.policy import Problem, TopicSchemaConfig, ValidationPolicy
-from danube.wal import records
+from danube.machines.requests import schema_gate
+from danube.machines.requests.binding_cache import BindingCache
+from danube.machines.schema import budget as budgets
+from danube.machines.schema.formats import ParsedSchema, SchemaType, parse
+from danube.machines.schema.policy import Problem, TopicSchemaConfig, ValidationPolicy
+from danube.machines.wal import records
+from danube.runtime.schema_gate import SchemaGate
+from danube.runtime.schema_service import SchemaService
+from danube.values.errors import DanubeError, ErrorCode
 
 T = TypeVar("T")
 TOPIC = "/default/orders"
@@ -43,7 +43,7 @@ def doubling(depth: int) -> ParsedSchema:
 
 class Registry(SchemaService):
     """The service with the store left out: the gate's caches hold one binding and one
-    schema on a clock that never moves (`danube.requests.schema_gate` decides), and worker
+    schema on a clock that never moves (`danube.machines.requests.schema_gate` decides), and worker
     trips are counted."""
 
     def __init__(self, policy: ValidationPolicy, schema: ParsedSchema) -> None:

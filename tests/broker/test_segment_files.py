@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from danube.broker.metrics import WalMetrics
-from danube.broker.segment_files import FILE_EFFECTS, SegmentFiles
-from danube.wal import format
-from danube.wal.machine import (
+from danube.machines.wal import format
+from danube.machines.wal.machine import (
     Acknowledge,
     CachedRecords,
     Effect,
@@ -25,7 +23,9 @@ from danube.wal.machine import (
     WalMachine,
     Write,
 )
-from danube.wal.recovery import CorruptSegment, TruncateSegment
+from danube.machines.wal.recovery import CorruptSegment, TruncateSegment
+from danube.runtime.metrics import WalMetrics
+from danube.runtime.segment_files import FILE_EFFECTS, SegmentFiles
 
 TOPIC = "/default/wal"
 

@@ -43,7 +43,7 @@ def s3_endpoint() -> Iterator[str]:
     endpoint = f"http://127.0.0.1:{port}"
     import s3fs
 
-    from danube.broker.object_store import io_loop
+    from danube.runtime.object_store import io_loop
 
     # Our own loop, as the broker's ObjectStore: fsspec's default one comes from the global
     # event-loop policy, which trio-asyncio (used by earlier tests) replaces with one that
@@ -137,7 +137,7 @@ def test_history_comes_from_objects_and_survives_losing_the_local_wal(
     process = broker_factory(data_dir, config_file=config).start()
     wal_dir = data_dir / "wal" / "default" / topic.rsplit("/", 1)[1]
 
-    from danube.broker.object_store import ObjectStore
+    from danube.runtime.object_store import ObjectStore
 
     store = ObjectStore(durable, endpoint=endpoint)
     prefix = f"storage/topics/default/{topic.rsplit('/', 1)[1]}/segments/"

@@ -27,15 +27,15 @@ import pytest
 import trio
 
 from danube.client import DanubeClient, DispatchStrategy, Message, SubType
-from danube.core.names import parse_topic
 from danube.kernels import crc32c
 from danube.localcluster.broker_process import BrokerProcess
+from danube.machines.tiering import layout
+from danube.machines.tiering.index import IndexEntry, validate_index
+from danube.machines.wal import format
 from danube.metadata.embedded import EmbeddedStore
 from danube.metadata.model import Delete, Put
 from danube.testing import free_port
-from danube.tiering import layout
-from danube.tiering.index import IndexEntry, validate_index
-from danube.wal import format
+from danube.values.names import parse_topic
 from tests.support.aio import receive_n, run, unique_topic
 from tests.support.flaky_s3 import (
     INTERNAL_ERROR_MESSAGE,
@@ -88,7 +88,7 @@ class _Bucket:
     def __init__(self, endpoint: str, root: str) -> None:
         import s3fs
 
-        from danube.broker.object_store import io_loop
+        from danube.runtime.object_store import io_loop
 
         self.fs = s3fs.S3FileSystem(
             client_kwargs={"endpoint_url": endpoint},
@@ -469,8 +469,8 @@ def test_s3_slowdown_is_classified_as_throttling(
     """What the uploader is told when S3 answers `503 SlowDown` (after s3fs's own five
     tries) and `500 InternalError`, through the broker's own `ObjectStore` and `classify`:
     throttling and a transient server error (spec/object-layout.md, "Retries" and "Driver")."""
-    from danube.broker.object_store import ObjectStore, classify
-    from danube.tiering import UploadError
+    from danube.machines.tiering import UploadError
+    from danube.runtime.object_store import ObjectStore, classify
 
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # read by botocore when the client is made
     classified, errors = {}, {}

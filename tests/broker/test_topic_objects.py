@@ -1,4 +1,4 @@
-"""Deleting a deleted topic's objects (danube.broker.object_store.delete_topic_objects), the
+"""Deleting a deleted topic's objects (danube.runtime.object_store.delete_topic_objects), the
 routine the standalone runtime and the cluster's DeleteTopic share: it removes every object
 under the topic's prefix and never raises, since the topic's metadata is gone already."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import trio
 
-from danube.broker.object_store import ObjectStore, delete_topic_objects
+from danube.runtime.object_store import ObjectStore, delete_topic_objects
 
 
 class _Failing(ObjectStore):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from danube.broker.segment_files import SegmentFiles
-from danube.wal import checkpoint as ck
-from danube.wal.recovery import LOSS_ACCEPTED_NAME, CorruptSegment
+from danube.machines.wal import checkpoint as ck
+from danube.machines.wal.recovery import LOSS_ACCEPTED_NAME, CorruptSegment
+from danube.runtime.segment_files import SegmentFiles
 from tests.broker.test_segment_files import TOPIC, _write_segments
 
 pytestmark = pytest.mark.trio

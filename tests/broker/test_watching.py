@@ -1,11 +1,11 @@
-"""Shared pieces of the cluster drivers (danube.broker.watching)."""
+"""Shared pieces of the cluster drivers (danube.runtime.watching)."""
 
 from __future__ import annotations
 
 import trio
 
-from danube.broker.watching import failure_text
 from danube.metadata import MetadataError
+from danube.runtime.watching import failure_text
 
 
 def test_a_deadline_without_a_message_reads_as_a_timeout() -> None:

@@ -9,12 +9,12 @@ import asyncio
 import grpclib.const
 import pytest
 
-from danube.broker import cluster_admin
-from danube.broker.grpc_util import Server
 from danube.cli.admin import main
 from danube.cli.admin_call import EXIT_REFUSED, EXIT_USAGE, AdminClient, AdminError, Unreachable
 from danube.cli.admin_topics import SERVER_MOVE_WAIT_S
 from danube.proto import danube_admin as pb
+from danube.runtime import cluster_admin
+from danube.runtime.grpc_util import Server
 
 NOWHERE = "http://127.0.0.1:1"
 

@@ -1,4 +1,4 @@
-"""The admin flows (danube.requests.admin) against the load manager and a model store, run
+"""The admin flows (danube.machines.requests.admin) against the load manager and a model store, run
 synchronously (`run_now`): routing to the leader, unloads, drains, deletions (the flow waits
 for the owner to let go before it purges), broker modes with a lost answer read back, and
 namespace policies merged under a compare that a concurrent change refuses."""
@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from danube.cluster import keys, records
-from danube.cluster.keys import Marker
-from danube.core.errors import DanubeError, ErrorCode
-from danube.core.names import parse_topic
 from danube.effects import Outcome, Sleep, StoreList, StoreRead, StoreTxn, TxnAnswer
 from danube.effects.flow import Flow, run_now
+from danube.machines.cluster import keys, records
+from danube.machines.cluster.keys import Marker
+from danube.machines.node import paths
+from danube.machines.node.settings import merged_policies
+from danube.machines.requests import admin as flows
 from danube.metadata.model import Put
-from danube.node import paths
-from danube.node.settings import merged_policies
-from danube.requests import admin as flows
 from danube.testing import ManagerDriver
+from danube.values.errors import DanubeError, ErrorCode
+from danube.values.names import parse_topic
 from tests.cluster.test_load_manager import ME, cluster, give, owner
 
 T = "/default/orders"

@@ -1,15 +1,15 @@
-"""The administrator's cluster writes (danube.cluster.admin_ops) against the load manager and
-a model store: unloading a topic, draining a broker to `drained`, activating it, deleting a
+"""The administrator's cluster writes (danube.machines.cluster.admin_ops) against the load manager
+and a model store: unloading a topic, draining a broker to `drained`, activating it, deleting a
 topic (owned, unassigned, or left behind by a dead owner), and the owner's side of a
-deletion (danube.cluster.ownership)."""
+deletion (danube.machines.cluster.ownership)."""
 
 from __future__ import annotations
 
-from danube.cluster import admin_ops, keys
-from danube.cluster.admin_ops import Step
-from danube.cluster.keys import Marker, MarkerReason
-from danube.cluster.load_manager import Assign, MarkDrained, Release
-from danube.cluster.ownership import (
+from danube.machines.cluster import admin_ops, keys
+from danube.machines.cluster.admin_ops import Step
+from danube.machines.cluster.keys import Marker, MarkerReason
+from danube.machines.cluster.load_manager import Assign, MarkDrained, Release
+from danube.machines.cluster.ownership import (
     Claim,
     Load,
     Ownership,
@@ -17,12 +17,12 @@ from danube.cluster.ownership import (
     Unload,
     owner_key,
 )
-from danube.cluster.ownership import Release as OwnerRelease
-from danube.core.names import parse_topic
+from danube.machines.cluster.ownership import Release as OwnerRelease
+from danube.machines.node import paths
+from danube.machines.tiering import layout as tier_layout
 from danube.metadata.model import Put
-from danube.node import paths
 from danube.testing import ManagerDriver
-from danube.tiering import layout as tier_layout
+from danube.values.names import parse_topic
 from tests.cluster.test_load_manager import ME, cluster, create, give, of, owner
 
 T = "/default/orders"
@@ -40,7 +40,7 @@ def assignment_revision(d: ManagerDriver, broker: str, topic: str) -> int:
 
 
 def owner_lets_go(d: ManagerDriver, topic: str) -> None:
-    """What the owner's Release does to the marker (danube.cluster.ownership)."""
+    """What the owner's Release does to the marker (danube.machines.cluster.ownership)."""
     marker = Marker.from_json(d.store.value(keys.unassigned_key(topic)))
     d.store.put(keys.unassigned_key(topic), Marker(marker.reason, marker.from_broker).to_json())
     d.settle(0)

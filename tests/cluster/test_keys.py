@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from danube.cluster import keys
-from danube.cluster.keys import Marker, MarkerReason
+from danube.machines.cluster import keys
+from danube.machines.cluster.keys import Marker, MarkerReason
 from danube.metadata.model import Compare
 
 

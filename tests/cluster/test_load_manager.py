@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from danube.cluster import keys
-from danube.cluster.keys import LEADER_KEY, Marker, MarkerReason
-from danube.cluster.load_manager import (
+from danube.machines.cluster import keys
+from danube.machines.cluster.keys import LEADER_KEY, Marker, MarkerReason
+from danube.machines.cluster.load_manager import (
     NS_PER_S,
     Aggressiveness,
     Assign,
@@ -27,10 +27,10 @@ from danube.cluster.load_manager import (
     Release,
     ScheduleTick,
 )
-from danube.cluster.ranking import LoadReport, Resource, ResourceUsage, Strategy, TopicLoad
-from danube.core.config import ConfigError
+from danube.machines.cluster.ranking import LoadReport, Resource, ResourceUsage, Strategy, TopicLoad
 from danube.metadata.model import Compare, Delete, Put
 from danube.testing import InstantStore, ManagerDriver
+from danube.values.config import ConfigError
 
 ME = "1"
 S = NS_PER_S

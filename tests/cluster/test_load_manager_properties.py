@@ -24,9 +24,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from danube.cluster import keys
-from danube.cluster.keys import LEADER_KEY, Marker, MarkerReason
-from danube.cluster.load_manager import (
+from danube.machines.cluster import keys
+from danube.machines.cluster.keys import LEADER_KEY, Marker, MarkerReason
+from danube.machines.cluster.load_manager import (
     HOUR_NS,
     NS_PER_S,
     Aggressiveness,
@@ -39,7 +39,7 @@ from danube.cluster.load_manager import (
     RebalancingConfig,
     ScheduleTick,
 )
-from danube.cluster.ranking import LoadReport, Resource, ResourceUsage, Strategy, TopicLoad
+from danube.machines.cluster.ranking import LoadReport, Resource, ResourceUsage, Strategy, TopicLoad
 from danube.metadata.model import Compare, Delete, Put, WatchEvent
 from danube.testing import DECISIONS, InstantStore
 

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube.cluster.keys import LEADER_KEY, register_key
-from danube.cluster.membership import (
+from danube.machines.cluster.keys import LEADER_KEY, register_key
+from danube.machines.cluster.membership import (
     Campaign,
     Effect,
     Fenced,

@@ -1,13 +1,13 @@
 """The broker side of ownership: claim on assignment, load, unload and release on deletion
 (marking the leader's not-ready marker ready), retries, late markers, and dropping everything
-when the lease changes. One test per rule of danube.cluster.ownership's docstring."""
+when the lease changes. One test per rule of danube.machines.cluster.ownership's docstring."""
 
 from __future__ import annotations
 
 import pytest
 
-from danube.cluster.keys import Marker, MarkerReason, unassigned_key
-from danube.cluster.ownership import (
+from danube.machines.cluster.keys import Marker, MarkerReason, unassigned_key
+from danube.machines.cluster.ownership import (
     Claim,
     Drop,
     Load,
@@ -299,7 +299,7 @@ def test_a_claim_found_is_ours_only_under_our_name_and_lease() -> None:
     """Found by `python -m sim --cluster --data` (seed 5 of the default profile): a claim
     whose answer timed out had landed; every retry's compare failed on it, and the topic was
     served by no broker for as long as the lease lived."""
-    from danube.cluster.ownership import own_claim
+    from danube.machines.cluster.ownership import own_claim
     from danube.metadata.model import KeyValue
 
     def found(value: object, lease: int | None) -> KeyValue:
@@ -335,7 +335,7 @@ def test_an_unload_overtaken_by_a_new_lease_and_claim_is_no_longer_current() -> 
 def test_a_release_whose_claim_is_gone_is_done_and_one_whose_claim_stands_is_not() -> None:
     """Found in review: a release that landed but whose answer was lost compared a deleted
     claim on every retry and stayed RELEASING for good."""
-    from danube.cluster.ownership import release_done
+    from danube.machines.cluster.ownership import release_done
     from danube.metadata.model import KeyValue
 
     o = machine()

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from danube.cluster import keys
-from danube.cluster import ownership as own
-from danube.cluster import ownership_flows as flows
-from danube.core.names import parse_topic
 from danube.effects import (
     Outcome,
     StoreList,
@@ -18,8 +14,12 @@ from danube.effects import (
     TxnAnswer,
 )
 from danube.effects.flow import run_now
+from danube.machines.cluster import keys
+from danube.machines.cluster import ownership as own
+from danube.machines.cluster import ownership_flows as flows
+from danube.machines.node import paths
 from danube.metadata.model import KeyValue
-from danube.node import paths
+from danube.values.names import parse_topic
 
 TOPIC = "/default/orders"
 OWNER = own.owner_key(TOPIC)

@@ -1,12 +1,12 @@
 """What a cluster broker tells a client about a topic it does not serve (spec/cluster.md,
-"Lookup, create and subscribe"): the pure rules of `danube.cluster.placement`."""
+"Lookup, create and subscribe"): the pure rules of `danube.machines.cluster.placement`."""
 
 from __future__ import annotations
 
 import pytest
 
-from danube.cluster.keys import unassigned_key
-from danube.cluster.placement import (
+from danube.machines.cluster.keys import unassigned_key
+from danube.machines.cluster.placement import (
     Answer,
     Located,
     TopicFacts,
@@ -15,10 +15,10 @@ from danube.cluster.placement import (
     lookup,
     route,
 )
-from danube.core.config import DispatchStrategy
-from danube.core.errors import DanubeError, ErrorCode
-from danube.core.names import parse_topic
 from danube.metadata.model import Compare, Put
+from danube.values.config import DispatchStrategy
+from danube.values.errors import DanubeError, ErrorCode
+from danube.values.names import parse_topic
 
 T = "/default/orders"
 ME = "1"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from danube.cluster.ranking import (
+from danube.machines.cluster.ranking import (
     BrokerLoad,
     LoadReport,
     Resource,

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from danube.core.hashing import partition_for_key
 from danube.localcluster.broker_process import BrokerProcess
+from danube.values.hashing import partition_for_key
 from tests.conformance.harness import (
     ScenarioProcess,
     admin_create_topic,

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube.core import bounded_json
-from danube.core.errors import DanubeError, ErrorCode
+from danube.values import bounded_json
+from danube.values.errors import DanubeError, ErrorCode
 
 documents = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab,:'),

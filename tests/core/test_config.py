@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from danube.cli.broker import build_parser, load_config
-from danube.core.config import (
+from danube.machines.wal.machine import MIB, Durability, WalConfig
+from danube.values.config import (
     Address,
     BrokerConfig,
     ConfigError,
@@ -25,7 +26,6 @@ from danube.core.config import (
     prometheus_address,
     unreachable_admin,
 )
-from danube.wal.machine import MIB, Durability, WalConfig
 
 
 def test_defaults_keep_the_wal_under_the_data_dir_with_fsync() -> None:

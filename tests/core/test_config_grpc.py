@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from danube.cli.broker import build_parser, load_config
-from danube.core.config import ConfigError, GrpcConfig, config_from_mapping
+from danube.values.config import ConfigError, GrpcConfig, config_from_mapping
 
 
 def test_defaults() -> None:

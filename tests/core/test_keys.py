@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from danube import keys
-from danube.core.names import TopicName
+from danube.values.names import TopicName
 
 PART = st.text(
     st.sampled_from("abcdefghijklmnopqrstuvwxyzABCXYZ0123456789_-é"), min_size=1, max_size=12
@@ -194,11 +194,11 @@ def test_foreign_keys_parse_as_nothing() -> None:
 
 
 def test_old_import_paths_name_the_same_functions() -> None:
-    from danube.cluster import keys as cluster_keys
-    from danube.cluster import ownership
-    from danube.node import paths
-    from danube.schema import records
-    from danube.tiering import layout
+    from danube.machines.cluster import keys as cluster_keys
+    from danube.machines.cluster import ownership
+    from danube.machines.node import paths
+    from danube.machines.schema import records
+    from danube.machines.tiering import layout
 
     assert paths.cursor is keys.cursor and paths.namespace_topic is keys.namespace_topic
     assert cluster_keys.parse_assignment_key is keys.parse_assignment_key

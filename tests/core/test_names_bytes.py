@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from danube.core.errors import DanubeError
-from danube.core.names import parse_topic, partition_names, validate_namespace
+from danube.values.errors import DanubeError
+from danube.values.names import parse_topic, partition_names, validate_namespace
 
 
 def test_a_topic_name_is_limited_in_bytes_not_characters() -> None:

@@ -33,33 +33,24 @@ SRC = ROOT / "danube"
 
 # -- the layers ---------------------------------------------------------------------------------
 
-VALUES = ("danube.core", "danube.keys")
+VALUES = ("danube.values", "danube.keys")
 """Names, errors, config and keys: they import nothing of the layers above."""
 MACHINES = (
     *VALUES,
-    "danube.cluster",
-    "danube.dispatch",
     "danube.effects",
     "danube.interpreter",
     "danube.kernels",
-    "danube.requests",
+    "danube.machines",
     "danube.metadata.model",
     "danube.metadata.state",
-    "danube.node",
-    "danube.schema",
-    "danube.tiering",
-    "danube.wal",
 )
 """The pure state machines and what they are made of (values, kernels, the metadata store's
 values and its in-memory state): inputs in, effects out."""
-PURE = (
-    "core", "dispatch", "wal", "tiering", "cluster", "node", "schema", "effects", "interpreter",
-    "requests",
-)  # fmt: skip
+PURE = ("values", "machines", "effects", "interpreter")
 """Packages whose own sources are checked line by line (`impurities`)."""
 DRIVERS = (
     "danube.audit",
-    "danube.broker",
+    "danube.runtime",
     "danube.cli",
     "danube.client",
     "danube.localcluster",
@@ -295,47 +286,50 @@ def test_the_walk_follows_imports_transitively(tmp_path: Path) -> None:
     `__init__`, and one whose lazy attribute is a driver."""
     files = {
         "danube/__init__.py": "",
-        "danube/core/__init__.py": "",
-        "danube/core/value.py": "from danube.core import helper\n",
-        "danube/core/helper.py": "def f():\n    import trio\n",
-        "danube/wal/__init__.py": "",
-        "danube/wal/machine.py": "from . import checks\nfrom danube.core.value import X\n",
-        "danube/wal/checks.py": "from typing import TYPE_CHECKING\n"
+        "danube/values/__init__.py": "",
+        "danube/values/value.py": "from danube.values import helper\n",
+        "danube/values/helper.py": "def f():\n    import trio\n",
+        "danube/machines/wal/__init__.py": "",
+        "danube/machines/wal/machine.py": (
+            "from . import checks\nfrom danube.values.value import X\n"
+        ),
+        "danube/machines/wal/checks.py": "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    import socket\n",
-        "danube/metadata/__init__.py": "import danube.broker.runtime\n",
+        "danube/metadata/__init__.py": "import danube.runtime.broker\n",
         "danube/metadata/model.py": "",
-        "danube/tiering/__init__.py": "",
-        "danube/tiering/reader.py": "from danube.metadata import model\n",
-        "danube/node/__init__.py": "_LAZY = {'Store': 'danube.broker.store'}\n",
-        "danube/node/core.py": "from danube.node import Store\n",
-        "danube/broker/__init__.py": "",
-        "danube/broker/runtime.py": "import time\n",
-        "danube/broker/store.py": "",
+        "danube/machines/tiering/__init__.py": "",
+        "danube/machines/tiering/reader.py": "from danube.metadata import model\n",
+        "danube/machines/node/__init__.py": "_LAZY = {'Store': 'danube.runtime.store'}\n",
+        "danube/machines/node/core.py": "from danube.machines.node import Store\n",
+        "danube/runtime/__init__.py": "",
+        "danube/runtime/broker.py": "import time\n",
+        "danube/runtime/store.py": "",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    assert violations("danube.wal.machine", root=tmp_path) == [
-        "trio (I/O, a clock, a thread or an event loop) via danube.wal.machine:2 -> "
-        "danube.core.value:1 -> danube.core.helper:2"
+    assert violations("danube.machines.wal.machine", root=tmp_path) == [
+        "trio (I/O, a clock, a thread or an event loop) via danube.machines.wal.machine:2 -> "
+        "danube.values.value:1 -> danube.values.helper:2"
     ]
-    assert violations("danube.tiering.reader", root=tmp_path) == [
-        "danube.broker (a driver) via danube.tiering.reader:1 -> danube.metadata:1",
-        "danube.broker.runtime (a driver) via danube.tiering.reader:1 -> danube.metadata:1",
-        "time (I/O, a clock, a thread or an event loop) via danube.tiering.reader:1 -> "
-        "danube.metadata:1 -> danube.broker.runtime:1",
+    assert violations("danube.machines.tiering.reader", root=tmp_path) == [
+        "danube.runtime (a driver) via danube.machines.tiering.reader:1 -> danube.metadata:1",
+        "danube.runtime.broker (a driver) via danube.machines.tiering.reader:1 -> "
+        "danube.metadata:1",
+        "time (I/O, a clock, a thread or an event loop) via danube.machines.tiering.reader:1 -> "
+        "danube.metadata:1 -> danube.runtime.broker:1",
     ]
-    assert violations("danube.node.core", root=tmp_path) == [
-        "danube.broker (a driver) via danube.node.core:1",
-        "danube.broker.store (a driver) via danube.node.core:1",
+    assert violations("danube.machines.node.core", root=tmp_path) == [
+        "danube.runtime (a driver) via danube.machines.node.core:1",
+        "danube.runtime.store (a driver) via danube.machines.node.core:1",
     ]
-    assert violations("danube.core.value", allowed=("danube.core",), root=tmp_path) == [
-        "trio (I/O, a clock, a thread or an event loop) via danube.core.value:1 -> "
-        "danube.core.helper:2"
+    assert violations("danube.values.value", allowed=("danube.values",), root=tmp_path) == [
+        "trio (I/O, a clock, a thread or an event loop) via danube.values.value:1 -> "
+        "danube.values.helper:2"
     ]
-    assert violations("danube.wal.machine", allowed=("danube.wal",), root=tmp_path)[0] == (
-        "danube.core (a layer above) via danube.wal.machine:2"
-    )
+    assert violations("danube.machines.wal.machine", allowed=("danube.machines",), root=tmp_path)[
+        0
+    ] == ("danube.values (a layer above) via danube.machines.wal.machine:2")
 
 
 # -- each module's own source ---------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube.core.errors import QUOTE_LIMIT, quoted
+from danube.values.errors import QUOTE_LIMIT, quoted
 
 
 def test_short_strings_are_plain_reprs() -> None:

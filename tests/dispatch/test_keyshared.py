@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube.core.hashing import fmix32, fnv1a_64, partition_for_key, ring_hash
-from danube.dispatch import HashRing, KeyFilter, NonReliableSubscription, QueueLimits
-from danube.dispatch import SubscriptionType as T
-from danube.dispatch.keyshared import VIRTUAL_NODES_PER_CONSUMER, accepts
+from danube.machines.dispatch import HashRing, KeyFilter, NonReliableSubscription, QueueLimits
+from danube.machines.dispatch import SubscriptionType as T
+from danube.machines.dispatch.keyshared import VIRTUAL_NODES_PER_CONSUMER, accepts
+from danube.values.hashing import fmix32, fnv1a_64, partition_for_key, ring_hash
 from tests.dispatch.reference import glob_match
 
 KEYS = [f"key-{i}".encode() for i in range(1000)]

@@ -23,7 +23,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from danube.dispatch import (
+from danube.machines.dispatch import (
     ConsumerReady,
     DropReason,
     NonReliableSubscription,

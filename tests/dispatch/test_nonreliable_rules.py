@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from danube.dispatch import (
+from danube.machines.dispatch import (
     ConsumerReady,
     DropReason,
     NonReliableSubscription,

@@ -1,5 +1,5 @@
-"""Both dispatchers implement `danube.dispatch.protocol.Subscription`, the one interface the
-broker core uses, with the same parameters, and answer its uniform inputs as each
+"""Both dispatchers implement `danube.machines.dispatch.protocol.Subscription`, the one interface
+the broker core uses, with the same parameters, and answer its uniform inputs as each
 guarantee requires."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import inspect
 
 import pytest
 
-from danube.dispatch import ConsumerReady, DropReason, QueueLimits, SubscriptionType
-from danube.dispatch import reliable as rd
-from danube.dispatch.nonreliable import NonReliableSubscription
-from danube.dispatch.protocol import Subscription
+from danube.machines.dispatch import ConsumerReady, DropReason, QueueLimits, SubscriptionType
+from danube.machines.dispatch import reliable as rd
+from danube.machines.dispatch.nonreliable import NonReliableSubscription
+from danube.machines.dispatch.protocol import Subscription
 
 SHARED = SubscriptionType.SHARED
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from danube.dispatch.reliable import (
+from danube.machines.dispatch.reliable import (
     Backoff,
     Deliver,
     Effect,
@@ -27,7 +27,7 @@ from danube.dispatch.reliable import (
     Read,
     ReliableSubscription,
 )
-from danube.dispatch.types import SubscriptionType
+from danube.machines.dispatch.types import SubscriptionType
 from spec.models.dispatch_model import ModelPolicy, ReliableDispatchModel, glob_accepts
 from tests.dispatch.reference import glob_match
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from danube.dispatch.keyshared import HashRing
-from danube.dispatch.reliable import (
+from danube.machines.dispatch.keyshared import HashRing
+from danube.machines.dispatch.reliable import (
     DEFAULT_POLICY,
     MAX_UNACKED_MESSAGES_LIMIT,
     Backoff,
@@ -21,7 +21,7 @@ from danube.dispatch.reliable import (
     Read,
     ReliableSubscription,
 )
-from danube.dispatch.types import SubscriptionType
+from danube.machines.dispatch.types import SubscriptionType
 
 EXCLUSIVE = SubscriptionType.EXCLUSIVE
 SHARED = SubscriptionType.SHARED

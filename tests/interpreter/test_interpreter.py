@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from danube.core.errors import DanubeError
 from danube.effects import (
     Backoff,
     ObjectFailure,
@@ -20,9 +19,10 @@ from danube.effects import (
 from danube.effects.flow import run_now
 from danube.interpreter import flows
 from danube.interpreter.waiters import MetadataLane, Publishes
+from danube.machines.tiering import CommitIndex, ObjectRead, UploadError
+from danube.machines.wal.format import WalFormatError
 from danube.metadata.model import KeyValue
-from danube.tiering import CommitIndex, ObjectRead, UploadError
-from danube.wal.format import WalFormatError
+from danube.values.errors import DanubeError
 
 
 def plan() -> ObjectRead:

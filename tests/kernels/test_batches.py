@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube.core.errors import DanubeError, ErrorCode
 from danube.kernels import scan_frames
+from danube.machines.wal import format, records
+from danube.machines.wal.batches import PackedRecords, check_batch, stamp
 from danube.proto import danube as pb
-from danube.wal import format, records
-from danube.wal.batches import PackedRecords, check_batch, stamp
+from danube.values.errors import DanubeError, ErrorCode
 
 texts = st.text(max_size=12)
 record_values = st.builds(

@@ -28,7 +28,7 @@ from danube.kernels.crc32c import (
     crc32c_update_hw,
     crc32c_update_sw,
 )
-from danube.wal.format import encode_frame
+from danube.machines.wal.format import encode_frame
 
 Kernel = Callable[[memoryview, int, int, int], int]
 """The kernels are called with read-only memoryviews, the one type `crc32c` and the frame scan

@@ -1,5 +1,5 @@
 """The numba frame scan and torn-tail search against their plain-Python twins (the oracle), on
-valid segments built with `danube.wal.format.encode_frame` and on damaged ones."""
+valid segments built with `danube.machines.wal.format.encode_frame` and on damaged ones."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from danube.kernels import crc32c, find_frame, find_frame_py, scan_frames, scan_frames_py
 from danube.kernels.twins import FRAME_MAGIC, MAX_FRAME, crc32c_py
-from danube.wal.format import encode_frame
+from danube.machines.wal.format import encode_frame
 
 U64 = 1 << 64
 RECORDS = st.lists(st.binary(max_size=200), min_size=1, max_size=5)

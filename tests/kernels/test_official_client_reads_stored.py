@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from danube.kernels.batches import check_records
-from danube.wal import format, records
-from danube.wal.batches import check_batch, stamp
+from danube.machines.wal import format, records
+from danube.machines.wal.batches import check_batch, stamp
 from tests.conformance.harness import official_python
 from tests.kernels.test_batches import record_values
 from tests.kernels.upb_oracle import Oracle, client_messages, record_of_upb

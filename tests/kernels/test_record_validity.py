@@ -9,12 +9,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from danube.core.errors import DanubeError, ErrorCode
 from danube.kernels import batches as kernel
 from danube.kernels import twins
 from danube.kernels.batches import check_records
-from danube.wal import format, records
-from danube.wal.batches import check_batch, stamp
+from danube.machines.wal import format, records
+from danube.machines.wal.batches import check_batch, stamp
+from danube.values.errors import DanubeError, ErrorCode
 from tests.kernels.upb_oracle import every_client_accepts, stream_messages, upb_fields
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from danube.wal import records
+from danube.machines.wal import records
 
 SERVER = pathlib.Path(__file__).with_name("upb_server.py")
 

@@ -3,7 +3,7 @@ stdin and answers each with one JSON line: whether upb parses `danube.<message>`
 whether every other Danube client's parser would too, and the fields upb read.
 
 A separate process because the test process runs protobuf's pure-Python implementation (etcd3
-needs it, `danube.broker` selects it); this one runs upb. It imports neither danube nor
+needs it, `danube.runtime` selects it); this one runs upb. It imports neither danube nor
 hypothesis: run it as `python -I upb_server.py [--official]`. With `--official` it uses the
 official danube-client's generated classes (`danube.proto.DanubeApi_pb2`), under the official
 client's interpreter; otherwise it builds them from proto/DanubeApi.proto with grpc_tools.

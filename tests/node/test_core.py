@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from danube.core.config import DispatchStrategy, Policies
-from danube.core.errors import DanubeError, ErrorCode
-from danube.core.names import parse_topic, partition_index, partition_name
-from danube.dispatch import ConsumerReady, QueueLimits, StartKind, StartPosition
-from danube.dispatch.reliable import ReliableSubscription
-from danube.node.core import BrokerCore, BrokerIdentity, EndStream, PersistMeta, Step
+from danube.machines.dispatch import ConsumerReady, QueueLimits, StartKind, StartPosition
+from danube.machines.dispatch.reliable import ReliableSubscription
+from danube.machines.node.core import BrokerCore, BrokerIdentity, EndStream, PersistMeta, Step
 from danube.testing import CoreDriver
+from danube.values.config import DispatchStrategy, Policies
+from danube.values.errors import DanubeError, ErrorCode
+from danube.values.names import parse_topic, partition_index, partition_name
 
 URL = "http://127.0.0.1:6650"
 NR = DispatchStrategy.NON_RELIABLE

@@ -8,13 +8,13 @@ import random
 
 import pytest
 
-from danube.core.config import DispatchStrategy, Policies
-from danube.core.errors import DanubeError, ErrorCode
-from danube.dispatch import LATEST, QueueLimits
-from danube.node.core import BrokerCore, BrokerIdentity, WalIo
-from danube.wal import format, records
-from danube.wal.batches import check_batch
-from danube.wal.machine import Write
+from danube.machines.dispatch import LATEST, QueueLimits
+from danube.machines.node.core import BrokerCore, BrokerIdentity, WalIo
+from danube.machines.wal import format, records
+from danube.machines.wal.batches import check_batch
+from danube.machines.wal.machine import Write
+from danube.values.config import DispatchStrategy, Policies
+from danube.values.errors import DanubeError, ErrorCode
 from tests.node.test_core_reliable import EXCLUSIVE, TOPIC, URL, Broker
 
 NON_RELIABLE = DispatchStrategy.NON_RELIABLE

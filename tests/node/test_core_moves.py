@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from danube.cluster.ownership import load_entries, load_reads
-from danube.core.config import DispatchStrategy, Policies
-from danube.core.errors import DanubeError, ErrorCode
-from danube.core.names import parse_topic
-from danube.dispatch import QueueLimits, StartKind, StartPosition
+from danube.machines.cluster.ownership import load_entries, load_reads
+from danube.machines.dispatch import QueueLimits, StartKind, StartPosition
+from danube.machines.node import paths
+from danube.machines.node.core import BrokerCore, BrokerIdentity, DropWal, LoadWal, TierIo
+from danube.machines.tiering import ListObjects, UploaderConfig
+from danube.machines.wal.machine import WalConfig
 from danube.metadata.model import KeyValue
-from danube.node import paths
-from danube.node.core import BrokerCore, BrokerIdentity, DropWal, LoadWal, TierIo
 from danube.testing import CoreDriver
-from danube.tiering import ListObjects, UploaderConfig
-from danube.wal.machine import WalConfig
+from danube.values.config import DispatchStrategy, Policies
+from danube.values.errors import DanubeError, ErrorCode
+from danube.values.names import parse_topic
 
 TOPIC = "/default/moving"
 NAME = parse_topic(TOPIC)

@@ -9,13 +9,13 @@ import random
 
 import pytest
 
-from danube.core.config import DispatchStrategy, Policies, TopicDurability
-from danube.dispatch import QueueLimits
-from danube.node.core import BrokerCore, BrokerIdentity, PublishAcked
+from danube.machines.dispatch import QueueLimits
+from danube.machines.node.core import BrokerCore, BrokerIdentity, PublishAcked
+from danube.machines.tiering import UploaderConfig
+from danube.machines.tiering.index import IndexEntry
+from danube.machines.wal.machine import WalConfig
 from danube.testing import CoreDriver
-from danube.tiering import UploaderConfig
-from danube.tiering.index import IndexEntry
-from danube.wal.machine import WalConfig
+from danube.values.config import DispatchStrategy, Policies, TopicDurability
 
 URL = "http://127.0.0.1:6650"
 TOPIC = "/default/payments"

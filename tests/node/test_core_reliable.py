@@ -8,10 +8,8 @@ import json
 import random
 from typing import Any
 
-from danube.core.config import DispatchStrategy, Policies
-from danube.core.errors import ErrorCode
-from danube.dispatch import QueueLimits, StartKind, StartPosition
-from danube.node.core import (
+from danube.machines.dispatch import QueueLimits, StartKind, StartPosition
+from danube.machines.node.core import (
     BrokerCore,
     BrokerIdentity,
     LoadWal,
@@ -23,9 +21,8 @@ from danube.node.core import (
     TopicStopped,
     WalIo,
 )
-from danube.testing import CoreDriver
-from danube.wal import format
-from danube.wal.machine import (
+from danube.machines.wal import format
+from danube.machines.wal.machine import (
     CreateSegment,
     Durability,
     Fsync,
@@ -33,6 +30,9 @@ from danube.wal.machine import (
     Write,
     decode_file_read,
 )
+from danube.testing import CoreDriver
+from danube.values.config import DispatchStrategy, Policies
+from danube.values.errors import ErrorCode
 from tests.node.test_core import code_of, replay
 
 URL = "http://127.0.0.1:6650"

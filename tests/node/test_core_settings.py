@@ -8,16 +8,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube.core.config import MAX_UNACKED_MESSAGES_LIMIT, DispatchStrategy, Policies
-from danube.core.errors import DanubeError, ErrorCode
-from danube.dispatch.reliable import Backoff
-from danube.node.settings import (
+from danube.machines.dispatch.reliable import Backoff
+from danube.machines.node.settings import (
     POLICY_FIELDS,
     PoisonPolicy,
     SubscriptionFailureSettings,
     merged_policies,
     policy_changes,
 )
+from danube.values.config import MAX_UNACKED_MESSAGES_LIMIT, DispatchStrategy, Policies
+from danube.values.errors import DanubeError, ErrorCode
 from tests.node.test_core import code_of
 from tests.node.test_core_reliable import EXCLUSIVE, SHARED, TOPIC, Broker, payloads
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from danube.core.config import DispatchStrategy, Policies
-from danube.core.names import parse_topic
-from danube.dispatch import QueueLimits, StartKind, StartPosition
-from danube.node.core import BrokerCore, BrokerIdentity
+from danube.machines.dispatch import QueueLimits, StartKind, StartPosition
+from danube.machines.node.core import BrokerCore, BrokerIdentity
+from danube.machines.tiering import UploaderConfig, layout, validate_index
+from danube.machines.tiering.index import IndexEntry
+from danube.machines.wal.machine import WalConfig
 from danube.testing import CoreDriver
-from danube.tiering import UploaderConfig, layout, validate_index
-from danube.tiering.index import IndexEntry
-from danube.wal.machine import WalConfig
+from danube.values.config import DispatchStrategy, Policies
+from danube.values.names import parse_topic
 
 URL = "http://127.0.0.1:6650"
 TOPIC = "/default/history"

@@ -1,5 +1,5 @@
-"""The topic life cycle's table (`danube.node.phase`): every legal transition goes where the
-table says, every other (phase, event) pair raises, and the core moves a topic through the
+"""The topic life cycle's table (`danube.machines.node.phase`): every legal transition goes where
+the table says, every other (phase, event) pair raises, and the core moves a topic through the
 phases its requests and the driver's reports imply."""
 
 from __future__ import annotations
@@ -8,11 +8,17 @@ import random
 
 import pytest
 
-from danube.core.config import DispatchStrategy, Policies
-from danube.dispatch import QueueLimits
-from danube.node.core import BrokerCore, BrokerIdentity, TopicStopped
-from danube.node.phase import TRANSITIONS, IllegalTransition, TopicEvent, TopicPhase, advance
-from danube.wal.recovery import RecoveryPlan
+from danube.machines.dispatch import QueueLimits
+from danube.machines.node.core import BrokerCore, BrokerIdentity, TopicStopped
+from danube.machines.node.phase import (
+    TRANSITIONS,
+    IllegalTransition,
+    TopicEvent,
+    TopicPhase,
+    advance,
+)
+from danube.machines.wal.recovery import RecoveryPlan
+from danube.values.config import DispatchStrategy, Policies
 
 URL = "http://127.0.0.1:6650"
 TOPIC = "/default/r"

@@ -1,11 +1,11 @@
-"""`danube.node.requests` reads betterproto messages without importing betterproto at module
-load (it loads asyncio, which the machines must not): the functions that read a message
+"""`danube.machines.node.requests` reads betterproto messages without importing betterproto at
+module load (it loads asyncio, which the machines must not): the functions that read a message
 import it where they run. These would fail with a NameError if one did not."""
 
 from __future__ import annotations
 
-from danube.dispatch import LATEST, StartKind, StartPosition
-from danube.node import requests
+from danube.machines.dispatch import LATEST, StartKind, StartPosition
+from danube.machines.node import requests
 from danube.proto import danube as pb
 from danube.proto import danube_ext as ext_pb
 

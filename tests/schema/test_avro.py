@@ -1,4 +1,4 @@
-"""Avro schemas (danube.schema.avro): parsing and its errors, fingerprints, the Schema
+"""Avro schemas (danube.machines.schema.avro): parsing and its errors, fingerprints, the Schema
 Resolution rules of the Avro 1.11 specification as `avro_can_read`, and the payload checks.
 Property tests hold the compatibility check to fastavro's reader: whatever it calls readable,
 fastavro reads."""
@@ -16,16 +16,16 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from danube.schema.avro import (
+from danube.machines.schema.avro import (
     AvroSchema,
     decode_json_datum,
     encode_json_datum,
     parse_avro,
     validate_json,
 )
-from danube.schema.avro_binary import validate_datum
-from danube.schema.avro_compat import avro_can_read
-from danube.schema.errors import SchemaParseError
+from danube.machines.schema.avro_binary import validate_datum
+from danube.machines.schema.avro_compat import avro_can_read
+from danube.machines.schema.errors import SchemaParseError
 
 PRIMITIVES = ["null", "boolean", "int", "long", "float", "double", "bytes", "string"]
 PROMOTIONS = [

@@ -3,7 +3,7 @@ for another TTL, forgotten on a change through this broker, bounded."""
 
 from __future__ import annotations
 
-from danube.requests.binding_cache import BindingCache
+from danube.machines.requests.binding_cache import BindingCache
 
 
 class Clock:

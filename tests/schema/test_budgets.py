@@ -16,16 +16,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube.schema import budget as budgets
-from danube.schema.avro import parse_avro
-from danube.schema.avro_binary import validate_datum
-from danube.schema.budget import Budget, LimitExceeded, WorkCancelled
-from danube.schema.errors import SchemaParseError
-from danube.schema.formats import SchemaType, incompatibilities, parse, validate
-from danube.schema.json_compat import json_can_read
-from danube.schema.json_schema import parse_json_schema, validate_payload
-from danube.schema.limits import MAX_ENUM_SYMBOLS, MAX_VALIDATED_BYTES
-from danube.schema.patterns import search
+from danube.machines.schema import budget as budgets
+from danube.machines.schema.avro import parse_avro
+from danube.machines.schema.avro_binary import validate_datum
+from danube.machines.schema.budget import Budget, LimitExceeded, WorkCancelled
+from danube.machines.schema.errors import SchemaParseError
+from danube.machines.schema.formats import SchemaType, incompatibilities, parse, validate
+from danube.machines.schema.json_compat import json_can_read
+from danube.machines.schema.json_schema import parse_json_schema, validate_payload
+from danube.machines.schema.limits import MAX_ENUM_SYMBOLS, MAX_VALIDATED_BYTES
+from danube.machines.schema.patterns import search
 
 
 def doubling(leaf: str, depth: int) -> bytes:

@@ -1,4 +1,4 @@
-"""The registry's store flows (`danube.schema.flows`), driven here against the metadata
+"""The registry's store flows (`danube.machines.schema.flows`), driven here against the metadata
 store's own state machine: what the broker and the simulator both run."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from danube.core.errors import DanubeError, ErrorCode
+from danube.machines.schema import flows, records, registry
+from danube.machines.schema.formats import ParsedSchema, SchemaType, parse
+from danube.machines.schema.registry import Registration
 from danube.metadata.state import MetadataState
-from danube.schema import flows, records, registry
-from danube.schema.formats import ParsedSchema, SchemaType, parse
-from danube.schema.registry import Registration
+from danube.values.errors import DanubeError, ErrorCode
 
 
 def avro(*names: str) -> ParsedSchema:

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from danube.schema.errors import SchemaParseError
-from danube.schema.json_compat import json_can_read
-from danube.schema.json_schema import (
+from danube.machines.schema.errors import SchemaParseError
+from danube.machines.schema.json_compat import json_can_read
+from danube.machines.schema.json_schema import (
     JsonSchema,
     parse_json_schema,
     validate_payload,

@@ -1,4 +1,4 @@
-"""What each validation policy does with a message (danube.schema.policy): the table of
+"""What each validation policy does with a message (danube.machines.schema.policy): the table of
 spec/schema-registry.md "Topics", and the properties that make the policies what they say."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube.core.errors import DanubeError, ErrorCode
-from danube.schema.formats import SchemaType, parse
-from danube.schema.policy import (
+from danube.machines.schema.formats import SchemaType, parse
+from danube.machines.schema.policy import (
     ACCEPT,
     Problem,
     TopicSchemaConfig,
@@ -21,6 +20,7 @@ from danube.schema.policy import (
     producer_binding,
     updated_binding,
 )
+from danube.values.errors import DanubeError, ErrorCode
 
 SUBJECT = "orders"
 

@@ -15,15 +15,15 @@ from google.protobuf import json_format
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube.protoc import compile_proto
-from danube.schema.errors import SchemaParseError
-from danube.schema.protobuf import (
+from danube.machines.schema.errors import SchemaParseError
+from danube.machines.schema.protobuf import (
     ProtoSchema,
     encode_json_message,
     from_descriptor_set,
     proto_can_read,
     validate_payload,
 )
+from danube.protoc import compile_proto
 
 
 def parse_proto(definition: bytes, message: str | None = None) -> ProtoSchema:

@@ -1,4 +1,4 @@
-"""The registry's decisions (danube.schema.registry): versions, identical re-registrations,
+"""The registry's decisions (danube.machines.schema.registry): versions, identical re-registrations,
 every compatibility mode with its transitive twin, type changes, deletions and the records
 kept in the metadata store."""
 
@@ -10,12 +10,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube.core.errors import DanubeError, ErrorCode
+from danube.machines.schema import records, registry
+from danube.machines.schema.compatibility import CompatibilityMode
+from danube.machines.schema.formats import (
+    ParsedSchema,
+    SchemaType,
+    incompatibilities,
+    parse,
+    validate,
+)
+from danube.machines.schema.registry import Registration, SchemaVersion, Subject
 from danube.protoc import compile_proto
-from danube.schema import records, registry
-from danube.schema.compatibility import CompatibilityMode
-from danube.schema.formats import ParsedSchema, SchemaType, incompatibilities, parse, validate
-from danube.schema.registry import Registration, SchemaVersion, Subject
+from danube.values.errors import DanubeError, ErrorCode
 
 
 def avro(*fields: dict[str, object]) -> ParsedSchema:

@@ -12,14 +12,14 @@ from typing import Any
 from unittest import mock
 
 from danube import keys as danube_keys
-from danube.cluster import admin_ops, keys, ownership, ownership_flows
-from danube.cluster.load_manager import Assign, LoadManager
-from danube.cluster.membership import Campaign, Effect, Membership
-from danube.core.names import TopicName
 from danube.effects import StoreTxn, TxnAnswer
+from danube.machines.cluster import admin_ops, keys, ownership, ownership_flows
+from danube.machines.cluster.load_manager import Assign, LoadManager
+from danube.machines.cluster.membership import Campaign, Effect, Membership
+from danube.machines.node import settings
+from danube.machines.requests import admin as admin_flows
 from danube.metadata.model import Compare
-from danube.node import settings
-from danube.requests import admin as admin_flows
+from danube.values.names import TopicName
 from sim import flow_runner
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 
@@ -117,8 +117,8 @@ def object_keys_without_epoch() -> Iterator[None]:
 
 @contextlib.contextmanager
 def claim_ignores_read_back() -> Iterator[None]:
-    """The shared claim flow (`danube.cluster.ownership_flows.claim`) no longer looks at what
-    it read back after a refused or unanswered claim: a claim of its own that landed after
+    """The shared claim flow (`danube.machines.cluster.ownership_flows.claim`) no longer looks at
+    what it read back after a refused or unanswered claim: a claim of its own that landed after
     its answer was lost reads as somebody else's, every retry's compare fails while the
     lease lives, and the topic is served by nobody."""
     original = ownership_flows.claim
@@ -150,7 +150,7 @@ DATA_MUTATIONS: dict[str, Patch] = {
 @contextlib.contextmanager
 def policy_merge_drops_a_field() -> Iterator[None]:
     """The admin flow's merge of a namespace's policies keeps only the fields asked for:
-    every other field goes back to its default (`danube.requests.admin`)."""
+    every other field goes back to its default (`danube.machines.requests.admin`)."""
 
     def merged(stored: Any, changes: Mapping[str, Any]) -> dict[str, int]:
         return settings.merged_policies(None, changes)

@@ -9,16 +9,16 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 from unittest import mock
 
-from danube.dispatch import reliable
 from danube.effects import Backoff
 from danube.interpreter import flows
 from danube.interpreter.waiters import Publishes
-from danube.node.core import BrokerCore
-from danube.requests import publish
-from danube.requests.effects import AwaitStored
-from danube.tiering.uploader import AllowLocalDelete, Uploader
-from danube.wal import recovery
-from danube.wal.machine import Acknowledge, Durability, WalMachine
+from danube.machines.dispatch import reliable
+from danube.machines.node.core import BrokerCore
+from danube.machines.requests import publish
+from danube.machines.requests.effects import AwaitStored
+from danube.machines.tiering.uploader import AllowLocalDelete, Uploader
+from danube.machines.wal import recovery
+from danube.machines.wal.machine import Acknowledge, Durability, WalMachine
 
 
 @contextlib.contextmanager
@@ -244,7 +244,7 @@ REQUEST_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None
     "batched_publish_answered_before_stored": batched_publish_answered_before_stored,
     "ack_fails_inside_the_core": ack_fails_inside_the_core,
 }
-"""Bugs of the request flows (`danube.requests`), each caught within 50 seeds."""
+"""Bugs of the request flows (`danube.machines.requests`), each caught within 50 seeds."""
 
 OPERATOR_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "smaller_window_acks_the_overflow": smaller_window_acks_the_overflow,

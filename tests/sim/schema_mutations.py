@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
-from danube.core.errors import invalid
-from danube.requests.binding_cache import BindingCache
-from danube.schema import policy, records, registry
+from danube.machines.requests.binding_cache import BindingCache
+from danube.machines.schema import policy, records, registry
+from danube.values.errors import invalid
 
 
 @contextlib.contextmanager
@@ -69,7 +69,7 @@ def binding_cache_never_expires() -> Iterator[None]:
 GATE_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "binding_cache_never_expires": binding_cache_never_expires,
 }
-"""Bugs of the publish gate's shared flow (`danube.requests.schema_gate`), each caught
+"""Bugs of the publish gate's shared flow (`danube.machines.requests.schema_gate`), each caught
 within 50 seeds by the invariant named."""
 
 SCHEMA_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {

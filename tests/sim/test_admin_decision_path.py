@@ -1,7 +1,7 @@
 """The simulator checks what production decides about administration: the broker's admin
-driver (`danube.broker.cluster_admin`) and the simulator's operator (`sim.cluster_admin`)
-go through the same admin flows (`danube.requests.admin`) and the same decisions
-(`danube.cluster.admin_ops`)."""
+driver (`danube.runtime.cluster_admin`) and the simulator's operator (`sim.cluster_admin`)
+go through the same admin flows (`danube.machines.requests.admin`) and the same decisions
+(`danube.machines.cluster.admin_ops`)."""
 
 from __future__ import annotations
 
@@ -15,19 +15,19 @@ from typing import Any
 import trio
 import trio.testing
 
-from danube.broker.cluster_admin import ClusterAdminOps
-from danube.cluster import keys
-from danube.cluster.load_manager import LoadManager, LoadManagerConfig
-from danube.core.errors import DanubeError
-from danube.core.names import parse_topic
+from danube.machines.cluster import keys
+from danube.machines.cluster.load_manager import LoadManager, LoadManagerConfig
+from danube.machines.node import paths
+from danube.machines.requests import admin as flows
 from danube.metadata.memory import MemoryStore
-from danube.node import paths
 from danube.proto import danube_admin as pb
-from danube.requests import admin as flows
+from danube.runtime.cluster_admin import ClusterAdminOps
+from danube.values.errors import DanubeError
+from danube.values.names import parse_topic
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_faults import CLUSTER_PROFILES
 
-DECISIONS = ("danube.requests.admin", "danube.cluster.admin_ops")
+DECISIONS = ("danube.machines.requests.admin", "danube.machines.cluster.admin_ops")
 
 
 @contextmanager
@@ -111,9 +111,9 @@ def test_the_operator_and_the_broker_take_the_same_admin_decisions() -> None:
 
 
 def test_the_operator_merges_policies_and_routes_to_the_leader_by_the_flows() -> None:
-    """`danube.broker.admin.set_namespace_policies` and `ClusterAdminOps._leader` drive
+    """`danube.runtime.admin.set_namespace_policies` and `ClusterAdminOps._leader` drive
     these two flows."""
     with _recording() as simulated:
         ClusterSimulation(3, ClusterWorkload(admin=24), CLUSTER_PROFILES["default"]).run(20)
-    assert ("danube.requests.admin", "namespace_policies") in simulated
-    assert ("danube.requests.admin", "at_leader") in simulated
+    assert ("danube.machines.requests.admin", "namespace_policies") in simulated
+    assert ("danube.machines.requests.admin", "at_leader") in simulated

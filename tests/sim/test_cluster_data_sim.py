@@ -11,8 +11,8 @@ from collections import Counter
 
 import pytest
 
-from danube.core.names import parse_topic
-from danube.tiering import layout
+from danube.machines.tiering import layout
+from danube.values.names import parse_topic
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_data_checker import NO_LOSS, ONE_WRITER
 from sim.cluster_faults import CLUSTER_PROFILES

@@ -1,6 +1,6 @@
 """The simulator checks what production decides: a publish (one message and a batch), an
 ack (one and many), a nack, a subscription and a receive stream, run by the broker's
-gRPC-side driver (`danube.broker.request_driver`, `broker/streams.py`) and by a simulator
+gRPC-side driver (`danube.runtime.request_driver`, `runtime/streams.py`) and by a simulator
 run (`sim/requests.py`, `SimBroker`'s streams), go through the same decision modules and
 the same request-flow functions; so does the schema gate, in the broker's `SchemaGate` and
 in the schema run (`sim/schema_front_end.py`)."""
@@ -16,26 +16,26 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from danube.broker.request_driver import RequestDriver
-from danube.broker.schema_gate import SchemaGate
-from danube.broker.schema_service import SchemaService
-from danube.broker.streams import serve_consumer
-from danube.core.config import Policies
-from danube.core.names import parse_topic
-from danube.dispatch import QueueLimits
+from danube.machines.dispatch import QueueLimits
+from danube.machines.node import paths, requests
+from danube.machines.node.core import BrokerCore, BrokerIdentity
+from danube.machines.requests import receive, settle
+from danube.machines.requests.publish import BatchRequest, publish_batch, publish_one
+from danube.machines.schema import flows as schema_flows
+from danube.machines.schema.formats import SchemaType, parse
+from danube.machines.schema.policy import TopicSchemaConfig, ValidationPolicy
+from danube.machines.wal import records
+from danube.machines.wal.format import encode_frame
+from danube.machines.wal.machine import WalConfig
 from danube.metadata.state import MetadataState
-from danube.node import paths, requests
-from danube.node.core import BrokerCore, BrokerIdentity
 from danube.proto import danube as pb
-from danube.requests import receive, settle
-from danube.requests.publish import BatchRequest, publish_batch, publish_one
-from danube.schema import flows as schema_flows
-from danube.schema.formats import SchemaType, parse
-from danube.schema.policy import TopicSchemaConfig, ValidationPolicy
+from danube.runtime.request_driver import RequestDriver
+from danube.runtime.schema_gate import SchemaGate
+from danube.runtime.schema_service import SchemaService
+from danube.runtime.streams import serve_consumer
 from danube.testing import CoreDriver
-from danube.wal import records
-from danube.wal.format import encode_frame
-from danube.wal.machine import WalConfig
+from danube.values.config import Policies
+from danube.values.names import parse_topic
 from sim.__main__ import PROFILES
 from sim.clients import SimBatchConsumer, SimBatchProducer
 from sim.run import Simulation, Workload
@@ -46,7 +46,7 @@ TOPIC = "/default/decisions"
 
 
 def _decision_module(name: str) -> bool:
-    return name == "danube.node.requests" or name.startswith("danube.requests")
+    return name == "danube.machines.node.requests" or name.startswith("danube.machines.requests")
 
 
 @contextmanager
@@ -219,12 +219,12 @@ def _simulator_side() -> set[tuple[str, str]]:
 def test_broker_and_simulator_decide_publishes_and_acks_in_the_same_code() -> None:
     broker, simulator = _broker_side(), _simulator_side()
     assert {m for m, _ in broker} == {m for m, _ in simulator}
-    flows = {f for f in broker if f[0].startswith("danube.requests")}
-    assert flows == {f for f in simulator if f[0].startswith("danube.requests")}
-    assert ("danube.requests.publish", "publish_batch") in flows
-    assert ("danube.requests.settle", "nack_one") in flows
-    assert ("danube.requests.receive", "subscribe") in flows
-    assert ("danube.requests.receive", "turn") in flows
+    flows = {f for f in broker if f[0].startswith("danube.machines.requests")}
+    assert flows == {f for f in simulator if f[0].startswith("danube.machines.requests")}
+    assert ("danube.machines.requests.publish", "publish_batch") in flows
+    assert ("danube.machines.requests.settle", "nack_one") in flows
+    assert ("danube.machines.requests.receive", "subscribe") in flows
+    assert ("danube.machines.requests.receive", "turn") in flows
 
 
 class _StoreService(SchemaService):
@@ -286,9 +286,9 @@ def _simulator_gate() -> set[tuple[str, str]]:
 
 def test_broker_and_simulator_decide_the_schema_gate_in_the_same_code() -> None:
     """Issue 21: the gate's binding cache, the schemas messages name and the verdicts are
-    `danube.requests.schema_gate`'s, in the broker's `SchemaGate` and in the schema run."""
-    broker = {f for f in _broker_gate() if f[0] == "danube.requests.schema_gate"}
-    simulator = {f for f in _simulator_gate() if f[0] == "danube.requests.schema_gate"}
+    `danube.machines.requests.schema_gate`'s, in the broker's `SchemaGate` and in the schema run."""
+    broker = {f for f in _broker_gate() if f[0] == "danube.machines.requests.schema_gate"}
+    simulator = {f for f in _simulator_gate() if f[0] == "danube.machines.requests.schema_gate"}
     assert broker <= simulator, broker - simulator
     for name in ("admit", "binding", "schema_of", "payload_problems"):
-        assert ("danube.requests.schema_gate", name) in broker
+        assert ("danube.machines.requests.schema_gate", name) in broker

@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import pytest
 
-from danube.core.errors import DanubeError, ErrorCode
+from danube.machines.schema.compatibility import CompatibilityMode
+from danube.machines.schema.policy import TopicSchemaConfig, ValidationPolicy, Verdict
 from danube.metadata.state import MetadataState
 from danube.proto import danube as pb
-from danube.schema.compatibility import CompatibilityMode
-from danube.schema.policy import TopicSchemaConfig, ValidationPolicy, Verdict
+from danube.values.errors import DanubeError, ErrorCode
 from sim.schema_checker import SchemaChecker, expected_outcome, promised_readers
 from sim.schema_run import (
     SCHEMA_PROFILES,
@@ -102,7 +102,7 @@ GATE_CAUGHT_BY = {"binding_cache_never_expires": "binding freshness"}
 
 @pytest.mark.parametrize("name", sorted(GATE_MUTATIONS))
 def test_each_planted_bug_in_the_gate_flow_is_caught_within_50_seeds(name: str) -> None:
-    """The schema run drives the gate's flow (`danube.requests.schema_gate`) with its
+    """The schema run drives the gate's flow (`danube.machines.requests.schema_gate`) with its
     binding cache on the simulated clock, while an operator rebinds topics: a cache that
     keeps a binding past its TTL is noticed."""
     with GATE_MUTATIONS[name]():

@@ -12,10 +12,10 @@ from collections import Counter
 
 import pytest
 
-from danube.core.names import parse_topic
-from danube.tiering import IndexEntry, describe_object, layout
-from danube.wal import format, records
-from danube.wal.machine import Durability
+from danube.machines.tiering import IndexEntry, describe_object, layout
+from danube.machines.wal import format, records
+from danube.machines.wal.machine import Durability
+from danube.values.names import parse_topic
 from sim.__main__ import PROFILES, report
 from sim.checker import TIER, InvariantChecker
 from sim.disk import SimDisk

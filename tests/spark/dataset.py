@@ -10,10 +10,10 @@ from pathlib import Path
 
 from danube.audit.digest import payload_digest
 from danube.audit.logs import Ack, AuditLogs, Delivery
-from danube.core.names import parse_topic
+from danube.machines.tiering import layout
+from danube.machines.wal import format as wal_format
 from danube.proto import danube as pb
-from danube.tiering import layout
-from danube.wal import format as wal_format
+from danube.values.names import parse_topic
 
 TOPICS = ("/default/orders", "/default/events-part-1")
 MESSAGES = 30

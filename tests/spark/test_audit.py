@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 
 from danube.audit.digest import payload_digest
 from danube.audit.logs import Ack
-from danube.wal import format as wal_format
+from danube.machines.wal import format as wal_format
 from spark.audit import AuditInputs, main, run_audit
 from tests.spark import dataset
 from tests.spark.dataset import SEGMENT, TOPICS, Run, write_clean_run, write_logs

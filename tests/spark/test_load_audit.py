@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from danube.localcluster.broker_process import BrokerProcess
-from danube.wal import format as wal_format
+from danube.machines.wal import format as wal_format
 from spark.audit import AuditInputs, run_audit
 
 pytestmark = pytest.mark.slow

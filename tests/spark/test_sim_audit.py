@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from danube.core.names import parse_topic
-from danube.tiering import layout
+from danube.machines.tiering import layout
+from danube.values.names import parse_topic
 from sim.__main__ import PROFILES
 from sim.__main__ import main as sim_main
 from sim.objects import impostor_segment

@@ -10,13 +10,18 @@ from dataclasses import dataclass, field
 
 import trio
 
-from danube.broker.load_manager import LoadManagerDriver
-from danube.broker.membership import Change, MembershipDriver
-from danube.cluster import keys
-from danube.cluster.load_manager import LoadManager, LoadManagerConfig
-from danube.cluster.membership import LeadershipGained, LeadershipLost, Membership, MembershipConfig
-from danube.cluster.ranking import Strategy
+from danube.machines.cluster import keys
+from danube.machines.cluster.load_manager import LoadManager, LoadManagerConfig
+from danube.machines.cluster.membership import (
+    LeadershipGained,
+    LeadershipLost,
+    Membership,
+    MembershipConfig,
+)
+from danube.machines.cluster.ranking import Strategy
 from danube.metadata import MetadataStore
+from danube.runtime.load_manager import LoadManagerDriver
+from danube.runtime.membership import Change, MembershipDriver
 
 FAST_MEMBERSHIP = {
     "lease_ttl_ms": 2_000,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from danube.core.names import parse_topic
-from danube.wal import format
+from danube.machines.wal import format
+from danube.values.names import parse_topic
 
 TOPIC = parse_topic("/default/tiered")
 NOW = 1_700_000_000_000

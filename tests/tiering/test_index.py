@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from danube.kernels.twins import crc32c_py
-from danube.tiering import layout
-from danube.tiering.index import (
+from danube.machines.tiering import layout
+from danube.machines.tiering.index import (
     IndexEntry,
     IndexFormatError,
     describe_object,
@@ -21,7 +21,7 @@ from danube.tiering.index import (
     sparse_offset_index,
     validate_index,
 )
-from danube.wal import format
+from danube.machines.wal import format
 from tests.tiering.segments import TOPIC, build_segment, record
 
 

@@ -12,16 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube.tiering import layout
-from danube.tiering.index import IndexEntry, describe_object
-from danube.tiering.reader import (
+from danube.machines.tiering import layout
+from danube.machines.tiering.index import IndexEntry, describe_object
+from danube.machines.tiering.reader import (
     LocalRead,
     NotAvailable,
     ObjectRead,
     decode_object_read,
     plan_read,
 )
-from danube.wal import format
+from danube.machines.wal import format
 from tests.tiering.segments import TOPIC, build_segment, record
 
 

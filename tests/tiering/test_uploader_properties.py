@@ -29,10 +29,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from danube.tiering import layout
-from danube.tiering.index import IndexEntry, describe_object, validate_index
-from danube.tiering.reader import ObjectRead, decode_object_read, plan_read
-from danube.tiering.uploader import (
+from danube.machines.tiering import layout
+from danube.machines.tiering.index import IndexEntry, describe_object, validate_index
+from danube.machines.tiering.reader import ObjectRead, decode_object_read, plan_read
+from danube.machines.tiering.uploader import (
     AllowLocalDelete,
     CommitIndex,
     DeleteObject,

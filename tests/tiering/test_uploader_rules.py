@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from danube.tiering import layout
-from danube.tiering.index import IndexEntry
-from danube.tiering.uploader import (
+from danube.machines.tiering import layout
+from danube.machines.tiering.index import IndexEntry
+from danube.machines.tiering.uploader import (
     AllowLocalDelete,
     CommitIndex,
     DeleteObject,

@@ -17,8 +17,8 @@ import struct
 from dataclasses import dataclass, field
 
 from danube.kernels import scan_frames
-from danube.wal import format
-from danube.wal.machine import (
+from danube.machines.wal import format
+from danube.machines.wal.machine import (
     CloseSegment,
     CreateSegment,
     DeleteSegment,
@@ -29,7 +29,7 @@ from danube.wal.machine import (
     Write,
     decode_file_read,
 )
-from danube.wal.recovery import (
+from danube.machines.wal.recovery import (
     RecoveryAction,
     SyncSegment,
     TruncateSegment,

@@ -8,9 +8,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube.node.requests import record_of
+from danube.machines.node.requests import record_of
+from danube.machines.wal import records
 from danube.proto import danube as pb
-from danube.wal import records
 
 U64 = st.integers(0, 2**64 - 1)
 TEXT = st.text(max_size=20)

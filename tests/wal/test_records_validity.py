@@ -1,5 +1,5 @@
-"""The record codec (`danube.wal.records.decode`) accepts exactly the `StreamMessage`s every
-Danube client parses, checked against google.protobuf's own parser (upb), and reads what upb
+"""The record codec (`danube.machines.wal.records.decode`) accepts exactly the `StreamMessage`s
+every Danube client parses, checked against google.protobuf's own parser (upb), and reads what upb
 reads; decoding is bounded (spec/record-validity.md)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import example, given, settings
 
-from danube.wal import records
+from danube.machines.wal import records
 from tests.kernels.upb_oracle import (
     every_client_accepts,
     record_of_upb,

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube.wal import checkpoint as ck
-from danube.wal.recovery import (
+from danube.machines.wal import checkpoint as ck
+from danube.machines.wal.recovery import (
     CorruptSegment,
     PlaceSegment,
     RecoveryEvidence,

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from danube.core.errors import DanubeError, ErrorCode
-from danube.wal import format
-from danube.wal.machine import (
+from danube.machines.wal import format
+from danube.machines.wal.machine import (
     Acknowledge,
     CachedRecords,
     CloseSegment,
@@ -25,7 +24,8 @@ from danube.wal.machine import (
     WalUnavailable,
     Write,
 )
-from danube.wal.recovery import plan_recovery
+from danube.machines.wal.recovery import plan_recovery
+from danube.values.errors import DanubeError, ErrorCode
 from tests.wal.simdisk import TOPIC, SimDisk, drain
 
 NOW = 1_700_000_000_000

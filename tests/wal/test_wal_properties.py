@@ -33,7 +33,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from danube.wal.machine import (
+from danube.machines.wal.machine import (
     Acknowledge,
     CachedRecords,
     CreateSegment,
@@ -50,7 +50,7 @@ from danube.wal.machine import (
     WalUnavailable,
     Write,
 )
-from danube.wal.recovery import plan_recovery
+from danube.machines.wal.recovery import plan_recovery
 from spec.models.wal_model import Crash, Level, WalModel
 from tests.wal.simdisk import TOPIC, SimDisk, perform
 

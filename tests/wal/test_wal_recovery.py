@@ -7,16 +7,16 @@ import random
 
 import pytest
 
-from danube.core.errors import ErrorCode
-from danube.wal import format
-from danube.wal.machine import CreateSegment, Durability, WalConfig, WalMachine, Write
-from danube.wal.recovery import (
+from danube.machines.wal import format
+from danube.machines.wal.machine import CreateSegment, Durability, WalConfig, WalMachine, Write
+from danube.machines.wal.recovery import (
     CorruptSegment,
     SyncSegment,
     TruncateSegment,
     UnreadableSegment,
     plan_recovery,
 )
+from danube.values.errors import ErrorCode
 from spec.models.wal_model import Crash
 from tests.wal.simdisk import TOPIC, SimDisk, drain, perform
 

@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from danube.core.names import parse_topic
-from danube.dispatch.types import SubscriptionType
+from danube.machines.dispatch.types import SubscriptionType
+from danube.values.names import parse_topic
 
 ACKS = "acks"
 DELIVERIES = "deliveries"

@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 from danube.audit.digest import payload_digest
 from danube.kernels import find_frame, scan_frames
-from danube.wal import records
-from danube.wal.format import WalFormatError, decode_frame, decode_segment_header
+from danube.machines.wal import records
+from danube.machines.wal.format import WalFormatError, decode_frame, decode_segment_header
 
 
 class SourceKind(enum.Enum):

@@ -16,7 +16,7 @@ from danube.proto import danube_ext as ext_pb
 
 SERVER_MOVE_WAIT_S = 30.0
 """How long a broker waits for a topic's unload or deletion before it answers
-(`danube.broker.cluster_admin.MOVE_WAIT_S`; kept light here, the CLI does not import the
+(`danube.runtime.cluster_admin.MOVE_WAIT_S`; kept light here, the CLI does not import the
 broker)."""
 
 STRATEGIES = {

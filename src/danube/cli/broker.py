@@ -13,9 +13,10 @@ from pathlib import Path
 import trio
 import yaml
 
-from danube.broker.server import serve
 from danube.cli.logs import setup_logging
-from danube.core.config import (
+from danube.metadata import MetadataError
+from danube.runtime.server import serve
+from danube.values.config import (
     Address,
     BrokerConfig,
     ConfigError,
@@ -25,9 +26,8 @@ from danube.core.config import (
     prometheus_address,
     storage_with,
 )
-from danube.metadata import MetadataError
 
-log = logging.getLogger("danube.broker")
+log = logging.getLogger("danube.runtime")
 
 
 def build_parser() -> argparse.ArgumentParser:

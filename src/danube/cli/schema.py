@@ -11,9 +11,9 @@ from pathlib import Path
 
 from danube.cli.usage import add_service_addr, read_input
 from danube.client import DanubeClient
+from danube.machines.schema.compatibility import CompatibilityMode
+from danube.machines.schema.formats import SchemaType
 from danube.proto import danube_schema as pb
-from danube.schema.compatibility import CompatibilityMode
-from danube.schema.formats import SchemaType
 
 TYPES = tuple(kind.value for kind in SchemaType)
 DEFAULT_ADMIN = "http://127.0.0.1:50051"

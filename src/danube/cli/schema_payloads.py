@@ -14,9 +14,9 @@ import json
 from dataclasses import dataclass
 
 from danube.client import WriterSchema
-from danube.schema import avro, formats
-from danube.schema.errors import SchemaParseError
-from danube.schema.formats import SchemaType
+from danube.machines.schema import avro, formats
+from danube.machines.schema.errors import SchemaParseError
+from danube.machines.schema.formats import SchemaType
 
 
 class PayloadError(ValueError):

@@ -7,7 +7,7 @@ from danube.client.consumer import Consumer, Message, SubType
 from danube.client.errors import DanubeClientError
 from danube.client.producer import Producer, Receipt
 from danube.client.schemas import SchemaRef, WriterSchema
-from danube.core.config import DispatchStrategy
+from danube.values.config import DispatchStrategy
 
 __all__ = [
     "Batching",

@@ -18,8 +18,8 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from danube.client.errors import RETRYABLE, TRANSPORT_ERRORS, DanubeClientError
+from danube.machines.wal.format import MAX_RECORDS_PER_FRAME, encode_frame
 from danube.proto import danube_ext as ext_pb
-from danube.wal.format import MAX_RECORDS_PER_FRAME, encode_frame
 
 MAX_BATCH_MESSAGES = MAX_RECORDS_PER_FRAME
 

@@ -10,7 +10,7 @@ from danube.client.consumer import Consumer, SubType
 from danube.client.errors import DanubeClientError
 from danube.client.producer import Producer
 from danube.client.schemas import SchemaRef, SchemaRegistry
-from danube.core.config import DispatchStrategy
+from danube.values.config import DispatchStrategy
 
 DEFAULT_BATCHING = Batching()
 

@@ -22,9 +22,9 @@ from grpclib.const import Status
 
 from danube.client.connection import Connections
 from danube.client.errors import RETRYABLE, TRANSPORT_ERRORS, DanubeClientError
+from danube.machines.wal import records
 from danube.proto import danube as pb
 from danube.proto import danube_ext as ext_pb
-from danube.wal import records
 
 log = logging.getLogger("danube.client")
 

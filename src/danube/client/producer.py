@@ -19,12 +19,12 @@ from danube.client.batching import Batch, Batching, BatchSender, OpenStream, Ret
 from danube.client.connection import Connections
 from danube.client.errors import TRANSPORT_ERRORS, DanubeClientError
 from danube.client.schemas import SchemaRef, SchemaRegistry, WriterSchema
-from danube.core.config import DispatchStrategy
-from danube.core.hashing import partition_for_key
-from danube.core.names import partition_name
+from danube.machines.wal import records
 from danube.proto import danube as pb
 from danube.proto import danube_ext as ext_pb
-from danube.wal import records
+from danube.values.config import DispatchStrategy
+from danube.values.hashing import partition_for_key
+from danube.values.names import partition_name
 
 log = logging.getLogger("danube.client")
 

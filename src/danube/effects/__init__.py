@@ -168,7 +168,7 @@ class ObjectDelete:
 
 @dataclass(frozen=True, slots=True)
 class TopicFile:
-    """A WAL file effect (`danube.wal.machine.CreateSegment`, `Write`, `Fsync`,
+    """A WAL file effect (`danube.machines.wal.machine.CreateSegment`, `Write`, `Fsync`,
     `CloseSegment`, `DeleteSegment`) on the topic's directory; answered with None. A write
     of a topic whose durability syncs every write is synced before the answer."""
 

@@ -1,6 +1,6 @@
 """Flows: generators that yield `danube.effects` values and get their answers sent back.
 
-A flow is the sans-I/O form of a conversation with the world (our `schema/flows.py` is the
+A flow is the sans-I/O form of a conversation with the world (our `machines/schema/flows.py` is the
 first): it holds the decisions (order, retries, what to do with each answer) and no I/O.
 A port runs it. `step` is the one place that advances a flow, so every port (trio,
 simulator, in-memory) advances flows the same way:

@@ -34,7 +34,7 @@ from danube.effects import (
 )
 from danube.effects.flow import Flow
 from danube.interpreter.requests import FilesIdle
-from danube.tiering import (
+from danube.machines.tiering import (
     CommitIndex,
     ObjectRead,
     StoredObject,
@@ -43,9 +43,9 @@ from danube.tiering import (
     decode_object_read,
     describe_object,
 )
-from danube.wal import recovery
-from danube.wal.format import WalFormatError
-from danube.wal.machine import FileRead, decode_file_read
+from danube.machines.wal import recovery
+from danube.machines.wal.format import WalFormatError
+from danube.machines.wal.machine import FileRead, decode_file_read
 
 OBJECT_READ_BACKOFF = Backoff(first_ms=200, cap_ms=5_000, attempts=None)
 """The decided policy for history reads from the object store (spec/effects.md): a store

@@ -1,6 +1,6 @@
 """What the interpreter needs from the world it runs in: the port.
 
-Three ports implement `Host`: the production port (`danube.broker.io_port`: trio threads,
+Three ports implement `Host`: the production port (`danube.runtime.io_port`: trio threads,
 etcd, S3, the asyncio loop of the gRPC handlers), the simulator (`sim/broker.py`: simulated
 disk, store and network with their latencies and faults) and the instant in-memory port of
 `danube.testing`. A port performs I/O and delivers answers; it decides nothing (spec/effects.md).
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from danube.core.errors import DanubeError
 from danube.effects import IoEffect
+from danube.values.errors import DanubeError
 
 
 class Done(Protocol):

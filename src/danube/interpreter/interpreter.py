@@ -21,9 +21,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from danube.core.errors import DanubeError, ErrorCode
-from danube.core.names import parse_topic
-from danube.dispatch import ConsumerReady
 from danube.effects import (
     CloseTopicFiles,
     MarkDurable,
@@ -38,7 +35,8 @@ from danube.interpreter import flows
 from danube.interpreter.host import Host
 from danube.interpreter.requests import Exclusive, FilesIdle
 from danube.interpreter.waiters import MetadataLane, Publishes
-from danube.node.core import (
+from danube.machines.dispatch import ConsumerReady
+from danube.machines.node.core import (
     BrokerCore,
     DropWal,
     EndStream,
@@ -55,10 +53,12 @@ from danube.node.core import (
     TopicStopped,
     WalIo,
 )
-from danube.tiering import CommitIndex, ListObjects, UploadSegment
-from danube.tiering import layout as tier_layout
-from danube.wal import machine as wal
-from danube.wal.recovery import CorruptSegment, RecoveryPlan
+from danube.machines.tiering import CommitIndex, ListObjects, UploadSegment
+from danube.machines.tiering import layout as tier_layout
+from danube.machines.wal import machine as wal
+from danube.machines.wal.recovery import CorruptSegment, RecoveryPlan
+from danube.values.errors import DanubeError, ErrorCode
+from danube.values.names import parse_topic
 
 CHECKPOINT_INTERVAL_MS = 10
 """Least time between two checkpoint writes of one topic (spec/wal-format.md, "Remaining

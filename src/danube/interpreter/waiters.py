@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from danube.core.errors import DanubeError, ErrorCode
+from danube.values.errors import DanubeError, ErrorCode
 
 MAX_REMEMBERED_FAILURES = 1024
 """A reply checks the failures of its own metadata writes; older ones interest no one."""

@@ -1,12 +1,13 @@
 """Published batches (spec/protocol.md, "Batched data path"), compiled with numba: the check of
 every record of a client's frame, and the stamping that turns it into the WAL frame the broker
 appends. Their oracles in tests/kernels/ are the WAL's own frame encoder, the record codec
-(`danube.wal.format`, `danube.wal.records`), the twin and google.protobuf's own parser.
+(`danube.machines.wal.format`, `danube.machines.wal.records`), the twin and google.protobuf's own
+parser.
 
 A batch is one WAL frame whose records are `danube.StreamMessage`s without `msg_id`. The
 broker must know, without building a Python object per message, that each record is one every
 Danube client's parser reads alike (spec/record-validity.md: the rules, the reason codes of
-`danube.wal.records`, the limits; `twins.check_records_py` is the plain-Python twin of the
+`danube.machines.wal.records`, the limits; `twins.check_records_py` is the plain-Python twin of the
 check, `records.decode` accepts the same records), how large each payload is
 (the namespace's `max_message_size`), and then append to each record the `msg_id` field that
 names its producer, topic, broker and offset. A protobuf parser merges fields in any order, so
@@ -25,7 +26,7 @@ from numba import njit
 
 from danube.kernels.crc32c import _load_u32, byte_view, crc32c
 from danube.kernels.twins import FRAME_HEADER, FRAME_MAGIC
-from danube.wal import records
+from danube.machines.wal import records
 
 MSG_ID_FIELD = 2
 PAYLOAD_FIELD = 3
@@ -40,7 +41,7 @@ BAD_MSG_ID = records.HAS_MSG_ID
 """A record carries a `msg_id`: the broker is the one that names a stored message."""
 BATCH_FIELDS = records.MAX_FIELDS - records.MSG_ID_FIELDS
 """Most fields of a batch's record: stamped, it must still be one `records.decode` reads."""
-# The other reason codes (`danube.wal.records`), as the kernels' compile-time constants.
+# The other reason codes (`danube.machines.wal.records`), as the kernels' compile-time constants.
 _TRUNCATED = records.TRUNCATED
 _BAD_VARINT = records.BAD_VARINT
 _BAD_TAG = records.BAD_TAG

@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from danube.wal import records as r
+from danube.machines.wal import records as r
 
 CRC32C_POLY = 0x82F63B78
 FRAME_HEADER = 32

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import yaml
 
-from danube.core.config import DEFAULT_PROMETHEUS_PORT
 from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.etcd_process import EtcdProcess
 from danube.localcluster.s3_process import CREDENTIALS, S3Process
+from danube.values.config import DEFAULT_PROMETHEUS_PORT
 
 
 @dataclass(frozen=True, slots=True)

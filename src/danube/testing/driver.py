@@ -9,7 +9,7 @@ from typing import Any
 
 from danube.effects import ObjectPut
 from danube.interpreter import Interpreter
-from danube.node.core import (
+from danube.machines.node.core import (
     BrokerCore,
     DropWal,
     LoadWal,

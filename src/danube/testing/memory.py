@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from danube.core.errors import DanubeError
 from danube.effects import (
     CloseTopicFiles,
     MarkDurable,
@@ -37,10 +36,16 @@ from danube.effects import (
     compares_hold,
 )
 from danube.interpreter.host import Done
+from danube.machines.wal import format
+from danube.machines.wal.machine import CloseSegment, CreateSegment, DeleteSegment, Fsync, Write
+from danube.machines.wal.recovery import (
+    PlaceSegment,
+    SyncSegment,
+    TruncateSegment,
+    UnreadableSegment,
+)
 from danube.metadata.model import KeyValue
-from danube.wal import format
-from danube.wal.machine import CloseSegment, CreateSegment, DeleteSegment, Fsync, Write
-from danube.wal.recovery import PlaceSegment, SyncSegment, TruncateSegment, UnreadableSegment
+from danube.values.errors import DanubeError
 
 MAX_SLEEPS_PER_CALL = 10_000
 """An instant port answers a `Sleep` at once, without moving its clock (the test moves

@@ -8,7 +8,7 @@ effects of `danube.effects` at once, so flows run against it with `run_now`. Eve
 kept as a `WatchEvent` in revision order, as a watch would deliver it.
 
 `ManagerDriver` carries out the load manager's decisions as the broker's driver does
-(`danube.cluster.decisions.as_txn`, one transaction each) and feeds the events back one at
+(`danube.machines.cluster.decisions.as_txn`, one transaction each) and feeds the events back one at
 a time."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from danube import keys
-from danube.cluster import decisions
-from danube.cluster.load_manager import Effect, LoadManager, ScheduleTick, Txn
 from danube.effects import Outcome, StoreList, StoreRead, StoreTxn, TxnAnswer
+from danube.machines.cluster import decisions
+from danube.machines.cluster.load_manager import Effect, LoadManager, ScheduleTick, Txn
 from danube.metadata.model import Compare, Delete, KeyValue, Op, Put, WatchEvent
 from danube.metadata.state import MetadataState
 

@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from danube.core.config import Policies
-from danube.dispatch import QueueLimits
-from danube.node.core import BrokerCore, BrokerIdentity
+from danube.machines.dispatch import QueueLimits
+from danube.machines.node.core import BrokerCore, BrokerIdentity
+from danube.values.config import Policies
 
 URL = "http://127.0.0.1:6650"
 

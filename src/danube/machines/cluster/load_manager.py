@@ -1,0 +1,715 @@
+"""The load manager as a pure state machine (spec/cluster.md, "Load manager").
+
+Every broker runs one and keeps its view of the cluster current from the watch of `/cluster/`:
+registrations, broker states, load reports, assignments and unassigned markers. Only the leader
+acts; a follower's view is simply ready when it is elected. The leader assigns unassigned
+topics (Danube's threshold and round-robin rule over the configured ranking), moves one topic
+at a time off overloaded brokers when the coefficient of variation of the scores says the
+cluster is uneven, and fails over every assignment of a past incarnation of a broker (its
+registration lease expired, or it registered again since the assignment was written).
+Each decision is one `MetaTxn`-like effect (`Assign`, `Move`, `FailOver`, `Release`): compares
+plus operations the driver runs as one transaction. The outcome is not reported back: it shows
+in the watch like any other change, and a decision that did not show in time is made again.
+
+**Fencing.** Every transaction compares `/cluster/leader` with this broker's id. The leader
+key lives under the leader's lease (spec/cluster.md, "Registration and leader election"), so a
+deposed leader acting on a stale view cannot write: the key is gone or names another broker.
+Each transaction also compares the revision of the exact key its decision was read from, so a
+decision taken on a view the store has since moved past fails instead of acting twice:
+
+- `Assign` requires the unassigned marker at the `mod_revision` it saw. A marker rewritten
+  meanwhile (an unload that became ready, a new marker) or already consumed (the topic was
+  assigned) makes it fail; the new marker, if any, arrives in the watch and is decided afresh.
+- `Move` requires the source's assignment at the revision it saw and no unassigned marker, so a
+  topic is never moved twice, nor moved after its owner changed or while it is unassigned.
+- `FailOver` requires the stale assignment at the revision it saw: a topic failed over, then
+  assigned to the broker's new incarnation, is not taken away again by a late retry.
+- `Release` (a half-finished unload whose broker is gone) requires the marker as it saw it.
+
+The driver must feed the events of one watch on `/cluster/` in revision order (etcd's watch
+guarantees it), so that the view is always the store at some revision. Inputs take `now`, the
+monotonic clock in nanoseconds; the inputs that may move a topic also take the wall clock in
+Unix seconds (`unix_s`) for the audit record. Nothing here is random: every iteration that
+produces effects is in sorted order, so the same inputs give the same effects on every replica
+and under every hash seed.
+
+Its configuration is a value (`danube.values.load_manager_config`) and its effects have a module
+of their own (`danube.machines.cluster.load_manager_effects`); both are re-exported here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from danube import keys
+from danube.machines.cluster import records
+from danube.machines.cluster.load_manager_effects import Assign as Assign
+from danube.machines.cluster.load_manager_effects import Effect as Effect
+from danube.machines.cluster.load_manager_effects import FailOver as FailOver
+from danube.machines.cluster.load_manager_effects import Log as Log
+from danube.machines.cluster.load_manager_effects import MarkDrained as MarkDrained
+from danube.machines.cluster.load_manager_effects import Move as Move
+from danube.machines.cluster.load_manager_effects import Proposal as Proposal
+from danube.machines.cluster.load_manager_effects import Release as Release
+from danube.machines.cluster.load_manager_effects import ScheduleTick as ScheduleTick
+from danube.machines.cluster.load_manager_effects import Txn as Txn
+from danube.machines.cluster.ranking import (
+    BrokerLoad,
+    Imbalance,
+    LoadReport,
+    TopicLoad,
+    blacklisted,
+    imbalance,
+    ranking,
+    rebalance_sources,
+    scores,
+)
+from danube.machines.cluster.records import Marker, MarkerReason
+from danube.metadata.model import Compare, Delete, KeyValue, Put, WatchEvent
+from danube.values.load_manager_config import Aggressiveness as Aggressiveness
+from danube.values.load_manager_config import LoadManagerConfig as LoadManagerConfig
+from danube.values.load_manager_config import RebalancingConfig as RebalancingConfig
+
+NS_PER_S = 1_000_000_000
+NS_PER_MS = 1_000_000
+HOUR_NS = 3600 * NS_PER_S
+
+# -- the machine --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Pending:
+    """An unassigned marker as last seen."""
+
+    marker: Marker
+    revision: int
+    due: int
+    """Decide (again) from this time on: at once when seen, `retry_ms` after a decision."""
+    planned: str | None = None
+    """The broker of the `Assign` in flight; its load counts the topic meanwhile."""
+    stalled: str | None = None
+    """Why the topic waits, once logged."""
+
+    def target(self) -> str | None:
+        """The broker expected to get the topic, whose load already counts it."""
+        if self.planned is not None:
+            return self.planned
+        return self.marker.to_broker if self.marker.reason is MarkerReason.REBALANCE else None
+
+
+@dataclass(slots=True)
+class _Owned:
+    revision: int
+    """`mod_revision` of the assignment key."""
+    since: int
+    """When this view first saw the assignment: the topic's age on its broker."""
+
+
+@dataclass(slots=True)
+class _Manual:
+    left: int | None
+    """Moves still allowed in this manual session; None: until balanced."""
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    broker: str
+    topic: str
+    until: int
+
+
+class LoadManager:
+    """One broker's load manager; `broker_id` is this broker (the leader key's value)."""
+
+    def __init__(self, broker_id: str, config: LoadManagerConfig) -> None:
+        self.broker_id = broker_id
+        self.config = config
+        self.leading = False
+        self._leader_compare = records.leader_compare(broker_id)
+        self._retry_ns = config.retry_ms * NS_PER_MS
+        self._registered: dict[str, int] = {}
+        """broker → `mod_revision` of its registration."""
+        self._modes: dict[str, str] = {}
+        self._state_revisions: dict[str, int] = {}
+        """broker → `mod_revision` of its state key."""
+        self._drain_due: dict[str, int] = {}
+        """Draining brokers found empty → when to (re)send their `MarkDrained`."""
+        self._reports: dict[str, LoadReport] = {}
+        self._topic_loads: dict[str, dict[str, TopicLoad]] = {}
+        self._owners: dict[str, dict[str, _Owned]] = {}
+        """topic → broker → assignment (one broker, unless the store is inconsistent)."""
+        self._owned: dict[str, dict[str, _Owned]] = {}
+        """broker → topic → assignment: the same entries, indexed the other way."""
+        self._pending: dict[str, _Pending] = {}
+        self._expected: dict[str, set[str]] = {}
+        """broker → pending topics whose `target` it is."""
+        self._loads: dict[str, BrokerLoad] = {}
+        """Cache of each broker's effective load, dropped whenever an input changes it."""
+        self._failing: dict[tuple[str, str], int] = {}
+        """(broker, topic) of every assignment of a past incarnation → when to (re)send its
+        `FailOver`."""
+        self._last_chosen: str | None = None
+        self._moves: deque[int] = deque()
+        """When each move of the last hour was made."""
+        self._moved_at: dict[str, int] = {}
+        self._last_move_at: int | None = None
+        self._in_flight: _InFlight | None = None
+        self._next_check: int | None = None
+        self._manual: _Manual | None = None
+        self._history_s = -1
+        self._scheduled: int | None = None
+
+    # -- inputs: leadership and time --------------------------------------------------------
+
+    def became_leader(self, now: int) -> list[Effect]:
+        """The membership machine won the leader key. Everything pending is decided at once
+        (Danube's new leader only reacts to later events; topics already waiting would stay
+        unassigned)."""
+        self.leading = True
+        self._scheduled = None
+        for pending in self._pending.values():
+            pending.due = now
+            pending.stalled = None
+        for key in self._failing:
+            self._failing[key] = now
+        self._drain_due.clear()
+        cfg = self.config.rebalancing
+        if cfg is not None and cfg.enabled:
+            # A full interval first: the view of loads settles after a change of leader.
+            self._next_check = now + cfg.check_interval_seconds * NS_PER_S
+        return self._react(now)
+
+    def lost_leadership(self, now: int) -> list[Effect]:
+        """Stop acting; decisions in flight are forgotten (their transactions are fenced)."""
+        self.leading = False
+        for topic, pending in sorted(self._pending.items()):
+            if pending.planned is not None:
+                self._expect(topic, pending, add=False)
+                pending.planned = None
+                self._expect(topic, pending, add=True)
+        self._manual = None
+        self._next_check = None
+        self._in_flight = None
+        self._scheduled = None
+        return self._react(now)
+
+    def tick(self, now: int, *, unix_s: int) -> list[Effect]:
+        """The time of the last `ScheduleTick` has come."""
+        self._scheduled = None
+        return self._react(now, unix_s)
+
+    def trigger_rebalance(self, max_moves: int | None, now: int, *, unix_s: int) -> list[Effect]:
+        """An administrator's rebalance: moves one topic per step, `cooldown_seconds` apart,
+        until the cluster is balanced, no topic qualifies or `max_moves` were made. It ignores
+        `enabled`, the check interval, `min_brokers_for_rebalance` and the hourly cap (its
+        moves still count towards the cap), but not the blacklist nor `min_topic_age_seconds`.
+        Ignored unless leading with a `rebalancing` section (the admin API refuses first)."""
+        if max_moves is not None and max_moves < 1:
+            raise ValueError(f"max_moves must be at least 1, got {max_moves}")
+        if not self.leading or self.config.rebalancing is None:
+            return []
+        self._manual = _Manual(max_moves)
+        return self._react(now, unix_s)
+
+    # -- inputs: the view ------------------------------------------------------------------
+
+    def observe(self, event: WatchEvent, now: int) -> list[Effect]:
+        """Routes one event of the watch on `keys.CLUSTER_PREFIX` to the input it stands for;
+        keys the load manager does not read are ignored."""
+        problem = self._apply(event.kind == "put", event.key, event.value, event.mod_revision, now)
+        effects: list[Effect] = [Log("load_report_rejected", problem)] if problem else []
+        effects += self._react(now)
+        return effects if self.leading else []
+
+    def resync(self, snapshot: Iterable[KeyValue], now: int) -> list[Effect]:
+        """Replaces the view with `snapshot`, every key under `/cluster/` at one revision:
+        at start, and whenever the watch must restart (it was compacted)."""
+        previous = {(b, t): o for b, topics in self._owned.items() for t, o in topics.items()}
+        self._registered.clear()
+        self._modes.clear()
+        self._state_revisions.clear()
+        self._reports.clear()
+        self._topic_loads.clear()
+        self._owners.clear()
+        self._owned.clear()
+        self._pending.clear()
+        self._expected.clear()
+        self._loads.clear()
+        self._failing.clear()
+        problems = []
+        for kv in sorted(snapshot, key=lambda kv: kv.key):
+            problem = self._apply(True, kv.key, kv.value, kv.mod_revision, now)
+            if problem:
+                problems.append(Log("load_report_rejected", problem))
+        for (broker, topic), owned in previous.items():
+            current = self._owned.get(broker, {}).get(topic)
+            if current is not None and current.revision == owned.revision:
+                current.since = owned.since
+        effects = [*problems, *self._react(now)]
+        return effects if self.leading else []
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def rankings(self) -> list[tuple[str, int]]:
+        """Active brokers, least loaded first, as assignment sees them."""
+        return ranking(self._scores())
+
+    def balance(self) -> Imbalance:
+        """The figures `GetClusterBalance` reports (`danube.runtime.cluster_admin`)."""
+        return imbalance(self._scores())
+
+    def propose_move(self, now: int) -> Proposal | None:
+        """The move a manual rebalance would make now (a dry run); None when balanced or no
+        topic qualifies."""
+        return self._propose(now, automatic=False)
+
+    def registered(self) -> list[str]:
+        """Every registered broker, by id."""
+        return sorted(self._registered)
+
+    def active(self) -> list[str]:
+        """The brokers that may be given topics (registered, mode `active` or unset)."""
+        return self._active()
+
+    def owner(self, topic: str) -> tuple[str, int] | None:
+        """(broker, assignment `mod_revision`) of the topic's assignment, if it has one."""
+        owners = self._owners.get(topic)
+        if not owners:
+            return None
+        broker = min(owners)
+        return broker, owners[broker].revision
+
+    def assignments(self, broker: str) -> dict[str, int]:
+        """topic → assignment `mod_revision` of every topic assigned to the broker."""
+        return {topic: owned.revision for topic, owned in self._owned.get(broker, {}).items()}
+
+    def marker(self, topic: str) -> tuple[Marker, int] | None:
+        """(marker, `mod_revision`) of the topic's unassigned marker, if it has one."""
+        pending = self._pending.get(topic)
+        return None if pending is None else (pending.marker, pending.revision)
+
+    # -- view updates ----------------------------------------------------------------------
+
+    def _apply(self, put: bool, key: str, value: Any, revision: int, now: int) -> str | None:
+        """Applies one key's change to the view; returns why a load report was refused."""
+        if (broker := keys.parse_register_key(key)) is not None:
+            if put:
+                self._register(broker, revision, now)
+            else:
+                self._unregister(broker, now)
+        elif (broker := keys.parse_state_key(key)) is not None:
+            self._set_mode(broker, records.broker_mode(value) if put else None, revision)
+        elif (pair := keys.parse_assignment_key(key)) is not None:
+            self._set_assignment(pair[0], pair[1], revision if put else None, now)
+        elif (topic := keys.parse_unassigned_key(key)) is not None:
+            self._set_marker(topic, Marker.from_json(value) if put else None, revision, now)
+        elif (broker := keys.parse_load_key(key)) is not None:
+            try:
+                self._set_report(broker, LoadReport.from_json(value) if put else None)
+            except ValueError as error:
+                # The last good report stays: a broker that cannot be read is not idle.
+                return f"{key}: {error}"
+        return None
+
+    def _register(self, broker: str, revision: int, now: int) -> None:
+        self._registered[broker] = revision
+        for topic in list(self._owned.get(broker, {})):
+            self._check_owner(broker, topic, now)
+
+    def _unregister(self, broker: str, now: int) -> None:
+        self._registered.pop(broker, None)
+        self._drain_due.pop(broker, None)
+        self._set_report(broker, None)
+        for topic in list(self._owned.get(broker, {})):
+            self._check_owner(broker, topic, now)
+
+    def _check_owner(self, broker: str, topic: str, now: int) -> None:
+        """Fails the assignment over if it belongs to a past incarnation of its broker: the
+        broker is not registered (its lease expired, so it has fenced itself), or registered
+        again since the assignment was written (a registration is put once per lease; the new
+        incarnation starts without topics)."""
+        owned = self._owned.get(broker, {}).get(topic)
+        registered = self._registered.get(broker)
+        if owned is not None and (registered is None or registered > owned.revision):
+            self._failing.setdefault((broker, topic), now)
+        else:
+            self._failing.pop((broker, topic), None)
+
+    def _set_mode(self, broker: str, mode: str | None, revision: int) -> None:
+        if mode is None:
+            self._modes.pop(broker, None)
+            self._state_revisions.pop(broker, None)
+        else:
+            self._modes[broker] = mode
+            self._state_revisions[broker] = revision
+
+    def _set_report(self, broker: str, report: LoadReport | None) -> None:
+        if report is None:
+            self._reports.pop(broker, None)
+            self._topic_loads.pop(broker, None)
+        else:
+            self._reports[broker] = report
+            self._topic_loads[broker] = {t.topic_name: t for t in report.topics}
+        self._loads.pop(broker, None)
+
+    def _set_marker(self, topic: str, marker: Marker | None, revision: int, now: int) -> None:
+        old = self._pending.pop(topic, None)
+        if old is not None:
+            self._expect(topic, old, add=False)
+        if marker is not None:
+            pending = _Pending(marker, revision, now)
+            self._pending[topic] = pending
+            self._expect(topic, pending, add=True)
+
+    def _set_assignment(self, broker: str, topic: str, revision: int | None, now: int) -> None:
+        owners = self._owners.setdefault(topic, {})
+        if revision is None:
+            owners.pop(broker, None)
+            self._owned.get(broker, {}).pop(topic, None)
+            flight = self._in_flight
+            if flight is not None and (flight.broker, flight.topic) == (broker, topic):
+                self._in_flight = None
+        else:
+            owned = owners.get(broker)
+            if owned is None or owned.revision != revision:
+                owned = _Owned(revision, now)
+            owners[broker] = owned
+            self._owned.setdefault(broker, {})[topic] = owned
+        self._check_owner(broker, topic, now)
+        if not owners:
+            del self._owners[topic]
+        if broker in self._owned and not self._owned[broker]:
+            del self._owned[broker]
+        self._loads.pop(broker, None)
+
+    def _expect(self, topic: str, pending: _Pending, *, add: bool) -> None:
+        target = pending.target()
+        if target is None:
+            return
+        topics = self._expected.setdefault(target, set())
+        if add:
+            topics.add(topic)
+        else:
+            topics.discard(topic)
+            if not topics:
+                del self._expected[target]
+        self._loads.pop(target, None)
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def _react(self, now: int, unix_s: int | None = None) -> list[Effect]:
+        self._advance(now)
+        if not self.leading:
+            return []
+        effects = [*self._failovers(now), *self._assignments(now), *self._drains(now)]
+        if unix_s is not None:
+            effects += self._rebalance(now, unix_s)
+        return [*effects, *self._schedule(now)]
+
+    def _advance(self, now: int) -> None:
+        """Bookkeeping that only time drives (followers too: their view must be ready)."""
+        while self._moves and self._moves[0] <= now - HOUR_NS:
+            self._moves.popleft()
+        cfg = self.config.rebalancing
+        min_age = 0 if cfg is None else cfg.min_topic_age_seconds * NS_PER_S
+        for topic, at in list(self._moved_at.items()):
+            if at <= now - min_age:
+                del self._moved_at[topic]
+        if self._in_flight is not None and self._in_flight.until <= now:
+            self._in_flight = None
+
+    def _active(self) -> list[str]:
+        """Registered brokers in mode `active`, or with no state key (Danube's default)."""
+        return [b for b in sorted(self._registered) if self._modes.get(b, "active") == "active"]
+
+    def _load(self, broker: str) -> BrokerLoad:
+        """The broker's report, with its topics replaced by what the leader knows it holds:
+        its assignments plus the topics on their way to it. A report lags (30 s by default),
+        the view does not, and assignments made since the last report must count at once or a
+        burst of new topics would all land on the same broker."""
+        load = self._loads.get(broker)
+        if load is None:
+            names = sorted(self._owned.get(broker, {}).keys() | self._expected.get(broker, set()))
+            known = self._topic_loads.get(broker, {})
+            report = self._reports.get(broker) or LoadReport(broker)
+            topics = tuple(known.get(name) or TopicLoad(name) for name in names)
+            load = BrokerLoad.of(dataclasses.replace(report, topics=topics))
+            self._loads[broker] = load
+        return load
+
+    def _scores(self) -> dict[str, int]:
+        loads = {broker: self._load(broker) for broker in self._active()}
+        return scores(self.config.assignment_strategy, loads)
+
+    def _failovers(self, now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        for (broker, topic), due in sorted(self._failing.items()):
+            if due > now:
+                continue
+            self._failing[(broker, topic)] = now + self._retry_ns
+            assignment = keys.assignment_key(broker, topic)
+            revision = self._owned[broker][topic].revision
+            effects.append(
+                FailOver(
+                    topic,
+                    broker,
+                    (self._leader_compare, Compare(assignment, "mod_revision", "==", revision)),
+                    (Delete(assignment), Put(keys.unassigned_key(topic), None)),
+                )
+            )
+        return effects
+
+    def _assignments(self, now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        for topic, pending in sorted(self._pending.items()):
+            if pending.due > now:
+                continue
+            marker = pending.marker
+            if not marker.ready:
+                if self._orphaned(pending):
+                    effects.append(self._release(topic, pending, now))
+                continue
+            if marker.reason is MarkerReason.DELETE:
+                continue  # never assigned: the admin's DeleteTopic removes it
+            owners = self._owners.get(topic)
+            if owners:
+                # Never a second owner: the marker waits until the assignment goes (a
+                # fail-over or an unload in progress), as its writer must delete it.
+                effects += self._stall(topic, pending, f"still assigned to {min(owners)}")
+                continue
+            broker = self._choose(marker)
+            if broker is None:
+                effects += self._stall(topic, pending, "no active broker")
+                continue
+            effects.append(self._assign(topic, pending, broker, now))
+        return effects
+
+    def _orphaned(self, pending: _Pending) -> bool:
+        """Nobody will ever mark this marker ready: `from_broker` is not registered, or was
+        registered again after the marker was written (a registration is put once per lease,
+        so a newer one is a new incarnation, which knows nothing of the unload)."""
+        registered = self._registered.get(pending.marker.from_broker or "")
+        return registered is None or registered > pending.revision
+
+    def _stall(self, topic: str, pending: _Pending, why: str) -> list[Effect]:
+        if pending.stalled == why:
+            return []
+        pending.stalled = why
+        return [Log("assignment_waiting", f"{topic}: {why}")]
+
+    def _release(self, topic: str, pending: _Pending, now: int) -> Release:
+        """A deleted topic's marker stays a delete marker, only ready: released as null, the
+        topic would be assigned again and outlive its deletion."""
+        pending.due = now + self._retry_ns
+        marker_key = keys.unassigned_key(topic)
+        marker = pending.marker
+        released = (
+            dataclasses.replace(marker, ready=True) if marker.reason is MarkerReason.DELETE
+            else Marker()
+        )  # fmt: skip
+        return Release(
+            topic,
+            marker.from_broker,
+            (self._leader_compare, Compare(marker_key, "mod_revision", "==", pending.revision)),
+            (Put(marker_key, released.to_json()),),
+        )
+
+    def _drains(self, now: int) -> list[Effect]:
+        """Draining brokers whose last topic left: no assignment, no unload of theirs pending
+        (a marker that is not ready yet still needs them to seal the topic)."""
+        owing = {
+            p.marker.from_broker for p in self._pending.values() if not p.marker.ready
+        }  # fmt: skip
+        effects: list[Effect] = []
+        for broker in sorted(self._registered):
+            if self._modes.get(broker) != records.DRAINING or self._owned.get(broker):
+                self._drain_due.pop(broker, None)
+                continue
+            if broker in owing or self._drain_due.get(broker, now) > now:
+                continue
+            self._drain_due[broker] = now + self._retry_ns
+            state = keys.state_key(broker)
+            compare = Compare(state, "mod_revision", "==", self._state_revisions[broker])
+            effects.append(
+                MarkDrained(
+                    broker,
+                    (self._leader_compare, compare),
+                    (Put(state, records.state_value(records.DRAINED, "no_topics")),),
+                )
+            )
+        return effects
+
+    def _assign(self, topic: str, pending: _Pending, broker: str, now: int) -> Assign:
+        self._expect(topic, pending, add=False)
+        pending.planned = broker
+        self._expect(topic, pending, add=True)
+        pending.due = now + self._retry_ns
+        pending.stalled = None
+        marker_key = keys.unassigned_key(topic)
+        # The target's registration as this view saw it: a view that lags the store (a new
+        # leader acting before it has seen the expiry that made it leader) must not give a
+        # topic to a broker that is gone.
+        registered = Compare(
+            keys.register_key(broker), "mod_revision", "==", self._registered[broker]
+        )
+        # And its mode as seen (active): an admin's drain that lands after the decision was
+        # made and before it is applied must not be overtaken by it.
+        state = keys.state_key(broker)
+        seen_mode = (
+            Compare(state, "mod_revision", "==", self._state_revisions[broker])
+            if broker in self._state_revisions
+            else Compare(state, "version", "==", 0)
+        )
+        return Assign(
+            topic,
+            broker,
+            pending.marker.reason,
+            (
+                self._leader_compare,
+                Compare(marker_key, "mod_revision", "==", pending.revision),
+                registered,
+                seen_mode,
+            ),
+            (Put(keys.assignment_key(broker, topic), None), Delete(marker_key)),
+        )
+
+    def _choose(self, marker: Marker) -> str | None:
+        """Danube's choice of broker for a marker, among active brokers only."""
+        broker_scores = self._scores()
+        if not broker_scores:
+            return None
+        if marker.reason is MarkerReason.REBALANCE and marker.to_broker in broker_scores:
+            return marker.to_broker
+        ranked = ranking(broker_scores)
+        if marker.reason is not MarkerReason.NEW:
+            # Away from the broker it comes from; back to it only if it is the one active
+            # broker left (Danube would leave the topic unassigned for good).
+            others = [b for b, _ in ranked if b != marker.from_broker]
+            return others[0] if others else ranked[0][0]
+        low = ranked[0][1]
+        threshold = low if low < 10 else low + max(low // 10, 1)
+        candidates = sorted(b for b, score in ranked if score <= threshold)
+        last = self._last_chosen
+        after = [b for b in candidates if last is not None and b > last]
+        self._last_chosen = after[0] if after else candidates[0]
+        return self._last_chosen
+
+    # -- rebalancing -------------------------------------------------------------------------
+
+    def _gate(self, cfg: RebalancingConfig, now: int) -> int:
+        """Earliest time of the next move: the cooldown has passed, and the previous move
+        shows in the view (the loads it changed are known) or took too long to."""
+        times = [now]
+        if self._last_move_at is not None:
+            times.append(self._last_move_at + cfg.cooldown_seconds * NS_PER_S)
+        if self._in_flight is not None:
+            times.append(self._in_flight.until)
+        return max(times)
+
+    def _rebalance(self, now: int, unix_s: int) -> list[Effect]:
+        cfg = self.config.rebalancing
+        if cfg is None or self._gate(cfg, now) > now:
+            return []
+        if self._manual is not None:
+            proposal = self._propose(now, automatic=False)
+            if proposal is None:
+                self._manual = None
+                return [Log("manual_rebalance_done", "balanced, or no topic may move")]
+            if self._manual.left is not None:
+                self._manual.left -= 1
+                if self._manual.left == 0:
+                    self._manual = None
+            return [self._move(proposal, now, unix_s, manual=True)]
+        if not cfg.enabled or self._next_check is None or now < self._next_check:
+            return []
+        self._next_check = now + cfg.check_interval_seconds * NS_PER_S
+        if len(self._moves) >= cfg.max_moves_per_hour:
+            return [Log("rebalance_capped", f"{len(self._moves)} moves in the last hour")]
+        proposal = self._propose(now, automatic=True)
+        return [] if proposal is None else [self._move(proposal, now, unix_s, manual=False)]
+
+    def _propose(self, now: int, *, automatic: bool) -> Proposal | None:
+        cfg = self.config.rebalancing
+        if cfg is None:
+            return None
+        broker_scores = self._scores()
+        if automatic and len(broker_scores) < cfg.min_brokers_for_rebalance:
+            return None
+        stats = imbalance(broker_scores)
+        if stats.brokers < 2 or stats.coefficient_of_variation < cfg.aggressiveness.threshold:
+            return None
+        ranked = [b for b, _ in ranking(broker_scores)]
+        min_age = cfg.min_topic_age_seconds * NS_PER_S
+        for source in rebalance_sources(broker_scores, stats):
+            target = next(b for b in ranked if b != source)
+            known = self._topic_loads.get(source, {})
+            best: tuple[float, str, int] | None = None
+            for topic, owned in sorted(self._owned.get(source, {}).items()):
+                if topic in self._pending or blacklisted(topic, cfg.blacklist_topics):
+                    continue
+                if now - max(owned.since, self._moved_at.get(topic, owned.since)) < min_age:
+                    continue
+                load = (known.get(topic) or TopicLoad(topic)).estimated_load
+                if best is None or load < best[0]:
+                    best = (load, topic, owned.revision)
+            if best is not None:
+                return Proposal(best[1], source, target, best[0], best[2])
+        return None
+
+    def _move(self, proposal: Proposal, now: int, unix_s: int, *, manual: bool) -> Move:
+        topic, source, target = proposal.topic, proposal.from_broker, proposal.to_broker
+        self._moves.append(now)
+        self._moved_at[topic] = now
+        self._last_move_at = now
+        self._in_flight = _InFlight(source, topic, now + self._retry_ns)
+        # One key per move even when two moves share a second (a manual run without cooldown).
+        self._history_s = max(unix_s, self._history_s + 1)
+        assignment = keys.assignment_key(source, topic)
+        marker_key = keys.unassigned_key(topic)
+        marker = Marker(MarkerReason.REBALANCE, source, target, ready=False, timestamp=unix_s)
+        record = {
+            "topic": topic,
+            "from_broker": records.broker_id_to_json(source),
+            "to_broker": records.broker_id_to_json(target),
+            "reason": "ManualRebalance" if manual else "LoadImbalance",
+            "estimated_load": proposal.estimated_load,
+            "timestamp": unix_s,
+        }
+        return Move(
+            topic,
+            source,
+            target,
+            manual,
+            proposal.estimated_load,
+            (
+                self._leader_compare,
+                Compare(assignment, "mod_revision", "==", proposal.revision),
+                Compare(marker_key, "version", "==", 0),
+            ),
+            (
+                Put(marker_key, marker.to_json()),
+                Delete(assignment),
+                Put(keys.history_key(self._history_s), record),
+            ),
+        )
+
+    def _schedule(self, now: int) -> list[Effect]:
+        times = [p.due for p in self._pending.values() if p.due > now]
+        times += [due for due in self._failing.values() if due > now]
+        times += [due for due in self._drain_due.values() if due > now]
+        cfg = self.config.rebalancing
+        if cfg is not None:
+            gate = self._gate(cfg, now)
+            if self._manual is not None:
+                times.append(gate)
+            elif cfg.enabled and self._next_check is not None:
+                times.append(max(self._next_check, gate))
+        at = min(times) if times else None
+        if at == self._scheduled:
+            return []
+        self._scheduled = at
+        return [] if at is None else [ScheduleTick(at)]

@@ -1,0 +1,492 @@
+"""The broker side of topic ownership, as a pure state machine (spec/cluster.md, "Ownership
+fencing" and "Topic moves").
+
+The load manager decides which broker a topic belongs to; this machine decides what the broker
+does about it. It sees its own assignments (`/cluster/brokers/<me>/<ns>/<topic>`) and the
+unassigned markers, and for each topic:
+
+- **assigned** → claim the topic (`Claim`): put `/topics/<ns>/<topic>/owner` under the broker's
+  lease by compare-and-create (a claim found there that is this broker's own under the same
+  lease, `own_claim`, is one whose answer was lost: it counts as done). The claim's revision
+  is the fencing token of every write the broker later makes for the topic beyond its own
+  disk (`Load` carries it). The previous
+  owner's claim is gone by then: it deleted it when it unloaded, or it vanished with its lease
+  on a failover. A claim that finds another broker's claim is retried after `retry_ms` while
+  the topic is still assigned here; once it is not, the topic takes the release path.
+- **claimed** → load it (`Load`); the driver answers `loaded` or `load_failed`.
+- **assignment deleted** → unload it (`Unload`: stop accepting publishes, seal a reliable
+  topic), then release it (`Release`): delete the claim, compared on its revision, and, if the
+  leader posted a not-ready marker naming this broker, rewrite it `ready: true` in the same
+  transaction, compared on the marker's revision. A marker that shows up only after the unload
+  finished is marked ready when it shows up. When the marker is a `delete` naming this
+  broker, the unload says so (`Unload.deleted`): the topic is dropped with its WAL, not
+  sealed, and the admin's DeleteTopic removes its metadata and objects after the release.
+- **a new lease** (the old one expired: the leader failed every topic over) → every topic is
+  dropped at once (`Drop`, no seal: the claims died with the lease and another broker may own
+  the topic already), and the assignments still in the view are claimed afresh.
+
+One topic is in one phase at a time; an assignment deleted while the topic is still being
+loaded is unloaded as soon as the load answers, and one deleted before a claim landed has
+nothing to unload, but still marks ready a marker that names this broker. A claim whose
+answer was lost may have landed: the topic is claimed again, assigned or not, until an answer
+says which (`claim_done(known=False)`). Inputs take the monotonic clock in milliseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from danube import keys
+from danube.keys import owner_key as owner_key
+from danube.keys import topic_of_key as topic_of_key
+from danube.keys import writer_key as writer_key
+from danube.machines.cluster import records
+from danube.machines.cluster.records import Marker, MarkerReason
+from danube.metadata.model import Compare, Delete, KeyValue, Op, Put
+from danube.values.names import parse_topic
+
+
+class NotOwner(Exception):
+    """A write for a topic this broker holds no claim on (any more)."""
+
+
+def fence_compares(keys: Iterable[str], claims: Mapping[str, int] | None) -> list[Compare]:
+    """Rule 2 of "Ownership fencing": a write that outlives the broker is made only while the
+    broker's claim on each topic it touches still stands, so its transaction compares every
+    such claim's revision. `claims` None is standalone mode (no fencing); a topic without a
+    claim raises NotOwner before anything is sent."""
+    if claims is None:
+        return []
+    compares = []
+    for topic in sorted({t for t in map(topic_of_key, keys) if t is not None}):
+        revision = claims.get(topic)
+        if revision is None:
+            raise NotOwner(f"{topic} is not owned by this broker")
+        compares.append(Compare(owner_key(topic), "mod_revision", "==", revision))
+    return compares
+
+
+def own_claim(found: KeyValue | None, broker_id: str, lease_id: int | None) -> bool:
+    """A `Claim` whose compare failed found this claim in the store. It is this broker's own
+    when it names this broker under the lease the machine claims with: an earlier claim whose
+    answer was lost (a timeout) landed after all. The driver then reports the claim done at
+    the claim's revision; otherwise the compare would fail on every retry, for as long as the
+    lease lives, and the topic would be served by nobody."""
+    if found is None or lease_id is None or found.lease != lease_id:
+        return False
+    value = found.value
+    holder = value.get("broker_id") if isinstance(value, dict) else None
+    return records.broker_id_from_json(holder) == broker_id
+
+
+def release_done(effect: Release, found: KeyValue | None) -> bool:
+    """A `Release` whose compare failed found this at the owner key. It is done when the
+    claim it deletes is gone: its own answer was lost after it landed (it deleted the claim
+    and marked the marker in one transaction), or the lease expired and took the claim. A
+    release that deletes no claim, or whose claim still stands, must go again."""
+    key = owner_key(effect.topic)
+    claim = next((c.operand for c in effect.compares if c.key == key), None)
+    return claim is not None and (found is None or found.mod_revision != claim)
+
+
+def load_reads(topic: str) -> tuple[tuple[str, ...], str]:
+    """What a `Load` reads before it adopts the topic: the prefixes to scan (the topic's keys,
+    its object index) and its namespace's policy key."""
+    name = parse_topic(topic)
+    prefixes = (keys.topic_prefix(name), keys.index_prefix(name))
+    return prefixes, keys.namespace_policy(name.namespace)
+
+
+def load_entries(
+    topic: str, scanned: Iterable[KeyValue], policy: KeyValue | None
+) -> dict[str, Any]:
+    """The reads of `load_reads` as `BrokerCore.adopt` takes them. LookupError: the topic has
+    no metadata (it was deleted meanwhile), so there is nothing to load."""
+    entries = {kv.key: kv.value for kv in scanned}
+    if keys.topic_delivery(parse_topic(topic)) not in entries:
+        raise LookupError(f"{topic} has no metadata (deleted?)")
+    if policy is not None:
+        entries[policy.key] = policy.value
+    return entries
+
+
+SETTLE_POLL_MS = 20
+"""How often a driver's unload checks whether the topic's WAL and uploads are done
+(`BrokerCore.settled`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """What loading a topic writes and decides besides the core's state (spec/cluster.md,
+    "Topic moves", step 3)."""
+
+    keep_local: bool
+    """The WAL directory found here is still the topic's: nobody wrote it since this broker
+    did. Otherwise another broker continued from the object index and the directory goes."""
+    compares: tuple[Compare, ...]
+    ops: tuple[Op, ...]
+    """Record this broker as the writer, only while its claim stands."""
+
+
+def become_writer(
+    topic: str, broker_id: str, claim_revision: int, entries: Mapping[str, Any]
+) -> Writer:
+    """`entries`: the topic's metadata as read before the load."""
+    me = records.broker_id_to_json(broker_id)
+    previous = entries.get(writer_key(topic))
+    keep_local = isinstance(previous, dict) and previous.get("broker_id") == me
+    return Writer(
+        keep_local,
+        (Compare(owner_key(topic), "mod_revision", "==", claim_revision),),
+        (Put(writer_key(topic), {"broker_id": me}),),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class OwnershipConfig:
+    broker_id: str
+    retry_ms: int = 1_000
+
+    def __post_init__(self) -> None:
+        keys.register_key(self.broker_id)  # validates the id
+        if self.retry_ms <= 0:
+            raise ValueError(f"retry_ms must be positive, got {self.retry_ms}")
+
+
+# Effects -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Run as one transaction; answer `claim_done(topic, succeeded, revision, known=...)`,
+    where a failed compare still succeeded, at the found claim's revision, if `own_claim`
+    says so, and `known` is False when no answer says the claim did not land (the
+    transaction or the read after its failed compare timed out)."""
+
+    topic: str
+    compares: tuple[Compare, ...]
+    ops: tuple[Op, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load the topic and serve it; `claim_revision` fences its durable writes."""
+
+    topic: str
+    claim_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    """Stop serving: refuse publishes, seal a reliable topic, end client streams; answer
+    `unloaded(topic)`, if `unloading(topic, claim_revision)` still holds once sealed.
+
+    `deleted`: the topic is being deleted (a `delete` marker names this broker), not moved:
+    nothing is sealed or uploaded, the local WAL goes at once, and the clients are told the
+    topic was deleted. The admin's DeleteTopic removes the metadata and objects after the
+    release."""
+
+    topic: str
+    claim_revision: int
+    deleted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Stop serving at once, without sealing: the topic may be someone else's already."""
+
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Run as one transaction; answer `released(topic, succeeded)`, where a failed compare
+    still succeeded if `release_done` says so of the owner key read afterwards."""
+
+    topic: str
+    compares: tuple[Compare, ...]
+    ops: tuple[Op, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WakeAt:
+    at_ms: int
+
+
+Effect = Claim | Load | Unload | Drop | Release | WakeAt
+
+
+class Phase(enum.Enum):
+    CLAIMING = "claiming"
+    LOADING = "loading"
+    SERVING = "serving"
+    UNLOADING = "unloading"
+    RELEASING = "releasing"
+
+
+@dataclass(slots=True)
+class _Topic:
+    phase: Phase
+    claim_revision: int | None = None
+    busy: bool = False
+    """A request of the current phase is out."""
+    retry_at: int | None = None
+    released_marker: int | None = None
+    """Revision of the marker the `Release` in flight marks ready."""
+    claim_unknown: bool = False
+    """The last claim's answer was lost: it may have landed under the lease."""
+
+
+@dataclass(slots=True)
+class _Marker:
+    marker: Marker
+    revision: int
+
+
+_OWED = (MarkerReason.UNLOAD, MarkerReason.REBALANCE, MarkerReason.DELETE)
+"""Markers whose `ready` the broker named `from_broker` must write once it let go."""
+
+
+class Ownership:
+    def __init__(self, config: OwnershipConfig) -> None:
+        self.config = config
+        self.lease_id: int | None = None
+        self._topics: dict[str, _Topic] = {}
+        self._assigned: set[str] = set()
+        self._markers: dict[str, _Marker] = {}
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def phase(self, topic: str) -> Phase | None:
+        state = self._topics.get(topic)
+        return None if state is None else state.phase
+
+    def unloading(self, topic: str, claim_revision: int) -> bool:
+        """The `Unload` of this claim is still the topic's step. A driver asks before it
+        forgets the topic: while it waited for the seal, a new lease may have dropped the
+        topic and a new claim loaded it again, and that stay must not be forgotten."""
+        state = self._topics.get(topic)
+        return (
+            state is not None
+            and state.phase is Phase.UNLOADING
+            and state.claim_revision == claim_revision
+        )
+
+    def serving(self) -> list[str]:
+        return sorted(t for t, s in self._topics.items() if s.phase is Phase.SERVING)
+
+    # -- inputs -------------------------------------------------------------------------------
+
+    def member(self, lease_id: int, now_ms: int) -> list[Effect]:
+        """The broker is registered (again) with this lease."""
+        if lease_id == self.lease_id:
+            return []
+        effects: list[Effect] = []
+        if self.lease_id is not None:
+            effects += [Drop(topic) for topic in sorted(self._topics)]
+            self._topics.clear()
+        self.lease_id = lease_id
+        for topic in sorted(self._assigned):
+            self._topics[topic] = _Topic(Phase.CLAIMING)
+        return [*effects, *self._step(now_ms)]
+
+    def assignment_seen(self, topic: str, assigned: bool, now_ms: int) -> list[Effect]:
+        """`/cluster/brokers/<me>/<topic>` put (True) or deleted (False). The leader deletes
+        an assignment in the transaction that posts the topic's marker, but the two arrive by
+        different watches: before reporting a deletion, the driver reads the marker and
+        reports it (`marker_seen`), so whether the topic is sealed or dropped as deleted
+        never depends on which watch spoke first."""
+        if assigned:
+            self._assigned.add(topic)
+            self._topics.setdefault(topic, _Topic(Phase.CLAIMING))
+        else:
+            self._assigned.discard(topic)
+            state = self._topics.get(topic)
+            if state is not None and state.phase is Phase.CLAIMING and not state.claim_unknown:
+                state.retry_at = None  # no claim to wait for any more
+        return self._step(now_ms)
+
+    def marker_seen(
+        self, topic: str, marker: Marker | None, revision: int, now_ms: int
+    ) -> list[Effect]:
+        """`/cluster/unassigned/<topic>` put at `revision`, or deleted (None). A put older
+        than the marker held changes nothing: the driver may report a marker it read as well
+        as the watch's event for it, in either order."""
+        if marker is None:
+            self._markers.pop(topic, None)
+            return []
+        held = self._markers.get(topic)
+        if held is not None and held.revision >= revision:
+            return []  # seen already (a re-read, or the driver's read raced the watch)
+        self._markers[topic] = _Marker(marker, revision)
+        if topic not in self._topics and self._owes_ready(topic):
+            # Unloaded and released before the marker showed: only the marker is left.
+            self._topics[topic] = _Topic(Phase.RELEASING)
+        return self._step(now_ms)
+
+    def claim_done(
+        self, topic: str, succeeded: bool, revision: int, now_ms: int, *, known: bool
+    ) -> list[Effect]:
+        """`known` False: the claim failed without an answer that says it did not land (the
+        transaction or the read after its failed compare timed out)."""
+        state = self._topics.get(topic)
+        if state is None or state.phase is not Phase.CLAIMING or not state.busy:
+            return []
+        state.busy = False
+        state.claim_unknown = not succeeded and not known
+        if succeeded:
+            state.claim_revision = revision
+            state.phase = Phase.LOADING
+        elif topic in self._assigned or state.claim_unknown:
+            state.retry_at = now_ms + self.config.retry_ms
+        return self._step(now_ms)
+
+    def loaded(self, topic: str, now_ms: int) -> list[Effect]:
+        state = self._topics.get(topic)
+        if state is None or state.phase is not Phase.LOADING:
+            return []
+        state.busy = False
+        state.phase = Phase.SERVING
+        return self._step(now_ms)
+
+    def load_failed(self, topic: str, now_ms: int) -> list[Effect]:
+        """The topic cannot be served here (its storage is unreadable): keep the claim so no
+        other broker writes over what an operator must look at, and try again later."""
+        state = self._topics.get(topic)
+        if state is None or state.phase is not Phase.LOADING:
+            return []
+        state.busy = False
+        state.retry_at = now_ms + self.config.retry_ms
+        return self._step(now_ms)
+
+    def unloaded(self, topic: str, now_ms: int) -> list[Effect]:
+        state = self._topics.get(topic)
+        if state is None or state.phase is not Phase.UNLOADING:
+            return []
+        state.busy = False
+        state.phase = Phase.RELEASING
+        return self._step(now_ms)
+
+    def released(self, topic: str, succeeded: bool, now_ms: int) -> list[Effect]:
+        state = self._topics.get(topic)
+        if state is None or state.phase is not Phase.RELEASING:
+            return []
+        state.busy = False
+        if succeeded:
+            state.claim_revision = None
+            seen = self._markers.get(topic)
+            if seen is not None and seen.revision == state.released_marker:
+                del self._markers[topic]  # marked ready; the watch brings the new value
+            if not self._owes_ready(topic):
+                self._released_all(topic)
+        else:
+            state.retry_at = now_ms + self.config.retry_ms
+        return self._step(now_ms)
+
+    def tick(self, now_ms: int) -> list[Effect]:
+        return self._step(now_ms)
+
+    # -- rules --------------------------------------------------------------------------------
+
+    def _owes_ready(self, topic: str) -> bool:
+        seen = self._markers.get(topic)
+        return (
+            seen is not None
+            and seen.marker.reason in _OWED
+            and not seen.marker.ready
+            and seen.marker.from_broker == self.config.broker_id
+        )
+
+    def _step(self, now_ms: int) -> list[Effect]:
+        if self.lease_id is None:
+            return []
+        effects: list[Effect] = []
+        wake: list[int] = []
+        for topic in sorted(self._topics):
+            state = self._topics[topic]
+            if state.busy:
+                continue
+            if state.retry_at is not None:
+                if now_ms < state.retry_at:
+                    wake.append(state.retry_at)
+                    continue
+                state.retry_at = None
+            effect = self._next(topic, state)
+            if effect is not None:
+                self._topics[topic].busy = True  # a new stay's state, after a release
+                effects.append(effect)
+        if wake:
+            effects.append(WakeAt(min(wake)))
+        return effects
+
+    def _next(self, topic: str, state: _Topic) -> Effect | None:
+        if state.phase is Phase.CLAIMING:
+            if topic in self._assigned or state.claim_unknown:
+                # Unassigned, a claim that may have landed is settled by claiming again: the
+                # retry finds it (`own_claim`) or lands, and unload and release delete it.
+                # Left alone it would block the next owner for as long as the lease lives.
+                return self._claim(topic)
+            # Never held: nothing to unload, but a marker naming this broker still waits
+            # for its `ready`, or nobody would ever assign the topic again.
+            state.phase = Phase.RELEASING
+            return self._release(topic, state)
+        if state.phase is Phase.LOADING:
+            assert state.claim_revision is not None
+            if topic not in self._assigned:
+                state.phase = Phase.UNLOADING
+                return self._unload(topic, state.claim_revision)
+            return Load(topic, state.claim_revision)
+        if state.phase is Phase.SERVING:
+            if topic in self._assigned:
+                return None
+            state.phase = Phase.UNLOADING
+            assert state.claim_revision is not None
+            return self._unload(topic, state.claim_revision)
+        if state.phase is Phase.UNLOADING:
+            assert state.claim_revision is not None
+            return self._unload(topic, state.claim_revision)
+        return self._release(topic, state)
+
+    def _unload(self, topic: str, claim_revision: int) -> Unload:
+        seen = self._markers.get(topic)
+        deleted = (
+            self._owes_ready(topic) and seen is not None
+            and seen.marker.reason is MarkerReason.DELETE
+        )  # fmt: skip
+        return Unload(topic, claim_revision, deleted)
+
+    def _claim(self, topic: str) -> Claim:
+        key = owner_key(topic)
+        claim = {"broker_id": records.broker_id_to_json(self.config.broker_id)}
+        return Claim(topic, (Compare(key, "version", "==", 0),), (Put(key, claim, self.lease_id),))
+
+    def _released_all(self, topic: str) -> bool:
+        """Nothing of the topic's stay is left to release: forget it, or, if it was assigned
+        back here meanwhile, start it over as a new stay (True: it is to be claimed)."""
+        if topic not in self._assigned:
+            del self._topics[topic]
+            return False
+        self._topics[topic] = _Topic(Phase.CLAIMING)
+        return True
+
+    def _release(self, topic: str, state: _Topic) -> Release | None:
+        compares: list[Compare] = []
+        ops: list[Op] = []
+        if state.claim_revision is not None:
+            key = owner_key(topic)
+            compares.append(Compare(key, "mod_revision", "==", state.claim_revision))
+            ops.append(Delete(key))
+        if self._owes_ready(topic):
+            seen = self._markers[topic]
+            marker_key = keys.unassigned_key(topic)
+            compares.append(Compare(marker_key, "mod_revision", "==", seen.revision))
+            state.released_marker = seen.revision
+            ready = dataclasses.replace(seen.marker, ready=True)
+            ops.append(Put(marker_key, ready.to_json()))
+        if not ops:
+            return self._claim(topic) if self._released_all(topic) else None
+        return Release(topic, tuple(compares), tuple(ops))

@@ -1,0 +1,166 @@
+"""What the broker does with each effect of its `Ownership` machine, as sans-I/O flows
+(`danube.effects.flow`): written once, run by the broker's ownership driver over etcd
+(`danube.runtime.ownership`) and by the simulator's data plane over its simulated etcd
+(`sim.cluster_data`), so the read-back after a refused or unanswered claim, the load's reads
+and writer record, and the unload's order are the same code in both (spec/cluster.md,
+"Ownership fencing" and "Topic moves").
+
+Each flow returns the machine's answer: the effects of the machine input it ends with. The
+flows yield `danube.effects` values for the store and these, for the broker's core:
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from danube.effects import Outcome, StoreList, StoreRead, StoreTxn, StoreUnreachable
+from danube.effects.flow import Flow
+from danube.machines.cluster import ownership as own
+
+Now = Callable[[], int]
+"""The machine's clock (milliseconds), read when an answer is fed to it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    """Register `claim_revision` as the fencing token of the topic's writes, then adopt the
+    topic in the core (`BrokerCore.adopt`) and wait until its metadata is durable and its
+    WAL loaded. Answered with None."""
+
+    topic: str
+    entries: dict[str, Any]
+    keep_local: bool
+    claim_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Seal:
+    """`BrokerCore.unload`: refuse publishes, seal the reliable topic. Answered with None."""
+
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitSettled:
+    """Answered with None once the core says the topic is settled (`BrokerCore.settled`:
+    WAL idle, sealed segments indexed) and every metadata change so far is durable."""
+
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """`BrokerCore.remove` (deleting the local files when `delete_files`) and drop the
+    topic's fencing token. Answered with None."""
+
+    topic: str
+    reason: str
+    delete_files: bool
+    event: str
+    """What the log calls it: `topic_unloaded` (moved), `topic_deleted_here`,
+    `topic_dropped` (ownership lost)."""
+
+
+CoreRequest = Adopt | Seal | AwaitSettled | Forget
+
+
+def claim(machine: own.Ownership, effect: own.Claim, now: Now) -> Flow[list[own.Effect]]:
+    """One transaction. A refused or unanswered claim reads the owner key back: a claim of
+    this broker under its lease found there landed after all (`own_claim`)."""
+    topic, owner = effect.topic, own.owner_key(effect.topic)
+    try:
+        answer = yield StoreTxn(
+            effect.compares, effect.ops, read_back=(owner,), purpose=f"claim {topic}"
+        )
+    except StoreUnreachable:
+        return machine.claim_done(topic, False, 0, now(), known=False)
+    if answer.committed:
+        return machine.claim_done(topic, True, answer.revision, now(), known=True)
+    read = owner in answer.found
+    found = answer.found.get(owner)
+    if read and own.own_claim(found, machine.config.broker_id, machine.lease_id):
+        assert found is not None
+        return machine.claim_done(topic, True, found.mod_revision, now(), known=True)
+    # An unanswered claim that is not found may still land: only a refusal is known.
+    known = read and answer.outcome is not Outcome.UNKNOWN
+    return machine.claim_done(topic, False, 0, now(), known=known)
+
+
+def release(machine: own.Ownership, effect: own.Release, now: Now) -> Flow[list[own.Effect]]:
+    """One transaction. A refused or unanswered release reads the owner key back: it is
+    done when the claim it deletes is gone (`release_done`)."""
+    topic, owner = effect.topic, own.owner_key(effect.topic)
+    try:
+        answer = yield StoreTxn(
+            effect.compares, effect.ops, read_back=(owner,), purpose=f"release {topic}"
+        )
+    except StoreUnreachable:
+        return machine.released(topic, False, now())
+    if answer.committed:
+        return machine.released(topic, True, now())
+    done = owner in answer.found and own.release_done(effect, answer.found[owner])
+    return machine.released(topic, done, now())
+
+
+def load(machine: own.Ownership, effect: own.Load, now: Now) -> Flow[list[own.Effect]]:
+    """Read the topic's metadata, record this broker as its writer (compared on the claim,
+    so a stale claim loads nothing), then adopt it. A topic without metadata (deleted
+    meanwhile), a store that does not answer or a claim that is gone: `load_failed`."""
+    topic = effect.topic
+    prefixes, policy_key = own.load_reads(topic)
+    try:
+        scanned = []
+        for prefix in prefixes:
+            scanned.extend((yield StoreList(prefix)))
+        policy = yield StoreRead(policy_key)
+        entries = own.load_entries(topic, scanned, policy)
+        writer = own.become_writer(topic, machine.config.broker_id, effect.claim_revision, entries)
+        answer = yield StoreTxn(writer.compares, writer.ops, purpose=f"writer {topic}")
+        if not answer.committed:
+            raise LookupError(f"the claim on {topic} is gone")
+    except (StoreUnreachable, LookupError):
+        return machine.load_failed(topic, now())
+    yield Adopt(topic, entries, writer.keep_local, effect.claim_revision)
+    return machine.loaded(topic, now())
+
+
+def unload(machine: own.Ownership, effect: own.Unload, now: Now) -> Flow[list[own.Effect]]:
+    """A deleted topic is forgotten at once, with its files (the admin's DeleteTopic removes
+    its metadata and objects). A moved one is sealed; once settled, and only while the
+    machine still unloads it under the same claim, it is forgotten with its files (its
+    successor continues from the object index)."""
+    topic = effect.topic
+    if effect.deleted:
+        yield Forget(topic, f"topic {topic} was deleted", True, "topic_deleted_here")
+        return machine.unloaded(topic, now())
+    yield Seal(topic)
+    yield AwaitSettled(topic)
+    if not machine.unloading(topic, effect.claim_revision):
+        return []  # overtaken: the machine moved on (another claim, a drop)
+    yield Forget(topic, "moved to another broker", True, "topic_unloaded")
+    return machine.unloaded(topic, now())
+
+
+def drop(effect: own.Drop) -> Flow[list[own.Effect]]:
+    """The lease that held the claim is gone; another broker may own the topic already:
+    forget it at once and keep its files."""
+    reason = "this broker lost its ownership of the topic"
+    yield Forget(effect.topic, reason, False, "topic_dropped")
+    return []
+
+
+def flow_of(machine: own.Ownership, effect: own.Effect, now: Now) -> Flow[list[own.Effect]] | None:
+    """The flow that carries out `effect`; None for `WakeAt`, which is the driver's timer."""
+    if isinstance(effect, own.Claim):
+        return claim(machine, effect, now)
+    if isinstance(effect, own.Release):
+        return release(machine, effect, now)
+    if isinstance(effect, own.Load):
+        return load(machine, effect, now)
+    if isinstance(effect, own.Unload):
+        return unload(machine, effect, now)
+    if isinstance(effect, own.Drop):
+        return drop(effect)
+    return None

@@ -1,0 +1,118 @@
+"""Where a topic is served, decided from facts the broker read (pure; spec/cluster.md,
+"Lookup, create and subscribe"). The broker gathers the facts from its core and the metadata
+store (`danube.runtime.placement`); these rules decide what the client is told.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from danube import keys
+from danube.metadata.model import Compare, Op, Put
+from danube.values.config import DispatchStrategy
+from danube.values.errors import DanubeError, ErrorCode, not_found
+from danube.values.names import TopicName
+
+
+class Answer(enum.Enum):
+    CONNECT = "connect"
+    REDIRECT = "redirect"
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    answer: Answer
+    broker_url: str
+    connect_url: str
+
+    @property
+    def proxy(self) -> bool:
+        return self.broker_url != self.connect_url
+
+
+@dataclass(frozen=True, slots=True)
+class TopicFacts:
+    """What a broker knows of a topic it does not serve: whether the topic exists and
+    which broker's claim it carries (None: nobody's, it is being assigned or moved)."""
+
+    exists: bool
+    owner: str | None
+
+
+def unavailable(message: str) -> DanubeError:
+    return DanubeError(ErrorCode.UNAVAILABLE, message)
+
+
+def _owner_address(
+    topic: str, facts: TopicFacts, me: str, registration: Mapping[str, Any] | None, field: str
+) -> str:
+    """The `field` address of the broker serving a topic this broker does not serve, from
+    the owner's `/cluster/register/<id>` value; raises what the caller must hear when there
+    is none to give."""
+    if facts.owner is None:
+        if not facts.exists:
+            raise not_found(f"topic {topic} does not exist")
+        raise unavailable(f"{topic} is being assigned to a broker; retry shortly")
+    if facts.owner == me:
+        raise unavailable(f"{topic} is loading or moving on this broker; retry shortly")
+    if not isinstance(registration, Mapping) or not registration.get(field):
+        raise unavailable(f"{topic} is owned by broker {facts.owner}, which is not registered")
+    return str(registration[field])
+
+
+def lookup(
+    topic: str, facts: TopicFacts, me: str, registration: Mapping[str, Any] | None
+) -> Located:
+    """TopicLookup for a topic this broker does not serve."""
+    broker_url = _owner_address(topic, facts, me, registration, "broker_url")
+    connect_url = registration.get("connect_url") if registration else None
+    return Located(Answer.REDIRECT, broker_url, str(connect_url or broker_url))
+
+
+def admin_route(
+    topic: str, facts: TopicFacts, me: str, registration: Mapping[str, Any] | None
+) -> str:
+    """Where an admin question about a topic this broker does not serve goes: the owner's
+    admin URL (the admin services ask it again there)."""
+    return _owner_address(topic, facts, me, registration, "admin_addr")
+
+
+def route(
+    topic: str,
+    facts: TopicFacts,
+    me: str,
+    *,
+    create: DispatchStrategy | None,
+    auto_create: bool,
+) -> DispatchStrategy:
+    """CreateProducer (`create`: its strategy) or Subscribe (`create` None) for a topic this
+    broker does not serve: raises what the client must hear, or returns the strategy to
+    create the topic with (`creation`), after which the client is told to look it up."""
+    if facts.exists:
+        if facts.owner is None or facts.owner == me:
+            raise unavailable(f"{topic} is being assigned to a broker; retry shortly")
+        raise unavailable(f"{topic} is served by another broker; look it up again")
+    if create is None:
+        raise not_found(f"topic {topic} does not exist")
+    if not auto_create:
+        raise not_found(f"topic {topic} does not exist and auto_create_topics is off")
+    return create
+
+
+def creation(
+    names: Sequence[TopicName], strategy: DispatchStrategy
+) -> tuple[tuple[Compare, ...], tuple[Op, ...]]:
+    """One transaction creating every topic (the partitions of one topic together), each
+    with a null unassigned marker for the leader; compared on none of them existing."""
+    compares = tuple(Compare(keys.topic_delivery(n), "version", "==", 0) for n in names)
+    ops: list[Op] = []
+    for name in names:
+        ops += [
+            Put(keys.namespace_topic(name), None),
+            Put(keys.topic_delivery(name), strategy.label),
+            Put(keys.unassigned_key(name.full), None),
+        ]
+    return compares, tuple(ops)

@@ -1,0 +1,240 @@
+"""The broker's catalogue: namespaces with their policies, topics and partitions, and the
+policies in force for a topic (its namespace's, with its own over them). It validates names
+and existence before anything changes, and says which metadata changes make it durable."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from danube.machines.node import paths
+from danube.machines.node import settings as settings_rules
+from danube.machines.node.effects import BrokerIdentity, Effect, LoadWal, PersistMeta, Step
+from danube.machines.node.records import TopicRecord, new_topic
+from danube.values.config import DispatchStrategy, Policies
+from danube.values.errors import DanubeError, ErrorCode, not_found, quoted
+from danube.values.names import (
+    TopicName,
+    check_partition_conflict,
+    parse_topic,
+    partition_index,
+    partition_names,
+    validate_namespace,
+)
+
+
+class Catalogue:
+    def __init__(self, identity: BrokerIdentity, default_policies: Policies) -> None:
+        self.identity = identity
+        self._default_policies = default_policies
+        self.namespaces_by_name: dict[str, Policies] = {}
+        self.topics_by_name: dict[str, TopicRecord] = {}
+        """Every topic this broker holds, in the order it came (iteration order is part of
+        the behaviour: effects of a tick come topic by topic)."""
+
+    # -- lookups ------------------------------------------------------------------------------
+
+    def require_namespace(self, namespace: str) -> Policies:
+        policies = self.namespaces_by_name.get(namespace)
+        if policies is None:
+            raise not_found(
+                f"namespace {quoted(namespace)} does not exist; create it first "
+                "(or list it in bootstrap_namespaces)"
+            )
+        return policies
+
+    def topic(self, topic: str) -> TopicRecord:
+        parse_topic(topic)
+        record = self.topics_by_name.get(topic)
+        if record is None:
+            raise not_found(f"topic {topic} does not exist")
+        return record
+
+    def reliable_topic(self, topic: str, what: str) -> TopicRecord:
+        record = self.topic(topic)
+        if not record.reliable:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"{topic} is non-reliable: {what} applies to reliable topics only",
+            )
+        return record
+
+    def policies(self, record: TopicRecord) -> Policies:
+        """The limits in force: the namespace's as they are now (Danube snapshots them when
+        the topic loads), with the topic's own over them."""
+        return settings_rules.with_overrides(
+            self.namespaces_by_name[record.name.namespace], record.policies
+        )
+
+    def topic_records(self) -> list[TopicRecord]:
+        """Every topic record this broker holds, by name, for read-only views
+        (`danube.machines.node.stats`); callers must not change them."""
+        return [self.topics_by_name[name] for name in sorted(self.topics_by_name)]
+
+    def served_topics(self) -> list[str]:
+        return sorted(self.topics_by_name)
+
+    def namespaces(self) -> list[str]:
+        return sorted(self.namespaces_by_name)
+
+    def topics(self, namespace: str) -> list[str]:
+        self.require_namespace(namespace)
+        return sorted(t for t, r in self.topics_by_name.items() if r.name.namespace == namespace)
+
+    def topic_strategy(self, topic: str) -> DispatchStrategy:
+        return self.topic(topic).strategy
+
+    def partitions(self, base: str) -> list[str]:
+        """Names of `<base>-part-<n>`, ordered by n (only exact partitions, unlike Danube's
+        prefix match)."""
+        found = []
+        for name in self.topics_by_name:
+            index = partition_index(name, base)
+            if index is not None:
+                found.append((index, name))
+        return [name for _, name in sorted(found)]
+
+    def topic_partitions(self, topic: str) -> list[str]:
+        """TopicPartitions: the topic itself, its partitions, or nothing."""
+        parse_topic(topic)
+        if topic in self.topics_by_name:
+            return [topic]
+        return self.partitions(topic)
+
+    def lookup(self, topic: str) -> BrokerIdentity:
+        parse_topic(topic)
+        if topic not in self.topics_by_name:
+            raise not_found(f"topic {topic} does not exist")
+        return self.identity
+
+    def subscriptions(self, topic: str) -> list[str]:
+        return sorted(self.topic(topic).subscriptions)
+
+    # -- namespaces ---------------------------------------------------------------------------
+
+    def bootstrap(self, namespaces: Iterable[str]) -> Step[None]:
+        """Creates the configured namespaces that do not exist yet (`default` always)."""
+        wanted = [validate_namespace(n) for n in dict.fromkeys(["default", *namespaces])]
+        puts = []
+        for namespace in wanted:
+            if namespace not in self.namespaces_by_name:
+                self.namespaces_by_name[namespace] = self._default_policies
+                puts.append(
+                    (paths.namespace_policy(namespace), policies_to_json(self._default_policies))
+                )
+        return Step(None, (PersistMeta(puts=tuple(puts)),) if puts else ())
+
+    def create_namespace(self, name: str) -> Step[None]:
+        validate_namespace(name)
+        if name in self.namespaces_by_name:
+            raise DanubeError(ErrorCode.ALREADY_EXISTS, f"namespace {quoted(name)} already exists")
+        self.namespaces_by_name[name] = self._default_policies
+        put = (paths.namespace_policy(name), policies_to_json(self._default_policies))
+        return Step(None, (PersistMeta(puts=(put,)),))
+
+    def delete_namespace(self, name: str) -> Step[None]:
+        self.require_namespace(name)
+        topics = self.topics(name)
+        if topics:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"namespace {quoted(name)} still has {len(topics)} topic(s); delete them first",
+            )
+        del self.namespaces_by_name[name]
+        return Step(None, (PersistMeta(delete_prefixes=(paths.namespace_prefix(name),)),))
+
+    def namespace_seen(self, name: str, policies: Mapping[str, Any] | None) -> None:
+        """Cluster mode: another broker created (policies) or deleted (None) a namespace."""
+        if policies is None:
+            self.namespaces_by_name.pop(name, None)
+        else:
+            self.namespaces_by_name[name] = policies_from_json(policies)
+
+    # -- topics -------------------------------------------------------------------------------
+
+    def create_topic(self, topic: str, strategy: DispatchStrategy) -> Step[None]:
+        name = parse_topic(topic)
+        if topic in self.topics_by_name:
+            raise DanubeError(ErrorCode.ALREADY_EXISTS, f"topic {topic} already exists")
+        return Step(None, self.add_topic(name, strategy))
+
+    def create_partitioned_topic(
+        self, base: str, partitions: int, strategy: DispatchStrategy
+    ) -> Step[None]:
+        names = partition_names(base, partitions)
+        existing = [n.full for n in names if n.full in self.topics_by_name]
+        if existing:
+            raise DanubeError(ErrorCode.ALREADY_EXISTS, f"topic {existing[0]} already exists")
+        self.require_namespace(names[0].namespace)
+        self._check_partition_conflicts(names[0])
+        effects: list[Effect] = []
+        for name in names:
+            effects.extend(self.add_topic(name, strategy))
+        return Step(None, tuple(effects))
+
+    def add_topic(self, name: TopicName, strategy: DispatchStrategy) -> tuple[Effect, ...]:
+        """Creates a topic (its namespace must exist and no partition may conflict); a
+        reliable one starts loading a fresh WAL."""
+        self.require_namespace(name.namespace)
+        self._check_partition_conflicts(name)
+        record = new_topic(name, strategy)
+        self.topics_by_name[name.full] = record
+        persist = PersistMeta(
+            puts=(
+                (paths.namespace_topic(name), None),
+                (paths.topic_delivery(name), strategy.label),
+            )
+        )
+        if record.reliable:
+            return (persist, LoadWal(name.full, fresh=True))
+        return (persist,)
+
+    def _check_partition_conflicts(self, name: TopicName) -> None:
+        partition = name.partition_of
+        check_partition_conflict(
+            name,
+            base_exists=partition is not None and partition[0] in self.topics_by_name,
+            partitioned=partition is None and bool(self.partitions(name.full)),
+        )
+
+    # -- policies (admin API; rules in danube.machines.node.settings) ------------------------------
+
+    def namespace_policies(self, name: str) -> dict[str, int]:
+        return policies_to_json(self.require_namespace(name))
+
+    def set_namespace_policies(self, name: str, changes: Mapping[str, Any]) -> Step[dict]:
+        """Changes the named fields; they apply at once to every topic of the namespace that
+        does not set them itself. Limits already exceeded are not enforced backwards: a topic
+        over a lowered limit keeps its producers and consumers and takes no new ones."""
+        checked = settings_rules.policy_changes(changes)
+        policies = dataclasses.replace(self.require_namespace(name), **checked)
+        self.namespaces_by_name[name] = policies
+        value = policies_to_json(policies)
+        return Step(value, (PersistMeta(puts=((paths.namespace_policy(name), value),)),))
+
+    def topic_policies(self, topic: str) -> tuple[dict[str, int], list[str]]:
+        """The policies in force for the topic, and the fields it sets itself."""
+        record = self.topic(topic)
+        return policies_to_json(self.policies(record)), sorted(record.policies)
+
+    def set_topic_policies(self, topic: str, changes: Mapping[str, Any]) -> Step[dict]:
+        record = self.topic(topic)
+        record.policies = {**record.policies, **settings_rules.policy_changes(changes)}
+        put = (paths.topic_policy(record.name), dict(record.policies))
+        return Step(policies_to_json(self.policies(record)), (PersistMeta(puts=(put,)),))
+
+    def clear_topic_policies(self, topic: str) -> Step[dict]:
+        record = self.topic(topic)
+        record.policies = {}
+        delete = PersistMeta(deletes=(paths.topic_policy(record.name),))
+        return Step(policies_to_json(self.policies(record)), (delete,))
+
+
+def policies_to_json(policies: Policies) -> dict[str, int]:
+    return {name: getattr(policies, name) for name in Policies.__slots__}
+
+
+def policies_from_json(value: Mapping[str, Any] | None) -> Policies:
+    known = {k: v for k, v in (value or {}).items() if k in Policies.__slots__}
+    return Policies(**known)

@@ -1,0 +1,602 @@
+"""The broker-node core: every decision the data plane makes, as pure state machines.
+
+Requests come in as method calls with plain values; the answer is a `Step`: a value for the
+caller plus effects for the driver (`danube.machines.node.effects`). `ConsumerReady` and `EndStream`
+act on consumer streams at once; `PersistMeta` changes must be durable, in order, before the
+reply to the request (and to any later request) leaves. Validation happens before any
+mutation, so a `DanubeError` leaves the state untouched.
+
+`BrokerCore` only routes: each request goes to the machine whose job it is.
+
+- `catalogue`: namespaces, topics, partitions and policies;
+- `restore`: the state rebuilt from a metadata scan (start, and claims in cluster mode);
+- `lifecycle`: topics deleted or moved away; their phase is `danube.machines.node.phase`;
+- `producers`: producer sessions and the publish paths, paced by `pacing`;
+- `consumers`: subscriptions, consumers, receive streams and acknowledgements, over the
+  `danube.machines.dispatch.protocol.Subscription` protocol both dispatchers implement;
+- `subscription_settings`: a subscription's failure policy and dispatch window;
+- `reliable_log`: each reliable topic's WAL and uploader, subscriptions' reads, timers;
+- `object_tier`: the object store's answers to the uploaders.
+
+Deliberate differences from Danube are listed in spec/protocol.md.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from danube.machines.dispatch import LATEST, QueueLimits, StartPosition, SubscriptionType
+from danube.machines.node.catalogue import Catalogue, policies_to_json
+from danube.machines.node.consumers import Consumers
+from danube.machines.node.effects import (
+    BatchPublished,
+    BrokerIdentity,
+    DropWal,
+    Effect,
+    EndStream,
+    LoadWal,
+    PersistMeta,
+    PublishAcked,
+    PublishFailed,
+    ReadObject,
+    ReadWal,
+    RepairWal,
+    RetentionSkipped,
+    Step,
+    TierHalted,
+    TierIo,
+    TopicStopped,
+    WalIo,
+)
+from danube.machines.node.lifecycle import Lifecycle
+from danube.machines.node.object_tier import ObjectTier
+from danube.machines.node.pacing import MAX_PUBLISH_WAIT_MS, PUBLISH_BURST_US
+from danube.machines.node.phase import TopicPhase
+from danube.machines.node.producers import MAX_DEPARTED_PRODUCERS, MAX_QUEUED_WAL_BYTES, Producers
+from danube.machines.node.records import (
+    ConsumerRecord,
+    ProducerRecord,
+    SubscriptionRecord,
+    TopicRecord,
+)
+from danube.machines.node.reliable_log import READ_MAX_BYTES, ReliableLogs
+from danube.machines.node.restore import Restorer
+from danube.machines.node.settings import SubscriptionFailureSettings
+from danube.machines.node.subscription_settings import SubscriptionSettingsAdmin
+from danube.machines.tiering import uploader as tier
+from danube.machines.wal import batches
+from danube.machines.wal import machine as wal
+from danube.machines.wal.recovery import RecoveryPlan
+from danube.values.config import DispatchStrategy, Policies, TopicDurability
+
+__all__ = [
+    "MAX_DEPARTED_PRODUCERS",
+    "MAX_PUBLISH_WAIT_MS",
+    "MAX_QUEUED_WAL_BYTES",
+    "PUBLISH_BURST_US",
+    "READ_MAX_BYTES",
+    "BatchPublished",
+    "BrokerCore",
+    "BrokerIdentity",
+    "ConsumerRecord",
+    "DropWal",
+    "Effect",
+    "EndStream",
+    "LoadWal",
+    "PersistMeta",
+    "ProducerRecord",
+    "PublishAcked",
+    "PublishFailed",
+    "ReadObject",
+    "ReadWal",
+    "RepairWal",
+    "RetentionSkipped",
+    "Step",
+    "SubscriptionRecord",
+    "TierHalted",
+    "TierIo",
+    "TopicPhase",
+    "TopicRecord",
+    "TopicStopped",
+    "WalIo",
+    "policies_to_json",
+]
+
+_DEFAULT_WAL = wal.WalConfig()
+_DEFAULT_DURABILITY = TopicDurability()
+
+
+class BrokerCore:
+    """One broker's topics, producers and subscriptions. Single-threaded by contract."""
+
+    def __init__(
+        self,
+        identity: BrokerIdentity,
+        *,
+        rng: random.Random,
+        default_policies: Policies,
+        queue_limits: QueueLimits,
+        auto_create_topics: bool = True,
+        wal_config: wal.WalConfig = _DEFAULT_WAL,
+        max_unacked_messages: int = 10,
+        routing_key_of: Callable[[bytes], bytes] = lambda record: b"",
+        uploads: tier.UploaderConfig | None = None,
+        durability: TopicDurability = _DEFAULT_DURABILITY,
+        clustered: bool = False,
+    ) -> None:
+        """`routing_key_of` extracts a stored record's Key-Shared routing key (its routing
+        key, else its producer's name); only the driver knows the record encoding.
+
+        `durability` gives each reliable topic its level (spec/durability.md). At the
+        `object` level a publish is answered only once the object holding it is indexed, and
+        the active segment is sealed (and so uploaded) at most `object_batch_ms` after its
+        oldest unanswered publish became durable, so that one upload answers every publish
+        of its batch.
+
+        `clustered`: topics come and go by ownership (`adopt`, `unload`, `remove`); the core
+        never creates one itself on a producer's behalf, the cluster driver does."""
+        if durability.uses_object and uploads is None:
+            raise ValueError("the object durability level needs an object tier")
+        self.identity = identity
+        self._rng = rng
+        self.catalogue = Catalogue(identity, default_policies)
+        consumers: dict[int, ConsumerRecord] = {}
+        self.logs = ReliableLogs(
+            self.catalogue,
+            consumers,
+            wal_config=wal_config,
+            durability=durability,
+            uploads=uploads,
+            routing_key_of=routing_key_of,
+            clustered=clustered,
+        )
+        self.producers = Producers(
+            self.catalogue,
+            self.logs,
+            rng,
+            auto_create_topics=auto_create_topics,
+            clustered=clustered,
+            routing_key_of=routing_key_of,
+        )
+        self.consumers = Consumers(
+            self.catalogue,
+            self.logs,
+            rng,
+            consumers,
+            queue_limits=queue_limits,
+            max_unacked_messages=max_unacked_messages,
+            clustered=clustered,
+        )
+        self.settings = SubscriptionSettingsAdmin(self.catalogue, self.logs)
+        self.restorer = Restorer(self.catalogue, self.producers, self.consumers)
+        self.lifecycle = Lifecycle(self.catalogue, self.producers, self.consumers, self.logs)
+        self.tier = ObjectTier(self.catalogue, self.logs, rng)
+
+    # -- the machines' state, for white-box tests and the simulator's views -------------------
+
+    @property
+    def _namespaces(self) -> dict[str, Policies]:
+        return self.catalogue.namespaces_by_name
+
+    @property
+    def _topics(self) -> dict[str, TopicRecord]:
+        return self.catalogue.topics_by_name
+
+    @property
+    def _producers(self) -> dict[int, ProducerRecord]:
+        return self.producers.by_id
+
+    @property
+    def _consumers(self) -> dict[int, ConsumerRecord]:
+        return self.consumers.by_id
+
+    @property
+    def _outbox(self) -> dict[int, deque[bytes]]:
+        return self.logs.outbox
+
+    @property
+    def _stream_generations(self) -> int:
+        return self.consumers.stream_generations
+
+    # -- restore, bootstrap and ownership (cluster mode, spec/cluster.md "Topic moves") -------
+
+    def restore(self, entries: Mapping[str, Any]) -> Step[None]:
+        """Rebuilds state from a metadata scan. Consumers come back disconnected: their clients
+        reconnect with the same ids, and a restart is invisible to them. Reliable topics need
+        their WAL loaded (the `LoadWal` effects) before they serve; subscriptions resume at
+        their persisted cursor + 1. Topics already present are left as they are."""
+        return self.restorer.restore(entries)
+
+    def adopt(self, entries: Mapping[str, Any], *, keep_local: bool, epoch: int) -> Step[None]:
+        """Starts serving the topics of a metadata read: a topic this broker has just
+        claimed, under the claim of revision `epoch`. `keep_local` False discards a WAL
+        directory an earlier ownership left here: another broker has written the topic since,
+        so the history continues from the object index and the old directory holds nothing
+        that is still the topic's."""
+        return self.restorer.adopt(entries, keep_local=keep_local, epoch=epoch)
+
+    def serves(self, topic: str) -> bool:
+        """The topic is loaded here and not on its way out."""
+        return self.lifecycle.serves(topic)
+
+    def unload(self, topic: str, now_ms: int) -> Step[None]:
+        """First half of a move: refuse publishes and new clients, persist every cursor that
+        moved and seal the WAL, so that the tiered uploader puts the tail in an object. The
+        driver waits for `settled` and the metadata, then calls `remove`."""
+        return self.lifecycle.unload(topic, now_ms)
+
+    def settled(self, topic: str) -> bool:
+        """An unloading topic's WAL is idle and every sealed segment is indexed (or the
+        topic is stopped and can do neither)."""
+        return self.lifecycle.settled(topic)
+
+    def remove(self, topic: str, *, reason: str, delete_files: bool) -> Step[None]:
+        """The topic leaves this broker without touching its metadata: after `unload`
+        settled (`delete_files`: the objects hold everything), or at once when the broker
+        lost its ownership (its files stay: they may hold the only copy of a tail)."""
+        return self.lifecycle.remove(topic, reason=reason, delete_files=delete_files)
+
+    def namespace_seen(self, name: str, policies: Mapping[str, Any] | None) -> None:
+        """Cluster mode: another broker created (policies) or deleted (None) a namespace."""
+        self.catalogue.namespace_seen(name, policies)
+
+    def topic_records(self) -> list[TopicRecord]:
+        """Every topic record this broker holds, by name, for read-only views
+        (`danube.machines.node.stats`); callers must not change them."""
+        return self.catalogue.topic_records()
+
+    def consumer_record(self, consumer_id: int) -> ConsumerRecord | None:
+        """A consumer's record (read-only), None when it is gone."""
+        return self.consumers.by_id.get(consumer_id)
+
+    def served_topics(self) -> list[str]:
+        return self.catalogue.served_topics()
+
+    def bootstrap(self, namespaces: Iterable[str]) -> Step[None]:
+        """Creates the configured namespaces that do not exist yet (`default` always)."""
+        return self.catalogue.bootstrap(namespaces)
+
+    # -- namespaces and topics ----------------------------------------------------------------
+
+    def namespaces(self) -> list[str]:
+        return self.catalogue.namespaces()
+
+    def create_namespace(self, name: str) -> Step[None]:
+        return self.catalogue.create_namespace(name)
+
+    def delete_namespace(self, name: str) -> Step[None]:
+        return self.catalogue.delete_namespace(name)
+
+    def namespace_policies(self, name: str) -> dict[str, int]:
+        return self.catalogue.namespace_policies(name)
+
+    def topics(self, namespace: str) -> list[str]:
+        return self.catalogue.topics(namespace)
+
+    def topic_strategy(self, topic: str) -> DispatchStrategy:
+        return self.catalogue.topic_strategy(topic)
+
+    def create_topic(self, topic: str, strategy: DispatchStrategy) -> Step[None]:
+        return self.catalogue.create_topic(topic, strategy)
+
+    def create_partitioned_topic(
+        self, base: str, partitions: int, strategy: DispatchStrategy
+    ) -> Step[None]:
+        return self.catalogue.create_partitioned_topic(base, partitions, strategy)
+
+    def delete_topic(self, topic: str) -> Step[None]:
+        """Deletes a topic, or every partition when given a partitioned topic's base name.
+        Its producers and consumers are forgotten (health checks answer CLOSE) and open
+        receive streams end."""
+        return self.lifecycle.delete_topic(topic)
+
+    def partitions(self, base: str) -> list[str]:
+        """Names of `<base>-part-<n>`, ordered by n (only exact partitions, unlike Danube's
+        prefix match)."""
+        return self.catalogue.partitions(base)
+
+    def topic_partitions(self, topic: str) -> list[str]:
+        """TopicPartitions: the topic itself, its partitions, or nothing."""
+        return self.catalogue.topic_partitions(topic)
+
+    def lookup(self, topic: str) -> BrokerIdentity:
+        return self.catalogue.lookup(topic)
+
+    def subscriptions(self, topic: str) -> list[str]:
+        return self.catalogue.subscriptions(topic)
+
+    # -- operator settings (admin API; rules in danube.machines.node.settings) ---------------------
+
+    def set_namespace_policies(self, name: str, changes: Mapping[str, Any]) -> Step[dict]:
+        """Changes the named fields; they apply at once to every topic of the namespace that
+        does not set them itself. Limits already exceeded are not enforced backwards: a topic
+        over a lowered limit keeps its producers and consumers and takes no new ones."""
+        return self.catalogue.set_namespace_policies(name, changes)
+
+    def topic_policies(self, topic: str) -> tuple[dict[str, int], list[str]]:
+        """The policies in force for the topic, and the fields it sets itself."""
+        return self.catalogue.topic_policies(topic)
+
+    def set_topic_policies(self, topic: str, changes: Mapping[str, Any]) -> Step[dict]:
+        return self.catalogue.set_topic_policies(topic, changes)
+
+    def clear_topic_policies(self, topic: str) -> Step[dict]:
+        return self.catalogue.clear_topic_policies(topic)
+
+    def subscription_type(self, topic: str, subscription: str) -> SubscriptionType | None:
+        return self.settings.subscription_type(topic, subscription)
+
+    def failure_policy(self, topic: str, subscription: str) -> SubscriptionFailureSettings | None:
+        """The subscription's own policy; None when it runs with the broker's defaults."""
+        return self.settings.failure_policy(topic, subscription)
+
+    def set_failure_policy(
+        self,
+        topic: str,
+        subscription: str,
+        policy: SubscriptionFailureSettings,
+        *,
+        now_ms: int = 0,
+    ) -> Step[None]:
+        """Stored for the subscription, which may not exist yet, and applied at once to a
+        live one (Danube only reads it when the subscription loads)."""
+        return self.settings.set_failure_policy(topic, subscription, policy, now_ms)
+
+    def dispatch_window(self, topic: str, subscription: str) -> int | None:
+        """The subscription's own `max_unacked_messages`; None when it uses the broker's."""
+        return self.settings.dispatch_window(topic, subscription)
+
+    def set_dispatch_window(
+        self, topic: str, subscription: str, max_unacked_messages: int, *, now_ms: int = 0
+    ) -> Step[None]:
+        """Danube stores this and never reads it; here it is the subscription's window from
+        now on."""
+        return self.settings.set_dispatch_window(topic, subscription, max_unacked_messages, now_ms)
+
+    def unsubscribe(self, topic: str, subscription: str) -> Step[None]:
+        """Removes a subscription nobody is attached to, with its cursor, consumers and
+        settings. A consumer with an open receive stream keeps it: close that consumer
+        first. Consumers registered but not attached (their client went away) go with it;
+        a client that comes back finds its consumer unknown and subscribes again."""
+        return self.consumers.unsubscribe(topic, subscription)
+
+    # -- producers ----------------------------------------------------------------------------
+
+    def create_producer(
+        self,
+        topic: str,
+        producer_name: str,
+        *,
+        access_mode: int,
+        strategy: DispatchStrategy,
+    ) -> Step[int]:
+        """Idempotent per (topic, producer_name): a repeat returns the existing id. A
+        producer's schema subject is the registry's business (`danube.runtime.schema_gate`
+        checks and binds it around this call), not the topic's life cycle."""
+        return self.producers.create_producer(
+            topic, producer_name, access_mode=access_mode, strategy=strategy
+        )
+
+    def publish_pace(self, topic: str, count: int, now_ms: int) -> int:
+        """How long (ms) the driver holds `count` messages before publishing them, so the
+        topic takes at most `max_publish_rate` messages a second after a burst of one
+        second's worth (`danube.machines.node.pacing`). More than MAX_PUBLISH_WAIT_MS of waiting is
+        refused (RESOURCE_EXHAUSTED): the producer sends faster than the rate for too long.
+        0 for a topic without a rate or not served here (publish says why)."""
+        return self.producers.publish_pace(topic, count, now_ms)
+
+    def publish(
+        self,
+        producer_id: int,
+        topic: str,
+        message: Any,
+        size: int,
+        routing_key: bytes | None,
+        *,
+        encode: Callable[[int], bytes] | None = None,
+        now_ms: int = 0,
+    ) -> Step[int]:
+        """Publishes one message and returns its offset.
+
+        Non-reliable: the message goes to every subscription now; the offset is its sequence
+        number on the topic (0, 1, 2... since the topic was loaded on this broker), which the
+        caller stamps as `topic_offset` before its next await, so consumers can see gaps where
+        messages were dropped. Key-Shared routes by `routing_key`, or by the producer's name
+        when the message has none (as Danube).
+
+        Reliable: `encode(offset)` gives the record to store (the message stamped with its
+        offset); the reply must wait for a `PublishAcked` covering the offset (or fail on
+        `PublishFailed` / `TopicStopped`)."""
+        return self.producers.publish(
+            producer_id, topic, message, size, routing_key, encode=encode, now_ms=now_ms
+        )
+
+    def publish_batch(
+        self, producer_id: int, topic: str, batch: batches.ClientBatch, *, now_ms: int
+    ) -> Step[BatchPublished]:
+        """Publishes a checked batch (`batches.check_batch`) as one frame and returns the
+        offset of its first message; message i gets that offset + i. All or nothing: a
+        refusal stores none of it. Reliable topics answer as `publish` does, once a
+        `PublishAcked` covers the batch's last offset; non-reliable ones deliver each
+        message now, numbered as `publish` numbers them."""
+        return self.producers.publish_batch(producer_id, topic, batch, now_ms=now_ms)
+
+    def producer_healthy(self, producer_id: int) -> bool:
+        return self.producers.healthy(producer_id)
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        topic: str,
+        consumer_name: str,
+        subscription: str,
+        sub_type: int,
+        key_filters: tuple[str, ...],
+        start: StartPosition = LATEST,
+        *,
+        now_ms: int = 0,
+    ) -> Step[int]:
+        """Returns the consumer id; the same name in the same subscription takes over its
+        previous session (same id, old stream ended). `start` only matters for a subscription
+        this call creates."""
+        return self.consumers.subscribe(
+            topic, consumer_name, subscription, sub_type, key_filters, start, now_ms=now_ms
+        )
+
+    def open_stream(self, consumer_id: int, *, now_ms: int = 0) -> Step[int]:
+        """Starts a receive stream; a previous stream of the same consumer ends (takeover;
+        on a reliable topic what it had in flight goes out again)."""
+        return self.consumers.open_stream(consumer_id, now_ms=now_ms)
+
+    def close_stream(self, consumer_id: int, generation: int, *, now_ms: int = 0) -> Step[None]:
+        """The stream of this generation ended; if it was the consumer's current one, the
+        consumer is disconnected (a Failover standby takes over; on a reliable topic its
+        unacknowledged messages go out again)."""
+        return self.consumers.close_stream(consumer_id, generation, now_ms=now_ms)
+
+    def take(self, consumer_id: int, generation: int, limit: int) -> list[Any] | None:
+        """Messages for the stream writer (reliable topics: stored records, as bytes); None
+        when this stream is no longer current."""
+        return self.consumers.take(consumer_id, generation, limit)
+
+    def consumer_healthy(self, consumer_id: int) -> bool:
+        """Known consumers are healthy even while their stream is down: the official clients
+        answer CLOSE by discarding the next message and re-subscribing, which a consumer that
+        only needs to reopen its stream (after a broker restart, say) should not do."""
+        return self.consumers.healthy(consumer_id)
+
+    def ack(self, topic: str, subscription: str, offset: int, *, now_ms: int = 0) -> Step[None]:
+        """Acknowledges an offset of a reliable subscription (matched by offset alone, as
+        Danube; a late, repeated or unknown ack is ignored). Non-reliable topics only check
+        that the target exists."""
+        return self.consumers.ack(topic, subscription, offset, now_ms=now_ms)
+
+    def ack_many(
+        self, topic: str, subscription: str, offsets: Iterable[int], *, now_ms: int = 0
+    ) -> Step[None]:
+        """`ack` of each offset, in one step (the batched path's AckBatch)."""
+        return self.consumers.ack_many(topic, subscription, offsets, now_ms=now_ms)
+
+    def nack(
+        self,
+        topic: str,
+        subscription: str,
+        offset: int,
+        delay_ms: int | None,
+        *,
+        now_ms: int = 0,
+    ) -> Step[None]:
+        """Redelivers the offset after `delay_ms` or the failure policy's delay."""
+        return self.consumers.nack(topic, subscription, offset, delay_ms, now_ms=now_ms)
+
+    def live_streams(self) -> list[EndStream]:
+        """Every open stream, for a clean shutdown."""
+        return self.consumers.live_streams()
+
+    # -- reliable topics: WAL and dispatch ----------------------------------------------------
+
+    def wal_syncs_every_write(self, topic: str) -> bool:
+        """Whether the topic's WAL driver must fsync every write before reporting it done
+        (`WalConfig.synced_writes`, for every level but `flush`)."""
+        return self.logs.wal_syncs_every_write(topic)
+
+    def recovery_evidence(self, topic: str) -> tuple[int, int]:
+        """(acknowledged end, indexed end) of a reliable topic, for WAL recovery
+        (`ReliableLogs.recovery_evidence` says why each)."""
+        return self.logs.recovery_evidence(topic)
+
+    def wal_durable_end(self, topic: str) -> int | None:
+        """Every offset of the topic below this is covered by a completed fsync (the WAL
+        checkpoint's value); None while the topic has no working WAL."""
+        return self.logs.wal_durable_end(topic)
+
+    def wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
+        """The topic's WAL was recovered: at start, or after a repair (a repair rebuilds
+        only the subscriptions that read what it cut)."""
+        return self.logs.wal_loaded(topic, plan, now_ms=now_ms)
+
+    def wal_load_failed(self, topic: str, reason: str) -> Step[None]:
+        """Recovery refused the topic's segments (corruption) or the disk failed: the topic
+        stops until an operator acts; other topics are not affected."""
+        return self.logs.wal_load_failed(topic, reason)
+
+    def wal_io_done(
+        self, topic: str, effect: wal.Effect, error: str | None, *, now_ms: int
+    ) -> Step[None]:
+        """A file effect of `WalIo` finished (`error` None) or failed."""
+        return self.logs.wal_io_done(topic, effect, error, now_ms=now_ms)
+
+    def wal_read_done(
+        self, read: ReadWal | ReadObject, records: tuple[bytes, ...], *, now_ms: int
+    ) -> Step[None]:
+        return self.logs.wal_read_done(read, records, now_ms=now_ms)
+
+    def wal_read_failed(
+        self, read: ReadWal | ReadObject, reason: str, *, missing: bool, now_ms: int
+    ) -> Step[None]:
+        """`missing`: retention deleted the file meanwhile, so the read is planned again.
+        Anything else (a frame that no longer verifies, a failing disk) stops the topic."""
+        return self.logs.wal_read_failed(read, reason, missing=missing, now_ms=now_ms)
+
+    def tick(self, now_ms: int) -> Step[None]:
+        """Time passes: WAL flushes, rotation and retention; ack deadlines, redeliveries and
+        cursor flushes of reliable subscriptions."""
+        return self.logs.tick(now_ms)
+
+    def quiesce(self, now_ms: int) -> Step[None]:
+        """Graceful shutdown: persists every reliable cursor that moved since it was last
+        persisted (so a restart redelivers as little as possible) and seals every WAL; the
+        driver then waits until `wal_busy` is false."""
+        return self.logs.quiesce(now_ms)
+
+    def wal_busy(self) -> bool:
+        """Some WAL still has appends or I/O under way (shutdown waits for them)."""
+        return self.logs.wal_busy()
+
+    # -- the object tier ----------------------------------------------------------------------
+
+    def tier_upload_done(
+        self,
+        io: TierIo,
+        size: int,
+        crc32c: int,
+        offset_index: tuple[tuple[int, int], ...],
+        *,
+        now_ms: int,
+    ) -> Step[None]:
+        return self.tier.upload_done(io, size, crc32c, offset_index, now_ms=now_ms)
+
+    def tier_upload_failed(
+        self, io: TierIo, kind: tier.UploadError, reason: str, *, now_ms: int
+    ) -> Step[None]:
+        return self.tier.upload_failed(io, kind, reason, now_ms=now_ms)
+
+    def tier_index_committed(self, io: TierIo, *, now_ms: int) -> Step[None]:
+        return self.tier.index_committed(io, now_ms=now_ms)
+
+    def tier_index_read(self, io: TierIo, value: Any | None, *, now_ms: int) -> Step[None]:
+        """A `CommitIndex` whose compare failed, and what its path holds when read afterwards
+        (None: nothing, or the read failed); `ObjectTier.index_read` says how it is judged."""
+        return self.tier.index_read(io, value, now_ms=now_ms)
+
+    def tier_commit_failed(self, io: TierIo, *, now_ms: int) -> Step[None]:
+        return self.tier.commit_failed(io, now_ms=now_ms)
+
+    def tier_objects_listed(
+        self, io: TierIo, objects: list[tier.StoredObject], *, now_ms: int
+    ) -> Step[None]:
+        return self.tier.objects_listed(io, objects, now_ms=now_ms)
+
+    def tier_busy(self) -> bool:
+        """Some topic still has uploads or commits under way (shutdown may wait a little)."""
+        return self.tier.busy()
+
+    # -- statistics ---------------------------------------------------------------------------
+
+    def drop_counts(self) -> dict[tuple[str, str, str], int]:
+        """(topic, subscription, reason) -> messages dropped so far."""
+        return self.consumers.drop_counts()

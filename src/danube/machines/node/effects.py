@@ -1,0 +1,235 @@
+"""The broker core's vocabulary towards its drivers: the effects every `BrokerCore` step may
+yield, the `Step` that carries them, and the plain values its answers hold. Kept apart from
+the machines so a driver (broker runtime, simulator, tests) imports the words it executes
+without the decisions that produce them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from danube.machines.dispatch import ConsumerReady
+from danube.machines.tiering import reader as tier_reader
+from danube.machines.tiering import uploader as tier
+from danube.machines.wal import machine as wal
+from danube.metadata.model import Delete, DeletePrefix, Op, Put
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class PersistMeta:
+    """Effect: one atomic metadata change. The driver applies it, durably, before it executes
+    any later effect or answers the request that caused it."""
+
+    puts: tuple[tuple[str, Any], ...] = ()
+    deletes: tuple[str, ...] = ()
+    delete_prefixes: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> list[str]:
+        """Every key (or prefix) the change touches: what its fence compares cover."""
+        return [*self.delete_prefixes, *self.deletes, *(key for key, _ in self.puts)]
+
+    def ops(self) -> list[Op]:
+        """The change as store operations, in the order a store applies them."""
+        return [
+            *(DeletePrefix(prefix) for prefix in self.delete_prefixes),
+            *(Delete(key) for key in self.deletes),
+            *(Put(key, value) for key, value in self.puts),
+        ]
+
+    def apply_to(self, metadata: dict[str, Any]) -> None:
+        """Applies the change to an in-memory key/value map in the order a store applies
+        it (prefix deletes, deletes, puts): for drivers without a store (simulator, tests)."""
+        for prefix in self.delete_prefixes:
+            for key in [k for k in metadata if k.startswith(prefix)]:
+                del metadata[key]
+        for key in self.deletes:
+            metadata.pop(key, None)
+        for key, value in self.puts:
+            metadata[key] = value
+
+
+@dataclass(frozen=True, slots=True)
+class EndStream:
+    """Effect: finish the consumer's receive stream of this generation (status OK)."""
+
+    consumer_id: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadWal:
+    """Effect: recover the reliable topic's WAL directory (after deleting what is in it when
+    `fresh`: a topic created now owns no data) and report with `wal_loaded` or
+    `wal_load_failed`. Replies to the request that caused it wait for that."""
+
+    topic: str
+    fresh: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RepairWal:
+    """Effect: the topic's WAL failed an I/O (`danube.machines.wal.machine.Failed`). Discard its
+    file effects not yet started, truncate the segment to `truncate_to` bytes and fsync it, then
+    recover as `LoadWal(topic, fresh=False)` does (or report `wal_load_failed`)."""
+
+    topic: str
+    segment_base: int
+    truncate_to: int
+
+
+@dataclass(frozen=True, slots=True)
+class DropWal:
+    """Effect: the topic is gone from this broker (deleted, moved away, or its ownership
+    lost): fail the publishes still waiting with `reason`, stop its WAL I/O and, when
+    `delete_files`, delete its directory."""
+
+    topic: str
+    reason: str
+    delete_files: bool = True
+    delete_objects: bool = False
+    """The topic was deleted: its uploaded objects go too (after the WAL stops, before a
+    topic created again under the name can upload)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WalIo:
+    """Effect: the topic's WAL file effects, to perform in order after those submitted
+    before (spec/durability.md, driver contract); report each with `wal_io_done`."""
+
+    topic: str
+    effects: tuple[wal.Effect, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadWal:
+    """Effect: read a file range for a subscription and report with `wal_read_done` (or
+    `wal_read_failed`)."""
+
+    topic: str
+    subscription: str
+    epoch: int
+    plan: wal.FileRead
+
+
+@dataclass(frozen=True, slots=True)
+class ReadObject:
+    """Effect: fetch an object byte range for a subscription, decode it with
+    `danube.machines.tiering.decode_object_read` and report with `wal_read_done` (or
+    `wal_read_failed`)."""
+
+    topic: str
+    subscription: str
+    epoch: int
+    plan: tier_reader.ObjectRead
+
+
+@dataclass(frozen=True, slots=True)
+class TierIo:
+    """Effect: an uploader effect for the object-store driver (`UploadSegment`,
+    `CommitIndex`, `ListObjects`, `DeleteObject`); report with the `tier_*` inputs, passing
+    this effect back. `uploader` names the uploader that asked: in cluster mode a topic can
+    leave and come back while an answer is on its way, and the old uploader's answer must not
+    reach the new one (it expects other work and could index another's object)."""
+
+    topic: str
+    effect: tier.UploadSegment | tier.CommitIndex | tier.ListObjects | tier.DeleteObject
+    uploader: int
+
+
+@dataclass(frozen=True, slots=True)
+class TierHalted:
+    """Effect: the topic's uploads stopped (log it). `resumable`: the cause is outside (the
+    store, credentials); a restart of the broker resumes (an admin resume comes with the
+    admin API)."""
+
+    topic: str
+    reason: str
+    resumable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PublishAcked:
+    """Effect: every publish to the topic with an offset up to `through_offset` may be
+    answered with success."""
+
+    topic: str
+    through_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishFailed:
+    """Effect: publishes to the topic with an offset from `from_offset` on were not stored
+    (or not as far as anyone can tell); answer them with UNAVAILABLE so producers retry."""
+
+    topic: str
+    from_offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStopped:
+    """Effect: the topic cannot serve until an operator acts (say so in the log); waiting
+    publishes fail."""
+
+    topic: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionSkipped:
+    """Effect: retention deleted offsets [`first`, `end`) before the subscription read them:
+    they are lost to it (log it; a later issue makes retention wait for tiering)."""
+
+    topic: str
+    subscription: str
+    first: int
+    end: int
+
+
+Effect = (
+    PersistMeta
+    | ConsumerReady
+    | EndStream
+    | LoadWal
+    | RepairWal
+    | DropWal
+    | WalIo
+    | ReadWal
+    | ReadObject
+    | TierIo
+    | TierHalted
+    | PublishAcked
+    | PublishFailed
+    | TopicStopped
+    | RetentionSkipped
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Step(Generic[T]):
+    value: T
+    effects: tuple[Effect, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPublished:
+    """Where a published batch went: message i has offset `first_offset` + i."""
+
+    first_offset: int
+    count: int
+    stored: bool
+    """Reliable topic: the answer waits for a `PublishAcked` covering `last_offset`;
+    otherwise the messages were delivered and the answer is due at once."""
+
+    @property
+    def last_offset(self) -> int:
+        return self.first_offset + self.count - 1
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerIdentity:
+    broker_url: str
+    connect_url: str

@@ -1,0 +1,159 @@
+"""The broker core's records: what it knows about each topic, producer, consumer and
+subscription. Plain data; the machines (`catalogue`, `producers`, `consumers`,
+`reliable_log`, ...) decide, and a topic's life cycle is its one `phase`
+(`danube.machines.node.phase`), from which every other "can it serve?" question is derived."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import cast
+
+from danube.machines.dispatch import SubscriptionType
+from danube.machines.dispatch import reliable as rd
+from danube.machines.dispatch.protocol import Subscription
+from danube.machines.node.pacing import PaceClock
+from danube.machines.node.phase import TopicEvent, TopicPhase, advance
+from danube.machines.node.reliable_log import TopicLog
+from danube.machines.node.settings import SubscriptionSettings
+from danube.machines.tiering import uploader as tier
+from danube.machines.tiering.index import IndexEntry
+from danube.machines.wal.machine import WalMachine
+from danube.values.config import DispatchStrategy
+from danube.values.errors import DanubeError, ErrorCode
+from danube.values.names import TopicName
+
+
+@dataclass(slots=True)
+class ProducerRecord:
+    producer_id: int
+    name: str
+    topic: TopicName
+    access_mode: int
+
+
+@dataclass(slots=True)
+class ConsumerRecord:
+    consumer_id: int
+    name: str
+    topic: TopicName
+    subscription: str
+    key_filters: tuple[str, ...]
+    order: int
+    """Subscribe order across the broker: Failover promotes the earliest connected consumer."""
+    stream: int = 0
+    """Generation of the live receive stream; 0 when none is open."""
+
+
+def subscribe_order(consumer: ConsumerRecord) -> int:
+    return consumer.order
+
+
+@dataclass(slots=True)
+class SubscriptionRecord:
+    name: str
+    sub_type: SubscriptionType
+    dispatcher: Subscription
+    consumers: dict[str, int] = field(default_factory=dict)
+    records: dict[int, bytes] = field(default_factory=dict)
+    """Reliable: the record of every offset read and not yet acknowledged."""
+    epoch: int = 0
+    """Reliable: bumped when the dispatcher is rebuilt, so older file reads are ignored."""
+    read_lost: bool = False
+    """Reliable: the dispatcher's outstanding read was dropped while the WAL was down."""
+
+    @property
+    def reliable(self) -> rd.ReliableSubscription:
+        """The dispatcher of a reliable topic's subscription (only reliable topics ask)."""
+        return cast(rd.ReliableSubscription, self.dispatcher)
+
+
+@dataclass(slots=True)
+class TopicRecord:
+    name: TopicName
+    strategy: DispatchStrategy
+    phase: TopicPhase = TopicPhase.SERVING
+    """Where the topic is in its life cycle; reliable topics start LOADING (`new_topic`)."""
+    stop_reason: str = ""
+    """Why the topic cannot serve (corrupt segment, failed disk), once `phase` is stopped."""
+    producers: dict[str, int] = field(default_factory=dict)
+    subscriptions: dict[str, SubscriptionRecord] = field(default_factory=dict)
+    messages_in: int = 0
+    bytes_in: int = 0
+    log: TopicLog = field(default_factory=TopicLog)
+    """Reliable topics: the WAL machine, the uploader and the acknowledgement state."""
+    policies: dict[str, int] = field(default_factory=dict)
+    """The topic's own policies, over its namespace's (`/topics/<ns>/<topic>/policy`)."""
+    settings: dict[str, SubscriptionSettings] = field(default_factory=dict)
+    """Subscriptions' own failure policy and window, by name; may name one that does not
+    exist yet."""
+    pace: PaceClock = field(default_factory=PaceClock)
+    """`max_publish_rate` pacing (`danube.machines.node.pacing`)."""
+
+    @property
+    def reliable(self) -> bool:
+        return self.strategy is DispatchStrategy.RELIABLE
+
+    def advance(self, event: TopicEvent) -> None:
+        """Moves the topic along its life cycle; an event its phase does not allow raises."""
+        self.phase = advance(self.phase, event)
+
+    @property
+    def wal(self) -> WalMachine | None:
+        """The working WAL: None while it loads or is repaired, once stopped, and for a
+        non-reliable topic."""
+        return self.log.wal if self.phase.writable else None
+
+    @property
+    def uploader(self) -> tier.Uploader | None:
+        return self.log.uploader
+
+    @property
+    def index(self) -> list[IndexEntry]:
+        return self.log.index
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the topic cannot serve, for the operator; None while it can."""
+        return self.stop_reason if self.phase.stopped else None
+
+    @property
+    def unloading(self) -> bool:
+        """Cluster mode: the topic is moving away; it takes no more publishes or clients."""
+        return self.phase.moving
+
+
+def new_topic(name: TopicName, strategy: DispatchStrategy) -> TopicRecord:
+    """A topic as it enters this broker: a reliable one serves once its WAL is loaded."""
+    record = TopicRecord(name, strategy)
+    if record.reliable:
+        record.phase = TopicPhase.LOADING
+    return record
+
+
+def check_not_moving(record: TopicRecord) -> None:
+    if record.phase.moving:
+        raise DanubeError(
+            ErrorCode.UNAVAILABLE,
+            f"{record.name.full} is moving to another broker; look it up again",
+        )
+
+
+def check_not_stopped(record: TopicRecord) -> None:
+    if record.phase.stopped:
+        raise DanubeError(
+            ErrorCode.FAILED_PRECONDITION,
+            f"topic {record.name.full} is stopped: {record.stop_reason}",
+        )
+
+
+_U64 = (1 << 64) - 1
+
+
+def new_id(rng: random.Random, taken: Mapping[int, object]) -> int:
+    """A random producer or consumer id not in use (ids are u64 on the wire)."""
+    while True:
+        candidate = rng.randint(1, _U64)
+        if candidate not in taken:
+            return candidate

@@ -1,0 +1,526 @@
+"""Reliable topics' logs: each topic's WAL machine and object uploader (`TopicLog`), and the
+machine that drives them for the broker core (`ReliableLogs`): it loads and repairs WALs,
+turns WAL effects into the core's (file I/O, acknowledgements, records for subscriptions),
+serves subscriptions' reads from the WAL, its cache or the object tier, and runs timers.
+The answers of the object store are `danube.machines.node.object_tier`'s."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from danube.machines.dispatch import ConsumerReady, SubscriptionType
+from danube.machines.dispatch import reliable as rd
+from danube.machines.dispatch.protocol import DispatchEffect
+from danube.machines.node import paths
+from danube.machines.node.effects import (
+    Effect,
+    PersistMeta,
+    PublishAcked,
+    PublishFailed,
+    ReadObject,
+    ReadWal,
+    RepairWal,
+    RetentionSkipped,
+    Step,
+    TierHalted,
+    TierIo,
+    TopicStopped,
+    WalIo,
+)
+from danube.machines.node.phase import TopicEvent
+from danube.machines.tiering import reader as tier_reader
+from danube.machines.tiering import uploader as tier
+from danube.machines.tiering.index import IndexEntry
+from danube.machines.wal import machine as wal
+from danube.machines.wal.recovery import RecoveryPlan
+from danube.values.config import OBJECT_DURABILITY, TopicDurability
+from danube.values.errors import DanubeError, ErrorCode
+
+if TYPE_CHECKING:
+    from danube.machines.node.catalogue import Catalogue
+    from danube.machines.node.records import ConsumerRecord, SubscriptionRecord, TopicRecord
+
+_FILE_EFFECTS = (wal.CreateSegment, wal.Write, wal.Fsync, wal.CloseSegment, wal.DeleteSegment)
+READ_MAX_BYTES = 4 * 1024 * 1024
+"""Largest file range one subscription read asks for (at index granularity)."""
+
+
+@dataclass(slots=True)
+class TopicLog:
+    """One reliable topic's storage: its WAL machine and its uploader, with what ties the two
+    to the publishes waiting for them."""
+
+    wal: wal.WalMachine | None = None
+    """The last WAL machine loaded; `TopicRecord.wal` says whether it works (the phase)."""
+    index: list[IndexEntry] = field(default_factory=list)
+    """Tiered: the object index read at restore, until the uploader takes it over."""
+    uploader: tier.Uploader | None = None
+    uploader_id: int = 0
+    """Which of this core's uploaders is the topic's (`TierIo.uploader`)."""
+    epoch: int = 0
+    """Tiered: names this broker's objects of the topic (`layout.object_key`): the revision
+    of its claim in cluster mode, 0 standalone."""
+    sealed_through: int = 0
+    """Tiered: end of the last segment the uploader was told is sealed."""
+    object_ack: bool = False
+    """The topic's durability level is `object` (set when its WAL loads)."""
+    durable_through: int = -1
+    """`object` acknowledgement: the WAL's last acknowledged (locally durable) offset."""
+    acked_through: int = -1
+    """`object` acknowledgement: the last offset the producers were told about."""
+    ack_batch_since: int | None = None
+    """`object` acknowledgement: when the oldest offset waiting for its object was durable."""
+
+
+class ReliableLogs:
+    """Drives every reliable topic's `TopicLog` and subscriptions' reads. Shares the topics
+    with the catalogue and the consumers with the sessions; owns the outbox of records
+    delivered to consumers and waiting for their stream writers."""
+
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        consumers: Mapping[int, ConsumerRecord],
+        *,
+        wal_config: wal.WalConfig,
+        durability: TopicDurability,
+        uploads: tier.UploaderConfig | None,
+        routing_key_of: Callable[[bytes], bytes],
+        clustered: bool,
+    ) -> None:
+        self._catalogue = catalogue
+        self._topics = catalogue.topics_by_name
+        self._consumers = consumers
+        self._wal_config = wal_config
+        self._durability = durability
+        self._uploads = uploads
+        self._routing_key_of = routing_key_of
+        self._clustered = clustered
+        self._uploaders = 0
+        self.outbox: dict[int, deque[bytes]] = {}
+        """Records delivered to a consumer, waiting for its stream writer."""
+
+    # -- loading and repair -------------------------------------------------------------------
+
+    def wal_syncs_every_write(self, topic: str) -> bool:
+        """Whether the topic's WAL driver must fsync every write before reporting it done
+        (`WalConfig.synced_writes`, for every level but `flush`)."""
+        level = self._durability.level(topic, self._wal_config.durability)
+        return self._wal_config.synced_writes and level != wal.Durability.FLUSH.value
+
+    def recovery_evidence(self, topic: str) -> tuple[int, int]:
+        """(acknowledged end, indexed end) of a reliable topic, for WAL recovery
+        (`danube.machines.wal.recovery.RecoveryEvidence`): one past the highest subscription cursor
+        (0 in `flush` mode, where a consumer may acknowledge what a power failure loses, and in
+        cluster mode, where a failover gives up the acknowledged offsets beyond the index,
+        spec/durability.md "Losing a broker") and one past the object index's last offset.
+        Both are durable records of how far the log reached: a log that recovers to less lost
+        durable data."""
+        record = self._topics.get(topic)
+        if record is None:
+            return 0, 0
+        indexed = max((e.next_offset for e in record.log.index), default=0)
+        if record.log.uploader is not None:
+            indexed = max([indexed, *(e.next_offset for e in record.log.uploader.entries)])
+        level = self._durability.level(topic, self._wal_config.durability)
+        if level == wal.Durability.FLUSH.value or self._clustered:
+            return 0, indexed
+        subs = record.subscriptions.values() if record.reliable else ()
+        cursors = [sub.reliable.cursor for sub in subs]
+        acknowledged = max(cursors, default=-1) + 1
+        if record.wal is not None:
+            # A repair in a running broker: a live cursor may sit where a subscription
+            # started (LATEST during a publish), past what any fsync covered; only what was
+            # durable can have been acknowledged.
+            acknowledged = min(acknowledged, record.wal.durable_offset)
+        return acknowledged, indexed
+
+    def wal_durable_end(self, topic: str) -> int | None:
+        """Every offset of the topic below this is covered by a completed fsync (the WAL
+        checkpoint's value); None while the topic has no working WAL."""
+        record = self._topics.get(topic)
+        if record is None or record.wal is None or record.wal.failure is not None:
+            return None
+        return record.wal.durable_offset
+
+    def wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
+        """The topic's WAL was recovered: at start, or after a repair. A repair cuts only
+        records nobody could read (`fsync` mode), so dispatch carries on where it was; only
+        when it cut records a subscription had read (`flush` mode) does that subscription
+        restart at its cursor + 1, as after a broker restart."""
+        record = self._topics.get(topic)
+        if record is None or record.phase.stopped:
+            return Step(None)
+        state = record.log
+        repaired = record.phase.repairing
+        tiered = self._uploads is not None
+        indexed_next = max((e.next_offset for e in state.index), default=0)
+        level = self._durability.level(topic, self._wal_config.durability)
+        state.object_ack = level == OBJECT_DURABILITY
+        mode = wal.Durability.FLUSH if level == wal.Durability.FLUSH.value else wal.Durability.FSYNC
+        config = dataclasses.replace(
+            self._wal_config, durability=mode, synced_writes=self.wal_syncs_every_write(topic)
+        )
+        log = state.wal = wal.WalMachine(
+            topic, config, plan, tiered=tiered, start_offset=indexed_next
+        )
+        record.advance(TopicEvent.LOADED)
+        effects: list[Effect] = []
+        if self._uploads is not None and state.uploader is None:
+            state.uploader = tier.Uploader(record.name, self._uploads, state.epoch)
+            self._uploaders += 1
+            state.uploader_id = self._uploaders
+            sealed = [
+                tier.SealedSegment(s.base_offset, s.next_offset, s.size) for s in plan.segments
+            ]
+            index, state.index = state.index, []
+            state.sealed_through = max(
+                [indexed_next, *(s.next_offset for s in plan.segments)], default=0
+            )
+            effects.extend(
+                self.tier_effects(record, state.uploader.recovered(index, sealed, now_ms))
+            )
+        elif state.uploader is not None:
+            # A repair: recovery closed the segment that was open. Tell the uploader about
+            # every local segment it has not heard of, and release the indexed ones again.
+            uploader = state.uploader
+            indexed = {entry.start_offset for entry in uploader.entries}
+            for found in plan.segments:
+                if found.base_offset in indexed:
+                    log.allow_delete(found.base_offset)
+                elif found.base_offset >= state.sealed_through:
+                    sealed = uploader.segment_sealed(
+                        found.base_offset, found.next_offset, found.size, now_ms
+                    )
+                    effects.extend(self.tier_effects(record, sealed))
+                    state.sealed_through = found.next_offset
+        for sub in record.subscriptions.values():
+            if repaired and log.readable_offset < sub.reliable.read_position:
+                self._rebuild(sub, now_ms)
+            elif sub.read_lost:
+                # its read was dropped while the WAL was down: an empty answer asks again
+                sub.read_lost = False
+                retry = sub.reliable.records_read((), now_ms)
+                effects.extend(self.dispatch(record, sub, retry, now_ms))
+            if log.readable_offset:
+                readable = sub.reliable.readable(log.readable_offset - 1, now_ms)
+                effects.extend(self.dispatch(record, sub, readable, now_ms))
+        return Step(None, tuple(effects))
+
+    def _rebuild(self, sub: SubscriptionRecord, now_ms: int) -> None:
+        old = sub.reliable
+        fresh = rd.ReliableSubscription(
+            sub.sub_type,
+            old.cursor + 1,
+            max_unacked_messages=old.max_unacked_messages,
+            cursor_flush_ms=old.cursor_flush_ms,
+            policy=old.policy,
+        )
+        fresh.redelivered = old.redelivered
+        fresh.dispatch_rate = old.dispatch_rate
+        sub.dispatcher, sub.records = fresh, {}
+        sub.epoch += 1
+        sub.read_lost = False
+        members = sorted((self._consumers[c] for c in sub.consumers.values()), key=_order)
+        for consumer in members:
+            self.outbox.pop(consumer.consumer_id, None)
+            fresh.add_consumer(consumer.consumer_id, consumer.name, consumer.key_filters, now_ms)
+            if consumer.stream:
+                fresh.connect(consumer.consumer_id, now_ms)
+
+    def wal_load_failed(self, topic: str, reason: str) -> Step[None]:
+        """Recovery refused the topic's segments (corruption) or the disk failed: the topic
+        stops until an operator acts; other topics are not affected."""
+        record = self._topics.get(topic)
+        if record is None:
+            return Step(None)
+        record.log.wal = None
+        record.stop_reason = reason
+        record.advance(TopicEvent.LOAD_FAILED)
+        return Step(None, (TopicStopped(topic, reason),))
+
+    def wal_io_done(
+        self, topic: str, effect: wal.Effect, error: str | None, *, now_ms: int
+    ) -> Step[None]:
+        """A file effect of `WalIo` finished (`error` None) or failed."""
+        record = self._topics.get(topic)
+        if record is None or record.wal is None:
+            return Step(None)
+        log = record.wal
+        effects: list[wal.Effect] = []
+        if isinstance(effect, wal.Write):
+            if error is None:
+                effects = log.write_done(effect.write_id, now_ms)
+            else:
+                effects = log.write_failed(effect.write_id, error)
+        elif isinstance(effect, wal.Fsync):
+            if error is None:
+                effects = log.fsync_done(effect.fsync_id, now_ms)
+            else:
+                effects = log.fsync_failed(effect.fsync_id, error)
+        # A failed CreateSegment fails the segment's first Write; a failed close or delete
+        # of a closed segment leaves its data intact (the driver logs it).
+        return Step(None, tuple(self.wal_effects(record, effects, now_ms)))
+
+    def ready_wal(self, record: TopicRecord) -> wal.WalMachine:
+        """The topic's working WAL, or the reason a publish or subscribe must wait."""
+        if record.phase.stopped:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"topic {record.name.full} is stopped: {record.stop_reason}",
+            )
+        if record.wal is None:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE,
+                f"{record.name.full} is loading its write-ahead log; retry shortly",
+            )
+        return record.wal
+
+    def wal_effects(
+        self, record: TopicRecord, effects: Iterable[wal.Effect], now_ms: int
+    ) -> list[Effect]:
+        """Turns the WAL machine's effects into the core's: file I/O for the driver,
+        acknowledgements for waiting publishes, new records for every subscription."""
+        topic = record.name.full
+        state = record.log
+        out: list[Effect] = []
+        io: list[wal.Effect] = []
+        for effect in effects:
+            if isinstance(effect, _FILE_EFFECTS):
+                io.append(effect)
+                if isinstance(effect, wal.CloseSegment) and state.uploader is not None:
+                    assert record.wal is not None
+                    next_offset, size = record.wal.segment_extent(effect.segment_base)
+                    sealed = state.uploader.segment_sealed(
+                        effect.segment_base, next_offset, size, now_ms
+                    )
+                    state.sealed_through = next_offset
+                    out.extend(self.tier_effects(record, sealed))
+            elif isinstance(effect, wal.Acknowledge):
+                if not state.object_ack:
+                    out.append(PublishAcked(topic, effect.through_offset))
+                else:
+                    state.durable_through = max(state.durable_through, effect.through_offset)
+                    if state.ack_batch_since is None:
+                        state.ack_batch_since = now_ms
+            elif isinstance(effect, wal.Readable):
+                for sub in record.subscriptions.values():
+                    readable = sub.reliable.readable(effect.through_offset, now_ms)
+                    out.extend(self.dispatch(record, sub, readable, now_ms))
+            elif isinstance(effect, wal.Failed):
+                state.wal = None
+                record.advance(TopicEvent.WAL_FAILED)
+                out.append(PublishFailed(topic, effect.unacknowledged_from, effect.reason))
+                out.append(RepairWal(topic, effect.segment_base, effect.truncate_to))
+        if io:
+            out.insert(0, WalIo(topic, tuple(io)))
+        return out
+
+    # -- subscriptions' reads -----------------------------------------------------------------
+
+    def dispatch(
+        self,
+        record: TopicRecord,
+        sub: SubscriptionRecord,
+        effects: Iterable[DispatchEffect],
+        now_ms: int,
+    ) -> list[Effect]:
+        """Carries out a subscription's effects: a non-reliable dispatcher's `ConsumerReady`
+        goes to the driver as it is; a reliable one's reads served from the WAL cache are fed
+        straight back (and may deliver), file reads go to the driver, deliveries queue the
+        records for the consumer's stream, cursor moves are persisted."""
+        out: list[Effect] = []
+        work: deque[DispatchEffect] = deque(effects)
+        while work:
+            effect = work.popleft()
+            if isinstance(effect, ConsumerReady):
+                out.append(effect)
+            elif isinstance(effect, rd.Deliver):
+                box = self.outbox.setdefault(effect.consumer_id, deque())
+                if not box:
+                    out.append(ConsumerReady(effect.consumer_id))
+                box.extend(sub.records[offset] for offset in effect.offsets)
+            elif isinstance(effect, rd.PersistCursor):
+                key = paths.cursor(record.name, sub.name)
+                out.append(PersistMeta(puts=((key, effect.cursor),)))
+            elif record.wal is None:
+                sub.read_lost = True
+            else:
+                result = record.wal.read(effect.from_offset, effect.max_records, READ_MAX_BYTES)
+                if isinstance(result, wal.CachedRecords):
+                    work.extend(self.admit(record, sub, result.offset, result.records, now_ms))
+                elif isinstance(result, wal.FileRead):
+                    out.append(ReadWal(record.name.full, sub.name, sub.epoch, result))
+                else:
+                    planned = self._plan_history(record, effect, result.first_offset)
+                    if isinstance(planned, tier_reader.ObjectRead):
+                        out.append(ReadObject(record.name.full, sub.name, sub.epoch, planned))
+                    else:
+                        dispatcher = sub.reliable
+                        lost = (dispatcher.read_position, planned.first_offset)
+                        work.extend(dispatcher.records_lost(planned.first_offset, now_ms))
+                        out.append(RetentionSkipped(record.name.full, sub.name, *lost))
+        return out
+
+    def _plan_history(
+        self, record: TopicRecord, read: rd.Read, wal_first: int
+    ) -> tier_reader.ObjectRead | tier_reader.NotAvailable:
+        """A read below the local WAL: from objects when the index has it."""
+        uploader = record.log.uploader
+        if uploader is None:
+            return tier_reader.NotAvailable(wal_first)
+        planned = tier_reader.plan_read(
+            uploader.entries, wal_first, read.from_offset, read.max_records, READ_MAX_BYTES
+        )
+        assert not isinstance(planned, tier_reader.LocalRead), "below the WAL's first offset"
+        return planned
+
+    def admit(
+        self,
+        record: TopicRecord,
+        sub: SubscriptionRecord,
+        first: int,
+        records: tuple[bytes, ...],
+        now_ms: int,
+    ) -> list[rd.Effect]:
+        """Answers the subscription's read with records `first`, `first + 1`, ...; the
+        records it admits are kept until acknowledged."""
+        dispatcher = sub.reliable
+        keyed = sub.sub_type is SubscriptionType.KEY_SHARED
+        key_of = self._routing_key_of
+        pairs = [(first + i, key_of(r) if keyed else b"") for i, r in enumerate(records)]
+        before = dispatcher.read_position
+        effects = dispatcher.records_read(pairs, now_ms)
+        for offset in range(max(before, first), dispatcher.read_position):
+            sub.records[offset] = records[offset - first]
+        return effects
+
+    def wal_read_done(
+        self, read: ReadWal | ReadObject, records: tuple[bytes, ...], *, now_ms: int
+    ) -> Step[None]:
+        record, sub = self._read_target(read)
+        if sub is None:
+            return Step(None)
+        assert record is not None
+        admitted = self.admit(record, sub, read.plan.from_offset, records, now_ms)
+        return Step(None, tuple(self.dispatch(record, sub, admitted, now_ms)))
+
+    def wal_read_failed(
+        self, read: ReadWal | ReadObject, reason: str, *, missing: bool, now_ms: int
+    ) -> Step[None]:
+        """`missing`: retention deleted the file meanwhile, so the read is planned again.
+        Anything else (a frame that no longer verifies, a failing disk) stops the topic."""
+        record, sub = self._read_target(read)
+        if sub is None:
+            return Step(None)
+        assert record is not None
+        if missing:
+            plan = read.plan
+            again = rd.Read(plan.from_offset, max(plan.end_offset - plan.from_offset, 1))
+            return Step(None, tuple(self.dispatch(record, sub, [again], now_ms)))
+        record.log.wal = None
+        record.stop_reason = reason
+        record.advance(TopicEvent.READ_FAILED)
+        return Step(None, (TopicStopped(record.name.full, reason),))
+
+    def _read_target(
+        self, read: ReadWal | ReadObject
+    ) -> tuple[TopicRecord | None, SubscriptionRecord | None]:
+        record = self._topics.get(read.topic)
+        if record is None:
+            return None, None
+        sub = record.subscriptions.get(read.subscription)
+        if sub is None or sub.epoch != read.epoch:
+            return None, None
+        if record.wal is None:
+            sub.read_lost = True
+            return None, None
+        return record, sub
+
+    # -- time and shutdown --------------------------------------------------------------------
+
+    def tick(self, now_ms: int) -> Step[None]:
+        """Time passes: WAL flushes, rotation and retention; ack deadlines, redeliveries and
+        cursor flushes of reliable subscriptions."""
+        effects: list[Effect] = []
+        batch = self._durability.object_batch_ms
+        for record in self._topics.values():
+            if record.wal is None:
+                continue
+            state = record.log
+            effects.extend(self.wal_effects(record, record.wal.tick(now_ms), now_ms))
+            since = state.ack_batch_since
+            if since is not None and now_ms - since >= batch:
+                # Seal the segment holding the waiting publishes: its upload answers them.
+                state.ack_batch_since = None
+                if state.durable_through >= state.sealed_through:
+                    effects.extend(self.seal(record, now_ms))
+            uploader = state.uploader
+            if uploader is not None:
+                due = uploader.next_timer_ms
+                if due is not None and due <= now_ms:
+                    effects.extend(self.tier_effects(record, uploader.tick(now_ms)))
+            rate = self._catalogue.policies(record).max_subscription_dispatch_rate
+            for sub in record.subscriptions.values():
+                if sub.reliable.dispatch_rate != rate:
+                    # a policy changed (here or, in a cluster, through another broker)
+                    found = sub.reliable.configure(now_ms, dispatch_rate=rate)
+                    effects.extend(self.dispatch(record, sub, found, now_ms))
+                due = sub.reliable.next_timer_ms
+                if due is not None and due <= now_ms:
+                    effects.extend(self.dispatch(record, sub, sub.reliable.tick(now_ms), now_ms))
+        return Step(None, tuple(effects))
+
+    def seal(self, record: TopicRecord, now_ms: int) -> list[Effect]:
+        """Seals the topic's active segment (if its WAL works), so the uploader takes it."""
+        if record.wal is None:
+            return []
+        return self.wal_effects(record, record.wal.seal(now_ms), now_ms)
+
+    def flush_cursors(self, record: TopicRecord, now_ms: int) -> list[Effect]:
+        """Persists every cursor of the topic that moved since it was last persisted."""
+        effects: list[Effect] = []
+        for sub in record.subscriptions.values():
+            effects.extend(self.dispatch(record, sub, sub.reliable.flush(now_ms), now_ms))
+        return effects
+
+    def quiesce(self, now_ms: int) -> Step[None]:
+        """Graceful shutdown: persists every reliable cursor that moved since it was last
+        persisted (so a restart redelivers as little as possible) and seals every WAL; the
+        driver then waits until `wal_busy` is false."""
+        effects: list[Effect] = []
+        for record in self._topics.values():
+            if record.wal is None:
+                continue
+            effects.extend(self.seal(record, now_ms))
+            effects.extend(self.flush_cursors(record, now_ms))
+        return Step(None, tuple(effects))
+
+    def wal_busy(self) -> bool:
+        """Some WAL still has appends or I/O under way (shutdown waits for them)."""
+        return any(r.wal is not None and not r.wal.idle for r in self._topics.values())
+
+    # -- the object tier's effects ------------------------------------------------------------
+
+    def tier_effects(self, record: TopicRecord, effects: Iterable[tier.Effect]) -> list[Effect]:
+        """Turns the uploader's effects into the core's: deletes it allows go to the WAL,
+        the rest to the object-store driver."""
+        out: list[Effect] = []
+        topic = record.name.full
+        for effect in effects:
+            if isinstance(effect, tier.AllowLocalDelete):
+                if record.wal is not None:
+                    record.wal.allow_delete(effect.segment_base)
+            elif isinstance(effect, tier.Halted):
+                out.append(TierHalted(topic, effect.reason, effect.resumable))
+            else:
+                out.append(TierIo(topic, effect, record.log.uploader_id))
+        return out
+
+
+def _order(consumer: ConsumerRecord) -> int:
+    return consumer.order

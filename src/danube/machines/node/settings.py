@@ -1,0 +1,166 @@
+"""What an operator sets on a topic or subscription through the admin API: topic policies,
+a subscription's failure policy and its dispatch window. Validated here, once, for the
+core and the simulator alike; stored as JSON under Danube's keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from danube.machines.dispatch.reliable import Backoff, FailurePolicy
+from danube.values.config import MAX_UNACKED_MESSAGES_LIMIT, Policies
+from danube.values.errors import DanubeError, ErrorCode, invalid, quoted
+from danube.values.names import parse_topic
+
+U32_MAX = (1 << 32) - 1
+POLICY_FIELDS: tuple[str, ...] = tuple(Policies.__slots__)
+
+
+def policy_changes(changes: Mapping[str, Any]) -> dict[str, int]:
+    """The fields a SetNamespacePolicies / SetTopicPolicies call changes, checked: known
+    names only, whole numbers from 0 (unlimited) to 2**32 - 1, as Danube's u32 fields."""
+    if not isinstance(changes, Mapping) or not changes:
+        raise invalid(
+            "policies must be a JSON object naming at least one field of "
+            + ", ".join(POLICY_FIELDS)
+        )
+    checked: dict[str, int] = {}
+    for name, value in changes.items():
+        if name not in POLICY_FIELDS:
+            raise invalid(f"unknown policy {quoted(name)}; known: {', '.join(POLICY_FIELDS)}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= U32_MAX:
+            raise invalid(f"{name} must be a whole number from 0 (unlimited) to {U32_MAX}")
+        checked[name] = value
+    return checked
+
+
+def stored_policies(value: Any) -> dict[str, int]:
+    """A topic's own policies as read back from the store: the fields that pass the same
+    checks as a change; anything else (hand-written, another version's) is left out, so the
+    namespace's value applies rather than a publish failing on a bad one."""
+    if not isinstance(value, Mapping):
+        return {}
+    kept = {}
+    for name, field in value.items():
+        try:
+            kept.update(policy_changes({name: field}))
+        except DanubeError:
+            continue
+    return kept
+
+
+def merged_policies(stored: Any, changes: Mapping[str, Any]) -> dict[str, int]:
+    """Every field of a namespace's policies after `changes`, over the stored value (a
+    field missing from it takes its default)."""
+    checked = policy_changes(changes)
+    merged = dataclasses.replace(Policies(**stored_policies(stored)), **checked)
+    return {name: getattr(merged, name) for name in POLICY_FIELDS}
+
+
+def with_overrides(policies: Policies, overrides: Mapping[str, int]) -> Policies:
+    return dataclasses.replace(policies, **overrides) if overrides else policies
+
+
+class PoisonPolicy(enum.IntEnum):
+    """What happens to a message past `max_redelivery_count` (Danube's wire values)."""
+
+    DEAD_LETTER = 0
+    BLOCK = 1
+    DROP = 2
+
+
+BACKOFF_WIRE = (Backoff.FIXED, Backoff.EXPONENTIAL)
+"""Danube's BackoffStrategy enum values, by position."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionFailureSettings:
+    """Danube's SubscriptionFailurePolicy. Retry limits and what happens to a message past
+    them (dead letters, blocking, dropping) belong to the dead-letter work still to come, so
+    `max_redelivery_count` must be 0 (no limit) until then: a limit accepted and not
+    enforced would tell the operator something untrue."""
+
+    max_redelivery_count: int = 0
+    ack_timeout_ms: int = 30_000
+    base_redelivery_delay_ms: int = 1_000
+    max_redelivery_delay_ms: int = 60_000
+    backoff: Backoff = Backoff.EXPONENTIAL
+    dead_letter_topic: str | None = None
+    poison_policy: PoisonPolicy = PoisonPolicy.BLOCK
+
+    def __post_init__(self) -> None:
+        if self.ack_timeout_ms < 1:
+            raise invalid(f"ack_timeout_ms must be at least 1, not {self.ack_timeout_ms}")
+        if self.base_redelivery_delay_ms > self.max_redelivery_delay_ms:
+            raise invalid(
+                f"base_redelivery_delay_ms ({self.base_redelivery_delay_ms}) exceeds "
+                f"max_redelivery_delay_ms ({self.max_redelivery_delay_ms})"
+            )
+        if self.poison_policy is PoisonPolicy.DEAD_LETTER and not self.dead_letter_topic:
+            raise invalid("the DeadLetter poison policy needs a dead_letter_topic")
+        if self.dead_letter_topic:
+            parse_topic(self.dead_letter_topic)
+        if self.max_redelivery_count:
+            raise DanubeError(
+                ErrorCode.UNIMPLEMENTED,
+                "redelivery limits (max_redelivery_count > 0) and poison policies are not "
+                "offered yet; set max_redelivery_count 0: failed messages are redelivered "
+                "with the policy's delays until acknowledged",
+            )
+
+    @property
+    def dispatch_policy(self) -> FailurePolicy:
+        return FailurePolicy(
+            ack_timeout_ms=self.ack_timeout_ms,
+            base_redelivery_delay_ms=self.base_redelivery_delay_ms,
+            max_redelivery_delay_ms=self.max_redelivery_delay_ms,
+            backoff=self.backoff,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_redelivery_count": self.max_redelivery_count,
+            "ack_timeout_ms": self.ack_timeout_ms,
+            "base_redelivery_delay_ms": self.base_redelivery_delay_ms,
+            "max_redelivery_delay_ms": self.max_redelivery_delay_ms,
+            "backoff_strategy": self.backoff.value,
+            "dead_letter_topic": self.dead_letter_topic,
+            "poison_policy": self.poison_policy.name.lower(),
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> SubscriptionFailureSettings:
+        return cls(
+            max_redelivery_count=int(value.get("max_redelivery_count", 0)),
+            ack_timeout_ms=int(value.get("ack_timeout_ms", 30_000)),
+            base_redelivery_delay_ms=int(value.get("base_redelivery_delay_ms", 1_000)),
+            max_redelivery_delay_ms=int(value.get("max_redelivery_delay_ms", 60_000)),
+            backoff=Backoff(value.get("backoff_strategy", Backoff.EXPONENTIAL.value)),
+            dead_letter_topic=value.get("dead_letter_topic") or None,
+            poison_policy=PoisonPolicy[str(value.get("poison_policy", "block")).upper()],
+        )
+
+
+def check_window(max_unacked_messages: int) -> int:
+    if not 1 <= max_unacked_messages <= MAX_UNACKED_MESSAGES_LIMIT:
+        raise invalid(
+            f"max_unacked_messages must be 1 to {MAX_UNACKED_MESSAGES_LIMIT}, "
+            f"not {max_unacked_messages}"
+        )
+    return max_unacked_messages
+
+
+@dataclass(slots=True)
+class SubscriptionSettings:
+    """A subscription's own settings; kept for a subscription that does not exist yet too
+    (Danube lets the policy be set before the first consumer subscribes)."""
+
+    failure: SubscriptionFailureSettings | None = None
+    max_unacked_messages: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.failure is None and self.max_unacked_messages is None

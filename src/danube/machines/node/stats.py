@@ -1,0 +1,83 @@
+"""Read-only views of a `BrokerCore`'s state for metrics and operators: plain values, computed
+when asked (a scrape), so the publish and dispatch paths pay nothing for them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from danube.machines.node.core import BrokerCore, TopicRecord
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionStats:
+    name: str
+    consumers: int
+    """Consumers attached to the subscription: registered and with their receive stream
+    open (a registered consumer whose stream closed is not attached)."""
+    backlog: int | None
+    """Reliable: messages stored and not yet acknowledged (from the cursor); None otherwise."""
+    redeliveries: int
+    """Reliable: messages sent again since the subscription was loaded here; 0 otherwise."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStats:
+    topic: str
+    reliable: bool
+    messages_in: int
+    """Messages accepted since the topic was loaded on this broker."""
+    bytes_in: int
+    producers: int
+    subscriptions: tuple[SubscriptionStats, ...]
+    upload_lag: int | None
+    """With an object tier: committed offsets not yet in an indexed object; else None."""
+
+
+def topic_stats(core: BrokerCore) -> list[TopicStats]:
+    """Every topic this broker serves (not those on their way out), by name."""
+    return [_topic(core, record) for record in core.topic_records() if not record.phase.moving]
+
+
+def _topic(core: BrokerCore, record: TopicRecord) -> TopicStats:
+    committed = record.wal.readable_offset if record.wal is not None else None
+    subscriptions = []
+    for sub in record.subscriptions.values():
+        backlog = sub.dispatcher.backlog(committed)
+        redeliveries = sub.dispatcher.redelivered
+        attached = _attached(core, sub.consumers.values())
+        subscriptions.append(SubscriptionStats(sub.name, attached, backlog, redeliveries))
+    return TopicStats(
+        record.name.full,
+        record.reliable,
+        record.messages_in,
+        record.bytes_in,
+        len(record.producers),
+        tuple(subscriptions),
+        _upload_lag(record, committed),
+    )
+
+
+def _attached(core: BrokerCore, consumer_ids: Iterable[int]) -> int:
+    count = 0
+    for consumer_id in consumer_ids:
+        consumer = core.consumer_record(consumer_id)
+        if consumer is not None and consumer.stream:
+            count += 1
+    return count
+
+
+def _upload_lag(record: TopicRecord, committed: int | None) -> int | None:
+    if record.uploader is None or committed is None or record.wal is None:
+        return None
+    indexed = record.uploader.indexed_next
+    start = indexed if indexed is not None else record.wal.first_offset
+    return max(0, committed - start)
+
+
+def consumer_target(core: BrokerCore, consumer_id: int) -> tuple[str, str] | None:
+    """(topic, subscription) of a consumer, or None when it is gone."""
+    consumer = core.consumer_record(consumer_id)
+    if consumer is None:
+        return None
+    return consumer.topic.full, consumer.subscription

@@ -1,0 +1,79 @@
+"""Operator settings of a reliable subscription (admin API; the rules are
+`danube.machines.node.settings`): its failure policy and dispatch window, stored for a subscription
+that may not exist yet and applied at once to a live one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from danube.machines.dispatch import SubscriptionType
+from danube.machines.node import paths
+from danube.machines.node import settings as settings_rules
+from danube.machines.node.catalogue import Catalogue
+from danube.machines.node.consumers import check_subscription_name
+from danube.machines.node.effects import Effect, PersistMeta, Step
+from danube.machines.node.records import TopicRecord
+from danube.machines.node.reliable_log import ReliableLogs
+from danube.machines.node.settings import SubscriptionFailureSettings, SubscriptionSettings
+
+
+class SubscriptionSettingsAdmin:
+    def __init__(self, catalogue: Catalogue, logs: ReliableLogs) -> None:
+        self._catalogue = catalogue
+        self._logs = logs
+
+    def subscription_type(self, topic: str, subscription: str) -> SubscriptionType | None:
+        sub = self._catalogue.topic(topic).subscriptions.get(subscription)
+        return sub.sub_type if sub is not None else None
+
+    def failure_policy(self, topic: str, subscription: str) -> SubscriptionFailureSettings | None:
+        """The subscription's own policy; None when it runs with the broker's defaults."""
+        settings = self._catalogue.topic(topic).settings.get(subscription)
+        return settings.failure if settings is not None else None
+
+    def set_failure_policy(
+        self, topic: str, subscription: str, policy: SubscriptionFailureSettings, now_ms: int
+    ) -> Step[None]:
+        """Stored for the subscription, which may not exist yet, and applied at once to a
+        live one (Danube only reads it when the subscription loads)."""
+        record = self._catalogue.reliable_topic(topic, "a failure policy")
+        check_subscription_name(subscription)
+        record.settings.setdefault(subscription, SubscriptionSettings()).failure = policy
+        stored = (paths.failure_policy(record.name, subscription), policy.to_json())
+        return self._configure(record, subscription, stored, now_ms, policy=policy.dispatch_policy)
+
+    def dispatch_window(self, topic: str, subscription: str) -> int | None:
+        """The subscription's own `max_unacked_messages`; None when it uses the broker's."""
+        settings = self._catalogue.topic(topic).settings.get(subscription)
+        return settings.max_unacked_messages if settings is not None else None
+
+    def set_dispatch_window(
+        self, topic: str, subscription: str, max_unacked_messages: int, now_ms: int
+    ) -> Step[None]:
+        """Danube stores this and never reads it; here it is the subscription's window from
+        now on."""
+        record = self._catalogue.reliable_topic(topic, "a dispatch config")
+        check_subscription_name(subscription)
+        window = settings_rules.check_window(max_unacked_messages)
+        settings = record.settings.setdefault(subscription, SubscriptionSettings())
+        settings.max_unacked_messages = window
+        value = {"max_unacked_messages": window}
+        stored = (paths.dispatch_config(record.name, subscription), value)
+        return self._configure(record, subscription, stored, now_ms, max_unacked_messages=window)
+
+    def _configure(
+        self,
+        record: TopicRecord,
+        subscription: str,
+        stored: tuple[str, Any],
+        now_ms: int,
+        **changes: Any,
+    ) -> Step[None]:
+        """Persists a subscription setting (the key and value in `stored`) and applies
+        `changes` to the live subscription, if there is one yet."""
+        effects: list[Effect] = [PersistMeta(puts=(stored,))]
+        sub = record.subscriptions.get(subscription)
+        if sub is not None:
+            found = sub.reliable.configure(now_ms, **changes)
+            effects.extend(self._logs.dispatch(record, sub, found, now_ms))
+        return Step(None, tuple(effects))

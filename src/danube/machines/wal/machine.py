@@ -1,0 +1,720 @@
+"""The per-topic write-ahead log as a pure state machine (spec/durability.md).
+
+Appends go in, effects come out: `CreateSegment`, `Write`, `Fsync`, `CloseSegment` and
+`DeleteSegment` for the driver's files; `Acknowledge` for the producers waiting on appends;
+`Readable` for dispatch; `Failed` when an I/O error makes the on-disk state unknown. The driver
+performs the file effects and feeds completions back (`write_done`, `fsync_done`,
+`write_failed`, `fsync_failed`), so the simulator can run the very same decisions against a
+simulated disk, crash it at any point and check what survives.
+
+Decisions a driver relies on (each explained in spec/durability.md):
+
+- Offsets are assigned at `append`, dense, and continue after recovery.
+- Group commit: at most one write cycle is in flight. Appends that arrive meanwhile are
+  queued; the next cycle writes all of them (up to `max_write_bytes`) as one `Write`.
+- `FSYNC`: a cycle is `Write` → `write_done` → `Fsync` → `fsync_done` → `Acknowledge` and
+  `Readable`. `FLUSH`: `Acknowledge` and `Readable` at `write_done`; an `Fsync` at most every
+  `flush_interval_ms` and before a segment is closed.
+- A segment is closed only once all of it is durable, and nothing is written to the next one
+  before that, so the segments on disk after any crash are a durable prefix plus at most one
+  torn tail.
+- A failed write or fsync is final for this machine: the page cache no longer tells what is
+  on disk. `Failed` says which bytes to truncate before the topic is recovered again.
+- Nothing beyond `Readable` is ever returned by `read`: a record delivered before it is
+  durable (in `FSYNC` mode) could vanish in a crash and its offset be reused.
+- Every segment found at recovery is treated as closed: the first append after a restart
+  starts a new segment, so a closed segment (which tiering may have uploaded) never changes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_left, bisect_right
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from danube.kernels import scan_frames
+from danube.machines.wal import format
+from danube.machines.wal.batches import PackedRecords
+from danube.values.errors import DanubeError, ErrorCode
+from danube.values.wal_config import MIB as MIB
+from danube.values.wal_config import Durability, WalConfig
+
+if TYPE_CHECKING:
+    from danube.machines.wal.recovery import RecoveryPlan
+
+# -- effects --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSegment:
+    """Create `format.segment_name(base_offset)` holding `header`, durably, before the next
+    effect: write the header to a temporary file, fsync it, rename it to the segment's name
+    and fsync the directory. The rename replaces a frameless file of that name that recovery
+    left in place (`RecoveryPlan.replaced`); it never replaces one with frames."""
+
+    base_offset: int
+    header: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """Write `data` (whole frames) at `position` of the segment, then call `write_done` (or
+    `write_failed`). Writes are sequential: `position` is always the file's current end."""
+
+    write_id: int
+    segment_base: int
+    position: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Fsync:
+    """fsync (fdatasync suffices) the segment, then call `fsync_done` (or `fsync_failed`).
+    It must cover every `Write` whose `write_done` was delivered before it was emitted."""
+
+    fsync_id: int
+    segment_base: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSegment:
+    """The segment is complete and durable; close its file. It never changes again (until
+    retention deletes it): from here on tiering may upload it."""
+
+    segment_base: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSegment:
+    """Remove the segment's file (retention)."""
+
+    segment_base: int
+
+
+@dataclass(frozen=True, slots=True)
+class Acknowledge:
+    """Every append whose last offset ≤ `through_offset` is acknowledged at the topic's
+    durability level: reply success to its producer."""
+
+    through_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Readable:
+    """Dispatch may deliver offsets ≤ `through_offset` (`read` serves them)."""
+
+    through_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A write or fsync failed; this machine acknowledges nothing more and rejects appends.
+
+    The driver replies an error to every append with offsets ≥ `unacknowledged_from`,
+    truncates the segment to `truncate_to` bytes and fsyncs it (bytes past it may exist only
+    in the page cache, which after a failed fsync no longer matches the disk), then recovers
+    the topic as after a restart. Offsets from `next_offset` on will be assigned again; when
+    `next_offset < unacknowledged_from` (`FLUSH` mode only) the acknowledged records in
+    between are lost, as in a power failure, and `read` no longer serves them. Effects of
+    this machine not yet started are discarded; completions of those under way are ignored.
+    If the truncate or its fsync fails too, the disk is unusable: keep the topic stopped."""
+
+    reason: str
+    segment_base: int
+    truncate_to: int
+    next_offset: int
+    unacknowledged_from: int
+
+
+Effect = (
+    CreateSegment | Write | Fsync | CloseSegment | DeleteSegment | Acknowledge | Readable | Failed
+)
+
+
+# -- reads ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CachedRecords:
+    """Records `offset`, `offset + 1`, ... served from memory; empty when `offset` is not
+    readable yet (the reader is caught up)."""
+
+    offset: int
+    records: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FileRead:
+    """Read bytes [`start`, `end`) of the segment and pass them to `decode_file_read`.
+
+    `start` is the frame boundary of a sparse-index entry whose frame begins at
+    `start_offset` ≤ `from_offset`; `end` is a frame boundary within readable data. The
+    records wanted are `from_offset` up to (not including) `end_offset`. `end` honours the
+    read's `max_bytes` only at index granularity: the range may exceed it by up to
+    `index_interval_bytes` plus one frame. If the file is gone (retention deleted it
+    meanwhile), call `read` again."""
+
+    segment_base: int
+    start: int
+    end: int
+    start_offset: int
+    from_offset: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class NotRetained:
+    """Offsets below `first_offset` are no longer in the local WAL (retention)."""
+
+    first_offset: int
+
+
+ReadResult = CachedRecords | FileRead | NotRetained
+
+
+def decode_file_read(plan: FileRead, data: bytes | memoryview) -> tuple[bytes, ...]:
+    """The records a `FileRead` asked for, from the bytes it named; verifies every frame's CRC
+    and offsets on the way, so a segment damaged after recovery is reported, not served."""
+    scan = scan_frames(data, 0, len(data), plan.start_offset)
+    if scan.valid_end != len(data) or scan.next_offset < plan.end_offset:
+        raise format.WalFormatError(
+            f"segment {format.segment_name(plan.segment_base)} is damaged at byte "
+            f"{plan.start + scan.valid_end}: a frame read back does not verify"
+        )
+    records: list[bytes] = []
+    for position, base, count in zip(
+        scan.positions, scan.base_offsets, scan.record_counts, strict=True
+    ):
+        first, last = max(plan.from_offset - base, 0), min(plan.end_offset - base, count)
+        if first < last:
+            records.extend(format.decode_frame(data, position).records[first:last])
+    return tuple(records)
+
+
+class WalUnavailable(DanubeError):
+    """An append refused because the WAL stopped after an I/O failure."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.UNAVAILABLE, message)
+
+
+# -- state ----------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Segment:
+    base: int
+    created_ms: int
+    size: int
+    """Bytes including writes in flight: where the next write goes."""
+    written: int
+    """Bytes whose write completed (in the OS page cache)."""
+    durable: int
+    """Bytes covered by a completed fsync."""
+    next_offset: int
+    """One past the last record placed in this segment (in-flight writes included)."""
+    is_open: bool
+    sealing: bool = False
+    """Close once everything written is durable; write nothing more to it."""
+    index_offsets: list[int] = field(default_factory=list)
+    index_positions: list[int] = field(default_factory=list)
+
+    def add_index(self, offset: int, position: int, interval: int) -> None:
+        """Keeps an entry for the first frame and then one at least every `interval` bytes."""
+        if not self.index_positions or position - self.index_positions[-1] >= interval:
+            self.index_offsets.append(offset)
+            self.index_positions.append(position)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    first_offset: int
+    count: int
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlightWrite:
+    write_id: int
+    segment: _Segment
+    end_position: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlightFsync:
+    fsync_id: int
+    segment: _Segment
+    position: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class _CachedBatch:
+    first_offset: int
+    records: Sequence[bytes]
+    size: int
+
+
+def _first_offset(batch: _CachedBatch) -> int:
+    return batch.first_offset
+
+
+class WalMachine:
+    """One topic's WAL. Single-threaded by contract; `now_ms` is the wall clock in ms since
+    the epoch (it is written into frames and segment headers as publish and creation time)."""
+
+    def __init__(
+        self,
+        topic: str,
+        config: WalConfig,
+        recovered: RecoveryPlan | None = None,
+        *,
+        tiered: bool = False,
+        start_offset: int = 0,
+    ) -> None:
+        """`tiered`: local retention may delete only segments `allow_delete` released (their
+        objects are indexed). `start_offset`: where offsets continue when the local segments
+        end earlier (a broker on an empty disk whose history is in object storage)."""
+        self.topic = topic
+        self.config = config
+        self._segments: list[_Segment] = []
+        self._next_offset = 0
+        if recovered is not None:
+            if recovered.topic != topic:
+                raise ValueError(f"recovery plan for {recovered.topic}, not {topic}")
+            for found in recovered.segments:
+                segment = _Segment(
+                    base=found.base_offset,
+                    created_ms=found.created_ms,
+                    size=found.size,
+                    written=found.size,
+                    durable=found.size,
+                    next_offset=found.next_offset,
+                    is_open=False,
+                )
+                for offset, position in zip(found.base_offsets, found.positions, strict=True):
+                    segment.add_index(offset, position, config.index_interval_bytes)
+                self._segments.append(segment)
+            self._next_offset = recovered.next_offset
+        self._next_offset = max(self._next_offset, start_offset)
+        self._deletable: set[int] | None = set() if tiered else None
+        """Tiered: bases of the segments whose objects are indexed (only these may go)."""
+        self._written = self._durable = self._readable = self._next_offset
+        self._pending: deque[_Pending] = deque()
+        self._pending_bytes = 0
+        self._write: _InFlightWrite | None = None
+        self._fsync: _InFlightFsync | None = None
+        self._next_io_id = 1
+        self._unsynced_since_ms: int | None = None
+        self._cache: list[_CachedBatch] = []
+        self._cache_head = 0
+        """Batches before this index are evicted (compacted away in bulk)."""
+        self._cache_bytes = 0
+        self._failure: str | None = None
+
+    # -- properties -------------------------------------------------------------------------------
+
+    @property
+    def first_offset(self) -> int:
+        """The oldest retained offset (equal to `next_offset` when nothing is retained)."""
+        return self._segments[0].base if self._segments else self._next_offset
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next appended record gets."""
+        return self._next_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """Every record below this offset is covered by a completed fsync."""
+        return self._durable
+
+    @property
+    def readable_offset(self) -> int:
+        """Every record below this offset may be delivered (`Readable` through it minus 1)."""
+        return self._readable
+
+    @property
+    def queued_bytes(self) -> int:
+        """Frame bytes appended but not yet handed to a `Write`: the core's backpressure
+        signal (the machine itself never refuses an append for being busy)."""
+        return self._pending_bytes
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._cache_bytes
+
+    @property
+    def failure(self) -> str | None:
+        """Why the machine stopped, or None while it works."""
+        return self._failure
+
+    @property
+    def idle(self) -> bool:
+        """No queued append, no I/O in flight and no open segment: after `seal`, the point
+        where a graceful shutdown or topic unload may stop the driver."""
+        return (
+            not self._pending
+            and self._write is None
+            and self._fsync is None
+            and not (self._segments and self._segments[-1].is_open)
+        )
+
+    # -- inputs -----------------------------------------------------------------------------------
+
+    def append(self, records: Sequence[bytes], now_ms: int) -> tuple[int, list[Effect]]:
+        """Assigns offsets to one batch (one frame) and returns the first of them with the
+        effects; the batch is acknowledged by a later `Acknowledge` covering its last offset.
+        Raises `DanubeError` (and changes nothing) for a batch no frame can hold or when the
+        machine has failed."""
+        if self._failure is not None:
+            raise WalUnavailable(self._failure)
+        first = self._next_offset
+        try:
+            frame = format.encode_frame(first, now_ms, records)
+        except ValueError as exc:
+            raise DanubeError(ErrorCode.INVALID_ARGUMENT, f"{self.topic}: {exc}") from exc
+        records = list(records)
+        self._queue(first, frame, records, sum(len(r) for r in records))
+        return first, self._pump(now_ms)
+
+    def append_packed(self, packed: PackedRecords, now_ms: int) -> tuple[int, list[Effect]]:
+        """`append` for a frame stamped already (`danube.machines.wal.batches.stamp`, which took its
+        offsets from `next_offset`): queued and cached as it is, without a Python object per
+        record."""
+        if self._failure is not None:
+            raise WalUnavailable(self._failure)
+        if packed.first_offset != self._next_offset:
+            raise ValueError(
+                f"{self.topic}: a frame stamped at {packed.first_offset} cannot be appended at "
+                f"{self._next_offset}"
+            )
+        self._queue(packed.first_offset, packed.frame, packed, packed.record_bytes)
+        return packed.first_offset, self._pump(now_ms)
+
+    def _queue(self, first: int, frame: bytes, records: Sequence[bytes], size: int) -> None:
+        self._next_offset += len(records)
+        self._pending.append(_Pending(first, len(records), frame))
+        self._pending_bytes += len(frame)
+        self._cache_put(first, records, size)
+
+    def write_done(self, write_id: int, now_ms: int) -> list[Effect]:
+        write = self._write
+        if write is None or write.write_id != write_id:
+            return self._stale(f"write {write_id}")
+        self._write = None
+        write.segment.written = write.end_position
+        self._written = write.end_offset
+        if self.config.durability is Durability.FSYNC:
+            if self.config.synced_writes:
+                segment, position = write.segment, write.end_position
+                return self._durable_through(segment, position, write.end_offset, now_ms)
+            return [self._start_fsync(write.segment)]
+        if self._unsynced_since_ms is None:
+            self._unsynced_since_ms = now_ms
+        self._readable = write.end_offset
+        through = write.end_offset - 1
+        return [Acknowledge(through), Readable(through), *self._pump(now_ms)]
+
+    def fsync_done(self, fsync_id: int, now_ms: int) -> list[Effect]:
+        fsync = self._fsync
+        if fsync is None or fsync.fsync_id != fsync_id:
+            return self._stale(f"fsync {fsync_id}")
+        self._fsync = None
+        return self._durable_through(fsync.segment, fsync.position, fsync.end_offset, now_ms)
+
+    def _durable_through(
+        self, segment: _Segment, position: int, end_offset: int, now_ms: int
+    ) -> list[Effect]:
+        """The segment is on disk up to `position`, the topic below `end_offset`."""
+        segment.durable = max(segment.durable, position)
+        effects: list[Effect] = []
+        if end_offset > self._durable:
+            self._durable = end_offset
+            if self.config.durability is Durability.FSYNC:
+                self._readable = end_offset
+                through = end_offset - 1
+                effects += [Acknowledge(through), Readable(through)]
+        return effects + self._pump(now_ms)
+
+    def write_failed(self, write_id: int, error: str) -> list[Effect]:
+        """The write's bytes may be partly on disk; which part is unknown."""
+        write = self._write
+        if write is None or write.write_id != write_id:
+            return self._stale(f"write {write_id}")
+        self._write = None
+        segment = write.segment
+        if self.config.durability is Durability.FSYNC:
+            keep, keep_offset = segment.durable, self._durable
+        else:
+            keep, keep_offset = segment.written, self._written
+        reason = f"write of segment {format.segment_name(segment.base)} failed ({error})"
+        return self._fail(reason, segment, keep, keep_offset)
+
+    def fsync_failed(self, fsync_id: int, error: str) -> list[Effect]:
+        """Never retried: after a failed fsync Linux may mark the unwritten pages clean, so a
+        second fsync can succeed without the data ever reaching the disk (PostgreSQL's
+        "fsyncgate", 2018). Only what an earlier fsync covered is known to be on disk."""
+        fsync = self._fsync
+        if fsync is None or fsync.fsync_id != fsync_id:
+            return self._stale(f"fsync {fsync_id}")
+        self._fsync = None
+        segment = fsync.segment
+        reason = (
+            f"fsync of segment {format.segment_name(segment.base)} failed ({error}); after a "
+            "failed fsync the page cache no longer tells what reached the disk"
+        )
+        return self._fail(reason, segment, segment.durable, self._durable)
+
+    def tick(self, now_ms: int) -> list[Effect]:
+        """Time passes: age rotation, the `FLUSH`-mode periodic fsync, retention."""
+        if self._failure is not None:
+            return []
+        age = self.config.segment_age_ms
+        active = self._active()
+        if age is not None and active is not None and now_ms - active.created_ms >= age:
+            active.sealing = True
+        return self._pump(now_ms) + self._retain(now_ms)
+
+    def seal(self, now_ms: int) -> list[Effect]:
+        """Closes the active segment once everything written to it is durable (graceful
+        shutdown, topic unload, handing a segment to tiering early). Later appends go to a
+        new segment. Wait for `idle` before stopping the driver."""
+        if self._failure is not None:
+            return []
+        active = self._active()
+        if active is not None:
+            active.sealing = True
+        return self._pump(now_ms)
+
+    def allow_delete(self, segment_base: int) -> None:
+        """Tiering indexed this segment's object: retention may delete it (within its size
+        and age limits) from the next `tick` on. Per segment, not a floor: an index that
+        starts above the oldest local segment must not release it."""
+        if self._deletable is not None:
+            self._deletable.add(segment_base)
+
+    def segment_extent(self, segment_base: int) -> tuple[int, int]:
+        """(next offset, size in bytes) of a segment this machine knows."""
+        for segment in self._segments:
+            if segment.base == segment_base:
+                return segment.next_offset, segment.size
+        raise KeyError(f"{self.topic}: no segment {format.segment_name(segment_base)}")
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def read(self, from_offset: int, max_records: int, max_bytes: int) -> ReadResult:
+        """Where records `from_offset`, ... are: memory, a file range, or gone. At least one
+        record is returned (or planned) whenever one is readable, however large, so a reader
+        always progresses; never anything at or past `readable_offset`."""
+        if max_records < 1:
+            raise ValueError("max_records must be at least 1")
+        if from_offset < self.first_offset:
+            return NotRetained(self.first_offset)
+        limit = min(self._readable, from_offset + max_records)
+        if from_offset >= limit:
+            return CachedRecords(from_offset, ())
+        if self._cache_head < len(self._cache) and (
+            self._cache[self._cache_head].first_offset <= from_offset
+        ):
+            return self._read_cache(from_offset, limit, max_bytes)
+        return self._plan_file_read(from_offset, limit, max_bytes)
+
+    def _read_cache(self, from_offset: int, limit: int, max_bytes: int) -> CachedRecords:
+        cache = self._cache
+        index = bisect_right(cache, from_offset, self._cache_head, key=_first_offset) - 1
+        records: list[bytes] = []
+        size = 0
+        offset = from_offset
+        for batch in itertools.islice(cache, index, None):
+            batch_records = batch.records
+            for position in range(offset - batch.first_offset, len(batch_records)):
+                record = batch_records[position]
+                if offset >= limit or (records and size + len(record) > max_bytes):
+                    return CachedRecords(from_offset, tuple(records))
+                records.append(record)
+                size += len(record)
+                offset += 1
+        return CachedRecords(from_offset, tuple(records))
+
+    def _plan_file_read(self, from_offset: int, limit: int, max_bytes: int) -> FileRead:
+        segment = self._segments[
+            bisect_right(self._segments, from_offset, key=lambda s: s.base) - 1
+        ]
+        offsets, positions = segment.index_offsets, segment.index_positions
+        entry = bisect_right(offsets, from_offset) - 1
+        start = positions[entry]
+        end, end_offset = self._readable_end(segment), min(limit, segment.next_offset)
+        after = entry + 1  # entries from here on begin after the frame holding from_offset
+        by_offset = bisect_left(offsets, end_offset, lo=after)
+        by_bytes = bisect_left(positions, start + max_bytes, lo=after)
+        for candidate in (by_offset, by_bytes):
+            if candidate < len(positions) and positions[candidate] < end:
+                end, end_offset = positions[candidate], min(end_offset, offsets[candidate])
+        return FileRead(segment.base, start, end, offsets[entry], from_offset, end_offset)
+
+    def _readable_end(self, segment: _Segment) -> int:
+        if not segment.is_open:
+            return segment.size
+        if self.config.durability is Durability.FSYNC:
+            return segment.durable
+        return segment.written
+
+    # -- the engine -------------------------------------------------------------------------------
+
+    def _active(self) -> _Segment | None:
+        if self._segments and self._segments[-1].is_open:
+            return self._segments[-1]
+        return None
+
+    def _pump(self, now_ms: int) -> list[Effect]:
+        """Moves queued work forward as far as the in-flight I/O allows."""
+        effects: list[Effect] = []
+        fsync_mode = self.config.durability is Durability.FSYNC
+        while self._failure is None:
+            active = self._active()
+            if active is not None and active.sealing:
+                if self._write is not None or self._fsync is not None:
+                    break
+                if active.durable < active.written:
+                    effects.append(self._start_fsync(active))
+                    break
+                active.is_open = active.sealing = False
+                effects.append(CloseSegment(active.base))
+                continue
+            if not self._pending or self._write is not None:
+                break
+            if fsync_mode and self._fsync is not None:
+                break
+            first = self._pending[0]
+            # An open segment always holds a frame: it is created with its first write.
+            if active is not None and active.size + len(first.frame) > self.config.segment_bytes:
+                active.sealing = True
+                continue
+            if active is None:
+                header = format.encode_segment_header(self.topic, first.first_offset, now_ms)
+                size = len(header)
+                active = _Segment(
+                    base=first.first_offset,
+                    created_ms=now_ms,
+                    size=size,
+                    written=size,
+                    durable=size,
+                    next_offset=first.first_offset,
+                    is_open=True,
+                )
+                self._segments.append(active)
+                effects.append(CreateSegment(active.base, header))
+            effects.append(self._start_write(active))
+        if not fsync_mode and self._flush_due(now_ms):
+            active = self._active()
+            assert active is not None
+            effects.append(self._start_fsync(active))
+        return effects
+
+    def _flush_due(self, now_ms: int) -> bool:
+        since = self._unsynced_since_ms
+        if self._failure is not None or since is None or self._fsync is not None:
+            return False
+        if now_ms < since:  # the wall clock stepped back: wait one interval from now
+            self._unsynced_since_ms = since = now_ms
+        return now_ms - since >= self.config.flush_interval_ms
+
+    def _start_write(self, segment: _Segment) -> Write:
+        """One group-commit write: queued frames while they fit the write and the segment."""
+        frames: list[bytes] = []
+        size = 0
+        while self._pending:
+            pending = self._pending[0]
+            grown = size + len(pending.frame)
+            if frames and (
+                grown > self.config.max_write_bytes
+                or segment.size + grown > self.config.segment_bytes
+            ):
+                break
+            self._pending.popleft()
+            segment.add_index(
+                pending.first_offset, segment.size + size, self.config.index_interval_bytes
+            )
+            frames.append(pending.frame)
+            size = grown
+            segment.next_offset = pending.first_offset + pending.count
+        self._pending_bytes -= size
+        write = Write(self._io_id(), segment.base, segment.size, b"".join(frames))
+        segment.size += size
+        self._write = _InFlightWrite(write.write_id, segment, segment.size, segment.next_offset)
+        return write
+
+    def _start_fsync(self, segment: _Segment) -> Fsync:
+        self._fsync = _InFlightFsync(self._io_id(), segment, segment.written, self._written)
+        self._unsynced_since_ms = None
+        return Fsync(self._fsync.fsync_id, segment.base)
+
+    def _io_id(self) -> int:
+        io_id = self._next_io_id
+        self._next_io_id += 1
+        return io_id
+
+    def _fail(self, reason: str, segment: _Segment, keep: int, keep_offset: int) -> list[Effect]:
+        acknowledged = self._readable
+        self._failure = f"{self.topic}: {reason}; the topic must be recovered from disk"
+        self._write = self._fsync = None
+        # The driver cuts the segment at `keep`: reads must stay below it.
+        self._readable = min(self._readable, keep_offset)
+        segment.size = segment.written = keep
+        segment.next_offset = keep_offset
+        return [Failed(self._failure, segment.base, keep, keep_offset, acknowledged)]
+
+    def _stale(self, what: str) -> list[Effect]:
+        """A completion for I/O this machine no longer waits for: expected after a failure
+        (the driver may finish effects it had started), a driver bug otherwise."""
+        if self._failure is not None:
+            return []
+        raise ValueError(f"{self.topic}: completion for unknown {what}")
+
+    # -- cache and retention ----------------------------------------------------------------------
+
+    def _cache_put(self, first: int, records: Sequence[bytes], size: int) -> None:
+        self._cache.append(_CachedBatch(first, records, size))
+        self._cache_bytes += size
+        self._cache_evict(lambda batch: self._cache_bytes > self.config.cache_bytes)
+
+    def _cache_evict(self, while_: Callable[[_CachedBatch], bool]) -> None:
+        """Drops the oldest batches while `while_(oldest)` holds."""
+        cache = self._cache
+        while self._cache_head < len(cache) and while_(cache[self._cache_head]):
+            self._cache_bytes -= cache[self._cache_head].size
+            self._cache_head += 1
+        if self._cache_head > len(cache) // 2:
+            del cache[: self._cache_head]
+            self._cache_head = 0
+
+    def _retain(self, now_ms: int) -> list[Effect]:
+        """Deletes the oldest closed segments beyond the limits; never the newest segment,
+        whose successor's creation time is what dates the end of a segment."""
+        max_bytes, max_age = self.config.retention_bytes, self.config.retention_ms
+        if max_bytes is None and max_age is None:
+            return []
+        total = sum(s.size for s in self._segments)
+        effects: list[Effect] = []
+        deletable = self._deletable
+        while len(self._segments) > 1:
+            oldest, successor = self._segments[0], self._segments[1]
+            if deletable is not None and oldest.base not in deletable:
+                break  # not in object storage yet
+            too_big = max_bytes is not None and total > max_bytes
+            too_old = max_age is not None and now_ms - successor.created_ms >= max_age
+            if not (too_big or too_old):
+                break
+            self._segments.pop(0)
+            if deletable is not None:
+                deletable.discard(oldest.base)
+            total -= oldest.size
+            effects.append(DeleteSegment(oldest.base))
+        first = self.first_offset
+        self._cache_evict(lambda batch: batch.first_offset < first)
+        return effects

@@ -1,0 +1,332 @@
+"""grpclib plumbing shared by every service: bounded reads, error mapping, unary handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import struct
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import betterproto
+import grpclib.const
+import grpclib.server
+import h2.exceptions
+from grpclib import GRPCError
+from grpclib.const import Status
+from grpclib.exceptions import StreamTerminatedError
+from grpclib.protocol import H2Protocol
+
+from danube.machines.wal.records import RecordError
+from danube.runtime.h2_guard import GuardedHandler, GuardedProtocol, grpclib_config
+from danube.runtime.request_check import RequestRejected, check, narrow
+from danube.values.config import GrpcConfig
+from danube.values.errors import DanubeError
+
+log = logging.getLogger("danube.runtime")
+
+DEFAULT_REQUEST_LIMIT = 1024 * 1024
+"""Largest request other than a published message; anything bigger is not a Danube request."""
+
+_MESSAGE_HEADER = struct.Struct(">?I")
+
+FORWARDED_HEADER = "x-danube-forwarded"
+"""Marks an admin call one broker forwarded to another (`danube.runtime.forwarding`)."""
+
+FORWARDED: contextvars.ContextVar[bool] = contextvars.ContextVar("forwarded", default=False)
+"""The call being handled reached this broker forwarded by another one: it must not be
+forwarded again."""
+
+
+STATUS_MESSAGE_LIMIT = 1024
+"""Bytes (UTF-8) of a status message the broker sends. Messages travel in HTTP/2 trailers,
+which grpclib HPACK-encodes in pure Python on the event loop in time that grows faster than
+their length (a 400 KB message stalled every client for 25 s, issue 20); messages quote
+client strings through `errors.quoted` already, this is the limit for whatever else."""
+
+
+def grpc_error(error: DanubeError) -> GRPCError:
+    return GRPCError(Status[error.code.name], error.message)
+
+
+def capped(message: str, limit: int = STATUS_MESSAGE_LIMIT) -> str:
+    """`message` cut to at most `limit` UTF-8 bytes on a character boundary, marked "…"."""
+    encoded = message.encode("utf-8", "replace")
+    if len(encoded) <= limit:
+        return message
+    return encoded[: limit - 3].decode("utf-8", "ignore") + "…"
+
+
+_LOGGED_INTERNAL: set[tuple[str, type]] = set()
+
+
+def internal_error(rpc: str, error: BaseException) -> GRPCError:
+    """INTERNAL for a failure no rule foresaw, logged with its traceback the first time an
+    rpc fails this way and in one line afterwards, so a flood of requests that trip the same
+    bug cannot fill the log (a 5-byte request once wrote 2 KB of traceback)."""
+    kind = (rpc, type(error))
+    if kind in _LOGGED_INTERNAL:
+        log.error(
+            "event=internal_error rpc=%s error=%s: %s (traceback logged before)",
+            rpc, type(error).__name__, capped(str(error), 200),
+        )  # fmt: skip
+    else:
+        _LOGGED_INTERNAL.add(kind)
+        log.error("event=internal_error rpc=%s", rpc, exc_info=error)
+    return GRPCError(Status.INTERNAL, "internal broker error (see broker log)")
+
+
+async def recv_bounded(stream: grpclib.server.Stream, limit: int, *, end_ok: bool = False) -> Any:
+    """Reads one request, refusing it before buffering when its length prefix exceeds `limit`.
+    With `end_ok` (client streams), the end of the client's stream returns None.
+
+    grpclib 0.4.9 has no receive limit of its own, so a client could make the broker buffer a
+    4 GiB message; this reads the gRPC length prefix itself (grpclib's internals are pinned)."""
+    header = await _recv_data(stream, 5, "truncated gRPC message header")
+    if not header and end_ok:
+        return None
+    if not header:
+        raise GRPCError(Status.INVALID_ARGUMENT, "the request carried no message")
+    if len(header) < 5:
+        raise GRPCError(Status.INVALID_ARGUMENT, "truncated gRPC message header")
+    compressed, length = _MESSAGE_HEADER.unpack(header)
+    if compressed:
+        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+    if length > limit:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT,
+            f"message of {length} bytes exceeds the broker's limit of {limit} bytes",
+        )
+    body = await _recv_data(stream, length, "truncated gRPC message")
+    if len(body) != length:
+        raise GRPCError(Status.INVALID_ARGUMENT, "truncated gRPC message")
+    return decode_request(body, stream._recv_type, stream._codec)
+
+
+async def _recv_data(stream: grpclib.server.Stream, size: int, truncated: str) -> bytes:
+    """`size` bytes of the request stream, b"" at its end. grpclib's buffer asserts when the
+    stream ends inside the bytes asked for (a client that cut a message short): that is the
+    client's mistake, INVALID_ARGUMENT, not an internal error."""
+    try:
+        data: bytes = await stream._stream.recv_data(size)
+    except AssertionError:
+        raise GRPCError(Status.INVALID_ARGUMENT, truncated) from None
+    return data
+
+
+async def recv_single(stream: grpclib.server.Stream, limit: int) -> Any:
+    """The request of a unary or server-streaming call, which must be exactly one message:
+    a second one is refused, as grpc-core does, not silently ignored."""
+    request = await recv_bounded(stream, limit)
+    if await stream._stream.recv_data(1):
+        raise GRPCError(Status.INVALID_ARGUMENT, "a unary request must carry exactly one message")
+    return request
+
+
+def decode_request(body: bytes, request_type: Any, codec: Any) -> Any:
+    """Decodes a request body: a betterproto message only after `request_check` found it
+    valid and bounded (it runs in time linear in the body); the hand-decoded types
+    (`wire_codec`) check themselves and raise `RecordError`. Anything refused answers
+    INVALID_ARGUMENT with a short message."""
+    name = getattr(request_type, "__name__", "request")
+    try:
+        if isinstance(request_type, type) and issubclass(request_type, betterproto.Message):
+            wide = check(body, request_type)
+            request = codec.decode(body, request_type)
+            if wide:
+                narrow(request)
+            return request
+        return codec.decode(body, request_type)
+    except (RequestRejected, RecordError) as error:
+        reason = capped(str(error), 200)
+        raise GRPCError(Status.INVALID_ARGUMENT, f"undecodable request: {reason}") from None
+    except Exception as error:  # a decoder's bug, not the client's: once with its traceback
+        internal_error(f"decode {name}", error)
+        raise GRPCError(Status.INVALID_ARGUMENT, f"undecodable request ({name})") from None
+
+
+async def send_encoded(stream: grpclib.server.Stream, messages: list[bytes]) -> None:
+    """Sends encoded messages on a server stream whose initial metadata went out: each is its
+    own gRPC message (its own length prefix), but all go in one HTTP/2 send, where grpclib's
+    `send_message` costs a send (flow-control check, frame, socket write) per message."""
+    pack = _MESSAGE_HEADER.pack
+    await stream._stream.send_data(b"".join([pack(False, len(m)) + m for m in messages]))
+    stream._messages_sent += len(messages)  # grpclib's counters (channelz), kept true
+    connection = stream._stream.connection
+    connection.messages_sent += len(messages)
+    connection.last_message_sent = time.monotonic()
+
+
+Call = Callable[[Any], Awaitable[Any]]
+
+
+def unary(
+    call: Call,
+    request_type: type,
+    response_type: type,
+    *,
+    limit: int | Callable[[], int] = DEFAULT_REQUEST_LIMIT,
+) -> grpclib.const.Handler:
+    """A unary handler that maps `DanubeError` to its status and any other failure to INTERNAL
+    with a log line, so no request ever sees a bare traceback."""
+
+    async def handle(stream: grpclib.server.Stream) -> None:
+        request = await recv_single(stream, limit() if callable(limit) else limit)
+        metadata = stream.metadata
+        FORWARDED.set(metadata is not None and FORWARDED_HEADER in metadata)
+        try:
+            response = await call(request)
+        except DanubeError as error:
+            raise grpc_error(error) from None
+        except GRPCError:
+            raise
+        except Exception as error:
+            raise internal_error(call.__name__, error) from None
+        await stream.send_message(response)
+
+    return grpclib.const.Handler(
+        handle, grpclib.const.Cardinality.UNARY_UNARY, request_type, response_type
+    )
+
+
+RpcDone = Callable[[str, str, str], None]
+"""Told (service, method, grpc status name) as each call ends."""
+
+
+def _counted(path: str, handler: grpclib.const.Handler, done: RpcDone) -> grpclib.const.Handler:
+    """The handler, reporting how each call ended: the status it raised, OK,
+    DEADLINE_EXCEEDED or CANCELLED when it was cut short (`_abandoned`), UNKNOWN for
+    anything else (what grpclib answers then)."""
+    service, _, method = path.lstrip("/").partition("/")
+    func = handler.func
+
+    async def call(stream: grpclib.server.Stream) -> None:
+        try:
+            await func(stream)
+        except GRPCError as error:
+            done(service, method, error.status.name)
+            raise
+        except (asyncio.CancelledError, StreamTerminatedError):
+            done(service, method, _abandoned(stream).name)
+            raise
+        except Exception:
+            done(service, method, Status.UNKNOWN.name)
+            raise
+        done(service, method, Status.OK.name)
+
+    return handler._replace(func=call)
+
+
+_PASSED_THROUGH = (
+    asyncio.CancelledError,
+    TimeoutError,  # grpclib's deadline
+    StreamTerminatedError,
+    h2.exceptions.StreamClosedError,
+    ConnectionError,
+)
+"""Ways a call ends that grpclib handles itself (the client left, the deadline passed)."""
+
+
+def _guarded(path: str, handler: grpclib.const.Handler) -> grpclib.const.Handler:
+    """The handler, with every status message it ends with cut to `STATUS_MESSAGE_LIMIT`
+    (grpclib's own errors raised inside the call included) and any unforeseen exception
+    answered INTERNAL and logged by `internal_error`, instead of grpclib's UNKNOWN with a
+    traceback per call."""
+    func = handler.func
+
+    async def call(stream: grpclib.server.Stream) -> None:
+        try:
+            await func(stream)
+        except GRPCError as error:
+            if error.message is None or len(error.message) <= STATUS_MESSAGE_LIMIT // 4:
+                raise
+            raise GRPCError(error.status, capped(error.message), error.details) from None
+        except _PASSED_THROUGH:
+            raise
+        except Exception as error:
+            raise internal_error(path, error) from None
+
+    return handler._replace(func=call)
+
+
+def _abandoned(stream: grpclib.server.Stream) -> Status:
+    """Why a call was cut short: DEADLINE_EXCEEDED once the client's deadline (grpc-timeout)
+    has passed, as grpclib then cancels the handler itself; CANCELLED when the client left
+    or reset the stream before it."""
+    deadline = stream.deadline
+    if deadline is not None and deadline.time_remaining() <= 0:
+        return Status.DEADLINE_EXCEEDED
+    return Status.CANCELLED
+
+
+class Server(grpclib.server.Server):
+    """grpclib's server, plus every call `_guarded` (short status messages, no traceback per
+    call), plus closing the accepted connections at shutdown (grpclib 0.4.9
+    cancels their requests but leaves the sockets open: a ResourceWarning at exit), plus
+    `rpc_done` told the outcome of every call (`danube_broker_rpc_total`), plus the HTTP/2
+    connection guard's `limits` on every connection (`danube.runtime.h2_guard`)."""
+
+    def __init__(
+        self,
+        handlers: list[Any],
+        rpc_done: RpcDone | None = None,
+        limits: GrpcConfig | None = None,
+    ) -> None:
+        super().__init__(handlers, config=grpclib_config())
+        self.limits = limits or GrpcConfig()
+        self._mapping = {path: _guarded(path, handler) for path, handler in self._mapping.items()}
+        if rpc_done is not None:
+            self._mapping = {
+                path: _counted(path, handler, rpc_done) for path, handler in self._mapping.items()
+            }
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        self.__gc_step__()
+        handler = GuardedHandler(
+            self._mapping, self._codec, self._status_details_codec, self.__dispatch__
+        )
+        self._handlers.add(handler)
+        protocol = GuardedProtocol(handler, self._config, self._h2_config, self.limits)
+        self._protocols.add(protocol)
+        return protocol
+
+    def close_connections(self) -> None:
+        for protocol in list(self._protocols):
+            connection = getattr(protocol, "connection", None)
+            if connection is not None:
+                connection.close()
+
+
+class Unimplemented:
+    """Answers UNIMPLEMENTED, with a reason, for every method of `bases` that no other
+    service of the server implements. grpclib's own answer for an unknown method lacks the
+    content-type header, so grpclib clients see UNKNOWN instead."""
+
+    def __init__(self, bases: list[type], implemented: list[Any], reason: str) -> None:
+        taken: set[str] = set()
+        for service in implemented:
+            taken.update(service.__mapping__())
+        self._routes: dict[str, grpclib.const.Handler] = {}
+        for base in bases:
+            for path, handler in base().__mapping__().items():
+                if path not in taken:
+                    self._routes[path] = grpclib.const.Handler(
+                        self._refuse(path, reason),
+                        handler.cardinality,
+                        handler.request_type,
+                        handler.reply_type,
+                    )
+
+    @staticmethod
+    def _refuse(path: str, reason: str) -> Callable[[grpclib.server.Stream], Awaitable[None]]:
+        async def refuse(_: grpclib.server.Stream) -> None:
+            raise GRPCError(Status.UNIMPLEMENTED, f"{path} is not implemented: {reason}")
+
+        return refuse
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return self._routes

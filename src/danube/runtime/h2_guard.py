@@ -1,0 +1,413 @@
+"""The connection guard: grpclib's HTTP/2 server protocol with the bounds a hostile or frozen
+client must meet (spec/hardening.md, section HTTP/2). grpclib 0.4.9 has none of them; these
+subclasses carry them, and each override says which upstream defect it works around:
+
+- rapid reset (CVE-2023-44487): client resets are counted per connection over a sliding window
+  and the connection is closed with GOAWAY ENHANCE_YOUR_CALM beyond it; a stream reset in the
+  same read as its HEADERS never starts a handler; a handler task cancelled before its first
+  step still releases its stream (grpclib's `request_handler` releases in a `finally` that
+  never runs then, so every such stream stayed referenced for the connection's lifetime);
+- caps: SETTINGS_MAX_CONCURRENT_STREAMS advertised and enforced on running handlers (a reset
+  stream whose handler still runs still counts), request headers over the limit refused with
+  RESOURCE_EXHAUSTED;
+- a handshake timeout (preface and SETTINGS), keepalive PINGs with a timeout (a frozen peer's
+  connection is aborted, so its streams end), client PING flooding ("too_many_pings");
+- a connection error (malformed frames, too many streams) flushes h2's GOAWAY before closing,
+  and undecodable headers close the connection with one log line instead of a traceback.
+
+Decisions are `danube.runtime.h2_policy`'s; this module only feeds them and acts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import grpclib.server
+from grpclib.config import Configuration
+from grpclib.const import Status
+from grpclib.metadata import encode_grpc_message
+from grpclib.protocol import Connection, EventsProcessor, H2Protocol, _set_nodelay
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+from h2.events import (
+    Event,
+    PingReceived,
+    RemoteSettingsChanged,
+    RequestReceived,
+    StreamReset,
+)
+from h2.exceptions import ProtocolError
+from h2.settings import SettingCodes, Settings
+
+from danube.runtime.h2_policy import (
+    Keepalive,
+    KeepaliveAction,
+    PingStrikes,
+    ResetBudget,
+    header_list_size,
+)
+from danube.values.config import GrpcConfig
+
+log = logging.getLogger("danube.runtime")
+
+HARD_HEADER_LIST_FACTOR = 4
+"""Headers up to this many times the advertised limit are decoded and the stream refused;
+beyond it HPACK decoding stops and the connection is closed (h2: ENHANCE_YOUR_CALM)."""
+
+LINGER_AFTER_GOAWAY_S = 1.0
+"""After the guard's GOAWAY the socket lingers this long (module `LingeringTransport`)."""
+
+PING_PAYLOAD = b"danube\x00\x00"
+
+
+def grpclib_config() -> Configuration:
+    """grpclib's own keepalive is off: it closes a frozen peer's socket gracefully, which waits
+    for the peer to read what is buffered (for ever, if it is frozen), sends at most two pings
+    without data and no more often than every 5 minutes. `GuardedProtocol` does it instead."""
+    return Configuration(_keepalive_time=None)
+
+
+class GuardedHandler(grpclib.server.Handler):
+    """grpclib's per-connection handler, whose request tasks always release their stream."""
+
+    def accept(
+        self,
+        stream: Any,
+        headers: list[tuple[str, str]],
+        release_stream: Callable[[], Any],
+    ) -> None:
+        released = False
+
+        def release_once() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                release_stream()
+
+        def on_done(_: asyncio.Task[None]) -> None:
+            # A task cancelled before its first step never ran `request_handler`'s `finally`.
+            try:
+                release_once()
+            except Exception:  # the connection is gone; nothing left to release
+                log.debug("event=stream_release_failed", exc_info=True)
+
+        super().accept(stream, headers, release_once)
+        self._tasks[stream].add_done_callback(on_done)
+
+    def live_tasks(self) -> int:
+        """Request tasks not finished yet (running or cancelled and not yet ended)."""
+        return sum(not t.done() for t in self._tasks.values()) + sum(
+            not t.done() for t in self._cancelled
+        )
+
+
+class LingeringTransport:
+    """The transport grpclib is given. Once told to `linger`, its `close` is a lingering close
+    (as nginx's `lingering_close`): the write side is shut after what is buffered (the GOAWAY),
+    what the peer still sends is read and dropped, and the socket is aborted after
+    `LINGER_AFTER_GOAWAY_S`. A plain close with unread bytes in the socket makes the kernel
+    send RST, and a peer that receives RST discards what it had not read yet: the GOAWAY saying
+    why. grpclib sees `is_closing()` from the close on, so no handler writes any more."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._closing = False
+        self.lingering = False
+
+    def write(self, data: bytes) -> None:
+        if not self._closing:
+            self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._closing or self._transport.is_closing()
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        transport = self._transport
+        if self.lingering and not transport.is_closing() and transport.can_write_eof():
+            transport.write_eof()
+            self._loop.call_later(LINGER_AFTER_GOAWAY_S, transport.abort)
+        else:
+            transport.close()
+
+    def abort(self) -> None:
+        self._closing = True
+        self._transport.abort()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+
+class GuardedConnection(Connection):
+    """grpclib's connection, telling the ping policy when the broker sends."""
+
+    on_send: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
+
+    def headers_send_process(self) -> None:
+        super().headers_send_process()
+        self.on_send()
+
+    def data_send_process(self) -> None:
+        super().data_send_process()
+        self.on_send()
+
+
+class GuardedProtocol(H2Protocol):
+    """One HTTP/2 connection of a gRPC port, with the guard's bounds (module docstring)."""
+
+    def __init__(
+        self,
+        handler: GuardedHandler,
+        config: Configuration,
+        h2_config: H2Configuration,
+        limits: GrpcConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(handler, config, h2_config)
+        self.limits = limits
+        self._clock = clock
+        self._loop = asyncio.get_event_loop()
+        now = clock()
+        self._resets = ResetBudget(limits.max_stream_resets, limits.stream_reset_window_ms / 1000)
+        self._pings = PingStrikes(limits.min_client_ping_interval_ms / 1000)
+        self._keepalive = Keepalive(
+            limits.keepalive_time_ms / 1000, limits.keepalive_timeout_ms / 1000, now
+        )
+        self.handshake_done = False
+        self.closed_reason: str | None = None
+        """Why the guard closed this connection (None: it did not)."""
+        self._timers: list[asyncio.TimerHandle] = []
+        self._keepalive_timer: asyncio.TimerHandle | None = None
+        self._partial_since: float | None = None
+        self._partial_timer: asyncio.TimerHandle | None = None
+        self._transport: asyncio.Transport | None = None
+        self._lingering: LingeringTransport | None = None
+
+    # -- connection set-up ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """grpclib's `connection_made` with our SETTINGS: they must be set before
+        `initiate_connection`, which grpclib calls on a connection it creates itself."""
+        self._transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            _set_nodelay(sock)
+        limits = self.limits
+        h2_conn = H2Connection(config=self.h2_config)
+        h2_conn.local_settings = Settings(
+            client=False,
+            initial_values={
+                SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+                SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
+            },
+        )
+        h2_conn.decoder.max_header_list_size = (
+            limits.max_header_list_bytes * HARD_HEADER_LIST_FACTOR
+        )
+        h2_conn.initiate_connection()
+        initial = h2_conn.local_settings.initial_window_size
+        conn_delta = self.config.http2_connection_window_size - initial
+        if conn_delta:
+            h2_conn.increment_flow_control_window(conn_delta)
+        if self.config.http2_stream_window_size != initial:
+            h2_conn.update_settings(
+                {SettingCodes.INITIAL_WINDOW_SIZE: self.config.http2_stream_window_size}
+            )
+        self._lingering = LingeringTransport(self._transport, self._loop)
+        connection = GuardedConnection(
+            h2_conn, cast(asyncio.Transport, self._lingering), config=self.config
+        )
+        connection.on_send = self._pings.sent
+        self.connection = connection
+        connection.flush()
+        connection.initialize()
+        self.processor = EventsProcessor(self.handler, connection)
+        if limits.handshake_timeout_ms > 0:
+            self._timers.append(
+                self._loop.call_later(limits.handshake_timeout_ms / 1000, self._handshake_expired)
+            )
+        self._schedule_keepalive()
+
+    def _handshake_expired(self) -> None:
+        if not self.handshake_done:
+            self._shut(ErrorCodes.PROTOCOL_ERROR, "handshake_timeout", abort=True)
+
+    # -- keepalive --------------------------------------------------------------------------
+
+    def _schedule_keepalive(self) -> None:
+        delay = self._keepalive.next_tick(self._clock())
+        self._keepalive_timer = self._loop.call_later(delay, self._keepalive_tick)
+
+    def _keepalive_tick(self) -> None:
+        if self.closed_reason is not None or self.connection.is_closing():
+            return
+        action = self._keepalive.tick(self._clock(), busy=bool(self.processor.streams))
+        if action is KeepaliveAction.CLOSE:
+            # Aborted, not closed: a frozen peer would never read what a graceful close waits
+            # to flush, and its streams (an Exclusive subscription...) must end now.
+            self._shut(ErrorCodes.NO_ERROR, "keepalive_timeout", abort=True)
+            return
+        if action is KeepaliveAction.PING:
+            self.connection._connection.ping(PING_PAYLOAD)
+            self.connection.flush()
+        self._schedule_keepalive()
+
+    # -- frames -----------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed_reason is not None:
+            return
+        now = self._clock()
+        self._keepalive.received(now)
+        try:
+            events = self.connection.feed(data)
+        except ProtocolError as error:
+            # h2 queued a GOAWAY naming the error; grpclib closed without sending it.
+            self._shut(error.error_code, "protocol_error", goaway=False)
+            return
+        except Exception:  # e.g. a header h2 cannot decode as ASCII
+            log.debug("event=grpc_bad_frames peer=%s", self._peer(), exc_info=True)
+            self._shut(ErrorCodes.PROTOCOL_ERROR, "undecodable_frames")
+            return
+        self.connection.flush()
+        self._watch_partial(now, progressed=bool(events))
+        doomed = {e.stream_id for e in events if isinstance(e, StreamReset)}
+        for event in events:
+            if self.closed_reason is not None:
+                return
+            if not self._admit(event, now, doomed):
+                continue
+            self.processor.process(event)
+        if self.closed_reason is None:
+            self.connection.flush()
+
+    def _watch_partial(self, now: float, *, progressed: bool) -> None:
+        """Slowloris: a frame or header block left incomplete must complete within
+        `frame_timeout_ms` (h2 buffers it meanwhile; nothing else would ever time it out).
+        The clock restarts whenever a read completed a frame (`progressed`): a busy stream
+        whose reads rarely end on a frame boundary always has a partial frame buffered, but
+        never the same one for long."""
+        timeout = self.limits.frame_timeout_ms
+        if timeout <= 0:
+            return
+        buffer = self.connection._connection.incoming_buffer
+        partial = bool(buffer._data or buffer._headers_buffer)
+        if progressed or not partial:
+            self._partial_since = None
+            if self._partial_timer is not None:
+                self._partial_timer.cancel()
+                self._partial_timer = None
+        if partial and self._partial_since is None:
+            self._partial_since = now
+            self._partial_timer = self._loop.call_later(timeout / 1000, self._partial_expired)
+
+    def _partial_expired(self) -> None:
+        self._partial_timer = None
+        if self._partial_since is not None:
+            self._shut(ErrorCodes.PROTOCOL_ERROR, "frame_timeout", abort=True)
+
+    def _admit(self, event: Event, now: float, doomed: set[int]) -> bool:
+        """Whether grpclib may process `event`; acts on what it must not."""
+        if isinstance(event, RemoteSettingsChanged) and not self.handshake_done:
+            self.handshake_done = True
+        elif isinstance(event, RequestReceived):
+            return self._admit_request(event, doomed)
+        elif isinstance(event, StreamReset) and event.remote_reset and self._resets.reset(now):
+            self._shut(ErrorCodes.ENHANCE_YOUR_CALM, "too_many_resets")
+            return False
+        elif isinstance(event, PingReceived) and self._pings.ping(now):
+            self._shut(ErrorCodes.ENHANCE_YOUR_CALM, "too_many_pings")
+            return False
+        return True
+
+    def _admit_request(self, event: RequestReceived, doomed: set[int]) -> bool:
+        stream_id = event.stream_id
+        assert stream_id is not None
+        if stream_id in doomed:
+            return False  # reset in the same read: no handler work at all
+        limits = self.limits
+        size = header_list_size(event.headers or [])
+        if size > limits.max_header_list_bytes:
+            self._refuse(
+                stream_id,
+                f"request headers of {size} bytes exceed the limit of "
+                f"{limits.max_header_list_bytes} bytes (max_header_list_bytes)",
+            )
+            return False
+        if len(self.processor.streams) >= limits.max_concurrent_streams:
+            # h2 counts only open streams; handlers of reset streams still run and count here.
+            self.connection._connection.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
+            return False
+        return True
+
+    def _refuse(self, stream_id: int, message: str) -> None:
+        """Answers a stream with RESOURCE_EXHAUSTED (trailers only) before any handler runs."""
+        h2_conn = self.connection._connection
+        headers = [
+            (":status", "200"),
+            ("content-type", "application/grpc"),
+            ("grpc-status", str(Status.RESOURCE_EXHAUSTED.value)),
+            ("grpc-message", encode_grpc_message(message)),
+        ]
+        try:
+            h2_conn.send_headers(stream_id, headers, end_stream=True)
+            stream = h2_conn.streams.get(stream_id)
+            if stream is not None and not stream.closed:
+                h2_conn.reset_stream(stream_id, ErrorCodes.NO_ERROR)
+        except ProtocolError:
+            log.debug("event=grpc_refuse_failed stream=%d", stream_id, exc_info=True)
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def _peer(self) -> str:
+        transport = self._transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            return f"{peer[0]}:{peer[1]}"
+        return str(peer)
+
+    def _shut(
+        self, code: ErrorCodes | int, reason: str, *, abort: bool = False, goaway: bool = True
+    ) -> None:
+        """Closes the connection: GOAWAY (`code`, `reason` as its debug data), every handler
+        cancelled, the socket aborted at once with `abort` (a frozen peer reads nothing),
+        else closed lingering (`LingeringTransport`)."""
+        if self.closed_reason is not None:
+            return
+        self.closed_reason = reason
+        h2_conn = self.connection._connection
+        try:
+            if goaway:
+                h2_conn.close_connection(error_code=code, additional_data=reason.encode())
+            self.connection.flush()
+        except Exception:  # the state machine may already be closed
+            log.debug("event=goaway_failed", exc_info=True)
+        log.info("event=grpc_connection_closed peer=%s reason=%s", self._peer(), reason)
+        self._cancel_timers()
+        lingering = self._lingering
+        if lingering is not None:
+            if abort:
+                lingering.abort()
+            else:
+                lingering.lingering = True
+        self.processor.close(f"connection closed by the broker: {reason}")
+
+    def _cancel_timers(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        for handle in (self._keepalive_timer, self._partial_timer):
+            if handle is not None:
+                handle.cancel()
+        self._keepalive_timer = self._partial_timer = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)

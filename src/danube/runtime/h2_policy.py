@@ -1,0 +1,119 @@
+"""The decisions that bound what one HTTP/2 connection may cost the broker, as pure state
+machines: each takes `now` (seconds, monotonic) and an input and says what to do. The glue that
+feeds them real frames and timers is `danube.runtime.h2_guard` (spec/hardening.md, HTTP/2)."""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable
+
+HEADER_ENTRY_OVERHEAD = 32
+"""RFC 7541 §4.1: each header field counts its name, its value and 32 bytes."""
+
+
+def header_list_size(headers: Iterable[tuple[str | bytes, str | bytes]]) -> int:
+    """The size SETTINGS_MAX_HEADER_LIST_SIZE limits (RFC 9113 §6.5.2)."""
+    return sum(len(name) + len(value) + HEADER_ENTRY_OVERHEAD for name, value in headers)
+
+
+class ResetBudget:
+    """Client RST_STREAMs allowed per sliding window (the CVE-2023-44487 "rapid reset" fix of
+    grpc-go, nginx, Netty: a client that opens and resets streams at once never meets the
+    concurrent-stream limit, so the resets themselves are what is counted). `limit` 0: off."""
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit = limit
+        self.window = window
+        self._times: deque[float] = deque()
+
+    def reset(self, now: float) -> bool:
+        """Counts one reset; True when the connection has now spent more than its budget."""
+        if self.limit <= 0:
+            return False
+        times = self._times
+        times.append(now)
+        while times and times[0] <= now - self.window:
+            times.popleft()
+        return len(times) > self.limit
+
+
+PING_JITTER = 0.9
+"""A client ping counts as early only below this share of the minimum interval: a client
+that pings exactly every `min_interval` (a Rust client's `keep_alive_interval` of 10 s, say)
+must not collect strikes from timer jitter."""
+
+
+class PingStrikes:
+    """grpc's server-side ping policing ("too_many_pings"): a client PING that comes sooner than
+    `min_interval` after the previous one is a strike, unless the broker sent data or headers
+    in between (a client may ping when traffic flows, e.g. for BDP estimation); more than
+    `max_strikes` strikes and the connection is closed."""
+
+    def __init__(self, min_interval: float, max_strikes: int = 2) -> None:
+        self.min_interval = min_interval
+        self.max_strikes = max_strikes
+        self.strikes = 0
+        self._last: float | None = None
+        self._sent_since = False
+
+    def sent(self) -> None:
+        """The broker sent data or headers: the count starts afresh at the next ping."""
+        self._sent_since = True
+
+    def ping(self, now: float) -> bool:
+        """Counts a client PING; True when it is one strike too many."""
+        if self._sent_since:
+            self._sent_since = False
+            self.strikes = 0
+            self._last = None
+        if self._last is not None and now - self._last < self.min_interval * PING_JITTER:
+            self.strikes += 1
+        self._last = now
+        return self.strikes > self.max_strikes
+
+
+class KeepaliveAction(enum.Enum):
+    NOTHING = "nothing"
+    PING = "ping"
+    CLOSE = "close"
+
+
+class Keepalive:
+    """Detects a peer that is connected but frozen (SIGSTOP, a hung VM): the kernel keeps its
+    TCP connection alive, only the application can tell. A connection with open streams that
+    has been silent for `interval` gets a PING; anything received (the ack or any other frame)
+    proves the peer alive; nothing within `timeout` closes the connection. Idle connections
+    (no streams) are not pinged, as in grpc (`permit_without_calls` off)."""
+
+    def __init__(self, interval: float, timeout: float, now: float) -> None:
+        self.interval = interval
+        self.timeout = timeout
+        self._last_read = now
+        self._ping_sent: float | None = None
+
+    def received(self, now: float) -> None:
+        """The peer sent something (an ack of our ping included)."""
+        self._last_read = now
+        self._ping_sent = None
+
+    def tick(self, now: float, busy: bool) -> KeepaliveAction:
+        """What to do at `now`; `busy`: the connection has open streams."""
+        if self._ping_sent is not None:
+            if now - self._ping_sent >= self.timeout:
+                return KeepaliveAction.CLOSE
+            return KeepaliveAction.NOTHING
+        if busy and now - self._last_read >= self.interval:
+            self._ping_sent = now
+            return KeepaliveAction.PING
+        return KeepaliveAction.NOTHING
+
+    def next_tick(self, now: float) -> float:
+        """Seconds until `tick` may decide something new (never less than a millisecond)."""
+        if self._ping_sent is not None:
+            due = self._ping_sent + self.timeout
+        else:
+            due = self._last_read + self.interval
+            if due <= now:  # silent but idle: look again an interval later
+                due = now + self.interval
+        return max(due - now, 0.001)

@@ -1,0 +1,380 @@
+"""The production port of the effect interpreter (`danube.interpreter.Host`): real disks,
+the metadata store, the object store and the clock, inside the broker process.
+
+Each `danube.effects` value is carried out in a trio task of the broker's nursery, its
+blocking calls in worker threads: a topic's WAL files through `SegmentFiles`, objects through
+`ObjectStore`, metadata through `store_port.perform_store` (fenced by the broker's ownership
+claims in cluster mode), `Sleep` with `trio.sleep`, `Work` with `trio.to_thread`. The answer
+goes back to the interpreter on the asyncio loop, where the gRPC handlers call the core: every
+core call, and so every interpreter call, happens on that one loop, in one order.
+
+The port decides nothing (spec/effects.md): the order of a topic's file effects, retries,
+what a failure means and the tables of waiting replies are the interpreter's. What it adds is
+what only production knows: where a topic's directory is, which of the object store's own
+errors mean "slow down", how a log line is written, which metrics an answer feeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from danube.effects import (
+    CloseTopicFiles,
+    IoEffect,
+    MarkDurable,
+    ObjectDelete,
+    ObjectFailure,
+    ObjectGet,
+    ObjectList,
+    ObjectPut,
+    ObjectStoreFailed,
+    ReadTopicFile,
+    RecoverTopic,
+    RemoveTopicFiles,
+    ScanTopic,
+    Sleep,
+    TopicFile,
+    TruncateTopicFile,
+    Work,
+)
+from danube.interpreter.host import Done
+from danube.machines.tiering import UploadError
+from danube.metadata import MetadataStore
+from danube.runtime.metrics import BrokerMetrics
+from danube.runtime.object_store import ObjectStore
+from danube.runtime.object_store import classify as classify_store_error
+from danube.runtime.segment_files import SegmentFiles
+from danube.runtime.store_port import STORE_EFFECTS, perform_store
+from danube.values.errors import DanubeError
+from danube.values.names import parse_topic
+
+log = logging.getLogger("danube.runtime")
+
+CHECKPOINT_THREADS = 4
+"""Checkpoint writes at once, in threads of their own: with many busy topics they queue
+there instead of taking the threads that segment writes and fsyncs, which acknowledgements
+wait for, run in."""
+
+TOPIC_EFFECTS = (
+    TopicFile,
+    ReadTopicFile,
+    ScanTopic,
+    RecoverTopic,
+    TruncateTopicFile,
+    MarkDurable,
+    RemoveTopicFiles,
+    CloseTopicFiles,
+)
+
+
+def now_ms() -> int:
+    """The clock the core and its machines get: wall-clock milliseconds (written into WAL
+    frames as publish time; dispatch timers tolerate steps, see dispatch/reliable.py)."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class StreamSlot:
+    """The live receive stream of one consumer, as its writer sees it."""
+
+    generation: int
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: bool = False
+
+
+@dataclass(slots=True)
+class Streams:
+    """Open receive streams: where `ConsumerReady` and `EndStream` go."""
+
+    slots: dict[int, StreamSlot] = field(default_factory=dict)
+    """Open streams by generation: an old stream stays addressable after a takeover."""
+    current: dict[int, int] = field(default_factory=dict)
+    """consumer id -> generation of its newest stream (where its messages go)."""
+
+    def attach(self, consumer_id: int, generation: int) -> StreamSlot:
+        slot = StreamSlot(generation)
+        self.slots[generation] = slot
+        self.current[consumer_id] = generation
+        return slot
+
+    def detach(self, consumer_id: int, slot: StreamSlot) -> None:
+        self.slots.pop(slot.generation, None)
+        if self.current.get(consumer_id) == slot.generation:
+            del self.current[consumer_id]
+
+
+# -- log lines --------------------------------------------------------------------------------
+
+_LEVELS: dict[str, int] = {
+    "wal_failed": logging.ERROR,
+    "topic_stopped": logging.ERROR,
+    "tier_halted": logging.ERROR,
+    "wal_load_failed": logging.ERROR,
+    "wal_io_failed": logging.ERROR,
+    "wal_checkpoint_failed": logging.ERROR,
+    "metadata_write_failed": logging.ERROR,
+    "wal_drop_failed": logging.ERROR,
+    "retention_skipped": logging.WARNING,
+    "object_read_failed": logging.WARNING,
+    "upload_failed": logging.WARNING,
+    "orphan_delete_failed": logging.WARNING,
+    "objects_not_deleted": logging.WARNING,
+    "index_commit_unresolved": logging.INFO,
+    "wal_loaded": logging.INFO,
+    "wal_dropped": logging.INFO,
+    "segment_uploaded": logging.INFO,
+    "orphan_deleted": logging.INFO,
+}
+"""The level of each event's log line; the rest (`acknowledged`, `object_read`, `upload`,
+…: one per message or per request) are DEBUG."""
+
+_RENAMED = {"publish_failed": "wal_failed", "topic_objects_left": "objects_not_deleted"}
+"""Events whose log lines kept the names operators grep for since before the interpreter."""
+
+
+def _field(value: Any) -> str:
+    """`topic=/default/t` plain; text with spaces or quotes and exceptions as `repr` (the
+    old `%r` fields: `reason='…'`, `error=OSError(…)`)."""
+    if isinstance(value, str):
+        if value and not any(c.isspace() or c in "'\"=" for c in value):
+            return value
+        return repr(value)
+    if isinstance(value, BaseException):
+        return repr(value)
+    return str(value)
+
+
+def format_event(name: str, fields: Mapping[str, Any]) -> str:
+    parts = [f"event={name}"]
+    parts.extend(f"{key}={_field(value)}" for key, value in fields.items())
+    return " ".join(parts)
+
+
+# -- the port ---------------------------------------------------------------------------------
+
+
+class ProductionPort:
+    """`Host` of the broker process (see the module's docstring). `deliver` runs an answer
+    on the asyncio loop; the runtime sets `interpreter` after building both."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        wal_root: Path,
+        nursery: trio.Nursery,
+        loop: asyncio.AbstractEventLoop,
+        objects: ObjectStore | None,
+        *,
+        metrics: BrokerMetrics,
+        claims: Callable[[], Mapping[str, int] | None],
+    ) -> None:
+        self._store = store
+        self._wal_root = wal_root
+        self._nursery = nursery
+        self._loop = loop
+        self.objects = objects
+        self.metrics = metrics
+        self._claims = claims
+        self._files: dict[str, SegmentFiles] = {}
+        self._checkpoint_threads = trio.CapacityLimiter(CHECKPOINT_THREADS)
+        self.streams = Streams()
+        self.stopped = False
+        """Set at the end of a graceful stop: the topics' files are closed, and WAL
+        directory effects asked later are not carried out (recovery redoes them)."""
+        self._in_flight = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._loaded_at: dict[str, float] = {}
+
+    # -- Host ------------------------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        return now_ms()
+
+    def perform(self, effect: IoEffect, done: Done) -> None:
+        if isinstance(effect, TOPIC_EFFECTS) and self.stopped:
+            return  # never answered: the interpreter is done with the files
+        self._nursery.start_soon(self._perform, effect, done)
+
+    def event(self, name: str, **fields: Any) -> None:
+        if name == "acknowledged":
+            previous, through = fields["previous"], fields["through"]
+            if previous is not None and through > previous:
+                # the records this group commit made durable (unknown for a topic's first)
+                self.metrics.wal.group_commit.observe(through - previous)
+            return
+        if name == "object_read_failed":
+            attempt = fields["attempt"]
+            if attempt > 5 and attempt % 20:
+                return  # a store down for long: every 20th attempt is enough to tell
+        if name == "wal_loaded":
+            started = self._loaded_at.pop(fields["topic"], None)
+            if started is not None:
+                fields["seconds"] = f"{time.monotonic() - started:.3f}"
+        name = _RENAMED.get(name, name)
+        level = _LEVELS.get(name, logging.DEBUG)
+        if log.isEnabledFor(level):
+            log.log(level, "%s", format_event(name, fields))
+
+    def wake(self, consumer_id: int) -> None:
+        streams = self.streams
+        generation = streams.current.get(consumer_id)
+        slot = streams.slots.get(generation) if generation is not None else None
+        if slot is not None:
+            slot.wakeup.set()
+
+    def end_stream(self, generation: int) -> None:
+        slot = self.streams.slots.get(generation)
+        if slot is not None:
+            slot.ended = True
+            slot.wakeup.set()
+
+    def resolve(self, waiter: Any) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    def fail(self, waiter: Any, error: DanubeError) -> None:
+        if not waiter.done():
+            waiter.set_exception(error)
+
+    # -- carrying effects out ----------------------------------------------------------------
+
+    async def _perform(self, effect: IoEffect, done: Done) -> None:
+        topical = isinstance(effect, TOPIC_EFFECTS)
+        if topical:
+            self._in_flight += 1
+            if self._in_flight == 1:
+                self._idle = trio.Event()
+        try:
+            try:
+                answer = await self._answer(effect)
+            except Exception as error:
+                self._loop.call_soon_threadsafe(_deliver, done, None, error)
+            else:
+                self._loop.call_soon_threadsafe(_deliver, done, answer, None)
+        finally:
+            if topical:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._idle.set()
+
+    async def _answer(self, effect: IoEffect) -> Any:
+        if isinstance(effect, TopicFile):
+            files = self._topic_files(effect.topic)
+            files.sync_writes = effect.sync
+            await files.perform(effect.effect)
+            return None
+        if isinstance(effect, STORE_EFFECTS):
+            return await perform_store(self._store, effect, self._claims())  # type: ignore[arg-type]
+        if isinstance(effect, Work):
+            return await trio.to_thread.run_sync(effect.run)
+        if isinstance(effect, Sleep):
+            await trio.sleep(effect.ms / 1000)
+            return None
+        if isinstance(effect, ReadTopicFile):
+            # a topic whose files are not open here (dropped meanwhile) reads what is left
+            files = self._files.get(effect.topic) or self._new_files(effect.topic)
+            return await trio.to_thread.run_sync(
+                files.read_bytes, effect.segment_base, effect.start, effect.end
+            )
+        if isinstance(effect, MarkDurable):
+            files = self._topic_files(effect.topic)
+            await trio.to_thread.run_sync(
+                files.write_checkpoint, effect.end, limiter=self._checkpoint_threads
+            )
+            return None
+        if isinstance(effect, (ObjectGet, ObjectPut, ObjectList, ObjectDelete)):
+            return await self._object(effect)
+        return await self._directory(effect)
+
+    async def _directory(self, effect: IoEffect) -> Any:
+        """Loads, repairs and drops of a topic's WAL directory."""
+        if isinstance(effect, ScanTopic):
+            self._loaded_at.setdefault(effect.topic, time.monotonic())
+            return await trio.to_thread.run_sync(self._topic_files(effect.topic).scan)
+        if isinstance(effect, RecoverTopic):
+            files = self._topic_files(effect.topic)
+            await trio.to_thread.run_sync(
+                files.carry_out,
+                effect.topic,
+                effect.actions,
+                effect.mark,
+                effect.clear_loss_accepted,
+                effect.now_ms,
+            )
+            return None
+        if isinstance(effect, TruncateTopicFile):
+            await self._topic_files(effect.topic).truncate(effect.segment_base, effect.size)
+            return None
+        if isinstance(effect, RemoveTopicFiles):
+            files = self._files.pop(effect.topic, None) or self._new_files(effect.topic)
+            await trio.to_thread.run_sync(files.remove)
+            return None
+        if isinstance(effect, CloseTopicFiles):
+            files = self._files.pop(effect.topic, None)
+            if files is not None:
+                files.close()
+            return None
+        raise TypeError(f"the production port cannot perform {effect!r}")
+
+    async def _object(self, effect: ObjectGet | ObjectPut | ObjectList | ObjectDelete) -> Any:
+        objects = self.objects
+        if objects is None:
+            raise ObjectStoreFailed(ObjectFailure.FATAL, "this broker has no object tier")
+        try:
+            if isinstance(effect, ObjectGet):
+                return await trio.to_thread.run_sync(
+                    objects.get_range, effect.key, effect.start, effect.end
+                )
+            if isinstance(effect, ObjectPut):
+                await trio.to_thread.run_sync(objects.put, effect.key, effect.data)
+                return None
+            if isinstance(effect, ObjectList):
+                return await trio.to_thread.run_sync(objects.list, effect.prefix)
+            with contextlib.suppress(FileNotFoundError):  # what is not there is deleted
+                await trio.to_thread.run_sync(objects.delete, effect.key)
+            return None
+        except ObjectStoreFailed:
+            raise
+        except Exception as error:
+            # S3's SlowDown reaches us as an OSError(EBUSY) or in the text of a cause: the
+            # vocabulary's THROTTLED (the uploader backs every upload off). The rest stays
+            # as the store raised it (the log shows what the store said).
+            if classify_store_error(error) is UploadError.THROTTLED:
+                raise ObjectStoreFailed(ObjectFailure.THROTTLED, repr(error)) from error
+            raise
+
+    def _topic_files(self, topic: str) -> SegmentFiles:
+        files = self._files.get(topic)
+        if files is None:
+            files = self._files[topic] = self._new_files(topic)
+        return files
+
+    def _new_files(self, topic: str) -> SegmentFiles:
+        name = parse_topic(topic)
+        directory = self._wal_root / name.namespace / name.local
+        return SegmentFiles(directory, metrics=self.metrics.wal)
+
+    # -- stopping ---------------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """The end of a graceful stop: no WAL directory effect starts any more; once the ones
+        under way finished, every topic's files are closed."""
+        self.stopped = True
+        await self._idle.wait()
+        for files in self._files.values():
+            files.close()
+        self._files.clear()
+
+
+def _deliver(done: Done, answer: Any, error: BaseException | None) -> None:
+    done(answer, error)

@@ -1,0 +1,143 @@
+"""Runs the load manager (`danube.machines.cluster.load_manager`) against the metadata store.
+
+Every broker runs one, so its view of `/cluster/` is current on the day it is elected; the
+membership driver tells it when leadership comes and goes. The view is a scan followed by a
+watch; the decisions are transactions whose outcome shows up in that same watch.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+import trio
+
+from danube import keys
+from danube.effects import Outcome
+from danube.machines.cluster import decisions
+from danube.machines.cluster.load_manager import (
+    Effect,
+    LoadManager,
+    Log,
+    MarkDrained,
+    Move,
+    ScheduleTick,
+    Txn,
+)
+from danube.metadata import MetadataStore, WatchEvent
+from danube.runtime.store_port import perform_store
+from danube.runtime.watching import Alarm, follow
+
+log = logging.getLogger("danube.runtime")
+
+TXNS_IN_FLIGHT = 8
+"""Decisions run at once at most: a failover of hundreds of topics must not queue hundreds of
+calls on the store, where they would time out waiting and be made again."""
+
+
+def _now_ns() -> int:
+    return int(trio.current_time() * 1e9)
+
+
+def _unix_s() -> int:
+    return int(time.time())
+
+
+class LoadManagerDriver:
+    def __init__(self, store: MetadataStore, machine: LoadManager) -> None:
+        self.store = store
+        self.machine = machine
+        self._nursery: trio.Nursery | None = None
+        self._alarm = Alarm(lambda: self._apply(self.machine.tick(_now_ns(), unix_s=_unix_s())))
+        self._in_flight = trio.CapacityLimiter(TXNS_IN_FLIGHT)
+        self.synced = trio.Event()
+        """Set once the view holds a whole snapshot of `/cluster/`."""
+        self.moves: collections.Counter[str] = collections.Counter()
+        """Topic moves this broker made as leader, by reason (`load_imbalance`, `manual`)."""
+        self.move_failures = 0
+        """Moves whose transaction failed or found the cluster changed (made again if due)."""
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._alarm.run)
+            await follow(self.store, keys.CLUSTER_PREFIX, self._resync, self._observe)
+            nursery.cancel_scope.cancel()
+
+    def leadership(self, leading: bool) -> None:
+        """From the membership driver: this broker won or lost the leader key."""
+        now = _now_ns()
+        self._apply(
+            self.machine.became_leader(now) if leading else self.machine.lost_leadership(now)
+        )
+
+    def trigger_rebalance(self, max_moves: int | None) -> None:
+        self._apply(self.machine.trigger_rebalance(max_moves, _now_ns(), unix_s=_unix_s()))
+
+    def _apply(self, effects: list[Effect]) -> None:
+        if self._nursery is None:
+            return  # not running yet: the first snapshot brings the view up to date
+        for effect in effects:
+            if isinstance(effect, ScheduleTick):
+                self._alarm.set(effect.at / 1e9)
+            elif isinstance(effect, Log):
+                log.info("event=%s %s", effect.event, effect.detail)
+            else:
+                self._nursery.start_soon(self._transact, effect)
+
+    async def _transact(self, txn: Txn) -> None:
+        """Runs one decision (`danube.machines.cluster.decisions`). Its outcome is not reported: a
+        decision that took effect shows in the watch, and one that did not (a compare failed,
+        the store did not answer) is made again by the machine when it is still due."""
+        async with self._in_flight:
+            answer = await perform_store(self.store, decisions.as_txn(txn))
+        self._count(txn, succeeded=answer.committed)
+        if answer.committed:
+            log.info("event=%s", _describe(txn))
+        elif answer.outcome is Outcome.UNKNOWN:
+            log.warning(
+                "event=load_manager_txn_failed decision=%s %s error=no answer",
+                type(txn).__name__, _subject(txn),
+            )  # fmt: skip
+        else:
+            log.info(
+                "event=load_manager_txn_stale decision=%s %s",
+                type(txn).__name__, _subject(txn),
+            )  # fmt: skip
+
+    def _count(self, txn: Txn, *, succeeded: bool) -> None:
+        if not isinstance(txn, Move):
+            return
+        if succeeded:
+            self.moves["manual" if txn.manual else "load_imbalance"] += 1
+        else:
+            self.move_failures += 1
+
+    async def _resync(self) -> int:
+        snapshot = await self.store.scan(keys.CLUSTER_PREFIX)
+        self._apply(self.machine.resync(snapshot, _now_ns()))
+        self.synced.set()
+        return max((kv.mod_revision for kv in snapshot), default=0)
+
+    def _observe(self, event: WatchEvent) -> None:
+        self._apply(self.machine.observe(event, _now_ns()))
+
+
+def _subject(txn: Txn) -> str:
+    return f"broker={txn.broker}" if isinstance(txn, MarkDrained) else f"topic={txn.topic}"
+
+
+def _describe(txn: Txn) -> str:
+    if isinstance(txn, MarkDrained):
+        return f"broker_drained broker={txn.broker}"
+    name = type(txn).__name__.lower()
+    fields = {
+        "topic": txn.topic,
+        **{
+            attr: getattr(txn, attr)
+            for attr in ("broker", "from_broker", "to_broker")
+            if hasattr(txn, attr)
+        },
+    }
+    return f"topic_{name} " + " ".join(f"{k}={v}" for k, v in fields.items())

@@ -1,0 +1,503 @@
+"""A broker's Prometheus metrics (spec/observability.md).
+
+Gauges describing current state (topics, producers, consumers, backlog, upload lag) and the
+per-topic message counters are read from the core when Prometheus scrapes (`node.stats`), so
+the hot paths pay nothing for them. Events the core does not keep (RPC outcomes, send
+outcomes and latency, deliveries, nacks, WAL I/O) are plain integers and small histograms
+bumped by the driver once per call, batch or group commit, not once per message: no
+prometheus_client lock on the publish path. Everything is exported by one custom collector in
+the broker's own registry, with the const label `broker="<broker_id>"` on every sample.
+"""
+
+from __future__ import annotations
+
+import bisect
+import importlib.metadata
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from danube.machines.node import stats
+from danube.machines.node.core import BrokerCore
+
+LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+SIZE_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
+GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+NOT_SERVED = ""
+"""The topic label of sends for topics this broker does not serve: a client naming random
+topics must not grow the number of series."""
+PER_TOPIC_LABELS = frozenset({"topic", "subscription"})
+"""Dropped (their samples added up per broker) with `metrics.per_topic: false`."""
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("pydanube")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+VERSION = _version()
+"""Read once: the package metadata lookup costs about 0.25 ms, too much for every scrape."""
+
+
+class Histogram:
+    """Bucket counts, sum and count; `le` buckets as Prometheus means them."""
+
+    __slots__ = ("bounds", "counts", "edges", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.edges = np.asarray(self.bounds, dtype=np.float64)
+        """The bounds as numpy takes them, converted once rather than on every batch."""
+        self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def observe_many(self, values: np.ndarray) -> None:
+        """A batch's values in one numpy pass, whatever its size: no Python work per
+        message on the batched path."""
+        slots = np.searchsorted(self.edges, values, side="left")
+        self.counts += np.bincount(slots, minlength=len(self.counts))
+        self.total += float(values.sum())
+
+    def buckets(self) -> list[tuple[str, float]]:
+        cumulative, out = 0, []
+        for bound, count in zip((*self.bounds, float("inf")), self.counts.tolist(), strict=True):
+            cumulative += count
+            out.append(("+Inf" if bound == float("inf") else str(bound), cumulative))
+        return out
+
+
+class WalMetrics:
+    """Storage counters, bumped by the WAL drivers (`SegmentFiles`, `BrokerRuntime`)."""
+
+    def __init__(self) -> None:
+        self.appends = 0
+        """Records handed to WALs (one per message, counted per publish call or batch)."""
+        self.append_bytes = 0
+        """Frame bytes written to segment files."""
+        self.flushes = 0
+        self.rotations = 0
+        self.flush_latency_ms = Histogram(LATENCY_BUCKETS_MS)
+        self.group_commit = Histogram(GROUP_BUCKETS)
+        """Records acknowledged together (one group commit: one write and fsync)."""
+
+    def flushed(self, seconds: float) -> None:
+        self.flushes += 1
+        self.flush_latency_ms.observe(seconds * 1000)
+
+
+def _counter(name: str, doc: str, labels: Sequence[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=["broker", *labels])
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=["broker", *labels])
+
+
+def _histogram(name: str, doc: str, labels: Sequence[str]) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, labels=["broker", *labels])
+
+
+class BrokerMetrics:
+    """One broker's metrics and its registry (never prometheus_client's global one, so that
+    several brokers in one process, as in tests, keep apart)."""
+
+    def __init__(
+        self,
+        core: BrokerCore,
+        broker_id: str,
+        mode: str,
+        *,
+        leading: Callable[[], bool] = lambda: True,
+        per_topic: bool = True,
+    ) -> None:
+        self.core = core
+        self.broker_id = broker_id
+        self.mode = mode
+        self.per_topic = per_topic
+        """False: no series names a topic or subscription (`metrics.per_topic`), so however
+        many topics clients create, a scrape has the same number of series."""
+        self.leading = leading
+        """Whether this broker is the cluster's leader (a standalone broker always is)."""
+        self.wal = WalMetrics()
+        self.rpcs: dict[tuple[str, str, str], int] = {}
+        """(service, method, grpc status name) -> calls that ended so."""
+        self.sends: dict[tuple[str, str, str], int] = {}
+        """(topic, result, error code) -> messages sent."""
+        self.send_latency: dict[str, Histogram] = {}
+        self.message_size: dict[str, Histogram] = {}
+        self.delivered: dict[tuple[str, str], list[int]] = {}
+        """(topic, subscription) -> [messages, bytes] sent to consumers."""
+        self.nacks: dict[tuple[str, str], int] = {}
+        self.redirects = 0
+        """Topic lookups answered with a Redirect to another broker."""
+        self.schema_checks: dict[tuple[str, str], int] = {}
+        """(topic, validation policy) -> messages the schema gate inspected."""
+        self.schema_failures: dict[tuple[str, str], int] = {}
+        """(topic, problem) -> inspected messages that did not fit (refused or warned)."""
+        self.imbalance: Callable[[], float] | None = None
+        """Cluster mode: the load manager's coefficient of variation of broker loads."""
+        self.rebalancing: Callable[[], tuple[Mapping[str, int], int]] | None = None
+        """Cluster mode: (moves made by reason, moves that failed) as this broker led."""
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # -- events (driver side) ---------------------------------------------------------------
+
+    def rpc_done(self, service: str, method: str, status: str) -> None:
+        key = (service, method, status)
+        self.rpcs[key] = self.rpcs.get(key, 0) + 1
+
+    def _topic_label(self, topic: str) -> str:
+        """Without per-topic series every send shares one key: the tables stay one entry."""
+        return topic if self.per_topic and self.core.serves(topic) else NOT_SERVED
+
+    def send_failed(self, topic: str, count: int, error_code: str) -> None:
+        key = (self._topic_label(topic), "error", error_code)
+        self.sends[key] = self.sends.get(key, 0) + count
+
+    def sent(self, topic: str, size: int, seconds: float, *, stored: bool) -> None:
+        """One message (SendMessage) acknowledged after `seconds`."""
+        label = self._topic_label(topic)
+        key = (label, "ok", "")
+        self.sends[key] = self.sends.get(key, 0) + 1
+        self._latency(label).observe(seconds * 1000)
+        self._sizes(label).observe(size)
+        if stored:
+            self.wal.appends += 1
+
+    def sent_batch(self, topic: str, sizes: np.ndarray, seconds: float, *, stored: bool) -> None:
+        """A batch (PublishBatch) acknowledged after `seconds`: one latency observation."""
+        label = self._topic_label(topic)
+        key = (label, "ok", "")
+        self.sends[key] = self.sends.get(key, 0) + len(sizes)
+        self._latency(label).observe(seconds * 1000)
+        self._sizes(label).observe_many(sizes)
+        if stored:
+            self.wal.appends += len(sizes)
+
+    def _latency(self, topic: str) -> Histogram:
+        found = self.send_latency.get(topic)
+        if found is None:
+            found = self.send_latency[topic] = Histogram(LATENCY_BUCKETS_MS)
+        return found
+
+    def _sizes(self, topic: str) -> Histogram:
+        found = self.message_size.get(topic)
+        if found is None:
+            found = self.message_size[topic] = Histogram(SIZE_BUCKETS)
+        return found
+
+    def consumer_sent(self, target: tuple[str, str], messages: int, size: int) -> None:
+        counts = self.delivered.get(target)
+        if counts is None:
+            counts = self.delivered[target] = [0, 0]
+        counts[0] += messages
+        counts[1] += size
+
+    def redirected(self) -> None:
+        self.redirects += 1
+
+    def schema_checked(self, topic: str, policy: str, problem: str | None) -> None:
+        """One message the schema gate inspected (topics with a policy only)."""
+        key = (topic, policy)
+        self.schema_checks[key] = self.schema_checks.get(key, 0) + 1
+        if problem is not None:
+            failure = (topic, problem)
+            self.schema_failures[failure] = self.schema_failures.get(failure, 0) + 1
+
+    def nacked(self, topic: str, subscription: str) -> None:
+        key = (topic, subscription)
+        self.nacks[key] = self.nacks.get(key, 0) + 1
+
+    # -- scrape side ----------------------------------------------------------------------------
+
+    def forget_removed(self, topics: list[stats.TopicStats]) -> None:
+        """Drops the series of topics this broker no longer serves (deleted or moved away)
+        and of subscriptions no longer on them (unsubscribed, deleted), keeping label
+        cardinality to what it serves."""
+        served = {t.topic for t in topics}
+        subscribed = {(t.topic, s.name) for t in topics for s in t.subscriptions}
+        for table in (self.sends, self.schema_checks, self.schema_failures):
+            for key in [k for k in table if k[0] != NOT_SERVED and k[0] not in served]:
+                del table[key]
+        for table in (self.delivered, self.nacks):
+            for key in [k for k in table if k not in subscribed]:
+                del table[key]
+        for histograms in (self.send_latency, self.message_size):
+            for topic in [t for t in histograms if t != NOT_SERVED and t not in served]:
+                del histograms[topic]
+
+
+class _Collector(Collector):
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        families = self._families()
+        if self._metrics.per_topic:
+            yield from families
+        else:
+            yield from (summed_per_broker(family) for family in families)
+
+    def _families(self) -> Iterator[Metric]:
+        m = self._metrics
+        broker = m.broker_id
+        topics = stats.topic_stats(m.core)
+        m.forget_removed(topics)
+        yield from _topic_families(broker, topics)
+        yield from _event_families(m)
+        yield from _drop_families(broker, m.core)
+        yield from _wal_families(broker, m.wal)
+        info = _gauge("danube_broker_info", "Version and mode of this broker.", ["version", "mode"])
+        info.add_metric([broker, VERSION, m.mode], 1)
+        yield info
+        leader = _gauge(
+            "danube_leader_election_state",
+            "1 while this broker is the cluster leader (a standalone broker always is).",
+        )
+        leader.add_metric([broker], 1 if m.leading() else 0)
+        yield leader
+        if m.imbalance is not None and m.leading():
+            cv = _gauge(
+                "danube_cluster_imbalance_cv",
+                "Coefficient of variation of the brokers' load scores (the leader's view).",
+            )
+            cv.add_metric([broker], m.imbalance())
+            yield cv
+        if m.rebalancing is not None:
+            made, failed = m.rebalancing()
+            moves = _counter(
+                "danube_rebalancing_moves_total",
+                "Topic moves this broker made as leader (rebalancing or a manual rebalance).",
+                ["reason"],
+            )
+            for reason in sorted(made):
+                moves.add_metric([broker, reason], made[reason])
+            yield moves
+            failures = _counter(
+                "danube_rebalancing_failures_total",
+                "Moves whose transaction failed or found the cluster changed.",
+                [],
+            )
+            failures.add_metric([broker], failed)
+            yield failures
+
+
+def summed_per_broker(family: Metric) -> Metric:
+    """The family without its topic and subscription labels: samples left with the same
+    labels are added up (counters and gauges per broker, histogram buckets per bound). A
+    family without those labels is returned as it is."""
+    if not any(PER_TOPIC_LABELS & sample.labels.keys() for sample in family.samples):
+        return family
+    totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for sample in family.samples:
+        labels = tuple(
+            sorted((k, v) for k, v in sample.labels.items() if k not in PER_TOPIC_LABELS)
+        )
+        key = (sample.name, labels)
+        totals[key] = totals.get(key, 0.0) + sample.value
+    summed = Metric(family.name, family.documentation, family.type, family.unit)
+    for (name, labels), value in totals.items():
+        summed.add_sample(name, dict(labels), value)
+    return summed
+
+
+def _topic_families(broker: str, topics: list[stats.TopicStats]) -> Iterable[Metric]:
+    owned = _gauge("danube_broker_topics_owned", "Topics this broker serves.")
+    owned.add_metric([broker], len(topics))
+    messages = _counter(
+        "danube_topic_messages_in_total",
+        "Messages accepted on the topic since this broker loaded it.",
+        ["topic"],
+    )
+    size = _counter(
+        "danube_topic_bytes_in_total",
+        "Payload bytes accepted on the topic since this broker loaded it.",
+        ["topic"],
+    )
+    producers = _gauge("danube_topic_active_producers", "Producers of the topic.", ["topic"])
+    consumers = _gauge(
+        "danube_topic_active_consumers",
+        "Consumers attached to the topic's subscriptions (receive stream open).",
+        ["topic"],
+    )
+    subscriptions = _gauge(
+        "danube_topic_active_subscriptions", "Subscriptions of the topic.", ["topic"]
+    )
+    sub_consumers = _gauge(
+        "danube_subscription_active_consumers",
+        "Consumers attached to the subscription (receive stream open).",
+        ["topic", "subscription"],
+    )
+    lag = _gauge(
+        "danube_subscription_lag_messages",
+        "Reliable subscriptions: messages stored and not yet acknowledged (the backlog).",
+        ["topic", "subscription"],
+    )
+    redelivered = _counter(
+        "danube_subscription_redelivery_total",
+        "Reliable subscriptions: messages sent again (after a nack, an ack timeout or their "
+        "consumer leaving) since the subscription was loaded on this broker.",
+        ["topic", "subscription"],
+    )
+    upload = _gauge(
+        "danube_tier_upload_lag_messages",
+        "Object tier: committed messages of the topic not yet in an indexed object.",
+        ["topic"],
+    )
+    for topic in topics:
+        name = topic.topic
+        messages.add_metric([broker, name], topic.messages_in)
+        size.add_metric([broker, name], topic.bytes_in)
+        producers.add_metric([broker, name], topic.producers)
+        consumers.add_metric([broker, name], sum(s.consumers for s in topic.subscriptions))
+        subscriptions.add_metric([broker, name], len(topic.subscriptions))
+        for sub in topic.subscriptions:
+            sub_consumers.add_metric([broker, name, sub.name], sub.consumers)
+            if sub.backlog is not None:
+                lag.add_metric([broker, name, sub.name], sub.backlog)
+                redelivered.add_metric([broker, name, sub.name], sub.redeliveries)
+        if topic.upload_lag is not None:
+            upload.add_metric([broker, name], topic.upload_lag)
+    return (
+        owned, messages, size, producers, consumers, subscriptions, sub_consumers, lag,
+        redelivered, upload,
+    )  # fmt: skip
+
+
+def _event_families(m: BrokerMetrics) -> Iterable[Metric]:
+    broker = m.broker_id
+    rpcs = _counter(
+        "danube_broker_rpc_total",
+        "gRPC calls on the client and admin ports, by outcome (grpc status name).",
+        ["service", "method", "result"],
+    )
+    for (service, method, status), count in sorted(m.rpcs.items()):
+        rpcs.add_metric([broker, service, method, status], count)
+    sends = _counter(
+        "danube_producer_send_total",
+        "Messages producers sent, by result (ok, error) and error code.",
+        ["topic", "result", "error_code"],
+    )
+    for (topic, result, code), count in sorted(m.sends.items()):
+        sends.add_metric([broker, topic, result, code], count)
+    out_messages = _counter(
+        "danube_consumer_messages_out_total",
+        "Messages sent to consumers of the subscription (redeliveries included).",
+        ["topic", "subscription"],
+    )
+    out_bytes = _counter(
+        "danube_consumer_bytes_out_total",
+        "Bytes of the StreamMessages sent to consumers of the subscription.",
+        ["topic", "subscription"],
+    )
+    for (topic, sub), (count, size) in sorted(m.delivered.items()):
+        out_messages.add_metric([broker, topic, sub], count)
+        out_bytes.add_metric([broker, topic, sub], size)
+    nacks = _counter(
+        "danube_subscription_nack_total",
+        "Negative acknowledgements accepted on the subscription.",
+        ["topic", "subscription"],
+    )
+    for (topic, sub), count in sorted(m.nacks.items()):
+        nacks.add_metric([broker, topic, sub], count)
+    latency = _histogram(
+        "danube_producer_send_latency_ms",
+        "Time from a send's arrival to its acknowledgement (per SendMessage or per batch).",
+        ["topic"],
+    )
+    for topic, histogram in sorted(m.send_latency.items()):
+        latency.add_metric([broker, topic], histogram.buckets(), histogram.total)
+    sizes = _histogram(
+        "danube_topic_message_size_bytes", "Payload sizes of accepted messages.", ["topic"]
+    )
+    for topic, histogram in sorted(m.message_size.items()):
+        sizes.add_metric([broker, topic], histogram.buckets(), histogram.total)
+    redirects = _counter(
+        "danube_client_redirects_total",
+        "Topic lookups answered with a Redirect: the topic is served by another broker.",
+        ["reason"],
+    )
+    redirects.add_metric([broker, "not_local"], m.redirects)
+    checks = _counter(
+        "danube_schema_validation_total",
+        "Messages checked against their topic's schema policy (topics with a policy only).",
+        ["topic", "policy"],
+    )
+    for (topic, policy), count in sorted(m.schema_checks.items()):
+        checks.add_metric([broker, topic, policy], count)
+    failures = _counter(
+        "danube_schema_validation_failures_total",
+        "Checked messages that did not fit the schema, refused (enforce) or accepted (warn).",
+        ["topic", "reason"],
+    )
+    for (topic, reason), count in sorted(m.schema_failures.items()):
+        failures.add_metric([broker, topic, reason], count)
+    return (
+        rpcs,
+        sends,
+        out_messages,
+        out_bytes,
+        nacks,
+        latency,
+        sizes,
+        redirects,
+        checks,
+        failures,
+    )
+
+
+def _drop_families(broker: str, core: BrokerCore) -> Iterable[Metric]:
+    dropped = _counter(
+        "danube_nonreliable_dropped_total",
+        "Non-reliable messages dropped for a subscription, by reason.",
+        ["topic", "subscription", "reason"],
+    )
+    for (topic, sub, reason), count in sorted(core.drop_counts().items()):
+        dropped.add_metric([broker, topic, sub, reason], count)
+    return (dropped,)
+
+
+def _wal_families(broker: str, wal: WalMetrics) -> Iterable[Metric]:
+    families: list[Metric] = []
+    for name, doc, value in (
+        ("danube_wal_append_total", "Records appended to WALs.", wal.appends),
+        ("danube_wal_append_bytes_total", "Frame bytes written to WALs.", wal.append_bytes),
+        ("danube_wal_flush_total", "fsyncs (fdatasync) of WAL segments.", wal.flushes),
+        (
+            "danube_wal_file_rotate_total",
+            "WAL segments started after a topic's first.",
+            wal.rotations,
+        ),
+    ):
+        family = _counter(name, doc, [])
+        family.add_metric([broker], value)
+        families.append(family)
+    flush = _histogram(
+        "danube_wal_flush_latency_ms", "Latency of WAL fsyncs (fdatasync), the durability cost.", []
+    )
+    flush.add_metric([broker], wal.flush_latency_ms.buckets(), wal.flush_latency_ms.total)
+    group = _histogram(
+        "danube_wal_group_commit_records",
+        "Records acknowledged together by one group commit (one write and fsync).",
+        [],
+    )
+    group.add_metric([broker], wal.group_commit.buckets(), wal.group_commit.total)
+    return (*families, flush, group)

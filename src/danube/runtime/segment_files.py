@@ -1,0 +1,329 @@
+"""A topic's WAL segment files on local disk: the real-I/O side of `danube.machines.wal`.
+
+`SegmentFiles` performs the WAL machine's file effects (create, write, fsync, close, delete)
+and its file reads; `scan` and `carry_out` turn whatever a crash left in the directory into
+what a `RecoveryPlan` keeps. The production port (`danube.runtime.io_port`) calls it for the
+interpreter, which orders each topic's effects and feeds completions back to the machine.
+Every decision (offsets, group commit, rotation, what recovery keeps) stays in the pure
+machines; blocking calls run in worker threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from danube.effects import TopicScan
+from danube.machines.wal import checkpoint as ck
+from danube.machines.wal import format
+from danube.machines.wal.machine import (
+    CloseSegment,
+    CreateSegment,
+    DeleteSegment,
+    Effect,
+    FileRead,
+    Fsync,
+    Write,
+    decode_file_read,
+)
+from danube.machines.wal.recovery import (
+    LOSS_ACCEPTED_NAME,
+    PlaceSegment,
+    RecoveryEvidence,
+    RecoveryPlan,
+    SyncSegment,
+    TruncateSegment,
+    UnreadableSegment,
+    plan_recovery,
+)
+from danube.runtime.metrics import WalMetrics
+
+FILE_EFFECTS = (CreateSegment, Write, Fsync, CloseSegment, DeleteSegment)
+
+log = logging.getLogger("danube.wal")
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _scan_file(path: Path) -> format.SegmentScan | UnreadableSegment:
+    data = path.read_bytes()
+    try:
+        return format.scan_segment(data)
+    except format.WalFormatError as error:
+        return UnreadableSegment(len(data), str(error))
+
+
+class SegmentFiles:
+    """The segment files of one topic directory (`<wal_root>/<namespace>/<topic>/`)."""
+
+    def __init__(
+        self, directory: Path, *, sync_writes: bool = False, metrics: WalMetrics | None = None
+    ) -> None:
+        self.directory = directory
+        self._metrics = metrics or WalMetrics()
+        self._open: dict[int, int] = {}
+        """segment base -> file descriptor of segments that may still be written."""
+        self._created = False
+        """A segment was started since these files were opened: the next one is a rotation
+        (the first after a start or a reload only reopens the log, whatever its offset)."""
+        self.sync_writes = sync_writes
+        """Every Write is fsynced in the same worker-thread call (`WalConfig.synced_writes`:
+        the machine then asks for no Fsync after it)."""
+        self._mark: ck.Checkpoint | None = None
+        """The newest checkpoint mark in the file (read at recovery, then as written)."""
+        self._mark_fd: int | None = None
+
+    def path(self, segment_base: int) -> Path:
+        return self.directory / format.segment_name(segment_base)
+
+    def segment_bases(self) -> list[int]:
+        bases = (format.segment_base(entry.name) for entry in os.scandir(self.directory))
+        return sorted(base for base in bases if base is not None)
+
+    async def recover(
+        self, topic: str, acknowledged_end: int = 0, indexed_end: int = 0
+    ) -> RecoveryPlan:
+        """Scans every segment, reads the checkpoint and the operator's `accept-loss` file,
+        plans recovery with that evidence and the core's (`acknowledged_end`, `indexed_end`;
+        raising `CorruptSegment` when durable data changed or is missing) and performs the
+        plan's actions (`scan`, then `carry_out`: what the interpreter's `recover` flow asks
+        of the production port, composed here for tools and tests that hold no core)."""
+        scan = await trio.to_thread.run_sync(self.scan)
+        evidence = RecoveryEvidence(
+            checkpoint_end=scan.checkpoint_end,
+            acknowledged_end=acknowledged_end,
+            indexed_end=indexed_end,
+            loss_accepted_at=scan.loss_accepted_at,
+        )
+        plan = plan_recovery(topic, list(scan.segments), evidence)
+        mark = plan.next_offset if plan.next_offset or scan.checkpoint_end is not None else None
+        clear = scan.loss_accepted_at is not None
+        await trio.to_thread.run_sync(
+            self.carry_out, topic, tuple(plan.actions), mark, clear, _now_ms()
+        )
+        return plan
+
+    def scan(self) -> TopicScan:
+        """The directory as recovery sees it (`danube.effects.ScanTopic`): every segment's
+        scan, the checkpoint's durable end, the `accept-loss` offset. Blocking."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        scans = tuple((base, _scan_file(self.path(base))) for base in self.segment_bases())
+        self._mark = self._read_checkpoint()
+        return TopicScan(
+            scans,
+            None if self._mark is None else self._mark.durable_end,
+            self._read_loss_accepted(),
+        )
+
+    def carry_out(
+        self,
+        topic: str,
+        actions: tuple[Any, ...],
+        mark: int | None,
+        clear_loss_accepted: bool,
+        now_ms: int,
+    ) -> None:
+        """A recovery plan's actions (`danube.effects.RecoverTopic`), then the recovered end
+        marked in the checkpoint (the kept segments are durable now) and an `accept-loss`
+        file removed. Blocking."""
+        for action in actions:
+            if isinstance(action, PlaceSegment):
+                header = format.encode_segment_header(topic, action.segment_base, now_ms)
+                os.close(self._create(CreateSegment(action.segment_base, header)))
+            else:
+                self._recovery_action(action)
+        if mark is not None:
+            self.write_checkpoint(mark)
+        if clear_loss_accepted:
+            log.warning(
+                "event=wal_loss_accepted directory=%s continues_at=%d",
+                self.directory, 0 if mark is None else mark,
+            )  # fmt: skip
+            self._remove_loss_accepted()
+
+    def _read_checkpoint(self) -> ck.Checkpoint | None:
+        try:
+            return ck.decode_checkpoint((self.directory / ck.CHECKPOINT_NAME).read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def _read_loss_accepted(self) -> int | None:
+        """The offset in the operator's `accept-loss` file (0 when empty), None without one;
+        an unreadable number counts as 0 (the evidence still decides)."""
+        try:
+            text = (self.directory / LOSS_ACCEPTED_NAME).read_text(errors="replace").strip()
+        except FileNotFoundError:
+            return None
+        return int(text) if text.isascii() and text.isdigit() else 0
+
+    def _remove_loss_accepted(self) -> None:
+        (self.directory / LOSS_ACCEPTED_NAME).unlink(missing_ok=True)
+        _fsync_directory(self.directory)
+
+    def write_checkpoint(self, durable_end: int) -> bool:
+        """Marks `durable_end` durably in the checkpoint's other slot (one pwrite, one
+        fdatasync; the directory is fsynced once, when the file is created). Skips a mark
+        that says no more than the last: returns whether it wrote."""
+        if durable_end <= (0 if self._mark is None else self._mark.durable_end):
+            return False
+        mark = ck.next_mark(self._mark, durable_end)
+        created = False
+        if self._mark_fd is None:
+            path = self.directory / ck.CHECKPOINT_NAME
+            created = not path.exists()
+            self._mark_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        _write_all(self._mark_fd, ck.encode_checkpoint(mark), mark.position)
+        os.fdatasync(self._mark_fd)
+        if created:
+            _fsync_directory(self.directory)
+        self._mark = mark
+        return True
+
+    def _recovery_action(self, action: TruncateSegment | SyncSegment | DeleteSegment) -> None:
+        path = self.path(action.segment_base)
+        if isinstance(action, DeleteSegment):
+            path.unlink(missing_ok=True)
+            _fsync_directory(self.directory)
+            return
+        fd = os.open(path, os.O_RDWR)
+        try:
+            if isinstance(action, TruncateSegment):
+                os.ftruncate(fd, action.size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    async def perform(self, effect: Effect) -> None:
+        """Carries out one file effect; raises `OSError` when the disk refuses."""
+        metrics = self._metrics
+        if isinstance(effect, Write):
+            fd = self._writable(effect.segment_base)
+            if self.sync_writes:
+                synced = await trio.to_thread.run_sync(
+                    _write_synced, fd, effect.data, effect.position
+                )
+                metrics.flushed(synced)
+            else:
+                await trio.to_thread.run_sync(_write_all, fd, effect.data, effect.position)
+            metrics.append_bytes += len(effect.data)
+        elif isinstance(effect, Fsync):
+            fd = self._writable(effect.segment_base)
+            metrics.flushed(await trio.to_thread.run_sync(_timed_fdatasync, fd))
+        elif isinstance(effect, CreateSegment):
+            fd = await trio.to_thread.run_sync(self._create, effect)
+            self._open[effect.base_offset] = fd
+            if self._created:
+                metrics.rotations += 1
+            self._created = True
+        elif isinstance(effect, CloseSegment):
+            fd = self._open.pop(effect.segment_base, None)
+            if fd is not None:
+                os.close(fd)
+        elif isinstance(effect, DeleteSegment):
+            fd = self._open.pop(effect.segment_base, None)
+            if fd is not None:
+                os.close(fd)
+            await trio.to_thread.run_sync(self._recovery_action, effect)
+        else:
+            raise TypeError(f"{type(effect).__name__} is not a file effect")
+
+    def _writable(self, segment_base: int) -> int:
+        fd = self._open.get(segment_base)
+        if fd is None:
+            raise OSError(
+                errno.EBADF,
+                f"segment {format.segment_name(segment_base)} is not open (creating it failed)",
+            )
+        return fd
+
+    def _create(self, effect: CreateSegment) -> int:
+        """Header into a temporary file, fsync, rename over the segment name, fsync the
+        directory (the contract of `CreateSegment`): a crash leaves either no segment or one
+        with its whole header, and the rename replaces a frameless file recovery kept."""
+        final = self.path(effect.base_offset)
+        temporary = final.with_suffix(".tmp")
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, effect.header, 0)
+            os.fsync(fd)
+            os.rename(temporary, final)
+            _fsync_directory(self.directory)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    async def truncate(self, segment_base: int, size: int) -> None:
+        """Cuts a segment to `size` bytes, durably (the repair after `Failed`)."""
+        self.close()
+        action = TruncateSegment(segment_base, size)
+        await trio.to_thread.run_sync(self._recovery_action, action)
+
+    def read_bytes(self, segment_base: int, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [`start`, `end`) of a segment (to its end when `end` is None); raises
+        `FileNotFoundError` when the segment is gone. Blocking."""
+        with open(self.path(segment_base), "rb") as file:
+            file.seek(start)
+            return file.read() if end is None else file.read(end - start)
+
+    def remove(self) -> None:
+        """Closes the files and deletes the directory with everything in it. Blocking."""
+        self.close()
+        if self.directory.exists():
+            shutil.rmtree(self.directory)
+
+    async def read(self, plan: FileRead) -> tuple[bytes, ...]:
+        """The records a `FileRead` asked for, verified frame by frame."""
+
+        data = await trio.to_thread.run_sync(
+            self.read_bytes, plan.segment_base, plan.start, plan.end
+        )
+        return decode_file_read(plan, data)
+
+    def close(self) -> None:
+        for fd in self._open.values():
+            os.close(fd)
+        self._open.clear()
+        if self._mark_fd is not None:
+            os.close(self._mark_fd)
+            self._mark_fd = None
+
+
+def _timed_fdatasync(fd: int) -> float:
+    """Seconds the fdatasync took: the WAL's durability cost, for the metrics."""
+    started = time.perf_counter()
+    os.fdatasync(fd)
+    return time.perf_counter() - started
+
+
+def _write_synced(fd: int, data: bytes, position: int) -> float:
+    """Writes, then fdatasyncs; returns the fdatasync's seconds."""
+    _write_all(fd, data, position)
+    return _timed_fdatasync(fd)
+
+
+def _write_all(fd: int, data: bytes, position: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, position)
+        if written == 0:
+            raise OSError(errno.EIO, "pwrite wrote nothing")
+        view = view[written:]
+        position += written

@@ -1,0 +1,388 @@
+"""Brings a broker up and down: metadata store, core, gRPC servers, cluster membership (in
+cluster mode), shutdown."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import logging
+import random
+import secrets
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+import trio_asyncio
+
+from danube import keys
+from danube.machines.dispatch import QueueLimits
+from danube.machines.node.core import BrokerCore, BrokerIdentity
+from danube.machines.requests.receive import RECEIVE_BATCH
+from danube.machines.tiering import UploaderConfig
+from danube.machines.wal import records
+from danube.metadata import EmbeddedStore, MetadataStore
+from danube.proto import danube as pb
+from danube.proto import danube_admin as admin_pb
+from danube.proto import danube_schema as schema_pb
+from danube.runtime.admin import AdminServices
+from danube.runtime.batch_plane import (
+    BATCH_REQUEST_LIMIT,
+    ConsumerBatchService,
+    ProducerExtService,
+)
+from danube.runtime.broker import BrokerRuntime, persist
+from danube.runtime.cluster_admin import ClusterAdminOps
+from danube.runtime.cluster_member import ClusterMember
+from danube.runtime.data_plane import (
+    ConsumerExtService,
+    ConsumerService,
+    DiscoveryService,
+    HealthCheckService,
+    ProducerService,
+)
+from danube.runtime.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
+from danube.runtime.metrics import BrokerMetrics
+from danube.runtime.metrics_http import Endpoints, Health, serve_http
+from danube.runtime.object_store import ObjectStore
+from danube.runtime.placement import ClusterPlacement, LocalPlacement, Placement
+from danube.runtime.schema_gate import SchemaGate
+from danube.runtime.schema_ports import ClientPortSchemaRegistry
+from danube.runtime.schema_service import Offload, SchemaService, in_worker_thread
+from danube.values.config import Address, BrokerConfig, advertised_admin, unreachable_admin
+
+log = logging.getLogger("danube.runtime")
+
+CLIENT_PORT_BASES: list[type] = [
+    pb.ProducerServiceBase,
+    pb.ConsumerServiceBase,
+    pb.DiscoveryBase,
+    pb.HealthCheckBase,
+    pb.StorageServiceBase,
+    schema_pb.SchemaRegistryBase,
+]
+ADMIN_PORT_BASES: list[type] = [
+    admin_pb.BrokerAdminBase,
+    admin_pb.NamespaceAdminBase,
+    admin_pb.TopicAdminBase,
+    schema_pb.SchemaRegistryBase,
+]
+NOT_YET = "this broker version does not offer it yet"
+NO_RAFT = (
+    "there is no Raft group to manage: the metadata store is etcd (cluster mode) or embedded "
+    "(standalone), and etcd manages its own members (etcdctl member add/remove)"
+)
+NO_SECURITY = "roles and bindings arrive with authentication and RBAC, not offered yet"
+
+SHUTDOWN_GRACE_SECONDS = 2.0
+UPLOAD_GRACE_SECONDS = 15.0
+"""How long a graceful stop waits for the sealed tails of tiered topics to be uploaded."""
+TICK_SECONDS = 0.05
+"""Period of the core's timers: adds to the `flush` loss window and to ack-timeout slack."""
+DROP_CHECK_SECONDS = 1.0
+DROP_REPORT_SECONDS = 10.0
+UNLIMITED_MESSAGE_CAP = 256 * 1024 * 1024
+"""Transport cap when max_message_size is 0 (unlimited): the broker still must not buffer
+whatever length a client claims."""
+
+
+T = TypeVar("T")
+SCHEMA_WORKERS = 2
+"""Schema compiles, comparisons and large payload checks at once, in worker threads of their
+own limiter: they share the interpreter (the GIL) with everything else the broker does, so
+each runs under a step and CPU budget and ends at its next step once its caller gives up
+(`schema_service.in_worker_thread`)."""
+
+
+def _schema_offload(limiter: trio.CapacityLimiter) -> Offload[Any]:
+    async def offload(work: Callable[[], T]) -> T:
+        run = functools.partial(in_worker_thread, work, limiter)
+        result: T = await trio_asyncio.trio_as_aio(run)()
+        return result
+
+    return offload
+
+
+@dataclass(frozen=True, slots=True)
+class BoundAddresses:
+    broker: Address
+    admin: Address
+    metrics: Address | None = None
+    """The metrics and health endpoint (`broker.ports.prometheus`); None when it is off."""
+
+
+def _listen(address: Address) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    # IPPROTO_TCP explicitly: grpclib only sets TCP_NODELAY on sockets that say so, and
+    # without it every small reply waits ~40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address.host, address.port))
+    except OSError as error:
+        sock.close()
+        raise OSError(f"cannot listen on {address}: {error.strerror}") from None
+    sock.listen(1024)
+    return sock
+
+
+def _bound(sock: socket.socket, host: str) -> Address:
+    return Address(host, sock.getsockname()[1])
+
+
+def broker_id_for(data_dir: Path) -> str:
+    """A random id chosen on first start and kept in the data directory."""
+    path = data_dir / "broker_id"
+    if path.exists():
+        return path.read_text().strip()
+    broker_id = str(secrets.randbits(63))
+    path.write_text(broker_id + "\n")
+    return broker_id
+
+
+def _message_limit(config: BrokerConfig) -> int:
+    size = config.policies.max_message_size
+    return (size + DEFAULT_REQUEST_LIMIT) if size else UNLIMITED_MESSAGE_CAP
+
+
+async def _report_drops(core: BrokerCore) -> None:
+    """Non-reliable drops are expected under overload; say so in the log promptly (within a
+    second of the first drop) but at most once per period for each topic, subscription and
+    reason."""
+    reported: dict[tuple[str, str, str], tuple[int, float]] = {}
+    while True:
+        await trio.sleep(DROP_CHECK_SECONDS)
+        now = trio.current_time()
+        for key, count in core.drop_counts().items():
+            last_count, last_time = reported.get(key, (0, -DROP_REPORT_SECONDS))
+            if count > last_count and now - last_time >= DROP_REPORT_SECONDS:
+                topic, sub, reason = key
+                log.warning(
+                    "event=messages_dropped topic=%s subscription=%s reason=%s count=%d total=%d",
+                    topic, sub, reason, count - last_count, count,
+                )  # fmt: skip
+                reported[key] = (count, now)
+
+
+async def _open_store(config: BrokerConfig, data_dir: Path) -> MetadataStore:
+    if config.mode != "cluster":
+        return await EmbeddedStore.open(data_dir / "metadata")
+    from danube.metadata import EtcdStore  # loads grpc and etcd3: only in cluster mode
+
+    return await EtcdStore.connect(config.cluster.etcd_endpoints, prefix=config.cluster.etcd_prefix)
+
+
+async def _run_member(
+    member: ClusterMember,
+    scope: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with scope:
+        await member.run(task_status=task_status)
+
+
+async def serve(
+    config: BrokerConfig,
+    shutdown: trio.Event,
+    *,
+    task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Runs a broker until `shutdown` is set, then stops cleanly: open receive streams end,
+    pending metadata is written, WAL tails are sealed (and uploaded with an object tier), a
+    cluster member gives up its lease so its topics move at once, sockets close."""
+    data_dir = Path(config.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    broker_id = broker_id_for(data_dir)
+    clustered = config.mode == "cluster"
+    store = await _open_store(config, data_dir)
+    sockets: list[socket.socket] = []
+    try:
+        broker_sock = _listen(config.broker_addr)
+        sockets.append(broker_sock)
+        admin_sock = _listen(config.admin_addr)
+        sockets.append(admin_sock)
+        metrics_sock = metrics_addr = None
+        if config.prometheus_addr is not None:
+            metrics_sock = _listen(config.prometheus_addr)
+            sockets.append(metrics_sock)
+            metrics_addr = _bound(metrics_sock, config.prometheus_addr.host)
+        bound = BoundAddresses(
+            _bound(broker_sock, config.broker_addr.host),
+            _bound(admin_sock, config.admin_addr.host),
+            metrics_addr,
+        )
+        advertised = config.advertised_addr or str(bound.broker)
+        identity = BrokerIdentity(f"http://{advertised}", f"http://{advertised}")
+        # what other brokers and ListBrokers are told: a wildcard bind named reachably
+        admin_seen = advertised_admin(bound.admin, advertised)
+        core = BrokerCore(
+            identity,
+            rng=random.Random(secrets.randbits(128)),
+            default_policies=config.policies,
+            queue_limits=QueueLimits(
+                config.dispatch.consumer_queue_messages, config.dispatch.consumer_queue_bytes
+            ),
+            auto_create_topics=config.auto_create_topics,
+            # SegmentFiles fsyncs each write in the same worker-thread call (one I/O round
+            # trip per group commit instead of two).
+            wal_config=dataclasses.replace(config.storage.wal, synced_writes=True),
+            max_unacked_messages=config.dispatch.max_unacked_messages,
+            routing_key_of=records.routing_key,
+            uploads=UploaderConfig() if config.storage.tiered else None,
+            durability=config.storage.durability,
+            clustered=clustered,
+        )
+        metrics = BrokerMetrics(core, broker_id, config.mode, per_topic=config.metrics_per_topic)
+        objects = None
+        if config.storage.tiered:
+            assert config.storage.durable_root is not None
+            root, storage = config.storage.durable_root, config.storage
+            # In a worker thread: s3fs starts its own asyncio loop (in a thread of its own) on
+            # first use, which trio-asyncio refuses inside the trio thread.
+            objects = await trio.to_thread.run_sync(
+                lambda: ObjectStore(root, endpoint=storage.endpoint, region=storage.region)
+            )
+            log.info("event=object_tier mode=%s root=%s", config.storage.mode, objects.describe())
+        # Cluster mode: the broker owns no topic yet; they come by assignment.
+        restored = core.restore(
+            {
+                kv.key: kv.value
+                for kv in await store.scan(keys.NAMESPACES_PREFIX if clustered else "/")
+            }
+        )
+        for effect in core.bootstrap(config.bootstrap_namespaces).effects:
+            await persist(store, effect)
+        async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
+            runtime = BrokerRuntime(
+                core,
+                store,
+                Path(config.wal_root),
+                nursery,
+                loop,
+                objects,
+                metrics=metrics,
+                clustered=clustered,
+            )
+            health = Health(runtime)
+            if metrics_sock is not None:
+                endpoints = Endpoints(metrics.exposition, health.not_ready, health.alive)
+                nursery.start_soon(serve_http, metrics_sock, endpoints)
+            nursery.start_soon(trio_asyncio.aio_as_trio(runtime.write_metadata))
+            # Reliable topics recover before the ports open: a client never sees a topic
+            # whose offsets are not known yet.
+            runtime.apply(restored.effects)
+            await runtime.wal_loads_done()
+            placement: Placement = LocalPlacement(core)
+            member: ClusterMember | None = None
+            if clustered:
+                cluster_placement = ClusterPlacement(
+                    core, store, broker_id, auto_create_topics=config.auto_create_topics
+                )
+                placement = cluster_placement
+                if (why := unreachable_admin(admin_seen, advertised)) is not None:
+                    log.warning("event=admin_address_unreachable reason=%r", why)
+                registration = {
+                    "broker_url": identity.broker_url,
+                    "connect_url": identity.connect_url,
+                    "admin_addr": f"http://{admin_seen}",
+                    "metrics_addr": f"http://{bound.metrics}" if bound.metrics else "",
+                }
+                member = ClusterMember(
+                    store, runtime, broker_id, registration, config.cluster, cluster_placement
+                )
+                leader = member.leader
+                metrics.leading = lambda: leader() == broker_id
+                balance = member.load_manager.machine.balance
+                metrics.imbalance = lambda: balance().coefficient_of_variation
+                driver = member.load_manager
+                metrics.rebalancing = lambda: (driver.moves, driver.move_failures)
+            consumers = ConsumerService(runtime, placement)
+            schemas = SchemaService(
+                store, _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)), placement
+            )
+            gate = SchemaGate(schemas, metrics)
+            # Everything built so far lives as long as the broker: moved out of the cyclic
+            # collector's reach, a full collection (set off by a schema check's garbage in a
+            # worker thread, say) no longer pauses the event loop for 100+ ms scanning it.
+            gc.freeze()
+            batch_limit = BATCH_REQUEST_LIMIT + _message_limit(config)
+            client_services = [
+                ClientPortSchemaRegistry(schemas),
+                ProducerService(runtime, placement, _message_limit(config), gate),
+                ProducerExtService(runtime, gate, batch_limit),
+                consumers,
+                ConsumerExtService(consumers),
+                ConsumerBatchService(runtime, RECEIVE_BATCH),
+                DiscoveryService(placement, metrics),
+                HealthCheckService(runtime),
+            ]
+            client_server = Server(
+                [
+                    *client_services,
+                    Unimplemented(CLIENT_PORT_BASES, client_services, NOT_YET),
+                ],
+                metrics.rpc_done,
+                config.grpc,
+            )
+            admin = AdminServices(
+                runtime,
+                broker_id,
+                f"http://{admin_seen}",
+                schemas,
+                metrics_url=f"http://{bound.metrics}" if bound.metrics else "",
+                cluster=ClusterAdminOps(store, member) if member is not None else None,
+                placement=cluster_placement if clustered else None,
+                store=store if clustered else None,
+            )
+            admin_services = [admin, schemas]
+            admin_server = Server(
+                [
+                    *admin_services,
+                    Unimplemented(ADMIN_PORT_BASES, admin_services, NOT_YET),
+                    Unimplemented([admin_pb.ClusterAdminBase], admin_services, NO_RAFT),
+                    Unimplemented([admin_pb.SecurityAdminBase], admin_services, NO_SECURITY),
+                ],
+                metrics.rpc_done,
+                config.grpc,
+            )
+            nursery.start_soon(_report_drops, core)
+            nursery.start_soon(runtime.tick, TICK_SECONDS)
+            await trio_asyncio.aio_as_trio(client_server.start)(sock=broker_sock)
+            await trio_asyncio.aio_as_trio(admin_server.start)(sock=admin_sock)
+            member_scope = trio.CancelScope()
+            if member is not None:
+                await nursery.start(_run_member, member, member_scope)
+            health.started = True
+            log.info(
+                "event=broker_ready broker_id=%s mode=%s broker_addr=%s admin_addr=%s "
+                "metrics_addr=%s data_dir=%s",
+                broker_id, config.mode, bound.broker, bound.admin, bound.metrics or "off",
+                data_dir,
+            )  # fmt: skip
+            task_status.started(bound)
+            await shutdown.wait()
+            log.info("event=broker_stopping open_streams=%d", runtime.open_streams)
+            runtime.stopping = True
+            runtime.apply(core.live_streams())
+            with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
+                while runtime.open_streams:
+                    await trio.sleep(0.01)
+            for server in (client_server, admin_server):
+                server.close()
+                await trio_asyncio.aio_as_trio(server.wait_closed)()
+                server.close_connections()
+            await runtime.quiesce(SHUTDOWN_GRACE_SECONDS, UPLOAD_GRACE_SECONDS)
+            await trio_asyncio.aio_as_trio(runtime.flush_metadata)()
+            if member is not None:
+                await member.leave()
+                member_scope.cancel()
+            nursery.cancel_scope.cancel()
+    finally:
+        for sock in sockets:
+            sock.close()
+        await store.aclose()
+    log.info("event=broker_stopped")

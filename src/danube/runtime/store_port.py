@@ -1,0 +1,99 @@
+"""The production port of the metadata-store effects (`StoreRead`, `StoreList`,
+`StoreTxn`) and the trio driver of flows (`danube.effects.flow`).
+
+The port adds what production has and the flows must not know: the request timeout, the
+ownership claims that fence a broker's writes, and the store's own error types, turned into
+the vocabulary's (`StoreUnreachable`, `Outcome.UNKNOWN`). The read-back after a transaction
+that did not commit is done here, once, for every machine."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import trio
+
+from danube.effects import (
+    LeaseGone,
+    LeaseGrant,
+    LeaseRenew,
+    Outcome,
+    StoreList,
+    StoreRead,
+    StoreTxn,
+    StoreUnreachable,
+    TxnAnswer,
+)
+from danube.effects.flow import Finished, Flow, step
+from danube.machines.cluster.ownership import fence_compares
+from danube.metadata import KeyValue, LeaseNotFound, MetadataError, MetadataStore
+from danube.runtime.watching import REQUEST_TIMEOUT_S
+
+T = TypeVar("T")
+
+STORE_EFFECTS = (StoreRead, StoreList, StoreTxn, LeaseGrant, LeaseRenew)
+StoreEffect = StoreRead | StoreList | StoreTxn | LeaseGrant | LeaseRenew
+
+
+async def perform_store(
+    store: MetadataStore, effect: StoreEffect, claims: Mapping[str, int] | None = None
+) -> Any:
+    """Carries out one store effect with the request timeout; raises `StoreUnreachable`
+    for a request the store did not answer, `LeaseGone` for a lease it does not know,
+    `danube.machines.cluster.ownership.NotOwner` for a fenced write this broker holds no claim
+    for."""
+    if isinstance(effect, StoreTxn):
+        return await _transact(store, effect, claims)
+    try:
+        with trio.fail_after(REQUEST_TIMEOUT_S):
+            if isinstance(effect, StoreRead):
+                return await store.get(effect.key)
+            if isinstance(effect, StoreList):
+                return await store.scan(effect.prefix)
+            if isinstance(effect, LeaseGrant):
+                return await store.grant_lease(effect.ttl_s)
+            await store.keepalive(effect.lease_id)
+            return None
+    except LeaseNotFound as error:
+        raise LeaseGone(str(error)) from error
+    except (MetadataError, trio.TooSlowError) as error:
+        raise StoreUnreachable(f"{type(error).__name__}: {error}") from error
+
+
+async def _transact(
+    store: MetadataStore, effect: StoreTxn, claims: Mapping[str, int] | None
+) -> TxnAnswer:
+    compares = [*effect.compares, *fence_compares(effect.fenced, claims)]
+    try:
+        with trio.fail_after(REQUEST_TIMEOUT_S):
+            result = await store.txn(compares, list(effect.ops))
+    except (MetadataError, trio.TooSlowError):
+        outcome = Outcome.UNKNOWN
+    else:
+        if result.succeeded:
+            return TxnAnswer(Outcome.COMMITTED, revision=result.revision)
+        outcome = Outcome.REFUSED
+    found: dict[str, KeyValue | None] = {}
+    for key in effect.read_back:
+        try:
+            with trio.fail_after(REQUEST_TIMEOUT_S):
+                found[key] = await store.get(key)
+        except (MetadataError, trio.TooSlowError):
+            break  # the store is gone: the flow sees the key as not read
+    return TxnAnswer(outcome, found)
+
+
+async def drive(flow: Flow[T], perform: Callable[[Any], Awaitable[Any]]) -> T:
+    """Runs `flow` to its end, `perform` answering each request (its exception is thrown
+    into the flow). Raises what the flow raised."""
+    request = step(flow)
+    while not isinstance(request, Finished):
+        try:
+            answer = await perform(request)
+        except Exception as failure:
+            request = step(flow, error=failure)
+        else:
+            request = step(flow, answer=answer)
+    if request.error is not None:
+        raise request.error
+    return request.value

@@ -1,0 +1,98 @@
+"""Hand codecs for Danube's per-message calls (SendMessage, Ack, Nack), plugged into grpclib.
+
+grpclib's `ProtoCodec` decodes a request with `request_type.FromString(body)` and encodes a
+reply with `reply.SerializeToString()` once it is an instance of the handler's reply type; the
+types here answer those two calls without building a betterproto message, whose parse or
+encode costs more CPU than the gRPC call itself on this machine (bench/plain_path.py). A
+`StreamMessage` goes through `danube.machines.wal.records`, the codec reliable topics store with;
+the small messages are read here. Every decoder accepts any encoding every Danube client's parser
+reads alike (fields in any order, repeated, unknown ones skipped; spec/record-validity.md) and
+raises `records.RecordError` for anything else or beyond the codec's limits, which
+`grpc_util.recv_bounded` answers with INVALID_ARGUMENT."""
+
+from __future__ import annotations
+
+from danube.machines.node.requests import Acknowledgement
+from danube.machines.wal import records
+
+_VARINT, _LEN = 0, 2
+_UINT64 = (1 << 64) - 1
+
+
+class StreamMessageWire:
+    """Request type of SendMessage: the body decodes to a `records.Record`."""
+
+    @staticmethod
+    def FromString(data: bytes) -> records.Record:  # the protobuf API grpclib calls
+        return records.decode(data)
+
+
+def decode_ack(data: bytes) -> Acknowledgement:
+    """A `danube.AckRequest`."""
+    return _acknowledgement(data, nack=False)
+
+
+def decode_nack(data: bytes) -> Acknowledgement:
+    """A `danube.NackRequest`: an `AckRequest` plus `delay_ms` (4) and `reason` (5)."""
+    return _acknowledgement(data, nack=True)
+
+
+_ACK = records.Schema({1: _VARINT, 2: _LEN, 3: _LEN}, frozenset({3}))
+_NACK = records.Schema({1: _VARINT, 2: _LEN, 3: _LEN, 4: _VARINT, 5: _LEN}, frozenset({3, 5}))
+"""`reason` (5) matters to no nack, but is still checked, as any string field."""
+
+
+def _acknowledgement(data: bytes, *, nack: bool) -> Acknowledgement:
+    request = Acknowledgement()
+    found, count = records.read(data, _NACK if nack else _ACK)
+    for number, _, value in found:
+        if number == 1:
+            request.request_id = value
+        elif number == 2:
+            request.has_msg_id = True
+            count = _msg_id(value, request, count)
+        elif number == 3:
+            request.subscription_name = value
+        elif number == 4 and nack:
+            request.delay_ms = value
+    return request
+
+
+def _msg_id(data: bytes, request: Acknowledgement, count: int) -> int:
+    """Fields 1 (producer_id) and 3 (broker_addr) matter to no acknowledgement; they are still
+    checked, as any field."""
+    found, count = records.read(data, records.MSG_ID, count)
+    for number, _, value in found:
+        if number == 5:
+            request.topic_offset = value
+        elif number == 2:
+            request.topic_name = value
+    return count
+
+
+class AckRequestWire:
+    """Request type of Ack."""
+
+    FromString = staticmethod(decode_ack)
+
+
+class NackRequestWire:
+    """Request type of Nack."""
+
+    FromString = staticmethod(decode_nack)
+
+
+class RequestIdReply:
+    """`MessageResponse`, `AckResponse` and `NackResponse` alike: each is only `request_id`
+    (field 1), so one reply type encodes all three."""
+
+    __slots__ = ("request_id",)
+
+    def __init__(self, request_id: int) -> None:
+        self.request_id = request_id
+
+    def SerializeToString(self) -> bytes:  # the protobuf API grpclib calls
+        # A record holding only request_id encodes as exactly field 1. The decoders refuse a
+        # varint past 64 bits; the mask keeps a uint64's bits for any other caller.
+        only_id = records.Record(request_id=self.request_id & _UINT64, has_msg_id=False)
+        return records.encode(only_id)
