@@ -1,6 +1,7 @@
-"""Simulated producers and consumers. They send the request messages the gRPC services
-receive (`danube.proto.danube`), time out and retry as real clients do, and tell the checker
-what they were told (acknowledged publishes) and what they received."""
+"""Simulated producers and consumers. They send the requests the gRPC services receive
+(`danube.proto.danube`; the per-message ones as the services hold them once decoded,
+`sim.requests`), time out and retry as real clients do, and tell the checker what they were
+told (acknowledged publishes) and what they received."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from danube.proto import danube_ext as ext_pb
 from danube.values.errors import DanubeError, ErrorCode
 from sim.broker import Reply, SimBroker
 from sim.network import Network
+from sim.requests import AckBatchRequest, AckRequest, NackRequest, PublishBatch
 from sim.world import US_PER_S, World
 
 if TYPE_CHECKING:
@@ -160,9 +162,10 @@ class SimProducer:
         assert self._producer_id is not None
         if self._key is None and self.keys:
             self._key = f"k{self.world.rng.randrange(self.keys)}"
-        message = pb.StreamMessage(
+        message = records.Record(  # a SendMessage, decoded (`wire_codec.StreamMessageWire`)
             request_id=self._caller.next_request_id(),
-            msg_id=pb.MsgId(producer_id=self._producer_id, topic_name=self.topic),
+            producer_id=self._producer_id,
+            topic_name=self.topic,
             payload=self._payload(),
             publish_time=self.world.now_ms,
             producer_name=self.name,
@@ -238,12 +241,7 @@ class SimBatchProducer(SimProducer):
                 for payload in self._payloads()
             ],
         )
-        request = ext_pb.PublishBatch(
-            producer_id=self._producer_id,
-            topic_name=self.topic,
-            sequence=self._caller.next_request_id(),
-            frame=frame,
-        )
+        request = PublishBatch(self._producer_id, self.topic, self._caller.next_request_id(), frame)
         self.sent += self._count
         started = self.world.now
         self._caller.call(
@@ -369,20 +367,19 @@ class SimConsumer:
 
     def _settle(self, record: records.Record) -> None:
         offset = record.topic_offset
-        msg_id = pb.MsgId(topic_name=record.topic_name, topic_offset=offset)
         if self.nack and self.world.rng.random() < self.nack:
-            request: Any = pb.NackRequest(
-                request_id=self._caller.next_request_id(),
-                msg_id=msg_id,
-                subscription_name=self.subscription,
-                delay_ms=self.world.rng.choice([None, 0, 200]),
+            request: Any = NackRequest(
+                self._caller.next_request_id(),
+                True,
+                record.topic_name,
+                offset,
+                self.subscription,
+                self.world.rng.choice([None, 0, 200]),
             )
         else:
             self.checker.client_acked(self.topic, self.subscription, offset)
-            request = pb.AckRequest(
-                request_id=self._caller.next_request_id(),
-                msg_id=msg_id,
-                subscription_name=self.subscription,
+            request = AckRequest(
+                self._caller.next_request_id(), True, record.topic_name, offset, self.subscription
             )
         self._send_settlement(request)
 
@@ -408,11 +405,13 @@ class SimBatchConsumer(SimConsumer):
     def _settle(self, record: records.Record) -> None:
         if self.nack and self.world.rng.random() < self.nack:
             self._send_settlement(
-                pb.NackRequest(
-                    request_id=self._caller.next_request_id(),
-                    msg_id=pb.MsgId(topic_name=record.topic_name, topic_offset=record.topic_offset),
-                    subscription_name=self.subscription,
-                    delay_ms=self.world.rng.choice([None, 0, 200]),
+                NackRequest(
+                    self._caller.next_request_id(),
+                    True,
+                    record.topic_name,
+                    record.topic_offset,
+                    self.subscription,
+                    self.world.rng.choice([None, 0, 200]),
                 )
             )
             return
@@ -424,10 +423,5 @@ class SimBatchConsumer(SimConsumer):
     def _flush(self) -> None:
         offsets, self._acks = self._acks, []
         self._send_settlement(
-            ext_pb.AckBatchRequest(
-                request_id=self._caller.next_request_id(),
-                topic_name=self.topic,
-                subscription_name=self.subscription,
-                offsets=offsets,
-            )
+            AckBatchRequest(self._caller.next_request_id(), self.topic, self.subscription, offsets)
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from danube.machines.wal import records
 from danube.proto import danube as pb
 from danube.values.errors import DanubeError, ErrorCode
 from sim.broker import Reply
@@ -105,9 +106,10 @@ class ClusterProducer:
         if self.stopped or self._producer_id is None:
             return
         payload = self._payload()
-        message = pb.StreamMessage(
+        message = records.Record(  # a SendMessage, decoded (`sim.requests`)
             request_id=self._caller.next_request_id(),
-            msg_id=pb.MsgId(producer_id=self._producer_id, topic_name=self.topic),
+            producer_id=self._producer_id,
+            topic_name=self.topic,
             payload=payload.encode(),
             publish_time=self.world.now_ms,
             producer_name=self.name,

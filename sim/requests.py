@@ -18,10 +18,12 @@ checker makes it a violation (a bug of the broker, never a client's fault)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from danube.effects import Sleep
 from danube.effects.flow import Finished, Flow, step
+from danube.machines.node.requests import Acknowledgement
 from danube.machines.requests import publish, receive, settle
 from danube.machines.requests.effects import (
     AdmitSchema,
@@ -37,6 +39,59 @@ if TYPE_CHECKING:
     from sim.world import World
 
 US_PER_MS = 1_000
+
+
+# -- the requests as the services hold them once decoded ---------------------------------------
+#
+# The simulated clients send what a gRPC service holds after its hand decoder ran
+# (`danube.runtime.wire_codec`): a `records.Record` for a SendMessage, an `Acknowledgement`
+# for an Ack or a Nack, and for the batched calls the few fields the flows read. Building a
+# betterproto message per request (and converting it) cost about a third of a run; the
+# decoders themselves are the production code's, tested against protobuf's parsers on their
+# own (tests/broker/test_wire_codec.py, tests/wal/test_records.py). The class names are the
+# protobuf messages' (the trace names requests by them).
+
+
+class AckRequest(Acknowledgement):
+    """A `danube.AckRequest`, decoded (`wire_codec.decode_ack`)."""
+
+    __slots__ = ()
+
+
+class NackRequest(Acknowledgement):
+    """A `danube.NackRequest`, decoded (`wire_codec.decode_nack`)."""
+
+    __slots__ = ()
+
+
+@dataclass(slots=True)
+class PublishBatch:
+    """A `danube.ext.PublishBatch`: the frame is the wire's bytes (the flow checks them)."""
+
+    producer_id: int
+    topic_name: str
+    sequence: int
+    frame: bytes
+
+
+@dataclass(slots=True)
+class AckBatchRequest:
+    """A `danube.ext.AckBatchRequest`."""
+
+    request_id: int
+    topic_name: str
+    subscription_name: str
+    offsets: list[int]
+
+
+class Answer:
+    """The answer of a publish or a settlement (`MessageResponse`, `BatchAck`, `AckResponse`,
+    ...): the simulated clients read nothing of it but that it is not a refusal."""
+
+    __slots__ = ("request_id",)
+
+    def __init__(self, request_id: int) -> None:
+        self.request_id = request_id
 
 
 class StorageWait:

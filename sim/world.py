@@ -10,11 +10,16 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
-from collections import deque
 from collections.abc import Callable
 
 US_PER_MS = 1_000
 US_PER_S = 1_000_000
+
+
+_CHUNK = 512
+"""Trace lines gathered before they go into the digest at once: hashing one joined chunk
+gives the digest of hashing each line, at a fraction of the calls (a run logs a line for
+most of its events). At least the lines `recent` keeps."""
 
 
 class World:
@@ -26,9 +31,12 @@ class World:
         self._queue: list[tuple[int, int, Callable[[], None]]] = []
         self._sequence = 0
         self._digest = hashlib.sha256()
-        self.recent: deque[str] = deque(maxlen=keep_trace)
-        """The last lines of the trace, for the report of a violation."""
-        self.lines: list[str] | None = [] if full_trace else None
+        self._keep = keep_trace
+        self._pending: list[str] = []
+        """Trace lines not yet in the digest (at most `_CHUNK`)."""
+        self._previous: list[str] = []
+        """The chunk that went into the digest last (for `recent`)."""
+        self._lines: list[str] | None = [] if full_trace else None
         self.events = 0
         self.answered_twice: Callable[[str], None] | None = None
         """Told when a request is answered a second time (the checker makes it a
@@ -41,30 +49,57 @@ class World:
     def at(self, delay_us: int, action: Callable[[], None]) -> None:
         """Runs `action` `delay_us` from now (after everything already due at that time)."""
         self._sequence += 1
-        heapq.heappush(self._queue, (self.now + max(delay_us, 0), self._sequence, action))
+        when = self.now + delay_us if delay_us > 0 else self.now
+        heapq.heappush(self._queue, (when, self._sequence, action))
 
     def log(self, line: str) -> None:
         """One trace line; the run's digest covers every line, so equal digests mean equal
         traces."""
-        text = f"{self.now:>12} {line}"
-        self._digest.update(text.encode())
-        self._digest.update(b"\n")
-        self.recent.append(text)
-        if self.lines is not None:
-            self.lines.append(text)
+        pending = self._pending
+        pending.append(f"{self.now:>12} {line}")
+        if len(pending) >= _CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        pending.append("")  # each line ends with a newline
+        self._digest.update("\n".join(pending).encode())
+        pending.pop()
+        if self._lines is not None:
+            self._lines.extend(pending)
+        self._previous, self._pending = pending, []
+
+    @property
+    def recent(self) -> list[str]:
+        """The last lines of the trace, for the report of a violation."""
+        pending = self._pending
+        if len(pending) >= self._keep:
+            return pending[len(pending) - self._keep :]
+        return (self._previous + pending)[-self._keep :] if self._keep else []
+
+    @property
+    def lines(self) -> list[str] | None:
+        """The whole trace, when the world keeps it (`full_trace`)."""
+        if self._lines is not None:
+            self._flush()
+        return self._lines
 
     def run_until(self, end_us: int, stop: Callable[[], bool] = lambda: False) -> None:
         """Executes events up to `end_us` (or until `stop()` holds after an event)."""
-        queue = self._queue
+        queue, pop = self._queue, heapq.heappop
         while queue and queue[0][0] <= end_us:
-            time, _, action = heapq.heappop(queue)
+            time, _, action = pop(queue)
             self.now = time
             self.events += 1
             action()
             if stop():
                 return
-        self.now = max(self.now, end_us)
+        if end_us > self.now:
+            self.now = end_us
 
     @property
     def digest(self) -> str:
+        self._flush()
         return self._digest.hexdigest()
