@@ -5,7 +5,9 @@ google.protobuf (upb)."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from collections.abc import Callable
+
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from danube.machines.node.requests import record_of
@@ -72,3 +74,59 @@ def test_an_empty_attribute_is_kept() -> None:
     record = records.decode(b"\x3a\x00")
     assert record.attributes == {"": ""}
     assert records.decode(records.encode(record)).attributes == {"": ""}
+
+
+def _either(decode: Callable[[bytes], records.Record | None], data: bytes) -> object:
+    try:
+        return decode(data)
+    except records.RecordError as error:
+        return error.reason
+
+
+@settings(max_examples=500)
+@given(messages())
+def test_the_one_pass_decoder_reads_what_the_field_reader_reads(message: pb.StreamMessage) -> None:
+    """`decode` reads plain encodings in one pass (`_decode_plain`), everything else field by
+    field (`_decode_fields`): both give the same record where the first answers at all, and
+    it answers for every message without attributes that this codec or betterproto encodes."""
+    for data in (records.encode(record_of(message)), bytes(message)):
+        plain = records._decode_plain(data)
+        if plain is not None:
+            assert plain == records._decode_fields(data)
+        elif not message.attributes:
+            varints = (message.request_id, message.publish_time, message.schema_id or 0)
+            msg_id = message.msg_id
+            assert max(*varints, msg_id.producer_id, msg_id.topic_offset) >= 2**63 or (
+                len(data) >= 2**28
+            )
+
+
+def _mutated(data: bytes) -> st.SearchStrategy[bytes]:
+    """`data` cut short, with a byte changed, or with bytes put in (refused or odd encodings
+    near valid ones)."""
+    size = len(data)
+    return st.one_of(
+        st.integers(0, size).map(lambda cut: data[:cut]),
+        st.tuples(st.integers(0, max(size - 1, 0)), st.integers(0, 255)).map(
+            lambda change: data[: change[0]] + bytes([change[1]]) + data[change[0] + 1 :]
+        ),
+        st.tuples(st.integers(0, size), st.binary(min_size=1, max_size=4)).map(
+            lambda put: data[: put[0]] + put[1] + data[put[0] :]
+        ),
+    )
+
+
+@settings(max_examples=2000)
+@given(st.binary(max_size=80) | messages().map(bytes).flatmap(_mutated))
+@example(b"\x48" + b"\xff" * 8 + b"\x7f")  # schema_version keeps its low 32 bits
+@example(b"\x08" + b"\xff" * 9 + b"\x01")  # a 10-byte varint: the long way
+@example(b"\x12\x02\x28\x80")  # msg_id's offset runs past the msg_id
+@example(b"\x12\x01\x28\x08\x01")  # msg_id ends before its offset's value
+@example(b"\x12\x01\x12\x01")  # msg_id's topic length runs past the msg_id
+@example(b"\x12\x03\x12\x02a\x1a\x00")  # msg_id's topic runs past the msg_id
+def test_the_one_pass_decoder_never_takes_what_the_field_reader_refuses(data: bytes) -> None:
+    """On any bytes, `_decode_plain` returns None or exactly the record `_decode_fields`
+    returns (never a record for bytes refused with a `RecordError`, never another error)."""
+    plain = records._decode_plain(data)
+    if plain is not None:
+        assert _either(records._decode_fields, data) == plain
