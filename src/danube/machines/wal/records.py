@@ -346,7 +346,7 @@ _PLAIN_FIELDS = 256
 
 def _decode_plain(data: bytes) -> Record | None:
     """`decode` in one pass for the encodings clients and this codec produce: each field a
-    known one with its declared wire type, varints of at most 9 bytes, lengths of at most 4,
+    known one with its declared wire type, lengths of at most 4 bytes,
     no attributes (field 7), at most `_PLAIN_FIELDS` fields. None for anything else, refused
     bytes included: `decode` then reads them field by field, which decides and explains.
     What this returns is what that returns (tests/wal/test_records.py compares them)."""
@@ -414,10 +414,15 @@ def _decode_plain(data: bytes) -> Record | None:
                         elif tag == 8 or tag == 40:
                             value = shift = 0
                             while True:
-                                if pos >= stop or shift == 63:
+                                if pos >= stop:
                                     return None
                                 byte = data[pos]
                                 pos += 1
+                                if shift == 63:  # the 10th byte: 0 or 1, as `_read_varint`
+                                    if byte > 1:
+                                        return None
+                                    value |= byte << 63
+                                    break
                                 value |= (byte & 0x7F) << shift
                                 if byte < 0x80:
                                     break
@@ -446,12 +451,15 @@ def _decode_plain(data: bytes) -> Record | None:
                     while True:
                         byte = data[pos]
                         pos += 1
+                        if shift == 63:  # the 10th byte: 0 or 1, as `_read_varint`
+                            if byte > 1:
+                                return None
+                            value |= byte << 63
+                            break
                         value |= (byte & 0x7F) << shift
                         if byte < 0x80:
                             break
                         shift += 7
-                        if shift == 63:
-                            return None
                 if tag == 8:
                     request_id = value
                 elif tag == 32:
