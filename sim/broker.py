@@ -61,6 +61,8 @@ from sim.requests import (
     AckBatchRequest,
     AckRequest,
     Answer,
+    ConsumerRequest,
+    ConsumerResponse,
     NackRequest,
     PublishBatch,
     SimRequests,
@@ -126,7 +128,7 @@ class Reply:
             self.done = True
             shown = f"error {answer.code.name}" if isinstance(answer, DanubeError) else "ok"
             self._network.world.log(f"reply {self._client} {shown}")
-            self._network.send(self._client, lambda: self._deliver(answer))
+            self._network.send(self._client, partial(self._deliver, answer))
 
     @property
     def client(self) -> str:
@@ -368,7 +370,7 @@ class SimBroker:
                 step = requests.create_producer(core, request)
                 self._apply(step.effects)
                 reply(pb.ProducerResponse(request.request_id, step.value, request.producer_name))
-            elif isinstance(request, pb.ConsumerRequest):
+            elif kind is ConsumerRequest:
                 self._subscribe(request, stream.get("start"), reply)
             elif isinstance(request, pb.ReceiveRequest):
                 self._open_stream(core, request.consumer_id, reply, None, **stream)
@@ -381,12 +383,12 @@ class SimBroker:
         except Exception as error:  # answered INTERNAL, as the gRPC services do
             reply(self.internal_error(_describe(request), error))
 
-    def _subscribe(self, request: pb.ConsumerRequest, start: Any, reply: Reply) -> None:
+    def _subscribe(self, request: ConsumerRequest, start: Any, reply: Reply) -> None:
         def done(answer: Any) -> None:
             if isinstance(answer, DanubeError):
                 reply(answer)
             else:
-                reply(pb.ConsumerResponse(request.request_id, answer, request.consumer_name))
+                reply(ConsumerResponse(request.request_id, answer, request.consumer_name))
 
         self.requests.run(self.requests.subscribe(request, start), done)
 

@@ -16,7 +16,13 @@ from danube.proto import danube_ext as ext_pb
 from danube.values.errors import DanubeError, ErrorCode
 from sim.broker import Reply, SimBroker
 from sim.network import Network
-from sim.requests import AckBatchRequest, AckRequest, NackRequest, PublishBatch
+from sim.requests import (
+    AckBatchRequest,
+    AckRequest,
+    ConsumerRequest,
+    NackRequest,
+    PublishBatch,
+)
 from sim.world import US_PER_S, World
 
 if TYPE_CHECKING:
@@ -307,12 +313,8 @@ class SimConsumer:
         self._subscribe()
 
     def _subscribe(self) -> None:
-        request = pb.ConsumerRequest(
-            request_id=self._caller.next_request_id(),
-            topic_name=self.topic,
-            consumer_name=self.name,
-            subscription=self.subscription,
-            subscription_type=pb.ConsumerRequestSubscriptionType(self.sub_type),
+        request = ConsumerRequest(
+            self._caller.next_request_id(), self.topic, self.name, self.subscription, self.sub_type
         )
         self._caller.call(
             request, self._subscribed, self._retry_subscribe, start=self.start_position

@@ -80,6 +80,8 @@ class ClusterChecker:
                     f"broker {node.name} believes it is unfenced, but its lease {m.lease_id} is "
                     "not alive in the store",
                 )
+        if not leaders:  # reading the key (a JSON decode) after every event is most of the check
+            return
         if len(leaders) > 1:
             self._violate(ONE_LEADER, f"brokers {', '.join(leaders)} all believe they lead")
         key = self.etcd.get(keys.LEADER_KEY)

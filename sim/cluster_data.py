@@ -50,6 +50,7 @@ from sim.faults import Faults, Injected
 from sim.flow_runner import Answer, perform_store, run_flow
 from sim.network import Network
 from sim.objects import SimObjectStore
+from sim.requests import ConsumerRequest
 from sim.run import UPLOADS
 from sim.world import US_PER_MS, World
 
@@ -329,6 +330,6 @@ class DataPlane:
 def _topic_of(request: Any) -> str | None:
     """The topic a request is routed by, as `Placement.route` routes them; publishes, acks and
     nacks go to the core, which refuses them itself for a topic it does not serve."""
-    if isinstance(request, pb.ProducerRequest | pb.ConsumerRequest):
+    if isinstance(request, pb.ProducerRequest | ConsumerRequest):
         return str(request.topic_name)
     return None

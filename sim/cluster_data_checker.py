@@ -25,6 +25,7 @@ from danube.machines.tiering import layout as tier_layout
 from danube.machines.wal import format, records
 from danube.metadata.model import WatchEvent
 from danube.values.names import parse_topic
+from sim.broker import warm_kernels
 from sim.checker import Violation
 from sim.cluster_node import SimNode
 from sim.etcd import Origin, SimEtcd
@@ -45,6 +46,7 @@ class DataChecker:
         nodes: Sequence[SimNode],
         topics: Sequence[str],
     ) -> None:
+        warm_kernels()  # before the run's clock starts (the first kernel call is slow)
         self.world = world
         self.etcd = etcd
         self.objects = objects

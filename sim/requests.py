@@ -84,6 +84,27 @@ class AckBatchRequest:
     offsets: list[int]
 
 
+@dataclass(slots=True)
+class ConsumerRequest:
+    """A `danube.ConsumerRequest`: what `danube.machines.node.requests.subscribe` reads."""
+
+    request_id: int
+    topic_name: str
+    consumer_name: str
+    subscription: str
+    subscription_type: int
+    key_filters: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class ConsumerResponse:
+    """A `danube.ConsumerResponse`: the consumer's id."""
+
+    request_id: int
+    consumer_id: int
+    consumer_name: str
+
+
 class Answer:
     """The answer of a publish or a settlement (`MessageResponse`, `BatchAck`, `AckResponse`,
     ...): the simulated clients read nothing of it but that it is not a refusal."""
