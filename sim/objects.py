@@ -140,8 +140,8 @@ class SimObjectStore:
             if error is not None:
                 done(None, error)
                 return
-            listed = [(k, o.modified_ms) for k, o in sorted(self.objects.items())]
-            done([(k, m) for k, m in listed if k.startswith(prefix)], None)
+            listed = [(k, o.modified_ms) for k, o in self.objects.items() if k.startswith(prefix)]
+            done(sorted(listed), None)  # keys are unique: sorted by key
 
         self.world.at(delay, complete)
 
