@@ -64,6 +64,8 @@ from sim.requests import (
     ConsumerRequest,
     ConsumerResponse,
     NackRequest,
+    ProducerRequest,
+    ProducerResponse,
     PublishBatch,
     SimRequests,
 )
@@ -366,10 +368,10 @@ class SimBroker:
             elif kind is NackRequest:
                 flow = self.requests.nack_one(request)
                 self.requests.run(flow, _answered(reply, Answer(request.request_id)))
-            elif isinstance(request, pb.ProducerRequest):
+            elif kind is ProducerRequest:
                 step = requests.create_producer(core, request)
                 self._apply(step.effects)
-                reply(pb.ProducerResponse(request.request_id, step.value, request.producer_name))
+                reply(ProducerResponse(request.request_id, step.value, request.producer_name))
             elif kind is ConsumerRequest:
                 self._subscribe(request, stream.get("start"), reply)
             elif isinstance(request, pb.ReceiveRequest):

@@ -21,6 +21,7 @@ from sim.requests import (
     AckRequest,
     ConsumerRequest,
     NackRequest,
+    ProducerRequest,
     PublishBatch,
 )
 from sim.world import US_PER_S, World
@@ -141,11 +142,8 @@ class SimProducer:
     def _create(self) -> None:
         if self.stopped:
             return
-        request = pb.ProducerRequest(
-            request_id=self._caller.next_request_id(),
-            producer_name=self.name,
-            topic_name=self.topic,
-            dispatch_strategy=self.strategy,
+        request = ProducerRequest(
+            self._caller.next_request_id(), self.name, self.topic, int(self.strategy)
         )
         self._caller.call(request, self._created, self._retry_create)
 

@@ -11,12 +11,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from danube.machines.wal import records
-from danube.proto import danube as pb
+from danube.values.config import DispatchStrategy
 from danube.values.errors import DanubeError, ErrorCode
 from sim.broker import Reply
 from sim.clients import Caller
 from sim.cluster_node import SimNode
 from sim.network import Network
+from sim.requests import ProducerRequest
 from sim.world import US_PER_MS, US_PER_S, World
 
 REQUEST_TIMEOUT_US = 2 * US_PER_S
@@ -82,11 +83,8 @@ class ClusterProducer:
     def _create(self) -> None:
         if self.stopped:
             return
-        request = pb.ProducerRequest(
-            request_id=self._caller.next_request_id(),
-            producer_name=self.name,
-            topic_name=self.topic,
-            dispatch_strategy=pb.DispatchStrategy.Reliable,
+        request = ProducerRequest(
+            self._caller.next_request_id(), self.name, self.topic, int(DispatchStrategy.RELIABLE)
         )
         self._call(request, self._created)
 

@@ -39,7 +39,6 @@ from danube.machines.cluster.keys import Marker
 from danube.machines.cluster.ownership import NotOwner, Ownership, OwnershipConfig
 from danube.machines.wal.machine import Durability, WalConfig
 from danube.metadata.model import KeyValue
-from danube.proto import danube as pb
 from danube.values.config import OBJECT_DURABILITY, TopicDurability
 from danube.values.errors import DanubeError, ErrorCode
 from sim.broker import TICK_US, Observer, Reply, SimBroker
@@ -50,7 +49,7 @@ from sim.faults import Faults, Injected
 from sim.flow_runner import Answer, perform_store, run_flow
 from sim.network import Network
 from sim.objects import SimObjectStore
-from sim.requests import ConsumerRequest
+from sim.requests import ConsumerRequest, ProducerRequest
 from sim.run import UPLOADS
 from sim.world import US_PER_MS, World
 
@@ -330,6 +329,6 @@ class DataPlane:
 def _topic_of(request: Any) -> str | None:
     """The topic a request is routed by, as `Placement.route` routes them; publishes, acks and
     nacks go to the core, which refuses them itself for a topic it does not serve."""
-    if isinstance(request, pb.ProducerRequest | ConsumerRequest):
+    if isinstance(request, ProducerRequest | ConsumerRequest):
         return str(request.topic_name)
     return None

@@ -85,6 +85,27 @@ class AckBatchRequest:
 
 
 @dataclass(slots=True)
+class ProducerRequest:
+    """A `danube.ProducerRequest`: what `danube.machines.node.requests.create_producer`
+    reads."""
+
+    request_id: int
+    producer_name: str
+    topic_name: str
+    dispatch_strategy: int
+    producer_access_mode: int = 0
+
+
+@dataclass(slots=True)
+class ProducerResponse:
+    """A `danube.ProducerResponse`: the producer's id."""
+
+    request_id: int
+    producer_id: int
+    producer_name: str
+
+
+@dataclass(slots=True)
 class ConsumerRequest:
     """A `danube.ConsumerRequest`: what `danube.machines.node.requests.subscribe` reads."""
 
