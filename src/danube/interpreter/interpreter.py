@@ -407,11 +407,23 @@ class Interpreter:
                     resume()
                 self._next_file(topic, lane)
 
-        self._run(self._file_flow(TopicFile(topic, effect, lane.sync)), done)
+        self._perform(TopicFile(topic, effect, lane.sync), done)
 
-    @staticmethod
-    def _file_flow(request: TopicFile) -> Flow[None]:
-        yield request
+    def _perform(self, request: Any, finish: Finish) -> None:
+        """Performs one request and finishes with its error (None when it succeeded), as
+        `_run` runs a flow that only yields `request`, without the flow: each WAL file
+        effect goes this way."""
+        answered = False
+
+        def done(_answer: Any = None, error: BaseException | None = None) -> None:
+            nonlocal answered
+            if answered:
+                raise AssertionError(f"{request!r} was answered twice")
+            answered = True
+            if not self.closed:
+                self._post(lambda: finish(None, error))
+
+        self.host.perform(request, done)
 
     # -- checkpoints -------------------------------------------------------------------------------
 
