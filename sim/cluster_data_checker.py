@@ -57,6 +57,9 @@ class DataChecker:
         """topic → payload → offset, of every object the index names."""
         self.acked: dict[str, list[str]] = {topic: [] for topic in topics}
         self.counts: Counter[str] = Counter()
+        self._claims: dict[str, str | None] = {}
+        """topic → the broker whose claim stands, as in the store: every change of the store
+        reaches `committed` (reading the claim at each data write cost a JSON decode)."""
         etcd.observers.append(self)
 
     def _violate(self, invariant: str, detail: str) -> None:
@@ -66,17 +69,15 @@ class DataChecker:
     # -- at every commit (g, and the stored payloads for h) ---------------------------------------
 
     def committed(self, events: list[WatchEvent], origin: Origin | None) -> None:
+        for event in events:  # first: the claims as this commit leaves them
+            if event.key.endswith("/owner"):
+                claimed = topic_of_key(event.key)
+                if claimed is not None and owner_key(claimed) == event.key:
+                    self._claims[claimed] = _holder(event.value if event.kind == "put" else None)
         if origin is None or origin.kind not in DATA_WRITES or not events:
             return
         for topic in sorted({t for e in events if (t := topic_of_key(e.key)) is not None}):
-            owner = self.etcd.get(owner_key(topic))
-            holder = (
-                None
-                if owner is None
-                else keys.broker_id_from_json(
-                    owner.value.get("broker_id") if isinstance(owner.value, dict) else None
-                )
-            )
+            holder = self._claims.get(topic)
             if holder != origin.broker:
                 self._violate(
                     ONE_WRITER,
@@ -159,6 +160,13 @@ class DataChecker:
                 self._violate(
                     NO_LOSS, f"{topic}: {len(lost)} acknowledged messages are lost: {lost[:5]}"
                 )
+
+
+def _holder(value: object) -> str | None:
+    """The broker an owner key's value names (None: no claim)."""
+    if value is None:
+        return None
+    return keys.broker_id_from_json(value.get("broker_id") if isinstance(value, dict) else None)
 
 
 def _records_of(data: bytes) -> list[tuple[int, str]]:

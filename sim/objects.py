@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from danube.machines.wal import format, records
 from sim.faults import Faults, Injected
@@ -45,13 +46,71 @@ class StoredBlob:
     """The store's clock when the object landed."""
 
 
+class _Objects(dict[str, StoredBlob]):
+    """The store's objects by key, with each listed prefix's listing kept until an object
+    under it is written or deleted (orphan scans list every topic's objects every second;
+    listing and sorting all of them was a twentieth of a cluster run). Every way to change
+    the dict drops the listings it touches: tests and the impostor fault write to it
+    directly. Blobs are never changed in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listings: dict[str, list[tuple[str, int]]] = {}
+
+    def _changed(self, key: str) -> None:
+        if self.listings:
+            for prefix in [p for p in self.listings if key.startswith(p)]:
+                del self.listings[prefix]
+
+    def __setitem__(self, key: str, value: StoredBlob) -> None:
+        self._changed(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self._changed(key)
+        super().__delitem__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self._changed(key)
+        return super().pop(key, *default)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._changed(key)
+        return super().setdefault(key, default)
+
+    def popitem(self) -> tuple[str, StoredBlob]:
+        self.listings.clear()
+        return super().popitem()
+
+    def clear(self) -> None:
+        self.listings.clear()
+        super().clear()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.listings.clear()
+        super().update(*args, **kwargs)
+
+    def __ior__(self, other: Any) -> Any:
+        self.listings.clear()
+        return super().__ior__(other)
+
+    def listing(self, prefix: str) -> list[tuple[str, int]]:
+        """(key, last-modified ms) of every object under `prefix`, in key order (a copy)."""
+        listed = self.listings.get(prefix)
+        if listed is None:
+            listed = [(k, o.modified_ms) for k, o in self.items() if k.startswith(prefix)]
+            listed.sort()  # keys are unique: sorted by key
+            self.listings[prefix] = listed
+        return list(listed)
+
+
 class SimObjectStore:
     def __init__(self, world: World, faults: Faults, injected: Injected, epoch_ms: int) -> None:
         self.world = world
         self.faults = faults
         self.injected = injected
         self.epoch_ms = epoch_ms
-        self.objects: dict[str, StoredBlob] = {}
+        self.objects = _Objects()
         self.gets_fail_until = 0
         """World time (µs) until which every GET fails: a read outage."""
 
@@ -140,8 +199,7 @@ class SimObjectStore:
             if error is not None:
                 done(None, error)
                 return
-            listed = [(k, o.modified_ms) for k, o in self.objects.items() if k.startswith(prefix)]
-            done(sorted(listed), None)  # keys are unique: sorted by key
+            done(self.objects.listing(prefix), None)
 
         self.world.at(delay, complete)
 
