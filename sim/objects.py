@@ -14,6 +14,7 @@ broker's wall clock.
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,36 +48,51 @@ class StoredBlob:
 
 
 class _Objects(dict[str, StoredBlob]):
-    """The store's objects by key, with each listed prefix's listing kept until an object
-    under it is written or deleted (orphan scans list every topic's objects every second;
-    listing and sorting all of them was a twentieth of a cluster run). Every way to change
-    the dict drops the listings it touches: tests and the impostor fault write to it
-    directly. Blobs are never changed in place."""
+    """The store's objects by key, with a sorted listing of each prefix listed so far, kept
+    up to date as objects are written and deleted (orphan scans list every topic's objects
+    every second; walking and sorting all objects for each was a twentieth of a cluster
+    run). Every way to change the dict keeps the listings right: tests and the impostor
+    fault write to it directly. Blobs are never changed in place."""
 
     def __init__(self) -> None:
         super().__init__()
         self.listings: dict[str, list[tuple[str, int]]] = {}
 
-    def _changed(self, key: str) -> None:
-        if self.listings:
-            for prefix in [p for p in self.listings if key.startswith(p)]:
-                del self.listings[prefix]
+    def _put(self, key: str, value: StoredBlob) -> None:
+        for prefix, listed in self.listings.items():
+            if key.startswith(prefix):
+                at = bisect.bisect_left(listed, (key,))
+                if at < len(listed) and listed[at][0] == key:
+                    listed[at] = (key, value.modified_ms)
+                else:
+                    listed.insert(at, (key, value.modified_ms))
+
+    def _gone(self, key: str) -> None:
+        for prefix, listed in self.listings.items():
+            if key.startswith(prefix):
+                at = bisect.bisect_left(listed, (key,))
+                if at < len(listed) and listed[at][0] == key:
+                    del listed[at]
 
     def __setitem__(self, key: str, value: StoredBlob) -> None:
-        self._changed(key)
         super().__setitem__(key, value)
+        self._put(key, value)
 
     def __delitem__(self, key: str) -> None:
-        self._changed(key)
         super().__delitem__(key)
+        self._gone(key)
 
     def pop(self, key: str, *default: Any) -> Any:
-        self._changed(key)
-        return super().pop(key, *default)
+        had = key in self
+        value = super().pop(key, *default)
+        if had:
+            self._gone(key)
+        return value
 
     def setdefault(self, key: str, default: Any = None) -> Any:
-        self._changed(key)
-        return super().setdefault(key, default)
+        if key not in self:
+            self[key] = default
+        return self[key]
 
     def popitem(self) -> tuple[str, StoredBlob]:
         self.listings.clear()
