@@ -24,7 +24,7 @@ import grpc
 from official_harness import build_client, main, receive_n, report
 
 from danube import SubType
-from danube.machines.schema import CompatibilityMode, SchemaType
+from danube.schema import CompatibilityMode, SchemaType
 
 ID = {"name": "id", "type": "long"}
 V1 = json.dumps({"type": "record", "name": "Order", "fields": [ID]}).encode()
