@@ -15,12 +15,17 @@ from danube.machines.dispatch.types import SubscriptionType
 
 @contextlib.contextmanager
 def nack_acknowledges() -> Iterator[None]:
-    """A nack settles its message as an ack would: the message was received, so every
-    subscription still 'got' it, but it is never delivered again and the cursor passes it.
-    Nothing is undelivered at the end and nothing stalls: only the safety rule that a cursor
-    passes an offset only once a consumer acknowledged it sees the skip."""
+    """A Shared subscription's nack settles its message as an ack would: the message was
+    received, so the subscription still 'got' it, but it is never delivered again and the
+    cursor passes it. Nothing is undelivered at the end and nothing stalls, and Shared has no
+    order or per-key rule to trip (in Key-Shared, invariant 5 would see the next message of
+    the key go out; in Exclusive, invariant 3 a later rewind): only the safety rule that a
+    cursor passes an offset only once a consumer acknowledged it sees the skip."""
+    original = reliable.ReliableSubscription.nack
 
     def nack(self: Any, offset: int, delay_ms: int | None, now_ms: int) -> list[Any]:
+        if self.sub_type is not SubscriptionType.SHARED:
+            return original(self, offset, delay_ms, now_ms)
         self._begin(now_ms)
         entry = self._entries.get(offset)
         if entry is not None and entry.consumer is not None:
