@@ -72,7 +72,8 @@ CAUGHT_BY: dict[str, str | tuple[str, ...]] = {
     "ack_fails_inside_the_core": "16 ",
 }
 """The invariant each planted bug breaks first, with the default mix of batched and plain
-clients: a cursor moved past an unacknowledged offset shows as a message never delivered; a
+clients: a cursor moved past an unacknowledged offset, and a batch answered before it is
+stored, break 4 (acknowledged is stored) at once, during the load; a
 skipped redelivery as a gap in a subscription's order, or, in the seed that catches it first
 since each ack of a batch is carried out before the next, as a later ack of the forgotten
 offset failing inside the core (16); an exception inside the core is 16
