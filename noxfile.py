@@ -115,6 +115,20 @@ def fuzz(session: nox.Session) -> None:
 
 
 @nox.session
+def sim_long(session: nox.Session) -> None:
+    """An hour of simulated time: seeds 1-6 of 600 simulated seconds each, default faults
+    (issue 22: long runs that find rare interleavings, judged by safety at every moment and
+    by the drain's progress rule at the end). SIM_LONG_SEEDS and SIM_LONG_FIRST_SEED move the
+    window; further arguments go to `python -m sim` (`nox -s sim_long -- --profile heavy`)."""
+    seeds = os.environ.get("SIM_LONG_SEEDS", "6")
+    first = os.environ.get("SIM_LONG_FIRST_SEED", "1")
+    session.run(
+        sys.executable, "-m", "sim", "--seed", first, "--seeds", seeds, "--duration", "600",
+        *session.posargs, external=True,
+    )  # fmt: skip
+
+
+@nox.session
 def sim(session: nox.Session) -> None:
     """One simulator run, for replaying a seed: `nox -s sim -- --seed 42 --duration 10`."""
     session.run(sys.executable, "-m", "sim", *session.posargs, external=True)
