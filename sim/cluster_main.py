@@ -37,7 +37,8 @@ SWARM: Space = {
 """What `--cluster --swarm` draws per seed (with `--data`, also the producers' rate). Each
 fault of the profile is on half the time; `skew` is never raised (below 1 the self-fencing
 margin holds, spec/cluster.md)."""
-SWARM_DATA: Space = {**SWARM, "rate": one_of(10.0, 20.0, 40.0)}
+SWARM_DATA: Space = {**SWARM, "rate": one_of(5.0, 10.0, 20.0)}
+"""With data planes: the producers' rate, never above the default."""
 
 
 def swarm_draw(
