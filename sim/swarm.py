@@ -116,11 +116,11 @@ def draw(
     on: list[str] = []
     off: list[str] = []
     for item in dataclasses.fields(faults):  # type: ignore[arg-type]
-        value = getattr(faults, item.name)
-        if not isinstance(value, float) or value <= 0:
-            continue
+        # Drawn for every knob, whatever its value: a knob set to 0 on the command line or by
+        # another profile does not move the draws of the knobs after it.
         lit, scale = rng.random() < ON, rng.choice(SCALES)
-        if item.name in pinned or item.name in inert:
+        value = getattr(faults, item.name)
+        if not isinstance(value, float) or value <= 0 or item.name in pinned | inert:
             continue
         if not lit:
             off.append(item.name)

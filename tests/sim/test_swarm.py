@@ -132,23 +132,25 @@ def drawer_base_faults(simulator: str) -> Any:
 
 
 def test_knobs_given_on_the_command_line_are_pinned() -> None:
-    argv = ["--seed", "3", "--nack", "0.05", "--crash=0.02", "--synced-writes", "--swarm"]
+    argv = ["--seed", "3", "--nack", "0.05", "--crash=0.02", "--loss", "0", "--synced-writes"]
     pinned = given_knobs(argv, Workload, Faults)
-    assert pinned == {"nack", "crash", "synced_writes"}
+    assert pinned == {"nack", "crash", "loss", "synced_writes"}
     assert given_knobs(["--no-rebalance"], ClusterWorkload, ClusterFaults) == {"rebalance"}
     base_workload = Workload(nack=0.05, synced_writes=True)
-    base_faults = dataclasses.replace(DEFAULT, crash=0.02)
+    base_faults = dataclasses.replace(DEFAULT, crash=0.02, loss=0.0)
     for seed in range(1, 51):
         kept = swarm_draw(seed, base_workload, base_faults, pinned)
-        free = swarm_draw(seed, base_workload, base_faults, set())
+        free = swarm_draw(seed, Workload(), DEFAULT, set())
         assert kept.workload.nack == 0.05 and kept.workload.synced_writes
         assert kept.faults.crash == 0.02 and "crash" not in kept.faults_on + kept.faults_off
-        # Pinning a knob does not move any other knob's draw.
-        assert dataclasses.replace(kept.workload, nack=0, synced_writes=False) == (
-            dataclasses.replace(free.workload, nack=0, synced_writes=False)
+        assert kept.faults.loss == 0.0 and "loss" not in kept.faults_on + kept.faults_off
+        # Pinning a knob (to 0 too) does not move any other knob's draw.
+        unpinned = dict(nack=0, synced_writes=False)
+        assert dataclasses.replace(kept.workload, **unpinned) == (
+            dataclasses.replace(free.workload, **unpinned)
         )
-        assert dataclasses.replace(kept.faults, crash=0) == dataclasses.replace(
-            free.faults, crash=0
+        assert dataclasses.replace(kept.faults, crash=0, loss=0) == dataclasses.replace(
+            free.faults, crash=0, loss=0
         )
 
 
@@ -222,7 +224,7 @@ def test_the_replay_command_reproduces_the_swarm_seeds_digest() -> None:
     assert plain["digest"] != swarm_run["digest"], "the swarm changed this seed's settings"
 
 
-PLANT_SEEDS = range(1, 61)
+PLANT_SEEDS = range(1, 16)
 PLANT_DURATION_S = 3
 
 
@@ -230,25 +232,25 @@ PLANT_DURATION_S = 3
 def test_the_swarm_catches_a_planted_bug_the_default_profile_never_reaches() -> None:
     """`smaller_window_acks_the_overflow` needs an operator shrinking a window while messages
     are in flight beyond it. The default profile with the default workload has no operator, so
-    it misses the bug in every seed; the swarm turns the operator on in half the seeds and
-    finds it within a few (not a rarer combination of two faults: a bug that needs one, with
-    one consumer and a broken stream, was found about as often by both, see sim/README.md)."""
+    it misses the bug in all these seeds; the swarm turns the operator on in half the seeds and
+    catches it in several (a feature the fixed profile never turns on; a bug that needs a rarer
+    combination was not found clearly sooner, see sim/README.md "Swarm testing")."""
+    caught = []
     with smaller_window_acks_the_overflow():
         for seed in PLANT_SEEDS:
             drawn = swarm_draw(seed, Workload(), DEFAULT, set())
             result = Simulation(seed, drawn.workload, drawn.faults).run(PLANT_DURATION_S)
-            if not result.ok:
-                break
-        else:
-            pytest.fail(f"the swarm missed the planted bug in {len(PLANT_SEEDS)} seeds")
-        text = report(result, drawn.workload, drawn.faults, drawn)
-        assert "  swarm: faults on " in text and "operator 0." in text, text
-        assert drawn.workload.operator > 0
-        replay = replay_command(seed, PLANT_DURATION_S, drawn.workload, drawn.faults)
-        assert f"replay: {replay}" in text
-        assert _replayed(replay, _broker_settings) == (drawn.workload, drawn.faults)
-        for plain in range(PLANT_SEEDS.start, seed + 1):
-            assert Simulation(plain, Workload(), DEFAULT).run(PLANT_DURATION_S).ok, plain
+            if result.ok:
+                continue
+            caught.append(seed)
+            text = report(result, drawn.workload, drawn.faults, drawn)
+            assert "  swarm: faults on " in text and drawn.workload.operator > 0, text
+            replay = replay_command(seed, PLANT_DURATION_S, drawn.workload, drawn.faults)
+            assert f"replay: {replay}" in text
+            assert _replayed(replay, _broker_settings) == (drawn.workload, drawn.faults)
+        assert len(caught) >= 2, f"the swarm caught the planted bug in seeds {caught} only"
+        plain = [Simulation(s, Workload(), DEFAULT).run(PLANT_DURATION_S) for s in PLANT_SEEDS]
+        assert all(result.ok for result in plain), "the default profile has no operator"
 
 
 def test_the_tally_counts_what_the_failing_seeds_had_on() -> None:
