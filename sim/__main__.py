@@ -12,7 +12,15 @@ from pathlib import Path
 
 from sim.cluster_main import main as cluster_main
 from sim.faults import Faults
-from sim.run import SUB_TYPES, TIERED, Result, Simulation, Workload, replay_command
+from sim.run import (
+    SUB_TYPES,
+    TIERED,
+    Result,
+    Simulation,
+    Workload,
+    drain_line,
+    replay_command,
+)
 from sim.schema_main import main as schema_main
 from sim.seeds import (
     add_fault_arguments,
@@ -175,6 +183,7 @@ def report(
         f"({speed:.1f}x real time) · digest {result.digest[:16]}",
         f"  published {result.produced} (acknowledged {result.acknowledged}), received "
         f"{result.received}, duplicates {result.duplicates}, drained {result.drained}",
+        drain_line(result),
         f"  faults injected: {result.injected.summary()}",
     ]
     if swarm is not None:
@@ -185,7 +194,7 @@ def report(
     for halt in result.tier_halts:
         lines.append(f"  uploads halted ({halt})")
     if result.lost:
-        lines.append(f"  acknowledged but lost: {result.lost}")
+        lines.append(f"  acknowledged, not received by the end: {result.lost}")
     if result.stopped_topics:
         lines.append(f"  topics stopped by the broker: {sorted(result.stopped_topics)}")
     replay = replay_command(result.seed, result.duration_s, workload, faults)

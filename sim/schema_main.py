@@ -34,6 +34,7 @@ KNOB_HELP = {
     "bad": "per message: one that does not fit its topic's schema ",
     "brokers": "brokers whose registries share the store ",
     "rebind": "per 100 ms: an operator changes a topic's validation policy ",
+    "batch": "per publish: 2 to 4 messages in one request, judged as one ",
 }
 
 SWARM: Space = {
@@ -43,6 +44,7 @@ SWARM: Space = {
     "switch": either((0.02, 0.04, 0.1)),
     "bad": either((0.05, 0.1, 0.3)),
     "rebind": either((0.02, 0.05, 0.1)),
+    "batch": either((0.3, 0.6)),
 }
 """What `--schemas --swarm` draws per seed, besides turning each fault of the profile on or
 off."""
