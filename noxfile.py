@@ -105,13 +105,28 @@ def bench(session: nox.Session) -> None:
 def fuzz(session: nox.Session) -> None:
     """Many simulator seeds with the default fault profile: `nox -s fuzz -- 500` or
     FUZZ_SEEDS=500 (default 200); FUZZ_FIRST_SEED moves the window. Further arguments go to
-    `python -m sim` (for example `--profile heavy --duration 20`)."""
+    `python -m sim` (for example `--profile heavy --duration 20`, or `--swarm`: each seed draws
+    which faults and workload features are on, sim/README.md "Swarm testing")."""
     args = list(session.posargs)
     seeds = args.pop(0) if args and args[0].isdigit() else os.environ.get("FUZZ_SEEDS", "200")
     first = os.environ.get("FUZZ_FIRST_SEED", "1")
     session.run(
         sys.executable, "-m", "sim", "--seed", first, "--seeds", seeds, *args, external=True
     )
+
+
+@nox.session
+def sim_long(session: nox.Session) -> None:
+    """An hour of simulated time: seeds 1-6 of 600 simulated seconds each, default faults
+    (issue 22: long runs that find rare interleavings, judged by safety at every moment and
+    by the drain's progress rule at the end). SIM_LONG_SEEDS and SIM_LONG_FIRST_SEED move the
+    window; further arguments go to `python -m sim` (`nox -s sim_long -- --profile heavy`)."""
+    seeds = os.environ.get("SIM_LONG_SEEDS", "6")
+    first = os.environ.get("SIM_LONG_FIRST_SEED", "1")
+    session.run(
+        sys.executable, "-m", "sim", "--seed", first, "--seeds", seeds, "--duration", "600",
+        *session.posargs, external=True,
+    )  # fmt: skip
 
 
 @nox.session

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is needed, then runs lint, the whole test suite (slow and conformance tests
-# included) and three short simulator fuzz runs (FUZZ_SEEDS, default 50, with the default
-# faults and an operator changing settings; FUZZ_TIERED_SEEDS, default 20, tiered with the heavy profile; FUZZ_SCHEMA_SEEDS,
+# included) and three short simulator fuzz runs (FUZZ_SEEDS, default 50, a swarm run over the
+# default faults: each seed draws its faults and workload, an operator among them; FUZZ_TIERED_SEEDS, default 20, tiered with the heavy profile; FUZZ_SCHEMA_SEEDS,
 # default 50, the schema registry with the heavy profile). Extra arguments go to pytest, e.g.
 # `scripts/test.sh -k shared`.
 set -euo pipefail
@@ -11,8 +11,9 @@ bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 .venv/bin/nox -s lint
 .venv/bin/nox -s tests -- "$@"
-# The default faults, with an operator changing subscriptions' settings now and then.
-FUZZ_SEEDS="${FUZZ_SEEDS:-50}" .venv/bin/nox -s fuzz -- --operator 0.2
+# Swarm testing over the default faults: each seed draws which faults are on and its workload
+# (topics, consumers, subscription types, durability, an operator changing settings...).
+FUZZ_SEEDS="${FUZZ_SEEDS:-50}" .venv/bin/nox -s fuzz -- --swarm
 # The heavy profile (bit flips, more crashes) with the object tier: what the default run skips.
 FUZZ_FIRST_SEED=1001 .venv/bin/nox -s fuzz -- "${FUZZ_TIERED_SEEDS:-20}" --tiered --profile heavy
 # Producers evolving schemas under every compatibility mode, through brokers under faults.

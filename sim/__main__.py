@@ -12,7 +12,15 @@ from pathlib import Path
 
 from sim.cluster_main import main as cluster_main
 from sim.faults import Faults
-from sim.run import SUB_TYPES, TIERED, Result, Simulation, Workload, replay_command
+from sim.run import (
+    SUB_TYPES,
+    TIERED,
+    Result,
+    Simulation,
+    Workload,
+    drain_line,
+    replay_command,
+)
 from sim.schema_main import main as schema_main
 from sim.seeds import (
     add_fault_arguments,
@@ -21,6 +29,7 @@ from sim.seeds import (
     run_seeds,
     violation_lines,
 )
+from sim.swarm import Draw, Space, coin, draw, either, given_knobs, one_of, subset
 
 PROFILES = {
     "none": Faults(),
@@ -40,6 +49,56 @@ PROFILES = {
 """The object-store knobs (`s3_*`, `upload_crash`, `commit_unknown`, `fenced_upload`) only act
 in tiered runs: a run without an object tier draws nothing for them, so its trace is what it
 was before they existed."""
+
+
+SWARM: Space = {
+    "topics": one_of(1, 1, 2, 3),
+    "producers": one_of(1, 2),
+    "subscriptions": subset(Workload().subscriptions),
+    "consumers": one_of(1, 2, 3),
+    "keys": one_of(8, 16, 64),
+    "durability": one_of("fsync", "flush"),
+    "synced_writes": coin,
+    "nack": either((0.005, 0.01, 0.02)),
+    "segment_bytes": one_of(4 * 1024, 16 * 1024, 64 * 1024),
+    "cache_bytes": one_of(4 * 1024, 16 * 1024, 64 * 1024),
+    "operator": either((0.05, 0.1, 0.2, 0.3)),
+    "batched": either((0.25, 0.5, 1.0)),
+    "batch": one_of(2, 8, 32),
+}
+"""What `--swarm` draws per seed for the single-broker run. No subscription is ever offered
+more than under the default workload: a Key-Shared subscription sends one message of a key at
+a time and a nack holds its key back for the redelivery delay, so fewer keys, more nacks or
+more producers a topic would leave a backlog that the fixed drain (`DRAIN_LIMIT_US`) cannot
+tell from a loss (issue 22, point 2): `--keys 2 --nack 0.1 --producers 3 --subscriptions
+key_shared --profile none` fails invariant 4 at 10 s with nothing lost."""
+SWARM_TIERED: Space = {
+    **SWARM,
+    "segment_bytes": one_of(4 * 1024, 8 * 1024, 16 * 1024),
+    "retention_bytes": one_of(0, 8 * 1024, 32 * 1024),
+    "history_every_ms": either((500, 1000, 2000), off=0),
+}
+"""Tiered runs: segments small enough to seal within the run, and the tier's own features."""
+OBJECT_STORE_KNOBS = (
+    "s3_throttle", "s3_server_error", "s3_stall", "s3_get_outage", "upload_crash",
+    "commit_unknown", "fenced_upload",
+)  # fmt: skip
+"""Inert without `--tiered`: the swarm leaves them alone and does not report them."""
+
+
+def swarm_draw(
+    seed: int, workload: Workload, faults: Faults, pinned: set[str]
+) -> Draw[Workload, Faults]:
+    """Seed `seed`'s `--swarm` settings, from the command line's workload and faults."""
+    return draw(
+        "broker",
+        seed,
+        workload,
+        faults,
+        SWARM_TIERED if workload.tiered else SWARM,
+        pinned=pinned,
+        inert=() if workload.tiered else OBJECT_STORE_KNOBS,
+    )
 
 
 BOOLEAN_HELP = {
@@ -113,7 +172,10 @@ def _workload(args: argparse.Namespace) -> Workload:
     return dataclasses.replace(TIERED if args.tiered else Workload(), **values)
 
 
-def report(result: Result, workload: Workload, faults: Faults) -> str:
+def report(
+    result: Result, workload: Workload, faults: Faults, swarm: Draw[Workload, Faults] | None = None
+) -> str:
+    """The report of one run; `swarm`: what `--swarm` turned on and off in it."""
     speed = result.duration_s / result.wall_s if result.wall_s else float("inf")
     lines = [
         f"seed {result.seed}: {'ok' if result.ok else 'VIOLATION'} · "
@@ -121,15 +183,18 @@ def report(result: Result, workload: Workload, faults: Faults) -> str:
         f"({speed:.1f}x real time) · digest {result.digest[:16]}",
         f"  published {result.produced} (acknowledged {result.acknowledged}), received "
         f"{result.received}, duplicates {result.duplicates}, drained {result.drained}",
+        drain_line(result),
         f"  faults injected: {result.injected.summary()}",
     ]
+    if swarm is not None:
+        lines.append(swarm.line())
     if result.tier:
         shown = ", ".join(f"{name} {count}" for name, count in sorted(result.tier.items()))
         lines.append(f"  object tier: {shown}")
     for halt in result.tier_halts:
         lines.append(f"  uploads halted ({halt})")
     if result.lost:
-        lines.append(f"  acknowledged but lost: {result.lost}")
+        lines.append(f"  acknowledged, not received by the end: {result.lost}")
     if result.stopped_topics:
         lines.append(f"  topics stopped by the broker: {sorted(result.stopped_topics)}")
     replay = replay_command(result.seed, result.duration_s, workload, faults)
@@ -155,13 +220,29 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.audit_out}/seed-{taken[0]} exists: give a fresh --audit-out")
     workload, faults = _workload(args), chosen_faults(args, PROFILES)
     full_trace = args.trace is not None
+    pinned = given_knobs(argv, Workload, Faults)
+    draws: dict[int, Draw[Workload, Faults]] = {}
+
+    def swarm(seed: int) -> Draw[Workload, Faults]:
+        if seed not in draws:
+            draws[seed] = swarm_draw(seed, workload, faults, pinned)
+        return draws[seed]
+
+    def settings(seed: int) -> tuple[Workload, Faults]:
+        if not args.swarm:
+            return workload, faults
+        return swarm(seed).workload, swarm(seed).faults
 
     def run(seed: int) -> Result:
         audit_dir = None if args.audit_out is None else args.audit_out / f"seed-{seed}"
-        simulation = Simulation(seed, workload, faults, full_trace=full_trace, audit_dir=audit_dir)
+        chosen = settings(seed)
+        simulation = Simulation(seed, *chosen, full_trace=full_trace, audit_dir=audit_dir)
         return simulation.run(args.duration)
 
-    return run_seeds(args, run, lambda result: report(result, workload, faults))
+    def seed_report(result: Result) -> str:
+        return report(result, *settings(result.seed), swarm(result.seed) if args.swarm else None)
+
+    return run_seeds(args, run, seed_report, swarm if args.swarm else None)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,20 @@ acknowledged) and from inside the broker (each acknowledgement to producers, eac
 stream writer sends, and, white-box, the dispatcher's in-flight sets). What it checks:
 
 1. no acknowledged message lost: at the moment the broker acknowledges a publish in `fsync`
-   mode its record is durable on the simulated disk; at the end every message a producer was
-   told is stored has reached every subscription (at least once);
+   mode its record is durable on the simulated disk;
 2. one offset names one message: every delivery of an offset carries the same payload, and
    the records on disk at the end have dense offsets, each stamped with its own offset;
 3. order: Exclusive/Failover send in offset order, and a run that restarts begins at an offset
    below which everything is acknowledged; Key-Shared sends a key's messages in offset order;
+4. acknowledged is stored (safety, judged at once whatever the backlog): when a producer is
+   told a message is stored, a WAL write holds it at an offset the WAL had acknowledged; at
+   the end the records on disk and in indexed objects still hold it; and a subscription's
+   cursor passes an offset only once one of its consumers acknowledged it, or its message is
+   acknowledged by the subscription at another offset, still stored after the cursor, or
+   never acknowledged to its producer;
+4b. backlog drains (liveness, judged by `sim/run.py`'s drain): once faults stop, every
+   subscription receives every acknowledged message, the drain failing only after a bounded
+   time with no new first delivery (`backlog_stalled`);
 5. exclusivity: an Exclusive/Failover subscription never has messages in flight to two
    consumers, and Key-Shared never has two messages of one key in flight;
 15. damage is never silent: each time a topic's WAL is loaded (a restart, a repair), offsets
@@ -61,6 +69,8 @@ TIER = "7 objects equal frames"
 ONE_ANSWER = "8 each request answered once"
 SILENT_DAMAGE = "15 damage is never silent"
 NO_INTERNAL = "16 no request fails internally"
+SAFETY = "4 acknowledged is stored"
+LIVENESS = "4b backlog drains"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +102,41 @@ class _Subscription:
     key_pending: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
     key_highest: dict[str, int] = field(default_factory=dict)
     sent: set[int] = field(default_factory=set)
+    acked_received: int = 0
+    """Acknowledged messages received at least once (the drain's measure of what is owed)."""
+    judged_through: int = -1
+    """Offsets up to here were judged against the dispatcher's cursor (invariant 4)."""
+
+
+def _payload(record: bytes) -> bytes:
+    """The payload (field 3) of a stored `StreamMessage`, skipping the fields before it as the
+    broker writes them (one-byte tags, varints and length-delimited fields): the checker
+    reads every written record, and the full codec costs five times as much. Anything else
+    goes through the full codec."""
+    pos, end = 0, len(record)
+    while pos < end:
+        tag = record[pos]
+        pos += 1
+        wire = tag & 7
+        if tag > 0x7F or wire not in (0, 2):
+            break
+        if wire == 0:
+            while record[pos] & 0x80:
+                pos += 1
+            pos += 1
+            continue
+        length = shift = 0
+        while True:
+            byte = record[pos]
+            pos += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        if tag >> 3 == 3:
+            return record[pos : pos + length]
+        pos += length
+    return records.decode(record).payload
 
 
 class InvariantChecker(Observer):
@@ -127,6 +172,19 @@ class InvariantChecker(Observer):
         self.lost: dict[tuple[str, str], int] = {}
         self.acknowledged_end: dict[str, int] = defaultdict(int)
         """One past the highest offset acknowledged in `fsync` mode, per topic."""
+        self.wal_acked_end: dict[str, int] = defaultdict(int)
+        """One past the highest offset the WAL acknowledged (either durability), per topic."""
+        self.payload_at: dict[str, dict[int, bytes]] = defaultdict(dict)
+        """The payload the WAL last wrote at each offset, per topic (invariant 4)."""
+        self.stored_at: dict[str, dict[bytes, list[int]]] = defaultdict(dict)
+        """Every offset a payload was written at, per topic (a retried publish has several)."""
+        self._early: dict[str, dict[bytes, list[_Subscription]]] = defaultdict(dict)
+        """Payloads received before their producer was told they are stored."""
+        self._passed: dict[str, dict[bytes, list[tuple[str, _Subscription]]]] = defaultdict(dict)
+        """Payloads a cursor passed unacknowledged before their producer was told they are
+        stored: judged when it is."""
+        self._held: dict[str, set[bytes]] = defaultdict(set)
+        """At the end: the payloads the records on disk and in indexed objects hold."""
 
     def _violate(self, invariant: str, detail: str) -> None:
         self.world.log(f"VIOLATION {invariant}: {detail}")
@@ -158,10 +216,12 @@ class InvariantChecker(Observer):
             )
         if durability is Durability.FSYNC:
             self.acknowledged_end[topic] = max(self.acknowledged_end[topic], through + 1)
+        self.wal_acked_end[topic] = max(self.wal_acked_end[topic], through + 1)
 
     def recovered(self, topic: str, next_offset: int, *, fresh: bool) -> None:
         if fresh:
             self.acknowledged_end[topic] = 0
+            self.wal_acked_end[topic] = 0
             return
         acknowledged = self.acknowledged_end[topic]
         if self.offsets_judged and next_offset < acknowledged:
@@ -236,13 +296,37 @@ class InvariantChecker(Observer):
     # -- from the clients -------------------------------------------------------------------------
 
     def produced(self, topic: str, payload: bytes, key: str | None) -> None:
-        self.acknowledged_payloads[topic][payload] = key
+        """A producer was told `payload` is stored: a WAL write holds it at an offset the WAL
+        acknowledged (invariant 4, at once)."""
+        acknowledged = self.acknowledged_payloads[topic]
+        if payload in acknowledged:
+            return
+        acknowledged[payload] = key
+        for state in self._early[topic].pop(payload, ()):
+            state.acked_received += 1
+        if not self.offsets_judged:
+            return
+        end, payload_at = self.wal_acked_end[topic], self.payload_at[topic]
+        offsets = self.stored_at[topic].get(payload, ())
+        if not any(o < end and payload_at.get(o) == payload for o in offsets):
+            self._violate(
+                SAFETY,
+                f"{topic}: {payload!r} was acknowledged to its producer, but no WAL write the "
+                f"WAL acknowledged holds it (written at offsets {list(offsets)[:5]}, the WAL "
+                f"acknowledged up to offset {end - 1})",
+            )
+        for sub, state in self._passed[topic].pop(payload, ()):
+            self._judge_passed(topic, sub, state, payload)
 
     def received(self, topic: str, sub: str, consumer: str, offset: int, payload: bytes) -> None:
         state = self.subscriptions[(topic, sub)]
         state.received[payload] += 1
         if state.received[payload] > 1:
             self.duplicates += 1
+        elif payload in self.acknowledged_payloads[topic]:
+            state.acked_received += 1
+        else:
+            self._early[topic].setdefault(payload, []).append(state)
         if not self.offsets_judged:
             return
         known = self.offsets[topic].setdefault(offset, payload)
@@ -255,12 +339,71 @@ class InvariantChecker(Observer):
     def client_acked(self, topic: str, sub: str, offset: int) -> None:
         self.subscriptions[(topic, sub)].acks.add(offset)
 
+    # -- invariant 4: what each subscription owes -------------------------------------------------
+
+    def cursor_at(self, topic: str, sub: str, cursor: int) -> None:
+        """The subscription's dispatcher says every offset up to `cursor` is acknowledged: each
+        offset it passed for the first time must have been acknowledged by one of its
+        consumers, or hold a message the subscription acknowledged elsewhere, still owes at an
+        offset after the cursor, or that no producer was told is stored (yet)."""
+        state = self.subscriptions[(topic, sub)]
+        if not self.offsets_judged or cursor <= state.judged_through:
+            return
+        acked, payload_at = state.acks.offsets, self.payload_at[topic]
+        first, state.judged_through = state.judged_through + 1, cursor
+        for offset in range(first, cursor + 1):
+            if offset in acked:
+                continue
+            payload = payload_at.get(offset)
+            if payload is None:
+                continue  # never written: it holds nothing acknowledged
+            if payload in self.acknowledged_payloads[topic]:
+                self._judge_passed(topic, sub, state, payload)
+            else:
+                self._passed[topic].setdefault(payload, []).append((sub, state))
+
+    def _judge_passed(self, topic: str, sub: str, state: _Subscription, payload: bytes) -> None:
+        """The cursor passed an unacknowledged offset holding acknowledged `payload`."""
+        payload_at, acked = self.payload_at[topic], state.acks.offsets
+        offsets = [
+            o for o in self.stored_at[topic].get(payload, ()) if payload_at.get(o) == payload
+        ]
+        if any(o in acked or o > state.judged_through for o in offsets):
+            return  # acknowledged at another offset, or still owed after the cursor
+        self._violate(
+            SAFETY,
+            f"{topic}/{sub}: the cursor passed offset(s) {offsets[:5]} holding acknowledged "
+            f"{payload!r}, which no consumer of the subscription acknowledged "
+            f"({'received' if state.received[payload] else 'never received'}); nothing after "
+            f"the cursor (now {state.judged_through}) holds it, so it is never delivered",
+        )
+
+    def owed(self, topic: str, sub: str) -> int:
+        """Acknowledged messages of `topic` the subscription has not received yet."""
+        state = self.subscriptions[(topic, sub)]
+        return len(self.acknowledged_payloads[topic]) - state.acked_received
+
+    def first_deliveries(self, topic: str, sub: str) -> int:
+        """Distinct messages the subscription received (the drain's measure of progress)."""
+        return len(self.subscriptions[(topic, sub)].received)
+
+    def backlog_stalled(self, topic: str, sub: str, detail: str) -> None:
+        """The drain ended without progress while the subscription still owed messages."""
+        received = self.subscriptions[(topic, sub)].received
+        missing = [p for p in self.acknowledged_payloads[topic] if not received[p]]
+        self._violate(
+            LIVENESS,
+            f"{topic}/{sub} still owes {len(missing)} acknowledged message(s), e.g. "
+            f"{sorted(missing)[:3]}: {detail}",
+        )
+
     # -- the object tier --------------------------------------------------------------------------
 
     def written(self, topic: str, data: bytes) -> None:
-        if self.objects is None:
-            return
-        stored = self.wal_records[topic]
+        """What each offset holds (invariant 4), and in tiered runs the record itself
+        (invariant 7)."""
+        stored = self.wal_records[topic] if self.objects is not None else None
+        payload_at, stored_at = self.payload_at[topic], self.stored_at[topic]
         cursor = 0
         while cursor + _FRAME_LENGTH.size <= len(data):
             (length,) = _FRAME_LENGTH.unpack_from(data, cursor)
@@ -268,12 +411,17 @@ class InvariantChecker(Observer):
                 break  # the torn end of a write
             frame = format.decode_frame(data, cursor)
             for index, record in enumerate(frame.records):
-                stored[frame.base_offset + index] = record
+                offset = frame.base_offset + index
+                payload = _payload(record)
+                payload_at[offset] = payload
+                stored_at.setdefault(payload, []).append(offset)
+                if stored is not None:
+                    stored[offset] = record
             cursor += length
 
     def retention_skipped(self, topic: str, subscription: str, first: int, end: int) -> None:
         self._violate(
-            "4 at-least-once",
+            SAFETY,
             f"{topic}/{subscription}: offsets {first}–{end - 1} were in no tier when the "
             "subscription read them",
         )
@@ -395,7 +543,9 @@ class InvariantChecker(Observer):
         wrong = [pair for pair in entry.offset_index if frames.get(pair[1]) != pair[0]]
         if wrong:
             self._violate(TIER, f"{where}: offset_index pairs {wrong[:3]} name no frame start")
+        held = self._held[topic]
         for offset, record in format.scanned_records(data, scan):
+            held.add(_payload(record))
             if not self._same_record(topic, offset, record, where):
                 return
 
@@ -418,32 +568,37 @@ class InvariantChecker(Observer):
     # -- at the end -------------------------------------------------------------------------------
 
     def final(self, subscriptions: list[tuple[str, str]], stopped: dict[str, str]) -> None:
-        """At-least-once and the records on disk, once the run has drained."""
+        """The records on disk and in objects, and what each subscription still owes (a
+        count: whether the backlog drained is the drain's to judge, 4b). Invariant 4 at the
+        end: every acknowledged message is still stored, on disk or in an indexed object."""
         for topic, reason in sorted(stopped.items()):
             if "cannot be read" in reason:  # flows.read_object: a store failure, not damage
                 self._violate(TIER, f"{topic} stopped because the object store failed: {reason}")
         for topic, sub in subscriptions:
-            if topic in stopped:
-                continue
-            received = self.subscriptions[(topic, sub)].received
-            missing = [p for p in self.acknowledged_payloads[topic] if not received[p]]
-            if missing:
-                self.lost[(topic, sub)] = len(missing)
-                if self.offsets_judged:
-                    self._violate(
-                        "4 at-least-once",
-                        f"{topic}/{sub} never received {len(missing)} acknowledged "
-                        f"message(s), e.g. {sorted(missing)[:3]}",
-                    )
+            if topic not in stopped and (owed := self.owed(topic, sub)):
+                self.lost[(topic, sub)] = owed
         for topic in self.disk.topics:
             if topic not in stopped and self.offsets_judged:
                 self._check_records(topic)
+        topics = dict.fromkeys(topic for topic, _ in subscriptions)
         if self.objects is not None:
-            for topic in dict.fromkeys(topic for topic, _ in subscriptions):
+            for topic in topics:
                 self._check_index(topic, everything=True)
+        for topic in topics:
+            if topic in stopped or not self.offsets_judged:
+                continue
+            held = self._held[topic]
+            gone = [p for p in self.acknowledged_payloads[topic] if p not in held]
+            if gone:
+                self._violate(
+                    SAFETY,
+                    f"{topic}: {len(gone)} acknowledged message(s) are in no record on disk "
+                    f"or in an indexed object at the end, e.g. {sorted(gone)[:3]}",
+                )
 
     def _check_records(self, topic: str) -> None:
         expected: int | None = None
+        held = self._held[topic]
         for base, data in self.disk.scans(topic):
             scan = format.scan_segment(data)
             if scan.state is not format.SegmentState.WHOLE and base != max(
@@ -458,7 +613,9 @@ class InvariantChecker(Observer):
                         f"{topic}: offsets jump from {expected} to {frame.base_offset}",
                     )
                 for index, record in enumerate(frame.records):
-                    stamped = records.decode(record).topic_offset
+                    decoded = records.decode(record)
+                    held.add(decoded.payload)
+                    stamped = decoded.topic_offset
                     if stamped != frame.base_offset + index:
                         self._violate(
                             "2 one offset, one message",

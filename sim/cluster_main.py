@@ -18,6 +18,7 @@ from sim.seeds import (
     run_seeds,
     violation_lines,
 )
+from sim.swarm import Draw, Space, coin, draw, either, given_knobs, one_of
 
 KNOB_HELP = {
     "data": "data planes: ownership, broker cores, object store, producers ",
@@ -25,6 +26,26 @@ KNOB_HELP = {
     "admin": "operator's calls (drains, unloads, deletions, policies; invariants i, j, k) ",
     "scratch_topics": "topics the operator creates to delete ",
 }
+
+SWARM: Space = {
+    "brokers": one_of(3, 4, 5),
+    "topics": one_of(8, 24, 48),
+    "rebalance": coin,
+    "admin": either((4, 8, 16), off=0),
+    "scratch_topics": one_of(1, 3, 6),
+}
+"""What `--cluster --swarm` draws per seed (with `--data`, also the producers' rate). Each
+fault of the profile is on half the time; `skew` is never raised (below 1 the self-fencing
+margin holds, spec/cluster.md)."""
+SWARM_DATA: Space = {**SWARM, "rate": one_of(5.0, 10.0, 20.0)}
+"""With data planes: the producers' rate, never above the default."""
+
+
+def swarm_draw(
+    seed: int, workload: ClusterWorkload, faults: ClusterFaults, pinned: set[str]
+) -> Draw[ClusterWorkload, ClusterFaults]:
+    space = SWARM_DATA if workload.data else SWARM
+    return draw("cluster", seed, workload, faults, space, pinned=pinned, unscaled=("skew",))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,7 +65,12 @@ def _settings(args: argparse.Namespace) -> tuple[ClusterWorkload, ClusterFaults]
     return chosen_workload(args, ClusterWorkload), chosen_faults(args, CLUSTER_PROFILES)
 
 
-def cluster_report(result: ClusterResult, workload: ClusterWorkload, faults: ClusterFaults) -> str:
+def cluster_report(
+    result: ClusterResult,
+    workload: ClusterWorkload,
+    faults: ClusterFaults,
+    swarm: Draw[ClusterWorkload, ClusterFaults] | None = None,
+) -> str:
     speed = (result.duration_s + result.settle_s) / result.wall_s if result.wall_s else 0.0
     landed = ", ".join(f"{kind} {count}" for kind, count in result.landed.items()) or "nothing"
     lines = [
@@ -56,6 +82,8 @@ def cluster_report(result: ClusterResult, workload: ClusterWorkload, faults: Clu
         f"  writes that took effect: {landed}",
         f"  faults injected: {result.injected.summary()}",
     ]
+    if swarm is not None:
+        lines.append(swarm.line())
     if result.data:
         counts = ", ".join(f"{kind} {count}" for kind, count in sorted(result.data.items()))
         lines.insert(3, f"  data plane: {counts}")
@@ -75,10 +103,24 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         raise SystemExit(f"python -m sim --cluster: error: {error}") from None
     full_trace = args.trace is not None
+    pinned = given_knobs(argv, ClusterWorkload, ClusterFaults)
+    draws: dict[int, Draw[ClusterWorkload, ClusterFaults]] = {}
+
+    def swarm(seed: int) -> Draw[ClusterWorkload, ClusterFaults]:
+        if seed not in draws:
+            draws[seed] = swarm_draw(seed, workload, faults, pinned)
+        return draws[seed]
+
+    def settings(seed: int) -> tuple[ClusterWorkload, ClusterFaults]:
+        return (swarm(seed).workload, swarm(seed).faults) if args.swarm else (workload, faults)
+
     return run_seeds(
         args,
-        lambda seed: ClusterSimulation(seed, workload, faults, full_trace=full_trace).run(
+        lambda seed: ClusterSimulation(seed, *settings(seed), full_trace=full_trace).run(
             args.duration
         ),
-        lambda result: cluster_report(result, workload, faults),
+        lambda result: cluster_report(
+            result, *settings(result.seed), swarm(result.seed) if args.swarm else None
+        ),
+        swarm if args.swarm else None,
     )

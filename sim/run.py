@@ -8,10 +8,13 @@ load."""
 from __future__ import annotations
 
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from danube.machines.dispatch.reliable import DEFAULT_POLICY, ReliableSubscription
 from danube.machines.dispatch.types import StartKind, StartPosition, SubscriptionType
 from danube.machines.tiering import UploaderConfig, layout
 from danube.machines.wal.machine import Durability, WalConfig
@@ -34,9 +37,20 @@ if TYPE_CHECKING:
     from sim.audit_output import AuditOutput
 
 SUB_TYPES = {kind.name.lower(): kind for kind in SubscriptionType}
-DRAIN_LIMIT_US = 90 * US_PER_S
-"""Ack timeouts (30 s) and redelivery backoff bound how long delivering everything can take
-once the faults stop."""
+NO_PROGRESS_US = (
+    DEFAULT_POLICY.ack_timeout_ms + DEFAULT_POLICY.max_redelivery_delay_ms + 10_000
+) * US_PER_MS
+"""How long the drain waits for a new first delivery before it judges the backlog stuck
+(invariant 4b): 100 s. Once the faults stop, the longest a working subscription goes without
+one is a message whose consumer will never answer (its stream or its ack was lost) failing at
+its ack timeout (30 s) and then waiting its redelivery delay (at most 60 s under Danube's
+backoff; an Exclusive or Failover subscription sends nothing new meanwhile), plus 10 s for
+consumers to reconnect and the broker to restart. The operator's policies are all shorter.
+A clock the faults set back adds its deficit (`_clock_deficit_us`). The drain has no total
+limit: it runs as long as it makes progress, so an overloaded run drains its backlog."""
+CURSOR_CHECK_US = 100 * US_PER_MS
+"""How often the dispatchers' cursors are judged (invariant 4): a skipped message is
+reported within this much simulated time, not at the end."""
 AUDIT = "audit"
 """Tiered runs: an Exclusive subscription created halfway through, starting at the earliest
 offset, after local retention pruned the start of the history."""
@@ -44,13 +58,14 @@ UPLOADS = UploaderConfig(
     max_in_flight=2,
     retry_base_ms=200,
     retry_max_ms=3_000,
-    index_interval_bytes=1024,
+    index_interval_bytes=256,
     orphan_scan_interval_ms=1_000,
     orphan_grace_ms=2_000,
 )
 """Scaled to a run of seconds: two uploads at a time (commits still go in order), retries
 within a second or so, several sparse-index pairs per object, and orphan scans often enough to
-collect within the run."""
+collect within the run. The sparse index gets a pair every 256 bytes, several per 1 KiB
+segment of `TIERED`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +73,15 @@ class Workload:
     topics: int = 1
     producers: int = 2
     """Per topic."""
-    rate: float = 100.0
-    """Messages per second per producer (one at a time, as Danube's clients send)."""
+    rate: float = 10.0
+    """Messages per second per producer (one at a time, as Danube's clients send). The
+    default offers 20 a second per topic, under what each subscription takes under the default
+    faults, so a backlog stays bounded however long the run: an Exclusive subscription with
+    Danube's window and 2 % nacks (each stalls it for the 1 s redelivery delay) takes about
+    44 a second without faults, far less while clock jumps freeze its timers; Key-Shared
+    (one message per key in flight) is the slowest under faults. `--rate 100` (the default
+    before issue 22) overloads the subscriptions on purpose: the drain then takes minutes of
+    simulated time, and passes as long as it makes progress (invariant 4b)."""
     subscriptions: tuple[str, ...] = ("exclusive", "shared", "failover", "key_shared")
     consumers: int = 2
     """Per subscription."""
@@ -105,10 +127,14 @@ class Workload:
         )
 
 
-TIERED = Workload(tiered=True, segment_bytes=8 * 1024, retention_bytes=8 * 1024)
-"""What `--tiered` starts from: segments of about ninety messages, sealed about twice a second,
-and local retention that keeps little more than the open segment, so history moves to
-objects within the run."""
+TIERED = Workload(tiered=True, segment_bytes=1024, retention_bytes=1024)
+"""What `--tiered` starts from: segments of about a dozen messages, sealed about twice a second
+at the default rate, and local retention that keeps little more than the open segment, so
+history moves to objects within the run."""
+OVERLOAD = Workload(rate=100.0)
+"""The default before issue 22 (`--rate 100`): 200 messages a second per topic, about four
+times what an Exclusive subscription takes with 2 % nacks. The backlog grows all through the
+load and the drain delivers it; only the drain's progress rule (invariant 4b) judges it."""
 
 
 @dataclass(slots=True)
@@ -131,6 +157,16 @@ class Result(ResultMethods):
     lost: dict[str, int]
     stopped_topics: dict[str, str]
     drained: bool
+    drain_s: float = 0.0
+    """Simulated seconds the drain ran (until everything was delivered, or no progress)."""
+    owed_at_drain: int = 0
+    """Acknowledged messages the judged subscriptions had not received when the drain began
+    (summed over subscriptions)."""
+    drain_delivered: int = 0
+    """First deliveries to judged subscriptions during the drain."""
+    quiet_limit_s: float = 0.0
+    """The drain's bound on time without a first delivery (`NO_PROGRESS_US` plus the clock's
+    deficit)."""
     tier: dict[str, int] = field(default_factory=dict)
     """Tiered runs: what the object tier did (uploads, commits, segments pruned, reads...)."""
     tier_halts: list[str] = field(default_factory=list)
@@ -267,6 +303,11 @@ class Simulation:
             )
         self._disk_full_until = 0
         self._pruned_before_audit = 0
+        self._raised = False
+        """An event raised (`_run_until`): the run stops."""
+        self._skew_high_ms = 0
+        """The highest clock skew the broker had: a jump back freezes its machines' timers
+        until its clock is past what they saw (`_clock_deficit_us`)."""
         self.operator = Operator(self.world, self.broker, self.injected, self.subscriptions)
 
     def _operator_tick(self) -> None:
@@ -321,6 +362,7 @@ class Simulation:
                 self.injected["newest_damage"] += 1
                 world.log(f"fault newest_damage {damaged}")
         if faults.clock_jump and rng.random() < faults.clock_jump:
+            self._skew_high_ms = max(self._skew_high_ms, self.broker.clock_skew_ms)
             jump = rng.randint(-30_000, 30_000)
             self.broker.clock_skew_ms += jump
             self.injected["clock_jump"] += 1
@@ -367,16 +409,100 @@ class Simulation:
         self.injected["fenced_upload"] += 1
         self.world.log(f"fault fenced_upload {key}")
 
+    def _run_until(self, end_us: int, stop: Callable[[], bool] = lambda: False) -> bool:
+        """`world.run_until`, with an exception out of an event (a broker timer whose
+        dispatcher state a bug corrupted: no request flow to answer INTERNAL) reported as
+        invariant 16 with where it was raised; the run stops there. False when it did."""
+        try:
+            self.world.run_until(end_us, stop)
+        except Exception as error:
+            frame = traceback.extract_tb(error.__traceback__)[-1]
+            where = f"an event ({Path(frame.filename).name}:{frame.lineno} {frame.name})"
+            self.checker.internal_error(where, error)
+            self._raised = True
+            return False
+        return True
+
+    def _judged_now(self) -> list[tuple[str, str]]:
+        """The judged subscriptions of topics still serving."""
+        return [(t, s) for t, s in self.judged if t not in self.broker.stopped_topics]
+
     def _drained(self) -> bool:
         """Everything acknowledged reached every subscription (of topics still serving)."""
-        acknowledged = self.checker.acknowledged_payloads
-        for topic, sub in self.judged:
-            if topic in self.broker.stopped_topics:
-                continue
-            received = self.checker.subscriptions[(topic, sub)].received
-            if any(not received[p] for p in acknowledged[topic]):
-                return False
-        return True
+        return all(not self.checker.owed(topic, sub) for topic, sub in self._judged_now())
+
+    def _progress(self) -> int:
+        return sum(self.checker.first_deliveries(t, s) for t, s in self._judged_now())
+
+    def _check_cursors(self) -> None:
+        """Invariant 4 at each tick: every offset a judged subscription's cursor passed is
+        acknowledged by its consumers, or its message is owed elsewhere (the checker)."""
+        core = self.broker.core
+        if core is not None and self.broker.up:
+            topics = core._topics
+            for topic, name in self.judged:
+                record = topics.get(topic)
+                sub = record.subscriptions.get(name) if record is not None else None
+                if sub is not None and isinstance(sub.dispatcher, ReliableSubscription):
+                    self.checker.cursor_at(topic, name, sub.dispatcher.cursor)
+        self.world.at(CURSOR_CHECK_US, self._check_cursors)
+
+    def _clock_deficit_us(self) -> int:
+        """How far the broker's clock is behind the highest it showed (at most): its machines
+        take a clock that went back as standing still, so their timers wait that much more."""
+        return max(0, self._skew_high_ms - self.broker.clock_skew_ms) * US_PER_MS
+
+    def _drain(self) -> dict[str, Any]:
+        """No more faults or publishes: runs until every judged subscription received every
+        acknowledged message, or until no subscription got a new message for the quiet limit
+        (then invariant 4b is broken, if offsets are still judged)."""
+        world, checker = self.world, self.checker
+        for producer in self.producers:
+            producer.stopped = True
+        if self.history is not None:
+            self.history.stopped = True
+        calm = self.faults.without_faults()
+        self.network.faults = calm
+        self.broker.faults = calm
+        if self.objects is not None:
+            self.objects.faults = calm
+            self.objects.gets_fail_until = 0
+        self.faults = calm
+        self.disk.full = False
+        quiet_limit = NO_PROGRESS_US + self._clock_deficit_us()
+        owed = sum(checker.owed(t, s) for t, s in self._judged_now())
+        world.log(f"drain owed={owed} quiet_limit={quiet_limit // US_PER_MS}ms")
+        started = last_progress = world.now
+        progress = first = self._progress()
+        drained = False
+        while not drained:
+            if not self._run_until(world.now + 100 * US_PER_MS):
+                break
+            drained = self._drained() and self.broker.up
+            now_progress = self._progress()
+            if now_progress != progress:
+                progress, last_progress = now_progress, world.now
+            elif world.now - last_progress >= quiet_limit:
+                break
+        drain_s = (world.now - started) / US_PER_S
+        world.log(f"drain ends drained={drained} after {drain_s:.1f}s")
+        if not drained and checker.offsets_judged:
+            detail = (
+                f"the drain ran {drain_s:.1f} s and delivered {progress - first} message(s) "
+                f"of the {owed} owed when it began, then none for "
+                f"{(world.now - last_progress) / US_PER_S:.1f} s (limit "
+                f"{quiet_limit / US_PER_S:.0f} s)"
+            )
+            for topic, sub in self._judged_now():
+                if checker.owed(topic, sub):
+                    checker.backlog_stalled(topic, sub, detail)
+        return dict(
+            drained=drained,
+            drain_s=drain_s,
+            owed_at_drain=owed,
+            drain_delivered=progress - first,
+            quiet_limit_s=quiet_limit / US_PER_S,
+        )
 
     def run(self, duration_s: float) -> Result:
         started = time.perf_counter()
@@ -387,6 +513,7 @@ class Simulation:
         for producer in self.producers:
             world.at(100 * US_PER_MS, producer.start)
         world.at(FAULT_TICK_US, self._fault_tick)
+        world.at(CURSOR_CHECK_US, self._check_cursors)
         if self.workload.operator:
             world.at(FAULT_TICK_US, self._operator_tick)
         end = int(duration_s * US_PER_S)
@@ -395,35 +522,18 @@ class Simulation:
         if self.history is not None:
             self.history.start()
         load_started, events_before = time.perf_counter(), world.events
-        world.run_until(end, stop=lambda: bool(self.checker.violations))
+        self._run_until(end, stop=lambda: bool(self.checker.violations))
         load_wall_s = time.perf_counter() - load_started
         load_events = world.events - events_before
-        drained = False
+        drain: dict[str, Any] = dict(drained=False)
         if not self.checker.violations:
-            # Drain: no more faults or publishes; everything acknowledged must arrive.
-            for producer in self.producers:
-                producer.stopped = True
-            if self.history is not None:
-                self.history.stopped = True
-            calm = self.faults.without_faults()
-            self.network.faults = calm
-            self.broker.faults = calm
-            if self.objects is not None:
-                self.objects.faults = calm
-                self.objects.gets_fail_until = 0
-            self.faults = calm
-            self.disk.full = False
-            world.log("drain")
-            check_every = 100 * US_PER_MS
-            deadline = world.now + DRAIN_LIMIT_US
-            while world.now < deadline and not drained:
-                world.run_until(world.now + check_every)
-                drained = self._drained() and self.broker.up
+            drain = self._drain()
+        if drain.get("drain_s") is not None and not self._raised:
             # One last restart: recovery must accept what is on disk, or stop a topic whose
             # durable bytes went bad (an injected bit flip) rather than serve them.
             self.broker.crash(power=False, fault=False)
-            world.run_until(world.now + self.faults.restart_us)
-            self.checker.final(self.judged, self.broker.stopped_topics)
+            if self._run_until(world.now + self.faults.restart_us):
+                self.checker.final(self.judged, self.broker.stopped_topics)
         if self.audit_output is not None:
             self.audit_output.write_storage(self.disk, self.objects, self.metadata)
         return Result(
@@ -442,7 +552,6 @@ class Simulation:
             duplicates=self.checker.duplicates,
             lost={f"{t}/{s}": n for (t, s), n in self.checker.lost.items()},
             stopped_topics=dict(self.broker.stopped_topics),
-            drained=drained,
             tier=self._tier_summary(),
             tier_halts=[
                 f"{'resumable' if resumable else 'final'}: {reason}"
@@ -450,6 +559,7 @@ class Simulation:
             ],
             trace_tail=list(world.recent),
             trace=world.lines,
+            **drain,
         )
 
     def _tier_summary(self) -> dict[str, int]:
@@ -465,6 +575,17 @@ class Simulation:
             summary["history_subscriptions"] = self.history.generations * len(self.topics)
             summary["history_received"] = self.history.received
         return summary
+
+
+def drain_line(result: Result) -> str:
+    """The report's line for invariant 4b: how long the drain ran and what it delivered."""
+    if not result.drain_s:
+        return "  drain: not run (a violation stopped the load)"
+    return (
+        f"  drain: {'drained' if result.drained else 'NOT drained'} in {result.drain_s:.1f} s "
+        f"simulated, {result.drain_delivered} first deliveries of {result.owed_at_drain} owed "
+        f"when it began (no-progress limit {result.quiet_limit_s:.0f} s)"
+    )
 
 
 def replay_command(seed: int, duration_s: float, workload: Workload, faults: Faults) -> str:

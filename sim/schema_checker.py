@@ -159,34 +159,62 @@ class SchemaChecker:
         outcome: Verdict | DanubeError,
         judged: tuple[str, TopicSchemaConfig | None, int] | None = None,
     ) -> None:
-        """At the broker, when it decided (its answer may still be lost on the way back);
-        `judged`: which front end decided, under which binding, and when the publish began
-        (None: judged under the binding in force)."""
+        """One message's publish, decided at the broker (see `admitted_batch`)."""
+        verdicts = outcome if isinstance(outcome, DanubeError) else (outcome,)
+        self.admitted_batch(topic, subject, [(defect, message)], verdicts, judged)
+
+    def admitted_batch(
+        self,
+        topic: str,
+        subject: str,
+        sent: list[tuple[str | None, pb.StreamMessage]],
+        outcome: tuple[Verdict, ...] | DanubeError,
+        judged: tuple[str, TopicSchemaConfig | None, int] | None = None,
+    ) -> None:
+        """At the broker, when it decided a publish of `sent` (defect, message) pairs (its
+        answer may still be lost on the way back); `judged`: which front end decided, under
+        which binding, and when the publish began (None: judged under the binding in force).
+        A batch is refused as one when any of its messages must be (the gate judges every
+        message before the core stores any); else each message gets its own verdict."""
         if isinstance(outcome, DanubeError) and outcome.code is ErrorCode.UNAVAILABLE:
             self.outcomes["unavailable"] += 1
             return
         if isinstance(outcome, DanubeError) and outcome.code is not ErrorCode.INVALID_ARGUMENT:
             self.violation("policy", f"{topic}: a publish was answered {outcome}")
             return
-        if isinstance(outcome, DanubeError):
-            actual = "refused"
-        else:
-            actual = "accepted" if outcome.problem is None else "warned"
-        self.outcomes[actual] += 1
         config = self.bindings[topic]
         if judged is not None:
             front_end, config, began = judged
             self.fresh(front_end, topic, config, began)
-        wanted = expected_outcome(config, defect)
-        if actual != wanted:
-            self.violation(
-                "policy",
-                f"{topic} ({config}): a message with defect {defect} was "
-                f"{actual}, expected {wanted} ({outcome})",
-            )
-        if actual != "refused" and defect is None:
-            assert message.schema_version is not None
-            self._valid.append((subject, message.schema_version, message.payload))
+        wanted = [expected_outcome(config, defect) for defect, _ in sent]
+        if len(sent) > 1:
+            self.outcomes["in_batches"] += len(sent)
+        defects = [defect for defect, _ in sent]
+        if isinstance(outcome, DanubeError):
+            self.outcomes["refused"] += 1
+            if "refused" not in wanted:
+                self.violation(
+                    "policy",
+                    f"{topic} ({config}): a publish of {len(sent)} message(s) with defects "
+                    f"{defects} was refused, expected {wanted} ({outcome})",
+                )
+            return
+        if len(outcome) != len(sent):
+            self.violation("policy", f"{topic}: {len(sent)} messages, {len(outcome)} verdicts")
+            return
+        for (defect, message), verdict, expected in zip(sent, outcome, wanted, strict=True):
+            actual = "accepted" if verdict.problem is None else "warned"
+            self.outcomes[actual] += 1
+            if actual != expected:
+                self.violation(
+                    "policy",
+                    f"{topic} ({config}): a message with defect {defect} was "
+                    f"{actual}, expected {expected} ({verdict}; one of {len(sent)} in its "
+                    "publish)",
+                )
+            if defect is None:
+                assert message.schema_version is not None
+                self._valid.append((subject, message.schema_version, message.payload))
 
     def final(self, state: MetadataState, subjects: list[str], ready: set[str]) -> None:
         """`ready`: the subjects whose first version and mode were set (the run retried

@@ -107,18 +107,20 @@ class FrontEnd:
     def publish(
         self,
         topic: str,
-        message: pb.StreamMessage,
+        messages: list[pb.StreamMessage],
         answer: Callable[[Any, TopicSchemaConfig | None], None],
     ) -> None:
-        """`answer` gets the `Verdict` of an accepted message or the `DanubeError` that
-        refused it, with the binding it was judged under (None: none, or not judged)."""
+        """`answer` gets the `Verdict`s of accepted messages (one per message: a batch is
+        admitted whole, as `PublishBatches` and `SendMessage` both go through
+        `gate.admit`) or the `DanubeError` that refused them, with the binding they were
+        judged under (None: none, or not judged)."""
         judged = Judged()
-        flow = gate.admit(self.bindings, self._by_id, self._read, topic, [message], judged)
+        flow = gate.admit(self.bindings, self._by_id, self._read, topic, messages, judged)
         self._run(
             f"publish {topic}",
             flow,
             lambda outcome: answer(
-                outcome.verdicts[0] if isinstance(outcome, gate.Admission) else outcome,
+                outcome.verdicts if isinstance(outcome, gate.Admission) else outcome,
                 outcome.config if isinstance(outcome, gate.Admission) else judged.config,
             ),
         )

@@ -24,6 +24,7 @@ from sim.seeds import (
     run_seeds,
     violation_lines,
 )
+from sim.swarm import Draw, Space, draw, either, given_knobs, one_of
 
 KNOB_HELP = {
     "producers": "producers per subject, evolving it at once ",
@@ -33,7 +34,26 @@ KNOB_HELP = {
     "bad": "per message: one that does not fit its topic's schema ",
     "brokers": "brokers whose registries share the store ",
     "rebind": "per 100 ms: an operator changes a topic's validation policy ",
+    "batch": "per publish: 2 to 4 messages in one request, judged as one ",
 }
+
+SWARM: Space = {
+    "producers": one_of(1, 2, 3),
+    "brokers": one_of(1, 2, 3),
+    "evolve": one_of(0.02, 0.06, 0.15),
+    "switch": either((0.02, 0.04, 0.1)),
+    "bad": either((0.05, 0.1, 0.3)),
+    "rebind": either((0.02, 0.05, 0.1)),
+    "batch": either((0.3, 0.6)),
+}
+"""What `--schemas --swarm` draws per seed, besides turning each fault of the profile on or
+off."""
+
+
+def swarm_draw(
+    seed: int, workload: SchemaWorkload, faults: SchemaFaults, pinned: set[str]
+) -> Draw[SchemaWorkload, SchemaFaults]:
+    return draw("schemas", seed, workload, faults, SWARM, pinned=pinned)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,7 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def schema_report(result: SchemaResult, workload: SchemaWorkload, faults: SchemaFaults) -> str:
+def schema_report(
+    result: SchemaResult,
+    workload: SchemaWorkload,
+    faults: SchemaFaults,
+    swarm: Draw[SchemaWorkload, SchemaFaults] | None = None,
+) -> str:
     speed = result.duration_s / result.wall_s if result.wall_s else 0.0
     shown = ", ".join(f"{kind} {count}" for kind, count in result.registrations.items())
     published = ", ".join(f"{kind} {count}" for kind, count in result.publishes.items())
@@ -63,6 +88,8 @@ def schema_report(result: SchemaResult, workload: SchemaWorkload, faults: Schema
         *(f"  {subject}: {summary}" for subject, summary in result.subjects.items()),
         f"  faults injected: {result.injected.summary()}",
     ]
+    if swarm is not None:
+        lines.append(swarm.line())
     replay = schema_replay_command(result.seed, result.duration_s, workload, faults)
     lines += violation_lines(result.violations, replay, result.trace_tail)
     return "\n".join(lines)
@@ -75,10 +102,24 @@ def main(argv: list[str]) -> int:
         raise SystemExit("python -m sim --schemas: error: producers, brokers and rate must be > 0")
     faults = chosen_faults(args, SCHEMA_PROFILES)
     full_trace = args.trace is not None
+    pinned = given_knobs(argv, SchemaWorkload, SchemaFaults)
+    draws: dict[int, Draw[SchemaWorkload, SchemaFaults]] = {}
+
+    def swarm(seed: int) -> Draw[SchemaWorkload, SchemaFaults]:
+        if seed not in draws:
+            draws[seed] = swarm_draw(seed, workload, faults, pinned)
+        return draws[seed]
+
+    def settings(seed: int) -> tuple[SchemaWorkload, SchemaFaults]:
+        return (swarm(seed).workload, swarm(seed).faults) if args.swarm else (workload, faults)
+
     return run_seeds(
         args,
-        lambda seed: SchemaSimulation(seed, workload, faults, full_trace=full_trace).run(
+        lambda seed: SchemaSimulation(seed, *settings(seed), full_trace=full_trace).run(
             args.duration
         ),
-        lambda result: schema_report(result, workload, faults),
+        lambda result: schema_report(
+            result, *settings(result.seed), swarm(result.seed) if args.swarm else None
+        ),
+        swarm if args.swarm else None,
     )

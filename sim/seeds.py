@@ -14,6 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from sim.swarm import Draw, Tally
+
 T = TypeVar("T")
 
 
@@ -92,6 +94,13 @@ def add_run_arguments(
     )  # fmt: skip
     parser.add_argument("--trace", type=Path, help="write the whole trace of the run here")
     parser.add_argument("--json", action="store_true", help="print one JSON summary per run")
+    parser.add_argument(
+        "--swarm", action="store_true",
+        help="swarm testing: each seed also draws, from its own RNG, which of the profile's "
+        "faults are on (each half the time, at the profile's probability or half or twice "
+        "it) and the workload's features; knobs given on the command line are kept. The "
+        "report says what was on and its replay command spells it out (sim/README.md)",
+    )  # fmt: skip
 
 
 def add_workload_arguments(
@@ -147,19 +156,27 @@ def run_seeds(
     args: argparse.Namespace,
     run: Callable[[int], SeedResult],
     report: Callable[[Any], str],
+    swarm: Callable[[int], Draw[Any, Any]] | None = None,
 ) -> int:
     """Runs `args.seeds` seeds from `args.seed`: JSON lines with `--json`, else the report of
     a single seed or of each failing one, and a progress bar on stderr. Exit status 1 when any
-    seed failed."""
+    seed failed. `swarm`: each seed's draw (`--swarm`), added to its JSON summary and counted
+    for the closing line (which features the failing seeds had on)."""
     failures = 0
     started = time.perf_counter()
+    tally = Tally()
     for seed in range(args.seed, args.seed + args.seeds):
         result = run(seed)
         if args.trace is not None and result.trace is not None:
             args.trace.write_text("\n".join(result.trace) + "\n")
         failures += not result.ok
+        if swarm is not None:
+            tally.add(swarm(seed), result.ok)
         if args.json:
-            print(json.dumps(result.summary(), sort_keys=True))
+            summary = result.summary()
+            if swarm is not None:
+                summary["swarm"] = swarm(seed).summary()
+            print(json.dumps(summary, sort_keys=True))
         elif args.seeds == 1 or not result.ok:
             print(report(result))
         else:
@@ -172,4 +189,6 @@ def run_seeds(
             )  # fmt: skip
     if args.seeds > 1:
         print(f"\n{args.seeds} seeds, {failures} failing", file=sys.stderr)
+        if swarm is not None:
+            print(tally.line(), file=sys.stderr)
     return 1 if failures else 0

@@ -15,7 +15,7 @@ from sim.__main__ import PROFILES, report
 from sim.checker import SILENT_DAMAGE
 from sim.durability import measure
 from sim.faults import Faults
-from sim.run import Simulation, Workload
+from sim.run import OVERLOAD, Simulation, Workload
 from tests.sim.mutations import (
     DAMAGE_MUTATIONS,
     MUTATIONS,
@@ -72,7 +72,8 @@ CAUGHT_BY: dict[str, str | tuple[str, ...]] = {
     "ack_fails_inside_the_core": "16 ",
 }
 """The invariant each planted bug breaks first, with the default mix of batched and plain
-clients: a cursor moved past an unacknowledged offset shows as a message never delivered; a
+clients: a cursor moved past an unacknowledged offset, and a batch answered before it is
+stored, break 4 (acknowledged is stored) at once, during the load; a
 skipped redelivery as a gap in a subscription's order, or, in the seed that catches it first
 since each ack of a batch is carried out before the next, as a later ack of the forgotten
 offset failing inside the core (16); an exception inside the core is 16
@@ -97,8 +98,10 @@ def test_each_planted_bug_is_caught_within_200_seeds(mutation: str) -> None:
 @pytest.mark.parametrize("mutation", sorted(REQUEST_MUTATIONS))
 def test_each_planted_bug_in_the_request_flows_is_caught_within_50_seeds(mutation: str) -> None:
     """The simulator runs the request flows the gRPC services run (`sim/requests.py`), so a
-    bug in them is a bug it sees."""
-    workload = Workload(batched=0.5)
+    bug in them is a bug it sees. With the overloading workload (`OVERLOAD`, the default
+    before issue 22): `ack_fails_inside_the_core` needs offsets past 96 within 3 s, which the
+    sustainable default does not publish."""
+    workload = dataclasses.replace(OVERLOAD, batched=0.5)
     with REQUEST_MUTATIONS[mutation]():
         for seed in range(1, 51):
             result = Simulation(seed, workload, DEFAULT).run(3)

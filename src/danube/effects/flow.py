@@ -12,7 +12,7 @@ simulator, in-memory) advances flows the same way:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
@@ -50,11 +50,29 @@ def step(flow: Flow[Any], *, answer: Any = _NOTHING, error: BaseException | None
 
 def run_now(flow: Flow[T], perform: Callable[[Any], Any]) -> T:
     """Runs a flow to its end with a synchronous `perform` (the testing port, and the
-    simulator for effects that take no simulated time). Raises what the flow raised."""
+    simulator for effects that take no simulated time). Raises what the flow raised.
+    `drive` is the same loop for a port whose `perform` awaits (production)."""
     request = step(flow)
     while not isinstance(request, Finished):
         try:
             answer = perform(request)
+        except Exception as failure:
+            request = step(flow, error=failure)
+        else:
+            request = step(flow, answer=answer)
+    if request.error is not None:
+        raise request.error
+    return request.value
+
+
+async def drive(flow: Flow[T], perform: Callable[[Any], Awaitable[Any]]) -> T:
+    """`run_now` for an awaiting `perform` (the production port: trio or asyncio, whichever
+    awaits it; this module imports neither): runs `flow` to its end, each request's answer,
+    or the exception `perform` raised, sent back in. Raises what the flow raised."""
+    request = step(flow)
+    while not isinstance(request, Finished):
+        try:
+            answer = await perform(request)
         except Exception as failure:
             request = step(flow, error=failure)
         else:

@@ -19,7 +19,7 @@ import grpclib.const
 
 from danube import keys
 from danube.effects import StoreUnreachable
-from danube.effects.flow import Flow
+from danube.effects.flow import Flow, drive
 from danube.machines.dispatch.reliable import Backoff
 from danube.machines.node.settings import (
     BACKOFF_WIRE,
@@ -36,7 +36,7 @@ from danube.runtime.forwarding import forward
 from danube.runtime.grpc_util import Call, unary
 from danube.runtime.placement import ClusterPlacement
 from danube.runtime.schema_service import SchemaService
-from danube.runtime.store_port import STORE_EFFECTS, drive, perform_store
+from danube.runtime.store_port import STORE_EFFECTS, perform_store
 from danube.runtime.watching import store_call_from_grpc
 from danube.values import bounded_json
 from danube.values.config import DispatchStrategy

@@ -194,10 +194,6 @@ class BrokerRuntime:
         with contextlib.suppress(DanubeError):
             await flushed
 
-    async def write_metadata(self) -> None:
-        """Kept for the server's start sequence: the interpreter's metadata lane is the one
-        writer now, and needs no task of its own."""
-
     # -- streams --------------------------------------------------------------------------------
 
     def attach_stream(self, consumer_id: int, generation: int) -> StreamSlot:

@@ -30,7 +30,7 @@ import trio_asyncio
 import danube.proto_compat  # noqa: F401  (ClusterBalanceResponse decodes)
 from danube import keys
 from danube.effects import Sleep, StoreUnreachable
-from danube.effects.flow import Flow, answered
+from danube.effects.flow import Flow, answered, drive
 from danube.machines.cluster import records
 from danube.machines.cluster.load_manager import LoadManager
 from danube.machines.cluster.ranking import Strategy
@@ -40,7 +40,7 @@ from danube.proto import danube_admin as pb
 from danube.runtime.cluster_member import ClusterMember
 from danube.runtime.forwarding import forward
 from danube.runtime.object_store import delete_topic_objects
-from danube.runtime.store_port import STORE_EFFECTS, drive, perform_store
+from danube.runtime.store_port import STORE_EFFECTS, perform_store
 from danube.runtime.watching import REQUEST_TIMEOUT_S, failure_text
 from danube.values.errors import DanubeError, ErrorCode, invalid, not_found, quoted
 from danube.values.names import TopicName, parse_topic

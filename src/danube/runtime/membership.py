@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 from danube.effects import StoreTxn, StoreUnreachable
+from danube.effects.flow import drive
 from danube.keys import LEADER_KEY
 from danube.machines.cluster import membership_flows as flows
 from danube.machines.cluster.membership import (
@@ -27,7 +28,7 @@ from danube.machines.cluster.membership import (
     WakeAt,
 )
 from danube.metadata import MetadataError, MetadataStore, WatchEvent
-from danube.runtime.store_port import drive, perform_store
+from danube.runtime.store_port import perform_store
 from danube.runtime.watching import REQUEST_TIMEOUT_S, Alarm, follow
 
 log = logging.getLogger("danube.runtime")

@@ -26,10 +26,10 @@ import trio
 
 from danube import keys
 from danube.effects import ObjectDelete, ObjectList
+from danube.effects.flow import drive
 from danube.interpreter import flows
 from danube.machines.tiering import UploadError
 from danube.machines.wal.format import WalFormatError
-from danube.runtime.store_port import drive
 from danube.values.names import parse_topic
 
 log = logging.getLogger("danube.runtime")

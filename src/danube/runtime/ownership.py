@@ -30,13 +30,13 @@ import trio_asyncio
 
 from danube import keys
 from danube.effects import StoreTxn
-from danube.effects.flow import Flow
+from danube.effects.flow import Flow, drive
 from danube.machines.cluster import ownership_flows as flows
 from danube.machines.cluster.ownership import SETTLE_POLL_MS, Effect, Ownership, WakeAt
 from danube.machines.cluster.records import Marker
 from danube.metadata import MetadataError, MetadataStore, WatchEvent
 from danube.runtime.broker import BrokerRuntime, now_ms
-from danube.runtime.store_port import STORE_EFFECTS, drive, perform_store
+from danube.runtime.store_port import STORE_EFFECTS, perform_store
 from danube.runtime.watching import REQUEST_TIMEOUT_S, Alarm, failure_text, follow
 
 log = logging.getLogger("danube.runtime")

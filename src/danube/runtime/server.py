@@ -271,7 +271,6 @@ async def serve(
             if metrics_sock is not None:
                 endpoints = Endpoints(metrics.exposition, health.not_ready, health.alive)
                 nursery.start_soon(serve_http, metrics_sock, endpoints)
-            nursery.start_soon(trio_asyncio.aio_as_trio(runtime.write_metadata))
             # Reliable topics recover before the ports open: a client never sees a topic
             # whose offsets are not known yet.
             runtime.apply(restored.effects)

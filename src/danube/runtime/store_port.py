@@ -1,5 +1,5 @@
 """The production port of the metadata-store effects (`StoreRead`, `StoreList`,
-`StoreTxn`) and the trio driver of flows (`danube.effects.flow`).
+`StoreTxn`); flows run on it with `danube.effects.flow.drive`.
 
 The port adds what production has and the flows must not know: the request timeout, the
 ownership claims that fence a broker's writes, and the store's own error types, turned into
@@ -8,8 +8,8 @@ that did not commit is done here, once, for every machine."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import trio
 
@@ -24,12 +24,9 @@ from danube.effects import (
     StoreUnreachable,
     TxnAnswer,
 )
-from danube.effects.flow import Finished, Flow, step
 from danube.machines.cluster.ownership import fence_compares
 from danube.metadata import KeyValue, LeaseNotFound, MetadataError, MetadataStore
 from danube.runtime.watching import REQUEST_TIMEOUT_S
-
-T = TypeVar("T")
 
 STORE_EFFECTS = (StoreRead, StoreList, StoreTxn, LeaseGrant, LeaseRenew)
 StoreEffect = StoreRead | StoreList | StoreTxn | LeaseGrant | LeaseRenew
@@ -81,19 +78,3 @@ async def _transact(
         except (MetadataError, trio.TooSlowError):
             break  # the store is gone: the flow sees the key as not read
     return TxnAnswer(outcome, found)
-
-
-async def drive(flow: Flow[T], perform: Callable[[Any], Awaitable[Any]]) -> T:
-    """Runs `flow` to its end, `perform` answering each request (its exception is thrown
-    into the flow). Raises what the flow raised."""
-    request = step(flow)
-    while not isinstance(request, Finished):
-        try:
-            answer = await perform(request)
-        except Exception as failure:
-            request = step(flow, error=failure)
-        else:
-            request = step(flow, answer=answer)
-    if request.error is not None:
-        raise request.error
-    return request.value

@@ -21,10 +21,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc
+from danube.schema import CompatibilityMode, SchemaType
 from official_harness import build_client, main, receive_n, report
 
 from danube import SubType
-from danube.machines.schema import CompatibilityMode, SchemaType
 
 ID = {"name": "id", "type": "long"}
 V1 = json.dumps({"type": "record", "name": "Order", "fields": [ID]}).encode()
