@@ -192,6 +192,7 @@ class ClusterSimulation:
             self.topics,
             operations=workload.admin,
             scratch=workload.scratch_topics if workload.admin else 0,
+            topic_policies=self.objects is not None,
         )
         for topic in self.topics:
             self.checker.expect(topic, paths.namespace_topic(parse_topic(topic)))
@@ -247,6 +248,7 @@ class ClusterSimulation:
             settled, settle_s = self._settle()
         if settled and self.data_checker is not None:
             self.data_checker.final()
+            self.operator.check_overrides()
         data: dict[str, int] = {}
         if self.data_checker is not None:
             data = dict(self.data_checker.counts)

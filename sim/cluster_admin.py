@@ -15,7 +15,10 @@ i. a deleted topic's metadata, marker and assignment are gone once the deletion 
    and it is never assigned again;
 j. a drained broker owns none of the topics the drain counted moved once it answered;
 k. every write of a namespace's policies is the merge of what the store held and the
-   changes asked for.
+   changes asked for;
+l. with data planes: a topic's policy overrides, once a change of them answered, are what
+   the broker serving the topic enforces after the cluster settled, across the moves and
+   failovers in between (`flows.topic_policies`, routed to the owner by `flows.at_owner`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from danube.values.config import DispatchStrategy
 from danube.values.errors import DanubeError, ErrorCode
 from danube.values.names import parse_topic
 from sim.checker import Violation
+from sim.cluster_data import SETTLE_POLL_US
 from sim.cluster_node import BrokerProcess, SimNode
 from sim.etcd import Origin, SimEtcd
 from sim.flow_runner import Answer, run_flow
@@ -43,10 +47,13 @@ from sim.world import US_PER_MS, US_PER_S, World
 DELETED = "i a deleted topic is gone for good"
 DRAINED = "j a drained broker keeps none of its topics"
 MERGED = "k policies are the merge of what was set"
+OVERRIDES = "l a topic's overrides hold at its owner"
 
 DRAINING = ("draining", "drained")
 RETRY_US = US_PER_S
 """After the faults: a deletion or an activation that did not answer is asked again."""
+TOPIC_POLICY_FIELDS = ("max_producers_per_topic", "max_subscriptions_per_topic")
+"""Topic overrides the operator sets: high enough never to refuse the workload's clients."""
 POLICY_FIELDS = (
     "max_subscriptions_per_topic",
     "max_consumers_per_topic",
@@ -99,6 +106,21 @@ class AdminChecker:
                     f"asked {changes}",
                 )
 
+    def violate(self, invariant: str, detail: str) -> None:
+        self._violate(invariant, detail)
+
+    def overrides_answered(
+        self, topic: str, changes: dict[str, int], answer: tuple[dict[str, int], list[str]]
+    ) -> None:
+        """The owner's answer says the changes are in force."""
+        policies, overridden = answer
+        wrong = {n: policies.get(n) for n, v in changes.items() if policies.get(n) != v}
+        if wrong or not set(changes) <= set(overridden):
+            self._violate(
+                OVERRIDES,
+                f"{topic}: asked {changes}, answered {policies} (overridden {overridden})",
+            )
+
     def delete_answered(self, topic: str) -> None:
         self.deleted.add(topic)
         name = parse_topic(topic)
@@ -137,7 +159,10 @@ class Operator:
         *,
         operations: int,
         scratch: int,
+        topic_policies: bool = False,
     ) -> None:
+        """`topic_policies`: the brokers run data planes, so a topic's overrides can be set
+        at its owner (`l`)."""
         self.world = world
         self.nodes = nodes
         self.checker = checker
@@ -152,6 +177,12 @@ class Operator:
         """Operations answered, by kind and outcome (`unload ok`, `drain UNAVAILABLE`, ...)."""
         self._calm = False
         self._policy_busy = False
+        self.topic_policies = topic_policies
+        self.overrides: dict[str, dict[str, int]] = {}
+        """Topic → the overrides its answered changes set (each merges into the last)."""
+        self.unsure: set[str] = set()
+        """Topics with a change that never answered: it may or may not have landed."""
+        self._topic_busy: set[str] = set()
 
     # -- the schedule ------------------------------------------------------------------------------
 
@@ -189,13 +220,19 @@ class Operator:
 
     def _operate(self) -> None:
         rng = self.world.rng
-        kind = rng.choice(("unload", "drain", "delete", "policy"))
+        kinds = ("unload", "drain", "delete", "policy")
+        kind = rng.choice((*kinds, "topic_policy") if self.topic_policies else kinds)
         if kind == "unload":
             self._unload(rng.choice(self.topics))
         elif kind == "drain":
             self._drain(rng.choice(self.nodes).name)
         elif kind == "delete":
             self._delete(rng.choice(self.scratch))
+        elif kind == "topic_policy":
+            topic = rng.choice(self.topics)
+            if topic not in self._topic_busy:
+                fields = rng.sample(TOPIC_POLICY_FIELDS, rng.randint(1, 2))
+                self._topic_policy(topic, {name: rng.randint(50, 1_000) for name in fields})
         elif not self._policy_busy:
             fields = rng.sample(POLICY_FIELDS, rng.randint(1, 2))
             self._policies({name: rng.randint(1, 1_000) for name in fields})
@@ -274,6 +311,64 @@ class Operator:
 
         self._ask("policy", local, ended, final=lambda _: ended() or True, direct=True)
 
+    def _topic_policy(self, topic: str, changes: dict[str, int]) -> None:
+        """SetTopicPolicies, asked of any broker: it runs the change where it serves the
+        topic, else forwards it to the owner the store names (`flows.at_owner`)."""
+        self._topic_busy.add(topic)
+        self.unsure.add(topic)  # until it answers
+
+        def local(p: BrokerProcess) -> Flow[Any]:
+            return flows.topic_policies(p.name, topic, changes)
+
+        def answered(value: tuple[dict[str, int], list[str]]) -> None:
+            self._topic_busy.discard(topic)
+            self.unsure.discard(topic)
+            self.overrides[topic] = {**self.overrides.get(topic, {}), **changes}
+            self.checker.overrides_answered(topic, changes, value)
+
+        def refused(error: BaseException) -> bool:
+            # Not the owner's answer (moving, unassigned, UNAVAILABLE): nothing changed.
+            self._topic_busy.discard(topic)
+            if topic not in self.overrides or self._refused_before_core(error):
+                self.unsure.discard(topic)
+            return True
+
+        self._ask("topic_policy", local, answered, final=refused, direct=True)
+
+    @staticmethod
+    def _refused_before_core(error: BaseException) -> bool:
+        """A refusal of routing (no owner to ask, or none answered): the core never saw it."""
+        return isinstance(error, DanubeError) and error.code is ErrorCode.UNAVAILABLE
+
+    def check_overrides(self) -> None:
+        """After the cluster settled: each topic's answered overrides are in force at the
+        broker serving it (`l`)."""
+        for topic, wanted in sorted(self.overrides.items()):
+            if topic in self.unsure:
+                continue
+            serving = [
+                node.running
+                for node in self.nodes
+                if node.running is not None
+                and node.running.data is not None
+                and node.running.data.broker.core is not None
+                and node.running.data.broker.core.serves(topic)
+            ]
+            for process in serving:
+                core = process.data.broker.core  # type: ignore[union-attr]
+                policies, overridden = core.topic_policies(topic)
+                wrong = {
+                    name: policies.get(name)
+                    for name, value in wanted.items()
+                    if name not in overridden or policies.get(name) != value
+                }
+                if wrong:
+                    self.checker.violate(
+                        OVERRIDES,
+                        f"{topic} at broker {process.name}: overrides {wrong}, answered "
+                        f"{wanted} (overridden {sorted(overridden)})",
+                    )
+
     # -- running a call ----------------------------------------------------------------------------
 
     def _ask(
@@ -329,10 +424,42 @@ class Operator:
                 self._forwarded(request.admin_url, local, answer)
             elif isinstance(request, flows.DeleteObjects | flows.NamespaceSeen):
                 answer(None)
+            elif isinstance(request, flows.ServedHere):
+                core = None if process.data is None else process.data.broker.core
+                answer(core is not None and core.serves(request.topic))
+            elif isinstance(request, flows.TopicPolicies):
+                self._at_core(process, request, answer)
             else:
                 answer(error=TypeError(f"unexpected admin request {request!r}"))
 
         return handle
+
+    def _at_core(
+        self, process: BrokerProcess, request: flows.TopicPolicies, answer: Answer
+    ) -> None:
+        """The owner's core sets the overrides; answered once the change is stored, as
+        `AdminServices._topic_policies` waits for its runtime."""
+        assert process.data is not None and not request.clear and not request.read_only
+        broker = process.data.broker
+        core = broker.core
+        if core is None:
+            return  # the incarnation is gone: the call dies with it
+        try:
+            step = core.set_topic_policies(request.topic, request.changes)
+        except DanubeError as error:
+            answer(error=error)
+            return
+        broker._apply(step.effects)
+
+        def stored() -> None:
+            if not process.alive or broker.core is not core:
+                return
+            if not broker.metadata_flushed:
+                self.world.at(SETTLE_POLL_US, stored)
+                return
+            answer((step.value, list(core.topic_policies(request.topic)[1])))
+
+        stored()
 
     def _forwarded(self, admin_url: str, local: Local, answer: Answer) -> None:
         """The leader answers a forwarded call itself, never forwarding it again."""

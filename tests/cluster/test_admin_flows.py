@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from danube import keys as danube_keys
 from danube.effects import Outcome, Sleep, StoreList, StoreRead, StoreTxn, TxnAnswer
 from danube.effects.flow import Flow, run_now
 from danube.machines.cluster import keys, records
@@ -38,6 +39,7 @@ class Port:
         self.asked: list[Any] = []
         self.on_sleep: Callable[[], None] = lambda: None
         self.on_txn: Callable[[StoreTxn], Outcome | None] = lambda txn: None
+        self.served_here = False
 
     def now(self) -> int:
         return self.clock
@@ -64,6 +66,8 @@ class Port:
             self.d.settle(0)
             return None
         self.asked.append(request)
+        if isinstance(request, flows.ServedHere):
+            return self.served_here
         if isinstance(request, flows.Forward):
             return "the leader's reply"
         return None
@@ -294,5 +298,49 @@ def test_policies_of_a_namespace_nobody_created_are_not_found() -> None:
 
 def test_topic_policies_are_the_owners() -> None:
     port = Port(cluster("1"))
-    port.run(flows.topic_policies(T, {"max_publish_rate": 1}))
-    assert port.asked == [flows.OwnerAdmin(T), flows.TopicPolicies(T, {"max_publish_rate": 1})]
+    port.served_here = True
+    port.run(flows.topic_policies(ME, T, {"max_publish_rate": 1}))
+    assert port.asked == [flows.ServedHere(T), flows.TopicPolicies(T, {"max_publish_rate": 1})]
+
+
+def registered(d: ManagerDriver, broker: str, admin: str | None) -> None:
+    value = {"broker_url": f"http://{broker}:6650"} | ({"admin_addr": admin} if admin else {})
+    d.store.txn((), (Put(keys.register_key(broker), value),))
+
+
+def claimed(d: ManagerDriver, topic: str, broker: str) -> None:
+    d.store.txn((), (Put(danube_keys.owner_key(topic), {"broker_id": broker}),))
+
+
+def test_a_topic_served_elsewhere_is_asked_of_its_owners_admin_port() -> None:
+    d = cluster("1")
+    d.store.txn((), (Put(danube_keys.topic_delivery(parse_topic(T)), "reliable"),))
+    registered(d, "2", "http://broker-2:50051")
+    claimed(d, T, "2")
+    port = Port(d)
+    assert port.run(flows.topic_policies(ME, T, {"max_publish_rate": 1})) == "the leader's reply"
+    assert port.asked == [flows.ServedHere(T), flows.Forward("http://broker-2:50051")]
+
+
+@pytest.mark.parametrize(
+    ("setup", "code", "says"),
+    [
+        ("nothing", ErrorCode.NOT_FOUND, "does not exist"),
+        ("unclaimed", ErrorCode.UNAVAILABLE, "being assigned"),
+        ("mine", ErrorCode.UNAVAILABLE, "loading or moving on this broker"),
+        ("unregistered", ErrorCode.UNAVAILABLE, "not registered"),
+    ],
+)
+def test_a_topic_with_no_owner_to_ask_gets_a_clear_answer(
+    setup: str, code: ErrorCode, says: str
+) -> None:
+    d = cluster("1")
+    if setup != "nothing":
+        d.store.txn((), (Put(danube_keys.topic_delivery(parse_topic(T)), "reliable"),))
+    if setup == "mine":
+        claimed(d, T, ME)
+    if setup == "unregistered":
+        claimed(d, T, "2")
+        registered(d, "2", None)
+    error = refused(Port(d), flows.topic_policies(ME, T, {"max_publish_rate": 1}))
+    assert error.code is code and says in error.message

@@ -17,6 +17,7 @@ from danube.machines.cluster import admin_ops, keys, ownership, ownership_flows
 from danube.machines.cluster.load_manager import Assign, LoadManager
 from danube.machines.cluster.membership import Campaign, Effect, Membership
 from danube.machines.node import settings
+from danube.machines.node.catalogue import Catalogue
 from danube.machines.requests import admin as admin_flows
 from danube.metadata.model import Compare
 from danube.values.names import TopicName
@@ -215,3 +216,21 @@ the operator (`sim.cluster_admin`) joined the default workload, the older seeds 
 replay their original runs; they stay as runs that must pass. `assign_compares_mode` was found
 by the operator: an Assign decided before a drain's mode write landed gave the draining broker
 a topic (the Assign now compares the target's state key as seen)."""
+
+
+@contextlib.contextmanager
+def topic_overrides_not_stored() -> Iterator[None]:
+    """SetTopicPolicies changes the owner's core and answers, but never writes the override
+    to the metadata store: the topic's next owner (a move, a failover) does not know it."""
+    original = Catalogue.set_topic_policies
+
+    def set_topic_policies(self: Catalogue, topic: str, changes: Mapping[str, Any]) -> Any:
+        step = original(self, topic, changes)
+        return dataclasses.replace(step, effects=())
+
+    with mock.patch.object(Catalogue, "set_topic_policies", set_topic_policies):
+        yield
+
+
+ADMIN_DATA_MUTATIONS: dict[str, Patch] = {"topic_overrides_not_stored": topic_overrides_not_stored}
+"""Planted bugs the operator's calls catch in a run with data planes (invariant l)."""

@@ -14,9 +14,10 @@ import pytest
 from danube.machines.tiering import layout
 from danube.values.names import parse_topic
 from sim.cluster import ClusterSimulation, ClusterWorkload
+from sim.cluster_admin import OVERRIDES
 from sim.cluster_data_checker import NO_LOSS, ONE_WRITER
 from sim.cluster_faults import CLUSTER_PROFILES
-from tests.sim.cluster_mutations import DATA_MUTATIONS
+from tests.sim.cluster_mutations import ADMIN_DATA_MUTATIONS, DATA_MUTATIONS
 
 DEFAULT = CLUSTER_PROFILES["default"]
 DATA = ClusterWorkload(data=True)
@@ -105,3 +106,21 @@ def test_a_claim_flow_that_ignores_its_read_back_leaves_a_topic_unserved() -> No
                 assert "every topic on a live broker" in result.violations[0].invariant
                 return
     raise AssertionError("no seed of 50 caught the planted bug")
+
+
+def test_topic_overrides_hold_at_the_owner_and_a_lost_write_is_caught() -> None:
+    """The operator sets topic overrides through the shared routing flow (`at_owner`) while
+    topics move; after the cluster settles each answered override is in force at the owner
+    (invariant l). Planted: the owner answers without storing the override, so the next
+    owner does not know it."""
+    workload = dataclasses.replace(DATA, admin=16)
+    clean = [ClusterSimulation(seed, workload, DEFAULT).run(10) for seed in (1, 2)]
+    assert all(r.ok and r.settled for r in clean), [r.violations for r in clean]
+    assert sum(r.admin.get("topic_policy ok", 0) for r in clean) > 0
+    with ADMIN_DATA_MUTATIONS["topic_overrides_not_stored"]():
+        for seed in range(1, 21):
+            planted = ClusterSimulation(seed, workload, DEFAULT).run(10)
+            if not planted.ok:
+                assert planted.violations[0].invariant == OVERRIDES, planted.violations
+                return
+    pytest.fail("the run with data planes did not catch topic_overrides_not_stored in 20 seeds")

@@ -155,12 +155,10 @@ class AdminServices:
         parse_topic(name)
         return name
 
-    async def _elsewhere(self, topic: str) -> str | None:
-        """Cluster mode: the admin URL of the broker serving `topic`, when that is another
-        broker; None when this broker answers itself."""
-        if self._placement is None:
-            return None
-        return await self._placement.admin_url(topic)
+    def _served_here(self, topic: str) -> bool:
+        """This broker answers for `topic` itself: standalone, or its core serves it (where
+        else to ask is `flows.at_owner`'s decision, from the store)."""
+        return self._placement is None or self._core.serves(self._topic(topic))
 
     # -- BrokerAdmin ------------------------------------------------------------------------
 
@@ -423,8 +421,8 @@ class AdminServices:
                 return None
             if isinstance(request, flows.TopicPolicies):
                 return await self._topic_policies(request)
-            if isinstance(request, flows.OwnerAdmin):
-                return await self._elsewhere(self._topic(request.topic))
+            if isinstance(request, flows.ServedHere):
+                return self._served_here(request.topic)
             if isinstance(request, flows.RunHere) and here is not None:
                 return await here()
             raise TypeError(f"unexpected request of an admin flow: {request!r}")
@@ -499,15 +497,23 @@ class AdminServices:
                 return await forward(admin_url, path, request, reply_type)
 
             async def perform(asked: Any) -> Any:
-                if isinstance(asked, flows.OwnerAdmin):
-                    return await self._elsewhere(self._topic(asked.topic))
+                if isinstance(asked, flows.ServedHere):
+                    return self._served_here(asked.topic)
+                if isinstance(asked, STORE_EFFECTS):
+                    assert self._store is not None  # standalone: always served here
+                    try:
+                        return await store_call_from_grpc(perform_store, self._store, asked)
+                    except StoreUnreachable as error:
+                        raise DanubeError(
+                            ErrorCode.UNAVAILABLE, f"the metadata store did not answer ({error})"
+                        ) from None
                 if isinstance(asked, flows.Forward):
                     return await forward_to(asked.admin_url)
                 if isinstance(asked, flows.RunHere):
                     return await call(request)
                 raise TypeError(f"unexpected request of a routing flow: {asked!r}")
 
-            return await drive(flows.at_owner(topic, flows.run_here), perform)
+            return await drive(flows.at_owner(self._broker_id, topic, flows.run_here), perform)
 
         routed.__name__ = call.__name__
         return routed

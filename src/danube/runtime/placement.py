@@ -94,14 +94,6 @@ class ClusterPlacement:
             registration = found.value if found is not None else None
         return facts, registration
 
-    async def admin_url(self, topic: str) -> str | None:
-        """The admin URL of the broker serving `topic` (`rules.admin_route`); None when it
-        is this broker."""
-        if self._core.serves(topic):
-            return None
-        facts, registration = await self._owner(topic)
-        return rules.admin_route(topic, facts, self._broker_id, registration)
-
     async def partitions(self, topic: str) -> list[str]:
         name = parse_topic(topic)
         if await self._exists(name):

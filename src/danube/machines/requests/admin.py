@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 from danube import keys
 from danube.effects import Outcome, Sleep, StoreList, StoreRead, StoreTxn
 from danube.effects.flow import Flow
-from danube.machines.cluster import admin_ops, records
+from danube.machines.cluster import admin_ops, placement, records
 from danube.machines.cluster.admin_ops import Step
 from danube.machines.cluster.records import Marker
 from danube.machines.node.settings import merged_policies
@@ -86,9 +86,9 @@ class Forward:
 
 
 @dataclass(frozen=True, slots=True)
-class OwnerAdmin:
-    """Answered with the admin URL of the broker serving `topic` when that is another
-    broker, None when this broker answers for it."""
+class ServedHere:
+    """Answered True when this broker answers for `topic` itself: its core serves the
+    topic, or the broker runs standalone. Where else to ask is `at_owner`'s decision."""
 
     topic: str
 
@@ -137,7 +137,7 @@ class RunHere:
 
 
 AdminRequest = (
-    ReadView | Forward | OwnerAdmin | DeleteObjects | NamespaceSeen | CorePolicies | TopicPolicies
+    ReadView | Forward | ServedHere | DeleteObjects | NamespaceSeen | CorePolicies | TopicPolicies
 )
 AdminRequest = AdminRequest | RunHere
 
@@ -167,13 +167,25 @@ def at_leader(me: str, local: Callable[[], Flow[T]]) -> Flow[Any]:
     return (yield Forward(admin))
 
 
-def at_owner(topic: str, local: Callable[[], Flow[T]]) -> Flow[Any]:
+def at_owner(me: str, topic: str, local: Callable[[], Flow[T]]) -> Flow[Any]:
     """Runs `local` here when this broker answers for `topic`, else forwards the call to the
-    owner's admin port."""
-    admin = yield OwnerAdmin(topic)
-    if admin is None:
+    owner's admin port: the broker whose claim the topic carries, at the admin address of
+    its registration (`placement.admin_route` says what to answer when there is none: the
+    topic does not exist, is being assigned, or its owner is not registered)."""
+    if (yield ServedHere(topic)):
         return (yield from local())
-    return (yield Forward(admin))
+    name = parse_topic(topic)
+    claim = yield StoreRead(keys.owner_key(topic))
+    owner = None
+    if claim is not None and isinstance(claim.value, dict):
+        owner = records.broker_id_from_json(claim.value.get("broker_id"))
+    exists = owner is not None or (yield StoreRead(keys.topic_delivery(name))) is not None
+    registration = None
+    if owner is not None and owner != me:
+        found = yield StoreRead(keys.register_key(owner))
+        registration = found.value if found is not None else None
+    facts = placement.TopicFacts(exists, owner)
+    return (yield Forward(placement.admin_route(topic, facts, me, registration)))
 
 
 def _leading(me: str) -> Flow[ClusterView]:
@@ -392,13 +404,13 @@ def namespace_policies(
 
 
 def topic_policies(
-    topic: str, changes: Mapping[str, Any] | None = None, *, clear: bool = False
+    me: str, topic: str, changes: Mapping[str, Any] | None = None, *, clear: bool = False
 ) -> Flow[tuple[dict[str, int], list[str]]]:
     """Set, clear or read a topic's overrides: the core's decision, at the topic's owner."""
     request = TopicPolicies(
         topic, dict(changes or {}), clear=clear, read_only=changes is None and not clear
     )
-    return (yield from at_owner(topic, lambda: core_topic_policies(request)))
+    return (yield from at_owner(me, topic, lambda: core_topic_policies(request)))
 
 
 def core_topic_policies(request: TopicPolicies) -> Flow[tuple[dict[str, int], list[str]]]:
