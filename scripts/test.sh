@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is needed, then runs lint, the whole test suite (slow and conformance tests
-# included) and three short simulator fuzz runs (FUZZ_SEEDS, default 50, a swarm run over the
-# default faults: each seed draws its faults and workload, an operator among them; FUZZ_TIERED_SEEDS, default 20, tiered with the heavy profile; FUZZ_SCHEMA_SEEDS,
-# default 50, the schema registry with the heavy profile). Extra arguments go to pytest, e.g.
-# `scripts/test.sh -k shared`.
+# included) and three simulator fuzz runs, each a swarm run (each seed draws its faults and
+# workload): FUZZ_SEEDS, default 300, over the default faults; FUZZ_TIERED_SEEDS, default 100,
+# tiered with the heavy profile; FUZZ_SCHEMA_SEEDS, default 50, the schema registry with the
+# heavy profile. Extra arguments go to pytest, e.g. `scripts/test.sh -k shared`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -12,9 +12,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 .venv/bin/nox -s lint
 .venv/bin/nox -s tests -- "$@"
 # Swarm testing over the default faults: each seed draws which faults are on and its workload
-# (topics, consumers, subscription types, durability, an operator changing settings...).
-FUZZ_SEEDS="${FUZZ_SEEDS:-50}" .venv/bin/nox -s fuzz -- --swarm
+# (topics, load, consumers, subscription types, durability, an operator changing settings...).
+FUZZ_SEEDS="${FUZZ_SEEDS:-300}" .venv/bin/nox -s fuzz -- --swarm
 # The heavy profile (bit flips, more crashes) with the object tier: what the default run skips.
-FUZZ_FIRST_SEED=1001 .venv/bin/nox -s fuzz -- "${FUZZ_TIERED_SEEDS:-20}" --tiered --profile heavy
+FUZZ_FIRST_SEED=1001 .venv/bin/nox -s fuzz -- "${FUZZ_TIERED_SEEDS:-100}" --tiered --profile heavy --swarm
 # Producers evolving schemas under every compatibility mode, through brokers under faults.
-FUZZ_FIRST_SEED=2001 .venv/bin/nox -s fuzz -- "${FUZZ_SCHEMA_SEEDS:-50}" --schemas --profile heavy
+FUZZ_FIRST_SEED=2001 .venv/bin/nox -s fuzz -- "${FUZZ_SCHEMA_SEEDS:-50}" --schemas --profile heavy --swarm
