@@ -69,6 +69,7 @@ class ClusterChecker:
 
     def check(self) -> None:
         leaders = []
+        lease_alive = self.etcd.lease_alive
         for node in self.nodes:
             process = node.process
             if process is None or not process.alive:
@@ -76,13 +77,14 @@ class ClusterChecker:
             m = process.membership
             if m.leading:
                 leaders.append(node.name)
-            stopping = m.phase is Phase.STOPPED
-            if not m.fenced and not stopping and not self.etcd.lease_alive(m.lease_id):
+            if not m.fenced and m.phase is not Phase.STOPPED and not lease_alive(m.lease_id):
                 self._violate(
                     ALIVE,
                     f"broker {node.name} believes it is unfenced, but its lease {m.lease_id} is "
                     "not alive in the store",
                 )
+        if not leaders:
+            return
         if len(leaders) > 1:
             self._violate(ONE_LEADER, f"brokers {', '.join(leaders)} all believe they lead")
         key = self._leader

@@ -169,7 +169,19 @@ def _holder(value: object) -> str | None:
     return keys.broker_id_from_json(value.get("broker_id") if isinstance(value, dict) else None)
 
 
+_decoded: dict[bytes, list[tuple[int, str]]] = {}
+"""`_records_of`'s answers by object contents: every indexed object is decoded when its entry
+lands and again by `final` (a pure function of the bytes, so a cache cannot go stale)."""
+
+
 def _records_of(data: bytes) -> list[tuple[int, str]]:
+    found = _decoded.get(data)
+    if found is None:
+        found = _decoded[data] = _decode_records(data)
+    return found
+
+
+def _decode_records(data: bytes) -> list[tuple[int, str]]:
     return [
         (offset, records.decode(record).payload.decode())
         for offset, record in format.scanned_records(data, format.scan_segment(data))

@@ -97,7 +97,7 @@ class SimEtcd:
 
     def lease_alive(self, lease: int | None) -> bool:
         deadline = None if lease is None else self._deadline_s.get(lease)
-        return deadline is not None and deadline > self.now_s
+        return deadline is not None and deadline > self.world.now / US_PER_S
 
     # -- requests ------------------------------------------------------------------------------
 
