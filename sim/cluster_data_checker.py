@@ -52,6 +52,7 @@ class DataChecker:
         self.objects = objects
         self.nodes = nodes
         self.topics = topics
+        self._decoded: dict[bytes, list[tuple[int, str]]] = {}
         self.violations: list[Violation] = []
         self.stored: dict[str, dict[str, int]] = {topic: {} for topic in topics}
         """topic → payload → offset, of every object the index names."""
@@ -88,6 +89,15 @@ class DataChecker:
             if event.kind == "put" and tier_layout.is_index_entry(event.key):
                 self._index_entry(event.key, IndexEntry.from_json(event.value))
 
+    def _records_of(self, data: bytes) -> list[tuple[int, str]]:
+        """(offset, payload) of an object's records. Every indexed object is decoded when its
+        entry lands and again by `final`: the answers are kept by contents (a pure function
+        of the bytes, so they cannot go stale)."""
+        found = self._decoded.get(data)
+        if found is None:
+            found = self._decoded[data] = _records_of(data)
+        return found
+
     def _index_entry(self, key: str, entry: IndexEntry) -> None:
         topic = topic_of_key(key)
         blob = self.objects.objects.get(entry.key)
@@ -98,7 +108,7 @@ class DataChecker:
             return
         self.counts["objects_indexed"] += 1
         stored = self.stored[topic]
-        for offset, payload in _records_of(blob.data):
+        for offset, payload in self._records_of(blob.data):
             if stored.setdefault(payload, offset) != offset:
                 self.counts["stored_twice"] += 1  # a retry after an ambiguous failure
 
@@ -154,7 +164,7 @@ class DataChecker:
                 if blob is None:
                     self._violate(NO_LOSS, f"{topic}: indexed object {entry.key} is missing")
                     continue
-                held.update(payload for _, payload in _records_of(blob.data))
+                held.update(payload for _, payload in self._records_of(blob.data))
             lost = [p for p in self.acked[topic] if p not in held]
             if lost:
                 self._violate(

@@ -17,7 +17,7 @@ request lands or is answered after the caller gave up on it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -95,9 +95,14 @@ class SimEtcd:
     def start(self) -> None:
         self.world.at(EXPIRY_TICK_US, self._expiry_tick)
 
+    @property
+    def lease_deadlines_s(self) -> Mapping[int, float]:
+        """Each live lease's deadline in simulated seconds (`lease_alive` compares with it)."""
+        return self._deadline_s
+
     def lease_alive(self, lease: int | None) -> bool:
         deadline = None if lease is None else self._deadline_s.get(lease)
-        return deadline is not None and deadline > self.now_s
+        return deadline is not None and deadline > self.world.now / US_PER_S
 
     # -- requests ------------------------------------------------------------------------------
 

@@ -33,10 +33,16 @@ Layout, in short (`<ns>/<t>` is a topic's `TopicName.path`):
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Literal, NamedTuple
 
 from danube.values.errors import DanubeError
 from danube.values.names import TopicName, parse_topic
+
+_PARSED = 8192
+"""Entries of each parser's cache (`lru_cache`): the parsers below are pure functions of a
+string whose answers are immutable (str, tuples, frozen `TopicName`), and the simulator and
+the brokers parse the same keys again and again (every orphan scan, every commit's events)."""
 
 # -- shared pieces ------------------------------------------------------------------------------
 
@@ -50,6 +56,7 @@ def _segments(key: str, prefix: str) -> list[str] | None:
     return parts if all(parts) else None
 
 
+@lru_cache(maxsize=_PARSED)
 def _topic_name(namespace: str, local: str) -> TopicName | None:
     """The topic `/<namespace>/<local>` if that is a valid topic name, else None."""
     try:
@@ -244,6 +251,7 @@ def parse_topic_key(key: str) -> TopicRecordKey | None:
     return None
 
 
+@lru_cache(maxsize=_PARSED)
 def topic_of_key(key: str) -> str | None:
     """The topic (full name) a metadata key or prefix belongs to: one under
     `/topics/<ns>/<t>/<record>` or the object index `/storage/topics/<ns>/<t>/<...>`; else
@@ -309,6 +317,7 @@ def object_key(topic: TopicName, start_offset: int, next_offset: int, epoch: int
     return object_prefix(topic) + object_name(start_offset, next_offset, epoch)
 
 
+@lru_cache(maxsize=_PARSED)
 def parse_object_name_full(name: str) -> tuple[int, int, int] | None:
     """(start, next, epoch) of a name `object_name` makes; None for anything else."""
     if not name.endswith(OBJECT_SUFFIX):
@@ -366,6 +375,7 @@ def index_start(path: str) -> int | None:
     return int(last) if _padded(last) else None
 
 
+@lru_cache(maxsize=_PARSED)
 def parse_index_key(key: str) -> IndexKey | CurrentKey | None:
     """An object index entry or the `cur` pointer, typed; None for anything else."""
     parts = _segments(key, INDEX_ROOT)

@@ -46,7 +46,11 @@ def encode_value(value: JSONValue) -> str:
     passed in or got back, so value compares are exact text compares (as etcd's byte compares
     will be), and so non-JSON values fail at the put rather than at the next snapshot.
     """
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return _CANONICAL.encode(value)
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+"""`json.dumps` with these options builds an encoder per call (a fifth of its time here)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +137,10 @@ class MetadataState:
         success_ops: Sequence[Op],
         failure_ops: Sequence[Op] = (),
     ) -> tuple[TxnResult, list[WatchEvent]]:
-        prepared = self.prepare(compares, success_ops, failure_ops)
-        return prepared.result, self.commit(prepared)
+        """`prepare` and `commit` in one, without the durable change set nobody here reads (it
+        decoded every value put: a sixth of the simulated etcd's transactions)."""
+        result, changes = self._evaluate(compares, success_ops, failure_ops)
+        return result, self._apply(result.revision, changes)
 
     def prepare(
         self,
@@ -148,6 +154,21 @@ class MetadataState:
         rejects such requests, and accepting them here would make backends disagree), and
         LeaseNotFound when the executed branch puts with an unknown lease.
         """
+        result, changes = self._evaluate(compares, success_ops, failure_ops)
+        return PreparedTxn(
+            result=result,
+            durable_changes=self._durable_effect(changes),
+            changes=changes,
+            base_epoch=self._epoch,
+        )
+
+    def _evaluate(
+        self,
+        compares: Sequence[Compare],
+        success_ops: Sequence[Op],
+        failure_ops: Sequence[Op],
+    ) -> tuple[TxnResult, dict[str, _Entry | None]]:
+        """The transaction's result and its changes (key → new entry, None: removed)."""
         _check_no_duplicate_keys(success_ops)
         _check_no_duplicate_keys(failure_ops)
         succeeded = all(self._holds(compare) for compare in compares)
@@ -189,12 +210,8 @@ class MetadataState:
                 changes.update(dict.fromkeys(doomed))
                 responses.append(len(doomed))
 
-        return PreparedTxn(
-            result=TxnResult(succeeded, revision if changes else self._revision, tuple(responses)),
-            durable_changes=self._durable_effect(changes),
-            changes=changes,
-            base_epoch=self._epoch,
-        )
+        result = TxnResult(succeeded, revision if changes else self._revision, tuple(responses))
+        return result, changes
 
     def commit(self, prepared: PreparedTxn) -> list[WatchEvent]:
         """Applies a transaction prepared against the current state; returns its events."""
