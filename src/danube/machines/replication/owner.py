@@ -1,0 +1,323 @@
+"""The owner's side of replication for one topic (spec/replication.md, "Data path" and
+"In-sync set changes"), as a pure machine: the driver reports local group commits, follower
+answers, broken streams, ticks and the replicas value it reads from etcd; the machine returns
+`Send`s, in-sync proposals and `AcknowledgeUpTo` / `ReadableUpTo` up to the high watermark.
+
+The high watermark is the minimum of the owner's durable end and the acknowledged end of every
+follower in the in-sync set *as recorded in etcd* (`replicas_seen`) or in the outstanding
+proposal, never less than before. Because a shrink only counts once it is seen committed and an
+expand counts from the moment it is proposed, nothing is acknowledged with less redundancy
+than etcd records, whatever the transaction's fate.
+
+Each follower is, for this machine, in one of these states (`Link.state`), orthogonal to its
+membership of the recorded in-sync set:
+
+| state | input | next | effects |
+|---|---|---|---|
+| any | `durable` (STREAMING) | STREAMING | `Send(Replicate)` of the commit, pipelined |
+| STREAMING | `replicated(end)` | STREAMING | high watermark, maybe `ProposeInSync` (expand) |
+| any | `mismatch(end)`, from in window | STREAMING | `Send` from `end` to durable end |
+| any | `mismatch(end)`, before window | READING | `ReadForResend(end)` |
+| READING | `frames_read` | STREAMING | `Send` of what was read, then the window's rest |
+| any | `stream_broke` | as `mismatch(acknowledged end)` | resend on the new stream |
+| any | `tick`, in sync, oldest unacked send > `lag_ms` old | same | `ProposeInSync` without it |
+| any | `stale_epoch` / higher epoch seen | (owner DEPOSED) | `Deposed`; nothing after |
+
+One proposal is outstanding at a time; `replicas_seen` (the watch or the read-back after the
+transaction) adopts the recorded set and version and clears it. A catching-up follower is
+proposed for the in-sync set once its acknowledged end reaches the owner's durable end.
+
+Resending: the machine keeps a bounded window (`window_bytes`) of the most recent group
+commits' frames, the ones a pipelined stream may still need after a break, so the common case
+(a stream broke, its last sends are lost) resends from memory without touching the disk; a
+follower further behind (a restart, a new follower) is caught up from the WAL through
+`ReadForResend`, which the driver serves as a sequential read, with no cache to size for it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from danube.machines.replication.messages import (
+    AcknowledgeUpTo,
+    Deposed,
+    Mismatch,
+    NotEnoughInSync,
+    OwnerEffect,
+    ProposeInSync,
+    ReadableUpTo,
+    ReadForResend,
+    Replicate,
+    Replicated,
+    Send,
+    StaleEpoch,
+)
+
+
+class LinkState(enum.Enum):
+    STREAMING = "streaming"
+    """Everything up to `sent_end` is on the stream; new commits are sent as they come."""
+    READING = "reading"
+    """Waiting for the driver's `frames_read` to resend from before the window."""
+
+
+@dataclass(slots=True)
+class Link:
+    """What the owner knows of one follower."""
+
+    sent_end: int
+    acked_end: int = 0
+    last_heard_ms: int = 0
+    state: LinkState = LinkState.STREAMING
+    resend_from: int | None = None
+    """Where the last resend started: a repeated `Mismatch` with this end is a stale answer
+    to the old pipeline, not a new gap, and is ignored."""
+    sends: deque[tuple[int, int]] = field(default_factory=deque)
+    """`(end, first sent at)` of sends not yet acknowledged, oldest first (the lag clock)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Commit:
+    prev_end: int
+    end: int
+    frames: bytes
+
+
+class OwnerReplication:
+    """Replication state of one topic on its owner, for one epoch."""
+
+    def __init__(
+        self,
+        topic: str,
+        epoch: int,
+        *,
+        durable_end: int,
+        high_watermark: int,
+        followers: Iterable[str],
+        in_sync: Iterable[str],
+        version: int,
+        lag_ms: int = 1_000,
+        min_in_sync: int = 1,
+        window_bytes: int = 8 << 20,
+        now_ms: int = 0,
+    ) -> None:
+        self.topic = topic
+        self.epoch = epoch
+        self.durable_end = durable_end
+        self.high_watermark = min(high_watermark, durable_end)
+        self.links = {f: Link(sent_end=durable_end, last_heard_ms=now_ms) for f in followers}
+        self.in_sync = frozenset(in_sync)
+        self.version = version
+        self.lag_ms = lag_ms
+        self.min_in_sync = min_in_sync
+        self.window_bytes = window_bytes
+        self.pending: tuple[str, ...] | None = None
+        self.deposed = False
+        self._window: deque[_Commit] = deque()
+        self._window_size = 0
+
+    # -- inputs -----------------------------------------------------------------------------------
+
+    def start(self, now_ms: int) -> list[OwnerEffect]:
+        """Probe every follower: tells them the epoch (they reconcile) and asks for their end."""
+        if self.deposed:
+            return []
+        return [self._send(f, self.durable_end, b"", 0, now_ms) for f in self.links]
+
+    def durable(self, end: int, frames: bytes, now_ms: int) -> list[OwnerEffect]:
+        """A local group commit made offsets < `end` durable; `frames` are its bytes."""
+        if self.deposed or end <= self.durable_end:
+            return []
+        prev_end, self.durable_end = self.durable_end, end
+        self._remember(_Commit(prev_end, end, frames))
+        out: list[OwnerEffect] = []
+        for name, link in self.links.items():
+            if link.state is LinkState.STREAMING and link.sent_end == prev_end:
+                out.append(self._send(name, prev_end, frames, end - prev_end, now_ms))
+        if self._too_few_in_sync():
+            out.append(NotEnoughInSync(self.topic, max(prev_end, self.high_watermark), end))
+        out.extend(self._advance())
+        return out
+
+    def replicated(self, follower: str, msg: Replicated, now_ms: int) -> list[OwnerEffect]:
+        link = self.links.get(follower)
+        if self.deposed or link is None or msg.epoch < self.epoch:
+            return []
+        if msg.epoch > self.epoch:
+            return self._depose(msg.epoch)
+        link.last_heard_ms = now_ms
+        end = min(msg.end, link.sent_end, self.durable_end)
+        if end > link.acked_end:
+            link.acked_end = end
+        while link.sends and link.sends[0][0] <= link.acked_end:
+            link.sends.popleft()
+        return self._maybe_expand() + self._advance()
+
+    def mismatch(self, follower: str, msg: Mismatch, now_ms: int) -> list[OwnerEffect]:
+        link = self.links.get(follower)
+        if self.deposed or link is None or msg.epoch < self.epoch:
+            return []
+        if msg.epoch > self.epoch:
+            return self._depose(msg.epoch)
+        link.last_heard_ms = now_ms
+        if msg.end == link.resend_from:
+            return []
+        # A follower never durably loses what it acknowledged (its WAL fsyncs first); if it
+        # did (a lost disk), believing the lower end is the safe side.
+        link.acked_end = min(link.acked_end, msg.end)
+        return self._resend(follower, min(msg.end, self.durable_end), now_ms)
+
+    def stale_epoch(self, follower: str, msg: StaleEpoch) -> list[OwnerEffect]:
+        if self.deposed or msg.epoch <= self.epoch:
+            return []
+        return self._depose(msg.epoch)
+
+    def stream_broke(self, follower: str, now_ms: int) -> list[OwnerEffect]:
+        """The stream to `follower` broke: its unacknowledged sends may be lost. Resend from
+        its acknowledged end on the next stream (the driver queues the sends on it)."""
+        link = self.links.get(follower)
+        if self.deposed or link is None:
+            return []
+        link.resend_from = None
+        return self._resend(follower, link.acked_end, now_ms)
+
+    def frames_read(
+        self, follower: str, from_offset: int, frames: bytes, end: int, now_ms: int
+    ) -> list[OwnerEffect]:
+        """The driver's answer to `ReadForResend`: the frames of offsets [from_offset, end)."""
+        link = self.links.get(follower)
+        if self.deposed or link is None or link.state is not LinkState.READING:
+            return []
+        if from_offset != link.sent_end:
+            return []
+        link.state = LinkState.STREAMING
+        out: list[OwnerEffect] = []
+        if end > from_offset:
+            out.append(self._send(follower, from_offset, frames, end - from_offset, now_ms))
+        out.extend(self._send_window_from(follower, link.sent_end, now_ms))
+        return out
+
+    def tick(self, now_ms: int) -> list[OwnerEffect]:
+        """Shrink the in-sync set by every member whose oldest unacknowledged send is older
+        than `lag_ms` (one proposal at a time)."""
+        if self.deposed or self.pending is not None:
+            return []
+        laggards = {
+            name
+            for name in self.in_sync
+            if (link := self.links.get(name)) is not None
+            and link.sends
+            and now_ms - link.sends[0][1] > self.lag_ms
+        }
+        if not laggards:
+            return self._maybe_expand()
+        return self._propose(tuple(sorted(self.in_sync - laggards)))
+
+    def replicas_seen(self, in_sync: Iterable[str], version: int, epoch: int) -> list[OwnerEffect]:
+        """The topic's replicas value as read from etcd (watch or read-back)."""
+        if self.deposed:
+            return []
+        if epoch > self.epoch:
+            return self._depose(epoch)
+        if version >= self.version:
+            self.in_sync = frozenset(in_sync)
+            self.version = version
+        self.pending = None
+        return self._maybe_expand() + self._advance()
+
+    # -- decisions --------------------------------------------------------------------------------
+
+    def _too_few_in_sync(self) -> bool:
+        return 1 + len(self.in_sync) < self.min_in_sync
+
+    def _target(self) -> int:
+        """The high watermark the recorded in-sync set allows now."""
+        if self._too_few_in_sync():
+            return self.high_watermark
+        end = self.durable_end
+        for name in self._counted():
+            link = self.links.get(name)
+            end = min(end, link.acked_end if link is not None else 0)
+        return end
+
+    def _counted(self) -> frozenset[str]:
+        """The followers the high watermark waits for: the recorded in-sync set and, while a
+        proposal is outstanding, its members too. A shrink must not count before it is seen
+        committed (the recorded set still has the laggard); an expand must count from the
+        moment it is proposed, because etcd may record it before this owner hears back, and
+        from then on the new member may be promoted: it must hold everything acknowledged."""
+        return self.in_sync | frozenset(self.pending or ())
+
+    def _advance(self) -> list[OwnerEffect]:
+        target = self._target()
+        if target <= self.high_watermark:
+            return []
+        self.high_watermark = target
+        return [AcknowledgeUpTo(target), ReadableUpTo(target)]
+
+    def _maybe_expand(self) -> list[OwnerEffect]:
+        if self.pending is not None:
+            return []
+        caught_up = [
+            name
+            for name, link in self.links.items()
+            if name not in self.in_sync and link.acked_end >= self.durable_end
+        ]
+        if not caught_up:
+            return []
+        return self._propose(tuple(sorted(self.in_sync | set(caught_up))))
+
+    def _propose(self, in_sync: tuple[str, ...]) -> list[OwnerEffect]:
+        self.pending = in_sync
+        return [ProposeInSync(self.topic, self.epoch, in_sync, self.version)]
+
+    def _depose(self, epoch: int) -> list[OwnerEffect]:
+        self.deposed = True
+        return [Deposed(self.topic, epoch)]
+
+    # -- sending ----------------------------------------------------------------------------------
+
+    def _send(self, follower: str, prev_end: int, frames: bytes, count: int, now_ms: int) -> Send:
+        link = self.links[follower]
+        end = prev_end + count
+        link.sent_end = end
+        if count and (not link.sends or link.sends[-1][0] < end):
+            link.sends.append((end, now_ms))
+        message = Replicate(self.topic, self.epoch, prev_end, frames, count, self.high_watermark)
+        return Send(follower, message)
+
+    def _resend(self, follower: str, from_offset: int, now_ms: int) -> list[OwnerEffect]:
+        link = self.links[follower]
+        link.resend_from = from_offset
+        link.sent_end = from_offset
+        if from_offset >= self.durable_end:
+            link.state = LinkState.STREAMING
+            return [self._send(follower, from_offset, b"", 0, now_ms)]
+        if not any(c.prev_end == from_offset for c in self._window):
+            link.state = LinkState.READING
+            return [ReadForResend(follower, from_offset)]
+        link.state = LinkState.STREAMING
+        return self._send_window_from(follower, from_offset, now_ms)
+
+    def _send_window_from(self, follower: str, from_offset: int, now_ms: int) -> list[OwnerEffect]:
+        """Send the window's commits from `from_offset` on (the follower is STREAMING)."""
+        out: list[OwnerEffect] = []
+        link = self.links[follower]
+        for commit in self._window:
+            if commit.prev_end >= from_offset and commit.prev_end == link.sent_end:
+                count = commit.end - commit.prev_end
+                out.append(self._send(follower, commit.prev_end, commit.frames, count, now_ms))
+        if link.sent_end < self.durable_end:
+            # The window moved on meanwhile (or never had it): read the gap from the WAL.
+            link.state = LinkState.READING
+            out.append(ReadForResend(follower, link.sent_end))
+        return out
+
+    def _remember(self, commit: _Commit) -> None:
+        self._window.append(commit)
+        self._window_size += len(commit.frames)
+        while len(self._window) > 1 and self._window_size > self.window_bytes:
+            self._window_size -= len(self._window.popleft().frames)

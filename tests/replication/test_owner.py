@@ -1,0 +1,151 @@
+"""Every transition of `OwnerReplication`'s table (danube.machines.replication.owner)."""
+
+from __future__ import annotations
+
+from danube.machines.replication.messages import (
+    AcknowledgeUpTo,
+    Deposed,
+    Mismatch,
+    NotEnoughInSync,
+    ProposeInSync,
+    ReadableUpTo,
+    ReadForResend,
+    Replicate,
+    Replicated,
+    Send,
+    StaleEpoch,
+)
+from danube.machines.replication.owner import LinkState, OwnerReplication
+
+
+def _owner(**kw: object) -> OwnerReplication:
+    args: dict = dict(
+        durable_end=0, high_watermark=0, followers=("f1", "f2"), in_sync=("f1", "f2"), version=1
+    )
+    args.update(kw)
+    return OwnerReplication("t", 1, **args)
+
+
+def _sends(effects: list) -> list[tuple[str, int, int]]:
+    return [(e.follower, e.message.prev_end, e.message.end) for e in effects if isinstance(e, Send)]
+
+
+def test_start_probes_every_follower_at_the_durable_end() -> None:
+    o = _owner(durable_end=5, high_watermark=5)
+    assert o.start(0) == [
+        Send("f1", Replicate("t", 1, 5, b"", 0, 5)),
+        Send("f2", Replicate("t", 1, 5, b"", 0, 5)),
+    ]
+
+
+def test_durable_sends_to_every_follower_pipelined_and_acks_nothing_yet() -> None:
+    o = _owner()
+    assert _sends(o.durable(2, b"ab", 0)) == [("f1", 0, 2), ("f2", 0, 2)]
+    assert _sends(o.durable(3, b"c", 1)) == [("f1", 2, 3), ("f2", 2, 3)]
+    assert o.high_watermark == 0
+
+
+def test_high_watermark_is_the_minimum_of_the_in_sync_acknowledged_ends() -> None:
+    o = _owner()
+    o.durable(2, b"ab", 0)
+    o.durable(4, b"cd", 0)
+    assert o.replicated("f1", Replicated("t", 1, 4), 1) == []
+    assert o.replicated("f2", Replicated("t", 1, 2), 1) == [AcknowledgeUpTo(2), ReadableUpTo(2)]
+    assert o.replicated("f2", Replicated("t", 1, 4), 1) == [AcknowledgeUpTo(4), ReadableUpTo(4)]
+
+
+def test_answers_of_a_lower_epoch_are_ignored_and_a_higher_one_deposes() -> None:
+    o = _owner()
+    o.durable(2, b"ab", 0)
+    assert o.replicated("f1", Replicated("t", 0, 2), 1) == []
+    assert o.replicated("f1", Replicated("t", 2, 2), 1) == [Deposed("t", 2)]
+    assert o.durable(3, b"c", 2) == [] and o.replicated("f2", Replicated("t", 1, 2), 2) == []
+
+
+def test_stale_epoch_deposes() -> None:
+    o = _owner()
+    assert o.stale_epoch("f1", StaleEpoch("t", 1)) == []
+    assert o.stale_epoch("f1", StaleEpoch("t", 3)) == [Deposed("t", 3)]
+    assert o.deposed and o.tick(10_000) == []
+
+
+def test_mismatch_resends_from_the_window_and_ignores_a_repeat() -> None:
+    o = _owner()
+    o.durable(2, b"ab", 0)
+    o.durable(4, b"cd", 0)
+    assert _sends(o.mismatch("f1", Mismatch("t", 1, 2), 1)) == [("f1", 2, 4)]
+    assert o.mismatch("f1", Mismatch("t", 1, 2), 1) == []
+    assert _sends(o.mismatch("f1", Mismatch("t", 1, 0), 1)) == [("f1", 0, 2), ("f1", 2, 4)]
+
+
+def test_mismatch_before_the_window_reads_the_wal_then_streams_again() -> None:
+    o = _owner(window_bytes=2)
+    o.durable(2, b"ab", 0)
+    o.durable(4, b"cd", 0)
+    assert o.mismatch("f1", Mismatch("t", 1, 0), 1) == [ReadForResend("f1", 0)]
+    assert o.links["f1"].state is LinkState.READING
+    assert _sends(o.durable(6, b"ef", 1)) == [("f2", 4, 6)]
+    assert _sends(o.frames_read("f1", 0, b"abcd", 4, 2)) == [("f1", 0, 4), ("f1", 4, 6)]
+    assert o.links["f1"].state is LinkState.STREAMING
+
+
+def test_mismatch_at_the_durable_end_probes() -> None:
+    o = _owner()
+    o.durable(2, b"ab", 0)
+    assert _sends(o.mismatch("f1", Mismatch("t", 1, 2), 1)) == [("f1", 2, 2)]
+
+
+def test_stream_broke_resends_from_the_acknowledged_end() -> None:
+    o = _owner()
+    o.durable(2, b"ab", 0)
+    o.replicated("f1", Replicated("t", 1, 2), 0)
+    o.durable(4, b"cd", 0)
+    assert _sends(o.stream_broke("f1", 1)) == [("f1", 2, 4)]
+
+
+def test_tick_shrinks_a_laggard_and_the_watermark_waits_for_the_commit() -> None:
+    o = _owner(lag_ms=100)
+    o.durable(2, b"ab", 0)
+    o.replicated("f1", Replicated("t", 1, 2), 50)
+    assert o.tick(100) == []
+    assert o.tick(101) == [ProposeInSync("t", 1, ("f1",), 1)]
+    assert o.tick(200) == []
+    assert o.high_watermark == 0
+    assert o.replicas_seen(("f1",), 2, 1) == [AcknowledgeUpTo(2), ReadableUpTo(2)]
+
+
+def test_a_refused_proposal_read_back_unchanged_clears_it() -> None:
+    o = _owner(lag_ms=100)
+    o.durable(2, b"ab", 0)
+    o.tick(101)
+    assert o.replicas_seen(("f1", "f2"), 1, 1) == []
+    assert o.pending is None and o.tick(102) != []
+
+
+def test_a_caught_up_follower_is_proposed_and_counted_from_the_proposal() -> None:
+    o = _owner(in_sync=("f1",), version=3)
+    o.durable(2, b"ab", 0)
+    o.replicated("f1", Replicated("t", 1, 2), 0)
+    expand = o.replicated("f2", Replicated("t", 1, 2), 0)
+    assert ProposeInSync("t", 1, ("f1", "f2"), 3) in expand
+    o.durable(4, b"cd", 0)
+    assert o.replicated("f1", Replicated("t", 1, 4), 0) == []
+    assert o.replicas_seen(("f1", "f2"), 4, 1) == []
+    assert o.replicated("f2", Replicated("t", 1, 4), 0) == [AcknowledgeUpTo(4), ReadableUpTo(4)]
+
+
+def test_replicas_seen_with_a_higher_epoch_deposes() -> None:
+    assert _owner().replicas_seen(("f1",), 9, 2) == [Deposed("t", 2)]
+
+
+def test_below_min_in_sync_nothing_is_acknowledged() -> None:
+    o = _owner(in_sync=(), min_in_sync=2)
+    assert NotEnoughInSync("t", 0, 2) in o.durable(2, b"ab", 0)
+    assert o.high_watermark == 0
+    o.replicated("f1", Replicated("t", 1, 2), 0)
+    assert o.replicas_seen(("f1",), 2, 1) == [AcknowledgeUpTo(2), ReadableUpTo(2)]
+
+
+def test_alone_the_owner_acknowledges_at_its_durable_end() -> None:
+    o = _owner(followers=(), in_sync=())
+    assert o.durable(2, b"ab", 0) == [AcknowledgeUpTo(2), ReadableUpTo(2)]

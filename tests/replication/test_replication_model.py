@@ -1,0 +1,91 @@
+"""The replication machines in a random world (`tests/replication/model.py`): random
+interleavings of appends, deliveries, broken streams, fsyncs, follower crashes, in-sync
+proposals and one failover keep r1-lite, r3 and fencing. Each planted bug below breaks one
+rule and must be caught within 200 seeds, so the model is shown able to fail."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from danube.machines.replication.follower import FollowerLog
+from danube.machines.replication.messages import FollowerEffect, Replicate, Replicated
+from danube.machines.replication.owner import OwnerReplication
+from tests.replication.model import Violation, World
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.randoms(use_true_random=False))
+def test_random_worlds_keep_the_invariants(rnd: random.Random) -> None:
+    world = World(rnd)
+    world.run(400)
+
+
+def test_the_worlds_reach_what_they_check() -> None:
+    """Acknowledgements in both epochs, failovers and committed in-sync changes happen, or
+    the checks above would pass vacuously."""
+    acks = promoted = versions = 0
+    for seed in range(60):
+        world = World(random.Random(seed))
+        world.run(400)
+        acks += world.acks
+        promoted += world.promoted
+        versions += world.etcd["version"] - (2 if world.promoted else 1)
+    assert acks > 1_000 and promoted > 10 and versions > 30
+
+
+def _caught(**classes: type) -> str:
+    for seed in range(200):
+        try:
+            World(random.Random(seed), **classes).run(400)
+        except Violation as violation:
+            return str(violation)
+    raise AssertionError("the planted bug went unnoticed for 200 seeds")
+
+
+class _AcknowledgesBeforeFollowers(OwnerReplication):
+    def _target(self) -> int:
+        return self.durable_end
+
+
+class _AcceptsLowerEpoch(FollowerLog):
+    def replicate(self, msg: Replicate) -> list[FollowerEffect]:
+        if msg.epoch < self.epoch:
+            msg = replace(msg, epoch=self.epoch)
+        return super().replicate(msg)
+
+
+class _ExpandCountsLate(OwnerReplication):
+    def _counted(self) -> frozenset[str]:
+        return self.in_sync
+
+
+class _AcknowledgesForTheFramesEpoch(FollowerLog):
+    """Answers a durable append with the epoch it was appended under, even after this
+    follower saw a higher one: the deposed owner would count it."""
+
+    def appended_durable(self, end: int) -> list[FollowerEffect]:
+        epochs = [epoch for until, epoch in self._appends if until <= end]
+        out = super().appended_durable(end)
+        if epochs and not out and self.durable_end >= end:
+            return [Replicated(self.topic, min(epochs), self.durable_end)]
+        return out
+
+
+def test_planted_acknowledging_before_the_followers_fsync_is_caught() -> None:
+    assert _caught(owner_cls=_AcknowledgesBeforeFollowers).startswith("r1")
+
+
+def test_planted_follower_accepting_a_deposed_owner_is_caught() -> None:
+    assert _caught(follower_cls=_AcceptsLowerEpoch).startswith("r3")
+
+
+def test_planted_expand_counted_only_once_committed_is_caught() -> None:
+    assert _caught(owner_cls=_ExpandCountsLate).startswith("r1")
+
+
+def test_planted_follower_acknowledging_for_a_deposed_owner_is_caught() -> None:
+    assert _caught(follower_cls=_AcknowledgesForTheFramesEpoch).startswith("fencing")
