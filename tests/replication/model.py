@@ -3,7 +3,7 @@ value, per-link ordered streams that may lose a suffix when they break, follower
 crashes, in-sync proposals committed or lost, and at most one failover to an in-sync follower
 (while the deposed owner goes on). Everything happens in an order a `random.Random` picks.
 
-Checked while it runs (`Violation` names the broken rule):
+Checked while it runs (`Violation` names the broken rule), and by `settle` once faults stop:
 
 - r1-lite: at each `AcknowledgeUpTo(end)`, every offset below `end` is on the acknowledging
   owner and durably, with the same record, on every follower of etcd's in-sync set when etcd's
@@ -12,6 +12,8 @@ Checked while it runs (`Violation` names the broken rule):
   did not send at that offset.
 - fencing: a follower never answers `Replicated` for an epoch lower than one it has seen, and
   an owner never advances its acknowledgements on such an answer.
+- liveness: after `settle`, every follower of the current owner holds its whole log durably and
+  is in etcd's in-sync set, and the owner acknowledges everything it holds.
 """
 
 from __future__ import annotations
@@ -350,3 +352,55 @@ class World:
         weights = [w for _, w in actions]
         for _ in range(steps):
             self.rnd.choices(fns, weights)[0]()
+
+    def settle(self, rounds: int = 200) -> None:
+        """No more faults: deliver everything, fsync, serve reads, commit proposals and let
+        time pass, until quiet. Liveness: the current owner then acknowledges all it has."""
+        for _ in range(rounds):
+            busy = False
+            for q in (*self.down.values(), *self.up.values()):
+                busy = busy or bool(q)
+            while any(self.down.values()) or any(self.up.values()):
+                self.deliver_down()
+                self.deliver_up()
+            for name, b in self.brokers.items():
+                if b.follower is not None and b.durable < len(b.log):
+                    busy = True
+                    b.durable = len(b.log)
+                    self.follower_effects(
+                        self.owner_of(b.follower.epoch),
+                        name,
+                        b.follower.appended_durable(b.durable),
+                    )
+            while self.reads:
+                busy = True
+                self.serve_read()
+            while self.proposals:
+                busy = True
+                o, p = self.proposals.pop(0)
+                if (p.epoch, p.expected_version) == (self.etcd["epoch"], self.etcd["version"]):
+                    self.etcd = {
+                        "epoch": p.epoch,
+                        "in_sync": p.in_sync,
+                        "version": p.expected_version + 1,
+                    }
+                owner = self.brokers[o].owner
+                if owner.epoch == self.etcd["epoch"]:
+                    e = self.etcd
+                    self.owner_effects(
+                        o, owner.replicas_seen(e["in_sync"], e["version"], e["epoch"])
+                    )
+            if not busy:
+                self.now += 100
+                for o in self.owners():
+                    self.owner_effects(o, self.brokers[o].owner.tick(self.now))
+        name = self.current_owner()
+        owner = self.brokers[name].owner
+        for f in owner.links:
+            fb = self.brokers[f]
+            held = [uid for uid, _ in fb.log[: fb.durable]]
+            if f not in self.etcd["in_sync"] or held != [u for u, _ in self.brokers[name].log]:
+                raise Violation(f"liveness: {f} never caught up with {name} and rejoined")
+        if owner.high_watermark != owner.durable_end:
+            stuck = f"{owner.high_watermark} of {owner.durable_end}"
+            raise Violation(f"liveness: {name} acknowledges only {stuck}")

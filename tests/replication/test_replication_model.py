@@ -1,7 +1,9 @@
 """The replication machines in a random world (`tests/replication/model.py`): random
 interleavings of appends, deliveries, broken streams, fsyncs, follower crashes, in-sync
-proposals and one failover keep r1-lite, r3 and fencing. Each planted bug below breaks one
-rule and must be caught within 200 seeds, so the model is shown able to fail."""
+proposals and one failover keep r1-lite, r3 and fencing; and once the faults stop
+(`World.settle`), every follower catches up and rejoins the in-sync set (liveness). Each
+planted bug below breaks one rule and must be caught within 200 seeds, so the model is shown
+able to fail."""
 
 from __future__ import annotations
 
@@ -12,7 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from danube.machines.replication.follower import FollowerLog
-from danube.machines.replication.messages import FollowerEffect, Replicate, Replicated
+from danube.machines.replication.messages import (
+    FollowerEffect,
+    Mismatch,
+    OwnerEffect,
+    Replicate,
+    Replicated,
+)
 from danube.machines.replication.owner import OwnerReplication
 from tests.replication.model import Violation, World
 
@@ -22,6 +30,7 @@ from tests.replication.model import Violation, World
 def test_random_worlds_keep_the_invariants(rnd: random.Random) -> None:
     world = World(rnd)
     world.run(400)
+    world.settle()
 
 
 def test_the_worlds_reach_what_they_check() -> None:
@@ -40,7 +49,9 @@ def test_the_worlds_reach_what_they_check() -> None:
 def _caught(**classes: type) -> str:
     for seed in range(200):
         try:
-            World(random.Random(seed), **classes).run(400)
+            world = World(random.Random(seed), **classes)
+            world.run(400)
+            world.settle()
         except Violation as violation:
             return str(violation)
     raise AssertionError("the planted bug went unnoticed for 200 seeds")
@@ -73,6 +84,24 @@ class _AcknowledgesForTheFramesEpoch(FollowerLog):
         if epochs and not out and self.durable_end >= end:
             return [Replicated(self.topic, min(epochs), self.durable_end)]
         return out
+
+
+class _NeverExpands(OwnerReplication):
+    def _maybe_expand(self) -> list[OwnerEffect]:
+        return []
+
+
+class _IgnoresMismatch(OwnerReplication):
+    def mismatch(self, follower: str, msg: Mismatch, now_ms: int) -> list[OwnerEffect]:
+        return []
+
+
+def test_planted_never_expanding_is_caught() -> None:
+    assert _caught(owner_cls=_NeverExpands).startswith("liveness")
+
+
+def test_planted_ignoring_a_mismatch_is_caught() -> None:
+    assert _caught(owner_cls=_IgnoresMismatch).startswith("liveness")
 
 
 def test_planted_acknowledging_before_the_followers_fsync_is_caught() -> None:
