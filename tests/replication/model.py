@@ -96,6 +96,7 @@ class World:
             version=1,
             lag_ms=rnd.choice((200, 1_000)),
             window_bytes=rnd.choice((8, 64, 1 << 20)),
+            max_in_flight=rnd.choice((3, 10, 1 << 16)),
         )
         self.down: dict[tuple[str, str], deque[Replicate]] = {}
         self.up: dict[tuple[str, str], deque[tuple[object, int]]] = {}
@@ -296,12 +297,13 @@ class World:
             return
         o, r = self.reads.pop(self.rnd.randrange(len(self.reads)))
         log = self.brokers[o].log
-        frames = encode([uid for uid, _ in log[r.from_offset :]])
+        end = len(log)
+        if end > r.from_offset + 1 and self.rnd.random() < 0.5:
+            end = self.rnd.randint(r.from_offset + 1, end)  # a chunk
+        frames = encode([uid for uid, _ in log[r.from_offset : end]])
         self.owner_effects(
             o,
-            self.brokers[o].owner.frames_read(
-                r.follower, r.from_offset, frames, len(log), self.now
-            ),
+            self.brokers[o].owner.frames_read(r.follower, r.from_offset, frames, end, self.now),
         )
 
     def promote(self) -> None:

@@ -57,7 +57,8 @@ def test_a_higher_epoch_is_recorded_and_reconciled_before_any_append() -> None:
     f = _follower(end=6)
     assert f.replicate(_msg(2, 6)) == [RecordEpoch(2, None), Reconcile("t", 2, 1)]
     assert f.state is FollowerState.RECONCILING
-    assert f.replicate(_msg(2, 6)) == []
+    assert f.replicate(_msg(2, 6)) == [Reconcile("t", 2, 1)]
+    assert f.log_end == 6
     assert f.replicate(_msg(1, 6)) == [StaleEpoch("t", 2)]
 
 

@@ -149,3 +149,30 @@ def test_below_min_in_sync_nothing_is_acknowledged() -> None:
 def test_alone_the_owner_acknowledges_at_its_durable_end() -> None:
     o = _owner(followers=(), in_sync=())
     assert o.durable(2, b"ab", 0) == [AcknowledgeUpTo(2), ReadableUpTo(2)]
+
+
+def test_max_in_flight_holds_sends_back_until_acknowledged() -> None:
+    o = _owner(max_in_flight=3)
+    o.durable(2, b"ab", 0)
+    o.durable(4, b"cd", 0)
+    assert _sends(o.durable(6, b"ef", 0)) == []
+    assert _sends(o.replicated("f1", Replicated("t", 1, 2), 1)) == [("f1", 4, 6)]
+
+
+def test_a_resend_held_back_by_max_in_flight_probes() -> None:
+    o = _owner(max_in_flight=2)
+    o.durable(2, b"ab", 0)
+    o.durable(4, b"cd", 0)
+    assert _sends(o.mismatch("f1", Mismatch("t", 1, 4), 1)) == [("f1", 4, 4)]
+
+
+def test_a_chunked_read_asks_for_the_rest() -> None:
+    o = _owner(window_bytes=1)
+    o.durable(2, b"ab", 0)
+    o.durable(4, b"cd", 0)
+    o.durable(6, b"ef", 0)
+    assert o.mismatch("f1", Mismatch("t", 1, 0), 1) == [ReadForResend("f1", 0)]
+    out = o.frames_read("f1", 0, b"ab", 2, 1)
+    assert _sends(out) == [("f1", 0, 2)] and out[-1] == ReadForResend("f1", 2)
+    assert o.frames_read("f1", 0, b"ab", 2, 1) == []
+    assert _sends(o.frames_read("f1", 2, b"cd", 4, 1)) == [("f1", 2, 4), ("f1", 4, 6)]

@@ -15,7 +15,7 @@ owner's log and cuts its log there, not at a high watermark, which can be stale.
 | IN_EPOCH | `replicate`, same epoch, `prev_end` = log end, frames | IN_EPOCH | `AppendFrames` |
 | IN_EPOCH | `replicate`, same epoch, probe at log end | IN_EPOCH | `Replicated(durable end)` |
 | any | `replicate`, higher epoch | RECONCILING | `RecordEpoch(epoch)`, `Reconcile` |
-| RECONCILING | `replicate`, same epoch | RECONCILING | none (resent after the `Mismatch`) |
+| RECONCILING | `replicate`, same epoch | RECONCILING | `Reconcile` again (not appended) |
 | RECONCILING | `replicate`, lower epoch | RECONCILING | `StaleEpoch(epoch)` |
 | any | `new_epoch(epoch ≥ seen, end)` | IN_EPOCH | `TruncateTo(end)` if longer, |
 |  |  |  | `RecordEpoch(epoch, start)`, `Mismatch(log end)` |
@@ -108,7 +108,9 @@ class FollowerLog:
                 Reconcile(self.topic, msg.epoch, self.last_epoch),
             ]
         if self.state is FollowerState.RECONCILING:
-            return []
+            # Still waiting for the owner's answer, or it was lost in a crash (recovered
+            # RECONCILING): ask again. The driver keeps one question in flight per topic.
+            return [Reconcile(self.topic, self.epoch, self.last_epoch)]
         if msg.prev_end != self.log_end:
             return [Mismatch(self.topic, self.epoch, self.log_end)]
         if msg.record_count == 0:

@@ -105,9 +105,11 @@ class ReadableUpTo:
 
 @dataclass(frozen=True, slots=True)
 class ReadForResend:
-    """The owner's window of recent frames no longer holds offset `from_offset`: read the
-    frames from `from_offset` to the owner's durable end from the WAL (or the object tier) and
-    call `frames_read(follower, from_offset, frames, end, now_ms)`."""
+    """The owner's window of recent frames no longer holds offset `from_offset`: read frames
+    from `from_offset` on from the WAL (or the object tier), whole records, as many as the
+    driver likes up to the owner's durable end (a bounded chunk is fine: the machine asks for
+    the rest as the follower acknowledges), and call
+    `frames_read(follower, from_offset, frames, end, now_ms)`."""
 
     follower: str
     from_offset: int

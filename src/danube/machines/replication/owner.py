@@ -14,9 +14,11 @@ membership of the recorded in-sync set:
 
 | state | input | next | effects |
 |---|---|---|---|
-| any | `durable` (STREAMING) | STREAMING | `Send(Replicate)` of the commit, pipelined |
-| STREAMING | `replicated(end)` | STREAMING | high watermark, maybe `ProposeInSync` (expand) |
+| STREAMING | `durable`, < `max_in_flight` unacked | STREAMING | `Send(Replicate)`, pipelined |
+| STREAMING | `replicated(end)` | STREAMING | high watermark, maybe `ProposeInSync` (expand), |
+|  |  |  | and `Send`s it was held back from by `max_in_flight` |
 | any | `mismatch(end)`, from in window | STREAMING | `Send` from `end` to durable end |
+| any | `mismatch(end)`, at durable end or held back | STREAMING | `Send` of a probe at `end` |
 | any | `mismatch(end)`, before window | READING | `ReadForResend(end)` |
 | READING | `frames_read` | STREAMING | `Send` of what was read, then the window's rest |
 | any | `stream_broke` | as `mismatch(acknowledged end)` | resend on the new stream |
@@ -102,6 +104,7 @@ class OwnerReplication:
         lag_ms: int = 1_000,
         min_in_sync: int = 1,
         window_bytes: int = 8 << 20,
+        max_in_flight: int = 1 << 16,
         now_ms: int = 0,
     ) -> None:
         self.topic = topic
@@ -114,6 +117,7 @@ class OwnerReplication:
         self.lag_ms = lag_ms
         self.min_in_sync = min_in_sync
         self.window_bytes = window_bytes
+        self.max_in_flight = max_in_flight
         self.pending: tuple[str, ...] | None = None
         self.deposed = False
         self._window: deque[_Commit] = deque()
@@ -135,7 +139,7 @@ class OwnerReplication:
         self._remember(_Commit(prev_end, end, frames))
         out: list[OwnerEffect] = []
         for name, link in self.links.items():
-            if link.state is LinkState.STREAMING and link.sent_end == prev_end:
+            if self._may_send(link) and link.sent_end == prev_end:
                 out.append(self._send(name, prev_end, frames, end - prev_end, now_ms))
         if self._too_few_in_sync():
             out.append(NotEnoughInSync(self.topic, max(prev_end, self.high_watermark), end))
@@ -154,7 +158,10 @@ class OwnerReplication:
             link.acked_end = end
         while link.sends and link.sends[0][0] <= link.acked_end:
             link.sends.popleft()
-        return self._maybe_expand() + self._advance()
+        out: list[OwnerEffect] = []
+        if self._may_send(link) and link.sent_end < self.durable_end:
+            out.extend(self._send_window_from(follower, link.sent_end, now_ms))
+        return out + self._maybe_expand() + self._advance()
 
     def mismatch(self, follower: str, msg: Mismatch, now_ms: int) -> list[OwnerEffect]:
         link = self.links.get(follower)
@@ -230,6 +237,15 @@ class OwnerReplication:
 
     # -- decisions --------------------------------------------------------------------------------
 
+    def _may_send(self, link: Link) -> bool:
+        """Streaming and under the in-flight limit: a dead or slow follower holds at most
+        `max_in_flight` records of sends (and of the driver's stream buffers); the rest is sent
+        as it acknowledges, from the window or the WAL."""
+        return (
+            link.state is LinkState.STREAMING
+            and link.sent_end - link.acked_end < self.max_in_flight
+        )
+
     def _too_few_in_sync(self) -> bool:
         return 1 + len(self.in_sync) < self.min_in_sync
 
@@ -293,13 +309,14 @@ class OwnerReplication:
         link = self.links[follower]
         link.resend_from = from_offset
         link.sent_end = from_offset
-        if from_offset >= self.durable_end:
-            link.state = LinkState.STREAMING
+        link.state = LinkState.STREAMING
+        if from_offset >= self.durable_end or not self._may_send(link):
+            # Nothing to send now (or held back by `max_in_flight`): a probe makes the
+            # follower say what it holds durably, in case its last answers were lost.
             return [self._send(follower, from_offset, b"", 0, now_ms)]
         if not any(c.prev_end == from_offset for c in self._window):
             link.state = LinkState.READING
             return [ReadForResend(follower, from_offset)]
-        link.state = LinkState.STREAMING
         return self._send_window_from(follower, from_offset, now_ms)
 
     def _send_window_from(self, follower: str, from_offset: int, now_ms: int) -> list[OwnerEffect]:
@@ -307,10 +324,12 @@ class OwnerReplication:
         out: list[OwnerEffect] = []
         link = self.links[follower]
         for commit in self._window:
+            if not self._may_send(link):
+                return out
             if commit.prev_end >= from_offset and commit.prev_end == link.sent_end:
                 count = commit.end - commit.prev_end
                 out.append(self._send(follower, commit.prev_end, commit.frames, count, now_ms))
-        if link.sent_end < self.durable_end:
+        if link.sent_end < self.durable_end and self._may_send(link):
             # The window moved on meanwhile (or never had it): read the gap from the WAL.
             link.state = LinkState.READING
             out.append(ReadForResend(follower, link.sent_end))
