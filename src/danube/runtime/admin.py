@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import grpclib.const
@@ -405,9 +404,10 @@ class AdminServices:
 
     # -- PolicyAdmin (danube_ext) -------------------------------------------------------------
 
-    async def _run(self, flow: Flow[T], here: Callable[[], Awaitable[Any]] | None = None) -> T:
-        """Drives an admin flow (`danube.machines.requests.admin`): store effects against the store,
-        its admin requests answered by the core, the placement and the forwarding."""
+    async def _run(self, flow: Flow[T]) -> T:
+        """Drives a policy flow (`danube.machines.requests.admin`): store effects against the
+        store, its admin requests answered by the core. Routing to a topic's owner is
+        `_at_owner`'s, around every topic-scoped method."""
 
         async def perform(request: Any) -> Any:
             if isinstance(request, STORE_EFFECTS):
@@ -421,10 +421,6 @@ class AdminServices:
                 return None
             if isinstance(request, flows.TopicPolicies):
                 return await self._topic_policies(request)
-            if isinstance(request, flows.ServedHere):
-                return self._served_here(request.topic)
-            if isinstance(request, flows.RunHere) and here is not None:
-                return await here()
             raise TypeError(f"unexpected request of an admin flow: {request!r}")
 
         return await drive(flow, perform)
