@@ -27,6 +27,24 @@ if TYPE_CHECKING:
     from grpclib.metadata import Deadline
 
 
+class ReplicaAnswerKind(betterproto.Enum):
+    UNSPECIFIED = 0
+    """Never sent: a message that leaves `kind` unset is malformed."""
+
+    REPLICATED = 1
+    """The follower holds offsets < `end` durably, written under `epoch`."""
+
+    MISMATCH = 2
+    """
+    A request did not start at the follower's log end, which is `end`: resend from there.
+    """
+
+    STALE_EPOCH = 3
+    """
+    Refused: the follower has seen `epoch`, higher than the sender's (`end` unused).
+    """
+
+
 @dataclass(eq=False, repr=False)
 class StartPosition(betterproto.Message):
     latest: bool = betterproto.bool_field(1, group="position")
@@ -133,6 +151,62 @@ class PoliciesResponse(betterproto.Message):
     overridden: List[str] = betterproto.string_field(2)
     """
     For a topic, the fields it sets itself (the others are its namespace's).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class ReplicaRequest(betterproto.Message):
+    """
+    One group commit (a `Replicate`): records [prev_end, prev_end + record_count) as WAL frames
+     (spec/wal-format.md), exactly as the owner wrote them. `record_count` 0 with no frames is a
+     probe: it tells the follower the epoch and asks for its durable end.
+    """
+
+    topic: str = betterproto.string_field(1)
+    epoch: int = betterproto.uint64_field(2)
+    """The owner's writer epoch (its ownership claim's revision)."""
+
+    prev_end: int = betterproto.uint64_field(3)
+    """
+    The offset the frames start at (the follower's log end if it is in step).
+    """
+
+    record_count: int = betterproto.uint64_field(4)
+    commit: int = betterproto.uint64_field(5)
+    """
+    The owner's high watermark when sent: offsets below it are acknowledged.
+    """
+
+    frames: bytes = betterproto.bytes_field(6)
+
+
+@dataclass(eq=False, repr=False)
+class ReplicaAnswer(betterproto.Message):
+    kind: "ReplicaAnswerKind" = betterproto.enum_field(1)
+    topic: str = betterproto.string_field(2)
+    epoch: int = betterproto.uint64_field(3)
+    end: int = betterproto.uint64_field(4)
+    """An exclusive end: the offset after the last record meant."""
+
+
+@dataclass(eq=False, repr=False)
+class EpochEndRequest(betterproto.Message):
+    topic: str = betterproto.string_field(1)
+    epoch: int = betterproto.uint64_field(2)
+    """The epoch of the follower's last records."""
+
+
+@dataclass(eq=False, repr=False)
+class EpochEndResponse(betterproto.Message):
+    end: int = betterproto.uint64_field(1)
+    """
+    Where `epoch`'s records end on the owner's log (exclusive): the start of the next epoch
+     the owner holds, or its log end.
+    """
+
+    owner_epoch: int = betterproto.uint64_field(2)
+    """
+    The answering owner's own epoch, so that the follower can tell a stale owner's answer.
     """
 
 
@@ -277,6 +351,46 @@ class PolicyAdminStub(betterproto.ServiceStub):
             "/danube_ext.PolicyAdmin/ClearTopicPolicies",
             policies_request,
             PoliciesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+
+class ReplicationStub(betterproto.ServiceStub):
+    async def stream(
+        self,
+        replica_request_iterator: Union[
+            AsyncIterable[ReplicaRequest], Iterable[ReplicaRequest]
+        ],
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> AsyncIterator[ReplicaAnswer]:
+        async for response in self._stream_stream(
+            "/danube_ext.Replication/Stream",
+            replica_request_iterator,
+            ReplicaRequest,
+            ReplicaAnswer,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
+    async def epoch_end(
+        self,
+        epoch_end_request: "EpochEndRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "EpochEndResponse":
+        return await self._unary_unary(
+            "/danube_ext.Replication/EpochEnd",
+            epoch_end_request,
+            EpochEndResponse,
             timeout=timeout,
             deadline=deadline,
             metadata=metadata,
@@ -453,5 +567,52 @@ class PolicyAdminBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 PoliciesRequest,
                 PoliciesResponse,
+            ),
+        }
+
+
+class ReplicationBase(ServiceBase):
+
+    async def stream(
+        self, replica_request_iterator: AsyncIterator[ReplicaRequest]
+    ) -> AsyncIterator[ReplicaAnswer]:
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield ReplicaAnswer()
+
+    async def epoch_end(
+        self, epoch_end_request: "EpochEndRequest"
+    ) -> "EpochEndResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def __rpc_stream(
+        self, stream: "grpclib.server.Stream[ReplicaRequest, ReplicaAnswer]"
+    ) -> None:
+        request = stream.__aiter__()
+        await self._call_rpc_handler_server_stream(
+            self.stream,
+            stream,
+            request,
+        )
+
+    async def __rpc_epoch_end(
+        self, stream: "grpclib.server.Stream[EpochEndRequest, EpochEndResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.epoch_end(request)
+        await stream.send_message(response)
+
+    def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
+        return {
+            "/danube_ext.Replication/Stream": grpclib.const.Handler(
+                self.__rpc_stream,
+                grpclib.const.Cardinality.STREAM_STREAM,
+                ReplicaRequest,
+                ReplicaAnswer,
+            ),
+            "/danube_ext.Replication/EpochEnd": grpclib.const.Handler(
+                self.__rpc_epoch_end,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                EpochEndRequest,
+                EpochEndResponse,
             ),
         }
