@@ -1,0 +1,675 @@
+"""The runtime transport of replication (spec/replication.md, issue 27): the
+`danube_ext.Replication` service between brokers' admin (internal) ports, asyncio and grpclib
+like every other service. It carries the messages of `danube.machines.replication` and reports
+broken streams; it decides nothing (which follower, what to resend, when to shrink: the
+machines'), so the node wiring plugs it in as a port.
+
+**Owner side: `ReplicationLinks`.** One bidirectional stream per follower broker carries the
+`Replicate`s of every topic the owner replicates to it, in the order `send` was called, and
+delivers the follower's answers to `on_answer` in the order the follower sent them. `send`
+never waits: it encodes (a malformed `Replicate` raises `ReplicaCodecError` at once) and queues
+on the follower's link; a writer task drains the queue onto the stream.
+
+A *loss* is anything after which a `Replicate` handed to `send` may not arrive: an established
+stream ending or breaking (follower restarted, connection reset, keepalive timeout, a
+malformed answer), or the queue overflowing (`queue_messages` / `queue_bytes`: the follower
+reads too slowly). On a loss the link drops its queue, cuts the stream, and calls
+`on_broken(follower)` exactly once; from then on nothing of the old stream is delivered, and
+whatever `send` receives (even from inside `on_broken`, as `OwnerReplication.stream_broke`'s
+resends are) is queued for the next stream. So the owner's machine sees: answers of stream 1,
+`stream_broke`, answers of stream 2 to what it sent after it. Sends while the link is
+reconnecting are queued, not lost (no report for them); a connection attempt that fails is
+no loss either (nothing was sent on it) and is retried with capped exponential backoff
+(`backoff_s` doubling to `backoff_cap_s`, jittered), at once after a stream that was up
+breaks. A follower that never answers is the machine's business (its `lag_ms`), not the
+transport's. Callbacks run on the event loop, synchronously; an exception in one is logged
+and does not stop the link.
+
+**Follower side: `ReplicationService(handler)`.** For each stream it checks the sender's
+broker id (header `x-danube-replica-from`), then hands each request to
+`handler.replicate(from_broker, message, outbox)` in stream order, awaiting it before reading
+the next (the handler's backpressure reaches the owner through HTTP/2 flow control). The
+handler answers whenever it likes (once the frames are durable, usually later) by
+`outbox.put(answer)`; answers go out in `put` order. When the stream ends, `outbox.closed`
+turns true, later `put`s are dropped (the owner resends after its break) and
+`handler.stream_closed(from_broker, outbox)` is called. A newer stream from the same broker
+closes the older one (a half-open connection must not hold a second outbox). A malformed
+request ends the stream with INVALID_ARGUMENT naming the rule it broke.
+`EpochEnd(topic, epoch)` is answered by `handler.epoch_end(topic, epoch)`, which returns
+`(end, owner_epoch)` or raises `DanubeError`; `ask_epoch_end` is its client.
+
+Counters are plain attributes (`LinkStats`, `ServiceStats`) for the metrics exporter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import grpclib.client
+import grpclib.const
+import grpclib.protocol
+import grpclib.server
+from grpclib import GRPCError
+from grpclib.config import Configuration
+from grpclib.const import Status
+
+from danube.client.errors import TRANSPORT_ERRORS
+from danube.machines.replication.messages import FollowerAnswer, Replicate
+from danube.proto import danube_ext as ext_pb
+from danube.runtime import replication_codec as codec
+from danube.runtime.grpc_util import DEFAULT_REQUEST_LIMIT, recv_bounded, send_encoded, unary
+from danube.runtime.replication_codec import (
+    ANSWER_LIMIT,
+    FRAMES_LIMIT,
+    FROM_BROKER_HEADER,
+    ReplicaCodecError,
+)
+from danube.values.errors import DanubeError, ErrorCode, invalid, quoted
+
+log = logging.getLogger("danube.runtime")
+
+STREAM_PATH = "/danube_ext.Replication/Stream"
+EPOCH_END_PATH = "/danube_ext.Replication/EpochEnd"
+
+QUEUE_MESSAGES = 4096
+"""Replicates queued on one follower's link (not yet written to its stream) before a loss."""
+QUEUE_BYTES = 128 << 20
+"""... and their bytes: two of the largest `Replicate`s, sixteen times the owner machine's
+resend window (8 MiB), which its `max_in_flight` keeps it well within."""
+WRITE_BATCH_BYTES = 1 << 20
+"""Queued messages written to the stream in one HTTP/2 send, up to this many bytes."""
+OUTBOX_ANSWERS = 65_536
+"""Answers queued on one follower stream that the owner does not read; beyond, the stream
+is ended (the owner resends after its break)."""
+CONNECT_TIMEOUT_S = 5.0
+EPOCH_END_TIMEOUT_S = 5.0
+KEEPALIVE_S = 15.0
+"""Client PINGs on an idle link (the broker's guard tolerates one per 10 s without data)."""
+KEEPALIVE_TIMEOUT_S = 10.0
+
+_HEADER = struct.Struct(">?I")
+
+ResolveAddress = Callable[[str], str | None]
+"""A broker id's admin address (`host:port` or `http://host:port`), None when unknown."""
+OnAnswer = Callable[[str, FollowerAnswer], None]
+OnBroken = Callable[[str], None]
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    split = urlsplit(address if "//" in address else f"http://{address}")
+    try:
+        port = split.port
+    except ValueError:
+        port = None
+    if split.hostname is None or port is None:
+        raise DanubeError(ErrorCode.UNAVAILABLE, f"unusable broker address {quoted(address)}")
+    return split.hostname, port
+
+
+class _StreamOver(Exception):
+    """The stream's life ended (lost, or the follower ended it)."""
+
+
+def _channel_config() -> Configuration:
+    return Configuration(_keepalive_time=KEEPALIVE_S, _keepalive_timeout=KEEPALIVE_TIMEOUT_S)
+
+
+# -- owner side ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class LinkStats:
+    """Counters of one follower's link (and, summed, of all: `ReplicationLinks.stats`)."""
+
+    sent: int = 0
+    """Replicates written to a stream."""
+    sent_bytes: int = 0
+    """... and their frames' bytes."""
+    answers: int = 0
+    breaks: int = 0
+    """Losses reported through `on_broken`."""
+    dropped: int = 0
+    """Replicates dropped by losses (queued or in a write when the stream broke)."""
+    connects: int = 0
+    """Streams established (the first one included)."""
+    connect_failures: int = 0
+    protocol_errors: int = 0
+    """Malformed answers (each also a break)."""
+
+    @property
+    def reconnects(self) -> int:
+        return max(0, self.connects - 1)
+
+
+@dataclass(eq=False, slots=True)
+class _Session:
+    """One stream's life: `alive` turns false, once, when the stream is lost."""
+
+    alive: bool = True
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    reported: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class _Link:
+    follower: str
+    queue: deque[tuple[bytes, int]] = field(default_factory=deque)
+    """Encoded `ReplicaRequest`s with their frames' sizes."""
+    queued_bytes: int = 0
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    session: _Session | None = None
+    task: asyncio.Task[None] | None = None
+    stats: LinkStats = field(default_factory=LinkStats)
+
+
+class ReplicationLinks:
+    """The owner broker's streams to its follower brokers (see the module docstring).
+
+    `resolve_address(follower)` is asked at each connection attempt, so a follower that moved
+    is found again. `from_broker` is this broker's id, sent on every stream."""
+
+    def __init__(
+        self,
+        resolve_address: ResolveAddress,
+        on_answer: OnAnswer,
+        on_broken: OnBroken,
+        *,
+        from_broker: str,
+        queue_messages: int = QUEUE_MESSAGES,
+        queue_bytes: int = QUEUE_BYTES,
+        frames_limit: int = FRAMES_LIMIT,
+        backoff_s: float = 0.05,
+        backoff_cap_s: float = 2.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
+        self._resolve = resolve_address
+        self._on_answer = on_answer
+        self._on_broken = on_broken
+        self.from_broker = codec.check_broker_id(from_broker)
+        self.queue_messages = queue_messages
+        self.queue_bytes = queue_bytes
+        self.frames_limit = frames_limit
+        self.backoff_s = backoff_s
+        self.backoff_cap_s = backoff_cap_s
+        self.connect_timeout_s = connect_timeout_s
+        self._links: dict[str, _Link] = {}
+        self._closed = False
+
+    # -- the port ---------------------------------------------------------------------------------
+
+    def send(self, follower: str, message: Replicate) -> bool:
+        """Queues `message` for `follower`'s stream (opening the link on first use). False
+        when it was dropped by a loss this call caused (queue full: `on_broken` was called)
+        or because the links are closed. Raises `ReplicaCodecError` for a malformed message,
+        before anything is queued."""
+        body = bytes(codec.encode_replicate(message, self.frames_limit))
+        if self._closed:
+            return False
+        link = self._links.get(follower)
+        if link is None:
+            link = self._links[follower] = _Link(follower)
+            link.task = asyncio.ensure_future(self._run(link))
+        size = len(body)
+        if len(link.queue) >= self.queue_messages or link.queued_bytes + size > self.queue_bytes:
+            link.stats.dropped += 1
+            self._lose(link, "queue full")
+            return False
+        link.queue.append((body, len(message.frames)))
+        link.queued_bytes += size
+        link.ready.set()
+        return True
+
+    def connected(self, follower: str) -> bool:
+        """Whether `follower`'s stream is established now (for status pages, not decisions)."""
+        link = self._links.get(follower)
+        return link is not None and link.session is not None and link.session.alive
+
+    def stats_of(self, follower: str) -> LinkStats:
+        link = self._links.get(follower)
+        return link.stats if link is not None else LinkStats()
+
+    @property
+    def stats(self) -> LinkStats:
+        total = LinkStats()
+        for link in self._links.values():
+            for name in LinkStats.__dataclass_fields__:
+                setattr(total, name, getattr(total, name) + getattr(link.stats, name))
+        return total
+
+    @property
+    def followers(self) -> list[str]:
+        return sorted(self._links)
+
+    async def drop(self, follower: str) -> None:
+        """Closes `follower`'s link (no longer a follower of any topic here): its queue is
+        discarded without a report."""
+        link = self._links.pop(follower, None)
+        if link is not None:
+            await self._stop(link)
+
+    async def close(self) -> None:
+        """Closes every link; later sends return False."""
+        self._closed = True
+        links, self._links = list(self._links.values()), {}
+        await asyncio.gather(*(self._stop(link) for link in links))
+
+    # -- the links --------------------------------------------------------------------------------
+
+    @staticmethod
+    async def _stop(link: _Link) -> None:
+        if link.session is not None:
+            link.session.alive = False
+        link.queue.clear()
+        link.queued_bytes = 0
+        if link.task is not None:
+            link.task.cancel()
+            await asyncio.wait({link.task})  # its end, without swallowing our own cancel
+
+    def _lose(self, link: _Link, reason: str) -> None:
+        """A loss (module docstring): drop the queue, end the stream, report once."""
+        link.stats.dropped += len(link.queue)
+        link.queue.clear()
+        link.queued_bytes = 0
+        session = link.session
+        if session is not None:
+            session.alive = False
+            session.reported = True
+            session.ended.set()
+        link.stats.breaks += 1
+        log.info("event=replication_link_broken follower=%s reason=%s", link.follower, reason)
+        try:
+            self._on_broken(link.follower)
+        except Exception:
+            log.exception("event=replication_on_broken_failed follower=%s", link.follower)
+
+    async def _run(self, link: _Link) -> None:
+        """Connects, streams until the stream is lost, and again, until stopped."""
+        failures = 0
+        while True:
+            if await self._session(link, _Session()):
+                failures = 0
+                continue  # at once: the follower may just have restarted
+            failures += 1
+            link.stats.connect_failures += 1
+            delay = min(self.backoff_cap_s, self.backoff_s * 2 ** min(failures - 1, 30))
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+
+    async def _session(self, link: _Link, session: _Session) -> bool:
+        """One connection attempt and, when it succeeds, the stream's life, whose end is a
+        loss. True when the stream was established, False when the attempt failed (nothing
+        was sent on it: no loss)."""
+        address = self._address(link.follower)
+        if address is None:
+            return False
+        channel = grpclib.client.Channel(*address, config=_channel_config())
+        established = False
+        reason = "stream ended"
+        try:
+            async with channel.request(
+                STREAM_PATH,
+                grpclib.const.Cardinality.STREAM_STREAM,
+                ext_pb.ReplicaRequest,
+                ext_pb.ReplicaAnswer,
+                metadata={FROM_BROKER_HEADER: self.from_broker},
+            ) as stream:
+                async with asyncio.timeout(self.connect_timeout_s):
+                    await stream.send_request()
+                    await stream.recv_initial_metadata()
+                established = True
+                link.session = session
+                link.stats.connects += 1
+                log.info(
+                    "event=replication_link_up follower=%s address=%s:%d",
+                    link.follower, *address,
+                )  # fmt: skip
+                await self._stream(link, session, stream)
+                # Leave with an exception: grpclib then resets the stream instead of waiting
+                # for the follower to end it.
+                raise _StreamOver
+        except _StreamOver:
+            pass
+        except (*TRANSPORT_ERRORS, GRPCError, TimeoutError, ReplicaCodecError) as error:
+            if established and isinstance(error, ReplicaCodecError):
+                link.stats.protocol_errors += 1
+            reason = f"{type(error).__name__}: {error}"
+        except Exception as error:  # h2's and grpclib's other ways for a stream to fail
+            reason = f"{type(error).__name__}: {error}"
+            log.warning("event=replication_link_error follower=%s error=%s", link.follower, reason)
+        finally:
+            session.alive = False
+            if link.session is session:
+                link.session = None
+            channel.close()
+        if established and not session.reported:
+            self._lose(link, reason[:200])
+        elif not established:
+            log.debug("event=replication_connect_failed follower=%s %s", link.follower, reason)
+        return established
+
+    def _address(self, follower: str) -> tuple[str, int] | None:
+        try:
+            address = self._resolve(follower)
+            return _host_port(address) if address else None
+        except Exception as error:
+            log.warning("event=replication_no_address follower=%s error=%s", follower, error)
+            return None
+
+    async def _stream(self, link: _Link, session: _Session, stream: grpclib.client.Stream) -> None:
+        """Runs the writer and the reader until either ends or the session is lost."""
+        writer = asyncio.ensure_future(self._write(link, session, stream))
+        reader = asyncio.ensure_future(self._read(link, session, stream))
+        ended = asyncio.ensure_future(session.ended.wait())
+        tasks = {writer, reader, ended}
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            if task is not ended and (error := task.exception()) is not None:
+                raise error
+
+    async def _write(self, link: _Link, session: _Session, stream: grpclib.client.Stream) -> None:
+        """Writes the queue in order, several messages per HTTP/2 send."""
+        raw = stream._stream
+        while session.alive:
+            if not link.queue:
+                link.ready.clear()
+                await link.ready.wait()
+                continue
+            parts: list[bytes] = []
+            count = frames = size = 0
+            while link.queue and (not parts or size + len(link.queue[0][0]) <= WRITE_BATCH_BYTES):
+                body, frame_bytes = link.queue.popleft()
+                link.queued_bytes -= len(body)
+                parts.append(_HEADER.pack(False, len(body)))
+                parts.append(body)
+                count += 1
+                frames += frame_bytes
+                size += len(body)
+            try:
+                with stream._wrapper:  # woken with an error when the connection is lost
+                    await raw.send_data(b"".join(parts))
+            except BaseException:
+                link.stats.dropped += count
+                raise
+            link.stats.sent += count
+            link.stats.sent_bytes += frames
+
+    async def _read(self, link: _Link, session: _Session, stream: grpclib.client.Stream) -> None:
+        """Delivers answers in stream order until the follower ends the stream."""
+        while True:
+            answer = await _recv_answer(stream)
+            if answer is None:
+                await stream.recv_trailing_metadata()  # raises the follower's error status
+                return
+            if not session.alive:
+                return
+            link.stats.answers += 1
+            try:
+                self._on_answer(link.follower, answer)
+            except Exception:
+                log.exception("event=replication_on_answer_failed follower=%s", link.follower)
+
+
+async def _recv_answer(stream: grpclib.client.Stream) -> FollowerAnswer | None:
+    """The next answer, read with a bound before buffering (grpclib has none); None at the
+    end of the follower's stream."""
+    with stream._wrapper:  # woken with an error when the connection is lost
+        return await _recv_answer_raw(stream._stream)
+
+
+async def _recv_answer_raw(raw: grpclib.protocol.Stream) -> FollowerAnswer | None:
+    header = await _recv_data(raw, 5)
+    if not header:
+        return None
+    if len(header) < 5:
+        raise ReplicaCodecError("truncated answer")
+    compressed, length = _HEADER.unpack(header)
+    if compressed:
+        raise ReplicaCodecError("compressed answers are not supported")
+    if length > ANSWER_LIMIT:
+        raise ReplicaCodecError(f"answer of {length} bytes exceeds the limit of {ANSWER_LIMIT}")
+    body = await _recv_data(raw, length)
+    if len(body) != length:
+        raise ReplicaCodecError("truncated answer")
+    return codec.answer_from_bytes(body)
+
+
+async def _recv_data(raw: grpclib.protocol.Stream, size: int) -> bytes:
+    try:
+        data: bytes = await raw.recv_data(size)
+    except AssertionError:  # grpclib's buffer, when the stream ends inside a message
+        raise ReplicaCodecError("truncated answer") from None
+    return data
+
+
+# -- the EpochEnd client -----------------------------------------------------------------------
+
+
+async def ask_epoch_end(
+    address: str, topic: str, epoch: int, *, timeout: float = EPOCH_END_TIMEOUT_S
+) -> tuple[int, int]:
+    """`(end, owner_epoch)`: the answer of the owner broker at `address` (its admin address)
+    to a follower's `Reconcile` about `epoch`'s records of `topic`. The owner's refusal is
+    raised as a `DanubeError` with its status; an owner that cannot be reached or does not
+    answer in `timeout` seconds is UNAVAILABLE."""
+    request = codec.encode_epoch_end_request(topic, epoch)
+    host, port = _host_port(address)
+    channel = grpclib.client.Channel(host, port)
+    try:
+        async with channel.request(
+            EPOCH_END_PATH, grpclib.const.Cardinality.UNARY_UNARY,
+            ext_pb.EpochEndRequest, ext_pb.EpochEndResponse, timeout=timeout,
+        ) as stream:  # fmt: skip
+            await stream.send_message(request, end=True)
+            reply = await stream.recv_message()
+    except GRPCError as error:
+        code = ErrorCode.__members__.get(error.status.name, ErrorCode.UNAVAILABLE)
+        raise DanubeError(code, f"the broker at {address}: {error.message}") from None
+    except (*TRANSPORT_ERRORS, TimeoutError) as error:
+        raise DanubeError(
+            ErrorCode.UNAVAILABLE,
+            f"the broker at {address} did not answer ({error or type(error).__name__})",
+        ) from None
+    finally:
+        channel.close()
+    if reply is None:
+        raise DanubeError(ErrorCode.UNAVAILABLE, f"the broker at {address} answered nothing")
+    try:
+        return codec.decode_epoch_end_response(reply)
+    except ReplicaCodecError as error:
+        raise DanubeError(ErrorCode.UNAVAILABLE, f"the broker at {address}: {error}") from None
+
+
+# -- follower side -------------------------------------------------------------------------------
+
+
+class Outbox:
+    """Answers of one follower-side stream, sent in `put` order (module docstring)."""
+
+    def __init__(self, from_broker: str, limit: int, stats: ServiceStats) -> None:
+        self.from_broker = from_broker
+        self.closed = False
+        self._limit = limit
+        self._stats = stats
+        self._answers: deque[bytes] = deque()
+        self._ready = asyncio.Event()
+        self._overflow: Callable[[], None] | None = None
+
+    def put(self, answer: FollowerAnswer) -> bool:
+        """Queues `answer` (raises `ReplicaCodecError` when malformed). False when the stream
+        has ended: the answer is dropped, the owner resends after its break."""
+        body = bytes(codec.encode_answer(answer))
+        if self.closed:
+            self._stats.answers_dropped += 1
+            return False
+        if len(self._answers) >= self._limit:
+            self._stats.answers_dropped += 1
+            self.close()
+            if self._overflow is not None:
+                self._overflow()
+            return False
+        self._answers.append(body)
+        self._ready.set()
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        self._ready.set()
+
+    async def _take(self) -> list[bytes]:
+        """What is queued, waiting for something; [] once closed and drained."""
+        while not self._answers:
+            if self.closed:
+                return []
+            self._ready.clear()
+            await self._ready.wait()
+        answers = list(self._answers)
+        self._answers.clear()
+        return answers
+
+
+class ReplicaHandler(Protocol):
+    """What the follower broker's node wiring provides to `ReplicationService`."""
+
+    async def replicate(self, from_broker: str, message: Replicate, outbox: Outbox) -> None:
+        """Take `message` (e.g. into the topic's `FollowerLog`); answer through `outbox`,
+        now or later. Returns when the service may read the next request."""
+        ...
+
+    def stream_closed(self, from_broker: str, outbox: Outbox) -> None:
+        """The stream that `outbox` answers on has ended; nothing put on it arrives."""
+        ...
+
+    async def epoch_end(self, topic: str, epoch: int) -> tuple[int, int]:
+        """`(end, owner_epoch)` where `epoch`'s records of `topic` end on this broker's log,
+        as the topic's owner; raises `DanubeError` when this broker is not its owner."""
+        ...
+
+
+@dataclass(slots=True)
+class ServiceStats:
+    streams: int = 0
+    """Streams accepted."""
+    requests: int = 0
+    request_bytes: int = 0
+    """Frames' bytes received."""
+    refused: int = 0
+    """Streams ended for a malformed request or a missing sender id."""
+    answers_sent: int = 0
+    answers_dropped: int = 0
+    """Answers put after their stream ended (or beyond `OUTBOX_ANSWERS`)."""
+
+
+class ReplicationService:
+    """The follower broker's `danube_ext.Replication` (module docstring). Registered on the
+    admin (internal) port's server."""
+
+    def __init__(
+        self,
+        handler: ReplicaHandler,
+        *,
+        frames_limit: int = FRAMES_LIMIT,
+        outbox_limit: int = OUTBOX_ANSWERS,
+    ) -> None:
+        self._handler = handler
+        self._frames_limit = frames_limit
+        self._request_limit = codec.request_limit(frames_limit)
+        self._outbox_limit = outbox_limit
+        self._streams: dict[str, tuple[Outbox, asyncio.Task[object]]] = {}
+        self.stats = ServiceStats()
+
+    async def stream(self, stream: grpclib.server.Stream) -> None:
+        from_broker = self._sender(stream)
+        task = asyncio.current_task()
+        assert task is not None
+        outbox = Outbox(from_broker, self._outbox_limit, self.stats)
+        outbox._overflow = task.cancel
+        older = self._streams.get(from_broker)
+        if older is not None:
+            older[0].close()
+            older[1].cancel()
+        self._streams[from_broker] = (outbox, task)
+        self.stats.streams += 1
+        writer: asyncio.Task[None] | None = None
+        try:
+            await stream.send_initial_metadata()
+            writer = asyncio.ensure_future(self._write(stream, outbox))
+            while not writer.done():
+                request = await recv_bounded(stream, self._request_limit, end_ok=True)
+                if request is None:
+                    break
+                try:
+                    message = codec.decode_replicate(request, self._frames_limit)
+                except ReplicaCodecError as error:
+                    reason = f"malformed Replicate: {error}"
+                    raise GRPCError(Status.INVALID_ARGUMENT, reason) from None
+                self.stats.requests += 1
+                self.stats.request_bytes += len(message.frames)
+                await self._handler.replicate(from_broker, message, outbox)
+            outbox.close()  # the owner ended its side: send what is queued, then end
+            await writer
+        except GRPCError as error:
+            if error.status is Status.INVALID_ARGUMENT:
+                self.stats.refused += 1
+            raise
+        finally:
+            outbox.close()
+            if writer is not None:
+                writer.cancel()
+            if self._streams.get(from_broker, (None,))[0] is outbox:
+                del self._streams[from_broker]
+            try:
+                self._handler.stream_closed(from_broker, outbox)
+            except Exception:
+                log.exception("event=replication_stream_closed_failed from=%s", from_broker)
+
+    def _sender(self, stream: grpclib.server.Stream) -> str:
+        metadata = stream.metadata
+        value = metadata.get(FROM_BROKER_HEADER) if metadata is not None else None
+        try:
+            return codec.check_broker_id(value)
+        except ReplicaCodecError as error:
+            self.stats.refused += 1
+            raise GRPCError(
+                Status.INVALID_ARGUMENT, f"header {FROM_BROKER_HEADER}: {error}"
+            ) from None
+
+    async def _write(self, stream: grpclib.server.Stream, outbox: Outbox) -> None:
+        while answers := await outbox._take():
+            await send_encoded(stream, answers)
+            self.stats.answers_sent += len(answers)
+
+    async def epoch_end(self, request: ext_pb.EpochEndRequest) -> ext_pb.EpochEndResponse:
+        try:
+            topic, epoch = codec.decode_epoch_end_request(request)
+        except ReplicaCodecError as error:
+            raise invalid(f"malformed EpochEnd: {error}") from None
+        end, owner_epoch = await self._handler.epoch_end(topic, epoch)
+        return codec.encode_epoch_end_response(end, owner_epoch)
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            STREAM_PATH: grpclib.const.Handler(
+                self.stream,
+                grpclib.const.Cardinality.STREAM_STREAM,
+                ext_pb.ReplicaRequest,
+                ext_pb.ReplicaAnswer,
+            ),
+            EPOCH_END_PATH: unary(
+                self.epoch_end,
+                ext_pb.EpochEndRequest,
+                ext_pb.EpochEndResponse,
+                limit=DEFAULT_REQUEST_LIMIT,
+            ),
+        }

@@ -1,0 +1,383 @@
+"""The replication transport (`danube.runtime.replication_link`) over real grpclib servers on
+loopback: an owner's `ReplicationLinks` streams `Replicate`s for several topics to follower
+brokers' `ReplicationService`s in order and gets their answers in order; a follower's restart
+is exactly one `on_broken` and a reconnect; sends queued while a follower is away arrive once it
+is back; an overflowing queue is one loss; malformed messages are refused with a clear error
+on either side; `EpochEnd` answers a follower's question."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpclib.const
+import pytest
+from grpclib import GRPCError
+from grpclib.client import Channel
+from grpclib.const import Status
+
+from danube.machines.replication.messages import (
+    FollowerAnswer,
+    Mismatch,
+    Replicate,
+    Replicated,
+)
+from danube.proto import danube_ext as ext_pb
+from danube.runtime.grpc_util import Server
+from danube.runtime.replication_codec import FROM_BROKER_HEADER, ReplicaCodecError
+from danube.runtime.replication_link import (
+    STREAM_PATH,
+    Outbox,
+    ReplicationLinks,
+    ReplicationService,
+    ask_epoch_end,
+)
+from danube.values.errors import DanubeError, ErrorCode, not_found
+
+TOPICS = ("/default/a", "/default/b")
+
+
+class Echo:
+    """A follower's handler: answers each Replicate with Replicated(its end), `delay_s` later
+    (a follower answers once durable, after the request)."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.received: list[tuple[str, Replicate]] = []
+        self.closed: list[str] = []
+        self.late: list[bool] = []
+
+    async def replicate(self, from_broker: str, message: Replicate, outbox: Outbox) -> None:
+        self.received.append((from_broker, message))
+        answer = Replicated(message.topic, message.epoch, message.end)
+        if self.delay_s:
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.delay_s, lambda: self.late.append(outbox.put(answer)))
+        else:
+            outbox.put(answer)
+
+    def stream_closed(self, from_broker: str, outbox: Outbox) -> None:
+        self.closed.append(from_broker)
+
+    async def epoch_end(self, topic: str, epoch: int) -> tuple[int, int]:
+        if topic != TOPICS[0]:
+            raise not_found(f"topic {topic} is not owned here")
+        return 100 + epoch, 7
+
+
+class Follower:
+    """A follower broker's admin server, which can be stopped and started on the same port."""
+
+    def __init__(self, handler: Any, **options: Any) -> None:
+        self.service = ReplicationService(handler, **options)
+        self.port = 0
+        self.server: Server | None = None
+
+    async def start(self) -> Follower:
+        self.server = Server([self.service])
+        await self.server.start("127.0.0.1", self.port)
+        assert self.server._server is not None
+        self.port = self.server._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        self.server.close_connections()
+        await self.server.wait_closed()
+        self.server = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+class Owner:
+    """An owner's links with what its callbacks were told, in order."""
+
+    def __init__(self, addresses: dict[str, str], **options: Any) -> None:
+        self.answers: dict[str, list[FollowerAnswer]] = {}
+        self.events: list[tuple[str, str]] = []
+        self.links = ReplicationLinks(
+            addresses.get,
+            self._answer,
+            self._broken,
+            from_broker="owner-1",
+            backoff_s=0.01,
+            backoff_cap_s=0.05,
+            **options,
+        )
+        self.on_broken: Callable[[str], None] = lambda follower: None
+
+    def _answer(self, follower: str, answer: FollowerAnswer) -> None:
+        self.answers.setdefault(follower, []).append(answer)
+        self.events.append((follower, "answer"))
+
+    def _broken(self, follower: str) -> None:
+        self.events.append((follower, "broken"))
+        self.on_broken(follower)
+
+    def broken(self, follower: str) -> int:
+        return self.events.count((follower, "broken"))
+
+
+def _replicate(topic: str, prev_end: int, count: int = 2, epoch: int = 3) -> Replicate:
+    frames = f"{topic}:{prev_end}".encode() * count
+    return Replicate(topic, epoch, prev_end, frames, count, commit=prev_end)
+
+
+async def _until(check: Callable[[], bool], timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        await asyncio.sleep(0.005)
+
+
+def _run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), 10))
+
+
+def test_two_followers_two_topics_in_order() -> None:
+    async def test() -> None:
+        handlers = {"f1": Echo(), "f2": Echo(delay_s=0.002)}
+        followers = {name: await Follower(h).start() for name, h in handlers.items()}
+        owner = Owner({name: f.address for name, f in followers.items()})
+        sent: dict[str, list[Replicate]] = {name: [] for name in followers}
+        ends = dict.fromkeys(TOPICS, 0)
+        for i in range(60):
+            topic = TOPICS[i % 2]
+            message = _replicate(topic, ends[topic], count=1 + i % 3)
+            ends[topic] = message.end
+            for name in followers:
+                assert owner.links.send(name, message)
+                sent[name].append(message)
+        await _until(lambda: all(len(owner.answers.get(n, [])) == 60 for n in followers))
+        for name, handler in handlers.items():
+            assert [m for _, m in handler.received] == sent[name]
+            assert {b for b, _ in handler.received} == {"owner-1"}
+            expected = [Replicated(m.topic, m.epoch, m.end) for m in sent[name]]
+            assert owner.answers[name] == expected
+            stats = owner.links.stats_of(name)
+            assert (stats.sent, stats.answers, stats.breaks, stats.connects) == (60, 60, 0, 1)
+            assert stats.sent_bytes == sum(len(m.frames) for m in sent[name])
+            assert followers[name].service.stats.requests == 60
+        assert owner.links.stats.sent == 120
+        await owner.links.close()
+        for follower in followers.values():
+            await follower.stop()
+        assert not owner.links.send("f1", _replicate(TOPICS[0], 0))
+
+    _run(test)
+
+
+def test_follower_restart_is_one_break_and_a_reconnect() -> None:
+    async def test() -> None:
+        handler = Echo()
+        follower = await Follower(handler).start()
+        owner = Owner({"f": follower.address})
+        for i in range(5):
+            owner.links.send("f", _replicate(TOPICS[0], 2 * i))
+        await _until(lambda: len(owner.answers.get("f", [])) == 5)
+        await follower.stop()
+        await _until(lambda: owner.broken("f") == 1)
+        assert not owner.links.connected("f")
+        # Sent while the follower is away: queued for the next stream, not lost.
+        later = [_replicate(TOPICS[1], 2 * i) for i in range(3)]
+        for message in later:
+            assert owner.links.send("f", message)
+        await asyncio.sleep(0.1)  # several failed connection attempts: no further break
+        assert owner.broken("f") == 1
+        assert owner.links.stats_of("f").connect_failures >= 1
+        await follower.start()
+        await _until(lambda: len(owner.answers["f"]) == 8)
+        assert [m for _, m in handler.received[5:]] == later
+        stats = owner.links.stats_of("f")
+        assert (stats.breaks, stats.reconnects) == (1, 1)
+        assert owner.links.connected("f")
+        assert handler.closed == ["owner-1"]
+        # The break came after every answer of the first stream, and the later answers after it.
+        assert owner.events.index(("f", "broken")) == 5
+        await owner.links.close()
+        await follower.stop()
+
+    _run(test)
+
+
+def test_sends_from_inside_on_broken_go_on_the_next_stream() -> None:
+    """What `OwnerReplication.stream_broke` does: resend from inside the report."""
+
+    async def test() -> None:
+        handler = Echo()
+        follower = await Follower(handler).start()
+        owner = Owner({"f": follower.address})
+        resend = _replicate(TOPICS[0], 0)
+        owner.on_broken = lambda name: owner.links.send(name, resend)
+        owner.links.send("f", resend)
+        await _until(lambda: len(owner.answers.get("f", [])) == 1)
+        await follower.stop()
+        await _until(lambda: owner.broken("f") == 1)
+        await follower.start()
+        await _until(lambda: len(owner.answers["f"]) == 2)
+        assert [m for _, m in handler.received] == [resend, resend]
+        await owner.links.close()
+        await follower.stop()
+
+    _run(test)
+
+
+def test_a_full_queue_is_one_loss() -> None:
+    async def test() -> None:
+        with socket.socket() as unused:
+            unused.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{unused.getsockname()[1]}"  # nobody listens there
+        owner = Owner({"f": address}, queue_messages=3)
+        assert all(owner.links.send("f", _replicate(TOPICS[0], 2 * i)) for i in range(3))
+        assert owner.broken("f") == 0  # queued while connecting: no loss yet
+        assert not owner.links.send("f", _replicate(TOPICS[0], 6))
+        assert owner.broken("f") == 1
+        stats = owner.links.stats_of("f")
+        assert (stats.dropped, stats.breaks) == (4, 1)
+        assert owner.links.send("f", _replicate(TOPICS[0], 0))  # the resend is queued again
+        await owner.links.close()
+
+    _run(test)
+
+
+def test_malformed_sends_raise_before_anything_is_queued() -> None:
+    async def test() -> None:
+        owner = Owner({}, frames_limit=16)
+        with pytest.raises(ReplicaCodecError, match="exceed the limit of 16 bytes"):
+            owner.links.send("f", Replicate("t", 1, 0, b"x" * 17, 1, 0))
+        with pytest.raises(ReplicaCodecError, match="prev_end -1"):
+            owner.links.send("f", Replicate("t", 1, -1, b"x", 1, 0))
+        assert owner.links.followers == []
+        await owner.links.close()
+
+    _run(test)
+
+
+async def _raw_stream(port: int, requests: list[bytes], metadata: dict[str, str]) -> Any:
+    """Sends encoded ReplicaRequests on a raw stream; the follower's status (GRPCError)."""
+    channel = Channel("127.0.0.1", port)
+    try:
+        async with channel.request(
+            STREAM_PATH, grpclib.const.Cardinality.STREAM_STREAM, ext_pb.ReplicaRequest,
+            ext_pb.ReplicaAnswer, metadata=metadata, timeout=5,
+        ) as stream:  # fmt: skip
+            for body in requests:
+                await stream.send_message(ext_pb.ReplicaRequest().parse(body))
+            await stream.end()
+            return [answer async for answer in stream]
+    finally:
+        channel.close()
+
+
+@pytest.mark.parametrize(
+    ("request_", "metadata", "reason"),
+    [
+        (ext_pb.ReplicaRequest(topic="t", frames=b"x" * 2048, record_count=1), None, "limit"),
+        (ext_pb.ReplicaRequest(topic="t", frames=b"x"), None, "record_count is 0"),
+        (ext_pb.ReplicaRequest(topic="", record_count=0), None, "topic must be a non-empty"),
+        (ext_pb.ReplicaRequest(topic="t"), {}, FROM_BROKER_HEADER),
+    ],
+)
+def test_follower_refuses_malformed_requests(
+    request_: ext_pb.ReplicaRequest, metadata: dict[str, str] | None, reason: str
+) -> None:
+    async def test() -> None:
+        handler = Echo()
+        follower = await Follower(handler, frames_limit=1024).start()
+        header = {FROM_BROKER_HEADER: "owner-1"} if metadata is None else metadata
+        with pytest.raises(GRPCError, match=reason) as caught:
+            await _raw_stream(follower.port, [bytes(request_)], header)
+        assert caught.value.status is Status.INVALID_ARGUMENT
+        assert handler.received == []
+        assert follower.service.stats.refused == 1
+        await follower.stop()
+
+    _run(test)
+
+
+def test_a_well_formed_raw_stream_is_answered() -> None:
+    """The baseline of the refusals above: the same path accepts a good request."""
+
+    async def test() -> None:
+        follower = await Follower(Echo()).start()
+        probe = bytes(ext_pb.ReplicaRequest(topic="t", epoch=2, prev_end=5))
+        answers = await _raw_stream(follower.port, [probe], {FROM_BROKER_HEADER: "owner-1"})
+        assert answers == [
+            ext_pb.ReplicaAnswer(
+                kind=ext_pb.ReplicaAnswerKind.REPLICATED, topic="t", epoch=2, end=5
+            )
+        ]
+        await follower.stop()
+
+    _run(test)
+
+
+class BadAnswers:
+    """A follower that answers with an unknown kind."""
+
+    async def replicate(self, from_broker: str, message: Replicate, outbox: Outbox) -> None:
+        outbox.put(Mismatch(message.topic, message.epoch, 0))
+        outbox._answers[-1] = bytes(ext_pb.ReplicaAnswer(kind=9, topic="t"))  # type: ignore[arg-type]
+
+    def stream_closed(self, from_broker: str, outbox: Outbox) -> None:
+        pass
+
+    async def epoch_end(self, topic: str, epoch: int) -> tuple[int, int]:
+        raise AssertionError
+
+
+def test_a_malformed_answer_breaks_the_stream_once() -> None:
+    async def test() -> None:
+        follower = await Follower(BadAnswers()).start()
+        owner = Owner({"f": follower.address})
+        owner.links.send("f", _replicate(TOPICS[0], 0))
+        await _until(lambda: owner.broken("f") == 1)
+        await _until(lambda: owner.links.stats_of("f").connects == 2)
+        stats = owner.links.stats_of("f")
+        assert (stats.protocol_errors, stats.answers, stats.breaks) == (1, 0, 1)
+        assert "answer" not in {kind for _, kind in owner.events}
+        await owner.links.close()
+        await follower.stop()
+
+    _run(test)
+
+
+def test_answers_after_the_stream_ended_are_dropped() -> None:
+    async def test() -> None:
+        handler = Echo(delay_s=0.2)
+        follower = await Follower(handler).start()
+        owner = Owner({"f": follower.address})
+        owner.links.send("f", _replicate(TOPICS[0], 0))
+        await _until(lambda: len(handler.received) == 1)
+        await owner.links.close()
+        await _until(lambda: handler.late == [False])
+        assert follower.service.stats.answers_dropped == 1
+        assert owner.events == []
+        await follower.stop()
+
+    _run(test)
+
+
+def test_epoch_end() -> None:
+    async def test() -> None:
+        follower = await Follower(Echo()).start()
+        assert await ask_epoch_end(follower.address, TOPICS[0], 4) == (104, 7)
+        with pytest.raises(DanubeError, match="not owned here") as caught:
+            await ask_epoch_end(follower.address, TOPICS[1], 4)
+        assert caught.value.code is ErrorCode.NOT_FOUND
+        with pytest.raises(ReplicaCodecError, match="epoch -1"):
+            await ask_epoch_end(follower.address, TOPICS[0], -1)
+        port = follower.port
+        await follower.stop()
+        with pytest.raises(DanubeError, match="did not answer") as caught:
+            await ask_epoch_end(f"127.0.0.1:{port}", TOPICS[0], 4, timeout=1)
+        assert caught.value.code is ErrorCode.UNAVAILABLE
+
+    _run(test)
