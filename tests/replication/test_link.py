@@ -381,3 +381,65 @@ def test_epoch_end() -> None:
         assert caught.value.code is ErrorCode.UNAVAILABLE
 
     _run(test)
+
+
+def test_drop_closes_a_link_without_a_report() -> None:
+    async def test() -> None:
+        handler = Echo()
+        follower = await Follower(handler).start()
+        owner = Owner({"f": follower.address})
+        owner.links.send("f", _replicate(TOPICS[0], 0))
+        await _until(lambda: len(owner.answers.get("f", [])) == 1)
+        await owner.links.drop("f")
+        await _until(lambda: handler.closed == ["owner-1"])
+        assert owner.links.followers == []
+        assert owner.broken("f") == 0
+        assert owner.links.send("f", _replicate(TOPICS[0], 2))  # a new link
+        await _until(lambda: len(owner.answers["f"]) == 2)
+        await owner.links.close()
+        await follower.stop()
+
+    _run(test)
+
+
+def test_a_newer_stream_from_the_same_owner_replaces_the_older() -> None:
+    """A half-open connection must not keep a second stream (and outbox) per owner."""
+
+    async def test() -> None:
+        handler = Echo()
+        follower = await Follower(handler).start()
+        first = Owner({"f": follower.address})
+        second = Owner({"f": follower.address})  # the same broker id, "owner-1"
+        first.links.send("f", _replicate(TOPICS[0], 0))
+        await _until(lambda: len(first.answers.get("f", [])) == 1)
+        second.links.send("f", _replicate(TOPICS[0], 0))
+        await _until(lambda: len(second.answers.get("f", [])) == 1)
+        await _until(lambda: first.broken("f") == 1)
+        assert handler.closed[0] == "owner-1"  # then they take turns, with backoff
+        await asyncio.gather(first.links.close(), second.links.close())
+        await follower.stop()
+
+    _run(test)
+
+
+class Chatty(Echo):
+    """Answers every request three times: beyond the outbox's limit of 2."""
+
+    async def replicate(self, from_broker: str, message: Replicate, outbox: Outbox) -> None:
+        self.received.append((from_broker, message))
+        for _ in range(3):
+            outbox.put(Replicated(message.topic, message.epoch, message.end))
+
+
+def test_unread_answers_beyond_the_limit_end_the_stream() -> None:
+    async def test() -> None:
+        follower = await Follower(Chatty(), outbox_limit=2).start()
+        owner = Owner({"f": follower.address})
+        owner.links.send("f", _replicate(TOPICS[0], 0))
+        await _until(lambda: owner.broken("f") == 1)
+        assert follower.service.stats.answers_dropped == 1
+        assert owner.links.stats_of("f").answers <= 2
+        await owner.links.close()
+        await follower.stop()
+
+    _run(test)

@@ -20,10 +20,12 @@ resends are) is queued for the next stream. So the owner's machine sees: answers
 `stream_broke`, answers of stream 2 to what it sent after it. Sends while the link is
 reconnecting are queued, not lost (no report for them); a connection attempt that fails is
 no loss either (nothing was sent on it) and is retried with capped exponential backoff
-(`backoff_s` doubling to `backoff_cap_s`, jittered), at once after a stream that was up
-breaks. A follower that never answers is the machine's business (its `lag_ms`), not the
-transport's. Callbacks run on the event loop, synchronously; an exception in one is logged
-and does not stop the link.
+(`backoff_s` doubling to `backoff_cap_s`, jittered); after a stream that was up for at least
+`backoff_cap_s` breaks, at once (one that breaks sooner counts as a failed attempt, so two
+processes sharing a broker id cannot replace each other's stream in a busy loop). A
+follower that never answers is the machine's business (its `lag_ms`), not the transport's.
+Callbacks run on the event loop, synchronously; an exception in one is logged and does not
+stop the link.
 
 **Follower side: `ReplicationService(handler)`.** For each stream it checks the sender's
 broker id (header `x-danube-replica-from`), then hands each request to
@@ -47,6 +49,7 @@ import asyncio
 import logging
 import random
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -174,7 +177,9 @@ class ReplicationLinks:
     """The owner broker's streams to its follower brokers (see the module docstring).
 
     `resolve_address(follower)` is asked at each connection attempt, so a follower that moved
-    is found again. `from_broker` is this broker's id, sent on every stream."""
+    is found again. `from_broker` is this broker's id, sent on every stream. The links' tasks
+    run on `loop` (the broker's trio-asyncio loop, where grpclib runs), by default the loop
+    running at the first `send`; `send` may be called from trio code on that loop's thread."""
 
     def __init__(
         self,
@@ -189,7 +194,9 @@ class ReplicationLinks:
         backoff_s: float = 0.05,
         backoff_cap_s: float = 2.0,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
+        self._loop = loop
         self._resolve = resolve_address
         self._on_answer = on_answer
         self._on_broken = on_broken
@@ -216,7 +223,9 @@ class ReplicationLinks:
         link = self._links.get(follower)
         if link is None:
             link = self._links[follower] = _Link(follower)
-            link.task = asyncio.ensure_future(self._run(link))
+        if link.task is None or link.task.done():  # new, or ended by a bug (logged)
+            loop = self._loop = self._loop or asyncio.get_running_loop()
+            link.task = loop.create_task(self._run(link))
         size = len(body)
         if len(link.queue) >= self.queue_messages or link.queued_bytes + size > self.queue_bytes:
             link.stats.dropped += 1
@@ -291,14 +300,26 @@ class ReplicationLinks:
             log.exception("event=replication_on_broken_failed follower=%s", link.follower)
 
     async def _run(self, link: _Link) -> None:
+        try:
+            await self._connect_forever(link)
+        except Exception:
+            log.exception("event=replication_link_failed follower=%s", link.follower)
+            raise
+
+    async def _connect_forever(self, link: _Link) -> None:
         """Connects, streams until the stream is lost, and again, until stopped."""
         failures = 0
         while True:
+            started = time.monotonic()
             if await self._session(link, _Session()):
-                failures = 0
-                continue  # at once: the follower may just have restarted
+                if time.monotonic() - started >= self.backoff_cap_s:
+                    failures = 0
+                    continue  # at once: the follower may just have restarted
+                # A stream that broke at once (a follower refusing us, another process
+                # with our broker id replacing our stream) is retried with backoff too.
+            else:
+                link.stats.connect_failures += 1
             failures += 1
-            link.stats.connect_failures += 1
             delay = min(self.backoff_cap_s, self.backoff_s * 2 ** min(failures - 1, 30))
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
@@ -504,7 +525,9 @@ class Outbox:
         self._stats = stats
         self._answers: deque[bytes] = deque()
         self._ready = asyncio.Event()
-        self._overflow: Callable[[], None] | None = None
+        self.ended: tuple[Status, str] | None = None
+        """Why the service ended the stream itself (superseded, overflow), if it did."""
+        self._end: Callable[[Status, str], None] | None = None
 
     def put(self, answer: FollowerAnswer) -> bool:
         """Queues `answer` (raises `ReplicaCodecError` when malformed). False when the stream
@@ -515,9 +538,7 @@ class Outbox:
             return False
         if len(self._answers) >= self._limit:
             self._stats.answers_dropped += 1
-            self.close()
-            if self._overflow is not None:
-                self._overflow()
+            self.end(Status.RESOURCE_EXHAUSTED, f"more than {self._limit} answers unread")
             return False
         self._answers.append(body)
         self._ready.set()
@@ -526,6 +547,13 @@ class Outbox:
     def close(self) -> None:
         self.closed = True
         self._ready.set()
+
+    def end(self, status: Status, reason: str) -> None:
+        """Ends the stream with `status` (the owner sees a break)."""
+        self.close()
+        if self.ended is None and self._end is not None:
+            self.ended = (status, reason)
+            self._end(status, reason)
 
     async def _take(self) -> list[bytes]:
         """What is queued, waiting for something; [] once closed and drained."""
@@ -586,7 +614,7 @@ class ReplicationService:
         self._frames_limit = frames_limit
         self._request_limit = codec.request_limit(frames_limit)
         self._outbox_limit = outbox_limit
-        self._streams: dict[str, tuple[Outbox, asyncio.Task[object]]] = {}
+        self._streams: dict[str, Outbox] = {}
         self.stats = ServiceStats()
 
     async def stream(self, stream: grpclib.server.Stream) -> None:
@@ -594,12 +622,11 @@ class ReplicationService:
         task = asyncio.current_task()
         assert task is not None
         outbox = Outbox(from_broker, self._outbox_limit, self.stats)
-        outbox._overflow = task.cancel
+        outbox._end = lambda status, reason: task.cancel()
         older = self._streams.get(from_broker)
         if older is not None:
-            older[0].close()
-            older[1].cancel()
-        self._streams[from_broker] = (outbox, task)
+            older.end(Status.ABORTED, "replaced by a newer stream from the same broker")
+        self._streams[from_broker] = outbox
         self.stats.streams += 1
         writer: asyncio.Task[None] | None = None
         try:
@@ -623,11 +650,19 @@ class ReplicationService:
             if error.status is Status.INVALID_ARGUMENT:
                 self.stats.refused += 1
             raise
+        except asyncio.CancelledError:
+            # Our own `Outbox.end` (and nothing else, e.g. the server's shutdown): answer with
+            # its status, which grpclib sends; a cancelled handler would leave the owner
+            # waiting on a stream nobody serves.
+            if outbox.ended is None or task.cancelling() > 1:
+                raise
+            task.uncancel()
+            raise GRPCError(*outbox.ended) from None
         finally:
             outbox.close()
             if writer is not None:
                 writer.cancel()
-            if self._streams.get(from_broker, (None,))[0] is outbox:
+            if self._streams.get(from_broker) is outbox:
                 del self._streams[from_broker]
             try:
                 self._handler.stream_closed(from_broker, outbox)
