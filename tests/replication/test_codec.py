@@ -5,6 +5,7 @@ survives encoding to protobuf bytes and back unchanged, and anything malformed i
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -43,13 +44,34 @@ answers = st.one_of(
 
 @given(replicates())
 def test_replicate_round_trip(msg: Replicate) -> None:
-    body = bytes(codec.encode_replicate(msg, LIMIT))
+    """The hand codec writes exactly betterproto's bytes, and both read them back."""
+    body = codec.request_bytes(msg, LIMIT)
+    assert body == bytes(codec.encode_replicate(msg, LIMIT))
     assert codec.request_from_bytes(body, LIMIT) == msg
+    assert codec.decode_replicate(ext_pb.ReplicaRequest().parse(body), LIMIT) == msg
 
 
 @given(answers)
 def test_answer_round_trip(answer: FollowerAnswer) -> None:
-    assert codec.answer_from_bytes(bytes(codec.encode_answer(answer))) == answer
+    body = codec.answer_bytes(answer)
+    assert body == bytes(codec.encode_answer(answer))
+    assert codec.answer_from_bytes(body) == answer
+    assert codec.decode_answer(ext_pb.ReplicaAnswer().parse(body)) == answer
+
+
+@given(replicates(), st.randoms())
+def test_fields_in_any_order_and_repeated_read_as_protobuf_reads_them(
+    msg: Replicate, rng: Any
+) -> None:
+    """Any order; a repeated field's last value wins; unknown fields are skipped."""
+    fields = _split(codec.request_bytes(msg, LIMIT))
+    rng.shuffle(fields)
+    # An earlier value for every field the message sets (a zero value is not on the wire).
+    stale = b"".join(f[:1] + (b"\x03old" if f[0] & 7 == 2 else b"\x07") for f in fields)
+    unknown = b"\x78\x05"  # field 15, varint 5
+    body = stale + unknown + b"".join(fields)
+    assert codec.request_from_bytes(body, LIMIT) == msg
+    assert codec.decode_replicate(ext_pb.ReplicaRequest().parse(body), LIMIT) == msg
 
 
 @given(topics, counts, counts)
@@ -136,6 +158,32 @@ def test_broker_ids_must_fit_a_header(bad: object) -> None:
     with pytest.raises(ReplicaCodecError):
         codec.check_broker_id(bad)
     assert codec.check_broker_id("broker-7") == "broker-7"
+
+
+def _split(body: bytes) -> list[bytes]:
+    """The encoded fields of a message, each with its tag."""
+    out, pos = [], 0
+    while pos < len(body):
+        start = pos
+        tag, pos = _read_varint(body, pos)
+        if tag & 7 == 2:
+            size, pos = _read_varint(body, pos)
+            pos += size
+        else:
+            _, pos = _read_varint(body, pos)
+        out.append(body[start:pos])
+    return out
+
+
+def _read_varint(body: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = body[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, pos
 
 
 def _varint(value: int) -> bytes:

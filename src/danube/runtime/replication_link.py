@@ -68,7 +68,7 @@ from danube.client.errors import TRANSPORT_ERRORS
 from danube.machines.replication.messages import FollowerAnswer, Replicate
 from danube.proto import danube_ext as ext_pb
 from danube.runtime import replication_codec as codec
-from danube.runtime.grpc_util import DEFAULT_REQUEST_LIMIT, recv_bounded, send_encoded, unary
+from danube.runtime.grpc_util import recv_bounded, send_encoded, unary
 from danube.runtime.replication_codec import (
     ANSWER_LIMIT,
     FRAMES_LIMIT,
@@ -217,7 +217,7 @@ class ReplicationLinks:
         when it was dropped by a loss this call caused (queue full: `on_broken` was called)
         or because the links are closed. Raises `ReplicaCodecError` for a malformed message,
         before anything is queued."""
-        body = bytes(codec.encode_replicate(message, self.frames_limit))
+        body = codec.request_bytes(message, self.frames_limit)
         if self._closed:
             return False
         link = self._links.get(follower)
@@ -532,7 +532,7 @@ class Outbox:
     def put(self, answer: FollowerAnswer) -> bool:
         """Queues `answer` (raises `ReplicaCodecError` when malformed). False when the stream
         has ended: the answer is dropped, the owner resends after its break."""
-        body = bytes(codec.encode_answer(answer))
+        body = codec.answer_bytes(answer)
         if self.closed:
             self._stats.answers_dropped += 1
             return False
@@ -565,6 +565,14 @@ class Outbox:
         answers = list(self._answers)
         self._answers.clear()
         return answers
+
+
+class _RawRequest:
+    """The request type grpclib is given: the body stays bytes, for the hand codec."""
+
+    @staticmethod
+    def FromString(data: bytes) -> bytes:  # the protobuf API grpclib's codec calls
+        return data
 
 
 class ReplicaHandler(Protocol):
@@ -637,7 +645,7 @@ class ReplicationService:
                 if request is None:
                     break
                 try:
-                    message = codec.decode_replicate(request, self._frames_limit)
+                    message = codec.request_from_bytes(request, self._frames_limit)
                 except ReplicaCodecError as error:
                     reason = f"malformed Replicate: {error}"
                     raise GRPCError(Status.INVALID_ARGUMENT, reason) from None
@@ -698,13 +706,13 @@ class ReplicationService:
             STREAM_PATH: grpclib.const.Handler(
                 self.stream,
                 grpclib.const.Cardinality.STREAM_STREAM,
-                ext_pb.ReplicaRequest,
+                _RawRequest,
                 ext_pb.ReplicaAnswer,
             ),
             EPOCH_END_PATH: unary(
                 self.epoch_end,
                 ext_pb.EpochEndRequest,
                 ext_pb.EpochEndResponse,
-                limit=DEFAULT_REQUEST_LIMIT,
+                limit=codec.MESSAGE_OVERHEAD,
             ),
         }
