@@ -443,3 +443,78 @@ def test_unread_answers_beyond_the_limit_end_the_stream() -> None:
         await follower.stop()
 
     _run(test)
+
+
+class Pairs(Echo):
+    """Answers requests two at a time, in one HTTP/2 send."""
+
+    async def replicate(self, from_broker: str, message: Replicate, outbox: Outbox) -> None:
+        self.received.append((from_broker, message))
+        if len(self.received) % 2 == 0:
+            for _, m in self.received[-2:]:
+                outbox.put(Replicated(m.topic, m.epoch, m.end))
+
+
+def test_nothing_of_a_lost_stream_is_delivered_after_its_break() -> None:
+    """The loss happens while the owner handles the first of two answers that arrived
+    together: the second is not delivered after `on_broken`."""
+
+    async def test() -> None:
+        follower = await Follower(Pairs()).start()
+        owner = Owner({"f": follower.address}, queue_messages=1)
+
+        def burst(follower_id: str, answer: FollowerAnswer) -> None:
+            owner._answer(follower_id, answer)
+            if len(owner.answers[follower_id]) == 1:
+                owner.links.send(follower_id, _replicate(TOPICS[1], 0))
+                owner.links.send(follower_id, _replicate(TOPICS[1], 2))  # the queue is full
+
+        owner.links._on_answer = burst
+        owner.links.send("f", _replicate(TOPICS[0], 0))
+        await _until(lambda: owner.links.stats_of("f").sent == 1)
+        owner.links.send("f", _replicate(TOPICS[0], 2))
+        await _until(lambda: owner.broken("f") == 1)
+        await asyncio.sleep(0.05)
+        assert owner.events == [("f", "answer"), ("f", "broken")]
+        await owner.links.close()
+        await follower.stop()
+
+    _run(test)
+
+
+class HugePrefix:
+    """A broken follower: announces a 1 GiB answer and sends three bytes of it."""
+
+    async def stream(self, stream: Any) -> None:
+        await stream.send_initial_metadata()
+        await stream.recv_message()
+        await stream._stream.send_data(b"\x00\x40\x00\x00\x00abc")
+        await asyncio.sleep(10)
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            STREAM_PATH: grpclib.const.Handler(
+                self.stream,
+                grpclib.const.Cardinality.STREAM_STREAM,
+                ext_pb.ReplicaRequest,
+                ext_pb.ReplicaAnswer,
+            )
+        }
+
+
+def test_an_oversized_answer_is_refused_before_it_is_buffered() -> None:
+    async def test() -> None:
+        server = Server([HugePrefix()])
+        await server.start("127.0.0.1", 0)
+        assert server._server is not None
+        port = server._server.sockets[0].getsockname()[1]
+        owner = Owner({"f": f"127.0.0.1:{port}"})
+        owner.links.send("f", _replicate(TOPICS[0], 0))
+        await _until(lambda: owner.broken("f") == 1)  # at once, not after 1 GiB
+        assert owner.links.stats_of("f").protocol_errors == 1
+        await owner.links.close()
+        server.close()
+        server.close_connections()
+        await server.wait_closed()
+
+    _run(test)
