@@ -26,7 +26,7 @@ from danube.machines.replication.messages import (
     Replicated,
 )
 from danube.proto import danube_ext as ext_pb
-from danube.runtime.grpc_util import Server
+from danube.runtime.grpc_util import Server, Unimplemented
 from danube.runtime.replication_codec import FROM_BROKER_HEADER, ReplicaCodecError
 from danube.runtime.replication_link import (
     STREAM_PATH,
@@ -512,6 +512,44 @@ def test_an_oversized_answer_is_refused_before_it_is_buffered() -> None:
         owner.links.send("f", _replicate(TOPICS[0], 0))
         await _until(lambda: owner.broken("f") == 1)  # at once, not after 1 GiB
         assert owner.links.stats_of("f").protocol_errors == 1
+        await owner.links.close()
+        server.close()
+        server.close_connections()
+        await server.wait_closed()
+
+    _run(test)
+
+
+def test_a_large_group_commit_crosses_flow_control() -> None:
+    """Several times grpclib's 4 MiB HTTP/2 window in one Replicate."""
+
+    async def test() -> None:
+        handler = Echo()
+        follower = await Follower(handler).start()
+        owner = Owner({"f": follower.address})
+        big = Replicate(TOPICS[0], 1, 0, bytes(range(256)) * (48 << 10), 1000, 0)  # 12 MiB
+        owner.links.send("f", big)
+        owner.links.send("f", _replicate(TOPICS[0], 1000))
+        await _until(lambda: len(owner.answers.get("f", [])) == 2)
+        assert [m for _, m in handler.received] == [big, _replicate(TOPICS[0], 1000)]
+        await owner.links.close()
+        await follower.stop()
+
+    _run(test)
+
+
+def test_a_broker_without_the_service_is_a_failed_attempt_not_a_break() -> None:
+    async def test() -> None:
+        server = Server([Unimplemented([ext_pb.ReplicationBase], [], "no replication here")])
+        await server.start("127.0.0.1", 0)
+        assert server._server is not None
+        port = server._server.sockets[0].getsockname()[1]
+        owner = Owner({"f": f"127.0.0.1:{port}"})
+        assert owner.links.send("f", _replicate(TOPICS[0], 0))
+        await _until(lambda: owner.links.stats_of("f").connect_failures >= 3)
+        stats = owner.links.stats_of("f")
+        assert (stats.connects, stats.breaks, stats.sent) == (0, 0, 0)
+        assert owner.events == []
         await owner.links.close()
         server.close()
         server.close_connections()
