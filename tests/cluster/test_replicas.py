@@ -20,6 +20,8 @@ from danube.machines.cluster.replicas import (
     promotion_candidates,
     replication_factor,
 )
+from danube.values.names import TopicName
+from tests.core.test_keys import PARSERS, TOPICS
 
 BROKER_IDS = st.sampled_from(["1", "2", "3", "4", "5", "42", "b-7"])
 
@@ -74,6 +76,15 @@ def test_no_other_cluster_parser_reads_a_replica_set_key() -> None:
         keys.parse_history_key,
     )
     assert [parse(key) for parse in parsers] == [None] * len(parsers)
+
+
+@given(TOPICS)
+def test_every_topics_key_parses_back_and_no_other_parser_reads_it(topic: TopicName) -> None:
+    key = keys.replicas_key(topic.full)
+    assert [parse.__name__ for parse in PARSERS if parse(key) is not None] == []
+    assert keys.parse_replicas_key(key) == topic.full
+    for other in (keys.unassigned_key(topic.full), keys.assignment_key("7", topic.full)):
+        assert keys.parse_replicas_key(other) is None
 
 
 def test_the_key_refuses_an_invalid_topic() -> None:

@@ -7,6 +7,9 @@ topics (Danube's threshold and round-robin rule over the configured ranking), mo
 at a time off overloaded brokers when the coefficient of variation of the scores says the
 cluster is uneven, and fails over every assignment of a past incarnation of a broker (its
 registration lease expired, or it registered again since the assignment was written).
+It also keeps each topic's replica set (issue 27, `danube.machines.cluster.replicas`): an
+`Assign` creates it with followers placed by load, `SetFollowers` replaces a gone follower,
+and a failed-over topic with an in-sync set recorded goes only to an active in-sync member.
 Each decision is one `MetaTxn`-like effect (`Assign`, `Move`, `FailOver`, `Release`): compares
 plus operations the driver runs as one transaction. The outcome is not reported back: it shows
 in the watch like any other change, and a decision that did not show in time is made again.
@@ -369,6 +372,7 @@ class LoadManager:
         old = self._pending.pop(topic, None)
         if old is not None:
             self._expect(topic, old, add=False)
+        self._replicas.due[topic] = now  # followers wait while a topic is unassigned
         if marker is not None:
             pending = _Pending(marker, revision, now)
             self._pending[topic] = pending
