@@ -6,7 +6,9 @@ recorded goes only to an active in-sync member, or nowhere (the topic is reporte
 and decided again when the view changes); moves keep the record.
 
 The promotion rule is also checked over random worlds, and the planted bug "promote a
-follower that left the in-sync set" is shown caught by the same check."""
+follower that left the in-sync set" is shown caught by the same check; so is follower
+replacement (brokers expiring and returning while topics come and fail over), with the planted
+bug "placement forgets the owner"."""
 
 from __future__ import annotations
 
@@ -412,5 +414,88 @@ def test_the_random_worlds_reach_every_case() -> None:
 def test_planted_promoting_a_follower_that_left_the_in_sync_set_is_caught() -> None:
     for seed in range(200):
         if promotion_world(seed, _PromotesAnyFollower)[0] is not None:
+            return
+    raise AssertionError("the planted bug went unnoticed for 200 seeds")
+
+
+# -- follower replacement over random worlds, and its planted bug -------------------------------
+
+
+class _KeepsTheOwnerAmongFollowers(LoadManager):
+    """Planted bug: placement forgets which broker owns the topic."""
+
+    def _place(self, topic: str, owner: str, current: tuple[str, ...]) -> tuple[str, ...]:
+        return super()._place(topic, "-", current)
+
+
+def followers_world(
+    seed: int, manager: type[LoadManager] = LoadManager
+) -> tuple[str | None, ManagerDriver]:
+    """Brokers 2-5 expire and come back at random while topics are created and fail over;
+    once the world is calm every assigned topic has a record whose followers are registered
+    brokers other than its owner, as many as the factor asks and the brokers allow. Returns
+    what is wrong, if anything, and the driver (its effects)."""
+    rng = random.Random(seed)
+    configured = rng.choice([None, 1, 2, 3, 4])
+    brokers = ["1", "2", "3", "4", "5"]
+    d = cluster(*brokers, cfg=config(factor=configured), manager=manager)
+    up = set(brokers)
+    now = 0
+    for step in range(rng.randint(5, 30)):
+        now += rng.randint(0, 2) * S
+        choice = rng.random()
+        if choice < 0.4:
+            create(d, f"/ns/t{step}", now)
+        elif choice < 0.7 and len(up) > 1:
+            broker = rng.choice(sorted(up - {ME}))
+            up.discard(broker)
+            expire(d, broker, now=now)
+        elif set(brokers) - up:
+            broker = rng.choice(sorted(set(brokers) - up))
+            up.add(broker)
+            back(d, broker, now)
+        if d.tick_at is not None and d.tick_at <= now:
+            d.tick(now)
+    for _ in range(4):
+        now += 2 * S
+        d.tick(now)
+    factor = min(configured or 2, len(up))
+    for topic in sorted({keys.parse_unassigned_key(k) for k in d.store.data} - {None}):
+        return f"seed {seed}: {topic} is still unassigned", d
+    for key in sorted(d.store.data):
+        parsed = keys.parse_assignment_key(key)
+        if parsed is None:
+            continue
+        holder, topic = parsed
+        found = record(d, topic)
+        if found is None:
+            return f"seed {seed}: {topic} has no replica set", d
+        followers = found.followers
+        if holder in followers or not set(followers) <= up:
+            return f"seed {seed}: {topic} on {holder} followed by {followers}, up {sorted(up)}", d
+        if len(followers) != min(factor - 1, len(up) - 1):
+            return f"seed {seed}: {topic} has {len(followers)} followers for factor {factor}", d
+    return None, d
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32))
+def test_followers_settle_on_registered_brokers_other_than_the_owner(seed: int) -> None:
+    assert followers_world(seed)[0] is None
+
+
+def test_the_followers_worlds_replace_followers_and_fail_topics_over() -> None:
+    replaced = failed_over = 0
+    for seed in range(30):
+        violation, d = followers_world(seed)
+        assert violation is None
+        replaced += len(of(d.committed, SetFollowers))
+        failed_over += len(of(d.committed, FailOver))
+    assert replaced > 100 and failed_over > 50, (replaced, failed_over)
+
+
+def test_planted_placement_that_forgets_the_owner_is_caught() -> None:
+    for seed in range(200):
+        if followers_world(seed, _KeepsTheOwnerAmongFollowers)[0] is not None:
             return
     raise AssertionError("the planted bug went unnoticed for 200 seeds")
