@@ -35,7 +35,7 @@ ONE_OWNER = "c one owner per topic"
 SETTLED = "d every topic on a live broker"
 REGISTERED = "e assigned only to registered brokers"
 LEADER_WRITES = "f only the leader's decisions land"
-DECISIONS = ("Assign", "Move", "FailOver", "Release", "MarkDrained")
+DECISIONS = ("Assign", "Move", "FailOver", "Release", "MarkDrained", "SetFollowers")
 
 
 class ClusterChecker:

@@ -26,7 +26,7 @@ Layout, in short (`<ns>/<t>` is a topic's `TopicName.path`):
     /storage/topics/<ns>/<t>/segments/<start:020d>    IndexKey (and `cur`: CurrentKey)
     /cluster/{register,load}/<broker>, /cluster/brokers/<broker>/state,
     /cluster/brokers/<broker>/<ns>/<t>, /cluster/unassigned/<ns>/<t>, /cluster/leader,
-    /cluster/rebalancing_history/<unix s>
+    /cluster/rebalancing_history/<unix s>, /cluster/replicas/<ns>/<t>
     /schemas/subjects/<name>, /schemas/ids/<id:020d>, /schemas/next_id
     storage/topics/<ns>/<t>/segments/<start>-<next>[-<epoch>].wal   (object store) ObjectKey
 """
@@ -405,6 +405,7 @@ UNASSIGNED_PREFIX = "/cluster/unassigned/"
 LOAD_PREFIX = "/cluster/load/"
 LEADER_KEY = "/cluster/leader"
 HISTORY_PREFIX = "/cluster/rebalancing_history/"
+REPLICAS_PREFIX = "/cluster/replicas/"
 
 
 class AssignmentKey(NamedTuple):
@@ -443,6 +444,13 @@ def assignment_key(broker_id: str, topic: str) -> str:
 
 def unassigned_key(topic: str) -> str:
     return UNASSIGNED_PREFIX + _check_topic(topic)[1:]
+
+
+def replicas_key(topic: str) -> str:
+    """`/cluster/replicas/<ns>/<topic>`: the topic's replica set
+    (`danube.machines.cluster.replicas`). Under `/cluster/`, not beside the topic's keys, so
+    that the load manager's watch of `/cluster/` sees it (spec/replication.md)."""
+    return REPLICAS_PREFIX + _check_topic(topic)[1:]
 
 
 def load_key(broker_id: str) -> str:
@@ -487,6 +495,15 @@ def parse_assignment_key(key: str) -> AssignmentKey | None:
 def parse_unassigned_key(key: str) -> str | None:
     """The topic (full name) of an unassigned marker's key, else None."""
     parts = _segments(key, UNASSIGNED_PREFIX)
+    if parts is None or len(parts) != 2:
+        return None
+    topic = _topic_name(parts[0], parts[1])
+    return None if topic is None else topic.full
+
+
+def parse_replicas_key(key: str) -> str | None:
+    """The topic (full name) of a replica set's key, else None."""
+    parts = _segments(key, REPLICAS_PREFIX)
     if parts is None or len(parts) != 2:
         return None
     topic = _topic_name(parts[0], parts[1])

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from danube.keys import replicas_key
 from danube.machines.cluster import keys
 from danube.machines.cluster.keys import LEADER_KEY, Marker, MarkerReason
 from danube.machines.cluster.load_manager import (
@@ -248,8 +249,14 @@ def test_assign_is_fenced_by_the_leader_key_the_marker_and_the_targets_mode() ->
         Compare(marker_key, "mod_revision", "==", revision),
         Compare(keys.register_key("1"), "mod_revision", "==", registered),
         Compare(keys.state_key("1"), "version", "==", 0),
+        Compare(replicas_key("/ns/x"), "version", "==", 0),  # created with the assignment
     )
-    assert assign.ops == (Put(keys.assignment_key("1", "/ns/x"), None), Delete(marker_key))
+    record = {"epoch": 0, "owner": "1", "followers": ["2"], "in_sync": [], "epochs": []}
+    assert assign.ops == (
+        Put(keys.assignment_key("1", "/ns/x"), None),
+        Delete(marker_key),
+        Put(replicas_key("/ns/x"), record),
+    )
 
 
 def test_an_assign_decided_before_a_drain_landed_is_refused() -> None:

@@ -135,6 +135,10 @@ class LoadManagerConfig:
     retry_ms: int = 2_000
     """Ours, not read from YAML: how long a transaction may take to show in the watch before
     its decision is made again (a transaction that failed leaves no trace in the watch)."""
+    replication_factor: int | None = None
+    """Ours (`cluster.replication_factor`, spec/replication.md; not read from YAML yet):
+    replicas of each topic, the owner included. None: 2 when at least two brokers are active,
+    else 1. Always capped by the active brokers (`danube.machines.cluster.replicas`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.assignment_strategy, Strategy):
@@ -145,6 +149,11 @@ class LoadManagerConfig:
                 raise ConfigError(
                     f"load_manager.{name}: expected an integer >= {minimum}, got {value!r}"
                 )
+        factor = self.replication_factor
+        if factor is not None and (not _is_int(factor) or factor < 1):
+            raise ConfigError(
+                f"cluster.replication_factor: expected an integer >= 1, got {factor!r}"
+            )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> LoadManagerConfig:

@@ -1,6 +1,6 @@
-"""The load manager's decisions (`Assign`, `Move`, `FailOver`, `Release`, `MarkDrained`)
-as what they are for the store: one `danube.effects.StoreTxn` each, carried out by the
-store port of the broker (`danube.runtime.load_manager`) or of the simulator
+"""The load manager's decisions (`Assign`, `Move`, `FailOver`, `Release`, `MarkDrained`,
+`SetFollowers`) as what they are for the store: one `danube.effects.StoreTxn` each, carried
+out by the store port of the broker (`danube.runtime.load_manager`) or of the simulator
 (`sim.cluster_node`). A decision's outcome is not reported to the machine: one that took
 effect shows in the watch, one that did not is made again while it is still due."""
 
@@ -20,6 +20,8 @@ def describe(decision: lm.Txn) -> str:
         return f"{decision.topic} from {decision.broker}"
     if isinstance(decision, lm.MarkDrained):
         return f"broker {decision.broker} drained"
+    if isinstance(decision, lm.SetFollowers):
+        return f"{decision.topic} followers {','.join(decision.followers) or 'none'}"
     return f"{decision.topic} from {decision.from_broker}"
 
 

@@ -7,6 +7,9 @@ topics (Danube's threshold and round-robin rule over the configured ranking), mo
 at a time off overloaded brokers when the coefficient of variation of the scores says the
 cluster is uneven, and fails over every assignment of a past incarnation of a broker (its
 registration lease expired, or it registered again since the assignment was written).
+It also keeps each topic's replica set (issue 27, `danube.machines.cluster.replicas`): an
+`Assign` creates it with followers placed by load, `SetFollowers` replaces a gone follower,
+and a failed-over topic with an in-sync set recorded goes only to an active in-sync member.
 Each decision is one `MetaTxn`-like effect (`Assign`, `Move`, `FailOver`, `Release`): compares
 plus operations the driver runs as one transaction. The outcome is not reported back: it shows
 in the watch like any other change, and a decision that did not show in time is made again.
@@ -46,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from danube import keys
-from danube.machines.cluster import records
+from danube.machines.cluster import records, replicas
 from danube.machines.cluster.load_manager_effects import Assign as Assign
 from danube.machines.cluster.load_manager_effects import Effect as Effect
 from danube.machines.cluster.load_manager_effects import FailOver as FailOver
@@ -56,6 +59,7 @@ from danube.machines.cluster.load_manager_effects import Move as Move
 from danube.machines.cluster.load_manager_effects import Proposal as Proposal
 from danube.machines.cluster.load_manager_effects import Release as Release
 from danube.machines.cluster.load_manager_effects import ScheduleTick as ScheduleTick
+from danube.machines.cluster.load_manager_effects import SetFollowers as SetFollowers
 from danube.machines.cluster.load_manager_effects import Txn as Txn
 from danube.machines.cluster.ranking import (
     BrokerLoad,
@@ -152,6 +156,7 @@ class LoadManager:
         self._failing: dict[tuple[str, str], int] = {}
         """(broker, topic) of every assignment of a past incarnation → when to (re)send its
         `FailOver`."""
+        self._replicas = replicas.ReplicaView()
         self._last_chosen: str | None = None
         self._moves: deque[int] = deque()
         """When each move of the last hour was made."""
@@ -176,6 +181,7 @@ class LoadManager:
             pending.stalled = None
         for key in self._failing:
             self._failing[key] = now
+        self._replicas.wake(now)
         self._drain_due.clear()
         cfg = self.config.rebalancing
         if cfg is not None and cfg.enabled:
@@ -221,7 +227,7 @@ class LoadManager:
         """Routes one event of the watch on `keys.CLUSTER_PREFIX` to the input it stands for;
         keys the load manager does not read are ignored."""
         problem = self._apply(event.kind == "put", event.key, event.value, event.mod_revision, now)
-        effects: list[Effect] = [Log("load_report_rejected", problem)] if problem else []
+        effects: list[Effect] = [problem] if problem else []
         effects += self._react(now)
         return effects if self.leading else []
 
@@ -240,11 +246,12 @@ class LoadManager:
         self._expected.clear()
         self._loads.clear()
         self._failing.clear()
+        self._replicas.clear()
         problems = []
         for kv in sorted(snapshot, key=lambda kv: kv.key):
             problem = self._apply(True, kv.key, kv.value, kv.mod_revision, now)
             if problem:
-                problems.append(Log("load_report_rejected", problem))
+                problems.append(problem)
         for (broker, topic), owned in previous.items():
             current = self._owned.get(broker, {}).get(topic)
             if current is not None and current.revision == owned.revision:
@@ -294,8 +301,8 @@ class LoadManager:
 
     # -- view updates ----------------------------------------------------------------------
 
-    def _apply(self, put: bool, key: str, value: Any, revision: int, now: int) -> str | None:
-        """Applies one key's change to the view; returns why a load report was refused."""
+    def _apply(self, put: bool, key: str, value: Any, revision: int, now: int) -> Log | None:
+        """Applies one key's change to the view; returns why a value was refused."""
         if (broker := keys.parse_register_key(key)) is not None:
             if put:
                 self._register(broker, revision, now)
@@ -312,13 +319,17 @@ class LoadManager:
                 self._set_report(broker, LoadReport.from_json(value) if put else None)
             except ValueError as error:
                 # The last good report stays: a broker that cannot be read is not idle.
-                return f"{key}: {error}"
+                return Log("load_report_rejected", f"{key}: {error}")
+        elif (topic := keys.parse_replicas_key(key)) is not None:
+            problem = self._replicas.set(topic, value if put else replicas.GONE, revision, now)
+            return Log("replicas_rejected", problem) if problem else None
         return None
 
     def _register(self, broker: str, revision: int, now: int) -> None:
         self._registered[broker] = revision
         for topic in list(self._owned.get(broker, {})):
             self._check_owner(broker, topic, now)
+        self._replicas.touch_all(now)
 
     def _unregister(self, broker: str, now: int) -> None:
         self._registered.pop(broker, None)
@@ -326,6 +337,7 @@ class LoadManager:
         self._set_report(broker, None)
         for topic in list(self._owned.get(broker, {})):
             self._check_owner(broker, topic, now)
+        self._replicas.touch_all(now)
 
     def _check_owner(self, broker: str, topic: str, now: int) -> None:
         """Fails the assignment over if it belongs to a past incarnation of its broker: the
@@ -360,6 +372,7 @@ class LoadManager:
         old = self._pending.pop(topic, None)
         if old is not None:
             self._expect(topic, old, add=False)
+        self._replicas.due[topic] = now  # followers wait while a topic is unassigned
         if marker is not None:
             pending = _Pending(marker, revision, now)
             self._pending[topic] = pending
@@ -380,6 +393,7 @@ class LoadManager:
             owners[broker] = owned
             self._owned.setdefault(broker, {})[topic] = owned
         self._check_owner(broker, topic, now)
+        self._replicas.due[topic] = now
         if not owners:
             del self._owners[topic]
         if broker in self._owned and not self._owned[broker]:
@@ -406,6 +420,7 @@ class LoadManager:
         if not self.leading:
             return []
         effects = [*self._failovers(now), *self._assignments(now), *self._drains(now)]
+        effects += self._refollows(now)
         if unix_s is not None:
             effects += self._rebalance(now, unix_s)
         return [*effects, *self._schedule(now)]
@@ -481,7 +496,12 @@ class LoadManager:
                 # fail-over or an unload in progress), as its writer must delete it.
                 effects += self._stall(topic, pending, f"still assigned to {min(owners)}")
                 continue
-            broker = self._choose(marker)
+            candidates = self._promotable(topic, marker)
+            if candidates is not None and not candidates:
+                why = self._replicas.unavailable(topic)
+                effects += self._stall(topic, pending, why, "topic_unavailable")
+                continue
+            broker = self._choose(marker, candidates)
             if broker is None:
                 effects += self._stall(topic, pending, "no active broker")
                 continue
@@ -495,11 +515,13 @@ class LoadManager:
         registered = self._registered.get(pending.marker.from_broker or "")
         return registered is None or registered > pending.revision
 
-    def _stall(self, topic: str, pending: _Pending, why: str) -> list[Effect]:
+    def _stall(
+        self, topic: str, pending: _Pending, why: str, event: str = "assignment_waiting"
+    ) -> list[Effect]:
         if pending.stalled == why:
             return []
         pending.stalled = why
-        return [Log("assignment_waiting", f"{topic}: {why}")]
+        return [Log(event, f"{topic}: {why}")]
 
     def _release(self, topic: str, pending: _Pending, now: int) -> Release:
         """A deleted topic's marker stays a delete marker, only ready: released as null, the
@@ -564,6 +586,10 @@ class LoadManager:
             if broker in self._state_revisions
             else Compare(state, "version", "==", 0)
         )
+        # The replica set: created with its first followers, or required as the choice saw it.
+        seen = self._replicas.seen.get(topic)
+        followers = () if seen is not None else self._place(topic, broker, ())
+        record, record_ops = replicas.at_assignment(topic, broker, seen, followers)
         return Assign(
             topic,
             broker,
@@ -573,15 +599,19 @@ class LoadManager:
                 Compare(marker_key, "mod_revision", "==", pending.revision),
                 registered,
                 seen_mode,
+                record,
             ),
-            (Put(keys.assignment_key(broker, topic), None), Delete(marker_key)),
+            (Put(keys.assignment_key(broker, topic), None), Delete(marker_key), *record_ops),
         )
 
-    def _choose(self, marker: Marker) -> str | None:
-        """Danube's choice of broker for a marker, among active brokers only."""
+    def _choose(self, marker: Marker, candidates: frozenset[str] | None = None) -> str | None:
+        """Danube's choice of broker for a marker, among active brokers only; a failover with
+        an in-sync set recorded takes the least loaded of its `candidates`."""
         broker_scores = self._scores()
         if not broker_scores:
             return None
+        if candidates is not None:
+            return next((b for b, _ in ranking(broker_scores) if b in candidates), None)
         if marker.reason is MarkerReason.REBALANCE and marker.to_broker in broker_scores:
             return marker.to_broker
         ranked = ranking(broker_scores)
@@ -597,6 +627,50 @@ class LoadManager:
         after = [b for b in candidates if last is not None and b > last]
         self._last_chosen = after[0] if after else candidates[0]
         return self._last_chosen
+
+    # -- replica sets (spec/replication.md) ---------------------------------------------------
+
+    def _replication_factor(self, topic: str, active: int) -> int:
+        """The hook for a namespace's or topic's own factor (spec/replication.md); none is
+        read yet: every topic has the configured one."""
+        del topic
+        return replicas.replication_factor(self.config.replication_factor, active)
+
+    def _place(self, topic: str, owner: str, current: tuple[str, ...]) -> tuple[str, ...]:
+        """Followers for `topic` on `owner`: the live ones kept, the rest among the active
+        brokers (`ReplicaView.ranked`)."""
+        scored = self._scores()
+        factor = self._replication_factor(topic, len(scored))
+        ranked = self._replicas.ranked(scored)
+        return replicas.place_followers(owner, current, self._registered, factor, ranked)
+
+    def _promotable(self, topic: str, marker: Marker) -> frozenset[str] | None:
+        """Who may get a topic: its owner was lost (a null marker: a failover, or an unload
+        whose broker died) and its record has an in-sync set, which alone holds every
+        acknowledged record: its active members; else anyone (None)."""
+        failover = marker.reason is MarkerReason.NEW
+        return self._replicas.promotable(topic, failover, self._active())
+
+    def _refollows(self, now: int) -> list[Effect]:
+        """Topics whose followers are gone, include their owner, or are too few: one fenced
+        `SetFollowers` each. Only assigned topics (not moving, not failing over)."""
+        effects: list[Effect] = []
+        for topic, due in sorted(self._replicas.due.items()):
+            if due > now:
+                continue
+            owners, seen = self._owners.get(topic, {}), self._replicas.seen.get(topic)
+            decision = None
+            if len(owners) == 1 and topic not in self._pending and seen and seen[0]:
+                (owner,) = owners
+                if (owner, topic) not in self._failing:
+                    followers = self._place(topic, owner, seen[0].followers)
+                    decision = replicas.refollow(topic, seen, followers, self._leader_compare)
+            if decision is None:
+                del self._replicas.due[topic]
+            else:
+                self._replicas.due[topic] = now + self._retry_ns
+                effects.append(decision)
+        return effects
 
     # -- rebalancing -------------------------------------------------------------------------
 
@@ -701,6 +775,7 @@ class LoadManager:
         times = [p.due for p in self._pending.values() if p.due > now]
         times += [due for due in self._failing.values() if due > now]
         times += [due for due in self._drain_due.values() if due > now]
+        times += [due for due in self._replicas.due.values() if due > now]
         cfg = self.config.rebalancing
         if cfg is not None:
             gate = self._gate(cfg, now)

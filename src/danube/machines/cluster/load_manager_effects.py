@@ -14,7 +14,10 @@ from danube.metadata.model import Compare, Op
 
 @dataclass(frozen=True, slots=True)
 class Assign:
-    """Give `topic` to `broker`: put its assignment key, delete the unassigned marker."""
+    """Give `topic` to `broker`: put its assignment key, delete the unassigned marker, and
+    create the topic's replica set (`danube.machines.cluster.replicas`) if it has none, or
+    require it unchanged since the decision (a failover's choice among its in-sync members
+    must not survive a shrink)."""
 
     topic: str
     broker: str
@@ -85,7 +88,19 @@ class MarkDrained:
     ops: tuple[Op, ...]
 
 
-Txn = Assign | Move | FailOver | Release | MarkDrained
+@dataclass(frozen=True, slots=True)
+class SetFollowers:
+    """Rewrite the followers of `topic`'s replica set (one gone, the owner among them after
+    a promotion, or too few for the replication factor), comparing the record's
+    `mod_revision`; its other fields stay as the owner wrote them."""
+
+    topic: str
+    followers: tuple[str, ...]
+    compares: tuple[Compare, ...]
+    ops: tuple[Op, ...]
+
+
+Txn = Assign | Move | FailOver | Release | MarkDrained | SetFollowers
 """Run `compares` and `ops` as one transaction; its outcome needs no report."""
 Effect = Txn | ScheduleTick | Log
 
