@@ -205,6 +205,8 @@ class TopicScan:
     """The durable end the checkpoint marks, None without a checkpoint."""
     loss_accepted_at: int | None
     """The offset of an operator's `accept-loss` file, None without one."""
+    epochs: EpochHistory | None = None
+    """The replication epochs recorded in the directory (`WriteEpochs`), None without."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +230,26 @@ class TruncateTopicFile:
     topic: str
     segment_base: int
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class EpochHistory:
+    """A replica's epochs (spec/replication.md, "Reconciliation"): the highest epoch it has
+    seen (a deposed owner's frames are refused after a crash too) and where each epoch's
+    records start in its log, `(epoch, first offset)`, epochs increasing."""
+
+    seen: int
+    starts: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WriteEpochs:
+    """Replace the topic's epochs file with `history`, durably (temporary file, fsync,
+    rename, fsync of the directory) before answering None: later answers to the owner and
+    appends rely on it."""
+
+    topic: str
+    history: EpochHistory
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +309,7 @@ IoEffect: TypeAlias = (
     | RecoverTopic
     | TruncateTopicFile
     | MarkDurable
+    | WriteEpochs
     | RemoveTopicFiles
     | CloseTopicFiles
     | Sleep

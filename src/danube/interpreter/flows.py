@@ -10,6 +10,7 @@ is classified, how an unknown index commit is resolved.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from danube.effects import (
     RemoveTopicFiles,
     ScanTopic,
     Sleep,
+    StoreRead,
     StoreTxn,
     TopicScan,
     TruncateTopicFile,
@@ -34,6 +36,10 @@ from danube.effects import (
 )
 from danube.effects.flow import Flow
 from danube.interpreter.requests import FilesIdle
+from danube.keys import owner_key, replicas_key
+from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
+from danube.machines.node.replica_owner import ReplicaConfig
+from danube.machines.replication.messages import ProposeInSync
 from danube.machines.tiering import (
     CommitIndex,
     ObjectRead,
@@ -45,7 +51,8 @@ from danube.machines.tiering import (
 )
 from danube.machines.wal import recovery
 from danube.machines.wal.format import WalFormatError
-from danube.machines.wal.machine import FileRead, decode_file_read
+from danube.machines.wal.machine import FileRead, decode_file_read, frames_of_file_read
+from danube.metadata.model import Compare, KeyValue, Put
 
 OBJECT_READ_BACKOFF = Backoff(first_ms=200, cap_ms=5_000, attempts=None)
 """The decided policy for history reads from the object store (spec/effects.md): a store
@@ -104,7 +111,20 @@ def recover(
         clear_loss_accepted=scan.loss_accepted_at is not None,
         now_ms=now_ms(),
     )
-    return plan
+    return dataclasses.replace(plan, epochs=scan.epochs)
+
+
+def cut(topic: str, end: int, now_ms: Callable[[], int]) -> Flow[recovery.RecoveryPlan]:
+    """A follower's log cut to offsets < `end` (reconciliation by epoch): once the file
+    effects under way are done, the segments past `end` go, the one holding it is cut at its
+    frame and the checkpoint is forgotten (`recovery.plan_cut`); then the directory is
+    recovered as at a load, which marks the new end."""
+    yield FilesIdle(topic)
+    scan: TopicScan = yield ScanTopic(topic)
+    actions = recovery.plan_cut(topic, list(scan.segments), end)
+    if actions:
+        yield RecoverTopic(topic, actions, None, clear_loss_accepted=False, now_ms=now_ms())
+    return (yield from recover(topic, lambda: (0, 0), now_ms=now_ms))
 
 
 # -- reads -----------------------------------------------------------------------------------
@@ -261,3 +281,60 @@ def metadata_write(txn: StoreTxn) -> Flow[str | None]:
 
 def sleep(ms: int) -> Flow[None]:
     yield Sleep(ms)
+
+
+# -- replication (spec/replication.md) ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FramesOutcome:
+    """A resend read: the raw frames of offsets [from, `end`), or why not."""
+
+    frames: bytes = b""
+    end: int = 0
+    failure: str | None = None
+
+
+def read_frames(topic: str, plan: FileRead) -> Flow[FramesOutcome]:
+    """Raw frames for a follower behind the owner's window, from a segment file, verified."""
+    try:
+        data = yield ReadTopicFile(topic, plan.segment_base, plan.start, plan.end)
+        frames, end = yield Work(lambda: frames_of_file_read(plan, data))
+    except (OSError, ValueError) as error:  # WalFormatError is a ValueError
+        return FramesOutcome(failure=f"reading segment {plan.segment_base} of {topic}: {error}")
+    return FramesOutcome(frames, end)
+
+
+def propose_in_sync(proposal: ProposeInSync) -> Flow[ReplicaConfig | None]:
+    """An owner's change of the topic's in-sync set: written only while the owner's claim
+    is the one of `proposal.epoch` and the value is at `proposal.expected_version` (a
+    deposed owner, or one that read an older value, changes nothing); then read back, since
+    the answer may be lost, and the read-back (None: no value) is what the core adopts."""
+    key = replicas_key(proposal.topic)
+    found = yield StoreRead(key)
+    current = _replica_set(found)
+    if (
+        found is not None
+        and current is not None
+        and (found.mod_revision == proposal.expected_version)
+    ):
+        changed = dataclasses.replace(current, in_sync=tuple(proposal.in_sync))
+        compares = (
+            Compare(owner_key(proposal.topic), "mod_revision", "==", proposal.epoch),
+            Compare(key, "mod_revision", "==", proposal.expected_version),
+        )
+        yield StoreTxn(compares, (Put(key, changed.to_json()),), purpose="replicas in-sync")
+        found = yield StoreRead(key)
+        current = _replica_set(found)
+    if found is None or current is None:
+        return None
+    return ReplicaConfig(current.epoch, current.followers, current.in_sync, found.mod_revision)
+
+
+def _replica_set(found: KeyValue | None) -> ReplicaSet | None:
+    if found is None:
+        return None
+    try:
+        return ReplicaSet.from_json(found.value)
+    except ReplicaSetError:
+        return None

@@ -29,15 +29,18 @@ from danube.effects import (
     StoreTxn,
     TopicFile,
     TxnAnswer,
+    WriteEpochs,
 )
 from danube.effects.flow import Finished, Flow, step
 from danube.interpreter import flows
 from danube.interpreter.host import Host
+from danube.interpreter.replication import REPLICA_EFFECTS, Replication
 from danube.interpreter.requests import Exclusive, FilesIdle
 from danube.interpreter.waiters import MetadataLane, Publishes
 from danube.machines.dispatch import ConsumerReady
 from danube.machines.node.core import (
     BrokerCore,
+    CutWal,
     DropWal,
     EndStream,
     LoadWal,
@@ -48,6 +51,7 @@ from danube.machines.node.core import (
     ReadWal,
     RepairWal,
     RetentionSkipped,
+    SaveEpochs,
     TierHalted,
     TierIo,
     TopicStopped,
@@ -115,6 +119,8 @@ class Interpreter:
         self._all_loaded: list[Callable[[], None]] = []
         self._jobs: deque[Callable[[], None]] = deque()
         self._running = False
+        self.replication = Replication(self)
+        """The owner's replication: effects out, followers' answers in."""
 
     # -- the port's calls ----------------------------------------------------------------------
 
@@ -333,6 +339,12 @@ class Interpreter:
                     reason=effect.reason,
                     resumable=effect.resumable,
                 )
+            elif isinstance(effect, SaveEpochs):
+                self._submit_files(effect.topic, (effect,))
+            elif isinstance(effect, CutWal):
+                self._load(effect)
+            elif isinstance(effect, REPLICA_EFFECTS):
+                self.replication.carry(effect)
             elif isinstance(effect, RetentionSkipped):
                 host.event(
                     "retention_skipped",
@@ -375,7 +387,7 @@ class Interpreter:
     def _submit_files(self, topic: str, effects: Iterable[Any]) -> None:
         lane = self._lane(topic)
         for effect in effects:
-            if not isinstance(effect, FILE_EFFECTS):
+            if not isinstance(effect, (*FILE_EFFECTS, SaveEpochs)):
                 raise AssertionError(f"the core passes only file effects, not {effect!r}")
             lane.queue.append(effect)
         self._next_file(topic, lane)
@@ -386,6 +398,9 @@ class Interpreter:
         effect = lane.queue.popleft()
         lane.busy = True
         epoch = lane.epoch
+        if isinstance(effect, SaveEpochs):
+            self._save_epochs(topic, lane, effect)
+            return
 
         def done(_value: Any, error: BaseException | None) -> None:
             lane.busy = False
@@ -408,6 +423,25 @@ class Interpreter:
                 self._next_file(topic, lane)
 
         self._perform(TopicFile(topic, effect, lane.sync), done)
+
+    def _save_epochs(self, topic: str, lane: _Files, effect: SaveEpochs) -> None:
+        """A replica's epochs file, in its place among the topic's file effects."""
+        epoch = lane.epoch
+
+        def done(_value: Any, error: BaseException | None) -> None:
+            lane.busy = False
+            if lane.epoch == epoch and not self.closed:
+                if error is None:
+                    self._apply(self.core.epochs_saved(topic).effects)
+                else:  # the answers waiting for it stay held: the owner shrinks this replica
+                    self.host.event("epochs_write_failed", topic=topic, error=str(error))
+            if not lane.busy:
+                idle, lane.idle = lane.idle, []
+                for resume in idle:
+                    resume()
+                self._next_file(topic, lane)
+
+        self._perform(WriteEpochs(topic, effect.history), done)
 
     def _perform(self, request: Any, finish: Finish) -> None:
         """Performs one request and finishes with its error (None when it succeeded), as
@@ -467,9 +501,14 @@ class Interpreter:
 
     # -- loads, repairs, drops ---------------------------------------------------------------------
 
-    def _load(self, effect: LoadWal | RepairWal) -> None:
+    def _load(self, effect: LoadWal | RepairWal | CutWal) -> None:
         topic = effect.topic
         lane = self._lane(topic)
+        if isinstance(effect, CutWal):
+            self._loading.setdefault(topic, [])
+            cut = flows.cut(topic, effect.end, self.host.now_ms)
+            self._run(self._exclusive(topic, cut), self._load_done(topic, lane, effect))
+            return
         if isinstance(effect, RepairWal):
             lane.queue.clear()  # the effects not started are discarded (spec/durability.md)
             repair: tuple[int, int] | None = (effect.segment_base, effect.truncate_to)
@@ -486,15 +525,20 @@ class Interpreter:
             now_ms=self.host.now_ms,
         )
 
+        self._run(self._exclusive(topic, flow), self._load_done(topic, lane, effect, fresh))
+
+    def _load_done(
+        self, topic: str, lane: _Files, effect: Any, fresh: bool = False
+    ) -> Callable[[RecoveryPlan | None, BaseException | None], None]:
         def loaded(plan: RecoveryPlan | None, error: BaseException | None) -> None:
             try:
                 if not self.closed:
                     self._loaded(topic, lane, plan, error, fresh=fresh)
             finally:
-                if isinstance(effect, LoadWal):
+                if isinstance(effect, (LoadWal, CutWal)):
                     self._load_finished(topic)
 
-        self._run(self._exclusive(topic, flow), loaded)
+        return loaded
 
     @staticmethod
     def _exclusive(topic: str, flow: Flow[Any]) -> Flow[Any]:

@@ -45,6 +45,7 @@ from danube.effects import (
     TopicFile,
     TruncateTopicFile,
     Work,
+    WriteEpochs,
 )
 from danube.interpreter.host import Done
 from danube.machines.tiering import UploadError
@@ -71,6 +72,7 @@ TOPIC_EFFECTS = (
     RecoverTopic,
     TruncateTopicFile,
     MarkDurable,
+    WriteEpochs,
     RemoveTopicFiles,
     CloseTopicFiles,
 )
@@ -286,6 +288,10 @@ class ProductionPort:
             return await trio.to_thread.run_sync(
                 files.read_bytes, effect.segment_base, effect.start, effect.end
             )
+        if isinstance(effect, WriteEpochs):
+            files = self._topic_files(effect.topic)
+            await trio.to_thread.run_sync(files.write_epochs, effect.history)
+            return None
         if isinstance(effect, MarkDurable):
             files = self._topic_files(effect.topic)
             await trio.to_thread.run_sync(

@@ -11,6 +11,7 @@ machines; blocking calls run in worker threads.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import shutil
@@ -20,7 +21,7 @@ from typing import Any
 
 import trio
 
-from danube.effects import TopicScan
+from danube.effects import EpochHistory, TopicScan
 from danube.machines.wal import checkpoint as ck
 from danube.machines.wal import format
 from danube.machines.wal.machine import (
@@ -35,6 +36,7 @@ from danube.machines.wal.machine import (
 )
 from danube.machines.wal.recovery import (
     LOSS_ACCEPTED_NAME,
+    ForgetCheckpoint,
     PlaceSegment,
     RecoveryEvidence,
     RecoveryPlan,
@@ -48,6 +50,9 @@ from danube.runtime.metrics import WalMetrics
 FILE_EFFECTS = (CreateSegment, Write, Fsync, CloseSegment, DeleteSegment)
 
 log = logging.getLogger("danube.wal")
+
+EPOCHS_NAME = "epochs"
+"""A replica's epochs file in the topic's WAL directory (`danube.effects.WriteEpochs`)."""
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -130,6 +135,7 @@ class SegmentFiles:
             scans,
             None if self._mark is None else self._mark.durable_end,
             self._read_loss_accepted(),
+            self._read_epochs(),
         )
 
     def carry_out(
@@ -147,6 +153,8 @@ class SegmentFiles:
             if isinstance(action, PlaceSegment):
                 header = format.encode_segment_header(topic, action.segment_base, now_ms)
                 os.close(self._create(CreateSegment(action.segment_base, header)))
+            elif isinstance(action, ForgetCheckpoint):
+                self.forget_checkpoint()
             else:
                 self._recovery_action(action)
         if mark is not None:
@@ -157,6 +165,44 @@ class SegmentFiles:
                 self.directory, 0 if mark is None else mark,
             )  # fmt: skip
             self._remove_loss_accepted()
+
+    def _read_epochs(self) -> EpochHistory | None:
+        """The replication epochs file (`write_epochs`); None without one. It is replaced
+        whole by a rename, so it is either the old or the new history, never torn; a file
+        that does not parse (edited by hand) reads as none."""
+        try:
+            value = json.loads((self.directory / EPOCHS_NAME).read_text())
+            starts = tuple((int(e), int(s)) for e, s in value["starts"])
+            return EpochHistory(int(value["seen"]), starts)
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):
+            log.warning("event=wal_epochs_unreadable directory=%s", self.directory)
+            return None
+
+    def write_epochs(self, history: EpochHistory) -> None:
+        """Replaces the epochs file durably (temporary file, fsync, rename, directory fsync).
+        Blocking."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"seen": history.seen, "starts": [list(p) for p in history.starts]})
+        temporary = self.directory / (EPOCHS_NAME + ".tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, text.encode(), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, self.directory / EPOCHS_NAME)
+        _fsync_directory(self.directory)
+
+    def forget_checkpoint(self) -> None:
+        """Deletes the checkpoint file (a follower's log was cut below its mark). Blocking."""
+        if self._mark_fd is not None:
+            os.close(self._mark_fd)
+            self._mark_fd = None
+        self._mark = None
+        (self.directory / ck.CHECKPOINT_NAME).unlink(missing_ok=True)
+        _fsync_directory(self.directory)
 
     def _read_checkpoint(self) -> ck.Checkpoint | None:
         try:

@@ -32,13 +32,16 @@ from danube.effects import (
     TruncateTopicFile,
     TxnAnswer,
     Work,
+    WriteEpochs,
     apply_ops,
     compares_hold,
 )
 from danube.interpreter.host import Done
+from danube.machines.node.effects import AskEpochEnd, ReplicaAnswer, ReplicaSend
 from danube.machines.wal import format
 from danube.machines.wal.machine import CloseSegment, CreateSegment, DeleteSegment, Fsync, Write
 from danube.machines.wal.recovery import (
+    ForgetCheckpoint,
     PlaceSegment,
     SyncSegment,
     TruncateSegment,
@@ -82,6 +85,17 @@ class MemoryPort:
     (an upload still under way): `release` performs them later."""
     held: list[tuple[Any, Done]] = field(default_factory=list)
     sleeps: int = 0
+    epochs: dict[str, Any] = field(default_factory=dict)
+    """Each topic's epochs file (`WriteEpochs`)."""
+    sent: list[Any] = field(default_factory=list)
+    """Replication sends and answers, in the order they were queued on their streams (when
+    no `network` carries them)."""
+    store: Any = None
+    """An `InstantStore` (revisions, etcd's compares) answering the store effects instead
+    of `metadata`, when a test needs revisions (fencing on a claim's revision)."""
+    network: Any = None
+    """A `danube.testing.replication.ReplicaNetwork` carrying this broker's replication."""
+    broker_id: str = ""
 
     # -- Host ------------------------------------------------------------------------------------
 
@@ -131,6 +145,8 @@ class MemoryPort:
     # -- the effects -----------------------------------------------------------------------------
 
     def answer(self, effect: Any) -> Any:
+        if self.store is not None and isinstance(effect, (StoreRead, StoreList, StoreTxn)):
+            return self.store.perform(effect)
         if isinstance(effect, TopicFile):
             self._file(effect.topic, effect.effect)
             return None
@@ -160,8 +176,12 @@ class MemoryPort:
         if isinstance(effect, TruncateTopicFile):
             del self.files[effect.topic][effect.segment_base][effect.size :]
             return None
+        if isinstance(effect, WriteEpochs):
+            self.epochs[effect.topic] = effect.history
+            return None
         if isinstance(effect, RemoveTopicFiles):
             self.files.pop(effect.topic, None)
+            self.epochs.pop(effect.topic, None)
             self.checkpoints.pop(effect.topic, None)
             self.loss_accepted.pop(effect.topic, None)
             return None
@@ -180,6 +200,16 @@ class MemoryPort:
         if isinstance(effect, ObjectDelete):
             self.objects.pop(effect.key, None)
             return None
+        if isinstance(effect, (ReplicaSend, ReplicaAnswer)):
+            if self.network is not None:
+                self.network.send(self.broker_id, effect)
+            else:
+                self.sent.append(effect)
+            return None
+        if isinstance(effect, AskEpochEnd):
+            if self.network is None:
+                raise ConnectionError("no replication network")
+            return self.network.ask(self.broker_id, effect)
         if isinstance(effect, StoreRead):
             return self._read(effect.key)
         if isinstance(effect, StoreList):
@@ -217,7 +247,12 @@ class MemoryPort:
                 scans.append((base, format.scan_segment(bytes(data))))
             except format.WalFormatError as error:
                 scans.append((base, UnreadableSegment(len(data), str(error))))
-        return TopicScan(tuple(scans), self.checkpoints.get(topic), self.loss_accepted.get(topic))
+        return TopicScan(
+            tuple(scans),
+            self.checkpoints.get(topic),
+            self.loss_accepted.get(topic),
+            self.epochs.get(topic),
+        )
 
     def _recover(self, effect: RecoverTopic) -> None:
         segments = self.files.setdefault(effect.topic, {})
@@ -231,6 +266,8 @@ class MemoryPort:
                 del segments[action.segment_base][action.size :]
             elif isinstance(action, DeleteSegment):
                 segments.pop(action.segment_base, None)
+            elif isinstance(action, ForgetCheckpoint):
+                self.checkpoints.pop(effect.topic, None)
             else:
                 assert isinstance(action, SyncSegment), action
         if effect.mark is not None:

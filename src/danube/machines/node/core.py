@@ -32,8 +32,10 @@ from danube.machines.dispatch import LATEST, QueueLimits, StartPosition, Subscri
 from danube.machines.node.catalogue import Catalogue, policies_to_json
 from danube.machines.node.consumers import Consumers
 from danube.machines.node.effects import (
+    AskEpochEnd,
     BatchPublished,
     BrokerIdentity,
+    CutWal,
     DropWal,
     Effect,
     EndStream,
@@ -44,7 +46,12 @@ from danube.machines.node.effects import (
     ReadObject,
     ReadWal,
     RepairWal,
+    ReplicaAnswer,
+    ReplicaPropose,
+    ReplicaRead,
+    ReplicaSend,
     RetentionSkipped,
+    SaveEpochs,
     Step,
     TierHalted,
     TierIo,
@@ -63,9 +70,12 @@ from danube.machines.node.records import (
     TopicRecord,
 )
 from danube.machines.node.reliable_log import READ_MAX_BYTES, ReliableLogs
+from danube.machines.node.replica_follower import FollowerReplicas
+from danube.machines.node.replica_owner import ReplicaConfig, ReplicationSettings
 from danube.machines.node.restore import Restorer
 from danube.machines.node.settings import SubscriptionFailureSettings
 from danube.machines.node.subscription_settings import SubscriptionSettingsAdmin
+from danube.machines.replication import messages as rm
 from danube.machines.tiering import uploader as tier
 from danube.machines.wal import batches
 from danube.machines.wal import machine as wal
@@ -78,10 +88,12 @@ __all__ = [
     "MAX_QUEUED_WAL_BYTES",
     "PUBLISH_BURST_US",
     "READ_MAX_BYTES",
+    "AskEpochEnd",
     "BatchPublished",
     "BrokerCore",
     "BrokerIdentity",
     "ConsumerRecord",
+    "CutWal",
     "DropWal",
     "Effect",
     "EndStream",
@@ -93,7 +105,14 @@ __all__ = [
     "ReadObject",
     "ReadWal",
     "RepairWal",
+    "ReplicaAnswer",
+    "ReplicaConfig",
+    "ReplicaPropose",
+    "ReplicaRead",
+    "ReplicaSend",
+    "ReplicationSettings",
     "RetentionSkipped",
+    "SaveEpochs",
     "Step",
     "SubscriptionRecord",
     "TierHalted",
@@ -126,6 +145,7 @@ class BrokerCore:
         uploads: tier.UploaderConfig | None = None,
         durability: TopicDurability = _DEFAULT_DURABILITY,
         clustered: bool = False,
+        replication: ReplicationSettings | None = None,
     ) -> None:
         """`routing_key_of` extracts a stored record's Key-Shared routing key (its routing
         key, else its producer's name); only the driver knows the record encoding.
@@ -152,6 +172,7 @@ class BrokerCore:
             uploads=uploads,
             routing_key_of=routing_key_of,
             clustered=clustered,
+            replication=replication,
         )
         self.producers = Producers(
             self.catalogue,
@@ -174,6 +195,8 @@ class BrokerCore:
         self.restorer = Restorer(self.catalogue, self.producers, self.consumers)
         self.lifecycle = Lifecycle(self.catalogue, self.producers, self.consumers, self.logs)
         self.tier = ObjectTier(self.catalogue, self.logs, rng)
+        self.followers = FollowerReplicas(wal_config)
+        """The topics other brokers own and replicate here."""
 
     # -- the machines' state, for white-box tests and the simulator's views -------------------
 
@@ -216,7 +239,13 @@ class BrokerCore:
         directory an earlier ownership left here: another broker has written the topic since,
         so the history continues from the object index and the old directory holds nothing
         that is still the topic's."""
-        return self.restorer.adopt(entries, keep_local=keep_local, epoch=epoch)
+        step = self.restorer.adopt(entries, keep_local=keep_local, epoch=epoch)
+        released: list[Effect] = []
+        for effect in step.effects:
+            if isinstance(effect, LoadWal) and self.followers.serves(effect.topic):
+                # promoted here: the replica's log becomes the owner's (its files stay)
+                released.extend(self.followers.release(effect.topic, delete_files=False).effects)
+        return Step(None, (*released, *step.effects)) if released else step
 
     def serves(self, topic: str) -> bool:
         """The topic is loaded here and not on its way out."""
@@ -502,32 +531,44 @@ class BrokerCore:
     def wal_syncs_every_write(self, topic: str) -> bool:
         """Whether the topic's WAL driver must fsync every write before reporting it done
         (`WalConfig.synced_writes`, for every level but `flush`)."""
+        if self.followers.serves(topic):
+            return True
         return self.logs.wal_syncs_every_write(topic)
 
     def recovery_evidence(self, topic: str) -> tuple[int, int]:
         """(acknowledged end, indexed end) of a reliable topic, for WAL recovery
         (`ReliableLogs.recovery_evidence` says why each)."""
+        if self.followers.serves(topic):
+            return 0, 0
         return self.logs.recovery_evidence(topic)
 
     def wal_durable_end(self, topic: str) -> int | None:
         """Every offset of the topic below this is covered by a completed fsync (the WAL
         checkpoint's value); None while the topic has no working WAL."""
+        if self.followers.serves(topic):
+            return self.followers.durable_end(topic)
         return self.logs.wal_durable_end(topic)
 
     def wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
         """The topic's WAL was recovered: at start, or after a repair (a repair rebuilds
         only the subscriptions that read what it cut)."""
+        if self.followers.serves(topic):
+            return self.followers.wal_loaded(topic, plan, now_ms)
         return self.logs.wal_loaded(topic, plan, now_ms=now_ms)
 
     def wal_load_failed(self, topic: str, reason: str) -> Step[None]:
         """Recovery refused the topic's segments (corruption) or the disk failed: the topic
         stops until an operator acts; other topics are not affected."""
+        if self.followers.serves(topic):
+            return self.followers.wal_load_failed(topic, reason)
         return self.logs.wal_load_failed(topic, reason)
 
     def wal_io_done(
         self, topic: str, effect: wal.Effect, error: str | None, *, now_ms: int
     ) -> Step[None]:
         """A file effect of `WalIo` finished (`error` None) or failed."""
+        if self.followers.serves(topic):
+            return self.followers.wal_io_done(topic, effect, error, now_ms)
         return self.logs.wal_io_done(topic, effect, error, now_ms=now_ms)
 
     def wal_read_done(
@@ -556,6 +597,103 @@ class BrokerCore:
     def wal_busy(self) -> bool:
         """Some WAL still has appends or I/O under way (shutdown waits for them)."""
         return self.logs.wal_busy()
+
+    # -- replication, the owner's side (spec/replication.md) -----------------------------------
+
+    def replicas_changed(self, topic: str, config: ReplicaConfig, *, now_ms: int) -> Step[None]:
+        """The topic's replicas value as read (watch, or the read-back after a proposal):
+        replication starts, follows the recorded in-sync set, or stops."""
+        record = self._topics.get(topic)
+        if record is None or record.phase.stopped:
+            return Step(None)
+        if record.wal is None:  # applied once the WAL loads
+            record.log.replica_config = config
+            return Step(None)
+        return Step(None, tuple(self.logs.replicas.configure(record, config, now_ms)))
+
+    def replica_answered(
+        self, follower: str, answer: rm.FollowerAnswer, *, now_ms: int
+    ) -> Step[None]:
+        """A follower's answer on the replication stream."""
+        record = self._topics.get(answer.topic)
+        if record is None or record.wal is None:
+            return Step(None)
+        return Step(None, tuple(self.logs.replicas.answered(record, follower, answer, now_ms)))
+
+    def replica_stream_broke(self, follower: str, *, now_ms: int) -> Step[None]:
+        """The stream to `follower` broke: sends on it may be lost, for every topic."""
+        effects: list[Effect] = []
+        for record in self._topics.values():
+            if record.log.replication is not None and record.wal is not None:
+                effects.extend(self.logs.replicas.broke(record, follower, now_ms))
+        return Step(None, tuple(effects))
+
+    def replica_frames_read(
+        self, read: ReplicaRead, frames: bytes, end: int, *, now_ms: int
+    ) -> Step[None]:
+        """The frames a `ReplicaRead` asked for: offsets [`read.plan.from_offset`, `end`)."""
+        record = self._topics.get(read.topic)
+        if record is None or record.wal is None:
+            return Step(None)
+        from_offset = read.plan.from_offset
+        effects = self.logs.replicas.frames_read(
+            record, read.follower, from_offset, frames, end, now_ms
+        )
+        return Step(None, tuple(effects))
+
+    def replication_state(self, topic: str) -> dict[str, Any] | None:
+        """The owner's view of the topic's replication (admin, metrics, checks): None when
+        the topic does not replicate here."""
+        record = self._topics.get(topic)
+        machine = record.log.replication if record is not None else None
+        if machine is None:
+            return None
+        return {
+            "epoch": machine.epoch,
+            "high_watermark": machine.high_watermark,
+            "durable_end": machine.durable_end,
+            "in_sync": sorted(machine.in_sync),
+            "followers": {
+                name: {"acknowledged": link.acked_end, "sent": link.sent_end}
+                for name, link in sorted(machine.links.items())
+            },
+            "deposed": machine.deposed,
+        }
+
+    # -- replication, the follower's side -------------------------------------------------------
+
+    def replica_received(self, owner: str, msg: rm.Replicate, *, now_ms: int) -> Step[None]:
+        """A `Replicate` from `owner`. A topic this broker owns itself is refused with its
+        epoch (the sender is deposed), or, when the sender's epoch is higher, stops here."""
+        record = self._topics.get(msg.topic)
+        if record is None:
+            return self.followers.received(owner, msg, now_ms)
+        if msg.epoch > record.log.epoch:
+            return Step(None, tuple(self.logs.replicas.deposed(record, msg.epoch)))
+        answer = rm.StaleEpoch(msg.topic, record.log.epoch)
+        return Step(None, (ReplicaAnswer(owner, answer),))
+
+    def replica_epoch_end(self, topic: str, epoch: int) -> int | None:
+        """Answers a follower's `AskEpochEnd`: where `epoch` ends on this owner's log (None
+        when the topic is not served here with a working WAL)."""
+        record = self._topics.get(topic)
+        if record is None or record.wal is None or record.phase.stopped:
+            return None
+        starts = record.log.history.starts if record.log.history is not None else ()
+        return rm.end_of_epoch(starts, epoch, record.wal.next_offset)
+
+    def replica_epoch_answered(
+        self, topic: str, epoch: int, end: int | None, *, now_ms: int
+    ) -> Step[None]:
+        return self.followers.epoch_answered(topic, epoch, end, now_ms)
+
+    def epochs_saved(self, topic: str) -> Step[None]:
+        """A `SaveEpochs` is durable."""
+        return self.followers.epochs_saved(topic)
+
+    def replica_released(self, topic: str, *, delete_files: bool) -> Step[None]:
+        """This broker no longer follows `topic` (the replicas value says so)."""
+        return self.followers.release(topic, delete_files=delete_files)
 
     # -- the object tier ----------------------------------------------------------------------
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from danube.effects import EpochHistory
 from danube.machines.dispatch import ConsumerReady
+from danube.machines.replication.messages import FollowerAnswer, ProposeInSync, Replicate
 from danube.machines.tiering import reader as tier_reader
 from danube.machines.tiering import uploader as tier
 from danube.machines.wal import machine as wal
@@ -189,6 +191,77 @@ class RetentionSkipped:
     end: int
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaSend:
+    """Effect: send `message` (one group commit's frames unchanged, or a probe) to `follower`
+    on the replication stream, after every earlier send to it. Its answers come back through
+    `BrokerCore.replica_answered`; a stream that broke (sends may be lost) through
+    `BrokerCore.replica_stream_broke` (spec/replication.md, "Data path")."""
+
+    follower: str
+    message: Replicate
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaPropose:
+    """Effect: record `proposal.in_sync` as the topic's in-sync set with a transaction fenced
+    on the owner's claim and the replicas value's version (`danube.interpreter.flows`), read
+    the value back whatever happened and call `BrokerCore.replicas_seen`."""
+
+    proposal: ProposeInSync
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRead:
+    """Effect: read the raw frames `plan` names from the topic's WAL (a follower behind the
+    owner's window of recent frames) and call `BrokerCore.replica_frames_read` with
+    `danube.machines.wal.machine.frames_of_file_read` of the bytes, or
+    `BrokerCore.replica_read_failed`."""
+
+    topic: str
+    follower: str
+    plan: wal.FileRead
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaAnswer:
+    """Effect (follower): send `answer` to `owner` on the replication stream it came from."""
+
+    owner: str
+    answer: FollowerAnswer
+
+
+@dataclass(frozen=True, slots=True)
+class AskEpochEnd:
+    """Effect (follower): ask `owner` where `last_epoch` ends on its log of `topic`
+    (`BrokerCore.replica_epoch_end` there) and call `BrokerCore.replica_epoch_answered`
+    with the answer for `epoch`, or `replica_epoch_unanswered` when none came."""
+
+    owner: str
+    topic: str
+    epoch: int
+    last_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaveEpochs:
+    """Effect: write the topic's epochs file (`danube.effects.WriteEpochs`) in order with
+    its WAL file effects, then call `BrokerCore.epochs_saved`."""
+
+    topic: str
+    history: EpochHistory
+
+
+@dataclass(frozen=True, slots=True)
+class CutWal:
+    """Effect (follower): once the topic's file effects under way are done, cut its WAL to
+    offsets < `end` (`danube.machines.wal.recovery.plan_cut`), recover it and report with
+    `wal_loaded` (or `wal_load_failed`)."""
+
+    topic: str
+    end: int
+
+
 Effect = (
     PersistMeta
     | ConsumerReady
@@ -205,6 +278,13 @@ Effect = (
     | PublishFailed
     | TopicStopped
     | RetentionSkipped
+    | ReplicaSend
+    | ReplicaPropose
+    | ReplicaRead
+    | ReplicaAnswer
+    | AskEpochEnd
+    | SaveEpochs
+    | CutWal
 )
 
 

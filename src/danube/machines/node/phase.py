@@ -76,6 +76,9 @@ class TopicEvent(enum.Enum):
     """A stored record no longer reads back (`wal_read_failed`, not `missing`)."""
     UNLOAD = "unload"
     """Cluster mode: the first half of a move (`unload`)."""
+    DEPOSED = "deposed"
+    """Cluster mode: a follower or the replicas value named a higher epoch than this
+    owner's (spec/replication.md, "Fencing"): it acknowledges nothing more."""
 
 
 P = TopicPhase
@@ -102,6 +105,12 @@ TRANSITIONS: dict[tuple[TopicPhase, TopicEvent], TopicPhase] = {
     (P.UNLOADING_REPAIRING, E.LOADED): P.UNLOADING,
     (P.UNLOADING_REPAIRING, E.LOAD_FAILED): P.UNLOADING_STOPPED,
     (P.UNLOADING_STOPPED, E.LOAD_FAILED): P.UNLOADING_STOPPED,
+    (P.LOADING, E.DEPOSED): P.STOPPED,
+    (P.SERVING, E.DEPOSED): P.STOPPED,
+    (P.REPAIRING, E.DEPOSED): P.STOPPED,
+    (P.UNLOADING_LOADING, E.DEPOSED): P.UNLOADING_STOPPED,
+    (P.UNLOADING, E.DEPOSED): P.UNLOADING_STOPPED,
+    (P.UNLOADING_REPAIRING, E.DEPOSED): P.UNLOADING_STOPPED,
 }
 """Every legal transition; anything else is a driver or core bug."""
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from danube.effects import EpochHistory
 from danube.machines.dispatch import ConsumerReady, SubscriptionType
 from danube.machines.dispatch import reliable as rd
 from danube.machines.dispatch.protocol import DispatchEffect
@@ -25,6 +26,7 @@ from danube.machines.node.effects import (
     ReadWal,
     RepairWal,
     RetentionSkipped,
+    SaveEpochs,
     Step,
     TierHalted,
     TierIo,
@@ -32,6 +34,12 @@ from danube.machines.node.effects import (
     WalIo,
 )
 from danube.machines.node.phase import TopicEvent
+from danube.machines.node.replica_owner import (
+    OwnerReplicas,
+    ReplicaConfig,
+    ReplicationSettings,
+)
+from danube.machines.replication.owner import OwnerReplication
 from danube.machines.tiering import reader as tier_reader
 from danube.machines.tiering import uploader as tier
 from danube.machines.tiering.index import IndexEntry
@@ -74,6 +82,19 @@ class TopicLog:
     """`object` acknowledgement: the last offset the producers were told about."""
     ack_batch_since: int | None = None
     """`object` acknowledgement: when the oldest offset waiting for its object was durable."""
+    replica_config: ReplicaConfig | None = None
+    """Cluster mode: the topic's replicas value as last read (`replica_owner`)."""
+    replication: OwnerReplication | None = None
+    """The owner's replication machine while the topic has followers to replicate to."""
+    unreplicated: list[bytes] = field(default_factory=list)
+    """Frames written since the WAL's last `Acknowledge`: the next group commit's bytes."""
+    sealed_waiting: list[tuple[int, int, int]] = field(default_factory=list)
+    """Replicated: sealed segments `(base, next offset, size)` the uploader hears of only once
+    the high watermark covers them, so the object index never holds a record an in-sync
+    follower may lack (a promoted follower's log always reaches the index)."""
+    history: EpochHistory | None = None
+    """The epochs recorded in the WAL directory (`danube.effects.WriteEpochs`): where each
+    owner's (and, before a promotion, each followed owner's) records start."""
 
 
 class ReliableLogs:
@@ -91,6 +112,7 @@ class ReliableLogs:
         uploads: tier.UploaderConfig | None,
         routing_key_of: Callable[[bytes], bytes],
         clustered: bool,
+        replication: ReplicationSettings | None = None,
     ) -> None:
         self._catalogue = catalogue
         self._topics = catalogue.topics_by_name
@@ -103,6 +125,8 @@ class ReliableLogs:
         self._uploaders = 0
         self.outbox: dict[int, deque[bytes]] = {}
         """Records delivered to a consumer, waiting for its stream writer."""
+        self.replicas = OwnerReplicas(self, replication or ReplicationSettings())
+        """The owner's side of replication of the topics served here."""
 
     # -- loading and repair -------------------------------------------------------------------
 
@@ -169,7 +193,10 @@ class ReliableLogs:
             topic, config, plan, tiered=tiered, start_offset=indexed_next
         )
         record.advance(TopicEvent.LOADED)
-        effects: list[Effect] = []
+        state.unreplicated.clear()
+        effects: list[Effect] = self._record_epoch(record, plan)
+        if record.phase.stopped:  # a newer owner's follower lived here: this claim is stale
+            return Step(None, tuple(effects))
         if self._uploads is not None and state.uploader is None:
             state.uploader = tier.Uploader(record.name, self._uploads, state.epoch)
             self._uploaders += 1
@@ -198,6 +225,11 @@ class ReliableLogs:
                     )
                     effects.extend(self.tier_effects(record, sealed))
                     state.sealed_through = found.next_offset
+        # Replicated, dispatch waits for the high watermark (a new owner's log may hold
+        # records past what was acknowledged, which its followers may lack).
+        effects.extend(self.replicas.restart(record, now_ms))
+        machine = state.replication
+        readable_end = log.readable_offset if machine is None else machine.high_watermark
         for sub in record.subscriptions.values():
             if repaired and log.readable_offset < sub.reliable.read_position:
                 self._rebuild(sub, now_ms)
@@ -206,10 +238,28 @@ class ReliableLogs:
                 sub.read_lost = False
                 retry = sub.reliable.records_read((), now_ms)
                 effects.extend(self.dispatch(record, sub, retry, now_ms))
-            if log.readable_offset:
-                readable = sub.reliable.readable(log.readable_offset - 1, now_ms)
+            if readable_end:
+                readable = sub.reliable.readable(readable_end - 1, now_ms)
                 effects.extend(self.dispatch(record, sub, readable, now_ms))
         return Step(None, tuple(effects))
+
+    def _record_epoch(self, record: TopicRecord, plan: RecoveryPlan) -> list[Effect]:
+        """Cluster mode: the epochs file gains this owner's epoch, starting at the log end,
+        in order before any append of it (`SaveEpochs` shares the WAL's file lane). A file
+        that has seen a higher epoch means a newer owner exists: the topic stops here."""
+        state = record.log
+        history = state.history = plan.epochs if plan.epochs is not None else state.history
+        if not self._clustered or state.epoch <= 0:
+            return []
+        if history is not None and history.seen > state.epoch:
+            return self.replicas.deposed(record, history.seen)
+        if history is not None and history.starts and history.starts[-1][0] == state.epoch:
+            return []
+        starts = history.starts if history is not None else ()
+        seen = max(history.seen if history is not None else 0, state.epoch)
+        start = record.wal.next_offset if record.wal is not None else plan.next_offset
+        state.history = EpochHistory(seen, (*starts, (state.epoch, start)))
+        return [SaveEpochs(record.name.full, state.history)]
 
     def _rebuild(self, sub: SubscriptionRecord, now_ms: int) -> None:
         old = sub.reliable
@@ -292,26 +342,25 @@ class ReliableLogs:
         for effect in effects:
             if isinstance(effect, _FILE_EFFECTS):
                 io.append(effect)
+                if isinstance(effect, wal.Write):
+                    state.unreplicated.append(effect.data)
                 if isinstance(effect, wal.CloseSegment) and state.uploader is not None:
                     assert record.wal is not None
                     next_offset, size = record.wal.segment_extent(effect.segment_base)
-                    sealed = state.uploader.segment_sealed(
-                        effect.segment_base, next_offset, size, now_ms
-                    )
-                    state.sealed_through = next_offset
-                    out.extend(self.tier_effects(record, sealed))
+                    state.sealed_waiting.append((effect.segment_base, next_offset, size))
+                    high = state.replication.high_watermark if state.replication else None
+                    out.extend(self.release_sealed(record, high, now_ms))
             elif isinstance(effect, wal.Acknowledge):
-                if not state.object_ack:
-                    out.append(PublishAcked(topic, effect.through_offset))
+                if state.replication is not None:
+                    out.extend(self.replicas.durable(record, effect.through_offset, now_ms))
                 else:
-                    state.durable_through = max(state.durable_through, effect.through_offset)
-                    if state.ack_batch_since is None:
-                        state.ack_batch_since = now_ms
+                    state.unreplicated.clear()
+                    out.extend(self.acknowledge(record, effect.through_offset, now_ms))
             elif isinstance(effect, wal.Readable):
-                for sub in record.subscriptions.values():
-                    readable = sub.reliable.readable(effect.through_offset, now_ms)
-                    out.extend(self.dispatch(record, sub, readable, now_ms))
+                if state.replication is None:
+                    out.extend(self.make_readable(record, effect.through_offset, now_ms))
             elif isinstance(effect, wal.Failed):
+                state.unreplicated.clear()
                 state.wal = None
                 record.advance(TopicEvent.WAL_FAILED)
                 out.append(PublishFailed(topic, effect.unacknowledged_from, effect.reason))
@@ -319,6 +368,46 @@ class ReliableLogs:
         if io:
             out.insert(0, WalIo(topic, tuple(io)))
         return out
+
+    def acknowledge(self, record: TopicRecord, through: int, now_ms: int) -> list[Effect]:
+        """Publishes up to `through` are stored at the topic's level (and, replicated, on the
+        in-sync followers): answer them, or at `object` wait for their object."""
+        state = record.log
+        if not state.object_ack:
+            return [PublishAcked(record.name.full, through)]
+        state.durable_through = max(state.durable_through, through)
+        if state.ack_batch_since is None:
+            state.ack_batch_since = now_ms
+        return []
+
+    def release_sealed(self, record: TopicRecord, end: int | None, now_ms: int) -> list[Effect]:
+        """Tells the uploader of the sealed segments that lie below `end` (all: None)."""
+        state = record.log
+        out: list[Effect] = []
+        uploader = state.uploader
+        while uploader is not None and state.sealed_waiting:
+            base, next_offset, size = state.sealed_waiting[0]
+            if end is not None and next_offset > end:
+                break
+            state.sealed_waiting.pop(0)
+            sealed = uploader.segment_sealed(base, next_offset, size, now_ms)
+            state.sealed_through = next_offset
+            out.extend(self.tier_effects(record, sealed))
+        return out
+
+    def make_readable(self, record: TopicRecord, through: int, now_ms: int) -> list[Effect]:
+        """Dispatch may deliver offsets up to `through`."""
+        out: list[Effect] = []
+        for sub in record.subscriptions.values():
+            out.extend(self.dispatch(record, sub, sub.reliable.readable(through, now_ms), now_ms))
+        return out
+
+    def indexed_end(self, record: TopicRecord) -> int:
+        """The end of what the object index holds (0 untiered): stored whatever happens to
+        the brokers, so a new owner's high watermark starts there."""
+        uploader = record.log.uploader
+        entries = uploader.entries if uploader is not None else record.log.index
+        return max((e.next_offset for e in entries), default=0)
 
     # -- subscriptions' reads -----------------------------------------------------------------
 
@@ -453,6 +542,8 @@ class ReliableLogs:
                 continue
             state = record.log
             effects.extend(self.wal_effects(record, record.wal.tick(now_ms), now_ms))
+            if state.replication is not None:
+                effects.extend(self.replicas.tick(record, now_ms))
             since = state.ack_batch_since
             if since is not None and now_ms - since >= batch:
                 # Seal the segment holding the waiting publishes: its upload answers them.

@@ -20,6 +20,7 @@ owner's log and cuts its log there, not at a high watermark, which can be stale.
 | any | `new_epoch(epoch ≥ seen, end)` | IN_EPOCH | `TruncateTo(end)` if longer, |
 |  |  |  | `RecordEpoch(epoch, start)`, `Mismatch(log end)` |
 | any | `appended_durable(end)` | same | `Replicated(end)` if all appended in this epoch |
+| any | `append_refused(end, log end)` | same | `Mismatch(log end)` (frames did not verify) |
 
 A crash loses what was appended but not durable: the driver builds the machine again with
 `FollowerLog.recovered` from the WAL's durable end and the recorded epochs.
@@ -140,6 +141,13 @@ class FollowerLog:
         out.append(RecordEpoch(epoch, self.log_end))
         out.append(Mismatch(self.topic, epoch, self.log_end))
         return out
+
+    def append_refused(self, end: int, log_end: int) -> list[FollowerEffect]:
+        """The WAL refused the `AppendFrames` ending at `end` (its frames did not verify):
+        nothing of it is stored, the log ends at `log_end`, and the owner is told so."""
+        self._appends = deque((e, ep) for e, ep in self._appends if e != end)
+        self.log_end = log_end
+        return [Mismatch(self.topic, self.epoch, log_end)]
 
     def appended_durable(self, end: int) -> list[FollowerEffect]:
         """The WAL made offsets < `end` durable. Acknowledged to the owner only if written

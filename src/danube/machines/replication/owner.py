@@ -26,7 +26,8 @@ membership of the recorded in-sync set:
 | any | `stale_epoch` / higher epoch seen | (owner DEPOSED) | `Deposed`; nothing after |
 
 One proposal is outstanding at a time; `replicas_seen` (the watch or the read-back after the
-transaction) adopts the recorded set and version and clears it. A catching-up follower is
+transaction) adopts the recorded set and version and clears it. A read-back at the version the
+proposal compared means it failed: the next proposal waits for a `tick`. A catching-up follower is
 proposed for the in-sync set once its acknowledged end reaches the owner's durable end.
 
 Resending: the machine keeps a bounded window (`window_bytes`) of the most recent group
@@ -119,6 +120,9 @@ class OwnerReplication:
         self.window_bytes = window_bytes
         self.max_in_flight = max_in_flight
         self.pending: tuple[str, ...] | None = None
+        self.held_back = False
+        """A proposal just failed (the value read back is the version it compared): the
+        next waits for a `tick`, so a refusing store is not asked again in a tight loop."""
         self.deposed = False
         self._window: deque[_Commit] = deque()
         self._window_size = 0
@@ -210,6 +214,7 @@ class OwnerReplication:
     def tick(self, now_ms: int) -> list[OwnerEffect]:
         """Shrink the in-sync set by every member whose oldest unacknowledged send is older
         than `lag_ms` (one proposal at a time)."""
+        self.held_back = False
         if self.deposed or self.pending is not None:
             return []
         laggards = {
@@ -229,10 +234,14 @@ class OwnerReplication:
             return []
         if epoch > self.epoch:
             return self._depose(epoch)
+        failed = self.pending is not None and version == self.version
         if version >= self.version:
             self.in_sync = frozenset(in_sync)
             self.version = version
         self.pending = None
+        if failed:
+            self.held_back = True
+            return self._advance()
         return self._maybe_expand() + self._advance()
 
     # -- decisions --------------------------------------------------------------------------------
@@ -275,7 +284,7 @@ class OwnerReplication:
         return [AcknowledgeUpTo(target), ReadableUpTo(target)]
 
     def _maybe_expand(self) -> list[OwnerEffect]:
-        if self.pending is not None:
+        if self.pending is not None or self.held_back:
             return []
         caught_up = [
             name

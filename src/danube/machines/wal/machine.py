@@ -194,6 +194,25 @@ def decode_file_read(plan: FileRead, data: bytes | memoryview) -> tuple[bytes, .
     return tuple(records)
 
 
+def frames_of_file_read(plan: FileRead, data: bytes | memoryview) -> tuple[bytes, int]:
+    """The whole frames of a `WalMachine.plan_frames` read, from the one starting at
+    `plan.from_offset` on, unchanged (replication resends the owner's bytes), with the end of
+    the records they hold. Verifies every frame like `decode_file_read`; a `from_offset` that
+    is not a frame's first offset is a caller's bug."""
+    scan = scan_frames(data, 0, len(data), plan.start_offset)
+    if scan.valid_end != len(data) or scan.next_offset < plan.end_offset:
+        raise format.WalFormatError(
+            f"segment {format.segment_name(plan.segment_base)} is damaged at byte "
+            f"{plan.start + scan.valid_end}: a frame read back does not verify"
+        )
+    for position, base in zip(scan.positions, scan.base_offsets, strict=True):
+        if base == plan.from_offset:
+            return bytes(data[position:]), scan.next_offset
+        if base > plan.from_offset:
+            break
+    raise ValueError(f"offset {plan.from_offset} does not start a frame of the range read")
+
+
 class WalUnavailable(DanubeError):
     """An append refused because the WAL stopped after an I/O failure."""
 
@@ -396,6 +415,31 @@ class WalMachine:
         self._queue(packed.first_offset, packed.frame, packed, packed.record_bytes)
         return packed.first_offset, self._pump(now_ms)
 
+    def append_frames(self, frames: bytes, now_ms: int) -> tuple[int, list[Effect]]:
+        """A follower's append (spec/replication.md): whole frames another broker's WAL
+        wrote, starting at `next_offset`, queued unchanged. Every frame is verified (CRC,
+        dense offsets from `next_offset`) before anything changes: frames that do not verify
+        raise `DanubeError` (INVALID_ARGUMENT), so a damaged or misaddressed send is refused,
+        never stored. Returns the end of the records appended with the effects."""
+        if self._failure is not None:
+            raise WalUnavailable(self._failure)
+        first = self._next_offset
+        scan = scan_frames(frames, 0, len(frames), first)
+        if scan.valid_end != len(frames):
+            raise DanubeError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"{self.topic}: replicated frames do not verify at byte {scan.valid_end} "
+                f"(expected offsets from {first})",
+            )
+        view = memoryview(frames)
+        ends = [*scan.positions[1:], len(frames)]
+        for position, end in zip(scan.positions, ends, strict=True):
+            frame = bytes(view[position:end])
+            decoded = format.decode_frame(frame, 0)
+            records = decoded.records
+            self._queue(decoded.base_offset, frame, records, sum(len(r) for r in records))
+        return self._next_offset, self._pump(now_ms)
+
     def _queue(self, first: int, frame: bytes, records: Sequence[bytes], size: int) -> None:
         self._next_offset += len(records)
         self._pending.append(_Pending(first, len(records), frame))
@@ -523,6 +567,17 @@ class WalMachine:
         ):
             return self._read_cache(from_offset, limit, max_bytes)
         return self._plan_file_read(from_offset, limit, max_bytes)
+
+    def plan_frames(self, from_offset: int, max_bytes: int) -> FileRead | NotRetained | None:
+        """Where the frames from `from_offset` on that are durable at the topic's level lie on
+        disk, for a replication resend (`frames_of_file_read`): always a file range, since the
+        owner's window holds the recent frames already; None when nothing acknowledged locally
+        lies at or after `from_offset`."""
+        if from_offset < self.first_offset:
+            return NotRetained(self.first_offset)
+        if from_offset >= self._readable:
+            return None
+        return self._plan_file_read(from_offset, self._readable, max_bytes)
 
     def _read_cache(self, from_offset: int, limit: int, max_bytes: int) -> CachedRecords:
         cache = self._cache

@@ -28,8 +28,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from danube.machines.wal import format
+from danube.machines.wal.machine import DeleteSegment
 from danube.values.errors import DanubeError, ErrorCode
 
 
@@ -85,7 +87,14 @@ class PlaceSegment:
     segment_base: int
 
 
-RecoveryAction = TruncateSegment | SyncSegment | PlaceSegment
+@dataclass(frozen=True, slots=True)
+class ForgetCheckpoint:
+    """Delete the topic's checkpoint file (and fsync the directory): a follower's log was cut
+    below the end it marked (`plan_cut`), so the mark no longer tells a durable end; the load
+    that follows marks the new one."""
+
+
+RecoveryAction = TruncateSegment | SyncSegment | PlaceSegment | ForgetCheckpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +110,8 @@ class RecoveryPlan:
     replaced: int | None
     """Base offset of a newest segment file without a frame (empty, torn before its first
     frame ended, or with a short header): it stays until `CreateSegment` replaces it."""
+    epochs: Any = None
+    """The directory's replication epochs (`danube.effects.EpochHistory`), None without."""
 
 
 LOSS_ACCEPTED_NAME = "accept-loss"
@@ -345,3 +356,30 @@ def check_evidence(
         f"segment, where {what}; but {evidence.sources(plan.next_offset)}"
     )
     raise _corrupt(plan.topic, base, position, plan.next_offset, problem, (), evidence, claimed - 1)
+
+
+def plan_cut(
+    topic: str, scans: Sequence[tuple[int, format.SegmentScan | UnreadableSegment]], end: int
+) -> tuple[Any, ...]:
+    """The actions that cut a follower's log to offsets < `end` (reconciliation by epoch,
+    spec/replication.md): delete every segment that starts at or after `end`, cut the one
+    holding `end` at the frame that starts there, and forget the checkpoint, whose mark may
+    lie beyond the cut. `end` must start a frame (the owner's epochs start at frame
+    boundaries); a log that does not reach `end` is left as it is. Raises `CorruptSegment`
+    when `end` falls inside a frame: the log is not a copy of the owner's."""
+    actions: list[Any] = []
+    for base, scan in sorted(scans, key=lambda entry: entry[0]):
+        if base >= end:
+            actions.append(DeleteSegment(base))
+            continue
+        if isinstance(scan, UnreadableSegment) or scan.next_offset <= end:
+            continue
+        cut = [p for p, b in zip(scan.positions, scan.base_offsets, strict=True) if b == end]
+        if not cut:
+            problem = f"offset {end}, where the owner's epoch ends, is inside a frame"
+            raise CorruptSegment(topic, base, 0, end, scan.next_offset - 1, problem,
+                                 "remove the topic's directory on this follower")  # fmt: skip
+        actions.append(TruncateSegment(base, cut[0]))
+    if actions:
+        actions.append(ForgetCheckpoint())
+    return tuple(actions)

@@ -1,0 +1,248 @@
+"""The owner's side of replication in the broker core (spec/replication.md, "Data path"):
+each replicated topic's `OwnerReplication` machine, fed from the topic's WAL effects, with its
+effects turned into the core's.
+
+A reliable topic at `fsync` or `flush` whose replicas value names followers replicates: every
+group commit's frames, once durable locally, go to the followers (`ReplicaSend`), and
+`Acknowledge` (publishes) and `Readable` (dispatch) follow the machine's high watermark
+instead of the WAL's own. Without followers, or at `object` durability (acknowledged once
+indexed in the object store, no peers needed), the topic behaves as before.
+
+The frames come from the WAL machine's `Write` effects: at most one write cycle is in flight
+and each `Acknowledge` covers exactly the writes made since the previous one, so the writes
+seen since the last `Acknowledge` are that group commit's frames, unchanged.
+
+The decisions (what to send, when to acknowledge, when to change the in-sync set) are the
+machine's; this module only routes inputs to it and translates its effects:
+
+| machine effect | core effect |
+|---|---|
+| `Send` | `ReplicaSend` |
+| `ProposeInSync` | `ReplicaPropose` |
+| `AcknowledgeUpTo(end)` | the topic's acknowledgement through `end - 1` |
+| `ReadableUpTo(end)` | every subscription's `readable(end - 1)` |
+| `ReadForResend` | `ReplicaRead` of the WAL's file range (`WalMachine.plan_frames`) |
+| `NotEnoughInSync(from, end)` | `PublishFailed(from)`: UNAVAILABLE, the records stay |
+| `Deposed` | the topic stops (`TopicEvent.DEPOSED`), waiting publishes fail |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from danube.machines.node.effects import (
+    Effect,
+    PublishFailed,
+    ReplicaPropose,
+    ReplicaRead,
+    ReplicaSend,
+    TopicStopped,
+)
+from danube.machines.node.phase import TopicEvent
+from danube.machines.replication import messages as rm
+from danube.machines.replication.owner import OwnerReplication
+from danube.machines.wal import machine as wal
+
+if TYPE_CHECKING:
+    from danube.machines.node.records import TopicRecord
+    from danube.machines.node.reliable_log import ReliableLogs
+
+RESEND_READ_BYTES = 1 << 20
+"""Largest file range one resend read asks for: the machine asks for the rest as the
+follower acknowledges."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaConfig:
+    """The topic's replicas value as this owner read it (watch or read-back)."""
+
+    epoch: int
+    """The epoch the value was written under (the writer's claim revision)."""
+    followers: tuple[str, ...]
+    in_sync: tuple[str, ...]
+    version: int
+    """The value's mod_revision: the configuration version its changes compare."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationSettings:
+    """`cluster.replication` (spec/replication.md, "Configuration")."""
+
+    broker_id: str = ""
+    """This broker: a replicas value may name the owner among its followers for a moment
+    after a promotion (until the leader replaces it); the owner skips itself."""
+    lag_ms: int = 1_000
+    min_in_sync: int = 1
+    window_bytes: int = 8 << 20
+    max_in_flight: int = 1 << 16
+
+
+class OwnerReplicas:
+    """Routes replication inputs to the owner machines of the topics `logs` serves."""
+
+    def __init__(self, logs: ReliableLogs, settings: ReplicationSettings) -> None:
+        self._logs = logs
+        self._settings = settings
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def configure(self, record: TopicRecord, config: ReplicaConfig, now_ms: int) -> list[Effect]:
+        """The topic's replicas value, as read. Starts, restarts or stops its replication."""
+        state = record.log
+        state.replica_config = config
+        machine = state.replication
+        me = self._settings.broker_id
+        followers = sorted(f for f in config.followers if f != me)
+        if machine is not None and followers == sorted(machine.links):
+            return self._translate(
+                record, machine.replicas_seen(config.in_sync, config.version, config.epoch),
+                now_ms,
+            )  # fmt: skip
+        return self.restart(record, now_ms)
+
+    def restart(self, record: TopicRecord, now_ms: int) -> list[Effect]:
+        """(Re)creates the topic's machine from its replicas value and its WAL as loaded: at
+        load, after a repair, when the followers changed. The new machine probes every
+        follower; the high watermark never goes back (what was acknowledged stays so)."""
+        state = record.log
+        config = state.replica_config
+        log = record.wal
+        old = state.replication
+        followers = (
+            sorted(f for f in config.followers if f != self._settings.broker_id)
+            if (config is not None)
+            else []
+        )
+        if config is None or log is None or state.object_ack or not followers:
+            state.replication = None
+            if old is not None and log is not None:
+                # Replication stopped: what is durable here is all this topic waits for now.
+                end = log.readable_offset
+                return self._released(record, end, now_ms)
+            return []
+        hw = old.high_watermark if old is not None else self._logs.indexed_end(record)
+        settings = self._settings
+        machine = state.replication = OwnerReplication(
+            record.name.full,
+            state.epoch,
+            durable_end=log.readable_offset,
+            high_watermark=hw,
+            followers=followers,
+            in_sync=config.in_sync,
+            version=config.version,
+            lag_ms=settings.lag_ms,
+            min_in_sync=settings.min_in_sync,
+            window_bytes=settings.window_bytes,
+            max_in_flight=settings.max_in_flight,
+            now_ms=now_ms,
+        )
+        effects = machine.start(now_ms)
+        effects += machine.replicas_seen(config.in_sync, config.version, config.epoch)
+        return self._translate(record, effects, now_ms)
+
+    def _released(self, record: TopicRecord, end: int, now_ms: int) -> list[Effect]:
+        if end <= 0:
+            return []
+        out = self._logs.acknowledge(record, end - 1, now_ms)
+        out.extend(self._logs.make_readable(record, end - 1, now_ms))
+        out.extend(self._logs.release_sealed(record, end, now_ms))
+        return out
+
+    # -- inputs -------------------------------------------------------------------------------
+
+    def durable(self, record: TopicRecord, through: int, now_ms: int) -> list[Effect]:
+        """The WAL acknowledged offsets ≤ `through` locally: the group commit goes out."""
+        state = record.log
+        machine = state.replication
+        assert machine is not None
+        frames = b"".join(state.unreplicated)
+        state.unreplicated.clear()
+        return self._translate(record, machine.durable(through + 1, frames, now_ms), now_ms)
+
+    def answered(self, record: TopicRecord, follower: str, answer: rm.FollowerAnswer,
+                 now_ms: int) -> list[Effect]:  # fmt: skip
+        machine = record.log.replication
+        if machine is None:
+            return []
+        if isinstance(answer, rm.Replicated):
+            effects = machine.replicated(follower, answer, now_ms)
+        elif isinstance(answer, rm.Mismatch):
+            effects = machine.mismatch(follower, answer, now_ms)
+        else:
+            effects = machine.stale_epoch(follower, answer)
+        return self._translate(record, effects, now_ms)
+
+    def broke(self, record: TopicRecord, follower: str, now_ms: int) -> list[Effect]:
+        machine = record.log.replication
+        if machine is None or follower not in machine.links:
+            return []
+        return self._translate(record, machine.stream_broke(follower, now_ms), now_ms)
+
+    def frames_read(self, record: TopicRecord, follower: str, from_offset: int, frames: bytes,
+                    end: int, now_ms: int) -> list[Effect]:  # fmt: skip
+        machine = record.log.replication
+        if machine is None:
+            return []
+        effects = machine.frames_read(follower, from_offset, frames, end, now_ms)
+        return self._translate(record, effects, now_ms)
+
+    def tick(self, record: TopicRecord, now_ms: int) -> list[Effect]:
+        machine = record.log.replication
+        if machine is None:
+            return []
+        return self._translate(record, machine.tick(now_ms), now_ms)
+
+    # -- effects ------------------------------------------------------------------------------
+
+    def _translate(
+        self, record: TopicRecord, effects: Iterable[rm.OwnerEffect], now_ms: int
+    ) -> list[Effect]:
+        topic = record.name.full
+        out: list[Effect] = []
+        for effect in effects:
+            if isinstance(effect, rm.Send):
+                out.append(ReplicaSend(effect.follower, effect.message))
+            elif isinstance(effect, rm.AcknowledgeUpTo):
+                out.extend(self._logs.acknowledge(record, effect.end - 1, now_ms))
+                out.extend(self._logs.release_sealed(record, effect.end, now_ms))
+            elif isinstance(effect, rm.ReadableUpTo):
+                out.extend(self._logs.make_readable(record, effect.end - 1, now_ms))
+            elif isinstance(effect, rm.ProposeInSync):
+                out.append(ReplicaPropose(effect))
+            elif isinstance(effect, rm.ReadForResend):
+                out.extend(self._plan_resend(record, effect))
+            elif isinstance(effect, rm.NotEnoughInSync):
+                reason = (
+                    f"{topic}: fewer in-sync replicas than the "
+                    f"{self._settings.min_in_sync} required"
+                )
+                out.append(PublishFailed(topic, effect.from_offset, reason))
+            elif isinstance(effect, rm.Deposed):
+                out.extend(self.deposed(record, effect.epoch))
+        return out
+
+    def _plan_resend(self, record: TopicRecord, effect: rm.ReadForResend) -> list[Effect]:
+        log = record.wal
+        if log is None:
+            return []
+        plan = log.plan_frames(effect.from_offset, RESEND_READ_BYTES)
+        if isinstance(plan, wal.FileRead):
+            return [ReplicaRead(record.name.full, effect.follower, plan)]
+        # Retention deleted what the follower lacks: it stays behind (and, once its lag shows,
+        # out of the in-sync set) until an operator replaces it; catching up from objects is
+        # not built yet (spec/replication.md, "Order of work").
+        return []
+
+    def deposed(self, record: TopicRecord, epoch: int) -> list[Effect]:
+        """A higher epoch than this owner's exists: the topic stops here, acknowledging
+        nothing more; its replication machine is dropped."""
+        topic = record.name.full
+        reason = f"deposed: another broker owns {topic} now (epoch {epoch})"
+        if record.phase.stopped:
+            return []
+        record.stop_reason = reason
+        record.log.replication = None
+        record.advance(TopicEvent.DEPOSED)
+        return [TopicStopped(topic, reason)]

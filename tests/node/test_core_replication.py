@@ -1,0 +1,268 @@
+"""The owner's side of replication in the broker core (spec/replication.md, "Data path"):
+publishes are acknowledged, and records readable, only once every recorded in-sync follower
+holds them; the group commit's frames go out unchanged; the in-sync set shrinks and grows
+through fenced proposals; a follower behind the window is resent from the WAL; a higher epoch
+stops the topic. Driven through the shared interpreter and the testing kit's memory port."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from danube import keys
+from danube.machines.cluster.replicas import ReplicaSet
+from danube.machines.dispatch import QueueLimits, StartKind, StartPosition
+from danube.machines.node import replica_owner
+from danube.machines.node.core import (
+    BrokerCore,
+    BrokerIdentity,
+    PublishAcked,
+    ReplicaConfig,
+    ReplicaPropose,
+    ReplicaSend,
+    ReplicationSettings,
+    TopicStopped,
+)
+from danube.machines.replication.messages import Mismatch, Replicated, StaleEpoch
+from danube.machines.wal import format
+from danube.machines.wal.machine import WalConfig
+from danube.testing import CoreDriver
+from danube.values.config import DispatchStrategy, Policies
+from danube.values.errors import DanubeError
+
+URL = "http://127.0.0.1:6650"
+TOPIC = "/default/r"
+EARLIEST = StartPosition(StartKind.EARLIEST)
+
+
+class Owner:
+    """A standalone core whose reliable topic replicates to followers `b2`, `b3`."""
+
+    def __init__(self, settings: ReplicationSettings | None = None) -> None:
+        self.core = BrokerCore(
+            BrokerIdentity(URL, URL),
+            rng=random.Random(7),
+            default_policies=Policies(),
+            queue_limits=QueueLimits(),
+            wal_config=WalConfig(segment_bytes=64 * 1024),
+            replication=settings or ReplicationSettings(broker_id="b1"),
+        )
+        self.driver = CoreDriver(self.core)
+        self.run(self.core.bootstrap(["default"]).effects)
+        step = self.core.create_producer(
+            TOPIC, "p", access_mode=0, strategy=DispatchStrategy.RELIABLE
+        )
+        self.run(step.effects)
+        self.producer = step.value
+        self.version = 1
+
+    @property
+    def now(self) -> int:
+        return self.driver.now_ms
+
+    def run(self, effects: Any) -> list[Any]:
+        return self.driver.run(effects)
+
+    def configure(self, followers: tuple[str, ...], in_sync: tuple[str, ...]) -> list[Any]:
+        """The replicas value as the owner reads it (also stored, for proposals)."""
+        record = ReplicaSet(0, "b1", followers, in_sync)
+        self.driver.metadata[keys.replicas_key(TOPIC)] = record.to_json()
+        config = ReplicaConfig(0, followers, in_sync, self.version)
+        return self.run(self.core.replicas_changed(TOPIC, config, now_ms=self.now).effects)
+
+    def publish(self, payload: str) -> int:
+        step = self.core.publish(
+            self.producer, TOPIC, payload, len(payload), None,
+            encode=lambda offset: payload.encode(), now_ms=self.now,
+        )  # fmt: skip
+        self.run(step.effects)
+        return step.value
+
+    def answer(self, follower: str, answer: Any) -> list[Any]:
+        return self.run(self.core.replica_answered(follower, answer, now_ms=self.now).effects)
+
+    def sends(self) -> list[ReplicaSend]:
+        sent, self.driver.port.sent = self.driver.port.sent, []
+        return sent
+
+    def acked(self) -> int:
+        return self.driver.acked.get(TOPIC, -1)
+
+    def consume(self) -> tuple[int, int]:
+        step = self.core.subscribe(TOPIC, "c", "s", 0, (), EARLIEST, now_ms=self.now)
+        self.run(step.effects)
+        opened = self.core.open_stream(step.value, now_ms=self.now)
+        self.run(opened.effects)
+        return step.value, opened.value
+
+    def taken(self, consumer: tuple[int, int]) -> list[Any]:
+        return list(self.core.take(consumer[0], consumer[1], 1000) or [])
+
+
+def test_a_publish_waits_for_every_in_sync_follower() -> None:
+    owner = Owner()
+    owner.configure(("b2", "b3"), ("b2", "b3"))
+    probes = owner.sends()
+    assert sorted(s.follower for s in probes) == ["b2", "b3"]
+    assert all(s.message.record_count == 0 for s in probes)
+    consumer = owner.consume()
+
+    owner.publish("m0")
+    sends = owner.sends()
+    assert [(s.follower, s.message.prev_end, s.message.record_count) for s in sends] == [
+        ("b2", 0, 1),
+        ("b3", 0, 1),
+    ]
+    assert owner.acked() == -1, "acknowledged before any follower has it"
+    assert owner.taken(consumer) == []
+
+    owner.answer("b2", Replicated(TOPIC, 0, 1))
+    assert owner.acked() == -1, "acknowledged before b3 has it"
+    assert owner.taken(consumer) == []
+    effects = owner.answer("b3", Replicated(TOPIC, 0, 1))
+    assert PublishAcked(TOPIC, 0) in effects
+    assert len(owner.taken(consumer)) == 1
+
+
+def test_the_frames_sent_are_the_bytes_the_wal_wrote() -> None:
+    owner = Owner()
+    owner.configure(("b2",), ("b2",))
+    owner.sends()
+    for i in range(3):
+        owner.publish(f"m{i}")
+    frames = b"".join(s.message.frames for s in owner.sends())
+    (segment,) = owner.driver.files[TOPIC].values()
+    header = format.decode_segment_header(bytes(segment))
+    assert frames == bytes(segment[header.length :])
+
+
+def test_a_catching_up_follower_does_not_hold_acknowledgements_back_and_joins() -> None:
+    owner = Owner()
+    owner.publish("m0")  # before replication: b2 lacks it
+    owner.configure(("b2",), ())
+    owner.sends()
+    owner.publish("m1")
+    assert owner.acked() == 1, "a follower outside the in-sync set must not gate"
+    owner.sends()
+    # b2 says it holds nothing: what the window lacks is read back from the WAL.
+    owner.answer("b2", Mismatch(TOPIC, 0, 0))
+    resent = owner.sends()
+    assert resent[0].message.prev_end == 0 and resent[-1].message.end == 2
+    effects = owner.answer("b2", Replicated(TOPIC, 0, 2))
+    # Caught up: proposed for the in-sync set, written to the store, read back, adopted.
+    assert any(isinstance(e, ReplicaPropose) and e.proposal.in_sync == ("b2",) for e in effects)
+    stored = ReplicaSet.from_json(owner.driver.metadata[keys.replicas_key(TOPIC)])
+    assert stored.in_sync == ("b2",)
+    owner.publish("m2")
+    assert owner.acked() == 1, "b2 is in sync now: m2 waits for it"
+    owner.answer("b2", Replicated(TOPIC, 0, 3))
+    assert owner.acked() == 2
+
+
+def test_a_lagging_follower_is_shrunk_away_and_acknowledgements_resume() -> None:
+    owner = Owner(ReplicationSettings(broker_id="b1", lag_ms=500))
+    owner.configure(("b2",), ("b2",))
+    owner.publish("m0")
+    assert owner.acked() == -1
+    owner.driver.now_ms += 600
+    effects = owner.run(owner.core.tick(owner.now).effects)
+    assert any(isinstance(e, ReplicaPropose) and e.proposal.in_sync == () for e in effects)
+    assert ReplicaSet.from_json(owner.driver.metadata[keys.replicas_key(TOPIC)]).in_sync == ()
+    assert owner.acked() == 0, "once the shrink is recorded the owner acknowledges alone"
+
+
+def test_below_min_in_sync_a_publish_is_refused_and_says_why() -> None:
+    owner = Owner(ReplicationSettings(broker_id="b1", min_in_sync=2))
+    owner.publish("m0")  # before replication: b2 lacks it, so it is not in sync
+    owner.configure(("b2",), ())
+    waiter = owner.driver.wait_stored(TOPIC, 1)
+    owner.publish("m1")
+    assert owner.acked() == 0
+    assert isinstance(waiter.error, DanubeError)
+    failed = [e for e in owner.driver.port.events if e[0] == "publish_failed"]
+    assert failed and "fewer in-sync replicas" in failed[0][1]["reason"]
+
+
+def test_a_higher_epoch_stops_the_topic() -> None:
+    owner = Owner()
+    owner.configure(("b2",), ("b2",))
+    waiter = owner.driver.wait_stored(TOPIC, 0)
+    owner.publish("m0")
+    effects = owner.answer("b2", StaleEpoch(TOPIC, 5))
+    assert any(isinstance(e, TopicStopped) and "epoch 5" in e.reason for e in effects)
+    assert waiter.error is not None
+    with pytest.raises(DanubeError):
+        owner.publish("m1")
+
+
+def test_a_follower_behind_the_window_is_resent_from_the_wal() -> None:
+    owner = Owner(ReplicationSettings(broker_id="b1", window_bytes=1))
+    owner.configure(("b2",), ())
+    for i in range(4):
+        owner.publish(f"m{i}")
+    owner.sends()
+    # b2 lost everything: the window holds only the last commit, so the rest is read back.
+    owner.answer("b2", Mismatch(TOPIC, 0, 0))
+    sends = owner.sends()
+    assert sends and sends[0].message.prev_end == 0
+    assert sends[-1].message.end == 4
+    (segment,) = owner.driver.files[TOPIC].values()
+    header = format.decode_segment_header(bytes(segment))
+    assert b"".join(s.message.frames for s in sends) == bytes(segment[header.length :])
+
+
+def test_without_followers_nothing_changes() -> None:
+    owner = Owner()
+    owner.configure((), ())
+    owner.publish("m0")
+    assert owner.acked() == 0
+    assert owner.sends() == []
+
+
+def test_replication_stopping_releases_what_is_durable() -> None:
+    owner = Owner()
+    owner.configure(("b2",), ("b2",))
+    owner.publish("m0")
+    assert owner.acked() == -1
+    owner.version += 1
+    owner.configure((), ())
+    assert owner.acked() == 0
+
+
+# -- planted bug: acknowledging before the followers have it -------------------------------------
+
+
+def test_planted_bug_acknowledging_at_local_durability_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first test's check, run against a core that acknowledges as soon as its own WAL
+    is durable (the bug issue 27 is about), must fail."""
+    original = replica_owner.OwnerReplicas.durable
+
+    def acks_early(self: Any, record: Any, through: int, now_ms: int) -> list[Any]:
+        return [*original(self, record, through, now_ms), PublishAcked(record.name.full, through)]
+
+    monkeypatch.setattr(replica_owner.OwnerReplicas, "durable", acks_early)
+    with pytest.raises(AssertionError, match="acknowledged before any follower"):
+        test_a_publish_waits_for_every_in_sync_follower()
+
+
+def test_planted_bug_readable_before_followers_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dispatch that follows the local WAL's `Readable` instead of the high watermark."""
+    from danube.machines.node import reliable_log
+
+    original = reliable_log.ReliableLogs.wal_effects
+
+    def readable_early(self: Any, record: Any, effects: Any, now_ms: int) -> list[Any]:
+        effects = list(effects)
+        out = original(self, record, effects, now_ms)
+        for effect in effects:
+            if type(effect).__name__ == "Readable":
+                out.extend(self.make_readable(record, effect.through_offset, now_ms))
+        return out
+
+    monkeypatch.setattr(reliable_log.ReliableLogs, "wal_effects", readable_early)
+    with pytest.raises(AssertionError):
+        test_a_publish_waits_for_every_in_sync_follower()
