@@ -35,13 +35,19 @@ from danube.effects import (
     TruncateTopicFile,
     TxnAnswer,
     Work,
+    WriteEpochs,
     apply_ops,
     compares_hold,
 )
 from danube.interpreter.host import Done
 from danube.machines.wal import format
 from danube.machines.wal.machine import CloseSegment, CreateSegment, DeleteSegment, Fsync, Write
-from danube.machines.wal.recovery import PlaceSegment, TruncateSegment, UnreadableSegment
+from danube.machines.wal.recovery import (
+    ForgetCheckpoint,
+    PlaceSegment,
+    TruncateSegment,
+    UnreadableSegment,
+)
 from danube.metadata.model import KeyValue, Put
 from danube.values.errors import DanubeError
 from sim.objects import StoreError
@@ -171,6 +177,8 @@ class SimPort:
             self._later(broker.network.latency(), lambda: self._answer(done, read))
         elif isinstance(effect, MarkDurable):
             self._later(broker.faults.fsync_us, lambda: self._mark(effect, done))
+        elif isinstance(effect, WriteEpochs):
+            self._later(broker.faults.fsync_us, lambda: self._epochs(effect, done))
         elif isinstance(effect, Sleep):
             self._later(effect.ms * 1_000, lambda: done(None))
         elif isinstance(effect, ScanTopic):
@@ -247,6 +255,10 @@ class SimPort:
         self.broker.disk.mark(effect.topic, effect.end)
         done(None)
 
+    def _epochs(self, effect: WriteEpochs, done: Done) -> None:
+        self.broker.disk.epochs[effect.topic] = effect.history
+        done(None)
+
     def _scan(self, topic: str) -> TopicScan:
         disk = self.broker.disk
         scans: list[tuple[int, Any]] = []
@@ -255,7 +267,7 @@ class SimPort:
                 scans.append((base, format.scan_segment(data)))
             except format.WalFormatError as error:
                 scans.append((base, UnreadableSegment(len(data), str(error))))
-        return TopicScan(tuple(scans), disk.checkpoints.get(topic), None)
+        return TopicScan(tuple(scans), disk.checkpoints.get(topic), None, disk.epochs.get(topic))
 
     def _recover(self, effect: RecoverTopic) -> None:
         disk, topic = self.broker.disk, effect.topic
@@ -263,6 +275,13 @@ class SimPort:
             if isinstance(action, PlaceSegment):  # after an accepted loss
                 header = format.encode_segment_header(topic, action.segment_base, effect.now_ms)
                 disk.create(topic, action.segment_base, header)
+                continue
+            if isinstance(action, ForgetCheckpoint):  # a follower's log was cut below it
+                disk.checkpoints.pop(topic, None)
+                continue
+            if isinstance(action, DeleteSegment):  # the cut of a follower's log
+                self.broker._prune(topic, action.segment_base)
+                disk.delete(topic, action.segment_base)
                 continue
             if isinstance(action, TruncateSegment):
                 disk.truncate(topic, action.segment_base, action.size)

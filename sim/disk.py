@@ -18,6 +18,7 @@ import errno
 import random
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 from danube.machines.wal import format
 
@@ -52,6 +53,9 @@ class SimDisk:
         A mark is durable once its write completes (the driver's pwrite + fdatasync)."""
         self.full = False
         """Writes fail with ENOSPC while set (fsyncs of written data still succeed)."""
+        self.epochs: dict[str, Any] = {}
+        """Each topic's replication epochs file (`danube.effects.WriteEpochs`): replaced by
+        a rename, durable once its write completes."""
 
     def _topic(self, topic: str) -> TopicFiles:
         files = self.topics.get(topic)
@@ -106,6 +110,7 @@ class SimDisk:
     def remove_topic(self, topic: str) -> None:
         self.topics.pop(topic, None)
         self.checkpoints.pop(topic, None)
+        self.epochs.pop(topic, None)
 
     def mark(self, topic: str, durable_end: int) -> None:
         """A checkpoint write completed: it never lowers the mark."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from danube import keys as all_keys
 from danube.effects import (
     Outcome,
     StoreList,
@@ -17,8 +18,9 @@ from danube.effects.flow import run_now
 from danube.machines.cluster import keys
 from danube.machines.cluster import ownership as own
 from danube.machines.cluster import ownership_flows as flows
+from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.node import paths
-from danube.metadata.model import KeyValue
+from danube.metadata.model import Compare, KeyValue
 from danube.values.names import parse_topic
 
 TOPIC = "/default/orders"
@@ -114,11 +116,14 @@ def test_a_load_reads_records_the_writer_and_adopts() -> None:
     prefixes, policy_key = own.load_reads(TOPIC)
     delivery = paths.topic_delivery(parse_topic(TOPIC))
     entry = KeyValue(delivery, {"strategy": "reliable"}, 1, 1, 1, None)
-    asked, perform = answers([entry], [], None, TxnAnswer(Outcome.COMMITTED, revision=60), None)
+    committed = TxnAnswer(Outcome.COMMITTED, revision=60)
+    asked, perform = answers([entry], [], None, None, committed, None)
     run_now(flows.load(machine, own.Load(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
-    assert [type(a) for a in asked] == [StoreList, StoreList, StoreRead, StoreTxn, flows.Adopt]
+    kinds = [StoreList, StoreList, StoreRead, StoreRead, StoreTxn, flows.Adopt]
+    assert [type(a) for a in asked] == kinds
     assert [a.prefix for a in asked[:2]] == list(prefixes) and asked[2].key == policy_key
-    assert asked[4].claim_revision == 50 and asked[4].entries[delivery] == {"strategy": "reliable"}
+    assert asked[3].key == all_keys.replicas_key(TOPIC)
+    assert asked[5].claim_revision == 50 and asked[5].entries[delivery] == {"strategy": "reliable"}
     assert machine.inputs == [("loaded", TOPIC)]
 
 
@@ -162,3 +167,26 @@ def test_a_drop_keeps_the_files() -> None:
     assert asked == [
         flows.Forget(TOPIC, "this broker lost its ownership of the topic", False, "topic_dropped")
     ]
+
+
+def test_a_load_keeps_the_local_log_of_an_in_sync_follower_and_claims_the_replica_set() -> None:
+    """A promoted follower's directory holds every acknowledged record (spec/replication.md,
+    "Failover"): it is kept although another broker wrote the topic last, and the replica
+    set names the new owner and epoch, compared on its revision."""
+    record = ReplicaSet(40, "b1", ("b2", "b3"), ("b2", "b3"))
+    found = KeyValue(all_keys.replicas_key(TOPIC), record.to_json(), 7, 41, 3, None)
+    entries = {all_keys.writer_key(TOPIC): {"broker_id": "b1"}}
+    writer = own.become_writer(TOPIC, "b2", 50, entries, found)
+    assert writer.keep_local
+    assert Compare(found.key, "mod_revision", "==", 41) in writer.compares
+    (put,) = [op for op in writer.ops if getattr(op, "key", None) == found.key]
+    claimed = ReplicaSet.from_json(put.value)
+    assert (claimed.epoch, claimed.owner, claimed.in_sync) == (50, "b2", ("b3",))
+    # not in sync: the directory goes (the log continues from the object index)
+    lagging = ReplicaSet(40, "b1", ("b2", "b3"), ("b3",))
+    found = KeyValue(all_keys.replicas_key(TOPIC), lagging.to_json(), 7, 41, 3, None)
+    assert not own.become_writer(TOPIC, "b2", 50, entries, found).keep_local
+    # an unreadable replica set changes nothing
+    junk = KeyValue(all_keys.replicas_key(TOPIC), {"epoch": -1}, 7, 41, 3, None)
+    writer = own.become_writer(TOPIC, "b2", 50, entries, junk)
+    assert not writer.keep_local and len(writer.ops) == 1

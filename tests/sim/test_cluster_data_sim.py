@@ -11,8 +11,7 @@ from collections import Counter
 
 import pytest
 
-from danube.machines.tiering import layout
-from danube.values.names import parse_topic
+from danube import keys
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_admin import OVERRIDES
 from sim.cluster_data_checker import NO_LOSS, ONE_WRITER
@@ -62,12 +61,30 @@ def test_a_deposed_owners_late_upload_lands_beside_the_new_owners_object() -> No
     object key (offsets alone) and replace the indexed object: the acknowledged message was
     gone (seed 37 found it). Keys now carry the writer's claim revision. The scenario needs a
     particular interleaving, which moves between seeds whenever the simulated timing
-    changes, so the test looks for it: the first seed where the planted bug loses a message
-    must, without it, keep both writers' objects of one range and lose nothing. The runs
-    are without the operator (`sim.cluster_admin`), whose calls move the interleaving out of
-    these 100 seeds: the scenario is the data plane's alone."""
+    changes, so the test looks for it, twice: a seed where two writers uploaded one range and
+    both objects are kept with nothing lost; and a seed where the planted bug (keys without
+    the epoch) loses a message, which loses nothing without it. (Object keys take part in a
+    run's timing, so one seed's runs with and without the bug part ways before the upload:
+    the two are looked for separately.) The runs are without the operator
+    (`sim.cluster_admin`), whose calls move the interleaving: the scenario is the data
+    plane's alone. The planted bug is looked for in seeds 101-300: since claims also write the
+    replica set, none of seeds 1-100 shows it (10 of 101-400 do, the first at 115)."""
     quiet = dataclasses.replace(DATA, admin=0)
     for seed in range(1, 101):
+        simulation = ClusterSimulation(seed, quiet, DEFAULT)
+        result = simulation.run(15)
+        assert result.ok, (seed, [v.detail for v in result.violations])
+        assert simulation.objects is not None
+        ranges = Counter(
+            (k.topic, k.start_offset, k.next_offset)
+            for k in map(keys.parse_any_object_key, simulation.objects.objects)
+            if k is not None
+        )
+        if any(count > 1 for count in ranges.values()):
+            break  # two writers uploaded one range, both objects are kept, nothing lost
+    else:
+        raise AssertionError("no seed of 100 has two writers upload one range")
+    for seed in range(101, 301):
         with DATA_MUTATIONS["object_keys_without_epoch"]():
             planted = ClusterSimulation(seed, quiet, DEFAULT).run(15)
         if planted.ok:
@@ -75,16 +92,10 @@ def test_a_deposed_owners_late_upload_lands_beside_the_new_owners_object() -> No
         assert {v.invariant for v in planted.violations} == {NO_LOSS}, planted.violations
         detail = planted.violations[0].detail
         assert "acknowledged messages are lost" in detail, detail
-        topic = detail.split(":", 1)[0]
-        simulation = ClusterSimulation(seed, quiet, DEFAULT)
-        result = simulation.run(15)
+        result = ClusterSimulation(seed, quiet, DEFAULT).run(15)
         assert result.ok, (seed, [v.detail for v in result.violations])
-        assert simulation.objects is not None
-        name = parse_topic(topic)
-        ranges = Counter(layout.parse_object_key(name, key) for key in simulation.objects.objects)
-        if any(count > 1 for at, count in ranges.items() if at is not None):
-            return  # two writers uploaded one range, and both objects are kept
-    raise AssertionError("no seed of 100 replays a deposed owner's late upload")
+        return
+    raise AssertionError("no seed of 200 catches object keys without the writer's epoch")
 
 
 def test_writes_without_the_claim_compare_are_caught_as_a_second_writer() -> None:

@@ -46,6 +46,7 @@ from danube.keys import topic_of_key as topic_of_key
 from danube.keys import writer_key as writer_key
 from danube.machines.cluster import records
 from danube.machines.cluster.records import Marker, MarkerReason
+from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
 from danube.metadata.model import Compare, Delete, KeyValue, Op, Put
 from danube.values.names import parse_topic
 
@@ -133,17 +134,49 @@ class Writer:
 
 
 def become_writer(
-    topic: str, broker_id: str, claim_revision: int, entries: Mapping[str, Any]
+    topic: str,
+    broker_id: str,
+    claim_revision: int,
+    entries: Mapping[str, Any],
+    replicas: KeyValue | None = None,
 ) -> Writer:
-    """`entries`: the topic's metadata as read before the load."""
+    """`entries`: the topic's metadata as read before the load; `replicas`: its replica set
+    (`danube.machines.cluster.replicas`) as read then, None when it has none.
+
+    The local WAL directory is kept when this broker wrote the topic last, or when the
+    replica set records it in sync: its directory then holds the replicated log, with every
+    acknowledged record (spec/replication.md, "Failover and moves"). The replica set is
+    rewritten in the same transaction, compared on its revision: this claim's revision is the
+    new epoch, this broker the owner, and it leaves the in-sync set (the owner always
+    counts)."""
     me = records.broker_id_to_json(broker_id)
     previous = entries.get(writer_key(topic))
-    keep_local = isinstance(previous, dict) and previous.get("broker_id") == me
-    return Writer(
-        keep_local,
-        (Compare(owner_key(topic), "mod_revision", "==", claim_revision),),
-        (Put(writer_key(topic), {"broker_id": me}),),
-    )
+    record = replica_set_of(replicas)
+    in_sync_here = record is not None and broker_id in record.in_sync
+    keep_local = (isinstance(previous, dict) and previous.get("broker_id") == me) or in_sync_here
+    compares = [Compare(owner_key(topic), "mod_revision", "==", claim_revision)]
+    ops: list[Op] = [Put(writer_key(topic), {"broker_id": me})]
+    if replicas is not None and record is not None:
+        claimed = dataclasses.replace(
+            record,
+            epoch=max(record.epoch, claim_revision),
+            owner=broker_id,
+            in_sync=tuple(b for b in record.in_sync if b != broker_id),
+        )
+        compares.append(Compare(replicas.key, "mod_revision", "==", replicas.mod_revision))
+        ops.append(Put(replicas.key, claimed.to_json()))
+    return Writer(keep_local, tuple(compares), tuple(ops))
+
+
+def replica_set_of(found: KeyValue | None) -> ReplicaSet | None:
+    """A stored replica set, None when absent or unreadable (the load then keeps the local
+    directory only by the writer rule, and writes no replica set)."""
+    if found is None:
+        return None
+    try:
+        return ReplicaSet.from_json(found.value)
+    except ReplicaSetError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from danube import keys
 from danube.effects import Outcome, StoreList, StoreRead, StoreTxn, StoreUnreachable
 from danube.effects.flow import Flow
 from danube.machines.cluster import ownership as own
@@ -116,7 +117,10 @@ def load(machine: own.Ownership, effect: own.Load, now: Now) -> Flow[list[own.Ef
             scanned.extend((yield StoreList(prefix)))
         policy = yield StoreRead(policy_key)
         entries = own.load_entries(topic, scanned, policy)
-        writer = own.become_writer(topic, machine.config.broker_id, effect.claim_revision, entries)
+        replicas = yield StoreRead(keys.replicas_key(topic))
+        writer = own.become_writer(
+            topic, machine.config.broker_id, effect.claim_revision, entries, replicas
+        )
         answer = yield StoreTxn(writer.compares, writer.ops, purpose=f"writer {topic}")
         if not answer.committed:
             raise LookupError(f"the claim on {topic} is gone")

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.node.effects import (
     Effect,
     PublishFailed,
@@ -64,6 +65,12 @@ class ReplicaConfig:
     in_sync: tuple[str, ...]
     version: int
     """The value's mod_revision: the configuration version its changes compare."""
+
+
+def replica_config(record: ReplicaSet, version: int) -> ReplicaConfig:
+    """A replica set read from the store (at `version`, its mod_revision) as the core
+    takes it (`BrokerCore.replicas_changed`)."""
+    return ReplicaConfig(record.epoch, record.followers, record.in_sync, version)
 
 
 @dataclass(frozen=True, slots=True)
