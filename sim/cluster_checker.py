@@ -27,7 +27,7 @@ from danube.metadata.model import WatchEvent
 from sim.checker import Violation
 from sim.cluster_node import SimNode
 from sim.etcd import Origin, SimEtcd
-from sim.world import World
+from sim.world import US_PER_S, World
 
 ONE_LEADER = "a one leader"
 ALIVE = "b unfenced means alive"
@@ -52,6 +52,8 @@ class ClusterChecker:
         """Topics whose creation landed → at which revision."""
         self._owners: dict[str, dict[str, int]] = {}
         """topic → broker → revision of its assignment, as in the store."""
+        self.others: list[list[Violation]] = []
+        """The other checkers' violation lists, which `check` also tests."""
         self._leader: str | None = None
         """The broker the leader key names, as in the store: every change of the store
         reaches `committed` (reading the key after every event cost a JSON decode each)."""
@@ -67,20 +69,26 @@ class ClusterChecker:
 
     # -- after every event ------------------------------------------------------------------------
 
-    def check(self) -> None:
+    def check(self) -> bool:
         """After every event (a cluster run's hottest function): `SimEtcd.lease_alive` inlined,
-        the clock read once."""
-        leaders = []
-        deadlines = self.etcd.lease_deadlines_s
-        now_s = self.etcd.now_s
+        the clock read once, no list built unless a broker leads. Returns whether any checker
+        of the run has found a violation (`others`: the run stops there)."""
+        leader: str | None = None
+        many = False
+        deadlines = self.etcd._deadline_s
+        now_s = self.world.now / US_PER_S
+        stopped = Phase.STOPPED
         for node in self.nodes:
             process = node.process
             if process is None or not process.alive:
                 continue
             m = process.membership
             if m.leading:
-                leaders.append(node.name)
-            if m.fenced or m.phase is Phase.STOPPED:
+                if leader is None:
+                    leader = node.name
+                else:
+                    many = True
+            if m.fenced or m.phase is stopped:
                 continue
             lease = m.lease_id
             deadline = None if lease is None else deadlines.get(lease)
@@ -90,9 +98,18 @@ class ClusterChecker:
                     f"broker {node.name} believes it is unfenced, but its lease {m.lease_id} is "
                     "not alive in the store",
                 )
-        if not leaders:
-            return
-        if len(leaders) > 1:
+        if leader is not None:
+            self._leaders(leader, many)
+        return bool(self.violations) or any(self.others)
+
+    def _leaders(self, first: str, many: bool) -> None:
+        leaders = [first]
+        if many:
+            leaders = [
+                node.name
+                for node in self.nodes
+                if (p := node.process) is not None and p.alive and p.membership.leading
+            ]
             self._violate(ONE_LEADER, f"brokers {', '.join(leaders)} all believe they lead")
         key = self._leader
         for name in leaders:

@@ -187,7 +187,12 @@ class SimEtcd:
 
     def expire(self) -> None:
         now = self.now_s
-        for lease in [lease for lease, deadline in self._deadline_s.items() if deadline <= now]:
+        due = [lease for lease, deadline in self._deadline_s.items() if deadline <= now]
+        if not due:
+            # The state's leases are these, with these deadlines (`grant`, `keepalive`), so
+            # it has none to expire either; this runs before every request.
+            return
+        for lease in due:
             self._forget(lease)
             self.world.log(f"etcd lease {lease} expired")
         self._publish(self.state.expire(now), None)

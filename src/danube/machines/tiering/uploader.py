@@ -439,8 +439,13 @@ class Uploader:
         self._listing = False
         interval = self.config.orphan_scan_interval_ms
         self._next_scan_ms = None if interval is None else now_ms + interval
+        indexed_next = self.indexed_next
+        if indexed_next is None:  # nothing is indexed: no object can be an orphan yet
+            return self._pump(now_ms)
         effects: list[Effect] = [
-            DeleteObject(stored.key) for stored in objects if self._is_orphan(stored, now_ms)
+            DeleteObject(stored.key)
+            for stored in objects
+            if self._is_orphan(stored, now_ms, indexed_next)
         ]
         return effects + self._pump(now_ms)
 
@@ -527,14 +532,12 @@ class Uploader:
         self._indexed_keys.add(entry.key)
         return [AllowLocalDelete(segment.base, segment.next_offset), *self._pump(now_ms)]
 
-    def _is_orphan(self, stored: StoredObject, now_ms: int) -> bool:
+    def _is_orphan(self, stored: StoredObject, now_ms: int, indexed_next: int) -> bool:
         """Never indexable (its range starts inside the indexed history, whose entry starts
         are final) and old enough. The cheap tests come first: most listed objects are
         indexed, and parsing every key of every scan was a tenth of a cluster run."""
-        indexed_next = self.indexed_next
         if (
-            indexed_next is None
-            or stored.key in self._indexed_keys
+            stored.key in self._indexed_keys
             or now_ms - stored.modified_ms < self.config.orphan_grace_ms
         ):
             return False
