@@ -221,7 +221,7 @@ def list_objects(prefix: str) -> Flow[list[StoredObject]]:
         listed = yield ObjectList(prefix)
     except Exception:
         return []
-    return [StoredObject(key, modified) for key, modified in listed]
+    return list(map(StoredObject._make, listed))
 
 
 def delete_object(key: str) -> Flow[BaseException | None]:

@@ -54,7 +54,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from danube import keys
 from danube.effects import StoreTxn
@@ -118,9 +118,10 @@ class SealedSegment:
     size: int
 
 
-@dataclass(frozen=True, slots=True)
-class StoredObject:
-    """One key of a listing (`ListObjects`), with the store's last-modified time."""
+class StoredObject(NamedTuple):
+    """One key of a listing (`ListObjects`), with the store's last-modified time. A named
+    tuple, not a frozen dataclass: every orphan scan makes one per object of the topic
+    (37,000 in a 30 s cluster run), and a tuple is built at half the cost."""
 
     key: str
     modified_ms: int
@@ -296,6 +297,8 @@ class Uploader:
         """When `tick` next has something to do (a retry or an orphan scan), if ever."""
         if self._halt is not None:
             return None
+        if not self._uncommitted:  # the usual answer, asked at every tick of every topic
+            return None if self._listing else self._next_scan_ms
         due: list[int] = []
         for segment in itertools.islice(self._uncommitted, self.config.max_in_flight):
             if segment.phase is _Phase.QUEUED:

@@ -47,13 +47,13 @@ class SegmentHeader:
 def encode_segment_header(topic: str, base_offset: int, created_ms: int) -> bytes:
     name = topic.encode()
     length = -(-(_SEGMENT_FIXED.size + len(name)) // 8) * 8
-    header = bytearray(length)
-    _SEGMENT_FIXED.pack_into(
-        header, 0, SEGMENT_MAGIC, FORMAT_VERSION, length, 0, base_offset, created_ms, len(name)
+    fixed = _SEGMENT_FIXED.pack(
+        SEGMENT_MAGIC, FORMAT_VERSION, length, 0, base_offset, created_ms, len(name)
     )
-    header[_SEGMENT_FIXED.size : _SEGMENT_FIXED.size + len(name)] = name
-    _U32.pack_into(header, 12, crc32c(header))
-    return bytes(header)
+    # Built as bytes, which the CRC kernel takes as they are (a bytearray went through
+    # `byte_view` and numba's typing of a memoryview: 11 µs a header against 2.3 µs).
+    header = b"".join((fixed, name, bytes(length - len(fixed) - len(name))))
+    return b"".join((header[:12], _U32.pack(crc32c(header)), header[16:]))
 
 
 def decode_segment_header(data: bytes | memoryview) -> SegmentHeader:
