@@ -89,11 +89,13 @@ class SimPort:
     def _later(self, delay_us: int, action: Callable[[], None]) -> None:
         """Runs `action` after `delay_us` if this incarnation still lives."""
 
-        def run() -> None:
-            if self.alive:
+        broker, incarnation = self.broker, self.incarnation
+
+        def run() -> None:  # `alive`, inlined: a third of all events pass here
+            if broker.up and broker.incarnation == incarnation:
                 action()
 
-        self.broker.world.at(delay_us, run)
+        broker.world.at(delay_us, run)
 
     # -- Host ------------------------------------------------------------------------------------
 
