@@ -217,6 +217,9 @@ class ClusterSimulation:
                     topic=topic,
                     rate=workload.rate,
                 )
+        self.checker.others.append(self.admin_checker.violations)
+        if self.data_checker is not None:
+            self.checker.others.append(self.data_checker.violations)
 
     @property
     def violations(self) -> list[Violation]:
@@ -224,15 +227,6 @@ class ClusterSimulation:
         if self.data_checker is not None:
             found += self.data_checker.violations
         return found
-
-    def _after_event(self) -> bool:
-        """Runs after every event: tests the checkers' lists without building `violations`."""
-        self.checker.check()
-        return bool(
-            self.checker.violations
-            or self.admin_checker.violations
-            or (self.data_checker is not None and self.data_checker.violations)
-        )
 
     def run(self, duration_s: float) -> ClusterResult:
         """The run, with the cyclic collector tuned for it (`GC_THRESHOLDS`)."""
@@ -259,7 +253,8 @@ class ClusterSimulation:
             policy = Put(paths.namespace_policy("default"), policies_to_json(Policies()))
             self.etcd.txn((), (policy,), Origin("setup", "namespace"))
         world.at(FAULT_TICK_US, self._fault_tick)
-        world.run_until(end, stop=self._after_event)
+        # After every event: `ClusterChecker.check`, which also tests the other checkers' lists.
+        world.run_until(end, stop=self.checker.check)
         for producer in self.producers.values():
             producer.stop()
         settled, settle_s = False, 0.0
@@ -301,7 +296,7 @@ class ClusterSimulation:
         began = world.now
         problems: list[str] = []
         while world.now < began + SETTLE_LIMIT_US:
-            world.run_until(world.now + SETTLE_CHECK_US, stop=self._after_event)
+            world.run_until(world.now + SETTLE_CHECK_US, stop=self.checker.check)
             if self.violations:
                 return False, 0.0
             problems = self.checker.unsettled(self.topics) + self.operator.unsettled()

@@ -457,7 +457,12 @@ class Operator:
             if not broker.metadata_flushed:
                 self.world.at(SETTLE_POLL_US, stored)
                 return
-            answer((step.value, list(core.topic_policies(request.topic)[1])))
+            try:  # the topic may have moved away (or gone) while the change was stored
+                overrides = core.topic_policies(request.topic)[1]
+            except DanubeError as error:
+                answer(error=error)
+                return
+            answer((step.value, list(overrides)))
 
         stored()
 

@@ -18,6 +18,7 @@ f. only the leader's decisions land: every load-manager transaction that took ef
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 
@@ -27,7 +28,7 @@ from danube.metadata.model import WatchEvent
 from sim.checker import Violation
 from sim.cluster_node import SimNode
 from sim.etcd import Origin, SimEtcd
-from sim.world import World
+from sim.world import US_PER_S, World
 
 ONE_LEADER = "a one leader"
 ALIVE = "b unfenced means alive"
@@ -35,6 +36,7 @@ ONE_OWNER = "c one owner per topic"
 SETTLED = "d every topic on a live broker"
 REGISTERED = "e assigned only to registered brokers"
 LEADER_WRITES = "f only the leader's decisions land"
+NEVER = 1 << 62
 DECISIONS = ("Assign", "Move", "FailOver", "Release", "MarkDrained", "SetFollowers")
 
 
@@ -52,6 +54,11 @@ class ClusterChecker:
         """Topics whose creation landed → at which revision."""
         self._owners: dict[str, dict[str, int]] = {}
         """topic → broker → revision of its assignment, as in the store."""
+        self._due_us = NEVER
+        """When `check` must run in full even if nothing it reads was written: the earliest
+        lease deadline of an unfenced broker (simulated microseconds)."""
+        self.others: list[list[Violation]] = []
+        """The other checkers' violation lists, which `check` also tests."""
         self._leader: str | None = None
         """The broker the leader key names, as in the store: every change of the store
         reaches `committed` (reading the key after every event cost a JSON decode each)."""
@@ -67,20 +74,41 @@ class ClusterChecker:
 
     # -- after every event ------------------------------------------------------------------------
 
-    def check(self) -> None:
-        """After every event (a cluster run's hottest function): `SimEtcd.lease_alive` inlined,
-        the clock read once."""
-        leaders = []
-        deadlines = self.etcd.lease_deadlines_s
-        now_s = self.etcd.now_s
+    def check(self) -> bool:
+        """After every event (a cluster run's hottest function). Returns whether any checker
+        of the run has found a violation (`others`: the run stops there).
+
+        (a) and (b) read the brokers' memberships and lives, the lease deadlines and the
+        leader key, and the clock: the full check runs when one of them was written since
+        the last (`SimEtcd.changed`, which the memberships, the brokers, the store and
+        `committed` set) or when the clock reaches the earliest deadline it saw; otherwise
+        it would find what it found last time, nothing."""
+        etcd = self.etcd
+        if etcd.changed or self.world.now >= self._due_us:
+            etcd.changed = False
+            self._check_members()
+        return bool(self.violations) or any(self.others)
+
+    def _check_members(self) -> None:
+        """(a) and (b) in full: `SimEtcd.lease_alive` inlined, the clock read once, no list
+        built unless a broker leads."""
+        leader: str | None = None
+        many = False
+        deadlines = self.etcd._deadline_s
+        now_s = self.world.now / US_PER_S
+        stopped = Phase.STOPPED
+        due_s = math.inf
         for node in self.nodes:
             process = node.process
             if process is None or not process.alive:
                 continue
             m = process.membership
             if m.leading:
-                leaders.append(node.name)
-            if m.fenced or m.phase is Phase.STOPPED:
+                if leader is None:
+                    leader = node.name
+                else:
+                    many = True
+            if m.fenced or m.phase is stopped:
                 continue
             lease = m.lease_id
             deadline = None if lease is None else deadlines.get(lease)
@@ -90,9 +118,22 @@ class ClusterChecker:
                     f"broker {node.name} believes it is unfenced, but its lease {m.lease_id} is "
                     "not alive in the store",
                 )
-        if not leaders:
-            return
-        if len(leaders) > 1:
+            elif deadline < due_s:
+                due_s = deadline
+        # A microsecond early at most (the float product may round up): a full check too
+        # soon finds nothing, one too late would miss a violation's moment.
+        self._due_us = NEVER if due_s == math.inf else math.floor(due_s * US_PER_S) - 1
+        if leader is not None:
+            self._leaders(leader, many)
+
+    def _leaders(self, first: str, many: bool) -> None:
+        leaders = [first]
+        if many:
+            leaders = [
+                node.name
+                for node in self.nodes
+                if (p := node.process) is not None and p.alive and p.membership.leading
+            ]
             self._violate(ONE_LEADER, f"brokers {', '.join(leaders)} all believe they lead")
         key = self._leader
         for name in leaders:
@@ -108,6 +149,7 @@ class ClusterChecker:
         for event in events:  # first: `_leader_wrote` reads the key as this commit left it
             if event.key == keys.LEADER_KEY:
                 self._leader = None if event.kind == "delete" else str(event.value)
+                self.etcd.changed = True  # `check` compares it with who believes it leads
         if origin is not None and events:
             self.landed[origin.kind] += 1
             if origin.kind in DECISIONS:

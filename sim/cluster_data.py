@@ -42,7 +42,7 @@ from danube.metadata.model import KeyValue
 from danube.values.config import OBJECT_DURABILITY, TopicDurability
 from danube.values.errors import DanubeError, ErrorCode
 from sim.broker import TICK_US, Observer, Reply, SimBroker
-from sim.broker_io import SimPort
+from sim.broker_io import SimPort, op_text
 from sim.disk import SimDisk
 from sim.etcd import SimEtcd
 from sim.faults import Faults, Injected
@@ -162,8 +162,8 @@ class ClusterPort(SimPort):
             waiter.ok()
 
     def perform(self, effect: Any, done: Done) -> None:
-        if not isinstance(effect, StoreTxn):
-            super().perform(effect, done)
+        if type(effect) is not StoreTxn:  # every effect passes here: no `super()` lookup
+            SimPort.perform(self, effect, done)
             return
         broker = self.broker
         host = broker.host
@@ -177,7 +177,7 @@ class ClusterPort(SimPort):
                 return
             if error is None and answer.committed and effect.purpose.startswith("index "):
                 self.stats["commits"] += 1
-                broker.world.log(f"index committed {effect.ops[0]}")
+                broker.world.log(f"index committed {op_text(effect.ops[0])}")
             done(answer, error)
 
         perform_store(host, effect, answered, broker.claims)

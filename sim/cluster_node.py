@@ -105,6 +105,27 @@ class _Follow:
     backlog: list[list[WatchEvent]] = field(default_factory=list)
 
 
+_CHECKED = frozenset({"phase", "lease_id", "fenced", "leading"})
+"""The membership's fields `ClusterChecker.check` reads."""
+
+
+class WatchedMembership(Membership):
+    """The broker's membership machine, unchanged, telling the cluster checker when a field
+    it checks after every event is written (`SimEtcd.changed`): the check then runs in full
+    only after such a write, or once a lease deadline may have passed."""
+
+    __slots__ = ("_changes",)
+
+    def __init__(self, config: MembershipConfig, changes: SimEtcd) -> None:
+        object.__setattr__(self, "_changes", changes)
+        super().__init__(config)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _CHECKED:
+            self._changes.changed = True
+        object.__setattr__(self, name, value)
+
+
 class BrokerProcess:
     """One incarnation of a broker."""
 
@@ -117,7 +138,7 @@ class BrokerProcess:
         self.incarnation = incarnation
         self.alive = True
         self.stopping = False
-        self.membership = Membership(node.settings.membership)
+        self.membership: Membership = WatchedMembership(node.settings.membership, node.etcd)
         self.manager = LoadManager(node.name, node.settings.manager)
         self._member_started = False
         self._wake = 0
@@ -160,6 +181,7 @@ class BrokerProcess:
 
     def die(self) -> None:
         self.alive = False
+        self.etcd.changed = True  # what `ClusterChecker.check` reads
         if self.data is not None:
             self.data.die()
         for follow in self._follows.values():
@@ -489,6 +511,7 @@ class SimNode:
     def boot(self) -> None:
         self.incarnations += 1
         self.process = BrokerProcess(self, self.incarnations)
+        self.etcd.changed = True  # what `ClusterChecker.check` reads
         self.process.start()
 
     def crash(self, restart_us: int) -> None:

@@ -85,6 +85,10 @@ class SimEtcd:
         self._deadline_s: dict[int, float] = {}
         """Each live lease's expiry on the store's clock (the state keeps its own, privately;
         this copy lets the checker ask whether a lease is alive without changing anything)."""
+        self.changed = True
+        """Set when a lease's deadline changes (and by the brokers when their membership or
+        life does): `ClusterChecker.check` runs in full only then (it clears it) or once a
+        deadline may have passed."""
         self._watchers: list[_Watcher] = []
         self._stalled_until = 0
 
@@ -161,11 +165,13 @@ class SimEtcd:
         lease = self.state.grant_lease(ttl_s, self.now_s)
         self._ttl_s[lease] = ttl_s
         self._deadline_s[lease] = self.now_s + ttl_s
+        self.changed = True
         return lease
 
     def keepalive(self, lease: int) -> None:
         self.state.keepalive(lease, self.now_s)  # raises LeaseNotFound
         self._deadline_s[lease] = self.now_s + self._ttl_s[lease]
+        self.changed = True
 
     def revoke(self, lease: int, origin: Origin) -> None:
         events = self.state.revoke(lease)
@@ -187,7 +193,12 @@ class SimEtcd:
 
     def expire(self) -> None:
         now = self.now_s
-        for lease in [lease for lease, deadline in self._deadline_s.items() if deadline <= now]:
+        due = [lease for lease, deadline in self._deadline_s.items() if deadline <= now]
+        if not due:
+            # The state's leases are these, with these deadlines (`grant`, `keepalive`), so
+            # it has none to expire either; this runs before every request.
+            return
+        for lease in due:
             self._forget(lease)
             self.world.log(f"etcd lease {lease} expired")
         self._publish(self.state.expire(now), None)
@@ -195,6 +206,7 @@ class SimEtcd:
     def _forget(self, lease: int) -> None:
         self._ttl_s.pop(lease, None)
         self._deadline_s.pop(lease, None)
+        self.changed = True
 
     def _expiry_tick(self) -> None:
         self.expire()

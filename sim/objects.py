@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from danube.machines.tiering import StoredObject
 from danube.machines.wal import format, records
 from sim.faults import Faults, Injected
 from sim.world import World
@@ -56,16 +57,18 @@ class _Objects(dict[str, StoredBlob]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.listings: dict[str, list[tuple[str, int]]] = {}
+        self.listings: dict[str, list[StoredObject]] = {}
+        """As the uploader's `ListObjects` answer holds them (tuples of key and time): a
+        listing is then handed over without building an object per entry per scan."""
 
     def _put(self, key: str, value: StoredBlob) -> None:
         for prefix, listed in self.listings.items():
             if key.startswith(prefix):
                 at = bisect.bisect_left(listed, (key,))
                 if at < len(listed) and listed[at][0] == key:
-                    listed[at] = (key, value.modified_ms)
+                    listed[at] = StoredObject(key, value.modified_ms)
                 else:
-                    listed.insert(at, (key, value.modified_ms))
+                    listed.insert(at, StoredObject(key, value.modified_ms))
 
     def _gone(self, key: str) -> None:
         for prefix, listed in self.listings.items():
@@ -110,11 +113,13 @@ class _Objects(dict[str, StoredBlob]):
         self.listings.clear()
         return super().__ior__(other)
 
-    def listing(self, prefix: str) -> list[tuple[str, int]]:
+    def listing(self, prefix: str) -> list[StoredObject]:
         """(key, last-modified ms) of every object under `prefix`, in key order (a copy)."""
         listed = self.listings.get(prefix)
         if listed is None:
-            listed = [(k, o.modified_ms) for k, o in self.items() if k.startswith(prefix)]
+            listed = [
+                StoredObject(k, o.modified_ms) for k, o in self.items() if k.startswith(prefix)
+            ]
             listed.sort()  # keys are unique: sorted by key
             self.listings[prefix] = listed
         return list(listed)

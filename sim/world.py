@@ -89,13 +89,16 @@ class World:
     def run_until(self, end_us: int, stop: Callable[[], bool] = lambda: False) -> None:
         """Executes events up to `end_us` (or until `stop()` holds after an event)."""
         queue, pop = self._queue, heapq.heappop
-        while queue and queue[0][0] <= end_us:
-            time, _, action = pop(queue)
-            self.now = time
-            self.events += 1
-            action()
-            if stop():
-                return
+        done = 0  # counted here, added once (also when an event raises)
+        try:
+            while queue and queue[0][0] <= end_us:
+                self.now, _, action = pop(queue)
+                done += 1
+                action()
+                if stop():
+                    return
+        finally:
+            self.events += done
         if end_us > self.now:
             self.now = end_us
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from danube.kernels import crc32c, find_frame, find_frame_py, scan_frames, scan_frames_py
+from danube.kernels.frames import scan_frames_compiled
 from danube.kernels.twins import FRAME_MAGIC, MAX_FRAME, crc32c_py
 from danube.machines.wal.format import encode_frame
 
@@ -34,6 +35,9 @@ def check(buf: bytes | bytearray | memoryview, start: int, end: int, base: int) 
     """Both kernels equal their twins, including find_frame from where the scan stopped."""
     got = scan_frames(buf, start, end, base)
     assert got == scan_frames_py(buf, start, end, base)
+    assert got == scan_frames_compiled(buf, start, end, base)  # the kernel from the start
+    if isinstance(buf, memoryview | bytearray):  # and the small-buffer walk of `bytes`
+        assert scan_frames(bytes(buf), start, end, base) == got
     assert find_frame(buf, start, end) == find_frame_py(buf, start, end)
     assert find_frame(buf, got.valid_end, end) == find_frame_py(buf, got.valid_end, end)
     if got.valid_end < end:

@@ -320,3 +320,18 @@ def test_replay_reproduces_durable_keys() -> None:
     assert state.events_since(0) == [WatchEvent("put", "/a", [1], 3, None)]
     with pytest.raises(ValueError):
         state.replay(3, {})
+
+
+def test_decode_value_is_json_loads_of_canonical_text() -> None:
+    """`decode_value` skips `json.loads`' checks of what canonical text never has; each decode
+    is a fresh copy."""
+    from danube.metadata.state import decode_value, encode_value
+
+    values = [None, True, 0, -7, 2.5, "", 'é \\u2028 "q"', [], {}, [1, [2, {"b": 1, "a": [None]}]]]
+    values.append({"key": "a/b", "offsets": [[5, 56], [6, 152]], "nested": {"x": "y"}})
+    for value in values:
+        text = encode_value(value)
+        assert decode_value(text) == json.loads(text) == value
+    one = {"a": [1]}
+    first, second = decode_value(encode_value(one)), decode_value(encode_value(one))
+    assert first == second and first is not second and first["a"] is not second["a"]

@@ -4,14 +4,20 @@ seed is replayed; `tests/sim/cluster_mutations.py`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from unittest import mock
 
 import pytest
 
+from danube.machines.cluster.membership import Effect, Membership, Phase
+from sim.checker import Violation
 from sim.cluster import ClusterResult, ClusterSimulation, ClusterWorkload, cluster_replay_command
+from sim.cluster_checker import ALIVE, ONE_LEADER, ClusterChecker
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 from sim.cluster_main import cluster_report
 from tests.sim.cluster_mutations import FOUND_BUGS, MUTATIONS
@@ -157,3 +163,49 @@ def test_the_replay_command_replays_the_run() -> None:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert json.loads(done.stdout)["digest"] == expected.digest
+
+
+@contextlib.contextmanager
+def lead_without_campaign() -> Iterator[None]:
+    """Planted for the test below: a member that sees no leader key believes it leads at
+    once. Its violation of (a) starts at a write of the membership alone, one watch event
+    after the store changed, so only the membership's own notice can make `check` see it
+    at that moment."""
+    original = Membership.leader_seen
+
+    def leader_seen(
+        self: Membership, leader: str | None, now_ms: int, *, lease: int | None = None
+    ) -> list[Effect]:
+        effects = original(self, leader, now_ms, lease=lease)
+        if leader is None and self.phase is Phase.MEMBER:
+            self.leading = True
+        return effects
+
+    with mock.patch.object(Membership, "leader_seen", leader_seen):
+        yield
+
+
+def test_the_check_after_every_event_finds_what_a_full_check_finds() -> None:
+    """`ClusterChecker.check` runs (a) and (b) in full only after a write to what they read
+    or at a lease deadline; run by run, with planted bugs of (a) and (b), the violations
+    (with their moments) and the digests are those of checking in full after every
+    event."""
+
+    def full(self: ClusterChecker) -> bool:
+        self._check_members()
+        return bool(self.violations) or any(self.others)
+
+    def runs() -> list[tuple[str, list[Violation]]]:
+        found = []
+        for seed in range(1, 7):
+            for planted in (lead_without_campaign, MUTATIONS["never_fence"]):
+                with planted():
+                    result = ClusterSimulation(seed, WORKLOAD, HEAVY).run(10)
+                found.append((result.digest, list(result.violations)))
+        return found
+
+    incremental = runs()
+    with mock.patch.object(ClusterChecker, "check", full):
+        assert runs() == incremental
+    invariants = {v.invariant for _, violations in incremental for v in violations}
+    assert {ONE_LEADER, ALIVE} <= invariants, invariants

@@ -241,7 +241,9 @@ def list_objects(prefix: str) -> Flow[list[StoredObject]]:
         listed = yield ObjectList(prefix)
     except Exception:
         return []
-    return [StoredObject(key, modified) for key, modified in listed]
+    # Entries may be StoredObjects already (the simulator's store keeps its listings so).
+    make = StoredObject._make
+    return [item if type(item) is StoredObject else make(item) for item in listed]
 
 
 def delete_object(key: str) -> Flow[BaseException | None]:

@@ -14,10 +14,19 @@ kernels keep the CRC32C code and loaders of `crc32c.py` they were compiled with.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 from numba import njit
 
-from danube.kernels.crc32c import _load_u16, _load_u32, _load_u64, byte_view, crc32c_update
+from danube.kernels.crc32c import (
+    _load_u16,
+    _load_u32,
+    _load_u64,
+    byte_view,
+    crc32c,
+    crc32c_update,
+)
 from danube.kernels.twins import FRAME_HEADER, FRAME_MAGIC, MAX_FRAME, MIN_FRAME, FrameScan
 
 _U64 = 1 << 64
@@ -131,10 +140,78 @@ def _bounds(view: memoryview, start: int, end: int) -> None:
         raise ValueError(f"range {start}..{end} is outside the buffer of {len(view)} bytes")
 
 
+SMALL_SCAN_BYTES = 1024
+SMALL_FRAMES = 4
+"""`scan_frames` walks a region of a `bytes` buffer of at most `SMALL_SCAN_BYTES` in Python,
+up to `SMALL_FRAMES` frames, before it calls the kernel: a kernel call costs ~6 µs of
+dispatch whatever the size, a frame walked here ~1.5 µs (its CRC by the `crc32c` kernel,
+0.45 µs for bytes), so the objects and small segments of a simulated cluster (one to three
+frames) scan in half the time. Larger regions (a WAL read of a lagging subscription: 9 and
+more frames in 4 KiB and more) go to the kernel at once: a walk of their first frames was
+pure overhead (measured 2-4 % of `python -m sim --seed 7 --rate 100`)."""
+_HEAD = struct.Struct("<IIIHHQQ")
+_U32 = struct.Struct("<I")
+
+
 def scan_frames(
     buf: bytes | bytearray | memoryview, start: int, end: int, expected_base: int
 ) -> FrameScan:
     """Walks frames from `start` while each is valid and continues the offsets (one pass)."""
+    if (
+        end - start > SMALL_SCAN_BYTES
+        or type(buf) is not bytes
+        or start < 0
+        or end > len(buf)
+        or not 0 <= expected_base < _U64
+    ):
+        return scan_frames_compiled(buf, start, end, expected_base)
+    pos, expected = start, expected_base
+    positions: list[int] = []
+    bases: list[int] = []
+    counts: list[int] = []
+    unpack, size_of = _HEAD.unpack_from, _U32.unpack_from
+    for _ in range(SMALL_FRAMES):  # `twins.frame_ok`, in the kernel's order, with the CRC kernel
+        if end - pos < FRAME_HEADER:
+            return FrameScan(pos, expected, positions, bases, counts)
+        crc, length, magic, _, count, base, _ = unpack(buf, pos)
+        frame_end = pos + length
+        if (
+            magic != FRAME_MAGIC
+            or not MIN_FRAME <= length <= MAX_FRAME
+            or frame_end > end
+            or count == 0
+            or crc32c(buf[pos + 4 : frame_end]) != crc
+        ):
+            return FrameScan(pos, expected, positions, bases, counts)
+        cursor = pos + FRAME_HEADER
+        for _ in range(count):
+            if cursor + 4 > frame_end:
+                cursor = -1  # the records do not fit the frame
+                break
+            cursor += 4 + size_of(buf, cursor)[0]
+        if cursor != frame_end or base != expected:
+            return FrameScan(pos, expected, positions, bases, counts)
+        positions.append(pos)
+        bases.append(base)
+        counts.append(count)
+        pos, expected = frame_end, base + count
+        if expected >= _U64:  # the u64 offsets end here: no frame can continue them
+            return FrameScan(pos, expected, positions, bases, counts)
+    rest = scan_frames_compiled(buf, pos, end, expected)
+    return FrameScan(
+        rest.valid_end,
+        rest.next_offset,
+        positions + rest.positions,
+        bases + rest.base_offsets,
+        counts + rest.record_counts,
+    )
+
+
+def scan_frames_compiled(
+    buf: bytes | bytearray | memoryview, start: int, end: int, expected_base: int
+) -> FrameScan:
+    """`scan_frames` by the kernel alone, from the first frame (tested against the twin and
+    against `scan_frames`)."""
     view = byte_view(buf)
     _bounds(view, start, end)
     if start >= end or not 0 <= expected_base < _U64:

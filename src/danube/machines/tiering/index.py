@@ -24,6 +24,7 @@ MIN_HEADER = 40
 """The smallest segment header (spec/wal-format.md): the first frame starts at or after it."""
 U32 = 1 << 32
 _FIELDS = ("start_offset", "end_offset", "size", "crc32c", "key", "created_ms", "offset_index")
+_INT_FIELDS = ("start_offset", "end_offset", "size", "crc32c", "created_ms")
 
 
 class IndexFormatError(ValueError):
@@ -84,22 +85,38 @@ class IndexEntry:
         missing = [name for name in _FIELDS if name not in value]
         if missing:
             raise IndexFormatError(f"index entry lacks {', '.join(missing)}")
-        ints = {name: value[name] for name in _FIELDS if name not in ("key", "offset_index")}
-        for name, number in ints.items():
-            if not _is_int(number):
+        # One pass of exact type tests (every reader of a watch decodes each entry; bool is
+        # a subclass of int, which `type(...) is int` refuses as `_is_int` does).
+        for name in _INT_FIELDS:
+            if type(value[name]) is not int and not _is_int(value[name]):
                 raise IndexFormatError(f"index entry field {name} must be an integer")
-        if not isinstance(value["key"], str):
+        key = value["key"]
+        if not isinstance(key, str):
             raise IndexFormatError("index entry field key must be a string")
         pairs = value["offset_index"]
-        if not isinstance(pairs, list) or not all(
-            isinstance(pair, list) and len(pair) == 2 and all(_is_int(n) for n in pair)
-            for pair in pairs
-        ):
+        offset_index: list[tuple[int, int]] = []
+        if not isinstance(pairs, list):
+            pairs = None
+        else:
+            for pair in pairs:
+                if not isinstance(pair, list) or len(pair) != 2:
+                    pairs = None
+                    break
+                offset, position = pair
+                if not (_is_int(offset) and _is_int(position)):
+                    pairs = None
+                    break
+                offset_index.append((offset, position))
+        if pairs is None:
             raise IndexFormatError("index entry field offset_index must be [[offset, byte], ...]")
         return cls(
-            key=value["key"],
-            offset_index=tuple((offset, position) for offset, position in pairs),
-            **ints,
+            value["start_offset"],
+            value["end_offset"],
+            value["size"],
+            value["crc32c"],
+            key,
+            value["created_ms"],
+            tuple(offset_index),
         )
 
 
