@@ -38,7 +38,6 @@ from danube.values.config import DispatchStrategy
 from danube.values.errors import DanubeError, ErrorCode
 from danube.values.names import parse_topic
 from sim.checker import Violation
-from sim.cluster_data import SETTLE_POLL_US
 from sim.cluster_node import BrokerProcess, SimNode
 from sim.etcd import Origin, SimEtcd
 from sim.flow_runner import Answer, run_flow
@@ -449,13 +448,13 @@ class Operator:
         except DanubeError as error:
             answer(error=error)
             return
-        broker._apply(step.effects)
+        interpreter = broker.interpreter
+        assert interpreter is not None
+        first = interpreter.metadata.submitted + 1
+        target = interpreter.apply(step.effects)
 
         def stored() -> None:
             if not process.alive or broker.core is not core:
-                return
-            if not broker.metadata_flushed:
-                self.world.at(SETTLE_POLL_US, stored)
                 return
             try:  # the topic may have moved away (or gone) while the change was stored
                 overrides = core.topic_policies(request.topic)[1]
@@ -464,7 +463,9 @@ class Operator:
                 return
             answer((step.value, list(overrides)))
 
-        stored()
+        # As the runtime's reply: once the change is durable, an error when it is not
+        # (a write that failed or whose answer was lost must not be answered ok).
+        interpreter.settle(first, target, step.effects, _Settled(stored, answer))
 
     def _forwarded(self, admin_url: str, local: Local, answer: Answer) -> None:
         """The leader answers a forwarded call itself, never forwarding it again."""
@@ -499,3 +500,19 @@ def _ignore(_: Any) -> None:
 def _if_alive(process: BrokerProcess, answer: Answer) -> None:
     if process.alive:
         answer(None)
+
+
+class _Settled:
+    """The waiter of `Interpreter.settle` for a call answered here."""
+
+    __slots__ = ("answer", "stored")
+
+    def __init__(self, stored: Callable[[], None], answer: Answer) -> None:
+        self.stored = stored
+        self.answer = answer
+
+    def ok(self) -> None:
+        self.stored()
+
+    def fail(self, error: DanubeError) -> None:
+        self.answer(error=error)

@@ -97,6 +97,8 @@ def perform_store(
 
         host.call(f"renew lease {lease}", lambda: etcd.keepalive(lease), renewed)
         return
+    if effect.claims is not None and claims is not None:  # the claims it was decided under
+        claims = dict(effect.claims)
     try:
         fence = fence_compares(effect.fenced, claims)
     except NotOwner as error:

@@ -202,7 +202,10 @@ def test_a_claim_whose_answer_was_lost_is_settled_before_the_topic_is_forgotten(
     assert o.assignment_seen(T, False, 200) == [WakeAt(600)], "the retry still stands"
     (again,) = o.tick(600)
     assert isinstance(again, Claim)
-    assert o.claim_done(T, True, 41, 650, known=True) == [Unload(T, 41)]  # it had landed: own_claim
+    # It had landed (own_claim): the topic is loaded, then unloaded, since its WAL may hold
+    # what no object holds yet.
+    assert o.claim_done(T, True, 41, 650, known=True) == [Load(T, 41)]
+    assert o.loaded(T, 660) == [Unload(T, 41)]
     (release,) = o.unloaded(T, 700)
     assert release == Release(T, (Compare(OWNER, "mod_revision", "==", 41),), (Delete(OWNER),))
     assert o.released(T, True, 750) == []
@@ -386,3 +389,20 @@ def test_a_delete_marker_reported_before_the_assignment_deletion_drops_the_topic
     (release,) = o.unloaded(T, 0)
     assert isinstance(release, Release)
     assert Compare(MARKER, "mod_revision", "==", 60) in release.compares
+
+
+def test_a_claimed_topic_unassigned_before_its_load_is_loaded_then_unloaded() -> None:
+    """Its local WAL may hold acknowledged records no object holds yet (a replicated topic
+    that waited for this broker, its last owner): the unload's seal uploads them. A topic
+    whose load failed is unloaded without (nothing readable to seal)."""
+    o = machine()
+    o.assignment_seen(T, True, 0)
+    assert o.claim_done(T, True, 41, 100, known=True) == [Load(T, 41)]
+    o.assignment_seen(T, False, 110)
+    assert o.loaded(T, 120) == [Unload(T, 41)]
+    o = machine()
+    o.assignment_seen(T, True, 0)
+    assert o.claim_done(T, True, 41, 100, known=True) == [Load(T, 41)]
+    o.assignment_seen(T, False, 110)
+    assert o.load_failed(T, 120) == [WakeAt(620)]
+    assert o.tick(620) == [Unload(T, 41)]

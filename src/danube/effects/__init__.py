@@ -64,13 +64,17 @@ class StoreTxn:
 
     `fenced` names keys written under this broker's ownership of a topic: the port adds the
     compares of the ownership claim (cluster mode), so a broker that lost the topic cannot
-    write. `purpose` is for logs and the simulator's trace only."""
+    write; of the claims in `claims` when given. `purpose` is for logs and the simulator's
+    trace only."""
 
     compares: tuple[Compare, ...]
     ops: tuple[Op, ...]
     read_back: tuple[str, ...] = ()
     fenced: tuple[str, ...] = ()
     purpose: str = ""
+    claims: tuple[tuple[str, int], ...] | None = None
+    """`(topic, claim revision)` the change was decided under (`BrokerCore.fence_claims`):
+    the fence compares these, not the claims the port holds when the write goes out."""
 
 
 @dataclass(frozen=True, slots=True)

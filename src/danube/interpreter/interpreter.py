@@ -302,9 +302,12 @@ class Interpreter:
                     previous=previous,
                 )
             elif isinstance(effect, PersistMeta):
+                # fenced on the claims it was decided under (`BrokerCore.fence_claims`)
+                claims = self.core.fence_claims(effect.keys)
                 txn = StoreTxn(
-                    (), tuple(effect.ops()), fenced=tuple(effect.keys), purpose="persist"
-                )
+                    (), tuple(effect.ops()), fenced=tuple(effect.keys), purpose="persist",
+                    claims=None if claims is None else tuple(sorted(claims.items())),
+                )  # fmt: skip
                 self.metadata.submit(txn)
                 self._write_metadata()
             elif isinstance(effect, ConsumerReady):

@@ -60,6 +60,8 @@ async def perform_store(
 async def _transact(
     store: MetadataStore, effect: StoreTxn, claims: Mapping[str, int] | None
 ) -> TxnAnswer:
+    if effect.claims is not None and claims is not None:  # the claims it was decided under
+        claims = dict(effect.claims)
     compares = [*effect.compares, *fence_compares(effect.fenced, claims)]
     try:
         with trio.fail_after(REQUEST_TIMEOUT_S):

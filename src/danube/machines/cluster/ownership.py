@@ -26,7 +26,9 @@ unassigned markers, and for each topic:
   the topic already), and the assignments still in the view are claimed afresh.
 
 One topic is in one phase at a time; an assignment deleted while the topic is still being
-loaded is unloaded as soon as the load answers, and one deleted before a claim landed has
+loaded, or once it is claimed, is unloaded as soon as the load answers (a claimed topic is
+loaded first: its WAL may hold what no object holds yet; only a topic being deleted, or
+whose load failed, is unloaded without), and one deleted before a claim landed has
 nothing to unload, but still marks ready a marker that names this broker. A claim whose
 answer was lost may have landed: the topic is claimed again, assigned or not, until an answer
 says which (`claim_done(known=False)`). Inputs take the monotonic clock in milliseconds.
@@ -272,6 +274,8 @@ class _Topic:
     """Revision of the marker the `Release` in flight marks ready."""
     claim_unknown: bool = False
     """The last claim's answer was lost: it may have landed under the lease."""
+    load_failed: bool = False
+    """The last load of this claim failed (its storage or metadata is unreadable)."""
 
 
 @dataclass(slots=True)
@@ -393,6 +397,7 @@ class Ownership:
         if state is None or state.phase is not Phase.LOADING:
             return []
         state.busy = False
+        state.load_failed = True
         state.retry_at = now_ms + self.config.retry_ms
         return self._step(now_ms)
 
@@ -469,9 +474,12 @@ class Ownership:
             return self._release(topic, state)
         if state.phase is Phase.LOADING:
             assert state.claim_revision is not None
-            if topic not in self._assigned:
+            if topic not in self._assigned and (state.load_failed or self._deleting(topic)):
                 state.phase = Phase.UNLOADING
                 return self._unload(topic, state.claim_revision)
+            # Claimed and unassigned meanwhile, the topic is still loaded first: its local
+            # WAL may hold acknowledged records no object holds yet (a replicated topic
+            # waits for its last owner), which the unload's seal then uploads.
             return Load(topic, state.claim_revision)
         if state.phase is Phase.SERVING:
             if topic in self._assigned:
@@ -484,13 +492,16 @@ class Ownership:
             return self._unload(topic, state.claim_revision)
         return self._release(topic, state)
 
-    def _unload(self, topic: str, claim_revision: int) -> Unload:
+    def _deleting(self, topic: str) -> bool:
+        """The marker waiting for this broker is a `delete`: the topic goes with its WAL."""
         seen = self._markers.get(topic)
-        deleted = (
+        return (
             self._owes_ready(topic) and seen is not None
             and seen.marker.reason is MarkerReason.DELETE
         )  # fmt: skip
-        return Unload(topic, claim_revision, deleted)
+
+    def _unload(self, topic: str, claim_revision: int) -> Unload:
+        return Unload(topic, claim_revision, self._deleting(topic))
 
     def _claim(self, topic: str) -> Claim:
         key = owner_key(topic)

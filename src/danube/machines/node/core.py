@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from danube import keys
 from danube.machines.dispatch import LATEST, QueueLimits, StartPosition, SubscriptionType
 from danube.machines.node.catalogue import Catalogue, policies_to_json
 from danube.machines.node.consumers import Consumers
@@ -195,6 +196,7 @@ class BrokerCore:
         self.restorer = Restorer(self.catalogue, self.producers, self.consumers)
         self.lifecycle = Lifecycle(self.catalogue, self.producers, self.consumers, self.logs)
         self.tier = ObjectTier(self.catalogue, self.logs, rng)
+        self._clustered = clustered
         self.followers = FollowerReplicas(wal_config)
         """The topics other brokers own and replicate here."""
 
@@ -597,6 +599,24 @@ class BrokerCore:
     def wal_busy(self) -> bool:
         """Some WAL still has appends or I/O under way (shutdown waits for them)."""
         return self.logs.wal_busy()
+
+    def fence_claims(self, keys_touched: Iterable[str]) -> dict[str, int] | None:
+        """Cluster mode: the claim revision each topic a metadata change touches was served
+        under when the change was decided (a topic no longer served here is left out: the
+        port refuses the change, `NotOwner`); None standalone. The change is written only
+        while those claims stand: bound at the decision, not when the write goes out, so a
+        change decided under a claim this broker has since lost and taken again cannot land
+        under the new one, past what its load read."""
+        if not self._clustered:
+            return None
+        claims: dict[str, int] = {}
+        for key in keys_touched:
+            topic = keys.topic_of_key(key)
+            if topic is not None and topic not in claims:
+                record = self._topics.get(topic)
+                if record is not None and record.log.epoch > 0:
+                    claims[topic] = record.log.epoch
+        return claims
 
     # -- replication, the owner's side (spec/replication.md) -----------------------------------
 

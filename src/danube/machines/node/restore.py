@@ -158,10 +158,13 @@ class Restorer:
     def adopt(self, entries: Mapping[str, Any], *, keep_local: bool, epoch: int) -> Step[None]:
         """See `BrokerCore.adopt`."""
         step = self.restore(entries)
+        for topic in {t for key in entries if (t := keys.topic_of_key(key)) is not None}:
+            record = self._catalogue.topics_by_name.get(topic)
+            if record is not None:  # the claim's revision fences its writes (every kind)
+                record.log.epoch = epoch
         loads: list[Effect] = []
         for effect in step.effects:
             if isinstance(effect, LoadWal):
-                self._catalogue.topics_by_name[effect.topic].log.epoch = epoch
                 effect = LoadWal(effect.topic, fresh=not keep_local)
             loads.append(effect)
         return Step(None, tuple(loads))
