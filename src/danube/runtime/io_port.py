@@ -53,9 +53,11 @@ from danube.metadata import MetadataStore
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.object_store import ObjectStore
 from danube.runtime.object_store import classify as classify_store_error
+from danube.runtime.replication_port import PORT_EFFECTS as REPLICA_EFFECTS
+from danube.runtime.replication_port import ReplicationPort
 from danube.runtime.segment_files import SegmentFiles
 from danube.runtime.store_port import STORE_EFFECTS, perform_store
-from danube.values.errors import DanubeError
+from danube.values.errors import DanubeError, ErrorCode
 from danube.values.names import parse_topic
 
 log = logging.getLogger("danube.runtime")
@@ -196,6 +198,8 @@ class ProductionPort:
         self._idle = trio.Event()
         self._idle.set()
         self._loaded_at: dict[str, float] = {}
+        self.replication: ReplicationPort | None = None
+        """Cluster mode: carries the replication effects (set by the server)."""
 
     # -- Host ------------------------------------------------------------------------------------
 
@@ -205,6 +209,12 @@ class ProductionPort:
     def perform(self, effect: IoEffect, done: Done) -> None:
         if isinstance(effect, TOPIC_EFFECTS) and self.stopped:
             return  # never answered: the interpreter is done with the files
+        if isinstance(effect, REPLICA_EFFECTS):
+            if self.replication is None:
+                done(None, DanubeError(ErrorCode.UNAVAILABLE, "this broker does not replicate"))
+            else:
+                self.replication.perform(effect, done)
+            return
         self._nursery.start_soon(self._perform, effect, done)
 
     def event(self, name: str, **fields: Any) -> None:
