@@ -196,7 +196,8 @@ class ReplicationPort:
     def _route(self, topic: str) -> None:
         """Where a topic's replicas value goes: the core's owner side when this broker
         serves the topic; its follower side forgets the topic when the value names this
-        broker neither as follower nor as in sync (a promotion candidate keeps its copy)."""
+        broker neither as owner, nor as follower, nor as in sync (a promotion candidate
+        keeps its copy; so does the broker that just claimed the topic, which adopts it)."""
         runtime, core = self._runtime, self._runtime.core
         seen = self.records.get(topic)
         if core.serves(topic):
@@ -207,7 +208,12 @@ class ReplicationPort:
         if not core.followers.serves(topic):
             return
         me = self.broker_id
-        if seen is None or (me not in seen[0].followers and me not in seen[0].in_sync):
+        # The owner a value names is about to adopt the topic (its claim wrote it) and keeps
+        # this very copy: never released. A value deleted (the topic was) releases it.
+        record = seen[0] if seen is not None else None
+        if record is None or (
+            record.owner != me and me not in record.followers and me not in record.in_sync
+        ):
             log.info("event=replica_released topic=%s", topic)
             runtime.apply(core.replica_released(topic, delete_files=True).effects)
 

@@ -49,6 +49,7 @@ from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.metrics_http import Endpoints, Health, serve_http
 from danube.runtime.object_store import ObjectStore
 from danube.runtime.placement import ClusterPlacement, LocalPlacement, Placement
+from danube.runtime.replication_admin import ReplicationAdminService
 from danube.runtime.replication_port import ReplicationPort
 from danube.runtime.schema_gate import SchemaGate
 from danube.runtime.schema_ports import ClientPortSchemaRegistry
@@ -356,7 +357,11 @@ async def serve(
                 placement=cluster_placement if clustered else None,
                 store=store if clustered else None,
             )
-            admin_services: list[Any] = [admin, schemas]
+            admin_services: list[Any] = [
+                admin,
+                schemas,
+                ReplicationAdminService(core, broker_id, replication),
+            ]
             if replication is not None:
                 admin_services.append(replication.service)
             admin_server = Server(
