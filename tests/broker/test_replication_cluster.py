@@ -16,15 +16,18 @@ The consumer then drains the subscription: 0 acknowledged messages lost.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
 import pytest
+from grpclib.client import Channel
 
 from danube.client import DanubeClient
 from danube.client.client import DispatchStrategy
 from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
+from danube.proto import danube_ext as ext_pb
 from tests.conformance.harness import ScenarioProcess
 from tests.support.metrics import scrape
 
@@ -81,6 +84,21 @@ async def _create_topic(url: str) -> None:
         await producer.send(b"first")
 
 
+def _id(broker: BrokerProcess) -> str:
+    match = re.search(r"event=broker_ready broker_id=(\S+)", broker.log_text())
+    assert match is not None
+    return match.group(1)
+
+
+async def _replication(broker: BrokerProcess) -> ext_pb.TopicReplicationResponse:
+    channel = Channel(*broker.admin_addr.rsplit(":", 1))
+    try:
+        stub = ext_pb.ReplicationAdminStub(channel, timeout=10)
+        return await stub.topic_replication(ext_pb.TopicReplicationRequest(name=TOPIC))
+    finally:
+        channel.close()
+
+
 def _owner(cluster: LocalCluster) -> BrokerProcess | None:
     try:
         return cluster.owner(TOPIC)
@@ -118,6 +136,10 @@ def test_owner_and_follower_killed_and_restarted_lose_nothing(tmp_path: Path) ->
         killed.start()
         _wait(lambda: _copies(second) == 2, 60, "the restarted broker in sync", cluster)
         assert _followed(killed) >= 1
+        # what `danube-admin topics describe` shows, asked of a broker that does not own it
+        state = asyncio.run(_replication(killed))
+        assert state.live and state.owner == _id(second), state
+        assert [(f.broker_id, f.in_sync) for f in state.followers] == [(_id(killed), True)]
         time.sleep(2)
 
         traffic.send("stop")
