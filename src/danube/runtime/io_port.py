@@ -4,9 +4,11 @@ the metadata store, the object store and the clock, inside the broker process.
 Each `danube.effects` value is carried out in a trio task of the broker's nursery, its
 blocking calls in worker threads: a topic's WAL files through `SegmentFiles`, objects through
 `ObjectStore`, metadata through `store_port.perform_store` (fenced by the broker's ownership
-claims in cluster mode), `Sleep` with `trio.sleep`, `Work` with `trio.to_thread`. The answer
-goes back to the interpreter on the asyncio loop, where the gRPC handlers call the core: every
-core call, and so every interpreter call, happens on that one loop, in one order.
+claims in cluster mode), `Sleep` with `trio.sleep`, `Work` with `trio.to_thread`, and, in
+cluster mode, replication's sends, answers and questions to other brokers through the
+`ReplicationPort` (runtime/replication_port.py). The answer goes back to the interpreter
+on the asyncio loop, where the gRPC handlers call the core: every core call, and so every
+interpreter call, happens on that one loop, in one order.
 
 The port decides nothing (spec/effects.md): the order of a topic's file effects, retries,
 what a failure means and the tables of waiting replies are the interpreter's. What it adds is
