@@ -45,6 +45,7 @@ from danube.machines.wal.machine import CloseSegment, CreateSegment, DeleteSegme
 from danube.machines.wal.recovery import (
     ForgetCheckpoint,
     PlaceSegment,
+    RebaseSegment,
     TruncateSegment,
     UnreadableSegment,
 )
@@ -131,14 +132,14 @@ class SimPort:
         elif name == "wal_load_failed":
             log(f"wal_load_failed {f['topic']} {f['reason']}")
         elif name == "topic_stopped":
-            log(f"topic_stopped {f['topic']}")
+            log(f"topic_stopped {f['topic']}: {f['reason']}")
             broker.stopped_topics[f["topic"]] = f["reason"]
         elif name == "publish_failed":
             log(f"publish_failed {f['topic']} from={f['from_offset']}")
         elif name == "wal_io_failed":
             log(f"io_failed {f['topic']} {f['effect']} {f['error']}")
         elif name == "tier_halted":
-            log(f"tier_halted {f['topic']} resumable={f['resumable']}")
+            log(f"tier_halted {f['topic']} resumable={f['resumable']}: {f['reason']}")
             self.stats["halts"] += 1
             observer.tier_halted(f["topic"], f["reason"], f["resumable"])
         elif name == "retention_skipped":
@@ -286,6 +287,15 @@ class SimPort:
             if isinstance(action, PlaceSegment):  # after an accepted loss
                 header = format.encode_segment_header(topic, action.segment_base, effect.now_ms)
                 disk.create(topic, action.segment_base, header)
+                continue
+            if isinstance(action, RebaseSegment):  # a promoted follower's log, aligned
+                data = disk.read(topic, action.segment_base, action.position, 1 << 62)
+                header = format.encode_segment_header(topic, action.new_base, effect.now_ms)
+                disk.create(topic, action.new_base, header)
+                disk.write(topic, action.new_base, len(header), data)
+                disk.fsync(topic, action.new_base)
+                self.broker._prune(topic, action.segment_base)
+                disk.delete(topic, action.segment_base)
                 continue
             if isinstance(action, ForgetCheckpoint):  # a follower's log was cut below it
                 disk.checkpoints.pop(topic, None)

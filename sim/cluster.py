@@ -24,6 +24,7 @@ under the faults, through the admin flows production runs; `AdminChecker` adds t
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from sim.etcd import Origin, SimEtcd
 from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
 from sim.objects import SimObjectStore
+from sim.replica_streams import ReplicaStreams
 from sim.seeds import ResultMethods, changed_flags
 from sim.world import US_PER_MS, US_PER_S, World
 
@@ -86,6 +88,9 @@ class ClusterWorkload:
     report_interval_ms: int = 5_000
     data: bool = False
     """Data planes: ownership, broker cores, object store, producers (invariants g and h)."""
+    replicated: bool = False
+    """With data planes: topics at `fsync` that replicate to followers (spec/replication.md;
+    invariants r1 and r2) instead of acknowledging once indexed at the `object` level."""
     rate: float = 20.0
     """With data planes: messages per second of each topic's producer."""
     admin: int = 8
@@ -164,6 +169,8 @@ class ClusterSimulation:
         full_trace: bool = False,
     ) -> None:
         self.seed = seed
+        if workload.replicated and not workload.data:
+            workload = dataclasses.replace(workload, data=True)
         self.workload = workload
         self.faults = faults
         self.world = World(seed, full_trace=full_trace)
@@ -187,6 +194,13 @@ class ClusterSimulation:
             )
             for n in range(1, workload.brokers + 1)
         ]
+        self.streams: ReplicaStreams | None = None
+        if workload.data and workload.replicated:
+            self.streams = ReplicaStreams(
+                self.world, self.network, {node.name: node for node in self.nodes}
+            )
+            for node in self.nodes:
+                node.streams = self.streams
         self.checker = ClusterChecker(self.world, self.etcd, self.nodes)
         self.topics = [f"/default/topic-{t}" for t in range(workload.topics)]
         self.admin_checker = AdminChecker(self.world, self.etcd)
@@ -205,8 +219,11 @@ class ClusterSimulation:
         self.producers: dict[str, ClusterProducer] = {}
         if self.objects is not None:
             self.data_checker = DataChecker(
-                self.world, self.etcd, self.objects, self.nodes, self.topics
-            )
+                self.world, self.etcd, self.objects, self.nodes, self.topics,
+                replicated=self.streams is not None,
+            )  # fmt: skip
+            if self.streams is not None:
+                self.streams.on_ack = self.data_checker.broker_acknowledged
             for index, topic in enumerate(self.topics):
                 self.producers[topic] = ClusterProducer(
                     self.world,
@@ -267,6 +284,9 @@ class ClusterSimulation:
         if self.data_checker is not None:
             data = dict(self.data_checker.counts)
             data["lookups"] = sum(p.lookups for p in self.producers.values())
+        if self.streams is not None:
+            data["replica_sends"] = self.streams.sent
+            data["replica_streams_broken"] = self.streams.broken
         return ClusterResult(
             seed=self.seed,
             duration_s=duration_s,
@@ -299,9 +319,14 @@ class ClusterSimulation:
             world.run_until(world.now + SETTLE_CHECK_US, stop=self.checker.check)
             if self.violations:
                 return False, 0.0
-            problems = self.checker.unsettled(self.topics) + self.operator.unsettled()
+            topics, gone = self.topics, []
             if self.data_checker is not None:
-                problems += self.data_checker.unsettled()
+                gone = [t for t in topics if self.data_checker.unavailable_for_good(t)]
+                topics = [t for t in topics if t not in gone]
+                self.data_checker.counts["unavailable_for_good"] = len(gone)
+            problems = self.checker.unsettled(topics, gone) + self.operator.unsettled()
+            if self.data_checker is not None:
+                problems += self.data_checker.unsettled(topics)
             if not problems:
                 world.log("settled")
                 return True, (world.now - began) / US_PER_S

@@ -192,8 +192,10 @@ class ClusterChecker:
 
     # -- once the faults stopped -----------------------------------------------------------------
 
-    def unsettled(self, wanted: Sequence[str]) -> list[str]:
-        """What keeps the cluster from being settled (d); empty once it is."""
+    def unsettled(self, wanted: Sequence[str], excused: Sequence[str] = ()) -> list[str]:
+        """What keeps the cluster from being settled (d); empty once it is. `excused`:
+        topics that may stay unassigned (replicated, every replica that may take them over
+        died for good)."""
         problems = []
         running = {}
         for node in self.nodes:
@@ -216,7 +218,7 @@ class ClusterChecker:
             held = "no one" if key is None else str(key.value)
             problems.append(f"{len(leaders)} brokers lead ({leaders}); the leader key names {held}")
         problems += [f"{topic} was never created" for topic in wanted if topic not in self.created]
-        for topic in sorted(self.created):
+        for topic in sorted(set(self.created) - set(excused)):
             owners = self._owners.get(topic, {})
             if not owners:
                 problems.append(f"{topic} is not assigned")
@@ -233,7 +235,11 @@ class ClusterChecker:
                         f"{topic} is assigned (r{revision}) to broker {broker}, which is dead "
                         "or a later incarnation of it"
                     )
-        markers = self.etcd.scan(keys.UNASSIGNED_PREFIX)
+        markers = [
+            kv
+            for kv in self.etcd.scan(keys.UNASSIGNED_PREFIX)
+            if keys.parse_unassigned_key(kv.key) not in excused
+        ]
         if markers:
             problems.append(f"markers left: {', '.join(kv.key for kv in markers[:5])}")
         return problems

@@ -25,7 +25,7 @@ RETRY_US = 200 * US_PER_MS
 
 
 class Acknowledgements(Protocol):
-    def acknowledged(self, topic: str, payload: str) -> None: ...
+    def acknowledged(self, topic: str, payload: str, broker: str) -> None: ...
 
 
 class ClusterProducer:
@@ -119,7 +119,7 @@ class ClusterProducer:
         if isinstance(answer, DanubeError):
             self.world.at(RETRY_US, self._lookup)
             return
-        self.checker.acknowledged(self.topic, payload)
+        self.checker.acknowledged(self.topic, payload, self._caller.broker.node.name)
         self._sequence += 1
         self.world.at(max(0, started + self.interval_us - self.world.now), self._send)
 

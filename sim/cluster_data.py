@@ -19,6 +19,11 @@ simulated object store, and does with their effects what `danube.runtime.ownersh
 - Topics are reliable at the `object` level: a publish is answered once the object holding it
   is indexed, and a broker that believes it is fenced answers UNAVAILABLE instead (the
   runtime's `check_unfenced`).
+- With `replicated` (`--replicated`), topics are at the `fsync` level and replicate
+  (spec/replication.md): the owner's `ReplicaSend`s and the followers' answers travel on
+  `sim.replica_streams`, a follower's `AskEpochEnd` is a round trip there, and the replica
+  sets seen in the `/cluster/` watch reach the owner's core (`replicas_changed`, also at
+  once after a load) or release a replica this broker no longer follows.
 - Creating a producer or a consumer for a topic the core does not serve is answered
   UNAVAILABLE (the runtime's placement route), which sends the client to look the topic up
   again; publishes, acks and nacks go to the core, which refuses them by its own rules.
@@ -29,7 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from danube.effects import Outcome, StoreTxn, TxnAnswer
+from danube import keys as all_keys
+from danube.effects import Outcome, StoreRead, StoreTxn, TxnAnswer
 from danube.effects.flow import Finished
 from danube.interpreter import Done, Interpreter
 from danube.machines.cluster import keys
@@ -37,6 +43,9 @@ from danube.machines.cluster import ownership as own
 from danube.machines.cluster import ownership_flows as flows
 from danube.machines.cluster.keys import Marker
 from danube.machines.cluster.ownership import NotOwner, Ownership, OwnershipConfig
+from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
+from danube.machines.node.effects import AskEpochEnd, ReplicaAnswer, ReplicaSend
+from danube.machines.node.replica_owner import ReplicationSettings, replica_config
 from danube.machines.wal.machine import Durability, WalConfig
 from danube.metadata.model import KeyValue
 from danube.values.config import OBJECT_DURABILITY, TopicDurability
@@ -49,6 +58,7 @@ from sim.faults import Faults, Injected
 from sim.flow_runner import Answer, perform_store, run_flow
 from sim.network import Network
 from sim.objects import SimObjectStore
+from sim.replica_streams import ReplicaStreams
 from sim.requests import ConsumerRequest, ProducerRequest
 from sim.run import UPLOADS
 from sim.world import US_PER_MS, World
@@ -65,6 +75,8 @@ publish, so one upload answers a batch (the cluster test's setting)."""
 SETTLE_POLL_US = own.SETTLE_POLL_MS * 1000
 """How often an unload checks whether the topic is settled, as the driver does."""
 OWNERSHIP_RETRY_MS = 250
+REPLICATION_LAG_MS = 500
+"""`cluster.replication.lag_ms` of the simulated brokers (`--replicated`)."""
 
 
 class Host(Protocol):
@@ -107,11 +119,21 @@ class ClusterBroker(SimBroker):
         """topic → revision of this broker's claim: the fencing token of its writes."""
         self.fenced = True
         """Until the membership says otherwise, acknowledge nothing."""
+        self.streams: ReplicaStreams | None = getattr(host, "node", None) and host.node.streams
+        """Set when the cluster replicates (`--replicated`)."""
+
+    def wait_stored(self, topic: str, through: int, waiter: Any) -> None:
+        """The waiter learns its topic, for the check of each acknowledgement (r2)."""
+        super().wait_stored(topic, through, _TopicWait(waiter, topic))
 
     def start(self) -> None:
         self.incarnation += 1
-        durability = TopicDurability(default=OBJECT_DURABILITY, object_batch_ms=OBJECT_BATCH_MS)
-        core = self.core = self._new_core(durability=durability, clustered=True)
+        if self.streams is not None:
+            settings = ReplicationSettings(broker_id=self.host.name, lag_ms=REPLICATION_LAG_MS)
+            core = self.core = self._new_core(clustered=True, replication=settings)
+        else:
+            durability = TopicDurability(default=OBJECT_DURABILITY, object_batch_ms=OBJECT_BATCH_MS)
+            core = self.core = self._new_core(durability=durability, clustered=True)
         self.port = ClusterPort(self, self.incarnation)
         self.interpreter = Interpreter(core, self.port, objects=True)
         self.up = True
@@ -155,14 +177,23 @@ class ClusterPort(SimPort):
     broker: ClusterBroker
 
     def resolve(self, waiter: Any) -> None:
-        if self.broker.fenced:
-            self.broker.world.log("fenced: not acknowledging")
+        broker = self.broker
+        if broker.fenced:
+            broker.world.log("fenced: not acknowledging")
             waiter.fail(DanubeError(ErrorCode.UNAVAILABLE, "broker fenced"))
-        else:
-            waiter.ok()
+            return
+        streams = broker.streams
+        if streams is not None and streams.on_ack is not None and isinstance(waiter, _TopicWait):
+            topic = waiter.topic
+            streams.on_ack(broker.host.name, topic, broker.claims.get(topic))
+        waiter.ok()
 
     def perform(self, effect: Any, done: Done) -> None:
-        if type(effect) is not StoreTxn:  # every effect passes here: no `super()` lookup
+        kind = type(effect)
+        if kind in _REPLICA_EFFECTS:
+            self._replicate(effect, done)
+            return
+        if kind is not StoreTxn and kind is not StoreRead:  # no `super()` lookup: hot path
             SimPort.perform(self, effect, done)
             return
         broker = self.broker
@@ -175,12 +206,48 @@ class ClusterPort(SimPort):
                 broker.world.log(f"broker {host.name} {effect.purpose} refused: {error}")
                 done(TxnAnswer(Outcome.REFUSED))
                 return
+            if kind is StoreRead:
+                done(answer, error)
+                return
             if error is None and answer.committed and effect.purpose.startswith("index "):
                 self.stats["commits"] += 1
                 broker.world.log(f"index committed {op_text(effect.ops[0])}")
             done(answer, error)
 
         perform_store(host, effect, answered, broker.claims)
+
+    def _replicate(self, effect: Any, done: Done) -> None:
+        broker = self.broker
+        streams, process = broker.streams, broker.host
+        assert streams is not None, "replication effects without --replicated"
+        if isinstance(effect, ReplicaSend):
+            streams.send(process, effect.follower, effect.message)  # type: ignore[arg-type]
+            done(None)
+        elif isinstance(effect, ReplicaAnswer):
+            streams.answer(process, effect.owner, effect.answer)  # type: ignore[arg-type]
+            done(None)
+        else:
+            streams.ask(process, effect.owner, effect.topic, effect.epoch, effect.last_epoch,  # type: ignore[arg-type]
+                        done)  # fmt: skip
+
+
+_REPLICA_EFFECTS = frozenset({ReplicaSend, ReplicaAnswer, AskEpochEnd})
+
+
+class _TopicWait:
+    """A publish's storage waiter with its topic."""
+
+    __slots__ = ("topic", "waiter")
+
+    def __init__(self, waiter: Any, topic: str) -> None:
+        self.waiter = waiter
+        self.topic = topic
+
+    def ok(self) -> None:
+        self.waiter.ok()
+
+    def fail(self, error: DanubeError) -> None:
+        self.waiter.fail(error)
 
 
 class DataPlane:
@@ -195,6 +262,8 @@ class DataPlane:
         self._wake = 0
         self._assigned: set[str] = set()
         self._markers: set[str] = set()
+        self._replicas: dict[str, tuple[ReplicaSet, int]] = {}
+        """topic → its replica set and revision, as the watch has it (`--replicated`)."""
 
     def start(self) -> None:
         self.broker.start()
@@ -227,6 +296,10 @@ class DataPlane:
                         topic, Marker.from_json(kv.value), kv.mod_revision, now
                     )
                 )
+        if self.broker.streams is not None:
+            for kv in snapshot:
+                if all_keys.parse_replicas_key(kv.key) is not None:
+                    self._replica_set(kv.key, kv.value, kv.mod_revision)
         for topic in sorted(self._markers - markers):
             self.apply(self.machine.marker_seen(topic, None, 0, now))
         for topic in sorted(self._assigned - assigned):
@@ -254,6 +327,39 @@ class DataPlane:
                 self._markers.add(topic)
                 marker = Marker.from_json(value)
                 self.apply(self.machine.marker_seen(topic, marker, revision, now))
+        elif self.broker.streams is not None and all_keys.parse_replicas_key(key) is not None:
+            self._replica_set(key, value, revision)
+
+    def _replica_set(self, key: str, value: Any, revision: int | None) -> None:
+        """A replica set as the watch shows it: the owner's core adopts it; a follower no
+        longer named drops its replica (and its files)."""
+        topic = all_keys.parse_replicas_key(key)
+        assert topic is not None
+        record = None
+        if revision is not None:
+            try:
+                record = ReplicaSet.from_json(value)
+            except ReplicaSetError:
+                record = None
+        if record is None or revision is None:
+            self._replicas.pop(topic, None)
+        else:
+            self._replicas[topic] = (record, revision)
+        self._push(topic)
+
+    def _push(self, topic: str) -> None:
+        broker = self.broker
+        core, interpreter = broker.core, broker.interpreter
+        if core is None or interpreter is None or not self.host.alive:
+            return
+        seen = self._replicas.get(topic)
+        if core.serves(topic):
+            if seen is not None:
+                interpreter.replication.replicas_changed(topic, replica_config(*seen))
+        elif core.followers.serves(topic) and _no_longer_follows(
+            self.host.name, topic in self._assigned, seen
+        ):
+            broker._apply(core.replica_released(topic, delete_files=True).effects)
 
     # -- effects ----------------------------------------------------------------------------------
 
@@ -298,6 +404,8 @@ class DataPlane:
             host.world.log(
                 f"broker {host.name} loaded {request.topic} keep_local={request.keep_local}"
             )
+            if broker.streams is not None:
+                self._push(request.topic)
             answer(None)
         elif isinstance(request, flows.Seal):
             broker._apply(core.unload(request.topic, broker.now_ms).effects)
@@ -324,6 +432,19 @@ class DataPlane:
             self.host.world.at(SETTLE_POLL_US, lambda: self._when_settled(topic, answer))
             return
         answer(None)
+
+
+def _no_longer_follows(me: str, assigned_here: bool, seen: tuple[ReplicaSet, int] | None) -> bool:
+    """A replica's files go only when this broker neither follows the topic nor may own it:
+    a follower being promoted is dropped from `followers` while it claims the topic, and its
+    directory is then the log it loads (`keep_local`); a follower the leader replaced stays
+    in `in_sync`, a promotion candidate, until the owner shrinks it away."""
+    if assigned_here:
+        return False
+    if seen is None:
+        return True
+    record = seen[0]
+    return me not in record.followers and me not in record.in_sync and record.owner != me
 
 
 def _topic_of(request: Any) -> str | None:

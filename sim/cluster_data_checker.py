@@ -11,6 +11,17 @@ h. **no acknowledged loss across moves and failovers**: when a producer is told 
 
 The checker decodes each object when its index entry lands, so (h) costs one dictionary look-up
 per acknowledgement.
+
+With replication (`--replicated`: topics at `fsync`, spec/replication.md), (h) becomes:
+
+r1. **no acknowledged message lost while a broker that may take the topic over survives**
+    (its in-sync followers and its owner, `promotion_candidates`): at the end, once
+    settled, the topic's log at its owner (the indexed objects and the owner's own WAL
+    segments) holds every acknowledged message, unless every such broker died for good
+    (`kill`: the machine and its disk are lost) and the topic stays unassigned, which the
+    issue allows;
+r2. **nothing is acknowledged under an epoch after a higher one was recorded**: when a broker
+    acknowledges a publish, its claim on the topic (the epoch) is the one etcd holds.
 """
 
 from __future__ import annotations
@@ -18,8 +29,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from danube.keys import replicas_key
 from danube.machines.cluster import keys
 from danube.machines.cluster.ownership import Phase, owner_key, topic_of_key
+from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError, promotion_candidates
 from danube.machines.tiering import IndexEntry, validate_index
 from danube.machines.tiering import layout as tier_layout
 from danube.machines.wal import format, records
@@ -28,12 +41,15 @@ from danube.values.names import parse_topic
 from sim.broker import warm_kernels
 from sim.checker import Violation
 from sim.cluster_node import SimNode
+from sim.disk import SimDisk
 from sim.etcd import Origin, SimEtcd
 from sim.objects import SimObjectStore
 from sim.world import World
 
 ONE_WRITER = "g at most one writer per topic"
 NO_LOSS = "h no acknowledged loss across moves and failovers"
+REPLICA_LOSS = "r1 no acknowledged loss while an in-sync replica survives"
+STALE_EPOCH_ACK = "r2 no acknowledgement under a superseded epoch"
 DATA_WRITES = ("persist", "index", "writer")
 
 
@@ -45,6 +61,8 @@ class DataChecker:
         objects: SimObjectStore,
         nodes: Sequence[SimNode],
         topics: Sequence[str],
+        *,
+        replicated: bool = False,
     ) -> None:
         warm_kernels()  # before the run's clock starts (the first kernel call is slow)
         self.world = world
@@ -61,6 +79,7 @@ class DataChecker:
         self._claims: dict[str, str | None] = {}
         """topic → the broker whose claim stands, as in the store: every change of the store
         reaches `committed` (reading the claim at each data write cost a JSON decode)."""
+        self.replicated = replicated
         etcd.observers.append(self)
 
     def _violate(self, invariant: str, detail: str) -> None:
@@ -114,21 +133,49 @@ class DataChecker:
 
     # -- from the producers ----------------------------------------------------------------------
 
-    def acknowledged(self, topic: str, payload: str) -> None:
+    def acknowledged(self, topic: str, payload: str, broker: str) -> None:
         self.acked[topic].append(payload)
         self.counts["acknowledged"] += 1
+        if self.replicated:
+            return  # r1 is checked at the end (`final_replicated`)
         if payload not in self.stored[topic]:
             self._violate(
                 NO_LOSS,
                 f"{topic}: {payload} was acknowledged but no indexed object holds it",
             )
 
+    def broker_acknowledged(self, broker: str, topic: str, claim: int | None) -> None:
+        """r2, as the broker answers a publish: under the claim etcd holds."""
+        found = self.etcd.get(owner_key(topic))
+        holder = _holder(found.value) if found is not None else None
+        if found is None or claim is None or found.mod_revision != claim or holder != broker:
+            now = None if found is None else found.mod_revision
+            self._violate(
+                STALE_EPOCH_ACK,
+                f"broker {broker} acknowledged a publish to {topic} under claim {claim} while "
+                f"etcd's claim was {now} ({holder or 'no one'}'s)",
+            )
+
     # -- once settled ------------------------------------------------------------------------------
 
-    def unsettled(self) -> list[str]:
+    def unavailable_for_good(self, topic: str) -> bool:
+        """Replicated: every broker that may take the topic over (its in-sync replicas and
+        last owner, `promotion_candidates`) died for good, so it stays unassigned: what the
+        issue allows when no replica of the acknowledged tail survives."""
+        if not self.replicated:
+            return False
+        found = self.etcd.get(replicas_key(topic))
+        try:
+            record = ReplicaSet.from_json(found.value) if found is not None else None
+        except ReplicaSetError:
+            return False
+        survivors = [node.name for node in self.nodes if not node.lost]
+        return promotion_candidates(record, survivors) == frozenset()
+
+    def unsettled(self, topics: Sequence[str] | None = None) -> list[str]:
         """Every topic served by the broker it is assigned to."""
         problems = []
-        for topic in self.topics:
+        for topic in self.topics if topics is None else topics:
             serving = [
                 node.name
                 for node in self.nodes
@@ -142,7 +189,10 @@ class DataChecker:
 
     def final(self) -> None:
         """h at the end, from the store alone: the index is sound from offset 0 and its
-        objects hold every acknowledged message."""
+        objects hold every acknowledged message (replicated: r1, `final_replicated`)."""
+        if self.replicated:
+            self.final_replicated()
+            return
         for topic in self.topics:
             prefix = tier_layout.index_prefix(parse_topic(topic))
             entries = sorted(
@@ -171,6 +221,41 @@ class DataChecker:
                     NO_LOSS, f"{topic}: {len(lost)} acknowledged messages are lost: {lost[:5]}"
                 )
 
+    def final_replicated(self) -> None:
+        """r1 at the end: a topic served by a broker holds, in the indexed objects and its
+        owner's WAL, every acknowledged message. Each one is held by every broker that may
+        take the topic over (its in-sync followers and its owner: a shrink drops a member,
+        an expand adds one that holds everything, a promotion picks a member); a topic all
+        of whose such brokers died for good stays unassigned (`unavailable_for_good`) and
+        its acknowledged messages are excused, as the issue allows."""
+        for topic in self.topics:
+            owners = [
+                node
+                for node in self.nodes
+                if (p := node.running) is not None
+                and p.data is not None
+                and p.data.machine.phase(topic) is Phase.SERVING
+            ]
+            if not owners and self.unavailable_for_good(topic):
+                self.counts["lost_with_every_replica"] += len(self.acked[topic])
+                continue
+            held: set[str] = set()
+            prefix = tier_layout.index_prefix(parse_topic(topic))
+            for kv in self.etcd.scan(prefix):
+                if tier_layout.is_index_entry(kv.key):
+                    blob = self.objects.objects.get(IndexEntry.from_json(kv.value).key)
+                    if blob is not None:
+                        held.update(payload for _, payload in self._records_of(blob.data))
+            for node in owners:
+                held |= _wal_payloads(node.disk, topic)
+            lost = [payload for payload in self.acked[topic] if payload not in held]
+            if lost:
+                self._violate(
+                    REPLICA_LOSS,
+                    f"{topic}: {len(lost)} acknowledged messages are lost although a replica "
+                    f"that may take it over survives: {lost[:5]}",
+                )
+
 
 def _holder(value: object) -> str | None:
     """The broker an owner key's value names (None: no claim)."""
@@ -184,3 +269,17 @@ def _records_of(data: bytes) -> list[tuple[int, str]]:
         (offset, records.decode(record).payload.decode())
         for offset, record in format.scanned_records(data, format.scan_segment(data))
     ]
+
+
+def _wal_payloads(disk: SimDisk, topic: str) -> set[str]:
+    """The payloads of every valid frame of the topic's segments on a broker's disk."""
+    held: set[str] = set()
+    for _, data in disk.scans(topic):
+        try:
+            scan = format.scan_segment(data)
+        except format.WalFormatError:
+            continue
+        held.update(
+            records.decode(r).payload.decode() for _, r in format.scanned_records(data, scan)
+        )
+    return held

@@ -23,6 +23,8 @@ from sim.swarm import Draw, Space, coin, draw, either, given_knobs, one_of
 KNOB_HELP = {
     "data": "data planes: ownership, broker cores, object store, producers ",
     "rate": "with --data: messages per second of each topic's producer ",
+    "replicated": "data planes whose topics are at fsync and replicate to followers "
+    "(spec/replication.md; invariants r1, r2) ",
     "admin": "operator's calls (drains, unloads, deletions, policies; invariants i, j, k) ",
     "scratch_topics": "topics the operator creates to delete ",
 }

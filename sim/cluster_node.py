@@ -60,6 +60,7 @@ from sim.faults import Injected
 from sim.flow_runner import Answer, perform_store, run_flow
 from sim.network import Network, Stream
 from sim.objects import SimObjectStore
+from sim.replica_streams import ReplicaStreams
 from sim.world import US_PER_MS, US_PER_S, World
 
 REQUEST_TIMEOUT_US = int(REQUEST_TIMEOUT_S * US_PER_S)
@@ -501,6 +502,8 @@ class SimNode:
         self.incarnations = 0
         self.lost = False
         """Dead for good: never restarts."""
+        self.streams: ReplicaStreams | None = None
+        """The replication streams between brokers (`--replicated`)."""
 
     @property
     def running(self) -> BrokerProcess | None:

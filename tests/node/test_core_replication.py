@@ -221,13 +221,31 @@ def test_without_followers_nothing_changes() -> None:
     assert owner.sends() == []
 
 
-def test_replication_stopping_releases_what_is_durable() -> None:
+def test_an_owner_whose_followers_are_gone_acknowledges_alone() -> None:
+    """The leader took b2 away (its broker is gone, none is left to replace it): the owner
+    acknowledges what it holds, having recorded that it replicates under its epoch."""
     owner = Owner()
     owner.configure(("b2",), ("b2",))
     owner.publish("m0")
     assert owner.acked() == -1
-    owner.version += 1
     owner.configure((), ())
+    assert owner.acked() == 0
+    stored = ReplicaSet.from_json(owner.driver.metadata[keys.replicas_key(TOPIC)])
+    assert stored.epochs and stored.epochs[-1][0] == stored.epoch
+
+
+def test_nothing_is_acknowledged_before_the_epoch_is_recorded() -> None:
+    """An owner that could not record its epoch in the replica set (the store refuses)
+    acknowledges nothing: the load manager, seeing no sign of replication, could give the
+    topic to another broker without these records."""
+    owner = Owner()
+    owner.driver.port.hold = lambda effect: type(effect).__name__ == "StoreTxn"
+    owner.configure((), ())
+    owner.publish("m0")
+    assert owner.acked() == -1
+    owner.driver.port.hold = None
+    owner.run(())
+    owner.driver.interpreter.perform_now(owner.driver.port.release)
     assert owner.acked() == 0
 
 

@@ -38,7 +38,7 @@ from danube.effects.flow import Flow
 from danube.interpreter.requests import FilesIdle
 from danube.keys import owner_key, replicas_key
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
-from danube.machines.node.replica_owner import ReplicaConfig
+from danube.machines.node.replica_owner import ReplicaConfig, replica_config
 from danube.machines.replication.messages import ProposeInSync
 from danube.machines.tiering import (
     CommitIndex,
@@ -96,6 +96,10 @@ def recover(
         yield RemoveTopicFiles(topic)
     scan: TopicScan = yield ScanTopic(topic)
     acknowledged_end, indexed_end = evidence()
+    align = recovery.plan_align(scan.segments, indexed_end) if not fresh else ()
+    if align:  # a promoted follower's log, cut to what the object index lacks
+        yield RecoverTopic(topic, align, None, clear_loss_accepted=False, now_ms=now_ms())
+        scan = yield ScanTopic(topic)
     facts = recovery.RecoveryEvidence(
         checkpoint_end=scan.checkpoint_end,
         acknowledged_end=acknowledged_end,
@@ -307,11 +311,13 @@ def read_frames(topic: str, plan: FileRead) -> Flow[FramesOutcome]:
     return FramesOutcome(frames, end)
 
 
-def propose_in_sync(proposal: ProposeInSync) -> Flow[ReplicaConfig | None]:
+def propose_in_sync(proposal: ProposeInSync, epoch_start: int = 0) -> Flow[ReplicaConfig | None]:
     """An owner's change of the topic's in-sync set: written only while the owner's claim
     is the one of `proposal.epoch` and the value is at `proposal.expected_version` (a
     deposed owner, or one that read an older value, changes nothing); then read back, since
-    the answer may be lost, and the read-back (None: no value) is what the core adopts."""
+    the answer may be lost, and the read-back (None: no value) is what the core adopts. The
+    first change under an epoch also records where it starts (`epochs`): this owner
+    replicates, which the promotion rule reads."""
     key = replicas_key(proposal.topic)
     found = yield StoreRead(key)
     current = _replica_set(found)
@@ -320,17 +326,23 @@ def propose_in_sync(proposal: ProposeInSync) -> Flow[ReplicaConfig | None]:
         and current is not None
         and (found.mod_revision == proposal.expected_version)
     ):
-        changed = dataclasses.replace(current, in_sync=tuple(proposal.in_sync))
+        epochs = current.epochs
+        if current.epoch == proposal.epoch and (not epochs or epochs[-1][0] != proposal.epoch):
+            start = max(epoch_start, epochs[-1][1] if epochs else 0)
+            epochs = (*epochs, (proposal.epoch, start))
+        changed = dataclasses.replace(current, in_sync=tuple(proposal.in_sync), epochs=epochs)
         compares = (
             Compare(owner_key(proposal.topic), "mod_revision", "==", proposal.epoch),
             Compare(key, "mod_revision", "==", proposal.expected_version),
         )
-        yield StoreTxn(compares, (Put(key, changed.to_json()),), purpose="replicas in-sync")
+        yield StoreTxn(
+            compares, (Put(key, changed.to_json()),), purpose=f"replicas {proposal.topic}"
+        )
         found = yield StoreRead(key)
         current = _replica_set(found)
     if found is None or current is None:
         return None
-    return ReplicaConfig(current.epoch, current.followers, current.in_sync, found.mod_revision)
+    return replica_config(current, found.mod_revision)
 
 
 def _replica_set(found: KeyValue | None) -> ReplicaSet | None:

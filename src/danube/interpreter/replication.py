@@ -57,7 +57,7 @@ class Replication:
                 if config is not None:
                     self.replicas_changed(topic, config)
 
-            it._run(flows.propose_in_sync(effect.proposal), seen)
+            it._run(flows.propose_in_sync(effect.proposal, effect.epoch_start), seen)
         else:
             self._read(effect)
 

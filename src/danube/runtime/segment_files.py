@@ -38,6 +38,7 @@ from danube.machines.wal.recovery import (
     LOSS_ACCEPTED_NAME,
     ForgetCheckpoint,
     PlaceSegment,
+    RebaseSegment,
     RecoveryEvidence,
     RecoveryPlan,
     SyncSegment,
@@ -155,6 +156,8 @@ class SegmentFiles:
                 os.close(self._create(CreateSegment(action.segment_base, header)))
             elif isinstance(action, ForgetCheckpoint):
                 self.forget_checkpoint()
+            elif isinstance(action, RebaseSegment):
+                self._rebase(topic, action, now_ms)
             else:
                 self._recovery_action(action)
         if mark is not None:
@@ -193,6 +196,26 @@ class SegmentFiles:
         finally:
             os.close(fd)
         os.replace(temporary, self.directory / EPOCHS_NAME)
+        _fsync_directory(self.directory)
+
+    def _rebase(self, topic: str, action: RebaseSegment, now_ms: int) -> None:
+        """A promoted follower's segment replaced by one starting where the object index
+        ends (`recovery.plan_align`): the new file is durable before the old one goes."""
+        data = self.path(action.segment_base).read_bytes()[action.position :]
+        header = format.encode_segment_header(topic, action.new_base, now_ms)
+        final = self.path(action.new_base)
+        temporary = final.with_suffix(".tmp")
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, header + data, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temporary, final)
+        _fsync_directory(self.directory)
+        # A crash here leaves both files: the next load rebases the old one again, over the
+        # same bytes (`plan_align` runs before recovery plans anything).
+        self.path(action.segment_base).unlink()
         _fsync_directory(self.directory)
 
     def forget_checkpoint(self) -> None:

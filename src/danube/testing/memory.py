@@ -43,6 +43,7 @@ from danube.machines.wal.machine import CloseSegment, CreateSegment, DeleteSegme
 from danube.machines.wal.recovery import (
     ForgetCheckpoint,
     PlaceSegment,
+    RebaseSegment,
     SyncSegment,
     TruncateSegment,
     UnreadableSegment,
@@ -268,6 +269,10 @@ class MemoryPort:
                 segments.pop(action.segment_base, None)
             elif isinstance(action, ForgetCheckpoint):
                 self.checkpoints.pop(effect.topic, None)
+            elif isinstance(action, RebaseSegment):
+                header = format.encode_segment_header(effect.topic, action.new_base, effect.now_ms)
+                old = segments.pop(action.segment_base)
+                segments[action.new_base] = bytearray(header) + old[action.position :]
             else:
                 assert isinstance(action, SyncSegment), action
         if effect.mark is not None:

@@ -165,13 +165,18 @@ def place_followers(
 
 
 def promotion_candidates(record: ReplicaSet | None, alive: Iterable[str]) -> frozenset[str] | None:
-    """Who may own a topic that lost its owner (spec/replication.md, "Failover"): None when
-    no in-sync set is recorded (no record, or `in_sync` empty: replication is not running
-    for the topic), any broker then; else the `alive` members of `in_sync`, which hold every
-    acknowledged record, and only them (empty: the topic is unavailable until one returns)."""
-    if record is None or not record.in_sync:
+    """Who may own a topic that lost its owner (spec/replication.md, "Failover"): the `alive`
+    members of `in_sync` and the owner recorded last (it holds everything it acknowledged,
+    also what it acknowledged alone after shrinking the set to itself), and only them (empty:
+    the topic is unavailable until one returns). None, any broker, when replication is not
+    running for the topic: no record, or no in-sync member and no owner that replicated under
+    its epoch (`epochs` names the epoch of the owner's first in-sync change)."""
+    if record is None:
         return None
-    return frozenset(record.in_sync) & frozenset(alive)
+    replicating = bool(record.epochs) and record.epochs[-1][0] == record.epoch
+    if not record.in_sync and not replicating:
+        return None
+    return frozenset((*record.in_sync, record.owner)) & frozenset(alive)
 
 
 # -- the load manager's writes ------------------------------------------------------------------

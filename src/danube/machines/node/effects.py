@@ -209,6 +209,10 @@ class ReplicaPropose:
     the value back whatever happened and call `BrokerCore.replicas_seen`."""
 
     proposal: ProposeInSync
+    epoch_start: int = 0
+    """Where the owner's epoch starts in its log: the replica set's `epochs` gains it with
+    the first change under this epoch, which tells the load manager that this owner
+    replicates (its acknowledged tail may lie on it alone: it is a promotion candidate)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,11 +49,14 @@ class Lifecycle:
 
     def settled(self, topic: str) -> bool:
         """An unloading topic's WAL is idle and every sealed segment is indexed (or the
-        topic is stopped and can do neither)."""
+        topic is stopped and can do neither); replicated, also uploaded, which waits for the
+        high watermark."""
         record = self._topics.get(topic)
         if record is None or record.phase.stopped:
             return True
         if record.wal is not None and not record.wal.idle:
+            return False
+        if record.log.sealed_waiting:  # replicated: sealed, not yet below the high watermark
             return False
         uploader = record.log.uploader
         return uploader is None or uploader.idle

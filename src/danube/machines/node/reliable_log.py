@@ -86,6 +86,10 @@ class TopicLog:
     """Cluster mode: the topic's replicas value as last read (`replica_owner`)."""
     replication: OwnerReplication | None = None
     """The owner's replication machine while the topic has followers to replicate to."""
+    registering: bool = False
+    """A proposal recording this owner's epoch in the replica set is under way."""
+    held_end: int = 0
+    """Replicated, not registered yet: the end the high watermark reached meanwhile."""
     unreplicated: list[bytes] = field(default_factory=list)
     """Frames written since the WAL's last `Acknowledge`: the next group commit's bytes."""
     sealed_waiting: list[tuple[int, int, int]] = field(default_factory=list)

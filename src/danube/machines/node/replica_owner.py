@@ -12,6 +12,14 @@ The frames come from the WAL machine's `Write` effects: at most one write cycle 
 and each `Acknowledge` covers exactly the writes made since the previous one, so the writes
 seen since the last `Acknowledge` are that group commit's frames, unchanged.
 
+**Registration.** Before anything is acknowledged under its epoch, the owner records in the
+replica set that it replicates under that epoch (`epochs`; one proposal of the recorded
+in-sync set, retried at each tick while it does not show): until then the machine's
+`AcknowledgeUpTo` and `ReadableUpTo` are held. Otherwise an owner whose followers never
+caught up would acknowledge alone, die, and the load manager, seeing no sign of replication,
+would hand the topic to any broker, without those records; recorded, the owner stays a
+promotion candidate and the topic waits for it.
+
 The decisions (what to send, when to acknowledge, when to change the in-sync set) are the
 machine's; this module only routes inputs to it and translates its effects:
 
@@ -65,12 +73,16 @@ class ReplicaConfig:
     in_sync: tuple[str, ...]
     version: int
     """The value's mod_revision: the configuration version its changes compare."""
+    replicating: bool = False
+    """`epochs` names `epoch`: the owner of `epoch` recorded that it replicates, which
+    makes it a promotion candidate (`danube.machines.cluster.replicas.promotion_candidates`)."""
 
 
 def replica_config(record: ReplicaSet, version: int) -> ReplicaConfig:
     """A replica set read from the store (at `version`, its mod_revision) as the core
     takes it (`BrokerCore.replicas_changed`)."""
-    return ReplicaConfig(record.epoch, record.followers, record.in_sync, version)
+    replicating = bool(record.epochs) and record.epochs[-1][0] == record.epoch
+    return ReplicaConfig(record.epoch, record.followers, record.in_sync, version, replicating)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +115,47 @@ class OwnerReplicas:
         me = self._settings.broker_id
         followers = sorted(f for f in config.followers if f != me)
         if machine is not None and followers == sorted(machine.links):
-            return self._translate(
-                record, machine.replicas_seen(config.in_sync, config.version, config.epoch),
-                now_ms,
-            )  # fmt: skip
+            effects = machine.replicas_seen(config.in_sync, config.version, config.epoch)
+            return self._translate(record, effects, now_ms) + self._register(record, now_ms)
         return self.restart(record, now_ms)
+
+    def _registered(self, record: TopicRecord) -> bool:
+        config = record.log.replica_config
+        return config is not None and config.replicating and config.epoch == record.log.epoch
+
+    def _register(self, record: TopicRecord, now_ms: int) -> list[Effect]:
+        """Records this owner's epoch in the replica set, once; releases what was held back
+        once it shows."""
+        state = record.log
+        machine = state.replication
+        if machine is None:
+            return []
+        if self._registered(record):
+            state.registering = False
+            held, state.held_end = state.held_end, 0
+            if not held:
+                return []
+            return [
+                *self._logs.acknowledge(record, held - 1, now_ms),
+                *self._logs.make_readable(record, held - 1, now_ms),
+                *self._logs.release_sealed(record, held, now_ms),
+            ]
+        if state.registering or machine.deposed or state.replica_config is None:
+            return []
+        state.registering = True
+        config = state.replica_config
+        proposal = rm.ProposeInSync(
+            record.name.full, machine.epoch, tuple(config.in_sync), config.version
+        )
+        return [ReplicaPropose(proposal, self._epoch_start(record))]
 
     def restart(self, record: TopicRecord, now_ms: int) -> list[Effect]:
         """(Re)creates the topic's machine from its replicas value and its WAL as loaded: at
         load, after a repair, when the followers changed. The new machine probes every
-        follower; the high watermark never goes back (what was acknowledged stays so)."""
+        follower; the high watermark never goes back (what was acknowledged stays so). A
+        topic without followers (one broker left) runs one too: it registers its epoch, so
+        that its loss makes the topic wait for this broker instead of going to another
+        without the records acknowledged here."""
         state = record.log
         config = state.replica_config
         log = record.wal
@@ -122,7 +165,7 @@ class OwnerReplicas:
             if (config is not None)
             else []
         )
-        if config is None or log is None or state.object_ack or not followers:
+        if config is None or log is None or state.object_ack:
             state.replication = None
             if old is not None and log is not None:
                 # Replication stopped: what is durable here is all this topic waits for now.
@@ -147,7 +190,7 @@ class OwnerReplicas:
         )
         effects = machine.start(now_ms)
         effects += machine.replicas_seen(config.in_sync, config.version, config.epoch)
-        return self._translate(record, effects, now_ms)
+        return self._translate(record, effects, now_ms) + self._register(record, now_ms)
 
     def _released(self, record: TopicRecord, end: int, now_ms: int) -> list[Effect]:
         if end <= 0:
@@ -199,7 +242,10 @@ class OwnerReplicas:
         machine = record.log.replication
         if machine is None:
             return []
-        return self._translate(record, machine.tick(now_ms), now_ms)
+        record.log.registering = False  # a registration lost on its way is made again
+        return self._translate(record, machine.tick(now_ms), now_ms) + self._register(
+            record, now_ms
+        )
 
     # -- effects ------------------------------------------------------------------------------
 
@@ -212,12 +258,16 @@ class OwnerReplicas:
             if isinstance(effect, rm.Send):
                 out.append(ReplicaSend(effect.follower, effect.message))
             elif isinstance(effect, rm.AcknowledgeUpTo):
+                if not self._registered(record):  # held until the epoch shows (`_register`)
+                    record.log.held_end = max(record.log.held_end, effect.end)
+                    continue
                 out.extend(self._logs.acknowledge(record, effect.end - 1, now_ms))
                 out.extend(self._logs.release_sealed(record, effect.end, now_ms))
             elif isinstance(effect, rm.ReadableUpTo):
-                out.extend(self._logs.make_readable(record, effect.end - 1, now_ms))
+                if self._registered(record):
+                    out.extend(self._logs.make_readable(record, effect.end - 1, now_ms))
             elif isinstance(effect, rm.ProposeInSync):
-                out.append(ReplicaPropose(effect))
+                out.append(ReplicaPropose(effect, self._epoch_start(record)))
             elif isinstance(effect, rm.ReadForResend):
                 out.extend(self._plan_resend(record, effect))
             elif isinstance(effect, rm.NotEnoughInSync):
@@ -229,6 +279,12 @@ class OwnerReplicas:
             elif isinstance(effect, rm.Deposed):
                 out.extend(self.deposed(record, effect.epoch))
         return out
+
+    @staticmethod
+    def _epoch_start(record: TopicRecord) -> int:
+        history, epoch = record.log.history, record.log.epoch
+        starts = [start for e, start in (history.starts if history else ()) if e == epoch]
+        return starts[-1] if starts else 0
 
     def _plan_resend(self, record: TopicRecord, effect: rm.ReadForResend) -> list[Effect]:
         log = record.wal

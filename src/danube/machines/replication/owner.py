@@ -23,6 +23,7 @@ membership of the recorded in-sync set:
 | READING | `frames_read` | STREAMING | `Send` of what was read, then the window's rest |
 | any | `stream_broke` | as `mismatch(acknowledged end)` | resend on the new stream |
 | any | `tick`, in sync, oldest unacked send > `lag_ms` old | same | `ProposeInSync` without it |
+| (none) | `tick`, recorded in sync but no longer a follower | — | `ProposeInSync` without it |
 | any | `stale_epoch` / higher epoch seen | (owner DEPOSED) | `Deposed`; nothing after |
 
 One proposal is outstanding at a time; `replicas_seen` (the watch or the read-back after the
@@ -220,9 +221,8 @@ class OwnerReplication:
         laggards = {
             name
             for name in self.in_sync
-            if (link := self.links.get(name)) is not None
-            and link.sends
-            and now_ms - link.sends[0][1] > self.lag_ms
+            if (link := self.links.get(name)) is None  # no longer a follower (replaced)
+            or (link.sends and now_ms - link.sends[0][1] > self.lag_ms)
         }
         if not laggards:
             return self._maybe_expand()

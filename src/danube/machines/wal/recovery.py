@@ -94,7 +94,19 @@ class ForgetCheckpoint:
     that follows marks the new one."""
 
 
-RecoveryAction = TruncateSegment | SyncSegment | PlaceSegment | ForgetCheckpoint
+@dataclass(frozen=True, slots=True)
+class RebaseSegment:
+    """Replace segment `segment_base` by one starting at `new_base`: a new segment file
+    (header, then the old file's bytes from `position` on, where the frame of `new_base`
+    starts), made durable as `CreateSegment` makes one, then the old file deleted
+    (`plan_align`)."""
+
+    segment_base: int
+    position: int
+    new_base: int
+
+
+RecoveryAction = TruncateSegment | SyncSegment | PlaceSegment | ForgetCheckpoint | RebaseSegment
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,4 +394,27 @@ def plan_cut(
         actions.append(TruncateSegment(base, cut[0]))
     if actions:
         actions.append(ForgetCheckpoint())
+    return tuple(actions)
+
+
+def plan_align(
+    scans: Sequence[tuple[int, format.SegmentScan | UnreadableSegment]], indexed_end: int
+) -> tuple[Any, ...]:
+    """A local log that overlaps the object index without following its segments (a
+    promoted follower's: its segments are its own, not the owner's it replicated) is cut to
+    what the index lacks, so that the uploader finds it continuing the index: segments
+    wholly below `indexed_end` go (their records are in objects), and the one holding
+    `indexed_end` inside is rebased to start there. A segment where `indexed_end` falls
+    inside a frame is left alone (the uploader then reports the overlap, as before)."""
+    actions: list[Any] = []
+    for base, scan in sorted(scans, key=lambda entry: entry[0]):
+        if base >= indexed_end or isinstance(scan, UnreadableSegment) or not scan.positions:
+            continue
+        if scan.next_offset <= indexed_end:
+            actions.append(DeleteSegment(base))
+            continue
+        starts = [p for p, b in zip(scan.positions, scan.base_offsets, strict=True)
+                  if b == indexed_end]  # fmt: skip
+        if starts:
+            actions.append(RebaseSegment(base, starts[0], indexed_end))
     return tuple(actions)
