@@ -92,6 +92,10 @@ class AdminClient:
     def policies(self) -> ext_pb.PolicyAdminStub:
         return ext_pb.PolicyAdminStub(self._channel, timeout=self.timeout_s)
 
+    @property
+    def replication(self) -> ext_pb.ReplicationAdminStub:
+        return ext_pb.ReplicationAdminStub(self._channel, timeout=self.timeout_s)
+
     def long_call(self, server_wait_s: float) -> float:
         """The deadline of a call the broker may work on for `server_wait_s` seconds before
         it answers (a drain, a topic's move): long enough to hear that answer."""

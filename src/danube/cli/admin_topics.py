@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+from grpclib.const import Status
+
 from danube.cli.admin_args import Actions, add_topic, command, count, group, topic_name
-from danube.cli.admin_call import AdminClient, require_success
+from danube.cli.admin_call import AdminClient, Refused, require_success
 from danube.cli.admin_policies import add_policy_flags, policies_result, policy_changes
 from danube.cli.admin_render import Result, fields, plain, table
 from danube.cli.admin_subscriptions import add_subscription_commands
@@ -100,20 +102,57 @@ async def describe(client: AdminClient, args: argparse.Namespace) -> Result:
     name = topic_name(args)
     request = pb.DescribeTopicRequest(name=name)
     answer = await client.call(f"describe topic {name}", client.topics.describe_topic(request))
-    text = fields(
-        [
-            ("topic", answer.name),
-            ("broker_id", answer.broker_id),
-            ("delivery", answer.delivery),
-            ("subscriptions", list(answer.subscriptions)),
-            ("schema_subject", answer.schema_subject),
-            ("schema_id", answer.schema_id),
-            ("schema_version", answer.schema_version),
-            ("schema_type", answer.schema_type),
-            ("compatibility_mode", answer.compatibility_mode),
-        ]
-    )
-    return Result(plain(answer), text)
+    data = plain(answer)
+    replication = await _replication(client, name)
+    rows: list[tuple[str, object]] = [
+        ("topic", answer.name),
+        ("broker_id", answer.broker_id),
+        ("delivery", answer.delivery),
+        ("subscriptions", list(answer.subscriptions)),
+        ("schema_subject", answer.schema_subject),
+        ("schema_id", answer.schema_id),
+        ("schema_version", answer.schema_version),
+        ("schema_type", answer.schema_type),
+        ("compatibility_mode", answer.compatibility_mode),
+    ]
+    if replication is not None:
+        assert isinstance(data, dict)
+        data["replication"] = plain(replication)
+        rows += replication_fields(replication)
+    return Result(data, fields(rows))
+
+
+async def _replication(client: AdminClient, name: str) -> ext_pb.TopicReplicationResponse | None:
+    """The topic's replication (issue 27); None from a broker that does not offer it."""
+    request = ext_pb.TopicReplicationRequest(name=name)
+    try:
+        return await client.call(
+            f"replication of topic {name}", client.replication.topic_replication(request)
+        )
+    except Refused as refused:
+        if refused.status is Status.UNIMPLEMENTED:
+            return None
+        raise
+
+
+def replication_fields(answer: ext_pb.TopicReplicationResponse) -> list[tuple[str, object]]:
+    """Owner, in-sync set, high watermark and each follower's lag, one line each."""
+    rows: list[tuple[str, object]] = [
+        ("replication_owner", answer.owner),
+        ("replication_epoch", answer.epoch),
+        ("in_sync", list(answer.in_sync)),
+    ]
+    if answer.live:
+        rows.append(("high_watermark", answer.high_watermark))
+    for follower in answer.followers:
+        state = "in sync" if follower.in_sync else "out of sync"
+        if answer.live:
+            state += f", lag {follower.lag}, acknowledged {follower.acknowledged}"
+            state += ", connected" if follower.connected else ", not connected"
+        rows.append((f"follower {follower.broker_id}", state))
+    if answer.note:
+        rows.append(("replication_note", answer.note))
+    return rows
 
 
 async def get_policies(client: AdminClient, args: argparse.Namespace) -> Result:

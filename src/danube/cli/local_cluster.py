@@ -46,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="storage.wal.durability of every topic (default fsync; spec/durability.md)",
     )
     parser.add_argument(
+        "--replication-lag-ms",
+        type=int,
+        default=None,
+        help="cluster.replication.lag_ms: how long a topic's owner waits for a silent "
+        "follower before acknowledging without it (default: the broker's, 1000; "
+        "spec/replication.md)",
+    )
+    parser.add_argument(
         "--fresh", action="store_true", help="delete --dir first (start with no data)"
     )
     return parser
@@ -63,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         lease_ttl_ms=args.lease_ttl_ms,
         durability=args.durability,
         first_port=args.first_port,
+        replication_lag_ms=args.replication_lag_ms,
     )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

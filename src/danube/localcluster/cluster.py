@@ -33,6 +33,9 @@ class ClusterSettings:
     9040 + i; 0: free ports for all three."""
     rebalancing: bool = True
     """A `load_manager.rebalancing` section (manual rebalances only, no minimum topic age)."""
+    replication_lag_ms: int | None = None
+    """`cluster.replication.lag_ms` (None: the broker's default): how long an owner waits
+    for a silent follower before acknowledging without it."""
 
 
 class LocalCluster:
@@ -86,6 +89,11 @@ class LocalCluster:
                 "renew_interval_ms": max(ttl // 5, 100),
                 "drift_ms": ttl // 6,
                 "load_report_interval_ms": 2_000,
+                **(
+                    {"replication": {"lag_ms": self.settings.replication_lag_ms}}
+                    if self.settings.replication_lag_ms is not None
+                    else {}
+                ),
             },
             "storage": {
                 "mode": "object_store",

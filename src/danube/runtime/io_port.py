@@ -4,9 +4,11 @@ the metadata store, the object store and the clock, inside the broker process.
 Each `danube.effects` value is carried out in a trio task of the broker's nursery, its
 blocking calls in worker threads: a topic's WAL files through `SegmentFiles`, objects through
 `ObjectStore`, metadata through `store_port.perform_store` (fenced by the broker's ownership
-claims in cluster mode), `Sleep` with `trio.sleep`, `Work` with `trio.to_thread`. The answer
-goes back to the interpreter on the asyncio loop, where the gRPC handlers call the core: every
-core call, and so every interpreter call, happens on that one loop, in one order.
+claims in cluster mode), `Sleep` with `trio.sleep`, `Work` with `trio.to_thread`, and, in
+cluster mode, replication's sends, answers and questions to other brokers through the
+`ReplicationPort` (runtime/replication_port.py). The answer goes back to the interpreter
+on the asyncio loop, where the gRPC handlers call the core: every core call, and so every
+interpreter call, happens on that one loop, in one order.
 
 The port decides nothing (spec/effects.md): the order of a topic's file effects, retries,
 what a failure means and the tables of waiting replies are the interpreter's. What it adds is
@@ -53,9 +55,11 @@ from danube.metadata import MetadataStore
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.object_store import ObjectStore
 from danube.runtime.object_store import classify as classify_store_error
+from danube.runtime.replication_port import PORT_EFFECTS as REPLICA_EFFECTS
+from danube.runtime.replication_port import ReplicationPort
 from danube.runtime.segment_files import SegmentFiles
 from danube.runtime.store_port import STORE_EFFECTS, perform_store
-from danube.values.errors import DanubeError
+from danube.values.errors import DanubeError, ErrorCode
 from danube.values.names import parse_topic
 
 log = logging.getLogger("danube.runtime")
@@ -196,6 +200,8 @@ class ProductionPort:
         self._idle = trio.Event()
         self._idle.set()
         self._loaded_at: dict[str, float] = {}
+        self.replication: ReplicationPort | None = None
+        """Cluster mode: carries the replication effects (set by the server)."""
 
     # -- Host ------------------------------------------------------------------------------------
 
@@ -205,6 +211,12 @@ class ProductionPort:
     def perform(self, effect: IoEffect, done: Done) -> None:
         if isinstance(effect, TOPIC_EFFECTS) and self.stopped:
             return  # never answered: the interpreter is done with the files
+        if isinstance(effect, REPLICA_EFFECTS):
+            if self.replication is None:
+                done(None, DanubeError(ErrorCode.UNAVAILABLE, "this broker does not replicate"))
+            else:
+                self.replication.perform(effect, done)
+            return
         self._nursery.start_soon(self._perform, effect, done)
 
     def event(self, name: str, **fields: Any) -> None:

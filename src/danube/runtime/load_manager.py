@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -25,7 +26,7 @@ from danube.machines.cluster.load_manager import (
     ScheduleTick,
     Txn,
 )
-from danube.metadata import MetadataStore, WatchEvent
+from danube.metadata import KeyValue, MetadataStore, WatchEvent
 from danube.runtime.store_port import perform_store
 from danube.runtime.watching import Alarm, follow
 
@@ -57,6 +58,10 @@ class LoadManagerDriver:
         """Topic moves this broker made as leader, by reason (`load_imbalance`, `manual`)."""
         self.move_failures = 0
         """Moves whose transaction failed or found the cluster changed (made again if due)."""
+        self.on_snapshot: Callable[[list[KeyValue]], None] | None = None
+        self.on_event: Callable[[WatchEvent], None] | None = None
+        """Others who follow `/cluster/` through this view (the replication port): told of
+        each whole read and each change after the machine."""
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -117,11 +122,15 @@ class LoadManagerDriver:
     async def _resync(self) -> int:
         snapshot = await self.store.scan(keys.CLUSTER_PREFIX)
         self._apply(self.machine.resync(snapshot, _now_ns()))
+        if self.on_snapshot is not None:
+            self.on_snapshot(list(snapshot))
         self.synced.set()
         return max((kv.mod_revision for kv in snapshot), default=0)
 
     def _observe(self, event: WatchEvent) -> None:
         self._apply(self.machine.observe(event, _now_ns()))
+        if self.on_event is not None:
+            self.on_event(event)
 
 
 def _subject(txn: Txn) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import importlib.metadata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
@@ -27,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from danube.machines.node import stats
 from danube.machines.node.core import BrokerCore
+from danube.runtime.replication_metrics import replication_families
 
 LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 SIZE_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
@@ -152,6 +154,8 @@ class BrokerMetrics:
         """Cluster mode: the load manager's coefficient of variation of broker loads."""
         self.rebalancing: Callable[[], tuple[Mapping[str, int], int]] | None = None
         """Cluster mode: (moves made by reason, moves that failed) as this broker led."""
+        self.replication: Any = None
+        """Cluster mode: the replication port (`runtime.replication_port.ReplicationPort`)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
@@ -265,6 +269,8 @@ class _Collector(Collector):
         yield from _event_families(m)
         yield from _drop_families(broker, m.core)
         yield from _wal_families(broker, m.wal)
+        if m.replication is not None:
+            yield from replication_families(broker, m.core, m.replication)
         info = _gauge("danube_broker_info", "Version and mode of this broker.", ["version", "mode"])
         info.add_metric([broker, VERSION, m.mode], 1)
         yield info

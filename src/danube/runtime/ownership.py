@@ -68,6 +68,9 @@ class OwnershipDriver:
         self._assigned: set[str] = set()
         self._markers: set[str] = set()
         self._changes_in, self._changes = trio.open_memory_channel[_Change](math.inf)
+        self.on_adopted: Callable[[str], Awaitable[None]] | None = None
+        """Called after a topic is adopted here (the replication port pushes its replicas
+        value, so the owner replicates without waiting for a change)."""
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -231,6 +234,16 @@ class OwnershipDriver:
             )
         )
         log.info("event=topic_loaded topic=%s kept_local_wal=%s", request.topic, request.keep_local)
+        if self.on_adopted is not None:
+            try:
+                with trio.fail_after(REQUEST_TIMEOUT_S):
+                    await self.on_adopted(request.topic)
+            except (MetadataError, trio.TooSlowError) as error:
+                # the watch brings the value later (the claim wrote it)
+                log.warning(
+                    "event=replicas_read_failed topic=%s error=%s",
+                    request.topic, failure_text(error),
+                )  # fmt: skip
 
     async def _seal(self, topic: str) -> None:
         self.runtime.apply(self.core.unload(topic, now_ms()).effects)

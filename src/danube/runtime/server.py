@@ -20,7 +20,7 @@ import trio_asyncio
 
 from danube import keys
 from danube.machines.dispatch import QueueLimits
-from danube.machines.node.core import BrokerCore, BrokerIdentity
+from danube.machines.node.core import BrokerCore, BrokerIdentity, ReplicationSettings
 from danube.machines.requests.receive import RECEIVE_BATCH
 from danube.machines.tiering import UploaderConfig
 from danube.machines.wal import records
@@ -49,6 +49,8 @@ from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.metrics_http import Endpoints, Health, serve_http
 from danube.runtime.object_store import ObjectStore
 from danube.runtime.placement import ClusterPlacement, LocalPlacement, Placement
+from danube.runtime.replication_admin import ReplicationAdminService
+from danube.runtime.replication_port import ReplicationPort
 from danube.runtime.schema_gate import SchemaGate
 from danube.runtime.schema_ports import ClientPortSchemaRegistry
 from danube.runtime.schema_service import Offload, SchemaService, in_worker_thread
@@ -167,6 +169,16 @@ async def _report_drops(core: BrokerCore) -> None:
                 reported[key] = (count, now)
 
 
+def _replication_settings(config: BrokerConfig, broker_id: str) -> ReplicationSettings:
+    """`cluster.replication` (spec/replication.md): the owner skips itself among followers."""
+    cluster = config.cluster
+    return ReplicationSettings(
+        broker_id=broker_id,
+        lag_ms=cluster.replication_lag_ms,
+        min_in_sync=cluster.replication_min_in_sync,
+    )
+
+
 async def _open_store(config: BrokerConfig, data_dir: Path) -> MetadataStore:
     if config.mode != "cluster":
         return await EmbeddedStore.open(data_dir / "metadata")
@@ -235,6 +247,7 @@ async def serve(
             uploads=UploaderConfig() if config.storage.tiered else None,
             durability=config.storage.durability,
             clustered=clustered,
+            replication=_replication_settings(config, broker_id) if clustered else None,
         )
         metrics = BrokerMetrics(core, broker_id, config.mode, per_topic=config.metrics_per_topic)
         objects = None
@@ -277,7 +290,11 @@ async def serve(
             await runtime.wal_loads_done()
             placement: Placement = LocalPlacement(core)
             member: ClusterMember | None = None
+            replication: ReplicationPort | None = None
             if clustered:
+                replication = ReplicationPort(runtime, broker_id, store, loop)
+                runtime.port.replication = replication
+                metrics.replication = replication
                 cluster_placement = ClusterPlacement(
                     core, store, broker_id, auto_create_topics=config.auto_create_topics
                 )
@@ -293,6 +310,9 @@ async def serve(
                 member = ClusterMember(
                     store, runtime, broker_id, registration, config.cluster, cluster_placement
                 )
+                member.load_manager.on_snapshot = replication.snapshot
+                member.load_manager.on_event = replication.observe
+                member.ownership.on_adopted = replication.adopted
                 leader = member.leader
                 metrics.leading = lambda: leader() == broker_id
                 balance = member.load_manager.machine.balance
@@ -337,7 +357,13 @@ async def serve(
                 placement=cluster_placement if clustered else None,
                 store=store if clustered else None,
             )
-            admin_services = [admin, schemas]
+            admin_services: list[Any] = [
+                admin,
+                schemas,
+                ReplicationAdminService(core, broker_id, replication),
+            ]
+            if replication is not None:
+                admin_services.append(replication.service)
             admin_server = Server(
                 [
                     *admin_services,
@@ -370,6 +396,8 @@ async def serve(
             with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
                 while runtime.open_streams:
                     await trio.sleep(0.01)
+            if replication is not None:
+                await trio_asyncio.aio_as_trio(replication.close)()
             for server in (client_server, admin_server):
                 server.close()
                 await trio_asyncio.aio_as_trio(server.wait_closed)()

@@ -202,6 +202,12 @@ class ClusterConfig:
     load_report_interval_ms: int = 30_000
     load_manager: Any = None
     """The parsed `load_manager` section (`danube.values.load_manager_config.LoadManagerConfig`)."""
+    replication_lag_ms: int = 1_000
+    """`cluster.replication.lag_ms`: how long an owner waits for a follower's answer before
+    shrinking it out of the in-sync set and acknowledging without it (spec/replication.md)."""
+    replication_min_in_sync: int = 1
+    """`cluster.replication.min_in_sync`: the copies (owner included) an acknowledged record
+    must be on; with fewer in sync the owner refuses reliable publishes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -526,15 +532,21 @@ def _cluster(meta: dict[str, Any], data: dict[str, Any]) -> ClusterConfig:
     section = _section(data, "cluster", "")
     _keys(
         section,
-        {"lease_ttl_ms", "renew_interval_ms", "drift_ms", "load_report_interval_ms"},
+        {"lease_ttl_ms", "renew_interval_ms", "drift_ms", "load_report_interval_ms", "replication"},
         "cluster",
     )
+    replication = _section(section, "replication", "cluster.")
+    _keys(replication, {"lag_ms", "min_in_sync"}, "cluster.replication")
     timings = {
         key: _number(section, key, "cluster.")
         for key in ("lease_ttl_ms", "renew_interval_ms", "load_report_interval_ms")
     }
     timings["drift_ms"] = _number(section, "drift_ms", "cluster.", minimum=0)
     values: dict[str, Any] = {k: v for k, v in timings.items() if v is not None}
+    for key in ("lag_ms", "min_in_sync"):
+        number = _number(replication, key, "cluster.replication.")
+        if number is not None:
+            values[f"replication_{key}"] = number
     if "etcd_endpoints" in meta:
         values["etcd_endpoints"] = etcd_endpoints(
             meta["etcd_endpoints"], "meta_store.etcd_endpoints"

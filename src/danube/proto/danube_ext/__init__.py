@@ -210,6 +210,56 @@ class EpochEndResponse(betterproto.Message):
     """
 
 
+@dataclass(eq=False, repr=False)
+class TopicReplicationRequest(betterproto.Message):
+    name: str = betterproto.string_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class FollowerReplication(betterproto.Message):
+    broker_id: str = betterproto.string_field(1)
+    acknowledged: int = betterproto.uint64_field(2)
+    """The follower holds offsets below this durably (the owner's view)."""
+
+    sent: int = betterproto.uint64_field(3)
+    """Offsets below this were sent to it."""
+
+    lag: int = betterproto.uint64_field(4)
+    """Records durable on the owner that the follower has not acknowledged."""
+
+    in_sync: bool = betterproto.bool_field(5)
+    connected: bool = betterproto.bool_field(6)
+    """Its stream is established now."""
+
+
+@dataclass(eq=False, repr=False)
+class TopicReplicationResponse(betterproto.Message):
+    name: str = betterproto.string_field(1)
+    owner: str = betterproto.string_field(2)
+    """
+    The owner broker as recorded in the replica set ("" when there is none).
+    """
+
+    epoch: int = betterproto.uint64_field(3)
+    """The owner's writer epoch."""
+
+    high_watermark: int = betterproto.uint64_field(4)
+    """Offsets below it are acknowledged (on every in-sync copy)."""
+
+    durable_end: int = betterproto.uint64_field(5)
+    followers: List["FollowerReplication"] = betterproto.message_field(6)
+    in_sync: List[str] = betterproto.string_field(7)
+    """The in-sync followers (the owner always counts and is not listed)."""
+
+    live: bool = betterproto.bool_field(8)
+    """
+    The owner's live view (false: only the recorded replica set was available).
+    """
+
+    note: str = betterproto.string_field(9)
+    """Why the state is partial or empty, if it is."""
+
+
 class ConsumerExtStub(betterproto.ServiceStub):
     async def subscribe_at(
         self,
@@ -391,6 +441,25 @@ class ReplicationStub(betterproto.ServiceStub):
             "/danube_ext.Replication/EpochEnd",
             epoch_end_request,
             EpochEndResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+
+class ReplicationAdminStub(betterproto.ServiceStub):
+    async def topic_replication(
+        self,
+        topic_replication_request: "TopicReplicationRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "TopicReplicationResponse":
+        return await self._unary_unary(
+            "/danube_ext.ReplicationAdmin/TopicReplication",
+            topic_replication_request,
+            TopicReplicationResponse,
             timeout=timeout,
             deadline=deadline,
             metadata=metadata,
@@ -614,5 +683,31 @@ class ReplicationBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 EpochEndRequest,
                 EpochEndResponse,
+            ),
+        }
+
+
+class ReplicationAdminBase(ServiceBase):
+
+    async def topic_replication(
+        self, topic_replication_request: "TopicReplicationRequest"
+    ) -> "TopicReplicationResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def __rpc_topic_replication(
+        self,
+        stream: "grpclib.server.Stream[TopicReplicationRequest, TopicReplicationResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.topic_replication(request)
+        await stream.send_message(response)
+
+    def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
+        return {
+            "/danube_ext.ReplicationAdmin/TopicReplication": grpclib.const.Handler(
+                self.__rpc_topic_replication,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                TopicReplicationRequest,
+                TopicReplicationResponse,
             ),
         }

@@ -1,0 +1,240 @@
+"""The broker process's replication port (spec/replication.md, issue 27): what joins the core's
+replication effects and inputs to the transport (`danube.runtime.replication_link`) and to
+the cluster's records.
+
+- **Effects** (`perform`, called by `ProductionPort`): `ReplicaSend` is queued on the stream
+  to the follower (`ReplicationLinks.send`) and answered at once; `ReplicaAnswer` is put on
+  the answer outbox of the stream the owner opened to us (none: dropped, the owner resends
+  after its break); `AskEpochEnd` asks the owner's admin port and answers its end only when
+  the owner still writes the epoch asked about.
+- **Inputs**: the links' answers and breaks, the service's `Replicate`s and `EpochEnd`
+  questions go to `interpreter.replication` on the asyncio loop (where every core call is
+  made). Calls from trio tasks (the watch) are posted there with `call_soon_threadsafe`, as
+  `BrokerRuntime._in_loop` does, so they keep one order with the gRPC handlers'.
+- **The view**: the load manager's watch of `/cluster/` feeds `snapshot`/`observe` here too;
+  this keeps the brokers' admin addresses (to reach followers and owners) and routes
+  replicas-value changes: to the core when this broker owns the topic (`replicas_changed`),
+  `replica_released` when it follows the topic no more. After a topic is adopted,
+  `adopted` reads its value and pushes it, so the owner starts replicating at once.
+
+It decides nothing: which follower, when to resend, when to shrink are the machines'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from danube import keys
+from danube.interpreter.host import Done
+from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
+from danube.machines.node.core import AskEpochEnd, ReplicaAnswer, ReplicaSend
+from danube.machines.node.replica_owner import replica_config
+from danube.machines.replication.messages import FollowerAnswer, Replicate
+from danube.metadata import KeyValue, MetadataStore, WatchEvent
+from danube.runtime.replication_link import (
+    Outbox,
+    ReplicationLinks,
+    ReplicationService,
+    ask_epoch_end,
+)
+from danube.values.errors import DanubeError, ErrorCode
+
+if TYPE_CHECKING:
+    from danube.runtime.broker import BrokerRuntime
+
+log = logging.getLogger("danube.runtime")
+
+PORT_EFFECTS = (ReplicaSend, ReplicaAnswer, AskEpochEnd)
+
+
+class ReplicationPort:
+    """Owner and follower side of one broker's replication (module docstring)."""
+
+    def __init__(
+        self,
+        runtime: BrokerRuntime,
+        broker_id: str,
+        store: MetadataStore,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._runtime = runtime
+        self.broker_id = broker_id
+        self._store = store
+        self._loop = loop
+        self.addresses: dict[str, str] = {}
+        """Broker id -> its registered admin address (`/cluster/register/<id>`)."""
+        self.records: dict[str, tuple[ReplicaSet, int]] = {}
+        """Topic -> its replicas value and that value's mod_revision, as last seen."""
+        self._outboxes: dict[str, Outbox] = {}
+        """Owner broker -> the answer outbox of the stream it opened to us."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.links = ReplicationLinks(
+            self.addresses.get, self._answered, self._broke, from_broker=broker_id, loop=loop
+        )
+        self.service = ReplicationService(self)
+
+    # -- the core's effects (called on the asyncio loop) ----------------------------------------
+
+    def perform(self, effect: ReplicaSend | ReplicaAnswer | AskEpochEnd, done: Done) -> None:
+        if isinstance(effect, ReplicaSend):
+            self.links.send(effect.follower, effect.message)
+            done(None, None)
+        elif isinstance(effect, ReplicaAnswer):
+            outbox = self._outboxes.get(effect.owner)
+            if outbox is not None:
+                outbox.put(effect.answer)
+            done(None, None)
+        else:
+            task = self._loop.create_task(self._ask(effect, done))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _ask(self, ask: AskEpochEnd, done: Done) -> None:
+        address = self.addresses.get(ask.owner)
+        if address is None:
+            done(None, DanubeError(ErrorCode.UNAVAILABLE, f"broker {ask.owner} is not known"))
+            return
+        try:
+            end, owner_epoch = await ask_epoch_end(address, ask.topic, ask.last_epoch)
+        except Exception as error:
+            done(None, error)
+            return
+        done(end if owner_epoch == ask.epoch else None, None)
+
+    # -- owner side: the links' callbacks (on the asyncio loop) ---------------------------------
+
+    def _answered(self, follower: str, answer: FollowerAnswer) -> None:
+        self._runtime.interpreter.replication.answered(follower, answer)
+
+    def _broke(self, follower: str) -> None:
+        log.info("event=replication_stream_broke follower=%s", follower)
+        self._runtime.interpreter.replication.stream_broke(follower)
+
+    # -- follower side: `ReplicaHandler` of the service -----------------------------------------
+
+    async def replicate(self, from_broker: str, message: Replicate, outbox: Outbox) -> None:
+        self._outboxes[from_broker] = outbox
+        self._runtime.interpreter.replication.received(from_broker, message)
+
+    def stream_closed(self, from_broker: str, outbox: Outbox) -> None:
+        if self._outboxes.get(from_broker) is outbox:
+            del self._outboxes[from_broker]
+
+    async def epoch_end(self, topic: str, epoch: int) -> tuple[int, int]:
+        end = self._runtime.interpreter.replication.epoch_end(topic, epoch)
+        claims = self._runtime.claims or {}
+        owner_epoch = claims.get(topic)
+        if end is None or owner_epoch is None:
+            raise DanubeError(ErrorCode.UNAVAILABLE, f"this broker does not own {topic} now")
+        return end, owner_epoch
+
+    # -- the view (called from trio tasks) -----------------------------------------------------
+
+    def snapshot(self, kvs: list[KeyValue]) -> None:
+        """A whole read of `/cluster/`: every address and replicas value now."""
+        self.addresses.clear()
+        records: dict[str, tuple[ReplicaSet, int]] = {}
+        for kv in kvs:
+            self._address(kv.key, kv.value)
+            topic = keys.parse_replicas_key(kv.key)
+            if topic is not None and (record := _record(topic, kv.value)) is not None:
+                records[topic] = (record, kv.mod_revision)
+        gone = set(self.records) - set(records)
+        self.records = records
+        self._post(lambda: self._resynced(gone))
+
+    def observe(self, event: WatchEvent) -> None:
+        """One change under `/cluster/`."""
+        if event.kind == "put":
+            self._address(event.key, event.value)
+        elif (broker := _registered(event.key)) is not None:
+            self.addresses.pop(broker, None)
+        topic = keys.parse_replicas_key(event.key)
+        if topic is None:
+            return
+        record = _record(topic, event.value) if event.kind == "put" else None
+        if record is None:
+            self.records.pop(topic, None)
+        else:
+            self.records[topic] = (record, event.mod_revision)
+        self._post(lambda: self._route(topic))
+
+    async def adopted(self, topic: str) -> None:
+        """The topic was just adopted here: its replicas value as the store holds it now
+        (written at the claim) goes to the core, so replication starts without a change."""
+        found = await self._store.get(keys.replicas_key(topic))
+        if found is None or (record := _record(topic, found.value)) is None:
+            return
+        seen = self.records.get(topic)
+        if seen is None or seen[1] < found.mod_revision:
+            self.records[topic] = (record, found.mod_revision)
+        self._post(lambda: self._route(topic))
+
+    def _address(self, key: str, value: Any) -> None:
+        broker = _registered(key)
+        if broker is not None and isinstance(value, dict):
+            address = value.get("admin_addr")
+            if isinstance(address, str) and address:
+                self.addresses[broker] = address
+
+    def _post(self, call: Callable[[], None]) -> None:
+        self._loop.call_soon_threadsafe(call)
+
+    # -- routing (on the asyncio loop) ---------------------------------------------------------
+
+    def _resynced(self, gone: set[str]) -> None:
+        for topic in sorted(set(self.records) | gone):
+            self._route(topic)
+        core = self._runtime.core
+        for topic in sorted(core.followers.replicas):
+            if topic not in self.records:
+                self._route(topic)
+
+    def _route(self, topic: str) -> None:
+        """Where a topic's replicas value goes: the core's owner side when this broker
+        serves the topic; its follower side forgets the topic when the value names this
+        broker neither as owner, nor as follower, nor as in sync (a promotion candidate
+        keeps its copy; so does the broker that just claimed the topic, which adopts it)."""
+        runtime, core = self._runtime, self._runtime.core
+        seen = self.records.get(topic)
+        if core.serves(topic):
+            if seen is not None:
+                config = replica_config(seen[0], seen[1])
+                runtime.interpreter.replication.replicas_changed(topic, config)
+            return
+        if not core.followers.serves(topic):
+            return
+        me = self.broker_id
+        # The owner a value names is about to adopt the topic (its claim wrote it) and keeps
+        # this very copy: never released. A value deleted (the topic was) releases it.
+        record = seen[0] if seen is not None else None
+        if record is None or (
+            record.owner != me and me not in record.followers and me not in record.in_sync
+        ):
+            log.info("event=replica_released topic=%s", topic)
+            runtime.apply(core.replica_released(topic, delete_files=True).effects)
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self.links.close()
+
+
+def _registered(key: str) -> str | None:
+    if key.startswith(keys.REGISTER_PREFIX):
+        broker = key[len(keys.REGISTER_PREFIX) :]
+        return broker or None
+    return None
+
+
+def _record(topic: str, value: Any) -> ReplicaSet | None:
+    try:
+        return ReplicaSet.from_json(value)
+    except ReplicaSetError as error:
+        log.warning("event=replicas_unreadable topic=%s error=%s", topic, error)
+        return None
