@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from danube.machines.cluster.keys import Marker, MarkerReason, unassigned_key
+from danube.machines.cluster.keys import Marker, MarkerReason, assignment_key, unassigned_key
 from danube.machines.cluster.ownership import (
     Claim,
     Drop,
@@ -53,9 +53,12 @@ def test_owner_key_follows_the_topic_layout() -> None:
 
 
 def test_an_assignment_is_claimed_under_the_lease_by_compare_and_create() -> None:
+    """Compared also on the assignment: a broker whose view is stale (back from a
+    partition, its watch behind) cannot claim a topic the leader gave to another."""
     o = machine()
+    assigned = Compare(assignment_key("1", T), "version", ">", 0)
     assert o.assignment_seen(T, True, 0) == [
-        Claim(T, (Compare(OWNER, "version", "==", 0),), (Put(OWNER, {"broker_id": 1}, 7),))
+        Claim(T, (Compare(OWNER, "version", "==", 0), assigned), (Put(OWNER, {"broker_id": 1}, 7),))
     ]
     assert o.phase(T) is Phase.CLAIMING
     assert o.assignment_seen(T, True, 1) == []  # one claim at a time

@@ -504,9 +504,18 @@ class Ownership:
         return Unload(topic, claim_revision, self._deleting(topic))
 
     def _claim(self, topic: str) -> Claim:
+        """Compares that the topic is free and still assigned here: a broker whose view of
+        the assignments is stale (back from a partition, before its watch caught up) must
+        not take a topic the leader has since given to another broker, which would then
+        find it claimed, while this one served it from the index without the acknowledged
+        tail a replica holds (spec/replication.md)."""
         key = owner_key(topic)
         claim = {"broker_id": records.broker_id_to_json(self.config.broker_id)}
-        return Claim(topic, (Compare(key, "version", "==", 0),), (Put(key, claim, self.lease_id),))
+        compares = (
+            Compare(key, "version", "==", 0),
+            Compare(keys.assignment_key(self.config.broker_id, topic), "version", ">", 0),
+        )
+        return Claim(topic, compares, (Put(key, claim, self.lease_id),))
 
     def _released_all(self, topic: str) -> bool:
         """Nothing of the topic's stay is left to release: forget it, or, if it was assigned
