@@ -91,6 +91,7 @@ def test_a_deleted_assignment_unloads_then_releases_claim_and_marks_the_marker_r
                 Compare(MARKER, "mod_revision", "==", 50),
             ),
             (Delete(OWNER), Put(MARKER, {"reason": "unload", "from_broker": 1, "ready": True})),
+            40,  # after a completed unload: the replica set of epoch 40 is marked sealed
         )
     ]
     assert o.released(T, True, 0) == []
@@ -121,7 +122,9 @@ def test_a_marker_that_shows_after_the_release_is_still_marked_ready() -> None:
     serving(o)
     o.assignment_seen(T, False, 0)
     (release,) = o.unloaded(T, 0)
-    assert release == Release(T, (Compare(OWNER, "mod_revision", "==", 40),), (Delete(OWNER),))
+    assert release == Release(
+        T, (Compare(OWNER, "mod_revision", "==", 40),), (Delete(OWNER),), sealed_epoch=40
+    )
     o.released(T, True, 0)
     assert o.phase(T) is None
     (late,) = o.marker_seen(T, unload_marker(), 60, 0)
@@ -210,7 +213,9 @@ def test_a_claim_whose_answer_was_lost_is_settled_before_the_topic_is_forgotten(
     assert o.claim_done(T, True, 41, 650, known=True) == [Load(T, 41)]
     assert o.loaded(T, 660) == [Unload(T, 41)]
     (release,) = o.unloaded(T, 700)
-    assert release == Release(T, (Compare(OWNER, "mod_revision", "==", 41),), (Delete(OWNER),))
+    assert release == Release(
+        T, (Compare(OWNER, "mod_revision", "==", 41),), (Delete(OWNER),), sealed_epoch=41
+    )
     assert o.released(T, True, 750) == []
     assert o.phase(T) is None
 

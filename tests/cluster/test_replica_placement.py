@@ -12,6 +12,7 @@ bug "placement forgets the owner"."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 from typing import Any
@@ -35,7 +36,7 @@ from danube.machines.cluster.load_manager import (
 )
 from danube.machines.cluster.records import Marker, MarkerReason
 from danube.machines.cluster.replicas import ReplicaSet
-from danube.metadata.model import Compare
+from danube.metadata.model import Compare, Put
 from danube.testing import InstantStore, ManagerDriver
 from danube.values.load_manager_config import Strategy
 
@@ -338,13 +339,21 @@ def test_a_move_keeps_the_record_and_its_target_need_not_be_in_sync() -> None:
     assert (move.topic, move.from_broker, move.to_broker) == ("/ns/x", "2", "1")
     assert keys.replicas_key("/ns/x") not in [getattr(op, "key", None) for op in move.ops]
     d.settle(0)
-    # The source seals the topic and marks it ready; the target gets it, in sync or not:
+    # The source seals the topic, marks the replica set sealed and the marker ready, in one
+    # transaction (`ownership.seal_replica_set`); the target gets it, in sync or not:
     # nothing acknowledged is lost by a sealed hand-over.
+    sealed = dataclasses.replace(kept, sealed=True)
     marker = Marker(MarkerReason.REBALANCE, "2", "1", ready=True)
-    d.store.put(keys.unassigned_key("/ns/x"), marker.to_json())
+    d.store.txn(
+        (),
+        (
+            Put(keys.replicas_key("/ns/x"), sealed.to_json()),
+            Put(keys.unassigned_key("/ns/x"), marker.to_json()),
+        ),
+    )
     d.settle(0)
     assert owner(d, "/ns/x") == "1"
-    assert record(d, "/ns/x") == kept
+    assert record(d, "/ns/x") == sealed
     assert not d.failed
 
 
@@ -499,3 +508,18 @@ def test_planted_placement_that_forgets_the_owner_is_caught() -> None:
         if followers_world(seed, _KeepsTheOwnerAmongFollowers)[0] is not None:
             return
     raise AssertionError("the planted bug went unnoticed for 200 seeds")
+
+
+def test_an_unsealed_hand_over_goes_only_to_a_broker_holding_the_acknowledged_tail() -> None:
+    """An unload that did not seal (the source never loaded the topic, or died meanwhile)
+    leaves acknowledged records only on the in-sync members and the recorded owner: the
+    marker, though ready, is decided by the promotion rule (found by the simulator with
+    replication: an operator's unload while the owner was coming back)."""
+    d = cluster("1", "2", "3", cfg=config(enabled=False))
+    owned(d, "/ns/x", "2", ("3",))
+    shrink(d, "/ns/x", ("3",))
+    d.store.delete(keys.assignment_key("2", "/ns/x"))
+    marker = Marker(MarkerReason.UNLOAD, "2", None, ready=True)
+    d.store.put(keys.unassigned_key("/ns/x"), marker.to_json())
+    d.settle(0)
+    assert owner(d, "/ns/x") in ("2", "3")

@@ -645,11 +645,14 @@ class LoadManager:
         return replicas.place_followers(owner, current, self._registered, factor, ranked)
 
     def _promotable(self, topic: str, marker: Marker) -> frozenset[str] | None:
-        """Who may get a topic: its owner was lost (a null marker: a failover, or an unload
-        whose broker died) and its record has an in-sync set, which alone holds every
-        acknowledged record: its active members; else anyone (None)."""
-        failover = marker.reason is MarkerReason.NEW
-        return self._replicas.promotable(topic, failover, self._active())
+        """Who may get a topic whose replica set shows it replicating, not handed over
+        sealed: its active in-sync members and recorded owner, which alone hold every
+        acknowledged record; else anyone (None). Also for hand-overs (unload, rebalance,
+        drain): an unload that did not seal (its broker never loaded the topic, or died
+        meanwhile) leaves acknowledged records only on those brokers. A completed unload
+        marks the set `sealed` in the release that marks the marker ready."""
+        del marker
+        return self._replicas.promotable(topic, True, self._active())
 
     def _refollows(self, now: int) -> list[Effect]:
         """Topics whose followers are gone, include their owner, or are too few: one fenced

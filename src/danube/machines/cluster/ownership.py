@@ -164,10 +164,25 @@ def become_writer(
             epoch=max(record.epoch, claim_revision),
             owner=broker_id,
             in_sync=tuple(b for b in record.in_sync if b != broker_id),
+            sealed=False,
         )
         compares.append(Compare(replicas.key, "mod_revision", "==", replicas.mod_revision))
         ops.append(Put(replicas.key, claimed.to_json()))
     return Writer(keep_local, tuple(compares), tuple(ops))
+
+
+def seal_replica_set(
+    found: KeyValue | None, broker_id: str, epoch: int
+) -> tuple[tuple[Compare, ...], tuple[Op, ...]]:
+    """What a release after a completed unload adds (`Release.sealed_epoch`): the replica
+    set marked `sealed` when it names this broker as owner of `epoch` (everything it
+    acknowledged is indexed now, so the promotion rule lets any broker take the topic),
+    compared on its revision; nothing otherwise."""
+    record = replica_set_of(found)
+    if found is None or record is None or record.owner != broker_id or record.epoch != epoch:
+        return (), ()
+    compare = Compare(found.key, "mod_revision", "==", found.mod_revision)
+    return (compare,), (Put(found.key, dataclasses.replace(record, sealed=True).to_json()),)
 
 
 def replica_set_of(found: KeyValue | None) -> ReplicaSet | None:
@@ -245,6 +260,10 @@ class Release:
     topic: str
     compares: tuple[Compare, ...]
     ops: tuple[Op, ...]
+    sealed_epoch: int | None = None
+    """The claim revision of a stay this release ends after a completed unload (sealed,
+    uploaded, indexed): the driver's flow also marks the topic's replica set `sealed` when
+    it names this broker as owner of that epoch, so the next owner may be any broker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +295,9 @@ class _Topic:
     """The last claim's answer was lost: it may have landed under the lease."""
     load_failed: bool = False
     """The last load of this claim failed (its storage or metadata is unreadable)."""
+    sealed: bool = False
+    """The stay's unload completed with everything sealed and indexed (not a deletion)."""
+    deleting: bool = False
 
 
 @dataclass(slots=True)
@@ -407,6 +429,7 @@ class Ownership:
             return []
         state.busy = False
         state.phase = Phase.RELEASING
+        state.sealed = not state.deleting
         return self._step(now_ms)
 
     def released(self, topic: str, succeeded: bool, now_ms: int) -> list[Effect]:
@@ -501,7 +524,9 @@ class Ownership:
         )  # fmt: skip
 
     def _unload(self, topic: str, claim_revision: int) -> Unload:
-        return Unload(topic, claim_revision, self._deleting(topic))
+        deleting = self._deleting(topic)
+        self._topics[topic].deleting = deleting
+        return Unload(topic, claim_revision, deleting)
 
     def _claim(self, topic: str) -> Claim:
         """Compares that the topic is free and still assigned here: a broker whose view of
@@ -542,4 +567,5 @@ class Ownership:
             ops.append(Put(marker_key, ready.to_json()))
         if not ops:
             return self._claim(topic) if self._released_all(topic) else None
-        return Release(topic, tuple(compares), tuple(ops))
+        sealed = state.claim_revision if state.sealed else None
+        return Release(topic, tuple(compares), tuple(ops), sealed)

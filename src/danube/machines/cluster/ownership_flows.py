@@ -93,10 +93,13 @@ def release(machine: own.Ownership, effect: own.Release, now: Now) -> Flow[list[
     """One transaction. A refused or unanswered release reads the owner key back: it is
     done when the claim it deletes is gone (`release_done`)."""
     topic, owner = effect.topic, own.owner_key(effect.topic)
+    compares, ops = effect.compares, effect.ops
     try:
-        answer = yield StoreTxn(
-            effect.compares, effect.ops, read_back=(owner,), purpose=f"release {topic}"
-        )
+        if effect.sealed_epoch is not None:
+            found = yield StoreRead(keys.replicas_key(topic))
+            more = own.seal_replica_set(found, machine.config.broker_id, effect.sealed_epoch)
+            compares, ops = (*compares, *more[0]), (*ops, *more[1])
+        answer = yield StoreTxn(compares, ops, read_back=(owner,), purpose=f"release {topic}")
     except StoreUnreachable:
         return machine.released(topic, False, now())
     if answer.committed:

@@ -96,6 +96,9 @@ class ReplicaSet:
     followers: tuple[str, ...] = ()
     in_sync: tuple[str, ...] = ()
     epochs: tuple[tuple[int, int], ...] = ()
+    sealed: bool = False
+    """The owner of `epoch` handed the topic over with everything it acknowledged sealed
+    and indexed (a completed unload): any broker may take it (`promotion_candidates`)."""
 
     def __post_init__(self) -> None:
         _count(self.epoch, "epoch")
@@ -117,12 +120,16 @@ class ReplicaSet:
         missing = [name for name in FIELDS if name not in value]
         if missing:
             raise ReplicaSetError(f"replica set: missing field(s) {', '.join(missing)}")
+        sealed = value.get("sealed", False)
+        if not isinstance(sealed, bool):
+            raise ReplicaSetError(f"replica set: sealed must be true or false, got {sealed!r}")
         return cls(
             value["epoch"],
             value["owner"],
             _brokers(value["followers"], "followers"),
             _brokers(value["in_sync"], "in_sync"),
             _epochs(value["epochs"]),
+            sealed,
         )
 
     def to_json(self) -> dict[str, JSONValue]:
@@ -132,6 +139,7 @@ class ReplicaSet:
             "followers": list(self.followers),
             "in_sync": list(self.in_sync),
             "epochs": [[epoch, start] for epoch, start in self.epochs],
+            **({"sealed": True} if self.sealed else {}),
         }
 
 
@@ -170,8 +178,9 @@ def promotion_candidates(record: ReplicaSet | None, alive: Iterable[str]) -> fro
     also what it acknowledged alone after shrinking the set to itself), and only them (empty:
     the topic is unavailable until one returns). None, any broker, when replication is not
     running for the topic: no record, or no in-sync member and no owner that replicated under
-    its epoch (`epochs` names the epoch of the owner's first in-sync change)."""
-    if record is None:
+    its epoch (`epochs` names the epoch of the owner's first in-sync change), or its owner
+    handed it over sealed (`sealed`: everything acknowledged is indexed)."""
+    if record is None or record.sealed:
         return None
     replicating = bool(record.epochs) and record.epochs[-1][0] == record.epoch
     if not record.in_sync and not replicating:
