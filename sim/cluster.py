@@ -320,8 +320,8 @@ class ClusterSimulation:
             if self.violations:
                 return False, 0.0
             topics, gone = self.topics, []
-            if self.data_checker is not None:
-                gone = [t for t in topics if self.data_checker.unavailable_for_good(t)]
+            if self.data_checker is not None:  # also the operator's scratch topics
+                gone = self.data_checker.all_unavailable_for_good()
                 topics = [t for t in topics if t not in gone]
                 self.data_checker.counts["unavailable_for_good"] = len(gone)
             problems = self.checker.unsettled(topics, gone) + self.operator.unsettled()

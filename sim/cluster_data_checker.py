@@ -29,7 +29,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from danube.keys import replicas_key
+from danube import keys as keys_module
+from danube.keys import REPLICAS_PREFIX, replicas_key
 from danube.machines.cluster import keys
 from danube.machines.cluster.ownership import Phase, owner_key, topic_of_key
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError, promotion_candidates
@@ -171,6 +172,14 @@ class DataChecker:
             return False
         survivors = [node.name for node in self.nodes if not node.lost]
         return promotion_candidates(record, survivors) == frozenset()
+
+    def all_unavailable_for_good(self) -> list[str]:
+        """`unavailable_for_good` of every topic with a replica set (the operator's scratch
+        topics too)."""
+        if not self.replicated:
+            return []
+        found = (keys_module.parse_replicas_key(kv.key) for kv in self.etcd.scan(REPLICAS_PREFIX))
+        return sorted(t for t in found if t is not None and self.unavailable_for_good(t))
 
     def unsettled(self, topics: Sequence[str] | None = None) -> list[str]:
         """Every topic served by the broker it is assigned to."""

@@ -177,13 +177,14 @@ def promotion_candidates(record: ReplicaSet | None, alive: Iterable[str]) -> fro
     members of `in_sync` and the owner recorded last (it holds everything it acknowledged,
     also what it acknowledged alone after shrinking the set to itself), and only them (empty:
     the topic is unavailable until one returns). None, any broker, when replication is not
-    running for the topic: no record, or no in-sync member and no owner that replicated under
-    its epoch (`epochs` names the epoch of the owner's first in-sync change), or its owner
-    handed it over sealed (`sealed`: everything acknowledged is indexed)."""
+    running for the topic: no record, or no in-sync member and no owner that ever replicated
+    (`epochs` empty: an owner records its epoch there before it acknowledges anything), or
+    its owner handed it over sealed (`sealed`: everything acknowledged is indexed). An owner
+    that claimed the topic but never recorded its epoch (its load failed) leaves the last
+    one's entry there: the topic still waits for a broker that may hold the tail."""
     if record is None or record.sealed:
         return None
-    replicating = bool(record.epochs) and record.epochs[-1][0] == record.epoch
-    if not record.in_sync and not replicating:
+    if not record.in_sync and not record.epochs:
         return None
     return frozenset((*record.in_sync, record.owner)) & frozenset(alive)
 

@@ -1,0 +1,104 @@
+"""Planted bugs of replication (spec/replication.md, issue 27) for
+`tests/sim/test_cluster_replication_sim.py`: each must be caught by the cluster simulator with
+replication (`python -m sim --cluster --replicated`) within 200 seeds."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+from danube.machines.cluster import replicas
+from danube.machines.cluster.replicas import ReplicaSet
+from danube.machines.node import replica_owner
+from danube.machines.replication import follower as follower_module
+from danube.machines.replication.follower import FollowerLog
+from danube.machines.replication.messages import (
+    FollowerEffect,
+    Replicate,
+    Replicated,
+)
+
+Patch = Callable[[], contextlib.AbstractContextManager[None]]
+
+
+@contextlib.contextmanager
+def acknowledge_before_followers() -> Iterator[None]:
+    """The owner acknowledges a group commit once its own WAL has it, without waiting for
+    the in-sync followers (what the cluster did before issue 27)."""
+    original = replica_owner.OwnerReplicas.durable
+
+    def durable(self: Any, record: Any, through: int, now_ms: int) -> list[Any]:
+        out = original(self, record, through, now_ms)
+        return [*out, *self._logs.acknowledge(record, through, now_ms)]
+
+    with mock.patch.object(replica_owner.OwnerReplicas, "durable", durable):
+        yield
+
+
+@contextlib.contextmanager
+def promote_any_follower() -> Iterator[None]:
+    """The promotion rule takes any live follower, also one that left the in-sync set (or
+    never caught up)."""
+
+    def candidates(record: ReplicaSet | None, alive: Any) -> frozenset[str] | None:
+        if record is None or record.sealed:
+            return None
+        members = (*record.followers, *record.in_sync, record.owner)
+        return frozenset(members) & frozenset(alive) or None
+
+    with mock.patch.object(replicas, "promotion_candidates", candidates):
+        yield
+
+
+@contextlib.contextmanager
+def accept_deposed_owner() -> Iterator[None]:
+    """A follower takes a lower epoch's frames as if they were of its own epoch (no
+    fencing of deposed owners) and answers them `Replicated` under the sender's epoch, so
+    the deposed owner counts it."""
+    original = FollowerLog.replicate
+
+    def replicate(self: FollowerLog, msg: Replicate) -> list[FollowerEffect]:
+        if msg.epoch >= self.epoch:
+            return original(self, msg)
+        sent = msg.epoch
+        msg = Replicate(msg.topic, self.epoch, msg.prev_end, msg.frames, msg.record_count,
+                        msg.commit)  # fmt: skip
+        return [
+            Replicated(e.topic, sent, e.end) if isinstance(e, Replicated) else e
+            for e in original(self, msg)
+        ]
+
+    with mock.patch.object(follower_module.FollowerLog, "replicate", replicate):
+        yield
+
+
+@contextlib.contextmanager
+def truncate_by_high_watermark() -> Iterator[None]:
+    """Reconciliation cuts at the high watermark the follower last heard of (the `commit`
+    of the owner's sends, which trails what was acknowledged) instead of at the end of its
+    last epoch on the new owner's log: KIP-101's bug, which loses acknowledged records."""
+    replicate, new_epoch = FollowerLog.replicate, FollowerLog.new_epoch
+    heard: dict[int, int] = {}
+
+    def replicate_noting(self: FollowerLog, msg: Replicate) -> list[FollowerEffect]:
+        heard[id(self)] = max(heard.get(id(self), 0), msg.commit)
+        return replicate(self, msg)
+
+    def new_epoch_at_commit(self: FollowerLog, epoch: int, owner_end: int) -> list[FollowerEffect]:
+        return new_epoch(self, epoch, min(owner_end, heard.get(id(self), 0)))
+
+    with (
+        mock.patch.object(follower_module.FollowerLog, "replicate", replicate_noting),
+        mock.patch.object(follower_module.FollowerLog, "new_epoch", new_epoch_at_commit),
+    ):
+        yield
+
+
+REPLICATION_MUTATIONS: dict[str, Patch] = {
+    "acknowledge_before_followers": acknowledge_before_followers,
+    "promote_any_follower": promote_any_follower,
+    "accept_deposed_owner": accept_deposed_owner,
+    "truncate_by_high_watermark": truncate_by_high_watermark,
+}
