@@ -414,3 +414,17 @@ def test_a_claimed_topic_unassigned_before_its_load_is_loaded_then_unloaded() ->
     o.assignment_seen(T, False, 110)
     assert o.load_failed(T, 120) == [WakeAt(620)]
     assert o.tick(620) == [Unload(T, 41)]
+
+
+def test_only_an_unload_of_a_served_topic_marks_its_replica_set_sealed() -> None:
+    """A release after a completed unload says the topic's tail is indexed (`sealed_epoch`);
+    one whose load failed sealed nothing and must not say so (found by the simulator with
+    replication, heavy faults, seed 56: the next owner came from the empty index)."""
+    o = machine()
+    o.assignment_seen(T, True, 0)
+    assert o.claim_done(T, True, 41, 100, known=True) == [Load(T, 41)]
+    o.assignment_seen(T, False, 110)
+    assert o.load_failed(T, 120) == [WakeAt(620)]
+    assert o.tick(620) == [Unload(T, 41)]
+    (release,) = o.unloaded(T, 700)
+    assert release.sealed_epoch is None

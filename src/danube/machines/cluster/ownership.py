@@ -296,8 +296,11 @@ class _Topic:
     load_failed: bool = False
     """The last load of this claim failed (its storage or metadata is unreadable)."""
     sealed: bool = False
-    """The stay's unload completed with everything sealed and indexed (not a deletion)."""
+    """The stay's unload completed with everything sealed and indexed: it served the topic
+    (a load succeeded) and it was not a deletion."""
     deleting: bool = False
+    served: bool = False
+    """A load of this stay succeeded: its unload seals what the broker holds."""
 
 
 @dataclass(slots=True)
@@ -410,6 +413,7 @@ class Ownership:
             return []
         state.busy = False
         state.phase = Phase.SERVING
+        state.served = True
         return self._step(now_ms)
 
     def load_failed(self, topic: str, now_ms: int) -> list[Effect]:
@@ -429,7 +433,7 @@ class Ownership:
             return []
         state.busy = False
         state.phase = Phase.RELEASING
-        state.sealed = not state.deleting
+        state.sealed = state.served and not state.deleting
         return self._step(now_ms)
 
     def released(self, topic: str, succeeded: bool, now_ms: int) -> list[Effect]:
