@@ -10,11 +10,14 @@ broker processes in cluster mode) and our client in this process.
   (the first attempt answers UNAVAILABLE while the leader assigns the new topic).
 - `throughput`: `--topics` reliable topics (`fsync`), one producer each with `--window` sends
   in flight, 1 KiB payloads for `--seconds`; aggregate acknowledged msg/s, for each broker
-  count in `--brokers`.
+  count in `--brokers` (with two brokers or more each topic replicates to a follower).
+- `latency`: one sequential producer (`fsync`, 100 B): publish → acknowledgement p50 and p99,
+  replicated with two brokers or more.
 
     .venv/bin/python -m bench.cluster_e2e failover --rounds 3
     .venv/bin/python -m bench.cluster_e2e assign --topics 50
     .venv/bin/python -m bench.cluster_e2e throughput --brokers 1 3 --topics 12 --seconds 20
+    .venv/bin/python -m bench.cluster_e2e latency --brokers 1 3 --sends 300
 """
 
 from __future__ import annotations
@@ -155,6 +158,35 @@ def throughput(args: argparse.Namespace, root: Path) -> None:
               f"({acked} messages)", flush=True)  # fmt: skip
 
 
+async def _latency(url: str, sends: int) -> list[float]:
+    """Milliseconds from each send to its acknowledgement, one at a time, after a warm-up."""
+    async with DanubeClient(url) as client:
+        producer = await client.producer(  # type: ignore[attr-defined]
+            "/default/latency", "p", dispatch=DispatchStrategy.RELIABLE
+        ).create()
+        for _ in range(20):
+            await producer.send(PAYLOAD[:100])
+        await asyncio.sleep(2)  # the followers catch up and join the in-sync set
+        took = []
+        for _ in range(sends):
+            started = time.perf_counter()
+            await producer.send(PAYLOAD[:100])
+            took.append((time.perf_counter() - started) * 1000)
+    return took
+
+
+def latency(args: argparse.Namespace, root: Path) -> None:
+    """Sequential reliable publishes (`fsync`): replicated to a follower with two brokers or
+    more (issue 27), alone with one."""
+    for brokers in args.brokers:
+        with LocalCluster(root / f"l{brokers}", ClusterSettings(brokers=brokers)) as cluster:
+            time.sleep(3)
+            took = asyncio.run(_latency(cluster.brokers[0].url, args.sends))
+        print(f"{brokers} broker(s), {args.sends} sequential reliable sends of 100 B: "
+              f"publish→ack p50 {_percentile(took, 0.5):.2f} ms, p99 "
+              f"{_percentile(took, 0.99):.2f} ms", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="bench.cluster_e2e", description=" ".join(__doc__.split("\n\n")[0].split())
@@ -170,13 +202,17 @@ def main() -> None:
     three.add_argument("--topics", type=int, default=12)
     three.add_argument("--window", type=int, default=4)
     three.add_argument("--seconds", type=float, default=20.0)
+    four = sub.add_parser("latency")
+    four.add_argument("--brokers", type=int, nargs="+", default=[1, 3])
+    four.add_argument("--sends", type=int, default=300)
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
           f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="danube-bench-") as tmp:
-        {"failover": failover, "assign": assign, "throughput": throughput}[args.command](
-            args, Path(tmp)
-        )
+        commands = {
+            "failover": failover, "assign": assign, "throughput": throughput, "latency": latency,
+        }  # fmt: skip
+        commands[args.command](args, Path(tmp))
 
 
 if __name__ == "__main__":

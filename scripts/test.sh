@@ -3,7 +3,8 @@
 # included) and three simulator fuzz runs, each a swarm run (each seed draws its faults and
 # workload): FUZZ_SEEDS, default 300, over the default faults; FUZZ_TIERED_SEEDS, default 100,
 # tiered with the heavy profile; FUZZ_SCHEMA_SEEDS, default 50, the schema registry with the
-# heavy profile. Extra arguments go to pytest, e.g. `scripts/test.sh -k shared`.
+# heavy profile; FUZZ_REPLICATED_SEEDS, default 100, a cluster whose topics replicate.
+# Extra arguments go to pytest, e.g. `scripts/test.sh -k shared`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -18,3 +19,6 @@ FUZZ_SEEDS="${FUZZ_SEEDS:-300}" .venv/bin/nox -s fuzz -- --swarm
 FUZZ_FIRST_SEED=1001 .venv/bin/nox -s fuzz -- "${FUZZ_TIERED_SEEDS:-100}" --tiered --profile heavy --swarm
 # Producers evolving schemas under every compatibility mode, through brokers under faults.
 FUZZ_FIRST_SEED=2001 .venv/bin/nox -s fuzz -- "${FUZZ_SCHEMA_SEEDS:-50}" --schemas --profile heavy --swarm
+# A cluster of brokers whose topics replicate their WAL tail before acknowledging, under
+# crashes, kills, partitions and etcd stalls (issue 27; invariants r1, r2).
+FUZZ_FIRST_SEED=3001 .venv/bin/nox -s fuzz -- "${FUZZ_REPLICATED_SEEDS:-100}" --cluster --replicated --swarm --duration 15

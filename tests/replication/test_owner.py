@@ -176,3 +176,22 @@ def test_a_chunked_read_asks_for_the_rest() -> None:
     assert _sends(out) == [("f1", 0, 2)] and out[-1] == ReadForResend("f1", 2)
     assert o.frames_read("f1", 0, b"ab", 2, 1) == []
     assert _sends(o.frames_read("f1", 2, b"cd", 4, 1)) == [("f1", 2, 4), ("f1", 4, 6)]
+
+
+def test_a_resend_the_wal_cannot_serve_probes_and_a_follower_below_it_leaves_in_sync() -> None:
+    """The WAL starts at 4 (a new owner's log begins where the object index ends): the link
+    believed the follower at 0, a probe finds where it really is. At 4 it is caught up from
+    there; below 4 it cannot be here, and it leaves the in-sync set instead of holding the
+    high watermark back for ever (found by the cluster simulator, seed 135)."""
+    o = _owner(durable_end=6, window_bytes=1)
+    assert o.stream_broke("f1", 0) == [ReadForResend("f1", 0)]
+    probe = o.resend_unavailable("f1", 4, 1)
+    assert _sends(probe) == [("f1", 6, 6)]
+    assert o.mismatch("f1", Mismatch("t", 1, 4), 2) == [ReadForResend("f1", 4)]
+    assert not o.links["f1"].behind
+    o = _owner(durable_end=6, window_bytes=1)
+    o.stream_broke("f1", 0)
+    o.resend_unavailable("f1", 4, 1)
+    assert o.mismatch("f1", Mismatch("t", 1, 2), 2) == [ProposeInSync("t", 1, ("f2",), 1)]
+    assert o.links["f1"].behind
+    assert _sends(o.durable(8, b"gh", 3)) == [("f2", 6, 8)]

@@ -269,7 +269,7 @@ class OwnerReplicas:
             elif isinstance(effect, rm.ProposeInSync):
                 out.append(ReplicaPropose(effect, self._epoch_start(record)))
             elif isinstance(effect, rm.ReadForResend):
-                out.extend(self._plan_resend(record, effect))
+                out.extend(self._plan_resend(record, effect, now_ms))
             elif isinstance(effect, rm.NotEnoughInSync):
                 reason = (
                     f"{topic}: fewer in-sync replicas than the "
@@ -286,17 +286,20 @@ class OwnerReplicas:
         starts = [start for e, start in (history.starts if history else ()) if e == epoch]
         return starts[-1] if starts else 0
 
-    def _plan_resend(self, record: TopicRecord, effect: rm.ReadForResend) -> list[Effect]:
+    def _plan_resend(
+        self, record: TopicRecord, effect: rm.ReadForResend, now_ms: int
+    ) -> list[Effect]:
         log = record.wal
-        if log is None:
+        machine = record.log.replication
+        if log is None or machine is None:
             return []
         plan = log.plan_frames(effect.from_offset, RESEND_READ_BYTES)
         if isinstance(plan, wal.FileRead):
             return [ReplicaRead(record.name.full, effect.follower, plan)]
-        # Retention deleted what the follower lacks: it stays behind (and, once its lag shows,
-        # out of the in-sync set) until an operator replaces it; catching up from objects is
-        # not built yet (spec/replication.md, "Order of work").
-        return []
+        if isinstance(plan, wal.NotRetained):
+            gone = machine.resend_unavailable(effect.follower, plan.first_offset, now_ms)
+            return self._translate(record, gone, now_ms)
+        return []  # nothing durable past `from_offset`: the machine asks only below it
 
     def deposed(self, record: TopicRecord, epoch: int) -> list[Effect]:
         """A higher epoch than this owner's exists: the topic stops here, acknowledging

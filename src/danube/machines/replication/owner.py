@@ -21,6 +21,8 @@ membership of the recorded in-sync set:
 | any | `mismatch(end)`, at durable end or held back | STREAMING | `Send` of a probe at `end` |
 | any | `mismatch(end)`, before window | READING | `ReadForResend(end)` |
 | READING | `frames_read` | STREAMING | `Send` of what was read, then the window's rest |
+| READING | `resend_unavailable(first)` | STREAMING | a probe (where is the follower?) |
+| any | `mismatch(end)` below that `first` | behind | nothing sent; it leaves in-sync |
 | any | `stream_broke` | as `mismatch(acknowledged end)` | resend on the new stream |
 | any | `tick`, in sync, oldest unacked send > `lag_ms` old | same | `ProposeInSync` without it |
 | (none) | `tick`, recorded in sync but no longer a follower | — | `ProposeInSync` without it |
@@ -81,6 +83,11 @@ class Link:
     to the old pipeline, not a new gap, and is ignored."""
     sends: deque[tuple[int, int]] = field(default_factory=deque)
     """`(end, first sent at)` of sends not yet acknowledged, oldest first (the lag clock)."""
+    floor: int | None = None
+    """The owner's WAL holds nothing below this (`resend_unavailable`): a follower whose
+    log ends below cannot be caught up here."""
+    behind: bool = False
+    """The follower ends below `floor`: nothing is sent to it, and it leaves the in-sync set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +184,11 @@ class OwnerReplication:
         link.last_heard_ms = now_ms
         if msg.end == link.resend_from:
             return []
+        if link.floor is not None and msg.end < link.floor:
+            link.behind = True  # the WAL no longer holds what it lacks: out of sync for good
+            link.state = LinkState.STREAMING
+            return self.tick(now_ms) if self.pending is None else []
+        link.behind = False
         # A follower never durably loses what it acknowledged (its WAL fsyncs first); if it
         # did (a lost disk), believing the lower end is the safe side.
         link.acked_end = min(link.acked_end, msg.end)
@@ -212,6 +224,23 @@ class OwnerReplication:
         out.extend(self._send_window_from(follower, link.sent_end, now_ms))
         return out
 
+    def resend_unavailable(
+        self, follower: str, first_offset: int, now_ms: int
+    ) -> list[OwnerEffect]:
+        """The driver's answer to `ReadForResend` when the WAL no longer holds the offset
+        asked for (retention, or a log that starts where the object index ends): the
+        follower may be further on than the link believed, so a probe asks where it is; one
+        that ends below `first_offset` cannot be caught up from here and leaves the in-sync
+        set (catching up from objects is not built)."""
+        link = self.links.get(follower)
+        if self.deposed or link is None or link.state is not LinkState.READING:
+            return []
+        link.floor = first_offset
+        link.state = LinkState.STREAMING
+        link.resend_from = None
+        link.sends.clear()
+        return [self._send(follower, self.durable_end, b"", 0, now_ms)]
+
     def tick(self, now_ms: int) -> list[OwnerEffect]:
         """Shrink the in-sync set by every member whose oldest unacknowledged send is older
         than `lag_ms` (one proposal at a time)."""
@@ -222,6 +251,7 @@ class OwnerReplication:
             name
             for name in self.in_sync
             if (link := self.links.get(name)) is None  # no longer a follower (replaced)
+            or link.behind
             or (link.sends and now_ms - link.sends[0][1] > self.lag_ms)
         }
         if not laggards:
@@ -247,6 +277,8 @@ class OwnerReplication:
     # -- decisions --------------------------------------------------------------------------------
 
     def _may_send(self, link: Link) -> bool:
+        if link.behind:
+            return False
         """Streaming and under the in-flight limit: a dead or slow follower holds at most
         `max_in_flight` records of sends (and of the driver's stream buffers); the rest is sent
         as it acknowledges, from the window or the WAL."""
