@@ -304,20 +304,7 @@ class ReliableLogs:
         record = self._topics.get(topic)
         if record is None or record.wal is None:
             return Step(None)
-        log = record.wal
-        effects: list[wal.Effect] = []
-        if isinstance(effect, wal.Write):
-            if error is None:
-                effects = log.write_done(effect.write_id, now_ms)
-            else:
-                effects = log.write_failed(effect.write_id, error)
-        elif isinstance(effect, wal.Fsync):
-            if error is None:
-                effects = log.fsync_done(effect.fsync_id, now_ms)
-            else:
-                effects = log.fsync_failed(effect.fsync_id, error)
-        # A failed CreateSegment fails the segment's first Write; a failed close or delete
-        # of a closed segment leaves its data intact (the driver logs it).
+        effects = record.wal.io_done(effect, error, now_ms)
         return Step(None, tuple(self.wal_effects(record, effects, now_ms)))
 
     def ready_wal(self, record: TopicRecord) -> wal.WalMachine:

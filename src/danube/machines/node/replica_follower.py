@@ -136,17 +136,7 @@ class FollowerReplicas:
         log = replica.wal
         if log is None:
             return Step(None)
-        effects: list[wal.Effect] = []
-        if isinstance(effect, wal.Write):
-            if error is None:
-                effects = log.write_done(effect.write_id, now_ms)
-            else:
-                effects = log.write_failed(effect.write_id, error)
-        elif isinstance(effect, wal.Fsync):
-            if error is None:
-                effects = log.fsync_done(effect.fsync_id, now_ms)
-            else:
-                effects = log.fsync_failed(effect.fsync_id, error)
+        effects = log.io_done(effect, error, now_ms)
         return Step(None, tuple(self._wal_effects(replica, effects, now_ms)))
 
     def epochs_saved(self, topic: str) -> Step[None]:

@@ -446,6 +446,21 @@ class WalMachine:
         self._pending_bytes += len(frame)
         self._cache_put(first, records, size)
 
+    def io_done(self, effect: Effect, error: str | None, now_ms: int) -> list[Effect]:
+        """A file effect finished (`error` None) or failed: `write_done` / `write_failed`
+        or `fsync_done` / `fsync_failed`. A failed `CreateSegment` fails the segment's first
+        `Write`; a failed close or delete of a closed segment leaves its data intact (the
+        driver logs it): neither is an input."""
+        if isinstance(effect, Write):
+            if error is None:
+                return self.write_done(effect.write_id, now_ms)
+            return self.write_failed(effect.write_id, error)
+        if isinstance(effect, Fsync):
+            if error is None:
+                return self.fsync_done(effect.fsync_id, now_ms)
+            return self.fsync_failed(effect.fsync_id, error)
+        return []
+
     def write_done(self, write_id: int, now_ms: int) -> list[Effect]:
         write = self._write
         if write is None or write.write_id != write_id:
