@@ -195,3 +195,16 @@ def test_a_resend_the_wal_cannot_serve_probes_and_a_follower_below_it_leaves_in_
     assert o.mismatch("f1", Mismatch("t", 1, 2), 2) == [ProposeInSync("t", 1, ("f2",), 1)]
     assert o.links["f1"].behind
     assert _sends(o.durable(8, b"gh", 3)) == [("f2", 6, 8)]
+
+
+def test_a_proposal_lost_without_a_read_back_is_made_again_at_a_tick() -> None:
+    """The store answered neither the proposal nor its read-back: left outstanding, it
+    would block every later change of the in-sync set (and an unload waiting for the high
+    watermark) for ever (found by the cluster simulator, heavy profile, seed 11)."""
+    o = _owner(lag_ms=100)
+    o.durable(2, b"ab", 0)
+    assert o.tick(101) == [ProposeInSync("t", 1, (), 1)]
+    assert o.tick(102) == []  # outstanding
+    assert o.proposal_lost() == []
+    assert o.pending is None
+    assert o.tick(103) == [ProposeInSync("t", 1, (), 1)]

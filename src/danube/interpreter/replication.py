@@ -51,11 +51,13 @@ class Replication:
             topic = effect.proposal.topic
 
             def seen(config: ReplicaConfig | None, error: BaseException | None) -> None:
-                if error is not None:
-                    it.host.event("replicas_propose_failed", topic=topic, error=str(error))
+                if error is not None or config is None:
+                    if error is not None:
+                        it.host.event("replicas_propose_failed", topic=topic, error=str(error))
+                    core = it.core
+                    it._apply_step(lambda: core.replica_proposal_lost(topic))
                     return
-                if config is not None:
-                    self.replicas_changed(topic, config)
+                self.replicas_changed(topic, config)
 
             it._run(flows.propose_in_sync(effect.proposal, effect.epoch_start), seen)
         else:

@@ -631,6 +631,13 @@ class BrokerCore:
             return Step(None)
         return Step(None, tuple(self.logs.replicas.configure(record, config, now_ms)))
 
+    def replica_proposal_lost(self, topic: str) -> Step[None]:
+        """A `ReplicaPropose` flow failed without a read-back: the owner proposes again later."""
+        record = self._topics.get(topic)
+        if record is None:
+            return Step(None)
+        return Step(None, tuple(self.logs.replicas.proposal_lost(record)))
+
     def replica_answered(
         self, follower: str, answer: rm.FollowerAnswer, *, now_ms: int
     ) -> Step[None]:

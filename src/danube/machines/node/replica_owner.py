@@ -238,6 +238,12 @@ class OwnerReplicas:
         effects = machine.frames_read(follower, from_offset, frames, end, now_ms)
         return self._translate(record, effects, now_ms)
 
+    def proposal_lost(self, record: TopicRecord) -> list[Effect]:
+        """A proposal's flow failed before any read-back (the store did not answer)."""
+        machine = record.log.replication
+        record.log.registering = False
+        return [] if machine is None else self._translate(record, machine.proposal_lost(), 0)
+
     def tick(self, record: TopicRecord, now_ms: int) -> list[Effect]:
         machine = record.log.replication
         if machine is None:

@@ -258,6 +258,15 @@ class OwnerReplication:
             return self._maybe_expand()
         return self._propose(tuple(sorted(self.in_sync - laggards)))
 
+    def proposal_lost(self) -> list[OwnerEffect]:
+        """The driver could neither write nor read back the outstanding proposal (the store
+        did not answer): it is dropped; the next waits for a `tick`, which proposes again
+        what is still true then."""
+        if self.pending is not None:
+            self.pending = None
+            self.held_back = True
+        return []
+
     def replicas_seen(self, in_sync: Iterable[str], version: int, epoch: int) -> list[OwnerEffect]:
         """The topic's replicas value as read from etcd (watch or read-back)."""
         if self.deposed:
