@@ -45,7 +45,7 @@ from danube.machines.cluster.keys import Marker
 from danube.machines.cluster.ownership import NotOwner, Ownership, OwnershipConfig
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
 from danube.machines.node.effects import AskEpochEnd, ReplicaAnswer, ReplicaSend
-from danube.machines.node.replica_owner import ReplicationSettings, replica_config
+from danube.machines.node.replica_owner import ReplicationSettings
 from danube.machines.wal.machine import Durability, WalConfig
 from danube.metadata.model import KeyValue
 from danube.values.config import OBJECT_DURABILITY, TopicDurability
@@ -349,17 +349,15 @@ class DataPlane:
 
     def _push(self, topic: str) -> None:
         broker = self.broker
-        core, interpreter = broker.core, broker.interpreter
-        if core is None or interpreter is None or not self.host.alive:
+        core = broker.core
+        if core is None or broker.interpreter is None or not self.host.alive:
             return
-        seen = self._replicas.get(topic)
-        if core.serves(topic):
-            if seen is not None:
-                interpreter.replication.replicas_changed(topic, replica_config(*seen))
-        elif core.followers.serves(topic) and _no_longer_follows(
-            self.host.name, topic in self._assigned, seen
-        ):
-            broker._apply(core.replica_released(topic, delete_files=True).effects)
+        record, version = self._replicas.get(topic, (None, 0))
+        assigned = topic in self._assigned
+        seen = core.replica_set_seen(
+            topic, record, version, assigned_here=assigned, now_ms=broker.now_ms
+        )
+        broker._apply(seen.effects)
 
     # -- effects ----------------------------------------------------------------------------------
 
@@ -432,19 +430,6 @@ class DataPlane:
             self.host.world.at(SETTLE_POLL_US, lambda: self._when_settled(topic, answer))
             return
         answer(None)
-
-
-def _no_longer_follows(me: str, assigned_here: bool, seen: tuple[ReplicaSet, int] | None) -> bool:
-    """A replica's files go only when this broker neither follows the topic nor may own it:
-    a follower being promoted is dropped from `followers` while it claims the topic, and its
-    directory is then the log it loads (`keep_local`); a follower the leader replaced stays
-    in `in_sync`, a promotion candidate, until the owner shrinks it away."""
-    if assigned_here:
-        return False
-    if seen is None:
-        return True
-    record = seen[0]
-    return me not in record.followers and me not in record.in_sync and record.owner != me
 
 
 def _topic_of(request: Any) -> str | None:

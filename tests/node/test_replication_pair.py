@@ -162,3 +162,17 @@ def test_a_deposed_owners_frames_are_refused() -> None:
     state = b1.core.replication_state(TOPIC)
     assert state is None, "a deposed owner drops its replication machine"
     assert records_on_disk(b2) == [b"m0"]
+
+
+def test_a_replica_is_kept_while_its_broker_may_still_take_the_topic_over() -> None:
+    """`still_follows`: named as owner, follower or in sync, or assigned the topic (the
+    promoted follower, dropped from `followers` while its claim is under way)."""
+    from danube.machines.node.replica_follower import still_follows
+
+    record = ReplicaSet(9, "b1", ("b2",), ("b3",))
+    assert still_follows("b1", record, False)  # the recorded owner
+    assert still_follows("b2", record, False)  # a follower
+    assert still_follows("b3", record, False)  # replaced, but still in sync
+    assert not still_follows("b4", record, False)
+    assert still_follows("b4", record, True)  # being promoted here
+    assert not still_follows("b2", None, False)  # the set is gone (the topic was deleted)

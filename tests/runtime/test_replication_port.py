@@ -1,6 +1,7 @@
-"""`runtime.replication_port`: how replicas values seen on `/cluster/` reach the core, and
-the port's effects. The core and interpreter are stand-ins that record the calls; the
-decisions behind them are the machines' (tests/node/test_replication_pair.py)."""
+"""`runtime.replication_port`: how replicas values and this broker's assignments seen on
+`/cluster/` reach the core, and the port's effects. The core and interpreter are stand-ins
+that record the calls; the decisions behind them are the machines' (`BrokerCore.
+replica_set_seen`, `replica_follower.still_follows`, tests/node/test_replication_pair.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from danube import keys
 from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.node.core import ReplicaAnswer, ReplicaSend, Step
+from danube.machines.node.replica_follower import still_follows
+from danube.machines.node.replica_owner import replica_config
 from danube.machines.replication import messages as rm
 from danube.metadata import WatchEvent
 from danube.runtime.replication_port import ReplicationPort
@@ -30,17 +33,29 @@ class _Followers:
 
 
 class _Core:
+    """Records what the port hands it; `replica_set_seen` routes as `BrokerCore`'s does,
+    with the machine's own decision (`still_follows`) on what these stand-ins hold."""
+
     def __init__(self) -> None:
         self.owned: set[str] = set()
         self.followers = _Followers()
         self.released: list[str] = []
+        self.changed: list[tuple[str, Any]] = []
+        self.seen: list[tuple[str, ReplicaSet | None, int, bool]] = []
 
     def serves(self, topic: str) -> bool:
         return topic in self.owned
 
-    def replica_released(self, topic: str, *, delete_files: bool) -> Step[None]:
-        assert delete_files
-        self.released.append(topic)
+    def replica_set_seen(
+        self, topic: str, record: ReplicaSet | None, version: int, *,
+        assigned_here: bool, now_ms: int,
+    ) -> Step[None]:  # fmt: skip
+        self.seen.append((topic, record, version, assigned_here))
+        if self.serves(topic):
+            if record is not None:
+                self.changed.append((topic, replica_config(record, version)))
+        elif self.followers.serves(topic) and not still_follows(ME, record, assigned_here):
+            self.released.append(topic)
         return Step(None)
 
 
@@ -52,9 +67,15 @@ class _Replication:
         return lambda *args: self.calls.append((name, args))
 
 
+class _Host:
+    def now_ms(self) -> int:
+        return 0
+
+
 class _Interpreter:
     def __init__(self) -> None:
         self.replication = _Replication()
+        self.host = _Host()
 
 
 class _Runtime:
@@ -114,8 +135,8 @@ def test_the_owner_hears_every_value_with_its_revision() -> None:
     port, runtime = _port()
     runtime.core.owned.add(TOPIC)
     port.observe(_put(ReplicaSet(9, ME, ("333",), ("333",)), revision=12))
-    [(name, (topic, config))] = runtime.interpreter.replication.calls
-    assert (name, topic) == ("replicas_changed", TOPIC)
+    [(topic, config)] = runtime.core.changed
+    assert topic == TOPIC
     assert (config.epoch, config.followers, config.in_sync, config.version) == (
         9,
         ("333",),
@@ -123,6 +144,20 @@ def test_the_owner_hears_every_value_with_its_revision() -> None:
         12,
     )
     assert runtime.core.released == []
+
+
+def test_an_assignment_here_keeps_the_copy_the_claim_is_about_to_load() -> None:
+    """The leader dropped this broker from `followers` as it assigned it the topic: the
+    copy is its log once the claim lands (the watch may show the one before the other)."""
+    port, runtime = _port()
+    runtime.core.followers.replicas[TOPIC] = object()
+    port.observe(WatchEvent("put", keys.assignment_key(ME, TOPIC), None, 6, None))
+    port.observe(_put(ReplicaSet(5, "222", ("333",), ())))
+    assert runtime.core.released == []
+    assert runtime.core.seen[-1][3] is True
+    port.observe(WatchEvent("delete", keys.assignment_key(ME, TOPIC), None, 8, None))
+    port.observe(_put(ReplicaSet(5, "222", ("333",), ()), revision=9))
+    assert runtime.core.released == [TOPIC]
 
 
 def test_registrations_give_the_addresses_and_a_snapshot_replaces_them() -> None:

@@ -31,7 +31,6 @@ from danube import keys
 from danube.interpreter.host import Done
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
 from danube.machines.node.core import AskEpochEnd, ReplicaAnswer, ReplicaSend
-from danube.machines.node.replica_owner import replica_config
 from danube.machines.replication.messages import FollowerAnswer, Replicate
 from danube.metadata import KeyValue, MetadataStore, WatchEvent
 from danube.runtime.replication_link import (
@@ -68,6 +67,8 @@ class ReplicationPort:
         """Broker id -> its registered admin address (`/cluster/register/<id>`)."""
         self.records: dict[str, tuple[ReplicaSet, int]] = {}
         """Topic -> its replicas value and that value's mod_revision, as last seen."""
+        self.assigned: set[str] = set()
+        """Topics the view assigns to this broker (`/cluster/brokers/<me>/...`)."""
         self._outboxes: dict[str, Outbox] = {}
         """Owner broker -> the answer outbox of the stream it opened to us."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -136,9 +137,11 @@ class ReplicationPort:
     def snapshot(self, kvs: list[KeyValue]) -> None:
         """A whole read of `/cluster/`: every address and replicas value now."""
         self.addresses.clear()
+        self.assigned.clear()
         records: dict[str, tuple[ReplicaSet, int]] = {}
         for kv in kvs:
             self._address(kv.key, kv.value)
+            self._assignment(kv.key, True)
             topic = keys.parse_replicas_key(kv.key)
             if topic is not None and (record := _record(topic, kv.value)) is not None:
                 records[topic] = (record, kv.mod_revision)
@@ -152,6 +155,7 @@ class ReplicationPort:
             self._address(event.key, event.value)
         elif (broker := _registered(event.key)) is not None:
             self.addresses.pop(broker, None)
+        self._assignment(event.key, event.kind == "put")
         topic = keys.parse_replicas_key(event.key)
         if topic is None:
             return
@@ -172,6 +176,11 @@ class ReplicationPort:
         if seen is None or seen[1] < found.mod_revision:
             self.records[topic] = (record, found.mod_revision)
         self._post(lambda: self._route(topic))
+
+    def _assignment(self, key: str, present: bool) -> None:
+        pair = keys.parse_assignment_key(key)
+        if pair is not None and pair[0] == self.broker_id:
+            (self.assigned.add if present else self.assigned.discard)(pair[1])
 
     def _address(self, key: str, value: Any) -> None:
         broker = _registered(key)
@@ -194,28 +203,20 @@ class ReplicationPort:
                 self._route(topic)
 
     def _route(self, topic: str) -> None:
-        """Where a topic's replicas value goes: the core's owner side when this broker
-        serves the topic; its follower side forgets the topic when the value names this
-        broker neither as owner, nor as follower, nor as in sync (a promotion candidate
-        keeps its copy; so does the broker that just claimed the topic, which adopts it)."""
+        """A topic's replicas value to the core (`BrokerCore.replica_set_seen` decides: the
+        owner's side adopts it, a replica no longer followed goes)."""
         runtime, core = self._runtime, self._runtime.core
-        seen = self.records.get(topic)
-        if core.serves(topic):
-            if seen is not None:
-                config = replica_config(seen[0], seen[1])
-                runtime.interpreter.replication.replicas_changed(topic, config)
-            return
-        if not core.followers.serves(topic):
-            return
-        me = self.broker_id
-        # The owner a value names is about to adopt the topic (its claim wrote it) and keeps
-        # this very copy: never released. A value deleted (the topic was) releases it.
-        record = seen[0] if seen is not None else None
-        if record is None or (
-            record.owner != me and me not in record.followers and me not in record.in_sync
-        ):
-            log.info("event=replica_released topic=%s", topic)
-            runtime.apply(core.replica_released(topic, delete_files=True).effects)
+        record, version = self.records.get(topic, (None, 0))
+        assigned = topic in self.assigned
+        seen = core.replica_set_seen(
+            topic,
+            record,
+            version,
+            assigned_here=assigned,
+            now_ms=runtime.interpreter.host.now_ms(),
+        )
+        if seen.effects:
+            runtime.apply(seen.effects)
 
     # -- stopping ------------------------------------------------------------------------------
 

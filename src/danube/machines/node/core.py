@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from danube import keys
+from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.dispatch import LATEST, QueueLimits, StartPosition, SubscriptionType
 from danube.machines.node.catalogue import Catalogue, policies_to_json
 from danube.machines.node.consumers import Consumers
@@ -71,8 +72,8 @@ from danube.machines.node.records import (
     TopicRecord,
 )
 from danube.machines.node.reliable_log import READ_MAX_BYTES, ReliableLogs
-from danube.machines.node.replica_follower import FollowerReplicas
-from danube.machines.node.replica_owner import ReplicaConfig, ReplicationSettings
+from danube.machines.node.replica_follower import FollowerReplicas, still_follows
+from danube.machines.node.replica_owner import ReplicaConfig, ReplicationSettings, replica_config
 from danube.machines.node.restore import Restorer
 from danube.machines.node.settings import SubscriptionFailureSettings
 from danube.machines.node.subscription_settings import SubscriptionSettingsAdmin
@@ -637,6 +638,20 @@ class BrokerCore:
         if record is None:
             return Step(None)
         return Step(None, tuple(self.logs.replicas.proposal_lost(record)))
+
+    def replica_set_seen(self, topic: str, record: ReplicaSet | None, version: int, *,
+                         assigned_here: bool, now_ms: int) -> Step[None]:  # fmt: skip
+        """The topic's replica set as the `/cluster/` watch shows it (at `version`; None:
+        deleted or unreadable): the owner's side adopts it; a replica this broker no longer
+        follows goes with its files (`replica_follower.still_follows`)."""
+        if self.serves(topic):
+            if record is None:
+                return Step(None)
+            return self.replicas_changed(topic, replica_config(record, version), now_ms=now_ms)
+        me = self.logs.replicas.broker_id
+        if not self.followers.serves(topic) or still_follows(me, record, assigned_here):
+            return Step(None)
+        return self.followers.release(topic, delete_files=True)
 
     def replica_answered(
         self, follower: str, answer: rm.FollowerAnswer, *, now_ms: int

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from danube.effects import EpochHistory
+from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.node.effects import (
     AskEpochEnd,
     CutWal,
@@ -250,3 +251,17 @@ class FollowerReplicas:
         if io:
             out.insert(0, WalIo(replica.topic, tuple(io)))
         return out
+
+
+def still_follows(me: str, record: ReplicaSet | None, assigned_here: bool) -> bool:
+    """Whether this broker keeps its replica of a topic given the replica set the watch
+    shows (None: deleted or unreadable): while the set names it as owner, follower or in
+    sync, or the topic is assigned here. A follower being promoted is dropped from
+    `followers` while it claims the topic (its directory is then the log it loads); a
+    follower the leader replaced stays in `in_sync`, a promotion candidate, until the owner
+    shrinks it away. Otherwise the replica and its files go."""
+    if assigned_here:
+        return True
+    if record is None:
+        return False
+    return me in record.followers or me in record.in_sync or record.owner == me

@@ -105,6 +105,10 @@ class OwnerReplicas:
         self._logs = logs
         self._settings = settings
 
+    @property
+    def broker_id(self) -> str:
+        return self._settings.broker_id
+
     # -- configuration ------------------------------------------------------------------------
 
     def configure(self, record: TopicRecord, config: ReplicaConfig, now_ms: int) -> list[Effect]:
