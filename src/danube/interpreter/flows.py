@@ -81,6 +81,7 @@ def recover(
     fresh: bool = False,
     repair: tuple[int, int] | None = None,
     now_ms: Callable[[], int],
+    align: bool = False,
 ) -> Flow[recovery.RecoveryPlan]:
     """Loads (or repairs) a topic's WAL directory: for a repair, waits for the file effect
     under way and cuts the failed segment (`repair` = (segment base, size)); a fresh topic's
@@ -96,9 +97,9 @@ def recover(
         yield RemoveTopicFiles(topic)
     scan: TopicScan = yield ScanTopic(topic)
     acknowledged_end, indexed_end = evidence()
-    align = recovery.plan_align(scan.segments, indexed_end) if not fresh else ()
-    if align:  # a promoted follower's log, cut to what the object index lacks
-        yield RecoverTopic(topic, align, None, clear_loss_accepted=False, now_ms=now_ms())
+    actions = recovery.plan_align(scan.segments, indexed_end) if align and not fresh else ()
+    if actions:  # a promoted follower's log, cut to what the object index lacks
+        yield RecoverTopic(topic, actions, None, clear_loss_accepted=False, now_ms=now_ms())
         scan = yield ScanTopic(topic)
     facts = recovery.RecoveryEvidence(
         checkpoint_end=scan.checkpoint_end,

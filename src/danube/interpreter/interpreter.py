@@ -526,6 +526,7 @@ class Interpreter:
             fresh=fresh,
             repair=repair,
             now_ms=self.host.now_ms,
+            align=core.aligns_to_index,
         )
 
         self._run(self._exclusive(topic, flow), self._load_done(topic, lane, effect, fresh))

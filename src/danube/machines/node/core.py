@@ -545,6 +545,12 @@ class BrokerCore:
             return 0, 0
         return self.logs.recovery_evidence(topic)
 
+    @property
+    def aligns_to_index(self) -> bool:
+        """Cluster mode: a load aligns a local log to the object index (a promoted follower's
+        segments are its own, `recovery.plan_align`); a standalone broker's are the index's."""
+        return self._clustered
+
     def wal_durable_end(self, topic: str) -> int | None:
         """Every offset of the topic below this is covered by a completed fsync (the WAL
         checkpoint's value); None while the topic has no working WAL."""

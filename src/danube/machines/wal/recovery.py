@@ -405,7 +405,9 @@ def plan_align(
     what the index lacks, so that the uploader finds it continuing the index: segments
     wholly below `indexed_end` go (their records are in objects), and the one holding
     `indexed_end` inside is rebased to start there. A segment where `indexed_end` falls
-    inside a frame is left alone (the uploader then reports the overlap, as before)."""
+    inside a frame is left alone (the uploader then reports the overlap, as before). Cluster
+    mode only (`BrokerCore.aligns_to_index`): a standalone broker's segments are the index's
+    and stay for local reads."""
     actions: list[Any] = []
     for base, scan in sorted(scans, key=lambda entry: entry[0]):
         if base >= indexed_end or isinstance(scan, UnreadableSegment) or not scan.positions:
