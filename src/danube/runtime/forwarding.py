@@ -30,14 +30,16 @@ R = TypeVar("R")
 DEFAULT_TIMEOUT_S = 10.0
 
 
-def _address(admin_url: str) -> tuple[str, int]:
-    split = urlsplit(admin_url if "//" in admin_url else f"http://{admin_url}")
+def host_port(address: str, what: str = "admin") -> tuple[str, int]:
+    """`host:port` (or a URL) of another broker's port; UNAVAILABLE naming `what` when it
+    is not one (replication_link reads follower addresses with it too)."""
+    split = urlsplit(address if "//" in address else f"http://{address}")
     try:
         port = split.port
     except ValueError:
         port = None
     if split.hostname is None or port is None:
-        raise DanubeError(ErrorCode.UNAVAILABLE, f"unusable admin address {quoted(admin_url)}")
+        raise DanubeError(ErrorCode.UNAVAILABLE, f"unusable {what} address {quoted(address)}")
     return split.hostname, port
 
 
@@ -58,7 +60,7 @@ async def forward(
             f"another broker sent this call here, but this broker sees {admin_url} as the "
             "owner/leader: views are changing; retry",
         )
-    host, port = _address(admin_url)
+    host, port = host_port(admin_url)
     channel = Channel(host, port)
     started = time.monotonic()
     try:

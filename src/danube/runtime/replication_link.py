@@ -65,7 +65,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
-from urllib.parse import urlsplit
 
 import grpclib.client
 import grpclib.const
@@ -79,6 +78,7 @@ from danube.client.errors import TRANSPORT_ERRORS
 from danube.machines.replication.messages import FollowerAnswer, Replicate
 from danube.proto import danube_ext as ext_pb
 from danube.runtime import replication_codec as codec
+from danube.runtime.forwarding import host_port
 from danube.runtime.grpc_util import recv_bounded, send_encoded, unary
 from danube.runtime.replication_codec import (
     ANSWER_LIMIT,
@@ -86,7 +86,7 @@ from danube.runtime.replication_codec import (
     FROM_BROKER_HEADER,
     ReplicaCodecError,
 )
-from danube.values.errors import DanubeError, ErrorCode, invalid, quoted
+from danube.values.errors import DanubeError, ErrorCode, invalid
 
 log = logging.getLogger("danube.runtime")
 
@@ -118,14 +118,7 @@ OnBroken = Callable[[str], None]
 
 
 def _host_port(address: str) -> tuple[str, int]:
-    split = urlsplit(address if "//" in address else f"http://{address}")
-    try:
-        port = split.port
-    except ValueError:
-        port = None
-    if split.hostname is None or port is None:
-        raise DanubeError(ErrorCode.UNAVAILABLE, f"unusable broker address {quoted(address)}")
-    return split.hostname, port
+    return host_port(address, "broker")
 
 
 class _StreamOver(Exception):
