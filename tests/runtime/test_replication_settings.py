@@ -35,3 +35,22 @@ def test_without_the_section_the_defaults_hold() -> None:
 def test_mistakes_name_the_key(section: Any, needle: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(needle)):
         config_from_mapping({"cluster": {"replication": section}})
+
+
+def test_the_replication_factor_comes_from_cluster_replication_factor() -> None:
+    config = config_from_mapping({"cluster": {"replication_factor": 3}})
+    assert config.cluster.load_manager.replication_factor == 3
+    # with a load_manager section too: both apply
+    config = config_from_mapping(
+        {"cluster": {"replication_factor": 1}, "load_manager": {"assignment_strategy": "fair"}}
+    )
+    assert config.cluster.load_manager.replication_factor == 1
+    assert config_from_mapping({}).cluster.load_manager.replication_factor is None
+
+
+@pytest.mark.parametrize("value", [0, -1, "2", True, 1.5])
+def test_a_bad_replication_factor_is_one_readable_line(value: Any) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config_from_mapping({"cluster": {"replication_factor": value}})
+    assert str(caught.value).startswith("cluster.replication_factor: expected an integer >= 1")
+    assert "\n" not in str(caught.value)

@@ -532,7 +532,14 @@ def _cluster(meta: dict[str, Any], data: dict[str, Any]) -> ClusterConfig:
     section = _section(data, "cluster", "")
     _keys(
         section,
-        {"lease_ttl_ms", "renew_interval_ms", "drift_ms", "load_report_interval_ms", "replication"},
+        {
+            "lease_ttl_ms",
+            "renew_interval_ms",
+            "drift_ms",
+            "load_report_interval_ms",
+            "replication",
+            "replication_factor",
+        },
         "cluster",
     )
     replication = _section(section, "replication", "cluster.")
@@ -556,6 +563,11 @@ def _cluster(meta: dict[str, Any], data: dict[str, Any]) -> ClusterConfig:
     manager = LoadManagerConfig.from_mapping(data.get("load_manager"))
     if "load_report_interval_ms" not in values and "load_manager" in data:
         values["load_report_interval_ms"] = manager.load_report_interval_seconds * 1000
+    # The cluster-wide default factor is the load manager's to apply (it places followers);
+    # namespace and topic policies override it (spec/replication.md, "Replication factor").
+    factor = _number(section, "replication_factor", "cluster.")
+    if factor is not None:
+        manager = dataclasses.replace(manager, replication_factor=factor)
     values["load_manager"] = manager
     return dataclasses.replace(config, **values)
 

@@ -136,9 +136,10 @@ class LoadManagerConfig:
     """Ours, not read from YAML: how long a transaction may take to show in the watch before
     its decision is made again (a transaction that failed leaves no trace in the watch)."""
     replication_factor: int | None = None
-    """Ours (`cluster.replication_factor`, spec/replication.md; not read from YAML yet):
-    replicas of each topic, the owner included. None: 2 when at least two brokers are active,
-    else 1. Always capped by the active brokers (`danube.machines.cluster.replicas`)."""
+    """Ours (`cluster.replication_factor` in the YAML, spec/replication.md): replicas of each
+    topic, the owner included, unless its namespace or the topic sets its own. None: 2 when
+    at least two brokers are active, else 1. Always capped by the active brokers
+    (`danube.machines.cluster.replicas`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.assignment_strategy, Strategy):
