@@ -37,7 +37,7 @@ from functools import lru_cache
 from typing import Literal, NamedTuple
 
 from danube.values.errors import DanubeError
-from danube.values.names import TopicName, parse_topic
+from danube.values.names import TopicName, parse_topic, validate_namespace
 
 _PARSED = 8192
 """Entries of each parser's cache (`lru_cache`): the parsers below are pure functions of a
@@ -406,6 +406,7 @@ LOAD_PREFIX = "/cluster/load/"
 LEADER_KEY = "/cluster/leader"
 HISTORY_PREFIX = "/cluster/rebalancing_history/"
 REPLICAS_PREFIX = "/cluster/replicas/"
+POLICIES_PREFIX = "/cluster/policies/"
 
 
 class AssignmentKey(NamedTuple):
@@ -451,6 +452,20 @@ def replicas_key(topic: str) -> str:
     (`danube.machines.cluster.replicas`). Under `/cluster/`, not beside the topic's keys, so
     that the load manager's watch of `/cluster/` sees it (spec/replication.md)."""
     return REPLICAS_PREFIX + _check_topic(topic)[1:]
+
+
+def cluster_policy_key(name: str) -> str:
+    """`/cluster/policies/<ns>` for a namespace (`name` without `/`), or
+    `/cluster/policies/<ns>/<topic>` for a topic (`/ns/topic`): our own policy record
+    (`danube.machines.cluster.policies`: the replication factor). Not in Danube's
+    `/namespaces/<ns>/policy` or `/topics/.../policy`: those are Danube's JSON, and the load
+    manager, which applies the factor, watches `/cluster/` only."""
+    if name.startswith("/"):
+        return POLICIES_PREFIX + _check_topic(name)[1:]
+    try:
+        return POLICIES_PREFIX + validate_namespace(name)
+    except DanubeError as error:
+        raise ValueError(error.message) from None
 
 
 def load_key(broker_id: str) -> str:
@@ -508,6 +523,20 @@ def parse_replicas_key(key: str) -> str | None:
         return None
     topic = _topic_name(parts[0], parts[1])
     return None if topic is None else topic.full
+
+
+def parse_cluster_policy_key(key: str) -> str | None:
+    """The namespace (`ns`) or topic (`/ns/topic`) a policy record is for, else None."""
+    parts = _segments(key, POLICIES_PREFIX)
+    if parts is None or len(parts) not in (1, 2):
+        return None
+    if len(parts) == 2:
+        topic = _topic_name(parts[0], parts[1])
+        return None if topic is None else topic.full
+    try:
+        return validate_namespace(parts[0])
+    except DanubeError:
+        return None
 
 
 def parse_history_key(key: str) -> int | None:

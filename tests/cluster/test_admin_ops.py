@@ -5,6 +5,7 @@ deletion (danube.machines.cluster.ownership)."""
 
 from __future__ import annotations
 
+from danube.keys import cluster_policy_key
 from danube.machines.cluster import admin_ops, keys
 from danube.machines.cluster.admin_ops import Step
 from danube.machines.cluster.keys import Marker, MarkerReason
@@ -145,6 +146,8 @@ def test_deleting_an_owned_topic_waits_for_the_owner_then_purges_everything() ->
     d = cluster("1", "2")
     topic_metadata(d, T)
     topic_metadata(d, "/default/kept")
+    for name in (T, "/default/kept"):  # their own replication factors
+        d.store.put(cluster_policy_key(name), {"replication_factor": 1})
     give(d, "2", T)
     first = step(d)
     assert first.step is Step.POST and first.txn is not None
@@ -163,6 +166,7 @@ def test_deleting_an_owned_topic_waits_for_the_owner_then_purges_everything() ->
     assert not [k for k in left if "orders" in k]
     kept = parse_topic("/default/kept")
     assert {paths.topic_delivery(kept), paths.namespace_topic(kept)} <= set(left)
+    assert cluster_policy_key("/default/kept") in left
     assert tier_layout.index_path(kept, 0) in left
 
 

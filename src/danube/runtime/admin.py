@@ -238,6 +238,11 @@ class AdminServices:
                     "delete them first",
                 )
         await self._runtime.run(self._core.delete_namespace(request.name))
+        if self._store is not None:
+            # Its replication factor (our record, `danube.machines.cluster.policies`) goes
+            # too: a namespace created again under the name starts from the cluster's.
+            policy = keys.cluster_policy_key(request.name)
+            await store_call_from_grpc(self._store.delete, policy)
         return pb.NamespaceResponse(success=True)
 
     # -- TopicAdmin ---------------------------------------------------------------------------

@@ -162,9 +162,10 @@ def delete_step(
 
 def purge(leader: str, topic: str, marker_revision: int) -> Txn:
     """The topic's metadata (its keys, its namespace entry, its object index, its replica
-    set) and its marker, once nobody holds a claim on it. The objects go after this, by the
-    admin's driver: a crash in between leaves objects no index names, which a topic created
-    again under the name never reads (its objects carry a newer claim's epoch)."""
+    set, its own replication factor) and its marker, once nobody holds a claim on it. The
+    objects go after this, by the admin's driver: a crash in between leaves objects no index
+    names, which a topic created again under the name never reads (its objects carry a
+    newer claim's epoch)."""
     name = parse_topic(topic)
     marker_key = keys.unassigned_key(topic)
     return Txn(
@@ -178,6 +179,7 @@ def purge(leader: str, topic: str, marker_revision: int) -> Txn:
             DeletePrefix(keys.index_prefix(name)),
             Delete(keys.namespace_topic(name)),
             Delete(keys.replicas_key(topic)),
+            Delete(keys.cluster_policy_key(topic)),
             Delete(marker_key),
         ),
     )

@@ -323,6 +323,9 @@ class LoadManager:
         elif (topic := keys.parse_replicas_key(key)) is not None:
             problem = self._replicas.set(topic, value if put else replicas.GONE, revision, now)
             return Log("replicas_rejected", problem) if problem else None
+        elif (name := keys.parse_cluster_policy_key(key)) is not None:
+            problem = self._replicas.set_policy(name, value if put else replicas.GONE, now)
+            return Log("policy_rejected", problem) if problem else None
         return None
 
     def _register(self, broker: str, revision: int, now: int) -> None:
@@ -630,19 +633,12 @@ class LoadManager:
 
     # -- replica sets (spec/replication.md) ---------------------------------------------------
 
-    def _replication_factor(self, topic: str, active: int) -> int:
-        """The hook for a namespace's or topic's own factor (spec/replication.md); none is
-        read yet: every topic has the configured one."""
-        del topic
-        return replicas.replication_factor(self.config.replication_factor, active)
-
     def _place(self, topic: str, owner: str, current: tuple[str, ...]) -> tuple[str, ...]:
-        """Followers for `topic` on `owner`: the live ones kept, the rest among the active
-        brokers (`ReplicaView.ranked`)."""
-        scored = self._scores()
-        factor = self._replication_factor(topic, len(scored))
-        ranked = self._replicas.ranked(scored)
-        return replicas.place_followers(owner, current, self._registered, factor, ranked)
+        """Followers for `topic` on `owner` at its replication factor (its own, its
+        namespace's or `config.replication_factor`: `ReplicaView.place`): the live ones
+        kept, the rest among the active brokers."""
+        config, scores = self.config.replication_factor, self._scores()
+        return self._replicas.place(topic, owner, current, scores, self._registered, config)
 
     def _promotable(self, topic: str, marker: Marker) -> frozenset[str] | None:
         """Who may get a topic whose replica set shows it replicating, not handed over

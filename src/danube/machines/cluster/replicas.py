@@ -24,6 +24,7 @@ from itertools import pairwise
 from typing import Any
 
 from danube import keys
+from danube.machines.cluster import policies
 from danube.machines.cluster.load_manager_effects import SetFollowers
 from danube.metadata.model import Compare, JSONValue, Op, Put
 
@@ -155,15 +156,30 @@ def replication_factor(configured: int | None, active: int) -> int:
 
 
 def place_followers(
-    owner: str, current: Sequence[str], alive: Iterable[str], factor: int, ranked: Sequence[str]
+    owner: str,
+    current: Sequence[str],
+    alive: Iterable[str],
+    factor: int,
+    ranked: Sequence[str],
+    *,
+    most: int | None = None,
+    in_sync: Iterable[str] = (),
 ) -> tuple[str, ...]:
     """The followers a topic owned by `owner` should have: the current ones that are still
     `alive` and not the owner (kept, in their order: a follower that has the data is worth
     more than a less loaded one), topped up to `factor` − 1 with the first brokers of
-    `ranked` (least loaded first) that are neither. A set already large enough is kept as it
-    is: lowering the factor does not drop a live follower."""
+    `ranked` (least loaded first) that are neither. More than `most` − 1 live followers (the
+    factor asked for went down; `most` is that factor before the cap by active brokers, so
+    a broker that is draining or just died does not make a topic drop a copy) are trimmed
+    to `most` − 1, the `in_sync` ones kept first: those hold everything and may be
+    promoted. A follower dropped this way stays a promotion candidate until the owner
+    shrinks it out of `in_sync` (spec/replication.md, "Replication factor")."""
     alive_set = set(alive)
     kept = [f for f in current if f != owner and f in alive_set]
+    if most is not None and len(kept) > most - 1:
+        synced = set(in_sync)
+        chosen = set(sorted(kept, key=lambda f: f not in synced)[: max(most - 1, 0)])
+        kept = [f for f in kept if f in chosen]
     for broker in ranked:
         if len(kept) >= factor - 1:
             break
@@ -241,11 +257,51 @@ class ReplicaView:
         """broker → topics it follows (by the records seen), to spread new followers."""
         self.due: dict[str, int] = {}
         """Topics whose followers may have to change → when to (re)decide."""
+        self.factors: dict[str, int] = {}
+        """Policy name (`ns` or `/ns/topic`) → its own replication factor
+        (`danube.machines.cluster.policies`, from `/cluster/policies/`)."""
 
     def clear(self) -> None:
         self.seen.clear()
         self.followed.clear()
         self.due.clear()
+        self.factors.clear()
+
+    def set_policy(self, name: str, value: Any, now: int) -> str | None:
+        """A policy record was put (`value`) or deleted (`GONE`); returns why it is
+        unreadable (it then counts as absent: the namespace's or the cluster's factor
+        applies). The topics it covers are looked at again."""
+        self.factors.pop(name, None)
+        problem = None
+        if value is not GONE:
+            try:
+                self.factors[name] = policies.factor_from_json(value)
+            except policies.PolicyError as error:
+                problem = f"{keys.cluster_policy_key(name)}: {error}"
+        for topic in self.seen:
+            if topic == name or policies.namespace_of(topic) == name:
+                self.due[topic] = now
+        return problem
+
+    def place(
+        self,
+        topic: str,
+        owner: str,
+        current: tuple[str, ...],
+        scores: dict[str, int],
+        alive: Iterable[str],
+        configured: int | None,
+    ) -> tuple[str, ...]:
+        """Followers for `topic` on `owner` (`place_followers`) at the topic's factor: its
+        own, its namespace's, the cluster's `configured` or the default rule
+        (`policies.resolve`), capped by the active brokers (`scores`); trimmed only to a
+        factor someone asked for: the default rule only adds followers."""
+        wanted, _ = policies.resolve(topic, self.factors, configured)
+        factor = replication_factor(wanted, len(scores))
+        seen = self.seen.get(topic)
+        in_sync = seen[0].in_sync if seen is not None and seen[0] is not None else ()
+        ranked = self.ranked(scores)
+        return place_followers(owner, current, alive, factor, ranked, most=wanted, in_sync=in_sync)
 
     def set(self, topic: str, value: Any, revision: int, now: int) -> str | None:
         """A record was put (`value`) or deleted (`GONE`); returns why it is unreadable."""
