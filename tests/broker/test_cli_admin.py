@@ -245,6 +245,14 @@ def test_brokers_list_and_leader_of_a_standalone_broker(broker: BrokerProcess) -
     assert ok(broker, "brokers", "leader-broker").strip() == only["broker_id"]
 
 
+def test_a_replication_factor_needs_cluster_mode(broker: BrokerProcess) -> None:
+    for args in (("namespaces", "replication-factor", "default", "--set", "2"),
+                 ("topics", "replication-factor", "/default/x")):  # fmt: skip
+        assert "needs cluster mode" in refused(broker, *args)
+    usage = refused(None, "topics", "replication-factor", "/default/x", "--set", "0", code=2)
+    assert "expected 1 or more" in usage
+
+
 def _closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

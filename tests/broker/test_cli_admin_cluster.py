@@ -224,3 +224,32 @@ def test_rebalance_dry_run_proposes_without_moving(
         assert move["from_broker"] != move["to_broker"]
     assert placement(any_broker, namespace) == before
     assert ok(boss, "brokers", "rebalance", "--dry-run").startswith("Dry run: ")
+
+
+def test_replication_factor_of_a_topic_and_its_namespace_adds_and_drops_followers(
+    any_broker: BrokerProcess, namespace: str
+) -> None:
+    """Issue 27 point 1: `replication-factor --set` on a topic, then on its namespace, and the
+    leader's load manager adds or drops the topic's followers (seen in `topics describe`)."""
+    topic = sorted(eventually("placed", lambda: placement(any_broker, namespace)))[0]
+
+    def followers_are(count: int) -> Callable[[], bool | None]:
+        def check() -> bool | None:
+            described = as_json(any_broker, "topics", "describe", topic)
+            found = described["replication"]["followers"]  # type: ignore[index]
+            return True if len(found) == count else None
+
+        return check
+
+    eventually("one follower by default (3 brokers)", followers_are(1))
+    shown = as_json(any_broker, "topics", "replication-factor", topic, "--set", "3")
+    assert (shown["own"], shown["effective"], shown["source"]) == (3, 3, "topic")
+    eventually("a second follower", followers_are(2))
+    ok(any_broker, "namespaces", "replication-factor", namespace, "--set", "1")
+    shown = as_json(any_broker, "topics", "replication-factor", topic, "--clear")
+    assert (shown["own"], shown["namespace_factor"], shown["source"]) == (0, 1, "namespace")
+    assert shown["effective"] == 1
+    eventually("no follower: the owner alone", followers_are(0))
+    shown = as_json(any_broker, "namespaces", "replication-factor", namespace, "--clear")
+    assert shown["source"] == "default" and shown["effective"] == 2
+    eventually("the default's follower again", followers_are(1))

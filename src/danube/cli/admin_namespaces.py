@@ -9,6 +9,7 @@ from danube.cli.admin_args import Actions, command, group
 from danube.cli.admin_call import AdminClient, require_success
 from danube.cli.admin_policies import add_policy_flags, policies_result, policy_changes
 from danube.cli.admin_render import Result, plain, table
+from danube.cli.admin_replication import add_replication_factor_command
 from danube.proto import danube_admin as pb
 from danube.proto import danube_ext as ext_pb
 
@@ -74,3 +75,4 @@ def add_namespace_commands(commands: Actions) -> None:
     )  # fmt: skip
     sub.add_argument("namespace", help="the namespace's name, e.g. default")
     add_policy_flags(sub)
+    add_replication_factor_command(actions, "namespace")

@@ -11,6 +11,7 @@ from danube.cli.admin_args import Actions, add_topic, command, count, group, top
 from danube.cli.admin_call import AdminClient, Refused, require_success
 from danube.cli.admin_policies import add_policy_flags, policies_result, policy_changes
 from danube.cli.admin_render import Result, fields, plain, table
+from danube.cli.admin_replication import add_replication_factor_command
 from danube.cli.admin_subscriptions import add_subscription_commands
 from danube.cli.admin_topic_schema import add_topic_schema_commands
 from danube.proto import danube_admin as pb
@@ -226,6 +227,7 @@ def add_topic_commands(commands: Actions) -> None:
     )  # fmt: skip
     add_topic(sub)
     add_policy_flags(sub)
+    add_replication_factor_command(actions, "topic")
 
     add_subscription_commands(actions)
     add_topic_schema_commands(actions)

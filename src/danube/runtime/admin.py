@@ -19,6 +19,7 @@ import grpclib.const
 from danube import keys
 from danube.effects import StoreUnreachable
 from danube.effects.flow import Flow, drive
+from danube.machines.cluster import policies, replicas
 from danube.machines.dispatch.reliable import Backoff
 from danube.machines.node.settings import (
     BACKOFF_WIRE,
@@ -73,6 +74,8 @@ class ClusterOps(Protocol):
     async def topic_owners(self, topics: list[str]) -> dict[str, str]: ...
 
     async def delete_topic(self, request: pb.TopicRequest) -> pb.TopicResponse: ...
+
+    def replication_defaults(self) -> tuple[int | None, int]: ...
 
 
 def _strategy(value: int) -> DispatchStrategy:
@@ -485,6 +488,50 @@ class AdminServices:
         return ext_pb.PoliciesResponse(
             policies=json.dumps(policies, sort_keys=True), overridden=overridden
         )
+
+    # -- replication factor (danube_ext PolicyAdmin; spec/replication.md) ----------------------
+
+    async def set_replication_factor(
+        self, request: ext_pb.SetReplicationFactorRequest
+    ) -> ext_pb.ReplicationFactorResponse:
+        """Any broker: the record is written in the store (`policies.set_factor`), and the
+        leader's load manager sees it through its watch."""
+        self._replicated("setting a replication factor")
+        await self._run_store(policies.set_factor(request.name, request.replication_factor or None))
+        return await self.get_replication_factor(ext_pb.PoliciesRequest(name=request.name))
+
+    async def get_replication_factor(
+        self, request: ext_pb.PoliciesRequest
+    ) -> ext_pb.ReplicationFactorResponse:
+        cluster = self._replicated("a replication factor")
+        own, namespace = await self._run_store(policies.read_factors(request.name))
+        configured, active = cluster.replication_defaults()
+        wanted, source = policies.in_force(request.name, own, namespace, configured)
+        return ext_pb.ReplicationFactorResponse(
+            name=request.name,
+            own=own or 0,
+            namespace_factor=namespace or 0,
+            cluster_factor=configured or 0,
+            effective=replicas.replication_factor(wanted, active),
+            source=source,
+            active_brokers=active,
+        )
+
+    def _replicated(self, what: str) -> ClusterOps:
+        if self._cluster is None or self._store is None:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"{what} needs cluster mode: a standalone broker's topics have no followers",
+            )
+        return self._cluster
+
+    async def _run_store(self, flow: Flow[T]) -> T:
+        try:
+            return await self._run(flow)
+        except StoreUnreachable as error:
+            raise DanubeError(
+                ErrorCode.UNAVAILABLE, f"the metadata store did not answer ({error})"
+            ) from None
 
     def _at_owner(self, call: Call, path: str, field: str, reply_type: type) -> Call:
         """The handler of a topic-scoped method: run here when this broker answers for the

@@ -173,6 +173,11 @@ class ClusterAdminOps:
             owners[topic] = "" if owner is None else owner[0]
         return owners
 
+    def replication_defaults(self) -> tuple[int | None, int]:
+        """(`cluster.replication_factor`, active brokers) as this broker's view has them: what
+        a factor in force is made of besides the policy records (GetReplicationFactor)."""
+        return self._view.config.replication_factor, len(self._view.active())
+
     # -- driving the flows (`danube.machines.requests.admin`) --------------------------------------
 
     async def _trio(self, work: Callable[..., Awaitable[T]], *args: Any) -> T:

@@ -69,6 +69,19 @@ def namespace_of(name: str) -> str:
     return parse_topic(name).namespace if name.startswith("/") else validate_namespace(name)
 
 
+def in_force(
+    name: str, own: int | None, namespace: int | None, configured: int | None
+) -> tuple[int | None, str]:
+    """(factor, source) for a topic or, for a namespace, for its topics that set none:
+    `own` (the name's record), `namespace` (its namespace's record), `configured` (the
+    cluster's), or None for the default rule."""
+    if name.startswith("/") and own is not None:
+        return own, TOPIC
+    if (inherited := namespace if name.startswith("/") else own) is not None:
+        return inherited, NAMESPACE
+    return configured, CLUSTER if configured is not None else DEFAULT
+
+
 def resolve(
     topic: str, factors: Mapping[str, int], configured: int | None
 ) -> tuple[int | None, str]:
@@ -91,8 +104,8 @@ def set_factor(name: str, factor: int | None) -> Flow[int | None]:
     with. An unanswered write is read back: the record found there is ours."""
     if factor is not None:
         check_factor(factor)
-    key = keys.cluster_policy_key(name)  # ValueError for a bad name: checked by the caller
-    namespace = namespace_of(name)
+    namespace = namespace_of(name)  # INVALID_ARGUMENT for a bad name
+    key = keys.cluster_policy_key(name)
     must_exist = [(keys.namespace_policy(namespace), f"namespace {quoted(namespace)}")]
     if name.startswith("/"):
         must_exist.append((keys.namespace_topic(parse_topic(name)), f"topic {quoted(name)}"))

@@ -142,6 +142,48 @@ class PoliciesRequest(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class SetReplicationFactorRequest(betterproto.Message):
+    name: str = betterproto.string_field(1)
+    """A namespace ("default") or a topic ("/default/orders")."""
+
+    replication_factor: int = betterproto.uint32_field(2)
+    """
+    Replicas of each topic, the owner included (1: no replication); 0 clears the name's own
+     factor, so that its namespace's or the cluster's applies.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class ReplicationFactorResponse(betterproto.Message):
+    name: str = betterproto.string_field(1)
+    own: int = betterproto.uint32_field(2)
+    """Set on the name itself (0: none)."""
+
+    namespace_factor: int = betterproto.uint32_field(3)
+    """
+    For a topic, set on its namespace (0: none); for a namespace, its own again.
+    """
+
+    cluster_factor: int = betterproto.uint32_field(4)
+    """
+    `cluster.replication_factor` of the answering broker's configuration (0: absent).
+    """
+
+    effective: int = betterproto.uint32_field(5)
+    """
+    For a topic, the factor in force: the first set of own, namespace, cluster, else the
+     default rule (2 with at least two active brokers), capped by the active brokers.
+    """
+
+    source: str = betterproto.string_field(6)
+    """
+    Where `effective` comes from: "topic", "namespace", "cluster" or "default".
+    """
+
+    active_brokers: int = betterproto.uint32_field(7)
+
+
+@dataclass(eq=False, repr=False)
 class PoliciesResponse(betterproto.Message):
     policies: str = betterproto.string_field(1)
     """
@@ -406,6 +448,40 @@ class PolicyAdminStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def set_replication_factor(
+        self,
+        set_replication_factor_request: "SetReplicationFactorRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "ReplicationFactorResponse":
+        return await self._unary_unary(
+            "/danube_ext.PolicyAdmin/SetReplicationFactor",
+            set_replication_factor_request,
+            ReplicationFactorResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def get_replication_factor(
+        self,
+        policies_request: "PoliciesRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "ReplicationFactorResponse":
+        return await self._unary_unary(
+            "/danube_ext.PolicyAdmin/GetReplicationFactor",
+            policies_request,
+            ReplicationFactorResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class ReplicationStub(betterproto.ServiceStub):
     async def stream(
@@ -583,6 +659,16 @@ class PolicyAdminBase(ServiceBase):
     ) -> "PoliciesResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def set_replication_factor(
+        self, set_replication_factor_request: "SetReplicationFactorRequest"
+    ) -> "ReplicationFactorResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def get_replication_factor(
+        self, policies_request: "PoliciesRequest"
+    ) -> "ReplicationFactorResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_set_namespace_policies(
         self, stream: "grpclib.server.Stream[SetPoliciesRequest, PoliciesResponse]"
     ) -> None:
@@ -611,6 +697,22 @@ class PolicyAdminBase(ServiceBase):
         response = await self.clear_topic_policies(request)
         await stream.send_message(response)
 
+    async def __rpc_set_replication_factor(
+        self,
+        stream: "grpclib.server.Stream[SetReplicationFactorRequest, ReplicationFactorResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.set_replication_factor(request)
+        await stream.send_message(response)
+
+    async def __rpc_get_replication_factor(
+        self,
+        stream: "grpclib.server.Stream[PoliciesRequest, ReplicationFactorResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.get_replication_factor(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/danube_ext.PolicyAdmin/SetNamespacePolicies": grpclib.const.Handler(
@@ -636,6 +738,18 @@ class PolicyAdminBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 PoliciesRequest,
                 PoliciesResponse,
+            ),
+            "/danube_ext.PolicyAdmin/SetReplicationFactor": grpclib.const.Handler(
+                self.__rpc_set_replication_factor,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SetReplicationFactorRequest,
+                ReplicationFactorResponse,
+            ),
+            "/danube_ext.PolicyAdmin/GetReplicationFactor": grpclib.const.Handler(
+                self.__rpc_get_replication_factor,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                PoliciesRequest,
+                ReplicationFactorResponse,
             ),
         }
 
