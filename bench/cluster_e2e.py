@@ -13,11 +13,18 @@ broker processes in cluster mode) and our client in this process.
   count in `--brokers` (with two brokers or more each topic replicates to a follower).
 - `latency`: one sequential producer (`fsync`, 100 B): publish → acknowledgement p50 and p99,
   replicated with two brokers or more.
+- `e2e`: issue 27 point 6. An open-loop producer at `--rate` msg/s (`--size` B, sends start on
+  schedule whether or not earlier ones were acknowledged) on a reliable topic (`fsync`,
+  replicated to a follower with two brokers or more), and a consumer on the same topic
+  acknowledging every message: publish → acknowledgement and publish → delivered p50/p99,
+  the achieved publish and delivery rates, each message checked delivered exactly once, and
+  the topic's replication at the end (followers, in-sync), for each broker count.
 
     .venv/bin/python -m bench.cluster_e2e failover --rounds 3
     .venv/bin/python -m bench.cluster_e2e assign --topics 50
     .venv/bin/python -m bench.cluster_e2e throughput --brokers 1 3 --topics 12 --seconds 20
     .venv/bin/python -m bench.cluster_e2e latency --brokers 1 3 --sends 300
+    .venv/bin/python -m bench.cluster_e2e e2e --brokers 1 3 --rate 1000 --seconds 20
 """
 
 from __future__ import annotations
@@ -31,8 +38,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from grpclib.client import Channel
+
+from bench.e2e_reliable import _HEAD, _payload, _Receiver
 from danube.client import DanubeClient, DispatchStrategy, SubType
+from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
+from danube.proto import danube_ext as ext_pb
 
 PAYLOAD = b"x" * 1024
 
@@ -187,6 +199,104 @@ def latency(args: argparse.Namespace, root: Path) -> None:
               f"{_percentile(took, 0.99):.2f} ms", flush=True)  # fmt: skip
 
 
+async def _replication(broker: BrokerProcess, topic: str) -> ext_pb.TopicReplicationResponse:
+    """The topic's replication as `danube-admin topics describe` shows it (any broker
+    answers: it asks the owner)."""
+    host, port = broker.admin_addr.rsplit(":", 1)
+    channel = Channel(host, int(port))
+    try:
+        stub = ext_pb.ReplicationAdminStub(channel, timeout=10)
+        return await stub.topic_replication(ext_pb.TopicReplicationRequest(name=topic))
+    finally:
+        channel.close()
+
+
+async def _e2e(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, object]:
+    """One open-loop run at `args.rate` for `args.seconds` on a fresh reliable topic, after a
+    warm-up that lets the followers join the in-sync set (the measured publishes then wait
+    for them). The consumer subscribes after the warm-up, at the latest message, so it
+    receives exactly the measured ones."""
+    topic = f"/default/e2e-{time.monotonic_ns()}"
+    padding = b"x" * max(args.size - _HEAD.size, 0)
+    reliable = DispatchStrategy.RELIABLE
+    messages = int(args.rate * args.seconds)
+    ack_ms: list[float] = []
+    async with DanubeClient(",".join(cluster.service_urls)) as client:
+        producer = await client.producer(topic, "p", dispatch=reliable).create()
+        for n in range(20):
+            await producer.send(_payload(1, n, padding))
+        await asyncio.sleep(2)
+        consumer = await client.consumer(
+            topic, "c", "s", sub_type=SubType.EXCLUSIVE, start="latest"
+        ).subscribe()
+        receiver = _Receiver(consumer, messages, args.ack_concurrency)
+        sent: set[tuple[int, int]] = set()
+
+        async def send_one(sequence: int) -> None:
+            before = time.monotonic_ns()
+            await producer.send(_payload(0, sequence, padding))
+            ack_ms.append((time.monotonic_ns() - before) / 1e6)
+            sent.add((0, sequence))
+
+        receiving = asyncio.create_task(receiver.run())
+        interval = 1.0 / args.rate
+        started = time.monotonic()
+        started_perf = time.perf_counter()
+        late = 0.0
+        sends = []
+        try:
+            for n in range(messages):
+                delay = started + n * interval - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    late = max(late, -delay)
+                sends.append(asyncio.create_task(send_one(n)))
+            scheduled = time.monotonic() - started
+            await asyncio.gather(*sends)
+            elapsed = time.monotonic() - started
+            await receiving
+        finally:
+            receiving.cancel()
+        await consumer.close()
+    replication = await _replication(cluster.brokers[0], topic)
+    return {
+        "messages": messages,
+        "offered_msgs_per_s": args.rate,
+        "scheduled_msgs_per_s": messages / scheduled,
+        "most_late_send_ms": late * 1000,
+        "achieved_msgs_per_s": messages / elapsed,
+        "delivery_msgs_per_s": messages / (receiver.finished_at - started_perf),
+        "publish_ack_p50_ms": statistics.median(ack_ms),
+        "publish_ack_p99_ms": _percentile(ack_ms, 0.99),
+        "end_to_end_p50_ms": statistics.median(receiver.e2e_ms),
+        "end_to_end_p99_ms": _percentile(receiver.e2e_ms, 0.99),
+        "followers": [f.broker_id for f in replication.followers],
+        "in_sync": list(replication.in_sync),
+        "check": receiver.check(sent),
+    }
+
+
+def e2e(args: argparse.Namespace, root: Path) -> None:
+    """Issue 27 point 6: replicated durable publish, publish → delivered, at a fixed rate."""
+    for brokers in args.brokers:
+        with LocalCluster(root / f"e{brokers}", ClusterSettings(brokers=brokers)) as cluster:
+            time.sleep(3)  # every broker registered: the topic gets its follower at creation
+            found = asyncio.run(_e2e(cluster, args))
+        replicated = bool(found["in_sync"])
+        if brokers >= 2 and not replicated:
+            print(f"WARNING: {brokers} brokers but no in-sync follower at the end: "
+                  "these numbers are not of replicated publishes", flush=True)  # fmt: skip
+        print(f"{brokers} broker(s), {args.rate} msg/s offered for {args.seconds:g} s, "
+              f"{args.size} B, reliable (fsync), followers {found['followers']} in sync "
+              f"{found['in_sync']}: achieved {found['achieved_msgs_per_s']:.0f} msg/s "
+              f"(delivered {found['delivery_msgs_per_s']:.0f} msg/s); publish→ack p50 "
+              f"{found['publish_ack_p50_ms']:.2f} ms p99 {found['publish_ack_p99_ms']:.2f} ms; "
+              f"publish→delivered p50 {found['end_to_end_p50_ms']:.2f} ms p99 "
+              f"{found['end_to_end_p99_ms']:.2f} ms; most late send "
+              f"{found['most_late_send_ms']:.1f} ms; {found['check']}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="bench.cluster_e2e", description=" ".join(__doc__.split("\n\n")[0].split())
@@ -205,12 +315,19 @@ def main() -> None:
     four = sub.add_parser("latency")
     four.add_argument("--brokers", type=int, nargs="+", default=[1, 3])
     four.add_argument("--sends", type=int, default=300)
+    five = sub.add_parser("e2e")
+    five.add_argument("--brokers", type=int, nargs="+", default=[1, 3])
+    five.add_argument("--rate", type=int, default=1000, help="msg/s offered (open loop)")
+    five.add_argument("--seconds", type=float, default=20.0)
+    five.add_argument("--size", type=int, default=1024, help="payload bytes (>= 16)")
+    five.add_argument("--ack-concurrency", type=int, default=64, help="consumer acks in flight")
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
           f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="danube-bench-") as tmp:
         commands = {
             "failover": failover, "assign": assign, "throughput": throughput, "latency": latency,
+            "e2e": e2e,
         }  # fmt: skip
         commands[args.command](args, Path(tmp))
 
