@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from danube import keys
+from danube.effects import Outcome, StoreTxn, TxnAnswer
 from danube.effects.flow import run_now
 from danube.machines.cluster import policies, replicas
 from danube.machines.cluster.load_manager import LoadManager, Log, SetFollowers
@@ -322,3 +323,32 @@ def test_planted_bugs_of_the_policy_rule_are_caught(planted: type[LoadManager]) 
         if policy_world(seed, planted) is not None:
             return
     raise AssertionError(f"{planted.__doc__} went unnoticed for 200 seeds")
+
+
+def test_in_force_reads_a_namespace_as_its_topics_without_their_own() -> None:
+    assert policies.in_force("/ns/t", 1, 3, 2) == (1, policies.TOPIC)
+    assert policies.in_force("/ns/t", None, 3, 2) == (3, policies.NAMESPACE)
+    assert policies.in_force("/ns/t", None, None, 2) == (2, policies.CLUSTER)
+    assert policies.in_force("ns", 3, 3, 2) == (3, policies.NAMESPACE)
+    assert policies.in_force("ns", None, None, None) == (None, policies.DEFAULT)
+
+
+@pytest.mark.parametrize("landed", [True, False])
+def test_an_unanswered_write_is_read_back(landed: bool) -> None:
+    d = cluster("1", "2")
+    _namespace(d, "ns")
+    key = keys.cluster_policy_key("ns")
+
+    def perform(effect: Any) -> Any:
+        if not isinstance(effect, StoreTxn):
+            return d.store.perform(effect)
+        if landed:
+            d.store.txn(effect.compares, effect.ops)
+        return TxnAnswer(Outcome.UNKNOWN, {key: d.store.data.get(key)})
+
+    if landed:
+        assert run_now(policies.set_factor("ns", 3), perform) == 3
+    else:
+        with pytest.raises(DanubeError) as caught:
+            run_now(policies.set_factor("ns", 3), perform)
+        assert caught.value.code is ErrorCode.UNAVAILABLE
