@@ -36,11 +36,12 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 from grpclib.client import Channel
 
-from bench.e2e_reliable import _HEAD, _payload, _Receiver
+from bench.e2e_reliable import _HEAD, _payload
 from danube.client import DanubeClient, DispatchStrategy, SubType
 from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
@@ -215,12 +216,18 @@ async def _e2e(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, obj
     """One open-loop run at `args.rate` for `args.seconds` on a fresh reliable topic, after a
     warm-up that lets the followers join the in-sync set (the measured publishes then wait
     for them). The consumer subscribes after the warm-up, at the latest message, so it
-    receives exactly the measured ones."""
+    receives exactly the measured ones. Sends use `enqueue` and acks the consumer's batched
+    acks, as `bench.danube_workloads` does: no task per message on the client's side, which
+    shares the two CPUs with the brokers. Payloads carry their send time and sequence
+    (`bench.e2e_reliable._HEAD`)."""
     topic = f"/default/e2e-{time.monotonic_ns()}"
     padding = b"x" * max(args.size - _HEAD.size, 0)
     reliable = DispatchStrategy.RELIABLE
     messages = int(args.rate * args.seconds)
     ack_ms: list[float] = []
+    e2e_ms: list[float] = []
+    seen: set[int] = set()
+    duplicates = 0
     async with DanubeClient(",".join(cluster.service_urls)) as client:
         producer = await client.producer(topic, "p", dispatch=reliable).create()
         for n in range(20):
@@ -229,51 +236,61 @@ async def _e2e(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, obj
         consumer = await client.consumer(
             topic, "c", "s", sub_type=SubType.EXCLUSIVE, start="latest"
         ).subscribe()
-        receiver = _Receiver(consumer, messages, args.ack_concurrency)
-        sent: set[tuple[int, int]] = set()
 
-        async def send_one(sequence: int) -> None:
-            before = time.monotonic_ns()
-            await producer.send(_payload(0, sequence, padding))
+        async def consume() -> float:
+            nonlocal duplicates
+            acks = []
+            while len(seen) + duplicates < messages:
+                message = await consumer.receive()
+                sent, _, sequence = _HEAD.unpack_from(message.payload)
+                e2e_ms.append((time.monotonic_ns() - sent) / 1e6)
+                duplicates += sequence in seen
+                seen.add(sequence)
+                acks.append(asyncio.ensure_future(consumer.ack(message)))
+            finished = time.monotonic()
+            await asyncio.gather(*acks)
+            return finished
+
+        async def answer(before: int, stored: Awaitable[object]) -> None:
+            await stored
             ack_ms.append((time.monotonic_ns() - before) / 1e6)
-            sent.add((0, sequence))
 
-        receiving = asyncio.create_task(receiver.run())
+        receiving = asyncio.ensure_future(consume())
         interval = 1.0 / args.rate
         started = time.monotonic()
-        started_perf = time.perf_counter()
         late = 0.0
-        sends = []
+        answers = []
+        for n in range(messages):
+            delay = started + n * interval - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                late = max(late, -delay)
+            before = time.monotonic_ns()
+            stored = producer.enqueue(_payload(0, n, padding))
+            answers.append(asyncio.ensure_future(answer(before, stored)))
+        limit = args.seconds + 60
+        await asyncio.wait_for(asyncio.gather(*answers), limit)
+        elapsed = time.monotonic() - started
         try:
-            for n in range(messages):
-                delay = started + n * interval - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                else:
-                    late = max(late, -delay)
-                sends.append(asyncio.create_task(send_one(n)))
-            scheduled = time.monotonic() - started
-            await asyncio.gather(*sends)
-            elapsed = time.monotonic() - started
-            await receiving
-        finally:
-            receiving.cancel()
+            delivered_at = await asyncio.wait_for(receiving, limit)
+        except TimeoutError:
+            raise SystemExit(f"consumer stalled: {len(seen)} of {messages} received") from None
         await consumer.close()
     replication = await _replication(cluster.brokers[0], topic)
     return {
         "messages": messages,
         "offered_msgs_per_s": args.rate,
-        "scheduled_msgs_per_s": messages / scheduled,
         "most_late_send_ms": late * 1000,
         "achieved_msgs_per_s": messages / elapsed,
-        "delivery_msgs_per_s": messages / (receiver.finished_at - started_perf),
+        "delivery_msgs_per_s": messages / (delivered_at - started),
         "publish_ack_p50_ms": statistics.median(ack_ms),
         "publish_ack_p99_ms": _percentile(ack_ms, 0.99),
-        "end_to_end_p50_ms": statistics.median(receiver.e2e_ms),
-        "end_to_end_p99_ms": _percentile(receiver.e2e_ms, 0.99),
+        "end_to_end_p50_ms": statistics.median(e2e_ms),
+        "end_to_end_p99_ms": _percentile(e2e_ms, 0.99),
         "followers": [f.broker_id for f in replication.followers],
         "in_sync": list(replication.in_sync),
-        "check": receiver.check(sent),
+        "check": {"missing": messages - len(seen), "duplicates": duplicates},
     }
 
 
@@ -320,7 +337,6 @@ def main() -> None:
     five.add_argument("--rate", type=int, default=1000, help="msg/s offered (open loop)")
     five.add_argument("--seconds", type=float, default=20.0)
     five.add_argument("--size", type=int, default=1024, help="payload bytes (>= 16)")
-    five.add_argument("--ack-concurrency", type=int, default=64, help="consumer acks in flight")
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
           f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
