@@ -1,11 +1,14 @@
 """`MetadataStore` on an etcd v3 cluster, for brokers that share metadata.
 
-It speaks etcd's gRPC API (KV, Watch, Lease) with message types generated from
-proto/etcd_rpc.proto and proto/etcd_kv.proto by the project's own betterproto pipeline, over
-grpclib, on an asyncio loop hosted in the caller's trio run (danube.metadata.etcd.loop says
-where that boundary is and why). It replaced the `etcd3` package, whose generated modules
-predate protobuf 4 and forced protobuf's pure-Python implementation on the whole process, and
-whose blocking calls needed a worker thread each (issue 23).
+It speaks etcd's gRPC API (KV, Watch, Lease) as proto/etcd_rpc.proto and proto/etcd_kv.proto
+declare it, over grpclib, on an asyncio loop hosted in the caller's trio run
+(danube.metadata.etcd.loop says where that boundary is and why). Lease calls use the types the
+project's betterproto pipeline generates from those files (danube.proto.etcdserverpb); the
+KV and Watch messages, which carry every key and value, go through the hand codec in
+danube.metadata.etcd.wire, checked against those same generated types. It replaced the `etcd3`
+package, whose generated modules predate protobuf 4 and forced protobuf's pure-Python
+implementation on the whole process, and whose blocking calls needed a worker thread each
+(issue 23).
 
 Values are stored as their canonical JSON text (`encode_value`), so etcd's byte-wise value
 compares are the same compares the in-memory and embedded stores make on that text. Revisions,
@@ -29,6 +32,7 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from danube.metadata.etcd import wire
 from danube.metadata.etcd.loop import AsyncioHost
 from danube.metadata.etcd.watch import Watch, WatchStream, watch_request
 from danube.metadata.model import (
@@ -50,9 +54,8 @@ from danube.metadata.model import (
 )
 from danube.metadata.state import encode_value
 from danube.proto import etcdserverpb as pb
-from danube.proto import mvccpb
 
-Reply = TypeVar("Reply", bound=betterproto.Message)
+Reply = TypeVar("Reply")
 
 _RANGE = "/etcdserverpb.KV/Range"
 _PUT = "/etcdserverpb.KV/Put"
@@ -68,16 +71,16 @@ _RETRY_FIRST_S = 0.05
 _RETRY_MAX_S = 0.5
 
 _COMPARE_TARGETS = {
-    "value": pb.CompareCompareTarget.VALUE,
-    "version": pb.CompareCompareTarget.VERSION,
-    "create_revision": pb.CompareCompareTarget.CREATE,
-    "mod_revision": pb.CompareCompareTarget.MOD,
+    "value": int(pb.CompareCompareTarget.VALUE),
+    "version": int(pb.CompareCompareTarget.VERSION),
+    "create_revision": int(pb.CompareCompareTarget.CREATE),
+    "mod_revision": int(pb.CompareCompareTarget.MOD),
 }
 _COMPARE_RESULTS = {
-    "==": pb.CompareCompareResult.EQUAL,
-    "!=": pb.CompareCompareResult.NOT_EQUAL,
-    "<": pb.CompareCompareResult.LESS,
-    ">": pb.CompareCompareResult.GREATER,
+    "==": int(pb.CompareCompareResult.EQUAL),
+    "!=": int(pb.CompareCompareResult.NOT_EQUAL),
+    "<": int(pb.CompareCompareResult.LESS),
+    ">": int(pb.CompareCompareResult.GREATER),
 }
 
 # What a call to an etcd that is down or unreachable raises, besides a gRPC status: a refused
@@ -180,13 +183,13 @@ class EtcdStore:
     async def _probe(self) -> None:
         """One read, retried with back-off while etcd refuses connections, for `timeout_s`."""
         start, _ = self._range("")
-        probe = pb.RangeRequest(key=start, limit=1, keys_only=True)
+        probe = wire.Encoded(wire.range_request(start, limit=1, keys_only=True))
         give_up = trio.current_time() + self._timeout_s
         delay = _RETRY_FIRST_S
         while True:
             remaining = max(give_up - trio.current_time(), 0.001)
             try:
-                await self._call(_RANGE, probe, pb.RangeResponse, timeout_s=remaining)
+                await self._call(_RANGE, probe, wire.RangeReply, timeout_s=remaining)
                 return
             except EtcdUnavailable as exc:
                 if trio.current_time() + delay >= give_up:
@@ -210,15 +213,15 @@ class EtcdStore:
     # -- reads --------------------------------------------------------------------------------
 
     async def get(self, key: str) -> KeyValue | None:
-        request = pb.RangeRequest(key=self._key(key))
-        response = await self._call(_RANGE, request, pb.RangeResponse)
+        request = wire.Encoded(wire.range_request(self._key(key)))
+        response = await self._call(_RANGE, request, wire.RangeReply)
         return self._key_value(response.kvs[0]) if response.kvs else None
 
     async def scan(self, prefix: str) -> list[KeyValue]:
         start, end = self._range(prefix)
         # etcd returns a range in key byte order, which for UTF-8 is str order.
-        request = pb.RangeRequest(key=start, range_end=end)
-        response = await self._call(_RANGE, request, pb.RangeResponse)
+        request = wire.Encoded(wire.range_request(start, end))
+        response = await self._call(_RANGE, request, wire.RangeReply)
         return [self._key_value(kv) for kv in response.kvs]
 
     @asynccontextmanager
@@ -252,36 +255,34 @@ class EtcdStore:
     # -- writes -------------------------------------------------------------------------------
 
     async def put(self, key: str, value: JSONValue, lease: int | None = None) -> int:
-        request = self._put_request(Put(key, value, lease))
-        response = await self._call(_PUT, request, pb.PutResponse)
-        revision: int = response.header.revision
-        return revision
+        request = wire.Encoded(self._put_request(Put(key, value, lease), prev_kv=False))
+        response = await self._call(_PUT, request, wire.PutReply)
+        return response.revision
 
     async def delete(self, key: str) -> bool:
-        request = pb.DeleteRangeRequest(key=self._key(key))
-        response = await self._call(_DELETE_RANGE, request, pb.DeleteRangeResponse)
+        request = wire.Encoded(wire.delete_range_request(self._key(key)))
+        response = await self._call(_DELETE_RANGE, request, wire.DeleteRangeReply)
         return bool(response.deleted)
 
     async def delete_prefix(self, prefix: str) -> int:
         start, end = self._range(prefix)
-        request = pb.DeleteRangeRequest(key=start, range_end=end)
-        response = await self._call(_DELETE_RANGE, request, pb.DeleteRangeResponse)
-        deleted: int = response.deleted
-        return deleted
+        request = wire.Encoded(wire.delete_range_request(start, end))
+        response = await self._call(_DELETE_RANGE, request, wire.DeleteRangeReply)
+        return response.deleted
 
     async def txn(
         self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:
-        request = pb.TxnRequest(
-            compare=[self._compare(compare) for compare in compares],
-            success=[self._request_op(op) for op in success],
-            failure=[self._request_op(op) for op in failure],
+        request = wire.txn_request(
+            [self._compare(compare) for compare in compares],
+            [self._request_op(op) for op in success],
+            [self._request_op(op) for op in failure],
         )
-        response = await self._call(_TXN, request, pb.TxnResponse)
+        response = await self._call(_TXN, wire.Encoded(request), wire.TxnReply)
         executed = success if response.succeeded else failure
         return TxnResult(
             succeeded=response.succeeded,
-            revision=response.header.revision,
+            revision=response.revision,
             responses=tuple(
                 self._op_result(op, result)
                 for op, result in zip(executed, response.responses, strict=True)
@@ -343,7 +344,7 @@ class EtcdStore:
     async def _call(
         self,
         path: str,
-        request: betterproto.Message,
+        request: betterproto.Message | wire.Encoded,
         reply_type: type[Reply],
         *,
         timeout_s: float | None = None,
@@ -357,7 +358,7 @@ class EtcdStore:
     async def _exchange(
         self,
         path: str,
-        request: betterproto.Message,
+        request: betterproto.Message | wire.Encoded,
         reply_type: type[Reply],
         *,
         timeout_s: float | None = None,
@@ -431,7 +432,7 @@ class EtcdStore:
                 f"etcd key {raw_key!r} does not hold JSON; something other than danube wrote it"
             ) from None
 
-    def _key_value(self, kv: mvccpb.KeyValue) -> KeyValue:
+    def _key_value(self, kv: wire.KeyValue) -> KeyValue:
         return KeyValue(
             key=self._user_key(kv.key),
             value=self._decode(kv.key, kv.value),
@@ -441,14 +442,11 @@ class EtcdStore:
             lease=kv.lease or None,
         )
 
-    def watch_event(self, event: mvccpb.Event) -> WatchEvent:
+    def watch_event(self, event: wire.Event) -> WatchEvent:
         kv = event.kv
-        prev_value = (
-            self._decode(kv.key, event.prev_kv.value)
-            if betterproto.serialized_on_wire(event.prev_kv)
-            else None
-        )
-        if event.type == mvccpb.EventEventType.DELETE:
+        prev = event.prev_kv
+        prev_value = None if prev is None else self._decode(kv.key, prev.value)
+        if event.delete:
             return WatchEvent("delete", self._user_key(kv.key), None, kv.mod_revision, prev_value)
         return WatchEvent(
             "put",
@@ -458,57 +456,47 @@ class EtcdStore:
             prev_value,
         )
 
-    def _compare(self, compare: Compare) -> pb.Compare:
-        message = pb.Compare(
-            key=self._key(compare.key),
-            target=_COMPARE_TARGETS[compare.target],
-            result=_COMPARE_RESULTS[compare.op],
+    def _compare(self, compare: Compare) -> bytes:
+        operand: int | bytes = (
+            encode_value(compare.operand).encode()
+            if compare.target == "value"
+            else int(compare.operand)  # type: ignore[call-overload]
         )
-        # Setting the oneof member selects it, so a compare with 0 is sent as one.
-        if compare.target == "value":
-            message.value = encode_value(compare.operand).encode()
-        else:
-            setattr(message, compare.target, compare.operand)
-        return message
-
-    def _put_request(self, op: Put) -> pb.PutRequest:
-        # prev_kv, so that a Put in a transaction can report the value it replaced.
-        return pb.PutRequest(
-            key=self._key(op.key),
-            value=encode_value(op.value).encode(),
-            lease=op.lease or 0,
-            prev_kv=True,
+        return wire.compare(
+            _COMPARE_RESULTS[compare.op],
+            _COMPARE_TARGETS[compare.target],
+            self._key(compare.key),
+            compare.target,
+            operand,
         )
 
-    def _request_op(self, op: Op) -> pb.RequestOp:
+    def _put_request(self, op: Put, *, prev_kv: bool) -> bytes:
+        # prev_kv in a transaction, so that a Put there can report the value it replaced.
+        value = encode_value(op.value).encode()
+        return wire.put_request(self._key(op.key), value, op.lease or 0, prev_kv=prev_kv)
+
+    def _request_op(self, op: Op) -> bytes:
         if isinstance(op, Put):
-            return pb.RequestOp(request_put=self._put_request(op))
+            return wire.request_op(wire.REQUEST_PUT, self._put_request(op, prev_kv=True))
         if isinstance(op, Delete):
-            return pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=self._key(op.key)))
+            delete = wire.delete_range_request(self._key(op.key))
+            return wire.request_op(wire.REQUEST_DELETE_RANGE, delete)
         if isinstance(op, DeletePrefix):
             start, end = self._range(op.prefix)
-            return pb.RequestOp(
-                request_delete_range=pb.DeleteRangeRequest(key=start, range_end=end)
-            )
-        return pb.RequestOp(request_range=pb.RangeRequest(key=self._key(op.key)))
+            delete = wire.delete_range_request(start, end)
+            return wire.request_op(wire.REQUEST_DELETE_RANGE, delete)
+        return wire.request_op(wire.REQUEST_RANGE, wire.range_request(self._key(op.key)))
 
-    def _op_result(self, op: Op, result: pb.ResponseOp) -> Any:
+    def _op_result(self, op: Op, result: wire.ResponseOp) -> Any:
         """One entry of TxnResult.responses, in the shape TxnResult documents."""
         if isinstance(op, Put):
-            put = result.response_put
-            return (
-                self._key_value(put.prev_kv)
-                if betterproto.serialized_on_wire(put.prev_kv)
-                else None
-            )
-        if isinstance(op, Delete):
-            return bool(result.response_delete_range.deleted)
-        if isinstance(op, DeletePrefix):
-            deleted: int = result.response_delete_range.deleted
-            return deleted
-        assert isinstance(op, Get)
-        kvs = result.response_range.kvs
-        return self._key_value(kvs[0]) if kvs else None
+            assert isinstance(result, wire.PutReply)
+            return None if result.prev_kv is None else self._key_value(result.prev_kv)
+        if isinstance(op, Delete | DeletePrefix):
+            assert isinstance(result, wire.DeleteRangeReply)
+            return bool(result.deleted) if isinstance(op, Delete) else result.deleted
+        assert isinstance(op, Get) and isinstance(result, wire.RangeReply)
+        return self._key_value(result.kvs[0]) if result.kvs else None
 
 
 # A lease renewal: one request on a LeaseKeepAlive stream of its own, which etcd ends once it
@@ -529,7 +517,7 @@ async def _request_reply(
     channel: Channel | None,
     path: str,
     cardinality: Cardinality,
-    request: betterproto.Message,
+    request: betterproto.Message | wire.Encoded,
     reply_type: type[Reply],
     timeout_s: float,
 ) -> Reply | None:

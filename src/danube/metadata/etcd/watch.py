@@ -16,8 +16,8 @@ import trio
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 
+from danube.metadata.etcd import wire
 from danube.metadata.model import CompactedError, MetadataCorrupted, MetadataError, WatchEvent
-from danube.proto import etcdserverpb, mvccpb
 
 WATCH = "/etcdserverpb.Watch/Watch"
 
@@ -29,7 +29,7 @@ class WatchOwner(Protocol):
 
     def error(self, exc: BaseException) -> Exception: ...
 
-    def watch_event(self, event: mvccpb.Event) -> WatchEvent: ...
+    def watch_event(self, event: wire.Event) -> WatchEvent: ...
 
 
 class Watch:
@@ -42,7 +42,7 @@ class Watch:
     """
 
     def __init__(
-        self, owner: WatchOwner, prefix: str, request: etcdserverpb.WatchRequest, endpoint: str
+        self, owner: WatchOwner, prefix: str, request: wire.Encoded, endpoint: str
     ) -> None:
         self.owner = owner
         self.prefix = prefix
@@ -83,8 +83,8 @@ class Watch:
             async with channel.request(
                 WATCH,
                 Cardinality.STREAM_STREAM,
-                etcdserverpb.WatchRequest,
-                etcdserverpb.WatchResponse,
+                wire.Encoded,
+                wire.WatchReply,
             ) as stream:
                 await stream.send_message(self.request)
                 async for response in stream:
@@ -100,7 +100,7 @@ class Watch:
         finally:
             self.finished.set()
 
-    def _deliver(self, response: etcdserverpb.WatchResponse) -> bool:
+    def _deliver(self, response: wire.WatchReply) -> bool:
         """Takes one watch response; returns whether to keep reading the stream."""
         if self.ended:
             return False
@@ -154,10 +154,7 @@ class WatchStream(AsyncIterator[WatchEvent]):
             raise StopAsyncIteration from None
 
 
-def watch_request(
-    start: bytes, end: bytes, start_revision: int | None
-) -> etcdserverpb.WatchRequest:
-    create = etcdserverpb.WatchCreateRequest(key=start, range_end=end, prev_kv=True)
-    if start_revision is not None:
-        create.start_revision = start_revision + 1  # etcd's start is inclusive, ours is not
-    return etcdserverpb.WatchRequest(create_request=create)
+def watch_request(start: bytes, end: bytes, start_revision: int | None) -> wire.Encoded:
+    # etcd's start is inclusive, ours is not; 0 is etcd's "from now on".
+    first = 0 if start_revision is None else start_revision + 1
+    return wire.Encoded(wire.watch_create_request(start, end, first))
