@@ -213,3 +213,14 @@ async def test_the_store_runs_on_the_callers_thread_beside_another_asyncio_loop(
             assert await anext(events) == WatchEvent("put", "/k", 1, revision, None)
             assert threading.active_count() == threads
     assert (await store.get("/k")) is not None, "the store outlives the other loop"
+
+
+async def test_a_scan_larger_than_grpcs_default_message_limit(etcd_stores: EtcdStores) -> None:
+    # As etcd's Go client: a scan of a large prefix must not fail on gRPC's 4 MiB default.
+    store = await etcd_stores.open()
+    value = "x" * (1 << 20)  # etcd takes requests of up to 1.5 MiB
+    for i in range(5):
+        await store.put(f"/big/{i}", value)
+    scanned = await store.scan("/big/")
+    assert [kv.key for kv in scanned] == [f"/big/{i}" for i in range(5)]
+    assert all(kv.value == value for kv in scanned)
