@@ -23,7 +23,7 @@ from danube.metadata import (
     TxnResult,
     WatchEvent,
 )
-from danube.metadata.etcd import EtcdStore, EtcdUnavailable
+from danube.metadata.etcd import EtcdStore, EtcdUnavailable, wire
 from tests.support.etcd import EtcdStores
 
 pytestmark = pytest.mark.trio
@@ -224,3 +224,20 @@ async def test_a_scan_larger_than_grpcs_default_message_limit(etcd_stores: EtcdS
     scanned = await store.scan("/big/")
     assert [kv.key for kv in scanned] == [f"/big/{i}" for i in range(5)]
     assert all(kv.value == value for kv in scanned)
+
+
+async def test_a_malformed_reply_is_a_metadata_error_not_an_outage(
+    etcd_stores: EtcdStores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await etcd_stores.open()
+    await store.put("/k", 1)
+
+    def garbled(data: bytes) -> wire.RangeReply:
+        raise wire.WireError("truncated field")
+
+    monkeypatch.setattr(wire.RangeReply, "FromString", staticmethod(garbled))
+    with pytest.raises(MetadataError, match="malformed reply: truncated field") as error:
+        await store.get("/k")
+    assert not isinstance(error.value, EtcdUnavailable)
+    monkeypatch.undo()
+    assert (await store.get("/k")) is not None, "the connection is still usable"

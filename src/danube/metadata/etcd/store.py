@@ -378,7 +378,7 @@ class EtcdStore:
                 reply: Reply | None = await self._host.run(
                     _request_reply, self._channel, path, cardinality, request, reply_type, timeout
                 )
-        except (GRPCError, *_TRANSPORT_ERRORS) as exc:
+        except (GRPCError, wire.WireError, *_TRANSPORT_ERRORS) as exc:
             raise self.error(exc) from None
         return reply
 
@@ -386,6 +386,8 @@ class EtcdStore:
         """etcd's answer (or the lack of one) as the MetadataStore error it means."""
         if self._closed:
             return StoreClosed("the metadata store is closed")
+        if isinstance(exc, wire.WireError):
+            return MetadataError(f"etcd at {self._endpoint} sent a malformed reply: {exc}")
         if isinstance(exc, TimeoutError):
             return _unavailable(
                 self._endpoint, f"did not answer within {self._timeout_s} s", "deadline"
