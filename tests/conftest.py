@@ -8,10 +8,6 @@ from pathlib import Path
 
 import pytest
 
-# First, before anything imports google.protobuf: etcd3's generated code needs protobuf's
-# pure-Python implementation, which protobuf picks once per process at its first import
-# (`pytest tests/wire tests/metadata` would otherwise fail to import the etcd backend).
-import danube.metadata.etcd  # noqa: F401  # isort: skip
 from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.etcd_process import EtcdProcess
 from tests.support.etcd import EtcdStores

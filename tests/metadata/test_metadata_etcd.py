@@ -3,11 +3,14 @@ several clients racing on one etcd, and etcd going away."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import traceback
 from pathlib import Path
 
 import pytest
 import trio
+import trio_asyncio
 
 from danube.localcluster.etcd_process import EtcdProcess, free_port
 from danube.metadata import (
@@ -20,7 +23,7 @@ from danube.metadata import (
     TxnResult,
     WatchEvent,
 )
-from danube.metadata.etcd import EtcdStore, EtcdUnavailable
+from danube.metadata.etcd import EtcdStore, EtcdUnavailable, wire
 from tests.support.etcd import EtcdStores
 
 pytestmark = pytest.mark.trio
@@ -182,3 +185,59 @@ async def test_a_missing_etcd_binary_says_what_to_install(
     monkeypatch.setattr("danube.localcluster.etcd_process.ETCD_BIN", tmp_path / "no-etcd-here")
     with pytest.raises(RuntimeError, match="install the Debian package etcd-server"):
         EtcdProcess(tmp_path).start()
+
+
+async def test_a_cancelled_call_is_finished_not_abandoned(etcd_stores: EtcdStores) -> None:
+    # An abandoned write could land after the same caller's next one; the store finishes it
+    # (within its timeout) and the caller's cancellation takes effect afterwards.
+    store = await etcd_stores.open()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        revision = await store.put("/k", "landed")
+    assert scope.cancelled_caught is False, "the put returned; the next checkpoint cancels"
+    stored = await store.get("/k")
+    assert stored is not None and (stored.value, stored.mod_revision) == ("landed", revision)
+
+
+async def test_the_store_runs_on_the_callers_thread_beside_another_asyncio_loop(
+    etcd_stores: EtcdStores,
+) -> None:
+    # The broker opens its own trio-asyncio loop after its store and closes it before; the
+    # store's loop is its own, and neither it nor a watch starts a thread.
+    threads = threading.active_count()
+    async with trio_asyncio.open_loop():
+        store = await etcd_stores.open()
+        async with store.watch("/") as events:
+            revision = await store.put("/k", 1)
+            assert await trio_asyncio.aio_as_trio(asyncio.sleep)(0, "broker loop") == "broker loop"
+            assert await anext(events) == WatchEvent("put", "/k", 1, revision, None)
+            assert threading.active_count() == threads
+    assert (await store.get("/k")) is not None, "the store outlives the other loop"
+
+
+async def test_a_scan_larger_than_grpcs_default_message_limit(etcd_stores: EtcdStores) -> None:
+    # As etcd's Go client: a scan of a large prefix must not fail on gRPC's 4 MiB default.
+    store = await etcd_stores.open()
+    value = "x" * (1 << 20)  # etcd takes requests of up to 1.5 MiB
+    for i in range(5):
+        await store.put(f"/big/{i}", value)
+    scanned = await store.scan("/big/")
+    assert [kv.key for kv in scanned] == [f"/big/{i}" for i in range(5)]
+    assert all(kv.value == value for kv in scanned)
+
+
+async def test_a_malformed_reply_is_a_metadata_error_not_an_outage(
+    etcd_stores: EtcdStores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await etcd_stores.open()
+    await store.put("/k", 1)
+
+    def garbled(data: bytes) -> wire.RangeReply:
+        raise wire.WireError("truncated field")
+
+    monkeypatch.setattr(wire.RangeReply, "FromString", staticmethod(garbled))
+    with pytest.raises(MetadataError, match="malformed reply: truncated field") as error:
+        await store.get("/k")
+    assert not isinstance(error.value, EtcdUnavailable)
+    monkeypatch.undo()
+    assert (await store.get("/k")) is not None, "the connection is still usable"

@@ -32,7 +32,7 @@ from tests.metadata.fakes import FakeClock
 
 pytestmark = pytest.mark.trio
 
-# etcd's watch events travel through a gRPC stream and a thread after the write has returned;
+# etcd's watch events travel through their own gRPC stream after the write has returned;
 # this is ample time for those of writes already made to reach the watcher's buffer.
 ETCD_WATCH_LATENCY_S = 0.5
 

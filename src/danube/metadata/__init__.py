@@ -40,10 +40,10 @@ _LAZY = {
 }
 """The backends, imported on first use (PEP 562), so that the pure modules importing the
 values (`danube.metadata.model`, `danube.metadata.state`) load no trio: importing any module
-of a package runs the package's `__init__` first. The etcd backend also loads grpc and etcd3
-and pins protobuf to its pure-Python implementation for the whole process (see
-danube.metadata.etcd), which standalone brokers and the simulator should not pay for.
-tests/core/test_purity.py reads this table to follow these imports."""
+of a package runs the package's `__init__` first. The etcd backend also loads grpclib,
+trio-asyncio and its generated etcd types (danube.metadata.etcd), which standalone brokers and
+the simulator need not pay for. tests/core/test_purity.py reads this table to follow these
+imports."""
 
 __all__ = [
     "CompactedError",

@@ -182,7 +182,7 @@ def _replication_settings(config: BrokerConfig, broker_id: str) -> ReplicationSe
 async def _open_store(config: BrokerConfig, data_dir: Path) -> MetadataStore:
     if config.mode != "cluster":
         return await EmbeddedStore.open(data_dir / "metadata")
-    from danube.metadata import EtcdStore  # loads grpc and etcd3: only in cluster mode
+    from danube.metadata import EtcdStore  # loads its generated etcd types: only in clusters
 
     return await EtcdStore.connect(config.cluster.etcd_endpoints, prefix=config.cluster.etcd_prefix)
 
