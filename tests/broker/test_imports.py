@@ -1,5 +1,6 @@
-"""A broker process can use etcd whatever it imported first (a fresh interpreter each: the
-protobuf implementation is chosen once per process)."""
+"""A broker process can use etcd whatever it imported first (a fresh interpreter each). The
+store once needed protobuf's pure-Python implementation, chosen once per process; the grpclib
+store needs none, and this keeps any later process-wide choice from creeping back in."""
 
 from __future__ import annotations
 

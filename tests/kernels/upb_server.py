@@ -2,9 +2,9 @@
 stdin and answers each with one JSON line: whether upb parses `danube.<message>` from the bytes,
 whether every other Danube client's parser would too, and the fields upb read.
 
-A separate process because the test process runs protobuf's pure-Python implementation (etcd3
-needs it, `danube.runtime` selects it); this one runs upb. It imports neither danube nor
-hypothesis: run it as `python -I upb_server.py [--official]`. With `--official` it uses the
+A separate process so that the oracle is certainly upb, whatever implementation the test
+process loaded first, and so that `--official` can run under the official client's
+interpreter. It imports neither danube nor hypothesis: run it as `python -I upb_server.py [--official]`. With `--official` it uses the
 official danube-client's generated classes (`danube.proto.DanubeApi_pb2`), under the official
 client's interpreter; otherwise it builds them from proto/DanubeApi.proto with grpc_tools.
 
