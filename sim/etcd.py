@@ -31,6 +31,7 @@ from danube.metadata.model import (
     WatchEvent,
 )
 from danube.metadata.state import MetadataState
+from danube.values.frozen import fast_init
 from sim.cluster_faults import ClusterFaults
 from sim.faults import Injected
 from sim.network import Network, Stream
@@ -50,6 +51,7 @@ def failed(result: Any) -> bool:
     return isinstance(result, MetadataError | TimeoutError)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Origin:
     """Who wrote: a broker, and the kind of write (`Assign`, `register`, `revoke`...)."""

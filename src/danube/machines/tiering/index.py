@@ -19,6 +19,7 @@ from danube.kernels import crc32c
 from danube.kernels.twins import MIN_FRAME
 from danube.keys import parse_object_name
 from danube.machines.wal import format
+from danube.values.frozen import fast_init
 
 MIN_HEADER = 40
 """The smallest segment header (spec/wal-format.md): the first frame starts at or after it."""
@@ -31,6 +32,7 @@ class IndexFormatError(ValueError):
     """A stored index entry that is not the JSON shape of spec/object-layout.md."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
     """One committed segment object. Never changes once committed."""
@@ -190,6 +192,7 @@ def sparse_offset_index(
     return tuple(kept)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ObjectFacts:
     """What the uploader reports (`Uploader.upload_done`) about an object it wrote."""
