@@ -91,6 +91,7 @@ def encode_frame(base_offset: int, publish_ms: int, records: Sequence[bytes]) ->
     return _U32.pack(crc32c(tail)) + tail
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Frame:
     base_offset: int
