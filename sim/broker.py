@@ -69,7 +69,7 @@ from sim.requests import (
     PublishBatch,
     SimRequests,
 )
-from sim.world import World
+from sim.world import US_PER_MS, World
 
 URL = "http://sim-broker:6650"
 _DECODED_KEPT = 4096
@@ -255,7 +255,7 @@ class SimBroker:
     def now_ms(self) -> int:
         """The broker's wall clock: an epoch-like start, the simulated time, and any injected
         clock jumps."""
-        return EPOCH_MS + self.world.now_ms + self.clock_skew_ms
+        return EPOCH_MS + self.world.now // US_PER_MS + self.clock_skew_ms
 
     # -- lifecycle --------------------------------------------------------------------------------
 

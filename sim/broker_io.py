@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from danube.effects import (
@@ -172,31 +173,33 @@ class SimPort:
     # -- effects ---------------------------------------------------------------------------------
 
     def perform(self, effect: Any, done: Done) -> None:
+        # `partial`s, not lambdas: a lambda's captured variables are cells made at every
+        # call of this function, whichever branch it takes (a third of all events pass here).
         broker = self.broker
         if isinstance(effect, TopicFile):
             self._file(effect, done)
         elif isinstance(effect, StoreTxn):
             if effect.purpose.startswith("index "):
                 delay = META_TXN_US + broker.network.latency()
-                self._later(delay, lambda: self._commit(effect, done))
+                self._later(delay, partial(self._commit, effect, done))
             else:  # durable at once (the real broker replies only after it is)
                 apply_ops(effect.ops, broker.metadata)
                 done(TxnAnswer(Outcome.COMMITTED))
         elif isinstance(effect, Work):
             self._answer(done, effect.run)
         elif isinstance(effect, ReadTopicFile):
-            read = lambda: self._read(effect)  # noqa: E731
-            self._later(broker.network.latency(), lambda: self._answer(done, read))
+            read = partial(self._read, effect)
+            self._later(broker.network.latency(), partial(self._answer, done, read))
         elif isinstance(effect, MarkDurable):
-            self._later(broker.faults.fsync_us, lambda: self._mark(effect, done))
+            self._later(broker.faults.fsync_us, partial(self._mark, effect, done))
         elif isinstance(effect, WriteEpochs):
-            self._later(broker.faults.fsync_us, lambda: self._epochs(effect, done))
+            self._later(broker.faults.fsync_us, partial(self._epochs, effect, done))
         elif isinstance(effect, Sleep):
-            self._later(effect.ms * 1_000, lambda: done(None))
+            self._later(effect.ms * 1_000, partial(done, None))
         elif isinstance(effect, ScanTopic):
             done(self._scan(effect.topic))
         elif isinstance(effect, RecoverTopic):
-            self._answer(done, lambda: self._recover(effect))
+            self._answer(done, partial(self._recover, effect))
         elif isinstance(effect, TruncateTopicFile):
             broker.disk.truncate(effect.topic, effect.segment_base, effect.size)
             broker.disk.fsync(effect.topic, effect.segment_base)

@@ -196,6 +196,12 @@ class ClusterPort(SimPort):
         if kind is not StoreTxn and kind is not StoreRead:  # no `super()` lookup: hot path
             SimPort.perform(self, effect, done)
             return
+        self._store(effect, done)
+
+    def _store(self, effect: StoreTxn | StoreRead, done: Done) -> None:
+        """A metadata effect, to the simulated etcd. Apart from `perform`: the variables
+        its closure captures are cells made at every call of the function that holds it."""
+        kind = type(effect)
         broker = self.broker
         host = broker.host
 

@@ -48,23 +48,43 @@ def run_flow(
 ) -> None:
     """Runs `flow`: store effects go to the simulated etcd; any other request goes to
     `handle(request, answer)`. `done` gets the flow's end."""
+    _FlowRun(host, flow, handle, done, claims).advance(step(flow))
 
-    def advance(request: Any) -> None:
+
+class _FlowRun:
+    """One flow of `run_flow`. An object with methods rather than closures that call each
+    other: those are reference cycles, which only the cyclic collector frees."""
+
+    __slots__ = ("claims", "done", "flow", "handle", "host")
+
+    def __init__(
+        self,
+        host: StoreHost,
+        flow: Flow[Any],
+        handle: Callable[[Any, Answer], None],
+        done: Callable[[Finished], None],
+        claims: Mapping[str, int] | None,
+    ) -> None:
+        self.host = host
+        self.flow = flow
+        self.handle = handle
+        self.done = done
+        self.claims = claims
+
+    def advance(self, request: Any) -> None:
         if isinstance(request, Finished):
-            done(request)
+            self.done(request)
             return
         if isinstance(request, StoreTxn | StoreRead | StoreList | LeaseGrant | LeaseRenew):
-            perform_store(host, request, answer, claims)
+            perform_store(self.host, request, self.answer, self.claims)
         else:
-            handle(request, answer)
+            self.handle(request, self.answer)
 
-    def answer(value: Any = None, *, error: BaseException | None = None) -> None:
+    def answer(self, value: Any = None, *, error: BaseException | None = None) -> None:
         if error is not None:
-            advance(step(flow, error=error))
+            self.advance(step(self.flow, error=error))
         else:
-            advance(step(flow, answer=value))
-
-    advance(step(flow))
+            self.advance(step(self.flow, answer=value))
 
 
 def perform_store(

@@ -60,22 +60,32 @@ class _Objects(dict[str, StoredBlob]):
         self.listings: dict[str, list[StoredObject]] = {}
         """As the uploader's `ListObjects` answer holds them (tuples of key and time): a
         listing is then handed over without building an object per entry per scan."""
+        self._lengths: list[int] = []
+        """The lengths of the listed prefixes: a key's listings are found by looking up its
+        prefix of each length, not by testing every topic's prefix on every write."""
+
+    def _listed(self, key: str) -> list[list[StoredObject]]:
+        listings = self.listings
+        found = [listings.get(key[:length]) for length in self._lengths]
+        return [listed for listed in found if listed is not None]
 
     def _put(self, key: str, value: StoredBlob) -> None:
-        for prefix, listed in self.listings.items():
-            if key.startswith(prefix):
-                at = bisect.bisect_left(listed, (key,))
-                if at < len(listed) and listed[at][0] == key:
-                    listed[at] = StoredObject(key, value.modified_ms)
-                else:
-                    listed.insert(at, StoredObject(key, value.modified_ms))
+        for listed in self._listed(key):
+            at = bisect.bisect_left(listed, (key,))
+            if at < len(listed) and listed[at][0] == key:
+                listed[at] = StoredObject(key, value.modified_ms)
+            else:
+                listed.insert(at, StoredObject(key, value.modified_ms))
 
     def _gone(self, key: str) -> None:
-        for prefix, listed in self.listings.items():
-            if key.startswith(prefix):
-                at = bisect.bisect_left(listed, (key,))
-                if at < len(listed) and listed[at][0] == key:
-                    del listed[at]
+        for listed in self._listed(key):
+            at = bisect.bisect_left(listed, (key,))
+            if at < len(listed) and listed[at][0] == key:
+                del listed[at]
+
+    def _forget(self) -> None:
+        self.listings.clear()
+        self._lengths = []
 
     def __setitem__(self, key: str, value: StoredBlob) -> None:
         super().__setitem__(key, value)
@@ -98,19 +108,19 @@ class _Objects(dict[str, StoredBlob]):
         return self[key]
 
     def popitem(self) -> tuple[str, StoredBlob]:
-        self.listings.clear()
+        self._forget()
         return super().popitem()
 
     def clear(self) -> None:
-        self.listings.clear()
+        self._forget()
         super().clear()
 
     def update(self, *args: Any, **kwargs: Any) -> None:
-        self.listings.clear()
+        self._forget()
         super().update(*args, **kwargs)
 
     def __ior__(self, other: Any) -> Any:
-        self.listings.clear()
+        self._forget()
         return super().__ior__(other)
 
     def listing(self, prefix: str) -> list[StoredObject]:
@@ -122,6 +132,7 @@ class _Objects(dict[str, StoredBlob]):
             ]
             listed.sort()  # keys are unique: sorted by key
             self.listings[prefix] = listed
+            self._lengths = sorted({*self._lengths, len(prefix)})
         return list(listed)
 
 

@@ -202,66 +202,82 @@ class SimRequests:
         """Drives `flow`; `done` gets its value or the `DanubeError` that refused it. Any
         other exception of the flow (or of carrying out what it asked) is a bug: `done` gets
         INTERNAL, as production answers, and the observer hears of it."""
-        incarnation = self.broker.incarnation
-        waits: dict[int, StorageWait] = {}
+        _Drive(self.broker, flow, done).start()
 
-        def advance(request: Any) -> None:
-            try:
-                finished = carry_on(request)
-            except Exception as error:  # carrying out an effect failed: a bug
-                done(self.broker.internal_error(flow, error))
-                return
-            if finished is None:
-                return  # waiting, or the broker crashed
-            if isinstance(finished.error, DanubeError):
-                done(finished.error)
-            elif finished.error is not None:
-                done(self.broker.internal_error(flow, finished.error))
-            else:
-                done(finished.value)
 
-        def carry_on(request: Any) -> Finished | None:
-            """Answers the flow's requests up to its end (returned) or a wait (None)."""
-            while not isinstance(request, Finished):
-                if self.broker.incarnation != incarnation or not self.broker.up:
-                    return None  # the broker crashed: nobody answers
-                if isinstance(request, CheckFence):
-                    request = step(flow, answer=None)
-                elif isinstance(request, (SchemaInspects, AdmitSchema)):
-                    request = step(
-                        flow, answer=False if isinstance(request, SchemaInspects) else None
-                    )
-                elif isinstance(request, Apply):
-                    if request.stored is not None:
-                        wait = waits[id(request.stored)] = StorageWait(self.broker.world)
-                        self.broker.wait_for_storage(
-                            request.stored.topic, request.stored.through, wait
-                        )
-                    self.broker.apply_step(request.step)
-                    request = step(flow, answer=None)
-                elif isinstance(request, AwaitStored):
-                    wait = waits.pop(id(request))
-                    if wait.outcome is None:
-                        wait.resume = lambda error: resumed(error)
-                        return None
-                    request = _resume(flow, wait.outcome[0])
-                elif isinstance(request, Sleep):
-                    self.broker.world.at(request.ms * US_PER_MS, lambda: resumed(None))
-                    return None
-                else:
-                    raise TypeError(f"a request flow asked for {request!r}")
-            return request
+class _Drive:
+    """One request flow driven to its end (`SimRequests.run`). An object with methods rather
+    than closures: closures that call each other are reference cycles, which only the cyclic
+    collector frees, with the flow and everything it holds."""
 
-        def resumed(error: DanubeError | None) -> None:
-            if self.broker.incarnation == incarnation and self.broker.up:
-                advance(_resume(flow, error))
+    __slots__ = ("broker", "done", "flow", "incarnation", "waits")
 
+    def __init__(self, broker: SimBroker, flow: Flow[Any], done: Callable[[Any], None]) -> None:
+        self.broker = broker
+        self.flow = flow
+        self.done = done
+        self.incarnation = broker.incarnation
+        self.waits: dict[int, StorageWait] = {}
+
+    def start(self) -> None:
         try:
-            first = step(flow)
+            first = step(self.flow)
         except DanubeError as error:  # pragma: no cover - step reports it as Finished
-            done(error)
+            self.done(error)
             return
-        advance(first)
+        self.advance(first)
+
+    def advance(self, request: Any) -> None:
+        done = self.done
+        try:
+            finished = self.carry_on(request)
+        except Exception as error:  # carrying out an effect failed: a bug
+            done(self.broker.internal_error(self.flow, error))
+            return
+        if finished is None:
+            return  # waiting, or the broker crashed
+        if isinstance(finished.error, DanubeError):
+            done(finished.error)
+        elif finished.error is not None:
+            done(self.broker.internal_error(self.flow, finished.error))
+        else:
+            done(finished.value)
+
+    def carry_on(self, request: Any) -> Finished | None:
+        """Answers the flow's requests up to its end (returned) or a wait (None)."""
+        broker, flow, waits = self.broker, self.flow, self.waits
+        while not isinstance(request, Finished):
+            if broker.incarnation != self.incarnation or not broker.up:
+                return None  # the broker crashed: nobody answers
+            if isinstance(request, CheckFence):
+                request = step(flow, answer=None)
+            elif isinstance(request, (SchemaInspects, AdmitSchema)):
+                request = step(flow, answer=False if isinstance(request, SchemaInspects) else None)
+            elif isinstance(request, Apply):
+                if request.stored is not None:
+                    wait = waits[id(request.stored)] = StorageWait(broker.world)
+                    broker.wait_for_storage(request.stored.topic, request.stored.through, wait)
+                broker.apply_step(request.step)
+                request = step(flow, answer=None)
+            elif isinstance(request, AwaitStored):
+                wait = waits.pop(id(request))
+                if wait.outcome is None:
+                    wait.resume = self.resumed
+                    return None
+                request = _resume(flow, wait.outcome[0])
+            elif isinstance(request, Sleep):
+                broker.world.at(request.ms * US_PER_MS, self.woke)
+                return None
+            else:
+                raise TypeError(f"a request flow asked for {request!r}")
+        return request
+
+    def woke(self) -> None:
+        self.resumed(None)
+
+    def resumed(self, error: DanubeError | None) -> None:
+        if self.broker.incarnation == self.incarnation and self.broker.up:
+            self.advance(_resume(self.flow, error))
 
 
 def _resume(flow: Flow[Any], error: DanubeError | None) -> Any:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from danube.metadata.model import Compare, KeyValue, Op
+from danube.values.frozen import fast_init
 
 # -- the metadata store ---------------------------------------------------------------------
 
@@ -53,6 +54,7 @@ class Outcome(enum.Enum):
     read."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StoreTxn:
     """One atomic compare-and-operate transaction: if every compare holds, apply `ops`.
@@ -77,6 +79,7 @@ class StoreTxn:
     the fence compares these, not the claims the port holds when the write goes out."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TxnAnswer:
     outcome: Outcome
@@ -145,6 +148,7 @@ class ObjectGet:
     end: int | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ObjectPut:
     """Answered with None once the object is stored whole."""
@@ -170,6 +174,7 @@ class ObjectDelete:
 # -- files of a topic's WAL directory --------------------------------------------------------
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TopicFile:
     """A WAL file effect (`danube.machines.wal.machine.CreateSegment`, `Write`, `Fsync`,
@@ -183,6 +188,7 @@ class TopicFile:
     loaded): a `Write` is fdatasynced before it is answered."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReadTopicFile:
     """Answered with the bytes [`start`, `end`) of the topic's segment `segment_base`
@@ -282,6 +288,7 @@ class CloseTopicFiles:
 # -- time and work ---------------------------------------------------------------------------
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Sleep:
     """Answered with None after `ms` milliseconds of the port's clock."""
@@ -289,6 +296,7 @@ class Sleep:
     ms: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Work:
     """CPU-bound work (parsing, checksums): answered with what `run()` returns. Production

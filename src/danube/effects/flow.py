@@ -16,11 +16,14 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
+from danube.values.frozen import fast_init
+
 T = TypeVar("T")
 
 Flow: TypeAlias = Generator[Any, Any, T]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Finished:
     """The flow returned `value`, or raised `error`."""

@@ -53,6 +53,7 @@ from danube.machines.wal import recovery
 from danube.machines.wal.format import WalFormatError
 from danube.machines.wal.machine import FileRead, decode_file_read, frames_of_file_read
 from danube.metadata.model import Compare, KeyValue, Put
+from danube.values.frozen import fast_init
 
 OBJECT_READ_BACKOFF = Backoff(first_ms=200, cap_ms=5_000, attempts=None)
 """The decided policy for history reads from the object store (spec/effects.md): a store
@@ -182,6 +183,7 @@ def read_object(
 # -- the object tier -------------------------------------------------------------------------
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Uploaded:
     size: int

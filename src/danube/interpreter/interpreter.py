@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from danube.effects import (
@@ -225,38 +226,46 @@ class Interpreter:
         self._advance(flow, request, finish)
 
     def _advance(self, flow: Flow[Any], request: Any, finish: Finish) -> None:
+        # Each branch with a closure is a method of its own: a closure's captured variables
+        # are cells made at every call of the function that holds it, whichever branch runs.
         if isinstance(request, Finished):
             finish(request.value, request.error)
         elif isinstance(request, Exclusive):
-            topic = request.topic
-
-            def held() -> None:
-                def released(value: Any, error: BaseException | None) -> None:
-                    self._release(topic)
-                    self._resume(flow, value, error, finish)
-
-                self._run(request.flow, released)
-
-            self._hold(topic, held)
+            self._exclusive_request(flow, request, finish)
         elif isinstance(request, FilesIdle):
             lane = self._files.get(request.topic)
-            resume = lambda: self._resume(flow, None, None, finish)  # noqa: E731
+            resume = partial(self._resume, flow, None, None, finish)
             if lane is None or not lane.busy:
                 self._post(resume)
             else:
                 lane.idle.append(resume)
         else:
-            answered = False
+            self._perform_request(flow, request, finish)
 
-            def done(answer: Any = None, error: BaseException | None = None) -> None:
-                nonlocal answered
-                if answered:
-                    raise AssertionError(f"{request!r} was answered twice")
-                answered = True
-                if not self.closed:
-                    self._post(lambda: self._resume(flow, answer, error, finish))
+    def _exclusive_request(self, flow: Flow[Any], request: Exclusive, finish: Finish) -> None:
+        topic = request.topic
 
-            self.host.perform(request, done)
+        def held() -> None:
+            def released(value: Any, error: BaseException | None) -> None:
+                self._release(topic)
+                self._resume(flow, value, error, finish)
+
+            self._run(request.flow, released)
+
+        self._hold(topic, held)
+
+    def _perform_request(self, flow: Flow[Any], request: Any, finish: Finish) -> None:
+        answered = False
+
+        def done(answer: Any = None, error: BaseException | None = None) -> None:
+            nonlocal answered
+            if answered:
+                raise AssertionError(f"{request!r} was answered twice")
+            answered = True
+            if not self.closed:
+                self._post(partial(self._resume, flow, answer, error, finish))
+
+        self.host.perform(request, done)
 
     def _hold(self, topic: str, start: Callable[[], None]) -> None:
         waiting = self._directory.get(topic)

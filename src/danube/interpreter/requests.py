@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from danube.effects.flow import Flow
+from danube.values.frozen import fast_init
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Exclusive:
     """Run `flow` holding the topic's directory: loads, repairs, drops and checkpoint writes

@@ -7,6 +7,7 @@ import struct
 from dataclasses import dataclass
 
 from danube.machines.wal import records as r
+from danube.values.frozen import fast_init
 
 CRC32C_POLY = 0x82F63B78
 FRAME_HEADER = 32
@@ -40,6 +41,7 @@ def crc32c_py(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
     return crc ^ 0xFFFFFFFF
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class FrameScan:
     """The valid prefix of a frame region and where each frame in it starts."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
+from danube.values.frozen import fast_init
+
 JSONValue: TypeAlias = Any
 """A value that survives a JSON round trip (None, bool, int, float, str, list, dict with str keys).
 
@@ -24,6 +26,7 @@ _TARGETS = frozenset({"value", "version", "create_revision", "mod_revision"})
 _OPS = frozenset({"==", "!=", "<", ">"})
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class KeyValue:
     """One key as read from the store.
@@ -41,6 +44,7 @@ class KeyValue:
     lease: int | None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Compare:
     """A guard of a transaction, evaluated against the state before any of its operations.
@@ -69,6 +73,7 @@ class Compare:
             raise TypeError(f"{self.target} compares against an int, got {self.operand!r}")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Put:
     """Sets `key`. With `lease`, the key is ephemeral: it disappears when the lease ends."""
@@ -106,6 +111,7 @@ class Get:
 Op: TypeAlias = Put | Delete | DeletePrefix | Get
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TxnResult:
     """Outcome of a transaction.
@@ -121,6 +127,7 @@ class TxnResult:
     responses: tuple[Any, ...]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
     """One change of one key.

@@ -28,6 +28,7 @@ from danube.metadata.model import (
     TxnResult,
     WatchEvent,
 )
+from danube.values.frozen import fast_init
 
 SNAPSHOT_FORMAT = 1
 
@@ -64,6 +65,7 @@ def decode_value(text: str) -> JSONValue:
 _SCAN = json.JSONDecoder().scan_once
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class _Entry:
     text: str

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from danube.values.errors import DanubeError, ErrorCode, invalid, quoted
+from danube.values.frozen import fast_init
 
 MAX_NAME_LENGTH = 255
 """Bytes (UTF-8) of a topic's full name, a namespace's name, a subscription's or a client's
@@ -25,6 +26,7 @@ _PART_RE = re.compile(r"[\w-]+")
 _PARTITION_RE = re.compile(r"(?P<base>.+)-part-(?P<index>0|[1-9][0-9]*)", re.DOTALL)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TopicName:
     namespace: str

@@ -15,6 +15,7 @@ from danube.machines.tiering import reader as tier_reader
 from danube.machines.tiering import uploader as tier
 from danube.machines.wal import machine as wal
 from danube.metadata.model import Delete, DeletePrefix, Op, Put
+from danube.values.frozen import fast_init
 
 T = TypeVar("T")
 
@@ -96,6 +97,7 @@ class DropWal:
     topic created again under the name can upload)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class WalIo:
     """Effect: the topic's WAL file effects, to perform in order after those submitted
@@ -128,6 +130,7 @@ class ReadObject:
     plan: tier_reader.ObjectRead
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TierIo:
     """Effect: an uploader effect for the object-store driver (`UploadSegment`,
@@ -292,6 +295,7 @@ Effect = (
 )
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Step(Generic[T]):
     value: T

@@ -13,6 +13,7 @@ from danube.machines.node.core import BrokerCore, Step
 from danube.machines.wal import records
 from danube.values.config import DispatchStrategy
 from danube.values.errors import invalid
+from danube.values.frozen import fast_init
 
 if TYPE_CHECKING:  # the generated modules import grpclib (their service stubs)
     import betterproto
@@ -56,6 +57,7 @@ def create_producer(core: BrokerCore, request: pb.ProducerRequest) -> Step[int]:
     )
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Published:
     step: Step[int]

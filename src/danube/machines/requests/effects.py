@@ -9,14 +9,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from danube.machines.wal import records
+from danube.values.frozen import fast_init
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class CheckFence:
     """Answered with None when this broker may acknowledge publishes, else with why not
     (cluster mode: its membership lapsed; spec/cluster.md, "Ownership fencing")."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, eq=False)
 class AwaitStored:
     """Answered with None once the topic's WAL acknowledged every offset up to `through` at
@@ -30,6 +33,7 @@ class AwaitStored:
     through: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Apply:
     """Carry out a core step's effects (`danube.machines.node.core.Step`); answered with None once
@@ -52,6 +56,7 @@ class SchemaInspects:
     topic: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AdmitSchema:
     """Answered with None when every message may be published to `topic`; the gate's

@@ -19,6 +19,7 @@ from danube.kernels import crc32c
 from danube.kernels.twins import MIN_FRAME
 from danube.keys import parse_object_name
 from danube.machines.wal import format
+from danube.values.frozen import fast_init
 
 MIN_HEADER = 40
 """The smallest segment header (spec/wal-format.md): the first frame starts at or after it."""
@@ -31,6 +32,7 @@ class IndexFormatError(ValueError):
     """A stored index entry that is not the JSON shape of spec/object-layout.md."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
     """One committed segment object. Never changes once committed."""
@@ -125,38 +127,44 @@ def _is_int(value: Any) -> bool:
 
 
 def entry_problems(entry: IndexEntry) -> list[str]:
-    """What is wrong with one entry on its own, in words an operator can act on."""
-    where = f"index entry {entry.start_offset:020d}"
+    """What is wrong with one entry on its own, in words an operator can act on. (Each
+    problem is named with the entry's start once found: every load checks every entry of
+    the topic's index, and nearly all have none.)"""
     problems: list[str] = []
     if entry.start_offset < 0 or entry.end_offset < entry.start_offset:
-        problems.append(f"{where}: offsets {entry.start_offset}–{entry.end_offset} are empty")
+        problems.append(f"offsets {entry.start_offset}–{entry.end_offset} are empty")
     if not 0 <= entry.crc32c < U32:
-        problems.append(f"{where}: crc32c {entry.crc32c} is not a 32-bit value")
+        problems.append(f"crc32c {entry.crc32c} is not a 32-bit value")
     # Only the object's name is checked: an entry does not say its topic, and whether its key
     # is the topic's is the uploader's check ("names key ..."). `keys.parse_any_object_key`
     # would also refuse keys outside `storage/topics/<ns>/<t>/segments/`, which this never has.
     if parse_object_name(entry.key.rpartition("/")[2]) != (entry.start_offset, entry.next_offset):
         problems.append(
-            f"{where}: key {entry.key!r} does not name offsets "
-            f"{entry.start_offset}–{entry.end_offset}"
+            f"key {entry.key!r} does not name offsets {entry.start_offset}–{entry.end_offset}"
         )
     index = entry.offset_index
     if not index:
-        problems.append(f"{where}: offset_index is empty")
+        problems.append("offset_index is empty")
+        return _where(entry, problems)
+    (first_offset, first_position), (last_offset, last_position) = index[0], index[-1]
+    if first_offset != entry.start_offset:
+        problems.append(f"offset_index starts at offset {first_offset}")
+    if first_position < MIN_HEADER:
+        problems.append(f"offset_index starts inside the header (byte {first_position})")
+    if len(index) > 1 and any(b[0] <= a[0] or b[1] <= a[1] for a, b in pairwise(index)):
+        problems.append("offset_index is not strictly increasing")
+    if last_offset > entry.end_offset:
+        problems.append(f"offset_index names offset {last_offset} past the end")
+    if last_position + MIN_FRAME > entry.size:
+        problems.append(f"offset_index names byte {last_position} past the last frame")
+    return _where(entry, problems)
+
+
+def _where(entry: IndexEntry, problems: list[str]) -> list[str]:
+    if not problems:
         return problems
-    offsets = [offset for offset, _ in index]
-    positions = [position for _, position in index]
-    if offsets[0] != entry.start_offset:
-        problems.append(f"{where}: offset_index starts at offset {offsets[0]}")
-    if positions[0] < MIN_HEADER:
-        problems.append(f"{where}: offset_index starts inside the header (byte {positions[0]})")
-    if any(b[0] <= a[0] or b[1] <= a[1] for a, b in pairwise(index)):
-        problems.append(f"{where}: offset_index is not strictly increasing")
-    if offsets[-1] > entry.end_offset:
-        problems.append(f"{where}: offset_index names offset {offsets[-1]} past the end")
-    if positions[-1] + MIN_FRAME > entry.size:
-        problems.append(f"{where}: offset_index names byte {positions[-1]} past the last frame")
-    return problems
+    where = f"index entry {entry.start_offset:020d}"
+    return [f"{where}: {problem}" for problem in problems]
 
 
 def validate_index(entries: Sequence[IndexEntry]) -> list[str]:
@@ -190,6 +198,7 @@ def sparse_offset_index(
     return tuple(kept)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ObjectFacts:
     """What the uploader reports (`Uploader.upload_done`) about an object it wrote."""

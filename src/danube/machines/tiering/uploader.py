@@ -62,6 +62,7 @@ from danube.machines.tiering import layout
 from danube.machines.tiering.index import IndexEntry, entry_problems, validate_index
 from danube.machines.wal import format
 from danube.metadata.model import Compare, Op, Put
+from danube.values.frozen import fast_init
 from danube.values.names import TopicName
 
 MIB = 1024 * 1024
@@ -130,6 +131,7 @@ class StoredObject(NamedTuple):
 # -- effects ----------------------------------------------------------------------------------
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class UploadSegment:
     """Read the local segment file whole, run `index.describe_object(data, segment_base,
@@ -144,6 +146,7 @@ class UploadSegment:
     index_interval_bytes: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class CommitIndex:
     """In one metadata transaction: if `path` does not exist (compare version == 0), put

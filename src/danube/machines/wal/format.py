@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from danube.kernels import crc32c, find_frame, scan_frames
 from danube.kernels.twins import FRAME_HEADER, FRAME_MAGIC, MAX_FRAME
+from danube.values.frozen import fast_init
 
 SEGMENT_MAGIC = b"DANUBEWL"
 FORMAT_VERSION = 1
@@ -36,6 +37,7 @@ def segment_base(name: str) -> int | None:
     return int(stem)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SegmentHeader:
     base_offset: int
@@ -89,6 +91,7 @@ def encode_frame(base_offset: int, publish_ms: int, records: Sequence[bytes]) ->
     return _U32.pack(crc32c(tail)) + tail
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Frame:
     base_offset: int
@@ -113,6 +116,7 @@ class SegmentState(enum.Enum):
     CORRUPT = "corrupt"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SegmentScan:
     header: SegmentHeader
