@@ -45,7 +45,7 @@ pytestmark = pytest.mark.slow
 PREFIX = "/default/partitioned"
 TOPIC = f"{PREFIX}-0"
 LAG_MS = 500
-MESSAGES = 5_000
+MESSAGES = 1_500
 RATE = 150
 
 
@@ -74,6 +74,13 @@ def test_owner_cut_off_from_its_follower_then_killed_loses_nothing(
             "--subscriptions", "exclusive,shared", "--drain", "30",
         )  # fmt: skip
 
+        started = time.monotonic()
+        phases: list[str] = []
+
+        def phase(name: str) -> None:
+            """What the run's report prints: when each step came, with the acks so far."""
+            phases.append(f"{time.monotonic() - started:5.1f} s {name} (acked {load.acknowledged})")
+
         def network() -> str:
             return f"load: {load.err_lines[-3:]}\nproxies: " + ", ".join(
                 f"{p.address} cut={p.is_cut} accepted={p.accepted} refused={p.refused} "
@@ -94,9 +101,10 @@ def test_owner_cut_off_from_its_follower_then_killed_loses_nothing(
             assert [(f.broker_id, f.in_sync) for f in state.followers] == [
                 (broker_id(follower), True)
             ], state
-            time.sleep(1)
+            wait(lambda: load.acknowledged > 50, 30, "the load running", cluster, network)
 
             # 1. owner and follower cut apart: the owner acknowledges alone after lag_ms
+            phase("cut")
             cut.cut()
             wait(
                 lambda: copies(first, TOPIC) == 1,
@@ -120,6 +128,7 @@ def test_owner_cut_off_from_its_follower_then_killed_loses_nothing(
             assert cut.is_cut and cut.dropped + cut.refused > 0
 
             # 2. healed: the follower catches up and is counted in sync again
+            phase("heal")
             cut.heal()
             wait(
                 lambda: copies(first, TOPIC) == 2, 30, "the follower back in sync", cluster, network
@@ -128,6 +137,7 @@ def test_owner_cut_off_from_its_follower_then_killed_loses_nothing(
             time.sleep(1)
 
             # 3. the owner dies: the follower takes over with every acknowledged message
+            phase("owner killed")
             first.kill()
             wait(
                 lambda: owner(cluster, TOPIC) is follower,
@@ -146,6 +156,7 @@ def test_owner_cut_off_from_its_follower_then_killed_loses_nothing(
             )
 
             # 4. the killed broker comes back and follows the new owner
+            phase("restart")
             first.start()
             host, port = first.admin_addr.rsplit(":", 1)
             proxies[cluster.brokers.index(first)].target = (host, int(port))
@@ -157,10 +168,13 @@ def test_owner_cut_off_from_its_follower_then_killed_loses_nothing(
                 network,
             )
 
+            phase("in sync again")
             code, out, err = load.finish(timeout=120)
+            phase("load done")
         finally:
             if load.process.poll() is None:
                 load.process.kill()
+        print("partition test phases:\n" + "\n".join(phases))
         print(f"partition test load: {out}")
         assert code == 0, f"{out}\n{err[-3000:]}\n{logs(cluster, TOPIC)}"
         assert f"acknowledged {MESSAGES} messages" in out, out
