@@ -141,10 +141,12 @@ def test_owner_and_follower_killed_and_restarted_lose_nothing(
         for broker in cluster.brokers:
             if broker.alive:
                 broker.stop()
+        indexed = replicated.indexed_keys(cluster)
+        assert indexed, "stopped brokers upload their tails: the index names objects"
         inputs = AuditInputs(
             [str(b.data_dir / "wal") for b in cluster.brokers],
             f"s3://{cluster.s3.bucket}/cluster",
-            None,
+            indexed,
             [str(tmp_path / "logs")],
             replicated.storage_options(cluster),
         )

@@ -33,6 +33,7 @@ from tests.support.replicated import (
     broker_id,
     copies,
     describe,
+    indexed_keys,
     logs,
     owner,
     storage_options,
@@ -183,10 +184,12 @@ def test_owner_cut_off_from_its_follower_then_killed_loses_nothing(
         # Stopped in order (each seals and uploads), the object store still up for the audit.
         for broker in cluster.brokers:
             broker.stop()
+        indexed = indexed_keys(cluster)
+        assert indexed, "stopped brokers upload their tails: the index names objects"
         inputs = AuditInputs(
             [str(b.data_dir / "wal") for b in cluster.brokers],
             f"s3://{cluster.s3.bucket}/cluster",
-            None,
+            indexed,
             [str(tmp_path / "logs")],
             storage_options(cluster),
         )
