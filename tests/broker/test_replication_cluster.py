@@ -10,7 +10,10 @@ producer rebuilt after a failure) through brokers that do not own the topic.
 3. The first killed broker restarts: it is assigned as a follower and catches up (the owner
    counts it in sync again).
 
-The consumer then drains the subscription: 0 acknowledged messages lost.
+The consumer then drains the subscription: 0 acknowledged messages lost. Beside it,
+`danube-cli load` publishes on topics of its own (the fair assignment puts some on the killed
+brokers) and logs what it was acknowledged and received; the Spark audit of every broker's WAL
+directory, the indexed objects and those logs must be clean.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ LOAD_PREFIX = "/default/replicated-load"
 LOAD_TOPICS = 5
 """With the scenario's topic, 6 topics on 3 brokers: the fair assignment gives each broker
 some, so the brokers killed own load topics too."""
-LOAD_MESSAGES = 2_500
+LOAD_MESSAGES = 1_500
 
 
 def _copies(broker: BrokerProcess) -> float:
@@ -68,7 +71,14 @@ def test_owner_and_follower_killed_and_restarted_lose_nothing(
     spark: SparkSession,  # noqa: F811
 ) -> None:
     settings = ClusterSettings(brokers=3, replication_lag_ms=LAG_MS)
+    began = time.monotonic()
+    times: list[str] = []
+
+    def mark(what: str) -> None:
+        times.append(f"{what} {time.monotonic() - began:.1f} s")
+
     with LocalCluster(tmp_path / "cluster", settings) as cluster:
+        mark("cluster up")
         asyncio.run(_create_topic(cluster.brokers[0].url))
         # A broker's first object-store calls (botocore starting up) can stall it past its
         # lease on a busy machine, and the topic fails over before any traffic: the test
@@ -120,9 +130,12 @@ def test_owner_and_follower_killed_and_restarted_lose_nothing(
             ]
             time.sleep(2)
 
+            mark("steps done")
             traffic.send("stop")
             result = traffic.result(timeout=120)
+            mark("official client done")
             code, out, err = load.finish(timeout=120)
+            mark("load done")
         finally:
             if load.process.poll() is None:
                 load.process.kill()
@@ -141,16 +154,18 @@ def test_owner_and_follower_killed_and_restarted_lose_nothing(
         for broker in cluster.brokers:
             if broker.alive:
                 broker.stop()
-        indexed = replicated.indexed_keys(cluster)
+        objects = tmp_path / "objects"
+        indexed = replicated.download_indexed_objects(cluster, objects)
         assert indexed, "stopped brokers upload their tails: the index names objects"
         inputs = AuditInputs(
             [str(b.data_dir / "wal") for b in cluster.brokers],
-            f"s3://{cluster.s3.bucket}/cluster",
-            indexed,
+            str(objects),
+            None,
             [str(tmp_path / "logs")],
-            replicated.storage_options(cluster),
         )
+        mark("brokers stopped")
         summary = run_audit(spark, inputs, str(tmp_path / "audit"), quiet=True).summary
-    print(f"replication kill test audit: {summary}")
+        mark("audited")
+    print(f"replication kill test audit: {summary}; {', '.join(times)}")
     assert summary["ok"], summary
     assert summary["acknowledged"] == LOAD_MESSAGES

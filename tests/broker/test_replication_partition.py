@@ -33,10 +33,9 @@ from tests.support.replicated import (
     broker_id,
     copies,
     describe,
-    indexed_keys,
+    download_indexed_objects,
     logs,
     owner,
-    storage_options,
     wait,
 )
 from tests.support.tcp_proxy import TcpProxy
@@ -184,16 +183,18 @@ def test_owner_cut_off_from_its_follower_then_killed_loses_nothing(
         # Stopped in order (each seals and uploads), the object store still up for the audit.
         for broker in cluster.brokers:
             broker.stop()
-        indexed = indexed_keys(cluster)
+        objects = tmp_path / "objects"
+        indexed = download_indexed_objects(cluster, objects)
         assert indexed, "stopped brokers upload their tails: the index names objects"
         inputs = AuditInputs(
             [str(b.data_dir / "wal") for b in cluster.brokers],
-            f"s3://{cluster.s3.bucket}/cluster",
-            indexed,
+            str(objects),
+            None,
             [str(tmp_path / "logs")],
-            storage_options(cluster),
         )
+        phase("brokers stopped")
         summary = run_audit(spark, inputs, str(tmp_path / "audit"), quiet=True).summary
-    print(f"partition test audit: {summary}")
+        phase("audited")
+    print(f"partition test audit: {summary}; {phases[-2:]}")
     assert summary["ok"], summary
     assert summary["acknowledged"] == MESSAGES

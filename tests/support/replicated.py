@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import trio
 from grpclib.client import Channel
@@ -146,13 +145,27 @@ class Load:
         return self.process.returncode, out, "\n".join(self.err_lines)
 
 
-def storage_options(cluster: LocalCluster) -> dict[str, Any]:
-    """fsspec's options for the cluster's moto S3 (the audit reads objects through s3fs)."""
-    return {
-        "endpoint_url": cluster.s3.endpoint,
-        "key": CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        "secret": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-    }
+def download_indexed_objects(cluster: LocalCluster, dest: Path) -> int:
+    """Copies the objects the cluster's object index names from its S3 (durable root
+    `s3://<bucket>/cluster`) to `dest`, laid out as under the root, for the audit's
+    `--objects`: only the indexed ones, so an orphan a killed owner uploaded is left out (as
+    `--index` would). boto3 is synchronous: in one run s3fs's listing in the test process hung
+    for good (its event loop thread was gone), which a test must not risk."""
+    import boto3  # moto's dependency; only these tests need it
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=cluster.s3.endpoint,
+        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
+    )
+    keys = indexed_keys(cluster)
+    for key in keys:
+        target = dest / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        client.download_file(cluster.s3.bucket, f"cluster/{key}", str(target))
+    return len(keys)
 
 
 async def _indexed_keys(endpoint: str) -> list[str]:
