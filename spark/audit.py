@@ -70,7 +70,7 @@ def run_audit(
     spark: SparkSession, inputs: AuditInputs, out: str, *, quiet: bool = False
 ) -> AuditResult:
     progress = Progress(quiet)
-    found = [s for root in inputs.wal_roots for s in sources.wal_sources(root, inputs.options)]
+    found = sources.replicated_wal_sources(inputs.wal_roots, inputs.options)
     wal_count = len(found)
     if inputs.objects_root is not None:
         found += sources.object_sources(inputs.objects_root, inputs.options, inputs.indexed_keys)
@@ -98,7 +98,10 @@ def run_audit(
 
 
 def _decode(
-    spark: SparkSession, found: list[tuple[str, str]], options: dict[str, Any], path: str
+    spark: SparkSession,
+    found: list[tuple[str, str, int | None]],
+    options: dict[str, Any],
+    path: str,
 ) -> DataFrame:
     """Decodes in tasks and lands the rows as Parquet, so the checks reread them from disk
     instead of holding millions of rows in memory or decoding twice."""

@@ -25,6 +25,8 @@ ALLOWED = {
     "duplicate": "one acknowledged message is stored at two offsets (a producer's retry)",
     "duplicate-delivery": "a subscription received one offset more than once (redelivery)",
     "torn-tail": "a topic's newest local segment ends in an unfinished write (a crash)",
+    "superseded": "a broker's copy holds records past where a later writer epoch starts: "
+    "appended by an owner that died before they were acknowledged (read as stored nowhere)",
 }
 ANOMALIES = {**FORBIDDEN, **ALLOWED}
 

@@ -361,6 +361,25 @@ def test_a_wildcard_admin_bind_is_advertised_by_the_client_host(
     assert str(advertised_admin(bound, client)) == expected
 
 
+def test_an_advertised_admin_address_is_what_other_brokers_are_told() -> None:
+    """Behind NAT or a proxy (the partition test's): file, flag, and the registration."""
+    bound = Address("0.0.0.0", 50051)
+    assert str(advertised_admin(bound, "10.0.0.5:6650", "nat.example.com:1234")) == (
+        "nat.example.com:1234"
+    )
+    assert str(advertised_admin(bound, "10.0.0.5:6650", None)) == "10.0.0.5:50051"
+    listeners = {"advertised_listeners": {"admin_url": "http://nat.example.com:1234"}}
+    assert config_from_mapping({"broker": listeners}).advertised_admin_addr == (
+        "nat.example.com:1234"
+    )
+    with pytest.raises(ConfigError, match=r"admin_url"):
+        config_from_mapping({"broker": {"advertised_listeners": {"admin_url": "no-port"}}})
+    parse = build_parser().parse_args
+    flagged = load_config(parse(["--advertised-admin-addr", "127.0.0.1:7001"]))
+    assert flagged.advertised_admin_addr == "127.0.0.1:7001"
+    assert load_config(parse([])).advertised_admin_addr is None
+
+
 def test_a_loopback_admin_port_behind_a_public_client_address_is_reported() -> None:
     """Cluster mode: other hosts' brokers forward admin calls to this address."""
     local = Address("127.0.0.1", 50051)

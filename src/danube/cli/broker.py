@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--advertised-addr", help="host:port clients are told to connect to (default: bind addr)"
     )
     parser.add_argument(
+        "--advertised-admin-addr",
+        help="host:port other brokers reach the admin port by, for forwarded admin calls and "
+        "replication (behind NAT or a proxy; default: the admin bind addr)",
+    )
+    parser.add_argument(
         "--data-dir",
         help="the WAL (<dir>/wal) and, standalone, the metadata (default ./danube-data)",
     )
@@ -140,6 +145,9 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
     if args.advertised_addr:
         Address.parse(args.advertised_addr, "--advertised-addr")
         overrides["advertised_addr"] = args.advertised_addr
+    if args.advertised_admin_addr:
+        Address.parse(args.advertised_admin_addr, "--advertised-admin-addr")
+        overrides["advertised_admin_addr"] = args.advertised_admin_addr
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
     keepalive = {

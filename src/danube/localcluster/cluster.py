@@ -58,20 +58,26 @@ class LocalCluster:
             raise
         return self
 
-    def add_broker(self) -> BrokerProcess:
+    def add_broker(self, advertised_admin_addr: str | None = None) -> BrokerProcess:
+        """Starts one more broker. `advertised_admin_addr`: the host:port other brokers reach
+        its admin port by (`--advertised-admin-addr`: forwarded admin calls, replication),
+        e.g. a proxy a test can cut; default its own."""
         index = len(self.brokers)
         data_dir = self.root / f"broker-{index}"
         data_dir.mkdir(parents=True, exist_ok=True)
         config = data_dir / "broker.yaml"
         config.write_text(yaml.safe_dump(self.broker_config()))
         first = self.settings.first_port
+        advertise = (
+            ("--advertised-admin-addr", advertised_admin_addr) if advertised_admin_addr else ()
+        )
         broker = BrokerProcess(
             data_dir,
             config_file=config,
             broker_port=first + 2 * index if first else 0,
             admin_port=first + 2 * index + 1 if first else 0,
             metrics_port=DEFAULT_PROMETHEUS_PORT + index if first else 0,
-            extra_args=("--mode", "cluster"),
+            extra_args=("--mode", "cluster", *advertise),
             env=CREDENTIALS,
             log_file=data_dir / "broker.log",
         )

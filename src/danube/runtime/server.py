@@ -230,7 +230,7 @@ async def serve(
         advertised = config.advertised_addr or str(bound.broker)
         identity = BrokerIdentity(f"http://{advertised}", f"http://{advertised}")
         # what other brokers and ListBrokers are told: a wildcard bind named reachably
-        admin_seen = advertised_admin(bound.admin, advertised)
+        admin_seen = advertised_admin(bound.admin, advertised, config.advertised_admin_addr)
         core = BrokerCore(
             identity,
             rng=random.Random(secrets.randbits(128)),

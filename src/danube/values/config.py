@@ -164,10 +164,15 @@ def private_host(client_host: str) -> str:
     return client_host if is_loopback(client_host) else LOOPBACK_HOST
 
 
-def advertised_admin(admin: Address, advertised_client: str) -> Address:
-    """The admin address other brokers of a cluster are told (`/cluster/register`): the bound
-    one, except that a wildcard bind (0.0.0.0, ::) is named by the client's advertised host,
-    which is reachable where the wildcard is not."""
+def advertised_admin(
+    admin: Address, advertised_client: str, configured: str | None = None
+) -> Address:
+    """The admin address other brokers of a cluster are told (`/cluster/register`): the one
+    `configured` (`advertised_admin_addr`: behind NAT or a proxy the bound one is not what
+    they reach), else the bound one, except that a wildcard bind (0.0.0.0, ::) is named by
+    the client's advertised host, which is reachable where the wildcard is not."""
+    if configured:
+        return Address.parse(configured, "advertised admin address")
     if admin.host not in WILDCARD_HOSTS:
         return admin
     client_host = Address.parse(advertised_client, "advertised address").host
@@ -259,6 +264,10 @@ class BrokerConfig:
     """`metrics.per_topic`: series labelled by topic and subscription; false sums them per
     broker, so the number of series no longer grows with the topics (spec/observability.md)."""
     advertised_addr: str | None = None
+    advertised_admin_addr: str | None = None
+    """host:port other brokers of a cluster reach the admin port by (they forward admin calls
+    to a topic's owner and replicate to followers there; `broker.advertised_listeners.
+    admin_url`, --advertised-admin-addr): behind NAT or a proxy; default the bound one."""
     data_dir: str = "./danube-data"
     bootstrap_namespaces: tuple[str, ...] = ("default",)
     auto_create_topics: bool = True
@@ -638,6 +647,10 @@ def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
     advertised = _section(broker, "advertised_listeners", "broker.")
     if advertised.get("broker_url"):
         updates["advertised_addr"] = str(advertised["broker_url"]).split("://")[-1]
+    if advertised.get("admin_url"):
+        admin_url = str(advertised["admin_url"]).split("://")[-1]
+        Address.parse(admin_url, "broker.advertised_listeners.admin_url")
+        updates["advertised_admin_addr"] = admin_url
     if "cluster_name" in data:
         updates["cluster_name"] = str(data["cluster_name"])
     meta = _section(data, "meta_store", "")
