@@ -339,8 +339,13 @@ class Membership:
         return [*effects, *self._wake(now_ms)]
 
     def stop(self) -> list[Effect]:
-        """A graceful stop: the driver revokes the lease after this."""
+        """A graceful stop: the driver revokes the lease after this. Fenced first: the
+        revoke deletes the broker's claims at once, and an owner that went on acknowledging
+        would do so under a claim etcd no longer holds (invariant r2, spec/replication.md)."""
         effects: list[Effect] = []
+        if not self.fenced:
+            self.fenced = True
+            effects.append(Fenced("stopping"))
         if self.leading:
             self.leading = False
             effects.append(LeadershipLost("stopping"))
