@@ -100,6 +100,6 @@ CLUSTER_PROFILES["peers"] = dataclasses.replace(
     CLUSTER_PROFILES["default"], store_partition=0.01, link_partition=0.01, slow_link=0.01
 )
 """The default's faults and the faults between brokers (issue 27's owner-etcd and
-owner-follower partitions, slow followers). Not in the default (CI's gate) yet: new, and at
-replication factor 3 they reach a WAL cut bug still open (spec/replication.md, "Faults between
-brokers"); seeds 1-200 pass at the default factor."""
+owner-follower partitions, slow followers). Not in the default (CI's gate) yet: new, and with a
+planted bug at replication factor 3 they reach a WAL cut bug still open (spec/replication.md,
+"Faults between brokers"); seeds 1-200 of correct code pass at the default factor."""
