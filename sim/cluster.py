@@ -97,6 +97,10 @@ class ClusterWorkload:
     replicated: bool = False
     """With data planes: topics at `fsync` that replicate to followers (spec/replication.md;
     invariants r1 and r2) instead of acknowledging once indexed at the `object` level."""
+    replication_factor: int = 0
+    """With `replicated`: the cluster's replication factor (`cluster.replication_factor`);
+    0 is the default (2). At 3, a follower that is not promoted follows the new owner, so a
+    deposed owner's frames can reach a follower that knows a newer epoch."""
     rate: float = 20.0
     """With data planes: messages per second of each topic's producer."""
     admin: int = 8
@@ -135,6 +139,7 @@ class ClusterWorkload:
             load_report_interval_seconds=max(1, self.report_interval_ms // 1000),
             rebalancing=rebalancing,
             retry_ms=self.assign_retry_ms,
+            replication_factor=self.replication_factor or None,
         )
         return NodeSettings(membership, manager, objects)
 
@@ -230,6 +235,7 @@ class ClusterSimulation:
             )  # fmt: skip
             if self.streams is not None:
                 self.streams.on_ack = self.data_checker.broker_acknowledged
+                self.streams.on_foreign = self.data_checker.foreign_frames
             for index, topic in enumerate(self.topics):
                 self.producers[topic] = ClusterProducer(
                     self.world,
@@ -374,6 +380,7 @@ class ClusterSimulation:
             )
         if faults.stall and rng.random() < faults.stall:
             self.etcd.stall(rng.randint(faults.stall_us // 10, faults.stall_us))
+        faults.peer_faults(rng, [node.name for node in self.nodes], self.network)
         world.at(FAULT_TICK_US, self._fault_tick)
 
 

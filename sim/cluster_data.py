@@ -279,9 +279,9 @@ class DataPlane:
 
     # -- from the membership ----------------------------------------------------------------------
 
-    def unfenced(self, lease_id: int) -> None:
+    def unfenced(self, lease_id: int, registered_at: int) -> None:
         self.broker.fenced = False
-        self.apply(self.machine.member(lease_id, self.host.now_ms()))
+        self.apply(self.machine.member(lease_id, self.host.now_ms(), registered_at=registered_at))
 
     def fenced(self) -> None:
         self.broker.fenced = True

@@ -21,7 +21,10 @@ r1. **no acknowledged message lost while a broker that may take the topic over s
     (`kill`: the machine and its disk are lost) and the topic stays unassigned, which the
     issue allows;
 r2. **nothing is acknowledged under an epoch after a higher one was recorded**: when a broker
-    acknowledges a publish, its claim on the topic (the epoch) is the one etcd holds.
+    acknowledges a publish, its claim on the topic (the epoch) is the one etcd holds;
+r3. **a follower holds only frames its epoch's owner sent**: a follower that has seen epoch
+    *e* appends no frames a lower epoch's (deposed) owner sent; observed as each `Replicate`
+    is delivered (`sim.replica_streams`), by the follower log's end before and after.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ ONE_WRITER = "g at most one writer per topic"
 NO_LOSS = "h no acknowledged loss across moves and failovers"
 REPLICA_LOSS = "r1 no acknowledged loss while an in-sync replica survives"
 STALE_EPOCH_ACK = "r2 no acknowledgement under a superseded epoch"
+FOREIGN_FRAMES = "r3 a follower holds only frames its epoch's owner sent"
 DATA_WRITES = ("persist", "index", "writer")
 
 
@@ -156,6 +160,16 @@ class DataChecker:
                 f"broker {broker} acknowledged a publish to {topic} under claim {claim} while "
                 f"etcd's claim was {now} ({holder or 'no one'}'s)",
             )
+
+    def foreign_frames(
+        self, follower: str, sender: str, topic: str, sent_epoch: int, seen_epoch: int
+    ) -> None:
+        """r3, as a follower appends a delivered `Replicate`'s frames."""
+        self._violate(
+            FOREIGN_FRAMES,
+            f"broker {follower} appended frames of {topic} that broker {sender} sent under "
+            f"epoch {sent_epoch}, after it had seen epoch {seen_epoch}",
+        )
 
     # -- once settled ------------------------------------------------------------------------------
 

@@ -340,7 +340,9 @@ class BrokerProcess:
                     self.data.fenced()
                 else:
                     assert self.membership.lease_id is not None
-                    self.data.unfenced(self.membership.lease_id)
+                    self.data.unfenced(
+                        self.membership.lease_id, self.membership.registered_revision
+                    )
             elif isinstance(effect, ms.LeadershipGained):
                 self.world.log(f"broker {self.name} leads")
                 self._manager(self.manager.became_leader(self.now_ns()))

@@ -29,18 +29,67 @@ class Network:
         self.faults = faults
         self.injected = injected
         self._cut_until: dict[str, int] = {}
+        self._store_cut_until: dict[str, int] = {}
+        """Broker → end of a cut from the store only (`partition(..., store_only=True)`)."""
+        self._link_cut_until: dict[frozenset[str], int] = {}
+        """Pair of brokers → end of a cut between the two only (`cut_link`)."""
+        self._slow_until: dict[str, tuple[int, int]] = {}
+        """Broker → (end, extra µs) of a slow spell of its links to peers (`slow_links`)."""
         self._streams = 0
 
     def latency(self) -> int:
         return _FLOOR_US + int(self.world.rng.expovariate(1.0 / self.faults.latency_us))
 
     def reachable(self, client: str) -> bool:
-        return self._cut_until.get(client, -1) <= self.world.now
+        """`client` and the store (etcd, the broker) reach each other."""
+        now = self.world.now
+        return self._cut_until.get(client, -1) <= now and (
+            self._store_cut_until.get(client, -1) <= now
+        )
 
-    def partition(self, client: str, duration_us: int) -> None:
-        self._cut_until[client] = self.world.now + duration_us
-        self.injected["partition"] += 1
-        self.world.log(f"fault partition {client} for {duration_us}us")
+    def peers_reachable(self, a: str, b: str) -> bool:
+        """Brokers `a` and `b` reach each other (replication streams): neither is cut off
+        from everything, and the link between them is not cut."""
+        now = self.world.now
+        return (
+            self._cut_until.get(a, -1) <= now
+            and self._cut_until.get(b, -1) <= now
+            and self._link_cut_until.get(frozenset((a, b)), -1) <= now
+        )
+
+    def peer_delay(self, a: str, b: str) -> int:
+        """Extra µs a message between brokers `a` and `b` takes now (a slow spell of
+        either's links: a congested or overloaded machine, a follower slow to read)."""
+        extra = 0
+        for name in (a, b):
+            until, slow = self._slow_until.get(name, (-1, 0))
+            if until > self.world.now:
+                extra = max(extra, slow)
+        return extra
+
+    def partition(self, client: str, duration_us: int, *, store_only: bool = False) -> None:
+        """Cuts `client` off from everything, or (`store_only`) from the store alone: a
+        broker whose etcd connection is down still reaches its peers, so an owner whose
+        lease runs out goes on replicating while a follower is promoted."""
+        cuts = self._store_cut_until if store_only else self._cut_until
+        cuts[client] = self.world.now + duration_us
+        kind = "store_partition" if store_only else "partition"
+        self.injected[kind] += 1
+        self.world.log(f"fault {kind} {client} for {duration_us}us")
+
+    def cut_link(self, a: str, b: str, duration_us: int) -> None:
+        """Brokers `a` and `b` cannot reach each other (each still reaches etcd): an
+        owner-follower partition."""
+        self._link_cut_until[frozenset((a, b))] = self.world.now + duration_us
+        self.injected["link_partition"] += 1
+        self.world.log(f"fault link_partition {a}-{b} for {duration_us}us")
+
+    def slow_links(self, name: str, duration_us: int, extra_us: int) -> None:
+        """For `duration_us`, every message to or from broker `name`'s peers takes `extra_us`
+        longer (streams stay in order, so all that follows waits too)."""
+        self._slow_until[name] = (self.world.now + duration_us, extra_us)
+        self.injected["slow_link"] += 1
+        self.world.log(f"fault slow_link {name} +{extra_us}us for {duration_us}us")
 
     def send(self, client: str, action: Callable[[], None]) -> bool:
         """One unary request or reply between `client` and the broker; False when it is lost

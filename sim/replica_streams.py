@@ -55,6 +55,9 @@ class ReplicaStreams:
         self.broken = 0
         self.on_ack: Callable[[str, str, int | None], None] | None = None
         """Hears every publish a broker acknowledges: (broker, topic, its claim's revision)."""
+        self.on_foreign: Callable[[str, str, str, int, int], None] | None = None
+        """Hears a follower append a `Replicate`'s frames although it had seen a higher epoch
+        than the sender's: (follower, sender, topic, sent epoch, epoch seen) (r3)."""
 
     def _process(self, name: str) -> BrokerProcess | None:
         node = self.nodes.get(name)
@@ -68,8 +71,7 @@ class ReplicaStreams:
             and follower.alive
             and self._process(owner.name) is owner
             and self._process(follower.name) is follower
-            and network.reachable(owner.name)
-            and network.reachable(follower.name)
+            and network.peers_reachable(owner.name, follower.name)
         )
 
     def _lossy(self) -> bool:
@@ -138,7 +140,8 @@ class ReplicaStreams:
             return
         self.sent += 1
         now = self.world.now
-        arrival = link.forward_arrival = max(link.forward_arrival, now + self.network.latency())
+        latency = self.network.latency() + self.network.peer_delay(link.owner.name, link.follower)
+        arrival = link.forward_arrival = max(link.forward_arrival, now + latency)
         session, follower = link.session, link.stream
         owner_name = link.owner.name
 
@@ -150,7 +153,13 @@ class ReplicaStreams:
                 return
             data = follower.data
             if data is not None and data.broker.interpreter is not None:
+                before = _follower_log(follower, message.topic)
                 data.broker.interpreter.replication.received(owner_name, message)
+                if before is not None and message.epoch < before[0]:
+                    after = _follower_log(follower, message.topic)
+                    if after is not None and after[1] > before[1] and self.on_foreign:
+                        self.on_foreign(follower.name, owner_name, message.topic,
+                                        message.epoch, before[0])  # fmt: skip
 
         self.world.at(arrival - now, arrive)
 
@@ -170,7 +179,8 @@ class ReplicaStreams:
             self._break(link)
             return
         now = self.world.now
-        arrival = link.back_arrival = max(link.back_arrival, now + self.network.latency())
+        latency = self.network.latency() + self.network.peer_delay(owner, follower.name)
+        arrival = link.back_arrival = max(link.back_arrival, now + latency)
         session = link.session
 
         def arrive() -> None:
@@ -206,3 +216,14 @@ class ReplicaStreams:
             done(data.broker.interpreter.replication.epoch_end(topic, last_epoch))
 
         self.world.at(2 * network.latency(), answered)
+
+
+def _follower_log(process: BrokerProcess, topic: str) -> tuple[int, int] | None:
+    """(highest epoch seen, log end) of the broker's follower log of `topic`, if it has one
+    loaded: what r3 compares around the delivery of a `Replicate`, from outside the
+    machine (a planted bug may change the machine's decision, not what it then holds)."""
+    data = process.data
+    core = None if data is None else data.broker.core
+    replica = None if core is None else core.followers.replicas.get(topic)
+    log = None if replica is None else replica.machine
+    return None if log is None else (log.epoch, log.log_end)

@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from danube.effects import Outcome, StoreTxn, TxnAnswer
+from danube.machines.cluster import membership_flows
 from danube.machines.cluster.keys import LEADER_KEY, register_key
 from danube.machines.cluster.membership import (
     Campaign,
@@ -58,6 +60,19 @@ def member(now: int = 0, lease: int = 7) -> tuple[Membership, list[Effect]]:
     assert isinstance(register, Register)
     assert register.ops[0] == Put(register_key("b1"), {"broker_url": "http://127.0.0.1:6650"}, 7)
     return m, m.registered(lease, now)
+
+
+def test_the_registration_flow_records_the_registration_revision() -> None:
+    """Ownership claims no assignment older than it (heavy seed 162, spec/replication.md)."""
+    m = Membership(CONFIG)
+    m.start(0)
+    (register,) = of(m.lease_granted(7, sent_at_ms=0, now_ms=0), Register)
+    assert isinstance(register, Register)
+    flow = membership_flows.register(m, register, lambda: 0)
+    assert isinstance(next(flow), StoreTxn)
+    with pytest.raises(StopIteration) as done:
+        flow.send(TxnAnswer(Outcome.COMMITTED, revision=42))
+    assert of(done.value.value, Unfenced) and m.registered_revision == 42
 
 
 def test_registration_unfences_campaigns_and_reports_load() -> None:
@@ -191,8 +206,16 @@ def test_an_unfenced_member_campaigns_when_the_leader_key_vanishes() -> None:
 def test_stop_gives_up_leadership_and_silences_the_machine() -> None:
     m, _ = member()
     m.campaign_done(7, True, 10)
-    assert m.stop() == [LeadershipLost("stopping")]
+    assert m.stop() == [Fenced("stopping"), LeadershipLost("stopping")]
     assert m.tick(100_000) == []
+
+
+def test_a_stopping_broker_is_fenced_before_its_lease_is_revoked() -> None:
+    """The revoke deletes its claims at once: nothing may be acknowledged after it (a
+    seed of the replicated cluster run acknowledged a publish 0.5 ms after its revoke)."""
+    m, _ = member()
+    assert m.stop() == [Fenced("stopping")]
+    assert m.stop() == []
 
 
 @pytest.mark.parametrize(

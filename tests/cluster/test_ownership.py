@@ -24,6 +24,7 @@ from danube.machines.cluster.ownership import (
     writer_key,
 )
 from danube.metadata.model import Compare, Delete, Put
+from danube.metadata.state import MetadataState
 
 T = "/default/orders"
 OWNER = owner_key(T)
@@ -56,7 +57,7 @@ def test_an_assignment_is_claimed_under_the_lease_by_compare_and_create() -> Non
     """Compared also on the assignment: a broker whose view is stale (back from a
     partition, its watch behind) cannot claim a topic the leader gave to another."""
     o = machine()
-    assigned = Compare(assignment_key("1", T), "version", ">", 0)
+    assigned = Compare(assignment_key("1", T), "mod_revision", ">", 0)
     assert o.assignment_seen(T, True, 0) == [
         Claim(T, (Compare(OWNER, "version", "==", 0), assigned), (Put(OWNER, {"broker_id": 1}, 7),))
     ]
@@ -258,6 +259,27 @@ def test_a_new_lease_drops_every_topic_and_claims_the_assignments_again() -> Non
     claims = [e for e in effects if isinstance(e, Claim)]
     assert [c.topic for c in claims] == [T, other]
     assert all(c.ops[0] == Put(owner_key(c.topic), {"broker_id": 1}, 8) for c in claims)
+
+
+def test_a_new_lease_claims_no_assignment_of_a_past_incarnation() -> None:
+    """Heavy seed 162 (spec/replication.md): a broker back from a crash must not claim a
+    topic the leader assigned to its past incarnation and is about to fail over. Run in a
+    store: the assignment written before the new registration is refused, one written
+    after it (the leader's new decision) is claimed."""
+    store = MetadataState()
+    store.put(assignment_key("1", T), None)  # the past incarnation's assignment
+    lease = store.grant_lease(10, 0)
+    registration, _ = store.txn((), (Put("/cluster/register/1", {}, lease),))
+    o = Ownership(OwnershipConfig("1", retry_ms=500))
+    o.assignment_seen(T, True, 0)
+    (claim,) = o.member(lease, 0, registered_at=registration.revision)
+    assert isinstance(claim, Claim)
+    assert not store.txn(claim.compares, claim.ops)[0].succeeded
+    assert o.claim_done(T, False, 0, 0, known=True) == [WakeAt(500)]
+    store.txn((), (Delete(assignment_key("1", T)),))  # the leader fails it over...
+    store.put(assignment_key("1", T), None)  # ...and assigns it here again
+    (claim,) = [e for e in o.tick(500) if isinstance(e, Claim)]
+    assert store.txn(claim.compares, claim.ops)[0].succeeded
 
 
 def test_nothing_is_done_before_the_broker_is_a_member() -> None:

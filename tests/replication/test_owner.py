@@ -114,12 +114,33 @@ def test_tick_shrinks_a_laggard_and_the_watermark_waits_for_the_commit() -> None
     assert o.replicas_seen(("f1",), 2, 1) == [AcknowledgeUpTo(2), ReadableUpTo(2)]
 
 
-def test_a_refused_proposal_read_back_unchanged_clears_it() -> None:
+def test_a_proposal_seen_unresolved_stays_outstanding_and_is_made_again_at_a_tick() -> None:
+    """The value it compared, seen again, says nothing of a proposal that may still land;
+    a newer version resolves it."""
     o = _owner(lag_ms=100)
     o.durable(2, b"ab", 0)
-    o.tick(101)
+    assert o.tick(101) == [ProposeInSync("t", 1, (), 1)]
     assert o.replicas_seen(("f1", "f2"), 1, 1) == []
-    assert o.pending is None and o.tick(102) != []
+    assert o.pending == ()
+    assert o.tick(102) == [ProposeInSync("t", 1, (), 1)]
+    assert o.tick(103) == []  # outstanding again
+    o.replicas_seen((), 2, 1)
+    assert o.pending is None and o.in_sync == frozenset()
+
+
+def test_an_expand_seen_unresolved_still_counts_its_member() -> None:
+    """`python -m sim --cluster --replicated --profile peers --seed 149`: the owner shrank
+    the set to nothing, proposed the caught-up f2, and then saw the shrink's value again
+    (the watch's copy after the read-back). Clearing the proposal there acknowledged a
+    record f2 lacked, and the expand then landed: f2 was promoted without it."""
+    o = _owner(followers=("f2",), in_sync=(), version=5)
+    o.durable(2, b"ab", 0)
+    assert ProposeInSync("t", 1, ("f2",), 5) in o.replicated("f2", Replicated("t", 1, 2), 0)
+    o.durable(3, b"c", 0)
+    assert o.replicas_seen((), 5, 1) == []  # the shrink's value, seen again
+    assert o.high_watermark == 2  # f2 lacks offset 2: not acknowledged
+    assert o.replicas_seen(("f2",), 6, 1) == []  # the expand landed
+    assert o.replicated("f2", Replicated("t", 1, 3), 0) == [AcknowledgeUpTo(3), ReadableUpTo(3)]
 
 
 def test_a_caught_up_follower_is_proposed_and_counted_from_the_proposal() -> None:
@@ -206,5 +227,5 @@ def test_a_proposal_lost_without_a_read_back_is_made_again_at_a_tick() -> None:
     assert o.tick(101) == [ProposeInSync("t", 1, (), 1)]
     assert o.tick(102) == []  # outstanding
     assert o.proposal_lost() == []
-    assert o.pending is None
+    assert o.pending == ()  # it may still land
     assert o.tick(103) == [ProposeInSync("t", 1, (), 1)]

@@ -10,8 +10,11 @@ from __future__ import annotations
 import pytest
 
 from sim.cluster import ClusterSimulation, ClusterWorkload
-from sim.cluster_data_checker import REPLICA_LOSS
+from sim.cluster_data_checker import FOREIGN_FRAMES, REPLICA_LOSS
 from sim.cluster_faults import CLUSTER_PROFILES
+from sim.faults import Faults, Injected
+from sim.network import Network
+from sim.world import World
 from tests.sim.replication_mutations import REPLICATION_MUTATIONS
 
 DEFAULT = CLUSTER_PROFILES["default"]
@@ -40,11 +43,13 @@ def test_every_invariant_holds_and_the_followers_are_used() -> None:
     assert sends > 5_000  # the group commits went to the followers
 
 
-def first_caught(mutation: str, seeds: range) -> tuple[int, list[str]] | None:
+def first_caught(
+    mutation: str, seeds: range, workload: ClusterWorkload = REPLICATED
+) -> tuple[int, list[str]] | None:
     """The first seed whose run with the planted bug breaks an invariant, and which."""
     for seed in seeds:
         with REPLICATION_MUTATIONS[mutation]():
-            result = ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS)
+            result = ClusterSimulation(seed, workload, DEFAULT).run(SECONDS)
         if not result.ok:
             return seed, [v.invariant for v in result.violations]
     return None
@@ -63,3 +68,48 @@ def test_planted_bugs_lose_acknowledged_messages(mutation: str) -> None:
     seed, invariants = caught
     assert REPLICA_LOSS in invariants, (seed, invariants)
     assert ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS).ok, seed
+
+
+@pytest.mark.slow
+def test_a_follower_accepting_a_deposed_owner_is_caught() -> None:
+    """A follower that takes a lower epoch's frames (no fencing of deposed owners) is caught
+    by r3 within 200 seeds of the default profile (seed 39 when written): an owner fenced by
+    its lease deadline still catches a lagging follower up while another follower is
+    promoted, and those frames reach the follower after the new owner's epoch did. r1 and
+    r2 alone missed it (the frames are mostly the ones the new owner holds too)."""
+    caught = first_caught("accept_deposed_owner", range(1, 201))
+    assert caught is not None, "accept_deposed_owner went unnoticed for 200 seeds"
+    seed, invariants = caught
+    assert FOREIGN_FRAMES in invariants, (seed, invariants)
+    assert ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS).ok, seed
+
+
+def test_a_third_replica_catches_a_deposed_owner_at_once() -> None:
+    """With three replicas, the follower that is not promoted follows the new owner, so the
+    deposed owner's frames reach a follower that knows the new epoch within a few seeds."""
+    workload = ClusterWorkload(replicated=True, replication_factor=3)
+    caught = first_caught("accept_deposed_owner", range(1, 21), workload)
+    assert caught is not None, "accept_deposed_owner went unnoticed for 20 seeds at RF 3"
+    seed, invariants = caught
+    assert FOREIGN_FRAMES in invariants, (seed, invariants)
+    assert ClusterSimulation(seed, workload, DEFAULT).run(SECONDS).ok, seed
+
+
+def test_faults_between_brokers_cut_and_slow_only_what_they_say() -> None:
+    """The `peers` profile's faults (issue 27): an owner cut off from etcd still reaches its
+    followers; an owner-follower cut leaves both with etcd and the third broker; a slow
+    spell delays one broker's links only; each ends on time."""
+    world = World(1)
+    network = Network(world, Faults(), Injected())
+    network.partition("1", 1_000, store_only=True)
+    assert not network.reachable("1") and network.peers_reachable("1", "2")
+    network.cut_link("1", "2", 1_000)
+    assert not network.peers_reachable("2", "1") and network.peers_reachable("1", "3")
+    assert network.reachable("2")
+    network.slow_links("3", 1_000, 500)
+    assert network.peer_delay("1", "3") == 500 and network.peer_delay("1", "2") == 0
+    world.at(1_000, lambda: None)
+    world.run_until(1_000)
+    assert network.reachable("1") and network.peers_reachable("1", "2")
+    assert network.peer_delay("3", "1") == 0
+    assert CLUSTER_PROFILES["peers"].store_partition > 0

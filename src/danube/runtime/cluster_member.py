@@ -117,7 +117,7 @@ class ClusterMember:
             self.runtime.fenced = None
             lease = self.membership.machine.lease_id
             assert lease is not None
-            self.ownership.member(lease)
+            self.ownership.member(lease, self.membership.machine.registered_revision)
         else:
             self.runtime.fenced = change.reason
 

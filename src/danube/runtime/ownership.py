@@ -83,9 +83,10 @@ class OwnershipDriver:
                 follow, self.store, keys.UNASSIGNED_PREFIX, self._read_markers, self._marker
             )
 
-    def member(self, lease_id: int) -> None:
-        """From the membership driver: the broker is registered with this lease."""
-        self._apply(self.machine.member(lease_id, _monotonic_ms()))
+    def member(self, lease_id: int, registered_at: int) -> None:
+        """From the membership driver: the broker is registered with this lease, at this
+        revision (its claims take no assignment older than that)."""
+        self._apply(self.machine.member(lease_id, _monotonic_ms(), registered_at=registered_at))
 
     # -- the machine's view ---------------------------------------------------------------------
 

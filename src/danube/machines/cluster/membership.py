@@ -87,7 +87,8 @@ class GrantLease:
 
 @dataclass(frozen=True, slots=True)
 class Register:
-    """Run `ops` as one transaction; answer `registered(lease_id)` or `request_failed`."""
+    """Run `ops` as one transaction; answer `registered(lease_id, revision=...)` (the
+    transaction's revision) or `request_failed`."""
 
     lease_id: int
     ops: tuple[Op, ...]
@@ -184,6 +185,9 @@ class Membership:
     lease_id: int | None = None
     valid_until_ms: int | None = None
     """Local deadline up to which the lease is known to be alive (see self-fencing)."""
+    registered_revision: int = 0
+    """The store's revision of this lease's registration: assignments older than it belong to
+    a past incarnation, which ownership must not claim (`Ownership.member`)."""
     fenced: bool = True
     leader: str | None = None
     """The leader as last seen by the watch (None: no leader key)."""
@@ -204,10 +208,11 @@ class Membership:
         self.phase = Phase.REGISTERING
         return [*self._register(), *self._wake(now_ms)]
 
-    def registered(self, lease_id: int, now_ms: int) -> list[Effect]:
+    def registered(self, lease_id: int, now_ms: int, *, revision: int = 0) -> list[Effect]:
         if self.phase is not Phase.REGISTERING or lease_id != self.lease_id:
             return []
         self.phase = Phase.MEMBER
+        self.registered_revision = revision
         self._timers.renew_at = now_ms + self.config.renew_interval_ms
         self._timers.report_at = now_ms
         effects: list[Effect] = []
@@ -334,8 +339,13 @@ class Membership:
         return [*effects, *self._wake(now_ms)]
 
     def stop(self) -> list[Effect]:
-        """A graceful stop: the driver revokes the lease after this."""
+        """A graceful stop: the driver revokes the lease after this. Fenced first: the
+        revoke deletes the broker's claims at once, and an owner that went on acknowledging
+        would do so under a claim etcd no longer holds (invariant r2, spec/replication.md)."""
         effects: list[Effect] = []
+        if not self.fenced:
+            self.fenced = True
+            effects.append(Fenced("stopping"))
         if self.leading:
             self.leading = False
             effects.append(LeadershipLost("stopping"))

@@ -44,7 +44,7 @@ def register(machine: ms.Membership, effect: ms.Register, now: Now) -> Flow[list
     answer = yield StoreTxn((), effect.ops, purpose=f"register lease {effect.lease_id}")
     if not answer.committed:
         return machine.request_failed(now())
-    return machine.registered(effect.lease_id, now())
+    return machine.registered(effect.lease_id, now(), revision=answer.revision)
 
 
 def renew(machine: ms.Membership, effect: ms.Renew, now: Now) -> Flow[list[ms.Effect]]:

@@ -317,6 +317,8 @@ class Ownership:
     def __init__(self, config: OwnershipConfig) -> None:
         self.config = config
         self.lease_id: int | None = None
+        self.registered_at = 0
+        """Revision of the registration under `lease_id`: the claim's floor (`_claim`)."""
         self._topics: dict[str, _Topic] = {}
         self._assigned: set[str] = set()
         self._markers: dict[str, _Marker] = {}
@@ -343,8 +345,10 @@ class Ownership:
 
     # -- inputs -------------------------------------------------------------------------------
 
-    def member(self, lease_id: int, now_ms: int) -> list[Effect]:
-        """The broker is registered (again) with this lease."""
+    def member(self, lease_id: int, now_ms: int, *, registered_at: int = 0) -> list[Effect]:
+        """The broker is registered (again) with this lease, by a transaction at revision
+        `registered_at` (`Membership.registered_revision`; 0 when unknown: any assignment
+        may then be claimed, as before registrations carried it)."""
         if lease_id == self.lease_id:
             return []
         effects: list[Effect] = []
@@ -352,6 +356,7 @@ class Ownership:
             effects += [Drop(topic) for topic in sorted(self._topics)]
             self._topics.clear()
         self.lease_id = lease_id
+        self.registered_at = registered_at
         for topic in sorted(self._assigned):
             self._topics[topic] = _Topic(Phase.CLAIMING)
         return [*effects, *self._step(now_ms)]
@@ -537,12 +542,19 @@ class Ownership:
         the assignments is stale (back from a partition, before its watch caught up) must
         not take a topic the leader has since given to another broker, which would then
         find it claimed, while this one served it from the index without the acknowledged
-        tail a replica holds (spec/replication.md)."""
+        tail a replica holds (spec/replication.md).
+
+        The assignment must also be newer than this lease's registration: one written
+        before it is a past incarnation's, which the leader fails over as soon as it sees
+        the new registration (`LoadManager._check_owner`, the same rule). Claimed in that
+        window, the topic would be served, acknowledged alone under a claim that stands,
+        then dropped for a follower that lacks that tail (heavy seed 162)."""
         key = owner_key(topic)
         claim = {"broker_id": records.broker_id_to_json(self.config.broker_id)}
+        assignment = keys.assignment_key(self.config.broker_id, topic)
         compares = (
             Compare(key, "version", "==", 0),
-            Compare(keys.assignment_key(self.config.broker_id, topic), "version", ">", 0),
+            Compare(assignment, "mod_revision", ">", self.registered_at),
         )
         return Claim(topic, compares, (Put(key, claim, self.lease_id),))
 

@@ -29,9 +29,16 @@ membership of the recorded in-sync set:
 | any | `stale_epoch` / higher epoch seen | (owner DEPOSED) | `Deposed`; nothing after |
 
 One proposal is outstanding at a time; `replicas_seen` (the watch or the read-back after the
-transaction) adopts the recorded set and version and clears it. A read-back at the version the
-proposal compared means it failed: the next proposal waits for a `tick`. A catching-up follower is
-proposed for the in-sync set once its acknowledged end reaches the owner's durable end.
+transaction) adopts the recorded set and version and clears it once the version moved past
+the one the proposal compared. The same version seen again (the watch's late copy of it, or a
+read-back before the transaction landed, or one whose compare failed on the claim) says
+nothing of the proposal, which may still land: it stays outstanding, its members keep
+counting, and a `tick` proposes it again (the copy that lands second fails its compare).
+Clearing it there let the high watermark pass an expand's member that then landed in the
+set without the records just acknowledged (`python -m sim --cluster --replicated --profile
+peers --seed 149`). The same holds when the driver loses the proposal (`proposal_lost`).
+A catching-up follower is proposed for the in-sync set once its acknowledged end reaches the
+owner's durable end.
 
 Resending: the machine keeps a bounded window (`window_bytes`) of the most recent group
 commits' frames, the ones a pipelined stream may still need after a break, so the common case
@@ -128,6 +135,9 @@ class OwnerReplication:
         self.window_bytes = window_bytes
         self.max_in_flight = max_in_flight
         self.pending: tuple[str, ...] | None = None
+        self.retry_pending = False
+        """`pending` was seen unresolved (`replicas_seen` at its version, `proposal_lost`):
+        the next `tick` proposes it again."""
         self.held_back = False
         """A proposal just failed (the value read back is the version it compared): the
         next waits for a `tick`, so a refusing store is not asked again in a tight loop."""
@@ -245,8 +255,13 @@ class OwnerReplication:
         """Shrink the in-sync set by every member whose oldest unacknowledged send is older
         than `lag_ms` (one proposal at a time)."""
         self.held_back = False
-        if self.deposed or self.pending is not None:
+        if self.deposed:
             return []
+        if self.pending is not None:
+            if not self.retry_pending:
+                return []
+            self.retry_pending = False
+            return [ProposeInSync(self.topic, self.epoch, self.pending, self.version)]
         laggards = {
             name
             for name in self.in_sync
@@ -260,11 +275,10 @@ class OwnerReplication:
 
     def proposal_lost(self) -> list[OwnerEffect]:
         """The driver could neither write nor read back the outstanding proposal (the store
-        did not answer): it is dropped; the next waits for a `tick`, which proposes again
-        what is still true then."""
+        did not answer). It may still land, so it stays outstanding (its members keep
+        counting) and the next `tick` proposes it again."""
         if self.pending is not None:
-            self.pending = None
-            self.held_back = True
+            self.retry_pending = True  # it may still land: its members keep counting
         return []
 
     def replicas_seen(self, in_sync: Iterable[str], version: int, epoch: int) -> list[OwnerEffect]:
@@ -273,14 +287,15 @@ class OwnerReplication:
             return []
         if epoch > self.epoch:
             return self._depose(epoch)
-        failed = self.pending is not None and version == self.version
+        unresolved = self.pending is not None and version <= self.version
         if version >= self.version:
             self.in_sync = frozenset(in_sync)
             self.version = version
-        self.pending = None
-        if failed:
-            self.held_back = True
+        if unresolved:
+            self.retry_pending = True
             return self._advance()
+        self.pending = None
+        self.retry_pending = False
         return self._maybe_expand() + self._advance()
 
     # -- decisions --------------------------------------------------------------------------------
