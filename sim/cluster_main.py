@@ -27,6 +27,8 @@ KNOB_HELP = {
     "(spec/replication.md; invariants r1, r2) ",
     "admin": "operator's calls (drains, unloads, deletions, policies; invariants i, j, k) ",
     "scratch_topics": "topics the operator creates to delete ",
+    "replication_factor": "with --replicated: the cluster's replication factor "
+    "(cluster.replication_factor; 0: the default rule, 2 with two brokers or more) ",
 }
 
 SWARM: Space = {

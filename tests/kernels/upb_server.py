@@ -4,9 +4,10 @@ whether every other Danube client's parser would too, and the fields upb read.
 
 A separate process so that the oracle is certainly upb, whatever implementation the test
 process loaded first, and so that `--official` can run under the official client's
-interpreter. It imports neither danube nor hypothesis: run it as `python -I upb_server.py [--official]`. With `--official` it uses the
-official danube-client's generated classes (`danube.proto.DanubeApi_pb2`), under the official
-client's interpreter; otherwise it builds them from proto/DanubeApi.proto with grpc_tools.
+interpreter. It imports neither danube nor hypothesis: run it as `python -I upb_server.py
+[--official]`. With `--official` it uses the official danube-client's generated classes
+(`danube.proto.DanubeApi_pb2`), under the official client's interpreter; otherwise it builds
+them from proto/DanubeApi.proto with grpc_tools.
 
 Other parsers are stricter than upb in three ways (spec/record-validity.md), each read from
 upb's own result where it can be: a known field upb kept as unknown (another wire type, or an

@@ -113,3 +113,15 @@ def test_faults_between_brokers_cut_and_slow_only_what_they_say() -> None:
     assert network.reachable("1") and network.peers_reachable("1", "2")
     assert network.peer_delay("3", "1") == 0
     assert CLUSTER_PROFILES["peers"].store_partition > 0
+
+
+def test_a_followers_cut_waits_for_the_writes_its_old_log_queued() -> None:
+    """A cut (reconciliation by epoch) recovers the follower's log once its file effects are
+    done: it once waited only for the one under way, so a write still queued ran beside it and
+    its completion reached the recovered log ("completion for unknown write", the simulator
+    stopped). Reached with many cuts: the planted early truncation, three replicas and faults
+    between brokers, seed 37."""
+    workload = ClusterWorkload(replicated=True, replication_factor=3)
+    with REPLICATION_MUTATIONS["truncate_by_high_watermark"]():
+        result = ClusterSimulation(37, workload, CLUSTER_PROFILES["peers"]).run(SECONDS)
+    assert result.events > 0

@@ -235,7 +235,7 @@ class Interpreter:
         elif isinstance(request, FilesIdle):
             lane = self._files.get(request.topic)
             resume = partial(self._resume, flow, None, None, finish)
-            if lane is None or not lane.busy:
+            if lane is None or not (lane.busy or lane.queue):
                 self._post(resume)
             else:
                 lane.idle.append(resume)
@@ -429,12 +429,19 @@ class Interpreter:
                 )
                 self._durable_moved(topic, lane)
             if not lane.busy:
-                idle, lane.idle = lane.idle, []
-                for resume in idle:
-                    resume()
-                self._next_file(topic, lane)
+                self._files_done(topic, lane)
 
         self._perform(TopicFile(topic, effect, lane.sync), done)
+
+    def _files_done(self, topic: str, lane: _Files) -> None:
+        """A file effect finished: `FilesIdle` waiters go once nothing is under way or queued
+        (a follower's cut must not run beside, or before, writes its old log queued: their
+        completions would reach the log recovered after it), else the next effect starts."""
+        if not lane.queue:
+            idle, lane.idle = lane.idle, []
+            for resume in idle:
+                resume()
+        self._next_file(topic, lane)
 
     def _save_epochs(self, topic: str, lane: _Files, effect: SaveEpochs) -> None:
         """A replica's epochs file, in its place among the topic's file effects."""
@@ -448,10 +455,7 @@ class Interpreter:
                 else:  # the answers waiting for it stay held: the owner shrinks this replica
                     self.host.event("epochs_write_failed", topic=topic, error=str(error))
             if not lane.busy:
-                idle, lane.idle = lane.idle, []
-                for resume in idle:
-                    resume()
-                self._next_file(topic, lane)
+                self._files_done(topic, lane)
 
         self._perform(WriteEpochs(topic, effect.history), done)
 

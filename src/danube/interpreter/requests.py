@@ -22,7 +22,7 @@ class Exclusive:
 
 @dataclass(frozen=True, slots=True)
 class FilesIdle:
-    """Answered with None once no WAL file effect of the topic is under way (after a repair
-    or a drop discarded the ones not started)."""
+    """Answered with None once no WAL file effect of the topic is under way or queued (a
+    repair or a drop discards the ones not started first; a follower's cut waits for them)."""
 
     topic: str
