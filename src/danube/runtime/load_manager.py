@@ -18,11 +18,14 @@ from danube import keys
 from danube.effects import Outcome
 from danube.machines.cluster import decisions
 from danube.machines.cluster.load_manager import (
+    Assign,
     Effect,
+    FailOver,
     LoadManager,
     Log,
     MarkDrained,
     Move,
+    Release,
     ScheduleTick,
     Txn,
 )
@@ -33,8 +36,22 @@ from danube.runtime.watching import Alarm, follow
 log = logging.getLogger("danube.runtime")
 
 TXNS_IN_FLIGHT = 8
-"""Decisions run at once at most: a failover of hundreds of topics must not queue hundreds of
-calls on the store, where they would time out waiting and be made again."""
+"""Decisions of one class run at once at most: a failover of hundreds of topics must not
+queue hundreds of calls on the store, where they would time out waiting and be made again."""
+
+URGENT = (FailOver, Assign, Release)
+"""Decisions that bring a topic back into service. They have slots of their own: a broker's
+death also makes the leader replace it as follower of every topic it followed (`SetFollowers`,
+as many as the topics it owned), and a failover measured with 234 topics (issue 23,
+`bench.cluster_e2e failover-many`) had its `Assign`s wait 15 s behind those in one shared
+queue of 8."""
+
+
+def _decision_key(txn: Txn) -> tuple[str, str]:
+    """Decisions with the same key are the same decision made again: a later one replaces an
+    earlier one that is still waiting for a slot (it was decided on a newer view; the earlier
+    one would only be refused, or repeat what the later one does)."""
+    return type(txn).__name__, _subject(txn)
 
 
 def _now_ns() -> int:
@@ -51,7 +68,12 @@ class LoadManagerDriver:
         self.machine = machine
         self._nursery: trio.Nursery | None = None
         self._alarm = Alarm(lambda: self._apply(self.machine.tick(_now_ns(), unix_s=_unix_s())))
-        self._in_flight = trio.CapacityLimiter(TXNS_IN_FLIGHT)
+        self._urgent = trio.CapacityLimiter(TXNS_IN_FLIGHT)
+        self._upkeep = trio.CapacityLimiter(TXNS_IN_FLIGHT)
+        self._waiting: dict[tuple[str, str], Txn] = {}
+        """Decisions made but not started (no slot yet), by `_decision_key`."""
+        self.replaced = 0
+        """Decisions that replaced the same one still waiting for a slot (not run twice)."""
         self.synced = trio.Event()
         """Set once the view holds a whole snapshot of `/cluster/`."""
         self.moves: collections.Counter[str] = collections.Counter()
@@ -89,13 +111,21 @@ class LoadManagerDriver:
             elif isinstance(effect, Log):
                 log.info("event=%s %s", effect.event, effect.detail)
             else:
-                self._nursery.start_soon(self._transact, effect)
+                key = _decision_key(effect)
+                if key in self._waiting:
+                    self.replaced += 1
+                else:
+                    self._nursery.start_soon(self._transact, key)
+                self._waiting[key] = effect
 
-    async def _transact(self, txn: Txn) -> None:
-        """Runs one decision (`danube.machines.cluster.decisions`). Its outcome is not reported: a
-        decision that took effect shows in the watch, and one that did not (a compare failed,
-        the store did not answer) is made again by the machine when it is still due."""
-        async with self._in_flight:
+    async def _transact(self, key: tuple[str, str]) -> None:
+        """Runs one decision (`danube.machines.cluster.decisions`), the latest made under `key`
+        when its slot comes. Its outcome is not reported: a decision that took effect shows in
+        the watch, and one that did not (a compare failed, the store did not answer) is made
+        again by the machine when it is still due."""
+        limiter = self._urgent if isinstance(self._waiting[key], URGENT) else self._upkeep
+        async with limiter:
+            txn = self._waiting.pop(key)
             answer = await perform_store(self.store, decisions.as_txn(txn))
         self._count(txn, succeeded=answer.committed)
         if answer.committed:
