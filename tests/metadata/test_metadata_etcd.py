@@ -99,6 +99,29 @@ async def test_watch_from_a_compacted_revision_fails(etcd_stores: EtcdStores) ->
         assert await anext(events) == WatchEvent("put", "/k", 3, revision, 2)
 
 
+async def test_txn_many_keeps_each_transactions_compares_and_outcome(
+    etcd_stores: EtcdStores,
+) -> None:
+    """One request, several transactions (the load manager's batched failovers): a failed
+    compare fails only its own transaction, and a later one still runs."""
+    store = await etcd_stores.open()
+    await store.put("/a", 1)
+    await store.put("/b", 1)
+    results = await store.txn_many(
+        [
+            ([Compare("/a", "value", "==", 1)], [Put("/a", 2)]),
+            ([Compare("/b", "value", "==", 9)], [Put("/b", 2)]),
+            ([Compare("/c", "version", "==", 0)], [Put("/c", 3), Get("/a")]),
+        ]
+    )
+    assert [r.succeeded for r in results] == [True, False, True]
+    assert results[0].responses[0].value == 1  # the Put's previous value
+    assert results[1].responses == ()
+    assert results[2].responses[1].value == 2  # sees the first transaction's write
+    assert [(await store.get(k)).value for k in ("/a", "/b", "/c")] == [2, 1, 3]  # type: ignore[union-attr]
+    assert len({r.revision for r in results}) == 1
+
+
 async def test_concurrent_cas_from_two_stores_has_one_winner(etcd_stores: EtcdStores) -> None:
     stores = {"first": await etcd_stores.open(), "second": await etcd_stores.open()}
 

@@ -289,6 +289,49 @@ class EtcdStore:
             ),
         )
 
+    async def txn_many(
+        self, txns: Sequence[tuple[Sequence[Compare], Sequence[Op]]]
+    ) -> list[TxnResult]:
+        """Several independent transactions (compares, success ops; no failure ops) in one
+        request: etcd runs each as a nested transaction of one outer transaction that has no
+        compares, so each keeps its own compares and outcome, and all are one round trip and
+        one etcd write (issue 23: a dead broker's failovers). etcd refuses more than
+        `--max-txn-ops` (128 by default) nested transactions, and two that write the same
+        key; the caller keeps to both. Results come in the order given, all with the outer
+        transaction's revision."""
+        nested = [
+            wire.request_op(
+                wire.REQUEST_TXN,
+                wire.txn_request(
+                    [self._compare(compare) for compare in compares],
+                    [self._request_op(op) for op in success],
+                    [],
+                ),
+            )
+            for compares, success in txns
+        ]
+        request = wire.txn_request([], nested, [])
+        response = await self._call(_TXN, wire.Encoded(request), wire.TxnReply)
+        results = []
+        for (_, success), inner in zip(txns, response.responses, strict=True):
+            if not isinstance(inner, wire.TxnReply):
+                raise MetadataError(
+                    f"etcd at {self._endpoint} answered a nested transaction with {inner!r}"
+                )
+            executed = success if inner.succeeded else ()
+            responses = inner.responses if inner.succeeded else []
+            results.append(
+                TxnResult(
+                    succeeded=inner.succeeded,
+                    revision=response.revision,
+                    responses=tuple(
+                        self._op_result(op, result)
+                        for op, result in zip(executed, responses, strict=True)
+                    ),
+                )
+            )
+        return results
+
     # -- leases -------------------------------------------------------------------------------
 
     async def grant_lease(self, ttl_s: float) -> int:
