@@ -80,3 +80,49 @@ async def test_a_decision_made_again_while_waiting_runs_once_as_made_last() -> N
     late = [compares for compares, ops in store.started if ops[0].key == "/x/t/late"]
     assert late == [_refollow("/t/late", 2).compares]
     assert driver.replaced == 1
+
+
+class BatchingStore(HeldStore):
+    """A store that takes several transactions in one request, as etcd does (`txn_many`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[list[tuple[Op, ...]]] = []
+
+    async def txn_many(
+        self, txns: Sequence[tuple[Sequence[Compare], Sequence[Op]]]
+    ) -> list[TxnResult]:
+        self.requests.append([tuple(ops) for _, ops in txns])
+        await self.release.wait()
+        return [TxnResult(succeeded=True, revision=1, responses=()) for _ in txns]
+
+
+@pytest.mark.trio
+async def test_decisions_waiting_together_go_in_few_requests() -> None:
+    store = BatchingStore()
+    driver = _driver(store)
+    many = 3 * port.BATCH // 2
+    async with trio.open_nursery() as nursery:
+        driver._nursery = nursery
+        driver._apply([_assign(f"/t/{i}") for i in range(many)])
+        await trio.testing.wait_all_tasks_blocked()
+        store.release.set()
+    assert [len(r) for r in store.requests] == [port.BATCH, many - port.BATCH]
+    assert store.started == []
+
+
+@pytest.mark.trio
+async def test_decisions_writing_one_key_are_not_batched_together() -> None:
+    """etcd refuses a transaction whose nested transactions write one key twice."""
+    store = BatchingStore()
+    driver = _driver(store)
+    shared = Put("/cluster/shared", 1)
+    twins = [Assign(f"/t/{i}", "b", MarkerReason.NEW, (), (shared,)) for i in range(2)]
+    async with trio.open_nursery() as nursery:
+        driver._nursery = nursery
+        driver._apply([*twins, _assign("/t/other")])
+        await trio.testing.wait_all_tasks_blocked()
+        store.release.set()
+    requests = [*store.requests, *([ops] for _, ops in store.started)]
+    assert all(sum(shared in ops for ops in request) <= 1 for request in requests)
+    assert sum(len(r) for r in requests) == 3
