@@ -89,6 +89,14 @@ _COMPARE_RESULTS = {
 _TRANSPORT_ERRORS = (OSError, StreamTerminatedError, ProtocolError)
 
 
+WATCH_BUFFER = 16_384
+"""Events a watch holds unread before it ends with CompactedError. A leader's load manager
+with 700 topics fell more than 1,024 behind while a dead broker's topics moved and batched
+decisions landed (`bench.cluster_e2e failover-many`), and the re-read that follows such an
+end costs more than the lag: a whole snapshot of `/cluster/` for a consumer already behind.
+A few hundred bytes per event: megabytes at most, for a consumer that is slow, not stuck."""
+
+
 class EtcdUnavailable(MetadataError):
     """etcd did not answer (down, unreachable, or no leader) within the store's timeout."""
 
@@ -143,7 +151,7 @@ class EtcdStore:
         *,
         prefix: str = "",
         timeout_s: float = 5.0,
-        watch_buffer: int = 1024,
+        watch_buffer: int = WATCH_BUFFER,
     ) -> EtcdStore:
         """Opens the store on the first of `endpoints` ("host:port" or "http://host:port") that
         answers a read within `timeout_s`, waiting for an etcd that is still starting.
