@@ -269,7 +269,10 @@ async def _failover_many(cluster: LocalCluster, args: argparse.Namespace) -> Non
           f"publish acknowledged {span(acked)} ({len(acked)}; p50 "
           f"{_percentile(acked, 0.5) if acked else 0:.2f} s); warnings in survivors' logs "
           f"{problems}; load average {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
-    if acked:
+    if len(acked) < len(mine):
+        print(f"NOT all served: {len(mine) - len(acked)} of {len(mine)} topics took no publish "
+              f"within {args.timeout_s:.0f} s", flush=True)  # fmt: skip
+    elif acked:
         print(f"served again {max(acked):.2f} s after SIGKILL = lease TTL "
               f"{args.lease_ttl_ms / 1000:.1f} s + {max(acked) - args.lease_ttl_ms / 1000:.2f} s "
               f"(target: + 2 s)", flush=True)  # fmt: skip

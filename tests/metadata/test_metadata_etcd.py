@@ -24,6 +24,7 @@ from danube.metadata import (
     WatchEvent,
 )
 from danube.metadata.etcd import EtcdStore, EtcdUnavailable, wire
+from danube.metadata.etcd.store import CALLS_IN_FLIGHT
 from tests.support.etcd import EtcdStores
 
 pytestmark = pytest.mark.trio
@@ -220,6 +221,23 @@ async def test_a_cancelled_call_is_finished_not_abandoned(etcd_stores: EtcdStore
     assert scope.cancelled_caught is False, "the put returned; the next checkpoint cancels"
     stored = await store.get("/k")
     assert stored is not None and (stored.value, stored.mod_revision) == ("landed", revision)
+
+
+async def test_kv_calls_wait_for_a_slot_and_lease_calls_do_not(etcd_stores: EtcdStores) -> None:
+    """At most CALLS_IN_FLIGHT KV calls on the connection (h2 walks every open stream to open
+    one); a lease renewal never waits behind them, or a busy broker would fence itself."""
+    store = await etcd_stores.open()
+    lease = await store.grant_lease(10)
+    for _ in range(CALLS_IN_FLIGHT):
+        store._calls.acquire_nowait()  # every slot busy
+    with trio.move_on_after(1) as waited:
+        await store.get("/k")
+    assert waited.cancelled_caught, "a KV call went out with every slot taken"
+    with trio.fail_after(5):
+        await store.keepalive(lease)
+    store._calls.release()
+    with trio.fail_after(5):
+        assert await store.get("/k") is None
 
 
 async def test_the_store_runs_on_the_callers_thread_beside_another_asyncio_loop(

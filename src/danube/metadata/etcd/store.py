@@ -89,6 +89,17 @@ _COMPARE_RESULTS = {
 _TRANSPORT_ERRORS = (OSError, StreamTerminatedError, ProtocolError)
 
 
+CALLS_IN_FLIGHT = 128
+"""KV calls (Range, Put, DeleteRange, Txn) on the connection at once; later ones wait in trio.
+h2 counts a connection's open streams by walking all of them each time it opens one, so
+with the hundreds of reads and transactions a broker issues when a dead broker's topics land
+on it (`bench.cluster_e2e failover-many`: 234 loads) every call cost more the more were
+waiting: 11 % of that broker's main thread went to `H2Connection.open_outbound_streams`.
+Lease calls are not counted: a renewal must not wait behind a failover's reads, or the
+broker fences itself."""
+
+_BOUNDED_CALLS = frozenset({_RANGE, _PUT, _DELETE_RANGE, _TXN})
+
 WATCH_BUFFER = 16_384
 """Events a watch holds unread before it ends with CompactedError. A leader's load manager
 with 700 topics fell more than 1,024 behind while a dead broker's topics moved and batched
@@ -137,6 +148,7 @@ class EtcdStore:
     ) -> None:
         self._host = host
         self._endpoint = endpoint
+        self._calls = trio.Semaphore(CALLS_IN_FLIGHT)
         self._prefix = prefix
         self._timeout_s = timeout_s
         self.watch_buffer = watch_buffer
@@ -420,10 +432,18 @@ class EtcdStore:
 
         The call is shielded from the caller's cancellation (it is bounded by `timeout_s`): a
         cancelled caller still waits for its call rather than abandoning it, since an abandoned
-        write could land after the same caller's next one.
+        write could land after the same caller's next one. A KV call first takes one of
+        `CALLS_IN_FLIGHT` slots; waiting for one (none free) can be cancelled, as nothing was
+        sent.
         """
         self._ensure_open()
         timeout = self._timeout_s if timeout_s is None else timeout_s
+        bounded = path in _BOUNDED_CALLS  # lease calls take no slot
+        if bounded:
+            try:
+                self._calls.acquire_nowait()
+            except trio.WouldBlock:
+                await self._calls.acquire()  # cancellable: nothing was sent yet
         try:
             with trio.CancelScope(shield=True):
                 reply: Reply | None = await self._host.run(
@@ -431,6 +451,9 @@ class EtcdStore:
                 )
         except (GRPCError, wire.WireError, *_TRANSPORT_ERRORS) as exc:
             raise self.error(exc) from None
+        finally:
+            if bounded:
+                self._calls.release()
         return reply
 
     def error(self, exc: BaseException) -> Exception:
