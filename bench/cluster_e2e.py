@@ -6,6 +6,16 @@ broker processes in cluster mode) and our client in this process.
   SIGKILLed; measures SIGKILL → the new owner loaded the topic (its log) and SIGKILL → the
   consumer's first message from the new owner. A fresh broker replaces the dead one before the
   next round, so every round starts with the same number of brokers.
+- `failover-many`: issue 23 point 4. `--topics` reliable topics (`fsync`) spread over three
+  brokers by the load manager, one producer each (our client, with the official clients'
+  backoff schedule, or with `--fast-retry` a short one so the client's own waits hide less
+  of the broker's, at the price of more lookups on the survivors); the
+  broker owning the most apart from the leader (as in issue 23's 24 s) is SIGKILLed and every
+  one of its topics gets one send. Measures SIGKILL → each of its topics loaded by a new owner
+  (`event=topic_loaded` in the survivors' logs) and → that send acknowledged, split by the
+  leader's log: `FailOver` commits (the first one follows the lease's expiry), `Assign`
+  commits (the etcd writes), the new owners' loads. `--profile DIR` records py-spy raw flame
+  data of the survivors for `--profile-s` seconds from the kill.
 - `assign`: topics created one at a time by a producer: first CreateProducer → producer ready
   (the first attempt answers UNAVAILABLE while the leader assigns the new topic).
 - `throughput`: `--topics` reliable topics (`fsync`), one producer each with `--window` sends
@@ -21,6 +31,7 @@ broker processes in cluster mode) and our client in this process.
   the topic's replication at the end (followers, in-sync), for each broker count.
 
     .venv/bin/python -m bench.cluster_e2e failover --rounds 3
+    .venv/bin/python -m bench.cluster_e2e failover-many --topics 700 --lease-ttl-ms 10000
     .venv/bin/python -m bench.cluster_e2e assign --topics 50
     .venv/bin/python -m bench.cluster_e2e throughput --brokers 1 3 --topics 12 --seconds 20
     .venv/bin/python -m bench.cluster_e2e latency --brokers 1 3 --sends 300
@@ -31,9 +42,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import logging
 import os
 import platform
+import re
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable
@@ -42,7 +59,7 @@ from pathlib import Path
 from grpclib.client import Channel
 
 from bench.e2e_reliable import _HEAD, _payload
-from danube.client import DanubeClient, DispatchStrategy, SubType
+from danube.client import DanubeClient, DispatchStrategy, RetryPolicy, SubType
 from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
 from danube.proto import danube_ext as ext_pb
@@ -117,6 +134,157 @@ def failover(args: argparse.Namespace, root: Path) -> None:
     print(f"lease TTL {args.lease_ttl_ms} ms; over {args.rounds} rounds: loaded median "
           f"{statistics.median(loaded):.2f} s (max {max(loaded):.2f}), first message served "
           f"median {statistics.median(served):.2f} s (max {max(served):.2f})")  # fmt: skip
+
+
+_FAST_RETRY = RetryPolicy(base_backoff_s=0.1, max_backoff_s=1.0, min_elapsed_s=120.0)
+"""The official clients' schedule (0.2 s more each attempt, up to 5 s) would add up to 5 s of
+the client's own waiting to a failover; a floor of 50 ms kept 234 producers at about 1,600
+lookups a second against the survivors (issue 23's first run), load of the bench's making."""
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?event=(\S+)(.*)$")
+
+
+def _events(broker: BrokerProcess, event: str) -> list[tuple[float, str]]:
+    """(Unix time, rest of the line) of each `event=...` line in the broker's log (its
+    asctime is local time, as `datetime.timestamp` reads a naive one)."""
+    found = []
+    for line in list(broker.log_lines):
+        match = _STAMP.match(line)
+        if match and match.group(2) == event:
+            at = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            found.append((at, match.group(3)))
+    return found
+
+
+async def _create_many(client: DanubeClient, topics: list[str]) -> dict[str, object]:
+    """One reliable producer per topic, created 16 at a time, each with one message sent."""
+    producers: dict[str, object] = {}
+    limit = asyncio.Semaphore(16)
+
+    async def one(topic: str) -> None:
+        async with limit:
+            producer = await client.producer(
+                topic, "p", dispatch=DispatchStrategy.RELIABLE
+            ).create()
+            await _send_until_acked(producer)
+            producers[topic] = producer
+
+    await asyncio.gather(*(one(t) for t in topics))
+    return producers
+
+
+async def _send_until_acked(producer: object) -> float:
+    """Unix time the first send acknowledged (sends that fail are made again at once)."""
+    while True:
+        try:
+            await producer.send(PAYLOAD[:100])  # type: ignore[attr-defined]
+            return time.time()
+        except Exception:  # any failure here means "not served yet"
+            await asyncio.sleep(0.05)
+
+
+async def _failover_many(cluster: LocalCluster, args: argparse.Namespace) -> None:
+    # asyncio warns once per write to the dead broker's connections; hundreds of lines
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
+    topics = [f"/default/fo-{i}" for i in range(args.topics)]
+    retry = _FAST_RETRY if args.fast_retry else RetryPolicy(min_elapsed_s=120.0)
+    async with DanubeClient(",".join(cluster.service_urls), retry=retry) as client:
+        started = time.monotonic()
+        producers = await _create_many(client, topics)
+        print(f"{len(topics)} topics created with a producer and a message each in "
+              f"{time.monotonic() - started:.1f} s", flush=True)  # fmt: skip
+        await asyncio.sleep(args.settle_s)  # followers in sync, load reports in
+        owned = {b: {t for t in b.loaded_topics()} for b in cluster.brokers}
+        leader = max(
+            cluster.brokers,
+            key=lambda b: max((at for at, _ in _events(b, "leader_elected")), default=0.0),
+        )
+        victim = max((b for b in cluster.brokers if b is not leader), key=lambda b: len(owned[b]))
+        mine = sorted(owned[victim])
+        survivors = [b for b in cluster.brokers if b is not victim]
+        before = {b: len(_events(b, "topic_loaded")) for b in survivors}
+        marks = {b: len(b.log_lines) for b in survivors}
+        print(f"topics per broker {[len(owned[b]) for b in cluster.brokers]}; killing broker "
+              f"pid {victim.pid} with {len(mine)}; leader pid {leader.pid}; load average "
+              f"{os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+        spies = []
+        if args.profile:
+            Path(args.profile).mkdir(parents=True, exist_ok=True)
+            spy = Path(sys.executable).with_name("py-spy")
+            for b in survivors:
+                role = "leader" if b is leader else "owner"
+                out = Path(args.profile) / f"{role}-{b.pid}.txt"
+                spies.append(subprocess.Popen(
+                    [str(spy), "record", "-p", str(b.pid), "-r", "200", "--format", "raw",
+                     "-o", str(out), "-d", str(args.profile_s)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                ))  # fmt: skip
+            await asyncio.sleep(1.0)  # py-spy attached
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.time()
+        sends = {t: asyncio.ensure_future(_send_until_acked(producers[t])) for t in mine}
+        deadline = time.monotonic() + args.timeout_s
+        while time.monotonic() < deadline:
+            loaded = {
+                line.split()[0].removeprefix("topic=")
+                for b in survivors
+                for _, line in _events(b, "topic_loaded")[before[b]:]
+            }  # fmt: skip
+            if loaded >= set(mine) and all(s.done() for s in sends.values()):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            waiting = sum(not s.done() for s in sends.values())
+            print(f"TIMEOUT: {len(set(mine) - loaded)} topics not loaded, "
+                  f"{waiting} sends not acknowledged")  # fmt: skip
+        victim.kill()
+        for spy_process in spies:
+            spy_process.wait(args.profile_s + 30)
+    acked = [s.result() - killed for s in sends.values() if s.done()]
+    load_at = {}
+    for b in survivors:
+        for at, line in _events(b, "topic_loaded")[before[b] :]:
+            topic = line.split()[0].removeprefix("topic=")
+            if topic in owned[victim]:
+                load_at[topic] = at - killed
+
+    def of_victim(event: str) -> list[float]:
+        return [
+            at - killed
+            for at, rest in _events(leader, event)
+            if at > killed and rest.split()[0].removeprefix("topic=") in owned[victim]
+        ]
+
+    fails, assigns = of_victim("topic_failover"), of_victim("topic_assign")
+    problems = {
+        b.pid: sum(1 for line in b.log_lines[marks[b] :] if "level=WARNING" in line)
+        for b in survivors
+    }
+
+    def span(values: list[float]) -> str:
+        return f"{min(values):.2f}–{max(values):.2f} s" if values else "none"
+
+    loads = sorted(load_at.values())
+    print(f"lease TTL {args.lease_ttl_ms} ms; {len(mine)} topics of the killed broker; "
+          f"after SIGKILL: FailOver commits {span(fails)} ({len(fails)}), Assign commits "
+          f"{span(assigns)} ({len(assigns)}), loaded by new owners {span(loads)} "
+          f"({len(loads)}; p50 {_percentile(loads, 0.5) if loads else 0:.2f} s), first "
+          f"publish acknowledged {span(acked)} ({len(acked)}; p50 "
+          f"{_percentile(acked, 0.5) if acked else 0:.2f} s); warnings in survivors' logs "
+          f"{problems}; load average {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+    if len(acked) < len(mine):
+        print(f"NOT all served: {len(mine) - len(acked)} of {len(mine)} topics took no publish "
+              f"within {args.timeout_s:.0f} s", flush=True)  # fmt: skip
+    elif acked:
+        print(f"served again {max(acked):.2f} s after SIGKILL = lease TTL "
+              f"{args.lease_ttl_ms / 1000:.1f} s + {max(acked) - args.lease_ttl_ms / 1000:.2f} s "
+              f"(target: + 2 s)", flush=True)  # fmt: skip
+
+
+def failover_many(args: argparse.Namespace, root: Path) -> None:
+    settings = ClusterSettings(brokers=3, lease_ttl_ms=args.lease_ttl_ms)
+    with LocalCluster(root, settings) as cluster:
+        time.sleep(3)  # every broker registered: topics spread over all three
+        asyncio.run(_failover_many(cluster, args))
 
 
 async def _assign(urls: str, topics: int) -> list[float]:
@@ -322,6 +490,17 @@ def main() -> None:
     one = sub.add_parser("failover")
     one.add_argument("--rounds", type=int, default=3)
     one.add_argument("--lease-ttl-ms", type=int, default=3_000)
+    many = sub.add_parser("failover-many")
+    many.add_argument("--topics", type=int, default=700)
+    many.add_argument("--lease-ttl-ms", type=int, default=10_000)
+    many.add_argument("--settle-s", type=float, default=5.0)
+    many.add_argument("--timeout-s", type=float, default=120.0)
+    many.add_argument("--profile", default="", help="directory for py-spy raw flame data")
+    many.add_argument("--profile-s", type=int, default=25)
+    many.add_argument(
+        "--fast-retry", action="store_true",
+        help="client backoff 0.1-1 s instead of the official clients' 0.2 s steps up to 5 s",
+    )  # fmt: skip
     two = sub.add_parser("assign")
     two.add_argument("--topics", type=int, default=50)
     three = sub.add_parser("throughput")
@@ -342,8 +521,8 @@ def main() -> None:
           f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="danube-bench-") as tmp:
         commands = {
-            "failover": failover, "assign": assign, "throughput": throughput, "latency": latency,
-            "e2e": e2e,
+            "failover": failover, "failover-many": failover_many, "assign": assign,
+            "throughput": throughput, "latency": latency, "e2e": e2e,
         }  # fmt: skip
         commands[args.command](args, Path(tmp))
 

@@ -115,6 +115,80 @@ def test_txn_request(compares: list[bytes], puts: list[bytes], deletes: list[byt
     assert hand == bytes(generated)
 
 
+@given(st.lists(st.tuples(st.lists(keys, max_size=2), st.lists(keys, max_size=2)), max_size=3))
+def test_nested_txn_request(txns: list[tuple[list[bytes], list[bytes]]]) -> None:
+    """`EtcdStore.txn_many`'s request: one outer transaction whose success ops are whole
+    transactions (RequestOp.request_txn)."""
+    generated = pb.TxnRequest(
+        success=[
+            pb.RequestOp(
+                request_txn=pb.TxnRequest(
+                    compare=[pb.Compare(key=k, version=0) for k in compares],
+                    success=[
+                        pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=k))
+                        for k in deletes
+                    ],
+                )
+            )
+            for compares, deletes in txns
+        ]
+    )
+    hand = wire.txn_request(
+        [],
+        [
+            wire.request_op(
+                wire.REQUEST_TXN,
+                wire.txn_request(
+                    [wire.compare(0, 0, k, "version", 0) for k in compares],
+                    [
+                        wire.request_op(wire.REQUEST_DELETE_RANGE, wire.delete_range_request(k))
+                        for k in deletes
+                    ],
+                    [],
+                ),
+            )
+            for compares, deletes in txns
+        ],
+        [],
+    )
+    assert hand == bytes(generated)
+
+
+@given(revisions, st.lists(st.booleans(), max_size=4), st.integers(min_value=0, max_value=9))
+def test_nested_txn_reply(revision: int, outcomes: list[bool], deleted: int) -> None:
+    inner = [
+        pb.TxnResponse(
+            header=header(revision),
+            succeeded=ok,
+            responses=[
+                pb.ResponseOp(
+                    response_delete_range=pb.DeleteRangeResponse(
+                        header=header(revision), deleted=deleted
+                    )
+                )
+            ]
+            if ok
+            else [],
+        )
+        for ok in outcomes
+    ]
+    outer = pb.TxnResponse(
+        header=header(revision),
+        succeeded=True,
+        responses=[pb.ResponseOp(response_txn=t) for t in inner],
+    )
+    reply = wire.TxnReply.FromString(bytes(outer))
+    assert reply.revision == revision and reply.succeeded
+    assert [isinstance(r, wire.TxnReply) and r.succeeded for r in reply.responses] == outcomes
+    for nested, ok in zip(reply.responses, outcomes, strict=True):
+        assert isinstance(nested, wire.TxnReply)
+        if ok:
+            (only,) = nested.responses
+            assert isinstance(only, wire.DeleteRangeReply) and only.deleted == deleted
+        else:
+            assert nested.responses == []
+
+
 @given(keys, keys, revisions)
 def test_watch_create_request(key: bytes, end: bytes, start: int) -> None:
     create = pb.WatchCreateRequest(key=key, range_end=end, start_revision=start, prev_kv=True)

@@ -24,6 +24,7 @@ from danube.metadata import (
     WatchEvent,
 )
 from danube.metadata.etcd import EtcdStore, EtcdUnavailable, wire
+from danube.metadata.etcd.store import CALLS_IN_FLIGHT
 from tests.support.etcd import EtcdStores
 
 pytestmark = pytest.mark.trio
@@ -97,6 +98,29 @@ async def test_watch_from_a_compacted_revision_fails(etcd_stores: EtcdStores) ->
         assert replayed.mod_revision == last
         revision = await store.put("/k", 3)
         assert await anext(events) == WatchEvent("put", "/k", 3, revision, 2)
+
+
+async def test_txn_many_keeps_each_transactions_compares_and_outcome(
+    etcd_stores: EtcdStores,
+) -> None:
+    """One request, several transactions (the load manager's batched failovers): a failed
+    compare fails only its own transaction, and a later one still runs."""
+    store = await etcd_stores.open()
+    await store.put("/a", 1)
+    await store.put("/b", 1)
+    results = await store.txn_many(
+        [
+            ([Compare("/a", "value", "==", 1)], [Put("/a", 2)]),
+            ([Compare("/b", "value", "==", 9)], [Put("/b", 2)]),
+            ([Compare("/c", "version", "==", 0)], [Put("/c", 3), Get("/a")]),
+        ]
+    )
+    assert [r.succeeded for r in results] == [True, False, True]
+    assert results[0].responses[0].value == 1  # the Put's previous value
+    assert results[1].responses == ()
+    assert results[2].responses[1].value == 2  # sees the first transaction's write
+    assert [(await store.get(k)).value for k in ("/a", "/b", "/c")] == [2, 1, 3]  # type: ignore[union-attr]
+    assert len({r.revision for r in results}) == 1
 
 
 async def test_concurrent_cas_from_two_stores_has_one_winner(etcd_stores: EtcdStores) -> None:
@@ -197,6 +221,23 @@ async def test_a_cancelled_call_is_finished_not_abandoned(etcd_stores: EtcdStore
     assert scope.cancelled_caught is False, "the put returned; the next checkpoint cancels"
     stored = await store.get("/k")
     assert stored is not None and (stored.value, stored.mod_revision) == ("landed", revision)
+
+
+async def test_kv_calls_wait_for_a_slot_and_lease_calls_do_not(etcd_stores: EtcdStores) -> None:
+    """At most CALLS_IN_FLIGHT KV calls on the connection (h2 walks every open stream to open
+    one); a lease renewal never waits behind them, or a busy broker would fence itself."""
+    store = await etcd_stores.open()
+    lease = await store.grant_lease(10)
+    for _ in range(CALLS_IN_FLIGHT):
+        store._calls.acquire_nowait()  # every slot busy
+    with trio.move_on_after(1) as waited:
+        await store.get("/k")
+    assert waited.cancelled_caught, "a KV call went out with every slot taken"
+    with trio.fail_after(5):
+        await store.keepalive(lease)
+    store._calls.release()
+    with trio.fail_after(5):
+        assert await store.get("/k") is None
 
 
 async def test_the_store_runs_on_the_callers_thread_beside_another_asyncio_loop(

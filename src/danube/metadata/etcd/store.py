@@ -89,6 +89,25 @@ _COMPARE_RESULTS = {
 _TRANSPORT_ERRORS = (OSError, StreamTerminatedError, ProtocolError)
 
 
+CALLS_IN_FLIGHT = 128
+"""KV calls (Range, Put, DeleteRange, Txn) on the connection at once; later ones wait in trio.
+h2 counts a connection's open streams by walking all of them each time it opens one, so
+with the hundreds of reads and transactions a broker issues when a dead broker's topics land
+on it (`bench.cluster_e2e failover-many`: 234 loads) every call cost more the more were
+waiting: 11 % of that broker's main thread went to `H2Connection.open_outbound_streams`.
+Lease calls are not counted: a renewal must not wait behind a failover's reads, or the
+broker fences itself."""
+
+_BOUNDED_CALLS = frozenset({_RANGE, _PUT, _DELETE_RANGE, _TXN})
+
+WATCH_BUFFER = 16_384
+"""Events a watch holds unread before it ends with CompactedError. A leader's load manager
+with 700 topics fell more than 1,024 behind while a dead broker's topics moved and batched
+decisions landed (`bench.cluster_e2e failover-many`), and the re-read that follows such an
+end costs more than the lag: a whole snapshot of `/cluster/` for a consumer already behind.
+A few hundred bytes per event: megabytes at most, for a consumer that is slow, not stuck."""
+
+
 class EtcdUnavailable(MetadataError):
     """etcd did not answer (down, unreachable, or no leader) within the store's timeout."""
 
@@ -129,6 +148,7 @@ class EtcdStore:
     ) -> None:
         self._host = host
         self._endpoint = endpoint
+        self._calls = trio.Semaphore(CALLS_IN_FLIGHT)
         self._prefix = prefix
         self._timeout_s = timeout_s
         self.watch_buffer = watch_buffer
@@ -143,7 +163,7 @@ class EtcdStore:
         *,
         prefix: str = "",
         timeout_s: float = 5.0,
-        watch_buffer: int = 1024,
+        watch_buffer: int = WATCH_BUFFER,
     ) -> EtcdStore:
         """Opens the store on the first of `endpoints` ("host:port" or "http://host:port") that
         answers a read within `timeout_s`, waiting for an etcd that is still starting.
@@ -289,6 +309,49 @@ class EtcdStore:
             ),
         )
 
+    async def txn_many(
+        self, txns: Sequence[tuple[Sequence[Compare], Sequence[Op]]]
+    ) -> list[TxnResult]:
+        """Several independent transactions (compares, success ops; no failure ops) in one
+        request: etcd runs each as a nested transaction of one outer transaction that has no
+        compares, so each keeps its own compares and outcome, and all are one round trip and
+        one etcd write (issue 23: a dead broker's failovers). etcd refuses more than
+        `--max-txn-ops` (128 by default) nested transactions, and two that write the same
+        key; the caller keeps to both. Results come in the order given, all with the outer
+        transaction's revision."""
+        nested = [
+            wire.request_op(
+                wire.REQUEST_TXN,
+                wire.txn_request(
+                    [self._compare(compare) for compare in compares],
+                    [self._request_op(op) for op in success],
+                    [],
+                ),
+            )
+            for compares, success in txns
+        ]
+        request = wire.txn_request([], nested, [])
+        response = await self._call(_TXN, wire.Encoded(request), wire.TxnReply)
+        results = []
+        for (_, success), inner in zip(txns, response.responses, strict=True):
+            if not isinstance(inner, wire.TxnReply):
+                raise MetadataError(
+                    f"etcd at {self._endpoint} answered a nested transaction with {inner!r}"
+                )
+            executed = success if inner.succeeded else ()
+            responses = inner.responses if inner.succeeded else []
+            results.append(
+                TxnResult(
+                    succeeded=inner.succeeded,
+                    revision=response.revision,
+                    responses=tuple(
+                        self._op_result(op, result)
+                        for op, result in zip(executed, responses, strict=True)
+                    ),
+                )
+            )
+        return results
+
     # -- leases -------------------------------------------------------------------------------
 
     async def grant_lease(self, ttl_s: float) -> int:
@@ -369,10 +432,18 @@ class EtcdStore:
 
         The call is shielded from the caller's cancellation (it is bounded by `timeout_s`): a
         cancelled caller still waits for its call rather than abandoning it, since an abandoned
-        write could land after the same caller's next one.
+        write could land after the same caller's next one. A KV call first takes one of
+        `CALLS_IN_FLIGHT` slots; waiting for one (none free) can be cancelled, as nothing was
+        sent.
         """
         self._ensure_open()
         timeout = self._timeout_s if timeout_s is None else timeout_s
+        bounded = path in _BOUNDED_CALLS  # lease calls take no slot
+        if bounded:
+            try:
+                self._calls.acquire_nowait()
+            except trio.WouldBlock:
+                await self._calls.acquire()  # cancellable: nothing was sent yet
         try:
             with trio.CancelScope(shield=True):
                 reply: Reply | None = await self._host.run(
@@ -380,6 +451,9 @@ class EtcdStore:
                 )
         except (GRPCError, wire.WireError, *_TRANSPORT_ERRORS) as exc:
             raise self.error(exc) from None
+        finally:
+            if bounded:
+                self._calls.release()
         return reply
 
     def error(self, exc: BaseException) -> Exception:

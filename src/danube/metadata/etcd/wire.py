@@ -100,8 +100,10 @@ def compare(result: int, target: int, key: bytes, member: str, operand: int | by
     return _opt_int(1, result) + _opt_int(2, target) + _opt_bytes(3, key) + selected
 
 
-REQUEST_RANGE, REQUEST_PUT, REQUEST_DELETE_RANGE = 1, 2, 3
-"""etcdserverpb.RequestOp's oneof members (and ResponseOp's, which use the same numbers)."""
+REQUEST_RANGE, REQUEST_PUT, REQUEST_DELETE_RANGE, REQUEST_TXN = 1, 2, 3, 4
+"""etcdserverpb.RequestOp's oneof members (and ResponseOp's, which use the same numbers).
+REQUEST_TXN nests a whole TxnRequest: `EtcdStore.txn_many` sends several transactions, each
+with its own compares and outcome, in one round trip and one etcd write."""
 
 
 def request_op(member: int, request: bytes) -> bytes:
@@ -273,23 +275,19 @@ class DeleteRangeReply:
         return reply
 
 
-ResponseOp = RangeReply | PutReply | DeleteRangeReply | None
-"""etcdserverpb.ResponseOp: response_range 1, response_put 2, response_delete_range 3 (None
-for a member this store never sends, response_txn 4)."""
-
-_RESPONSE_OPS = {
-    REQUEST_RANGE: RangeReply.FromString,
-    REQUEST_PUT: PutReply.FromString,
-    REQUEST_DELETE_RANGE: DeleteRangeReply.FromString,
-}
-
-
 def _response_op(data: bytes) -> ResponseOp:
+    """etcdserverpb.ResponseOp: response_range 1, response_put 2, response_delete_range 3,
+    response_txn 4 (None for a member this codec does not know)."""
     op: ResponseOp = None
     for field, value in _fields(data):
-        parse = _RESPONSE_OPS.get(field)
-        if parse is not None:
-            op = parse(_message(value))
+        if field == REQUEST_RANGE:
+            op = RangeReply.FromString(_message(value))
+        elif field == REQUEST_PUT:
+            op = PutReply.FromString(_message(value))
+        elif field == REQUEST_DELETE_RANGE:
+            op = DeleteRangeReply.FromString(_message(value))
+        elif field == REQUEST_TXN:
+            op = TxnReply.FromString(_message(value))
     return op
 
 
@@ -312,6 +310,10 @@ class TxnReply:
             elif field == 3:
                 reply.responses.append(_response_op(_message(value)))
         return reply
+
+
+ResponseOp = RangeReply | PutReply | DeleteRangeReply | TxnReply | None
+"""etcdserverpb.ResponseOp as decoded (`_response_op`)."""
 
 
 @dataclass(slots=True)
