@@ -1,10 +1,12 @@
-"""Session-wide fixtures: one shared broker process for tests that only need a broker, and one
-shared etcd for every test that needs one (started on first use)."""
+"""Session-wide fixtures: one shared broker process for tests that only need a broker, one
+shared etcd for every test that needs one (started on first use), and one Spark session for
+every audit."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,3 +52,15 @@ async def etcd_stores(etcd_server: EtcdProcess) -> AsyncIterator[EtcdStores]:
         yield stores
     finally:
         await stores.close()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session for every audit (tests/spark and the real-process runs of
+    tests/broker): starting one costs about ten seconds and a gigabyte (environment-notes).
+    pyspark is imported here, not at the top: most tests never need it."""
+    from spark.session import get_session
+
+    session = get_session("local[2]", app="danube-audit-tests", progress=False)
+    yield session
+    session.stop()

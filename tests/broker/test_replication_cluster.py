@@ -31,7 +31,6 @@ from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
 from spark.audit import AuditInputs, run_audit
 from tests.conformance.harness import ScenarioProcess
-from tests.spark.conftest import spark  # noqa: F401  (the shared session fixture)
 from tests.support import replicated
 from tests.support.replicated import Load, broker_id, describe, followed, wait
 
@@ -68,7 +67,7 @@ async def _create_topic(url: str) -> None:
 
 def test_owner_and_follower_killed_and_restarted_lose_nothing(
     tmp_path: Path,
-    spark: SparkSession,  # noqa: F811
+    spark: SparkSession,
 ) -> None:
     settings = ClusterSettings(brokers=3, replication_lag_ms=LAG_MS)
     began = time.monotonic()

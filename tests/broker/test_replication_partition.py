@@ -27,7 +27,6 @@ from pyspark.sql import SparkSession
 
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
 from spark.audit import AuditInputs, run_audit
-from tests.spark.conftest import spark  # noqa: F401  (the shared session fixture)
 from tests.support.replicated import (
     Load,
     broker_id,
@@ -60,7 +59,7 @@ def proxies() -> Iterator[list[TcpProxy]]:
 def test_owner_cut_off_from_its_follower_then_killed_loses_nothing(
     tmp_path: Path,
     proxies: list[TcpProxy],
-    spark: SparkSession,  # noqa: F811
+    spark: SparkSession,
 ) -> None:
     settings = ClusterSettings(brokers=0, replication_lag_ms=LAG_MS)
     with LocalCluster(tmp_path / "cluster", settings) as cluster:
