@@ -529,10 +529,12 @@ class ReliableLogs:
         effects: list[Effect] = []
         batch = self._durability.object_batch_ms
         for record in self._topics.values():
-            if record.wal is None:
+            log = record.wal
+            if log is None:
                 continue
             state = record.log
-            effects.extend(self.wal_effects(record, record.wal.tick(now_ms), now_ms))
+            if log.tick_due(now_ms):  # most ticks of most topics: nothing for the WAL
+                effects.extend(self.wal_effects(record, log.tick(now_ms), now_ms))
             if state.replication is not None:
                 effects.extend(self.replicas.tick(record, now_ms))
             since = state.ack_batch_since

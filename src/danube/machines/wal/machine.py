@@ -38,12 +38,17 @@ from typing import TYPE_CHECKING
 from danube.kernels import scan_frames
 from danube.machines.wal import format
 from danube.machines.wal.batches import PackedRecords
+from danube.machines.wal.file_reads import FileRead as FileRead
+from danube.machines.wal.file_reads import decode_file_read as decode_file_read
+from danube.machines.wal.file_reads import frames_of_file_read as frames_of_file_read
 from danube.values.errors import DanubeError, ErrorCode
 from danube.values.wal_config import MIB as MIB
 from danube.values.wal_config import Durability, WalConfig
 
 if TYPE_CHECKING:
     from danube.machines.wal.recovery import RecoveryPlan
+
+_FSYNC = Durability.FSYNC
 
 # -- effects --------------------------------------------------------------------------------------
 
@@ -147,25 +152,6 @@ class CachedRecords:
 
 
 @dataclass(frozen=True, slots=True)
-class FileRead:
-    """Read bytes [`start`, `end`) of the segment and pass them to `decode_file_read`.
-
-    `start` is the frame boundary of a sparse-index entry whose frame begins at
-    `start_offset` ≤ `from_offset`; `end` is a frame boundary within readable data. The
-    records wanted are `from_offset` up to (not including) `end_offset`. `end` honours the
-    read's `max_bytes` only at index granularity: the range may exceed it by up to
-    `index_interval_bytes` plus one frame. If the file is gone (retention deleted it
-    meanwhile), call `read` again."""
-
-    segment_base: int
-    start: int
-    end: int
-    start_offset: int
-    from_offset: int
-    end_offset: int
-
-
-@dataclass(frozen=True, slots=True)
 class NotRetained:
     """Offsets below `first_offset` are no longer in the local WAL (retention)."""
 
@@ -173,44 +159,6 @@ class NotRetained:
 
 
 ReadResult = CachedRecords | FileRead | NotRetained
-
-
-def decode_file_read(plan: FileRead, data: bytes | memoryview) -> tuple[bytes, ...]:
-    """The records a `FileRead` asked for, from the bytes it named; verifies every frame's CRC
-    and offsets on the way, so a segment damaged after recovery is reported, not served."""
-    scan = scan_frames(data, 0, len(data), plan.start_offset)
-    if scan.valid_end != len(data) or scan.next_offset < plan.end_offset:
-        raise format.WalFormatError(
-            f"segment {format.segment_name(plan.segment_base)} is damaged at byte "
-            f"{plan.start + scan.valid_end}: a frame read back does not verify"
-        )
-    records: list[bytes] = []
-    for position, base, count in zip(
-        scan.positions, scan.base_offsets, scan.record_counts, strict=True
-    ):
-        first, last = max(plan.from_offset - base, 0), min(plan.end_offset - base, count)
-        if first < last:
-            records.extend(format.decode_frame(data, position).records[first:last])
-    return tuple(records)
-
-
-def frames_of_file_read(plan: FileRead, data: bytes | memoryview) -> tuple[bytes, int]:
-    """The whole frames of a `WalMachine.plan_frames` read, from the one starting at
-    `plan.from_offset` on, unchanged (replication resends the owner's bytes), with the end of
-    the records they hold. Verifies every frame like `decode_file_read`; a `from_offset` that
-    is not a frame's first offset is a caller's bug."""
-    scan = scan_frames(data, 0, len(data), plan.start_offset)
-    if scan.valid_end != len(data) or scan.next_offset < plan.end_offset:
-        raise format.WalFormatError(
-            f"segment {format.segment_name(plan.segment_base)} is damaged at byte "
-            f"{plan.start + scan.valid_end}: a frame read back does not verify"
-        )
-    for position, base in zip(scan.positions, scan.base_offsets, strict=True):
-        if base == plan.from_offset:
-            return bytes(data[position:]), scan.next_offset
-        if base > plan.from_offset:
-            break
-    raise ValueError(f"offset {plan.from_offset} does not start a frame of the range read")
 
 
 class WalUnavailable(DanubeError):
@@ -301,6 +249,8 @@ class WalMachine:
         self.topic = topic
         self.config = config
         self._segments: list[_Segment] = []
+        self._segment_bytes = 0
+        """The sizes of `_segments` added up, for size retention at every tick."""
         self._next_offset = 0
         if recovered is not None:
             if recovered.topic != topic:
@@ -318,6 +268,7 @@ class WalMachine:
                 for offset, position in zip(found.base_offsets, found.positions, strict=True):
                     segment.add_index(offset, position, config.index_interval_bytes)
                 self._segments.append(segment)
+                self._segment_bytes += found.size
             self._next_offset = recovered.next_offset
         self._next_offset = max(self._next_offset, start_offset)
         self._deletable: set[int] | None = set() if tiered else None
@@ -557,9 +508,48 @@ class WalMachine:
         if self._deletable is not None:
             self._deletable.add(segment_base)
 
+    def tick_due(self, now_ms: int) -> bool:
+        """Whether `tick(now_ms)` would do anything: return an effect or change the state.
+        Every other input moves the machine as far as it can go, so only time (and released
+        or grown segments, for retention) gives a tick work; a driver with many topics asks
+        this first and skips the idle ones (issue 22). Must stay in step with `tick`."""
+        if self._failure is not None:
+            return False
+        due = self._rotation_due(now_ms) or self._interval_due(now_ms)
+        return due or self._retention_due(now_ms)
+
+    def _rotation_due(self, now_ms: int) -> bool:
+        """Whether the active segment reached `segment_age_ms` and is not sealing yet."""
+        age, active = self.config.segment_age_ms, self._active()
+        if age is None or active is None or active.sealing:
+            return False
+        return now_ms - active.created_ms >= age
+
+    def _interval_due(self, now_ms: int) -> bool:
+        """`FLUSH`: whether the periodic fsync is due, or the clock stepped back (which
+        restarts its wait, `_flush_due`: a change of state too)."""
+        since = self._unsynced_since_ms
+        if since is None or self._fsync is not None or self.config.durability is _FSYNC:
+            return False
+        return now_ms < since or now_ms - since >= self.config.flush_interval_ms
+
+    def _retention_due(self, now_ms: int) -> bool:
+        """Whether retention deletes the oldest segment now."""
+        max_bytes, max_age = self.config.retention_bytes, self.config.retention_ms
+        segments = self._segments
+        if (max_bytes is None and max_age is None) or len(segments) < 2:
+            return False
+        if self._deletable is not None and segments[0].base not in self._deletable:
+            return False  # not in object storage yet
+        if max_bytes is not None and self._segment_bytes > max_bytes:
+            return True
+        return max_age is not None and now_ms - segments[1].created_ms >= max_age
+
     def segment_extent(self, segment_base: int) -> tuple[int, int]:
-        """(next offset, size in bytes) of a segment this machine knows."""
-        for segment in self._segments:
+        """(next offset, size in bytes) of a segment this machine knows. From the newest:
+        the one asked for is nearly always the segment just closed, and a topic whose
+        segments are not deleted (no retention) keeps thousands."""
+        for segment in reversed(self._segments):
             if segment.base == segment_base:
                 return segment.next_offset, segment.size
         raise KeyError(f"{self.topic}: no segment {format.segment_name(segment_base)}")
@@ -678,6 +668,7 @@ class WalMachine:
                     is_open=True,
                 )
                 self._segments.append(active)
+                self._segment_bytes += size
                 effects.append(CreateSegment(active.base, header))
             effects.append(self._start_write(active))
         if not fsync_mode and self._flush_due(now_ms):
@@ -716,6 +707,7 @@ class WalMachine:
         self._pending_bytes -= size
         write = Write(self._io_id(), segment.base, segment.size, b"".join(frames))
         segment.size += size
+        self._segment_bytes += size
         self._write = _InFlightWrite(write.write_id, segment, segment.size, segment.next_offset)
         return write
 
@@ -735,6 +727,7 @@ class WalMachine:
         self._write = self._fsync = None
         # The driver cuts the segment at `keep`: reads must stay below it.
         self._readable = min(self._readable, keep_offset)
+        self._segment_bytes += keep - segment.size
         segment.size = segment.written = keep
         segment.next_offset = keep_offset
         return [Failed(self._failure, segment.base, keep, keep_offset, acknowledged)]
@@ -765,26 +758,17 @@ class WalMachine:
 
     def _retain(self, now_ms: int) -> list[Effect]:
         """Deletes the oldest closed segments beyond the limits; never the newest segment,
-        whose successor's creation time is what dates the end of a segment."""
-        max_bytes, max_age = self.config.retention_bytes, self.config.retention_ms
-        if max_bytes is None and max_age is None:
-            return []
-        total = sum(s.size for s in self._segments)
+        whose successor's creation time is what dates the end of a segment. The cache then
+        drops what went with them (nothing else in it is ever below the first offset)."""
         effects: list[Effect] = []
         deletable = self._deletable
-        while len(self._segments) > 1:
-            oldest, successor = self._segments[0], self._segments[1]
-            if deletable is not None and oldest.base not in deletable:
-                break  # not in object storage yet
-            too_big = max_bytes is not None and total > max_bytes
-            too_old = max_age is not None and now_ms - successor.created_ms >= max_age
-            if not (too_big or too_old):
-                break
-            self._segments.pop(0)
+        while self._retention_due(now_ms):
+            oldest = self._segments.pop(0)
             if deletable is not None:
                 deletable.discard(oldest.base)
-            total -= oldest.size
+            self._segment_bytes -= oldest.size
             effects.append(DeleteSegment(oldest.base))
-        first = self.first_offset
-        self._cache_evict(lambda batch: batch.first_offset < first)
+        if effects:
+            first = self.first_offset
+            self._cache_evict(lambda batch: batch.first_offset < first)
         return effects
