@@ -29,7 +29,6 @@ from danube.client import DanubeClient
 from danube.client.client import DispatchStrategy
 from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
-from spark.audit import AuditInputs, run_audit
 from tests.conformance.harness import ScenarioProcess
 from tests.support import replicated
 from tests.support.replicated import Load, broker_id, describe, followed, wait
@@ -150,21 +149,7 @@ def test_owner_and_follower_killed_and_restarted_lose_nothing(
 
         # Every copy the run left: each broker's WAL (the killed follower's too) and the
         # object tier, read while the object store still runs.
-        for broker in cluster.brokers:
-            if broker.alive:
-                broker.stop()
-        objects = tmp_path / "objects"
-        indexed = replicated.download_indexed_objects(cluster, objects)
-        assert indexed, "stopped brokers upload their tails: the index names objects"
-        inputs = AuditInputs(
-            [str(b.data_dir / "wal") for b in cluster.brokers],
-            str(objects),
-            None,
-            [str(tmp_path / "logs")],
-        )
-        mark("brokers stopped")
-        summary = run_audit(spark, inputs, str(tmp_path / "audit"), quiet=True).summary
-        mark("audited")
+        summary = replicated.audit_stopped_run(spark, cluster, tmp_path, mark)
     print(f"replication kill test audit: {summary}; {', '.join(times)}")
     assert summary["ok"], summary
     assert summary["acknowledged"] == LOAD_MESSAGES

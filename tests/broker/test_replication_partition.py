@@ -26,13 +26,12 @@ import pytest
 from pyspark.sql import SparkSession
 
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
-from spark.audit import AuditInputs, run_audit
 from tests.support.replicated import (
     Load,
+    audit_stopped_run,
     broker_id,
     copies,
     describe,
-    download_indexed_objects,
     logs,
     owner,
     wait,
@@ -180,20 +179,7 @@ def test_owner_cut_off_from_its_follower_then_killed_loses_nothing(
         assert out.count("all received") == 2, out
 
         # Stopped in order (each seals and uploads), the object store still up for the audit.
-        for broker in cluster.brokers:
-            broker.stop()
-        objects = tmp_path / "objects"
-        indexed = download_indexed_objects(cluster, objects)
-        assert indexed, "stopped brokers upload their tails: the index names objects"
-        inputs = AuditInputs(
-            [str(b.data_dir / "wal") for b in cluster.brokers],
-            str(objects),
-            None,
-            [str(tmp_path / "logs")],
-        )
-        phase("brokers stopped")
-        summary = run_audit(spark, inputs, str(tmp_path / "audit"), quiet=True).summary
-        phase("audited")
+        summary = audit_stopped_run(spark, cluster, tmp_path, phase)
     print(f"partition test audit: {summary}; {phases[-2:]}")
     assert summary["ok"], summary
     assert summary["acknowledged"] == MESSAGES

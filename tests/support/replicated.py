@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 from grpclib.client import Channel
@@ -184,3 +185,30 @@ def indexed_keys(cluster: LocalCluster) -> list[str]:
     the audit then leaves out an orphan a deposed or killed owner uploaded but never got
     indexed, which is no part of the topic's history."""
     return trio.run(_indexed_keys, cluster.etcd.endpoint)
+
+
+def audit_stopped_run(
+    spark: Any, cluster: LocalCluster, run_dir: Path, mark: Callable[[str], None]
+) -> dict[str, Any]:
+    """Stops the live brokers in order (each seals and uploads its tail), copies the indexed
+    objects while the object store still runs, and audits every broker's WAL (killed ones'
+    too), those objects and the load's logs under `run_dir / "logs"`: the audit's summary.
+    `mark` hears the two phases, for the test's timing line."""
+    from spark.audit import AuditInputs, run_audit  # pyspark: only these tests need it
+
+    for broker in cluster.brokers:
+        if broker.alive:
+            broker.stop()
+    objects = run_dir / "objects"
+    indexed = download_indexed_objects(cluster, objects)
+    assert indexed, "stopped brokers upload their tails: the index names objects"
+    inputs = AuditInputs(
+        [str(b.data_dir / "wal") for b in cluster.brokers],
+        str(objects),
+        None,
+        [str(run_dir / "logs")],
+    )
+    mark("brokers stopped")
+    summary: dict[str, Any] = run_audit(spark, inputs, str(run_dir / "audit"), quiet=True).summary
+    mark("audited")
+    return summary
