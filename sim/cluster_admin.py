@@ -86,6 +86,9 @@ class AdminChecker:
 
     def committed(self, events: list[WatchEvent], origin: Origin | None) -> None:
         for event in events:
+            if event.key.startswith("/topics/") and event.key.endswith("/policy"):
+                by = "?" if origin is None else f"{origin.broker} {origin.kind}"
+                self.world.log(f"stored {event.kind} {event.key} {event.value} by {by}")
             pair = keys.parse_assignment_key(event.key)
             if pair is not None and event.kind == "put" and pair[1] in self.deleted:
                 self._violate(DELETED, f"{pair[1]} was assigned to {pair[0]} after its deletion")
@@ -177,10 +180,12 @@ class Operator:
         self._calm = False
         self._policy_busy = False
         self.topic_policies = topic_policies
-        self.overrides: dict[str, dict[str, int]] = {}
-        """Topic → the overrides its answered changes set (each merges into the last)."""
-        self.unsure: set[str] = set()
-        """Topics with a change that never answered: it may or may not have landed."""
+        self._applied: dict[str, list[tuple[Local, dict[str, int]]]] = {}
+        """Topic → the changes of its overrides its owners' cores took, in order, by call
+        (a call whose caller gave up may still reach the core, late)."""
+        self._answered: set[Local] = set()
+        """The calls answered ok: their changes must be in force, unless a later one that
+        reached a core changed the same field."""
         self._topic_busy: set[str] = set()
 
     # -- the schedule ------------------------------------------------------------------------------
@@ -314,37 +319,45 @@ class Operator:
         """SetTopicPolicies, asked of any broker: it runs the change where it serves the
         topic, else forwards it to the owner the store names (`flows.at_owner`)."""
         self._topic_busy.add(topic)
-        self.unsure.add(topic)  # until it answers
 
         def local(p: BrokerProcess) -> Flow[Any]:
             return flows.topic_policies(p.name, topic, changes)
 
         def answered(value: tuple[dict[str, int], list[str]]) -> None:
             self._topic_busy.discard(topic)
-            self.unsure.discard(topic)
-            self.overrides[topic] = {**self.overrides.get(topic, {}), **changes}
+            self._answered.add(local)
             self.checker.overrides_answered(topic, changes, value)
 
-        def refused(error: BaseException) -> bool:
-            # Not the owner's answer (moving, unassigned, UNAVAILABLE): nothing changed.
+        def refused(_: BaseException) -> bool:
+            # Whether the change reached a core shows in `_applied` (`_at_core`).
             self._topic_busy.discard(topic)
-            if topic not in self.overrides or self._refused_before_core(error):
-                self.unsure.discard(topic)
             return True
 
+        self.world.log(f"operator sets the overrides of {topic}: {changes}")
         self._ask("topic_policy", local, answered, final=refused, direct=True)
 
-    @staticmethod
-    def _refused_before_core(error: BaseException) -> bool:
-        """A refusal of routing (no owner to ask, or none answered): the core never saw it."""
-        return isinstance(error, DanubeError) and error.code is ErrorCode.UNAVAILABLE
+    def allowed_overrides(self, topic: str) -> dict[str, set[int]]:
+        """Field → the values that may be in force: the last answered change of the field,
+        or a change that reached a core after it (one answered as failed may have landed,
+        late or before its owner took it back: a caller told UNAVAILABLE must not count on
+        either outcome). Fields no answered change set are not checked."""
+        allowed: dict[str, set[int]] = {}
+        for call, changes in self._applied.get(topic, ()):
+            for name, value in changes.items():
+                if call in self._answered:
+                    allowed[name] = {value}
+                elif name in allowed:
+                    allowed[name].add(value)
+        return allowed
 
     def check_overrides(self) -> None:
-        """After the cluster settled: each topic's answered overrides are in force at the
-        broker serving it (`l`)."""
-        for topic, wanted in sorted(self.overrides.items()):
-            if topic in self.unsure:
-                continue
+        """After the cluster settled: at the broker serving each topic, the overrides in
+        force are the answered ones (`allowed_overrides`), and are what the store holds, so
+        the topic's next owner enforces them too (`l`)."""
+        for topic in sorted(self._applied):
+            allowed = self.allowed_overrides(topic)
+            stored = self.checker.etcd.get(danube_keys.topic_policy(parse_topic(topic)))
+            in_store = {} if stored is None else stored.value
             serving = [
                 node.running
                 for node in self.nodes
@@ -358,14 +371,20 @@ class Operator:
                 policies, overridden = core.topic_policies(topic)
                 wrong = {
                     name: policies.get(name)
-                    for name, value in wanted.items()
-                    if name not in overridden or policies.get(name) != value
+                    for name, values in allowed.items()
+                    if name not in overridden or policies.get(name) not in values
                 }
                 if wrong:
                     self.checker.violate(
                         OVERRIDES,
                         f"{topic} at broker {process.name}: overrides {wrong}, answered "
-                        f"{wanted} (overridden {sorted(overridden)})",
+                        f"{allowed} (overridden {sorted(overridden)})",
+                    )
+                if core.topic_overrides(topic) != in_store:
+                    self.checker.violate(
+                        OVERRIDES,
+                        f"{topic} at broker {process.name}: overrides "
+                        f"{core.topic_overrides(topic)} in force, {in_store} in the store",
                     )
 
     # -- running a call ----------------------------------------------------------------------------
@@ -427,14 +446,14 @@ class Operator:
                 core = None if process.data is None else process.data.broker.core
                 answer(core is not None and core.serves(request.topic))
             elif isinstance(request, flows.TopicPolicies):
-                self._at_core(process, request, answer)
+                self._at_core(process, request, local, answer)
             else:
                 answer(error=TypeError(f"unexpected admin request {request!r}"))
 
         return handle
 
     def _at_core(
-        self, process: BrokerProcess, request: flows.TopicPolicies, answer: Answer
+        self, process: BrokerProcess, request: flows.TopicPolicies, call: Local, answer: Answer
     ) -> None:
         """The owner's core sets the overrides; answered once the change is stored, as
         `AdminServices._topic_policies` waits for its runtime."""
@@ -444,10 +463,13 @@ class Operator:
         if core is None:
             return  # the incarnation is gone: the call dies with it
         try:
+            before = core.topic_overrides(request.topic)
             step = core.set_topic_policies(request.topic, request.changes)
         except DanubeError as error:
             answer(error=error)
             return
+        after = core.topic_overrides(request.topic)
+        self._applied.setdefault(request.topic, []).append((call, dict(request.changes)))
         interpreter = broker.interpreter
         assert interpreter is not None
         first = interpreter.metadata.submitted + 1
@@ -463,9 +485,15 @@ class Operator:
                 return
             answer((step.value, list(overrides)))
 
+        def failed(error: DanubeError) -> None:
+            if process.alive and broker.core is core:  # as the runtime's reply does
+                interpreter.apply(core.undo_topic_policies(request.topic, before, after).effects)
+            answer(error=error)
+
         # As the runtime's reply: once the change is durable, an error when it is not
-        # (a write that failed or whose answer was lost must not be answered ok).
-        interpreter.settle(first, target, step.effects, _Settled(stored, answer))
+        # (a write that failed or whose answer was lost must not be answered ok, and the
+        # core takes the change back).
+        interpreter.settle(first, target, step.effects, _Settled(stored, failed))
 
     def _forwarded(self, admin_url: str, local: Local, answer: Answer) -> None:
         """The leader answers a forwarded call itself, never forwarding it again."""
@@ -505,14 +533,14 @@ def _if_alive(process: BrokerProcess, answer: Answer) -> None:
 class _Settled:
     """The waiter of `Interpreter.settle` for a call answered here."""
 
-    __slots__ = ("answer", "stored")
+    __slots__ = ("failed", "stored")
 
-    def __init__(self, stored: Callable[[], None], answer: Answer) -> None:
+    def __init__(self, stored: Callable[[], None], failed: Callable[[DanubeError], None]) -> None:
         self.stored = stored
-        self.answer = answer
+        self.failed = failed
 
     def ok(self) -> None:
         self.stored()
 
     def fail(self, error: DanubeError) -> None:
-        self.answer(error=error)
+        self.failed(error)

@@ -329,3 +329,42 @@ def test_a_raised_publish_rate_forgives_what_the_old_rate_made_wait() -> None:
     assert broker.core.publish_pace(TOPIC, 11, now_ms=0) == 10_000
     broker.run(broker.core.set_topic_policies(TOPIC, {"max_publish_rate": 10_000}).effects)
     assert broker.core.publish_pace(TOPIC, 1, now_ms=0) == 0, "11 messages are nothing at 10k/s"
+
+
+def test_a_topic_policy_change_whose_write_failed_is_taken_back() -> None:
+    """An override answered UNAVAILABLE (its write failed or its answer was lost) is not in
+    force, and the store is written back to what memory holds again: kept, the owner would
+    enforce what the store (and so the topic's next owner) does not know (simulator seed
+    55, replicated peers). A change made since is kept: its own write holds both."""
+    broker = Broker()
+    broker.producer()
+    broker.run(broker.core.set_topic_policies(TOPIC, {"max_producers_per_topic": 7}).effects)
+    before = broker.core.topic_overrides(TOPIC)
+    step = broker.core.set_topic_policies(TOPIC, {"max_producers_per_topic": 9})
+    after = broker.core.topic_overrides(TOPIC)
+    assert after == {"max_producers_per_topic": 9}
+    undo = broker.core.undo_topic_policies(TOPIC, before, after)  # `step` never landed
+    broker.run(undo.effects)
+    assert broker.core.topic_overrides(TOPIC) == before
+    assert broker.metadata[f"/topics{TOPIC}/policy"] == before
+    assert undo.value is not None and undo.value["max_producers_per_topic"] == 7
+
+    broker.run(step.effects)  # the failed write landed late after all: the undo follows it
+    broker.run(undo.effects)
+    assert broker.metadata[f"/topics{TOPIC}/policy"] == before
+
+    first = broker.core.set_topic_policies(TOPIC, {"max_message_size": 5})
+    changed = broker.core.topic_overrides(TOPIC)
+    broker.run(broker.core.set_topic_policies(TOPIC, {"max_message_size": 6}).effects)
+    assert broker.core.undo_topic_policies(TOPIC, before, changed).effects == ()
+    assert broker.core.topic_overrides(TOPIC)["max_message_size"] == 6
+    assert first.effects
+
+    fresh = Broker()
+    fresh.producer()
+    step = fresh.core.set_topic_policies(TOPIC, {"max_message_size": 5})
+    fresh.run(step.effects)
+    undo = fresh.core.undo_topic_policies(TOPIC, {}, fresh.core.topic_overrides(TOPIC))
+    fresh.run(undo.effects)
+    assert fresh.core.topic_overrides(TOPIC) == {}
+    assert f"/topics{TOPIC}/policy" not in fresh.metadata

@@ -18,6 +18,7 @@ from danube.machines.cluster.load_manager import Assign, LoadManager
 from danube.machines.cluster.membership import Campaign, Effect, Membership
 from danube.machines.node import settings
 from danube.machines.node.catalogue import Catalogue
+from danube.machines.node.effects import Step
 from danube.machines.requests import admin as admin_flows
 from danube.metadata.model import Compare
 from danube.values.names import TopicName
@@ -232,5 +233,20 @@ def topic_overrides_not_stored() -> Iterator[None]:
         yield
 
 
-ADMIN_DATA_MUTATIONS: dict[str, Patch] = {"topic_overrides_not_stored": topic_overrides_not_stored}
+@contextlib.contextmanager
+def topic_overrides_kept_after_failed_write() -> Iterator[None]:
+    """A change of a topic's overrides whose write failed (or whose answer was lost) is
+    answered UNAVAILABLE but stays in force at the owner: memory and the store disagree."""
+
+    def undo_topic_policies(self: Catalogue, topic: str, before: Any, after: Any) -> Any:
+        return Step(None, ())
+
+    with mock.patch.object(Catalogue, "undo_topic_policies", undo_topic_policies):
+        yield
+
+
+ADMIN_DATA_MUTATIONS: dict[str, Patch] = {
+    "topic_overrides_not_stored": topic_overrides_not_stored,
+    "topic_overrides_kept_after_failed_write": topic_overrides_kept_after_failed_write,
+}
 """Planted bugs the operator's calls catch in a run with data planes (invariant l)."""

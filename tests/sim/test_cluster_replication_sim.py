@@ -10,11 +10,13 @@ from __future__ import annotations
 import pytest
 
 from sim.cluster import ClusterSimulation, ClusterWorkload
+from sim.cluster_admin import OVERRIDES
 from sim.cluster_data_checker import FOREIGN_FRAMES, REPLICA_LOSS
 from sim.cluster_faults import CLUSTER_PROFILES
 from sim.faults import Faults, Injected
 from sim.network import Network
 from sim.world import World
+from tests.sim.cluster_mutations import ADMIN_DATA_MUTATIONS
 from tests.sim.replication_mutations import REPLICATION_MUTATIONS
 
 DEFAULT = CLUSTER_PROFILES["default"]
@@ -125,3 +127,21 @@ def test_a_followers_cut_waits_for_the_writes_its_old_log_queued() -> None:
     with REPLICATION_MUTATIONS["truncate_by_high_watermark"]():
         result = ClusterSimulation(37, workload, CLUSTER_PROFILES["peers"]).run(SECONDS)
     assert result.events > 0
+
+
+def test_an_override_answered_unavailable_is_not_kept_apart_from_the_store() -> None:
+    """Invariant l with three replicas and faults between brokers: an owner whose write of a
+    topic's overrides timed out (seed 55: it never landed) answered UNAVAILABLE but kept the
+    change in force, while the store held the previous overrides; the owner now takes the
+    change back, here and in the store. Planted: the change is kept, memory and store
+    disagree (the simulator's check compares the owner's overrides with the store)."""
+    workload = ClusterWorkload(replicated=True, replication_factor=3)
+    clean = ClusterSimulation(55, workload, CLUSTER_PROFILES["peers"]).run(SECONDS)
+    assert clean.ok and clean.settled, clean.violations
+    with ADMIN_DATA_MUTATIONS["topic_overrides_kept_after_failed_write"]():
+        for seed in range(55, 61):
+            planted = ClusterSimulation(seed, workload, CLUSTER_PROFILES["peers"]).run(SECONDS)
+            if not planted.ok:
+                assert planted.violations[0].invariant == OVERRIDES, planted.violations
+                return
+    pytest.fail("no seed of 55-60 caught topic_overrides_kept_after_failed_write")

@@ -237,6 +237,28 @@ class Catalogue:
         put = (paths.topic_policy(record.name), dict(record.policies))
         return Step(policies_to_json(self.policies(record)), (PersistMeta(puts=(put,)),))
 
+    def topic_overrides(self, topic: str) -> dict[str, int]:
+        """The fields the topic sets itself, with their values (what its policy key holds)."""
+        return dict(self.topic(topic).policies)
+
+    def undo_topic_policies(
+        self, topic: str, before: Mapping[str, int], after: Mapping[str, int]
+    ) -> Step[dict]:
+        """A change of the overrides (`before` → `after`) whose write failed, or whose answer
+        was lost, was answered as not done: it is taken back, here and in the store. Kept in
+        force, the store would not have it (when the write failed) and the topic's next owner
+        would enforce other limits than this one does. The write of `before` follows the
+        failed one in the same ordered lane, so the store ends as memory is whether or not
+        that one landed. When the overrides changed since (a later change, whose write holds
+        this one's fields too, or the topic left this broker), nothing is undone."""
+        record = self.topics_by_name.get(topic)
+        if record is None or record.policies != after:
+            return Step(None, ())
+        record.policies = dict(before)
+        key = paths.topic_policy(record.name)
+        write = PersistMeta(puts=((key, dict(before)),)) if before else PersistMeta(deletes=(key,))
+        return Step(policies_to_json(self.policies(record)), (write,))
+
     def clear_topic_policies(self, topic: str) -> Step[dict]:
         record = self.topic(topic)
         record.policies = {}

@@ -358,6 +358,12 @@ class BrokerCore:
     def clear_topic_policies(self, topic: str) -> Step[dict]:
         return self.catalogue.clear_topic_policies(topic)
 
+    def topic_overrides(self, topic: str) -> dict[str, int]:
+        return self.catalogue.topic_overrides(topic)
+
+    def undo_topic_policies(self, topic: str, before: dict, after: dict) -> Step[dict]:
+        return self.catalogue.undo_topic_policies(topic, before, after)
+
     def subscription_type(self, topic: str, subscription: str) -> SubscriptionType | None:
         return self.settings.subscription_type(topic, subscription)
 
