@@ -338,9 +338,9 @@ class Operator:
 
     def allowed_overrides(self, topic: str) -> dict[str, set[int]]:
         """Field → the values that may be in force: the last answered change of the field,
-        or a change that reached a core after it (one answered as failed may have landed,
-        late or before its owner took it back: a caller told UNAVAILABLE must not count on
-        either outcome). Fields no answered change set are not checked."""
+        or a change that reached a core after it (one answered UNAVAILABLE may be in force:
+        its caller must not count on either outcome). Fields no answered change set are not
+        checked."""
         allowed: dict[str, set[int]] = {}
         for call, changes in self._applied.get(topic, ()):
             for name, value in changes.items():
@@ -463,12 +463,10 @@ class Operator:
         if core is None:
             return  # the incarnation is gone: the call dies with it
         try:
-            before = core.topic_overrides(request.topic)
             step = core.set_topic_policies(request.topic, request.changes)
         except DanubeError as error:
             answer(error=error)
             return
-        after = core.topic_overrides(request.topic)
         self._applied.setdefault(request.topic, []).append((call, dict(request.changes)))
         interpreter = broker.interpreter
         assert interpreter is not None
@@ -486,14 +484,30 @@ class Operator:
             answer((step.value, list(overrides)))
 
         def failed(error: DanubeError) -> None:
-            if process.alive and broker.core is core:  # as the runtime's reply does
-                interpreter.apply(core.undo_topic_policies(request.topic, before, after).effects)
             answer(error=error)
+            self._persist_again(process, request.topic)
 
         # As the runtime's reply: once the change is durable, an error when it is not
-        # (a write that failed or whose answer was lost must not be answered ok, and the
-        # core takes the change back).
+        # (a write that failed or whose answer was lost must not be answered ok).
         interpreter.settle(first, target, step.effects, _Settled(stored, failed))
+
+    def _persist_again(self, process: BrokerProcess, topic: str) -> None:
+        """After a failed write of the topic's overrides the core writes them again
+        (`persist_topic_policies_again`), a second after each failure, while this
+        incarnation serves the topic."""
+        broker = process.data.broker  # type: ignore[union-attr]
+        core, interpreter = broker.core, broker.interpreter
+        if not process.alive or core is None or interpreter is None or not core.serves(topic):
+            return
+        step = core.persist_topic_policies_again(topic)
+        first = interpreter.metadata.submitted + 1
+        target = interpreter.apply(step.effects)
+
+        def failed(_: DanubeError) -> None:
+            if process.alive and broker.core is core:
+                self.world.at(RETRY_US, lambda: self._persist_again(process, topic))
+
+        interpreter.settle(first, target, step.effects, _Settled(_nothing, failed))
 
     def _forwarded(self, admin_url: str, local: Local, answer: Answer) -> None:
         """The leader answers a forwarded call itself, never forwarding it again."""
@@ -518,6 +532,10 @@ def _code(error: BaseException) -> str:
     if isinstance(error, DanubeError):
         return error.code.name
     return "bug"
+
+
+def _nothing() -> None:
+    """A write again of overrides answers no one."""
 
 
 def _ignore(_: Any) -> None:

@@ -234,19 +234,20 @@ def topic_overrides_not_stored() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def topic_overrides_kept_after_failed_write() -> Iterator[None]:
+def topic_overrides_not_written_again() -> Iterator[None]:
     """A change of a topic's overrides whose write failed (or whose answer was lost) is
-    answered UNAVAILABLE but stays in force at the owner: memory and the store disagree."""
+    answered UNAVAILABLE and stays in force at the owner, but is not written again: when
+    the failed write never landed, memory and the store disagree."""
 
-    def undo_topic_policies(self: Catalogue, topic: str, before: Any, after: Any) -> Any:
+    def persist_topic_policies_again(self: Catalogue, topic: str) -> Any:
         return Step(None, ())
 
-    with mock.patch.object(Catalogue, "undo_topic_policies", undo_topic_policies):
+    with mock.patch.object(Catalogue, "persist_topic_policies_again", persist_topic_policies_again):
         yield
 
 
 ADMIN_DATA_MUTATIONS: dict[str, Patch] = {
     "topic_overrides_not_stored": topic_overrides_not_stored,
-    "topic_overrides_kept_after_failed_write": topic_overrides_kept_after_failed_write,
+    "topic_overrides_not_written_again": topic_overrides_not_written_again,
 }
 """Planted bugs the operator's calls catch in a run with data planes (invariant l)."""

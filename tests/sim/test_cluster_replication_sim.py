@@ -129,19 +129,19 @@ def test_a_followers_cut_waits_for_the_writes_its_old_log_queued() -> None:
     assert result.events > 0
 
 
-def test_an_override_answered_unavailable_is_not_kept_apart_from_the_store() -> None:
+def test_an_override_answered_unavailable_is_written_again() -> None:
     """Invariant l with three replicas and faults between brokers: an owner whose write of a
-    topic's overrides timed out (seed 55: it never landed) answered UNAVAILABLE but kept the
-    change in force, while the store held the previous overrides; the owner now takes the
-    change back, here and in the store. Planted: the change is kept, memory and store
-    disagree (the simulator's check compares the owner's overrides with the store)."""
+    topic's overrides timed out (seed 55: it never landed) answered UNAVAILABLE and kept the
+    change in force while the store held the previous overrides, which its next owner would
+    enforce; the owner now writes its overrides again. Planted: it does not, and the
+    simulator's check (the owner's overrides are the store's) catches it."""
     workload = ClusterWorkload(replicated=True, replication_factor=3)
     clean = ClusterSimulation(55, workload, CLUSTER_PROFILES["peers"]).run(SECONDS)
     assert clean.ok and clean.settled, clean.violations
-    with ADMIN_DATA_MUTATIONS["topic_overrides_kept_after_failed_write"]():
+    with ADMIN_DATA_MUTATIONS["topic_overrides_not_written_again"]():
         for seed in range(55, 61):
             planted = ClusterSimulation(seed, workload, CLUSTER_PROFILES["peers"]).run(SECONDS)
             if not planted.ok:
                 assert planted.violations[0].invariant == OVERRIDES, planted.violations
                 return
-    pytest.fail("no seed of 55-60 caught topic_overrides_kept_after_failed_write")
+    pytest.fail("no seed of 55-60 caught topic_overrides_not_written_again")

@@ -241,22 +241,20 @@ class Catalogue:
         """The fields the topic sets itself, with their values (what its policy key holds)."""
         return dict(self.topic(topic).policies)
 
-    def undo_topic_policies(
-        self, topic: str, before: Mapping[str, int], after: Mapping[str, int]
-    ) -> Step[dict]:
-        """A change of the overrides (`before` → `after`) whose write failed, or whose answer
-        was lost, was answered as not done: it is taken back, here and in the store. Kept in
-        force, the store would not have it (when the write failed) and the topic's next owner
-        would enforce other limits than this one does. The write of `before` follows the
-        failed one in the same ordered lane, so the store ends as memory is whether or not
-        that one landed. When the overrides changed since (a later change, whose write holds
-        this one's fields too, or the topic left this broker), nothing is undone."""
+    def persist_topic_policies_again(self, topic: str) -> Step[dict | None]:
+        """A write of the topic's overrides failed or its answer was lost (answered
+        UNAVAILABLE): the store may hold them, the previous ones, or get them late. Memory
+        stays as it is (a caller told UNAVAILABLE counts on neither outcome) and is written
+        again, whole: whichever way the failed write went, never or late (it holds the same
+        value), the store ends as memory, so the topic's next owner enforces what this one
+        does. Taking the change back instead loses to a late landing of the failed write.
+        Nothing to write once the topic left this broker (its next owner reads the store)."""
         record = self.topics_by_name.get(topic)
-        if record is None or record.policies != after:
+        if record is None:
             return Step(None, ())
-        record.policies = dict(before)
         key = paths.topic_policy(record.name)
-        write = PersistMeta(puts=((key, dict(before)),)) if before else PersistMeta(deletes=(key,))
+        policies = dict(record.policies)
+        write = PersistMeta(puts=((key, policies),)) if policies else PersistMeta(deletes=(key,))
         return Step(policies_to_json(self.policies(record)), (write,))
 
     def clear_topic_policies(self, topic: str) -> Step[dict]:

@@ -361,8 +361,8 @@ class BrokerCore:
     def topic_overrides(self, topic: str) -> dict[str, int]:
         return self.catalogue.topic_overrides(topic)
 
-    def undo_topic_policies(self, topic: str, before: dict, after: dict) -> Step[dict]:
-        return self.catalogue.undo_topic_policies(topic, before, after)
+    def persist_topic_policies_again(self, topic: str) -> Step[dict | None]:
+        return self.catalogue.persist_topic_policies_again(topic)
 
     def subscription_type(self, topic: str, subscription: str) -> SubscriptionType | None:
         return self.settings.subscription_type(topic, subscription)
