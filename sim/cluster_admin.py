@@ -18,7 +18,8 @@ k. every write of a namespace's policies is the merge of what the store held and
    changes asked for;
 l. with data planes: a topic's policy overrides, once a change of them answered, are what
    the broker serving the topic enforces after the cluster settled, across the moves and
-   failovers in between (`flows.topic_policies`, routed to the owner by `flows.at_owner`).
+   failovers in between (`flows.topic_policies`, routed to the owner by `flows.at_owner`),
+   and what the store holds; a change answered UNAVAILABLE that reached a core may hold.
 """
 
 from __future__ import annotations
