@@ -32,6 +32,7 @@ from danube.effects import Sleep, StoreUnreachable
 from danube.effects.flow import Finished, Flow
 from danube.machines.cluster import keys
 from danube.machines.cluster.placement import creation
+from danube.machines.node.catalogue import Catalogue
 from danube.machines.node.settings import merged_policies
 from danube.machines.requests import admin as flows
 from danube.metadata.model import WatchEvent
@@ -506,7 +507,8 @@ class Operator:
 
         def failed(_: DanubeError) -> None:
             if process.alive and broker.core is core:
-                self.world.at(RETRY_US, lambda: self._persist_again(process, topic))
+                again_us = Catalogue.WRITE_AGAIN_MS * 1000
+                self.world.at(again_us, lambda: self._persist_again(process, topic))
 
         interpreter.settle(first, target, step.effects, _Settled(_nothing, failed))
 

@@ -241,6 +241,10 @@ class Catalogue:
         """The fields the topic sets itself, with their values (what its policy key holds)."""
         return dict(self.topic(topic).policies)
 
+    WRITE_AGAIN_MS = 1_000
+    """How long after a failed write of a topic's overrides the broker writes them again
+    (`persist_topic_policies_again`), in the simulator and in the runtime alike."""
+
     def persist_topic_policies_again(self, topic: str) -> Step[dict | None]:
         """A write of the topic's overrides failed or its answer was lost (answered
         UNAVAILABLE): the store may hold them, the previous ones, or get them late. Memory
