@@ -362,6 +362,7 @@ class BrokerCore(ReplicationRoutes):
         return self.catalogue.topic_overrides(topic)
 
     def persist_topic_policies_again(self, topic: str) -> Step[dict | None]:
+        """The write again of a topic's overrides; `tick` makes it after a failed write."""
         return self.catalogue.persist_topic_policies_again(topic)
 
     def subscription_type(self, topic: str, subscription: str) -> SubscriptionType | None:
@@ -600,8 +601,17 @@ class BrokerCore(ReplicationRoutes):
 
     def tick(self, now_ms: int) -> Step[None]:
         """Time passes: WAL flushes, rotation and retention; ack deadlines, redeliveries and
-        cursor flushes of reliable subscriptions."""
-        return self.logs.tick(now_ms)
+        cursor flushes of reliable subscriptions; topic overrides whose write failed are
+        written again (`Catalogue.overrides_to_write_again`)."""
+        step = self.logs.tick(now_ms)
+        again = self.catalogue.overrides_to_write_again(now_ms)
+        return Step(None, (*step.effects, *again)) if again else step
+
+    def metadata_written(self, touched: Iterable[str], failure: str | None, *, now_ms: int) -> None:
+        """A `PersistMeta` touching keys `touched` was stored (`failure` None) or failed;
+        the interpreter reports every one, in the order they were written. The catalogue
+        writes a topic's overrides again after a failed write (`Catalogue.metadata_written`)."""
+        self.catalogue.metadata_written(touched, failure, now_ms)
 
     def quiesce(self, now_ms: int) -> Step[None]:
         """Graceful shutdown: persists every reliable cursor that moved since it was last
