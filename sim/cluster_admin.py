@@ -32,7 +32,6 @@ from danube.effects import Sleep, StoreUnreachable
 from danube.effects.flow import Finished, Flow
 from danube.machines.cluster import keys
 from danube.machines.cluster.placement import creation
-from danube.machines.node.catalogue import Catalogue
 from danube.machines.node.settings import merged_policies
 from danube.machines.requests import admin as flows
 from danube.metadata.model import WatchEvent
@@ -487,30 +486,11 @@ class Operator:
 
         def failed(error: DanubeError) -> None:
             answer(error=error)
-            self._persist_again(process, request.topic)
 
         # As the runtime's reply: once the change is durable, an error when it is not
-        # (a write that failed or whose answer was lost must not be answered ok).
+        # (a write that failed or whose answer was lost must not be answered ok). The core
+        # writes a failed one again itself (`Catalogue.metadata_written`).
         interpreter.settle(first, target, step.effects, _Settled(stored, failed))
-
-    def _persist_again(self, process: BrokerProcess, topic: str) -> None:
-        """After a failed write of the topic's overrides the core writes them again
-        (`persist_topic_policies_again`), a second after each failure, while this
-        incarnation serves the topic."""
-        broker = process.data.broker  # type: ignore[union-attr]
-        core, interpreter = broker.core, broker.interpreter
-        if not process.alive or core is None or interpreter is None or not core.serves(topic):
-            return
-        step = core.persist_topic_policies_again(topic)
-        first = interpreter.metadata.submitted + 1
-        target = interpreter.apply(step.effects)
-
-        def failed(_: DanubeError) -> None:
-            if process.alive and broker.core is core:
-                again_us = Catalogue.WRITE_AGAIN_MS * 1000
-                self.world.at(again_us, lambda: self._persist_again(process, topic))
-
-        interpreter.settle(first, target, step.effects, _Settled(_nothing, failed))
 
     def _forwarded(self, admin_url: str, local: Local, answer: Answer) -> None:
         """The leader answers a forwarded call itself, never forwarding it again."""
@@ -535,10 +515,6 @@ def _code(error: BaseException) -> str:
     if isinstance(error, DanubeError):
         return error.code.name
     return "bug"
-
-
-def _nothing() -> None:
-    """A write again of overrides answers no one."""
 
 
 def _ignore(_: Any) -> None:

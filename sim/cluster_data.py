@@ -32,11 +32,12 @@ simulated object store, and does with their effects what `danube.runtime.ownersh
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from danube import keys as all_keys
 from danube.effects import Outcome, StoreRead, StoreTxn, TxnAnswer
-from danube.effects.flow import Finished
+from danube.effects.flow import Finished, Flow
 from danube.interpreter import Done, Interpreter
 from danube.machines.cluster import keys
 from danube.machines.cluster import ownership as own
@@ -44,6 +45,7 @@ from danube.machines.cluster import ownership_flows as flows
 from danube.machines.cluster.keys import Marker
 from danube.machines.cluster.ownership import NotOwner, Ownership, OwnershipConfig
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
+from danube.machines.cluster.request_batching import FLOW_SLOTS
 from danube.machines.node.effects import AskEpochEnd, ReplicaAnswer, ReplicaSend
 from danube.machines.node.replica_owner import ReplicationSettings
 from danube.machines.wal.machine import Durability, WalConfig
@@ -52,6 +54,7 @@ from danube.values.config import OBJECT_DURABILITY, TopicDurability
 from danube.values.errors import DanubeError, ErrorCode
 from sim.broker import TICK_US, Observer, Reply, SimBroker
 from sim.broker_io import SimPort, op_text
+from sim.cluster_slots import FlowSlots
 from sim.disk import SimDisk
 from sim.etcd import SimEtcd
 from sim.faults import Faults, Injected
@@ -270,6 +273,8 @@ class DataPlane:
         self._markers: set[str] = set()
         self._replicas: dict[str, tuple[ReplicaSet, int]] = {}
         """topic → its replica set and revision, as the watch has it (`--replicated`)."""
+        self._slots = FlowSlots()
+        """Claims and loads under way and waiting (`request_batching.FLOW_SLOTS`)."""
 
     def start(self) -> None:
         self.broker.start()
@@ -381,14 +386,28 @@ class DataPlane:
                 host.at_clock(effect.at_ms * US_PER_MS, lambda t=token: self._woken(t))
                 continue
             flow = flows.flow_of(self.machine, effect, host.now_ms)
-            if flow is not None:
+            if flow is None:
+                continue
+            kind = type(effect)
+            if kind in FLOW_SLOTS:  # claims and loads wait for a slot, as the driver's
+                self._slots.run(kind, partial(self._start_in_slot, flow, kind))
+            else:
                 run_flow(host, flow, self._core_request, self._finished)
+
+    def _start_in_slot(self, flow: Flow[list[own.Effect]], kind: type) -> None:
+        if self.host.alive:
+            run_flow(self.host, flow, self._core_request, partial(self._finished_in_slot, kind))
 
     def _finished(self, end: Finished) -> None:
         if end.error is not None:
             raise end.error  # a flow's bug: the run fails loudly
         if self.host.alive:
             self.apply(end.value)
+
+    def _finished_in_slot(self, kind: type, end: Finished) -> None:
+        self._finished(end)
+        if self.host.alive:  # the driver feeds the answer back, then the slot passes on
+            self._slots.finished(kind)
 
     def _woken(self, token: int) -> None:
         if self.host.alive and token == self._wake:

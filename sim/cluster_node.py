@@ -6,7 +6,8 @@ What the drivers do, done here with simulated time:
 
 - every request runs with the drivers' timeout (3 s); an error or no answer is the failure
   input (`request_failed`, `renew_failed`, `lease_lost` for an unknown lease, a lost campaign);
-  at most `TXNS_IN_FLIGHT` load-manager transactions run at once, the rest wait their turn;
+  the load manager's decisions wait for slots and go in batches as the driver's do
+  (`sim.cluster_slots.DecisionLanes`, `danube.machines.cluster.request_batching`);
 - `WakeAt` and `ScheduleTick` arm one timer each, a later one replacing the earlier;
 - the load manager's view is a watch of `/cluster/` opened before a scan of it (`resync`), then
   the watch's events above the snapshot's newest revision (`observe`); the membership's view
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,15 +49,15 @@ from danube.machines.cluster.placement import creation
 from danube.machines.cluster.ranking import LoadReport
 from danube.machines.node import paths
 from danube.metadata.model import Compare, KeyValue, Put, WatchEvent
-from danube.runtime.load_manager import TXNS_IN_FLIGHT
 from danube.runtime.watching import REQUEST_TIMEOUT_S, WATCH_RETRY_S
 from danube.values.config import DispatchStrategy
 from danube.values.names import parse_topic
 from sim.cluster_data import DataPlane
+from sim.cluster_slots import DecisionLanes
 from sim.disk import SimDisk
 from sim.etcd import Origin, SimEtcd, failed
 from sim.faults import Injected
-from sim.flow_runner import Answer, perform_store, run_flow
+from sim.flow_runner import Answer, run_flow
 from sim.network import Network, Stream
 from sim.objects import SimObjectStore
 from sim.replica_streams import ReplicaStreams
@@ -150,9 +150,8 @@ class BrokerProcess:
         self._markers: dict[str, tuple[Marker, int]] = {}
         self._sealing: dict[str, int] = {}
         """topic → marker revision being (or already) marked ready."""
-        self._txns: deque[lm.Txn] = deque()
-        """Decisions waiting for one of the driver's `TXNS_IN_FLIGHT` slots."""
-        self._txns_in_flight = 0
+        self.decision_lanes = DecisionLanes(self)
+        """The load manager's decisions, slotted and batched as the driver does."""
         self.assignments: dict[str, str] = {}
         """topic → broker, as this broker's view of the store has it (what a lookup reads)."""
         objects = node.settings.objects
@@ -387,6 +386,7 @@ class BrokerProcess:
                 self.world.log(f"broker {self.name} {effect.event}: {effect.detail}")
             else:
                 self._transact(effect)
+        self.decision_lanes.start()
 
     def _ticked(self, token: int) -> None:
         if self.alive and token == self._tick:
@@ -394,20 +394,7 @@ class BrokerProcess:
 
     def _transact(self, txn: lm.Txn) -> None:
         self.world.log(f"broker {self.name} decides {type(txn).__name__} {decisions.describe(txn)}")
-        self._txns.append(txn)
-        self._next_txns()
-
-    def _next_txns(self) -> None:
-        """At most `TXNS_IN_FLIGHT` at once, first come first served, each timed from its
-        call (the driver's limiter)."""
-        while self._txns and self._txns_in_flight < TXNS_IN_FLIGHT:
-            txn = self._txns.popleft()
-            self._txns_in_flight += 1
-            perform_store(self, decisions.as_txn(txn), self._txn_done)
-
-    def _txn_done(self, _: Any = None, *, error: BaseException | None = None) -> None:
-        self._txns_in_flight -= 1
-        self._next_txns()
+        self.decision_lanes.offer(txn)
 
     # -- data plane and workload -------------------------------------------------------------------
 

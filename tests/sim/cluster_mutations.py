@@ -18,7 +18,6 @@ from danube.machines.cluster.load_manager import Assign, LoadManager
 from danube.machines.cluster.membership import Campaign, Effect, Membership
 from danube.machines.node import settings
 from danube.machines.node.catalogue import Catalogue
-from danube.machines.node.effects import Step
 from danube.machines.requests import admin as admin_flows
 from danube.metadata.model import Compare
 from danube.values.names import TopicName
@@ -236,13 +235,14 @@ def topic_overrides_not_stored() -> Iterator[None]:
 @contextlib.contextmanager
 def topic_overrides_not_written_again() -> Iterator[None]:
     """A change of a topic's overrides whose write failed (or whose answer was lost) is
-    answered UNAVAILABLE and stays in force at the owner, but is not written again: when
-    the failed write never landed, memory and the store disagree."""
+    answered UNAVAILABLE and stays in force at the owner, but the core's tick never writes
+    it again (`Catalogue.overrides_to_write_again`): when the failed write never landed,
+    memory and the store disagree."""
 
-    def persist_topic_policies_again(self: Catalogue, topic: str) -> Any:
-        return Step(None, ())
+    def overrides_to_write_again(self: Catalogue, now_ms: int) -> list[Any]:
+        return []
 
-    with mock.patch.object(Catalogue, "persist_topic_policies_again", persist_topic_policies_again):
+    with mock.patch.object(Catalogue, "overrides_to_write_again", overrides_to_write_again):
         yield
 
 

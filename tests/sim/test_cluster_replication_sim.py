@@ -7,6 +7,8 @@ planted bugs of replication are caught (`tests/sim/replication_mutations.py`).""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sim.cluster import ClusterSimulation, ClusterWorkload
@@ -134,14 +136,18 @@ def test_an_override_answered_unavailable_is_written_again() -> None:
     topic's overrides timed out (seed 55: it never landed) answered UNAVAILABLE and kept the
     change in force while the store held the previous overrides, which its next owner would
     enforce; the owner now writes its overrides again. Planted: it does not, and the
-    simulator's check (the owner's overrides are the store's) catches it."""
+    simulator's check (the owner's overrides are the store's) catches it. A write that never
+    lands while its topic stays with the same owner is rare: since the load manager's
+    decisions go in batches (`request_batching`) seed 55 no longer has one; with twice the
+    operator's calls seed 25 does (1 of seeds 1-59)."""
     workload = ClusterWorkload(replicated=True, replication_factor=3)
     clean = ClusterSimulation(55, workload, CLUSTER_PROFILES["peers"]).run(SECONDS)
     assert clean.ok and clean.settled, clean.violations
+    busy = dataclasses.replace(workload, admin=16)
     with ADMIN_DATA_MUTATIONS["topic_overrides_not_written_again"]():
-        for seed in range(55, 61):
-            planted = ClusterSimulation(seed, workload, CLUSTER_PROFILES["peers"]).run(SECONDS)
+        for seed in range(20, 30):
+            planted = ClusterSimulation(seed, busy, CLUSTER_PROFILES["peers"]).run(SECONDS)
             if not planted.ok:
                 assert planted.violations[0].invariant == OVERRIDES, planted.violations
                 return
-    pytest.fail("no seed of 55-60 caught topic_overrides_not_written_again")
+    pytest.fail("no seed of 20-29 caught topic_overrides_not_written_again")

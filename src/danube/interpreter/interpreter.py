@@ -383,6 +383,8 @@ class Interpreter:
                 failure = f"{type(error).__name__}: {error}"
             if failure is not None:
                 self.host.event("metadata_write_failed", error=failure)
+            if not self.closed:  # the core decides what a failed write needs (written again)
+                self.core.metadata_written(txn.fenced, failure, now_ms=self.host.now_ms())
             lane.written(failure)
             self._write_metadata()
 

@@ -10,7 +10,6 @@ broker serves goes to that broker's admin port, so any broker answers for the cl
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any, Protocol, TypeVar
@@ -22,7 +21,6 @@ from danube.effects import StoreUnreachable
 from danube.effects.flow import Flow, drive
 from danube.machines.cluster import policies, replicas
 from danube.machines.dispatch.reliable import Backoff
-from danube.machines.node.catalogue import Catalogue
 from danube.machines.node.settings import (
     BACKOFF_WIRE,
     PoisonPolicy,
@@ -151,8 +149,6 @@ class AdminServices:
         self._cluster = cluster
         self._placement = placement
         self._store = store
-        self._writing_again: set[asyncio.Future[None]] = set()
-        """Writes again of topics' overrides under way (held so they are not collected)."""
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -462,39 +458,14 @@ class AdminServices:
         if request.clear:
             policies = await self._runtime.run(self._core.clear_topic_policies(request.topic))
         elif not request.read_only:
+            # A failed write is answered UNAVAILABLE, but the change stays in force here:
+            # the core writes it again until the store holds it (`Catalogue.metadata_written`).
             step = self._core.set_topic_policies(request.topic, request.changes)
-            try:
-                policies = await self._runtime.run(step)
-            except DanubeError:
-                # Answered UNAVAILABLE, but the change stays in force here: the core writes
-                # it again until the store holds it (`persist_topic_policies_again`).
-                self._write_overrides_again(request.topic)
-                raise
+            policies = await self._runtime.run(step)
         else:
             policies, _ = self._core.topic_policies(request.topic)
         _, overridden = self._core.topic_policies(request.topic)
         return policies, list(overridden)
-
-    def _write_overrides_again(self, topic: str) -> None:
-        """After a failed write of a topic's overrides: written again every
-        `WRITE_AGAIN_MS` while this broker serves the topic, as the simulator's operator
-        does (sim/cluster_admin.py `_persist_again`), until one write is stored."""
-        core, runtime = self._core, self._runtime
-
-        async def again() -> None:
-            while True:
-                await asyncio.sleep(Catalogue.WRITE_AGAIN_MS / 1000)
-                if not core.serves(topic):
-                    return
-                try:
-                    await runtime.run(core.persist_topic_policies_again(topic))
-                    return
-                except DanubeError:
-                    continue
-
-        task = asyncio.ensure_future(again())
-        self._writing_again.add(task)
-        task.add_done_callback(self._writing_again.discard)
 
     async def set_topic_policies(
         self, request: ext_pb.SetPoliciesRequest

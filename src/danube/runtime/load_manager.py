@@ -18,45 +18,26 @@ from danube import keys
 from danube.effects import Outcome, TxnAnswer
 from danube.machines.cluster import decisions
 from danube.machines.cluster.load_manager import (
-    Assign,
     Effect,
-    FailOver,
     LoadManager,
     Log,
     MarkDrained,
     Move,
-    Release,
     ScheduleTick,
     Txn,
 )
-from danube.metadata import Delete, DeletePrefix, KeyValue, MetadataStore, Put, WatchEvent
+from danube.machines.cluster.request_batching import (
+    BATCH,
+    TXNS_IN_FLIGHT,
+    DecisionQueue,
+    is_urgent,
+    subject,
+)
+from danube.metadata import KeyValue, MetadataStore, WatchEvent
 from danube.runtime.store_port import perform_txns
 from danube.runtime.watching import Alarm, follow
 
 log = logging.getLogger("danube.runtime")
-
-TXNS_IN_FLIGHT = 8
-"""Decisions of one class run at once at most: a failover of hundreds of topics must not
-queue hundreds of calls on the store, where they would time out waiting and be made again."""
-
-URGENT = (FailOver, Assign, Release)
-"""Decisions that bring a topic back into service. They have slots of their own: a broker's
-death also makes the leader replace it as follower of every topic it followed (`SetFollowers`,
-as many as the topics it owned), and a failover measured with 234 topics (issue 23,
-`bench.cluster_e2e failover-many`) had its `Assign`s wait 15 s behind those in one shared
-queue of 8."""
-
-
-BATCH = 64
-"""Decisions in one store request at most, on a store that takes several (`txn_many`):
-etcd takes 128 nested transactions by default (`--max-txn-ops`)."""
-
-
-def _decision_key(txn: Txn) -> tuple[str, str]:
-    """Decisions with the same key are the same decision made again: a later one replaces an
-    earlier one that is still waiting for a slot (it was decided on a newer view; the earlier
-    one would only be refused, or repeat what the later one does)."""
-    return type(txn).__name__, _subject(txn)
 
 
 def _now_ns() -> int:
@@ -75,12 +56,9 @@ class LoadManagerDriver:
         self._alarm = Alarm(lambda: self._apply(self.machine.tick(_now_ns(), unix_s=_unix_s())))
         self._urgent = trio.CapacityLimiter(TXNS_IN_FLIGHT)
         self._upkeep = trio.CapacityLimiter(TXNS_IN_FLIGHT)
-        self._waiting: dict[bool, dict[tuple[str, str], Txn]] = {True: {}, False: {}}
-        """Decisions made but not started (no slot yet), urgent or not, by `_decision_key`,
-        in the order made."""
-        self._batch = BATCH if hasattr(store, "txn_many") else 1
-        self.replaced = 0
-        """Decisions that replaced the same one still waiting for a slot (not run twice)."""
+        self._decisions = DecisionQueue(BATCH if hasattr(store, "txn_many") else 1)
+        """Decisions made but not started (no slot yet): which wait, which replace each
+        other and which go together is `danube.machines.cluster.request_batching`'s."""
         self.synced = trio.Event()
         """Set once the view holds a whole snapshot of `/cluster/`."""
         self.moves: collections.Counter[str] = collections.Counter()
@@ -106,6 +84,11 @@ class LoadManagerDriver:
             self.machine.became_leader(now) if leading else self.machine.lost_leadership(now)
         )
 
+    @property
+    def replaced(self) -> int:
+        """Decisions that replaced the same one still waiting for a slot (not run twice)."""
+        return self._decisions.replaced
+
     def trigger_rebalance(self, max_moves: int | None) -> None:
         self._apply(self.machine.trigger_rebalance(max_moves, _now_ns(), unix_s=_unix_s()))
 
@@ -117,47 +100,22 @@ class LoadManagerDriver:
                 self._alarm.set(effect.at / 1e9)
             elif isinstance(effect, Log):
                 log.info("event=%s %s", effect.event, effect.detail)
-            else:
-                key, urgent = _decision_key(effect), isinstance(effect, URGENT)
-                waiting = self._waiting[urgent]
-                if key in waiting:
-                    self.replaced += 1
-                else:  # one task per waiting decision: each batch takes at least one
-                    self._nursery.start_soon(self._transact, urgent)
-                waiting[key] = effect
+            elif self._decisions.offer(effect):
+                # one task per waiting decision: each batch takes at least one
+                self._nursery.start_soon(self._transact, is_urgent(effect))
 
     async def _transact(self, urgent: bool) -> None:
         """Runs the decisions (`danube.machines.cluster.decisions`) waiting when a slot comes,
-        up to `BATCH` in one store request, each the latest made under its key. Outcomes are
-        not reported: a decision that took effect shows in the watch, and one that did not
-        (a compare failed, the store did not answer) is made again by the machine when it is
-        still due."""
+        as `DecisionQueue.take` batches them. Outcomes are not reported: a decision that took
+        effect shows in the watch, and one that did not (a compare failed, the store did not
+        answer) is made again by the machine when it is still due."""
         async with self._urgent if urgent else self._upkeep:
-            batch = self._take(self._waiting[urgent])
+            batch = self._decisions.take(urgent)
             if not batch:
                 return  # an earlier batch took them
             answers = await perform_txns(self.store, [decisions.as_txn(t) for t in batch])
         for txn, answer in zip(batch, answers, strict=True):
             self._report(txn, answer)
-
-    def _take(self, waiting: dict[tuple[str, str], Txn]) -> list[Txn]:
-        """The oldest waiting decisions, up to the batch size, none writing a key another
-        one writes (etcd refuses such a transaction as a whole)."""
-        batch: list[Txn] = []
-        written: set[str] = set()
-        for key, txn in list(waiting.items()):
-            if len(batch) == self._batch:
-                break
-            keys = {op.key for op in txn.ops if isinstance(op, Put | Delete)}
-            whole = any(isinstance(op, DeletePrefix) for op in txn.ops)
-            if keys & written or (whole and batch):
-                continue
-            batch.append(txn)
-            del waiting[key]
-            if whole:
-                break
-            written |= keys
-        return batch
 
     def _report(self, txn: Txn, answer: TxnAnswer) -> None:
         self._count(txn, succeeded=answer.committed)
@@ -166,12 +124,12 @@ class LoadManagerDriver:
         elif answer.outcome is Outcome.UNKNOWN:
             log.warning(
                 "event=load_manager_txn_failed decision=%s %s error=no answer",
-                type(txn).__name__, _subject(txn),
+                type(txn).__name__, subject(txn),
             )  # fmt: skip
         else:
             log.info(
                 "event=load_manager_txn_stale decision=%s %s",
-                type(txn).__name__, _subject(txn),
+                type(txn).__name__, subject(txn),
             )  # fmt: skip
 
     def _count(self, txn: Txn, *, succeeded: bool) -> None:
@@ -194,10 +152,6 @@ class LoadManagerDriver:
         self._apply(self.machine.observe(event, _now_ns()))
         if self.on_event is not None:
             self.on_event(event)
-
-
-def _subject(txn: Txn) -> str:
-    return f"broker={txn.broker}" if isinstance(txn, MarkDrained) else f"topic={txn.topic}"
 
 
 def _describe(txn: Txn) -> str:

@@ -31,10 +31,10 @@ import trio_asyncio
 from danube import keys
 from danube.effects import StoreTxn
 from danube.effects.flow import Flow, drive
-from danube.machines.cluster import ownership as own
 from danube.machines.cluster import ownership_flows as flows
 from danube.machines.cluster.ownership import SETTLE_POLL_MS, Effect, Ownership, WakeAt
 from danube.machines.cluster.records import Marker
+from danube.machines.cluster.request_batching import FLOW_SLOTS
 from danube.metadata import MetadataError, MetadataStore, WatchEvent
 from danube.runtime.broker import BrokerRuntime, now_ms
 from danube.runtime.store_port import STORE_EFFECTS, perform_store
@@ -46,14 +46,6 @@ T = TypeVar("T")
 
 _Change = frozenset[str] | tuple[str, bool]
 """An assignment snapshot (every topic assigned here), or one topic (un)assigned."""
-
-
-LOADS_IN_FLIGHT = 16
-"""Claims, and loads, run at once at most (each its own bound). A broker given a dead
-broker's hundreds of topics at once (issue 23: 234) otherwise starts every claim, then every
-load (three scans, two reads, a transaction and a WAL load each) together: none finishes
-before all have queued their calls on the store and the loop, so the first topic is served
-as late as the last, and the membership's lease renewal waits in the same queues."""
 
 
 def _monotonic_ms() -> int:
@@ -77,10 +69,8 @@ class OwnershipDriver:
         self._assigned: set[str] = set()
         self._markers: set[str] = set()
         self._changes_in, self._changes = trio.open_memory_channel[_Change](math.inf)
-        self._bounds = {
-            own.Claim: trio.CapacityLimiter(LOADS_IN_FLIGHT),
-            own.Load: trio.CapacityLimiter(LOADS_IN_FLIGHT),
-        }
+        self._bounds = {kind: trio.CapacityLimiter(n) for kind, n in FLOW_SLOTS.items()}
+        """Which effects' flows wait for a slot, and how many: `request_batching`'s rule."""
         self.on_adopted: Callable[[str], Awaitable[None]] | None = None
         """Called after a topic is adopted here (the replication port pushes its replicas
         value, so the owner replicates without waiting for a change)."""
@@ -212,7 +202,7 @@ class OwnershipDriver:
 
     async def _run(self, flow: Flow[list[Effect]], bound: trio.CapacityLimiter | None) -> None:
         """Carries out one effect's flow (`danube.machines.cluster.ownership_flows`) and feeds the
-        machine's answer back; claims and loads wait for a slot (`LOADS_IN_FLIGHT`)."""
+        machine's answer back; claims and loads wait for a slot (`request_batching.FLOW_SLOTS`)."""
         if bound is None:
             self._apply(await drive(flow, self._perform))
             return

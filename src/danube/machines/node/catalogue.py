@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from danube import keys
 from danube.machines.node import paths
 from danube.machines.node import settings as settings_rules
 from danube.machines.node.effects import BrokerIdentity, Effect, LoadWal, PersistMeta, Step
@@ -24,6 +25,7 @@ from danube.values.names import (
 )
 
 _OVERRIDDEN_KEPT = 1_024
+_POLICY_SUFFIX = "/policy"
 
 
 class Catalogue:
@@ -37,6 +39,9 @@ class Catalogue:
         self._overridden: dict[tuple[Policies, tuple[tuple[str, int], ...]], Policies] = {}
         """`policies` of topics with overrides, by what they are built from (a topic's
         reliable log asks at every tick; `dataclasses.replace` took 5 µs a call)."""
+        self._overrides_unsaved: dict[str, int | None] = {}
+        """Topics whose overrides' last write failed: when to write them again (None: a
+        write again is under way). `metadata_written` and `overrides_to_write_again`."""
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -243,7 +248,51 @@ class Catalogue:
 
     WRITE_AGAIN_MS = 1_000
     """How long after a failed write of a topic's overrides the broker writes them again
-    (`persist_topic_policies_again`), in the simulator and in the runtime alike."""
+    (`persist_topic_policies_again`, from `overrides_to_write_again` at a tick)."""
+
+    def metadata_written(self, touched: Iterable[str], failure: str | None, now_ms: int) -> None:
+        """The outcome of one metadata change (`touched`: its keys), reported for every
+        change in the order they were written. A failed write of a topic's overrides (its
+        answer may also have been lost: the store may hold them, the previous ones, or get
+        them late) leaves memory as it is, as a caller told UNAVAILABLE counts on neither
+        outcome, and marks them to be written again `WRITE_AGAIN_MS` later. A stored write
+        of them clears the mark: each write holds the whole overrides as memory held them
+        when it was decided, and changes are written one at a time, in order, so the last
+        outcome is the store's. A decision, so that the simulator runs it: it was each
+        driver's loop around `persist_topic_policies_again`."""
+        for key in touched:
+            if not key.endswith(_POLICY_SUFFIX):
+                continue
+            topic = keys.topic_of_key(key)
+            record = self.topics_by_name.get(topic) if topic is not None else None
+            if record is None or key != paths.topic_policy(record.name):
+                continue
+            if failure is None:
+                self._overrides_unsaved.pop(record.name.full, None)
+            else:
+                self._overrides_unsaved[record.name.full] = now_ms + self.WRITE_AGAIN_MS
+
+    def overrides_to_write_again(self, now_ms: int) -> list[Effect]:
+        """At a tick: the writes again of overrides whose last write failed at least
+        `WRITE_AGAIN_MS` ago, one at a time per topic (the next waits for this one's
+        outcome), while the topic is served here: once it leaves (or is on its way out)
+        its next owner reads the store, and the write would be refused (`NotOwner`)."""
+        if not self._overrides_unsaved:
+            return []
+        effects: list[Effect] = []
+        for topic, due in list(self._overrides_unsaved.items()):
+            record = self.topics_by_name.get(topic)
+            if record is None or record.phase.moving:
+                del self._overrides_unsaved[topic]
+            elif due is not None and due <= now_ms:
+                self._overrides_unsaved[topic] = None  # written again: wait for its outcome
+                effects.extend(self.persist_topic_policies_again(topic).effects)
+        return effects
+
+    def overrides_unsaved(self) -> dict[str, int | None]:
+        """Topics whose overrides are to be written again, with when (None: a write again
+        is under way), for tests and views."""
+        return dict(self._overrides_unsaved)
 
     def persist_topic_policies_again(self, topic: str) -> Step[dict | None]:
         """A write of the topic's overrides failed or its answer was lost (answered

@@ -16,7 +16,8 @@ mutation, so a `DanubeError` leaves the state untouched.
   `danube.machines.dispatch.protocol.Subscription` protocol both dispatchers implement;
 - `subscription_settings`: a subscription's failure policy and dispatch window;
 - `reliable_log`: each reliable topic's WAL and uploader, subscriptions' reads, timers;
-- `object_tier`: the object store's answers to the uploaders.
+- `object_tier`: the object store's answers to the uploaders;
+- `core_replication`: the routes of replication, owner's and follower's side (a mixin).
 
 Deliberate differences from Danube are listed in spec/protocol.md.
 """
@@ -29,10 +30,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from danube import keys
-from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.dispatch import LATEST, QueueLimits, StartPosition, SubscriptionType
 from danube.machines.node.catalogue import Catalogue, policies_to_json
 from danube.machines.node.consumers import Consumers
+from danube.machines.node.core_replication import ReplicationRoutes
 from danube.machines.node.effects import (
     AskEpochEnd,
     BatchPublished,
@@ -72,12 +73,11 @@ from danube.machines.node.records import (
     TopicRecord,
 )
 from danube.machines.node.reliable_log import READ_MAX_BYTES, ReliableLogs
-from danube.machines.node.replica_follower import FollowerReplicas, still_follows
-from danube.machines.node.replica_owner import ReplicaConfig, ReplicationSettings, replica_config
+from danube.machines.node.replica_follower import FollowerReplicas
+from danube.machines.node.replica_owner import ReplicaConfig, ReplicationSettings
 from danube.machines.node.restore import Restorer
 from danube.machines.node.settings import SubscriptionFailureSettings
 from danube.machines.node.subscription_settings import SubscriptionSettingsAdmin
-from danube.machines.replication import messages as rm
 from danube.machines.tiering import uploader as tier
 from danube.machines.wal import batches
 from danube.machines.wal import machine as wal
@@ -130,7 +130,7 @@ _DEFAULT_WAL = wal.WalConfig()
 _DEFAULT_DURABILITY = TopicDurability()
 
 
-class BrokerCore:
+class BrokerCore(ReplicationRoutes):
     """One broker's topics, producers and subscriptions. Single-threaded by contract."""
 
     def __init__(
@@ -362,6 +362,7 @@ class BrokerCore:
         return self.catalogue.topic_overrides(topic)
 
     def persist_topic_policies_again(self, topic: str) -> Step[dict | None]:
+        """The write again of a topic's overrides; `tick` makes it after a failed write."""
         return self.catalogue.persist_topic_policies_again(topic)
 
     def subscription_type(self, topic: str, subscription: str) -> SubscriptionType | None:
@@ -600,8 +601,17 @@ class BrokerCore:
 
     def tick(self, now_ms: int) -> Step[None]:
         """Time passes: WAL flushes, rotation and retention; ack deadlines, redeliveries and
-        cursor flushes of reliable subscriptions."""
-        return self.logs.tick(now_ms)
+        cursor flushes of reliable subscriptions; topic overrides whose write failed are
+        written again (`Catalogue.overrides_to_write_again`)."""
+        step = self.logs.tick(now_ms)
+        again = self.catalogue.overrides_to_write_again(now_ms)
+        return Step(None, (*step.effects, *again)) if again else step
+
+    def metadata_written(self, touched: Iterable[str], failure: str | None, *, now_ms: int) -> None:
+        """A `PersistMeta` touching keys `touched` was stored (`failure` None) or failed;
+        the interpreter reports every one, in the order they were written. The catalogue
+        writes a topic's overrides again after a failed write (`Catalogue.metadata_written`)."""
+        self.catalogue.metadata_written(touched, failure, now_ms)
 
     def quiesce(self, now_ms: int) -> Step[None]:
         """Graceful shutdown: persists every reliable cursor that moved since it was last
@@ -630,124 +640,6 @@ class BrokerCore:
                 if record is not None and record.log.epoch > 0:
                     claims[topic] = record.log.epoch
         return claims
-
-    # -- replication, the owner's side (spec/replication.md) -----------------------------------
-
-    def replicas_changed(self, topic: str, config: ReplicaConfig, *, now_ms: int) -> Step[None]:
-        """The topic's replicas value as read (watch, or the read-back after a proposal):
-        replication starts, follows the recorded in-sync set, or stops."""
-        record = self._topics.get(topic)
-        if record is None or record.phase.stopped:
-            return Step(None)
-        if record.wal is None:  # applied once the WAL loads
-            record.log.replica_config = config
-            return Step(None)
-        return Step(None, tuple(self.logs.replicas.configure(record, config, now_ms)))
-
-    def replica_proposal_lost(self, topic: str) -> Step[None]:
-        """A `ReplicaPropose` flow failed without a read-back: the owner proposes again later."""
-        record = self._topics.get(topic)
-        if record is None:
-            return Step(None)
-        return Step(None, tuple(self.logs.replicas.proposal_lost(record)))
-
-    def replica_set_seen(self, topic: str, record: ReplicaSet | None, version: int, *,
-                         assigned_here: bool, now_ms: int) -> Step[None]:  # fmt: skip
-        """The topic's replica set as the `/cluster/` watch shows it (at `version`; None:
-        deleted or unreadable): the owner's side adopts it; a replica this broker no longer
-        follows goes with its files (`replica_follower.still_follows`)."""
-        if self.serves(topic):
-            if record is None:
-                return Step(None)
-            return self.replicas_changed(topic, replica_config(record, version), now_ms=now_ms)
-        me = self.logs.replicas.broker_id
-        if not self.followers.serves(topic) or still_follows(me, record, assigned_here):
-            return Step(None)
-        return self.followers.release(topic, delete_files=True)
-
-    def replica_answered(
-        self, follower: str, answer: rm.FollowerAnswer, *, now_ms: int
-    ) -> Step[None]:
-        """A follower's answer on the replication stream."""
-        record = self._topics.get(answer.topic)
-        if record is None or record.wal is None:
-            return Step(None)
-        return Step(None, tuple(self.logs.replicas.answered(record, follower, answer, now_ms)))
-
-    def replica_stream_broke(self, follower: str, *, now_ms: int) -> Step[None]:
-        """The stream to `follower` broke: sends on it may be lost, for every topic."""
-        effects: list[Effect] = []
-        for record in self._topics.values():
-            if record.log.replication is not None and record.wal is not None:
-                effects.extend(self.logs.replicas.broke(record, follower, now_ms))
-        return Step(None, tuple(effects))
-
-    def replica_frames_read(
-        self, read: ReplicaRead, frames: bytes, end: int, *, now_ms: int
-    ) -> Step[None]:
-        """The frames a `ReplicaRead` asked for: offsets [`read.plan.from_offset`, `end`)."""
-        record = self._topics.get(read.topic)
-        if record is None or record.wal is None:
-            return Step(None)
-        from_offset = read.plan.from_offset
-        effects = self.logs.replicas.frames_read(
-            record, read.follower, from_offset, frames, end, now_ms
-        )
-        return Step(None, tuple(effects))
-
-    def replication_state(self, topic: str) -> dict[str, Any] | None:
-        """The owner's view of the topic's replication (admin, metrics, checks): None when
-        the topic does not replicate here."""
-        record = self._topics.get(topic)
-        machine = record.log.replication if record is not None else None
-        if machine is None:
-            return None
-        return {
-            "epoch": machine.epoch,
-            "high_watermark": machine.high_watermark,
-            "durable_end": machine.durable_end,
-            "in_sync": sorted(machine.in_sync),
-            "followers": {
-                name: {"acknowledged": link.acked_end, "sent": link.sent_end}
-                for name, link in sorted(machine.links.items())
-            },
-            "deposed": machine.deposed,
-        }
-
-    # -- replication, the follower's side -------------------------------------------------------
-
-    def replica_received(self, owner: str, msg: rm.Replicate, *, now_ms: int) -> Step[None]:
-        """A `Replicate` from `owner`. A topic this broker owns itself is refused with its
-        epoch (the sender is deposed), or, when the sender's epoch is higher, stops here."""
-        record = self._topics.get(msg.topic)
-        if record is None:
-            return self.followers.received(owner, msg, now_ms)
-        if msg.epoch > record.log.epoch:
-            return Step(None, tuple(self.logs.replicas.deposed(record, msg.epoch)))
-        answer = rm.StaleEpoch(msg.topic, record.log.epoch)
-        return Step(None, (ReplicaAnswer(owner, answer),))
-
-    def replica_epoch_end(self, topic: str, epoch: int) -> int | None:
-        """Answers a follower's `AskEpochEnd`: where `epoch` ends on this owner's log (None
-        when the topic is not served here with a working WAL)."""
-        record = self._topics.get(topic)
-        if record is None or record.wal is None or record.phase.stopped:
-            return None
-        starts = record.log.history.starts if record.log.history is not None else ()
-        return rm.end_of_epoch(starts, epoch, record.wal.next_offset)
-
-    def replica_epoch_answered(
-        self, topic: str, epoch: int, end: int | None, *, now_ms: int
-    ) -> Step[None]:
-        return self.followers.epoch_answered(topic, epoch, end, now_ms)
-
-    def epochs_saved(self, topic: str) -> Step[None]:
-        """A `SaveEpochs` is durable."""
-        return self.followers.epochs_saved(topic)
-
-    def replica_released(self, topic: str, *, delete_files: bool) -> Step[None]:
-        """This broker no longer follows `topic` (the replicas value says so)."""
-        return self.followers.release(topic, delete_files=delete_files)
 
     # -- the object tier ----------------------------------------------------------------------
 

@@ -1,0 +1,146 @@
+"""The broker core's routes for replication (spec/replication.md): the owner's side (its
+followers' answers, the replicas value it adopts) and the follower's side (an owner's
+`Replicate`, the epochs it saves). Split out of `danube.machines.node.core` to keep that module
+under the size cap; `BrokerCore` inherits these methods, so callers see one core. Like the rest
+of the core it only routes: the decisions are `ReliableLogs.replicas` (the owner's machines)
+and `FollowerReplicas`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from danube.machines.cluster.replicas import ReplicaSet
+from danube.machines.node.effects import Effect, ReplicaAnswer, ReplicaRead, Step
+from danube.machines.node.records import TopicRecord
+from danube.machines.node.reliable_log import ReliableLogs
+from danube.machines.node.replica_follower import FollowerReplicas, still_follows
+from danube.machines.node.replica_owner import ReplicaConfig, replica_config
+from danube.machines.replication import messages as rm
+
+
+class ReplicationRoutes:
+    """Mixed into `BrokerCore`, which provides these attributes."""
+
+    logs: ReliableLogs
+    followers: FollowerReplicas
+    _topics: dict[str, TopicRecord]
+    serves: Callable[[str], bool]
+
+    # -- replication, the owner's side (spec/replication.md) -----------------------------------
+
+    def replicas_changed(self, topic: str, config: ReplicaConfig, *, now_ms: int) -> Step[None]:
+        """The topic's replicas value as read (watch, or the read-back after a proposal):
+        replication starts, follows the recorded in-sync set, or stops."""
+        record = self._topics.get(topic)
+        if record is None or record.phase.stopped:
+            return Step(None)
+        if record.wal is None:  # applied once the WAL loads
+            record.log.replica_config = config
+            return Step(None)
+        return Step(None, tuple(self.logs.replicas.configure(record, config, now_ms)))
+
+    def replica_proposal_lost(self, topic: str) -> Step[None]:
+        """A `ReplicaPropose` flow failed without a read-back: the owner proposes again later."""
+        record = self._topics.get(topic)
+        if record is None:
+            return Step(None)
+        return Step(None, tuple(self.logs.replicas.proposal_lost(record)))
+
+    def replica_set_seen(self, topic: str, record: ReplicaSet | None, version: int, *,
+                         assigned_here: bool, now_ms: int) -> Step[None]:  # fmt: skip
+        """The topic's replica set as the `/cluster/` watch shows it (at `version`; None:
+        deleted or unreadable): the owner's side adopts it; a replica this broker no longer
+        follows goes with its files (`replica_follower.still_follows`)."""
+        if self.serves(topic):
+            if record is None:
+                return Step(None)
+            return self.replicas_changed(topic, replica_config(record, version), now_ms=now_ms)
+        me = self.logs.replicas.broker_id
+        if not self.followers.serves(topic) or still_follows(me, record, assigned_here):
+            return Step(None)
+        return self.followers.release(topic, delete_files=True)
+
+    def replica_answered(
+        self, follower: str, answer: rm.FollowerAnswer, *, now_ms: int
+    ) -> Step[None]:
+        """A follower's answer on the replication stream."""
+        record = self._topics.get(answer.topic)
+        if record is None or record.wal is None:
+            return Step(None)
+        return Step(None, tuple(self.logs.replicas.answered(record, follower, answer, now_ms)))
+
+    def replica_stream_broke(self, follower: str, *, now_ms: int) -> Step[None]:
+        """The stream to `follower` broke: sends on it may be lost, for every topic."""
+        effects: list[Effect] = []
+        for record in self._topics.values():
+            if record.log.replication is not None and record.wal is not None:
+                effects.extend(self.logs.replicas.broke(record, follower, now_ms))
+        return Step(None, tuple(effects))
+
+    def replica_frames_read(
+        self, read: ReplicaRead, frames: bytes, end: int, *, now_ms: int
+    ) -> Step[None]:
+        """The frames a `ReplicaRead` asked for: offsets [`read.plan.from_offset`, `end`)."""
+        record = self._topics.get(read.topic)
+        if record is None or record.wal is None:
+            return Step(None)
+        from_offset = read.plan.from_offset
+        effects = self.logs.replicas.frames_read(
+            record, read.follower, from_offset, frames, end, now_ms
+        )
+        return Step(None, tuple(effects))
+
+    def replication_state(self, topic: str) -> dict[str, Any] | None:
+        """The owner's view of the topic's replication (admin, metrics, checks): None when
+        the topic does not replicate here."""
+        record = self._topics.get(topic)
+        machine = record.log.replication if record is not None else None
+        if machine is None:
+            return None
+        return {
+            "epoch": machine.epoch,
+            "high_watermark": machine.high_watermark,
+            "durable_end": machine.durable_end,
+            "in_sync": sorted(machine.in_sync),
+            "followers": {
+                name: {"acknowledged": link.acked_end, "sent": link.sent_end}
+                for name, link in sorted(machine.links.items())
+            },
+            "deposed": machine.deposed,
+        }
+
+    # -- replication, the follower's side -------------------------------------------------------
+
+    def replica_received(self, owner: str, msg: rm.Replicate, *, now_ms: int) -> Step[None]:
+        """A `Replicate` from `owner`. A topic this broker owns itself is refused with its
+        epoch (the sender is deposed), or, when the sender's epoch is higher, stops here."""
+        record = self._topics.get(msg.topic)
+        if record is None:
+            return self.followers.received(owner, msg, now_ms)
+        if msg.epoch > record.log.epoch:
+            return Step(None, tuple(self.logs.replicas.deposed(record, msg.epoch)))
+        answer = rm.StaleEpoch(msg.topic, record.log.epoch)
+        return Step(None, (ReplicaAnswer(owner, answer),))
+
+    def replica_epoch_end(self, topic: str, epoch: int) -> int | None:
+        """Answers a follower's `AskEpochEnd`: where `epoch` ends on this owner's log (None
+        when the topic is not served here with a working WAL)."""
+        record = self._topics.get(topic)
+        if record is None or record.wal is None or record.phase.stopped:
+            return None
+        starts = record.log.history.starts if record.log.history is not None else ()
+        return rm.end_of_epoch(starts, epoch, record.wal.next_offset)
+
+    def replica_epoch_answered(
+        self, topic: str, epoch: int, end: int | None, *, now_ms: int
+    ) -> Step[None]:
+        return self.followers.epoch_answered(topic, epoch, end, now_ms)
+
+    def epochs_saved(self, topic: str) -> Step[None]:
+        """A `SaveEpochs` is durable."""
+        return self.followers.epochs_saved(topic)
+
+    def replica_released(self, topic: str, *, delete_files: bool) -> Step[None]:
+        """This broker no longer follows `topic` (the replicas value says so)."""
+        return self.followers.release(topic, delete_files=delete_files)
