@@ -12,6 +12,10 @@ of the WAL write from the asyncio loop to a thread and back, and what runs aroun
 - `--in-flight N`: N publishes at once, again and again: CPU per message and per group
   commit (`acknowledged` events counted).
 
+With the WAL writer threads (issue 23) it also prints the three legs of the file effects
+outside the loop (`wal_writer.Timings`, the newest 4,096): hand-off to the thread, the I/O,
+the way back to the loop.
+
 It uses only `BrokerRuntime`, `BrokerCore` and the port, so the same file runs against an
 older tree (`PYTHONPATH=<tree>/src:<tree>`) for a before/after comparison.
 
@@ -87,7 +91,9 @@ async def _measure(runtime: BrokerRuntime, publishes: int, in_flight: int) -> di
         latencies.extend(await asyncio.gather(*(one() for _ in range(in_flight))))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     done = len(latencies)
-    return {
+    writers = getattr(runtime.port, "wal_writers", None)
+    legs = writers.timings.summary() if hasattr(writers, "timings") else {}
+    return legs | {
         "publishes": done,
         "in_flight": in_flight,
         "group_commits": commits[0],

@@ -27,7 +27,9 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -36,19 +38,45 @@ Completion = Callable[[Any, BaseException | None], None]
 
 log = logging.getLogger("danube.runtime")
 
+TIMINGS_KEPT = 4096
+
 IDLE_EXIT_S = 10.0
 """A writer thread with nothing to do for this long ends (a broker with idle topics keeps
 no threads; tests that never stop their port leak none for long)."""
+
+
+class Timings:
+    """The newest `TIMINGS_KEPT` jobs' three legs, in seconds: the hand-off to the thread
+    (submitted until it started: the queue and the thread's wake-up), the I/O (the blocking
+    call: write and fdatasync) and the way back (done until its answer ran on the loop: the
+    batch's later jobs, `call_soon_threadsafe` and the loop's queue). The breakdown of a
+    group commit's time outside the core (`bench/hot_path.py` prints it)."""
+
+    def __init__(self) -> None:
+        self.handoff: deque[float] = deque(maxlen=TIMINGS_KEPT)
+        self.io: deque[float] = deque(maxlen=TIMINGS_KEPT)
+        self.back: deque[float] = deque(maxlen=TIMINGS_KEPT)
+
+    def summary(self) -> dict[str, float]:
+        """p50 and p99 of each leg, in milliseconds."""
+        out: dict[str, float] = {}
+        for name, values in (("handoff", self.handoff), ("io", self.io), ("back", self.back)):
+            ordered = sorted(values)
+            if ordered:
+                out[f"{name}_p50_ms"] = round(1000 * ordered[len(ordered) // 2], 3)
+                out[f"{name}_p99_ms"] = round(1000 * ordered[int(0.99 * (len(ordered) - 1))], 3)
+        return out
 
 
 class _Writer:
     """One thread and its queue (a C `SimpleQueue`: a submission is one `put`, no Python
     condition variable on the loop's side)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, name: str, timings: Timings) -> None:
         self._loop = loop
         self._name = name
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Completion] | None]
+        self._timings = timings
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Completion, float] | None]
         self._jobs = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running = False
@@ -59,7 +87,7 @@ class _Writer:
     def submit(self, run: Callable[[], Any], done: Completion) -> None:
         if self._closed:
             raise RuntimeError("the WAL writer is closed")
-        self._jobs.put((run, done))
+        self._jobs.put((run, done, time.perf_counter()))
         if self._running:
             return  # read without the lock: an exiting thread sees the job (`_idle_exit`)
         with self._lock:
@@ -93,29 +121,39 @@ class _Writer:
             with contextlib.suppress(queue.Empty):
                 while True:
                     batch.append(jobs.get_nowait())
-            answers: list[tuple[Completion, Any, BaseException | None]] = []
+            answers: list[_Answer] = []
             closing = False
             for job in batch:
                 if job is None:
                     closing = True
                     continue
-                run, done = job
+                run, done, submitted = job
+                started = time.perf_counter()
                 try:
-                    answers.append((done, run(), None))
-                except Exception as error:  # the disk's refusal, answered as the error
-                    answers.append((done, None, error))
+                    answer, error = run(), None
+                except Exception as failure:  # the disk's refusal, answered as the error
+                    answer, error = None, failure
+                answers.append((done, answer, error, submitted, started, time.perf_counter()))
             if answers:
                 self.batches += 1
                 try:
-                    self._loop.call_soon_threadsafe(_complete, answers)
+                    self._loop.call_soon_threadsafe(_complete, answers, self._timings)
                 except RuntimeError:
                     return  # the loop is closed: the process is going away, nobody waits
             if closing:
                 return
 
 
-def _complete(answers: list[tuple[Completion, Any, BaseException | None]]) -> None:
-    for done, answer, error in answers:
+_Answer = tuple[Completion, Any, BaseException | None, float, float, float]
+"""done, answer, error, and when the job was submitted, started and finished."""
+
+
+def _complete(answers: list[_Answer], timings: Timings) -> None:
+    now = time.perf_counter()
+    for done, answer, error, submitted, started, finished in answers:
+        timings.handoff.append(started - submitted)
+        timings.io.append(finished - started)
+        timings.back.append(now - finished)
         try:
             done(answer, error)
         except Exception:  # a bug where the answer went: the batch's other answers still go
@@ -129,7 +167,8 @@ class WalWriters:
     def __init__(self, loop: asyncio.AbstractEventLoop, threads: int, name: str) -> None:
         if threads < 1:
             raise ValueError("at least one writer thread")
-        self._writers = [_Writer(loop, f"{name}-{i}") for i in range(threads)]
+        self.timings = Timings()
+        self._writers = [_Writer(loop, f"{name}-{i}", self.timings) for i in range(threads)]
         self.submissions = 0
         """Jobs handed to a thread so far: one per file effect (tests count them)."""
 
