@@ -1,14 +1,18 @@
 """The production port of the effect interpreter (`danube.interpreter.Host`): real disks,
 the metadata store, the object store and the clock, inside the broker process.
 
-Each `danube.effects` value is carried out in a trio task of the broker's nursery, its
-blocking calls in worker threads: a topic's WAL files through `SegmentFiles`, objects through
-`ObjectStore`, metadata through `store_port.perform_store` (fenced by the broker's ownership
-claims in cluster mode), `Sleep` with `trio.sleep`, `Work` with `trio.to_thread`, and, in
-cluster mode, replication's sends, answers and questions to other brokers through the
-`ReplicationPort` (runtime/replication_port.py). The answer goes back to the interpreter
-on the asyncio loop, where the gRPC handlers call the core: every core call, and so every
-interpreter call, happens on that one loop, in one order.
+A topic's WAL file effects (`TopicFile`: write, fdatasync, create, close and delete a
+segment), the publish's hot path, never leave the asyncio loop but for one hand-off to a
+long-lived WAL writer thread (`danube.runtime.wal_writer`), whose answers come back in
+batches; checkpoint marks (`MarkDurable`) go the same way to writer threads of their own,
+and `Sleep` is a timer on the loop. Every other `danube.effects` value is carried out in a
+trio task of the broker's nursery, its blocking calls in worker threads: the rest of a
+topic's directory through `SegmentFiles`, objects through `ObjectStore`, metadata through
+`store_port.perform_store` (fenced by the broker's ownership claims in cluster mode), `Work`
+with `trio.to_thread`, and, in cluster mode, replication's sends, answers and questions to
+other brokers through the `ReplicationPort` (runtime/replication_port.py). The answer goes
+back to the interpreter on the asyncio loop, where the gRPC handlers call the core: every
+core call, and so every interpreter call, happens on that one loop, in one order.
 
 The port decides nothing (spec/effects.md): the order of a topic's file effects, retries,
 what a failure means and the tables of waiting replies are the interpreter's. What it adds is
@@ -24,6 +28,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +62,23 @@ from danube.runtime.object_store import ObjectStore
 from danube.runtime.object_store import classify as classify_store_error
 from danube.runtime.replication_port import PORT_EFFECTS as REPLICA_EFFECTS
 from danube.runtime.replication_port import ReplicationPort
-from danube.runtime.segment_files import SegmentFiles
+from danube.runtime.segment_files import FileOutcome, SegmentFiles
 from danube.runtime.store_port import STORE_EFFECTS, perform_store
+from danube.runtime.wal_writer import WalWriters
 from danube.values.errors import DanubeError, ErrorCode
 from danube.values.names import parse_topic
 
 log = logging.getLogger("danube.runtime")
 
-CHECKPOINT_THREADS = 4
-"""Checkpoint writes at once, in threads of their own: with many busy topics they queue
-there instead of taking the threads that segment writes and fsyncs, which acknowledgements
-wait for, run in."""
+WAL_WRITER_THREADS = 4
+"""Writer threads for the topics' WAL file effects (a topic always uses the same one): a
+single thread would put every topic's fdatasync in one line; a topic's own effects are one
+at a time anyway (the interpreter's lane)."""
+
+CHECKPOINT_THREADS = 2
+"""Writer threads for checkpoint marks, apart from the WAL writers: with many busy topics
+the marks queue there instead of in front of the segment writes and fsyncs that
+acknowledgements wait for."""
 
 TOPIC_EFFECTS = (
     TopicFile,
@@ -191,7 +202,8 @@ class ProductionPort:
         self.metrics = metrics
         self._claims = claims
         self._files: dict[str, SegmentFiles] = {}
-        self._checkpoint_threads = trio.CapacityLimiter(CHECKPOINT_THREADS)
+        self.wal_writers = WalWriters(loop, WAL_WRITER_THREADS, "danube-wal")
+        self._checkpoint_writers = WalWriters(loop, CHECKPOINT_THREADS, "danube-checkpoint")
         self.streams = Streams()
         self.stopped = False
         """Set at the end of a graceful stop: the topics' files are closed, and WAL
@@ -211,6 +223,20 @@ class ProductionPort:
     def perform(self, effect: IoEffect, done: Done) -> None:
         if isinstance(effect, TOPIC_EFFECTS) and self.stopped:
             return  # never answered: the interpreter is done with the files
+        if isinstance(effect, TopicFile):
+            self._write(effect, done)
+            return
+        if isinstance(effect, Sleep):
+            # a timer on this loop: the checkpoint writer pauses between marks of a busy
+            # topic, and a trio task per pause is what the hot path is rid of
+            self._loop.call_later(effect.ms / 1000, done, None, None)
+            return
+        if isinstance(effect, MarkDurable):
+            self._began()
+            files = self._topic_files(effect.topic)
+            run = partial(files.write_checkpoint, effect.end)
+            self._checkpoint_writers.submit(effect.topic, run, partial(self._marked, done))
+            return
         if isinstance(effect, REPLICA_EFFECTS):
             if self.replication is None:
                 done(None, DanubeError(ErrorCode.UNAVAILABLE, "this broker does not replicate"))
@@ -262,12 +288,45 @@ class ProductionPort:
 
     # -- carrying effects out ----------------------------------------------------------------
 
+    def _write(self, effect: TopicFile, done: Done) -> None:
+        """The hot path: the file effect goes to the topic's WAL writer thread and its answer
+        comes back on this loop, in a batch (`danube.runtime.wal_writer`)."""
+        self._began()
+        files = self._topic_files(effect.topic)
+        files.sync_writes = effect.sync  # read by `carry`: one effect per topic at a time
+        run = partial(files.carry, effect.effect)
+        self.wal_writers.submit(effect.topic, run, partial(self._written, files, done))
+
+    def _written(
+        self,
+        files: SegmentFiles,
+        done: Done,
+        outcome: FileOutcome | None,
+        error: BaseException | None,
+    ) -> None:
+        self._ended()
+        if error is None and outcome is not None:
+            files.note(outcome)
+        done(None, error)
+
+    def _marked(self, done: Done, _wrote: Any, error: BaseException | None) -> None:
+        self._ended()
+        done(None, error)
+
+    def _began(self) -> None:
+        self._in_flight += 1
+        if self._in_flight == 1:
+            self._idle = trio.Event()
+
+    def _ended(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
     async def _perform(self, effect: IoEffect, done: Done) -> None:
         topical = isinstance(effect, TOPIC_EFFECTS)
         if topical:
-            self._in_flight += 1
-            if self._in_flight == 1:
-                self._idle = trio.Event()
+            self._began()
         try:
             try:
                 answer = await self._answer(effect)
@@ -277,23 +336,13 @@ class ProductionPort:
                 self._loop.call_soon_threadsafe(_deliver, done, answer, None)
         finally:
             if topical:
-                self._in_flight -= 1
-                if self._in_flight == 0:
-                    self._idle.set()
+                self._ended()
 
     async def _answer(self, effect: IoEffect) -> Any:
-        if isinstance(effect, TopicFile):
-            files = self._topic_files(effect.topic)
-            files.sync_writes = effect.sync
-            await files.perform(effect.effect)
-            return None
         if isinstance(effect, STORE_EFFECTS):
             return await perform_store(self._store, effect, self._claims())  # type: ignore[arg-type]
         if isinstance(effect, Work):
             return await trio.to_thread.run_sync(effect.run)
-        if isinstance(effect, Sleep):
-            await trio.sleep(effect.ms / 1000)
-            return None
         if isinstance(effect, ReadTopicFile):
             # a topic whose files are not open here (dropped meanwhile) reads what is left
             files = self._files.get(effect.topic) or self._new_files(effect.topic)
@@ -303,12 +352,6 @@ class ProductionPort:
         if isinstance(effect, WriteEpochs):
             files = self._topic_files(effect.topic)
             await trio.to_thread.run_sync(files.write_epochs, effect.history)
-            return None
-        if isinstance(effect, MarkDurable):
-            files = self._topic_files(effect.topic)
-            await trio.to_thread.run_sync(
-                files.write_checkpoint, effect.end, limiter=self._checkpoint_threads
-            )
             return None
         if isinstance(effect, (ObjectGet, ObjectPut, ObjectList, ObjectDelete)):
             return await self._object(effect)
@@ -389,6 +432,8 @@ class ProductionPort:
         under way finished, every topic's files are closed."""
         self.stopped = True
         await self._idle.wait()
+        self.wal_writers.close()
+        self._checkpoint_writers.close()
         for files in self._files.values():
             files.close()
         self._files.clear()

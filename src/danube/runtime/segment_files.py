@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,18 @@ def _scan_file(path: Path) -> format.SegmentScan | UnreadableSegment:
         return format.scan_segment(data)
     except format.WalFormatError as error:
         return UnreadableSegment(len(data), str(error))
+
+
+@dataclass(frozen=True, slots=True)
+class FileOutcome:
+    """What one file effect did that the metrics count."""
+
+    synced: float | None
+    """Seconds its fdatasync took, None without one."""
+    appended: int
+    """Bytes written."""
+    rotated: bool = False
+    """A segment was created after another (a rotation)."""
 
 
 class SegmentFiles:
@@ -280,38 +293,44 @@ class SegmentFiles:
             os.close(fd)
 
     async def perform(self, effect: Effect) -> None:
-        """Carries out one file effect; raises `OSError` when the disk refuses."""
-        metrics = self._metrics
+        """Carries out one file effect in a worker thread; raises `OSError` when the disk
+        refuses. (The broker's port runs `carry` in its WAL writer threads instead.)"""
+        self.note(await trio.to_thread.run_sync(self.carry, effect))
+
+    def carry(self, effect: Effect) -> FileOutcome:
+        """Carries out one file effect, blocking; raises `OSError` when the disk refuses.
+        Returns what the metrics count, for `note` to add on the thread that owns them."""
         if isinstance(effect, Write):
             fd = self._writable(effect.segment_base)
             if self.sync_writes:
-                synced = await trio.to_thread.run_sync(
-                    _write_synced, fd, effect.data, effect.position
+                return FileOutcome(
+                    _write_synced(fd, effect.data, effect.position), len(effect.data)
                 )
-                metrics.flushed(synced)
-            else:
-                await trio.to_thread.run_sync(_write_all, fd, effect.data, effect.position)
-            metrics.append_bytes += len(effect.data)
-        elif isinstance(effect, Fsync):
-            fd = self._writable(effect.segment_base)
-            metrics.flushed(await trio.to_thread.run_sync(_timed_fdatasync, fd))
-        elif isinstance(effect, CreateSegment):
-            fd = await trio.to_thread.run_sync(self._create, effect)
-            self._open[effect.base_offset] = fd
-            if self._created:
-                metrics.rotations += 1
-            self._created = True
-        elif isinstance(effect, CloseSegment):
+            _write_all(fd, effect.data, effect.position)
+            return FileOutcome(None, len(effect.data))
+        if isinstance(effect, Fsync):
+            return FileOutcome(_timed_fdatasync(self._writable(effect.segment_base)), 0)
+        if isinstance(effect, CreateSegment):
+            self._open[effect.base_offset] = self._create(effect)
+            rotated, self._created = self._created, True
+            return FileOutcome(None, 0, rotated)
+        if isinstance(effect, (CloseSegment, DeleteSegment)):
             fd = self._open.pop(effect.segment_base, None)
             if fd is not None:
                 os.close(fd)
-        elif isinstance(effect, DeleteSegment):
-            fd = self._open.pop(effect.segment_base, None)
-            if fd is not None:
-                os.close(fd)
-            await trio.to_thread.run_sync(self._recovery_action, effect)
-        else:
-            raise TypeError(f"{type(effect).__name__} is not a file effect")
+            if isinstance(effect, DeleteSegment):
+                self._recovery_action(effect)
+            return FileOutcome(None, 0)
+        raise TypeError(f"{type(effect).__name__} is not a file effect")
+
+    def note(self, outcome: FileOutcome) -> None:
+        """Adds a file effect's outcome to the WAL metrics (on the loop: one writer)."""
+        metrics = self._metrics
+        if outcome.synced is not None:
+            metrics.flushed(outcome.synced)
+        metrics.append_bytes += outcome.appended
+        if outcome.rotated:
+            metrics.rotations += 1
 
     def _writable(self, segment_base: int) -> int:
         fd = self._open.get(segment_base)

@@ -28,6 +28,7 @@ from danube.metadata import EmbeddedStore, MetadataStore
 from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from danube.proto import danube_schema as schema_pb
+from danube.runtime import event_loop
 from danube.runtime.admin import AdminServices
 from danube.runtime.batch_plane import (
     BATCH_REQUEST_LIMIT,
@@ -269,7 +270,7 @@ async def serve(
         )
         for effect in core.bootstrap(config.bootstrap_namespaces).effects:
             await persist(store, effect)
-        async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
+        async with event_loop.open_loop() as loop, trio.open_nursery() as nursery:
             runtime = BrokerRuntime(
                 core,
                 store,
