@@ -529,10 +529,10 @@ class ReliableLogs:
         effects: list[Effect] = []
         batch = self._durability.object_batch_ms
         for record in self._topics.values():
-            log = record.wal
-            if log is None:
-                continue
             state = record.log
+            log = state.wal  # `record.wal`, inlined: every topic, every tick
+            if log is None or not record.phase.writable:
+                continue
             if log.tick_due(now_ms):  # most ticks of most topics: nothing for the WAL
                 effects.extend(self.wal_effects(record, log.tick(now_ms), now_ms))
             if state.replication is not None:
@@ -548,6 +548,8 @@ class ReliableLogs:
                 due = uploader.next_timer_ms
                 if due is not None and due <= now_ms:
                     effects.extend(self.tier_effects(record, uploader.tick(now_ms)))
+            if not record.subscriptions:
+                continue  # nothing below to do (a producer-only topic: the policies unread)
             rate = self._catalogue.policies(record).max_subscription_dispatch_rate
             for sub in record.subscriptions.values():
                 if sub.reliable.dispatch_rate != rate:
