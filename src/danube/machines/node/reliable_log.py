@@ -326,14 +326,13 @@ class ReliableLogs:
     ) -> list[Effect]:
         """Turns the WAL machine's effects into the core's: file I/O for the driver,
         acknowledgements for waiting publishes, new records for every subscription."""
-        topic = record.name.full
         state = record.log
         out: list[Effect] = []
         io: list[wal.Effect] = []
         for effect in effects:
             if isinstance(effect, _FILE_EFFECTS):
                 io.append(effect)
-                if isinstance(effect, wal.Write):
+                if type(effect) is wal.Write:  # final classes: the exact type is the test
                     state.unreplicated.append(effect.data)
                 if isinstance(effect, wal.CloseSegment) and state.uploader is not None:
                     assert record.wal is not None
@@ -354,10 +353,11 @@ class ReliableLogs:
                 state.unreplicated.clear()
                 state.wal = None
                 record.advance(TopicEvent.WAL_FAILED)
+                topic = record.name.full
                 out.append(PublishFailed(topic, effect.unacknowledged_from, effect.reason))
                 out.append(RepairWal(topic, effect.segment_base, effect.truncate_to))
-        if io:
-            out.insert(0, WalIo(topic, tuple(io)))
+        if io:  # the name is built only when needed (every WAL completion passes here)
+            out.insert(0, WalIo(record.name.full, tuple(io)))
         return out
 
     def acknowledge(self, record: TopicRecord, through: int, now_ms: int) -> list[Effect]:
@@ -596,15 +596,14 @@ class ReliableLogs:
         """Turns the uploader's effects into the core's: deletes it allows go to the WAL,
         the rest to the object-store driver."""
         out: list[Effect] = []
-        topic = record.name.full
-        for effect in effects:
+        for effect in effects:  # the topic's name is built per effect: most calls have none
             if isinstance(effect, tier.AllowLocalDelete):
                 if record.wal is not None:
                     record.wal.allow_delete(effect.segment_base)
             elif isinstance(effect, tier.Halted):
-                out.append(TierHalted(topic, effect.reason, effect.resumable))
+                out.append(TierHalted(record.name.full, effect.reason, effect.resumable))
             else:
-                out.append(TierIo(topic, effect, record.log.uploader_id))
+                out.append(TierIo(record.name.full, effect, record.log.uploader_id))
         return out
 
 
