@@ -335,7 +335,9 @@ class SimBroker:
         core = self._alive(incarnation)
         if core is None:
             return
-        self._apply(core.tick(self.now_ms).effects)
+        effects = core.tick(self.now_ms).effects
+        if effects:  # most ticks: nothing for the interpreter (it would only run nothing)
+            self._apply(effects)
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 
     # -- requests ---------------------------------------------------------------------------------

@@ -243,11 +243,18 @@ class SimPort:
                 broker.injected["slow_fsync"] += 1
                 delay *= 50
 
-        def complete() -> None:
-            self.writing.pop(topic, None)
-            self._answer(done, lambda: self._file_now(topic, effect, request.sync))
+        self._later(delay, partial(self._file_done, topic, effect, request.sync, done))
 
-        self._later(delay, complete)
+    def _file_done(self, topic: str, effect: Any, sync: bool, done: Done) -> None:
+        """A file effect completes (`_answer` of `_file_now`, inlined: every WAL write,
+        fsync and segment change passes here)."""
+        self.writing.pop(topic, None)
+        try:
+            self._file_now(topic, effect, sync)
+        except Exception as error:
+            done(error=error)
+        else:
+            done(None)
 
     def _file_now(self, topic: str, effect: Any, sync: bool) -> None:
         broker, disk = self.broker, self.broker.disk

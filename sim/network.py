@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from math import log as _log
 
 from sim.faults import Faults, Injected
 from sim.world import World
@@ -38,7 +39,11 @@ class Network:
         self._streams = 0
 
     def latency(self) -> int:
-        return _FLOOR_US + int(self.world.rng.expovariate(1.0 / self.faults.latency_us))
+        # `rng.expovariate(1.0 / latency_us)`, its one line inlined (same draw, same float:
+        # a call layer less on every message)
+        return _FLOOR_US + int(
+            -_log(1.0 - self.world.rng.random()) / (1.0 / self.faults.latency_us)
+        )
 
     def reachable(self, client: str) -> bool:
         """`client` and the store (etcd, the broker) reach each other."""

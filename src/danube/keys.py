@@ -173,12 +173,14 @@ def topic_policy(topic: TopicName) -> str:
     return topic_key(topic, "policy")
 
 
+@lru_cache(maxsize=_PARSED)
 def owner_key(topic: str) -> str:
     """`/topics/<ns>/<topic>/owner`: which broker holds the topic now, under its lease.
     `topic` is a full name (`/ns/t`), checked."""
     return topic_key(parse_topic(topic), "owner")
 
 
+@lru_cache(maxsize=_PARSED)
 def writer_key(topic: str) -> str:
     """`/topics/<ns>/<topic>/writer`: the broker that last loaded the topic for writing."""
     return topic_key(parse_topic(topic), "writer")

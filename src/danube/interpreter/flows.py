@@ -63,6 +63,7 @@ a store that is down for a while. (The simulator used to give up after 6 attempt
 production never had.)"""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReadOutcome:
     """What a WAL or object read tells the core: the records, or why not."""
@@ -191,6 +192,7 @@ class Uploaded:
     offset_index: tuple[tuple[int, int], ...]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class UploadFailed:
     kind: UploadError
@@ -295,6 +297,7 @@ def sleep(ms: int) -> Flow[None]:
 # -- replication (spec/replication.md) ----------------------------------------------------------
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class FramesOutcome:
     """A resend read: the raw frames of offsets [from, `end`), or why not."""

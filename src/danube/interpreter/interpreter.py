@@ -473,7 +473,7 @@ class Interpreter:
                 raise AssertionError(f"{request!r} was answered twice")
             answered = True
             if not self.closed:
-                self._post(lambda: finish(None, error))
+                self._post(partial(finish, None, error))
 
         self.host.perform(request, done)
 

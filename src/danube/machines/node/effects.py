@@ -20,6 +20,7 @@ from danube.values.frozen import fast_init
 T = TypeVar("T")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PersistMeta:
     """Effect: one atomic metadata change. The driver applies it, durably, before it executes
@@ -54,6 +55,7 @@ class PersistMeta:
             metadata[key] = value
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class EndStream:
     """Effect: finish the consumer's receive stream of this generation (status OK)."""
@@ -62,6 +64,7 @@ class EndStream:
     generation: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LoadWal:
     """Effect: recover the reliable topic's WAL directory (after deleting what is in it when
@@ -72,6 +75,7 @@ class LoadWal:
     fresh: bool
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RepairWal:
     """Effect: the topic's WAL failed an I/O (`danube.machines.wal.machine.Failed`). Discard its
@@ -83,6 +87,7 @@ class RepairWal:
     truncate_to: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class DropWal:
     """Effect: the topic is gone from this broker (deleted, moved away, or its ownership
@@ -107,6 +112,7 @@ class WalIo:
     effects: tuple[wal.Effect, ...]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReadWal:
     """Effect: read a file range for a subscription and report with `wal_read_done` (or
@@ -118,6 +124,7 @@ class ReadWal:
     plan: wal.FileRead
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReadObject:
     """Effect: fetch an object byte range for a subscription, decode it with
@@ -144,6 +151,7 @@ class TierIo:
     uploader: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TierHalted:
     """Effect: the topic's uploads stopped (log it). `resumable`: the cause is outside (the
@@ -155,6 +163,7 @@ class TierHalted:
     resumable: bool
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PublishAcked:
     """Effect: every publish to the topic with an offset up to `through_offset` may be
@@ -164,6 +173,7 @@ class PublishAcked:
     through_offset: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PublishFailed:
     """Effect: publishes to the topic with an offset from `from_offset` on were not stored
@@ -174,6 +184,7 @@ class PublishFailed:
     reason: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TopicStopped:
     """Effect: the topic cannot serve until an operator acts (say so in the log); waiting
@@ -183,6 +194,7 @@ class TopicStopped:
     reason: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RetentionSkipped:
     """Effect: retention deleted offsets [`first`, `end`) before the subscription read them:
@@ -194,6 +206,7 @@ class RetentionSkipped:
     end: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReplicaSend:
     """Effect: send `message` (one group commit's frames unchanged, or a probe) to `follower`
@@ -205,6 +218,7 @@ class ReplicaSend:
     message: Replicate
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReplicaPropose:
     """Effect: record `proposal.in_sync` as the topic's in-sync set with a transaction fenced
@@ -218,6 +232,7 @@ class ReplicaPropose:
     replicates (its acknowledged tail may lie on it alone: it is a promotion candidate)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReplicaRead:
     """Effect: read the raw frames `plan` names from the topic's WAL (a follower behind the
@@ -230,6 +245,7 @@ class ReplicaRead:
     plan: wal.FileRead
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReplicaAnswer:
     """Effect (follower): send `answer` to `owner` on the replication stream it came from."""
@@ -238,6 +254,7 @@ class ReplicaAnswer:
     answer: FollowerAnswer
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AskEpochEnd:
     """Effect (follower): ask `owner` where `last_epoch` ends on its log of `topic`
@@ -250,6 +267,7 @@ class AskEpochEnd:
     last_epoch: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SaveEpochs:
     """Effect: write the topic's epochs file (`danube.effects.WriteEpochs`) in order with
@@ -259,6 +277,7 @@ class SaveEpochs:
     history: EpochHistory
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class CutWal:
     """Effect (follower): once the topic's file effects under way are done, cut its WAL to
@@ -302,6 +321,7 @@ class Step(Generic[T]):
     effects: tuple[Effect, ...] = ()
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class BatchPublished:
     """Where a published batch went: message i has offset `first_offset` + i."""
@@ -317,6 +337,7 @@ class BatchPublished:
         return self.first_offset + self.count - 1
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class BrokerIdentity:
     broker_url: str

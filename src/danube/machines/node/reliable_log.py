@@ -326,14 +326,13 @@ class ReliableLogs:
     ) -> list[Effect]:
         """Turns the WAL machine's effects into the core's: file I/O for the driver,
         acknowledgements for waiting publishes, new records for every subscription."""
-        topic = record.name.full
         state = record.log
         out: list[Effect] = []
         io: list[wal.Effect] = []
         for effect in effects:
             if isinstance(effect, _FILE_EFFECTS):
                 io.append(effect)
-                if isinstance(effect, wal.Write):
+                if type(effect) is wal.Write:  # final classes: the exact type is the test
                     state.unreplicated.append(effect.data)
                 if isinstance(effect, wal.CloseSegment) and state.uploader is not None:
                     assert record.wal is not None
@@ -354,10 +353,11 @@ class ReliableLogs:
                 state.unreplicated.clear()
                 state.wal = None
                 record.advance(TopicEvent.WAL_FAILED)
+                topic = record.name.full
                 out.append(PublishFailed(topic, effect.unacknowledged_from, effect.reason))
                 out.append(RepairWal(topic, effect.segment_base, effect.truncate_to))
-        if io:
-            out.insert(0, WalIo(topic, tuple(io)))
+        if io:  # the name is built only when needed (every WAL completion passes here)
+            out.insert(0, WalIo(record.name.full, tuple(io)))
         return out
 
     def acknowledge(self, record: TopicRecord, through: int, now_ms: int) -> list[Effect]:
@@ -529,10 +529,10 @@ class ReliableLogs:
         effects: list[Effect] = []
         batch = self._durability.object_batch_ms
         for record in self._topics.values():
-            log = record.wal
-            if log is None:
-                continue
             state = record.log
+            log = state.wal  # `record.wal`, inlined: every topic, every tick
+            if log is None or not record.phase.writable:
+                continue
             if log.tick_due(now_ms):  # most ticks of most topics: nothing for the WAL
                 effects.extend(self.wal_effects(record, log.tick(now_ms), now_ms))
             if state.replication is not None:
@@ -548,6 +548,8 @@ class ReliableLogs:
                 due = uploader.next_timer_ms
                 if due is not None and due <= now_ms:
                     effects.extend(self.tier_effects(record, uploader.tick(now_ms)))
+            if not record.subscriptions:
+                continue  # nothing below to do (a producer-only topic: the policies unread)
             rate = self._catalogue.policies(record).max_subscription_dispatch_rate
             for sub in record.subscriptions.values():
                 if sub.reliable.dispatch_rate != rate:
@@ -594,15 +596,14 @@ class ReliableLogs:
         """Turns the uploader's effects into the core's: deletes it allows go to the WAL,
         the rest to the object-store driver."""
         out: list[Effect] = []
-        topic = record.name.full
-        for effect in effects:
+        for effect in effects:  # the topic's name is built per effect: most calls have none
             if isinstance(effect, tier.AllowLocalDelete):
                 if record.wal is not None:
                     record.wal.allow_delete(effect.segment_base)
             elif isinstance(effect, tier.Halted):
-                out.append(TierHalted(topic, effect.reason, effect.resumable))
+                out.append(TierHalted(record.name.full, effect.reason, effect.resumable))
             else:
-                out.append(TierIo(topic, effect, record.log.uploader_id))
+                out.append(TierIo(record.name.full, effect, record.log.uploader_id))
         return out
 
 

@@ -81,6 +81,7 @@ class UploadError(enum.Enum):
     """Retrying cannot help until someone acts (403, missing bucket, unreadable segment)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class UploaderConfig:
     max_in_flight: int = 1
@@ -110,6 +111,7 @@ class UploaderConfig:
         return min(self.retry_max_ms, self.retry_base_ms << min(failures - 1, 62))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SealedSegment:
     """A closed local segment (from `CloseSegment`, or `RecoveredSegment` at a restart)."""
@@ -183,6 +185,7 @@ class CommitIndex:
         )
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AllowLocalDelete:
     """The segment is in the object index: local retention may delete it (subject to its own
@@ -192,6 +195,7 @@ class AllowLocalDelete:
     next_offset: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ListObjects:
     """List the keys under `prefix` (relative to `durable.root`) with their last-modified
@@ -200,6 +204,7 @@ class ListObjects:
     prefix: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class DeleteObject:
     """Delete the orphan `key`; nothing reports back (a failed delete is retried by the next
@@ -208,6 +213,7 @@ class DeleteObject:
     key: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Halted:
     """Uploads and commits stopped; local retention stays blocked. Surface `reason`. With
@@ -448,10 +454,15 @@ class Uploader:
         indexed_next = self.indexed_next
         if indexed_next is None:  # nothing is indexed: no object can be an orphan yet
             return self._pump(now_ms)
+        # `_is_orphan`'s cheap tests inlined (a scan lists every object of the topic, most
+        # of them indexed, and a call per object was a percent of a cluster run)
+        indexed, young = self._indexed_keys, now_ms - self.config.orphan_grace_ms
         effects: list[Effect] = [
             DeleteObject(stored.key)
             for stored in objects
-            if self._is_orphan(stored, now_ms, indexed_next)
+            if stored.key not in indexed
+            and stored.modified_ms <= young
+            and self._is_orphan(stored, now_ms, indexed_next)
         ]
         return effects + self._pump(now_ms)
 

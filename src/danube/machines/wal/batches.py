@@ -27,11 +27,13 @@ from danube.kernels.batches import (
 from danube.kernels.twins import FRAME_HEADER, FRAME_MAGIC, MAX_FRAME
 from danube.machines.wal.records import msg_id_fields
 from danube.values.errors import invalid
+from danube.values.frozen import fast_init
 
 _HEAD = struct.Struct("<IIIHHQQ")
 _U32 = struct.Struct("<I")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ClientBatch:
     """A client's frame that passed every check: safe to stamp and store."""

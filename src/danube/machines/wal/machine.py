@@ -42,6 +42,7 @@ from danube.machines.wal.file_reads import FileRead as FileRead
 from danube.machines.wal.file_reads import decode_file_read as decode_file_read
 from danube.machines.wal.file_reads import frames_of_file_read as frames_of_file_read
 from danube.values.errors import DanubeError, ErrorCode
+from danube.values.frozen import fast_init
 from danube.values.wal_config import MIB as MIB
 from danube.values.wal_config import Durability, WalConfig
 
@@ -53,6 +54,7 @@ _FSYNC = Durability.FSYNC
 # -- effects --------------------------------------------------------------------------------------
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class CreateSegment:
     """Create `format.segment_name(base_offset)` holding `header`, durably, before the next
@@ -64,6 +66,7 @@ class CreateSegment:
     header: bytes
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Write:
     """Write `data` (whole frames) at `position` of the segment, then call `write_done` (or
@@ -75,6 +78,7 @@ class Write:
     data: bytes
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Fsync:
     """fsync (fdatasync suffices) the segment, then call `fsync_done` (or `fsync_failed`).
@@ -84,6 +88,7 @@ class Fsync:
     segment_base: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class CloseSegment:
     """The segment is complete and durable; close its file. It never changes again (until
@@ -92,6 +97,7 @@ class CloseSegment:
     segment_base: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class DeleteSegment:
     """Remove the segment's file (retention)."""
@@ -99,6 +105,7 @@ class DeleteSegment:
     segment_base: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Acknowledge:
     """Every append whose last offset ≤ `through_offset` is acknowledged at the topic's
@@ -107,6 +114,7 @@ class Acknowledge:
     through_offset: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Readable:
     """Dispatch may deliver offsets ≤ `through_offset` (`read` serves them)."""
@@ -114,6 +122,7 @@ class Readable:
     through_offset: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Failed:
     """A write or fsync failed; this machine acknowledges nothing more and rejects appends.
@@ -142,6 +151,7 @@ Effect = (
 # -- reads ----------------------------------------------------------------------------------------
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class CachedRecords:
     """Records `offset`, `offset + 1`, ... served from memory; empty when `offset` is not
@@ -151,6 +161,7 @@ class CachedRecords:
     records: tuple[bytes, ...]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NotRetained:
     """Offsets below `first_offset` are no longer in the local WAL (retention)."""
@@ -196,6 +207,7 @@ class _Segment:
             self.index_positions.append(position)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class _Pending:
     first_offset: int
@@ -203,6 +215,7 @@ class _Pending:
     frame: bytes
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class _InFlightWrite:
     write_id: int
@@ -211,6 +224,7 @@ class _InFlightWrite:
     end_offset: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class _InFlightFsync:
     fsync_id: int
@@ -219,6 +233,7 @@ class _InFlightFsync:
     end_offset: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class _CachedBatch:
     first_offset: int
