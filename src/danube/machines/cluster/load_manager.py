@@ -43,7 +43,7 @@ of their own (`danube.machines.cluster.load_manager_effects`); both are re-expor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -468,7 +468,7 @@ class LoadManager:
                 why = self._replicas.unavailable(topic)
                 effects += self._stall(topic, pending, why, "topic_unavailable")
                 continue
-            broker = self._choose(marker, candidates)
+            broker = self._choose(topic, marker, candidates)
             if broker is None:
                 effects += self._stall(topic, pending, "no active broker")
                 continue
@@ -571,22 +571,23 @@ class LoadManager:
             (Put(keys.assignment_key(broker, topic), None), Delete(marker_key), *record_ops),
         )
 
-    def _choose(self, marker: Marker, candidates: frozenset[str] | None = None) -> str | None:
+    def _choose(
+        self, topic: str, marker: Marker, candidates: frozenset[str] | None = None
+    ) -> str | None:
         """Danube's choice of broker for a marker, among active brokers only; a failover with
-        an in-sync set recorded takes the least loaded of its `candidates`."""
+        an in-sync set recorded takes the least loaded of its `candidates`. A hand-over
+        (unload, rebalance, drain) prefers an in-sync follower (`replicas.hand_over_target`)."""
         broker_scores = self._scores()
         if not broker_scores:
             return None
-        if candidates is not None:
-            return next((b for b, _ in ranking(broker_scores) if b in candidates), None)
-        if marker.reason is MarkerReason.REBALANCE and marker.to_broker in broker_scores:
-            return marker.to_broker
         ranked = ranking(broker_scores)
         if marker.reason is not MarkerReason.NEW:
-            # Away from the broker it comes from; back to it only if it is the one active
-            # broker left (Danube would leave the topic unassigned for good).
-            others = [b for b, _ in ranked if b != marker.from_broker]
-            return others[0] if others else ranked[0][0]
+            wanted = marker.to_broker if marker.reason is MarkerReason.REBALANCE else None
+            order = [b for b, _ in ranked]
+            in_sync = self._replicas.in_sync(topic)
+            return replicas.hand_over_target(order, marker.from_broker, wanted, candidates, in_sync)
+        if candidates is not None:
+            return next((b for b, _ in ranked if b in candidates), None)
         low = ranked[0][1]
         threshold = low if low < 10 else low + max(low // 10, 1)
         candidates = sorted(b for b, score in ranked if score <= threshold)
@@ -638,7 +639,14 @@ class LoadManager:
     # -- rebalancing (`danube.machines.cluster.rebalancing`) --------------------------------
 
     def _rebalance_view(self) -> rebalancing.View:
-        return rebalancing.View(self._scores(), self._owned, self._pending, self._topic_loads)
+        return rebalancing.View(
+            self._scores(), self._owned, self._pending, self._topic_loads, self._move_target
+        )
+
+    def _move_target(self, topic: str, source: str, ranked: Sequence[str]) -> str:
+        """A replicated topic moves to an in-sync follower when one is lighter than the
+        source (`replicas.rebalance_target`)."""
+        return replicas.rebalance_target(ranked, source, self._replicas.in_sync(topic))
 
     def _schedule(self, now: int) -> list[Effect]:
         times = [p.due for p in self._pending.values() if p.due > now]
