@@ -596,3 +596,35 @@ def test_an_unsealed_hand_over_goes_only_to_a_broker_holding_the_acknowledged_ta
     d.store.put(keys.unassigned_key("/ns/x"), marker.to_json())
     d.settle(0)
     assert owner(d, "/ns/x") in ("2", "3")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ranked=st.lists(st.sampled_from("123456"), unique=True, max_size=6),
+    source=st.sampled_from("123456"),
+    wanted=st.none() | st.sampled_from("123456"),
+    candidates=st.none() | st.frozensets(st.sampled_from("123456")),
+    in_sync=st.lists(st.sampled_from("123456"), unique=True, max_size=3),
+)
+def test_a_hand_over_target_is_a_candidate_and_prefers_the_log(
+    ranked: list[str],
+    source: str,
+    wanted: str | None,
+    candidates: frozenset[str] | None,
+    in_sync: list[str],
+) -> None:
+    """Whatever the view: an active candidate, or None only when there is none; the wanted
+    broker when it qualifies; else an in-sync member other than the source when one
+    qualifies; the source only when nobody else does."""
+    chosen = replicas.hand_over_target(ranked, source, wanted, candidates, in_sync)
+    pool = [b for b in ranked if candidates is None or b in candidates]
+    if not pool:
+        assert chosen is None
+        return
+    assert chosen in pool
+    if wanted in pool:
+        assert chosen == wanted
+    elif any(b in in_sync and b != source for b in pool):
+        assert chosen in in_sync and chosen != source
+    elif chosen == source:
+        assert pool == [source]
