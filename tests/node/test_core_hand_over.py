@@ -5,7 +5,7 @@ like `test_core_replication` (a core whose topic replicates to `b2`)."""
 
 from __future__ import annotations
 
-from danube.machines.node.core import ReplicaPropose, ReplicationSettings
+from danube.machines.node.core import ReplicaConfig, ReplicaPropose, ReplicationSettings
 from danube.machines.node.effects import DropWal
 from danube.machines.replication.messages import Replicated
 from tests.node.test_core_replication import TOPIC, Owner
@@ -62,3 +62,20 @@ def test_planted_bug_handing_over_before_caught_up_is_caught() -> None:
         owner.run(owner.core.unload(TOPIC, owner.now).effects)
         owner.core.settled(TOPIC)
         assert owner.core.lifecycle.handed_over(TOPIC) == 1, "the planted bug does not wait"
+
+
+def test_a_stale_replicas_value_does_not_restart_replication() -> None:
+    """A replicas value older than the one the owner holds (a late read-back, a watch event
+    overtaken by a read) is ignored. Taken (`python -m sim --cluster --data --replicated
+    --seed 74`, found while testing hand-overs), it restarted the owner's machine with an
+    older in-sync set (none) and the owner acknowledged alone while etcd recorded the
+    follower in sync; the follower was promoted without those records."""
+    owner = Owner()
+    owner.configure(("b2",), ("b2",))  # at version 1
+    owner.sends()
+    stale = ReplicaConfig(0, (), (), 0, replicating=True)
+    owner.run(owner.core.replicas_changed(TOPIC, stale, now_ms=owner.now).effects)
+    owner.publish("m0")
+    assert owner.acked() == -1, "acknowledged without b2, which etcd records in sync"
+    owner.answer("b2", Replicated(TOPIC, 0, 1))
+    assert owner.acked() == 0
