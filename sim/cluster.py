@@ -299,6 +299,8 @@ class ClusterSimulation:
         if self.streams is not None:
             data["replica_sends"] = self.streams.sent
             data["replica_streams_broken"] = self.streams.broken
+            data["handed_over"] = self.streams.handed_over
+            data["handed_over_unindexed"] = self.streams.handed_over_unindexed
         return ClusterResult(
             seed=self.seed,
             duration_s=duration_s,

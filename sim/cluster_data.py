@@ -437,6 +437,14 @@ class DataPlane:
             self._when_settled(request.topic, answer)
         else:
             assert isinstance(request, flows.Forget), request
+            tail = core.lifecycle.handed_over(request.topic)
+            if tail is not None and broker.streams is not None:
+                broker.streams.handed_over += 1
+                broker.streams.handed_over_unindexed += tail
+                host.world.log(
+                    f"broker {host.name} hands {request.topic} over to its in-sync followers, "
+                    f"{tail} records not indexed"
+                )
             removed = core.remove(
                 request.topic, reason=request.reason, delete_files=request.delete_files
             )

@@ -53,6 +53,10 @@ class ReplicaStreams:
         self._links: dict[tuple[str, str], _Link] = {}
         self.sent = 0
         self.broken = 0
+        self.handed_over = 0
+        """Moves whose owner handed the topic to its in-sync followers (no upload waited)."""
+        self.handed_over_unindexed = 0
+        """Records those owners held that the object index did not: the tails not uploaded."""
         self.on_ack: Callable[[str, str, int | None], None] | None = None
         """Hears every publish a broker acknowledges: (broker, topic, its claim's revision)."""
         self.on_foreign: Callable[[str, str, str, int, int], None] | None = None

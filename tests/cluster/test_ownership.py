@@ -21,9 +21,11 @@ from danube.machines.cluster.ownership import (
     become_writer,
     fence_compares,
     owner_key,
+    seal_replica_set,
     writer_key,
 )
-from danube.metadata.model import Compare, Delete, Put
+from danube.machines.cluster.replicas import ReplicaSet
+from danube.metadata.model import Compare, Delete, KeyValue, Put
 from danube.metadata.state import MetadataState
 
 T = "/default/orders"
@@ -450,3 +452,25 @@ def test_only_an_unload_of_a_served_topic_marks_its_replica_set_sealed() -> None
     assert o.tick(620) == [Unload(T, 41)]
     (release,) = o.unloaded(T, 700)
     assert release.sealed_epoch is None
+
+
+def test_a_release_with_an_in_sync_set_hands_over_instead_of_sealing() -> None:
+    """Issue 27, moves: the release of an unload whose replica set names followers in sync
+    only compares the set (the promotion rule then gives the topic to one of them, whose log
+    holds everything); with none in sync it marks the set sealed (the tail is indexed); a
+    set another owner took over is left alone."""
+    key = "/cluster/replicas/default/t"
+
+    def kv(record: ReplicaSet) -> KeyValue:
+        return KeyValue(key, record.to_json(), 3, 7, 2, None)
+
+    handing = ReplicaSet(41, "b1", ("b2",), ("b2",), ((41, 0),))
+    compares, ops = seal_replica_set(kv(handing), "b1", 41)
+    assert compares == (Compare(key, "mod_revision", "==", 7),) and ops == ()
+    alone = ReplicaSet(41, "b1", ("b2",), (), ((41, 0),))
+    compares, ops = seal_replica_set(kv(alone), "b1", 41)
+    assert compares == (Compare(key, "mod_revision", "==", 7),)
+    sealed = ReplicaSet(41, "b1", ("b2",), (), ((41, 0),), sealed=True)
+    assert ops == (Put(key, sealed.to_json()),)
+    assert seal_replica_set(kv(handing), "b2", 41) == ((), ())
+    assert seal_replica_set(kv(handing), "b1", 40) == ((), ())

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from danube import keys
 from danube.keys import LEADER_KEY
+from danube.machines.cluster import replicas
 from danube.machines.cluster.load_manager import (
     NS_PER_S,
     Assign,
@@ -36,7 +37,7 @@ from danube.machines.cluster.load_manager import (
 )
 from danube.machines.cluster.records import Marker, MarkerReason
 from danube.machines.cluster.replicas import ReplicaSet
-from danube.metadata.model import Compare, Put
+from danube.metadata.model import Compare, Delete, Put
 from danube.testing import InstantStore, ManagerDriver
 from danube.values.load_manager_config import Strategy
 
@@ -330,9 +331,10 @@ def test_an_unreadable_record_holds_a_failover_back_and_is_reported() -> None:
 
 
 def test_a_move_keeps_the_record_and_its_target_need_not_be_in_sync() -> None:
+    """Without an in-sync set (the follower never caught up, or was shrunk away) the move
+    goes where Danube sends it and the source seals and uploads the tail."""
     d = cluster("1", "2", "3", cfg=config(enabled=True, min_topic_age_seconds=0))
     owned(d, "/ns/x", "2", ("3",))
-    shrink(d, "/ns/x", ("3",))
     give(d, "2", *(f"/zz/t{i}" for i in range(6)))  # after /ns/x: it is the one moved
     kept = record(d, "/ns/x")
     (move,) = of(d.run(d.manager.trigger_rebalance(1, 0, unix_s=1)), Move)
@@ -355,6 +357,77 @@ def test_a_move_keeps_the_record_and_its_target_need_not_be_in_sync() -> None:
     assert owner(d, "/ns/x") == "1"
     assert record(d, "/ns/x") == sealed
     assert not d.failed
+
+
+def test_a_move_of_a_replicated_topic_goes_to_its_in_sync_follower() -> None:
+    """Issue 27: the rebalance picks the in-sync follower "3" over the least loaded "1"; the
+    source hands over without sealing the record (its release only compares it), and the
+    promotion rule gives the topic to the follower, whose log holds everything."""
+    d = cluster("1", "2", "3", cfg=config(enabled=True, min_topic_age_seconds=0))
+    owned(d, "/ns/x", "2", ("3",))
+    shrink(d, "/ns/x", ("3",))
+    give(d, "2", *(f"/zz/t{i}" for i in range(6)))
+    give(d, "3", "/zz/u0")  # "3" is more loaded than "1", still lighter than the source
+    kept = record(d, "/ns/x")
+    (move,) = of(d.run(d.manager.trigger_rebalance(1, 0, unix_s=1)), Move)
+    assert (move.topic, move.from_broker, move.to_broker) == ("/ns/x", "2", "3")
+    d.settle(0)
+    marker = Marker(MarkerReason.REBALANCE, "2", "3", ready=True)
+    d.store.put(keys.unassigned_key("/ns/x"), marker.to_json())
+    d.settle(0)
+    assert owner(d, "/ns/x") == "3"
+    after = record(d, "/ns/x")
+    assert kept is not None and after is not None
+    # kept as the source left it (the new owner records its epoch when it claims); only the
+    # followers change: "3" owns the topic now and "1" replaces it
+    assert dataclasses.replace(after, followers=kept.followers) == kept
+    assert after.followers == ("1",)
+    assert not d.failed
+
+
+def test_an_unload_of_a_replicated_topic_goes_to_its_in_sync_follower() -> None:
+    """An unload (or a drain's redirect) names no target: the in-sync follower is chosen
+    over a less loaded broker, and never the source while another member is active."""
+    d = cluster("1", "2", "3")
+    owned(d, "/ns/x", "2", ("3",))
+    shrink(d, "/ns/x", ("3",))
+    give(d, "3", "/zz/u0", "/zz/u1")
+    d.store.txn(
+        (),
+        (
+            Delete(keys.assignment_key("2", "/ns/x")),
+            Put(
+                keys.unassigned_key("/ns/x"),
+                Marker(MarkerReason.UNLOAD, "2", ready=False).to_json(),
+            ),
+        ),
+    )
+    d.settle(0)
+    assert owner(d, "/ns/x") is None  # not ready yet: the source still hands over
+    d.store.put(
+        keys.unassigned_key("/ns/x"), Marker(MarkerReason.UNLOAD, "2", ready=True).to_json()
+    )
+    d.settle(0)
+    assert owner(d, "/ns/x") == "3"
+
+
+def test_hand_over_target_rules() -> None:
+    ranked = ["1", "3", "2", "4"]
+    # the wanted broker when it may take it
+    assert replicas.hand_over_target(ranked, "2", "4", None, ("3",)) == "4"
+    # an in-sync member other than the source, before a lighter broker
+    assert replicas.hand_over_target(ranked, "2", None, None, ("2", "4")) == "4"
+    # candidates restrict the choice (the promotion rule: in-sync members and the owner)
+    assert replicas.hand_over_target(ranked, "2", "1", frozenset({"2", "4"}), ("4",)) == "4"
+    # the source only when it is the one candidate left (it kept its files)
+    assert replicas.hand_over_target(ranked, "2", None, frozenset({"2"}), ()) == "2"
+    assert replicas.hand_over_target(ranked, "2", None, frozenset(), ()) is None
+    # without an in-sync set: Danube's rule
+    assert replicas.hand_over_target(ranked, "1", None, None, ()) == "3"
+    # rebalancing: an in-sync member lighter than the source, else the lightest other
+    assert replicas.rebalance_target(ranked, "2", ("3",)) == "3"
+    assert replicas.rebalance_target(ranked, "2", ("4",)) == "1"
+    assert replicas.rebalance_target(ranked, "1", ("3",)) == "3"
 
 
 # -- the promotion rule over random worlds, and its planted bug ---------------------------------
@@ -523,3 +596,35 @@ def test_an_unsealed_hand_over_goes_only_to_a_broker_holding_the_acknowledged_ta
     d.store.put(keys.unassigned_key("/ns/x"), marker.to_json())
     d.settle(0)
     assert owner(d, "/ns/x") in ("2", "3")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ranked=st.lists(st.sampled_from("123456"), unique=True, max_size=6),
+    source=st.sampled_from("123456"),
+    wanted=st.none() | st.sampled_from("123456"),
+    candidates=st.none() | st.frozensets(st.sampled_from("123456")),
+    in_sync=st.lists(st.sampled_from("123456"), unique=True, max_size=3),
+)
+def test_a_hand_over_target_is_a_candidate_and_prefers_the_log(
+    ranked: list[str],
+    source: str,
+    wanted: str | None,
+    candidates: frozenset[str] | None,
+    in_sync: list[str],
+) -> None:
+    """Whatever the view: an active candidate, or None only when there is none; the wanted
+    broker when it qualifies; else an in-sync member other than the source when one
+    qualifies; the source only when nobody else does."""
+    chosen = replicas.hand_over_target(ranked, source, wanted, candidates, in_sync)
+    pool = [b for b in ranked if candidates is None or b in candidates]
+    if not pool:
+        assert chosen is None
+        return
+    assert chosen in pool
+    if wanted in pool:
+        assert chosen == wanted
+    elif any(b in in_sync and b != source for b in pool):
+        assert chosen in in_sync and chosen != source
+    elif chosen == source:
+        assert pool == [source]

@@ -96,9 +96,25 @@ def truncate_by_high_watermark() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def move_before_caught_up() -> Iterator[None]:
+    """An unloading owner hands the topic over as soon as its WAL is idle: it does not wait
+    for the high watermark to reach its log end, nor for an in-sync follower to hold it
+    (the set may be empty: the owner then acknowledged alone), and leaves without the
+    upload of its tail."""
+
+    def ready(self: Any, record: Any) -> bool:
+        log = record.wal
+        return record.log.replication is not None and log is not None and log.idle
+
+    with mock.patch.object(replica_owner.OwnerReplicas, "hand_over_ready", ready):
+        yield
+
+
 REPLICATION_MUTATIONS: dict[str, Patch] = {
     "acknowledge_before_followers": acknowledge_before_followers,
     "promote_any_follower": promote_any_follower,
     "accept_deposed_owner": accept_deposed_owner,
     "truncate_by_high_watermark": truncate_by_high_watermark,
+    "move_before_caught_up": move_before_caught_up,
 }

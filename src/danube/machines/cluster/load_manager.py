@@ -43,13 +43,12 @@ of their own (`danube.machines.cluster.load_manager_effects`); both are re-expor
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from danube import keys
-from danube.machines.cluster import records, replicas
+from danube.machines.cluster import rebalancing, records, replicas
 from danube.machines.cluster.load_manager_effects import Assign as Assign
 from danube.machines.cluster.load_manager_effects import Effect as Effect
 from danube.machines.cluster.load_manager_effects import FailOver as FailOver
@@ -66,10 +65,8 @@ from danube.machines.cluster.ranking import (
     Imbalance,
     LoadReport,
     TopicLoad,
-    blacklisted,
     imbalance,
     ranking,
-    rebalance_sources,
     scores,
 )
 from danube.machines.cluster.records import Marker, MarkerReason
@@ -113,19 +110,6 @@ class _Owned:
     """When this view first saw the assignment: the topic's age on its broker."""
 
 
-@dataclass(slots=True)
-class _Manual:
-    left: int | None
-    """Moves still allowed in this manual session; None: until balanced."""
-
-
-@dataclass(frozen=True, slots=True)
-class _InFlight:
-    broker: str
-    topic: str
-    until: int
-
-
 class LoadManager:
     """One broker's load manager; `broker_id` is this broker (the leader key's value)."""
 
@@ -158,14 +142,7 @@ class LoadManager:
         `FailOver`."""
         self._replicas = replicas.ReplicaView()
         self._last_chosen: str | None = None
-        self._moves: deque[int] = deque()
-        """When each move of the last hour was made."""
-        self._moved_at: dict[str, int] = {}
-        self._last_move_at: int | None = None
-        self._in_flight: _InFlight | None = None
-        self._next_check: int | None = None
-        self._manual: _Manual | None = None
-        self._history_s = -1
+        self._rebalancer = rebalancing.Rebalancer(config.rebalancing, self._retry_ns)
         self._scheduled: int | None = None
 
     # -- inputs: leadership and time --------------------------------------------------------
@@ -183,10 +160,7 @@ class LoadManager:
             self._failing[key] = now
         self._replicas.wake(now)
         self._drain_due.clear()
-        cfg = self.config.rebalancing
-        if cfg is not None and cfg.enabled:
-            # A full interval first: the view of loads settles after a change of leader.
-            self._next_check = now + cfg.check_interval_seconds * NS_PER_S
+        self._rebalancer.became_leader(now)
         return self._react(now)
 
     def lost_leadership(self, now: int) -> list[Effect]:
@@ -197,9 +171,7 @@ class LoadManager:
                 self._expect(topic, pending, add=False)
                 pending.planned = None
                 self._expect(topic, pending, add=True)
-        self._manual = None
-        self._next_check = None
-        self._in_flight = None
+        self._rebalancer.lost_leadership()
         self._scheduled = None
         return self._react(now)
 
@@ -218,7 +190,7 @@ class LoadManager:
             raise ValueError(f"max_moves must be at least 1, got {max_moves}")
         if not self.leading or self.config.rebalancing is None:
             return []
-        self._manual = _Manual(max_moves)
+        self._rebalancer.trigger(max_moves)
         return self._react(now, unix_s)
 
     # -- inputs: the view ------------------------------------------------------------------
@@ -272,7 +244,7 @@ class LoadManager:
     def propose_move(self, now: int) -> Proposal | None:
         """The move a manual rebalance would make now (a dry run); None when balanced or no
         topic qualifies."""
-        return self._propose(now, automatic=False)
+        return self._rebalancer.propose(now, self._rebalance_view(), automatic=False)
 
     def registered(self) -> list[str]:
         """Every registered broker, by id."""
@@ -386,9 +358,7 @@ class LoadManager:
         if revision is None:
             owners.pop(broker, None)
             self._owned.get(broker, {}).pop(topic, None)
-            flight = self._in_flight
-            if flight is not None and (flight.broker, flight.topic) == (broker, topic):
-                self._in_flight = None
+            self._rebalancer.assignment_gone(broker, topic)
         else:
             owned = owners.get(broker)
             if owned is None or owned.revision != revision:
@@ -425,20 +395,14 @@ class LoadManager:
         effects = [*self._failovers(now), *self._assignments(now), *self._drains(now)]
         effects += self._refollows(now)
         if unix_s is not None:
-            effects += self._rebalance(now, unix_s)
+            effects += self._rebalancer.step(
+                now, unix_s, self._leader_compare, self._rebalance_view()
+            )
         return [*effects, *self._schedule(now)]
 
     def _advance(self, now: int) -> None:
         """Bookkeeping that only time drives (followers too: their view must be ready)."""
-        while self._moves and self._moves[0] <= now - HOUR_NS:
-            self._moves.popleft()
-        cfg = self.config.rebalancing
-        min_age = 0 if cfg is None else cfg.min_topic_age_seconds * NS_PER_S
-        for topic, at in list(self._moved_at.items()):
-            if at <= now - min_age:
-                del self._moved_at[topic]
-        if self._in_flight is not None and self._in_flight.until <= now:
-            self._in_flight = None
+        self._rebalancer.advance(now)
 
     def _active(self) -> list[str]:
         """Registered brokers in mode `active`, or with no state key (Danube's default)."""
@@ -504,7 +468,7 @@ class LoadManager:
                 why = self._replicas.unavailable(topic)
                 effects += self._stall(topic, pending, why, "topic_unavailable")
                 continue
-            broker = self._choose(marker, candidates)
+            broker = self._choose(topic, marker, candidates)
             if broker is None:
                 effects += self._stall(topic, pending, "no active broker")
                 continue
@@ -607,22 +571,23 @@ class LoadManager:
             (Put(keys.assignment_key(broker, topic), None), Delete(marker_key), *record_ops),
         )
 
-    def _choose(self, marker: Marker, candidates: frozenset[str] | None = None) -> str | None:
+    def _choose(
+        self, topic: str, marker: Marker, candidates: frozenset[str] | None = None
+    ) -> str | None:
         """Danube's choice of broker for a marker, among active brokers only; a failover with
-        an in-sync set recorded takes the least loaded of its `candidates`."""
+        an in-sync set recorded takes the least loaded of its `candidates`. A hand-over
+        (unload, rebalance, drain) prefers an in-sync follower (`replicas.hand_over_target`)."""
         broker_scores = self._scores()
         if not broker_scores:
             return None
-        if candidates is not None:
-            return next((b for b, _ in ranking(broker_scores) if b in candidates), None)
-        if marker.reason is MarkerReason.REBALANCE and marker.to_broker in broker_scores:
-            return marker.to_broker
         ranked = ranking(broker_scores)
         if marker.reason is not MarkerReason.NEW:
-            # Away from the broker it comes from; back to it only if it is the one active
-            # broker left (Danube would leave the topic unassigned for good).
-            others = [b for b, _ in ranked if b != marker.from_broker]
-            return others[0] if others else ranked[0][0]
+            wanted = marker.to_broker if marker.reason is MarkerReason.REBALANCE else None
+            order = [b for b, _ in ranked]
+            in_sync = self._replicas.in_sync(topic)
+            return replicas.hand_over_target(order, marker.from_broker, wanted, candidates, in_sync)
+        if candidates is not None:
+            return next((b for b, _ in ranked if b in candidates), None)
         low = ranked[0][1]
         threshold = low if low < 10 else low + max(low // 10, 1)
         candidates = sorted(b for b, score in ranked if score <= threshold)
@@ -671,117 +636,26 @@ class LoadManager:
                 effects.append(decision)
         return effects
 
-    # -- rebalancing -------------------------------------------------------------------------
+    # -- rebalancing (`danube.machines.cluster.rebalancing`) --------------------------------
 
-    def _gate(self, cfg: RebalancingConfig, now: int) -> int:
-        """Earliest time of the next move: the cooldown has passed, and the previous move
-        shows in the view (the loads it changed are known) or took too long to."""
-        times = [now]
-        if self._last_move_at is not None:
-            times.append(self._last_move_at + cfg.cooldown_seconds * NS_PER_S)
-        if self._in_flight is not None:
-            times.append(self._in_flight.until)
-        return max(times)
-
-    def _rebalance(self, now: int, unix_s: int) -> list[Effect]:
-        cfg = self.config.rebalancing
-        if cfg is None or self._gate(cfg, now) > now:
-            return []
-        if self._manual is not None:
-            proposal = self._propose(now, automatic=False)
-            if proposal is None:
-                self._manual = None
-                return [Log("manual_rebalance_done", "balanced, or no topic may move")]
-            if self._manual.left is not None:
-                self._manual.left -= 1
-                if self._manual.left == 0:
-                    self._manual = None
-            return [self._move(proposal, now, unix_s, manual=True)]
-        if not cfg.enabled or self._next_check is None or now < self._next_check:
-            return []
-        self._next_check = now + cfg.check_interval_seconds * NS_PER_S
-        if len(self._moves) >= cfg.max_moves_per_hour:
-            return [Log("rebalance_capped", f"{len(self._moves)} moves in the last hour")]
-        proposal = self._propose(now, automatic=True)
-        return [] if proposal is None else [self._move(proposal, now, unix_s, manual=False)]
-
-    def _propose(self, now: int, *, automatic: bool) -> Proposal | None:
-        cfg = self.config.rebalancing
-        if cfg is None:
-            return None
-        broker_scores = self._scores()
-        if automatic and len(broker_scores) < cfg.min_brokers_for_rebalance:
-            return None
-        stats = imbalance(broker_scores)
-        if stats.brokers < 2 or stats.coefficient_of_variation < cfg.aggressiveness.threshold:
-            return None
-        ranked = [b for b, _ in ranking(broker_scores)]
-        min_age = cfg.min_topic_age_seconds * NS_PER_S
-        for source in rebalance_sources(broker_scores, stats):
-            target = next(b for b in ranked if b != source)
-            known = self._topic_loads.get(source, {})
-            best: tuple[float, str, int] | None = None
-            for topic, owned in sorted(self._owned.get(source, {}).items()):
-                if topic in self._pending or blacklisted(topic, cfg.blacklist_topics):
-                    continue
-                if now - max(owned.since, self._moved_at.get(topic, owned.since)) < min_age:
-                    continue
-                load = (known.get(topic) or TopicLoad(topic)).estimated_load
-                if best is None or load < best[0]:
-                    best = (load, topic, owned.revision)
-            if best is not None:
-                return Proposal(best[1], source, target, best[0], best[2])
-        return None
-
-    def _move(self, proposal: Proposal, now: int, unix_s: int, *, manual: bool) -> Move:
-        topic, source, target = proposal.topic, proposal.from_broker, proposal.to_broker
-        self._moves.append(now)
-        self._moved_at[topic] = now
-        self._last_move_at = now
-        self._in_flight = _InFlight(source, topic, now + self._retry_ns)
-        # One key per move even when two moves share a second (a manual run without cooldown).
-        self._history_s = max(unix_s, self._history_s + 1)
-        assignment = keys.assignment_key(source, topic)
-        marker_key = keys.unassigned_key(topic)
-        marker = Marker(MarkerReason.REBALANCE, source, target, ready=False, timestamp=unix_s)
-        record = {
-            "topic": topic,
-            "from_broker": records.broker_id_to_json(source),
-            "to_broker": records.broker_id_to_json(target),
-            "reason": "ManualRebalance" if manual else "LoadImbalance",
-            "estimated_load": proposal.estimated_load,
-            "timestamp": unix_s,
-        }
-        return Move(
-            topic,
-            source,
-            target,
-            manual,
-            proposal.estimated_load,
-            (
-                self._leader_compare,
-                Compare(assignment, "mod_revision", "==", proposal.revision),
-                Compare(marker_key, "version", "==", 0),
-            ),
-            (
-                Put(marker_key, marker.to_json()),
-                Delete(assignment),
-                Put(keys.history_key(self._history_s), record),
-            ),
+    def _rebalance_view(self) -> rebalancing.View:
+        return rebalancing.View(
+            self._scores(), self._owned, self._pending, self._topic_loads, self._move_target
         )
+
+    def _move_target(self, topic: str, source: str, ranked: Sequence[str]) -> str:
+        """A replicated topic moves to an in-sync follower when one is lighter than the
+        source (`replicas.rebalance_target`)."""
+        return replicas.rebalance_target(ranked, source, self._replicas.in_sync(topic))
 
     def _schedule(self, now: int) -> list[Effect]:
         times = [p.due for p in self._pending.values() if p.due > now]
         times += [due for due in self._failing.values() if due > now]
         times += [due for due in self._drain_due.values() if due > now]
         times += [due for due in self._replicas.due.values() if due > now]
-        cfg = self.config.rebalancing
-        if cfg is not None:
-            gate = self._gate(cfg, now)
-            if self._manual is not None:
-                times.append(gate)
-            elif cfg.enabled and self._next_check is not None:
-                times.append(max(self._next_check, gate))
+        rebalance_at = self._rebalancer.wake_at(now)
+        if rebalance_at is not None:
+            times.append(rebalance_at)
         at = min(times) if times else None
         if at == self._scheduled:
             return []

@@ -174,14 +174,24 @@ def become_writer(
 def seal_replica_set(
     found: KeyValue | None, broker_id: str, epoch: int
 ) -> tuple[tuple[Compare, ...], tuple[Op, ...]]:
-    """What a release after a completed unload adds (`Release.sealed_epoch`): the replica
-    set marked `sealed` when it names this broker as owner of `epoch` (everything it
-    acknowledged is indexed now, so the promotion rule lets any broker take the topic),
-    compared on its revision; nothing otherwise."""
+    """What a release after a completed unload adds (`Release.sealed_epoch`), when the
+    replica set names this broker as owner of `epoch`, compared on its revision:
+
+    - its `in_sync` not empty: nothing more. The unload was a hand-over (or could have
+      been): every member holds the whole log (`OwnerReplicas.hand_over_ready`; the owner
+      proposes nothing once it hands over, so this is the set it relied on), and the
+      promotion rule gives the topic to one of them, whose log continues, without waiting
+      for the tail's upload (spec/replication.md, "Moves").
+    - else the set marked `sealed`: everything acknowledged is indexed now, so the promotion
+      rule lets any broker take the topic.
+
+    Nothing otherwise."""
     record = replica_set_of(found)
     if found is None or record is None or record.owner != broker_id or record.epoch != epoch:
         return (), ()
     compare = Compare(found.key, "mod_revision", "==", found.mod_revision)
+    if record.in_sync:
+        return (compare,), ()
     return (compare,), (Put(found.key, dataclasses.replace(record, sealed=True).to_json()),)
 
 

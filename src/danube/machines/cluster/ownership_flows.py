@@ -46,7 +46,8 @@ class Seal:
 @dataclass(frozen=True, slots=True)
 class AwaitSettled:
     """Answered with None once the core says the topic is settled (`BrokerCore.settled`:
-    WAL idle, sealed segments indexed) and every metadata change so far is durable."""
+    WAL idle, sealed segments indexed; or, replicated, handed over to its in-sync followers,
+    spec/replication.md "Moves") and every metadata change so far is durable."""
 
     topic: str
 
@@ -137,7 +138,9 @@ def unload(machine: own.Ownership, effect: own.Unload, now: Now) -> Flow[list[ow
     """A deleted topic is forgotten at once, with its files (the admin's DeleteTopic removes
     its metadata and objects). A moved one is sealed; once settled, and only while the
     machine still unloads it under the same claim, it is forgotten with its files (its
-    successor continues from the object index)."""
+    successor continues from the object index). A replicated one handed over to its
+    in-sync followers keeps its files (`Lifecycle.remove`): its successor continues from
+    its own log, and the release leaves the replica set unsealed (`seal_replica_set`)."""
     topic = effect.topic
     if effect.deleted:
         yield Forget(topic, f"topic {topic} was deleted", True, "topic_deleted_here")

@@ -205,6 +205,48 @@ def promotion_candidates(record: ReplicaSet | None, alive: Iterable[str]) -> fro
     return frozenset((*record.in_sync, record.owner)) & frozenset(alive)
 
 
+def rebalance_target(ranked: Sequence[str], source: str, in_sync: Iterable[str]) -> str:
+    """Where a rebalancing move of a topic on `source` goes (`ranked`: the active brokers,
+    least loaded first, `source` among them): the least loaded member of its `in_sync` set
+    that is less loaded than the source, which takes it over from its own log without
+    waiting for an upload of the tail (spec/replication.md, "Moves"); else, as Danube, the
+    least loaded broker other than the source."""
+    synced = set(in_sync)
+    lighter = ranked[: ranked.index(source)] if source in ranked else ranked
+    return next(
+        (b for b in lighter if b in synced),
+        next(b for b in ranked if b != source),
+    )
+
+
+def hand_over_target(
+    ranked: Sequence[str],
+    source: str | None,
+    wanted: str | None,
+    candidates: frozenset[str] | None,
+    in_sync: Iterable[str],
+) -> str | None:
+    """Who gets a topic handed over by `source` (an unload, a rebalance towards `wanted`, a
+    drain's redirect), among the active brokers `ranked` least loaded first, restricted to
+    the promotion `candidates` when the replica set names some (None: anyone, the tail is
+    indexed): `wanted` if it may; else the best ranked member of `in_sync` other than the
+    source (its own log holds the topic: a promotion, not a load from the object tier);
+    else the best ranked broker other than the source; else the source itself, the one
+    broker left (as Danube, which would otherwise strand the topic; a source that handed
+    over kept its files, and loads them again)."""
+    pool = [b for b in ranked if candidates is None or b in candidates]
+    if wanted is not None and wanted in pool:
+        return wanted
+    synced = set(in_sync)
+    others = [b for b in pool if b != source]
+    for broker in others:
+        if broker in synced:
+            return broker
+    if others:
+        return others[0]
+    return pool[0] if pool else None
+
+
 # -- the load manager's writes ------------------------------------------------------------------
 
 Seen = tuple[ReplicaSet | None, int]
@@ -344,6 +386,11 @@ class ReplicaView:
         if not failover or seen is None:
             return None
         return frozenset() if seen[0] is None else promotion_candidates(seen[0], active)
+
+    def in_sync(self, topic: str) -> tuple[str, ...]:
+        """The topic's recorded in-sync followers (none: no readable record)."""
+        seen = self.seen.get(topic)
+        return () if seen is None or seen[0] is None else seen[0].in_sync
 
     def unavailable(self, topic: str) -> str:
         """Why `promotable` found nobody, for the operator's log."""

@@ -50,9 +50,20 @@ class Lifecycle:
     def settled(self, topic: str) -> bool:
         """An unloading topic's WAL is idle and every sealed segment is indexed (or the
         topic is stopped and can do neither); replicated, also uploaded, which waits for the
-        high watermark."""
+        high watermark. Or, replicated, handed over: every record is acknowledged and every
+        member of the recorded in-sync set holds the log end (`hand_over_ready`); the
+        release then leaves the replica set unsealed and the load manager promotes one of
+        them (spec/replication.md, "Moves")."""
         record = self._topics.get(topic)
         if record is None or record.phase.stopped:
+            return True
+        if record.log.handing_over:
+            return True
+        if record.phase.moving and self._logs.replicas.hand_over_ready(record):
+            # Every in-sync follower holds the log end: they take over without an upload of
+            # the tail (spec/replication.md, "Moves"). No in-sync proposal from now on, so
+            # the set the release finds is the one that holds everything.
+            record.log.handing_over = True
             return True
         if record.wal is not None and not record.wal.idle:
             return False
@@ -61,13 +72,25 @@ class Lifecycle:
         uploader = record.log.uploader
         return uploader is None or uploader.idle
 
+    def handed_over(self, topic: str) -> int | None:
+        """None unless the unloading topic goes to its in-sync followers without waiting for
+        an upload of its tail (`settled` found it ready); then how many of its records the
+        object index does not hold yet (the tail its new owner uploads)."""
+        record = self._topics.get(topic)
+        if record is None or not record.log.handing_over or record.wal is None:
+            return None
+        return max(record.wal.readable_offset - self._logs.indexed_end(record), 0)
+
     def remove(self, topic: str, *, reason: str, delete_files: bool) -> Step[None]:
         """See `BrokerCore.remove`."""
         record = self._topics.get(topic)
         if record is None:
             return Step(None)
         self._producers.depart(record)
-        return Step(None, tuple(self._forget(record, reason, delete_files)))
+        # Handed over, the files may hold the only copy of the tail outside the followers
+        # (the upload was not waited for): kept, as after a drop.
+        keep = record.log.handing_over
+        return Step(None, tuple(self._forget(record, reason, delete_files and not keep)))
 
     def delete_topic(self, topic: str) -> Step[None]:
         """See `BrokerCore.delete_topic`."""

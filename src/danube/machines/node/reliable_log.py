@@ -90,6 +90,9 @@ class TopicLog:
     """A proposal recording this owner's epoch in the replica set is under way."""
     held_end: int = 0
     """Replicated, not registered yet: the end the high watermark reached meanwhile."""
+    handing_over: bool = False
+    """Unloading, handed over to its in-sync followers (`OwnerReplicas.hand_over_ready`):
+    no more in-sync proposals; the files stay when the topic is removed."""
     unreplicated: list[bytes] = field(default_factory=list)
     """Frames written since the WAL's last `Acknowledge`: the next group commit's bytes."""
     sealed_waiting: list[tuple[int, int, int]] = field(default_factory=list)

@@ -20,6 +20,30 @@ caught up would acknowledge alone, die, and the load manager, seeing no sign of 
 would hand the topic to any broker, without those records; recorded, the owner stays a
 promotion candidate and the topic waits for it.
 
+**Moves** (spec/replication.md, "Moves"). An unloading topic (rebalance, unload, drain)
+goes to an in-sync follower without an upload of its tail when it can; its states, as the
+unload's driver sees them (`Lifecycle.settled`, then the release flow,
+`danube.machines.cluster.ownership.seal_replica_set`):
+
+| state | event | next state |
+|---|---|---|
+| serving | assignment deleted (`Unload`): publishes refused, WAL sealed | unloading |
+| unloading | `hand_over_ready` (below) | handing over |
+| unloading | tail indexed, `in_sync` empty (a laggard was shrunk away) | sealed |
+| handing over | settled at once; no in-sync proposal from now on | released |
+
+- `hand_over_ready`: the epoch is registered, no proposal is outstanding, the recorded
+  `in_sync` is not empty, the WAL is idle and the high watermark reached the log end.
+- released (handed over): the files stay; the release only compares the replica set, so
+  the leader promotes an active in-sync member (`replicas.hand_over_target`), which claims
+  with a new epoch, continues from its log and uploads what the index lacks.
+- sealed: as before issue 27, the release marks the set `sealed` and any broker may load
+  the topic from the objects.
+
+A follower that does not catch up is shrunk away by the usual lag rule, so "unloading"
+never waits for ever: either the high watermark reaches the log end or the set empties and
+the upload path takes over (the fallback).
+
 The decisions (what to send, when to acknowledge, when to change the in-sync set) are the
 machine's; this module only routes inputs to it and translates its effects:
 
@@ -112,8 +136,17 @@ class OwnerReplicas:
     # -- configuration ------------------------------------------------------------------------
 
     def configure(self, record: TopicRecord, config: ReplicaConfig, now_ms: int) -> list[Effect]:
-        """The topic's replicas value, as read. Starts, restarts or stops its replication."""
+        """The topic's replicas value, as read. Starts, restarts or stops its replication.
+        A value older than the one held (a late read-back, or a watch event overtaken by a
+        read) is ignored: taken, it would restart the machine with an in-sync set the owner
+        has since changed, and an expand it made would be forgotten, letting it acknowledge
+        without a member etcd records (`python -m sim --cluster --data --replicated --seed
+        74`: version 199, in sync none, after 281, in sync the follower, lost 23
+        acknowledged messages at the promotion)."""
         state = record.log
+        held = state.replica_config
+        if held is not None and config.version < held.version:
+            return []
         state.replica_config = config
         machine = state.replication
         me = self._settings.broker_id
@@ -250,12 +283,28 @@ class OwnerReplicas:
 
     def tick(self, record: TopicRecord, now_ms: int) -> list[Effect]:
         machine = record.log.replication
-        if machine is None:
+        if machine is None or record.log.handing_over:
             return []
         record.log.registering = False  # a registration lost on its way is made again
         return self._translate(record, machine.tick(now_ms), now_ms) + self._register(
             record, now_ms
         )
+
+    def hand_over_ready(self, record: TopicRecord) -> bool:
+        """An unloading topic may go to an in-sync follower without uploading its tail
+        (spec/replication.md, "Moves"): this owner registered its epoch, no in-sync
+        proposal is outstanding, the recorded in-sync set is not empty, the WAL is idle
+        (publishes are refused) and the high watermark reached its durable end, so every
+        publish was acknowledged and every in-sync member holds the whole log. The owner
+        replicates as usual meanwhile; a follower that does not catch up within `lag_ms`
+        is shrunk away, and with the set empty the move takes the upload path."""
+        state, log = record.log, record.wal
+        machine = state.replication
+        if machine is None or log is None or machine.deposed or not self._registered(record):
+            return False
+        if machine.pending is not None or not machine.in_sync or state.held_end:
+            return False
+        return log.idle and machine.high_watermark >= log.readable_offset
 
     # -- effects ------------------------------------------------------------------------------
 
@@ -277,7 +326,8 @@ class OwnerReplicas:
                 if self._registered(record):
                     out.extend(self._logs.make_readable(record, effect.end - 1, now_ms))
             elif isinstance(effect, rm.ProposeInSync):
-                out.append(ReplicaPropose(effect, self._epoch_start(record)))
+                if not record.log.handing_over:  # the set the hand-over relies on stays
+                    out.append(ReplicaPropose(effect, self._epoch_start(record)))
             elif isinstance(effect, rm.ReadForResend):
                 out.extend(self._plan_resend(record, effect, now_ms))
             elif isinstance(effect, rm.NotEnoughInSync):
