@@ -151,22 +151,27 @@ def test_a_followers_cut_waits_for_the_writes_its_old_log_queued() -> None:
 
 
 def test_an_override_answered_unavailable_is_written_again() -> None:
-    """Invariant l with three replicas and faults between brokers: an owner whose write of a
-    topic's overrides timed out (seed 55: it never landed) answered UNAVAILABLE and kept the
-    change in force while the store held the previous overrides, which its next owner would
-    enforce; the owner now writes its overrides again. Planted: it does not, and the
-    simulator's check (the owner's overrides are the store's) catches it. A write that never
-    lands while its topic stays with the same owner is rare: since the load manager's
-    decisions go in batches (`request_batching`) seed 55 no longer has one; with twice the
-    operator's calls seed 25 does (1 of seeds 1-59)."""
-    workload = ClusterWorkload(replicated=True, replication_factor=3)
-    clean = ClusterSimulation(55, workload, CLUSTER_PROFILES["peers"]).run(SECONDS)
+    """Invariant l with three replicas: an owner whose write of a topic's overrides failed
+    answered UNAVAILABLE and kept the change in force while the store held the previous
+    overrides, which its next owner would enforce; the owner's tick now writes them again
+    (`Catalogue.overrides_to_write_again`). The run settles only once no owner has
+    overrides left to write: seed 27 at 3 % message loss failed its write 0.1 s before the
+    end of a settle that did not wait for the write again, and l found memory and store
+    apart. Planted: the tick never writes them again; the run then never settles, or l
+    finds them apart. Such failures are rare (the load manager's batched decisions made
+    the older seeds miss them): 3 % loss and twice the operator's calls reach them."""
+    lossy = dataclasses.replace(CLUSTER_PROFILES["default"], loss=0.03)
+    replicated = ClusterWorkload(replicated=True, replication_factor=3)
+    busy = dataclasses.replace(replicated, admin=32)
+    clean = ClusterSimulation(27, busy, lossy).run(SECONDS)
     assert clean.ok and clean.settled, clean.violations
-    busy = dataclasses.replace(workload, admin=16)
     with ADMIN_DATA_MUTATIONS["topic_overrides_not_written_again"]():
-        for seed in range(20, 30):
-            planted = ClusterSimulation(seed, busy, CLUSTER_PROFILES["peers"]).run(SECONDS)
+        for seed in range(25, 50):
+            planted = ClusterSimulation(seed, busy, lossy).run(SECONDS)
             if not planted.ok:
-                assert planted.violations[0].invariant == OVERRIDES, planted.violations
+                (first, *_) = planted.violations
+                assert first.invariant == OVERRIDES or "overrides to write again" in first.detail, (
+                    planted.violations
+                )
                 return
-    pytest.fail("no seed of 20-29 caught topic_overrides_not_written_again")
+    pytest.fail("no seed of 25-49 caught topic_overrides_not_written_again")
