@@ -44,13 +44,20 @@ def _tick(broker: Broker, now_ms: int) -> list[PersistMeta]:
     return _policy_writes(broker.run(broker.core.tick(now_ms).effects))
 
 
-def test_a_failed_override_write_is_written_again_every_interval_until_stored() -> None:
+def _failed_override_write() -> tuple[Broker, _Failing, int]:
+    """A broker whose write of the topic's overrides (`max_producers_per_topic` 9) failed;
+    the store still refuses writes. Returns it, the refusing store and when it happened."""
     broker = Broker()
     broker.producer()
     store = _Failing(broker)
     start = broker.driver.now_ms
     store.on = True
     broker.run(broker.core.set_topic_policies(TOPIC, {"max_producers_per_topic": 9}).effects)
+    return broker, store, start
+
+
+def test_a_failed_override_write_is_written_again_every_interval_until_stored() -> None:
+    broker, store, start = _failed_override_write()
     assert KEY not in broker.driver.metadata
     assert broker.core.topic_overrides(TOPIC) == {"max_producers_per_topic": 9}, "in force"
     assert broker.core.catalogue.overrides_unsaved() == {TOPIC: start + AGAIN}
@@ -71,12 +78,7 @@ def test_a_failed_override_write_is_written_again_every_interval_until_stored() 
 def test_one_write_again_at_a_time_and_a_later_stored_write_settles_it() -> None:
     """While a write again is under way no other is made; a later change stored (it holds
     the whole overrides) leaves nothing to write again, a later one failed marks them again."""
-    broker = Broker()
-    broker.producer()
-    store = _Failing(broker)
-    start = broker.driver.now_ms
-    store.on = True
-    broker.run(broker.core.set_topic_policies(TOPIC, {"max_producers_per_topic": 9}).effects)
+    broker, store, start = _failed_override_write()
     held: list[Any] = []
     broker.driver.port.hold = lambda effect: isinstance(effect, StoreTxn) and not held
     assert len(_tick(broker, start + AGAIN)) == 1
@@ -100,12 +102,7 @@ def test_one_write_again_at_a_time_and_a_later_stored_write_settles_it() -> None
 
 def test_no_write_again_once_the_topic_is_on_its_way_out() -> None:
     """Its next owner reads the store; the write would be refused (`NotOwner`) anyway."""
-    broker = Broker()
-    broker.producer()
-    store = _Failing(broker)
-    start = broker.driver.now_ms
-    store.on = True
-    broker.run(broker.core.set_topic_policies(TOPIC, {"max_producers_per_topic": 9}).effects)
+    broker, store, start = _failed_override_write()
     store.on = False
     broker.run(broker.core.unload(TOPIC, start).effects)
     assert _tick(broker, start + AGAIN) == []
