@@ -87,10 +87,11 @@ class _Writer:
     def submit(self, run: Callable[[], Any], done: Completion) -> None:
         if self._closed:
             raise RuntimeError("the WAL writer is closed")
-        self._jobs.put((run, done, time.perf_counter()))
-        if self._running:
-            return  # read without the lock: an exiting thread sees the job (`_idle_exit`)
+        # The put and the test of `_running` under the thread's lock: read without it, a
+        # thread deciding in `_idle_exit` that the queue is empty could end just after this
+        # job went in, leaving it with no thread (its topic's publishes would wait forever).
         with self._lock:
+            self._jobs.put((run, done, time.perf_counter()))
             if not self._running:
                 self._running = True
                 threading.Thread(target=self._serve, name=self._name, daemon=True).start()
@@ -109,6 +110,17 @@ class _Writer:
             return False
 
     def _serve(self) -> None:
+        try:
+            self._serve_jobs()
+        except BaseException:
+            # A thread ended by something other than its own rules (idle, closed, the loop
+            # gone) must not leave the writer marked running with nobody taking jobs: the
+            # next submission starts another (the batch under way is lost with the error).
+            with self._lock:
+                self._running = False
+            raise
+
+    def _serve_jobs(self) -> None:
         jobs = self._jobs
         while True:
             try:
@@ -138,8 +150,10 @@ class _Writer:
                 self.batches += 1
                 try:
                     self._loop.call_soon_threadsafe(_complete, answers, self._timings)
-                except RuntimeError:
-                    return  # the loop is closed: the process is going away, nobody waits
+                except Exception:  # closed (RuntimeError) or torn down (trio-asyncio
+                    # drops its token first: AttributeError): the process is going away
+                    # and nobody waits for these answers
+                    return
             if closing:
                 return
 
