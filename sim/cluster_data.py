@@ -462,7 +462,7 @@ class DataPlane:
         if not (core.settled(topic) and self.broker.metadata_flushed):
             self.host.world.at(SETTLE_POLL_US, lambda: self._when_settled(topic, answer))
             return
-        answer(None)
+        answer(core.lifecycle.handed_over(topic) is not None)
 
 
 def _topic_of(request: Any) -> str | None:

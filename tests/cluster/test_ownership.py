@@ -454,23 +454,36 @@ def test_only_an_unload_of_a_served_topic_marks_its_replica_set_sealed() -> None
     assert release.sealed_epoch is None
 
 
-def test_a_release_with_an_in_sync_set_hands_over_instead_of_sealing() -> None:
-    """Issue 27, moves: the release of an unload whose replica set names followers in sync
-    only compares the set (the promotion rule then gives the topic to one of them, whose log
-    holds everything); with none in sync it marks the set sealed (the tail is indexed); a
-    set another owner took over is left alone."""
+def test_a_handed_over_unload_never_seals_and_an_uploaded_one_always_does() -> None:
+    """Issue 27, moves: the release of an unload handed over to the in-sync followers (its
+    tail not uploaded) does not touch the replica set: marked sealed, any broker could load
+    the topic from objects without that tail (found in review: a shrink landing late left
+    `in_sync` empty in the store, and the release sealed). The promotion rule gives it to an
+    in-sync member, or back to this broker, which kept its files. An unload that uploaded
+    its tail marks the set sealed whatever `in_sync` says; a set another owner took over is
+    left alone."""
+    o = machine()
+    serving(o, claim_revision=41)
+    o.assignment_seen(T, False, 0)
+    (release,) = o.unloaded(T, 0, handed_over=True)
+    assert isinstance(release, Release) and release.sealed_epoch is None
+    o = machine()
+    serving(o, claim_revision=41)
+    o.assignment_seen(T, False, 0)
+    (release,) = o.unloaded(T, 0)
+    assert isinstance(release, Release) and release.sealed_epoch == 41
+
     key = "/cluster/replicas/default/t"
 
     def kv(record: ReplicaSet) -> KeyValue:
         return KeyValue(key, record.to_json(), 3, 7, 2, None)
 
+    for in_sync in (("b2",), ()):
+        uploaded = ReplicaSet(41, "b1", ("b2",), in_sync, ((41, 0),))
+        compares, ops = seal_replica_set(kv(uploaded), "b1", 41)
+        assert compares == (Compare(key, "mod_revision", "==", 7),)
+        sealed = ReplicaSet(41, "b1", ("b2",), in_sync, ((41, 0),), sealed=True)
+        assert ops == (Put(key, sealed.to_json()),)
     handing = ReplicaSet(41, "b1", ("b2",), ("b2",), ((41, 0),))
-    compares, ops = seal_replica_set(kv(handing), "b1", 41)
-    assert compares == (Compare(key, "mod_revision", "==", 7),) and ops == ()
-    alone = ReplicaSet(41, "b1", ("b2",), (), ((41, 0),))
-    compares, ops = seal_replica_set(kv(alone), "b1", 41)
-    assert compares == (Compare(key, "mod_revision", "==", 7),)
-    sealed = ReplicaSet(41, "b1", ("b2",), (), ((41, 0),), sealed=True)
-    assert ops == (Put(key, sealed.to_json()),)
     assert seal_replica_set(kv(handing), "b2", 41) == ((), ())
     assert seal_replica_set(kv(handing), "b1", 40) == ((), ())

@@ -52,8 +52,8 @@ class Machine:
         self.inputs.append(("load_failed", topic))
         return []
 
-    def unloaded(self, topic: str, now: int) -> list:
-        self.inputs.append(("unloaded", topic))
+    def unloaded(self, topic: str, now: int, *, handed_over: bool = False) -> list:
+        self.inputs.append(("unloaded", topic) if not handed_over else ("handed over", topic))
         return []
 
     def unloading(self, topic: str, revision: int) -> bool:
@@ -151,6 +151,10 @@ def test_a_deleted_topic_is_forgotten_at_once_and_a_moved_one_sealed_first() -> 
     run_now(flows.unload(machine, own.Unload(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
     assert [type(a) for a in asked] == [flows.Seal, flows.AwaitSettled, flows.Forget]
     assert asked[2].event == "topic_unloaded" and machine.inputs == [("unloaded", TOPIC)]
+    machine = Machine()  # settled by a hand-over to the in-sync followers: the machine hears so
+    asked, perform = answers(None, True, None)
+    run_now(flows.unload(machine, own.Unload(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
+    assert machine.inputs == [("handed over", TOPIC)]
 
 
 def test_an_overtaken_unload_forgets_nothing() -> None:

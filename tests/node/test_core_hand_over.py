@@ -79,3 +79,19 @@ def test_a_stale_replicas_value_does_not_restart_replication() -> None:
     assert owner.acked() == -1, "acknowledged without b2, which etcd records in sync"
     owner.answer("b2", Replicated(TOPIC, 0, 1))
     assert owner.acked() == 0
+
+
+def test_a_stale_replicas_value_is_not_kept_while_the_wal_loads() -> None:
+    """While the topic's WAL loads (or is repaired) the value read is only kept, to apply
+    once it is back; an older one than the value kept must not replace it (found in review:
+    the same stale read-back as seed 74, one step earlier)."""
+    owner = Owner()
+    owner.configure(("b2",), ("b2",))  # at version 1
+    record = owner.core._topics[TOPIC]
+    working, record.log.wal = record.log.wal, None  # as while it loads
+    newer = ReplicaConfig(0, ("b2",), ("b2",), 5)
+    owner.run(owner.core.replicas_changed(TOPIC, newer, now_ms=owner.now).effects)
+    stale = ReplicaConfig(0, (), (), 3, replicating=True)
+    owner.run(owner.core.replicas_changed(TOPIC, stale, now_ms=owner.now).effects)
+    assert record.log.replica_config == newer
+    record.log.wal = working

@@ -10,6 +10,7 @@ from typing import Any
 from unittest import mock
 
 from danube.machines.cluster import replicas
+from danube.machines.cluster.ownership import Ownership
 from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.node import replica_owner
 from danube.machines.replication import follower as follower_module
@@ -111,10 +112,25 @@ def move_before_caught_up() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def seal_after_hand_over() -> Iterator[None]:
+    """The release of an unload handed over to the in-sync followers (its tail not
+    uploaded) marks the replica set sealed as after an upload: any broker may then load the
+    topic from objects, without that tail."""
+    original = Ownership.unloaded
+
+    def unloaded(self: Ownership, topic: str, now_ms: int, *, handed_over: bool = False) -> Any:
+        return original(self, topic, now_ms)
+
+    with mock.patch.object(Ownership, "unloaded", unloaded):
+        yield
+
+
 REPLICATION_MUTATIONS: dict[str, Patch] = {
     "acknowledge_before_followers": acknowledge_before_followers,
     "promote_any_follower": promote_any_follower,
     "accept_deposed_owner": accept_deposed_owner,
     "truncate_by_high_watermark": truncate_by_high_watermark,
     "move_before_caught_up": move_before_caught_up,
+    "seal_after_hand_over": seal_after_hand_over,
 }

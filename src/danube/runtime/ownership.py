@@ -227,6 +227,7 @@ class OwnershipDriver:
             while not self.core.settled(request.topic):
                 await trio.sleep(SETTLE_POLL_MS / 1000)
             await trio_asyncio.aio_as_trio(self.runtime.flush_metadata)()
+            return self.core.lifecycle.handed_over(request.topic) is not None
         elif isinstance(request, flows.Forget):
             await self._on_loop(lambda: self._forget(request))
         else:

@@ -174,24 +174,17 @@ def become_writer(
 def seal_replica_set(
     found: KeyValue | None, broker_id: str, epoch: int
 ) -> tuple[tuple[Compare, ...], tuple[Op, ...]]:
-    """What a release after a completed unload adds (`Release.sealed_epoch`), when the
-    replica set names this broker as owner of `epoch`, compared on its revision:
-
-    - its `in_sync` not empty: nothing more. The unload was a hand-over (or could have
-      been): every member holds the whole log (`OwnerReplicas.hand_over_ready`; the owner
-      proposes nothing once it hands over, so this is the set it relied on), and the
-      promotion rule gives the topic to one of them, whose log continues, without waiting
-      for the tail's upload (spec/replication.md, "Moves").
-    - else the set marked `sealed`: everything acknowledged is indexed now, so the promotion
-      rule lets any broker take the topic.
-
-    Nothing otherwise."""
+    """What a release after a completed unload that uploaded its tail adds
+    (`Release.sealed_epoch`), when the replica set names this broker as owner of `epoch`:
+    the set marked `sealed`, compared on its revision: everything acknowledged is indexed
+    now, so the promotion rule lets any broker take the topic. A hand-over to the in-sync
+    followers (the tail not uploaded) never comes here (`Ownership.unloaded`): whatever
+    the store's `in_sync` says by its release (a shrink may land late), only its members
+    and this broker, which kept its files, may take the topic. Nothing otherwise."""
     record = replica_set_of(found)
     if found is None or record is None or record.owner != broker_id or record.epoch != epoch:
         return (), ()
     compare = Compare(found.key, "mod_revision", "==", found.mod_revision)
-    if record.in_sync:
-        return (compare,), ()
     return (compare,), (Put(found.key, dataclasses.replace(record, sealed=True).to_json()),)
 
 
@@ -442,13 +435,17 @@ class Ownership:
         state.retry_at = now_ms + self.config.retry_ms
         return self._step(now_ms)
 
-    def unloaded(self, topic: str, now_ms: int) -> list[Effect]:
+    def unloaded(self, topic: str, now_ms: int, *, handed_over: bool = False) -> list[Effect]:
+        """The unload finished. A topic `handed_over` to its in-sync followers left its tail
+        unuploaded: its release must not mark the replica set sealed (which would let any
+        broker load it from objects); the promotion rule then picks an in-sync member, or
+        this broker, which kept its files."""
         state = self._topics.get(topic)
         if state is None or state.phase is not Phase.UNLOADING:
             return []
         state.busy = False
         state.phase = Phase.RELEASING
-        state.sealed = state.served and not state.deleting
+        state.sealed = state.served and not state.deleting and not handed_over
         return self._step(now_ms)
 
     def released(self, topic: str, succeeded: bool, now_ms: int) -> list[Effect]:

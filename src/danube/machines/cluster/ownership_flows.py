@@ -45,9 +45,11 @@ class Seal:
 
 @dataclass(frozen=True, slots=True)
 class AwaitSettled:
-    """Answered with None once the core says the topic is settled (`BrokerCore.settled`:
-    WAL idle, sealed segments indexed; or, replicated, handed over to its in-sync followers,
-    spec/replication.md "Moves") and every metadata change so far is durable."""
+    """Answered once the core says the topic is settled (`BrokerCore.settled`: WAL idle,
+    sealed segments indexed; or, replicated, handed over to its in-sync followers,
+    spec/replication.md "Moves") and every metadata change so far is durable: True when it
+    was handed over (its tail not uploaded: the release must not seal the replica set),
+    else False."""
 
     topic: str
 
@@ -146,11 +148,11 @@ def unload(machine: own.Ownership, effect: own.Unload, now: Now) -> Flow[list[ow
         yield Forget(topic, f"topic {topic} was deleted", True, "topic_deleted_here")
         return machine.unloaded(topic, now())
     yield Seal(topic)
-    yield AwaitSettled(topic)
+    handed_over = yield AwaitSettled(topic)
     if not machine.unloading(topic, effect.claim_revision):
         return []  # overtaken: the machine moved on (another claim, a drop)
     yield Forget(topic, "moved to another broker", True, "topic_unloaded")
-    return machine.unloaded(topic, now())
+    return machine.unloaded(topic, now(), handed_over=bool(handed_over))
 
 
 def drop(effect: own.Drop) -> Flow[list[own.Effect]]:

@@ -35,8 +35,10 @@ class ReplicationRoutes:
         record = self._topics.get(topic)
         if record is None or record.phase.stopped:
             return Step(None)
-        if record.wal is None:  # applied once the WAL loads
-            record.log.replica_config = config
+        if record.wal is None:  # applied once the WAL loads; never an older value
+            held = record.log.replica_config  # (as `OwnerReplicas.configure`, seed 74)
+            if held is None or config.version >= held.version:
+                record.log.replica_config = config
             return Step(None)
         return Step(None, tuple(self.logs.replicas.configure(record, config, now_ms)))
 
