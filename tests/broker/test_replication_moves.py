@@ -63,7 +63,8 @@ def test_an_unloaded_replicated_topic_goes_to_its_in_sync_follower(tmp_path: Pat
         assert new is not None
         assert broker_id(new) == follower, "the move went to a broker without the log"
         assert f"event=topic_loaded topic={TOPIC} kept_local_wal=True" in new.log_text()
-        assert describe(new, TOPIC).epoch > before.epoch
+        # the new owner reads its replica set once loaded: describe shows epoch 0 until then
+        wait(lambda: describe(new, TOPIC).epoch > before.epoch, 30, "a new epoch", cluster)
         assert wal_files(owner), "the old owner took the upload path (it deletes its WAL)"
         received = asyncio.run(consume(urls, TOPIC, COUNT))
         assert received == [f"m-{i}" for i in range(COUNT)]
