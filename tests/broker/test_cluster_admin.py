@@ -26,6 +26,7 @@ from danube.localcluster.cluster import ClusterSettings, LocalCluster
 from danube.localcluster.s3_process import CREDENTIALS
 from danube.proto import danube_admin as pb
 from danube.runtime.object_store import ObjectStore
+from tests.support import replicated
 
 pytestmark = pytest.mark.slow
 
@@ -233,7 +234,7 @@ def test_draining_a_broker_moves_its_topics_away_until_it_is_activated(
     assert where(cluster, "/default/after-activate") == drained
 
 
-def test_a_rebalance_dry_run_proposes_a_move_onto_the_empty_broker_and_makes_none(
+def test_a_rebalance_dry_run_proposes_a_move_to_a_lighter_broker_and_makes_none(
     cluster: LocalCluster,
 ) -> None:
     _, followers = roles(cluster)
@@ -246,7 +247,13 @@ def test_a_rebalance_dry_run_proposes_a_move_onto_the_empty_broker_and_makes_non
     answer = call(followers[0], "trigger_rebalance", pb.RebalanceRequest(dry_run=True))
     assert answer.success and answer.moves_executed == 0
     (move,) = answer.proposed_moves
-    assert str(move.to_broker) == empty and str(move.from_broker) != empty
+    source, target = str(move.from_broker), str(move.to_broker)
+    assert source != empty and loads[target] < loads[source]
+    if target != empty:
+        # a replicated topic moves to its in-sync follower when that one is lighter than
+        # the source (issue 27: a hand-over, no upload), else to the emptiest broker
+        holder = {broker_id(b): b for b in cluster.brokers}[source]
+        assert target in replicated.describe(holder, move.topic_name).in_sync, (target, loads)
     assert move.topic_name in topics_of(followers[0], str(move.from_broker))
     time.sleep(1)
     assert move.topic_name in topics_of(followers[0], str(move.from_broker))
