@@ -106,21 +106,27 @@ class DecisionQueue:
 
     def take(self, urgent: bool) -> list[Txn]:
         """The oldest waiting decisions of the lane, up to the batch size, none writing a key
-        another one writes, a prefix deletion only alone (etcd refuses such a transaction as
-        a whole); the rest keep their place."""
+        another one writes (etcd refuses such a transaction as a whole) or compares (etcd
+        checks every compare of the request against the state before it, where applying
+        them one after the other, as the simulated store does, would see the other's write:
+        kept apart, both orders agree), a prefix deletion only alone; the rest keep their
+        place."""
         waiting = self._waiting[urgent]
         batch: list[Txn] = []
         written: set[str] = set()
+        compared: set[str] = set()
         for key, txn in list(waiting.items()):
             if len(batch) == self._batch:
                 break
             keys = {op.key for op in txn.ops if isinstance(op, Put | Delete)}
+            checks = {compare.key for compare in txn.compares}
             whole = any(isinstance(op, DeletePrefix) for op in txn.ops)
-            if keys & written or (whole and batch):
+            if keys & written or keys & compared or checks & written or (whole and batch):
                 continue
             batch.append(txn)
             del waiting[key]
             if whole:
                 break
             written |= keys
+            compared |= checks
         return batch
