@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -43,42 +44,43 @@ class _RacingQueue:
         return empty
 
 
-def test_a_job_submitted_while_the_idle_thread_ends_still_runs(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def writer(monkeypatch: pytest.MonkeyPatch) -> Iterator[wal_writer._Writer]:
+    """A writer whose thread ends after 10 ms without a job."""
     monkeypatch.setattr(wal_writer, "IDLE_EXIT_S", 0.01)
     loop = asyncio.new_event_loop()
-    try:
-        writer = wal_writer._Writer(loop, "wal-writer-test", wal_writer.Timings())
-        late = threading.Event()
-        racing = _RacingQueue(writer, (late.set, lambda answer, error: None))
-        writer._jobs = racing  # type: ignore[assignment]
-        first = threading.Event()
-        writer.submit(first.set, lambda answer, error: None)
-        assert first.wait(2)
-        assert late.wait(2), "the job submitted as the thread ended was never run"
-        assert racing.raced
-    finally:
-        writer.close()
-        loop.close()
+    made = wal_writer._Writer(loop, "wal-writer-test", wal_writer.Timings())
+    yield made
+    made.close()
+    loop.close()
+
+
+def _ignore(answer: Any, error: BaseException | None) -> None:
+    del answer, error
+
+
+def test_a_job_submitted_while_the_idle_thread_ends_still_runs(
+    writer: wal_writer._Writer,
+) -> None:
+    late = threading.Event()
+    racing = _RacingQueue(writer, (late.set, _ignore))
+    writer._jobs = racing  # type: ignore[assignment]
+    first = threading.Event()
+    writer.submit(first.set, _ignore)
+    assert first.wait(2)
+    assert late.wait(2), "the job submitted as the thread ended was never run"
+    assert racing.raced
 
 
 def test_the_thread_ends_when_idle_and_the_next_job_starts_another(
-    monkeypatch: pytest.MonkeyPatch,
+    writer: wal_writer._Writer,
 ) -> None:
-    monkeypatch.setattr(wal_writer, "IDLE_EXIT_S", 0.01)
-    loop = asyncio.new_event_loop()
-    try:
-        writer = wal_writer._Writer(loop, "wal-writer-test", wal_writer.Timings())
-        for _ in range(3):
-            ran = threading.Event()
-            writer.submit(ran.set, lambda answer, error: None)
-            assert ran.wait(2)
-            for _ in range(200):  # the thread ends within a few idle periods
-                if not writer._running:
-                    break
-                threading.Event().wait(0.01)
-            assert not writer._running
-    finally:
-        writer.close()
-        loop.close()
+    for _ in range(3):
+        ran = threading.Event()
+        writer.submit(ran.set, _ignore)
+        assert ran.wait(2)
+        for _ in range(200):  # the thread ends within a few idle periods
+            if not writer._running:
+                break
+            threading.Event().wait(0.01)
+        assert not writer._running
