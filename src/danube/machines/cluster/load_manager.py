@@ -610,8 +610,10 @@ class LoadManager:
         sealed: its active in-sync members and recorded owner, which alone hold every
         acknowledged record; else anyone (None). Also for hand-overs (unload, rebalance,
         drain): an unload that did not seal (its broker never loaded the topic, or died
-        meanwhile) leaves acknowledged records only on those brokers. A completed unload
-        marks the set `sealed` in the release that marks the marker ready."""
+        meanwhile) leaves acknowledged records only on those brokers. An unload that uploaded
+        its tail marks the set `sealed` in the release that marks the marker ready; one
+        handed over to the in-sync followers leaves it unsealed. `marker` is for overrides
+        (the planted bugs of tests/cluster/test_replica_placement.py)."""
         del marker
         return self._replicas.promotable(topic, True, self._active())
 

@@ -47,12 +47,6 @@ Target = Callable[[str, str, Sequence[str]], str]
 """(topic, source, active brokers least loaded first) → where a move of `topic` goes."""
 
 
-def least_loaded(topic: str, source: str, ranked: Sequence[str]) -> str:
-    """The default target: the least loaded active broker other than the source."""
-    del topic
-    return next(b for b in ranked if b != source)
-
-
 @dataclass(slots=True)
 class _Manual:
     left: int | None
@@ -240,4 +234,6 @@ class View:
     pending: Collection[str]
     """Topics with an unassigned marker: never moved."""
     topic_loads: Mapping[str, Mapping[str, TopicLoad]]
-    target: Target = least_loaded
+    target: Target
+    """Where a move goes (the load manager's: a lighter in-sync follower, else the least
+    loaded other broker, `replicas.rebalance_target`)."""

@@ -262,7 +262,8 @@ class BrokerCore(ReplicationRoutes):
 
     def settled(self, topic: str) -> bool:
         """An unloading topic's WAL is idle and every sealed segment is indexed (or the
-        topic is stopped and can do neither)."""
+        topic is stopped and can do neither); replicated, handed over to its in-sync
+        followers instead once they hold the whole log (`Lifecycle.settled`)."""
         return self.lifecycle.settled(topic)
 
     def remove(self, topic: str, *, reason: str, delete_files: bool) -> Step[None]:
