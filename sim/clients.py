@@ -284,8 +284,10 @@ class SimConsumer:
         nack: float,
         start: StartPosition = LATEST,
         audit: AuditOutput | None = None,
+        poison_key: str | None = None,
     ) -> None:
-        """`start` matters only when this consumer's subscribe creates the subscription."""
+        """`start` matters only when this consumer's subscribe creates the subscription;
+        every message with routing key `poison_key` is nacked, every time."""
         self.world = world
         self.audit = audit
         self.network = network
@@ -297,6 +299,7 @@ class SimConsumer:
         self.sub_type = sub_type
         self.ack_delay_us = ack_delay_us
         self.nack = nack
+        self.poison_key = poison_key
         self.start_position = start
         self._caller = Caller(world, network, broker, f"{name}@{subscription}")
         self._consumer_id: int | None = None
@@ -365,9 +368,15 @@ class SimConsumer:
             self.audit.delivered(self.client, self.subscription, self.sub_type, record)
         self.world.at(self.world.rng.randrange(self.ack_delay_us + 1), lambda: self._settle(record))
 
+    def _fails(self, record: records.Record) -> bool:
+        """Nacked: a poison message always, another with probability `nack`."""
+        if self.poison_key is not None and record.routing_key == self.poison_key:
+            return True
+        return bool(self.nack) and self.world.rng.random() < self.nack
+
     def _settle(self, record: records.Record) -> None:
         offset = record.topic_offset
-        if self.nack and self.world.rng.random() < self.nack:
+        if self._fails(record):
             request: Any = NackRequest(
                 self._caller.next_request_id(),
                 True,
@@ -403,7 +412,7 @@ class SimBatchConsumer(SimConsumer):
         return ext_pb.ReceiveBatchesRequest(consumer_id=consumer_id)
 
     def _settle(self, record: records.Record) -> None:
-        if self.nack and self.world.rng.random() < self.nack:
+        if self._fails(record):
             self._send_settlement(
                 NackRequest(
                     self._caller.next_request_id(),

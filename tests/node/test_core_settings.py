@@ -16,6 +16,7 @@ from danube.machines.node.settings import (
     merged_policies,
     policy_changes,
 )
+from danube.runtime.poison_metrics import poison_families
 from danube.values.config import MAX_UNACKED_MESSAGES_LIMIT, DispatchStrategy, Policies
 from danube.values.errors import DanubeError, ErrorCode
 from tests.node.test_core import code_of
@@ -160,6 +161,18 @@ def test_a_redelivery_limit_applies_to_a_live_subscription_and_a_restart(
         assert broker.take(consumer) == []
         broker.run(broker.core.tick(broker.driver.now_ms + 10_000).effects)
         assert broker.cursor() in (None, -1)
+        assert broker.core.blocked(TOPIC, "s") == (0,)
+    families = {f.name: f for f in poison_families("b", broker.core)}
+    [dropped] = families["danube_subscription_poison_dropped"].samples
+    [blocked] = families["danube_subscription_blocked_messages"].samples
+    assert (dropped.value, blocked.value) == ((1, 0) if poison is PoisonPolicy.DROP else (0, 1))
+    if poison is PoisonPolicy.BLOCK:  # the operator skips it: dropped, the cursor moves on
+        skipped = broker.core.resolve_blocked(
+            TOPIC, "s", 0, release=False, now_ms=broker.driver.now_ms
+        )
+        broker.run(skipped.effects)
+        assert skipped.value and broker.core.blocked(TOPIC, "s") == ()
+        assert payloads(broker.take(consumer)) == ["m1"]
     again = Broker(files=broker.driver.files, metadata=broker.metadata)
     assert again.core.failure_policy(TOPIC, "s") == policy
 

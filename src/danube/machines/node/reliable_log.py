@@ -20,6 +20,7 @@ from danube.machines.node import paths
 from danube.machines.node.effects import (
     Effect,
     PersistMeta,
+    PolicyDropped,
     PublishAcked,
     PublishFailed,
     ReadObject,
@@ -430,6 +431,8 @@ class ReliableLogs:
                 box.extend(sub.records[offset] for offset in effect.offsets)
             elif isinstance(effect, rd.Dropped):
                 sub.records.pop(effect.offset, None)  # skipped by policy: never sent again
+                drop = PolicyDropped(record.name.full, sub.name, effect.offset, effect.attempts)
+                out.append(drop)
             elif isinstance(effect, rd.DeadLetter):
                 # the settings refuse DeadLetter with a limit until the republish flow exists
                 # (issue 24, later part): the message stays in the window meanwhile
