@@ -12,7 +12,7 @@ import pytest
 from sim.__main__ import PROFILES, report
 from sim.checker import POISON
 from sim.run import Simulation, Workload
-from tests.sim.poison_mutations import POISON_MUTATIONS
+from tests.sim.poison_mutations import KEY_SHARED_MUTATIONS, POISON_MUTATIONS
 
 DEFAULT = PROFILES["default"]
 
@@ -48,6 +48,22 @@ def test_a_planted_poison_bug_is_caught(mutation: str) -> None:
             if not result.ok:
                 text = report(result, workload, DEFAULT)
                 assert {v.invariant for v in result.violations} == {POISON}, text
+                return
+    pytest.fail(f"{mutation} was not caught in 200 seeds")
+
+
+@pytest.mark.parametrize("mutation", sorted(KEY_SHARED_MUTATIONS))
+def test_a_planted_overtaking_of_a_blocked_key_is_caught(mutation: str) -> None:
+    """Caught by the order and exclusivity rules (3, 5), which count only acknowledged or
+    dropped offsets as settled."""
+    workload = Workload(poison="block", subscriptions=("key_shared",))
+    with KEY_SHARED_MUTATIONS[mutation]():
+        for seed in range(1, 201):
+            result = Simulation(seed, workload, DEFAULT).run(3)
+            if not result.ok:
+                text = report(result, workload, DEFAULT)
+                assert {v.invariant for v in result.violations} <= {"3 order", "5 exclusivity"}
+                assert "key" in result.violations[0].detail, text
                 return
     pytest.fail(f"{mutation} was not caught in 200 seeds")
 
