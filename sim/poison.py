@@ -1,9 +1,10 @@
-"""Poison messages (`--poison drop|block`, issue 24): every consumer nacks each message of
-one routing key (`POISON_KEY`) every time, and each judged subscription has a failure
-policy with `max_redelivery_count = Workload.poison_limit` and the chosen poison policy,
-set before the subscriptions exist (as an operator may). Under Block an operator sweeps the
-blocked messages every `SWEEP_US`, releasing some (they fail again and block again) and
-skipping the rest, so the drain can finish.
+"""Poison messages (`--poison drop|block`, issue 24): every consumer nacks the poison
+messages every time (a quarter of those of one routing key, `POISON_KEY`, chosen by payload:
+`sim.clients.is_poison`), and each judged subscription has a failure policy with
+`max_redelivery_count = Workload.poison_limit` and the chosen poison policy, set before the
+subscriptions exist (as an operator may). Under Block an operator sweeps the blocked
+messages every `SWEEP_US`, releasing some (they fail again and block again) and skipping the
+rest, so the drain can finish.
 
 Judged (invariant 17, sim/checker.py): a message dropped by policy had at least
 `poison_limit + 1` sends first; the cursor passes only what a consumer acknowledged or the
