@@ -3,6 +3,7 @@ interleavings of publishes, acks, nacks, ack timeouts, disconnects, operator `re
 `skip`, and dead-letter reports, on every subscription type, with consumers that never
 acknowledge the poison key. Judged from outside the machine:
 
+- a failed message (Shared, Key-Shared) goes out again within the policy's delay cap;
 - no message is charged more than `max_redelivery_count + 1` failed deliveries, and one that
   the policy resolves (dropped, blocked, sent to the dead letters) has exactly that many;
 - the cursor passes only offsets a consumer acknowledged, the Drop policy or an operator
@@ -12,11 +13,10 @@ acknowledge the poison key. Judged from outside the machine:
 - once consumers acknowledge everything but the poison and every blocked message is skipped,
   the cursor reaches the end (nothing is stuck for ever).
 
-A planted off-by-one in the limit is caught (last test)."""
+Planted bugs caught: an off-by-one in the limit, a backoff ignoring its cap."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
 from unittest import mock
 
 import pytest
@@ -46,6 +46,8 @@ class Harness:
     ):
         self.sub = ReliableSubscription(sub_type, 0, max_unacked_messages=4, policy=policy)
         self.sub.dispatch_rate = rate
+        self.failed_at: dict[int, int] = {}
+        """Offsets failed and not sent since: when (at the latest) they failed."""
         self.policy = policy
         self.now = 0
         self.keys: dict[int, bytes] = {}
@@ -119,6 +121,7 @@ class Harness:
         for offset, cid in before.items():
             if offset not in acked and offset not in left_free and after.get(offset) != cid:
                 self.charged[offset] = self.charged.get(offset, 0) + 1
+                self.failed_at[offset] = self.now
         self.apply(effects, before)
         self.check()
 
@@ -145,6 +148,7 @@ class Harness:
                         ]
                         assert not earlier, f"{offset} overtook {earlier} of its key"
                     self.sent.add(offset)
+                    self.failed_at.pop(offset, None)
             elif isinstance(effect, Dropped):
                 assert self.policy.poison is Poison.DROP or effect.offset in self.exhausted
                 self.resolved.add(effect.offset)
@@ -160,6 +164,22 @@ class Harness:
 
     def check(self) -> None:
         limit = self.policy.max_redelivery_count
+        if self.sub.dispatch_rate == 0 and self.sub.sub_type in (
+            SubscriptionType.SHARED,
+            SubscriptionType.KEY_SHARED,
+        ):  # a failed message goes out again by the policy's cap (Exclusive: the run's turn)
+            cap = self.policy.max_redelivery_delay_ms
+            for offset, failed in list(self.failed_at.items()):
+                if offset in self.resolved or self.sub.entry_state(offset) in (
+                    EntryState.BLOCKED,
+                    EntryState.DEAD_LETTERING,
+                ):
+                    del self.failed_at[offset]
+                else:
+                    assert self.now < failed + cap, (
+                        f"{offset} failed by {failed} and not sent again at {self.now}, "
+                        f"past the {cap} ms cap"
+                    )
         for offset, count in self.charged.items():
             assert count <= limit + 1, f"{offset} charged {count} failures, limit {limit}"
             state = self.sub.entry_state(offset)
@@ -207,7 +227,7 @@ def run(
     policy = FailurePolicy(
         ack_timeout_ms=ACK_TIMEOUT,
         base_redelivery_delay_ms=5,
-        max_redelivery_delay_ms=40,
+        max_redelivery_delay_ms=12,  # 5, 10, then capped: 20 would pass it
         max_redelivery_count=limit,
         poison=poison,
         dead_letter_topic="/default/dead" if poison is Poison.DEAD_LETTER else None,
@@ -255,20 +275,29 @@ def test_a_poison_message_is_delivered_limit_plus_one_times(
         assert harness.sub.dropped == len(poisoned)
 
 
+def test_a_planted_backoff_ignoring_the_cap_is_caught() -> None:
+    """The exponential delay without `min(max_redelivery_delay_ms, ...)`."""
+
+    def uncapped(self: FailurePolicy, failures: int, requested_ms: int | None) -> int:
+        return max(self.base_redelivery_delay_ms << (failures - 1), requested_ms or 0)
+
+    actions = [("publish", 3)] + [("answer", 1), ("tick", 1)] * 30
+    run(SubscriptionType.SHARED, 3, Poison.DROP, 1, actions)
+    planted = mock.patch.object(FailurePolicy, "redelivery_delay_ms", uncapped)
+    with planted, pytest.raises(AssertionError, match="past the 12 ms cap"):
+        run(SubscriptionType.SHARED, 3, Poison.DROP, 1, actions)
+
+
 def test_a_planted_off_by_one_in_the_limit_is_caught() -> None:
     """`failures >= limit`: one delivery short of Danube's `limit + 1`."""
 
     def short(self: FailurePolicy, failures: int) -> bool:
         return bool(self.max_redelivery_count) and failures >= self.max_redelivery_count
 
-    planted: AbstractContextManager[object] = mock.patch.object(FailurePolicy, "exhausted", short)
-    with planted, pytest.raises(AssertionError):
-        for sub_type in SubscriptionType:
+    for sub_type in SubscriptionType:
+        planted = mock.patch.object(FailurePolicy, "exhausted", short)
+        with planted, pytest.raises(AssertionError):
             test_a_poison_message_is_delivered_limit_plus_one_times(sub_type, Poison.DROP)
-    with nullcontext():
-        test_a_poison_message_is_delivered_limit_plus_one_times(
-            SubscriptionType.SHARED, Poison.DROP
-        )
 
 
 def blocked_subscription(sub_type: SubscriptionType) -> Harness:
