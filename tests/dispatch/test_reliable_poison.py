@@ -17,6 +17,7 @@ Planted bugs caught: an off-by-one in the limit, a backoff ignoring its cap."""
 
 from __future__ import annotations
 
+import dataclasses
 from unittest import mock
 
 import pytest
@@ -342,3 +343,25 @@ def test_block_stops_new_messages_or_only_the_key(sub_type: SubscriptionType) ->
     harness.step(("tick", 600))
     harness.drain()  # blocks 0 again, then skips it
     assert harness.sub.dropped >= 1 and harness.sub.cursor == 4
+
+
+def test_a_policy_change_applies_to_blocked_messages_at_once() -> None:
+    """A higher limit releases a blocked message (its attempts kept); Drop drops it."""
+    harness = blocked_subscription(SubscriptionType.SHARED)
+    offset = harness.sub.blocked[0]
+    attempts = harness.sub.attempts(offset)
+    higher = dataclasses.replace(harness.policy, max_redelivery_count=attempts)
+    blocked = set(harness.sub.blocked)
+    harness.policy = higher
+    effects = harness.sub.configure(harness.now, policy=higher)
+    harness.exhausted -= blocked - set(harness.sub.blocked)
+    harness.apply(effects)
+    assert offset not in harness.sub.blocked and harness.sub.attempts(offset) == attempts
+    for _ in range(5):  # sent again, it times out: exhausted under the new limit too
+        harness.step(("tick", 600))
+    assert offset in harness.sub.blocked and harness.sub.attempts(offset) == attempts + 1
+    drop = dataclasses.replace(higher, poison=Poison.DROP)
+    harness.policy = drop
+    effects = harness.sub.configure(harness.now, policy=drop)
+    assert Dropped(offset, attempts + 1) in effects
+    assert offset not in harness.sub.blocked and harness.sub.entry_state(offset) is None
