@@ -45,7 +45,8 @@ redelivered at once when it disconnects or is removed; a takeover is `disconnect
   dispatch) in offset order. A failure or a disconnect breaks the run: nothing new is sent, and
   once every failed message's redelivery time has come (and an active consumer is connected)
   delivery restarts at the first unacknowledged offset, `cursor + 1`, resending it and every
-  later unacknowledged offset in order, in flight or not (invariant 3).
+  later unacknowledged offset in order, in flight or not (invariant 3), passing over a
+  blocked one (as Danube, which retries the messages already out while one is blocked).
 - **Shared**: round-robin over connected consumers in the order they were added; due
   redeliveries go before new messages.
 - **Key-Shared**: the key's owner among connected consumers whose filters accept it, on the

@@ -279,6 +279,7 @@ class ReliableLogs:
             policy=old.policy,
         )
         fresh.redelivered = old.redelivered
+        fresh.dropped = old.dropped
         fresh.dispatch_rate = old.dispatch_rate
         sub.dispatcher, sub.records = fresh, {}
         sub.epoch += 1
