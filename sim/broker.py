@@ -168,6 +168,9 @@ class Observer:
     def retention_skipped(self, topic: str, subscription: str, first: int, end: int) -> None:
         """The broker found offsets [first, end) in no tier for a subscription's read."""
 
+    def policy_dropped(self, topic: str, subscription: str, offset: int, attempts: int) -> None:
+        """The subscription's poison policy skipped `offset` after `attempts` failures."""
+
     def index_committed(self, topic: str) -> None:
         """An index entry of the topic was created in the metadata."""
 

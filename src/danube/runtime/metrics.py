@@ -26,8 +26,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from danube.machines.dispatch.types import DropReason
 from danube.machines.node import stats
 from danube.machines.node.core import BrokerCore
+from danube.runtime.poison_metrics import poison_families
 from danube.runtime.replication_metrics import replication_families
 
 LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
@@ -268,6 +270,7 @@ class _Collector(Collector):
         yield from _topic_families(broker, topics)
         yield from _event_families(m)
         yield from _drop_families(broker, m.core)
+        yield from poison_families(broker, m.core)
         yield from _wal_families(broker, m.wal)
         if m.replication is not None:
             yield from replication_families(broker, m.core, m.replication)
@@ -477,6 +480,8 @@ def _drop_families(broker: str, core: BrokerCore) -> Iterable[Metric]:
         ["topic", "subscription", "reason"],
     )
     for (topic, sub, reason), count in sorted(core.drop_counts().items()):
+        if reason == DropReason.POISON_POLICY.value:
+            continue  # a reliable message: danube_subscription_poison_dropped_total
         dropped.add_metric([broker, topic, sub, reason], count)
     return (dropped,)
 

@@ -44,6 +44,7 @@ from danube.machines.node.effects import (
     EndStream,
     LoadWal,
     PersistMeta,
+    PolicyDropped,
     PublishAcked,
     PublishFailed,
     ReadObject,
@@ -101,6 +102,7 @@ __all__ = [
     "EndStream",
     "LoadWal",
     "PersistMeta",
+    "PolicyDropped",
     "ProducerRecord",
     "PublishAcked",
     "PublishFailed",
@@ -384,6 +386,17 @@ class BrokerCore(ReplicationRoutes):
         """Stored for the subscription, which may not exist yet, and applied at once to a
         live one (Danube only reads it when the subscription loads)."""
         return self.settings.set_failure_policy(topic, subscription, policy, now_ms)
+
+    def blocked(self, topic: str, subscription: str) -> tuple[int, ...]:
+        """Offsets the Block poison policy holds on a live reliable subscription."""
+        return self.settings.blocked(topic, subscription)
+
+    def resolve_blocked(
+        self, topic: str, subscription: str, offset: int, *, release: bool, now_ms: int = 0
+    ) -> Step[bool]:
+        """An operator's decision on a blocked message: `release` sends it again with its
+        attempts reset, else it is skipped (dropped, counted). False: it is not blocked."""
+        return self.settings.resolve_blocked(topic, subscription, offset, release, now_ms)
 
     def dispatch_window(self, topic: str, subscription: str) -> int | None:
         """The subscription's own `max_unacked_messages`; None when it uses the broker's."""
