@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from danube.kernels import scan_frames
+from danube.machines.memory.accounting import list_batch_cost, packed_batch_cost
 from danube.machines.wal import format
 from danube.machines.wal.batches import PackedRecords
 from danube.machines.wal.cache import HotCache
@@ -349,7 +350,8 @@ class WalMachine:
         except ValueError as exc:
             raise DanubeError(ErrorCode.INVALID_ARGUMENT, f"{self.topic}: {exc}") from exc
         records = list(records)
-        self._queue(first, frame, records, sum(len(r) for r in records))
+        cost = list_batch_cost(sum(len(r) for r in records), len(records))
+        self._queue(first, frame, records, cost)
         return first, self._pump(now_ms)
 
     def append_packed(self, packed: PackedRecords, now_ms: int) -> tuple[int, list[Effect]]:
@@ -363,7 +365,8 @@ class WalMachine:
                 f"{self.topic}: a frame stamped at {packed.first_offset} cannot be appended at "
                 f"{self._next_offset}"
             )
-        self._queue(packed.first_offset, packed.frame, packed, packed.record_bytes)
+        cost = packed_batch_cost(packed.record_bytes, packed.count)
+        self._queue(packed.first_offset, packed.frame, packed, cost)
         return packed.first_offset, self._pump(now_ms)
 
     def append_frames(self, frames: bytes, now_ms: int) -> tuple[int, list[Effect]]:
@@ -388,7 +391,8 @@ class WalMachine:
             frame = bytes(view[position:end])
             decoded = format.decode_frame(frame, 0)
             records = decoded.records
-            self._queue(decoded.base_offset, frame, records, sum(len(r) for r in records))
+            cost = list_batch_cost(sum(len(r) for r in records), len(records))
+            self._queue(decoded.base_offset, frame, records, cost)
         return self._next_offset, self._pump(now_ms)
 
     def _queue(self, first: int, frame: bytes, records: Sequence[bytes], size: int) -> None:
