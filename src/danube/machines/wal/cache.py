@@ -16,6 +16,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from danube.machines.memory.ledger import CacheLedger
 from danube.values.frozen import fast_init
 
 
@@ -35,9 +36,12 @@ def _first_offset(batch: CachedBatch) -> int:
 class HotCache:
     """One topic's batches in offset order. Single-threaded, like its WAL machine."""
 
-    __slots__ = ("_batches", "_head", "_limit", "bytes")
+    __slots__ = ("_batches", "_head", "_ledger", "_limit", "bytes", "topic")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, topic: str = "", ledger: CacheLedger | None = None) -> None:
+        """`ledger`: the broker's, which every batch added and dropped is reported to."""
+        self.topic = topic
+        self._ledger = ledger
         self._batches: list[CachedBatch] = []
         self._head = 0
         """Batches before this index are evicted (compacted away in bulk)."""
@@ -56,8 +60,25 @@ class HotCache:
         """Adds the newest batch, then drops the oldest while over the topic's limit."""
         self._batches.append(CachedBatch(first, records, size))
         self.bytes += size
+        ledger = self._ledger
+        if ledger is not None:
+            ledger.added(self, first, size)
         limit = self._limit
         while self.bytes > limit and self._drop_oldest():
+            pass
+        self._compact()
+        if ledger is not None:
+            ledger.fit()
+
+    def drop_oldest_for_ledger(self) -> None:
+        """The ledger's eviction: the oldest batch goes (reported back to the ledger)."""
+        self._drop_oldest()
+        self._compact()
+
+    def release(self) -> None:
+        """The WAL machine is dropped (unload, repair, removal): everything goes, and the
+        ledger stops counting it."""
+        while self._drop_oldest():
             pass
         self._compact()
 
@@ -96,8 +117,11 @@ class HotCache:
         """Drops the oldest batch; False when there is none."""
         if self._head >= len(self._batches):
             return False
-        self.bytes -= self._batches[self._head].size
+        size = self._batches[self._head].size
+        self.bytes -= size
         self._head += 1
+        if self._ledger is not None:
+            self._ledger.dropped(self, size)
         return True
 
     def _compact(self) -> None:

@@ -48,6 +48,7 @@ from danube.values.wal_config import MIB as MIB
 from danube.values.wal_config import Durability, WalConfig
 
 if TYPE_CHECKING:
+    from danube.machines.memory.ledger import CacheLedger
     from danube.machines.wal.recovery import RecoveryPlan
 
 _FSYNC = Durability.FSYNC
@@ -234,6 +235,14 @@ class _InFlightFsync:
     end_offset: int
 
 
+def release(machine: WalMachine | None) -> None:
+    """`machine.release_cache()` for a machine about to be dropped (or None): call it at
+    every place that forgets a machine, or the broker's cache ledger counts a cache nobody
+    holds (the simulator checks it: spec/memory.md)."""
+    if machine is not None:
+        machine.release_cache()
+
+
 class WalMachine:
     """One topic's WAL. Single-threaded by contract; `now_ms` is the wall clock in ms since
     the epoch (it is written into frames and segment headers as publish and creation time)."""
@@ -246,10 +255,13 @@ class WalMachine:
         *,
         tiered: bool = False,
         start_offset: int = 0,
+        cache_ledger: CacheLedger | None = None,
     ) -> None:
         """`tiered`: local retention may delete only segments `allow_delete` released (their
         objects are indexed). `start_offset`: where offsets continue when the local segments
-        end earlier (a broker on an empty disk whose history is in object storage)."""
+        end earlier (a broker on an empty disk whose history is in object storage).
+        `cache_ledger`: the broker's, whose pool bounds every topic's cache together; call
+        `release_cache` when dropping a machine so that it stops counting this one."""
         self.topic = topic
         self.config = config
         self._segments: list[_Segment] = []
@@ -284,7 +296,7 @@ class WalMachine:
         self._fsync: _InFlightFsync | None = None
         self._next_io_id = 1
         self._unsynced_since_ms: int | None = None
-        self._cache = HotCache(config.cache_bytes)
+        self._cache = HotCache(config.cache_bytes, topic, cache_ledger)
         self._failure: str | None = None
 
     # -- properties -------------------------------------------------------------------------------
@@ -318,6 +330,11 @@ class WalMachine:
     @property
     def cached_bytes(self) -> int:
         return self._cache.bytes
+
+    def release_cache(self) -> None:
+        """Empties the hot cache and takes it off the broker's ledger (the machine is being
+        dropped); reads go to the files from here on."""
+        self._cache.release()
 
     @property
     def failure(self) -> str | None:
