@@ -7,8 +7,12 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from unittest import mock
 
+import pytest
+
 from danube.machines.wal.cache import CachedBatch, HotCache
 from sim.checker import MEMORY
+from sim.cluster import ClusterSimulation, ClusterWorkload
+from sim.cluster_faults import CLUSTER_PROFILES
 from sim.faults import Faults
 from sim.run import Simulation, Workload
 
@@ -56,3 +60,11 @@ def test_eviction_that_skips_the_ledger_is_caught() -> None:
                 assert result.violations[0].invariant == MEMORY, result.violations
                 return
     raise AssertionError("the simulator did not catch a cache evicting behind the ledger")
+
+
+def test_the_cluster_runs_check_the_ledger_too() -> None:
+    """Replicas' WAL machines report to the ledger as well: the cluster data plane's brokers
+    fail the event when it is out of step (`sim/cluster_data.py`)."""
+    workload = ClusterWorkload(replicated=True)
+    with topic_bound_skips_the_ledger(), pytest.raises(AssertionError, match="17 memory"):
+        ClusterSimulation(1, workload, CLUSTER_PROFILES["default"]).run(15)
