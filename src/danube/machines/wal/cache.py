@@ -67,7 +67,7 @@ class HotCache:
         while self.bytes > limit and self._drop_oldest():
             pass
         self._compact()
-        if ledger is not None:
+        if ledger is not None and ledger.total > ledger.pool:
             ledger.fit()
 
     def drop_oldest_for_ledger(self) -> None:
