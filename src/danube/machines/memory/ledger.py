@@ -61,6 +61,8 @@ class CacheLedger:
         self._batches += 1
         topic = cache.topic
         self._by_topic[topic] = self._by_topic.get(topic, 0) + size
+        if len(self._order) > 2 * self._batches + 64:
+            self._compact()
 
     def dropped(self, cache: LedgerCache, size: int) -> None:
         """`cache` dropped a batch of `size` accounted bytes (for whatever reason)."""
@@ -84,8 +86,6 @@ class CacheLedger:
             before = self.total
             cache.drop_oldest_for_ledger()
             self.evicted_bytes += before - self.total
-        if len(order) > 2 * self._batches + 64:
-            self._compact()
 
     def _compact(self) -> None:
         """Drops the entries of batches no cache holds any more (a cache holds a suffix of
