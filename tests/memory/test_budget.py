@@ -63,3 +63,12 @@ def test_yaml_and_flag_set_the_budget() -> None:
         config_from_mapping({"broker": {"memory_budget": "1MiB"}})
     args = build_parser().parse_args(["--memory-budget", "1G"])
     assert load_config(args).memory_budget == 1024 * MIB
+
+
+def test_the_runtime_reads_this_machine_for_the_default() -> None:
+    from danube.runtime.memory import broker_pools
+
+    assert broker_pools(64 * MIB).budget == 64 * MIB
+    pools = broker_pools(None)
+    assert pools.budget >= 16 * MIB
+    assert pools.cache + pools.publish + pools.consumer == pools.budget
