@@ -72,6 +72,7 @@ NO_INTERNAL = "16 no request fails internally"
 SAFETY = "4 acknowledged is stored"
 LIVENESS = "4b backlog drains"
 POISON = "17 poison messages are settled by policy"
+MEMORY = "18 memory within budget"
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +200,17 @@ class InvariantChecker(Observer):
     def _violate(self, invariant: str, detail: str) -> None:
         self.world.log(f"VIOLATION {invariant}: {detail}")
         self.violations.append(Violation(invariant, detail, self.world.now))
+
+    def memory_checked(self, pool: int, accounted: int, held: int) -> None:
+        """17: the hot caches never hold more than the broker's cache pool, and the ledger
+        that enforces it counts exactly what they hold (a cache that drops batches behind
+        its back, or one forgotten without release, would make it evict wrongly)."""
+        if accounted > pool:
+            self._violate(MEMORY, f"hot caches account {accounted} bytes, over the pool {pool}")
+        if accounted != held:
+            self._violate(
+                MEMORY, f"the cache ledger counts {accounted} bytes, the caches hold {held}"
+            )
 
     def answered_twice(self, client: str) -> None:
         """A request of `client` got a second answer (a waiter table that answers twice)."""

@@ -46,6 +46,7 @@ from danube.machines.cluster.keys import Marker
 from danube.machines.cluster.ownership import NotOwner, Ownership, OwnershipConfig
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
 from danube.machines.cluster.request_batching import FLOW_SLOTS
+from danube.machines.memory.budget import MemoryPools
 from danube.machines.node.effects import AskEpochEnd, ReplicaAnswer, ReplicaSend
 from danube.machines.node.replica_owner import ReplicationSettings
 from danube.machines.wal.machine import Durability, WalConfig
@@ -98,6 +99,22 @@ class Host(Protocol):
     def at_clock(self, target_us: int, action: Callable[[], None]) -> None: ...
 
 
+class _MemoryObserver(Observer):
+    """The cluster runs judge invariant 18 (spec/memory.md) by failing the event: a cache
+    ledger out of step with the caches (a WAL machine, a replica's too, dropped without
+    releasing its cache) stops the run as a bug of the broker."""
+
+    def memory_checked(self, pool: int, accounted: int, held: int) -> None:
+        if accounted > pool or accounted != held:
+            raise AssertionError(
+                f"18 memory within budget: ledger {accounted}, caches {held}, pool {pool}"
+            )
+
+
+DATA_MEMORY = MemoryPools(48 * 1024, 24 * 1024, 12 * 1024, 12 * 1024)
+"""A cache pool below two topics' `cache_bytes`, so the ledger evicts across topics."""
+
+
 class ClusterBroker(SimBroker):
     """`SimBroker` as one broker of a cluster: a clustered core, metadata in the simulated
     etcd behind the claims' fence, and no restart of its own (the node starts a new
@@ -113,9 +130,10 @@ class ClusterBroker(SimBroker):
             Faults(),
             injected,
             DATA_WAL,
-            Observer(),
+            _MemoryObserver(),
             objects=objects,
             uploads=UPLOADS,
+            memory=DATA_MEMORY,
         )
         self.host = host
         self.claims: dict[str, int] = {}

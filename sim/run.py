@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from danube.machines.dispatch.reliable import DEFAULT_POLICY, ReliableSubscription
 from danube.machines.dispatch.types import StartKind, StartPosition, SubscriptionType
+from danube.machines.memory.budget import MemoryPools
 from danube.machines.tiering import UploaderConfig, layout
 from danube.machines.wal.machine import Durability, WalConfig
 from danube.proto import danube as pb
@@ -97,6 +98,10 @@ class Workload:
     segment_bytes: int = 64 * 1024
     cache_bytes: int = 16 * 1024
     """Small, so lagging subscriptions read segment files."""
+    cache_pool: int = 24 * 1024
+    """The broker-wide pool every topic's hot cache shares (spec/memory.md), in accounted
+    bytes: below `topics × cache_bytes` once there are two topics, so the ledger evicts
+    across topics. 0: no ledger (each topic bounded by `cache_bytes` alone)."""
     tiered: bool = False
     """An object tier: sealed segments go to a simulated object store and its index, local
     retention prunes what is indexed, and an `audit` subscription reads from the start."""
@@ -121,6 +126,13 @@ class Workload:
     topic starts at the earliest offset every this many ms (sim/history_readers.py), so
     history is read from objects all through the load, not only by the audit. 0 (the
     default): none, digests as before."""
+
+    def memory_pools(self) -> MemoryPools | None:
+        """A budget whose cache pool is `cache_pool` (the other pools are not enforced yet)."""
+        if not self.cache_pool:
+            return None
+        pool = self.cache_pool
+        return MemoryPools(2 * pool, pool, pool // 2, pool - pool // 2)
 
     def wal_config(self) -> WalConfig:
         return WalConfig(
@@ -227,6 +239,7 @@ class Simulation:
             metadata=self.metadata,
             objects=self.objects,
             uploads=UPLOADS if workload.tiered else None,
+            memory=workload.memory_pools(),
         )
         self.producers: list[SimProducer] = []
         self.consumers: list[SimConsumer] = []

@@ -16,6 +16,7 @@ from danube.effects import EpochHistory
 from danube.machines.dispatch import ConsumerReady, SubscriptionType
 from danube.machines.dispatch import reliable as rd
 from danube.machines.dispatch.protocol import DispatchEffect
+from danube.machines.memory.ledger import CacheLedger
 from danube.machines.node import paths
 from danube.machines.node.effects import (
     Effect,
@@ -121,7 +122,10 @@ class ReliableLogs:
         routing_key_of: Callable[[bytes], bytes],
         clustered: bool,
         replication: ReplicationSettings | None = None,
+        cache_ledger: CacheLedger | None = None,
     ) -> None:
+        self.cache_ledger = cache_ledger
+        """The broker's hot-cache ledger (spec/memory.md), given to every WAL machine."""
         self._catalogue = catalogue
         self._topics = catalogue.topics_by_name
         self._consumers = consumers
@@ -197,8 +201,14 @@ class ReliableLogs:
         config = dataclasses.replace(
             self._wal_config, durability=mode, synced_writes=self.wal_syncs_every_write(topic)
         )
+        wal.release(state.wal)
         log = state.wal = wal.WalMachine(
-            topic, config, plan, tiered=tiered, start_offset=indexed_next
+            topic,
+            config,
+            plan,
+            tiered=tiered,
+            start_offset=indexed_next,
+            cache_ledger=self.cache_ledger,
         )
         record.advance(TopicEvent.LOADED)
         state.unreplicated.clear()
@@ -297,6 +307,7 @@ class ReliableLogs:
         record = self._topics.get(topic)
         if record is None:
             return Step(None)
+        wal.release(record.log.wal)
         record.log.wal = None
         record.stop_reason = reason
         record.advance(TopicEvent.LOAD_FAILED)
@@ -356,6 +367,7 @@ class ReliableLogs:
                     out.extend(self.make_readable(record, effect.through_offset, now_ms))
             elif isinstance(effect, wal.Failed):
                 state.unreplicated.clear()
+                wal.release(state.wal)
                 state.wal = None
                 record.advance(TopicEvent.WAL_FAILED)
                 topic = record.name.full
@@ -516,6 +528,7 @@ class ReliableLogs:
             plan = read.plan
             again = rd.Read(plan.from_offset, max(plan.end_offset - plan.from_offset, 1))
             return Step(None, tuple(self.dispatch(record, sub, [again], now_ms)))
+        wal.release(record.log.wal)
         record.log.wal = None
         record.stop_reason = reason
         record.advance(TopicEvent.READ_FAILED)
