@@ -25,9 +25,10 @@ from danube.machines.node.core import (
     ReplicationSettings,
     TopicStopped,
 )
+from danube.machines.node.effects import WalIo
 from danube.machines.replication.messages import Mismatch, Replicated, StaleEpoch
 from danube.machines.wal import format
-from danube.machines.wal.machine import WalConfig
+from danube.machines.wal.machine import Fsync, WalConfig, Write
 from danube.testing import CoreDriver
 from danube.values.config import DispatchStrategy, Policies
 from danube.values.errors import DanubeError
@@ -136,6 +137,45 @@ def test_the_frames_sent_are_the_bytes_the_wal_wrote() -> None:
     (segment,) = owner.driver.files[TOPIC].values()
     header = format.decode_segment_header(bytes(segment))
     assert frames == bytes(segment[header.length :])
+
+
+def test_a_group_commit_goes_out_with_its_write_and_counts_once_the_owner_fsynced() -> None:
+    """The frames go to the followers in the same step as the WAL's `Write`, before the
+    owner's fsync (the two fsyncs overlap); a follower that has them durably first
+    acknowledges nothing until the owner's own fsync is done."""
+    owner = Owner()
+    owner.configure(("b2",), ("b2",))
+    owner.sends()
+    core, now = owner.core, owner.now
+    step = core.publish(
+        owner.producer, TOPIC, "m0", 2, None, encode=lambda offset: b"m0", now_ms=now
+    )
+    sends = [e for e in step.effects if isinstance(e, ReplicaSend)]
+    assert [(s.follower, s.message.prev_end, s.message.end) for s in sends] == [("b2", 0, 1)]
+    io = [f for e in step.effects if isinstance(e, WalIo) for f in e.effects]
+    assert any(isinstance(f, Write) for f in io)
+    fsyncs: list[Fsync] = []
+    for effect in io:
+        done = core.wal_io_done(TOPIC, effect, None, now_ms=now).effects
+        fsyncs += [
+            f for e in done if isinstance(e, WalIo) for f in e.effects if isinstance(f, Fsync)
+        ]
+    assert len(fsyncs) == 1, "the owner's fsync is under way"
+    answered = core.replica_answered("b2", Replicated(TOPIC, 0, 1), now_ms=now).effects
+    assert not any(isinstance(e, PublishAcked) for e in answered), (
+        "acknowledged before the owner's own fsync"
+    )
+    done = core.wal_io_done(TOPIC, fsyncs[0], None, now_ms=now).effects
+    assert PublishAcked(TOPIC, 0) in done
+
+
+def test_planted_bug_counting_the_written_end_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A high watermark that counts what the owner wrote rather than what it has on disk
+    (`tests/sim/replication_mutations.count_written_end`) fails the test above."""
+    from tests.sim.replication_mutations import count_written_end
+
+    with count_written_end(), pytest.raises(AssertionError, match="before the owner's own"):
+        test_a_group_commit_goes_out_with_its_write_and_counts_once_the_owner_fsynced()
 
 
 def test_a_catching_up_follower_does_not_hold_acknowledgements_back_and_joins() -> None:
