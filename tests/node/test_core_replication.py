@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from danube import keys
+from danube.effects import TopicFile
 from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.dispatch import QueueLimits, StartKind, StartPosition
 from danube.machines.node import replica_owner
@@ -176,6 +177,42 @@ def test_planted_bug_counting_the_written_end_is_caught(monkeypatch: pytest.Monk
 
     with count_written_end(), pytest.raises(AssertionError, match="before the owner's own"):
         test_a_group_commit_goes_out_with_its_write_and_counts_once_the_owner_fsynced()
+
+
+def test_a_repair_below_what_was_sent_stops_the_topic() -> None:
+    """The frames went to the follower as written; the fsync fails and the repair cuts them
+    from the owner's log. Serving on under the same epoch would put other records at those
+    offsets while the follower holds these: the topic stops until a new claim (new epoch,
+    reconciliation by epoch)."""
+    owner = Owner()
+    owner.configure(("b2",), ("b2",))
+    owner.sends()
+    port = owner.driver.port
+    answer = port.answer
+
+    def fsync_fails(effect: Any) -> Any:
+        if isinstance(effect, TopicFile) and isinstance(effect.effect, Fsync):
+            port.answer = answer
+            raise OSError("EIO")
+        return answer(effect)
+
+    port.answer = fsync_fails  # type: ignore[method-assign]
+    waiter = owner.driver.wait_stored(TOPIC, 0)
+    owner.publish("m0")
+    assert [(s.message.prev_end, s.message.end) for s in owner.sends()] == [(0, 1)]
+    assert waiter.error is not None and owner.acked() == -1
+    assert "repaired to offset 0" in owner.driver.stopped.get(TOPIC, ""), owner.driver.stopped
+    with pytest.raises(DanubeError):
+        owner.publish("m1")
+
+
+def test_planted_bug_serving_on_after_a_rewinding_repair_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the rule (the machine restarted as after any repair), the test above fails."""
+    monkeypatch.setattr(replica_owner.OwnerReplicas, "_rewound", lambda *args: [])
+    with pytest.raises(AssertionError):
+        test_a_repair_below_what_was_sent_stops_the_topic()
 
 
 def test_a_catching_up_follower_does_not_hold_acknowledgements_back_and_joins() -> None:
