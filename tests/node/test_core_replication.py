@@ -209,7 +209,7 @@ def test_a_repair_below_what_was_sent_stops_the_topic() -> None:
 def test_planted_bug_serving_on_after_a_rewinding_repair_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Without the rule (the machine restarted as after any repair), the test above fails."""
+    """Without the rule (the repaired topic serves on under its epoch), the test above fails."""
     monkeypatch.setattr(replica_owner.OwnerReplicas, "_rewound", lambda *args: [])
     with pytest.raises(AssertionError):
         test_a_repair_below_what_was_sent_stops_the_topic()
