@@ -127,7 +127,7 @@ class ClusterBroker(SimBroker):
             host.world,
             host.network,
             disk,
-            Faults(),
+            Faults(fsync_us=host.network.faults.fsync_us),
             injected,
             DATA_WAL,
             _MemoryObserver(),
@@ -161,9 +161,9 @@ class ClusterBroker(SimBroker):
         incarnation = self.incarnation
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 
-    def die(self) -> None:
+    def die(self, *, power: bool = False) -> None:
         """The process is gone: streams break, in-flight work is lost, the disk keeps what
-        reached the page cache."""
+        reached the page cache (with `power`, what was fsynced and a torn tail of the rest)."""
         if not self.up:
             return
         for stream in list(self._streams.values()):
@@ -172,7 +172,7 @@ class ClusterBroker(SimBroker):
         self.core = None
         if self.interpreter is not None:
             self.interpreter.close()
-        self.disk.crash(power=False, rng=self.world.rng)
+        self.disk.crash(power=power, rng=self.world.rng)
 
     @property
     def metadata_flushed(self) -> bool:
@@ -297,8 +297,8 @@ class DataPlane:
     def start(self) -> None:
         self.broker.start()
 
-    def die(self) -> None:
-        self.broker.die()
+    def die(self, *, power: bool = False) -> None:
+        self.broker.die(power=power)
 
     # -- from the membership ----------------------------------------------------------------------
 

@@ -95,8 +95,10 @@ class TopicLog:
     handing_over: bool = False
     """Unloading, handed over to its in-sync followers (`OwnerReplicas.hand_over_ready`):
     no more in-sync proposals; the files stay when the topic is removed."""
-    unreplicated: list[bytes] = field(default_factory=list)
-    """Frames written since the WAL's last `Acknowledge`: the next group commit's bytes."""
+    unreplicated: list[tuple[int, bytes]] = field(default_factory=list)
+    """`(end offset, frames)` of the writes since the WAL's last `Acknowledge`: the group
+    commit not durable yet, sent to the followers as it is written (`OwnerReplicas.written`)
+    and again to a machine started meanwhile."""
     sealed_waiting: list[tuple[int, int, int]] = field(default_factory=list)
     """Replicated: sealed segments `(base, next offset, size)` the uploader hears of only once
     the high watermark covers them, so the object index never holds a record an in-sync
@@ -246,6 +248,8 @@ class ReliableLogs:
         # Replicated, dispatch waits for the high watermark (a new owner's log may hold
         # records past what was acknowledged, which its followers may lack).
         effects.extend(self.replicas.restart(record, now_ms))
+        if record.phase.stopped:  # the repair rewound below what the followers were sent
+            return Step(None, tuple(effects))
         machine = state.replication
         readable_end = log.readable_offset if machine is None else machine.high_watermark
         for sub in record.subscriptions.values():
@@ -349,7 +353,7 @@ class ReliableLogs:
             if isinstance(effect, _FILE_EFFECTS):
                 io.append(effect)
                 if type(effect) is wal.Write:  # final classes: the exact type is the test
-                    state.unreplicated.append(effect.data)
+                    out.extend(self.replicas.written(record, effect, now_ms))
                 if isinstance(effect, wal.CloseSegment) and state.uploader is not None:
                     assert record.wal is not None
                     next_offset, size = record.wal.segment_extent(effect.segment_base)
