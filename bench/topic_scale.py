@@ -143,6 +143,29 @@ async def run(args: argparse.Namespace) -> Result:
     return result
 
 
+def chart(runs: list[tuple[str, Path]], out: Path) -> None:
+    """topics/s, broker CPU per topic and RSS against the topic count, one line per saved run
+    (`--json`); on a shared machine the CPU per topic is the steadier of the first two."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(14, 4), layout="constrained")
+    rate, cpu, memory = figure.subplots(1, 3)
+    for label, path in runs:
+        buckets = json.loads(path.read_text())["buckets"]
+        upto = [b["upto"] for b in buckets]
+        rate.plot(upto, [b["topics_per_s"] for b in buckets], marker="o", label=label)
+        cpu.plot(upto, [b["broker_cpu_ms_per_topic"] for b in buckets], marker="o", label=label)
+        memory.plot(upto, [b["rss_mib"] for b in buckets], marker="o", label=label)
+    rate.set(xlabel="topics", ylabel="topics created per second", ylim=(0, None))
+    cpu.set(xlabel="topics", ylabel="broker CPU per topic created (ms)", ylim=(0, None))
+    memory.set(xlabel="topics", ylabel="broker RSS (MiB)")
+    rate.legend()
+    for axes in (rate, cpu, memory):
+        axes.grid(alpha=0.3)
+    FigureCanvasAgg(figure).print_png(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topics", type=int, default=10_000)
@@ -152,7 +175,16 @@ def main() -> None:
     parser.add_argument("--start-timeout", type=float, default=600.0)
     parser.add_argument("--dir", default=None, help="parent of the temporary data directory")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    parser.add_argument(
+        "--chart", nargs="+", metavar="LABEL=JSON", default=None,
+        help="instead of a run: draw saved runs into --chart-out",
+    )  # fmt: skip
+    parser.add_argument("--chart-out", type=Path, default=Path("bench/topic_scale.png"))
     args = parser.parse_args()
+    if args.chart:
+        runs = [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1])) for spec in args.chart]
+        chart(runs, args.chart_out)
+        return
     result = asyncio.run(run(args))
     first, last = result.buckets[0].topics_per_s, result.buckets[-1].topics_per_s
     print(f"last bucket / first bucket: {last / first:.2f}")
