@@ -90,11 +90,11 @@ class TopicRecord:
     exist yet."""
     pace: PaceClock = field(default_factory=PaceClock)
     """`max_publish_rate` pacing (`danube.machines.node.pacing`)."""
-    touched: set[str] | None = None
+    touched: set[str] | None = field(default=None, repr=False, compare=False)
     """The topic table's topics touched since the last tick (`topic_table`), once listed."""
-    order: int = 0
+    order: int = field(default=0, compare=False)
     """When the topic came into the topic table: a tick visits topics in this order."""
-    wake_ms: int | None = None
+    wake_ms: int | None = field(default=None, compare=False)
     """The deadline the topic table holds for the topic's next tick (None: none)."""
 
     @property
