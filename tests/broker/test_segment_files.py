@@ -272,3 +272,32 @@ async def test_rotations_count_segments_started_after_the_first_of_a_run(tmp_pat
     log.files.close()
     assert len(list(tmp_path.glob("*.wal"))) == segments + 1, "the reopened log starts one"
     assert again.rotations == 0
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("sync_writes", [False, True])
+async def test_an_idle_log_holds_no_file_descriptor(tmp_path: Path, sync_writes: bool) -> None:
+    """Issue 23: a descriptor per idle topic (its segment's and its checkpoint's) ran a broker
+    with 10,000 topics out of them. Once its appends are durable a log holds none."""
+    async with trio.open_nursery() as nursery:
+        before = _open_descriptors()
+        logs = []
+        for index in range(20):
+            directory = tmp_path / f"t{index}"
+            directory.mkdir()
+            log = await open_log(
+                directory, WalConfig(segment_bytes=4096), nursery.start_soon,
+                sync_writes=sync_writes,
+            )  # fmt: skip
+            last = log.append([_record(n) for n in range(5)])
+            await log.acknowledged_through(last)
+            await trio.to_thread.run_sync(log.files.write_checkpoint, last + 1)
+            logs.append(log)
+        assert _open_descriptors() - before < 5  # trio's own, not twenty logs' worth
+        for log in logs:
+            assert await log.read_all() == [_record(n) for n in range(5)]
+        nursery.cancel_scope.cancel()

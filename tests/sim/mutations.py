@@ -14,6 +14,7 @@ from danube.interpreter import flows
 from danube.interpreter.waiters import Publishes
 from danube.machines.dispatch import reliable
 from danube.machines.node.core import BrokerCore
+from danube.machines.node.topic_table import TopicTable
 from danube.machines.requests import publish
 from danube.machines.requests.effects import AwaitStored
 from danube.machines.tiering.uploader import AllowLocalDelete, Uploader
@@ -251,6 +252,21 @@ OPERATOR_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[Non
 }
 """Bugs in applying an operator's change, caught by runs with `--operator`."""
 
+
+@contextlib.contextmanager
+def tick_forgets_touched_topics() -> Iterator[None]:
+    """A tick visits only the topics whose deadline came, not those an input touched since
+    the last tick (`TopicTable.due`): a subscription's timers never start."""
+    original = TopicTable.due
+
+    def due(self: TopicTable, now_ms: int) -> Any:
+        self.touched.clear()
+        return original(self, now_ms)
+
+    with mock.patch.object(TopicTable, "due", due):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "ack_before_fsync": ack_before_fsync,
     "cursor_past_unacked": cursor_past_unacked,
@@ -259,6 +275,7 @@ MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "two_exclusive_consumers": two_exclusive_consumers,
     "reuse_offset_after_restart": reuse_offset_after_restart,
     "synced_writes_assumed": synced_writes_assumed,
+    "tick_forgets_touched_topics": tick_forgets_touched_topics,
 }
 
 

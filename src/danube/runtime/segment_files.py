@@ -97,8 +97,13 @@ class SegmentFiles:
     ) -> None:
         self.directory = directory
         self._metrics = metrics or WalMetrics()
-        self._open: dict[int, int] = {}
-        """segment base -> file descriptor of segments that may still be written."""
+        self._writable_bases: set[int] = set()
+        """Segments that may still be written (created here and not closed)."""
+        self._held: dict[int, int] = {}
+        """segment base -> file descriptor, held only from a write until the fdatasync that
+        makes it durable, so an error in between shows on the descriptor that wrote; none at
+        rest (issue 23: a descriptor per idle topic ran a broker out of them at 10,000
+        topics). A reopen costs one `open` per group commit, beside its fdatasync."""
         self._created = False
         """A segment was started since these files were opened: the next one is a rotation
         (the first after a start or a reload only reopens the log, whatever its offset)."""
@@ -107,7 +112,6 @@ class SegmentFiles:
         the machine then asks for no Fsync after it)."""
         self._mark: ck.Checkpoint | None = None
         """The newest checkpoint mark in the file (read at recovery, then as written)."""
-        self._mark_fd: int | None = None
 
     def path(self, segment_base: int) -> Path:
         return self.directory / format.segment_name(segment_base)
@@ -233,9 +237,6 @@ class SegmentFiles:
 
     def forget_checkpoint(self) -> None:
         """Deletes the checkpoint file (a follower's log was cut below its mark). Blocking."""
-        if self._mark_fd is not None:
-            os.close(self._mark_fd)
-            self._mark_fd = None
         self._mark = None
         (self.directory / ck.CHECKPOINT_NAME).unlink(missing_ok=True)
         _fsync_directory(self.directory)
@@ -266,13 +267,14 @@ class SegmentFiles:
         if durable_end <= (0 if self._mark is None else self._mark.durable_end):
             return False
         mark = ck.next_mark(self._mark, durable_end)
-        created = False
-        if self._mark_fd is None:
-            path = self.directory / ck.CHECKPOINT_NAME
-            created = not path.exists()
-            self._mark_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        _write_all(self._mark_fd, ck.encode_checkpoint(mark), mark.position)
-        os.fdatasync(self._mark_fd)
+        path = self.directory / ck.CHECKPOINT_NAME
+        created = self._mark is None and not path.exists()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not kept open: see `_held`
+        try:
+            _write_all(fd, ck.encode_checkpoint(mark), mark.position)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
         if created:
             _fsync_directory(self.directory)
         self._mark = mark
@@ -303,21 +305,23 @@ class SegmentFiles:
         if isinstance(effect, Write):
             fd = self._writable(effect.segment_base)
             if self.sync_writes:
-                return FileOutcome(
-                    _write_synced(fd, effect.data, effect.position), len(effect.data)
-                )
+                synced = _write_synced(fd, effect.data, effect.position)
+                self._release(effect.segment_base)
+                return FileOutcome(synced, len(effect.data))
             _write_all(fd, effect.data, effect.position)
             return FileOutcome(None, len(effect.data))
         if isinstance(effect, Fsync):
-            return FileOutcome(_timed_fdatasync(self._writable(effect.segment_base)), 0)
+            synced = _timed_fdatasync(self._writable(effect.segment_base))
+            self._release(effect.segment_base)
+            return FileOutcome(synced, 0)
         if isinstance(effect, CreateSegment):
-            self._open[effect.base_offset] = self._create(effect)
+            os.close(self._create(effect))  # header durable: nothing to hold
+            self._writable_bases.add(effect.base_offset)
             rotated, self._created = self._created, True
             return FileOutcome(None, 0, rotated)
         if isinstance(effect, (CloseSegment, DeleteSegment)):
-            fd = self._open.pop(effect.segment_base, None)
-            if fd is not None:
-                os.close(fd)
+            self._writable_bases.discard(effect.segment_base)
+            self._release(effect.segment_base)
             if isinstance(effect, DeleteSegment):
                 self._recovery_action(effect)
             return FileOutcome(None, 0)
@@ -333,13 +337,22 @@ class SegmentFiles:
             metrics.rotations += 1
 
     def _writable(self, segment_base: int) -> int:
-        fd = self._open.get(segment_base)
-        if fd is None:
+        """The segment's descriptor: the one held since its last unsynced write, or a new one."""
+        fd = self._held.get(segment_base)
+        if fd is not None:
+            return fd
+        if segment_base not in self._writable_bases:
             raise OSError(
                 errno.EBADF,
                 f"segment {format.segment_name(segment_base)} is not open (creating it failed)",
             )
+        fd = self._held[segment_base] = os.open(self.path(segment_base), os.O_RDWR)
         return fd
+
+    def _release(self, segment_base: int) -> None:
+        fd = self._held.pop(segment_base, None)
+        if fd is not None:
+            os.close(fd)
 
     def _create(self, effect: CreateSegment) -> int:
         """Header into a temporary file, fsync, rename over the segment name, fsync the
@@ -386,12 +399,10 @@ class SegmentFiles:
         return decode_file_read(plan, data)
 
     def close(self) -> None:
-        for fd in self._open.values():
+        for fd in self._held.values():
             os.close(fd)
-        self._open.clear()
-        if self._mark_fd is not None:
-            os.close(self._mark_fd)
-            self._mark_fd = None
+        self._held.clear()
+        self._writable_bases.clear()
 
 
 def _timed_fdatasync(fd: int) -> float:

@@ -13,13 +13,13 @@ from danube.machines.node import paths
 from danube.machines.node import settings as settings_rules
 from danube.machines.node.effects import BrokerIdentity, Effect, LoadWal, PersistMeta, Step
 from danube.machines.node.records import TopicRecord, new_topic
+from danube.machines.node.topic_table import TopicTable
 from danube.values.config import DispatchStrategy, Policies
 from danube.values.errors import DanubeError, ErrorCode, not_found, quoted
 from danube.values.names import (
     TopicName,
     check_partition_conflict,
     parse_topic,
-    partition_index,
     partition_names,
     validate_namespace,
 )
@@ -33,7 +33,7 @@ class Catalogue:
         self.identity = identity
         self._default_policies = default_policies
         self.namespaces_by_name: dict[str, Policies] = {}
-        self.topics_by_name: dict[str, TopicRecord] = {}
+        self.topics_by_name: TopicTable = TopicTable()
         """Every topic this broker holds, in the order it came (iteration order is part of
         the behaviour: effects of a tick come topic by topic)."""
         self._overridden: dict[tuple[Policies, tuple[tuple[str, int], ...]], Policies] = {}
@@ -105,13 +105,8 @@ class Catalogue:
 
     def partitions(self, base: str) -> list[str]:
         """Names of `<base>-part-<n>`, ordered by n (only exact partitions, unlike Danube's
-        prefix match)."""
-        found = []
-        for name in self.topics_by_name:
-            index = partition_index(name, base)
-            if index is not None:
-                found.append((index, name))
-        return [name for _, name in sorted(found)]
+        prefix match); from the table's index, not a look at every topic (issue 23)."""
+        return self.topics_by_name.partitions(base)
 
     def topic_partitions(self, topic: str) -> list[str]:
         """TopicPartitions: the topic itself, its partitions, or nothing."""

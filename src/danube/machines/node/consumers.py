@@ -267,6 +267,8 @@ class Consumers:
             dispatcher = NonReliableSubscription(kind, self._queue_limits)
         sub = SubscriptionRecord(name, kind, dispatcher)
         record.subscriptions[name] = sub
+        if record.touched is not None:  # its timers: the next ticks visit the topic
+            record.touched.add(record.name.full)
         return sub
 
     def add_consumer(

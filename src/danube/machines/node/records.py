@@ -90,6 +90,12 @@ class TopicRecord:
     exist yet."""
     pace: PaceClock = field(default_factory=PaceClock)
     """`max_publish_rate` pacing (`danube.machines.node.pacing`)."""
+    touched: set[str] | None = field(default=None, repr=False, compare=False)
+    """The topic table's topics touched since the last tick (`topic_table`), once listed."""
+    order: int = field(default=0, compare=False)
+    """When the topic came into the topic table: a tick visits topics in this order."""
+    wake_ms: int | None = field(default=None, compare=False)
+    """The deadline the topic table holds for the topic's next tick (None: none)."""
 
     @property
     def reliable(self) -> bool:
@@ -98,11 +104,16 @@ class TopicRecord:
     def advance(self, event: TopicEvent) -> None:
         """Moves the topic along its life cycle; an event its phase does not allow raises."""
         self.phase = advance(self.phase, event)
+        if self.touched is not None:
+            self.touched.add(self.name.full)
 
     @property
     def wal(self) -> WalMachine | None:
         """The working WAL: None while it loads or is repaired, once stopped, and for a
-        non-reliable topic."""
+        non-reliable topic. Every input to the WAL comes through here, so the topic counts as
+        touched: the next tick visits it (`topic_table`)."""
+        if self.touched is not None:
+            self.touched.add(self.name.full)
         return self.log.wal if self.phase.writable else None
 
     @property

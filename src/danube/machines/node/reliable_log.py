@@ -46,6 +46,7 @@ from danube.machines.tiering import reader as tier_reader
 from danube.machines.tiering import uploader as tier
 from danube.machines.tiering.index import IndexEntry
 from danube.machines.wal import machine as wal
+from danube.machines.wal.deadline import DUE_NOW, next_due_ms
 from danube.machines.wal.recovery import RecoveryPlan
 from danube.values.config import OBJECT_DURABILITY, TopicDurability
 from danube.values.errors import DanubeError, ErrorCode
@@ -559,9 +560,11 @@ class ReliableLogs:
         cursor flushes of reliable subscriptions."""
         effects: list[Effect] = []
         batch = self._durability.object_batch_ms
-        for record in self._topics.values():
+        topics = self._topics
+        visits = topics.due(now_ms)  # touched since the last tick, or due: not every topic
+        for record in visits:
             state = record.log
-            log = state.wal  # `record.wal`, inlined: every topic, every tick
+            log = state.wal  # `record.wal`, inlined: not a touch
             if log is None or not record.phase.writable:
                 continue
             if log.tick_due(now_ms):  # most ticks of most topics: nothing for the WAL
@@ -590,7 +593,25 @@ class ReliableLogs:
                 due = sub.reliable.next_timer_ms
                 if due is not None and due <= now_ms:
                     effects.extend(self.dispatch(record, sub, sub.reliable.tick(now_ms), now_ms))
+        for record in visits:
+            topics.schedule(record, self._next_due(record, batch))
         return Step(None, tuple(effects))
+
+    def _next_due(self, record: TopicRecord, batch: int) -> int | None:
+        """Until when a tick would find nothing to do for the topic, unless an input touches
+        it (`topic_table`); a lower bound. Subscriptions, replication and the object tier
+        keep it visited at every tick (their timers are not indexed yet)."""
+        state = record.log
+        log = state.wal
+        if log is None or not record.phase.writable:
+            return None  # a WAL that loads or a phase that changes touches the topic
+        if record.subscriptions or state.replication is not None or state.uploader is not None:
+            return DUE_NOW
+        due = next_due_ms(log)
+        since = state.ack_batch_since
+        if since is not None:
+            due = since + batch if due is None else min(due, since + batch)
+        return due
 
     def seal(self, record: TopicRecord, now_ms: int) -> list[Effect]:
         """Seals the topic's active segment (if its WAL works), so the uploader takes it."""
