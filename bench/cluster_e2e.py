@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable
 from pathlib import Path
 
@@ -259,6 +260,12 @@ async def _failover_many(cluster: LocalCluster, args: argparse.Namespace) -> Non
         b.pid: sum(1 for line in b.log_lines[marks[b] :] if "level=WARNING" in line)
         for b in survivors
     }
+    warned = Counter(
+        match.group(1)
+        for b in survivors
+        for line in b.log_lines[marks[b] :]
+        if "level=WARNING" in line and (match := re.search(r"event=(\S+)", line))
+    )
 
     def span(values: list[float]) -> str:
         return f"{min(values):.2f}–{max(values):.2f} s" if values else "none"
@@ -270,7 +277,13 @@ async def _failover_many(cluster: LocalCluster, args: argparse.Namespace) -> Non
           f"({len(loads)}; p50 {_percentile(loads, 0.5) if loads else 0:.2f} s), first "
           f"publish acknowledged {span(acked)} ({len(acked)}; p50 "
           f"{_percentile(acked, 0.5) if acked else 0:.2f} s); warnings in survivors' logs "
-          f"{problems}; load average {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+          f"{problems} {dict(warned)}; load average {os.getloadavg()[0]:.2f}",
+          flush=True)  # fmt: skip
+    owners = Counter(
+        b.pid for b in survivors for _, line in _events(b, "topic_loaded")[before[b]:]
+        if line.split()[0].removeprefix("topic=") in owned[victim]
+    )  # fmt: skip
+    print(f"the killed broker's topics loaded by survivor pid: {dict(owners)}", flush=True)
     if len(acked) < len(mine):
         print(f"NOT all served: {len(mine) - len(acked)} of {len(mine)} topics took no publish "
               f"within {args.timeout_s:.0f} s", flush=True)  # fmt: skip
