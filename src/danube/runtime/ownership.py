@@ -267,16 +267,20 @@ class OwnershipDriver:
             )
         )
         log.info("event=topic_loaded topic=%s kept_local_wal=%s", request.topic, request.keep_local)
-        if self.on_adopted is not None:
-            try:
-                with trio.fail_after(REQUEST_TIMEOUT_S):
-                    await self.on_adopted(request.topic)
-            except (MetadataError, trio.TooSlowError) as error:
-                # the watch brings the value later (the claim wrote it)
-                log.warning(
-                    "event=replicas_read_failed topic=%s error=%s",
-                    request.topic, failure_text(error),
-                )  # fmt: skip
+        if self.on_adopted is not None and self._nursery is not None:
+            # Beside the flow, not in it: a batch of loads (`load_many`) adopts its topics
+            # one after the other, and each would otherwise wait for this read of the one
+            # before (issue 23).
+            self._nursery.start_soon(self._adopted, request.topic)
+
+    async def _adopted(self, topic: str) -> None:
+        assert self.on_adopted is not None
+        try:
+            with trio.fail_after(REQUEST_TIMEOUT_S):
+                await self.on_adopted(topic)
+        except (MetadataError, trio.TooSlowError) as error:
+            # the watch brings the value later (the claim wrote it)
+            log.warning("event=replicas_read_failed topic=%s error=%s", topic, failure_text(error))
 
     async def _seal(self, topic: str) -> None:
         self.runtime.apply(self.core.unload(topic, now_ms()).effects)
