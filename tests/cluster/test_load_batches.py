@@ -76,6 +76,10 @@ def test_a_batch_reads_in_one_request_writes_in_one_and_adopts_each() -> None:
     assert [a.topic for a in asked[2:]] == TOPICS
     assert [a.claim_revision for a in asked[2:]] == [50, 51, 52]
     assert asked[3].keep_local  # b1 is in b's in-sync set
+    # the replica set b's writer wrote goes to the replication port as written, unread
+    assert asked[3].replica_set is not None and asked[3].replica_set[1] == 60
+    assert asked[3].replica_set[0]["owner"] == "b1"
+    assert asked[2].replica_set is None  # a has no replica set: the load wrote none
     assert machine.inputs == [("loaded", t) for t in TOPICS]
 
 

@@ -74,7 +74,7 @@ class OwnershipDriver:
         """Which effects' flows wait for a slot, and how many: `request_batching`'s rule."""
         self._loads = LoadQueue()
         """Loads waiting for a slot; a slot takes a batch of them (`request_batching`)."""
-        self.on_adopted: Callable[[str], Awaitable[None]] | None = None
+        self.on_adopted: Callable[[str, tuple[Any, int] | None], Awaitable[None]] | None = None
         """Called after a topic is adopted here (the replication port pushes its replicas
         value, so the owner replicates without waiting for a change)."""
 
@@ -271,13 +271,13 @@ class OwnershipDriver:
             # Beside the flow, not in it: a batch of loads (`load_many`) adopts its topics
             # one after the other, and each would otherwise wait for this read of the one
             # before (issue 23).
-            self._nursery.start_soon(self._adopted, request.topic)
+            self._nursery.start_soon(self._adopted, request.topic, request.replica_set)
 
-    async def _adopted(self, topic: str) -> None:
+    async def _adopted(self, topic: str, written: tuple[Any, int] | None) -> None:
         assert self.on_adopted is not None
         try:
             with trio.fail_after(REQUEST_TIMEOUT_S):
-                await self.on_adopted(topic)
+                await self.on_adopted(topic, written)
         except (MetadataError, trio.TooSlowError) as error:
             # the watch brings the value later (the claim wrote it)
             log.warning("event=replicas_read_failed topic=%s error=%s", topic, failure_text(error))

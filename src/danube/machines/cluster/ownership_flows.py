@@ -28,6 +28,7 @@ from danube.effects import (
 )
 from danube.effects.flow import Flow
 from danube.machines.cluster import ownership as own
+from danube.metadata.model import Put
 
 Now = Callable[[], int]
 """The machine's clock (milliseconds), read when an answer is fed to it."""
@@ -43,6 +44,16 @@ class Adopt:
     entries: dict[str, Any]
     keep_local: bool
     claim_revision: int
+    replica_set: tuple[Any, int] | None = None
+    """The replica set the load's writer record wrote, as (value, revision): the runtime's
+    replication port takes it as read, without reading it back (issue 23); None when the
+    load wrote none."""
+
+
+def _written_set(writer: own.Writer, topic: str, revision: int) -> tuple[Any, int] | None:
+    key = keys.replicas_key(topic)
+    value = next((op.value for op in writer.ops if isinstance(op, Put) and op.key == key), None)
+    return None if value is None or revision <= 0 else (value, revision)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +152,8 @@ def load(machine: own.Ownership, effect: own.Load, now: Now) -> Flow[list[own.Ef
             raise LookupError(f"the claim on {topic} is gone")
     except (StoreUnreachable, LookupError):
         return machine.load_failed(topic, now())
-    yield Adopt(topic, entries, writer.keep_local, effect.claim_revision)
+    written = _written_set(writer, topic, answer.revision)
+    yield Adopt(topic, entries, writer.keep_local, effect.claim_revision, written)
     return machine.loaded(topic, now())
 
 
@@ -186,7 +198,8 @@ def load_many(
         if not written.committed:
             failed.append(effect.topic)
             continue
-        yield Adopt(effect.topic, entries, writer.keep_local, effect.claim_revision)
+        replica_set = _written_set(writer, effect.topic, written.revision)
+        yield Adopt(effect.topic, entries, writer.keep_local, effect.claim_revision, replica_set)
         loaded.append(effect.topic)
     return _load_ends(machine, loaded, failed, now)
 
