@@ -68,6 +68,7 @@ SWARM: Space = {
     "operator": either((0.05, 0.1, 0.2, 0.3)),
     "batched": either((0.25, 0.5, 1.0)),
     "batch": one_of(2, 8, 32),
+    "poison": either(("drop", "block"), off=""),
 }
 """What `--swarm` draws per seed for the single-broker run. Load included: a quarter of the
 seeds offer the overload (`--rate 100`, four times what an Exclusive subscription takes with
@@ -76,12 +77,13 @@ purpose. Since issue 22's point 2 the drain ends on a lack of progress, not at a
 (invariant 4b), so a backlog is judged as one, not taken for a loss; safety (4) is judged
 while the load runs whatever the backlog."""
 SWARM_TIERED: Space = {
-    **SWARM,
+    **{name: choose for name, choose in SWARM.items() if name != "poison"},
     "segment_bytes": one_of(4 * 1024, 8 * 1024, 16 * 1024),
     "retention_bytes": one_of(0, 8 * 1024, 32 * 1024),
     "history_every_ms": either((500, 1000, 2000), off=0),
 }
-"""Tiered runs: segments small enough to seal within the run, and the tier's own features."""
+"""Tiered runs: segments small enough to seal within the run, and the tier's own features
+(no poison yet: its draw would move the tier's knobs' draws, and the audit's)."""
 OBJECT_STORE_KNOBS = (
     "s3_throttle", "s3_server_error", "s3_stall", "s3_get_outage", "upload_crash",
     "commit_unknown", "fenced_upload",

@@ -28,6 +28,7 @@ from danube.kernels import find_frame, scan_frames
 from danube.machines.dispatch import QueueLimits
 from danube.machines.dispatch.reliable import ReliableSubscription
 from danube.machines.dispatch.types import SubscriptionType
+from danube.machines.memory.budget import MemoryPools
 from danube.machines.node import requests
 from danube.machines.node.core import (
     BrokerCore,
@@ -168,6 +169,9 @@ class Observer:
     def retention_skipped(self, topic: str, subscription: str, first: int, end: int) -> None:
         """The broker found offsets [first, end) in no tier for a subscription's read."""
 
+    def policy_dropped(self, topic: str, subscription: str, offset: int, attempts: int) -> None:
+        """The subscription's poison policy skipped `offset` after `attempts` failures."""
+
     def index_committed(self, topic: str) -> None:
         """An index entry of the topic was created in the metadata."""
 
@@ -184,6 +188,10 @@ class Observer:
         """Local retention deletes a segment file holding offsets [base, next_offset)."""
 
     def tier_halted(self, topic: str, reason: str, resumable: bool) -> None: ...
+
+    def memory_checked(self, pool: int, accounted: int, held: int) -> None:
+        """After a tick: the cache ledger's pool and total, and the bytes the WAL machines'
+        caches really hold (spec/memory.md)."""
 
     def internal_error(self, request: str, error: Exception) -> None:
         """A request failed with an unforeseen exception (production answers INTERNAL): a
@@ -217,8 +225,10 @@ class SimBroker:
         metadata: dict[str, Any] | None = None,
         objects: SimObjectStore | None = None,
         uploads: UploaderConfig | None = None,
+        memory: MemoryPools | None = None,
     ) -> None:
-        """`objects` and `uploads` together turn the object tier on."""
+        """`objects` and `uploads` together turn the object tier on. `memory`: the broker's
+        pools, whose cache pool bounds every topic's hot cache together."""
         warm_kernels()
         self.world = world
         self.network = network
@@ -228,6 +238,7 @@ class SimBroker:
         self.wal_config = wal_config
         self.observer = observer
         self.max_unacked = max_unacked
+        self.memory = memory
         self.metadata: dict[str, Any] = {} if metadata is None else metadata
         self.objects = objects
         self.uploads = uploads
@@ -284,6 +295,7 @@ class SimBroker:
             max_unacked_messages=self.max_unacked,
             routing_key_of=records.routing_key,
             uploads=self.uploads,
+            memory=self.memory,
             **options,
         )
 
@@ -338,6 +350,9 @@ class SimBroker:
         effects = core.tick(self.now_ms).effects
         if effects:  # most ticks: nothing for the interpreter (it would only run nothing)
             self._apply(effects)
+        ledger = core.cache_ledger
+        if ledger is not None:
+            self.observer.memory_checked(ledger.pool, ledger.total, core.cached_bytes_held())
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 
     # -- requests ---------------------------------------------------------------------------------

@@ -146,6 +146,9 @@ class SimPort:
         elif name == "retention_skipped":
             log(f"retention_skipped {f['topic']}/{f['subscription']} {f['first']}-{f['end']}")
             observer.retention_skipped(f["topic"], f["subscription"], f["first"], f["end"])
+        elif name == "policy_dropped":
+            log(f"policy_dropped {f['topic']}/{f['subscription']} {f['offset']}")
+            observer.policy_dropped(f["topic"], f["subscription"], f["offset"], f["attempts"])
         elif name == "upload":
             self.stats["uploads"] += 1
             log(f"upload {f['key']}")

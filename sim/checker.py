@@ -71,6 +71,8 @@ SILENT_DAMAGE = "15 damage is never silent"
 NO_INTERNAL = "16 no request fails internally"
 SAFETY = "4 acknowledged is stored"
 LIVENESS = "4b backlog drains"
+POISON = "17 poison messages are settled by policy"
+MEMORY = "18 memory within budget"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,13 @@ class _Subscription:
     """Acknowledged messages received at least once (the drain's measure of what is owed)."""
     judged_through: int = -1
     """Offsets up to here were judged against the dispatcher's cursor (invariant 4)."""
+    dropped: set[int] = field(default_factory=set)
+    """Offsets the poison policy skipped (also in `acks`: settled for the subscription)."""
+    sends: Counter[int] = field(default_factory=Counter)
+    released: set[int] = field(default_factory=set)
+    """Blocked offsets an operator released, not sent since: sends queued before the
+    release may still pass over them."""
+    """Stream-writer sends of each offset (first sends and redeliveries)."""
 
 
 def _payload(record: bytes) -> bytes:
@@ -185,10 +194,23 @@ class InvariantChecker(Observer):
         stored: judged when it is."""
         self._held: dict[str, set[bytes]] = defaultdict(set)
         """At the end: the payloads the records on disk and in indexed objects hold."""
+        self.redelivery_limit = 0
+        """The poison workload's `max_redelivery_count` (0: none set)."""
 
     def _violate(self, invariant: str, detail: str) -> None:
         self.world.log(f"VIOLATION {invariant}: {detail}")
         self.violations.append(Violation(invariant, detail, self.world.now))
+
+    def memory_checked(self, pool: int, accounted: int, held: int) -> None:
+        """17: the hot caches never hold more than the broker's cache pool, and the ledger
+        that enforces it counts exactly what they hold (a cache that drops batches behind
+        its back, or one forgotten without release, would make it evict wrongly)."""
+        if accounted > pool:
+            self._violate(MEMORY, f"hot caches account {accounted} bytes, over the pool {pool}")
+        if accounted != held:
+            self._violate(
+                MEMORY, f"the cache ledger counts {accounted} bytes, the caches hold {held}"
+            )
 
     def answered_twice(self, client: str) -> None:
         """A request of `client` got a second answer (a waiter table that answers twice)."""
@@ -241,15 +263,24 @@ class InvariantChecker(Observer):
         if sub.sub_type is SubscriptionType.KEY_SHARED:
             self._sent_key(topic, sub.name, state, offset, key)
         elif sub.sub_type in _SINGLE_ACTIVE:
-            if offset <= state.last_sent and state.acks.below < offset:
+            # a message the Block policy holds is passed over (Danube: messages already out
+            # are still retried): a run may restart, or go on, after it
+            state.released.discard(offset)
+            held = state.released.union(sub.dispatcher.blocked if sub.dispatcher else ())
+            below = state.acks.below
+            while below in held or below in state.acks.offsets:
+                below += 1
+            if offset <= state.last_sent and below < offset:
                 self._violate(
                     "3 order",
                     f"{topic}/{sub.name} ({sub.sub_type.name}) went back to offset {offset} "
-                    f"after {state.last_sent}, but offset {state.acks.below} is unacknowledged",
+                    f"after {state.last_sent}, but offset {below} is unacknowledged",
                 )
             elif offset > state.last_sent + 1:
                 skipped = [
-                    o for o in range(state.last_sent + 1, offset) if o not in state.acks.offsets
+                    o
+                    for o in range(state.last_sent + 1, offset)
+                    if o not in state.acks.offsets and o not in held
                 ]
                 if state.last_sent >= 0 and skipped:
                     self._violate(
@@ -272,6 +303,7 @@ class InvariantChecker(Observer):
                         f"consumer {consumer_id} and to {others}",
                     )
         state.sent.add(offset)
+        state.sends[offset] += 1
 
     def _sent_key(self, topic: str, sub: str, state: _Subscription, offset: int, key: str) -> None:
         pending = state.key_pending[key]
@@ -338,6 +370,39 @@ class InvariantChecker(Observer):
 
     def client_acked(self, topic: str, sub: str, offset: int) -> None:
         self.subscriptions[(topic, sub)].acks.add(offset)
+
+    def policy_dropped(self, topic: str, subscription: str, offset: int, attempts: int) -> None:
+        """The poison policy settled `offset` for the subscription (invariant 17): it counts
+        as acknowledged from now on, and it must have had its deliveries first: at least
+        `max_redelivery_count + 1` sends (more after a restart, which forgets attempts, or a
+        consumer leaving, whose resends are free). An operator's skip of a blocked message
+        comes after the same number."""
+        state = self.subscriptions[(topic, subscription)]
+        state.dropped.add(offset)
+        state.acks.add(offset)
+        limit = self.redelivery_limit
+        if limit and self.offsets_judged and state.sends[offset] < limit + 1:
+            self._violate(
+                POISON,
+                f"{topic}/{subscription}: offset {offset} dropped by policy after "
+                f"{state.sends[offset]} send(s); max_redelivery_count {limit} owes "
+                f"{limit + 1} (the machine counted {attempts} failures)",
+            )
+
+    def policy_released(self, topic: str, subscription: str, offset: int) -> None:
+        """An operator released a blocked offset: it goes out again, in a new run."""
+        self.subscriptions[(topic, subscription)].released.add(offset)
+
+    def unsettled(self, topic: str, sub: str) -> list[bytes]:
+        """Acknowledged messages the subscription neither acknowledged (by a consumer, at
+        some offset holding them) nor dropped by policy (invariant 17, at the end)."""
+        acked, payload_at = self.subscriptions[(topic, sub)].acks.offsets, self.payload_at[topic]
+        stored_at = self.stored_at[topic]
+        return [
+            p
+            for p in self.acknowledged_payloads[topic]
+            if not any(o in acked and payload_at.get(o) == p for o in stored_at.get(p, ()))
+        ]
 
     # -- invariant 4: what each subscription owes -------------------------------------------------
 

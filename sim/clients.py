@@ -5,6 +5,7 @@ told (acknowledged publishes) and what they received."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 REQUEST_TIMEOUT_US = 1_000_000
 RETRY_US = 100_000
 ACK_BATCH_US = 20_000
+POISON_SHARE = 4
+"""With `--poison`: one message in this many of the poison key is poison."""
 """How long a batched consumer gathers acknowledgements before it sends them in one
 AckBatch."""
 
@@ -264,6 +267,12 @@ class SimBatchProducer(SimProducer):
         return count
 
 
+def is_poison(record: records.Record, key: str) -> bool:
+    """One message in `POISON_SHARE` of routing key `key`, by its payload: every consumer
+    agrees, and the key's other messages queue behind a blocked one (Key-Shared)."""
+    return record.routing_key == key and zlib.crc32(record.payload) % POISON_SHARE == 0
+
+
 class SimConsumer:
     """Subscribes, keeps a receive stream open (reopening it after a break, subscribing again
     when the broker no longer knows it), and acknowledges each message after a random delay
@@ -284,8 +293,10 @@ class SimConsumer:
         nack: float,
         start: StartPosition = LATEST,
         audit: AuditOutput | None = None,
+        poison_key: str | None = None,
     ) -> None:
-        """`start` matters only when this consumer's subscribe creates the subscription."""
+        """`start` matters only when this consumer's subscribe creates the subscription;
+        every poison message of routing key `poison_key` is nacked, every time."""
         self.world = world
         self.audit = audit
         self.network = network
@@ -297,6 +308,7 @@ class SimConsumer:
         self.sub_type = sub_type
         self.ack_delay_us = ack_delay_us
         self.nack = nack
+        self.poison_key = poison_key
         self.start_position = start
         self._caller = Caller(world, network, broker, f"{name}@{subscription}")
         self._consumer_id: int | None = None
@@ -365,9 +377,15 @@ class SimConsumer:
             self.audit.delivered(self.client, self.subscription, self.sub_type, record)
         self.world.at(self.world.rng.randrange(self.ack_delay_us + 1), lambda: self._settle(record))
 
+    def _fails(self, record: records.Record) -> bool:
+        """Nacked: a poison message always, another with probability `nack`."""
+        if self.poison_key is not None and is_poison(record, self.poison_key):
+            return True
+        return bool(self.nack) and self.world.rng.random() < self.nack
+
     def _settle(self, record: records.Record) -> None:
         offset = record.topic_offset
-        if self.nack and self.world.rng.random() < self.nack:
+        if self._fails(record):
             request: Any = NackRequest(
                 self._caller.next_request_id(),
                 True,
@@ -403,7 +421,7 @@ class SimBatchConsumer(SimConsumer):
         return ext_pb.ReceiveBatchesRequest(consumer_id=consumer_id)
 
     def _settle(self, record: records.Record) -> None:
-        if self.nack and self.world.rng.random() < self.nack:
+        if self._fails(record):
             self._send_settlement(
                 NackRequest(
                     self._caller.next_request_id(),

@@ -383,6 +383,10 @@ class ClusterSimulation:
         if faults.stall and rng.random() < faults.stall:
             self.etcd.stall(rng.randint(faults.stall_us // 10, faults.stall_us))
         faults.peer_faults(rng, [node.name for node in self.nodes], self.network)
+        if faults.power and rng.random() < faults.power:
+            up = [node for node in self.nodes if node.running is not None]
+            if up:
+                rng.choice(up).crash(rng.randint(restart // 2, restart * 3 // 2), power=True)
         world.at(FAULT_TICK_US, self._fault_tick)
 
 

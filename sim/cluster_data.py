@@ -46,6 +46,7 @@ from danube.machines.cluster.keys import Marker
 from danube.machines.cluster.ownership import NotOwner, Ownership, OwnershipConfig
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
 from danube.machines.cluster.request_batching import FLOW_SLOTS, LoadQueue
+from danube.machines.memory.budget import MemoryPools
 from danube.machines.node.effects import AskEpochEnd, ReplicaAnswer, ReplicaSend
 from danube.machines.node.replica_owner import ReplicationSettings
 from danube.machines.wal.machine import Durability, WalConfig
@@ -98,6 +99,22 @@ class Host(Protocol):
     def at_clock(self, target_us: int, action: Callable[[], None]) -> None: ...
 
 
+class _MemoryObserver(Observer):
+    """The cluster runs judge invariant 18 (spec/memory.md) by failing the event: a cache
+    ledger out of step with the caches (a WAL machine, a replica's too, dropped without
+    releasing its cache) stops the run as a bug of the broker."""
+
+    def memory_checked(self, pool: int, accounted: int, held: int) -> None:
+        if accounted > pool or accounted != held:
+            raise AssertionError(
+                f"18 memory within budget: ledger {accounted}, caches {held}, pool {pool}"
+            )
+
+
+DATA_MEMORY = MemoryPools(48 * 1024, 24 * 1024, 12 * 1024, 12 * 1024)
+"""A cache pool below two topics' `cache_bytes`, so the ledger evicts across topics."""
+
+
 class ClusterBroker(SimBroker):
     """`SimBroker` as one broker of a cluster: a clustered core, metadata in the simulated
     etcd behind the claims' fence, and no restart of its own (the node starts a new
@@ -110,12 +127,13 @@ class ClusterBroker(SimBroker):
             host.world,
             host.network,
             disk,
-            Faults(),
+            Faults(fsync_us=host.network.faults.fsync_us),
             injected,
             DATA_WAL,
-            Observer(),
+            _MemoryObserver(),
             objects=objects,
             uploads=UPLOADS,
+            memory=DATA_MEMORY,
         )
         self.host = host
         self.claims: dict[str, int] = {}
@@ -143,9 +161,9 @@ class ClusterBroker(SimBroker):
         incarnation = self.incarnation
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 
-    def die(self) -> None:
+    def die(self, *, power: bool = False) -> None:
         """The process is gone: streams break, in-flight work is lost, the disk keeps what
-        reached the page cache."""
+        reached the page cache (with `power`, what was fsynced and a torn tail of the rest)."""
         if not self.up:
             return
         for stream in list(self._streams.values()):
@@ -154,7 +172,7 @@ class ClusterBroker(SimBroker):
         self.core = None
         if self.interpreter is not None:
             self.interpreter.close()
-        self.disk.crash(power=False, rng=self.world.rng)
+        self.disk.crash(power=power, rng=self.world.rng)
 
     @property
     def metadata_flushed(self) -> bool:
@@ -281,8 +299,8 @@ class DataPlane:
     def start(self) -> None:
         self.broker.start()
 
-    def die(self) -> None:
-        self.broker.die()
+    def die(self, *, power: bool = False) -> None:
+        self.broker.die(power=power)
 
     # -- from the membership ----------------------------------------------------------------------
 

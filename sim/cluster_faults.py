@@ -61,10 +61,18 @@ class ClusterFaults:
     `slow_link_us` up to all of it longer, for as long again (in order: a slow follower,
     a congested machine), so a deposed owner's frames may arrive after a new epoch."""
     slow_link_us: int = 3_000_000
+    fsync_us: int = 500
+    """How long a broker's fsync takes (the single-broker simulator's default)."""
+    power: float = 0.0
+    """Per fault tick: a running broker's machine loses power: a crash whose disk keeps only
+    what was fsynced, and a torn part of the rest. Drawn last (a profile without it draws
+    nothing more): frames are sent to followers as the owner writes them, so an owner may
+    lose a group commit its followers hold, and must not have acknowledged it."""
 
     def network(self) -> Faults:
-        """What `sim.network.Network` reads: latency and loss."""
-        return Faults(latency_us=self.latency_us, loss=self.loss)
+        """What `sim.network.Network` reads: latency and loss (and the brokers' disks read
+        `fsync_us` from it)."""
+        return Faults(latency_us=self.latency_us, loss=self.loss, fsync_us=self.fsync_us)
 
     def peer_faults(self, rng: random.Random, brokers: Sequence[str], network: Network) -> None:
         """One fault tick's draws of the faults between brokers (replication's links), after
@@ -82,7 +90,7 @@ class ClusterFaults:
 
     def calm(self) -> ClusterFaults:
         """The settle phase: the same latency and clocks, no new faults."""
-        return ClusterFaults(latency_us=self.latency_us, skew=self.skew)
+        return ClusterFaults(latency_us=self.latency_us, skew=self.skew, fsync_us=self.fsync_us)
 
 
 CLUSTER_PROFILES = {
@@ -103,3 +111,9 @@ CLUSTER_PROFILES["peers"] = dataclasses.replace(
 owner-follower partitions, slow followers). Not in the default (CI's gate) yet: new, and with a
 planted bug at replication factor 3 they reach a WAL cut bug still open (spec/replication.md,
 "Faults between brokers"); seeds 1-200 of correct code pass at the default factor."""
+CLUSTER_PROFILES["power"] = dataclasses.replace(
+    CLUSTER_PROFILES["default"], power=0.02, fsync_us=5_000
+)
+"""The default's faults, power failures (a crash that loses what was not fsynced) and a
+slower disk (5 ms fsyncs, a disk without a power-loss-protected cache), so that a crash
+often falls between a group commit's send and its owner's fsync."""

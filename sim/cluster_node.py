@@ -179,11 +179,11 @@ class BrokerProcess:
             self.data.start()
         self._follow("cluster")
 
-    def die(self) -> None:
+    def die(self, *, power: bool = False) -> None:
         self.alive = False
         self.etcd.changed = True  # what `ClusterChecker.check` reads
         if self.data is not None:
-            self.data.die()
+            self.data.die(power=power)
         for follow in self._follows.values():
             follow.stream.alive = False
         self._follows.clear()
@@ -506,11 +506,12 @@ class SimNode:
         self.etcd.changed = True  # what `ClusterChecker.check` reads
         self.process.start()
 
-    def crash(self, restart_us: int) -> None:
+    def crash(self, restart_us: int, *, power: bool = False) -> None:
         assert self.process is not None
-        self.process.die()
-        self.injected["crash"] += 1
-        self.world.log(f"fault crash broker {self.name}; restarts in {restart_us}us")
+        self.process.die(power=power)
+        kind = "power_failure" if power else "crash"
+        self.injected[kind] += 1
+        self.world.log(f"fault {kind} broker {self.name}; restarts in {restart_us}us")
         self.world.at(restart_us, self.boot)
 
     def kill(self) -> None:

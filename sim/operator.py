@@ -10,6 +10,7 @@ from danube.machines.node.settings import PoisonPolicy, SubscriptionFailureSetti
 from danube.values.errors import DanubeError
 from sim.broker import SimBroker
 from sim.faults import Injected
+from sim.poison import failure_settings as poison_settings
 from sim.world import World
 
 DISPATCH_RATES = (0, 300, 1000)
@@ -29,6 +30,8 @@ class Operator:
         self.broker = broker
         self.injected = injected
         self.subscriptions = subscriptions
+        self.poison: tuple[str, int] | None = None
+        """The poison workload's policy and limit, which the operator's changes keep."""
 
     def act(self) -> None:
         """One change, chosen by the run's RNG; nothing while the broker is down."""
@@ -44,13 +47,18 @@ class Operator:
                 step = core.set_dispatch_window(topic, sub, window, now_ms=now)
                 what = f"window {window}"
             elif choice == 1:
-                policy = SubscriptionFailureSettings(
+                fields = dict(
                     ack_timeout_ms=rng.choice((200, 1_000, 30_000)),
                     base_redelivery_delay_ms=rng.choice((0, 50, 500)),
                     max_redelivery_delay_ms=5_000,
-                    backoff=rng.choice((Backoff.FIXED, Backoff.EXPONENTIAL)),
-                    poison_policy=PoisonPolicy.BLOCK,
                 )
+                backoff = rng.choice((Backoff.FIXED, Backoff.EXPONENTIAL))
+                if self.poison is not None:
+                    policy = poison_settings(*self.poison, backoff=backoff, **fields)
+                else:
+                    policy = SubscriptionFailureSettings(
+                        **fields, backoff=backoff, poison_policy=PoisonPolicy.BLOCK
+                    )
                 step = core.set_failure_policy(topic, sub, policy, now_ms=now)
                 what = f"ack timeout {policy.ack_timeout_ms}"
             else:

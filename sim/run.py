@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from danube.machines.dispatch.reliable import DEFAULT_POLICY, ReliableSubscription
 from danube.machines.dispatch.types import StartKind, StartPosition, SubscriptionType
+from danube.machines.memory.budget import MemoryPools
 from danube.machines.tiering import UploaderConfig, layout
 from danube.machines.wal.machine import Durability, WalConfig
 from danube.proto import danube as pb
@@ -30,6 +31,7 @@ from sim.history_readers import HistoryReaders
 from sim.network import Network
 from sim.objects import SimObjectStore, StoredBlob, impostor_segment
 from sim.operator import Operator
+from sim.poison import POISON_KEY, PoisonDuty
 from sim.seeds import ResultMethods, changed_flags
 from sim.world import US_PER_MS, US_PER_S, World
 
@@ -96,6 +98,10 @@ class Workload:
     segment_bytes: int = 64 * 1024
     cache_bytes: int = 16 * 1024
     """Small, so lagging subscriptions read segment files."""
+    cache_pool: int = 24 * 1024
+    """The broker-wide pool every topic's hot cache shares (spec/memory.md), in accounted
+    bytes: below `topics × cache_bytes` once there are two topics, so the ledger evicts
+    across topics. 0: no ledger (each topic bounded by `cache_bytes` alone)."""
     tiered: bool = False
     """An object tier: sealed segments go to a simulated object store and its index, local
     retention prunes what is indexed, and an `audit` subscription reads from the start."""
@@ -110,11 +116,23 @@ class Workload:
     chooses the mix, as real deployments mix our client (batched) and others (plain).
     0 draws nothing from the seed: plain clients only."""
     batch: int = 8
+    poison: str = ""
+    """"drop" or "block": every consumer nacks the messages of one routing key, and each
+    subscription's failure policy drops or blocks them after `poison_limit` redeliveries
+    (sim/poison.py). "" (the default): no poison, digests as before."""
+    poison_limit: int = 2
     history_every_ms: int = 0
     """Tiered runs: once local retention pruned a segment, a new Exclusive subscription per
     topic starts at the earliest offset every this many ms (sim/history_readers.py), so
     history is read from objects all through the load, not only by the audit. 0 (the
     default): none, digests as before."""
+
+    def memory_pools(self) -> MemoryPools | None:
+        """A budget whose cache pool is `cache_pool` (the other pools are not enforced yet)."""
+        if not self.cache_pool:
+            return None
+        pool = self.cache_pool
+        return MemoryPools(2 * pool, pool, pool // 2, pool - pool // 2)
 
     def wal_config(self) -> WalConfig:
         return WalConfig(
@@ -221,6 +239,7 @@ class Simulation:
             metadata=self.metadata,
             objects=self.objects,
             uploads=UPLOADS if workload.tiered else None,
+            memory=workload.memory_pools(),
         )
         self.producers: list[SimProducer] = []
         self.consumers: list[SimConsumer] = []
@@ -271,6 +290,7 @@ class Simulation:
                             ack_delay_us=workload.ack_delay_ms * US_PER_MS,
                             nack=workload.nack,
                             audit=self.audit_output,
+                            poison_key=POISON_KEY if workload.poison else None,
                         )
                     )
             for p in range(workload.producers):
@@ -309,6 +329,17 @@ class Simulation:
         """The highest clock skew the broker had: a jump back freezes its machines' timers
         until its clock is past what they saw (`_clock_deficit_us`)."""
         self.operator = Operator(self.world, self.broker, self.injected, self.subscriptions)
+        self.poison: PoisonDuty | None = None
+        if workload.poison:
+            self.poison = PoisonDuty(
+                self.world,
+                self.broker,
+                self.checker,
+                self.judged,
+                workload.poison,
+                workload.poison_limit,
+            )
+            self.operator.poison = (workload.poison, workload.poison_limit)
 
     def _operator_tick(self) -> None:
         if self.world.rng.random() < self.workload.operator:
@@ -323,6 +354,8 @@ class Simulation:
         assert core is not None
         for topic in self.topics:
             self.broker._apply(core.create_topic(topic, DispatchStrategy.RELIABLE).effects)
+        if self.poison is not None:
+            self.poison.set_policies()
         for topic, name in self.subscriptions:
             self.broker._apply(
                 core.subscribe(topic, "setup", name, int(SUB_TYPES[name]), (), now_ms=0).effects
@@ -428,11 +461,19 @@ class Simulation:
         return [(t, s) for t, s in self.judged if t not in self.broker.stopped_topics]
 
     def _drained(self) -> bool:
-        """Everything acknowledged reached every subscription (of topics still serving)."""
+        """Everything acknowledged reached every subscription (of topics still serving);
+        with poison, every message is settled too (acknowledged or dropped)."""
+        if self.poison is not None and not self.poison.settled():
+            return False
         return all(not self.checker.owed(topic, sub) for topic, sub in self._judged_now())
 
     def _progress(self) -> int:
-        return sum(self.checker.first_deliveries(t, s) for t, s in self._judged_now())
+        """First deliveries; with poison, settled offsets too (drops come after them)."""
+        judged, checker = self._judged_now(), self.checker
+        progress = sum(checker.first_deliveries(t, s) for t, s in judged)
+        if self.poison is not None:
+            progress += sum(len(checker.subscriptions[j].acks.offsets) for j in judged)
+        return progress
 
     def _check_cursors(self) -> None:
         """Invariant 4 at each tick: every offset a judged subscription's cursor passed is
@@ -496,6 +537,8 @@ class Simulation:
             for topic, sub in self._judged_now():
                 if checker.owed(topic, sub):
                     checker.backlog_stalled(topic, sub, detail)
+        if self.poison is not None and checker.offsets_judged and self.broker.up:
+            self.poison.judge_end()
         return dict(
             drained=drained,
             drain_s=drain_s,
@@ -516,6 +559,8 @@ class Simulation:
         world.at(CURSOR_CHECK_US, self._check_cursors)
         if self.workload.operator:
             world.at(FAULT_TICK_US, self._operator_tick)
+        if self.poison is not None:
+            self.poison.start()
         end = int(duration_s * US_PER_S)
         if self.audits:
             world.at(end // 2, self._start_audits)

@@ -86,7 +86,17 @@ class Draw(Generic[W, F]):
 
 
 _OFF_AT_ZERO = frozenset(
-    {"nack", "batched", "operator", "history_every_ms", "admin", "rebind", "bad", "switch"}
+    {
+        "nack",
+        "batched",
+        "operator",
+        "history_every_ms",
+        "admin",
+        "rebind",
+        "bad",
+        "switch",
+        "poison",
+    }
 )
 """Workload knobs whose 0 means the feature is off (a chance, a period, a count)."""
 

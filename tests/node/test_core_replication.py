@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from danube import keys
+from danube.effects import TopicFile
 from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.dispatch import QueueLimits, StartKind, StartPosition
 from danube.machines.node import replica_owner
@@ -25,9 +26,10 @@ from danube.machines.node.core import (
     ReplicationSettings,
     TopicStopped,
 )
+from danube.machines.node.effects import WalIo
 from danube.machines.replication.messages import Mismatch, Replicated, StaleEpoch
 from danube.machines.wal import format
-from danube.machines.wal.machine import WalConfig
+from danube.machines.wal.machine import Fsync, WalConfig, Write
 from danube.testing import CoreDriver
 from danube.values.config import DispatchStrategy, Policies
 from danube.values.errors import DanubeError
@@ -136,6 +138,81 @@ def test_the_frames_sent_are_the_bytes_the_wal_wrote() -> None:
     (segment,) = owner.driver.files[TOPIC].values()
     header = format.decode_segment_header(bytes(segment))
     assert frames == bytes(segment[header.length :])
+
+
+def test_a_group_commit_goes_out_with_its_write_and_counts_once_the_owner_fsynced() -> None:
+    """The frames go to the followers in the same step as the WAL's `Write`, before the
+    owner's fsync (the two fsyncs overlap); a follower that has them durably first
+    acknowledges nothing until the owner's own fsync is done."""
+    owner = Owner()
+    owner.configure(("b2",), ("b2",))
+    owner.sends()
+    core, now = owner.core, owner.now
+    step = core.publish(
+        owner.producer, TOPIC, "m0", 2, None, encode=lambda offset: b"m0", now_ms=now
+    )
+    sends = [e for e in step.effects if isinstance(e, ReplicaSend)]
+    assert [(s.follower, s.message.prev_end, s.message.end) for s in sends] == [("b2", 0, 1)]
+    io = [f for e in step.effects if isinstance(e, WalIo) for f in e.effects]
+    assert any(isinstance(f, Write) for f in io)
+    fsyncs: list[Fsync] = []
+    for effect in io:
+        done = core.wal_io_done(TOPIC, effect, None, now_ms=now).effects
+        fsyncs += [
+            f for e in done if isinstance(e, WalIo) for f in e.effects if isinstance(f, Fsync)
+        ]
+    assert len(fsyncs) == 1, "the owner's fsync is under way"
+    answered = core.replica_answered("b2", Replicated(TOPIC, 0, 1), now_ms=now).effects
+    assert not any(isinstance(e, PublishAcked) for e in answered), (
+        "acknowledged before the owner's own fsync"
+    )
+    done = core.wal_io_done(TOPIC, fsyncs[0], None, now_ms=now).effects
+    assert PublishAcked(TOPIC, 0) in done
+
+
+def test_planted_bug_counting_the_written_end_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A high watermark that counts what the owner wrote rather than what it has on disk
+    (`tests/sim/replication_mutations.count_written_end`) fails the test above."""
+    from tests.sim.replication_mutations import count_written_end
+
+    with count_written_end(), pytest.raises(AssertionError, match="before the owner's own"):
+        test_a_group_commit_goes_out_with_its_write_and_counts_once_the_owner_fsynced()
+
+
+def test_a_repair_below_what_was_sent_stops_the_topic() -> None:
+    """The frames went to the follower as written; the fsync fails and the repair cuts them
+    from the owner's log. Serving on under the same epoch would put other records at those
+    offsets while the follower holds these: the topic stops until a new claim (new epoch,
+    reconciliation by epoch)."""
+    owner = Owner()
+    owner.configure(("b2",), ("b2",))
+    owner.sends()
+    port = owner.driver.port
+    answer = port.answer
+
+    def fsync_fails(effect: Any) -> Any:
+        if isinstance(effect, TopicFile) and isinstance(effect.effect, Fsync):
+            port.answer = answer
+            raise OSError("EIO")
+        return answer(effect)
+
+    port.answer = fsync_fails  # type: ignore[method-assign]
+    waiter = owner.driver.wait_stored(TOPIC, 0)
+    owner.publish("m0")
+    assert [(s.message.prev_end, s.message.end) for s in owner.sends()] == [(0, 1)]
+    assert waiter.error is not None and owner.acked() == -1
+    assert "repaired to offset 0" in owner.driver.stopped.get(TOPIC, ""), owner.driver.stopped
+    with pytest.raises(DanubeError):
+        owner.publish("m1")
+
+
+def test_planted_bug_serving_on_after_a_rewinding_repair_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the rule (the repaired topic serves on under its epoch), the test above fails."""
+    monkeypatch.setattr(replica_owner.OwnerReplicas, "_rewound", lambda *args: [])
+    with pytest.raises(AssertionError):
+        test_a_repair_below_what_was_sent_stops_the_topic()
 
 
 def test_a_catching_up_follower_does_not_hold_acknowledgements_back_and_joins() -> None:

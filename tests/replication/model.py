@@ -179,8 +179,8 @@ class World:
             raise Violation(
                 f"fencing: {name} (epoch {epoch}) acks on a follower at {trigger_epoch}"
             )
-        if end > len(owner.log):
-            raise Violation(f"r1: {name} acks {end} beyond its log {len(owner.log)}")
+        if end > owner.durable:
+            raise Violation(f"r1: {name} acks {end} beyond its durable end {owner.durable}")
         if self.etcd["epoch"] == epoch:
             for f in self.etcd["in_sync"]:
                 fb = self.brokers[f]
@@ -212,8 +212,16 @@ class World:
             self.uid += 1
             uids.append(self.uid)
             b.log.append((self.uid, b.owner.epoch))
+        # Sent as written (`written`); the owner's own fsync is `owner_fsync`, later.
+        self.owner_effects(name, b.owner.written(len(b.log), encode(uids), self.now))
+
+    def owner_fsync(self) -> None:
+        names = [n for n in self.owners() if self.brokers[n].durable < len(self.brokers[n].log)]
+        if not names:
+            return
+        b = self.brokers[self.rnd.choice(names)]
         b.durable = len(b.log)
-        self.owner_effects(name, b.owner.durable(len(b.log), encode(uids), self.now))
+        self.owner_effects(b.name, b.owner.durable(b.durable, b"", self.now))
 
     def deliver_down(self) -> None:
         keys = [k for k, q in self.down.items() if q]
@@ -297,7 +305,9 @@ class World:
             return
         o, r = self.reads.pop(self.rnd.randrange(len(self.reads)))
         log = self.brokers[o].log
-        end = len(log)
+        end = self.brokers[o].durable  # the WAL serves durable frames only
+        if end <= r.from_offset:
+            raise Violation(f"{o} asks to read {r.from_offset}, not durable (ends {end})")
         if end > r.from_offset + 1 and self.rnd.random() < 0.5:
             end = self.rnd.randint(r.from_offset + 1, end)  # a chunk
         frames = encode([uid for uid, _ in log[r.from_offset : end]])
@@ -340,6 +350,7 @@ class World:
     def run(self, steps: int) -> None:
         actions = [
             (self.append, 4),
+            (self.owner_fsync, 4),
             (self.deliver_down, 6),
             (self.deliver_up, 6),
             (self.fsync, 4),
@@ -366,6 +377,10 @@ class World:
                 self.deliver_down()
                 self.deliver_up()
             for name, b in self.brokers.items():
+                if b.owner is not None and b.durable < len(b.log):
+                    busy = True
+                    b.durable = len(b.log)
+                    self.owner_effects(name, b.owner.durable(b.durable, b"", self.now))
                 if b.follower is not None and b.durable < len(b.log):
                     busy = True
                     b.durable = len(b.log)

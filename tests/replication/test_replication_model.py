@@ -64,6 +64,20 @@ class _AcknowledgesBeforeFollowers(OwnerReplication):
         return self.durable_end
 
 
+class _CountsTheWrittenEnd(OwnerReplication):
+    """The high watermark counts what the owner sent as written, not what it has on disk."""
+
+    def _target(self) -> int:
+        durable, self.durable_end = self.durable_end, self.written_end
+        try:
+            return super()._target()
+        finally:
+            self.durable_end = durable
+
+    def written(self, end: int, frames: bytes, now_ms: int) -> list[OwnerEffect]:
+        return [*super().written(end, frames, now_ms), *self._advance()]
+
+
 class _AcceptsLowerEpoch(FollowerLog):
     def replicate(self, msg: Replicate) -> list[FollowerEffect]:
         if msg.epoch < self.epoch:
@@ -108,6 +122,12 @@ def test_planted_ignoring_a_mismatch_is_caught() -> None:
 
 def test_planted_acknowledging_before_the_followers_fsync_is_caught() -> None:
     assert _caught(owner_cls=_AcknowledgesBeforeFollowers).startswith("r1")
+
+
+def test_planted_counting_the_owners_written_end_is_caught() -> None:
+    """Frames go out as the owner writes them; acknowledging once the followers have them,
+    before the owner's own fsync, breaks r1 (the owner's durable end)."""
+    assert _caught(owner_cls=_CountsTheWrittenEnd).startswith("r1")
 
 
 def test_planted_follower_accepting_a_deposed_owner_is_caught() -> None:

@@ -44,9 +44,11 @@ def failed_message_never_retried() -> Iterator[None]:
     is quiet; only the drain's progress rule sees it."""
     original = reliable.ReliableSubscription._fail
 
-    def fail(self: Any, offset: int, entry: Any, consumer_id: int, requested_ms: Any) -> None:
+    def fail(
+        self: Any, offset: int, entry: Any, consumer_id: int, requested_ms: Any, reason: str
+    ) -> None:
         if self.sub_type not in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
-            original(self, offset, entry, consumer_id, requested_ms)
+            original(self, offset, entry, consumer_id, requested_ms, reason)
             return
         self._consumers[consumer_id].in_flight.discard(offset)
         entry.consumer = None

@@ -22,6 +22,7 @@ from danube.machines.replication.messages import (
     Replicate,
     Replicated,
 )
+from danube.machines.replication.owner import OwnerReplication
 
 Patch = Callable[[], contextlib.AbstractContextManager[None]]
 
@@ -37,6 +38,32 @@ def acknowledge_before_followers() -> Iterator[None]:
         return [*out, *self._logs.acknowledge(record, through, now_ms)]
 
     with mock.patch.object(replica_owner.OwnerReplicas, "durable", durable):
+        yield
+
+
+@contextlib.contextmanager
+def count_written_end() -> Iterator[None]:
+    """The high watermark counts the owner's written end (the frames it sent as its WAL
+    wrote them) instead of its durable end: a publish is acknowledged once the in-sync
+    followers have it, before the owner's own fsync, so with the set empty (a follower shrunk
+    away) an owner crash loses what it acknowledged alone."""
+    original = OwnerReplication._target
+
+    def target(self: OwnerReplication) -> int:
+        durable, self.durable_end = self.durable_end, self.written_end
+        try:
+            return original(self)
+        finally:
+            self.durable_end = durable
+
+    def written(self: OwnerReplication, end: int, frames: bytes, now_ms: int) -> list[Any]:
+        return [*original_written(self, end, frames, now_ms), *self._advance()]
+
+    original_written = OwnerReplication.written
+    with (
+        mock.patch.object(OwnerReplication, "_target", target),
+        mock.patch.object(OwnerReplication, "written", written),
+    ):
         yield
 
 
@@ -178,5 +205,6 @@ REPLICATION_MUTATIONS: dict[str, Patch] = {
     "truncate_by_high_watermark": truncate_by_high_watermark,
     "move_before_caught_up": move_before_caught_up,
     "seal_after_hand_over": seal_after_hand_over,
+    "count_written_end": count_written_end,
     "load_batch_forgets_replica_sets": load_batch_forgets_replica_sets,
 }

@@ -14,7 +14,7 @@ import pytest
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_admin import OVERRIDES
 from sim.cluster_data_checker import FOREIGN_FRAMES, REPLICA_LOSS
-from sim.cluster_faults import CLUSTER_PROFILES
+from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 from sim.faults import Faults, Injected
 from sim.network import Network
 from sim.world import World
@@ -22,6 +22,7 @@ from tests.sim.cluster_mutations import ADMIN_DATA_MUTATIONS
 from tests.sim.replication_mutations import REPLICATION_MUTATIONS, loads_in_batches
 
 DEFAULT = CLUSTER_PROFILES["default"]
+POWER = CLUSTER_PROFILES["power"]
 REPLICATED = ClusterWorkload(replicated=True)
 SECONDS = 15
 
@@ -66,12 +67,15 @@ def test_moves_hand_over_to_in_sync_followers_without_uploading_the_tail() -> No
 
 
 def first_caught(
-    mutation: str, seeds: range, workload: ClusterWorkload = REPLICATED
+    mutation: str,
+    seeds: range,
+    workload: ClusterWorkload = REPLICATED,
+    faults: ClusterFaults = DEFAULT,
 ) -> tuple[int, list[str]] | None:
     """The first seed whose run with the planted bug breaks an invariant, and which."""
     for seed in seeds:
         with REPLICATION_MUTATIONS[mutation]():
-            result = ClusterSimulation(seed, workload, DEFAULT).run(SECONDS)
+            result = ClusterSimulation(seed, workload, faults).run(SECONDS)
         if not result.ok:
             return seed, [v.invariant for v in result.violations]
     return None
@@ -122,6 +126,20 @@ def test_a_follower_accepting_a_deposed_owner_is_caught() -> None:
     seed, invariants = caught
     assert FOREIGN_FRAMES in invariants, (seed, invariants)
     assert ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS).ok, seed
+
+
+def test_counting_the_owners_written_end_is_caught_by_power_failures() -> None:
+    """Frames go to the followers as the owner writes them (spec/replication.md, "Data
+    path"). A high watermark that counts the owner's written end rather than its durable
+    end acknowledges before the owner's fsync; with the in-sync set empty, a power failure
+    of the owner then loses what it acknowledged. The `power` profile (power failures, 5 ms
+    fsyncs) catches it by r1 (seed 10 when written); a process crash alone keeps the page
+    cache and cannot. The same seed passes without the bug."""
+    caught = first_caught("count_written_end", range(1, 201), faults=POWER)
+    assert caught is not None, "count_written_end went unnoticed for 200 seeds"
+    seed, invariants = caught
+    assert REPLICA_LOSS in invariants, (seed, invariants)
+    assert ClusterSimulation(seed, REPLICATED, POWER).run(SECONDS).ok, seed
 
 
 def test_a_third_replica_catches_a_deposed_owner_at_once() -> None:

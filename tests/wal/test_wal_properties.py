@@ -335,5 +335,9 @@ TestWalOnSimulatedDisk = WalOnSimulatedDisk.TestCase
 
 
 def _state(machine: WalMachine) -> dict[str, Any]:
-    """Everything the machine holds, copied, to tell whether a call changed anything."""
-    return copy.deepcopy(vars(machine))
+    """Everything the machine holds, copied, to tell whether a call changed anything (the
+    hot cache, a slotted object without equality, by its slots)."""
+    state = copy.deepcopy(vars(machine))
+    cache = state.pop("_cache")
+    state["_cache"] = {name: getattr(cache, name) for name in type(cache).__slots__}
+    return state

@@ -141,8 +141,8 @@ def add_subscription_commands(actions: Actions) -> None:
     for flag, meaning in (
         (
             "--max-redelivery-count",
-            "deliveries after the first before the poison policy acts (our brokers take 0 "
-            "only, no limit, until dead-letter handling arrives)",
+            "redeliveries a failing message gets before the poison policy acts; 0: no limit "
+            "(our brokers refuse dead_letter with a limit until republishing arrives)",
         ),
         ("--ack-timeout-ms", "redeliver a message not acknowledged within this time"),
         ("--base-redelivery-delay-ms", "wait before the first redelivery"),

@@ -23,6 +23,7 @@ from danube.values.config import (
     config_from_mapping,
     etcd_endpoints,
     grpc_config,
+    memory_budget,
     prometheus_address,
     storage_with,
 )
@@ -98,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the WAL (<dir>/wal) and, standalone, the metadata (default ./danube-data)",
     )
     parser.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="broker.memory_budget: what hot caches, publish buffers and consumer queues may "
+        "take together, e.g. 256MiB or 2G (default half the machine's memory or cgroup limit; "
+        "spec/memory.md)",
+    )
+    parser.add_argument(
         "--keepalive-time-ms",
         type=int,
         help="broker.grpc.keepalive_time_ms: PING a connection with open streams after this "
@@ -150,6 +158,8 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
         overrides["advertised_admin_addr"] = args.advertised_admin_addr
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
+    if args.memory_budget:
+        overrides["memory_budget"] = memory_budget(args.memory_budget, "--memory-budget")
     keepalive = {
         key: value
         for key, value in (

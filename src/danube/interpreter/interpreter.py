@@ -46,6 +46,7 @@ from danube.machines.node.core import (
     EndStream,
     LoadWal,
     PersistMeta,
+    PolicyDropped,
     PublishAcked,
     PublishFailed,
     ReadObject,
@@ -357,6 +358,14 @@ class Interpreter:
                 self._load(effect)
             elif isinstance(effect, REPLICA_EFFECTS):
                 self.replication.carry(effect)
+            elif isinstance(effect, PolicyDropped):
+                host.event(
+                    "policy_dropped",
+                    topic=effect.topic,
+                    subscription=effect.subscription,
+                    offset=effect.offset,
+                    attempts=effect.attempts,
+                )
             elif isinstance(effect, RetentionSkipped):
                 host.event(
                     "retention_skipped",

@@ -141,6 +141,7 @@ _LEVELS: dict[str, int] = {
     "metadata_write_failed": logging.ERROR,
     "wal_drop_failed": logging.ERROR,
     "retention_skipped": logging.WARNING,
+    "policy_dropped": logging.WARNING,
     "object_read_failed": logging.WARNING,
     "upload_failed": logging.WARNING,
     "orphan_delete_failed": logging.WARNING,

@@ -26,8 +26,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from danube.machines.dispatch.types import DropReason
 from danube.machines.node import stats
 from danube.machines.node.core import BrokerCore
+from danube.runtime.poison_metrics import poison_families
 from danube.runtime.replication_metrics import replication_families
 
 LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
@@ -268,7 +270,9 @@ class _Collector(Collector):
         yield from _topic_families(broker, topics)
         yield from _event_families(m)
         yield from _drop_families(broker, m.core)
+        yield from poison_families(broker, m.core)
         yield from _wal_families(broker, m.wal)
+        yield from _memory_families(broker, stats.memory_use(m.core))
         if m.replication is not None:
             yield from replication_families(broker, m.core, m.replication)
         info = _gauge("danube_broker_info", "Version and mode of this broker.", ["version", "mode"])
@@ -477,8 +481,30 @@ def _drop_families(broker: str, core: BrokerCore) -> Iterable[Metric]:
         ["topic", "subscription", "reason"],
     )
     for (topic, sub, reason), count in sorted(core.drop_counts().items()):
+        if reason == DropReason.POISON_POLICY.value:
+            continue  # a reliable message: danube_subscription_poison_dropped_total
         dropped.add_metric([broker, topic, sub, reason], count)
     return (dropped,)
+
+
+def _memory_families(broker: str, use: stats.MemoryUse | None) -> Iterable[Metric]:
+    """The memory budget, each pool's size and use (spec/memory.md)."""
+    if use is None:
+        return ()
+    budget = _gauge("danube_memory_budget_bytes", "The broker's memory budget (--memory-budget).")
+    budget.add_metric([broker], use.budget)
+    size = _gauge("danube_memory_pool_bytes", "Each pool's share of the budget.", ["pool"])
+    used = _gauge("danube_memory_pool_used_bytes", "Accounted bytes each pool holds now.", ["pool"])
+    for pool, limit, held in use.pools:
+        size.add_metric([broker, pool], limit)
+        used.add_metric([broker, pool], held)
+    evicted = _counter(
+        "danube_memory_cache_evicted_bytes_total",
+        "Hot-cache bytes evicted because the cache pool was full (across topics).",
+        [],
+    )
+    evicted.add_metric([broker], use.cache_evicted)
+    return (budget, size, used, evicted)
 
 
 def _wal_families(broker: str, wal: WalMetrics) -> Iterable[Metric]:

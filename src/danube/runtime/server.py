@@ -46,6 +46,7 @@ from danube.runtime.data_plane import (
     ProducerService,
 )
 from danube.runtime.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
+from danube.runtime.memory import broker_pools
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.metrics_http import Endpoints, Health, serve_http
 from danube.runtime.object_store import ObjectStore
@@ -249,6 +250,7 @@ async def serve(
             durability=config.storage.durability,
             clustered=clustered,
             replication=_replication_settings(config, broker_id) if clustered else None,
+            memory=broker_pools(config.memory_budget),
         )
         metrics = BrokerMetrics(core, broker_id, config.mode, per_topic=config.metrics_per_topic)
         objects = None

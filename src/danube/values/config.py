@@ -16,6 +16,7 @@ from danube.values.errors import ConfigError as ConfigError
 from danube.values.errors import DanubeError
 from danube.values.load_manager_config import LoadManagerConfig
 from danube.values.names import validate_namespace
+from danube.values.sizes import parse_size
 from danube.values.wal_config import MIB, Durability, WalConfig
 
 DEFAULT_MAX_MESSAGE_SIZE = 10 * 1024 * 1024
@@ -269,6 +270,10 @@ class BrokerConfig:
     to a topic's owner and replicate to followers there; `broker.advertised_listeners.
     admin_url`, --advertised-admin-addr): behind NAT or a proxy; default the bound one."""
     data_dir: str = "./danube-data"
+    memory_budget: int | None = None
+    """`broker.memory_budget` / --memory-budget, bytes: what the broker's accounted memory
+    (hot caches, publish buffers, consumer queues) may take together (spec/memory.md). None:
+    a share of the machine's memory or the cgroup limit, read at start."""
     bootstrap_namespaces: tuple[str, ...] = ("default",)
     auto_create_topics: bool = True
     policies: Policies = field(default_factory=Policies)
@@ -367,7 +372,15 @@ def _addresses(broker: dict[str, Any], config: BrokerConfig) -> dict[str, Any]:
     """`broker.host` is the client port's host (Danube binds every port there); the admin
     and metrics ports take `broker.admin_host` and `broker.prometheus_host` (ours), else
     `private_host(broker.host)`: never a public interface unless named on their own."""
-    known = {"host", "ports", "advertised_listeners", "admin_host", "prometheus_host", "grpc"}
+    known = {
+        "host",
+        "ports",
+        "advertised_listeners",
+        "admin_host",
+        "prometheus_host",
+        "grpc",
+        "memory_budget",
+    }
     _keys(broker, known, "broker")
     ports = _section(broker, "ports", "broker.")
     _keys(ports, {"client", "admin", "raft", "prometheus"}, "broker.ports")
@@ -632,6 +645,17 @@ def grpc_config(data: dict[str, Any], base: GrpcConfig | None = None) -> GrpcCon
     return dataclasses.replace(base or GrpcConfig(), **values)
 
 
+def memory_budget(value: object, where: str) -> int:
+    """A budget in bytes (`512MiB`, `2G`, `268435456`), at least 16 MiB."""
+    try:
+        size = parse_size(value, where)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if size < 16 * MIB:
+        raise ConfigError(f"{where}: at least 16MiB, got {value!r}")
+    return size
+
+
 def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
     """Builds a config from parsed YAML (Danube's layout: broker.host, broker.ports.client...)."""
     if not isinstance(data, dict):
@@ -644,6 +668,8 @@ def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
     updates = _addresses(broker, config)
     updates["metrics_per_topic"] = _metrics(_section(data, "metrics", ""))
     updates["grpc"] = grpc_config(_section(broker, "grpc", "broker."))
+    if broker.get("memory_budget") is not None:
+        updates["memory_budget"] = memory_budget(broker["memory_budget"], "broker.memory_budget")
     advertised = _section(broker, "advertised_listeners", "broker.")
     if advertised.get("broker_url"):
         updates["advertised_addr"] = str(advertised["broker_url"]).split("://")[-1]

@@ -35,7 +35,9 @@ class WalConfig:
     flush_interval_ms: int = 1000
     """`FLUSH` mode: fsync once written data is this old. Bounds the power-failure loss."""
     cache_bytes: int = 64 * MIB
-    """Hot-tail cache of recent records (record bytes counted); oldest evicted first."""
+    """Upper bound of one topic's hot cache of recent records, in accounted bytes (what the
+    records cost in memory, `danube.machines.memory.accounting`); oldest evicted first. The
+    broker-wide cache pool (spec/memory.md) bounds all topics' caches together."""
     index_interval_bytes: int = 4096
     """Sparse index density: one offset→position entry at least every this many bytes."""
     retention_bytes: int | None = None

@@ -55,6 +55,12 @@ class NonReliableSubscription:
         self.delivered = 0
         self.dropped: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
 
+    @property
+    def queued_bytes(self) -> int:
+        """Message bytes waiting in this subscription's consumer queues (the consumer-queue
+        pool's use, spec/memory.md)."""
+        return sum(consumer.queued_bytes for consumer in self._consumers.values())
+
     # -- membership ---------------------------------------------------------------------------
 
     def add_consumer(

@@ -16,7 +16,9 @@ from typing import Any, Protocol, runtime_checkable
 from danube.machines.dispatch import reliable as rd
 from danube.machines.dispatch.types import ConsumerReady, DropReason, SubscriptionType
 
-DispatchEffect = ConsumerReady | rd.Read | rd.Deliver | rd.PersistCursor
+DispatchEffect = (
+    ConsumerReady | rd.Read | rd.Deliver | rd.PersistCursor | rd.Dropped | rd.DeadLetter
+)
 
 
 @runtime_checkable

@@ -5,8 +5,8 @@ an unacknowledged offset goes out again, and when the cursor is persisted. It ne
 payload: the driver reads records (`Read`), feeds back their offsets and routing keys
 (`records_read`), and sends the records named by `Deliver`. Every input takes the driver's
 monotonic clock in milliseconds (a smaller value than one seen before counts as the latest)
-and returns its effects in this order: one `Deliver` per consumer, at most one `Read`, at most
-one `PersistCursor`.
+and returns its effects in this order: the poison policy's `Dropped` and `DeadLetter`, one
+`Deliver` per consumer, at most one `Read`, at most one `PersistCursor`.
 
 **Window.** Every offset from `cursor + 1` up to what the outstanding `Read` asked for is
 acknowledged, or in the window: being read, read and waiting, in flight, or waiting to be
@@ -32,17 +32,21 @@ offset that is not in flight is ignored.
 again after `FailurePolicy.redelivery_delay_ms` (Danube's defaults and formula: 1 s doubling to
 at most 60 s; a nack's own delay can lengthen that, never shorten it). A message is charged
 only for its own failures: resends caused by a disconnect, a takeover or an Exclusive rewind
-are free, so the poison-message policies of a later issue (`max_redelivery_count`, dead
-letters, which will live in `FailurePolicy`) never blame a message for another's failure. A
-consumer's in-flight messages are redelivered at once when it disconnects or is removed; a
-takeover is `disconnect` then `connect`. Nothing is ever dropped.
+are free, so no message is blamed for another's failure. Past `max_redelivery_count` failures
+a message is exhausted and the poison policy (Drop, Block, DeadLetter; `failure`) decides: a
+dropped message counts as acknowledged (`Dropped`); a blocked one stays until an operator's
+`release` or `skip` or a policy change; a dead-lettered one stays until the driver reports its
+copy stored (`DeadLetter`, then `dead_lettered`). A consumer's in-flight messages are
+redelivered at once when it disconnects or is removed; a takeover is `disconnect` then
+`connect`. Nothing else is ever dropped.
 
 - **Exclusive / Failover**: everything goes to the active consumer (the first connected one;
   when it disconnects the earliest-added connected consumer takes over, as in non-reliable
   dispatch) in offset order. A failure or a disconnect breaks the run: nothing new is sent, and
   once every failed message's redelivery time has come (and an active consumer is connected)
   delivery restarts at the first unacknowledged offset, `cursor + 1`, resending it and every
-  later unacknowledged offset in order, in flight or not (invariant 3).
+  later unacknowledged offset in order, in flight or not (invariant 3), passing over a
+  blocked one (as Danube, which retries the messages already out while one is blocked).
 - **Shared**: round-robin over connected consumers in the order they were added; due
   redeliveries go before new messages.
 - **Key-Shared**: the key's owner among connected consumers whose filters accept it, on the
@@ -63,14 +67,23 @@ everything after it.
 from __future__ import annotations
 
 import bisect
-import enum
 import heapq
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from danube.machines.dispatch.failure import (
+    DEFAULT_POLICY,
+    Backoff,
+    DeadLetter,
+    Dropped,
+    EntryState,
+    FailurePolicy,
+    Poison,
+)
 from danube.machines.dispatch.keyshared import HashRing, KeyFilter, accepts
+from danube.machines.dispatch.poison import PoisonEntry, PoisonHandling
 from danube.machines.dispatch.types import DropReason, SubscriptionType
 
 MAX_UNACKED_MESSAGES_LIMIT = 10_000
@@ -78,42 +91,6 @@ _DAWN = -(1 << 62)
 DISPATCH_BURST_US = 1_000_000
 """A subscription with a dispatch rate may send one second's worth at once."""
 """Earlier than any clock reading: the time of "never" and of a machine no input has reached."""
-
-
-class Backoff(enum.Enum):
-    FIXED = "fixed"
-    EXPONENTIAL = "exponential"
-
-
-@dataclass(frozen=True, slots=True)
-class FailurePolicy:
-    """When a failed message goes out again (Danube's per-subscription policy, defaults
-    included). Messages are never dropped yet; the retry limit and the dead-letter policies
-    join these fields in a later issue."""
-
-    ack_timeout_ms: int = 30_000
-    base_redelivery_delay_ms: int = 1_000
-    max_redelivery_delay_ms: int = 60_000
-    backoff: Backoff = Backoff.EXPONENTIAL
-
-    def __post_init__(self) -> None:
-        if self.ack_timeout_ms < 1:
-            raise ValueError(f"ack_timeout_ms must be at least 1, not {self.ack_timeout_ms}")
-        if self.base_redelivery_delay_ms < 0 or self.max_redelivery_delay_ms < 0:
-            raise ValueError("redelivery delays cannot be negative")
-
-    def redelivery_delay_ms(self, failures: int, requested_ms: int | None) -> int:
-        """Delay after the message's `failures`-th failure (1 for the first): the policy's
-        (`base`, or `base * 2**(failures - 1)`) or the nack's own if longer, capped at
-        `max_redelivery_delay_ms`. A nack cannot make a poison message spin."""
-        delay = self.base_redelivery_delay_ms
-        if self.backoff is Backoff.EXPONENTIAL:
-            # past 2**62 the cap has long won; the bound keeps the integer small
-            delay <<= min(failures - 1, 62)
-        return min(self.max_redelivery_delay_ms, max(delay, requested_ms or 0))
-
-
-DEFAULT_POLICY = FailurePolicy()
 
 
 # -- effects ----------------------------------------------------------------------------------
@@ -144,22 +121,25 @@ class PersistCursor:
     cursor: int
 
 
-Effect = Read | Deliver | PersistCursor
+Effect = Read | Deliver | PersistCursor | Dropped | DeadLetter
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "Backoff",
+    "DeadLetter",
+    "Deliver",
+    "Dropped",
+    "Effect",
+    "EntryState",
+    "FailurePolicy",
+    "PersistCursor",
+    "Poison",
+    "Read",
+    "ReliableSubscription",
+]
 
 
 # -- state ------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Entry:
-    """A read, unacknowledged offset."""
-
-    key: bytes
-    failures: int = 0
-    consumer: int | None = None
-    """The consumer it is in flight to; None while it waits to be (re)sent."""
-    token: int = 0
-    """Names its latest send or failure, so stale deadline and retry timers are ignored."""
 
 
 @dataclass(slots=True)
@@ -173,7 +153,7 @@ class _Consumer:
 _SINGLE_ACTIVE = (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
 
 
-class ReliableSubscription:
+class ReliableSubscription(PoisonHandling):
     """At-least-once dispatch of one subscription; see the module docstring for the rules."""
 
     def __init__(
@@ -207,7 +187,7 @@ class ReliableSubscription:
         self._acked: set[int] = set()
         self._gaps: dict[int, int] = {}
         """Offsets [start, end) that retention deleted before they were read."""
-        self._entries: dict[int, _Entry] = {}
+        self._entries: dict[int, PoisonEntry] = {}
         self._consumers: dict[int, _Consumer] = {}
         self._connected = 0
         self._active: int | None = None
@@ -237,6 +217,15 @@ class ReliableSubscription:
         self.redelivered = 0
         """Sends of an offset that had been sent before (after a nack, an ack timeout or its
         consumer leaving): the operator's measure of how much work is done twice."""
+        self.dropped = 0
+        """Messages skipped by the Drop policy or an operator's `skip`."""
+        self.dead_letters_stored = 0
+        """Messages stored in the dead-letter topic and passed by the cursor."""
+        self._blocked: dict[int, None] = {}
+        """Offsets exhausted under Block, in the order they were blocked."""
+        self._notices: list[Dropped | DeadLetter] = []
+        self._republish_at: list[tuple[int, int, int]] = []
+        """(time, offset, token): dead letters to ask for again after a failed republish."""
         self._now = _DAWN
         self._persisted = self.cursor
         self._persisted_at = _DAWN
@@ -277,6 +266,8 @@ class ReliableSubscription:
             times.append(self._deadlines[0][0])
         if self._retries:
             times.append(self._retries[0][0])
+        if self._republish_at:
+            times.append(self._republish_at[0][0])
         if self._rewind_at is not None and self._active is not None:
             times.append(self._rewind_at)
         if self.cursor > self._persisted:
@@ -399,12 +390,12 @@ class ReliableSubscription:
         self._begin(now_ms)
         entry = self._entries.get(offset)
         if entry is not None and entry.consumer is not None:
-            self._fail(offset, entry, entry.consumer, delay_ms)
+            self._fail(offset, entry, entry.consumer, delay_ms, "nack")
         return self._finish()
 
     def drop_counts(self) -> dict[DropReason, int]:
-        """Nothing is ever dropped."""
-        return {}
+        """Messages skipped by the poison policy Drop (or an operator)."""
+        return {DropReason.POISON_POLICY: self.dropped} if self.dropped else {}
 
     def backlog(self, readable_end: int | None) -> int | None:
         """Offsets stored and not yet acknowledged; None when the WAL cannot say."""
@@ -439,6 +430,7 @@ class ReliableSubscription:
             self._read_batch = max(1, max_unacked_messages // 4)
         if policy is not None:
             self.policy = policy
+            self._reresolve_blocked()
         if dispatch_rate is not None:
             if dispatch_rate < 0:
                 raise ValueError(f"dispatch_rate cannot be negative, not {dispatch_rate}")
@@ -461,7 +453,7 @@ class ReliableSubscription:
             _, offset, token = deadlines.popleft()
             entry = self._entries.get(offset)
             if entry is not None and entry.token == token and entry.consumer is not None:
-                self._fail(offset, entry, entry.consumer, None)
+                self._fail(offset, entry, entry.consumer, None, "ack timeout")
 
     def _retries_due(self) -> None:
         """Shared/Key-Shared: failed messages whose time has come (this input's failures
@@ -476,6 +468,11 @@ class ReliableSubscription:
                 else:
                     due.append(offset)
         self._ready.extendleft(sorted(due, reverse=True))
+        while self._republish_at and self._republish_at[0][0] <= self._now:
+            _, offset, token = heapq.heappop(self._republish_at)
+            entry = self._entries.get(offset)
+            if entry is not None and entry.token == token and entry.held:
+                self._notices.append(self._dead_letter(offset, entry))
 
     def _finish(self, *, force_persist: bool = False) -> list[Effect]:
         """Sends what can be sent, reads what the window has room for, persists the cursor
@@ -489,7 +486,9 @@ class ReliableSubscription:
             self._dispatch_shared(batches)
         else:
             self._dispatch_single(batches)
-        effects: list[Effect] = [Deliver(c, tuple(offsets)) for c, offsets in batches.items()]
+        effects: list[Effect] = list(self._notices)  # they happened before the sends
+        self._notices.clear()
+        effects.extend(Deliver(c, tuple(offsets)) for c, offsets in batches.items())
         read = self._next_read()
         if read is not None:
             effects.append(read)
@@ -525,7 +524,7 @@ class ReliableSubscription:
             self._break_run(self._now)
 
     def _admit(self, offset: int, key: bytes) -> None:
-        self._entries[offset] = _Entry(key)
+        self._entries[offset] = PoisonEntry(key)
         if self.sub_type is not SubscriptionType.KEY_SHARED:
             self._ready.append(offset)
         elif key in self._keys:
@@ -550,11 +549,17 @@ class ReliableSubscription:
             self._deadlines.append(deadline)
         batches.setdefault(consumer_id, []).append(offset)
 
-    def _settle(self, offset: int, entry: _Entry, consumer_id: int) -> None:
+    def _settle(self, offset: int, entry: PoisonEntry, consumer_id: int) -> None:
         """The offset is acknowledged: out of the window, and the cursor moves over the
         acknowledged prefix."""
-        del self._entries[offset]
         self._consumers[consumer_id].in_flight.discard(offset)
+        self._remove(offset, entry)
+
+    def _remove(self, offset: int, entry: PoisonEntry) -> None:
+        """Acknowledged, dropped or dead-lettered: out of the window (the key's next message
+        may go), and the cursor moves over the resolved prefix."""
+        del self._entries[offset]
+        self._blocked.pop(offset, None)
         if self.sub_type is SubscriptionType.KEY_SHARED:
             waiting = self._keys[entry.key]
             waiting.popleft()
@@ -578,11 +583,23 @@ class ReliableSubscription:
             else:
                 return
 
-    def _fail(self, offset: int, entry: _Entry, consumer_id: int, requested_ms: int | None) -> None:
-        """A nack or an ack timeout: the message waits for its redelivery time."""
+    def _fail(
+        self,
+        offset: int,
+        entry: PoisonEntry,
+        consumer_id: int,
+        requested_ms: int | None,
+        reason: str,
+    ) -> None:
+        """A nack or an ack timeout: the message waits for its redelivery time, or is
+        exhausted past the policy's limit."""
         self._consumers[consumer_id].in_flight.discard(offset)
         entry.consumer = None
         entry.failures += 1
+        entry.reason = reason
+        if self.policy.exhausted(entry.failures):
+            self._exhaust(offset, entry)
+            return
         due = self._now + self.policy.redelivery_delay_ms(entry.failures, requested_ms)
         if self.sub_type in _SINGLE_ACTIVE:
             self._break_run(due)
@@ -609,18 +626,30 @@ class ReliableSubscription:
             for offset in consumer.in_flight:
                 self._entries[offset].consumer = None
             consumer.in_flight.clear()
-            self._ready = deque(self._entries)  # offset order: reads arrive in order
-        ready = self._ready
-        while ready and self._may_send():
-            self._send(ready.popleft(), active, batches)
+            # offset order: reads arrive in order
+            self._ready = deque(o for o, e in self._entries.items() if e.held is None)
+        self._send_ready(lambda: active, batches)
 
     def _dispatch_shared(self, batches: dict[int, list[int]]) -> None:
         if not self._connected:
             return
-        ready = self._ready
         ids = list(self._consumers)
-        while ready and self._may_send():
-            self._send(ready.popleft(), self._next_round_robin(ids), batches)
+        self._send_ready(lambda: self._next_round_robin(ids), batches)
+
+    def _send_ready(self, pick: Callable[[], int], batches: dict[int, list[int]]) -> None:
+        """Exclusive, Failover, Shared: sends the ready offsets in order. While a message is
+        blocked, one never sent before waits (in order); redeliveries still go."""
+        ready = self._ready
+        held: list[int] = []
+        while ready:
+            offset = ready[0]
+            if self._blocked and not self._entries[offset].token:
+                held.append(ready.popleft())
+            elif self._may_send():
+                self._send(ready.popleft(), pick(), batches)
+            else:
+                break
+        ready.extendleft(reversed(held))
 
     def _next_round_robin(self, ids: list[int]) -> int:
         """The next connected consumer after the previous pick, in the order consumers were
@@ -640,6 +669,8 @@ class ReliableSubscription:
         keys = list(self._sendable)
         self._sendable.clear()
         for index, key in enumerate(keys):
+            if self._entries[self._keys[key][0]].held is not None:
+                continue  # the key waits for its exhausted head to be resolved
             owner = self._key_owner(key)
             if owner is None:
                 self._unroutable[key] = None
@@ -681,6 +712,8 @@ class ReliableSubscription:
     def _next_read(self) -> Read | None:
         if self._read_pending or not self._connected:
             return None
+        if self._blocked and self.sub_type is not SubscriptionType.KEY_SHARED:
+            return None  # Danube stops polling new messages while one is blocked
         available = self.readable_end - self.read_position
         free = self.max_unacked_messages - len(self._entries)
         if available <= 0 or free < min(self._read_batch, available):

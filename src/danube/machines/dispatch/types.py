@@ -16,11 +16,13 @@ class SubscriptionType(enum.IntEnum):
 
 
 class DropReason(enum.Enum):
-    """Why a non-reliable message did not reach a consumer (each is counted)."""
+    """Why a message did not reach a consumer (each is counted): the first three for
+    non-reliable subscriptions, the last for a reliable message the Drop policy skipped."""
 
     NO_CONSUMER = "no_consumer"
     QUEUE_FULL = "queue_full"
     NO_KEY_MATCH = "no_key_match"
+    POISON_POLICY = "poison_policy"
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ from typing import Any
 
 from danube import keys
 from danube.machines.dispatch import LATEST, QueueLimits, StartPosition, SubscriptionType
+from danube.machines.memory.budget import MemoryPools
+from danube.machines.memory.ledger import CacheLedger
 from danube.machines.node.catalogue import Catalogue, policies_to_json
 from danube.machines.node.consumers import Consumers
 from danube.machines.node.core_replication import ReplicationRoutes
@@ -44,6 +46,7 @@ from danube.machines.node.effects import (
     EndStream,
     LoadWal,
     PersistMeta,
+    PolicyDropped,
     PublishAcked,
     PublishFailed,
     ReadObject,
@@ -101,6 +104,7 @@ __all__ = [
     "EndStream",
     "LoadWal",
     "PersistMeta",
+    "PolicyDropped",
     "ProducerRecord",
     "PublishAcked",
     "PublishFailed",
@@ -148,8 +152,13 @@ class BrokerCore(ReplicationRoutes):
         durability: TopicDurability = _DEFAULT_DURABILITY,
         clustered: bool = False,
         replication: ReplicationSettings | None = None,
+        memory: MemoryPools | None = None,
     ) -> None:
-        """`routing_key_of` extracts a stored record's Key-Shared routing key (its routing
+        """`memory`: the broker's memory budget split into pools (spec/memory.md); its cache
+        pool bounds every topic's hot cache together (`cache_ledger`). None: each topic's
+        cache is bounded by `wal_config.cache_bytes` alone.
+
+        `routing_key_of` extracts a stored record's Key-Shared routing key (its routing
         key, else its producer's name); only the driver knows the record encoding.
 
         `durability` gives each reliable topic its level (spec/durability.md). At the
@@ -165,6 +174,8 @@ class BrokerCore(ReplicationRoutes):
         self.identity = identity
         self._rng = rng
         self.catalogue = Catalogue(identity, default_policies)
+        self.memory = memory
+        self.cache_ledger = CacheLedger(memory.cache) if memory is not None else None
         consumers: dict[int, ConsumerRecord] = {}
         self.logs = ReliableLogs(
             self.catalogue,
@@ -175,6 +186,7 @@ class BrokerCore(ReplicationRoutes):
             routing_key_of=routing_key_of,
             clustered=clustered,
             replication=replication,
+            cache_ledger=self.cache_ledger,
         )
         self.producers = Producers(
             self.catalogue,
@@ -198,7 +210,7 @@ class BrokerCore(ReplicationRoutes):
         self.lifecycle = Lifecycle(self.catalogue, self.producers, self.consumers, self.logs)
         self.tier = ObjectTier(self.catalogue, self.logs, rng)
         self._clustered = clustered
-        self.followers = FollowerReplicas(wal_config)
+        self.followers = FollowerReplicas(wal_config, self.cache_ledger)
         """The topics other brokers own and replicate here."""
 
     # -- the machines' state, for white-box tests and the simulator's views -------------------
@@ -384,6 +396,17 @@ class BrokerCore(ReplicationRoutes):
         """Stored for the subscription, which may not exist yet, and applied at once to a
         live one (Danube only reads it when the subscription loads)."""
         return self.settings.set_failure_policy(topic, subscription, policy, now_ms)
+
+    def blocked(self, topic: str, subscription: str) -> tuple[int, ...]:
+        """Offsets the Block poison policy holds on a live reliable subscription."""
+        return self.settings.blocked(topic, subscription)
+
+    def resolve_blocked(
+        self, topic: str, subscription: str, offset: int, *, release: bool, now_ms: int = 0
+    ) -> Step[bool]:
+        """An operator's decision on a blocked message: `release` sends it again with its
+        attempts reset, else it is skipped (dropped, counted). False: it is not blocked."""
+        return self.settings.resolve_blocked(topic, subscription, offset, release, now_ms)
 
     def dispatch_window(self, topic: str, subscription: str) -> int | None:
         """The subscription's own `max_unacked_messages`; None when it uses the broker's."""
@@ -607,6 +630,14 @@ class BrokerCore(ReplicationRoutes):
         step = self.logs.tick(now_ms)
         again = self.catalogue.overrides_to_write_again(now_ms)
         return Step(None, (*step.effects, *again)) if again else step
+
+    def cached_bytes_held(self) -> int:
+        """Accounted bytes the hot caches of every WAL machine this core holds (its topics'
+        and its replicas') add up to: what `cache_ledger.total` must equal (the simulator
+        checks it, spec/memory.md)."""
+        held = sum(r.log.wal.cached_bytes for r in self._topics.values() if r.log.wal)
+        replicas = self.followers.replicas.values()
+        return held + sum(r.wal.cached_bytes for r in replicas if r.wal is not None)
 
     def metadata_written(self, touched: Iterable[str], failure: str | None, *, now_ms: int) -> None:
         """A `PersistMeta` touching keys `touched` was stored (`failure` None) or failed;

@@ -196,6 +196,19 @@ class TopicStopped:
 
 @fast_init
 @dataclass(frozen=True, slots=True)
+class PolicyDropped:
+    """Effect: the subscription's poison policy (Drop, or an operator's skip of a blocked
+    message) skipped `offset` after `attempts` failed deliveries: it counts as acknowledged
+    for the subscription. Logged; the simulator's checker counts it as settled by policy."""
+
+    topic: str
+    subscription: str
+    offset: int
+    attempts: int
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
 class RetentionSkipped:
     """Effect: retention deleted offsets [`first`, `end`) before the subscription read them:
     they are lost to it (log it; a later issue makes retention wait for tiering)."""
@@ -304,6 +317,7 @@ Effect = (
     | PublishFailed
     | TopicStopped
     | RetentionSkipped
+    | PolicyDropped
     | ReplicaSend
     | ReplicaPropose
     | ReplicaRead

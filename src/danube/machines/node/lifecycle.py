@@ -13,6 +13,7 @@ from danube.machines.node.producers import Producers
 from danube.machines.node.records import TopicRecord
 from danube.machines.node.reliable_log import ReliableLogs
 from danube.machines.tiering import layout as tier_layout
+from danube.machines.wal.machine import release
 from danube.values.errors import invalid, not_found
 from danube.values.names import parse_topic
 
@@ -132,6 +133,7 @@ class Lifecycle:
         self._producers.forget(record)
         effects = self._consumers.forget(record)
         del self._topics[record.name.full]
+        release(record.log.wal)
         if record.reliable:
             effects.append(DropWal(record.name.full, reason, delete_files, objects))
         return effects

@@ -16,10 +16,12 @@ from danube.effects import EpochHistory
 from danube.machines.dispatch import ConsumerReady, SubscriptionType
 from danube.machines.dispatch import reliable as rd
 from danube.machines.dispatch.protocol import DispatchEffect
+from danube.machines.memory.ledger import CacheLedger
 from danube.machines.node import paths
 from danube.machines.node.effects import (
     Effect,
     PersistMeta,
+    PolicyDropped,
     PublishAcked,
     PublishFailed,
     ReadObject,
@@ -93,8 +95,10 @@ class TopicLog:
     handing_over: bool = False
     """Unloading, handed over to its in-sync followers (`OwnerReplicas.hand_over_ready`):
     no more in-sync proposals; the files stay when the topic is removed."""
-    unreplicated: list[bytes] = field(default_factory=list)
-    """Frames written since the WAL's last `Acknowledge`: the next group commit's bytes."""
+    unreplicated: list[tuple[int, bytes]] = field(default_factory=list)
+    """`(end offset, frames)` of the writes since the WAL's last `Acknowledge`: the group
+    commit not durable yet, sent to the followers as it is written (`OwnerReplicas.written`)
+    and again to a machine started meanwhile."""
     sealed_waiting: list[tuple[int, int, int]] = field(default_factory=list)
     """Replicated: sealed segments `(base, next offset, size)` the uploader hears of only once
     the high watermark covers them, so the object index never holds a record an in-sync
@@ -120,7 +124,10 @@ class ReliableLogs:
         routing_key_of: Callable[[bytes], bytes],
         clustered: bool,
         replication: ReplicationSettings | None = None,
+        cache_ledger: CacheLedger | None = None,
     ) -> None:
+        self.cache_ledger = cache_ledger
+        """The broker's hot-cache ledger (spec/memory.md), given to every WAL machine."""
         self._catalogue = catalogue
         self._topics = catalogue.topics_by_name
         self._consumers = consumers
@@ -196,8 +203,14 @@ class ReliableLogs:
         config = dataclasses.replace(
             self._wal_config, durability=mode, synced_writes=self.wal_syncs_every_write(topic)
         )
+        wal.release(state.wal)
         log = state.wal = wal.WalMachine(
-            topic, config, plan, tiered=tiered, start_offset=indexed_next
+            topic,
+            config,
+            plan,
+            tiered=tiered,
+            start_offset=indexed_next,
+            cache_ledger=self.cache_ledger,
         )
         record.advance(TopicEvent.LOADED)
         state.unreplicated.clear()
@@ -235,6 +248,8 @@ class ReliableLogs:
         # Replicated, dispatch waits for the high watermark (a new owner's log may hold
         # records past what was acknowledged, which its followers may lack).
         effects.extend(self.replicas.restart(record, now_ms))
+        if record.phase.stopped:  # the repair rewound below what the followers were sent
+            return Step(None, tuple(effects))
         machine = state.replication
         readable_end = log.readable_offset if machine is None else machine.high_watermark
         for sub in record.subscriptions.values():
@@ -278,6 +293,7 @@ class ReliableLogs:
             policy=old.policy,
         )
         fresh.redelivered = old.redelivered
+        fresh.dropped = old.dropped
         fresh.dispatch_rate = old.dispatch_rate
         sub.dispatcher, sub.records = fresh, {}
         sub.epoch += 1
@@ -295,6 +311,7 @@ class ReliableLogs:
         record = self._topics.get(topic)
         if record is None:
             return Step(None)
+        wal.release(record.log.wal)
         record.log.wal = None
         record.stop_reason = reason
         record.advance(TopicEvent.LOAD_FAILED)
@@ -336,7 +353,7 @@ class ReliableLogs:
             if isinstance(effect, _FILE_EFFECTS):
                 io.append(effect)
                 if type(effect) is wal.Write:  # final classes: the exact type is the test
-                    state.unreplicated.append(effect.data)
+                    out.extend(self.replicas.written(record, effect, now_ms))
                 if isinstance(effect, wal.CloseSegment) and state.uploader is not None:
                     assert record.wal is not None
                     next_offset, size = record.wal.segment_extent(effect.segment_base)
@@ -354,6 +371,7 @@ class ReliableLogs:
                     out.extend(self.make_readable(record, effect.through_offset, now_ms))
             elif isinstance(effect, wal.Failed):
                 state.unreplicated.clear()
+                wal.release(state.wal)
                 state.wal = None
                 record.advance(TopicEvent.WAL_FAILED)
                 topic = record.name.full
@@ -415,7 +433,8 @@ class ReliableLogs:
         """Carries out a subscription's effects: a non-reliable dispatcher's `ConsumerReady`
         goes to the driver as it is; a reliable one's reads served from the WAL cache are fed
         straight back (and may deliver), file reads go to the driver, deliveries queue the
-        records for the consumer's stream, cursor moves are persisted."""
+        records for the consumer's stream, a dropped message's record is let go, cursor moves
+        are persisted."""
         out: list[Effect] = []
         work: deque[DispatchEffect] = deque(effects)
         while work:
@@ -427,6 +446,14 @@ class ReliableLogs:
                 if not box:
                     out.append(ConsumerReady(effect.consumer_id))
                 box.extend(sub.records[offset] for offset in effect.offsets)
+            elif isinstance(effect, rd.Dropped):
+                sub.records.pop(effect.offset, None)  # skipped by policy: never sent again
+                drop = PolicyDropped(record.name.full, sub.name, effect.offset, effect.attempts)
+                out.append(drop)
+            elif isinstance(effect, rd.DeadLetter):
+                # the settings refuse DeadLetter with a limit until the republish flow exists
+                # (issue 24, later part): the message stays in the window meanwhile
+                continue
             elif isinstance(effect, rd.PersistCursor):
                 key = paths.cursor(record.name, sub.name)
                 out.append(PersistMeta(puts=((key, effect.cursor),)))
@@ -505,6 +532,7 @@ class ReliableLogs:
             plan = read.plan
             again = rd.Read(plan.from_offset, max(plan.end_offset - plan.from_offset, 1))
             return Step(None, tuple(self.dispatch(record, sub, [again], now_ms)))
+        wal.release(record.log.wal)
         record.log.wal = None
         record.stop_reason = reason
         record.advance(TopicEvent.READ_FAILED)

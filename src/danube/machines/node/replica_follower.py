@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from danube.effects import EpochHistory
 from danube.machines.cluster.replicas import ReplicaSet
+from danube.machines.memory.ledger import CacheLedger
 from danube.machines.node.effects import (
     AskEpochEnd,
     CutWal,
@@ -78,7 +79,8 @@ class Replica:
 class FollowerReplicas:
     """Every replica this broker holds. Single-threaded, like the core."""
 
-    def __init__(self, wal_config: wal.WalConfig) -> None:
+    def __init__(self, wal_config: wal.WalConfig, cache_ledger: CacheLedger | None = None) -> None:
+        self.cache_ledger = cache_ledger
         self._wal_config = dataclasses.replace(
             wal_config, durability=wal.Durability.FSYNC, synced_writes=True
         )
@@ -108,7 +110,10 @@ class FollowerReplicas:
         replica = self.replicas[topic]
         history = plan.epochs if plan.epochs is not None else replica.history
         replica.history = history
-        log = replica.wal = wal.WalMachine(topic, self._wal_config, plan)
+        wal.release(replica.wal)
+        log = replica.wal = wal.WalMachine(
+            topic, self._wal_config, plan, cache_ledger=self.cache_ledger
+        )
         if replica.machine is None:
             replica.machine = FollowerLog.recovered(
                 topic,
@@ -165,8 +170,10 @@ class FollowerReplicas:
     def release(self, topic: str, *, delete_files: bool) -> Step[None]:
         """This broker stops following `topic`: promoted here (the files stay for the owner's
         load) or no longer a follower (they go)."""
-        if self.replicas.pop(topic, None) is None:
+        replica = self.replicas.pop(topic, None)
+        if replica is None:
             return Step(None)
+        wal.release(replica.wal)
         return Step(None, (DropWal(topic, "no longer a replica here", delete_files),))
 
     def durable_end(self, topic: str) -> int | None:
@@ -191,6 +198,7 @@ class FollowerReplicas:
                 out.extend(self._append(replica, effect, now_ms))
             elif isinstance(effect, rm.TruncateTo):
                 # The log is cut and recovered; the rest waits for that (`wal_loaded`).
+                wal.release(replica.wal)
                 replica.wal = None
                 out.append(CutWal(replica.topic, effect.end))
             elif isinstance(effect, rm.RecordEpoch):
@@ -246,6 +254,7 @@ class FollowerReplicas:
                 out.extend(self._carry(replica, answers, now_ms))
             elif isinstance(effect, wal.Failed):
                 # The disk failed under the replica: stop it (the owner shrinks it away).
+                wal.release(replica.wal)
                 replica.wal = None
                 replica.stopped = effect.reason
         if io:

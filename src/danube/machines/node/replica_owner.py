@@ -3,14 +3,24 @@ each replicated topic's `OwnerReplication` machine, fed from the topic's WAL eff
 effects turned into the core's.
 
 A reliable topic at `fsync` or `flush` whose replicas value names followers replicates: every
-group commit's frames, once durable locally, go to the followers (`ReplicaSend`), and
+group commit's frames go to the followers as the WAL writes them (`ReplicaSend` next to the
+`Write`, so the followers' fsyncs run alongside the owner's), and
 `Acknowledge` (publishes) and `Readable` (dispatch) follow the machine's high watermark
 instead of the WAL's own. Without followers, or at `object` durability (acknowledged once
 indexed in the object store, no peers needed), the topic behaves as before.
 
-The frames come from the WAL machine's `Write` effects: at most one write cycle is in flight
+The frames come from the WAL machine's `Write` effects, unchanged: at most one write cycle is
+in flight, a `Write` is the newest of its segment (so `segment_extent` gives its end offset)
 and each `Acknowledge` covers exactly the writes made since the previous one, so the writes
-seen since the last `Acknowledge` are that group commit's frames, unchanged.
+seen since the last `Acknowledge` are the group commit not durable yet (`unreplicated`).
+
+**A repair that rewinds.** A WAL failure cuts the log to what is durable, but followers may
+already hold the frames cut (they were sent as written): the same epoch would then name two
+different records at one offset. So a repaired log that ends below what was sent stops the
+topic here (`restart`), like a deposed owner; its next claim is a new epoch, whose
+reconciliation cuts the followers by epoch (KIP-101), and a follower promoted meanwhile keeps
+them (never acknowledged, as in Kafka). Kafka takes a replica offline on a log directory
+failure the same way.
 
 **Registration.** Before anything is acknowledged under its epoch, the owner records in the
 replica set that it replicates under that epoch (`epochs`; one proposal of the recorded
@@ -202,6 +212,13 @@ class OwnerReplicas:
             if (config is not None)
             else []
         )
+        if (
+            old is not None
+            and log is not None
+            and old.epoch == state.epoch
+            and old.written_end > log.next_offset
+        ):
+            return self._rewound(record, old.written_end, log.next_offset)
         if config is None or log is None or state.object_ack:
             state.replication = None
             if old is not None and log is not None:
@@ -226,6 +243,7 @@ class OwnerReplicas:
             now_ms=now_ms,
         )
         effects = machine.start(now_ms)
+        effects += self._push(record, now_ms)  # a write under way: its frames go out too
         effects += machine.replicas_seen(config.in_sync, config.version, config.epoch)
         return self._translate(record, effects, now_ms) + self._register(record, now_ms)
 
@@ -239,14 +257,39 @@ class OwnerReplicas:
 
     # -- inputs -------------------------------------------------------------------------------
 
+    def written(self, record: TopicRecord, write: wal.Write, now_ms: int) -> list[Effect]:
+        """The WAL is writing `write` (the effect was just emitted): its frames go to the
+        followers now, in parallel with the owner's write and fsync."""
+        state, log = record.log, record.wal
+        if log is None:
+            return []
+        end, _ = log.segment_extent(write.segment_base)
+        state.unreplicated.append((end, write.data))
+        return self._push(record, now_ms)
+
+    def _push(self, record: TopicRecord, now_ms: int) -> list[Effect]:
+        """Reports to the machine the writes it has not seen (all of them when it was
+        started while they were under way): contiguous from its written end."""
+        state = record.log
+        machine = state.replication
+        if machine is None:
+            return []
+        pending = [(end, data) for end, data in state.unreplicated if end > machine.written_end]
+        if not pending:
+            return []
+        frames = b"".join(data for _, data in pending)
+        return self._translate(record, machine.written(pending[-1][0], frames, now_ms), now_ms)
+
     def durable(self, record: TopicRecord, through: int, now_ms: int) -> list[Effect]:
-        """The WAL acknowledged offsets ≤ `through` locally: the group commit goes out."""
+        """The WAL acknowledged offsets ≤ `through` locally: they count for the high
+        watermark (the followers were sent them as they were written)."""
         state = record.log
         machine = state.replication
         assert machine is not None
-        frames = b"".join(state.unreplicated)
-        state.unreplicated.clear()
-        return self._translate(record, machine.durable(through + 1, frames, now_ms), now_ms)
+        effects = self._push(record, now_ms)
+        state.unreplicated = [(e, d) for e, d in state.unreplicated if e > through + 1]
+        effects.extend(self._translate(record, machine.durable(through + 1, b"", now_ms), now_ms))
+        return effects
 
     def answered(self, record: TopicRecord, follower: str, answer: rm.FollowerAnswer,
                  now_ms: int) -> list[Effect]:  # fmt: skip
@@ -360,6 +403,20 @@ class OwnerReplicas:
             gone = machine.resend_unavailable(effect.follower, plan.first_offset, now_ms)
             return self._translate(record, gone, now_ms)
         return []  # nothing durable past `from_offset`: the machine asks only below it
+
+    def _rewound(self, record: TopicRecord, sent: int, end: int) -> list[Effect]:
+        """A repair cut the log to `end` below `sent`, what the followers may hold under
+        this epoch: the topic stops here (module docstring, "A repair that rewinds")."""
+        topic = record.name.full
+        record.log.replication = None
+        if record.phase.stopped:
+            return []
+        record.stop_reason = reason = (
+            f"{topic}: the write-ahead log was repaired to offset {end} after offsets up to "
+            f"{sent} went to the followers; serving again needs a new epoch"
+        )
+        record.advance(TopicEvent.DEPOSED)
+        return [TopicStopped(topic, reason)]
 
     def deposed(self, record: TopicRecord, epoch: int) -> list[Effect]:
         """A higher epoch than this owner's exists: the topic stops here, acknowledging

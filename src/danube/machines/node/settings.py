@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from danube.machines.dispatch.reliable import Backoff, FailurePolicy
+from danube.machines.dispatch.failure import Backoff, FailurePolicy, Poison
 from danube.values.config import MAX_UNACKED_MESSAGES_LIMIT, Policies
 from danube.values.errors import DanubeError, ErrorCode, invalid, quoted
 from danube.values.names import parse_topic
@@ -72,16 +72,23 @@ class PoisonPolicy(enum.IntEnum):
     DROP = 2
 
 
+_POISON = {
+    PoisonPolicy.DEAD_LETTER: Poison.DEAD_LETTER,
+    PoisonPolicy.BLOCK: Poison.BLOCK,
+    PoisonPolicy.DROP: Poison.DROP,
+}
+
 BACKOFF_WIRE = (Backoff.FIXED, Backoff.EXPONENTIAL)
 """Danube's BackoffStrategy enum values, by position."""
 
 
 @dataclass(frozen=True, slots=True)
 class SubscriptionFailureSettings:
-    """Danube's SubscriptionFailurePolicy. Retry limits and what happens to a message past
-    them (dead letters, blocking, dropping) belong to the dead-letter work still to come, so
-    `max_redelivery_count` must be 0 (no limit) until then: a limit accepted and not
-    enforced would tell the operator something untrue."""
+    """Danube's SubscriptionFailurePolicy. `max_redelivery_count` 0 means no limit (not
+    Danube's "no redelivery"; see spec/dispatch.md); a limit is enforced by the dispatch
+    machine with the Drop or Block poison policy. DeadLetter with a limit is refused until
+    the broker can republish to the dead-letter topic: a policy accepted and not carried
+    out would tell the operator something untrue."""
 
     max_redelivery_count: int = 0
     ack_timeout_ms: int = 30_000
@@ -103,12 +110,18 @@ class SubscriptionFailureSettings:
             raise invalid("the DeadLetter poison policy needs a dead_letter_topic")
         if self.dead_letter_topic:
             parse_topic(self.dead_letter_topic)
-        if self.max_redelivery_count:
+        if not 0 <= self.max_redelivery_count <= U32_MAX:
+            raise invalid(
+                f"max_redelivery_count must be 0 (no limit) to {U32_MAX}, "
+                f"not {self.max_redelivery_count}"
+            )
+        if self.max_redelivery_count and self.poison_policy is PoisonPolicy.DEAD_LETTER:
             raise DanubeError(
                 ErrorCode.UNIMPLEMENTED,
-                "redelivery limits (max_redelivery_count > 0) and poison policies are not "
-                "offered yet; set max_redelivery_count 0: failed messages are redelivered "
-                "with the policy's delays until acknowledged",
+                "the dead_letter poison policy is not offered yet (republishing to the "
+                "dead-letter topic is still to come); use block (the subscription, or the "
+                "key on Key-Shared, waits for an operator) or drop (the message is skipped "
+                "and counted), or max_redelivery_count 0 (no limit)",
             )
 
     @property
@@ -118,6 +131,9 @@ class SubscriptionFailureSettings:
             base_redelivery_delay_ms=self.base_redelivery_delay_ms,
             max_redelivery_delay_ms=self.max_redelivery_delay_ms,
             backoff=self.backoff,
+            max_redelivery_count=self.max_redelivery_count,
+            poison=_POISON[self.poison_policy],
+            dead_letter_topic=self.dead_letter_topic,
         )
 
     def to_json(self) -> dict[str, Any]:

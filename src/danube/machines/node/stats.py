@@ -81,3 +81,37 @@ def consumer_target(core: BrokerCore, consumer_id: int) -> tuple[str, str] | Non
     if consumer is None:
         return None
     return consumer.topic.full, consumer.subscription
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryUse:
+    """The broker's memory budget, its pools and what each holds now (spec/memory.md)."""
+
+    budget: int
+    pools: tuple[tuple[str, int, int], ...]
+    """(pool, size, bytes in use): `cache` (hot caches, accounted), `publish` (frames
+    appended and not yet written), `consumer` (non-reliable consumer queues)."""
+    cache_evicted: int
+    """Accounted bytes the cache pool evicted (across topics) since the broker started."""
+
+
+def memory_use(core: BrokerCore) -> MemoryUse | None:
+    """None when the core has no budget (tests, a core built without one)."""
+    pools, ledger = core.memory, core.cache_ledger
+    if pools is None or ledger is None:
+        return None
+    publish = consumer = 0
+    for record in core.topic_records():
+        if record.log.wal is not None:
+            publish += record.log.wal.queued_bytes
+        for sub in record.subscriptions.values():
+            consumer += getattr(sub.dispatcher, "queued_bytes", 0)
+    return MemoryUse(
+        pools.budget,
+        (
+            ("cache", pools.cache, ledger.total),
+            ("publish", pools.publish, publish),
+            ("consumer", pools.consumer, consumer),
+        ),
+        ledger.evicted_bytes,
+    )

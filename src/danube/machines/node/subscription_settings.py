@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from danube.machines.dispatch import SubscriptionType
+from danube.machines.dispatch import reliable as rd
 from danube.machines.node import paths
 from danube.machines.node import settings as settings_rules
 from danube.machines.node.catalogue import Catalogue
@@ -41,6 +42,26 @@ class SubscriptionSettingsAdmin:
         record.settings.setdefault(subscription, SubscriptionSettings()).failure = policy
         stored = (paths.failure_policy(record.name, subscription), policy.to_json())
         return self._configure(record, subscription, stored, now_ms, policy=policy.dispatch_policy)
+
+    def blocked(self, topic: str, subscription: str) -> tuple[int, ...]:
+        sub = self._catalogue.topic(topic).subscriptions.get(subscription)
+        if sub is None or not isinstance(sub.dispatcher, rd.ReliableSubscription):
+            return ()
+        return sub.dispatcher.blocked
+
+    def resolve_blocked(
+        self, topic: str, subscription: str, offset: int, release: bool, now_ms: int
+    ) -> Step[bool]:
+        """Release or skip a blocked message of a live subscription (Danube has no such
+        operation: only a policy change and a reload unblock it there). Not persisted: a
+        restart forgets attempts, so the message is delivered afresh anyway."""
+        record = self._catalogue.reliable_topic(topic, "releasing a blocked message")
+        sub = record.subscriptions.get(subscription)
+        if sub is None or offset not in self.blocked(topic, subscription):
+            return Step(False)
+        dispatcher = sub.reliable
+        found = (dispatcher.release if release else dispatcher.skip)(offset, now_ms)
+        return Step(True, tuple(self._logs.dispatch(record, sub, found, now_ms)))
 
     def dispatch_window(self, topic: str, subscription: str) -> int | None:
         """The subscription's own `max_unacked_messages`; None when it uses the broker's."""

@@ -3,7 +3,9 @@
 answers, broken streams, ticks and the replicas value it reads from etcd; the machine returns
 `Send`s, in-sync proposals and `AcknowledgeUpTo` / `ReadableUpTo` up to the high watermark.
 
-The high watermark is the minimum of the owner's durable end and the acknowledged end of every
+Frames go out when the owner's WAL writes them (`written`), before its fsync, so owner and
+followers fsync at the same time; the owner's own copy counts once `durable` says so. The
+high watermark is the minimum of the owner's durable end and the acknowledged end of every
 follower in the in-sync set *as recorded in etcd* (`replicas_seen`) or in the outstanding
 proposal, never less than before. Because a shrink only counts once it is seen committed and an
 expand counts from the moment it is proposed, nothing is acknowledged with less redundancy
@@ -14,7 +16,8 @@ membership of the recorded in-sync set:
 
 | state | input | next | effects |
 |---|---|---|---|
-| STREAMING | `durable`, < `max_in_flight` unacked | STREAMING | `Send(Replicate)`, pipelined |
+| STREAMING | `written`, < `max_in_flight` unacked | STREAMING | `Send(Replicate)`, pipelined |
+| any | `durable` | same | high watermark (never past the owner's durable end) |
 | STREAMING | `replicated(end)` | STREAMING | high watermark, maybe `ProposeInSync` (expand), |
 |  |  |  | and `Send`s it was held back from by `max_in_flight` |
 | any | `mismatch(end)`, from in window | STREAMING | `Send` from `end` to durable end |
@@ -126,6 +129,9 @@ class OwnerReplication:
         self.topic = topic
         self.epoch = epoch
         self.durable_end = durable_end
+        self.written_end = durable_end
+        """The end of the frames sent (written or being written locally): ahead of
+        `durable_end` by at most the group commit whose fsync is under way."""
         self.high_watermark = min(high_watermark, durable_end)
         self.links = {f: Link(sent_end=durable_end, last_heard_ms=now_ms) for f in followers}
         self.in_sync = frozenset(in_sync)
@@ -151,18 +157,40 @@ class OwnerReplication:
         """Probe every follower: tells them the epoch (they reconcile) and asks for their end."""
         if self.deposed:
             return []
-        return [self._send(f, self.durable_end, b"", 0, now_ms) for f in self.links]
+        return [self._send(f, self.written_end, b"", 0, now_ms) for f in self.links]
 
-    def durable(self, end: int, frames: bytes, now_ms: int) -> list[OwnerEffect]:
-        """A local group commit made offsets < `end` durable; `frames` are its bytes."""
-        if self.deposed or end <= self.durable_end:
+    def written(self, end: int, frames: bytes, now_ms: int) -> list[OwnerEffect]:
+        """The WAL is writing a group commit: `frames`, offsets [`written_end`, `end`).
+        They go to the followers now, so the followers' appends and fsyncs run alongside
+        the owner's own fsync instead of after it. Nothing counts for the high watermark
+        until `durable` says the owner has them on disk too: a follower may hold frames the
+        owner loses in a crash before its fsync, which were never acknowledged (a promoted
+        follower keeps them, as in Kafka; one that follows the restarted owner cuts them by
+        epoch at reconciliation)."""
+        if self.deposed or end <= self.written_end:
             return []
-        prev_end, self.durable_end = self.durable_end, end
+        prev_end, self.written_end = self.written_end, end
         self._remember(_Commit(prev_end, end, frames))
         out: list[OwnerEffect] = []
         for name, link in self.links.items():
             if self._may_send(link) and link.sent_end == prev_end:
                 out.append(self._send(name, prev_end, frames, end - prev_end, now_ms))
+        return out
+
+    def durable(self, end: int, frames: bytes, now_ms: int) -> list[OwnerEffect]:
+        """A local group commit made offsets < `end` durable. `frames`, when not empty,
+        are its bytes not yet reported by `written` (a driver that sends after the fsync)."""
+        out: list[OwnerEffect] = []
+        if end > self.written_end:
+            out.extend(self.written(end, frames, now_ms))
+        if self.deposed or end <= self.durable_end:
+            return out
+        prev_end, self.durable_end = self.durable_end, end
+        for name, link in self.links.items():
+            # A link stalled because what it needs left the window before it was durable
+            # (`_send_window_from` reads only durable frames) goes on now.
+            if link.sent_end < self.written_end and self._may_send(link):
+                out.extend(self._send_window_from(name, link.sent_end, now_ms))
         if self._too_few_in_sync():
             out.append(NotEnoughInSync(self.topic, max(prev_end, self.high_watermark), end))
         out.extend(self._advance())
@@ -175,13 +203,13 @@ class OwnerReplication:
         if msg.epoch > self.epoch:
             return self._depose(msg.epoch)
         link.last_heard_ms = now_ms
-        end = min(msg.end, link.sent_end, self.durable_end)
+        end = min(msg.end, link.sent_end)  # may pass `durable_end`: `_target` caps it
         if end > link.acked_end:
             link.acked_end = end
         while link.sends and link.sends[0][0] <= link.acked_end:
             link.sends.popleft()
         out: list[OwnerEffect] = []
-        if self._may_send(link) and link.sent_end < self.durable_end:
+        if self._may_send(link) and link.sent_end < self.written_end:
             out.extend(self._send_window_from(follower, link.sent_end, now_ms))
         return out + self._maybe_expand() + self._advance()
 
@@ -202,7 +230,7 @@ class OwnerReplication:
         # A follower never durably loses what it acknowledged (its WAL fsyncs first); if it
         # did (a lost disk), believing the lower end is the safe side.
         link.acked_end = min(link.acked_end, msg.end)
-        return self._resend(follower, min(msg.end, self.durable_end), now_ms)
+        return self._resend(follower, min(msg.end, self.written_end), now_ms)
 
     def stale_epoch(self, follower: str, msg: StaleEpoch) -> list[OwnerEffect]:
         if self.deposed or msg.epoch <= self.epoch:
@@ -249,7 +277,7 @@ class OwnerReplication:
         link.state = LinkState.STREAMING
         link.resend_from = None
         link.sends.clear()
-        return [self._send(follower, self.durable_end, b"", 0, now_ms)]
+        return [self._send(follower, self.written_end, b"", 0, now_ms)]
 
     def tick(self, now_ms: int) -> list[OwnerEffect]:
         """Shrink the in-sync set by every member whose oldest unacknowledged send is older
@@ -315,7 +343,9 @@ class OwnerReplication:
         return 1 + len(self.in_sync) < self.min_in_sync
 
     def _target(self) -> int:
-        """The high watermark the recorded in-sync set allows now."""
+        """The high watermark the recorded in-sync set allows now: never beyond the owner's
+        own durable end, whatever the followers acknowledged (frames are sent as they are
+        written, so followers may have them on disk before the owner does)."""
         if self._too_few_in_sync():
             return self.high_watermark
         end = self.durable_end
@@ -375,11 +405,15 @@ class OwnerReplication:
         link.resend_from = from_offset
         link.sent_end = from_offset
         link.state = LinkState.STREAMING
-        if from_offset >= self.durable_end or not self._may_send(link):
+        if from_offset >= self.written_end or not self._may_send(link):
             # Nothing to send now (or held back by `max_in_flight`): a probe makes the
             # follower say what it holds durably, in case its last answers were lost.
             return [self._send(follower, from_offset, b"", 0, now_ms)]
         if not any(c.prev_end == from_offset for c in self._window):
+            if from_offset >= self.durable_end:
+                # Not on disk yet, so not readable from the WAL; the window always keeps
+                # the newest commit, so this is a follower ending inside one: a probe.
+                return [self._send(follower, from_offset, b"", 0, now_ms)]
             link.state = LinkState.READING
             return [ReadForResend(follower, from_offset)]
         return self._send_window_from(follower, from_offset, now_ms)
@@ -395,7 +429,8 @@ class OwnerReplication:
                 count = commit.end - commit.prev_end
                 out.append(self._send(follower, commit.prev_end, commit.frames, count, now_ms))
         if link.sent_end < self.durable_end and self._may_send(link):
-            # The window moved on meanwhile (or never had it): read the gap from the WAL.
+            # The window moved on meanwhile (or never had it): read the gap from the WAL
+            # (only durable frames are read there; the newest commit is always in the window).
             link.state = LinkState.READING
             out.append(ReadForResend(follower, link.sent_end))
         return out

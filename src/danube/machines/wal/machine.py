@@ -28,16 +28,17 @@ Decisions a driver relies on (each explained in spec/durability.md):
 
 from __future__ import annotations
 
-import itertools
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from danube.kernels import scan_frames
+from danube.machines.memory.accounting import list_batch_cost, packed_batch_cost
 from danube.machines.wal import format
 from danube.machines.wal.batches import PackedRecords
+from danube.machines.wal.cache import HotCache
 from danube.machines.wal.file_reads import FileRead as FileRead
 from danube.machines.wal.file_reads import decode_file_read as decode_file_read
 from danube.machines.wal.file_reads import frames_of_file_read as frames_of_file_read
@@ -47,6 +48,7 @@ from danube.values.wal_config import MIB as MIB
 from danube.values.wal_config import Durability, WalConfig
 
 if TYPE_CHECKING:
+    from danube.machines.memory.ledger import CacheLedger
     from danube.machines.wal.recovery import RecoveryPlan
 
 _FSYNC = Durability.FSYNC
@@ -233,16 +235,12 @@ class _InFlightFsync:
     end_offset: int
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class _CachedBatch:
-    first_offset: int
-    records: Sequence[bytes]
-    size: int
-
-
-def _first_offset(batch: _CachedBatch) -> int:
-    return batch.first_offset
+def release(machine: WalMachine | None) -> None:
+    """`machine.release_cache()` for a machine about to be dropped (or None): call it at
+    every place that forgets a machine, or the broker's cache ledger counts a cache nobody
+    holds (the simulator checks it: spec/memory.md)."""
+    if machine is not None:
+        machine.release_cache()
 
 
 class WalMachine:
@@ -257,10 +255,13 @@ class WalMachine:
         *,
         tiered: bool = False,
         start_offset: int = 0,
+        cache_ledger: CacheLedger | None = None,
     ) -> None:
         """`tiered`: local retention may delete only segments `allow_delete` released (their
         objects are indexed). `start_offset`: where offsets continue when the local segments
-        end earlier (a broker on an empty disk whose history is in object storage)."""
+        end earlier (a broker on an empty disk whose history is in object storage).
+        `cache_ledger`: the broker's, whose pool bounds every topic's cache together; call
+        `release_cache` when dropping a machine so that it stops counting this one."""
         self.topic = topic
         self.config = config
         self._segments: list[_Segment] = []
@@ -295,10 +296,7 @@ class WalMachine:
         self._fsync: _InFlightFsync | None = None
         self._next_io_id = 1
         self._unsynced_since_ms: int | None = None
-        self._cache: list[_CachedBatch] = []
-        self._cache_head = 0
-        """Batches before this index are evicted (compacted away in bulk)."""
-        self._cache_bytes = 0
+        self._cache = HotCache(config.cache_bytes, topic, cache_ledger)
         self._failure: str | None = None
 
     # -- properties -------------------------------------------------------------------------------
@@ -331,7 +329,12 @@ class WalMachine:
 
     @property
     def cached_bytes(self) -> int:
-        return self._cache_bytes
+        return self._cache.bytes
+
+    def release_cache(self) -> None:
+        """Empties the hot cache and takes it off the broker's ledger (the machine is being
+        dropped); reads go to the files from here on."""
+        self._cache.release()
 
     @property
     def failure(self) -> str | None:
@@ -364,7 +367,8 @@ class WalMachine:
         except ValueError as exc:
             raise DanubeError(ErrorCode.INVALID_ARGUMENT, f"{self.topic}: {exc}") from exc
         records = list(records)
-        self._queue(first, frame, records, sum(len(r) for r in records))
+        cost = list_batch_cost(sum(len(r) for r in records), len(records))
+        self._queue(first, frame, records, cost)
         return first, self._pump(now_ms)
 
     def append_packed(self, packed: PackedRecords, now_ms: int) -> tuple[int, list[Effect]]:
@@ -378,7 +382,8 @@ class WalMachine:
                 f"{self.topic}: a frame stamped at {packed.first_offset} cannot be appended at "
                 f"{self._next_offset}"
             )
-        self._queue(packed.first_offset, packed.frame, packed, packed.record_bytes)
+        cost = packed_batch_cost(packed.record_bytes, packed.count)
+        self._queue(packed.first_offset, packed.frame, packed, cost)
         return packed.first_offset, self._pump(now_ms)
 
     def append_frames(self, frames: bytes, now_ms: int) -> tuple[int, list[Effect]]:
@@ -403,14 +408,15 @@ class WalMachine:
             frame = bytes(view[position:end])
             decoded = format.decode_frame(frame, 0)
             records = decoded.records
-            self._queue(decoded.base_offset, frame, records, sum(len(r) for r in records))
+            cost = list_batch_cost(sum(len(r) for r in records), len(records))
+            self._queue(decoded.base_offset, frame, records, cost)
         return self._next_offset, self._pump(now_ms)
 
     def _queue(self, first: int, frame: bytes, records: Sequence[bytes], size: int) -> None:
         self._next_offset += len(records)
         self._pending.append(_Pending(first, len(records), frame))
         self._pending_bytes += len(frame)
-        self._cache_put(first, records, size)
+        self._cache.put(first, records, size)
 
     def io_done(self, effect: Effect, error: str | None, now_ms: int) -> list[Effect]:
         """A file effect finished (`error` None) or failed: `write_done` / `write_failed`
@@ -582,10 +588,8 @@ class WalMachine:
         limit = min(self._readable, from_offset + max_records)
         if from_offset >= limit:
             return CachedRecords(from_offset, ())
-        if self._cache_head < len(self._cache) and (
-            self._cache[self._cache_head].first_offset <= from_offset
-        ):
-            return self._read_cache(from_offset, limit, max_bytes)
+        if self._cache.holds(from_offset):
+            return CachedRecords(from_offset, self._cache.read(from_offset, limit, max_bytes))
         return self._plan_file_read(from_offset, limit, max_bytes)
 
     def plan_frames(self, from_offset: int, max_bytes: int) -> FileRead | NotRetained | None:
@@ -598,23 +602,6 @@ class WalMachine:
         if from_offset >= self._readable:
             return None
         return self._plan_file_read(from_offset, self._readable, max_bytes)
-
-    def _read_cache(self, from_offset: int, limit: int, max_bytes: int) -> CachedRecords:
-        cache = self._cache
-        index = bisect_right(cache, from_offset, self._cache_head, key=_first_offset) - 1
-        records: list[bytes] = []
-        size = 0
-        offset = from_offset
-        for batch in itertools.islice(cache, index, None):
-            batch_records = batch.records
-            for position in range(offset - batch.first_offset, len(batch_records)):
-                record = batch_records[position]
-                if offset >= limit or (records and size + len(record) > max_bytes):
-                    return CachedRecords(from_offset, tuple(records))
-                records.append(record)
-                size += len(record)
-                offset += 1
-        return CachedRecords(from_offset, tuple(records))
 
     def _plan_file_read(self, from_offset: int, limit: int, max_bytes: int) -> FileRead:
         segment = self._segments[
@@ -754,22 +741,7 @@ class WalMachine:
             return []
         raise ValueError(f"{self.topic}: completion for unknown {what}")
 
-    # -- cache and retention ----------------------------------------------------------------------
-
-    def _cache_put(self, first: int, records: Sequence[bytes], size: int) -> None:
-        self._cache.append(_CachedBatch(first, records, size))
-        self._cache_bytes += size
-        self._cache_evict(lambda batch: self._cache_bytes > self.config.cache_bytes)
-
-    def _cache_evict(self, while_: Callable[[_CachedBatch], bool]) -> None:
-        """Drops the oldest batches while `while_(oldest)` holds."""
-        cache = self._cache
-        while self._cache_head < len(cache) and while_(cache[self._cache_head]):
-            self._cache_bytes -= cache[self._cache_head].size
-            self._cache_head += 1
-        if self._cache_head > len(cache) // 2:
-            del cache[: self._cache_head]
-            self._cache_head = 0
+    # -- retention --------------------------------------------------------------------------------
 
     def _retain(self, now_ms: int) -> list[Effect]:
         """Deletes the oldest closed segments beyond the limits; never the newest segment,
@@ -784,6 +756,5 @@ class WalMachine:
             self._segment_bytes -= oldest.size
             effects.append(DeleteSegment(oldest.base))
         if effects:
-            first = self.first_offset
-            self._cache_evict(lambda batch: batch.first_offset < first)
+            self._cache.evict_below(self.first_offset)
         return effects

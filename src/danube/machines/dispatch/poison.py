@@ -1,0 +1,170 @@
+"""The poison-message part of `ReliableSubscription` (see `failure` for the rules): the
+per-message state a limit needs, what exhaustion does under each policy, and the inputs that
+resolve an exhausted message (an operator's `release` and `skip`, the driver's report of a
+dead letter stored or failed). A mixin, not a machine of its own: it works on the
+subscription's window, and lives apart only to keep each module one job and readable."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from danube.machines.dispatch.failure import DeadLetter, Dropped, EntryState, FailurePolicy, Poison
+from danube.machines.dispatch.types import SubscriptionType
+
+if TYPE_CHECKING:
+    from collections import deque
+
+
+@dataclass(slots=True)
+class PoisonEntry:
+    """A read, unacknowledged offset of a reliable subscription."""
+
+    key: bytes
+    failures: int = 0
+    consumer: int | None = None
+    """The consumer it is in flight to; None while it waits to be (re)sent."""
+    token: int = 0
+    """Names its latest send or failure, so stale deadline and retry timers are ignored."""
+    held: EntryState | None = None
+    """BLOCKED or DEAD_LETTERING once exhausted: it is sent to nobody until resolved."""
+    reason: str = ""
+    """Its latest failure: "nack" or "ack timeout"."""
+    republish_failures: int = 0
+
+
+class PoisonHandling:
+    """Methods of `ReliableSubscription` about exhausted messages; the attributes below are
+    the subscription's."""
+
+    sub_type: SubscriptionType
+    policy: FailurePolicy
+    dropped: int
+    dead_letters_stored: int
+    _entries: dict[int, PoisonEntry]
+    _blocked: dict[int, None]
+    _notices: list[Dropped | DeadLetter]
+    _republish_at: list[tuple[int, int, int]]
+    _sendable: dict[bytes, None]
+    _ready: deque[int]
+    _tokens: int
+    _now: int
+
+    # supplied by ReliableSubscription
+    def _begin(self, now_ms: int) -> None: ...
+    def _finish(self, *, force_persist: bool = False) -> list[Any]: ...
+    def _remove(self, offset: int, entry: PoisonEntry) -> None: ...
+    def _break_run(self, restart_at: int) -> None: ...
+
+    def entry_state(self, offset: int) -> EntryState | None:
+        """Where a read, unacknowledged offset is in Danube's per-message states; None for
+        one not in the window (unread, or acknowledged, dropped or dead-lettered)."""
+        entry = self._entries.get(offset)
+        if entry is None:
+            return None
+        if entry.held is not None:
+            return entry.held
+        if entry.consumer is not None:
+            return EntryState.AWAITING_ACK
+        return EntryState.WAITING_TO_RETRY if entry.failures else EntryState.READY_TO_SEND
+
+    def attempts(self, offset: int) -> int:
+        """Failures charged to a read, unacknowledged offset (0 for one not in the window)."""
+        entry = self._entries.get(offset)
+        return entry.failures if entry is not None else 0
+
+    @property
+    def blocked(self) -> tuple[int, ...]:
+        """Offsets exhausted under Block, waiting for an operator or a policy change."""
+        return tuple(self._blocked)
+
+    def release(self, offset: int, now_ms: int) -> list[Any]:
+        """Operator: a blocked message goes out again with its attempts reset (Exclusive and
+        Failover: the run restarts at `cursor + 1`, in order). Ignored for any other offset."""
+        self._begin(now_ms)
+        entry = self._entries.get(offset)
+        if entry is not None and entry.held is EntryState.BLOCKED:
+            entry.failures = 0
+            self._unblock(offset, entry)
+        return self._finish()
+
+    def skip(self, offset: int, now_ms: int) -> list[Any]:
+        """Operator: a blocked message is dropped (`Dropped`), as the Drop policy would.
+        Ignored for any other offset."""
+        self._begin(now_ms)
+        entry = self._entries.get(offset)
+        if entry is not None and entry.held is EntryState.BLOCKED:
+            self._drop(offset, entry)
+        return self._finish()
+
+    def dead_lettered(self, offset: int, now_ms: int) -> list[Any]:
+        """The dead-letter topic stored the message's copy: the cursor may pass it now.
+        Ignored unless the offset waits for its republish."""
+        self._begin(now_ms)
+        entry = self._entries.get(offset)
+        if entry is not None and entry.held is EntryState.DEAD_LETTERING:
+            self.dead_letters_stored += 1
+            self._remove(offset, entry)
+        return self._finish()
+
+    def dead_letter_failed(self, offset: int, now_ms: int) -> list[Any]:
+        """The republish failed: it is asked for again after the policy's redelivery delay
+        (counting failed republishes), the message staying in the window meanwhile."""
+        self._begin(now_ms)
+        entry = self._entries.get(offset)
+        if entry is not None and entry.held is EntryState.DEAD_LETTERING:
+            entry.republish_failures += 1
+            self._tokens += 1
+            entry.token = self._tokens
+            due = self._now + self.policy.redelivery_delay_ms(entry.republish_failures, None)
+            heapq.heappush(self._republish_at, (due, offset, entry.token))
+        return self._finish()
+
+    def _exhaust(self, offset: int, entry: PoisonEntry) -> None:
+        """The message used its deliveries: the poison policy decides. Its timers are
+        forgotten (a new token); the Exclusive run is not broken, nothing needs resending."""
+        self._tokens += 1
+        entry.token = self._tokens
+        poison = self.policy.poison
+        if poison is Poison.DROP:
+            self._drop(offset, entry)
+        elif poison is Poison.BLOCK:
+            entry.held = EntryState.BLOCKED
+            self._blocked[offset] = None
+        else:
+            entry.held = EntryState.DEAD_LETTERING
+            self._notices.append(self._dead_letter(offset, entry))
+
+    def _dead_letter(self, offset: int, entry: PoisonEntry) -> DeadLetter:
+        topic = self.policy.dead_letter_topic or ""
+        return DeadLetter(offset, entry.failures, entry.reason, topic)
+
+    def _drop(self, offset: int, entry: PoisonEntry) -> None:
+        self.dropped += 1
+        self._notices.append(Dropped(offset, entry.failures))
+        self._remove(offset, entry)
+
+    def _unblock(self, offset: int, entry: PoisonEntry) -> None:
+        """A blocked message may go out again (its attempts as the caller left them)."""
+        entry.held = None
+        del self._blocked[offset]
+        if self.sub_type is SubscriptionType.KEY_SHARED:
+            self._sendable[entry.key] = None
+        elif self.sub_type is SubscriptionType.SHARED:
+            self._ready.appendleft(offset)
+        else:
+            self._break_run(self._now)
+
+    def _reresolve_blocked(self) -> None:
+        """A new policy applies to blocked messages at once: one it no longer counts as
+        exhausted goes out again (attempts kept), one it exhausts under Drop or DeadLetter is
+        resolved so. A republish already asked for keeps going."""
+        for offset in list(self._blocked):
+            entry = self._entries[offset]
+            if not self.policy.exhausted(entry.failures):
+                self._unblock(offset, entry)
+            elif self.policy.poison is not Poison.BLOCK:
+                entry.held = None
+                del self._blocked[offset]
+                self._exhaust(offset, entry)

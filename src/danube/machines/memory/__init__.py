@@ -1,0 +1,1 @@
+"""The broker's memory budget (spec/memory.md): accounting, pools, the cache ledger."""

@@ -1,0 +1,98 @@
+"""The broker-wide cache ledger: one LRU across every topic's hot cache (spec/memory.md).
+
+Each topic's `HotCache` reports the batches it adds and drops. The ledger keeps their order
+across topics (a batch is used most recently when it is appended: reads of the hot tail come
+right after), and when the accounted bytes of all caches exceed the cache pool it tells the
+caches holding the broker's oldest batches to drop them, whichever topic they belong to, until
+the total fits again. So a thousand idle topics hold only their share of the pool, and one
+busy topic may use all of it. A topic's own `cache_bytes` still bounds its cache on its own.
+
+Entries of batches a cache dropped by itself (its own bound, retention) stay in the order until
+they reach its head and are skipped then: the ledger never walks the order to remove them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+
+class LedgerCache(Protocol):
+    """What the ledger needs of a topic's cache."""
+
+    topic: str
+
+    @property
+    def oldest(self) -> int | None: ...
+
+    def drop_oldest_for_ledger(self) -> None:
+        """Drops the oldest batch, reporting it with `CacheLedger.dropped` like any other."""
+        ...
+
+
+class CacheLedger:
+    """Accounted bytes of every hot cache of one broker, and the pool they share."""
+
+    __slots__ = ("_batches", "_by_topic", "_order", "evicted_bytes", "pool", "total")
+
+    def __init__(self, pool: int) -> None:
+        if pool < 0:
+            raise ValueError(f"a cache pool cannot be negative, got {pool}")
+        self.pool = pool
+        self.total = 0
+        """Accounted bytes of every cache registered, added up."""
+        self._by_topic: dict[str, int] = {}
+        self._order: deque[tuple[LedgerCache, int]] = deque()
+        """(cache, first offset of a batch it added), oldest first."""
+        self._batches = 0
+        """Batches held by the caches (the live entries of `_order`)."""
+        self.evicted_bytes = 0
+        """Bytes the ledger made caches drop to fit the pool (a counter, for metrics)."""
+
+    def by_topic(self) -> dict[str, int]:
+        """Accounted bytes per topic (a copy)."""
+        return dict(self._by_topic)
+
+    def added(self, cache: LedgerCache, first_offset: int, size: int) -> None:
+        """`cache` holds a new batch: count it. The cache calls `fit` once it has applied its
+        own bound, so that the ledger evicts only what that bound left over the pool."""
+        self._order.append((cache, first_offset))
+        self.total += size
+        self._batches += 1
+        topic = cache.topic
+        self._by_topic[topic] = self._by_topic.get(topic, 0) + size
+        if len(self._order) > 2 * self._batches + 64:
+            self._compact()
+
+    def dropped(self, cache: LedgerCache, size: int) -> None:
+        """`cache` dropped a batch of `size` accounted bytes (for whatever reason)."""
+        self.total -= size
+        self._batches -= 1
+        topic = cache.topic
+        left = self._by_topic[topic] - size
+        if left:
+            self._by_topic[topic] = left
+        else:
+            del self._by_topic[topic]
+
+    def fit(self) -> None:
+        """Evicts the broker's oldest batches while the caches together exceed the pool
+        (the newest batch too, if it alone does): afterwards `total <= pool`."""
+        order = self._order
+        while self.total > self.pool and order:
+            cache, first_offset = order.popleft()
+            if cache.oldest != first_offset:
+                continue  # the cache dropped that batch itself, or was released
+            before = self.total
+            cache.drop_oldest_for_ledger()
+            self.evicted_bytes += before - self.total
+
+    def _compact(self) -> None:
+        """Drops the entries of batches no cache holds any more (a cache holds a suffix of
+        the batches it added: those from its `oldest` on)."""
+        live = []
+        for cache, first_offset in self._order:
+            oldest = cache.oldest
+            if oldest is not None and first_offset >= oldest:
+                live.append((cache, first_offset))
+        self._order = deque(live)

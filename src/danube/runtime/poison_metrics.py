@@ -1,0 +1,39 @@
+"""Poison messages as operators watch them (spec/failure-policies.md, issue 24): per reliable
+subscription, how many messages its poison policy dropped (Drop, or an operator's skip of a
+blocked one) since it was loaded on this broker, and how many the Block policy holds now.
+Read from the dispatch machines at scrape time; nothing is kept between scrapes. Redeliveries
+by cause and dead letters are not counted yet."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Metric
+
+from danube.machines.dispatch.reliable import ReliableSubscription
+from danube.machines.node.core import BrokerCore
+
+
+def poison_families(broker: str, core: BrokerCore) -> Iterator[Metric]:
+    dropped = CounterMetricFamily(
+        "danube_subscription_poison_dropped",
+        "Reliable subscriptions: messages skipped by the poison policy after their last "
+        "allowed delivery (or by an operator) since the subscription was loaded here.",
+        labels=["broker", "topic", "subscription"],
+    )
+    blocked = GaugeMetricFamily(
+        "danube_subscription_blocked_messages",
+        "Reliable subscriptions: messages the Block poison policy holds, waiting for an "
+        "operator (Key-Shared: each holds its key; the others: the subscription).",
+        labels=["broker", "topic", "subscription"],
+    )
+    for record in core.topic_records():
+        for sub in record.subscriptions.values():
+            dispatcher = sub.dispatcher
+            if isinstance(dispatcher, ReliableSubscription):
+                labels = [broker, record.name.full, sub.name]
+                dropped.add_metric(labels, dispatcher.dropped)
+                blocked.add_metric(labels, len(dispatcher.blocked))
+    yield dropped
+    yield blocked

@@ -1,0 +1,57 @@
+"""`danube_memory_*`: the budget, each pool's size and use, the cache pool's evictions."""
+
+from __future__ import annotations
+
+import random
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from danube.machines.dispatch import QueueLimits
+from danube.machines.memory.budget import MIB, split
+from danube.machines.node.core import BrokerCore, BrokerIdentity
+from danube.machines.wal.machine import WalMachine
+from danube.runtime.metrics import BrokerMetrics
+from danube.values.config import Policies
+
+
+def _core(memory: bool) -> BrokerCore:
+    core = BrokerCore(
+        BrokerIdentity("http://b:1", "http://b:1"),
+        rng=random.Random(1),
+        default_policies=Policies(),
+        queue_limits=QueueLimits(10, 1 << 20),
+        memory=split(64 * MIB) if memory else None,
+    )
+    core.bootstrap(["default"])
+    return core
+
+
+def test_the_budget_and_each_pools_use_are_exported() -> None:
+    core = _core(memory=True)
+    assert core.cache_ledger is not None
+    machine = WalMachine("/default/t", core.logs._wal_config, cache_ledger=core.cache_ledger)
+    machine.append([b"x" * 100], 1)
+    samples = _samples(BrokerMetrics(core, "7", "standalone").exposition().decode())
+    assert samples[("danube_memory_budget_bytes", "")] == 64 * MIB
+    assert samples[("danube_memory_pool_bytes", "cache")] == 32 * MIB
+    assert sum(v for (name, _), v in samples.items() if name == "danube_memory_pool_bytes") == (
+        64 * MIB
+    )
+    used = core.cache_ledger.total
+    assert used > 100
+    assert samples[("danube_memory_pool_used_bytes", "cache")] == used
+    assert samples[("danube_memory_cache_evicted_bytes_total", "")] == 0
+
+
+def _samples(text: str) -> dict[tuple[str, str], float]:
+    return {
+        (sample.name, sample.labels.get("pool", "")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("danube_memory_")
+    }
+
+
+def test_a_core_without_a_budget_exports_none() -> None:
+    text = BrokerMetrics(_core(memory=False), "7", "standalone").exposition().decode()
+    assert "danube_memory_" not in text
