@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable
 from pathlib import Path
 
@@ -219,6 +220,7 @@ async def _failover_many(cluster: LocalCluster, args: argparse.Namespace) -> Non
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 ))  # fmt: skip
             await asyncio.sleep(1.0)  # py-spy attached
+        cpu_at_kill = {b: _cpu_s(b.pid) for b in survivors}
         os.kill(victim.pid, signal.SIGKILL)
         killed = time.time()
         sends = {t: asyncio.ensure_future(_send_until_acked(producers[t])) for t in mine}
@@ -236,6 +238,7 @@ async def _failover_many(cluster: LocalCluster, args: argparse.Namespace) -> Non
             waiting = sum(not s.done() for s in sends.values())
             print(f"TIMEOUT: {len(set(mine) - loaded)} topics not loaded, "
                   f"{waiting} sends not acknowledged")  # fmt: skip
+        cpu = {b.pid: _cpu_s(b.pid) - cpu_at_kill[b] for b in survivors}
         victim.kill()
         for spy_process in spies:
             spy_process.wait(args.profile_s + 30)
@@ -259,6 +262,12 @@ async def _failover_many(cluster: LocalCluster, args: argparse.Namespace) -> Non
         b.pid: sum(1 for line in b.log_lines[marks[b] :] if "level=WARNING" in line)
         for b in survivors
     }
+    warned = Counter(
+        match.group(1)
+        for b in survivors
+        for line in b.log_lines[marks[b] :]
+        if "level=WARNING" in line and (match := re.search(r"event=(\S+)", line))
+    )
 
     def span(values: list[float]) -> str:
         return f"{min(values):.2f}–{max(values):.2f} s" if values else "none"
@@ -270,7 +279,15 @@ async def _failover_many(cluster: LocalCluster, args: argparse.Namespace) -> Non
           f"({len(loads)}; p50 {_percentile(loads, 0.5) if loads else 0:.2f} s), first "
           f"publish acknowledged {span(acked)} ({len(acked)}; p50 "
           f"{_percentile(acked, 0.5) if acked else 0:.2f} s); warnings in survivors' logs "
-          f"{problems}; load average {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+          f"{problems} {dict(warned)}; load average {os.getloadavg()[0]:.2f}",
+          flush=True)  # fmt: skip
+    owners = Counter(
+        b.pid for b in survivors for _, line in _events(b, "topic_loaded")[before[b]:]
+        if line.split()[0].removeprefix("topic=") in owned[victim]
+    )  # fmt: skip
+    print(f"the killed broker's topics loaded by survivor pid: {dict(owners)}; survivors' CPU "
+          f"from the SIGKILL to the end: "
+          f"{ {pid: round(s, 1) for pid, s in cpu.items()} } s", flush=True)  # fmt: skip
     if len(acked) < len(mine):
         print(f"NOT all served: {len(mine) - len(acked)} of {len(mine)} topics took no publish "
               f"within {args.timeout_s:.0f} s", flush=True)  # fmt: skip
@@ -278,6 +295,16 @@ async def _failover_many(cluster: LocalCluster, args: argparse.Namespace) -> Non
         print(f"served again {max(acked):.2f} s after SIGKILL = lease TTL "
               f"{args.lease_ttl_ms / 1000:.1f} s + {max(acked) - args.lease_ttl_ms / 1000:.2f} s "
               f"(target: + 2 s)", flush=True)  # fmt: skip
+
+
+def _cpu_s(pid: int) -> float:
+    """The process's user + system CPU seconds so far (Linux `/proc/<pid>/stat`): the work
+    a failover costs, steadier than wall time on a loaded machine."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def failover_many(args: argparse.Namespace, root: Path) -> None:

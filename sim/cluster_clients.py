@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from danube.machines.cluster.placement import ViewFacts, lookup_from_view
 from danube.machines.wal import records
 from danube.values.config import DispatchStrategy
 from danube.values.errors import DanubeError, ErrorCode
@@ -74,7 +75,27 @@ class ClusterProducer:
         asked = self.world.rng.choice(running)
         process = asked.running
         assert process is not None
-        owner = process.assignments.get(self.topic)
+        # The broker's rule first (`placement.lookup_from_view`, from its load manager's
+        # view), as the production lookup; what it cannot tell, the store's facts as the
+        # data plane's view has them.
+        data = process.data
+        core = getattr(data, "core", None)  # none before the data plane starts
+        if core is not None and core.serves(self.topic):  # CONNECT, before any rule
+            self._caller.broker = _Route(asked)
+            self._producer_id = None
+            self.world.at(2 * self.network.latency(), self._create)
+            return
+        manager = process.manager
+        assigned = manager.owner(self.topic)
+        broker = None if assigned is None else assigned[0]
+        registration = None if broker is None else manager.registration(broker)
+        facts = ViewFacts(broker, manager.marker(self.topic) is not None, registration)
+        try:
+            located = lookup_from_view(self.topic, facts, asked.name)
+        except DanubeError:
+            self.world.at(RETRY_US, self._lookup)
+            return
+        owner = broker if located is not None else process.assignments.get(self.topic)
         target = next((n for n in self.nodes if n.name == owner), asked)
         self._caller.broker = _Route(target)
         self._producer_id = None

@@ -45,7 +45,7 @@ from danube.machines.cluster import ownership_flows as flows
 from danube.machines.cluster.keys import Marker
 from danube.machines.cluster.ownership import NotOwner, Ownership, OwnershipConfig
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
-from danube.machines.cluster.request_batching import FLOW_SLOTS
+from danube.machines.cluster.request_batching import FLOW_SLOTS, LoadQueue
 from danube.machines.memory.budget import MemoryPools
 from danube.machines.node.effects import AskEpochEnd, ReplicaAnswer, ReplicaSend
 from danube.machines.node.replica_owner import ReplicationSettings
@@ -292,6 +292,8 @@ class DataPlane:
         self._replicas: dict[str, tuple[ReplicaSet, int]] = {}
         """topic → its replica set and revision, as the watch has it (`--replicated`)."""
         self._slots = FlowSlots()
+        self._loads = LoadQueue()
+        """Loads waiting for a slot, taken in batches as the driver does."""
         """Claims and loads under way and waiting (`request_batching.FLOW_SLOTS`)."""
 
     def start(self) -> None:
@@ -403,6 +405,10 @@ class DataPlane:
                 token = self._wake
                 host.at_clock(effect.at_ms * US_PER_MS, lambda t=token: self._woken(t))
                 continue
+            if isinstance(effect, own.Load):  # batched per slot, as the driver's
+                if self._loads.offer(effect):
+                    self._slots.run(own.Load, self._take_loads)
+                continue
             flow = flows.flow_of(self.machine, effect, host.now_ms)
             if flow is None:
                 continue
@@ -411,6 +417,15 @@ class DataPlane:
                 self._slots.run(kind, partial(self._start_in_slot, flow, kind))
             else:
                 run_flow(host, flow, self._core_request, self._finished)
+
+    def _take_loads(self) -> None:
+        """A load slot came: the loads waiting now, as one flow; none (an earlier taker took
+        them): the slot passes on at once."""
+        batch = self._loads.take()
+        if not batch:
+            self._slots.finished(own.Load)
+            return
+        self._start_in_slot(flows.load_many(self.machine, batch, self.host.now_ms), own.Load)
 
     def _start_in_slot(self, flow: Flow[list[own.Effect]], kind: type) -> None:
         if self.host.alive:

@@ -17,9 +17,12 @@ from danube.effects import (
     LeaseGrant,
     LeaseRenew,
     Outcome,
+    ReadManyAnswer,
     StoreList,
     StoreRead,
+    StoreReadMany,
     StoreTxn,
+    StoreTxns,
     StoreUnreachable,
     TxnAnswer,
 )
@@ -27,6 +30,8 @@ from danube.effects.flow import Finished, Flow, step
 from danube.machines.cluster.ownership import NotOwner, fence_compares
 from danube.metadata import KeyValue, LeaseNotFound
 from sim.etcd import Origin, SimEtcd, failed
+
+_STORE_EFFECTS = (StoreTxn, StoreRead, StoreList, LeaseGrant, LeaseRenew, StoreReadMany, StoreTxns)
 
 Answer = Callable[..., None]
 """`answer(value)` or `answer(error=exception)`: what a handler calls, once."""
@@ -75,7 +80,7 @@ class _FlowRun:
         if isinstance(request, Finished):
             self.done(request)
             return
-        if isinstance(request, StoreTxn | StoreRead | StoreList | LeaseGrant | LeaseRenew):
+        if isinstance(request, _STORE_EFFECTS):
             perform_store(self.host, request, self.answer, self.claims)
         else:
             self.handle(request, self.answer)
@@ -94,6 +99,23 @@ def perform_store(
     claims: Mapping[str, int] | None = None,
 ) -> None:
     etcd = host.etcd
+    if isinstance(effect, StoreReadMany):
+        many = effect
+
+        def read_all() -> Any:
+            found = {key: etcd.get(key) for key in many.keys}
+            scanned = {prefix: etcd.scan(prefix) for prefix in many.prefixes}
+            for result in (*found.values(), *scanned.values()):
+                if failed(result):
+                    return result
+            return ReadManyAnswer(found, scanned)
+
+        what = f"read {len(many.keys)} keys, {len(many.prefixes)} prefixes"
+        host.call(what, read_all, lambda got: _read(got, answer))
+        return
+    if isinstance(effect, StoreTxns):
+        _transact_many(host, list(effect.txns), answer)
+        return
     if isinstance(effect, StoreRead):
         key = effect.key
         host.call(f"read {key}", lambda: etcd.get(key), lambda got: _read(got, answer))
@@ -136,6 +158,43 @@ def perform_store(
         _read_back(host, list(effect.read_back), {}, outcome, answer)
 
     host.call(effect.purpose or "txn", lambda: etcd.txn(compares, ops, origin), transacted)
+
+
+def _transact_many(host: StoreHost, txns: list[StoreTxn], answer: Answer) -> None:
+    """`StoreTxns`: one request of nested transactions, as the production port sends it
+    (`perform_txns`); a batch etcd would refuse as a whole fails the run
+    (`cluster_slots.refusal`)."""
+    from sim.cluster_slots import RefusedBatch, refusal  # cluster_slots imports this module
+
+    why = refusal(txns)
+    if why is not None:
+        raise RefusedBatch(f"broker {host.name} sent a batch etcd refuses: {why}")
+    etcd, name = host.etcd, host.name
+
+    def run() -> Any:
+        results = []
+        for txn in txns:
+            kind = txn.purpose.split(" ", 1)[0] if txn.purpose else "txn"
+            result = etcd.txn(txn.compares, txn.ops, Origin(name, kind))
+            if failed(result):
+                return result
+            results.append(result)
+        return results
+
+    def done(results: Any) -> None:
+        if failed(results):
+            answer([TxnAnswer(Outcome.UNKNOWN) for _ in txns])
+            return
+        answer(
+            [
+                TxnAnswer(Outcome.COMMITTED, revision=r.revision)
+                if r.succeeded
+                else TxnAnswer(Outcome.REFUSED)
+                for r in results
+            ]
+        )
+
+    host.call(f"{len(txns)} transactions", run, done)
 
 
 def _read(result: Any, answer: Answer) -> None:

@@ -628,3 +628,27 @@ def test_a_hand_over_target_is_a_candidate_and_prefers_the_log(
         assert chosen in in_sync and chosen != source
     elif chosen == source:
         assert pool == [source]
+
+
+def test_each_owners_followers_spread_over_the_others_even_when_one_is_less_loaded() -> None:
+    """A broker's topics are followed by several others, so that its death hands them to
+    several survivors (issue 23: all 233 went to the one that followed them all). Ballast
+    makes "3" the least loaded: ranking by load alone put every follower of "1"'s and
+    "2"'s topics there."""
+    d = cluster("1", "2", "3", "4")
+    give(d, "4", *(f"/ballast/{i}" for i in range(40)))
+    give(d, "2", *(f"/ballast/b{i}" for i in range(4)))
+    for i in range(24):
+        d.store.put(keys.unassigned_key(f"/ns/t{i}"), None)
+    d.settle(0)  # one burst: every decision sees the same view
+    by_owner: dict[str, Counter[str]] = {}
+    for i in range(24):
+        created = record(d, f"/ns/t{i}")
+        assert created is not None and len(created.followers) == 1
+        by_owner.setdefault(created.owner, Counter()).update(created.followers)
+    assert by_owner, "nothing assigned"
+    for owner_id, followers in by_owner.items():
+        if sum(followers.values()) >= 4:
+            assert len(followers) >= 2, f"every topic of {owner_id} followed by {followers}"
+            assert max(followers.values()) - min(followers.values()) <= 1, (owner_id, followers)
+    assert not d.failed

@@ -123,6 +123,20 @@ async def test_txn_many_keeps_each_transactions_compares_and_outcome(
     assert len({r.revision for r in results}) == 1
 
 
+async def test_read_many_reads_keys_and_prefixes_in_one_request_as_get_and_scan_do(
+    etcd_stores: EtcdStores,
+) -> None:
+    """A batch of loads reads every topic's keys and prefixes in one request (issue 23):
+    the same answers as one `get` or `scan` each."""
+    store = await etcd_stores.open()
+    for key, value in [("/t/a/x", 1), ("/t/a/y", 2), ("/t/ab/z", 3), ("/p", 4)]:
+        await store.put(key, value)
+    found, scanned = await store.read_many(["/p", "/missing"], ["/t/a/", "/t/ab/", "/none/"])
+    assert found == {"/p": await store.get("/p"), "/missing": None}
+    assert scanned == {p: await store.scan(p) for p in ("/t/a/", "/t/ab/", "/none/")}
+    assert [kv.value for kv in scanned["/t/a/"]] == [1, 2]
+
+
 async def test_concurrent_cas_from_two_stores_has_one_winner(etcd_stores: EtcdStores) -> None:
     stores = {"first": await etcd_stores.open(), "second": await etcd_stores.open()}
 

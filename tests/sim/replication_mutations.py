@@ -5,12 +5,14 @@ replication (`python -m sim --cluster --replicated`) within 200 seeds."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 from unittest import mock
 
-from danube.machines.cluster import replicas
-from danube.machines.cluster.ownership import Ownership
+from danube import keys
+from danube.effects import ReadManyAnswer, StoreReadMany
+from danube.machines.cluster import ownership_flows, replicas, request_batching
+from danube.machines.cluster.ownership import Load, Ownership
 from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.node import replica_owner
 from danube.machines.replication import follower as follower_module
@@ -153,6 +155,49 @@ def seal_after_hand_over() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def load_batch_forgets_replica_sets() -> Iterator[None]:
+    """A batch of loads (`ownership_flows.load_many`) reads no replica set: the new owner
+    of a failed-over topic, an in-sync follower, does not keep its replicated log (only
+    the writer rule) nor record itself in the set, and continues from the object index
+    without the acknowledged tail only the replicas held."""
+    original = ownership_flows.load_many
+
+    def load_many(machine: Any, effects: Any, now: Any) -> Generator[Any, Any, Any]:
+        inner = original(machine, effects, now)
+        request = next(inner)
+        while True:
+            try:
+                answer = yield request
+            except Exception as error:  # the port's failure, passed on
+                try:
+                    request = inner.throw(error)
+                except StopIteration as stop:
+                    return stop.value
+                continue
+            if isinstance(request, StoreReadMany) and isinstance(answer, ReadManyAnswer):
+                found = {
+                    k: None if k.startswith(keys.REPLICAS_PREFIX) else v
+                    for k, v in answer.found.items()
+                }
+                answer = ReadManyAnswer(found, answer.scanned)
+            try:
+                request = inner.send(answer)
+            except StopIteration as stop:
+                return stop.value
+
+    with mock.patch.object(ownership_flows, "load_many", load_many):
+        yield
+
+
+@contextlib.contextmanager
+def loads_in_batches() -> Iterator[None]:
+    """One load slot: loads wait and go in batches (`request_batching.LoadQueue`) even in
+    the default workload's 24 topics, which never fill the 16 slots."""
+    with mock.patch.dict(request_batching.FLOW_SLOTS, {Load: 1}):
+        yield
+
+
 REPLICATION_MUTATIONS: dict[str, Patch] = {
     "acknowledge_before_followers": acknowledge_before_followers,
     "promote_any_follower": promote_any_follower,
@@ -161,4 +206,5 @@ REPLICATION_MUTATIONS: dict[str, Patch] = {
     "move_before_caught_up": move_before_caught_up,
     "seal_after_hand_over": seal_after_hand_over,
     "count_written_end": count_written_end,
+    "load_batch_forgets_replica_sets": load_batch_forgets_replica_sets,
 }

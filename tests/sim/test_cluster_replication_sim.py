@@ -19,7 +19,7 @@ from sim.faults import Faults, Injected
 from sim.network import Network
 from sim.world import World
 from tests.sim.cluster_mutations import ADMIN_DATA_MUTATIONS
-from tests.sim.replication_mutations import REPLICATION_MUTATIONS
+from tests.sim.replication_mutations import REPLICATION_MUTATIONS, loads_in_batches
 
 DEFAULT = CLUSTER_PROFILES["default"]
 POWER = CLUSTER_PROFILES["power"]
@@ -98,6 +98,20 @@ def test_planted_bugs_lose_acknowledged_messages(mutation: str) -> None:
     seed, invariants = caught
     assert REPLICA_LOSS in invariants, (seed, invariants)
     assert ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS).ok, seed
+
+
+def test_loads_in_batches_keep_the_replicated_log_and_a_batch_that_forgets_it_loses() -> None:
+    """Loads in batches (`ownership_flows.load_many`, one load slot so that batches form in
+    the default workload) hold every invariant; the planted bug of a batch that reads no
+    replica set loses acknowledged messages (caught at seed 1 of 30)."""
+    with loads_in_batches():
+        for seed in range(1, 4):
+            result = ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS)
+            assert result.ok, (seed, [v.detail for v in result.violations])
+        caught = first_caught("load_batch_forgets_replica_sets", range(1, 31))
+    assert caught is not None, "a batch that forgets replica sets went unnoticed for 30 seeds"
+    seed, invariants = caught
+    assert REPLICA_LOSS in invariants, (seed, invariants)
 
 
 @pytest.mark.slow

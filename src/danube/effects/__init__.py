@@ -94,6 +94,36 @@ class TxnAnswer:
         return self.outcome is Outcome.COMMITTED
 
 
+@dataclass(frozen=True, slots=True)
+class StoreReadMany:
+    """Several reads at one revision, in one store request (etcd: one transaction of range
+    requests): each of `keys` read, each of `prefixes` scanned. Answered with a
+    `ReadManyAnswer`; `StoreUnreachable` when the store did not answer. Why: a broker
+    given a dead broker's hundreds of topics read each topic's keys in four requests
+    (issue 23); one request for a batch of topics is one round trip and one decode."""
+
+    keys: tuple[str, ...]
+    prefixes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadManyAnswer:
+    found: Mapping[str, KeyValue | None]
+    """Each key of `keys`: its `KeyValue`, None when it does not exist."""
+    scanned: Mapping[str, list[KeyValue]]
+    """Each prefix of `prefixes`: every `KeyValue` under it, in key order."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreTxns:
+    """Several independent transactions, each with its own compares and outcome (etcd: one
+    request of nested transactions, `danube.runtime.store_port.perform_txns`), none
+    fenced, none with a `read_back`, none writing a key another writes. Answered with one
+    `TxnAnswer` per transaction, in order (an unanswered request: every one `UNKNOWN`)."""
+
+    txns: tuple[StoreTxn, ...]
+
+
 class StoreUnreachable(Exception):
     """The metadata store did not answer a read."""
 

@@ -25,6 +25,7 @@ from danube.machines.cluster.membership import (
     Unfenced,
 )
 from danube.machines.cluster.ownership import Ownership, OwnershipConfig
+from danube.machines.cluster.placement import ViewFacts
 from danube.machines.cluster.ranking import LoadReport, TopicLoad
 from danube.metadata import MetadataStore, WatchEvent
 from danube.runtime.broker import BrokerRuntime
@@ -70,6 +71,7 @@ class ClusterMember:
         )
         self.ownership = OwnershipDriver(store, Ownership(OwnershipConfig(broker_id)), runtime)
         self._nursery: trio.Nursery | None = None
+        placement.view = self._view_of
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Until cancelled; started once the broker is a member."""
@@ -95,6 +97,16 @@ class ClusterMember:
         if self._nursery is None:
             raise DanubeError(ErrorCode.UNAVAILABLE, "this broker is not a cluster member yet")
         self._nursery.start_soon(work, *args)
+
+    def _view_of(self, topic: str) -> ViewFacts | None:
+        """What the load manager's view says of `topic`, once it is read (lookups)."""
+        if not self.load_manager.synced.is_set():
+            return None
+        machine = self.load_manager.machine
+        assigned = machine.owner(topic)
+        broker = None if assigned is None else assigned[0]
+        registration = None if broker is None else machine.registration(broker)
+        return ViewFacts(broker, machine.marker(topic) is not None, registration)
 
     def leader(self) -> str | None:
         machine = self.membership.machine

@@ -29,12 +29,13 @@ import trio
 import trio_asyncio
 
 from danube import keys
-from danube.effects import StoreTxn
+from danube.effects import StoreTxn, StoreTxns
 from danube.effects.flow import Flow, drive
+from danube.machines.cluster import ownership as own
 from danube.machines.cluster import ownership_flows as flows
 from danube.machines.cluster.ownership import SETTLE_POLL_MS, Effect, Ownership, WakeAt
 from danube.machines.cluster.records import Marker
-from danube.machines.cluster.request_batching import FLOW_SLOTS
+from danube.machines.cluster.request_batching import FLOW_SLOTS, LoadQueue
 from danube.metadata import MetadataError, MetadataStore, WatchEvent
 from danube.runtime.broker import BrokerRuntime, now_ms
 from danube.runtime.store_port import STORE_EFFECTS, perform_store
@@ -71,7 +72,9 @@ class OwnershipDriver:
         self._changes_in, self._changes = trio.open_memory_channel[_Change](math.inf)
         self._bounds = {kind: trio.CapacityLimiter(n) for kind, n in FLOW_SLOTS.items()}
         """Which effects' flows wait for a slot, and how many: `request_batching`'s rule."""
-        self.on_adopted: Callable[[str], Awaitable[None]] | None = None
+        self._loads = LoadQueue()
+        """Loads waiting for a slot; a slot takes a batch of them (`request_batching`)."""
+        self.on_adopted: Callable[[str, tuple[Any, int] | None], Awaitable[None]] | None = None
         """Called after a topic is adopted here (the replication port pushes its replicas
         value, so the owner replicates without waiting for a change)."""
 
@@ -196,6 +199,10 @@ class OwnershipDriver:
             if isinstance(effect, WakeAt):
                 self._alarm.set(effect.at_ms / 1000)
                 continue
+            if isinstance(effect, own.Load):
+                if self._loads.offer(effect):
+                    self._nursery.start_soon(self._take_loads)
+                continue
             flow = flows.flow_of(self.machine, effect, _monotonic_ms)
             if flow is not None:
                 self._nursery.start_soon(self._run, flow, self._bounds.get(type(effect)))
@@ -210,6 +217,17 @@ class OwnershipDriver:
             answer = await drive(flow, self._perform)
         self._apply(answer)
 
+    async def _take_loads(self) -> None:
+        """One taker per new load: once a load slot is free, the loads waiting then, as one
+        flow (`request_batching.LoadQueue`); none left (an earlier taker took them): the
+        slot is given back at once."""
+        async with self._bounds[own.Load]:
+            batch = self._loads.take()
+            if not batch:
+                return
+            answer = await drive(flows.load_many(self.machine, batch, _monotonic_ms), self._perform)
+        self._apply(answer)
+
     async def _perform(self, request: Any) -> Any:
         if isinstance(request, STORE_EFFECTS):
             answer = await perform_store(self.store, request)
@@ -218,6 +236,11 @@ class OwnershipDriver:
                     "event=ownership_txn what=%r outcome=%s",
                     request.purpose, answer.outcome.value,
                 )  # fmt: skip
+            elif isinstance(request, StoreTxns):
+                for txn, one in zip(request.txns, answer, strict=True):
+                    log.info(
+                        "event=ownership_txn what=%r outcome=%s", txn.purpose, one.outcome.value
+                    )
             return answer
         if isinstance(request, flows.Adopt):
             await self._adopt(request)
@@ -244,16 +267,20 @@ class OwnershipDriver:
             )
         )
         log.info("event=topic_loaded topic=%s kept_local_wal=%s", request.topic, request.keep_local)
-        if self.on_adopted is not None:
-            try:
-                with trio.fail_after(REQUEST_TIMEOUT_S):
-                    await self.on_adopted(request.topic)
-            except (MetadataError, trio.TooSlowError) as error:
-                # the watch brings the value later (the claim wrote it)
-                log.warning(
-                    "event=replicas_read_failed topic=%s error=%s",
-                    request.topic, failure_text(error),
-                )  # fmt: skip
+        if self.on_adopted is not None and self._nursery is not None:
+            # Beside the flow, not in it: a batch of loads (`load_many`) adopts its topics
+            # one after the other, and each would otherwise wait for this read of the one
+            # before (issue 23).
+            self._nursery.start_soon(self._adopted, request.topic, request.replica_set)
+
+    async def _adopted(self, topic: str, written: tuple[Any, int] | None) -> None:
+        assert self.on_adopted is not None
+        try:
+            with trio.fail_after(REQUEST_TIMEOUT_S):
+                await self.on_adopted(topic, written)
+        except (MetadataError, trio.TooSlowError) as error:
+            # the watch brings the value later (the claim wrote it)
+            log.warning("event=replicas_read_failed topic=%s error=%s", topic, failure_text(error))
 
     async def _seal(self, topic: str) -> None:
         self.runtime.apply(self.core.unload(topic, now_ms()).effects)

@@ -11,6 +11,7 @@ is decided by the pure rules of `danube.machines.cluster.placement`; this module
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from danube import keys
@@ -78,10 +79,18 @@ class ClusterPlacement:
         self._store = store
         self._broker_id = broker_id
         self._auto_create = auto_create_topics
+        self.view: Callable[[str], rules.ViewFacts | None] | None = None
+        """The cluster member's view of `/cluster/` (None until it is read): lookups are
+        answered from it when it can tell (`rules.lookup_from_view`)."""
 
     async def lookup(self, topic: str) -> Located:
         if self._core.serves(topic):
             return _here(self._core)
+        seen = None if self.view is None else self.view(topic)
+        if seen is not None:
+            located = rules.lookup_from_view(topic, seen, self._broker_id)
+            if located is not None:
+                return located
         facts, registration = await self._owner(topic)
         return rules.lookup(topic, facts, self._broker_id, registration)
 

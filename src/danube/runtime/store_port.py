@@ -18,9 +18,12 @@ from danube.effects import (
     LeaseGrant,
     LeaseRenew,
     Outcome,
+    ReadManyAnswer,
     StoreList,
     StoreRead,
+    StoreReadMany,
     StoreTxn,
+    StoreTxns,
     StoreUnreachable,
     TxnAnswer,
 )
@@ -28,8 +31,16 @@ from danube.machines.cluster.ownership import fence_compares
 from danube.metadata import KeyValue, LeaseNotFound, MetadataError, MetadataStore
 from danube.runtime.watching import REQUEST_TIMEOUT_S
 
-STORE_EFFECTS = (StoreRead, StoreList, StoreTxn, LeaseGrant, LeaseRenew)
-StoreEffect = StoreRead | StoreList | StoreTxn | LeaseGrant | LeaseRenew
+STORE_EFFECTS = (
+    StoreRead,
+    StoreList,
+    StoreTxn,
+    LeaseGrant,
+    LeaseRenew,
+    StoreReadMany,
+    StoreTxns,
+)
+StoreEffect = StoreRead | StoreList | StoreTxn | LeaseGrant | LeaseRenew | StoreReadMany | StoreTxns
 
 
 async def perform_store(
@@ -41,12 +52,16 @@ async def perform_store(
     for."""
     if isinstance(effect, StoreTxn):
         return await _transact(store, effect, claims)
+    if isinstance(effect, StoreTxns):
+        return await perform_txns(store, effect.txns)
     try:
         with trio.fail_after(REQUEST_TIMEOUT_S):
             if isinstance(effect, StoreRead):
                 return await store.get(effect.key)
             if isinstance(effect, StoreList):
                 return await store.scan(effect.prefix)
+            if isinstance(effect, StoreReadMany):
+                return await _read_many(store, effect)
             if isinstance(effect, LeaseGrant):
                 return await store.grant_lease(effect.ttl_s)
             await store.keepalive(effect.lease_id)
@@ -55,6 +70,18 @@ async def perform_store(
         raise LeaseGone(str(error)) from error
     except (MetadataError, trio.TooSlowError) as error:
         raise StoreUnreachable(f"{type(error).__name__}: {error}") from error
+
+
+async def _read_many(store: MetadataStore, effect: StoreReadMany) -> ReadManyAnswer:
+    """One request on a store that has `read_many` (etcd); else each read, one after the
+    other (the in-process stores answer at once)."""
+    many = getattr(store, "read_many", None)
+    if many is not None:
+        found, scanned = await many(effect.keys, effect.prefixes)
+        return ReadManyAnswer(found, scanned)
+    found = {key: await store.get(key) for key in effect.keys}
+    scanned = {prefix: await store.scan(prefix) for prefix in effect.prefixes}
+    return ReadManyAnswer(found, scanned)
 
 
 async def _transact(

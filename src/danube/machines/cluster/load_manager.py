@@ -121,6 +121,8 @@ class LoadManager:
         self._retry_ns = config.retry_ms * NS_PER_MS
         self._registered: dict[str, int] = {}
         """broker → `mod_revision` of its registration."""
+        self._addresses: dict[str, Any] = {}
+        """broker → its registration's value (its URLs): lookups answer from the view."""
         self._modes: dict[str, str] = {}
         self._state_revisions: dict[str, int] = {}
         """broker → `mod_revision` of its state key."""
@@ -208,6 +210,7 @@ class LoadManager:
         at start, and whenever the watch must restart (it was compacted)."""
         previous = {(b, t): o for b, topics in self._owned.items() for t, o in topics.items()}
         self._registered.clear()
+        self._addresses.clear()
         self._modes.clear()
         self._state_revisions.clear()
         self._reports.clear()
@@ -266,6 +269,10 @@ class LoadManager:
         """topic → assignment `mod_revision` of every topic assigned to the broker."""
         return {topic: owned.revision for topic, owned in self._owned.get(broker, {}).items()}
 
+    def registration(self, broker: str) -> Any:
+        """The broker's registration value (its URLs) as seen; None when not registered."""
+        return self._addresses.get(broker)
+
     def marker(self, topic: str) -> tuple[Marker, int] | None:
         """(marker, `mod_revision`) of the topic's unassigned marker, if it has one."""
         pending = self._pending.get(topic)
@@ -277,8 +284,10 @@ class LoadManager:
         """Applies one key's change to the view; returns why a value was refused."""
         if (broker := keys.parse_register_key(key)) is not None:
             if put:
+                self._addresses[broker] = value
                 self._register(broker, revision, now)
             else:
+                self._addresses.pop(broker, None)
                 self._unregister(broker, now)
         elif (broker := keys.parse_state_key(key)) is not None:
             self._set_mode(broker, records.broker_mode(value) if put else None, revision)

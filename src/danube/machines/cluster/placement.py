@@ -72,6 +72,41 @@ def lookup(
     return Located(Answer.REDIRECT, broker_url, str(connect_url or broker_url))
 
 
+@dataclass(frozen=True, slots=True)
+class ViewFacts:
+    """What the broker's own view of `/cluster/` (the load manager's, followed on every
+    broker) says of a topic it does not serve: the broker it is assigned to (None: none),
+    whether an unassigned marker waits for the leader, and the assignee's registration."""
+
+    assigned_to: str | None
+    pending: bool
+    registration: Mapping[str, Any] | None
+
+
+def lookup_from_view(topic: str, facts: ViewFacts, me: str) -> Located | None:
+    """TopicLookup answered from the view, without reading the store; None when the view
+    cannot tell (no assignment and no marker: the topic may not exist, or the view lags)
+    and the store must be asked (`lookup`).
+
+    Why: during a failover every producer of the dead broker's topics looks its topic up
+    again and again; three store reads each put hundreds of reads a second on the
+    survivors while they load those very topics (issue 23). The view may lag the store by
+    a watch event: a client sent to the previous assignee is told there to look up again,
+    and ownership stays fenced by the claims whatever a lookup answered."""
+    if facts.assigned_to is None:
+        if facts.pending:
+            raise unavailable(f"{topic} is being assigned to a broker; retry shortly")
+        return None
+    if facts.assigned_to == me:
+        raise unavailable(f"{topic} is loading or moving on this broker; retry shortly")
+    registration = facts.registration
+    if not isinstance(registration, Mapping) or not registration.get("broker_url"):
+        return None  # the assignee's registration not seen: the store decides
+    broker_url = str(registration["broker_url"])
+    connect_url = registration.get("connect_url")
+    return Located(Answer.REDIRECT, broker_url, str(connect_url or broker_url))
+
+
 def admin_route(
     topic: str, facts: TopicFacts, me: str, registration: Mapping[str, Any] | None
 ) -> str:

@@ -19,7 +19,9 @@ The load manager's decisions (`DecisionQueue`):
   takes several (etcd's nested transactions), none writing a key another one writes and a
   prefix deletion alone (etcd refuses such a request as a whole).
 
-Ownership's flows: claims and loads run `LOADS_IN_FLIGHT` at once each (`FLOW_SLOTS`)."""
+Ownership's flows: claims and loads run `LOADS_IN_FLIGHT` at once each (`FLOW_SLOTS`); a
+load slot takes the loads waiting when it comes, up to `LOAD_BATCH`, as one flow
+(`LoadQueue`, `ownership_flows.load_many`)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,12 @@ broker's hundreds of topics at once (issue 23: 234) otherwise starts every claim
 load (three scans, two reads, a transaction and a WAL load each) together: none finishes
 before all have queued their calls on the store and the loop, so the first topic is served
 as late as the last, and the membership's lease renewal waits in the same queues."""
+
+LOAD_BATCH = 32
+"""Loads in one flow at most (`ownership_flows.load_many`): its read request holds two
+prefixes and the replica set of each, and the namespace policies (etcd takes 128
+operations in one transaction by default, `--max-txn-ops`), and its writer request one
+nested transaction each."""
 
 FLOW_SLOTS: dict[type, int] = {own.Claim: LOADS_IN_FLIGHT, own.Load: LOADS_IN_FLIGHT}
 """Ownership effects whose flows wait for a slot, and how many run at once (each kind its own
@@ -129,4 +137,37 @@ class DecisionQueue:
                 break
             written |= keys
             compared |= checks
+        return batch
+
+
+class LoadQueue:
+    """Ownership's loads decided but not started, by topic (a later `Load` of a topic
+    replaces an earlier one still waiting: it carries the newer claim), in the order first
+    decided. As with `DecisionQueue`, a driver starts one taker per new load; a taker that
+    gets a load slot `take`s the oldest waiting loads, up to `LOAD_BATCH`, and runs them as
+    one flow (an empty batch gives the slot back). Why: a broker given a dead broker's
+    hundreds of topics at once (issue 23) loads them a batch per slot, with two store
+    requests a batch instead of six a topic."""
+
+    __slots__ = ("_batch", "_waiting")
+
+    def __init__(self, batch: int = LOAD_BATCH) -> None:
+        if not 1 <= batch <= LOAD_BATCH:
+            raise ValueError(f"a batch holds 1 to {LOAD_BATCH} loads, not {batch}")
+        self._batch = batch
+        self._waiting: dict[str, own.Load] = {}
+
+    def offer(self, load: own.Load) -> bool:
+        """Queues a load; False when it replaced one of the same topic still waiting."""
+        new = load.topic not in self._waiting
+        self._waiting[load.topic] = load
+        return new
+
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def take(self) -> list[own.Load]:
+        batch = []
+        for topic in list(self._waiting)[: self._batch]:
+            batch.append(self._waiting.pop(topic))
         return batch

@@ -352,6 +352,30 @@ class EtcdStore:
             )
         return results
 
+    async def read_many(
+        self, keys: Sequence[str], prefixes: Sequence[str]
+    ) -> tuple[dict[str, KeyValue | None], dict[str, list[KeyValue]]]:
+        """Each of `keys` read and each of `prefixes` scanned at one revision, in one
+        request: a transaction with no compares whose operations are range requests
+        (issue 23: a broker loading a batch of topics). etcd takes `--max-txn-ops` (128 by
+        default) operations; the caller keeps to it."""
+        ranges = [wire.range_request(self._key(key)) for key in keys]
+        ranges += [wire.range_request(*self._range(prefix)) for prefix in prefixes]
+        request = wire.txn_request([], [wire.request_op(wire.REQUEST_RANGE, r) for r in ranges], [])
+        response = await self._call(_TXN, wire.Encoded(request), wire.TxnReply)
+        replies = list(response.responses)
+        if len(replies) != len(ranges) or not all(isinstance(r, wire.RangeReply) for r in replies):
+            raise MetadataError(f"etcd at {self._endpoint} answered reads with {replies!r}")
+        found: dict[str, KeyValue | None] = {}
+        for key, reply in zip(keys, replies, strict=False):
+            assert isinstance(reply, wire.RangeReply)
+            found[key] = self._key_value(reply.kvs[0]) if reply.kvs else None
+        scanned: dict[str, list[KeyValue]] = {}
+        for prefix, reply in zip(prefixes, replies[len(keys) :], strict=True):
+            assert isinstance(reply, wire.RangeReply)
+            scanned[prefix] = [self._key_value(kv) for kv in reply.kvs]
+        return found, scanned
+
     # -- leases -------------------------------------------------------------------------------
 
     async def grant_lease(self, ttl_s: float) -> int:
