@@ -194,8 +194,8 @@ class InvariantChecker(Observer):
         stored: judged when it is."""
         self._held: dict[str, set[bytes]] = defaultdict(set)
         """At the end: the payloads the records on disk and in indexed objects hold."""
-        self.redelivery_limit = 0
-        """The poison workload's `max_redelivery_count` (0: none set)."""
+        self.redelivery_limit: int | None = None
+        """The poison workload's `max_redelivery_count` (None: no poison workload)."""
 
     def _violate(self, invariant: str, detail: str) -> None:
         self.world.log(f"VIOLATION {invariant}: {detail}")
@@ -381,7 +381,7 @@ class InvariantChecker(Observer):
         state.dropped.add(offset)
         state.acks.add(offset)
         limit = self.redelivery_limit
-        if limit and self.offsets_judged and state.sends[offset] < limit + 1:
+        if limit is not None and self.offsets_judged and state.sends[offset] < limit + 1:
             self._violate(
                 POISON,
                 f"{topic}/{subscription}: offset {offset} dropped by policy after "

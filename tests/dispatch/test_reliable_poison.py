@@ -242,7 +242,7 @@ def run(
 
 CASES = dict(
     sub_type=st.sampled_from(list(SubscriptionType)),
-    limit=st.integers(1, 3),
+    limit=st.integers(0, 3),
     poison=st.sampled_from(list(Poison)),
     consumers=st.integers(1, 2),
     actions=st.lists(ACTIONS, max_size=60),
@@ -293,7 +293,7 @@ def test_a_planted_off_by_one_in_the_limit_is_caught() -> None:
     """`failures >= limit`: one delivery short of Danube's `limit + 1`."""
 
     def short(self: FailurePolicy, failures: int) -> bool:
-        return bool(self.max_redelivery_count) and failures >= self.max_redelivery_count
+        return failures >= self.max_redelivery_count
 
     for sub_type in SubscriptionType:
         planted = mock.patch.object(FailurePolicy, "exhausted", short)

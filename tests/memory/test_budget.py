@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from danube.cli.broker import build_parser, load_config
@@ -33,6 +35,23 @@ def test_the_default_is_a_share_of_the_cgroup_limit_or_the_machine() -> None:
     assert machine_memory(None, None) == FALLBACK_TOTAL
     assert default_budget("536870912\n", MEMINFO) == 256 * MIB
     assert default_budget("1048576", None) == 16 * MIB  # never below the minimum
+    # cgroup v1 says "unlimited" with a number far above the machine's memory
+    assert machine_memory("9223372036854771712\n", MEMINFO) == 24576000 * 1024
+
+
+def test_a_cgroup_v1_limit_counts_when_there_is_no_v2_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A container on a cgroup v1 host: without reading `memory.limit_in_bytes` the budget
+    would be half of the host's memory, far above what the container may use."""
+    from danube.runtime import memory
+
+    v1 = tmp_path / "memory.limit_in_bytes"
+    v1.write_text("536870912\n")
+    monkeypatch.setattr(memory, "CGROUP_MAX", str(tmp_path / "absent"))
+    monkeypatch.setattr(memory, "CGROUP_V1_LIMIT", str(v1))
+    monkeypatch.setattr(memory, "MEMINFO", str(tmp_path / "absent"))
+    assert memory.broker_pools(None).budget == 256 * MIB
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from danube.machines.dispatch.failure import NO_LIMIT
 from danube.machines.dispatch.reliable import Backoff
 from danube.machines.node.settings import (
     POLICY_FIELDS,
@@ -237,6 +238,50 @@ def test_failure_policy_json_round_trips() -> None:
         poison_policy=PoisonPolicy.DEAD_LETTER,
     )
     assert SubscriptionFailureSettings.from_json(policy.to_json()) == policy
+
+
+def test_max_redelivery_count_zero_means_no_redelivery_as_in_danube() -> None:
+    """Danube's meaning (danube-reference §3.6): with 0 a nacked message is exhausted after
+    its one delivery: Drop skips it and the next message is delivered. Read as "no limit"
+    (this branch's first cut) m0 would come back for ever."""
+    broker = Broker()
+    pid = broker.producer()
+    consumer = broker.consumer("c", sub_type=SHARED)
+    policy = SubscriptionFailureSettings(
+        max_redelivery_count=0, base_redelivery_delay_ms=0, poison_policy=PoisonPolicy.DROP
+    )
+    broker.run(
+        broker.core.set_failure_policy(TOPIC, "s", policy, now_ms=broker.driver.now_ms).effects
+    )
+    broker.publish(pid, "m0")
+    assert payloads(broker.take(consumer)) == ["m0"]
+    broker.run(broker.core.nack(TOPIC, "s", 0, None, now_ms=broker.driver.now_ms).effects)
+    broker.run(broker.core.tick(broker.driver.now_ms + 10).effects)
+    broker.publish(pid, "m1")
+    assert payloads(broker.take(consumer)) == ["m1"]
+    assert broker.core.drop_counts() == {(TOPIC, "s", "poison_policy"): 1}
+
+
+def test_no_limit_is_u32_max_and_old_stored_zeros_keep_meaning_no_limit() -> None:
+    """A subscription nobody set a policy for redelivers for ever, said as u32's maximum
+    (which Danube reads the same way); a policy stored before limits existed, whose 0 was
+    the only value accepted, still means "for ever"; one stored now keeps Danube's 0."""
+    assert SubscriptionFailureSettings().max_redelivery_count == NO_LIMIT == (1 << 32) - 1
+    assert not SubscriptionFailureSettings().dispatch_policy.exhausted(10**6)
+    zero = _policy(max_redelivery_count=0)
+    assert SubscriptionFailureSettings.from_json(zero.to_json()) == zero
+    legacy = {k: v for k, v in zero.to_json().items() if k != "limits"}
+    assert SubscriptionFailureSettings.from_json(legacy).max_redelivery_count == NO_LIMIT
+    assert (
+        code_of(
+            lambda: SubscriptionFailureSettings(
+                max_redelivery_count=0,
+                dead_letter_topic="/default/dlq",
+                poison_policy=PoisonPolicy.DEAD_LETTER,
+            )
+        )
+        is ErrorCode.UNIMPLEMENTED
+    ), "0 exhausts at once: a DeadLetter policy with it would be accepted and not carried out"
 
 
 # -- dispatch window --------------------------------------------------------------------------

@@ -18,7 +18,7 @@ def limit_off_by_one() -> Iterator[None]:
     Danube's `max_redelivery_count + 1`."""
 
     def exhausted(self: FailurePolicy, failures: int) -> bool:
-        return bool(self.max_redelivery_count) and failures >= self.max_redelivery_count
+        return failures >= self.max_redelivery_count
 
     with mock.patch.object(FailurePolicy, "exhausted", exhausted):
         yield

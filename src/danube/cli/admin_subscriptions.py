@@ -141,8 +141,9 @@ def add_subscription_commands(actions: Actions) -> None:
     for flag, meaning in (
         (
             "--max-redelivery-count",
-            "redeliveries a failing message gets before the poison policy acts; 0: no limit "
-            "(our brokers refuse dead_letter with a limit until republishing arrives)",
+            "redeliveries a failing message gets before the poison policy acts (0: none, "
+            "4294967295: no limit; our brokers refuse dead_letter with a limit until "
+            "republishing arrives)",
         ),
         ("--ack-timeout-ms", "redeliver a message not acknowledged within this time"),
         ("--base-redelivery-delay-ms", "wait before the first redelivery"),

@@ -1,11 +1,14 @@
-"""Reads what the broker's default memory budget is a share of (spec/memory.md): the cgroup v2
-limit and /proc/meminfo. The rule itself is pure (`danube.machines.memory.budget`)."""
+"""Reads what the broker's default memory budget is a share of (spec/memory.md): the cgroup
+limit (v2's `memory.max`, else v1's `memory.limit_in_bytes`, whose "unlimited" is a number far
+above the machine's memory and loses to it) and /proc/meminfo. The rule itself is pure
+(`danube.machines.memory.budget`)."""
 
 from __future__ import annotations
 
 from danube.machines.memory.budget import MemoryPools, default_budget, split
 
 CGROUP_MAX = "/sys/fs/cgroup/memory.max"
+CGROUP_V1_LIMIT = "/sys/fs/cgroup/memory/memory.limit_in_bytes"
 MEMINFO = "/proc/meminfo"
 
 
@@ -22,4 +25,11 @@ def broker_pools(configured: int | None) -> MemoryPools:
     split into pools."""
     if configured is not None:
         return split(configured)
-    return split(default_budget(_read(CGROUP_MAX), _read(MEMINFO)))
+    return split(default_budget(cgroup_limit(), _read(MEMINFO)))
+
+
+def cgroup_limit() -> str | None:
+    """The cgroup's memory limit as the kernel writes it: v2 first, else v1 (a container on
+    a cgroup v1 host would otherwise get a budget sized for the host and meet the OOM
+    killer instead of evicting)."""
+    return _read(CGROUP_MAX) or _read(CGROUP_V1_LIMIT)

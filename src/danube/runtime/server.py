@@ -19,7 +19,7 @@ import trio
 import trio_asyncio
 
 from danube import keys
-from danube.machines.dispatch import QueueLimits
+from danube.machines.dispatch import DropReason, QueueLimits
 from danube.machines.node.core import BrokerCore, BrokerIdentity, ReplicationSettings
 from danube.machines.requests.receive import RECEIVE_BATCH
 from danube.machines.tiering import UploaderConfig
@@ -155,12 +155,15 @@ def _message_limit(config: BrokerConfig) -> int:
 async def _report_drops(core: BrokerCore) -> None:
     """Non-reliable drops are expected under overload; say so in the log promptly (within a
     second of the first drop) but at most once per period for each topic, subscription and
-    reason."""
+    reason. A poison policy's drops are logged one by one where they happen
+    (`policy_dropped`), not here again."""
     reported: dict[tuple[str, str, str], tuple[int, float]] = {}
     while True:
         await trio.sleep(DROP_CHECK_SECONDS)
         now = trio.current_time()
         for key, count in core.drop_counts().items():
+            if key[2] == DropReason.POISON_POLICY.value:
+                continue
             last_count, last_time = reported.get(key, (0, -DROP_REPORT_SECONDS))
             if count > last_count and now - last_time >= DROP_REPORT_SECONDS:
                 topic, sub, reason = key

@@ -15,15 +15,20 @@ deliveries, as in Danube) the message is *exhausted* and the poison policy decid
 - `DEAD_LETTER`: the machine asks the driver to republish the message (`DeadLetter`) and keeps
   it until the driver reports it stored; only then does the cursor pass it.
 
-`max_redelivery_count = 0` means no limit (our behaviour before limits existed, and the default
-of a subscription nobody set a policy for); Danube's default is 5, and Danube's 0 means "no
-redelivery" (see spec/dispatch.md).
+`max_redelivery_count` has Danube's meaning on the wire: 0 is "no redelivery" (one delivery,
+then the poison policy). `NO_LIMIT` (u32's maximum, the largest value the wire carries, which
+Danube never reaches either) is "redeliver for ever": the default of a subscription nobody set
+a policy for, where Danube's is 5 with Block (spec/failure-policies.md).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+NO_LIMIT = (1 << 32) - 1
+"""`max_redelivery_count` that never exhausts a message: u32's maximum, which a Danube broker
+reads the same way (`attempt > u32::MAX` is never true)."""
 
 
 class Backoff(enum.Enum):
@@ -48,8 +53,9 @@ class FailurePolicy:
     base_redelivery_delay_ms: int = 1_000
     max_redelivery_delay_ms: int = 60_000
     backoff: Backoff = Backoff.EXPONENTIAL
-    max_redelivery_count: int = 0
-    """Failures a message may have and still be redelivered; 0: no limit."""
+    max_redelivery_count: int = NO_LIMIT
+    """Failures a message may have and still be redelivered: 0, none (Danube's meaning);
+    `NO_LIMIT`, for ever."""
     poison: Poison = Poison.BLOCK
     dead_letter_topic: str | None = None
 
@@ -66,7 +72,7 @@ class FailurePolicy:
     def exhausted(self, failures: int) -> bool:
         """A message with `failures` failures gets no further delivery: with a limit of N it
         was delivered N + 1 times."""
-        return bool(self.max_redelivery_count) and failures > self.max_redelivery_count
+        return failures > self.max_redelivery_count
 
     def redelivery_delay_ms(self, failures: int, requested_ms: int | None) -> int:
         """Delay after the message's `failures`-th failure (1 for the first): the policy's

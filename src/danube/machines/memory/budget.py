@@ -49,8 +49,9 @@ def split(budget: int) -> MemoryPools:
 
 
 def machine_memory(cgroup_max: str | None, meminfo: str | None) -> int:
-    """The memory this process may use: the cgroup v2 limit (`memory.max`) when set and
-    smaller than the machine's `MemTotal`, else `MemTotal`, else `FALLBACK_TOTAL`."""
+    """The memory this process may use: the cgroup limit (v2's `memory.max` or v1's
+    `memory.limit_in_bytes`) when set and smaller than the machine's `MemTotal`, else
+    `MemTotal`, else `FALLBACK_TOTAL`."""
     total: int | None = None
     if meminfo:
         for line in meminfo.splitlines():

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from danube.machines.dispatch.failure import Backoff, FailurePolicy, Poison
+from danube.machines.dispatch.failure import NO_LIMIT, Backoff, FailurePolicy, Poison
 from danube.values.config import MAX_UNACKED_MESSAGES_LIMIT, Policies
 from danube.values.errors import DanubeError, ErrorCode, invalid, quoted
 from danube.values.names import parse_topic
@@ -78,19 +78,25 @@ _POISON = {
     PoisonPolicy.DROP: Poison.DROP,
 }
 
+LIMIT_MEANING = "danube"
+"""Marks a stored policy whose `max_redelivery_count` has Danube's meaning (0: no
+redelivery). One stored without it was written when 0 was the only value accepted and meant
+"for ever"."""
+
 BACKOFF_WIRE = (Backoff.FIXED, Backoff.EXPONENTIAL)
 """Danube's BackoffStrategy enum values, by position."""
 
 
 @dataclass(frozen=True, slots=True)
 class SubscriptionFailureSettings:
-    """Danube's SubscriptionFailurePolicy. `max_redelivery_count` 0 means no limit (not
-    Danube's "no redelivery"; see spec/dispatch.md); a limit is enforced by the dispatch
-    machine with the Drop or Block poison policy. DeadLetter with a limit is refused until
-    the broker can republish to the dead-letter topic: a policy accepted and not carried
-    out would tell the operator something untrue."""
+    """Danube's SubscriptionFailurePolicy, with Danube's meaning of `max_redelivery_count`
+    (0: no redelivery; `NO_LIMIT`, u32's maximum: for ever, our default where Danube's is 5;
+    spec/failure-policies.md); the dispatch machine enforces it with the Drop or Block
+    poison policy. DeadLetter is refused until the broker can republish to the dead-letter
+    topic: a policy accepted and not carried out would tell the operator something
+    untrue."""
 
-    max_redelivery_count: int = 0
+    max_redelivery_count: int = NO_LIMIT
     ack_timeout_ms: int = 30_000
     base_redelivery_delay_ms: int = 1_000
     max_redelivery_delay_ms: int = 60_000
@@ -112,16 +118,18 @@ class SubscriptionFailureSettings:
             parse_topic(self.dead_letter_topic)
         if not 0 <= self.max_redelivery_count <= U32_MAX:
             raise invalid(
-                f"max_redelivery_count must be 0 (no limit) to {U32_MAX}, "
+                f"max_redelivery_count must be 0 (no redelivery) to {U32_MAX} (no limit), "
                 f"not {self.max_redelivery_count}"
             )
-        if self.max_redelivery_count and self.poison_policy is PoisonPolicy.DEAD_LETTER:
+        if self.poison_policy is PoisonPolicy.DEAD_LETTER and self.max_redelivery_count != NO_LIMIT:
+            # with no limit nothing is ever dead-lettered: such a policy (stored before
+            # limits existed, or sent by a client that left the count at its maximum) holds
             raise DanubeError(
                 ErrorCode.UNIMPLEMENTED,
                 "the dead_letter poison policy is not offered yet (republishing to the "
                 "dead-letter topic is still to come); use block (the subscription, or the "
                 "key on Key-Shared, waits for an operator) or drop (the message is skipped "
-                "and counted), or max_redelivery_count 0 (no limit)",
+                f"and counted), or no limit (max_redelivery_count {NO_LIMIT})",
             )
 
     @property
@@ -138,6 +146,7 @@ class SubscriptionFailureSettings:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "limits": LIMIT_MEANING,
             "max_redelivery_count": self.max_redelivery_count,
             "ack_timeout_ms": self.ack_timeout_ms,
             "base_redelivery_delay_ms": self.base_redelivery_delay_ms,
@@ -149,8 +158,11 @@ class SubscriptionFailureSettings:
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> SubscriptionFailureSettings:
+        count = int(value.get("max_redelivery_count", NO_LIMIT))
+        if value.get("limits") != LIMIT_MEANING and count == 0:
+            count = NO_LIMIT  # stored before limits existed, when 0 was the only value: for ever
         return cls(
-            max_redelivery_count=int(value.get("max_redelivery_count", 0)),
+            max_redelivery_count=count,
             ack_timeout_ms=int(value.get("ack_timeout_ms", 30_000)),
             base_redelivery_delay_ms=int(value.get("base_redelivery_delay_ms", 1_000)),
             max_redelivery_delay_ms=int(value.get("max_redelivery_delay_ms", 60_000)),
