@@ -100,13 +100,19 @@ def _drain_one(ops: ClusterAdminOps) -> Any:
 def test_the_operator_and_the_broker_take_the_same_admin_decisions() -> None:
     broker = _broker_side()
     workload = ClusterWorkload(admin=24)
-    with _recording() as simulated:
-        ClusterSimulation(3, workload, CLUSTER_PROFILES["default"]).run(20)
     assert {f for _, f in broker} >= {
         "plan_drain", "drain_topic", "move_away", "unload_topic", "delete_topic",
         "delete_one", "set_mode", "activate", "unload_step", "delete_step",
     }  # fmt: skip
-    missing = broker - simulated
+    # Seeds until every decision production takes was run: which one a seed reaches moves
+    # with unrelated changes (seed 3 alone did until lookups were answered from the view).
+    missing = set(broker)
+    for seed in range(3, 9):
+        with _recording() as simulated:
+            ClusterSimulation(seed, workload, CLUSTER_PROFILES["default"]).run(20)
+        missing -= simulated
+        if not missing:
+            break
     assert not missing, f"decisions production takes that the simulator never ran: {missing}"
 
 
