@@ -302,6 +302,7 @@ class ClusterSimulation:
             data["handed_over"] = self.streams.handed_over
             data["handed_over_unindexed"] = self.streams.handed_over_unindexed
             data["rewind_restarts"] = self.streams.restarted
+            data["rewind_served_again"] = self.streams.restarted_served
         return ClusterResult(
             seed=self.seed,
             duration_s=duration_s,

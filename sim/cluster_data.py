@@ -301,6 +301,8 @@ class DataPlane:
         self._replicas: dict[str, tuple[ReplicaSet, int]] = {}
         """topic → its replica set and revision, as the watch has it (`--replicated`)."""
         self._slots = FlowSlots()
+        self._restarting: set[str] = set()
+        """Topics restarted (`_restart`) whose next load here is counted."""
         self._loads = LoadQueue()
         """Loads waiting for a slot, taken in batches as the driver does."""
         """Claims and loads under way and waiting (`request_batching.FLOW_SLOTS`)."""
@@ -456,6 +458,7 @@ class DataPlane:
             self.host.world.log(f"broker {self.host.name} restarts {topic} (new epoch)")
             if self.broker.streams is not None:
                 self.broker.streams.restarted += 1
+                self._restarting.add(topic)
             self.apply(self.machine.restart(topic, self.host.now_ms()))
 
     def _woken(self, token: int) -> None:
@@ -478,6 +481,9 @@ class DataPlane:
             )
             if broker.streams is not None:
                 self._push(request.topic)
+                if request.topic in self._restarting and request.keep_local:
+                    self._restarting.discard(request.topic)
+                    broker.streams.restarted_served += 1
             answer(None)
         elif isinstance(request, flows.Seal):
             broker._apply(core.unload(request.topic, broker.now_ms).effects)
