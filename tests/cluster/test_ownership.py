@@ -479,11 +479,15 @@ def test_a_restart_unloads_releases_without_sealing_and_claims_again() -> None:
     assert release.sealed_epoch == 60
 
 
-def test_a_topic_not_served_ignores_a_restart() -> None:
+def test_a_topic_not_served_ignores_a_restart_and_one_loading_restarts_once_loaded() -> None:
     o = machine()
     assert o.restart(T, 0) == []
     o.assignment_seen(T, True, 0)
     assert o.restart(T, 0) == [] and o.phase(T) is Phase.CLAIMING
+    # Adopted in a batch whose answer comes later: the restart waits for the load's answer.
+    assert o.claim_done(T, True, 41, 0, known=True) == [Load(T, 41)]
+    assert o.restart(T, 0) == []
+    assert o.loaded(T, 0) == [Unload(T, 41, restart=True)]
 
 
 def test_planted_bug_sealing_after_a_rewind_is_caught() -> None:

@@ -21,6 +21,11 @@ unassigned markers, and for each topic:
   finished is marked ready when it shows up. When the marker is a `delete` naming this
   broker, the unload says so (`Unload.deleted`): the topic is dropped with its WAL, not
   sealed, and the admin's DeleteTopic removes its metadata and objects after the release.
+- **restart** (the core stopped a served replicated topic after a repair rewound its log
+  below what its followers may hold) → unload it, keeping its files, release it without
+  marking the replica set sealed, and claim it again as a new stay while it is assigned
+  here: the new claim revision is a new epoch (spec/replication.md, "A repair that
+  rewinds").
 - **a new lease** (the old one expired: the leader failed every topic over) → every topic is
   dropped at once (`Drop`, no seal: the claims died with the lease and another broker may own
   the topic already), and the assignments still in the view are claimed afresh.
@@ -425,7 +430,7 @@ class Ownership:
         if state is None or state.phase is not Phase.LOADING:
             return []
         state.busy = False
-        state.phase = Phase.SERVING
+        state.phase = Phase.UNLOADING if state.restarting else Phase.SERVING
         state.served = True
         return self._step(now_ms)
 
@@ -448,6 +453,10 @@ class Ownership:
         local WAL (`become_writer`: this broker wrote it last) and the followers reconcile
         by epoch (spec/replication.md, "A repair that rewinds")."""
         state = self._topics.get(topic)
+        if state is not None and state.phase is Phase.LOADING:
+            # Adopted, its load's answer not fed back yet (a batch of loads answers once
+            # all are adopted): the restart waits for it (`loaded`).
+            state.restarting = True
         if state is None or state.phase is not Phase.SERVING:
             return []  # already on its way out (or never served here): that path goes on
         state.restarting = True
