@@ -116,6 +116,9 @@ class SimPort:
     def end_stream(self, generation: int) -> None:
         self.broker.end_stream(generation)
 
+    def restart_topic(self, topic: str) -> None:
+        """A standalone broker has no replicated topic; `ClusterPort` carries it out."""
+
     def resolve(self, waiter: Any) -> None:
         waiter.ok()
 

@@ -301,6 +301,8 @@ class ClusterSimulation:
             data["replica_streams_broken"] = self.streams.broken
             data["handed_over"] = self.streams.handed_over
             data["handed_over_unindexed"] = self.streams.handed_over_unindexed
+            data["rewind_restarts"] = self.streams.restarted
+            data["rewind_served_again"] = self.streams.restarted_served
         return ClusterResult(
             seed=self.seed,
             duration_s=duration_s,
@@ -387,7 +389,23 @@ class ClusterSimulation:
             up = [node for node in self.nodes if node.running is not None]
             if up:
                 rng.choice(up).crash(rng.randint(restart // 2, restart * 3 // 2), power=True)
+        if faults.disk_full and rng.random() < faults.disk_full:
+            up = [node for node in self.nodes if node.running is not None]
+            if up:
+                self._fill_disk(rng.choice(up))
         world.at(FAULT_TICK_US, self._fault_tick)
+
+    def _fill_disk(self, node: SimNode) -> None:
+        """`ClusterFaults.disk_full`: the node's WAL writes fail until it has room again."""
+        disk = node.disk
+        disk.full = True
+        self.injected["disk_full"] += 1
+        self.world.log(f"fault disk_full {node.name}")
+
+        def room() -> None:
+            disk.full = False
+
+        self.world.at(self.faults.disk_full_us, room)
 
 
 def cluster_replay_command(

@@ -141,6 +141,8 @@ class ClusterBroker(SimBroker):
         self.fenced = True
         """Until the membership says otherwise, acknowledge nothing."""
         self.streams: ReplicaStreams | None = getattr(host, "node", None) and host.node.streams
+        self.on_restart: Callable[[str], None] | None = None
+        """The data plane's `restart` (`Host.restart_topic`)."""
         """Set when the cluster replicates (`--replicated`)."""
 
     def wait_stored(self, topic: str, through: int, waiter: Any) -> None:
@@ -208,6 +210,12 @@ class ClusterPort(SimPort):
             topic = waiter.topic
             streams.on_ack(broker.host.name, topic, broker.claims.get(topic))
         waiter.ok()
+
+    def restart_topic(self, topic: str) -> None:
+        broker = self.broker
+        if broker.on_restart is not None and self.alive:
+            # after the interpreter's step, as the driver's channel is in production
+            broker.world.at(0, lambda: broker.on_restart and broker.on_restart(topic))
 
     def perform(self, effect: Any, done: Done) -> None:
         kind = type(effect)
@@ -286,12 +294,15 @@ class DataPlane:
         self.host = host
         self.broker = ClusterBroker(host, disk, objects, injected)
         self.machine = Ownership(OwnershipConfig(host.name, retry_ms=OWNERSHIP_RETRY_MS))
+        self.broker.on_restart = self._restart
         self._wake = 0
         self._assigned: set[str] = set()
         self._markers: set[str] = set()
         self._replicas: dict[str, tuple[ReplicaSet, int]] = {}
         """topic → its replica set and revision, as the watch has it (`--replicated`)."""
         self._slots = FlowSlots()
+        self._restarting: set[str] = set()
+        """Topics restarted (`_restart`) whose next load here is counted."""
         self._loads = LoadQueue()
         """Loads waiting for a slot, taken in batches as the driver does."""
         """Claims and loads under way and waiting (`request_batching.FLOW_SLOTS`)."""
@@ -442,6 +453,14 @@ class DataPlane:
         if self.host.alive:  # the driver feeds the answer back, then the slot passes on
             self._slots.finished(kind)
 
+    def _restart(self, topic: str) -> None:
+        if self.host.alive and self.broker.up:
+            self.host.world.log(f"broker {self.host.name} restarts {topic} (new epoch)")
+            if self.broker.streams is not None:
+                self.broker.streams.restarted += 1
+                self._restarting.add(topic)
+            self.apply(self.machine.restart(topic, self.host.now_ms()))
+
     def _woken(self, token: int) -> None:
         if self.host.alive and token == self._wake:
             self.apply(self.machine.tick(self.host.now_ms()))
@@ -462,6 +481,9 @@ class DataPlane:
             )
             if broker.streams is not None:
                 self._push(request.topic)
+                if request.topic in self._restarting and request.keep_local:
+                    self._restarting.discard(request.topic)
+                    broker.streams.restarted_served += 1
             answer(None)
         elif isinstance(request, flows.Seal):
             broker._apply(core.unload(request.topic, broker.now_ms).effects)
@@ -495,7 +517,7 @@ class DataPlane:
         if not (core.settled(topic) and self.broker.metadata_flushed):
             self.host.world.at(SETTLE_POLL_US, lambda: self._when_settled(topic, answer))
             return
-        answer(core.lifecycle.handed_over(topic) is not None)
+        answer(core.lifecycle.tail_kept(topic))
 
 
 def _topic_of(request: Any) -> str | None:

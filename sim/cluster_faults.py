@@ -68,6 +68,12 @@ class ClusterFaults:
     what was fsynced, and a torn part of the rest. Drawn last (a profile without it draws
     nothing more): frames are sent to followers as the owner writes them, so an owner may
     lose a group commit its followers hold, and must not have acknowledged it."""
+    disk_full: float = 0.0
+    """Per fault tick: a running broker's disk is full for `disk_full_us` (WAL writes fail
+    with ENOSPC). Drawn after `power` (a profile without it draws nothing more): an owner
+    whose write of a group commit it already sent fails repairs its log below what its
+    followers hold, and claims the topic again under a new epoch (`Ownership.restart`)."""
+    disk_full_us: int = 500_000
 
     def network(self) -> Faults:
         """What `sim.network.Network` reads: latency and loss (and the brokers' disks read
@@ -114,6 +120,9 @@ planted bug at replication factor 3 they reach a WAL cut bug still open (spec/re
 CLUSTER_PROFILES["power"] = dataclasses.replace(
     CLUSTER_PROFILES["default"], power=0.02, fsync_us=5_000
 )
+CLUSTER_PROFILES["disk"] = dataclasses.replace(CLUSTER_PROFILES["default"], disk_full=0.02)
+"""The default's faults and full disks: failed WAL writes of group commits already sent to
+the followers (spec/replication.md, "A repair that rewinds")."""
 """The default's faults, power failures (a crash that loses what was not fsynced) and a
 slower disk (5 ms fsyncs, a disk without a power-loss-protected cache), so that a crash
 often falls between a group commit's send and its owner's fsync."""

@@ -56,6 +56,11 @@ class ReplicaStreams:
         self.handed_over = 0
         """Moves whose owner handed the topic to its in-sync followers (no upload waited)."""
         self.handed_over_unindexed = 0
+        self.restarted = 0
+        """Topics an owner unloaded and claimed again after a repair rewound its log below
+        what it had sent (`Ownership.restart`)."""
+        self.restarted_served = 0
+        """Of those, the loads that served them again here, from the kept files."""
         """Records those owners held that the object index did not: the tails not uploaded."""
         self.on_ack: Callable[[str, str, int | None], None] | None = None
         """Hears every publish a broker acknowledges: (broker, topic, its claim's revision)."""

@@ -454,6 +454,51 @@ def test_only_an_unload_of_a_served_topic_marks_its_replica_set_sealed() -> None
     assert release.sealed_epoch is None
 
 
+def test_a_restart_unloads_releases_without_sealing_and_claims_again() -> None:
+    """Issue 27, a repair that rewinds: the core stopped a served topic whose log was cut
+    below what its followers may hold (`TopicStopped.restart`). The machine unloads it,
+    keeping its files; the release deletes the claim without marking the replica set sealed
+    (the tail was never uploaded: sealed, any broker could load the topic from objects
+    without what the followers hold), whatever the settle answer said; and, still assigned
+    here, the topic is claimed again: a new claim revision, hence a new epoch, loaded from
+    the same files."""
+    o = machine()
+    serving(o, claim_revision=41)
+    assert o.restart(T, 0) == [Unload(T, 41, restart=True)]
+    assert o.restart(T, 0) == [], "already on its way out"
+    (release,) = o.unloaded(T, 0)
+    assert isinstance(release, Release) and release.sealed_epoch is None
+    assert release.ops == (Delete(OWNER),)
+    (claim,) = o.released(T, True, 0)
+    assert isinstance(claim, Claim) and o.phase(T) is Phase.CLAIMING
+    assert o.claim_done(T, True, 60, 0, known=True) == [Load(T, 60)]
+    assert o.loaded(T, 0) == [] and o.serving() == [T]
+    # The new stay is an ordinary one: a later move seals as usual.
+    o.assignment_seen(T, False, 0)
+    (release,) = o.unloaded(T, 0)
+    assert release.sealed_epoch == 60
+
+
+def test_a_topic_not_served_ignores_a_restart_and_one_loading_restarts_once_loaded() -> None:
+    o = machine()
+    assert o.restart(T, 0) == []
+    o.assignment_seen(T, True, 0)
+    assert o.restart(T, 0) == [] and o.phase(T) is Phase.CLAIMING
+    # Adopted in a batch whose answer comes later: the restart waits for the load's answer.
+    assert o.claim_done(T, True, 41, 0, known=True) == [Load(T, 41)]
+    assert o.restart(T, 0) == []
+    assert o.loaded(T, 0) == [Unload(T, 41, restart=True)]
+
+
+def test_planted_bug_sealing_after_a_rewind_is_caught() -> None:
+    """`seal_after_rewind` (tests/sim/replication_mutations.py) seals the replica set at
+    the release of a restart: the test above sees it."""
+    from tests.sim.replication_mutations import seal_after_rewind
+
+    with seal_after_rewind(), pytest.raises(AssertionError):
+        test_a_restart_unloads_releases_without_sealing_and_claims_again()
+
+
 def test_a_handed_over_unload_never_seals_and_an_uploaded_one_always_does() -> None:
     """Issue 27, moves: the release of an unload handed over to the in-sync followers (its
     tail not uploaded) does not touch the replica set: marked sealed, any broker could load

@@ -157,6 +157,20 @@ def test_a_deleted_topic_is_forgotten_at_once_and_a_moved_one_sealed_first() -> 
     assert machine.inputs == [("handed over", TOPIC)]
 
 
+def test_a_restart_keeps_the_files_and_a_stopped_topic_is_not_sealed() -> None:
+    """A restart (`Ownership.restart`: a repair rewound the log below what the followers
+    hold) forgets the topic but keeps its files, which the next claim's load adopts. Its
+    settle answer, like that of any stopped topic (`Lifecycle.tail_kept`), tells the machine
+    the tail was not uploaded."""
+    machine = Machine()
+    asked, perform = answers(None, True, None)
+    effect = own.Unload(TOPIC, 50, restart=True)
+    run_now(flows.unload(machine, effect, lambda: 0), perform)  # type: ignore[arg-type]
+    assert [type(a) for a in asked] == [flows.Seal, flows.AwaitSettled, flows.Forget]
+    assert not asked[2].delete_files and asked[2].event == "topic_restarted"
+    assert machine.inputs == [("handed over", TOPIC)]
+
+
 def test_an_overtaken_unload_forgets_nothing() -> None:
     machine = Machine(unloading=False)
     asked, perform = answers(None, None)

@@ -26,7 +26,7 @@ from danube.machines.node.core import (
     ReplicationSettings,
     TopicStopped,
 )
-from danube.machines.node.effects import WalIo
+from danube.machines.node.effects import DropWal, WalIo
 from danube.machines.replication.messages import Mismatch, Replicated, StaleEpoch
 from danube.machines.wal import format
 from danube.machines.wal.machine import Fsync, WalConfig, Write
@@ -180,6 +180,10 @@ def test_planted_bug_counting_the_written_end_is_caught(monkeypatch: pytest.Monk
 
 
 def test_a_repair_below_what_was_sent_stops_the_topic() -> None:
+    rewound()
+
+
+def rewound() -> Owner:
     """The frames went to the follower as written; the fsync fails and the repair cuts them
     from the owner's log. Serving on under the same epoch would put other records at those
     offsets while the follower holds these: the topic stops until a new claim (new epoch,
@@ -204,6 +208,52 @@ def test_a_repair_below_what_was_sent_stops_the_topic() -> None:
     assert "repaired to offset 0" in owner.driver.stopped.get(TOPIC, ""), owner.driver.stopped
     with pytest.raises(DanubeError):
         owner.publish("m1")
+    # Stopped to be claimed again under a new epoch: the port hands it to the ownership
+    # machine (`Host.restart_topic`).
+    assert port.restarted == [TOPIC]
+    return owner
+
+
+def test_a_stopped_replicated_topic_leaves_unsealed_with_its_files() -> None:
+    """Its tail was never uploaded (the WAL stopped): an unload, the restart's or an
+    operator's, settles at once and tells the release not to seal the replica set
+    (`Lifecycle.tail_kept`), and the topic is forgotten with its files kept, which hold
+    everything it acknowledged."""
+    leaves_unsealed(rewound())
+    owner = Owner()
+    owner.configure(("b2",), ("b2",))
+    owner.sends()
+    owner.publish("m0")
+    owner.answer("b2", Replicated(TOPIC, 0, 1))
+    assert owner.acked() == 0
+    assert owner.core.lifecycle.tail_kept(TOPIC) is False, "serving: nothing to say yet"
+    effects = owner.answer("b2", StaleEpoch(TOPIC, 9))  # deposed: stopped, no restart
+    assert any(isinstance(e, TopicStopped) and not e.restart for e in effects)
+    assert owner.driver.port.restarted == []
+    leaves_unsealed(owner)
+
+
+def leaves_unsealed(owner: Owner) -> None:
+    owner.run(owner.core.unload(TOPIC, owner.now).effects)
+    assert owner.core.settled(TOPIC)
+    assert owner.core.lifecycle.tail_kept(TOPIC), "a stopped topic's tail was not uploaded"
+    removed = owner.core.remove(TOPIC, reason="moved", delete_files=True).effects
+    (drop,) = [e for e in removed if isinstance(e, DropWal)]
+    assert not drop.delete_files
+
+
+def test_planted_bug_sealing_a_stopped_topic_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the rule (only a hand-over keeps the tail unsealed, as before), the test
+    above fails: the operator's unload of a stopped topic would seal its replica set."""
+    from danube.machines.node.lifecycle import Lifecycle
+
+    def handed_over_only(self: Lifecycle, topic: str) -> bool:
+        record = self._topics.get(topic)
+        return record is not None and record.log.handing_over
+
+    monkeypatch.setattr(Lifecycle, "tail_kept", handed_over_only)
+    with pytest.raises(AssertionError):
+        test_a_stopped_replicated_topic_leaves_unsealed_with_its_files()
 
 
 def test_planted_bug_serving_on_after_a_rewinding_repair_is_caught(

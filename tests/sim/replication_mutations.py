@@ -156,6 +156,24 @@ def seal_after_hand_over() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def seal_after_rewind() -> Iterator[None]:
+    """The release of a topic stopped by a repair that rewound its log (its tail never
+    uploaded, its followers holding frames its log lost) marks the replica set sealed, as
+    after an upload: any broker may then load the topic from objects, without that tail."""
+    original = Ownership.unloaded
+
+    def unloaded(self: Ownership, topic: str, now_ms: int, *, handed_over: bool = False) -> Any:
+        state = self._topics.get(topic)
+        if state is None or not state.restarting:
+            return original(self, topic, now_ms, handed_over=handed_over)
+        state.restarting = False
+        return original(self, topic, now_ms)
+
+    with mock.patch.object(Ownership, "unloaded", unloaded):
+        yield
+
+
+@contextlib.contextmanager
 def load_batch_forgets_replica_sets() -> Iterator[None]:
     """A batch of loads (`ownership_flows.load_many`) reads no replica set: the new owner
     of a failed-over topic, an in-sync follower, does not keep its replicated log (only
@@ -205,6 +223,7 @@ REPLICATION_MUTATIONS: dict[str, Patch] = {
     "truncate_by_high_watermark": truncate_by_high_watermark,
     "move_before_caught_up": move_before_caught_up,
     "seal_after_hand_over": seal_after_hand_over,
+    "seal_after_rewind": seal_after_rewind,
     "count_written_end": count_written_end,
     "load_batch_forgets_replica_sets": load_batch_forgets_replica_sets,
 }

@@ -23,6 +23,7 @@ from tests.sim.replication_mutations import REPLICATION_MUTATIONS, loads_in_batc
 
 DEFAULT = CLUSTER_PROFILES["default"]
 POWER = CLUSTER_PROFILES["power"]
+DISK = CLUSTER_PROFILES["disk"]
 REPLICATED = ClusterWorkload(replicated=True)
 SECONDS = 15
 
@@ -64,6 +65,35 @@ def test_moves_hand_over_to_in_sync_followers_without_uploading_the_tail() -> No
         unindexed += result.data["handed_over_unindexed"]
     assert handed >= 4, handed
     assert unindexed > 0, unindexed
+
+
+def test_a_rewinding_repair_serves_the_topic_again_under_a_new_epoch() -> None:
+    """Full disks (`ClusterFaults.disk_full`) fail owners' WAL writes of group commits
+    already sent to their followers; the repair cuts the owner's log below them. The
+    owner unloads the topic, releases it unsealed and claims it again
+    (`Ownership.restart`): served again from its kept files under a new epoch, the
+    followers cut by epoch, and no acknowledged message lost (r1) or acknowledged under a
+    superseded claim (r2)."""
+    restarts, served = 0, 0
+    for seed in range(1, 4):
+        result = ClusterSimulation(seed, REPLICATED, DISK).run(SECONDS)
+        assert result.ok, (seed, [v.detail for v in result.violations])
+        assert result.settled, seed
+        restarts += result.data["rewind_restarts"]
+        served += result.data["rewind_served_again"]
+    assert restarts > 0, restarts
+    assert served > 0, served
+
+
+def test_sealing_the_replica_set_after_a_rewind_loses_acknowledged_messages() -> None:
+    """`seal_after_rewind`: the release of a restart marks the replica set sealed, as after
+    an upload; a broker that loads the topic from objects then lacks the acknowledged tail
+    its followers and its old owner hold (caught at seed 2 of 1-40, `disk` profile)."""
+    caught = first_caught("seal_after_rewind", range(1, 41), faults=DISK)
+    assert caught is not None, "seal_after_rewind went unnoticed for 40 seeds"
+    seed, invariants = caught
+    assert REPLICA_LOSS in invariants, (seed, invariants)
+    assert ClusterSimulation(seed, REPLICATED, DISK).run(SECONDS).ok, seed
 
 
 def first_caught(

@@ -46,3 +46,8 @@ class Host(Protocol):
 
     def fail(self, waiter: Any, error: DanubeError) -> None:
         """A waiter failed with `error`."""
+
+    def restart_topic(self, topic: str) -> None:
+        """The core stopped a replicated topic to serve it again under a new epoch
+        (`TopicStopped.restart`): a cluster broker hands it to its ownership machine
+        (`Ownership.restart`); a standalone broker has no replicated topic to restart."""

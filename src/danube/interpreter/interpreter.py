@@ -345,6 +345,8 @@ class Interpreter:
             elif isinstance(effect, TopicStopped):
                 host.event("topic_stopped", topic=effect.topic, reason=effect.reason)
                 self.publishes.fail(effect.topic, 0, f"topic stopped: {effect.reason}")
+                if effect.restart:
+                    host.restart_topic(effect.topic)
             elif isinstance(effect, TierHalted):
                 host.event(
                     "tier_halted",

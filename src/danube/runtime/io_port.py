@@ -206,6 +206,8 @@ class ProductionPort:
         self.wal_writers = WalWriters(loop, WAL_WRITER_THREADS, "danube-wal")
         self._checkpoint_writers = WalWriters(loop, CHECKPOINT_THREADS, "danube-checkpoint")
         self.streams = Streams()
+        self.on_restart: Callable[[str], None] | None = None
+        """Cluster mode: the ownership driver's `restart` (`Host.restart_topic`)."""
         self.stopped = False
         """Set at the end of a graceful stop: the topics' files are closed, and WAL
         directory effects asked later are not carried out (recovery redoes them)."""
@@ -272,6 +274,10 @@ class ProductionPort:
         slot = streams.slots.get(generation) if generation is not None else None
         if slot is not None:
             slot.wakeup.set()
+
+    def restart_topic(self, topic: str) -> None:
+        if self.on_restart is not None:
+            self.on_restart(topic)
 
     def end_stream(self, generation: int) -> None:
         slot = self.streams.slots.get(generation)

@@ -14,6 +14,8 @@ runs those steps:
   every sealed segment is indexed and the cursors are written, then forgets the topic and its
   local files. The unload of a deleted topic skips the seal: it forgets the topic and its
   files at once (the admin's DeleteTopic removes the metadata and objects).
+- **Restart** (the core's `TopicStopped(restart=True)`, through the port): the machine's
+  unload, release and claim again, as above, keeping the files (a new epoch, same log).
 - **Drop**: forgets the topic at once and keeps its files (the lease that held the claim is
   gone; another broker may own the topic already).
 """
@@ -70,6 +72,10 @@ class OwnershipDriver:
         self._assigned: set[str] = set()
         self._markers: set[str] = set()
         self._changes_in, self._changes = trio.open_memory_channel[_Change](math.inf)
+        self._restarts_in, self._restarts = trio.open_memory_channel[str](math.inf)
+        runtime.port.on_restart = self._restarts_in.send_nowait
+        """The interpreter's `TopicStopped(restart=True)`, on the asyncio loop; the machine
+        hears it from `_apply_restarts`, in trio."""
         self._bounds = {kind: trio.CapacityLimiter(n) for kind, n in FLOW_SLOTS.items()}
         """Which effects' flows wait for a slot, and how many: `request_batching`'s rule."""
         self._loads = LoadQueue()
@@ -83,6 +89,7 @@ class OwnershipDriver:
             self._nursery = nursery
             nursery.start_soon(self._alarm.run)
             nursery.start_soon(self._apply_assignments)
+            nursery.start_soon(self._apply_restarts)
             prefix = f"{keys.BROKERS_PREFIX}{self._broker_id}/"
             nursery.start_soon(follow, self.store, prefix, self._read_assignments, self._assignment)
             nursery.start_soon(
@@ -130,6 +137,13 @@ class OwnershipDriver:
                 self._apply(self.machine.assignment_seen(topic, True, _monotonic_ms()))
             else:
                 await self._unassigned(topic)
+
+    async def _apply_restarts(self) -> None:
+        """A repair rewound a replicated topic's log below what its followers may hold: the
+        machine unloads it and claims it again, under a new epoch (`Ownership.restart`)."""
+        async for topic in self._restarts:
+            log.warning("event=topic_restarting topic=%s", topic)
+            self._apply(self.machine.restart(topic, _monotonic_ms()))
 
     async def _unassigned(self, topic: str) -> None:
         """The leader posted the topic's marker in the transaction that deleted the
@@ -250,7 +264,7 @@ class OwnershipDriver:
             while not self.core.settled(request.topic):
                 await trio.sleep(SETTLE_POLL_MS / 1000)
             await trio_asyncio.aio_as_trio(self.runtime.flush_metadata)()
-            return self.core.lifecycle.handed_over(request.topic) is not None
+            return self.core.lifecycle.tail_kept(request.topic)
         elif isinstance(request, flows.Forget):
             await self._on_loop(lambda: self._forget(request))
         else:

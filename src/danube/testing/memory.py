@@ -81,6 +81,8 @@ class MemoryPort:
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     woken: list[int] = field(default_factory=list)
     ended: list[int] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)
+    """Topics the core asked to restart under a new epoch (`Host.restart_topic`)."""
     hold: Callable[[Any], bool] | None = None
     """Effects for which this returns True are kept in `held` instead of being performed
     (an upload still under way): `release` performs them later."""
@@ -111,6 +113,9 @@ class MemoryPort:
 
     def end_stream(self, generation: int) -> None:
         self.ended.append(generation)
+
+    def restart_topic(self, topic: str) -> None:
+        self.restarted.append(topic)
 
     def resolve(self, waiter: Any) -> None:
         waiter.answers += 1

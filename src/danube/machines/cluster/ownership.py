@@ -21,6 +21,11 @@ unassigned markers, and for each topic:
   finished is marked ready when it shows up. When the marker is a `delete` naming this
   broker, the unload says so (`Unload.deleted`): the topic is dropped with its WAL, not
   sealed, and the admin's DeleteTopic removes its metadata and objects after the release.
+- **restart** (the core stopped a served replicated topic after a repair rewound its log
+  below what its followers may hold) → unload it, keeping its files, release it without
+  marking the replica set sealed, and claim it again as a new stay while it is assigned
+  here: the new claim revision is a new epoch (spec/replication.md, "A repair that
+  rewinds").
 - **a new lease** (the old one expired: the leader failed every topic over) → every topic is
   dropped at once (`Drop`, no seal: the claims died with the lease and another broker may own
   the topic already), and the assignments still in the view are claimed afresh.
@@ -246,6 +251,9 @@ class Unload:
     topic: str
     claim_revision: int
     deleted: bool = False
+    restart: bool = False
+    """The core stopped the topic to serve it again under a new epoch (`Ownership.restart`):
+    its files are kept for the next claim's load."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +312,8 @@ class _Topic:
     deleting: bool = False
     served: bool = False
     """A load of this stay succeeded: its unload seals what the broker holds."""
+    restarting: bool = False
+    """The core asked for a new epoch (`restart`): the unload keeps the tail unsealed."""
 
 
 @dataclass(slots=True)
@@ -420,7 +430,7 @@ class Ownership:
         if state is None or state.phase is not Phase.LOADING:
             return []
         state.busy = False
-        state.phase = Phase.SERVING
+        state.phase = Phase.UNLOADING if state.restarting else Phase.SERVING
         state.served = True
         return self._step(now_ms)
 
@@ -435,17 +445,36 @@ class Ownership:
         state.retry_at = now_ms + self.config.retry_ms
         return self._step(now_ms)
 
+    def restart(self, topic: str, now_ms: int) -> list[Effect]:
+        """The core stopped a served topic after a repair rewound its log below frames its
+        followers may hold under this epoch (`TopicStopped.restart`). Serving it again takes
+        a new epoch: the topic is unloaded and released without sealing (its tail was never
+        uploaded), and, still assigned here, claimed again as a new stay; that load keeps the
+        local WAL (`become_writer`: this broker wrote it last) and the followers reconcile
+        by epoch (spec/replication.md, "A repair that rewinds")."""
+        state = self._topics.get(topic)
+        if state is not None and state.phase is Phase.LOADING:
+            # Adopted, its load's answer not fed back yet (a batch of loads answers once
+            # all are adopted): the restart waits for it (`loaded`).
+            state.restarting = True
+        if state is None or state.phase is not Phase.SERVING:
+            return []  # already on its way out (or never served here): that path goes on
+        state.restarting = True
+        state.phase = Phase.UNLOADING
+        return self._step(now_ms)
+
     def unloaded(self, topic: str, now_ms: int, *, handed_over: bool = False) -> list[Effect]:
-        """The unload finished. A topic `handed_over` to its in-sync followers left its tail
-        unuploaded: its release must not mark the replica set sealed (which would let any
-        broker load it from objects); the promotion rule then picks an in-sync member, or
-        this broker, which kept its files."""
+        """The unload finished. A topic `handed_over` to its in-sync followers, stopped, or
+        restarting left its tail unuploaded (`Lifecycle.tail_kept`): its release must not
+        mark the replica set sealed (which would let any broker load it from objects); the
+        promotion rule then picks an in-sync member, or this broker, which kept its files."""
         state = self._topics.get(topic)
         if state is None or state.phase is not Phase.UNLOADING:
             return []
         state.busy = False
         state.phase = Phase.RELEASING
-        state.sealed = state.served and not state.deleting and not handed_over
+        unsealed = handed_over or state.restarting
+        state.sealed = state.served and not state.deleting and not unsealed
         return self._step(now_ms)
 
     def released(self, topic: str, succeeded: bool, now_ms: int) -> list[Effect]:
@@ -540,9 +569,9 @@ class Ownership:
         )  # fmt: skip
 
     def _unload(self, topic: str, claim_revision: int) -> Unload:
-        deleting = self._deleting(topic)
-        self._topics[topic].deleting = deleting
-        return Unload(topic, claim_revision, deleting)
+        state = self._topics[topic]
+        state.deleting = deleting = self._deleting(topic)
+        return Unload(topic, claim_revision, deleting, state.restarting and not deleting)
 
     def _claim(self, topic: str) -> Claim:
         """Compares that the topic is free and still assigned here: a broker whose view of

@@ -83,7 +83,7 @@ class Forget:
     reason: str
     delete_files: bool
     event: str
-    """What the log calls it: `topic_unloaded` (moved), `topic_deleted_here`,
+    """What the log calls it: `topic_unloaded` (moved), `topic_restarted`, `topic_deleted_here`,
     `topic_dropped` (ownership lost)."""
 
 
@@ -231,7 +231,10 @@ def unload(machine: own.Ownership, effect: own.Unload, now: Now) -> Flow[list[ow
     handed_over = yield AwaitSettled(topic)
     if not machine.unloading(topic, effect.claim_revision):
         return []  # overtaken: the machine moved on (another claim, a drop)
-    yield Forget(topic, "moved to another broker", True, "topic_unloaded")
+    if effect.restart:  # its files are the next claim's log (`Ownership.restart`)
+        yield Forget(topic, "restarted under a new epoch", False, "topic_restarted")
+    else:
+        yield Forget(topic, "moved to another broker", True, "topic_unloaded")
     return machine.unloaded(topic, now(), handed_over=bool(handed_over))
 
 

@@ -188,10 +188,13 @@ class PublishFailed:
 @dataclass(frozen=True, slots=True)
 class TopicStopped:
     """Effect: the topic cannot serve until an operator acts (say so in the log); waiting
-    publishes fail."""
+    publishes fail. `restart`: a cluster broker unloads it and claims it again, under a new
+    epoch (a repair rewound a replicated owner's log below what its followers may hold:
+    spec/replication.md, "A repair that rewinds")."""
 
     topic: str
     reason: str
+    restart: bool = False
 
 
 @fast_init

@@ -82,15 +82,23 @@ class Lifecycle:
             return None
         return max(record.wal.readable_offset - self._logs.indexed_end(record), 0)
 
+    def tail_kept(self, topic: str) -> bool:
+        """The unloading topic leaves with a tail the object index may lack: handed over, or
+        stopped (its WAL failed, or a repair rewound it, before an upload). Its release must
+        not mark the replica set sealed, which would let any broker load it from objects
+        without the tail its followers and its files hold (`Ownership.unloaded`)."""
+        record = self._topics.get(topic)
+        return record is not None and (record.log.handing_over or record.phase.stopped)
+
     def remove(self, topic: str, *, reason: str, delete_files: bool) -> Step[None]:
         """See `BrokerCore.remove`."""
         record = self._topics.get(topic)
         if record is None:
             return Step(None)
         self._producers.depart(record)
-        # Handed over, the files may hold the only copy of the tail outside the followers
-        # (the upload was not waited for): kept, as after a drop.
-        keep = record.log.handing_over
+        # Handed over or stopped, the files may hold the only copy of the tail outside the
+        # followers (no upload was waited for): kept, as after a drop.
+        keep = self.tail_kept(topic)
         return Step(None, tuple(self._forget(record, reason, delete_files and not keep)))
 
     def delete_topic(self, topic: str) -> Step[None]:

@@ -17,7 +17,8 @@ seen since the last `Acknowledge` are the group commit not durable yet (`unrepli
 **A repair that rewinds.** A WAL failure cuts the log to what is durable, but followers may
 already hold the frames cut (they were sent as written): the same epoch would then name two
 different records at one offset. So a repaired log that ends below what was sent stops the
-topic here (`restart`), like a deposed owner; its next claim is a new epoch, whose
+topic here (`restart`), like a deposed owner, with `TopicStopped.restart`: a cluster broker
+unloads it without sealing the replica set and claims it again; that claim is a new epoch, whose
 reconciliation cuts the followers by epoch (KIP-101), and a follower promoted meanwhile keeps
 them (never acknowledged, as in Kafka). Kafka takes a replica offline on a log directory
 failure the same way.
@@ -406,7 +407,8 @@ class OwnerReplicas:
 
     def _rewound(self, record: TopicRecord, sent: int, end: int) -> list[Effect]:
         """A repair cut the log to `end` below `sent`, what the followers may hold under
-        this epoch: the topic stops here (module docstring, "A repair that rewinds")."""
+        this epoch: the topic stops here and asks to be claimed again, which makes a new
+        epoch the followers reconcile by (module docstring, "A repair that rewinds")."""
         topic = record.name.full
         record.log.replication = None
         if record.phase.stopped:
@@ -416,7 +418,7 @@ class OwnerReplicas:
             f"{sent} went to the followers; serving again needs a new epoch"
         )
         record.advance(TopicEvent.DEPOSED)
-        return [TopicStopped(topic, reason)]
+        return [TopicStopped(topic, reason, restart=True)]
 
     def deposed(self, record: TopicRecord, epoch: int) -> list[Effect]:
         """A higher epoch than this owner's exists: the topic stops here, acknowledging
