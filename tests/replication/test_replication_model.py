@@ -35,6 +35,20 @@ def test_random_worlds_keep_the_invariants(seed: int) -> None:
     world.settle()
 
 
+def test_a_follower_whose_acknowledgements_were_withheld_rejoins() -> None:
+    """Seeds 1802 and 2387. 1802: a promoted owner's follower makes its last epoch-1
+    frames and the first epoch-2 frame durable in one fsync, so it acknowledges neither
+    (frames of an older epoch are never acknowledged); the topic then goes idle. 2387: the
+    new owner's empty probe finds the follower's last epoch-1 append not yet durable (no
+    answer), and that append, once durable, is not acknowledged either. Without the
+    owner's probe of an overdue follower (`OwnerReplication._probe_overdue`) neither
+    follower ever rejoins."""
+    for seed in (1802, 2387):
+        world = World(random.Random(seed))
+        world.run(400)
+        world.settle()
+
+
 def test_the_worlds_reach_what_they_check() -> None:
     """Acknowledgements in both epochs, failovers and committed in-sync changes happen, or
     the checks above would pass vacuously."""

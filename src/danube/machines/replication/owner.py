@@ -98,6 +98,8 @@ class Link:
     log ends below cannot be caught up here."""
     behind: bool = False
     """The follower ends below `floor`: nothing is sent to it, and it leaves the in-sync set."""
+    probed_ms: int = 0
+    """When `_probe_overdue` last asked this follower what it holds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,8 +300,29 @@ class OwnerReplication:
             or (link.sends and now_ms - link.sends[0][1] > self.lag_ms)
         }
         if not laggards:
-            return self._maybe_expand()
+            return self._probe_overdue(now_ms) + self._maybe_expand()
         return self._propose(tuple(sorted(self.in_sync - laggards)))
+
+    def _probe_overdue(self, now_ms: int) -> list[OwnerEffect]:
+        """A catching-up follower that has not acknowledged everything durable here and
+        was not heard from (nor probed) for `lag_ms` is asked again what it holds (an empty
+        `Replicate` at what was sent). Its answers may all have been withheld: a follower
+        does not acknowledge a durable append of an older epoch's frames
+        (`FollowerLog.appended_durable`), and an empty probe that finds its append not yet
+        durable gets no answer; with the topic idle nothing new would ever make it answer,
+        and it would stay out of sync for good (replication model seeds 1802, 2387)."""
+        out: list[OwnerEffect] = []
+        for name, link in self.links.items():
+            if (
+                name not in self.in_sync
+                and link.state is LinkState.STREAMING
+                and not link.behind
+                and link.acked_end < self.durable_end
+                and now_ms - max(link.last_heard_ms, link.probed_ms) > self.lag_ms
+            ):
+                link.probed_ms = now_ms
+                out.append(self._send(name, link.sent_end, b"", 0, now_ms))
+        return out
 
     def proposal_lost(self) -> list[OwnerEffect]:
         """The driver could neither write nor read back the outstanding proposal (the store
