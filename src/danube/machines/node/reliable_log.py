@@ -452,7 +452,7 @@ class ReliableLogs:
                 drop = PolicyDropped(record.name.full, sub.name, effect.offset, effect.attempts)
                 out.append(drop)
             elif isinstance(effect, rd.DeadLetter):
-                # the settings refuse DeadLetter with a limit until the republish flow exists
+                # the settings refuse DeadLetter under any limit until the republish flow exists
                 # (issue 24, later part): the message stays in the window meanwhile
                 continue
             elif isinstance(effect, rd.PersistCursor):
