@@ -20,6 +20,7 @@ from danube.cli.admin_cluster import add_cluster_commands
 from danube.cli.admin_namespaces import add_namespace_commands
 from danube.cli.admin_render import OUTPUTS, Result, render
 from danube.cli.admin_schemas import add_schemas_commands
+from danube.cli.admin_serve import add_serve_command, serve
 from danube.cli.admin_topics import add_topic_commands
 
 SHELLS = ("bash", "zsh", "tcsh")
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_topic_commands(commands)
     add_schemas_commands(commands)
     add_cluster_commands(commands)
+    add_serve_command(commands)
     completion = commands.add_parser(
         "completion",
         help="print a shell completion script",
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.group == "completion":
         print(shtab.complete(parser, shell=args.shell))
         return 0
+    if getattr(args, "serve", False):
+        return serve(parser, args)
     try:
         result = asyncio.run(_run(args.run, args.endpoint, args.timeout, args))
     except AdminError as error:
