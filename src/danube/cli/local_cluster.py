@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from danube.cli.usage import add_completion_flag, add_version
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
 
 
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--fresh", action="store_true", help="delete --dir first (start with no data)"
     )
+    add_version(parser)
+    add_completion_flag(parser)
     return parser
 
 
