@@ -244,9 +244,22 @@ def _only_error(error: BaseException) -> BaseException:
     return error
 
 
+BROKER_EXTRA = (
+    "danube-broker: the broker needs the `broker` extra, which is not installed ({error}): "
+    "pip install 'pydanube[broker]'"
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format)
+    try:
+        import numba  # noqa: F401
+        import trio
+        import yaml  # noqa: F401
+    except ImportError as error:  # the base install is the client alone (README, Installing)
+        print(BROKER_EXTRA.format(error=error), file=sys.stderr)
+        return 1
     if args.warm_kernels:
         from danube.runtime.kernels_warm import warm_kernels
 
@@ -257,8 +270,6 @@ def main(argv: list[str] | None = None) -> int:
     # stopped) a SIGINT or SIGTERM must not kill the process half-way: ignore them there.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
-    import trio
-
     from danube.metadata import MetadataError
     from danube.values.config import ConfigError
 
