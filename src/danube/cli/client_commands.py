@@ -9,13 +9,12 @@ import asyncio
 import base64
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpclib.const import Status
 
 from danube.cli.progress import Progress
-from danube.cli.schema_payloads import PayloadError, SchemaPayloads, render_bytes
-from danube.cli.usage import BadInput, UsageError, read_input
+from danube.cli.usage import BadInput, UsageError, read_input, render_bytes
 from danube.client import (
     DanubeClient,
     DanubeClientError,
@@ -26,6 +25,13 @@ from danube.client import (
     WriterSchema,
 )
 from danube.client.schemas import SchemaRegistry
+
+if TYPE_CHECKING:
+    from danube.cli.schema_payloads import SchemaPayloads
+
+# `danube.cli.schema_payloads` (the schema codecs: jsonschema, fastavro, protobuf) is imported
+# where a schema is in play: a plain produce or consume does not load it (issue 26: it was a
+# third of a first `produce`'s 1 s).
 
 
 def _attributes(text: str | None) -> dict[str, str]:
@@ -61,6 +67,8 @@ async def _schema_ref(
             raise UsageError("--schema-file needs --schema-type")
         definition = read_input(args.schema_file)
         subject = args.schema_subject or subject_for_topic(args.topic)
+        from danube.cli.schema_payloads import PayloadError, SchemaPayloads
+
         try:
             local = WriterSchema(subject, 0, 0, args.schema_type, definition)
             SchemaPayloads.of(local).encode(payload)
@@ -103,6 +111,8 @@ async def produce(args: argparse.Namespace) -> int:
         )
         schema = await producer.resolve_schema()
         if schema is not None:
+            from danube.cli.schema_payloads import PayloadError, SchemaPayloads
+
             try:
                 payload = SchemaPayloads.of(schema).encode(payload)
             except PayloadError as error:
@@ -135,6 +145,8 @@ class MessageRenderer:
         if key in self._schemas:
             return self._schemas[key]
         named = f"schema id {schema_id} {'latest' if version is None else f'v{version}'}"
+        from danube.cli.schema_payloads import PayloadError, SchemaPayloads
+
         try:
             answer = await self._registry.get(schema_id, version)
             self._schemas[key] = SchemaPayloads.of(WriterSchema.of(answer))
@@ -174,6 +186,8 @@ class MessageRenderer:
             if isinstance(schema, str):
                 line["schema_error"] = schema
             else:
+                from danube.cli.schema_payloads import PayloadError
+
                 try:
                     text = schema.render(message.payload)
                     if schema.parsed is not None:
@@ -193,6 +207,8 @@ class MessageRenderer:
         schema = await self._schema(message.schema_id, message.schema_version)
         if isinstance(schema, str):
             return f"[{head} schema unknown: {schema}] {render_bytes(message.payload)}"
+        from danube.cli.schema_payloads import PayloadError
+
         try:
             body = schema.render(message.payload)
         except PayloadError as error:

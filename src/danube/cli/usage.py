@@ -47,6 +47,14 @@ def read_input(path: Path) -> bytes:
         raise UsageError(f"cannot read {path}: {error.strerror}") from None
 
 
+def render_bytes(payload: bytes) -> str:
+    """UTF-8 text as it is; anything else as its length and the first bytes in hex."""
+    try:
+        return payload.decode()
+    except UnicodeDecodeError:
+        return f"<{len(payload)} bytes> {payload[:32].hex()}"
+
+
 def package_version() -> str:
     """The installed distribution's version (the one pip and `pip show` report)."""
     from importlib.metadata import PackageNotFoundError, version
