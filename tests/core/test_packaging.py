@@ -76,8 +76,8 @@ def test_the_base_install_is_the_client() -> None:
 
 def test_the_client_and_its_tools_import_nothing_of_the_broker_extra() -> None:
     """In a fresh interpreter whose broker-extra modules cannot be imported, as after
-    `pip install pydanube`: the client, its names and both client tools' parsers work, and
-    danube-broker says which extra is missing instead of a traceback."""
+    `pip install pydanube`: the client, its names and every tool's parser work, and
+    danube-broker and danube-local-cluster say which extra is missing, not a traceback."""
     code = f"""
 import importlib.abc, io, json, sys, contextlib
 class Missing(importlib.abc.MetaPathFinder):
@@ -87,19 +87,21 @@ class Missing(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Missing())
 import danube.client as client
 for name in client.__all__: getattr(client, name)
-from danube.cli import admin, client as cli, broker
-admin.build_parser(); cli.build_parser(); broker.build_parser()
-err = io.StringIO()
-with contextlib.redirect_stderr(err):
-    status = broker.main(["--prom-exporter", "off"])
-print(json.dumps([status, err.getvalue()]))
+from danube.cli import admin, client as cli, broker, local_cluster
+admin.build_parser(); cli.build_parser(); broker.build_parser(); local_cluster.build_parser()
+answers = []
+for tool, argv in ((broker, ["--prom-exporter", "off"]), (local_cluster, ["--brokers", "1"])):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        answers.append([tool.main(argv), err.getvalue()])
+print(json.dumps(answers))
 """
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    status, err = json.loads(done.stdout)
-    assert status == 1 and "pip install 'pydanube[broker]'" in err
+    for status, err in json.loads(done.stdout):
+        assert status == 1 and "pip install 'pydanube[broker]'" in err, err
 
 
 def test_every_place_that_installs_the_broker_asks_for_its_extra() -> None:

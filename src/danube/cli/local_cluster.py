@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 from danube.cli.usage import add_completion_flag, add_version
-from danube.localcluster.cluster import ClusterSettings, LocalCluster
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.brokers < 1:
         print("danube-local-cluster: --brokers must be at least 1", file=sys.stderr)
         return 2
+    try:  # after parsing: --help and --version need no broker (issue 26)
+        from danube.localcluster.cluster import ClusterSettings, LocalCluster
+    except ImportError as error:
+        print(
+            "danube-local-cluster: needs the `broker` extra, which is not installed "
+            f"({error}): pip install 'pydanube[broker]'",
+            file=sys.stderr,
+        )
+        return 1
     if args.fresh:
         shutil.rmtree(args.dir, ignore_errors=True)
     settings = ClusterSettings(
