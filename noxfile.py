@@ -1,5 +1,7 @@
 """Developer sessions. They run inside the environment that `scripts/bootstrap.sh` prepared
-(`.venv`), so CI and a fresh machine install exactly once and every session sees the same pins."""
+(`.venv`: the project with its broker, dev, audit and bench extras, installed with
+`-c constraints.txt`), so CI and a fresh machine install exactly once and every session sees
+the same pins; the sessions install nothing themselves."""
 
 from __future__ import annotations
 
