@@ -64,6 +64,14 @@ def protos(session: nox.Session) -> None:
 
 
 @nox.session
+def config_reference(session: nox.Session) -> None:
+    """Regenerates spec/configuration.md from the broker's parser and configuration loader."""
+    from danube.cli.config_reference import render
+
+    (ROOT / "spec" / "configuration.md").write_text(render())
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     session.run(
         "ruff", "check", "src", "tests", "sim", "bench", "spark", "noxfile.py", external=True

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from danube.cli.environment import apply_environment
 from danube.cli.logs import FORMATS, setup_logging
 from danube.cli.usage import add_completion_flag, add_version
 
@@ -28,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="danube-broker",
         description="Run a Danube-compatible broker. Without arguments it runs standalone on "
         "127.0.0.1:6650 (admin 127.0.0.1:50051) with embedded metadata in ./danube-data.",
+        epilog="Every --some-flag may also be set as DANUBE_SOME_FLAG in the environment "
+        "(a flag given wins; both win over --config-file). spec/configuration.md lists them.",
     )
     parser.add_argument(
         "--mode",
@@ -251,7 +254,9 @@ BROKER_EXTRA = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    apply_environment(parser)
+    args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     try:
         import numba  # noqa: F401
