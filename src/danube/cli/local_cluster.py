@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as error:
         print(
             f"danube-local-cluster: needs the `broker` extra, which is not installed ({error}): "
-            f"{EXTRA}",
+            "pip install 'pydanube[broker]' (and the local-cluster extra: "
+            f"{EXTRA})",
             file=sys.stderr,
         )
         return 1
