@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the broker and its test suite need, idempotently: Debian packages (when
-# missing: etcd, and Java 17 for Spark unless one is found), the project's virtualenv (.venv) and the official danube-client's own virtualenv
+# missing: etcd, chromium, and Java 17 for Spark unless one is found), the project's virtualenv (.venv) and the official danube-client's own virtualenv
 # (.venv-official, used by the conformance tests). Safe to run again; quick when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +37,9 @@ if ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
 fi
 # The etcd server the metadata tests start on free ports (a cluster's metadata store).
 apt_install etcd-server
+# Debian's browser and its WebDriver for the web console's tests (tests/console, selenium):
+# no browser download at test time.
+apt_install chromium chromium-driver
 # Java 17 or newer for Spark (the audits in spark/, issue 7).
 java_major() {
   "$1" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1

@@ -1,6 +1,6 @@
 """`danube-admin serve --mode mcp`: serve the admin operations to AI assistants over the Model
-Context Protocol (Danube's command; spec/admin-cli.md). The web console (`--mode ui`) is not
-built yet, so `mcp` is the only mode offered."""
+Context Protocol (Danube's command; spec/admin-cli.md), or `--mode ui`: the web console
+(danube.console, spec/console.md) over the same command registry."""
 
 from __future__ import annotations
 
@@ -13,28 +13,32 @@ from danube.cli.admin_args import Actions
 
 TRANSPORTS = ("stdio", "streamable-http")
 DEFAULT_HTTP_PORT = 8090
+DEFAULT_UI_PORT = 8081  # Danube's web UI port
 
 
 def add_serve_command(commands: Actions) -> None:
     parser = commands.add_parser(
         "serve",
-        help="serve the admin operations over MCP (Model Context Protocol)",
+        help="serve the admin operations over MCP (Model Context Protocol) or as a web console",
         description="Serve every danube-admin command as an MCP tool (Danube's tool names where "
         "it has them), calling the broker at --endpoint. stdio: an assistant starts this "
-        "command itself; streamable-http: a long-running server at http://HOST:PORT/mcp.",
+        "command itself; streamable-http: a long-running server at http://HOST:PORT/mcp. "
+        "--mode ui: the web console at http://HOST:PORT/ (default port 8081).",
     )
-    parser.add_argument("--mode", choices=("mcp",), required=True, help="what to serve: mcp")
+    parser.add_argument(
+        "--mode", choices=("mcp", "ui"), required=True, help="mcp or ui (web console)"
+    )
     parser.add_argument(
         "--transport", choices=TRANSPORTS, default="stdio",
         help="stdio (default) or streamable-http",
     )  # fmt: skip
     parser.add_argument(
         "--host", default="127.0.0.1",
-        help="streamable-http: the address to listen on (default 127.0.0.1, loopback only)",
+        help="streamable-http or ui: the address to listen on (default 127.0.0.1, loopback only)",
     )  # fmt: skip
     parser.add_argument(
-        "--port", type=int, default=DEFAULT_HTTP_PORT,
-        help=f"streamable-http: the port (default {DEFAULT_HTTP_PORT})",
+        "--port", type=int, default=None,
+        help=f"port (default {DEFAULT_HTTP_PORT} for streamable-http, {DEFAULT_UI_PORT} for ui)",
     )  # fmt: skip
     parser.set_defaults(serve=True)
 
@@ -42,6 +46,8 @@ def add_serve_command(commands: Actions) -> None:
 def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Runs the MCP server until its input closes (stdio) or it is interrupted (HTTP). Logs
     go to stderr: with stdio, stdout carries the protocol."""
+    if args.mode == "ui":
+        return serve_ui(parser, args)
     try:
         import anyio
 
@@ -69,7 +75,35 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.transport == "stdio":
             anyio.run(serve_stdio, server)
         else:
-            anyio.run(serve_http, server, args.host, args.port)
+            anyio.run(serve_http, server, args.host, args.port or DEFAULT_HTTP_PORT)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def serve_ui(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The web console until interrupted; needs the ui extra (starlette, uvicorn)."""
+    try:
+        import anyio
+
+        from danube.console.app import build_app
+        from danube.console.app import serve as serve_console
+    except ImportError as error:
+        print(
+            f"danube-admin: error: serve --mode ui needs the ui extra "
+            f"(pip install 'pydanube[ui]'): {error}",
+            file=sys.stderr,
+        )
+        return 2
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    logging.getLogger("uvicorn").setLevel(logging.WARNING)
+    app = build_app(parser, args.endpoint, args.timeout)
+    try:
+        anyio.run(serve_console, app, args.host, args.port or DEFAULT_UI_PORT)
     except KeyboardInterrupt:
         return 130
     return 0
