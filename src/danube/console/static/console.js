@@ -258,7 +258,7 @@ async function schemaDetail(subject, box) {
   const definition = h("pre", { id: "schema-definition" }, latest.schema_definition);
   const rows = versions.versions.map((v) => h("tr", {
     class: "schema-version clickable", onclick: async () => {
-      try { definition.textContent = (await call("get_schema", { subject, version: v.version })).schema_definition; }
+      try { definition.textContent = (await call("get_schema", { id: v.schema_id, version: v.version })).schema_definition; }
       catch (error) { showError(error); }
     },
   }, h("td", {}, v.version), h("td", {}, v.schema_id), h("td", {}, new Date(v.created_at * 1000).toISOString()),
