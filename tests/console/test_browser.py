@@ -27,6 +27,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from danube.admin_mcp.tools import admin_tools
 from danube.cli.admin import build_parser
+from danube.cli.admin_call import AdminError
 from danube.localcluster.cluster import ClusterSettings, LocalCluster
 from tests.console.support import ConsoleServer
 
@@ -45,6 +46,18 @@ class Cluster:
     def admin(self, name: str, **arguments: Any) -> Any:
         """What `danube-admin -o json` says, for comparing with the page."""
         return asyncio.run(TOOLS[name].run(self.endpoint, 10.0, arguments)).data
+
+    def owner(self, topic: str) -> str:
+        """The broker serving `topic`, once it has one (right after a create or an unload
+        the broker answers UNAVAILABLE "being assigned ... retry shortly")."""
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                return str(self.admin("describe_topic", topic=topic)["broker_id"])
+            except AdminError as error:
+                if "UNAVAILABLE" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
 
     def topic_names(self) -> list[str]:
         return [t["name"] for t in self.admin("list_topics", namespace="default")["topics"]]
@@ -99,27 +112,6 @@ def cells(driver: WebDriver, selector: str, attribute: str) -> list[str]:
     ]
 
 
-def test_the_overview_shows_the_brokers_leader_and_balance(
-    cluster: Cluster, browser: WebDriver
-) -> None:
-    open_page(browser, cluster, "overview")
-    brokers = cluster.admin("list_brokers")["brokers"]
-    assert len(brokers) == 3
-    assert browser.find_element(By.ID, "broker-count").text == "3"
-    assert sorted(cells(browser, "tr.broker", "data-broker-id")) == sorted(
-        b["broker_id"] for b in brokers
-    )
-    assert browser.find_element(By.ID, "leader").text == cluster.admin("get_leader")["leader"]
-    balance = cluster.admin("get_cluster_balance")
-    shown = browser.find_element(By.ID, "balance-cv").text
-    assert shown == f"{balance['coefficient_of_variation']:.3f}"
-    browser.find_element(By.ID, "rebalance-dry-run").click()
-    result = wait(browser, lambda d: d.find_element(By.ID, "rebalance-result"))
-    wait(browser, lambda d: result.is_displayed())
-    assert "proposed_moves" in result.text and "moves_executed" in result.text
-    browser.save_screenshot(str(cluster.shots / "overview.png"))
-
-
 def test_topics_list_describe_and_chart_real_traffic(cluster: Cluster, browser: WebDriver) -> None:
     topic = f"/default/traffic-{uuid.uuid4().hex[:6]}"
     urls = ",".join(cluster.cluster.service_urls)
@@ -141,7 +133,7 @@ def test_topics_list_describe_and_chart_real_traffic(cluster: Cluster, browser: 
         assert sorted(cells(browser, "tr.topic", "data-topic")) == sorted(cluster.topic_names())
         browser.find_element(By.CSS_SELECTOR, f'tr.topic[data-topic="{topic}"]').click()
         owner = wait(browser, lambda d: d.find_element(By.ID, "topic-broker").text)
-        assert owner == cluster.admin("describe_topic", topic=topic)["broker_id"]
+        assert owner == cluster.owner(topic)
         rows = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "tr.subscription"))
         assert [r.find_element(By.CSS_SELECTOR, "td").text for r in rows] == ["ui-sub"]
 
@@ -163,6 +155,32 @@ def test_topics_list_describe_and_chart_real_traffic(cluster: Cluster, browser: 
     finally:
         producer.kill()
         producer.wait()
+
+
+def test_the_overview_shows_the_brokers_leader_and_balance(
+    cluster: Cluster, browser: WebDriver
+) -> None:
+    open_page(browser, cluster, "overview")
+    brokers = cluster.admin("list_brokers")["brokers"]
+    assert len(brokers) == 3
+    assert browser.find_element(By.ID, "broker-count").text == "3"
+    assert sorted(cells(browser, "tr.broker", "data-broker-id")) == sorted(
+        b["broker_id"] for b in brokers
+    )
+    assert browser.find_element(By.ID, "leader").text == cluster.admin("get_leader")["leader"]
+    shown = browser.find_element(By.ID, "balance-cv").text
+    balance = cluster.admin("get_cluster_balance")
+    assert shown == f"{balance['coefficient_of_variation']:.3f}"
+    counts = {str(b["broker_id"]): str(b["topic_count"]) for b in balance["brokers"]}
+    assert counts == {
+        row.get_attribute("data-broker-id"): row.find_element(By.CSS_SELECTOR, ".topic-count").text
+        for row in browser.find_elements(By.CSS_SELECTOR, "tr.broker")
+    }
+    browser.find_element(By.ID, "rebalance-dry-run").click()
+    result = wait(browser, lambda d: d.find_element(By.ID, "rebalance-result"))
+    wait(browser, lambda d: result.is_displayed())
+    assert "proposed_moves" in result.text and "moves_executed" in result.text
+    browser.save_screenshot(str(cluster.shots / "overview.png"))
 
 
 def test_delete_through_the_confirmation_dialog_takes_effect(
@@ -244,3 +262,22 @@ def test_schemas_and_namespace_policies_match_the_admin_api(
         k: v for k, v in shown.items() if k != "namespace"
     }
     browser.save_screenshot(str(cluster.shots / "namespaces.png"))
+
+
+def test_unload_moves_the_topic_to_another_broker(cluster: Cluster, browser: WebDriver) -> None:
+    topic = f"/default/mover-{uuid.uuid4().hex[:6]}"
+    cluster.admin("create_topic", topic=topic)
+    before = cluster.owner(topic)
+    open_page(browser, cluster, "topics")
+    browser.find_element(By.CSS_SELECTOR, f'tr.topic[data-topic="{topic}"]').click()
+    assert wait(browser, lambda d: d.find_element(By.ID, "topic-broker").text) == before
+    browser.find_element(By.ID, "unload-topic").click()
+    browser.find_element(By.ID, "confirm-ok").click()
+
+    def moved(driver: WebDriver) -> str | None:
+        shown = driver.find_element(By.ID, "topic-broker").text
+        return shown if shown not in ("", before) else None
+
+    after = wait(browser, moved)
+    assert after == cluster.owner(topic)
+    assert not browser.find_element(By.ID, "error").is_displayed(), error_text(browser)

@@ -38,6 +38,18 @@ async function call(name, args) {
   return body.data;
 }
 
+// A topic being (re)assigned answers UNAVAILABLE "... retry shortly": retry for a few seconds.
+async function callSettled(name, args) {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await call(name, args);
+    } catch (error) {
+      if (attempt >= 20 || !/UNAVAILABLE/.test(error.message)) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 500));
+    }
+  }
+}
+
 function showError(error) {
   const box = document.getElementById("error");
   box.textContent = error instanceof Error ? error.message : String(error);
@@ -144,9 +156,10 @@ async function namespacePicker(onchange) {
 function sparkline(id, cls, values) {
   const width = 320, height = 70;
   const chart = svg("svg", { id, class: `spark ${cls}`, width, height, viewBox: `0 0 ${width} ${height}` });
-  const max = Math.max(1, ...values);
-  const step = width / Math.max(1, HISTORY - 1);
-  const points = values.map((v, i) => `${(i + HISTORY - values.length) * step},${height - 4 - (v / max) * (height - 8)}`);
+  const max = Math.max(1, ...values) * 1.25;  // headroom: a steady rate is not a line on the edge
+  // the line fills the chart from the first poll on, and scrolls once HISTORY polls are kept
+  const step = width / Math.max(9, values.length - 1);
+  const points = values.map((v, i) => `${i * step},${height - 4 - (v / max) * (height - 8)}`);
   chart.append(svg("polyline", { points: points.join(" ") }));
   return chart;
 }
@@ -159,8 +172,10 @@ function chartBox(label, id, cls, values, unit) {
 }
 
 async function topicDetail(name, box) {
+  timers.forEach(clearInterval);
+  timers = [];
   const [info, subs] = await Promise.all([
-    call("describe_topic", { topic: name }), call("list_subscriptions", { topic: name }),
+    callSettled("describe_topic", { topic: name }), callSettled("list_subscriptions", { topic: name }),
   ]);
   const charts = h("div", { class: "charts", id: "charts" });
   const subTable = h("tbody", {});
@@ -225,7 +240,6 @@ async function topics() {
     onclick: (e) => {
       for (const tr of document.querySelectorAll("tr.topic")) tr.classList.remove("selected");
       e.currentTarget.classList.add("selected");
-      timers.forEach(clearInterval); timers = [];
       topicDetail(t.name, detail).catch(showError);
     },
   }, h("td", {}, t.name), h("td", {}, t.broker_id), h("td", {}, t.delivery)));
