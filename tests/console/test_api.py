@@ -153,6 +153,30 @@ def test_state_changing_calls_need_the_console_header_and_its_origin(
 
 
 @slow
+def test_a_foreign_host_name_is_refused_against_dns_rebinding(console: ConsoleServer) -> None:
+    topic = f"/default/ui-{uuid.uuid4().hex[:8]}"
+    assert call(console.url, "create_topic", {"topic": topic})[0] == 200
+    rebound = {
+        "host": "attacker.example",
+        "origin": "http://attacker.example",
+        "sec-fetch-site": "same-origin",
+        "x-danube-console": "1",
+    }
+    status, _, raw = request(
+        f"{console.url}/api/tools/delete_topic",
+        json.dumps({"topic": topic}).encode(),
+        {"content-type": "application/json", **rebound},
+        "POST",
+    )
+    assert status == 400, raw
+    assert call(console.url, "describe_topic", {"topic": topic})[0] == 200  # still there
+    assert (
+        request(f"{console.url}/api/health", headers={"host": f"localhost:{console.port}"})[0]
+        == 200
+    )
+
+
+@slow
 def test_the_page_is_served_from_the_package_with_a_strict_policy(console: ConsoleServer) -> None:
     status, headers, raw = request(f"{console.url}/")
     assert status == 200 and b'<script src="console.js"' in raw

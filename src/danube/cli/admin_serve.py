@@ -101,7 +101,7 @@ def serve_ui(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     logging.getLogger("uvicorn").setLevel(logging.WARNING)
-    app = build_app(parser, args.endpoint, args.timeout)
+    app = build_app(parser, args.endpoint, args.timeout, args.host)
     try:
         anyio.run(serve_console, app, args.host, args.port or DEFAULT_UI_PORT)
     except KeyboardInterrupt:

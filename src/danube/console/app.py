@@ -16,6 +16,7 @@ CSRF: a tool that is not read-only runs only for a request that carries `X-Danub
 and, when the browser sends them, an `Origin` equal to this server's and a `Sec-Fetch-Site`
 of `same-origin`. Another web page cannot add a custom header to a cross-origin request
 without a CORS preflight, which this server never grants, so it cannot drive those tools.
+Against DNS rebinding only loopback `Host` names and the listening address are answered.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -113,7 +115,23 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-def build_app(parser: argparse.ArgumentParser, endpoint: str, timeout_s: float) -> Starlette:
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def allowed_hosts(bind_host: str) -> list[str]:
+    """The `Host` names the console answers to: loopback names and the address it listens on.
+    A DNS-rebinding page (attacker.example resolving to 127.0.0.1) is same-origin to the
+    browser, so it could pass the CSRF rule; its `Host` header still names attacker.example,
+    and that is refused. Listening on every interface accepts any name (the operator chose to
+    expose it; spec/console.md)."""
+    if bind_host in ("0.0.0.0", "::", ""):
+        return ["*"]
+    return [*LOOPBACK_NAMES, bind_host]
+
+
+def build_app(
+    parser: argparse.ArgumentParser, endpoint: str, timeout_s: float, bind_host: str = "127.0.0.1"
+) -> Starlette:
     """The console for the admin port at `endpoint`; `parser` is `danube-admin`'s."""
     tools = {tool.name: tool for tool in admin_tools(parser)}
     listing = [describe(tool) for tool in tools.values()]
@@ -173,6 +191,7 @@ def build_app(parser: argparse.ArgumentParser, endpoint: str, timeout_s: float) 
     ]
     app = Starlette(routes=routes)
     app.add_middleware(SecurityHeaders)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(bind_host))
     return app
 
 
