@@ -72,6 +72,20 @@ def test_topic_series_sums_a_topics_counters_over_brokers() -> None:
     assert series["backlog_estimate"] == {"s": 20.0}
 
 
+def test_the_page_ships_as_package_data() -> None:
+    """A wheel carries only the data files pyproject names: the console's must be among them."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["danube"]
+    static = root / "src" / "danube" / "console" / "static"
+    shipped = {p for pattern in globs for p in (root / "src" / "danube").glob(pattern)}
+    assert {"index.html", "console.js", "console.css"} <= {p.name for p in static.iterdir()}
+    assert set(static.iterdir()) <= shipped
+
+
 # ---- against a real broker ----------------------------------------------------------------
 
 slow = pytest.mark.slow

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -92,7 +93,9 @@ def browser() -> Iterator[WebDriver]:
 
 
 def wait(driver: WebDriver, what: Any, timeout: float = 20.0) -> Any:
-    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(what)
+    """Until `what` is truthy; a page re-rendering under the check is retried, not a failure."""
+    ignored = (StaleElementReferenceException, NoSuchElementException, IndexError, KeyError)
+    return WebDriverWait(driver, timeout, 0.2, ignored_exceptions=ignored).until(what)
 
 
 def open_page(driver: WebDriver, cluster: Cluster, page: str) -> None:
@@ -281,3 +284,41 @@ def test_unload_moves_the_topic_to_another_broker(cluster: Cluster, browser: Web
     after = wait(browser, moved)
     assert after == cluster.owner(topic)
     assert not browser.find_element(By.ID, "error").is_displayed(), error_text(browser)
+
+
+def test_drain_moves_the_brokers_topics_away(cluster: Cluster, browser: WebDriver) -> None:
+    """Drain through the dialog, then Activate brings the broker back."""
+    topic = f"/default/drained-{uuid.uuid4().hex[:6]}"
+    cluster.admin("create_topic", topic=topic)
+    owner = cluster.owner(topic)
+    open_page(browser, cluster, "overview")
+    browser.find_element(
+        By.CSS_SELECTOR, f'tr.broker[data-broker-id="{owner}"] button.drain'
+    ).click()
+    assert owner in browser.find_element(By.ID, "confirm-text").text
+    browser.find_element(By.ID, "confirm-ok").click()
+    notice = browser.find_element(By.ID, "notice")
+    wait(browser, lambda d: notice.is_displayed(), timeout=60)
+    assert notice.text == "unload_broker: done", error_text(browser)
+    assert cluster.owner(topic) != owner
+    admin = {b["broker_id"]: b["broker_status"] for b in cluster.admin("list_brokers")["brokers"]}
+
+    def statuses(driver: WebDriver) -> dict[str, str]:
+        return {
+            str(row.get_attribute("data-broker-id")): row.find_elements(By.CSS_SELECTOR, "td")[
+                1
+            ].text
+            for row in driver.find_elements(By.CSS_SELECTOR, "tr.broker")
+        }
+
+    wait(browser, lambda d: statuses(d) == admin)  # the page reloads the overview after it
+    browser.save_screenshot(str(cluster.shots / "drained.png"))
+    assert admin[owner] != "active", admin  # drained: not given new topics
+
+    browser.find_element(
+        By.CSS_SELECTOR, f'tr.broker[data-broker-id="{owner}"] button.activate'
+    ).click()
+    wait(browser, lambda d: statuses(d)[owner] == "active")
+    assert cluster.admin("list_brokers")["brokers"] and all(
+        b["broker_status"] == "active" for b in cluster.admin("list_brokers")["brokers"]
+    )

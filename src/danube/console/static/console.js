@@ -119,11 +119,16 @@ async function overview() {
       h("td", {}, b.broker_addr), h("td", {}, b.admin_addr),
       h("td", { class: "topic-count" }, load.topic_count ?? ""),
       h("td", {}, load.load ?? ""),
-      h("td", {}, h("button", {
-        class: "danger drain", onclick: () => action(
-          `Drain broker ${b.broker_id}: unload all its topics to the other brokers?`,
-          "unload_broker", { broker_id: b.broker_id }, () => route()),
-      }, "Drain")));
+      h("td", {}, b.broker_status === "active"
+        ? h("button", {
+          class: "danger drain", onclick: () => action(
+            `Drain broker ${b.broker_id}: unload all its topics to the other brokers?`,
+            "unload_broker", { broker_id: b.broker_id }, () => route()),
+        }, "Drain")
+        : h("button", {
+          class: "activate", onclick: () => action(null, "activate_broker",
+            { broker_id: b.broker_id, reason: "activated from the web console" }, () => route()),
+        }, "Activate")));
   });
   const rebalanceOut = h("pre", { id: "rebalance-result", hidden: "" });
   setPage(
