@@ -20,7 +20,9 @@ from danube.cli.admin_cluster import add_cluster_commands
 from danube.cli.admin_namespaces import add_namespace_commands
 from danube.cli.admin_render import OUTPUTS, Result, render
 from danube.cli.admin_schemas import add_schemas_commands
+from danube.cli.admin_security import add_security_commands
 from danube.cli.admin_topics import add_topic_commands
+from danube.cli.usage import ADMIN_ENV_PREFIX, add_tls_arguments, security_of
 
 SHELLS = ("bash", "zsh", "tcsh")
 COMPLETION_HELP = """\
@@ -60,12 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout", type=_seconds, default=10.0, help="seconds to wait for each call (default 10)"
     )
+    add_tls_arguments(parser, ADMIN_ENV_PREFIX)
     commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
     add_broker_commands(commands)
     add_namespace_commands(commands)
     add_topic_commands(commands)
     add_schemas_commands(commands)
     add_cluster_commands(commands)
+    add_security_commands(commands)
     completion = commands.add_parser(
         "completion",
         help="print a shell completion script",
@@ -78,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _run(run: Handler, endpoint: str, timeout_s: float, args: argparse.Namespace) -> Result:
-    client = AdminClient(endpoint, timeout_s)
+    client = AdminClient(endpoint, timeout_s, security_of(args, ADMIN_ENV_PREFIX, endpoint))
     try:
         return await run(client, args)
     finally:

@@ -13,6 +13,7 @@ from pathlib import Path
 import trio
 import yaml
 
+from danube.cli.broker_auth import add_auth_arguments, apply_auth_arguments
 from danube.cli.logs import setup_logging
 from danube.metadata import MetadataError
 from danube.runtime.server import serve
@@ -124,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="the least severe log lines written to stderr (default info)",
     )
+    add_auth_arguments(parser)
     return parser
 
 
@@ -171,6 +173,7 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
     if keepalive:
         overrides["grpc"] = grpc_config(keepalive, config.grpc)
     overrides["mode"] = args.mode
+    overrides["auth"] = apply_auth_arguments(config.auth, args)
     if args.mode == "cluster" and config.cluster_name == "STANDALONE":
         overrides["cluster_name"] = "danube"
     if args.etcd_endpoints:

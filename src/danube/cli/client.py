@@ -15,7 +15,13 @@ from grpclib.const import Status
 
 from danube.cli.schema import TYPES, add_schema_commands
 from danube.cli.schema_payloads import PayloadError, SchemaPayloads, render_bytes
-from danube.cli.usage import UsageError, add_service_addr, read_input
+from danube.cli.usage import (
+    CLIENT_ENV_PREFIX,
+    UsageError,
+    add_service_addr,
+    read_input,
+    security_of,
+)
 from danube.client import (
     DanubeClient,
     DanubeClientError,
@@ -129,7 +135,9 @@ async def produce(args: argparse.Namespace) -> int:
     attributes = _attributes(args.attributes)
     strategy = DispatchStrategy.RELIABLE if args.reliable else DispatchStrategy.NON_RELIABLE
     progress = Progress("sent", args.count)
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         producer = client.producer(
             args.topic,
             args.producer_name,
@@ -202,7 +210,9 @@ async def consume(args: argparse.Namespace) -> int:
     if args.count is not None and args.count < 1:
         raise UsageError("-c/--count must be at least 1")
     progress = Progress("received", args.count)
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         consumer = client.consumer(
             args.topic,
             args.consumer,

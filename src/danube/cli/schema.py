@@ -9,7 +9,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from danube.cli.usage import add_service_addr, read_input
+from danube.cli.usage import (
+    CLIENT_ENV_PREFIX,
+    add_service_addr,
+    add_tls_arguments,
+    read_input,
+    security_of,
+)
 from danube.client import DanubeClient
 from danube.machines.schema.compatibility import CompatibilityMode
 from danube.machines.schema.formats import SchemaType
@@ -73,7 +79,9 @@ def check_text(subject: str, answer: pb.CheckCompatibilityResponse) -> str:
 
 
 async def register(args: argparse.Namespace) -> int:
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         answer = await client.schemas.register(
             args.subject, args.type, read_input(args.file),
             description=args.description, created_by="danube-cli", tags=args.tag or (),
@@ -83,7 +91,9 @@ async def register(args: argparse.Namespace) -> int:
 
 
 async def show(args: argparse.Namespace) -> int:
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         schema = await client.schemas.latest(args.subject)
         if args.version is not None and args.version != schema.version:
             schema = await client.schemas.get(schema.schema_id, args.version)
@@ -93,14 +103,18 @@ async def show(args: argparse.Namespace) -> int:
 
 
 async def versions(args: argparse.Namespace) -> int:
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         found = await client.schemas.versions(args.subject)
     print(versions_text(found))
     return 0
 
 
 async def subjects(args: argparse.Namespace) -> int:
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         found = await client.schemas.subjects()
     print(subjects_text(found))
     return 0
@@ -108,7 +122,9 @@ async def subjects(args: argparse.Namespace) -> int:
 
 async def check(args: argparse.Namespace) -> int:
     """Exit status 1 when the schema would be refused, so scripts and CI can gate on it."""
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         answer = await client.schemas.check(
             args.subject, args.type, read_input(args.file), args.mode
         )
@@ -118,7 +134,9 @@ async def check(args: argparse.Namespace) -> int:
 
 async def mode(args: argparse.Namespace) -> int:
     """On the admin port: a subject's mode is the operator's (spec/protocol.md, Ports)."""
-    async with DanubeClient(args.admin_addr) as client:
+    async with DanubeClient(
+        args.admin_addr, security=security_of(args, CLIENT_ENV_PREFIX, args.admin_addr)
+    ) as client:
         answer = await client.schemas.set_mode(args.subject, args.mode)
     print(answer.message)
     return 0
@@ -126,7 +144,9 @@ async def mode(args: argparse.Namespace) -> int:
 
 async def delete(args: argparse.Namespace) -> int:
     """On the admin port, as `mode`."""
-    async with DanubeClient(args.admin_addr) as client:
+    async with DanubeClient(
+        args.admin_addr, security=security_of(args, CLIENT_ENV_PREFIX, args.admin_addr)
+    ) as client:
         answer = await client.schemas.delete_version(args.subject, args.version)
     print(answer.message)
     return 0
@@ -146,6 +166,7 @@ def add_schema_commands(commands: argparse._SubParsersAction) -> None:  # type: 
                 help="the broker's admin port URL, which alone changes a subject's rules "
                 f"(default {DEFAULT_ADMIN})",
             )  # fmt: skip
+            add_tls_arguments(sub, CLIENT_ENV_PREFIX)
         else:
             add_service_addr(sub)
         sub.set_defaults(run=run)

@@ -7,10 +7,12 @@ from danube.client.consumer import Consumer, Message, SubType
 from danube.client.errors import DanubeClientError
 from danube.client.producer import Producer, Receipt
 from danube.client.schemas import SchemaRef, WriterSchema
+from danube.client.security import ClientSecurity
 from danube.values.config import DispatchStrategy
 
 __all__ = [
     "Batching",
+    "ClientSecurity",
     "Consumer",
     "DanubeClient",
     "DanubeClientError",

@@ -79,6 +79,12 @@ def _time_claim(claims: dict[str, Any], name: str) -> float | None:
 
 def verify(token: str, verifier: Verifier, now: float) -> Principal:
     """The principal a valid token names; TokenRejected otherwise."""
+    return verify_until(token, verifier, now)[0]
+
+
+def verify_until(token: str, verifier: Verifier, now: float) -> tuple[Principal, float]:
+    """The principal a valid token names and until when (epoch seconds, the skew allowance
+    included) it may be trusted; TokenRejected otherwise."""
     if len(token) > MAX_TOKEN_BYTES:
         raise TokenRejected(f"token longer than {MAX_TOKEN_BYTES} bytes")
     if token.count(".") != 2:
@@ -110,7 +116,9 @@ def verify(token: str, verifier: Verifier, now: float) -> Principal:
     return _check_claims(claims, verifier, now)
 
 
-def _check_claims(claims: dict[str, Any], verifier: Verifier, now: float) -> Principal:
+def _check_claims(
+    claims: dict[str, Any], verifier: Verifier, now: float
+) -> tuple[Principal, float]:
     leeway = verifier.leeway_s
     expires = _time_claim(claims, "exp")
     if expires is None:
@@ -128,7 +136,7 @@ def _check_claims(claims: dict[str, Any], verifier: Verifier, now: float) -> Pri
     name = claims.get("principal_name", claims.get("sub"))
     if not isinstance(name, str) or not name:
         raise TokenRejected("token names no principal (principal_name or sub)")
-    return Principal(_principal_kind(claims.get("principal_type")), name)
+    return Principal(_principal_kind(claims.get("principal_type")), name), expires + leeway
 
 
 def mint(
