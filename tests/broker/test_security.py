@@ -328,3 +328,42 @@ def test_an_open_bind_without_auth_warns(
         assert "event=unauthenticated_network_bind" in open_.log_text()
     with broker_factory(tmp_path / "loopback") as closed:
         assert "unauthenticated_network_bind" not in closed.log_text()
+
+
+def test_roles_and_bindings_from_danube_admin_apply_at_once_and_persist(
+    pki: Pki, tmp_path: Path
+) -> None:
+    """SecurityAdmin: the root super admin grants `carol` Produce on one topic; carol may
+    produce there at once, not elsewhere, and still after a restart; deleting the binding
+    takes it away again."""
+    topic, elsewhere = fresh(), fresh()
+    env = {"DANUBE_ADMIN_TLS": "1", "DANUBE_ADMIN_CA": str(pki.ca_file),
+           "DANUBE_ADMIN_TOKEN": token("root")}  # fmt: skip
+    carol = ClientSecurity(ca_file=str(pki.ca_file), token=token("carol"))
+    with _secured(pki, tmp_path) as broker:
+
+        def admin(*args: str) -> subprocess.CompletedProcess[str]:
+            return _tool("danube-admin", "--endpoint", broker.admin_addr, "security", *args,
+                         env=env)  # fmt: skip
+
+        assert "PERMISSION_DENIED" in refusal(broker, carol, topic)
+        made = admin("roles", "create", "writer", "--permissions", "Produce,Lookup")
+        assert made.returncode == 0, made.stderr
+        bad = admin("roles", "create", "bad", "--permissions", "Fly")
+        assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr
+        bound = admin("bindings", "create", "carol-w", "--principal-type", "service_account",
+                      "--principal-name", "carol", "--roles", "writer", "--scope", "topic",
+                      "--resource", topic.lstrip("/"))  # fmt: skip
+        assert bound.returncode == 0, bound.stderr
+        aio_run(lambda: produce(broker, carol, topic))
+        assert "PERMISSION_DENIED" in refusal(broker, carol, elsewhere)
+        broker.stop()
+        broker.start()
+        aio_run(lambda: produce(broker, carol, topic))
+        assert "carol-w" in admin("bindings", "list").stdout
+        gone = admin("bindings", "delete", "carol-w", "--scope", "topic", "--resource", topic)
+        assert gone.returncode == 0, gone.stderr
+        assert "PERMISSION_DENIED" in refusal(broker, carol, topic)
+        app = _tool("danube-admin", "--endpoint", broker.admin_addr, "security", "roles", "list",
+                    env={**env, "DANUBE_ADMIN_TOKEN": token("app")})  # fmt: skip
+        assert app.returncode == 1 and "PERMISSION_DENIED" in app.stderr

@@ -1,7 +1,7 @@
 """`danube-admin security tokens create|validate` (Danube's commands, reference §10.2): mint
 a bearer token offline, or check one, with the HS256 secret (`--secret-key`, env
 `DANUBE_JWT_SECRET_KEY`) or, ours, an RS256/EdDSA key file. Neither talks to a broker.
-Roles and bindings commands arrive with the SecurityAdmin RPCs (issue 25, part 2)."""
+`security roles | bindings` manage RBAC over the SecurityAdmin RPCs (standalone brokers)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from danube.cli.admin_args import Actions, command, group
-from danube.cli.admin_call import AdminClient, BadUsage
-from danube.cli.admin_render import Result
+from danube.cli.admin_call import AdminClient, BadUsage, require_success
+from danube.cli.admin_render import Result, plain, table
 from danube.machines.security.tokens import (
     ALGORITHMS,
     DEFAULT_ISSUER,
@@ -21,6 +21,7 @@ from danube.machines.security.tokens import (
     mint,
     verify_until,
 )
+from danube.proto import danube_admin as pb
 
 SECRET_ENV = "DANUBE_JWT_SECRET_KEY"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -79,6 +80,128 @@ async def validate(_: AdminClient, args: argparse.Namespace) -> Result:
     return Result(data, f"Valid: {principal.kind} {principal.name}")
 
 
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _security(client: AdminClient) -> pb.SecurityAdminStub:
+    return pb.SecurityAdminStub(client._channel, timeout=client.timeout_s)
+
+
+def _role_rows(roles: list[pb.RoleDefinition]) -> list[tuple[str, str, str]]:
+    return [(r.name, ",".join(r.permissions), "yes" if r.system else "") for r in roles]
+
+
+async def role_create(client: AdminClient, args: argparse.Namespace) -> Result:
+    what = f"create role {args.name}"
+    role = pb.RoleDefinition(name=args.name, permissions=_names(args.permissions))
+    answer = await client.call(what, _security(client).create_role(pb.CreateRoleRequest(role)))
+    require_success(what, answer.success)
+    return Result(plain(answer), f"Created role {args.name}")
+
+
+async def role_get(client: AdminClient, args: argparse.Namespace) -> Result:
+    answer = await client.call(
+        f"role {args.name}", _security(client).get_role(pb.GetRoleRequest(args.name))
+    )
+    rows = _role_rows([answer.role])
+    return Result(plain(answer.role), table(("role", "permissions", "system"), rows, "no role"))
+
+
+async def role_list(client: AdminClient, _: argparse.Namespace) -> Result:
+    answer = await client.call("list roles", _security(client).list_roles(pb.Empty()))
+    rows = _role_rows(answer.roles)
+    return Result(plain(answer), table(("role", "permissions", "system"), rows, "no roles"))
+
+
+async def role_delete(client: AdminClient, args: argparse.Namespace) -> Result:
+    what = f"delete role {args.name}"
+    answer = await client.call(what, _security(client).delete_role(pb.DeleteRoleRequest(args.name)))
+    require_success(what, answer.success)
+    return Result(plain(answer), f"Deleted role {args.name}")
+
+
+def _binding_rows(bindings: list[pb.BindingDefinition]) -> list[tuple[str, ...]]:
+    return [
+        (b.id, f"{b.principal_type}:{b.principal_name}", ",".join(b.role_names), b.scope,
+         b.resource_name)
+        for b in bindings
+    ]  # fmt: skip
+
+
+BINDING_HEADERS = ("id", "principal", "roles", "scope", "resource")
+
+
+async def binding_create(client: AdminClient, args: argparse.Namespace) -> Result:
+    what = f"create binding {args.id}"
+    binding = pb.BindingDefinition(
+        id=args.id, principal_type=args.principal_type, principal_name=args.principal_name,
+        role_names=_names(args.roles), scope=args.scope, resource_name=args.resource or "",
+    )  # fmt: skip
+    request = pb.CreateBindingRequest(binding)
+    answer = await client.call(what, _security(client).create_binding(request))
+    require_success(what, answer.success)
+    return Result(plain(answer), f"Created binding {args.id}")
+
+
+async def binding_get(client: AdminClient, args: argparse.Namespace) -> Result:
+    request = pb.GetBindingRequest(args.scope, args.resource or "", args.id)
+    answer = await client.call(f"binding {args.id}", _security(client).get_binding(request))
+    rows = _binding_rows([answer.binding])
+    return Result(plain(answer.binding), table(BINDING_HEADERS, rows, "no binding"))
+
+
+async def binding_list(client: AdminClient, args: argparse.Namespace) -> Result:
+    stub = _security(client)
+    if args.scope is None:
+        answer = await client.call("list bindings", stub.list_all_bindings(pb.Empty()))
+    else:
+        request = pb.ListBindingsRequest(args.scope, args.resource or "")
+        answer = await client.call("list bindings", stub.list_bindings(request))
+    rows = _binding_rows(answer.bindings)
+    return Result(plain(answer), table(BINDING_HEADERS, rows, "no bindings"))
+
+
+async def binding_delete(client: AdminClient, args: argparse.Namespace) -> Result:
+    what = f"delete binding {args.id}"
+    request = pb.DeleteBindingRequest(args.scope, args.resource or "", args.id)
+    answer = await client.call(what, _security(client).delete_binding(request))
+    require_success(what, answer.success)
+    return Result(plain(answer), f"Deleted binding {args.id}")
+
+
+SCOPES = ("cluster", "namespace", "topic", "subject")
+NEEDS = "SecurityAdmin (standalone broker) and ManageCluster"
+
+
+def _scope(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument("--scope", choices=SCOPES, required=required)
+    parser.add_argument("--resource", help="namespace, topic or subject (not for cluster)")
+
+
+def _roles_and_bindings(security: Actions) -> None:
+    roles = group(security, "roles", "roles: named sets of permissions")
+    made = command(roles, "create", "create or replace a role", role_create, NEEDS)
+    made.add_argument("name")
+    made.add_argument("--permissions", required=True, help="e.g. Produce,Consume,Lookup")
+    for name, run in (("get", role_get), ("delete", role_delete)):
+        command(roles, name, f"{name} a role", run, NEEDS).add_argument("name")
+    command(roles, "list", "list roles", role_list, NEEDS)
+    bindings = group(security, "bindings", "bindings: roles granted to a principal on a scope")
+    made = command(bindings, "create", "grant roles", binding_create, NEEDS)
+    made.add_argument("id")
+    made.add_argument("--principal-type", choices=["service_account", "user"], required=True)
+    made.add_argument("--principal-name", required=True)
+    made.add_argument("--roles", required=True, help="role names, comma-separated")
+    _scope(made)
+    for name, run in (("get", binding_get), ("delete", binding_delete)):
+        sub = command(bindings, name, f"{name} a binding", run, NEEDS)
+        sub.add_argument("id")
+        _scope(sub)
+    _scope(command(bindings, "list", "list bindings (all without --scope)", binding_list, NEEDS),
+           required=False)  # fmt: skip
+
+
 def _key_flags(parser: argparse.ArgumentParser, private: bool) -> None:
     parser.add_argument(
         "--secret-key", help=f"the HS256 shared secret (env {SECRET_ENV}; prefer the env)"
@@ -91,7 +214,8 @@ def _key_flags(parser: argparse.ArgumentParser, private: bool) -> None:
 
 
 def add_security_commands(commands: Actions) -> None:
-    security = group(commands, "security", "tokens (roles and bindings: not offered yet)")
+    security = group(commands, "security", "tokens, roles and bindings")
+    _roles_and_bindings(security)
     tokens = group(security, "tokens", "mint and check bearer tokens, offline")
     make = command(tokens, "create", "mint a token", create, "nothing (offline)")
     make.add_argument("--subject", required=True, help="the principal name")

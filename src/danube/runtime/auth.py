@@ -199,6 +199,10 @@ class AuthGuard:
         self.clock = clock
         self._tokens: dict[str, tuple[Principal, float]] = {}
 
+    def use(self, state: Rbac) -> None:
+        """Roles and bindings changed (`SecurityAdmin`): later decisions read the new ones."""
+        self.rbac = state
+
     def wrap(self, path: str, handler: grpclib.const.Handler) -> grpclib.const.Handler:
         func = handler.func
         rule = RULES.get(path, DEFAULT_RULE)

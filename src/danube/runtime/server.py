@@ -30,7 +30,7 @@ from danube.proto import danube_admin as admin_pb
 from danube.proto import danube_schema as schema_pb
 from danube.runtime import event_loop
 from danube.runtime.admin import AdminServices
-from danube.runtime.auth import AuthGuard
+from danube.runtime.auth import AuthGuard, rbac_of
 from danube.runtime.batch_plane import (
     BATCH_REQUEST_LIMIT,
     ConsumerBatchService,
@@ -57,6 +57,7 @@ from danube.runtime.replication_port import ReplicationPort
 from danube.runtime.schema_gate import SchemaGate
 from danube.runtime.schema_ports import ClientPortSchemaRegistry
 from danube.runtime.schema_service import Offload, SchemaService, in_worker_thread
+from danube.runtime.security_admin import SecurityAdminService
 from danube.runtime.tls import RELOAD_CHECK_SECONDS, CertificateReloader
 from danube.values.config import (
     Address,
@@ -87,7 +88,10 @@ NO_RAFT = (
     "there is no Raft group to manage: the metadata store is etcd (cluster mode) or embedded "
     "(standalone), and etcd manages its own members (etcdctl member add/remove)"
 )
-NO_SECURITY = "roles and bindings arrive with authentication and RBAC, not offered yet"
+NO_SECURITY = (
+    "roles and bindings are stored by standalone brokers only for now: a cluster's brokers "
+    "do not yet share them (spec/security.md)"
+)
 
 SHUTDOWN_GRACE_SECONDS = 2.0
 UPLOAD_GRACE_SECONDS = 15.0
@@ -429,6 +433,13 @@ async def serve(
             ]
             if replication is not None:
                 admin_services.append(replication.service)
+            if not clustered:  # a cluster's brokers would have to watch /auth/ (part 2)
+                security = SecurityAdminService(
+                    store, rbac_of(auth), guard.use if guard is not None else None
+                )
+                if guard is not None:
+                    guard.use(await security.load())
+                admin_services.append(security)
             admin_server = Server(
                 [
                     *admin_services,
