@@ -15,10 +15,11 @@ Rejections carry a reason that never quotes the token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jwt
+from jwt.algorithms import get_default_algorithms
 
 from danube.machines.security.rbac import Principal
 
@@ -46,12 +47,20 @@ class Verifier:
     key: str
     issuer: str | None = None
     leeway_s: int = DEFAULT_LEEWAY_S
+    prepared: Any = field(default=None, compare=False, repr=False)
+    """The key parsed once (a PEM parse cost more than the signature check itself)."""
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"unsupported algorithm {self.algorithm!r} (expected {ALGORITHMS})")
         if not self.key:
             raise ValueError("a token key is required")
+        algorithm = get_default_algorithms()[self.algorithm]
+        try:  # HMAC refuses a PEM key here: no algorithm confusion by configuration either
+            prepared = algorithm.prepare_key(self.key)
+        except (jwt.PyJWTError, ValueError, TypeError) as error:
+            raise ValueError(f"unusable {self.algorithm} key ({type(error).__name__})") from None
+        object.__setattr__(self, "prepared", prepared)
 
 
 def bearer(value: str) -> str:
@@ -98,7 +107,7 @@ def verify_until(token: str, verifier: Verifier, now: float) -> tuple[Principal,
     try:
         claims = jwt.decode(
             token,
-            verifier.key,
+            verifier.prepared,
             algorithms=[verifier.algorithm],
             options={
                 "verify_signature": True,
