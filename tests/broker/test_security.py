@@ -367,3 +367,19 @@ def test_roles_and_bindings_from_danube_admin_apply_at_once_and_persist(
         app = _tool("danube-admin", "--endpoint", broker.admin_addr, "security", "roles", "list",
                     env={**env, "DANUBE_ADMIN_TOKEN": token("app")})  # fmt: skip
         assert app.returncode == 1 and "PERMISSION_DENIED" in app.stderr
+
+
+@pytest.mark.conformance
+def test_the_official_client_over_tls_with_a_token(secured: BrokerProcess, pki: Pki) -> None:
+    """Issue 25, point 6: `danube-client==0.5.0` (grpcio) with `with_tls(ca)` and
+    `with_token(jwt)` produces and consumes; without a token it gets UNAUTHENTICATED, with a
+    token lacking Produce PERMISSION_DENIED (Danube's status codes)."""
+    from tests.conformance.harness import run_scenario
+
+    url, ca = f"https://{secured.broker_addr}", str(pki.ca_file)
+    ok = run_scenario("secured", url, ca, token("app"), fresh(), broker=secured)
+    assert ok["outcome"] == "ok" and ok["payload"] == "over tls"
+    anonymous = run_scenario("secured", url, ca, "-", fresh(), broker=secured)
+    assert anonymous["status"] == "UNAUTHENTICATED"
+    reader = run_scenario("secured", url, ca, token("reader", "user"), fresh(), broker=secured)
+    assert reader["status"] == "PERMISSION_DENIED" and "Produce" in reader["details"]
