@@ -383,3 +383,34 @@ def test_the_official_client_over_tls_with_a_token(secured: BrokerProcess, pki: 
     assert anonymous["status"] == "UNAUTHENTICATED"
     reader = run_scenario("secured", url, ca, token("reader", "user"), fresh(), broker=secured)
     assert reader["status"] == "PERMISSION_DENIED" and "Produce" in reader["details"]
+
+
+def test_an_unauthenticated_large_request_is_refused_before_it_is_read(
+    secured: BrokerProcess, pki: Pki
+) -> None:
+    """A 4 MiB schema registration without credentials: the answer is UNAUTHENTICATED, not
+    the INVALID_ARGUMENT of an over-long request, so the broker refused it from the headers
+    without buffering, decoding or compiling anything; and it still answers afterwards."""
+    from grpclib import GRPCError
+    from grpclib.const import Status
+
+    from danube.client.connection import BrokerChannel
+    from danube.proto import danube_schema as schema_pb
+
+    big = schema_pb.RegisterSchemaRequest(
+        subject="huge", schema_type="json_schema", schema_definition=b"{" + b" " * (4 << 20)
+    )
+
+    async def scenario() -> Status:
+        host, port = secured.broker_addr.split(":")
+        channel = BrokerChannel(host, int(port), security(pki))
+        try:
+            await schema_pb.SchemaRegistryStub(channel).register_schema(big)
+        except GRPCError as error:
+            return error.status
+        finally:
+            channel.close()
+        raise AssertionError("accepted")
+
+    assert aio_run(scenario) is Status.UNAUTHENTICATED
+    aio_run(lambda: produce(secured, security(pki, "app"), fresh()))

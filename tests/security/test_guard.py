@@ -12,6 +12,8 @@ import grpclib.const
 import pytest
 from grpclib import GRPCError
 from grpclib.const import Status
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from danube.machines.security.tokens import mint
 from danube.proto import danube as pb
@@ -164,3 +166,18 @@ def test_every_rule_names_a_real_rpc_and_every_client_rpc_has_a_rule() -> None:
     client_port = {p for p in real if p.split(".")[0] in ("/danube",) or "Ext/" in p}
     missing = client_port - set(RULES) - CONSUMER_RULES
     assert missing == set()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=300), st.binary(max_size=300).map(lambda b: b.decode("latin-1"))))
+def test_any_authorization_header_is_refused_cleanly(value: str) -> None:
+    """Whatever the header says (random text, `Bearer` plus junk), the answer is
+    UNAUTHENTICATED with a short reason that does not quote it, and no handler runs."""
+    for header in (value, f"Bearer {value}"):
+        with pytest.raises(GRPCError) as raised:
+            guarded_call(guard(), CREATE, FakeStream({"authorization": header}))
+        assert raised.value.status is Status.UNAUTHENTICATED
+        message = str(raised.value.message)
+        assert len(message) < 200
+        if len(value.strip()) >= 8:
+            assert value.strip() not in message
