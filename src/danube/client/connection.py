@@ -99,6 +99,11 @@ class Connections:
             raise DanubeClientError("no broker address given")
         self.retry = retry
         self.security = security
+        if security is not None:
+            try:  # an unreadable CA or client certificate: say so now, not as "unreachable"
+                security.context()
+            except (OSError, ValueError) as error:
+                raise DanubeClientError(f"TLS settings: {error}") from None
         self._channels: dict[tuple[str, int], BrokerChannel] = {}
         self.closed = False
         self._request_ids = itertools.count(1)

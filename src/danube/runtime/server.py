@@ -251,6 +251,7 @@ async def serve(
     """Runs a broker until `shutdown` is set, then stops cleanly: open receive streams end,
     pending metadata is written, WAL tails are sealed (and uploaded with an object tier), a
     cluster member gives up its lease so its topics move at once, sockets close."""
+    config.auth.check()  # whoever built the config: no TLS mode without its files
     data_dir = Path(config.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     broker_id = broker_id_for(data_dir)
