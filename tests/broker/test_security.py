@@ -414,3 +414,66 @@ def test_an_unauthenticated_large_request_is_refused_before_it_is_read(
 
     assert aio_run(scenario) is Status.UNAUTHENTICATED
     aio_run(lambda: produce(secured, security(pki, "app"), fresh()))
+
+
+def test_every_method_refuses_cleanly_with_authentication_on(
+    secured: BrokerProcess, pki: Pki
+) -> None:
+    """Issue 11's raw callers over TLS, against every method of both ports: without a token
+    every served method answers UNAUTHENTICATED whatever bytes follow; with the token of a
+    principal that has no binding, a clean refusal (PERMISSION_DENIED, or INVALID_ARGUMENT
+    for bytes that do not decode; the health check needs authentication only), never
+    INTERNAL, UNKNOWN, a dropped connection or no answer; the broker logs no traceback and
+    keeps serving."""
+    import random
+
+    from grpclib.client import Channel
+
+    from tests.hostile.rawcall import RawCaller, RawCodec, all_methods
+
+    context = ClientSecurity(ca_file=str(pki.ca_file)).context()
+
+    class TlsCaller(RawCaller):
+        def __init__(self, address: str, auth: dict[str, str]) -> None:
+            self.auth = auth
+            super().__init__(address)
+
+        def _open(self) -> Channel:
+            channel = Channel(self.host, self.port, codec=RawCodec(), ssl=context)
+            request = channel.request
+            channel.request = lambda *a, **k: request(*a, **{**k, "metadata": self.auth})  # type: ignore[method-assign]
+            return channel
+
+    rng = random.Random(25)
+    payloads = [[b""], [b"\xff" * 64], [rng.randbytes(200)], [b"\x0a\x03abc", b"\x0a\x03abc"]]
+    nobody = {"authorization": f"Bearer {token('nobody')}"}
+    outcomes: dict[str, set[str]] = {"anonymous": set(), "nobody": set()}
+    unclean: list[str] = []
+
+    async def scenario() -> None:
+        for port, address in (("client", secured.broker_addr), ("admin", secured.admin_addr)):
+            for who, auth in (("anonymous", {}), ("nobody", nobody)):
+                caller = TlsCaller(address, auth)
+                try:
+                    for method in all_methods():
+                        if not method.served_on(port):
+                            continue
+                        for messages in payloads:
+                            status = await caller.call(method, messages, timeout=5.0)
+                            outcomes[who].add(status)
+                            clean = {"UNAUTHENTICATED"} if who == "anonymous" else {
+                                "PERMISSION_DENIED", "INVALID_ARGUMENT", "UNIMPLEMENTED",
+                            }  # fmt: skip
+                            if method.short == "HealthCheck/HealthCheck" and who == "nobody":
+                                clean = {"OK", "INVALID_ARGUMENT"}  # authentication only
+                            if status not in clean:
+                                unclean.append(f"{who} {port} {method.short}: {status}")
+                finally:
+                    caller.close()
+
+    aio_run(scenario, timeout=300)
+    assert unclean == []
+    assert outcomes["anonymous"] == {"UNAUTHENTICATED"}
+    assert "PERMISSION_DENIED" in outcomes["nobody"]
+    assert "Traceback" not in secured.log_text()
+    aio_run(lambda: produce(secured, security(pki, "app"), fresh()))
