@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _run(run: Handler, endpoint: str, timeout_s: float, args: argparse.Namespace) -> Result:
-    client = AdminClient(endpoint, timeout_s, security_of(args, ADMIN_ENV_PREFIX, endpoint))
+    offline = getattr(args, "offline", False)  # security tokens: no broker, no TLS files
+    security = None if offline else security_of(args, ADMIN_ENV_PREFIX, endpoint)
+    client = AdminClient(endpoint, timeout_s, security)
     try:
         return await run(client, args)
     finally:
