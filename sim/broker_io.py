@@ -152,6 +152,10 @@ class SimPort:
         elif name == "policy_dropped":
             log(f"policy_dropped {f['topic']}/{f['subscription']} {f['offset']}")
             observer.policy_dropped(f["topic"], f["subscription"], f["offset"], f["attempts"])
+            if broker.audit is not None:
+                broker.audit.policy_dropped(
+                    f["topic"], f["subscription"], f["offset"], f["attempts"]
+                )
         elif name == "upload":
             self.stats["uploads"] += 1
             log(f"upload {f['key']}")

@@ -34,7 +34,11 @@ def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
         help="auth.tls.verify_client: require a client certificate (mutual TLS)",
     )
     group.add_argument(
-        "--admin-tls", action="store_true", default=None, help="admin_tls: TLS on the admin port"
+        "--tls-admin",
+        action="store_true",
+        default=None,
+        help="admin_tls: TLS on the admin port in mode none too (its variable is not "
+        "DANUBE_ADMIN_TLS, which tells danube-admin to connect over TLS)",
     )
     group.add_argument(
         "--jwt-algorithm", choices=["HS256", "RS256", "EdDSA"], help="auth.jwt.algorithm"
@@ -66,7 +70,7 @@ def apply_auth_arguments(auth: AuthConfig, args: argparse.Namespace) -> AuthConf
             bool(args.tls_verify_client) or (tls.verify_client if tls else False),
         )
         updates["tls"] = tls
-    if args.admin_tls:
+    if args.tls_admin:
         updates["admin_tls"] = True
     secret = args.jwt_secret_key or os.environ.get(SECRET_ENV)
     jwt_flags = (args.jwt_algorithm, args.jwt_public_key, args.jwt_issuer, secret)
@@ -80,6 +84,8 @@ def apply_auth_arguments(auth: AuthConfig, args: argparse.Namespace) -> AuthConf
             issuer=args.jwt_issuer or jwt.issuer,
         )
         updates["jwt"] = jwt
-    if args.super_admin:
-        updates["super_admins"] = (*auth.super_admins, *args.super_admin)
+    if args.super_admin:  # repeated flags, or DANUBE_SUPER_ADMIN="a,b" (one string)
+        given = [args.super_admin] if isinstance(args.super_admin, str) else args.super_admin
+        names = [n.strip() for text in given for n in text.split(",") if n.strip()]
+        updates["super_admins"] = (*auth.super_admins, *names)
     return dataclasses.replace(auth, **updates)
