@@ -477,3 +477,29 @@ def test_every_method_refuses_cleanly_with_authentication_on(
     assert "PERMISSION_DENIED" in outcomes["nobody"]
     assert "Traceback" not in secured.log_text()
     aio_run(lambda: produce(secured, security(pki, "app"), fresh()))
+
+
+def test_the_mcp_server_reaches_a_secured_broker(secured: BrokerProcess, pki: Pki) -> None:
+    """`danube-admin serve --mode mcp` takes danube-admin's TLS settings and token (here the
+    environment, as an assistant's configuration would set it): a tool lists the namespaces
+    as the root super admin; without the token the tool reports UNAUTHENTICATED."""
+    anyio = pytest.importorskip("anyio")
+    mcp = pytest.importorskip("mcp")
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    async def listed(env: dict[str, str]) -> tuple[bool, str]:
+        params = StdioServerParameters(
+            command=str(BIN / "danube-admin"),
+            args=["--endpoint", secured.admin_addr, "serve", "--mode", "mcp"],
+            env={**os.environ, **env},
+        )
+        async with stdio_client(params) as (read, write), mcp.ClientSession(read, write) as s:
+            await s.initialize()
+            result = await s.call_tool("list_namespaces", {})
+            return result.is_error, "".join(block.text for block in result.content)
+
+    tls = {"DANUBE_ADMIN_TLS": "1", "DANUBE_ADMIN_CA": str(pki.ca_file)}
+    failed, text = anyio.run(listed, {**tls, "DANUBE_ADMIN_TOKEN": token("root")})
+    assert not failed and "default" in text, text
+    failed, text = anyio.run(listed, tls)
+    assert failed and "UNAUTHENTICATED" in text, text

@@ -24,6 +24,7 @@ from typing import Any
 from danube.cli.admin_args import Handler
 from danube.cli.admin_call import AdminClient, AdminError
 from danube.cli.admin_render import Result
+from danube.client.security import ClientSecurity
 
 DANUBE_NAMES: Mapping[tuple[str, str], str] = {
     ("brokers", "list"): "list_brokers",
@@ -140,11 +141,17 @@ class AdminTool:
             reason = lines[-1].split(": error: ", 1)[1] if lines else "invalid arguments"
             raise ToolInputError(f"{self.name}: {reason}") from None
 
-    async def run(self, endpoint: str, timeout_s: float, values: Mapping[str, Any]) -> Result:
+    async def run(
+        self,
+        endpoint: str,
+        timeout_s: float,
+        values: Mapping[str, Any],
+        security: ClientSecurity | None = None,
+    ) -> Result:
         args = self.parse(values)
         args.endpoint, args.timeout, args.output = endpoint, timeout_s, "json"
         handler: Handler = args.run
-        client = AdminClient(endpoint, timeout_s)
+        client = AdminClient(endpoint, timeout_s, security)
         try:
             return await handler(client, args)
         finally:

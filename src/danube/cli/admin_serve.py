@@ -64,7 +64,10 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         version = importlib.metadata.version("pydanube")
     except importlib.metadata.PackageNotFoundError:
         version = "0"
-    server = build_server(parser, args.endpoint, args.timeout, version)
+    from danube.cli.usage import ADMIN_ENV_PREFIX, security_of
+
+    security = security_of(args, ADMIN_ENV_PREFIX, args.endpoint)  # TLS and token, as the CLI
+    server = build_server(parser, args.endpoint, args.timeout, version, security)
     try:
         if args.transport == "stdio":
             anyio.run(serve_stdio, server)
