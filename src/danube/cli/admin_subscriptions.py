@@ -142,8 +142,7 @@ def add_subscription_commands(actions: Actions) -> None:
         (
             "--max-redelivery-count",
             "redeliveries a failing message gets before the poison policy acts (0: none, "
-            "4294967295: no limit; our brokers refuse dead_letter with a limit until "
-            "republishing arrives)",
+            "4294967295: no limit)",
         ),
         ("--ack-timeout-ms", "redeliver a message not acknowledged within this time"),
         ("--base-redelivery-delay-ms", "wait before the first redelivery"),
