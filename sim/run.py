@@ -117,8 +117,9 @@ class Workload:
     0 draws nothing from the seed: plain clients only."""
     batch: int = 8
     poison: str = ""
-    """"drop" or "block": every consumer nacks the messages of one routing key, and each
-    subscription's failure policy drops or blocks them after `poison_limit` redeliveries
+    """"drop", "block" or "dead_letter": every consumer nacks the messages of one routing
+    key, and each subscription's failure policy drops, blocks or dead-letters them after
+    `poison_limit` redeliveries
     (sim/poison.py). "" (the default): no poison, digests as before."""
     poison_limit: int = 2
     history_every_ms: int = 0

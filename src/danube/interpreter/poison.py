@@ -44,6 +44,7 @@ def answered(
         "dead_lettered" if failure is None else "dead_letter_failed",
         topic=publish.origin,
         subscription=publish.subscription,
+        epoch=publish.epoch,
         offset=publish.offset,
         attempts=publish.attempts,
         dead_letter_topic=publish.topic,

@@ -79,6 +79,12 @@ class PoisonHandling:
         """Offsets exhausted under Block, waiting for an operator or a policy change."""
         return tuple(self._blocked)
 
+    @property
+    def held(self) -> tuple[int, ...]:
+        """Offsets exhausted and not resolved yet: blocked, or waiting for their dead letter
+        to be stored. Sent to nobody meanwhile, so a single-active run may pass them."""
+        return tuple(offset for offset, entry in self._entries.items() if entry.held is not None)
+
     def release(self, offset: int, now_ms: int) -> list[Any]:
         """Operator: a blocked message goes out again with its attempts reset (Exclusive and
         Failover: the run restarts at `cursor + 1`, in order). Ignored for any other offset."""

@@ -393,6 +393,18 @@ class ReliableSubscription(PoisonHandling):
             self._fail(offset, entry, entry.consumer, delay_ms, "nack")
         return self._finish()
 
+    def retry_due(self, offset: int) -> int | None:
+        """When a failed offset goes out again (Exclusive, Failover: when the run
+        restarts); None when no retry of it is waiting. For judges of the backoff."""
+        entry = self._entries.get(offset)
+        if entry is None or entry.consumer is not None or entry.held is not None:
+            return None
+        if self.sub_type in _SINGLE_ACTIVE:
+            return self._rewind_at
+        return min(
+            (d for d, o, t in self._retries if o == offset and t == entry.token), default=None
+        )
+
     def drop_counts(self) -> dict[DropReason, int]:
         """Messages skipped by the poison policy Drop (or an operator)."""
         return {DropReason.POISON_POLICY: self.dropped} if self.dropped else {}
