@@ -15,6 +15,7 @@ from danube.machines.node.core import BrokerCore, BrokerIdentity, DeadLetterPubl
 from danube.machines.node.settings import PoisonPolicy, SubscriptionFailureSettings
 from danube.machines.wal import records
 from danube.machines.wal.machine import WalConfig
+from danube.runtime.poison_metrics import poison_families
 from danube.testing import CoreDriver
 from danube.values.config import DispatchStrategy, Policies
 from tests.node.test_core import replay
@@ -133,6 +134,18 @@ def test_an_exhausted_message_is_stored_in_the_dead_letter_topic_with_its_origin
         "x-failure-reason": "nack",
     }
     assert dead.attributes["x-original-producer-id"] != "0"
+    families = {f.name: f for f in poison_families("b", broker.core)}
+    dead_lettered = {
+        sample.labels["topic"]: sample.value
+        for sample in families["danube_subscription_dlq"].samples
+    }
+    assert dead_lettered == {TOPIC: 1, DLQ: 0}
+    causes = {
+        sample.labels["cause"]: sample.value
+        for sample in families["danube_subscription_redelivery_causes"].samples
+        if sample.labels["topic"] == TOPIC
+    }
+    assert causes == {"nack": 1}, "the first nack asked for a redelivery, the second exhausted"
 
 
 def test_the_original_stays_until_its_dead_letter_is_stored() -> None:
@@ -157,3 +170,14 @@ def test_the_original_stays_until_its_dead_letter_is_stored() -> None:
     broker.tick(50)
     assert machine.entry_state(offset) is None and machine.cursor == offset
     assert broker.core.dead_letters.failed == 1 and broker.core.dead_letters.stored == 1
+
+
+def test_messages_in_flight_to_a_consumer_that_leaves_are_counted_as_its_redeliveries() -> None:
+    broker = Broker()
+    consumer = broker.consumer(TOPIC, "s")
+    broker.publish(b"m0", {})
+    broker.publish(b"m1", {})
+    assert len(broker.take(consumer)) == 2
+    broker.run(broker.core.close_stream(*consumer, now_ms=broker.now).effects)
+    machine = broker.core.catalogue.topics_by_name[TOPIC].subscriptions["s"].reliable
+    assert machine.redeliveries_by_cause == {"consumer gone": 2}

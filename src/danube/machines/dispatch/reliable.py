@@ -92,6 +92,9 @@ DISPATCH_BURST_US = 1_000_000
 """A subscription with a dispatch rate may send one second's worth at once."""
 """Earlier than any clock reading: the time of "never" and of a machine no input has reached."""
 
+CONSUMER_GONE = "consumer gone"
+"""Cause of redeliveries of messages in flight to a consumer that disconnected or left."""
+
 
 # -- effects ----------------------------------------------------------------------------------
 
@@ -217,6 +220,9 @@ class ReliableSubscription(PoisonHandling):
         self.redelivered = 0
         """Sends of an offset that had been sent before (after a nack, an ack timeout or its
         consumer leaving): the operator's measure of how much work is done twice."""
+        self.redeliveries_by_cause: dict[str, int] = {}
+        """Redeliveries asked for, by cause: "nack", "ack timeout" (not the failures that
+        exhausted a message) and "consumer gone" (in flight to a consumer that left)."""
         self.dropped = 0
         """Messages skipped by the Drop policy or an operator's `skip`."""
         self.dead_letters_stored = 0
@@ -530,6 +536,8 @@ class ReliableSubscription(PoisonHandling):
                 self._sendable[entry.key] = None
         if not released:
             return
+        causes = self.redeliveries_by_cause
+        causes[CONSUMER_GONE] = causes.get(CONSUMER_GONE, 0) + len(released)
         if self.sub_type is SubscriptionType.SHARED:
             self._ready.extendleft(reversed(released))
         elif self.sub_type in _SINGLE_ACTIVE:
@@ -612,6 +620,7 @@ class ReliableSubscription(PoisonHandling):
         if self.policy.exhausted(entry.failures):
             self._exhaust(offset, entry)
             return
+        self.redeliveries_by_cause[reason] = self.redeliveries_by_cause.get(reason, 0) + 1
         due = self._now + self.policy.redelivery_delay_ms(entry.failures, requested_ms)
         if self.sub_type in _SINGLE_ACTIVE:
             self._break_run(due)
