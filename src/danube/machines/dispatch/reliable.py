@@ -391,12 +391,15 @@ class ReliableSubscription(PoisonHandling):
             self._settle(offset, entry, entry.consumer)
         return self._finish()
 
-    def nack(self, offset: int, delay_ms: int | None, now_ms: int) -> list[Effect]:
-        """Redeliver after `delay_ms` or the policy's delay, whichever is longer."""
+    def nack(
+        self, offset: int, delay_ms: int | None, now_ms: int, *, reason: str | None = None
+    ) -> list[Effect]:
+        """Redeliver after `delay_ms` or the policy's delay, whichever is longer. `reason`,
+        the client's, is what a dead letter of the message says last failed (else "nack")."""
         self._begin(now_ms)
         entry = self._entries.get(offset)
         if entry is not None and entry.consumer is not None:
-            self._fail(offset, entry, entry.consumer, delay_ms, "nack")
+            self._fail(offset, entry, entry.consumer, delay_ms, "nack", reason)
         return self._finish()
 
     def retry_due(self, offset: int) -> int | None:
@@ -610,13 +613,14 @@ class ReliableSubscription(PoisonHandling):
         consumer_id: int,
         requested_ms: int | None,
         reason: str,
+        detail: str | None = None,
     ) -> None:
         """A nack or an ack timeout: the message waits for its redelivery time, or is
         exhausted past the policy's limit."""
         self._consumers[consumer_id].in_flight.discard(offset)
         entry.consumer = None
         entry.failures += 1
-        entry.reason = reason
+        entry.reason = detail or reason
         if self.policy.exhausted(entry.failures):
             self._exhaust(offset, entry)
             return

@@ -571,9 +571,13 @@ class BrokerCore(ReplicationRoutes):
         delay_ms: int | None,
         *,
         now_ms: int = 0,
+        reason: str | None = None,
     ) -> Step[None]:
-        """Redelivers the offset after `delay_ms` or the failure policy's delay."""
-        return self.consumers.nack(topic, subscription, offset, delay_ms, now_ms=now_ms)
+        """Redelivers the offset after `delay_ms` or the failure policy's delay; `reason`
+        (the client's) is what a dead letter of it says last failed."""
+        return self.consumers.nack(
+            topic, subscription, offset, delay_ms, now_ms=now_ms, reason=reason
+        )
 
     def live_streams(self) -> list[EndStream]:
         """Every open stream, for a clean shutdown."""
