@@ -530,8 +530,7 @@ class InvariantChecker(Observer):
         """What each offset holds (invariant 4), and in tiered runs the record itself
         (invariant 7)."""
         stored = self.wal_records[topic] if self.objects is not None else None
-        if topic in self.dead_letters:
-            stored = self.dead_letters[topic]
+        letters = self.dead_letters.get(topic)
         payload_at, stored_at = self.payload_at[topic], self.stored_at[topic]
         cursor = 0
         while cursor + _FRAME_LENGTH.size <= len(data):
@@ -546,6 +545,8 @@ class InvariantChecker(Observer):
                 stored_at.setdefault(payload, []).append(offset)
                 if stored is not None:
                     stored[offset] = record
+                if letters is not None:
+                    letters[offset] = record
             cursor += length
 
     def retention_skipped(self, topic: str, subscription: str, first: int, end: int) -> None:

@@ -118,13 +118,22 @@ class PoisonDuty:
                     self.broker._apply(step.effects)
         self.world.at(SWEEP_US, self._sweep)
 
+    def halted(self, topic: str) -> bool:
+        """The topic, or under DeadLetter its dead-letter topic, stopped (damaged data
+        waits for an operator): its poison can settle no more, and holds the rest back
+        (Key-Shared: its key; the others: every new message), as a stopped topic would."""
+        stopped = self.broker.stopped_topics
+        return topic in stopped or (
+            self.poison == "dead_letter" and dead_letter_topic(topic) in stopped
+        )
+
     def settled(self) -> bool:
-        return not any(self.checker.unsettled(t, s) for t, s in self.judged)
+        return not any(self.checker.unsettled(t, s) for t, s in self.judged if not self.halted(t))
 
     def judge_end(self) -> None:
         """After the drain: every acknowledged message settled for every subscription."""
         for topic, sub in self.judged:
-            if topic in self.broker.stopped_topics:
+            if self.halted(topic):
                 continue
             left = self.checker.unsettled(topic, sub)
             if left:

@@ -459,7 +459,10 @@ class Simulation:
 
     def _judged_now(self) -> list[tuple[str, str]]:
         """The judged subscriptions of topics still serving."""
-        return [(t, s) for t, s in self.judged if t not in self.broker.stopped_topics]
+        poison, stopped = self.poison, self.broker.stopped_topics
+        if poison is not None:  # under DeadLetter, a stopped dead-letter topic holds them too
+            return [(t, s) for t, s in self.judged if not poison.halted(t)]
+        return [(t, s) for t, s in self.judged if t not in stopped]
 
     def _drained(self) -> bool:
         """Everything acknowledged reached every subscription (of topics still serving);
