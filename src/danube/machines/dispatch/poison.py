@@ -142,6 +142,17 @@ class PoisonHandling:
             entry.held = EntryState.DEAD_LETTERING
             self._notices.append(self._dead_letter(offset, entry))
 
+    def _republish_due(self, offset: int, entry: PoisonEntry) -> None:
+        """A failed republish's time to ask again. If the operator has since changed the
+        policy away from DeadLetter, the new policy decides, as for a blocked message: no
+        dead-letter topic it no longer names is asked for (and none, when it names none)."""
+        if self.policy.poison is Poison.DEAD_LETTER:
+            self._notices.append(self._dead_letter(offset, entry))
+            return
+        entry.held = EntryState.BLOCKED
+        self._blocked[offset] = None
+        self._reresolve_blocked()
+
     def _dead_letter(self, offset: int, entry: PoisonEntry) -> DeadLetter:
         topic = self.policy.dead_letter_topic or ""
         return DeadLetter(offset, entry.failures, entry.reason, topic)

@@ -493,7 +493,7 @@ class ReliableSubscription(PoisonHandling):
             _, offset, token = heapq.heappop(self._republish_at)
             entry = self._entries.get(offset)
             if entry is not None and entry.token == token and entry.held:
-                self._notices.append(self._dead_letter(offset, entry))
+                self._republish_due(offset, entry)
 
     def _finish(self, *, force_persist: bool = False) -> list[Effect]:
         """Sends what can be sent, reads what the window has room for, persists the cursor
