@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from danube.interpreter import Interpreter
 from danube.kernels import find_frame, scan_frames
@@ -55,6 +55,9 @@ from danube.values.config import Policies
 from danube.values.errors import DanubeError, ErrorCode
 from sim.broker_io import SimPort
 from sim.disk import SimDisk, SimFile
+
+if TYPE_CHECKING:
+    from sim.audit_output import AuditOutput  # pyarrow: only with the audit extra
 from sim.faults import Faults, Injected
 from sim.network import Network, Stream
 from sim.objects import SimObjectStore
@@ -256,6 +259,8 @@ class SimBroker:
         self.injected = injected
         self.wal_config = wal_config
         self.observer = observer
+        self.audit: AuditOutput | None = None
+        """Where a run for the Spark audit logs what the broker settled (`sim/audit_output.py`)."""
         self.max_unacked = max_unacked
         self.memory = memory
         self.metadata: dict[str, Any] = {} if metadata is None else metadata

@@ -163,6 +163,10 @@ class SimPort:
         elif name == "policy_dropped":
             log(f"policy_dropped {f['topic']}/{f['subscription']} {f['offset']}")
             observer.policy_dropped(f["topic"], f["subscription"], f["offset"], f["attempts"])
+            if broker.audit is not None:
+                broker.audit.policy_dropped(
+                    f["topic"], f["subscription"], f["offset"], f["attempts"]
+                )
         elif name == "dead_lettered":
             log(f"dead_lettered {f['topic']}/{f['subscription']} {f['offset']} at "
                 f"{f['dead_letter_topic']} {f['dead_letter_offset']}")  # fmt: skip

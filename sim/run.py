@@ -242,6 +242,7 @@ class Simulation:
             uploads=UPLOADS if workload.tiered else None,
             memory=workload.memory_pools(),
         )
+        self.broker.audit = self.audit_output
         self.producers: list[SimProducer] = []
         self.consumers: list[SimConsumer] = []
         self.audits: list[SimConsumer] = []

@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from danube.localcluster.cluster import ClusterSettings, LocalCluster
+from danube.cli.usage import add_completion_flag, add_version
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--fresh", action="store_true", help="delete --dir first (start with no data)"
     )
+    add_version(parser)
+    add_completion_flag(parser)
     return parser
 
 
@@ -64,6 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.brokers < 1:
         print("danube-local-cluster: --brokers must be at least 1", file=sys.stderr)
         return 2
+    try:  # after parsing: --help and --version need no broker (issue 26)
+        from danube.localcluster.cluster import ClusterSettings, LocalCluster
+    except ImportError as error:
+        print(
+            "danube-local-cluster: needs the `broker` extra, which is not installed "
+            f"({error}): pip install 'pydanube[broker]'",
+            file=sys.stderr,
+        )
+        return 1
     if args.fresh:
         shutil.rmtree(args.dir, ignore_errors=True)
     settings = ClusterSettings(

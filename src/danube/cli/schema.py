@@ -4,20 +4,33 @@ versions, list, check, mode, delete), as Danube's CLI offers it."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from danube.cli.usage import add_service_addr, read_input
-from danube.client import DanubeClient
-from danube.machines.schema.compatibility import CompatibilityMode
-from danube.machines.schema.formats import SchemaType
-from danube.proto import danube_schema as pb
 
-TYPES = tuple(kind.value for kind in SchemaType)
+if TYPE_CHECKING:
+    from danube.proto import danube_schema as pb
+
+# Spelled out, not derived from `SchemaType` and `CompatibilityMode`: importing the schema
+# machines (jsonschema, fastavro, protobuf) costs `--help` a tenth of a second (issue 26);
+# tests/cli/test_cli_startup.py checks both lists against the enums. The commands import the
+# client when they run.
+TYPES = ("bytes", "string", "number", "avro", "json_schema", "protobuf")
 DEFAULT_ADMIN = "http://127.0.0.1:50051"
-MODES = tuple(mode.value for mode in CompatibilityMode)
+MODES = (
+    "none",
+    "backward",
+    "backward_transitive",
+    "forward",
+    "forward_transitive",
+    "full",
+    "full_transitive",
+)
 
 
 def _when(seconds: int) -> str:
@@ -73,6 +86,8 @@ def check_text(subject: str, answer: pb.CheckCompatibilityResponse) -> str:
 
 
 async def register(args: argparse.Namespace) -> int:
+    from danube.client import DanubeClient
+
     async with DanubeClient(args.service_addr) as client:
         answer = await client.schemas.register(
             args.subject, args.type, read_input(args.file),
@@ -83,16 +98,25 @@ async def register(args: argparse.Namespace) -> int:
 
 
 async def show(args: argparse.Namespace) -> int:
+    from danube.client import DanubeClient
+
     async with DanubeClient(args.service_addr) as client:
         schema = await client.schemas.latest(args.subject)
         if args.version is not None and args.version != schema.version:
             schema = await client.schemas.get(schema.schema_id, args.version)
+    if args.output == "json":
+        fields = schema.to_pydict()
+        fields["schema_definition"] = definition_text(schema)
+        print(json.dumps(fields, ensure_ascii=False, default=str))
+        return 0
     print(schema_header(schema), file=sys.stderr)
     print(definition_text(schema))
     return 0
 
 
 async def versions(args: argparse.Namespace) -> int:
+    from danube.client import DanubeClient
+
     async with DanubeClient(args.service_addr) as client:
         found = await client.schemas.versions(args.subject)
     print(versions_text(found))
@@ -100,6 +124,8 @@ async def versions(args: argparse.Namespace) -> int:
 
 
 async def subjects(args: argparse.Namespace) -> int:
+    from danube.client import DanubeClient
+
     async with DanubeClient(args.service_addr) as client:
         found = await client.schemas.subjects()
     print(subjects_text(found))
@@ -108,6 +134,8 @@ async def subjects(args: argparse.Namespace) -> int:
 
 async def check(args: argparse.Namespace) -> int:
     """Exit status 1 when the schema would be refused, so scripts and CI can gate on it."""
+    from danube.client import DanubeClient
+
     async with DanubeClient(args.service_addr) as client:
         answer = await client.schemas.check(
             args.subject, args.type, read_input(args.file), args.mode
@@ -118,6 +146,8 @@ async def check(args: argparse.Namespace) -> int:
 
 async def mode(args: argparse.Namespace) -> int:
     """On the admin port: a subject's mode is the operator's (spec/protocol.md, Ports)."""
+    from danube.client import DanubeClient
+
     async with DanubeClient(args.admin_addr) as client:
         answer = await client.schemas.set_mode(args.subject, args.mode)
     print(answer.message)
@@ -126,6 +156,8 @@ async def mode(args: argparse.Namespace) -> int:
 
 async def delete(args: argparse.Namespace) -> int:
     """On the admin port, as `mode`."""
+    from danube.client import DanubeClient
+
     async with DanubeClient(args.admin_addr) as client:
         answer = await client.schemas.delete_version(args.subject, args.version)
     print(answer.message)
@@ -137,9 +169,14 @@ def add_schema_commands(commands: argparse._SubParsersAction) -> None:  # type: 
     actions = schema.add_subparsers(dest="action", required=True)
 
     def action(
-        name: str, help_text: str, run: object, *, admin: bool = False
+        name: str,
+        help_text: str,
+        run: object,
+        *,
+        admin: bool = False,
+        aliases: Sequence[str] = (),
     ) -> argparse.ArgumentParser:
-        sub = actions.add_parser(name, help=help_text)
+        sub = actions.add_parser(name, help=help_text, aliases=list(aliases))
         if admin:
             sub.add_argument(
                 "-a", "--admin-addr", default=DEFAULT_ADMIN,
@@ -160,9 +197,19 @@ def add_schema_commands(commands: argparse._SubParsersAction) -> None:  # type: 
     definition(sub)
     sub.add_argument("--description", default="")
     sub.add_argument("--tag", action="append", help="a tag (repeatable)")
-    sub = action("show", "print a version's definition (the latest by default)", show)
+    sub = action(
+        "show",
+        "print a version's definition (the latest by default); `get` is Danube's spelling",
+        show,
+        aliases=("get",),
+    )
     sub.add_argument("subject")
     sub.add_argument("-v", "--version", type=int, help="this version (default: the latest)")
+    sub.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table",
+        help="table: what the version is on stderr and its definition alone on stdout "
+        "(default); json: the registry's whole answer as one JSON object on stdout",
+    )  # fmt: skip
     sub = action("versions", "list a subject's live versions", versions)
     sub.add_argument("subject")
     action("list", "list every subject", subjects)

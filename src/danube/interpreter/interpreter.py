@@ -23,9 +23,7 @@ from functools import partial
 from typing import Any
 
 from danube.effects import (
-    CloseTopicFiles,
     MarkDurable,
-    RemoveTopicFiles,
     Sleep,
     StoreTxn,
     TopicFile,
@@ -61,11 +59,9 @@ from danube.machines.node.core import (
     WalIo,
 )
 from danube.machines.tiering import CommitIndex, ListObjects, UploadSegment
-from danube.machines.tiering import layout as tier_layout
 from danube.machines.wal import machine as wal
 from danube.machines.wal.recovery import CorruptSegment, RecoveryPlan
 from danube.values.errors import DanubeError, ErrorCode
-from danube.values.names import parse_topic
 
 CHECKPOINT_INTERVAL_MS = 10
 """Least time between two checkpoint writes of one topic (spec/wal-format.md, "Remaining
@@ -630,42 +626,32 @@ class Interpreter:
             self._loading[topic].append(one)
 
     def _drop(self, effect: DropWal) -> None:
+        """A topic's WAL goes (`DropWal`): its lane is emptied and, once the effect under way
+        is done, the files closed and, if asked, removed. A directory kept after its topic
+        left (a hand-over) has no lane any more: its files are removed all the same."""
         topic = effect.topic
         self.publishes.fail(topic, 0, effect.reason)
         self.publishes.forget(topic)
         lane = self._files.get(topic)
-        if lane is None:
+        if lane is not None:
+            lane.queue.clear()
+            lane.epoch += 1
+            lane.checkpoint_target = lane.checkpoint_marked = 0
+        elif not effect.delete_files:
             return
-        lane.queue.clear()
-        lane.epoch += 1
-        lane.checkpoint_target = lane.checkpoint_marked = 0
+        flow = flows.drop(topic, effect, self.objects is not None, self.host.event)
+        self._run(self._exclusive(topic, flow), partial(self._dropped, topic, lane, effect))
 
-        def dropped(_value: Any, error: BaseException | None) -> None:
-            idle = not lane.busy and not lane.queue and topic not in self._directory
-            if idle and self._files.get(topic) is lane:
-                del self._files[topic]
-            if error is not None:
-                self.host.event("wal_drop_failed", topic=topic, error=repr(error))
-            else:
-                self.host.event("wal_dropped", topic=topic, deleted=effect.delete_files)
-
-        self._run(self._exclusive(topic, self._drop_flow(effect)), dropped)
-
-    def _drop_flow(self, effect: DropWal) -> Flow[None]:
-        topic = effect.topic
-        yield FilesIdle(topic)
-        yield CloseTopicFiles(topic)
-        if effect.delete_files:
-            yield RemoveTopicFiles(topic)
-        if effect.delete_objects and self.objects:
-            # Before the drop completes: a topic created again under the name uploads only
-            # after its predecessor's objects are gone.
-            prefix = tier_layout.object_prefix(parse_topic(topic))
-            deleted, failure = yield from flows.delete_objects(prefix)
-            if failure is not None:
-                self.host.event(
-                    "topic_objects_left", topic=topic, deleted=deleted, error=repr(failure)
-                )
+    def _dropped(
+        self, topic: str, lane: _Files | None, effect: DropWal, _value: Any, error: Any
+    ) -> None:
+        idle = lane is not None and not lane.busy and not lane.queue
+        if idle and topic not in self._directory and self._files.get(topic) is lane:
+            del self._files[topic]
+        if error is not None:
+            self.host.event("wal_drop_failed", topic=topic, error=repr(error))
+        else:
+            self.host.event("wal_dropped", topic=topic, deleted=effect.delete_files)
 
     # -- reads -------------------------------------------------------------------------------------
 

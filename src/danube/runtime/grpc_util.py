@@ -244,12 +244,30 @@ def _guarded(path: str, handler: grpclib.const.Handler) -> grpclib.const.Handler
             if error.message is None or len(error.message) <= STATUS_MESSAGE_LIMIT // 4:
                 raise
             raise GRPCError(error.status, capped(error.message), error.details) from None
+        except (asyncio.CancelledError, StreamTerminatedError):
+            # The client left, reset the stream or its deadline passed: the broker's own
+            # event, where grpclib logged an INFO line without the RPC's name ("Request was
+            # cancelled: Connection lost"); `setup_logging` keeps grpclib at WARNING.
+            log.info(
+                "event=stream_closed rpc=%s status=%s peer=%s",
+                path, _abandoned(stream).name, _peer(stream),
+            )  # fmt: skip
+            raise
         except _PASSED_THROUGH:
             raise
         except Exception as error:
             raise internal_error(path, error) from None
 
     return handler._replace(func=call)
+
+
+def _peer(stream: grpclib.server.Stream) -> str:
+    """host:port of the call's client, or `-` when grpclib cannot say."""
+    try:
+        address = stream.peer.addr()
+    except Exception:  # the transport may already be gone
+        return "-"
+    return f"{address[0]}:{address[1]}" if address else "-"
 
 
 def _abandoned(stream: grpclib.server.Stream) -> Status:

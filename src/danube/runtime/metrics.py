@@ -17,7 +17,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -160,6 +166,11 @@ class BrokerMetrics:
         """Cluster mode: the replication port (`runtime.replication_port.ReplicationPort`)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
+        # The process's own series (process_cpu_seconds_total, process_resident_memory_bytes,
+        # process_open_fds, ...), the interpreter's version and its garbage collections:
+        # what a dashboard or an alert on the broker process needs beside ours.
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

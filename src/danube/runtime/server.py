@@ -46,6 +46,7 @@ from danube.runtime.data_plane import (
     ProducerService,
 )
 from danube.runtime.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
+from danube.runtime.kernels_warm import warm_kernels
 from danube.runtime.memory import broker_pools
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.metrics_http import Endpoints, Health, serve_http
@@ -290,6 +291,12 @@ async def serve(
             if metrics_sock is not None:
                 endpoints = Endpoints(metrics.exposition, health.not_ready, health.alive)
                 nursery.start_soon(serve_http, metrics_sock, endpoints)
+            # The kernels compile (or load from numba's cache) before anything uses them and
+            # before the broker says it is ready: a first batch must not pay the compile.
+            warmed = await trio.to_thread.run_sync(warm_kernels)
+            log.info(
+                "event=kernels_ready seconds=%.2f cache_dir=%s", warmed.seconds, warmed.cache_dir
+            )
             # Reliable topics recover before the ports open: a client never sees a topic
             # whose offsets are not known yet.
             runtime.apply(restored.effects)
