@@ -41,6 +41,7 @@ from danube.effects import (
     compares_hold,
 )
 from danube.interpreter.host import Done
+from danube.machines.dispatch.failure import EntryState
 from danube.machines.wal import format
 from danube.machines.wal.machine import CloseSegment, CreateSegment, DeleteSegment, Fsync, Write
 from danube.machines.wal.recovery import (
@@ -125,6 +126,16 @@ class SimPort:
     def fail(self, waiter: Any, error: DanubeError) -> None:
         waiter.fail(error)
 
+    def _still_held(self, topic: str, subscription: str, epoch: int, offset: int) -> bool | None:
+        """Whether the subscription that asked for a dead letter still holds the original
+        when its store is reported (None: that incarnation is gone, a new one asks anew)."""
+        core = self.broker.core
+        record = core._topics.get(topic) if core is not None else None
+        sub = record.subscriptions.get(subscription) if record is not None else None
+        if sub is None or sub.epoch != epoch or not record.reliable:
+            return None
+        return sub.reliable.entry_state(offset) is EntryState.DEAD_LETTERING
+
     def event(self, name: str, **f: Any) -> None:
         broker, log, observer = self.broker, self.broker.world.log, self.broker.observer
         if name == "acknowledged":
@@ -156,6 +167,16 @@ class SimPort:
                 broker.audit.policy_dropped(
                     f["topic"], f["subscription"], f["offset"], f["attempts"]
                 )
+        elif name == "dead_lettered":
+            log(f"dead_lettered {f['topic']}/{f['subscription']} {f['offset']} at "
+                f"{f['dead_letter_topic']} {f['dead_letter_offset']}")  # fmt: skip
+            observer.dead_lettered(
+                f["topic"], f["subscription"], f["offset"], f["attempts"],
+                f["dead_letter_topic"], f["dead_letter_offset"],
+                self._still_held(f["topic"], f["subscription"], f["epoch"], f["offset"]),
+            )  # fmt: skip
+        elif name == "dead_letter_failed":
+            log(f"dead_letter_failed {f['topic']}/{f['subscription']} {f['offset']}: {f['reason']}")
         elif name == "upload":
             self.stats["uploads"] += 1
             log(f"upload {f['key']}")

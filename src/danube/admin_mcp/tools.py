@@ -74,18 +74,23 @@ OUR_NAMES: Mapping[tuple[str, str], str] = {
     ("topics", "replication-factor"): "topic_replication_factor",
     ("topics", "set-dispatch-config"): "set_subscription_dispatch_config",
     ("topics", "get-dispatch-config"): "get_subscription_dispatch_config",
+    ("topics", "blocked"): "list_blocked_messages",
+    ("topics", "release"): "release_blocked_message",
+    ("topics", "skip"): "skip_blocked_message",
 }
 """Names of the commands Danube has no tool for, in the same style."""
 
 SKIPPED_COMMANDS = frozenset({("completion",), ("serve",)})
 SKIPPED_DESTS = frozenset({"help", "output", "file"})
-DESTRUCTIVE = frozenset({"delete", "unload", "remove-node", "unsubscribe", "clear-policies"})
+DESTRUCTIVE = frozenset(
+    {"delete", "unload", "remove-node", "unsubscribe", "clear-policies", "skip"}
+)
 READ_ONLY_ACTIONS = frozenset(
     {
         "list", "leader-broker", "namespaces", "balance", "topics", "policies", "subscriptions",
         "describe", "get-policies", "get-failure-policy", "get-dispatch-config",
         "get-schema-config", "get", "versions", "check", "get-compatibility", "list-subjects",
-        "status",
+        "status", "blocked",
     }
 )  # fmt: skip
 

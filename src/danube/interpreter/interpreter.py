@@ -31,8 +31,9 @@ from danube.effects import (
     WriteEpochs,
 )
 from danube.effects.flow import Finished, Flow, step
-from danube.interpreter import flows
+from danube.interpreter import flows, poison
 from danube.interpreter.host import Host
+from danube.interpreter.poison import POISON_EFFECTS
 from danube.interpreter.replication import REPLICA_EFFECTS, Replication
 from danube.interpreter.requests import Exclusive, FilesIdle
 from danube.interpreter.waiters import MetadataLane, Publishes
@@ -40,11 +41,11 @@ from danube.machines.dispatch import ConsumerReady
 from danube.machines.node.core import (
     BrokerCore,
     CutWal,
+    DeadLetterPublish,
     DropWal,
     EndStream,
     LoadWal,
     PersistMeta,
-    PolicyDropped,
     PublishAcked,
     PublishFailed,
     ReadObject,
@@ -280,7 +281,9 @@ class Interpreter:
             self._directory.pop(topic, None)
 
     def _answer(self, waiter: Any, error: DanubeError | None) -> None:
-        if error is None:
+        if isinstance(waiter, DeadLetterPublish):  # the core's own publish: fed back to it
+            self._post(partial(poison.answered, self, waiter, error))
+        elif error is None:
             self.host.resolve(waiter)
         else:
             self.host.fail(waiter, error)
@@ -356,14 +359,8 @@ class Interpreter:
                 self._load(effect)
             elif isinstance(effect, REPLICA_EFFECTS):
                 self.replication.carry(effect)
-            elif isinstance(effect, PolicyDropped):
-                host.event(
-                    "policy_dropped",
-                    topic=effect.topic,
-                    subscription=effect.subscription,
-                    offset=effect.offset,
-                    attempts=effect.attempts,
-                )
+            elif isinstance(effect, POISON_EFFECTS):
+                poison.carry(self, effect)
             elif isinstance(effect, RetentionSkipped):
                 host.event(
                     "retention_skipped",
