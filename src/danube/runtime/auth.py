@@ -133,6 +133,8 @@ for _method in (
     RULES[f"/danube_admin.TopicAdmin/{_method}"] = (P.MANAGE_TOPIC, _topic("topic"))
 for _method in ("SetTopicPolicies", "GetTopicPolicies", "ClearTopicPolicies"):
     RULES[f"/danube_ext.PolicyAdmin/{_method}"] = (P.MANAGE_TOPIC, _topic("name"))
+for _method in ("ListBlocked", "ResolveBlocked"):
+    RULES[f"/danube_ext.PolicyAdmin/{_method}"] = (P.MANAGE_TOPIC, _topic("topic"))
 CONSUMER_RULES = {
     "/danube.ConsumerService/ReceiveMessages",
     "/danube_ext.ConsumerExt/ReceiveBatches",
