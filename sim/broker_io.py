@@ -260,21 +260,33 @@ class SimPort:
         return self.broker.disk.read(read.topic, read.segment_base, read.start, end)
 
     def _file(self, request: TopicFile, done: Done) -> None:
-        broker, effect, topic = self.broker, request.effect, request.topic
-        faults = broker.faults
+        effect, topic = request.effect, request.topic
+        if isinstance(effect, CreateSegment | CloseSegment):
+            # Done at once, in this event: creating a segment (its header durable at once)
+            # or closing one takes no simulated time. Each was an event 20 µs later, two of
+            # a message's events at the `object` level (a segment per upload batch), and no
+            # fault acts in between: the states a crash finds are the same (no file, or a
+            # file holding its header), only the 20 µs between them are gone.
+            self._file_done(topic, effect, request.sync, done)
+            return
         delay = 20
         if isinstance(effect, Write):
             delay = 30 + _WRITE_US_PER_KIB * len(effect.data) // 1024
-            if request.sync:
-                delay += faults.fsync_us
+            if request.sync:  # the write's own fsync, slow as often as a lone one
+                delay += self._fsync_us()
             self.writing[topic] = effect
         elif isinstance(effect, Fsync):
-            delay = faults.fsync_us
-            if faults.slow_fsync and broker.world.rng.random() < faults.slow_fsync:
-                broker.injected["slow_fsync"] += 1
-                delay *= 50
+            delay = self._fsync_us()
 
         self._later(delay, partial(self._file_done, topic, effect, request.sync, done))
+
+    def _fsync_us(self) -> int:
+        broker = self.broker
+        faults = broker.faults
+        if faults.slow_fsync and broker.world.rng.random() < faults.slow_fsync:
+            broker.injected["slow_fsync"] += 1
+            return faults.fsync_us * 50
+        return faults.fsync_us
 
     def _file_done(self, topic: str, effect: Any, sync: bool, done: Done) -> None:
         """A file effect completes (`_answer` of `_file_now`, inlined: every WAL write,
