@@ -72,7 +72,10 @@ DATA_WAL = WalConfig(
     segment_bytes=8 * 1024,
     cache_bytes=16 * 1024,
     flush_interval_ms=200,
+    synced_writes=True,
 )
+"""`synced_writes` as the production broker runs its WAL (`danube.runtime.server`): each
+write is fsynced in the write itself, so no `Fsync` effect (an event) follows it."""
 OBJECT_BATCH_MS = 20
 """The `object` level seals the active segment this long after its oldest unanswered
 publish, so one upload answers a batch (the cluster test's setting)."""

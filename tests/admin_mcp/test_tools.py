@@ -20,6 +20,9 @@ def test_every_command_is_a_tool_under_a_deliberate_name() -> None:
     assert set(DANUBE_NAMES.values()) <= set(TOOLS)
     assert {"list_brokers", "describe_topic", "set_subscription_failure_policy"} <= set(TOOLS)
     assert all("-" not in name and name.islower() for name in TOOLS)
+    assert {"create_role", "list_bindings", "delete_binding"} <= set(TOOLS)
+    assert not [t for t in TOOLS.values() if t.command[:2] == ("security", "tokens")]
+    assert TOOLS["delete_role"].destructive and TOOLS["list_roles"].read_only
 
 
 def test_the_schema_is_the_commands_arguments() -> None:

@@ -61,6 +61,21 @@ def test_a_run_whose_policy_drops_poison_audits_clean(spark: SparkSession, tmp_p
     assert summary["allowed"]["dropped-by-policy"] == dropped
 
 
+def test_a_run_whose_policy_dead_letters_poison_audits_clean(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Issue 24: the dead letters the broker stored (found on disk by their `x-original-*`
+    attributes) settle their originals for the audit: none is `unseen` or `lost-write`."""
+    simulation = Simulation(1, Workload(poison="dead_letter"), FAULTS, audit_dir=tmp_path)
+    result = simulation.run(5.0)
+    assert result.ok, result.violations
+    dead = sum(len(s.dead_lettered) for s in simulation.checker.subscriptions.values())
+    assert dead > 0
+    summary = audit(spark, tmp_path)
+    assert summary["ok"], summary
+    assert summary["allowed"].get("dead-lettered", 0) >= dead
+
+
 def test_a_tiered_run_audits_clean_and_needs_the_index_to_leave_out_an_orphan(
     spark: SparkSession, tmp_path: Path
 ) -> None:

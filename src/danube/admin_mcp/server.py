@@ -24,6 +24,7 @@ from mcp.server.lowlevel.server import ServerRequestContext
 
 from danube.admin_mcp.tools import AdminTool, ToolInputError, admin_tools
 from danube.cli.admin_call import AdminError
+from danube.client.security import ClientSecurity
 
 log = logging.getLogger("danube.admin_mcp")
 
@@ -36,10 +37,14 @@ INSTRUCTIONS = (
 
 
 def build_server(
-    parser: argparse.ArgumentParser, endpoint: str, timeout_s: float, version: str
+    parser: argparse.ArgumentParser,
+    endpoint: str,
+    timeout_s: float,
+    version: str,
+    security: ClientSecurity | None = None,
 ) -> Server[Any]:
     """An MCP server with every command of the `danube-admin` parser as a tool, calling the
-    admin port at `endpoint`."""
+    admin port at `endpoint` (over TLS, with a token, as `security` says)."""
     tools = {tool.name: tool for tool in admin_tools(parser)}
     listed = [_describe(tool) for tool in tools.values()]
 
@@ -55,7 +60,7 @@ def build_server(
         if tool is None:
             return _error(f"no tool named {params.name!r}")
         try:
-            result = await tool.run(endpoint, timeout_s, params.arguments or {})
+            result = await tool.run(endpoint, timeout_s, params.arguments or {}, security)
         except (AdminError, ToolInputError) as error:
             log.info("event=mcp_tool_refused tool=%s reason=%r", tool.name, str(error))
             return _error(str(error))

@@ -24,6 +24,7 @@ from typing import Any
 from danube.cli.admin_args import Handler
 from danube.cli.admin_call import AdminClient, AdminError
 from danube.cli.admin_render import Result
+from danube.client.security import ClientSecurity
 
 DANUBE_NAMES: Mapping[tuple[str, str], str] = {
     ("brokers", "list"): "list_brokers",
@@ -73,18 +74,37 @@ OUR_NAMES: Mapping[tuple[str, str], str] = {
     ("topics", "replication-factor"): "topic_replication_factor",
     ("topics", "set-dispatch-config"): "set_subscription_dispatch_config",
     ("topics", "get-dispatch-config"): "get_subscription_dispatch_config",
+    ("topics", "blocked"): "list_blocked_messages",
+    ("topics", "release"): "release_blocked_message",
+    ("topics", "skip"): "skip_blocked_message",
 }
 """Names of the commands Danube has no tool for, in the same style."""
 
+SECURITY_NAMES: Mapping[tuple[str, ...], str] = {
+    ("security", "roles", "create"): "create_role",
+    ("security", "roles", "get"): "get_role",
+    ("security", "roles", "list"): "list_roles",
+    ("security", "roles", "delete"): "delete_role",
+    ("security", "bindings", "create"): "create_binding",
+    ("security", "bindings", "get"): "get_binding",
+    ("security", "bindings", "list"): "list_bindings",
+    ("security", "bindings", "delete"): "delete_binding",
+}
+"""Danube's names of the three-word commands offered as tools. `security tokens create|
+validate` are not: they take signing keys and key files, which an MCP caller must not hand
+to (or make read on) the server's host."""
+
 SKIPPED_COMMANDS = frozenset({("completion",), ("serve",)})
 SKIPPED_DESTS = frozenset({"help", "output", "file"})
-DESTRUCTIVE = frozenset({"delete", "unload", "remove-node", "unsubscribe", "clear-policies"})
+DESTRUCTIVE = frozenset(
+    {"delete", "unload", "remove-node", "unsubscribe", "clear-policies", "skip"}
+)
 READ_ONLY_ACTIONS = frozenset(
     {
         "list", "leader-broker", "namespaces", "balance", "topics", "policies", "subscriptions",
         "describe", "get-policies", "get-failure-policy", "get-dispatch-config",
         "get-schema-config", "get", "versions", "check", "get-compatibility", "list-subjects",
-        "status",
+        "status", "blocked",
     }
 )  # fmt: skip
 
@@ -140,11 +160,17 @@ class AdminTool:
             reason = lines[-1].split(": error: ", 1)[1] if lines else "invalid arguments"
             raise ToolInputError(f"{self.name}: {reason}") from None
 
-    async def run(self, endpoint: str, timeout_s: float, values: Mapping[str, Any]) -> Result:
+    async def run(
+        self,
+        endpoint: str,
+        timeout_s: float,
+        values: Mapping[str, Any],
+        security: ClientSecurity | None = None,
+    ) -> Result:
         args = self.parse(values)
         args.endpoint, args.timeout, args.output = endpoint, timeout_s, "json"
         handler: Handler = args.run
-        client = AdminClient(endpoint, timeout_s)
+        client = AdminClient(endpoint, timeout_s, security)
         try:
             return await handler(client, args)
         finally:
@@ -190,7 +216,7 @@ def admin_tools(parser: argparse.ArgumentParser) -> list[AdminTool]:
     """Every command of the `danube-admin` parser `parser` as a tool."""
     tools = []
     for path, leaf in _leaves(parser):
-        if path in SKIPPED_COMMANDS or len(path) != 2:
+        if path in SKIPPED_COMMANDS or (len(path) != 2 and path not in SECURITY_NAMES):
             continue
         arguments = tuple(a for a in leaf._actions if a.dest not in SKIPPED_DESTS)
         properties = {a.dest: _schema(a) for a in arguments}
@@ -200,7 +226,12 @@ def admin_tools(parser: argparse.ArgumentParser) -> list[AdminTool]:
             schema["required"] = required
         schema["additionalProperties"] = False
         key = (path[0], path[1])
-        name = DANUBE_NAMES.get(key) or OUR_NAMES.get(key) or "_".join(path).replace("-", "_")
+        name = (
+            SECURITY_NAMES.get(path)
+            or DANUBE_NAMES.get(key)
+            or OUR_NAMES.get(key)
+            or "_".join(path).replace("-", "_")
+        )
         described = (leaf.description or "").rstrip(".")
         needs = (leaf.epilog or "").strip()
         tools.append(
@@ -211,8 +242,8 @@ def admin_tools(parser: argparse.ArgumentParser) -> list[AdminTool]:
                 parser=leaf,
                 arguments=arguments,
                 input_schema=schema,
-                read_only=path[1] in READ_ONLY_ACTIONS,
-                destructive=path[1] in DESTRUCTIVE,
+                read_only=path[-1] in READ_ONLY_ACTIONS,
+                destructive=path[-1] in DESTRUCTIVE,
             )
         )
     names = [tool.name for tool in tools]

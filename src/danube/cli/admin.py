@@ -17,9 +17,17 @@ from danube.cli.admin_cluster import add_cluster_commands
 from danube.cli.admin_namespaces import add_namespace_commands
 from danube.cli.admin_render import OUTPUTS, Result, render
 from danube.cli.admin_schemas import add_schemas_commands
+from danube.cli.admin_security import add_security_commands
 from danube.cli.admin_serve import add_serve_command, serve
 from danube.cli.admin_topics import add_topic_commands
-from danube.cli.usage import add_completion_command, add_version, completion_script
+from danube.cli.usage import (
+    ADMIN_ENV_PREFIX,
+    add_completion_command,
+    add_tls_arguments,
+    add_version,
+    completion_script,
+    security_of,
+)
 
 
 def _seconds(text: str) -> float:
@@ -51,19 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout", type=_seconds, default=10.0, help="seconds to wait for each call (default 10)"
     )
+    add_tls_arguments(parser, ADMIN_ENV_PREFIX)
     commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
     add_broker_commands(commands)
     add_namespace_commands(commands)
     add_topic_commands(commands)
     add_schemas_commands(commands)
     add_cluster_commands(commands)
+    add_security_commands(commands)
     add_serve_command(commands)
     add_completion_command(commands, "danube-admin")
     return parser
 
 
 async def _run(run: Handler, endpoint: str, timeout_s: float, args: argparse.Namespace) -> Result:
-    client = AdminClient(endpoint, timeout_s)
+    offline = getattr(args, "offline", False)  # security tokens: no broker, no TLS files
+    security = None if offline else security_of(args, ADMIN_ENV_PREFIX, endpoint)
+    client = AdminClient(endpoint, timeout_s, security)
     try:
         return await run(client, args)
     finally:

@@ -70,7 +70,10 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         version = importlib.metadata.version("pydanube")
     except importlib.metadata.PackageNotFoundError:
         version = "0"
-    server = build_server(parser, args.endpoint, args.timeout, version)
+    from danube.cli.usage import ADMIN_ENV_PREFIX, security_of
+
+    security = security_of(args, ADMIN_ENV_PREFIX, args.endpoint)  # TLS and token, as the CLI
+    server = build_server(parser, args.endpoint, args.timeout, version, security)
     try:
         if args.transport == "stdio":
             anyio.run(serve_stdio, server)
@@ -101,7 +104,10 @@ def serve_ui(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     logging.getLogger("uvicorn").setLevel(logging.WARNING)
-    app = build_app(parser, args.endpoint, args.timeout, args.host)
+    from danube.cli.usage import ADMIN_ENV_PREFIX, security_of
+
+    security = security_of(args, ADMIN_ENV_PREFIX, args.endpoint)  # TLS and token, as the CLI
+    app = build_app(parser, args.endpoint, args.timeout, args.host, security)
     try:
         anyio.run(serve_console, app, args.host, args.port or DEFAULT_UI_PORT)
     except KeyboardInterrupt:

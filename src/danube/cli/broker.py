@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from danube.cli.broker_auth import add_auth_arguments, apply_auth_arguments
 from danube.cli.environment import apply_environment
 from danube.cli.logs import FORMATS, setup_logging
 from danube.cli.usage import add_completion_flag, add_version
@@ -133,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the sources when writable) and exit: for an image's build step, so its brokers "
         "start without compiling",
     )
+    add_auth_arguments(parser)
     add_version(parser)
     add_completion_flag(parser)
     return parser
@@ -196,6 +198,7 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
     if keepalive:
         overrides["grpc"] = grpc_config(keepalive, config.grpc)
     overrides["mode"] = args.mode
+    overrides["auth"] = apply_auth_arguments(config.auth, args)
     if args.mode == "cluster" and config.cluster_name == "STANDALONE":
         overrides["cluster_name"] = "danube"
     if args.etcd_endpoints:

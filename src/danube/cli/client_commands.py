@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 from grpclib.const import Status
 
 from danube.cli.progress import Progress
-from danube.cli.usage import BadInput, UsageError, read_input, render_bytes
+from danube.cli.usage import (
+    CLIENT_ENV_PREFIX,
+    BadInput,
+    UsageError,
+    read_input,
+    render_bytes,
+    security_of,
+)
 from danube.client import (
     DanubeClient,
     DanubeClientError,
@@ -101,7 +108,9 @@ async def produce(args: argparse.Namespace) -> int:
     attributes = _attributes(args.attributes)
     strategy = DispatchStrategy.RELIABLE if args.reliable else DispatchStrategy.NON_RELIABLE
     progress = Progress("sent", args.count)
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         producer = client.producer(
             args.topic,
             args.producer_name,
@@ -220,7 +229,9 @@ async def consume(args: argparse.Namespace) -> int:
     if args.count is not None and args.count < 1:
         raise UsageError("-c/--count must be at least 1")
     progress = Progress("received", args.count)
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         consumer = client.consumer(
             args.topic,
             args.consumer,

@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from danube.cli.usage import add_service_addr, read_input
+from danube.cli.usage import (
+    CLIENT_ENV_PREFIX,
+    add_service_addr,
+    add_tls_arguments,
+    read_input,
+    security_of,
+)
 
 if TYPE_CHECKING:
     from danube.proto import danube_schema as pb
@@ -88,7 +94,9 @@ def check_text(subject: str, answer: pb.CheckCompatibilityResponse) -> str:
 async def register(args: argparse.Namespace) -> int:
     from danube.client import DanubeClient
 
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         answer = await client.schemas.register(
             args.subject, args.type, read_input(args.file),
             description=args.description, created_by="danube-cli", tags=args.tag or (),
@@ -100,7 +108,9 @@ async def register(args: argparse.Namespace) -> int:
 async def show(args: argparse.Namespace) -> int:
     from danube.client import DanubeClient
 
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         schema = await client.schemas.latest(args.subject)
         if args.version is not None and args.version != schema.version:
             schema = await client.schemas.get(schema.schema_id, args.version)
@@ -117,7 +127,9 @@ async def show(args: argparse.Namespace) -> int:
 async def versions(args: argparse.Namespace) -> int:
     from danube.client import DanubeClient
 
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         found = await client.schemas.versions(args.subject)
     print(versions_text(found))
     return 0
@@ -126,7 +138,9 @@ async def versions(args: argparse.Namespace) -> int:
 async def subjects(args: argparse.Namespace) -> int:
     from danube.client import DanubeClient
 
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         found = await client.schemas.subjects()
     print(subjects_text(found))
     return 0
@@ -136,7 +150,9 @@ async def check(args: argparse.Namespace) -> int:
     """Exit status 1 when the schema would be refused, so scripts and CI can gate on it."""
     from danube.client import DanubeClient
 
-    async with DanubeClient(args.service_addr) as client:
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         answer = await client.schemas.check(
             args.subject, args.type, read_input(args.file), args.mode
         )
@@ -148,7 +164,9 @@ async def mode(args: argparse.Namespace) -> int:
     """On the admin port: a subject's mode is the operator's (spec/protocol.md, Ports)."""
     from danube.client import DanubeClient
 
-    async with DanubeClient(args.admin_addr) as client:
+    async with DanubeClient(
+        args.admin_addr, security=security_of(args, CLIENT_ENV_PREFIX, args.admin_addr)
+    ) as client:
         answer = await client.schemas.set_mode(args.subject, args.mode)
     print(answer.message)
     return 0
@@ -158,7 +176,9 @@ async def delete(args: argparse.Namespace) -> int:
     """On the admin port, as `mode`."""
     from danube.client import DanubeClient
 
-    async with DanubeClient(args.admin_addr) as client:
+    async with DanubeClient(
+        args.admin_addr, security=security_of(args, CLIENT_ENV_PREFIX, args.admin_addr)
+    ) as client:
         answer = await client.schemas.delete_version(args.subject, args.version)
     print(answer.message)
     return 0
@@ -183,6 +203,7 @@ def add_schema_commands(commands: argparse._SubParsersAction) -> None:  # type: 
                 help="the broker's admin port URL, which alone changes a subject's rules "
                 f"(default {DEFAULT_ADMIN})",
             )  # fmt: skip
+            add_tls_arguments(sub, CLIENT_ENV_PREFIX)
         else:
             add_service_addr(sub)
         sub.set_defaults(run=run)

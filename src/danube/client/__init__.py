@@ -18,10 +18,12 @@ if TYPE_CHECKING:
     from danube.client.errors import DanubeClientError
     from danube.client.producer import Producer, Receipt
     from danube.client.schemas import SchemaRef, WriterSchema
+    from danube.client.security import ClientSecurity
     from danube.values.config import DispatchStrategy
 
 _WHERE = {
     "Batching": "danube.client.batching",
+    "ClientSecurity": "danube.client.security",
     "Consumer": "danube.client.consumer",
     "DanubeClient": "danube.client.client",
     "DanubeClientError": "danube.client.errors",
@@ -37,6 +39,7 @@ _WHERE = {
 
 __all__ = [
     "Batching",
+    "ClientSecurity",
     "Consumer",
     "DanubeClient",
     "DanubeClientError",

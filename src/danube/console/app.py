@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from danube.admin_mcp.tools import AdminTool, ToolInputError, admin_tools
 from danube.cli.admin_call import EXIT_USAGE, AdminError
+from danube.client.security import ClientSecurity
 from danube.console.metrics import metrics_urls, scrape, topic_series
 
 log = logging.getLogger("danube.console")
@@ -130,9 +131,15 @@ def allowed_hosts(bind_host: str) -> list[str]:
 
 
 def build_app(
-    parser: argparse.ArgumentParser, endpoint: str, timeout_s: float, bind_host: str = "127.0.0.1"
+    parser: argparse.ArgumentParser,
+    endpoint: str,
+    timeout_s: float,
+    bind_host: str = "127.0.0.1",
+    security: ClientSecurity | None = None,
 ) -> Starlette:
-    """The console for the admin port at `endpoint`; `parser` is `danube-admin`'s."""
+    """The console for the admin port at `endpoint`; `parser` is `danube-admin`'s. `security`:
+    the TLS settings and token `danube-admin` itself would use (flags or DANUBE_ADMIN_*), so a
+    secured broker sees the console as that principal."""
     tools = {tool.name: tool for tool in admin_tools(parser)}
     listing = [describe(tool) for tool in tools.values()]
 
@@ -157,7 +164,7 @@ def build_app(
         if not isinstance(values, dict):
             return error(f"{name}: the arguments must be a JSON object", 400)
         try:
-            result = await tool.run(endpoint, timeout_s, values)
+            result = await tool.run(endpoint, timeout_s, values, security)
         except ToolInputError as refusal:
             return error(str(refusal), 400)
         except AdminError as refusal:
@@ -173,7 +180,7 @@ def build_app(
         if not topic:
             return error("topic-series: the topic query parameter is required", 400)
         try:
-            brokers = await tools["list_brokers"].run(endpoint, timeout_s, {})
+            brokers = await tools["list_brokers"].run(endpoint, timeout_s, {}, security)
         except AdminError as refusal:
             return error(str(refusal), 409)
         texts = await run_in_threadpool(scrape, metrics_urls(brokers.data), timeout_s)

@@ -31,8 +31,9 @@ from danube.effects import (
     WriteEpochs,
 )
 from danube.effects.flow import Finished, Flow, step
-from danube.interpreter import flows
+from danube.interpreter import flows, poison
 from danube.interpreter.host import Host
+from danube.interpreter.poison import POISON_EFFECTS
 from danube.interpreter.replication import REPLICA_EFFECTS, Replication
 from danube.interpreter.requests import Exclusive, FilesIdle
 from danube.interpreter.waiters import MetadataLane, Publishes
@@ -40,11 +41,11 @@ from danube.machines.dispatch import ConsumerReady
 from danube.machines.node.core import (
     BrokerCore,
     CutWal,
+    DeadLetterPublish,
     DropWal,
     EndStream,
     LoadWal,
     PersistMeta,
-    PolicyDropped,
     PublishAcked,
     PublishFailed,
     ReadObject,
@@ -85,6 +86,7 @@ class _Files:
     checkpoint_target: int = 0
     checkpoint_marked: int = 0
     checkpointing: bool = False
+    checkpoint_next_ms: int = 0  # the earliest start of the next mark (one per interval)
 
 
 class Interpreter:
@@ -280,7 +282,9 @@ class Interpreter:
             self._directory.pop(topic, None)
 
     def _answer(self, waiter: Any, error: DanubeError | None) -> None:
-        if error is None:
+        if isinstance(waiter, DeadLetterPublish):  # the core's own publish: fed back to it
+            self._post(partial(poison.answered, self, waiter, error))
+        elif error is None:
             self.host.resolve(waiter)
         else:
             self.host.fail(waiter, error)
@@ -356,14 +360,8 @@ class Interpreter:
                 self._load(effect)
             elif isinstance(effect, REPLICA_EFFECTS):
                 self.replication.carry(effect)
-            elif isinstance(effect, PolicyDropped):
-                host.event(
-                    "policy_dropped",
-                    topic=effect.topic,
-                    subscription=effect.subscription,
-                    offset=effect.offset,
-                    attempts=effect.attempts,
-                )
+            elif isinstance(effect, POISON_EFFECTS):
+                poison.carry(self, effect)
             elif isinstance(effect, RetentionSkipped):
                 host.event(
                     "retention_skipped",
@@ -487,9 +485,8 @@ class Interpreter:
     # -- checkpoints -------------------------------------------------------------------------------
 
     def _durable_moved(self, topic: str, lane: _Files) -> None:
-        """After a WAL completion: the checkpoint writer marks the grown durable end, beside
-        the file effects (no acknowledgement waits for it), one write at a time, coalescing
-        the ends that arrive meanwhile, at most one write per `checkpoint_interval_ms`."""
+        """After a WAL completion: the checkpoint writer marks the grown durable end, one write
+        at a time, at most one per `checkpoint_interval_ms` (pausing before a mark too soon)."""
         end = self.core.wal_durable_end(topic)
         if end is None or end <= lane.checkpoint_target:
             return
@@ -509,10 +506,14 @@ class Interpreter:
 
     def _checkpoints(self, topic: str, lane: _Files, epoch: int) -> Flow[None]:
         while lane.epoch == epoch and lane.checkpoint_target > lane.checkpoint_marked:
+            if (wait := lane.checkpoint_next_ms - self.host.now_ms()) > 0:
+                yield Sleep(wait)
+                lane.checkpoint_next_ms = 0  # paused: marks next (an instant port's clock stays)
+                continue
             target = lane.checkpoint_target
             yield from self._mark_once(topic, target)
             lane.checkpoint_marked = max(lane.checkpoint_marked, target)
-            yield Sleep(self.checkpoint_interval_ms)
+            lane.checkpoint_next_ms = self.host.now_ms() + self.checkpoint_interval_ms
 
     def _mark_once(self, topic: str, end: int) -> Flow[None]:
         try:
