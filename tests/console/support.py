@@ -16,16 +16,19 @@ from typing import Any
 import uvicorn
 
 from danube.cli.admin import build_parser
+from danube.client.security import ClientSecurity
 from danube.console.app import build_app
 
 
 class ConsoleServer:
-    def __init__(self, endpoint: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, endpoint: str, timeout_s: float = 10.0, security: ClientSecurity | None = None
+    ) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        app = build_app(build_parser(), endpoint, timeout_s)
+        app = build_app(build_parser(), endpoint, timeout_s, security=security)
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
