@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from danube.admin_mcp.tools import AdminTool, ToolInputError, admin_tools
 from danube.cli.admin_call import EXIT_USAGE, AdminError
 from danube.client.security import ClientSecurity
-from danube.console.metrics import metrics_urls, scrape, topic_series
+from danube.console.metrics import metrics_context, metrics_urls, scrape, topic_series
 
 log = logging.getLogger("danube.console")
 
@@ -142,6 +142,7 @@ def build_app(
     secured broker sees the console as that principal."""
     tools = {tool.name: tool for tool in admin_tools(parser)}
     listing = [describe(tool) for tool in tools.values()]
+    tls = metrics_context(security.ca_file, security.uses_tls) if security else None
 
     async def list_tools(_request: Request) -> Response:
         return JSONResponse({"endpoint": endpoint, "tools": listing})
@@ -183,7 +184,9 @@ def build_app(
             brokers = await tools["list_brokers"].run(endpoint, timeout_s, {}, security)
         except AdminError as refusal:
             return error(str(refusal), 409)
-        texts = await run_in_threadpool(scrape, metrics_urls(brokers.data), timeout_s)
+        texts = await run_in_threadpool(
+            scrape, metrics_urls(brokers.data, tls is not None), timeout_s, tls
+        )
         return JSONResponse({"data": {"topic": topic, **topic_series(texts, topic)}})
 
     async def health(_request: Request) -> Response:

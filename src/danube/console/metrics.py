@@ -11,6 +11,7 @@ the brokers started (the metrics carry no cursor positions); it is labelled so i
 from __future__ import annotations
 
 import re
+import ssl
 import urllib.request
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -51,19 +52,39 @@ def topic_series(texts: Iterable[str], topic: str) -> dict[str, Any]:
     return {**totals, "messages_out": subscriptions, "backlog_estimate": backlog}
 
 
-def scrape(urls: Iterable[str], timeout_s: float) -> list[str]:
+def scrape(
+    urls: Iterable[str], timeout_s: float, context: ssl.SSLContext | None = None
+) -> list[str]:
     """The `/metrics` text of each broker that answers; one that does not is skipped (a dead
-    broker must not blank the chart of the topics that moved away from it)."""
+    broker must not blank the chart of the topics that moved away from it). `context`: the
+    TLS settings for a secured broker's metrics port (HTTPS with the broker's CA)."""
     texts = []
     for url in urls:
         try:
-            with urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=timeout_s) as reply:
+            target = f"{url.rstrip('/')}/metrics"
+            with urllib.request.urlopen(target, timeout=timeout_s, context=context) as reply:
                 texts.append(reply.read().decode("utf-8", "replace"))
         except OSError:
             continue
     return texts
 
 
-def metrics_urls(brokers: Mapping[str, Any]) -> list[str]:
-    """The metrics addresses in a `list_brokers` result."""
-    return [b["metrics_addr"] for b in brokers.get("brokers", []) if b.get("metrics_addr")]
+def metrics_urls(brokers: Mapping[str, Any], tls: bool = False) -> list[str]:
+    """The metrics addresses in a `list_brokers` result. A secured broker serves `/metrics`
+    over HTTPS but advertises `http://` (runtime/server.py builds the URL without looking at
+    TLS), so with TLS on the admin port the scheme is corrected here."""
+    urls = [b["metrics_addr"] for b in brokers.get("brokers", []) if b.get("metrics_addr")]
+    if tls:
+        urls = [
+            f"https://{u.removeprefix('http://')}" if u.startswith("http://") else u for u in urls
+        ]
+    return urls
+
+
+def metrics_context(ca_file: str | None, tls: bool) -> ssl.SSLContext | None:
+    """HTTPS settings for the metrics ports when the admin port is secured (the same CA)."""
+    if not tls:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
