@@ -251,15 +251,21 @@ class DataChecker:
         """r4 at the end: a running broker keeps a handed-over topic's directory
         (`Lifecycle.kept`) only while the topic's replica set still counts on it (names it
         as owner, follower or in sync, or the topic is assigned to it), so the disk does not
-        fill with old owners' copies. A restart forgets what it kept (spec/replication.md)."""
+        fill with old owners' copies, judged once its watch has shown it the set etcd holds
+        (a broker cut from etcd at the end has not). A restart forgets what it kept
+        (spec/replication.md)."""
         for node in self.nodes:
             process = node.running
             core = None if process is None or process.data is None else process.data.broker.core
             if core is None:
                 continue
             self.counts["kept_directories"] += len(core.lifecycle.kept)
+            views = process.data._replicas if process is not None and process.data else {}
             for topic in sorted(core.lifecycle.kept):
                 found = self.etcd.get(replicas_key(topic))
+                view = views.get(topic)
+                if found is None or view is None or view[1] != found.mod_revision:
+                    continue  # its watch has not shown it the set etcd holds: not judged
                 try:
                     record = ReplicaSet.from_json(found.value) if found is not None else None
                 except ReplicaSetError:

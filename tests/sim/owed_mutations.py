@@ -23,9 +23,11 @@ def nack_acknowledges() -> Iterator[None]:
     cursor passes an offset only once a consumer acknowledged it sees the skip."""
     original = reliable.ReliableSubscription.nack
 
-    def nack(self: Any, offset: int, delay_ms: int | None, now_ms: int) -> list[Any]:
+    def nack(
+        self: Any, offset: int, delay_ms: int | None, now_ms: int, *, reason: str | None = None
+    ) -> list[Any]:
         if self.sub_type is not SubscriptionType.SHARED:
-            return original(self, offset, delay_ms, now_ms)
+            return original(self, offset, delay_ms, now_ms, reason=reason)
         self._begin(now_ms)
         entry = self._entries.get(offset)
         if entry is not None and entry.consumer is not None:
@@ -45,10 +47,16 @@ def failed_message_never_retried() -> Iterator[None]:
     original = reliable.ReliableSubscription._fail
 
     def fail(
-        self: Any, offset: int, entry: Any, consumer_id: int, requested_ms: Any, reason: str
+        self: Any,
+        offset: int,
+        entry: Any,
+        consumer_id: int,
+        requested_ms: Any,
+        reason: str,
+        detail: str | None = None,
     ) -> None:
         if self.sub_type not in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
-            original(self, offset, entry, consumer_id, requested_ms, reason)
+            original(self, offset, entry, consumer_id, requested_ms, reason, detail)
             return
         self._consumers[consumer_id].in_flight.discard(offset)
         entry.consumer = None

@@ -75,7 +75,7 @@ def test_keeping_handed_over_directories_for_ever_is_caught() -> None:
     every broker did before), which fills its disk with copies nobody counts on."""
     from danube.machines.node.core_replication import ReplicationRoutes
 
-    with mock.patch.object(ReplicationRoutes, "_kept_seen", lambda *_: None):
+    with mock.patch.object(ReplicationRoutes, "_kept_seen", lambda *_, **__: None):
         for seed in range(1, 41):
             result = ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS)
             if not result.ok:

@@ -293,7 +293,8 @@ class BrokerCore(ReplicationRoutes):
         """The topic leaves this broker without touching its metadata: after `unload`
         settled (`delete_files`: the objects hold everything), or at once when the broker
         lost its ownership (its files stay: they may hold the only copy of a tail)."""
-        return self.lifecycle.remove(topic, reason=reason, delete_files=delete_files)
+        removed = self.lifecycle.remove(topic, reason=reason, delete_files=delete_files)
+        return Step(None, (*removed.effects, *self.kept_after_remove(topic)))
 
     def namespace_seen(self, name: str, policies: Mapping[str, Any] | None) -> None:
         """Cluster mode: another broker created (policies) or deleted (None) a namespace."""

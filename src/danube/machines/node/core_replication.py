@@ -67,10 +67,22 @@ class ReplicationRoutes:
             if record is None:
                 return Step(None)
             return self.replicas_changed(topic, replica_config(record, version), now_ms=now_ms)
+        if record is not None and topic in self._topics:  # loaded, on its way out
+            self.lifecycle.seen_moving[topic] = record
         me = self.logs.replicas.broker_id
         if not self.followers.serves(topic) or still_follows(me, record, assigned_here):
             return Step(None)
         return self.followers.release(topic, delete_files=True)
+
+    def kept_after_remove(self, topic: str) -> list[Effect]:
+        """A topic just removed after handing over: its kept directory judged by the replica
+        set seen while it left (seed 1 of the replicated cluster run: the successor recorded
+        itself before the removal, and nothing changed after it)."""
+        seen = self.lifecycle.seen_moving.pop(topic, None)
+        if topic not in self.lifecycle.kept:
+            return []
+        dropped = self._kept_seen(topic, seen, assigned_here=False)
+        return list(dropped.effects) if dropped is not None else []
 
     def _kept_seen(
         self, topic: str, record: ReplicaSet | None, assigned_here: bool

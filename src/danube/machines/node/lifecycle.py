@@ -4,6 +4,7 @@ topic forgets its producers and consumers and ends their streams."""
 
 from __future__ import annotations
 
+from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.node import paths
 from danube.machines.node.catalogue import Catalogue
 from danube.machines.node.consumers import Consumers
@@ -32,6 +33,10 @@ class Lifecycle:
         self._consumers = consumers
         self._logs = logs
         self.kept: set[str] = set()
+        self.seen_moving: dict[str, ReplicaSet] = {}
+        """The replica set last seen of each topic on its way out: a successor may record
+        itself before the topic is removed here, and no later change may come to decide
+        its kept directory by (`BrokerCore.remove`)."""
         """Topics handed over from here whose WAL directory stays on disk, not loaded and not
         a replica: the successor's replicas hold the log, and these files go once the
         replica set no longer counts on this broker (`kept_still_needed`)."""
