@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from grpclib.const import Status
@@ -35,6 +39,7 @@ CONNECTIONS = 4
 WAVES = 8
 """Floods sent one after another until one had a publish refused (the first does, mostly)."""
 HEALTH_LIMIT_S = 2.0
+ADMIN = Path(sys.executable).parent / "danube-admin"
 
 
 def _payload(index: int) -> bytes:
@@ -110,6 +115,19 @@ async def _flood(broker: BrokerProcess) -> tuple[set[int], dict[int, str], list[
     return acked, refused, latencies, read
 
 
+def _admin_text(broker: BrokerProcess, *args: str) -> str:
+    done = subprocess.run(
+        [str(ADMIN), "--endpoint", f"http://{broker.admin_addr}", *args],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _admin(broker: BrokerProcess, *args: str) -> Any:
+    return json.loads(_admin_text(broker, *args))
+
+
 def _metric(broker: BrokerProcess, name: str, label: str = "") -> float:
     with urllib.request.urlopen(f"{broker.metrics_url}/metrics", timeout=5) as answer:
         for line in answer.read().decode().splitlines():
@@ -136,6 +154,12 @@ def test_a_flood_past_the_publish_pool_is_refused_in_part_and_loses_nothing_ackn
     assert _metric(broker, "danube_memory_publish_paused_seconds_total") > 0
     assert _metric(broker, "danube_memory_pool_used_bytes", 'pool="publish"') == 0
     assert "Traceback" not in broker.log_text()
+    # The operator sees the same with danube-admin.
+    shown = _admin(broker, "brokers", "memory", "-o", "json")
+    assert shown[0]["danube_memory_publish_refused_total"] == len(refused), shown
+    assert shown[0]["danube_memory_budget_bytes"] == 16 * 2**20
+    table = _admin_text(broker, "brokers", "memory")
+    assert "PUBLISH_MIB" in table and "16.0" in table, table
 
 
 async def _stream_flood(broker: BrokerProcess) -> tuple[int, float, set[int]]:

@@ -35,27 +35,29 @@ BORROWABLE_CACHE_SHARE = 0.5
 """Of the cache pool, what publishes may borrow: the other half stays for the hot tail that
 consumers read right after it is written."""
 
-SEND_PER_MESSAGE = 600
-"""Accounted bytes of one `SendMessage` in flight beyond its payload: the decoded `Record`,
-its stamped encoding, the flow's generator frames and the storage wait (`bench/
-publish_memory.py`, tracemalloc; bench/RESULTS.md 2026-11-29)."""
-BATCH_PER_MESSAGE = 8
-"""A `PublishBatch` in flight per message beyond the frame: its slot in the positions and
-sizes arrays."""
-BATCH_PER_REQUEST = 1_200
-"""... and per batch: the request, the checked `ClientBatch`, its arrays, the stamped frame's
-header, the flow's frames (`bench/publish_memory.py`)."""
+SEND_PER_MESSAGE = 1_500
+"""Accounted bytes of one `SendMessage` in flight beyond twice its payload (the decoded
+`Record`'s payload and the WAL's pending frame; the stamped record itself is in the hot cache,
+which the ledger accounts): the `Record`, the step and its effects, the flow's generator
+frames (`bench/publish_memory.py`, tracemalloc; bench/RESULTS.md 2026-11-29)."""
+BATCH_PER_MESSAGE = 12
+"""A `PublishBatch` in flight per message beyond its frame: its entries in the positions and
+sizes arrays (the stamped frame is in the hot cache)."""
+BATCH_PER_REQUEST = 1_400
+"""... and per batch: the request, the checked `ClientBatch`, its arrays, the step, the flow's
+frames (`bench/publish_memory.py`)."""
 
 
 def send_cost(payload_bytes: int) -> int:
-    """Accounted bytes of one `SendMessage` in flight (its payload and attributes)."""
-    return payload_bytes + SEND_PER_MESSAGE
+    """Accounted bytes of one `SendMessage` in flight: its payload twice (decoded, and in the
+    WAL's pending frame until written) and the objects around it."""
+    return 2 * payload_bytes + SEND_PER_MESSAGE
 
 
 def batch_cost(frame_bytes: int, count: int) -> int:
-    """Accounted bytes of one `PublishBatch` in flight: the frame is held twice (as received
-    and stamped) until the WAL has it."""
-    return 2 * frame_bytes + BATCH_PER_MESSAGE * count + BATCH_PER_REQUEST
+    """Accounted bytes of one `PublishBatch` in flight: the frame it arrived in (held until it
+    is answered) and the objects around it; its stamped copy is the hot cache's."""
+    return frame_bytes + BATCH_PER_MESSAGE * count + BATCH_PER_REQUEST
 
 
 class PublishPool:
