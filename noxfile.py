@@ -1,5 +1,7 @@
 """Developer sessions. They run inside the environment that `scripts/bootstrap.sh` prepared
-(`.venv`), so CI and a fresh machine install exactly once and every session sees the same pins."""
+(`.venv`: the project with its broker, dev, audit and bench extras, installed with
+`-c constraints.txt`), so CI and a fresh machine install exactly once and every session sees
+the same pins; the sessions install nothing themselves."""
 
 from __future__ import annotations
 
@@ -59,6 +61,14 @@ def protos(session: nox.Session) -> None:
         generate_protos(GENERATED_DIR)
     except subprocess.CalledProcessError as exc:
         session.error(f"protoc failed with exit code {exc.returncode}")
+
+
+@nox.session
+def config_reference(session: nox.Session) -> None:
+    """Regenerates spec/configuration.md from the broker's parser and configuration loader."""
+    from danube.cli.config_reference import render
+
+    (ROOT / "spec" / "configuration.md").write_text(render())
 
 
 @nox.session

@@ -65,8 +65,14 @@ make_venv() {  # dir, stamp text, pip args...
   printf '%s' "$stamp" > "$dir/.stamp"
 }
 
-project_stamp=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
-make_venv .venv "$project_stamp" -e ".[dev,audit,bench]"
+# The broker and every tool the tests use, at the exact versions of constraints.txt (the
+# ranges in pyproject.toml are for applications installing the client).
+project_stamp=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+make_venv .venv "$project_stamp" -c constraints.txt -e ".[broker,dev,audit,bench]"
+# The broker's numba kernels compiled into numba's cache now (next to their sources here), so
+# the first broker started does not spend 5-20 s compiling before it is ready; quick (about a
+# second) when the cache is current.
+.venv/bin/danube-broker --warm-kernels --log-level warning
 make_venv .venv-official "$OFFICIAL_CLIENT" "$OFFICIAL_CLIENT"
 # The peers of the benchmark harness (bench/peers_run.py; CI runs its smoke): nats-server and
 # redis-server, installed without starting their system services.

@@ -10,7 +10,9 @@ LOG=$(mktemp -t danube-broker.XXXXXX.log)
 "$BIN/danube-broker" 2> >(tee "$LOG" >&2) &
 broker=$!
 trap 'kill -TERM $broker 2>/dev/null; wait $broker' INT TERM
-for _ in $(seq 100); do
+# Up to 60 s: a broker compiles its kernels before it is ready when numba's cache is not
+# current (bootstrap.sh warmed it, so normally about a second).
+for _ in $(seq 600); do
   grep -q "event=broker_ready" "$LOG" && break
   kill -0 $broker 2>/dev/null || { echo "demo: the broker did not start (see above)"; exit 1; }
   sleep 0.1

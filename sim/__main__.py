@@ -68,7 +68,7 @@ SWARM: Space = {
     "operator": either((0.05, 0.1, 0.2, 0.3)),
     "batched": either((0.25, 0.5, 1.0)),
     "batch": one_of(2, 8, 32),
-    "poison": either(("drop", "block"), off=""),
+    "poison": either(("drop", "block", "dead_letter"), off=""),
 }
 """What `--swarm` draws per seed for the single-broker run. Load included: a quarter of the
 seeds offer the overload (`--rate 100`, four times what an Exclusive subscription takes with

@@ -4,6 +4,7 @@ the simulated disk holds it, every object in the simulated store, and the keys t
 index names (so an orphan from a fenced upload is not read as history).
 
     <dir>/logs/acks/, <dir>/logs/deliveries/   (danube.audit.logs)
+    <dir>/logs/settlements/                     (what the broker's poison policy dropped)
     <dir>/wal/<namespace>/<topic>/<base>.wal
     <dir>/objects/storage/topics/...            (object keys, spec/object-layout.md)
     <dir>/index.json                            (only in tiered runs)
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from danube.audit.digest import payload_digest
-from danube.audit.logs import Ack, AuditLogs, Delivery
+from danube.audit.logs import Ack, AuditLogs, Delivery, Settlement, SettlementLog
 from danube.machines.dispatch.types import SubscriptionType
 from danube.machines.tiering import layout
 from danube.machines.tiering.index import IndexEntry
@@ -41,6 +42,7 @@ class AuditOutput:
         self.root = root
         self.world = world
         self.logs = AuditLogs(root / "logs", "sim")
+        self.settlements = SettlementLog(root / "logs", "sim")
         self._deliveries: dict[tuple[str, str], int] = {}
 
     def acked(self, topic: str, producer: str, seq: int, payload: bytes, sent_us: int) -> None:
@@ -73,11 +75,17 @@ class AuditOutput:
             )
         )
 
+    def policy_dropped(self, topic: str, subscription: str, offset: int, attempts: int) -> None:
+        """The broker's `policy_dropped` event, as a real broker's log gives it to the audit
+        (`danube.audit.events`)."""
+        self.settlements.settled(Settlement(topic, subscription, offset, "dropped", attempts))
+
     def write_storage(
         self, disk: SimDisk, objects: SimObjectStore | None, metadata: dict[str, Any]
     ) -> None:
         """Flushes the logs and writes the disk, the store and the index as they are now."""
         self.logs.close()
+        self.settlements.close()
         for topic, files in disk.topics.items():
             directory = self.root / "wal" / parse_topic(topic).path
             for base, file in files.files.items():

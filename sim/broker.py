@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from danube.interpreter import Interpreter
 from danube.kernels import find_frame, scan_frames
@@ -56,6 +56,9 @@ from danube.values.config import Policies
 from danube.values.errors import DanubeError, ErrorCode
 from sim.broker_io import SimPort
 from sim.disk import SimDisk, SimFile
+
+if TYPE_CHECKING:
+    from sim.audit_output import AuditOutput  # pyarrow: only with the audit extra
 from sim.faults import Faults, Injected
 from sim.network import Network, Stream
 from sim.objects import SimObjectStore
@@ -182,6 +185,25 @@ class Observer:
     def policy_dropped(self, topic: str, subscription: str, offset: int, attempts: int) -> None:
         """The subscription's poison policy skipped `offset` after `attempts` failures."""
 
+    def dead_lettered(
+        self,
+        topic: str,
+        subscription: str,
+        offset: int,
+        attempts: int,
+        target: str,
+        at: int,
+        held: bool | None,
+    ) -> None:
+        """The subscription's dead letter of `offset` is stored at `target`'s offset `at`,
+        reported before the subscription hears it: `held`, whether it still holds the
+        original (None: the incarnation that asked is gone)."""
+
+    def retry_scheduled(
+        self, topic: str, subscription: str, offset: int, delay: int, cap: int
+    ) -> None:
+        """A nacked `offset` goes out again in `delay` ms; its policy caps delays at `cap`."""
+
     def index_committed(self, topic: str) -> None:
         """An index entry of the topic was created in the metadata."""
 
@@ -252,6 +274,8 @@ class SimBroker:
         self.injected = injected
         self.wal_config = wal_config
         self.observer = observer
+        self.audit: AuditOutput | None = None
+        """Where a run for the Spark audit logs what the broker settled (`sim/audit_output.py`)."""
         self.max_unacked = max_unacked
         self.memory = memory
         self.metadata: dict[str, Any] = {} if metadata is None else metadata
@@ -423,6 +447,7 @@ class SimBroker:
             elif kind is NackRequest:
                 flow = self.requests.nack_one(request)
                 self.requests.run(flow, _answered(reply, Answer(request.request_id)))
+                self._retry_scheduled(core, request)
             elif kind is ProducerRequest:
                 step = requests.create_producer(core, request)
                 self._apply(step.effects)
@@ -439,6 +464,20 @@ class SimBroker:
             reply(error)
         except Exception as error:  # answered INTERNAL, as the gRPC services do
             reply(self.internal_error(_describe(request), error))
+
+    def _retry_scheduled(self, core: BrokerCore, request: Any) -> None:
+        """Tells the observer when a nacked message goes out again (the backoff's cap)."""
+        record = core._topics.get(request.topic_name)
+        sub = record.subscriptions.get(request.subscription_name) if record is not None else None
+        if sub is None or record is None or not record.reliable:
+            return
+        machine = sub.reliable
+        due = machine.retry_due(request.topic_offset)
+        if due is not None:
+            self.observer.retry_scheduled(
+                request.topic_name, request.subscription_name, request.topic_offset,
+                due - machine._now, machine.policy.max_redelivery_delay_ms,
+            )  # fmt: skip
 
     def _subscribe(self, request: ConsumerRequest, start: Any, reply: Reply) -> None:
         def done(answer: Any) -> None:

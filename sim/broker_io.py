@@ -41,6 +41,7 @@ from danube.effects import (
     compares_hold,
 )
 from danube.interpreter.host import Done
+from danube.machines.dispatch.failure import EntryState
 from danube.machines.wal import format
 from danube.machines.wal.machine import CloseSegment, CreateSegment, DeleteSegment, Fsync, Write
 from danube.machines.wal.recovery import (
@@ -125,6 +126,16 @@ class SimPort:
     def fail(self, waiter: Any, error: DanubeError) -> None:
         waiter.fail(error)
 
+    def _still_held(self, topic: str, subscription: str, epoch: int, offset: int) -> bool | None:
+        """Whether the subscription that asked for a dead letter still holds the original
+        when its store is reported (None: that incarnation is gone, a new one asks anew)."""
+        core = self.broker.core
+        record = core._topics.get(topic) if core is not None else None
+        sub = record.subscriptions.get(subscription) if record is not None else None
+        if sub is None or sub.epoch != epoch or not record.reliable:
+            return None
+        return sub.reliable.entry_state(offset) is EntryState.DEAD_LETTERING
+
     def event(self, name: str, **f: Any) -> None:
         broker, log, observer = self.broker, self.broker.world.log, self.broker.observer
         if name == "acknowledged":
@@ -152,6 +163,20 @@ class SimPort:
         elif name == "policy_dropped":
             log(f"policy_dropped {f['topic']}/{f['subscription']} {f['offset']}")
             observer.policy_dropped(f["topic"], f["subscription"], f["offset"], f["attempts"])
+            if broker.audit is not None:
+                broker.audit.policy_dropped(
+                    f["topic"], f["subscription"], f["offset"], f["attempts"]
+                )
+        elif name == "dead_lettered":
+            log(f"dead_lettered {f['topic']}/{f['subscription']} {f['offset']} at "
+                f"{f['dead_letter_topic']} {f['dead_letter_offset']}")  # fmt: skip
+            observer.dead_lettered(
+                f["topic"], f["subscription"], f["offset"], f["attempts"],
+                f["dead_letter_topic"], f["dead_letter_offset"],
+                self._still_held(f["topic"], f["subscription"], f["epoch"], f["offset"]),
+            )  # fmt: skip
+        elif name == "dead_letter_failed":
+            log(f"dead_letter_failed {f['topic']}/{f['subscription']} {f['offset']}: {f['reason']}")
         elif name == "upload":
             self.stats["uploads"] += 1
             log(f"upload {f['key']}")
@@ -235,21 +260,33 @@ class SimPort:
         return self.broker.disk.read(read.topic, read.segment_base, read.start, end)
 
     def _file(self, request: TopicFile, done: Done) -> None:
-        broker, effect, topic = self.broker, request.effect, request.topic
-        faults = broker.faults
+        effect, topic = request.effect, request.topic
+        if isinstance(effect, CreateSegment | CloseSegment):
+            # Done at once, in this event: creating a segment (its header durable at once)
+            # or closing one takes no simulated time. Each was an event 20 µs later, two of
+            # a message's events at the `object` level (a segment per upload batch), and no
+            # fault acts in between: the states a crash finds are the same (no file, or a
+            # file holding its header), only the 20 µs between them are gone.
+            self._file_done(topic, effect, request.sync, done)
+            return
         delay = 20
         if isinstance(effect, Write):
             delay = 30 + _WRITE_US_PER_KIB * len(effect.data) // 1024
-            if request.sync:
-                delay += faults.fsync_us
+            if request.sync:  # the write's own fsync, slow as often as a lone one
+                delay += self._fsync_us()
             self.writing[topic] = effect
         elif isinstance(effect, Fsync):
-            delay = faults.fsync_us
-            if faults.slow_fsync and broker.world.rng.random() < faults.slow_fsync:
-                broker.injected["slow_fsync"] += 1
-                delay *= 50
+            delay = self._fsync_us()
 
         self._later(delay, partial(self._file_done, topic, effect, request.sync, done))
+
+    def _fsync_us(self) -> int:
+        broker = self.broker
+        faults = broker.faults
+        if faults.slow_fsync and broker.world.rng.random() < faults.slow_fsync:
+            broker.injected["slow_fsync"] += 1
+            return faults.fsync_us * 50
+        return faults.fsync_us
 
     def _file_done(self, topic: str, effect: Any, sync: bool, done: Done) -> None:
         """A file effect completes (`_answer` of `_file_now`, inlined: every WAL write,

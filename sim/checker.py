@@ -111,6 +111,8 @@ class _Subscription:
     """Offsets up to here were judged against the dispatcher's cursor (invariant 4)."""
     dropped: set[int] = field(default_factory=set)
     """Offsets the poison policy skipped (also in `acks`: settled for the subscription)."""
+    dead_lettered: set[int] = field(default_factory=set)
+    """Offsets stored in the dead-letter topic (also in `acks`)."""
     sends: Counter[int] = field(default_factory=Counter)
     released: set[int] = field(default_factory=set)
     """Blocked offsets an operator released, not sent since: sends queued before the
@@ -197,6 +199,9 @@ class InvariantChecker(Observer):
         """At the end: the payloads the records on disk and in indexed objects hold."""
         self.redelivery_limit: int | None = None
         """The poison workload's `max_redelivery_count` (None: no poison workload)."""
+        self.delay_caps: dict[tuple[str, str], int] = {}
+        self.dead_letters: dict[str, dict[int, bytes]] = {}
+        """Dead-letter topics (set by the poison workload): every record written, by offset."""
 
     def _violate(self, invariant: str, detail: str) -> None:
         self.world.log(f"VIOLATION {invariant}: {detail}")
@@ -287,7 +292,7 @@ class InvariantChecker(Observer):
             # a message the Block policy holds is passed over (Danube: messages already out
             # are still retried): a run may restart, or go on, after it
             state.released.discard(offset)
-            held = state.released.union(sub.dispatcher.blocked if sub.dispatcher else ())
+            held = state.released.union(sub.dispatcher.held if sub.dispatcher else ())
             below = state.acks.below
             while below in held or below in state.acks.offsets:
                 below += 1
@@ -401,13 +406,70 @@ class InvariantChecker(Observer):
         state = self.subscriptions[(topic, subscription)]
         state.dropped.add(offset)
         state.acks.add(offset)
-        limit = self.redelivery_limit
+        self._judge_sends(topic, subscription, offset, attempts, "dropped by policy")
+
+    def _judge_sends(self, topic: str, sub: str, offset: int, attempts: int, what: str) -> None:
+        state, limit = self.subscriptions[(topic, sub)], self.redelivery_limit
         if limit is not None and self.offsets_judged and state.sends[offset] < limit + 1:
             self._violate(
                 POISON,
-                f"{topic}/{subscription}: offset {offset} dropped by policy after "
-                f"{state.sends[offset]} send(s); max_redelivery_count {limit} owes "
-                f"{limit + 1} (the machine counted {attempts} failures)",
+                f"{topic}/{sub}: offset {offset} {what} after {state.sends[offset]} send(s); "
+                f"max_redelivery_count {limit} owes {limit + 1} (the machine counted "
+                f"{attempts} failures)",
+            )
+
+    def dead_lettered(
+        self,
+        topic: str,
+        subscription: str,
+        offset: int,
+        attempts: int,
+        target: str,
+        at: int,
+        held: bool | None,
+    ) -> None:
+        """The dead letter of `offset` is stored, before the subscription passes the
+        original (invariant 17): the dead-letter topic's WAL acknowledged offset `at`, whose
+        record holds the original's payload and points back to it (`x-original-*`). From now
+        on the offset is settled for the subscription. The subscription must still hold the
+        original (`held`): one it passed before is lost if the store fails."""
+        state = self.subscriptions[(topic, subscription)]
+        record = self.dead_letters.get(target, {}).get(at)
+        problem = None
+        if held is False:
+            problem = "the subscription passed the original before this was stored"
+        elif record is None or self.wal_acked_end[target] <= at:
+            problem = "that is not stored"
+        else:
+            letter = records.decode(record)
+            origin = letter.attributes
+            if letter.payload != self.payload_at[topic].get(offset):
+                problem = f"that holds {letter.payload!r}, not the original's payload"
+            names = ("x-original-topic", "x-original-subscription", "x-original-topic-offset")
+            if tuple(origin.get(name) for name in names) != (topic, subscription, str(offset)):
+                problem = f"that points back to {origin}"
+        if problem is not None and self.offsets_judged:
+            self._violate(
+                POISON,
+                f"{topic}/{subscription}: offset {offset} reported dead-lettered at {target} "
+                f"offset {at}, but {problem}",
+            )
+        state.dead_lettered.add(offset)
+        state.acks.add(offset)
+        self._judge_sends(topic, subscription, offset, attempts, "dead-lettered")
+
+    def retry_scheduled(
+        self, topic: str, subscription: str, offset: int, delay: int, cap: int
+    ) -> None:
+        """The poison workload: a nacked message waits at most its policy's cap (the largest
+        the subscription had: a policy change does not move a retry already scheduled)."""
+        key = (topic, subscription)
+        cap = self.delay_caps[key] = max(self.delay_caps.get(key, 0), cap)
+        if self.redelivery_limit is not None and self.offsets_judged and delay > cap:
+            self._violate(
+                POISON,
+                f"{topic}/{subscription}: nacked offset {offset} goes out again in {delay} ms, "
+                f"past the policy's {cap} ms cap on redelivery delays",
             )
 
     def policy_released(self, topic: str, subscription: str, offset: int) -> None:
@@ -489,6 +551,7 @@ class InvariantChecker(Observer):
         """What each offset holds (invariant 4), and in tiered runs the record itself
         (invariant 7)."""
         stored = self.wal_records[topic] if self.objects is not None else None
+        letters = self.dead_letters.get(topic)
         payload_at, stored_at = self.payload_at[topic], self.stored_at[topic]
         cursor = 0
         while cursor + _FRAME_LENGTH.size <= len(data):
@@ -503,6 +566,8 @@ class InvariantChecker(Observer):
                 stored_at.setdefault(payload, []).append(offset)
                 if stored is not None:
                     stored[offset] = record
+                if letters is not None:
+                    letters[offset] = record
             cursor += length
 
     def retention_skipped(self, topic: str, subscription: str, first: int, end: int) -> None:

@@ -25,7 +25,7 @@ from sim.requests import (
     ProducerRequest,
     PublishBatch,
 )
-from sim.world import US_PER_S, World
+from sim.world import US_PER_S, Timeouts, World
 
 if TYPE_CHECKING:
     from sim.audit_output import AuditOutput
@@ -67,7 +67,7 @@ class Caller:
         timeout_us: int = REQUEST_TIMEOUT_US,
     ) -> None:
         self.world = world
-        self.timeout_us = timeout_us
+        self._timeouts = Timeouts(world, timeout_us)
         self.network = network
         self.broker = broker
         self.name = name
@@ -91,6 +91,7 @@ class Caller:
         def deliver(answer: Any) -> None:
             if attempt == self._attempt:
                 self._attempt += 1  # answered: the timeout is void
+                timer.clear()
                 answered(answer)
 
         def timeout() -> None:
@@ -100,7 +101,7 @@ class Caller:
 
         reply, broker = Reply(self.network, self.name, deliver), self.broker
         self.network.send(self.name, lambda: broker.handle(request, reply, **kw))
-        self.world.at(self.timeout_us, timeout)
+        timer = self._timeouts.start(timeout)
 
 
 class SimProducer:

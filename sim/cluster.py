@@ -301,6 +301,7 @@ class ClusterSimulation:
             data["replica_streams_broken"] = self.streams.broken
             data["handed_over"] = self.streams.handed_over
             data["handed_over_unindexed"] = self.streams.handed_over_unindexed
+            data["kept_directories_removed"] = self.streams.kept_removed
             data["rewind_restarts"] = self.streams.restarted
             data["rewind_served_again"] = self.streams.restarted_served
         return ClusterResult(

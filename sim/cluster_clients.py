@@ -142,7 +142,11 @@ class ClusterProducer:
             return
         self.checker.acknowledged(self.topic, payload, self._caller.broker.node.name)
         self._sequence += 1
-        self.world.at(max(0, started + self.interval_us - self.world.now), self._send)
+        wait = started + self.interval_us - self.world.now
+        if wait > 0:
+            self.world.at(wait, self._send)
+        else:  # late already (the usual case at the `object` level): no event of its own
+            self._send()
 
     # -- the wire ----------------------------------------------------------------------------------
 

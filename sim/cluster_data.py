@@ -47,7 +47,7 @@ from danube.machines.cluster.ownership import NotOwner, Ownership, OwnershipConf
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
 from danube.machines.cluster.request_batching import FLOW_SLOTS, LoadQueue
 from danube.machines.memory.budget import MemoryPools
-from danube.machines.node.effects import AskEpochEnd, ReplicaAnswer, ReplicaSend
+from danube.machines.node.effects import AskEpochEnd, DropWal, ReplicaAnswer, ReplicaSend
 from danube.machines.node.replica_owner import ReplicationSettings
 from danube.machines.wal.machine import Durability, WalConfig
 from danube.metadata.model import KeyValue
@@ -72,7 +72,10 @@ DATA_WAL = WalConfig(
     segment_bytes=8 * 1024,
     cache_bytes=16 * 1024,
     flush_interval_ms=200,
+    synced_writes=True,
 )
+"""`synced_writes` as the production broker runs its WAL (`danube.runtime.server`): each
+write is fsynced in the write itself, so no `Fsync` effect (an event) follows it."""
 OBJECT_BATCH_MS = 20
 """The `object` level seals the active segment this long after its oldest unanswered
 publish, so one upload answers a batch (the cluster test's setting)."""
@@ -399,6 +402,9 @@ class DataPlane:
         seen = core.replica_set_seen(
             topic, record, version, assigned_here=assigned, now_ms=broker.now_ms
         )
+        if seen.effects and broker.streams is not None:
+            dropped = (e for e in seen.effects if isinstance(e, DropWal))
+            broker.streams.kept_removed += sum(e.reason.startswith("handed over") for e in dropped)
         broker._apply(seen.effects)
 
     # -- effects ----------------------------------------------------------------------------------

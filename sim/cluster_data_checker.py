@@ -37,6 +37,7 @@ from danube.keys import REPLICAS_PREFIX, replicas_key
 from danube.machines.cluster import keys
 from danube.machines.cluster.ownership import Phase, owner_key, topic_of_key
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError, promotion_candidates
+from danube.machines.node.replica_follower import still_follows
 from danube.machines.tiering import IndexEntry, validate_index
 from danube.machines.tiering import layout as tier_layout
 from danube.machines.wal import format, records
@@ -55,6 +56,7 @@ NO_LOSS = "h no acknowledged loss across moves and failovers"
 REPLICA_LOSS = "r1 no acknowledged loss while an in-sync replica survives"
 STALE_EPOCH_ACK = "r2 no acknowledgement under a superseded epoch"
 FOREIGN_FRAMES = "r3 a follower holds only frames its epoch's owner sent"
+KEPT_DIRECTORY = "r4 a handed-over directory goes once no replica set counts on it"
 DATA_WRITES = ("persist", "index", "writer")
 
 
@@ -215,6 +217,7 @@ class DataChecker:
         objects hold every acknowledged message (replicated: r1, `final_replicated`)."""
         if self.replicated:
             self.final_replicated()
+            self.kept_directories()
             return
         for topic in self.topics:
             prefix = tier_layout.index_prefix(parse_topic(topic))
@@ -243,6 +246,32 @@ class DataChecker:
                 self._violate(
                     NO_LOSS, f"{topic}: {len(lost)} acknowledged messages are lost: {lost[:5]}"
                 )
+
+    def kept_directories(self) -> None:
+        """r4 at the end: a running broker keeps a handed-over topic's directory
+        (`Lifecycle.kept`) only while the topic's replica set still counts on it (names it
+        as owner, follower or in sync, or the topic is assigned to it), so the disk does not
+        fill with old owners' copies. A restart forgets what it kept (spec/replication.md)."""
+        for node in self.nodes:
+            process = node.running
+            core = None if process is None or process.data is None else process.data.broker.core
+            if core is None:
+                continue
+            self.counts["kept_directories"] += len(core.lifecycle.kept)
+            for topic in sorted(core.lifecycle.kept):
+                found = self.etcd.get(replicas_key(topic))
+                try:
+                    record = ReplicaSet.from_json(found.value) if found is not None else None
+                except ReplicaSetError:
+                    continue
+                assigned = self.etcd.get(keys.assignment_key(node.name, topic)) is not None
+                if record is not None and not still_follows(node.name, record, assigned):
+                    self._violate(
+                        KEPT_DIRECTORY,
+                        f"{node.name} keeps {topic}'s handed-over directory although "
+                        f"{record.owner} owns it with followers {list(record.followers)} "
+                        f"and in sync {list(record.in_sync)}",
+                    )
 
     def final_replicated(self) -> None:
         """r1 at the end: a topic served by a broker holds, in the indexed objects and its

@@ -61,7 +61,7 @@ from sim.flow_runner import Answer, run_flow
 from sim.network import Network, Stream
 from sim.objects import SimObjectStore
 from sim.replica_streams import ReplicaStreams
-from sim.world import US_PER_MS, US_PER_S, World
+from sim.world import US_PER_MS, US_PER_S, Timeouts, World
 
 REQUEST_TIMEOUT_US = int(REQUEST_TIMEOUT_S * US_PER_S)
 WATCH_RETRY_US = int(WATCH_RETRY_S * US_PER_S)
@@ -145,6 +145,8 @@ class BrokerProcess:
         self._wake = 0
         self._tick = 0
         self._follows: dict[str, _Follow] = {}
+        self._timeouts = Timeouts(self.world, REQUEST_TIMEOUT_US)
+        """The timeouts of this incarnation's requests to the store (`call`)."""
         self._registration: int | None = None
         """`mod_revision` of this broker's registration in the view (the data plane's)."""
         self._markers: dict[str, tuple[Marker, int]] = {}
@@ -216,9 +218,11 @@ class BrokerProcess:
             answered = True
             if result is TIMEOUT:
                 self.world.log(f"broker {self.name} timeout: {what}")
+            else:
+                timer.clear()
             done(result)
 
-        self.world.at(REQUEST_TIMEOUT_US, lambda: finish(TIMEOUT))
+        timer = self._timeouts.start(lambda: finish(TIMEOUT))
         self.etcd.request(self.name, what, run, finish)
 
     # -- watches -----------------------------------------------------------------------------------

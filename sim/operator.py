@@ -54,7 +54,7 @@ class Operator:
                 )
                 backoff = rng.choice((Backoff.FIXED, Backoff.EXPONENTIAL))
                 if self.poison is not None:
-                    policy = poison_settings(*self.poison, backoff=backoff, **fields)
+                    policy = poison_settings(*self.poison, topic, backoff=backoff, **fields)
                 else:
                     policy = SubscriptionFailureSettings(
                         **fields, backoff=backoff, poison_policy=PoisonPolicy.BLOCK

@@ -1,16 +1,22 @@
-"""Poison messages (`--poison drop|block`, issue 24): every consumer nacks the poison
+"""Poison messages (`--poison drop|block|dead_letter`, issue 24): every consumer nacks the poison
 messages every time (a quarter of those of one routing key, `POISON_KEY`, chosen by payload:
 `sim.clients.is_poison`), and each judged subscription has a failure policy with
-`max_redelivery_count = Workload.poison_limit` and the chosen poison policy, set before the
+`max_redelivery_count = Workload.poison_limit` and the chosen poison policy (exponential
+backoff from 50 ms capped at 80 ms, so the cap binds from the second failure), set before the
 subscriptions exist (as an operator may). Under Block an operator sweeps the blocked
 messages every `SWEEP_US`, releasing some (they fail again and block again) and skipping the
-rest, so the drain can finish.
+rest, so the drain can finish. Under DeadLetter each topic's poison goes to its own
+dead-letter topic (`dead_letter_topic`), which the broker creates on the first dead letter.
 
-Judged (invariant 17, sim/checker.py): a message dropped by policy had at least
+Judged (invariant 17, sim/checker.py): a nacked message waits no longer than the policy's
+cap before it goes out again; a message dropped or dead-lettered by policy had at least
 `poison_limit + 1` sends first; the cursor passes only what a consumer acknowledged or the
-policy dropped; Key-Shared never sends a later message of a blocked key first (invariants 3
-and 5, with dropped offsets settled); and at the end every acknowledged message is, for every
-judged subscription, acknowledged by a consumer or dropped by policy — never neither."""
+policy dropped or the dead-letter topic stored; a dead letter is reported only once its topic
+acknowledged it, holding the original's payload and pointing back to it (`x-original-*`);
+Key-Shared never sends a later message of a blocked key first (invariants 3 and 5, with
+dropped offsets settled); and at the end every acknowledged message is, for every judged
+subscription, acknowledged by a consumer, stored in the dead-letter topic or dropped by
+policy — never none."""
 
 from __future__ import annotations
 
@@ -26,16 +32,28 @@ POISON_KEY = "k0"
 SWEEP_US = 250_000
 RELEASE = 0.3
 """Chance that the operator releases a blocked message rather than skipping it."""
-POLICIES = {"drop": PoisonPolicy.DROP, "block": PoisonPolicy.BLOCK}
+POLICIES = {
+    "drop": PoisonPolicy.DROP,
+    "block": PoisonPolicy.BLOCK,
+    "dead_letter": PoisonPolicy.DEAD_LETTER,
+}
 
 
-def failure_settings(poison: str, limit: int, **fields: Any) -> SubscriptionFailureSettings:
-    """The poison workload's policy (a short ack timeout: consumers never stay silent here,
-    and the run should not wait 30 s for a lost nack)."""
+def dead_letter_topic(topic: str) -> str:
+    return f"{topic}-dlq"
+
+
+def failure_settings(
+    poison: str, limit: int, topic: str, **fields: Any
+) -> SubscriptionFailureSettings:
+    """The poison workload's policy for a subscription of `topic` (a short ack timeout:
+    consumers never stay silent here, and the run should not wait 30 s for a lost nack)."""
     options: dict[str, Any] = dict(
-        ack_timeout_ms=2_000, base_redelivery_delay_ms=50, max_redelivery_delay_ms=500
+        ack_timeout_ms=2_000, base_redelivery_delay_ms=50, max_redelivery_delay_ms=80
     )
     options.update(fields)
+    if poison == "dead_letter":
+        options["dead_letter_topic"] = dead_letter_topic(topic)
     return SubscriptionFailureSettings(
         max_redelivery_count=limit, poison_policy=POLICIES[poison], **options
     )
@@ -58,6 +76,9 @@ class PoisonDuty:
         self.poison = poison
         self.limit = limit
         checker.redelivery_limit = limit
+        if poison == "dead_letter":
+            for topic, _ in judged:
+                checker.dead_letters.setdefault(dead_letter_topic(topic), {})
         self.released = 0
         self.skipped = 0
 
@@ -66,7 +87,7 @@ class PoisonDuty:
         core = self.broker.core
         assert core is not None
         for topic, sub in self.judged:
-            policy = failure_settings(self.poison, self.limit)
+            policy = failure_settings(self.poison, self.limit, topic)
             self.broker._apply(core.set_failure_policy(topic, sub, policy, now_ms=0).effects)
 
     def start(self) -> None:
@@ -97,18 +118,28 @@ class PoisonDuty:
                     self.broker._apply(step.effects)
         self.world.at(SWEEP_US, self._sweep)
 
+    def halted(self, topic: str) -> bool:
+        """The topic, or under DeadLetter its dead-letter topic, stopped (damaged data
+        waits for an operator): its poison can settle no more, and holds the rest back
+        (Key-Shared: its key; the others: every new message), as a stopped topic would."""
+        stopped = self.broker.stopped_topics
+        return topic in stopped or (
+            self.poison == "dead_letter" and dead_letter_topic(topic) in stopped
+        )
+
     def settled(self) -> bool:
-        return not any(self.checker.unsettled(t, s) for t, s in self.judged)
+        return not any(self.checker.unsettled(t, s) for t, s in self.judged if not self.halted(t))
 
     def judge_end(self) -> None:
         """After the drain: every acknowledged message settled for every subscription."""
         for topic, sub in self.judged:
-            if topic in self.broker.stopped_topics:
+            if self.halted(topic):
                 continue
             left = self.checker.unsettled(topic, sub)
             if left:
                 self.checker._violate(
                     POISON,
-                    f"{topic}/{sub}: {len(left)} acknowledged message(s) neither acknowledged "
-                    f"by a consumer nor dropped by policy, e.g. {sorted(left)[:3]}",
+                    f"{topic}/{sub}: {len(left)} acknowledged message(s) not acknowledged "
+                    f"by a consumer, dead-lettered nor dropped by policy, e.g. "
+                    f"{sorted(left)[:3]}",
                 )

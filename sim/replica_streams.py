@@ -56,6 +56,8 @@ class ReplicaStreams:
         self.handed_over = 0
         """Moves whose owner handed the topic to its in-sync followers (no upload waited)."""
         self.handed_over_unindexed = 0
+        self.kept_removed = 0
+        """Handed-over directories an old owner removed once no replica set counted on it."""
         self.restarted = 0
         """Topics an owner unloaded and claimed again after a repair rewound its log below
         what it had sent (`Ownership.restart`)."""

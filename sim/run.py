@@ -117,8 +117,9 @@ class Workload:
     0 draws nothing from the seed: plain clients only."""
     batch: int = 8
     poison: str = ""
-    """"drop" or "block": every consumer nacks the messages of one routing key, and each
-    subscription's failure policy drops or blocks them after `poison_limit` redeliveries
+    """"drop", "block" or "dead_letter": every consumer nacks the messages of one routing
+    key, and each subscription's failure policy drops, blocks or dead-letters them after
+    `poison_limit` redeliveries
     (sim/poison.py). "" (the default): no poison, digests as before."""
     poison_limit: int = 2
     history_every_ms: int = 0
@@ -243,6 +244,7 @@ class Simulation:
             uploads=UPLOADS if workload.tiered else None,
             memory=workload.memory_pools(),
         )
+        self.broker.audit = self.audit_output
         self.producers: list[SimProducer] = []
         self.consumers: list[SimConsumer] = []
         self.audits: list[SimConsumer] = []
@@ -462,7 +464,10 @@ class Simulation:
 
     def _judged_now(self) -> list[tuple[str, str]]:
         """The judged subscriptions of topics still serving."""
-        return [(t, s) for t, s in self.judged if t not in self.broker.stopped_topics]
+        poison, stopped = self.poison, self.broker.stopped_topics
+        if poison is not None:  # under DeadLetter, a stopped dead-letter topic holds them too
+            return [(t, s) for t, s in self.judged if not poison.halted(t)]
+        return [(t, s) for t, s in self.judged if t not in stopped]
 
     def _drained(self) -> bool:
         """Everything acknowledged reached every subscription (of topics still serving);

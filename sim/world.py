@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
+from collections import deque
 from collections.abc import Callable
 
 US_PER_MS = 1_000
@@ -108,3 +109,58 @@ class World:
     def digest(self) -> str:
         self._flush()
         return self._digest.hexdigest()
+
+
+class Timeout:
+    """One pending timeout of `Timeouts`: its deadline, and what runs then (None once
+    cleared)."""
+
+    __slots__ = ("deadline", "expired")
+
+    def __init__(self, deadline: int, expired: Callable[[], None]) -> None:
+        self.deadline = deadline
+        self.expired: Callable[[], None] | None = expired
+
+    def clear(self) -> None:
+        self.expired = None
+
+
+class Timeouts:
+    """The timeouts of one caller's requests, all of one length, on one timer.
+
+    A timeout is almost never due: its request is answered first. One event per timeout
+    was about one event in eighteen of a cluster run with data planes, each finding its
+    request answered. Deadlines of one length grow in the order they are set, so one timer
+    at the oldest pending deadline serves them all; an answered request's timeout is only
+    cleared, and dropped when the timer passes it. A timeout fires at exactly its deadline,
+    as its own event did (only its place among events of the same microsecond differs)."""
+
+    __slots__ = ("_armed", "_pending", "length_us", "world")
+
+    def __init__(self, world: World, length_us: int) -> None:
+        self.world = world
+        self.length_us = length_us
+        self._pending: deque[Timeout] = deque()
+        """Oldest first."""
+        self._armed = False
+
+    def start(self, expired: Callable[[], None]) -> Timeout:
+        """Runs `expired` at now + `length_us` unless the timeout is cleared first."""
+        world = self.world
+        timeout = Timeout(world.now + self.length_us, expired)
+        self._pending.append(timeout)
+        if not self._armed:
+            self._armed = True
+            world.at(self.length_us, self._fire)
+        return timeout
+
+    def _fire(self) -> None:
+        pending, now = self._pending, self.world.now
+        while pending and (pending[0].expired is None or pending[0].deadline <= now):
+            expired = pending.popleft().expired
+            if expired is not None:
+                expired()
+        if pending:
+            self.world.at(pending[0].deadline - now, self._fire)
+        else:
+            self._armed = False

@@ -26,7 +26,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from danube.audit.logs import ACK_SCHEMA, ACKS, DELIVERIES, DELIVERY_SCHEMA
+from danube.audit.logs import (
+    ACK_SCHEMA,
+    ACKS,
+    DELIVERIES,
+    DELIVERY_SCHEMA,
+    SETTLEMENT_SCHEMA,
+    SETTLEMENTS,
+)
 from spark import checks, sources
 from spark.session import get_session
 
@@ -82,7 +89,8 @@ def run_audit(
     progress("storage decoded")
     acks = _log(spark, inputs.logs, ACKS, ACK_SCHEMA, inputs.options)
     deliveries = _log(spark, inputs.logs, DELIVERIES, DELIVERY_SCHEMA, inputs.options)
-    checks.all_violations(stored, acks, deliveries).write.mode("overwrite").parquet(
+    settlements = _log(spark, inputs.logs, SETTLEMENTS, SETTLEMENT_SCHEMA, inputs.options)
+    checks.all_violations(stored, acks, deliveries, settlements).write.mode("overwrite").parquet(
         f"{out_root}/violations"
     )
     progress("checks done, violations written")

@@ -27,6 +27,10 @@ ALLOWED = {
     "torn-tail": "a topic's newest local segment ends in an unfinished write (a crash)",
     "superseded": "a broker's copy holds records past where a later writer epoch starts: "
     "appended by an owner that died before they were acknowledged (read as stored nowhere)",
+    "dead-lettered": "a subscription's message was moved to its dead-letter topic (the copy "
+    "stored there names it: x-original-topic, -subscription, -topic-offset)",
+    "dropped-by-policy": "a subscription's message was passed by its Drop poison policy (a "
+    "broker's policy_dropped event)",
 }
 ANOMALIES = {**FORBIDDEN, **ALLOWED}
 
@@ -151,9 +155,41 @@ def delivered_against_storage(deliveries: DataFrame, records: DataFrame) -> Data
     return violations(anomaly, wrong, detail)
 
 
-def unseen(acked: DataFrame, deliveries: DataFrame) -> DataFrame:
+def settled(stored: DataFrame, settlements: DataFrame) -> DataFrame:
+    """(subscription, topic, offset, how, detail) of every message settled for a subscription
+    without a consumer's acknowledgement: a dead letter stored anywhere (its origin columns,
+    read from its `x-original-*` attributes) and each settlement a broker logged."""
+    dead = stored.where((F.col("row_type") == "record") & F.col("origin_topic").isNotNull())
+    dead = dead.groupBy("origin_subscription", "origin_topic", "origin_offset").agg(
+        F.min(F.format_string("%s@%d", "topic", "offset")).alias("copy")
+    )
+    dead = dead.select(
+        F.col("origin_subscription").alias("subscription"),
+        F.col("origin_topic").alias("topic"),
+        F.col("origin_offset").alias("offset"),
+        F.lit("dead-lettered").alias("how"),
+        F.format_string("its dead letter is stored at %s", "copy").alias("detail"),
+    )
+    dropped = settlements.where(F.col("action") == "dropped").select(
+        "subscription",
+        "topic",
+        "offset",
+        F.lit("dropped-by-policy").alias("how"),
+        F.format_string("dropped after %d failed deliveries", "attempts").alias("detail"),
+    )
+    return dead.unionByName(dropped).dropDuplicates(["subscription", "topic", "offset", "how"])
+
+
+def settlements_seen(settled_rows: DataFrame) -> DataFrame:
+    """The settled messages as allowed rows, so the report counts them."""
+    return violations(F.col("how"), settled_rows, F.col("detail"))
+
+
+def unseen(acked: DataFrame, deliveries: DataFrame, settled_rows: DataFrame) -> DataFrame:
     """Acknowledged messages a reliable subscription never received, on each topic where it
-    received an offset at or below one the message is stored at (where it started)."""
+    received an offset at or below one the message is stored at (where it started), unless
+    the message was settled for it without a consumer (`settled`: dead-lettered, or dropped
+    by its policy). A message neither delivered nor settled stays `unseen`, forbidden."""
     got = deliveries.where(F.col("reliable"))
     starts = got.groupBy("subscription", "topic").agg(F.min("offset").alias("start"))
     expected = acked.where(F.col("offsets").isNotNull()).join(starts, "topic")
@@ -161,6 +197,18 @@ def unseen(acked: DataFrame, deliveries: DataFrame) -> DataFrame:
     expected = expected.where(F.col("offset") >= F.col("start"))
     received = got.select("subscription", "topic", "producer", "digest").distinct()
     missing = expected.join(received, ["subscription", "topic", "producer", "digest"], "left_anti")
+    done = settled_rows.select(
+        F.col("subscription").alias("s_subscription"),
+        F.col("topic").alias("s_topic"),
+        F.col("offset").alias("s_offset"),
+    )
+    missing = missing.join(
+        done,
+        (F.col("subscription") == F.col("s_subscription"))
+        & (F.col("topic") == F.col("s_topic"))
+        & F.array_contains("offsets", F.col("s_offset")),
+        "left_anti",
+    )
     detail = F.format_string(
         "seq %d acknowledged, never delivered (the subscription started at offset %d)",
         "seq",
@@ -235,8 +283,11 @@ def poll_skips(firsts: DataFrame, deliveries: DataFrame, records: DataFrame) -> 
     return violations("poll-skip", per_jump, detail)
 
 
-def all_violations(stored: DataFrame, acks: DataFrame, deliveries: DataFrame) -> DataFrame:
+def all_violations(
+    stored: DataFrame, acks: DataFrame, deliveries: DataFrame, settlements: DataFrame
+) -> DataFrame:
     records = distinct_records(stored)
+    settled_rows = settled(stored, settlements)
     stored_messages = messages(records)
     acked = acked_at(acks, stored_messages)
     firsts = first_deliveries(deliveries)
@@ -249,7 +300,8 @@ def all_violations(stored: DataFrame, acks: DataFrame, deliveries: DataFrame) ->
         lost_writes(acked),
         acked_offsets_disagree(acked),
         delivered_against_storage(deliveries, records),
-        unseen(acked, deliveries),
+        unseen(acked, deliveries, settled_rows),
+        settlements_seen(settled_rows),
         duplicate_deliveries(counts),
         nonmonotonic_polls(firsts, counts),
         poll_skips(firsts, deliveries, records),

@@ -24,9 +24,11 @@ OBJECTS_PREFIX = "storage/topics/"
 
 STORED_COLUMNS = (
     "row_type string, topic string, offset long, producer string, digest long, key string, "
-    "source string, position long, detail string"
+    "source string, position long, detail string, origin_topic string, "
+    "origin_subscription string, origin_offset long"
 )
-"""One row per stored record (`row_type` = record) or storage problem (its kind)."""
+"""One row per stored record (`row_type` = record) or storage problem (its kind); a dead
+letter's record also names its origin (`danube.audit.storage.DeadLetterOrigin`)."""
 
 
 def wal_sources(root: str, options: Mapping[str, Any]) -> list[tuple[str, str, int | None]]:
@@ -145,11 +147,12 @@ def decoder(options: Mapping[str, Any]) -> Any:
                 if isinstance(row, StoredRecord):
                     superseded = cut is not None and row.offset >= cut
                     detail = f"a later epoch starts at offset {cut}" if superseded else None
+                    origin = row.origin or (None, None, None)
                     yield ("superseded" if superseded else "record", row.topic, row.offset,
                            row.producer, row.digest, row.key, row.source, row.position,
-                           detail)  # fmt: skip
+                           detail, *origin)  # fmt: skip
                 else:
                     yield (row.kind, row.topic, None, None, None, None, row.source,
-                           row.position, row.detail)  # fmt: skip
+                           row.position, row.detail, None, None, None)  # fmt: skip
 
     return decode

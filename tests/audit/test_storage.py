@@ -3,11 +3,13 @@ reported and stepped over instead of ending the read (danube.audit.storage)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from danube.audit.digest import payload_digest
 from danube.audit.storage import (
+    DeadLetterOrigin,
     SourceKind,
     StorageProblem,
     StoredRecord,
@@ -73,7 +75,7 @@ def test_the_field_walk_agrees_with_protobuf(
             schema_version=2,
         )
     )
-    assert tuple(stream_fields(encoded)) == (producer, payload, key)
+    assert tuple(stream_fields(encoded)) == (producer, payload, key, None)
 
 
 def test_every_record_is_a_row_with_its_digest() -> None:
@@ -126,3 +128,55 @@ def test_a_valid_frame_with_a_record_that_is_no_message_is_a_corrupt_record() ->
         [message(0) + b"\x0f"],  # field 1 with wire type 7
     )
     assert decoded(data) == ([], ["corrupt-record"])
+
+
+def dead_letter(attributes: dict[str, str]) -> bytes:
+    return bytes(
+        pb.StreamMessage(
+            request_id=1,
+            msg_id=pb.MsgId(producer_id=3, topic_name="/default/dlq", topic_offset=0),
+            payload=b"poison",
+            producer_name="dead-letters",
+            attributes=attributes,
+        )
+    )
+
+
+ORIGIN = {
+    "x-original-topic": "/default/orders",
+    "x-original-subscription": "billing",
+    "x-original-topic-offset": "41",
+    "x-poison-policy": "dead_letter",
+    "a": "b",
+}
+
+
+def test_a_dead_letter_names_its_origin() -> None:
+    fields = stream_fields(dead_letter(ORIGIN))
+    assert fields.origin == DeadLetterOrigin("/default/orders", "billing", 41)
+    assert fields.payload == b"poison"
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {},
+        {"a": "b"},
+        {k: v for k, v in ORIGIN.items() if k != "x-original-subscription"},
+        {**ORIGIN, "x-original-topic-offset": "forty-one"},
+        {**ORIGIN, "x-original-topic": ""},
+    ],
+)
+def test_a_record_without_a_whole_origin_is_no_dead_letter(attributes: dict[str, str]) -> None:
+    """A user's own attributes, or a partial or unreadable set, name no origin."""
+    assert stream_fields(dead_letter(attributes)).origin is None
+
+
+def test_stored_records_carry_the_origin() -> None:
+    data = bytearray(wal_format.encode_segment_header("/default/dlq", 0, 1))
+    data += wal_format.encode_frame(0, 1, [dead_letter(ORIGIN), message(1)])
+    rows = list(decode_source(bytes(data), "dlq.wal", SourceKind.OBJECT))
+    assert [r.origin for r in rows if isinstance(r, StoredRecord)] == [
+        DeadLetterOrigin("/default/orders", "billing", 41),
+        None,
+    ]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from danube.client import DanubeClient, DanubeClientError
+from danube.client import DanubeClient, DanubeClientError, DispatchStrategy
 from danube.client.connection import RetryPolicy
 from danube.localcluster.broker_process import BrokerProcess
 from tests.support.aio import run as aio_run
@@ -280,3 +280,67 @@ def test_completion_prints_a_bash_script() -> None:
     assert done.returncode == 0
     assert "complete" in done.stdout and "set-failure-policy" in done.stdout
     assert "~/.local/share" in admin(None, "completion", "--help").stdout
+
+
+def test_an_operator_lists_skips_and_releases_blocked_messages(broker: BrokerProcess) -> None:
+    """Block with max_redelivery_count 0: a nacked message is blocked at once; `topics
+    blocked` lists it, `release` sends it again (blocked again on its next nack), `skip`
+    drops it and the subscription moves past it (ours: Danube has no such commands)."""
+    ns = namespace()
+    ok(broker, "namespaces", "create", ns)
+    topic = f"/{ns}/poisoned"
+    ok(broker, "topics", "create", topic, "--dispatch-strategy", "reliable")
+    ok(broker, "topics", "set-failure-policy", topic, "-s", "s1",
+       "--max-redelivery-count", "0", "--ack-timeout-ms", "30000",
+       "--base-redelivery-delay-ms", "0", "--max-redelivery-delay-ms", "0",
+       "--poison-policy", "block")  # fmt: skip
+
+    def blocked() -> list[int]:
+        found = as_json(broker, "topics", "blocked", topic, "-s", "s1")["offsets"]
+        assert isinstance(found, list)
+        return found
+
+    async def scenario() -> None:
+        async with DanubeClient(broker.url) as client:
+            producer = client.producer(topic, "p", dispatch=DispatchStrategy.RELIABLE)
+            await producer.create()
+            consumer = await client.consumer(topic, "c", "s1").subscribe()
+            fine: list[bytes] = []
+
+            async def poison() -> None:
+                """The next delivery of the poison (any other message is acknowledged)."""
+                while True:
+                    message = await asyncio.wait_for(consumer.receive(), 10)
+                    if message.payload == b"poison":
+                        await consumer.nack(message)
+                        return
+                    fine.append(message.payload)
+                    await consumer.ack(message)
+
+            await producer.send(b"poison")
+            await poison()
+            assert await asyncio.to_thread(blocked) == [0]
+            await producer.send(b"fine")
+            released = await asyncio.to_thread(
+                ok, broker, "topics", "release", topic, "-s", "s1", "--offset", "0"
+            )
+            assert released.strip() == f"Released offset 0 of s1 on {topic}"
+            await poison()  # released: delivered again, and blocked again by its nack
+            assert await asyncio.to_thread(blocked) == [0]
+            skipped = await asyncio.to_thread(
+                as_json, broker, "topics", "skip", topic, "-s", "s1", "--offset", "0"
+            )
+            assert skipped == {"resolved": True}
+            while not fine:
+                message = await asyncio.wait_for(consumer.receive(), 10)
+                fine.append(message.payload)
+                await consumer.ack(message)
+            assert fine == [b"fine"]
+            assert await asyncio.to_thread(blocked) == []
+            none = await asyncio.to_thread(
+                ok, broker, "topics", "skip", topic, "-s", "s1", "--offset", "0"
+            )
+            assert "is not blocked" in none
+            await consumer.close()
+
+    aio_run(scenario)

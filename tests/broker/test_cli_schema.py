@@ -81,18 +81,19 @@ def test_register_show_versions_check_mode_and_delete(
 
 
 @pytest.mark.parametrize(
-    ("args", "words"),
+    ("args", "words", "status"),
     [
-        (("show", "nobody-at-all"), "NOT_FOUND"),
-        (("register", "s", "-t", "avro", "-f", "/nonexistent.avsc"), "cannot read"),
-        (("delete", "nobody-at-all", "1"), "NOT_FOUND"),
+        (("show", "nobody-at-all"), "NOT_FOUND", 1),
+        (("register", "s", "-t", "avro", "-f", "/nonexistent.avsc"), "cannot read", 2),
+        (("delete", "nobody-at-all", "1"), "NOT_FOUND", 1),
     ],
 )
 def test_errors_are_one_readable_line(
-    broker: BrokerProcess, args: tuple[str, ...], words: str
+    broker: BrokerProcess, args: tuple[str, ...], words: str, status: int
 ) -> None:
+    """Exit 1 for the broker's refusal, 2 for bad usage (a file named that cannot be read)."""
     run = cli(broker, *args)
-    assert run.returncode == 1 and words in run.stderr
+    assert run.returncode == status and words in run.stderr
     assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
@@ -222,20 +223,22 @@ def test_consume_marks_a_message_that_does_not_fit_the_schema_it_names(
 
 
 @pytest.mark.parametrize(
-    ("args", "words"),
+    ("args", "words", "status"),
     [
-        (("--schema-version", "2"), "need --schema-subject"),
-        (("--schema-type", "avro"), "--schema-type goes with --schema-file"),
-        (("--schema-file", "/nonexistent.avsc", "--schema-type", "avro"), "cannot read"),
-        (("--schema-file", "/nonexistent.avsc"), "needs --schema-type"),
-        (("--schema-subject", "nobody-at-all"), "NOT_FOUND"),
+        (("--schema-version", "2"), "need --schema-subject", 2),
+        (("--schema-type", "avro"), "--schema-type goes with --schema-file", 2),
+        (("--schema-file", "/nonexistent.avsc", "--schema-type", "avro"), "cannot read", 2),
+        (("--schema-file", "/nonexistent.avsc"), "needs --schema-type", 2),
+        (("--schema-subject", "nobody-at-all"), "NOT_FOUND", 1),
     ],
 )
 def test_schema_flags_that_cannot_work_get_one_error_line(
-    broker: BrokerProcess, args: tuple[str, ...], words: str
+    broker: BrokerProcess, args: tuple[str, ...], words: str, status: int
 ) -> None:
+    """Flags that cannot work together are usage errors (exit 2, as argparse's); a subject
+    the registry does not have is its refusal (exit 1)."""
     run = data_cli("produce", "-s", broker.url, "-t", unique_topic(), "-m", "{}", *args)
-    assert run.returncode == 1 and words in run.stderr, run.stderr
+    assert run.returncode == status and words in run.stderr, run.stderr
     assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 

@@ -428,3 +428,17 @@ def test_without_per_topic_series_every_family_is_summed_per_broker() -> None:
     for index in range(5, 50):  # more topics: no more series
         core.create_topic(f"/default/t{index}", DispatchStrategy.NON_RELIABLE)
     assert len(per_broker.exposition().decode().splitlines()) == len(summed.splitlines())
+
+
+def test_the_process_series_are_exported_beside_ours() -> None:
+    """Issue 26, point 7: a dashboard or alert on the broker process needs its memory, CPU,
+    open files and collections (prometheus_client's process, platform and GC collectors)."""
+    text = BrokerMetrics(standalone_core(), "7", "standalone").exposition().decode()
+    for series in (
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "python_info",
+        "python_gc_collections_total",
+    ):
+        assert f"\n{series}" in text, series

@@ -232,6 +232,7 @@ def test_acks_accept_exactly_what_every_client_parses(
             msg_id.get("topic_offset", 0),
             fields["subscription_name"],
             fields.get("delay_ms"),
+            fields.get("reason") if name == "NackRequest" else None,
         )
         assert decoded == expected
 

@@ -2,12 +2,13 @@
 3-broker local cluster (etcd, moto's S3) at the default durability; a reliable topic with a
 follower in sync is unloaded by the admin. The in-sync follower gets it (a promotion: it
 keeps its own WAL, `kept_local_wal=True`, under a new epoch), the old owner hands over
-without uploading its tail (its WAL directory stays, where the upload path deletes it), and
-every acknowledged message is still consumed."""
+without uploading its tail (its WAL directory stays, where the upload path deletes it, until
+the replica set no longer counts on it), and every acknowledged message is still consumed."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,19 @@ def test_an_unloaded_replicated_topic_goes_to_its_in_sync_follower(tmp_path: Pat
         assert f"event=topic_loaded topic={TOPIC} kept_local_wal=True" in new.log_text()
         # the new owner reads its replica set once loaded: describe shows epoch 0 until then
         wait(lambda: describe(new, TOPIC).epoch > before.epoch, 30, "a new epoch", cluster)
-        assert wal_files(owner), "the old owner took the upload path (it deletes its WAL)"
+        drops = re.findall(
+            rf"event=wal_dropped topic={re.escape(TOPIC)} deleted=(\w+)", owner.log_text()
+        )
+        assert drops[:1] == ["False"], "the old owner took the upload path (it deletes its WAL)"
         received = asyncio.run(consume(urls, TOPIC, COUNT))
         assert received == [f"m-{i}" for i in range(COUNT)]
+        # The kept directory is the old owner's replica if the new owner follows to it,
+        # else it goes once the replica set no longer counts on the old owner.
+        old_id = broker_id(owner)
+
+        def kept_settled() -> bool:
+            after = describe(new, TOPIC)
+            counted = old_id in [f.broker_id for f in after.followers] or old_id in after.in_sync
+            return counted == bool(wal_files(owner))
+
+        wait(kept_settled, 30, "the old owner's kept directory to follow or go", cluster)

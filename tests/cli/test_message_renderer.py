@@ -8,7 +8,7 @@ from typing import Any
 
 from grpclib.const import Status
 
-from danube.cli.client import MessageRenderer
+from danube.cli.client_commands import MessageRenderer
 from danube.client import DanubeClientError, Message
 from danube.proto import danube as pb
 from danube.proto import danube_schema as schema_pb

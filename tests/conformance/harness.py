@@ -25,7 +25,14 @@ import grpclib.client
 import pytest
 
 from danube.localcluster.broker_process import BrokerProcess
-from danube.proto.danube_admin import NewTopicRequest, TopicAdminStub, TopicRequest
+from danube.proto.danube_admin import (
+    DispatchStrategy,
+    NewTopicRequest,
+    SetSubscriptionFailurePolicyRequest,
+    SubscriptionFailurePolicy,
+    TopicAdminStub,
+    TopicRequest,
+)
 from tests.support.aio import run
 
 T = TypeVar("T")
@@ -231,6 +238,19 @@ def admin_create_topic(broker: BrokerProcess, topic: str) -> None:
     """CreateTopic (non-reliable) through our admin port, so consumers can subscribe before
     anything is produced."""
     run(lambda: _with_topic_admin(broker, lambda s: s.create_topic(NewTopicRequest(name=topic))))
+
+
+def admin_create_reliable_topic(broker: BrokerProcess, topic: str) -> None:
+    request = NewTopicRequest(name=topic, dispatch_strategy=DispatchStrategy.Reliable)
+    run(lambda: _with_topic_admin(broker, lambda s: s.create_topic(request)))
+
+
+def admin_set_failure_policy(
+    broker: BrokerProcess, topic: str, subscription: str, policy: SubscriptionFailurePolicy
+) -> None:
+    """SetSubscriptionFailurePolicy through our admin port (Danube's RPC)."""
+    request = SetSubscriptionFailurePolicyRequest(topic, subscription, policy)
+    run(lambda: _with_topic_admin(broker, lambda s: s.set_subscription_failure_policy(request)))
 
 
 def admin_delete_topic(broker: BrokerProcess, topic: str) -> None:

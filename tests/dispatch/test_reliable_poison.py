@@ -365,3 +365,33 @@ def test_a_policy_change_applies_to_blocked_messages_at_once() -> None:
     effects = harness.sub.configure(harness.now, policy=drop)
     assert Dropped(offset, attempts + 1) in effects
     assert offset not in harness.sub.blocked and harness.sub.entry_state(offset) is None
+
+
+def test_a_policy_changed_while_a_dead_letter_failed_decides_at_the_retry() -> None:
+    """DeadLetter, then the operator switches to Block: the failed republish is not asked
+    again for a dead-letter topic the policy no longer names; the message is blocked (or,
+    under a policy that no longer exhausts it, sent again)."""
+    policy = FailurePolicy(
+        ack_timeout_ms=ACK_TIMEOUT,
+        base_redelivery_delay_ms=5,
+        max_redelivery_delay_ms=5,
+        max_redelivery_count=0,
+        poison=Poison.DEAD_LETTER,
+        dead_letter_topic="/default/dlq",
+    )
+    sub = ReliableSubscription(SubscriptionType.SHARED, 0, policy=policy)
+    sub.add_consumer(1, "c1", ("*",), 0)
+    sub.connect(1, 0)
+    [read] = [e for e in sub.readable(0, 0) if isinstance(e, Read)]
+    assert isinstance(read, Read)
+    sub.records_read([(0, b"k")], 0)
+    assert sub.in_flight(1) == frozenset({0})
+    asked = sub.nack(0, None, 1, reason="bad")
+    assert DeadLetter(0, 1, "bad", "/default/dlq") in asked
+    sub.dead_letter_failed(0, 2)
+    block = dataclasses.replace(policy, poison=Poison.BLOCK, dead_letter_topic=None)
+    sub.configure(3, policy=block)
+    assert sub.entry_state(0) is EntryState.DEAD_LETTERING, "the republish may still land"
+    again = sub.tick(20)
+    assert not any(isinstance(e, DeadLetter) for e in again)
+    assert sub.entry_state(0) is EntryState.BLOCKED and sub.blocked == (0,)

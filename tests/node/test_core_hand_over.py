@@ -5,6 +5,7 @@ like `test_core_replication` (a core whose topic replicates to `b2`)."""
 
 from __future__ import annotations
 
+from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.node.core import ReplicaConfig, ReplicaPropose, ReplicationSettings
 from danube.machines.node.effects import DropWal
 from danube.machines.replication.messages import Replicated
@@ -95,3 +96,47 @@ def test_a_stale_replicas_value_is_not_kept_while_the_wal_loads() -> None:
     owner.run(owner.core.replicas_changed(TOPIC, stale, now_ms=owner.now).effects)
     assert record.log.replica_config == newer
     record.log.wal = working
+
+
+def handed_over_owner() -> Owner:
+    """b1 handed TOPIC over to b2 (in sync) and removed it: its directory is kept."""
+    owner = Owner(ReplicationSettings(broker_id="b1", lag_ms=500))
+    owner.configure(("b2",), ("b2",))
+    owner.sends()
+    owner.publish("m0")
+    owner.answer("b2", Replicated(TOPIC, 0, 1))
+    owner.run(owner.core.unload(TOPIC, owner.now).effects)
+    assert owner.core.settled(TOPIC) and owner.core.lifecycle.handed_over(TOPIC) == 1
+    owner.core.remove(TOPIC, reason="moved", delete_files=True)
+    assert owner.core.lifecycle.kept == {TOPIC}
+    return owner
+
+
+def seen(owner: Owner, record: ReplicaSet | None, assigned: bool = False) -> list[DropWal]:
+    step = owner.core.replica_set_seen(TOPIC, record, 9, assigned_here=assigned, now_ms=owner.now)
+    return [e for e in step.effects if isinstance(e, DropWal)]
+
+
+def test_a_kept_directory_stays_while_the_replica_set_counts_on_this_broker() -> None:
+    """Until a promoted member records itself as owner the set still names b1 (the files may
+    be the only copy outside the followers); a set naming b1 as follower or in sync, or the
+    topic assigned here again, means the files are the log it follows or loads with; an
+    unreadable or deleted set changes nothing."""
+    owner = handed_over_owner()
+    assert seen(owner, ReplicaSet(5, "b1", ("b2",), ("b2",))) == []
+    assert seen(owner, ReplicaSet(6, "b2", ("b1",), ())) == []
+    assert seen(owner, ReplicaSet(6, "b2", ("b3",), ("b1",))) == []
+    assert seen(owner, ReplicaSet(6, "b2", ("b3",), ("b3",)), assigned=True) == []
+    assert seen(owner, None) == []
+    assert owner.core.lifecycle.kept == {TOPIC}
+
+
+def test_a_kept_directory_goes_once_the_successor_no_longer_counts_on_it() -> None:
+    """Issue 27's leftover: the old owner's kept directory was never removed unless the
+    topic came back. Once b2 owns the topic and b1 is neither follower nor in sync, b2's
+    replicas hold every acknowledged record: the files go, once."""
+    owner = handed_over_owner()
+    (drop,) = seen(owner, ReplicaSet(6, "b2", ("b3",), ("b3",)))
+    assert drop.topic == TOPIC and drop.delete_files and not drop.delete_objects
+    assert owner.core.lifecycle.kept == set()
+    assert seen(owner, ReplicaSet(7, "b2", ("b3",), ("b3",))) == []

@@ -205,16 +205,13 @@ def test_failure_policy_rules() -> None:
     ), "DeadLetter needs a dead-letter topic (as Danube)"
     assert code_of(lambda: _policy(dead_letter_topic="not a topic")) is ErrorCode.INVALID_ARGUMENT
     assert _policy(max_redelivery_count=3).dispatch_policy.max_redelivery_count == 3
+    dead_letter = SubscriptionFailureSettings(
+        max_redelivery_count=3, dead_letter_topic=TOPIC, poison_policy=PoisonPolicy.DEAD_LETTER
+    )
     assert (
-        code_of(
-            lambda: SubscriptionFailureSettings(
-                max_redelivery_count=3,
-                dead_letter_topic="/default/dlq",
-                poison_policy=PoisonPolicy.DEAD_LETTER,
-            )
-        )
-        is ErrorCode.UNIMPLEMENTED
-    ), "no republish to a dead-letter topic yet"
+        code_of(lambda: broker.core.set_failure_policy(TOPIC, "s", dead_letter))
+        is ErrorCode.INVALID_ARGUMENT
+    ), "a topic cannot be its own dead-letter topic"
     assert code_of(lambda: _policy(max_redelivery_count=1 << 32)) is ErrorCode.INVALID_ARGUMENT
     nonreliable = "/default/plain"
     broker.run(broker.core.create_topic(nonreliable, NON).effects)
@@ -222,6 +219,13 @@ def test_failure_policy_rules() -> None:
         code_of(lambda: broker.core.set_failure_policy(nonreliable, "s", _policy()))
         is ErrorCode.FAILED_PRECONDITION
     )
+    to_plain = SubscriptionFailureSettings(
+        dead_letter_topic=nonreliable, poison_policy=PoisonPolicy.DEAD_LETTER
+    )
+    assert (
+        code_of(lambda: broker.core.set_failure_policy(TOPIC, "s", to_plain))
+        is ErrorCode.FAILED_PRECONDITION
+    ), "a dead-letter topic must be reliable (Danube's strategy mismatch, said at once)"
     assert (
         code_of(lambda: broker.core.set_failure_policy(TOPIC, "bad/name", _policy()))
         is ErrorCode.INVALID_ARGUMENT
@@ -272,16 +276,12 @@ def test_no_limit_is_u32_max_and_old_stored_zeros_keep_meaning_no_limit() -> Non
     assert SubscriptionFailureSettings.from_json(zero.to_json()) == zero
     legacy = {k: v for k, v in zero.to_json().items() if k != "limits"}
     assert SubscriptionFailureSettings.from_json(legacy).max_redelivery_count == NO_LIMIT
-    assert (
-        code_of(
-            lambda: SubscriptionFailureSettings(
-                max_redelivery_count=0,
-                dead_letter_topic="/default/dlq",
-                poison_policy=PoisonPolicy.DEAD_LETTER,
-            )
-        )
-        is ErrorCode.UNIMPLEMENTED
-    ), "0 exhausts at once: a DeadLetter policy with it would be accepted and not carried out"
+    dead_letter = SubscriptionFailureSettings(
+        max_redelivery_count=0,
+        dead_letter_topic="/default/dlq",
+        poison_policy=PoisonPolicy.DEAD_LETTER,
+    )
+    assert dead_letter.dispatch_policy.exhausted(1), "0: dead-lettered after one delivery"
 
 
 # -- dispatch window --------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from unittest import mock
 
 from danube.machines.dispatch import poison
 from danube.machines.dispatch.failure import EntryState, FailurePolicy
+from danube.machines.node.dead_letters import DeadLetters
+from danube.machines.node.effects import DeadLetterPublish
 
 
 @contextlib.contextmanager
@@ -21,6 +23,17 @@ def limit_off_by_one() -> Iterator[None]:
         return failures >= self.max_redelivery_count
 
     with mock.patch.object(FailurePolicy, "exhausted", exhausted):
+        yield
+
+
+@contextlib.contextmanager
+def backoff_past_cap() -> Iterator[None]:
+    """The exponential delay without `min(max_redelivery_delay_ms, ...)`."""
+
+    def uncapped(self: FailurePolicy, failures: int, requested_ms: int | None) -> int:
+        return max(self.base_redelivery_delay_ms << (failures - 1), requested_ms or 0)
+
+    with mock.patch.object(FailurePolicy, "redelivery_delay_ms", uncapped):
         yield
 
 
@@ -41,5 +54,23 @@ def blocked_key_overtaken() -> Iterator[None]:
         yield
 
 
-POISON_MUTATIONS = {"limit_off_by_one": limit_off_by_one}
+@contextlib.contextmanager
+def dead_letter_passed_before_stored() -> Iterator[None]:
+    """The original is reported dead-lettered as soon as its copy is appended, before the
+    dead-letter topic stored it: a crash or a failed write in between loses the message."""
+    original = DeadLetters.republish
+
+    def republish(self: Any, record: Any, sub: Any, ask: Any, now_ms: int) -> list[Any]:
+        effects = original(self, record, sub, ask, now_ms)
+        if any(isinstance(e, DeadLetterPublish) and e.failure is None for e in effects):
+            found = sub.reliable.dead_lettered(ask.offset, now_ms)
+            effects.extend(self._logs.dispatch(record, sub, found, now_ms))
+        return effects
+
+    with mock.patch.object(DeadLetters, "republish", republish):
+        yield
+
+
+POISON_MUTATIONS = {"limit_off_by_one": limit_off_by_one, "backoff_past_cap": backoff_past_cap}
+DEAD_LETTER_MUTATIONS = {"dead_letter_passed_before_stored": dead_letter_passed_before_stored}
 KEY_SHARED_MUTATIONS = {"blocked_key_overtaken": blocked_key_overtaken}

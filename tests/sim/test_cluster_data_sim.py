@@ -71,7 +71,9 @@ def test_a_deposed_owners_late_upload_lands_beside_the_new_owners_object() -> No
     plane's alone. The planted bug is looked for in seeds 101-400: since claims also write the
     replica set, none of seeds 1-100 shows it (10 of 101-400 did, the first at 115); since
     followers are spread per owner and lookups answer from the broker's view (issue 23),
-    none of 101-300 does and seed 312 does."""
+    none of 101-300 does and seed 312 does; since the simulator spends fewer events per
+    message (issue 22, round 7: no event for a timeout that finds its answer, for a hop of no
+    time or for a segment's creation) seed 255 is the first."""
     quiet = dataclasses.replace(DATA, admin=0)
     for seed in range(1, 101):
         simulation = ClusterSimulation(seed, quiet, DEFAULT)

@@ -8,12 +8,13 @@ planted bugs of replication are caught (`tests/sim/replication_mutations.py`).""
 from __future__ import annotations
 
 import dataclasses
+from unittest import mock
 
 import pytest
 
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_admin import OVERRIDES
-from sim.cluster_data_checker import FOREIGN_FRAMES, REPLICA_LOSS
+from sim.cluster_data_checker import FOREIGN_FRAMES, KEPT_DIRECTORY, REPLICA_LOSS
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 from sim.faults import Faults, Injected
 from sim.network import Network
@@ -56,15 +57,31 @@ def test_moves_hand_over_to_in_sync_followers_without_uploading_the_tail() -> No
     left are counted (`handed_over_unindexed`): every one was acknowledged (the hand-over
     waits for the high watermark to reach the log end), and r1 finds them all at the new
     owner."""
-    handed, unindexed = 0, 0
+    handed, unindexed, removed = 0, 0, 0
     for seed in range(1, 5):
         result = ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS)
         assert result.ok, (seed, [v.detail for v in result.violations])
         assert result.settled, seed
         handed += result.data["handed_over"]
         unindexed += result.data["handed_over_unindexed"]
+        removed += result.data["kept_directories_removed"]
     assert handed >= 4, handed
     assert unindexed > 0, unindexed
+    assert removed > 0, "no old owner removed the directory it kept (r4)"
+
+
+def test_keeping_handed_over_directories_for_ever_is_caught() -> None:
+    """r4's planted bug: an old owner never removes the directory a hand-over left (what
+    every broker did before), which fills its disk with copies nobody counts on."""
+    from danube.machines.node.core_replication import ReplicationRoutes
+
+    with mock.patch.object(ReplicationRoutes, "_kept_seen", lambda *_: None):
+        for seed in range(1, 41):
+            result = ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS)
+            if not result.ok:
+                assert {v.invariant for v in result.violations} == {KEPT_DIRECTORY}
+                return
+    pytest.fail("r4 missed directories kept for ever in seeds 1-40")
 
 
 def test_a_rewinding_repair_serves_the_topic_again_under_a_new_epoch() -> None:

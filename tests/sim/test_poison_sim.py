@@ -1,7 +1,8 @@
 """The poison workload (sim/poison.py, issue 24): consumers nack one key's messages for ever
-and each subscription drops or blocks them past `max_redelivery_count`; the runs pass under
-the default faults with messages really dropped, and a planted off-by-one in the limit is
-caught by invariant 17 within 200 seeds."""
+and each subscription drops, blocks or dead-letters them past `max_redelivery_count`; the runs
+pass under the default faults with messages really dropped or dead-lettered, and planted bugs
+(an off-by-one in the limit, a backoff past its cap, an original passed before its dead
+letter is stored) are caught by invariant 17 within 200 seeds."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import pytest
 from sim.__main__ import PROFILES, report
 from sim.checker import POISON
 from sim.run import Simulation, Workload
-from tests.sim.poison_mutations import KEY_SHARED_MUTATIONS, POISON_MUTATIONS
+from tests.sim.poison_mutations import (
+    DEAD_LETTER_MUTATIONS,
+    KEY_SHARED_MUTATIONS,
+    POISON_MUTATIONS,
+)
 
 DEFAULT = PROFILES["default"]
 
@@ -43,6 +48,32 @@ def test_a_key_shared_block_holds_only_its_key() -> None:
 def test_a_planted_poison_bug_is_caught(mutation: str) -> None:
     workload = Workload(poison="drop")
     with POISON_MUTATIONS[mutation]():
+        for seed in range(1, 201):
+            result = Simulation(seed, workload, DEFAULT).run(3)
+            if not result.ok:
+                text = report(result, workload, DEFAULT)
+                assert {v.invariant for v in result.violations} == {POISON}, text
+                return
+    pytest.fail(f"{mutation} was not caught in 200 seeds")
+
+
+def test_dead_letter_runs_store_every_exhausted_message() -> None:
+    """Under DeadLetter the poison reaches the dead-letter topic (created by the broker on
+    the first dead letter), each judged by the checker when reported stored."""
+    workload = Workload(poison="dead_letter")
+    for seed in range(1, 4):
+        simulation = Simulation(seed, workload, DEFAULT)
+        result = simulation.run(5)
+        assert result.ok and result.drained, report(result, workload, DEFAULT)
+        subscriptions = simulation.checker.subscriptions.values()
+        assert sum(len(s.dead_lettered) for s in subscriptions), "nothing was dead-lettered"
+        assert not any(s.dropped for s in subscriptions), "DeadLetter drops nothing"
+
+
+@pytest.mark.parametrize("mutation", sorted(DEAD_LETTER_MUTATIONS))
+def test_a_planted_dead_letter_bug_is_caught(mutation: str) -> None:
+    workload = Workload(poison="dead_letter")
+    with DEAD_LETTER_MUTATIONS[mutation]():
         for seed in range(1, 201):
             result = Simulation(seed, workload, DEFAULT).run(3)
             if not result.ok:

@@ -11,8 +11,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from danube.audit.digest import payload_digest
-from danube.audit.logs import Ack
+from danube.audit.logs import Ack, Settlement, SettlementLog
 from danube.machines.wal import format as wal_format
+from danube.proto import danube as pb
 from spark.audit import AuditInputs, main, run_audit
 from tests.spark import dataset
 from tests.spark.dataset import SEGMENT, TOPICS, Run, write_clean_run, write_logs
@@ -162,6 +163,65 @@ def test_a_dropped_delivery_is_unseen(
         (subscription, EVENTS, 17)
     }
     assert summary["per_topic"][EVENTS]["unseen"] == 1
+
+
+DLQ = "/default/events-dlq"
+
+
+def write_dead_letter(run: Run, subscription: str, offset: int) -> None:
+    """The dead-letter topic's one segment: a copy of EVENTS' message at `offset` naming
+    it (Danube's `x-original-*` attributes)."""
+    copy = pb.StreamMessage(
+        request_id=0,
+        msg_id=pb.MsgId(topic_name=DLQ, topic_offset=0),
+        payload=dataset.payload(EVENTS, offset),
+        producer_name="dead-letters",
+        attributes={
+            "x-original-topic": EVENTS,
+            "x-original-subscription": subscription,
+            "x-original-topic-offset": str(offset),
+            "x-poison-policy": "dead_letter",
+        },
+    )
+    run.write_segment(run.wal_file(DLQ, 0), dataset.segment(DLQ, 0, [[bytes(copy)]]))
+
+
+@pytest.mark.parametrize(
+    ("settled_for", "how", "expected"),
+    [
+        ("sh", "dead-letter", {"dead-lettered"}),
+        ("sh", "drop", {"dropped-by-policy"}),
+        ("ex", "dead-letter", {"dead-lettered", "unseen"}),  # another subscription's copy
+        ("ex", "drop", {"dropped-by-policy", "unseen"}),
+    ],
+)
+def test_a_message_settled_by_policy_is_not_unseen(
+    spark: SparkSession, tmp_path: Path, settled_for: str, how: str, expected: set[str]
+) -> None:
+    """Issue 24, point 6: a message its subscription never received is allowed when it was
+    dead-lettered (the copy in storage names it) or dropped by the subscription's policy
+    (the broker's `policy_dropped` event, as `danube.audit.events` writes it); for any
+    other subscription it is still `unseen`, forbidden."""
+    run = write_clean_run(tmp_path)
+    deliveries = [
+        d
+        for d in dataset.deliveries_of()
+        if not (d.subscription == "sh" and d.topic == EVENTS and d.offset == 17)
+    ]
+    _rewrite_logs(run, dataset.acks_of(), deliveries)
+    if how == "dead-letter":
+        write_dead_letter(run, settled_for, 17)
+    else:
+        log = SettlementLog(run.logs, "broker")
+        log.settled(Settlement(EVENTS, settled_for, 17, "dropped", 3))
+        log.close()
+    summary, rows = audit(spark, run)
+    assert kinds(rows) == expected
+    assert summary["ok"] == ("unseen" not in expected)
+    settled = [r for r in rows if r["anomaly"] != "unseen"]
+    assert [(r["subscription"], r["topic"], r["offset"]) for r in settled] == [
+        (settled_for, EVENTS, 17)
+    ]
 
 
 def test_repeats_are_counted_not_forbidden(spark: SparkSession, tmp_path: Path) -> None:

@@ -46,6 +46,36 @@ def test_a_faulty_run_audits_clean_and_the_logs_match_the_run(
     assert summary["allowed"].get("duplicate-delivery", 0) > 0  # nacks and restarts
 
 
+def test_a_run_whose_policy_drops_poison_audits_clean(spark: SparkSession, tmp_path: Path) -> None:
+    """Issue 24, point 6: the messages the Drop policy passed are in the run's settlement
+    log (the broker's `policy_dropped` events), and the audit counts each as dropped by
+    policy. (Here each was received and nacked first, so none would be `unseen` without
+    the log; one whose every delivery was lost on the way is: test_audit.py.)"""
+    simulation = Simulation(1, Workload(poison="drop"), FAULTS, audit_dir=tmp_path)
+    result = simulation.run(5.0)
+    assert result.ok, result.violations
+    dropped = sum(len(s.dropped) for s in simulation.checker.subscriptions.values())
+    assert dropped > 0
+    summary = audit(spark, tmp_path)
+    assert summary["ok"], summary
+    assert summary["allowed"]["dropped-by-policy"] == dropped
+
+
+def test_a_run_whose_policy_dead_letters_poison_audits_clean(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Issue 24: the dead letters the broker stored (found on disk by their `x-original-*`
+    attributes) settle their originals for the audit: none is `unseen` or `lost-write`."""
+    simulation = Simulation(1, Workload(poison="dead_letter"), FAULTS, audit_dir=tmp_path)
+    result = simulation.run(5.0)
+    assert result.ok, result.violations
+    dead = sum(len(s.dead_lettered) for s in simulation.checker.subscriptions.values())
+    assert dead > 0
+    summary = audit(spark, tmp_path)
+    assert summary["ok"], summary
+    assert summary["allowed"].get("dead-lettered", 0) >= dead
+
+
 def test_a_tiered_run_audits_clean_and_needs_the_index_to_leave_out_an_orphan(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -21,6 +21,7 @@ from danube.values.names import parse_topic
 
 ACKS = "acks"
 DELIVERIES = "deliveries"
+SETTLEMENTS = "settlements"
 
 ACK_SCHEMA = pa.schema(
     [
@@ -57,6 +58,24 @@ DELIVERY_SCHEMA = pa.schema(
 deliveries in the order it received them (its order checks use it, never the clock);
 `sub_type` is exclusive, shared, failover or key_shared."""
 
+SETTLEMENT_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("subscription", pa.string()),
+        ("offset", pa.int64()),
+        ("action", pa.string()),
+        ("attempts", pa.int64()),
+    ]
+)
+"""One row per message a broker settled for a subscription without a consumer's
+acknowledgement: `action` is `dropped` (the Drop poison policy passed it after `attempts`
+failed deliveries). Written from the brokers' `policy_dropped` events (`danube.audit.events`
+for a real broker's log, the simulator's own hook for its runs). A dead letter needs no row:
+the copy in the dead-letter topic names its origin, and storage is the evidence."""
+
+SETTLEMENT_ACTIONS = ("dropped",)
+
 SUB_TYPES = tuple(kind.name.lower() for kind in SubscriptionType)
 
 
@@ -88,6 +107,14 @@ class Delivery(NamedTuple):
     digest: int
     key: str | None
     recv_ms: int
+
+
+class Settlement(NamedTuple):
+    topic: str
+    subscription: str
+    offset: int
+    action: str
+    attempts: int
 
 
 class LogWriter:
@@ -144,3 +171,21 @@ class AuditLogs:
     def close(self) -> None:
         self.acks.flush()
         self.deliveries.flush()
+
+
+class SettlementLog:
+    """What brokers settled without a consumer (`SETTLEMENT_SCHEMA`) under `root/settlements`.
+    Its own writer, so the clients' logs gain no empty directory."""
+
+    def __init__(self, root: Path, writer: str, rows_per_file: int = 200_000) -> None:
+        self.writer = LogWriter(root / SETTLEMENTS, SETTLEMENT_SCHEMA, writer, rows_per_file)
+
+    def settled(self, settlement: Settlement) -> None:
+        if settlement.action not in SETTLEMENT_ACTIONS:
+            raise ValueError(f"unknown settlement {settlement.action!r}")
+        row = settlement._asdict()
+        row["partition"] = partition_of(settlement.topic)
+        self.writer.append(row)
+
+    def close(self) -> None:
+        self.writer.flush()

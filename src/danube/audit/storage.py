@@ -34,6 +34,22 @@ class SourceKind(enum.Enum):
     """An uploaded sealed segment: whole, or it is damaged."""
 
 
+class DeadLetterOrigin(NamedTuple):
+    """A dead letter's pointer back to the message it copies: Danube's `x-original-topic`,
+    `x-original-subscription` and `x-original-topic-offset` attributes (spec/failure-policies.md),
+    which the audit joins with the subscription's
+    acknowledged messages, so a message moved to a dead-letter topic is not `unseen`."""
+
+    topic: str
+    subscription: str
+    offset: int
+
+
+ORIGIN_TOPIC = "x-original-topic"
+ORIGIN_SUBSCRIPTION = "x-original-subscription"
+ORIGIN_OFFSET = "x-original-topic-offset"
+
+
 class StoredRecord(NamedTuple):
     topic: str
     offset: int
@@ -43,6 +59,9 @@ class StoredRecord(NamedTuple):
     source: str
     position: int
     """Byte position of the record's frame in the source."""
+    origin: DeadLetterOrigin | None = None
+    """Where the message came from when it is a dead letter (its `x-original-*`
+    attributes), else None."""
 
 
 class StorageProblem(NamedTuple):
@@ -61,6 +80,7 @@ class StreamFields(NamedTuple):
     producer: str
     payload: bytes
     key: str | None
+    origin: DeadLetterOrigin | None = None
 
 
 def decode_source(
@@ -108,6 +128,7 @@ def decode_source(
                     fields.key,
                     source,
                     frame_at,
+                    fields.origin,
                 )
         position = scan.valid_end
 
@@ -131,10 +152,11 @@ def _damage(
 
 
 def stream_fields(record: bytes) -> StreamFields:
-    """Producer name, payload and routing key of an encoded `danube.StreamMessage`, without
-        building a whole `Record` (cheaper than `records.decode`, which also decodes the message id
-    and the attributes)."""
+    """Producer name, payload, routing key and dead-letter origin of an encoded
+    `danube.StreamMessage`, without building a whole `Record` (cheaper than
+    `records.decode`, which also decodes the message id and checks every attribute)."""
     producer, payload, key = "", b"", None
+    attributes: list[bytes] = []
     for number, _, value in records.fields(record):
         if not isinstance(value, bytes):
             continue
@@ -142,6 +164,31 @@ def stream_fields(record: bytes) -> StreamFields:
             payload = value
         elif number == 5:
             producer = value.decode("utf-8", "replace")
+        elif number == 7:
+            attributes.append(value)
         elif number == 10:
             key = value.decode("utf-8", "replace")
-    return StreamFields(producer, payload, key)
+    origin = dead_letter_origin(attributes) if attributes else None
+    return StreamFields(producer, payload, key, origin)
+
+
+def dead_letter_origin(entries: list[bytes]) -> DeadLetterOrigin | None:
+    """The origin named by a record's attribute entries (each an encoded map entry: key 1,
+    value 2), None unless all three `x-original-*` attributes are there and the offset is a
+    number (a user's own attribute of that name that is no offset is not taken for one)."""
+    wanted: dict[str, str] = {}
+    for entry in entries:
+        name, text = "", ""
+        for number, _, value in records.fields(entry):
+            if isinstance(value, bytes):
+                if number == 1:
+                    name = value.decode("utf-8", "replace")
+                elif number == 2:
+                    text = value.decode("utf-8", "replace")
+        if name in (ORIGIN_TOPIC, ORIGIN_SUBSCRIPTION, ORIGIN_OFFSET):
+            wanted[name] = text
+    topic, subscription = wanted.get(ORIGIN_TOPIC), wanted.get(ORIGIN_SUBSCRIPTION)
+    offset = wanted.get(ORIGIN_OFFSET, "")
+    if not topic or not subscription or not offset.isdigit():
+        return None
+    return DeadLetterOrigin(topic, subscription, int(offset))

@@ -7,11 +7,8 @@ Exit status: 0 done, 1 the broker refused (its status and message are printed), 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-
-import shtab
 
 from danube.cli.admin_args import Handler
 from danube.cli.admin_brokers import add_broker_commands
@@ -20,16 +17,17 @@ from danube.cli.admin_cluster import add_cluster_commands
 from danube.cli.admin_namespaces import add_namespace_commands
 from danube.cli.admin_render import OUTPUTS, Result, render
 from danube.cli.admin_schemas import add_schemas_commands
+from danube.cli.admin_security import add_security_commands
+from danube.cli.admin_serve import add_serve_command, serve
 from danube.cli.admin_topics import add_topic_commands
-
-SHELLS = ("bash", "zsh", "tcsh")
-COMPLETION_HELP = """\
-Install (the script is generated from this program's own options, so it is always current):
-  bash:  danube-admin completion bash > ~/.local/share/bash-completion/completions/danube-admin
-  zsh:   danube-admin completion zsh > "${fpath[1]}/_danube-admin"   (then restart zsh)
-  tcsh:  danube-admin completion tcsh > ~/.danube-admin.tcsh
-         and add `source ~/.danube-admin.tcsh` to ~/.tcshrc
-"""
+from danube.cli.usage import (
+    ADMIN_ENV_PREFIX,
+    add_completion_command,
+    add_tls_arguments,
+    add_version,
+    completion_script,
+    security_of,
+)
 
 
 def _seconds(text: str) -> float:
@@ -49,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         "admin port.",
         epilog="Exit status: 0 done, 1 the broker refused, 2 bad usage, 3 broker unreachable.",
     )
+    add_version(parser)
     parser.add_argument(
         "--endpoint", default=os.environ.get(ENDPOINT_ENV, DEFAULT_ENDPOINT),
         help=f"the broker's admin URL (env {ENDPOINT_ENV}; default {DEFAULT_ENDPOINT})",
@@ -60,25 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout", type=_seconds, default=10.0, help="seconds to wait for each call (default 10)"
     )
+    add_tls_arguments(parser, ADMIN_ENV_PREFIX)
     commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
     add_broker_commands(commands)
     add_namespace_commands(commands)
     add_topic_commands(commands)
     add_schemas_commands(commands)
     add_cluster_commands(commands)
-    completion = commands.add_parser(
-        "completion",
-        help="print a shell completion script",
-        description="Print a completion script for bash, zsh or tcsh on stdout.",
-        epilog=COMPLETION_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    completion.add_argument("shell", choices=SHELLS)
+    add_security_commands(commands)
+    add_serve_command(commands)
+    add_completion_command(commands, "danube-admin")
     return parser
 
 
 async def _run(run: Handler, endpoint: str, timeout_s: float, args: argparse.Namespace) -> Result:
-    client = AdminClient(endpoint, timeout_s)
+    offline = getattr(args, "offline", False)  # security tokens: no broker, no TLS files
+    security = None if offline else security_of(args, ADMIN_ENV_PREFIX, endpoint)
+    client = AdminClient(endpoint, timeout_s, security)
     try:
         return await run(client, args)
     finally:
@@ -89,9 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.group == "completion":
-        print(shtab.complete(parser, shell=args.shell))
+        print(completion_script(parser, args.shell))
         return 0
+    if getattr(args, "serve", False):
+        return serve(parser, args)
     try:
+        import asyncio
+
         result = asyncio.run(_run(args.run, args.endpoint, args.timeout, args))
     except AdminError as error:
         print(f"danube-admin: error: {error}", file=sys.stderr)

@@ -12,6 +12,7 @@ from grpclib.protocol import H2Protocol
 
 from danube.client.connection import BrokerChannel, parse_address
 from danube.client.errors import TRANSPORT_ERRORS, DanubeClientError
+from danube.client.security import ClientSecurity
 from danube.proto import danube_admin as admin_pb
 from danube.proto import danube_ext as ext_pb
 from danube.proto import danube_schema as schema_pb
@@ -74,14 +75,19 @@ class AdminClient:
     """The admin services of one broker: Danube's (`danube_admin`), the schema registry
     (served on the admin port too) and our policy extension."""
 
-    def __init__(self, endpoint: str, timeout_s: float) -> None:
+    def __init__(
+        self, endpoint: str, timeout_s: float, security: ClientSecurity | None = None
+    ) -> None:
         try:
             host, port = parse_address(endpoint)
         except DanubeClientError as error:
             raise BadUsage(str(error)) from None
         self.endpoint = endpoint
         self.timeout_s = timeout_s
-        self._channel = _AdminChannel(host, port)
+        try:
+            self._channel = _AdminChannel(host, port, security)
+        except (OSError, ValueError) as error:  # an unreadable CA or client certificate
+            raise BadUsage(f"TLS settings: {error}") from None
         self.brokers = admin_pb.BrokerAdminStub(self._channel, timeout=timeout_s)
         self.cluster = admin_pb.ClusterAdminStub(self._channel, timeout=timeout_s)
         self.namespaces = admin_pb.NamespaceAdminStub(self._channel, timeout=timeout_s)
@@ -126,7 +132,8 @@ class AdminClient:
         except TRANSPORT_ERRORS as error:
             raise Unreachable(
                 f"{what}: cannot reach the admin port at {self.endpoint} ({error}); "
-                f"pass --endpoint or set {ENDPOINT_ENV}"
+                f"pass --endpoint or set {ENDPOINT_ENV} (a broker with TLS needs --tls or "
+                "DANUBE_ADMIN_TLS)"
             ) from None
 
     def close(self) -> None:

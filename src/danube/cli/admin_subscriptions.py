@@ -1,5 +1,6 @@
-"""`danube-admin topics` commands about one subscription: removing it, and how it redelivers
-(failure policy) and how much it keeps in flight (dispatch config)."""
+"""`danube-admin topics` commands about one subscription: removing it, how it redelivers
+(failure policy), how much it keeps in flight (dispatch config), and the messages its Block
+poison policy holds (ours: `blocked`, `release`, `skip`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from danube.cli.admin_call import AdminClient, require_success
 from danube.cli.admin_render import Result, fields, plain, record, snake
 from danube.proto import danube as api_pb
 from danube.proto import danube_admin as pb
+from danube.proto import danube_ext as ext_pb
 
 BACKOFFS = {"fixed": pb.SubscriptionBackoffStrategy.Fixed,
             "exponential": pb.SubscriptionBackoffStrategy.Exponential}  # fmt: skip
@@ -123,6 +125,42 @@ async def get_dispatch_config(client: AdminClient, args: argparse.Namespace) -> 
     return Result(plain(answer), text)
 
 
+async def blocked(client: AdminClient, args: argparse.Namespace) -> Result:
+    name = topic_name(args)
+    request = ext_pb.BlockedRequest(topic=name, subscription=args.subscription)
+    answer = await client.call(
+        f"blocked messages of {args.subscription} on {name}", client.policies.list_blocked(request)
+    )
+    offsets = list(answer.offsets)
+    text = "\n".join(map(str, offsets)) or f"no message of {args.subscription} on {name} is blocked"
+    return Result({"offsets": offsets}, text)
+
+
+async def _resolve(client: AdminClient, args: argparse.Namespace, release: bool) -> Result:
+    name = topic_name(args)
+    verb = "release" if release else "skip"
+    request = ext_pb.ResolveBlockedRequest(name, args.subscription, args.offset, release)
+    answer = await client.call(
+        f"{verb} offset {args.offset} of {args.subscription} on {name}",
+        client.policies.resolve_blocked(request),
+    )
+    done = "Released" if release else "Skipped"
+    text = (
+        f"{done} offset {args.offset} of {args.subscription} on {name}"
+        if answer.resolved
+        else f"offset {args.offset} of {args.subscription} on {name} is not blocked; nothing done"
+    )
+    return Result({"resolved": answer.resolved}, text)
+
+
+async def release(client: AdminClient, args: argparse.Namespace) -> Result:
+    return await _resolve(client, args, True)
+
+
+async def skip(client: AdminClient, args: argparse.Namespace) -> Result:
+    return await _resolve(client, args, False)
+
+
 def add_subscription_commands(actions: Actions) -> None:
     sub = command(
         actions, "unsubscribe", "remove a subscription that has no consumer attached",
@@ -142,8 +180,7 @@ def add_subscription_commands(actions: Actions) -> None:
         (
             "--max-redelivery-count",
             "redeliveries a failing message gets before the poison policy acts (0: none, "
-            "4294967295: no limit; our brokers refuse dead_letter with a limit until "
-            "republishing arrives)",
+            "4294967295: no limit)",
         ),
         ("--ack-timeout-ms", "redeliver a message not acknowledged within this time"),
         ("--base-redelivery-delay-ms", "wait before the first redelivery"),
@@ -180,3 +217,21 @@ def add_subscription_commands(actions: Actions) -> None:
     )  # fmt: skip
     add_topic(sub)
     add_subscription(sub)
+
+    sub = command(
+        actions, "blocked", "list the offsets the Block poison policy holds on a subscription",
+        blocked, f"ours: PolicyAdmin/ListBlocked on {RELIABLE}",
+    )  # fmt: skip
+    add_topic(sub)
+    add_subscription(sub)
+    for name, meaning, call in (
+        ("release", "send a blocked message again, its attempts reset", release),
+        ("skip", "drop a blocked message (counted, as the Drop policy would)", skip),
+    ):
+        sub = command(
+            actions, name, meaning, call, f"ours: PolicyAdmin/ResolveBlocked on {RELIABLE}"
+        )
+        add_topic(sub)
+        add_subscription(sub)
+        sub.add_argument("--offset", type=count, required=True, metavar="N",
+                         help="the blocked offset (see `topics blocked`)")  # fmt: skip

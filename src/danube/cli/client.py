@@ -1,5 +1,6 @@
 """`danube-cli`: produce, consume (Danube's flags), drive load for an audit, and manage
-schemas from the command line."""
+schemas from the command line. The commands live in `client_commands`, imported when one
+runs: `--help` and a usage error load no client (issue 26)."""
 
 from __future__ import annotations
 
@@ -7,272 +8,39 @@ import argparse
 import asyncio
 import signal
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from grpclib.const import Status
-
 from danube.cli.schema import TYPES, add_schema_commands
-from danube.cli.schema_payloads import PayloadError, SchemaPayloads, render_bytes
-from danube.cli.usage import UsageError, add_service_addr, read_input
-from danube.client import (
-    DanubeClient,
-    DanubeClientError,
-    DispatchStrategy,
-    Message,
-    SchemaRef,
-    SubType,
-    WriterSchema,
+from danube.cli.usage import (
+    EXIT_USAGE,
+    BadInput,
+    UsageError,
+    add_completion_command,
+    add_service_addr,
+    add_version,
+    completion_script,
 )
-from danube.client.schemas import SchemaRegistry
 
 DEFAULT_TOPIC = "/default/test_topic"
-PROGRESS_SECONDS = 1.0
 
 
-def _attributes(text: str | None) -> dict[str, str]:
-    if not text:
-        return {}
-    pairs = {}
-    for item in text.split(","):
-        key, sep, value = item.partition(":")
-        if not sep or not key.strip():
-            raise UsageError(f"invalid attribute {item!r}: expected key:value[,key:value...]")
-        pairs[key.strip()] = value.strip()
-    return pairs
+def _command(name: str) -> Callable[[argparse.Namespace], Awaitable[int]]:
+    """The handler `client_commands.<name>`, imported when the command runs."""
 
+    async def run(args: argparse.Namespace) -> int:
+        from danube.cli import client_commands
 
-class Progress:
-    """A single status line on stderr, rewritten at most once a second, so long runs show
-    they are alive without flooding the terminal or a log."""
+        handler: Callable[[argparse.Namespace], Awaitable[int]] = getattr(client_commands, name)
+        return await handler(args)
 
-    def __init__(self, verb: str, total: int | None) -> None:
-        self._verb = verb
-        self._total = total
-        self._started = time.monotonic()
-        self._last = self._started
-        self.count = 0
-
-    def tick(self) -> None:
-        self.count += 1
-        now = time.monotonic()
-        if now - self._last >= PROGRESS_SECONDS:
-            self._last = now
-            self._print(now, end="\r")
-
-    def finish(self) -> None:
-        self._print(time.monotonic(), end="\n")
-
-    def _print(self, now: float, end: str) -> None:
-        elapsed = max(now - self._started, 1e-9)
-        of = f"/{self._total}" if self._total else ""
-        print(
-            f"{self._verb} {self.count}{of} messages in {elapsed:.1f} s "
-            f"({self.count / elapsed:.0f} msg/s)",
-            file=sys.stderr,
-            end=end,
-            flush=True,
-        )
-
-
-def subject_for_topic(topic: str) -> str:
-    """Danube's CLI's subject for a schema given with the payload: `/default/orders` is
-    `default-orders`."""
-    return topic.lstrip("/").replace("/", "-")
-
-
-async def _schema_ref(
-    args: argparse.Namespace, registry: SchemaRegistry, payload: bytes
-) -> SchemaRef | None:
-    """The schema the producer writes with, registering `--schema-file` first (once the
-    payload is known to fit it, so a typo in the payload registers nothing); a schema file
-    pins the version it registered as (or already was), so an older definition is written as
-    that older version."""
-    if args.schema_file is not None:
-        if args.schema_version is not None or args.schema_min_version is not None:
-            raise UsageError("--schema-file registers the version it writes with; drop "
-                             "--schema-version and --schema-min-version")  # fmt: skip
-        if args.schema_type is None:
-            raise UsageError("--schema-file needs --schema-type")
-        definition = read_input(args.schema_file)
-        subject = args.schema_subject or subject_for_topic(args.topic)
-        try:
-            local = WriterSchema(subject, 0, 0, args.schema_type, definition)
-            SchemaPayloads.of(local).encode(payload)
-        except PayloadError as error:
-            raise UsageError(f"{error}; nothing was registered or sent") from None
-        answer = await registry.register(
-            subject, args.schema_type, definition, created_by="danube-cli"
-        )
-        state = "registered" if answer.is_new_version else "found"
-        print(f"schema {subject}: {state} version {answer.version}", file=sys.stderr)
-        return SchemaRef(subject, pinned=answer.version)
-    if args.schema_type is not None:
-        raise UsageError("--schema-type goes with --schema-file")
-    if args.schema_subject is None:
-        if args.schema_version is not None or args.schema_min_version is not None:
-            raise UsageError("--schema-version and --schema-min-version need --schema-subject")
-        return None
-    return SchemaRef(args.schema_subject, args.schema_version, args.schema_min_version)
-
-
-async def produce(args: argparse.Namespace) -> int:
-    if args.file is not None:
-        payload = read_input(args.file)
-    elif args.message is not None:
-        payload = args.message.encode()
-    else:
-        raise UsageError("give the payload with -m/--message or -f/--file")
-    if args.count < 1:
-        raise UsageError("-c/--count must be at least 1")
-    attributes = _attributes(args.attributes)
-    strategy = DispatchStrategy.RELIABLE if args.reliable else DispatchStrategy.NON_RELIABLE
-    progress = Progress("sent", args.count)
-    async with DanubeClient(args.service_addr) as client:
-        producer = client.producer(
-            args.topic,
-            args.producer_name,
-            partitions=args.partitions,
-            dispatch=strategy,
-            schema=await _schema_ref(args, client.schemas, payload),
-        )
-        schema = await producer.resolve_schema()
-        if schema is not None:
-            try:
-                payload = SchemaPayloads.of(schema).encode(payload)
-            except PayloadError as error:
-                raise UsageError(f"{error}; nothing was sent") from None
-        await producer.create()
-        try:
-            for _ in range(args.count):
-                await producer.send(payload, key=args.key, attributes=attributes)
-                progress.tick()
-                if args.interval:
-                    await asyncio.sleep(args.interval / 1000)
-        finally:
-            progress.finish()
-    return 0
-
-
-class MessageRenderer:
-    """Prints messages; one written with a schema is decoded (Avro) and checked against the
-    version it names, fetched once per version, and one that does not fit says why."""
-
-    def __init__(self, registry: SchemaRegistry) -> None:
-        self._registry = registry
-        self._schemas: dict[tuple[int, int | None], SchemaPayloads | str] = {}
-        """Codecs, and answers that cannot change (no such schema, one that does not parse
-        here); a registry that could not answer is asked again at the next message."""
-
-    async def _schema(self, schema_id: int, version: int | None) -> SchemaPayloads | str:
-        """The schema's codec, or why there is none."""
-        key = (schema_id, version)
-        if key in self._schemas:
-            return self._schemas[key]
-        named = f"schema id {schema_id} {'latest' if version is None else f'v{version}'}"
-        try:
-            answer = await self._registry.get(schema_id, version)
-            self._schemas[key] = SchemaPayloads.of(WriterSchema.of(answer))
-        except PayloadError as error:
-            self._schemas[key] = f"{named}: {error}"
-        except DanubeClientError as error:
-            if error.status is not Status.NOT_FOUND:
-                return f"{named}: {error}"
-            self._schemas[key] = f"{named}: {error}"
-        return self._schemas[key]
-
-    async def render(self, message: Message) -> str:
-        attributes = f" attributes={dict(message.attributes)}" if message.attributes else ""
-        key = f" key={message.routing_key}" if message.routing_key else ""
-        head = f"{message.topic} offset={message.offset}{key}{attributes}"
-        if message.schema_id is None:
-            return f"[{head}] {render_bytes(message.payload)}"
-        schema = await self._schema(message.schema_id, message.schema_version)
-        if isinstance(schema, str):
-            return f"[{head} schema unknown: {schema}] {render_bytes(message.payload)}"
-        try:
-            body = schema.render(message.payload)
-        except PayloadError as error:
-            return f"[{head} INVALID: {error}] {render_bytes(message.payload)}"
-        return f"[{head} schema={schema.name}] {body}"
-
-
-async def consume(args: argparse.Namespace) -> int:
-    if args.count is not None and args.count < 1:
-        raise UsageError("-c/--count must be at least 1")
-    progress = Progress("received", args.count)
-    async with DanubeClient(args.service_addr) as client:
-        consumer = client.consumer(
-            args.topic,
-            args.consumer,
-            args.subscription,
-            sub_type=SubType.named(args.sub_type),
-            key_filters=tuple(args.key_filter or ()),
-            start=args.start,
-        )
-        async with consumer:
-            print(
-                f"subscribed to {args.topic} as {args.consumer} in {args.subscription} "
-                f"({args.sub_type}); waiting for messages, Ctrl-C to stop",
-                file=sys.stderr,
-                flush=True,
-            )
-            renderer = MessageRenderer(client.schemas)
-            try:
-                async for message in consumer:
-                    await consumer.ack(message)
-                    if args.quiet:
-                        progress.tick()
-                    else:
-                        progress.count += 1
-                        print(await renderer.render(message), flush=True)
-                    if args.count is not None and progress.count >= args.count:
-                        break
-            finally:
-                progress.finish()
-    return 0
-
-
-async def load(args: argparse.Namespace) -> int:
-    try:
-        from danube.audit.load import (
-            LoadPlan,
-            LoadRun,
-            say_on_stderr,
-            subscription_types,
-            summary,
-        )
-    except ImportError as error:
-        raise UsageError(
-            f"danube-cli load writes Parquet logs and needs the audit extra "
-            f"(pip install 'pydanube[audit]'): {error}"
-        ) from None
-    plan = LoadPlan(
-        service_url=args.service_addr,
-        logs=args.logs,
-        topic_prefix=args.topic_prefix,
-        topics=args.topics,
-        partitions=args.partitions,
-        producers=args.producers,
-        messages=args.messages,
-        rate=args.rate,
-        payload_bytes=args.payload_bytes,
-        keys=args.keys,
-        subscriptions=subscription_types(args.subscriptions),
-        consumers=args.consumers,
-        reliable=not args.non_reliable,
-        drain_s=args.drain,
-    )
-    problems = plan.problems()
-    if problems:
-        raise UsageError("; ".join(problems))
-    result = await LoadRun(plan, say_on_stderr).run()
-    print(summary(plan, result), flush=True)
-    return 1 if result.failures or any(result.missing.values()) else 0
+    run.__name__ = name
+    return run
 
 
 def _sub_type(text: str) -> str:
+    from danube.client.consumer import SubType
+
     try:
         SubType.named(text)
     except ValueError as error:
@@ -293,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="danube-cli",
         description="Produce to and consume from a Danube broker, drive load for an audit, "
         "and manage schemas.",
+        epilog="Exit status: 0 done, 1 the broker refused or the input did not fit, 2 bad usage.",
     )
+    add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True)
 
     def common(sub: argparse.ArgumentParser) -> None:
@@ -336,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         "write with it",
     )  # fmt: skip
     prod.add_argument("--schema-type", choices=TYPES, help="the type of --schema-file")
-    prod.set_defaults(run=produce)
+    prod.set_defaults(run=_command("produce"))
 
     cons = commands.add_parser(
         "consume",
@@ -361,10 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     cons.add_argument("-c", "--count", type=int, help="stop after this many messages")
     cons.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text",
+        help="text: one readable line a message (default); json: one JSON object a line with "
+        "the payload (UTF-8 text, else base64), attributes, topic, offset and id fields",
+    )  # fmt: skip
+    cons.add_argument(
         "-q", "--quiet", action="store_true",
         help="do not print messages; show a progress line instead",
     )  # fmt: skip
-    cons.set_defaults(run=consume)
+    cons.set_defaults(run=_command("consume"))
 
     gen = commands.add_parser(
         "load",
@@ -416,9 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for deliveries without progress after the last "
         "acknowledgement (default 30)",
     )  # fmt: skip
-    gen.set_defaults(run=load)
+    gen.set_defaults(run=_command("load"))
 
     add_schema_commands(commands)
+    add_completion_command(commands, "danube-cli")
     return parser
 
 
@@ -443,10 +219,22 @@ def _run(run: Callable[[argparse.Namespace], object], args: argparse.Namespace) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Exit status: 0 done, 1 the broker refused or could not be reached, or the input did not
+    fit (a payload its schema rejects), 2 bad usage (as argparse's own errors), 130/143 when
+    stopped by Ctrl-C or SIGTERM."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "completion":
+        print(completion_script(parser, args.shell))
+        return 0
+    from danube.client.errors import DanubeClientError
+
     try:
         return _run(args.run, args)
-    except (DanubeClientError, UsageError) as error:
+    except UsageError as error:
+        print(f"danube-cli: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except (DanubeClientError, BadInput) as error:
         print(f"danube-cli: error: {error}", file=sys.stderr)
         return 1
     except OSError as error:

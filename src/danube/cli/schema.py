@@ -4,20 +4,39 @@ versions, list, check, mode, delete), as Danube's CLI offers it."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from danube.cli.usage import add_service_addr, read_input
-from danube.client import DanubeClient
-from danube.machines.schema.compatibility import CompatibilityMode
-from danube.machines.schema.formats import SchemaType
-from danube.proto import danube_schema as pb
+from danube.cli.usage import (
+    CLIENT_ENV_PREFIX,
+    add_service_addr,
+    add_tls_arguments,
+    read_input,
+    security_of,
+)
 
-TYPES = tuple(kind.value for kind in SchemaType)
+if TYPE_CHECKING:
+    from danube.proto import danube_schema as pb
+
+# Spelled out, not derived from `SchemaType` and `CompatibilityMode`: importing the schema
+# machines (jsonschema, fastavro, protobuf) costs `--help` a tenth of a second (issue 26);
+# tests/cli/test_cli_startup.py checks both lists against the enums. The commands import the
+# client when they run.
+TYPES = ("bytes", "string", "number", "avro", "json_schema", "protobuf")
 DEFAULT_ADMIN = "http://127.0.0.1:50051"
-MODES = tuple(mode.value for mode in CompatibilityMode)
+MODES = (
+    "none",
+    "backward",
+    "backward_transitive",
+    "forward",
+    "forward_transitive",
+    "full",
+    "full_transitive",
+)
 
 
 def _when(seconds: int) -> str:
@@ -73,7 +92,11 @@ def check_text(subject: str, answer: pb.CheckCompatibilityResponse) -> str:
 
 
 async def register(args: argparse.Namespace) -> int:
-    async with DanubeClient(args.service_addr) as client:
+    from danube.client import DanubeClient
+
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         answer = await client.schemas.register(
             args.subject, args.type, read_input(args.file),
             description=args.description, created_by="danube-cli", tags=args.tag or (),
@@ -83,24 +106,41 @@ async def register(args: argparse.Namespace) -> int:
 
 
 async def show(args: argparse.Namespace) -> int:
-    async with DanubeClient(args.service_addr) as client:
+    from danube.client import DanubeClient
+
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         schema = await client.schemas.latest(args.subject)
         if args.version is not None and args.version != schema.version:
             schema = await client.schemas.get(schema.schema_id, args.version)
+    if args.output == "json":
+        fields = schema.to_pydict()
+        fields["schema_definition"] = definition_text(schema)
+        print(json.dumps(fields, ensure_ascii=False, default=str))
+        return 0
     print(schema_header(schema), file=sys.stderr)
     print(definition_text(schema))
     return 0
 
 
 async def versions(args: argparse.Namespace) -> int:
-    async with DanubeClient(args.service_addr) as client:
+    from danube.client import DanubeClient
+
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         found = await client.schemas.versions(args.subject)
     print(versions_text(found))
     return 0
 
 
 async def subjects(args: argparse.Namespace) -> int:
-    async with DanubeClient(args.service_addr) as client:
+    from danube.client import DanubeClient
+
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         found = await client.schemas.subjects()
     print(subjects_text(found))
     return 0
@@ -108,7 +148,11 @@ async def subjects(args: argparse.Namespace) -> int:
 
 async def check(args: argparse.Namespace) -> int:
     """Exit status 1 when the schema would be refused, so scripts and CI can gate on it."""
-    async with DanubeClient(args.service_addr) as client:
+    from danube.client import DanubeClient
+
+    async with DanubeClient(
+        args.service_addr, security=security_of(args, CLIENT_ENV_PREFIX)
+    ) as client:
         answer = await client.schemas.check(
             args.subject, args.type, read_input(args.file), args.mode
         )
@@ -118,7 +162,11 @@ async def check(args: argparse.Namespace) -> int:
 
 async def mode(args: argparse.Namespace) -> int:
     """On the admin port: a subject's mode is the operator's (spec/protocol.md, Ports)."""
-    async with DanubeClient(args.admin_addr) as client:
+    from danube.client import DanubeClient
+
+    async with DanubeClient(
+        args.admin_addr, security=security_of(args, CLIENT_ENV_PREFIX, args.admin_addr)
+    ) as client:
         answer = await client.schemas.set_mode(args.subject, args.mode)
     print(answer.message)
     return 0
@@ -126,7 +174,11 @@ async def mode(args: argparse.Namespace) -> int:
 
 async def delete(args: argparse.Namespace) -> int:
     """On the admin port, as `mode`."""
-    async with DanubeClient(args.admin_addr) as client:
+    from danube.client import DanubeClient
+
+    async with DanubeClient(
+        args.admin_addr, security=security_of(args, CLIENT_ENV_PREFIX, args.admin_addr)
+    ) as client:
         answer = await client.schemas.delete_version(args.subject, args.version)
     print(answer.message)
     return 0
@@ -137,15 +189,21 @@ def add_schema_commands(commands: argparse._SubParsersAction) -> None:  # type: 
     actions = schema.add_subparsers(dest="action", required=True)
 
     def action(
-        name: str, help_text: str, run: object, *, admin: bool = False
+        name: str,
+        help_text: str,
+        run: object,
+        *,
+        admin: bool = False,
+        aliases: Sequence[str] = (),
     ) -> argparse.ArgumentParser:
-        sub = actions.add_parser(name, help=help_text)
+        sub = actions.add_parser(name, help=help_text, aliases=list(aliases))
         if admin:
             sub.add_argument(
                 "-a", "--admin-addr", default=DEFAULT_ADMIN,
                 help="the broker's admin port URL, which alone changes a subject's rules "
                 f"(default {DEFAULT_ADMIN})",
             )  # fmt: skip
+            add_tls_arguments(sub, CLIENT_ENV_PREFIX)
         else:
             add_service_addr(sub)
         sub.set_defaults(run=run)
@@ -160,9 +218,19 @@ def add_schema_commands(commands: argparse._SubParsersAction) -> None:  # type: 
     definition(sub)
     sub.add_argument("--description", default="")
     sub.add_argument("--tag", action="append", help="a tag (repeatable)")
-    sub = action("show", "print a version's definition (the latest by default)", show)
+    sub = action(
+        "show",
+        "print a version's definition (the latest by default); `get` is Danube's spelling",
+        show,
+        aliases=("get",),
+    )
     sub.add_argument("subject")
     sub.add_argument("-v", "--version", type=int, help="this version (default: the latest)")
+    sub.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table",
+        help="table: what the version is on stderr and its definition alone on stdout "
+        "(default); json: the registry's whole answer as one JSON object on stdout",
+    )  # fmt: skip
     sub = action("versions", "list a subject's live versions", versions)
     sub.add_argument("subject")
     action("list", "list every subject", subjects)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from danube.cli.usage import render_bytes as render_bytes  # re-exported: it lived here
 from danube.client import WriterSchema
 from danube.machines.schema import avro, formats
 from danube.machines.schema.errors import SchemaParseError
@@ -84,11 +85,3 @@ def describe(schema: WriterSchema) -> str:
     """Version 0 is a schema not registered yet (`produce --schema-file` checks first)."""
     version = f"v{schema.version}" if schema.version else "from the schema file"
     return f"{schema.subject} {version} ({schema.schema_type})"
-
-
-def render_bytes(payload: bytes) -> str:
-    """UTF-8 text as it is; anything else as its length and the first bytes in hex."""
-    try:
-        return payload.decode()
-    except UnicodeDecodeError:
-        return f"<{len(payload)} bytes> {payload[:32].hex()}"

@@ -18,7 +18,8 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from danube.client.errors import RETRYABLE, TRANSPORT_ERRORS, DanubeClientError
-from danube.machines.wal.format import MAX_RECORDS_PER_FRAME, encode_frame
+from danube.client.frame import encode_batch
+from danube.machines.wal.layout import MAX_RECORDS_PER_FRAME
 from danube.proto import danube_ext as ext_pb
 
 MAX_BATCH_MESSAGES = MAX_RECORDS_PER_FRAME
@@ -80,7 +81,7 @@ class Batch:
 
     def frame(self) -> bytes:
         """The batch as one WAL frame with base offset 0 (spec/wal-format.md)."""
-        return encode_frame(0, 0, self.records)
+        return encode_batch(self.records)
 
 
 OpenStream = Callable[[], grpclib.client.Stream]

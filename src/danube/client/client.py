@@ -10,6 +10,7 @@ from danube.client.consumer import Consumer, SubType
 from danube.client.errors import DanubeClientError
 from danube.client.producer import Producer
 from danube.client.schemas import SchemaRef, SchemaRegistry
+from danube.client.security import ClientSecurity
 from danube.values.config import DispatchStrategy
 
 DEFAULT_BATCHING = Batching()
@@ -22,8 +23,15 @@ class DanubeClient:
     `async with DanubeClient("http://127.0.0.1:6650") as client: ...` closes every channel at
     the end."""
 
-    def __init__(self, service_url: str, *, retry: RetryPolicy | None = None) -> None:
-        self._connections = Connections(service_url, retry or RetryPolicy())
+    def __init__(
+        self,
+        service_url: str,
+        *,
+        retry: RetryPolicy | None = None,
+        security: ClientSecurity | None = None,
+    ) -> None:
+        """`security`: TLS and a bearer token for a secured broker (spec/security.md)."""
+        self._connections = Connections(service_url, retry or RetryPolicy(), security)
         self._consumers: list[Consumer] = []
 
     async def __aenter__(self) -> DanubeClient:

@@ -8,15 +8,17 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from grpclib import GRPCError
 from grpclib.client import Channel
+from grpclib.config import Configuration
 from grpclib.const import Status
 from grpclib.protocol import H2Protocol
 
 from danube.client.errors import RETRYABLE, TRANSPORT_ERRORS, DanubeClientError
+from danube.client.security import ClientSecurity
 from danube.proto import danube as pb
 
 T = TypeVar("T")
@@ -34,7 +36,19 @@ class BrokerChannel(Channel):
     """A grpclib channel that reports a connection lost while it was being set up as a
     connection error. Stock grpclib hands such a connection (its transport already deleted)
     to the request, which then fails with AttributeError: seen when a broker dies during a
-    reconnect."""
+    reconnect. With `security`: TLS, and the bearer token on every call (this is the one
+    place every request of our client and tools goes through)."""
+
+    def __init__(self, host: str, port: int, security: ClientSecurity | None = None) -> None:
+        security = security or ClientSecurity()
+        config = Configuration(ssl_target_name_override=security.domain)
+        super().__init__(host, port, ssl=security.context(), config=config)
+        self._auth = security.metadata()
+
+    def request(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        if self._auth:
+            metadata = {**dict(metadata or {}), **self._auth}
+        return super().request(*args, metadata=metadata, **kwargs)
 
     async def __connect__(self) -> H2Protocol:
         protocol = await super().__connect__()
@@ -75,13 +89,21 @@ class Connections:
     """One grpclib channel per broker address, shared by every producer and consumer of a
     client."""
 
-    def __init__(self, service_url: str, retry: RetryPolicy) -> None:
+    def __init__(
+        self, service_url: str, retry: RetryPolicy, security: ClientSecurity | None = None
+    ) -> None:
         self.service_urls = [url.strip() for url in service_url.split(",") if url.strip()]
         """Several brokers of a cluster (comma-separated): lookups go to the first that
         answers, so the client outlives any one broker."""
         if not self.service_urls:
             raise DanubeClientError("no broker address given")
         self.retry = retry
+        self.security = security
+        if security is not None:
+            try:  # an unreadable CA or client certificate: say so now, not as "unreachable"
+                security.context()
+            except (OSError, ValueError) as error:
+                raise DanubeClientError(f"TLS settings: {error}") from None
         self._channels: dict[tuple[str, int], BrokerChannel] = {}
         self.closed = False
         self._request_ids = itertools.count(1)
@@ -131,7 +153,7 @@ class Connections:
         address = parse_address(url)
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = BrokerChannel(*address)
+            channel = self._channels[address] = BrokerChannel(*address, self.security)
         return channel
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from danube.effects import (
     Backoff,
+    CloseTopicFiles,
     ObjectDelete,
     ObjectFailure,
     ObjectGet,
@@ -38,6 +39,7 @@ from danube.effects.flow import Flow
 from danube.interpreter.requests import FilesIdle
 from danube.keys import owner_key, replicas_key
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
+from danube.machines.node.effects import DropWal
 from danube.machines.node.replica_owner import ReplicaConfig, replica_config
 from danube.machines.replication.messages import ProposeInSync
 from danube.machines.tiering import (
@@ -49,11 +51,13 @@ from danube.machines.tiering import (
     decode_object_read,
     describe_object,
 )
+from danube.machines.tiering import layout as tier_layout
 from danube.machines.wal import recovery
 from danube.machines.wal.format import WalFormatError
 from danube.machines.wal.machine import FileRead, decode_file_read, frames_of_file_read
 from danube.metadata.model import Compare, KeyValue, Put
 from danube.values.frozen import fast_init
+from danube.values.names import parse_topic
 
 OBJECT_READ_BACKOFF = Backoff(first_ms=200, cap_ms=5_000, attempts=None)
 """The decided policy for history reads from the object store (spec/effects.md): a store
@@ -262,6 +266,22 @@ def delete_object(key: str) -> Flow[BaseException | None]:
     except Exception as error:
         return error
     return None
+
+
+def drop(topic: str, effect: DropWal, tiered: bool, event: Callable[..., None]) -> Flow[None]:
+    """A topic's files closed once idle and removed if `effect` says so; a deleted topic's
+    objects too, before the drop completes (a topic created again under the name uploads
+    only after its predecessor's objects are gone). A failure to delete objects is logged
+    (`topic_objects_left`), not raised: nothing names them any more."""
+    yield FilesIdle(topic)
+    yield CloseTopicFiles(topic)
+    if effect.delete_files:
+        yield RemoveTopicFiles(topic)
+    if effect.delete_objects and tiered:
+        prefix = tier_layout.object_prefix(parse_topic(topic))
+        deleted, failure = yield from delete_objects(prefix)
+        if failure is not None:
+            event("topic_objects_left", topic=topic, deleted=deleted, error=repr(failure))
 
 
 def delete_objects(prefix: str) -> Flow[tuple[int, BaseException | None]]:

@@ -23,9 +23,7 @@ from functools import partial
 from typing import Any
 
 from danube.effects import (
-    CloseTopicFiles,
     MarkDurable,
-    RemoveTopicFiles,
     Sleep,
     StoreTxn,
     TopicFile,
@@ -33,8 +31,9 @@ from danube.effects import (
     WriteEpochs,
 )
 from danube.effects.flow import Finished, Flow, step
-from danube.interpreter import flows
+from danube.interpreter import flows, poison
 from danube.interpreter.host import Host
+from danube.interpreter.poison import POISON_EFFECTS
 from danube.interpreter.replication import REPLICA_EFFECTS, Replication
 from danube.interpreter.requests import Exclusive, FilesIdle
 from danube.interpreter.waiters import MetadataLane, Publishes
@@ -42,11 +41,11 @@ from danube.machines.dispatch import ConsumerReady
 from danube.machines.node.core import (
     BrokerCore,
     CutWal,
+    DeadLetterPublish,
     DropWal,
     EndStream,
     LoadWal,
     PersistMeta,
-    PolicyDropped,
     PublishAcked,
     PublishFailed,
     ReadObject,
@@ -60,11 +59,9 @@ from danube.machines.node.core import (
     WalIo,
 )
 from danube.machines.tiering import CommitIndex, ListObjects, UploadSegment
-from danube.machines.tiering import layout as tier_layout
 from danube.machines.wal import machine as wal
 from danube.machines.wal.recovery import CorruptSegment, RecoveryPlan
 from danube.values.errors import DanubeError, ErrorCode
-from danube.values.names import parse_topic
 
 CHECKPOINT_INTERVAL_MS = 10
 """Least time between two checkpoint writes of one topic (spec/wal-format.md, "Remaining
@@ -89,6 +86,7 @@ class _Files:
     checkpoint_target: int = 0
     checkpoint_marked: int = 0
     checkpointing: bool = False
+    checkpoint_next_ms: int = 0  # the earliest start of the next mark (one per interval)
 
 
 class Interpreter:
@@ -284,7 +282,9 @@ class Interpreter:
             self._directory.pop(topic, None)
 
     def _answer(self, waiter: Any, error: DanubeError | None) -> None:
-        if error is None:
+        if isinstance(waiter, DeadLetterPublish):  # the core's own publish: fed back to it
+            self._post(partial(poison.answered, self, waiter, error))
+        elif error is None:
             self.host.resolve(waiter)
         else:
             self.host.fail(waiter, error)
@@ -360,14 +360,8 @@ class Interpreter:
                 self._load(effect)
             elif isinstance(effect, REPLICA_EFFECTS):
                 self.replication.carry(effect)
-            elif isinstance(effect, PolicyDropped):
-                host.event(
-                    "policy_dropped",
-                    topic=effect.topic,
-                    subscription=effect.subscription,
-                    offset=effect.offset,
-                    attempts=effect.attempts,
-                )
+            elif isinstance(effect, POISON_EFFECTS):
+                poison.carry(self, effect)
             elif isinstance(effect, RetentionSkipped):
                 host.event(
                     "retention_skipped",
@@ -491,9 +485,8 @@ class Interpreter:
     # -- checkpoints -------------------------------------------------------------------------------
 
     def _durable_moved(self, topic: str, lane: _Files) -> None:
-        """After a WAL completion: the checkpoint writer marks the grown durable end, beside
-        the file effects (no acknowledgement waits for it), one write at a time, coalescing
-        the ends that arrive meanwhile, at most one write per `checkpoint_interval_ms`."""
+        """After a WAL completion: the checkpoint writer marks the grown durable end, one write
+        at a time, at most one per `checkpoint_interval_ms` (pausing before a mark too soon)."""
         end = self.core.wal_durable_end(topic)
         if end is None or end <= lane.checkpoint_target:
             return
@@ -513,10 +506,14 @@ class Interpreter:
 
     def _checkpoints(self, topic: str, lane: _Files, epoch: int) -> Flow[None]:
         while lane.epoch == epoch and lane.checkpoint_target > lane.checkpoint_marked:
+            if (wait := lane.checkpoint_next_ms - self.host.now_ms()) > 0:
+                yield Sleep(wait)
+                lane.checkpoint_next_ms = 0  # paused: marks next (an instant port's clock stays)
+                continue
             target = lane.checkpoint_target
             yield from self._mark_once(topic, target)
             lane.checkpoint_marked = max(lane.checkpoint_marked, target)
-            yield Sleep(self.checkpoint_interval_ms)
+            lane.checkpoint_next_ms = self.host.now_ms() + self.checkpoint_interval_ms
 
     def _mark_once(self, topic: str, end: int) -> Flow[None]:
         try:
@@ -633,42 +630,32 @@ class Interpreter:
             self._loading[topic].append(one)
 
     def _drop(self, effect: DropWal) -> None:
+        """A topic's WAL goes (`DropWal`): its lane is emptied and, once the effect under way
+        is done, the files closed and, if asked, removed. A directory kept after its topic
+        left (a hand-over) has no lane any more: its files are removed all the same."""
         topic = effect.topic
         self.publishes.fail(topic, 0, effect.reason)
         self.publishes.forget(topic)
         lane = self._files.get(topic)
-        if lane is None:
+        if lane is not None:
+            lane.queue.clear()
+            lane.epoch += 1
+            lane.checkpoint_target = lane.checkpoint_marked = 0
+        elif not effect.delete_files:
             return
-        lane.queue.clear()
-        lane.epoch += 1
-        lane.checkpoint_target = lane.checkpoint_marked = 0
+        flow = flows.drop(topic, effect, self.objects is not None, self.host.event)
+        self._run(self._exclusive(topic, flow), partial(self._dropped, topic, lane, effect))
 
-        def dropped(_value: Any, error: BaseException | None) -> None:
-            idle = not lane.busy and not lane.queue and topic not in self._directory
-            if idle and self._files.get(topic) is lane:
-                del self._files[topic]
-            if error is not None:
-                self.host.event("wal_drop_failed", topic=topic, error=repr(error))
-            else:
-                self.host.event("wal_dropped", topic=topic, deleted=effect.delete_files)
-
-        self._run(self._exclusive(topic, self._drop_flow(effect)), dropped)
-
-    def _drop_flow(self, effect: DropWal) -> Flow[None]:
-        topic = effect.topic
-        yield FilesIdle(topic)
-        yield CloseTopicFiles(topic)
-        if effect.delete_files:
-            yield RemoveTopicFiles(topic)
-        if effect.delete_objects and self.objects:
-            # Before the drop completes: a topic created again under the name uploads only
-            # after its predecessor's objects are gone.
-            prefix = tier_layout.object_prefix(parse_topic(topic))
-            deleted, failure = yield from flows.delete_objects(prefix)
-            if failure is not None:
-                self.host.event(
-                    "topic_objects_left", topic=topic, deleted=deleted, error=repr(failure)
-                )
+    def _dropped(
+        self, topic: str, lane: _Files | None, effect: DropWal, _value: Any, error: Any
+    ) -> None:
+        idle = lane is not None and not lane.busy and not lane.queue
+        if idle and topic not in self._directory and self._files.get(topic) is lane:
+            del self._files[topic]
+        if error is not None:
+            self.host.event("wal_drop_failed", topic=topic, error=repr(error))
+        else:
+            self.host.event("wal_dropped", topic=topic, deleted=effect.delete_files)
 
     # -- reads -------------------------------------------------------------------------------------
 

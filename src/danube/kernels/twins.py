@@ -7,13 +7,14 @@ import struct
 from dataclasses import dataclass
 
 from danube.machines.wal import records as r
+from danube.machines.wal.layout import (  # re-exported: the kernels' names for the layout
+    CRC32C_POLY,
+    FRAME_HEADER,
+    FRAME_MAGIC,
+    MAX_FRAME,
+    MIN_FRAME,
+)
 from danube.values.frozen import fast_init
-
-CRC32C_POLY = 0x82F63B78
-FRAME_HEADER = 32
-FRAME_MAGIC = 0x46574E44
-MIN_FRAME = FRAME_HEADER + 4
-MAX_FRAME = 64 * 1024 * 1024
 
 _U32 = struct.Struct("<I")
 _HEAD = struct.Struct("<IIIHHQQ")

@@ -15,7 +15,10 @@ READY = re.compile(
     r"event=broker_ready .*broker_addr=(\S+) admin_addr=(\S+)(?: metrics_addr=(\S+))?"
 )
 BROKER_BIN = Path(sys.executable).parent / "danube-broker"
-START_TIMEOUT_S = 20.0
+START_TIMEOUT_S = 60.0
+"""The broker compiles its numba kernels before it reports ready (`event=kernels_ready`):
+0.5–2 s from numba's cache, 5–20 s on a fresh checkout or after a kernel changed (2 busy
+cores); the wait covers the compile."""
 
 
 class BrokerProcess:

@@ -85,6 +85,14 @@ class LocalCluster:
         broker.start()
         return broker
 
+    def restart_broker(self, index: int) -> BrokerProcess:
+        """Starts broker `index` again, after it exited: same ports, same data directory."""
+        broker = self.brokers[index]
+        if broker.alive:
+            raise RuntimeError(f"broker {index} is running")
+        broker.start()
+        return broker
+
     def broker_config(self) -> dict[str, object]:
         ttl = self.settings.lease_ttl_ms
         config: dict[str, object] = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -17,7 +18,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ETCD_BIN = Path("/usr/bin/etcd")
+ETCD_BIN = Path(shutil.which("etcd") or "/usr/bin/etcd")
+"""etcd from PATH (a release binary, a distribution's package), else Debian's place."""
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 10.0
 
@@ -61,8 +63,8 @@ class EtcdProcess:
     def start(self, attempts: int = 3) -> EtcdProcess:
         if not os.access(ETCD_BIN, os.X_OK):
             raise RuntimeError(
-                f"no etcd binary at {ETCD_BIN}: install the Debian package etcd-server "
-                "(`bash scripts/bootstrap.sh` does)"
+                f"no etcd binary at {ETCD_BIN} or on PATH: install the Debian package "
+                "etcd-server (`bash scripts/bootstrap.sh` does) or an etcd release binary"
             )
         for _ in range(attempts):
             self._spawn()

@@ -491,6 +491,25 @@ class AdminServices:
             policies=json.dumps(policies, sort_keys=True), overridden=overridden
         )
 
+    # -- blocked messages (danube_ext PolicyAdmin; spec/failure-policies.md) -------------------
+
+    async def list_blocked(self, request: ext_pb.BlockedRequest) -> ext_pb.BlockedResponse:
+        return ext_pb.BlockedResponse(
+            offsets=list(self._core.blocked(request.topic, request.subscription))
+        )
+
+    async def resolve_blocked(
+        self, request: ext_pb.ResolveBlockedRequest
+    ) -> ext_pb.ResolveBlockedResponse:
+        step = self._core.resolve_blocked(
+            request.topic,
+            request.subscription,
+            request.offset,
+            release=request.release,
+            now_ms=now_ms(),
+        )
+        return ext_pb.ResolveBlockedResponse(resolved=await self._runtime.run(step))
+
     # -- replication factor (danube_ext PolicyAdmin; spec/replication.md) ----------------------
 
     async def set_replication_factor(
@@ -596,6 +615,8 @@ _TOPIC_FIELD = {
     "SetTopicPolicies": "name",
     "GetTopicPolicies": "name",
     "ClearTopicPolicies": "name",
+    "ListBlocked": "topic",
+    "ResolveBlocked": "topic",
 }
 """Methods about one topic, which the broker serving it answers (cluster mode), and the
 request field naming the topic."""

@@ -21,6 +21,7 @@ from grpclib.exceptions import StreamTerminatedError
 from grpclib.protocol import H2Protocol
 
 from danube.machines.wal.records import RecordError
+from danube.runtime.auth import AUTHORIZE, Wrapper
 from danube.runtime.h2_guard import GuardedHandler, GuardedProtocol, grpclib_config
 from danube.runtime.request_check import RequestRejected, check, narrow
 from danube.values.config import GrpcConfig
@@ -103,7 +104,11 @@ async def recv_bounded(stream: grpclib.server.Stream, limit: int, *, end_ok: boo
     body = await _recv_data(stream, length, "truncated gRPC message")
     if len(body) != length:
         raise GRPCError(Status.INVALID_ARGUMENT, "truncated gRPC message")
-    return decode_request(body, stream._recv_type, stream._codec)
+    request = decode_request(body, stream._recv_type, stream._codec)
+    authorize = AUTHORIZE.get()
+    if authorize is not None:  # a port with authentication: may this caller ask this?
+        authorize(request)
+    return request
 
 
 async def _recv_data(stream: grpclib.server.Stream, size: int, truncated: str) -> bytes:
@@ -244,12 +249,30 @@ def _guarded(path: str, handler: grpclib.const.Handler) -> grpclib.const.Handler
             if error.message is None or len(error.message) <= STATUS_MESSAGE_LIMIT // 4:
                 raise
             raise GRPCError(error.status, capped(error.message), error.details) from None
+        except (asyncio.CancelledError, StreamTerminatedError):
+            # The client left, reset the stream or its deadline passed: the broker's own
+            # event, where grpclib logged an INFO line without the RPC's name ("Request was
+            # cancelled: Connection lost"); `setup_logging` keeps grpclib at WARNING.
+            log.info(
+                "event=stream_closed rpc=%s status=%s peer=%s",
+                path, _abandoned(stream).name, _peer(stream),
+            )  # fmt: skip
+            raise
         except _PASSED_THROUGH:
             raise
         except Exception as error:
             raise internal_error(path, error) from None
 
     return handler._replace(func=call)
+
+
+def _peer(stream: grpclib.server.Stream) -> str:
+    """host:port of the call's client, or `-` when grpclib cannot say."""
+    try:
+        address = stream.peer.addr()
+    except Exception:  # the transport may already be gone
+        return "-"
+    return f"{address[0]}:{address[1]}" if address else "-"
 
 
 def _abandoned(stream: grpclib.server.Stream) -> Status:
@@ -267,16 +290,20 @@ class Server(grpclib.server.Server):
     call), plus closing the accepted connections at shutdown (grpclib 0.4.9
     cancels their requests but leaves the sockets open: a ResourceWarning at exit), plus
     `rpc_done` told the outcome of every call (`danube_broker_rpc_total`), plus the HTTP/2
-    connection guard's `limits` on every connection (`danube.runtime.h2_guard`)."""
+    connection guard's `limits` on every connection (`danube.runtime.h2_guard`), plus `auth`
+    around every handler when the port authenticates (`danube.runtime.auth`)."""
 
     def __init__(
         self,
         handlers: list[Any],
         rpc_done: RpcDone | None = None,
         limits: GrpcConfig | None = None,
+        auth: Wrapper | None = None,
     ) -> None:
         super().__init__(handlers, config=grpclib_config())
         self.limits = limits or GrpcConfig()
+        if auth is not None:  # innermost: authenticated before the handler reads the body
+            self._mapping = {path: auth(path, handler) for path, handler in self._mapping.items()}
         self._mapping = {path: _guarded(path, handler) for path, handler in self._mapping.items()}
         if rpc_done is not None:
             self._mapping = {

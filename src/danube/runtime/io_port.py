@@ -142,6 +142,8 @@ _LEVELS: dict[str, int] = {
     "wal_drop_failed": logging.ERROR,
     "retention_skipped": logging.WARNING,
     "policy_dropped": logging.WARNING,
+    "dead_lettered": logging.WARNING,
+    "dead_letter_failed": logging.WARNING,
     "object_read_failed": logging.WARNING,
     "upload_failed": logging.WARNING,
     "orphan_delete_failed": logging.WARNING,

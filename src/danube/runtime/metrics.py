@@ -17,7 +17,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -158,13 +164,29 @@ class BrokerMetrics:
         """Cluster mode: (moves made by reason, moves that failed) as this broker led."""
         self.replication: Any = None
         """Cluster mode: the replication port (`runtime.replication_port.ReplicationPort`)."""
+        self.authz: dict[tuple[str, str, bool], int] = {}
+        """(resource scope, permission, allowed) -> authorization decisions (auth on)."""
+        self.authn_failures: dict[str, int] = {}
+        """Calls refused UNAUTHENTICATED, by kind (missing, invalid)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
+        # The process's own series (process_cpu_seconds_total, process_resident_memory_bytes,
+        # process_open_fds, ...), the interpreter's version and its garbage collections:
+        # what a dashboard or an alert on the broker process needs beside ours.
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
     # -- events (driver side) ---------------------------------------------------------------
+
+    def authz_done(self, resource: str, permission: str, allowed: bool) -> None:
+        key = (resource, permission, allowed)
+        self.authz[key] = self.authz.get(key, 0) + 1
+
+    def authn_failed(self, kind: str) -> None:
+        self.authn_failures[kind] = self.authn_failures.get(kind, 0) + 1
 
     def rpc_done(self, service: str, method: str, status: str) -> None:
         key = (service, method, status)
@@ -272,6 +294,7 @@ class _Collector(Collector):
         yield from _drop_families(broker, m.core)
         yield from poison_families(broker, m.core)
         yield from _wal_families(broker, m.wal)
+        yield from _security_families(m)
         yield from _memory_families(broker, stats.memory_use(m.core))
         if m.replication is not None:
             yield from replication_families(broker, m.core, m.replication)
@@ -390,6 +413,25 @@ def _topic_families(broker: str, topics: list[stats.TopicStats]) -> Iterable[Met
         owned, messages, size, producers, consumers, subscriptions, sub_consumers, lag,
         redelivered, upload,
     )  # fmt: skip
+
+
+def _security_families(m: BrokerMetrics) -> Iterable[Metric]:
+    """Danube's `danube_authz_{allow,deny}_total{resource, permission}`, `resource` the scope
+    (cluster, namespace, topic, subject) so that series stay few; and refused logins."""
+    allow = _counter(
+        "danube_authz_allow_total", "Calls authorization allowed.", ["resource", "permission"]
+    )
+    deny = _counter(
+        "danube_authz_deny_total", "Calls authorization denied.", ["resource", "permission"]
+    )
+    for (resource, permission, allowed), count in sorted(m.authz.items()):
+        (allow if allowed else deny).add_metric([m.broker_id, resource, permission], count)
+    refused = _counter(
+        "danube_authn_failures_total", "Calls refused UNAUTHENTICATED, by kind.", ["kind"]
+    )
+    for kind, count in sorted(m.authn_failures.items()):
+        refused.add_metric([m.broker_id, kind], count)
+    return allow, deny, refused
 
 
 def _event_families(m: BrokerMetrics) -> Iterable[Metric]:

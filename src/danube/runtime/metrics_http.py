@@ -18,6 +18,7 @@ import enum
 import itertools
 import logging
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -219,15 +220,21 @@ class _Scrapes:
         self.active = 0
 
 
-async def serve_http(sock: socket.socket, endpoints: Endpoints) -> None:
-    """Serves the listening socket until cancelled."""
+async def serve_http(
+    sock: socket.socket, endpoints: Endpoints, tls: ssl.SSLContext | None = None
+) -> None:
+    """Serves the listening socket until cancelled; over TLS with a `tls` context (its
+    handshake falls within the connection's deadline like any slow client)."""
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
     admission = Admission(MAX_CONNECTIONS)
     scopes: dict[int, trio.CancelScope] = {}
     scrapes = _Scrapes()
     ids = itertools.count()
 
-    async def handle(stream: trio.SocketStream) -> None:
+    async def handle(plain: trio.SocketStream) -> None:
+        stream: trio.abc.Stream = plain
+        if tls is not None:
+            stream = trio.SSLStream(plain, tls, server_side=True)
         connection = next(ids)
         victim = admission.admit(connection)
         if victim == connection:
@@ -262,7 +269,7 @@ async def serve_http(sock: socket.socket, endpoints: Endpoints) -> None:
 
 
 async def _exchange(
-    stream: trio.SocketStream,
+    stream: trio.abc.Stream,
     endpoints: Endpoints,
     head_read: Callable[[], None],
     scrapes: _Scrapes,
@@ -295,10 +302,12 @@ async def _exchange(
     return True
 
 
-async def _linger(stream: trio.SocketStream) -> None:
+async def _linger(stream: trio.abc.Stream) -> None:
     """Half-closes, then drops what the client still sends until it closes, for at most
     LINGER_S (its own budget, so an answer sent just before the connection's deadline still
-    gets its drain)."""
+    gets its drain). TLS cannot half-close: its close_notify at `aclose` ends the exchange."""
+    if not isinstance(stream, trio.abc.HalfCloseableStream):
+        return
     await stream.send_eof()
     with trio.move_on_after(LINGER_S):
         dropped = 0

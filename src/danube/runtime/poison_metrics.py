@@ -1,8 +1,9 @@
 """Poison messages as operators watch them (spec/failure-policies.md, issue 24): per reliable
 subscription, how many messages its poison policy dropped (Drop, or an operator's skip of a
 blocked one) since it was loaded on this broker, and how many the Block policy holds now.
-Read from the dispatch machines at scrape time; nothing is kept between scrapes. Redeliveries
-by cause and dead letters are not counted yet."""
+How many redeliveries each cause asked for (nack, ack timeout, consumer gone) and how many
+messages the DeadLetter policy stored in their dead-letter topic. Read from the dispatch
+machines at scrape time; nothing is kept between scrapes."""
 
 from __future__ import annotations
 
@@ -28,6 +29,18 @@ def poison_families(broker: str, core: BrokerCore) -> Iterator[Metric]:
         "operator (Key-Shared: each holds its key; the others: the subscription).",
         labels=["broker", "topic", "subscription"],
     )
+    redeliveries = CounterMetricFamily(
+        "danube_subscription_redelivery_causes",
+        "Reliable subscriptions: redeliveries asked for since the subscription was loaded "
+        "here, by cause (nack, ack timeout, consumer gone).",
+        labels=["broker", "topic", "subscription", "cause"],
+    )
+    dead_lettered = CounterMetricFamily(
+        "danube_subscription_dlq",
+        "Reliable subscriptions: messages stored in the dead-letter topic by the DeadLetter "
+        "poison policy since the subscription was loaded here (Danube's name).",
+        labels=["broker", "topic", "subscription", "poison_policy"],
+    )
     for record in core.topic_records():
         for sub in record.subscriptions.values():
             dispatcher = sub.dispatcher
@@ -35,5 +48,10 @@ def poison_families(broker: str, core: BrokerCore) -> Iterator[Metric]:
                 labels = [broker, record.name.full, sub.name]
                 dropped.add_metric(labels, dispatcher.dropped)
                 blocked.add_metric(labels, len(dispatcher.blocked))
+                dead_lettered.add_metric([*labels, "dead_letter"], dispatcher.dead_letters_stored)
+                for cause, count in sorted(dispatcher.redeliveries_by_cause.items()):
+                    redeliveries.add_metric([*labels, cause.replace(" ", "_")], count)
     yield dropped
     yield blocked
+    yield redeliveries
+    yield dead_lettered

@@ -30,6 +30,7 @@ from danube.proto import danube_admin as admin_pb
 from danube.proto import danube_schema as schema_pb
 from danube.runtime import event_loop
 from danube.runtime.admin import AdminServices
+from danube.runtime.auth import AuthGuard, rbac_of
 from danube.runtime.batch_plane import (
     BATCH_REQUEST_LIMIT,
     ConsumerBatchService,
@@ -46,6 +47,7 @@ from danube.runtime.data_plane import (
     ProducerService,
 )
 from danube.runtime.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
+from danube.runtime.kernels_warm import warm_kernels
 from danube.runtime.memory import broker_pools
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.metrics_http import Endpoints, Health, serve_http
@@ -56,7 +58,15 @@ from danube.runtime.replication_port import ReplicationPort
 from danube.runtime.schema_gate import SchemaGate
 from danube.runtime.schema_ports import ClientPortSchemaRegistry
 from danube.runtime.schema_service import Offload, SchemaService, in_worker_thread
-from danube.values.config import Address, BrokerConfig, advertised_admin, unreachable_admin
+from danube.runtime.security_admin import SecurityAdminService
+from danube.runtime.tls import RELOAD_CHECK_SECONDS, CertificateReloader
+from danube.values.config import (
+    Address,
+    BrokerConfig,
+    advertised_admin,
+    is_loopback,
+    unreachable_admin,
+)
 
 log = logging.getLogger("danube.runtime")
 
@@ -79,7 +89,10 @@ NO_RAFT = (
     "there is no Raft group to manage: the metadata store is etcd (cluster mode) or embedded "
     "(standalone), and etcd manages its own members (etcdctl member add/remove)"
 )
-NO_SECURITY = "roles and bindings arrive with authentication and RBAC, not offered yet"
+NO_SECURITY = (
+    "roles and bindings are stored by standalone brokers only for now: a cluster's brokers "
+    "do not yet share them (spec/security.md)"
+)
 
 SHUTDOWN_GRACE_SECONDS = 2.0
 UPLOAD_GRACE_SECONDS = 15.0
@@ -184,6 +197,34 @@ def _replication_settings(config: BrokerConfig, broker_id: str) -> ReplicationSe
     )
 
 
+async def _watch_certificates(reloader: CertificateReloader) -> None:
+    """Certificate rotation without restart (`danube.runtime.tls`)."""
+    while True:
+        await trio.sleep(RELOAD_CHECK_SECONDS)
+        reloader.check()
+
+
+def _warn_if_open(config: BrokerConfig, bound: BoundAddresses) -> None:
+    """Safe defaults: without authentication every caller may do everything, which is fine
+    on loopback only; any other bind says so loudly at start."""
+    if config.auth.enabled:
+        return
+    exposed = [
+        f"{name}={address}"
+        for name, address in (
+            ("client", bound.broker), ("admin", bound.admin), ("metrics", bound.metrics),
+        )
+        if address is not None and not is_loopback(address.host)
+    ]  # fmt: skip
+    if exposed:
+        log.warning(
+            "event=unauthenticated_network_bind ports=%s: auth.mode is none, so anyone who "
+            "reaches these ports may produce, consume, create and delete topics and run "
+            "every admin call; set auth.mode tls (spec/security.md) or bind to 127.0.0.1",
+            ",".join(exposed),
+        )
+
+
 async def _open_store(config: BrokerConfig, data_dir: Path) -> MetadataStore:
     if config.mode != "cluster":
         return await EmbeddedStore.open(data_dir / "metadata")
@@ -211,6 +252,7 @@ async def serve(
     """Runs a broker until `shutdown` is set, then stops cleanly: open receive streams end,
     pending metadata is written, WAL tails are sealed (and uploaded with an object tier), a
     cluster member gives up its lease so its topics move at once, sockets close."""
+    config.auth.check()  # whoever built the config: no TLS mode without its files
     data_dir = Path(config.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     broker_id = broker_id_for(data_dir)
@@ -232,8 +274,15 @@ async def serve(
             _bound(admin_sock, config.admin_addr.host),
             metrics_addr,
         )
+        _warn_if_open(config, bound)
+        auth = config.auth
+        reloader = CertificateReloader(auth.tls) if auth.tls is not None else None
+        client_tls = reloader.grpc if reloader and auth.tls_on("client") else None
+        admin_tls = reloader.grpc if reloader and auth.tls_on("admin") else None
+        metrics_tls = reloader.http if reloader and auth.tls_on("metrics") else None
+        scheme = "https" if client_tls is not None else "http"
         advertised = config.advertised_addr or str(bound.broker)
-        identity = BrokerIdentity(f"http://{advertised}", f"http://{advertised}")
+        identity = BrokerIdentity(f"{scheme}://{advertised}", f"{scheme}://{advertised}")
         # what other brokers and ListBrokers are told: a wildcard bind named reachably
         admin_seen = advertised_admin(bound.admin, advertised, config.advertised_admin_addr)
         core = BrokerCore(
@@ -289,7 +338,28 @@ async def serve(
             health = Health(runtime)
             if metrics_sock is not None:
                 endpoints = Endpoints(metrics.exposition, health.not_ready, health.alive)
-                nursery.start_soon(serve_http, metrics_sock, endpoints)
+                nursery.start_soon(serve_http, metrics_sock, endpoints, metrics_tls)
+            if reloader is not None:
+                nursery.start_soon(_watch_certificates, reloader)
+            guard = None
+            if auth.enabled:
+
+                def consumer_topic(consumer_id: int) -> str | None:
+                    record = core.consumer_record(consumer_id)
+                    return record.topic.full if record is not None else None
+
+                guard = AuthGuard(
+                    auth,
+                    consumer_topic=consumer_topic,
+                    decided=metrics.authz_done,
+                    refused=metrics.authn_failed,
+                )
+            # The kernels compile (or load from numba's cache) before anything uses them and
+            # before the broker says it is ready: a first batch must not pay the compile.
+            warmed = await trio.to_thread.run_sync(warm_kernels)
+            log.info(
+                "event=kernels_ready seconds=%.2f cache_dir=%s", warmed.seconds, warmed.cache_dir
+            )
             # Reliable topics recover before the ports open: a client never sees a topic
             # whose offsets are not known yet.
             runtime.apply(restored.effects)
@@ -352,6 +422,7 @@ async def serve(
                 ],
                 metrics.rpc_done,
                 config.grpc,
+                auth=guard.wrap if guard is not None else None,
             )
             admin = AdminServices(
                 runtime,
@@ -370,6 +441,13 @@ async def serve(
             ]
             if replication is not None:
                 admin_services.append(replication.service)
+            if not clustered:  # a cluster's brokers would have to watch /auth/ (part 2)
+                security = SecurityAdminService(
+                    store, rbac_of(auth), guard.use if guard is not None else None
+                )
+                if guard is not None:
+                    guard.use(await security.load())
+                admin_services.append(security)
             admin_server = Server(
                 [
                     *admin_services,
@@ -379,20 +457,22 @@ async def serve(
                 ],
                 metrics.rpc_done,
                 config.grpc,
+                auth=guard.wrap if guard is not None else None,
             )
             nursery.start_soon(_report_drops, core)
             nursery.start_soon(runtime.tick, TICK_SECONDS)
-            await trio_asyncio.aio_as_trio(client_server.start)(sock=broker_sock)
-            await trio_asyncio.aio_as_trio(admin_server.start)(sock=admin_sock)
+            await trio_asyncio.aio_as_trio(client_server.start)(sock=broker_sock, ssl=client_tls)
+            await trio_asyncio.aio_as_trio(admin_server.start)(sock=admin_sock, ssl=admin_tls)
             member_scope = trio.CancelScope()
             if member is not None:
                 await nursery.start(_run_member, member, member_scope)
             health.started = True
             log.info(
                 "event=broker_ready broker_id=%s mode=%s broker_addr=%s admin_addr=%s "
-                "metrics_addr=%s data_dir=%s",
+                "metrics_addr=%s data_dir=%s auth=%s tls=%s",
                 broker_id, config.mode, bound.broker, bound.admin, bound.metrics or "off",
-                data_dir,
+                data_dir, auth.mode,
+                ",".join(p for p in ("client", "admin", "metrics") if auth.tls_on(p)) or "off",
             )  # fmt: skip
             task_status.started(bound)
             await shutdown.wait()

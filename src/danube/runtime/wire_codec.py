@@ -39,7 +39,7 @@ def decode_nack(data: bytes) -> Acknowledgement:
 
 _ACK = records.Schema({1: _VARINT, 2: _LEN, 3: _LEN}, frozenset({3}))
 _NACK = records.Schema({1: _VARINT, 2: _LEN, 3: _LEN, 4: _VARINT, 5: _LEN}, frozenset({3, 5}))
-"""`reason` (5) matters to no nack, but is still checked, as any string field."""
+"""`reason` (5): the text a dead letter carries as `x-failure-reason` (spec/failure-policies.md)."""
 
 
 def _acknowledgement(data: bytes, *, nack: bool) -> Acknowledgement:
@@ -55,6 +55,8 @@ def _acknowledgement(data: bytes, *, nack: bool) -> Acknowledgement:
             request.subscription_name = value
         elif number == 4 and nack:
             request.delay_ms = value
+        elif number == 5 and nack:
+            request.reason = value
     return request
 
 

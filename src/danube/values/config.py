@@ -12,6 +12,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from danube.values.auth_config import AuthConfig, auth_config
 from danube.values.errors import ConfigError as ConfigError
 from danube.values.errors import DanubeError
 from danube.values.load_manager_config import LoadManagerConfig
@@ -284,9 +285,17 @@ class BrokerConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     grpc: GrpcConfig = field(default_factory=GrpcConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    """`auth` and `admin_tls` (spec/security.md)."""
 
     def check_mode(self) -> None:
         """What cluster mode needs, checked once every source (file, flags) is applied."""
+        self.auth.check()
+        if self.mode == "cluster" and self.auth.enabled:
+            raise ConfigError(
+                "auth.mode tls is standalone-only for now: a cluster's brokers do not yet prove "
+                "who they are to each other (issue 25, part 2; spec/security.md)"
+            )
         if self.mode == "standalone":
             return
         if self.mode != "cluster":
@@ -436,7 +445,7 @@ def _fill(cls: type, data: dict[str, Any], where: str) -> Any:
 
 _TOP_LEVEL = {
     "cluster_name", "broker", "meta_store", "bootstrap_namespaces", "auto_create_topics",
-    "policies", "dispatch", "storage", "cluster", "load_manager", "metrics",
+    "policies", "dispatch", "storage", "cluster", "load_manager", "metrics", "auth", "admin_tls",
 }  # fmt: skip
 
 
@@ -712,4 +721,5 @@ def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
         )
     updates["dispatch"] = dispatch
     updates["storage"] = _storage(_section(data, "storage", ""))
+    updates["auth"] = auth_config(_section(data, "auth", ""), data.get("admin_tls", False))
     return dataclasses.replace(config, **updates)

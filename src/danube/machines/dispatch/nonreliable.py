@@ -162,7 +162,9 @@ class NonReliableSubscription:
         """At-most-once delivery takes no acknowledgements: nothing to do."""
         return []
 
-    def nack(self, offset: int, delay_ms: int | None, now_ms: int = 0) -> list[ConsumerReady]:
+    def nack(
+        self, offset: int, delay_ms: int | None, now_ms: int = 0, *, reason: str | None = None
+    ) -> list[ConsumerReady]:
         """Nothing is kept to deliver again."""
         return []
 

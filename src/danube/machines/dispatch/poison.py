@@ -79,6 +79,12 @@ class PoisonHandling:
         """Offsets exhausted under Block, waiting for an operator or a policy change."""
         return tuple(self._blocked)
 
+    @property
+    def held(self) -> tuple[int, ...]:
+        """Offsets exhausted and not resolved yet: blocked, or waiting for their dead letter
+        to be stored. Sent to nobody meanwhile, so a single-active run may pass them."""
+        return tuple(offset for offset, entry in self._entries.items() if entry.held is not None)
+
     def release(self, offset: int, now_ms: int) -> list[Any]:
         """Operator: a blocked message goes out again with its attempts reset (Exclusive and
         Failover: the run restarts at `cursor + 1`, in order). Ignored for any other offset."""
@@ -135,6 +141,17 @@ class PoisonHandling:
         else:
             entry.held = EntryState.DEAD_LETTERING
             self._notices.append(self._dead_letter(offset, entry))
+
+    def _republish_due(self, offset: int, entry: PoisonEntry) -> None:
+        """A failed republish's time to ask again. If the operator has since changed the
+        policy away from DeadLetter, the new policy decides, as for a blocked message: no
+        dead-letter topic it no longer names is asked for (and none, when it names none)."""
+        if self.policy.poison is Poison.DEAD_LETTER:
+            self._notices.append(self._dead_letter(offset, entry))
+            return
+        entry.held = EntryState.BLOCKED
+        self._blocked[offset] = None
+        self._reresolve_blocked()
 
     def _dead_letter(self, offset: int, entry: PoisonEntry) -> DeadLetter:
         topic = self.policy.dead_letter_topic or ""

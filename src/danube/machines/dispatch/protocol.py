@@ -73,7 +73,9 @@ class Subscription(Protocol):
 
     def ack(self, offset: int, now_ms: int) -> Sequence[DispatchEffect]: ...
 
-    def nack(self, offset: int, delay_ms: int | None, now_ms: int) -> Sequence[DispatchEffect]: ...
+    def nack(
+        self, offset: int, delay_ms: int | None, now_ms: int, *, reason: str | None = None
+    ) -> Sequence[DispatchEffect]: ...
 
     def is_pending(self, offset: int) -> bool:
         """The core must keep the offset's record (read and not yet acknowledged)."""

@@ -92,6 +92,9 @@ DISPATCH_BURST_US = 1_000_000
 """A subscription with a dispatch rate may send one second's worth at once."""
 """Earlier than any clock reading: the time of "never" and of a machine no input has reached."""
 
+CONSUMER_GONE = "consumer gone"
+"""Cause of redeliveries of messages in flight to a consumer that disconnected or left."""
+
 
 # -- effects ----------------------------------------------------------------------------------
 
@@ -217,6 +220,9 @@ class ReliableSubscription(PoisonHandling):
         self.redelivered = 0
         """Sends of an offset that had been sent before (after a nack, an ack timeout or its
         consumer leaving): the operator's measure of how much work is done twice."""
+        self.redeliveries_by_cause: dict[str, int] = {}
+        """Redeliveries asked for, by cause: "nack", "ack timeout" (not the failures that
+        exhausted a message) and "consumer gone" (in flight to a consumer that left)."""
         self.dropped = 0
         """Messages skipped by the Drop policy or an operator's `skip`."""
         self.dead_letters_stored = 0
@@ -385,13 +391,28 @@ class ReliableSubscription(PoisonHandling):
             self._settle(offset, entry, entry.consumer)
         return self._finish()
 
-    def nack(self, offset: int, delay_ms: int | None, now_ms: int) -> list[Effect]:
-        """Redeliver after `delay_ms` or the policy's delay, whichever is longer."""
+    def nack(
+        self, offset: int, delay_ms: int | None, now_ms: int, *, reason: str | None = None
+    ) -> list[Effect]:
+        """Redeliver after `delay_ms` or the policy's delay, whichever is longer. `reason`,
+        the client's, is what a dead letter of the message says last failed (else "nack")."""
         self._begin(now_ms)
         entry = self._entries.get(offset)
         if entry is not None and entry.consumer is not None:
-            self._fail(offset, entry, entry.consumer, delay_ms, "nack")
+            self._fail(offset, entry, entry.consumer, delay_ms, "nack", reason)
         return self._finish()
+
+    def retry_due(self, offset: int) -> int | None:
+        """When a failed offset goes out again (Exclusive, Failover: when the run
+        restarts); None when no retry of it is waiting. For judges of the backoff."""
+        entry = self._entries.get(offset)
+        if entry is None or entry.consumer is not None or entry.held is not None:
+            return None
+        if self.sub_type in _SINGLE_ACTIVE:
+            return self._rewind_at
+        return min(
+            (d for d, o, t in self._retries if o == offset and t == entry.token), default=None
+        )
 
     def drop_counts(self) -> dict[DropReason, int]:
         """Messages skipped by the poison policy Drop (or an operator)."""
@@ -472,7 +493,7 @@ class ReliableSubscription(PoisonHandling):
             _, offset, token = heapq.heappop(self._republish_at)
             entry = self._entries.get(offset)
             if entry is not None and entry.token == token and entry.held:
-                self._notices.append(self._dead_letter(offset, entry))
+                self._republish_due(offset, entry)
 
     def _finish(self, *, force_persist: bool = False) -> list[Effect]:
         """Sends what can be sent, reads what the window has room for, persists the cursor
@@ -518,6 +539,8 @@ class ReliableSubscription(PoisonHandling):
                 self._sendable[entry.key] = None
         if not released:
             return
+        causes = self.redeliveries_by_cause
+        causes[CONSUMER_GONE] = causes.get(CONSUMER_GONE, 0) + len(released)
         if self.sub_type is SubscriptionType.SHARED:
             self._ready.extendleft(reversed(released))
         elif self.sub_type in _SINGLE_ACTIVE:
@@ -590,16 +613,18 @@ class ReliableSubscription(PoisonHandling):
         consumer_id: int,
         requested_ms: int | None,
         reason: str,
+        detail: str | None = None,
     ) -> None:
         """A nack or an ack timeout: the message waits for its redelivery time, or is
         exhausted past the policy's limit."""
         self._consumers[consumer_id].in_flight.discard(offset)
         entry.consumer = None
         entry.failures += 1
-        entry.reason = reason
+        entry.reason = detail or reason
         if self.policy.exhausted(entry.failures):
             self._exhaust(offset, entry)
             return
+        self.redeliveries_by_cause[reason] = self.redeliveries_by_cause.get(reason, 0) + 1
         due = self._now + self.policy.redelivery_delay_ms(entry.failures, requested_ms)
         if self.sub_type in _SINGLE_ACTIVE:
             self._break_run(due)

@@ -403,11 +403,18 @@ class Consumers:
         return Step(None, tuple(out))
 
     def nack(
-        self, topic: str, subscription: str, offset: int, delay_ms: int | None, *, now_ms: int
+        self,
+        topic: str,
+        subscription: str,
+        offset: int,
+        delay_ms: int | None,
+        *,
+        now_ms: int,
+        reason: str | None = None,
     ) -> Step[None]:
         """Redelivers the offset after `delay_ms` or the failure policy's delay."""
         record, sub = self._ack_target(topic, subscription)
-        effects = sub.dispatcher.nack(offset, delay_ms, now_ms)
+        effects = sub.dispatcher.nack(offset, delay_ms, now_ms, reason=reason)
         return Step(None, tuple(self._logs.dispatch(record, sub, effects, now_ms)))
 
     def _ack_target(self, topic: str, subscription: str) -> tuple[TopicRecord, SubscriptionRecord]:

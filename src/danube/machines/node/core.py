@@ -37,11 +37,13 @@ from danube.machines.memory.publish import PublishPool
 from danube.machines.node.catalogue import Catalogue, policies_to_json
 from danube.machines.node.consumers import Consumers
 from danube.machines.node.core_replication import ReplicationRoutes
+from danube.machines.node.dead_letters import DeadLetters
 from danube.machines.node.effects import (
     AskEpochEnd,
     BatchPublished,
     BrokerIdentity,
     CutWal,
+    DeadLetterPublish,
     DropWal,
     Effect,
     EndStream,
@@ -100,6 +102,7 @@ __all__ = [
     "BrokerIdentity",
     "ConsumerRecord",
     "CutWal",
+    "DeadLetterPublish",
     "DropWal",
     "Effect",
     "EndStream",
@@ -213,7 +216,15 @@ class BrokerCore(ReplicationRoutes):
             max_unacked_messages=max_unacked_messages,
             clustered=clustered,
         )
-        self.settings = SubscriptionSettingsAdmin(self.catalogue, self.logs)
+        self.dead_letters = DeadLetters(
+            self.catalogue,
+            self.logs,
+            self.producers,
+            auto_create_topics=auto_create_topics,
+            clustered=clustered,
+        )
+        self.logs.republish = self.dead_letters.republish
+        self.settings = SubscriptionSettingsAdmin(self.catalogue, self.logs, clustered=clustered)
         self.restorer = Restorer(self.catalogue, self.producers, self.consumers)
         self.lifecycle = Lifecycle(self.catalogue, self.producers, self.consumers, self.logs)
         self.tier = ObjectTier(self.catalogue, self.logs, rng)
@@ -416,6 +427,14 @@ class BrokerCore(ReplicationRoutes):
         attempts reset, else it is skipped (dropped, counted). False: it is not blocked."""
         return self.settings.resolve_blocked(topic, subscription, offset, release, now_ms)
 
+    def dead_letter_done(
+        self, publish: DeadLetterPublish, failure: str | None, *, now_ms: int = 0
+    ) -> Step[None]:
+        """The driver's report on a dead letter's append: stored at its topic's durability
+        (failure None: the original's cursor may pass it) or refused or lost (asked again
+        after the policy's backoff)."""
+        return self.dead_letters.done(publish, failure, now_ms)
+
     def dispatch_window(self, topic: str, subscription: str) -> int | None:
         """The subscription's own `max_unacked_messages`; None when it uses the broker's."""
         return self.settings.dispatch_window(topic, subscription)
@@ -560,9 +579,13 @@ class BrokerCore(ReplicationRoutes):
         delay_ms: int | None,
         *,
         now_ms: int = 0,
+        reason: str | None = None,
     ) -> Step[None]:
-        """Redelivers the offset after `delay_ms` or the failure policy's delay."""
-        return self.consumers.nack(topic, subscription, offset, delay_ms, now_ms=now_ms)
+        """Redelivers the offset after `delay_ms` or the failure policy's delay; `reason`
+        (the client's) is what a dead letter of it says last failed."""
+        return self.consumers.nack(
+            topic, subscription, offset, delay_ms, now_ms=now_ms, reason=reason
+        )
 
     def live_streams(self) -> list[EndStream]:
         """Every open stream, for a clean shutdown."""

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from danube.machines.cluster.replicas import ReplicaSet
-from danube.machines.node.effects import Effect, ReplicaAnswer, ReplicaRead, Step
+from danube.machines.node.effects import DropWal, Effect, ReplicaAnswer, ReplicaRead, Step
+from danube.machines.node.lifecycle import Lifecycle
 from danube.machines.node.records import TopicRecord
 from danube.machines.node.reliable_log import ReliableLogs
 from danube.machines.node.replica_follower import FollowerReplicas, still_follows
@@ -26,6 +27,7 @@ class ReplicationRoutes:
     followers: FollowerReplicas
     _topics: dict[str, TopicRecord]
     serves: Callable[[str], bool]
+    lifecycle: Lifecycle
 
     # -- replication, the owner's side (spec/replication.md) -----------------------------------
 
@@ -53,7 +55,14 @@ class ReplicationRoutes:
                          assigned_here: bool, now_ms: int) -> Step[None]:  # fmt: skip
         """The topic's replica set as the `/cluster/` watch shows it (at `version`; None:
         deleted or unreadable): the owner's side adopts it; a replica this broker no longer
-        follows goes with its files (`replica_follower.still_follows`)."""
+        follows goes with its files (`replica_follower.still_follows`), and so does the
+        directory a hand-over left here (`Lifecycle.kept`) once the set no longer counts on
+        this broker."""
+        kept = self.lifecycle.kept
+        if kept and topic in kept:
+            dropped = self._kept_seen(topic, record, assigned_here)
+            if dropped is not None:
+                return dropped
         if self.serves(topic):
             if record is None:
                 return Step(None)
@@ -62,6 +71,27 @@ class ReplicationRoutes:
         if not self.followers.serves(topic) or still_follows(me, record, assigned_here):
             return Step(None)
         return self.followers.release(topic, delete_files=True)
+
+    def _kept_seen(
+        self, topic: str, record: ReplicaSet | None, assigned_here: bool
+    ) -> Step[None] | None:
+        """A handed-over topic's kept directory given its replica set: still this broker's
+        to take back (the set names it as owner, follower or in sync, or the topic is
+        assigned here: its files are the log it loads or follows with), or gone. Until a
+        promoted member records itself as owner the set still names this broker, so the
+        files stay while they may be the only copy outside the followers. A set that is
+        unreadable or deleted changes nothing (a topic deleted and made again here starts
+        with its leftovers removed)."""
+        kept = self.lifecycle.kept
+        if self.serves(topic) or self.followers.serves(topic):
+            kept.discard(topic)  # loaded or followed again: the directory is in use
+            return None
+        me = self.logs.replicas.broker_id
+        if record is None or still_follows(me, record, assigned_here):
+            return None
+        kept.discard(topic)
+        reason = f"handed over to {record.owner}, whose replicas hold the log"
+        return Step(None, (DropWal(topic, reason, True),))
 
     def replica_answered(
         self, follower: str, answer: rm.FollowerAnswer, *, now_ms: int

@@ -212,6 +212,27 @@ class PolicyDropped:
 
 @fast_init
 @dataclass(frozen=True, slots=True)
+class DeadLetterPublish:
+    """Effect: the dead letter of `origin`/`subscription`'s `offset` was appended to
+    `topic` at `through` (or could not be: `failure`). The driver waits until the topic
+    acknowledges `through` at its durability level, or loses it, and reports either to
+    `BrokerCore.dead_letter_done`; only a stored dead letter lets the cursor pass the
+    original (spec/failure-policies.md). Carried out before the append's own effects, so no
+    acknowledgement slips past the wait."""
+
+    topic: str
+    through: int
+    origin: str
+    subscription: str
+    epoch: int
+    """The subscription's incarnation the answer is for (a rebuilt one asks again)."""
+    offset: int
+    attempts: int
+    failure: str | None = None
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
 class RetentionSkipped:
     """Effect: retention deleted offsets [`first`, `end`) before the subscription read them:
     they are lost to it (log it; a later issue makes retention wait for tiering)."""

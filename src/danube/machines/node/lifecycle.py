@@ -31,6 +31,10 @@ class Lifecycle:
         self._producers = producers
         self._consumers = consumers
         self._logs = logs
+        self.kept: set[str] = set()
+        """Topics handed over from here whose WAL directory stays on disk, not loaded and not
+        a replica: the successor's replicas hold the log, and these files go once the
+        replica set no longer counts on this broker (`kept_still_needed`)."""
 
     def serves(self, topic: str) -> bool:
         """The topic is loaded here and not on its way out."""
@@ -99,6 +103,8 @@ class Lifecycle:
         # Handed over or stopped, the files may hold the only copy of the tail outside the
         # followers (no upload was waited for): kept, as after a drop.
         keep = self.tail_kept(topic)
+        if record.log.handing_over:
+            self.kept.add(topic)
         return Step(None, tuple(self._forget(record, reason, delete_files and not keep)))
 
     def delete_topic(self, topic: str) -> Step[None]:

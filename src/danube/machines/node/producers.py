@@ -22,7 +22,7 @@ from danube.machines.node.records import (
     new_id,
 )
 from danube.machines.node.reliable_log import ReliableLogs
-from danube.machines.wal import batches
+from danube.machines.wal import batches, records
 from danube.machines.wal.machine import WalMachine
 from danube.values.config import DispatchStrategy
 from danube.values.errors import DanubeError, ErrorCode, invalid, not_found, quoted
@@ -239,6 +239,20 @@ class Producers:
             for sub in subscriptions:
                 out.extend(_deliver(sub.dispatcher, message, size, key))
         return Step(BatchPublished(first, batch.count, stored=False), tuple(out))
+
+    def append_record(self, record: TopicRecord, message: records.Record, now_ms: int) -> Step[int]:
+        """The broker's own message (a dead letter, `dead_letters`) on a reliable topic: a
+        producer's path (`_append`: the WAL at the topic's durability, its back-pressure),
+        without a producer session, pacing or `max_message_size`, which would make a
+        message near the limit impossible to dead-letter. Answered by `PublishAcked`."""
+        check_not_stopped(record)
+        check_not_moving(record)
+
+        def encode(offset: int) -> bytes:
+            message.topic_offset = offset
+            return records.encode(message)
+
+        return self._append(record, len(message.payload), encode, now_ms)
 
     def _writable(self, record: TopicRecord) -> WalMachine:
         log = self._logs.ready_wal(record)

@@ -142,6 +142,10 @@ class ReliableLogs:
         """Records delivered to a consumer, waiting for its stream writer."""
         self.replicas = OwnerReplicas(self, replication or ReplicationSettings())
         """The owner's side of replication of the topics served here."""
+        self.republish: (
+            Callable[[TopicRecord, SubscriptionRecord, rd.DeadLetter, int], list[Effect]] | None
+        ) = None
+        """`DeadLetters.republish`, set by the core (it needs the producers' path)."""
 
     # -- loading and repair -------------------------------------------------------------------
 
@@ -452,9 +456,9 @@ class ReliableLogs:
                 drop = PolicyDropped(record.name.full, sub.name, effect.offset, effect.attempts)
                 out.append(drop)
             elif isinstance(effect, rd.DeadLetter):
-                # the settings refuse DeadLetter under any limit until the republish flow exists
-                # (issue 24, later part): the message stays in the window meanwhile
-                continue
+                # the dead letter is appended; the message stays in the window until stored
+                assert self.republish is not None, "the core sets the republish flow"
+                out.extend(self.republish(record, sub, effect, now_ms))
             elif isinstance(effect, rd.PersistCursor):
                 key = paths.cursor(record.name, sub.name)
                 out.append(PersistMeta(puts=((key, effect.cursor),)))

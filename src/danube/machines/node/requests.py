@@ -132,6 +132,8 @@ class Acknowledgement:
     subscription_name: str = ""
     delay_ms: int | None = None
     """Nack only: redeliver after this long; None leaves it to the failure policy."""
+    reason: str | None = None
+    """Nack only: why, in the client's words (a dead letter's `x-failure-reason`)."""
 
 
 def acknowledgement(request: pb.AckRequest | pb.NackRequest) -> Acknowledgement:
@@ -144,6 +146,7 @@ def acknowledgement(request: pb.AckRequest | pb.NackRequest) -> Acknowledgement:
         msg_id.topic_offset,
         request.subscription_name,
         getattr(request, "delay_ms", None),  # a NackRequest's; an AckRequest has none
+        getattr(request, "reason", None),
     )
 
 
@@ -167,6 +170,7 @@ def nack(core: BrokerCore, request: Acknowledgement, now_ms: int) -> Step[None]:
         request.topic_offset,
         request.delay_ms,
         now_ms=now_ms,
+        reason=request.reason,
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from danube.machines.dispatch.failure import NO_LIMIT, Backoff, FailurePolicy, Poison
 from danube.values.config import MAX_UNACKED_MESSAGES_LIMIT, Policies
-from danube.values.errors import DanubeError, ErrorCode, invalid, quoted
+from danube.values.errors import DanubeError, invalid, quoted
 from danube.values.names import parse_topic
 
 U32_MAX = (1 << 32) - 1
@@ -91,10 +91,8 @@ BACKOFF_WIRE = (Backoff.FIXED, Backoff.EXPONENTIAL)
 class SubscriptionFailureSettings:
     """Danube's SubscriptionFailurePolicy, with Danube's meaning of `max_redelivery_count`
     (0: no redelivery; `NO_LIMIT`, u32's maximum: for ever, our default where Danube's is 5;
-    spec/failure-policies.md); the dispatch machine enforces it with the Drop or Block
-    poison policy. DeadLetter is refused until the broker can republish to the dead-letter
-    topic: a policy accepted and not carried out would tell the operator something
-    untrue."""
+    spec/failure-policies.md); the dispatch machine enforces it with the Drop, Block or
+    DeadLetter poison policy (the republish: `danube.machines.node.dead_letters`)."""
 
     max_redelivery_count: int = NO_LIMIT
     ack_timeout_ms: int = 30_000
@@ -120,16 +118,6 @@ class SubscriptionFailureSettings:
             raise invalid(
                 f"max_redelivery_count must be 0 (no redelivery) to {U32_MAX} (no limit), "
                 f"not {self.max_redelivery_count}"
-            )
-        if self.poison_policy is PoisonPolicy.DEAD_LETTER and self.max_redelivery_count != NO_LIMIT:
-            # with no limit nothing is ever dead-lettered: such a policy (stored before
-            # limits existed, or sent by a client that left the count at its maximum) holds
-            raise DanubeError(
-                ErrorCode.UNIMPLEMENTED,
-                "the dead_letter poison policy is not offered yet (republishing to the "
-                "dead-letter topic is still to come); use block (the subscription, or the "
-                "key on Key-Shared, waits for an operator) or drop (the message is skipped "
-                f"and counted), or no limit (max_redelivery_count {NO_LIMIT})",
             )
 
     @property

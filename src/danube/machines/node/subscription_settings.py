@@ -16,12 +16,14 @@ from danube.machines.node.effects import Effect, PersistMeta, Step
 from danube.machines.node.records import TopicRecord
 from danube.machines.node.reliable_log import ReliableLogs
 from danube.machines.node.settings import SubscriptionFailureSettings, SubscriptionSettings
+from danube.values.errors import DanubeError, ErrorCode, invalid
 
 
 class SubscriptionSettingsAdmin:
-    def __init__(self, catalogue: Catalogue, logs: ReliableLogs) -> None:
+    def __init__(self, catalogue: Catalogue, logs: ReliableLogs, *, clustered: bool) -> None:
         self._catalogue = catalogue
         self._logs = logs
+        self._clustered = clustered
 
     def subscription_type(self, topic: str, subscription: str) -> SubscriptionType | None:
         sub = self._catalogue.topic(topic).subscriptions.get(subscription)
@@ -39,9 +41,31 @@ class SubscriptionSettingsAdmin:
         live one (Danube only reads it when the subscription loads)."""
         record = self._catalogue.reliable_topic(topic, "a failure policy")
         check_subscription_name(subscription)
+        if policy.poison_policy is settings_rules.PoisonPolicy.DEAD_LETTER:
+            self._check_dead_letter_topic(topic, policy.dead_letter_topic)
         record.settings.setdefault(subscription, SubscriptionSettings()).failure = policy
         stored = (paths.failure_policy(record.name, subscription), policy.to_json())
         return self._configure(record, subscription, stored, now_ms, policy=policy.dispatch_policy)
+
+    def _check_dead_letter_topic(self, topic: str, dead_letter_topic: str | None) -> None:
+        """What the republish flow cannot do is refused now rather than retried for ever:
+        a topic dead-lettering to itself, a non-reliable dead-letter topic (Danube's strategy
+        mismatch), and any dead-letter topic in cluster mode, where it may be served by
+        another broker (reaching it through forwarding is not built)."""
+        if self._clustered:
+            raise DanubeError(
+                ErrorCode.UNIMPLEMENTED,
+                "the dead_letter poison policy is not offered in cluster mode yet (the "
+                "dead-letter topic may be served by another broker); use block or drop",
+            )
+        if dead_letter_topic == topic:
+            raise invalid("a topic cannot be its own dead-letter topic")
+        target = self._catalogue.topics_by_name.get(dead_letter_topic or "")
+        if target is not None and not target.reliable:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"dead-letter topic {dead_letter_topic} is non-reliable; it must be reliable",
+            )
 
     def blocked(self, topic: str, subscription: str) -> tuple[int, ...]:
         sub = self._catalogue.topic(topic).subscriptions.get(subscription)

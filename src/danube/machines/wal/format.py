@@ -8,13 +8,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from danube.kernels import crc32c, find_frame, scan_frames
-from danube.kernels.twins import FRAME_HEADER, FRAME_MAGIC, MAX_FRAME
+from danube.machines.wal.layout import FRAME_HEADER, frame_body
 from danube.values.frozen import fast_init
 
 SEGMENT_MAGIC = b"DANUBEWL"
 FORMAT_VERSION = 1
 SEGMENT_SUFFIX = ".wal"
-MAX_RECORDS_PER_FRAME = 0xFFFF
 
 _SEGMENT_FIXED = struct.Struct("<8sHHIQQH")
 _FRAME_HEAD = struct.Struct("<IIIHHQQ")
@@ -80,14 +79,7 @@ def decode_segment_header(data: bytes | memoryview) -> SegmentHeader:
 
 def encode_frame(base_offset: int, publish_ms: int, records: Sequence[bytes]) -> bytes:
     """One append of `records` (offsets base_offset, base_offset + 1, ...) as one frame."""
-    if not 1 <= len(records) <= MAX_RECORDS_PER_FRAME:
-        raise ValueError(f"a frame holds 1 to {MAX_RECORDS_PER_FRAME} records")
-    length = FRAME_HEADER + 4 * len(records) + sum(len(r) for r in records)
-    if length > MAX_FRAME:
-        raise ValueError(f"frame of {length} bytes exceeds {MAX_FRAME}")
-    head = _FRAME_HEAD.pack(0, length, FRAME_MAGIC, 0, len(records), base_offset, publish_ms)
-    # One join of the header and every (length, record) pair: no copy per record.
-    tail = b"".join([head[4:], *(part for r in records for part in (_U32.pack(len(r)), r))])
+    tail = frame_body(base_offset, publish_ms, records)
     return _U32.pack(crc32c(tail)) + tail
 
 

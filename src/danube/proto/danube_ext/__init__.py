@@ -126,6 +126,33 @@ class AckBatchResponse(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class BlockedRequest(betterproto.Message):
+    topic: str = betterproto.string_field(1)
+    subscription: str = betterproto.string_field(2)
+
+
+@dataclass(eq=False, repr=False)
+class BlockedResponse(betterproto.Message):
+    offsets: List[int] = betterproto.uint64_field(1)
+    """In the order they were blocked."""
+
+
+@dataclass(eq=False, repr=False)
+class ResolveBlockedRequest(betterproto.Message):
+    topic: str = betterproto.string_field(1)
+    subscription: str = betterproto.string_field(2)
+    offset: int = betterproto.uint64_field(3)
+    release: bool = betterproto.bool_field(4)
+    """true: release; false: skip."""
+
+
+@dataclass(eq=False, repr=False)
+class ResolveBlockedResponse(betterproto.Message):
+    resolved: bool = betterproto.bool_field(1)
+    """false: the offset is not blocked (any more); nothing was done."""
+
+
+@dataclass(eq=False, repr=False)
 class SetPoliciesRequest(betterproto.Message):
     name: str = betterproto.string_field(1)
     """A namespace ("default") or a topic ("/default/orders")."""
@@ -482,6 +509,40 @@ class PolicyAdminStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def list_blocked(
+        self,
+        blocked_request: "BlockedRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "BlockedResponse":
+        return await self._unary_unary(
+            "/danube_ext.PolicyAdmin/ListBlocked",
+            blocked_request,
+            BlockedResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def resolve_blocked(
+        self,
+        resolve_blocked_request: "ResolveBlockedRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "ResolveBlockedResponse":
+        return await self._unary_unary(
+            "/danube_ext.PolicyAdmin/ResolveBlocked",
+            resolve_blocked_request,
+            ResolveBlockedResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class ReplicationStub(betterproto.ServiceStub):
     async def stream(
@@ -669,6 +730,16 @@ class PolicyAdminBase(ServiceBase):
     ) -> "ReplicationFactorResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def list_blocked(
+        self, blocked_request: "BlockedRequest"
+    ) -> "BlockedResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def resolve_blocked(
+        self, resolve_blocked_request: "ResolveBlockedRequest"
+    ) -> "ResolveBlockedResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_set_namespace_policies(
         self, stream: "grpclib.server.Stream[SetPoliciesRequest, PoliciesResponse]"
     ) -> None:
@@ -713,6 +784,21 @@ class PolicyAdminBase(ServiceBase):
         response = await self.get_replication_factor(request)
         await stream.send_message(response)
 
+    async def __rpc_list_blocked(
+        self, stream: "grpclib.server.Stream[BlockedRequest, BlockedResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.list_blocked(request)
+        await stream.send_message(response)
+
+    async def __rpc_resolve_blocked(
+        self,
+        stream: "grpclib.server.Stream[ResolveBlockedRequest, ResolveBlockedResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.resolve_blocked(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/danube_ext.PolicyAdmin/SetNamespacePolicies": grpclib.const.Handler(
@@ -750,6 +836,18 @@ class PolicyAdminBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 PoliciesRequest,
                 ReplicationFactorResponse,
+            ),
+            "/danube_ext.PolicyAdmin/ListBlocked": grpclib.const.Handler(
+                self.__rpc_list_blocked,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                BlockedRequest,
+                BlockedResponse,
+            ),
+            "/danube_ext.PolicyAdmin/ResolveBlocked": grpclib.const.Handler(
+                self.__rpc_resolve_blocked,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ResolveBlockedRequest,
+                ResolveBlockedResponse,
             ),
         }
 

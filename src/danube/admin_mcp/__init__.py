@@ -1,0 +1,1 @@
+"""The MCP server of `danube-admin serve --mode mcp`."""

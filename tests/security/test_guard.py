@@ -1,0 +1,183 @@
+"""The request path's guard (`danube.runtime.auth`), in process: a caller is authenticated
+before its handler runs, so before any byte of the request body is read or decoded; each RPC
+names the permission and resource it needs; an unlisted RPC needs ManageCluster."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpclib.const
+import pytest
+from grpclib import GRPCError
+from grpclib.const import Status
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from danube.machines.security.tokens import mint
+from danube.proto import danube as pb
+from danube.proto import danube_admin as admin_pb
+from danube.proto import danube_ext as ext_pb
+from danube.proto import danube_schema as schema_pb
+from danube.runtime.auth import AUTHORIZE, CONSUMER_RULES, RULES, AuthGuard
+from danube.values.auth_config import AuthConfig, BindingConfig, JwtConfig, RoleConfig, TlsFiles
+
+SECRET = "guard-secret-0123456789-0123456789-abcdef"
+NOW = 1_800_000_000.0
+CONFIG = AuthConfig(
+    mode="tls",
+    tls=TlsFiles("cert.pem", "key.pem"),
+    jwt=JwtConfig(secret_key=SECRET),
+    roles=(RoleConfig("producer", ("Produce", "Lookup")), RoleConfig("consumer", ("Consume",))),
+    bindings=(
+        BindingConfig("b1", "service_account", "app", ("producer",), "topic", "/default/t"),
+        BindingConfig("b2", "service_account", "app", ("consumer",), "topic", "/default/c"),
+    ),
+)
+
+
+@dataclass
+class Peer:
+    certificate: dict[str, Any] | None = None
+
+    def cert(self) -> dict[str, Any] | None:
+        return self.certificate
+
+
+@dataclass
+class FakeStream:
+    metadata: dict[str, str] = field(default_factory=dict)
+    peer: Peer = field(default_factory=Peer)
+
+
+def guarded_call(guard: AuthGuard, path: str, stream: FakeStream, request: Any = None) -> list[str]:
+    """Runs the wrapped handler; the handler 'reads' its body (records it) and passes the
+    request through the AUTHORIZE hook, as `grpc_util.recv_bounded` does."""
+    events: list[str] = []
+
+    async def handler(_: Any) -> None:
+        events.append("body read")
+        authorize = AUTHORIZE.get()
+        assert authorize is not None
+        authorize(request)
+        events.append("handled")
+
+    wrapped = guard.wrap(
+        path, grpclib.const.Handler(handler, grpclib.const.Cardinality.UNARY_UNARY, None, None)
+    )
+    asyncio.run(wrapped.func(stream))  # type: ignore[arg-type]
+    return events
+
+
+def guard() -> AuthGuard:
+    return AuthGuard(
+        CONFIG, consumer_topic={7: "/default/c", 8: "/default/t"}.get, clock=lambda: NOW
+    )
+
+
+def bearer(name: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {mint(name, SECRET, now=NOW)}"}
+
+
+CREATE = "/danube.ProducerService/CreateProducer"
+
+
+def test_no_credentials_are_refused_before_the_body_is_read() -> None:
+    events: list[str] = []
+    with pytest.raises(GRPCError) as raised:
+        events = guarded_call(
+            guard(), CREATE, FakeStream(), pb.ProducerRequest(topic_name="/default/t")
+        )
+    assert raised.value.status is Status.UNAUTHENTICATED
+    assert events == []
+
+
+def test_a_bad_token_is_refused_before_the_body_is_read_and_not_echoed() -> None:
+    token = mint("app", "wrong-secret-0123456789-0123456789-abcdef", now=NOW)
+    with pytest.raises(GRPCError) as raised:
+        guarded_call(guard(), CREATE, FakeStream({"authorization": f"Bearer {token}"}))
+    assert raised.value.status is Status.UNAUTHENTICATED
+    assert token not in str(raised.value.message) and token[-20:] not in str(raised.value.message)
+
+
+def test_the_internal_broker_header_is_no_credential() -> None:
+    with pytest.raises(GRPCError) as raised:
+        guarded_call(guard(), CREATE, FakeStream({"x-danube-internal-broker": "broker/1"}))
+    assert raised.value.status is Status.UNAUTHENTICATED
+
+
+def test_allowed_and_denied_by_topic() -> None:
+    ok = guarded_call(
+        guard(), CREATE, FakeStream(bearer("app")), pb.ProducerRequest(topic_name="/default/t")
+    )
+    assert ok == ["body read", "handled"]
+    with pytest.raises(GRPCError) as raised:
+        guarded_call(
+            guard(), CREATE, FakeStream(bearer("app")), pb.ProducerRequest(topic_name="/default/u")
+        )
+    assert raised.value.status is Status.PERMISSION_DENIED
+
+
+def test_receive_is_checked_on_the_consumers_topic() -> None:
+    """Danube checks Consume at cluster scope here; a topic binding must be enough, and a
+    consumer on a topic the caller may not consume must not be readable."""
+    path = "/danube.ConsumerService/ReceiveMessages"
+    assert path in CONSUMER_RULES
+    stream = FakeStream(bearer("app"))
+    assert guarded_call(guard(), path, stream, pb.ReceiveRequest(consumer_id=7))[-1] == "handled"
+    for other in (8, 99):  # a consumer of a topic without Consume; an unknown consumer
+        with pytest.raises(GRPCError) as raised:
+            guarded_call(guard(), path, stream, pb.ReceiveRequest(consumer_id=other))
+        assert raised.value.status is Status.PERMISSION_DENIED
+
+
+def test_an_unlisted_rpc_needs_manage_cluster() -> None:
+    with pytest.raises(GRPCError) as raised:
+        guarded_call(
+            guard(), "/danube_admin.SecurityAdmin/ListRoles", FakeStream(bearer("app")), object()
+        )
+    assert raised.value.status is Status.PERMISSION_DENIED
+    assert "ManageCluster" in str(raised.value.message)
+
+
+def test_a_client_certificate_authenticates() -> None:
+    cert = {"subject": ((("commonName", "app"),),)}
+    stream = FakeStream(peer=Peer(cert))
+    request = pb.ProducerRequest(topic_name="/default/t")
+    assert guarded_call(guard(), CREATE, stream, request)[-1] == "handled"
+
+
+def _paths() -> set[str]:
+    bases = [
+        pb.ProducerServiceBase, pb.ConsumerServiceBase, pb.DiscoveryBase, pb.HealthCheckBase,
+        schema_pb.SchemaRegistryBase, admin_pb.BrokerAdminBase, admin_pb.NamespaceAdminBase,
+        admin_pb.TopicAdminBase, ext_pb.ConsumerExtBase, ext_pb.ProducerExtBase,
+        ext_pb.PolicyAdminBase, ext_pb.ReplicationAdminBase,
+    ]  # fmt: skip
+    return {path for base in bases for path in base().__mapping__()}
+
+
+def test_every_rule_names_a_real_rpc_and_every_client_rpc_has_a_rule() -> None:
+    """A misspelt path in the table would leave its RPC at the default (ManageCluster) and
+    silently lock out clients; a client-port RPC without a rule would do the same."""
+    real = _paths()
+    assert set(RULES) | CONSUMER_RULES <= real
+    client_port = {p for p in real if p.split(".")[0] in ("/danube",) or "Ext/" in p}
+    missing = client_port - set(RULES) - CONSUMER_RULES
+    assert missing == set()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=300), st.binary(max_size=300).map(lambda b: b.decode("latin-1"))))
+def test_any_authorization_header_is_refused_cleanly(value: str) -> None:
+    """Whatever the header says (random text, `Bearer` plus junk), the answer is
+    UNAUTHENTICATED with a short reason that does not quote it, and no handler runs."""
+    for header in (value, f"Bearer {value}"):
+        with pytest.raises(GRPCError) as raised:
+            guarded_call(guard(), CREATE, FakeStream({"authorization": header}))
+        assert raised.value.status is Status.UNAUTHENTICATED
+        message = str(raised.value.message)
+        assert len(message) < 200
+        if len(value.strip()) >= 8:
+            assert value.strip() not in message
