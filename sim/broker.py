@@ -29,6 +29,7 @@ from danube.machines.dispatch import QueueLimits
 from danube.machines.dispatch.reliable import ReliableSubscription
 from danube.machines.dispatch.types import SubscriptionType
 from danube.machines.memory.budget import MemoryPools
+from danube.machines.memory.publish import PublishPool
 from danube.machines.node import requests
 from danube.machines.node.core import (
     BrokerCore,
@@ -154,6 +155,15 @@ class OpenStream:
     pumping: bool = False
 
 
+PRESSURE_LEFT = 512
+"""What the memory-pressure fault leaves free of the publish pool: room for one small publish
+(so some go on) and not for a batch (so streams pause)."""
+
+
+def _relieved(pool: PublishPool) -> None:
+    pool.pressure = 0
+
+
 class Observer:
     """What the checker wants to hear from inside the broker."""
 
@@ -214,6 +224,11 @@ class Observer:
     def memory_checked(self, pool: int, accounted: int, held: int) -> None:
         """After a tick: the cache ledger's pool and total, and the bytes the WAL machines'
         caches really hold (spec/memory.md)."""
+
+    def publish_pool_checked(self, pool: PublishPool, cached: int, pools: int, idle: bool) -> None:
+        """After a publish was admitted and handed to the core, and after a tick: the publish
+        pool, the cache ledger's total, what the cache and publish pools add up to, and
+        whether no request flow is in flight (spec/memory.md, "Back-pressure")."""
 
     def internal_error(self, request: str, error: Exception) -> None:
         """A request failed with an unforeseen exception (production answers INTERNAL): a
@@ -302,6 +317,7 @@ class SimBroker:
         self.port = SimPort(self, self.incarnation)
         self.interpreter = Interpreter(core, self.port, objects=self.objects is not None)
         self._streams, self._current = {}, {}
+        self.requests.in_flight = 0  # the last incarnation's flows are never answered
         self.up = True  # the port performs for a live incarnation only
         restored = core.restore(self.metadata)
         self._apply(core.bootstrap(["default"]).effects)
@@ -377,7 +393,29 @@ class SimBroker:
         ledger = core.cache_ledger
         if ledger is not None:
             self.observer.memory_checked(ledger.pool, ledger.total, core.cached_bytes_held())
+        self.publish_checked(idle=not self.requests.in_flight)
         self.world.at(TICK_US, lambda: self._tick(incarnation))
+
+    def publish_checked(self, *, idle: bool = False) -> None:
+        """Invariant 18 over the publish pool too (`Observer.publish_pool_checked`)."""
+        core = self.core
+        pool = core.publish_pool if core is not None else None
+        if core is None or pool is None or core.memory is None or core.cache_ledger is None:
+            return
+        pools = core.memory.cache + core.memory.publish
+        self.observer.publish_pool_checked(pool, core.cache_ledger.total, pools, idle)
+
+    def memory_pressure(self, duration_us: int) -> None:
+        """The memory-pressure fault: for `duration_us` memory outside the pools leaves the
+        publish pool only `PRESSURE_LEFT` bytes of the room it had free."""
+        core = self.core
+        pool = core.publish_pool if self.up and core is not None else None
+        if pool is None:
+            return
+        pool.pressure = max(0, pool.capacity - pool.used - PRESSURE_LEFT)
+        self.injected["memory_pressure"] += 1
+        self.world.log(f"fault memory_pressure {pool.pressure} bytes for {duration_us} us")
+        self.world.at(duration_us, lambda: _relieved(pool))
 
     # -- requests ---------------------------------------------------------------------------------
 

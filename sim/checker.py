@@ -53,6 +53,7 @@ from typing import Any
 
 from danube.kernels import crc32c
 from danube.machines.dispatch.types import SubscriptionType
+from danube.machines.memory.publish import PublishPool
 from danube.machines.tiering import IndexEntry, IndexFormatError, ObjectRead, layout, validate_index
 from danube.machines.wal import format, records
 from danube.machines.wal.machine import Durability
@@ -216,6 +217,26 @@ class InvariantChecker(Observer):
             self._violate(
                 MEMORY, f"the cache ledger counts {accounted} bytes, the caches hold {held}"
             )
+
+    def publish_pool_checked(self, pool: PublishPool, cached: int, pools: int, idle: bool) -> None:
+        """18, the publish pool: what publishes in flight hold stays within the room the
+        pool had for them (its capacity less the memory pressure), the caches and the
+        publishes together within their two pools (the cache gave way for what publishes
+        borrowed), and a pool with no request in flight holds nothing (a publish answered
+        without giving its room back leaks it: the broker would refuse ever more)."""
+        if pool.used + pool.pressure > pool.capacity:
+            self._violate(
+                MEMORY,
+                f"publishes hold {pool.used} bytes, over the room the pool had "
+                f"({pool.capacity} less {pool.pressure} under pressure)",
+            )
+        if cached + pool.used > pools:
+            self._violate(
+                MEMORY,
+                f"caches ({cached}) and publishes ({pool.used}) hold more than their pools {pools}",
+            )
+        if idle and pool.used:
+            self._violate(MEMORY, f"the publish pool holds {pool.used} bytes with no publish left")
 
     def answered_twice(self, client: str) -> None:
         """A request of `client` got a second answer (a waiter table that answers twice)."""

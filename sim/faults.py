@@ -32,6 +32,10 @@ class Faults:
     """Per fault tick: the broker process dies and, while it is down, the newest segment of
     a topic is damaged where the WAL checkpoint says it was durable: a bit flipped in its
     last checkpointed frame (half the time), its frames zeroed, or the file deleted."""
+    memory_pressure: float = 0.0
+    """Per fault tick: for 1 to 5 s memory outside the pools takes all of the broker's free
+    publish pool room but a few hundred bytes (`PublishPool.pressure`), so publishes pile up,
+    wait and are refused (spec/memory.md, "Back-pressure")."""
     # process
     crash: float = 0.0
     """Per fault tick: the broker process dies (writes in flight are torn) and restarts."""

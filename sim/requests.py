@@ -167,6 +167,9 @@ class StorageWait:
 class SimRequests:
     def __init__(self, broker: SimBroker) -> None:
         self.broker = broker
+        self.in_flight = 0
+        """Flows of this incarnation not answered yet (invariant 18: with none, the publish
+        pool holds nothing)."""
 
     def now(self) -> int:
         return self.broker.now_ms
@@ -202,7 +205,25 @@ class SimRequests:
         """Drives `flow`; `done` gets its value or the `DanubeError` that refused it. Any
         other exception of the flow (or of carrying out what it asked) is a bug: `done` gets
         INTERNAL, as production answers, and the observer hears of it."""
-        _Drive(self.broker, flow, done).start()
+        self.in_flight += 1
+        _Drive(self.broker, flow, _Counted(self, done)).start()
+
+
+class _Counted:
+    """`done`, counting the flow out of `SimRequests.in_flight` (an object, not a closure:
+    see `_Drive`)."""
+
+    __slots__ = ("done", "incarnation", "requests")
+
+    def __init__(self, requests: SimRequests, done: Callable[[Any], None]) -> None:
+        self.requests = requests
+        self.done = done
+        self.incarnation = requests.broker.incarnation
+
+    def __call__(self, answer: Any) -> None:
+        if self.requests.broker.incarnation == self.incarnation:
+            self.requests.in_flight -= 1
+        self.done(answer)
 
 
 class _Drive:
@@ -258,6 +279,7 @@ class _Drive:
                     wait = waits[id(request.stored)] = StorageWait(broker.world)
                     broker.wait_for_storage(request.stored.topic, request.stored.through, wait)
                 broker.apply_step(request.step)
+                broker.publish_checked()
                 request = step(flow, answer=None)
             elif isinstance(request, AwaitStored):
                 wait = waits.pop(id(request))

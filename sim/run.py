@@ -129,11 +129,13 @@ class Workload:
     default): none, digests as before."""
 
     def memory_pools(self) -> MemoryPools | None:
-        """A budget whose cache pool is `cache_pool` (the other pools are not enforced yet)."""
+        """A budget whose cache pool is `cache_pool` and whose publish pool is an eighth of
+        it (a few publishes' worth: a batch or a slow fsync makes publishes borrow from the
+        cache, the memory-pressure fault makes them wait, a second at most; spec/memory.md)."""
         if not self.cache_pool:
             return None
         pool = self.cache_pool
-        return MemoryPools(2 * pool, pool, pool // 2, pool - pool // 2)
+        return MemoryPools(2 * pool, pool, pool // 8, pool - pool // 8, publish_wait_ms=1_000)
 
     def wal_config(self) -> WalConfig:
         return WalConfig(
@@ -385,6 +387,8 @@ class Simulation:
             world.log("fault disk_full")
         if self.disk.full and world.now >= self._disk_full_until:
             self.disk.full = False
+        if faults.memory_pressure and rng.random() < faults.memory_pressure:
+            self.broker.memory_pressure(rng.randint(1_000_000, 5_000_000))
         if faults.bit_flip and rng.random() < faults.bit_flip:
             flipped = self.disk.flip_bit(rng)
             if flipped is not None:

@@ -91,3 +91,12 @@ def test_the_runtime_reads_this_machine_for_the_default() -> None:
     pools = broker_pools(None)
     assert pools.budget >= 16 * MIB
     assert pools.cache + pools.publish + pools.consumer == pools.budget
+
+
+def test_yaml_sets_how_long_a_send_waits_for_room() -> None:
+    assert config_from_mapping({}).publish_wait_ms == 3_000
+    config = config_from_mapping({"broker": {"publish_wait_ms": 0}})
+    assert config.publish_wait_ms == 0
+    assert split(16 * MIB, config.publish_wait_ms).publish_wait_ms == 0
+    with pytest.raises(ConfigError, match="publish_wait_ms"):
+        config_from_mapping({"broker": {"publish_wait_ms": -1}})

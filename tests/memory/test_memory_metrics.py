@@ -55,3 +55,21 @@ def _samples(text: str) -> dict[tuple[str, str], float]:
 def test_a_core_without_a_budget_exports_none() -> None:
     text = BrokerMetrics(_core(memory=False), "7", "standalone").exposition().decode()
     assert "danube_memory_" not in text
+
+
+def test_the_publish_pool_its_borrowing_and_the_time_producers_paused_are_exported() -> None:
+    core = _core(memory=True)
+    pool = core.publish_pool
+    assert pool is not None and core.memory is not None
+    held = core.memory.publish + 1_000  # over its own share: 1,000 bytes borrowed
+    assert pool.reserve(held)
+    pool.waited(1_500, refused=False)
+    pool.waited(3_000, refused=True)
+    samples = _samples(BrokerMetrics(core, "7", "standalone").exposition().decode())
+    assert samples[("danube_memory_pool_used_bytes", "publish")] == held
+    assert samples[("danube_memory_publish_borrowed_bytes", "")] == 1_000
+    assert samples[("danube_memory_publish_paused_seconds_total", "")] == 4.5
+    assert samples[("danube_memory_publish_refused_total", "")] == 1
+    pool.release(held)
+    samples = _samples(BrokerMetrics(core, "7", "standalone").exposition().decode())
+    assert samples[("danube_memory_pool_used_bytes", "publish")] == 0

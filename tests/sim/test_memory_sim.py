@@ -1,14 +1,22 @@
 """Invariant 18 (spec/memory.md): the hot caches stay within the broker's cache pool and the
-ledger counts what they hold; a cache that evicts behind the ledger's back is caught."""
+ledger counts what they hold; a cache that evicts behind the ledger's back is caught. The
+publish pool: publishes in flight stay within the room it had, caches and publishes together
+within their pools, and a pool with nothing in flight holds nothing; a publish that keeps its
+room when refused, and admission that ignores the pool, are caught."""
 
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
+from typing import Any
 from unittest import mock
 
 import pytest
 
+from danube.machines.memory.publish import PublishPool, send_cost
+from danube.machines.node import requests
+from danube.machines.requests import publish
 from danube.machines.wal.cache import CachedBatch, HotCache
 from sim.checker import MEMORY
 from sim.cluster import ClusterSimulation, ClusterWorkload
@@ -68,3 +76,62 @@ def test_the_cluster_runs_check_the_ledger_too() -> None:
     workload = ClusterWorkload(replicated=True)
     with topic_bound_skips_the_ledger(), pytest.raises(AssertionError, match="18 memory"):
         ClusterSimulation(1, workload, CLUSTER_PROFILES["default"]).run(15)
+
+
+# -- the publish pool (spec/memory.md, "Back-pressure") -------------------------------------------
+
+PRESSURE = Faults(memory_pressure=0.05, slow_fsync=0.05, disk_full=0.02)
+"""Memory pressure for a few seconds now and then and slow fsyncs (publishes pile up), a full
+disk now and then (publishes admitted are refused when their write fails)."""
+
+
+def test_under_memory_pressure_publishes_wait_borrow_and_are_refused_and_nothing_is_lost() -> None:
+    seen: Counter[str] = Counter()
+    original = PublishPool.waited
+
+    def counted(self: PublishPool, ms: int, *, refused: bool) -> None:
+        seen["refused" if refused else "waited"] += 1
+        seen["borrowed"] += self.borrowed > 0
+        original(self, ms, refused=refused)
+
+    with mock.patch.object(PublishPool, "waited", counted):
+        for seed in range(1, 6):
+            result = Simulation(seed, Workload(), PRESSURE).run(10)
+            assert result.ok, result.violations
+    assert seen["refused"] and seen["waited"], seen  # both outcomes of a wait were judged
+
+
+def _leaks_on_refusal(core: Any, message: Any, now: Any) -> Any:
+    """The planted bug: `publish_one` gives its room back only when the publish succeeds."""
+    yield from publish.unfenced()
+    size = send_cost(len(message.payload))
+    pool = yield from publish.admitted(core, size, now, stream=False)
+    published = requests.publish(core, message, now())
+    offset = published.step.value
+    stored = publish.AwaitStored(message.topic_name, offset) if published.stored else None
+    yield from publish.stored_and_unfenced(published.step, stored)
+    if pool is not None:
+        pool.release(size)
+    return publish.Published(offset, published.stored)
+
+
+def _first_violation(seeds: range) -> str | None:
+    for seed in seeds:
+        result = Simulation(seed, Workload(), PRESSURE).run(10)
+        if not result.ok:
+            return result.violations[0].invariant
+    return None
+
+
+def test_a_publish_that_keeps_its_room_when_refused_is_caught() -> None:
+    with mock.patch.object(publish, "publish_one", _leaks_on_refusal):
+        assert _first_violation(range(1, 201)) == MEMORY
+
+
+def test_admission_that_ignores_the_pool_is_caught() -> None:
+    def takes_anyway(self: PublishPool, size: int) -> bool:
+        self.used += size
+        return True
+
+    with mock.patch.object(PublishPool, "reserve", takes_anyway):
+        assert _first_violation(range(1, 201)) == MEMORY

@@ -4,6 +4,10 @@ maintenance and spreading topics evenly again (BrokerAdmin)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
 
 import danube.proto_compat  # noqa: F401  (ClusterBalanceResponse decodes)
 from danube.cli.admin_args import Actions, command, group, positive
@@ -26,6 +30,83 @@ async def list_brokers(client: AdminClient, _: argparse.Namespace) -> Result:
         "no brokers registered",
     )
     return Result(plain(answer), text)
+
+
+MEMORY_SCRAPE_TIMEOUT_S = 5.0
+
+
+def memory_of(exposition: str) -> dict[str, float]:
+    """The `danube_memory_*` samples of a broker's metrics page, by name (and pool)."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name.startswith("danube_memory_"):
+                pool = sample.labels.get("pool")
+                found[f"{sample.name}:{pool}" if pool else sample.name] = sample.value
+    return found
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=MEMORY_SCRAPE_TIMEOUT_S) as answer:
+        return str(answer.read().decode())
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.1f}"
+
+
+async def memory(client: AdminClient, _: argparse.Namespace) -> Result:
+    """Each broker's memory budget and pools, read from its metrics endpoint (the address
+    ListBrokers gives: Danube's BrokerInfo has no field for them; spec/memory.md)."""
+    answer = await client.call("list brokers", client.brokers.list_brokers(pb.Empty()))
+    data: list[dict[str, object]] = []
+    rows = []
+    for broker in answer.brokers:
+        row: dict[str, object] = {"broker_id": broker.broker_id}
+        try:
+            if not broker.metrics_addr:
+                raise OSError("the broker runs without a metrics endpoint")
+            found = memory_of(await asyncio.to_thread(_scrape, broker.metrics_addr))
+        except (OSError, ValueError) as error:
+            row["error"] = str(error)
+            rows.append((broker.broker_id, f"metrics unreachable: {error}", *[""] * 6))
+            data.append(row)
+            continue
+        row.update(found)
+        data.append(row)
+
+        def pool(name: str, found: dict[str, float] = found) -> str:
+            used = found.get(f"danube_memory_pool_used_bytes:{name}")
+            size = found.get(f"danube_memory_pool_bytes:{name}")
+            return f"{_mib(used)} / {_mib(size)}"
+
+        rows.append(
+            (
+                broker.broker_id,
+                _mib(found.get("danube_memory_budget_bytes")),
+                pool("cache"),
+                pool("publish"),
+                _mib(found.get("danube_memory_publish_borrowed_bytes")),
+                pool("consumer"),
+                f"{found.get('danube_memory_publish_paused_seconds_total', 0):.1f}",
+                int(found.get("danube_memory_publish_refused_total", 0)),
+            )
+        )
+    text = table(
+        (
+            "broker_id",
+            "budget_mib",
+            "cache_mib",
+            "publish_mib",
+            "borrowed_mib",
+            "consumer_mib",
+            "paused_s",
+            "refused",
+        ),
+        rows,
+        "no brokers registered",
+    )
+    return Result(data, text)
 
 
 async def leader(client: AdminClient, _: argparse.Namespace) -> Result:
@@ -122,6 +203,10 @@ def add_broker_commands(commands: Actions) -> None:
     actions = group(commands, "brokers", "list, drain, activate and balance brokers")
     command(actions, "list", "list the cluster's brokers with role and status", list_brokers,
             "BrokerAdmin/ListBrokers")  # fmt: skip
+    command(actions, "memory",
+            "show each broker's memory budget, its pools' use (used / size) and the time "
+            "producers spent paused", memory,
+            "BrokerAdmin/ListBrokers and each broker's metrics endpoint")  # fmt: skip
     command(actions, "leader-broker", "print the cluster leader's broker id", leader,
             "BrokerAdmin/GetLeaderBroker")  # fmt: skip
     command(actions, "namespaces", "list every namespace", namespaces,

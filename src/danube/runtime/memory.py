@@ -20,12 +20,12 @@ def _read(path: str) -> str | None:
         return None
 
 
-def broker_pools(configured: int | None) -> MemoryPools:
+def broker_pools(configured: int | None, publish_wait_ms: int = 3_000) -> MemoryPools:
     """The configured budget (`--memory-budget`), else the default read from this machine,
     split into pools."""
     if configured is not None:
-        return split(configured)
-    return split(default_budget(cgroup_limit(), _read(MEMINFO)))
+        return split(configured, publish_wait_ms)
+    return split(default_budget(cgroup_limit(), _read(MEMINFO)), publish_wait_ms)
 
 
 def cgroup_limit() -> str | None:

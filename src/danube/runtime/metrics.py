@@ -546,7 +546,24 @@ def _memory_families(broker: str, use: stats.MemoryUse | None) -> Iterable[Metri
         [],
     )
     evicted.add_metric([broker], use.cache_evicted)
-    return (budget, size, used, evicted)
+    borrowed = _gauge(
+        "danube_memory_publish_borrowed_bytes",
+        "Bytes of the cache pool publishes in flight hold (the cache gave way to them).",
+    )
+    borrowed.add_metric([broker], use.publish_borrowed)
+    paused = _counter(
+        "danube_memory_publish_paused_seconds",
+        "Time publishes waited for room in the publish pool (producers paused), added up.",
+        [],
+    )
+    paused.add_metric([broker], use.publish_paused_ms / 1000)
+    refused = _counter(
+        "danube_memory_publish_refused",
+        "Publishes refused RESOURCE_EXHAUSTED because the publish pool stayed full.",
+        [],
+    )
+    refused.add_metric([broker], use.publish_refused)
+    return (budget, size, used, evicted, borrowed, paused, refused)
 
 
 def _wal_families(broker: str, wal: WalMetrics) -> Iterable[Metric]:

@@ -45,11 +45,15 @@ class RequestDriver:
         keeps the core's order between requests (a stream of batches) may begin the next
         request while this one waits for its storage."""
         waits: dict[int, Coroutine[Any, Any, None]] = {}
-        request = step(flow)
-        while not isinstance(request, Finished):
-            if isinstance(request, Apply):
-                return self._rest(flow, self._start(request, waits), waits)
-            request = await self._answer(flow, request)
+        try:
+            request = step(flow)
+            while not isinstance(request, Finished):
+                if isinstance(request, Apply):
+                    return self._rest(flow, self._start(request, waits), waits)
+                request = await self._answer(flow, request)
+        except BaseException:
+            flow.close()  # cancelled (the client left): its `finally` gives back its memory
+            raise
         return _Done(_value(request))
 
     def _start(self, apply: Apply, waits: dict[int, Coroutine[Any, Any, None]]) -> Awaitable[None]:
@@ -80,6 +84,7 @@ class RequestDriver:
         finally:
             for wait in waits.values():
                 wait.close()  # a flow that answered without waiting (never, but not leaked)
+            flow.close()  # cancelled: the flow's `finally` gives back its publish pool room
 
     async def _answer(self, flow: Flow[Any], request: Any) -> Any:
         """Carries out one effect and returns the flow's next request."""

@@ -275,6 +275,9 @@ class BrokerConfig:
     """`broker.memory_budget` / --memory-budget, bytes: what the broker's accounted memory
     (hot caches, publish buffers, consumer queues) may take together (spec/memory.md). None:
     a share of the machine's memory or the cgroup limit, read at start."""
+    publish_wait_ms: int = 3_000
+    """`broker.publish_wait_ms`: how long a `SendMessage` waits for room in the publish pool
+    before RESOURCE_EXHAUSTED (spec/memory.md, "Back-pressure"); 0 refuses at once."""
     bootstrap_namespaces: tuple[str, ...] = ("default",)
     auto_create_topics: bool = True
     policies: Policies = field(default_factory=Policies)
@@ -389,6 +392,7 @@ def _addresses(broker: dict[str, Any], config: BrokerConfig) -> dict[str, Any]:
         "prometheus_host",
         "grpc",
         "memory_budget",
+        "publish_wait_ms",
     }
     _keys(broker, known, "broker")
     ports = _section(broker, "ports", "broker.")
@@ -679,6 +683,9 @@ def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
     updates["grpc"] = grpc_config(_section(broker, "grpc", "broker."))
     if broker.get("memory_budget") is not None:
         updates["memory_budget"] = memory_budget(broker["memory_budget"], "broker.memory_budget")
+    wait_ms = _number(broker, "publish_wait_ms", "broker.", minimum=0)
+    if wait_ms is not None:
+        updates["publish_wait_ms"] = wait_ms
     advertised = _section(broker, "advertised_listeners", "broker.")
     if advertised.get("broker_url"):
         updates["advertised_addr"] = str(advertised["broker_url"]).split("://")[-1]

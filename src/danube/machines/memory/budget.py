@@ -21,7 +21,8 @@ CACHE_SHARE = 0.5
 """The hot caches' share of the budget: the one pool that can shrink at any time (its
 batches are on disk), so it gets the most and gives way first."""
 PUBLISH_SHARE = 0.25
-"""Publish buffers: appends queued for the WAL, not yet written (back-pressure, not built)."""
+"""Publish buffers: publishes accepted and not yet answered (`machines/memory/publish.py`:
+producers wait, then are refused, beyond it)."""
 MINIMUM_BUDGET = 16 * MIB
 """Smaller budgets are refused: a broker could not hold one large batch in each pool."""
 
@@ -34,18 +35,21 @@ class MemoryPools:
     cache: int
     """Hot caches of every topic together (`CacheLedger`)."""
     publish: int
-    """Publish buffers (accounted, enforced by back-pressure: not built yet)."""
+    """Publish buffers (`PublishPool`: accounted, enforced by back-pressure)."""
     consumer: int
     """Consumer queues (accounted, bounded per consumer by `dispatch.consumer_queue_bytes`)."""
+    publish_wait_ms: int = 3_000
+    """How long a `SendMessage` waits for room in the publish pool (`broker.publish_wait_ms`;
+    `danube.machines.memory.publish`)."""
 
 
-def split(budget: int) -> MemoryPools:
+def split(budget: int, publish_wait_ms: int = 3_000) -> MemoryPools:
     """Cache half, publish buffers a quarter, consumer queues the rest (sums exactly)."""
     if budget < MINIMUM_BUDGET:
         raise ValueError(f"a memory budget needs at least {MINIMUM_BUDGET} bytes, got {budget}")
     cache = int(budget * CACHE_SHARE)
     publish = int(budget * PUBLISH_SHARE)
-    return MemoryPools(budget, cache, publish, budget - cache - publish)
+    return MemoryPools(budget, cache, publish, budget - cache - publish, publish_wait_ms)
 
 
 def machine_memory(cgroup_max: str | None, meminfo: str | None) -> int:

@@ -33,6 +33,7 @@ from danube import keys
 from danube.machines.dispatch import LATEST, QueueLimits, StartPosition, SubscriptionType
 from danube.machines.memory.budget import MemoryPools
 from danube.machines.memory.ledger import CacheLedger
+from danube.machines.memory.publish import PublishPool
 from danube.machines.node.catalogue import Catalogue, policies_to_json
 from danube.machines.node.consumers import Consumers
 from danube.machines.node.core_replication import ReplicationRoutes
@@ -179,6 +180,13 @@ class BrokerCore(ReplicationRoutes):
         self.catalogue = Catalogue(identity, default_policies)
         self.memory = memory
         self.cache_ledger = CacheLedger(memory.cache) if memory is not None else None
+        self.publish_pool = (
+            PublishPool(memory.publish, ledger=self.cache_ledger, wait_ms=memory.publish_wait_ms)
+            if memory is not None
+            else None
+        )
+        """Publishes in flight (spec/memory.md, "Back-pressure"): the request flows reserve
+        and release (`danube.machines.requests.publish.admitted`)."""
         consumers: dict[int, ConsumerRecord] = {}
         self.logs = ReliableLogs(
             self.catalogue,

@@ -89,29 +89,37 @@ class MemoryUse:
 
     budget: int
     pools: tuple[tuple[str, int, int], ...]
-    """(pool, size, bytes in use): `cache` (hot caches, accounted), `publish` (frames
-    appended and not yet written), `consumer` (non-reliable consumer queues)."""
+    """(pool, size, bytes in use): `cache` (hot caches, accounted), `publish` (publishes
+    accepted and not yet answered, `PublishPool`), `consumer` (non-reliable consumer
+    queues)."""
     cache_evicted: int
     """Accounted bytes the cache pool evicted (across topics) since the broker started."""
+    publish_borrowed: int = 0
+    """Bytes of the cache pool the publishes hold now (the cache gave way)."""
+    publish_paused_ms: int = 0
+    """Time publishes waited for room in the publish pool, added up, since the start."""
+    publish_refused: int = 0
+    """Publishes refused RESOURCE_EXHAUSTED for want of room since the start."""
 
 
 def memory_use(core: BrokerCore) -> MemoryUse | None:
     """None when the core has no budget (tests, a core built without one)."""
-    pools, ledger = core.memory, core.cache_ledger
-    if pools is None or ledger is None:
+    pools, ledger, publish = core.memory, core.cache_ledger, core.publish_pool
+    if pools is None or ledger is None or publish is None:
         return None
-    publish = consumer = 0
+    consumer = 0
     for record in core.topic_records():
-        if record.log.wal is not None:
-            publish += record.log.wal.queued_bytes
         for sub in record.subscriptions.values():
             consumer += getattr(sub.dispatcher, "queued_bytes", 0)
     return MemoryUse(
         pools.budget,
         (
             ("cache", pools.cache, ledger.total),
-            ("publish", pools.publish, publish),
+            ("publish", pools.publish, publish.used),
             ("consumer", pools.consumer, consumer),
         ),
         ledger.evicted_bytes,
+        publish.borrowed,
+        publish.paused_ms,
+        publish.refused,
     )

@@ -1,6 +1,7 @@
 """Publishing, one message or a batch, in the one order both paths keep:
 
-    fence → topic served here → schema check → pace → core → wait for storage → fence
+    fence → topic served here → schema check → pace → room in the publish pool → core →
+    wait for storage → fence → the pool's room given back
 
 The broker refuses work while it is fenced (another broker may own the topic by now), checks
 schemas and paces only topics it serves (the core refuses the others with its own reasons),
@@ -9,7 +10,12 @@ for a reliable topic, answers only once the WAL acknowledged the message at the 
 durability level and the broker is still not fenced (spec/cluster.md, rule 1).
 
 `now` is the host's clock in milliseconds, read when a decision needs it (pacing, then the
-core call, which may come later if the schema check or the pace waited)."""
+core call, which may come later if the schema check or the pace waited).
+
+The publish pool (`danube.machines.memory.publish`, spec/memory.md "Back-pressure") holds what
+a publish costs from its admission until it is answered, acknowledged or refused: the flow
+gives the room back in a `finally`, so no way out of it (a refusal, a failed write, a client
+that left and whose flow is closed) keeps it."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from danube.effects import Sleep
+from danube.machines.memory.publish import RETRY_MS, PublishPool, batch_cost, send_cost
 from danube.machines.node import requests
 from danube.machines.node.core import BatchPublished, BrokerCore
 from danube.machines.requests.effects import (
@@ -39,6 +46,7 @@ __all__ = [
     "CheckFence",
     "Published",
     "SchemaInspects",
+    "admitted",
     "publish_batch",
     "publish_one",
 ]
@@ -84,6 +92,51 @@ def paced(core: BrokerCore, topic: str, count: int, now: Clock) -> Flow:
         yield Sleep(delay_ms)
 
 
+def admitted(core: BrokerCore, size: int, now: Clock, *, stream: bool) -> Flow:
+    """Waits for `size` bytes of room in the broker's publish pool and returns the pool that
+    holds them (None: the core has no budget), for the caller to release once the publish is
+    answered. A plain `SendMessage` waits `wait_ms`, a batch of a stream `stream_wait_ms` (its
+    stream is not read meanwhile), then is refused RESOURCE_EXHAUSTED; what can never fit is
+    refused at once. The time waited is counted (`PublishPool.paused_ms`)."""
+    pool = core.publish_pool
+    if pool is None:
+        return None
+    if size > pool.capacity:
+        raise DanubeError(
+            ErrorCode.RESOURCE_EXHAUSTED,
+            f"this publish needs {size} bytes of the broker's publish pool, which holds at most "
+            f"{pool.capacity} (budget {_budget(core)}); send smaller batches or raise "
+            "--memory-budget",
+        )
+    started = now()
+    patience = pool.stream_wait_ms if stream else pool.wait_ms
+    while not pool.reserve(size):
+        waited = now() - started
+        if waited >= patience:
+            pool.waited(waited, refused=True)
+            raise _pool_full(core, pool, size, waited)
+        yield Sleep(RETRY_MS)
+    waited = now() - started
+    if waited:
+        pool.waited(waited, refused=False)
+    return pool
+
+
+def _budget(core: BrokerCore) -> str:
+    memory = core.memory
+    return f"{memory.budget} bytes, --memory-budget" if memory is not None else "unknown"
+
+
+def _pool_full(core: BrokerCore, pool: PublishPool, size: int, waited: int) -> DanubeError:
+    return DanubeError(
+        ErrorCode.RESOURCE_EXHAUSTED,
+        f"the broker's publish pool is full: {pool.used} of {pool.capacity} bytes are held by "
+        f"publishes not yet stored (budget {_budget(core)}); this publish of {size} bytes "
+        f"waited {waited} ms. Nothing of it was stored: retry later, slow the producer down, "
+        "or give the broker a larger --memory-budget or a faster disk",
+    )
+
+
 def stored_and_unfenced(step: Any, stored: AwaitStored | None) -> Flow:
     """Starts the step's effects; waits for its metadata, then (a reliable topic) for the WAL
     and checks the broker is still not fenced before anything is answered."""
@@ -100,11 +153,17 @@ def publish_one(core: BrokerCore, message: records.Record, now: Clock) -> Flow:
     if core.serves(topic):
         yield AdmitSchema(topic, (message,))
         yield from paced(core, topic, 1, now)
-    published = requests.publish(core, message, now())
-    offset = published.step.value
-    stored = AwaitStored(topic, offset) if published.stored else None
-    yield from stored_and_unfenced(published.step, stored)
-    return Published(offset, published.stored)
+    size = send_cost(len(message.payload))
+    pool = yield from admitted(core, size, now, stream=False)
+    try:
+        published = requests.publish(core, message, now())
+        offset = published.step.value
+        stored = AwaitStored(topic, offset) if published.stored else None
+        yield from stored_and_unfenced(published.step, stored)
+        return Published(offset, published.stored)
+    finally:
+        if pool is not None:
+            pool.release(size)
 
 
 def publish_batch(core: BrokerCore, request: BatchRequest, now: Clock) -> Flow:
@@ -118,8 +177,14 @@ def publish_batch(core: BrokerCore, request: BatchRequest, now: Clock) -> Flow:
         messages = [records.decode(r) for r in PackedRecords(batch.frame, batch.positions, 0)]
         yield AdmitSchema(topic, messages)
     yield from paced(core, topic, batch.count, now)
-    step = core.publish_batch(request.producer_id, topic, batch, now_ms=now())
-    published: BatchPublished = step.value
-    stored = AwaitStored(topic, published.last_offset) if published.stored else None
-    yield from stored_and_unfenced(step, stored)
-    return published
+    size = batch_cost(len(batch.frame), batch.count)
+    pool = yield from admitted(core, size, now, stream=True)
+    try:
+        step = core.publish_batch(request.producer_id, topic, batch, now_ms=now())
+        published: BatchPublished = step.value
+        stored = AwaitStored(topic, published.last_offset) if published.stored else None
+        yield from stored_and_unfenced(step, stored)
+        return published
+    finally:
+        if pool is not None:
+            pool.release(size)

@@ -1,0 +1,175 @@
+"""The publish pool and back-pressure on publishes (spec/memory.md, "Back-pressure"): pure,
+the flows driven by hand with a clock the test moves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from danube.effects import Sleep
+from danube.effects.flow import Finished, step
+from danube.machines.memory.budget import split
+from danube.machines.memory.ledger import CacheLedger
+from danube.machines.memory.publish import RETRY_MS, PublishPool, send_cost
+from danube.machines.requests import publish
+from danube.machines.requests.effects import Apply, AwaitStored, CheckFence
+from danube.machines.wal import records
+from danube.machines.wal.cache import HotCache
+from danube.values.errors import DanubeError, ErrorCode
+
+
+def test_a_reservation_fits_or_not_and_is_given_back() -> None:
+    pool = PublishPool(1_000)
+    assert pool.capacity == 1_000  # no cache to borrow from
+    assert pool.reserve(600)
+    assert not pool.reserve(500)
+    assert pool.reserve(400)
+    pool.release(600)
+    pool.release(400)
+    assert pool.used == 0 and pool.peak == 1_000
+    with pytest.raises(ValueError):
+        pool.release(1)
+
+
+def test_the_cache_gives_way_first_up_to_half_its_pool() -> None:
+    ledger = CacheLedger(pool=1_000)
+    cache = HotCache(10_000, "a", ledger)
+    for offset in range(10):
+        cache.put(offset, [b"x"], 100)
+    assert ledger.total == 1_000
+    pool = PublishPool(400, ledger=ledger)
+    assert pool.capacity == 900
+    assert pool.reserve(400)  # its own share: the cache keeps everything
+    assert ledger.total == 1_000 and ledger.pool == 1_000
+    assert pool.reserve(300)  # borrowed: the cache's oldest batches go at once
+    assert ledger.pool == 700 and ledger.total == 700 and cache.oldest == 3
+    assert ledger.total + pool.used <= 1_000 + 400
+    assert not pool.reserve(201)  # the cache keeps the other half of its pool
+    pool.release(700)
+    assert ledger.pool == 1_000  # its room comes back as publishes are answered
+
+
+def test_pressure_leaves_room_free() -> None:
+    pool = PublishPool(1_000)
+    pool.pressure = 900
+    assert not pool.reserve(200)
+    assert pool.reserve(100)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = 1_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+class FakeCore:
+    """What the publish flow asks of the core; `publish` stores nothing, or refuses."""
+
+    def __init__(self, pool: PublishPool, refuse: bool = False) -> None:
+        self.publish_pool = pool
+        self.memory = split(16 * 1024 * 1024)
+        self.refuse = refuse
+        self.published = 0
+
+    def serves(self, topic: str) -> bool:
+        return False
+
+    def publish(self, *args: Any, encode: Any, now_ms: int) -> Any:
+        if self.refuse:
+            raise DanubeError(ErrorCode.UNAVAILABLE, "the topic is writing behind the disk")
+        self.published += 1
+        encode(7)
+        from danube.machines.node.effects import Step
+
+        return Step(7)
+
+
+def message(size: int = 100) -> records.Record:
+    return records.Record(
+        payload=b"x" * size, producer_id=1, topic_name="/default/t", has_msg_id=True
+    )
+
+
+def run_until_stored(flow: Any, clock: Clock) -> Any:
+    """Answers the flow's requests, moving the clock on each sleep, up to its storage wait
+    (returned) or its end."""
+    request = step(flow)
+    while True:
+        if isinstance(request, CheckFence):
+            request = step(flow, answer=None)
+        elif isinstance(request, Sleep):
+            clock.ms += request.ms
+            request = step(flow, answer=None)
+        elif isinstance(request, Apply):
+            request = step(flow, answer=None)
+        else:
+            return request
+
+
+def test_a_send_waits_for_room_then_is_refused_with_a_clear_message_and_nothing_stored() -> None:
+    pool = PublishPool(send_cost(100), wait_ms=500)
+    core = FakeCore(pool)
+    clock = Clock()
+    assert pool.reserve(1)  # another publish holds some of the pool
+    end = run_until_stored(publish.publish_one(core, message(), clock), clock)  # type: ignore[arg-type]
+    assert isinstance(end, Finished) and isinstance(end.error, DanubeError)
+    assert end.error.code is ErrorCode.RESOURCE_EXHAUSTED
+    assert "publish pool is full" in end.error.message
+    assert "--memory-budget" in end.error.message
+    assert "Nothing of it was stored" in end.error.message
+    assert core.published == 0 and pool.used == 1
+    assert pool.refused == 1 and pool.paused_ms >= 500
+
+
+def test_a_send_that_waited_goes_on_once_room_frees_and_gives_it_back_when_answered() -> None:
+    pool = PublishPool(send_cost(100))
+    core = FakeCore(pool)
+    clock = Clock()
+    assert pool.reserve(1)
+    flow = publish.publish_one(core, message(), clock)  # type: ignore[arg-type]
+    request = step(flow)
+    request = step(flow, answer=None)  # the fence
+    assert isinstance(request, Sleep) and request.ms == RETRY_MS
+    clock.ms += 40
+    pool.release(1)
+    request = step(flow, answer=None)
+    assert isinstance(request, Apply) and core.published == 1
+    assert pool.used == send_cost(100)  # held until the publish is answered
+    request = step(flow, answer=None)
+    assert isinstance(request, AwaitStored)
+    request = step(flow, answer=None)  # stored
+    request = step(flow, answer=None)  # the fence again
+    assert isinstance(request, Finished) and request.error is None
+    assert pool.used == 0 and pool.paused_ms == 40 and pool.refused == 0
+
+
+@pytest.mark.parametrize("how", ["refused by the core", "storage failed", "client left"])
+def test_every_way_out_gives_the_room_back(how: str) -> None:
+    pool = PublishPool(10_000)
+    core = FakeCore(pool, refuse=how == "refused by the core")
+    clock = Clock()
+    flow = publish.publish_one(core, message(), clock)  # type: ignore[arg-type]
+    request = run_until_stored(flow, clock)
+    if how == "refused by the core":
+        assert isinstance(request, Finished) and request.error is not None
+    elif how == "storage failed":
+        assert isinstance(request, AwaitStored)
+        end = step(flow, error=DanubeError(ErrorCode.INTERNAL, "write failed"))
+        assert isinstance(end, Finished) and end.error is not None
+    else:
+        assert isinstance(request, AwaitStored)
+        flow.close()  # what the runtime's driver does when the call is cancelled
+    assert pool.used == 0
+
+
+def test_what_can_never_fit_is_refused_at_once() -> None:
+    pool = PublishPool(1_000)
+    core = FakeCore(pool)
+    clock = Clock()
+    end = run_until_stored(publish.publish_one(core, message(5_000), clock), clock)  # type: ignore[arg-type]
+    assert isinstance(end, Finished) and isinstance(end.error, DanubeError)
+    assert end.error.code is ErrorCode.RESOURCE_EXHAUSTED and clock.ms == 1_000
+    assert "holds at most 1000" in end.error.message
