@@ -74,6 +74,7 @@ OUR_NAMES: Mapping[tuple[str, str], str] = {
     ("topics", "replication-factor"): "topic_replication_factor",
     ("topics", "set-dispatch-config"): "set_subscription_dispatch_config",
     ("topics", "get-dispatch-config"): "get_subscription_dispatch_config",
+    ("brokers", "memory"): "get_broker_memory",
     ("topics", "blocked"): "list_blocked_messages",
     ("topics", "release"): "release_blocked_message",
     ("topics", "skip"): "skip_blocked_message",
@@ -104,7 +105,7 @@ READ_ONLY_ACTIONS = frozenset(
         "list", "leader-broker", "namespaces", "balance", "topics", "policies", "subscriptions",
         "describe", "get-policies", "get-failure-policy", "get-dispatch-config",
         "get-schema-config", "get", "versions", "check", "get-compatibility", "list-subjects",
-        "status", "blocked",
+        "status", "blocked", "memory",
     }
 )  # fmt: skip
 
