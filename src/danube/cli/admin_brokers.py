@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import urllib.request
-
-from prometheus_client.parser import text_string_to_metric_families
 
 import danube.proto_compat  # noqa: F401  (ClusterBalanceResponse decodes)
 from danube.cli.admin_args import Actions, command, group, positive
@@ -35,14 +34,25 @@ async def list_brokers(client: AdminClient, _: argparse.Namespace) -> Result:
 MEMORY_SCRAPE_TIMEOUT_S = 5.0
 
 
+_SAMPLE = re.compile(r"^(danube_memory_\w+)(?:\{([^}]*)\})?\s+(\S+)")
+_POOL = re.compile(r'(?:^|,)pool="([^"]*)"')
+
+
 def memory_of(exposition: str) -> dict[str, float]:
-    """The `danube_memory_*` samples of a broker's metrics page, by name (and pool)."""
+    """The `danube_memory_*` samples of a broker's metrics page, by name (and pool). Read
+    with a line pattern, not prometheus_client's parser: the admin tool is part of the
+    client install, which has no prometheus_client (tests/core/test_packaging.py)."""
     found: dict[str, float] = {}
-    for family in text_string_to_metric_families(exposition):
-        for sample in family.samples:
-            if sample.name.startswith("danube_memory_"):
-                pool = sample.labels.get("pool")
-                found[f"{sample.name}:{pool}" if pool else sample.name] = sample.value
+    for line in exposition.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, labels, value = match.groups()
+        pool = _POOL.search(labels or "")
+        try:
+            found[f"{name}:{pool.group(1)}" if pool else name] = float(value)
+        except ValueError:
+            continue
     return found
 
 
