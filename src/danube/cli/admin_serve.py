@@ -8,6 +8,7 @@ import argparse
 import importlib.metadata
 import logging
 import sys
+from typing import Any
 
 from danube.cli.admin_args import Actions
 
@@ -59,20 +60,11 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    for noisy in ("mcp", "httpx", "uvicorn"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    security = _serving(args, ("mcp", "httpx", "uvicorn"))
     try:
         version = importlib.metadata.version("pydanube")
     except importlib.metadata.PackageNotFoundError:
         version = "0"
-    from danube.cli.usage import ADMIN_ENV_PREFIX, security_of
-
-    security = security_of(args, ADMIN_ENV_PREFIX, args.endpoint)  # TLS and token, as the CLI
     server = build_server(parser, args.endpoint, args.timeout, version, security)
     try:
         if args.transport == "stdio":
@@ -98,18 +90,25 @@ def serve_ui(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    logging.getLogger("uvicorn").setLevel(logging.WARNING)
-    from danube.cli.usage import ADMIN_ENV_PREFIX, security_of
-
-    security = security_of(args, ADMIN_ENV_PREFIX, args.endpoint)  # TLS and token, as the CLI
+    security = _serving(args, ("uvicorn",))
     app = build_app(parser, args.endpoint, args.timeout, args.host, security)
     try:
         anyio.run(serve_console, app, args.host, args.port or DEFAULT_UI_PORT)
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _serving(args: argparse.Namespace, quiet: tuple[str, ...]) -> Any:
+    """What both servers set up: logs on stderr (with stdio, stdout carries the protocol),
+    the libraries' chatter at warning, and the TLS settings and token the CLI would use."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    for name in quiet:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    from danube.cli.usage import ADMIN_ENV_PREFIX, security_of
+
+    return security_of(args, ADMIN_ENV_PREFIX, args.endpoint)
