@@ -140,3 +140,15 @@ def test_a_kept_directory_goes_once_the_successor_no_longer_counts_on_it() -> No
     assert drop.topic == TOPIC and drop.delete_files and not drop.delete_objects
     assert owner.core.lifecycle.kept == set()
     assert seen(owner, ReplicaSet(7, "b2", ("b3",), ("b3",))) == []
+
+
+def test_a_set_seen_on_an_earlier_way_out_is_forgotten_once_the_topic_serves_again() -> None:
+    """Review finding: a set kept from an earlier move could decide a later removal's kept
+    directory (naming an old successor, before the new one recorded itself)."""
+    owner = Owner(ReplicationSettings(broker_id="b1", lag_ms=500))
+    owner.configure(("b2",), ("b2",))
+    owner.core.lifecycle.seen_moving[TOPIC] = ReplicaSet(3, "b3", ("b4",), ())
+    owner.core.replica_set_seen(
+        TOPIC, ReplicaSet(5, "b1", ("b2",), ("b2",)), 9, assigned_here=True, now_ms=owner.now
+    )
+    assert TOPIC not in owner.core.lifecycle.seen_moving

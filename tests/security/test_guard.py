@@ -29,10 +29,15 @@ CONFIG = AuthConfig(
     mode="tls",
     tls=TlsFiles("cert.pem", "key.pem"),
     jwt=JwtConfig(secret_key=SECRET),
-    roles=(RoleConfig("producer", ("Produce", "Lookup")), RoleConfig("consumer", ("Consume",))),
+    roles=(
+        RoleConfig("producer", ("Produce", "Lookup")),
+        RoleConfig("consumer", ("Consume",)),
+        RoleConfig("manager", ("ManageTopic",)),
+    ),
     bindings=(
         BindingConfig("b1", "service_account", "app", ("producer",), "topic", "/default/t"),
         BindingConfig("b2", "service_account", "app", ("consumer",), "topic", "/default/c"),
+        BindingConfig("b3", "service_account", "app", ("manager",), "topic", "/default/t"),
     ),
 )
 
@@ -130,6 +135,26 @@ def test_receive_is_checked_on_the_consumers_topic() -> None:
         with pytest.raises(GRPCError) as raised:
             guarded_call(guard(), path, stream, pb.ReceiveRequest(consumer_id=other))
         assert raised.value.status is Status.PERMISSION_DENIED
+
+
+def test_a_dead_letter_topic_needs_produce_on_it() -> None:
+    """The broker republishes exhausted messages to the dead-letter topic for the
+    subscription: ManageTopic on the origin alone must not let a caller write into a topic
+    it may not produce to (review finding: it could, creating the topic too)."""
+    path = "/danube_admin.TopicAdmin/SetSubscriptionFailurePolicy"
+
+    def request(target: str | None) -> admin_pb.SetSubscriptionFailurePolicyRequest:
+        policy = admin_pb.SubscriptionFailurePolicy(dead_letter_topic=target)
+        return admin_pb.SetSubscriptionFailurePolicyRequest(
+            topic="/default/t", subscription="s", failure_policy=policy
+        )
+
+    stream = FakeStream(bearer("app"))
+    assert guarded_call(guard(), path, stream, request(None))[-1] == "handled"
+    assert guarded_call(guard(), path, stream, request("/default/t"))[-1] == "handled"
+    with pytest.raises(GRPCError) as raised:
+        guarded_call(guard(), path, stream, request("/other/victim"))
+    assert raised.value.status is Status.PERMISSION_DENIED
 
 
 def test_an_unlisted_rpc_needs_manage_cluster() -> None:

@@ -27,6 +27,7 @@ from danube.cli.admin_call import AdminError
 from danube.client.security import ClientSecurity
 
 log = logging.getLogger("danube.admin_mcp")
+SCHEMES = ("http", "https")
 
 INSTRUCTIONS = (
     "Tools to inspect and operate a Danube cluster through one broker's admin port: "
@@ -107,13 +108,39 @@ async def serve_stdio(server: Server[Any]) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-async def serve_http(server: Server[Any], host: str, port: int) -> None:
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+async def serve_http(
+    server: Server[Any], host: str, port: int, extra_hosts: Sequence[str] = ()
+) -> None:
+    """The streamable-HTTP transport. On loopback the SDK guards against DNS rebinding by
+    itself; on any other address its guard is on too, answering only the loopback names, the
+    listening address and `extra_hosts` (`--allowed-host`)."""
     import uvicorn
 
-    app = server.streamable_http_app(host=host)
+    security = transport_security(host, extra_hosts)
+    app = server.streamable_http_app(host=host, transport_security=security)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     log.info("event=mcp_listening url=http://%s:%d/mcp", host, port)
     await uvicorn.Server(config).serve()
+
+
+def transport_security(host: str, extra_hosts: Sequence[str] = ()) -> Any:
+    """None on loopback (the SDK's own guard applies); elsewhere the SDK's DNS-rebinding guard
+    answering only the loopback names, the listening address and `extra_hosts`."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return None
+    names = [*LOOPBACK_NAMES, *extra_hosts]
+    if host not in ("0.0.0.0", "::", ""):
+        names.append(f"[{host}]" if ":" in host else host)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{name}:*" for name in names],
+        allowed_origins=[f"{scheme}://{name}:*" for name in names for scheme in SCHEMES],
+    )
 
 
 def tool_names(parser: argparse.ArgumentParser) -> Sequence[str]:

@@ -41,12 +41,38 @@ def add_serve_command(commands: Actions) -> None:
         "--port", type=int, default=None,
         help=f"port (default {DEFAULT_HTTP_PORT} for streamable-http, {DEFAULT_UI_PORT} for ui)",
     )  # fmt: skip
+    parser.add_argument(
+        "--allowed-host", action="append", default=[], metavar="NAME",
+        help="streamable-http or ui: a host name browsers and clients reach this server by "
+        "(repeatable); only loopback names, the --host address and these are answered (a "
+        "DNS-rebinding guard). Needed when --host is 0.0.0.0 or ::",
+    )  # fmt: skip
     parser.set_defaults(serve=True)
+
+
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def exposure_refusal(args: argparse.Namespace) -> str | None:
+    """A server listening on every interface must be told the names it is reached by: with
+    any `Host` accepted, a page whose name resolves to it (DNS rebinding) is same-origin in
+    the browser and can drive it with this tool's credentials."""
+    http = args.mode == "ui" or args.transport == "streamable-http"
+    if http and args.host in WILDCARDS and not args.allowed_host:
+        return (
+            f"--host {args.host or '(all)'} listens on every interface: name the host names "
+            "it is reached by with --allowed-host NAME (a DNS-rebinding guard)"
+        )
+    return None
 
 
 def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Runs the MCP server until its input closes (stdio) or it is interrupted (HTTP). Logs
     go to stderr: with stdio, stdout carries the protocol."""
+    refusal = exposure_refusal(args)
+    if refusal is not None:
+        print(f"danube-admin: error: {refusal}", file=sys.stderr)
+        return 2
     if args.mode == "ui":
         return serve_ui(parser, args)
     try:
@@ -70,7 +96,8 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.transport == "stdio":
             anyio.run(serve_stdio, server)
         else:
-            anyio.run(serve_http, server, args.host, args.port or DEFAULT_HTTP_PORT)
+            port = args.port or DEFAULT_HTTP_PORT
+            anyio.run(serve_http, server, args.host, port, tuple(args.allowed_host))
     except KeyboardInterrupt:
         return 130
     return 0
@@ -91,7 +118,9 @@ def serve_ui(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
         return 2
     security = _serving(args, ("uvicorn",))
-    app = build_app(parser, args.endpoint, args.timeout, args.host, security)
+    app = build_app(
+        parser, args.endpoint, args.timeout, args.host, security, extra_hosts=args.allowed_host
+    )
     try:
         anyio.run(serve_console, app, args.host, args.port or DEFAULT_UI_PORT)
     except KeyboardInterrupt:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,15 +120,16 @@ class SecurityHeaders:
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
-def allowed_hosts(bind_host: str) -> list[str]:
-    """The `Host` names the console answers to: loopback names and the address it listens on.
-    A DNS-rebinding page (attacker.example resolving to 127.0.0.1) is same-origin to the
-    browser, so it could pass the CSRF rule; its `Host` header still names attacker.example,
-    and that is refused. Listening on every interface accepts any name (the operator chose to
-    expose it; spec/console.md)."""
-    if bind_host in ("0.0.0.0", "::", ""):
-        return ["*"]
-    return [*LOOPBACK_NAMES, bind_host]
+def allowed_hosts(bind_host: str, extra: Sequence[str] = ()) -> list[str]:
+    """The `Host` names the console answers to: loopback names, the address it listens on
+    and the names the operator gives (`--allowed-host`). A DNS-rebinding page
+    (attacker.example resolving to this console) is same-origin to the browser, so it could
+    pass the CSRF rule; its `Host` header still names attacker.example, and that is refused.
+    A wildcard bind is never "any name": `danube-admin serve` refuses one without names."""
+    names = [*LOOPBACK_NAMES, *extra]
+    if bind_host not in ("0.0.0.0", "::", ""):
+        names.append(bind_host)
+    return names
 
 
 def build_app(
@@ -136,6 +138,8 @@ def build_app(
     timeout_s: float,
     bind_host: str = "127.0.0.1",
     security: ClientSecurity | None = None,
+    *,
+    extra_hosts: Sequence[str] = (),
 ) -> Starlette:
     """The console for the admin port at `endpoint`; `parser` is `danube-admin`'s. `security`:
     the TLS settings and token `danube-admin` itself would use (flags or DANUBE_ADMIN_*), so a
@@ -201,7 +205,7 @@ def build_app(
     ]
     app = Starlette(routes=routes)
     app.add_middleware(SecurityHeaders)
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(bind_host))
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(bind_host, extra_hosts))
     return app
 
 

@@ -135,6 +135,9 @@ for _method in ("SetTopicPolicies", "GetTopicPolicies", "ClearTopicPolicies"):
     RULES[f"/danube_ext.PolicyAdmin/{_method}"] = (P.MANAGE_TOPIC, _topic("name"))
 for _method in ("ListBlocked", "ResolveBlocked"):
     RULES[f"/danube_ext.PolicyAdmin/{_method}"] = (P.MANAGE_TOPIC, _topic("topic"))
+DEAD_LETTER_RULE = "/danube_admin.TopicAdmin/SetSubscriptionFailurePolicy"
+"""Setting a dead-letter topic also needs Produce on it: the broker republishes there on the
+subscription's behalf, so a caller could otherwise write into a topic it may not produce to."""
 CONSUMER_RULES = {
     "/danube.ConsumerService/ReceiveMessages",
     "/danube_ext.ConsumerExt/ReceiveBatches",
@@ -265,17 +268,32 @@ class AuthGuard:
                 return
             else:
                 permission, resource = rule[0], rule[1](request)
-            key = (permission, resource)
-            allowed = decided.get(key)
-            if allowed is None:  # a stream's messages mostly name one topic: decide once
-                decision = rbac.decide(principal, permission, resource, self.rbac)
-                allowed = decided[key] = decision.allowed
-                if self.decided is not None:
-                    self.decided(resource.scope.value, permission.value, allowed)
-                if not allowed:
-                    raise GRPCError(Status.PERMISSION_DENIED, decision.reason)
-            elif not allowed:
-                where = resource.name or resource.scope.value
-                raise GRPCError(Status.PERMISSION_DENIED, f"{permission.value} on {where}")
+                if path == DEAD_LETTER_RULE:
+                    target = getattr(request.failure_policy, "dead_letter_topic", None)
+                    if target:  # the broker will publish there for this subscription
+                        self._check(principal, P.PRODUCE, rbac.topic(target), decided)
+            self._check(principal, permission, resource, decided)
 
         return authorize
+
+    def _check(
+        self,
+        principal: Principal,
+        permission: Permission,
+        resource: Resource,
+        decided: dict[tuple[Permission, Resource], bool],
+    ) -> None:
+        """One decision, remembered for the call (a stream's messages mostly name one topic);
+        PERMISSION_DENIED when it denies."""
+        key = (permission, resource)
+        allowed = decided.get(key)
+        if allowed is None:
+            decision = rbac.decide(principal, permission, resource, self.rbac)
+            allowed = decided[key] = decision.allowed
+            if self.decided is not None:
+                self.decided(resource.scope.value, permission.value, allowed)
+            if not allowed:
+                raise GRPCError(Status.PERMISSION_DENIED, decision.reason)
+        elif not allowed:
+            where = resource.name or resource.scope.value
+            raise GRPCError(Status.PERMISSION_DENIED, f"{permission.value} on {where}")

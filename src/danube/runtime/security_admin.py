@@ -50,6 +50,12 @@ class SecurityAdminService:
         self._store = store
         self._base = base
         self._on_change = on_change
+        self._started = 0
+        self._applied = 0
+        """Re-reads after writes, numbered in the order they start: each starts after its
+        write is stored, so a later one sees every earlier write, and a result that arrives
+        after a later one was applied is older and dropped (a revocation cannot be undone by
+        a slow re-read of the state before it)."""
 
     async def load(self) -> Rbac:
         """The RBAC in force: the configuration's plus what is stored (called at start)."""
@@ -57,9 +63,15 @@ class SecurityAdminService:
         return records.rbac_from(entries, self._base)
 
     async def _changed(self) -> None:
-        if self._on_change is not None:
-            entries = await store_call_from_grpc(self._store.scan, records.AUTH_PREFIX)
-            self._on_change(records.rbac_from({kv.key: kv.value for kv in entries}, self._base))
+        if self._on_change is None:
+            return
+        self._started += 1
+        ticket = self._started
+        entries = await store_call_from_grpc(self._store.scan, records.AUTH_PREFIX)
+        if ticket < self._applied:
+            return
+        self._applied = ticket
+        self._on_change(records.rbac_from({kv.key: kv.value for kv in entries}, self._base))
 
     async def _get(self, key: str, what: str) -> dict[str, Any]:
         kv = await store_call_from_grpc(self._store.get, key)

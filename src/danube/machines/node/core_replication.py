@@ -64,6 +64,7 @@ class ReplicationRoutes:
             if dropped is not None:
                 return dropped
         if self.serves(topic):
+            self.lifecycle.seen_moving.pop(topic, None)  # a set seen on an earlier way out
             if record is None:
                 return Step(None)
             return self.replicas_changed(topic, replica_config(record, version), now_ms=now_ms)

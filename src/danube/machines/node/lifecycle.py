@@ -129,6 +129,8 @@ class Lifecycle:
         return Step(None, tuple(effects))
 
     def _delete_topic(self, record: TopicRecord) -> list[Effect]:
+        self.seen_moving.pop(record.name.full, None)
+        self.kept.discard(record.name.full)
         effects: list[Effect] = [
             PersistMeta(
                 deletes=(paths.namespace_topic(record.name),),
