@@ -130,7 +130,10 @@ def test_counters_and_gauges_follow_a_produce_and_consume_session(
     assert after.value("danube_nonreliable_dropped_total") == 0
     assert after.value("danube_leader_election_state") == 1
     broker_id = after.matching("danube_broker_info")[0].labels["broker"]
-    assert broker_id and all(s.labels["broker"] == broker_id for s in after.samples)
+    ours = [s for s in after.samples if s.name.startswith("danube_")]
+    assert broker_id and all(s.labels["broker"] == broker_id for s in ours)
+    # the process's own series (process_*, python_*) are the exporter's standard ones
+    assert any(s.name == "process_resident_memory_bytes" for s in after.samples)
 
 
 def test_health_readiness_and_unknown_paths(broker: BrokerProcess) -> None:
