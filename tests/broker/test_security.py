@@ -300,6 +300,10 @@ def test_tools_over_tls_with_danube_environment(secured: BrokerProcess, pki: Pki
     app = _tool("danube-admin", *endpoint, "brokers", "namespaces",
                 env={**tls, "DANUBE_ADMIN_API_KEY": token("app")})  # fmt: skip
     assert app.returncode == 1 and "PERMISSION_DENIED" in app.stderr
+    memory = _tool("danube-admin", *endpoint, "brokers", "memory", "-o", "json",
+                   env={**tls, "DANUBE_ADMIN_TOKEN": root})  # fmt: skip
+    assert memory.returncode == 0, memory.stderr
+    assert "danube_memory_budget_bytes" in memory.stdout, memory.stdout  # read over TLS
     sent = _tool(
         "danube-cli", "produce", "-s", f"https://{secured.broker_addr}",
         "-t", fresh(), "-m", "hi", "--tls-ca", str(pki.ca_file),

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import ssl
 import urllib.request
 
 import danube.proto_compat  # noqa: F401  (ClusterBalanceResponse decodes)
 from danube.cli.admin_args import Actions, command, group, positive
 from danube.cli.admin_call import AdminClient, require_success
 from danube.cli.admin_render import Result, fields, plain, table
+from danube.client.security import ClientSecurity
 from danube.proto import danube_admin as pb
 
 CLUSTER = "cluster mode (etcd) with at least two brokers"
@@ -56,8 +58,19 @@ def memory_of(exposition: str) -> dict[str, float]:
     return found
 
 
-def _scrape(url: str) -> str:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=MEMORY_SCRAPE_TIMEOUT_S) as answer:
+def _scrape(address: str, security: ClientSecurity | None) -> str:
+    """A broker's metrics page. A broker whose admin port is secured serves it over TLS
+    (the same CA), whatever scheme its advertised address says."""
+    context = None
+    if security is not None and security.uses_tls:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=security.ca_file)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        address = "https://" + address.split("://", 1)[-1]
+    elif "://" not in address:
+        address = "http://" + address
+    with urllib.request.urlopen(
+        f"{address}/metrics", timeout=MEMORY_SCRAPE_TIMEOUT_S, context=context
+    ) as answer:
         return str(answer.read().decode())
 
 
@@ -76,7 +89,8 @@ async def memory(client: AdminClient, _: argparse.Namespace) -> Result:
         try:
             if not broker.metrics_addr:
                 raise OSError("the broker runs without a metrics endpoint")
-            found = memory_of(await asyncio.to_thread(_scrape, broker.metrics_addr))
+            page = await asyncio.to_thread(_scrape, broker.metrics_addr, client.security)
+            found = memory_of(page)
         except (OSError, ValueError) as error:
             row["error"] = str(error)
             rows.append((broker.broker_id, f"metrics unreachable: {error}", *[""] * 6))

@@ -84,6 +84,9 @@ class AdminClient:
             raise BadUsage(str(error)) from None
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.security = security
+        """The TLS settings and token the admin port is called with (the metrics pages of a
+        secured broker are served over TLS with the same CA)."""
         try:
             self._channel = _AdminChannel(host, port, security)
         except (OSError, ValueError) as error:  # an unreadable CA or client certificate
