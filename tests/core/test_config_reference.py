@@ -25,3 +25,15 @@ def test_it_names_every_flag_variable_and_section() -> None:
     sections = file_sections()
     assert {"broker", "storage.durable", "cluster.replication", "load_manager"} <= set(sections)
     assert "memory_budget" in sections["broker"][0]
+
+
+def test_file_keys_show_the_loaders_defaults() -> None:
+    text = REFERENCE.read_text()
+    for shown in (
+        "`lease_ttl_ms` (10000)",
+        "`durability` (fsync)",
+        "`publish_wait_ms` (3000)",
+        "`max_moves_per_hour` (10)",
+        "`cluster_name` (STANDALONE)",
+    ):
+        assert shown in text, shown

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +24,6 @@ from danube.values import config as config_module
 from danube.values import load_manager_config
 
 EVERY_SECTION: dict[str, Any] = {
-    "cluster_name": "danube",
     "broker": {"ports": {}, "grpc": {}, "advertised_listeners": {}},
     "meta_store": {},
     "metrics": {},
@@ -69,6 +69,42 @@ def file_sections() -> dict[str, tuple[list[str], dict[str, Any]]]:
     return dict(sorted(found.items()))
 
 
+def key_defaults(sections: dict[str, tuple[list[str], dict[str, Any]]]) -> dict[str, Any]:
+    """`section.key` -> the default the loader leaves when the key is absent, found in the
+    configuration it builds from a file with every section empty: the key's own field in the
+    record its section fills (`storage.wal` -> `storage.wal.*`), or the field it is stored
+    under (`storage.durable.root` -> `durable_root`, `cluster.replication.lag_ms` ->
+    `replication_lag_ms`, `meta_store.prefix` -> `etcd_prefix`). Keys kept in no plain field
+    (addresses, ports, advertised listeners) show none: their flags say them."""
+    built = config_module.config_from_mapping(EVERY_SECTION)
+    found: dict[str, Any] = {}
+    for section, (keys, _) in sections.items():
+        parts = [] if section.startswith("(") else section.split(".")
+        manager = built.cluster.load_manager
+        candidates: list[Any] = [built, built.cluster, built.grpc]
+        if parts[:1] == ["load_manager"]:
+            candidates.insert(0, manager.rebalancing if parts[1:] else manager)
+        node: Any = built
+        for part in parts:
+            node = getattr(node, part, None)
+            if node is None:
+                break
+            candidates.insert(0, node)
+        last = parts[-1] if parts else ""
+        for key in keys:
+            for holder in candidates:
+                if not dataclasses.is_dataclass(holder):
+                    continue
+                names = {f.name for f in dataclasses.fields(holder)}
+                name = next((n for n in (key, f"{last}_{key}", f"etcd_{key}") if n in names), None)
+                if name is not None:
+                    value = getattr(holder, name)
+                    if not dataclasses.is_dataclass(value):
+                        found[f"{section}.{key}"] = value
+                    break
+    return found
+
+
 def _default(action: argparse.Action) -> str:
     if action.nargs == 0:
         return "off"
@@ -110,7 +146,8 @@ def lines() -> Iterator[str]:
     yield "## Keys of the configuration file"
     yield ""
     yield "Each section and the keys the loader accepts there (any other key is refused with"
-    yield "its name); a default is given where the section is a plain record. What each key"
+    yield "its name), with the default the loader leaves when a key is absent (none shown: an"
+    yield "address or port whose flag above gives it, or a sub-section). What each key"
     yield "means is in the flag above that names it (`storage.mode`, `broker.memory_budget`,"
     yield "...) and in spec/: `durability.md` (storage), `cluster.md` (cluster, load_manager,"
     yield "meta_store), `replication.md` (cluster.replication), `memory.md`, `observability.md`"
@@ -118,9 +155,29 @@ def lines() -> Iterator[str]:
     yield ""
     yield "| section | keys |"
     yield "|---|---|"
-    for section, (keys, defaults) in file_sections().items():
-        shown = [f"`{key}` ({defaults[key]})" if key in defaults else f"`{key}`" for key in keys]
+    sections = file_sections()
+    defaults_of = key_defaults(sections)
+    for section, (keys, defaults) in sections.items():
+        shown = []
+        for key in keys:
+            value = defaults.get(key, defaults_of.get(f"{section}.{key}", _NONE))
+            shown.append(f"`{key}`" if value is _NONE else f"`{key}` ({_shown(value)})")
         yield f"| `{section}` | {', '.join(shown)} |"
+
+
+_NONE = object()
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if value == "":
+        return '""'
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return _cell(str(value))
 
 
 def render() -> str:
