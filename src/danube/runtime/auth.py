@@ -5,7 +5,13 @@ request's headers have arrived and *before the handler reads the body*: it reads
 `authorization: Bearer <token>` (or the verified client certificate under mutual TLS), and
 refuses UNAUTHENTICATED with a reason that never quotes the token. An unauthenticated caller
 therefore never makes the broker buffer or decode a request body, compile a schema, or touch
-a topic. Danube's `x-danube-internal-broker` header is ignored: it grants nothing.
+a topic. Danube's `x-danube-internal-broker` header is ignored: it grants nothing. Another
+broker of the cluster proves itself with a token signed by the cluster key in
+`BROKER_TOKEN_HEADER` (`danube.runtime.peers` sends it); a wrong one is UNAUTHENTICATED.
+
+A call authenticated by a token lives no longer than the token: a stream still open when the
+token expires (`exp` plus the leeway, what `tokens.verify_until` says) is ended with
+UNAUTHENTICATED then (`wrap`).
 
 Authorization needs the request (its topic, namespace, subject), so it runs right after the
 body is decoded and before the handler acts on it: `grpc_util.recv_bounded` calls the
@@ -16,8 +22,10 @@ RPC is closed until someone decides otherwise. The decision is `machines.securit
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +42,9 @@ from danube.machines.security.tokens import (
     TokenRejected,
     Verifier,
     bearer,
+    broker_verifier,
     certificate_principal,
+    verify_broker,
     verify_until,
 )
 from danube.values.auth_config import AuthConfig
@@ -49,6 +59,8 @@ PRINCIPAL: contextvars.ContextVar[Principal] = contextvars.ContextVar(
     "principal", default=rbac.ANONYMOUS
 )
 
+BROKER_TOKEN_HEADER = "x-danube-broker-token"
+"""Where a broker of the cluster puts its token (signed with `auth.cluster_key`)."""
 TOKEN_CACHE_SECONDS = 30.0
 """A verified token is trusted this long (and never past its exp), as Danube caches it."""
 TOKEN_CACHE_ENTRIES = 4096
@@ -197,12 +209,14 @@ class AuthGuard:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.verifier = verifier_of(config)
+        self.brokers = broker_verifier(config.cluster_key) if config.cluster_key else None
         self.rbac = rbac_of(config)
         self.consumer_topic = consumer_topic
         self.decided = decided
         self.refused = refused
         self.clock = clock
-        self._tokens: dict[str, tuple[Principal, float]] = {}
+        self._tokens: dict[str, tuple[Principal, float, float]] = {}
+        """token -> (principal, trusted until, valid until)."""
 
     def use(self, state: Rbac) -> None:
         """Roles and bindings changed (`SecurityAdmin`): later decisions read the new ones."""
@@ -212,42 +226,73 @@ class AuthGuard:
         func = handler.func
         rule = RULES.get(path, DEFAULT_RULE)
 
+        streaming = handler.cardinality is not grpclib.const.Cardinality.UNARY_UNARY
+
         async def call(stream: grpclib.server.Stream) -> None:
-            principal = self.authenticate(stream)
+            principal, valid_until = self.authenticate_until(stream)
             PRINCIPAL.set(principal)
             AUTHORIZE.set(self._authorizer(path, rule, principal))
-            await func(stream)
+            if not streaming or valid_until == math.inf or principal.kind == rbac.BROKER_KIND:
+                # a broker's replication stream is checked when it opens and lives on
+                await func(stream)
+                return
+            # A stream ends when its token does (a unary call is over long before).
+            limit = asyncio.timeout(max(0.0, valid_until - self.clock()))
+            try:
+                async with limit:
+                    await func(stream)
+            except TimeoutError:
+                if not limit.expired():
+                    raise
+                self._refuse("expired", "token expired during the call")
 
         return handler._replace(func=call)
 
     # -- authentication ------------------------------------------------------------------
 
     def authenticate(self, stream: grpclib.server.Stream) -> Principal:
+        return self.authenticate_until(stream)[0]
+
+    def authenticate_until(self, stream: grpclib.server.Stream) -> tuple[Principal, float]:
+        """Who the call comes from and until when (a token's expiry plus leeway; a
+        certificate: for the connection's life, `math.inf`)."""
         metadata = stream.metadata
+        if metadata is not None and (broker := metadata.get(BROKER_TOKEN_HEADER)) is not None:
+            try:
+                return self._token_principal(str(broker), self.brokers, verify_broker)
+            except TokenRejected as error:
+                self._refuse("invalid", f"broker token: {error}")
         header = metadata.get("authorization") if metadata is not None else None
         if header is not None:
             try:
-                return self._token_principal(bearer(str(header)))
+                return self._token_principal(bearer(str(header)), self.verifier, verify_until)
             except TokenRejected as error:
                 self._refuse("invalid", str(error))
         cert = stream.peer.cert() if stream.peer is not None else None
         principal = certificate_principal(cert)
         if principal is not None:
-            return principal
+            return principal, math.inf
         self._refuse("missing", "no credentials: send 'authorization: Bearer <token>'")
 
-    def _token_principal(self, token: str) -> Principal:
-        if self.verifier is None:
-            raise TokenRejected("this broker accepts client certificates, not tokens")
+    def _token_principal(
+        self,
+        token: str,
+        verifier: Verifier | None,
+        verify: Callable[[str, Verifier, float], tuple[Principal, float]],
+    ) -> tuple[Principal, float]:
+        if verifier is None:
+            what = "broker tokens" if verify is verify_broker else "tokens"
+            raise TokenRejected(f"this broker accepts no {what}")
         now = self.clock()
-        cached = self._tokens.get(token)
+        key = token if verify is verify_until else "broker:" + token  # one cache, two kinds
+        cached = self._tokens.get(key)
         if cached is not None and now < cached[1]:
-            return cached[0]
-        principal, valid_until = verify_until(token, self.verifier, now)
+            return cached[0], cached[2]
+        principal, valid_until = verify(token, verifier, now)
         if len(self._tokens) >= TOKEN_CACHE_ENTRIES:
             self._tokens.clear()
-        self._tokens[token] = (principal, min(valid_until, now + TOKEN_CACHE_SECONDS))
-        return principal
+        self._tokens[key] = (principal, min(valid_until, now + TOKEN_CACHE_SECONDS), valid_until)
+        return principal, valid_until
 
     def _refuse(self, kind: str, reason: str) -> NoReturn:
         if self.refused is not None:

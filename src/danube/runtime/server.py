@@ -52,6 +52,7 @@ from danube.runtime.memory import broker_pools
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.metrics_http import Endpoints, Health, serve_http
 from danube.runtime.object_store import ObjectStore
+from danube.runtime.peers import configure as configure_peers
 from danube.runtime.placement import ClusterPlacement, LocalPlacement, Placement
 from danube.runtime.replication_admin import ReplicationAdminService
 from danube.runtime.replication_port import ReplicationPort
@@ -89,11 +90,6 @@ NO_RAFT = (
     "there is no Raft group to manage: the metadata store is etcd (cluster mode) or embedded "
     "(standalone), and etcd manages its own members (etcdctl member add/remove)"
 )
-NO_SECURITY = (
-    "roles and bindings are stored by standalone brokers only for now: a cluster's brokers "
-    "do not yet share them (spec/security.md)"
-)
-
 SHUTDOWN_GRACE_SECONDS = 2.0
 UPLOAD_GRACE_SECONDS = 15.0
 """How long a graceful stop waits for the sealed tails of tiered topics to be uploaded."""
@@ -277,6 +273,7 @@ async def serve(
         _warn_if_open(config, bound)
         auth = config.auth
         reloader = CertificateReloader(auth.tls) if auth.tls is not None else None
+        configure_peers(auth, broker_id)  # how this broker calls the others (and proves it)
         client_tls = reloader.grpc if reloader and auth.tls_on("client") else None
         admin_tls = reloader.grpc if reloader and auth.tls_on("admin") else None
         metrics_tls = reloader.http if reloader and auth.tls_on("metrics") else None
@@ -441,19 +438,19 @@ async def serve(
             ]
             if replication is not None:
                 admin_services.append(replication.service)
-            if not clustered:  # a cluster's brokers would have to watch /auth/ (part 2)
-                security = SecurityAdminService(
-                    store, rbac_of(auth), guard.use if guard is not None else None
-                )
-                if guard is not None:
-                    guard.use(await security.load())
-                admin_services.append(security)
+            security = SecurityAdminService(
+                store, rbac_of(auth), guard.use if guard is not None else None
+            )
+            if guard is not None:
+                guard.use(await security.load())
+                if clustered:  # every broker sees every broker's writes (spec/security.md)
+                    nursery.start_soon(security.follow)
+            admin_services.append(security)
             admin_server = Server(
                 [
                     *admin_services,
                     Unimplemented(ADMIN_PORT_BASES, admin_services, NOT_YET),
                     Unimplemented([admin_pb.ClusterAdminBase], admin_services, NO_RAFT),
-                    Unimplemented([admin_pb.SecurityAdminBase], admin_services, NO_SECURITY),
                 ],
                 metrics.rpc_done,
                 config.grpc,
