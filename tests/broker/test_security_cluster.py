@@ -1,0 +1,192 @@
+"""A secured two-broker cluster (issue 25, part 2; spec/security.md, "In a cluster"): real
+broker processes on the session's etcd, TLS on every port, tokens, a cluster key. Roles and
+bindings written on one broker decide on the other within a second; an admin call asked of
+the broker that does not own the topic is forwarded with the broker's identity and works; a
+client gains nothing from Danube's internal-broker header nor from a made-up broker token."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import grpclib.client
+import pytest
+import yaml
+from grpclib import GRPCError
+from grpclib.const import Status
+
+from danube.client import ClientSecurity, DanubeClient, DanubeClientError
+from danube.localcluster.broker_process import BrokerProcess
+from danube.localcluster.etcd_process import EtcdProcess
+from danube.proto import danube_admin as admin_pb
+from danube.runtime.tls import client_context
+from tests.broker.test_security import SECRET, Pki, _tool, produce, refusal, token
+from tests.broker.test_security import pki as pki  # the certificates, as a fixture here
+from tests.support.aio import run as aio_run
+
+pytestmark = pytest.mark.slow
+CLUSTER_KEY = "cluster-key-for-tests-" + os.urandom(8).hex()
+T = TypeVar("T")
+
+
+def within(seconds: float, check: Callable[[], T | None]) -> tuple[T, float]:
+    """`check()`'s first answer that is not None and how long it took; fails after
+    `seconds`."""
+    started = time.monotonic()
+    while True:
+        found = check()
+        if found is not None:
+            return found, time.monotonic() - started
+        if time.monotonic() - started > seconds:
+            raise AssertionError(f"not within {seconds} s")
+        time.sleep(0.05)
+
+
+def broker_config(pki: Pki, etcd: EtcdProcess, shared: Path, prefix: str) -> dict[str, object]:
+    return {
+        "bootstrap_namespaces": ["default"],
+        "meta_store": {"etcd_endpoints": [etcd.endpoint], "prefix": prefix},
+        "cluster": {"lease_ttl_ms": 3000, "renew_interval_ms": 600},
+        "storage": {"mode": "shared_fs", "durable": {"root": str(shared)}},
+        "auth": {
+            "mode": "tls",
+            "tls": {
+                "cert_file": str(pki.dir / "cert.pem"),
+                "key_file": str(pki.dir / "key.pem"),
+                "ca_file": str(pki.ca_file),
+            },
+            "jwt": {"issuer": "danube-auth"},
+            "super_admins": ["root"],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def secured_cluster(
+    pki: Pki, etcd_server: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[BrokerProcess]]:
+    root = tmp_path_factory.mktemp("secured-cluster")
+    prefix = f"/secured-{uuid.uuid4().hex[:8]}"
+    brokers: list[BrokerProcess] = []
+    try:
+        for index in range(2):
+            data = root / f"broker-{index}"
+            data.mkdir()
+            config = data / "broker.yaml"
+            config.write_text(yaml.safe_dump(broker_config(pki, etcd_server, root / "d", prefix)))
+            env = {"DANUBE_JWT_SECRET_KEY": SECRET, "DANUBE_CLUSTER_KEY": CLUSTER_KEY}
+            process = BrokerProcess(
+                data, config_file=config, extra_args=("--mode", "cluster"), env=env
+            )
+            brokers.append(process.start())
+        yield brokers
+    finally:
+        for process in brokers:
+            process.kill()
+
+
+async def produce_retrying(broker: BrokerProcess, sec: ClientSecurity, topic: str) -> None:
+    """A send with the client's usual retries (a new topic is assigned, then found)."""
+    async with DanubeClient(f"https://{broker.broker_addr}", security=sec) as client:
+        producer = client.producer(topic, "p", batching=None)
+        await producer.create()
+        await producer.send(b"hello")
+
+
+def admin_env(pki: Pki, name: str = "root") -> dict[str, str]:
+    return {"DANUBE_ADMIN_TLS": "1", "DANUBE_ADMIN_CA": str(pki.ca_file),
+            "DANUBE_ADMIN_TOKEN": token(name)}  # fmt: skip
+
+
+def security_admin(broker: BrokerProcess, pki: Pki, *args: str) -> str:
+    done = _tool("danube-admin", "--endpoint", broker.admin_addr, "security", *args,
+                 env=admin_env(pki))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_binding_written_on_one_broker_decides_on_the_other_within_a_second(
+    secured_cluster: list[BrokerProcess], pki: Pki
+) -> None:
+    first, second = secured_cluster
+    topic = f"/default/carol-{uuid.uuid4().hex[:8]}"
+    carol = ClientSecurity(ca_file=str(pki.ca_file), token=token("carol"))
+    assert "PERMISSION_DENIED" in refusal(second, carol, topic)
+    security_admin(first, pki, "roles", "create", "writer", "--permissions", "Produce,Lookup")
+    security_admin(first, pki, "bindings", "create", "carol-w", "--principal-type",
+                   "service_account", "--principal-name", "carol", "--roles", "writer",
+                   "--scope", "topic", "--resource", topic)  # fmt: skip
+    # the other broker: allowed within a second of the write (its watch of /auth/)
+
+    def authorized() -> bool | None:
+        """Past authorization: produced, or refused for another reason (the new topic is
+        still being assigned to a broker)."""
+        try:
+            aio_run(lambda: produce(second, carol, topic))
+        except DanubeClientError as error:
+            return None if "PERMISSION_DENIED" in str(error) else True
+        return True
+
+    _, granted_s = within(1.0, authorized)
+    aio_run(lambda: produce_retrying(second, carol, topic))  # and it really produces
+    assert "carol-w" in security_admin(second, pki, "bindings", "list")
+    assert "writer" in security_admin(second, pki, "roles", "list")
+    # revoked on the second broker: the first denies within a second
+    security_admin(second, pki, "bindings", "delete", "carol-w", "--scope", "topic",
+                   "--resource", topic)  # fmt: skip
+
+    def denied() -> bool | None:
+        return True if "PERMISSION_DENIED" in refusal(first, carol, topic) else None
+
+    _, revoked_s = within(1.0, denied)
+    print(f"granted on the other broker after {granted_s:.3f} s, revoked after {revoked_s:.3f} s")
+
+
+def test_an_admin_call_is_forwarded_to_the_owner_with_the_brokers_identity(
+    secured_cluster: list[BrokerProcess], pki: Pki
+) -> None:
+    topic = f"/default/fwd-{uuid.uuid4().hex[:8]}"
+    root = ClientSecurity(ca_file=str(pki.ca_file), token=token("root"))
+    aio_run(lambda: produce_retrying(secured_cluster[0], root, topic))
+    forwarded_before = sum(b.log_text().count("event=admin_forwarded") for b in secured_cluster)
+    for broker in secured_cluster:  # one of them owns it, the other forwards
+        done = _tool("danube-admin", "--endpoint", broker.admin_addr, "topics", "describe",
+                     topic, env=admin_env(pki))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    forwarded = sum(b.log_text().count("event=admin_forwarded") for b in secured_cluster)
+    assert forwarded > forwarded_before
+
+
+async def _unload_broker(address: str, pki: Pki, headers: dict[str, str]) -> Status:
+    host, port = address.rsplit(":", 1)
+    channel = grpclib.client.Channel(host, int(port), ssl=client_context(str(pki.ca_file)))
+    try:
+        stub = admin_pb.BrokerAdminStub(channel)
+        await stub.unload_broker(
+            admin_pb.UnloadBrokerRequest(broker_id="0", dry_run=True), metadata=headers
+        )
+    except GRPCError as error:
+        return error.status
+    finally:
+        channel.close()
+    return Status.OK
+
+
+def test_no_header_makes_a_client_a_broker(secured_cluster: list[BrokerProcess], pki: Pki) -> None:
+    address = secured_cluster[1].admin_addr
+    app = {"authorization": f"Bearer {token('app')}"}
+    danube = {"x-danube-internal-broker": "broker/1"}
+    cases = {
+        "danube-header": ({**app, **danube}, Status.PERMISSION_DENIED),
+        "danube-header-alone": (danube, Status.UNAUTHENTICATED),
+        "made-up-broker-token": ({"x-danube-broker-token": token("broker-1")},
+                                 Status.UNAUTHENTICATED),
+    }  # fmt: skip
+    for name, (headers, expected) in cases.items():
+        status = asyncio.run(_unload_broker(address, pki, headers))
+        assert status is expected, name
