@@ -299,6 +299,22 @@ class AuthGuard:
             self.refused(kind)
         raise GRPCError(Status.UNAUTHENTICATED, f"authentication failed: {reason}")
 
+    def scrape_refused(self, authorization: str | None, cert: Any) -> tuple[int, str] | None:
+        """`/metrics` on a broker with authentication (HTTP, `metrics_http`): a bearer token or
+        a verified client certificate whose principal has Lookup on the cluster (the series
+        name topics and their rates: what Lookup on the cluster reveals anyway). (401 or 403,
+        reason) when refused, the token never quoted; None when allowed."""
+        try:
+            if authorization is not None:
+                token = bearer(authorization)
+                principal = self._token_principal(token, self.verifier, verify_until)[0]
+            elif (principal := certificate_principal(cert)) is None:
+                return 401, "no credentials: send 'Authorization: Bearer <token>'"
+        except TokenRejected as error:
+            return 401, f"authentication failed: {error}"
+        decision = rbac.decide(principal, P.LOOKUP, CLUSTER, self.rbac)
+        return None if decision.allowed else (403, decision.reason)
+
     # -- authorization -------------------------------------------------------------------
 
     def _authorizer(self, path: str, rule: Rule, principal: Principal) -> Callable[[Any], None]:

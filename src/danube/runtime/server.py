@@ -333,11 +333,6 @@ async def serve(
                 clustered=clustered,
             )
             health = Health(runtime)
-            if metrics_sock is not None:
-                endpoints = Endpoints(metrics.exposition, health.not_ready, health.alive)
-                nursery.start_soon(serve_http, metrics_sock, endpoints, metrics_tls)
-            if reloader is not None:
-                nursery.start_soon(_watch_certificates, reloader)
             guard = None
             if auth.enabled:
 
@@ -351,6 +346,16 @@ async def serve(
                     decided=metrics.authz_done,
                     refused=metrics.authn_failed,
                 )
+            if metrics_sock is not None:
+                endpoints = Endpoints(
+                    metrics.exposition,
+                    health.not_ready,
+                    health.alive,
+                    guard.scrape_refused if guard is not None else None,
+                )
+                nursery.start_soon(serve_http, metrics_sock, endpoints, metrics_tls)
+            if reloader is not None:
+                nursery.start_soon(_watch_certificates, reloader)
             # The kernels compile (or load from numba's cache) before anything uses them and
             # before the broker says it is ready: a first batch must not pay the compile.
             warmed = await trio.to_thread.run_sync(warm_kernels)
