@@ -76,8 +76,8 @@ def scrape(
 
 def metrics_urls(brokers: Mapping[str, Any], tls: bool = False) -> list[str]:
     """The metrics addresses in a `list_brokers` result. A secured broker serves `/metrics`
-    over HTTPS but advertises `http://` (runtime/server.py builds the URL without looking at
-    TLS), so with TLS on the admin port the scheme is corrected here."""
+    over HTTPS and advertises `https://`; brokers before issue 25's second part advertised
+    `http://` regardless, so with TLS on the admin port the scheme is corrected here."""
     urls = [b["metrics_addr"] for b in brokers.get("brokers", []) if b.get("metrics_addr")]
     if tls:
         urls = [

@@ -278,6 +278,8 @@ async def serve(
         admin_tls = reloader.grpc if reloader and auth.tls_on("admin") else None
         metrics_tls = reloader.http if reloader and auth.tls_on("metrics") else None
         scheme = "https" if client_tls is not None else "http"
+        admin_scheme = "https" if admin_tls is not None else "http"
+        metrics_scheme = "https" if metrics_tls is not None else "http"
         advertised = config.advertised_addr or str(bound.broker)
         identity = BrokerIdentity(f"{scheme}://{advertised}", f"{scheme}://{advertised}")
         # what other brokers and ListBrokers are told: a wildcard bind named reachably
@@ -382,8 +384,8 @@ async def serve(
                 registration = {
                     "broker_url": identity.broker_url,
                     "connect_url": identity.connect_url,
-                    "admin_addr": f"http://{admin_seen}",
-                    "metrics_addr": f"http://{bound.metrics}" if bound.metrics else "",
+                    "admin_addr": f"{admin_scheme}://{admin_seen}",
+                    "metrics_addr": f"{metrics_scheme}://{bound.metrics}" if bound.metrics else "",
                 }
                 member = ClusterMember(
                     store, runtime, broker_id, registration, config.cluster, cluster_placement
@@ -429,9 +431,9 @@ async def serve(
             admin = AdminServices(
                 runtime,
                 broker_id,
-                f"http://{admin_seen}",
+                f"{admin_scheme}://{admin_seen}",
                 schemas,
-                metrics_url=f"http://{bound.metrics}" if bound.metrics else "",
+                metrics_url=f"{metrics_scheme}://{bound.metrics}" if bound.metrics else "",
                 cluster=ClusterAdminOps(store, member) if member is not None else None,
                 placement=cluster_placement if clustered else None,
                 store=store if clustered else None,
