@@ -25,6 +25,7 @@ from danube.machines.security.tokens import (
     verify_broker,
     verify_until,
 )
+from danube.proto import danube as pb
 from danube.runtime.auth import AUTHORIZE, BROKER_TOKEN_HEADER, AuthGuard
 from danube.runtime.peers import PeerAccess
 from tests.security.test_guard import CONFIG, NOW, SECRET, FakeStream, bearer, guarded_call
@@ -166,3 +167,29 @@ def test_a_broker_sends_a_fresh_token_and_no_header_without_a_key() -> None:
     principal, until = verify_broker(second, broker_verifier(CLUSTER_KEY), clock[0])
     assert principal.name == "broker-3" and until > clock[0] + 100
     assert PeerAccess(name="x").metadata() == {}
+
+
+def test_a_revocation_applies_to_the_next_message_of_an_open_stream() -> None:
+    """A stream's decisions are remembered while the RBAC stays the same: replaced (a
+    binding deleted on any broker of the cluster), the next message is decided again."""
+    checks = guard()
+    wrapped_calls: list[str] = []
+
+    async def handler(_: Any) -> None:
+        authorize = AUTHORIZE.get()
+        assert authorize is not None
+        request = pb.ProducerRequest(topic_name="/default/t")
+        authorize(request)
+        wrapped_calls.append("first allowed")
+        checks.use(dataclasses.replace(checks.rbac, bindings=()))  # the binding is gone
+        authorize(request)
+        wrapped_calls.append("second allowed")
+
+    wrapped = checks.wrap(
+        "/danube.ProducerService/CreateProducer",
+        grpclib.const.Handler(handler, grpclib.const.Cardinality.STREAM_STREAM, None, None),
+    )
+    with pytest.raises(GRPCError) as raised:
+        asyncio.run(wrapped.func(FakeStream(bearer("app"))))  # type: ignore[arg-type]
+    assert raised.value.status is Status.PERMISSION_DENIED
+    assert wrapped_calls == ["first allowed"]

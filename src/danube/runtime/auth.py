@@ -319,8 +319,12 @@ class AuthGuard:
 
     def _authorizer(self, path: str, rule: Rule, principal: Principal) -> Callable[[Any], None]:
         decided: dict[tuple[Permission, Resource], bool] = {}
+        decided_under = [self.rbac]
 
         def authorize(request: Any) -> None:
+            if self.rbac is not decided_under[0]:  # roles or bindings changed: decide again
+                decided.clear()
+                decided_under[0] = self.rbac
             if path in CONSUMER_RULES:
                 topic = self.consumer_topic(int(request.consumer_id))
                 permission = P.CONSUME
@@ -344,8 +348,9 @@ class AuthGuard:
         resource: Resource,
         decided: dict[tuple[Permission, Resource], bool],
     ) -> None:
-        """One decision, remembered for the call (a stream's messages mostly name one topic);
-        PERMISSION_DENIED when it denies."""
+        """One decision, remembered for the call while the roles and bindings stay the same
+        (a stream's messages mostly name one topic; a revocation applies from the stream's
+        next message); PERMISSION_DENIED when it denies."""
         key = (permission, resource)
         allowed = decided.get(key)
         if allowed is None:
