@@ -53,7 +53,8 @@ def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--super-admin",
         action="append",
-        help="auth.super_admins: a principal name that bypasses RBAC (repeatable)",
+        help="auth.super_admins: a principal that bypasses RBAC: a name (a user or service "
+        "account of that name) or kind:name (repeatable)",
     )
 
 
