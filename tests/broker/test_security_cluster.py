@@ -2,7 +2,8 @@
 broker processes on the session's etcd, TLS on every port, tokens, a cluster key. Roles and
 bindings written on one broker decide on the other within a second; an admin call asked of
 the broker that does not own the topic is forwarded with the broker's identity and works; a
-client gains nothing from Danube's internal-broker header nor from a made-up broker token."""
+client gains nothing from Danube's internal-broker header nor from a made-up broker token; a
+reliable topic's owner replicates to its follower over TLS with its broker token."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import yaml
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from danube.client import ClientSecurity, DanubeClient, DanubeClientError
+from danube.client import ClientSecurity, DanubeClient, DanubeClientError, DispatchStrategy
 from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.etcd_process import EtcdProcess
 from danube.proto import danube_admin as admin_pb
@@ -51,7 +52,7 @@ def broker_config(pki: Pki, etcd: EtcdProcess, shared: Path, prefix: str) -> dic
     return {
         "bootstrap_namespaces": ["default"],
         "meta_store": {"etcd_endpoints": [etcd.endpoint], "prefix": prefix},
-        "cluster": {"lease_ttl_ms": 3000, "renew_interval_ms": 600},
+        "cluster": {"lease_ttl_ms": 3000, "renew_interval_ms": 600, "replication_factor": 2},
         "storage": {"mode": "shared_fs", "durable": {"root": str(shared)}},
         "auth": {
             "mode": "tls",
@@ -190,3 +191,30 @@ def test_no_header_makes_a_client_a_broker(secured_cluster: list[BrokerProcess],
     for name, (headers, expected) in cases.items():
         status = asyncio.run(_unload_broker(address, pki, headers))
         assert status is expected, name
+
+
+def test_a_reliable_topic_replicates_between_secured_brokers(
+    secured_cluster: list[BrokerProcess], pki: Pki
+) -> None:
+    """Replication factor 2: the owner opens its replication stream to the follower's admin
+    port (TLS, broker token) and the link comes up; no broker refused another."""
+    topic = f"/default/replicated-{uuid.uuid4().hex[:8]}"
+    root = ClientSecurity(ca_file=str(pki.ca_file), token=token("root"))
+
+    async def send() -> None:
+        url = f"https://{secured_cluster[0].broker_addr}"
+        async with DanubeClient(url, security=root) as client:
+            producer = client.producer(topic, "p", dispatch=DispatchStrategy.RELIABLE)
+            await producer.create()
+            for index in range(5):
+                await producer.send(f"m{index}".encode())
+
+    aio_run(send)
+
+    def link_up() -> bool | None:
+        logs = "".join(b.log_text() for b in secured_cluster)
+        return True if "event=replication_link_up" in logs else None
+
+    within(15.0, link_up)
+    for broker in secured_cluster:
+        assert "broker token" not in broker.log_text()
