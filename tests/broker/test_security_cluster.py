@@ -67,24 +67,40 @@ def broker_config(pki: Pki, etcd: EtcdProcess, shared: Path, prefix: str) -> dic
     }
 
 
-@pytest.fixture(scope="module")
-def secured_cluster(
-    pki: Pki, etcd_server: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[list[BrokerProcess]]:
-    root = tmp_path_factory.mktemp("secured-cluster")
-    prefix = f"/secured-{uuid.uuid4().hex[:8]}"
+def start_brokers(
+    root: Path, configure: Callable[[Path], dict[str, object]], env: dict[str, str]
+) -> list[BrokerProcess]:
+    """Two cluster brokers with the configuration `configure(shared dir)` gives."""
     brokers: list[BrokerProcess] = []
     try:
         for index in range(2):
             data = root / f"broker-{index}"
-            data.mkdir()
+            data.mkdir(parents=True)
             config = data / "broker.yaml"
-            config.write_text(yaml.safe_dump(broker_config(pki, etcd_server, root / "d", prefix)))
-            env = {"DANUBE_JWT_SECRET_KEY": SECRET, "DANUBE_CLUSTER_KEY": CLUSTER_KEY}
+            config.write_text(yaml.safe_dump(configure(root / "d")))
             process = BrokerProcess(
                 data, config_file=config, extra_args=("--mode", "cluster"), env=env
             )
-            brokers.append(process.start())
+            brokers.append(process)
+            process.start()
+    except BaseException:
+        for process in brokers:
+            process.kill()
+        raise
+    return brokers
+
+
+@pytest.fixture(scope="module")
+def secured_cluster(
+    pki: Pki, etcd_server: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[BrokerProcess]]:
+    prefix = f"/secured-{uuid.uuid4().hex[:8]}"
+    brokers = start_brokers(
+        tmp_path_factory.mktemp("secured-cluster"),
+        lambda shared: broker_config(pki, etcd_server, shared, prefix),
+        {"DANUBE_JWT_SECRET_KEY": SECRET, "DANUBE_CLUSTER_KEY": CLUSTER_KEY},
+    )
+    try:
         yield brokers
     finally:
         for process in brokers:
@@ -218,3 +234,29 @@ def test_a_reliable_topic_replicates_between_secured_brokers(
     within(15.0, link_up)
     for broker in secured_cluster:
         assert "broker token" not in broker.log_text()
+
+
+def test_brokers_may_prove_themselves_by_certificate_instead(
+    pki: Pki, etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    """No cluster key: `auth.broker_certificates` names the brokers' certificate, which each
+    presents to the others (mutual TLS); a forwarded admin call works."""
+    issued = pki.ca.issue_cert("127.0.0.1", "localhost", common_name="broker.cluster.test")
+    issued.private_key_pem.write_to_path(str(tmp_path / "broker.key"))
+    issued.cert_chain_pems[0].write_to_path(str(tmp_path / "broker.pem"))
+    prefix = f"/by-cert-{uuid.uuid4().hex[:8]}"
+
+    def configure(shared: Path) -> dict[str, object]:
+        config = broker_config(pki, etcd_server, shared, prefix)
+        auth = dict(config["auth"])  # type: ignore[call-overload]
+        auth["tls"] = {**auth["tls"], "cert_file": str(tmp_path / "broker.pem"),
+                       "key_file": str(tmp_path / "broker.key")}  # fmt: skip
+        auth["broker_certificates"] = ["broker.cluster.test"]
+        return {**config, "auth": auth}
+
+    brokers = start_brokers(tmp_path / "c", configure, {"DANUBE_JWT_SECRET_KEY": SECRET})
+    try:
+        test_an_admin_call_is_forwarded_to_the_owner_with_the_brokers_identity(brokers, pki)
+    finally:
+        for process in brokers:
+            process.kill()

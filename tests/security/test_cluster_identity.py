@@ -28,7 +28,8 @@ from danube.machines.security.tokens import (
 from danube.proto import danube as pb
 from danube.runtime.auth import AUTHORIZE, BROKER_TOKEN_HEADER, AuthGuard
 from danube.runtime.peers import PeerAccess
-from tests.security.test_guard import CONFIG, NOW, SECRET, FakeStream, bearer, guarded_call
+from danube.values.errors import ConfigError
+from tests.security.test_guard import CONFIG, NOW, SECRET, FakeStream, Peer, bearer, guarded_call
 
 CLUSTER_KEY = "cluster-key-0123456789-0123456789-abcdef"
 SECURED = dataclasses.replace(CONFIG, cluster_key=CLUSTER_KEY)
@@ -193,3 +194,30 @@ def test_a_revocation_applies_to_the_next_message_of_an_open_stream() -> None:
         asyncio.run(wrapped.func(FakeStream(bearer("app"))))  # type: ignore[arg-type]
     assert raised.value.status is Status.PERMISSION_DENIED
     assert wrapped_calls == ["first allowed"]
+
+
+def _certificate(name: str) -> dict[str, Any]:
+    return {"subject": ((("commonName", name),),)}
+
+
+def test_a_listed_broker_certificate_makes_a_broker_and_only_that() -> None:
+    by_certificate = dataclasses.replace(CONFIG, broker_certificates=("broker.cluster.test",))
+    checks = guard(config=by_certificate)
+    broker = FakeStream(peer=Peer(_certificate("broker.cluster.test")))
+    assert guarded_call(checks, UNLOAD, broker) == ["body read", "handled"]
+    for stream in (
+        FakeStream(peer=Peer(_certificate("app"))),  # a client's certificate: itself
+        FakeStream(bearer("broker.cluster.test")),  # a token naming it: a service account
+    ):
+        with pytest.raises(GRPCError) as raised:
+            guarded_call(checks, UNLOAD, stream)
+        assert raised.value.status is Status.PERMISSION_DENIED
+
+
+def test_cluster_mode_takes_a_key_or_broker_certificates_with_a_ca() -> None:
+    tls_with_ca = dataclasses.replace(CONFIG.tls, ca_file="ca.pem") if CONFIG.tls else None
+    dataclasses.replace(CONFIG, broker_certificates=("b",), tls=tls_with_ca).check_cluster()
+    dataclasses.replace(CONFIG, cluster_key=CLUSTER_KEY).check_cluster()
+    for config in (CONFIG, dataclasses.replace(CONFIG, broker_certificates=("b",))):
+        with pytest.raises(ConfigError):
+            config.check_cluster()

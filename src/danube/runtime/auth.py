@@ -210,6 +210,7 @@ class AuthGuard:
     ) -> None:
         self.verifier = verifier_of(config)
         self.brokers = broker_verifier(config.cluster_key) if config.cluster_key else None
+        self.broker_certificates = frozenset(config.broker_certificates)
         self.rbac = rbac_of(config)
         self.consumer_topic = consumer_topic
         self.decided = decided
@@ -271,6 +272,8 @@ class AuthGuard:
         cert = stream.peer.cert() if stream.peer is not None else None
         principal = certificate_principal(cert)
         if principal is not None:
+            if principal.name in self.broker_certificates:  # a broker's certificate
+                return Principal(rbac.BROKER_KIND, principal.name), math.inf
             return principal, math.inf
         self._refuse("missing", "no credentials: send 'authorization: Bearer <token>'")
 
