@@ -291,11 +291,8 @@ class BrokerConfig:
     def check_mode(self) -> None:
         """What cluster mode needs, checked once every source (file, flags) is applied."""
         self.auth.check()
-        if self.mode == "cluster" and self.auth.enabled:
-            raise ConfigError(
-                "auth.mode tls is standalone-only for now: a cluster's brokers do not yet prove "
-                "who they are to each other (issue 25, part 2; spec/security.md)"
-            )
+        if self.mode == "cluster":
+            self.auth.check_cluster()
         if self.mode == "standalone":
             return
         if self.mode != "cluster":
