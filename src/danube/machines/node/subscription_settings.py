@@ -77,8 +77,8 @@ class SubscriptionSettingsAdmin:
         self, topic: str, subscription: str, offset: int, release: bool, now_ms: int
     ) -> Step[bool]:
         """Release or skip a blocked message of a live subscription (Danube has no such
-        operation: only a policy change and a reload unblock it there). Not persisted: a
-        restart forgets attempts, so the message is delivered afresh anyway."""
+        operation: only a policy change and a reload unblock it there). A release resets the
+        message's stored failure count at the next cursor write."""
         record = self._catalogue.reliable_topic(topic, "releasing a blocked message")
         sub = record.subscriptions.get(subscription)
         if sub is None or offset not in self.blocked(topic, subscription):
