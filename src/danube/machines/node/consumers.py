@@ -266,7 +266,7 @@ class Consumers:
                 kind,
                 max(start_offset, 0),
                 max_unacked_messages=settings.max_unacked_messages or self._max_unacked,
-                policy=settings.failure.dispatch_policy if settings.failure else rd.DEFAULT_POLICY,
+                policy=self._catalogue.failure_policy(record, name),
                 attempts=attempts,
             )
             reliable.dispatch_rate = self._catalogue.policies(record).max_subscription_dispatch_rate

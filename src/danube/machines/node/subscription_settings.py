@@ -67,6 +67,28 @@ class SubscriptionSettingsAdmin:
                 f"dead-letter topic {dead_letter_topic} is non-reliable; it must be reliable",
             )
 
+    def apply_namespace_defaults(self, now_ms: int) -> list[Effect]:
+        """Namespaces whose default failure policy changed (through this broker or, in
+        cluster mode, another): each live subscription without a policy of its own takes the
+        new default at once (`configure`: blocked messages are re-resolved under it)."""
+        changed = self._catalogue.failure_defaults_changed
+        if not changed:
+            return []
+        namespaces = set(changed)
+        changed.clear()
+        effects: list[Effect] = []
+        for record in self._catalogue.topic_records():
+            if record.name.namespace not in namespaces or not record.reliable:
+                continue
+            for sub in record.subscriptions.values():
+                own = record.settings.get(sub.name)
+                if own is not None and own.failure is not None:
+                    continue
+                policy = self._catalogue.failure_policy(record, sub.name)
+                found = sub.reliable.configure(now_ms, policy=policy)
+                effects.extend(self._logs.dispatch(record, sub, found, now_ms))
+        return effects
+
     def blocked(self, topic: str, subscription: str) -> tuple[int, ...]:
         sub = self._catalogue.topic(topic).subscriptions.get(subscription)
         if sub is None or not isinstance(sub.dispatcher, rd.ReliableSubscription):
