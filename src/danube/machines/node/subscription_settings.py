@@ -49,15 +49,10 @@ class SubscriptionSettingsAdmin:
 
     def _check_dead_letter_topic(self, topic: str, dead_letter_topic: str | None) -> None:
         """What the republish flow cannot do is refused now rather than retried for ever:
-        a topic dead-lettering to itself, a non-reliable dead-letter topic (Danube's strategy
-        mismatch), and any dead-letter topic in cluster mode, where it may be served by
-        another broker (reaching it through forwarding is not built)."""
-        if self._clustered:
-            raise DanubeError(
-                ErrorCode.UNIMPLEMENTED,
-                "the dead_letter poison policy is not offered in cluster mode yet (the "
-                "dead-letter topic may be served by another broker); use block or drop",
-            )
+        a topic dead-lettering to itself and a non-reliable dead-letter topic (Danube's
+        strategy mismatch; in cluster mode only when this broker serves it: one served
+        elsewhere is reached by forwarding, `ForwardDeadLetter`, and refused there if it is
+        non-reliable, the message waiting meanwhile)."""
         if dead_letter_topic == topic:
             raise invalid("a topic cannot be its own dead-letter topic")
         target = self._catalogue.topics_by_name.get(dead_letter_topic or "")
