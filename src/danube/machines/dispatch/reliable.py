@@ -61,7 +61,8 @@ redelivered at once when it disconnects or is removed; a takeover is `disconnect
 Danube, which can leave it unflushed), and on `flush()` (topic unload). The machine assumes
 `start_offset - 1` is durable already: the caller read it back, or wrote it when it created the
 subscription. A restarted subscription (`start_offset = persisted cursor + 1`) redelivers
-everything after it.
+everything after it, each offset charged the failures stored with the cursor (`attempts`:
+`PersistCursor.attempts` carries them when they changed, in the same write).
 """
 
 from __future__ import annotations
