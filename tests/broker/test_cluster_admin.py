@@ -248,7 +248,9 @@ def test_a_dead_letter_topic_on_another_broker_receives_the_poison(
                     if len(seen) == 2:
                         break
             await consumer.close()
-            letters = await client.consumer(dead, "c", "audit", sub_type=SubType.SHARED).subscribe()
+            letters = await client.consumer(
+                dead, "c", "audit", sub_type=SubType.SHARED, start="earliest"
+            ).subscribe()
             async with asyncio.timeout(60):
                 async for letter in letters:
                     await letters.ack(letter)
