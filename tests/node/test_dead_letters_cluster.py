@@ -16,12 +16,14 @@ from danube.machines.node.core import ForwardDeadLetter
 from danube.machines.node.settings import PoisonPolicy, SubscriptionFailureSettings
 from danube.machines.wal import records
 from danube.metadata.model import KeyValue
+from danube.runtime.poison_metrics import poison_families
 from danube.testing import CoreDriver
 from danube.values.config import DispatchStrategy
 from danube.values.names import parse_topic
 from tests.node.test_core_moves import CLAIMS, EARLIEST, TOPIC, broker, shared_state
 
 DLQ = "/default/moving-dlq"
+REPUBLISHES = "danube_dead_letter_republishes"
 REL = DispatchStrategy.RELIABLE
 POLICY = SubscriptionFailureSettings(
     max_redelivery_count=1,
@@ -152,6 +154,9 @@ def test_a_dead_letter_topic_on_another_broker_is_reached_by_forwarding() -> Non
     assert cursor(origin) == offset, "passed once the other broker stored it"
     assert origin.core.dead_letters.stored == 1 and origin.core.dead_letters.forwarded == 1
     assert other.core.wal_durable_end(DLQ) == 1, "stored on the other broker"
+    families = {f.name: f for f in poison_families("a", origin.core)}
+    outcomes = {s.labels["outcome"]: s.value for s in families[REPUBLISHES].samples}
+    assert outcomes == {"stored": 1, "failed": 0, "forwarded": 1}
 
 
 def test_a_failed_forward_is_asked_again_and_the_original_waits() -> None:
