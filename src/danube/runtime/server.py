@@ -488,6 +488,9 @@ async def serve(
                     await trio.sleep(0.01)
             if replication is not None:
                 await trio_asyncio.aio_as_trio(replication.close)()
+            forwarder = runtime.port.dead_letters
+            if forwarder is not None:  # dead letters under way are asked again after a start
+                await trio_asyncio.aio_as_trio(forwarder.close)()
             for server in (client_server, admin_server):
                 server.close()
                 await trio_asyncio.aio_as_trio(server.wait_closed)()
