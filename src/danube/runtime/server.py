@@ -46,6 +46,7 @@ from danube.runtime.data_plane import (
     HealthCheckService,
     ProducerService,
 )
+from danube.runtime.dead_letter_forward import DeadLetterForward
 from danube.runtime.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
 from danube.runtime.kernels_warm import warm_kernels
 from danube.runtime.memory import broker_pools
@@ -374,6 +375,9 @@ async def serve(
             if clustered:
                 replication = ReplicationPort(runtime, broker_id, store, loop)
                 runtime.port.replication = replication
+                # dead letters for topics other brokers serve (issue 24): an internal
+                # producer through this broker's own lookup and redirect
+                runtime.port.dead_letters = DeadLetterForward(identity.connect_url, broker_id, loop)
                 metrics.replication = replication
                 cluster_placement = ClusterPlacement(
                     core, store, broker_id, auto_create_topics=config.auto_create_topics
@@ -488,6 +492,9 @@ async def serve(
                     await trio.sleep(0.01)
             if replication is not None:
                 await trio_asyncio.aio_as_trio(replication.close)()
+            forwarder = runtime.port.dead_letters
+            if forwarder is not None:  # dead letters under way are asked again after a start
+                await trio_asyncio.aio_as_trio(forwarder.close)()
             for server in (client_server, admin_server):
                 server.close()
                 await trio_asyncio.aio_as_trio(server.wait_closed)()
