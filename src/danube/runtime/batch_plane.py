@@ -21,7 +21,7 @@ from danube.machines.requests import receive, settle
 from danube.machines.requests.publish import BatchRequest, publish_batch
 from danube.proto import danube_ext as ext_pb
 from danube.runtime.broker import BrokerRuntime, now_ms
-from danube.runtime.grpc_util import recv_bounded, recv_single, unary
+from danube.runtime.grpc_util import RECEIVED, recv_bounded, recv_single, unary
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.request_driver import RequestDriver
 from danube.runtime.schema_gate import SchemaGate
@@ -45,7 +45,7 @@ class ProducerExtService:
         self._core: BrokerCore = runtime.core
         self._gate = gate
         self._batch_limit = batch_limit
-        self._requests = RequestDriver(runtime, gate)
+        self._requests = RequestDriver(runtime, gate, staged=True)
 
     async def publish_batches(self, stream: grpclib.server.Stream) -> None:
         """Reads batches in order and calls the core for each before reading the next, so
@@ -125,6 +125,8 @@ async def _after(
     except DanubeError as error:
         metrics.send_failed(topic, len(sizes), error.code.name)
         return _refused(sequence, error)
+    if published.stored:
+        metrics.stages.replied(RECEIVED.get())
     seconds = time.perf_counter() - started
     metrics.sent_batch(topic, sizes, seconds, stored=published.stored)
     return ext_pb.BatchAck(

@@ -149,6 +149,9 @@ class GuardedConnection(Connection):
     """grpclib's connection, telling the ping policy when the broker sends."""
 
     on_send: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
+    read_at = 0.0
+    """`perf_counter` of the newest socket read: where a request's `receive` stage starts
+    (`danube.runtime.stage_metrics`)."""
 
     def headers_send_process(self) -> None:
         super().headers_send_process()
@@ -266,6 +269,7 @@ class GuardedProtocol(H2Protocol):
             return
         now = self._clock()
         self._keepalive.received(now)
+        self.connection.read_at = time.perf_counter()
         try:
             events = self.connection.feed(data)
         except ProtocolError as error:
