@@ -16,8 +16,10 @@ The stages, in the order a message passes them (spec/message-path.md):
   `call_soon_threadsafe`, the loop's queue);
 - `acknowledgement`: the answer on the loop → the publish's reply built and handed to
   grpclib (the waiter table, the flow's last fence check, the handler's wake-up);
-- `dispatch`: the newest answer on the loop → a consumer's stream took the records it made
-  readable (the stream task's wake-up, `BrokerCore.take`);
+- `dispatch`: the newest answer on the loop → a consumer's stream that waited for records
+  took them (the stream task's wake-up, `BrokerCore.take`; a stream catching up on history
+  without waiting is not observed, one woken by a read of the WAL's files is, from the
+  newest commit);
 - `send`: records taken → written to the consumer's HTTP/2 stream (encoding, h2, socket).
 
 A message waiting in its topic's lane for the group commit before it shows in none of them:

@@ -45,6 +45,7 @@ async def serve_consumer(
     metrics = runtime.metrics
     stages = metrics.stages
     reliable = _reliable(core, target)
+    woken = False
     try:
         await runtime.run(step)
         await stream.send_initial_metadata()
@@ -55,9 +56,12 @@ async def serve_consumer(
                 break
             if isinstance(turn, Wait):
                 await slot.wakeup.wait()
+                woken = reliable
                 continue
-            if reliable:  # stored records: `dispatch` starts at their group commit's answer
+            if woken:  # records it waited for: `dispatch` starts at their commit's answer
+                # (a stream catching up on history waited for no commit: not observed)
                 stages.since_stored("dispatch")
+                woken = False
             handed = time.perf_counter()
             sent = await send(turn.items)
             stages.observe("send", time.perf_counter() - handed)
