@@ -327,6 +327,11 @@ class ProductionPort:
         self._ended()
         if error is None and outcome is not None:
             files.note(outcome)
+            if outcome.appended or outcome.synced is not None:  # not a segment's creation
+                submitted, _, finished, answered = self.wal_writers.timings.last
+                self.metrics.stages.committed(
+                    submitted, finished, answered, outcome.synced, wrote=outcome.appended > 0
+                )
         done(None, error)
 
     def _marked(self, done: Done, _wrote: Any, error: BaseException | None) -> None:
