@@ -8,6 +8,7 @@ reliable topic's owner replicates to its follower over TLS with its broker token
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -21,7 +22,13 @@ import yaml
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from danube.client import ClientSecurity, DanubeClient, DanubeClientError, DispatchStrategy
+from danube.client import (
+    ClientSecurity,
+    DanubeClient,
+    DanubeClientError,
+    DispatchStrategy,
+    SubType,
+)
 from danube.localcluster.broker_process import BrokerProcess
 from danube.localcluster.etcd_process import EtcdProcess
 from danube.proto import danube_admin as admin_pb
@@ -234,6 +241,71 @@ def test_a_reliable_topic_replicates_between_secured_brokers(
     within(15.0, link_up)
     for broker in secured_cluster:
         assert "broker token" not in broker.log_text()
+
+
+def admin_tool(broker: BrokerProcess, pki: Pki, *args: str) -> str:
+    done = _tool("danube-admin", "--endpoint", broker.admin_addr, *args, env=admin_env(pki))
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_dead_letter_reaches_a_topic_on_the_other_secured_broker(
+    secured_cluster: list[BrokerProcess], pki: Pki
+) -> None:
+    """Issue 24 with issue 25: the subscription's broker forwards a dead letter to the broker
+    that owns the dead-letter topic as an internal producer; under TLS with tokens it proves
+    itself a broker (its certificate's TLS, the cluster-key token), so the owner stores it."""
+    first = secured_cluster[0]
+    root = ClientSecurity(ca_file=str(pki.ca_file), token=token("root"))
+    suffix = uuid.uuid4().hex[:8]
+
+    def owner(topic: str) -> int:
+        described = json.loads(admin_tool(first, pki, "topics", "describe", topic, "-o", "json"))
+        return int(described["broker_id"])
+
+    dead = f"/default/dlq-{suffix}"
+    admin_tool(first, pki, "topics", "create", dead, "--dispatch-strategy", "reliable")
+    for index in range(12):  # an origin topic the other broker owns
+        origin = f"/default/poison-{suffix}-{index}"
+        admin_tool(first, pki, "topics", "create", origin, "--dispatch-strategy", "reliable")
+        if owner(origin) != owner(dead):
+            break
+    else:
+        pytest.skip("every topic landed on the dead-letter topic's broker")
+    admin_tool(first, pki, "topics", "set-failure-policy", origin, "-s", "sub",
+               "--max-redelivery-count", "0", "--ack-timeout-ms", "30000",
+               "--base-redelivery-delay-ms", "100", "--max-redelivery-delay-ms", "1000",
+               "--poison-policy", "dead_letter", "--dead-letter-topic", dead)  # fmt: skip
+    url = f"https://{first.broker_addr}"
+
+    async def scenario() -> dict[str, str]:
+        async with DanubeClient(url, security=root) as client:
+            consumer = await client.consumer(
+                origin, "c", "sub", sub_type=SubType.SHARED
+            ).subscribe()
+            producer = client.producer(origin, "p", dispatch=DispatchStrategy.RELIABLE)
+            await producer.create()
+            await producer.send(b"poison")
+            async with asyncio.timeout(30):
+                async for message in consumer:
+                    await consumer.nack(message, reason="bad input")
+                    break
+            await consumer.close()
+            letters = await client.consumer(
+                dead, "c", "audit", sub_type=SubType.SHARED, start="earliest"
+            ).subscribe()
+            async with asyncio.timeout(30):
+                async for letter in letters:
+                    await letters.ack(letter)
+                    await letters.close()
+                    return {"payload": letter.payload.decode(), **letter.attributes}
+        raise AssertionError("no dead letter")
+
+    letter = aio_run(scenario)
+    assert letter["payload"] == "poison"
+    assert letter["x-original-topic"] == origin
+    logs = "".join(b.log_text() for b in secured_cluster)
+    assert "dead_letter_failed" not in logs
 
 
 def test_brokers_may_prove_themselves_by_certificate_instead(

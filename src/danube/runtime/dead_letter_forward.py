@@ -17,10 +17,10 @@ One producer per dead-letter topic, named `broker-dead-letter-<broker id>-<nonce
 restarted process never collides with the session its predecessor left behind), created on
 the first dead letter and dropped at its first failure (the next one creates it again).
 
-Not done: a broker whose client port needs a token has none of its own (issue 25 decides
-how the internal producer authenticates); with authentication on, forwarding fails and the
-messages wait, logged as `dead_letter_failed`. It decides nothing: what to publish and when
-to ask again are the core's.
+With authentication on, the producer is a broker of the cluster (`peers.internal_client`):
+TLS with the broker's own certificate when the client port speaks TLS, and the cluster-key
+broker token on every call, so the owner's access check lets it publish. It decides
+nothing: what to publish and when to ask again are the core's.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpclib.client
 
+from danube.client.security import ClientSecurity
 from danube.machines.security.tokens import BROKER_TTL_S, mint_broker
 from danube.runtime.auth import BROKER_TOKEN_HEADER
 from danube.runtime.tls import client_context
@@ -70,3 +71,21 @@ def configure(auth: AuthConfig, broker_id: int | str) -> PeerAccess:
     PEERS.cluster_key = auth.cluster_key
     PEERS._until = 0.0
     return PEERS
+
+
+def internal_client(auth: AuthConfig) -> ClientSecurity:
+    """How this broker's internal producers (dead letters forwarded to another broker's topic)
+    reach a client port: TLS when the client port speaks it, trusting `auth.tls.ca_file` and
+    presenting the broker's certificate (a broker certificate under mutual TLS), and the
+    broker token on every call when a cluster key is set. Either makes the caller a `broker`
+    principal at the owner, whose access check lets brokers publish."""
+    files = auth.tls
+    if files is not None and auth.tls_on("client"):
+        return ClientSecurity(
+            tls=True,
+            ca_file=files.ca_file,
+            cert_file=files.cert_file,
+            key_file=files.key_file,
+            headers=PEERS.metadata,
+        )
+    return ClientSecurity(headers=PEERS.metadata)

@@ -54,6 +54,7 @@ from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.metrics_http import Endpoints, Health, serve_http
 from danube.runtime.object_store import ObjectStore
 from danube.runtime.peers import configure as configure_peers
+from danube.runtime.peers import internal_client
 from danube.runtime.placement import ClusterPlacement, LocalPlacement, Placement
 from danube.runtime.replication_admin import ReplicationAdminService
 from danube.runtime.replication_port import ReplicationPort
@@ -377,7 +378,9 @@ async def serve(
                 runtime.port.replication = replication
                 # dead letters for topics other brokers serve (issue 24): an internal
                 # producer through this broker's own lookup and redirect
-                runtime.port.dead_letters = DeadLetterForward(identity.connect_url, broker_id, loop)
+                runtime.port.dead_letters = DeadLetterForward(
+                    identity.connect_url, broker_id, loop, security=internal_client(auth)
+                )
                 metrics.replication = replication
                 cluster_placement = ClusterPlacement(
                     core, store, broker_id, auto_create_topics=config.auto_create_topics
