@@ -51,6 +51,10 @@ from sim.etcd import Origin, SimEtcd
 from sim.objects import SimObjectStore
 from sim.world import World
 
+_CURRENT = "/" + keys_module.CURRENT
+"""How the index's `cur` pointer's key ends (`keys.CurrentKey`)."""
+is_index_entry = tier_layout.is_index_entry
+
 ONE_WRITER = "g at most one writer per topic"
 NO_LOSS = "h no acknowledged loss across moves and failovers"
 REPLICA_LOSS = "r1 no acknowledged loss while an in-sync replica survives"
@@ -103,7 +107,8 @@ class DataChecker:
                     self._claims[claimed] = _holder(event.value if event.kind == "put" else None)
         if origin is None or origin.kind not in DATA_WRITES or not events:
             return
-        for topic in sorted({t for e in events if (t := topic_of_key(e.key)) is not None}):
+        topics = [topic_of_key(event.key) for event in events]  # once per event, used twice
+        for topic in sorted({t for t in topics if t is not None}):
             holder = self._claims.get(topic)
             if holder != origin.broker:
                 self._violate(
@@ -111,9 +116,12 @@ class DataChecker:
                     f"a {origin.kind} write of broker {origin.broker} to {topic} took effect "
                     f"while the claim was {'no one' if holder is None else holder}'s",
                 )
-        for event in events:
-            if event.kind == "put" and tier_layout.is_index_entry(event.key):
-                self._index_entry(event.key, IndexEntry.from_json(event.value))
+        for event, topic in zip(events, topics, strict=True):
+            # Every index commit also puts `cur`, which is no entry: its name says so before
+            # the key is parsed (half the parses of this loop).
+            key = event.key
+            if event.kind == "put" and not key.endswith(_CURRENT) and is_index_entry(key):
+                self._index_entry(key, topic, IndexEntry.from_json(event.value))
 
     def _records_of(self, data: bytes) -> list[tuple[int, str]]:
         """(offset, payload) of an object's records. Every indexed object is decoded when its
@@ -124,8 +132,7 @@ class DataChecker:
             found = self._decoded[data] = _records_of(data)
         return found
 
-    def _index_entry(self, key: str, entry: IndexEntry) -> None:
-        topic = topic_of_key(key)
+    def _index_entry(self, key: str, topic: str | None, entry: IndexEntry) -> None:
         blob = self.objects.objects.get(entry.key)
         if topic not in self.stored:
             return

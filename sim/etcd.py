@@ -272,9 +272,15 @@ class SimEtcd:
         batches: dict[int, list[WatchEvent]] = {}
         for event in events:
             batches.setdefault(event.mod_revision, []).append(event)
+        # Each batch's events under a prefix, worked out once per prefix: the brokers' watchers
+        # share a few prefixes (4.4 watchers and 2 prefixes a commit in a cluster run).
+        seen: dict[tuple[int, str], list[WatchEvent]] = {}
         for watcher in list(self._watchers):
-            for batch in batches.values():
-                mine = [e for e in batch if e.key.startswith(watcher.prefix)]
+            prefix = watcher.prefix
+            for revision, batch in batches.items():
+                mine = seen.get((revision, prefix))
+                if mine is None:
+                    mine = seen[revision, prefix] = [e for e in batch if e.key.startswith(prefix)]
                 if not mine:
                     continue
                 if not self.network.stream_send(

@@ -45,6 +45,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from danube import keys
@@ -74,8 +75,17 @@ def fence_compares(keys: Iterable[str], claims: Mapping[str, int] | None) -> lis
         revision = claims.get(topic)
         if revision is None:
             raise NotOwner(f"{topic} is not owned by this broker")
-        compares.append(Compare(owner_key(topic), "mod_revision", "==", revision))
+        compares.append(_claim_compare(topic, revision))
     return compares
+
+
+@lru_cache(maxsize=1024)
+def _claim_compare(topic: str, revision: int) -> Compare:
+    """The compare of one claim. A claim's revision stays for as long as the claim does, so
+    nearly every fenced write (every index commit of every object) asks for one it asked for
+    before; a `Compare` is frozen, so the one built then serves instead of a new one, its
+    key and its checks per write (a pure function of its arguments: no state leaks)."""
+    return Compare(owner_key(topic), "mod_revision", "==", revision)
 
 
 def own_claim(found: KeyValue | None, broker_id: str, lease_id: int | None) -> bool:

@@ -308,15 +308,24 @@ class Uploader:
             return None
         if not self._uncommitted:  # the usual answer, asked at every tick of every topic
             return None if self._listing else self._next_scan_ms
-        due: list[int] = []
-        for segment in itertools.islice(self._uncommitted, self.config.max_in_flight):
-            if segment.phase is _Phase.QUEUED:
-                due.append(max(segment.due_ms, self._throttled_until))
-        if self._uncommitted and self._uncommitted[0].phase is _Phase.UPLOADED:
-            due.append(self._uncommitted[0].due_ms)
-        if self._next_scan_ms is not None and not self._listing:
-            due.append(self._next_scan_ms)
-        return min(due, default=None)
+        # The earliest of the deadlines below, without a list per call (asked at every tick of
+        # every topic with a segment on its way: most of them).
+        uncommitted = self._uncommitted
+        due: int | None = None
+        throttled, queued = self._throttled_until, _Phase.QUEUED
+        for segment in itertools.islice(uncommitted, self.config.max_in_flight):
+            if segment.phase is queued:
+                at = segment.due_ms if segment.due_ms > throttled else throttled
+                if due is None or at < due:
+                    due = at
+        if uncommitted[0].phase is _Phase.UPLOADED:
+            at = uncommitted[0].due_ms
+            if due is None or at < due:
+                due = at
+        scan = self._next_scan_ms
+        if scan is not None and not self._listing and (due is None or scan < due):
+            due = scan
+        return due
 
     # -- inputs ---------------------------------------------------------------------------------
 

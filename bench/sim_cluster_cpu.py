@@ -1,0 +1,42 @@
+"""CPU of the cluster simulator with data planes, for per-message cost comparisons.
+
+`python -m bench.sim_cluster_cpu --seed S [--duration 30] [--profile default]` builds
+`ClusterSimulation(S, ClusterWorkload(data=True), CLUSTER_PROFILES[profile])`, runs it and
+prints the run's CPU time (`time.process_time()` around `run`, which a busy machine disturbs
+less than wall time), events, acknowledged messages and digest. `--duration 0` only builds
+it: under `valgrind --tool=cachegrind --cache-sim=no` the two counts' difference is the run's
+instructions, which the load does not move at all (bench/RESULTS.md, issue 22 round 9)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from sim.cluster import ClusterSimulation, ClusterWorkload
+from sim.cluster_faults import CLUSTER_PROFILES
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--duration", type=float, default=30.0, help="simulated s; 0: build only")
+    parser.add_argument("--profile", default="default", choices=sorted(CLUSTER_PROFILES))
+    args = parser.parse_args()
+    simulation = ClusterSimulation(
+        args.seed, ClusterWorkload(data=True), CLUSTER_PROFILES[args.profile]
+    )
+    if not args.duration:
+        return
+    start = time.process_time()
+    result = simulation.run(args.duration)
+    cpu = time.process_time() - start
+    acknowledged = result.data.get("acknowledged", 0)
+    per = f"{cpu / acknowledged * 1e3:.3f} ms a message" if acknowledged else "no message"
+    print(
+        f"seed {args.seed}: cpu {cpu:.3f} s, {result.events} events, {acknowledged} "
+        f"acknowledged ({per}), digest {result.digest[:16]}, ok {result.ok}"
+    )
+
+
+if __name__ == "__main__":
+    main()
