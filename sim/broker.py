@@ -161,7 +161,7 @@ PRESSURE_LEFT = 512
 
 
 def _relieved(pool: PublishPool) -> None:
-    pool.pressure = 0
+    pool.relieve()
 
 
 class Observer:

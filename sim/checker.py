@@ -222,8 +222,10 @@ class InvariantChecker(Observer):
         """18, the publish pool: what publishes in flight hold stays within the room the
         pool had for them (its capacity less the memory pressure), the caches and the
         publishes together within their two pools (the cache gave way for what publishes
-        borrowed), and a pool with no request in flight holds nothing (a publish answered
-        without giving its room back leaks it: the broker would refuse ever more)."""
+        borrowed), a pool with no request in flight holds nothing (a publish answered
+        without giving its room back leaks it: the broker would refuse ever more), and the
+        first waiter never waits for room that is free (a release that does not serve the
+        queue leaves publishes waiting out their time)."""
         if pool.used + pool.pressure > pool.capacity:
             self._violate(
                 MEMORY,
@@ -237,6 +239,12 @@ class InvariantChecker(Observer):
             )
         if idle and pool.used:
             self._violate(MEMORY, f"the publish pool holds {pool.used} bytes with no publish left")
+        if pool.overlooked:
+            self._violate(
+                MEMORY,
+                f"a publish of {pool.overlooked} bytes waits first in line although the pool "
+                f"has room for it ({pool.used} of {pool.capacity} used, {pool.pressure} pressure)",
+            )
 
     def answered_twice(self, client: str) -> None:
         """A request of `client` got a second answer (a waiter table that answers twice)."""

@@ -135,3 +135,15 @@ def test_admission_that_ignores_the_pool_is_caught() -> None:
 
     with mock.patch.object(PublishPool, "reserve", takes_anyway):
         assert _first_violation(range(1, 201)) == MEMORY
+
+
+def test_a_release_that_does_not_wake_the_waiters_is_caught() -> None:
+    """Waiters are woken by the release that frees their room (no polling): a release that
+    forgets the queue leaves the first waiter waiting for room that is free."""
+
+    def forgets_the_queue(self: PublishPool, size: int) -> None:
+        self.used -= size
+        self._lend()
+
+    with mock.patch.object(PublishPool, "release", forgets_the_queue):
+        assert _first_violation(range(1, 201)) == MEMORY
