@@ -212,7 +212,7 @@ class PublishPool:
         if size > self.used:
             raise ValueError(f"releasing {size} bytes of a pool holding {self.used}")
         self.used -= size
-        self._lend()
+        self.lend()
         self.serve()
 
     def relieve(self) -> None:
@@ -248,7 +248,7 @@ class PublishPool:
     def _take(self, size: int) -> None:
         self.used += size
         self.peak = max(self.peak, self.used)
-        self._lend()
+        self.lend()
 
     def waited(self, ms: int, *, refused: bool) -> None:
         """A publish waited `ms` for room, then got it (or was refused)."""
@@ -256,10 +256,10 @@ class PublishPool:
         if refused:
             self.refused += 1
 
-    def _lend(self) -> None:
-        """The cache pool shrinks by what publishes borrow (its ledger evicts at once) and
-        grows back as they give it up."""
+    def lend(self) -> None:
+        """The cache pool shrinks by what publishes borrow and what state holds (its ledger
+        evicts at once) and grows back as they give it up."""
         ledger = self._ledger
         if ledger is not None:
-            ledger.pool = self._cache_pool - self.borrowed
+            ledger.pool = max(0, self._cache_pool - self.borrowed - ledger.state)
             ledger.fit()
