@@ -71,8 +71,13 @@ class Soak:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="danube-soak-"))
+        config = self.work / "broker.yaml"
+        # `danube-cli load` holds every consumer on one connection: a receive stream each,
+        # more than the default cap of 500 concurrent streams (spec/hardening.md).
+        config.write_text("broker:\n  grpc:\n    max_concurrent_streams: 8192\n")
         self.broker = BrokerProcess(
             self.work / "data",
+            config_file=config,
             extra_args=("--memory-budget", args.budget),
             log_file=self.work / "broker.log",
         )
