@@ -23,9 +23,12 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-HELD_PER_RECORD = 120
-"""A held record's dict slot and its entry in the outbox deque, beyond its bytes (measured
-with `bench/state_memory.py`'s dispatch entries; bench/RESULTS.md 2026-11-29)."""
+HELD_PER_RECORD = 2_048
+"""A held record beyond its bytes: its dict slot and outbox entry, and what delivering it
+costs the broker until it is acknowledged (the delivery's frame and stream buffers).
+`bench/state_memory.py` measured 2,187 B of RSS per message delivered and not acknowledged
+(64-byte payloads, less what the cache pool accounted for them), over 3,000: an upper bound
+rounded down, not a fit (bench/RESULTS.md 2026-11-29)."""
 
 
 class ConsumerPool:

@@ -1,8 +1,10 @@
 """Per-topic state in the budget (spec/memory.md, "State"): what an idle topic, a subscription
 and a consumer cost the broker beyond any cached record or publish in flight.
 
-Measured with `bench/state_memory.py` (a real broker's RSS over 2,000 of each after a
-warm-up; bench/RESULTS.md 2026-11-29): the topic's record, its WAL machine and files' state,
+Measured with `bench/state_memory.py` (a real broker's RSS over 300 of each after a warm-up
+of 50; bench/RESULTS.md 2026-11-29; the run over 2,000 did not finish: its broker, busy
+with 4,600 subscriptions, did not answer a scrape in 5 s), and checked against the soak's
+setup (1,000 of each: bench/RESULTS.md, the soak): the topic's record, its WAL machine and files' state,
 its producer's session; a subscription's dispatcher, cursor and metadata; a consumer's record,
 its session and its receive and acknowledgement streams. Accounted at those costs, counted
 from the core's tables (`BrokerCore.state_counts`), not tracked object by object.
@@ -22,11 +24,11 @@ from __future__ import annotations
 from danube.machines.memory.ledger import CacheLedger
 
 TOPIC_BYTES = 12_288
-"""An idle reliable topic with one producer (bench/state_memory.py)."""
-SUBSCRIPTION_BYTES = 12_288
-"""A reliable subscription with no consumer attached."""
+"""An idle reliable topic with one producer (bench/state_memory.py: 12,261 B)."""
+SUBSCRIPTION_BYTES = 13_312
+"""A reliable subscription with no consumer attached (13,094 B)."""
 CONSUMER_BYTES = 12_288
-"""A consumer with its receive stream open."""
+"""A consumer with its receive and acknowledgement streams open (11,837 B)."""
 STATE_SHARE = 0.5
 """Of the cache pool, what state may take: the other half stays for the hot tail."""
 
