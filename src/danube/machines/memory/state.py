@@ -4,10 +4,11 @@ and a consumer cost the broker beyond any cached record or publish in flight.
 Measured with `bench/state_memory.py` (a real broker's RSS over 300 of each after a warm-up
 of 50; bench/RESULTS.md 2026-11-29; the run over 2,000 did not finish: its broker, busy
 with 4,600 subscriptions, did not answer a scrape in 5 s), and checked against the soak's
-setup (1,000 of each: bench/RESULTS.md, the soak): the topic's record, its WAL machine and files' state,
-its producer's session; a subscription's dispatcher, cursor and metadata; a consumer's record,
-its session and its receive and acknowledgement streams. Accounted at those costs, counted
-from the core's tables (`BrokerCore.state_counts`), not tracked object by object.
+setup (1,000 of each: bench/RESULTS.md, the soak): the topic's record, its WAL machine and
+files' state, its producer's session; a subscription's dispatcher, cursor and metadata; a
+consumer's record, its session and its receive and acknowledgement streams. Accounted at
+those costs, counted from the core's tables (`BrokerCore.state_counts`), not tracked object
+by object.
 
 State is charged to the cache pool, the one pool that can shrink at any time: the cache
 ledger's pool shrinks by the state's bytes (it evicts the broker's oldest cached batches at
