@@ -92,11 +92,15 @@ class Soak:
                 self.samples.append(
                     await asyncio.to_thread(_sample, self.broker, self.started, self.phase)
                 )
-            except OSError as error:  # one scrape that timed out: the next one counts
-                print(f"sample failed: {error}", file=sys.stderr)
+            except Exception as error:  # one scrape that failed: the next one counts
+                print(f"sample failed: {error!r}", file=sys.stderr)
+                continue
+            if self.args.csv:  # written as it goes: a run cut short keeps its samples
+                with self.args.csv.open("a") as out:
+                    out.write(",".join(str(v) for v in self.samples[-1]) + "\n")
             await asyncio.sleep(self.args.sample)
 
-    async def load(self, messages: int, rate: float, drain: int) -> int:
+    async def load(self, messages: int, rate: float, drain: int, deadline: float) -> int:
         load = await asyncio.create_subprocess_exec(
             str(CLI), "load", "-s", self.broker.url, "--logs", str(self.work / "logs"),
             "--topic-prefix", PREFIX, "--topics", str(self.args.topics),
@@ -105,7 +109,12 @@ class Soak:
             "--drain", str(drain),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        _, stderr = await load.communicate()
+        try:
+            _, stderr = await asyncio.wait_for(load.communicate(), deadline)
+        except TimeoutError:  # the machine could not keep the rate: the load ends here
+            load.kill()
+            _, stderr = await load.communicate()
+            print(f"load stopped after {deadline:.0f} s", file=sys.stderr)
         if load.returncode:
             print(f"load exited {load.returncode}: {stderr.decode()[-2000:]}", file=sys.stderr)
         return load.returncode or 0
@@ -128,14 +137,16 @@ class Soak:
         self.broker.start()
         sampler = asyncio.ensure_future(self.sampler())
         try:
-            await asyncio.sleep(5)
-            self.phase = "setup"
-            await self.load(args.topics * 2, 1_000, 5)
-            self.phase = "idle"
             await asyncio.sleep(args.idle)
+            if args.setup:
+                self.phase = "setup"
+                await self.load(args.topics * 2, 1_000, 5, 600)
+                self.phase = "idle"
+                await asyncio.sleep(args.idle)
             self.phase = "load"
             slow = asyncio.ensure_future(self.slow_consumer())
-            code = await self.load(int(args.rate * args.minutes * 60), args.rate, 30)
+            seconds = args.minutes * 60
+            code = await self.load(int(args.rate * seconds), args.rate, 30, seconds)
             slow.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await slow
@@ -143,7 +154,7 @@ class Soak:
             await asyncio.sleep(args.after)
         finally:
             sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await sampler
             self.broker.kill()
         return code
@@ -189,27 +200,28 @@ def main() -> None:
     parser.add_argument("--payload-bytes", type=int, default=128)
     parser.add_argument("--sample", type=float, default=5, help="seconds between samples")
     parser.add_argument("--idle", type=float, default=30, help="seconds idle before the load")
+    parser.add_argument(
+        "--setup", action="store_true", help="create the topics with a short load first"
+    )
     parser.add_argument("--after", type=float, default=60, help="seconds sampled after the load")
     parser.add_argument("--csv", type=Path)
     parser.add_argument("--chart", type=Path)
     args = parser.parse_args()
+    if args.csv:
+        args.csv.write_text(",".join(HEAD) + "\n")
     soak = Soak(args)
     code = asyncio.run(soak.run())
     samples = soak.samples
-    if args.csv:
-        args.csv.write_text(
-            "\n".join(",".join(str(v) for v in row) for row in [HEAD, *samples]) + "\n"
-        )
     budget = parse_size(args.budget, "--budget") / 2**20
     if args.chart:
         _chart(samples, budget, args.chart)
     rss = [float(row[2]) for row in samples]  # type: ignore[arg-type]
     loaded = [float(row[2]) for row in samples if row[1] == "load"]  # type: ignore[arg-type]
-    idle, end = _level(samples, "idle"), _level(samples, "after")
+    idle, end = _level(samples, "idle" if args.setup else "fresh"), _level(samples, "after")
     print(f"budget {args.budget}, {args.topics} topics, {args.rate}/s for {args.minutes} min")
     change = 100 * (end - idle) / idle
-    print(f"RSS MiB: fresh {rss[0]}, idle (pre-load) {idle:.1f}, peak under load "
-          f"{max(loaded):.1f}, after {end:.1f} ({change:+.1f} % of idle)")  # fmt: skip
+    print(f"RSS MiB: fresh {rss[0]}, pre-load {idle:.1f}, peak under load "
+          f"{max(loaded):.1f}, after {end:.1f} ({change:+.1f} % of pre-load)")  # fmt: skip
     print(f"peak RSS {max(rss):.1f} MiB {'under' if max(rss) <= budget else 'OVER'} the budget")
     print(f"accounted MiB: peak {max(float(r[3]) for r in samples):.1f}")  # type: ignore[arg-type]
     print(f"publishes paused {samples[-1][8]} s, refused {samples[-1][9]}")
