@@ -122,10 +122,15 @@ class Soak:
     async def slow_consumer(self) -> None:
         """One more subscription on the first topic, acknowledging a message a second."""
         async with DanubeClient(self.broker.url) as client:
-            consumer = client.consumer(
-                f"{PREFIX}-0", "slow", "slow", sub_type=SubType.EXCLUSIVE, start="earliest"
-            )
-            await consumer.subscribe()
+            while True:  # the load creates the topic: until then the subscription is refused
+                consumer = client.consumer(
+                    f"{PREFIX}-0", "slow", "slow", sub_type=SubType.EXCLUSIVE, start="earliest"
+                )
+                try:
+                    await consumer.subscribe()
+                    break
+                except Exception:
+                    await asyncio.sleep(1)
             while True:
                 message = await consumer.receive()
                 await asyncio.sleep(1.0)
