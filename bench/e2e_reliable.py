@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench import stage_breakdown
 from bench.e2e_nonreliable import PAYLOAD_SIZE, _percentile
 from danube.client import Consumer, DanubeClient, DispatchStrategy, Message, SubType
 from danube.localcluster.broker_process import BrokerProcess
@@ -225,7 +226,7 @@ async def _throughput(
 
 
 async def _latency(
-    broker: BrokerProcess, messages: int, rate: int, ack_concurrency: int
+    broker: BrokerProcess, messages: int, rate: int, ack_concurrency: int, stages: bool = False
 ) -> dict[str, object]:
     topic = f"/default/bench-rlat-{time.monotonic_ns()}"
     padding = b"x" * (PAYLOAD_SIZE - _HEAD.size)
@@ -247,6 +248,7 @@ async def _latency(
             sent.add((0, sequence))
 
         io_before = _broker_io(broker)
+        stages_before = stage_breakdown.scrape(broker.metrics_url) if stages else None
         receiving = asyncio.create_task(receiver.run())
         # Open loop: sends start on schedule whether or not earlier ones were acknowledged,
         # so the offered rate is the one asked for and queueing shows up as latency.
@@ -266,8 +268,13 @@ async def _latency(
         finally:
             receiving.cancel()
         io_after = _broker_io(broker)
+        breakdown = None
+        if stages_before is not None:
+            after = stage_breakdown.scrape(broker.metrics_url)
+            breakdown = stage_breakdown.table(stage_breakdown.difference(after, stages_before))
         await consumer.close()
     return {
+        **({"stages": breakdown} if breakdown is not None else {}),
         "messages": messages,
         "offered_msgs_per_s": rate,
         "achieved_msgs_per_s": messages / elapsed,
@@ -317,6 +324,11 @@ def main() -> None:
         help="dispatch.max_unacked_messages for the broker (default: the broker's)",
     )
     parser.add_argument("--phase", choices=("throughput", "latency", "both"), default="both")
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="latency phase: the broker's stage breakdown (bench.stage_breakdown) around it",
+    )
     args = parser.parse_args()
     modes = ("fsync", "flush") if args.durability == "both" else (args.durability,)
     result: dict[str, object] = {
@@ -346,8 +358,12 @@ def main() -> None:
                             args.latency_messages,
                             args.rate,
                             args.ack_concurrency,
+                            args.stages,
                         )
                     )
+                    breakdown = runs["latency"].get("stages")  # type: ignore[attr-defined]
+                    if breakdown:
+                        print(stage_breakdown.render(breakdown), file=sys.stderr)
                 result[mode] = runs
             print(json.dumps({mode: runs}, indent=2), file=sys.stderr, flush=True)
     result["load_average_at_end"] = os.getloadavg()

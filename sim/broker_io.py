@@ -42,6 +42,7 @@ from danube.effects import (
 )
 from danube.interpreter.host import Done
 from danube.machines.dispatch.failure import EntryState
+from danube.machines.node.effects import ForwardDeadLetter
 from danube.machines.wal import format
 from danube.machines.wal.machine import CloseSegment, CreateSegment, DeleteSegment, Fsync, Write
 from danube.machines.wal.recovery import (
@@ -52,7 +53,7 @@ from danube.machines.wal.recovery import (
     UnreadableSegment,
 )
 from danube.metadata.model import KeyValue, Put
-from danube.values.errors import DanubeError
+from danube.values.errors import DanubeError, ErrorCode
 from sim.objects import StoreError
 
 if TYPE_CHECKING:
@@ -240,6 +241,8 @@ class SimPort:
             done(None)
         elif isinstance(effect, CloseTopicFiles):
             done(None)
+        elif isinstance(effect, ForwardDeadLetter):  # not simulated yet: never reachable
+            done(error=DanubeError(ErrorCode.UNAVAILABLE, "no dead-letter forwarding here"))
         else:
             self._object(effect, done)
 

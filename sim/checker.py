@@ -203,6 +203,8 @@ class InvariantChecker(Observer):
         self.delay_caps: dict[tuple[str, str], int] = {}
         self.dead_letters: dict[str, dict[int, bytes]] = {}
         """Dead-letter topics (set by the poison workload): every record written, by offset."""
+        self.attempts_judge: Any = None
+        """The poison workload's judge of stored failure counts (`sim.poison.PoisonDuty`)."""
 
     def _violate(self, invariant: str, detail: str) -> None:
         self.world.log(f"VIOLATION {invariant}: {detail}")
@@ -291,6 +293,8 @@ class InvariantChecker(Observer):
     def restarted(self) -> None:
         for state in self.subscriptions.values():
             state.key_pending.clear()
+        if self.attempts_judge is not None:
+            self.attempts_judge.restarted()
 
     def power_failed(self) -> None:
         if self.durability is Durability.FLUSH:
@@ -328,6 +332,8 @@ class InvariantChecker(Observer):
         state = self.subscriptions[(topic, sub.name)]
         if not self.offsets_judged:
             return
+        if self.attempts_judge is not None:
+            self.attempts_judge.sent(topic, sub, offset)
         if sub.sub_type is SubscriptionType.KEY_SHARED:
             self._sent_key(topic, sub.name, state, offset, key)
         elif sub.sub_type in _SINGLE_ACTIVE:
@@ -442,7 +448,7 @@ class InvariantChecker(Observer):
     def policy_dropped(self, topic: str, subscription: str, offset: int, attempts: int) -> None:
         """The poison policy settled `offset` for the subscription (invariant 17): it counts
         as acknowledged from now on, and it must have had its deliveries first: at least
-        `max_redelivery_count + 1` sends (more after a restart, which forgets attempts, or a
+        `max_redelivery_count + 1` sends (more after a restart, which loses unstored counts, or a
         consumer leaving, whose resends are free). An operator's skip of a blocked message
         comes after the same number."""
         state = self.subscriptions[(topic, subscription)]

@@ -16,15 +16,19 @@ acknowledged it, holding the original's payload and pointing back to it (`x-orig
 Key-Shared never sends a later message of a blocked key first (invariants 3 and 5, with
 dropped offsets settled); and at the end every acknowledged message is, for every judged
 subscription, acknowledged by a consumer, stored in the dead-letter topic or dropped by
-policy — never none."""
+policy — never none. Failure counts survive a restart (spec/failure-policies.md, "What is
+persisted"): a message the restarted broker sends never counts fewer failures than the
+store held for it when the broker started (unless an operator released it since)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from danube import keys
 from danube.machines.node.settings import PoisonPolicy, SubscriptionFailureSettings
 from danube.values.errors import DanubeError
-from sim.broker import SimBroker
+from danube.values.names import parse_topic
+from sim.broker import SimBroker, SubscriptionRecordView
 from sim.checker import POISON, InvariantChecker
 from sim.world import World
 
@@ -81,6 +85,38 @@ class PoisonDuty:
                 checker.dead_letters.setdefault(dead_letter_topic(topic), {})
         self.released = 0
         self.skipped = 0
+        self.stored_attempts: dict[tuple[str, str], dict[int, int]] = {}
+        """Failure counts the store held past the cursor when the broker last started."""
+        self.attempts_checked = 0
+        """Sends after a restart judged against a stored count (the judge's reach)."""
+        checker.attempts_judge = self
+
+    def restarted(self) -> None:
+        """The broker starts: what its restored subscriptions must count from."""
+        metadata = self.broker.metadata
+        self.stored_attempts = {}
+        for topic, sub in self.judged:
+            name = parse_topic(topic)
+            cursor = metadata.get(keys.cursor(name, sub), -1)
+            stored = metadata.get(keys.attempts(name, sub)) or ()
+            counts = {o: f for o, f in stored if o > cursor}
+            if counts:
+                self.stored_attempts[(topic, sub)] = counts
+
+    def sent(self, topic: str, sub: SubscriptionRecordView, offset: int) -> None:
+        """Invariant 17: a stored count is never forgotten: the first send of the offset
+        since the start counts at least the failures the store held."""
+        stored = self.stored_attempts.get((topic, sub.name), {}).pop(offset, None)
+        if stored is None or sub.dispatcher is None:
+            return
+        self.attempts_checked += 1
+        counted = sub.dispatcher.attempts(offset)
+        if counted < stored:
+            self.checker._violate(
+                POISON,
+                f"{topic}/{sub.name}: offset {offset} sent after a restart counting {counted} "
+                f"failure(s); the store held {stored}",
+            )
 
     def set_policies(self) -> None:
         """Before the subscriptions exist: each takes the policy when it is created."""
@@ -109,6 +145,7 @@ class PoisonDuty:
                         continue
                     if step.value and release:
                         self.checker.policy_released(topic, sub, offset)
+                        self.stored_attempts.get((topic, sub), {}).pop(offset, None)
                     if step.value:
                         self.released += release
                         self.skipped += not release

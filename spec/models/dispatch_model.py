@@ -114,6 +114,8 @@ class ReliableDispatchModel:
         self.now = 0
         self.persisted = start_offset - 1
         self.persisted_history: list[int] = []
+        self.persisted_attempts: dict[int, int] = {}
+        """Failure counts stored with the cursor: a crash restores them."""
         self.received: dict[int, list[int]] = {}
         self.epoch = Epoch(start_offset, read_position=start_offset)
 
@@ -213,6 +215,13 @@ class ReliableDispatchModel:
             consumer.connected = False
         base = self.persisted + 1
         self.epoch = Epoch(base, read_position=base)
+        self.epoch.failures = {o: f for o, f in self.persisted_attempts.items() if o >= base}
+
+    def live_attempts(self) -> dict[int, int]:
+        """Failures of the unacknowledged offsets past the cursor that failed: what the
+        machine must store with its cursor."""
+        acked, cursor = self.epoch.acked, self.cursor
+        return {o: f for o, f in self.epoch.failures.items() if f and o > cursor and o not in acked}
 
     def _fail(self, offset: int, requested_ms: int | None) -> None:
         del self.epoch.in_flight[offset]
@@ -288,15 +297,24 @@ class ReliableDispatchModel:
         epoch.delivered.add(offset)
         self.received.setdefault(consumer_id, []).append(offset)
 
-    def on_persist(self, cursor: int, *, flushing: bool) -> None:
+    def on_persist(
+        self, cursor: int, attempts: tuple[tuple[int, int], ...] | None = None, *, flushing: bool
+    ) -> None:
         assert cursor == self.cursor, f"(b) PersistCursor({cursor}) but the cursor is {self.cursor}"
-        assert cursor > self.persisted, f"(b) PersistCursor({cursor}) after {self.persisted}"
+        assert cursor > self.persisted or attempts is not None, (
+            f"(b) PersistCursor({cursor}) after {self.persisted}, with no attempts"
+        )
+        if attempts is not None:
+            live = self.live_attempts()
+            assert dict(attempts) == live, f"(b) attempts {attempts} stored, not {live}"
+            self.persisted_attempts = dict(attempts)
         last = self.epoch.persisted_at
         assert flushing or last is None or self.now >= last + self.policy.cursor_flush_ms, (
             f"(b) cursor persisted at {self.now}, within cursor_flush_ms of {last}"
         )
+        if cursor > self.persisted:
+            self.persisted_history.append(cursor)
         self.persisted = cursor
-        self.persisted_history.append(cursor)
         self.epoch.persisted_at = self.now
 
     def idle_work(self) -> list[int]:
@@ -350,3 +368,8 @@ class ReliableDispatchModel:
             self.cursor > self.persisted
             and (last is None or self.now >= last + self.policy.cursor_flush_ms)
         ), f"(b) cursor {self.cursor} not persisted in time (persisted {self.persisted})"
+        stored = {o: f for o, f in self.persisted_attempts.items() if o > self.cursor}
+        assert not (
+            self.live_attempts() != stored
+            and (last is None or self.now >= last + self.policy.cursor_flush_ms)
+        ), f"(b) attempts {self.live_attempts()} not persisted in time (stored {stored})"

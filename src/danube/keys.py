@@ -21,7 +21,7 @@ Layout, in short (`<ns>/<t>` is a topic's `TopicName.path`):
     /topics/<ns>/<t>/{delivery,policy,schema_config,owner,writer}      TopicKey
     /topics/<ns>/<t>/producers/<id>                   ProducerKey
     /topics/<ns>/<t>/subscriptions/<sub>              SubscriptionKey
-    /topics/<ns>/<t>/subscriptions/<sub>/{cursor,failure_policy,dispatch_config}
+    /topics/<ns>/<t>/subscriptions/<sub>/{cursor,attempts,failure_policy,dispatch_config}
     /topics/<ns>/<t>/subscriptions/<sub>/consumers/<id>                ConsumerKey
     /storage/topics/<ns>/<t>/segments/<start:020d>    IndexKey (and `cur`: CurrentKey)
     /cluster/{register,load}/<broker>, /cluster/brokers/<broker>/state,
@@ -116,8 +116,13 @@ TOPICS_PREFIX = "/topics/"
 
 TopicKind = Literal["delivery", "policy", "schema_config", "owner", "writer"]
 TOPIC_KINDS: tuple[TopicKind, ...] = ("delivery", "policy", "schema_config", "owner", "writer")
-SubscriptionKind = Literal["cursor", "failure_policy", "dispatch_config"]
-SUBSCRIPTION_KINDS: tuple[SubscriptionKind, ...] = ("cursor", "failure_policy", "dispatch_config")
+SubscriptionKind = Literal["cursor", "attempts", "failure_policy", "dispatch_config"]
+SUBSCRIPTION_KINDS: tuple[SubscriptionKind, ...] = (
+    "cursor",
+    "attempts",
+    "failure_policy",
+    "dispatch_config",
+)
 
 
 class TopicKey(NamedTuple):
@@ -201,6 +206,12 @@ def subscription_setting(topic: TopicName, sub: str, kind: SubscriptionKind) -> 
 def cursor(topic: TopicName, sub: str) -> str:
     """The subscription's cursor: every offset up to it is acknowledged (-1: none yet)."""
     return subscription_setting(topic, sub, "cursor")
+
+
+def attempts(topic: TopicName, sub: str) -> str:
+    """Failures of the messages past the cursor that failed at least once, as
+    `[[offset, failures], ...]`, written with the cursor (absent: none)."""
+    return subscription_setting(topic, sub, "attempts")
 
 
 def failure_policy(topic: TopicName, sub: str) -> str:

@@ -203,6 +203,39 @@ def test_topic_policies_are_enforced_for_clients(broker: BrokerProcess) -> None:
     run(scenario)
 
 
+def test_a_namespace_default_failure_policy_travels_as_a_json_object(
+    broker: BrokerProcess,
+) -> None:
+    """Issue 24: `failure_policy` in a namespace's policies (its own namespace, so the
+    other tests of this broker keep the broker's default)."""
+
+    async def scenario() -> None:
+        async with channel_to(broker.admin_addr) as channel:
+            name = unique_topic("fp").rsplit("-", 1)[1]
+            await admin_pb.NamespaceAdminStub(channel).create_namespace(
+                admin_pb.NamespaceRequest(name=name)
+            )
+            policies = ext_pb.PolicyAdminStub(channel)
+            default = {"max_redelivery_count": 2, "poison_policy": "drop"}
+            changed = await policies.set_namespace_policies(
+                ext_pb.SetPoliciesRequest(
+                    name=name, policies=json.dumps({"failure_policy": default})
+                )
+            )
+            stored = json.loads(changed.policies)["failure_policy"]
+            assert stored["max_redelivery_count"] == 2 and stored["poison_policy"] == "drop"
+            status, message = await _status_of(
+                policies.set_namespace_policies(
+                    ext_pb.SetPoliciesRequest(
+                        name=name, policies='{"failure_policy": {"poison_policy": "dead_letter"}}'
+                    )
+                )
+            )
+            assert status is Status.INVALID_ARGUMENT and "dead_letter_topic" in message
+
+    run(scenario)
+
+
 def test_deleting_a_reliable_topic_deletes_its_wal(broker: BrokerProcess) -> None:
     topic = unique_topic("gone")
     wal_dir = Path(broker.data_dir) / "wal" / topic.strip("/")

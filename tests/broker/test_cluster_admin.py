@@ -207,6 +207,65 @@ def test_an_unloaded_topic_moves_and_keeps_its_messages(cluster: LocalCluster) -
     assert asyncio.run(consume(urls, topic, 20)) == [f"m-{i}" for i in range(20)]
 
 
+def test_a_dead_letter_topic_on_another_broker_receives_the_poison(
+    cluster: LocalCluster,
+) -> None:
+    """Issue 24: the subscription's broker forwards the dead letter as an internal producer
+    (lookup, then the owner); the original is passed once the owner stored it, and a
+    consumer of the dead-letter topic receives it with its `x-original-*` attributes."""
+    urls = ",".join(cluster.service_urls)
+    dead = "/default/poison-dlq"
+    create(cluster, dead)
+    for i in range(8):  # an origin topic another broker owns
+        origin = f"/default/poison-{i}"
+        create(cluster, origin)
+        if where(cluster, origin) != where(cluster, dead):
+            break
+    else:
+        pytest.skip("every topic landed on the dead-letter topic's broker")
+    policy = pb.SubscriptionFailurePolicy(
+        max_redelivery_count=0, ack_timeout_ms=30_000, base_redelivery_delay_ms=100,
+        max_redelivery_delay_ms=1_000, dead_letter_topic=dead,
+        poison_policy=pb.SubscriptionPoisonPolicy.DeadLetter,
+    )  # fmt: skip
+    request = pb.SetSubscriptionFailurePolicyRequest(origin, "sub", policy)
+    call(cluster.brokers[0], "set_subscription_failure_policy", request)
+
+    async def scenario() -> tuple[list[str], dict[str, str]]:
+        async with DanubeClient(urls) as client:
+            consumer = await client.consumer(
+                origin, "c", "sub", sub_type=SubType.SHARED
+            ).subscribe()
+            await produce(urls, origin, 2)
+            seen = []
+            async with asyncio.timeout(60):
+                async for message in consumer:
+                    seen.append(message.payload.decode())
+                    if message.payload == b"m-0":
+                        await consumer.nack(message, reason="bad input")
+                    else:
+                        await consumer.ack(message)
+                    if len(seen) == 2:
+                        break
+            await consumer.close()
+            letters = await client.consumer(
+                dead, "c", "audit", sub_type=SubType.SHARED, start="earliest"
+            ).subscribe()
+            async with asyncio.timeout(60):
+                async for letter in letters:
+                    await letters.ack(letter)
+                    await letters.close()
+                    return seen, {"payload": letter.payload.decode(), **letter.attributes}
+        raise AssertionError("no dead letter")
+
+    seen, letter = asyncio.run(scenario())
+    assert sorted(seen) == ["m-0", "m-1"], "m-0 delivered once (no redelivery), then dead"
+    assert letter["payload"] == "m-0"
+    assert letter["x-original-topic"] == origin
+    assert letter["x-original-subscription"] == "sub"
+    assert letter["x-failure-reason"] == "bad input"
+
+
 def test_draining_a_broker_moves_its_topics_away_until_it_is_activated(
     cluster: LocalCluster,
 ) -> None:

@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -266,7 +267,21 @@ def test_metrics_over_tls_count_decisions(secured: BrokerProcess, pki: Pki) -> N
     refusal(secured, security(pki, "nobody"), fresh())
     context = ssl.create_default_context(cafile=str(pki.ca_file))
     url = f"https://{secured.metrics_addr}/metrics"
-    text = urllib.request.urlopen(url, context=context, timeout=10).read().decode()
+
+    def status(path: str = "/metrics", name: str | None = None) -> int:
+        headers = {"Authorization": f"Bearer {token(name)}"} if name else {}
+        request = urllib.request.Request(f"https://{secured.metrics_addr}{path}", headers=headers)
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    # a scrape needs Lookup on the cluster (spec/security.md, "Metrics"); probes stay open
+    assert (status(), status(name="nobody"), status(name="root")) == (401, 403, 200)
+    assert status("/healthz") == status("/readyz") == 200
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token('root')}"})
+    text = urllib.request.urlopen(request, context=context, timeout=10).read().decode()
     assert "danube_authz_deny_total{broker=" in text
     assert 'permission="Lookup",resource="topic"' in text
     with pytest.raises(OSError):

@@ -150,6 +150,18 @@ def test_set_policies_sends_only_the_fields_given() -> None:
     }
 
 
+def test_namespace_set_policies_takes_a_default_failure_policy() -> None:
+    args = parse("namespaces", "set-policies", "ns", "--failure-policy",
+                 '{"max_redelivery_count": 3, "poison_policy": "drop"}')  # fmt: skip
+    assert json.loads(policy_changes(args)) == {  # type: ignore[arg-type]
+        "failure_policy": {"max_redelivery_count": 3, "poison_policy": "drop"}
+    }
+    cleared = parse("namespaces", "set-policies", "ns", "--failure-policy", "null")
+    assert json.loads(policy_changes(cleared)) == {"failure_policy": None}  # type: ignore[arg-type]
+    with pytest.raises(SystemExit):  # a namespace default only
+        parse("topics", "set-policies", "t", "--failure-policy", "{}")
+
+
 def test_set_policies_without_a_field_is_a_usage_error_naming_the_flags(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -94,6 +94,7 @@ def test_subscription_settings(topic: TopicName, sub: str, kind: keys.Subscripti
     assert only(key, keys.parse_topic_key) == keys.SubscriptionSettingKey(topic, sub, kind)
     named = {"cursor": keys.cursor, "failure_policy": keys.failure_policy}
     named["dispatch_config"] = keys.dispatch_config
+    named["attempts"] = keys.attempts
     assert named[kind](topic, sub) == key
 
 

@@ -3,7 +3,8 @@ partial and shuffled read answers, acks and nacks (late, duplicate and bogus one
 clock jumps past ack deadlines and redelivery times, cursor flushes and crashes, with every
 effect judged by the reference model in `spec/models/dispatch_model.py`.
 
-A crash rebuilds the machine from the last `PersistCursor`, as a broker restart does. Every
+A crash rebuilds the machine from the last `PersistCursor` (its cursor and failure counts),
+as a broker restart does. Every
 run ends by draining: a consumer that accepts everything connects and acknowledges whatever
 it gets while the clock runs on, and every readable offset must end up acknowledged (the
 "eventually delivered" half of at-least-once).
@@ -93,13 +94,14 @@ class ReliableDispatchMachine(RuleBasedStateMachine):
         for _ in range(consumers):
             self.do_connect(self.add(()))
 
-    def build(self, start: int) -> ReliableSubscription:
+    def build(self, start: int, attempts: dict[int, int] | None = None) -> ReliableSubscription:
         return ReliableSubscription(
             self.sub_type,
             start,
             max_unacked_messages=self.max_unacked,
             cursor_flush_ms=self.flush_ms,
             policy=self.policy,
+            attempts=attempts,
         )
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -114,7 +116,7 @@ class ReliableDispatchMachine(RuleBasedStateMachine):
                 self.model.on_deliver(effect.consumer_id, effect.offsets)
             else:
                 assert isinstance(effect, PersistCursor)
-                self.model.on_persist(effect.cursor, flushing=flushing)
+                self.model.on_persist(effect.cursor, effect.attempts, flushing=flushing)
         self.model.after_step()
         if self.eager_reads and self.pending is not None:
             start, count = self.pending.from_offset, self.pending.max_records
@@ -301,6 +303,10 @@ class ReliableDispatchMachine(RuleBasedStateMachine):
         self.model.advance(self.now)
         self.apply(self.sub.flush(self.now), flushing=True)
         assert self.model.persisted == self.model.cursor
+        stored = self.model.persisted_attempts
+        assert {o: f for o, f in stored.items() if o > self.model.cursor} == (
+            self.model.live_attempts()
+        ), "(b) a flush left failure counts unstored"
 
     @rule(action=st.sampled_from(["flush", "unload", "crash"]))
     def stop(self, action: str) -> None:
@@ -313,7 +319,7 @@ class ReliableDispatchMachine(RuleBasedStateMachine):
             return
         reconnecting = self.connected()
         self.model.crash()
-        self.sub = self.build(self.model.persisted + 1)
+        self.sub = self.build(self.model.persisted + 1, self.model.persisted_attempts)
         self.pending = None
         self.last_cursor = self.model.persisted
         for consumer_id, state in self.model.consumers.items():

@@ -376,6 +376,9 @@ def test_an_ack_timeout_redelivers_and_an_ack_at_the_deadline_is_late() -> None:
     assert d.ack(1) == [], "at the deadline the ack is late"
     assert d.sub.cursor == 0
     assert delivers(d.at(1_100)) == [Deliver(1, (1,))]
+    # the timeout's failure is stored with the cursor, one cursor_flush_ms after the last
+    assert d.sub.next_timer_ms == 1_999
+    assert d.at(1_999) == [PersistCursor(0, ((1, 1),))]
     assert d.sub.next_timer_ms == 2_100
 
 

@@ -4,6 +4,7 @@ and after, its log, and a set of acknowledged messages that must read back byte 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from danube.client import DanubeClient, DispatchStrategy, SubType
+from danube.client import ClientSecurity, DanubeClient, DispatchStrategy, SubType
 from danube.localcluster.broker_process import BrokerProcess
 from tests.hostile.ledger import HEALTH_LIMIT_MS, LEDGER, RSS_GROWTH_LIMIT_MB, BrokerRun
 from tests.hostile.watch import rss_kb
@@ -54,9 +55,20 @@ def acked_payloads(seed: int) -> list[bytes]:
 class WatchedBroker:
     """Starts a broker, stores acknowledged messages, then watches it until `finish`."""
 
-    def __init__(self, data_dir: Path, name: str, *, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        name: str,
+        *,
+        extra_args: tuple[str, ...] = (),
+        process: BrokerProcess | None = None,
+        security: ClientSecurity | None = None,
+    ) -> None:
+        """`process` and `security`: a secured broker (TLS, a token) and how our client, the
+        prober and the re-read reach it (issue 25: the suite with authentication on)."""
         self.name = name
-        self.process = BrokerProcess(data_dir, extra_args=extra_args)
+        self.process = process or BrokerProcess(data_dir, extra_args=extra_args)
+        self.security = security
         self.samples_path = data_dir.parent / f"{name}-health.txt"
         self.topic = f"/default/hostile-acked-{name}"
         self.payloads = acked_payloads(zlib.crc32(name.encode()))
@@ -78,7 +90,17 @@ class WatchedBroker:
         self.start_watcher()
         return self
 
+    def _client(self) -> DanubeClient:
+        if self.security is None:
+            return DanubeClient(self.process.url)
+        url = f"https://{self.process.broker_addr}"
+        return DanubeClient(url, security=self.security)
+
     def start_watcher(self) -> None:
+        env = dict(os.environ)
+        if self.security is not None:
+            env["HOSTILE_WATCH_CA"] = self.security.ca_file or ""
+            env["HOSTILE_WATCH_TOKEN"] = self.security.token or ""
         self._watcher = subprocess.Popen(
             [
                 sys.executable,
@@ -88,6 +110,7 @@ class WatchedBroker:
                 str(self.samples_path),
             ],
             stdin=subprocess.DEVNULL,
+            env=env,
         )
         # The first call pays for the prober's connection: the watch starts after it.
         deadline = time.monotonic() + 20
@@ -125,7 +148,7 @@ class WatchedBroker:
     async def _store_acknowledged(self) -> dict[int, bytes]:
         """Publishes reliably and has a subscription acknowledge every message: afterwards the
         broker owes these bytes under these offsets."""
-        async with DanubeClient(self.process.url) as client:
+        async with self._client() as client:
             producer = client.producer(
                 self.topic, "hostile-seed", dispatch=DispatchStrategy.RELIABLE, batching=None
             )
@@ -149,7 +172,7 @@ class WatchedBroker:
         """Reads the topic from its first offset on a new subscription."""
         self._reads += 1
         found: dict[int, bytes] = {}
-        async with DanubeClient(self.process.url) as client:
+        async with self._client() as client:
             consumer = client.consumer(
                 self.topic,
                 "audit",

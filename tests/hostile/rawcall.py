@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,13 +90,21 @@ def _wire_status(stream: Stream[bytes, bytes]) -> str | None:
 class RawCaller:
     """One connection to one port; reopened when the broker drops it (which is recorded)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self,
+        address: str,
+        context: ssl.SSLContext | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
         host, _, port = address.rpartition(":")
         self.host, self.port = host, int(port)
+        self.context = context
+        """TLS (a secured broker) and the headers of every call (its token)."""
+        self.metadata = metadata
         self.channel = self._open()
 
     def _open(self) -> Channel:
-        return Channel(self.host, self.port, codec=RawCodec())
+        return Channel(self.host, self.port, codec=RawCodec(), ssl=self.context)
 
     def close(self) -> None:
         self.channel.close()
@@ -105,8 +114,9 @@ class RawCaller:
         returns the gRPC status name, OK, DROPPED (no status: the connection or stream broke),
         TIMEOUT (a unary call unanswered) or OPEN (a stream still running at the deadline)."""
         stream = self.channel.request(
-            method.path, Cardinality.STREAM_STREAM, bytes, bytes, timeout=timeout
-        )
+            method.path, Cardinality.STREAM_STREAM, bytes, bytes, timeout=timeout,
+            metadata=self.metadata,
+        )  # fmt: skip
         try:
             async with asyncio.timeout(timeout + 3):
                 async with stream:

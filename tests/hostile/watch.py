@@ -6,13 +6,16 @@ is written with the time it has waited so far (outcome INFLIGHT), so a stall tha
 the suite is still counted.
 
 Usage: python watch.py HOST:PORT BROKER_PID OUT_FILE [INTERVAL_S]
+A secured broker: HOSTILE_WATCH_CA (a CA file: TLS) and HOSTILE_WATCH_TOKEN (a bearer token).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -36,18 +39,31 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+def _channel(host: str, port: int) -> Channel:
+    ca = os.environ.get("HOSTILE_WATCH_CA")
+    if not ca:
+        return Channel(host, port)
+    context = ssl.create_default_context(cafile=ca)
+    context.set_alpn_protocols(["h2"])
+    return Channel(host, port, ssl=context)
+
+
 async def probe(host: str, port: int, pid: int, out_path: Path, interval: float) -> None:
+    token = os.environ.get("HOSTILE_WATCH_TOKEN")
+    metadata = {"authorization": f"Bearer {token}"} if token else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     stopping = asyncio.create_task(stop.wait())
-    channel = Channel(host, port)
+    channel = _channel(host, port)
     request = pb.HealthCheckRequest(request_id=1, client=pb.HealthCheckRequestClientType.Producer)
     with out_path.open("a") as out:
         while not stop.is_set():
             stub = pb.HealthCheckStub(channel)
             started_wall, started = time.time(), time.perf_counter()
-            call = asyncio.create_task(stub.health_check(request, timeout=CALL_TIMEOUT_S))
+            call = asyncio.create_task(
+                stub.health_check(request, timeout=CALL_TIMEOUT_S, metadata=metadata)
+            )
             await asyncio.wait({call, stopping}, return_when=asyncio.FIRST_COMPLETED)
             elapsed_ms = (time.perf_counter() - started) * 1000
             if not call.done():
@@ -64,7 +80,7 @@ async def probe(host: str, port: int, pid: int, out_path: Path, interval: float)
                 except (StreamTerminatedError, ConnectionError, OSError):
                     outcome = "DROPPED"
                     channel.close()
-                    channel = Channel(host, port)
+                    channel = _channel(host, port)
             out.write(f"{started_wall:.6f} {elapsed_ms:.3f} {outcome} {rss_kb(pid)}\n")
             out.flush()
             if outcome == "INFLIGHT":

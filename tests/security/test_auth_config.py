@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -102,15 +103,23 @@ def test_mistakes_are_refused(auth: dict[str, object], message: str) -> None:
         parse(auth)
 
 
-def test_cluster_mode_with_auth_is_refused_for_now() -> None:
-    data = {
+def test_cluster_mode_with_auth_needs_a_cluster_key_unlike_the_clients() -> None:
+    """Brokers prove who they are to each other with tokens signed by `auth.cluster_key`: a
+    secured cluster without one, or with the clients' token secret as one, is refused."""
+    data: dict[str, Any] = {
         "auth": {"mode": "tls", "tls": TLS, "jwt": {"secret_key": "s"}},
         "meta_store": {"etcd_endpoints": ["127.0.0.1:2379"]},
         "storage": {"mode": "shared_fs", "durable": {"root": "/tmp/x"}},
     }
     config = config_from_mapping(data)
-    with pytest.raises(ConfigError, match="standalone-only"):
+    with pytest.raises(ConfigError, match="cluster_key"):
         dataclasses.replace(config, mode="cluster").check_mode()
+    data["auth"]["cluster_key"] = "s"
+    with pytest.raises(ConfigError, match="must differ"):
+        dataclasses.replace(config_from_mapping(data), mode="cluster").check_mode()
+    data["auth"]["cluster_key"] = "another"
+    dataclasses.replace(config_from_mapping(data), mode="cluster").check_mode()
+    config_from_mapping(data).check_mode()  # standalone: the key is simply unused
 
 
 def test_flags_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

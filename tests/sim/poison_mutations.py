@@ -10,6 +10,7 @@ from unittest import mock
 
 from danube.machines.dispatch import poison
 from danube.machines.dispatch.failure import EntryState, FailurePolicy
+from danube.machines.node import restore
 from danube.machines.node.dead_letters import DeadLetters
 from danube.machines.node.effects import DeadLetterPublish
 
@@ -71,6 +72,19 @@ def dead_letter_passed_before_stored() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def attempts_forgotten_on_restart() -> Iterator[None]:
+    """A restart reads the cursor back but not the failure counts stored with it: every
+    message past the cursor starts again at 0 failures."""
+
+    def forgotten(value: Any) -> dict[int, int]:
+        return {}
+
+    with mock.patch.object(restore, "_attempts", forgotten):
+        yield
+
+
+ATTEMPTS_MUTATIONS = {"attempts_forgotten_on_restart": attempts_forgotten_on_restart}
 POISON_MUTATIONS = {"limit_off_by_one": limit_off_by_one, "backoff_past_cap": backoff_past_cap}
 DEAD_LETTER_MUTATIONS = {"dead_letter_passed_before_stored": dead_letter_passed_before_stored}
 KEY_SHARED_MUTATIONS = {"blocked_key_overtaken": blocked_key_overtaken}

@@ -2,7 +2,8 @@
 and each subscription drops, blocks or dead-letters them past `max_redelivery_count`; the runs
 pass under the default faults with messages really dropped or dead-lettered, and planted bugs
 (an off-by-one in the limit, a backoff past its cap, an original passed before its dead
-letter is stored) are caught by invariant 17 within 200 seeds."""
+letter is stored, failure counts forgotten on restart) are caught by invariant 17 within 200
+seeds."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sim.__main__ import PROFILES, report
 from sim.checker import POISON
 from sim.run import Simulation, Workload
 from tests.sim.poison_mutations import (
+    ATTEMPTS_MUTATIONS,
     DEAD_LETTER_MUTATIONS,
     KEY_SHARED_MUTATIONS,
     POISON_MUTATIONS,
@@ -103,3 +105,23 @@ def test_without_poison_the_workload_is_unchanged() -> None:
     plain = Simulation(3, Workload(), DEFAULT).run(2)
     other = Simulation(3, dataclasses.replace(Workload(), poison_limit=5), DEFAULT).run(2)
     assert plain.digest == other.digest
+
+
+def test_failure_counts_survive_restarts() -> None:
+    """Under Block (blocked messages keep their counts until the operator's sweep) the
+    restarts of a few seeds find counts stored, and every message the restarted broker sends
+    counts at least those: the judge has reach, and the runs pass."""
+    workload = Workload(poison="block")
+    checked = 0
+    for seed in range(1, 11):
+        simulation = Simulation(seed, workload, DEFAULT)
+        result = simulation.run(3)
+        assert result.ok, report(result, workload, DEFAULT)
+        assert simulation.poison is not None
+        checked += simulation.poison.attempts_checked
+    assert checked, "no restart found a failure count stored: the judge saw nothing"
+
+
+@pytest.mark.parametrize("mutation", sorted(ATTEMPTS_MUTATIONS))
+def test_planted_forgotten_attempts_are_caught(mutation: str) -> None:
+    caught_by_invariant_17("block", mutation, ATTEMPTS_MUTATIONS[mutation])

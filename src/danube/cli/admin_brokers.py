@@ -62,14 +62,20 @@ def _scrape(address: str, security: ClientSecurity | None) -> str:
     """A broker's metrics page. A broker whose admin port is secured serves it over TLS
     (the same CA), whatever scheme its advertised address says."""
     context = None
+    headers = {}
     if security is not None and security.uses_tls:
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=security.ca_file)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if security.cert_file is not None:  # mutual TLS: the certificate is the identity
+            context.load_cert_chain(security.cert_file, security.key_file)
         address = "https://" + address.split("://", 1)[-1]
+        if security.token:  # a secured /metrics needs Lookup on the cluster
+            headers["Authorization"] = f"Bearer {security.token}"
     elif "://" not in address:
         address = "http://" + address
+    request = urllib.request.Request(f"{address}/metrics", headers=headers)
     with urllib.request.urlopen(
-        f"{address}/metrics", timeout=MEMORY_SCRAPE_TIMEOUT_S, context=context
+        request, timeout=MEMORY_SCRAPE_TIMEOUT_S, context=context
     ) as answer:
         return str(answer.read().decode())
 

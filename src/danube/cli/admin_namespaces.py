@@ -74,5 +74,5 @@ def add_namespace_commands(commands: Actions) -> None:
         set_policies, "PolicyAdmin/SetNamespacePolicies (a danube-py broker)",
     )  # fmt: skip
     sub.add_argument("namespace", help="the namespace's name, e.g. default")
-    add_policy_flags(sub)
+    add_policy_flags(sub, namespace=True)
     add_replication_factor_command(actions, "namespace")

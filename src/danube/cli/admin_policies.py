@@ -21,18 +21,31 @@ POLICY_FIELDS = (
 )
 
 
-def add_policy_flags(parser: argparse.ArgumentParser) -> None:
+def add_policy_flags(parser: argparse.ArgumentParser, *, namespace: bool = False) -> None:
     for name, meaning in POLICY_FIELDS:
         parser.add_argument(
             "--" + name.replace("_", "-"), dest=name, type=count, metavar="N",
             help=f"{meaning} (0: unlimited)",
+        )  # fmt: skip
+    if namespace:  # a namespace default only: a subscription sets its own policy
+        parser.add_argument(
+            "--failure-policy", dest="failure_policy", metavar="JSON",
+            help="default failure policy of the namespace's reliable subscriptions that set "
+            "none, as a JSON object of set-failure-policy's fields, e.g. "
+            '\'{"max_redelivery_count": 3, "poison_policy": "drop"}\'; \'null\' clears it',
         )  # fmt: skip
 
 
 def policy_changes(args: argparse.Namespace) -> str:
     """The fields given on the command line, as the JSON object PolicyAdmin takes."""
     changes = {name: getattr(args, name) for name, _ in POLICY_FIELDS}
-    given = {name: value for name, value in changes.items() if value is not None}
+    given: dict[str, object] = {n: value for n, value in changes.items() if value is not None}
+    failure = getattr(args, "failure_policy", None)
+    if failure is not None:
+        try:
+            given["failure_policy"] = json.loads(failure)
+        except json.JSONDecodeError as error:
+            raise BadUsage(f"--failure-policy is not JSON ({error})") from None
     if not given:
         flags = ", ".join("--" + name.replace("_", "-") for name, _ in POLICY_FIELDS)
         raise BadUsage(f"nothing to change: give at least one of {flags}")

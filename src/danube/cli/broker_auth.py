@@ -12,6 +12,8 @@ from danube.values.auth_config import AuthConfig, JwtConfig, TlsFiles
 from danube.values.errors import ConfigError
 
 SECRET_ENV = "DANUBE_JWT_SECRET_KEY"
+CLUSTER_KEY_ENV = "DANUBE_CLUSTER_KEY"
+"""auth.cluster_key (brokers' tokens to each other): environment only, never a flag."""
 
 
 def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +53,8 @@ def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--super-admin",
         action="append",
-        help="auth.super_admins: a principal name that bypasses RBAC (repeatable)",
+        help="auth.super_admins: a principal that bypasses RBAC: a name (a user or service "
+        "account of that name) or kind:name (repeatable)",
     )
 
 
@@ -88,4 +91,6 @@ def apply_auth_arguments(auth: AuthConfig, args: argparse.Namespace) -> AuthConf
         given = [args.super_admin] if isinstance(args.super_admin, str) else args.super_admin
         names = [n.strip() for text in given for n in text.split(",") if n.strip()]
         updates["super_admins"] = (*auth.super_admins, *names)
+    if cluster_key := os.environ.get(CLUSTER_KEY_ENV):
+        updates["cluster_key"] = cluster_key
     return dataclasses.replace(auth, **updates)

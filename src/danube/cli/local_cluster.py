@@ -69,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
         "spec/replication.md)",
     )
     parser.add_argument(
+        "--auth-config",
+        type=Path,
+        default=None,
+        help="a YAML file whose `auth` section every broker gets: TLS, tokens, RBAC "
+        "(spec/security.md); the secrets come from the environment: DANUBE_JWT_SECRET_KEY and "
+        "DANUBE_CLUSTER_KEY (the key brokers prove themselves to each other with)",
+    )
+    parser.add_argument(
         "--fresh", action="store_true", help="delete --dir first (start with no data)"
     )
     add_version(parser)
@@ -97,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    try:
+        auth = _auth_section(args.auth_config)
+    except (OSError, ValueError) as error:
+        print(f"danube-local-cluster: --auth-config: {error}", file=sys.stderr)
+        return 2
     if args.fresh:
         shutil.rmtree(args.dir, ignore_errors=True)
     settings = ClusterSettings(
@@ -105,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         durability=args.durability,
         first_port=args.first_port,
         replication_lag_ms=args.replication_lag_ms,
+        auth=auth,
     )
+    if auth is not None and auth.get("mode", "none") != "none":
+        SCHEME[0] = "https"
     commands: queue.Queue[str | None] = queue.Queue()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: commands.put(None))
@@ -135,13 +151,45 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _auth_section(path: Path | None) -> dict[str, object] | None:
+    """The `auth` mapping of the file (the whole file when it has no `auth` key), with its
+    relative file paths made absolute: the brokers run in their own directories."""
+    if path is None:
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ValueError(f"not YAML ({error})") from None
+    if not isinstance(data, dict):
+        raise ValueError("expected a mapping")
+    auth = data.get("auth", data)
+    if not isinstance(auth, dict):
+        raise ValueError("auth: expected a mapping")
+    tls = auth.get("tls")
+    if isinstance(tls, dict):
+        for key in ("cert_file", "key_file", "ca_file"):
+            if isinstance(tls.get(key), str):
+                tls[key] = str((path.parent / tls[key]).resolve())
+    jwt = auth.get("jwt")
+    if isinstance(jwt, dict) and isinstance(jwt.get("public_key_file"), str):
+        jwt["public_key_file"] = str((path.parent / jwt["public_key_file"]).resolve())
+    return auth
+
+
+SCHEME = ["http"]
+"""`https` once the brokers are secured (--auth-config): what `_describe` prints."""
+
+
 def _describe(index: int, broker: BrokerProcess) -> str:
     if not broker.alive:
         code = broker.process.poll() if broker.process is not None else None
         return f"broker {index}:  exited (status {code}); `restart {index}` starts it again"
+    scheme = SCHEME[0]
     return (
-        f"broker {index}:  {broker.url}  admin http://{broker.admin_addr}  "
-        f"metrics {broker.metrics_url}/metrics  pid {broker.pid}"
+        f"broker {index}:  {scheme}://{broker.broker_addr}  admin {scheme}://{broker.admin_addr}"
+        f"  metrics {scheme}://{broker.metrics_addr}/metrics  pid {broker.pid}"
     )
 
 

@@ -43,11 +43,14 @@ class BrokerChannel(Channel):
         security = security or ClientSecurity()
         config = Configuration(ssl_target_name_override=security.domain)
         super().__init__(host, port, ssl=security.context(), config=config)
+        self._security = security
         self._auth = security.metadata()
+        self._dynamic = security.headers is not None
 
     def request(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
-        if self._auth:
-            metadata = {**dict(metadata or {}), **self._auth}
+        auth = self._security.metadata() if self._dynamic else self._auth
+        if auth:
+            metadata = {**dict(metadata or {}), **auth}
         return super().request(*args, metadata=metadata, **kwargs)
 
     async def __connect__(self) -> H2Protocol:

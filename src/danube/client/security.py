@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 TRUE = {"1", "true", "yes", "on"}
@@ -26,6 +26,9 @@ class ClientSecurity:
     domain: str | None = None
     """The name the broker's certificate must carry, when not the host connected to."""
     token: str | None = None
+    headers: Callable[[], Mapping[str, str]] | None = None
+    """Headers made anew for every call, beside the token: a broker's internal producers send
+    the broker's own short-lived identity this way (`danube.runtime.peers`)."""
 
     @property
     def uses_tls(self) -> bool:
@@ -42,7 +45,10 @@ class ClientSecurity:
         return context
 
     def metadata(self) -> dict[str, str]:
-        return {"authorization": f"Bearer {self.token}"} if self.token else {}
+        found = {"authorization": f"Bearer {self.token}"} if self.token else {}
+        if self.headers is not None:
+            found.update(self.headers())
+        return found
 
     def __repr__(self) -> str:  # never print the token
         token = "set" if self.token else "none"

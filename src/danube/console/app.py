@@ -146,7 +146,11 @@ def build_app(
     secured broker sees the console as that principal."""
     tools = {tool.name: tool for tool in admin_tools(parser)}
     listing = [describe(tool) for tool in tools.values()]
-    tls = metrics_context(security.ca_file, security.uses_tls) if security else None
+    tls = (
+        metrics_context(security.ca_file, security.uses_tls, security.cert_file, security.key_file)
+        if security
+        else None
+    )
 
     async def list_tools(_request: Request) -> Response:
         return JSONResponse({"endpoint": endpoint, "tools": listing})
@@ -189,7 +193,11 @@ def build_app(
         except AdminError as refusal:
             return error(str(refusal), 409)
         texts = await run_in_threadpool(
-            scrape, metrics_urls(brokers.data, tls is not None), timeout_s, tls
+            scrape,
+            metrics_urls(brokers.data, tls is not None),
+            timeout_s,
+            tls,
+            security.token if security else None,
         )
         return JSONResponse({"data": {"topic": topic, **topic_series(texts, topic)}})
 

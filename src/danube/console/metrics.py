@@ -53,15 +53,20 @@ def topic_series(texts: Iterable[str], topic: str) -> dict[str, Any]:
 
 
 def scrape(
-    urls: Iterable[str], timeout_s: float, context: ssl.SSLContext | None = None
+    urls: Iterable[str],
+    timeout_s: float,
+    context: ssl.SSLContext | None = None,
+    token: str | None = None,
 ) -> list[str]:
     """The `/metrics` text of each broker that answers; one that does not is skipped (a dead
     broker must not blank the chart of the topics that moved away from it). `context`: the
-    TLS settings for a secured broker's metrics port (HTTPS with the broker's CA)."""
+    TLS settings for a secured broker's metrics port (HTTPS with the broker's CA); `token`:
+    the bearer token a secured `/metrics` asks for (Lookup on the cluster)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     texts = []
     for url in urls:
         try:
-            target = f"{url.rstrip('/')}/metrics"
+            target = urllib.request.Request(f"{url.rstrip('/')}/metrics", headers=headers)
             with urllib.request.urlopen(target, timeout=timeout_s, context=context) as reply:
                 texts.append(reply.read().decode("utf-8", "replace"))
         except OSError:
@@ -71,8 +76,8 @@ def scrape(
 
 def metrics_urls(brokers: Mapping[str, Any], tls: bool = False) -> list[str]:
     """The metrics addresses in a `list_brokers` result. A secured broker serves `/metrics`
-    over HTTPS but advertises `http://` (runtime/server.py builds the URL without looking at
-    TLS), so with TLS on the admin port the scheme is corrected here."""
+    over HTTPS and advertises `https://`; brokers before issue 25's second part advertised
+    `http://` regardless, so with TLS on the admin port the scheme is corrected here."""
     urls = [b["metrics_addr"] for b in brokers.get("brokers", []) if b.get("metrics_addr")]
     if tls:
         urls = [
@@ -81,10 +86,18 @@ def metrics_urls(brokers: Mapping[str, Any], tls: bool = False) -> list[str]:
     return urls
 
 
-def metrics_context(ca_file: str | None, tls: bool) -> ssl.SSLContext | None:
-    """HTTPS settings for the metrics ports when the admin port is secured (the same CA)."""
+def metrics_context(
+    ca_file: str | None,
+    tls: bool,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+) -> ssl.SSLContext | None:
+    """HTTPS settings for the metrics ports when the admin port is secured (the same CA; a
+    client certificate, when one is given, identifies the scraper)."""
     if not tls:
         return None
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file is not None:
+        context.load_cert_chain(cert_file, key_file)
     return context

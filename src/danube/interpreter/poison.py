@@ -9,17 +9,21 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from danube.machines.node.core import DeadLetterPublish, PolicyDropped
+from danube.machines.node.core import DeadLetterPublish, ForwardDeadLetter, PolicyDropped
 from danube.values.errors import DanubeError, ErrorCode
 
 if TYPE_CHECKING:
     from danube.interpreter.interpreter import Interpreter
 
-POISON_EFFECTS = (PolicyDropped, DeadLetterPublish)
+POISON_EFFECTS = (PolicyDropped, DeadLetterPublish, ForwardDeadLetter)
 
 
-def carry(interpreter: Interpreter, effect: PolicyDropped | DeadLetterPublish) -> None:
-    if isinstance(effect, PolicyDropped):
+def carry(
+    interpreter: Interpreter, effect: PolicyDropped | DeadLetterPublish | ForwardDeadLetter
+) -> None:
+    if isinstance(effect, ForwardDeadLetter):  # cluster mode: the port publishes elsewhere
+        interpreter._perform(effect, partial(_forwarded, interpreter, effect.publish))
+    elif isinstance(effect, PolicyDropped):
         interpreter.host.event(
             "policy_dropped",
             topic=effect.topic,
@@ -32,6 +36,19 @@ def carry(interpreter: Interpreter, effect: PolicyDropped | DeadLetterPublish) -
     else:  # refused before any append: reported after the step at hand, as a loss would be
         error = DanubeError(ErrorCode.UNAVAILABLE, effect.failure)
         interpreter._post(partial(answered, interpreter, effect, error))
+
+
+def _forwarded(
+    interpreter: Interpreter,
+    publish: DeadLetterPublish,
+    _answer: object,
+    error: BaseException | None,
+) -> None:
+    """The owner's answer to a forwarded dead letter: stored, or not (any error: lost,
+    refused, unreachable, a view changing), which the core asks again after the backoff."""
+    if error is not None and not isinstance(error, DanubeError):
+        error = DanubeError(ErrorCode.UNAVAILABLE, f"{type(error).__name__}: {error}")
+    answered(interpreter, publish, error)
 
 
 def answered(

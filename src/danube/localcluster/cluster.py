@@ -36,6 +36,9 @@ class ClusterSettings:
     replication_lag_ms: int | None = None
     """`cluster.replication.lag_ms` (None: the broker's default): how long an owner waits
     for a silent follower before acknowledging without it."""
+    auth: dict[str, object] | None = None
+    """Every broker's `auth` section (spec/security.md, "In a cluster"); the secrets come
+    from the environment the brokers inherit (DANUBE_JWT_SECRET_KEY, DANUBE_CLUSTER_KEY)."""
 
 
 class LocalCluster:
@@ -124,6 +127,8 @@ class LocalCluster:
             },
             "load_manager": {"assignment_strategy": "fair"},
         }
+        if self.settings.auth is not None:
+            config["auth"] = self.settings.auth
         if self.settings.rebalancing:
             config["load_manager"] = {
                 "assignment_strategy": "fair",
@@ -139,7 +144,9 @@ class LocalCluster:
 
     @property
     def service_urls(self) -> list[str]:
-        return [b.url for b in self.brokers if b.alive]
+        """The live brokers' client URLs (`https://` when the cluster is secured)."""
+        secured = self.settings.auth is not None and self.settings.auth.get("mode") != "none"
+        return [f"https://{b.broker_addr}" if secured else b.url for b in self.brokers if b.alive]
 
     def owner(self, topic: str) -> BrokerProcess:
         """The live broker serving `topic` now (loaded it and did not unload it since)."""

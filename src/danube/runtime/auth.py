@@ -5,7 +5,13 @@ request's headers have arrived and *before the handler reads the body*: it reads
 `authorization: Bearer <token>` (or the verified client certificate under mutual TLS), and
 refuses UNAUTHENTICATED with a reason that never quotes the token. An unauthenticated caller
 therefore never makes the broker buffer or decode a request body, compile a schema, or touch
-a topic. Danube's `x-danube-internal-broker` header is ignored: it grants nothing.
+a topic. Danube's `x-danube-internal-broker` header is ignored: it grants nothing. Another
+broker of the cluster proves itself with a token signed by the cluster key in
+`BROKER_TOKEN_HEADER` (`danube.runtime.peers` sends it); a wrong one is UNAUTHENTICATED.
+
+A call authenticated by a token lives no longer than the token: a stream still open when the
+token expires (`exp` plus the leeway, what `tokens.verify_until` says) is ended with
+UNAUTHENTICATED then (`wrap`).
 
 Authorization needs the request (its topic, namespace, subject), so it runs right after the
 body is decoded and before the handler acts on it: `grpc_util.recv_bounded` calls the
@@ -16,8 +22,10 @@ RPC is closed until someone decides otherwise. The decision is `machines.securit
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +42,9 @@ from danube.machines.security.tokens import (
     TokenRejected,
     Verifier,
     bearer,
+    broker_verifier,
     certificate_principal,
+    verify_broker,
     verify_until,
 )
 from danube.values.auth_config import AuthConfig
@@ -49,6 +59,8 @@ PRINCIPAL: contextvars.ContextVar[Principal] = contextvars.ContextVar(
     "principal", default=rbac.ANONYMOUS
 )
 
+BROKER_TOKEN_HEADER = "x-danube-broker-token"
+"""Where a broker of the cluster puts its token (signed with `auth.cluster_key`)."""
 TOKEN_CACHE_SECONDS = 30.0
 """A verified token is trusted this long (and never past its exp), as Danube caches it."""
 TOKEN_CACHE_ENTRIES = 4096
@@ -197,12 +209,15 @@ class AuthGuard:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.verifier = verifier_of(config)
+        self.brokers = broker_verifier(config.cluster_key) if config.cluster_key else None
+        self.broker_certificates = frozenset(config.broker_certificates)
         self.rbac = rbac_of(config)
         self.consumer_topic = consumer_topic
         self.decided = decided
         self.refused = refused
         self.clock = clock
-        self._tokens: dict[str, tuple[Principal, float]] = {}
+        self._tokens: dict[str, tuple[Principal, float, float]] = {}
+        """token -> (principal, trusted until, valid until)."""
 
     def use(self, state: Rbac) -> None:
         """Roles and bindings changed (`SecurityAdmin`): later decisions read the new ones."""
@@ -212,54 +227,107 @@ class AuthGuard:
         func = handler.func
         rule = RULES.get(path, DEFAULT_RULE)
 
+        streaming = handler.cardinality is not grpclib.const.Cardinality.UNARY_UNARY
+
         async def call(stream: grpclib.server.Stream) -> None:
-            principal = self.authenticate(stream)
+            principal, valid_until = self.authenticate_until(stream)
             PRINCIPAL.set(principal)
             AUTHORIZE.set(self._authorizer(path, rule, principal))
-            await func(stream)
+            if not streaming or valid_until == math.inf or principal.kind == rbac.BROKER_KIND:
+                # a broker's replication stream is checked when it opens and lives on
+                await func(stream)
+                return
+            # A stream ends when its token does (a unary call is over long before).
+            limit = asyncio.timeout(max(0.0, valid_until - self.clock()))
+            try:
+                async with limit:
+                    await func(stream)
+            except TimeoutError:
+                if not limit.expired():
+                    raise
+                self._refuse("expired", "token expired during the call")
 
         return handler._replace(func=call)
 
     # -- authentication ------------------------------------------------------------------
 
     def authenticate(self, stream: grpclib.server.Stream) -> Principal:
+        return self.authenticate_until(stream)[0]
+
+    def authenticate_until(self, stream: grpclib.server.Stream) -> tuple[Principal, float]:
+        """Who the call comes from and until when (a token's expiry plus leeway; a
+        certificate: for the connection's life, `math.inf`)."""
         metadata = stream.metadata
+        if metadata is not None and (broker := metadata.get(BROKER_TOKEN_HEADER)) is not None:
+            try:
+                return self._token_principal(str(broker), self.brokers, verify_broker)
+            except TokenRejected as error:
+                self._refuse("invalid", f"broker token: {error}")
         header = metadata.get("authorization") if metadata is not None else None
         if header is not None:
             try:
-                return self._token_principal(bearer(str(header)))
+                return self._token_principal(bearer(str(header)), self.verifier, verify_until)
             except TokenRejected as error:
                 self._refuse("invalid", str(error))
         cert = stream.peer.cert() if stream.peer is not None else None
         principal = certificate_principal(cert)
         if principal is not None:
-            return principal
+            if principal.name in self.broker_certificates:  # a broker's certificate
+                return Principal(rbac.BROKER_KIND, principal.name), math.inf
+            return principal, math.inf
         self._refuse("missing", "no credentials: send 'authorization: Bearer <token>'")
 
-    def _token_principal(self, token: str) -> Principal:
-        if self.verifier is None:
-            raise TokenRejected("this broker accepts client certificates, not tokens")
+    def _token_principal(
+        self,
+        token: str,
+        verifier: Verifier | None,
+        verify: Callable[[str, Verifier, float], tuple[Principal, float]],
+    ) -> tuple[Principal, float]:
+        if verifier is None:
+            what = "broker tokens" if verify is verify_broker else "tokens"
+            raise TokenRejected(f"this broker accepts no {what}")
         now = self.clock()
-        cached = self._tokens.get(token)
+        key = token if verify is verify_until else "broker:" + token  # one cache, two kinds
+        cached = self._tokens.get(key)
         if cached is not None and now < cached[1]:
-            return cached[0]
-        principal, valid_until = verify_until(token, self.verifier, now)
+            return cached[0], cached[2]
+        principal, valid_until = verify(token, verifier, now)
         if len(self._tokens) >= TOKEN_CACHE_ENTRIES:
             self._tokens.clear()
-        self._tokens[token] = (principal, min(valid_until, now + TOKEN_CACHE_SECONDS))
-        return principal
+        self._tokens[key] = (principal, min(valid_until, now + TOKEN_CACHE_SECONDS), valid_until)
+        return principal, valid_until
 
     def _refuse(self, kind: str, reason: str) -> NoReturn:
         if self.refused is not None:
             self.refused(kind)
         raise GRPCError(Status.UNAUTHENTICATED, f"authentication failed: {reason}")
 
+    def scrape_refused(self, authorization: str | None, cert: Any) -> tuple[int, str] | None:
+        """`/metrics` on a broker with authentication (HTTP, `metrics_http`): a bearer token or
+        a verified client certificate whose principal has Lookup on the cluster (the series
+        name topics and their rates: what Lookup on the cluster reveals anyway). (401 or 403,
+        reason) when refused, the token never quoted; None when allowed."""
+        try:
+            if authorization is not None:
+                token = bearer(authorization)
+                principal = self._token_principal(token, self.verifier, verify_until)[0]
+            elif (principal := certificate_principal(cert)) is None:
+                return 401, "no credentials: send 'Authorization: Bearer <token>'"
+        except TokenRejected as error:
+            return 401, f"authentication failed: {error}"
+        decision = rbac.decide(principal, P.LOOKUP, CLUSTER, self.rbac)
+        return None if decision.allowed else (403, decision.reason)
+
     # -- authorization -------------------------------------------------------------------
 
     def _authorizer(self, path: str, rule: Rule, principal: Principal) -> Callable[[Any], None]:
         decided: dict[tuple[Permission, Resource], bool] = {}
+        decided_under = [self.rbac]
 
         def authorize(request: Any) -> None:
+            if self.rbac is not decided_under[0]:  # roles or bindings changed: decide again
+                decided.clear()
+                decided_under[0] = self.rbac
             if path in CONSUMER_RULES:
                 topic = self.consumer_topic(int(request.consumer_id))
                 permission = P.CONSUME
@@ -283,8 +351,9 @@ class AuthGuard:
         resource: Resource,
         decided: dict[tuple[Permission, Resource], bool],
     ) -> None:
-        """One decision, remembered for the call (a stream's messages mostly name one topic);
-        PERMISSION_DENIED when it denies."""
+        """One decision, remembered for the call while the roles and bindings stay the same
+        (a stream's messages mostly name one topic; a revocation applies from the stream's
+        next message); PERMISSION_DENIED when it denies."""
         key = (permission, resource)
         allowed = decided.get(key)
         if allowed is None:

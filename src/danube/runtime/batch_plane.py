@@ -21,11 +21,12 @@ from danube.machines.requests import receive, settle
 from danube.machines.requests.publish import BatchRequest, publish_batch
 from danube.proto import danube_ext as ext_pb
 from danube.runtime.broker import BrokerRuntime, now_ms
-from danube.runtime.grpc_util import recv_bounded, recv_single, unary
+from danube.runtime.grpc_util import RECEIVED, recv_bounded, recv_single, unary
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.request_driver import RequestDriver
 from danube.runtime.schema_gate import SchemaGate
 from danube.runtime.streams import serve_consumer
+from danube.runtime.wire_codec import BatchAckWire, MessageBatchWire, RequestIdReply
 from danube.values.errors import DanubeError
 
 log = logging.getLogger("danube.runtime")
@@ -45,13 +46,13 @@ class ProducerExtService:
         self._core: BrokerCore = runtime.core
         self._gate = gate
         self._batch_limit = batch_limit
-        self._requests = RequestDriver(runtime, gate)
+        self._requests = RequestDriver(runtime, gate, staged=True)
 
     async def publish_batches(self, stream: grpclib.server.Stream) -> None:
         """Reads batches in order and calls the core for each before reading the next, so
         offsets follow the stream; a writer task sends the answers in the same order as
         each batch's storage completes."""
-        answers: asyncio.Queue[asyncio.Future[ext_pb.BatchAck] | None] = asyncio.Queue()
+        answers: asyncio.Queue[asyncio.Future[BatchAckWire] | None] = asyncio.Queue()
         window = asyncio.Semaphore(MAX_IN_FLIGHT)
         writer = asyncio.ensure_future(self._write_answers(stream, answers, window))
         try:
@@ -75,7 +76,7 @@ class ProducerExtService:
     @staticmethod
     async def _write_answers(
         stream: grpclib.server.Stream,
-        answers: asyncio.Queue[asyncio.Future[ext_pb.BatchAck] | None],
+        answers: asyncio.Queue[asyncio.Future[BatchAckWire] | None],
         window: asyncio.Semaphore,
     ) -> None:
         while (answer := await answers.get()) is not None:
@@ -83,7 +84,7 @@ class ProducerExtService:
             window.release()
             await stream.send_message(ack)
 
-    async def _begin(self, request: ext_pb.PublishBatch) -> Awaitable[ext_pb.BatchAck]:
+    async def _begin(self, request: ext_pb.PublishBatch) -> Awaitable[BatchAckWire]:
         """Runs the batch's publish flow up to its core call and the start of its effects
         (in stream order); the returned awaitable answers once the batch is stored, or at
         once when it is refused."""
@@ -107,7 +108,7 @@ class ProducerExtService:
                 self.publish_batches,
                 grpclib.const.Cardinality.STREAM_STREAM,
                 ext_pb.PublishBatch,
-                ext_pb.BatchAck,
+                BatchAckWire,
             ),
         }
 
@@ -119,25 +120,27 @@ async def _after(
     sizes: Any,
     started: float,
     metrics: BrokerMetrics,
-) -> ext_pb.BatchAck:
+) -> BatchAckWire:
     try:
         published = await done
     except DanubeError as error:
         metrics.send_failed(topic, len(sizes), error.code.name)
         return _refused(sequence, error)
+    if published.stored:
+        metrics.stages.replied(RECEIVED.get())
     seconds = time.perf_counter() - started
     metrics.sent_batch(topic, sizes, seconds, stored=published.stored)
-    return ext_pb.BatchAck(
+    return BatchAckWire(
         sequence=sequence, first_offset=published.first_offset, count=published.count
     )
 
 
-async def _done(ack: ext_pb.BatchAck) -> ext_pb.BatchAck:
+async def _done(ack: BatchAckWire) -> BatchAckWire:
     return ack
 
 
-def _refused(sequence: int, error: DanubeError) -> ext_pb.BatchAck:
-    return ext_pb.BatchAck(
+def _refused(sequence: int, error: DanubeError) -> BatchAckWire:
+    return BatchAckWire(
         sequence=sequence, status=Status[error.code.name].value, error=error.message
     )
 
@@ -162,18 +165,18 @@ class ConsumerBatchService:
         async def send(items: list[object]) -> int:
             wire = [encoded(item) for item in items]
             packed = _packed(wire)
-            await stream.send_message(ext_pb.MessageBatch(records=packed, count=len(wire)))
+            await stream.send_message(MessageBatchWire(packed, len(wire)))
             return len(packed) - 4 * len(wire)
 
         await serve_consumer(self._runtime, stream, request.consumer_id, limit, send)
 
-    async def ack_batch(self, request: ext_pb.AckBatchRequest) -> ext_pb.AckBatchResponse:
+    async def ack_batch(self, request: ext_pb.AckBatchRequest) -> RequestIdReply:
         offsets = list(request.offsets)
         flow = settle.ack(
             self._core, request.topic_name, request.subscription_name, offsets, now_ms()
         )
         await self._requests.run(flow)
-        return ext_pb.AckBatchResponse(request_id=request.request_id)
+        return RequestIdReply(request.request_id)  # an AckBatchResponse's bytes
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         return {
@@ -181,9 +184,9 @@ class ConsumerBatchService:
                 self.receive_batches,
                 grpclib.const.Cardinality.UNARY_STREAM,
                 ext_pb.ReceiveBatchesRequest,
-                ext_pb.MessageBatch,
+                MessageBatchWire,
             ),
             "/danube_ext.ConsumerExt/AckBatch": unary(
-                self.ack_batch, ext_pb.AckBatchRequest, ext_pb.AckBatchResponse
+                self.ack_batch, ext_pb.AckBatchRequest, RequestIdReply
             ),
         }

@@ -24,6 +24,7 @@ from danube.proto import danube_ext as ext_pb
 from danube.runtime.broker import BrokerRuntime, now_ms
 from danube.runtime.grpc_util import (
     DEFAULT_REQUEST_LIMIT,
+    RECEIVED,
     recv_single,
     send_encoded,
     unary,
@@ -58,7 +59,7 @@ class ProducerService:
         self._placement = placement
         self._message_limit = message_limit
         self._gate = gate
-        self._requests = RequestDriver(runtime, gate)
+        self._requests = RequestDriver(runtime, gate, staged=True)
 
     async def create_producer(self, request: pb.ProducerRequest) -> pb.ProducerResponse:
         strategy = int(request.dispatch_strategy)
@@ -90,7 +91,10 @@ class ProducerService:
         except DanubeError as error:
             self._runtime.metrics.send_failed(topic, 1, error.code.name)
             raise
-        self._runtime.metrics.sent(
+        metrics = self._runtime.metrics
+        if published.stored:
+            metrics.stages.replied(RECEIVED.get())
+        metrics.sent(
             topic, len(message.payload), time.perf_counter() - started, stored=published.stored
         )
         return RequestIdReply(message.request_id)

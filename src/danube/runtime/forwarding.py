@@ -17,10 +17,10 @@ from urllib.parse import urlsplit
 
 import grpclib.const
 from grpclib import GRPCError
-from grpclib.client import Channel
 
 from danube.client.errors import TRANSPORT_ERRORS
 from danube.runtime.grpc_util import FORWARDED, FORWARDED_HEADER
+from danube.runtime.peers import PEERS
 from danube.values.errors import DanubeError, ErrorCode, quoted
 
 log = logging.getLogger("danube.runtime")
@@ -61,12 +61,12 @@ async def forward(
             "owner/leader: views are changing; retry",
         )
     host, port = host_port(admin_url)
-    channel = Channel(host, port)
+    channel = PEERS.channel(host, port)
     started = time.monotonic()
     try:
         async with channel.request(
             path, grpclib.const.Cardinality.UNARY_UNARY, type(request), reply_type,
-            timeout=timeout, metadata={FORWARDED_HEADER: "1"},
+            timeout=timeout, metadata={FORWARDED_HEADER: "1", **PEERS.metadata()},
         ) as stream:  # fmt: skip
             await stream.send_message(request, end=True)
             reply = await stream.recv_message()

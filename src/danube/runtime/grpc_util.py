@@ -42,6 +42,13 @@ FORWARDED: contextvars.ContextVar[bool] = contextvars.ContextVar("forwarded", de
 forwarded again."""
 
 
+RECEIVED: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
+    "received", default=None
+)
+"""The request this task read last: (`perf_counter` of the connection's socket read that
+brought it, of its decoding), the `receive` stage; the request driver observes it and the
+`check` stage that starts there (`danube.runtime.stage_metrics`)."""
+
 STATUS_MESSAGE_LIMIT = 1024
 """Bytes (UTF-8) of a status message the broker sends. Messages travel in HTTP/2 trailers,
 which grpclib HPACK-encodes in pure Python on the event loop in time that grows faster than
@@ -105,6 +112,7 @@ async def recv_bounded(stream: grpclib.server.Stream, limit: int, *, end_ok: boo
     if len(body) != length:
         raise GRPCError(Status.INVALID_ARGUMENT, "truncated gRPC message")
     request = decode_request(body, stream._recv_type, stream._codec)
+    RECEIVED.set((getattr(stream._stream.connection, "read_at", 0.0), time.perf_counter()))
     authorize = AUTHORIZE.get()
     if authorize is not None:  # a port with authentication: may this caller ask this?
         authorize(request)

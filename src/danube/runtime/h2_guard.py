@@ -111,17 +111,43 @@ class LingeringTransport:
     what the peer still sends is read and dropped, and the socket is aborted after
     `LINGER_AFTER_GOAWAY_S`. A plain close with unread bytes in the socket makes the kernel
     send RST, and a peer that receives RST discards what it had not read yet: the GOAWAY saying
-    why. grpclib sees `is_closing()` from the close on, so no handler writes any more."""
+    why. grpclib sees `is_closing()` from the close on, so no handler writes any more.
+
+    Writes are corked for the rest of the loop's turn (issue 23, point 2): grpclib writes each
+    HEADERS, DATA and trailers block of a reply as it makes it, and a group commit answers
+    several replies and wakes a consumer stream in one turn; each write was a `send` syscall,
+    the largest single cost of the broker's loop at 1,000 msg/s (bench/RESULTS.md, "issue 23,
+    points 1–2, round 2"). The bytes of one turn go out in one `send`, in the order written,
+    from a callback queued at the turn's first write; `close` sends what is corked first and
+    `abort` drops it (as the socket's own buffer)."""
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._closing = False
         self.lingering = False
+        self._corked: list[bytes] | None = None
+        self.writes = 0
+        """Writes grpclib made (HTTP/2 frames or runs of them; tests count them)."""
+        self.sends = 0
+        """Writes handed to the socket's transport: one per turn with something to send."""
 
     def write(self, data: bytes) -> None:
-        if not self._closing:
-            self._transport.write(data)
+        if self._closing or not data:
+            return
+        self.writes += 1
+        corked = self._corked
+        if corked is None:
+            self._corked = [data]
+            self._loop.call_soon(self._uncork)
+        else:
+            corked.append(data)
+
+    def _uncork(self) -> None:
+        corked, self._corked = self._corked, None
+        if corked and not self._closing and not self._transport.is_closing():
+            self.sends += 1
+            self._transport.write(corked[0] if len(corked) == 1 else b"".join(corked))
 
     def is_closing(self) -> bool:
         return self._closing or self._transport.is_closing()
@@ -129,6 +155,7 @@ class LingeringTransport:
     def close(self) -> None:
         if self._closing:
             return
+        self._uncork()
         self._closing = True
         transport = self._transport
         if self.lingering and not transport.is_closing() and transport.can_write_eof():
@@ -139,6 +166,7 @@ class LingeringTransport:
 
     def abort(self) -> None:
         self._closing = True
+        self._corked = None
         self._transport.abort()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
@@ -149,6 +177,9 @@ class GuardedConnection(Connection):
     """grpclib's connection, telling the ping policy when the broker sends."""
 
     on_send: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
+    read_at = 0.0
+    """`perf_counter` of the newest socket read: where a request's `receive` stage starts
+    (`danube.runtime.stage_metrics`)."""
 
     def headers_send_process(self) -> None:
         super().headers_send_process()
@@ -266,6 +297,7 @@ class GuardedProtocol(H2Protocol):
             return
         now = self._clock()
         self._keepalive.received(now)
+        self.connection.read_at = time.perf_counter()
         try:
             events = self.connection.feed(data)
         except ProtocolError as error:

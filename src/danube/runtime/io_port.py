@@ -55,8 +55,10 @@ from danube.effects import (
     WriteEpochs,
 )
 from danube.interpreter.host import Done
+from danube.machines.node.effects import ForwardDeadLetter
 from danube.machines.tiering import UploadError
 from danube.metadata import MetadataStore
+from danube.runtime.dead_letter_forward import DeadLetterForward
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.object_store import ObjectStore
 from danube.runtime.object_store import classify as classify_store_error
@@ -219,6 +221,9 @@ class ProductionPort:
         self._loaded_at: dict[str, float] = {}
         self.replication: ReplicationPort | None = None
         """Cluster mode: carries the replication effects (set by the server)."""
+        self.dead_letters: DeadLetterForward | None = None
+        """Cluster mode: the internal producer of dead letters for topics served
+        elsewhere (`ForwardDeadLetter`; set by the server)."""
 
     # -- Host ------------------------------------------------------------------------------------
 
@@ -241,6 +246,12 @@ class ProductionPort:
             files = self._topic_files(effect.topic)
             run = partial(files.write_checkpoint, effect.end)
             self._checkpoint_writers.submit(effect.topic, run, partial(self._marked, done))
+            return
+        if isinstance(effect, ForwardDeadLetter):
+            if self.dead_letters is None:
+                done(None, DanubeError(ErrorCode.UNAVAILABLE, "no other broker to forward to"))
+            else:
+                self.dead_letters.perform(effect, done)
             return
         if isinstance(effect, REPLICA_EFFECTS):
             if self.replication is None:
@@ -316,6 +327,11 @@ class ProductionPort:
         self._ended()
         if error is None and outcome is not None:
             files.note(outcome)
+            if outcome.appended or outcome.synced is not None:  # not a segment's creation
+                submitted, _, finished, answered = self.wal_writers.timings.last
+                self.metrics.stages.committed(
+                    submitted, finished, answered, outcome.synced, wrote=outcome.appended > 0
+                )
         done(None, error)
 
     def _marked(self, done: Done, _wrote: Any, error: BaseException | None) -> None:

@@ -37,6 +37,7 @@ from danube.machines.node import stats
 from danube.machines.node.core import BrokerCore
 from danube.runtime.poison_metrics import poison_families
 from danube.runtime.replication_metrics import replication_families
+from danube.runtime.stage_metrics import StageLatency, stage_families
 
 LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 SIZE_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
@@ -143,6 +144,8 @@ class BrokerMetrics:
         self.leading = leading
         """Whether this broker is the cluster's leader (a standalone broker always is)."""
         self.wal = WalMetrics()
+        self.stages = StageLatency()
+        """Where a reliable message's time goes (`danube_stage_latency_ms`)."""
         self.rpcs: dict[tuple[str, str, str], int] = {}
         """(service, method, grpc status name) -> calls that ended so."""
         self.sends: dict[tuple[str, str, str], int] = {}
@@ -294,6 +297,7 @@ class _Collector(Collector):
         yield from _drop_families(broker, m.core)
         yield from poison_families(broker, m.core)
         yield from _wal_families(broker, m.wal)
+        yield from stage_families(broker, m.stages)
         yield from _security_families(m)
         yield from _memory_families(broker, stats.memory_use(m.core))
         if m.replication is not None:

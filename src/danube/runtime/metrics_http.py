@@ -21,6 +21,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 import trio_asyncio
@@ -117,6 +118,19 @@ class Endpoints:
     metrics: Callable[[], bytes]
     not_ready: Callable[[], str | None]
     alive: Callable[[], Awaitable[bool]]
+    scrape_refused: Callable[[str | None, Any], tuple[int, str] | None] | None = None
+    """With authentication on (spec/security.md, "Metrics"): given the request's
+    `Authorization` header and the TLS client certificate, why `/metrics` is refused
+    (status, reason) or None. Probes (`/healthz`, `/readyz`) stay open."""
+
+
+def header(head: bytes, name: str) -> str | None:
+    """The value of header `name` (any case) in a request head; None when absent."""
+    wanted = name.lower().encode("ascii") + b":"
+    for line in head.split(b"\r\n")[1:]:
+        if line.lower().startswith(wanted):
+            return line[len(wanted) :].strip().decode("latin-1")
+    return None
 
 
 async def answer(endpoints: Endpoints, request: Request) -> Response:
@@ -289,6 +303,15 @@ async def _exchange(
         response = request
     elif request.path != "/metrics":
         response = await _answered(endpoints, request)
+    elif endpoints.scrape_refused is not None and (
+        refused := endpoints.scrape_refused(
+            header(head, "authorization") if isinstance(head, bytes) else None,
+            _peer_certificate(stream),
+        )
+    ):
+        response = _text(
+            refused[0], "Unauthorized" if refused[0] == 401 else "Forbidden", refused[1]
+        )
     elif scrapes.active >= MAX_SCRAPES:
         response = _text(503, "Service Unavailable", "too many scrapes at once")
     else:
@@ -300,6 +323,13 @@ async def _exchange(
         return True
     await stream.send_all(response.encode())
     return True
+
+
+def _peer_certificate(stream: trio.abc.Stream) -> Any:
+    """The verified client certificate of a TLS connection (mutual TLS), else None."""
+    if isinstance(stream, trio.SSLStream):
+        return stream.getpeercert()
+    return None
 
 
 async def _linger(stream: trio.abc.Stream) -> None:

@@ -2,7 +2,8 @@
 subscription, how many messages its poison policy dropped (Drop, or an operator's skip of a
 blocked one) since it was loaded on this broker, and how many the Block policy holds now.
 How many redeliveries each cause asked for (nack, ack timeout, consumer gone) and how many
-messages the DeadLetter policy stored in their dead-letter topic. Read from the dispatch
+messages the DeadLetter policy stored in their dead-letter topic; per broker, its dead-letter
+republishes by outcome (stored, failed, forwarded to another broker). Read from the dispatch
 machines at scrape time; nothing is kept between scrapes."""
 
 from __future__ import annotations
@@ -41,6 +42,21 @@ def poison_families(broker: str, core: BrokerCore) -> Iterator[Metric]:
         "poison policy since the subscription was loaded here (Danube's name).",
         labels=["broker", "topic", "subscription", "poison_policy"],
     )
+    republishes = CounterMetricFamily(
+        "danube_dead_letter_republishes",
+        "Dead letters this broker asked for since it started, by outcome: stored (its "
+        "dead-letter topic acknowledged it, here or on its owner), failed (refused or lost: "
+        "asked again after the policy's backoff), forwarded (sent to the broker serving the "
+        "dead-letter topic, cluster mode; each also counted stored or failed).",
+        labels=["broker", "outcome"],
+    )
+    letters = core.dead_letters
+    for outcome, count in (
+        ("stored", letters.stored),
+        ("failed", letters.failed),
+        ("forwarded", letters.forwarded),
+    ):
+        republishes.add_metric([broker, outcome], count)
     for record in core.topic_records():
         for sub in record.subscriptions.values():
             dispatcher = sub.dispatcher
@@ -55,3 +71,4 @@ def poison_families(broker: str, core: BrokerCore) -> Iterator[Metric]:
     yield blocked
     yield redeliveries
     yield dead_lettered
+    yield republishes

@@ -80,6 +80,7 @@ from danube.proto import danube_ext as ext_pb
 from danube.runtime import replication_codec as codec
 from danube.runtime.forwarding import host_port
 from danube.runtime.grpc_util import recv_bounded, send_encoded, unary
+from danube.runtime.peers import PEERS
 from danube.runtime.replication_codec import (
     ANSWER_LIMIT,
     FRAMES_LIMIT,
@@ -334,7 +335,7 @@ class ReplicationLinks:
         address = self._address(link.follower)
         if address is None:
             return False
-        channel = grpclib.client.Channel(*address, config=_channel_config())
+        channel = PEERS.channel(*address, config=_channel_config())
         established = False
         reason = "stream ended"
         try:
@@ -343,7 +344,7 @@ class ReplicationLinks:
                 grpclib.const.Cardinality.STREAM_STREAM,
                 ext_pb.ReplicaRequest,
                 ext_pb.ReplicaAnswer,
-                metadata={FROM_BROKER_HEADER: self.from_broker},
+                metadata={FROM_BROKER_HEADER: self.from_broker, **PEERS.metadata()},
             ) as stream:
                 async with asyncio.timeout(self.connect_timeout_s):
                     await stream.send_request()
@@ -490,11 +491,12 @@ async def ask_epoch_end(
     answer in `timeout` seconds is UNAVAILABLE."""
     request = codec.encode_epoch_end_request(topic, epoch)
     host, port = _host_port(address)
-    channel = grpclib.client.Channel(host, port)
+    channel = PEERS.channel(host, port)
     try:
         async with channel.request(
             EPOCH_END_PATH, grpclib.const.Cardinality.UNARY_UNARY,
             ext_pb.EpochEndRequest, ext_pb.EpochEndResponse, timeout=timeout,
+            metadata=PEERS.metadata(),
         ) as stream:  # fmt: skip
             await stream.send_message(request, end=True)
             reply = await stream.recv_message()

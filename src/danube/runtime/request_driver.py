@@ -6,6 +6,7 @@ replies; the simulator runs the same flows (`sim/requests.py`)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ from danube.machines.requests.effects import (
     SchemaInspects,
 )
 from danube.runtime.broker import BrokerRuntime
+from danube.runtime.grpc_util import RECEIVED
 from danube.runtime.schema_gate import SchemaGate
 
 T = TypeVar("T")
@@ -30,10 +32,15 @@ _NOTHING = Step(None)
 
 
 class RequestDriver:
-    def __init__(self, runtime: BrokerRuntime, gate: SchemaGate | None = None) -> None:
-        """`gate`: None for services whose flows check no schema (acknowledgements)."""
+    def __init__(
+        self, runtime: BrokerRuntime, gate: SchemaGate | None = None, *, staged: bool = False
+    ) -> None:
+        """`gate`: None for services whose flows check no schema (acknowledgements);
+        `staged`: a publish service's driver, which adds each request's `receive` and
+        `check` stages (`danube.runtime.stage_metrics`) as its core call starts."""
         self._runtime = runtime
         self._gate = gate
+        self._staged = staged
 
     async def run(self, flow: Flow[T]) -> T:
         """The flow's value once it is done; its refusal raised."""
@@ -50,12 +57,25 @@ class RequestDriver:
             request = step(flow)
             while not isinstance(request, Finished):
                 if isinstance(request, Apply):
-                    return self._rest(flow, self._start(request, waits), waits)
+                    settled = self._start(request, waits)
+                    if self._staged:
+                        self._checked()
+                    return self._rest(flow, settled, waits)
                 request = await self._answer(flow, request)
         except BaseException:
             flow.close()  # cancelled (the client left): its `finally` gives back its memory
             raise
         return _Done(_value(request))
+
+    def _checked(self) -> None:
+        received = RECEIVED.get()
+        if received is None:
+            return
+        read_at, decoded = received
+        stages = self._runtime.metrics.stages
+        if read_at:
+            stages.observe("receive", decoded - read_at)
+        stages.observe("check", time.perf_counter() - decoded)
 
     def _start(self, apply: Apply, waits: dict[int, Coroutine[Any, Any, None]]) -> Awaitable[None]:
         stored = apply.stored

@@ -4,12 +4,16 @@ spells them). Each write also refreshes the broker's own RBAC at once (`AuthGuar
 Danube's brokers update their cache eagerly. The calls themselves need ManageCluster
 (`danube.runtime.auth`, the default rule).
 
-Standalone brokers only for now: brokers of a cluster would also have to watch `/auth/` for
-each other's writes, which comes with authentication in clusters (spec/security.md, "Left").
+In a cluster every broker follows `/auth/` in etcd (`follow`, a read plus a watch): a write
+on any broker is in force on every broker as soon as the watch delivers it (milliseconds; the
+tests ask for a second). The broker that took the write answers once its own watch has
+applied it, so the caller's next call, on this broker, is decided with it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,13 +21,15 @@ import grpclib.const
 
 from danube.machines.security import records
 from danube.machines.security.rbac import Rbac
-from danube.metadata import MetadataStore
+from danube.metadata import MetadataStore, WatchEvent
 from danube.proto import danube_admin as pb
 from danube.runtime.grpc_util import unary
-from danube.runtime.watching import store_call_from_grpc
+from danube.runtime.watching import follow, store_call_from_grpc
 from danube.values.errors import DanubeError, ErrorCode, quoted
 
 SERVICE = "/danube_admin.SecurityAdmin/"
+OWN_WRITE_WAIT_S = 1.0
+"""How long a write waits for this broker's watch to apply it before answering anyway."""
 
 
 def _role(value: dict[str, Any]) -> pb.RoleDefinition:
@@ -56,14 +62,47 @@ class SecurityAdminService:
         write is stored, so a later one sees every earlier write, and a result that arrives
         after a later one was applied is older and dropped (a revocation cannot be undone by
         a slow re-read of the state before it)."""
+        self._view: records.AuthView | None = None
+        """Cluster mode: what this broker's watch of `/auth/` has applied (`follow`)."""
 
     async def load(self) -> Rbac:
         """The RBAC in force: the configuration's plus what is stored (called at start)."""
         entries = {kv.key: kv.value for kv in await self._store.scan(records.AUTH_PREFIX)}
         return records.rbac_from(entries, self._base)
 
-    async def _changed(self) -> None:
+    async def follow(self) -> None:
+        """Cluster mode (trio): every change under `/auth/`, from any broker, replaces this
+        broker's RBAC as the watch delivers it. Runs for the broker's life."""
+        view = self._view = records.AuthView()
+
+        def publish() -> None:
+            if self._on_change is not None:
+                self._on_change(records.rbac_from(view.entries, self._base))
+
+        async def read() -> int:
+            found = await self._store.scan(records.AUTH_PREFIX)
+            seen = view.load((kv.key, kv.value, kv.mod_revision) for kv in found)
+            publish()
+            return seen
+
+        def on_event(event: WatchEvent) -> None:
+            if view.apply(event.kind, event.key, event.value, event.mod_revision):
+                publish()
+
+        await follow(self._store, records.AUTH_PREFIX, read, on_event)
+
+    async def _changed(self, revision: int = 0, gone: str | None = None) -> None:
+        """After a write (its revision) or a delete (the key `gone`): this broker's RBAC
+        includes it when this returns (or a second passed, in a cluster)."""
         if self._on_change is None:
+            return
+        view = self._view
+        if view is not None:  # cluster: the watch applies it, in revision order
+            deadline = time.monotonic() + OWN_WRITE_WAIT_S
+            while (view.revision < revision or gone in view.entries) and (
+                time.monotonic() < deadline
+            ):
+                await asyncio.sleep(0.005)
             return
         self._started += 1
         ticket = self._started
@@ -88,8 +127,10 @@ class SecurityAdminService:
     async def create_role(self, request: pb.CreateRoleRequest) -> pb.CreateRoleResponse:
         definition = request.role
         value = records.role(definition.name, definition.permissions, definition.system)
-        await store_call_from_grpc(self._store.put, records.role_key(definition.name), value)
-        await self._changed()
+        revision = await store_call_from_grpc(
+            self._store.put, records.role_key(definition.name), value
+        )
+        await self._changed(revision)
         return pb.CreateRoleResponse(success=True)
 
     async def get_role(self, request: pb.GetRoleRequest) -> pb.GetRoleResponse:
@@ -105,7 +146,7 @@ class SecurityAdminService:
         key = records.role_key(request.name)
         records.undeletable(await self._get(key, f"role {quoted(request.name)}"))
         await store_call_from_grpc(self._store.delete, key)
-        await self._changed()
+        await self._changed(gone=key)
         return pb.DeleteRoleResponse(success=True)
 
     # -- bindings ------------------------------------------------------------------------
@@ -116,8 +157,7 @@ class SecurityAdminService:
             b.id, b.principal_type, b.principal_name, b.role_names, b.scope, b.resource_name
         )
         key = records.binding_key(records.scope_of(b.scope), b.resource_name, b.id)
-        await store_call_from_grpc(self._store.put, key, value)
-        await self._changed()
+        await self._changed(await store_call_from_grpc(self._store.put, key, value))
         return pb.CreateBindingResponse(success=True)
 
     def _binding_key(self, scope: str, resource: str, binding_id: str) -> str:
@@ -146,7 +186,7 @@ class SecurityAdminService:
         key = self._binding_key(request.scope, request.resource_name, request.binding_id)
         await self._get(key, f"binding {quoted(request.binding_id)}")
         await store_call_from_grpc(self._store.delete, key)
-        await self._changed()
+        await self._changed(gone=key)
         return pb.DeleteBindingResponse(success=True)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:

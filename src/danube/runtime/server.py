@@ -46,12 +46,15 @@ from danube.runtime.data_plane import (
     HealthCheckService,
     ProducerService,
 )
+from danube.runtime.dead_letter_forward import DeadLetterForward
 from danube.runtime.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
 from danube.runtime.kernels_warm import warm_kernels
 from danube.runtime.memory import broker_pools
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.metrics_http import Endpoints, Health, serve_http
 from danube.runtime.object_store import ObjectStore
+from danube.runtime.peers import configure as configure_peers
+from danube.runtime.peers import internal_client
 from danube.runtime.placement import ClusterPlacement, LocalPlacement, Placement
 from danube.runtime.replication_admin import ReplicationAdminService
 from danube.runtime.replication_port import ReplicationPort
@@ -89,11 +92,6 @@ NO_RAFT = (
     "there is no Raft group to manage: the metadata store is etcd (cluster mode) or embedded "
     "(standalone), and etcd manages its own members (etcdctl member add/remove)"
 )
-NO_SECURITY = (
-    "roles and bindings are stored by standalone brokers only for now: a cluster's brokers "
-    "do not yet share them (spec/security.md)"
-)
-
 SHUTDOWN_GRACE_SECONDS = 2.0
 UPLOAD_GRACE_SECONDS = 15.0
 """How long a graceful stop waits for the sealed tails of tiered topics to be uploaded."""
@@ -277,10 +275,13 @@ async def serve(
         _warn_if_open(config, bound)
         auth = config.auth
         reloader = CertificateReloader(auth.tls) if auth.tls is not None else None
+        configure_peers(auth, broker_id)  # how this broker calls the others (and proves it)
         client_tls = reloader.grpc if reloader and auth.tls_on("client") else None
         admin_tls = reloader.grpc if reloader and auth.tls_on("admin") else None
         metrics_tls = reloader.http if reloader and auth.tls_on("metrics") else None
         scheme = "https" if client_tls is not None else "http"
+        admin_scheme = "https" if admin_tls is not None else "http"
+        metrics_scheme = "https" if metrics_tls is not None else "http"
         advertised = config.advertised_addr or str(bound.broker)
         identity = BrokerIdentity(f"{scheme}://{advertised}", f"{scheme}://{advertised}")
         # what other brokers and ListBrokers are told: a wildcard bind named reachably
@@ -336,11 +337,6 @@ async def serve(
                 clustered=clustered,
             )
             health = Health(runtime)
-            if metrics_sock is not None:
-                endpoints = Endpoints(metrics.exposition, health.not_ready, health.alive)
-                nursery.start_soon(serve_http, metrics_sock, endpoints, metrics_tls)
-            if reloader is not None:
-                nursery.start_soon(_watch_certificates, reloader)
             guard = None
             if auth.enabled:
 
@@ -354,6 +350,16 @@ async def serve(
                     decided=metrics.authz_done,
                     refused=metrics.authn_failed,
                 )
+            if metrics_sock is not None:
+                endpoints = Endpoints(
+                    metrics.exposition,
+                    health.not_ready,
+                    health.alive,
+                    guard.scrape_refused if guard is not None else None,
+                )
+                nursery.start_soon(serve_http, metrics_sock, endpoints, metrics_tls)
+            if reloader is not None:
+                nursery.start_soon(_watch_certificates, reloader)
             # The kernels compile (or load from numba's cache) before anything uses them and
             # before the broker says it is ready: a first batch must not pay the compile.
             warmed = await trio.to_thread.run_sync(warm_kernels)
@@ -370,6 +376,11 @@ async def serve(
             if clustered:
                 replication = ReplicationPort(runtime, broker_id, store, loop)
                 runtime.port.replication = replication
+                # dead letters for topics other brokers serve (issue 24): an internal
+                # producer through this broker's own lookup and redirect
+                runtime.port.dead_letters = DeadLetterForward(
+                    identity.connect_url, broker_id, loop, security=internal_client(auth)
+                )
                 metrics.replication = replication
                 cluster_placement = ClusterPlacement(
                     core, store, broker_id, auto_create_topics=config.auto_create_topics
@@ -380,8 +391,8 @@ async def serve(
                 registration = {
                     "broker_url": identity.broker_url,
                     "connect_url": identity.connect_url,
-                    "admin_addr": f"http://{admin_seen}",
-                    "metrics_addr": f"http://{bound.metrics}" if bound.metrics else "",
+                    "admin_addr": f"{admin_scheme}://{admin_seen}",
+                    "metrics_addr": f"{metrics_scheme}://{bound.metrics}" if bound.metrics else "",
                 }
                 member = ClusterMember(
                     store, runtime, broker_id, registration, config.cluster, cluster_placement
@@ -427,9 +438,9 @@ async def serve(
             admin = AdminServices(
                 runtime,
                 broker_id,
-                f"http://{admin_seen}",
+                f"{admin_scheme}://{admin_seen}",
                 schemas,
-                metrics_url=f"http://{bound.metrics}" if bound.metrics else "",
+                metrics_url=f"{metrics_scheme}://{bound.metrics}" if bound.metrics else "",
                 cluster=ClusterAdminOps(store, member) if member is not None else None,
                 placement=cluster_placement if clustered else None,
                 store=store if clustered else None,
@@ -441,19 +452,19 @@ async def serve(
             ]
             if replication is not None:
                 admin_services.append(replication.service)
-            if not clustered:  # a cluster's brokers would have to watch /auth/ (part 2)
-                security = SecurityAdminService(
-                    store, rbac_of(auth), guard.use if guard is not None else None
-                )
-                if guard is not None:
-                    guard.use(await security.load())
-                admin_services.append(security)
+            security = SecurityAdminService(
+                store, rbac_of(auth), guard.use if guard is not None else None
+            )
+            if guard is not None:
+                guard.use(await security.load())
+                if clustered:  # every broker sees every broker's writes (spec/security.md)
+                    nursery.start_soon(security.follow)
+            admin_services.append(security)
             admin_server = Server(
                 [
                     *admin_services,
                     Unimplemented(ADMIN_PORT_BASES, admin_services, NOT_YET),
                     Unimplemented([admin_pb.ClusterAdminBase], admin_services, NO_RAFT),
-                    Unimplemented([admin_pb.SecurityAdminBase], admin_services, NO_SECURITY),
                 ],
                 metrics.rpc_done,
                 config.grpc,
@@ -484,6 +495,9 @@ async def serve(
                     await trio.sleep(0.01)
             if replication is not None:
                 await trio_asyncio.aio_as_trio(replication.close)()
+            forwarder = runtime.port.dead_letters
+            if forwarder is not None:  # dead letters under way are asked again after a start
+                await trio_asyncio.aio_as_trio(forwarder.close)()
             for server in (client_server, admin_server):
                 server.close()
                 await trio_asyncio.aio_as_trio(server.wait_closed)()

@@ -3,6 +3,7 @@ sends one message per stream message, `danube_ext.ConsumerExt/ReceiveBatches` ma
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from danube.machines.node.stats import consumer_target
 from danube.machines.requests.receive import End, Receiver, Wait
 from danube.runtime.broker import BrokerRuntime, now_ms
 from danube.runtime.grpc_util import grpc_error
+from danube.values.config import DispatchStrategy
 from danube.values.errors import DanubeError
 
 
@@ -41,6 +43,9 @@ async def serve_consumer(
     slot = runtime.attach_stream(consumer_id, step.value)
     target = consumer_target(core, consumer_id)
     metrics = runtime.metrics
+    stages = metrics.stages
+    reliable = _reliable(core, target)
+    woken = False
     try:
         await runtime.run(step)
         await stream.send_initial_metadata()
@@ -51,8 +56,15 @@ async def serve_consumer(
                 break
             if isinstance(turn, Wait):
                 await slot.wakeup.wait()
+                woken = reliable
                 continue
+            if woken:  # records it waited for: `dispatch` starts at their commit's answer
+                # (a stream catching up on history waited for no commit: not observed)
+                stages.since_stored("dispatch")
+                woken = False
+            handed = time.perf_counter()
             sent = await send(turn.items)
+            stages.observe("send", time.perf_counter() - handed)
             if target is not None:
                 metrics.consumer_sent(target, len(turn.items), sent)
         if runtime.stopping:
@@ -64,3 +76,12 @@ async def serve_consumer(
         closed = receiver.close(now_ms())
         if closed is not None:
             runtime.apply(closed.effects)
+
+
+def _reliable(core: Any, target: tuple[str, str] | None) -> bool:
+    if target is None:
+        return False
+    try:
+        return bool(core.topic_strategy(target[0]) is DispatchStrategy.RELIABLE)
+    except DanubeError:  # the topic is gone already: the stream ends at once
+        return False

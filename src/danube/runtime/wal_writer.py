@@ -56,6 +56,9 @@ class Timings:
         self.handoff: deque[float] = deque(maxlen=TIMINGS_KEPT)
         self.io: deque[float] = deque(maxlen=TIMINGS_KEPT)
         self.back: deque[float] = deque(maxlen=TIMINGS_KEPT)
+        self.last = (0.0, 0.0, 0.0, 0.0)
+        """The job whose completion runs now: submitted, started, finished, answered
+        (`perf_counter` seconds), for the stage metrics its completion adds."""
 
     def summary(self) -> dict[str, float]:
         """p50 and p99 of each leg, in milliseconds."""
@@ -168,6 +171,7 @@ def _complete(answers: list[_Answer], timings: Timings) -> None:
         timings.handoff.append(started - submitted)
         timings.io.append(finished - started)
         timings.back.append(now - finished)
+        timings.last = (submitted, started, finished, now)
         try:
             done(answer, error)
         except Exception:  # a bug where the answer went: the batch's other answers still go

@@ -98,3 +98,68 @@ class RequestIdReply:
         # varint past 64 bits; the mask keeps a uint64's bits for any other caller.
         only_id = records.Record(request_id=self.request_id & _UINT64, has_msg_id=False)
         return records.encode(only_id)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field_varint(number: int, value: int) -> bytes:
+    """Field `number` as proto3 writes a varint (nothing for 0, its default)."""
+    return _varint(number << 3) + _varint(value & _UINT64) if value else b""
+
+
+def _field_bytes(number: int, value: bytes) -> bytes:
+    """Field `number` as proto3 writes a length-delimited field (nothing when empty)."""
+    return _varint((number << 3) | _LEN) + _varint(len(value)) + value if value else b""
+
+
+class BatchAckWire:
+    """`danube_ext.BatchAck`, encoded by hand: one per stored batch on the batched path, where
+    betterproto's encode was most of the reply's CPU (bench/RESULTS.md, issue 23 points 1–2,
+    round 2). The same bytes as betterproto's (fields in order, defaults left out)."""
+
+    __slots__ = ("count", "error", "first_offset", "sequence", "status")
+
+    def __init__(
+        self,
+        sequence: int = 0,
+        first_offset: int = 0,
+        count: int = 0,
+        status: int = 0,
+        error: str = "",
+    ) -> None:
+        self.sequence = sequence
+        self.first_offset = first_offset
+        self.count = count
+        self.status = status
+        self.error = error
+
+    def SerializeToString(self) -> bytes:  # the protobuf API grpclib calls
+        return b"".join(
+            (
+                _field_varint(1, self.sequence),
+                _field_varint(2, self.first_offset),
+                _field_varint(3, self.count),
+                _field_varint(4, self.status),
+                _field_bytes(5, self.error.encode()),
+            )
+        )
+
+
+class MessageBatchWire:
+    """`danube_ext.MessageBatch` (a consumer stream's turn on the batched path), by hand."""
+
+    __slots__ = ("count", "records")
+
+    def __init__(self, records: bytes, count: int) -> None:
+        self.records = records
+        self.count = count
+
+    def SerializeToString(self) -> bytes:  # the protobuf API grpclib calls
+        return _field_bytes(1, self.records) + _field_varint(2, self.count)

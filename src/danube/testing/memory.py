@@ -37,7 +37,12 @@ from danube.effects import (
     compares_hold,
 )
 from danube.interpreter.host import Done
-from danube.machines.node.effects import AskEpochEnd, ReplicaAnswer, ReplicaSend
+from danube.machines.node.effects import (
+    AskEpochEnd,
+    ForwardDeadLetter,
+    ReplicaAnswer,
+    ReplicaSend,
+)
 from danube.machines.wal import format
 from danube.machines.wal.machine import CloseSegment, CreateSegment, DeleteSegment, Fsync, Write
 from danube.machines.wal.recovery import (
@@ -97,6 +102,9 @@ class MemoryPort:
     """An `InstantStore` (revisions, etcd's compares) answering the store effects instead
     of `metadata`, when a test needs revisions (fencing on a claim's revision)."""
     network: Any = None
+    forward_dead_letter: Callable[[ForwardDeadLetter], None] | None = None
+    """Cluster mode: publishes a dead letter on the broker serving its topic (a test's
+    stand-in for the runtime's internal producer); None: no other broker is reachable."""
     """A `danube.testing.replication.ReplicaNetwork` carrying this broker's replication."""
     broker_id: str = ""
 
@@ -211,6 +219,11 @@ class MemoryPort:
                 self.network.send(self.broker_id, effect)
             else:
                 self.sent.append(effect)
+            return None
+        if isinstance(effect, ForwardDeadLetter):
+            if self.forward_dead_letter is None:
+                raise ConnectionError(f"no broker serving {effect.publish.topic} is reachable")
+            self.forward_dead_letter(effect)
             return None
         if isinstance(effect, AskEpochEnd):
             if self.network is None:

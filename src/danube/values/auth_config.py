@@ -6,7 +6,9 @@ client-certificate verification, public-key tokens, a fixed issuer, static roles
       tls: {cert_file, key_file, ca_file, verify_client: false}
       jwt: {secret_key, public_key_file, algorithm: HS256|RS256|EdDSA, issuer,
             expiration_time, leeway_seconds}
-      super_admins: [name, ...]
+      super_admins: [name | kind:name, ...]
+      cluster_key: ...              # cluster mode: the key brokers sign their tokens with
+      broker_certificates: [cn, ...]  # or: common names of the brokers' certificates
       roles: [{name, permissions: [Produce, ...]}]
       bindings: [{id, principal_type, principal_name, roles: [...], scope, resource_name}]
     admin_tls: false
@@ -83,6 +85,13 @@ class AuthConfig:
     bindings: tuple[BindingConfig, ...] = ()
     admin_tls: bool = False
     """Danube's key: TLS on the admin port in mode none too (mode tls always has it)."""
+    cluster_key: str | None = None
+    """Ours, cluster mode: the HS256 secret a cluster's brokers sign the tokens they show each
+    other with (best from the env DANUBE_CLUSTER_KEY); never logged, never a client's key."""
+    broker_certificates: tuple[str, ...] = ()
+    """Ours, cluster mode: the common names of the brokers' certificates. A client
+    certificate verified against `auth.tls.ca_file` with one of these names is a broker (mutual
+    TLS between brokers, without a cluster key); the CA must issue them to brokers only."""
 
     @property
     def enabled(self) -> bool:
@@ -114,6 +123,27 @@ class AuthConfig:
             raise ConfigError("admin_tls needs auth.tls.cert_file and auth.tls.key_file")
         if self.tls is not None and self.tls.verify_client and self.tls.ca_file is None:
             raise ConfigError("auth.tls.verify_client needs auth.tls.ca_file")
+        if self.cluster_key is not None and jwt is not None and jwt.secret_key == self.cluster_key:
+            raise ConfigError(
+                "auth.cluster_key must differ from auth.jwt.secret_key: whoever can mint client "
+                "tokens could otherwise pose as a broker"
+            )
+
+    def check_cluster(self) -> None:
+        """Cluster mode with authentication: brokers prove who they are to each other by a
+        token signed with the cluster key, or by certificates with the names listed
+        (spec/security.md, "Between brokers")."""
+        if self.broker_certificates and (self.tls is None or self.tls.ca_file is None):
+            raise ConfigError(
+                "auth.broker_certificates needs auth.tls.ca_file: a certificate proves nothing "
+                "unless it is verified"
+            )
+        if self.enabled and not self.cluster_key and not self.broker_certificates:
+            raise ConfigError(
+                "auth.mode tls in cluster mode needs auth.cluster_key (or the env "
+                "DANUBE_CLUSTER_KEY), the secret brokers sign the tokens they show each other "
+                "with, or auth.broker_certificates, the common names of their certificates"
+            )
 
 
 def _keys(data: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -237,7 +267,9 @@ def _bindings(value: Any) -> tuple[BindingConfig, ...]:
 def auth_config(data: dict[str, Any], admin_tls: Any = False) -> AuthConfig:
     """`auth` from parsed YAML (and the top-level `admin_tls`); `AuthConfig.check` runs once
     flags and the environment are applied too (`BrokerConfig.check_mode`)."""
-    _keys(data, {"mode", "tls", "jwt", "super_admins", "roles", "bindings"}, "auth")
+    allowed = {"mode", "tls", "jwt", "super_admins", "roles", "bindings", "cluster_key"}
+    allowed.add("broker_certificates")
+    _keys(data, allowed, "auth")
     mode = MODES.get(str(data.get("mode", "none")).lower())
     if mode is None:
         raise ConfigError("auth.mode: expected none or tls (tls_with_jwt: the same as tls)")
@@ -251,5 +283,7 @@ def auth_config(data: dict[str, Any], admin_tls: Any = False) -> AuthConfig:
         roles=_roles(data.get("roles")),
         bindings=_bindings(data.get("bindings")),
         admin_tls=admin_tls,
+        cluster_key=_text(data, "cluster_key", "auth"),
+        broker_certificates=_names(data.get("broker_certificates"), "auth.broker_certificates"),
     )
     return config

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ipaddress
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,11 @@ class Policies:
     max_publish_rate: int = 0
     max_subscription_dispatch_rate: int = 0
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    failure_policy: str = ""
+    """The namespace's default failure policy for reliable subscriptions that set none of
+    their own (issue 24): the canonical JSON of Danube's `SubscriptionFailurePolicy`
+    (`SubscriptionFailureSettings.to_json`), "" for the broker's default. Text, so the
+    policies stay hashable; namespace-only (a topic cannot override it)."""
 
 
 MAX_UNACKED_MESSAGES_LIMIT = 10_000
@@ -291,11 +297,8 @@ class BrokerConfig:
     def check_mode(self) -> None:
         """What cluster mode needs, checked once every source (file, flags) is applied."""
         self.auth.check()
-        if self.mode == "cluster" and self.auth.enabled:
-            raise ConfigError(
-                "auth.mode tls is standalone-only for now: a cluster's brokers do not yet prove "
-                "who they are to each other (issue 25, part 2; spec/security.md)"
-            )
+        if self.mode == "cluster":
+            self.auth.check_cluster()
         if self.mode == "standalone":
             return
         if self.mode != "cluster":
@@ -427,6 +430,20 @@ def _section(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{where}{key}: expected a mapping")
     return value
+
+
+def _failure_policy_text(value: Any) -> str:
+    """`policies.failure_policy`: the default failure policy of the namespaces the broker
+    creates, as a table (or its JSON text) of set-failure-policy's fields; its fields are
+    checked when the broker starts (`Catalogue`)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise ConfigError("policies.failure_policy: expected a table or JSON object") from None
+    if not isinstance(value, dict):
+        raise ConfigError("policies.failure_policy: expected a table or JSON object")
+    return json.dumps(value, sort_keys=True) if value else ""
 
 
 def _fill(cls: type, data: dict[str, Any], where: str) -> Any:
@@ -712,7 +729,12 @@ def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
         if not isinstance(data["auto_create_topics"], bool):
             raise ConfigError("auto_create_topics: expected true or false")
         updates["auto_create_topics"] = data["auto_create_topics"]
-    updates["policies"] = _fill(Policies, _section(data, "policies", ""), "policies")
+    policies_section = dict(_section(data, "policies", ""))
+    if "failure_policy" in policies_section:  # a table, or its JSON text (issue 24)
+        policies_section["failure_policy"] = _failure_policy_text(
+            policies_section["failure_policy"]
+        )
+    updates["policies"] = _fill(Policies, policies_section, "policies")
     dispatch = _fill(DispatchConfig, _section(data, "dispatch", ""), "dispatch")
     if not 1 <= dispatch.max_unacked_messages <= MAX_UNACKED_MESSAGES_LIMIT:
         raise ConfigError(

@@ -50,6 +50,11 @@ class PoisonHandling:
     _ready: deque[int]
     _tokens: int
     _now: int
+    _keys: dict[bytes, deque[int]]
+    _restored: dict[int, int]
+    _attempts_dirty: bool
+    _attempts_stored: bool
+    cursor: int
 
     # supplied by ReliableSubscription
     def _begin(self, now_ms: int) -> None: ...
@@ -85,6 +90,44 @@ class PoisonHandling:
         to be stored. Sent to nobody meanwhile, so a single-active run may pass them."""
         return tuple(offset for offset, entry in self._entries.items() if entry.held is not None)
 
+    def attempt_counts(self) -> dict[int, int]:
+        """Failures of every offset past the cursor that failed at least once, those read
+        back and not admitted yet included: what `PersistCursor.attempts` stores and a
+        rebuilt machine starts from (spec/failure-policies.md, "What is persisted")."""
+        counts = {o: f for o, f in self._restored.items() if o > self.cursor}
+        counts.update((o, e.failures) for o, e in self._entries.items() if e.failures)
+        return counts
+
+    def _attempts_to_persist(self) -> tuple[tuple[int, int], ...] | None:
+        """The counts to store with the cursor: None when unchanged since the last store
+        (most cursor writes of a healthy subscription carry none)."""
+        if not self._attempts_dirty:
+            return None
+        self._attempts_dirty = False
+        counts = tuple(sorted(self.attempt_counts().items()))
+        if not counts and not self._attempts_stored:
+            return None  # failures that were settled before they were ever stored
+        self._attempts_stored = bool(counts)
+        return counts
+
+    def _spent(self, offset: int, entry: PoisonEntry) -> bool:
+        """A message about to go out that is exhausted already (failures read back after a
+        restart or a move, or a policy change that lowered the limit): the poison policy
+        decides now rather than after one more delivery. True when it did."""
+        if (
+            not entry.failures
+            or entry.held is not None
+            or entry.consumer is not None
+            or not self.policy.exhausted(entry.failures)
+        ):
+            return False
+        self._exhaust(offset, entry)
+        return True
+
+    def _head(self, key: bytes) -> PoisonEntry:
+        """Key-Shared: the key's first unacknowledged message."""
+        return self._entries[self._keys[key][0]]
+
     def release(self, offset: int, now_ms: int) -> list[Any]:
         """Operator: a blocked message goes out again with its attempts reset (Exclusive and
         Failover: the run restarts at `cursor + 1`, in order). Ignored for any other offset."""
@@ -92,6 +135,7 @@ class PoisonHandling:
         entry = self._entries.get(offset)
         if entry is not None and entry.held is EntryState.BLOCKED:
             entry.failures = 0
+            self._attempts_dirty = True
             self._unblock(offset, entry)
         return self._finish()
 

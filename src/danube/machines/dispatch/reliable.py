@@ -61,7 +61,8 @@ redelivered at once when it disconnects or is removed; a takeover is `disconnect
 Danube, which can leave it unflushed), and on `flush()` (topic unload). The machine assumes
 `start_offset - 1` is durable already: the caller read it back, or wrote it when it created the
 subscription. A restarted subscription (`start_offset = persisted cursor + 1`) redelivers
-everything after it.
+everything after it, each offset charged the failures stored with the cursor (`attempts`:
+`PersistCursor.attempts` carries them when they changed, in the same write).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,9 +120,12 @@ class Deliver:
 
 @dataclass(frozen=True, slots=True)
 class PersistCursor:
-    """Store the subscription's cursor: every offset up to it is acknowledged."""
+    """Store the subscription's cursor: every offset up to it is acknowledged. `attempts`,
+    when not None, replaces the stored failure counts (`(offset, failures)` of every offset
+    past the cursor that failed at least once; empty: none), in the same metadata write."""
 
     cursor: int
+    attempts: tuple[tuple[int, int], ...] | None = None
 
 
 Effect = Read | Deliver | PersistCursor | Dropped | DeadLetter
@@ -167,6 +171,7 @@ class ReliableSubscription(PoisonHandling):
         max_unacked_messages: int = 10,
         cursor_flush_ms: int = 1_000,
         policy: FailurePolicy = DEFAULT_POLICY,
+        attempts: Mapping[int, int] | None = None,
     ) -> None:
         if not 1 <= max_unacked_messages <= MAX_UNACKED_MESSAGES_LIMIT:
             raise ValueError(
@@ -235,6 +240,12 @@ class ReliableSubscription(PoisonHandling):
         self._now = _DAWN
         self._persisted = self.cursor
         self._persisted_at = _DAWN
+        self._restored = {o: f for o, f in (attempts or {}).items() if o > self.cursor and f > 0}
+        """Failures read back for offsets not admitted yet (restart, move, rebuild)."""
+        self._attempts_dirty = False
+        """Failure counts changed since they were last persisted."""
+        self._attempts_stored = bool(self._restored)
+        """The store may hold counts (the last `PersistCursor.attempts` was not empty)."""
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -276,7 +287,7 @@ class ReliableSubscription(PoisonHandling):
             times.append(self._republish_at[0][0])
         if self._rewind_at is not None and self._active is not None:
             times.append(self._rewind_at)
-        if self.cursor > self._persisted:
+        if self.cursor > self._persisted or self._attempts_dirty:
             times.append(self._persisted_at + self.cursor_flush_ms)
         if self._rate_blocked:
             times.append(max(self._now + 1, -(-self._next_send_us() // 1000)))
@@ -513,12 +524,12 @@ class ReliableSubscription(PoisonHandling):
         read = self._next_read()
         if read is not None:
             effects.append(read)
-        if self.cursor > self._persisted and (
+        if (self.cursor > self._persisted or self._attempts_dirty) and (
             force_persist or self._now >= self._persisted_at + self.cursor_flush_ms
         ):
             self._persisted = self.cursor
             self._persisted_at = self._now
-            effects.append(PersistCursor(self.cursor))
+            effects.append(PersistCursor(self.cursor, self._attempts_to_persist()))
         return effects
 
     def _disconnect(self, consumer_id: int) -> None:
@@ -547,7 +558,7 @@ class ReliableSubscription(PoisonHandling):
             self._break_run(self._now)
 
     def _admit(self, offset: int, key: bytes) -> None:
-        self._entries[offset] = PoisonEntry(key)
+        self._entries[offset] = PoisonEntry(key, self._restored.pop(offset, 0))
         if self.sub_type is not SubscriptionType.KEY_SHARED:
             self._ready.append(offset)
         elif key in self._keys:
@@ -583,6 +594,8 @@ class ReliableSubscription(PoisonHandling):
         may go), and the cursor moves over the resolved prefix."""
         del self._entries[offset]
         self._blocked.pop(offset, None)
+        if entry.failures:
+            self._attempts_dirty = True
         if self.sub_type is SubscriptionType.KEY_SHARED:
             waiting = self._keys[entry.key]
             waiting.popleft()
@@ -620,6 +633,7 @@ class ReliableSubscription(PoisonHandling):
         self._consumers[consumer_id].in_flight.discard(offset)
         entry.consumer = None
         entry.failures += 1
+        self._attempts_dirty = True
         entry.reason = detail or reason
         if self.policy.exhausted(entry.failures):
             self._exhaust(offset, entry)
@@ -668,7 +682,9 @@ class ReliableSubscription(PoisonHandling):
         held: list[int] = []
         while ready:
             offset = ready[0]
-            if self._blocked and not self._entries[offset].token:
+            if self._spent(offset, self._entries[offset]):
+                ready.popleft()
+            elif self._blocked and not self._entries[offset].token:
                 held.append(ready.popleft())
             elif self._may_send():
                 self._send(ready.popleft(), pick(), batches)
@@ -694,7 +710,9 @@ class ReliableSubscription(PoisonHandling):
         keys = list(self._sendable)
         self._sendable.clear()
         for index, key in enumerate(keys):
-            if self._entries[self._keys[key][0]].held is not None:
+            while key in self._keys and self._spent(self._keys[key][0], self._head(key)):
+                self._sendable.pop(key, None)  # dropped: the loop looks at the next head
+            if key not in self._keys or self._head(key).held is not None:
                 continue  # the key waits for its exhausted head to be resolved
             owner = self._key_owner(key)
             if owner is None:

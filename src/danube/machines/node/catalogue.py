@@ -5,17 +5,19 @@ and existence before anything changes, and says which metadata changes make it d
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from danube import keys
+from danube.machines.dispatch.failure import DEFAULT_POLICY, FailurePolicy
 from danube.machines.node import paths
 from danube.machines.node import settings as settings_rules
 from danube.machines.node.effects import BrokerIdentity, Effect, LoadWal, PersistMeta, Step
 from danube.machines.node.records import TopicRecord, new_topic
 from danube.machines.node.topic_table import TopicTable
 from danube.values.config import DispatchStrategy, Policies
-from danube.values.errors import DanubeError, ErrorCode, not_found, quoted
+from danube.values.errors import DanubeError, ErrorCode, invalid, not_found, quoted
 from danube.values.names import (
     TopicName,
     check_partition_conflict,
@@ -31,8 +33,17 @@ _POLICY_SUFFIX = "/policy"
 class Catalogue:
     def __init__(self, identity: BrokerIdentity, default_policies: Policies) -> None:
         self.identity = identity
+        if default_policies.failure_policy:  # from the configuration: checked now
+            try:
+                given = json.loads(default_policies.failure_policy)
+            except ValueError:
+                raise invalid("policies.failure_policy is not JSON") from None
+            text = settings_rules.namespace_failure_text(given)
+            default_policies = dataclasses.replace(default_policies, failure_policy=text)
         self._default_policies = default_policies
         self.namespaces_by_name: dict[str, Policies] = {}
+        self.failure_defaults_changed: dict[str, None] = {}
+        """Namespaces whose default failure policy changed since the last tick."""
         self.topics_by_name: TopicTable = TopicTable()
         """Every topic this broker holds, in the order it came (iteration order is part of
         the behaviour: effects of a tick come topic by topic)."""
@@ -162,7 +173,30 @@ class Catalogue:
         if policies is None:
             self.namespaces_by_name.pop(name, None)
         else:
-            self.namespaces_by_name[name] = policies_from_json(policies)
+            self._policies_changed(name, policies_from_json(policies))
+
+    def _policies_changed(self, name: str, policies: Policies) -> None:
+        """A namespace's default failure policy that changed is applied to its live
+        subscriptions at the next tick (`SubscriptionSettingsAdmin.apply_namespace_defaults`),
+        whichever broker the change came through."""
+        before = self.namespaces_by_name.get(name)
+        if before is not None and before.failure_policy != policies.failure_policy:
+            self.failure_defaults_changed[name] = None
+        self.namespaces_by_name[name] = policies
+
+    def failure_policy(self, record: TopicRecord, subscription: str) -> FailurePolicy:
+        """The failure policy a subscription runs with: its own, else its namespace's
+        default, else the broker's. A namespace default that would dead-letter the topic to
+        itself (the dead-letter topic's own subscriptions) gives way to the broker's."""
+        settings = record.settings.get(subscription)
+        if settings is not None and settings.failure is not None:
+            return settings.failure.dispatch_policy
+        default = settings_rules.namespace_failure(
+            self.namespaces_by_name.get(record.name.namespace, Policies())
+        )
+        if default is None or default.dead_letter_topic == record.name.full:
+            return DEFAULT_POLICY
+        return default.dispatch_policy
 
     # -- topics -------------------------------------------------------------------------------
 
@@ -220,9 +254,9 @@ class Catalogue:
         """Changes the named fields; they apply at once to every topic of the namespace that
         does not set them itself. Limits already exceeded are not enforced backwards: a topic
         over a lowered limit keeps its producers and consumers and takes no new ones."""
-        checked = settings_rules.policy_changes(changes)
+        checked = settings_rules.policy_changes(changes, namespace=True)
         policies = dataclasses.replace(self.require_namespace(name), **checked)
-        self.namespaces_by_name[name] = policies
+        self._policies_changed(name, policies)
         value = policies_to_json(policies)
         return Step(value, (PersistMeta(puts=((paths.namespace_policy(name), value),)),))
 
@@ -312,10 +346,15 @@ class Catalogue:
         return Step(policies_to_json(self.policies(record)), (delete,))
 
 
-def policies_to_json(policies: Policies) -> dict[str, int]:
-    return {name: getattr(policies, name) for name in Policies.__slots__}
+def policies_to_json(policies: Policies) -> dict[str, Any]:
+    return settings_rules.policies_json(policies)
 
 
 def policies_from_json(value: Mapping[str, Any] | None) -> Policies:
-    known = {k: v for k, v in (value or {}).items() if k in Policies.__slots__}
-    return Policies(**known)
+    known = {k: v for k, v in (value or {}).items() if k in settings_rules.POLICY_FIELDS}
+    failure = (value or {}).get(settings_rules.FAILURE_POLICY)
+    try:
+        text = settings_rules.namespace_failure_text(failure)
+    except DanubeError:
+        text = ""  # a default this version cannot read: the broker's applies
+    return Policies(**known, failure_policy=text)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from danube.machines.dispatch import (
@@ -251,8 +251,15 @@ class Consumers:
         return self._logs.dispatch(record, sub, reset, now_ms)
 
     def add_subscription(
-        self, record: TopicRecord, name: str, kind: SubscriptionType, start_offset: int
+        self,
+        record: TopicRecord,
+        name: str,
+        kind: SubscriptionType,
+        start_offset: int,
+        *,
+        attempts: Mapping[int, int] | None = None,
     ) -> SubscriptionRecord:
+        """`attempts`: failure counts read back with the cursor (restart, topic move)."""
         dispatcher: Subscription
         if record.reliable:
             settings = record.settings.get(name) or SubscriptionSettings()
@@ -260,7 +267,8 @@ class Consumers:
                 kind,
                 max(start_offset, 0),
                 max_unacked_messages=settings.max_unacked_messages or self._max_unacked,
-                policy=settings.failure.dispatch_policy if settings.failure else rd.DEFAULT_POLICY,
+                policy=self._catalogue.failure_policy(record, name),
+                attempts=attempts,
             )
             reliable.dispatch_rate = self._catalogue.policies(record).max_subscription_dispatch_rate
             dispatcher = reliable

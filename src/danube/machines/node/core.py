@@ -49,6 +49,7 @@ from danube.machines.node.effects import (
     DropWal,
     Effect,
     EndStream,
+    ForwardDeadLetter,
     LoadWal,
     PersistMeta,
     PolicyDropped,
@@ -109,6 +110,7 @@ __all__ = [
     "DropWal",
     "Effect",
     "EndStream",
+    "ForwardDeadLetter",
     "LoadWal",
     "PersistMeta",
     "PolicyDropped",
@@ -696,11 +698,13 @@ class BrokerCore(ReplicationRoutes):
     def tick(self, now_ms: int) -> Step[None]:
         """Time passes: WAL flushes, rotation and retention; ack deadlines, redeliveries and
         cursor flushes of reliable subscriptions; topic overrides whose write failed are
-        written again (`Catalogue.overrides_to_write_again`)."""
+        written again (`Catalogue.overrides_to_write_again`); a changed namespace default
+        failure policy reaches the live subscriptions."""
         if self.state_pool is not None:
             self.state_pool.update(*self.state_counts())
         step = self.logs.tick(now_ms)
         again = self.catalogue.overrides_to_write_again(now_ms)
+        again.extend(self.settings.apply_namespace_defaults(now_ms))  # issue 24
         return Step(None, (*step.effects, *again)) if again else step
 
     def cached_bytes_held(self) -> int:

@@ -11,15 +11,17 @@ dropped, and the original is never passed before its copy is stored.
 
 Like Danube, a missing dead-letter topic is created (reliable) when the broker creates
 topics for producers (`auto_create_topics`); a non-reliable one is refused, as Danube's
-strategy mismatch. A dead-letter topic served by another broker is not reached: the settings
-refuse the policy in cluster mode (`SubscriptionSettingsAdmin.set_failure_policy`)."""
+strategy mismatch. In cluster mode a dead-letter topic this broker does not serve is reached
+as an internal producer through the cluster's redirect (`ForwardDeadLetter`, carried out by
+the port: lookup, then the owner's reliable publish path); the owner's acknowledgement is the
+"stored" that lets the original go, so the promise is the same as for a local one."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from danube.machines.dispatch import reliable as rd
-from danube.machines.node.effects import DeadLetterPublish, Effect, Step
+from danube.machines.node.effects import DeadLetterPublish, Effect, ForwardDeadLetter, Step
 from danube.machines.wal import records
 from danube.values.config import DispatchStrategy
 from danube.values.errors import DanubeError
@@ -96,6 +98,8 @@ class DeadLetters:
         """Dead letters stored and reported to their subscription (the metric)."""
         self.failed = 0
         """Republishes refused or lost, each asked again after the backoff."""
+        self.forwarded = 0
+        """Republishes sent to another broker (cluster mode), stored or not."""
 
     def republish(
         self, record: TopicRecord, sub: SubscriptionRecord, ask: rd.DeadLetter, now_ms: int
@@ -126,21 +130,26 @@ class DeadLetters:
                 broker_addr=self._catalogue.identity.broker_url,
                 now_ms=now_ms,
             )
+            if target is None:  # cluster mode, served elsewhere: the owner stores it
+                self.forwarded += 1
+                return [ForwardDeadLetter(wait(-1), dead)]
             step = self._producers.append_record(target, dead, now_ms)
         except (DanubeError, ValueError) as error:
             return [*effects, wait(-1, str(error))]
         return [*effects, wait(step.value), *step.effects]
 
-    def _target(self, topic: str, origin: str, effects: list[Effect]) -> TopicRecord:
+    def _target(self, topic: str, origin: str, effects: list[Effect]) -> TopicRecord | None:
         """The dead-letter topic, created as Danube does when missing (its WAL then loads:
-        this attempt fails, the retry after the backoff finds it)."""
+        this attempt fails, the retry after the backoff finds it). None in cluster mode
+        when this broker does not serve it: the owner (or the broker the cluster places a
+        new topic on) creates it, as for any producer."""
         if topic == origin:
             raise ValueError("a topic cannot be its own dead-letter topic")
         name = parse_topic(topic)
         record = self._catalogue.topics_by_name.get(topic)
         if record is None:
             if self._clustered:
-                raise ValueError(f"{topic} is not served by this broker")
+                return None
             if not self._auto_create:
                 raise ValueError(f"{topic} does not exist and auto_create_topics is off")
             effects.extend(self._catalogue.add_topic(name, DispatchStrategy.RELIABLE))

@@ -14,6 +14,7 @@ from danube.machines.replication.messages import FollowerAnswer, ProposeInSync, 
 from danube.machines.tiering import reader as tier_reader
 from danube.machines.tiering import uploader as tier
 from danube.machines.wal import machine as wal
+from danube.machines.wal import records
 from danube.metadata.model import Delete, DeletePrefix, Op, Put
 from danube.values.frozen import fast_init
 
@@ -233,6 +234,20 @@ class DeadLetterPublish:
 
 @fast_init
 @dataclass(frozen=True, slots=True)
+class ForwardDeadLetter:
+    """Effect (I/O, cluster mode): publish the dead letter `record` to `publish.topic`,
+    which another broker serves (or nobody yet), as an internal producer through the
+    cluster's own redirect (lookup, then the owner), and answer once the owner stored it
+    at its durability level (answer None) or could not (an error). The interpreter reports
+    either to `BrokerCore.dead_letter_done` as for a local `DeadLetterPublish`; a failure is
+    asked again after the policy's backoff (spec/failure-policies.md)."""
+
+    publish: DeadLetterPublish
+    record: records.Record
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
 class RetentionSkipped:
     """Effect: retention deleted offsets [`first`, `end`) before the subscription read them:
     they are lost to it (log it; a later issue makes retention wait for tiering)."""
@@ -342,6 +357,7 @@ Effect = (
     | TopicStopped
     | RetentionSkipped
     | PolicyDropped
+    | ForwardDeadLetter
     | ReplicaSend
     | ReplicaPropose
     | ReplicaRead

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from danube import keys
 from danube.effects import EpochHistory
 from danube.machines.dispatch import ConsumerReady, SubscriptionType
 from danube.machines.dispatch import reliable as rd
@@ -108,6 +109,18 @@ class TopicLog:
     history: EpochHistory | None = None
     """The epochs recorded in the WAL directory (`danube.effects.WriteEpochs`): where each
     owner's (and, before a promotion, each followed owner's) records start."""
+
+
+def persist_cursor(record: TopicRecord, sub: str, effect: rd.PersistCursor) -> PersistMeta:
+    """The cursor, and the failure counts when they changed, in one atomic write: a count
+    never outlives the cursor that passed its offset (spec/failure-policies.md)."""
+    puts: tuple[tuple[str, object], ...] = ((paths.cursor(record.name, sub), effect.cursor),)
+    if effect.attempts is None:
+        return PersistMeta(puts=puts)
+    key = keys.attempts(record.name, sub)
+    if not effect.attempts:
+        return PersistMeta(puts=puts, deletes=(key,))
+    return PersistMeta(puts=(*puts, (key, [list(pair) for pair in effect.attempts])))
 
 
 class ReliableLogs:
@@ -300,6 +313,7 @@ class ReliableLogs:
             max_unacked_messages=old.max_unacked_messages,
             cursor_flush_ms=old.cursor_flush_ms,
             policy=old.policy,
+            attempts=old.attempt_counts(),
         )
         fresh.redelivered = old.redelivered
         fresh.dropped = old.dropped
@@ -466,8 +480,7 @@ class ReliableLogs:
                 assert self.republish is not None, "the core sets the republish flow"
                 out.extend(self.republish(record, sub, effect, now_ms))
             elif isinstance(effect, rd.PersistCursor):
-                key = paths.cursor(record.name, sub.name)
-                out.append(PersistMeta(puts=((key, effect.cursor),)))
+                out.append(persist_cursor(record, sub.name, effect))
             elif pool is not None and not pool.may_read(bool(sub.records)):
                 # the consumer pool is full: this read waits, its records stay on disk
                 pool.pause(record.name.full, sub.name, sub.epoch, effect)

@@ -94,7 +94,7 @@ class Restorer:
             if isinstance(p, keys.TopicKey):
                 if p.kind == "policy":
                     record.policies = settings_rules.stored_policies(value)
-            elif p.kind != "cursor":  # the cursor is read with its subscription
+            elif p.kind not in ("cursor", "attempts"):  # read with their subscription
                 _restore_setting(record, p.subscription, p.kind, value)
         for p, value in of_type(keys.ProducerKey, keys.SubscriptionKey):
             record = new_record(p.topic)
@@ -107,11 +107,13 @@ class Restorer:
                 self._producers.restored(record, producer)
             else:
                 cursor = entries.get(keys.cursor(record.name, p.subscription), -1)
+                stored = entries.get(keys.attempts(record.name, p.subscription))
                 self._consumers.add_subscription(
                     record,
                     value["subscription_name"],
                     SubscriptionType(value["subscription_type"]),
                     cursor + 1,
+                    attempts=_attempts(stored),
                 )
         self._restore_consumers(found, present)
         for p, value in of_type(keys.IndexKey):
@@ -168,6 +170,15 @@ class Restorer:
                 effect = LoadWal(effect.topic, fresh=not keep_local)
             loads.append(effect)
         return Step(None, tuple(loads))
+
+
+def _attempts(value: Any) -> dict[int, int]:
+    """The stored failure counts (`keys.attempts`); a value this version cannot read counts
+    as none (the messages get their deliveries afresh, as before counts were stored)."""
+    try:
+        return {int(offset): int(failures) for offset, failures in value or ()}
+    except (TypeError, ValueError):
+        return {}
 
 
 def _restore_setting(record: TopicRecord, sub: str, kind: str, value: Any) -> None:

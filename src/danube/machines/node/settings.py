@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,19 +17,31 @@ from danube.values.errors import DanubeError, invalid, quoted
 from danube.values.names import parse_topic
 
 U32_MAX = (1 << 32) - 1
-POLICY_FIELDS: tuple[str, ...] = tuple(Policies.__slots__)
+FAILURE_POLICY = "failure_policy"
+"""The namespace policy holding the default failure policy (not a limit: a JSON object)."""
+POLICY_FIELDS: tuple[str, ...] = tuple(f for f in Policies.__slots__ if f != FAILURE_POLICY)
+"""The limits: whole numbers, set on a namespace or overridden by a topic."""
 
 
-def policy_changes(changes: Mapping[str, Any]) -> dict[str, int]:
+def policy_changes(changes: Mapping[str, Any], *, namespace: bool = False) -> dict[str, Any]:
     """The fields a SetNamespacePolicies / SetTopicPolicies call changes, checked: known
-    names only, whole numbers from 0 (unlimited) to 2**32 - 1, as Danube's u32 fields."""
+    names only, whole numbers from 0 (unlimited) to 2**32 - 1, as Danube's u32 fields; and,
+    for a namespace, `failure_policy` (`namespace_failure_text`)."""
     if not isinstance(changes, Mapping) or not changes:
         raise invalid(
             "policies must be a JSON object naming at least one field of "
             + ", ".join(POLICY_FIELDS)
         )
-    checked: dict[str, int] = {}
+    checked: dict[str, Any] = {}
     for name, value in changes.items():
+        if name == FAILURE_POLICY:
+            if not namespace:
+                raise invalid(
+                    "failure_policy is a namespace default; a subscription sets its own "
+                    "with SetSubscriptionFailurePolicy (topics set-failure-policy)"
+                )
+            checked[name] = namespace_failure_text(value)
+            continue
         if name not in POLICY_FIELDS:
             raise invalid(f"unknown policy {quoted(name)}; known: {', '.join(POLICY_FIELDS)}")
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= U32_MAX:
@@ -52,12 +65,59 @@ def stored_policies(value: Any) -> dict[str, int]:
     return kept
 
 
-def merged_policies(stored: Any, changes: Mapping[str, Any]) -> dict[str, int]:
+def merged_policies(stored: Any, changes: Mapping[str, Any]) -> dict[str, Any]:
     """Every field of a namespace's policies after `changes`, over the stored value (a
     field missing from it takes its default)."""
-    checked = policy_changes(changes)
-    merged = dataclasses.replace(Policies(**stored_policies(stored)), **checked)
-    return {name: getattr(merged, name) for name in POLICY_FIELDS}
+    checked = policy_changes(changes, namespace=True)
+    merged = dataclasses.replace(namespace_policies(stored), **checked)
+    return policies_json(merged)
+
+
+def namespace_failure_text(value: Any) -> str:
+    """A namespace's default failure policy as given (Danube's `SubscriptionFailurePolicy`
+    fields as JSON, `max_redelivery_count` with Danube's meaning; null or {} clears it),
+    checked as a subscription's and kept as canonical JSON text."""
+    if value is None or value == {}:
+        return ""
+    if not isinstance(value, Mapping):
+        raise invalid("failure_policy must be a JSON object of the failure policy's fields")
+    try:
+        settings = SubscriptionFailureSettings.from_json({"limits": LIMIT_MEANING, **value})
+    except (KeyError, ValueError, TypeError) as error:
+        raise invalid(f"failure_policy: {error}") from None
+    return json.dumps(settings.to_json(), sort_keys=True)
+
+
+def namespace_failure(policies: Policies) -> SubscriptionFailureSettings | None:
+    """The namespace's default failure policy; None when it has none (or one this version
+    cannot read: the broker's default applies rather than no dispatch at all)."""
+    if not policies.failure_policy:
+        return None
+    try:
+        return SubscriptionFailureSettings.from_json(json.loads(policies.failure_policy))
+    except (DanubeError, KeyError, ValueError, TypeError):
+        return None
+
+
+def namespace_policies(value: Any) -> Policies:
+    """A namespace's policies as stored: the limits that check, and its default failure
+    policy when it checks (anything else is left out)."""
+    limits = stored_policies(value)
+    failure = value.get(FAILURE_POLICY) if isinstance(value, Mapping) else None
+    try:
+        text = namespace_failure_text(failure)
+    except DanubeError:
+        text = ""
+    return Policies(**limits, failure_policy=text)
+
+
+def policies_json(policies: Policies) -> dict[str, Any]:
+    """The limits, and `failure_policy` as a JSON object when the namespace has one (absent
+    otherwise, so the answer of a namespace without one is what it was)."""
+    value: dict[str, Any] = {name: getattr(policies, name) for name in POLICY_FIELDS}
+    if policies.failure_policy:
+        value[FAILURE_POLICY] = json.loads(policies.failure_policy)
+    return value
 
 
 def with_overrides(policies: Policies, overrides: Mapping[str, int]) -> Policies:

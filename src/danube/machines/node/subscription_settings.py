@@ -49,15 +49,10 @@ class SubscriptionSettingsAdmin:
 
     def _check_dead_letter_topic(self, topic: str, dead_letter_topic: str | None) -> None:
         """What the republish flow cannot do is refused now rather than retried for ever:
-        a topic dead-lettering to itself, a non-reliable dead-letter topic (Danube's strategy
-        mismatch), and any dead-letter topic in cluster mode, where it may be served by
-        another broker (reaching it through forwarding is not built)."""
-        if self._clustered:
-            raise DanubeError(
-                ErrorCode.UNIMPLEMENTED,
-                "the dead_letter poison policy is not offered in cluster mode yet (the "
-                "dead-letter topic may be served by another broker); use block or drop",
-            )
+        a topic dead-lettering to itself and a non-reliable dead-letter topic (Danube's
+        strategy mismatch; in cluster mode only when this broker serves it: one served
+        elsewhere is reached by forwarding, `ForwardDeadLetter`, and refused there if it is
+        non-reliable, the message waiting meanwhile)."""
         if dead_letter_topic == topic:
             raise invalid("a topic cannot be its own dead-letter topic")
         target = self._catalogue.topics_by_name.get(dead_letter_topic or "")
@@ -66,6 +61,28 @@ class SubscriptionSettingsAdmin:
                 ErrorCode.FAILED_PRECONDITION,
                 f"dead-letter topic {dead_letter_topic} is non-reliable; it must be reliable",
             )
+
+    def apply_namespace_defaults(self, now_ms: int) -> list[Effect]:
+        """Namespaces whose default failure policy changed (through this broker or, in
+        cluster mode, another): each live subscription without a policy of its own takes the
+        new default at once (`configure`: blocked messages are re-resolved under it)."""
+        changed = self._catalogue.failure_defaults_changed
+        if not changed:
+            return []
+        namespaces = set(changed)
+        changed.clear()
+        effects: list[Effect] = []
+        for record in self._catalogue.topic_records():
+            if record.name.namespace not in namespaces or not record.reliable:
+                continue
+            for sub in record.subscriptions.values():
+                own = record.settings.get(sub.name)
+                if own is not None and own.failure is not None:
+                    continue
+                policy = self._catalogue.failure_policy(record, sub.name)
+                found = sub.reliable.configure(now_ms, policy=policy)
+                effects.extend(self._logs.dispatch(record, sub, found, now_ms))
+        return effects
 
     def blocked(self, topic: str, subscription: str) -> tuple[int, ...]:
         sub = self._catalogue.topic(topic).subscriptions.get(subscription)
@@ -77,8 +94,8 @@ class SubscriptionSettingsAdmin:
         self, topic: str, subscription: str, offset: int, release: bool, now_ms: int
     ) -> Step[bool]:
         """Release or skip a blocked message of a live subscription (Danube has no such
-        operation: only a policy change and a reload unblock it there). Not persisted: a
-        restart forgets attempts, so the message is delivered afresh anyway."""
+        operation: only a policy change and a reload unblock it there). A release resets the
+        message's stored failure count at the next cursor write."""
         record = self._catalogue.reliable_topic(topic, "releasing a blocked message")
         sub = record.subscriptions.get(subscription)
         if sub is None or offset not in self.blocked(topic, subscription):

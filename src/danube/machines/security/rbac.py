@@ -11,8 +11,9 @@ Danube's model (reference §9.3) with its quirks fixed, on purpose:
   request path resolves the topic; this module only sees a topic resource);
 - a topic binding on a partitioned topic's base name covers its partitions (`<base>-part-N`),
   which clients address one by one;
-- no principal is allowed because of a header or an unverified claim: only a name listed in
-  `super_admins` bypasses the bindings.
+- no principal is allowed because of a header or an unverified claim: only a principal
+  listed in `super_admins` (its kind too: `is_super_admin`) and a broker of the cluster
+  (proven by a token signed with the cluster key) bypass the bindings.
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ class Principal:
 
 
 ANONYMOUS = Principal("anonymous", "")
+BROKER_KIND = "broker"
+"""A broker of this cluster, proven by a token signed with the cluster key (never by a
+header, never by a client token's claims: `tokens.verify_broker`)."""
+TOKEN_KINDS = frozenset({"user", "service_account"})
+"""What a bare name in `super_admins` matches (Danube's: JWT subjects); `kind:name` matches
+that kind only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +186,9 @@ def decide(
     """Allowed when the principal is a super admin, or some binding of this very principal
     that covers the resource names a role holding the permission; denied otherwise (no
     binding, a role that does not exist, the anonymous principal)."""
-    if principal.kind != ANONYMOUS.kind and principal.name in rbac.super_admins:
+    if principal.kind == BROKER_KIND:
+        return Decision(True, "a broker of this cluster")
+    if is_super_admin(principal, rbac.super_admins):
         return Decision(True, "super admin")
     for binding in matching(principal, resource, rbac.bindings):
         for role_name in binding.roles:
@@ -188,6 +197,15 @@ def decide(
                 return Decision(True, f"binding {binding.id} role {role_name}")
     where = resource.scope.value + (f" {resource.name}" if resource.name else "")
     return Decision(False, f"{permission.value} on {where} is not granted to {principal.name!r}")
+
+
+def is_super_admin(principal: Principal, super_admins: frozenset[str]) -> bool:
+    """`kind:name` matches that principal exactly; a bare name matches a user or a service
+    account of that name (never the anonymous principal, a `broker_internal` token or a
+    broker: a super admin's name alone must not lend its powers to another kind)."""
+    if f"{principal.kind}:{principal.name}" in super_admins:
+        return True
+    return principal.kind in TOKEN_KINDS and principal.name in super_admins
 
 
 def matching(

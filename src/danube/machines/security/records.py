@@ -135,3 +135,34 @@ def rbac_from(entries: Mapping[str, Any], base: Rbac) -> Rbac:
         except (KeyError, TypeError, ValueError):
             continue
     return Rbac(roles, tuple(bindings), base.super_admins)
+
+
+class AuthView:
+    """The entries under `/auth/` as a cluster broker follows them (a read, then the watch's
+    events; `danube.runtime.watching.follow`), and the newest revision it includes, so that a
+    `SecurityAdmin` write on this broker can wait until its own change is in force here.
+    Events arrive in revision order; one at or below `revision` is already in the view and
+    is ignored, so a replayed or late event never undoes a newer state (a revocation is
+    never put back)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Any] = {}
+        self.revision = 0
+
+    def load(self, entries: Iterable[tuple[str, Any, int]]) -> int:
+        """A full read: (key, value, mod_revision) of every entry. Returns the revision the
+        read includes (the newest entry's; later events are newer)."""
+        found = list(entries)
+        self.entries = {key: value for key, value, _ in found}
+        self.revision = max([self.revision, *(rev for _, _, rev in found)])
+        return self.revision
+
+    def apply(self, kind: str, key: str, value: Any, revision: int) -> bool:
+        """One watch event; True when it changed the view."""
+        if revision <= self.revision:
+            return False
+        self.revision = revision
+        if kind == "delete":
+            return self.entries.pop(key, None) is not None
+        self.entries[key] = value
+        return True

@@ -21,7 +21,7 @@ from typing import Any
 import jwt
 from jwt.algorithms import get_default_algorithms
 
-from danube.machines.security.rbac import Principal
+from danube.machines.security.rbac import BROKER_KIND, Principal
 
 MAX_TOKEN_BYTES = 8 * 1024
 """Longest token accepted: Danube's are ~250 bytes; an 8 KiB cap leaves room for RS256
@@ -185,3 +185,37 @@ def certificate_principal(cert: dict[str, Any] | None) -> Principal | None:
             if key == "commonName" and value:
                 return Principal("service_account", str(value))
     return None
+
+
+BROKER_ISSUER = "danube-cluster"
+"""The issuer of the tokens a cluster's brokers show each other (`auth.cluster_key`)."""
+BROKER_TTL_S = 300
+"""A broker token's life; the broker mints a fresh one well before the old one ends."""
+
+
+def broker_verifier(cluster_key: str, leeway_s: int = DEFAULT_LEEWAY_S) -> Verifier:
+    """How a broker checks another broker's token: HS256 with the cluster's own key (never
+    the clients' token key: `AuthConfig.check` refuses the same secret for both), and the
+    cluster issuer."""
+    return Verifier("HS256", cluster_key, BROKER_ISSUER, leeway_s)
+
+
+def mint_broker(name: str, cluster_key: str, now: float, ttl_s: int = BROKER_TTL_S) -> str:
+    """The token broker `name` sends on every call to another broker of its cluster."""
+    claims = {
+        "iss": BROKER_ISSUER,
+        "sub": name,
+        "iat": int(now),
+        "exp": int(now) + ttl_s,
+        "principal_type": BROKER_KIND,
+        "principal_name": name,
+    }
+    return jwt.encode(claims, cluster_key, algorithm="HS256")
+
+
+def verify_broker(token: str, verifier: Verifier, now: float) -> tuple[Principal, float]:
+    """A broker's identity (kind `broker`) and until when it holds, from a token only the
+    cluster key signs: a client token (another key, another issuer) never passes, and no
+    claim of a client token can make a `broker` principal (`_principal_kind`)."""
+    principal, valid_until = verify_until(token, verifier, now)
+    return Principal(BROKER_KIND, principal.name), valid_until
