@@ -160,8 +160,30 @@ PRESSURE_LEFT = 512
 (so some go on) and not for a batch (so streams pause)."""
 
 
+def _held(core: BrokerCore) -> tuple[int, list[str]]:
+    """What reliable subscriptions hold, added up, and what is held in vain: offsets their
+    dispatcher no longer waits on (a record kept after its acknowledgement), outboxes of
+    consumers without a stream (kept after a disconnect)."""
+    held, stray = 0, []
+    for consumer_id, box in core.logs.outbox.items():
+        consumer = core.consumer_record(consumer_id)
+        if box and (consumer is None or not consumer.stream):
+            stray.append(f"the outbox of consumer {consumer_id}, which has no stream")
+    for record in core.catalogue.topics_by_name.values():
+        for sub in record.subscriptions.values():
+            if not record.reliable:
+                continue
+            held += getattr(sub.records, "held", 0)
+            stray.extend(
+                f"{record.name.full}/{sub.name}@{o}"
+                for o in sub.records
+                if not sub.dispatcher.is_pending(o)
+            )
+    return held, stray
+
+
 def _relieved(pool: PublishPool) -> None:
-    pool.pressure = 0
+    pool.relieve()
 
 
 class Observer:
@@ -224,6 +246,21 @@ class Observer:
     def memory_checked(self, pool: int, accounted: int, held: int) -> None:
         """After a tick: the cache ledger's pool and total, and the bytes the WAL machines'
         caches really hold (spec/memory.md)."""
+
+    def state_checked(
+        self,
+        counts: tuple[int, int, int],
+        subscriptions: int,
+        charged: int,
+        costs: tuple[int, int, int],
+    ) -> None:
+        """After a tick: the core's counts of topics, subscriptions and consumers, the
+        subscriptions its topics hold, what the cache pool is charged for them and the costs
+        (spec/memory.md, "State")."""
+
+    def held_checked(self, used: int, held: tuple[int, list[str]]) -> None:
+        """After a tick: the consumer pool's total, and what the reliable subscriptions hold
+        and hold in vain (spec/memory.md, "Consumer queues")."""
 
     def publish_pool_checked(self, pool: PublishPool, cached: int, pools: int, idle: bool) -> None:
         """After a publish was admitted and handed to the core, and after a tick: the publish
@@ -393,6 +430,13 @@ class SimBroker:
         ledger = core.cache_ledger
         if ledger is not None:
             self.observer.memory_checked(ledger.pool, ledger.total, core.cached_bytes_held())
+            topics = core.catalogue.topics_by_name
+            subscriptions = sum(len(r.subscriptions) for r in topics.values())
+            state = core.state_pool
+            costs = state.costs if state is not None else (0, 0, 0)
+            self.observer.state_checked(core.state_counts(), subscriptions, ledger.state, costs)
+            if core.logs.consumer_pool is not None:
+                self.observer.held_checked(core.logs.consumer_pool.used, _held(core))
         self.publish_checked(idle=not self.requests.in_flight)
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 
@@ -403,7 +447,8 @@ class SimBroker:
         if core is None or pool is None or core.memory is None or core.cache_ledger is None:
             return
         pools = core.memory.cache + core.memory.publish
-        self.observer.publish_pool_checked(pool, core.cache_ledger.total, pools, idle)
+        ledger = core.cache_ledger
+        self.observer.publish_pool_checked(pool, ledger.total + ledger.state, pools, idle)
 
     def memory_pressure(self, duration_us: int) -> None:
         """The memory-pressure fault: for `duration_us` memory outside the pools leaves the

@@ -54,6 +54,7 @@ from typing import Any
 from danube.kernels import crc32c
 from danube.machines.dispatch.types import SubscriptionType
 from danube.machines.memory.publish import PublishPool
+from danube.machines.memory.state import state_cost
 from danube.machines.tiering import IndexEntry, IndexFormatError, ObjectRead, layout, validate_index
 from danube.machines.wal import format, records
 from danube.machines.wal.machine import Durability
@@ -220,12 +221,46 @@ class InvariantChecker(Observer):
                 MEMORY, f"the cache ledger counts {accounted} bytes, the caches hold {held}"
             )
 
+    def state_checked(
+        self,
+        counts: tuple[int, int, int],
+        subscriptions: int,
+        charged: int,
+        costs: tuple[int, int, int],
+    ) -> None:
+        """18, state: after a tick the cache pool is charged exactly what the core's topics,
+        subscriptions and consumers cost, and the running count of subscriptions equals
+        the subscriptions the topics hold (a path that adds or drops one without counting
+        would make the budget drift)."""
+        if counts[1] != subscriptions:
+            self._violate(
+                MEMORY, f"{counts[1]} subscriptions counted, the topics hold {subscriptions}"
+            )
+        cost = state_cost(*counts, costs)
+        if charged != cost:
+            self._violate(MEMORY, f"state charged {charged} bytes to the cache pool, costs {cost}")
+
+    def held_checked(self, used: int, held: tuple[int, list[str]]) -> None:
+        """18, the consumer pool: it counts exactly the records reliable subscriptions hold
+        for their consumers, and they hold none their dispatcher no longer waits on (a
+        record kept after its acknowledgement, or a subscription dropped without letting
+        its records go, would fill the pool and pause every subscription's reads)."""
+        total, stray = held
+        if used != total:
+            self._violate(
+                MEMORY, f"the consumer pool counts {used} bytes, subscriptions hold {total}"
+            )
+        if stray:
+            self._violate(MEMORY, f"records held after they were settled: {', '.join(stray[:3])}")
+
     def publish_pool_checked(self, pool: PublishPool, cached: int, pools: int, idle: bool) -> None:
         """18, the publish pool: what publishes in flight hold stays within the room the
         pool had for them (its capacity less the memory pressure), the caches and the
         publishes together within their two pools (the cache gave way for what publishes
-        borrowed), and a pool with no request in flight holds nothing (a publish answered
-        without giving its room back leaks it: the broker would refuse ever more)."""
+        borrowed), a pool with no request in flight holds nothing (a publish answered
+        without giving its room back leaks it: the broker would refuse ever more), and the
+        first waiter never waits for room that is free (a release that does not serve the
+        queue leaves publishes waiting out their time)."""
         if pool.used + pool.pressure > pool.capacity:
             self._violate(
                 MEMORY,
@@ -235,10 +270,17 @@ class InvariantChecker(Observer):
         if cached + pool.used > pools:
             self._violate(
                 MEMORY,
-                f"caches ({cached}) and publishes ({pool.used}) hold more than their pools {pools}",
+                f"caches and state ({cached}) and publishes ({pool.used}) hold more than "
+                f"their pools {pools}",
             )
         if idle and pool.used:
             self._violate(MEMORY, f"the publish pool holds {pool.used} bytes with no publish left")
+        if pool.overlooked:
+            self._violate(
+                MEMORY,
+                f"a publish of {pool.overlooked} bytes waits first in line although the pool "
+                f"has room for it ({pool.used} of {pool.capacity} used, {pool.pressure} pressure)",
+            )
 
     def answered_twice(self, client: str) -> None:
         """A request of `client` got a second answer (a waiter table that answers twice)."""

@@ -28,6 +28,7 @@ from danube.machines.requests import publish, receive, settle
 from danube.machines.requests.effects import (
     AdmitSchema,
     Apply,
+    AwaitRoom,
     AwaitStored,
     CheckFence,
     SchemaInspects,
@@ -290,12 +291,32 @@ class _Drive:
             elif isinstance(request, Sleep):
                 broker.world.at(request.ms * US_PER_MS, self.woke)
                 return None
+            elif isinstance(request, AwaitRoom):
+                if request.waiter.granted:
+                    request = step(flow, answer=None)
+                    continue
+                self.await_room(request)
+                return None
             else:
                 raise TypeError(f"a request flow asked for {request!r}")
         return request
 
     def woke(self) -> None:
         self.resumed(None)
+
+    def await_room(self, request: AwaitRoom) -> None:
+        """Resumed once, by the pool admitting the waiter (next event) or the timeout."""
+        world, waiter = self.broker.world, request.waiter
+        pending = [True]
+
+        def resume() -> None:
+            if pending[0]:
+                pending[0] = False
+                waiter.wake = None
+                self.woke()
+
+        waiter.wake = lambda: world.at(0, resume)
+        world.at(request.timeout_ms * US_PER_MS, resume)
 
     def resumed(self, error: DanubeError | None) -> None:
         if self.broker.incarnation == self.incarnation and self.broker.up:

@@ -53,6 +53,11 @@ limit: it runs as long as it makes progress, so an overloaded run drains its bac
 CURSOR_CHECK_US = 100 * US_PER_MS
 """How often the dispatchers' cursors are judged (invariant 4): a skipped message is
 reported within this much simulated time, not at the end."""
+SIM_STATE = (64, 32, 32)
+"""Accounted bytes of a topic, a subscription, a consumer in the simulated broker: its pools
+are kilobytes, so state costs scale down with them (spec/memory.md, "State"); small enough
+that the workload's setup is never refused (it would not retry)."""
+
 AUDIT = "audit"
 """Tiered runs: an Exclusive subscription created halfway through, starting at the earliest
 offset, after local retention pruned the start of the history."""
@@ -135,7 +140,14 @@ class Workload:
         if not self.cache_pool:
             return None
         pool = self.cache_pool
-        return MemoryPools(2 * pool, pool, pool // 8, pool - pool // 8, publish_wait_ms=1_000)
+        return MemoryPools(
+            2 * pool,
+            pool,
+            pool // 8,
+            pool - pool // 8,
+            publish_wait_ms=1_000,
+            state_costs=SIM_STATE,
+        )
 
     def wal_config(self) -> WalConfig:
         return WalConfig(

@@ -34,9 +34,9 @@ def test_the_budget_and_each_pools_use_are_exported() -> None:
     samples = _samples(BrokerMetrics(core, "7", "standalone").exposition().decode())
     assert samples[("danube_memory_budget_bytes", "")] == 64 * MIB
     assert samples[("danube_memory_pool_bytes", "cache")] == 32 * MIB
-    assert sum(v for (name, _), v in samples.items() if name == "danube_memory_pool_bytes") == (
-        64 * MIB
-    )
+    pools = [(pool, v) for (name, pool), v in samples.items() if name == "danube_memory_pool_bytes"]
+    assert sum(v for pool, v in pools if pool != "state") == 64 * MIB
+    assert samples[("danube_memory_pool_bytes", "state")] == 16 * MIB  # half the cache pool's
     used = core.cache_ledger.total
     assert used > 100
     assert samples[("danube_memory_pool_used_bytes", "cache")] == used

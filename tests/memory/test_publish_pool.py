@@ -7,13 +7,12 @@ from typing import Any
 
 import pytest
 
-from danube.effects import Sleep
 from danube.effects.flow import Finished, step
 from danube.machines.memory.budget import split
 from danube.machines.memory.ledger import CacheLedger
-from danube.machines.memory.publish import RETRY_MS, PublishPool, send_cost
+from danube.machines.memory.publish import MAX_BYPASS, PublishPool, RoomWaiter, send_cost
 from danube.machines.requests import publish
-from danube.machines.requests.effects import Apply, AwaitStored, CheckFence
+from danube.machines.requests.effects import Apply, AwaitRoom, AwaitStored, CheckFence
 from danube.machines.wal import records
 from danube.machines.wal.cache import HotCache
 from danube.values.errors import DanubeError, ErrorCode
@@ -100,8 +99,9 @@ def run_until_stored(flow: Any, clock: Clock) -> Any:
     while True:
         if isinstance(request, CheckFence):
             request = step(flow, answer=None)
-        elif isinstance(request, Sleep):
-            clock.ms += request.ms
+        elif isinstance(request, AwaitRoom):
+            if not request.waiter.granted:
+                clock.ms += request.timeout_ms  # nobody freed room: the wait ran out
             request = step(flow, answer=None)
         elif isinstance(request, Apply):
             request = step(flow, answer=None)
@@ -132,9 +132,12 @@ def test_a_send_that_waited_goes_on_once_room_frees_and_gives_it_back_when_answe
     flow = publish.publish_one(core, message(), clock)  # type: ignore[arg-type]
     request = step(flow)
     request = step(flow, answer=None)  # the fence
-    assert isinstance(request, Sleep) and request.ms == RETRY_MS
+    assert isinstance(request, AwaitRoom) and not request.waiter.granted
+    woken: list[bool] = []
+    request.waiter.wake = lambda: woken.append(True)
     clock.ms += 40
-    pool.release(1)
+    pool.release(1)  # the release admits the waiter and wakes it: no polling
+    assert woken == [True] and request.waiter.granted
     request = step(flow, answer=None)
     assert isinstance(request, Apply) and core.published == 1
     assert pool.used == send_cost(100)  # held until the publish is answered
@@ -173,3 +176,92 @@ def test_what_can_never_fit_is_refused_at_once() -> None:
     assert isinstance(end, Finished) and isinstance(end.error, DanubeError)
     assert end.error.code is ErrorCode.RESOURCE_EXHAUSTED and clock.ms == 1_000
     assert "holds at most 1000" in end.error.message
+
+
+# -- waiters: in order, woken by releases, capped (spec/memory.md, "Back-pressure") ------------
+
+
+def test_waiters_are_admitted_in_order_and_a_newcomer_does_not_pass_them() -> None:
+    pool = PublishPool(1_000)
+    assert pool.reserve(1_000)
+    first, second = pool.enqueue(300), pool.enqueue(300)
+    assert first is not None and second is not None and pool.waiting == 2
+    assert not pool.reserve(100)  # room or not, a newcomer queues behind them
+    pool.release(400)
+    assert first.granted and not second.granted  # room for one: the first in line
+    pool.release(300)
+    assert second.granted and pool.waiting == 0 and pool.used == 1_000 - 700 + 600
+
+
+def test_small_waiters_pass_a_large_head_a_bounded_number_of_times_then_it_is_served() -> None:
+    pool = PublishPool(1_000)
+    assert pool.reserve(900)
+    large = pool.enqueue(500)
+    assert large is not None
+    small = [pool.enqueue(50) for _ in range(MAX_BYPASS + 3)]
+    assert all(isinstance(w, RoomWaiter) for w in small)
+    assert sum(w.granted for w in small if w) == 2  # 100 bytes free: two pass the head at once
+    pool.release(900)  # the head fits now: it goes first, then those behind it that fit
+    assert large.granted
+    assert large.bypassed == 2  # only the two that passed it while it did not fit
+    assert sum(w.granted for w in small if w) == 10 and pool.used == 1_000 and pool.waiting == 1
+
+
+def test_a_large_head_is_not_starved_by_a_stream_of_small_ones() -> None:
+    pool = PublishPool(1_000)
+    assert pool.reserve(600)
+    assert pool.reserve(300)
+    large = pool.enqueue(700)
+    assert large is not None
+    admitted = 0
+    for _ in range(50):  # small publishes keep coming and finishing
+        small = pool.enqueue(100)
+        assert small is not None
+        if small.granted:
+            admitted += 1
+            pool.release(100)
+        else:
+            pool.withdraw(small)
+    assert admitted == MAX_BYPASS and not large.granted  # then the room is kept for the head
+    pool.release(600)
+    assert large.granted
+
+
+def test_a_waiter_that_leaves_gives_back_what_it_was_granted_and_lets_others_in() -> None:
+    pool = PublishPool(1_000)
+    assert pool.reserve(1_000)
+    head = pool.enqueue(900)
+    behind = pool.enqueue(100)
+    assert head is not None and behind is not None
+    pool.withdraw(head)  # its wait ran out before room freed
+    pool.release(100)
+    assert behind.granted and pool.used == 1_000
+    pool.withdraw(behind)  # granted, then its client left: the room comes back
+    assert pool.used == 900
+
+
+def test_waiters_are_capped_and_the_next_is_refused_at_once() -> None:
+    pool = PublishPool(send_cost(100), max_waiters=2)
+    core = FakeCore(pool)
+    clock = Clock()
+    assert pool.reserve(pool.capacity)
+    assert pool.enqueue(10) and pool.enqueue(10) and pool.waiting == 2
+    end = run_until_stored(publish.publish_one(core, message(), clock), clock)  # type: ignore[arg-type]
+    assert isinstance(end, Finished) and isinstance(end.error, DanubeError)
+    assert end.error.code is ErrorCode.RESOURCE_EXHAUSTED and clock.ms == 1_000
+    assert "2 more already wait for room" in end.error.message
+    assert "--memory-budget" in end.error.message and pool.refused == 1
+
+
+def test_a_flow_closed_while_waiting_leaves_the_queue() -> None:
+    pool = PublishPool(send_cost(100))
+    core = FakeCore(pool)
+    clock = Clock()
+    assert pool.reserve(1)
+    flow = publish.publish_one(core, message(), clock)  # type: ignore[arg-type]
+    step(flow)
+    request = step(flow, answer=None)
+    assert isinstance(request, AwaitRoom) and pool.waiting == 1
+    pool.release(1)  # granted ...
+    flow.close()  # ... but the client left before it went on: nothing kept
+    assert pool.used == 0 and pool.waiting == 0

@@ -14,8 +14,10 @@ from unittest import mock
 
 import pytest
 
+from danube.machines.memory.consumer import HeldRecords
 from danube.machines.memory.publish import PublishPool, send_cost
 from danube.machines.node import requests
+from danube.machines.node.consumers import Consumers
 from danube.machines.requests import publish
 from danube.machines.wal.cache import CachedBatch, HotCache
 from sim.checker import MEMORY
@@ -115,9 +117,9 @@ def _leaks_on_refusal(core: Any, message: Any, now: Any) -> Any:
     return publish.Published(offset, published.stored)
 
 
-def _first_violation(seeds: range) -> str | None:
+def _first_violation(seeds: range, faults: Faults = PRESSURE) -> str | None:
     for seed in seeds:
-        result = Simulation(seed, Workload(), PRESSURE).run(10)
+        result = Simulation(seed, Workload(), faults).run(10)
         if not result.ok:
             return result.violations[0].invariant
     return None
@@ -135,3 +137,37 @@ def test_admission_that_ignores_the_pool_is_caught() -> None:
 
     with mock.patch.object(PublishPool, "reserve", takes_anyway):
         assert _first_violation(range(1, 201)) == MEMORY
+
+
+def test_a_release_that_does_not_wake_the_waiters_is_caught() -> None:
+    """Waiters are woken by the release that frees their room (no polling): a release that
+    forgets the queue leaves the first waiter waiting for room that is free."""
+
+    def forgets_the_queue(self: PublishPool, size: int) -> None:
+        self.used -= size
+        self.lend()
+
+    with mock.patch.object(PublishPool, "release", forgets_the_queue):
+        assert _first_violation(range(1, 201)) == MEMORY
+
+
+def test_a_subscription_added_without_counting_it_is_caught() -> None:
+    """State in the budget (spec/memory.md, "State"): the subscriptions the pool charges are
+    counted as they come and go; a path that adds one without counting it makes the count
+    drift (and the budget with it)."""
+    original = Consumers.add_subscription
+
+    def uncounted(self: Consumers, record: Any, *args: Any) -> Any:
+        sub = original(self, record, *args)
+        self._topics.subscriptions -= 1  # type: ignore[attr-defined]
+        return sub
+
+    with mock.patch.object(Consumers, "add_subscription", uncounted):
+        assert _first_violation(range(1, 21)) == MEMORY
+
+
+def test_a_record_kept_after_its_acknowledgement_is_caught() -> None:
+    """Consumer queues in the budget (spec/memory.md, "Consumer queues"): a held record is let
+    go when it is acknowledged; one that is not fills the consumer pool for ever."""
+    with mock.patch.object(HeldRecords, "pop", lambda self, offset, default=None: None):
+        assert _first_violation(range(1, 21)) == MEMORY

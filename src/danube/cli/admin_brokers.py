@@ -99,7 +99,7 @@ async def memory(client: AdminClient, _: argparse.Namespace) -> Result:
             found = memory_of(page)
         except (OSError, ValueError) as error:
             row["error"] = str(error)
-            rows.append((broker.broker_id, f"metrics unreachable: {error}", *[""] * 6))
+            rows.append((broker.broker_id, f"metrics unreachable: {error}", *[""] * 7))
             data.append(row)
             continue
         row.update(found)
@@ -118,6 +118,7 @@ async def memory(client: AdminClient, _: argparse.Namespace) -> Result:
                 pool("publish"),
                 _mib(found.get("danube_memory_publish_borrowed_bytes")),
                 pool("consumer"),
+                pool("state"),
                 f"{found.get('danube_memory_publish_paused_seconds_total', 0):.1f}",
                 int(found.get("danube_memory_publish_refused_total", 0)),
             )
@@ -130,6 +131,7 @@ async def memory(client: AdminClient, _: argparse.Namespace) -> Result:
             "publish_mib",
             "borrowed_mib",
             "consumer_mib",
+            "state_mib",
             "paused_s",
             "refused",
         ),

@@ -16,6 +16,7 @@ from danube.machines.node.core import Step
 from danube.machines.requests.effects import (
     AdmitSchema,
     Apply,
+    AwaitRoom,
     AwaitStored,
     CheckFence,
     SchemaInspects,
@@ -120,6 +121,9 @@ class RequestDriver:
         if isinstance(request, Sleep):
             await asyncio.sleep(request.ms / 1000)
             return None
+        if isinstance(request, AwaitRoom):
+            await _room(request)
+            return None
         if isinstance(request, (SchemaInspects, AdmitSchema)):
             gate = self._gate
             if gate is None:
@@ -129,6 +133,27 @@ class RequestDriver:
             await gate.admit_batch(request.topic, request.messages)
             return None
         raise TypeError(f"a request flow asked for {request!r}, which the broker does not do")
+
+
+async def _room(request: AwaitRoom) -> None:
+    """Waits until the publish pool admits the waiter (it calls `wake` from the release that
+    freed the room, on this loop) or the time is up."""
+    waiter = request.waiter
+    if waiter.granted:
+        return
+    woken = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    waiter.wake = wake
+    try:
+        await asyncio.wait_for(woken, request.timeout_ms / 1000)
+    except TimeoutError:
+        pass
+    finally:
+        waiter.wake = None
 
 
 async def _resumed(flow: Flow[Any], done: Awaitable[None]) -> Any:

@@ -41,6 +41,9 @@ class MemoryPools:
     publish_wait_ms: int = 3_000
     """How long a `SendMessage` waits for room in the publish pool (`broker.publish_wait_ms`;
     `danube.machines.memory.publish`)."""
+    state_costs: tuple[int, int, int] | None = None
+    """Accounted bytes of a topic, a subscription, a consumer (`danube.machines.memory.
+    state`); None: the measured ones. The simulator's pools are tiny and scale them down."""
 
 
 def split(budget: int, publish_wait_ms: int = 3_000) -> MemoryPools:

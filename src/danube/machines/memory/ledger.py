@@ -33,7 +33,7 @@ class LedgerCache(Protocol):
 class CacheLedger:
     """Accounted bytes of every hot cache of one broker, and the pool they share."""
 
-    __slots__ = ("_batches", "_by_topic", "_order", "evicted_bytes", "pool", "total")
+    __slots__ = ("_batches", "_by_topic", "_order", "evicted_bytes", "pool", "state", "total")
 
     def __init__(self, pool: int) -> None:
         if pool < 0:
@@ -48,6 +48,9 @@ class CacheLedger:
         """Batches held by the caches (the live entries of `_order`)."""
         self.evicted_bytes = 0
         """Bytes the ledger made caches drop to fit the pool (a counter, for metrics)."""
+        self.state = 0
+        """Bytes of the cache pool charged to topics, subscriptions and consumers
+        (`danube.machines.memory.state`): `pool` is what is left of it for caches."""
 
     def by_topic(self) -> dict[str, int]:
         """Accounted bytes per topic (a copy)."""

@@ -15,10 +15,24 @@ a read the cache cannot serve goes there). The ledger gets its room back as publ
 answered. So `cache ledger total + publish pool used <= cache pool + publish pool` always, and
 publishes wait only once the cache has given what it may.
 
+Waiters are served in order, woken by the release that frees their room (no polling): a
+publish that does not fit joins the queue (`RoomWaiter`); a newcomer never passes a queue
+that is not empty; each release admits the waiters from the head on while they fit. A head
+that does not fit yet may be passed by smaller waiters behind it that do, at most
+`MAX_BYPASS` times: then nothing more is admitted until the room freed reaches it. So a large
+publish is not starved by small ones (they pass it a bounded number of times, then the
+publishes in flight drain and it goes), and small ones are not blocked for ever by a large
+one either (they pass it a few times, and it leaves the queue at the latest when its wait
+ends). At most `max_waiters` publishes wait; beyond, a publish is refused at once.
+
 Pure: `now` comes in as milliseconds; no clock, no I/O.
 """
 
 from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from danube.machines.memory.ledger import CacheLedger
 
@@ -29,8 +43,14 @@ STREAM_WAIT_MS = 30_000
 """How long a batch of a `PublishBatches` stream waits: the stream is not read meanwhile (the
 producer is paused by flow control, not refused), but a disk that never catches up must end
 in an answer."""
-RETRY_MS = 10
-"""How often a waiting publish asks for room again."""
+MAX_WAITERS = 1_024
+"""Publishes that may wait for room at once (`max_waiters`): each holds its request (up to
+the pool's capacity) outside the pool while it waits, so an unbounded queue would be memory
+nobody accounts. Beyond it a publish is refused RESOURCE_EXHAUSTED at once."""
+MAX_BYPASS = 8
+"""How many times waiters behind the head may be admitted past it while it does not fit:
+enough that a large publish does not hold up small ones the moment room frees, few enough
+that it is served once the publishes in flight drain."""
 BORROWABLE_CACHE_SHARE = 0.5
 """Of the cache pool, what publishes may borrow: the other half stays for the hot tail that
 consumers read right after it is written."""
@@ -60,6 +80,19 @@ def batch_cost(frame_bytes: int, count: int) -> int:
     return frame_bytes + BATCH_PER_MESSAGE * count + BATCH_PER_REQUEST
 
 
+@dataclass(eq=False, slots=True)
+class RoomWaiter:
+    """A publish waiting in the queue for `size` bytes of room. `granted` turns True when the
+    pool admitted it (the room is then reserved for it); `wake`, set by the host while it
+    waits, is called at that moment (`AwaitRoom`)."""
+
+    size: int
+    granted: bool = False
+    wake: Callable[[], None] | None = None
+    bypassed: int = 0
+    """Waiters admitted past this one while it was the head (`MAX_BYPASS`)."""
+
+
 class PublishPool:
     """Bytes of publishes in flight on one broker, the pool's share of the budget, and what
     it borrows from the cache pool."""
@@ -67,8 +100,10 @@ class PublishPool:
     __slots__ = (
         "_cache_pool",
         "_ledger",
+        "_waiters",
         "borrowable",
         "limit",
+        "max_waiters",
         "paused_ms",
         "peak",
         "pressure",
@@ -85,6 +120,7 @@ class PublishPool:
         ledger: CacheLedger | None = None,
         wait_ms: int = PUBLISH_WAIT_MS,
         stream_wait_ms: int = STREAM_WAIT_MS,
+        max_waiters: int = MAX_WAITERS,
     ) -> None:
         """`limit`: the publish pool's share of the budget. `ledger`: the cache pool it may
         borrow from (None: it borrows nothing)."""
@@ -96,6 +132,9 @@ class PublishPool:
         self.borrowable = int(self._cache_pool * BORROWABLE_CACHE_SHARE)
         self.wait_ms = wait_ms
         self.stream_wait_ms = stream_wait_ms
+        self.max_waiters = max_waiters
+        self._waiters: deque[RoomWaiter] = deque()
+        """Publishes waiting for room, oldest first."""
         self.used = 0
         """Accounted bytes of the publishes holding a reservation."""
         self.peak = 0
@@ -119,22 +158,97 @@ class PublishPool:
         """Bytes of the cache pool the publishes hold now."""
         return max(0, self.used - self.limit)
 
+    @property
+    def waiting(self) -> int:
+        """Publishes waiting for room now."""
+        return len(self._waiters)
+
+    @property
+    def overlooked(self) -> int:
+        """Bytes the first waiter waits for although they fit in the room free now: 0 unless
+        a release forgot to serve the queue (the simulator's invariant 18 checks it)."""
+        waiters = self._waiters
+        return waiters[0].size if waiters and self.fits(waiters[0].size) else 0
+
+    def fits(self, size: int) -> bool:
+        """Whether `size` bytes fit in the room free now (capacity less pressure)."""
+        return self.used + size <= self.capacity - self.pressure
+
     def reserve(self, size: int) -> bool:
-        """Takes `size` bytes if they fit (evicting cached batches for what is borrowed) and
-        says whether they did; a publish that got False waits or is refused."""
-        if self.used + size > self.capacity - self.pressure:
+        """Takes `size` bytes if they fit and nobody waits before (evicting cached batches
+        for what is borrowed) and says whether they did; a publish that got False waits
+        (`enqueue`) or is refused."""
+        if self._waiters or not self.fits(size):
             return False
-        self.used += size
-        self.peak = max(self.peak, self.used)
-        self._lend()
+        self._take(size)
         return True
 
+    def enqueue(self, size: int) -> RoomWaiter | None:
+        """Puts a publish of `size` bytes at the end of the queue; None when `max_waiters`
+        already wait (refuse it at once)."""
+        if len(self._waiters) >= self.max_waiters:
+            return None
+        waiter = RoomWaiter(size)
+        self._waiters.append(waiter)
+        self.serve()
+        return waiter
+
+    def withdraw(self, waiter: RoomWaiter) -> None:
+        """A waiter leaves (its wait ended, or its client left): out of the queue, or, if it
+        was admitted meanwhile, its room given back. Either may let others in."""
+        if waiter.granted:
+            waiter.granted = False
+            self.release(waiter.size)
+            return
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            return
+        self.serve()
+
     def release(self, size: int) -> None:
-        """A publish that reserved `size` bytes was answered (acknowledged or refused)."""
+        """A publish that reserved `size` bytes was answered (acknowledged or refused); the
+        room freed goes to the waiters first."""
         if size > self.used:
             raise ValueError(f"releasing {size} bytes of a pool holding {self.used}")
         self.used -= size
-        self._lend()
+        self.lend()
+        self.serve()
+
+    def relieve(self) -> None:
+        """Memory pressure ended: its room goes to the waiters."""
+        self.pressure = 0
+        self.serve()
+
+    def serve(self) -> None:
+        """Admits waiters in order while they fit; past a head that does not fit, at most
+        `MAX_BYPASS` times in all (module docstring). Each admitted waiter is woken."""
+        waiters = self._waiters
+        while waiters:
+            head = waiters[0]
+            if self.fits(head.size):
+                waiters.popleft()
+                self._grant(head)
+                continue
+            if head.bypassed >= MAX_BYPASS:
+                return
+            passer = next((w for w in waiters if w is not head and self.fits(w.size)), None)
+            if passer is None:
+                return
+            head.bypassed += 1
+            waiters.remove(passer)
+            self._grant(passer)
+
+    def _grant(self, waiter: RoomWaiter) -> None:
+        self._take(waiter.size)
+        waiter.granted = True
+        if waiter.wake is not None:
+            waiter.wake()
+
+    def _take(self, size: int) -> None:
+        self.used += size
+        self.peak = max(self.peak, self.used)
+        self.lend()
 
     def waited(self, ms: int, *, refused: bool) -> None:
         """A publish waited `ms` for room, then got it (or was refused)."""
@@ -142,10 +256,10 @@ class PublishPool:
         if refused:
             self.refused += 1
 
-    def _lend(self) -> None:
-        """The cache pool shrinks by what publishes borrow (its ledger evicts at once) and
-        grows back as they give it up."""
+    def lend(self) -> None:
+        """The cache pool shrinks by what publishes borrow and what state holds (its ledger
+        evicts at once) and grows back as they give it up."""
         ledger = self._ledger
         if ledger is not None:
-            ledger.pool = self._cache_pool - self.borrowed
+            ledger.pool = max(0, self._cache_pool - self.borrowed - ledger.state)
             ledger.fit()

@@ -20,6 +20,7 @@ from danube.machines.dispatch import (
 )
 from danube.machines.dispatch import reliable as rd
 from danube.machines.dispatch.protocol import Subscription
+from danube.machines.memory.consumer import HeldRecords
 from danube.machines.node import paths
 from danube.machines.node.catalogue import Catalogue
 from danube.machines.node.effects import Effect, EndStream, PersistMeta, Step
@@ -274,6 +275,10 @@ class Consumers:
         else:
             dispatcher = NonReliableSubscription(kind, self._queue_limits)
         sub = SubscriptionRecord(name, kind, dispatcher)
+        if record.reliable and self._logs.consumer_pool is not None:
+            sub.records = HeldRecords(self._logs.consumer_pool)
+        if self._topics.get(record.name.full) is record:  # else counted when it is added
+            self._topics.subscriptions += 1
         record.subscriptions[name] = sub
         if record.touched is not None:  # its timers: the next ticks visit the topic
             record.touched.add(record.name.full)
@@ -313,7 +318,10 @@ class Consumers:
         for consumer_id in sub.consumers.values():
             del self.by_id[consumer_id]
             self._logs.outbox.pop(consumer_id, None)
+        sub.records.clear()
         del record.subscriptions[subscription]
+        if self._topics.get(record.name.full) is record:
+            self._topics.subscriptions -= 1
         record.settings.pop(subscription, None)
         key = paths.subscription(record.name, subscription)
         return Step(None, (PersistMeta(deletes=(key,), delete_prefixes=(key + "/",)),))
@@ -323,6 +331,7 @@ class Consumers:
         their open receive streams end."""
         effects: list[Effect] = []
         for sub in record.subscriptions.values():
+            sub.records.clear()  # their room goes back to the consumer pool
             for consumer_id in sub.consumers.values():
                 consumer = self.by_id.pop(consumer_id)
                 self._logs.outbox.pop(consumer_id, None)

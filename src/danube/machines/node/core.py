@@ -32,8 +32,10 @@ from typing import Any
 from danube import keys
 from danube.machines.dispatch import LATEST, QueueLimits, StartPosition, SubscriptionType
 from danube.machines.memory.budget import MemoryPools
+from danube.machines.memory.consumer import ConsumerPool
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool
+from danube.machines.memory.state import StatePool
 from danube.machines.node.catalogue import Catalogue, policies_to_json
 from danube.machines.node.consumers import Consumers
 from danube.machines.node.core_replication import ReplicationRoutes
@@ -90,6 +92,7 @@ from danube.machines.wal import batches
 from danube.machines.wal import machine as wal
 from danube.machines.wal.recovery import RecoveryPlan
 from danube.values.config import DispatchStrategy, Policies, TopicDurability
+from danube.values.errors import DanubeError, ErrorCode
 
 __all__ = [
     "MAX_DEPARTED_PRODUCERS",
@@ -189,6 +192,14 @@ class BrokerCore(ReplicationRoutes):
         )
         """Publishes in flight (spec/memory.md, "Back-pressure"): the request flows reserve
         and release (`danube.machines.requests.publish.admitted`)."""
+        self.state_pool = (
+            StatePool(self.cache_ledger, memory.budget, self.publish_pool.lend, memory.state_costs)
+            if memory is not None and self.cache_ledger is not None and self.publish_pool
+            else None
+        )
+        """Topics, subscriptions and consumers, charged to the cache pool (spec/memory.md,
+        "State"): brought up to date at each tick and before each creation, which it may
+        refuse (`_state_room`)."""
         consumers: dict[int, ConsumerRecord] = {}
         self.logs = ReliableLogs(
             self.catalogue,
@@ -201,6 +212,7 @@ class BrokerCore(ReplicationRoutes):
             replication=replication,
             cache_ledger=self.cache_ledger,
         )
+        self.logs.consumer_pool = ConsumerPool(memory.consumer) if memory is not None else None
         self.producers = Producers(
             self.catalogue,
             self.logs,
@@ -347,12 +359,28 @@ class BrokerCore(ReplicationRoutes):
         return self.catalogue.topic_strategy(topic)
 
     def create_topic(self, topic: str, strategy: DispatchStrategy) -> Step[None]:
+        self._state_room(f"topic {topic}", topics=1)
         return self.catalogue.create_topic(topic, strategy)
 
     def create_partitioned_topic(
         self, base: str, partitions: int, strategy: DispatchStrategy
     ) -> Step[None]:
+        self._state_room(f"{partitions} partitions of {base}", topics=partitions)
         return self.catalogue.create_partitioned_topic(base, partitions, strategy)
+
+    def state_counts(self) -> tuple[int, int, int]:
+        """Topics, subscriptions and consumers this core holds (`StatePool.update`)."""
+        topics = self.catalogue.topics_by_name
+        return len(topics), topics.subscriptions, len(self._consumers)
+
+    def _state_room(self, what: str, **more: int) -> None:
+        """Refuses creating `what` (RESOURCE_EXHAUSTED) when the state pool has no room."""
+        pool = self.state_pool
+        if pool is not None:
+            pool.update(*self.state_counts())
+            reason = pool.refusal(what=what, **more)
+            if reason is not None:
+                raise DanubeError(ErrorCode.RESOURCE_EXHAUSTED, reason)
 
     def delete_topic(self, topic: str) -> Step[None]:
         """Deletes a topic, or every partition when given a partitioned topic's base name.
@@ -469,6 +497,8 @@ class BrokerCore(ReplicationRoutes):
         """Idempotent per (topic, producer_name): a repeat returns the existing id. A
         producer's schema subject is the registry's business (`danube.runtime.schema_gate`
         checks and binds it around this call), not the topic's life cycle."""
+        if topic not in self._topics:  # created on the producer's behalf
+            self._state_room(f"topic {topic}", topics=1)
         return self.producers.create_producer(
             topic, producer_name, access_mode=access_mode, strategy=strategy
         )
@@ -536,6 +566,14 @@ class BrokerCore(ReplicationRoutes):
         """Returns the consumer id; the same name in the same subscription takes over its
         previous session (same id, old stream ended). `start` only matters for a subscription
         this call creates."""
+        record = self._topics.get(topic)
+        sub = record.subscriptions.get(subscription) if record is not None else None
+        if record is not None and (sub is None or consumer_name not in sub.consumers):
+            self._state_room(
+                f"consumer {consumer_name} of {subscription} on {topic}",
+                subscriptions=sub is None,
+                consumers=1,
+            )
         return self.consumers.subscribe(
             topic, consumer_name, subscription, sub_type, key_filters, start, now_ms=now_ms
         )
@@ -662,6 +700,8 @@ class BrokerCore(ReplicationRoutes):
         cursor flushes of reliable subscriptions; topic overrides whose write failed are
         written again (`Catalogue.overrides_to_write_again`); a changed namespace default
         failure policy reaches the live subscriptions."""
+        if self.state_pool is not None:
+            self.state_pool.update(*self.state_counts())
         step = self.logs.tick(now_ms)
         again = self.catalogue.overrides_to_write_again(now_ms)
         again.extend(self.settings.apply_namespace_defaults(now_ms))  # issue 24

@@ -17,6 +17,7 @@ from danube.effects import EpochHistory
 from danube.machines.dispatch import ConsumerReady, SubscriptionType
 from danube.machines.dispatch import reliable as rd
 from danube.machines.dispatch.protocol import DispatchEffect
+from danube.machines.memory.consumer import ConsumerPool
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.node import paths
 from danube.machines.node.effects import (
@@ -153,6 +154,9 @@ class ReliableLogs:
         self._uploaders = 0
         self.outbox: dict[int, deque[bytes]] = {}
         """Records delivered to a consumer, waiting for its stream writer."""
+        self.consumer_pool: ConsumerPool | None = None
+        """Records reliable subscriptions hold, bounded by the budget (spec/memory.md,
+        "Consumer queues"); set by the core. Full: reads of subscriptions holding some wait."""
         self.replicas = OwnerReplicas(self, replication or ReplicationSettings())
         """The owner's side of replication of the topics served here."""
         self.republish: (
@@ -314,7 +318,8 @@ class ReliableLogs:
         fresh.redelivered = old.redelivered
         fresh.dropped = old.dropped
         fresh.dispatch_rate = old.dispatch_rate
-        sub.dispatcher, sub.records = fresh, {}
+        sub.records.clear()  # gives their room back to the consumer pool
+        sub.dispatcher = fresh
         sub.epoch += 1
         sub.read_lost = False
         members = sorted((self._consumers[c] for c in sub.consumers.values()), key=_order)
@@ -455,6 +460,7 @@ class ReliableLogs:
         records for the consumer's stream, a dropped message's record is let go, cursor moves
         are persisted."""
         out: list[Effect] = []
+        pool = self.consumer_pool
         work: deque[DispatchEffect] = deque(effects)
         while work:
             effect = work.popleft()
@@ -475,6 +481,9 @@ class ReliableLogs:
                 out.extend(self.republish(record, sub, effect, now_ms))
             elif isinstance(effect, rd.PersistCursor):
                 out.append(persist_cursor(record, sub.name, effect))
+            elif pool is not None and not pool.may_read(bool(sub.records)):
+                # the consumer pool is full: this read waits, its records stay on disk
+                pool.pause(record.name.full, sub.name, sub.epoch, effect)
             elif record.wal is None:
                 sub.read_lost = True
             else:
@@ -612,7 +621,21 @@ class ReliableLogs:
                     effects.extend(self.dispatch(record, sub, sub.reliable.tick(now_ms), now_ms))
         for record in visits:
             topics.schedule(record, self._next_due(record, batch))
+        if self.consumer_pool is not None and self.consumer_pool.paused:
+            effects.extend(self.resume_reads(now_ms))
         return Step(None, tuple(effects))
+
+    def resume_reads(self, now_ms: int) -> list[Effect]:
+        """Reads the consumer pool paused, carried out once it has room (each pauses again
+        if it filled meanwhile); those of a subscription gone or rebuilt are dropped."""
+        assert self.consumer_pool is not None
+        out: list[Effect] = []
+        for topic, name, epoch, read in self.consumer_pool.resume():
+            record = self._topics.get(topic)
+            sub = record.subscriptions.get(name) if record is not None else None
+            if record is not None and sub is not None and sub.epoch == epoch:
+                out.extend(self.dispatch(record, sub, [read], now_ms))
+        return out
 
     def _next_due(self, record: TopicRecord, batch: int) -> int | None:
         """Until when a tick would find nothing to do for the topic, unless an input touches

@@ -107,7 +107,8 @@ def memory_use(core: BrokerCore) -> MemoryUse | None:
     pools, ledger, publish = core.memory, core.cache_ledger, core.publish_pool
     if pools is None or ledger is None or publish is None:
         return None
-    consumer = 0
+    held = core.logs.consumer_pool
+    consumer = held.used if held is not None else 0
     for record in core.topic_records():
         for sub in record.subscriptions.values():
             consumer += getattr(sub.dispatcher, "queued_bytes", 0)
@@ -117,6 +118,7 @@ def memory_use(core: BrokerCore) -> MemoryUse | None:
             ("cache", pools.cache, ledger.total),
             ("publish", pools.publish, publish.used),
             ("consumer", pools.consumer, consumer),
+            ("state", core.state_pool.limit if core.state_pool else 0, ledger.state),
         ),
         ledger.evicted_bytes,
         publish.borrowed,

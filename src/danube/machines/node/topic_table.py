@@ -34,6 +34,9 @@ class TopicTable(dict[str, "TopicRecord"]):
         self._partitions: dict[str, dict[str, int]] = {}
         """Base name → its partitions present (name → index)."""
         self._arrivals = 0
+        self.subscriptions = 0
+        """Subscriptions of every topic in the table, added up (the memory budget's state
+        pool counts them; `Consumers.add_subscription` and `unsubscribe` keep it)."""
         self.visited = 0
         """Topics the last tick visited (tests: an idle broker visits none)."""
 
@@ -41,6 +44,7 @@ class TopicTable(dict[str, "TopicRecord"]):
 
     def __setitem__(self, name: str, record: TopicRecord) -> None:
         old = self.get(name)
+        self.subscriptions += len(record.subscriptions) - (len(old.subscriptions) if old else 0)
         if old is None:
             self._arrivals += 1
             record.order = self._arrivals
@@ -55,6 +59,7 @@ class TopicTable(dict[str, "TopicRecord"]):
         super().__setitem__(name, record)
 
     def __delitem__(self, name: str) -> None:
+        self.subscriptions -= len(self[name].subscriptions)
         super().__delitem__(name)
         self.touched.discard(name)
         match = _PARTITION.fullmatch(name)

@@ -49,6 +49,17 @@ class Apply:
 
 
 @dataclass(frozen=True, slots=True)
+class AwaitRoom:
+    """Answered with None once the publish pool admitted `waiter` (`waiter.granted`; at once
+    when it already is: the host sets `waiter.wake`, which the pool calls when it admits it)
+    or once `timeout_ms` passed, whichever comes first; the flow then looks at
+    `waiter.granted` (`danube.machines.memory.publish`, spec/memory.md "Back-pressure")."""
+
+    waiter: Any
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class SchemaInspects:
     """Answered with whether the topic's schema policy may refuse or warn about a message
     (`policy.inspects` of its binding): a batch is split into messages only then."""

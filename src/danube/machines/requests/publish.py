@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from danube.effects import Sleep
-from danube.machines.memory.publish import RETRY_MS, PublishPool, batch_cost, send_cost
+from danube.machines.memory.publish import PublishPool, batch_cost, send_cost
 from danube.machines.node import requests
 from danube.machines.node.core import BatchPublished, BrokerCore
 from danube.machines.requests.effects import (
     AdmitSchema,
     Apply,
+    AwaitRoom,
     AwaitStored,
     CheckFence,
     SchemaInspects,
@@ -41,6 +42,7 @@ from danube.values.errors import DanubeError, ErrorCode
 __all__ = [
     "AdmitSchema",
     "Apply",
+    "AwaitRoom",
     "AwaitStored",
     "BatchRequest",
     "CheckFence",
@@ -108,17 +110,25 @@ def admitted(core: BrokerCore, size: int, now: Clock, *, stream: bool) -> Flow:
             f"{pool.capacity} (budget {_budget(core)}); send smaller batches or raise "
             "--memory-budget",
         )
+    if pool.reserve(size):
+        return pool
+    waiter = pool.enqueue(size)
+    if waiter is None:
+        pool.waited(0, refused=True)
+        raise _too_many_waiting(core, pool, size)
     started = now()
     patience = pool.stream_wait_ms if stream else pool.wait_ms
-    while not pool.reserve(size):
-        waited = now() - started
-        if waited >= patience:
-            pool.waited(waited, refused=True)
-            raise _pool_full(core, pool, size, waited)
-        yield Sleep(RETRY_MS)
-    waited = now() - started
-    if waited:
-        pool.waited(waited, refused=False)
+    try:
+        while not waiter.granted:
+            waited = now() - started
+            if waited >= patience:
+                pool.waited(waited, refused=True)
+                raise _pool_full(core, pool, size, waited)
+            yield AwaitRoom(waiter, patience - waited)
+    except BaseException:
+        pool.withdraw(waiter)  # refused, or the client left: out of the queue, room given back
+        raise
+    pool.waited(now() - started, refused=False)
     return pool
 
 
@@ -134,6 +144,17 @@ def _pool_full(core: BrokerCore, pool: PublishPool, size: int, waited: int) -> D
         f"publishes not yet stored (budget {_budget(core)}); this publish of {size} bytes "
         f"waited {waited} ms. Nothing of it was stored: retry later, slow the producer down, "
         "or give the broker a larger --memory-budget or a faster disk",
+    )
+
+
+def _too_many_waiting(core: BrokerCore, pool: PublishPool, size: int) -> DanubeError:
+    return DanubeError(
+        ErrorCode.RESOURCE_EXHAUSTED,
+        f"the broker's publish pool is full: {pool.used} of {pool.capacity} bytes are held by "
+        f"publishes not yet stored and {pool.waiting} more already wait for room (budget "
+        f"{_budget(core)}); this publish of {size} bytes was not queued. Nothing of it was "
+        "stored: retry later, slow the producer down, or give the broker a larger "
+        "--memory-budget or a faster disk",
     )
 
 

@@ -1,0 +1,110 @@
+"""Per-topic state in the budget (spec/memory.md, "State"): what an idle topic, a subscription
+and a consumer cost the broker beyond any cached record or publish in flight.
+
+Measured with `bench/state_memory.py` (a real broker's RSS over 300 of each after a warm-up
+of 50; bench/RESULTS.md 2026-11-29; the run over 2,000 did not finish: its broker, busy
+with 4,600 subscriptions, did not answer a scrape in 5 s), and checked against the soak's
+setup (1,000 of each: bench/RESULTS.md, the soak): the topic's record, its WAL machine and
+files' state, its producer's session; a subscription's dispatcher, cursor and metadata; a
+consumer's record, its session and its receive and acknowledgement streams. Accounted at
+those costs, counted from the core's tables (`BrokerCore.state_counts`), not tracked object
+by object.
+
+State is charged to the cache pool, the one pool that can shrink at any time: the cache
+ledger's pool shrinks by the state's bytes (it evicts the broker's oldest cached batches at
+once, they are on disk), as it does for what publishes borrow. State may take at most
+`STATE_SHARE` of the cache pool: past it, creating a topic, a subscription or a consumer is
+refused RESOURCE_EXHAUSTED (nothing is created); what exists already (a restart restores it
+all) is never dropped for it. So `cache + state + publishes <= cache pool + publish pool`.
+
+Pure: counts in, decisions out.
+"""
+
+from __future__ import annotations
+
+from danube.machines.memory.ledger import CacheLedger
+
+TOPIC_BYTES = 12_288
+"""An idle reliable topic with one producer (bench/state_memory.py: 12,261 B)."""
+SUBSCRIPTION_BYTES = 13_312
+"""A reliable subscription with no consumer attached (13,094 B)."""
+CONSUMER_BYTES = 12_288
+"""A consumer with its receive and acknowledgement streams open (11,837 B)."""
+STATE_SHARE = 0.5
+"""Of the cache pool, what state may take: the other half stays for the hot tail."""
+
+
+MEASURED = (TOPIC_BYTES, SUBSCRIPTION_BYTES, CONSUMER_BYTES)
+
+
+def state_cost(
+    topics: int, subscriptions: int, consumers: int, costs: tuple[int, int, int] = MEASURED
+) -> int:
+    """Accounted bytes of that many topics, subscriptions and consumers."""
+    return costs[0] * topics + costs[1] * subscriptions + costs[2] * consumers
+
+
+class StatePool:
+    """Accounted bytes of the broker's topics, subscriptions and consumers, charged to the
+    cache pool (module docstring)."""
+
+    __slots__ = (
+        "_cache_pool",
+        "_ledger",
+        "_lend",
+        "budget",
+        "costs",
+        "limit",
+        "refused",
+        "used",
+    )
+
+    def __init__(
+        self,
+        ledger: CacheLedger,
+        budget: int,
+        lend: object = None,
+        costs: tuple[int, int, int] | None = None,
+    ) -> None:
+        """`ledger`: the cache pool it is charged to. `lend`: called after each change so the
+        publish pool recomputes the ledger's room (`PublishPool.lend`). `costs`: of a topic,
+        a subscription, a consumer (None: the measured ones)."""
+        self.costs = costs or MEASURED
+        self._ledger = ledger
+        self._cache_pool = ledger.pool
+        self._lend = lend
+        self.budget = budget
+        self.limit = int(ledger.pool * STATE_SHARE)
+        self.used = 0
+        self.refused = 0
+        """Creations refused for want of room (a counter, for metrics)."""
+
+    def update(self, topics: int, subscriptions: int, consumers: int) -> None:
+        """The core's tables hold that many now: the cache pool shrinks (or grows) to match."""
+        used = state_cost(topics, subscriptions, consumers, self.costs)
+        if used == self.used:
+            return
+        self.used = used
+        self._ledger.state = used
+        if callable(self._lend):
+            self._lend()
+        else:
+            self._ledger.pool = max(0, self._cache_pool - used)
+            self._ledger.fit()
+
+    def refusal(
+        self, *, what: str, topics: int = 0, subscriptions: int = 0, consumers: int = 0
+    ) -> str | None:
+        """Why creating `what` (that many more topics, subscriptions, consumers) is refused,
+        or None when it fits. The caller raises RESOURCE_EXHAUSTED with the reason."""
+        more = state_cost(topics, subscriptions, consumers, self.costs)
+        if not more or self.used + more <= self.limit:
+            return None
+        self.refused += 1
+        return (
+            f"the broker's memory budget has no room for {what}: its topics, subscriptions "
+            f"and consumers hold {self.used} of the {self.limit} bytes they may use (budget "
+            f"{self.budget} bytes, --memory-budget) and this needs {more} more. Nothing was "
+            "created: remove unused topics or subscriptions, or give the broker a larger "
+            "--memory-budget"
+        )

@@ -1,0 +1,61 @@
+"""Topics in the memory budget with a real broker (spec/memory.md, "State"): under a 16 MiB
+budget (state may take 4 MiB of its 8 MiB cache pool, some 340 topics at 12 KiB), producers
+creating topic after topic are refused RESOURCE_EXHAUSTED with the reason, the broker stays
+up and serves the topics it has, and the state pool shows in the metrics."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import pytest
+from grpclib.const import Status
+
+from danube.client import DanubeClient, DispatchStrategy
+from danube.client.errors import DanubeClientError
+from danube.localcluster.broker_process import BrokerProcess
+from danube.machines.memory.state import TOPIC_BYTES
+from tests.support.aio import run
+
+pytestmark = pytest.mark.slow
+
+
+def _state_used(broker: BrokerProcess) -> float:
+    with urllib.request.urlopen(f"{broker.metrics_url}/metrics", timeout=30) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith("danube_memory_pool_used_bytes{") and 'pool="state"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no state pool in the metrics")
+
+
+def test_topics_past_the_state_share_are_refused_and_the_broker_serves_on(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data", extra_args=("--memory-budget", "16MiB")).start()
+    try:
+
+        async def scenario() -> tuple[int, str]:
+            async with DanubeClient(broker.url) as client:
+                for index in range(1_000):
+                    producer = client.producer(
+                        f"/default/many-{index}", "p", dispatch=DispatchStrategy.RELIABLE,
+                        batching=None,
+                    )  # fmt: skip
+                    try:
+                        await producer.create()
+                    except DanubeClientError as error:
+                        assert error.status is Status.RESOURCE_EXHAUSTED, error
+                        first = client.producer(
+                            "/default/many-0", "again", dispatch=DispatchStrategy.RELIABLE,
+                            batching=None,
+                        )  # fmt: skip
+                        await first.create()
+                        await first.send(b"still served")
+                        return index, str(error)
+            raise AssertionError("1,000 topics fitted in a 16 MiB budget")
+
+        created, message = run(scenario, timeout=240)
+        assert "no room for topic /default/many-" in message and "--memory-budget" in message
+        assert 4 * 1024 * 1024 // TOPIC_BYTES // 2 < created <= 4 * 1024 * 1024 // TOPIC_BYTES
+        assert _state_used(broker) >= created * TOPIC_BYTES
+        assert broker.process is not None and broker.process.poll() is None
+    finally:
+        broker.kill()

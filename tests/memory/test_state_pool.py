@@ -1,0 +1,83 @@
+"""Topics, subscriptions and consumers in the memory budget (spec/memory.md, "State"): they are
+charged to the cache pool (which shrinks, evicting cached batches), and creating one more is
+refused RESOURCE_EXHAUSTED, with nothing created, once they hold their share."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from danube.machines.dispatch import QueueLimits
+from danube.machines.memory.budget import MIB, split
+from danube.machines.memory.state import (
+    CONSUMER_BYTES,
+    STATE_SHARE,
+    SUBSCRIPTION_BYTES,
+    TOPIC_BYTES,
+)
+from danube.machines.node.core import BrokerCore, BrokerIdentity
+from danube.values.config import DispatchStrategy, Policies
+from danube.values.errors import DanubeError, ErrorCode
+
+
+def _core(budget: int = 16 * MIB) -> BrokerCore:
+    core = BrokerCore(
+        BrokerIdentity("http://b:1", "http://b:1"),
+        rng=random.Random(1),
+        default_policies=Policies(),
+        queue_limits=QueueLimits(10, 1 << 20),
+        memory=split(budget),
+    )
+    core.bootstrap(["default"])
+    return core
+
+
+def test_topics_fill_their_share_then_one_more_is_refused_and_nothing_is_created() -> None:
+    core = _core()
+    pool, ledger = core.state_pool, core.cache_ledger
+    assert pool is not None and ledger is not None and core.memory is not None
+    assert pool.limit == int(core.memory.cache * STATE_SHARE)
+    fits = pool.limit // TOPIC_BYTES
+    for index in range(fits):
+        core.create_topic(f"/default/t{index}", DispatchStrategy.RELIABLE)
+    with pytest.raises(DanubeError) as refused:
+        core.create_topic("/default/one-more", DispatchStrategy.RELIABLE)
+    assert refused.value.code is ErrorCode.RESOURCE_EXHAUSTED
+    assert (
+        "--memory-budget" in refused.value.message
+        and "Nothing was created" in refused.value.message
+    )
+    assert "/default/one-more" not in core.topics("default") and pool.refused == 1
+    with pytest.raises(DanubeError):  # a producer would create it: refused the same way
+        core.create_producer(
+            "/default/one-more", "p", access_mode=0, strategy=DispatchStrategy.RELIABLE
+        )
+    core.tick(0)
+    assert ledger.state == pool.used == fits * TOPIC_BYTES
+    assert ledger.pool == core.memory.cache - ledger.state  # the caches gave way
+    core.delete_topic("/default/t0")
+    core.tick(1)  # what is gone is given back at the next tick
+    assert pool.used == (fits - 1) * TOPIC_BYTES
+    core.create_topic("/default/one-more", DispatchStrategy.RELIABLE)
+
+
+def test_subscriptions_and_consumers_are_counted_and_refused_past_the_share() -> None:
+    core = _core()
+    pool = core.state_pool
+    assert pool is not None
+    core.create_topic("/default/t", DispatchStrategy.NON_RELIABLE)  # no WAL to load first
+    core.subscribe("/default/t", "c0", "s0", 0, ())
+    core.tick(0)
+    assert core.state_counts() == (1, 1, 1)
+    assert pool.used == TOPIC_BYTES + SUBSCRIPTION_BYTES + CONSUMER_BYTES
+    index = 1
+    with pytest.raises(DanubeError) as refused:
+        while True:
+            core.subscribe("/default/t", f"c{index}", f"s{index}", 0, ())
+            index += 1
+    assert refused.value.code is ErrorCode.RESOURCE_EXHAUSTED
+    assert f"s{index}" not in core.subscriptions("/default/t")
+    core.unsubscribe("/default/t", "s1")
+    core.tick(1)
+    assert core.state_counts()[1] == index - 1  # the count follows unsubscribe
