@@ -120,3 +120,25 @@ def test_a_healthy_subscription_stores_no_counts() -> None:
     effects = sub.ack(0, 1) + sub.ack(1, 2) + sub.tick(1 + FLUSH)
     stored = [e for e in effects if isinstance(e, PersistCursor)]
     assert stored == [PersistCursor(0), PersistCursor(1)]
+
+
+@pytest.mark.parametrize("sub_type", [SubscriptionType.SHARED, SubscriptionType.KEY_SHARED])
+def test_failures_settled_before_they_were_stored_write_nothing(
+    sub_type: SubscriptionType,
+) -> None:
+    """A message nacked and then acknowledged within one flush interval, behind an older one
+    still unacknowledged: the cursor did not move and no count is left to store, so a flush
+    writes nothing (it once wrote the same cursor again with no counts; the property test's
+    model found it)."""
+    sub = ReliableSubscription(sub_type, 0, cursor_flush_ms=FLUSH, policy=policy())
+    sub.add_consumer(1, "c1", ("*",), 0)
+    sub.connect(1, 0)
+    sub.readable(2, 0)
+    keys = [b"a", b"b", b"c"]  # Key-Shared: one key each, so all three go out at once
+    effects = sub.records_read([(o, keys[o]) for o in range(3)], 0)
+    assert sent(effects) == [0, 1, 2]
+    stored = [e for e in sub.ack(0, 1) if isinstance(e, PersistCursor)]
+    assert stored == [PersistCursor(0, None)]
+    assert sent(sub.nack(2, None, 10)) == [2], "redelivered at once (no delay)"
+    assert not [e for e in sub.ack(2, 20) if isinstance(e, PersistCursor)]
+    assert [e for e in sub.flush(30) if isinstance(e, PersistCursor)] == []

@@ -527,9 +527,12 @@ class ReliableSubscription(PoisonHandling):
         if (self.cursor > self._persisted or self._attempts_dirty) and (
             force_persist or self._now >= self._persisted_at + self.cursor_flush_ms
         ):
-            self._persisted = self.cursor
-            self._persisted_at = self._now
-            effects.append(PersistCursor(self.cursor, self._attempts_to_persist()))
+            attempts = self._attempts_to_persist()
+            # failures settled before they were ever stored leave nothing to write
+            if self.cursor > self._persisted or attempts is not None:
+                self._persisted = self.cursor
+                self._persisted_at = self._now
+                effects.append(PersistCursor(self.cursor, attempts))
         return effects
 
     def _disconnect(self, consumer_id: int) -> None:
