@@ -33,6 +33,7 @@ from danube.proto import danube as pb
 from danube.runtime.request_driver import RequestDriver
 from danube.runtime.schema_gate import SchemaGate
 from danube.runtime.schema_service import SchemaService
+from danube.runtime.stage_metrics import StageLatency
 from danube.runtime.streams import serve_consumer
 from danube.testing import CoreDriver
 from danube.values.config import Policies
@@ -120,6 +121,9 @@ class _InstantRuntime:
 
 
 class _Metrics:
+    def __init__(self) -> None:
+        self.stages = StageLatency()
+
     def consumer_sent(self, *_: Any) -> None:
         pass
 

@@ -84,9 +84,14 @@ def test_what_a_subscription_owes_counts_acknowledged_messages_received_in_any_o
 @pytest.mark.parametrize("mutation", sorted(SAFETY_MUTATIONS))
 def test_a_planted_skip_is_caught_by_safety_during_the_load(mutation: str) -> None:
     """Every message is still received at least once, so the old end-of-drain check and the
-    drain would pass: only the cursor rule sees it, within a tick, not at the end."""
+    drain would pass: only the cursor rule sees it, within a tick, not at the end.
+
+    The consumer pool's check (invariant 18) is off here: a settled message whose record the
+    node still holds is a memory fault it may report first, and this test is about what the
+    cursor rule sees on its own."""
     workload = Workload()
-    with SAFETY_MUTATIONS[mutation]():
+    held_off = mock.patch.object(InvariantChecker, "held_checked", lambda *_: None)
+    with SAFETY_MUTATIONS[mutation](), held_off:
         for seed in range(1, 51):
             result = Simulation(seed, workload, DEFAULT).run(3)
             if not result.ok:
