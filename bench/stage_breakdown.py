@@ -14,18 +14,9 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from danube.runtime.stage_metrics import STAGES
+
 FAMILY = "danube_stage_latency_ms"
-STAGES = (
-    "receive",
-    "check",
-    "write",
-    "fsync",
-    "back",
-    "acknowledgement",
-    "dispatch",
-    "send",
-    "publish",
-)
 
 Scrape = dict[str, tuple[list[tuple[float, float]], float]]
 """stage -> (cumulative buckets as (upper bound, count), sum in ms)."""
