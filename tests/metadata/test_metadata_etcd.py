@@ -181,11 +181,12 @@ async def test_read_modify_cas_loops_from_two_stores_lose_no_update(
 @pytest.mark.slow
 async def test_lease_expiry_deletes_keys_with_events(etcd_stores: EtcdStores) -> None:
     store = await etcd_stores.open()
-    # Rounded up to etcd's whole seconds: 1 s, which the test etcd's timings allow.
-    lease = await store.grant_lease(0.4)
+    # A 2 s lease renewed every 0.6 s: 1.4 s to spare for each keepalive on a loaded
+    # machine (a 1 s lease expired between two keepalives on a busy CI run).
+    lease = await store.grant_lease(2.0)
     revision = await store.put("/brokers/1", {"addr": "a"}, lease=lease)
     async with store.watch("/brokers/") as events:
-        for _ in range(3):  # 1.8 s in all: only the keepalives keep a 1 s lease alive
+        for _ in range(5):  # 3 s in all: only the keepalives keep a 2 s lease alive
             await trio.sleep(0.6)
             await store.keepalive(lease)
         assert await store.get("/brokers/1") is not None
