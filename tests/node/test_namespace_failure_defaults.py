@@ -122,6 +122,14 @@ def test_the_dead_letter_topic_does_not_dead_letter_to_itself() -> None:
         {"failure_policy": {"ack_timeout_ms": 0}},
         {"failure_policy": {"poison_policy": "sometimes"}},
         {"failure_policy": 3},
+        # numbers that are not whole, typos and a meaning of 0 other than Danube's: refused,
+        # not converted or dropped (1e400 once reached a traceback: OverflowError)
+        {"failure_policy": {"max_redelivery_count": 1e400}},
+        {"failure_policy": {"ack_timeout_ms": 2.7}},
+        {"failure_policy": {"max_redelivery_count": True}},
+        {"failure_policy": {"max_redelivery_count": "3"}},
+        {"failure_policy": {"max_redelivery_counts": 3, "poison_policy": "drop"}},
+        {"failure_policy": {"limits": "old", "max_redelivery_count": 0}},
     ],
 )
 def test_a_bad_default_is_refused(changes: dict) -> None:
@@ -165,3 +173,14 @@ def test_a_cluster_merge_keeps_the_default_another_broker_wrote() -> None:
     assert merged["failure_policy"] == stored["failure_policy"]
     assert merged["max_producers_per_topic"] == 1
     assert "failure_policy" not in merged_policies(merged, {"failure_policy": None})
+
+
+def test_a_default_read_back_may_be_given_again() -> None:
+    """What `namespace_policies` shows (with its `limits` marker) is accepted as it is."""
+    broker = Broker()
+    policy = {"max_redelivery_count": 2, "poison_policy": "drop"}
+    broker.core.set_namespace_policies("default", {"failure_policy": policy})
+    shown = broker.core.namespace_policies("default")["failure_policy"]
+    stored = json.loads(shown) if isinstance(shown, str) else shown
+    broker.core.set_namespace_policies("default", {"failure_policy": stored})
+    assert broker.core.namespace_policies("default")["failure_policy"] == shown

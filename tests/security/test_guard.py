@@ -5,6 +5,8 @@ names the permission and resource it needs; an unlisted RPC needs ManageCluster.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +156,34 @@ def test_a_dead_letter_topic_needs_produce_on_it() -> None:
     assert guarded_call(guard(), path, stream, request("/default/t"))[-1] == "handled"
     with pytest.raises(GRPCError) as raised:
         guarded_call(guard(), path, stream, request("/other/victim"))
+    assert raised.value.status is Status.PERMISSION_DENIED
+
+
+def test_a_namespace_default_dead_letter_topic_needs_produce_on_it() -> None:
+    """The same for a namespace's default failure policy (review finding: ManageNamespace on
+    one namespace let a caller name any topic, which the broker then wrote into)."""
+    path = "/danube_ext.PolicyAdmin/SetNamespacePolicies"
+    config = dataclasses.replace(
+        CONFIG,
+        roles=(*CONFIG.roles, RoleConfig("ns", ("ManageNamespace",))),
+        bindings=(
+            *CONFIG.bindings,
+            BindingConfig("b4", "service_account", "app", ("ns",), "namespace", "default"),
+        ),
+    )
+    checked = AuthGuard(config, consumer_topic={}.get, clock=lambda: NOW)
+
+    def request(failure: object) -> ext_pb.SetPoliciesRequest:
+        policies = json.dumps({"max_producers_per_topic": 2, "failure_policy": failure})
+        return ext_pb.SetPoliciesRequest(name="default", policies=policies)
+
+    stream = FakeStream(bearer("app"))
+    for allowed in (None, {"poison_policy": "drop"}, {"dead_letter_topic": "/default/t"}):
+        assert guarded_call(checked, path, stream, request(allowed))[-1] == "handled"
+    unparsed = ext_pb.SetPoliciesRequest(name="default", policies="{not json")
+    assert guarded_call(checked, path, stream, unparsed)[-1] == "handled"  # the handler refuses
+    with pytest.raises(GRPCError) as raised:
+        guarded_call(checked, path, stream, request({"dead_letter_topic": "/payments/ledger"}))
     assert raised.value.status is Status.PERMISSION_DENIED
 
 

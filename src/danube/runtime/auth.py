@@ -47,7 +47,9 @@ from danube.machines.security.tokens import (
     verify_broker,
     verify_until,
 )
+from danube.values import bounded_json
 from danube.values.auth_config import AuthConfig
+from danube.values.errors import DanubeError
 
 log = logging.getLogger("danube.runtime")
 
@@ -150,6 +152,22 @@ for _method in ("ListBlocked", "ResolveBlocked"):
 DEAD_LETTER_RULE = "/danube_admin.TopicAdmin/SetSubscriptionFailurePolicy"
 """Setting a dead-letter topic also needs Produce on it: the broker republishes there on the
 subscription's behalf, so a caller could otherwise write into a topic it may not produce to."""
+NAMESPACE_POLICIES_RULE = "/danube_ext.PolicyAdmin/SetNamespacePolicies"
+"""The same for a namespace's default failure policy naming a dead-letter topic."""
+
+
+def _namespace_dead_letter(request: Any) -> str | None:
+    """The dead-letter topic a SetNamespacePolicies request's default failure policy names;
+    None when it names none or the policies do not parse (the handler refuses those)."""
+    try:
+        value = bounded_json.loads(str(request.policies), "policies")
+    except DanubeError:
+        return None
+    failure = value.get("failure_policy") if isinstance(value, dict) else None
+    target = failure.get("dead_letter_topic") if isinstance(failure, dict) else None
+    return target if isinstance(target, str) and target else None
+
+
 CONSUMER_RULES = {
     "/danube.ConsumerService/ReceiveMessages",
     "/danube_ext.ConsumerExt/ReceiveBatches",
@@ -336,10 +354,13 @@ class AuthGuard:
                 return
             else:
                 permission, resource = rule[0], rule[1](request)
+                target = None
                 if path == DEAD_LETTER_RULE:
                     target = getattr(request.failure_policy, "dead_letter_topic", None)
-                    if target:  # the broker will publish there for this subscription
-                        self._check(principal, P.PRODUCE, rbac.topic(target), decided)
+                elif path == NAMESPACE_POLICIES_RULE:
+                    target = _namespace_dead_letter(request)
+                if target:  # the broker will publish there for these subscriptions
+                    self._check(principal, P.PRODUCE, rbac.topic(target), decided)
             self._check(principal, permission, resource, decided)
 
         return authorize

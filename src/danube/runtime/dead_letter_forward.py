@@ -78,7 +78,9 @@ class DeadLetterForward:
                 await producer.send(record.payload, attributes=record.attributes)
         except Exception as error:
             self.failed += 1
-            self._producers.pop(topic, None)
+            dropped = self._producers.pop(topic, None)
+            if dropped is not None:
+                dropped.close()  # its batcher task ends with it
             if not isinstance(error, DanubeError):
                 reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
                 error = DanubeError(
@@ -105,6 +107,9 @@ class DeadLetterForward:
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        for producer in self._producers.values():
+            producer.close()
+        self._producers.clear()
         if self._client is not None:
             await self._client.close()
             self._client = None

@@ -76,7 +76,7 @@ def configure(auth: AuthConfig, broker_id: int | str) -> PeerAccess:
 def internal_client(auth: AuthConfig) -> ClientSecurity:
     """How this broker's internal producers (dead letters forwarded to another broker's topic)
     reach a client port: TLS when the client port speaks it, trusting `auth.tls.ca_file` and
-    presenting the broker's certificate (a broker certificate under mutual TLS), and the
+    presenting the broker's certificate (a broker certificate under mutual TLS), and then the
     broker token on every call when a cluster key is set. Either makes the caller a `broker`
     principal at the owner, whose access check lets brokers publish."""
     files = auth.tls
@@ -88,4 +88,7 @@ def internal_client(auth: AuthConfig) -> ClientSecurity:
             key_file=files.key_file,
             headers=PEERS.metadata,
         )
-    return ClientSecurity(headers=PEERS.metadata)
+    # A plaintext client port gets no broker token: it would cross the client network in
+    # clear (such a port has no authentication to pass either: auth.mode tls puts every
+    # port under TLS).
+    return ClientSecurity()

@@ -11,8 +11,9 @@ holds references to those very records, so it adds no bytes of its own.
 When the pool is full, a subscription that already holds records reads no more: its next
 read waits (`paused`) and the records stay on disk (or in the hot cache, which the cache pool
 bounds) until acknowledgements make room; `resume` hands back the reads that fit again, in
-the order they were paused. A subscription that holds nothing may always read once, so no
-subscription is starved by others' slow consumers: the pool may exceed its share by one read
+the order they were paused. A subscription that holds nothing may always read once (also a
+paused one whose records were all acknowledged meanwhile), so no subscription is starved by
+others' slow consumers: the pool may exceed its share by one read
 per such subscription (`READ_MAX_BYTES` at most each).
 
 Pure: no clock, no I/O.
@@ -21,6 +22,7 @@ Pure: no clock, no I/O.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 HELD_PER_RECORD = 2_048
@@ -60,13 +62,26 @@ class ConsumerPool:
         self.paused.append((topic, subscription, epoch, read))
         self.paused_reads += 1
 
-    def resume(self) -> list[tuple[str, str, int, Any]]:
-        """The paused reads to carry out now (all of them once there is room: each is judged
-        again as it is carried out, and pauses again if the pool filled meanwhile)."""
-        if self.full or not self.paused:
+    def resume(
+        self, holds_nothing: Callable[[str, str, int], bool] | None = None
+    ) -> list[tuple[str, str, int, Any]]:
+        """The paused reads to carry out now: all of them once there is room (each is judged
+        again as it is carried out, and pauses again if the pool filled meanwhile); while it
+        is full, those of subscriptions that hold nothing any more (`holds_nothing(topic,
+        subscription, epoch)`: their consumers acknowledged everything since the read
+        paused, or they are gone), which may always read once."""
+        if not self.paused:
             return []
-        ready = list(self.paused)
-        self.paused.clear()
+        if not self.full:
+            ready = list(self.paused)
+            self.paused.clear()
+            return ready
+        if holds_nothing is None:
+            return []
+        ready, kept = [], deque()
+        for paused in self.paused:
+            (ready if holds_nothing(*paused[:3]) else kept).append(paused)
+        self.paused = kept
         return ready
 
     def took(self, size: int) -> None:

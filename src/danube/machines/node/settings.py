@@ -73,6 +73,18 @@ def merged_policies(stored: Any, changes: Mapping[str, Any]) -> dict[str, Any]:
     return policies_json(merged)
 
 
+FAILURE_COUNTS = (
+    "max_redelivery_count",
+    "ack_timeout_ms",
+    "base_redelivery_delay_ms",
+    "max_redelivery_delay_ms",
+)
+FAILURE_FIELDS = frozenset(
+    (*FAILURE_COUNTS, "backoff_strategy", "dead_letter_topic", "poison_policy")
+)
+"""The fields a namespace's default failure policy takes: a typo is refused, not dropped."""
+
+
 def namespace_failure_text(value: Any) -> str:
     """A namespace's default failure policy as given (Danube's `SubscriptionFailurePolicy`
     fields as JSON, `max_redelivery_count` with Danube's meaning; null or {} clears it),
@@ -81,9 +93,20 @@ def namespace_failure_text(value: Any) -> str:
         return ""
     if not isinstance(value, Mapping):
         raise invalid("failure_policy must be a JSON object of the failure policy's fields")
+    if value.get("limits", LIMIT_MEANING) != LIMIT_MEANING:  # as read back: Danube's meaning
+        raise invalid(f"failure_policy: limits can only be {LIMIT_MEANING!r}")
+    unknown = sorted(set(value) - FAILURE_FIELDS - {"limits"})
+    if unknown:
+        raise invalid(
+            f"failure_policy: unknown field(s) {', '.join(map(repr, unknown))}; "
+            f"the fields are {', '.join(sorted(FAILURE_FIELDS))}"
+        )
+    for name in FAILURE_COUNTS:
+        if name in value and (type(value[name]) is not int or value[name] < 0):
+            raise invalid(f"failure_policy: {name} must be a whole number >= 0")
     try:
-        settings = SubscriptionFailureSettings.from_json({"limits": LIMIT_MEANING, **value})
-    except (KeyError, ValueError, TypeError) as error:
+        settings = SubscriptionFailureSettings.from_json({**value, "limits": LIMIT_MEANING})
+    except (KeyError, ValueError, TypeError, OverflowError) as error:
         raise invalid(f"failure_policy: {error}") from None
     return json.dumps(settings.to_json(), sort_keys=True)
 
