@@ -630,18 +630,12 @@ class ReliableLogs:
         if it filled meanwhile); those of a subscription gone or rebuilt are dropped."""
         assert self.consumer_pool is not None
         out: list[Effect] = []
-        for topic, name, epoch, read in self.consumer_pool.resume(self._holds_nothing):
+        for topic, name, epoch, read in self.consumer_pool.resume():
             record = self._topics.get(topic)
             sub = record.subscriptions.get(name) if record is not None else None
             if record is not None and sub is not None and sub.epoch == epoch:
                 out.extend(self.dispatch(record, sub, [read], now_ms))
         return out
-
-    def _holds_nothing(self, topic: str, name: str, epoch: int) -> bool:
-        """A paused read's subscription holds no record now (or is gone or rebuilt)."""
-        record = self._topics.get(topic)
-        sub = record.subscriptions.get(name) if record is not None else None
-        return sub is None or sub.epoch != epoch or not sub.records
 
     def _next_due(self, record: TopicRecord, batch: int) -> int | None:
         """Until when a tick would find nothing to do for the topic, unless an input touches
