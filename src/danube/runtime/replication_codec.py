@@ -37,6 +37,7 @@ from danube.machines.replication.messages import (
 from danube.machines.wal import records
 from danube.proto import danube_ext as ext_pb
 from danube.values.names import MAX_NAME_LENGTH
+from danube.values.varint import append_varint
 
 FRAMES_LIMIT = MAX_FRAME
 """Largest `frames` of one `Replicate` (64 MiB, the WAL's largest frame). A group commit
@@ -220,24 +221,17 @@ _REQUEST = records.Schema(
 _ANSWER = records.Schema({1: _VARINT, 2: _LEN, 3: _VARINT, 4: _VARINT}, frozenset({2}))
 
 
-def _varint(value: int, out: bytearray) -> None:
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-
-
 def _field_bytes(number: int, data: bytes, out: bytearray) -> None:
     if data:
         out.append(number << 3 | _LEN)
-        _varint(len(data), out)
+        append_varint(len(data), out)
         out += data
 
 
 def _field_varint(number: int, value: int, out: bytearray) -> None:
     if value:
         out.append(number << 3 | _VARINT)
-        _varint(value, out)
+        append_varint(value, out)
 
 
 def request_bytes(msg: Replicate, frames_limit: int = FRAMES_LIMIT) -> bytes:
@@ -251,7 +245,7 @@ def request_bytes(msg: Replicate, frames_limit: int = FRAMES_LIMIT) -> bytes:
     _field_varint(5, checked.commit, out)
     if checked.frames:
         out.append(6 << 3 | _LEN)
-        _varint(len(checked.frames), out)
+        append_varint(len(checked.frames), out)
         return bytes(out) + checked.frames
     return bytes(out)
 

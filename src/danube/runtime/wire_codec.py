@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from danube.machines.node.requests import Acknowledgement
 from danube.machines.wal import records
+from danube.values.varint import varint
 
 _VARINT, _LEN = 0, 2
 _UINT64 = (1 << 64) - 1
@@ -100,23 +101,14 @@ class RequestIdReply:
         return records.encode(only_id)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _field_varint(number: int, value: int) -> bytes:
     """Field `number` as proto3 writes a varint (nothing for 0, its default)."""
-    return _varint(number << 3) + _varint(value & _UINT64) if value else b""
+    return varint(number << 3) + varint(value & _UINT64) if value else b""
 
 
 def _field_bytes(number: int, value: bytes) -> bytes:
     """Field `number` as proto3 writes a length-delimited field (nothing when empty)."""
-    return _varint((number << 3) | _LEN) + _varint(len(value)) + value if value else b""
+    return varint((number << 3) | _LEN) + varint(len(value)) + value if value else b""
 
 
 class BatchAckWire:

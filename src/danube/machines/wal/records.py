@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from danube.values.varint import append_varint
+
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _WIRE_TYPES = frozenset({_VARINT, _I64, _LEN, _I32})
 
@@ -47,16 +49,9 @@ class Record:
         return (self.routing_key if self.routing_key is not None else self.producer_name).encode()
 
 
-def _varint(value: int, out: bytearray) -> None:
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-
-
 def _bytes_field(number: int, data: bytes, out: bytearray) -> None:
     out.append((number << 3) | _LEN)
-    _varint(len(data), out)
+    append_varint(len(data), out)
     out += data
 
 
@@ -64,25 +59,25 @@ def encode(record: Record) -> bytes:
     out = bytearray()
     if record.request_id:
         out.append(1 << 3)
-        _varint(record.request_id, out)
+        append_varint(record.request_id, out)
     if record.has_msg_id:
         msg_id = bytearray()
         if record.producer_id:
             msg_id.append(1 << 3)
-            _varint(record.producer_id, msg_id)
+            append_varint(record.producer_id, msg_id)
         if record.topic_name:
             _bytes_field(2, record.topic_name.encode(), msg_id)
         if record.broker_addr:
             _bytes_field(3, record.broker_addr.encode(), msg_id)
         if record.topic_offset:
             msg_id.append(5 << 3)
-            _varint(record.topic_offset, msg_id)
+            append_varint(record.topic_offset, msg_id)
         _bytes_field(2, bytes(msg_id), out)
     if record.payload:
         _bytes_field(3, record.payload, out)
     if record.publish_time:
         out.append(4 << 3)
-        _varint(record.publish_time, out)
+        append_varint(record.publish_time, out)
     if record.producer_name:
         _bytes_field(5, record.producer_name.encode(), out)
     if record.subscription_name:
@@ -98,10 +93,10 @@ def encode(record: Record) -> bytes:
         _bytes_field(7, bytes(entry), out)
     if record.schema_id is not None:
         out.append(8 << 3)
-        _varint(record.schema_id, out)
+        append_varint(record.schema_id, out)
     if record.schema_version is not None:
         out.append(9 << 3)
-        _varint(record.schema_version, out)
+        append_varint(record.schema_version, out)
     if record.routing_key is not None:
         _bytes_field(10, record.routing_key.encode(), out)
     return bytes(out)
@@ -520,7 +515,7 @@ def msg_id_fields(producer_id: int, topic_name: str, broker_addr: str) -> bytes:
     out = bytearray()
     if producer_id:
         out.append(1 << 3)
-        _varint(producer_id, out)
+        append_varint(producer_id, out)
     if topic_name:
         _bytes_field(2, topic_name.encode(), out)
     if broker_addr:

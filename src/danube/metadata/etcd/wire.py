@@ -20,6 +20,8 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from danube.values.varint import varint
+
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _UINT64 = (1 << 64) - 1
 
@@ -43,22 +45,12 @@ class Encoded:
 # -- encoding ----------------------------------------------------------------------------------
 
 
-def _varint(value: int) -> bytes:
-    value &= _UINT64  # int64: negative numbers are ten bytes of two's complement
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _len(field: int, data: bytes) -> bytes:
-    return _varint(field << 3 | _LEN) + _varint(len(data)) + data
+    return varint(field << 3 | _LEN) + varint(len(data)) + data
 
 
 def _int(field: int, value: int) -> bytes:
-    return _varint(field << 3 | _VARINT) + _varint(value)
+    return varint(field << 3 | _VARINT) + varint(value)
 
 
 def _opt_bytes(field: int, data: bytes) -> bytes:
