@@ -182,6 +182,29 @@ def _held(core: BrokerCore) -> tuple[int, list[str]]:
     return held, stray
 
 
+def _paused_in_vain(core: BrokerCore, only: tuple[str, str] | None = None) -> list[str]:
+    """Reads the consumer pool keeps paused that should have gone on: every one while the
+    pool has room; while it is full, those of a subscription that holds nothing (or is gone
+    or rebuilt), which may always read once. `only` (topic, subscription): judge that
+    subscription's reads alone (after its acknowledgements; one emptied some other way,
+    by a policy drop or a stored dead letter, goes on at the next tick)."""
+    pool = core.logs.consumer_pool
+    if pool is None or not pool.paused:
+        return []
+    if not pool.full:
+        return [f"{len(pool.paused)} read(s) paused while the pool has room"]
+    topics = core.catalogue.topics_by_name
+    waiting = []
+    for topic, name, epoch, _ in pool.paused:
+        if only is not None and only != (topic, name):
+            continue
+        record = topics.get(topic)
+        sub = record.subscriptions.get(name) if record is not None else None
+        if sub is None or sub.epoch != epoch or not sub.records:
+            waiting.append(f"{topic}/{name}, which holds nothing")
+    return waiting
+
+
 def _relieved(pool: PublishPool) -> None:
     pool.relieve()
 
@@ -261,6 +284,10 @@ class Observer:
     def held_checked(self, used: int, held: tuple[int, list[str]]) -> None:
         """After a tick: the consumer pool's total, and what the reliable subscriptions hold
         and hold in vain (spec/memory.md, "Consumer queues")."""
+
+    def paused_checked(self, waiting: list[str]) -> None:
+        """After a tick, and after a subscription's acknowledgements: the reads the consumer
+        pool keeps paused although they should go on (spec/memory.md, "Consumer queues")."""
 
     def publish_pool_checked(self, pool: PublishPool, cached: int, pools: int, idle: bool) -> None:
         """After a publish was admitted and handed to the core, and after a tick: the publish
@@ -437,6 +464,7 @@ class SimBroker:
             self.observer.state_checked(core.state_counts(), subscriptions, ledger.state, costs)
             if core.logs.consumer_pool is not None:
                 self.observer.held_checked(core.logs.consumer_pool.used, _held(core))
+                self.observer.paused_checked(_paused_in_vain(core))
         self.publish_checked(idle=not self.requests.in_flight)
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 
@@ -480,6 +508,7 @@ class SimBroker:
             elif kind is AckRequest:
                 flow = self.requests.ack_one(request)
                 self.requests.run(flow, _answered(reply, Answer(request.request_id)))
+                self._acked(core, request.topic_name, request.subscription_name)
             elif kind is PublishBatch:
                 batch = BatchRequest(request.producer_id, request.topic_name, request.frame)
                 flow = self.requests.publish_batch(batch)
@@ -489,6 +518,7 @@ class SimBroker:
                     request.topic_name, request.subscription_name, request.offsets
                 )
                 self.requests.run(flow, _answered(reply, Answer(request.request_id)))
+                self._acked(core, request.topic_name, request.subscription_name)
             elif kind is NackRequest:
                 flow = self.requests.nack_one(request)
                 self.requests.run(flow, _answered(reply, Answer(request.request_id)))
@@ -509,6 +539,11 @@ class SimBroker:
             reply(error)
         except Exception as error:  # answered INTERNAL, as the gRPC services do
             reply(self.internal_error(_describe(request), error))
+
+    def _acked(self, core: BrokerCore, topic: str, subscription: str) -> None:
+        """Invariant 18 after acknowledgements: the reads they let go on went on."""
+        if core.logs.consumer_pool is not None and core.memory is not None:
+            self.observer.paused_checked(_paused_in_vain(core, (topic, subscription)))
 
     def _retry_scheduled(self, core: BrokerCore, request: Any) -> None:
         """Tells the observer when a nacked message goes out again (the backoff's cap)."""

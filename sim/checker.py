@@ -253,6 +253,14 @@ class InvariantChecker(Observer):
         if stray:
             self._violate(MEMORY, f"records held after they were settled: {', '.join(stray[:3])}")
 
+    def paused_checked(self, waiting: list[str]) -> None:
+        """18, the consumer pool's paused reads: none waits while the pool has room, nor
+        (while it is full) one of a subscription that holds nothing, which may always read
+        once: a subscription whose consumers acknowledged everything must not stay paused
+        while other subscriptions' slow consumers keep the pool full."""
+        if waiting:
+            self._violate(MEMORY, f"reads paused in vain: {', '.join(waiting[:3])}")
+
     def publish_pool_checked(self, pool: PublishPool, cached: int, pools: int, idle: bool) -> None:
         """18, the publish pool: what publishes in flight hold stays within the room the
         pool had for them (its capacity less the memory pressure), the caches and the

@@ -9,6 +9,7 @@ import random
 from typing import Any
 
 from danube.machines.dispatch import QueueLimits, StartKind, StartPosition
+from danube.machines.memory.budget import MemoryPools
 from danube.machines.node.core import (
     BrokerCore,
     BrokerIdentity,
@@ -60,6 +61,7 @@ class Broker:
         files: dict[str, dict[int, bytearray]] | None = None,
         metadata: dict[str, Any] | None = None,
         max_unacked: int = 10,
+        memory: MemoryPools | None = None,
     ) -> None:
         self.core = BrokerCore(
             BrokerIdentity(URL, URL),
@@ -69,6 +71,7 @@ class Broker:
             wal_config=config or WalConfig(),
             max_unacked_messages=max_unacked,
             routing_key_of=key_of,
+            memory=memory,
         )
         self.driver = CoreDriver(self.core, files)
         self.metadata: dict[str, Any] = {}

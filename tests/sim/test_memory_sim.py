@@ -18,13 +18,14 @@ from danube.machines.memory.consumer import HeldRecords
 from danube.machines.memory.publish import PublishPool, send_cost
 from danube.machines.node import requests
 from danube.machines.node.consumers import Consumers
+from danube.machines.node.reliable_log import ReliableLogs
 from danube.machines.requests import publish
 from danube.machines.wal.cache import CachedBatch, HotCache
 from sim.checker import MEMORY
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_faults import CLUSTER_PROFILES
 from sim.faults import Faults
-from sim.run import Simulation, Workload
+from sim.run import TIERED, Simulation, Workload
 
 
 @contextlib.contextmanager
@@ -171,3 +172,23 @@ def test_a_record_kept_after_its_acknowledgement_is_caught() -> None:
     go when it is acknowledged; one that is not fills the consumer pool for ever."""
     with mock.patch.object(HeldRecords, "pop", lambda self, offset, default=None: None):
         assert _first_violation(range(1, 21)) == MEMORY
+
+
+def test_a_paused_read_left_waiting_by_a_subscription_that_holds_nothing_is_caught() -> None:
+    """Consumer queues (spec/memory.md): while the pool is full, a paused read of a
+    subscription that holds nothing any more goes on (it may always read once); a resume
+    that never asks leaves it waiting on other subscriptions' slow consumers (review
+    finding)."""
+    with mock.patch.object(ReliableLogs, "_holds_nothing", lambda self, *paused: False):
+        result = Simulation(1, TIERED, Faults()).run(4)
+    assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
+    assert "which holds nothing" in result.violations[0].detail
+
+
+def test_an_ack_that_makes_room_without_resuming_the_paused_reads_is_caught() -> None:
+    """Issue 28: reads the consumer pool paused go on at the acknowledgement that made room
+    (or emptied their subscription), not at the next tick."""
+    with mock.patch.object(Consumers, "_resume_after_acks", lambda self, *args: []):
+        result = Simulation(1, TIERED, Faults()).run(4)
+    assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
+    assert "reads paused in vain" in result.violations[0].detail

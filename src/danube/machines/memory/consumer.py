@@ -11,11 +11,11 @@ holds references to those very records, so it adds no bytes of its own.
 When the pool is full, a subscription that already holds records reads no more: its next
 read waits (`paused`) and the records stay on disk (or in the hot cache, which the cache pool
 bounds) until acknowledgements make room; `resume` hands back the reads that fit again, in
-the order they were paused. A subscription that holds nothing may always read once, so no
-subscription is starved by others' slow consumers (a read paused while it held records waits
-for room even once they are acknowledged: `resume(holds_nothing)` would let it go on, not
-wired in yet, see spec/memory.md): the pool may exceed its share by one read
-per such subscription (`READ_MAX_BYTES` at most each).
+the order they were paused (the reliable log asks at the acknowledgement that made room and
+at each tick). A subscription that holds nothing may always read once, so no subscription is
+starved by others' slow consumers, also one whose read paused while it held records and
+whose consumers acknowledged them all since (`resume(holds_nothing)`): the pool may exceed
+its share by one read per such subscription (`READ_MAX_BYTES` at most each).
 
 Pure: no clock, no I/O.
 """

@@ -408,7 +408,9 @@ class Consumers:
         effects are carried out before the next ack: an ack can free the window and deliver
         an offset again that a later ack of the same batch settles, and the settled offset's
         record is let go then (the simulator's seeds 1, 7, 21, 23 and 49 with `--operator 0.2`
-        found the Deliver of a record already let go)."""
+        found the Deliver of a record already let go). Reads the consumer pool paused go on
+        at once when the acks made room or left the subscription holding nothing
+        (spec/memory.md, "Consumer queues")."""
         record, sub = self._ack_target(topic, subscription)
         dispatcher = sub.dispatcher
         out: list[Effect] = []
@@ -417,7 +419,18 @@ class Consumers:
             if not dispatcher.is_pending(offset):
                 sub.records.pop(offset, None)
             out.extend(self._logs.dispatch(record, sub, effects, now_ms))
+        if record.reliable:
+            out.extend(self._resume_after_acks(sub, now_ms))
         return Step(None, tuple(out))
+
+    def _resume_after_acks(self, sub: SubscriptionRecord, now_ms: int) -> list[Effect]:
+        """Reads the consumer pool paused go on at the acknowledgements that let them, not
+        at the next tick: all of them once the pool has room, the subscription's own when
+        it holds nothing any more (spec/memory.md, "Consumer queues")."""
+        pool = self._logs.consumer_pool
+        if pool is None or not pool.paused or (pool.full and sub.records):
+            return []
+        return self._logs.resume_reads(now_ms)
 
     def nack(
         self,

@@ -627,15 +627,24 @@ class ReliableLogs:
 
     def resume_reads(self, now_ms: int) -> list[Effect]:
         """Reads the consumer pool paused, carried out once it has room (each pauses again
-        if it filled meanwhile); those of a subscription gone or rebuilt are dropped."""
+        if it filled meanwhile), or while it is full those of subscriptions that hold
+        nothing any more (they may always read once); those of a subscription gone or
+        rebuilt are dropped. Called at each tick and by the acknowledgements that let
+        them go on (`Consumers.ack_many`)."""
         assert self.consumer_pool is not None
         out: list[Effect] = []
-        for topic, name, epoch, read in self.consumer_pool.resume():
+        for topic, name, epoch, read in self.consumer_pool.resume(self._holds_nothing):
             record = self._topics.get(topic)
             sub = record.subscriptions.get(name) if record is not None else None
             if record is not None and sub is not None and sub.epoch == epoch:
                 out.extend(self.dispatch(record, sub, [read], now_ms))
         return out
+
+    def _holds_nothing(self, topic: str, name: str, epoch: int) -> bool:
+        """A paused read's subscription holds no record now (or is gone or rebuilt)."""
+        record = self._topics.get(topic)
+        sub = record.subscriptions.get(name) if record is not None else None
+        return sub is None or sub.epoch != epoch or not sub.records
 
     def _next_due(self, record: TopicRecord, batch: int) -> int | None:
         """Until when a tick would find nothing to do for the topic, unless an input touches
