@@ -408,7 +408,10 @@ async def serve(
                 metrics.rebalancing = lambda: (driver.moves, driver.move_failures)
             consumers = ConsumerService(runtime, placement)
             schemas = SchemaService(
-                store, _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)), placement
+                store,
+                _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)),
+                placement,
+                metrics.schema_parsed,
             )
             gate = SchemaGate(schemas, metrics)
             # Everything built so far lives as long as the broker: moved out of the cyclic
