@@ -332,3 +332,56 @@ def test_brokers_may_prove_themselves_by_certificate_instead(
     finally:
         for process in brokers:
             process.kill()
+
+
+def test_a_rotated_broker_certificate_reaches_peer_calls_without_restart(
+    pki: Pki, etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    """Brokers proving themselves by certificate: a forwarded admin call works; then the
+    brokers' certificate files are rotated to one whose name the cluster does not list, and
+    once the brokers have reloaded them (no restart) the forwarding broker's next call
+    presents the new certificate, so the owner no longer takes it for a broker (before
+    peer calls followed the rotation, they kept presenting the old one until a restart)."""
+    cert, key = tmp_path / "broker.pem", tmp_path / "broker.key"
+
+    def issue(name: str) -> None:
+        issued = pki.ca.issue_cert("127.0.0.1", "localhost", common_name=name)
+        issued.private_key_pem.write_to_path(str(key))
+        issued.cert_chain_pems[0].write_to_path(str(cert))
+
+    issue("broker.cluster.test")
+    prefix = f"/rotated-{uuid.uuid4().hex[:8]}"
+
+    def configure(shared: Path) -> dict[str, object]:
+        config = broker_config(pki, etcd_server, shared, prefix)
+        auth = dict(config["auth"])  # type: ignore[call-overload]
+        auth["tls"] = {**auth["tls"], "cert_file": str(cert), "key_file": str(key)}
+        auth["broker_certificates"] = ["broker.cluster.test"]
+        return {**config, "auth": auth}
+
+    brokers = start_brokers(tmp_path / "c", configure, {"DANUBE_JWT_SECRET_KEY": SECRET})
+    try:
+        topic = f"/default/rot-{uuid.uuid4().hex[:8]}"
+        root = ClientSecurity(ca_file=str(pki.ca_file), token=token("root"))
+        aio_run(lambda: produce_retrying(brokers[0], root, topic))
+
+        def describe_everywhere() -> list[str]:
+            outcomes = []
+            for broker in brokers:  # one of them owns it, the other forwards
+                done = _tool("danube-admin", "--endpoint", broker.admin_addr, "topics",
+                             "describe", topic, env=admin_env(pki))  # fmt: skip
+                outcomes.append("OK" if done.returncode == 0 else done.stderr)
+            return outcomes
+
+        assert describe_everywhere() == ["OK", "OK"]
+        issue("retired.cluster.test")
+        for broker in brokers:
+            broker.wait_for_log(r"event=tls_reloaded", timeout=10)
+        outcomes = describe_everywhere()
+        assert outcomes.count("OK") == 1, outcomes  # the owner answers; the forward is refused
+        refused = next(o for o in outcomes if o != "OK")
+        assert "PERMISSION_DENIED" in refused, refused
+        assert all(b.alive for b in brokers)
+    finally:
+        for process in brokers:
+            process.kill()
