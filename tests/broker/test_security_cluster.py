@@ -308,12 +308,18 @@ def test_a_dead_letter_reaches_a_topic_on_the_other_secured_broker(
     assert "dead_letter_failed" not in logs
 
 
+@pytest.mark.parametrize(
+    "listed", ["broker.cluster.test", "dns:brokers.cluster.test"], ids=["common-name", "san-dns"]
+)
 def test_brokers_may_prove_themselves_by_certificate_instead(
-    pki: Pki, etcd_server: EtcdProcess, tmp_path: Path
+    pki: Pki, etcd_server: EtcdProcess, tmp_path: Path, listed: str
 ) -> None:
-    """No cluster key: `auth.broker_certificates` names the brokers' certificate, which each
-    presents to the others (mutual TLS); a forwarded admin call works."""
-    issued = pki.ca.issue_cert("127.0.0.1", "localhost", common_name="broker.cluster.test")
+    """No cluster key: `auth.broker_certificates` names the brokers' certificate, by common
+    name or by a subjectAltName DNS entry, which each presents to the others (mutual TLS); a
+    forwarded admin call works."""
+    issued = pki.ca.issue_cert(
+        "127.0.0.1", "localhost", "brokers.cluster.test", common_name="broker.cluster.test"
+    )
     issued.private_key_pem.write_to_path(str(tmp_path / "broker.key"))
     issued.cert_chain_pems[0].write_to_path(str(tmp_path / "broker.pem"))
     prefix = f"/by-cert-{uuid.uuid4().hex[:8]}"
@@ -323,7 +329,7 @@ def test_brokers_may_prove_themselves_by_certificate_instead(
         auth = dict(config["auth"])  # type: ignore[call-overload]
         auth["tls"] = {**auth["tls"], "cert_file": str(tmp_path / "broker.pem"),
                        "key_file": str(tmp_path / "broker.key")}  # fmt: skip
-        auth["broker_certificates"] = ["broker.cluster.test"]
+        auth["broker_certificates"] = [listed]
         return {**config, "auth": auth}
 
     brokers = start_brokers(tmp_path / "c", configure, {"DANUBE_JWT_SECRET_KEY": SECRET})

@@ -42,6 +42,7 @@ from danube.machines.security.tokens import (
     TokenRejected,
     Verifier,
     bearer,
+    broker_certificate,
     broker_verifier,
     certificate_principal,
     verify_broker,
@@ -296,10 +297,11 @@ class AuthGuard:
             except TokenRejected as error:
                 self._refuse("invalid", str(error))
         cert = stream.peer.cert() if stream.peer is not None else None
+        broker = broker_certificate(cert, self.broker_certificates)
+        if broker is not None:  # a broker's certificate (by common name or SAN entry)
+            return Principal(rbac.BROKER_KIND, broker), math.inf
         principal = certificate_principal(cert)
         if principal is not None:
-            if principal.name in self.broker_certificates:  # a broker's certificate
-                return Principal(rbac.BROKER_KIND, principal.name), math.inf
             return principal, math.inf
         self._refuse("missing", "no credentials: send 'authorization: Bearer <token>'")
 
