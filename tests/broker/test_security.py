@@ -5,6 +5,7 @@ rotation without restart, danube-admin and danube-cli over TLS, and no secret in
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import ssl
@@ -261,6 +262,65 @@ def test_a_rotated_certificate_is_served_without_restart(pki: Pki, tmp_path: Pat
             _served_issuer(broker.broker_addr, moved.ca_file)
         rotated = ClientSecurity(ca_file=str(new_ca_file), token=token("app"))
         aio_run(lambda: produce(broker, rotated, fresh()))
+
+
+def test_a_revoked_binding_ends_an_open_receive_stream(secured: BrokerProcess, pki: Pki) -> None:
+    """A receive stream reads its one request and then only sends, so it was decided once:
+    root grants dave Consume on a topic, dave's stream delivers a message, root deletes the
+    binding, and the stream ends PERMISSION_DENIED at its next delivery, without that
+    message."""
+    from grpclib import GRPCError
+    from grpclib.const import Status
+
+    from danube.client.connection import BrokerChannel
+    from danube.proto import danube as pb
+    from danube.proto import danube_admin as admin_pb
+
+    topic = fresh()
+    root, dave = security(pki, "root"), security(pki, "dave")
+
+    def split(address: str) -> tuple[str, int]:
+        host, _, port = address.rpartition(":")
+        return host, int(port)
+
+    async def scenario() -> tuple[bytes, Status, str]:
+        admin = BrokerChannel(*split(secured.admin_addr), root)
+        client = BrokerChannel(*split(secured.broker_addr), dave)
+        url = f"https://{secured.broker_addr}"
+        try:
+            async with DanubeClient(url, security=root, retry=NO_RETRY) as publisher:
+                producer = publisher.producer(topic, "root-p", batching=None)
+                await producer.create()  # the topic exists from here on
+                security_admin = admin_pb.SecurityAdminStub(admin)
+                binding = admin_pb.BindingDefinition(
+                    "dave-c", "service_account", "dave", ["consumer"], "topic", topic
+                )
+                await security_admin.create_binding(admin_pb.CreateBindingRequest(binding))
+                consumers = pb.ConsumerServiceStub(client)
+                subscribed = await consumers.subscribe(
+                    pb.ConsumerRequest(1, topic, "dave", "dave-sub")
+                )
+                stream = consumers.receive_messages(
+                    pb.ReceiveRequest(2, subscribed.consumer_id)
+                ).__aiter__()
+                await producer.send(b"one")
+                first = await asyncio.wait_for(stream.__anext__(), 10)
+                await security_admin.delete_binding(
+                    admin_pb.DeleteBindingRequest("topic", topic, "dave-c")
+                )
+                await producer.send(b"two")
+                try:
+                    late = await asyncio.wait_for(stream.__anext__(), 10)
+                except GRPCError as error:
+                    return first.payload, error.status, str(error.message)
+                raise AssertionError(f"delivered after the revocation: {late.payload!r}")
+        finally:
+            admin.close()
+            client.close()
+
+    first, status, reason = aio_run(scenario)
+    assert first == b"one"
+    assert status is Status.PERMISSION_DENIED and "Consume" in reason, reason
 
 
 def test_metrics_over_tls_count_decisions(secured: BrokerProcess, pki: Pki) -> None:

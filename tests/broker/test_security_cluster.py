@@ -308,12 +308,18 @@ def test_a_dead_letter_reaches_a_topic_on_the_other_secured_broker(
     assert "dead_letter_failed" not in logs
 
 
+@pytest.mark.parametrize(
+    "listed", ["broker.cluster.test", "dns:brokers.cluster.test"], ids=["common-name", "san-dns"]
+)
 def test_brokers_may_prove_themselves_by_certificate_instead(
-    pki: Pki, etcd_server: EtcdProcess, tmp_path: Path
+    pki: Pki, etcd_server: EtcdProcess, tmp_path: Path, listed: str
 ) -> None:
-    """No cluster key: `auth.broker_certificates` names the brokers' certificate, which each
-    presents to the others (mutual TLS); a forwarded admin call works."""
-    issued = pki.ca.issue_cert("127.0.0.1", "localhost", common_name="broker.cluster.test")
+    """No cluster key: `auth.broker_certificates` names the brokers' certificate, by common
+    name or by a subjectAltName DNS entry, which each presents to the others (mutual TLS); a
+    forwarded admin call works."""
+    issued = pki.ca.issue_cert(
+        "127.0.0.1", "localhost", "brokers.cluster.test", common_name="broker.cluster.test"
+    )
     issued.private_key_pem.write_to_path(str(tmp_path / "broker.key"))
     issued.cert_chain_pems[0].write_to_path(str(tmp_path / "broker.pem"))
     prefix = f"/by-cert-{uuid.uuid4().hex[:8]}"
@@ -323,12 +329,65 @@ def test_brokers_may_prove_themselves_by_certificate_instead(
         auth = dict(config["auth"])  # type: ignore[call-overload]
         auth["tls"] = {**auth["tls"], "cert_file": str(tmp_path / "broker.pem"),
                        "key_file": str(tmp_path / "broker.key")}  # fmt: skip
-        auth["broker_certificates"] = ["broker.cluster.test"]
+        auth["broker_certificates"] = [listed]
         return {**config, "auth": auth}
 
     brokers = start_brokers(tmp_path / "c", configure, {"DANUBE_JWT_SECRET_KEY": SECRET})
     try:
         test_an_admin_call_is_forwarded_to_the_owner_with_the_brokers_identity(brokers, pki)
+    finally:
+        for process in brokers:
+            process.kill()
+
+
+def test_a_rotated_broker_certificate_reaches_peer_calls_without_restart(
+    pki: Pki, etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    """Brokers proving themselves by certificate: a forwarded admin call works; then the
+    brokers' certificate files are rotated to one whose name the cluster does not list, and
+    once the brokers have reloaded them (no restart) the forwarding broker's next call
+    presents the new certificate, so the owner no longer takes it for a broker (before
+    peer calls followed the rotation, they kept presenting the old one until a restart)."""
+    cert, key = tmp_path / "broker.pem", tmp_path / "broker.key"
+
+    def issue(name: str) -> None:
+        issued = pki.ca.issue_cert("127.0.0.1", "localhost", common_name=name)
+        issued.private_key_pem.write_to_path(str(key))
+        issued.cert_chain_pems[0].write_to_path(str(cert))
+
+    issue("broker.cluster.test")
+    prefix = f"/rotated-{uuid.uuid4().hex[:8]}"
+
+    def configure(shared: Path) -> dict[str, object]:
+        config = broker_config(pki, etcd_server, shared, prefix)
+        auth = dict(config["auth"])  # type: ignore[call-overload]
+        auth["tls"] = {**auth["tls"], "cert_file": str(cert), "key_file": str(key)}
+        auth["broker_certificates"] = ["broker.cluster.test"]
+        return {**config, "auth": auth}
+
+    brokers = start_brokers(tmp_path / "c", configure, {"DANUBE_JWT_SECRET_KEY": SECRET})
+    try:
+        topic = f"/default/rot-{uuid.uuid4().hex[:8]}"
+        root = ClientSecurity(ca_file=str(pki.ca_file), token=token("root"))
+        aio_run(lambda: produce_retrying(brokers[0], root, topic))
+
+        def describe_everywhere() -> list[str]:
+            outcomes = []
+            for broker in brokers:  # one of them owns it, the other forwards
+                done = _tool("danube-admin", "--endpoint", broker.admin_addr, "topics",
+                             "describe", topic, env=admin_env(pki))  # fmt: skip
+                outcomes.append("OK" if done.returncode == 0 else done.stderr)
+            return outcomes
+
+        assert describe_everywhere() == ["OK", "OK"]
+        issue("retired.cluster.test")
+        for broker in brokers:
+            broker.wait_for_log(r"event=tls_reloaded", timeout=10)
+        outcomes = describe_everywhere()
+        assert outcomes.count("OK") == 1, outcomes  # the owner answers; the forward is refused
+        refused = next(o for o in outcomes if o != "OK")
+        assert "PERMISSION_DENIED" in refused, refused
+        assert all(b.alive for b in brokers)
     finally:
         for process in brokers:
             process.kill()

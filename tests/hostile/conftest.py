@@ -5,11 +5,29 @@ it)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.hostile.ledger import LEDGER
+from tests.hostile.secured import SecuredBroker, start_secured
+
+
+@pytest.fixture(scope="session")
+def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBroker]:
+    """The suite's one broker with TLS and tokens on (issue 25, deliver 7): every module
+    that runs its scenarios secured shares it, each ending with its `checkpoint`."""
+    secured = start_secured(tmp_path_factory.mktemp("hostile-secured"))
+    try:
+        yield secured
+    finally:
+        watched = secured.watched
+        if watched.process.alive:  # the run since the last module's checkpoint, reported
+            watched.finish(reread=False)
+        if not watched.run.health_checks:  # nothing ran since: no line in the report
+            LEDGER.runs.pop(watched.run.name, None)
+        watched.close()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

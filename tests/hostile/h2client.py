@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import time
 from dataclasses import dataclass, field
 
@@ -15,10 +16,12 @@ import h2.events
 import h2.exceptions
 
 
-def grpc_headers(path: str, authority: str, extra: list[tuple[str, str]] | None = None) -> list:
+def grpc_headers(
+    path: str, authority: str, extra: list[tuple[str, str]] | None = None, scheme: str = "http"
+) -> list:
     return [
         (":method", "POST"),
-        (":scheme", "http"),
+        (":scheme", scheme),
         (":path", path),
         (":authority", authority),
         ("content-type", "application/grpc+proto"),
@@ -50,10 +53,24 @@ class Seen:
 
 
 class RawH2:
-    def __init__(self, address: str, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout: float = 10.0,
+        *,
+        context: ssl.SSLContext | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        """`context`: TLS (negotiating h2) on a secured broker; `headers` go on every call
+        `call_headers` builds (a bearer token)."""
         host, _, port = address.rpartition(":")
         self.authority = address
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.secured = context is not None
+        self.headers = headers
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        if context is not None:
+            sock = context.wrap_socket(sock, server_hostname=host)
+        self.sock = sock
         self.conn = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
         )
@@ -68,6 +85,11 @@ class RawH2:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+    def call_headers(self, path: str, extra: list[tuple[str, str]] | None = None) -> list:
+        """A gRPC call's request headers on this connection (scheme, credentials)."""
+        scheme = "https" if self.secured else "http"
+        return grpc_headers(path, self.authority, [*self.headers, *(extra or [])], scheme)
 
     def handshake(self) -> None:
         self.conn.initiate_connection()
@@ -111,7 +133,7 @@ class RawH2:
         the connection closed (`seen.closed` says which)."""
         try:
             data = self.sock.recv(1 << 16)
-        except (TimeoutError, BlockingIOError):
+        except (TimeoutError, BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return False
         except OSError:
             self.seen.closed = True

@@ -79,6 +79,7 @@ class WatchedBroker:
         self._reads = 0
         self._watch_from = 0.0
         self._measured: dict[tuple[float, str], list[Sample]] = {}
+        self._checkpoints = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -312,4 +313,17 @@ class WatchedBroker:
         self.run.tracebacks = len(tracebacks)
         if tracebacks:
             problems.append(f"{len(tracebacks)} tracebacks in the broker log")
+        return problems
+
+    def checkpoint(self) -> list[str]:
+        """`finish` for a broker shared by several modules (the secured one): judges what
+        the broker went through so far, then watches it again, from its memory now, for the
+        next module."""
+        problems = self.finish()
+        if self.process.alive:
+            self._checkpoints += 1
+            self.run = BrokerRun(f"{self.name} ({self._checkpoints + 1})")
+            LEDGER.runs[self.run.name] = self.run
+            self.run.rss_before_mb = self.rss_mb()
+            self.start_watcher()
         return problems

@@ -4,6 +4,11 @@ connections that never finish the preface, and slow clients on the health endpoi
 must be bounded (refused, reset or closed) while HealthCheck on another connection stays
 fast; at the end the broker is alive, its memory bounded and its acknowledged data intact.
 
+Every scenario runs twice (issue 25, deliver 7): against a plaintext broker of its own and
+against the suite's shared secured broker (TLS, a bearer token on every call: the abuse comes
+from an authenticated client, past the guard). Secured, an unfinished preface is also an
+unfinished TLS handshake, and the slow clients of the health endpoint hold TLS connections.
+
 HOSTILE_RESETS (default 20000) sets the rapid-reset burst; HOSTILE_HANDSHAKE_S (default 20)
 how long an unfinished preface may hold its connection open.
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -25,9 +31,10 @@ import hpack
 import pytest
 from grpclib.const import Status
 
-from tests.hostile.h2client import HEALTH_BODY, HEALTH_PATH, RawH2, grpc_headers
+from tests.hostile.h2client import HEALTH_BODY, HEALTH_PATH, RawH2
 from tests.hostile.harness import WatchedBroker
 from tests.hostile.ledger import LEDGER, env_float, env_int
+from tests.hostile.secured import access_of
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +46,13 @@ MaxConcurrentStreams is unlimited, but the CVE fixes bound it; 1000 is generous)
 HEADER_BYTES = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WatchedBroker]:
+@pytest.fixture(scope="module", params=["plain", "secured"])
+def broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WatchedBroker]:
+    if request.param == "secured":  # the suite's one secured broker, shared
+        yield request.getfixturevalue("secured_broker").watched
+        return
     data_dir: Path = tmp_path_factory.mktemp("hostile-h2") / "data"
     watched = WatchedBroker(data_dir, "http2").start()
     try:
@@ -49,14 +61,20 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WatchedBroker]:
         watched.close()
 
 
+def _h2(broker: WatchedBroker) -> RawH2:
+    """A raw HTTP/2 connection to the client port: over TLS with the token when secured."""
+    access = access_of(broker)
+    return RawH2(broker.addr, context=access.grpc_context(), headers=access.headers)
+
+
 def test_rapid_reset_is_cut_off_with_goaway(broker: WatchedBroker) -> None:
     """HEADERS then RST_STREAM, over and over on one connection: the broker must close the
     connection (GOAWAY) before the burst ends, and stay responsive meanwhile."""
     started = broker.mark()
     sent = 0
-    with RawH2(broker.addr) as client:
+    with _h2(broker) as client:
         client.handshake()
-        headers = grpc_headers(HEALTH_PATH, broker.addr)
+        headers = client.call_headers(HEALTH_PATH)
         while sent < RESETS and not client.seen.closed and not client.seen.goaway:
             for _ in range(200):
                 try:
@@ -83,7 +101,7 @@ def test_streams_beyond_the_cap_are_refused(broker: WatchedBroker) -> None:
     """The broker advertises MAX_CONCURRENT_STREAMS, and refuses streams opened beyond it
     (RST_STREAM or GOAWAY) instead of starting a handler for each."""
     started = broker.mark()
-    with RawH2(broker.addr) as client:
+    with _h2(broker) as client:
         client.handshake()
         advertised = client.seen.settings.get(h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS)
         cap = advertised if advertised is not None else STREAM_CAP
@@ -91,7 +109,7 @@ def test_streams_beyond_the_cap_are_refused(broker: WatchedBroker) -> None:
         # Our h2 would refuse to exceed the server's limit itself: the attacker's does not.
         client.conn.remote_settings.max_concurrent_streams = 2**31
         client.conn.remote_settings.acknowledge()
-        headers = grpc_headers(HEALTH_PATH, broker.addr)
+        headers = client.call_headers(HEALTH_PATH)
         for _ in range(opening):
             if client.seen.closed:
                 break
@@ -119,7 +137,7 @@ def test_an_oversized_header_block_is_refused(broker: WatchedBroker) -> None:
     """A 1 MiB header value (in CONTINUATION frames): the call must not be served; the
     stream is refused or the connection closed, and the loop does not stall decoding it."""
     started = broker.mark()
-    with RawH2(broker.addr) as client:
+    with _h2(broker) as client:
         client.handshake()
         stream_id = client.conn.get_next_available_stream_id()
         junk = [("x-junk", "a" * HEADER_BYTES)]
@@ -128,7 +146,7 @@ def test_an_oversized_header_block_is_refused(broker: WatchedBroker) -> None:
         client.conn.encoder.encode = functools.partial(  # type: ignore[method-assign]
             hpack.Encoder.encode, encoder, huffman=False
         )
-        client.conn.send_headers(stream_id, grpc_headers(HEALTH_PATH, broker.addr, junk))
+        client.conn.send_headers(stream_id, client.call_headers(HEALTH_PATH, junk))
         client.conn.send_data(stream_id, HEALTH_BODY, end_stream=True)
         client.flush()
         client.pump(
@@ -159,10 +177,10 @@ def test_a_lying_grpc_frame_gets_a_clean_status(
     ends with a clean status that is not OK (RESOURCE_EXHAUSTED naming the limit, or
     INVALID_ARGUMENT), never INTERNAL or UNKNOWN, and the connection survives for others."""
     started = broker.mark()
-    with RawH2(broker.addr) as client:
+    with _h2(broker) as client:
         client.handshake()
         stream_id = client.conn.get_next_available_stream_id()
-        client.conn.send_headers(stream_id, grpc_headers(HEALTH_PATH, broker.addr))
+        client.conn.send_headers(stream_id, client.call_headers(HEALTH_PATH))
         client.conn.increment_flow_control_window(1 << 30)
         sent = 0
         while sent < len(data) and not client.seen.closed:
@@ -190,16 +208,30 @@ def test_a_lying_grpc_frame_gets_a_clean_status(
     broker.assert_healthy_since(started, f"gRPC frame: {case}")
 
 
-def test_unfinished_prefaces_are_timed_out(broker: WatchedBroker) -> None:
-    """Connections that never finish the HTTP/2 preface are closed by the broker."""
-    started = broker.mark()
-    sockets = []
-    host, _, port = broker.addr.rpartition(":")
-    for _ in range(40):
+def _slow_sockets(
+    address: str, context: ssl.SSLContext | None, opening: bytes, count: int = 40
+) -> list[socket.socket]:
+    """`count` connections that each send `opening` and then nothing. Secured (`context`),
+    half of them never finish the TLS handshake (a record header of a ClientHello that never
+    comes), the other half finish it and then send `opening` inside TLS."""
+    host, _, port = address.rpartition(":")
+    sockets: list[socket.socket] = []
+    for index in range(count):
         sock = socket.create_connection((host, int(port)), timeout=5)
-        sock.sendall(b"PRI * HTTP/2.0\r\n")
+        if context is None:
+            sock.sendall(opening)
+        elif index % 2 == 0:
+            sock.sendall(b"\x16\x03\x01\x02\x00")  # a handshake record of 512 bytes: none follow
+        else:
+            sock = context.wrap_socket(sock, server_hostname=host)
+            sock.sendall(opening)
         sockets.append(sock)
-    deadline = time.monotonic() + HANDSHAKE_S
+    return sockets
+
+
+def _still_open(sockets: list[socket.socket], seconds: float) -> list[socket.socket]:
+    """The sockets the server has not closed after `seconds` (fewer once all are closed)."""
+    deadline = time.monotonic() + seconds
     open_ = list(sockets)
     while open_ and time.monotonic() < deadline:
         for sock in list(open_):
@@ -211,6 +243,16 @@ def test_unfinished_prefaces_are_timed_out(broker: WatchedBroker) -> None:
                 pass
             except OSError:
                 open_.remove(sock)
+    return open_
+
+
+def test_unfinished_prefaces_are_timed_out(broker: WatchedBroker) -> None:
+    """Connections that never finish the HTTP/2 preface (secured: nor the TLS handshake)
+    are closed by the broker."""
+    started = broker.mark()
+    context = access_of(broker).grpc_context()
+    sockets = _slow_sockets(broker.addr, context, b"PRI * HTTP/2.0\r\n")
+    open_ = _still_open(sockets, HANDSHAKE_S)
     for sock in sockets:
         with contextlib.suppress(OSError):
             sock.close()
@@ -221,19 +263,20 @@ def test_unfinished_prefaces_are_timed_out(broker: WatchedBroker) -> None:
 
 
 def test_health_endpoint_answers_under_slow_clients(broker: WatchedBroker) -> None:
-    """40 unfinished HTTP request heads on the metrics port must not make /healthz fail
-    (a liveness probe would kill the broker)."""
+    """40 unfinished HTTP request heads on the metrics port (secured: half of them unfinished
+    TLS handshakes) must not make /healthz fail (a liveness probe would kill the broker)."""
     metrics = broker.process.metrics_addr
-    host, _, port = metrics.rpartition(":")
+    access = access_of(broker)
     sockets = []
     try:
-        for _ in range(40):
-            sock = socket.create_connection((host, int(port)), timeout=5)
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-            sockets.append(sock)
+        sockets = _slow_sockets(
+            metrics, access.http_context(), b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+        )
         started = time.monotonic()
         try:
-            with urllib.request.urlopen(f"http://{metrics}/healthz", timeout=10) as answer:
+            with urllib.request.urlopen(
+                f"{access.scheme}://{metrics}/healthz", timeout=10, context=access.http_context()
+            ) as answer:
                 code = answer.status
         except urllib.error.HTTPError as error:
             code = error.code
@@ -247,5 +290,5 @@ def test_health_endpoint_answers_under_slow_clients(broker: WatchedBroker) -> No
 
 
 def test_the_broker_came_through(broker: WatchedBroker) -> None:
-    problems = broker.finish()
+    problems = broker.checkpoint() if broker.security else broker.finish()
     assert not problems, "; ".join(problems)

@@ -13,31 +13,23 @@ HOSTILE_SECURED_EXAMPLES (default 3) sets the examples per method for the super 
 from __future__ import annotations
 
 import asyncio
-import os
-import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
-import trustme
-import yaml
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from danube.client import ClientSecurity
-from danube.localcluster.broker_process import BrokerProcess
-from danube.machines.security.tokens import mint
-from danube.runtime.tls import client_context
 from tests.hostile.harness import WatchedBroker
 from tests.hostile.ledger import LEDGER, env_int
 from tests.hostile.rawcall import Method, RawCaller, all_methods
+from tests.hostile.secured import SecuredBroker
 from tests.hostile.wire import CALLS, crafted
 
 pytestmark = pytest.mark.slow
 
 METHODS = all_methods()
 EXAMPLES = env_int("HOSTILE_SECURED_EXAMPLES", 3)
-SECRET = "hostile-secret-" + os.urandom(16).hex()
 UNCLEAN = {"INTERNAL", "UNKNOWN", "DROPPED", "TIMEOUT"}
 
 
@@ -53,39 +45,17 @@ class Target:
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
-    root = tmp_path_factory.mktemp("hostile-secured")
-    ca = trustme.CA()
-    ca_file = root / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
-    issued = ca.issue_cert("127.0.0.1", "localhost")
-    issued.private_key_pem.write_to_path(str(root / "key.pem"))
-    issued.cert_chain_pems[0].write_to_path(str(root / "cert.pem"))
-    config = root / "broker.yaml"
-    auth = {
-        "mode": "tls",
-        "tls": {"cert_file": str(root / "cert.pem"), "key_file": str(root / "key.pem")},
-        "jwt": {"issuer": "danube-auth"},
-        "super_admins": ["root"],
-    }
-    config.write_text(yaml.safe_dump({"auth": auth}))
-    process = BrokerProcess(
-        root / "data", config_file=config, env={"DANUBE_JWT_SECRET_KEY": SECRET}
-    )
-    token = mint("root", SECRET, now=time.time(), ttl_s=7200)
-    security = ClientSecurity(ca_file=str(ca_file), token=token)
-    broker = WatchedBroker(root / "data", "raw-secured", process=process, security=security)
-    broker.start()
+def target(secured_broker: SecuredBroker) -> Iterator[Target]:
+    broker = secured_broker.watched
+    access = secured_broker.access
     runner = asyncio.Runner()
     target = Target(broker, runner)
 
     async def connect() -> None:
         for port, address in (("client", broker.addr), ("admin", broker.admin_addr)):
             for admin in (True, False):
-                headers = {"authorization": f"Bearer {token}"} if admin else None
-                target.callers[port, admin] = RawCaller(
-                    address, client_context(str(ca_file)), headers
-                )
+                headers = dict(access.headers) if admin else None
+                target.callers[port, admin] = RawCaller(address, access.grpc_context(), headers)
 
     try:
         runner.run(connect())
@@ -94,7 +64,6 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
         for caller in target.callers.values():
             caller.close()
         runner.close()
-        broker.close()
 
 
 def _port(method: Method) -> str:
@@ -165,5 +134,5 @@ def test_without_a_token_every_method_is_unauthenticated(target: Target) -> None
 
 
 def test_the_secured_broker_came_through(target: Target) -> None:
-    problems = target.broker.finish()
+    problems = target.broker.checkpoint()
     assert not problems, "; ".join(problems)

@@ -4,6 +4,11 @@ validation that doubles with depth, a huge array, an Avro record that can never 
 20,000-symbol enum. Each must end in a clean status within a bounded time, while HealthCheck
 on another connection stays fast and other registrations still go through.
 
+Every scenario runs twice (issue 25, deliver 7): against a plaintext broker of its own and
+against the suite's shared secured broker, over TLS as the super admin (past the guard: the
+most work a caller can cause). What an unauthenticated caller can cause there is
+`test_unauthenticated_work.py`.
+
 HOSTILE_SCHEMA_S (default 30) bounds each call; HOSTILE_ANYOF_DEPTH (default 14) the depth of
 the validated anyOf payload schema; HOSTILE_ARRAY_ITEMS (default 100000) the array payload.
 """
@@ -24,6 +29,7 @@ from danube.proto import danube as api
 from danube.proto import danube_schema as pb
 from tests.hostile.harness import WatchedBroker
 from tests.hostile.ledger import LEDGER, env_float, env_int
+from tests.hostile.secured import access_of
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +39,13 @@ ARRAY_ITEMS = env_int("HOSTILE_ARRAY_ITEMS", 100_000)
 CLEAN_REFUSALS = {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION"}
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WatchedBroker]:
+@pytest.fixture(scope="module", params=["plain", "secured"])
+def broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WatchedBroker]:
+    if request.param == "secured":  # the suite's one secured broker, shared
+        yield request.getfixturevalue("secured_broker").watched
+        return
     data_dir: Path = tmp_path_factory.mktemp("hostile-schema") / "data"
     watched = WatchedBroker(data_dir, "schemas").start()
     try:
@@ -62,9 +73,9 @@ async def _outcome(call: Awaitable[object], timeout: float = CALL_S) -> str:
         return "TIMEOUT"
 
 
-def _channel(address: str) -> Channel:
-    host, _, port = address.rpartition(":")
-    return Channel(host, int(port))
+def _channel(broker: WatchedBroker, address: str) -> Channel:
+    """A channel to one of `broker`'s ports: over TLS with the token when it is secured."""
+    return access_of(broker).channel(address)
 
 
 def test_a_doubling_compatibility_check_is_refused_and_others_go_on(broker: WatchedBroker) -> None:
@@ -75,11 +86,13 @@ def test_a_doubling_compatibility_check_is_refused_and_others_go_on(broker: Watc
     v2 = _anyof_doubling(31, {"type": "integer"})
 
     async def scenario() -> tuple[str, str, float]:
-        channel = _channel(broker.addr)
+        channel = _channel(broker, broker.addr)
         try:
             registry = pb.SchemaRegistryStub(channel)
             await registry.register_schema(pb.RegisterSchemaRequest("bomb", "json_schema", v1))
-            admin = _channel(broker.admin_addr)  # a subject's rules change on the admin port
+            admin = _channel(
+                broker, broker.admin_addr
+            )  # a subject's rules change on the admin port
             try:
                 await pb.SchemaRegistryStub(admin).set_compatibility_mode(
                     pb.SetCompatibilityModeRequest("bomb", "BACKWARD")
@@ -121,7 +134,7 @@ def _bound_topic_scenario(
     topic = f"/default/hostile-{name}"
 
     async def scenario() -> tuple[str, float]:
-        channel = _channel(broker.addr)
+        channel = _channel(broker, broker.addr)
         try:
             registry = pb.SchemaRegistryStub(channel)
             producers = api.ProducerServiceStub(channel)
@@ -131,7 +144,7 @@ def _bound_topic_scenario(
             created = await producers.create_producer(
                 api.ProducerRequest(request_id=1, producer_name="p", topic_name=topic)
             )
-            admin = _channel(broker.admin_addr)  # a binding changes on the admin port
+            admin = _channel(broker, broker.admin_addr)  # a binding changes on the admin port
             try:
                 await pb.SchemaRegistryStub(admin).configure_topic_schema(
                     pb.ConfigureTopicSchemaRequest(topic, name, "enforce", True)
@@ -194,7 +207,7 @@ def test_a_huge_array_payload_does_not_stall_the_broker(broker: WatchedBroker) -
 
 def _register(broker: WatchedBroker, subject: str, kind: str, definition: bytes) -> str:
     async def scenario() -> str:
-        channel = _channel(broker.addr)
+        channel = _channel(broker, broker.addr)
         try:
             registry = pb.SchemaRegistryStub(channel)
             return await _outcome(
@@ -233,5 +246,5 @@ def test_a_huge_avro_enum_does_not_stall_the_broker(broker: WatchedBroker) -> No
 
 
 def test_the_broker_came_through(broker: WatchedBroker) -> None:
-    problems = broker.finish()
+    problems = broker.checkpoint() if broker.security else broker.finish()
     assert not problems, "; ".join(problems)

@@ -214,6 +214,23 @@ def test_a_listed_broker_certificate_makes_a_broker_and_only_that() -> None:
         assert raised.value.status is Status.PERMISSION_DENIED
 
 
+def test_a_broker_certificate_may_be_named_by_a_san_uri() -> None:
+    """A SAN URI (SPIFFE-style) names the brokers apart from anything a client certificate
+    carries: a certificate with it is a broker whatever its common name; one with the same
+    common name but without the URI is not."""
+    spiffe = "uri:spiffe://cluster.test/broker"
+    checks = guard(config=dataclasses.replace(CONFIG, broker_certificates=(spiffe,)))
+    with_uri = {
+        **_certificate("anything"),
+        "subjectAltName": (("URI", "spiffe://cluster.test/broker"),),
+    }
+    broker = FakeStream(peer=Peer(with_uri))
+    assert guarded_call(checks, UNLOAD, broker) == ["body read", "handled"]
+    with pytest.raises(GRPCError) as raised:
+        guarded_call(checks, UNLOAD, FakeStream(peer=Peer(_certificate("anything"))))
+    assert raised.value.status is Status.PERMISSION_DENIED
+
+
 def test_cluster_mode_takes_a_key_or_broker_certificates_with_a_ca() -> None:
     tls_with_ca = dataclasses.replace(CONFIG.tls, ca_file="ca.pem") if CONFIG.tls else None
     dataclasses.replace(CONFIG, broker_certificates=("b",), tls=tls_with_ca).check_cluster()

@@ -22,7 +22,14 @@ from danube.proto import danube as pb
 from danube.proto import danube_admin as admin_pb
 from danube.proto import danube_ext as ext_pb
 from danube.proto import danube_schema as schema_pb
-from danube.runtime.auth import AUTHORIZE, CONSUMER_RULES, RULES, AuthGuard
+from danube.runtime.auth import (
+    AUTHORIZE,
+    CONSUMER_RULES,
+    RULES,
+    STILL_ALLOWED,
+    AuthGuard,
+    rbac_of,
+)
 from danube.values.auth_config import AuthConfig, BindingConfig, JwtConfig, RoleConfig, TlsFiles
 
 SECRET = "guard-secret-0123456789-0123456789-abcdef"
@@ -137,6 +144,45 @@ def test_receive_is_checked_on_the_consumers_topic() -> None:
         with pytest.raises(GRPCError) as raised:
             guarded_call(guard(), path, stream, pb.ReceiveRequest(consumer_id=other))
         assert raised.value.status is Status.PERMISSION_DENIED
+
+
+def test_a_receive_stream_is_re_decided_only_when_bindings_change() -> None:
+    """A server stream reads its one request, then only sends: before each delivery it asks
+    STILL_ALLOWED, which decides nothing again while the roles and bindings are the same
+    (one identity check), and denies once a revocation took the stream's permission away."""
+    path = "/danube.ConsumerService/ReceiveMessages"
+    decisions: list[tuple[str, str, bool]] = []
+    checked = AuthGuard(
+        CONFIG,
+        consumer_topic={7: "/default/c"}.get,
+        clock=lambda: NOW,
+        decided=lambda *d: decisions.append(d),
+    )
+    outcomes: list[str] = []
+
+    async def deliveries(_: Any) -> None:
+        authorize, still_allowed = AUTHORIZE.get(), STILL_ALLOWED.get()
+        assert authorize is not None and still_allowed is not None
+        authorize(pb.ReceiveRequest(consumer_id=7))
+        for _ in range(3):
+            still_allowed()
+            outcomes.append("delivered")
+        assert len(decisions) == 1  # decided once, at the request
+        revoked = dataclasses.replace(
+            CONFIG, bindings=tuple(b for b in CONFIG.bindings if b.id != "b2")
+        )
+        checked.use(rbac_of(revoked))
+        still_allowed()
+        outcomes.append("delivered after the revocation")
+
+    wrapped = checked.wrap(
+        path, grpclib.const.Handler(deliveries, grpclib.const.Cardinality.UNARY_STREAM, None, None)
+    )
+    with pytest.raises(GRPCError) as raised:
+        asyncio.run(wrapped.func(FakeStream(bearer("app"))))  # type: ignore[arg-type]
+    assert raised.value.status is Status.PERMISSION_DENIED
+    assert outcomes == ["delivered"] * 3
+    assert decisions[-1] == ("topic", "Consume", False)
 
 
 def test_a_dead_letter_topic_needs_produce_on_it() -> None:

@@ -42,6 +42,7 @@ from danube.machines.security.tokens import (
     TokenRejected,
     Verifier,
     bearer,
+    broker_certificate,
     broker_verifier,
     certificate_principal,
     verify_broker,
@@ -57,6 +58,12 @@ AUTHORIZE: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.Co
     "authorize", default=None
 )
 """Set for a call on a port with authentication: checks each decoded request."""
+STILL_ALLOWED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "still_allowed", default=None
+)
+"""Set for a call on a port with authentication: a server stream calls it before each
+delivery (`streams.serve_consumer`); PERMISSION_DENIED once a changed binding denies what the
+call's request was allowed."""
 PRINCIPAL: contextvars.ContextVar[Principal] = contextvars.ContextVar(
     "principal", default=rbac.ANONYMOUS
 )
@@ -250,7 +257,9 @@ class AuthGuard:
         async def call(stream: grpclib.server.Stream) -> None:
             principal, valid_until = self.authenticate_until(stream)
             PRINCIPAL.set(principal)
-            AUTHORIZE.set(self._authorizer(path, rule, principal))
+            authorize, still_allowed = self._authorizer(path, rule, principal)
+            AUTHORIZE.set(authorize)
+            STILL_ALLOWED.set(still_allowed)
             if not streaming or valid_until == math.inf or principal.kind == rbac.BROKER_KIND:
                 # a broker's replication stream is checked when it opens and lives on
                 await func(stream)
@@ -288,10 +297,11 @@ class AuthGuard:
             except TokenRejected as error:
                 self._refuse("invalid", str(error))
         cert = stream.peer.cert() if stream.peer is not None else None
+        broker = broker_certificate(cert, self.broker_certificates)
+        if broker is not None:  # a broker's certificate (by common name or SAN entry)
+            return Principal(rbac.BROKER_KIND, broker), math.inf
         principal = certificate_principal(cert)
         if principal is not None:
-            if principal.name in self.broker_certificates:  # a broker's certificate
-                return Principal(rbac.BROKER_KIND, principal.name), math.inf
             return principal, math.inf
         self._refuse("missing", "no credentials: send 'authorization: Bearer <token>'")
 
@@ -338,14 +348,26 @@ class AuthGuard:
 
     # -- authorization -------------------------------------------------------------------
 
-    def _authorizer(self, path: str, rule: Rule, principal: Principal) -> Callable[[Any], None]:
+    def _authorizer(
+        self, path: str, rule: Rule, principal: Principal
+    ) -> tuple[Callable[[Any], None], Callable[[], None]]:
+        """The call's `authorize` (each decoded request) and its `still_allowed` (a server
+        stream's next delivery: the last request's decisions again, re-decided only when the
+        roles and bindings changed since, so a revocation ends a stream that reads nothing
+        more from its client)."""
         decided: dict[tuple[Permission, Resource], bool] = {}
         decided_under = [self.rbac]
+        last: list[tuple[Permission, Resource]] = []
+
+        def check(permission: Permission, resource: Resource) -> None:
+            last.append((permission, resource))
+            self._check(principal, permission, resource, decided)
 
         def authorize(request: Any) -> None:
             if self.rbac is not decided_under[0]:  # roles or bindings changed: decide again
                 decided.clear()
                 decided_under[0] = self.rbac
+            last.clear()
             if path in CONSUMER_RULES:
                 topic = self.consumer_topic(int(request.consumer_id))
                 permission = P.CONSUME
@@ -360,10 +382,18 @@ class AuthGuard:
                 elif path == NAMESPACE_POLICIES_RULE:
                     target = _namespace_dead_letter(request)
                 if target:  # the broker will publish there for these subscriptions
-                    self._check(principal, P.PRODUCE, rbac.topic(target), decided)
-            self._check(principal, permission, resource, decided)
+                    check(P.PRODUCE, rbac.topic(target))
+            check(permission, resource)
 
-        return authorize
+        def still_allowed() -> None:
+            if self.rbac is decided_under[0]:  # the same roles and bindings: the same answer
+                return
+            decided.clear()
+            decided_under[0] = self.rbac
+            for permission, resource in last:
+                self._check(principal, permission, resource, decided)
+
+        return authorize, still_allowed
 
     def _check(
         self,

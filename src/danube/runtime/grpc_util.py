@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import socket
+import ssl as ssl_module
 import struct
 import time
 import weakref
@@ -328,6 +330,30 @@ class Server(grpclib.server.Server):
         protocol = GuardedProtocol(handler, self._config, self._h2_config, self.limits)
         self._protocols.add(protocol)
         return protocol
+
+    async def start(  # type: ignore[override]
+        self,
+        host: str | None = None,
+        port: int | None = None,
+        *,
+        sock: socket.socket | None = None,
+        backlog: int = 100,
+        ssl: ssl_module.SSLContext | None = None,
+    ) -> None:
+        """grpclib's TCP `start`, plus a deadline on the TLS handshake. The HTTP/2 guard's
+        handshake timeout starts once the connection reaches it, which with TLS is after the
+        TLS handshake, and asyncio waits 60 s for that: 40 connections that never finished
+        their ClientHello held their sockets that long (the hostile suite, secured). With TLS
+        the handshake gets `handshake_timeout_ms` too (0: asyncio's default)."""
+        if self._server is not None:
+            raise RuntimeError("Server is already started")
+        timeout_ms = self.limits.handshake_timeout_ms
+        tls_deadline = timeout_ms / 1000 if ssl is not None and timeout_ms > 0 else None
+        self._server = await self._loop.create_server(
+            self._protocol_factory, host, port, sock=sock, backlog=backlog, ssl=ssl,
+            ssl_handshake_timeout=tls_deadline,
+        )  # fmt: skip
+        self._server_closed_fut = self._loop.create_future()
 
     def close_connections(self) -> None:
         for protocol in list(self._protocols):

@@ -158,6 +158,9 @@ class BrokerMetrics:
         self.redirects = 0
         """Topic lookups answered with a Redirect to another broker."""
         self.schema_checks: dict[tuple[str, str], int] = {}
+        self.schema_parses: dict[str, int] = {}
+        """Schema definitions a caller had parsed (and, Protobuf, compiled), by schema type:
+        the registry's expensive step, which no unauthenticated call may reach."""
         """(topic, validation policy) -> messages the schema gate inspected."""
         self.schema_failures: dict[tuple[str, str], int] = {}
         """(topic, problem) -> inspected messages that did not fit (refused or warned)."""
@@ -252,6 +255,11 @@ class BrokerMetrics:
         if problem is not None:
             failure = (topic, problem)
             self.schema_failures[failure] = self.schema_failures.get(failure, 0) + 1
+
+    def schema_parsed(self, schema_type: str) -> None:
+        """A definition sent by a caller (RegisterSchema, CheckCompatibility) went to the
+        parser, whatever it found."""
+        self.schema_parses[schema_type] = self.schema_parses.get(schema_type, 0) + 1
 
     def nacked(self, topic: str, subscription: str) -> None:
         key = (topic, subscription)
@@ -506,6 +514,13 @@ def _event_families(m: BrokerMetrics) -> Iterable[Metric]:
     )
     for (topic, reason), count in sorted(m.schema_failures.items()):
         failures.add_metric([broker, topic, reason], count)
+    parses = _counter(
+        "danube_schema_parse_total",
+        "Schema definitions sent by callers that were parsed (Protobuf: compiled), by type.",
+        ["schema_type"],
+    )
+    for schema_type, count in sorted(m.schema_parses.items()):
+        parses.add_metric([broker, schema_type], count)
     return (
         rpcs,
         sends,
@@ -517,6 +532,7 @@ def _event_families(m: BrokerMetrics) -> Iterable[Metric]:
         redirects,
         checks,
         failures,
+        parses,
     )
 
 

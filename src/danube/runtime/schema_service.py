@@ -100,8 +100,13 @@ class SchemaService:
         store: MetadataStore,
         offload: Offload[Any],
         placement: Placement,
+        on_parse: Callable[[str], None] = lambda _: None,
     ) -> None:
+        """`on_parse` is told the schema type of every definition a caller sends to the
+        parser (`danube_schema_parse_total`: the evidence that an unauthenticated caller
+        never gets this far)."""
         self._store = store
+        self._on_parse = on_parse
         self._offload = offload
         self._placement = placement
         self._parsed: OrderedDict[tuple[SchemaType, str, str], ParsedSchema] = OrderedDict()
@@ -174,11 +179,16 @@ class SchemaService:
                 f"{len(definition)}"
             )
 
-        def work() -> ParsedSchema:
+        try:
             kind = schema_type(type_text)
+        except SchemaParseError as error:
+            raise invalid(f"invalid {type_text} schema: {error}") from None
+
+        def work() -> ParsedSchema:
             compiled = compile_proto(definition) if kind is SchemaType.PROTOBUF else b""
             return parse(kind, definition, compiled=compiled)
 
+        self._on_parse(kind.value)  # on the loop: counted once, before the work starts
         try:
             parsed: ParsedSchema = await self._work(work)
         except SchemaParseError as error:

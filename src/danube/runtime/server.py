@@ -275,7 +275,9 @@ async def serve(
         _warn_if_open(config, bound)
         auth = config.auth
         reloader = CertificateReloader(auth.tls) if auth.tls is not None else None
-        configure_peers(auth, broker_id)  # how this broker calls the others (and proves it)
+        peers = configure_peers(auth, broker_id)  # how this broker calls the others (and proves it)
+        if reloader is not None:
+            reloader.follow(peers.ssl)  # a rotated certificate reaches peer calls too
         client_tls = reloader.grpc if reloader and auth.tls_on("client") else None
         admin_tls = reloader.grpc if reloader and auth.tls_on("admin") else None
         metrics_tls = reloader.http if reloader and auth.tls_on("metrics") else None
@@ -408,7 +410,10 @@ async def serve(
                 metrics.rebalancing = lambda: (driver.moves, driver.move_failures)
             consumers = ConsumerService(runtime, placement)
             schemas = SchemaService(
-                store, _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)), placement
+                store,
+                _schema_offload(trio.CapacityLimiter(SCHEMA_WORKERS)),
+                placement,
+                metrics.schema_parsed,
             )
             gate = SchemaGate(schemas, metrics)
             # Everything built so far lives as long as the broker: moved out of the cyclic

@@ -13,6 +13,7 @@ from grpclib.const import Status
 
 from danube.machines.node.stats import consumer_target
 from danube.machines.requests.receive import End, Receiver, Wait
+from danube.runtime.auth import STILL_ALLOWED
 from danube.runtime.broker import BrokerRuntime, now_ms
 from danube.runtime.grpc_util import grpc_error
 from danube.values.config import DispatchStrategy
@@ -31,7 +32,9 @@ async def serve_consumer(
     core hears that it closed. The stream's decisions are
     `danube.machines.requests.receive.Receiver`'s
     (the simulator's streams make them too); items are what `BrokerCore.take` returns;
-    `send` returns the bytes it sent, for the metrics."""
+    `send` returns the bytes it sent, for the metrics. On a port with authentication each
+    turn first asks `auth.STILL_ALLOWED` (an identity check unless roles or bindings changed):
+    a revoked binding ends the stream PERMISSION_DENIED before it takes more messages."""
     if runtime.stopping:
         raise GRPCError(Status.UNAVAILABLE, "the broker is shutting down; reconnect shortly")
     core = runtime.core
@@ -46,11 +49,14 @@ async def serve_consumer(
     stages = metrics.stages
     reliable = _reliable(core, target)
     woken = False
+    still_allowed = STILL_ALLOWED.get()
     try:
         await runtime.run(step)
         await stream.send_initial_metadata()
         while True:
             slot.wakeup.clear()
+            if still_allowed is not None:
+                still_allowed()
             turn = receiver.turn(ended=slot.ended)
             if isinstance(turn, End):
                 break

@@ -8,7 +8,9 @@ Reload without restart: `CertificateReloader.check` compares the certificate, ke
 files' modification times and sizes with what it loaded last and, when one changed, loads the
 chain again *into the same contexts*: OpenSSL copies a context's certificate into each new
 connection, so new handshakes present the new certificate while open connections keep theirs,
-and the servers never restart. The broker checks every `RELOAD_CHECK_SECONDS` (a watch on
+and the servers never restart. The client context a broker calls its peers with
+(`peers.PEERS.ssl`) is reloaded with them (`follow`): its next connection to a peer presents
+the new certificate too. The broker checks every `RELOAD_CHECK_SECONDS` (a watch on
 mtimes rather than SIGHUP: it also works where nobody can signal the process, e.g. a
 certificate rotated by a sidecar into a mounted volume). A half-written pair (a key that does
 not match the certificate) fails to load: the old chain stays and the failure is logged; the
@@ -69,14 +71,23 @@ def _stamp(path: str | None) -> tuple[int, int] | None:
 
 
 class CertificateReloader:
-    """The server contexts of one broker and the files they were loaded from."""
+    """The server contexts of one broker and the files they were loaded from, and the client
+    contexts that present the same certificate (`follow`: the one the broker calls its peers
+    with), so a rotated certificate reaches servers and peer calls alike."""
 
     def __init__(self, files: TlsFiles) -> None:
         self.files = files
         self.grpc = server_context(files)
         self.http = server_context(files, HTTP_ALPN)
+        self.clients: list[ssl.SSLContext] = []
         self._stamps = self._current()
         self.reloads = 0
+
+    def follow(self, context: ssl.SSLContext | None) -> None:
+        """Reload `context` (a client context loaded from the same files) with the servers':
+        the broker's next connection to a peer presents the new certificate."""
+        if context is not None:
+            self.clients.append(context)
 
     def _current(self) -> tuple[tuple[int, int] | None, ...]:
         files = self.files
@@ -91,7 +102,7 @@ class CertificateReloader:
         files = self.files
         try:
             server_context(files)  # a scratch load first: a bad pair never reaches the live ones
-            for context in (self.grpc, self.http):
+            for context in (self.grpc, self.http, *self.clients):
                 context.load_cert_chain(files.cert_file, files.key_file)
                 if files.ca_file is not None:
                     context.load_verify_locations(files.ca_file)

@@ -8,7 +8,7 @@ client-certificate verification, public-key tokens, a fixed issuer, static roles
             expiration_time, leeway_seconds}
       super_admins: [name | kind:name, ...]
       cluster_key: ...              # cluster mode: the key brokers sign their tokens with
-      broker_certificates: [cn, ...]  # or: common names of the brokers' certificates
+      broker_certificates: [cn | dns:name | uri:uri, ...]  # or: the brokers' certificates
       roles: [{name, permissions: [Produce, ...]}]
       bindings: [{id, principal_type, principal_name, roles: [...], scope, resource_name}]
     admin_tls: false
@@ -89,9 +89,10 @@ class AuthConfig:
     """Ours, cluster mode: the HS256 secret a cluster's brokers sign the tokens they show each
     other with (best from the env DANUBE_CLUSTER_KEY); never logged, never a client's key."""
     broker_certificates: tuple[str, ...] = ()
-    """Ours, cluster mode: the common names of the brokers' certificates. A client
-    certificate verified against `auth.tls.ca_file` with one of these names is a broker (mutual
-    TLS between brokers, without a cluster key); the CA must issue them to brokers only."""
+    """Ours, cluster mode: the brokers' certificates, by common name, or by subjectAltName
+    entry (`dns:NAME`, `uri:URI`, `tokens.broker_certificate`). A client certificate verified
+    against `auth.tls.ca_file` that matches one is a broker (mutual TLS between brokers,
+    without a cluster key); the CA must issue these names to brokers only."""
 
     @property
     def enabled(self) -> bool:
@@ -142,7 +143,8 @@ class AuthConfig:
             raise ConfigError(
                 "auth.mode tls in cluster mode needs auth.cluster_key (or the env "
                 "DANUBE_CLUSTER_KEY), the secret brokers sign the tokens they show each other "
-                "with, or auth.broker_certificates, the common names of their certificates"
+                "with, or auth.broker_certificates, the names of their certificates (common "
+                "names, or dns:/uri: subjectAltName entries)"
             )
 
 

@@ -247,7 +247,8 @@ class GrpcConfig:
     """Client RST_STREAMs allowed per `stream_reset_window_ms`; more close the connection."""
     stream_reset_window_ms: int = 10_000
     handshake_timeout_ms: int = 10_000
-    """A connection that has not sent the HTTP/2 preface and SETTINGS by then is closed."""
+    """A connection that has not sent the HTTP/2 preface and SETTINGS by then is closed (on a
+    TLS port the TLS handshake gets as long again, before it)."""
     frame_timeout_ms: int = 10_000
     """... and one that leaves a frame or a header block incomplete this long (slowloris)."""
 

@@ -187,6 +187,36 @@ def certificate_principal(cert: dict[str, Any] | None) -> Principal | None:
     return None
 
 
+SAN_PREFIXES = {"dns:": "DNS", "uri:": "URI"}
+"""`auth.broker_certificates` entries naming a subjectAltName entry rather than a common name:
+`dns:broker.cluster.example`, `uri:spiffe://cluster.example/broker`."""
+
+
+def broker_certificate(cert: dict[str, Any] | None, names: frozenset[str]) -> str | None:
+    """The `auth.broker_certificates` entry a verified certificate matches, or None: a
+    `dns:` or `uri:` entry matches a subjectAltName entry of that type exactly (case-
+    insensitive for DNS names, as DNS is), any other entry the subject's common name. A
+    SAN entry lets a cluster name its brokers apart from the names clients connect to (a URI
+    such as SPIFFE's), where a common name is one free-text field per certificate."""
+    if not cert or not names:
+        return None
+    for entry in names:
+        prefix = entry[:4].lower()
+        kind = SAN_PREFIXES.get(prefix)
+        if kind is None:
+            continue
+        wanted = entry[4:]
+        for san_kind, value in cert.get("subjectAltName", ()):
+            if san_kind != kind:
+                continue
+            if value == wanted or (kind == "DNS" and value.lower() == wanted.lower()):
+                return entry
+    principal = certificate_principal(cert)
+    if principal is not None and principal.name in names:
+        return principal.name
+    return None
+
+
 BROKER_ISSUER = "danube-cluster"
 """The issuer of the tokens a cluster's brokers show each other (`auth.cluster_key`)."""
 BROKER_TTL_S = 300
