@@ -3,11 +3,12 @@
 sources the JIT runs; `jit.py` has the same interface). A broker then runs them without
 importing numba or LLVM (spec/memory.md, "Baseline"); `danube.kernels.loaded` says when it may.
 
-Needs a C compiler and Python's headers (`Python.h`): without them it says so in one line and
-exits 3, and processes keep numba's JIT kernels (scripts/bootstrap.sh relies on this). Takes
-about 10 s. The module is built per machine (git-ignored): it is compiled for the host CPU and
-carries `loaded.source_key()`, so a copy on another CPU or after a change of a kernel source is
-not used. `--check` only reports whether the tools are there (exit 0 or 3).
+Needs a C compiler and Python's headers (`Python.h`): without them it says so in one line and exits
+3, and processes keep numba's JIT kernels (scripts/bootstrap.sh relies on this). Takes about 10 s
+of CPU; nothing when the module is already current (`--force` builds anyway). The module is built
+per machine (git-ignored): it is compiled for the host CPU and carries `loaded.source_key()`, so a
+copy on another CPU or after a change of a kernel source is not used. `--check` only reports
+whether the tools are there (exit 0 or 3).
 
 numba.pycc is deprecated in numba 0.57+ but present (0.68 here); if it goes, this build fails
 with its error and the JIT remains.
@@ -16,6 +17,7 @@ with its error and the JIT remains.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -29,11 +31,13 @@ PACKAGE_DIR = pathlib.Path(__file__).parent
 
 
 def missing_tools() -> str:
-    """What the build lacks ("" when nothing): a C compiler, Python's headers."""
+    """What the build lacks ("" when nothing): a C compiler, setuptools, Python's headers."""
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     missing = []
     if shutil.which(compiler) is None and shutil.which("cc") is None:
         missing.append(f"a C compiler ({compiler})")
+    if importlib.util.find_spec("setuptools") is None:  # numba.pycc drives the compiler with it
+        missing.append("setuptools")
     headers = pathlib.Path(sysconfig.get_paths()["include"]) / "Python.h"
     if not headers.exists():
         missing.append(f"Python's headers ({headers})")
@@ -116,6 +120,14 @@ def compile_module(output_dir: pathlib.Path) -> pathlib.Path:
     return target
 
 
+def _current_module() -> str:
+    """The built module's path when it matches the sources and this CPU, else ""."""
+    from danube.kernels.loaded import load_aot
+
+    module, _ = load_aot()
+    return str(module.__file__) if module is not None else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m danube.kernels.build", description=__doc__.split("\n\n")[0]
@@ -123,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check", action="store_true", help="only check for a compiler and headers"
     )
+    parser.add_argument("--force", action="store_true", help="build even if the module is current")
     args = parser.parse_args(argv)
     lacking = missing_tools()
     if lacking:
@@ -133,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         return NO_TOOLS
     if args.check:
         return 0
+    if not args.force:
+        current = _current_module()
+        if current:
+            print(f"danube.kernels.build: {current} is current", file=sys.stderr)
+            return 0
     target = compile_module(PACKAGE_DIR)
     print(f"danube.kernels.build: built {target}", file=sys.stderr)
     return 0

@@ -369,6 +369,8 @@ async def serve(
                 warmed.build,
                 warmed.cache_dir,
             )
+            if warmed.why_jit:  # a broker without the ahead-of-time kernels carries numba
+                log.info('event=kernels_jit why="%s"', warmed.why_jit)
             # Reliable topics recover before the ports open: a client never sees a topic
             # whose offsets are not known yet.
             runtime.apply(restored.effects)
