@@ -11,6 +11,10 @@ hash of every kernel source and of the CPU's identity) into the module, and a mo
 differs is never used, silently or not: `REASON` says why the JIT runs instead, and the broker
 logs it.
 
+One difference between the builds: the module's functions hold the GIL while they run (pycc's
+wrappers do not release it, where the JIT's `nogil=True` does); nothing relies on that (no
+kernel runs in a thread for parallelism), but a 64 MiB recovery scan holds it for ~10 ms.
+
 `DANUBE_KERNELS` chooses: `auto` (the default, as above), `jit` (never the module), `aot` (the
 module or an ImportError: for tests and benchmarks that must measure it).
 """
