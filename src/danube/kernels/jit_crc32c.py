@@ -12,9 +12,8 @@ CRC32C, and the plain-Python twin runs at a few MB/s. Two compiled paths, chosen
 - **Slicing-by-8** tables otherwise (non-x86, or a numba target without SSE4.2).
 
 `crc32c_update(buf, start, stop, crc)` is the kernel (the frame scan calls it inside its loop);
-it returns what
-`crc32c_py(data[start:stop], crc)` returns: `crc` is a previous result (0 to start), so CRCs of
-pieces chain. The kernels assume a little-endian host (all numba targets are).
+it returns what `crc32c_py(data[start:stop], crc)` returns: `crc` is a previous result (0 to
+start), so CRCs of pieces chain. The kernels assume a little-endian host (all numba targets are).
 """
 
 from __future__ import annotations
