@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     lacking = missing_tools()
     if lacking:
         print(
-            f"danube.kernels.build: no {lacking}: brokers will use numba's JIT kernels",
+            f"danube.kernels.build: cannot build, missing {lacking}: brokers will use numba's "
+            "JIT kernels",
             file=sys.stderr,
         )
         return NO_TOOLS
