@@ -72,6 +72,13 @@ def config_reference(session: nox.Session) -> None:
 
 
 @nox.session
+def kernels(session: nox.Session) -> None:
+    """Compiles the kernels ahead of time for this machine (danube/kernels/_aot*.so), as
+    scripts/bootstrap.sh does; `nox -s kernels -- --force` rebuilds a current module."""
+    session.run("python", "-m", "danube.kernels.build", *session.posargs, external=True)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     session.run(
         "ruff", "check", "src", "tests", "sim", "bench", "spark", "noxfile.py", external=True

@@ -5,6 +5,9 @@
 Each test records `GB/s` (and `frames/s` for scans) from its median in the benchmark's
 extra_info (`--benchmark-json` keeps it). The twins run on the full 64 MiB inputs but only once
 (6–8 s each); the twin's torn-tail search runs on 1 MiB only (0.4 s per MiB).
+
+The entry points run the build `danube.kernels.loaded` chose (recorded as `build`): compare the
+ahead-of-time module with numba's JIT by running with `DANUBE_KERNELS=aot` and `=jit`.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from danube.kernels import (
     crc32c_py,
     find_frame,
     find_frame_py,
+    loaded,
     scan_frames,
     scan_frames_py,
 )
-from danube.kernels.crc32c import HARDWARE, crc32c_update_sw
+from danube.kernels.jit_crc32c import crc32c_update_sw
 from danube.machines.wal.format import encode_frame
 
 MIB = 1 << 20
@@ -67,7 +71,8 @@ def _once(benchmark: Any, function: Callable[..., Any], *args: Any) -> Any:
 @pytest.mark.parametrize("size", [MIB, SEGMENT], ids=["1MiB", "64MiB"])
 def test_crc32c_numba(benchmark: Any, noise: bytes, size: int) -> None:
     data = noise[:size]
-    benchmark.extra_info["path"] = "sse4.2" if HARDWARE else "slicing-by-8"
+    benchmark.extra_info["path"] = "sse4.2" if loaded.ACTIVE.hardware() else "slicing-by-8"
+    benchmark.extra_info["build"] = loaded.IMPLEMENTATION
     benchmark(crc32c, data)
     _record(benchmark, size)
 

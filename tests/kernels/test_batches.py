@@ -17,6 +17,9 @@ from danube.machines.wal.batches import PackedRecords, check_batch, stamp
 from danube.proto import danube as pb
 from danube.values.errors import DanubeError, ErrorCode
 
+pytestmark = pytest.mark.usefixtures("kernel_build")
+"""Every test over both builds of the kernels (`conftest.kernel_build`)."""
+
 texts = st.text(max_size=12)
 record_values = st.builds(
     records.Record,

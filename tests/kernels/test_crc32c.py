@@ -1,7 +1,8 @@
 """The numba CRC32C kernels against the plain-Python twin `crc32c_py` (the oracle).
 
-Both compiled paths are checked directly (SSE4.2 only where the CPU has it), and the public
-`crc32c` wrapper on every buffer type it accepts."""
+Both compiled paths are checked directly (SSE4.2 only where the CPU has it), so is the
+ahead-of-time module's kernel (when built), and the public `crc32c` wrapper on every buffer type
+it accepts, over both builds (`conftest.kernel_build`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from danube.kernels import crc32c, crc32c_py
-from danube.kernels.crc32c import (
+from danube.kernels.jit_crc32c import (
     HARDWARE,
     LONG,
     SHORT,
@@ -29,6 +30,9 @@ from danube.kernels.crc32c import (
     crc32c_update_sw,
 )
 from danube.machines.wal.format import encode_frame
+from tests.kernels.conftest import AOT, AOT_MISSING
+
+pytestmark = pytest.mark.usefixtures("kernel_build")
 
 Kernel = Callable[[memoryview, int, int, int], int]
 """The kernels are called with read-only memoryviews, the one type `crc32c` and the frame scan
@@ -39,6 +43,11 @@ KERNELS = [
         crc32c_update_hw,
         id="sse4.2",
         marks=pytest.mark.skipif(not HARDWARE, reason="CPU without SSE4.2"),
+    ),
+    pytest.param(
+        AOT.crc_view if AOT is not None else None,
+        id="ahead-of-time",
+        marks=pytest.mark.skipif(AOT is None, reason=AOT_MISSING),
     ),
 ]
 CRCS = st.integers(0, 0xFFFFFFFF)
@@ -157,7 +166,7 @@ def test_without_sse42_the_tables_are_used() -> None:
     segment = encode_frame(3, 0, [b"a" * 40]) + encode_frame(4, 0, [b"b", b"c"])
     script = (
         "import sys\n"
-        "from danube.kernels.crc32c import HARDWARE, crc32c_update, crc32c_update_sw\n"
+        "from danube.kernels.jit_crc32c import HARDWARE, crc32c_update, crc32c_update_sw\n"
         "from danube.kernels import crc32c, scan_frames\n"
         "assert not HARDWARE and crc32c_update is crc32c_update_sw\n"
         "assert crc32c(memoryview(b'123456789')) == 0xE3069283\n"
@@ -165,6 +174,6 @@ def test_without_sse42_the_tables_are_used() -> None:
         "scan = scan_frames(segment, 0, len(segment), 3)\n"
         "assert scan.valid_end == len(segment) and scan.next_offset == 6, scan\n"
     )
-    env = {**os.environ, "NUMBA_CPU_NAME": "generic"}
+    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "DANUBE_KERNELS": "jit"}
     env.pop("NUMBA_CPU_FEATURES", None)
     subprocess.run([sys.executable, "-c", script], input=segment, env=env, check=True, timeout=120)

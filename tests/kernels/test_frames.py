@@ -15,6 +15,9 @@ from danube.kernels.frames import scan_frames_compiled
 from danube.kernels.twins import FRAME_MAGIC, MAX_FRAME, crc32c_py
 from danube.machines.wal.format import encode_frame
 
+pytestmark = pytest.mark.usefixtures("kernel_build")
+"""Every test over both builds of the kernels (`conftest.kernel_build`)."""
+
 U64 = 1 << 64
 RECORDS = st.lists(st.binary(max_size=200), min_size=1, max_size=5)
 FRAMES = st.lists(RECORDS, max_size=8)

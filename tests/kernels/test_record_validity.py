@@ -17,6 +17,9 @@ from danube.machines.wal.batches import check_batch, stamp
 from danube.values.errors import DanubeError, ErrorCode
 from tests.kernels.upb_oracle import every_client_accepts, stream_messages, upb_fields
 
+pytestmark = pytest.mark.usefixtures("kernel_build")
+"""Every test over both builds of the kernels (`conftest.kernel_build`)."""
+
 
 def _frame(*record: bytes) -> bytes:
     return format.encode_frame(0, 0, list(record))

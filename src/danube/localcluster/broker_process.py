@@ -16,9 +16,9 @@ READY = re.compile(
 )
 BROKER_BIN = Path(sys.executable).parent / "danube-broker"
 START_TIMEOUT_S = 60.0
-"""The broker compiles its numba kernels before it reports ready (`event=kernels_ready`):
-0.5–2 s from numba's cache, 5–20 s on a fresh checkout or after a kernel changed (2 busy
-cores); the wait covers the compile."""
+"""The broker loads its kernels before it reports ready (`event=kernels_ready`): milliseconds
+with the ahead-of-time module; with numba's JIT, 0.5–2 s from numba's cache, 5–20 s on a fresh
+checkout or after a kernel changed (2 busy cores): the wait covers the compile."""
 
 
 class BrokerProcess:

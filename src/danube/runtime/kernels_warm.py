@@ -1,5 +1,6 @@
 """The numba kernels compiled, or loaded from numba's cache, before the broker says it is
-ready (issue 26).
+ready (issue 26). With the ahead-of-time build (`danube.kernels.loaded`) there is nothing to
+compile and this takes milliseconds; what follows is about the JIT fallback.
 
 Without this, the first client batch paid the compile (5–10 s on a fresh install) while
 `/readyz` already answered ready, and a client's first send timed out or looked hung. Each
@@ -23,17 +24,12 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class Warmed:
     seconds: float
+    build: str
+    """"aot" or "jit" (`danube.kernels.loaded`)."""
     cache_dir: str
-    """Where numba keeps the kernels' compiled code (see the module's doc)."""
-
-
-def _cache_dir() -> str:
-    from danube.kernels import frames
-
-    # numba internals (`Dispatcher._cache._cache_path`): informative only, so any change
-    # there gives "unknown", never an error.
-    path = getattr(getattr(frames._scan, "_cache", None), "_cache_path", None)
-    return str(path) if path else "unknown"
+    """Where the kernels' compiled code is: the ahead-of-time module's file, or numba's cache."""
+    why_jit: str
+    """Why the ahead-of-time module is not used ("" when it is)."""
 
 
 def warm_kernels() -> Warmed:
@@ -41,7 +37,7 @@ def warm_kernels() -> Warmed:
     worker thread: numba's compiler holds the GIL for long stretches, but the event loop
     keeps answering `/healthz` between them)."""
     started = time.perf_counter()
-    from danube.kernels import crc32c, find_frame, scan_frames
+    from danube.kernels import crc32c, find_frame, loaded, scan_frames
     from danube.machines.wal import batches, checkpoint, format, records
 
     header = format.encode_segment_header("/warm/up", 0, 0)
@@ -56,4 +52,5 @@ def warm_kernels() -> Warmed:
     checkpoint.decode_checkpoint(checkpoint.encode_checkpoint(checkpoint.next_mark(None, 0)))
     batch = batches.check_batch(frame)
     batches.stamp(batch, 0, 0, 1, "/warm/up", "http://127.0.0.1:6650")
-    return Warmed(time.perf_counter() - started, _cache_dir())
+    cache = loaded.ACTIVE.__file__ if loaded.IMPLEMENTATION == "aot" else loaded.ACTIVE.cache_dir()
+    return Warmed(time.perf_counter() - started, loaded.IMPLEMENTATION, str(cache), loaded.REASON)

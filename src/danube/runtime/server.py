@@ -366,8 +366,13 @@ async def serve(
             # before the broker says it is ready: a first batch must not pay the compile.
             warmed = await trio.to_thread.run_sync(warm_kernels)
             log.info(
-                "event=kernels_ready seconds=%.2f cache_dir=%s", warmed.seconds, warmed.cache_dir
+                "event=kernels_ready seconds=%.2f build=%s cache_dir=%s",
+                warmed.seconds,
+                warmed.build,
+                warmed.cache_dir,
             )
+            if warmed.why_jit:  # a broker without the ahead-of-time kernels carries numba
+                log.info('event=kernels_jit why="%s"', warmed.why_jit)
             # Reliable topics recover before the ports open: a client never sees a topic
             # whose offsets are not known yet.
             runtime.apply(restored.effects)
