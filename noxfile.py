@@ -75,7 +75,7 @@ def config_reference(session: nox.Session) -> None:
 def kernels(session: nox.Session) -> None:
     """Compiles the kernels ahead of time for this machine (danube/kernels/_aot*.so), as
     scripts/bootstrap.sh does; `nox -s kernels -- --force` rebuilds a current module."""
-    session.run("python", "-m", "danube.kernels.build", *session.posargs, external=True)
+    session.run("python", "-m", "danube.cli.build_kernels", *session.posargs, external=True)
 
 
 @nox.session

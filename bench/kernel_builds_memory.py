@@ -5,7 +5,7 @@ for `DANUBE_KERNELS=jit` and `=aot`.
 
     .venv/bin/python -m bench.kernel_builds_memory [--repeat 3]
 
-Needs the ahead-of-time module (`python -m danube.kernels.build`). Prints one line per build
+Needs the ahead-of-time module (`python -m danube.cli.build_kernels`). Prints one line per build
 with the median of the repeats.
 """
 

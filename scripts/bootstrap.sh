@@ -73,18 +73,18 @@ make_venv() {  # dir, stamp text, pip args...
 project_stamp=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 make_venv .venv "$project_stamp" -c constraints.txt -e ".[broker,dev,audit,bench]"
 # The broker's kernels compiled ahead of time for this machine (danube/kernels/_aot*.so,
-# `python -m danube.kernels.build`): a broker then imports neither numba nor LLVM, about
+# `python -m danube.cli.build_kernels`): a broker then imports neither numba nor LLVM, about
 # 125 MiB less RSS (issue 28, spec/memory.md). It needs a C compiler and Python's headers:
 # installed with apt when missing (gcc and the headers are small next to chromium and Java);
 # where that is not possible, one line says so and brokers keep numba's JIT kernels.
-if ! .venv/bin/python -m danube.kernels.build --check 2>/dev/null && command -v apt-get >/dev/null 2>&1; then
+if ! .venv/bin/python -m danube.cli.build_kernels --check 2>/dev/null && command -v apt-get >/dev/null 2>&1; then
   kernel_tools=(gcc)
   case "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" in
     /usr/include/*) kernel_tools+=(python3-dev) ;;  # Debian's python3: its headers' package
   esac
   ( apt_install "${kernel_tools[@]}" ) || say "could not install ${kernel_tools[*]}"
 fi
-.venv/bin/python -m danube.kernels.build 2>&1 | tail -1 | sed 's/^/bootstrap: /' >&2 || true
+.venv/bin/python -m danube.cli.build_kernels 2>&1 | tail -1 | sed 's/^/bootstrap: /' >&2 || true
 # The JIT kernels compiled into numba's cache now (next to their sources here), so
 # a broker without the ahead-of-time module (DANUBE_KERNELS=jit, or a stale build) does not
 # spend 5-20 s compiling before it is ready; quick (about a second) when the cache is current.

@@ -74,6 +74,11 @@ FORBIDDEN = {
 EXEMPT = {
     ("danube.kernels.batches", "threading"): "a `threading.local` scratch buffer per calling "
     "thread (the broker runs kernels in worker threads); nothing is started or waited on",
+    ("danube.kernels.loaded", "os"): "chooses once, at import, which build of the same kernels "
+    "runs (the ahead-of-time module or numba's JIT: `DANUBE_KERNELS`); both compute the same "
+    "results, and no kernel does I/O",
+    ("danube.kernels.loaded", "pathlib"): "hashes the kernel sources and reads the CPU's "
+    "identity once, at import, to tell whether the ahead-of-time module is current",
 }
 """(module, import) pairs allowed on purpose, each with its reason."""
 KNOWN_IMPURE: dict[str, str] = {}

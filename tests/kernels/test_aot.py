@@ -1,4 +1,4 @@
-"""The ahead-of-time build of the kernels (`danube.kernels.build`, `danube.kernels.loaded`):
+"""The ahead-of-time build of the kernels (`danube.cli.build_kernels`, `danube.kernels.loaded`):
 a broker that runs it imports neither numba nor LLVM (why it exists: issue 28, about 125 MiB of
 RSS), a module built from other sources is never used, and a machine without a C compiler is
 told so in one line and keeps the JIT. The kernels' results over this build are checked by the
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from danube.kernels import build, loaded
+from danube.cli import build_kernels as build
+from danube.kernels import loaded
 from danube.localcluster.broker_process import BrokerProcess
 from tests.kernels.conftest import AOT, AOT_MISSING
 

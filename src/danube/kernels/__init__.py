@@ -8,7 +8,7 @@ their tests compare against, for both builds.
 
 Two builds of the same kernels, chosen once at import by `loaded.py`:
 
-- **ahead of time** (`_aot*.so`, made per machine by `python -m danube.kernels.build`, which
+- **ahead of time** (`_aot*.so`, made per machine by `python -m danube.cli.build_kernels`, which
   scripts/bootstrap.sh runs): a C extension compiled by `numba.pycc` for the host CPU. Used when
   present and built from the current sources for this CPU (a key baked into it). A process then
   imports neither numba nor LLVM, about 125 MiB less RSS: why it exists (issue 28, a broker

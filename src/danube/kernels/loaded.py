@@ -1,5 +1,5 @@
 """Which build of the kernels this process runs: the ahead-of-time module (`_aot*.so`, built by
-`python -m danube.kernels.build`) when it is present and current, else numba's JIT (`jit.py`).
+`python -m danube.cli.build_kernels`) when it is present and current, else numba's JIT (`jit.py`).
 
 Why: importing numba and LLVM costs a process about 125 MiB of RSS (measured: `import numba`
 154 MiB maxrss against 30 MiB for numpy), which a broker under a memory budget (issue 28,
@@ -36,7 +36,7 @@ SOURCES = (
     _HERE / "jit.py",
     _HERE / "twins.py",
     _HERE / "record_fields.py",
-    _HERE / "build.py",
+    _HERE.parent / "cli" / "build_kernels.py",
     _HERE.parent / "machines" / "wal" / "records.py",
 )
 """Every file whose text the compiled kernels depend on (`record_fields` takes its reason codes
@@ -78,7 +78,7 @@ def load_aot() -> tuple[ModuleType | None, str]:
     if module.source_key() != source_key():
         return None, (
             f"the ahead-of-time kernels {module.__file__} were built from other sources or "
-            "for another CPU: rebuild with `python -m danube.kernels.build`"
+            "for another CPU: rebuild with `python -m danube.cli.build_kernels`"
         )
     return module, ""
 

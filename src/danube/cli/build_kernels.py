@@ -1,4 +1,4 @@
-"""`python -m danube.kernels.build`: compiles the kernels ahead of time into the C extension
+"""`python -m danube.cli.build_kernels`: compiles the kernels ahead of time into the C extension
 `danube/kernels/_aot*.so`, for this machine's CPU, with numba's `numba.pycc` (the same numba
 sources the JIT runs; `jit.py` has the same interface). A broker then runs them without
 importing numba or LLVM (spec/memory.md, "Baseline"); `danube.kernels.loaded` says when it may.
@@ -27,7 +27,7 @@ import tempfile
 import warnings
 
 NO_TOOLS = 3
-PACKAGE_DIR = pathlib.Path(__file__).parent
+PACKAGE_DIR = pathlib.Path(__file__).parent.parent / "kernels"
 
 
 def missing_tools() -> str:
@@ -130,7 +130,7 @@ def _current_module() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m danube.kernels.build", description=__doc__.split("\n\n")[0]
+        prog="python -m danube.cli.build_kernels", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--check", action="store_true", help="only check for a compiler and headers"
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     lacking = missing_tools()
     if lacking:
         print(
-            f"danube.kernels.build: cannot build, missing {lacking}: brokers will use numba's "
+            f"danube.cli.build_kernels: cannot build, missing {lacking}: brokers will use numba's "
             "JIT kernels",
             file=sys.stderr,
         )
@@ -150,10 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.force:
         current = _current_module()
         if current:
-            print(f"danube.kernels.build: {current} is current", file=sys.stderr)
+            print(f"danube.cli.build_kernels: {current} is current", file=sys.stderr)
             return 0
     target = compile_module(PACKAGE_DIR)
-    print(f"danube.kernels.build: built {target}", file=sys.stderr)
+    print(f"danube.cli.build_kernels: built {target}", file=sys.stderr)
     return 0
 
 
