@@ -27,6 +27,8 @@ KNOB_HELP = {
     "(spec/replication.md; invariants r1, r2) ",
     "admin": "operator's calls (drains, unloads, deletions, policies; invariants i, j, k) ",
     "scratch_topics": "topics the operator creates to delete ",
+    "poison": "with --data: topics with a subscription whose consumer nacks the poison "
+    "messages, dead-lettered (mostly on another broker) after 3 deliveries (invariant p) ",
     "replication_factor": "with --replicated: the cluster's replication factor "
     "(cluster.replication_factor; 0: the default rule, 2 with two brokers or more) ",
 }
@@ -41,8 +43,13 @@ SWARM: Space = {
 """What `--cluster --swarm` draws per seed (with `--data`, also the producers' rate). Each
 fault of the profile is on half the time; `skew` is never raised (below 1 the self-fencing
 margin holds, spec/cluster.md)."""
-SWARM_DATA: Space = {**SWARM, "rate": one_of(5.0, 10.0, 20.0)}
-"""With data planes: the producers' rate, never above the default."""
+SWARM_DATA: Space = {
+    **SWARM,
+    "rate": one_of(5.0, 10.0, 20.0),
+    "poison": either((2, 4, 8), off=0),
+}
+"""With data planes: the producers' rate, never above the default, and the poison workload
+(`sim.cluster_poison`) half the time."""
 
 
 def swarm_draw(
