@@ -84,11 +84,12 @@ def cluster_report(
 ) -> str:
     speed = (result.duration_s + result.settle_s) / result.wall_s if result.wall_s else 0.0
     landed = ", ".join(f"{kind} {count}" for kind, count in result.landed.items()) or "nothing"
+    expected = workload.topics + min(workload.poison, workload.topics)  # and dead-letter topics
     lines = [
         f"seed {result.seed}: {'ok' if result.ok else 'VIOLATION'} · {result.events} events, "
         f"{result.duration_s:g} s of faults simulated in {result.wall_s:.2f} s "
         f"({speed:.0f}x real time) · digest {result.digest[:16]}",
-        f"  {result.created}/{workload.topics} topics created; settled {result.settled} "
+        f"  {result.created}/{expected} topics created; settled {result.settled} "
         f"({result.settle_s:.1f} s after the faults stopped)",
         f"  writes that took effect: {landed}",
         f"  faults injected: {result.injected.summary()}",

@@ -79,3 +79,13 @@ def test_the_end_judge_alone_catches_the_planted_forward_bug() -> None:
     details = [v.detail for v in result.violations]
     assert {v.invariant for v in result.violations} == {POISON}, details
     assert all("not acknowledged by the consumer, dead-lettered nor dropped" in d for d in details)
+
+
+def test_a_consumer_whose_end_of_stream_was_lost_looks_the_topic_up_again() -> None:
+    """Seed 46 (15 s, 8 poison topics): topic-1 moved while the notice ending its consumer's
+    stream was lost with the connection; the consumer waited on a stream that no longer
+    existed and 58 messages stayed unsettled (invariant p). The simulated broker now has the
+    client notice the break, as a lost message on any stream does (`SimBroker.end_stream`)."""
+    workload = dataclasses.replace(POISONED, poison=8)
+    result = ClusterSimulation(46, workload, DEFAULT).run(15)
+    assert result.ok and result.settled, cluster_report(result, workload, DEFAULT)
