@@ -322,7 +322,7 @@ class ClusterSimulation:
             self.data_checker.final()
             if self.ledger is not None:
                 gone = self.data_checker.all_unavailable_for_good()
-                self.ledger.final([t for t in self.poisoned if t not in gone])
+                self.ledger.final([t for t in self.created_topics if t not in gone])
             self.operator.check_overrides()
         data: dict[str, int] = {}
         if self.data_checker is not None:

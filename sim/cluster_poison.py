@@ -120,6 +120,8 @@ class PoisonLedger:
         self.consumed: dict[str, set[bytes]] = {t: set() for t in poisoned}
         self.dead_lettered: dict[str, set[bytes]] = {t: set() for t in poisoned}
         self.dropped: dict[str, set[bytes]] = {t: set() for t in poisoned}
+        self.subscribed: set[str] = set()
+        """Poison topics whose subscription a consumer's subscribe created or found."""
         self.counts = {"poison_forwarded": 0, "poison_stored_here": 0, "poison_forward_failed": 0}
 
     def _violate(self, detail: str) -> None:
@@ -185,11 +187,21 @@ class PoisonLedger:
 
     # -- at the end -------------------------------------------------------------------------------
 
+    def judged(self, topics: Sequence[str]) -> list[str]:
+        """The poison topics judged at the end, of the live `topics`: those whose dead-letter
+        topic is live too (one whose every replica died for good stays unassigned, as the
+        issue allows: its poison waits in the window, held, never passed) and whose
+        subscription was ever created (a create refused, e.g. RESOURCE_EXHAUSTED under the
+        memory budget, owes nothing)."""
+        return [
+            topic
+            for topic, dead_letters in self.poisoned.items()
+            if topic in topics and dead_letters in topics and topic in self.subscribed
+        ]
+
     def unsettled(self, topics: Sequence[str]) -> list[str]:
         problems = []
-        for topic in self.poisoned:
-            if topic not in topics:
-                continue
+        for topic in self.judged(topics):
             left = self._left(topic)
             if left:
                 problems.append(f"{topic}/{POISON_SUB}: {len(left)} message(s) unsettled")
@@ -200,8 +212,8 @@ class PoisonLedger:
         return [p for p in self.data.acked[topic] if p.encode() not in settled]
 
     def final(self, topics: Sequence[str]) -> None:
-        for topic in self.poisoned:
-            left = self._left(topic) if topic in topics else []
+        for topic in self.judged(topics):
+            left = self._left(topic)
             if left:
                 self._violate(
                     f"{topic}/{POISON_SUB}: {len(left)} acknowledged message(s) not acknowledged "
@@ -225,6 +237,7 @@ class ClusterConsumer(SimConsumer):
             start=StartPosition(StartKind.EARLIEST),
         )  # fmt: skip
         self.nodes = nodes
+        self.ledger = ledger
         self.lookups = 0
         self.started = False
 
@@ -245,6 +258,11 @@ class ClusterConsumer(SimConsumer):
 
     def _retry_subscribe(self) -> None:
         self.world.at(RETRY_US, self._lookup)
+
+    def _subscribed(self, answer: Any) -> None:
+        if not isinstance(answer, DanubeError):
+            self.ledger.subscribed.add(self.topic)
+        super()._subscribed(answer)
 
     def _open(self) -> None:
         assert self._consumer_id is not None
