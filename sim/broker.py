@@ -717,7 +717,12 @@ class SimBroker:
         (after the effect at hand)."""
         stream = self._streams.pop(generation, None)
         if stream is not None:
-            self.network.stream_send(stream.wire, lambda s=stream: s.on_end("ended"))
+            if not self.network.stream_send(stream.wire, lambda s=stream: s.on_end("ended")):
+                # the end was lost with the connection: the client notices the break later,
+                # as `_break` has it (else it would wait on a stream that no longer exists)
+                self.world.at(
+                    self.network.latency() * 4, lambda s=stream: s.on_end("stream broken")
+                )
             self.world.at(0, lambda s=stream: self._close(s))
 
     def landed(self, key: str) -> None:

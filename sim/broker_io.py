@@ -241,10 +241,15 @@ class SimPort:
             done(None)
         elif isinstance(effect, CloseTopicFiles):
             done(None)
-        elif isinstance(effect, ForwardDeadLetter):  # not simulated yet: never reachable
-            done(error=DanubeError(ErrorCode.UNAVAILABLE, "no dead-letter forwarding here"))
+        elif isinstance(effect, ForwardDeadLetter):
+            self.forward_dead_letter(effect, done)
         else:
             self._object(effect, done)
+
+    def forward_dead_letter(self, effect: ForwardDeadLetter, done: Done) -> None:
+        """A dead letter for a topic another broker serves: only a cluster has one
+        (`sim.cluster_data.ClusterPort`); a lone broker serves every topic."""
+        done(error=DanubeError(ErrorCode.UNAVAILABLE, "no dead-letter forwarding here"))
 
     @staticmethod
     def _answer(done: Done, call: Callable[[], Any]) -> None:

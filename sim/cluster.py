@@ -48,6 +48,7 @@ from sim.cluster_clients import ClusterProducer
 from sim.cluster_data_checker import DataChecker
 from sim.cluster_faults import ClusterFaults
 from sim.cluster_node import REQUEST_TIMEOUT_US, Clock, NodeSettings, SimNode
+from sim.cluster_poison import ClusterConsumer, PoisonLedger, dead_letter_topic, setup_ops
 from sim.etcd import Origin, SimEtcd
 from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
@@ -108,6 +109,10 @@ class ClusterWorkload:
     own topics, namespace-policy changes, at random times under the faults (0: none)."""
     scratch_topics: int = 3
     """Topics the operator creates to delete them."""
+    poison: int = 0
+    """With data planes: how many topics (the first ones) have a subscription whose consumer
+    nacks the poison messages for ever, dead-lettered to a topic of their own, in this
+    namespace or another, mostly on another broker (`sim.cluster_poison`; invariant p)."""
 
     def settings(self, broker: str, objects: SimObjectStore | None = None) -> NodeSettings:
         membership = MembershipConfig(
@@ -180,7 +185,7 @@ class ClusterSimulation:
         full_trace: bool = False,
     ) -> None:
         self.seed = seed
-        if workload.replicated and not workload.data:
+        if (workload.replicated or workload.poison) and not workload.data:
             workload = dataclasses.replace(workload, data=True)
         self.workload = workload
         self.faults = faults
@@ -224,13 +229,17 @@ class ClusterSimulation:
             scratch=workload.scratch_topics if workload.admin else 0,
             topic_policies=self.objects is not None,
         )
-        for topic in self.topics:
+        poisoned = self.topics[: workload.poison] if workload.data else []
+        self.poisoned = {t: dead_letter_topic(t, i) for i, t in enumerate(poisoned)}
+        """poison topic → its dead-letter topic (created as the others, with no producer)."""
+        self.created_topics = self.topics + list(self.poisoned.values())
+        for topic in self.created_topics:
             self.checker.expect(topic, paths.namespace_topic(parse_topic(topic)))
         self.data_checker: DataChecker | None = None
         self.producers: dict[str, ClusterProducer] = {}
         if self.objects is not None:
             self.data_checker = DataChecker(
-                self.world, self.etcd, self.objects, self.nodes, self.topics,
+                self.world, self.etcd, self.objects, self.nodes, self.created_topics,
                 replicated=self.streams is not None,
             )  # fmt: skip
             if self.streams is not None:
@@ -246,15 +255,32 @@ class ClusterSimulation:
                     topic=topic,
                     rate=workload.rate,
                 )
+        self.ledger: PoisonLedger | None = None
+        self.consumers: dict[str, ClusterConsumer] = {}
+        if self.data_checker is not None and self.poisoned:
+            ledger = self.ledger = PoisonLedger(
+                self.world, self.nodes, self.poisoned, self.data_checker
+            )
+            for node in self.nodes:
+                node.poison = ledger
+            for index, topic in enumerate(self.poisoned):
+                self.consumers[topic] = ClusterConsumer(
+                    self.world, self.network, self.nodes, ledger,
+                    name=f"consumer-{index}", topic=topic,
+                )  # fmt: skip
         self.checker.others.append(self.admin_checker.violations)
         if self.data_checker is not None:
             self.checker.others.append(self.data_checker.violations)
+        if self.ledger is not None:
+            self.checker.others.append(self.ledger.violations)
 
     @property
     def violations(self) -> list[Violation]:
         found = list(self.checker.violations) + self.admin_checker.violations
         if self.data_checker is not None:
             found += self.data_checker.violations
+        if self.ledger is not None:
+            found += self.ledger.violations
         return found
 
     def run(self, duration_s: float) -> ClusterResult:
@@ -275,12 +301,15 @@ class ClusterSimulation:
             world.at(rng.randrange(200 * US_PER_MS), node.boot)
         for topic in self.topics:
             world.at(rng.randrange(end * 4 // 5 + 1), lambda t=topic: self._create(t))
+        for topic in self.poisoned.values():  # dead-letter topics: from the start
+            world.at(rng.randrange(end // 5 + 1), lambda t=topic: self._create(t))
         self.etcd.start()
         self.operator.start(end)
         if self.objects is not None or self.workload.admin:
             # The cluster was set up with its default namespace (as `bootstrap` writes it).
             policy = Put(paths.namespace_policy("default"), policies_to_json(Policies()))
-            self.etcd.txn((), (policy,), Origin("setup", "namespace"))
+            ops = (policy, *setup_ops(self.poisoned))
+            self.etcd.txn((), ops, Origin("setup", "namespace"))
         world.at(FAULT_TICK_US, self._fault_tick)
         # After every event: `ClusterChecker.check`, which also tests the other checkers' lists.
         world.run_until(end, stop=self.checker.check)
@@ -291,11 +320,18 @@ class ClusterSimulation:
             settled, settle_s = self._settle()
         if settled and self.data_checker is not None:
             self.data_checker.final()
+            if self.ledger is not None:
+                gone = self.data_checker.all_unavailable_for_good()
+                self.ledger.final([t for t in self.created_topics if t not in gone])
             self.operator.check_overrides()
         data: dict[str, int] = {}
         if self.data_checker is not None:
             data = dict(self.data_checker.counts)
             data["lookups"] = sum(p.lookups for p in self.producers.values())
+        if self.ledger is not None:
+            data.update(self.ledger.counts)
+            data["poison_consumer_lookups"] = sum(c.lookups for c in self.consumers.values())
+            data["poison_dead_lettered"] = sum(map(len, self.ledger.dead_lettered.values()))
         if self.streams is not None:
             data["replica_sends"] = self.streams.sent
             data["replica_streams_broken"] = self.streams.broken
@@ -332,11 +368,13 @@ class ClusterSimulation:
         self.operator.calm()
         began = world.now
         problems: list[str] = []
+        poison: list[str] = []
+        topics = self.created_topics
         while world.now < began + SETTLE_LIMIT_US:
             world.run_until(world.now + SETTLE_CHECK_US, stop=self.checker.check)
             if self.violations:
                 return False, 0.0
-            topics, gone = self.topics, []
+            topics, gone = self.created_topics, []
             if self.data_checker is not None:  # also the operator's scratch topics
                 gone = self.data_checker.all_unavailable_for_good()
                 topics = [t for t in topics if t not in gone]
@@ -344,10 +382,15 @@ class ClusterSimulation:
             problems = self.checker.unsettled(topics, gone) + self.operator.unsettled()
             if self.data_checker is not None:
                 problems += self.data_checker.unsettled(topics)
-            if not problems:
+            if self.ledger is not None:
+                poison = self.ledger.unsettled(topics)
+            if not problems and not poison:
                 world.log("settled")
                 return True, (world.now - began) / US_PER_S
-        self.checker.unsettled_for_good(problems)
+        if problems:
+            self.checker.unsettled_for_good(problems + poison)
+        elif self.ledger is not None:  # the cluster settled, a poison message did not: p
+            self.ledger.final(topics)
         return False, 0.0
 
     def _create(self, topic: str) -> None:
@@ -357,6 +400,9 @@ class ClusterSimulation:
         if producer is not None and not producer.started:
             producer.started = True
             self.world.at(PRODUCER_START_US, producer.start)
+            consumer = self.consumers.get(topic)
+            if consumer is not None:
+                self.world.at(PRODUCER_START_US, consumer.start)
         running = [node.running for node in self.nodes if node.running is not None]
         if running:
             process = self.world.rng.choice(running)

@@ -73,30 +73,10 @@ class ClusterProducer:
             self.world.at(RETRY_US, self._lookup)
             return
         asked = self.world.rng.choice(running)
-        process = asked.running
-        assert process is not None
-        # The broker's rule first (`placement.lookup_from_view`, from its load manager's
-        # view), as the production lookup; what it cannot tell, the store's facts as the
-        # data plane's view has them.
-        data = process.data
-        core = getattr(data, "core", None)  # none before the data plane starts
-        if core is not None and core.serves(self.topic):  # CONNECT, before any rule
-            self._caller.broker = _Route(asked)
-            self._producer_id = None
-            self.world.at(2 * self.network.latency(), self._create)
-            return
-        manager = process.manager
-        assigned = manager.owner(self.topic)
-        broker = None if assigned is None else assigned[0]
-        registration = None if broker is None else manager.registration(broker)
-        facts = ViewFacts(broker, manager.marker(self.topic) is not None, registration)
-        try:
-            located = lookup_from_view(self.topic, facts, asked.name)
-        except DanubeError:
+        target = route_for(self.nodes, asked, self.topic)
+        if target is None:
             self.world.at(RETRY_US, self._lookup)
             return
-        owner = broker if located is not None else process.assignments.get(self.topic)
-        target = next((n for n in self.nodes if n.name == owner), asked)
         self._caller.broker = _Route(target)
         self._producer_id = None
         self.world.at(2 * self.network.latency(), self._create)
@@ -157,15 +137,40 @@ class ClusterProducer:
         self._caller.call(request, answered, lambda: answered(timeout))
 
 
+def route_for(nodes: Sequence[SimNode], asked: SimNode, topic: str) -> SimNode | None:
+    """Where a TopicLookup answered by `asked` (a running broker) sends its client: the broker
+    itself when its core serves the topic (CONNECT, before any rule), else the owner by the
+    broker's rule (`placement.lookup_from_view`, from its load manager's view), as the
+    production lookup; what that cannot tell, the store's facts as the data plane's view has
+    them. None: the lookup was refused (the client asks again later). Shared by producers,
+    consumers and the brokers' own dead-letter producers (`sim.cluster_poison`)."""
+    process = asked.running
+    assert process is not None
+    core = getattr(process.data, "core", None)  # none before the data plane starts
+    if core is not None and core.serves(topic):
+        return asked
+    manager = process.manager
+    assigned = manager.owner(topic)
+    broker = None if assigned is None else assigned[0]
+    registration = None if broker is None else manager.registration(broker)
+    facts = ViewFacts(broker, manager.marker(topic) is not None, registration)
+    try:
+        located = lookup_from_view(topic, facts, asked.name)
+    except DanubeError:
+        return None
+    owner = broker if located is not None else process.assignments.get(topic)
+    return next((n for n in nodes if n.name == owner), asked)
+
+
 class _Route:
     """A connection to one broker machine: requests land on its running data plane."""
 
     def __init__(self, node: SimNode) -> None:
         self.node = node
 
-    def handle(self, request: Any, reply: Reply, **_: Any) -> None:
+    def handle(self, request: Any, reply: Reply, **stream: Any) -> None:
         process = self.node.running
         if process is None or process.data is None:
             reply(DanubeError(ErrorCode.UNAVAILABLE, "connection refused (broker down)"))
             return
-        process.data.broker.handle(request, reply)
+        process.data.broker.handle(request, reply, **stream)

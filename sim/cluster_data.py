@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from danube import keys as all_keys
 from danube.effects import Outcome, StoreRead, StoreTxn, TxnAnswer
@@ -47,7 +47,13 @@ from danube.machines.cluster.ownership import NotOwner, Ownership, OwnershipConf
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
 from danube.machines.cluster.request_batching import FLOW_SLOTS, LoadQueue
 from danube.machines.memory.budget import MemoryPools
-from danube.machines.node.effects import AskEpochEnd, DropWal, ReplicaAnswer, ReplicaSend
+from danube.machines.node.effects import (
+    AskEpochEnd,
+    DropWal,
+    ForwardDeadLetter,
+    ReplicaAnswer,
+    ReplicaSend,
+)
 from danube.machines.node.replica_owner import ReplicationSettings
 from danube.machines.wal.machine import Durability, WalConfig
 from danube.metadata.model import KeyValue
@@ -66,6 +72,9 @@ from sim.replica_streams import ReplicaStreams
 from sim.requests import ConsumerRequest, ProducerRequest
 from sim.run import UPLOADS
 from sim.world import US_PER_MS, World
+
+if TYPE_CHECKING:
+    from sim.cluster_poison import DeadLetterForwarder, PoisonLedger
 
 DATA_WAL = WalConfig(
     durability=Durability.FSYNC,
@@ -114,6 +123,27 @@ class _MemoryObserver(Observer):
             )
 
 
+class _ClusterObserver(_MemoryObserver):
+    """With the poison workload (`sim.cluster_poison`), the broker's reports of dead letters
+    and policy drops go to its ledger (invariant p); without it, nothing more is judged."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        node = getattr(host, "node", None)
+        self.ledger: PoisonLedger | None = getattr(node, "poison", None)
+
+    def policy_dropped(self, topic: str, subscription: str, offset: int, attempts: int) -> None:
+        if self.ledger is not None:
+            self.ledger.policy_dropped(topic, subscription, offset)
+
+    def dead_lettered(
+        self, topic: str, subscription: str, offset: int, attempts: int, target: str, at: int,
+        held: bool | None,
+    ) -> None:  # fmt: skip
+        if self.ledger is not None:
+            self.ledger.reported_stored(self.host.name, topic, subscription, offset, at, held)
+
+
 DATA_MEMORY = MemoryPools(48 * 1024, 24 * 1024, 12 * 1024, 12 * 1024, state_costs=(256, 128, 128))
 """A cache pool below two topics' `cache_bytes`, so the ledger evicts across topics."""
 
@@ -133,7 +163,7 @@ class ClusterBroker(SimBroker):
             Faults(fsync_us=host.network.faults.fsync_us),
             injected,
             DATA_WAL,
-            _MemoryObserver(),
+            _ClusterObserver(host),
             objects=objects,
             uploads=UPLOADS,
             memory=DATA_MEMORY,
@@ -201,6 +231,7 @@ class ClusterPort(SimPort):
     answers no publish (production's `check_unfenced` after the wait)."""
 
     broker: ClusterBroker
+    _forwarder: DeadLetterForwarder | None = None
 
     def resolve(self, waiter: Any) -> None:
         broker = self.broker
@@ -213,6 +244,25 @@ class ClusterPort(SimPort):
             topic = waiter.topic
             streams.on_ack(broker.host.name, topic, broker.claims.get(topic))
         waiter.ok()
+
+    def forward_dead_letter(self, effect: ForwardDeadLetter, done: Done) -> None:
+        """As the production port: the broker's internal producer publishes the copy on the
+        topic's owner (`sim.cluster_poison.DeadLetterForwarder`, made at the first one)."""
+        forwarder = self._forwarder
+        if forwarder is None:
+            host = self.broker.host
+            node = getattr(host, "node", None)
+            ledger = getattr(node, "poison", None)
+            if node is None or ledger is None:
+                SimPort.forward_dead_letter(self, effect, done)
+                return
+            from sim.cluster_poison import DeadLetterForwarder  # imports the nodes' module
+
+            forwarder = DeadLetterForwarder(
+                node, self.incarnation, ledger.nodes, ledger, lambda: self.alive
+            )
+            self._forwarder = forwarder
+        forwarder.perform(effect, done)
 
     def restart_topic(self, topic: str) -> None:
         broker = self.broker

@@ -497,6 +497,8 @@ class SimNode:
         """Dead for good: never restarts."""
         self.streams: ReplicaStreams | None = None
         """The replication streams between brokers (`--replicated`)."""
+        self.poison: Any = None
+        """The poison workload's ledger (`sim.cluster_poison.PoisonLedger`, `--poison`)."""
 
     @property
     def running(self) -> BrokerProcess | None:

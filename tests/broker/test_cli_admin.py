@@ -175,6 +175,34 @@ def test_failure_policy_and_dispatch_config_round_trip(broker: BrokerProcess) ->
             "--max-unacked-messages", "10001")  # fmt: skip
 
 
+def test_a_cleared_failure_policy_gives_the_namespace_default_back(broker: BrokerProcess) -> None:
+    """`topics clear-failure-policy` (ours, PolicyAdmin/ClearSubscriptionFailurePolicy): the
+    subscription's own policy is gone and it follows the namespace's default again."""
+    ns = namespace()
+    ok(broker, "namespaces", "create", ns)
+    ok(broker, "namespaces", "set-policies", ns, "--failure-policy",
+       '{"max_redelivery_count": 1, "poison_policy": "drop"}')  # fmt: skip
+    topic = f"/{ns}/cleared"
+    ok(broker, "topics", "create", topic, "--dispatch-strategy", "reliable")
+    ok(broker, "topics", "set-failure-policy", topic, "-s", "s1",
+       "--max-redelivery-count", "3", "--ack-timeout-ms", "5000",
+       "--base-redelivery-delay-ms", "100", "--max-redelivery-delay-ms", "2000",
+       "--poison-policy", "block")  # fmt: skip
+    assert as_json(broker, "topics", "get-failure-policy", topic, "-s", "s1")["failure_policy"]
+    cleared = ok(broker, "topics", "clear-failure-policy", topic, "-s", "s1")
+    assert cleared.strip() == (
+        f"Cleared the failure policy of s1 on {topic}: it follows the namespace's default"
+    )
+    found = as_json(broker, "topics", "get-failure-policy", topic, "-s", "s1")
+    assert found["failure_policy"] is None
+    shown = ok(broker, "topics", "get-failure-policy", topic, "-s", "s1")
+    assert "no failure policy stored" in shown
+    again = as_json(broker, "topics", "clear-failure-policy", topic, "-s", "s1")
+    assert again == {"cleared": False}
+    missing = refused(broker, "topics", "clear-failure-policy", f"/{ns}/none", "-s", "s1")
+    assert "NOT_FOUND" in missing
+
+
 def test_topic_policies_limit_producers(broker: BrokerProcess) -> None:
     ns = namespace()
     ok(broker, "namespaces", "create", ns)

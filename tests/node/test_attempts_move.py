@@ -43,3 +43,30 @@ def test_failure_counts_move_with_the_topic() -> None:
     exhaust(new, offset)
     assert new.core.drop_counts() == {(TOPIC, "s", "poison_policy"): 1}
     assert sub.cursor == offset  # type: ignore[attr-defined]
+
+
+def test_a_cleared_policy_stays_cleared_when_the_topic_moves() -> None:
+    """`clear-failure-policy` deletes the stored policy: the next owner's adoption finds none,
+    and the subscription runs with its namespace's default there (issue 24)."""
+    objects, metadata = shared_state()
+    metadata["/namespaces/default/policy"] = {
+        "failure_policy": {"limits": "danube", "max_redelivery_count": 1, "poison_policy": "drop"}
+    }
+    old = broker(6650, objects, metadata)
+    adopt(old)
+    old.run(old.core.set_failure_policy(TOPIC, "s", POLICY, now_ms=old.now_ms).effects)
+    offset = publish(old, b"poison")
+    exhaust(old, offset)
+    assert machine(old).policy.max_redelivery_count == LIMIT  # type: ignore[attr-defined]
+    step = old.core.clear_failure_policy(TOPIC, "s", now_ms=old.now_ms)
+    old.run(step.effects)
+    assert step.value is True
+    assert machine(old).policy.max_redelivery_count == 1  # type: ignore[attr-defined]
+    unload(old)
+    old.run(old.core.remove(TOPIC, reason="moved", delete_files=True).effects)
+    assert f"/topics{TOPIC}/subscriptions/s/failure_policy" not in metadata
+
+    new = broker(6651, objects, metadata)
+    adopt(new)
+    assert new.core.failure_policy(TOPIC, "s") is None, "no policy of its own on the new owner"
+    assert machine(new).policy.max_redelivery_count == 1  # type: ignore[attr-defined]

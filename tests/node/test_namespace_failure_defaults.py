@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from danube import keys
 from danube.machines.dispatch.failure import NO_LIMIT, Poison
 from danube.machines.node.catalogue import Catalogue
 from danube.machines.node.effects import BrokerIdentity
@@ -21,6 +22,7 @@ from danube.machines.node.settings import (
 )
 from danube.values.config import config_from_mapping
 from danube.values.errors import ConfigError, DanubeError, ErrorCode
+from danube.values.names import parse_topic
 from tests.node.test_core_reliable import SHARED, TOPIC, Broker, payloads
 
 DROP_AFTER_ONE = {"max_redelivery_count": 1, "base_redelivery_delay_ms": 0, "poison_policy": "drop"}
@@ -88,6 +90,56 @@ def test_clearing_the_default_gives_the_brokers_back_and_a_restart_keeps_it() ->
     answer = _set_default(again, None)
     assert "failure_policy" not in answer
     assert _policy_of(again, "s").max_redelivery_count == NO_LIMIT
+
+
+def test_a_cleared_own_policy_follows_the_namespace_default_live_and_after_a_restart() -> None:
+    """A subscription with its own policy goes back to the namespace's default (issue 24):
+    the live subscription takes the default at once, the stored policy is deleted (a restart,
+    as a move, reads the default back), and the namespace's later changes reach it."""
+    broker = Broker()
+    broker.producer()
+    _set_default(broker, DROP_AFTER_ONE)
+    own = SubscriptionFailureSettings(max_redelivery_count=5, poison_policy=PoisonPolicy.BLOCK)
+    broker.run(broker.core.set_failure_policy(TOPIC, "s", own).effects)
+    broker.consumer("c", sub_type=SHARED)
+    assert _policy_of(broker, "s").max_redelivery_count == 5
+    key = keys.failure_policy(parse_topic(TOPIC), "s")
+    assert key in broker.metadata
+    step = broker.core.clear_failure_policy(TOPIC, "s", now_ms=broker.driver.now_ms)
+    broker.run(step.effects)
+    assert step.value is True
+    assert _policy_of(broker, "s").max_redelivery_count == 1, "the default, at once"
+    assert _policy_of(broker, "s").poison is Poison.DROP
+    assert broker.core.failure_policy(TOPIC, "s") is None
+    assert key not in broker.metadata, "the stored policy is deleted"
+    again = broker.core.clear_failure_policy(TOPIC, "s")
+    assert again.value is False, "nothing of its own left to clear"
+    restarted = Broker(files=broker.driver.files, metadata=broker.metadata)
+    restarted.consumer("c", sub_type=SHARED)
+    assert _policy_of(restarted, "s").max_redelivery_count == 1, "read back: the default"
+    _set_default(restarted, {"max_redelivery_count": 3, "poison_policy": "drop"})
+    assert _policy_of(restarted, "s").max_redelivery_count == 3, "and it follows its changes"
+
+
+def test_clearing_releases_a_message_blocked_under_the_own_policy() -> None:
+    """Blocked under its own policy (no redelivery, Block); back on the broker's default
+    (for ever) the message is no longer exhausted and goes out again."""
+    broker = Broker()
+    pid = broker.producer()
+    own = SubscriptionFailureSettings(
+        max_redelivery_count=0, base_redelivery_delay_ms=0, poison_policy=PoisonPolicy.BLOCK
+    )
+    broker.run(broker.core.set_failure_policy(TOPIC, "s", own).effects)
+    consumer = broker.consumer("c", sub_type=SHARED)
+    broker.publish(pid, "m0")
+    assert payloads(broker.take(consumer)) == ["m0"]
+    broker.run(broker.core.nack(TOPIC, "s", 0, None, now_ms=broker.driver.now_ms).effects)
+    broker.run(broker.core.tick(broker.driver.now_ms + 1_000).effects)
+    assert broker.core.blocked(TOPIC, "s") == (0,)
+    broker.run(broker.core.clear_failure_policy(TOPIC, "s", now_ms=broker.driver.now_ms).effects)
+    broker.run(broker.core.tick(broker.driver.now_ms + 1_000).effects)
+    assert broker.core.blocked(TOPIC, "s") == ()
+    assert payloads(broker.take(consumer)) == ["m0"]
 
 
 def test_a_default_from_another_broker_is_applied_too() -> None:

@@ -12,7 +12,7 @@ from danube.machines.dispatch import poison
 from danube.machines.dispatch.failure import EntryState, FailurePolicy
 from danube.machines.node import restore
 from danube.machines.node.dead_letters import DeadLetters
-from danube.machines.node.effects import DeadLetterPublish
+from danube.machines.node.effects import DeadLetterPublish, ForwardDeadLetter
 
 
 @contextlib.contextmanager
@@ -73,6 +73,24 @@ def dead_letter_passed_before_stored() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def forward_passed_before_acknowledged() -> Iterator[None]:
+    """Cluster mode: the original is reported dead-lettered as soon as its copy is handed to
+    the internal producer, before the dead-letter topic's owner acknowledged it: a lost
+    forward, a crash or a topic move in between loses the message."""
+    original = DeadLetters.republish
+
+    def republish(self: Any, record: Any, sub: Any, ask: Any, now_ms: int) -> list[Any]:
+        effects = original(self, record, sub, ask, now_ms)
+        if any(isinstance(e, ForwardDeadLetter) for e in effects):
+            found = sub.reliable.dead_lettered(ask.offset, now_ms)
+            effects.extend(self._logs.dispatch(record, sub, found, now_ms))
+        return effects
+
+    with mock.patch.object(DeadLetters, "republish", republish):
+        yield
+
+
+@contextlib.contextmanager
 def attempts_forgotten_on_restart() -> Iterator[None]:
     """A restart reads the cursor back but not the failure counts stored with it: every
     message past the cursor starts again at 0 failures."""
@@ -87,4 +105,5 @@ def attempts_forgotten_on_restart() -> Iterator[None]:
 ATTEMPTS_MUTATIONS = {"attempts_forgotten_on_restart": attempts_forgotten_on_restart}
 POISON_MUTATIONS = {"limit_off_by_one": limit_off_by_one, "backoff_past_cap": backoff_past_cap}
 DEAD_LETTER_MUTATIONS = {"dead_letter_passed_before_stored": dead_letter_passed_before_stored}
+FORWARD_MUTATIONS = {"forward_passed_before_acknowledged": forward_passed_before_acknowledged}
 KEY_SHARED_MUTATIONS = {"blocked_key_overtaken": blocked_key_overtaken}

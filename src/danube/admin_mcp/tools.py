@@ -78,6 +78,7 @@ OUR_NAMES: Mapping[tuple[str, str], str] = {
     ("topics", "blocked"): "list_blocked_messages",
     ("topics", "release"): "release_blocked_message",
     ("topics", "skip"): "skip_blocked_message",
+    ("topics", "clear-failure-policy"): "clear_subscription_failure_policy",
 }
 """Names of the commands Danube has no tool for, in the same style."""
 

@@ -1,6 +1,7 @@
 """`danube-admin topics` commands about one subscription: removing it, how it redelivers
-(failure policy), how much it keeps in flight (dispatch config), and the messages its Block
-poison policy holds (ours: `blocked`, `release`, `skip`)."""
+(failure policy, and ours: `clear-failure-policy` back to the namespace's default), how much
+it keeps in flight (dispatch config), and the messages its Block poison policy holds (ours:
+`blocked`, `release`, `skip`)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,22 @@ async def set_failure_policy(client: AdminClient, args: argparse.Namespace) -> R
     answer = await client.call(what, client.topics.set_subscription_failure_policy(request))
     require_success(what, answer.success)
     return Result(plain(answer), f"Set failure policy of {args.subscription} on {name}")
+
+
+async def clear_failure_policy(client: AdminClient, args: argparse.Namespace) -> Result:
+    name = topic_name(args)
+    request = ext_pb.ClearFailurePolicyRequest(topic=name, subscription=args.subscription)
+    answer = await client.call(
+        f"clear failure policy of {args.subscription} on {name}",
+        client.policies.clear_subscription_failure_policy(request),
+    )
+    text = (
+        f"Cleared the failure policy of {args.subscription} on {name}: it follows the "
+        "namespace's default"
+        if answer.cleared
+        else f"{args.subscription} on {name} had no failure policy of its own; nothing changed"
+    )
+    return Result({"cleared": answer.cleared}, text)
 
 
 async def get_failure_policy(client: AdminClient, args: argparse.Namespace) -> Result:
@@ -193,6 +210,14 @@ def add_subscription_commands(actions: Actions) -> None:
                      help="where dead_letter sends poisoned messages")  # fmt: skip
     sub.add_argument("--poison-policy", choices=tuple(POISON), required=True,
                      help="what happens to a message past its redeliveries")  # fmt: skip
+
+    sub = command(
+        actions, "clear-failure-policy",
+        "drop a subscription's own failure policy: it follows the namespace's default again",
+        clear_failure_policy, f"ours: PolicyAdmin/ClearSubscriptionFailurePolicy on {RELIABLE}",
+    )  # fmt: skip
+    add_topic(sub)
+    add_subscription(sub)
 
     sub = command(
         actions, "get-failure-policy", "show a subscription's failure policy",

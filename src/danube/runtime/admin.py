@@ -510,6 +510,12 @@ class AdminServices:
         )
         return ext_pb.ResolveBlockedResponse(resolved=await self._runtime.run(step))
 
+    async def clear_subscription_failure_policy(
+        self, request: ext_pb.ClearFailurePolicyRequest
+    ) -> ext_pb.ClearFailurePolicyResponse:
+        step = self._core.clear_failure_policy(request.topic, request.subscription, now_ms=now_ms())
+        return ext_pb.ClearFailurePolicyResponse(cleared=await self._runtime.run(step))
+
     # -- replication factor (danube_ext PolicyAdmin; spec/replication.md) ----------------------
 
     async def set_replication_factor(
@@ -617,6 +623,7 @@ _TOPIC_FIELD = {
     "ClearTopicPolicies": "name",
     "ListBlocked": "topic",
     "ResolveBlocked": "topic",
+    "ClearSubscriptionFailurePolicy": "topic",
 }
 """Methods about one topic, which the broker serving it answers (cluster mode), and the
 request field naming the topic."""

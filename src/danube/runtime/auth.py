@@ -154,7 +154,7 @@ for _method in (
     RULES[f"/danube_admin.TopicAdmin/{_method}"] = (P.MANAGE_TOPIC, _topic("topic"))
 for _method in ("SetTopicPolicies", "GetTopicPolicies", "ClearTopicPolicies"):
     RULES[f"/danube_ext.PolicyAdmin/{_method}"] = (P.MANAGE_TOPIC, _topic("name"))
-for _method in ("ListBlocked", "ResolveBlocked"):
+for _method in ("ListBlocked", "ResolveBlocked", "ClearSubscriptionFailurePolicy"):
     RULES[f"/danube_ext.PolicyAdmin/{_method}"] = (P.MANAGE_TOPIC, _topic("topic"))
 DEAD_LETTER_RULE = "/danube_admin.TopicAdmin/SetSubscriptionFailurePolicy"
 """Setting a dead-letter topic also needs Produce on it: the broker republishes there on the

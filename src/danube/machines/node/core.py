@@ -447,6 +447,11 @@ class BrokerCore(ReplicationRoutes):
         live one (Danube only reads it when the subscription loads)."""
         return self.settings.set_failure_policy(topic, subscription, policy, now_ms)
 
+    def clear_failure_policy(self, topic: str, subscription: str, *, now_ms: int = 0) -> Step[bool]:
+        """Drops the subscription's own policy, stored and live: it follows its namespace's
+        default again (else the broker's). False: it had none."""
+        return self.settings.clear_failure_policy(topic, subscription, now_ms)
+
     def blocked(self, topic: str, subscription: str) -> tuple[int, ...]:
         """Offsets the Block poison policy holds on a live reliable subscription."""
         return self.settings.blocked(topic, subscription)

@@ -47,6 +47,30 @@ class SubscriptionSettingsAdmin:
         stored = (paths.failure_policy(record.name, subscription), policy.to_json())
         return self._configure(record, subscription, stored, now_ms, policy=policy.dispatch_policy)
 
+    def clear_failure_policy(self, topic: str, subscription: str, now_ms: int) -> Step[bool]:
+        """Drops the subscription's own policy: it follows its namespace's default again
+        (else the broker's). The stored policy is deleted (a restart or a move reads none
+        back) and a live subscription takes the default at once, as a policy change does
+        (`configure`: blocked messages re-resolved). False: it had no policy of its own (the
+        delete is written all the same, so a stray stored policy cannot survive it)."""
+        record = self._catalogue.reliable_topic(topic, "a failure policy")
+        check_subscription_name(subscription)
+        settings = record.settings.get(subscription)
+        had = settings is not None and settings.failure is not None
+        if settings is not None:
+            settings.failure = None
+            if settings.empty:
+                del record.settings[subscription]
+        effects: list[Effect] = [
+            PersistMeta(deletes=(paths.failure_policy(record.name, subscription),))
+        ]
+        sub = record.subscriptions.get(subscription)
+        if sub is not None:
+            policy = self._catalogue.failure_policy(record, subscription)
+            found = sub.reliable.configure(now_ms, policy=policy)
+            effects.extend(self._logs.dispatch(record, sub, found, now_ms))
+        return Step(had, tuple(effects))
+
     def _check_dead_letter_topic(self, topic: str, dead_letter_topic: str | None) -> None:
         """What the republish flow cannot do is refused now rather than retried for ever:
         a topic dead-lettering to itself and a non-reliable dead-letter topic (Danube's

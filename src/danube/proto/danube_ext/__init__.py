@@ -147,6 +147,18 @@ class ResolveBlockedRequest(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class ClearFailurePolicyRequest(betterproto.Message):
+    topic: str = betterproto.string_field(1)
+    subscription: str = betterproto.string_field(2)
+
+
+@dataclass(eq=False, repr=False)
+class ClearFailurePolicyResponse(betterproto.Message):
+    cleared: bool = betterproto.bool_field(1)
+    """false: the subscription had no policy of its own; nothing changed."""
+
+
+@dataclass(eq=False, repr=False)
 class ResolveBlockedResponse(betterproto.Message):
     resolved: bool = betterproto.bool_field(1)
     """false: the offset is not blocked (any more); nothing was done."""
@@ -543,6 +555,23 @@ class PolicyAdminStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def clear_subscription_failure_policy(
+        self,
+        clear_failure_policy_request: "ClearFailurePolicyRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "ClearFailurePolicyResponse":
+        return await self._unary_unary(
+            "/danube_ext.PolicyAdmin/ClearSubscriptionFailurePolicy",
+            clear_failure_policy_request,
+            ClearFailurePolicyResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class ReplicationStub(betterproto.ServiceStub):
     async def stream(
@@ -740,6 +769,11 @@ class PolicyAdminBase(ServiceBase):
     ) -> "ResolveBlockedResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def clear_subscription_failure_policy(
+        self, clear_failure_policy_request: "ClearFailurePolicyRequest"
+    ) -> "ClearFailurePolicyResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_set_namespace_policies(
         self, stream: "grpclib.server.Stream[SetPoliciesRequest, PoliciesResponse]"
     ) -> None:
@@ -799,6 +833,14 @@ class PolicyAdminBase(ServiceBase):
         response = await self.resolve_blocked(request)
         await stream.send_message(response)
 
+    async def __rpc_clear_subscription_failure_policy(
+        self,
+        stream: "grpclib.server.Stream[ClearFailurePolicyRequest, ClearFailurePolicyResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.clear_subscription_failure_policy(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/danube_ext.PolicyAdmin/SetNamespacePolicies": grpclib.const.Handler(
@@ -848,6 +890,12 @@ class PolicyAdminBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 ResolveBlockedRequest,
                 ResolveBlockedResponse,
+            ),
+            "/danube_ext.PolicyAdmin/ClearSubscriptionFailurePolicy": grpclib.const.Handler(
+                self.__rpc_clear_subscription_failure_policy,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ClearFailurePolicyRequest,
+                ClearFailurePolicyResponse,
             ),
         }
 
