@@ -5,7 +5,12 @@
 prints the run's CPU time (`time.process_time()` around `run`, which a busy machine disturbs
 less than wall time), events, acknowledged messages and digest. `--duration 0` only builds
 it: under `valgrind --tool=cachegrind --cache-sim=no` the two counts' difference is the run's
-instructions, which the load does not move at all (bench/RESULTS.md, issue 22 round 9)."""
+instructions, which the load does not move at all (bench/RESULTS.md, issue 22 round 9).
+Set `NUMBA_CPU_NAME=generic` for both counts and warm numba's cache once outside valgrind
+with it: under valgrind the CPU reports other features, numba's cache (keyed on them) misses
+and every kernel is compiled inside the count (round 10: 28,000 M instructions and
+counting for the build alone). Compile the tree's bytecode first, and subtract each tree's
+own build count (a stale `.pyc` is compiled at import: round 10's baseline, 56 M)."""
 
 from __future__ import annotations
 

@@ -506,11 +506,13 @@ def parse_load_key(key: str) -> str | None:
     return _single(key, LOAD_PREFIX)
 
 
+@lru_cache(maxsize=_PARSED)
 def parse_state_key(key: str) -> str | None:
     parts = _segments(key, BROKERS_PREFIX)
     return parts[0] if parts is not None and len(parts) == 2 and parts[1] == "state" else None
 
 
+@lru_cache(maxsize=_PARSED)
 def parse_assignment_key(key: str) -> AssignmentKey | None:
     """(broker id, topic) of an assignment key, else None (the state key is not one)."""
     parts = _segments(key, BROKERS_PREFIX)
@@ -520,6 +522,7 @@ def parse_assignment_key(key: str) -> AssignmentKey | None:
     return None if topic is None else AssignmentKey(parts[0], topic.full)
 
 
+@lru_cache(maxsize=_PARSED)
 def parse_unassigned_key(key: str) -> str | None:
     """The topic (full name) of an unassigned marker's key, else None."""
     parts = _segments(key, UNASSIGNED_PREFIX)
@@ -529,6 +532,7 @@ def parse_unassigned_key(key: str) -> str | None:
     return None if topic is None else topic.full
 
 
+@lru_cache(maxsize=_PARSED)
 def parse_replicas_key(key: str) -> str | None:
     """The topic (full name) of a replica set's key, else None."""
     parts = _segments(key, REPLICAS_PREFIX)

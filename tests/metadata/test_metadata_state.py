@@ -335,3 +335,24 @@ def test_decode_value_is_json_loads_of_canonical_text() -> None:
     one = {"a": [1]}
     first, second = decode_value(encode_value(one)), decode_value(encode_value(one))
     assert first == second and first is not second and first["a"] is not second["a"]
+
+
+def test_encode_value_is_canonical_json_dumps_and_refuses_the_same() -> None:
+    """`encode_value` calls the C encoder directly (not through `JSONEncoder.encode`): the
+    same text as `json.dumps` with the canonical options, and the same refusals."""
+    from danube.metadata.state import encode_value
+
+    def dumps(value: object) -> str:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    values = [None, True, 0, -7, 2.5, 1e300, "", 'é \u2028 "q"', [], {}, {"b": 1, "a": [None]}]
+    values += [{"key": "a/b", "offsets": [[5, 56], [6, 152]], "z": {"y": 1}}, {3: "int key"}]
+    for value in values:
+        assert encode_value(value) == dumps(value)
+    circular: list[object] = []
+    circular.append(circular)
+    for bad, error in [(float("nan"), ValueError), ({"x": float("inf")}, ValueError),
+                       ({"x": object()}, TypeError), ({(1, 2): 1}, TypeError),
+                       (circular, ValueError)]:  # fmt: skip
+        with pytest.raises(error):
+            encode_value(bad)

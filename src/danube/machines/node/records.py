@@ -117,6 +117,12 @@ class TopicRecord:
         return self.log.wal if self.phase.writable else None
 
     @property
+    def wal_to_read(self) -> WalMachine | None:
+        """`wal` for a question that changes nothing in the WAL (its durable end): no input,
+        so not a touch (the interpreter asks after every WAL completion)."""
+        return self.log.wal if self.phase.writable else None
+
+    @property
     def uploader(self) -> tier.Uploader | None:
         return self.log.uploader
 

@@ -10,7 +10,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from danube import keys
 from danube.effects import EpochHistory
@@ -57,7 +57,10 @@ if TYPE_CHECKING:
     from danube.machines.node.catalogue import Catalogue
     from danube.machines.node.records import ConsumerRecord, SubscriptionRecord, TopicRecord
 
-_FILE_EFFECTS = (wal.CreateSegment, wal.Write, wal.Fsync, wal.CloseSegment, wal.DeleteSegment)
+_FILE_EFFECTS: frozenset[type] = frozenset(
+    (wal.CreateSegment, wal.Write, wal.Fsync, wal.CloseSegment, wal.DeleteSegment)
+)
+"""The WAL's effects that are file I/O for the driver, by exact type (`wal_effects`)."""
 READ_MAX_BYTES = 4 * 1024 * 1024
 """Largest file range one subscription read asks for (at index granularity)."""
 
@@ -203,9 +206,10 @@ class ReliableLogs:
         """Every offset of the topic below this is covered by a completed fsync (the WAL
         checkpoint's value); None while the topic has no working WAL."""
         record = self._topics.get(topic)
-        if record is None or record.wal is None or record.wal.failure is not None:
+        log = record.wal_to_read if record is not None else None
+        if log is None or log.failure is not None:
             return None
-        return record.wal.durable_offset
+        return log.durable_offset
 
     def wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
         """The topic's WAL was recovered: at start, or after a repair. A repair cuts only
@@ -346,9 +350,12 @@ class ReliableLogs:
     ) -> Step[None]:
         """A file effect of `WalIo` finished (`error` None) or failed."""
         record = self._topics.get(topic)
-        if record is None or record.wal is None:
+        if record is None:
             return Step(None)
-        effects = record.wal.io_done(effect, error, now_ms)
+        log = record.wal
+        if log is None:
+            return Step(None)
+        effects = log.io_done(effect, error, now_ms)
         return Step(None, tuple(self.wal_effects(record, effects, now_ms)))
 
     def ready_wal(self, record: TopicRecord) -> wal.WalMachine:
@@ -358,12 +365,13 @@ class ReliableLogs:
                 ErrorCode.FAILED_PRECONDITION,
                 f"topic {record.name.full} is stopped: {record.stop_reason}",
             )
-        if record.wal is None:
+        log = record.wal
+        if log is None:
             raise DanubeError(
                 ErrorCode.UNAVAILABLE,
                 f"{record.name.full} is loading its write-ahead log; retry shortly",
             )
-        return record.wal
+        return log
 
     def wal_effects(
         self, record: TopicRecord, effects: Iterable[wal.Effect], now_ms: int
@@ -373,26 +381,33 @@ class ReliableLogs:
         state = record.log
         out: list[Effect] = []
         io: list[wal.Effect] = []
+        # The WAL's effect classes have no subclasses: the exact type is the test (one type()
+        # call and identity checks per effect, not a chain of isinstance: this runs about
+        # five times a message).
         for effect in effects:
-            if isinstance(effect, _FILE_EFFECTS):
+            kind = type(effect)
+            if kind in _FILE_EFFECTS:
                 io.append(effect)
-                if type(effect) is wal.Write:  # final classes: the exact type is the test
-                    out.extend(self.replicas.written(record, effect, now_ms))
-                if isinstance(effect, wal.CloseSegment) and state.uploader is not None:
-                    assert record.wal is not None
-                    next_offset, size = record.wal.segment_extent(effect.segment_base)
-                    state.sealed_waiting.append((effect.segment_base, next_offset, size))
+                if kind is wal.Write:
+                    out.extend(self.replicas.written(record, cast(wal.Write, effect), now_ms))
+                elif kind is wal.CloseSegment and state.uploader is not None:
+                    closed = cast(wal.CloseSegment, effect)
+                    assert state.wal is not None  # `record.wal`, inlined: touched already
+                    next_offset, size = state.wal.segment_extent(closed.segment_base)
+                    state.sealed_waiting.append((closed.segment_base, next_offset, size))
                     high = state.replication.high_watermark if state.replication else None
                     out.extend(self.release_sealed(record, high, now_ms))
-            elif isinstance(effect, wal.Acknowledge):
+            elif kind is wal.Acknowledge:
+                through = cast(wal.Acknowledge, effect).through_offset
                 if state.replication is not None:
-                    out.extend(self.replicas.durable(record, effect.through_offset, now_ms))
+                    out.extend(self.replicas.durable(record, through, now_ms))
                 else:
                     state.unreplicated.clear()
-                    out.extend(self.acknowledge(record, effect.through_offset, now_ms))
-            elif isinstance(effect, wal.Readable):
+                    out.extend(self.acknowledge(record, through, now_ms))
+            elif kind is wal.Readable:
                 if state.replication is None:
-                    out.extend(self.make_readable(record, effect.through_offset, now_ms))
+                    through = cast(wal.Readable, effect).through_offset
+                    out.extend(self.make_readable(record, through, now_ms))
             elif isinstance(effect, wal.Failed):
                 state.unreplicated.clear()
                 wal.release(state.wal)
@@ -664,9 +679,10 @@ class ReliableLogs:
 
     def seal(self, record: TopicRecord, now_ms: int) -> list[Effect]:
         """Seals the topic's active segment (if its WAL works), so the uploader takes it."""
-        if record.wal is None:
+        log = record.wal
+        if log is None:
             return []
-        return self.wal_effects(record, record.wal.seal(now_ms), now_ms)
+        return self.wal_effects(record, log.seal(now_ms), now_ms)
 
     def flush_cursors(self, record: TopicRecord, now_ms: int) -> list[Effect]:
         """Persists every cursor of the topic that moved since it was last persisted."""
