@@ -47,9 +47,11 @@ async def test_unreachable_endpoint_is_named_in_the_error(etcd_stores: EtcdStore
         assert (await fallback.get("/k")) == await store.get("/k")
 
 
-async def test_endpoints_must_be_plain_host_and_port() -> None:
-    with pytest.raises(ValueError, match="only plain http"):
+async def test_endpoints_must_be_host_and_port_with_a_scheme_that_matches_the_transport() -> None:
+    with pytest.raises(ValueError, match="https:// needs a TLS context"):
         await EtcdStore.connect(["https://127.0.0.1:2379"])
+    with pytest.raises(ValueError, match="expected http:// or https://"):
+        await EtcdStore.connect(["grpc://127.0.0.1:2379"])
     with pytest.raises(ValueError, match="not host:port"):
         await EtcdStore.connect(["127.0.0.1"])
     with pytest.raises(ValueError, match="at least one endpoint"):

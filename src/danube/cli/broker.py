@@ -150,6 +150,7 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
         ConfigError,
         config_from_mapping,
         etcd_endpoints,
+        etcd_transport,
         grpc_config,
         memory_budget,
         prometheus_address,
@@ -204,7 +205,10 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
         overrides["cluster_name"] = "danube"
     if args.etcd_endpoints:
         endpoints = etcd_endpoints(args.etcd_endpoints, "--etcd-endpoints")
-        overrides["cluster"] = dataclasses.replace(config.cluster, etcd_endpoints=endpoints)
+        tls = etcd_transport(endpoints, config.cluster.etcd_tls)
+        overrides["cluster"] = dataclasses.replace(
+            config.cluster, etcd_endpoints=endpoints, etcd_tls=tls
+        )
     storage = config.storage
     if args.storage_mode or args.durable_root or args.s3_endpoint:
         storage = storage_with(

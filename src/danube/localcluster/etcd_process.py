@@ -11,10 +11,12 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +45,29 @@ def free_port() -> int:
         return port
 
 
+@dataclass(frozen=True, slots=True)
+class EtcdServerTls:
+    """TLS on etcd's client URL (`--cert-file`, `--key-file`) and, with `client_ca_file`,
+    client certificates signed by that CA required (`--client-cert-auth`). `probe_*` is what
+    this process's own health probe and compaction present and trust."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+    probe_ca_file: str | None = None
+    probe_cert_file: str | None = None
+    probe_key_file: str | None = None
+
+
 class EtcdProcess:
     """One etcd member. Its output goes to `<data_dir>/etcd.log`, quoted when it fails."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, tls: EtcdServerTls | None = None) -> None:
         self.data_dir = data_dir
         self.log_path = data_dir / "etcd.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.client_port = 0
+        self.tls = tls
 
     @property
     def endpoint(self) -> str:
@@ -58,7 +75,16 @@ class EtcdProcess:
 
     @property
     def url(self) -> str:
-        return f"http://{self.endpoint}"
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
+
+    def _probe_context(self) -> ssl.SSLContext | None:
+        tls = self.tls
+        if tls is None:
+            return None
+        context = ssl.create_default_context(cafile=tls.probe_ca_file)
+        if tls.probe_cert_file is not None:
+            context.load_cert_chain(tls.probe_cert_file, tls.probe_key_file)
+        return context
 
     def start(self, attempts: int = 3) -> EtcdProcess:
         if not os.access(ETCD_BIN, os.X_OK):
@@ -92,6 +118,10 @@ class EtcdProcess:
             "--heartbeat-interval", "10",
             "--election-timeout", "100",
         ]  # fmt: skip
+        if self.tls is not None:
+            command += ["--cert-file", self.tls.cert_file, "--key-file", self.tls.key_file]
+            if self.tls.client_ca_file is not None:
+                command += ["--client-cert-auth", "--trusted-ca-file", self.tls.client_ca_file]
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
@@ -109,7 +139,9 @@ class EtcdProcess:
             if self.process.poll() is not None:
                 return False  # most likely a port taken between free_port() and the bind
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
+                with urllib.request.urlopen(
+                    f"{self.url}/health", timeout=1, context=self._probe_context()
+                ) as response:
                     if json.load(response).get("health") == "true":
                         return True
             except (OSError, ValueError):
@@ -122,7 +154,7 @@ class EtcdProcess:
         etcd client of their own."""
         body = json.dumps({"revision": revision, "physical": True}).encode()
         request = urllib.request.Request(f"{self.url}/v3/kv/compaction", data=body)
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10, context=self._probe_context()) as response:
             response.read()
 
     def log_tail(self, lines: int = 40) -> str:

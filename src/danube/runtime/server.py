@@ -62,10 +62,11 @@ from danube.runtime.schema_gate import SchemaGate
 from danube.runtime.schema_ports import ClientPortSchemaRegistry
 from danube.runtime.schema_service import Offload, SchemaService, in_worker_thread
 from danube.runtime.security_admin import SecurityAdminService
-from danube.runtime.tls import RELOAD_CHECK_SECONDS, CertificateReloader
+from danube.runtime.tls import RELOAD_CHECK_SECONDS, CertificateReloader, client_context
 from danube.values.config import (
     Address,
     BrokerConfig,
+    ConfigError,
     advertised_admin,
     is_loopback,
     unreachable_admin,
@@ -228,7 +229,15 @@ async def _open_store(config: BrokerConfig, data_dir: Path) -> MetadataStore:
         return await EmbeddedStore.open(data_dir / "metadata")
     from danube.metadata import EtcdStore  # loads its generated etcd types: only in clusters
 
-    return await EtcdStore.connect(config.cluster.etcd_endpoints, prefix=config.cluster.etcd_prefix)
+    tls, context = config.cluster.etcd_tls, None
+    if tls is not None:
+        try:
+            context = client_context(tls.ca_file, tls.cert_file, tls.key_file)
+        except OSError as error:  # ssl.SSLError too: a missing or unusable file
+            raise ConfigError(f"meta_store.etcd_tls: {error}") from None
+    return await EtcdStore.connect(
+        config.cluster.etcd_endpoints, prefix=config.cluster.etcd_prefix, ssl_context=context
+    )
 
 
 async def _run_member(

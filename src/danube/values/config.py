@@ -203,12 +203,57 @@ def unreachable_admin(admin: Address, advertised_client: str) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """How a broker reaches etcd over TLS: the CA that signed etcd's certificate (None: the
+    system's roots) and, for an etcd that authenticates clients by certificate, this broker's
+    certificate and key."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+def etcd_tls(value: Any) -> EtcdTls:
+    where = "meta_store.etcd_tls"
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping of ca_file, cert_file, key_file")
+    _keys(value, {"ca_file", "cert_file", "key_file"}, where)
+    files: dict[str, str | None] = {}
+    for key in ("ca_file", "cert_file", "key_file"):
+        text = value.get(key)
+        if text is not None and (not isinstance(text, str) or not text):
+            raise ConfigError(f"{where}.{key}: expected a file path")
+        files[key] = text
+    if (files["cert_file"] is None) != (files["key_file"] is None):
+        raise ConfigError(f"{where}: cert_file and key_file go together")
+    return EtcdTls(**files)
+
+
+def etcd_transport(endpoints: tuple[str, ...], tls: EtcdTls | None) -> EtcdTls | None:
+    """How every endpoint is reached: TLS when `meta_store.etcd_tls` is set or an endpoint
+    says `https://` (then, without `etcd_tls`, verified by the system's roots), else plain.
+    `http://` and TLS do not mix: a broker reaches every etcd endpoint the same way."""
+    schemes = {e.partition("://")[0] for e in endpoints if "://" in e}
+    if "http" in schemes and ("https" in schemes or tls is not None):
+        raise ConfigError(
+            "meta_store.etcd_endpoints: http:// and TLS (https:// or meta_store.etcd_tls) do "
+            "not mix; a broker reaches every etcd endpoint the same way"
+        )
+    if "https" in schemes and tls is None:
+        return EtcdTls()
+    return tls
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterConfig:
     """Cluster mode: where the metadata lives (`meta_store.etcd_endpoints`, `meta_store.prefix`)
     and how fast a dead broker is noticed (`cluster.*`, ours: spec/cluster.md)."""
 
     etcd_endpoints: tuple[str, ...] = ()
     etcd_prefix: str = ""
+    etcd_tls: EtcdTls | None = None
+    """`meta_store.etcd_tls`: TLS to etcd (its endpoints then `https://`), with a client
+    certificate when etcd requires one (`--client-cert-auth`): spec/security.md, "etcd"."""
     lease_ttl_ms: int = 10_000
     renew_interval_ms: int = 2_000
     drift_ms: int = 1_000
@@ -570,13 +615,14 @@ def _storage(data: dict[str, Any]) -> StorageConfig:
 
 
 def etcd_endpoints(value: Any, where: str) -> tuple[str, ...]:
-    """A list of `host:port` (or `http://host:port`), or one comma-separated string."""
+    """A list of `host:port` (or `http://host:port`, `https://host:port`), or one
+    comma-separated string."""
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
         raise ConfigError(f"{where}: expected a list of host:port")
     endpoints = tuple(i.strip() for i in items if i.strip())
     for endpoint in endpoints:
-        Address.parse(endpoint.removeprefix("http://"), where)
+        Address.parse(endpoint.removeprefix("http://").removeprefix("https://"), where)
     return endpoints
 
 
@@ -613,6 +659,11 @@ def _cluster(meta: dict[str, Any], data: dict[str, Any]) -> ClusterConfig:
         )
     if "prefix" in meta:
         values["etcd_prefix"] = str(meta["prefix"])
+    if meta.get("etcd_tls") is not None:
+        values["etcd_tls"] = etcd_tls(meta["etcd_tls"])
+    tls = etcd_transport(values.get("etcd_endpoints", ()), values.get("etcd_tls"))
+    if tls is not None:
+        values["etcd_tls"] = tls
     manager = LoadManagerConfig.from_mapping(data.get("load_manager"))
     if "load_report_interval_ms" not in values and "load_manager" in data:
         values["load_report_interval_ms"] = manager.load_report_interval_seconds * 1000
@@ -714,7 +765,7 @@ def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
     if "cluster_name" in data:
         updates["cluster_name"] = str(data["cluster_name"])
     meta = _section(data, "meta_store", "")
-    _keys(meta, {"data_dir", "seed_nodes", "etcd_endpoints", "prefix"}, "meta_store")
+    _keys(meta, {"data_dir", "seed_nodes", "etcd_endpoints", "prefix", "etcd_tls"}, "meta_store")
     if "data_dir" in meta:
         updates["data_dir"] = str(meta["data_dir"])
     updates["cluster"] = _cluster(meta, data)

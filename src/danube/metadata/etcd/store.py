@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -164,9 +165,15 @@ class EtcdStore:
         prefix: str = "",
         timeout_s: float = 5.0,
         watch_buffer: int = WATCH_BUFFER,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> EtcdStore:
-        """Opens the store on the first of `endpoints` ("host:port" or "http://host:port") that
-        answers a read within `timeout_s`, waiting for an etcd that is still starting.
+        """Opens the store on the first of `endpoints` ("host:port", "http://host:port" or
+        "https://host:port") that answers a read within `timeout_s`, waiting for an etcd that
+        is still starting.
+
+        With `ssl_context` (ALPN `h2`; a client certificate in it for an etcd that requires
+        one) every endpoint is reached over TLS; an `https://` endpoint needs one, an
+        `http://` endpoint refuses one: the two never mix.
 
         The store then talks to that member only; `timeout_s` also bounds every later call.
         Raises EtcdUnavailable, naming every endpoint tried, if none answers.
@@ -180,7 +187,7 @@ class EtcdStore:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         if watch_buffer < 1:
             raise ValueError("watch_buffer must be at least 1")
-        targets = [_target(endpoint) for endpoint in endpoints]
+        targets = [_target(endpoint, tls=ssl_context is not None) for endpoint in endpoints]
         failures: list[str] = []
         for endpoint, (host, port) in zip(endpoints, targets, strict=True):
             loop = await AsyncioHost.start(f"etcd client {endpoint}")
@@ -188,7 +195,7 @@ class EtcdStore:
                 loop, endpoint, prefix=prefix, timeout_s=timeout_s, watch_buffer=watch_buffer
             )
             try:
-                store._channel = await loop.run(_open_channel, host, port)
+                store._channel = await loop.run(_open_channel, host, port, ssl_context)
                 await store._probe()
             except MetadataError as exc:
                 failures.append(str(exc))
@@ -604,9 +611,9 @@ class EtcdStore:
 _RENEW_ONCE = Cardinality.STREAM_STREAM
 
 
-async def _open_channel(host: str, port: int) -> Channel:
+async def _open_channel(host: str, port: int, context: ssl.SSLContext | None) -> Channel:
     """A grpclib channel; made in asyncio code, where grpclib finds its loop."""
-    return Channel(host, port)
+    return Channel(host, port, ssl=context)
 
 
 async def _close_channel(channel: Channel) -> None:
@@ -639,11 +646,18 @@ def _unavailable(endpoint: str, what: str, cause: str) -> EtcdUnavailable:
     )
 
 
-def _target(endpoint: str) -> tuple[str, int]:
-    """The host and port of an endpoint given as "host:port" or "http://host:port"."""
+def _target(endpoint: str, *, tls: bool) -> tuple[str, int]:
+    """The host and port of an endpoint given as "host:port", "http://host:port" (not with
+    `tls`) or "https://host:port" (only with `tls`)."""
     scheme, separator, address = endpoint.rpartition("://")
-    if separator and scheme != "http":
-        raise ValueError(f"etcd endpoint {endpoint!r}: only plain http endpoints are supported")
+    if separator and scheme not in ("http", "https"):
+        raise ValueError(f"etcd endpoint {endpoint!r}: expected http:// or https://")
+    if separator and (scheme == "https") != tls:
+        raise ValueError(
+            f"etcd endpoint {endpoint!r}: https:// needs a TLS context"
+            if tls is False
+            else f"etcd endpoint {endpoint!r}: http:// with a TLS context (use https://)"
+        )
     address = address.rstrip("/")
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
