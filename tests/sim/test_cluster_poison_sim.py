@@ -13,10 +13,11 @@ from unittest import mock
 
 import pytest
 
+from sim import cluster_main
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_faults import CLUSTER_PROFILES
 from sim.cluster_main import cluster_report, swarm_draw
-from sim.cluster_poison import POISON, PoisonLedger
+from sim.cluster_poison import POISON, PoisonLedger, dispatch_rate_floor
 from tests.sim.poison_mutations import FORWARD_MUTATIONS
 
 DEFAULT = CLUSTER_PROFILES["default"]
@@ -48,6 +49,27 @@ def test_the_workload_is_off_by_default_and_in_the_swarm() -> None:
     assert ClusterWorkload().poison == 0
     drawn = {swarm_draw(seed, POISONED, DEFAULT, set()).workload.poison for seed in range(40)}
     assert 0 in drawn and len(drawn) > 1
+
+
+SEED_3014 = (
+    "--seed 3014 --profile none --replicated --scratch-topics 1 --poison 2 --loss 0.01 "
+    "--crash 0.01 --stop 0.002 --kill 0.004 --skew 0.45 --link-partition 0.01"
+)
+
+
+def test_the_operator_never_throttles_a_poison_subscription_past_the_settle_limit() -> None:
+    """Seed 3014 of CI's fuzz command: the operator set the default namespace's
+    `max_subscription_dispatch_rate` to 1 a second; topic-0's 130 messages could not all be
+    delivered within the settle limit (with the limit raised, that schedule settles 71.5 s
+    after the faults stop, past the 60 s), and `p` failed on a correct broker. A poison run's
+    operator sets no rate below `dispatch_rate_floor`."""
+    assert dispatch_rate_floor(20.0) == 50
+    args = cluster_main._parser().parse_args(SEED_3014.split())
+    workload, faults = cluster_main._settings(args)
+    simulation = ClusterSimulation(3014, workload, faults)
+    assert simulation.operator.dispatch_rate_floor == dispatch_rate_floor(workload.rate)
+    result = simulation.run(15)
+    assert result.ok and result.settled, cluster_report(result, workload, faults)
 
 
 @pytest.mark.parametrize("mutation", sorted(FORWARD_MUTATIONS))
