@@ -48,7 +48,13 @@ from sim.cluster_clients import ClusterProducer
 from sim.cluster_data_checker import DataChecker
 from sim.cluster_faults import ClusterFaults
 from sim.cluster_node import REQUEST_TIMEOUT_US, Clock, NodeSettings, SimNode
-from sim.cluster_poison import ClusterConsumer, PoisonLedger, dead_letter_topic, setup_ops
+from sim.cluster_poison import (
+    ClusterConsumer,
+    PoisonLedger,
+    dead_letter_topic,
+    dispatch_rate_floor,
+    setup_ops,
+)
 from sim.etcd import Origin, SimEtcd
 from sim.faults import FAULT_TICK_US, Faults, Injected
 from sim.network import Network
@@ -228,6 +234,7 @@ class ClusterSimulation:
             operations=workload.admin,
             scratch=workload.scratch_topics if workload.admin else 0,
             topic_policies=self.objects is not None,
+            dispatch_rate_floor=dispatch_rate_floor(workload.rate) if workload.poison else 1,
         )
         poisoned = self.topics[: workload.poison] if workload.data else []
         self.poisoned = {t: dead_letter_topic(t, i) for i, t in enumerate(poisoned)}

@@ -163,9 +163,12 @@ class Operator:
         operations: int,
         scratch: int,
         topic_policies: bool = False,
+        dispatch_rate_floor: int = 1,
     ) -> None:
         """`topic_policies`: the brokers run data planes, so a topic's overrides can be set
-        at its owner (`l`)."""
+        at its owner (`l`). `dispatch_rate_floor`: the lowest `max_subscription_dispatch_rate`
+        it sets (the poison workload's consumers must drain their backlog before the run's
+        settle limit, `sim.cluster_poison.dispatch_rate_floor`)."""
         self.world = world
         self.nodes = nodes
         self.checker = checker
@@ -188,6 +191,7 @@ class Operator:
         """The calls answered ok: their changes must be in force, unless a later one that
         reached a core changed the same field."""
         self._topic_busy: set[str] = set()
+        self.dispatch_rate_floor = dispatch_rate_floor
 
     # -- the schedule ------------------------------------------------------------------------------
 
@@ -251,7 +255,11 @@ class Operator:
                 self._topic_policy(topic, {name: rng.randint(50, 1_000) for name in fields})
         elif not self._policy_busy:
             fields = rng.sample(POLICY_FIELDS, rng.randint(1, 2))
-            self._policies({name: rng.randint(1, 1_000) for name in fields})
+            changes = {name: rng.randint(1, 1_000) for name in fields}
+            rate = changes.get("max_subscription_dispatch_rate")
+            if rate is not None:  # drawn as always, so runs without a floor keep their schedule
+                changes["max_subscription_dispatch_rate"] = max(rate, self.dispatch_rate_floor)
+            self._policies(changes)
 
     # -- the operations --------------------------------------------------------------------------
 

@@ -55,9 +55,9 @@ SWARM_DATA: Space = {
 def swarm_draw(
     seed: int, workload: ClusterWorkload, faults: ClusterFaults, pinned: set[str]
 ) -> Draw[ClusterWorkload, ClusterFaults]:
-    # Not with `--replicated` alone (CI's fuzz runs): drawing the poison workload there reaches
-    # open broker issues (sim/README.md, "Cluster with poison messages"), so it is `--data` only.
-    space = SWARM_DATA if workload.data else SWARM
+    # `--replicated` implies `--data` (`ClusterRun`), so CI's fuzz runs draw the data knobs and
+    # the poison workload too.
+    space = SWARM_DATA if workload.data or workload.replicated else SWARM
     return draw("cluster", seed, workload, faults, space, pinned=pinned, unscaled=("skew",))
 
 

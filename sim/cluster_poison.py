@@ -32,6 +32,7 @@ port's `ForwardDeadLetter` branch is the existing one of `SimPort.perform`.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -68,6 +69,17 @@ DEAD_LETTER_NAMESPACE = "dlq"
 FORWARD_TIMEOUT_US = 2 * US_PER_S
 """A forward's request unanswered this long fails (production's 10 s, scaled to the run)."""
 ACK_DELAY_US = 20_000
+
+
+def dispatch_rate_floor(rate: float) -> int:
+    """The lowest `max_subscription_dispatch_rate` the operator sets in a poison run: twice
+    the deliveries a poison subscription needs to keep up with its producer (`rate` messages
+    a second, one in `POISON_SHARE` delivered `POISON_LIMIT` more times), so the backlog a
+    topic's faults leave drains well within the run's settle limit. The judge (`p`) asks
+    every acknowledged publish to be settled in that limit: at the operator's former 1 a
+    second, a topic with 130 messages could not (seed 3014, sim/README.md)."""
+    per_message = (POISON_SHARE + POISON_LIMIT) / POISON_SHARE
+    return math.ceil(2 * rate * per_message)
 
 
 def is_poison(payload: bytes) -> bool:

@@ -13,10 +13,11 @@ from unittest import mock
 
 import pytest
 
+from sim import cluster_main
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_faults import CLUSTER_PROFILES
 from sim.cluster_main import cluster_report, swarm_draw
-from sim.cluster_poison import POISON, PoisonLedger
+from sim.cluster_poison import POISON, PoisonLedger, dispatch_rate_floor
 from tests.sim.poison_mutations import FORWARD_MUTATIONS
 
 DEFAULT = CLUSTER_PROFILES["default"]
@@ -46,8 +47,30 @@ def test_a_replicated_poison_run_settles_every_message() -> None:
 
 def test_the_workload_is_off_by_default_and_in_the_swarm() -> None:
     assert ClusterWorkload().poison == 0
-    drawn = {swarm_draw(seed, POISONED, DEFAULT, set()).workload.poison for seed in range(40)}
-    assert 0 in drawn and len(drawn) > 1
+    for base in (POISONED, ClusterWorkload(replicated=True)):  # the latter: CI's fuzz
+        drawn = {swarm_draw(seed, base, DEFAULT, set()).workload.poison for seed in range(40)}
+        assert 0 in drawn and len(drawn) > 1, base
+
+
+SEED_3014 = (
+    "--seed 3014 --profile none --replicated --scratch-topics 1 --poison 2 --loss 0.01 "
+    "--crash 0.01 --stop 0.002 --kill 0.004 --skew 0.45 --link-partition 0.01"
+)
+
+
+def test_the_operator_never_throttles_a_poison_subscription_past_the_settle_limit() -> None:
+    """Seed 3014 of CI's fuzz command: the operator set the default namespace's
+    `max_subscription_dispatch_rate` to 1 a second; topic-0's 130 messages could not all be
+    delivered within the settle limit (with the limit raised, that schedule settles 71.5 s
+    after the faults stop, past the 60 s), and `p` failed on a correct broker. A poison run's
+    operator sets no rate below `dispatch_rate_floor`."""
+    assert dispatch_rate_floor(20.0) == 50
+    args = cluster_main._parser().parse_args(SEED_3014.split())
+    workload, faults = cluster_main._settings(args)
+    simulation = ClusterSimulation(3014, workload, faults)
+    assert simulation.operator.dispatch_rate_floor == dispatch_rate_floor(workload.rate)
+    result = simulation.run(15)
+    assert result.ok and result.settled, cluster_report(result, workload, faults)
 
 
 @pytest.mark.parametrize("mutation", sorted(FORWARD_MUTATIONS))
@@ -89,3 +112,29 @@ def test_a_consumer_whose_end_of_stream_was_lost_looks_the_topic_up_again() -> N
     workload = dataclasses.replace(POISONED, poison=8)
     result = ClusterSimulation(46, workload, DEFAULT).run(15)
     assert result.ok and result.settled, cluster_report(result, workload, DEFAULT)
+
+
+SEED_3053 = (
+    "--seed 3053 --profile none --brokers 4 --topics 8 --no-rebalance --replicated --admin 16 "
+    "--scratch-topics 1 --poison 4 --partition 0.01 --crash 0.0025 --kill 0.004 --stall 0.003 "
+    "--slow 0.0025 --store-partition 0.01 --link-partition 0.02 --slow-link 0.02"
+)
+
+
+def test_dead_letters_held_for_a_topic_gone_for_good_starve_no_other_subscription() -> None:
+    """Seed 3053 of CI's fuzz command: broker 4's consumer pool fills with topic-0's dead
+    letters, waiting for `/default/topic-0-dlq` (every replica killed, unassigned for good);
+    topic-1, -2 and -3 hold nothing and read on (the consumer pool's early resume,
+    spec/memory.md), so every message of theirs settles. Without the early resume
+    (`ReliableLogs._holds_nothing` always False) they wait for ever: 45-62 messages each
+    unsettled (p). topic-0 is left out of the judge."""
+    args = cluster_main._parser().parse_args(SEED_3053.split())
+    workload, faults = cluster_main._settings(args)
+    simulation = ClusterSimulation(3053, workload, faults)
+    result = simulation.run(15)
+    assert result.ok and result.settled, cluster_report(result, workload, faults)
+    assert simulation.data_checker is not None and simulation.ledger is not None
+    gone = simulation.data_checker.all_unavailable_for_good()
+    assert gone == ["/default/topic-0-dlq"], gone
+    topics = [t for t in simulation.created_topics if t not in gone]
+    assert simulation.ledger.judged(topics) == [f"/default/topic-{n}" for n in (1, 2, 3)]
