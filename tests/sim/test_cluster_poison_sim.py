@@ -93,11 +93,11 @@ def test_a_consumer_whose_end_of_stream_was_lost_looks_the_topic_up_again() -> N
 
 @pytest.mark.parametrize("seed", [41, 48, 58])
 def test_an_object_record_is_delivered_only_once_indexed(seed: int) -> None:
-    """Seeds 41 and 58 (15 s, 8 poison topics) lost an acknowledged publish before the fix,
-    as seed 48 did when it was found: at `object` a record was delivered once fsynced on its
-    owner, the consumer acknowledged it, the owner failed before its object was indexed, and
-    the new owner gave its offset to the next message, which the stored cursor had already
-    passed. Records are now readable only up to the object index
+    """Seeds 41 and 58 (15 s, 8 poison topics) lost an acknowledged publish before the fix
+    (invariant p); seed 48 did when it was found: at `object` a record was delivered once
+    fsynced on its owner, the consumer acknowledged it, the owner failed before its object
+    was indexed, and the new owner gave its offset to the next message, which the stored
+    cursor had already passed. Records are now readable only up to the object index
     (`ReliableLogs.readable_end`)."""
     workload = dataclasses.replace(POISONED, poison=8)
     result = ClusterSimulation(seed, workload, DEFAULT).run(15)
