@@ -29,9 +29,11 @@ def start(
     object_ack: bool = True,
     durability: TopicDurability | None = None,
     stored: CoreDriver | None = None,
+    disk: bool = False,
 ) -> tuple[CoreDriver, int]:
     """A broker on an empty disk; with `stored`, one that shares its object store and
-    metadata (a new owner after a failover: the old owner's disk is gone with it)."""
+    metadata (a new owner after a failover: the old owner's disk is gone with it), and with
+    `disk` its files too (the same broker restarted)."""
     core = BrokerCore(
         BrokerIdentity(URL, URL),
         rng=random.Random(1),
@@ -44,7 +46,8 @@ def start(
     if stored is None:
         driver = CoreDriver(core)
     else:
-        driver = CoreDriver(core, {}, stored.objects, dict(stored.metadata))
+        files = stored.files if disk else {}
+        driver = CoreDriver(core, files, stored.objects, dict(stored.metadata))
         driver.now_ms = stored.now_ms
         driver.run(core.restore(dict(stored.metadata)).effects)
     driver.run(core.bootstrap(["default"]).effects)
@@ -128,6 +131,16 @@ def test_a_new_owner_reusing_an_unindexed_offset_delivers_its_message() -> None:
     assert fresh.acked[TOPIC] == 1
     consumer = subscribe(fresh)
     assert receive(fresh, consumer) == ["message 1"]
+
+
+def test_after_a_restart_the_unindexed_records_become_readable_once_uploaded() -> None:
+    driver, producer = start()
+    publish(driver, producer, 0)  # fsynced, its window still open when the broker stops
+    restarted, _ = start(stored=driver, disk=True)
+    consumer = subscribe(restarted)
+    for _ in range(5):
+        tick(restarted, BATCH_MS)
+    assert receive(restarted, consumer) == ["message 0"]  # the recovered segment's object
 
 
 def test_a_publish_is_answered_only_once_its_object_is_indexed() -> None:
