@@ -13,6 +13,7 @@ from danube.machines.dispatch.failure import EntryState, FailurePolicy
 from danube.machines.node import restore
 from danube.machines.node.dead_letters import DeadLetters
 from danube.machines.node.effects import DeadLetterPublish, ForwardDeadLetter
+from danube.machines.node.reliable_log import ReliableLogs
 
 
 @contextlib.contextmanager
@@ -107,3 +108,20 @@ POISON_MUTATIONS = {"limit_off_by_one": limit_off_by_one, "backoff_past_cap": ba
 DEAD_LETTER_MUTATIONS = {"dead_letter_passed_before_stored": dead_letter_passed_before_stored}
 FORWARD_MUTATIONS = {"forward_passed_before_acknowledged": forward_passed_before_acknowledged}
 KEY_SHARED_MUTATIONS = {"blocked_key_overtaken": blocked_key_overtaken}
+
+
+@contextlib.contextmanager
+def object_readable_before_indexed() -> Iterator[None]:
+    """At the `object` level a record is readable once fsynced on the owner, before its
+    object is indexed: delivered and acknowledged by a consumer, it is lost with the owner in
+    a failover and its offset given to another message, which the stored cursor passes."""
+
+    def unindexed(self: ReliableLogs, record: Any) -> int:
+        log = record.log.wal
+        return log.readable_offset if log is not None else 0
+
+    with mock.patch.object(ReliableLogs, "readable_end", unindexed):
+        yield
+
+
+OBJECT_MUTATIONS = {"object_readable_before_indexed": object_readable_before_indexed}

@@ -18,7 +18,7 @@ from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_faults import CLUSTER_PROFILES
 from sim.cluster_main import cluster_report, swarm_draw
 from sim.cluster_poison import POISON, PoisonLedger, dispatch_rate_floor
-from tests.sim.poison_mutations import FORWARD_MUTATIONS
+from tests.sim.poison_mutations import FORWARD_MUTATIONS, OBJECT_MUTATIONS
 
 DEFAULT = CLUSTER_PROFILES["default"]
 POISONED = ClusterWorkload(data=True, poison=6)
@@ -138,3 +138,27 @@ def test_dead_letters_held_for_a_topic_gone_for_good_starve_no_other_subscriptio
     assert gone == ["/default/topic-0-dlq"], gone
     topics = [t for t in simulation.created_topics if t not in gone]
     assert simulation.ledger.judged(topics) == [f"/default/topic-{n}" for n in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("seed", [41, 48, 58])
+def test_an_object_record_is_delivered_only_once_indexed(seed: int) -> None:
+    """Seeds 41 and 58 (15 s, 8 poison topics) lost an acknowledged publish before the fix
+    (invariant p); seed 48 did when it was found: at `object` a record was delivered once
+    fsynced on its owner, the consumer acknowledged it, the owner failed before its object
+    was indexed, and the new owner gave its offset to the next message, which the stored
+    cursor had already passed. Records are now readable only up to the object index
+    (`ReliableLogs.readable_end`)."""
+    workload = dataclasses.replace(POISONED, poison=8)
+    result = ClusterSimulation(seed, workload, DEFAULT).run(15)
+    assert result.ok and result.settled, cluster_report(result, workload, DEFAULT)
+
+
+def test_a_planted_object_readability_bug_is_caught() -> None:
+    """`object_readable_before_indexed` (the rule undone) is caught at seed 2 (15 s, 8
+    poison topics; also 9 and 10 among seeds 1-16) by invariant p."""
+    workload = dataclasses.replace(POISONED, poison=8)
+    with OBJECT_MUTATIONS["object_readable_before_indexed"]():
+        result = ClusterSimulation(2, workload, DEFAULT).run(15)
+    text = cluster_report(result, workload, DEFAULT)
+    assert not result.ok, text
+    assert {v.invariant for v in result.violations} == {POISON}, text

@@ -143,7 +143,8 @@ class Consumers:
                 # a publish, say): recovery takes a stored cursor as proof that its offsets
                 # were acknowledged (`recovery_evidence`), and a crash before that publish's
                 # fsync would then stop a healthy topic as damaged.
-                readable = self._logs.ready_wal(record).readable_offset
+                self._logs.ready_wal(record)
+                readable = self._logs.readable_end(record)
                 stored = min(start_offset, readable) - 1
                 puts.append((paths.cursor(record.name, subscription), stored))
                 if readable:

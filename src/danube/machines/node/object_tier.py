@@ -58,7 +58,7 @@ class ObjectTier:
         assert isinstance(io.effect, tier.CommitIndex)
         start = io.effect.entry.start_offset
         step = self._tier(io, lambda u: u.index_committed(start, now_ms))
-        return Step(None, (*step.effects, *self._object_acks(io.topic)))
+        return Step(None, (*step.effects, *self._object_acks(io.topic, now_ms)))
 
     def index_read(self, io: TierIo, value: Any | None, *, now_ms: int) -> Step[None]:
         """A `CommitIndex` whose compare failed, and what its path holds when read afterwards
@@ -73,24 +73,27 @@ class ObjectTier:
         except IndexFormatError:
             return self.commit_failed(io, now_ms=now_ms)
         step = self._tier(io, lambda u: u.index_exists(entry, now_ms))
-        return Step(None, (*step.effects, *self._object_acks(io.topic)))
+        return Step(None, (*step.effects, *self._object_acks(io.topic, now_ms)))
 
-    def _object_acks(self, topic: str) -> tuple[Effect, ...]:
-        """`object` acknowledgement: answer the publishes the index now covers."""
+    def _object_acks(self, topic: str, now_ms: int) -> tuple[Effect, ...]:
+        """`object` level: answer the publishes the index now covers, and let dispatch
+        deliver what it covers (`ReliableLogs.readable_end`: nothing unindexed is readable)."""
         record = self._topics.get(topic)
         if record is None:
             return ()
         state = record.log
-        if not state.object_ack or state.uploader is None:
+        if not state.object_ack or state.uploader is None or state.uploader.indexed_next is None:
             return ()
-        indexed_next = state.uploader.indexed_next
-        if indexed_next is None:
-            return ()
-        through = min(indexed_next - 1, state.durable_through)
-        if through <= state.acked_through:
-            return ()
-        state.acked_through = through
-        return (PublishAcked(topic, through),)
+        out: list[Effect] = []
+        through = min(state.uploader.indexed_next - 1, state.durable_through)
+        if through > state.acked_through:
+            state.acked_through = through
+            out.append(PublishAcked(topic, through))
+        if record.wal is not None and state.replication is None:
+            readable = self._logs.readable_end(record)
+            if readable:
+                out.extend(self._logs.make_readable(record, readable - 1, now_ms))
+        return tuple(out)
 
     def commit_failed(self, io: TierIo, *, now_ms: int) -> Step[None]:
         assert isinstance(io.effect, tier.CommitIndex)

@@ -277,7 +277,7 @@ class ReliableLogs:
         if record.phase.stopped:  # the repair rewound below what the followers were sent
             return Step(None, tuple(effects))
         machine = state.replication
-        readable_end = log.readable_offset if machine is None else machine.high_watermark
+        readable_end = self.readable_end(record) if machine is None else machine.high_watermark
         for sub in record.subscriptions.values():
             if repaired and log.readable_offset < sub.reliable.read_position:
                 self._rebuild(sub, now_ms)
@@ -407,7 +407,10 @@ class ReliableLogs:
             elif kind is wal.Readable:
                 if state.replication is None:
                     through = cast(wal.Readable, effect).through_offset
-                    out.extend(self.make_readable(record, through, now_ms))
+                    if state.object_ack:  # no further than the index (`ObjectTier` goes on)
+                        through = min(through, self.readable_end(record) - 1)
+                    if through >= 0:
+                        out.extend(self.make_readable(record, through, now_ms))
             elif isinstance(effect, wal.Failed):
                 state.unreplicated.clear()
                 wal.release(state.wal)
@@ -452,6 +455,21 @@ class ReliableLogs:
         for sub in record.subscriptions.values():
             out.extend(self.dispatch(record, sub, sub.reliable.readable(through, now_ms), now_ms))
         return out
+
+    def readable_end(self, record: TopicRecord) -> int:
+        """One past the last offset dispatch may deliver, unreplicated: the WAL's durable
+        end, and at `object` no further than the object index. A record delivered before its
+        object is indexed would be lost with the owner in a failover (the new owner continues
+        at the index's end), its offset given to another message that a subscription's cursor,
+        moved by the consumer's acknowledgement, already passed (spec/durability.md, "What
+        consumers see")."""
+        log = record.log.wal
+        end = log.readable_offset if log is not None else 0
+        if not record.log.object_ack:
+            return end
+        uploader = record.log.uploader
+        indexed = self.indexed_end(record) if uploader is None else uploader.indexed_next or 0
+        return min(end, indexed)
 
     def indexed_end(self, record: TopicRecord) -> int:
         """The end of what the object index holds (0 untiered): stored whatever happens to
