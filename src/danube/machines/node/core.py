@@ -373,6 +373,14 @@ class BrokerCore(ReplicationRoutes):
         topics = self.catalogue.topics_by_name
         return len(topics), topics.subscriptions, len(self._consumers)
 
+    def transport_open(self, streams: int, connections: int) -> None:
+        """The runtime's open gRPC streams and client connections now (an input at each
+        tick): charged to the state pool at once (spec/memory.md, "State")."""
+        pool = self.state_pool
+        if pool is not None:
+            pool.transport(streams, connections)
+            pool.update(*self.state_counts())
+
     def _state_room(self, what: str, **more: int) -> None:
         """Refuses creating `what` (RESOURCE_EXHAUSTED) when the state pool has no room."""
         pool = self.state_pool
