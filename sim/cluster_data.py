@@ -114,7 +114,14 @@ class _MemoryObserver(Observer):
             )
 
 
-DATA_MEMORY = MemoryPools(48 * 1024, 24 * 1024, 12 * 1024, 12 * 1024, state_costs=(256, 128, 128))
+DATA_MEMORY = MemoryPools(
+    48 * 1024,
+    24 * 1024,
+    12 * 1024,
+    12 * 1024,
+    state_costs=(256, 128, 128),
+    transport_costs=(16, 32),
+)
 """A cache pool below two topics' `cache_bytes`, so the ledger evicts across topics."""
 
 

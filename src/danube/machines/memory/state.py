@@ -54,9 +54,12 @@ STATE_SHARE = 0.5
 MEASURED = (TOPIC_BYTES, SUBSCRIPTION_BYTES, CONSUMER_BYTES)
 
 
-def transport_cost(streams: int, connections: int) -> int:
+TRANSPORT = (STREAM_BYTES, CONNECTION_BYTES)
+
+
+def transport_cost(streams: int, connections: int, costs: tuple[int, int] = TRANSPORT) -> int:
     """Accounted bytes of that many open gRPC streams and client connections."""
-    return STREAM_BYTES * streams + CONNECTION_BYTES * connections
+    return costs[0] * streams + costs[1] * connections
 
 
 def state_cost(
@@ -79,6 +82,7 @@ class StatePool:
         "limit",
         "refused",
         "transport_bytes",
+        "transport_costs",
         "used",
     )
 
@@ -88,11 +92,14 @@ class StatePool:
         budget: int,
         lend: object = None,
         costs: tuple[int, int, int] | None = None,
+        transport_costs: tuple[int, int] | None = None,
     ) -> None:
         """`ledger`: the cache pool it is charged to. `lend`: called after each change so the
         publish pool recomputes the ledger's room (`PublishPool.lend`). `costs`: of a topic,
-        a subscription, a consumer (None: the measured ones)."""
+        a subscription, a consumer (None: the measured ones); `transport_costs`: of an open
+        stream, a client connection (None: the measured ones)."""
         self.costs = costs or MEASURED
+        self.transport_costs = transport_costs or TRANSPORT
         self._ledger = ledger
         self._cache_pool = ledger.pool
         self._lend = lend
@@ -107,7 +114,7 @@ class StatePool:
     def transport(self, streams: int, connections: int) -> None:
         """The runtime holds that many open gRPC streams and client connections now: charged
         at the next `update` (module docstring)."""
-        self.transport_bytes = transport_cost(streams, connections)
+        self.transport_bytes = transport_cost(streams, connections, self.transport_costs)
 
     def update(self, topics: int, subscriptions: int, consumers: int) -> None:
         """The core's tables hold that many now (and the runtime's transport what it last

@@ -193,7 +193,13 @@ class BrokerCore(ReplicationRoutes):
         """Publishes in flight (spec/memory.md, "Back-pressure"): the request flows reserve
         and release (`danube.machines.requests.publish.admitted`)."""
         self.state_pool = (
-            StatePool(self.cache_ledger, memory.budget, self.publish_pool.lend, memory.state_costs)
+            StatePool(
+                self.cache_ledger,
+                memory.budget,
+                self.publish_pool.lend,
+                memory.state_costs,
+                memory.transport_costs,
+            )
             if memory is not None and self.cache_ledger is not None and self.publish_pool
             else None
         )
