@@ -181,8 +181,8 @@ def _chart(samples: list[tuple[object, ...]], budget_mib: float, path: Path) -> 
     axes.plot(t, [row[2] for row in samples], label="broker RSS")
     axes.plot(t, [row[3] for row in samples], label="accounted (all pools)")
     axes.plot(t, [row[4] for row in samples], label="cache pool used", linewidth=0.8)
-    axes.plot(t, [row[7] for row in samples], label="state (topics, subscriptions, consumers)",
-              linewidth=0.8)  # fmt: skip
+    axes.plot(t, [row[7] for row in samples],
+              label="state (topics, subscriptions, consumers, streams)", linewidth=0.8)  # fmt: skip
     axes.axhline(budget_mib, color="red", linestyle="--", label="--memory-budget")
     for phase in ("setup", "idle", "load", "after"):
         starts = [float(row[0]) for row in samples if row[1] == phase]  # type: ignore[arg-type]

@@ -276,9 +276,12 @@ class Observer:
         subscriptions: int,
         charged: int,
         costs: tuple[int, int, int],
+        transport: tuple[int, int] = (0, 0),
+        transport_costs: tuple[int, int] = (0, 0),
     ) -> None:
         """After a tick: the core's counts of topics, subscriptions and consumers, the
-        subscriptions its topics hold, what the cache pool is charged for them and the costs
+        subscriptions its topics hold, what the cache pool is charged for them and the costs;
+        the open streams and clients reported to the core before the tick and their costs
         (spec/memory.md, "State")."""
 
     def held_checked(self, used: int, held: tuple[int, list[str]]) -> None:
@@ -451,6 +454,8 @@ class SimBroker:
         core = self._alive(incarnation)
         if core is None:
             return
+        transport = self._transport_open()
+        core.transport_open(*transport)  # as the runtime reports its gRPC streams and connections
         effects = core.tick(self.now_ms).effects
         if effects:  # most ticks: nothing for the interpreter (it would only run nothing)
             self._apply(effects)
@@ -461,7 +466,10 @@ class SimBroker:
             subscriptions = sum(len(r.subscriptions) for r in topics.values())
             state = core.state_pool
             costs = state.costs if state is not None else (0, 0, 0)
-            self.observer.state_checked(core.state_counts(), subscriptions, ledger.state, costs)
+            transport_costs = state.transport_costs if state is not None else (0, 0)
+            self.observer.state_checked(
+                core.state_counts(), subscriptions, ledger.state, costs, transport, transport_costs
+            )
             if core.logs.consumer_pool is not None:
                 self.observer.held_checked(core.logs.consumer_pool.used, _held(core))
                 self.observer.paused_checked(_paused_in_vain(core))
@@ -611,6 +619,12 @@ class SimBroker:
         reply(step.value)
         self._apply(step.effects)
         self._pump(stream)
+
+    def _transport_open(self) -> tuple[int, int]:
+        """Open receive streams and the clients holding them: what the runtime reports to the
+        core at each tick (its gRPC streams and connections, spec/memory.md "State")."""
+        streams = self._streams.values()
+        return len(streams), len({stream.wire.client for stream in streams})
 
     def break_streams(self, client: str) -> None:
         """The client is cut off: its streams break on both sides."""

@@ -54,7 +54,7 @@ from typing import Any
 from danube.kernels import crc32c
 from danube.machines.dispatch.types import SubscriptionType
 from danube.machines.memory.publish import PublishPool
-from danube.machines.memory.state import state_cost
+from danube.machines.memory.state import state_cost, transport_cost
 from danube.machines.tiering import IndexEntry, IndexFormatError, ObjectRead, layout, validate_index
 from danube.machines.wal import format, records
 from danube.machines.wal.machine import Durability
@@ -227,16 +227,19 @@ class InvariantChecker(Observer):
         subscriptions: int,
         charged: int,
         costs: tuple[int, int, int],
+        transport: tuple[int, int] = (0, 0),
+        transport_costs: tuple[int, int] = (0, 0),
     ) -> None:
         """18, state: after a tick the cache pool is charged exactly what the core's topics,
-        subscriptions and consumers cost, and the running count of subscriptions equals
+        subscriptions and consumers and the open streams and connections reported before it
+        cost, and the running count of subscriptions equals
         the subscriptions the topics hold (a path that adds or drops one without counting
         would make the budget drift)."""
         if counts[1] != subscriptions:
             self._violate(
                 MEMORY, f"{counts[1]} subscriptions counted, the topics hold {subscriptions}"
             )
-        cost = state_cost(*counts, costs)
+        cost = state_cost(*counts, costs) + transport_cost(*transport, transport_costs)
         if charged != cost:
             self._violate(MEMORY, f"state charged {charged} bytes to the cache pool, costs {cost}")
 

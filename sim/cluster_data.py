@@ -144,7 +144,14 @@ class _ClusterObserver(_MemoryObserver):
             self.ledger.reported_stored(self.host.name, topic, subscription, offset, at, held)
 
 
-DATA_MEMORY = MemoryPools(48 * 1024, 24 * 1024, 12 * 1024, 12 * 1024, state_costs=(256, 128, 128))
+DATA_MEMORY = MemoryPools(
+    48 * 1024,
+    24 * 1024,
+    12 * 1024,
+    12 * 1024,
+    state_costs=(256, 128, 128),
+    transport_costs=(16, 32),
+)
 """A cache pool below two topics' `cache_bytes`, so the ledger evicts across topics."""
 
 

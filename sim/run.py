@@ -57,6 +57,9 @@ SIM_STATE = (64, 32, 32)
 """Accounted bytes of a topic, a subscription, a consumer in the simulated broker: its pools
 are kilobytes, so state costs scale down with them (spec/memory.md, "State"); small enough
 that the workload's setup is never refused (it would not retry)."""
+SIM_TRANSPORT = (16, 32)
+"""Accounted bytes of an open receive stream and of a client holding one in the simulated
+broker (the real ones: 18 KiB and 40 KiB), scaled down like `SIM_STATE`."""
 
 AUDIT = "audit"
 """Tiered runs: an Exclusive subscription created halfway through, starting at the earliest
@@ -147,6 +150,7 @@ class Workload:
             pool - pool // 8,
             publish_wait_ms=1_000,
             state_costs=SIM_STATE,
+            transport_costs=SIM_TRANSPORT,
         )
 
     def wal_config(self) -> WalConfig:

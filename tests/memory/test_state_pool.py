@@ -11,8 +11,10 @@ import pytest
 from danube.machines.dispatch import QueueLimits
 from danube.machines.memory.budget import MIB, split
 from danube.machines.memory.state import (
+    CONNECTION_BYTES,
     CONSUMER_BYTES,
     STATE_SHARE,
+    STREAM_BYTES,
     SUBSCRIPTION_BYTES,
     TOPIC_BYTES,
 )
@@ -81,3 +83,28 @@ def test_subscriptions_and_consumers_are_counted_and_refused_past_the_share() ->
     core.unsubscribe("/default/t", "s1")
     core.tick(1)
     assert core.state_counts()[1] == index - 1  # the count follows unsubscribe
+
+
+def test_open_streams_and_connections_are_charged_to_the_cache_pool_and_leave_less_room() -> None:
+    """The soak's load holds 2,000 streams on one connection: the runtime reports them at each
+    tick and the state pool charges them (bench/stream_memory.py), so the cache pool shrinks
+    and fewer topics fit; they are given back when the streams close."""
+    core = _core()
+    pool, ledger = core.state_pool, core.cache_ledger
+    assert pool is not None and ledger is not None and core.memory is not None
+    core.create_topic("/default/t", DispatchStrategy.NON_RELIABLE)
+    core.tick(0)
+    assert pool.used == TOPIC_BYTES
+    core.transport_open(streams=200, connections=3)
+    charged = TOPIC_BYTES + 200 * STREAM_BYTES + 3 * CONNECTION_BYTES
+    assert pool.used == ledger.state == charged
+    assert ledger.pool == core.memory.cache - charged  # the caches gave way at once
+    room = (pool.limit - charged) // TOPIC_BYTES
+    for index in range(room):
+        core.create_topic(f"/default/more{index}", DispatchStrategy.NON_RELIABLE)
+    with pytest.raises(DanubeError) as refused:
+        core.create_topic("/default/one-more", DispatchStrategy.NON_RELIABLE)
+    assert refused.value.code is ErrorCode.RESOURCE_EXHAUSTED
+    core.transport_open(streams=0, connections=0)  # the streams closed
+    assert pool.used == (1 + room) * TOPIC_BYTES
+    core.create_topic("/default/one-more", DispatchStrategy.NON_RELIABLE)

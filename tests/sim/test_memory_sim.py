@@ -16,6 +16,7 @@ import pytest
 
 from danube.machines.memory.consumer import HeldRecords
 from danube.machines.memory.publish import PublishPool, send_cost
+from danube.machines.memory.state import StatePool
 from danube.machines.node import requests
 from danube.machines.node.consumers import Consumers
 from danube.machines.node.reliable_log import ReliableLogs
@@ -192,3 +193,12 @@ def test_an_ack_that_makes_room_without_resuming_the_paused_reads_is_caught() ->
         result = Simulation(1, TIERED, Faults()).run(4)
     assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
     assert "reads paused in vain" in result.violations[0].detail
+
+
+def test_streams_left_out_of_the_state_charge_are_caught() -> None:
+    """Issue 28, the soak: open streams and connections are state (spec/memory.md, "State");
+    a pool that drops what the runtime reports charges the cache pool less than they cost."""
+    with mock.patch.object(StatePool, "transport", lambda self, streams, connections: None):
+        result = Simulation(1, TIERED, Faults()).run(4)
+    assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
+    assert "state charged" in result.violations[0].detail

@@ -71,6 +71,9 @@ class BrokerRuntime:
         self.fenced: str | None = None
         """Cluster mode: why this broker may not acknowledge publishes now (its membership
         is not renewed in time), else None."""
+        self.transports: list[Callable[[], tuple[int, int]]] = []
+        """Each gRPC server's `transport_counts` (`server.py` adds them): open streams and
+        client connections, reported to the core at each tick."""
         self.stopping = False
         """Set at shutdown: new receive streams are refused so that clients which reopen
         their stream at once (the official ones do) cannot keep the broker from stopping."""
@@ -153,7 +156,18 @@ class BrokerRuntime:
         """Time-driven work of the core (WAL flushes and rotation, dispatch timers)."""
         while True:
             await trio.sleep(period)
-            self._in_loop(lambda: self.core.tick(now_ms()))
+            self._in_loop(self._tick_core)
+
+    def _tick_core(self) -> Step[None]:
+        """The open streams and connections of every server first (the state pool charges
+        them, spec/memory.md "State"), then the core's tick."""
+        streams = connections = 0
+        for counts in self.transports:
+            more_streams, more_connections = counts()
+            streams += more_streams
+            connections += more_connections
+        self.core.transport_open(streams, connections)
+        return self.core.tick(now_ms())
 
     def _in_loop(self, call: Callable[[], Step[Any]]) -> None:
         """Calls the core from a trio task: on the asyncio loop, where the handlers call it

@@ -355,6 +355,15 @@ class Server(grpclib.server.Server):
         )  # fmt: skip
         self._server_closed_fut = self._loop.create_future()
 
+    def transport_counts(self) -> tuple[int, int]:
+        """Open gRPC streams (request tasks not finished) and open client connections: what the
+        state pool charges for them (`BrokerCore.transport_open`, spec/memory.md)."""
+        streams = sum(handler.live_tasks() for handler in list(self._handlers))
+        connections = sum(
+            1 for protocol in list(self._protocols) if getattr(protocol, "connected", False)
+        )
+        return streams, connections
+
     def close_connections(self) -> None:
         for protocol in list(self._protocols):
             connection = getattr(protocol, "connection", None)

@@ -220,6 +220,8 @@ class GuardedProtocol(H2Protocol):
         self._partial_timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self._lingering: LingeringTransport | None = None
+        self.connected = False
+        """Between `connection_made` and `connection_lost` (`Server.transport_counts`)."""
 
     # -- connection set-up ------------------------------------------------------------------
 
@@ -227,6 +229,7 @@ class GuardedProtocol(H2Protocol):
         """grpclib's `connection_made` with our SETTINGS: they must be set before
         `initiate_connection`, which grpclib calls on a connection it creates itself."""
         self._transport = cast(asyncio.Transport, transport)
+        self.connected = True
         sock = transport.get_extra_info("socket")
         if sock is not None:
             _set_nodelay(sock)
@@ -441,5 +444,6 @@ class GuardedProtocol(H2Protocol):
         self._keepalive_timer = self._partial_timer = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self.connected = False
         self._cancel_timers()
         super().connection_lost(exc)

@@ -490,6 +490,7 @@ async def serve(
                 auth=guard.wrap if guard is not None else None,
             )
             nursery.start_soon(_report_drops, core)
+            runtime.transports += [client_server.transport_counts, admin_server.transport_counts]
             nursery.start_soon(runtime.tick, TICK_SECONDS)
             await trio_asyncio.aio_as_trio(client_server.start)(sock=broker_sock, ssl=client_tls)
             await trio_asyncio.aio_as_trio(admin_server.start)(sock=admin_sock, ssl=admin_tls)

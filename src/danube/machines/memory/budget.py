@@ -44,6 +44,9 @@ class MemoryPools:
     state_costs: tuple[int, int, int] | None = None
     """Accounted bytes of a topic, a subscription, a consumer (`danube.machines.memory.
     state`); None: the measured ones. The simulator's pools are tiny and scale them down."""
+    transport_costs: tuple[int, int] | None = None
+    """Accounted bytes of an open gRPC stream, a client connection (the same module); None:
+    the measured ones. The simulator scales them down too."""
 
 
 def split(budget: int, publish_wait_ms: int = 3_000) -> MemoryPools:

@@ -10,6 +10,16 @@ consumer's record, its session and its receive and acknowledgement streams. Acco
 those costs, counted from the core's tables (`BrokerCore.state_counts`), not tracked object
 by object.
 
+The runtime's transport is state too: every open gRPC stream (a batched producer's
+`PublishBatches`, a consumer's `ReceiveMessages`, any call in progress) and every client
+connection, measured with `bench/stream_memory.py` (bench/RESULTS.md, the soak with the
+ahead-of-time kernels). `danube-cli load` holds 2,000 streams for 1,000 topics on one
+connection; the topic and consumer costs above were measured with unbatched producers and a
+connection per 50 topics, so a broker's streams were mostly outside them. The runtime reports
+how many are open (`StatePool.transport`, at each tick); they are charged like the rest, so
+they shrink the cache pool and leave less room for new topics, but opening one is never
+refused here (the HTTP/2 guard's `max_concurrent_streams` bounds them per connection).
+
 State is charged to the cache pool, the one pool that can shrink at any time: the cache
 ledger's pool shrinks by the state's bytes (it evicts the broker's oldest cached batches at
 once, they are on disk), as it does for what publishes borrow. State may take at most
@@ -29,12 +39,27 @@ TOPIC_BYTES = 12_288
 SUBSCRIPTION_BYTES = 13_312
 """A reliable subscription with no consumer attached (13,094 B)."""
 CONSUMER_BYTES = 12_288
-"""A consumer with its receive and acknowledgement streams open (11,837 B)."""
+"""A consumer with its receive stream open (11,837 B). That stream is now charged as a stream
+too (`STREAM_BYTES`): kept as measured, a consumer may be counted up to 16 KiB twice, on the
+safe side (its phase was measured after consumers that left had freed room it reused)."""
+STREAM_BYTES = 18_432
+"""An open gRPC stream waiting on its client (bench/stream_memory.py: 20,044 B for an idle
+`PublishBatches`, 16,058 B for an idle `ReceiveMessages`, 2,000 each on one connection)."""
+CONNECTION_BYTES = 40_960
+"""A client connection that made a call and stays open (41,329 B, 300 connections)."""
 STATE_SHARE = 0.5
 """Of the cache pool, what state may take: the other half stays for the hot tail."""
 
 
 MEASURED = (TOPIC_BYTES, SUBSCRIPTION_BYTES, CONSUMER_BYTES)
+
+
+TRANSPORT = (STREAM_BYTES, CONNECTION_BYTES)
+
+
+def transport_cost(streams: int, connections: int, costs: tuple[int, int] = TRANSPORT) -> int:
+    """Accounted bytes of that many open gRPC streams and client connections."""
+    return costs[0] * streams + costs[1] * connections
 
 
 def state_cost(
@@ -56,6 +81,8 @@ class StatePool:
         "costs",
         "limit",
         "refused",
+        "transport_bytes",
+        "transport_costs",
         "used",
     )
 
@@ -65,11 +92,14 @@ class StatePool:
         budget: int,
         lend: object = None,
         costs: tuple[int, int, int] | None = None,
+        transport_costs: tuple[int, int] | None = None,
     ) -> None:
         """`ledger`: the cache pool it is charged to. `lend`: called after each change so the
         publish pool recomputes the ledger's room (`PublishPool.lend`). `costs`: of a topic,
-        a subscription, a consumer (None: the measured ones)."""
+        a subscription, a consumer (None: the measured ones); `transport_costs`: of an open
+        stream, a client connection (None: the measured ones)."""
         self.costs = costs or MEASURED
+        self.transport_costs = transport_costs or TRANSPORT
         self._ledger = ledger
         self._cache_pool = ledger.pool
         self._lend = lend
@@ -78,10 +108,18 @@ class StatePool:
         self.used = 0
         self.refused = 0
         """Creations refused for want of room (a counter, for metrics)."""
+        self.transport_bytes = 0
+        """What the open streams and connections the runtime last reported cost."""
+
+    def transport(self, streams: int, connections: int) -> None:
+        """The runtime holds that many open gRPC streams and client connections now: charged
+        at the next `update` (module docstring)."""
+        self.transport_bytes = transport_cost(streams, connections, self.transport_costs)
 
     def update(self, topics: int, subscriptions: int, consumers: int) -> None:
-        """The core's tables hold that many now: the cache pool shrinks (or grows) to match."""
-        used = state_cost(topics, subscriptions, consumers, self.costs)
+        """The core's tables hold that many now (and the runtime's transport what it last
+        reported): the cache pool shrinks (or grows) to match."""
+        used = state_cost(topics, subscriptions, consumers, self.costs) + self.transport_bytes
         if used == self.used:
             return
         self.used = used

@@ -193,7 +193,13 @@ class BrokerCore(ReplicationRoutes):
         """Publishes in flight (spec/memory.md, "Back-pressure"): the request flows reserve
         and release (`danube.machines.requests.publish.admitted`)."""
         self.state_pool = (
-            StatePool(self.cache_ledger, memory.budget, self.publish_pool.lend, memory.state_costs)
+            StatePool(
+                self.cache_ledger,
+                memory.budget,
+                self.publish_pool.lend,
+                memory.state_costs,
+                memory.transport_costs,
+            )
             if memory is not None and self.cache_ledger is not None and self.publish_pool
             else None
         )
@@ -372,6 +378,14 @@ class BrokerCore(ReplicationRoutes):
         """Topics, subscriptions and consumers this core holds (`StatePool.update`)."""
         topics = self.catalogue.topics_by_name
         return len(topics), topics.subscriptions, len(self._consumers)
+
+    def transport_open(self, streams: int, connections: int) -> None:
+        """The runtime's open gRPC streams and client connections now (an input at each
+        tick): charged to the state pool at once (spec/memory.md, "State")."""
+        pool = self.state_pool
+        if pool is not None:
+            pool.transport(streams, connections)
+            pool.update(*self.state_counts())
 
     def _state_room(self, what: str, **more: int) -> None:
         """Refuses creating `what` (RESOURCE_EXHAUSTED) when the state pool has no room."""
