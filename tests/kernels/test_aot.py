@@ -93,3 +93,31 @@ def test_without_a_compiler_the_build_says_so_in_one_line(
     assert build.main([]) == build.NO_TOOLS
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a C compiler" in err and "numba's JIT" in err, err
+
+
+WRAPPERS = frozenset({"__init__.py", "crc32c.py", "frames.py", "batches.py", "loaded.py"})
+"""The Python entry points around the compiled functions: not compiled into the module."""
+
+
+def test_the_key_covers_every_module_the_jit_sources_load() -> None:
+    """A constant the kernels compile in may live in any module their sources import (the
+    frame layout in `machines/wal/layout.py`, say): each such file must be in SOURCES, or a
+    change of it would leave a stale module looking current."""
+    program = (
+        "import sys, danube.kernels.jit\n"
+        "for name, module in sorted(sys.modules.items()):\n"
+        "    if name.startswith('danube') and getattr(module, '__file__', None):\n"
+        "        print(module.__file__)\n"
+    )
+    env = {**os.environ, "DANUBE_KERNELS": "jit"}
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, env=env
+    )
+    loaded_files = {Path(line) for line in result.stdout.split()}
+    sources = {path.resolve() for path in loaded.SOURCES}
+    missing = sorted(
+        str(path)
+        for path in loaded_files
+        if path.suffix == ".py" and path.name not in WRAPPERS and path.resolve() not in sources
+    )
+    assert missing == [], f"kernel sources' imports missing from loaded.SOURCES: {missing}"

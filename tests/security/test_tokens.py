@@ -239,3 +239,15 @@ def test_broker_certificates_by_common_name_or_san_entry(
 def test_no_certificate_is_no_broker() -> None:
     assert broker_certificate(None, frozenset({"broker-7", "dns:x"})) is None
     assert broker_certificate({"subject": ()}, frozenset({"broker-7"})) is None
+
+
+@pytest.mark.parametrize("entry", ["dns:broker-1.cluster.example", "uri:spiffe://c/broker"])
+def test_a_common_name_that_spells_a_san_entry_is_no_broker(entry: str) -> None:
+    """A client certificate whose common name is the text of a `dns:`/`uri:` entry, with no
+    such subjectAltName, is not that broker (found in review: the common-name fallback
+    compared every entry, prefixed ones included)."""
+    client = {
+        "subject": ((("commonName", entry),),),
+        "subjectAltName": (("DNS", "alice.clients.example"),),
+    }
+    assert broker_certificate(client, frozenset({entry})) is None

@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--etcd-endpoints",
-        help="cluster mode: etcd host:port list, comma-separated (meta_store.etcd_endpoints)",
+        help=(
+            "cluster mode: etcd endpoints, comma-separated: host:port or https://host:port "
+            "(meta_store.etcd_endpoints; TLS settings in meta_store.etcd_tls)"
+        ),
     )
     parser.add_argument(
         "--storage-mode",

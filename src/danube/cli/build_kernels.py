@@ -133,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m danube.cli.build_kernels", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "--check", action="store_true", help="only check for a compiler and headers"
+        "--check",
+        action="store_true",
+        help="only check for a C compiler, Python's headers and setuptools",
     )
     parser.add_argument("--force", action="store_true", help="build even if the module is current")
     args = parser.parse_args(argv)

@@ -1,11 +1,12 @@
 """The kernels as numba compiles them at run time (JIT, with numba's on-disk cache): the build
 `danube.kernels.loaded` falls back to when the ahead-of-time module is not built or not current.
 
-It has the ahead-of-time module's interface (`build.py` exports the same names, from the same
-sources): `crc_bytes` and `crc_view` (CRC32C of a `bytes` or of a read-only memoryview,
-`crc32c_update`'s arguments), `scan`, `find`, `check`, `stamp` (the frame scan, the torn-tail
-search, the batch check and stamping), `source_key` and `hardware`. Importing this module imports
-numba and LLVM (about 125 MiB of RSS), which is why the broker prefers the other build.
+It has the ahead-of-time module's interface (`danube.cli.build_kernels` exports the same
+names, from the same sources): `crc_bytes` and `crc_view` (CRC32C of a `bytes` or of a
+read-only memoryview, `crc32c_update`'s arguments), `scan`, `find`, `check`, `stamp` (the
+frame scan, the torn-tail search, the batch check and stamping), `source_key` and `hardware`.
+Importing this module imports numba and LLVM (about 125 MiB of RSS), which is why the broker
+prefers the other build.
 """
 
 from __future__ import annotations

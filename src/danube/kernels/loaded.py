@@ -38,9 +38,14 @@ SOURCES = (
     _HERE / "record_fields.py",
     _HERE.parent / "cli" / "build_kernels.py",
     _HERE.parent / "machines" / "wal" / "records.py",
+    _HERE.parent / "machines" / "wal" / "layout.py",
+    _HERE.parent / "values" / "frozen.py",
+    _HERE.parent / "values" / "varint.py",
 )
-"""Every file whose text the compiled kernels depend on (`record_fields` takes its reason codes
-and limits from `records`)."""
+"""Every file whose text the compiled kernels depend on: the numba sources and every module
+they import (`record_fields` takes its reason codes and limits from `records`, `twins` the
+frame layout and the CRC polynomial from `layout`); `tests/kernels/test_aot.py` checks that
+this list holds every module the JIT's sources load."""
 AOT_MODULE = "danube.kernels._aot"
 MODES = ("auto", "aot", "jit")
 

@@ -212,7 +212,13 @@ def broker_certificate(cert: dict[str, Any] | None, names: frozenset[str]) -> st
             if value == wanted or (kind == "DNS" and value.lower() == wanted.lower()):
                 return entry
     principal = certificate_principal(cert)
-    if principal is not None and principal.name in names:
+    # Only an entry without a SAN prefix names a common name: a client certificate whose
+    # common name is the text "dns:broker-1..." must not pass for that SAN entry.
+    if (
+        principal is not None
+        and principal.name in names
+        and principal.name[:4].lower() not in SAN_PREFIXES
+    ):
         return principal.name
     return None
 
