@@ -45,3 +45,31 @@ def test_an_ack_that_empties_a_subscription_resumes_its_read_while_the_pool_stay
         broker.ack(offset, sub="slow")
     assert not pool.paused
     assert payloads(broker.take(slow)) == ["m3"], "the ack that made room resumed it"
+
+
+def test_an_ack_that_frees_one_records_room_carries_out_one_read_not_every_paused_one() -> None:
+    """Review finding: every acknowledgement that made room handed back all paused reads; the
+    first filled the pool again and each of the others paused again (and counted as a new
+    pause), so with n subscriptions paused each ack cost n reads: quadratic under memory
+    pressure. Reads after the pool is full again keep their place, uncounted."""
+    n = 15
+    mib = 1 << 20
+    broker = Broker(memory=MemoryPools(2 * mib + n * HELD, mib, mib, n * HELD))
+    pool = broker.core.logs.consumer_pool
+    assert pool is not None
+    pid = broker.producer()
+    broker.publish(pid, "m0")
+    consumers = [broker.consumer(f"c{i}", sub=f"s{i}") for i in range(n)]
+    for consumer in consumers:
+        assert payloads(broker.take(consumer)) == ["m0"]
+    assert pool.full
+    broker.publish(pid, "m1")
+    assert len(pool.paused) == n
+    paused_before = pool.paused_reads
+    for i in range(n):
+        waiting = list(pool.paused)
+        broker.ack(0, sub=f"s{i}")
+        # s{i} holds nothing now: its own read goes on; nobody else's read pauses again
+        assert pool.paused_reads == paused_before, f"ack of s{i} re-paused reads"
+        assert list(pool.paused) == [p for p in waiting if p[1] != f"s{i}"]
+        assert payloads(broker.take(consumers[i])) == ["m1"]

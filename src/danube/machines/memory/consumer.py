@@ -85,6 +85,11 @@ class ConsumerPool:
         self.paused = kept
         return ready
 
+    def put_back(self, reads: list[tuple[str, str, int, Any]]) -> None:
+        """Reads `resume` handed out and the caller did not carry out (the pool filled again
+        before their turn): back at the front, in their order, not counted as new pauses."""
+        self.paused.extendleft(reversed(reads))
+
     def took(self, size: int) -> None:
         self.used += size
         self.peak = max(self.peak, self.used)

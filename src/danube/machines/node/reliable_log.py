@@ -10,7 +10,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from danube import keys
 from danube.effects import EpochHistory
@@ -664,13 +664,24 @@ class ReliableLogs:
         nothing any more (they may always read once); those of a subscription gone or
         rebuilt are dropped. Called at each tick and by the acknowledgements that let
         them go on (`Consumers.ack_many`)."""
-        assert self.consumer_pool is not None
+        pool = self.consumer_pool
+        assert pool is not None
         out: list[Effect] = []
-        for topic, name, epoch, read in self.consumer_pool.resume(self._holds_nothing):
+        kept: list[tuple[str, str, int, Any]] = []
+        for paused in pool.resume(self._holds_nothing):
+            topic, name, epoch, read = paused
+            if pool.full and not self._holds_nothing(topic, name, epoch):
+                # An earlier read of this round filled the pool again: this one would only
+                # pause again. It keeps its place instead, so an acknowledgement that frees
+                # one record's room costs one read, not one per paused subscription.
+                kept.append(paused)
+                continue
             record = self._topics.get(topic)
             sub = record.subscriptions.get(name) if record is not None else None
             if record is not None and sub is not None and sub.epoch == epoch:
                 out.extend(self.dispatch(record, sub, [read], now_ms))
+        if kept:
+            pool.put_back(kept)
         return out
 
     def _holds_nothing(self, topic: str, name: str, epoch: int) -> bool:
