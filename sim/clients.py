@@ -279,6 +279,9 @@ class SimConsumer:
     when the broker no longer knows it), and acknowledges each message after a random delay
     (or nacks it, with probability `nack`)."""
 
+    reopen_us = RETRY_US
+    """How long after a refused, lost or ended stream the consumer tries again."""
+
     def __init__(
         self,
         world: World,
@@ -349,17 +352,25 @@ class SimConsumer:
 
         def opened(answer: Any) -> None:
             if isinstance(answer, DanubeError):
-                retry = self._subscribe if answer.code is ErrorCode.NOT_FOUND else self._open
-                self.world.at(RETRY_US, retry)
+                self.world.at(self.reopen_us, self._after_refusal(answer))
 
         self._caller.call(
             request,
             opened,
-            lambda: self.world.at(RETRY_US, self._open),
+            lambda: self.world.at(self.reopen_us, self._reconnect),
             client=self.client,
             on_message=lambda m: self._on_message(stream, m),
             on_end=lambda why: self._on_end(stream, why),
         )
+
+    def _after_refusal(self, answer: DanubeError) -> Callable[[], None]:
+        """What a refused stream tries next: subscribing again when the consumer is unknown,
+        else opening the stream again."""
+        return self._subscribe if answer.code is ErrorCode.NOT_FOUND else self._open
+
+    def _reconnect(self) -> None:
+        """After a lost answer or an ended stream: the stream again."""
+        self._open()
 
     def _receive_request(self, consumer_id: int) -> Any:
         """The plain stream: one message per stream message."""
@@ -367,7 +378,7 @@ class SimConsumer:
 
     def _on_end(self, stream: int, why: str) -> None:
         if stream == self._stream:
-            self.world.at(RETRY_US, self._open)
+            self.world.at(self.reopen_us, self._reconnect)
 
     def _on_message(self, stream: int, record: records.Record) -> None:
         self.received += 1

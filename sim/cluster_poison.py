@@ -276,28 +276,13 @@ class ClusterConsumer(SimConsumer):
             self.ledger.subscribed.add(self.topic)
         super()._subscribed(answer)
 
-    def _open(self) -> None:
-        assert self._consumer_id is not None
-        self._stream += 1
-        stream = self._stream
-        request = self._receive_request(self._consumer_id)
+    reopen_us = RETRY_US  # the cluster clients' pace
 
-        def opened(answer: Any) -> None:
-            if isinstance(answer, DanubeError):
-                self.world.at(RETRY_US, self._lookup)
+    def _after_refusal(self, answer: DanubeError) -> Callable[[], None]:
+        return self._lookup  # the topic may have moved: look it up again
 
-        self._caller.call(
-            request,
-            opened,
-            lambda: self.world.at(RETRY_US, self._lookup),
-            client=self.client,
-            on_message=lambda m: self._on_message(stream, m),
-            on_end=lambda why: self._on_end(stream, why),
-        )
-
-    def _on_end(self, stream: int, why: str) -> None:
-        if stream == self._stream:
-            self.world.at(RETRY_US, self._lookup)
+    def _reconnect(self) -> None:
+        self._lookup()
 
     def _fails(self, record: records.Record) -> bool:
         return is_poison(record.payload)
