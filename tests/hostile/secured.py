@@ -1,6 +1,6 @@
-"""One broker with TLS and bearer tokens on every port (issue 25, deliver 7), shared by every
-module of the hostile suite that runs its scenarios secured: `conftest.secured_broker` starts
-it once per session, so the suite starts one secured broker however many modules use it.
+"""Brokers with TLS and bearer tokens on every port (issue 25, deliver 7) for the modules of
+the hostile suite that run their scenarios secured: `conftest.secured_broker` starts one per
+such module, as each plain module has its own.
 
 `Access` is how a scenario reaches a broker, plain or secured, with the same code: the TLS
 context (None: plaintext), the headers a call carries (the super admin's token) and the URL
@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import ssl
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import pytest
 import trustme
 import yaml
 from grpclib.client import Channel
@@ -119,3 +121,21 @@ def start_secured(root: Path) -> SecuredBroker:
     watched = WatchedBroker(root / "data", "secured", process=process, security=security)
     watched.start()
     return SecuredBroker(watched, access_of(watched), secret)
+
+
+def plain_or_secured(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    directory: str,
+    name: str,
+) -> Iterator[WatchedBroker]:
+    """A module's broker fixture, parametrized plain / secured: a plain broker of the module's
+    own (`directory`, `name`), or its secured one (`secured_broker`)."""
+    if request.param == "secured":
+        yield request.getfixturevalue("secured_broker").watched
+        return
+    watched = WatchedBroker(tmp_path_factory.mktemp(directory) / "data", name).start()
+    try:
+        yield watched
+    finally:
+        watched.close()

@@ -23,7 +23,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import h2.exceptions
 import h2.settings
@@ -34,7 +33,7 @@ from grpclib.const import Status
 from tests.hostile.h2client import HEALTH_BODY, HEALTH_PATH, RawH2
 from tests.hostile.harness import WatchedBroker
 from tests.hostile.ledger import LEDGER, env_float, env_int
-from tests.hostile.secured import access_of
+from tests.hostile.secured import access_of, plain_or_secured
 
 pytestmark = pytest.mark.slow
 
@@ -50,15 +49,7 @@ HEADER_BYTES = 1 << 20
 def broker(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WatchedBroker]:
-    if request.param == "secured":  # the suite's one secured broker, shared
-        yield request.getfixturevalue("secured_broker").watched
-        return
-    data_dir: Path = tmp_path_factory.mktemp("hostile-h2") / "data"
-    watched = WatchedBroker(data_dir, "http2").start()
-    try:
-        yield watched
-    finally:
-        watched.close()
+    yield from plain_or_secured(request, tmp_path_factory, "hostile-h2", "http2")
 
 
 def _h2(broker: WatchedBroker) -> RawH2:

@@ -19,7 +19,6 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Iterator
-from pathlib import Path
 
 import pytest
 from grpclib import GRPCError
@@ -29,7 +28,7 @@ from danube.proto import danube as api
 from danube.proto import danube_schema as pb
 from tests.hostile.harness import WatchedBroker
 from tests.hostile.ledger import LEDGER, env_float, env_int
-from tests.hostile.secured import access_of
+from tests.hostile.secured import access_of, plain_or_secured
 
 pytestmark = pytest.mark.slow
 
@@ -43,15 +42,7 @@ CLEAN_REFUSALS = {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION
 def broker(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WatchedBroker]:
-    if request.param == "secured":  # the suite's one secured broker, shared
-        yield request.getfixturevalue("secured_broker").watched
-        return
-    data_dir: Path = tmp_path_factory.mktemp("hostile-schema") / "data"
-    watched = WatchedBroker(data_dir, "schemas").start()
-    try:
-        yield watched
-    finally:
-        watched.close()
+    yield from plain_or_secured(request, tmp_path_factory, "hostile-schema", "schemas")
 
 
 def _anyof_doubling(depth: int, leaf: dict[str, object]) -> bytes:

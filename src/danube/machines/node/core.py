@@ -32,10 +32,7 @@ from typing import Any
 from danube import keys
 from danube.machines.dispatch import LATEST, QueueLimits, StartPosition, SubscriptionType
 from danube.machines.memory.budget import MemoryPools
-from danube.machines.memory.consumer import ConsumerPool
-from danube.machines.memory.ledger import CacheLedger
-from danube.machines.memory.publish import PublishPool
-from danube.machines.memory.state import StatePool
+from danube.machines.memory.pools import broker_pools
 from danube.machines.node.catalogue import Catalogue, policies_to_json
 from danube.machines.node.consumers import Consumers
 from danube.machines.node.core_replication import ReplicationRoutes
@@ -184,25 +181,12 @@ class BrokerCore(ReplicationRoutes):
         self._rng = rng
         self.catalogue = Catalogue(identity, default_policies)
         self.memory = memory
-        self.cache_ledger = CacheLedger(memory.cache) if memory is not None else None
-        self.publish_pool = (
-            PublishPool(memory.publish, ledger=self.cache_ledger, wait_ms=memory.publish_wait_ms)
-            if memory is not None
-            else None
-        )
+        pools = broker_pools(memory)
+        self.cache_ledger = pools.cache_ledger
+        self.publish_pool = pools.publish_pool
         """Publishes in flight (spec/memory.md, "Back-pressure"): the request flows reserve
         and release (`danube.machines.requests.publish.admitted`)."""
-        self.state_pool = (
-            StatePool(
-                self.cache_ledger,
-                memory.budget,
-                self.publish_pool.lend,
-                memory.state_costs,
-                memory.transport_costs,
-            )
-            if memory is not None and self.cache_ledger is not None and self.publish_pool
-            else None
-        )
+        self.state_pool = pools.state_pool
         """Topics, subscriptions and consumers, charged to the cache pool (spec/memory.md,
         "State"): brought up to date at each tick and before each creation, which it may
         refuse (`_state_room`)."""
@@ -218,7 +202,7 @@ class BrokerCore(ReplicationRoutes):
             replication=replication,
             cache_ledger=self.cache_ledger,
         )
-        self.logs.consumer_pool = ConsumerPool(memory.consumer) if memory is not None else None
+        self.logs.consumer_pool = pools.consumer_pool
         self.producers = Producers(
             self.catalogue,
             self.logs,

@@ -1,0 +1,34 @@
+"""The pools one broker core builds from its memory budget (spec/memory.md), made in one place
+so the core only holds them: the cache ledger (every topic's hot cache together), the
+publish pool lending to it, the state pool charged to it, and the consumer pool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from danube.machines.memory.budget import MemoryPools
+from danube.machines.memory.consumer import ConsumerPool
+from danube.machines.memory.ledger import CacheLedger
+from danube.machines.memory.publish import PublishPool
+from danube.machines.memory.state import StatePool
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerPools:
+    cache_ledger: CacheLedger | None = None
+    publish_pool: PublishPool | None = None
+    state_pool: StatePool | None = None
+    consumer_pool: ConsumerPool | None = None
+
+
+def broker_pools(memory: MemoryPools | None) -> BrokerPools:
+    """Every pool of `memory`'s split; none without a budget (each topic's cache is then
+    bounded by its own `cache_bytes` alone)."""
+    if memory is None:
+        return BrokerPools()
+    ledger = CacheLedger(memory.cache)
+    publish = PublishPool(memory.publish, ledger=ledger, wait_ms=memory.publish_wait_ms)
+    state = StatePool(
+        ledger, memory.budget, publish.lend, memory.state_costs, memory.transport_costs
+    )
+    return BrokerPools(ledger, publish, state, ConsumerPool(memory.consumer))
