@@ -108,6 +108,8 @@ def test_the_configuration_takes_etcd_tls_and_refuses_mixing_schemes() -> None:
         cluster({"etcd_endpoints": ["http://10.0.0.1:2379"], "etcd_tls": tls})
     with pytest.raises(ConfigError, match="do not mix"):
         cluster({"etcd_endpoints": ["http://a:1", "https://b:2"]})
+    with pytest.raises(ConfigError, match="expected host:port, http:// or https://"):
+        cluster({"etcd_endpoints": ["grpc://10.0.0.1:2379"]})
     with pytest.raises(ConfigError, match="cert_file and key_file go together"):
         cluster({"etcd_endpoints": ["a:1"], "etcd_tls": {"cert_file": "b.pem"}})
     with pytest.raises(ConfigError, match=r"meta_store\.etcd_tls"):

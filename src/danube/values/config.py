@@ -622,7 +622,10 @@ def etcd_endpoints(value: Any, where: str) -> tuple[str, ...]:
         raise ConfigError(f"{where}: expected a list of host:port")
     endpoints = tuple(i.strip() for i in items if i.strip())
     for endpoint in endpoints:
-        Address.parse(endpoint.removeprefix("http://").removeprefix("https://"), where)
+        scheme, separator, address = endpoint.rpartition("://")
+        if separator and scheme not in ("http", "https"):
+            raise ConfigError(f"{where}: {endpoint!r}: expected host:port, http:// or https://")
+        Address.parse(address, where)
     return endpoints
 
 
