@@ -204,9 +204,8 @@ def unreachable_admin(admin: Address, advertised_client: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class EtcdTls:
-    """How a broker reaches etcd over TLS: the CA that signed etcd's certificate (None: the
-    system's roots) and, for an etcd that authenticates clients by certificate, this broker's
-    certificate and key."""
+    """TLS to etcd: the CA of etcd's certificate (None: the system's roots) and this broker's
+    certificate and key, for an etcd that authenticates clients by certificate."""
 
     ca_file: str | None = None
     cert_file: str | None = None
@@ -252,8 +251,7 @@ class ClusterConfig:
     etcd_endpoints: tuple[str, ...] = ()
     etcd_prefix: str = ""
     etcd_tls: EtcdTls | None = None
-    """`meta_store.etcd_tls`: TLS to etcd (its endpoints then `https://`), with a client
-    certificate when etcd requires one (`--client-cert-auth`): spec/security.md, "etcd"."""
+    """`meta_store.etcd_tls`: TLS to etcd (spec/security.md, "etcd")."""
     lease_ttl_ms: int = 10_000
     renew_interval_ms: int = 2_000
     drift_ms: int = 1_000
