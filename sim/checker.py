@@ -293,6 +293,18 @@ class InvariantChecker(Observer):
                 f"has room for it ({pool.used} of {pool.capacity} used, {pool.pressure} pressure)",
             )
 
+    def room_wait_checked(self, timeout_ms: int, pool: PublishPool) -> None:
+        """18, the publish pool's waits: none asks to wait longer than a publish may
+        (`wait_ms`, a stream's `stream_wait_ms`). A wait timed on the wall clock does when
+        the clock is set back: it would wait the jump too, and its paused time be negative."""
+        patience = max(pool.wait_ms, pool.stream_wait_ms)
+        if timeout_ms > patience:
+            self._violate(
+                MEMORY,
+                f"a publish asks to wait {timeout_ms} ms for room, longer than any may "
+                f"({patience} ms)",
+            )
+
     def answered_twice(self, client: str) -> None:
         """A request of `client` got a second answer (a waiter table that answers twice)."""
         self._violate(ONE_ANSWER, f"a request of {client} was answered twice")

@@ -114,7 +114,7 @@ def test_a_send_waits_for_room_then_is_refused_with_a_clear_message_and_nothing_
     core = FakeCore(pool)
     clock = Clock()
     assert pool.reserve(1)  # another publish holds some of the pool
-    end = run_until_stored(publish.publish_one(core, message(), clock), clock)  # type: ignore[arg-type]
+    end = run_until_stored(publish.publish_one(core, message(), clock, monotonic=clock), clock)  # type: ignore[arg-type]
     assert isinstance(end, Finished) and isinstance(end.error, DanubeError)
     assert end.error.code is ErrorCode.RESOURCE_EXHAUSTED
     assert "publish pool is full" in end.error.message
@@ -129,7 +129,7 @@ def test_a_send_that_waited_goes_on_once_room_frees_and_gives_it_back_when_answe
     core = FakeCore(pool)
     clock = Clock()
     assert pool.reserve(1)
-    flow = publish.publish_one(core, message(), clock)  # type: ignore[arg-type]
+    flow = publish.publish_one(core, message(), clock, monotonic=clock)  # type: ignore[arg-type]
     request = step(flow)
     request = step(flow, answer=None)  # the fence
     assert isinstance(request, AwaitRoom) and not request.waiter.granted
@@ -154,7 +154,7 @@ def test_every_way_out_gives_the_room_back(how: str) -> None:
     pool = PublishPool(10_000)
     core = FakeCore(pool, refuse=how == "refused by the core")
     clock = Clock()
-    flow = publish.publish_one(core, message(), clock)  # type: ignore[arg-type]
+    flow = publish.publish_one(core, message(), clock, monotonic=clock)  # type: ignore[arg-type]
     request = run_until_stored(flow, clock)
     if how == "refused by the core":
         assert isinstance(request, Finished) and request.error is not None
@@ -172,7 +172,7 @@ def test_what_can_never_fit_is_refused_at_once() -> None:
     pool = PublishPool(1_000)
     core = FakeCore(pool)
     clock = Clock()
-    end = run_until_stored(publish.publish_one(core, message(5_000), clock), clock)  # type: ignore[arg-type]
+    end = run_until_stored(publish.publish_one(core, message(5_000), clock, monotonic=clock), clock)  # type: ignore[arg-type]
     assert isinstance(end, Finished) and isinstance(end.error, DanubeError)
     assert end.error.code is ErrorCode.RESOURCE_EXHAUSTED and clock.ms == 1_000
     assert "holds at most 1000" in end.error.message
@@ -246,7 +246,7 @@ def test_waiters_are_capped_and_the_next_is_refused_at_once() -> None:
     clock = Clock()
     assert pool.reserve(pool.capacity)
     assert pool.enqueue(10) and pool.enqueue(10) and pool.waiting == 2
-    end = run_until_stored(publish.publish_one(core, message(), clock), clock)  # type: ignore[arg-type]
+    end = run_until_stored(publish.publish_one(core, message(), clock, monotonic=clock), clock)  # type: ignore[arg-type]
     assert isinstance(end, Finished) and isinstance(end.error, DanubeError)
     assert end.error.code is ErrorCode.RESOURCE_EXHAUSTED and clock.ms == 1_000
     assert "2 more already wait for room" in end.error.message
@@ -258,10 +258,33 @@ def test_a_flow_closed_while_waiting_leaves_the_queue() -> None:
     core = FakeCore(pool)
     clock = Clock()
     assert pool.reserve(1)
-    flow = publish.publish_one(core, message(), clock)  # type: ignore[arg-type]
+    flow = publish.publish_one(core, message(), clock, monotonic=clock)  # type: ignore[arg-type]
     step(flow)
     request = step(flow, answer=None)
     assert isinstance(request, AwaitRoom) and pool.waiting == 1
     pool.release(1)  # granted ...
     flow.close()  # ... but the client left before it went on: nothing kept
     assert pool.used == 0 and pool.waiting == 0
+
+
+def test_a_wall_clock_stepped_back_neither_stretches_the_wait_nor_counts_negative_time() -> None:
+    """Review finding: the wait was timed on the wall clock, so NTP setting it back an hour
+    made a waiting publish ask to wait 3,603,000 ms and `paused_ms` go negative (the metric
+    `danube_memory_publish_paused_seconds_total` decreased). The monotonic clock times it."""
+    pool = PublishPool(send_cost(100), wait_ms=3_000)
+    core = FakeCore(pool)
+    wall, monotonic = Clock(), Clock()
+    assert pool.reserve(1)
+    flow = publish.publish_one(core, message(), wall, monotonic=monotonic)  # type: ignore[arg-type]
+    request = step(flow)
+    request = step(flow, answer=None)  # the fence
+    assert isinstance(request, AwaitRoom) and request.timeout_ms == 3_000
+    wall.ms -= 3_600_000  # the wall clock set back one hour
+    monotonic.ms += 10
+    request = step(flow, answer=None)  # woken without room: asks again
+    assert isinstance(request, AwaitRoom) and request.timeout_ms == 2_990
+    monotonic.ms += 10
+    pool.release(1)
+    request = step(flow, answer=None)
+    assert isinstance(request, Apply)
+    assert pool.paused_ms == 20
