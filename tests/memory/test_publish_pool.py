@@ -10,6 +10,7 @@ import pytest
 from danube.effects.flow import Finished, step
 from danube.machines.memory.budget import split
 from danube.machines.memory.ledger import CacheLedger
+from danube.machines.memory.pools import broker_pools
 from danube.machines.memory.publish import MAX_BYPASS, PublishPool, RoomWaiter, send_cost
 from danube.machines.requests import publish
 from danube.machines.requests.effects import Apply, AwaitRoom, AwaitStored, CheckFence
@@ -288,3 +289,37 @@ def test_a_wall_clock_stepped_back_neither_stretches_the_wait_nor_counts_negativ
     request = step(flow, answer=None)
     assert isinstance(request, Apply)
     assert pool.paused_ms == 20
+
+
+def test_publishes_never_borrow_what_the_state_took_of_the_cache_pool() -> None:
+    """Review finding: the publish pool's capacity ignored the state charged to the cache
+    pool, so with a 256 MiB budget and `danube-cli load`'s 3,000 streams cache + state +
+    publishes reached 216 MiB against a cache and publish pool of 192."""
+    memory = split(256 << 20)
+    pools = broker_pools(memory)
+    state, publishes, ledger = pools.state_pool, pools.publish_pool, pools.cache_ledger
+    assert state is not None and publishes is not None and ledger is not None
+    state.transport(3_000, 1)
+    state.update(1_000, 1_000, 1_000)
+    assert ledger.state > memory.cache // 2  # past what publishes may borrow
+    assert publishes.capacity == memory.publish + memory.cache - ledger.state
+    assert publishes.reserve(publishes.capacity)
+    assert not publishes.reserve(1)
+    assert ledger.total + ledger.state + publishes.used <= memory.cache + memory.publish
+    assert publishes.ceiling == memory.publish + memory.cache // 2  # refused at once beyond
+
+
+def test_room_the_state_gives_back_goes_to_the_waiters() -> None:
+    memory = split(256 << 20)
+    pools = broker_pools(memory)
+    state, publishes = pools.state_pool, pools.publish_pool
+    assert state is not None and publishes is not None
+    state.transport(8_000, 1)  # the state takes all of the cache pool
+    state.update(0, 0, 0)
+    assert publishes.capacity == memory.publish
+    assert publishes.reserve(memory.publish)
+    waiter = publishes.enqueue(1 << 20)
+    assert waiter is not None and not waiter.granted
+    state.transport(0, 0)  # the streams closed: the cache pool may be borrowed from again
+    state.update(0, 0, 0)
+    assert waiter.granted and publishes.overlooked == 0

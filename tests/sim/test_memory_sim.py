@@ -215,3 +215,20 @@ def test_a_wait_for_room_timed_on_the_wall_clock_is_caught() -> None:
     assert _first_violation(range(1, 11), JUMPS) is None
     with mock.patch.object(SimRequests, "monotonic", SimRequests.now):
         assert _first_violation(range(1, 11), JUMPS) == MEMORY  # caught at seed 2
+
+
+HEAVY_STREAMS = (1_400, 1_024)
+"""Scaled-down costs of an open stream and a connection large enough that the state takes
+more than half the 24 KiB cache pool (17,480 bytes at most), as 3,000 streams take of a
+256 MiB budget's."""
+
+
+def test_publishes_that_borrow_what_the_state_took_are_caught() -> None:
+    """Planted: the publish pool lends half the cache pool whatever the state took of it
+    (review finding: cache + state + publishes went past the cache and publish pools)."""
+    with mock.patch("sim.run.SIM_TRANSPORT", HEAVY_STREAMS):
+        assert _first_violation(range(1, 6)) is None
+        with mock.patch.object(
+            PublishPool, "room_to_borrow", property(lambda pool: pool.borrowable)
+        ):
+            assert _first_violation(range(1, 6)) == MEMORY  # caught at seed 1

@@ -107,11 +107,11 @@ def admitted(core: BrokerCore, size: int, monotonic: Clock, *, stream: bool) -> 
     pool = core.publish_pool
     if pool is None:
         return None
-    if size > pool.capacity:
+    if size > pool.ceiling:
         raise DanubeError(
             ErrorCode.RESOURCE_EXHAUSTED,
             f"this publish needs {size} bytes of the broker's publish pool, which holds at most "
-            f"{pool.capacity} (budget {_budget(core)}); send smaller batches or raise "
+            f"{pool.ceiling} (budget {_budget(core)}); send smaller batches or raise "
             "--memory-budget",
         )
     if pool.reserve(size):
