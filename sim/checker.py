@@ -271,7 +271,8 @@ class InvariantChecker(Observer):
         borrowed), a pool with no request in flight holds nothing (a publish answered
         without giving its room back leaks it: the broker would refuse ever more), and the
         first waiter never waits for room that is free (a release that does not serve the
-        queue leaves publishes waiting out their time)."""
+        queue leaves publishes waiting out their time). What waiting publishes hold outside
+        the pool stays within `max_waiting_bytes` (one waiter alone may hold more)."""
         if pool.used + pool.pressure > pool.capacity:
             self._violate(
                 MEMORY,
@@ -286,6 +287,12 @@ class InvariantChecker(Observer):
             )
         if idle and pool.used:
             self._violate(MEMORY, f"the publish pool holds {pool.used} bytes with no publish left")
+        if pool.waiting > 1 and pool.waiting_bytes > pool.max_waiting_bytes:
+            self._violate(
+                MEMORY,
+                f"{pool.waiting} publishes wait for room holding {pool.waiting_bytes} bytes, "
+                f"more than {pool.max_waiting_bytes} may",
+            )
         if pool.overlooked:
             self._violate(
                 MEMORY,

@@ -323,3 +323,37 @@ def test_room_the_state_gives_back_goes_to_the_waiters() -> None:
     state.transport(0, 0)  # the streams closed: the cache pool may be borrowed from again
     state.update(0, 0, 0)
     assert waiter.granted and publishes.overlooked == 0
+
+
+def test_waiting_bytes_are_capped_and_the_next_is_refused_at_once() -> None:
+    """Review finding: only the number of waiters was capped (1,024), not what they hold
+    outside the pool while they wait (up to 1,024 x 10 MiB)."""
+    pool = PublishPool(10_000)
+    assert pool.max_waiting_bytes == 10_000  # the pool's share by default
+    assert pool.reserve(10_000)
+    first = pool.enqueue(8_000)
+    assert first is not None and pool.waiting_bytes == 8_000
+    assert pool.enqueue(2_001) is None  # 10,001 bytes would wait
+    second = pool.enqueue(2_000)
+    assert second is not None and pool.waiting_bytes == 10_000
+    pool.withdraw(second)
+    assert pool.waiting_bytes == 8_000
+    pool.release(10_000)  # the first is admitted: it no longer waits
+    assert first.granted and pool.waiting_bytes == 0
+    alone = PublishPool(1_000, max_waiting_bytes=10)
+    assert alone.reserve(1_000)
+    assert alone.enqueue(900) is not None  # an empty queue takes any request that may fit
+
+
+def test_a_send_past_the_waiting_bytes_is_refused_with_the_reason() -> None:
+    pool = PublishPool(send_cost(100), max_waiting_bytes=send_cost(100))
+    core = FakeCore(pool)
+    clock = Clock()
+    assert pool.reserve(pool.capacity)
+    assert pool.enqueue(send_cost(100) - 10)
+    end = run_until_stored(publish.publish_one(core, message(), clock, monotonic=clock), clock)  # type: ignore[arg-type]
+    assert isinstance(end, Finished) and isinstance(end.error, DanubeError)
+    assert end.error.code is ErrorCode.RESOURCE_EXHAUSTED and clock.ms == 1_000
+    assert "1 more already wait for room, holding 1690 bytes" in end.error.message
+    assert f"{send_cost(100)} bytes may wait" in end.error.message
+    assert "Nothing of it was stored" in end.error.message and pool.refused == 1

@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 
 from danube.machines.memory.consumer import HeldRecords
-from danube.machines.memory.publish import PublishPool, send_cost
+from danube.machines.memory.publish import PublishPool, RoomWaiter, send_cost
 from danube.machines.memory.state import StatePool
 from danube.machines.node import requests
 from danube.machines.node.consumers import Consumers
@@ -226,9 +226,34 @@ more than half the 24 KiB cache pool (17,480 bytes at most), as 3,000 streams ta
 def test_publishes_that_borrow_what_the_state_took_are_caught() -> None:
     """Planted: the publish pool lends half the cache pool whatever the state took of it
     (review finding: cache + state + publishes went past the cache and publish pools)."""
+
+    def first_violation() -> str | None:
+        for seed in range(1, 6):
+            # Eight producers: enough publishes at once to borrow past what the state left.
+            result = Simulation(seed, Workload(producers=8), PRESSURE).run(10)
+            if not result.ok:
+                return result.violations[0].invariant
+        return None
+
     with mock.patch("sim.run.SIM_TRANSPORT", HEAVY_STREAMS):
-        assert _first_violation(range(1, 6)) is None
+        assert first_violation() is None
         with mock.patch.object(
             PublishPool, "room_to_borrow", property(lambda pool: pool.borrowable)
         ):
-            assert _first_violation(range(1, 6)) == MEMORY  # caught at seed 1
+            assert first_violation() == MEMORY  # caught at seed 1
+
+
+def _enqueue_counting_only(pool: PublishPool, size: int) -> RoomWaiter | None:
+    """The planted bug: waiters capped by count alone, whatever they hold."""
+    if pool.waiting >= pool.max_waiters:
+        return None
+    waiter = RoomWaiter(size)
+    pool._waiters.append(waiter)
+    pool.waiting_bytes += size
+    pool.serve()
+    return waiter
+
+
+def test_waiters_capped_by_count_alone_are_caught() -> None:
+    with mock.patch.object(PublishPool, "enqueue", _enqueue_counting_only):
+        assert _first_violation(range(1, 6)) == MEMORY  # caught at seed 1

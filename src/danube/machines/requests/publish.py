@@ -155,8 +155,10 @@ def _too_many_waiting(core: BrokerCore, pool: PublishPool, size: int) -> DanubeE
     return DanubeError(
         ErrorCode.RESOURCE_EXHAUSTED,
         f"the broker's publish pool is full: {pool.used} of {pool.capacity} bytes are held by "
-        f"publishes not yet stored and {pool.waiting} more already wait for room (budget "
-        f"{_budget(core)}); this publish of {size} bytes was not queued. Nothing of it was "
+        f"publishes not yet stored and {pool.waiting} more already wait for room, holding "
+        f"{pool.waiting_bytes} bytes (at most {pool.max_waiters} publishes and "
+        f"{pool.max_waiting_bytes} bytes may wait; budget {_budget(core)}); this publish of "
+        f"{size} bytes was not queued. Nothing of it was "
         "stored: retry later, slow the producer down, or give the broker a larger "
         "--memory-budget or a faster disk",
     )
