@@ -38,7 +38,9 @@ class MemoryPools:
     publish: int
     """Publish buffers (`PublishPool`: accounted, enforced by back-pressure)."""
     consumer: int
-    """Consumer queues (accounted, bounded per consumer by `dispatch.consumer_queue_bytes`)."""
+    """Records reliable subscriptions hold until acknowledged (`ConsumerPool`: their reads
+    pause when it is full). Non-reliable consumer queues are reported with it in the metric
+    but bounded per consumer only (`dispatch.consumer_queue_bytes`), not by this pool."""
     publish_wait_ms: int = 3_000
     """How long a `SendMessage` waits for room in the publish pool (`broker.publish_wait_ms`;
     `danube.machines.memory.publish`)."""
@@ -51,7 +53,7 @@ class MemoryPools:
 
 
 def split(budget: int, publish_wait_ms: int = 3_000) -> MemoryPools:
-    """Cache half, publish buffers a quarter, consumer queues the rest (sums exactly)."""
+    """Cache half, publish buffers a quarter, the consumer pool the rest (sums exactly)."""
     if budget < MINIMUM_BUDGET:
         raise ValueError(f"a memory budget needs at least {MINIMUM_BUDGET} bytes, got {budget}")
     cache = int(budget * CACHE_SHARE)
