@@ -116,11 +116,11 @@ def measure(path: str, payload: int, per_batch: int, requests: int) -> tuple[flo
         if path == "send":
             record = records.decode(data)
             accounted += send_cost(len(record.payload))
-            flow = publish.publish_one(core, record, lambda: NOW)
+            flow = publish.publish_one(core, record, lambda: NOW, monotonic=lambda: NOW)
         else:
             request = publish.BatchRequest(producer_id, TOPIC, data)
             accounted += batch_cost(len(data), per_batch)
-            flow = publish.publish_batch(core, request, lambda: NOW)
+            flow = publish.publish_batch(core, request, lambda: NOW, monotonic=lambda: NOW)
         held.append(_suspended(flow))
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]

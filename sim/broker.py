@@ -297,6 +297,10 @@ class Observer:
         pool, the cache ledger's total, what the cache and publish pools add up to, and
         whether no request flow is in flight (spec/memory.md, "Back-pressure")."""
 
+    def room_wait_checked(self, timeout_ms: int, pool: PublishPool) -> None:
+        """A publish waits for room in the publish pool for `timeout_ms` more (spec/memory.md,
+        "Back-pressure")."""
+
     def internal_error(self, request: str, error: Exception) -> None:
         """A request failed with an unforeseen exception (production answers INTERNAL): a
         bug of the broker. An observer that does not judge it lets it propagate."""
@@ -373,6 +377,12 @@ class SimBroker:
         """The broker's wall clock: an epoch-like start, the simulated time, and any injected
         clock jumps."""
         return EPOCH_MS + self.world.now // US_PER_MS + self.clock_skew_ms
+
+    @property
+    def monotonic_ms(self) -> int:
+        """The broker's monotonic clock: the simulated time, which clock jumps never move
+        (the runtime's `io_port.monotonic_ms`)."""
+        return self.world.now // US_PER_MS
 
     # -- lifecycle --------------------------------------------------------------------------------
 

@@ -271,7 +271,8 @@ class InvariantChecker(Observer):
         borrowed), a pool with no request in flight holds nothing (a publish answered
         without giving its room back leaks it: the broker would refuse ever more), and the
         first waiter never waits for room that is free (a release that does not serve the
-        queue leaves publishes waiting out their time)."""
+        queue leaves publishes waiting out their time). What waiting publishes hold outside
+        the pool stays within `max_waiting_bytes` (one waiter alone may hold more)."""
         if pool.used + pool.pressure > pool.capacity:
             self._violate(
                 MEMORY,
@@ -286,11 +287,29 @@ class InvariantChecker(Observer):
             )
         if idle and pool.used:
             self._violate(MEMORY, f"the publish pool holds {pool.used} bytes with no publish left")
+        if pool.waiting > 1 and pool.waiting_bytes > pool.max_waiting_bytes:
+            self._violate(
+                MEMORY,
+                f"{pool.waiting} publishes wait for room holding {pool.waiting_bytes} bytes, "
+                f"more than {pool.max_waiting_bytes} may",
+            )
         if pool.overlooked:
             self._violate(
                 MEMORY,
                 f"a publish of {pool.overlooked} bytes waits first in line although the pool "
                 f"has room for it ({pool.used} of {pool.capacity} used, {pool.pressure} pressure)",
+            )
+
+    def room_wait_checked(self, timeout_ms: int, pool: PublishPool) -> None:
+        """18, the publish pool's waits: none asks to wait longer than a publish may
+        (`wait_ms`, a stream's `stream_wait_ms`). A wait timed on the wall clock does when
+        the clock is set back: it would wait the jump too, and its paused time be negative."""
+        patience = max(pool.wait_ms, pool.stream_wait_ms)
+        if timeout_ms > patience:
+            self._violate(
+                MEMORY,
+                f"a publish asks to wait {timeout_ms} ms for room, longer than any may "
+                f"({patience} ms)",
             )
 
     def answered_twice(self, client: str) -> None:

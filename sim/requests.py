@@ -175,13 +175,16 @@ class SimRequests:
     def now(self) -> int:
         return self.broker.now_ms
 
+    def monotonic(self) -> int:
+        return self.broker.monotonic_ms
+
     # -- the flows ---------------------------------------------------------------------------
 
     def publish_one(self, message: Any) -> Flow[publish.Published]:
-        return publish.publish_one(self._core(), message, self.now)
+        return publish.publish_one(self._core(), message, self.now, monotonic=self.monotonic)
 
     def publish_batch(self, request: publish.BatchRequest) -> Flow[Any]:
-        return publish.publish_batch(self._core(), request, self.now)
+        return publish.publish_batch(self._core(), request, self.now, monotonic=self.monotonic)
 
     def subscribe(self, request: Any, start: Any) -> Flow[int]:
         return receive.subscribe(self._core(), request, start, self.now())
@@ -307,6 +310,9 @@ class _Drive:
     def await_room(self, request: AwaitRoom) -> None:
         """Resumed once, by the pool admitting the waiter (next event) or the timeout."""
         world, waiter = self.broker.world, request.waiter
+        core = self.broker.core
+        if core is not None and core.publish_pool is not None:
+            self.broker.observer.room_wait_checked(request.timeout_ms, core.publish_pool)
         pending = [True]
 
         def resume() -> None:

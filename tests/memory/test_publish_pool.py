@@ -10,6 +10,7 @@ import pytest
 from danube.effects.flow import Finished, step
 from danube.machines.memory.budget import split
 from danube.machines.memory.ledger import CacheLedger
+from danube.machines.memory.pools import broker_pools
 from danube.machines.memory.publish import MAX_BYPASS, PublishPool, RoomWaiter, send_cost
 from danube.machines.requests import publish
 from danube.machines.requests.effects import Apply, AwaitRoom, AwaitStored, CheckFence
@@ -114,7 +115,7 @@ def test_a_send_waits_for_room_then_is_refused_with_a_clear_message_and_nothing_
     core = FakeCore(pool)
     clock = Clock()
     assert pool.reserve(1)  # another publish holds some of the pool
-    end = run_until_stored(publish.publish_one(core, message(), clock), clock)  # type: ignore[arg-type]
+    end = run_until_stored(publish.publish_one(core, message(), clock, monotonic=clock), clock)  # type: ignore[arg-type]
     assert isinstance(end, Finished) and isinstance(end.error, DanubeError)
     assert end.error.code is ErrorCode.RESOURCE_EXHAUSTED
     assert "publish pool is full" in end.error.message
@@ -129,7 +130,7 @@ def test_a_send_that_waited_goes_on_once_room_frees_and_gives_it_back_when_answe
     core = FakeCore(pool)
     clock = Clock()
     assert pool.reserve(1)
-    flow = publish.publish_one(core, message(), clock)  # type: ignore[arg-type]
+    flow = publish.publish_one(core, message(), clock, monotonic=clock)  # type: ignore[arg-type]
     request = step(flow)
     request = step(flow, answer=None)  # the fence
     assert isinstance(request, AwaitRoom) and not request.waiter.granted
@@ -154,7 +155,7 @@ def test_every_way_out_gives_the_room_back(how: str) -> None:
     pool = PublishPool(10_000)
     core = FakeCore(pool, refuse=how == "refused by the core")
     clock = Clock()
-    flow = publish.publish_one(core, message(), clock)  # type: ignore[arg-type]
+    flow = publish.publish_one(core, message(), clock, monotonic=clock)  # type: ignore[arg-type]
     request = run_until_stored(flow, clock)
     if how == "refused by the core":
         assert isinstance(request, Finished) and request.error is not None
@@ -172,7 +173,7 @@ def test_what_can_never_fit_is_refused_at_once() -> None:
     pool = PublishPool(1_000)
     core = FakeCore(pool)
     clock = Clock()
-    end = run_until_stored(publish.publish_one(core, message(5_000), clock), clock)  # type: ignore[arg-type]
+    end = run_until_stored(publish.publish_one(core, message(5_000), clock, monotonic=clock), clock)  # type: ignore[arg-type]
     assert isinstance(end, Finished) and isinstance(end.error, DanubeError)
     assert end.error.code is ErrorCode.RESOURCE_EXHAUSTED and clock.ms == 1_000
     assert "holds at most 1000" in end.error.message
@@ -246,7 +247,7 @@ def test_waiters_are_capped_and_the_next_is_refused_at_once() -> None:
     clock = Clock()
     assert pool.reserve(pool.capacity)
     assert pool.enqueue(10) and pool.enqueue(10) and pool.waiting == 2
-    end = run_until_stored(publish.publish_one(core, message(), clock), clock)  # type: ignore[arg-type]
+    end = run_until_stored(publish.publish_one(core, message(), clock, monotonic=clock), clock)  # type: ignore[arg-type]
     assert isinstance(end, Finished) and isinstance(end.error, DanubeError)
     assert end.error.code is ErrorCode.RESOURCE_EXHAUSTED and clock.ms == 1_000
     assert "2 more already wait for room" in end.error.message
@@ -258,10 +259,101 @@ def test_a_flow_closed_while_waiting_leaves_the_queue() -> None:
     core = FakeCore(pool)
     clock = Clock()
     assert pool.reserve(1)
-    flow = publish.publish_one(core, message(), clock)  # type: ignore[arg-type]
+    flow = publish.publish_one(core, message(), clock, monotonic=clock)  # type: ignore[arg-type]
     step(flow)
     request = step(flow, answer=None)
     assert isinstance(request, AwaitRoom) and pool.waiting == 1
     pool.release(1)  # granted ...
     flow.close()  # ... but the client left before it went on: nothing kept
     assert pool.used == 0 and pool.waiting == 0
+
+
+def test_a_wall_clock_stepped_back_neither_stretches_the_wait_nor_counts_negative_time() -> None:
+    """Review finding: the wait was timed on the wall clock, so NTP setting it back an hour
+    made a waiting publish ask to wait 3,603,000 ms and `paused_ms` go negative (the metric
+    `danube_memory_publish_paused_seconds_total` decreased). The monotonic clock times it."""
+    pool = PublishPool(send_cost(100), wait_ms=3_000)
+    core = FakeCore(pool)
+    wall, monotonic = Clock(), Clock()
+    assert pool.reserve(1)
+    flow = publish.publish_one(core, message(), wall, monotonic=monotonic)  # type: ignore[arg-type]
+    request = step(flow)
+    request = step(flow, answer=None)  # the fence
+    assert isinstance(request, AwaitRoom) and request.timeout_ms == 3_000
+    wall.ms -= 3_600_000  # the wall clock set back one hour
+    monotonic.ms += 10
+    request = step(flow, answer=None)  # woken without room: asks again
+    assert isinstance(request, AwaitRoom) and request.timeout_ms == 2_990
+    monotonic.ms += 10
+    pool.release(1)
+    request = step(flow, answer=None)
+    assert isinstance(request, Apply)
+    assert pool.paused_ms == 20
+
+
+def test_publishes_never_borrow_what_the_state_took_of_the_cache_pool() -> None:
+    """Review finding: the publish pool's capacity ignored the state charged to the cache
+    pool, so with a 256 MiB budget and `danube-cli load`'s 3,000 streams cache + state +
+    publishes reached 216 MiB against a cache and publish pool of 192."""
+    memory = split(256 << 20)
+    pools = broker_pools(memory)
+    state, publishes, ledger = pools.state_pool, pools.publish_pool, pools.cache_ledger
+    assert state is not None and publishes is not None and ledger is not None
+    state.transport(3_000, 1)
+    state.update(1_000, 1_000, 1_000)
+    assert ledger.state > memory.cache // 2  # past what publishes may borrow
+    assert publishes.capacity == memory.publish + memory.cache - ledger.state
+    assert publishes.reserve(publishes.capacity)
+    assert not publishes.reserve(1)
+    assert ledger.total + ledger.state + publishes.used <= memory.cache + memory.publish
+    assert publishes.ceiling == memory.publish + memory.cache // 2  # refused at once beyond
+
+
+def test_room_the_state_gives_back_goes_to_the_waiters() -> None:
+    memory = split(256 << 20)
+    pools = broker_pools(memory)
+    state, publishes = pools.state_pool, pools.publish_pool
+    assert state is not None and publishes is not None
+    state.transport(8_000, 1)  # the state takes all of the cache pool
+    state.update(0, 0, 0)
+    assert publishes.capacity == memory.publish
+    assert publishes.reserve(memory.publish)
+    waiter = publishes.enqueue(1 << 20)
+    assert waiter is not None and not waiter.granted
+    state.transport(0, 0)  # the streams closed: the cache pool may be borrowed from again
+    state.update(0, 0, 0)
+    assert waiter.granted and publishes.overlooked == 0
+
+
+def test_waiting_bytes_are_capped_and_the_next_is_refused_at_once() -> None:
+    """Review finding: only the number of waiters was capped (1,024), not what they hold
+    outside the pool while they wait (up to 1,024 x 10 MiB)."""
+    pool = PublishPool(10_000)
+    assert pool.max_waiting_bytes == 10_000  # the pool's share by default
+    assert pool.reserve(10_000)
+    first = pool.enqueue(8_000)
+    assert first is not None and pool.waiting_bytes == 8_000
+    assert pool.enqueue(2_001) is None  # 10,001 bytes would wait
+    second = pool.enqueue(2_000)
+    assert second is not None and pool.waiting_bytes == 10_000
+    pool.withdraw(second)
+    assert pool.waiting_bytes == 8_000
+    pool.release(10_000)  # the first is admitted: it no longer waits
+    assert first.granted and pool.waiting_bytes == 0
+    alone = PublishPool(1_000, max_waiting_bytes=10)
+    assert alone.reserve(1_000)
+    assert alone.enqueue(900) is not None  # an empty queue takes any request that may fit
+
+
+def test_a_send_past_the_waiting_bytes_is_refused_with_the_reason() -> None:
+    pool = PublishPool(send_cost(100), max_waiting_bytes=send_cost(100))
+    core = FakeCore(pool)
+    clock = Clock()
+    assert pool.reserve(pool.capacity)
+    assert pool.enqueue(send_cost(100) - 10)
+    end = run_until_stored(publish.publish_one(core, message(), clock, monotonic=clock), clock)  # type: ignore[arg-type]
+    assert isinstance(end, Finished) and isinstance(end.error, DanubeError)
+    assert end.error.code is ErrorCode.RESOURCE_EXHAUSTED and clock.ms == 1_000
+    assert "1 more already wait for room, holding 1690 bytes" in end.error.message
+    assert f"{send_cost(100)} bytes may wait" in end.error.message
+    assert "Nothing of it was stored" in end.error.message and pool.refused == 1

@@ -30,7 +30,7 @@ def _clock() -> int:
 
 def test_a_waiting_publish_is_woken_by_the_release_and_one_out_of_time_is_refused() -> None:
     async def scenario() -> None:
-        pool = PublishPool(1_000, wait_ms=5_000)
+        pool = PublishPool(1_000, wait_ms=5_000, max_waiting_bytes=1_200)
         driver = RequestDriver(runtime=None)  # type: ignore[arg-type]
         assert pool.reserve(1_000)
         core: Any = _Core(pool)

@@ -183,11 +183,13 @@ def _broker_side() -> set[tuple[str, str]]:
                 payload=b"one",
             )
         )
-        await driver.run(publish_one(core, message, now))
+        await driver.run(publish_one(core, message, now, monotonic=now))
         frame = encode_frame(
             0, 0, [records.encode(records.Record(payload=b"two", has_msg_id=False))] * 2
         )
-        await driver.run(publish_batch(core, BatchRequest(producer.value, TOPIC, frame), now))
+        await driver.run(
+            publish_batch(core, BatchRequest(producer.value, TOPIC, frame), now, monotonic=now)
+        )
         one = requests.Acknowledgement(4, True, TOPIC, 0, "s")
         await driver.run(settle.ack_one(core, one, now()))
         await driver.run(settle.ack(core, TOPIC, "s", [1, 2], now()))

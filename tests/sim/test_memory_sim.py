@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 
 from danube.machines.memory.consumer import HeldRecords
-from danube.machines.memory.publish import PublishPool, send_cost
+from danube.machines.memory.publish import PublishPool, RoomWaiter, send_cost
 from danube.machines.memory.state import StatePool
 from danube.machines.node import requests
 from danube.machines.node.consumers import Consumers
@@ -26,6 +26,7 @@ from sim.checker import MEMORY
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_faults import CLUSTER_PROFILES
 from sim.faults import Faults
+from sim.requests import SimRequests
 from sim.run import TIERED, Simulation, Workload
 
 
@@ -105,11 +106,11 @@ def test_under_memory_pressure_publishes_wait_borrow_and_are_refused_and_nothing
     assert seen["refused"] and seen["waited"], seen  # both outcomes of a wait were judged
 
 
-def _leaks_on_refusal(core: Any, message: Any, now: Any) -> Any:
+def _leaks_on_refusal(core: Any, message: Any, now: Any, *, monotonic: Any) -> Any:
     """The planted bug: `publish_one` gives its room back only when the publish succeeds."""
     yield from publish.unfenced()
     size = send_cost(len(message.payload))
-    pool = yield from publish.admitted(core, size, now, stream=False)
+    pool = yield from publish.admitted(core, size, monotonic, stream=False)
     published = requests.publish(core, message, now())
     offset = published.step.value
     stored = publish.AwaitStored(message.topic_name, offset) if published.stored else None
@@ -202,3 +203,57 @@ def test_streams_left_out_of_the_state_charge_are_caught() -> None:
         result = Simulation(1, TIERED, Faults()).run(4)
     assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
     assert "state charged" in result.violations[0].detail
+
+
+JUMPS = Faults(memory_pressure=0.1, slow_fsync=0.05, clock_jump=0.5)
+"""Publishes wait for room while the broker's wall clock jumps back and forth."""
+
+
+def test_a_wait_for_room_timed_on_the_wall_clock_is_caught() -> None:
+    """Planted: the publish flows given the wall clock to time their wait (the review
+    finding: a clock set back made a publish wait the jump too, its paused time negative)."""
+    assert _first_violation(range(1, 11), JUMPS) is None
+    with mock.patch.object(SimRequests, "monotonic", SimRequests.now):
+        assert _first_violation(range(1, 11), JUMPS) == MEMORY  # caught at seed 2
+
+
+HEAVY_STREAMS = (1_400, 1_024)
+"""Scaled-down costs of an open stream and a connection large enough that the state takes
+more than half the 24 KiB cache pool (17,480 bytes at most), as 3,000 streams take of a
+256 MiB budget's."""
+
+
+def test_publishes_that_borrow_what_the_state_took_are_caught() -> None:
+    """Planted: the publish pool lends half the cache pool whatever the state took of it
+    (review finding: cache + state + publishes went past the cache and publish pools)."""
+
+    def first_violation() -> str | None:
+        for seed in range(1, 6):
+            # Eight producers: enough publishes at once to borrow past what the state left.
+            result = Simulation(seed, Workload(producers=8), PRESSURE).run(10)
+            if not result.ok:
+                return result.violations[0].invariant
+        return None
+
+    with mock.patch("sim.run.SIM_TRANSPORT", HEAVY_STREAMS):
+        assert first_violation() is None
+        with mock.patch.object(
+            PublishPool, "room_to_borrow", property(lambda pool: pool.borrowable)
+        ):
+            assert first_violation() == MEMORY  # caught at seed 1
+
+
+def _enqueue_counting_only(pool: PublishPool, size: int) -> RoomWaiter | None:
+    """The planted bug: waiters capped by count alone, whatever they hold."""
+    if pool.waiting >= pool.max_waiters:
+        return None
+    waiter = RoomWaiter(size)
+    pool._waiters.append(waiter)
+    pool.waiting_bytes += size
+    pool.serve()
+    return waiter
+
+
+def test_waiters_capped_by_count_alone_are_caught() -> None:
+    with mock.patch.object(PublishPool, "enqueue", _enqueue_counting_only):
+        assert _first_violation(range(1, 6)) == MEMORY  # caught at seed 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import re
 import ssl
 import urllib.request
@@ -80,6 +81,13 @@ def _scrape(address: str, security: ClientSecurity | None) -> str:
         return str(answer.read().decode())
 
 
+def _scrape_error(error: Exception) -> Exception:
+    """A readable reason: `BadStatusLine`'s text is only the line it could not parse."""
+    if isinstance(error, http.client.BadStatusLine):
+        return ValueError(f"not an HTTP answer (first line {str(error)[:60]!r})")
+    return error
+
+
 def _mib(value: float | None) -> str:
     return "-" if value is None else f"{value / 2**20:.1f}"
 
@@ -97,7 +105,11 @@ async def memory(client: AdminClient, _: argparse.Namespace) -> Result:
                 raise OSError("the broker runs without a metrics endpoint")
             page = await asyncio.to_thread(_scrape, broker.metrics_addr, client.security)
             found = memory_of(page)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, http.client.HTTPException) as error:
+            # HTTPException: something that is not an HTTP server answered at the metrics
+            # address (BadStatusLine, RemoteDisconnected is an OSError too): a row, not a
+            # traceback (review finding).
+            error = _scrape_error(error)
             row["error"] = str(error)
             rows.append((broker.broker_id, f"metrics unreachable: {error}", *[""] * 7))
             data.append(row)

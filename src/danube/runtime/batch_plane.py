@@ -20,7 +20,7 @@ from danube.machines.node.requests import encoded
 from danube.machines.requests import receive, settle
 from danube.machines.requests.publish import BatchRequest, publish_batch
 from danube.proto import danube_ext as ext_pb
-from danube.runtime.broker import BrokerRuntime, now_ms
+from danube.runtime.broker import BrokerRuntime, monotonic_ms, now_ms
 from danube.runtime.grpc_util import RECEIVED, recv_bounded, recv_single, unary
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.request_driver import RequestDriver
@@ -93,7 +93,9 @@ class ProducerExtService:
         metrics = self._runtime.metrics
         batch = BatchRequest(request.producer_id, topic, request.frame)
         try:
-            done = await self._requests.begin(publish_batch(self._core, batch, now_ms))
+            done = await self._requests.begin(
+                publish_batch(self._core, batch, now_ms, monotonic=monotonic_ms)
+            )
         except DanubeError as error:
             count = batch.checked.count if batch.checked is not None else 1
             metrics.send_failed(topic, count, error.code.name)

@@ -24,14 +24,14 @@ from danube.interpreter import Interpreter
 from danube.machines.cluster.ownership import NotOwner, fence_compares
 from danube.machines.node.core import BrokerCore, Effect, PersistMeta, Step
 from danube.metadata import MetadataStore
-from danube.runtime.io_port import ProductionPort, StreamSlot, now_ms
+from danube.runtime.io_port import ProductionPort, StreamSlot, monotonic_ms, now_ms
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.object_store import ObjectStore
 from danube.values.errors import DanubeError, ErrorCode
 
 T = TypeVar("T")
 
-__all__ = ["BrokerRuntime", "StreamSlot", "now_ms", "persist"]
+__all__ = ["BrokerRuntime", "StreamSlot", "monotonic_ms", "now_ms", "persist"]
 
 
 async def persist(

@@ -21,7 +21,7 @@ from danube.machines.requests.publish import publish_one
 from danube.machines.wal import records
 from danube.proto import danube as pb
 from danube.proto import danube_ext as ext_pb
-from danube.runtime.broker import BrokerRuntime, now_ms
+from danube.runtime.broker import BrokerRuntime, monotonic_ms, now_ms
 from danube.runtime.grpc_util import (
     DEFAULT_REQUEST_LIMIT,
     RECEIVED,
@@ -87,7 +87,9 @@ class ProducerService:
         started = time.perf_counter()
         topic = message.topic_name
         try:
-            published = await self._requests.run(publish_one(self._core, message, now_ms))
+            published = await self._requests.run(
+                publish_one(self._core, message, now_ms, monotonic=monotonic_ms)
+            )
         except DanubeError as error:
             self._runtime.metrics.send_failed(topic, 1, error.code.name)
             raise

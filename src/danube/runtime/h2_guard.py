@@ -44,6 +44,8 @@ from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes, Settings
 
 from danube.runtime.h2_policy import (
+    CONNECTION_WINDOW_BYTES,
+    STREAM_WINDOW_BYTES,
     Keepalive,
     KeepaliveAction,
     PingStrikes,
@@ -67,8 +69,14 @@ PING_PAYLOAD = b"danube\x00\x00"
 def grpclib_config() -> Configuration:
     """grpclib's own keepalive is off: it closes a frozen peer's socket gracefully, which waits
     for the peer to read what is buffered (for ever, if it is frozen), sends at most two pings
-    without data and no more often than every 5 minutes. `GuardedProtocol` does it instead."""
-    return Configuration(_keepalive_time=None)
+    without data and no more often than every 5 minutes. `GuardedProtocol` does it instead.
+    The receive windows are `h2_policy`'s: a connection's much larger than a stream's, so a
+    stream the broker pauses does not stall the connection's other calls."""
+    return Configuration(
+        _keepalive_time=None,
+        http2_connection_window_size=CONNECTION_WINDOW_BYTES,
+        http2_stream_window_size=STREAM_WINDOW_BYTES,
+    )
 
 
 class GuardedHandler(grpclib.server.Handler):

@@ -8,6 +8,21 @@ import enum
 from collections import deque
 from collections.abc import Iterable
 
+STREAM_WINDOW_BYTES = 1 << 20
+"""The receive window the broker grants each stream (SETTINGS_INITIAL_WINDOW_SIZE): what a
+client may send on one stream before the broker's handler reads it. A producer's
+`PublishBatches` is not read while its batch waits for room in the publish pool or for its
+topic's rate (spec/memory.md, "Back-pressure"): this is what such a stream holds unread."""
+
+CONNECTION_WINDOW_BYTES = 16 << 20
+"""The receive window of a whole connection, sixteen streams' worth. The stream window must
+be well below it: with both at grpclib's 4 MiB one paused stream took the whole connection
+window and every other call on the connection (other producers, `AckBatch`, a health check)
+stalled until the stream was read again, up to 30 s (review finding, issue 28). Now fifteen
+streams may be paused at once and other calls still flow. The bound it sets: whatever a
+client does with its `max_concurrent_streams` streams, the broker buffers at most this much
+unread request data per connection (spec/hardening.md)."""
+
 HEADER_ENTRY_OVERHEAD = 32
 """RFC 7541 §4.1: each header field counts its name, its value and 32 bytes."""
 

@@ -101,6 +101,12 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def monotonic_ms() -> int:
+    """The clock that times waits (a publish waiting for room in the publish pool): never
+    steps, unlike `now_ms`, which NTP or an operator may set back or forward."""
+    return time.monotonic_ns() // 1_000_000
+
+
 @dataclass(slots=True)
 class StreamSlot:
     """The live receive stream of one consumer, as its writer sees it."""

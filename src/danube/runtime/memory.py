@@ -1,15 +1,28 @@
 """Reads what the broker's default memory budget is a share of (spec/memory.md): the cgroup
-limit (v2's `memory.max`, else v1's `memory.limit_in_bytes`, whose "unlimited" is a number far
-above the machine's memory and loses to it) and /proc/meminfo. The rule itself is pure
-(`danube.machines.memory.budget`)."""
+limits on the way from this process's own group up to its mount's root (the files
+`danube.machines.memory.cgroup` names from /proc/self/cgroup and /proc/self/mountinfo) and
+/proc/meminfo, and logs the budget chosen and where it came from. The rules are pure
+(`danube.machines.memory.budget`, `danube.machines.memory.cgroup`)."""
 
 from __future__ import annotations
 
-from danube.machines.memory.budget import MemoryPools, default_budget, split
+import logging
 
-CGROUP_MAX = "/sys/fs/cgroup/memory.max"
-CGROUP_V1_LIMIT = "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+from danube.machines.memory.budget import (
+    MachineMemory,
+    MemoryPools,
+    budget_of,
+    memory_of,
+    publish_room_warning,
+    split,
+)
+from danube.machines.memory.cgroup import limit_files, tightest_limit
+
+PROC_CGROUP = "/proc/self/cgroup"
+MOUNTINFO = "/proc/self/mountinfo"
 MEMINFO = "/proc/meminfo"
+
+log = logging.getLogger("danube.runtime")
 
 
 def _read(path: str) -> str | None:
@@ -20,16 +33,33 @@ def _read(path: str) -> str | None:
         return None
 
 
-def broker_pools(configured: int | None, publish_wait_ms: int = 3_000) -> MemoryPools:
+def broker_pools(
+    configured: int | None, publish_wait_ms: int = 3_000, max_message_bytes: int | None = None
+) -> MemoryPools:
     """The configured budget (`--memory-budget`), else the default read from this machine,
-    split into pools."""
+    split into pools; logged, with a warning when the budget refuses the largest legal
+    message for ever."""
     if configured is not None:
-        return split(configured, publish_wait_ms)
-    return split(default_budget(cgroup_limit(), _read(MEMINFO)), publish_wait_ms)
+        pools = split(configured, publish_wait_ms)
+        log.info("event=memory_budget budget=%d source=--memory-budget", pools.budget)
+    else:
+        machine = machine_memory()
+        pools = split(budget_of(machine), publish_wait_ms)
+        log.info(
+            "event=memory_budget budget=%d source=%r of=%d",
+            pools.budget,
+            machine.source,
+            machine.bytes,
+        )
+    if max_message_bytes is not None:
+        warning = publish_room_warning(pools, max_message_bytes)
+        if warning is not None:
+            log.warning("event=memory_budget_too_small %s", warning)
+    return pools
 
 
-def cgroup_limit() -> str | None:
-    """The cgroup's memory limit as the kernel writes it: v2 first, else v1 (a container on
-    a cgroup v1 host would otherwise get a budget sized for the host and meet the OOM
-    killer instead of evicting)."""
-    return _read(CGROUP_MAX) or _read(CGROUP_V1_LIMIT)
+def machine_memory(root: str = "") -> MachineMemory:
+    """The memory this process may use, read under `root` (tests: a fake /proc and /sys)."""
+    files = limit_files(_read(root + PROC_CGROUP), _read(root + MOUNTINFO))
+    cgroup = tightest_limit((path, _read(root + path)) for path in files)
+    return memory_of(cgroup, _read(root + MEMINFO))

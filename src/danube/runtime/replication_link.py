@@ -98,7 +98,8 @@ QUEUE_MESSAGES = 4096
 """Replicates queued on one follower's link (not yet written to its stream) before a loss."""
 QUEUE_BYTES = 128 << 20
 """... and their bytes: two of the largest `Replicate`s, sixteen times the owner machine's
-resend window (8 MiB), which its `max_in_flight` keeps it well within."""
+resend window (8 MiB), which its `max_in_flight` keeps it well within. Outside the memory
+budget: no pool accounts it (spec/memory.md, "Not built yet")."""
 WRITE_BATCH_BYTES = 1 << 20
 """Queued messages written to the stream in one HTTP/2 send, up to this many bytes."""
 OUTBOX_ANSWERS = 65_536

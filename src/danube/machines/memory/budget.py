@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from danube.machines.memory.publish import BORROWABLE_CACHE_SHARE, send_cost
 from danube.values.sizes import GIB, KIB, MIB
 from danube.values.sizes import parse_size as parse_size
 
@@ -37,7 +38,9 @@ class MemoryPools:
     publish: int
     """Publish buffers (`PublishPool`: accounted, enforced by back-pressure)."""
     consumer: int
-    """Consumer queues (accounted, bounded per consumer by `dispatch.consumer_queue_bytes`)."""
+    """Records reliable subscriptions hold until acknowledged (`ConsumerPool`: their reads
+    pause when it is full). Non-reliable consumer queues are reported with it in the metric
+    but bounded per consumer only (`dispatch.consumer_queue_bytes`), not by this pool."""
     publish_wait_ms: int = 3_000
     """How long a `SendMessage` waits for room in the publish pool (`broker.publish_wait_ms`;
     `danube.machines.memory.publish`)."""
@@ -50,7 +53,7 @@ class MemoryPools:
 
 
 def split(budget: int, publish_wait_ms: int = 3_000) -> MemoryPools:
-    """Cache half, publish buffers a quarter, consumer queues the rest (sums exactly)."""
+    """Cache half, publish buffers a quarter, the consumer pool the rest (sums exactly)."""
     if budget < MINIMUM_BUDGET:
         raise ValueError(f"a memory budget needs at least {MINIMUM_BUDGET} bytes, got {budget}")
     cache = int(budget * CACHE_SHARE)
@@ -58,23 +61,74 @@ def split(budget: int, publish_wait_ms: int = 3_000) -> MemoryPools:
     return MemoryPools(budget, cache, publish, budget - cache - publish, publish_wait_ms)
 
 
-def machine_memory(cgroup_max: str | None, meminfo: str | None) -> int:
-    """The memory this process may use: the cgroup limit (v2's `memory.max` or v1's
-    `memory.limit_in_bytes`) when set and smaller than the machine's `MemTotal`, else
-    `MemTotal`, else `FALLBACK_TOTAL`."""
+@dataclass(frozen=True, slots=True)
+class MachineMemory:
+    """The memory this process may use and where that number came from (logged at start)."""
+
+    bytes: int
+    source: str
+
+
+def memory_of(cgroup: tuple[int, str] | None, meminfo: str | None) -> MachineMemory:
+    """The memory this process may use: the tightest cgroup limit (`cgroup`: the limit and
+    the file it was read from, `danube.machines.memory.cgroup.tightest_limit`) when smaller
+    than the machine's `MemTotal`, else `MemTotal`, else `FALLBACK_TOTAL`."""
     total: int | None = None
     if meminfo:
         for line in meminfo.splitlines():
             if line.startswith("MemTotal:"):
                 total = int(line.split()[1]) * KIB
                 break
-    limit: int | None = None
-    if cgroup_max and cgroup_max.strip().isdigit():
-        limit = int(cgroup_max.strip())
-    candidates = [value for value in (total, limit) if value]
-    return min(candidates) if candidates else FALLBACK_TOTAL
+    if cgroup is not None and (total is None or cgroup[0] < total):
+        return MachineMemory(cgroup[0], f"cgroup limit {cgroup[1]}")
+    if total is not None and total > 0:
+        return MachineMemory(total, "MemTotal in /proc/meminfo")
+    return MachineMemory(FALLBACK_TOTAL, "neither a cgroup limit nor /proc/meminfo readable")
+
+
+def machine_memory(cgroup_max: str | None, meminfo: str | None) -> int:
+    """`memory_of` with one cgroup limit file's text (v2's `memory.max` or v1's
+    `memory.limit_in_bytes`; "max" or unreadable: no limit)."""
+    value = (cgroup_max or "").strip()
+    cgroup = (int(value), "memory.max") if value.isdigit() and int(value) > 0 else None
+    return memory_of(cgroup, meminfo).bytes
+
+
+def budget_of(memory: MachineMemory) -> int:
+    """`DEFAULT_FRACTION` of the memory this process may use, never below `MINIMUM_BUDGET`."""
+    return max(MINIMUM_BUDGET, int(memory.bytes * DEFAULT_FRACTION))
 
 
 def default_budget(cgroup_max: str | None, meminfo: str | None) -> int:
     """`DEFAULT_FRACTION` of `machine_memory`, never below `MINIMUM_BUDGET`."""
     return max(MINIMUM_BUDGET, int(machine_memory(cgroup_max, meminfo) * DEFAULT_FRACTION))
+
+
+def publish_room_warning(pools: MemoryPools, max_message_bytes: int) -> str | None:
+    """Why this budget refuses legal messages for ever, or None: the publish pool, with all
+    it may borrow of the cache pool, cannot hold one `SendMessage` of the largest size a
+    producer may send (`send_cost`: twice the payload and its objects), so such a message is
+    refused RESOURCE_EXHAUSTED however idle the broker is. Budgets under about 40 MiB, with
+    the default 10 MiB `max_message_size`."""
+    ceiling = pools.publish + int(pools.cache * BORROWABLE_CACHE_SHARE)
+    needed = send_cost(max_message_bytes)
+    if needed <= ceiling:
+        return None
+    return (
+        f"the memory budget of {pools.budget} bytes leaves its publish pool room for at most "
+        f"{ceiling} bytes, and a message of the largest size producers may send "
+        f"({max_message_bytes} bytes, max_message_size) needs {needed}: such messages will "
+        "be refused. Give the broker a larger --memory-budget (at least "
+        f"{_budget_for(needed)} bytes) or lower max_message_size"
+    )
+
+
+def _budget_for(needed: int) -> int:
+    """The smallest budget whose publish pool and borrowable cache hold `needed` bytes."""
+    share = PUBLISH_SHARE + CACHE_SHARE * BORROWABLE_CACHE_SHARE
+    budget = int(needed / share) + 1
+    while True:
+        pools = split(max(budget, MINIMUM_BUDGET))
+        if pools.publish + int(pools.cache * BORROWABLE_CACHE_SHARE) >= needed:
+            return pools.budget
+        budget += 1024

@@ -29,6 +29,6 @@ def broker_pools(memory: MemoryPools | None) -> BrokerPools:
     ledger = CacheLedger(memory.cache)
     publish = PublishPool(memory.publish, ledger=ledger, wait_ms=memory.publish_wait_ms)
     state = StatePool(
-        ledger, memory.budget, publish.lend, memory.state_costs, memory.transport_costs
+        ledger, memory.budget, publish.restate, memory.state_costs, memory.transport_costs
     )
     return BrokerPools(ledger, publish, state, ConsumerPool(memory.consumer))

@@ -109,6 +109,8 @@ def memory_use(core: BrokerCore) -> MemoryUse | None:
         return None
     held = core.logs.consumer_pool
     consumer = held.used if held is not None else 0
+    # Non-reliable queues are shown with the pool but bounded per consumer, not by it
+    # (`ConsumerPool.full` does not see them; spec/memory.md, "Consumer queues").
     for record in core.topic_records():
         for sub in record.subscriptions.values():
             consumer += getattr(sub.dispatcher, "queued_bytes", 0)

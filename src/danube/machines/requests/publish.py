@@ -9,8 +9,11 @@ calls the core (which decides the offsets and what to store), starts the step's 
 for a reliable topic, answers only once the WAL acknowledged the message at the topic's
 durability level and the broker is still not fenced (spec/cluster.md, rule 1).
 
-`now` is the host's clock in milliseconds, read when a decision needs it (pacing, then the
-core call, which may come later if the schema check or the pace waited).
+`now` is the host's wall clock in milliseconds, read when a decision needs it (pacing, then
+the core call, which may come later if the schema check or the pace waited). `monotonic` is
+the host's monotonic clock in milliseconds, which times the wait for room: a wall clock
+stepped back an hour made a waiting publish wait an hour and its paused time negative
+(review finding, issue 28).
 
 The publish pool (`danube.machines.memory.publish`, spec/memory.md "Back-pressure") holds what
 a publish costs from its admission until it is answered, acknowledged or refused: the flow
@@ -94,20 +97,21 @@ def paced(core: BrokerCore, topic: str, count: int, now: Clock) -> Flow:
         yield Sleep(delay_ms)
 
 
-def admitted(core: BrokerCore, size: int, now: Clock, *, stream: bool) -> Flow:
+def admitted(core: BrokerCore, size: int, monotonic: Clock, *, stream: bool) -> Flow:
     """Waits for `size` bytes of room in the broker's publish pool and returns the pool that
     holds them (None: the core has no budget), for the caller to release once the publish is
     answered. A plain `SendMessage` waits `wait_ms`, a batch of a stream `stream_wait_ms` (its
     stream is not read meanwhile), then is refused RESOURCE_EXHAUSTED; what can never fit is
-    refused at once. The time waited is counted (`PublishPool.paused_ms`)."""
+    refused at once. The time waited is counted (`PublishPool.paused_ms`). `monotonic` times
+    the wait: never the wall clock, which may step."""
     pool = core.publish_pool
     if pool is None:
         return None
-    if size > pool.capacity:
+    if size > pool.ceiling:
         raise DanubeError(
             ErrorCode.RESOURCE_EXHAUSTED,
             f"this publish needs {size} bytes of the broker's publish pool, which holds at most "
-            f"{pool.capacity} (budget {_budget(core)}); send smaller batches or raise "
+            f"{pool.ceiling} (budget {_budget(core)}); send smaller batches or raise "
             "--memory-budget",
         )
     if pool.reserve(size):
@@ -116,11 +120,11 @@ def admitted(core: BrokerCore, size: int, now: Clock, *, stream: bool) -> Flow:
     if waiter is None:
         pool.waited(0, refused=True)
         raise _too_many_waiting(core, pool, size)
-    started = now()
+    started = monotonic()
     patience = pool.stream_wait_ms if stream else pool.wait_ms
     try:
         while not waiter.granted:
-            waited = now() - started
+            waited = monotonic() - started
             if waited >= patience:
                 pool.waited(waited, refused=True)
                 raise _pool_full(core, pool, size, waited)
@@ -128,7 +132,7 @@ def admitted(core: BrokerCore, size: int, now: Clock, *, stream: bool) -> Flow:
     except BaseException:
         pool.withdraw(waiter)  # refused, or the client left: out of the queue, room given back
         raise
-    pool.waited(now() - started, refused=False)
+    pool.waited(monotonic() - started, refused=False)
     return pool
 
 
@@ -151,8 +155,10 @@ def _too_many_waiting(core: BrokerCore, pool: PublishPool, size: int) -> DanubeE
     return DanubeError(
         ErrorCode.RESOURCE_EXHAUSTED,
         f"the broker's publish pool is full: {pool.used} of {pool.capacity} bytes are held by "
-        f"publishes not yet stored and {pool.waiting} more already wait for room (budget "
-        f"{_budget(core)}); this publish of {size} bytes was not queued. Nothing of it was "
+        f"publishes not yet stored and {pool.waiting} more already wait for room, holding "
+        f"{pool.waiting_bytes} bytes (at most {pool.max_waiters} publishes and "
+        f"{pool.max_waiting_bytes} bytes may wait; budget {_budget(core)}); this publish of "
+        f"{size} bytes was not queued. Nothing of it was "
         "stored: retry later, slow the producer down, or give the broker a larger "
         "--memory-budget or a faster disk",
     )
@@ -167,7 +173,7 @@ def stored_and_unfenced(step: Any, stored: AwaitStored | None) -> Flow:
         yield from unfenced()
 
 
-def publish_one(core: BrokerCore, message: records.Record, now: Clock) -> Flow:
+def publish_one(core: BrokerCore, message: records.Record, now: Clock, *, monotonic: Clock) -> Flow:
     """SendMessage: returns `Published`; refusals raise `DanubeError`."""
     yield from unfenced()
     topic = message.topic_name
@@ -175,7 +181,7 @@ def publish_one(core: BrokerCore, message: records.Record, now: Clock) -> Flow:
         yield AdmitSchema(topic, (message,))
         yield from paced(core, topic, 1, now)
     size = send_cost(len(message.payload))
-    pool = yield from admitted(core, size, now, stream=False)
+    pool = yield from admitted(core, size, monotonic, stream=False)
     try:
         published = requests.publish(core, message, now())
         offset = published.step.value
@@ -187,7 +193,7 @@ def publish_one(core: BrokerCore, message: records.Record, now: Clock) -> Flow:
             pool.release(size)
 
 
-def publish_batch(core: BrokerCore, request: BatchRequest, now: Clock) -> Flow:
+def publish_batch(core: BrokerCore, request: BatchRequest, now: Clock, *, monotonic: Clock) -> Flow:
     """One `PublishBatch`: returns the core's `BatchPublished`; all or nothing, so a
     refusal (raised) stores none of it. The schema policy judges each message (decoded only
     when the topic's policy inspects them): all must pass before any of it is stored."""
@@ -199,7 +205,7 @@ def publish_batch(core: BrokerCore, request: BatchRequest, now: Clock) -> Flow:
         yield AdmitSchema(topic, messages)
     yield from paced(core, topic, batch.count, now)
     size = batch_cost(len(batch.frame), batch.count)
-    pool = yield from admitted(core, size, now, stream=True)
+    pool = yield from admitted(core, size, monotonic, stream=True)
     try:
         step = core.publish_batch(request.producer_id, topic, batch, now_ms=now())
         published: BatchPublished = step.value
