@@ -138,13 +138,15 @@ def _walk(
                 if packed > MAX_PACKED:
                     raise RequestRejected(f"the request has more than {MAX_PACKED} packed elements")
                 if _PACKED_VARINTS.fullmatch(chunk) is None:
-                    raise RequestRejected(f"packed field {number} of {name} is malformed")
+                    raise RequestRejected(
+                        f"packed field {_NAMES[name, number]} of {name} is malformed"
+                    )
                 items += _packed_varints(chunk)
             elif number in strings:
                 try:
                     values[number] = data[start:pos].decode()
                 except UnicodeDecodeError:
-                    raise RequestRejected(f"field {number} of {name} is not valid UTF-8") from None
+                    raise _not_utf8(name, number) from None
             else:
                 values[number] = data[start:pos]
         elif wire in _FIXED_SIZE:
@@ -159,8 +161,27 @@ def _walk(
 
 
 def _wrong_wire(name: str, number: int, wire: int) -> RequestRejected:
-    return RequestRejected(f"field {number} of {name} has the wrong wire type {wire}")
+    field_name = _NAMES[name, number]
+    return RequestRejected(f"field {field_name} of {name} has wire type {wire}, not its type's")
 
+
+def _not_utf8(name: str, number: int) -> RequestRejected:
+    return RequestRejected(f"field {_NAMES[name, number]} of {name} is not valid UTF-8")
+
+
+_NAMES = {
+    **{
+        ("PublishBatch", number): field_name
+        for number, field_name in enumerate(("producer_id", "topic_name", "sequence", "frame"), 1)
+    },
+    **{
+        ("AckBatchRequest", number): field_name
+        for number, field_name in enumerate(
+            ("request_id", "topic_name", "subscription_name", "offsets"), 1
+        )
+    },
+}
+"""Field names for refusals, which name the field as `request_check`'s do."""
 
 _PUBLISH_WIRES = {1: _VARINT, 2: _LEN, 3: _VARINT, 4: _LEN}
 _PUBLISH_STRINGS = frozenset({2})
