@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import betterproto
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -37,7 +38,15 @@ def _by_betterproto(data: bytes, cls: type) -> Any:
         request_check.narrow(message)
     if cls is ext_pb.PublishBatch:
         return (message.producer_id, message.topic_name, message.sequence, message.frame)
-    offsets = [int(offset) for offset in message.offsets]
+    # betterproto replaces the list with each packed occurrence of `offsets` (an empty one
+    # too) where protobuf concatenates them all: the offsets are betterproto's decode of each
+    # occurrence alone, concatenated, which is protobuf's meaning (test below).
+    offsets = [
+        int(offset)
+        for parsed in betterproto.parse_fields(data)
+        if parsed.number == 4
+        for offset in cls.FromString(parsed.raw).offsets
+    ]
     return (message.request_id, message.topic_name, message.subscription_name, offsets)
 
 
@@ -151,6 +160,21 @@ def test_a_client_ack_batch_decodes_to_its_fields(
 ) -> None:
     wire = bytes(ext_pb.AckBatchRequest(request_id, topic, subscription, offsets))
     assert _by_hand(wire, ext_pb.AckBatchRequest) == (request_id, topic, subscription, offsets)
+
+
+def test_offsets_in_several_packed_chunks_are_all_acknowledged() -> None:
+    """Protobuf concatenates every occurrence of a repeated field, packed or not; betterproto
+    kept only the last packed chunk (and an empty chunk emptied the list), so the broker
+    acknowledged only part of such a batch and redelivered the rest."""
+    chunks = [
+        _varint(4 << 3) + _varint(7),
+        _varint(4 << 3 | 2) + _varint(2) + b"\x01\x02",
+        _varint(4 << 3 | 2) + _varint(0),
+        _varint(4 << 3 | 2) + _varint(2) + _varint(300),
+    ]
+    data = b"".join(chunks)
+    assert decode_ack_batch(data).offsets == [7, 1, 2, 300]
+    assert ext_pb.AckBatchRequest.FromString(data).offsets == [300]  # betterproto's
 
 
 def test_the_limits_are_request_checks() -> None:

@@ -12,9 +12,12 @@ refuses (`RequestRejected`, answered INVALID_ARGUMENT by `grpc_util.decode_reque
 lengths too), field numbers 1 … 2^29-1, wire types 0, 1, 2, 5, a known field only in its
 declared wire type (the offsets also packed), strings valid UTF-8, unknown fields skipped but
 counted against `MAX_FIELDS`, offsets (packed or not) counted against `MAX_PACKED`. For
-scalars the last occurrence wins, as in protobuf and betterproto; repeated offsets
-concatenate. `tests/broker/test_batch_request_codec.py` checks the equivalence with
-hypothesis on arbitrary and on structured, mutated bytes."""
+scalars the last occurrence wins, as in protobuf and betterproto. Offsets concatenate over
+every occurrence, packed or not, as protobuf's parsers do; betterproto replaced the list with
+each packed chunk (an empty one emptied it), so a batch sent in several chunks was only partly
+acknowledged: there the decoder follows protobuf, not betterproto.
+`tests/broker/test_batch_request_codec.py` checks the equivalence with hypothesis on arbitrary
+and on structured, mutated bytes."""
 
 from __future__ import annotations
 
