@@ -20,6 +20,12 @@ from danube.machines.node.requests import encoded
 from danube.machines.requests import receive, settle
 from danube.machines.requests.publish import BatchRequest, publish_batch
 from danube.proto import danube_ext as ext_pb
+from danube.runtime.batch_request_codec import (
+    AckBatchRequestDecoded,
+    AckBatchRequestWire,
+    PublishBatchRequest,
+    PublishBatchWire,
+)
 from danube.runtime.broker import BrokerRuntime, monotonic_ms, now_ms
 from danube.runtime.grpc_util import RECEIVED, recv_bounded, recv_single, unary
 from danube.runtime.metrics import BrokerMetrics
@@ -84,7 +90,7 @@ class ProducerExtService:
             window.release()
             await stream.send_message(ack)
 
-    async def _begin(self, request: ext_pb.PublishBatch) -> Awaitable[BatchAckWire]:
+    async def _begin(self, request: PublishBatchRequest) -> Awaitable[BatchAckWire]:
         """Runs the batch's publish flow up to its core call and the start of its effects
         (in stream order); the returned awaitable answers once the batch is stored, or at
         once when it is refused."""
@@ -109,7 +115,7 @@ class ProducerExtService:
             "/danube_ext.ProducerExt/PublishBatches": grpclib.const.Handler(
                 self.publish_batches,
                 grpclib.const.Cardinality.STREAM_STREAM,
-                ext_pb.PublishBatch,
+                PublishBatchWire,
                 BatchAckWire,
             ),
         }
@@ -172,10 +178,9 @@ class ConsumerBatchService:
 
         await serve_consumer(self._runtime, stream, request.consumer_id, limit, send)
 
-    async def ack_batch(self, request: ext_pb.AckBatchRequest) -> RequestIdReply:
-        offsets = list(request.offsets)
+    async def ack_batch(self, request: AckBatchRequestDecoded) -> RequestIdReply:
         flow = settle.ack(
-            self._core, request.topic_name, request.subscription_name, offsets, now_ms()
+            self._core, request.topic_name, request.subscription_name, request.offsets, now_ms()
         )
         await self._requests.run(flow)
         return RequestIdReply(request.request_id)  # an AckBatchResponse's bytes
@@ -189,6 +194,6 @@ class ConsumerBatchService:
                 MessageBatchWire,
             ),
             "/danube_ext.ConsumerExt/AckBatch": unary(
-                self.ack_batch, ext_pb.AckBatchRequest, RequestIdReply
+                self.ack_batch, AckBatchRequestWire, RequestIdReply
             ),
         }

@@ -95,10 +95,10 @@ class RequestIdReply:
         self.request_id = request_id
 
     def SerializeToString(self) -> bytes:  # the protobuf API grpclib calls
-        # A record holding only request_id encodes as exactly field 1. The decoders refuse a
-        # varint past 64 bits; the mask keeps a uint64's bits for any other caller.
-        only_id = records.Record(request_id=self.request_id & _UINT64, has_msg_id=False)
-        return records.encode(only_id)
+        # Field 1 alone, as proto3 writes it (nothing for 0). The decoders refuse a varint
+        # past 64 bits; the mask keeps a uint64's bits for any other caller. Not through
+        # `records.encode`, which builds a `Record` per reply (1.3 -> 0.8 us a reply).
+        return _field_varint(1, self.request_id)
 
 
 def _field_varint(number: int, value: int) -> bytes:
