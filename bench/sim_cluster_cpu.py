@@ -9,8 +9,10 @@ instructions, which the load does not move at all (bench/RESULTS.md, issue 22 ro
 Set `NUMBA_CPU_NAME=generic` for both counts and warm numba's cache once outside valgrind
 with it: under valgrind the CPU reports other features, numba's cache (keyed on them) misses
 and every kernel is compiled inside the count (round 10: 28,000 M instructions and
-counting for the build alone). Compile the tree's bytecode first, and subtract each tree's
-own build count (a stale `.pyc` is compiled at import: round 10's baseline, 56 M)."""
+counting for the build alone). Set `DANUBE_KERNELS=jit` too once the ahead-of-time kernels
+are built: they are compiled for this CPU (AVX-512), which valgrind cannot run (SIGILL in the
+build, round 11). Compile the tree's bytecode first, and subtract each tree's own build count
+(a stale `.pyc` is compiled at import: round 10's baseline, 56 M)."""
 
 from __future__ import annotations
 

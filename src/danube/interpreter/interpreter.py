@@ -23,8 +23,6 @@ from functools import partial
 from typing import Any
 
 from danube.effects import (
-    MarkDurable,
-    Sleep,
     StoreTxn,
     TopicFile,
     TxnAnswer,
@@ -32,6 +30,7 @@ from danube.effects import (
 )
 from danube.effects.flow import Finished, Flow, step
 from danube.interpreter import flows, poison
+from danube.interpreter.checkpoints import CheckpointWriter
 from danube.interpreter.host import Host
 from danube.interpreter.poison import POISON_EFFECTS
 from danube.interpreter.replication import REPLICA_EFFECTS, Replication
@@ -119,6 +118,7 @@ class Interpreter:
         self._all_loaded: list[Callable[[], None]] = []
         self._jobs: deque[Callable[[], None]] = deque()
         self._running = False
+        self.checkpoints = CheckpointWriter(self)
         self.replication = Replication(self)
         """The owner's replication: effects out, followers' answers in."""
 
@@ -169,7 +169,7 @@ class Interpreter:
         topics = list(self._files)
         left = [len(topics)]
 
-        def one_done(_value: Any = None, _error: BaseException | None = None) -> None:
+        def one_done() -> None:
             left[0] -= 1
             if left[0] == 0:
                 then()
@@ -179,11 +179,7 @@ class Interpreter:
                 then()
                 return
             for topic in topics:
-                lane = self._files[topic]
-                end = self.core.wal_durable_end(topic)
-                if end is not None and end > lane.checkpoint_target:
-                    lane.checkpoint_target = end
-                self._run(self._mark_once(topic, lane.checkpoint_target), one_done)
+                self.checkpoints.final(topic, self._files[topic], one_done)
 
         self._enter(start)
 
@@ -434,7 +430,7 @@ class Interpreter:
                 self._apply(
                     core.wal_io_done(topic, effect, reason, now_ms=self.host.now_ms()).effects
                 )
-                self._durable_moved(topic, lane)
+                self.checkpoints.moved(topic, lane)
             if not lane.busy:
                 self._files_done(topic, lane)
 
@@ -482,48 +478,21 @@ class Interpreter:
 
         self.host.perform(request, done)
 
-    # -- checkpoints -------------------------------------------------------------------------------
+    def _ask(self, request: Any, finish: Finish) -> None:
+        """Performs one request and finishes with its answer and error, as `_run` runs a flow
+        that only yields `request` and returns its answer, without the flow (the checkpoint
+        writer's pauses and marks, the index commits)."""
+        answered = False
 
-    def _durable_moved(self, topic: str, lane: _Files) -> None:
-        """After a WAL completion: the checkpoint writer marks the grown durable end, one write
-        at a time, at most one per `checkpoint_interval_ms` (pausing before a mark too soon)."""
-        end = self.core.wal_durable_end(topic)
-        if end is None or end <= lane.checkpoint_target:
-            return
-        lane.checkpoint_target = end
-        if not lane.checkpointing:
-            lane.checkpointing = True
-            self._run(self._checkpoints(topic, lane, lane.epoch), self._checkpoints_done(lane))
+        def done(answer: Any = None, error: BaseException | None = None) -> None:
+            nonlocal answered
+            if answered:
+                raise AssertionError(f"{request!r} was answered twice")
+            answered = True
+            if not self.closed:
+                self._post(partial(finish, answer, error))
 
-    @staticmethod
-    def _checkpoints_done(lane: _Files) -> Finish:
-        def done(_value: Any, error: BaseException | None) -> None:
-            lane.checkpointing = False
-            if error is not None:
-                raise error
-
-        return done
-
-    def _checkpoints(self, topic: str, lane: _Files, epoch: int) -> Flow[None]:
-        while lane.epoch == epoch and lane.checkpoint_target > lane.checkpoint_marked:
-            if (wait := lane.checkpoint_next_ms - self.host.now_ms()) > 0:
-                yield Sleep(wait)
-                lane.checkpoint_next_ms = 0  # paused: marks next (an instant port's clock stays)
-                continue
-            target = lane.checkpoint_target
-            yield from self._mark_once(topic, target)
-            lane.checkpoint_marked = max(lane.checkpoint_marked, target)
-            lane.checkpoint_next_ms = self.host.now_ms() + self.checkpoint_interval_ms
-
-    def _mark_once(self, topic: str, end: int) -> Flow[None]:
-        try:
-            yield Exclusive(topic, self._mark_flow(topic, end))
-        except OSError as error:  # the mark only lags (weaker evidence); the next tries again
-            self.host.event("wal_checkpoint_failed", topic=topic, error=repr(error))
-
-    @staticmethod
-    def _mark_flow(topic: str, end: int) -> Flow[None]:
-        yield MarkDurable(topic, end)
+        self.host.perform(request, done)
 
     # -- loads, repairs, drops ---------------------------------------------------------------------
 
@@ -758,7 +727,14 @@ class Interpreter:
                 value = None if found is None else found.value
                 self._apply_step(lambda: core.tier_index_read(io, value, now_ms=now))
 
-            self._run(flows.commit_index(effect), committed)
+            # `flows.commit_index` without its generator (an index commit a message in the
+            # cluster simulator): a failed build or store is None, an answer is the answer.
+            try:
+                txn = effect.transaction()
+            except Exception:
+                committed(None, None)
+            else:
+                self._ask(txn, lambda answer, error: committed(None if error else answer, None))
         elif isinstance(effect, ListObjects):
 
             def listed(objects: Any, error: BaseException | None) -> None:
