@@ -183,25 +183,26 @@ def _held(core: BrokerCore) -> tuple[int, list[str]]:
 
 
 def _paused_in_vain(core: BrokerCore, only: tuple[str, str] | None = None) -> list[str]:
-    """Reads the consumer pool keeps paused that should have gone on: every one while the
-    pool has room; while it is full, those of a subscription that holds nothing (or is gone
-    or rebuilt), which may always read once. `only` (topic, subscription): judge that
+    """Reads the consumer pool keeps paused that should have gone on: every one whose room
+    came (the pool's own room, or, for a subscription that holds nothing or is gone or
+    rebuilt, what it may borrow of the cache pool). `only` (topic, subscription): judge that
     subscription's reads alone (after its acknowledgements; one emptied some other way,
     by a policy drop or a stored dead letter, goes on at the next tick)."""
     pool = core.logs.consumer_pool
     if pool is None or not pool.paused:
         return []
-    if not pool.full:
-        return [f"{len(pool.paused)} read(s) paused while the pool has room"]
     topics = core.catalogue.topics_by_name
     waiting = []
-    for topic, name, epoch, _ in pool.paused:
+    for paused in pool.paused:
+        topic, name, epoch, _ = paused
         if only is not None and only != (topic, name):
             continue
         record = topics.get(topic)
         sub = record.subscriptions.get(name) if record is not None else None
-        if sub is None or sub.epoch != epoch or not sub.records:
-            waiting.append(f"{topic}/{name}, which holds nothing")
+        holding = sub is not None and sub.epoch == epoch and bool(sub.records)
+        if pool.ready(paused, holding):
+            which = "holds records" if holding else "holds nothing"
+            waiting.append(f"{topic}/{name}, which {which}, while its room is free")
     return waiting
 
 
@@ -300,6 +301,13 @@ class Observer:
     def room_wait_checked(self, timeout_ms: int, pool: PublishPool) -> None:
         """A publish waits for room in the publish pool for `timeout_ms` more (spec/memory.md,
         "Back-pressure")."""
+
+    def budget_checked(
+        self, accounted: tuple[int, int, int, int], budget: int, over_share: int
+    ) -> None:
+        """After a publish step and a tick: what the pools account (caches, state,
+        publishes, held records) and the budget; `over_share`, what state holds beyond the
+        share it may take (restored by a restart, or open streams, never refused)."""
 
     def internal_error(self, request: str, error: Exception) -> None:
         """A request failed with an unforeseen exception (production answers INTERNAL): a
@@ -495,6 +503,14 @@ class SimBroker:
         pools = core.memory.cache + core.memory.publish
         ledger = core.cache_ledger
         self.observer.publish_pool_checked(pool, ledger.total + ledger.state, pools, idle)
+        held = core.logs.consumer_pool
+        state = core.state_pool
+        over_share = max(0, ledger.state - state.limit) if state is not None else 0
+        self.observer.budget_checked(
+            (ledger.total, ledger.state, pool.used, held.used if held is not None else 0),
+            core.memory.budget,
+            over_share,
+        )
 
     def memory_pressure(self, duration_us: int) -> None:
         """The memory-pressure fault: for `duration_us` memory outside the pools leaves the

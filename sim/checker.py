@@ -312,6 +312,22 @@ class InvariantChecker(Observer):
                 f"({patience} ms)",
             )
 
+    def budget_checked(
+        self, accounted: tuple[int, int, int, int], budget: int, over_share: int
+    ) -> None:
+        """18, the whole budget: the caches, the state, the publishes in flight and the
+        records held for consumers together never pass it (issue 28: "accounted memory
+        never exceeds the budget"). The one exception is state beyond the share it may take
+        (a restart restores every topic, open streams are never refused): that much more."""
+        if sum(accounted) > budget + over_share:
+            cache, state, publish, held = accounted
+            self._violate(
+                MEMORY,
+                f"the pools account {sum(accounted)} bytes (caches {cache}, state {state}, "
+                f"publishes {publish}, held records {held}), over the budget {budget}"
+                + (f" and the {over_share} bytes state holds past its share" if over_share else ""),
+            )
+
     def answered_twice(self, client: str) -> None:
         """A request of `client` got a second answer (a waiter table that answers twice)."""
         self._violate(ONE_ANSWER, f"a request of {client} was answered twice")

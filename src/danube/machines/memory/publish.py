@@ -201,8 +201,13 @@ class PublishPool:
         return waiters[0].size if waiters and self.fits(waiters[0].size) else 0
 
     def fits(self, size: int) -> bool:
-        """Whether `size` bytes fit in the room free now (capacity less pressure)."""
-        return self.used + size <= self.capacity - self.pressure
+        """Whether `size` bytes fit in the room free now (capacity less pressure), borrowing
+        no more of the cache pool than it may lend (`CacheLedger.lendable`: what state and
+        held records left of it)."""
+        if self.used + size > self.capacity - self.pressure:
+            return False
+        ledger = self._ledger
+        return ledger is None or self.used + size - self.limit <= self.borrowed + ledger.lendable()
 
     def reserve(self, size: int) -> bool:
         """Takes `size` bytes if they fit and nobody waits before (evicting cached batches
@@ -301,9 +306,10 @@ class PublishPool:
         self.serve()
 
     def lend(self) -> None:
-        """The cache pool shrinks by what publishes borrow and what state holds (its ledger
-        evicts at once) and grows back as they give it up."""
+        """The cache pool shrinks by what publishes and held records borrow and what state
+        holds (its ledger evicts at once) and grows back as they give it up."""
         ledger = self._ledger
         if ledger is not None:
-            ledger.pool = max(0, self._cache_pool - self.borrowed - ledger.state)
+            ledger.publishes = self.borrowed
+            ledger.pool = max(0, self._cache_pool - self.borrowed - ledger.state - ledger.consumers)
             ledger.fit()
