@@ -475,6 +475,9 @@ class SimBroker:
         transport = self._transport_open()
         core.transport_open(*transport)  # as the runtime reports its gRPC streams and connections
         effects = core.tick(self.now_ms).effects
+        # judged as the tick left them: its effects may answer publishes, whose room
+        # goes to paused reads at the next tick
+        in_vain = _paused_in_vain(core) if core.logs.consumer_pool is not None else []
         if effects:  # most ticks: nothing for the interpreter (it would only run nothing)
             self._apply(effects)
         ledger = core.cache_ledger
@@ -490,7 +493,7 @@ class SimBroker:
             )
             if core.logs.consumer_pool is not None:
                 self.observer.held_checked(core.logs.consumer_pool.used, _held(core))
-                self.observer.paused_checked(_paused_in_vain(core))
+                self.observer.paused_checked(in_vain)
         self.publish_checked(idle=not self.requests.in_flight)
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 
