@@ -293,10 +293,13 @@ class Observer:
         """After a tick, and after a subscription's acknowledgements: the reads the consumer
         pool keeps paused although they should go on (spec/memory.md, "Consumer queues")."""
 
-    def publish_pool_checked(self, pool: PublishPool, cached: int, pools: int, idle: bool) -> None:
+    def publish_pool_checked(
+        self, pool: PublishPool, cached: int, pools: int, idle: bool, lent: int = 0
+    ) -> None:
         """After a publish was admitted and handed to the core, and after a tick: the publish
-        pool, the cache ledger's total, what the cache and publish pools add up to, and
-        whether no request flow is in flight (spec/memory.md, "Back-pressure")."""
+        pool, the cache ledger's total, what the cache and publish pools add up to, whether
+        no request flow is in flight, and what held records borrow of the cache pool
+        (spec/memory.md, "Back-pressure")."""
 
     def room_wait_checked(self, timeout_ms: int, pool: PublishPool) -> None:
         """A publish waits for room in the publish pool for `timeout_ms` more (spec/memory.md,
@@ -505,7 +508,8 @@ class SimBroker:
             return
         pools = core.memory.cache + core.memory.publish
         ledger = core.cache_ledger
-        self.observer.publish_pool_checked(pool, ledger.total + ledger.state, pools, idle)
+        cached = ledger.total + ledger.state
+        self.observer.publish_pool_checked(pool, cached, pools, idle, ledger.consumers)
         held = core.logs.consumer_pool
         state = core.state_pool
         over_share = max(0, ledger.state - state.limit) if state is not None else 0

@@ -264,7 +264,9 @@ class InvariantChecker(Observer):
         if waiting:
             self._violate(MEMORY, f"reads paused in vain: {', '.join(waiting[:3])}")
 
-    def publish_pool_checked(self, pool: PublishPool, cached: int, pools: int, idle: bool) -> None:
+    def publish_pool_checked(
+        self, pool: PublishPool, cached: int, pools: int, idle: bool, lent: int = 0
+    ) -> None:
         """18, the publish pool: what publishes in flight hold stays within the room the
         pool had for them (its capacity less the memory pressure), the caches and the
         publishes together within their two pools (the cache gave way for what publishes
@@ -272,8 +274,11 @@ class InvariantChecker(Observer):
         without giving its room back leaks it: the broker would refuse ever more), and the
         first waiter never waits for room that is free (a release that does not serve the
         queue leaves publishes waiting out their time). What waiting publishes hold outside
-        the pool stays within `max_waiting_bytes` (one waiter alone may hold more)."""
-        if pool.used + pool.pressure > pool.capacity:
+        the pool stays within `max_waiting_bytes` (one waiter alone may hold more).
+        `lent`: what held records borrow of the cache pool now; it shrinks the capacity
+        since publishes were admitted (never below what they hold, `CacheLedger.lendable`),
+        while the pressure, set in bytes, does not shrink with it: it is added back."""
+        if pool.used + pool.pressure > pool.capacity + lent:
             self._violate(
                 MEMORY,
                 f"publishes hold {pool.used} bytes, over the room the pool had "

@@ -177,11 +177,15 @@ class PublishPool:
         never what the state (topics, subscriptions, consumers, open streams) already took of
         it. Review finding: with the state charged to the cache pool and publishes still
         borrowing half of it, cache + state + publishes reached 216 MiB against a cache and
-        publish pool of 192 (a 256 MiB budget under `danube-cli load`'s 3,000 streams)."""
+        publish pool of 192 (a 256 MiB budget under `danube-cli load`'s 3,000 streams).
+        Nor what held records borrow of it (`CacheLedger.consumers`), nor the state's room up
+        to its share (`CacheLedger.state_limit`), which they may not borrow either: so state
+        created later within its share always finds its room (`CacheLedger.lendable`)."""
         ledger = self._ledger
         if ledger is None:
             return 0
-        return max(0, min(self.borrowable, self._cache_pool - ledger.state))
+        kept = max(ledger.state, ledger.state_limit) + ledger.consumers
+        return max(0, min(self.borrowable, self._cache_pool - kept))
 
     @property
     def borrowed(self) -> int:
@@ -201,13 +205,8 @@ class PublishPool:
         return waiters[0].size if waiters and self.fits(waiters[0].size) else 0
 
     def fits(self, size: int) -> bool:
-        """Whether `size` bytes fit in the room free now (capacity less pressure), borrowing
-        no more of the cache pool than it may lend (`CacheLedger.lendable`: what state and
-        held records left of it)."""
-        if self.used + size > self.capacity - self.pressure:
-            return False
-        ledger = self._ledger
-        return ledger is None or self.used + size - self.limit <= self.borrowed + ledger.lendable()
+        """Whether `size` bytes fit in the room free now (capacity less pressure)."""
+        return self.used + size <= self.capacity - self.pressure
 
     def reserve(self, size: int) -> bool:
         """Takes `size` bytes if they fit and nobody waits before (evicting cached batches
