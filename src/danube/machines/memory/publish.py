@@ -12,8 +12,9 @@ The cache gives way first: a publish that does not fit in the publish pool's own
 borrows from the cache pool, up to `BORROWABLE_CACHE_SHARE` of it, by shrinking the cache
 ledger's pool (which evicts the broker's oldest cached batches at once: they are on disk,
 a read the cache cannot serve goes there). The ledger gets its room back as publishes are
-answered. What the state (`danube.machines.memory.state`) took of the cache pool is not
-borrowed again. So `cache ledger total + state + publish pool used <= cache pool + publish
+answered. What the state (`danube.machines.memory.state`) took of the cache pool, or may
+take up to its share, and what held records borrow of it (`danube.machines.memory.consumer`)
+are not borrowed again. So `cache ledger total + state + publish pool used <= cache pool + publish
 pool` at every admission, and publishes wait only once the cache has given what it may.
 
 Waiters are served in order, woken by the release that frees their room (no polling): a
