@@ -183,25 +183,26 @@ def _held(core: BrokerCore) -> tuple[int, list[str]]:
 
 
 def _paused_in_vain(core: BrokerCore, only: tuple[str, str] | None = None) -> list[str]:
-    """Reads the consumer pool keeps paused that should have gone on: every one while the
-    pool has room; while it is full, those of a subscription that holds nothing (or is gone
-    or rebuilt), which may always read once. `only` (topic, subscription): judge that
+    """Reads the consumer pool keeps paused that should have gone on: every one whose room
+    came (the pool's own room, or, for a subscription that holds nothing or is gone or
+    rebuilt, what it may borrow of the cache pool). `only` (topic, subscription): judge that
     subscription's reads alone (after its acknowledgements; one emptied some other way,
     by a policy drop or a stored dead letter, goes on at the next tick)."""
     pool = core.logs.consumer_pool
     if pool is None or not pool.paused:
         return []
-    if not pool.full:
-        return [f"{len(pool.paused)} read(s) paused while the pool has room"]
     topics = core.catalogue.topics_by_name
     waiting = []
-    for topic, name, epoch, _ in pool.paused:
+    for paused in pool.paused:
+        topic, name, epoch, _ = paused
         if only is not None and only != (topic, name):
             continue
         record = topics.get(topic)
         sub = record.subscriptions.get(name) if record is not None else None
-        if sub is None or sub.epoch != epoch or not sub.records:
-            waiting.append(f"{topic}/{name}, which holds nothing")
+        holding = sub is not None and sub.epoch == epoch and bool(sub.records)
+        if pool.ready(paused, holding):
+            which = "holds records" if holding else "holds nothing"
+            waiting.append(f"{topic}/{name}, which {which}, while its room is free")
     return waiting
 
 
@@ -292,14 +293,24 @@ class Observer:
         """After a tick, and after a subscription's acknowledgements: the reads the consumer
         pool keeps paused although they should go on (spec/memory.md, "Consumer queues")."""
 
-    def publish_pool_checked(self, pool: PublishPool, cached: int, pools: int, idle: bool) -> None:
+    def publish_pool_checked(
+        self, pool: PublishPool, cached: int, pools: int, idle: bool, lent: int = 0
+    ) -> None:
         """After a publish was admitted and handed to the core, and after a tick: the publish
-        pool, the cache ledger's total, what the cache and publish pools add up to, and
-        whether no request flow is in flight (spec/memory.md, "Back-pressure")."""
+        pool, the cache ledger's total, what the cache and publish pools add up to, whether
+        no request flow is in flight, and what held records borrow of the cache pool
+        (spec/memory.md, "Back-pressure")."""
 
     def room_wait_checked(self, timeout_ms: int, pool: PublishPool) -> None:
         """A publish waits for room in the publish pool for `timeout_ms` more (spec/memory.md,
         "Back-pressure")."""
+
+    def budget_checked(
+        self, accounted: tuple[int, int, int, int], budget: int, over_share: int
+    ) -> None:
+        """After a publish step and a tick: what the pools account (caches, state,
+        publishes, held records) and the budget; `over_share`, what state holds beyond the
+        share it may take (restored by a restart, or open streams, never refused)."""
 
     def internal_error(self, request: str, error: Exception) -> None:
         """A request failed with an unforeseen exception (production answers INTERNAL): a
@@ -467,6 +478,9 @@ class SimBroker:
         transport = self._transport_open()
         core.transport_open(*transport)  # as the runtime reports its gRPC streams and connections
         effects = core.tick(self.now_ms).effects
+        # judged as the tick left them: its effects may answer publishes, whose room
+        # goes to paused reads at the next tick
+        in_vain = _paused_in_vain(core) if core.logs.consumer_pool is not None else []
         if effects:  # most ticks: nothing for the interpreter (it would only run nothing)
             self._apply(effects)
         ledger = core.cache_ledger
@@ -482,7 +496,7 @@ class SimBroker:
             )
             if core.logs.consumer_pool is not None:
                 self.observer.held_checked(core.logs.consumer_pool.used, _held(core))
-                self.observer.paused_checked(_paused_in_vain(core))
+                self.observer.paused_checked(in_vain)
         self.publish_checked(idle=not self.requests.in_flight)
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 
@@ -494,7 +508,16 @@ class SimBroker:
             return
         pools = core.memory.cache + core.memory.publish
         ledger = core.cache_ledger
-        self.observer.publish_pool_checked(pool, ledger.total + ledger.state, pools, idle)
+        cached = ledger.total + ledger.state
+        self.observer.publish_pool_checked(pool, cached, pools, idle, ledger.consumers)
+        held = core.logs.consumer_pool
+        state = core.state_pool
+        over_share = max(0, ledger.state - state.limit) if state is not None else 0
+        self.observer.budget_checked(
+            (ledger.total, ledger.state, pool.used, held.used if held is not None else 0),
+            core.memory.budget,
+            over_share,
+        )
 
     def memory_pressure(self, duration_us: int) -> None:
         """The memory-pressure fault: for `duration_us` memory outside the pools leaves the

@@ -264,7 +264,9 @@ class InvariantChecker(Observer):
         if waiting:
             self._violate(MEMORY, f"reads paused in vain: {', '.join(waiting[:3])}")
 
-    def publish_pool_checked(self, pool: PublishPool, cached: int, pools: int, idle: bool) -> None:
+    def publish_pool_checked(
+        self, pool: PublishPool, cached: int, pools: int, idle: bool, lent: int = 0
+    ) -> None:
         """18, the publish pool: what publishes in flight hold stays within the room the
         pool had for them (its capacity less the memory pressure), the caches and the
         publishes together within their two pools (the cache gave way for what publishes
@@ -272,8 +274,11 @@ class InvariantChecker(Observer):
         without giving its room back leaks it: the broker would refuse ever more), and the
         first waiter never waits for room that is free (a release that does not serve the
         queue leaves publishes waiting out their time). What waiting publishes hold outside
-        the pool stays within `max_waiting_bytes` (one waiter alone may hold more)."""
-        if pool.used + pool.pressure > pool.capacity:
+        the pool stays within `max_waiting_bytes` (one waiter alone may hold more).
+        `lent`: what held records borrow of the cache pool now; it shrinks the capacity
+        since publishes were admitted (never below what they hold, `CacheLedger.lendable`),
+        while the pressure, set in bytes, does not shrink with it: it is added back."""
+        if pool.used + pool.pressure > pool.capacity + lent:
             self._violate(
                 MEMORY,
                 f"publishes hold {pool.used} bytes, over the room the pool had "
@@ -310,6 +315,22 @@ class InvariantChecker(Observer):
                 MEMORY,
                 f"a publish asks to wait {timeout_ms} ms for room, longer than any may "
                 f"({patience} ms)",
+            )
+
+    def budget_checked(
+        self, accounted: tuple[int, int, int, int], budget: int, over_share: int
+    ) -> None:
+        """18, the whole budget: the caches, the state, the publishes in flight and the
+        records held for consumers together never pass it (issue 28: "accounted memory
+        never exceeds the budget"). The one exception is state beyond the share it may take
+        (a restart restores every topic, open streams are never refused): that much more."""
+        if sum(accounted) > budget + over_share:
+            cache, state, publish, held = accounted
+            self._violate(
+                MEMORY,
+                f"the pools account {sum(accounted)} bytes (caches {cache}, state {state}, "
+                f"publishes {publish}, held records {held}), over the budget {budget}"
+                + (f" and the {over_share} bytes state holds past its share" if over_share else ""),
             )
 
     def answered_twice(self, client: str) -> None:

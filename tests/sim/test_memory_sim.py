@@ -14,7 +14,7 @@ from unittest import mock
 
 import pytest
 
-from danube.machines.memory.consumer import HeldRecords
+from danube.machines.memory.consumer import ConsumerPool, HeldRecords
 from danube.machines.memory.publish import PublishPool, RoomWaiter, send_cost
 from danube.machines.memory.state import StatePool
 from danube.machines.node import requests
@@ -257,3 +257,42 @@ def _enqueue_counting_only(pool: PublishPool, size: int) -> RoomWaiter | None:
 def test_waiters_capped_by_count_alone_are_caught() -> None:
     with mock.patch.object(PublishPool, "enqueue", _enqueue_counting_only):
         assert _first_violation(range(1, 6)) == MEMORY  # caught at seed 1
+
+
+def test_held_records_borrow_of_the_cache_pool_within_the_budget() -> None:
+    """Issue 28 point 2, "accounted memory never exceeds the budget": caches, state, publishes
+    and held records together stay within it after every tick and publish step (invariant
+    18), while subscriptions holding nothing read past the consumer pool's share by
+    borrowing of the cache pool, which the ordinary runs do."""
+    borrowed: list[int] = []
+    original = ConsumerPool.took
+
+    def watched(self: ConsumerPool, size: int) -> None:
+        original(self, size)
+        borrowed.append(self.borrowed)
+
+    with mock.patch.object(ConsumerPool, "took", watched):
+        for seed in range(1, 4):
+            result = Simulation(seed, Workload(), Faults()).run(4)
+            assert result.ok, result.violations
+    assert max(borrowed) > 0
+
+
+@pytest.mark.parametrize("planted", ["unbounded", "uncharged"])
+def test_a_free_read_not_bounded_by_or_charged_to_the_cache_is_caught(planted: str) -> None:
+    """The review finding, planted back: a read of a subscription holding nothing takes what
+    it likes whatever the cache pool has left ("unbounded"), or borrows without the cache
+    pool giving way ("uncharged"): the pools pass the budget (caught at seed 1)."""
+
+    def unbounded(self: ConsumerPool, holding: bool) -> int:
+        return self.own_room if holding else self.own_room + (1 << 62)
+
+    patch = (
+        mock.patch.object(ConsumerPool, "room", unbounded)
+        if planted == "unbounded"
+        else mock.patch.object(ConsumerPool, "_lend", lambda self: None)
+    )
+    with patch:
+        result = Simulation(1, Workload(), Faults()).run(4)
+    assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
+    assert "over the budget" in result.violations[0].detail

@@ -33,7 +33,19 @@ class LedgerCache(Protocol):
 class CacheLedger:
     """Accounted bytes of every hot cache of one broker, and the pool they share."""
 
-    __slots__ = ("_batches", "_by_topic", "_order", "evicted_bytes", "pool", "state", "total")
+    __slots__ = (
+        "_batches",
+        "_by_topic",
+        "_order",
+        "consumers",
+        "evicted_bytes",
+        "pool",
+        "publishes",
+        "share",
+        "state",
+        "state_limit",
+        "total",
+    )
 
     def __init__(self, pool: int) -> None:
         if pool < 0:
@@ -51,6 +63,23 @@ class CacheLedger:
         self.state = 0
         """Bytes of the cache pool charged to topics, subscriptions and consumers
         (`danube.machines.memory.state`): `pool` is what is left of it for caches."""
+        self.share = pool
+        """The cache pool's whole share of the budget, before state and borrowing."""
+        self.state_limit = 0
+        """What state may take of it (`StatePool.limit`): room kept for it, not lent."""
+        self.publishes = 0
+        """Bytes of it publishes borrow (`PublishPool.lend`)."""
+        self.consumers = 0
+        """Bytes of it held records borrow (`ConsumerPool`: reads of subscriptions holding
+        nothing); `pool` is the share less state, publishes and consumers."""
+
+    def lendable(self) -> int:
+        """What publishes and held records may still borrow: the share less the state's room
+        (what it holds, at least what it may take, so state created later within its share
+        never finds its room lent) and what is lent already. Borrowing no more than this
+        keeps caches + state + publishes + held records within the budget."""
+        reserved = max(self.state, self.state_limit)
+        return max(0, self.share - reserved - self.publishes - self.consumers)
 
     def by_topic(self) -> dict[str, int]:
         """Accounted bytes per topic (a copy)."""

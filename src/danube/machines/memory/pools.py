@@ -31,4 +31,8 @@ def broker_pools(memory: MemoryPools | None) -> BrokerPools:
     state = StatePool(
         ledger, memory.budget, publish.restate, memory.state_costs, memory.transport_costs
     )
-    return BrokerPools(ledger, publish, state, ConsumerPool(memory.consumer))
+    ledger.state_limit = state.limit
+    # held records borrowing more or less of the cache pool: it shrinks or grows back, and
+    # room given back goes to the publishes waiting for it, as when the state changes
+    consumer = ConsumerPool(memory.consumer, ledger, publish.restate)
+    return BrokerPools(ledger, publish, state, consumer)

@@ -12,8 +12,9 @@ The cache gives way first: a publish that does not fit in the publish pool's own
 borrows from the cache pool, up to `BORROWABLE_CACHE_SHARE` of it, by shrinking the cache
 ledger's pool (which evicts the broker's oldest cached batches at once: they are on disk,
 a read the cache cannot serve goes there). The ledger gets its room back as publishes are
-answered. What the state (`danube.machines.memory.state`) took of the cache pool is not
-borrowed again. So `cache ledger total + state + publish pool used <= cache pool + publish
+answered. What the state (`danube.machines.memory.state`) took of the cache pool, or may
+take up to its share, and what held records borrow of it (`danube.machines.memory.consumer`)
+are not borrowed again. So `cache ledger total + state + publish pool used <= cache pool + publish
 pool` at every admission, and publishes wait only once the cache has given what it may.
 
 Waiters are served in order, woken by the release that frees their room (no polling): a
@@ -177,11 +178,15 @@ class PublishPool:
         never what the state (topics, subscriptions, consumers, open streams) already took of
         it. Review finding: with the state charged to the cache pool and publishes still
         borrowing half of it, cache + state + publishes reached 216 MiB against a cache and
-        publish pool of 192 (a 256 MiB budget under `danube-cli load`'s 3,000 streams)."""
+        publish pool of 192 (a 256 MiB budget under `danube-cli load`'s 3,000 streams).
+        Nor what held records borrow of it (`CacheLedger.consumers`), nor the state's room up
+        to its share (`CacheLedger.state_limit`), which they may not borrow either: so state
+        created later within its share always finds its room (`CacheLedger.lendable`)."""
         ledger = self._ledger
         if ledger is None:
             return 0
-        return max(0, min(self.borrowable, self._cache_pool - ledger.state))
+        kept = max(ledger.state, ledger.state_limit) + ledger.consumers
+        return max(0, min(self.borrowable, self._cache_pool - kept))
 
     @property
     def borrowed(self) -> int:
@@ -301,9 +306,10 @@ class PublishPool:
         self.serve()
 
     def lend(self) -> None:
-        """The cache pool shrinks by what publishes borrow and what state holds (its ledger
-        evicts at once) and grows back as they give it up."""
+        """The cache pool shrinks by what publishes and held records borrow and what state
+        holds (its ledger evicts at once) and grows back as they give it up."""
         ledger = self._ledger
         if ledger is not None:
-            ledger.pool = max(0, self._cache_pool - self.borrowed - ledger.state)
+            ledger.publishes = self.borrowed
+            ledger.pool = max(0, self._cache_pool - self.borrowed - ledger.state - ledger.consumers)
             ledger.fit()

@@ -17,7 +17,7 @@ from danube.effects import EpochHistory
 from danube.machines.dispatch import ConsumerReady, SubscriptionType
 from danube.machines.dispatch import reliable as rd
 from danube.machines.dispatch.protocol import DispatchEffect
-from danube.machines.memory.consumer import ConsumerPool
+from danube.machines.memory.consumer import HELD_PER_RECORD, ConsumerPool
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.node import paths
 from danube.machines.node.effects import (
@@ -515,18 +515,21 @@ class ReliableLogs:
             elif isinstance(effect, rd.PersistCursor):
                 out.append(persist_cursor(record, sub.name, effect))
             elif pool is not None and not pool.may_read(bool(sub.records)):
-                # the consumer pool is full: this read waits, its records stay on disk
+                # no room in the consumer pool: this read waits, its records stay on disk
                 pool.pause(record.name.full, sub.name, sub.epoch, effect)
             elif record.wal is None:
                 sub.read_lost = True
             else:
-                result = record.wal.read(effect.from_offset, effect.max_records, READ_MAX_BYTES)
+                size = READ_MAX_BYTES
+                if pool is not None:  # no more than it may hold (`admit` judges the records)
+                    size = max(1, min(size, pool.allowance(bool(sub.records))))
+                result = record.wal.read(effect.from_offset, effect.max_records, size)
                 if isinstance(result, wal.CachedRecords):
                     work.extend(self.admit(record, sub, result.offset, result.records, now_ms))
                 elif isinstance(result, wal.FileRead):
                     out.append(ReadWal(record.name.full, sub.name, sub.epoch, result))
                 else:
-                    planned = self._plan_history(record, effect, result.first_offset)
+                    planned = self._plan_history(record, effect, result.first_offset, size)
                     if isinstance(planned, tier_reader.ObjectRead):
                         out.append(ReadObject(record.name.full, sub.name, sub.epoch, planned))
                     else:
@@ -537,14 +540,14 @@ class ReliableLogs:
         return out
 
     def _plan_history(
-        self, record: TopicRecord, read: rd.Read, wal_first: int
+        self, record: TopicRecord, read: rd.Read, wal_first: int, size: int
     ) -> tier_reader.ObjectRead | tier_reader.NotAvailable:
         """A read below the local WAL: from objects when the index has it."""
         uploader = record.log.uploader
         if uploader is None:
             return tier_reader.NotAvailable(wal_first)
         planned = tier_reader.plan_read(
-            uploader.entries, wal_first, read.from_offset, read.max_records, READ_MAX_BYTES
+            uploader.entries, wal_first, read.from_offset, read.max_records, size
         )
         assert not isinstance(planned, tier_reader.LocalRead), "below the WAL's first offset"
         return planned
@@ -558,12 +561,25 @@ class ReliableLogs:
         now_ms: int,
     ) -> list[rd.Effect]:
         """Answers the subscription's read with records `first`, `first + 1`, ...; the
-        records it admits are kept until acknowledged."""
+        records it admits are kept until acknowledged. With a consumer pool, only those it
+        has room for (`ConsumerPool.admissible`: the dispatcher reads the rest again); with
+        room for none, the read waits for it (paused) and the dispatcher hears nothing."""
         dispatcher = sub.reliable
+        before = dispatcher.read_position
+        pool = self.consumer_pool
+        if pool is not None and records:
+            skip = min(max(before - first, 0), len(records))
+            rest = records[skip:]
+            count = pool.admissible([len(r) for r in rest], bool(sub.records))
+            if rest and not count:
+                again = rd.Read(first + skip, len(rest))
+                need = len(rest[0]) + HELD_PER_RECORD
+                pool.pause(record.name.full, sub.name, sub.epoch, again, need)
+                return []
+            records = records[: skip + count]
         keyed = sub.sub_type is SubscriptionType.KEY_SHARED
         key_of = self._routing_key_of
         pairs = [(first + i, key_of(r) if keyed else b"") for i, r in enumerate(records)]
-        before = dispatcher.read_position
         effects = dispatcher.records_read(pairs, now_ms)
         for offset in range(max(before, first), dispatcher.read_position):
             sub.records[offset] = records[offset - first]
@@ -659,19 +675,20 @@ class ReliableLogs:
         return Step(None, tuple(effects))
 
     def resume_reads(self, now_ms: int) -> list[Effect]:
-        """Reads the consumer pool paused, carried out once it has room (each pauses again
-        if it filled meanwhile), or while it is full those of subscriptions that hold
-        nothing any more (they may always read once); those of a subscription gone or
-        rebuilt are dropped. Called at each tick and by the acknowledgements that let
-        them go on (`Consumers.ack_many`)."""
+        """Reads the consumer pool paused, carried out once the room they wait for came
+        (`ConsumerPool.ready`: the pool's own room, or for a subscription that holds nothing
+        any more what it may borrow of the cache pool; each pauses again if the room went
+        meanwhile); those of a subscription gone or rebuilt are dropped. Called at each
+        tick and by the acknowledgements that let them go on (`Consumers.ack_many`)."""
         pool = self.consumer_pool
         assert pool is not None
         out: list[Effect] = []
         kept: list[tuple[str, str, int, Any]] = []
+        pool.discard(self._gone)
         for paused in pool.resume(self._holds_nothing):
             topic, name, epoch, read = paused
-            if pool.full and not self._holds_nothing(topic, name, epoch):
-                # An earlier read of this round filled the pool again: this one would only
+            if not pool.ready(paused, not self._holds_nothing(topic, name, epoch)):
+                # An earlier read of this round took the room again: this one would only
                 # pause again. It keeps its place instead, so an acknowledgement that frees
                 # one record's room costs one read, not one per paused subscription.
                 kept.append(paused)
@@ -683,6 +700,12 @@ class ReliableLogs:
         if kept:
             pool.put_back(kept)
         return out
+
+    def _gone(self, topic: str, name: str, epoch: int) -> bool:
+        """A paused read's subscription was removed or rebuilt since: the read is void."""
+        record = self._topics.get(topic)
+        sub = record.subscriptions.get(name) if record is not None else None
+        return sub is None or sub.epoch != epoch
 
     def _holds_nothing(self, topic: str, name: str, epoch: int) -> bool:
         """A paused read's subscription holds no record now (or is gone or rebuilt)."""
