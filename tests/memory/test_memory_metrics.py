@@ -36,7 +36,7 @@ def test_the_budget_and_each_pools_use_are_exported() -> None:
     assert samples[("danube_memory_pool_bytes", "cache")] == 32 * MIB
     pools = [(pool, v) for (name, pool), v in samples.items() if name == "danube_memory_pool_bytes"]
     assert sum(v for pool, v in pools if pool != "state") == 64 * MIB
-    assert samples[("danube_memory_pool_bytes", "state")] == 16 * MIB  # half the cache pool's
+    assert samples[("danube_memory_pool_bytes", "state")] == 24 * MIB  # 3/4 of the cache pool
     used = core.cache_ledger.total
     assert used > 100
     assert samples[("danube_memory_pool_used_bytes", "cache")] == used

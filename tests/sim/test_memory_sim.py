@@ -26,7 +26,7 @@ from sim.checker import MEMORY
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_faults import CLUSTER_PROFILES
 from sim.faults import Faults
-from sim.run import TIERED, Simulation, Workload
+from sim.run import SIM_STATE, TIERED, Simulation, Workload
 
 
 @contextlib.contextmanager
@@ -202,3 +202,31 @@ def test_streams_left_out_of_the_state_charge_are_caught() -> None:
         result = Simulation(1, TIERED, Faults()).run(4)
     assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
     assert "state charged" in result.violations[0].detail
+
+
+HEAVY_STATE = tuple(28 * cost for cost in SIM_STATE)
+"""State costs that make the simulated broker's state take about 60 % of its cache pool: past
+the half publishes may borrow, within the 3/4 state may take (`STATE_SHARE`)."""
+
+
+def test_publishes_borrow_only_what_state_leaves_of_the_cache_pool() -> None:
+    """State may take 3/4 of the cache pool and publishes may borrow half of it: what they
+    borrow is bounded by what state leaves, so caches, state and publishes stay within their
+    two pools under memory pressure."""
+    with mock.patch("sim.run.SIM_STATE", HEAVY_STATE):
+        for seed in range(1, 4):
+            result = Simulation(seed, Workload(), PRESSURE).run(10)
+            assert result.ok, result.violations
+
+
+def test_borrowing_that_ignores_the_state_is_caught() -> None:
+    """The planted bug: the publish pool's capacity is its share and half the cache pool
+    whatever state holds (the rule while state could take only half)."""
+    ignores_state = property(lambda self: self.limit + self.borrowable)
+    with (
+        mock.patch("sim.run.SIM_STATE", HEAVY_STATE),
+        mock.patch.object(PublishPool, "capacity", ignores_state),
+    ):
+        result = Simulation(1, Workload(), PRESSURE).run(10)
+    assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
+    assert "hold more than their pools" in result.violations[0].detail

@@ -149,9 +149,12 @@ class PublishPool:
 
     @property
     def capacity(self) -> int:
-        """The most the pool ever holds: its share and what it may borrow. A request larger
-        than this can never be admitted and is refused at once."""
-        return self.limit + self.borrowable
+        """The most the pool holds now: its share and what it may borrow, which is at most
+        `borrowable` and never more of the cache pool than state leaves (state may take 3/4
+        of it, `STATE_SHARE`, publishes half: together they must not pass the cache pool).
+        A request larger than this is refused at once."""
+        state = self._ledger.state if self._ledger is not None else 0
+        return self.limit + max(0, min(self.borrowable, self._cache_pool - state))
 
     @property
     def borrowed(self) -> int:
