@@ -191,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for deliveries without progress after the last "
         "acknowledgement (default 30)",
     )  # fmt: skip
+    gen.add_argument(
+        "--topics-per-connection", type=int, default=100,
+        help="topics whose producers and consumers share one client connection (default 100)",
+    )  # fmt: skip
     gen.set_defaults(run=_command("load"))
 
     add_schema_commands(commands)
