@@ -5,6 +5,8 @@ above the machine's memory and loses to it) and /proc/meminfo. The rule itself i
 
 from __future__ import annotations
 
+import dataclasses
+
 from danube.machines.memory.budget import MemoryPools, default_budget, split
 
 CGROUP_MAX = "/sys/fs/cgroup/memory.max"
@@ -20,12 +22,15 @@ def _read(path: str) -> str | None:
         return None
 
 
-def broker_pools(configured: int | None, publish_wait_ms: int = 3_000) -> MemoryPools:
+def broker_pools(
+    configured: int | None, publish_wait_ms: int = 3_000, cache_idle_ms: int = 0
+) -> MemoryPools:
     """The configured budget (`--memory-budget`), else the default read from this machine,
-    split into pools."""
-    if configured is not None:
-        return split(configured, publish_wait_ms)
-    return split(default_budget(cgroup_limit(), _read(MEMINFO)), publish_wait_ms)
+    split into pools; caches idle for `cache_idle_ms` emptied (`broker.cache_idle_ms`)."""
+    budget = configured
+    if budget is None:
+        budget = default_budget(cgroup_limit(), _read(MEMINFO))
+    return dataclasses.replace(split(budget, publish_wait_ms), cache_idle_ms=cache_idle_ms)
 
 
 def cgroup_limit() -> str | None:

@@ -314,7 +314,7 @@ async def serve(
             durability=config.storage.durability,
             clustered=clustered,
             replication=_replication_settings(config, broker_id) if clustered else None,
-            memory=broker_pools(config.memory_budget, config.publish_wait_ms),
+            memory=broker_pools(config.memory_budget, config.publish_wait_ms, config.cache_idle_ms),
         )
         metrics = BrokerMetrics(core, broker_id, config.mode, per_topic=config.metrics_per_topic)
         objects = None
