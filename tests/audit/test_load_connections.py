@@ -53,3 +53,18 @@ def test_topics_share_connections_by_the_plan_and_producers_start_spread(
     assert len(starts) == 5
     # the interval is 5 / 10 msg/s = 0.5 s: the first sends are 0.1 s apart, not at once
     assert starts[-1] - starts[0] >= 0.3
+
+
+def test_sending_stops_at_the_duration_and_what_was_acknowledged_is_drained(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    plan = LoadPlan(
+        service_url=broker.url, logs=tmp_path / "logs", topic_prefix="/default/lasting",
+        topics=2, messages=10_000, rate=20.0, subscriptions=("exclusive",), drain_s=10,
+        duration_s=2.0,
+    )  # fmt: skip
+    started = time.monotonic()
+    result = run(lambda: LoadRun(plan, lambda _: None).run(), timeout=120)
+    assert 0 < result.acknowledged <= 2.0 * 20 + 2  # not the 10,000 asked
+    assert not result.failures and result.missing == {"exclusive": 0}
+    assert time.monotonic() - started < 30

@@ -60,6 +60,10 @@ class LoadPlan:
     reliable: bool = True
     drain_s: float = 30.0
     """How long to wait for deliveries after the last acknowledgement, without progress."""
+    duration_s: float = 0.0
+    """Stop sending after this many seconds, whatever is left of `messages` (0: send them
+    all): a soak asks for a rate over a time, and a machine that cannot keep the rate must not
+    stretch the load past it. What was acknowledged is still drained and owed."""
     connection_topics: int = 100
     """Topics whose producers and consumers share one client connection. Every call opens an
     HTTP/2 stream, and h2 counts a connection's open streams by visiting them all at each
@@ -79,6 +83,8 @@ class LoadPlan:
             found.append("--keys must be 0 (no key) or more")
         if self.drain_s < 0:
             found.append("--drain must not be negative")
+        if self.duration_s < 0:
+            found.append("--duration must not be negative")
         if not self.subscriptions:
             found.append("name at least one subscription type")
         if self.partitions < 0:
@@ -230,9 +236,13 @@ class LoadRun:
             self.say(failure)
 
     async def _produce(self, producer: Producer, count: int, interval: float, start: float) -> None:
-        """Message `seq` is due at `start + seq * interval`."""
+        """Message `seq` is due at `start + seq * interval`; none is sent after `duration_s`."""
+        duration = self.plan.duration_s
+        stop = self._started + duration if duration else None
         for seq in range(count):
             await asyncio.sleep(max(0.0, start + seq * interval - time.monotonic()))
+            if stop is not None and time.monotonic() >= stop:
+                return
             payload = unique_payload(producer.name, seq, self.plan.payload_bytes)
             key = f"k{seq % self.plan.keys}" if self.plan.keys else None
             sent_ms = time.time_ns() // 1_000_000

@@ -192,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
         "acknowledgement (default 30)",
     )  # fmt: skip
     gen.add_argument(
+        "--duration", type=float, default=0.0,
+        help="stop sending after this many seconds from the start, whatever is left of "
+        "--messages, then drain (default 0: send them all)",
+    )  # fmt: skip
+    gen.add_argument(
         "--topics-per-connection", type=int, default=100,
         help="topics whose producers and consumers share one client connection (default 100)",
     )  # fmt: skip

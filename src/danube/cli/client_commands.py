@@ -294,6 +294,7 @@ async def load(args: argparse.Namespace) -> int:
         reliable=not args.non_reliable,
         drain_s=args.drain,
         connection_topics=args.topics_per_connection,
+        duration_s=args.duration,
     )
     problems = plan.problems()
     if problems:
