@@ -1,19 +1,29 @@
 """The memory soak (issue 28, point 3; spec/memory.md): a standalone broker under a
 `--memory-budget`, many active reliable topics with producers and consumers for minutes,
-a slow consumer on one topic, the broker's RSS and accounted pools sampled every few
+a hot topic with a slow consumer, the broker's RSS and accounted pools sampled every few
 seconds from start to after the load, and a chart of them.
 
     PYTHONPATH=src:. python -m bench.memory_soak --budget 256MiB --topics 1000 \\
-        --minutes 10 --rate 300 --after 60 --chart bench/results/memory_soak.png
+        --minutes 10 --rate 300 --hot-rate 50 --after 120 --chart bench/results/memory_soak.png
 
 Phases: `fresh` (the broker alone), `setup` (a short `danube-cli load` over the same topics
-creates them, their producers' topics and their subscriptions), `idle` (the pre-load level:
-every topic exists, nothing flows), `load` (`danube-cli load`, `--rate` messages a second in
-all for `--minutes`, every message delivered and acknowledged; meanwhile one more
-subscription on the first topic acknowledges one message a second: a slow consumer), then
-`after` (the load is over, the slow consumer gone). Prints the levels, whether RSS stayed
-under the budget and came back within 10 % of the idle level, and writes the samples as CSV
-and the chart.
+creates them and a subscription each; `--no-setup` skips it), `idle` (the pre-load level:
+every topic exists, nothing flows: the honest starting point of the load, against which
+"memory back after the load" is judged by default), `load` (`danube-cli load`, `--rate`
+messages a second in all for `--minutes`, every message delivered and acknowledged, then its
+drain; meanwhile a second generator sends `--hot-rate` messages a second to one hot topic,
+`/default/soak-hot-0`, read at once by its own consumer, and one more subscription on the hot
+topic acknowledges `--slow-rate` messages a second: a slow consumer whose backlog grows),
+then `after` (the loads are over, the slow consumer gone). The generators stop sending at
+`--minutes` (`danube-cli load --duration`) and drain; they are killed only if they are still
+running `--grace` seconds later.
+
+Prints, per criterion of issue 28 point 3: the peak RSS against the budget, RSS after the
+load against the pre-load level (within 10 %), the rate reached against the rate asked, and
+for the slow consumer the bytes its subscription held (bounded: the last third of the load no
+higher than the middle third) and the other topics' share of the consumer and cache pools
+(consumer pool less the slow subscription's records, cache pool less the hot topic's: not
+rising while the backlog grows). Writes the samples as CSV and the chart.
 """
 
 from __future__ import annotations
@@ -21,10 +31,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import re
+import statistics
 import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from danube.cli.admin_brokers import memory_of
@@ -35,8 +48,12 @@ from danube.values.sizes import parse_size
 
 CLI = Path(sys.executable).parent / "danube-cli"
 PREFIX = "/default/soak"
+HOT_PREFIX = "/default/soak-hot"
+HOT = f"{HOT_PREFIX}-0"
+SLOW = "slow"
 HEAD = ("t_s", "phase", "rss_mib", "accounted_mib", "cache_mib", "publish_mib", "consumer_mib",
-        "state_mib", "paused_s", "refused")  # fmt: skip
+        "state_mib", "paused_s", "refused", "slow_held_mib", "others_consumer_mib",
+        "hot_cache_mib", "others_cache_mib")  # fmt: skip
 
 
 def _rss_mib(pid: int) -> float:
@@ -58,12 +75,17 @@ def _sample(broker: BrokerProcess, started: float, phase: str) -> tuple[object, 
     def mib(pool: str) -> float:
         return round(pools.get(f"danube_memory_pool_used_bytes:{pool}", 0) / 2**20, 1)
 
-    accounted = sum(v for k, v in pools.items() if k.startswith("danube_memory_pool_used_bytes"))
+    used = "danube_memory_pool_used_bytes:"
+    accounted = sum(v for k, v in pools.items() if k.startswith(used))
+    slow = pools.get(f"danube_memory_subscription_held_bytes:{HOT}:{SLOW}", 0)
+    hot = pools.get(f"danube_memory_topic_cached_bytes:{HOT}", 0)
     return (
         round(time.monotonic() - started, 1), phase, round(_rss_mib(broker.pid), 1),
         round(accounted / 2**20, 1), mib("cache"), mib("publish"), mib("consumer"), mib("state"),
         pools.get("danube_memory_publish_paused_seconds_total", 0),
         pools.get("danube_memory_publish_refused_total", 0),
+        round(slow / 2**20, 2), round((pools.get(f"{used}consumer", 0) - slow) / 2**20, 2),
+        round(hot / 2**20, 2), round((pools.get(f"{used}cache", 0) - hot) / 2**20, 2),
     )  # fmt: skip
 
 
@@ -72,9 +94,17 @@ class Soak:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="danube-soak-"))
         config = self.work / "broker.yaml"
-        # `danube-cli load` holds every consumer on one connection: a receive stream each,
-        # more than the default cap of 500 concurrent streams (spec/hardening.md).
-        config.write_text("broker:\n  grpc:\n    max_concurrent_streams: 8192\n")
+        # A generator's connection holds 3 streams per topic it serves (100 by default): more
+        # than the default cap of 500 concurrent streams (spec/hardening.md). --summed-metrics
+        # sums the broker's series per broker: with 1,000 topics a scrape is 54,000 lines, and
+        # scraping it every 5 s took a fifth of the broker's main thread (bench/RESULTS.md,
+        # issue 28 part 5); but summed, the memory metrics by owner are summed too, and the
+        # slow consumer's share of the pools is not measured.
+        per_topic = "false" if args.summed_metrics else "true"
+        config.write_text(
+            "broker:\n  grpc:\n    max_concurrent_streams: 8192\n"
+            f"metrics:\n  per_topic: {per_topic}\n"
+        )
         self.broker = BrokerProcess(
             self.work / "data",
             config_file=config,
@@ -100,31 +130,66 @@ class Soak:
                     out.write(",".join(str(v) for v in self.samples[-1]) + "\n")
             await asyncio.sleep(self.args.sample)
 
-    async def load(self, messages: int, rate: float, drain: int, deadline: float) -> int:
+    async def load(
+        self,
+        prefix: str,
+        topics: int,
+        rate: float,
+        seconds: float,
+        drain: int,
+        name: str,
+        messages: int | None = None,
+        producers: int = 1,
+    ) -> LoadOutcome:
+        """A `danube-cli load` sending `rate` messages a second for `seconds` (from its start,
+        set-up included; `messages` instead: that many, however long it takes), then
+        draining; killed only `--grace` seconds after that."""
         load = await asyncio.create_subprocess_exec(
-            str(CLI), "load", "-s", self.broker.url, "--logs", str(self.work / "logs"),
-            "--topic-prefix", PREFIX, "--topics", str(self.args.topics),
-            "--messages", str(messages), "--rate", str(rate),
+            str(CLI), "load", "-s", self.broker.url, "--logs", str(self.work / f"logs-{name}"),
+            "--topic-prefix", prefix, "--topics", str(topics), "--producers", str(producers),
+            "--messages", str(messages or int(rate * seconds) + topics), "--rate", str(rate),
+            "--duration", str(0 if messages else seconds),
             "--payload-bytes", str(self.args.payload_bytes), "--subscriptions", "exclusive",
             "--drain", str(drain),
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
+        outcome = LoadOutcome(name, time.monotonic())
+        assert load.stderr is not None and load.stdout is not None
+
+        async def progress() -> None:
+            assert load.stderr is not None
+            async for line in load.stderr:
+                text = line.decode(errors="replace").rstrip()
+                if text.startswith("[load") and outcome.sending_from is None:
+                    # its set-up is over: the first progress line comes a second after it
+                    outcome.sending_from = time.monotonic() - 1.0
+                outcome.last_lines = [*outcome.last_lines[-4:], text]
+
+        reading = asyncio.ensure_future(progress())
         try:
-            _, stderr = await asyncio.wait_for(load.communicate(), deadline)
-        except TimeoutError:  # the machine could not keep the rate: the load ends here
+            await asyncio.wait_for(load.wait(), seconds + drain + self.args.grace)
+        except TimeoutError:
             load.kill()
-            _, stderr = await load.communicate()
-            print(f"load stopped after {deadline:.0f} s", file=sys.stderr)
-        if load.returncode:
-            print(f"load exited {load.returncode}: {stderr.decode()[-2000:]}", file=sys.stderr)
-        return load.returncode or 0
+            await load.wait()
+            outcome.killed = True
+            print(f"load {name} killed {self.args.grace:.0f} s after its drain", file=sys.stderr)
+        await reading
+        outcome.summary = (await load.stdout.read()).decode(errors="replace")
+        outcome.code = load.returncode or 0
+        outcome.ended = time.monotonic()
+        outcome.sending_until = min(outcome.ended, outcome.started + seconds)
+        if outcome.code:
+            tail = "\n".join(outcome.last_lines)
+            print(f"load {name} exited {outcome.code}: {tail}", file=sys.stderr)
+        return outcome
 
     async def slow_consumer(self) -> None:
-        """One more subscription on the first topic, acknowledging a message a second."""
+        """One more subscription on the hot topic, acknowledging `--slow-rate` messages a
+        second: its backlog grows by the hot rate less that."""
         async with DanubeClient(self.broker.url) as client:
-            while True:  # the load creates the topic: until then the subscription is refused
+            while True:  # the hot load creates the topic: until then it is refused
                 consumer = client.consumer(
-                    f"{PREFIX}-0", "slow", "slow", sub_type=SubType.EXCLUSIVE, start="earliest"
+                    HOT, SLOW, SLOW, sub_type=SubType.EXCLUSIVE, start="earliest"
                 )
                 try:
                     await consumer.subscribe()
@@ -133,25 +198,34 @@ class Soak:
                     await asyncio.sleep(1)
             while True:
                 message = await consumer.receive()
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(1.0 / self.args.slow_rate)
                 await consumer.ack(message)
                 self.slow_acked += 1
 
-    async def run(self) -> int:
+    async def run(self) -> tuple[LoadOutcome | None, LoadOutcome | None]:
         args = self.args
         self.broker.start()
         sampler = asyncio.ensure_future(self.sampler())
+        main = hot_outcome = None
         try:
             await asyncio.sleep(args.idle)
             if args.setup:
                 self.phase = "setup"
-                await self.load(args.topics * 2, 1_000, 5, 600)
+                await self.load(PREFIX, args.topics, 1_000, 600, 5, "setup", args.topics)
                 self.phase = "idle"
                 await asyncio.sleep(args.idle)
             self.phase = "load"
             slow = asyncio.ensure_future(self.slow_consumer())
             seconds = args.minutes * 60
-            code = await self.load(int(args.rate * seconds), args.rate, 30, seconds)
+            loads = [self.load(PREFIX, args.topics, args.rate, seconds, 60, "main")]
+            if args.hot_rate:
+                # a producer per message a second: each sends one at a time, awaiting its
+                # acknowledgement, which takes far more than 20 ms on a busy broker
+                producers = max(1, int(args.hot_rate))
+                hot = self.load(HOT_PREFIX, 1, args.hot_rate, seconds, 60, "hot", None, producers)
+                loads.append(hot)
+            outcomes = await asyncio.gather(*loads)
+            main, hot_outcome = outcomes[0], outcomes[1] if len(outcomes) > 1 else None
             slow.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await slow
@@ -162,7 +236,32 @@ class Soak:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await sampler
             self.broker.kill()
-        return code
+        return main, hot_outcome
+
+
+@dataclass
+class LoadOutcome:
+    name: str
+    started: float
+    sending_from: float | None = None
+    """When its first progress line came: its producers and consumers were all up."""
+    sending_until: float = 0.0
+    ended: float = 0.0
+    code: int = 0
+    killed: bool = False
+    summary: str = ""
+    last_lines: list[str] = field(default_factory=list)
+
+    @property
+    def acknowledged(self) -> int:
+        match = re.search(r"acknowledged (\d+) messages", self.summary)
+        return int(match.group(1)) if match else 0
+
+    @property
+    def rate(self) -> float:
+        """Messages acknowledged a second of sending (its set-up left out)."""
+        sending = self.sending_until - (self.sending_from or self.started)
+        return self.acknowledged / sending if sending > 0 else 0.0
 
 
 def _level(samples: list[tuple[object, ...]], phase: str, last: int = 3) -> float:
@@ -170,30 +269,107 @@ def _level(samples: list[tuple[object, ...]], phase: str, last: int = 3) -> floa
     return sum(rows) / len(rows)
 
 
+def _column(samples: list[tuple[object, ...]], index: int, phase: str | None = None) -> list[float]:
+    return [float(row[index]) for row in samples if phase is None or row[1] == phase]  # type: ignore[arg-type]
+
+
+def _thirds(values: list[float]) -> tuple[list[float], list[float], list[float]]:
+    third = max(1, len(values) // 3)
+    return values[:third], values[third : 2 * third], values[2 * third :]
+
+
 def _chart(samples: list[tuple[object, ...]], budget_mib: float, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(10, 5))
+    figure = Figure(figsize=(10, 7))
     FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    t = [float(row[0]) for row in samples]  # type: ignore[arg-type]
-    axes.plot(t, [row[2] for row in samples], label="broker RSS")
-    axes.plot(t, [row[3] for row in samples], label="accounted (all pools)")
-    axes.plot(t, [row[4] for row in samples], label="cache pool used", linewidth=0.8)
-    axes.plot(t, [row[7] for row in samples],
+    axes, detail = figure.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    t = _column(samples, 0)
+    axes.plot(t, _column(samples, 2), label="broker RSS")
+    axes.plot(t, _column(samples, 3), label="accounted (all pools)")
+    axes.plot(t, _column(samples, 4), label="cache pool used", linewidth=0.8)
+    axes.plot(t, _column(samples, 7),
               label="state (topics, subscriptions, consumers, streams)", linewidth=0.8)  # fmt: skip
     axes.axhline(budget_mib, color="red", linestyle="--", label="--memory-budget")
     for phase in ("setup", "idle", "load", "after"):
         starts = [float(row[0]) for row in samples if row[1] == phase]  # type: ignore[arg-type]
         if starts:
-            axes.axvline(starts[0], color="grey", linewidth=0.5)
+            for each in (axes, detail):
+                each.axvline(starts[0], color="grey", linewidth=0.5)
             axes.text(starts[0], budget_mib * 1.02, phase, fontsize=8)
-    axes.set_xlabel("seconds")
     axes.set_ylabel("MiB")
     axes.set_title("memory soak: broker RSS and accounted pools")
     axes.legend(loc="center right", fontsize=8)
+    detail.plot(t, _column(samples, 10), label="slow subscription's held records")
+    detail.plot(t, _column(samples, 11), label="consumer pool, other subscriptions")
+    detail.plot(t, _column(samples, 12), label="hot topic's cache")
+    detail.plot(t, _column(samples, 13), label="cache pool, other topics")
+    detail.set_xlabel("seconds")
+    detail.set_ylabel("MiB")
+    detail.legend(loc="upper left", fontsize=8)
     figure.savefig(path, dpi=100)
+
+
+def _verdicts(
+    args: argparse.Namespace, soak: Soak, main: LoadOutcome | None, hot: LoadOutcome | None
+) -> None:
+    samples = soak.samples
+    budget = parse_size(args.budget, "--budget") / 2**20
+    rss, loaded = _column(samples, 2), _column(samples, 2, "load")
+    start, end = _level(samples, "idle" if args.setup else "fresh"), _level(samples, "after")
+    print(f"budget {args.budget}, {args.topics} topics, {args.rate}/s for {args.minutes} min, "
+          f"hot topic {args.hot_rate}/s, slow consumer {args.slow_rate}/s")  # fmt: skip
+    peak = max(rss)
+    print(f"1. under the budget: peak RSS {peak:.1f} MiB "
+          f"{'PASS (under)' if peak <= budget else 'FAIL (over)'} {budget:.0f} MiB; "
+          f"accounted peak {max(_column(samples, 3)):.1f} MiB")  # fmt: skip
+    change = 100 * (end - start) / start
+    print(f"2. back after the load: fresh {rss[0]}, "
+          f"{'pre-load' if args.setup else 'fresh'} {start:.1f}, peak under load "
+          f"{max(loaded):.1f}, after {end:.1f} MiB ({change:+.1f} %): "
+          f"{'PASS' if abs(change) <= 10 else 'FAIL'} (within 10 %)")  # fmt: skip
+    for outcome in (main, hot):
+        if outcome is None:
+            continue
+        asked = args.rate if outcome.name == "main" else args.hot_rate
+        print(f"3. rate ({outcome.name}): {outcome.acknowledged} acknowledged, "
+              f"{outcome.rate:.1f} msg/s while sending against {asked} asked: "
+              f"{'PASS' if outcome.rate >= 0.95 * asked else 'FAIL'}; exit {outcome.code}"
+              f"{', killed' if outcome.killed else ''}")  # fmt: skip
+        for line in outcome.summary.splitlines()[:3]:
+            print(f"   {line}")
+    slow = _column(samples, 10, "load")
+    others, other_cache = _column(samples, 11, "load"), _column(samples, 13, "load")
+    if args.summed_metrics:
+        # summed per broker, the memory metrics by owner cannot tell the slow one apart
+        print(f"4. slow consumer: acknowledged {soak.slow_acked}; its share of the pools not "
+              "measured (--summed-metrics)")  # fmt: skip
+    elif slow:
+        _, middle, last = _thirds(slow)
+        bounded = max(last) <= max(middle) * 1.1 + 0.05
+        print(f"4. slow consumer: acknowledged {soak.slow_acked}; its subscription held at most "
+              f"{max(slow):.2f} MiB (middle third {max(middle):.2f}, last third {max(last):.2f}):"
+              f" {'PASS (bounded)' if bounded else 'FAIL (still rising)'}")  # fmt: skip
+        first, _, last_others = _thirds(others)
+        first_cache, _, last_cache = _thirds(other_cache)
+        mean = statistics.fmean
+        rose = mean(last_others) > mean(first) * 1.2 + 0.5
+        print(f"   the other subscriptions' consumer pool: mean {mean(first):.2f} MiB in the "
+              f"first third of the load, {mean(last_others):.2f} in the last; their topics' "
+              f"cache {mean(first_cache):.2f} -> {mean(last_cache):.2f} MiB: "
+              f"{'FAIL (rose)' if rose else 'PASS (did not rise)'}")  # fmt: skip
+    print(f"publishes paused {samples[-1][8]} s, refused {samples[-1][9]}")
+    returns = re.findall(r"event=memory_returned .*rss_before=(\d+) rss_after=(\d+) ms=([\d.]+)",
+                         (soak.work / "broker.log").read_text(errors="replace"))  # fmt: skip
+    gave = [(int(before) - int(after)) / 2**20 for before, after, _ in returns]
+    print(
+        f"memory given back {len(returns)} times: "
+        + ", ".join(
+            f"{mib:.1f} MiB in {ms} ms" for mib, (_, _, ms) in zip(gave, returns, strict=True)
+        )
+    )
+    print(f"broker log {soak.work / 'broker.log'}")
 
 
 def main() -> None:
@@ -202,36 +378,37 @@ def main() -> None:
     parser.add_argument("--topics", type=int, default=1_000)
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--rate", type=float, default=300)
+    parser.add_argument("--hot-rate", type=float, default=50, help="messages/s to the hot topic")
+    parser.add_argument(
+        "--slow-rate", type=float, default=1, help="acknowledgements/s of the slow consumer"
+    )
     parser.add_argument("--payload-bytes", type=int, default=128)
     parser.add_argument("--sample", type=float, default=5, help="seconds between samples")
     parser.add_argument("--idle", type=float, default=30, help="seconds idle before the load")
     parser.add_argument(
-        "--setup", action="store_true", help="create the topics with a short load first"
-    )
-    parser.add_argument("--after", type=float, default=60, help="seconds sampled after the load")
+        "--no-setup", dest="setup", action="store_false",
+        help="no set-up load: judge the memory after the load against the fresh broker",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grace", type=float, default=180,
+        help="seconds a load may run past its --minutes and drain before it is killed",
+    )  # fmt: skip
+    parser.add_argument("--after", type=float, default=120, help="seconds sampled after the load")
+    parser.add_argument(
+        "--summed-metrics", action="store_true",
+        help="the broker's series summed per broker (cheaper to scrape with many topics; the "
+        "slow consumer's share of the pools is then not measured)",
+    )  # fmt: skip
     parser.add_argument("--csv", type=Path)
     parser.add_argument("--chart", type=Path)
     args = parser.parse_args()
     if args.csv:
         args.csv.write_text(",".join(HEAD) + "\n")
     soak = Soak(args)
-    code = asyncio.run(soak.run())
-    samples = soak.samples
-    budget = parse_size(args.budget, "--budget") / 2**20
+    main_load, hot = asyncio.run(soak.run())
     if args.chart:
-        _chart(samples, budget, args.chart)
-    rss = [float(row[2]) for row in samples]  # type: ignore[arg-type]
-    loaded = [float(row[2]) for row in samples if row[1] == "load"]  # type: ignore[arg-type]
-    idle, end = _level(samples, "idle" if args.setup else "fresh"), _level(samples, "after")
-    print(f"budget {args.budget}, {args.topics} topics, {args.rate}/s for {args.minutes} min")
-    change = 100 * (end - idle) / idle
-    print(f"RSS MiB: fresh {rss[0]}, pre-load {idle:.1f}, peak under load "
-          f"{max(loaded):.1f}, after {end:.1f} ({change:+.1f} % of pre-load)")  # fmt: skip
-    print(f"peak RSS {max(rss):.1f} MiB {'under' if max(rss) <= budget else 'OVER'} the budget")
-    print(f"accounted MiB: peak {max(float(r[3]) for r in samples):.1f}")  # type: ignore[arg-type]
-    print(f"publishes paused {samples[-1][8]} s, refused {samples[-1][9]}")
-    print(f"slow consumer acknowledged {soak.slow_acked}; load exit {code}")
-    print(f"broker log {soak.work / 'broker.log'}")
+        _chart(soak.samples, parse_size(args.budget, "--budget") / 2**20, args.chart)
+    _verdicts(args, soak, main_load, hot)
 
 
 if __name__ == "__main__":

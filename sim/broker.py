@@ -29,6 +29,7 @@ from danube.machines.dispatch import QueueLimits
 from danube.machines.dispatch.reliable import ReliableSubscription
 from danube.machines.dispatch.types import SubscriptionType
 from danube.machines.memory.budget import MemoryPools
+from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool
 from danube.machines.node import requests
 from danube.machines.node.core import (
@@ -293,6 +294,12 @@ class Observer:
         """After a tick, and after a subscription's acknowledgements: the reads the consumer
         pool keeps paused although they should go on (spec/memory.md, "Consumer queues")."""
 
+    def returns_checked(self, returns: list[tuple[int, int, int]], drop_bytes: int) -> None:
+        """After a tick: every `ReturnMemory` so far (spec/memory.md, "Giving memory back")."""
+
+    def idle_checked(self, ledger: CacheLedger, now_ms: int) -> None:
+        """After a tick: the cache ledger, for caches idle past their time."""
+
     def publish_pool_checked(
         self, pool: PublishPool, cached: int, pools: int, idle: bool, lent: int = 0
     ) -> None:
@@ -364,6 +371,9 @@ class SimBroker:
         self.objects = objects
         self.uploads = uploads
         self.tier_stats: Counter[str] = Counter()
+        self.memory_returns: list[tuple[int, int, int]] = []
+        """(incarnation, simulated ms, accounted bytes whose fall decided it) of each
+        `ReturnMemory` (spec/memory.md, "Giving memory back")."""
         self._landed: set[str] = set()
         """Objects uploaded since the last crash whose index entry is not committed yet."""
         self._left: set[str] = set()
@@ -497,6 +507,10 @@ class SimBroker:
             if core.logs.consumer_pool is not None:
                 self.observer.held_checked(core.logs.consumer_pool.used, _held(core))
                 self.observer.paused_checked(in_vain)
+            returning = core.pools.memory_return
+            if returning is not None:
+                self.observer.returns_checked(self.memory_returns, returning.drop_bytes)
+            self.observer.idle_checked(ledger, self.now_ms)
         self.publish_checked(idle=not self.requests.in_flight)
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 

@@ -121,6 +121,12 @@ class SimPort:
     def restart_topic(self, topic: str) -> None:
         """A standalone broker has no replicated topic; `ClusterPort` carries it out."""
 
+    def return_memory(self, freed: int) -> None:
+        """`ReturnMemory` in the simulator: recorded (nothing to give back; the trace says
+        when the machine decided it)."""
+        broker = self.broker
+        broker.memory_returns.append((broker.incarnation, broker.now_ms, freed))
+
     def resolve(self, waiter: Any) -> None:
         waiter.ok()
 

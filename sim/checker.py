@@ -53,6 +53,8 @@ from typing import Any
 
 from danube.kernels import crc32c
 from danube.machines.dispatch.types import SubscriptionType
+from danube.machines.memory.giveback import MIN_INTERVAL_MS
+from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool
 from danube.machines.memory.state import state_cost, transport_cost
 from danube.machines.tiering import IndexEntry, IndexFormatError, ObjectRead, layout, validate_index
@@ -242,6 +244,35 @@ class InvariantChecker(Observer):
         cost = state_cost(*counts, costs) + transport_cost(*transport, transport_costs)
         if charged != cost:
             self._violate(MEMORY, f"state charged {charged} bytes to the cache pool, costs {cost}")
+
+    def returns_checked(self, returns: list[tuple[int, int, int]], drop_bytes: int) -> None:
+        """18, giving memory back: a `ReturnMemory` only after a large drop of the pools'
+        accounted use (at least `drop_bytes`) and at most once in `MIN_INTERVAL_MS` within a
+        process (a collection and a trim stall the loop: a rule that returned at every
+        drop would run them at every tick under load)."""
+        if not returns:
+            return
+        incarnation, at_ms, freed = returns[-1]
+        if freed < drop_bytes:
+            self._violate(MEMORY, f"memory given back after a fall of {freed} < {drop_bytes} B")
+        if len(returns) > 1 and returns[-2][0] == incarnation:
+            since = at_ms - returns[-2][1]
+            if since < MIN_INTERVAL_MS:
+                self._violate(MEMORY, f"memory given back twice within {since} ms")
+
+    def idle_checked(self, ledger: CacheLedger, now_ms: int) -> None:
+        """18, idle caches: with `idle_ms` set, no cache holds batches once nothing was added
+        to it for `idle_ms` and the sweep that follows (a quarter of it) has run."""
+        if not ledger.idle_ms:
+            return
+        late = ledger.idle_ms + ledger.idle_ms // 4 + 100
+        kept = [
+            c.topic
+            for c, at in ledger._active.items()
+            if c.oldest is not None and now_ms - at > late
+        ]
+        if kept:
+            self._violate(MEMORY, f"idle caches still held after {late} ms: {', '.join(kept[:3])}")
 
     def held_checked(self, used: int, held: tuple[int, list[str]]) -> None:
         """18, the consumer pool: it counts exactly the records reliable subscriptions hold

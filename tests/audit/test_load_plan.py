@@ -30,6 +30,8 @@ def test_a_sound_plan_has_no_problem() -> None:
         ({"subscriptions": ("bogus",)}, "unknown subscription type(s) bogus"),
         ({"rate": 0.0}, "--rate must be above 0"),
         ({"partitions": -1}, "--partitions must be 0 (not partitioned) or more"),
+        ({"connection_topics": 0}, "--topics-per-connection must be at least 1"),
+        ({"duration_s": -1.0}, "--duration must not be negative"),
     ],
 )
 def test_bad_plans_are_named(changes: dict[str, object], problem: str) -> None:

@@ -219,3 +219,14 @@ def test_yaml_sets_how_long_a_send_waits_for_room() -> None:
     assert split(16 * MIB, config.publish_wait_ms).publish_wait_ms == 0
     with pytest.raises(ConfigError, match="publish_wait_ms"):
         config_from_mapping({"broker": {"publish_wait_ms": -1}})
+
+
+def test_yaml_sets_when_an_idle_cache_is_emptied() -> None:
+    from danube.runtime.memory import broker_pools
+
+    assert config_from_mapping({}).cache_idle_ms == 60_000
+    config = config_from_mapping({"broker": {"cache_idle_ms": 0}})
+    assert config.cache_idle_ms == 0
+    assert broker_pools(64 * MIB, 3_000, 5_000).cache_idle_ms == 5_000
+    with pytest.raises(ConfigError, match="cache_idle_ms"):
+        config_from_mapping({"broker": {"cache_idle_ms": -1}})

@@ -7,11 +7,12 @@ import random
 from prometheus_client.parser import text_string_to_metric_families
 
 from danube.machines.dispatch import QueueLimits
-from danube.machines.memory.budget import MIB, split
+from danube.machines.memory.budget import MIB, MemoryPools, split
 from danube.machines.node.core import BrokerCore, BrokerIdentity
 from danube.machines.wal.machine import WalMachine
 from danube.runtime.metrics import BrokerMetrics
 from danube.values.config import Policies
+from tests.node.test_core_reliable import Broker
 
 
 def _core(memory: bool) -> BrokerCore:
@@ -36,7 +37,7 @@ def test_the_budget_and_each_pools_use_are_exported() -> None:
     assert samples[("danube_memory_pool_bytes", "cache")] == 32 * MIB
     pools = [(pool, v) for (name, pool), v in samples.items() if name == "danube_memory_pool_bytes"]
     assert sum(v for pool, v in pools if pool != "state") == 64 * MIB
-    assert samples[("danube_memory_pool_bytes", "state")] == 16 * MIB  # half the cache pool's
+    assert samples[("danube_memory_pool_bytes", "state")] == 24 * MIB  # 3/4 of the cache pool
     used = core.cache_ledger.total
     assert used > 100
     assert samples[("danube_memory_pool_used_bytes", "cache")] == used
@@ -73,3 +74,36 @@ def test_the_publish_pool_its_borrowing_and_the_time_producers_paused_are_export
     pool.release(held)
     samples = _samples(BrokerMetrics(core, "7", "standalone").exposition().decode())
     assert samples[("danube_memory_pool_used_bytes", "publish")] == 0
+
+
+def test_what_each_subscription_holds_and_each_topic_caches_is_exported() -> None:
+    """The soak tells a slow consumer's share of the consumer pool from the others' (issue 28
+    point 3): held bytes by subscription, cached bytes by topic, only those holding some."""
+    mib = 1 << 20
+    broker = Broker(memory=MemoryPools(4 * mib, 2 * mib, mib, mib))
+    pid = broker.producer()
+    for i in range(3):
+        broker.publish(pid, f"m{i}")
+    slow, busy = broker.consumer("slow", sub="slow"), broker.consumer("busy", sub="busy")
+    broker.take(slow), broker.take(busy)
+    for offset in range(3):
+        broker.ack(offset, sub="busy")
+    text = BrokerMetrics(broker.core, "7", "standalone").exposition().decode()
+    held = {
+        (sample.labels["topic"], sample.labels["subscription"]): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "danube_memory_subscription_held_bytes"
+    }
+    pool = broker.core.logs.consumer_pool
+    assert pool is not None and pool.used > 0
+    assert list(held.values()) == [pool.used]  # the slow one holds all; "busy" is not listed
+    assert [sub for _, sub in held] == ["slow"]
+    cached = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "danube_memory_topic_cached_bytes"
+    ]
+    assert broker.core.cache_ledger is not None
+    assert sum(cached) == broker.core.cache_ledger.total > 0

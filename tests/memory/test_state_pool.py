@@ -13,6 +13,7 @@ from danube.machines.memory.budget import MIB, split
 from danube.machines.memory.state import (
     CONNECTION_BYTES,
     CONSUMER_BYTES,
+    CONSUMER_WITH_STREAM_BYTES,
     STATE_SHARE,
     STREAM_BYTES,
     SUBSCRIPTION_BYTES,
@@ -108,3 +109,27 @@ def test_open_streams_and_connections_are_charged_to_the_cache_pool_and_leave_le
     core.transport_open(streams=0, connections=0)  # the streams closed
     assert pool.used == (1 + room) * TOPIC_BYTES
     core.create_topic("/default/one-more", DispatchStrategy.NON_RELIABLE)
+
+
+def test_a_consumer_and_its_stream_are_charged_once_and_its_creation_counts_the_stream() -> None:
+    """`CONSUMER_WITH_STREAM_BYTES` was measured with the consumer's receive stream open, and
+    the stream is charged as a stream: the consumer itself is charged what is left of it, so
+    the pair costs about what was measured (it cost both, 30 KiB, before). Its creation is
+    weighed with the stream it is about to open."""
+    measured = max(CONSUMER_WITH_STREAM_BYTES, STREAM_BYTES)
+    charged = CONSUMER_BYTES + STREAM_BYTES
+    assert charged <= measured + 1024
+    core = _core()
+    pool = core.state_pool
+    assert pool is not None
+    core.create_topic("/default/t", DispatchStrategy.NON_RELIABLE)
+    core.subscribe("/default/t", "c0", "s0", 0, ())
+    core.transport_open(streams=1, connections=1)  # its receive stream, its connection
+    core.tick(0)
+    pair = CONSUMER_BYTES + STREAM_BYTES
+    assert pool.used == TOPIC_BYTES + SUBSCRIPTION_BYTES + pair + CONNECTION_BYTES
+    # fill to just under what one more subscription with its consumer and stream needs
+    pool.used = pool.limit - SUBSCRIPTION_BYTES - pair + 1
+    assert pool.refusal(what="consumer", subscriptions=1, consumers=1) is not None
+    pool.used -= 1
+    assert pool.refusal(what="consumer", subscriptions=1, consumers=1) is None

@@ -7,6 +7,7 @@ room when refused, and admission that ignores the pool, are caught."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -15,6 +16,8 @@ from unittest import mock
 import pytest
 
 from danube.machines.memory.consumer import ConsumerPool, HeldRecords
+from danube.machines.memory.giveback import MemoryReturn, ReturnMemory
+from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool, RoomWaiter, send_cost
 from danube.machines.memory.state import StatePool
 from danube.machines.node import requests
@@ -27,7 +30,7 @@ from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_faults import CLUSTER_PROFILES
 from sim.faults import Faults
 from sim.requests import SimRequests
-from sim.run import TIERED, Simulation, Workload
+from sim.run import SIM_STATE, TIERED, Simulation, Workload
 
 
 @contextlib.contextmanager
@@ -296,3 +299,81 @@ def test_a_free_read_not_bounded_by_or_charged_to_the_cache_is_caught(planted: s
         result = Simulation(1, Workload(), Faults()).run(4)
     assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
     assert "over the budget" in result.violations[0].detail
+
+
+HEAVY_STATE = tuple(28 * cost for cost in SIM_STATE)
+"""State costs that make the simulated broker's state take about 60 % of its cache pool: past
+the half publishes may borrow, within the 3/4 state may take (`STATE_SHARE`)."""
+
+
+def test_publishes_borrow_only_what_state_leaves_of_the_cache_pool() -> None:
+    """State may take 3/4 of the cache pool and publishes may borrow half of it: what they
+    borrow is bounded by what state leaves, so caches, state and publishes stay within their
+    two pools under memory pressure."""
+    with mock.patch("sim.run.SIM_STATE", HEAVY_STATE):
+        for seed in range(1, 4):
+            result = Simulation(seed, Workload(), PRESSURE).run(10)
+            assert result.ok, result.violations
+
+
+def test_borrowing_that_ignores_the_state_is_caught() -> None:
+    """The planted bug: the publish pool's capacity is its share and half the cache pool
+    whatever state holds (the rule while state could take only half)."""
+    ignores_state = property(lambda self: self.limit + self.borrowable)
+    with (
+        mock.patch("sim.run.SIM_STATE", HEAVY_STATE),
+        mock.patch.object(PublishPool, "capacity", ignores_state),
+    ):
+        result = Simulation(1, Workload(), PRESSURE).run(10)
+    assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
+    assert "hold more than their pools" in result.violations[0].detail
+
+
+def _idle_pools(self: Workload) -> Any:
+    """The workload's pools with idle caches emptied after 2 s (`broker.cache_idle_ms`)."""
+    pools = ORIGINAL_POOLS(self)
+    return pools and dataclasses.replace(pools, cache_idle_ms=2_000)
+
+
+ORIGINAL_POOLS = Workload.memory_pools
+
+
+def test_idle_caches_are_emptied_under_the_load_and_its_faults() -> None:
+    """Issue 28 point 3 (memory back after the load): a topic's hot cache with nothing added
+    for `cache_idle_ms` is emptied within a quarter of that more; nothing acknowledged is lost
+    (its reads go to the segment files)."""
+    with mock.patch.object(Workload, "memory_pools", _idle_pools):
+        for seed in range(1, 4):
+            result = Simulation(seed, Workload(), PRESSURE).run(10)
+            assert result.ok, result.violations
+
+
+def test_idle_caches_kept_are_caught() -> None:
+    """The planted bug: the ledger never empties idle caches."""
+    with (
+        mock.patch.object(Workload, "memory_pools", _idle_pools),
+        mock.patch.object(CacheLedger, "evict_idle", lambda self, now_ms: None),
+    ):
+        result = Simulation(1, Workload(), PRESSURE).run(10)
+    assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
+    assert "idle caches still held" in result.violations[0].detail
+
+
+def test_memory_given_back_at_every_drop_is_caught() -> None:
+    """Giving memory back stalls the loop (a full collection, a trim): the machine does it
+    at most once in `MIN_INTERVAL_MS`. Planted: a rule without the interval."""
+
+    def eager(self: MemoryReturn, accounted: int, now_ms: int) -> tuple[ReturnMemory, ...]:
+        if accounted >= self._high:
+            self._high = accounted
+            return ()
+        fell = self._high - accounted
+        if fell < self.drop_bytes:
+            return ()
+        self._high = accounted
+        return (ReturnMemory(fell),)
+
+    with mock.patch.object(MemoryReturn, "observe", eager):
+        result = Simulation(1, Workload(), PRESSURE).run(10)
+    assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
+    assert "memory given back twice" in result.violations[0].detail

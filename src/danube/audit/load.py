@@ -15,6 +15,7 @@ the delivery log: nothing is stored, so nothing is owed and there is nothing to 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import sys
 import time
@@ -59,17 +60,31 @@ class LoadPlan:
     reliable: bool = True
     drain_s: float = 30.0
     """How long to wait for deliveries after the last acknowledgement, without progress."""
+    duration_s: float = 0.0
+    """Stop sending after this many seconds, whatever is left of `messages` (0: send them
+    all): a soak asks for a rate over a time, and a machine that cannot keep the rate must not
+    stretch the load past it. What was acknowledged is still drained and owed."""
+    connection_topics: int = 100
+    """Topics whose producers and consumers share one client connection. Every call opens an
+    HTTP/2 stream, and h2 counts a connection's open streams by visiting them all at each
+    new one (client and broker side): 1,000 topics on one connection (3,000 streams: a
+    batch stream per producer, a receive stream and an acknowledgement call per consumer)
+    spent most of both processes' time there and held the load to 60-72 of 300 msg/s
+    (bench/RESULTS.md, issue 28 part 5)."""
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
 
     def problems(self) -> list[str]:
         found = []
-        for name in ("topics", "producers", "messages", "consumers"):
+        for name in ("topics", "producers", "messages", "consumers", "connection_topics"):
             if getattr(self, name) < 1:
-                found.append(f"--{name} must be at least 1")
+                flag = "topics-per-connection" if name == "connection_topics" else name
+                found.append(f"--{flag} must be at least 1")
         if self.keys < 0:
             found.append("--keys must be 0 (no key) or more")
         if self.drain_s < 0:
             found.append("--drain must not be negative")
+        if self.duration_s < 0:
+            found.append("--duration must not be negative")
         if not self.subscriptions:
             found.append("name at least one subscription type")
         if self.partitions < 0:
@@ -148,27 +163,39 @@ class LoadRun:
         plan = self.plan
         strategy = DispatchStrategy.RELIABLE if plan.reliable else DispatchStrategy.NON_RELIABLE
         try:
-            async with DanubeClient(plan.service_url) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                clients = [
+                    await stack.enter_async_context(DanubeClient(plan.service_url))
+                    for _ in range(0, plan.topics, plan.connection_topics)
+                ]
                 producers = []
                 for t, topic in enumerate(plan.topic_names):
+                    client = clients[t // plan.connection_topics]
                     for p in range(plan.producers):
                         name = f"load-{plan.run_id}-t{t}-p{p}"
                         producer = client.producer(
                             topic, name, partitions=plan.partitions, dispatch=strategy
                         )
                         producers.append(await producer.create())
-                consumers = await self._subscribe(client)
+                consumers = await self._subscribe(clients)
                 receiving = [asyncio.create_task(self._receive(*c)) for c in consumers]
                 progress = asyncio.create_task(self._progress())
                 try:
                     shares = _shares(plan.messages, len(producers))
                     interval = len(producers) / plan.rate
+                    start = time.monotonic()
                     # A TaskGroup: a producer that gives up stops the others at once, so the
-                    # logs do not go on collecting acknowledgements nobody consumes.
+                    # logs do not go on collecting acknowledgements nobody consumes. Each
+                    # producer's schedule is shifted by its share of the interval: all on
+                    # the same beat, 1,000 producers sent 1,000 messages at once every
+                    # interval, and their acknowledgements came back in bursts.
                     try:
                         async with asyncio.TaskGroup() as sending:
-                            for producer, share in zip(producers, shares, strict=True):
-                                sending.create_task(self._produce(producer, share, interval))
+                            for i, (producer, share) in enumerate(
+                                zip(producers, shares, strict=True)
+                            ):
+                                first = start + interval * i / len(producers)
+                                sending.create_task(self._produce(producer, share, interval, first))
                     except ExceptionGroup as group:
                         raise group.exceptions[0] from None
                     await self._drain()
@@ -184,9 +211,10 @@ class LoadRun:
         self.result.elapsed_s = time.monotonic() - self._started
         return self.result
 
-    async def _subscribe(self, client: DanubeClient) -> list[tuple[Consumer, str, str]]:
+    async def _subscribe(self, clients: list[DanubeClient]) -> list[tuple[Consumer, str, str]]:
         consumers = []
-        for topic in self.plan.topic_names:
+        for t, topic in enumerate(self.plan.topic_names):
+            client = clients[t // self.plan.connection_topics]
             for sub in self.plan.subscriptions:
                 count = 1 if sub == "exclusive" else self.plan.consumers
                 for c in range(count):
@@ -207,10 +235,14 @@ class LoadRun:
             self.result.failures.append(failure)
             self.say(failure)
 
-    async def _produce(self, producer: Producer, count: int, interval: float) -> None:
-        start = time.monotonic()
+    async def _produce(self, producer: Producer, count: int, interval: float, start: float) -> None:
+        """Message `seq` is due at `start + seq * interval`; none is sent after `duration_s`."""
+        duration = self.plan.duration_s
+        stop = self._started + duration if duration else None
         for seq in range(count):
             await asyncio.sleep(max(0.0, start + seq * interval - time.monotonic()))
+            if stop is not None and time.monotonic() >= stop:
+                return
             payload = unique_payload(producer.name, seq, self.plan.payload_bytes)
             key = f"k{seq % self.plan.keys}" if self.plan.keys else None
             sent_ms = time.time_ns() // 1_000_000

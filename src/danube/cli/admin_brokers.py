@@ -39,10 +39,13 @@ MEMORY_SCRAPE_TIMEOUT_S = 5.0
 
 _SAMPLE = re.compile(r"^(danube_memory_\w+)(?:\{([^}]*)\})?\s+(\S+)")
 _POOL = re.compile(r'(?:^|,)pool="([^"]*)"')
+_TOPIC = re.compile(r'(?:^|,)topic="([^"]*)"')
+_SUBSCRIPTION = re.compile(r'(?:^|,)subscription="([^"]*)"')
 
 
 def memory_of(exposition: str) -> dict[str, float]:
-    """The `danube_memory_*` samples of a broker's metrics page, by name (and pool). Read
+    """The `danube_memory_*` samples of a broker's metrics page, by name (and pool, or topic
+    and subscription: `name:pool`, `name:topic`, `name:topic:subscription`). Read
     with a line pattern, not prometheus_client's parser: the admin tool is part of the
     client install, which has no prometheus_client (tests/core/test_packaging.py)."""
     found: dict[str, float] = {}
@@ -51,9 +54,14 @@ def memory_of(exposition: str) -> dict[str, float]:
         if match is None:
             continue
         name, labels, value = match.groups()
-        pool = _POOL.search(labels or "")
+        labels = labels or ""
+        parts = [name]
+        for pattern in (_POOL, _TOPIC, _SUBSCRIPTION):
+            label = pattern.search(labels)
+            if label is not None:
+                parts.append(label.group(1))
         try:
-            found[f"{name}:{pool.group(1)}" if pool else name] = float(value)
+            found[":".join(parts)] = float(value)
         except ValueError:
             continue
     return found

@@ -191,6 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for deliveries without progress after the last "
         "acknowledgement (default 30)",
     )  # fmt: skip
+    gen.add_argument(
+        "--duration", type=float, default=0.0,
+        help="stop sending after this many seconds from the start, whatever is left of "
+        "--messages, then drain (default 0: send them all)",
+    )  # fmt: skip
+    gen.add_argument(
+        "--topics-per-connection", type=int, default=100,
+        help="topics whose producers and consumers share one client connection (default 100)",
+    )  # fmt: skip
     gen.set_defaults(run=_command("load"))
 
     add_schema_commands(commands)

@@ -293,6 +293,8 @@ async def load(args: argparse.Namespace) -> int:
         consumers=args.consumers,
         reliable=not args.non_reliable,
         drain_s=args.drain,
+        connection_topics=args.topics_per_connection,
+        duration_s=args.duration,
     )
     problems = plan.problems()
     if problems:

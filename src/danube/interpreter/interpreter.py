@@ -37,6 +37,7 @@ from danube.interpreter.replication import REPLICA_EFFECTS, Replication
 from danube.interpreter.requests import Exclusive, FilesIdle
 from danube.interpreter.waiters import MetadataLane, Publishes
 from danube.machines.dispatch import ConsumerReady
+from danube.machines.memory.giveback import ReturnMemory
 from danube.machines.node.core import (
     BrokerCore,
     CutWal,
@@ -358,6 +359,8 @@ class Interpreter:
                 self.replication.carry(effect)
             elif isinstance(effect, POISON_EFFECTS):
                 poison.carry(self, effect)
+            elif isinstance(effect, ReturnMemory):  # spec/memory.md, "Giving memory back"
+                host.return_memory(effect.freed)
             elif isinstance(effect, RetentionSkipped):
                 host.event(
                     "retention_skipped",

@@ -24,7 +24,12 @@ from grpclib.protocol import H2Protocol
 
 from danube.machines.wal.records import RecordError
 from danube.runtime.auth import AUTHORIZE, Wrapper
-from danube.runtime.h2_guard import GuardedHandler, GuardedProtocol, grpclib_config
+from danube.runtime.h2_guard import (
+    GuardedHandler,
+    GuardedProtocol,
+    TransportCount,
+    grpclib_config,
+)
 from danube.runtime.request_check import RequestRejected, check, narrow
 from danube.values.config import GrpcConfig
 from danube.values.errors import DanubeError
@@ -320,14 +325,18 @@ class Server(grpclib.server.Server):
                 path: _counted(path, handler, rpc_done) for path, handler in self._mapping.items()
             }
         self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+        self.count = TransportCount()
+        """Open streams and connections, kept as they open and close (`transport_counts`)."""
 
     def _protocol_factory(self) -> H2Protocol:
         self.__gc_step__()
         handler = GuardedHandler(
             self._mapping, self._codec, self._status_details_codec, self.__dispatch__
         )
+        handler.count = self.count
         self._handlers.add(handler)
         protocol = GuardedProtocol(handler, self._config, self._h2_config, self.limits)
+        protocol.count = self.count
         self._protocols.add(protocol)
         return protocol
 
@@ -357,12 +366,9 @@ class Server(grpclib.server.Server):
 
     def transport_counts(self) -> tuple[int, int]:
         """Open gRPC streams (request tasks not finished) and open client connections: what the
-        state pool charges for them (`BrokerCore.transport_open`, spec/memory.md)."""
-        streams = sum(handler.live_tasks() for handler in list(self._handlers))
-        connections = sum(
-            1 for protocol in list(self._protocols) if getattr(protocol, "connected", False)
-        )
-        return streams, connections
+        state pool charges for them (`BrokerCore.transport_open`, spec/memory.md). O(1): kept
+        as they open and close (`TransportCount`), read at every tick."""
+        return self.count.streams, self.count.connections
 
     def close_connections(self) -> None:
         for protocol in list(self._protocols):

@@ -79,8 +79,24 @@ def grpclib_config() -> Configuration:
     )
 
 
+class TransportCount:
+    """A gRPC server's open streams (request tasks not finished) and client connections, kept
+    as they open and close so that reading them at each tick is O(1): summing every
+    connection's tasks cost a visit of 3,000 streams a tick under the soak's load
+    (`Server.transport_counts`, spec/memory.md "State")."""
+
+    __slots__ = ("connections", "streams")
+
+    def __init__(self) -> None:
+        self.streams = 0
+        self.connections = 0
+
+
 class GuardedHandler(grpclib.server.Handler):
     """grpclib's per-connection handler, whose request tasks always release their stream."""
+
+    count: TransportCount | None = None
+    """The server's count of open streams (set by `Server`; None: not counted)."""
 
     def accept(
         self,
@@ -104,13 +120,22 @@ class GuardedHandler(grpclib.server.Handler):
                 log.debug("event=stream_release_failed", exc_info=True)
 
         super().accept(stream, headers, release_once)
-        self._tasks[stream].add_done_callback(on_done)
+        task = self._tasks[stream]
+        task.add_done_callback(on_done)
+        count = self.count
+        if count is not None:
+            count.streams += 1
+            task.add_done_callback(lambda _: _stream_ended(count))
 
     def live_tasks(self) -> int:
         """Request tasks not finished yet (running or cancelled and not yet ended)."""
         return sum(not t.done() for t in self._tasks.values()) + sum(
             not t.done() for t in self._cancelled
         )
+
+
+def _stream_ended(count: TransportCount) -> None:
+    count.streams -= 1
 
 
 class LingeringTransport:
@@ -201,6 +226,9 @@ class GuardedConnection(Connection):
 class GuardedProtocol(H2Protocol):
     """One HTTP/2 connection of a gRPC port, with the guard's bounds (module docstring)."""
 
+    count: TransportCount | None = None
+    """The server's count of open connections (set by `Server`; None: not counted)."""
+
     def __init__(
         self,
         handler: GuardedHandler,
@@ -237,6 +265,8 @@ class GuardedProtocol(H2Protocol):
         """grpclib's `connection_made` with our SETTINGS: they must be set before
         `initiate_connection`, which grpclib calls on a connection it creates itself."""
         self._transport = cast(asyncio.Transport, transport)
+        if not self.connected and self.count is not None:
+            self.count.connections += 1
         self.connected = True
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -452,6 +482,8 @@ class GuardedProtocol(H2Protocol):
         self._keepalive_timer = self._partial_timer = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self.connected and self.count is not None:
+            self.count.connections -= 1
         self.connected = False
         self._cancel_timers()
         super().connection_lost(exc)

@@ -59,6 +59,7 @@ from danube.machines.node.effects import ForwardDeadLetter
 from danube.machines.tiering import UploadError
 from danube.metadata import MetadataStore
 from danube.runtime.dead_letter_forward import DeadLetterForward
+from danube.runtime.memory_return import MemoryReturner
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.object_store import ObjectStore
 from danube.runtime.object_store import classify as classify_store_error
@@ -217,6 +218,8 @@ class ProductionPort:
         self._checkpoint_writers = WalWriters(loop, CHECKPOINT_THREADS, "danube-checkpoint")
         self.streams = Streams()
         self.on_restart: Callable[[str], None] | None = None
+        self.return_memory = MemoryReturner()
+        """`ReturnMemory`: a collection and `malloc_trim` (spec/memory.md)."""
         """Cluster mode: the ownership driver's `restart` (`Host.restart_topic`)."""
         self.stopped = False
         """Set at the end of a graceful stop: the topics' files are closed, and WAL

@@ -6,6 +6,7 @@ limits on the way from this process's own group up to its mount's root (the file
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from danube.machines.memory.budget import (
@@ -34,11 +35,14 @@ def _read(path: str) -> str | None:
 
 
 def broker_pools(
-    configured: int | None, publish_wait_ms: int = 3_000, max_message_bytes: int | None = None
+    configured: int | None,
+    publish_wait_ms: int = 3_000,
+    max_message_bytes: int | None = None,
+    cache_idle_ms: int = 0,
 ) -> MemoryPools:
     """The configured budget (`--memory-budget`), else the default read from this machine,
     split into pools; logged, with a warning when the budget refuses the largest legal
-    message for ever."""
+    message for ever; caches idle for `cache_idle_ms` emptied (`broker.cache_idle_ms`)."""
     if configured is not None:
         pools = split(configured, publish_wait_ms)
         log.info("event=memory_budget budget=%d source=--memory-budget", pools.budget)
@@ -55,7 +59,7 @@ def broker_pools(
         warning = publish_room_warning(pools, max_message_bytes)
         if warning is not None:
             log.warning("event=memory_budget_too_small %s", warning)
-    return pools
+    return dataclasses.replace(pools, cache_idle_ms=cache_idle_ms)
 
 
 def machine_memory(root: str = "") -> MachineMemory:

@@ -583,7 +583,23 @@ def _memory_families(broker: str, use: stats.MemoryUse | None) -> Iterable[Metri
         [],
     )
     refused.add_metric([broker], use.publish_refused)
-    return (budget, size, used, evicted, borrowed, paused, refused)
+    held = _gauge(
+        "danube_memory_subscription_held_bytes",
+        "Accounted bytes of the records a reliable subscription holds until acknowledged (the "
+        "consumer pool by subscription; only subscriptions holding some).",
+        ["topic", "subscription"],
+    )
+    for topic, sub, holding in use.held:
+        held.add_metric([broker, topic, sub], holding)
+    cached = _gauge(
+        "danube_memory_topic_cached_bytes",
+        "Accounted bytes of a topic's hot cache (the cache pool by topic; only topics "
+        "caching some).",
+        ["topic"],
+    )
+    for topic, holding in use.cached:
+        cached.add_metric([broker, topic], holding)
+    return (budget, size, used, evicted, borrowed, paused, refused, held, cached)
 
 
 def _wal_families(broker: str, wal: WalMetrics) -> Iterable[Metric]:

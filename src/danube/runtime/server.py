@@ -315,7 +315,10 @@ async def serve(
             clustered=clustered,
             replication=_replication_settings(config, broker_id) if clustered else None,
             memory=broker_pools(
-                config.memory_budget, config.publish_wait_ms, config.policies.max_message_size
+                config.memory_budget,
+                config.publish_wait_ms,
+                config.policies.max_message_size,
+                config.cache_idle_ms,
             ),
         )
         metrics = BrokerMetrics(core, broker_id, config.mode, per_topic=config.metrics_per_topic)

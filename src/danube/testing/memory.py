@@ -88,6 +88,8 @@ class MemoryPort:
     ended: list[int] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
     """Topics the core asked to restart under a new epoch (`Host.restart_topic`)."""
+    memory_returns: list[int] = field(default_factory=list)
+    """`ReturnMemory` effects carried out, by the bytes whose fall decided each."""
     hold: Callable[[Any], bool] | None = None
     """Effects for which this returns True are kept in `held` instead of being performed
     (an upload still under way): `release` performs them later."""
@@ -124,6 +126,9 @@ class MemoryPort:
 
     def restart_topic(self, topic: str) -> None:
         self.restarted.append(topic)
+
+    def return_memory(self, freed: int) -> None:
+        self.memory_returns.append(freed)
 
     def resolve(self, waiter: Any) -> None:
         waiter.answers += 1

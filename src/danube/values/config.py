@@ -17,8 +17,9 @@ from danube.values.auth_config import AuthConfig, auth_config
 from danube.values.errors import ConfigError as ConfigError
 from danube.values.errors import DanubeError
 from danube.values.load_manager_config import LoadManagerConfig
+from danube.values.memory_config import memory_budget as memory_budget
+from danube.values.memory_config import memory_updates
 from danube.values.names import validate_namespace
-from danube.values.sizes import parse_size
 from danube.values.wal_config import MIB, Durability, WalConfig
 
 DEFAULT_MAX_MESSAGE_SIZE = 10 * 1024 * 1024
@@ -328,6 +329,9 @@ class BrokerConfig:
     publish_wait_ms: int = 3_000
     """`broker.publish_wait_ms`: how long a `SendMessage` waits for room in the publish pool
     before RESOURCE_EXHAUSTED (spec/memory.md, "Back-pressure"); 0 refuses at once."""
+    cache_idle_ms: int = 60_000
+    """`broker.cache_idle_ms`: a topic's hot cache with nothing added for this long is emptied
+    (spec/memory.md, "Giving memory back"); 0 keeps it."""
     bootstrap_namespaces: tuple[str, ...] = ("default",)
     auto_create_topics: bool = True
     policies: Policies = field(default_factory=Policies)
@@ -440,6 +444,7 @@ def _addresses(broker: dict[str, Any], config: BrokerConfig) -> dict[str, Any]:
         "grpc",
         "memory_budget",
         "publish_wait_ms",
+        "cache_idle_ms",
     }
     _keys(broker, known, "broker")
     ports = _section(broker, "ports", "broker.")
@@ -728,17 +733,6 @@ def grpc_config(data: dict[str, Any], base: GrpcConfig | None = None) -> GrpcCon
     return dataclasses.replace(base or GrpcConfig(), **values)
 
 
-def memory_budget(value: object, where: str) -> int:
-    """A budget in bytes (`512MiB`, `2G`, `268435456`), at least 16 MiB."""
-    try:
-        size = parse_size(value, where)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    if size < 16 * MIB:
-        raise ConfigError(f"{where}: at least 16MiB, got {value!r}")
-    return size
-
-
 def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
     """Builds a config from parsed YAML (Danube's layout: broker.host, broker.ports.client...)."""
     if not isinstance(data, dict):
@@ -751,11 +745,7 @@ def config_from_mapping(data: dict[str, Any]) -> BrokerConfig:
     updates = _addresses(broker, config)
     updates["metrics_per_topic"] = _metrics(_section(data, "metrics", ""))
     updates["grpc"] = grpc_config(_section(broker, "grpc", "broker."))
-    if broker.get("memory_budget") is not None:
-        updates["memory_budget"] = memory_budget(broker["memory_budget"], "broker.memory_budget")
-    wait_ms = _number(broker, "publish_wait_ms", "broker.", minimum=0)
-    if wait_ms is not None:
-        updates["publish_wait_ms"] = wait_ms
+    updates.update(memory_updates(broker, _number))
     advertised = _section(broker, "advertised_listeners", "broker.")
     if advertised.get("broker_url"):
         updates["advertised_addr"] = str(advertised["broker_url"]).split("://")[-1]

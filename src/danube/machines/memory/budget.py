@@ -50,6 +50,9 @@ class MemoryPools:
     transport_costs: tuple[int, int] | None = None
     """Accounted bytes of an open gRPC stream, a client connection (the same module); None:
     the measured ones. The simulator scales them down too."""
+    cache_idle_ms: int = 0
+    """A topic's hot cache with nothing added for this long is emptied (`broker.
+    cache_idle_ms`; `CacheLedger.evict_idle`); 0: never."""
 
 
 def split(budget: int, publish_wait_ms: int = 3_000) -> MemoryPools:

@@ -1,6 +1,7 @@
 """The pools one broker core builds from its memory budget (spec/memory.md), made in one place
 so the core only holds them: the cache ledger (every topic's hot cache together), the
-publish pool lending to it, the state pool charged to it, and the consumer pool."""
+publish pool lending to it, the state pool charged to it, the consumer pool, and the decision
+to give memory back after a large drop (`MemoryReturn`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 
 from danube.machines.memory.budget import MemoryPools
 from danube.machines.memory.consumer import ConsumerPool
+from danube.machines.memory.giveback import MemoryReturn, ReturnMemory
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool
 from danube.machines.memory.state import StatePool
@@ -19,6 +21,21 @@ class BrokerPools:
     publish_pool: PublishPool | None = None
     state_pool: StatePool | None = None
     consumer_pool: ConsumerPool | None = None
+    memory_return: MemoryReturn | None = None
+
+    def tick(self, counts: tuple[int, int, int], now_ms: int) -> tuple[ReturnMemory, ...]:
+        """Time passes: state brought up to date with the core's `counts` (topics,
+        subscriptions, consumers), idle caches emptied, and memory given back after a large
+        drop of what the pools account."""
+        ledger, publish, state = self.cache_ledger, self.publish_pool, self.state_pool
+        if state is not None:
+            state.update(*counts)
+        if ledger is None or publish is None or self.memory_return is None:
+            return ()
+        ledger.evict_idle(now_ms)
+        held = self.consumer_pool.used if self.consumer_pool is not None else 0
+        accounted = ledger.total + ledger.state + publish.used + held
+        return self.memory_return.observe(accounted, now_ms)
 
 
 def broker_pools(memory: MemoryPools | None) -> BrokerPools:
@@ -26,7 +43,7 @@ def broker_pools(memory: MemoryPools | None) -> BrokerPools:
     bounded by its own `cache_bytes` alone)."""
     if memory is None:
         return BrokerPools()
-    ledger = CacheLedger(memory.cache)
+    ledger = CacheLedger(memory.cache, memory.cache_idle_ms)
     publish = PublishPool(memory.publish, ledger=ledger, wait_ms=memory.publish_wait_ms)
     state = StatePool(
         ledger, memory.budget, publish.restate, memory.state_costs, memory.transport_costs
@@ -35,4 +52,4 @@ def broker_pools(memory: MemoryPools | None) -> BrokerPools:
     # held records borrowing more or less of the cache pool: it shrinks or grows back, and
     # room given back goes to the publishes waiting for it, as when the state changes
     consumer = ConsumerPool(memory.consumer, ledger, publish.restate)
-    return BrokerPools(ledger, publish, state, consumer)
+    return BrokerPools(ledger, publish, state, consumer, MemoryReturn(memory.budget))

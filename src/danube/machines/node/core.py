@@ -181,7 +181,7 @@ class BrokerCore(ReplicationRoutes):
         self._rng = rng
         self.catalogue = Catalogue(identity, default_policies)
         self.memory = memory
-        pools = broker_pools(memory)
+        self.pools = pools = broker_pools(memory)
         self.cache_ledger = pools.cache_ledger
         self.publish_pool = pools.publish_pool
         """Publishes in flight (spec/memory.md, "Back-pressure"): the request flows reserve
@@ -703,10 +703,9 @@ class BrokerCore(ReplicationRoutes):
         cursor flushes of reliable subscriptions; topic overrides whose write failed are
         written again (`Catalogue.overrides_to_write_again`); a changed namespace default
         failure policy reaches the live subscriptions."""
-        if self.state_pool is not None:
-            self.state_pool.update(*self.state_counts())
+        again: list[Any] = [*self.pools.tick(self.state_counts(), now_ms)]  # spec/memory.md
         step = self.logs.tick(now_ms)
-        again = self.catalogue.overrides_to_write_again(now_ms)
+        again.extend(self.catalogue.overrides_to_write_again(now_ms))
         again.extend(self.settings.apply_namespace_defaults(now_ms))  # issue 24
         return Step(None, (*step.effects, *again)) if again else step
 

@@ -100,6 +100,12 @@ class MemoryUse:
     """Time publishes waited for room in the publish pool, added up, since the start."""
     publish_refused: int = 0
     """Publishes refused RESOURCE_EXHAUSTED for want of room since the start."""
+    held: tuple[tuple[str, str, int], ...] = ()
+    """(topic, subscription, bytes) of every reliable subscription holding records now: the
+    consumer pool by subscription, so that a slow consumer's share can be told from the rest
+    (the soak, issue 28 point 3)."""
+    cached: tuple[tuple[str, int], ...] = ()
+    """(topic, accounted bytes) of every topic whose hot cache holds something now."""
 
 
 def memory_use(core: BrokerCore) -> MemoryUse | None:
@@ -111,9 +117,17 @@ def memory_use(core: BrokerCore) -> MemoryUse | None:
     consumer = held.used if held is not None else 0
     # Non-reliable queues are shown with the pool but bounded per consumer, not by it
     # (`ConsumerPool.full` does not see them; spec/memory.md, "Consumer queues").
+    holders: list[tuple[str, str, int]] = []
+    cached: list[tuple[str, int]] = []
     for record in core.topic_records():
-        for sub in record.subscriptions.values():
+        for name, sub in record.subscriptions.items():
             consumer += getattr(sub.dispatcher, "queued_bytes", 0)
+            holding = getattr(sub.records, "held", 0)
+            if holding:
+                holders.append((record.name.full, name, holding))
+        wal = record.log.wal
+        if wal is not None and wal.cached_bytes:
+            cached.append((record.name.full, wal.cached_bytes))
     return MemoryUse(
         pools.budget,
         (
@@ -126,4 +140,6 @@ def memory_use(core: BrokerCore) -> MemoryUse | None:
         publish.borrowed,
         publish.paused_ms,
         publish.refused,
+        tuple(holders),
+        tuple(cached),
     )

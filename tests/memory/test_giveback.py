@@ -1,0 +1,109 @@
+"""Giving memory back (spec/memory.md, "Giving memory back"): after a large drop of what the
+pools account, at most once in `MIN_INTERVAL_MS`, the core emits `ReturnMemory`; the
+production port collects and trims; caches of topics idle for `cache_idle_ms` are emptied."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+
+from danube.machines.dispatch import QueueLimits
+from danube.machines.memory.budget import MIB, split
+from danube.machines.memory.giveback import MIN_INTERVAL_MS, MemoryReturn, ReturnMemory
+from danube.machines.memory.ledger import CacheLedger
+from danube.machines.node.core import BrokerCore, BrokerIdentity
+from danube.machines.wal.cache import HotCache
+from danube.runtime.memory_return import MemoryReturner, rss_bytes
+from danube.values.config import DispatchStrategy, Policies
+
+
+def test_a_large_drop_returns_memory_once_then_waits_the_interval() -> None:
+    machine = MemoryReturn(budget=256 * MIB)
+    assert machine.drop_bytes == 16 * MIB
+    assert machine.observe(100 * MIB, 0) == ()
+    assert machine.observe(90 * MIB, 1_000) == (), "10 MiB is not a large drop"
+    assert machine.observe(80 * MIB, 2_000) == (ReturnMemory(20 * MIB),)
+    assert machine.observe(100 * MIB, 3_000) == ()
+    assert machine.observe(50 * MIB, 4_000) == (), "within the interval: it waits"
+    later = 2_000 + MIN_INTERVAL_MS
+    assert machine.observe(50 * MIB, later) == (ReturnMemory(50 * MIB),), "the drop is kept"
+    assert machine.observe(50 * MIB, later + MIN_INTERVAL_MS) == (), "nothing fell since"
+    assert machine.returns == 2
+
+
+def test_the_core_emits_it_at_a_tick_after_the_state_drops() -> None:
+    core = BrokerCore(
+        BrokerIdentity("http://b:1", "http://b:1"),
+        rng=random.Random(1),
+        default_policies=Policies(),
+        queue_limits=QueueLimits(10, 1 << 20),
+        memory=split(16 * MIB),
+    )
+    core.bootstrap(["default"])
+    core.create_topic("/default/t", DispatchStrategy.NON_RELIABLE)
+    core.transport_open(streams=200, connections=1)  # 3.6 MiB of streams
+    assert not [e for e in core.tick(0).effects if isinstance(e, ReturnMemory)]
+    core.transport_open(streams=0, connections=0)  # they closed
+    returned = [e for e in core.tick(100).effects if isinstance(e, ReturnMemory)]
+    assert len(returned) == 1 and returned[0].freed >= 1 * MIB
+
+
+def test_idle_caches_are_emptied_and_busy_ones_kept() -> None:
+    ledger = CacheLedger(10 * MIB, idle_ms=1_000)
+    idle, busy = HotCache(MIB, "/default/idle", ledger), HotCache(MIB, "/default/busy", ledger)
+    ledger.evict_idle(0)
+    idle.put(0, [b"x" * 100], 200)
+    busy.put(0, [b"y" * 100], 200)
+    for now in range(100, 2_100, 100):
+        ledger.evict_idle(now)
+        busy.put(now, [b"y" * 100], 200)
+    assert idle.oldest is None and idle.bytes == 0
+    assert busy.bytes > 0 and ledger.total == busy.bytes
+    assert ledger.idle_evicted_bytes == 200
+    assert not [c for c in ledger._active if c is idle], "an emptied cache is not kept"
+
+
+def test_without_an_idle_time_nothing_is_emptied() -> None:
+    ledger = CacheLedger(10 * MIB)
+    cache = HotCache(MIB, "/default/t", ledger)
+    cache.put(0, [b"x"], 100)
+    ledger.evict_idle(10**9)
+    assert cache.bytes == 100
+
+
+def test_a_released_cache_is_not_kept_by_the_ledger() -> None:
+    ledger = CacheLedger(10 * MIB, idle_ms=1_000)
+    cache = HotCache(MIB, "/default/t", ledger)
+    cache.put(0, [b"x"], 100)
+    cache.release()
+    assert cache not in ledger._active
+
+
+def test_the_port_collects_trims_and_logs_the_rss_before_and_after(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    trims: list[int] = []
+    returner = MemoryReturner(trim=lambda: trims.append(1))
+    with caplog.at_level(logging.INFO, logger="danube.runtime"):
+        returner(20 * MIB)
+    assert trims == [1]
+    assert "event=memory_returned accounted_fell=20971520" in caplog.text
+    assert "rss_before=" in caplog.text and rss_bytes() is not None
+
+
+def test_without_glibc_the_trim_is_a_no_op_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    returner = MemoryReturner(trim=None)
+    with caplog.at_level(logging.INFO, logger="danube.runtime"):
+        returner(1)
+        returner(1)
+    assert caplog.text.count("event=malloc_trim_absent") == 1
+    assert caplog.text.count("event=memory_returned") == 2
+
+
+def test_glibc_trim_is_found_here() -> None:
+    """This machine has glibc: the default returner trims (a real call)."""
+    returner = MemoryReturner()
+    assert returner._trim is not None
+    returner(0)
