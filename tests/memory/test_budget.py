@@ -227,6 +227,6 @@ def test_yaml_sets_when_an_idle_cache_is_emptied() -> None:
     assert config_from_mapping({}).cache_idle_ms == 60_000
     config = config_from_mapping({"broker": {"cache_idle_ms": 0}})
     assert config.cache_idle_ms == 0
-    assert broker_pools(64 * MIB, 3_000, 5_000).cache_idle_ms == 5_000
+    assert broker_pools(64 * MIB, 3_000, cache_idle_ms=5_000).cache_idle_ms == 5_000
     with pytest.raises(ConfigError, match="cache_idle_ms"):
         config_from_mapping({"broker": {"cache_idle_ms": -1}})

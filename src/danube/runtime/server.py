@@ -317,8 +317,8 @@ async def serve(
             memory=broker_pools(
                 config.memory_budget,
                 config.publish_wait_ms,
-                config.policies.max_message_size,
-                config.cache_idle_ms,
+                max_message_bytes=config.policies.max_message_size,
+                cache_idle_ms=config.cache_idle_ms,
             ),
         )
         metrics = BrokerMetrics(core, broker_id, config.mode, per_topic=config.metrics_per_topic)
