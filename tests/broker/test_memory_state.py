@@ -19,7 +19,7 @@ from grpclib.const import Status
 from danube.client import DanubeClient, DispatchStrategy
 from danube.client.errors import DanubeClientError
 from danube.localcluster.broker_process import BrokerProcess
-from danube.machines.memory.state import CONNECTION_BYTES, STREAM_BYTES, TOPIC_BYTES
+from danube.machines.memory.state import CONNECTION_BYTES, STATE_SHARE, STREAM_BYTES, TOPIC_BYTES
 from danube.proto import danube as pb
 from tests.support.aio import run
 
@@ -60,7 +60,8 @@ def test_topics_past_the_state_share_are_refused_and_the_broker_serves_on(tmp_pa
 
         created, message = run(scenario, timeout=240)
         assert "no room for topic /default/many-" in message and "--memory-budget" in message
-        assert 4 * 1024 * 1024 // TOPIC_BYTES // 2 < created <= 4 * 1024 * 1024 // TOPIC_BYTES
+        share = int(8 * 1024 * 1024 * STATE_SHARE)  # of a 16 MiB budget's 8 MiB cache pool
+        assert share // TOPIC_BYTES // 2 < created <= share // TOPIC_BYTES
         assert _state_used(broker) >= created * TOPIC_BYTES
         assert broker.process is not None and broker.process.poll() is None
     finally:
