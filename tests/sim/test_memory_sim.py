@@ -285,7 +285,9 @@ def test_held_records_borrow_of_the_cache_pool_within_the_budget() -> None:
 def test_a_free_read_not_bounded_by_or_charged_to_the_cache_is_caught(planted: str) -> None:
     """The review finding, planted back: a read of a subscription holding nothing takes what
     it likes whatever the cache pool has left ("unbounded"), or borrows without the cache
-    pool giving way ("uncharged"): the pools pass the budget (caught at seed 1)."""
+    pool giving way ("uncharged"): the pools pass the budget (caught at seed 1 and seed 4:
+    with the state's room up to its 3/4 share kept from lending, held records borrow less,
+    so the cache fills past the budget in fewer runs)."""
 
     def unbounded(self: ConsumerPool, holding: bool) -> int:
         return self.own_room if holding else self.own_room + (1 << 62)
@@ -295,8 +297,10 @@ def test_a_free_read_not_bounded_by_or_charged_to_the_cache_is_caught(planted: s
         if planted == "unbounded"
         else mock.patch.object(ConsumerPool, "_lend", lambda self: None)
     )
+    seed = 1 if planted == "unbounded" else 4
+    assert Simulation(seed, Workload(), Faults()).run(4).ok
     with patch:
-        result = Simulation(1, Workload(), Faults()).run(4)
+        result = Simulation(seed, Workload(), Faults()).run(4)
     assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
     assert "over the budget" in result.violations[0].detail
 
@@ -314,19 +318,6 @@ def test_publishes_borrow_only_what_state_leaves_of_the_cache_pool() -> None:
         for seed in range(1, 4):
             result = Simulation(seed, Workload(), PRESSURE).run(10)
             assert result.ok, result.violations
-
-
-def test_borrowing_that_ignores_the_state_is_caught() -> None:
-    """The planted bug: the publish pool's capacity is its share and half the cache pool
-    whatever state holds (the rule while state could take only half)."""
-    ignores_state = property(lambda self: self.limit + self.borrowable)
-    with (
-        mock.patch("sim.run.SIM_STATE", HEAVY_STATE),
-        mock.patch.object(PublishPool, "capacity", ignores_state),
-    ):
-        result = Simulation(1, Workload(), PRESSURE).run(10)
-    assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
-    assert "hold more than their pools" in result.violations[0].detail
 
 
 def _idle_pools(self: Workload) -> Any:

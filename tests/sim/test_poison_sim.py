@@ -25,10 +25,17 @@ from tests.sim.poison_mutations import (
 DEFAULT = PROFILES["default"]
 
 
+ENGAGED = (1, 2, 4)
+"""Seeds whose 5 simulated seconds reach a poison message. Seed 3 did until the state's share
+became 3/4 of the cache pool (issue 28 part 5): its schedule now delivers no poison message in
+5 or 8 s under any of the three policies (the runs are ok and drained; the policy is just
+never engaged), so it proved nothing here."""
+
+
 @pytest.mark.parametrize("poison", ["drop", "block"])
 def test_poison_runs_settle_every_message(poison: str) -> None:
     workload = Workload(poison=poison)
-    for seed in range(1, 4):
+    for seed in ENGAGED:
         simulation = Simulation(seed, workload, DEFAULT)
         result = simulation.run(5)
         assert result.ok and result.drained, report(result, workload, DEFAULT)
@@ -69,7 +76,7 @@ def test_dead_letter_runs_store_every_exhausted_message() -> None:
     """Under DeadLetter the poison reaches the dead-letter topic (created by the broker on
     the first dead letter), each judged by the checker when reported stored."""
     workload = Workload(poison="dead_letter")
-    for seed in range(1, 4):
+    for seed in ENGAGED:
         simulation = Simulation(seed, workload, DEFAULT)
         result = simulation.run(5)
         assert result.ok and result.drained, report(result, workload, DEFAULT)
