@@ -469,22 +469,12 @@ class Interpreter:
         """Performs one request and finishes with its error (None when it succeeded), as
         `_run` runs a flow that only yields `request`, without the flow: each WAL file
         effect goes this way."""
-        answered = False
+        self._ask(request, finish, keep_answer=False)
 
-        def done(_answer: Any = None, error: BaseException | None = None) -> None:
-            nonlocal answered
-            if answered:
-                raise AssertionError(f"{request!r} was answered twice")
-            answered = True
-            if not self.closed:
-                self._post(partial(finish, None, error))
-
-        self.host.perform(request, done)
-
-    def _ask(self, request: Any, finish: Finish) -> None:
-        """Performs one request and finishes with its answer and error, as `_run` runs a flow
-        that only yields `request` and returns its answer, without the flow (the checkpoint
-        writer's pauses and marks, the index commits)."""
+    def _ask(self, request: Any, finish: Finish, *, keep_answer: bool = True) -> None:
+        """Performs one request and finishes with its answer (None unless `keep_answer`) and
+        error, as `_run` runs a flow that only yields `request` and returns its answer,
+        without the flow (the checkpoint writer's pauses and marks, the index commits)."""
         answered = False
 
         def done(answer: Any = None, error: BaseException | None = None) -> None:
@@ -493,7 +483,7 @@ class Interpreter:
                 raise AssertionError(f"{request!r} was answered twice")
             answered = True
             if not self.closed:
-                self._post(partial(finish, answer, error))
+                self._post(partial(finish, answer if keep_answer else None, error))
 
         self.host.perform(request, done)
 

@@ -31,6 +31,7 @@ from danube.runtime.request_check import (
     MAX_FIELDS,
     MAX_PACKED,
     RequestRejected,
+    varint_at,
 )
 
 _VARINT, _LEN = 0, 2
@@ -58,23 +59,12 @@ class AckBatchRequestDecoded:
 
 
 def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    """As `request_check`: at most 10 bytes, the 10th 0 or 1 (the value fits 64 bits)."""
+    """As `request_check` (`varint_at`), with the one-byte varint, the common case, inline."""
     if pos < end:
         byte = data[pos]
         if byte < 0x80:
             return byte, pos + 1
-    value = shift = 0
-    for i in range(pos, min(pos + 10, end)):
-        byte = data[i]
-        if i == pos + 9 and byte > 1:
-            raise RequestRejected("a varint overflows 64 bits")
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i + 1
-        shift += 7
-    if pos + 10 <= end:
-        raise RequestRejected("a varint is longer than 10 bytes")
-    raise RequestRejected("the request ends inside a varint")
+    return varint_at(data, pos, end)
 
 
 def _packed_varints(chunk: bytes) -> list[int]:
