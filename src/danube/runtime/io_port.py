@@ -218,9 +218,9 @@ class ProductionPort:
         self._checkpoint_writers = WalWriters(loop, CHECKPOINT_THREADS, "danube-checkpoint")
         self.streams = Streams()
         self.on_restart: Callable[[str], None] | None = None
+        """Cluster mode: the ownership driver's `restart` (`Host.restart_topic`)."""
         self.return_memory = MemoryReturner()
         """`ReturnMemory`: a collection and `malloc_trim` (spec/memory.md)."""
-        """Cluster mode: the ownership driver's `restart` (`Host.restart_topic`)."""
         self.stopped = False
         """Set at the end of a graceful stop: the topics' files are closed, and WAL
         directory effects asked later are not carried out (recovery redoes them)."""
