@@ -104,6 +104,17 @@ class _Entry:
 _KV_VALUE = KeyValue.__dict__["value"]
 
 
+def _decoded(slot: Any, owner: Any, text: str | None) -> JSONValue:
+    """The value in `slot` of `owner`, decoded from `text` and kept there at the first read
+    (None for no text): how the stored events and key-values decode lazily."""
+    try:
+        return slot.__get__(owner, type(owner))  # type: ignore[no-any-return]
+    except AttributeError:  # not read yet
+        found = None if text is None else decode_value(text)
+        slot.__set__(owner, found)
+        return found
+
+
 class StoredKeyValue(KeyValue):
     """A `KeyValue` of this state whose value is decoded from the stored text when first
     read (kept in its own field): each put answers its key's previous value (etcd's
@@ -129,12 +140,7 @@ class StoredKeyValue(KeyValue):
 
     @property  # type: ignore[override]
     def value(self) -> JSONValue:
-        try:
-            return _KV_VALUE.__get__(self, StoredKeyValue)  # type: ignore[no-any-return]
-        except AttributeError:  # not read yet
-            found = decode_value(self._text)
-            _KV_VALUE.__set__(self, found)
-            return found
+        return _decoded(_KV_VALUE, self, self._text)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, KeyValue):
@@ -180,21 +186,11 @@ class StoredEvent(WatchEvent):
 
     @property  # type: ignore[override]
     def value(self) -> JSONValue:
-        try:
-            return _VALUE.__get__(self, StoredEvent)  # type: ignore[no-any-return]
-        except AttributeError:  # not read yet
-            found = None if self._text is None else decode_value(self._text)
-            _VALUE.__set__(self, found)
-            return found
+        return _decoded(_VALUE, self, self._text)
 
     @property  # type: ignore[override]
     def prev_value(self) -> JSONValue:
-        try:
-            return _PREV_VALUE.__get__(self, StoredEvent)  # type: ignore[no-any-return]
-        except AttributeError:  # not read yet
-            found = None if self._prev_text is None else decode_value(self._prev_text)
-            _PREV_VALUE.__set__(self, found)
-            return found
+        return _decoded(_PREV_VALUE, self, self._prev_text)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, WatchEvent):
