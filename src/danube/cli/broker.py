@@ -106,6 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
         "spec/memory.md)",
     )
     parser.add_argument(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help="broker.grpc.max_connections: client connections kept open at once, both ports "
+        "together; more are refused as they arrive (default 0: derived from the memory "
+        "budget, half the state share at 40 KiB a connection; spec/memory.md)",
+    )
+    parser.add_argument(
         "--keepalive-time-ms",
         type=int,
         help="broker.grpc.keepalive_time_ms: PING a connection with open streams after this "
@@ -192,16 +200,17 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
         overrides["data_dir"] = args.data_dir
     if args.memory_budget:
         overrides["memory_budget"] = memory_budget(args.memory_budget, "--memory-budget")
-    keepalive = {
+    grpc_flags = {
         key: value
         for key, value in (
             ("keepalive_time_ms", args.keepalive_time_ms),
             ("keepalive_timeout_ms", args.keepalive_timeout_ms),
+            ("max_connections", args.max_connections),
         )
         if value is not None
     }
-    if keepalive:
-        overrides["grpc"] = grpc_config(keepalive, config.grpc)
+    if grpc_flags:
+        overrides["grpc"] = grpc_config(grpc_flags, config.grpc)
     overrides["mode"] = args.mode
     overrides["auth"] = apply_auth_arguments(config.auth, args)
     if args.mode == "cluster" and config.cluster_name == "STANDALONE":

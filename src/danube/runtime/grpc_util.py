@@ -25,6 +25,7 @@ from grpclib.protocol import H2Protocol
 from danube.machines.wal.records import RecordError
 from danube.runtime.auth import AUTHORIZE, Wrapper
 from danube.runtime.h2_guard import (
+    GatedConnections,
     GuardedHandler,
     GuardedProtocol,
     TransportCount,
@@ -250,6 +251,22 @@ _PASSED_THROUGH = (
 """Ways a call ends that grpclib handles itself (the client left, the deadline passed)."""
 
 
+def _proving(handler: grpclib.const.Handler) -> grpclib.const.Handler:
+    """The handler, telling its connection a call was admitted before it runs: innermost,
+    so past authentication when the port authenticates (the connection gate's first call,
+    `GuardedConnection.on_call`)."""
+    func = handler.func
+
+    async def call(stream: grpclib.server.Stream) -> None:
+        connection = getattr(getattr(stream, "_stream", None), "connection", None)
+        on_call = getattr(connection, "on_call", None)
+        if on_call is not None:
+            on_call()
+        await func(stream)
+
+    return handler._replace(func=call)
+
+
 def _guarded(path: str, handler: grpclib.const.Handler) -> grpclib.const.Handler:
     """The handler, with every status message it ends with cut to `STATUS_MESSAGE_LIMIT`
     (grpclib's own errors raised inside the call included) and any unforeseen exception
@@ -314,9 +331,13 @@ class Server(grpclib.server.Server):
         rpc_done: RpcDone | None = None,
         limits: GrpcConfig | None = None,
         auth: Wrapper | None = None,
+        gate: GatedConnections | None = None,
     ) -> None:
         super().__init__(handlers, config=grpclib_config())
         self.limits = limits or GrpcConfig()
+        self.gate = gate
+        """The broker's connection gate, shared by its ports (None: no cap)."""
+        self._mapping = {path: _proving(handler) for path, handler in self._mapping.items()}
         if auth is not None:  # innermost: authenticated before the handler reads the body
             self._mapping = {path: auth(path, handler) for path, handler in self._mapping.items()}
         self._mapping = {path: _guarded(path, handler) for path, handler in self._mapping.items()}
@@ -337,6 +358,7 @@ class Server(grpclib.server.Server):
         self._handlers.add(handler)
         protocol = GuardedProtocol(handler, self._config, self._h2_config, self.limits)
         protocol.count = self.count
+        protocol.gated = self.gate
         self._protocols.add(protocol)
         return protocol
 

@@ -13,9 +13,13 @@ subclasses carry them, and each override says which upstream defect it works aro
 - a handshake timeout (preface and SETTINGS), keepalive PINGs with a timeout (a frozen peer's
   connection is aborted, so its streams end), client PING flooding ("too_many_pings");
 - a connection error (malformed frames, too many streams) flushes h2's GOAWAY before closing,
-  and undecodable headers close the connection with one log line instead of a traceback.
+  and undecodable headers close the connection with one log line instead of a traceback;
+- the broker-wide connection gate: a connection beyond the cap, or beyond the cap on
+  connections that have made no call yet, is refused with a GOAWAY as it arrives, and one
+  that made no call within the first-call timeout is closed (one log line per interval).
 
-Decisions are `danube.runtime.h2_policy`'s; this module only feeds them and acts."""
+Decisions are `danube.runtime.h2_policy`'s and the gate's (`danube.machines.memory.
+connections`); this module only feeds them and acts."""
 
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ from h2.events import (
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes, Settings
 
+from danube.machines.memory.connections import ConnectionGate, Refusal
 from danube.runtime.h2_policy import (
     CONNECTION_WINDOW_BYTES,
     STREAM_WINDOW_BYTES,
@@ -206,10 +211,27 @@ class LingeringTransport:
         return self._transport.get_extra_info(name, default)
 
 
+def _nothing() -> None:
+    pass
+
+
+class GatedConnections:
+    """The broker's connection gate (pure: `danube.machines.memory.connections`) and the
+    connections it knows by id, so that the one it evicts can be closed. Shared by the
+    broker's gRPC servers: the cap is broker-wide."""
+
+    def __init__(self, gate: ConnectionGate) -> None:
+        self.gate = gate
+        self.protocols: dict[int, GuardedProtocol] = {}
+
+
 class GuardedConnection(Connection):
     """grpclib's connection, telling the ping policy when the broker sends."""
 
     on_send: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
+    on_call: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
+    """Told when a call of this connection is admitted (past authentication): the
+    connection gate's first call (`Server`'s innermost handler wrapper)."""
     read_at = 0.0
     """`perf_counter` of the newest socket read: where a request's `receive` stage starts
     (`danube.runtime.stage_metrics`)."""
@@ -228,6 +250,8 @@ class GuardedProtocol(H2Protocol):
 
     count: TransportCount | None = None
     """The server's count of open connections (set by `Server`; None: not counted)."""
+    gated: GatedConnections | None = None
+    """The broker's connection gate and its connections (set by `Server`; None: no cap)."""
 
     def __init__(
         self,
@@ -258,6 +282,8 @@ class GuardedProtocol(H2Protocol):
         self._lingering: LingeringTransport | None = None
         self.connected = False
         """Between `connection_made` and `connection_lost` (`Server.transport_counts`)."""
+        self.gate_id: int | None = None
+        """The gate's id of this connection while it counts it open."""
 
     # -- connection set-up ------------------------------------------------------------------
 
@@ -301,11 +327,76 @@ class GuardedProtocol(H2Protocol):
         connection.flush()
         connection.initialize()
         self.processor = EventsProcessor(self.handler, connection)
+        if not self._pass_gate():
+            return
         if limits.handshake_timeout_ms > 0:
             self._timers.append(
                 self._loop.call_later(limits.handshake_timeout_ms / 1000, self._handshake_expired)
             )
         self._schedule_keepalive()
+
+    # -- the connection gate ----------------------------------------------------------------
+
+    def _pass_gate(self) -> bool:
+        """Asks the gate to admit this connection; refused, it is closed at once with a
+        GOAWAY naming why (its peer's client sees UNAVAILABLE and may retry); admitted, the
+        oldest pending connection may be closed for it, and its first call is awaited."""
+        gated = self.gated
+        if gated is None:
+            return True
+        now = self._clock()
+        admission = gated.gate.admit(now)
+        if admission.evicted is not None:
+            evicted = gated.protocols.pop(admission.evicted, None)
+            if evicted is not None:
+                evicted.gate_id = None
+                evicted._gate_close(Refusal.EVICTED)
+        if admission.connection is None:
+            assert admission.refusal is not None
+            self._gate_close(admission.refusal)
+            return False
+        self.gate_id = admission.connection
+        gated.protocols[admission.connection] = self
+        self.connection.on_call = self._first_call
+        deadline = gated.gate.first_call_deadline(admission.connection)
+        if deadline is not None:
+            self._timers.append(self._loop.call_later(deadline - now, self._first_call_due))
+        return True
+
+    def _first_call(self) -> None:
+        gated, gate_id = self.gated, self.gate_id
+        if gated is not None and gate_id is not None:
+            gated.gate.proven(gate_id)
+            self.connection.on_call = _nothing
+
+    def _first_call_due(self) -> None:
+        gated, gate_id = self.gated, self.gate_id
+        if gated is None or gate_id is None or self.closed_reason is not None:
+            return
+        if gated.gate.expired(gate_id, self._clock()):
+            gated.protocols.pop(gate_id, None)
+            self.gate_id = None
+            self._gate_close(Refusal.FIRST_CALL_TIMEOUT)
+
+    def _gate_close(self, refusal: Refusal) -> None:
+        """Closes for the gate: GOAWAY, lingering close, and one log line per interval
+        (`ConnectionGate.log_due`) instead of one per connection."""
+        gated = self.gated
+        assert gated is not None
+        code = ErrorCodes.ENHANCE_YOUR_CALM if refusal is Refusal.FULL else ErrorCodes.NO_ERROR
+        self._shut(code, refusal.value, quiet=True)
+        gate = gated.gate
+        count = gate.log_due(self._clock())
+        if count:
+            limits = gate.limits
+            log.warning(
+                "event=connections_refused count=%d last_reason=%s last_peer=%s open=%d "
+                "pending=%d max_connections=%d max_pending_connections=%d: connections "
+                "refused or closed since the previous such line (broker.grpc.max_connections, "
+                "--max-connections; spec/memory.md)",
+                count, refusal.value, self._peer(), gate.open, gate.pending,
+                limits.max_connections, limits.max_pending,
+            )  # fmt: skip
 
     def _handshake_expired(self) -> None:
         if not self.handshake_done:
@@ -447,11 +538,18 @@ class GuardedProtocol(H2Protocol):
         return str(peer)
 
     def _shut(
-        self, code: ErrorCodes | int, reason: str, *, abort: bool = False, goaway: bool = True
+        self,
+        code: ErrorCodes | int,
+        reason: str,
+        *,
+        abort: bool = False,
+        goaway: bool = True,
+        quiet: bool = False,
     ) -> None:
         """Closes the connection: GOAWAY (`code`, `reason` as its debug data), every handler
         cancelled, the socket aborted at once with `abort` (a frozen peer reads nothing),
-        else closed lingering (`LingeringTransport`)."""
+        else closed lingering (`LingeringTransport`). `quiet`: not logged here (the gate's
+        closes are logged once per interval)."""
         if self.closed_reason is not None:
             return
         self.closed_reason = reason
@@ -462,7 +560,8 @@ class GuardedProtocol(H2Protocol):
             self.connection.flush()
         except Exception:  # the state machine may already be closed
             log.debug("event=goaway_failed", exc_info=True)
-        log.info("event=grpc_connection_closed peer=%s reason=%s", self._peer(), reason)
+        if not quiet:
+            log.info("event=grpc_connection_closed peer=%s reason=%s", self._peer(), reason)
         self._cancel_timers()
         lingering = self._lingering
         if lingering is not None:
@@ -485,5 +584,10 @@ class GuardedProtocol(H2Protocol):
         if self.connected and self.count is not None:
             self.count.connections -= 1
         self.connected = False
+        gated, gate_id = self.gated, self.gate_id
+        if gated is not None and gate_id is not None:
+            gated.gate.closed(gate_id)
+            gated.protocols.pop(gate_id, None)
+            self.gate_id = None
         self._cancel_timers()
         super().connection_lost(exc)

@@ -18,6 +18,8 @@ from danube.machines.memory.budget import (
     split,
 )
 from danube.machines.memory.cgroup import limit_files, tightest_limit
+from danube.machines.memory.connections import ConnectionGate, connection_limits
+from danube.values.grpc_config import GrpcConfig
 
 PROC_CGROUP = "/proc/self/cgroup"
 MOUNTINFO = "/proc/self/mountinfo"
@@ -60,6 +62,20 @@ def broker_pools(
         if warning is not None:
             log.warning("event=memory_budget_too_small %s", warning)
     return dataclasses.replace(pools, cache_idle_ms=cache_idle_ms)
+
+
+def connection_gate(budget: int, grpc: GrpcConfig) -> ConnectionGate:
+    """The broker's connection gate, its limits resolved from `broker.grpc` and the budget
+    (`danube.machines.memory.connections`), logged at start."""
+    limits = connection_limits(
+        budget, grpc.max_connections, grpc.max_pending_connections, grpc.first_call_timeout_ms
+    )
+    log.info(
+        "event=connection_limits max_connections=%d max_pending_connections=%d "
+        "first_call_timeout_ms=%d",
+        limits.max_connections, limits.max_pending, grpc.first_call_timeout_ms,
+    )  # fmt: skip
+    return ConnectionGate(limits)
 
 
 def machine_memory(root: str = "") -> MachineMemory:

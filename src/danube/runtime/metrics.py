@@ -33,6 +33,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from danube.machines.dispatch.types import DropReason
+from danube.machines.memory.connections import ConnectionGate
 from danube.machines.node import stats
 from danube.machines.node.core import BrokerCore
 from danube.runtime.poison_metrics import poison_families
@@ -174,6 +175,8 @@ class BrokerMetrics:
         """(resource scope, permission, allowed) -> authorization decisions (auth on)."""
         self.authn_failures: dict[str, int] = {}
         """Calls refused UNAUTHENTICATED, by kind (missing, invalid)."""
+        self.connections: ConnectionGate | None = None
+        """The broker's connection gate (`danube_broker_connections*`); None: no cap."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
         # The process's own series (process_cpu_seconds_total, process_resident_memory_bytes,
@@ -307,6 +310,8 @@ class _Collector(Collector):
         yield from _wal_families(broker, m.wal)
         yield from stage_families(broker, m.stages)
         yield from _security_families(m)
+        if m.connections is not None:
+            yield from _connection_families(broker, m.connections)
         yield from _memory_families(broker, stats.memory_use(m.core))
         if m.replication is not None:
             yield from replication_families(broker, m.core, m.replication)
@@ -444,6 +449,34 @@ def _security_families(m: BrokerMetrics) -> Iterable[Metric]:
     for kind, count in sorted(m.authn_failures.items()):
         refused.add_metric([m.broker_id, kind], count)
     return allow, deny, refused
+
+
+def _connection_families(broker: str, gate: ConnectionGate) -> Iterable[Metric]:
+    """The connection gate: connections open and pending (no call admitted yet) against
+    their caps, and those refused or closed by it, by reason (spec/memory.md)."""
+    open_ = _gauge(
+        "danube_broker_connections",
+        "Client connections the connection gate admitted and that are open, by state "
+        "(pending: no call admitted yet).",
+        ["state"],
+    )
+    open_.add_metric([broker, "open"], gate.open)
+    open_.add_metric([broker, "pending"], gate.pending)
+    limit = _gauge(
+        "danube_broker_connections_limit",
+        "The connection caps (broker.grpc.max_connections, max_pending_connections).",
+        ["state"],
+    )
+    limit.add_metric([broker, "open"], gate.limits.max_connections)
+    limit.add_metric([broker, "pending"], gate.limits.max_pending)
+    refused = _counter(
+        "danube_broker_connections_refused_total",
+        "Connections the gate refused as they arrived or closed for want of a first call.",
+        ["reason"],
+    )
+    for reason, count in gate.refused.items():
+        refused.add_metric([broker, reason.value], count)
+    return open_, limit, refused
 
 
 def _event_families(m: BrokerMetrics) -> Iterable[Metric]:

@@ -48,8 +48,9 @@ from danube.runtime.data_plane import (
 )
 from danube.runtime.dead_letter_forward import DeadLetterForward
 from danube.runtime.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
+from danube.runtime.h2_guard import GatedConnections
 from danube.runtime.kernels_warm import warm_kernels
-from danube.runtime.memory import broker_pools
+from danube.runtime.memory import broker_pools, connection_gate
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.metrics_http import Endpoints, Health, serve_http
 from danube.runtime.object_store import ObjectStore
@@ -297,6 +298,13 @@ async def serve(
         identity = BrokerIdentity(f"{scheme}://{advertised}", f"{scheme}://{advertised}")
         # what other brokers and ListBrokers are told: a wildcard bind named reachably
         admin_seen = advertised_admin(bound.admin, advertised, config.advertised_admin_addr)
+        pools = broker_pools(
+            config.memory_budget,
+            config.publish_wait_ms,
+            max_message_bytes=config.policies.max_message_size,
+            cache_idle_ms=config.cache_idle_ms,
+        )
+        connections = GatedConnections(connection_gate(pools.budget, config.grpc))
         core = BrokerCore(
             identity,
             rng=random.Random(secrets.randbits(128)),
@@ -314,14 +322,10 @@ async def serve(
             durability=config.storage.durability,
             clustered=clustered,
             replication=_replication_settings(config, broker_id) if clustered else None,
-            memory=broker_pools(
-                config.memory_budget,
-                config.publish_wait_ms,
-                max_message_bytes=config.policies.max_message_size,
-                cache_idle_ms=config.cache_idle_ms,
-            ),
+            memory=pools,
         )
         metrics = BrokerMetrics(core, broker_id, config.mode, per_topic=config.metrics_per_topic)
+        metrics.connections = connections.gate
         objects = None
         if config.storage.tiered:
             assert config.storage.durable_root is not None
@@ -458,6 +462,7 @@ async def serve(
                 metrics.rpc_done,
                 config.grpc,
                 auth=guard.wrap if guard is not None else None,
+                gate=connections,
             )
             admin = AdminServices(
                 runtime,
@@ -493,6 +498,7 @@ async def serve(
                 metrics.rpc_done,
                 config.grpc,
                 auth=guard.wrap if guard is not None else None,
+                gate=connections,
             )
             nursery.start_soon(_report_drops, core)
             runtime.transports += [client_server.transport_counts, admin_server.transport_counts]

@@ -16,6 +16,7 @@ from typing import Any
 from danube.values.auth_config import AuthConfig, auth_config
 from danube.values.errors import ConfigError as ConfigError
 from danube.values.errors import DanubeError
+from danube.values.grpc_config import GrpcConfig as GrpcConfig
 from danube.values.load_manager_config import LoadManagerConfig
 from danube.values.memory_config import memory_budget as memory_budget
 from danube.values.memory_config import memory_updates
@@ -265,36 +266,6 @@ class ClusterConfig:
     replication_min_in_sync: int = 1
     """`cluster.replication.min_in_sync`: the copies (owner included) an acknowledged record
     must be on; with fewer in sync the owner refuses reliable publishes."""
-
-
-@dataclass(frozen=True, slots=True)
-class GrpcConfig:
-    """`broker.grpc`: bounds on what one HTTP/2 connection may cost the broker (both gRPC
-    ports; spec/hardening.md, section HTTP/2). 0 turns a limit off where that makes sense."""
-
-    keepalive_time_ms: int = 30_000
-    """A connection with open streams is PINGed when it has been this long without a ping."""
-    keepalive_timeout_ms: int = 20_000
-    """... and closed when the PING's ack has not come within this (a frozen peer)."""
-    min_client_ping_interval_ms: int = 10_000
-    """Client PINGs closer than this, with no data or headers sent in between, are strikes;
-    the third strike closes the connection (GOAWAY ENHANCE_YOUR_CALM, `too_many_pings`)."""
-    max_concurrent_streams: int = 500
-    """Advertised SETTINGS_MAX_CONCURRENT_STREAMS, also the cap on running handlers. Each
-    stream a client opens at once costs the loop about 0.1 ms: at 1,000 a flood of streams
-    stalled other clients for 48-117 ms (the hostile suite), at 500 for 20-36 ms. Clients
-    beyond it wait for a free stream (grpc and grpclib do), so a client holding more
-    consumers than this on one connection needs it raised."""
-    max_header_list_bytes: int = 16 * 1024
-    """Larger request headers (HPACK-decoded size) are refused with RESOURCE_EXHAUSTED."""
-    max_stream_resets: int = 200
-    """Client RST_STREAMs allowed per `stream_reset_window_ms`; more close the connection."""
-    stream_reset_window_ms: int = 10_000
-    handshake_timeout_ms: int = 10_000
-    """A connection that has not sent the HTTP/2 preface and SETTINGS by then is closed (on a
-    TLS port the TLS handshake gets as long again, before it)."""
-    frame_timeout_ms: int = 10_000
-    """... and one that leaves a frame or a header block incomplete this long (slowloris)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -717,7 +688,14 @@ def _durability(wal: dict[str, Any], mode: str) -> TopicDurability:
     return durability
 
 
-_MAY_BE_ZERO = {"max_stream_resets", "handshake_timeout_ms", "frame_timeout_ms"}
+_MAY_BE_ZERO = {
+    "max_stream_resets",
+    "handshake_timeout_ms",
+    "frame_timeout_ms",
+    "max_connections",
+    "max_pending_connections",
+    "first_call_timeout_ms",
+}
 
 
 def grpc_config(data: dict[str, Any], base: GrpcConfig | None = None) -> GrpcConfig:
