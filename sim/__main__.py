@@ -43,7 +43,7 @@ PROFILES = {
         loss=0.01, partition=0.05, slow_fsync=0.05, disk_full=0.02, crash=0.04,
         power_failure=0.02, clock_jump=0.02, bit_flip=0.005, newest_damage=0.01,
         s3_throttle=0.05, s3_server_error=0.05, s3_stall=0.02, upload_crash=0.1,
-        commit_unknown=0.1, fenced_upload=0.03, memory_pressure=0.01,
+        commit_unknown=0.1, fenced_upload=0.03, memory_pressure=0.01, connection_flood=0.01,
     ),
 }  # fmt: skip
 """The object-store knobs (`s3_*`, `upload_crash`, `commit_unknown`, `fenced_upload`) only act

@@ -56,6 +56,7 @@ from danube.proto import danube_ext as ext_pb
 from danube.values.config import Policies
 from danube.values.errors import DanubeError, ErrorCode
 from sim.broker_io import SimPort
+from sim.connections import SimConnections
 from sim.disk import SimDisk, SimFile
 
 if TYPE_CHECKING:
@@ -164,7 +165,9 @@ PRESSURE_LEFT = 512
 def _held(core: BrokerCore) -> tuple[int, list[str]]:
     """What reliable subscriptions hold, added up, and what is held in vain: offsets their
     dispatcher no longer waits on (a record kept after its acknowledgement), outboxes of
-    consumers without a stream (kept after a disconnect)."""
+    consumers without a stream (kept after a disconnect), records of a subscription none of
+    whose consumers has a stream (not let go when the last one left), unless an exhausted
+    message is blocked or being dead-lettered there."""
     held, stray = 0, []
     for consumer_id, box in core.logs.outbox.items():
         consumer = core.consumer_record(consumer_id)
@@ -180,7 +183,19 @@ def _held(core: BrokerCore) -> tuple[int, list[str]]:
                 for o in sub.records
                 if not sub.dispatcher.is_pending(o)
             )
+            if sub.records and _left_by_all(core, sub):
+                stray.append(f"{record.name.full}/{sub.name}, whose consumers all left")
     return held, stray
+
+
+def _left_by_all(core: BrokerCore, sub: Any) -> bool:
+    """No consumer of the reliable subscription has a stream, and none of its messages is
+    held by the poison policy (whose state lives in its dispatcher only)."""
+    for consumer_id in sub.consumers.values():
+        consumer = core.consumer_record(consumer_id)
+        if consumer is not None and consumer.stream:
+            return False
+    return all(entry.held is None for entry in sub.reliable._entries.values())
 
 
 def _paused_in_vain(core: BrokerCore, only: tuple[str, str] | None = None) -> list[str]:
@@ -300,6 +315,9 @@ class Observer:
     def idle_checked(self, ledger: CacheLedger, now_ms: int) -> None:
         """After a tick: the cache ledger, for caches idle past their time."""
 
+    def connections_checked(self, connections: SimConnections, now_us: int) -> None:
+        """After a tick and a connection flood: the incarnation's connection gate."""
+
     def publish_pool_checked(
         self, pool: PublishPool, cached: int, pools: int, idle: bool, lent: int = 0
     ) -> None:
@@ -386,6 +404,8 @@ class SimBroker:
         self.interpreter: Interpreter | None = None
         self.requests = SimRequests(self)
         self._streams: dict[int, OpenStream] = {}
+        self.connections = SimConnections()
+        """The incarnation's connection gate (the `connection_flood` fault, sim/connections.py)."""
         """By generation."""
         self._current: dict[int, int] = {}
         """consumer id -> generation of its newest stream."""
@@ -415,6 +435,7 @@ class SimBroker:
         self.port = SimPort(self, self.incarnation)
         self.interpreter = Interpreter(core, self.port, objects=self.objects is not None)
         self._streams, self._current = {}, {}
+        self.connections = SimConnections()  # a new process: no connection survives
         self.requests.in_flight = 0  # the last incarnation's flows are never answered
         self.up = True  # the port performs for a live incarnation only
         restored = core.restore(self.metadata)
@@ -493,6 +514,7 @@ class SimBroker:
         in_vain = _paused_in_vain(core) if core.logs.consumer_pool is not None else []
         if effects:  # most ticks: nothing for the interpreter (it would only run nothing)
             self._apply(effects)
+        self.observer.connections_checked(self.connections, self.world.now)
         ledger = core.cache_ledger
         if ledger is not None:
             self.observer.memory_checked(ledger.pool, ledger.total, core.cached_bytes_held())
@@ -528,10 +550,24 @@ class SimBroker:
         state = core.state_pool
         over_share = max(0, ledger.state - state.limit) if state is not None else 0
         self.observer.budget_checked(
-            (ledger.total, ledger.state, pool.used, held.used if held is not None else 0),
+            (
+                ledger.total,
+                ledger.state,
+                pool.used,
+                held.used + held.queued if held is not None else 0,
+            ),
             core.memory.budget,
             over_share,
         )
+
+    def connection_flood(self, rng: random.Random) -> None:
+        """The `connection_flood` fault (sim/connections.py), against a live incarnation."""
+        if not self.up:
+            return
+        count = self.connections.flood(rng, self.world.now, self.world.at)
+        self.injected["connection_flood"] += 1
+        self.world.log(f"fault connection_flood {count} idle connections")
+        self.observer.connections_checked(self.connections, self.world.now)
 
     def memory_pressure(self, duration_us: int) -> None:
         """The memory-pressure fault: for `duration_us` memory outside the pools leaves the
@@ -671,7 +707,8 @@ class SimBroker:
         """Open receive streams and the clients holding them: what the runtime reports to the
         core at each tick (its gRPC streams and connections, spec/memory.md "State")."""
         streams = self._streams.values()
-        return len(streams), len({stream.wire.client for stream in streams})
+        idle = self.connections.gate.open  # the flood's idle connections the gate keeps
+        return len(streams), len({stream.wire.client for stream in streams}) + idle
 
     def break_streams(self, client: str) -> None:
         """The client is cut off: its streams break on both sides."""

@@ -62,6 +62,7 @@ from danube.machines.wal import format, records
 from danube.machines.wal.machine import Durability
 from danube.values.names import parse_topic
 from sim.broker import Observer, SubscriptionRecordView
+from sim.connections import SimConnections
 from sim.disk import SimDisk
 from sim.objects import SimObjectStore
 from sim.world import World
@@ -274,6 +275,13 @@ class InvariantChecker(Observer):
         if kept:
             self._violate(MEMORY, f"idle caches still held after {late} ms: {', '.join(kept[:3])}")
 
+    def connections_checked(self, connections: SimConnections, now_us: int) -> None:
+        """18, the connection gate: open and pending connections within their caps, none
+        pending past its first-call deadline (and a tick), no client that calls at once
+        refused while the cap is not full of proven connections."""
+        for problem in connections.problems(now_us):
+            self._violate(MEMORY, problem)
+
     def held_checked(self, used: int, held: tuple[int, list[str]]) -> None:
         """18, the consumer pool: it counts exactly the records reliable subscriptions hold
         for their consumers, and they hold none their dispatcher no longer waits on (a
@@ -285,7 +293,7 @@ class InvariantChecker(Observer):
                 MEMORY, f"the consumer pool counts {used} bytes, subscriptions hold {total}"
             )
         if stray:
-            self._violate(MEMORY, f"records held after they were settled: {', '.join(stray[:3])}")
+            self._violate(MEMORY, f"records held in vain: {', '.join(stray[:3])}")
 
     def paused_checked(self, waiting: list[str]) -> None:
         """18, the consumer pool's paused reads: none waits while the pool has room, nor

@@ -36,6 +36,9 @@ class Faults:
     """Per fault tick: for 1 to 5 s memory outside the pools takes all of the broker's free
     publish pool room but a few hundred bytes (`PublishPool.pressure`), so publishes pile up,
     wait and are refused (spec/memory.md, "Back-pressure")."""
+    connection_flood: float = 0.0
+    """Per fault tick: 5 to 12 connections are opened and left idle, then a client's new
+    connection makes its call (sim/connections.py, spec/memory.md "Connections")."""
     # process
     crash: float = 0.0
     """Per fault tick: the broker process dies (writes in flight are torn) and restarts."""

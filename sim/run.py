@@ -405,6 +405,8 @@ class Simulation:
             self.disk.full = False
         if faults.memory_pressure and rng.random() < faults.memory_pressure:
             self.broker.memory_pressure(rng.randint(1_000_000, 5_000_000))
+        if faults.connection_flood and rng.random() < faults.connection_flood:
+            self.broker.connection_flood(rng)
         if faults.bit_flip and rng.random() < faults.bit_flip:
             flipped = self.disk.flip_bit(rng)
             if flipped is not None:
