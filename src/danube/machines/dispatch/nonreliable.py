@@ -54,6 +54,9 @@ class NonReliableSubscription:
         self._published = 0
         self.delivered = 0
         self.dropped: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
+        self.pool: Any = None
+        """The broker's consumer pool (`ConsumerPool`: `enqueue`, `dequeue`), which bounds
+        every non-reliable queue together; None: each queue's own bound only."""
 
     @property
     def queued_bytes(self) -> int:
@@ -141,7 +144,7 @@ class NonReliableSubscription:
         item = Queued(self._published, message, size, key)
         self._published += 1
         target = self._target(item)
-        if target is None:
+        if target is None or not self._pooled(item):
             return []
         was_empty = not target.queue
         self._push(target, item)
@@ -151,12 +154,23 @@ class NonReliableSubscription:
         """Hands up to `limit` queued messages to the consumer's stream writer."""
         consumer = self._consumers[consumer_id]
         taken = []
+        size = consumer.queued_bytes
         while consumer.queue and len(taken) < limit:
             item = consumer.queue.popleft()
             consumer.queued_bytes -= item.size
             taken.append(item.message)
         self.delivered += len(taken)
+        if self.pool is not None and taken:
+            self.pool.dequeue(size - consumer.queued_bytes)
         return taken
+
+    def release(self) -> None:
+        """The subscription is gone: its queues are dropped and their room given back."""
+        for consumer in self._consumers.values():
+            if self.pool is not None and consumer.queued_bytes:
+                self.pool.dequeue(consumer.queued_bytes)
+            consumer.queue.clear()
+            consumer.queued_bytes = 0
 
     def ack(self, offset: int, now_ms: int = 0) -> list[ConsumerReady]:
         """At-most-once delivery takes no acknowledgements: nothing to do."""
@@ -244,7 +258,7 @@ class NonReliableSubscription:
         touched: dict[int, _Consumer] = {}
         for item in sorted(items, key=lambda i: i.seq):
             target = self._target(item)
-            if target is None:
+            if target is None or not self._pooled(item):
                 continue
             if not target.queue:
                 effects.append(ConsumerReady(target.consumer_id))
@@ -260,8 +274,18 @@ class NonReliableSubscription:
             return []
         leaving = [i for i in consumer.queue if id(i) in removed]
         consumer.queue = deque(i for i in consumer.queue if id(i) not in removed)
-        consumer.queued_bytes -= sum(i.size for i in leaving)
+        size = sum(i.size for i in leaving)
+        consumer.queued_bytes -= size
+        if self.pool is not None and size:
+            self.pool.dequeue(size)  # back in the pool: `_reroute` asks for it again
         return leaving
+
+    def _pooled(self, item: Queued) -> bool:
+        """Whether the consumer pool has room for the message (else dropped, counted)."""
+        if self.pool is None or self.pool.enqueue(item.size):
+            return True
+        self._drop(DropReason.MEMORY_BUDGET)
+        return False
 
     def _has_room(self, consumer: _Consumer, item: Queued) -> bool:
         return (

@@ -16,13 +16,15 @@ class SubscriptionType(enum.IntEnum):
 
 
 class DropReason(enum.Enum):
-    """Why a message did not reach a consumer (each is counted): the first three for
-    non-reliable subscriptions, the last for a reliable message the Drop policy skipped."""
+    """Why a message did not reach a consumer (each is counted): all but `POISON_POLICY` for
+    non-reliable subscriptions, that one for a reliable message the Drop policy skipped."""
 
     NO_CONSUMER = "no_consumer"
     QUEUE_FULL = "queue_full"
     NO_KEY_MATCH = "no_key_match"
     POISON_POLICY = "poison_policy"
+    MEMORY_BUDGET = "memory_budget"
+    """The broker's consumer pool had no room for it (spec/memory.md, "Consumer queues")."""
 
 
 @dataclass(frozen=True, slots=True)

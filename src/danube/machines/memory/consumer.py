@@ -57,7 +57,18 @@ class ConsumerPool:
     """Accounted bytes of every reliable subscription's held records, what of them is
     borrowed of the cache pool, and the reads paused for want of room."""
 
-    __slots__ = ("_relend", "ledger", "limit", "needs", "paused", "paused_reads", "peak", "used")
+    __slots__ = (
+        "_relend",
+        "ledger",
+        "limit",
+        "needs",
+        "paused",
+        "paused_reads",
+        "peak",
+        "queue_refused",
+        "queued",
+        "used",
+    )
 
     def __init__(
         self,
@@ -83,16 +94,22 @@ class ConsumerPool:
         than `MIN_READ_BYTES` (its first record did not fit)."""
         self.paused_reads = 0
         """Reads paused since the start (a counter, for metrics)."""
+        self.queued = 0
+        """Bytes in non-reliable consumer queues (`enqueue`): in the pool's own share with
+        the held records, never borrowed."""
+        self.queue_refused = 0
+        """Non-reliable messages dropped for want of room in the pool (a counter)."""
 
     @property
     def own_room(self) -> int:
         """What is left of the pool's own share."""
-        return max(0, self.limit - self.used)
+        return max(0, self.limit - self.used - self.queued)
 
     @property
     def borrowed(self) -> int:
-        """Bytes of the cache pool the held records take now."""
-        return max(0, self.used - self.limit)
+        """Bytes of the cache pool the held records take now (beyond the share, with what
+        non-reliable queues hold)."""
+        return max(0, self.used + self.queued - self.limit)
 
     @property
     def full(self) -> bool:
@@ -184,12 +201,30 @@ class ConsumerPool:
     def took(self, size: int) -> None:
         self.used += size
         self.peak = max(self.peak, self.used)
-        if self.used > self.limit:
+        if self.used + self.queued > self.limit:
             self._lend()
 
     def let_go(self, size: int) -> None:
-        borrowing = self.used > self.limit
+        borrowing = self.used + self.queued > self.limit
         self.used -= size
+        if borrowing:
+            self._lend()
+
+    def enqueue(self, size: int) -> bool:
+        """Whether a non-reliable message of `size` bytes may wait in a consumer queue: only
+        within the pool's own room (it never borrows: at most once, it may be dropped and
+        counted instead, `DropReason.MEMORY_BUDGET`); taken when it may."""
+        if self.used + self.queued + size > self.limit:
+            self.queue_refused += 1
+            return False
+        self.queued += size
+        return True
+
+    def dequeue(self, size: int) -> None:
+        """Non-reliable messages left their queues (sent, moved, dropped, their subscription
+        gone): their room comes back, and what held records borrow may shrink."""
+        borrowing = self.used + self.queued > self.limit
+        self.queued -= size
         if borrowing:
             self._lend()
 

@@ -276,6 +276,7 @@ class Consumers:
             dispatcher = reliable
         else:
             dispatcher = NonReliableSubscription(kind, self._queue_limits)
+            dispatcher.pool = self._logs.consumer_pool  # bounds every queue together
         sub = SubscriptionRecord(name, kind, dispatcher)
         if record.reliable and self._logs.consumer_pool is not None:
             sub.records = HeldRecords(self._logs.consumer_pool)
@@ -320,7 +321,7 @@ class Consumers:
         for consumer_id in sub.consumers.values():
             del self.by_id[consumer_id]
             self._logs.outbox.pop(consumer_id, None)
-        sub.records.clear()
+        _let_go_all(sub)
         del record.subscriptions[subscription]
         if self._topics.get(record.name.full) is record:
             self._topics.subscriptions -= 1
@@ -333,7 +334,7 @@ class Consumers:
         their open receive streams end."""
         effects: list[Effect] = []
         for sub in record.subscriptions.values():
-            sub.records.clear()  # their room goes back to the consumer pool
+            _let_go_all(sub)  # their room goes back to the consumer pool
             for consumer_id in sub.consumers.values():
                 consumer = self.by_id.pop(consumer_id)
                 self._logs.outbox.pop(consumer_id, None)
@@ -492,6 +493,14 @@ class Consumers:
                     if count:
                         counts[(topic, sub.name, reason.value)] = count
         return counts
+
+
+def _let_go_all(sub: SubscriptionRecord) -> None:
+    """The subscription is gone: what it holds (a reliable one's records, a non-reliable
+    one's queues) gives its room back to the consumer pool."""
+    sub.records.clear()
+    if isinstance(sub.dispatcher, NonReliableSubscription):
+        sub.dispatcher.release()
 
 
 def check_subscription_name(subscription: str) -> None:

@@ -114,14 +114,15 @@ def memory_use(core: BrokerCore) -> MemoryUse | None:
     if pools is None or ledger is None or publish is None:
         return None
     held = core.logs.consumer_pool
-    consumer = held.used if held is not None else 0
-    # Non-reliable queues are shown with the pool but bounded per consumer, not by it
-    # (`ConsumerPool.full` does not see them; spec/memory.md, "Consumer queues").
+    consumer = held.used + held.queued if held is not None else 0
+    # Non-reliable queues are in the pool (`ConsumerPool.enqueue`, spec/memory.md,
+    # "Consumer queues"); without one they are only shown.
     holders: list[tuple[str, str, int]] = []
     cached: list[tuple[str, int]] = []
     for record in core.topic_records():
         for name, sub in record.subscriptions.items():
-            consumer += getattr(sub.dispatcher, "queued_bytes", 0)
+            if held is None:
+                consumer += getattr(sub.dispatcher, "queued_bytes", 0)
             holding = getattr(sub.records, "held", 0)
             if holding:
                 holders.append((record.name.full, name, holding))
