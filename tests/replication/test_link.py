@@ -19,6 +19,7 @@ from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Status
 
+from danube.machines.memory.publish import PublishPool
 from danube.machines.replication.messages import (
     FollowerAnswer,
     Mismatch,
@@ -554,5 +555,44 @@ def test_a_broker_without_the_service_is_a_failed_attempt_not_a_break() -> None:
         server.close()
         server.close_connections()
         await server.wait_closed()
+
+    _run(test)
+
+
+def test_queued_replicates_are_charged_to_the_publish_pool_and_pause_publishes() -> None:
+    """Issue 28: the links' send queues were outside the memory budget (up to 128 MiB a
+    follower). What is queued is charged to the publish pool while it waits (never refused:
+    nothing is dropped for it), so a publish that does not fit meanwhile waits; the charge
+    leaves as the queue is written or dropped with a lost link."""
+
+    async def test() -> None:
+        pool = PublishPool(4096, wait_ms=1_000)
+        with socket.socket() as unused:
+            unused.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{unused.getsockname()[1]}"  # nobody listens there
+        handler = Echo()
+        owner = Owner({"f": address}, queue_messages=3, charge=pool.replication_queued)
+        assert owner.links.send("f", _replicate(TOPICS[0], 0, count=200))
+        queued = pool.replicating
+        assert queued > 1000 and pool.used == queued
+        assert not pool.reserve(4096 - queued + 1)  # a publish that does not fit now waits
+        waiter = pool.enqueue(4096 - queued + 1)
+        assert waiter is not None and not waiter.granted
+        for i in range(1, 3):
+            owner.links.send("f", _replicate(TOPICS[0], 2 * i))
+        assert not owner.links.send("f", _replicate(TOPICS[0], 6))  # the queue-full loss
+        assert pool.replicating == 0 and waiter.granted, "the dropped queue gave its room back"
+        pool.withdraw(waiter)
+        await owner.links.close()
+        # written to a follower: charged while queued, given back once written
+        follower = await Follower(handler).start()
+        owner = Owner({"f": follower.address}, charge=pool.replication_queued)
+        for i in range(5):
+            owner.links.send("f", _replicate(TOPICS[0], 2 * i))
+        assert pool.replicating > 0
+        await _until(lambda: len(owner.answers.get("f", [])) == 5)
+        assert pool.replicating == 0 and pool.used == 0
+        await owner.links.close()
+        await follower.stop()
 
     _run(test)

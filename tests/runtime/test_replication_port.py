@@ -36,6 +36,8 @@ class _Core:
     """Records what the port hands it; `replica_set_seen` routes as `BrokerCore`'s does,
     with the machine's own decision (`still_follows`) on what these stand-ins hold."""
 
+    publish_pool = None
+
     def __init__(self) -> None:
         self.owned: set[str] = set()
         self.followers = _Followers()

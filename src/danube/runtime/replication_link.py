@@ -98,8 +98,9 @@ QUEUE_MESSAGES = 4096
 """Replicates queued on one follower's link (not yet written to its stream) before a loss."""
 QUEUE_BYTES = 128 << 20
 """... and their bytes: two of the largest `Replicate`s, sixteen times the owner machine's
-resend window (8 MiB), which its `max_in_flight` keeps it well within. Outside the memory
-budget: no pool accounts it (spec/memory.md, "Not built yet")."""
+resend window (8 MiB), which its `max_in_flight` keeps it well within. What is queued is
+charged to the broker's publish pool (`charge`, `PublishPool.replication_queued`), so new
+publishes wait while followers lag (spec/memory.md, "Replication send queues")."""
 WRITE_BATCH_BYTES = 1 << 20
 """Queued messages written to the stream in one HTTP/2 send, up to this many bytes."""
 OUTBOX_ANSWERS = 65_536
@@ -201,8 +202,12 @@ class ReplicationLinks:
         backoff_cap_s: float = 2.0,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         loop: asyncio.AbstractEventLoop | None = None,
+        charge: Callable[[int], None] | None = None,
     ) -> None:
+        """`charge(bytes)`: told what is queued (positive) and what leaves the queues
+        (negative), for the memory budget (`PublishPool.replication_queued`)."""
         self._loop = loop
+        self._charge = charge
         self._resolve = resolve_address
         self._on_answer = on_answer
         self._on_broken = on_broken
@@ -239,6 +244,8 @@ class ReplicationLinks:
             return False
         link.queue.append((body, len(message.frames)))
         link.queued_bytes += size
+        if self._charge is not None:
+            self._charge(size)
         link.ready.set()
         return True
 
@@ -278,12 +285,17 @@ class ReplicationLinks:
 
     # -- the links --------------------------------------------------------------------------------
 
-    @staticmethod
-    async def _stop(link: _Link) -> None:
-        if link.session is not None:
-            link.session.alive = False
+    def _discard(self, link: _Link) -> None:
+        """The link's queue is dropped: its bytes leave the budget's charge."""
+        if self._charge is not None and link.queued_bytes:
+            self._charge(-link.queued_bytes)
         link.queue.clear()
         link.queued_bytes = 0
+
+    async def _stop(self, link: _Link) -> None:
+        if link.session is not None:
+            link.session.alive = False
+        self._discard(link)
         if link.task is not None:
             link.task.cancel()
             await asyncio.wait({link.task})  # its end, without swallowing our own cancel
@@ -291,8 +303,7 @@ class ReplicationLinks:
     def _lose(self, link: _Link, reason: str) -> None:
         """A loss (module docstring): drop the queue, end the stream, report once."""
         link.stats.dropped += len(link.queue)
-        link.queue.clear()
-        link.queued_bytes = 0
+        self._discard(link)
         session = link.session
         if session is not None:
             session.alive = False
@@ -423,6 +434,8 @@ class ReplicationLinks:
                 count += 1
                 frames += frame_bytes
                 size += len(body)
+            if self._charge is not None:
+                self._charge(-size)
             try:
                 with stream._wrapper:  # woken with an error when the connection is lost
                     await raw.send_data(b"".join(parts))

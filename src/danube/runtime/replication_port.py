@@ -72,8 +72,14 @@ class ReplicationPort:
         self._outboxes: dict[str, Outbox] = {}
         """Owner broker -> the answer outbox of the stream it opened to us."""
         self._tasks: set[asyncio.Task[None]] = set()
+        pool = runtime.core.publish_pool
         self.links = ReplicationLinks(
-            self.addresses.get, self._answered, self._broke, from_broker=broker_id, loop=loop
+            self.addresses.get,
+            self._answered,
+            self._broke,
+            from_broker=broker_id,
+            loop=loop,
+            charge=pool.replication_queued if pool is not None else None,
         )
         self.service = ReplicationService(self)
 

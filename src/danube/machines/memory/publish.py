@@ -115,6 +115,7 @@ class PublishPool:
         "peak",
         "pressure",
         "refused",
+        "replicating",
         "stream_wait_ms",
         "used",
         "wait_ms",
@@ -160,6 +161,9 @@ class PublishPool:
         """Time publishes spent waiting for room, added up (a counter, for metrics)."""
         self.refused = 0
         """Publishes refused RESOURCE_EXHAUSTED for want of room (a counter)."""
+        self.replicating = 0
+        """Of `used`, bytes queued on replication links to followers, not yet written to
+        their streams (`replication_queued`)."""
 
     @property
     def capacity(self) -> int:
@@ -292,6 +296,23 @@ class PublishPool:
         self.used += size
         self.peak = max(self.peak, self.used)
         self.lend()
+
+    def replication_queued(self, size: int) -> None:
+        """`size` bytes of `Replicate`s were queued for a follower's stream (positive) or
+        left the queue (negative: written, or dropped with a lost link, which the owner
+        resends after). They are publishes not answered yet in another form: charged to
+        this pool, never refused (replication must not lose what producers were or will be
+        told is stored), so that while followers lag, new publishes wait for room, then are
+        refused, as for a slow disk: producers are paused, nothing is dropped. The bound is
+        the owner machine's in-flight window per follower and topic, and the producers it
+        holds back (spec/memory.md, "Replication send queues")."""
+        if size >= 0:
+            self.replicating += size
+            self._take(size)
+            return
+        size = min(-size, self.replicating)
+        self.replicating -= size
+        self.release(size)
 
     def waited(self, ms: int, *, refused: bool) -> None:
         """A publish waited `ms` for room, then got it (or was refused)."""
