@@ -65,6 +65,26 @@ def test_idle_caches_are_emptied_and_busy_ones_kept() -> None:
     assert not [c for c in ledger._active if c is idle], "an emptied cache is not kept"
 
 
+def test_a_wall_clock_stepped_back_neither_keeps_caches_nor_holds_returns_off() -> None:
+    """Review finding: the core's tick passes the wall clock; stepped back an hour, no idle
+    cache was emptied and no memory returned for an hour. And a cache filled before the
+    first tick (stamped 0) was emptied at that tick."""
+    wall = 1_764_000_000_000
+    ledger = CacheLedger(10 * MIB, idle_ms=60_000)
+    early = HotCache(MIB, "/default/early", ledger)
+    early.put(0, [b"x"], 100)  # before any tick
+    ledger.evict_idle(wall)
+    assert early.bytes == 100, "not idle at the first tick"
+    ledger.evict_idle(wall - 3_600_000)  # the clock goes back an hour
+    ledger.evict_idle(wall - 3_600_000 + 61_000)  # a minute of real time later
+    assert early.bytes == 0 and ledger.total == 0
+    machine = MemoryReturn(budget=256 * MIB)
+    machine.observe(200 * MIB, wall)
+    assert machine.observe(100 * MIB, wall + 1) == (ReturnMemory(100 * MIB),)
+    machine.observe(150 * MIB, wall - 3_600_000)  # back an hour: a new high
+    assert machine.observe(100 * MIB, wall - 3_600_000 + 1_000) == (ReturnMemory(50 * MIB),)
+
+
 def test_without_an_idle_time_nothing_is_emptied() -> None:
     ledger = CacheLedger(10 * MIB)
     cache = HotCache(MIB, "/default/t", ledger)
