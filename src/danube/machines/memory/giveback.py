@@ -57,9 +57,7 @@ class MemoryReturn:
         fell = self._high - accounted
         if fell < self.drop_bytes:
             return ()
-        # a clock that went back (the core's is the wall clock) does not hold returns off
-        # for as long as the step (review finding)
-        if self._last_ms is not None and 0 <= now_ms - self._last_ms < MIN_INTERVAL_MS:
+        if self._last_ms is not None and now_ms - self._last_ms < MIN_INTERVAL_MS:
             return ()
         self._high = accounted
         self._last_ms = now_ms
