@@ -508,7 +508,7 @@ class SimBroker:
             return
         transport = self._transport_open()
         core.transport_open(*transport)  # as the runtime reports its gRPC streams and connections
-        effects = core.tick(self.now_ms).effects
+        effects = core.tick(self.now_ms, self.monotonic_ms).effects
         # judged as the tick left them: its effects may answer publishes, whose room
         # goes to paused reads at the next tick
         in_vain = _paused_in_vain(core) if core.logs.consumer_pool is not None else []
@@ -532,7 +532,7 @@ class SimBroker:
             returning = core.pools.memory_return
             if returning is not None:
                 self.observer.returns_checked(self.memory_returns, returning.drop_bytes)
-            self.observer.idle_checked(ledger, self.now_ms)
+            self.observer.idle_checked(ledger, self.monotonic_ms)
         self.publish_checked(idle=not self.requests.in_flight)
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 

@@ -125,7 +125,7 @@ class SimPort:
         """`ReturnMemory` in the simulator: recorded (nothing to give back; the trace says
         when the machine decided it)."""
         broker = self.broker
-        broker.memory_returns.append((broker.incarnation, broker.now_ms, freed))
+        broker.memory_returns.append((broker.incarnation, broker.monotonic_ms, freed))
 
     def resolve(self, waiter: Any) -> None:
         waiter.ok()

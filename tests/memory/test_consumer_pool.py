@@ -61,3 +61,22 @@ def test_while_full_a_paused_read_of_a_subscription_that_holds_nothing_goes_on()
     assert [r[3] for r in ready] == ["read-a"]
     assert [r[3] for r in pool.paused] == ["read-b"], "the holder still waits for room"
     assert pool.resume() == [], "without the question, a full pool resumes nothing"
+
+
+def test_a_read_handed_out_and_put_back_still_waits_for_its_room() -> None:
+    """Review finding: `resume` forgot what a read waits for as it handed it out, so the
+    caller's second judgement (and any round after `put_back`) asked only `MIN_READ_BYTES`:
+    a read waiting for 8,000 bytes went out with 5,000 free and paused again."""
+    pool = ConsumerPool(100_000)
+    pool.took(90_000)  # 10,000 of its own room left
+    pool.pause("t", "a", 1, "read a", need=5_000)
+    pool.pause("t", "b", 1, "read b", need=8_000)
+    a, b = pool.resume(lambda *_: False)
+    pool.carried_out(a)
+    pool.took(5_000)  # read a took its room
+    assert not pool.ready(b, True), "b still waits for 8,000 bytes"
+    pool.put_back([b])
+    assert pool.needs == {("t", "b", 1): 8_000}
+    assert pool.resume(lambda *_: False) == []
+    pool.let_go(5_000)
+    assert pool.resume(lambda *_: False) == [b]

@@ -65,6 +65,45 @@ def test_idle_caches_are_emptied_and_busy_ones_kept() -> None:
     assert not [c for c in ledger._active if c is idle], "an emptied cache is not kept"
 
 
+def test_a_wall_clock_stepped_back_does_not_keep_idle_caches() -> None:
+    """Review finding: the pools were timed by the core's wall clock; stepped back an hour,
+    no idle cache was emptied for an hour. They take the monotonic clock now
+    (`BrokerCore.tick(now_ms, monotonic_ms)`), and the ledger still survives a step back.
+    And a cache filled before the first tick (stamped 0) was emptied at that tick."""
+    wall = 1_764_000_000_000
+    ledger = CacheLedger(10 * MIB, idle_ms=60_000)
+    early = HotCache(MIB, "/default/early", ledger)
+    early.put(0, [b"x"], 100)  # before any tick
+    ledger.evict_idle(wall)
+    assert early.bytes == 100, "not idle at the first tick"
+    ledger.evict_idle(wall - 3_600_000)  # the clock goes back an hour
+    ledger.evict_idle(wall - 3_600_000 + 61_000)  # a minute of real time later
+    assert early.bytes == 0 and ledger.total == 0
+
+
+def test_the_core_times_the_pools_on_the_monotonic_clock() -> None:
+    core = BrokerCore(
+        BrokerIdentity("http://b:1", "http://b:1"),
+        rng=random.Random(1),
+        default_policies=Policies(),
+        queue_limits=QueueLimits(10, 1 << 20),
+        memory=split(16 * MIB),
+    )
+    core.bootstrap(["default"])
+    core.create_topic("/default/t", DispatchStrategy.NON_RELIABLE)
+    core.transport_open(streams=200, connections=1)
+    core.tick(1_764_000_000_000, 0)
+    core.transport_open(streams=0, connections=0)
+    assert [e for e in core.tick(1_764_000_000_100, 100).effects if isinstance(e, ReturnMemory)]
+    core.transport_open(streams=200, connections=1)
+    core.tick(1_764_000_000_200, 200)
+    core.transport_open(streams=0, connections=0)
+    # the wall clock went back an hour, 30 s of monotonic time later: a return is due
+    later = 100 + MIN_INTERVAL_MS
+    returned = core.tick(1_764_000_000_000 - 3_600_000, later).effects
+    assert [e for e in returned if isinstance(e, ReturnMemory)]
+
+
 def test_without_an_idle_time_nothing_is_emptied() -> None:
     ledger = CacheLedger(10 * MIB)
     cache = HotCache(MIB, "/default/t", ledger)

@@ -3,6 +3,7 @@ the flows driven by hand with a clock the test moves."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -306,7 +307,8 @@ def test_publishes_never_borrow_what_the_state_took_of_the_cache_pool() -> None:
     assert publishes.reserve(publishes.capacity)
     assert not publishes.reserve(1)
     assert ledger.total + ledger.state + publishes.used <= memory.cache + memory.publish
-    assert publishes.ceiling == memory.publish + memory.cache // 2  # refused at once beyond
+    # refused at once beyond: what it may ever borrow keeps the state's share back
+    assert publishes.ceiling == memory.publish + memory.cache - ledger.state_limit
 
 
 def test_room_the_state_gives_back_goes_to_the_waiters() -> None:
@@ -357,3 +359,24 @@ def test_a_send_past_the_waiting_bytes_is_refused_with_the_reason() -> None:
     assert "1 more already wait for room, holding 1690 bytes" in end.error.message
     assert f"{send_cost(100)} bytes may wait" in end.error.message
     assert "Nothing of it was stored" in end.error.message and pool.refused == 1
+
+
+def test_what_can_never_fit_is_refused_at_once_not_waited_for() -> None:
+    """Review finding: `ceiling` counted half the cache pool while the room to borrow always
+    keeps the state's 3/4 share back, so with a 48 MiB budget a 10 MiB `SendMessage` (20 MiB
+    accounted) waited its whole wait on an idle broker, and, larger than what waiting
+    publishes may hold, had every other publish refused meanwhile."""
+    memory = split(48 << 20)
+    pools = broker_pools(memory)
+    publishes = pools.publish_pool
+    assert publishes is not None
+    size = send_cost(10 << 20)
+    assert publishes.ceiling == publishes.capacity  # an idle broker can lend all it ever will
+    assert size > publishes.ceiling
+    clock = [0]
+    core = SimpleNamespace(publish_pool=publishes, memory=memory)
+    with pytest.raises(DanubeError) as refused:
+        next(publish.admitted(core, size, lambda: clock[0], stream=False))  # type: ignore[arg-type]
+    assert refused.value.code is ErrorCode.RESOURCE_EXHAUSTED
+    assert publishes.waiting == 0
+    assert publishes.reserve(1_000)  # others are not refused behind it

@@ -22,6 +22,7 @@ from danube.machines.memory.publish import PublishPool, RoomWaiter, send_cost
 from danube.machines.memory.state import StatePool
 from danube.machines.node import requests
 from danube.machines.node.consumers import Consumers
+from danube.machines.node.core import BrokerCore
 from danube.machines.node.reliable_log import ReliableLogs
 from danube.machines.requests import publish
 from danube.machines.wal.cache import CachedBatch, HotCache
@@ -368,3 +369,11 @@ def test_memory_given_back_at_every_drop_is_caught() -> None:
         result = Simulation(1, Workload(), PRESSURE).run(10)
     assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
     assert "memory given back twice" in result.violations[0].detail
+
+
+def test_pools_timed_on_the_wall_clock_are_caught() -> None:
+    """Planted: the core's tick gives the memory pools the wall clock (review finding: set
+    back, it held idle caches and memory returns off for as long as the step)."""
+    tick = BrokerCore.tick
+    with mock.patch.object(BrokerCore, "tick", lambda self, now, monotonic=None: tick(self, now)):
+        assert _first_violation(range(1, 11), JUMPS) == MEMORY

@@ -167,7 +167,7 @@ class BrokerRuntime:
             streams += more_streams
             connections += more_connections
         self.core.transport_open(streams, connections)
-        return self.core.tick(now_ms())
+        return self.core.tick(now_ms(), monotonic_ms())
 
     def _in_loop(self, call: Callable[[], Step[Any]]) -> None:
         """Calls the core from a trio task: on the asyncio loop, where the handlers call it

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from danube.machines.memory.publish import BORROWABLE_CACHE_SHARE, send_cost
+from danube.machines.memory.publish import (
+    BORROWABLE_CACHE_SHARE,
+    borrowable_at_most,
+    send_cost,
+)
+from danube.machines.memory.state import STATE_SHARE
 from danube.values.sizes import GIB, KIB, MIB
 from danube.values.sizes import parse_size as parse_size
 
@@ -111,9 +116,9 @@ def publish_room_warning(pools: MemoryPools, max_message_bytes: int) -> str | No
     """Why this budget refuses legal messages for ever, or None: the publish pool, with all
     it may borrow of the cache pool, cannot hold one `SendMessage` of the largest size a
     producer may send (`send_cost`: twice the payload and its objects), so such a message is
-    refused RESOURCE_EXHAUSTED however idle the broker is. Budgets under about 40 MiB, with
+    refused RESOURCE_EXHAUSTED however idle the broker is. Budgets under about 54 MiB, with
     the default 10 MiB `max_message_size`."""
-    ceiling = pools.publish + int(pools.cache * BORROWABLE_CACHE_SHARE)
+    ceiling = publish_ceiling(pools)
     needed = send_cost(max_message_bytes)
     if needed <= ceiling:
         return None
@@ -126,12 +131,18 @@ def publish_room_warning(pools: MemoryPools, max_message_bytes: int) -> str | No
     )
 
 
+def publish_ceiling(pools: MemoryPools) -> int:
+    """The most the publish pool of `pools` could ever hold (`PublishPool.ceiling`): its
+    share and what it may ever borrow of the cache pool past the state's share."""
+    return pools.publish + borrowable_at_most(pools.cache, int(pools.cache * STATE_SHARE))
+
+
 def _budget_for(needed: int) -> int:
     """The smallest budget whose publish pool and borrowable cache hold `needed` bytes."""
-    share = PUBLISH_SHARE + CACHE_SHARE * BORROWABLE_CACHE_SHARE
+    share = PUBLISH_SHARE + CACHE_SHARE * min(BORROWABLE_CACHE_SHARE, 1 - STATE_SHARE)
     budget = int(needed / share) + 1
     while True:
         pools = split(max(budget, MINIMUM_BUDGET))
-        if pools.publish + int(pools.cache * BORROWABLE_CACHE_SHARE) >= needed:
+        if publish_ceiling(pools) >= needed:
             return pools.budget
         budget += 1024

@@ -156,6 +156,8 @@ class ConsumerPool:
         self.paused.append((topic, subscription, epoch, read))
         if need > MIN_READ_BYTES:
             self.needs[(topic, subscription, epoch)] = need
+        else:
+            self.needs.pop((topic, subscription, epoch), None)
         self.paused_reads += 1
 
     def ready(self, paused: Paused, holding: bool) -> bool:
@@ -168,14 +170,16 @@ class ConsumerPool:
         subscription that holds nothing any more, `holds_nothing(topic, subscription,
         epoch)`, may borrow). Each is judged again as it is carried out (`ready`) and pauses
         again if the room went meanwhile. Without the question every read is judged as one
-        of a subscription holding records."""
+        of a subscription holding records. A read keeps what it waits for until the caller
+        carries it out (`carried_out`): one put back (`put_back`) still waits for it (review
+        finding: it was forgotten here, and a read waiting for 8,000 bytes went out with 5,000
+        free, only to pause again)."""
         if not self.paused:
             return []
         ready, kept = [], deque()
         for paused in self.paused:
             holding = holds_nothing is None or not holds_nothing(*paused[:3])
             if self.ready(paused, holding):
-                self.needs.pop(paused[:3], None)
                 ready.append(paused)
             else:
                 kept.append(paused)
@@ -192,6 +196,11 @@ class ConsumerPool:
             else:
                 kept.append(paused)
         self.paused = kept
+
+    def carried_out(self, paused: Paused) -> None:
+        """A read `resume` handed out goes out now: what it waited for is forgotten."""
+        if self.needs:
+            self.needs.pop(paused[:3], None)
 
     def put_back(self, reads: list[Paused]) -> None:
         """Reads `resume` handed out and the caller did not carry out (the room went again

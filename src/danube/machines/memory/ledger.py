@@ -88,7 +88,8 @@ class CacheLedger:
         """Bytes emptied from idle caches (a counter)."""
         self._active: dict[LedgerCache, int] = {}
         """Cache -> the tick time before its newest batch was added."""
-        self._now_ms = 0
+        self._now_ms: int | None = None
+        """The last tick's time (None before the first)."""
         self._next_sweep_ms = 0
 
     def lendable(self) -> int:
@@ -107,7 +108,7 @@ class CacheLedger:
         """`cache` holds a new batch: count it. The cache calls `fit` once it has applied its
         own bound, so that the ledger evicts only what that bound left over the pool."""
         self._order.append((cache, first_offset))
-        self._active[cache] = self._now_ms
+        self._active[cache] = self._now_ms or 0
         self.total += size
         self._batches += 1
         topic = cache.topic
@@ -143,7 +144,14 @@ class CacheLedger:
 
     def evict_idle(self, now_ms: int) -> None:
         """At a tick: empties the caches whose newest batch is `idle_ms` old or more. The
-        caches are visited once every quarter of `idle_ms`, not at every tick."""
+        caches are visited once every quarter of `idle_ms`, not at every tick. The core's
+        clock is the wall clock, which may step: at the first tick (batches added before it
+        carry no time) and when the clock went back, every cache counts as active now, so
+        no cache is emptied early and none is kept for as long as the step (review finding)."""
+        if self._now_ms is None or now_ms < self._now_ms:
+            for cache in self._active:
+                self._active[cache] = now_ms
+            self._next_sweep_ms = min(self._next_sweep_ms, now_ms)
         self._now_ms = now_ms
         if not self.idle_ms or now_ms < self._next_sweep_ms:
             return

@@ -99,6 +99,13 @@ class RoomWaiter:
     """Waiters admitted past this one while it was the head (`MAX_BYPASS`)."""
 
 
+def borrowable_at_most(cache_pool: int, state_limit: int) -> int:
+    """The most publishes may ever borrow of a cache pool of `cache_pool` bytes whose state
+    share is `state_limit`: `BORROWABLE_CACHE_SHARE` of it, less what the state's share keeps
+    back (`PublishPool.room_to_borrow` with no state, held record or cache)."""
+    return max(0, min(int(cache_pool * BORROWABLE_CACHE_SHARE), cache_pool - state_limit))
+
+
 class PublishPool:
     """Bytes of publishes in flight on one broker, the pool's share of the budget, and what
     it borrows from the cache pool."""
@@ -172,9 +179,16 @@ class PublishPool:
 
     @property
     def ceiling(self) -> int:
-        """The most the pool could ever hold: its share and `borrowable`. A request larger
-        than this can never be admitted and is refused at once."""
-        return self.limit + self.borrowable
+        """The most the pool could ever hold: its share and what it may ever borrow
+        (`borrowable_at_most`). A request larger than this can never be admitted and is
+        refused at once. Review finding: this was `limit + borrowable` while the room to
+        borrow always keeps the state's share back, so a request between the two waited its
+        whole wait on an idle broker, and, larger than `max_waiting_bytes`, made every other
+        publish be refused meanwhile."""
+        ledger = self._ledger
+        if ledger is None:
+            return self.limit
+        return self.limit + borrowable_at_most(self._cache_pool, ledger.state_limit)
 
     @property
     def room_to_borrow(self) -> int:

@@ -708,6 +708,7 @@ class ReliableLogs:
                 # one record's room costs one read, not one per paused subscription.
                 kept.append(paused)
                 continue
+            pool.carried_out(paused)
             record = self._topics.get(topic)
             sub = record.subscriptions.get(name) if record is not None else None
             if record is not None and sub is not None and sub.epoch == epoch:
