@@ -395,15 +395,20 @@ class Interpreter:
             txn = StoreTxn((), ops, fenced=fenced, purpose=f"persist {count} changes")
 
         def written(failure: str | None, error: BaseException | None) -> None:
-            lane.writing = False
             if error is not None:  # a bug in the flow: the change counts as failed
                 failure = f"{type(error).__name__}: {error}"
             if failure is not None:
                 self.host.event("metadata_write_failed", error=failure)
-            for change in changes:  # each change is reported, in order, as it was queued
-                if not self.closed:  # the core decides what a failed write needs (again)
-                    self.core.metadata_written(change.fenced, failure, now_ms=self.host.now_ms())
-                lane.written(failure)
+            # Each change is reported, in order, as it was queued; the lane stays busy until
+            # all are, so a change their replies cause waits for the next write.
+            try:
+                for change in changes:
+                    if not self.closed:  # the core decides what a failed write needs (again)
+                        now_ms = self.host.now_ms()
+                        self.core.metadata_written(change.fenced, failure, now_ms=now_ms)
+                    lane.written(failure)
+            finally:
+                lane.writing = False
             self._write_metadata()
 
         self._run(flows.metadata_write(txn), written)
