@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio_asyncio
 
-from danube.effects import Backoff
+from danube.effects import Backoff, RecoverTopic
 from danube.effects.flow import Finished, Flow, step
 from danube.interpreter import flows
 from danube.machines.tiering import ObjectRead
@@ -147,3 +147,35 @@ def test_log_lines_keep_their_old_shape() -> None:
     assert format_event("upload_failed", {"kind": "throttled", "error": error}) == (
         "event=upload_failed kind=throttled error=OSError(5, 'slow')"
     )
+
+
+@pytest.mark.trio
+async def test_a_recovery_with_nothing_to_carry_out_takes_no_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new topic's load ends with a `RecoverTopic` that has no action, no mark and no file
+    to clear: the port answers it without a hop to a worker thread; one with work still goes."""
+    hops: list[object] = []
+    real = trio.to_thread.run_sync
+
+    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(fn)
+        return await real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    core = make_core()
+    async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
+        port = ProductionPort(
+            MemoryStore(),
+            tmp_path,
+            nursery,
+            loop,
+            None,
+            metrics=BrokerMetrics(core, "b1", "standalone"),
+            claims=lambda: None,
+        )
+        assert await port._directory(RecoverTopic("/default/t", (), None, False)) is None
+        assert hops == []
+        await port._directory(RecoverTopic("/default/t", (), 0, False))
+        assert len(hops) == 1
+        nursery.cancel_scope.cancel()

@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from danube.machines.wal import checkpoint as ck
+from danube.machines.wal import format
+from danube.machines.wal.machine import CreateSegment
 from danube.machines.wal.recovery import LOSS_ACCEPTED_NAME, CorruptSegment
+from danube.runtime import segment_files
 from danube.runtime.segment_files import SegmentFiles
 from tests.broker.test_segment_files import TOPIC, _write_segments
 
@@ -63,7 +66,9 @@ async def test_a_cut_frame_below_the_mark_is_loss_above_it_a_torn_tail(tmp_path:
 
 async def test_recovery_marks_where_offsets_continue(tmp_path: Path) -> None:
     await _write_segments(tmp_path, 12)
-    assert not (tmp_path / ck.CHECKPOINT_NAME).exists()  # the test's log writes no marks
+    # The test's log writes no marks: the checkpoint, created empty with the first segment,
+    # holds none.
+    assert _mark(tmp_path) is None
     plan = await SegmentFiles(tmp_path).recover(TOPIC)
     mark = _mark(tmp_path)
     assert plan.next_offset == 12 and mark is not None and mark.durable_end == 12
@@ -96,3 +101,51 @@ async def test_an_accept_loss_file_that_is_no_number_counts_as_zero(tmp_path: Pa
     (tmp_path / LOSS_ACCEPTED_NAME).write_text("²\n")
     plan = await SegmentFiles(tmp_path).recover(TOPIC)
     assert plan.next_offset == 12  # after the mark, whatever the file said
+
+
+async def test_the_first_segment_creates_the_checkpoint_so_the_first_mark_needs_no_directory_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real = segment_files._fsync_directory
+
+    def counted(directory: Path) -> None:
+        synced.append("directory")
+        real(directory)
+
+    monkeypatch.setattr(segment_files, "_fsync_directory", counted)
+    files = SegmentFiles(tmp_path)
+    header = format.encode_segment_header(TOPIC, 0, 1)
+    files.carry(CreateSegment(0, header))
+    assert synced == ["directory"], "one directory fsync for the segment and the checkpoint"
+    assert (tmp_path / ck.CHECKPOINT_NAME).read_bytes() == b"", "created empty, before it"
+    # A crash here: the empty checkpoint reads as no mark, exactly as a missing one did.
+    scan = SegmentFiles(tmp_path).scan()
+    assert scan.checkpoint_end is None
+    plan = await SegmentFiles(tmp_path).recover(TOPIC)
+    assert plan.next_offset == 0
+    # The first mark: pwrite and fdatasync only.
+    synced.clear()
+    files = SegmentFiles(tmp_path)
+    files.scan()
+    files.carry(CreateSegment(0, header))  # the checkpoint is kept as it is, not emptied
+    assert files.write_checkpoint(3)
+    assert synced == ["directory"], "only the segment's own directory fsync"
+    files.close()
+    mark = _mark(tmp_path)
+    assert mark is not None and mark.durable_end == 3
+    files = SegmentFiles(tmp_path)
+    files.scan()
+    files.carry(CreateSegment(0, header))
+    mark = _mark(tmp_path)
+    assert mark is not None and mark.durable_end == 3, "a later segment keeps the mark"
+    files.close()
+
+
+async def test_a_mark_before_any_segment_still_makes_the_checkpoint_entry_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[Path] = []
+    monkeypatch.setattr(segment_files, "_fsync_directory", synced.append)
+    assert SegmentFiles(tmp_path).write_checkpoint(4)
+    assert synced == [tmp_path]

@@ -58,6 +58,7 @@ from danube.machines.node.core import (
     TopicStopped,
     WalIo,
 )
+from danube.machines.node.persist_batches import merge_persists
 from danube.machines.tiering import CommitIndex, ListObjects, UploadSegment
 from danube.machines.wal import machine as wal
 from danube.machines.wal.recovery import CorruptSegment, RecoveryPlan
@@ -379,17 +380,35 @@ class Interpreter:
         if lane.writing or not lane.pending:
             return
         lane.writing = True
-        txn = lane.pending.popleft()
+        # The changes queued behind the last write go as one transaction when they can
+        # (`persist_batches`: standalone, unfenced), so they share one store write and fsync.
+        mergeable = []
+        for queued in lane.pending:
+            if queued.claims is not None or queued.compares or queued.read_back:
+                break
+            mergeable.append(queued.ops)
+        count, ops = merge_persists(mergeable) if len(mergeable) > 1 else (1, ())
+        changes = [lane.pending.popleft() for _ in range(count)]
+        txn = changes[0]
+        if count > 1:
+            fenced = tuple(key for change in changes for key in change.fenced)
+            txn = StoreTxn((), ops, fenced=fenced, purpose=f"persist {count} changes")
 
         def written(failure: str | None, error: BaseException | None) -> None:
-            lane.writing = False
             if error is not None:  # a bug in the flow: the change counts as failed
                 failure = f"{type(error).__name__}: {error}"
             if failure is not None:
                 self.host.event("metadata_write_failed", error=failure)
-            if not self.closed:  # the core decides what a failed write needs (written again)
-                self.core.metadata_written(txn.fenced, failure, now_ms=self.host.now_ms())
-            lane.written(failure)
+            # Each change is reported, in order, as it was queued; the lane stays busy until
+            # all are, so a change their replies cause waits for the next write.
+            try:
+                for change in changes:
+                    if not self.closed:  # the core decides what a failed write needs (again)
+                        now_ms = self.host.now_ms()
+                        self.core.metadata_written(change.fenced, failure, now_ms=now_ms)
+                    lane.written(failure)
+            finally:
+                lane.writing = False
             self._write_metadata()
 
         self._run(flows.metadata_write(txn), written)

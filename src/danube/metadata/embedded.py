@@ -14,6 +14,12 @@ Layout of the directory:
   Ops carry the key's resulting metadata rather than the request, so replay reproduces the
   versions and revisions callers saw, including for keys that were lease-bound for a while.
 
+Transactions that arrive while the log is being written wait in line; the next append writes
+all of them (as many as `commit_groups.joins_group` lets share it) with one write and one
+fsync, and none is answered, watched or read before that fsync returns: while a group is
+between its commit to the state and its fsync, reads wait for it (group commit; a crash in
+between leaves a prefix of the group's records, which replay keeps).
+
 Only durable keys are logged: lease-bound keys must not outlive the process holding their lease
 (see `MetadataState.snapshot`). Transactions that only touched such keys are not logged at all,
 so after a restart the revision counter resumes from the last durable revision and may reuse
@@ -29,16 +35,27 @@ import logging
 import os
 import struct
 import zlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from danube.metadata.commit_groups import GroupLimits, joins_group
 from danube.metadata.memory import MemoryStore
-from danube.metadata.model import KeyValue, MetadataCorrupted, MetadataError, StoreClosed
-from danube.metadata.state import MetadataState, PreparedTxn
+from danube.metadata.model import (
+    Compare,
+    KeyValue,
+    MetadataCorrupted,
+    MetadataError,
+    Op,
+    StoreClosed,
+    TxnResult,
+    WatchEvent,
+)
+from danube.metadata.state import MetadataState
 
 logger = logging.getLogger("danube.metadata")
 
@@ -58,13 +75,34 @@ class _Files:
     log_records: int
 
 
-class EmbeddedStore(MemoryStore):
-    """MemoryStore whose every durable change is fsync'ed to the log before it is applied.
+@dataclass(slots=True, eq=False)
+class _Waiting:
+    """A transaction in line for a group commit, and how its caller learns the outcome."""
 
-    Logging happens between prepare and commit, so no reader or watcher ever sees a change
-    that a crash could take back. If a log write fails the store shuts itself (later calls
-    raise StoreClosed): whether the record reached the disk is unknown, and only reopening,
-    which rereads the log, can tell.
+    compares: Sequence[Compare]
+    success: Sequence[Op]
+    failure: Sequence[Op]
+    wake: trio.Event = field(default_factory=trio.Event)
+    # Set by the leader handing the next group to this transaction's caller.
+    lead: bool = False
+    finished: bool = False
+    result: TxnResult | None = None
+    error: BaseException | None = None
+
+    def finish(self, result: TxnResult | None, error: BaseException | None) -> None:
+        self.result, self.error, self.finished = result, error, True
+        self.wake.set()
+
+
+class EmbeddedStore(MemoryStore):
+    """MemoryStore whose every durable change is fsync'ed to the log before anyone sees it.
+
+    Transactions are applied to the state in revision order by one leader at a time, in groups
+    that share one append and one fsync (see the module docstring); readers wait while a group
+    is applied but not yet durable, so no reader or watcher ever sees a change that a crash
+    could take back, and no caller is answered before the fsync covering its transaction. If a
+    log write fails the store shuts itself (later calls raise StoreClosed): whether the records
+    reached the disk is unknown, and only reopening, which rereads the log, can tell.
     """
 
     def __init__(
@@ -76,12 +114,19 @@ class EmbeddedStore(MemoryStore):
         watch_buffer: int,
         compact_bytes: int,
         compact_records: int,
+        group_limits: GroupLimits,
     ) -> None:
         """Use `EmbeddedStore.open`; this only adopts already opened and replayed files."""
         super().__init__(clock, watch_buffer=watch_buffer, state=state)
         self._files: _Files | None = files
         self._compact_bytes = compact_bytes
         self._compact_records = compact_records
+        self._group_limits = group_limits
+        self._line: deque[_Waiting] = deque()
+        self._leading = False
+        # Set while a group is applied to the state but not yet durable; reads wait for it.
+        self._unsettled: trio.Event | None = None
+        self._reads_waiting = 0
 
     @classmethod
     async def open(
@@ -93,6 +138,7 @@ class EmbeddedStore(MemoryStore):
         history_limit: int = 10_000,
         compact_bytes: int = 4 * 1024 * 1024,
         compact_records: int = 10_000,
+        group_limits: GroupLimits | None = None,
     ) -> EmbeddedStore:
         """Locks the directory (creating it if needed), loads the snapshot and replays the log.
 
@@ -107,6 +153,7 @@ class EmbeddedStore(MemoryStore):
             watch_buffer=watch_buffer,
             compact_bytes=compact_bytes,
             compact_records=compact_records,
+            group_limits=GroupLimits() if group_limits is None else group_limits,
         )
 
     async def aclose(self) -> None:
@@ -118,22 +165,133 @@ class EmbeddedStore(MemoryStore):
                 # Closing the lock file releases the flock for the next process.
                 await trio.to_thread.run_sync(_close_files, files)
 
-    async def _persist(self, prepared: PreparedTxn) -> None:
-        if not prepared.durable_changes:
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._ensure_open()
+        waiting = _Waiting(compares, success, failure)
+        self._line.append(waiting)
+        if not self._leading:
+            self._leading = waiting.lead = True
+        while not waiting.finished:
+            if waiting.lead:
+                # A leader finishes its group whatever happens to its own caller: the others
+                # in it wait for the answer.
+                with trio.CancelScope(shield=True):
+                    await self._lead()
+                continue
+            try:
+                await waiting.wake.wait()
+            except trio.Cancelled:
+                if waiting.lead:
+                    with trio.CancelScope(shield=True):
+                        await self._lead()
+                elif not waiting.finished and waiting in self._line:
+                    # Not taken into a group yet: it never happens.
+                    self._line.remove(waiting)
+                # Otherwise it is in a group being made durable; the caller, cancelled, does
+                # not learn the outcome (as with a cancelled etcd call).
+                raise
+        if waiting.error is not None:
+            raise waiting.error
+        assert waiting.result is not None
+        return waiting.result
+
+    async def _lead(self) -> None:
+        """Commits one group from the front of the line, then hands the lead to the next."""
+        try:
+            async with self._write_lock:
+                # Reads that waited on the previous group read its state before this one moves
+                # it on (they are runnable already, so this ends).
+                while self._reads_waiting:
+                    await trio.lowlevel.checkpoint()
+                await self._commit_group()
+        finally:
+            if self._line:
+                following = self._line[0]
+                following.lead = True
+                following.wake.set()
+            else:
+                self._leading = False
+
+    async def _commit_group(self) -> None:
+        if self._closed_reason is not None:
+            error = StoreClosed(self._closed_reason)
+            while self._line:
+                self._line.popleft().finish(None, error)
             return
         files = self._files
         assert files is not None, "the store is open, so its files are"
-        record = _encode_record(prepared.result.revision, prepared.durable_changes)
-        try:
-            if files.log_bytes > self._compact_bytes or files.log_records > self._compact_records:
-                # The state does not include this transaction yet, so the snapshot and the
-                # emptied log are consistent; the record then starts the new log.
+        if files.log_bytes > self._compact_bytes or files.log_records > self._compact_records:
+            # Every applied transaction is durable here, so the snapshot and the emptied log
+            # are consistent; this group's records then start the new log.
+            try:
                 await trio.to_thread.run_sync(_compact, files, self._state.snapshot())
-            await trio.to_thread.run_sync(_append, files, record)
-        except OSError as exc:
-            reason = f"writing metadata to {files.directory} failed: {exc}"
-            self._shut(reason, StoreClosed(reason))
-            raise StoreClosed(reason) from exc
+            except OSError as exc:
+                self._fail_writes(files, exc, [])
+                return
+        settled = self._unsettled = trio.Event()
+        group: list[tuple[_Waiting, TxnResult]] = []
+        records: list[bytes] = []
+        group_bytes = 0
+        events: list[WatchEvent] = list(self._state.expire(self._clock()))
+        try:
+            while self._line:
+                waiting = self._line[0]
+                try:
+                    prepared = self._state.prepare(
+                        waiting.compares, waiting.success, waiting.failure
+                    )
+                except Exception as exc:  # the caller's mistake (ValueError, LeaseNotFound)
+                    self._line.popleft().finish(None, exc)
+                    continue
+                record = (
+                    _encode_record(prepared.result.revision, prepared.durable_changes)
+                    if prepared.durable_changes
+                    else b""
+                )
+                if not joins_group(self._group_limits, len(group), group_bytes, len(record)):
+                    break
+                self._line.popleft()
+                events.extend(self._state.commit(prepared))
+                group.append((waiting, prepared.result))
+                if record:
+                    records.append(record)
+                    group_bytes += len(record)
+            if records:
+                try:
+                    await trio.to_thread.run_sync(_append, files, records)
+                except OSError as exc:
+                    self._fail_writes(files, exc, [waiting for waiting, _ in group])
+                    return
+            self._publish(events)
+            for waiting, result in group:
+                waiting.finish(result, None)
+        finally:
+            self._unsettled = None
+            settled.set()
+
+    def _fail_writes(self, files: _Files, exc: OSError, group: list[_Waiting]) -> None:
+        reason = f"writing metadata to {files.directory} failed: {exc}"
+        error = StoreClosed(reason)
+        self._shut(reason, error)
+        for waiting in group:
+            waiting.finish(None, error)
+        while self._line:
+            self._line.popleft().finish(None, error)
+
+    async def _begin_read(self) -> None:
+        await trio.lowlevel.checkpoint()
+        while self._unsettled is not None:
+            self._reads_waiting += 1
+            try:
+                await self._unsettled.wait()
+            finally:
+                self._reads_waiting -= 1
+        self._ensure_open()
+        if not self._write_lock.locked():
+            self._expire_leases()
 
 
 # -- file work (runs in worker threads) --------------------------------------------------------
@@ -283,11 +441,14 @@ def _decode_record(body: bytes) -> tuple[int, dict[str, KeyValue | None]]:
     return revision, changes
 
 
-def _append(files: _Files, record: bytes) -> None:
-    _write_all(files.log_fd, record)
+def _append(files: _Files, records: list[bytes]) -> None:
+    """One write and one fsync for a group's records, whole records in revision order, so a
+    crash in between leaves a prefix that replay keeps (and a torn last record it drops)."""
+    data = b"".join(records)
+    _write_all(files.log_fd, data)
     os.fsync(files.log_fd)
-    files.log_bytes += len(record)
-    files.log_records += 1
+    files.log_bytes += len(data)
+    files.log_records += len(records)
 
 
 def _compact(files: _Files, snapshot: dict[str, Any]) -> None:

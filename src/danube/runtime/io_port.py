@@ -398,6 +398,10 @@ class ProductionPort:
             return await trio.to_thread.run_sync(self._topic_files(effect.topic).scan)
         if isinstance(effect, RecoverTopic):
             files = self._topic_files(effect.topic)
+            if not (effect.actions or effect.mark is not None or effect.clear_loss_accepted):
+                # Nothing to carry out (a new topic's empty directory): no thread hop, which
+                # cost a new topic more GIL time than any of its file work (issue 23).
+                return None
             await trio.to_thread.run_sync(
                 files.carry_out,
                 effect.topic,

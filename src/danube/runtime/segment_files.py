@@ -262,8 +262,9 @@ class SegmentFiles:
 
     def write_checkpoint(self, durable_end: int) -> bool:
         """Marks `durable_end` durably in the checkpoint's other slot (one pwrite, one
-        fdatasync; the directory is fsynced once, when the file is created). Skips a mark
-        that says no more than the last: returns whether it wrote."""
+        fdatasync; the directory is fsynced once, when the file is created: with the first
+        segment, see `_create`, or here when a mark comes first). Skips a mark that says no
+        more than the last: returns whether it wrote."""
         if durable_end <= (0 if self._mark is None else self._mark.durable_end):
             return False
         mark = ck.next_mark(self._mark, durable_end)
@@ -357,7 +358,12 @@ class SegmentFiles:
     def _create(self, effect: CreateSegment) -> int:
         """Header into a temporary file, fsync, rename over the segment name, fsync the
         directory (the contract of `CreateSegment`): a crash leaves either no segment or one
-        with its whole header, and the rename replaces a frameless file recovery kept."""
+        with its whole header, and the rename replaces a frameless file recovery kept.
+
+        A topic's first segment also creates its checkpoint file, empty (no valid slot: read
+        as no mark, as when the file is missing), before that directory fsync, so the first
+        mark is a pwrite and an fdatasync with no directory fsync of its own (issue 23: one
+        directory fsync per new topic fewer)."""
         final = self.path(effect.base_offset)
         temporary = final.with_suffix(".tmp")
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -365,6 +371,11 @@ class SegmentFiles:
             _write_all(fd, effect.header, 0)
             os.fsync(fd)
             os.rename(temporary, final)
+            if self._mark is None:
+                # O_CREAT without O_TRUNC: a checkpoint already there is kept as it is.
+                os.close(
+                    os.open(self.directory / ck.CHECKPOINT_NAME, os.O_WRONLY | os.O_CREAT, 0o644)
+                )
             _fsync_directory(self.directory)
         except BaseException:
             os.close(fd)
