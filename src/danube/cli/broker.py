@@ -295,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     from danube.metadata import MetadataError
+    from danube.runtime.memory_dump import install_from_environment
     from danube.values.config import ConfigError
 
+    install_from_environment()  # off unless DANUBE_MEMORY_DUMP is set (a debugging aid)
     try:
         config = load_config(args)
         trio.run(_run, config)
