@@ -141,7 +141,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                 out["sites_left_after_close"] = _grown(dumps[0], dumps[2], "traced_top")
         returns = re.findall(
             r"event=memory_returned accounted_fell=(\d+) collected=(\d+) rss_before=(\d+) "
-            r"rss_after=(\d+) ms=([\d.]+)",
+            r"rss_after=(\d+) ms=([\d.]+)(?: gc_ms=([\d.]+) trim_ms=([\d.]+) stall_ms=([\d.]+))?",
             log.read_text(errors="replace"),
         )
         out["returns"] = [
@@ -151,8 +151,11 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                 "rss_before_mib": round(int(before) / 2**20, 1),
                 "rss_after_mib": round(int(after) / 2**20, 1),
                 "ms": float(ms),
+                "gc_ms": float(gc_ms or "nan"),
+                "trim_ms": float(trim_ms or "nan"),
+                "stall_ms": float(stall_ms or "nan"),
             }
-            for fell, collected, before, after, ms in returns
+            for fell, collected, before, after, ms, gc_ms, trim_ms, stall_ms in returns
         ]
     finally:
         broker.kill()

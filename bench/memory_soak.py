@@ -374,15 +374,16 @@ def _verdicts(
               f"cache {mean(first_cache):.2f} -> {mean(last_cache):.2f} MiB: "
               f"{'FAIL (rose)' if rose else 'PASS (did not rise)'}")  # fmt: skip
     print(f"publishes paused {samples[-1][8]} s, refused {samples[-1][9]}")
-    returns = re.findall(r"event=memory_returned .*rss_before=(\d+) rss_after=(\d+) ms=([\d.]+)",
-                         (soak.work / "broker.log").read_text(errors="replace"))  # fmt: skip
-    gave = [(int(before) - int(after)) / 2**20 for before, after, _ in returns]
-    print(
-        f"memory given back {len(returns)} times: "
-        + ", ".join(
-            f"{mib:.1f} MiB in {ms} ms" for mib, (_, _, ms) in zip(gave, returns, strict=True)
-        )
+    returns = re.findall(
+        r"event=memory_returned .*rss_before=(\d+) rss_after=(\d+) ms=([\d.]+)"
+        r"(?: gc_ms=([\d.]+) trim_ms=([\d.]+) stall_ms=([\d.]+))?",
+        (soak.work / "broker.log").read_text(errors="replace"),
     )
+    print(f"memory given back {len(returns)} times: " + ", ".join(
+        f"{(int(before) - int(after)) / 2**20:.1f} MiB in {ms} ms"
+        + (f" (collection {gc_ms}, trim {trim_ms}, loop held {stall} ms)" if stall else "")
+        for before, after, ms, gc_ms, trim_ms, stall in returns
+    ))  # fmt: skip
     print(f"broker log {soak.work / 'broker.log'}")
 
 
