@@ -23,9 +23,13 @@ def test_off_unless_the_environment_names_a_directory(monkeypatch: pytest.Monkey
 def test_sigusr2_writes_a_dump(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(memory_dump.DUMP_ENV, str(tmp_path))
     monkeypatch.setenv(memory_dump.REFERRERS_ENV, "builtins.frozenset")
+    monkeypatch.setenv(memory_dump.GARBAGE_ENV, "1")
     before = signal.getsignal(signal.SIGUSR2)
     try:
         assert memory_dump.install_from_environment() is True
+        cycle: list[object] = []
+        cycle.append(cycle)  # garbage only the collector frees: the dump names it
+        del cycle
         os.kill(os.getpid(), signal.SIGUSR2)
         dump = json.loads((tmp_path / "dump-1.json").read_text())
     finally:
@@ -33,5 +37,6 @@ def test_sigusr2_writes_a_dump(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert dump["rss"] > 0 and dump["gc_objects"] > 0 and dump["allocated_blocks"] > 0
     assert dump["pymalloc"]["arenas allocated current"] > 0
     assert dump["types"] and "builtins.frozenset" in dump["referrers"]
+    assert dump["garbage"]["builtins.list"] >= 1
     if dump["mallinfo2"] is not None:  # glibc >= 2.33
         assert dump["mallinfo2"]["uordblks"] > 0

@@ -3,7 +3,10 @@ off unless `DANUBE_MEMORY_DUMP` names a directory when the broker starts. Then S
 `dump-<n>.json` there: the RSS, glibc's `mallinfo2` (heap held, in use, free), CPython's
 small-object allocator (`sys._debugmallocstats`: arenas, pools, bytes in used and free blocks),
 `sys.getallocatedblocks()` and the live objects counted by type after a full collection; with
-`DANUBE_MEMORY_TRACE=<frames>` also tracemalloc's top allocation sites (tracemalloc started at
+`DANUBE_MEMORY_GARBAGE=1` what the collection freed, by type (the reference cycles left to
+the collector), with `DANUBE_MEMORY_REFERRERS=<module.qualname,...>` what holds a few live
+objects of those types, with `DANUBE_MEMORY_TRACE=<frames>` also tracemalloc's top allocation
+sites (tracemalloc started at
 once, which costs memory and time: a measurement's own run, never production).
 
 It is how a leak (objects still alive after the streams that made them closed) is told from
@@ -30,6 +33,7 @@ from typing import Any
 DUMP_ENV = "DANUBE_MEMORY_DUMP"
 TRACE_ENV = "DANUBE_MEMORY_TRACE"
 REFERRERS_ENV = "DANUBE_MEMORY_REFERRERS"
+GARBAGE_ENV = "DANUBE_MEMORY_GARBAGE"
 MALLINFO2_FIELDS = (
     "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
     "fordblks", "keepcost",
@@ -123,8 +127,20 @@ def referrers(type_name: str, samples: int = 3, depth: int = 6) -> list[list[str
 
 
 def snapshot(top: int = 60) -> dict[str, Any]:
-    """Everything the dump holds, after a full collection."""
-    collected = gc.collect()
+    """Everything the dump holds, after a full collection (with `DANUBE_MEMORY_GARBAGE` set,
+    what that collection freed, by type: the reference cycles left to the collector)."""
+    garbage: collections.Counter[str] = collections.Counter()
+    if os.environ.get(GARBAGE_ENV):
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            collected = gc.collect()
+            garbage.update(
+                f"{type(each).__module__}.{type(each).__qualname__}" for each in gc.garbage
+            )
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    collected = gc.collect() if not garbage else collected
     types = collections.Counter(
         f"{type(each).__module__}.{type(each).__qualname__}" for each in gc.get_objects()
     )
@@ -137,6 +153,8 @@ def snapshot(top: int = 60) -> dict[str, Any]:
         "pymalloc": pymalloc_stats(),
         "types": dict(types.most_common(top)),
     }
+    if garbage:
+        out["garbage"] = dict(garbage.most_common(top))
     wanted = os.environ.get(REFERRERS_ENV)
     if wanted:
         out["referrers"] = {name: referrers(name) for name in wanted.split(",")}
