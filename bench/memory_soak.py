@@ -195,12 +195,12 @@ class Soak:
         log = self.work / "broker.log"
         return log.read_text(errors="replace").count("event=memory_returned") if log.exists() else 0
 
-    async def given_back(self, seconds: float) -> None:
-        """Until the broker gave memory back after the set-up (its streams closed: a large
-        drop of accounted memory), at most `seconds`: the pre-load level is the broker with
-        its topics and subscriptions once that is done, not the set-up's garbage waiting for
-        the next return (part 6's first soak judged against that: 162 MiB, 146 after it)."""
-        before = self._returns()
+    async def given_back(self, before: int, seconds: float) -> None:
+        """Until the broker gave memory back since it had done so `before` times (at the
+        set-up's start: its streams' close is a large drop of accounted memory, which decides
+        a return), at most `seconds` more: the pre-load level is the broker with its topics
+        and subscriptions once that is done, not the set-up's garbage waiting for the next
+        return (part 6's first soak judged against that: 162 MiB, 146 after it)."""
         for _ in range(int(seconds)):
             if self._returns() > before:
                 await asyncio.sleep(2)  # the trim's worker logs after the collection
@@ -239,12 +239,13 @@ class Soak:
             await asyncio.sleep(args.idle)
             if args.setup:
                 self.phase = "setup"
+                returns = self._returns()
                 await self.load(PREFIX, args.topics, 1_000, 600, 5, "setup", args.topics)
                 if args.hot_rate:
                     await self.load(HOT_PREFIX, 1, 10, 60, 5, "setup-hot", 1)
                     await self.slow_consumer(subscribe_only=True)
                 self.phase = "idle"
-                await self.given_back(args.settle)
+                await self.given_back(returns, args.settle)
                 await asyncio.sleep(args.idle)
             self.phase = "load"
             slow = asyncio.ensure_future(self.slow_consumer())
