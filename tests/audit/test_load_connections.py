@@ -68,3 +68,31 @@ def test_sending_stops_at_the_duration_and_what_was_acknowledged_is_drained(
     assert 0 < result.acknowledged <= 2.0 * 20 + 2  # not the 10,000 asked
     assert not result.failures and result.missing == {"exclusive": 0}
     assert time.monotonic() - started < 30
+
+
+def test_named_subscriptions_are_made_once_and_resumed_by_a_later_run(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """The memory soak's set-up makes the subscriptions its load then uses (issue 28 part 6):
+    a second run with the same `--subscription-prefix` subscribes to the same ones, which the
+    first left with everything acknowledged, and is owed exactly its own messages."""
+    from danube.audit.load import summary
+    from danube.cli.client import build_parser
+
+    args = build_parser().parse_args(
+        ["load", "--logs", "x", "--subscription-prefix", "soak", "--topics", "2"]
+    )
+    assert args.subscription_prefix == "soak"
+    outcomes = []
+    for run_number in range(2):
+        plan = LoadPlan(
+            service_url=broker.url, logs=tmp_path / f"logs-{run_number}",
+            topic_prefix="/default/named-subs", subscription_prefix="named", topics=2,
+            messages=10, rate=20.0, subscriptions=("exclusive",), drain_s=10,
+        )  # fmt: skip
+        result = run(lambda plan=plan: LoadRun(plan, lambda _: None).run(), timeout=120)
+        outcomes.append((result, summary(plan, result)))
+    for result, text in outcomes:
+        assert not result.failures and result.acknowledged == 10
+        assert result.missing == {"exclusive": 0}
+        assert "subscription named-exclusive: 10 deliveries" in text

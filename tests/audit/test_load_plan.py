@@ -70,3 +70,9 @@ def test_the_tally_owes_what_was_acknowledged_until_it_arrives() -> None:
     tally.received("shared", ("/t", "p", 2))
     assert tally.missing() == {"exclusive": 0, "shared": 0}
     assert tally.deliveries == {"exclusive": 2, "shared": 2}
+
+
+def test_subscriptions_carry_the_run_id_unless_a_prefix_names_them() -> None:
+    assert plan(run_id="abc123").subscription("exclusive") == "load-abc123-exclusive"
+    named = plan(run_id="abc123", subscription_prefix="soak")
+    assert named.subscription("shared") == "soak-shared"

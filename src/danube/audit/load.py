@@ -72,6 +72,15 @@ class LoadPlan:
     spent most of both processes' time there and held the load to 60-72 of 300 msg/s
     (bench/RESULTS.md, issue 28 part 5)."""
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
+    subscription_prefix: str = ""
+    """Subscriptions are `<prefix>-<type>` (`soak-exclusive`); empty: `load-<run id>-<type>`.
+    Named, they can be made before the load (the memory soak's set-up makes the ones its load
+    will use, so that they are part of the level the memory after the load is judged
+    against) and a later run reuses them, resuming where they left off."""
+
+    def subscription(self, sub: str) -> str:
+        """The name of the load's subscription of type `sub`."""
+        return f"{self.subscription_prefix or f'load-{self.run_id}'}-{sub}"
 
     def problems(self) -> list[str]:
         found = []
@@ -220,7 +229,7 @@ class LoadRun:
                 for c in range(count):
                     name = f"{sub}-c{c}"
                     consumer = client.consumer(
-                        topic, name, f"load-{self.plan.run_id}-{sub}", sub_type=SUB_TYPES[sub]
+                        topic, name, self.plan.subscription(sub), sub_type=SUB_TYPES[sub]
                     )
                     consumers.append((await consumer.subscribe(), sub, name))
         return consumers
@@ -270,7 +279,7 @@ class LoadRun:
 
     async def _consume(self, consumer: Consumer, sub: str, name: str) -> None:
         counts: dict[str, int] = {}
-        subscription = f"load-{self.plan.run_id}-{sub}"
+        subscription = self.plan.subscription(sub)
         async for message in consumer:
             n = counts.get(message.topic, 0)
             counts[message.topic] = n + 1
@@ -332,7 +341,7 @@ def summary(plan: LoadPlan, result: LoadResult) -> str:
         missing = result.missing.get(sub)
         tail = "" if missing is None else (", all received" if not missing else f", {missing} "
                                            "acknowledged messages not received")  # fmt: skip
-        lines.append(f"subscription load-{plan.run_id}-{sub}: {count} deliveries{tail}")
+        lines.append(f"subscription {plan.subscription(sub)}: {count} deliveries{tail}")
     lines += [f"FAILED: {failure}" for failure in result.failures]
     lines.append(f"logs in {plan.logs} (run {plan.run_id}, topics {plan.topic_names[0]} ...)")
     if plan.reliable:

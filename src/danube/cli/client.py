@@ -153,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="topics are <prefix>-0, <prefix>-1, ... (default /default/load-<run id>); "
         "generators running at once need prefixes of their own",
     )  # fmt: skip
+    gen.add_argument(
+        "--subscription-prefix", default="",
+        help="subscriptions are <prefix>-<type>, e.g. soak-exclusive (default load-<run id>); "
+        "one that exists already is resumed where it left off",
+    )  # fmt: skip
     gen.add_argument("--topics", type=int, default=1, help="number of topics (default 1)")
     gen.add_argument(
         "-p", "--partitions", type=int, default=0, help="partitions per topic (default 0: none)"

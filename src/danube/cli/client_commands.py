@@ -282,6 +282,7 @@ async def load(args: argparse.Namespace) -> int:
         service_url=args.service_addr,
         logs=args.logs,
         topic_prefix=args.topic_prefix,
+        subscription_prefix=args.subscription_prefix,
         topics=args.topics,
         partitions=args.partitions,
         producers=args.producers,

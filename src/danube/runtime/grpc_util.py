@@ -355,12 +355,21 @@ class Server(grpclib.server.Server):
             self._mapping, self._codec, self._status_details_codec, self.__dispatch__
         )
         handler.count = self.count
+        handler.on_finished = self._let_go
         self._handlers.add(handler)
         protocol = GuardedProtocol(handler, self._config, self._h2_config, self.limits)
         protocol.count = self.count
         protocol.gated = self.gate
         self._protocols.add(protocol)
         return protocol
+
+    def _let_go(self, handler: GuardedHandler) -> None:
+        """A connection closed and its last task ended: its handler is dropped now, not when a
+        tenth later connection opens (grpclib's sweep; `GuardedHandler`). The set is replaced,
+        not changed: grpclib's `close` iterates it while each handler's `close` may end here
+        (and its sweep replaces it too, so a bound `discard` would go to a stale set)."""
+        if handler in self._handlers:
+            self._handlers = self._handlers - {handler}
 
     async def start(  # type: ignore[override]
         self,

@@ -1,0 +1,192 @@
+"""A debugging dump of where the broker's memory is (spec/memory.md, "Giving memory back"):
+off unless `DANUBE_MEMORY_DUMP` names a directory when the broker starts. Then SIGUSR2 writes
+`dump-<n>.json` there: the RSS, glibc's `mallinfo2` (heap held, in use, free), CPython's
+small-object allocator (`sys._debugmallocstats`: arenas, pools, bytes in used and free blocks),
+`sys.getallocatedblocks()` and the live objects counted by type after a full collection; with
+`DANUBE_MEMORY_GARBAGE=1` what the collection freed, by type (the reference cycles left to
+the collector), with `DANUBE_MEMORY_REFERRERS=<module.qualname,...>` what holds a few live
+objects of those types, with `DANUBE_MEMORY_TRACE=<frames>` also tracemalloc's top allocation
+sites (tracemalloc started at
+once, which costs memory and time: a measurement's own run, never production).
+
+It is how a leak (objects still alive after the streams that made them closed) is told from
+fragmentation (the objects gone, the memory not given back): `bench/memory_return.py --dump`
+takes one at each phase."""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import ctypes.util
+import gc
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import tracemalloc
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+DUMP_ENV = "DANUBE_MEMORY_DUMP"
+TRACE_ENV = "DANUBE_MEMORY_TRACE"
+REFERRERS_ENV = "DANUBE_MEMORY_REFERRERS"
+GARBAGE_ENV = "DANUBE_MEMORY_GARBAGE"
+MALLINFO2_FIELDS = (
+    "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+    "fordblks", "keepcost",
+)  # fmt: skip
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2_FIELDS]
+
+
+def mallinfo2() -> dict[str, int] | None:
+    """glibc's heap statistics (`arena`: bytes the main heap holds from the kernel, `uordblks`:
+    in use, `fordblks`: free in it, `hblkhd`: in mmap'd blocks); None without glibc >= 2.33."""
+    try:
+        call = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2
+    except (OSError, AttributeError, TypeError):
+        return None
+    call.restype = _Mallinfo2
+    info = call()
+    return {name: int(getattr(info, name)) for name in MALLINFO2_FIELDS}
+
+
+def pymalloc_stats() -> dict[str, int]:
+    """The totals `sys._debugmallocstats()` writes to the C stderr, read back from a file."""
+    with tempfile.TemporaryFile("w+") as out:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read()
+    stats: dict[str, int] = {}
+    for line in text.splitlines():
+        match = re.match(r"^#?\s*([A-Za-z\d][^=]*?)\s*=\s*([\d,]+)$", line)
+        if match:
+            name = re.sub(r"^\d+ unused pools.*", "unused pools bytes", match.group(1).strip())
+            name = re.sub(r"^\d+ arenas \*.*", "arenas bytes", name)
+            stats.setdefault(name, int(match.group(2).replace(",", "")))  # the first "Total"
+    return stats
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _describe(thing: object) -> str:
+    kind = f"{type(thing).__module__}.{type(thing).__qualname__}"
+    if isinstance(thing, dict):
+        return f"{kind} keys={list(thing)[:6]!r}"[:300]
+    if hasattr(thing, "f_code"):
+        code = thing.f_code  # a frame
+        return f"{kind} {code.co_qualname} {code.co_filename}:{thing.f_lineno}"
+    return f"{kind} {thing!r}"[:300]
+
+
+def referrers(type_name: str, samples: int = 3, depth: int = 6) -> list[list[str]]:
+    """For a few live objects of `type_name` (module.qualname), a chain of what refers to
+    what back towards a root: the first referrer each step that is not the dump's own frame
+    or list. How a leak's holder is found."""
+    objects = gc.get_objects()
+    found = [
+        each
+        for each in objects
+        if f"{type(each).__module__}.{type(each).__qualname__}" == type_name
+    ][-samples:]
+    del objects
+    chains = []
+    here = sys._getframe()
+    for start in found:
+        chain, current, seen = [_describe(start)], start, {id(start)}
+        mine = {id(found), id(chain), id(here)}
+        for _ in range(depth):
+            holders = [
+                each
+                for each in gc.get_referrers(current)
+                if id(each) not in seen and id(each) not in mine
+            ]
+            mine.add(id(holders))
+            if not holders:
+                break
+            current = holders[0]
+            seen.add(id(current))
+            chain.append(f"({len(holders)} holders) " + _describe(current))
+        chains.append(chain)
+    return chains
+
+
+def snapshot(top: int = 60) -> dict[str, Any]:
+    """Everything the dump holds, after a full collection (with `DANUBE_MEMORY_GARBAGE` set,
+    what that collection freed, by type: the reference cycles left to the collector)."""
+    garbage: collections.Counter[str] = collections.Counter()
+    if os.environ.get(GARBAGE_ENV):
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            collected = gc.collect()
+            garbage.update(
+                f"{type(each).__module__}.{type(each).__qualname__}" for each in gc.garbage
+            )
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    collected = gc.collect() if not garbage else collected
+    types = collections.Counter(
+        f"{type(each).__module__}.{type(each).__qualname__}" for each in gc.get_objects()
+    )
+    out: dict[str, Any] = {
+        "rss": _rss(),
+        "collected": collected,
+        "allocated_blocks": sys.getallocatedblocks(),
+        "gc_objects": sum(types.values()),
+        "mallinfo2": mallinfo2(),
+        "pymalloc": pymalloc_stats(),
+        "types": dict(types.most_common(top)),
+    }
+    if garbage:
+        out["garbage"] = dict(garbage.most_common(top))
+    wanted = os.environ.get(REFERRERS_ENV)
+    if wanted:
+        out["referrers"] = {name: referrers(name) for name in wanted.split(",")}
+    if tracemalloc.is_tracing():
+        traced = tracemalloc.take_snapshot().statistics("lineno")
+        out["traced_bytes"] = sum(stat.size for stat in traced)
+        out["traced_top"] = [
+            {"where": str(stat.traceback), "bytes": stat.size, "count": stat.count}
+            for stat in traced[:top]
+        ]
+    return out
+
+
+def install_from_environment() -> bool:
+    """Installs the SIGUSR2 dump when `DANUBE_MEMORY_DUMP` is set (the main thread, before the
+    event loop starts); returns whether it did."""
+    where = os.environ.get(DUMP_ENV)
+    if not where:
+        return False
+    directory = Path(where)
+    directory.mkdir(parents=True, exist_ok=True)
+    frames = int(os.environ.get(TRACE_ENV) or 0)
+    if frames:
+        tracemalloc.start(frames)
+    dumped = 0
+
+    def dump(signum: int, frame: FrameType | None) -> None:
+        nonlocal dumped
+        dumped += 1
+        path = directory / f"dump-{dumped}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(snapshot(), indent=1))
+        path.with_suffix(".tmp").rename(path)
+
+    signal.signal(signal.SIGUSR2, dump)
+    return True

@@ -1,0 +1,42 @@
+"""The debugging memory dump (`danube.runtime.memory_dump`): off unless asked, and what it
+writes is what `bench/memory_return.py --dump` reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from danube.runtime import memory_dump
+
+
+def test_off_unless_the_environment_names_a_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(memory_dump.DUMP_ENV, raising=False)
+    before = signal.getsignal(signal.SIGUSR2)
+    assert memory_dump.install_from_environment() is False
+    assert signal.getsignal(signal.SIGUSR2) is before
+
+
+def test_sigusr2_writes_a_dump(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(memory_dump.DUMP_ENV, str(tmp_path))
+    monkeypatch.setenv(memory_dump.REFERRERS_ENV, "builtins.frozenset")
+    monkeypatch.setenv(memory_dump.GARBAGE_ENV, "1")
+    before = signal.getsignal(signal.SIGUSR2)
+    try:
+        assert memory_dump.install_from_environment() is True
+        cycle: list[object] = []
+        cycle.append(cycle)  # garbage only the collector frees: the dump names it
+        del cycle
+        os.kill(os.getpid(), signal.SIGUSR2)
+        dump = json.loads((tmp_path / "dump-1.json").read_text())
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    assert dump["rss"] > 0 and dump["gc_objects"] > 0 and dump["allocated_blocks"] > 0
+    assert dump["pymalloc"]["arenas allocated current"] > 0
+    assert dump["types"] and "builtins.frozenset" in dump["referrers"]
+    assert dump["garbage"]["builtins.list"] >= 1
+    if dump["mallinfo2"] is not None:  # glibc >= 2.33
+        assert dump["mallinfo2"]["uordblks"] > 0
