@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from danube.interpreter import Interpreter
 from danube.kernels import find_frame, scan_frames
@@ -162,6 +162,20 @@ PRESSURE_LEFT = 512
 (so some go on) and not for a batch (so streams pause)."""
 
 
+def _late_timers(core: BrokerCore, now_ms: int) -> list[str]:
+    """Subscriptions of serving reliable topics whose next timer is not after the tick that
+    just ran: it skipped them (invariant 19). Read without touching (`sub.machine`)."""
+    late = []
+    for record in core.catalogue.topics_by_name.values():
+        if record.log.wal is None or not record.phase.writable:
+            continue
+        for sub in record.subscriptions.values():
+            due = cast(ReliableSubscription, sub.machine).next_timer_ms
+            if due is not None and due <= now_ms:
+                late.append(f"{record.name.full}/{sub.name} due at {due} ms")
+    return late
+
+
 def _held(core: BrokerCore) -> tuple[int, list[str]]:
     """What reliable subscriptions hold, added up, and what is held in vain: offsets their
     dispatcher no longer waits on (a record kept after its acknowledgement), outboxes of
@@ -181,7 +195,7 @@ def _held(core: BrokerCore) -> tuple[int, list[str]]:
             stray.extend(
                 f"{record.name.full}/{sub.name}@{o}"
                 for o in sub.records
-                if not sub.dispatcher.is_pending(o)
+                if not sub.machine.is_pending(o)  # an observer: not a touch
             )
             if sub.records and _left_by_all(core, sub):
                 stray.append(f"{record.name.full}/{sub.name}, whose consumers all left")
@@ -195,7 +209,8 @@ def _left_by_all(core: BrokerCore, sub: Any) -> bool:
         consumer = core.consumer_record(consumer_id)
         if consumer is not None and consumer.stream:
             return False
-    return all(entry.held is None for entry in sub.reliable._entries.values())
+    entries = sub.machine._entries  # an observer: `sub.reliable` would touch the topic
+    return all(entry.held is None for entry in entries.values())
 
 
 def _paused_in_vain(core: BrokerCore, only: tuple[str, str] | None = None) -> list[str]:
@@ -317,6 +332,9 @@ class Observer:
 
     def connections_checked(self, connections: SimConnections, now_us: int) -> None:
         """After a tick and a connection flood: the incarnation's connection gate."""
+
+    def timers_checked(self, late: list[str]) -> None:
+        """After a tick: the reliable subscriptions whose timer was due and still is."""
 
     def publish_pool_checked(
         self, pool: PublishPool, cached: int, pools: int, idle: bool, lent: int = 0
@@ -509,6 +527,7 @@ class SimBroker:
         transport = self._transport_open()
         core.transport_open(*transport)  # as the runtime reports its gRPC streams and connections
         effects = core.tick(self.now_ms, self.monotonic_ms).effects
+        self.observer.timers_checked(_late_timers(core, self.now_ms))
         # judged as the tick left them: its effects may answer publishes, whose room
         # goes to paused reads at the next tick
         in_vain = _paused_in_vain(core) if core.logs.consumer_pool is not None else []
@@ -642,7 +661,7 @@ class SimBroker:
         sub = record.subscriptions.get(request.subscription_name) if record is not None else None
         if sub is None or record is None or not record.reliable:
             return
-        machine = sub.reliable
+        machine = cast(ReliableSubscription, sub.machine)  # an observer: not a touch
         due = machine.retry_due(request.topic_offset)
         if due is not None:
             self.observer.retry_scheduled(
@@ -786,7 +805,8 @@ class SimBroker:
         assert core is not None
         record = core._consumers[consumer_id]
         sub = core._topics[record.topic.full].subscriptions[record.subscription]
-        dispatcher = sub.dispatcher if isinstance(sub.dispatcher, ReliableSubscription) else None
+        machine = sub.machine  # an observer: `sub.dispatcher` would touch the topic
+        dispatcher = machine if isinstance(machine, ReliableSubscription) else None
         return SubscriptionRecordView(sub.name, sub.sub_type, dispatcher)
 
     # -- effects ----------------------------------------------------------------------------------

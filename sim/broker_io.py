@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from danube.effects import (
     CloseTopicFiles,
@@ -42,6 +42,7 @@ from danube.effects import (
 )
 from danube.interpreter.host import Done
 from danube.machines.dispatch.failure import EntryState
+from danube.machines.dispatch.reliable import ReliableSubscription
 from danube.machines.node.effects import ForwardDeadLetter
 from danube.machines.wal import format
 from danube.machines.wal.machine import CloseSegment, CreateSegment, DeleteSegment, Fsync, Write
@@ -141,7 +142,8 @@ class SimPort:
         sub = record.subscriptions.get(subscription) if record is not None else None
         if sub is None or sub.epoch != epoch or not record.reliable:
             return None
-        return sub.reliable.entry_state(offset) is EntryState.DEAD_LETTERING
+        machine = cast(ReliableSubscription, sub.machine)  # an observer: not a touch
+        return machine.entry_state(offset) is EntryState.DEAD_LETTERING
 
     def event(self, name: str, **f: Any) -> None:
         broker, log, observer = self.broker, self.broker.world.log, self.broker.observer

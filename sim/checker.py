@@ -37,6 +37,9 @@ stream writer sends, and, white-box, the dispatcher's in-flight sets). What it c
    but a `DanubeError` is a bug of the broker; production answers it INTERNAL, the simulator
    does too and reports it (a planted bug that corrupts a dispatcher shows first as a later
    request's `KeyError` inside the core).
+19. timers are never late: after each tick, no reliable subscription of a serving topic has a
+   timer (ack deadline, redelivery, cursor flush) due at or before it: the tick visits only
+   topics touched or due, so it must know of every subscription's timer.
 
 `flush` durability gives up 1 and 2 on power failure (spec/durability.md): after one, the
 checker stops judging offsets and reports the acknowledged messages lost instead. A topic the
@@ -78,6 +81,7 @@ SAFETY = "4 acknowledged is stored"
 LIVENESS = "4b backlog drains"
 POISON = "17 poison messages are settled by policy"
 MEMORY = "18 memory within budget"
+TIMERS = "19 timers are never late"
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +298,13 @@ class InvariantChecker(Observer):
             )
         if stray:
             self._violate(MEMORY, f"records held in vain: {', '.join(stray[:3])}")
+
+    def timers_checked(self, late: list[str]) -> None:
+        """19: a tick handles every reliable subscription timer due by then (an ack deadline,
+        a redelivery, a cursor flush): a tick visits only the topics touched or due (issue 28
+        point 3), so a timer it does not know of would wait for an unrelated input."""
+        if late:
+            self._violate(TIMERS, f"a tick left timers due: {', '.join(late[:3])}")
 
     def paused_checked(self, waiting: list[str]) -> None:
         """18, the consumer pool's paused reads: none waits while the pool has room, nor

@@ -511,8 +511,9 @@ class Simulation:
             for topic, name in self.judged:
                 record = topics.get(topic)
                 sub = record.subscriptions.get(name) if record is not None else None
-                if sub is not None and isinstance(sub.dispatcher, ReliableSubscription):
-                    self.checker.cursor_at(topic, name, sub.dispatcher.cursor)
+                machine = sub.machine if sub is not None else None  # not a touch
+                if isinstance(machine, ReliableSubscription):
+                    self.checker.cursor_at(topic, name, machine.cursor)
         self.world.at(CURSOR_CHECK_US, self._check_cursors)
 
     def _clock_deficit_us(self) -> int:

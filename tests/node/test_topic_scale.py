@@ -14,7 +14,7 @@ from danube.machines.wal.deadline import DUE_NOW, next_due_ms
 from danube.machines.wal.machine import Durability, WalConfig
 from danube.values.config import DispatchStrategy
 from danube.values.names import parse_topic, partition_index
-from tests.node.test_core_reliable import EARLIEST, EXCLUSIVE, REL, Broker
+from tests.node.test_core_reliable import EARLIEST, EXCLUSIVE, REL, TOPIC, Broker, payloads
 
 IDLE_TOPICS = 200
 
@@ -46,14 +46,69 @@ def test_a_tick_of_an_idle_broker_visits_no_topic() -> None:
     assert [tick(broker, now) for now in range(1_050, 2_000, 50)] == [0] * 19
 
 
-def test_a_subscribed_topic_is_visited_at_every_tick_and_the_idle_ones_are_not() -> None:
+def test_a_subscribed_topic_is_visited_when_touched_or_due_not_at_every_tick() -> None:
+    """Issue 28 point 3: with 1,000 subscribed topics the walk over every one of them at every
+    tick took 30 % of the broker's main thread. A subscription's timers are indexed now."""
     broker = idle_broker(topics=20)
     tick(broker, 1_000)
     step = broker.core.subscribe(
         "/default/idle-3", "c", "s", EXCLUSIVE, (), EARLIEST, now_ms=broker.driver.now_ms
     )
     broker.run(step.effects)
-    assert [tick(broker, now) for now in (1_050, 1_100, 1_150)] == [1, 1, 1]
+    assert [tick(broker, now) for now in (1_050, 1_100, 1_150)] == [1, 0, 0]
+
+
+def test_a_cursor_moved_by_acks_is_written_at_its_deadline_by_a_tick_that_visits_only_it() -> None:
+    """The acknowledgements touch the topic; the tick after them schedules the cursor's flush
+    and visits nothing more until it is due."""
+    broker = Broker()
+    pid = broker.producer()
+    consumer = broker.consumer("c")
+    for i in range(5):
+        broker.publish(pid, f"m{i}")
+    broker.take(consumer)
+    for offset in range(5):
+        broker.run(broker.core.ack(TOPIC, "s", offset, now_ms=100 + offset).effects)
+    assert broker.cursor() == 0
+    assert [tick(broker, now) for now in (200, 250, 300)] == [1, 0, 0]
+    assert broker.cursor() == 0
+    assert tick(broker, 5_000) == 1
+    assert broker.cursor() == 4
+
+
+def test_a_delivery_not_acknowledged_is_redelivered_at_its_deadline_without_other_input() -> None:
+    broker = Broker()
+    pid = broker.producer()
+    consumer = broker.consumer("c")
+    broker.publish(pid, "m0")
+    assert payloads(broker.take(consumer)) == ["m0"]
+    tick(broker, broker.driver.now_ms + 50)
+    assert tick(broker, broker.driver.now_ms + 100) == 0
+    redelivered = []
+    for now in range(1_000, 120_000, 1_000):  # past any ack timeout
+        tick(broker, now)
+        redelivered += payloads(broker.take(consumer))
+        if redelivered:
+            break
+    assert redelivered == ["m0"]
+
+
+def test_a_namespace_policy_reaches_the_subscriptions_of_topics_no_input_touched() -> None:
+    broker = idle_broker(topics=5)
+    for index in range(5):
+        step = broker.core.subscribe(
+            f"/default/idle-{index}", "c", "s", EXCLUSIVE, (), EARLIEST, now_ms=1_000
+        )
+        broker.run(step.effects)
+    tick(broker, 1_000)
+    assert tick(broker, 1_050) == 0
+    changes = {"max_subscription_dispatch_rate": 7}
+    broker.run(broker.core.set_namespace_policies("default", changes).effects)
+    assert tick(broker, 1_100) == 5
+    records = broker.core.catalogue.topics_by_name.values()
+    assert [r.subscriptions["s"].machine.dispatch_rate for r in records] == [7] * 5  # type: ignore[attr-defined]
+    tick(broker, 1_150)  # the change touched them: visited once more
+    assert tick(broker, 1_200) == 0
 
 
 def test_segment_rotation_of_idle_topics_comes_at_its_deadline() -> None:

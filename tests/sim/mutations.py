@@ -14,11 +14,14 @@ from danube.interpreter import flows
 from danube.interpreter.waiters import Publishes
 from danube.machines.dispatch import reliable
 from danube.machines.node.core import BrokerCore
+from danube.machines.node.records import SubscriptionRecord
+from danube.machines.node.reliable_log import ReliableLogs
 from danube.machines.node.topic_table import TopicTable
 from danube.machines.requests import publish
 from danube.machines.requests.effects import AwaitStored
 from danube.machines.tiering.uploader import AllowLocalDelete, Uploader
 from danube.machines.wal import recovery
+from danube.machines.wal.deadline import DUE_NOW, next_due_ms
 from danube.machines.wal.machine import Acknowledge, Durability, WalMachine
 
 
@@ -259,11 +262,44 @@ def tick_forgets_touched_topics() -> Iterator[None]:
     the last tick (`TopicTable.due`): a subscription's timers never start."""
     original = TopicTable.due
 
-    def due(self: TopicTable, now_ms: int) -> Any:
+    def due(self: TopicTable, now_ms: int, *, every: bool = False) -> Any:
         self.touched.clear()
-        return original(self, now_ms)
+        return original(self, now_ms, every=every)
 
     with mock.patch.object(TopicTable, "due", due):
+        yield
+
+
+@contextlib.contextmanager
+def subscription_timers_not_scheduled() -> Iterator[None]:
+    """A topic's next tick ignores its subscriptions' timers (`ReliableLogs._next_due`): an
+    ack deadline or a cursor flush waits for an input that touches the topic again."""
+
+    def next_due(self: ReliableLogs, record: Any, batch: int) -> int | None:
+        state = record.log
+        if state.wal is None or not record.phase.writable:
+            return None
+        if state.replication is not None or state.uploader is not None:
+            return DUE_NOW
+        due = next_due_ms(state.wal)
+        since = state.ack_batch_since
+        if since is not None:
+            due = since + batch if due is None else min(due, since + batch)
+        return due
+
+    with mock.patch.object(ReliableLogs, "_next_due", next_due):
+        yield
+
+
+@contextlib.contextmanager
+def dispatcher_use_forgets_its_topic() -> Iterator[None]:
+    """An input to a subscription's dispatcher does not touch its topic
+    (`SubscriptionRecord.dispatcher`): the timers it starts are not scheduled."""
+    untouched = property(
+        lambda sub: sub.machine,
+        lambda sub, machine: setattr(sub, "machine", machine),
+    )
+    with mock.patch.object(SubscriptionRecord, "dispatcher", untouched):
         yield
 
 
@@ -276,6 +312,8 @@ MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "reuse_offset_after_restart": reuse_offset_after_restart,
     "synced_writes_assumed": synced_writes_assumed,
     "tick_forgets_touched_topics": tick_forgets_touched_topics,
+    "subscription_timers_not_scheduled": subscription_timers_not_scheduled,
+    "dispatcher_use_forgets_its_topic": dispatcher_use_forgets_its_topic,
 }
 
 

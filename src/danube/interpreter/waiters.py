@@ -8,6 +8,7 @@ durable. Each waiter is answered exactly once: it leaves the table before it is 
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,7 +74,11 @@ class MetadataLane:
     writing: bool = False
     pending: deque[Any] = field(default_factory=deque)
     failures: dict[int, str] = field(default_factory=dict)
-    settling: list[tuple[int, int, Callable[[str | None], None]]] = field(default_factory=list)
+    settling: list[tuple[int, int, int, Callable[[str | None], None]]] = field(default_factory=list)
+    """A heap of (target, arrival, first, then): a write looks at the waiters it settles, not
+    at every waiter (with 1,000 topics, a list walked at every write took 4 % of the main
+    thread, issue 28 point 3)."""
+    arrivals: int = 0
 
     def submit(self, change: Any) -> int:
         self.pending.append(change)
@@ -86,11 +91,15 @@ class MetadataLane:
             self.failures[self.durable] = failure
             if len(self.failures) > MAX_REMEMBERED_FAILURES:
                 del self.failures[min(self.failures)]
-        ready = [entry for entry in self.settling if entry[1] <= self.durable]
-        if ready:
-            self.settling = [entry for entry in self.settling if entry[1] > self.durable]
-            for first, target, then in ready:
-                then(self.failure(first, target))
+        settling = self.settling
+        if not settling or settling[0][0] > self.durable:
+            return
+        ready = []
+        while settling and settling[0][0] <= self.durable:
+            ready.append(heapq.heappop(settling))
+        ready.sort(key=_arrival)  # answered in the order they came, as before
+        for target, _, first, then in ready:
+            then(self.failure(first, target))
 
     def failure(self, first: int, target: int) -> str | None:
         for sequence in range(first, target + 1):
@@ -105,4 +114,9 @@ class MetadataLane:
         if self.durable >= target:
             then(self.failure(first, target))
         else:
-            self.settling.append((first, target, then))
+            self.arrivals += 1
+            heapq.heappush(self.settling, (target, self.arrivals, first, then))
+
+
+def _arrival(entry: tuple[int, int, int, Callable[[str | None], None]]) -> int:
+    return entry[1]

@@ -59,7 +59,7 @@ def poison_families(broker: str, core: BrokerCore) -> Iterator[Metric]:
         republishes.add_metric([broker, outcome], count)
     for record in core.topic_records():
         for sub in record.subscriptions.values():
-            dispatcher = sub.dispatcher
+            dispatcher = sub.machine  # a read-only view: not a touch
             if isinstance(dispatcher, ReliableSubscription):
                 labels = [broker, record.name.full, sub.name]
                 dropped.add_metric(labels, dispatcher.dropped)

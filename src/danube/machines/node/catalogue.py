@@ -43,6 +43,9 @@ class Catalogue:
         self._default_policies = default_policies
         self.namespaces_by_name: dict[str, Policies] = {}
         self.failure_defaults_changed: dict[str, None] = {}
+        self.policy_generation = 0
+        """Counts changes of any namespace's or topic's policies: the next tick visits every
+        topic once to apply them to live subscriptions (`ReliableLogs.tick`)."""
         """Namespaces whose default failure policy changed since the last tick."""
         self.topics_by_name: TopicTable = TopicTable()
         """Every topic this broker holds, in the order it came (iteration order is part of
@@ -183,6 +186,7 @@ class Catalogue:
         if before is not None and before.failure_policy != policies.failure_policy:
             self.failure_defaults_changed[name] = None
         self.namespaces_by_name[name] = policies
+        self.policy_generation += 1
 
     def failure_policy(self, record: TopicRecord, subscription: str) -> FailurePolicy:
         """The failure policy a subscription runs with: its own, else its namespace's
@@ -268,6 +272,7 @@ class Catalogue:
     def set_topic_policies(self, topic: str, changes: Mapping[str, Any]) -> Step[dict]:
         record = self.topic(topic)
         record.policies = {**record.policies, **settings_rules.policy_changes(changes)}
+        self.policy_generation += 1
         put = (paths.topic_policy(record.name), dict(record.policies))
         return Step(policies_to_json(self.policies(record)), (PersistMeta(puts=(put,)),))
 
@@ -342,6 +347,7 @@ class Catalogue:
     def clear_topic_policies(self, topic: str) -> Step[dict]:
         record = self.topic(topic)
         record.policies = {}
+        self.policy_generation += 1
         delete = PersistMeta(deletes=(paths.topic_policy(record.name),))
         return Step(policies_to_json(self.policies(record)), (delete,))
 

@@ -277,7 +277,7 @@ class Consumers:
         else:
             dispatcher = NonReliableSubscription(kind, self._queue_limits)
             dispatcher.pool = self._logs.consumer_pool  # bounds every queue together
-        sub = SubscriptionRecord(name, kind, dispatcher)
+        sub = SubscriptionRecord(name, kind, dispatcher, owner=record)
         if record.reliable and self._logs.consumer_pool is not None:
             sub.records = HeldRecords(self._logs.consumer_pool)
         if self._topics.get(record.name.full) is record:  # else counted when it is added
@@ -391,7 +391,9 @@ class Consumers:
         if consumer is None or not generation or consumer.stream != generation:
             return None
         sub = self._topics[consumer.topic.full].subscriptions[consumer.subscription]
-        taken = sub.dispatcher.take(consumer_id, limit)
+        # Not a touch (`sub.machine`): a reliable dispatcher's take changes nothing (its
+        # deliveries are in the outbox), and a non-reliable topic has no tick work.
+        taken = sub.machine.take(consumer_id, limit)
         box = self._logs.outbox.get(consumer_id)
         if box:
             taken.extend(box.popleft() for _ in range(min(limit - len(taken), len(box))))

@@ -155,6 +155,7 @@ class ReliableLogs:
         self._routing_key_of = routing_key_of
         self._clustered = clustered
         self._uploaders = 0
+        self._policies_seen = catalogue.policy_generation
         self.outbox: dict[int, deque[bytes]] = {}
         """Records delivered to a consumer, waiting for its stream writer."""
         self.consumer_pool: ConsumerPool | None = None
@@ -651,7 +652,11 @@ class ReliableLogs:
         effects: list[Effect] = []
         batch = self._durability.object_batch_ms
         topics = self._topics
-        visits = topics.due(now_ms)  # touched since the last tick, or due: not every topic
+        policies = self._catalogue.policy_generation
+        # touched since the last tick, or due: not every topic; every topic once after a
+        # policy changed (a subscription's dispatch rate follows it, below)
+        visits = topics.due(now_ms, every=policies != self._policies_seen)
+        self._policies_seen = policies
         for record in visits:
             state = record.log
             log = state.wal  # `record.wal`, inlined: not a touch
@@ -676,11 +681,12 @@ class ReliableLogs:
                 continue  # nothing below to do (a producer-only topic: the policies unread)
             rate = self._catalogue.policies(record).max_subscription_dispatch_rate
             for sub in record.subscriptions.values():
-                if sub.reliable.dispatch_rate != rate:
+                machine = cast(rd.ReliableSubscription, sub.machine)  # `sub.reliable`: a touch
+                if machine.dispatch_rate != rate:
                     # a policy changed (here or, in a cluster, through another broker)
                     found = sub.reliable.configure(now_ms, dispatch_rate=rate)
                     effects.extend(self.dispatch(record, sub, found, now_ms))
-                due = sub.reliable.next_timer_ms
+                due = machine.next_timer_ms
                 if due is not None and due <= now_ms:
                     effects.extend(self.dispatch(record, sub, sub.reliable.tick(now_ms), now_ms))
         for record in visits:
@@ -731,18 +737,23 @@ class ReliableLogs:
 
     def _next_due(self, record: TopicRecord, batch: int) -> int | None:
         """Until when a tick would find nothing to do for the topic, unless an input touches
-        it (`topic_table`); a lower bound. Subscriptions, replication and the object tier
+        it (`topic_table`); a lower bound. Its subscriptions' timers count (an input to one
+        touches the topic, `SubscriptionRecord.dispatcher`); replication and the object tier
         keep it visited at every tick (their timers are not indexed yet)."""
         state = record.log
         log = state.wal
         if log is None or not record.phase.writable:
             return None  # a WAL that loads or a phase that changes touches the topic
-        if record.subscriptions or state.replication is not None or state.uploader is not None:
+        if state.replication is not None or state.uploader is not None:
             return DUE_NOW
         due = next_due_ms(log)
         since = state.ack_batch_since
         if since is not None:
             due = since + batch if due is None else min(due, since + batch)
+        for sub in record.subscriptions.values():  # their inputs touch the topic
+            timer = cast(rd.ReliableSubscription, sub.machine).next_timer_ms
+            if timer is not None and (due is None or timer < due):
+                due = timer
         return due
 
     def seal(self, record: TopicRecord, now_ms: int) -> list[Effect]:

@@ -82,7 +82,10 @@ class Restorer:
             return record
 
         for p, value in of_type(NamespacePolicyKey):
-            namespaces[p.namespace] = policies_from_json(value)
+            policies = policies_from_json(value)
+            if namespaces.get(p.namespace) != policies:  # live subscriptions follow them
+                self._catalogue.policy_generation += 1
+            namespaces[p.namespace] = policies
         for p, value in of_type(keys.TopicKey):
             name = p.topic
             if p.kind == "delivery" and name.namespace in namespaces and name.full not in present:

@@ -40,11 +40,12 @@ def topic_stats(core: BrokerCore) -> list[TopicStats]:
 
 
 def _topic(core: BrokerCore, record: TopicRecord) -> TopicStats:
-    committed = record.wal.readable_offset if record.wal is not None else None
+    wal = record.log.wal if record.phase.writable else None  # `record.wal`: not a touch
+    committed = wal.readable_offset if wal is not None else None
     subscriptions = []
     for sub in record.subscriptions.values():
-        backlog = sub.dispatcher.backlog(committed)
-        redeliveries = sub.dispatcher.redelivered
+        backlog = sub.machine.backlog(committed)
+        redeliveries = sub.machine.redelivered
         attached = _attached(core, sub.consumers.values())
         subscriptions.append(SubscriptionStats(sub.name, attached, backlog, redeliveries))
     return TopicStats(
@@ -122,7 +123,7 @@ def memory_use(core: BrokerCore) -> MemoryUse | None:
     for record in core.topic_records():
         for name, sub in record.subscriptions.items():
             if held is None:
-                consumer += getattr(sub.dispatcher, "queued_bytes", 0)
+                consumer += getattr(sub.machine, "queued_bytes", 0)
             holding = getattr(sub.records, "held", 0)
             if holding:
                 holders.append((record.name.full, name, holding))

@@ -85,10 +85,10 @@ class TopicTable(dict[str, "TopicRecord"]):
 
     # -- ticks --------------------------------------------------------------------------------
 
-    def due(self, now_ms: int) -> list[TopicRecord]:
+    def due(self, now_ms: int, *, every: bool = False) -> list[TopicRecord]:
         """The topics a tick at `now_ms` visits, in the order they came: touched since the
-        last tick, or due."""
-        names = self.touched.copy()
+        last tick, or due; `every`: all of them (a policy changed)."""
+        names = set(self) if every else self.touched.copy()
         self.touched.clear()
         wakes = self._wakes
         while wakes and wakes[0][0] <= now_ms:
