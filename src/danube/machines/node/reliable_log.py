@@ -12,17 +12,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from danube import keys
 from danube.effects import EpochHistory
 from danube.machines.dispatch import ConsumerReady, SubscriptionType
 from danube.machines.dispatch import reliable as rd
 from danube.machines.dispatch.protocol import DispatchEffect
 from danube.machines.memory.consumer import HELD_PER_RECORD, ConsumerPool
 from danube.machines.memory.ledger import CacheLedger
-from danube.machines.node import paths
+from danube.machines.node.cursor_write import persist_cursor
 from danube.machines.node.effects import (
     Effect,
-    PersistMeta,
     PolicyDropped,
     PublishAcked,
     PublishFailed,
@@ -112,18 +110,6 @@ class TopicLog:
     history: EpochHistory | None = None
     """The epochs recorded in the WAL directory (`danube.effects.WriteEpochs`): where each
     owner's (and, before a promotion, each followed owner's) records start."""
-
-
-def persist_cursor(record: TopicRecord, sub: str, effect: rd.PersistCursor) -> PersistMeta:
-    """The cursor, and the failure counts when they changed, in one atomic write: a count
-    never outlives the cursor that passed its offset (spec/failure-policies.md)."""
-    puts: tuple[tuple[str, object], ...] = ((paths.cursor(record.name, sub), effect.cursor),)
-    if effect.attempts is None:
-        return PersistMeta(puts=puts)
-    key = keys.attempts(record.name, sub)
-    if not effect.attempts:
-        return PersistMeta(puts=puts, deletes=(key,))
-    return PersistMeta(puts=(*puts, (key, [list(pair) for pair in effect.attempts])))
 
 
 class ReliableLogs:
