@@ -33,7 +33,8 @@ def test_a_large_drop_returns_memory_once_then_waits_the_interval() -> None:
     assert machine.returns == 2
 
 
-def test_the_core_emits_it_at_a_tick_after_the_state_drops() -> None:
+def _core_with_a_topic() -> BrokerCore:
+    """A core under a 16 MiB budget with one non-reliable topic."""
     core = BrokerCore(
         BrokerIdentity("http://b:1", "http://b:1"),
         rng=random.Random(1),
@@ -43,6 +44,11 @@ def test_the_core_emits_it_at_a_tick_after_the_state_drops() -> None:
     )
     core.bootstrap(["default"])
     core.create_topic("/default/t", DispatchStrategy.NON_RELIABLE)
+    return core
+
+
+def test_the_core_emits_it_at_a_tick_after_the_state_drops() -> None:
+    core = _core_with_a_topic()
     core.transport_open(streams=200, connections=1)  # 3.6 MiB of streams
     assert not [e for e in core.tick(0).effects if isinstance(e, ReturnMemory)]
     core.transport_open(streams=0, connections=0)  # they closed
@@ -82,15 +88,7 @@ def test_a_wall_clock_stepped_back_does_not_keep_idle_caches() -> None:
 
 
 def test_the_core_times_the_pools_on_the_monotonic_clock() -> None:
-    core = BrokerCore(
-        BrokerIdentity("http://b:1", "http://b:1"),
-        rng=random.Random(1),
-        default_policies=Policies(),
-        queue_limits=QueueLimits(10, 1 << 20),
-        memory=split(16 * MIB),
-    )
-    core.bootstrap(["default"])
-    core.create_topic("/default/t", DispatchStrategy.NON_RELIABLE)
+    core = _core_with_a_topic()
     core.transport_open(streams=200, connections=1)
     core.tick(1_764_000_000_000, 0)
     core.transport_open(streams=0, connections=0)
