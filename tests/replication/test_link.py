@@ -596,3 +596,39 @@ def test_queued_replicates_are_charged_to_the_publish_pool_and_pause_publishes()
         await follower.stop()
 
     _run(test)
+
+
+def test_a_follower_that_is_down_holds_back_at_most_its_share_of_the_publishes() -> None:
+    """Review finding: never refused, the queue of a follower nobody answers for grew until
+    the publish pool was full, below the link's own cap (128 MiB against a pool of 96 at a
+    256 MiB budget), so every publish on the broker was refused while the link lived. The
+    queues may hold `replication_room` (half the pool's ceiling) together; past it the link
+    is lost, as when its queue fills, and the room comes back."""
+
+    async def test() -> None:
+        pool = PublishPool(1 << 20, wait_ms=1_000)
+        with socket.socket() as unused:
+            unused.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{unused.getsockname()[1]}"  # nobody listens there
+        owner = Owner(
+            {"f": address},
+            queue_bytes=16 << 20,
+            charge=pool.replication_queued,
+            fits=pool.replication_fits,
+        )
+        size, end, sent, refused = 64 << 10, 0, 0, 0
+        for _ in range(64):  # 4 MiB offered, four times the pool
+            if not pool.reserve(size):
+                refused += 1
+                continue
+            message = Replicate(TOPICS[0], 3, end, b"x" * size, 1, commit=end)
+            end = message.end
+            sent += owner.links.send("f", message)
+            pool.release(size)  # answered: the follower left the in-sync set
+        assert ("f", "broken") in owner.events, "the link was lost at the budget's share"
+        assert pool.replicating <= pool.replication_room
+        assert refused == 0, "publishes were never held back past the share"
+        assert pool.reserve(size)
+        await owner.links.close()
+
+    _run(test)

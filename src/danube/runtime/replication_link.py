@@ -203,11 +203,15 @@ class ReplicationLinks:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         loop: asyncio.AbstractEventLoop | None = None,
         charge: Callable[[int], None] | None = None,
+        fits: Callable[[int], bool] | None = None,
     ) -> None:
         """`charge(bytes)`: told what is queued (positive) and what leaves the queues
-        (negative), for the memory budget (`PublishPool.replication_queued`)."""
+        (negative), for the memory budget (`PublishPool.replication_queued`); `fits(bytes)`:
+        whether the budget lets that much more be queued, else the link is lost
+        (`PublishPool.replication_fits`)."""
         self._loop = loop
         self._charge = charge
+        self._fits = fits
         self._resolve = resolve_address
         self._on_answer = on_answer
         self._on_broken = on_broken
@@ -241,6 +245,10 @@ class ReplicationLinks:
         if len(link.queue) >= self.queue_messages or link.queued_bytes + size > self.queue_bytes:
             link.stats.dropped += 1
             self._lose(link, "queue full")
+            return False
+        if self._fits is not None and not self._fits(size):
+            link.stats.dropped += 1
+            self._lose(link, "queue full (memory budget)")
             return False
         link.queue.append((body, len(message.frames)))
         link.queued_bytes += size

@@ -80,6 +80,7 @@ class ReplicationPort:
             from_broker=broker_id,
             loop=loop,
             charge=pool.replication_queued if pool is not None else None,
+            fits=pool.replication_fits if pool is not None else None,
         )
         self.service = ReplicationService(self)
 

@@ -57,6 +57,9 @@ MAX_BYPASS = 8
 """How many times waiters behind the head may be admitted past it while it does not fit:
 enough that a large publish does not hold up small ones the moment room frees, few enough
 that it is served once the publishes in flight drain."""
+REPLICATION_SHARE = 0.5
+"""Of the publish pool's ceiling, what replication send queues may hold together
+(`PublishPool.replication_room`)."""
 BORROWABLE_CACHE_SHARE = 0.5
 """Of the cache pool, what publishes may borrow: the other half stays for the hot tail that
 consumers read right after it is written."""
@@ -310,6 +313,21 @@ class PublishPool:
         self.used += size
         self.peak = max(self.peak, self.used)
         self.lend()
+
+    @property
+    def replication_room(self) -> int:
+        """What replication send queues may hold together: `REPLICATION_SHARE` of the
+        ceiling. Review finding: never refused, the queues of one follower that was down
+        filled the pool before their own 128 MiB cap (at a 256 MiB budget the pool holds 96),
+        so every publish on the broker was refused for as long as the link lived."""
+        return int(self.ceiling * REPLICATION_SHARE)
+
+    def replication_fits(self, size: int) -> bool:
+        """Whether `size` more bytes may be queued for followers; False: the link that would
+        queue them is lost instead (its queue dropped, as when it fills: the owner resends
+        from the WAL once the follower is back), so a lagging follower holds back at most
+        `replication_room` of the publishes, never all of them."""
+        return self.replicating + size <= self.replication_room
 
     def replication_queued(self, size: int) -> None:
         """`size` bytes of `Replicate`s were queued for a follower's stream (positive) or
