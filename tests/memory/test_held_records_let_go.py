@@ -83,3 +83,23 @@ def test_failure_counts_survive_the_let_go() -> None:
     assert _held(broker) == 0
     sub = _sub(broker)
     assert sub.reliable.attempt_counts() == {0: 1}  # type: ignore[attr-defined]
+
+
+def test_a_consumer_that_subscribes_again_and_never_opens_its_stream_holds_nothing() -> None:
+    """Review finding: a takeover (the same consumer subscribing again) ends its old stream
+    without the let-go, and that stream's close is ignored from then on (another
+    generation): if the client dies before opening its new stream, nothing let the held
+    records go."""
+    from tests.node.test_core_reliable import EARLIEST, EXCLUSIVE
+
+    broker = _broker()
+    producer = broker.producer()
+    for i in range(4):
+        broker.publish(producer, f"m{i}")
+    consumer = broker.consumer("c")
+    assert payloads(broker.take(consumer)) == ["m0", "m1", "m2", "m3"]
+    assert _held(broker) > 0
+    step = broker.core.subscribe(TOPIC, "c", "s", EXCLUSIVE, (), EARLIEST, now_ms=1)
+    broker.run(step.effects)
+    assert step.value == consumer[0]
+    assert _held(broker) == 0

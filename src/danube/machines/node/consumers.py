@@ -235,6 +235,9 @@ class Consumers:
             effects.append(EndStream(consumer_id, consumer.stream))
             consumer.stream = 0
             effects.extend(self._reset_stream(record, sub, consumer_id, now_ms))
+            # its old stream's close is ignored from now on (another generation): nobody
+            # else lets the records go if the new stream never comes (review finding)
+            effects.extend(self._let_go_if_last(record, sub, now_ms))
         if key_filters != consumer.key_filters:
             consumer.key_filters = key_filters
             effects.append(_persist_consumer(consumer))
