@@ -42,8 +42,9 @@ class GrpcConfig:
     "Connections")."""
     max_pending_connections: int = 0
     """Of those, how many may be pending at once: accepted, no call admitted yet (past
-    authentication when the port authenticates); more are refused. 0: an eighth of
-    `max_connections`, at least 16."""
+    authentication when the port authenticates); past it, a new connection is let in and
+    the oldest pending one is closed (GOAWAY `too_many_pending_connections`), so idle
+    sockets cannot lock real clients out. 0: an eighth of `max_connections`, at least 16."""
     first_call_timeout_ms: int = 30_000
     """A connection that has had no call admitted this long after its accept is closed
     (GOAWAY `first_call_timeout`). 0: no deadline."""
