@@ -275,24 +275,14 @@ BROKER_EXTRA = (
 
 
 ALLOCATOR_ENV = "PYTHONMALLOC"
-
-
-def _with_glibc_malloc(argv: list[str] | None) -> None:
-    """Runs the broker again (the same process: `execve`) with `PYTHONMALLOC=malloc` unless the
-    variable is set: every object then comes from glibc's malloc, whose free pages
-    `malloc_trim` hands back, instead of CPython's arenas, which go back only once every
-    object in them died. 3,000 streams opened and closed left a broker at 100.8 MiB against
-    79.6 fresh with CPython's allocator (pinned arenas) and at 82.3 against 80.9 with glibc's,
-    for the same broker CPU per message (bench/RESULTS.md, issue 28 part 6; spec/memory.md,
-    "Giving memory back"). `PYTHONMALLOC=pymalloc` keeps CPython's. Only from the command
-    line (`argv` None): a caller running `main` in its own process keeps its allocator."""
-    if argv is not None or ALLOCATOR_ENV in os.environ or not sys.orig_argv:
-        return
-    os.execve(sys.executable, sys.orig_argv, {**os.environ, ALLOCATOR_ENV: "malloc"})
+"""The allocator the broker runs on is CPython's unless this says otherwise; logged at start
+(`event=allocator`). glibc's (`PYTHONMALLOC=malloc`) gives back what closed streams freed but
+fragments under message load: a 1,000-topic soak at 294 msg/s peaked at 360 MiB of RSS under a
+256 MiB budget with it (bench/RESULTS.md, issue 28 part 7; spec/memory.md, "Giving memory
+back"), so it is not the default."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    _with_glibc_malloc(argv)
     parser = build_parser()
     apply_environment(parser)
     args = parser.parse_args(argv)
