@@ -84,6 +84,8 @@ def test_connections_beyond_the_cap_are_refused_with_a_goaway_and_counted(
             assert connections.gate.open == 3 and connections.gate.pending == 0
             refused = [await RawH2.open(port) for _ in range(5)]
             await asyncio.gather(*(r.pump(2) for r in refused))
+            # refused connections are not charged while their lingering close runs
+            assert server.transport_counts()[1] == 3
             for raw in refused:
                 goaway = raw.goaway()
                 assert goaway is not None, "no GOAWAY for a connection past the cap"
