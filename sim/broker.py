@@ -197,20 +197,7 @@ def _held(core: BrokerCore) -> tuple[int, list[str]]:
                 for o in sub.records
                 if not sub.machine.is_pending(o)  # an observer: not a touch
             )
-            if sub.records and _left_by_all(core, sub):
-                stray.append(f"{record.name.full}/{sub.name}, whose consumers all left")
     return held, stray
-
-
-def _left_by_all(core: BrokerCore, sub: Any) -> bool:
-    """No consumer of the reliable subscription has a stream, and none of its messages is
-    held by the poison policy (whose state lives in its dispatcher only)."""
-    for consumer_id in sub.consumers.values():
-        consumer = core.consumer_record(consumer_id)
-        if consumer is not None and consumer.stream:
-            return False
-    entries = sub.machine._entries  # an observer: `sub.reliable` would touch the topic
-    return all(entry.held is None for entry in entries.values())
 
 
 def _paused_in_vain(core: BrokerCore, only: tuple[str, str] | None = None) -> list[str]:

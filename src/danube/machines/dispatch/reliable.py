@@ -353,30 +353,6 @@ class ReliableSubscription(PoisonHandling):
         flight goes out again."""
         return self.disconnect(consumer_id, now_ms)
 
-    def let_go(self, now_ms: int) -> list[Effect] | None:
-        """With no consumer connected, forgets every offset read and not acknowledged, so the
-        driver lets their records go (issue 28: they held the consumer pool for a consumer
-        that may never return); they are read again, from `read_position`, once one
-        connects, keeping their failure counts. None (nothing forgotten): a consumer is
-        connected, nothing is held, or an exhausted message is blocked or being
-        dead-lettered (its state lives only here). A read outstanding is dropped: the driver
-        must ignore its answer (a new epoch)."""
-        entries = self._entries
-        if self._connected or not (entries or self._read_pending):
-            return None
-        if any(entry.held is not None for entry in entries.values()):
-            return None
-        self._begin(now_ms)
-        self.read_position = min(entries, default=self.read_position)
-        self._restored.update((o, e.failures) for o, e in entries.items() if e.failures)
-        for kept in (entries, self._ready, self._keys, self._sendable, self._unroutable):
-            kept.clear()
-        self._retries.clear()
-        self._deadlines.clear()
-        self._rewind_at = None
-        self._read_pending = 0
-        return self._finish()
-
     # -- data path ----------------------------------------------------------------------------
 
     def take(self, consumer_id: int, limit: int) -> list[Any]:
@@ -585,8 +561,6 @@ class ReliableSubscription(PoisonHandling):
             self._break_run(self._now)
 
     def _admit(self, offset: int, key: bytes) -> None:
-        if offset in self._acked:  # acknowledged before `let_go` forgot the reads around it
-            return
         self._entries[offset] = PoisonEntry(key, self._restored.pop(offset, 0))
         if self.sub_type is not SubscriptionType.KEY_SHARED:
             self._ready.append(offset)

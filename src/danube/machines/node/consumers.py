@@ -215,7 +215,6 @@ class Consumers:
         self._logs.outbox.pop(consumer_id, None)
         removed = sub.dispatcher.remove_consumer(consumer_id, now_ms)
         effects = self._logs.dispatch(record, sub, removed, now_ms)
-        effects.extend(self._let_go_if_last(record, sub, now_ms))
         effects.append(PersistMeta(deletes=(paths.consumer(record.name, sub.name, consumer_id),)))
         if consumer.stream:
             effects.append(EndStream(consumer_id, consumer.stream))
@@ -235,9 +234,6 @@ class Consumers:
             effects.append(EndStream(consumer_id, consumer.stream))
             consumer.stream = 0
             effects.extend(self._reset_stream(record, sub, consumer_id, now_ms))
-            # its old stream's close is ignored from now on (another generation): nobody
-            # else lets the records go if the new stream never comes (review finding)
-            effects.extend(self._let_go_if_last(record, sub, now_ms))
         if key_filters != consumer.key_filters:
             consumer.key_filters = key_filters
             effects.append(_persist_consumer(consumer))
@@ -372,21 +368,7 @@ class Consumers:
         sub = record.subscriptions[consumer.subscription]
         self._logs.outbox.pop(consumer_id, None)
         gone = sub.dispatcher.disconnect(consumer_id, now_ms)
-        effects = self._logs.dispatch(record, sub, gone, now_ms)
-        effects.extend(self._let_go_if_last(record, sub, now_ms))
-        return Step(None, tuple(effects))
-
-    def _let_go_if_last(
-        self, record: TopicRecord, sub: SubscriptionRecord, now_ms: int
-    ) -> list[Effect]:
-        """A reliable subscription whose last consumer left lets its held records go: they
-        are in the WAL and read again when a consumer comes (spec/memory.md, "Consumer
-        queues"). Kept while any of its consumers has a stream."""
-        if not record.reliable or any(
-            self.by_id[c].stream for c in sub.consumers.values() if c in self.by_id
-        ):
-            return []
-        return self._logs.let_go(record, sub, now_ms)
+        return Step(None, tuple(self._logs.dispatch(record, sub, gone, now_ms)))
 
     def take(self, consumer_id: int, generation: int, limit: int) -> list[Any] | None:
         """See `BrokerCore.take`."""

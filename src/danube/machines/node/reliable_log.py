@@ -568,24 +568,9 @@ class ReliableLogs:
         key_of = self._routing_key_of
         pairs = [(first + i, key_of(r) if keyed else b"") for i, r in enumerate(records)]
         effects = dispatcher.records_read(pairs, now_ms)
-        pending = dispatcher.is_pending  # not those acknowledged before a `let_go`
         for offset in range(max(before, first), dispatcher.read_position):
-            if pending(offset):
-                sub.records[offset] = records[offset - first]
+            sub.records[offset] = records[offset - first]
         return effects
-
-    def let_go(self, record: TopicRecord, sub: SubscriptionRecord, now_ms: int) -> list[Effect]:
-        """The subscription's last consumer left: the records it holds are let go (their
-        room back in the consumer pool) and read again from the WAL when a consumer
-        connects (`ReliableSubscription.let_go`); a read outstanding or paused is dropped
-        (a new epoch)."""
-        effects = sub.reliable.let_go(now_ms)
-        if effects is None:
-            return []
-        sub.records.clear()
-        sub.epoch += 1
-        sub.read_lost = False
-        return self.dispatch(record, sub, effects, now_ms)
 
     def wal_read_done(
         self, read: ReadWal | ReadObject, records: tuple[bytes, ...], *, now_ms: int
