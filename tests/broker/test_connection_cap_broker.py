@@ -20,6 +20,7 @@ from h2.errors import ErrorCodes
 from danube.client import DanubeClient
 from danube.localcluster.broker_process import BrokerProcess
 from danube.proto import danube as pb
+from danube.proto import danube_admin as admin_pb
 from tests.broker.h2_raw import RawH2
 from tests.support.aio import run, unique_topic
 
@@ -65,8 +66,9 @@ def test_idle_connections_no_longer_refuse_real_work(
         assert all(raw.closed for raw in idle)  # the rest at their first-call deadline
         for raw in idle:
             raw.close()
-        assert _metric(broker, "danube_broker_connections", 'state="pending"') == 0
-        assert _metric(broker, "danube_broker_connections_limit", 'state="open"') == 76
+        assert _metric(broker, "danube_broker_connections", 'port="client",state="pending"') == 0
+        limit = _metric(broker, "danube_broker_connections_limit", 'port="client",state="open"')
+        assert limit == 76
 
         # the cap itself: 76 connections that made a call, then one more is refused
         channels = []
@@ -80,11 +82,18 @@ def test_idle_connections_no_longer_refuse_real_work(
         assert goaway is not None and goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM
         assert goaway.additional_data == b"too_many_connections"
         refused.close()
+        # the admin port has a gate of its own: the operator gets in while clients are at the cap
+        admin = Channel("127.0.0.1", broker.admin_port)
+        listed = await admin_pb.BrokerAdminStub(admin).list_namespaces(admin_pb.Empty(), timeout=10)
+        assert "default" in listed.namespaces
+        admin.close()
         for channel in channels:
             channel.close()
         assert (
             _metric(
-                broker, "danube_broker_connections_refused_total", 'reason="too_many_connections"'
+                broker,
+                "danube_broker_connections_refused_total",
+                'port="client",reason="too_many_connections"',
             )
             == 1
         )

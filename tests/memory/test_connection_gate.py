@@ -13,6 +13,7 @@ from danube.machines.memory.connections import (
     ConnectionGate,
     ConnectionLimits,
     Refusal,
+    admin_connection_limits,
     connection_limits,
     default_max_connections,
 )
@@ -31,6 +32,12 @@ def test_the_default_cap_keeps_connections_to_half_the_state_share() -> None:
     limits = connection_limits(256 * MIB, 0, 0, 30_000)
     assert limits == ConnectionLimits(1_228, 153, 30.0)
     assert connection_limits(256 * MIB, 10, 50, 0) == ConnectionLimits(10, 10, 0.0)
+
+
+def test_the_admin_port_has_a_small_fixed_cap_of_its_own() -> None:
+    # whatever the budget: an operator's few connections, at most 2.5 MiB of state
+    assert admin_connection_limits(30_000) == ConnectionLimits(MIN_CONNECTIONS, 16, 30.0)
+    assert MIN_CONNECTIONS * CONNECTION_BYTES <= 2.5 * MIB
 
 
 def test_a_full_gate_of_proven_connections_refuses_newcomers() -> None:

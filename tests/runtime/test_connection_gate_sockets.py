@@ -107,13 +107,13 @@ def test_connections_beyond_the_cap_are_refused_with_a_goaway_and_counted(
             await settle(lambda: connections.gate.open == 0)
             assert connections.gate.open == 0 and connections.protocols == {}
             assert server.transport_counts()[1] <= 1  # the last lingering close, at most
-            families = {f.name: f for f in _connection_families("b", connections.gate)}
+            families = {f.name: f for f in _connection_families("b", {"client": connections.gate})}
             samples = {
                 tuple(s.labels.values()): s.value
                 for s in families["danube_broker_connections_refused"].samples
                 if s.name.endswith("_total")
             }
-            assert samples[("b", "too_many_connections")] == 6
+            assert samples[("b", "client", "too_many_connections")] == 6
 
     with caplog.at_level(logging.INFO, logger="danube.runtime"):
         run(scenario)

@@ -110,9 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-connections",
         type=int,
         metavar="N",
-        help="broker.grpc.max_connections: client connections kept open at once, both ports "
-        "together; more are refused as they arrive (default 0: derived from the memory "
-        "budget, half the state share at 40 KiB a connection; spec/memory.md)",
+        help="broker.grpc.max_connections: connections kept open at once on the client "
+        "port; more are refused as they arrive (default 0: derived from the memory budget, "
+        "half the state share at 40 KiB a connection; the admin port has its own cap of 64; "
+        "spec/memory.md)",
     )
     parser.add_argument(
         "--keepalive-time-ms",

@@ -18,7 +18,11 @@ from danube.machines.memory.budget import (
     split,
 )
 from danube.machines.memory.cgroup import limit_files, tightest_limit
-from danube.machines.memory.connections import ConnectionGate, connection_limits
+from danube.machines.memory.connections import (
+    ConnectionGate,
+    admin_connection_limits,
+    connection_limits,
+)
 from danube.values.grpc_config import GrpcConfig
 
 PROC_CGROUP = "/proc/self/cgroup"
@@ -64,18 +68,24 @@ def broker_pools(
     return dataclasses.replace(pools, cache_idle_ms=cache_idle_ms)
 
 
-def connection_gate(budget: int, grpc: GrpcConfig) -> ConnectionGate:
-    """The broker's connection gate, its limits resolved from `broker.grpc` and the budget
-    (`danube.machines.memory.connections`), logged at start."""
-    limits = connection_limits(
-        budget, grpc.max_connections, grpc.max_pending_connections, grpc.first_call_timeout_ms
-    )
-    log.info(
-        "event=connection_limits max_connections=%d max_pending_connections=%d "
-        "first_call_timeout_ms=%d",
-        limits.max_connections, limits.max_pending, grpc.first_call_timeout_ms,
-    )  # fmt: skip
-    return ConnectionGate(limits)
+def connection_gates(budget: int, grpc: GrpcConfig) -> dict[str, ConnectionGate]:
+    """The broker's connection gates by port, `client` (its limits resolved from
+    `broker.grpc` and the budget) and `admin` (small and fixed), logged at start
+    (`danube.machines.memory.connections`)."""
+    limits = {
+        "client": connection_limits(
+            budget, grpc.max_connections, grpc.max_pending_connections, grpc.first_call_timeout_ms
+        ),
+        "admin": admin_connection_limits(grpc.first_call_timeout_ms),
+    }
+    for port, port_limits in limits.items():
+        log.info(
+            "event=connection_limits port=%s max_connections=%d max_pending_connections=%d "
+            "first_call_timeout_ms=%d",
+            port, port_limits.max_connections, port_limits.max_pending,
+            grpc.first_call_timeout_ms,
+        )  # fmt: skip
+    return {port: ConnectionGate(port_limits) for port, port_limits in limits.items()}
 
 
 def machine_memory(root: str = "") -> MachineMemory:

@@ -175,8 +175,9 @@ class BrokerMetrics:
         """(resource scope, permission, allowed) -> authorization decisions (auth on)."""
         self.authn_failures: dict[str, int] = {}
         """Calls refused UNAUTHENTICATED, by kind (missing, invalid)."""
-        self.connections: ConnectionGate | None = None
-        """The broker's connection gate (`danube_broker_connections*`); None: no cap."""
+        self.connections: Mapping[str, ConnectionGate] = {}
+        """The broker's connection gates by port, `client` and `admin`
+        (`danube_broker_connections*`); empty: no cap."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
         # The process's own series (process_cpu_seconds_total, process_resident_memory_bytes,
@@ -310,7 +311,7 @@ class _Collector(Collector):
         yield from _wal_families(broker, m.wal)
         yield from stage_families(broker, m.stages)
         yield from _security_families(m)
-        if m.connections is not None:
+        if m.connections:
             yield from _connection_families(broker, m.connections)
         yield from _memory_families(broker, stats.memory_use(m.core))
         if m.replication is not None:
@@ -451,31 +452,34 @@ def _security_families(m: BrokerMetrics) -> Iterable[Metric]:
     return allow, deny, refused
 
 
-def _connection_families(broker: str, gate: ConnectionGate) -> Iterable[Metric]:
-    """The connection gate: connections open and pending (no call admitted yet) against
-    their caps, and those refused or closed by it, by reason (spec/memory.md)."""
+def _connection_families(broker: str, gates: Mapping[str, ConnectionGate]) -> Iterable[Metric]:
+    """The connection gates, by port: connections open and pending (no call admitted yet)
+    against their caps, and those refused or closed by the gate, by reason
+    (spec/memory.md)."""
     open_ = _gauge(
         "danube_broker_connections",
-        "Client connections the connection gate admitted and that are open, by state "
+        "Connections the port's connection gate admitted and that are open, by state "
         "(pending: no call admitted yet).",
-        ["state"],
+        ["port", "state"],
     )
-    open_.add_metric([broker, "open"], gate.open)
-    open_.add_metric([broker, "pending"], gate.pending)
     limit = _gauge(
         "danube_broker_connections_limit",
-        "The connection caps (broker.grpc.max_connections, max_pending_connections).",
-        ["state"],
+        "The connection caps by port (client: broker.grpc.max_connections, "
+        "max_pending_connections; admin: fixed).",
+        ["port", "state"],
     )
-    limit.add_metric([broker, "open"], gate.limits.max_connections)
-    limit.add_metric([broker, "pending"], gate.limits.max_pending)
     refused = _counter(
         "danube_broker_connections_refused_total",
         "Connections the gate refused as they arrived or closed for want of a first call.",
-        ["reason"],
+        ["port", "reason"],
     )
-    for reason, count in gate.refused.items():
-        refused.add_metric([broker, reason.value], count)
+    for port, gate in gates.items():
+        open_.add_metric([broker, port, "open"], gate.open)
+        open_.add_metric([broker, port, "pending"], gate.pending)
+        limit.add_metric([broker, port, "open"], gate.limits.max_connections)
+        limit.add_metric([broker, port, "pending"], gate.limits.max_pending)
+        for reason, count in gate.refused.items():
+            refused.add_metric([broker, port, reason.value], count)
     return open_, limit, refused
 
 

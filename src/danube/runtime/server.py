@@ -50,7 +50,7 @@ from danube.runtime.dead_letter_forward import DeadLetterForward
 from danube.runtime.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemented
 from danube.runtime.h2_guard import GatedConnections
 from danube.runtime.kernels_warm import warm_kernels
-from danube.runtime.memory import broker_pools, connection_gate
+from danube.runtime.memory import broker_pools, connection_gates
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.metrics_http import Endpoints, Health, serve_http
 from danube.runtime.object_store import ObjectStore
@@ -304,7 +304,9 @@ async def serve(
             max_message_bytes=config.policies.max_message_size,
             cache_idle_ms=config.cache_idle_ms,
         )
-        connections = GatedConnections(connection_gate(pools.budget, config.grpc))
+        gates = connection_gates(pools.budget, config.grpc)
+        connections = GatedConnections(gates["client"])
+        admin_connections = GatedConnections(gates["admin"])
         core = BrokerCore(
             identity,
             rng=random.Random(secrets.randbits(128)),
@@ -325,7 +327,7 @@ async def serve(
             memory=pools,
         )
         metrics = BrokerMetrics(core, broker_id, config.mode, per_topic=config.metrics_per_topic)
-        metrics.connections = connections.gate
+        metrics.connections = gates
         objects = None
         if config.storage.tiered:
             assert config.storage.durable_root is not None
@@ -498,7 +500,7 @@ async def serve(
                 metrics.rpc_done,
                 config.grpc,
                 auth=guard.wrap if guard is not None else None,
-                gate=connections,
+                gate=admin_connections,
             )
             nursery.start_soon(_report_drops, core)
             runtime.transports += [client_server.transport_counts, admin_server.transport_counts]

@@ -36,12 +36,13 @@ class GrpcConfig:
     frame_timeout_ms: int = 10_000
     """... and one that leaves a frame or a header block incomplete this long (slowloris)."""
     max_connections: int = 0
-    """Client connections the broker keeps open at once, both gRPC ports together; more are
-    refused as they arrive (GOAWAY `too_many_connections`). 0: derived from the memory
-    budget, half the state share at 40 KiB a connection (1,228 under 256 MiB; spec/memory.md
-    "Connections")."""
+    """Connections the broker keeps open at once on its client port; more are refused as they
+    arrive (GOAWAY `too_many_connections`). 0: derived from the memory budget, half the state
+    share at 40 KiB a connection (1,228 under 256 MiB; spec/memory.md "Connections"). The
+    admin port has a gate of its own (64 open, 16 pending), so a client flood cannot lock
+    operators out."""
     max_pending_connections: int = 0
-    """Of those, how many may be pending at once: accepted, no call admitted yet (past
+    """Of the client port's, how many may be pending at once: accepted, no call admitted yet (past
     authentication when the port authenticates); past it, a new connection is let in and
     the oldest pending one is closed (GOAWAY `too_many_pending_connections`), so idle
     sockets cannot lock real clients out. 0: an eighth of `max_connections`, at least 16."""

@@ -6,7 +6,7 @@ it. A review found that about 1,640 idle connections that never authenticated fi
 256 MiB budget's state share, after which every topic, subscription and consumer creation was
 refused: anyone able to open sockets could deny service without a single call. So:
 
-- **A broker-wide cap** (`broker.grpc.max_connections`, `--max-connections`): connections
+- **A cap on the client port** (`broker.grpc.max_connections`, `--max-connections`): connections
   beyond it are refused as they arrive. Its default is derived from the budget: connections
   may take at most `CONNECTION_SHARE` of the state share at `CONNECTION_BYTES` each (1,228
   under a 256 MiB budget), never fewer than `MIN_CONNECTIONS`.
@@ -21,6 +21,9 @@ refused: anyone able to open sockets could deny service without a single call. S
   let a few hundred idle sockets, renewed every timeout, lock every new client out).
 - **A deadline for the first call** (`broker.grpc.first_call_timeout_ms`): a connection still
   pending after it is closed.
+- **The admin port has a gate of its own** (`admin_connection_limits`: `ADMIN_MAX_CONNECTIONS`
+  open, `MIN_PENDING` pending): with one gate for both ports, a flood of client connections
+  at the cap refused the operator's `danube-admin` too, just when it was needed to see why.
 - **Refusals are logged at most once per `LOG_INTERVAL_S`**, with how many were refused since
   the previous line (a flood must not flood the log), and counted for the metric.
 
@@ -44,6 +47,9 @@ MIN_CONNECTIONS = 64
 PENDING_FRACTION = 8
 """By default an eighth of the cap may be pending (not yet proven) at once."""
 MIN_PENDING = 16
+ADMIN_MAX_CONNECTIONS = MIN_CONNECTIONS
+"""The admin port's own cap: operators and tools open a few connections, never thousands,
+and these may cost at most 2.5 MiB of state on top of the client port's cap."""
 LOG_INTERVAL_S = 10.0
 """At most one refusal line per this many seconds (`ConnectionGate.log_due`)."""
 
@@ -86,6 +92,12 @@ def connection_limits(
     return ConnectionLimits(cap, min(pending, cap), first_call_timeout_ms / 1000)
 
 
+def admin_connection_limits(first_call_timeout_ms: int) -> ConnectionLimits:
+    """The admin port's gate: `ADMIN_MAX_CONNECTIONS` open, `MIN_PENDING` pending, the same
+    first-call deadline as the client port's."""
+    return ConnectionLimits(ADMIN_MAX_CONNECTIONS, MIN_PENDING, first_call_timeout_ms / 1000)
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
     """The gate's answer to a new connection."""
@@ -102,8 +114,8 @@ class ConnectionGate:
     """Knows the connections it admitted (pending, in the order they came, and proven) and
     decides on each new one. Ids are its own; the runtime maps them to its connections.
 
-    One gate serves both gRPC ports of a broker: the cap is the broker's, as is the memory
-    it protects."""
+    A broker has one per gRPC port: the client port's cap comes from the budget, the admin
+    port's is small and fixed, so neither port's connections can lock the other's out."""
 
     limits: ConnectionLimits
     refused: dict[Refusal, int] = field(default_factory=lambda: dict.fromkeys(Refusal, 0))
