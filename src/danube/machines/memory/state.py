@@ -34,11 +34,12 @@ from __future__ import annotations
 
 from danube.machines.memory.ledger import CacheLedger
 
-TOPIC_BYTES = 7_168
-"""An idle reliable topic with one producer: bench/state_memory.py 8,069 B (1,000 topics, a
-connection per 50), bench/topic_scale.py 6.6-6.9 KiB (a single connection, up to 20,000
-topics; bench/RESULTS.md 2026-11-30, issue 23 point 3, round 3). 12,288 before the idle
-topic's empty queues, WAL config copy and directory `Path` were cut (12,261 B measured)."""
+TOPIC_BYTES = 6_656
+"""An idle reliable topic with one producer: bench/state_memory.py 8,069 B (1,000 topics after
+a warm-up of 300, a connection per 50), bench/topic_scale.py 5,786 B (20,000 topics on one
+connection; bench/RESULTS.md 2026-11-30, issue 23 point 3, round 3): 6.5 KiB is within 20 %
+of both (-17.5 %, +15 %). 12,288 before the idle topic's empty queues, WAL config copy and
+directory `Path` were cut (12,261 B measured then)."""
 SUBSCRIPTION_BYTES = 13_312
 """A reliable subscription with no consumer attached (13,094 B)."""
 CONSUMER_WITH_STREAM_BYTES = 12_288
