@@ -130,6 +130,20 @@ def test_each_waiting_publish_is_answered_exactly_once() -> None:
     assert answers[-1] == ("d", None) and len(answers) == 4
 
 
+def test_a_topic_whose_publishes_are_all_answered_holds_no_queue() -> None:
+    """Issue 23: an idle topic's empty deque (about 600 bytes) was kept for ever."""
+    answers: list[tuple[str, DanubeError | None]] = []
+    table = Publishes(lambda waiter, error: answers.append((waiter, error)))
+    table.wait("t", 3, "a")
+    table.wait("u", 3, "b")
+    table.acknowledge("t", 3)
+    table.fail("u", 0, "topic stopped")
+    assert table.waiting == {} and len(answers) == 2
+    table.wait("t", 4, "c")
+    table.acknowledge("t", 4)
+    assert table.waiting == {} and answers[-1] == ("c", None)
+
+
 def test_a_reply_waits_for_every_metadata_change_before_it_and_hears_their_failures() -> None:
     lane, heard = MetadataLane(), []
     for _ in range(3):

@@ -523,3 +523,18 @@ def test_a_plan_for_another_topic_is_refused() -> None:
     plan = plan_recovery("/default/other", [])
     with pytest.raises(ValueError, match="/default/other"):
         WalMachine(TOPIC, WalConfig(), plan)
+
+
+def test_an_idle_machine_holds_no_pending_queue_and_appends_after_one_still_commit() -> None:
+    """Issue 23: each idle topic kept an empty deque (about 600 bytes) for its next write;
+    the queue now exists only while frames wait, and the next append makes it again."""
+    machine = WalMachine(TOPIC, WalConfig())
+    assert machine._pending is None
+    _, effects = machine.append([b"a"], NOW)
+    assert machine._pending is None  # taken by the write at once
+    _, queued = machine.append([b"b"], NOW)  # the write runs: this one waits
+    assert queued == [] and machine._pending is not None
+    done = cycle(machine, effects)
+    assert Acknowledge(0) in done and machine._pending is None
+    cycle(machine, done)
+    assert machine.durable_offset == 2 and machine._pending is None

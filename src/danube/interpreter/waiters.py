@@ -25,7 +25,8 @@ Answer = Callable[[Any, DanubeError | None], None]
 
 @dataclass(slots=True)
 class Publishes:
-    """Per topic: the highest offset acknowledged and the publishes waiting, by offset."""
+    """Per topic: the highest offset acknowledged and the publishes waiting, by offset (a
+    topic's queue only while publishes wait: an idle topic holds none)."""
 
     answer: Answer
     acked: dict[str, int] = field(default_factory=dict)
@@ -44,9 +45,13 @@ class Publishes:
         previous = self.acked.get(topic)
         self.acked[topic] = through if previous is None else max(previous, through)
         queue = self.waiting.get(topic)
+        if queue is None:
+            return previous
         while queue and queue[0][0] <= through:
             _, waiter = queue.popleft()
             self.answer(waiter, None)
+        if not queue:  # an empty deque is 600 bytes an idle topic need not hold (issue 23)
+            del self.waiting[topic]
         return previous
 
     def fail(self, topic: str, from_offset: int, reason: str) -> None:
@@ -59,6 +64,8 @@ class Publishes:
         while queue and queue[-1][0] >= from_offset:
             _, waiter = queue.pop()
             self.answer(waiter, error)
+        if queue is not None and not queue:
+            del self.waiting[topic]
 
     def forget(self, topic: str) -> None:
         self.acked.pop(topic, None)

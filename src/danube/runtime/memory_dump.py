@@ -6,8 +6,9 @@ small-object allocator (`sys._debugmallocstats`: arenas, pools, bytes in used an
 `DANUBE_MEMORY_GARBAGE=1` what the collection freed, by type (the reference cycles left to
 the collector), with `DANUBE_MEMORY_REFERRERS=<module.qualname,...>` what holds a few live
 objects of those types, with `DANUBE_MEMORY_TRACE=<frames>` also tracemalloc's top allocation
-sites (tracemalloc started at
-once, which costs memory and time: a measurement's own run, never production).
+sites and the whole snapshot in `dump-<n>.trace` (`bench/idle_topic_memory.py` diffs two;
+tracemalloc started at once, which costs memory and time: a measurement's own run, never
+production).
 
 It is how a leak (objects still alive after the streams that made them closed) is told from
 fragmentation (the objects gone, the memory not given back): `bench/memory_return.py --dump`
@@ -187,6 +188,8 @@ def install_from_environment() -> bool:
         path = directory / f"dump-{dumped}.json"
         path.with_suffix(".tmp").write_text(json.dumps(snapshot(), indent=1))
         path.with_suffix(".tmp").rename(path)
+        if tracemalloc.is_tracing():  # the whole trace, for a diff between two dumps
+            tracemalloc.take_snapshot().dump(str(path.with_suffix(".trace")))
 
     signal.signal(signal.SIGUSR2, dump)
     return True

@@ -61,6 +61,17 @@ VERSION = _version()
 """Read once: the package metadata lookup costs about 0.25 ms, too much for every scrape."""
 
 
+_EDGES: dict[tuple[float, ...], np.ndarray] = {}
+
+
+def _edges(bounds: tuple[float, ...]) -> np.ndarray:
+    found = _EDGES.get(bounds)
+    if found is None:
+        found = _EDGES[bounds] = np.asarray(bounds, dtype=np.float64)
+        found.flags.writeable = False  # shared: no histogram may change another's
+    return found
+
+
 class Histogram:
     """Bucket counts, sum and count; `le` buckets as Prometheus means them."""
 
@@ -68,8 +79,9 @@ class Histogram:
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)
-        self.edges = np.asarray(self.bounds, dtype=np.float64)
-        """The bounds as numpy takes them, converted once rather than on every batch."""
+        self.edges = _edges(self.bounds)
+        """The bounds as numpy takes them, converted once rather than on every batch, and
+        shared by every histogram with these bounds (two per topic: 200 bytes each, issue 23)."""
         self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)
         self.total = 0.0
 

@@ -92,13 +92,20 @@ class FileOutcome:
 class SegmentFiles:
     """The segment files of one topic directory (`<wal_root>/<namespace>/<topic>/`)."""
 
+    __slots__ = (
+        "_created", "_directory", "_held", "_mark", "_metrics", "_writable_bases", "sync_writes",
+    )  # fmt: skip
+
     def __init__(
         self, directory: Path, *, sync_writes: bool = False, metrics: WalMetrics | None = None
     ) -> None:
-        self.directory = directory
+        self._directory = str(directory)
+        """Kept as text: a `Path` costs 300 bytes more (its parts, its cached strings) in each
+        of 100,000 idle topics (issue 23); made again when a file operation needs it."""
         self._metrics = metrics or WalMetrics()
-        self._writable_bases: set[int] = set()
-        """Segments that may still be written (created here and not closed)."""
+        self._writable_bases: tuple[int, ...] = ()
+        """Segments that may still be written (created here and not closed): one or two, so a
+        tuple (48 bytes) rather than a set (216), held by every idle topic (issue 23)."""
         self._held: dict[int, int] = {}
         """segment base -> file descriptor, held only from a write until the fdatasync that
         makes it durable, so an error in between shows on the descriptor that wrote; none at
@@ -113,8 +120,12 @@ class SegmentFiles:
         self._mark: ck.Checkpoint | None = None
         """The newest checkpoint mark in the file (read at recovery, then as written)."""
 
+    @property
+    def directory(self) -> Path:
+        return Path(self._directory)
+
     def path(self, segment_base: int) -> Path:
-        return self.directory / format.segment_name(segment_base)
+        return Path(self._directory, format.segment_name(segment_base))
 
     def segment_bases(self) -> list[int]:
         bases = (format.segment_base(entry.name) for entry in os.scandir(self.directory))
@@ -317,11 +328,14 @@ class SegmentFiles:
             return FileOutcome(synced, 0)
         if isinstance(effect, CreateSegment):
             os.close(self._create(effect))  # header durable: nothing to hold
-            self._writable_bases.add(effect.base_offset)
+            if effect.base_offset not in self._writable_bases:
+                self._writable_bases = (*self._writable_bases, effect.base_offset)
             rotated, self._created = self._created, True
             return FileOutcome(None, 0, rotated)
         if isinstance(effect, (CloseSegment, DeleteSegment)):
-            self._writable_bases.discard(effect.segment_base)
+            self._writable_bases = tuple(
+                base for base in self._writable_bases if base != effect.segment_base
+            )
             self._release(effect.segment_base)
             if isinstance(effect, DeleteSegment):
                 self._recovery_action(effect)
@@ -354,6 +368,8 @@ class SegmentFiles:
         fd = self._held.pop(segment_base, None)
         if fd is not None:
             os.close(fd)
+            if not self._held:  # an emptied dict keeps its table (160 bytes); a new one has none
+                self._held = {}
 
     def _create(self, effect: CreateSegment) -> int:
         """Header into a temporary file, fsync, rename over the segment name, fsync the
@@ -412,8 +428,8 @@ class SegmentFiles:
     def close(self) -> None:
         for fd in self._held.values():
             os.close(fd)
-        self._held.clear()
-        self._writable_bases.clear()
+        self._held = {}
+        self._writable_bases = ()
 
 
 def _timed_fdatasync(fd: int) -> float:

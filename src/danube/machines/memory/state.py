@@ -2,13 +2,13 @@
 and a consumer cost the broker beyond any cached record or publish in flight.
 
 Measured with `bench/state_memory.py` (a real broker's RSS over 300 of each after a warm-up
-of 50; bench/RESULTS.md 2026-11-29; the run over 2,000 did not finish: its broker, busy
-with 4,600 subscriptions, did not answer a scrape in 5 s), and checked against the soak's
-setup (1,000 of each: bench/RESULTS.md, the soak): the topic's record, its WAL machine and
-files' state, its producer's session; a subscription's dispatcher, cursor and metadata; a
-consumer's record and session (its streams are charged as streams, below). Accounted at
-those costs, counted from the core's tables (`BrokerCore.state_counts`), not tracked object
-by object.
+of 50; bench/RESULTS.md 2026-11-29, the topic again over 1,000 on 2026-11-30; the run over
+2,000 did not finish: its broker, busy with 4,600 subscriptions, did not answer a scrape in
+5 s), and checked against the soak's setup (1,000 of each: bench/RESULTS.md, the soak): the
+topic's record, its WAL machine and files' state, its producer's session; a subscription's
+dispatcher, cursor and metadata; a consumer's record and session (its streams are charged as
+streams, below). Accounted at those costs, counted from the core's tables
+(`BrokerCore.state_counts`), not tracked object by object.
 
 The runtime's transport is state too: every open gRPC stream (a batched producer's
 `PublishBatches`, a consumer's `ReceiveMessages`, any call in progress) and every client
@@ -34,8 +34,12 @@ from __future__ import annotations
 
 from danube.machines.memory.ledger import CacheLedger
 
-TOPIC_BYTES = 12_288
-"""An idle reliable topic with one producer (bench/state_memory.py: 12,261 B)."""
+TOPIC_BYTES = 6_656
+"""An idle reliable topic with one producer: bench/state_memory.py 8,069 B (1,000 topics after
+a warm-up of 300, a connection per 50), bench/topic_scale.py 5,786 B (20,000 topics on one
+connection; bench/RESULTS.md 2026-11-30, issue 23 point 3, round 3): 6.5 KiB is within 20 %
+of both (-17.5 %, +15 %). 12,288 before the idle topic's empty queues, WAL config copy and
+directory `Path` were cut (12,261 B measured then)."""
 SUBSCRIPTION_BYTES = 13_312
 """A reliable subscription with no consumer attached (13,094 B)."""
 CONSUMER_WITH_STREAM_BYTES = 12_288

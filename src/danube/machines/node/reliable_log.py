@@ -136,6 +136,9 @@ class ReliableLogs:
         self._topics = catalogue.topics_by_name
         self._consumers = consumers
         self._wal_config = wal_config
+        self._configs: dict[tuple[wal.Durability, bool], wal.WalConfig] = {}
+        """The WAL configs topics use, one per (mode, synced writes): shared, not one copy
+        per topic (a frozen value; 340 bytes an idle topic, issue 23)."""
         self._durability = durability
         self._uploads = uploads
         self._routing_key_of = routing_key_of
@@ -213,9 +216,12 @@ class ReliableLogs:
         level = self._durability.level(topic, self._wal_config.durability)
         state.object_ack = level == OBJECT_DURABILITY
         mode = wal.Durability.FLUSH if level == wal.Durability.FLUSH.value else wal.Durability.FSYNC
-        config = dataclasses.replace(
-            self._wal_config, durability=mode, synced_writes=self.wal_syncs_every_write(topic)
-        )
+        shape = (mode, self.wal_syncs_every_write(topic))
+        config = self._configs.get(shape)
+        if config is None:
+            config = self._configs[shape] = dataclasses.replace(
+                self._wal_config, durability=mode, synced_writes=shape[1]
+            )
         wal.release(state.wal)
         log = state.wal = wal.WalMachine(
             topic,

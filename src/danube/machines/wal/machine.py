@@ -290,7 +290,9 @@ class WalMachine:
         self._deletable: set[int] | None = set() if tiered else None
         """Tiered: bases of the segments whose objects are indexed (only these may go)."""
         self._written = self._durable = self._readable = self._next_offset
-        self._pending: deque[_Pending] = deque()
+        self._pending: deque[_Pending] | None = None
+        """Frames queued for the next write; None while none is (an empty deque is 600 bytes
+        that each of 100,000 idle topics would hold, issue 23)."""
         self._pending_bytes = 0
         self._write: _InFlightWrite | None = None
         self._fsync: _InFlightFsync | None = None
@@ -414,6 +416,8 @@ class WalMachine:
 
     def _queue(self, first: int, frame: bytes, records: Sequence[bytes], size: int) -> None:
         self._next_offset += len(records)
+        if self._pending is None:
+            self._pending = deque()
         self._pending.append(_Pending(first, len(records), frame))
         self._pending_bytes += len(frame)
         self._cache.put(first, records, size)
@@ -691,21 +695,24 @@ class WalMachine:
         """One group-commit write: queued frames while they fit the write and the segment."""
         frames: list[bytes] = []
         size = 0
-        while self._pending:
-            pending = self._pending[0]
+        queue = self._pending
+        while queue:
+            pending = queue[0]
             grown = size + len(pending.frame)
             if frames and (
                 grown > self.config.max_write_bytes
                 or segment.size + grown > self.config.segment_bytes
             ):
                 break
-            self._pending.popleft()
+            queue.popleft()
             segment.add_index(
                 pending.first_offset, segment.size + size, self.config.index_interval_bytes
             )
             frames.append(pending.frame)
             size = grown
             segment.next_offset = pending.first_offset + pending.count
+        if not queue:
+            self._pending = None
         self._pending_bytes -= size
         write = Write(self._io_id(), segment.base, segment.size, b"".join(frames))
         segment.size += size
