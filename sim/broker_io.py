@@ -89,6 +89,9 @@ def _failed(error: StoreError) -> ObjectStoreFailed:
 
 
 class SimPort:
+    scan_us = SCAN_US
+    """How long a stored topic's directory takes to read (0: at once)."""
+
     def __init__(self, broker: SimBroker, incarnation: int) -> None:
         self.broker = broker
         self.incarnation = incarnation
@@ -245,8 +248,8 @@ class SimPort:
             # (`danube.machines.node.deferred_loads`) are still under way while the clients
             # come back (issue 23); a new topic's empty directory answers at once
             topic = effect.topic
-            if broker.disk.scans(topic):
-                self._later(SCAN_US, lambda: done(self._scan(topic)))
+            if self.scan_us and broker.disk.scans(topic):
+                self._later(self.scan_us, lambda: done(self._scan(topic)))
             else:
                 done(self._scan(topic))
         elif isinstance(effect, RecoverTopic):
