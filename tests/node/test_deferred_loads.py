@@ -115,3 +115,14 @@ def test_a_producer_created_on_a_deferred_topic_carries_its_load() -> None:
     after, _ = _restarted(before)
     step = after.core.create_producer(TOPICS[3], "p2", access_mode=0, strategy=REL)
     assert LoadWal(TOPICS[3], fresh=False) in step.effects
+
+
+def test_a_deferred_topic_deleted_and_created_again_gets_only_its_fresh_load() -> None:
+    before = _stored(4)
+    after, _ = _restarted(before)
+    topic = TOPICS[3]
+    after.core.delete_topic(topic)
+    created = after.core.create_topic(topic, REL)
+    assert LoadWal(topic, fresh=True) in created.effects
+    after.core.logs.deferred.want(topic)  # a request to it meanwhile
+    assert topic not in _loads(after.core.tick(5).effects)  # not loaded as stored again
