@@ -5,9 +5,12 @@ as their number grows, its resident memory per topic, and how long a restart wit
 `danube-broker` process, then creates `--topics` reliable topics, each with one producer (kept
 open) and one stored message, `--concurrency` at a time; it prints topics/s and the broker's RSS
 for every `--bucket` topics. `--restart` then stops the broker and times a new start on the same
-data directory until it answers (the broker announces ready once its reliable topics are
-recovered), and the first publish to the last topic. A rate that falls as buckets go by is a
-per-topic cost that grows with the topic count.
+data directory until it answers (`event=broker_ready`: since issue 23 point 3 the broker no
+longer recovers every reliable topic first, it loads a topic's WAL on first use or by a sweep),
+the first publish to the last topic, publishes to `--restart-sample` topics spread over all of
+them (each a new producer and one message: every topic reachable, not only the last), and when
+the sweep has loaded every topic (the broker's `event=wal_loaded` lines). A rate that falls as
+buckets go by is a per-topic cost that grows with the topic count.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class Result:
     buckets: list[Bucket] = field(default_factory=list)
     restart_ready_s: float | None = None
     restart_first_publish_s: float | None = None
+    restart_sample_publish_s: float | None = None
+    restart_sample: int = 0
+    restart_all_loaded_s: float | None = None
     restart_rss_mib: float | None = None
 
     def kib_per_topic(self) -> float:
@@ -101,6 +107,10 @@ async def _restart(broker: BrokerProcess, args: argparse.Namespace, result: Resu
     stopping = time.perf_counter()
     broker.stop(timeout=args.start_timeout)  # a graceful stop seals every topic's WAL
     print(f"stop: {time.perf_counter() - stopping:.2f} s", flush=True)
+    await _start_again(broker, args, result)
+
+
+async def _start_again(broker: BrokerProcess, args: argparse.Namespace, result: Result) -> None:
     started = time.perf_counter()
     broker.start()
     result.restart_ready_s = time.perf_counter() - started
@@ -113,19 +123,66 @@ async def _restart(broker: BrokerProcess, args: argparse.Namespace, result: Resu
         await producer.send(b"y")
         result.restart_first_publish_s = time.perf_counter() - started
         await producer.__aexit__()
+        step = max(1, args.topics // max(1, args.restart_sample))
+        sample = iter(range(0, args.topics, step))
+
+        async def worker() -> None:
+            for index in sample:
+                again = client.producer(
+                    f"/default/idle-{index}", "again", dispatch=DispatchStrategy.RELIABLE,
+                    batching=None,
+                )  # fmt: skip
+                await again.create()
+                await again.send(b"z")
+                await again.__aexit__()
+                result.restart_sample += 1
+
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        result.restart_sample_publish_s = time.perf_counter() - started
+    while _stored_loads(broker) < args.topics:
+        if time.perf_counter() - started > args.start_timeout:
+            break
+        await asyncio.sleep(0.2)
+    else:
+        result.restart_all_loaded_s = time.perf_counter() - started
     result.restart_rss_mib = rss_mib(broker.pid)
     print(
         f"restart: ready after {result.restart_ready_s:.2f} s, first publish to the last topic "
-        f"after {result.restart_first_publish_s:.2f} s, RSS {result.restart_rss_mib:.1f} MiB",
+        f"after {result.restart_first_publish_s:.2f} s, {result.restart_sample} topics spread "
+        f"over all published to after {result.restart_sample_publish_s:.2f} s, every topic "
+        f"loaded after {result.restart_all_loaded_s or float('nan'):.2f} s, RSS "
+        f"{result.restart_rss_mib:.1f} MiB",
         flush=True,
+    )
+
+
+def _stored_loads(broker: BrokerProcess) -> int:
+    """WALs of stored topics the restarted broker has loaded (or found damaged) so far."""
+    return sum(
+        1
+        for line in list(broker.log_lines)
+        if ("event=wal_loaded" in line and "fresh=False" in line) or "event=wal_load_failed" in line
     )
 
 
 async def run(args: argparse.Namespace) -> Result:
     # A restart with many topics may well take longer than the library's default wait.
     broker_process.START_TIMEOUT_S = args.start_timeout
+    if args.restart_only is not None:  # the data of an earlier `--keep` run, started again
+        root = args.restart_only
+        broker = BrokerProcess(root / "data", config_file=root / "broker.yaml", metrics_port=None)
+        result = Result(args.topics, args.concurrency, fresh_rss_mib=0.0)
+        try:
+            await _start_again(broker, args, result)
+        finally:
+            if broker.alive:
+                broker.stop(timeout=args.start_timeout)
+        return result
     with tempfile.TemporaryDirectory(prefix="danube-topic-scale-", dir=args.dir) as tmp:
         root = Path(tmp)
+        if args.keep:
+            root = Path(tempfile.mkdtemp(prefix="danube-topic-scale-kept-", dir=args.dir))
+            print(f"data kept in {root} (--restart-only {root})", flush=True)
         (root / "broker.yaml").write_text(CONFIG)
         broker = BrokerProcess(
             root / "data", config_file=root / "broker.yaml", metrics_port=None
@@ -173,6 +230,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--restart", action="store_true")
     parser.add_argument("--start-timeout", type=float, default=600.0)
+    parser.add_argument("--restart-sample", type=int, default=100)
+    parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    parser.add_argument(
+        "--restart-only", type=Path, default=None, metavar="DIR",
+        help="only start a broker on a --keep run's DIR (with the same --topics) and time it",
+    )  # fmt: skip
     parser.add_argument("--dir", default=None, help="parent of the temporary data directory")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     parser.add_argument(
@@ -186,6 +249,10 @@ def main() -> None:
         chart(runs, args.chart_out)
         return
     result = asyncio.run(run(args))
+    if args.restart_only is not None:
+        if args.json is not None:
+            args.json.write_text(json.dumps(asdict(result), indent=2))
+        return
     first, last = result.buckets[0].topics_per_s, result.buckets[-1].topics_per_s
     print(f"last bucket / first bucket: {last / first:.2f}")
     if args.json is not None:

@@ -82,6 +82,10 @@ URL = "http://sim-broker:6650"
 _DECODED_KEPT = 4096
 """Decoded records `SimBroker._decoded` keeps (a few seconds' worth)."""
 TICK_US = 50_000
+LOAD_SWEEP_WIDTH = 1
+"""A restart's sweep loads one stored topic at a time (`deferred_loads`; the broker's is
+wider): with two topics or more, clients come back to topics whose load has not started,
+whose first use must start it (issue 23)."""
 EPOCH_MS = 1_795_000_000_000
 """Where the broker's wall clock starts (November 2026), so clock jumps stay realistic."""
 
@@ -437,6 +441,7 @@ class SimBroker:
         self.world.log(f"broker start incarnation={self.incarnation}")
         self.observer.restarted()
         core = self.core = self._new_core()
+        core.logs.deferred.width = LOAD_SWEEP_WIDTH
         self.port = SimPort(self, self.incarnation)
         self.interpreter = Interpreter(core, self.port, objects=self.objects is not None)
         self._streams, self._current = {}, {}
@@ -445,7 +450,7 @@ class SimBroker:
         self.up = True  # the port performs for a live incarnation only
         restored = core.restore(self.metadata)
         self._apply(core.bootstrap(["default"]).effects)
-        self._apply(restored.effects)  # WAL loads complete at once, before requests arrive
+        self._apply(restored.effects)  # the first sweep loads: the rest on use or later
         incarnation = self.incarnation
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 

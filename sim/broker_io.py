@@ -63,6 +63,10 @@ if TYPE_CHECKING:
 _WRITE_US_PER_KIB = 4
 META_TXN_US = 2_000
 """A metadata transaction (an etcd round trip with its fsync) takes this plus network latency."""
+SCAN_US = 20_000
+"""Reading a stored topic's WAL directory for its recovery (a listing, every segment read):
+long enough that a restart's deferred loads (`danube.machines.node.deferred_loads`) are still
+under way when the clients come back, as with thousands of topics on a real broker."""
 
 _FAILURES = {
     StoreError.SLOW_DOWN: ObjectFailure.THROTTLED,
@@ -85,6 +89,9 @@ def _failed(error: StoreError) -> ObjectStoreFailed:
 
 
 class SimPort:
+    scan_us = SCAN_US
+    """How long a stored topic's directory takes to read (0: at once)."""
+
     def __init__(self, broker: SimBroker, incarnation: int) -> None:
         self.broker = broker
         self.incarnation = incarnation
@@ -237,7 +244,14 @@ class SimPort:
         elif isinstance(effect, Sleep):
             self._later(effect.ms * 1_000, partial(done, None))
         elif isinstance(effect, ScanTopic):
-            done(self._scan(effect.topic))
+            # segments to read take disk time, so that a restart's deferred loads
+            # (`danube.machines.node.deferred_loads`) are still under way while the clients
+            # come back (issue 23); a new topic's empty directory answers at once
+            topic = effect.topic
+            if self.scan_us and broker.disk.scans(topic):
+                self._later(self.scan_us, lambda: done(self._scan(topic)))
+            else:
+                done(self._scan(topic))
         elif isinstance(effect, RecoverTopic):
             self._answer(done, partial(self._recover, effect))
         elif isinstance(effect, TruncateTopicFile):

@@ -24,7 +24,9 @@ stream writer sends, and, white-box, the dispatcher's in-flight sets). What it c
 15. damage is never silent: each time a topic's WAL is loaded (a restart, a repair), offsets
    continue at or after every offset acknowledged in `fsync` mode, so none is lost silently or
    assigned again; a damaged newest segment (`Faults.newest_damage`) must stop the topic
-   instead (a stopped topic is not loaded, so not judged);
+   instead (a stopped topic is not loaded, so not judged), and only a topic whose files a
+   fault damaged (`bit_flip`, `newest_damage`) may be stopped as corrupt: a healthy topic
+   stopped means the broker itself lost what its evidence says was stored;
 7. objects equal frames (tiered runs): after every index commit and at the end, the index in
    the metadata is sound (`validate_index`: no gap, no overlap), its entries never change or
    vanish, `cur` names the newest, and each indexed object is whole, of the indexed size and
@@ -874,6 +876,9 @@ class InvariantChecker(Observer):
         for topic, reason in sorted(stopped.items()):
             if "cannot be read" in reason:  # flows.read_object: a store failure, not damage
                 self._violate(TIER, f"{topic} stopped because the object store failed: {reason}")
+            elif "is corrupt" in reason and topic not in self.disk.damaged:
+                # what stopped it was no damage: the broker lost or overwrote its own data
+                self._violate(SILENT_DAMAGE, f"{topic} stopped, no damage injected: {reason}")
         for topic, sub in subscriptions:
             if topic not in stopped and (owed := self.owed(topic, sub)):
                 self.lost[(topic, sub)] = owed

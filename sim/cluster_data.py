@@ -239,6 +239,10 @@ class ClusterPort(SimPort):
 
     broker: ClusterBroker
     _forwarder: DeadLetterForwarder | None = None
+    scan_us = 0
+    """A claim's loads are not deferred (`BrokerCore.adopt` starts them all): the standalone
+    simulator's slow scans exist for a restart's deferred loads, which a cluster has none of
+    (its brokers start owning nothing)."""
 
     def resolve(self, waiter: Any) -> None:
         broker = self.broker

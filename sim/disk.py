@@ -56,6 +56,9 @@ class SimDisk:
         self.epochs: dict[str, Any] = {}
         """Each topic's replication epochs file (`danube.effects.WriteEpochs`): replaced by
         a rename, durable once its write completes."""
+        self.damaged: set[str] = set()
+        """Topics whose files a fault damaged at rest (`flip_bit`, `damage_newest`): the only
+        ones recovery may find corrupt (the checker's invariant 15)."""
 
     def _topic(self, topic: str) -> TopicFiles:
         files = self.topics.get(topic)
@@ -174,6 +177,7 @@ class SimDisk:
         file.durable[position] ^= bit
         if len(file.cache) > position:
             file.cache[position] ^= bit
+        self.damaged.add(topic)
         return topic, base, position
 
     def damage_newest(self, rng: random.Random) -> str | None:
@@ -205,6 +209,7 @@ class SimDisk:
             return None
         topic, base, frame_start, header = rng.choice(candidates)
         file = self.topics[topic].files[base]
+        self.damaged.add(topic)
         roll = rng.random()
         if roll < 0.5:
             (length,) = struct.unpack_from("<I", file.durable, frame_start + 4)

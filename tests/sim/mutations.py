@@ -14,6 +14,8 @@ from danube.interpreter import flows
 from danube.interpreter.waiters import Publishes
 from danube.machines.dispatch import reliable
 from danube.machines.node.core import BrokerCore
+from danube.machines.node.deferred_loads import DeferredLoads
+from danube.machines.node.effects import LoadWal
 from danube.machines.node.records import SubscriptionRecord
 from danube.machines.node.reliable_log import ReliableLogs
 from danube.machines.node.topic_table import TopicTable
@@ -361,3 +363,60 @@ DAMAGE_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]
     "ignore_recovery_evidence": ignore_recovery_evidence,
 }
 """Bugs only damage to the newest segment (`Faults.newest_damage`) reveals."""
+
+
+@contextlib.contextmanager
+def first_use_load_is_fresh() -> Iterator[None]:
+    """A topic a restart deferred is loaded, at its first use, as a new topic is: its
+    directory emptied, its acknowledged messages gone and its offsets given out again."""
+    original_due = DeferredLoads.due
+
+    def fresh(effects: list[Any]) -> list[Any]:
+        return [
+            dataclasses.replace(e, fresh=True) if isinstance(e, LoadWal) else e for e in effects
+        ]
+
+    def start(self: DeferredLoads, topic: str) -> list[Any]:
+        record = self._waiting.pop(topic, None) or self._wanted.pop(topic, None)
+        return fresh([LoadWal(topic, fresh=False)] if self._needs(topic, record) else [])
+
+    def due(self: DeferredLoads) -> list[Any]:
+        wanted = set(self._wanted)
+        return [
+            dataclasses.replace(e, fresh=True)
+            if isinstance(e, LoadWal) and e.topic in wanted
+            else e
+            for e in original_due(self)
+        ]
+
+    with (
+        mock.patch.object(DeferredLoads, "start", start),
+        mock.patch.object(DeferredLoads, "due", due),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def deferred_topic_served_unloaded() -> Iterator[None]:
+    """A request to a topic whose deferred load has not started is served from an empty
+    log instead of waiting for the load: its offsets answered from a log never recovered."""
+    original = ReliableLogs.ready_wal
+
+    def ready_wal(self: ReliableLogs, record: Any) -> WalMachine:
+        if record.log.wal is None and self.deferred.pending(record.name.full):
+            topic = record.name.full
+            self.deferred.forget([topic])
+            empty = recovery.RecoveryPlan(topic, (), (), 0, None)
+            self._wal_loaded(topic, empty, now_ms=0)
+        return original(self, record)
+
+    with mock.patch.object(ReliableLogs, "ready_wal", ready_wal):
+        yield
+
+
+LAZY_LOAD_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "first_use_load_is_fresh": first_use_load_is_fresh,
+    "deferred_topic_served_unloaded": deferred_topic_served_unloaded,
+}
+"""Bugs of a restart's deferred WAL loads (issue 23), caught by runs with several topics and
+crashes, whose clients come back to topics not loaded yet."""

@@ -146,12 +146,6 @@ class BrokerRuntime:
 
     # -- the broker's lifetime ------------------------------------------------------------------
 
-    async def wal_loads_done(self) -> None:
-        """Waits until every WAL load started so far has finished (broker start)."""
-        loaded = trio.Event()
-        self.interpreter.when_loaded(loaded.set)
-        await loaded.wait()
-
     async def tick(self, period: float) -> None:
         """Time-driven work of the core (WAL flushes and rotation, dispatch timers)."""
         while True:

@@ -393,10 +393,11 @@ async def serve(
             )
             if warmed.why_jit:  # a broker without the ahead-of-time kernels carries numba
                 log.info('event=kernels_jit why="%s"', warmed.why_jit)
-            # Reliable topics recover before the ports open: a client never sees a topic
-            # whose offsets are not known yet.
+            # Reliable topics' WALs load on first use or by the core's sweep (issue 23:
+            # `danube.machines.node.deferred_loads`), not before the ports open: a topic not
+            # loaded yet refuses what needs its offsets with UNAVAILABLE, retried, and a
+            # producer's creation waits for its load.
             runtime.apply(restored.effects)
-            await runtime.wal_loads_done()
             placement: Placement = LocalPlacement(core)
             member: ClusterMember | None = None
             replication: ReplicationPort | None = None

@@ -266,10 +266,10 @@ class BrokerCore(ReplicationRoutes):
 
     def restore(self, entries: Mapping[str, Any]) -> Step[None]:
         """Rebuilds state from a metadata scan. Consumers come back disconnected: their clients
-        reconnect with the same ids, and a restart is invisible to them. Reliable topics need
-        their WAL loaded (the `LoadWal` effects) before they serve; subscriptions resume at
-        their persisted cursor + 1. Topics already present are left as they are."""
-        return self.restorer.restore(entries)
+        reconnect with the same ids, and a restart is invisible to them. Reliable topics serve
+        once their WAL is loaded: on first use or by a sweep (`deferred_loads`); subscriptions
+        resume at their persisted cursor + 1. Topics already present are left as they are."""
+        return self.logs.deferred.defer(self.restorer.restore(entries))
 
     def adopt(self, entries: Mapping[str, Any], *, keep_local: bool, epoch: int) -> Step[None]:
         """Starts serving the topics of a metadata read: a topic this broker has just

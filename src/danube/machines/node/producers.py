@@ -97,6 +97,7 @@ class Producers:
         else:
             check_not_stopped(record)
             check_not_moving(record)
+            effects.extend(self._logs.deferred.start(topic))  # the reply waits for the load
         existing = record.producers.get(producer_name)
         if existing is not None:
             return Step(existing, tuple(effects))

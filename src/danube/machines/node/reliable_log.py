@@ -19,6 +19,7 @@ from danube.machines.dispatch.protocol import DispatchEffect
 from danube.machines.memory.consumer import HELD_PER_RECORD, ConsumerPool
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.node.cursor_write import persist_cursor
+from danube.machines.node.deferred_loads import DeferredLoads
 from danube.machines.node.effects import (
     Effect,
     PolicyDropped,
@@ -134,6 +135,8 @@ class ReliableLogs:
         """The broker's hot-cache ledger (spec/memory.md), given to every WAL machine."""
         self._catalogue = catalogue
         self._topics = catalogue.topics_by_name
+        self.deferred = DeferredLoads(self._topics)
+        """Loads a restart deferred: on first use or by the sweep (`deferred_loads`)."""
         self._consumers = consumers
         self._wal_config = wal_config
         self._configs: dict[tuple[wal.Durability, bool], wal.WalConfig] = {}
@@ -202,6 +205,11 @@ class ReliableLogs:
         return log.durable_offset
 
     def wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
+        step = self._wal_loaded(topic, plan, now_ms=now_ms)
+        more = self.deferred.done(topic)  # a sweep load ended: the next one starts
+        return Step(None, (*step.effects, *more)) if more else step
+
+    def _wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
         """The topic's WAL was recovered: at start, or after a repair. A repair cuts only
         records nobody could read (`fsync` mode), so dispatch carries on where it was; only
         when it cut records a subscription had read (`flush` mode) does that subscription
@@ -330,13 +338,14 @@ class ReliableLogs:
         """Recovery refused the topic's segments (corruption) or the disk failed: the topic
         stops until an operator acts; other topics are not affected."""
         record = self._topics.get(topic)
+        more = self.deferred.done(topic)
         if record is None:
-            return Step(None)
+            return Step(None, tuple(more))
         wal.release(record.log.wal)
         record.log.wal = None
         record.stop_reason = reason
         record.advance(TopicEvent.LOAD_FAILED)
-        return Step(None, (TopicStopped(topic, reason),))
+        return Step(None, (TopicStopped(topic, reason), *more))
 
     def wal_io_done(
         self, topic: str, effect: wal.Effect, error: str | None, *, now_ms: int
@@ -360,6 +369,7 @@ class ReliableLogs:
             )
         log = record.wal
         if log is None:
+            self.deferred.want(record.name.full)  # its load starts at the next tick
             raise DanubeError(
                 ErrorCode.UNAVAILABLE,
                 f"{record.name.full} is loading its write-ahead log; retry shortly",
@@ -670,6 +680,7 @@ class ReliableLogs:
             topics.schedule(record, self._next_due(record, batch))
         if self.consumer_pool is not None and self.consumer_pool.paused:
             effects.extend(self.resume_reads(now_ms))
+        effects.extend(self.deferred.due())  # loads a request asked for, the sweep's next
         return Step(None, tuple(effects))
 
     def resume_reads(self, now_ms: int) -> list[Effect]:
