@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="broker.grpc.max_connections: connections kept open at once on the client "
         "port; more are refused as they arrive (default 0: derived from the memory budget, "
-        "half the state share at 40 KiB a connection; the admin port has its own cap of 64; "
+        "half the state share at 40 KiB a connection; the admin port has its own cap, "
+        "broker.grpc.max_admin_connections; "
         "spec/memory.md)",
     )
     parser.add_argument(

@@ -250,12 +250,15 @@ def _nothing() -> None:
 
 
 class GatedConnections:
-    """The broker's connection gate (pure: `danube.machines.memory.connections`) and the
-    connections it knows by id, so that the one it evicts can be closed. Shared by the
-    broker's gRPC servers: the cap is broker-wide."""
+    """A gRPC port's connection gate (pure: `danube.machines.memory.connections`) and the
+    connections it knows by id, so that the one it evicts can be closed. One per port: the
+    client port's and the admin port's (operators, other brokers) are apart, so a flood on one
+    cannot lock the other out."""
 
-    def __init__(self, gate: ConnectionGate) -> None:
+    def __init__(self, gate: ConnectionGate, port: str = "client") -> None:
         self.gate = gate
+        self.port = port
+        """`client` or `admin`: the log line's and the setting's name."""
         self.protocols: dict[int, GuardedProtocol] = {}
 
 
@@ -430,13 +433,18 @@ class GuardedProtocol(H2Protocol):
         count = gate.log_due(self._clock())
         if count:
             limits = gate.limits
+            setting = (
+                "broker.grpc.max_admin_connections"
+                if gated.port == "admin"
+                else "broker.grpc.max_connections, --max-connections"
+            )
             log.warning(
-                "event=connections_refused count=%d last_reason=%s last_peer=%s open=%d "
-                "pending=%d max_connections=%d max_pending_connections=%d: connections "
-                "refused or closed since the previous such line (broker.grpc.max_connections, "
-                "--max-connections; spec/memory.md)",
-                count, refusal.value, self._peer(), gate.open, gate.pending,
-                limits.max_connections, limits.max_pending,
+                "event=connections_refused port=%s count=%d last_reason=%s last_peer=%s "
+                "open=%d pending=%d max_connections=%d max_pending_connections=%d: "
+                "connections refused or closed since the previous such line (%s; "
+                "spec/memory.md)",
+                gated.port, count, refusal.value, self._peer(), gate.open, gate.pending,
+                limits.max_connections, limits.max_pending, setting,
             )  # fmt: skip
 
     def _handshake_expired(self) -> None:

@@ -70,14 +70,13 @@ def broker_pools(
 
 def connection_gates(budget: int, grpc: GrpcConfig) -> dict[str, ConnectionGate]:
     """The broker's connection gates by port, `client` (its limits resolved from
-    `broker.grpc` and the budget) and `admin` (small and fixed), logged at start
+    `broker.grpc` and the budget) and `admin` (`max_admin_connections`), logged at start
     (`danube.machines.memory.connections`)."""
-    limits = {
-        "client": connection_limits(
-            budget, grpc.max_connections, grpc.max_pending_connections, grpc.first_call_timeout_ms
-        ),
-        "admin": admin_connection_limits(grpc.first_call_timeout_ms),
-    }
+    client = connection_limits(
+        budget, grpc.max_connections, grpc.max_pending_connections, grpc.first_call_timeout_ms
+    )
+    admin = admin_connection_limits(client, grpc.max_admin_connections, grpc.first_call_timeout_ms)
+    limits = {"client": client, "admin": admin}
     for port, port_limits in limits.items():
         log.info(
             "event=connection_limits port=%s max_connections=%d max_pending_connections=%d "

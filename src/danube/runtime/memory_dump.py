@@ -189,7 +189,9 @@ def install_from_environment() -> bool:
         path.with_suffix(".tmp").write_text(json.dumps(snapshot(), indent=1))
         path.with_suffix(".tmp").rename(path)
         if tracemalloc.is_tracing():  # the whole trace, for a diff between two dumps
-            tracemalloc.take_snapshot().dump(str(path.with_suffix(".trace")))
+            # written whole, then renamed: a reader waiting for the file never sees half of it
+            tracemalloc.take_snapshot().dump(str(path.with_suffix(".trace.tmp")))
+            path.with_suffix(".trace.tmp").rename(path.with_suffix(".trace"))
 
     signal.signal(signal.SIGUSR2, dump)
     return True

@@ -20,6 +20,7 @@ import trio_asyncio
 
 from danube import keys
 from danube.machines.dispatch import DropReason, QueueLimits
+from danube.machines.memory.state import topic_costs
 from danube.machines.node.core import BrokerCore, BrokerIdentity, ReplicationSettings
 from danube.machines.requests.receive import RECEIVE_BATCH
 from danube.machines.tiering import UploaderConfig
@@ -304,9 +305,12 @@ async def serve(
             max_message_bytes=config.policies.max_message_size,
             cache_idle_ms=config.cache_idle_ms,
         )
+        pools = dataclasses.replace(
+            pools, state_costs=topic_costs(tiered=config.storage.tiered, replicated=clustered)
+        )
         gates = connection_gates(pools.budget, config.grpc)
         connections = GatedConnections(gates["client"])
-        admin_connections = GatedConnections(gates["admin"])
+        admin_connections = GatedConnections(gates["admin"], port="admin")
         core = BrokerCore(
             identity,
             rng=random.Random(secrets.randbits(128)),

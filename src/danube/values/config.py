@@ -694,6 +694,7 @@ _MAY_BE_ZERO = {
     "frame_timeout_ms",
     "max_connections",
     "max_pending_connections",
+    "max_admin_connections",
     "first_call_timeout_ms",
 }
 

@@ -39,13 +39,17 @@ class GrpcConfig:
     """Connections the broker keeps open at once on its client port; more are refused as they
     arrive (GOAWAY `too_many_connections`). 0: derived from the memory budget, half the state
     share at 40 KiB a connection (1,228 under 256 MiB; spec/memory.md "Connections"). The
-    admin port has a gate of its own (64 open, 16 pending), so a client flood cannot lock
-    operators out."""
+    admin port has a gate of its own (`max_admin_connections`), so a client flood cannot lock
+    operators or other brokers out."""
     max_pending_connections: int = 0
     """Of the client port's, how many may be pending at once: accepted, no call admitted yet (past
     authentication when the port authenticates); past it, a new connection is let in and
     the oldest pending one is closed (GOAWAY `too_many_pending_connections`), so idle
     sockets cannot lock real clients out. 0: an eighth of `max_connections`, at least 16."""
+    max_admin_connections: int = 0
+    """Connections kept open at once on the admin port, which operators' tools and the other
+    brokers (replication links, epoch questions, forwarded admin calls) use; half of them may
+    be pending. 0: a quarter of the client port's cap, at least 64 (307 under 256 MiB)."""
     first_call_timeout_ms: int = 30_000
     """A connection that has had no call admitted this long after its accept is closed
     (GOAWAY `first_call_timeout`). 0: no deadline."""

@@ -21,9 +21,10 @@ refused: anyone able to open sockets could deny service without a single call. S
   let a few hundred idle sockets, renewed every timeout, lock every new client out).
 - **A deadline for the first call** (`broker.grpc.first_call_timeout_ms`): a connection still
   pending after it is closed.
-- **The admin port has a gate of its own** (`admin_connection_limits`: `ADMIN_MAX_CONNECTIONS`
-  open, `MIN_PENDING` pending): with one gate for both ports, a flood of client connections
-  at the cap refused the operator's `danube-admin` too, just when it was needed to see why.
+- **The admin port has a gate of its own** (`admin_connection_limits`,
+  `broker.grpc.max_admin_connections`): with one gate for both ports, a flood of client
+  connections at the cap refused the operator's `danube-admin` and the other brokers'
+  replication links too, just when they were needed.
 - **Refusals are logged at most once per `LOG_INTERVAL_S`**, with how many were refused since
   the previous line (a flood must not flood the log), and counted for the metric.
 
@@ -47,9 +48,10 @@ MIN_CONNECTIONS = 64
 PENDING_FRACTION = 8
 """By default an eighth of the cap may be pending (not yet proven) at once."""
 MIN_PENDING = 16
-ADMIN_MAX_CONNECTIONS = MIN_CONNECTIONS
-"""The admin port's own cap: operators and tools open a few connections, never thousands,
-and these may cost at most 2.5 MiB of state on top of the client port's cap."""
+ADMIN_FRACTION = 4
+"""By default the admin port may keep a quarter of the client port's cap open: operators' tools
+and the other brokers (a replication link per owner of a replicated topic, an epoch question
+per replica after a failover, forwarded admin calls), never the thousands clients open."""
 LOG_INTERVAL_S = 10.0
 """At most one refusal line per this many seconds (`ConnectionGate.log_due`)."""
 
@@ -92,10 +94,16 @@ def connection_limits(
     return ConnectionLimits(cap, min(pending, cap), first_call_timeout_ms / 1000)
 
 
-def admin_connection_limits(first_call_timeout_ms: int) -> ConnectionLimits:
-    """The admin port's gate: `ADMIN_MAX_CONNECTIONS` open, `MIN_PENDING` pending, the same
-    first-call deadline as the client port's."""
-    return ConnectionLimits(ADMIN_MAX_CONNECTIONS, MIN_PENDING, first_call_timeout_ms / 1000)
+def admin_connection_limits(
+    client: ConnectionLimits, max_connections: int, first_call_timeout_ms: int
+) -> ConnectionLimits:
+    """The admin port's gate (`broker.grpc.max_admin_connections`; 0: a quarter of the client
+    port's cap, at least `MIN_CONNECTIONS`), half of them may be pending: after a failover a
+    follower asks the new owner about every replica at once, each ask on a connection of its
+    own, and a small pending cap closed most of them (review finding: 16 of a burst of 100
+    survived). The same first-call deadline as the client port's."""
+    cap = max_connections or max(MIN_CONNECTIONS, client.max_connections // ADMIN_FRACTION)
+    return ConnectionLimits(cap, max(MIN_PENDING, cap // 2), first_call_timeout_ms / 1000)
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,6 +71,23 @@ budget) refused the consumers of a load of 1,000 topics with two subscriptions e
 
 MEASURED = (TOPIC_BYTES, SUBSCRIPTION_BYTES, CONSUMER_BYTES)
 
+TIERED_TOPIC_BYTES = 1_536
+"""What a topic's state adds on a tiered broker: its idle `Uploader` (1,281 B) and its WAL
+machine's set of deletable segments (216 B), by tracemalloc (review of 2026-11-30: both
+benchmarks behind `TOPIC_BYTES` run untiered, so it left them out)."""
+REPLICATED_TOPIC_BYTES = 3_072
+"""What an owned topic's state adds in a cluster, where topics replicate: its
+`OwnerReplication` with a link per follower (3,129 B with two followers, by tracemalloc; the
+same review). A follower's replica of another broker's topic is not charged (spec/memory.md)."""
+
+
+def topic_costs(*, tiered: bool, replicated: bool) -> tuple[int, int, int]:
+    """The state costs of a broker (`MemoryPools.state_costs`): a topic's with what tiering
+    and replication add to it."""
+    topic = TOPIC_BYTES + (TIERED_TOPIC_BYTES if tiered else 0)
+    topic += REPLICATED_TOPIC_BYTES if replicated else 0
+    return topic, SUBSCRIPTION_BYTES, CONSUMER_BYTES
+
 
 TRANSPORT = (STREAM_BYTES, CONNECTION_BYTES)
 
