@@ -18,6 +18,7 @@ from danube.machines.memory.state import (
     STREAM_BYTES,
     SUBSCRIPTION_BYTES,
     TOPIC_BYTES,
+    topic_costs,
 )
 from danube.machines.node.core import BrokerCore, BrokerIdentity
 from danube.values.config import DispatchStrategy, Policies
@@ -133,3 +134,17 @@ def test_a_consumer_and_its_stream_are_charged_once_and_its_creation_counts_the_
     assert pool.refusal(what="consumer", subscriptions=1, consumers=1) is not None
     pool.used -= 1
     assert pool.refusal(what="consumer", subscriptions=1, consumers=1) is None
+
+
+def test_tiered_and_replicated_topics_are_charged_what_they_add() -> None:
+    # TOPIC_BYTES was measured untiered and standalone; an idle uploader (about 1.5 KiB) and
+    # an owner's replication state with two followers (about 3.1 KiB) come on top (review
+    # finding: 6.5 KiB charged for about 9.5 and 11 KiB held)
+    assert topic_costs(tiered=False, replicated=False) == (
+        TOPIC_BYTES,
+        SUBSCRIPTION_BYTES,
+        CONSUMER_BYTES,
+    )
+    assert topic_costs(tiered=True, replicated=False)[0] >= TOPIC_BYTES + 1_497
+    assert topic_costs(tiered=False, replicated=True)[0] >= TOPIC_BYTES + 3_000
+    assert topic_costs(tiered=True, replicated=True)[0] >= TOPIC_BYTES + 4_500
