@@ -37,10 +37,11 @@ def test_every_invariant_holds_under_the_default_faults() -> None:
         result = ClusterSimulation(seed, DATA, DEFAULT).run(10)
         assert result.ok, (seed, [v.detail for v in result.violations])
         assert result.settled, seed
-        # A floor that a stuck cluster misses (seeds 1-12 acknowledge 192-1,271 since every
-        # assignment also writes the topic's replica set, issue 27; seed 6's leader is then
-        # partitioned away for 7.7 of its 10 s).
-        assert result.data["acknowledged"] > 150, (seed, result.data)
+        # A floor that a stuck cluster misses (seeds 1-12 acknowledge 98-1,558 with the
+        # producers' window of 4, issue 22 round 12; seed 3's brokers 1 and 2 of 3 are
+        # partitioned away from 4.4 s and 4.6 s, the second past the end, and etcd stalls
+        # 1.2 s at 6.9 s, so nothing is acknowledged after 4 s but five at 8 s).
+        assert result.data["acknowledged"] > 90, (seed, result.data)
         assert result.data["objects_indexed"] >= result.data["acknowledged"] // 2, result.data
 
 
