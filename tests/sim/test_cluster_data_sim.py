@@ -153,8 +153,9 @@ def test_topic_overrides_hold_at_the_owner_and_a_lost_write_is_caught() -> None:
 def test_an_override_whose_topic_moves_away_before_it_is_stored_is_answered() -> None:
     """Seed 2 at 5 messages a second: the operator's topic override is set at the owner,
     and the topic moves away before the change is stored; the call used to raise out of the
-    run (the core no longer knows the topic) instead of being answered NOT_FOUND."""
-    workload = dataclasses.replace(DATA, rate=5.0)
+    run (the core no longer knows the topic) instead of being answered NOT_FOUND. Replayed
+    with sequential producers (`in_flight=1`), as found."""
+    workload = dataclasses.replace(DATA, rate=5.0, in_flight=1)
     result = ClusterSimulation(2, workload, DEFAULT).run(30)
     assert result.ok and result.settled, [v.detail for v in result.violations]
     assert result.admin.get("topic_policy NOT_FOUND", 0) >= 1, result.admin
