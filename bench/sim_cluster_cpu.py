@@ -1,7 +1,10 @@
 """CPU of the cluster simulator with data planes, for per-message cost comparisons.
 
-`python -m bench.sim_cluster_cpu --seed S [--duration 30] [--profile default]` builds
-`ClusterSimulation(S, ClusterWorkload(data=True), CLUSTER_PROFILES[profile])`, runs it and
+`python -m bench.sim_cluster_cpu --seed S [--duration 30] [--profile default] [--in-flight N]
+[--replicated] [--object-batch-ms MS]` builds `ClusterSimulation(S, ClusterWorkload(data=True),
+CLUSTER_PROFILES[profile])` (with the producers' window N, the workload's default without it;
+MS replaces `sim.cluster_data.OBJECT_BATCH_MS`, the `object` level's batch, for a what-if),
+runs it and
 prints the run's CPU time (`time.process_time()` around `run`, which a busy machine disturbs
 less than wall time), events, acknowledged messages and digest. `--duration 0` only builds
 it: under `valgrind --tool=cachegrind --cache-sim=no` the two counts' difference is the run's
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from sim import cluster_data
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_faults import CLUSTER_PROFILES
 
@@ -28,20 +32,25 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--duration", type=float, default=30.0, help="simulated s; 0: build only")
     parser.add_argument("--profile", default="default", choices=sorted(CLUSTER_PROFILES))
+    parser.add_argument("--in-flight", type=int, default=ClusterWorkload().in_flight)
+    parser.add_argument("--replicated", action="store_true")
+    parser.add_argument("--object-batch-ms", type=int, default=cluster_data.OBJECT_BATCH_MS)
     args = parser.parse_args()
-    simulation = ClusterSimulation(
-        args.seed, ClusterWorkload(data=True), CLUSTER_PROFILES[args.profile]
-    )
+    cluster_data.OBJECT_BATCH_MS = args.object_batch_ms
+    workload = ClusterWorkload(data=True, in_flight=args.in_flight, replicated=args.replicated)
+    simulation = ClusterSimulation(args.seed, workload, CLUSTER_PROFILES[args.profile])
     if not args.duration:
         return
     start = time.process_time()
     result = simulation.run(args.duration)
     cpu = time.process_time() - start
     acknowledged = result.data.get("acknowledged", 0)
+    objects = result.data.get("objects_indexed", 0)
     per = f"{cpu / acknowledged * 1e3:.3f} ms a message" if acknowledged else "no message"
     print(
         f"seed {args.seed}: cpu {cpu:.3f} s, {result.events} events, {acknowledged} "
-        f"acknowledged ({per}), digest {result.digest[:16]}, ok {result.ok}"
+        f"acknowledged ({per}), {objects} objects indexed, digest {result.digest[:16]}, "
+        f"ok {result.ok}"
     )
 
 

@@ -25,7 +25,7 @@ from sim.requests import (
     ProducerRequest,
     PublishBatch,
 )
-from sim.world import US_PER_S, Timeouts, World
+from sim.world import US_PER_S, Timeout, Timeouts, World
 
 if TYPE_CHECKING:
     from sim.audit_output import AuditOutput
@@ -99,9 +99,21 @@ class Caller:
                 self._attempt += 1
                 timed_out()
 
+        timer = self.send(request, deliver, timeout, **kw)
+
+    def send(
+        self,
+        request: Any,
+        deliver: Callable[[Any], None],
+        expired: Callable[[], None],
+        **kw: Any,
+    ) -> Timeout:
+        """One request with its timeout and no one-at-a-time guard: for a caller that keeps
+        several in flight and tells a live answer from an abandoned one itself (the timeout
+        is the caller's to clear)."""
         reply, broker = Reply(self.network, self.name, deliver), self.broker
         self.network.send(self.name, lambda: broker.handle(request, reply, **kw))
-        timer = self._timeouts.start(timeout)
+        return self._timeouts.start(expired)
 
 
 class SimProducer:

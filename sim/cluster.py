@@ -110,6 +110,14 @@ class ClusterWorkload:
     deposed owner's frames can reach a follower that knows a newer epoch."""
     rate: float = 20.0
     """With data planes: messages per second of each topic's producer."""
+    in_flight: int = 4
+    """With data planes: how many publishes each producer keeps unanswered at most (a
+    client's window; `sim.cluster_clients`). 4, not 1: at the `object` level a publish is
+    answered once its object is indexed (a few hundred ms), so a producer with one in flight
+    sent about 3 of its 20 messages a second, as no client at that level runs (issue 27: 6.5
+    msg/s for a sequential producer); at 4 the sealed objects carry more messages and the CPU a
+    message is lower than at 1 or 8 (bench/RESULTS.md, issue 22 round 12). 1 is reachable
+    (`--in-flight 1`, and the swarm draws it)."""
     admin: int = 8
     """Operations of the operator (`sim.cluster_admin`): drains, unloads, deletions of its
     own topics, namespace-policy changes, at random times under the faults (0: none)."""
@@ -121,6 +129,8 @@ class ClusterWorkload:
     namespace or another, mostly on another broker (`sim.cluster_poison`; invariant p)."""
 
     def settings(self, broker: str, objects: SimObjectStore | None = None) -> NodeSettings:
+        if self.in_flight < 1:
+            raise ValueError(f"in_flight must be at least 1 (got {self.in_flight})")
         membership = MembershipConfig(
             broker,
             {
@@ -152,7 +162,7 @@ class ClusterWorkload:
             retry_ms=self.assign_retry_ms,
             replication_factor=self.replication_factor or None,
         )
-        return NodeSettings(membership, manager, objects)
+        return NodeSettings(membership, manager, objects, self.in_flight)
 
 
 @dataclass(slots=True)
@@ -261,6 +271,7 @@ class ClusterSimulation:
                     name=f"producer-{index}",
                     topic=topic,
                     rate=workload.rate,
+                    in_flight=workload.in_flight,
                 )
         self.ledger: PoisonLedger | None = None
         self.consumers: dict[str, ClusterConsumer] = {}

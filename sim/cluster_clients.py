@@ -1,8 +1,14 @@
 """Producers of a cluster run with data planes: one reliable producer per topic, as an
 application with a lookup-following client runs it. It asks a random running broker where the
 topic lives (that broker's view of the assignments, stale or not), creates its producer there
-and sends `<topic>#<n>` one at a time; any error or timeout sends it back to the lookup, and
-the same payload goes again until it is acknowledged. The checker hears of every
+and sends `<topic>#<n>` at its rate with up to `in_flight` publishes unanswered (a client's
+window: at the `object` level an answer waits for the message's object to be uploaded and
+indexed, so a producer with one publish in flight sends a few a second and each object holds
+one message; issue 22, round 12). Any error or timeout abandons every publish in flight (a
+client dropping its connection: their late answers are ignored), sends the producer back to
+the lookup, and every unacknowledged payload goes again, oldest first, until it is
+acknowledged; so a topic may store a payload twice or out of order, which invariant h allows
+(it asks that every acknowledged payload is stored, wherever). The checker hears of every
 acknowledgement."""
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from sim.clients import Caller
 from sim.cluster_node import SimNode
 from sim.network import Network
 from sim.requests import ProducerRequest
-from sim.world import US_PER_MS, US_PER_S, World
+from sim.world import US_PER_MS, US_PER_S, Timeout, World
 
 REQUEST_TIMEOUT_US = 2 * US_PER_S
 RETRY_US = 200 * US_PER_MS
@@ -40,6 +46,7 @@ class ClusterProducer:
         name: str,
         topic: str,
         rate: float,
+        in_flight: int = 1,
     ) -> None:
         self.world = world
         self.network = network
@@ -48,11 +55,23 @@ class ClusterProducer:
         self.name = name
         self.topic = topic
         self.interval_us = int(US_PER_S / rate)
+        self.in_flight = in_flight
         self.started = False
         self.stopped = False
         self.lookups = 0
         self._producer_id: int | None = None
         self._sequence = 0
+        """The next new payload's number."""
+        self._unacked: dict[int, str] = {}
+        """number → payload, of every payload sent and not yet acknowledged, oldest first."""
+        self._resend: list[int] = []
+        """Numbers of unacknowledged payloads not yet sent on this connection (after a
+        lookup), oldest first."""
+        self._sent: dict[int, _Publish] = {}
+        """number → the publish of it in flight on this connection."""
+        self._paced_from: int | None = None
+        """When the last publish was sent: a new payload goes `interval_us` after it."""
+        self._due_armed = False
         self._caller = Caller(world, network, _Route(nodes[0]), name, REQUEST_TIMEOUT_US)
 
     def start(self) -> None:
@@ -68,6 +87,7 @@ class ClusterProducer:
         if self.stopped:
             return
         self.lookups += 1
+        self._abandon()
         running = [node for node in self.nodes if node.running is not None]
         if not running:
             self.world.at(RETRY_US, self._lookup)
@@ -98,13 +118,43 @@ class ClusterProducer:
 
     # -- publishing --------------------------------------------------------------------------------
 
-    def _payload(self) -> str:
-        return f"{self.topic}#{self._sequence}"
+    def _abandon(self) -> None:
+        """The connection is given up: its publishes' answers are ignored, and every
+        unacknowledged payload goes again on the next one."""
+        for publish in self._sent.values():
+            publish.live = False
+            publish.timer.clear()
+        self._sent.clear()
+        self._resend = list(self._unacked)
 
     def _send(self) -> None:
-        if self.stopped or self._producer_id is None:
-            return
-        payload = self._payload()
+        """Fills the window: payloads to send again first, at once; then new ones, each
+        `interval_us` after the last publish (a timer when it is not due yet)."""
+        while not self.stopped and self._producer_id is not None:
+            if len(self._sent) >= self.in_flight:
+                return
+            if self._resend:
+                self._publish(self._resend.pop(0))
+                continue
+            if self._paced_from is not None:
+                wait = self._paced_from + self.interval_us - self.world.now
+                if wait > 0:
+                    if not self._due_armed:
+                        self._due_armed = True
+                        self.world.at(wait, self._due)
+                    return
+            number = self._sequence
+            self._sequence += 1
+            self._unacked[number] = f"{self.topic}#{number}"
+            self._publish(number)
+
+    def _due(self) -> None:
+        self._due_armed = False
+        self._send()
+
+    def _publish(self, number: int) -> None:
+        assert self._producer_id is not None
+        payload = self._unacked[number]
         message = records.Record(  # a SendMessage, decoded (`sim.requests`)
             request_id=self._caller.next_request_id(),
             producer_id=self._producer_id,
@@ -113,20 +163,30 @@ class ClusterProducer:
             publish_time=self.world.now_ms,
             producer_name=self.name,
         )
-        started = self.world.now
-        self._call(message, lambda answer: self._answered(answer, payload, started))
+        self._paced_from = self.world.now
+        publish = _Publish(number)
+        self._sent[number] = publish
+        publish.timer = self._caller.send(
+            message,
+            lambda answer: self._answered(publish, answer),
+            lambda: self._answered(publish, None),
+        )
 
-    def _answered(self, answer: Any, payload: str, started: int) -> None:
-        if isinstance(answer, DanubeError):
-            self.world.at(RETRY_US, self._lookup)
+    def _answered(self, publish: _Publish, answer: Any) -> None:
+        """A publish's answer (None: its timeout), unless it was abandoned."""
+        if not publish.live:
             return
+        publish.live = False
+        publish.timer.clear()
+        del self._sent[publish.number]
+        if answer is None or isinstance(answer, DanubeError):
+            self.world.at(RETRY_US, self._lookup)
+            self._producer_id = None  # nothing more on this connection
+            self._abandon()  # and none of the others' answers counts now
+            return
+        payload = self._unacked.pop(publish.number)
         self.checker.acknowledged(self.topic, payload, self._caller.broker.node.name)
-        self._sequence += 1
-        wait = started + self.interval_us - self.world.now
-        if wait > 0:
-            self.world.at(wait, self._send)
-        else:  # late already (the usual case at the `object` level): no event of its own
-            self._send()
+        self._send()
 
     # -- the wire ----------------------------------------------------------------------------------
 
@@ -160,6 +220,21 @@ def route_for(nodes: Sequence[SimNode], asked: SimNode, topic: str) -> SimNode |
         return None
     owner = broker if located is not None else process.assignments.get(topic)
     return next((n for n in nodes if n.name == owner), asked)
+
+
+class _Publish:
+    """One publish in flight: live until answered, timed out or abandoned."""
+
+    __slots__ = ("live", "number", "timer")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.live = True
+        self.timer: Timeout = _UNSET
+
+
+_UNSET = Timeout(0, lambda: None)
+"""A publish's timer until `Caller.send` returns it."""
 
 
 class _Route:

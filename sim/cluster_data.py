@@ -32,6 +32,7 @@ simulated object store, and does with their effects what `danube.runtime.ownersh
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -152,7 +153,20 @@ DATA_MEMORY = MemoryPools(
     state_costs=(256, 128, 128),
     transport_costs=(16, 32),
 )
-"""A cache pool below two topics' `cache_bytes`, so the ledger evicts across topics."""
+"""A cache pool below two topics' `cache_bytes`, so the ledger evicts across topics; a
+publish pool of about eight `SendMessage`s (`send_cost`: 1.5 KB each), what a broker's
+producers hold with one publish each in flight (`data_memory` scales it with the window)."""
+
+
+def data_memory(in_flight: int) -> MemoryPools:
+    """`DATA_MEMORY` with a publish pool for producers that keep `in_flight` publishes
+    unanswered: the same pressure a publish slot (the pool full at about eight topics'
+    windows, so back-pressure still refuses a busy broker's publishes now and then); the
+    budget grows by the same amount, the other pools stay."""
+    extra = (in_flight - 1) * DATA_MEMORY.publish
+    return replace(
+        DATA_MEMORY, budget=DATA_MEMORY.budget + extra, publish=DATA_MEMORY.publish + extra
+    )
 
 
 class ClusterBroker(SimBroker):
@@ -161,7 +175,12 @@ class ClusterBroker(SimBroker):
     incarnation)."""
 
     def __init__(
-        self, host: Host, disk: SimDisk, objects: SimObjectStore, injected: Injected
+        self,
+        host: Host,
+        disk: SimDisk,
+        objects: SimObjectStore,
+        injected: Injected,
+        in_flight: int = 1,
     ) -> None:
         super().__init__(
             host.world,
@@ -173,7 +192,7 @@ class ClusterBroker(SimBroker):
             _ClusterObserver(host),
             objects=objects,
             uploads=UPLOADS,
-            memory=DATA_MEMORY,
+            memory=data_memory(in_flight),
         )
         self.host = host
         self.claims: dict[str, int] = {}
@@ -353,10 +372,15 @@ class DataPlane:
     """One incarnation's ownership driver and broker."""
 
     def __init__(
-        self, host: Host, disk: SimDisk, objects: SimObjectStore, injected: Injected
+        self,
+        host: Host,
+        disk: SimDisk,
+        objects: SimObjectStore,
+        injected: Injected,
+        in_flight: int = 1,
     ) -> None:
         self.host = host
-        self.broker = ClusterBroker(host, disk, objects, injected)
+        self.broker = ClusterBroker(host, disk, objects, injected, in_flight)
         self.machine = Ownership(OwnershipConfig(host.name, retry_ms=OWNERSHIP_RETRY_MS))
         self.broker.on_restart = self._restart
         self._wake = 0

@@ -23,6 +23,8 @@ from sim.swarm import Draw, Space, coin, draw, either, given_knobs, one_of
 KNOB_HELP = {
     "data": "data planes: ownership, broker cores, object store, producers ",
     "rate": "with --data: messages per second of each topic's producer ",
+    "in_flight": "with --data: publishes each producer keeps unanswered at most (its window; "
+    "1: one at a time) ",
     "replicated": "data planes whose topics are at fsync and replicate to followers "
     "(spec/replication.md; invariants r1, r2) ",
     "admin": "operator's calls (drains, unloads, deletions, policies; invariants i, j, k) ",
@@ -47,9 +49,11 @@ SWARM_DATA: Space = {
     **SWARM,
     "rate": one_of(5.0, 10.0, 20.0),
     "poison": either((2, 4, 8), off=0),
+    "in_flight": one_of(1, 2, 4, 8),
 }
-"""With data planes: the producers' rate, never above the default, and the poison workload
-(`sim.cluster_poison`) half the time."""
+"""With data planes: the producers' rate, never above the default, the poison workload
+(`sim.cluster_poison`) half the time, and the producers' window, one at a time included (drawn
+last, so adding it moved none of the other draws)."""
 
 
 def swarm_draw(

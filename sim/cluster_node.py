@@ -94,6 +94,9 @@ class NodeSettings:
     manager: LoadManagerConfig
     objects: SimObjectStore | None = None
     """The cluster's object store: set, the brokers run data planes."""
+    in_flight: int = 1
+    """With data planes: the producers' window (`ClusterWorkload.in_flight`), which sizes
+    each broker's publish pool (`sim.cluster_data.data_memory`)."""
 
 
 @dataclass(slots=True)
@@ -157,7 +160,11 @@ class BrokerProcess:
         self.assignments: dict[str, str] = {}
         """topic → broker, as this broker's view of the store has it (what a lookup reads)."""
         objects = node.settings.objects
-        self.data = None if objects is None else DataPlane(self, node.disk, objects, node.injected)
+        self.data = (
+            None
+            if objects is None
+            else DataPlane(self, node.disk, objects, node.injected, node.settings.in_flight)
+        )
 
     # -- clocks ------------------------------------------------------------------------------------
 

@@ -37,10 +37,11 @@ def test_every_invariant_holds_under_the_default_faults() -> None:
         result = ClusterSimulation(seed, DATA, DEFAULT).run(10)
         assert result.ok, (seed, [v.detail for v in result.violations])
         assert result.settled, seed
-        # A floor that a stuck cluster misses (seeds 1-12 acknowledge 192-1,271 since every
-        # assignment also writes the topic's replica set, issue 27; seed 6's leader is then
-        # partitioned away for 7.7 of its 10 s).
-        assert result.data["acknowledged"] > 150, (seed, result.data)
+        # A floor that a stuck cluster misses (seeds 1-12 acknowledge 98-1,558 with the
+        # producers' window of 4, issue 22 round 12; seed 3's brokers 1 and 2 of 3 are
+        # partitioned away from 4.4 s and 4.6 s, the second past the end, and etcd stalls
+        # 1.2 s at 6.9 s, so nothing is acknowledged after 4 s but five at 8 s).
+        assert result.data["acknowledged"] > 90, (seed, result.data)
         assert result.data["objects_indexed"] >= result.data["acknowledged"] // 2, result.data
 
 
@@ -73,8 +74,11 @@ def test_a_deposed_owners_late_upload_lands_beside_the_new_owners_object() -> No
     followers are spread per owner and lookups answer from the broker's view (issue 23),
     none of 101-300 does and seed 312 does; since the simulator spends fewer events per
     message (issue 22, round 7: no event for a timeout that finds its answer, for a hop of no
-    time or for a segment's creation) seed 255 is the first."""
-    quiet = dataclasses.replace(DATA, admin=0)
+    time or for a segment's creation) seed 255 is the first. The producers are sequential
+    (`in_flight=1`), as the operator is off, for the same reason: the window moves the
+    interleaving (issue 22 round 12), and these searches are this scenario's, not the
+    window's."""
+    quiet = dataclasses.replace(DATA, admin=0, in_flight=1)
     for seed in range(1, 101):
         simulation = ClusterSimulation(seed, quiet, DEFAULT)
         result = simulation.run(15)
@@ -149,8 +153,9 @@ def test_topic_overrides_hold_at_the_owner_and_a_lost_write_is_caught() -> None:
 def test_an_override_whose_topic_moves_away_before_it_is_stored_is_answered() -> None:
     """Seed 2 at 5 messages a second: the operator's topic override is set at the owner,
     and the topic moves away before the change is stored; the call used to raise out of the
-    run (the core no longer knows the topic) instead of being answered NOT_FOUND."""
-    workload = dataclasses.replace(DATA, rate=5.0)
+    run (the core no longer knows the topic) instead of being answered NOT_FOUND. Replayed
+    with sequential producers (`in_flight=1`), as found."""
+    workload = dataclasses.replace(DATA, rate=5.0, in_flight=1)
     result = ClusterSimulation(2, workload, DEFAULT).run(30)
     assert result.ok and result.settled, [v.detail for v in result.violations]
     assert result.admin.get("topic_policy NOT_FOUND", 0) >= 1, result.admin

@@ -225,8 +225,8 @@ def test_a_followers_cut_waits_for_the_writes_its_old_log_queued() -> None:
     done: it once waited only for the one under way, so a write still queued ran beside it and
     its completion reached the recovered log ("completion for unknown write", the simulator
     stopped). Reached with many cuts: the planted early truncation, three replicas and faults
-    between brokers, seed 37."""
-    workload = ClusterWorkload(replicated=True, replication_factor=3)
+    between brokers, seed 37 (with sequential producers, as found)."""
+    workload = ClusterWorkload(replicated=True, replication_factor=3, in_flight=1)
     with REPLICATION_MUTATIONS["truncate_by_high_watermark"]():
         result = ClusterSimulation(37, workload, CLUSTER_PROFILES["peers"]).run(SECONDS)
     assert result.events > 0
@@ -241,11 +241,12 @@ def test_an_override_answered_unavailable_is_written_again() -> None:
     end of a settle that did not wait for the write again, and l found memory and store
     apart. Planted: the tick never writes them again; the run then never settles, or l
     finds them apart. Such failures are rare (the load manager's batched decisions made
-    the older seeds miss them): 3 % loss and twice the operator's calls reach them."""
+    the older seeds miss them): 3 % loss and twice the operator's calls reach them. Seed 27
+    is replayed with sequential producers, as found."""
     lossy = dataclasses.replace(CLUSTER_PROFILES["default"], loss=0.03)
     replicated = ClusterWorkload(replicated=True, replication_factor=3)
     busy = dataclasses.replace(replicated, admin=32)
-    clean = ClusterSimulation(27, busy, lossy).run(SECONDS)
+    clean = ClusterSimulation(27, dataclasses.replace(busy, in_flight=1), lossy).run(SECONDS)
     assert clean.ok and clean.settled, clean.violations
     with ADMIN_DATA_MUTATIONS["topic_overrides_not_written_again"]():
         for seed in range(25, 50):
