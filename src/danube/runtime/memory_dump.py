@@ -147,53 +147,55 @@ def container_lengths(top: int = 25) -> dict[str, list[dict[str, Any]]]:
     object count, only its length grows, so the counts by type cannot show it; and one
     spread over 1,000 topics is short in each, so only the sum by attribute shows it. The
     objects `gc.freeze()` moved out of the collector's view at start-up (the long-lived
-    tables made then) are scanned too (unfrozen, then frozen again with the rest)."""
-    frozen = gc.get_freeze_count()
+    tables made then) are scanned too: unfrozen and left so, so that the counts by type of
+    this dump and the later ones see every object alike (frozen again, everything alive now
+    would vanish from the next dump's counts). A container several owners share (the topic
+    table's set of touched topics, held by every topic's record) counts once per field."""
     gc.unfreeze()
-    try:
-        objects = gc.get_objects()
-        kinds = (list, dict, set, deque_type)
-        sized = sorted(
-            ((len(each), id(each)) for each in objects if type(each) in kinds), reverse=True
-        )[:top]
-        by_field: dict[str, list[int]] = {}
-        for owner in objects:
-            if type(owner) in kinds or isinstance(owner, (type, FrameType)):
-                continue
-            try:
-                fields = _owner_fields(owner)
-            except Exception:  # a property or descriptor that raises: not ours to judge
-                continue
-            for name, value in fields:
-                if type(value) in kinds:
-                    entry = by_field.setdefault(f"{type(owner).__qualname__}.{name}", [0, 0])
+    objects = gc.get_objects()
+    kinds = (list, dict, set, deque_type)
+    sized = sorted(
+        ((len(each), id(each)) for each in objects if type(each) in kinds), reverse=True
+    )[:top]
+    by_field: dict[str, list[int]] = {}
+    counted: set[tuple[str, int]] = set()
+    for owner in objects:
+        if type(owner) in kinds or isinstance(owner, (type, FrameType)):
+            continue
+        try:
+            fields = _owner_fields(owner)
+        except Exception:  # a property or descriptor that raises: not ours to judge
+            continue
+        for name, value in fields:
+            if type(value) in kinds:
+                field = f"{type(owner).__qualname__}.{name}"
+                entry = by_field.setdefault(field, [0, 0])
+                entry[1] += 1
+                if (field, id(value)) not in counted:
+                    counted.add((field, id(value)))
                     entry[0] += len(value)  # type: ignore[arg-type]
-                    entry[1] += 1
-        wanted = {ident for _, ident in sized}
-        found = {id(each): each for each in objects if id(each) in wanted}
-        del objects
-        largest = []
-        for length, ident in sized:
-            thing = found[ident]
-            holders = [h for h in gc.get_referrers(thing) if h is not found]
-            largest.append(
-                {
-                    "len": length,
-                    "what": _describe(thing)[:160],
-                    "held_by": [_describe(h)[:200] for h in holders[:2]],
-                }
-            )
-        fields_ranked = sorted(by_field.items(), key=lambda kv: -kv[1][0])[:top]
-        return {
-            "largest": largest,
-            "by_field": [
-                {"field": name, "entries": total, "owners": owners}
-                for name, (total, owners) in fields_ranked
-            ],
-        }
-    finally:
-        if frozen:
-            gc.freeze()
+    wanted = {ident for _, ident in sized}
+    found = {id(each): each for each in objects if id(each) in wanted}
+    del objects
+    largest = []
+    for length, ident in sized:
+        thing = found[ident]
+        holders = [h for h in gc.get_referrers(thing) if h is not found]
+        largest.append(
+            {
+                "len": length,
+                "what": _describe(thing)[:160],
+                "held_by": [_describe(h)[:200] for h in holders[:2]],
+            }
+        )
+    fields_ranked = sorted(by_field.items(), key=lambda kv: -kv[1][0])[:top]
+    return {
+        "largest": largest,
+        "by_field": [
+            {"field": name, "entries": total, "owners": owners}
+            for name, (total, owners) in fields_ranked
+        ],
+    }
 
 
 def snapshot(top: int = 60) -> dict[str, Any]:
