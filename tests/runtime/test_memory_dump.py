@@ -3,6 +3,7 @@ writes is what `bench/memory_return.py --dump` reads."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -40,3 +41,45 @@ def test_sigusr2_writes_a_dump(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert dump["garbage"]["builtins.list"] >= 1
     if dump["mallinfo2"] is not None:  # glibc >= 2.33
         assert dump["mallinfo2"]["uordblks"] > 0
+
+
+class _Holder:
+    """A per-topic record whose field grows: short in each, long summed over all."""
+
+    __slots__ = ("offsets",)
+
+    def __init__(self, count: int) -> None:
+        self.offsets = list(range(count))
+
+
+def test_container_lengths_sum_a_field_over_its_owners() -> None:
+    holders = [_Holder(300) for _ in range(40)]
+    lengths = memory_dump.container_lengths()
+    fields = {entry["field"]: entry for entry in lengths["by_field"]}
+    assert fields["_Holder.offsets"]["entries"] == 12_000
+    assert fields["_Holder.offsets"]["owners"] == 40
+    assert lengths["largest"] and all(entry["len"] > 0 for entry in lengths["largest"])
+    assert len(holders) == 40
+
+
+def test_a_shared_container_counts_once() -> None:
+    shared = list(range(700))
+    holders = [_Holder(0) for _ in range(30)]
+    for holder in holders:
+        holder.offsets = shared
+    fields = {entry["field"]: entry for entry in memory_dump.container_lengths()["by_field"]}
+    assert fields["_Holder.offsets"]["entries"] == 700
+    assert fields["_Holder.offsets"]["owners"] == 30
+
+
+def test_container_lengths_see_frozen_objects() -> None:
+    holder = _Holder(5_000)
+    gc.freeze()
+    try:
+        lengths = memory_dump.container_lengths()
+        assert gc.get_freeze_count() == 0  # left unfrozen: later counts by type see all alike
+    finally:
+        gc.unfreeze()
+    fields = {entry["field"]: entry for entry in lengths["by_field"]}
+    assert fields["_Holder.offsets"]["entries"] == 5_000
+    assert holder.offsets[-1] == 4_999

@@ -4,7 +4,9 @@ off unless `DANUBE_MEMORY_DUMP` names a directory when the broker starts. Then S
 small-object allocator (`sys._debugmallocstats`: arenas, pools, bytes in used and free blocks),
 `sys.getallocatedblocks()` and the live objects counted by type after a full collection; with
 `DANUBE_MEMORY_GARBAGE=1` what the collection freed, by type (the reference cycles left to
-the collector), with `DANUBE_MEMORY_REFERRERS=<module.qualname,...>` what holds a few live
+the collector), with `DANUBE_MEMORY_CONTAINERS=1` the longest containers and the attributes
+whose containers hold the most entries summed over their owners (where entries pile up), with
+`DANUBE_MEMORY_REFERRERS=<module.qualname,...>` what holds a few live
 objects of those types, with `DANUBE_MEMORY_TRACE=<frames>` also tracemalloc's top allocation
 sites and the whole snapshot in `dump-<n>.trace` (`bench/idle_topic_memory.py` diffs two;
 tracemalloc started at once, which costs memory and time: a measurement's own run, never
@@ -27,6 +29,7 @@ import signal
 import sys
 import tempfile
 import tracemalloc
+from collections import deque as deque_type
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -35,6 +38,7 @@ DUMP_ENV = "DANUBE_MEMORY_DUMP"
 TRACE_ENV = "DANUBE_MEMORY_TRACE"
 REFERRERS_ENV = "DANUBE_MEMORY_REFERRERS"
 GARBAGE_ENV = "DANUBE_MEMORY_GARBAGE"
+CONTAINERS_ENV = "DANUBE_MEMORY_CONTAINERS"
 MALLINFO2_FIELDS = (
     "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
     "fordblks", "keepcost",
@@ -127,6 +131,74 @@ def referrers(type_name: str, samples: int = 3, depth: int = 6) -> list[list[str
     return chains
 
 
+def _owner_fields(thing: object) -> list[tuple[str, object]]:
+    """An object's attributes, from its `__dict__` and its slots."""
+    fields = list(getattr(thing, "__dict__", {}).items()) if not isinstance(thing, type) else []
+    for klass in type(thing).__mro__:
+        for name in klass.__dict__.get("__slots__", ()):
+            if isinstance(name, str) and hasattr(thing, name):
+                fields.append((name, getattr(thing, name)))
+    return fields
+
+
+def container_lengths(top: int = 25) -> dict[str, list[dict[str, Any]]]:
+    """Where entries pile up: the `top` lists, dicts, sets and deques with the most entries
+    (with what holds each), and the attributes (`Owner.field`) whose containers hold the most
+    entries summed over every owner. A structure that grows with every message keeps its
+    object count, only its length grows, so the counts by type cannot show it; and one
+    spread over 1,000 topics is short in each, so only the sum by attribute shows it. The
+    objects `gc.freeze()` moved out of the collector's view at start-up (the long-lived
+    tables made then) are scanned too: unfrozen and left so, so that the counts by type of
+    this dump and the later ones see every object alike (frozen again, everything alive now
+    would vanish from the next dump's counts). A container several owners share (the topic
+    table's set of touched topics, held by every topic's record) counts once per field."""
+    gc.unfreeze()
+    objects = gc.get_objects()
+    kinds = (list, dict, set, deque_type)
+    sized = sorted(
+        ((len(each), id(each)) for each in objects if type(each) in kinds), reverse=True
+    )[:top]
+    by_field: dict[str, list[int]] = {}
+    counted: set[tuple[str, int]] = set()
+    for owner in objects:
+        if type(owner) in kinds or isinstance(owner, (type, FrameType)):
+            continue
+        try:
+            fields = _owner_fields(owner)
+        except Exception:  # a property or descriptor that raises: not ours to judge
+            continue
+        for name, value in fields:
+            if type(value) in kinds:
+                field = f"{type(owner).__qualname__}.{name}"
+                entry = by_field.setdefault(field, [0, 0])
+                entry[1] += 1
+                if (field, id(value)) not in counted:
+                    counted.add((field, id(value)))
+                    entry[0] += len(value)  # type: ignore[arg-type]
+    wanted = {ident for _, ident in sized}
+    found = {id(each): each for each in objects if id(each) in wanted}
+    del objects
+    largest = []
+    for length, ident in sized:
+        thing = found[ident]
+        holders = [h for h in gc.get_referrers(thing) if h is not found]
+        largest.append(
+            {
+                "len": length,
+                "what": _describe(thing)[:160],
+                "held_by": [_describe(h)[:200] for h in holders[:2]],
+            }
+        )
+    fields_ranked = sorted(by_field.items(), key=lambda kv: -kv[1][0])[:top]
+    return {
+        "largest": largest,
+        "by_field": [
+            {"field": name, "entries": total, "owners": owners}
+            for name, (total, owners) in fields_ranked
+        ],
+    }
+
+
 def snapshot(top: int = 60) -> dict[str, Any]:
     """Everything the dump holds, after a full collection (with `DANUBE_MEMORY_GARBAGE` set,
     what that collection freed, by type: the reference cycles left to the collector)."""
@@ -159,6 +231,8 @@ def snapshot(top: int = 60) -> dict[str, Any]:
     wanted = os.environ.get(REFERRERS_ENV)
     if wanted:
         out["referrers"] = {name: referrers(name) for name in wanted.split(",")}
+    if os.environ.get(CONTAINERS_ENV):
+        out["containers"] = container_lengths()
     if tracemalloc.is_tracing():
         traced = tracemalloc.take_snapshot().statistics("lineno")
         out["traced_bytes"] = sum(stat.size for stat in traced)
