@@ -141,7 +141,9 @@ def _owner_fields(thing: object) -> list[tuple[str, object]]:
     return fields
 
 
-def container_lengths(top: int = 25) -> dict[str, list[dict[str, Any]]]:
+def container_lengths(
+    top: int = 25, fields_top: int | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """Where entries pile up: the `top` lists, dicts, sets and deques with the most entries
     (with what holds each), and the attributes (`Owner.field`) whose containers hold the most
     entries summed over every owner. A structure that grows with every message keeps its
@@ -189,7 +191,7 @@ def container_lengths(top: int = 25) -> dict[str, list[dict[str, Any]]]:
                 "held_by": [_describe(h)[:200] for h in holders[:2]],
             }
         )
-    fields_ranked = sorted(by_field.items(), key=lambda kv: -kv[1][0])[:top]
+    fields_ranked = sorted(by_field.items(), key=lambda kv: -kv[1][0])[: fields_top or top]
     return {
         "largest": largest,
         "by_field": [
