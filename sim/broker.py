@@ -36,6 +36,7 @@ from danube.machines.node.core import (
     BrokerCore,
     BrokerIdentity,
 )
+from danube.machines.node.phase import TopicPhase
 from danube.machines.requests import receive
 from danube.machines.requests.publish import BatchRequest
 from danube.machines.requests.receive import Receiver, Send
@@ -466,6 +467,19 @@ class SimBroker:
             uploads=self.uploads,
             memory=self.memory,
             **options,
+        )
+
+    def recovered(self) -> bool:
+        """Up, with every stored topic's WAL loaded or given up on: no deferred load left to
+        start and no topic still loading (`deferred_loads`). The final check waits for it: a
+        lazily recovered topic is repaired, or stopped as damaged, by its load, not by the
+        restart itself."""
+        core = self.core
+        if core is None or core.logs.deferred.left:
+            return False
+        return not any(
+            record.phase in (TopicPhase.LOADING, TopicPhase.UNLOADING_LOADING)
+            for record in core.catalogue.topics_by_name.values()
         )
 
     def crash(self, *, power: bool, fault: bool = True) -> None:
