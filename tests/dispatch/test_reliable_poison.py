@@ -31,6 +31,7 @@ from danube.machines.dispatch.failure import (
     FailurePolicy,
     Poison,
 )
+from danube.machines.dispatch.poison import REPUBLISH_RETRY_FLOOR_MS
 from danube.machines.dispatch.reliable import Deliver, Read, ReliableSubscription
 from danube.machines.dispatch.types import SubscriptionType
 
@@ -406,6 +407,34 @@ def test_a_policy_changed_while_a_dead_letter_failed_decides_at_the_retry() -> N
     block = dataclasses.replace(policy, poison=Poison.BLOCK, dead_letter_topic=None)
     sub.configure(3, policy=block)
     assert sub.entry_state(0) is EntryState.DEAD_LETTERING, "the republish may still land"
-    again = sub.tick(20)
+    again = sub.tick(2 + REPUBLISH_RETRY_FLOOR_MS)
     assert not any(isinstance(e, DeadLetter) for e in again)
     assert sub.entry_state(0) is EntryState.BLOCKED and sub.blocked == (0,)
+
+
+def test_a_failed_republish_is_not_asked_again_at_once_under_a_zero_delay() -> None:
+    """A policy without redelivery delay: a republish that fails at once (its dead-letter
+    topic still loading after a restart, or refused) used to be asked again in the same call,
+    which failed again at once, for ever (the simulator's seed 257 spun at one instant after
+    restart made the dead-letter topic's load lazy). It waits `REPUBLISH_RETRY_FLOOR_MS`."""
+    policy = FailurePolicy(
+        ack_timeout_ms=ACK_TIMEOUT,
+        base_redelivery_delay_ms=0,
+        max_redelivery_delay_ms=0,
+        max_redelivery_count=0,
+        poison=Poison.DEAD_LETTER,
+        dead_letter_topic="/default/dlq",
+    )
+    sub = ReliableSubscription(SubscriptionType.SHARED, 0, policy=policy)
+    sub.add_consumer(1, "c1", ("*",), 0)
+    sub.connect(1, 0)
+    [read] = [e for e in sub.readable(0, 0) if isinstance(e, Read)]
+    assert isinstance(read, Read)
+    sub.records_read([(0, b"k")], 0)
+    asked = sub.nack(0, None, 1, reason="bad")
+    assert DeadLetter(0, 1, "bad", "/default/dlq") in asked
+    again = sub.dead_letter_failed(0, 2)
+    assert not any(isinstance(e, DeadLetter) for e in again)
+    assert not any(isinstance(e, DeadLetter) for e in sub.tick(2))
+    later = sub.tick(2 + REPUBLISH_RETRY_FLOOR_MS)
+    assert DeadLetter(0, 1, "bad", "/default/dlq") in later

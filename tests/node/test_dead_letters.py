@@ -11,6 +11,7 @@ from typing import Any
 
 from danube.machines.dispatch import QueueLimits
 from danube.machines.dispatch.failure import EntryState
+from danube.machines.dispatch.poison import REPUBLISH_RETRY_FLOOR_MS
 from danube.machines.node.core import BrokerCore, BrokerIdentity, DeadLetterPublish
 from danube.machines.node.settings import PoisonPolicy, SubscriptionFailureSettings
 from danube.machines.wal import records
@@ -169,7 +170,9 @@ def test_the_original_stays_until_its_dead_letter_is_stored() -> None:
     assert held and machine.entry_state(offset) is EntryState.DEAD_LETTERING
     assert machine.cursor < offset
     broker.core.dead_letter_done = real  # type: ignore[method-assign]
-    broker.tick(50)
+    broker.tick(50)  # a failed republish waits at least REPUBLISH_RETRY_FLOOR_MS
+    assert machine.entry_state(offset) is EntryState.DEAD_LETTERING
+    broker.tick(50 + REPUBLISH_RETRY_FLOOR_MS)
     assert machine.entry_state(offset) is None and machine.cursor == offset
     assert broker.core.dead_letters.failed == 1 and broker.core.dead_letters.stored == 1
 

@@ -13,6 +13,12 @@ from typing import TYPE_CHECKING, Any
 from danube.machines.dispatch.failure import DeadLetter, Dropped, EntryState, FailurePolicy, Poison
 from danube.machines.dispatch.types import SubscriptionType
 
+REPUBLISH_RETRY_FLOOR_MS = 100
+"""A failed dead-letter republish is asked again no sooner than this, whatever the policy's
+redelivery delay: under a zero delay, a republish that fails at once (its dead-letter topic
+still loading, or refused) was asked again in the same call, failed again, for ever: the
+broker's loop spun (found by the simulator, seed 257, once restarts loaded WALs lazily)."""
+
 if TYPE_CHECKING:
     from collections import deque
 
@@ -167,7 +173,8 @@ class PoisonHandling:
             entry.republish_failures += 1
             self._tokens += 1
             entry.token = self._tokens
-            due = self._now + self.policy.redelivery_delay_ms(entry.republish_failures, None)
+            delay = self.policy.redelivery_delay_ms(entry.republish_failures, None)
+            due = self._now + max(REPUBLISH_RETRY_FLOOR_MS, delay)
             heapq.heappush(self._republish_at, (due, offset, entry.token))
         return self._finish()
 

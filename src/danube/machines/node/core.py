@@ -228,6 +228,7 @@ class BrokerCore(ReplicationRoutes):
             clustered=clustered,
         )
         self.logs.republish = self.dead_letters.republish
+        self.dead_letters.state = (self.state_pool, self.state_counts)
         self.settings = SubscriptionSettingsAdmin(self.catalogue, self.logs, clustered=clustered)
         self.restorer = Restorer(self.catalogue, self.producers, self.consumers)
         self.lifecycle = Lifecycle(self.catalogue, self.producers, self.consumers, self.logs)

@@ -18,6 +18,7 @@ the port: lookup, then the owner's reliable publish path); the owner's acknowled
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from danube.machines.dispatch import reliable as rd
@@ -28,6 +29,7 @@ from danube.values.errors import DanubeError
 from danube.values.names import parse_topic
 
 if TYPE_CHECKING:
+    from danube.machines.memory.state import StatePool
     from danube.machines.node.catalogue import Catalogue
     from danube.machines.node.producers import Producers
     from danube.machines.node.records import SubscriptionRecord, TopicRecord
@@ -100,6 +102,12 @@ class DeadLetters:
         """Republishes refused or lost, each asked again after the backoff."""
         self.forwarded = 0
         """Republishes sent to another broker (cluster mode), stored or not."""
+        self.state: tuple[StatePool | None, Callable[[], tuple[int, int, int]]] = (
+            None,
+            lambda: (0, 0, 0),
+        )
+        """The state pool and the core's counts (`BrokerCore.state_counts`): a dead-letter
+        topic created here is weighed and charged like any other topic's creation."""
 
     def republish(
         self, record: TopicRecord, sub: SubscriptionRecord, ask: rd.DeadLetter, now_ms: int
@@ -152,7 +160,15 @@ class DeadLetters:
                 return None
             if not self._auto_create:
                 raise ValueError(f"{topic} does not exist and auto_create_topics is off")
+            pool, counts = self.state
+            if pool is not None:  # weighed and charged as a topic a producer creates
+                pool.update(*counts())
+                refused = pool.refusal(what=f"topic {topic}", topics=1)
+                if refused is not None:
+                    raise ValueError(refused)
             effects.extend(self._catalogue.add_topic(name, DispatchStrategy.RELIABLE))
+            if pool is not None:  # charged now: a tick's check must not find it uncharged
+                pool.update(*counts())
             record = self._catalogue.topics_by_name[topic]
         if not record.reliable:
             raise ValueError(f"{topic} is non-reliable; a dead-letter topic must be reliable")
