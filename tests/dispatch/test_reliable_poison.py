@@ -382,14 +382,13 @@ def test_a_policy_change_applies_to_blocked_messages_at_once() -> None:
     assert offset not in harness.sub.blocked and harness.sub.entry_state(offset) is None
 
 
-def test_a_policy_changed_while_a_dead_letter_failed_decides_at_the_retry() -> None:
-    """DeadLetter, then the operator switches to Block: the failed republish is not asked
-    again for a dead-letter topic the policy no longer names; the message is blocked (or,
-    under a policy that no longer exhausts it, sent again)."""
+def _dead_lettering(delay_ms: int) -> tuple[FailurePolicy, ReliableSubscription]:
+    """A Shared subscription whose one message (offset 0) was nacked once under DeadLetter
+    with no redelivery left and a redelivery delay of `delay_ms`: its republish is asked."""
     policy = FailurePolicy(
         ack_timeout_ms=ACK_TIMEOUT,
-        base_redelivery_delay_ms=5,
-        max_redelivery_delay_ms=5,
+        base_redelivery_delay_ms=delay_ms,
+        max_redelivery_delay_ms=delay_ms,
         max_redelivery_count=0,
         poison=Poison.DEAD_LETTER,
         dead_letter_topic="/default/dlq",
@@ -403,6 +402,14 @@ def test_a_policy_changed_while_a_dead_letter_failed_decides_at_the_retry() -> N
     assert sub.in_flight(1) == frozenset({0})
     asked = sub.nack(0, None, 1, reason="bad")
     assert DeadLetter(0, 1, "bad", "/default/dlq") in asked
+    return policy, sub
+
+
+def test_a_policy_changed_while_a_dead_letter_failed_decides_at_the_retry() -> None:
+    """DeadLetter, then the operator switches to Block: the failed republish is not asked
+    again for a dead-letter topic the policy no longer names; the message is blocked (or,
+    under a policy that no longer exhausts it, sent again)."""
+    policy, sub = _dead_lettering(5)
     sub.dead_letter_failed(0, 2)
     block = dataclasses.replace(policy, poison=Poison.BLOCK, dead_letter_topic=None)
     sub.configure(3, policy=block)
@@ -417,22 +424,7 @@ def test_a_failed_republish_is_not_asked_again_at_once_under_a_zero_delay() -> N
     topic still loading after a restart, or refused) used to be asked again in the same call,
     which failed again at once, for ever (the simulator's seed 257 spun at one instant after
     restart made the dead-letter topic's load lazy). It waits `REPUBLISH_RETRY_FLOOR_MS`."""
-    policy = FailurePolicy(
-        ack_timeout_ms=ACK_TIMEOUT,
-        base_redelivery_delay_ms=0,
-        max_redelivery_delay_ms=0,
-        max_redelivery_count=0,
-        poison=Poison.DEAD_LETTER,
-        dead_letter_topic="/default/dlq",
-    )
-    sub = ReliableSubscription(SubscriptionType.SHARED, 0, policy=policy)
-    sub.add_consumer(1, "c1", ("*",), 0)
-    sub.connect(1, 0)
-    [read] = [e for e in sub.readable(0, 0) if isinstance(e, Read)]
-    assert isinstance(read, Read)
-    sub.records_read([(0, b"k")], 0)
-    asked = sub.nack(0, None, 1, reason="bad")
-    assert DeadLetter(0, 1, "bad", "/default/dlq") in asked
+    _, sub = _dead_lettering(0)
     again = sub.dead_letter_failed(0, 2)
     assert not any(isinstance(e, DeadLetter) for e in again)
     assert not any(isinstance(e, DeadLetter) for e in sub.tick(2))
