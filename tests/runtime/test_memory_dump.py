@@ -85,3 +85,20 @@ def test_container_lengths_see_frozen_objects() -> None:
     fields = {entry["field"]: entry for entry in lengths["by_field"]}
     assert fields["_Holder.offsets"]["entries"] == 5_000
     assert holder.offsets[-1] == 4_999
+
+
+class _Costly:
+    """An object whose `repr` must never be made by a dump (CI's full run spent ten minutes
+    in the `repr` of a holder)."""
+
+    def __repr__(self) -> str:
+        raise AssertionError("a dump made a repr of an arbitrary object")
+
+
+def test_a_dump_never_makes_the_repr_of_an_arbitrary_holder() -> None:
+    holder = _Holder(0)
+    holder.offsets = [_Costly() for _ in range(200_000)]  # the longest container by far
+    lengths = memory_dump.container_lengths()
+    [entry] = [e for e in lengths["largest"] if e["len"] == 200_000]
+    assert "_Costly" in entry["what"]
+    assert memory_dump._describe({_Costly(): 1, "k": 2}).endswith("keys=[<_Costly>, 'k']")

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import tracemalloc
 from collections import deque as deque_type
+from itertools import islice
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -89,14 +90,28 @@ def _rss() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _short(value: object) -> str:
+    """A value's text when it is plain and short to make, else its type's name: a `repr` of
+    an arbitrary object (a dataclass holding a whole broker) can take minutes (CI's full
+    run spent ten in one) and would stall a broker asked for a dump."""
+    if isinstance(value, _PLAIN):
+        return repr(value)[:80]
+    return f"<{type(value).__qualname__}>"
+
+
 def _describe(thing: object) -> str:
     kind = f"{type(thing).__module__}.{type(thing).__qualname__}"
     if isinstance(thing, dict):
-        return f"{kind} keys={list(thing)[:6]!r}"[:300]
+        return f"{kind} keys=[{', '.join(_short(k) for k in islice(thing, 6))}]"[:300]
     if hasattr(thing, "f_code"):
         code = thing.f_code  # a frame
         return f"{kind} {code.co_qualname} {code.co_filename}:{thing.f_lineno}"
-    return f"{kind} {thing!r}"[:300]
+    if isinstance(thing, (list, tuple, set, frozenset, deque_type)):
+        return f"{kind} len={len(thing)} [{', '.join(_short(e) for e in islice(thing, 6))}]"
+    return f"{kind} {_short(thing)}"
 
 
 def referrers(type_name: str, samples: int = 3, depth: int = 6) -> list[list[str]]:
