@@ -119,7 +119,6 @@ class Interpreter:
         self._directory: dict[str, deque[Callable[[], None]]] = {}
         """Topics whose directory is held (`Exclusive`), with who waits for it."""
         self._loading: dict[str, list[Callable[[], None]]] = {}
-        self._all_loaded: list[Callable[[], None]] = []
         self._jobs: deque[Callable[[], None]] = deque()
         self._running = False
         self.checkpoints = CheckpointWriter(self)
@@ -152,13 +151,6 @@ class Interpreter:
         topic's durability level, or fails it when they are lost. Register it before the
         step that appends them is applied: no acknowledgement can slip past it."""
         self._enter(lambda: self.publishes.wait(topic, through, waiter))
-
-    def when_loaded(self, then: Callable[[], None]) -> None:
-        """Calls `then` once no WAL load is under way (broker start)."""
-        if self._loading:
-            self._all_loaded.append(then)
-        else:
-            then()
 
     def perform_now(self, call: Callable[[], None]) -> None:
         """Runs `call` (a port delivering answers it held) as the interpreter's own work:
@@ -598,10 +590,6 @@ class Interpreter:
         waiters = self._loading.pop(topic, [])
         for then in waiters:
             then()
-        if not self._loading:
-            everyone, self._all_loaded = self._all_loaded, []
-            for then in everyone:
-                then()
 
     def _after_loads(self, topics: list[str], then: Callable[[], None]) -> None:
         pending = [topic for topic in topics if topic in self._loading]
