@@ -81,6 +81,7 @@ from sim.world import US_PER_MS, World
 
 URL = "http://sim-broker:6650"
 _DECODED_KEPT = 4096
+_LOADING_PHASES = (TopicPhase.LOADING, TopicPhase.UNLOADING_LOADING)
 """Decoded records `SimBroker._decoded` keeps (a few seconds' worth)."""
 TICK_US = 50_000
 LOAD_SWEEP_WIDTH = 1
@@ -478,9 +479,18 @@ class SimBroker:
         if core is None or core.logs.deferred.left:
             return False
         return not any(
-            record.phase in (TopicPhase.LOADING, TopicPhase.UNLOADING_LOADING)
-            for record in core.catalogue.topics_by_name.values()
+            record.phase in _LOADING_PHASES for record in core.catalogue.topics_by_name.values()
         )
+
+    def loading(self) -> tuple[list[str], int]:
+        """The topics still loading and the deferred loads not started (what keeps
+        `recovered` False)."""
+        core = self.core
+        if core is None:
+            return [], 0
+        topics = core.catalogue.topics_by_name
+        still = [t for t, r in topics.items() if r.phase in _LOADING_PHASES]
+        return sorted(still), core.logs.deferred.left
 
     def crash(self, *, power: bool, fault: bool = True) -> None:
         """Dies at once: in-flight I/O is lost (a write under way may be torn), streams

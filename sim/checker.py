@@ -696,6 +696,16 @@ class InvariantChecker(Observer):
             f"{sorted(missing)[:3]}: {detail}",
         )
 
+    def recovery_unfinished(self, loading: list[str], deferred: int) -> None:
+        """After the last restart, every stored topic's WAL must have been loaded (or the
+        topic stopped as damaged) within the wait: a load taken off the restart's queue and
+        never started leaves its topic refusing every client for ever."""
+        self._violate(
+            LIVENESS,
+            f"recovery did not finish: {len(loading)} topic(s) still loading, e.g. "
+            f"{loading[:3]}, {deferred} deferred load(s) not started",
+        )
+
     # -- the object tier --------------------------------------------------------------------------
 
     def written(self, topic: str, data: bytes) -> None:

@@ -616,6 +616,8 @@ class Simulation:
             if self._run_until(world.now + self.faults.restart_us) and self._run_until(
                 world.now + FINAL_RECOVERY_LIMIT_US, stop=self.broker.recovered
             ):
+                if not self.broker.recovered():
+                    self.checker.recovery_unfinished(*self.broker.loading())
                 self.checker.final(self.judged, self.broker.stopped_topics)
         if self.audit_output is not None:
             self.audit_output.write_storage(self.disk, self.objects, self.metadata)

@@ -414,9 +414,23 @@ def deferred_topic_served_unloaded() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def wanted_load_stranded() -> Iterator[None]:
+    """A request's `want` takes the topic off the sweep's queue without queueing its load
+    (as a producer refused after taking the load did, review finding): the topic stays
+    LOADING, refusing its clients, for ever."""
+
+    def want(self: DeferredLoads, topic: str) -> None:
+        self._waiting.pop(topic, None)
+
+    with mock.patch.object(DeferredLoads, "want", want):
+        yield
+
+
 LAZY_LOAD_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "first_use_load_is_fresh": first_use_load_is_fresh,
     "deferred_topic_served_unloaded": deferred_topic_served_unloaded,
+    "wanted_load_stranded": wanted_load_stranded,
 }
 """Bugs of a restart's deferred WAL loads (issue 23), caught by runs with several topics and
 crashes, whose clients come back to topics not loaded yet."""

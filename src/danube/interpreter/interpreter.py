@@ -119,6 +119,8 @@ class Interpreter:
         self._directory: dict[str, deque[Callable[[], None]]] = {}
         """Topics whose directory is held (`Exclusive`), with who waits for it."""
         self._loading: dict[str, list[Callable[[], None]]] = {}
+        """Topics with a load (or a cut) under way, with who waits for it to end."""
+        self._loads_under_way: dict[str, int] = {}
         self._jobs: deque[Callable[[], None]] = deque()
         self._running = False
         self.checkpoints = CheckpointWriter(self)
@@ -538,12 +540,28 @@ class Interpreter:
     def _load_done(
         self, topic: str, lane: _Files, effect: Any, fresh: bool = False
     ) -> Callable[[RecoveryPlan | None, BaseException | None], None]:
+        """What a load's end does. A `DropWal` of the topic while the load ran (its lane's
+        epoch moved) makes the result stale: the topic was deleted, perhaps created again
+        (a new record with its own fresh load queued behind this one), or handed over, and
+        the files this load read are not the ones the topic has now (review finding: a
+        deleted topic's log served by its new record, whose own load then met a serving
+        topic)."""
+        epoch = lane.epoch
+        counted = isinstance(effect, (LoadWal, CutWal))
+        if counted:
+            self._loads_under_way[topic] = self._loads_under_way.get(topic, 0) + 1
+
         def loaded(plan: RecoveryPlan | None, error: BaseException | None) -> None:
             try:
-                if not self.closed:
+                if self.closed:
+                    pass
+                elif lane.epoch != epoch:
+                    self.host.event("wal_load_stale", topic=topic)
+                    self._apply(self.core.wal_load_stale(topic).effects)
+                else:
                     self._loaded(topic, lane, plan, error, fresh=fresh)
             finally:
-                if isinstance(effect, (LoadWal, CutWal)):
+                if counted:
                     self._load_finished(topic)
 
         return loaded
@@ -587,6 +605,12 @@ class Interpreter:
         self._apply(step_.effects)
 
     def _load_finished(self, topic: str) -> None:
+        """One load of the topic ended; its waiters are answered once none is left (a
+        deleted topic's load must not answer the waiters of its new record's load)."""
+        left = self._loads_under_way.pop(topic, 1) - 1
+        if left > 0:
+            self._loads_under_way[topic] = left
+            return
         waiters = self._loading.pop(topic, [])
         for then in waiters:
             then()

@@ -98,6 +98,7 @@ class Consumers:
             )
         check_not_stopped(record)
         check_not_moving(record)
+        self._want_wal(record)
         if sub is not None and consumer_name in sub.consumers:
             return self._take_over(record, sub, sub.consumers[consumer_name], key_filters, now_ms)
         start_offset = 0
@@ -341,6 +342,13 @@ class Consumers:
                     effects.append(EndStream(consumer_id, consumer.stream))
         return effects
 
+    def _want_wal(self, record: TopicRecord) -> None:
+        """A consumer coming (back) to a topic whose WAL a restart has not loaded yet moves
+        its load ahead of the sweep, as a publish does: its subscription is restored and
+        waits for the log, which the sweep alone might reach minutes later."""
+        if record.reliable and record.log.wal is None:
+            self._logs.deferred.want(record.name.full)
+
     # -- receive streams ----------------------------------------------------------------------
 
     def open_stream(self, consumer_id: int, *, now_ms: int = 0) -> Step[int]:
@@ -349,6 +357,7 @@ class Consumers:
         record = self._topics[consumer.topic.full]
         sub = record.subscriptions[consumer.subscription]
         effects: list[Effect] = []
+        self._want_wal(record)
         if consumer.stream:
             effects.append(EndStream(consumer_id, consumer.stream))
         self.stream_generations += 1

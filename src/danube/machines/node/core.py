@@ -87,7 +87,6 @@ from danube.machines.node.subscription_settings import SubscriptionSettingsAdmin
 from danube.machines.tiering import uploader as tier
 from danube.machines.wal import batches
 from danube.machines.wal import machine as wal
-from danube.machines.wal.recovery import RecoveryPlan
 from danube.values.config import DispatchStrategy, Policies, TopicDurability
 from danube.values.errors import DanubeError, ErrorCode
 
@@ -657,27 +656,6 @@ class BrokerCore(ReplicationRoutes):
         """Cluster mode: a load aligns a local log to the object index (a promoted follower's
         segments are its own, `recovery.plan_align`); a standalone broker's are the index's."""
         return self._clustered
-
-    def wal_durable_end(self, topic: str) -> int | None:
-        """Every offset of the topic below this is covered by a completed fsync (the WAL
-        checkpoint's value); None while the topic has no working WAL."""
-        if self.followers.serves(topic):
-            return self.followers.durable_end(topic)
-        return self.logs.wal_durable_end(topic)
-
-    def wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
-        """The topic's WAL was recovered: at start, or after a repair (a repair rebuilds
-        only the subscriptions that read what it cut)."""
-        if self.followers.serves(topic):
-            return self.followers.wal_loaded(topic, plan, now_ms)
-        return self.logs.wal_loaded(topic, plan, now_ms=now_ms)
-
-    def wal_load_failed(self, topic: str, reason: str) -> Step[None]:
-        """Recovery refused the topic's segments (corruption) or the disk failed: the topic
-        stops until an operator acts; other topics are not affected."""
-        if self.followers.serves(topic):
-            return self.followers.wal_load_failed(topic, reason)
-        return self.logs.wal_load_failed(topic, reason)
 
     def wal_io_done(
         self, topic: str, effect: wal.Effect, error: str | None, *, now_ms: int

@@ -1,9 +1,9 @@
 """The broker core's routes for replication (spec/replication.md): the owner's side (its
-followers' answers, the replicas value it adopts) and the follower's side (an owner's
-`Replicate`, the epochs it saves). Split out of `danube.machines.node.core` to keep that module
-under the size cap; `BrokerCore` inherits these methods, so callers see one core. Like the rest
-of the core it only routes: the decisions are `ReliableLogs.replicas` (the owner's machines)
-and `FollowerReplicas`."""
+followers' answers, the replicas value it adopts), the follower's side (an owner's
+`Replicate`, the epochs it saves), and WAL loads, which reach either side. Split out of
+`danube.machines.node.core` to keep that module under the size cap; `BrokerCore` inherits
+these methods, so callers see one core. Like the rest of the core it only routes: the
+decisions are `ReliableLogs.replicas` (the owner's machines) and `FollowerReplicas`."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from danube.machines.node.reliable_log import ReliableLogs
 from danube.machines.node.replica_follower import FollowerReplicas, still_follows
 from danube.machines.node.replica_owner import ReplicaConfig, replica_config
 from danube.machines.replication import messages as rm
+from danube.machines.wal.recovery import RecoveryPlan
 
 
 class ReplicationRoutes:
@@ -28,6 +29,35 @@ class ReplicationRoutes:
     _topics: dict[str, TopicRecord]
     serves: Callable[[str], bool]
     lifecycle: Lifecycle
+
+    # -- WAL loads: an owner's topic or a follower's replica ---------------------------------
+
+    def wal_durable_end(self, topic: str) -> int | None:
+        """Every offset of the topic below this is covered by a completed fsync (the WAL
+        checkpoint's value); None while the topic has no working WAL."""
+        if self.followers.serves(topic):
+            return self.followers.durable_end(topic)
+        return self.logs.wal_durable_end(topic)
+
+    def wal_loaded(self, topic: str, plan: RecoveryPlan, *, now_ms: int) -> Step[None]:
+        """The topic's WAL was recovered: at start, or after a repair (a repair rebuilds
+        only the subscriptions that read what it cut)."""
+        if self.followers.serves(topic):
+            return self.followers.wal_loaded(topic, plan, now_ms)
+        return self.logs.wal_loaded(topic, plan, now_ms=now_ms)
+
+    def wal_load_failed(self, topic: str, reason: str) -> Step[None]:
+        """Recovery refused the topic's segments (corruption) or the disk failed: the topic
+        stops until an operator acts; other topics are not affected."""
+        if self.followers.serves(topic):
+            return self.followers.wal_load_failed(topic, reason)
+        return self.logs.wal_load_failed(topic, reason)
+
+    def wal_load_stale(self, topic: str) -> Step[None]:
+        """A load whose topic's WAL was dropped while it ran (the topic deleted, perhaps
+        created again, or handed over): its result describes files that are gone or belong
+        to a newer record, so it is applied to nothing; only the sweep moves on."""
+        return Step(None, tuple(self.logs.deferred.done(topic)))
 
     # -- replication, the owner's side (spec/replication.md) -----------------------------------
 

@@ -97,16 +97,19 @@ class Producers:
         else:
             check_not_stopped(record)
             check_not_moving(record)
-            effects.extend(self._logs.deferred.start(topic))  # the reply waits for the load
         existing = record.producers.get(producer_name)
+        if existing is None:
+            limit = self._catalogue.policies(record).max_producers_per_topic
+            if limit and len(record.producers) >= limit:
+                raise DanubeError(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    f"topic {topic} already has {limit} producers (max_producers_per_topic)",
+                )
+        # Only once nothing can refuse the creation: a deferred load taken off the queue by
+        # a step that is then thrown away would never start (the topic would stay LOADING).
+        effects.extend(self._logs.deferred.start(topic))  # the reply waits for the load
         if existing is not None:
             return Step(existing, tuple(effects))
-        limit = self._catalogue.policies(record).max_producers_per_topic
-        if limit and len(record.producers) >= limit:
-            raise DanubeError(
-                ErrorCode.RESOURCE_EXHAUSTED,
-                f"topic {topic} already has {limit} producers (max_producers_per_topic)",
-            )
         producer = ProducerRecord(new_id(self._rng, self.by_id), producer_name, name, access_mode)
         self.by_id[producer.producer_id] = producer
         record.producers[producer_name] = producer.producer_id
