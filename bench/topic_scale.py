@@ -41,6 +41,9 @@ class Bucket:
     topics_per_s: float
     rss_mib: float
     broker_cpu_ms_per_topic: float
+    client_cpu_ms_per_topic: float = 0.0
+    """This process's CPU (the Python client creating the topics) per topic: on a 2-core
+    machine the client's share limits the rate as much as the broker's."""
 
 
 @dataclass
@@ -73,7 +76,7 @@ async def _fill(broker: BrokerProcess, args: argparse.Namespace, result: Result)
     keep: list[Producer] = []
     async with DanubeClient(broker.url) as client:
         started = time.perf_counter()
-        cpu = cpu_seconds(broker.pid)
+        cpu, client_cpu = cpu_seconds(broker.pid), time.process_time()
         next_index = 0
         for upto in range(args.bucket, args.topics + 1, args.bucket):
             queue = iter(range(next_index, upto))
@@ -85,20 +88,22 @@ async def _fill(broker: BrokerProcess, args: argparse.Namespace, result: Result)
             await asyncio.gather(*(worker() for _ in range(args.concurrency)))
             next_index = upto
             now, now_cpu = time.perf_counter(), cpu_seconds(broker.pid)
+            now_client_cpu = time.process_time()
             bucket = Bucket(
                 upto=upto,
                 topics_per_s=args.bucket / (now - started),
                 rss_mib=rss_mib(broker.pid),
                 broker_cpu_ms_per_topic=(now_cpu - cpu) * 1000 / args.bucket,
+                client_cpu_ms_per_topic=(now_client_cpu - client_cpu) * 1000 / args.bucket,
             )
             result.buckets.append(bucket)
             print(
                 f"{upto:>8,} topics: {bucket.topics_per_s:7.1f} topics/s, RSS "
                 f"{bucket.rss_mib:7.1f} MiB, broker CPU {bucket.broker_cpu_ms_per_topic:.2f} "
-                "ms/topic",
+                f"ms/topic, client CPU {bucket.client_cpu_ms_per_topic:.2f} ms/topic",
                 flush=True,
             )
-            started, cpu = now, now_cpu
+            started, cpu, client_cpu = now, now_cpu, now_client_cpu
         for producer in keep:
             await producer.__aexit__()
 

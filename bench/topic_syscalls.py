@@ -24,7 +24,9 @@ from bench.topic_scale import CONFIG, _create
 from danube.client import DanubeClient, Producer
 from danube.localcluster.broker_process import BrokerProcess
 
-CALLS = "fsync,fdatasync,openat,rename,unlink,pwrite64,write"
+CALLS = "fsync,fdatasync,openat,rename,unlink,mkdir,pwrite64,write,read,futex,epoll_wait"
+"""File calls, then the ones a hand-off between threads makes (a wake-up socket written and
+read, a futex, an epoll wait): a hop to a worker thread and back shows in the second group."""
 
 
 def _counts(summary: str) -> dict[str, int]:

@@ -179,3 +179,42 @@ async def test_a_recovery_with_nothing_to_carry_out_takes_no_worker_thread(
         await port._directory(RecoverTopic("/default/t", (), 0, False))
         assert len(hops) == 1
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_fresh_topics_load_is_one_writer_job_and_leaves_an_empty_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: a new topic's load used to take two worker-thread hops (its leftovers
+    removed, then the directory scanned). Now the removal makes the directory again on the
+    topic's WAL writer thread and the flow knows the scan is empty: no `trio.to_thread` at
+    all, the leftovers gone, the directory there and empty, the plan a new log's."""
+    hops: list[object] = []
+    real = trio.to_thread.run_sync
+
+    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(fn)
+        return await real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    leftovers = tmp_path / "default" / "t"
+    leftovers.mkdir(parents=True)
+    (leftovers / "00000000000000000000.wal").write_bytes(b"an earlier topic's segment")
+    core = make_core()
+    async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
+        port = ProductionPort(
+            MemoryStore(),
+            tmp_path,
+            nursery,
+            loop,
+            None,
+            metrics=BrokerMetrics(core, "b1", "standalone"),
+            claims=lambda: None,
+        )
+        flow = flows.recover("/default/t", lambda: (0, 0), fresh=True, now_ms=lambda: 0)
+        plan = await _drive(port, flow)
+        port.wal_writers.close()
+        nursery.cancel_scope.cancel()
+    assert hops == []
+    assert leftovers.is_dir() and list(leftovers.iterdir()) == []
+    assert plan.next_offset == 0 and not plan.segments and not plan.actions

@@ -153,3 +153,22 @@ def test_a_reply_waits_for_every_metadata_change_before_it_and_hears_their_failu
     assert heard == []
     lane.written("NotOwner")
     assert heard == ["NotOwner"]
+
+
+def test_a_fresh_topics_load_removes_and_remakes_its_directory_and_scans_nothing() -> None:
+    """The scan of a directory just removed and made again is known (empty): a fresh load
+    asks for no `ScanTopic` (issue 23: a worker-thread hop per new topic fewer)."""
+    from danube.effects import RecoverTopic, RemoveTopicFiles, ScanTopic
+
+    asked: list[Any] = []
+
+    def perform(effect: Any) -> Any:
+        asked.append(effect)
+        assert not isinstance(effect, ScanTopic)
+        return None
+
+    plan = run_now(flows.recover("/default/t", lambda: (0, 0), fresh=True, now_ms=lambda: 0),
+                   perform)  # fmt: skip
+    assert asked[0] == RemoveTopicFiles("/default/t", recreate=True)
+    assert [type(effect) for effect in asked] == [RemoveTopicFiles, RecoverTopic]
+    assert plan.next_offset == 0 and not plan.segments

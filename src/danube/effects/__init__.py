@@ -249,6 +249,10 @@ class TopicScan:
     """The replication epochs recorded in the directory (`WriteEpochs`), None without."""
 
 
+EMPTY_SCAN = TopicScan((), None, None, None)
+"""What a directory just removed and made again holds (`RemoveTopicFiles(recreate=True)`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RecoverTopic:
     """Carry out a recovery plan's actions (`wal.recovery.TruncateSegment`, `PlaceSegment`,
@@ -302,9 +306,13 @@ class MarkDurable:
 
 @dataclass(frozen=True, slots=True)
 class RemoveTopicFiles:
-    """Delete the topic's WAL directory and everything in it; answered with None."""
+    """Delete the topic's WAL directory and everything in it; answered with None.
+    `recreate`: then make it again, empty (a fresh topic's load, `flows.recover`, which
+    then knows the directory's scan without a `ScanTopic`: one hand-off to a thread per new
+    topic fewer, issue 23)."""
 
     topic: str
+    recreate: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from danube.effects import (
+    EMPTY_SCAN,
     Backoff,
     CloseTopicFiles,
     ObjectDelete,
@@ -99,9 +100,13 @@ def recover(
     if repair is not None:
         yield FilesIdle(topic)
         yield TruncateTopicFile(topic, repair[0], repair[1])
-    elif fresh:
-        yield RemoveTopicFiles(topic)
-    scan: TopicScan = yield ScanTopic(topic)
+    if fresh and repair is None:
+        # A fresh topic owns no data: its leftovers go and the directory is made again in
+        # one effect, whose scan is known (empty) without asking the disk (issue 23).
+        yield RemoveTopicFiles(topic, recreate=True)
+        scan: TopicScan = EMPTY_SCAN
+    else:
+        scan = yield ScanTopic(topic)
     acknowledged_end, indexed_end = evidence()
     actions = recovery.plan_align(scan.segments, indexed_end) if align and not fresh else ()
     if actions:  # a promoted follower's log, cut to what the object index lacks

@@ -250,6 +250,9 @@ class ProductionPort:
             # topic, and a trio task per pause is what the hot path is rid of
             self._loop.call_later(effect.ms / 1000, done, None, None)
             return
+        if isinstance(effect, RemoveTopicFiles) and effect.recreate:
+            self._reset_files(effect.topic, done)
+            return
         if isinstance(effect, MarkDurable):
             self._began()
             files = self._topic_files(effect.topic)
@@ -287,6 +290,10 @@ class ProductionPort:
                 fields["seconds"] = f"{time.monotonic() - started:.3f}"
         name = _RENAMED.get(name, name)
         level = _LEVELS.get(name, logging.DEBUG)
+        if name == "wal_loaded" and fields.get("fresh"):
+            # a new topic's empty WAL says nothing a `producer_created` line does not: one log
+            # line per new topic fewer (issue 23); stored topics' loads stay at INFO
+            level = logging.DEBUG
         if log.isEnabledFor(level):
             log.log(level, "%s", format_event(name, fields))
 
@@ -342,6 +349,18 @@ class ProductionPort:
                     submitted, finished, answered, outcome.synced, wrote=outcome.appended > 0
                 )
         done(None, error)
+
+    def _reset_files(self, topic: str, done: Done) -> None:
+        """A fresh topic's directory emptied and made again on the topic's WAL writer thread,
+        ahead of the segment it creates next: one batched hand-off instead of a trio task and
+        a `trio.to_thread` call for each of a removal and a scan (issue 23)."""
+        self._began()
+        self._loaded_at.setdefault(topic, time.monotonic())
+        stale = self._files.pop(topic, None)
+        if stale is not None:
+            stale.close()
+        files = self._files[topic] = self._new_files(topic)
+        self.wal_writers.submit(topic, files.reset, partial(self._marked, done))
 
     def _marked(self, done: Done, _wrote: Any, error: BaseException | None) -> None:
         self._ended()

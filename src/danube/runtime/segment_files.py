@@ -417,6 +417,13 @@ class SegmentFiles:
         if self.directory.exists():
             shutil.rmtree(self.directory)
 
+    def reset(self) -> None:
+        """`remove`, then the directory made again, empty (`RemoveTopicFiles(recreate=True)`:
+        a fresh topic's load, whose scan is then known without reading). Blocking."""
+        self.remove()
+        self._mark = None
+        self.directory.mkdir(parents=True, exist_ok=True)
+
     async def read(self, plan: FileRead) -> tuple[bytes, ...]:
         """The records a `FileRead` asked for, verified frame by frame."""
 
