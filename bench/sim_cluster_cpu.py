@@ -1,8 +1,9 @@
 """CPU of the cluster simulator with data planes, for per-message cost comparisons.
 
 `python -m bench.sim_cluster_cpu --seed S [--duration 30] [--profile default] [--in-flight N]
-[--replicated] [--object-batch-ms MS]` builds `ClusterSimulation(S, ClusterWorkload(data=True),
-CLUSTER_PROFILES[profile])` (with the producers' window N, the workload's default without it;
+[--replicated] [--object-batch-ms MS] [--batched P]` builds `ClusterSimulation(S,
+ClusterWorkload(data=True), CLUSTER_PROFILES[profile])` (with the producers' window N and share
+P of batched producers, the workload's defaults without them;
 MS replaces `sim.cluster_data.OBJECT_BATCH_MS`, the `object` level's batch, for a what-if),
 runs it and
 prints the run's CPU time (`time.process_time()` around `run`, which a busy machine disturbs
@@ -33,11 +34,14 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="simulated s; 0: build only")
     parser.add_argument("--profile", default="default", choices=sorted(CLUSTER_PROFILES))
     parser.add_argument("--in-flight", type=int, default=ClusterWorkload().in_flight)
+    parser.add_argument("--batched", type=float, default=ClusterWorkload().batched)
     parser.add_argument("--replicated", action="store_true")
     parser.add_argument("--object-batch-ms", type=int, default=cluster_data.OBJECT_BATCH_MS)
     args = parser.parse_args()
     cluster_data.OBJECT_BATCH_MS = args.object_batch_ms
-    workload = ClusterWorkload(data=True, in_flight=args.in_flight, replicated=args.replicated)
+    workload = ClusterWorkload(
+        data=True, in_flight=args.in_flight, replicated=args.replicated, batched=args.batched
+    )
     simulation = ClusterSimulation(args.seed, workload, CLUSTER_PROFILES[args.profile])
     if not args.duration:
         return

@@ -118,6 +118,14 @@ class ClusterWorkload:
     msg/s for a sequential producer); at 4 the sealed objects carry more messages and the CPU a
     message is lower than at 1 or 8 (bench/RESULTS.md, issue 22 round 12). 1 is reachable
     (`--in-flight 1`, and the swarm draws it)."""
+    batched: float = 0.5
+    """With data planes: chance that a topic's producer publishes on the batched path
+    (`PublishBatch`, up to `batch` payloads a request, as our client does by default;
+    `sim.cluster_clients`), the others one `SendMessage` a publish, as Danube's own clients:
+    the seed draws the mix, as the standalone simulator's `Workload.batched`. 0 draws nothing
+    from the seed (plain producers only, the runs of before issue 22's round 13)."""
+    batch: int = 8
+    """With `batched`: most payloads a `PublishBatch` carries."""
     admin: int = 8
     """Operations of the operator (`sim.cluster_admin`): drains, unloads, deletions of its
     own topics, namespace-policy changes, at random times under the faults (0: none)."""
@@ -272,6 +280,7 @@ class ClusterSimulation:
                     topic=topic,
                     rate=workload.rate,
                     in_flight=workload.in_flight,
+                    batch=workload.batch if _batched(self.world, workload.batched) else 1,
                 )
         self.ledger: PoisonLedger | None = None
         self.consumers: dict[str, ClusterConsumer] = {}
@@ -471,6 +480,11 @@ class ClusterSimulation:
             disk.full = False
 
         self.world.at(self.faults.disk_full_us, room)
+
+
+def _batched(world: World, chance: float) -> bool:
+    """Whether a producer takes the batched path: nothing drawn at 0 (the runs of before)."""
+    return chance > 0 and world.rng.random() < chance
 
 
 def cluster_replay_command(

@@ -9,7 +9,14 @@ client dropping its connection: their late answers are ignored), sends the produ
 the lookup, and every unacknowledged payload goes again, oldest first, until it is
 acknowledged; so a topic may store a payload twice or out of order, which invariant h allows
 (it asks that every acknowledged payload is stored, wherever). The checker hears of every
-acknowledgement."""
+acknowledgement.
+
+A batched producer (`batch` above 1: `ClusterWorkload.batched` of them, drawn per topic) is
+our client's batched path (`danube.client.batching`, linger 0): its application produces at
+the rate whatever the window, the payloads produced while the window is full accumulate (at
+most `batch`, the application's send waiting beyond that), and they leave together as one
+`PublishBatch` (one WAL frame, one answer) as soon as a publish's answer opens the window;
+payloads to send again go `batch` at a time (issue 22, round 13)."""
 
 from __future__ import annotations
 
@@ -18,13 +25,14 @@ from typing import Any, Protocol
 
 from danube.machines.cluster.placement import ViewFacts, lookup_from_view
 from danube.machines.wal import records
+from danube.machines.wal.format import encode_frame
 from danube.values.config import DispatchStrategy
 from danube.values.errors import DanubeError, ErrorCode
 from sim.broker import Reply
 from sim.clients import Caller
 from sim.cluster_node import SimNode
 from sim.network import Network
-from sim.requests import ProducerRequest
+from sim.requests import ProducerRequest, PublishBatch
 from sim.world import US_PER_MS, US_PER_S, Timeout, World
 
 REQUEST_TIMEOUT_US = 2 * US_PER_S
@@ -47,7 +55,9 @@ class ClusterProducer:
         topic: str,
         rate: float,
         in_flight: int = 1,
+        batch: int = 1,
     ) -> None:
+        """`batch` 1: one `SendMessage` a publish; above: the batched path (module doc)."""
         self.world = world
         self.network = network
         self.nodes = nodes
@@ -56,6 +66,7 @@ class ClusterProducer:
         self.topic = topic
         self.interval_us = int(US_PER_S / rate)
         self.in_flight = in_flight
+        self.batch = batch
         self.started = False
         self.stopped = False
         self.lookups = 0
@@ -68,9 +79,13 @@ class ClusterProducer:
         """Numbers of unacknowledged payloads not yet sent on this connection (after a
         lookup), oldest first."""
         self._sent: dict[int, _Publish] = {}
-        """number → the publish of it in flight on this connection."""
+        """number → the publish of it in flight on this connection (a batch's under each
+        of its numbers)."""
+        self._publishes = 0
+        """Publishes in flight on this connection (requests, not payloads)."""
         self._paced_from: int | None = None
-        """When the last publish was sent: a new payload goes `interval_us` after it."""
+        """When the last publish was sent: a new payload goes `interval_us` after it (the
+        batched path: when its application produced the last payload)."""
         self._due_armed = False
         self._caller = Caller(world, network, _Route(nodes[0]), name, REQUEST_TIMEOUT_US)
 
@@ -125,11 +140,15 @@ class ClusterProducer:
             publish.live = False
             publish.timer.clear()
         self._sent.clear()
+        self._publishes = 0
         self._resend = list(self._unacked)
 
     def _send(self) -> None:
         """Fills the window: payloads to send again first, at once; then new ones, each
         `interval_us` after the last publish (a timer when it is not due yet)."""
+        if self.batch > 1:
+            self._send_batches()
+            return
         while not self.stopped and self._producer_id is not None:
             if len(self._sent) >= self.in_flight:
                 return
@@ -147,6 +166,71 @@ class ClusterProducer:
             self._sequence += 1
             self._unacked[number] = f"{self.topic}#{number}"
             self._publish(number)
+
+    def _send_batches(self) -> None:
+        """The batched path's `_send`: while the window has room, payloads to send again
+        (`batch` at a time), else every payload the application produced since the last
+        publish (at most `batch`: beyond that its send waited), as one `PublishBatch`."""
+        while not self.stopped and self._producer_id is not None:
+            if self._publishes >= self.in_flight:
+                return
+            if self._resend:
+                numbers, self._resend = self._resend[: self.batch], self._resend[self.batch :]
+                self._publish_batch(numbers)
+                continue
+            now = self.world.now
+            last = self._paced_from
+            if last is None:
+                count, self._paced_from = 1, now
+            else:
+                wait = last + self.interval_us - now
+                if wait > 0:
+                    if not self._due_armed:
+                        self._due_armed = True
+                        self.world.at(wait, self._due)
+                    return
+                produced = (now - last) // self.interval_us
+                count = min(self.batch, produced)
+                # beyond `batch` the application's send waited: it produces from now on
+                self._paced_from = now if produced > count else last + count * self.interval_us
+            numbers = []
+            for _ in range(count):
+                number = self._sequence
+                self._sequence += 1
+                self._unacked[number] = f"{self.topic}#{number}"
+                numbers.append(number)
+            self._publish_batch(numbers)
+
+    def _publish_batch(self, numbers: list[int]) -> None:
+        """`numbers`' payloads as one `PublishBatch`, as the client frames them."""
+        assert self._producer_id is not None
+        now_ms = self.world.now_ms
+        encoded = [
+            records.encode(
+                records.Record(
+                    payload=self._unacked[number].encode(),
+                    publish_time=now_ms,
+                    producer_name=self.name,
+                    has_msg_id=False,
+                )
+            )
+            for number in numbers
+        ]
+        request = PublishBatch(
+            self._producer_id,
+            self.topic,
+            self._caller.next_request_id(),
+            encode_frame(0, 0, encoded),
+        )
+        publish = _Publish(numbers[0], numbers)
+        for number in numbers:
+            self._sent[number] = publish
+        self._publishes += 1
+        publish.timer = self._caller.send(
+            request,
+            lambda answer: self._answered(publish, answer),
+            lambda: self._answered(publish, None),
+        )
 
     def _due(self) -> None:
         self._due_armed = False
@@ -166,6 +250,7 @@ class ClusterProducer:
         self._paced_from = self.world.now
         publish = _Publish(number)
         self._sent[number] = publish
+        self._publishes += 1
         publish.timer = self._caller.send(
             message,
             lambda answer: self._answered(publish, answer),
@@ -178,14 +263,17 @@ class ClusterProducer:
             return
         publish.live = False
         publish.timer.clear()
-        del self._sent[publish.number]
+        self._publishes -= 1
+        for number in publish.numbers:
+            del self._sent[number]
         if answer is None or isinstance(answer, DanubeError):
             self.world.at(RETRY_US, self._lookup)
             self._producer_id = None  # nothing more on this connection
             self._abandon()  # and none of the others' answers counts now
             return
-        payload = self._unacked.pop(publish.number)
-        self.checker.acknowledged(self.topic, payload, self._caller.broker.node.name)
+        broker = self._caller.broker.node.name
+        for number in publish.numbers:
+            self.checker.acknowledged(self.topic, self._unacked.pop(number), broker)
         self._send()
 
     # -- the wire ----------------------------------------------------------------------------------
@@ -225,10 +313,12 @@ def route_for(nodes: Sequence[SimNode], asked: SimNode, topic: str) -> SimNode |
 class _Publish:
     """One publish in flight: live until answered, timed out or abandoned."""
 
-    __slots__ = ("live", "number", "timer")
+    __slots__ = ("live", "number", "numbers", "timer")
 
-    def __init__(self, number: int) -> None:
+    def __init__(self, number: int, numbers: list[int] | None = None) -> None:
         self.number = number
+        self.numbers = [number] if numbers is None else numbers
+        """The payloads it carries (a `PublishBatch`'s: several)."""
         self.live = True
         self.timer: Timeout = _UNSET
 

@@ -25,6 +25,9 @@ KNOB_HELP = {
     "rate": "with --data: messages per second of each topic's producer ",
     "in_flight": "with --data: publishes each producer keeps unanswered at most (its window; "
     "1: one at a time) ",
+    "batched": "with --data: chance that a topic's producer publishes on the batched path "
+    "(PublishBatch; 0: one SendMessage a publish, nothing drawn) ",
+    "batch": "with --batched: most payloads a PublishBatch carries ",
     "replicated": "data planes whose topics are at fsync and replicate to followers "
     "(spec/replication.md; invariants r1, r2) ",
     "admin": "operator's calls (drains, unloads, deletions, policies; invariants i, j, k) ",
@@ -50,10 +53,12 @@ SWARM_DATA: Space = {
     "rate": one_of(5.0, 10.0, 20.0),
     "poison": either((2, 4, 8), off=0),
     "in_flight": one_of(1, 2, 4, 8),
+    "batched": one_of(0.0, 0.5, 1.0),
 }
 """With data planes: the producers' rate, never above the default, the poison workload
-(`sim.cluster_poison`) half the time, and the producers' window, one at a time included (drawn
-last, so adding it moved none of the other draws)."""
+(`sim.cluster_poison`) half the time, the producers' window, one at a time included, and the
+share of batched producers (each drawn last when added, so it moved none of the other
+draws)."""
 
 
 def swarm_draw(

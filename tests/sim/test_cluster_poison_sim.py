@@ -54,10 +54,13 @@ def test_the_workload_is_off_by_default_and_in_the_swarm() -> None:
 
 SEED_3014 = (
     "--seed 3014 --profile none --replicated --scratch-topics 1 --poison 2 --loss 0.01 "
-    "--crash 0.01 --stop 0.002 --kill 0.004 --skew 0.45 --link-partition 0.01 --in-flight 1"
+    "--crash 0.01 --stop 0.002 --kill 0.004 --skew 0.45 --link-partition 0.01 --in-flight 1 "
+    "--batched 0"
 )
-"""The replays below keep the producers sequential (`--in-flight 1`), as they were when the
-runs were found (before issue 22 round 12): the found schedule, not a new one."""
+"""The replays below keep the producers sequential (`--in-flight 1`) and plain (`--batched
+0`), as they were when the runs were found (before issue 22 rounds 12 and 13): the found
+schedule, not a new one. The replays at the `object` level also keep its batch of then
+(`as_found`, tests/sim/conftest.py)."""
 
 
 def test_the_operator_never_throttles_a_poison_subscription_past_the_settle_limit() -> None:
@@ -119,7 +122,8 @@ def test_a_consumer_whose_end_of_stream_was_lost_looks_the_topic_up_again() -> N
 SEED_3053 = (
     "--seed 3053 --profile none --brokers 4 --topics 8 --no-rebalance --replicated --admin 16 "
     "--scratch-topics 1 --poison 4 --partition 0.01 --crash 0.0025 --kill 0.004 --stall 0.003 "
-    "--slow 0.0025 --store-partition 0.01 --link-partition 0.02 --slow-link 0.02 --in-flight 1"
+    "--slow 0.0025 --store-partition 0.01 --link-partition 0.02 --slow-link 0.02 --in-flight 1 "
+    "--batched 0"
 )
 
 
@@ -143,18 +147,21 @@ def test_dead_letters_held_for_a_topic_gone_for_good_starve_no_other_subscriptio
 
 
 @pytest.mark.parametrize("seed", [41, 48, 58])
+@pytest.mark.usefixtures("as_found")
 def test_an_object_record_is_delivered_only_once_indexed(seed: int) -> None:
     """Seeds 41 and 58 (15 s, 8 poison topics) lost an acknowledged publish before the fix
     (invariant p); seed 48 did when it was found: at `object` a record was delivered once
     fsynced on its owner, the consumer acknowledged it, the owner failed before its object
     was indexed, and the new owner gave its offset to the next message, which the stored
     cursor had already passed. Records are now readable only up to the object index
-    (`ReliableLogs.readable_end`). Replayed with sequential producers, as found."""
-    workload = dataclasses.replace(POISONED, poison=8, in_flight=1)
+    (`ReliableLogs.readable_end`). Replayed with sequential plain producers and the 20 ms
+    batch, as found."""
+    workload = dataclasses.replace(POISONED, poison=8, in_flight=1, batched=0.0)
     result = ClusterSimulation(seed, workload, DEFAULT).run(15)
     assert result.ok and result.settled, cluster_report(result, workload, DEFAULT)
 
 
+@pytest.mark.usefixtures("as_found")
 def test_a_planted_object_readability_bug_is_caught() -> None:
     """`object_readable_before_indexed` (the rule undone) is caught at seed 28 (15 s, 8
     poison topics) by invariant p. Seed 2 caught it until the consumer pool's reads took
@@ -162,8 +169,10 @@ def test_a_planted_object_readability_bug_is_caught() -> None:
     publishes in flight (issue 22 round 12), seed 6 until a failed dead-letter republish
     waited at least `REPUBLISH_RETRY_FLOOR_MS` (moving every later republish): among seeds
     1-29 only 28 catches it now, and with `in_flight=1` among 1-49 only 35 (below). A rare
-    catch: the bug needs a consumer to read an object before its index entry lands."""
-    workload = dataclasses.replace(POISONED, poison=8)
+    catch: the bug needs a consumer to read an object before its index entry lands. Both
+    with plain producers and the 20 ms object batch of before issue 22's round 13
+    (`as_found`: main's runs of then, digest for digest)."""
+    workload = dataclasses.replace(POISONED, poison=8, batched=0.0)
     with OBJECT_MUTATIONS["object_readable_before_indexed"]():
         result = ClusterSimulation(28, workload, DEFAULT).run(15)
     text = cluster_report(result, workload, DEFAULT)
