@@ -29,10 +29,10 @@ def measure(fsync_us: int, seeds: range, seconds: float) -> list[int]:
     latencies: list[int] = []
     original = clients.ClusterProducer._answered
 
-    def answered(self: Any, answer: Any, payload: str, started: int) -> None:
-        if not isinstance(answer, Exception):
-            latencies.append(self.world.now - started)
-        original(self, answer, payload, started)
+    def answered(self: Any, publish: Any, answer: Any) -> None:
+        if publish.live and answer is not None and not isinstance(answer, Exception):
+            latencies.extend([self.world.now - publish.sent_us] * len(publish.numbers))
+        original(self, publish, answer)
 
     faults = CLUSTER_PROFILES["none"]
     clients.ClusterProducer._answered = answered  # type: ignore[method-assign]

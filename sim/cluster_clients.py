@@ -222,7 +222,7 @@ class ClusterProducer:
             self._caller.next_request_id(),
             encode_frame(0, 0, encoded),
         )
-        publish = _Publish(numbers[0], numbers)
+        publish = _Publish(numbers[0], self.world.now, numbers)
         for number in numbers:
             self._sent[number] = publish
         self._publishes += 1
@@ -248,7 +248,7 @@ class ClusterProducer:
             producer_name=self.name,
         )
         self._paced_from = self.world.now
-        publish = _Publish(number)
+        publish = _Publish(number, self.world.now)
         self._sent[number] = publish
         self._publishes += 1
         publish.timer = self._caller.send(
@@ -313,10 +313,12 @@ def route_for(nodes: Sequence[SimNode], asked: SimNode, topic: str) -> SimNode |
 class _Publish:
     """One publish in flight: live until answered, timed out or abandoned."""
 
-    __slots__ = ("live", "number", "numbers", "timer")
+    __slots__ = ("live", "number", "numbers", "sent_us", "timer")
 
-    def __init__(self, number: int, numbers: list[int] | None = None) -> None:
+    def __init__(self, number: int, sent_us: int, numbers: list[int] | None = None) -> None:
         self.number = number
+        self.sent_us = sent_us
+        """When it was sent (`bench.replication_sim_latency` measures from it)."""
         self.numbers = [number] if numbers is None else numbers
         """The payloads it carries (a `PublishBatch`'s: several)."""
         self.live = True
