@@ -130,13 +130,19 @@ def first_caught(
 
 @pytest.mark.parametrize(
     "mutation",
-    ["acknowledge_before_followers", "promote_any_follower", "seal_after_hand_over"],
+    [
+        "acknowledge_before_followers",
+        "promote_any_follower",
+        "seal_after_hand_over",
+        "adopt_refused_proposal",
+    ],
 )
 def test_planted_bugs_lose_acknowledged_messages(mutation: str) -> None:
     """Acknowledging before the in-sync followers have a group commit, promoting a
-    follower that is not in sync, and sealing the replica set at the release of a topic
-    handed over without uploading its tail, each lose acknowledged messages (caught at
-    seeds 1, 10 and 2 of 200). Handing over before the followers caught up
+    follower that is not in sync, sealing the replica set at the release of a topic
+    handed over without uploading its tail, and taking an in-sync proposal as written when
+    the store refused it (or its answer was lost), each lose acknowledged messages (caught
+    at seeds 1, 10, 2 and 9 of 200). Handing over before the followers caught up
     (`move_before_caught_up`) no longer loses any: the release never seals a hand-over,
     so the promotion rule picks an in-sync member, which holds everything acknowledged, or
     the old owner, which kept its files (it lost messages at seed 3 through that seal)."""
