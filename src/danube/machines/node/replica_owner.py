@@ -97,6 +97,14 @@ RESEND_READ_BYTES = 1 << 20
 """Largest file range one resend read asks for: the machine asks for the rest as the
 follower acknowledges."""
 
+REGISTER_RETRY_MS = 5_000
+"""A registration (the proposal recording this owner's epoch) under way this long is made
+again at a tick. A lost one (the store did not answer) is made again at the next tick
+(`proposal_lost`); this covers one whose answer the owner ignored (a read-back older than a
+value the watch brought meanwhile). Until issue 23 every tick (50 ms) made it again while it
+was under way: a failover's new owner, adopting hundreds of topics at once, sent each
+registration to a slow store tens of times over, and the copies kept it slow."""
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaConfig:
@@ -205,6 +213,7 @@ class OwnerReplicas:
         if state.registering or machine.deposed or state.replica_config is None:
             return []
         state.registering = True
+        state.registering_since = now_ms
         config = state.replica_config
         proposal = rm.ProposeInSync(
             record.name.full, machine.epoch, tuple(config.in_sync), config.version
@@ -344,7 +353,9 @@ class OwnerReplicas:
         machine = record.log.replication
         if machine is None or record.log.handing_over:
             return []
-        record.log.registering = False  # a registration lost on its way is made again
+        state = record.log
+        if state.registering and now_ms - state.registering_since >= REGISTER_RETRY_MS:
+            state.registering = False  # its answer went astray: made again
         return self._translate(record, machine.tick(now_ms), now_ms) + self._register(
             record, now_ms
         )
