@@ -217,7 +217,19 @@ class DataChecker:
             ]
             if len(serving) != 1:
                 problems.append(f"{topic} is served by {serving or 'no broker'}")
+            elif self.replicated and (held := self._held_back(topic, serving[0])):
+                problems.append(f"{topic}: its owner holds acknowledgements below {held} back")
         return problems
+
+    def _held_back(self, topic: str, owner: str) -> int:
+        """The end the owner's high watermark reached while its epoch was not yet recorded
+        in the replica set (0: nothing held): its publishes wait for the registration, which
+        a settled cluster has made (planted: `registration_never_made_again`)."""
+        node = next(n for n in self.nodes if n.name == owner)
+        plane = node.running.data if node.running is not None else None
+        core = plane.broker.core if plane is not None else None
+        record = core._topics.get(topic) if core is not None else None
+        return record.log.held_end if record is not None else 0
 
     def final(self) -> None:
         """h at the end, from the store alone: the index is sound from offset 0 and its

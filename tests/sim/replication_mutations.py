@@ -249,6 +249,26 @@ def adopt_refused_proposal() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def registration_never_made_again() -> Iterator[None]:
+    """An owner's registration that was lost (the store did not answer) or whose answer went
+    astray is never made again: the owner holds back every acknowledgement until its epoch
+    shows in the replica set, so its topic takes publishes it never acknowledges."""
+    original = replica_owner.OwnerReplicas.proposal_lost
+
+    def proposal_lost(self: Any, record: Any) -> list[Any]:
+        registering = record.log.registering
+        out = original(self, record)
+        record.log.registering = registering
+        return out
+
+    with (
+        mock.patch.object(replica_owner.OwnerReplicas, "proposal_lost", proposal_lost),
+        mock.patch.object(replica_owner, "REGISTER_RETRY_MS", 1 << 62),
+    ):
+        yield
+
+
 REPLICATION_MUTATIONS: dict[str, Patch] = {
     "acknowledge_before_followers": acknowledge_before_followers,
     "promote_any_follower": promote_any_follower,
@@ -260,4 +280,5 @@ REPLICATION_MUTATIONS: dict[str, Patch] = {
     "count_written_end": count_written_end,
     "load_batch_forgets_replica_sets": load_batch_forgets_replica_sets,
     "adopt_refused_proposal": adopt_refused_proposal,
+    "registration_never_made_again": registration_never_made_again,
 }

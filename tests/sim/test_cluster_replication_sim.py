@@ -264,3 +264,17 @@ def test_an_override_answered_unavailable_is_written_again() -> None:
                 )
                 return
     pytest.fail("no seed of 25-49 caught topic_overrides_not_written_again")
+
+
+def test_a_registration_never_made_again_leaves_the_cluster_unsettled() -> None:
+    """An owner's registration (its epoch recorded in the replica set) is made again when
+    lost, or after `REGISTER_RETRY_MS` without an answer; one never made again holds its
+    topic's acknowledgements back for good, which the settled cluster's check (d) finds
+    (caught at seed 1). Not at every tick, as before issue 23 point 4: a failover's new owner
+    sent each registration tens of times over."""
+    with REPLICATION_MUTATIONS["registration_never_made_again"]():
+        result = ClusterSimulation(1, REPLICATED, DEFAULT).run(SECONDS)
+    assert not result.settled
+    assert any(v.invariant.startswith("d ") for v in result.violations), result.violations
+    result = ClusterSimulation(1, REPLICATED, DEFAULT).run(SECONDS)
+    assert result.ok and result.settled
