@@ -431,3 +431,7 @@ def test_a_registration_under_way_is_not_made_again_at_every_tick() -> None:
     assert proposals(replica_owner.REGISTER_RETRY_MS) == 1, "an answer gone astray: made again"
     owner.core.replica_proposal_lost(TOPIC)
     assert proposals(50) == 1, "a lost registration is made again at the next tick"
+    # Its answer older than the value held (ignored): over all the same, made again at once.
+    older = ReplicaConfig(0, ("b2",), ("b2",), owner.version - 1)
+    owner.core.replica_proposal_answered(TOPIC, older, now_ms=owner.now)
+    assert proposals(50) == 1, "an answered registration that does not show is made again"

@@ -15,7 +15,7 @@ from danube.interpreter import flows
 from danube.machines.cluster import ownership_flows, replicas, request_batching
 from danube.machines.cluster.ownership import Load, Ownership
 from danube.machines.cluster.replicas import ReplicaSet
-from danube.machines.node import replica_owner
+from danube.machines.node import core_replication, replica_owner
 from danube.machines.replication import follower as follower_module
 from danube.machines.replication.follower import FollowerLog
 from danube.machines.replication.messages import (
@@ -255,6 +255,7 @@ def registration_never_made_again() -> Iterator[None]:
     astray is never made again: the owner holds back every acknowledgement until its epoch
     shows in the replica set, so its topic takes publishes it never acknowledges."""
     original = replica_owner.OwnerReplicas.proposal_lost
+    answered = core_replication.ReplicationRoutes.replica_proposal_answered
 
     def proposal_lost(self: Any, record: Any) -> list[Any]:
         registering = record.log.registering
@@ -262,8 +263,17 @@ def registration_never_made_again() -> Iterator[None]:
         record.log.registering = registering
         return out
 
+    def proposal_answered(self: Any, topic: str, config: Any, *, now_ms: int) -> Any:
+        record = self._topics.get(topic)
+        if record is None or not record.log.registering:
+            return answered(self, topic, config, now_ms=now_ms)
+        return self.replicas_changed(topic, config, now_ms=now_ms)  # not over: never again
+
     with (
         mock.patch.object(replica_owner.OwnerReplicas, "proposal_lost", proposal_lost),
+        mock.patch.object(
+            core_replication.ReplicationRoutes, "replica_proposal_answered", proposal_answered
+        ),
         mock.patch.object(replica_owner, "REGISTER_RETRY_MS", 1 << 62),
     ):
         yield

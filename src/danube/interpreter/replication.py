@@ -58,7 +58,8 @@ class Replication:
                     core = it.core
                     it._apply_step(lambda: core.replica_proposal_lost(topic))
                     return
-                self.replicas_changed(topic, config)
+                now = it.host.now_ms()
+                it._apply_step(lambda: it.core.replica_proposal_answered(topic, config, now_ms=now))
 
             it._run(flows.propose_in_sync(effect.proposal, effect.epoch_start, effect.known), seen)
         else:
