@@ -24,7 +24,9 @@ r2. **nothing is acknowledged under an epoch after a higher one was recorded**: 
     acknowledges a publish, its claim on the topic (the epoch) is the one etcd holds;
 r3. **a follower holds only frames its epoch's owner sent**: a follower that has seen epoch
     *e* appends no frames a lower epoch's (deposed) owner sent; observed as each `Replicate`
-    is delivered (`sim.replica_streams`), by the follower log's end before and after.
+    is delivered (`sim.replica_streams`), by the follower log's end before and after;
+r5. **no owner holds acknowledgements back at the end**: once settled, no serving owner waits
+    to record its epoch in the replica set (a registration lost or unanswered is made again).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ REPLICA_LOSS = "r1 no acknowledged loss while an in-sync replica survives"
 STALE_EPOCH_ACK = "r2 no acknowledgement under a superseded epoch"
 FOREIGN_FRAMES = "r3 a follower holds only frames its epoch's owner sent"
 KEPT_DIRECTORY = "r4 a handed-over directory goes once no replica set counts on it"
+HELD_BACK = "r5 no owner holds acknowledgements back at the end"
 DATA_WRITES = ("persist", "index", "writer")
 
 
@@ -219,12 +222,35 @@ class DataChecker:
                 problems.append(f"{topic} is served by {serving or 'no broker'}")
         return problems
 
+    def held_back(self) -> None:
+        """r5 at the end of a settled run: no owner holds acknowledgements back for an epoch
+        it has not recorded in the replica set (its registration is made again when lost or
+        unanswered: planted `registration_never_made_again`)."""
+        for node in self.nodes:
+            plane = node.running.data if node.running is not None else None
+            core = plane.broker.core if plane is not None else None
+            if core is None:
+                continue
+            for topic in self.topics:
+                record = core._topics.get(topic)
+                if (
+                    record is not None
+                    and record.log.held_end
+                    and plane.machine.phase(topic) is Phase.SERVING
+                ):
+                    self._violate(
+                        HELD_BACK,
+                        f"{topic}: {node.name} holds acknowledgements below "
+                        f"{record.log.held_end} back (its epoch is not recorded)",
+                    )
+
     def final(self) -> None:
         """h at the end, from the store alone: the index is sound from offset 0 and its
         objects hold every acknowledged message (replicated: r1, `final_replicated`)."""
         if self.replicated:
             self.final_replicated()
             self.kept_directories()
+            self.held_back()
             return
         for topic in self.topics:
             prefix = tier_layout.index_prefix(parse_topic(topic))

@@ -411,3 +411,27 @@ def test_planted_bug_readable_before_followers_is_caught(monkeypatch: pytest.Mon
     monkeypatch.setattr(reliable_log.ReliableLogs, "wal_effects", readable_early)
     with pytest.raises(AssertionError):
         test_a_publish_waits_for_every_in_sync_follower()
+
+
+def test_a_registration_under_way_is_not_made_again_at_every_tick() -> None:
+    """An owner records its epoch in the replica set once (a registration); until its answer
+    comes, a tick makes it again only after `replica_owner.REGISTER_RETRY_MS`, and at once
+    after it was lost. Every tick (50 ms) made it again before: a failover's new owner sent each of
+    hundreds of registrations to a slow store tens of times over (issue 23 point 4)."""
+    owner = Owner()
+    config = ReplicaConfig(0, ("b2",), ("b2",), owner.version)
+    step = owner.core.replicas_changed(TOPIC, config, now_ms=owner.now)
+    assert [e.proposal.in_sync for e in step.effects if isinstance(e, ReplicaPropose)] == [("b2",)]
+
+    def proposals(after_ms: int) -> int:
+        owner.driver.now_ms += after_ms
+        return sum(isinstance(e, ReplicaPropose) for e in owner.core.tick(owner.now).effects)
+
+    assert [proposals(50) for _ in range(20)] == [0] * 20, "made again while under way"
+    assert proposals(replica_owner.REGISTER_RETRY_MS) == 1, "an answer gone astray: made again"
+    owner.core.replica_proposal_lost(TOPIC)
+    assert proposals(50) == 1, "a lost registration is made again at the next tick"
+    # Its answer older than the value held (ignored): over all the same, made again at once.
+    older = ReplicaConfig(0, ("b2",), ("b2",), owner.version - 1)
+    owner.core.replica_proposal_answered(TOPIC, older, now_ms=owner.now)
+    assert proposals(50) == 1, "an answered registration that does not show is made again"

@@ -10,11 +10,12 @@ from typing import Any
 from unittest import mock
 
 from danube import keys
-from danube.effects import ReadManyAnswer, StoreReadMany
+from danube.effects import Outcome, ReadManyAnswer, StoreReadMany, StoreTxn, TxnAnswer
+from danube.interpreter import flows
 from danube.machines.cluster import ownership_flows, replicas, request_batching
 from danube.machines.cluster.ownership import Load, Ownership
 from danube.machines.cluster.replicas import ReplicaSet
-from danube.machines.node import replica_owner
+from danube.machines.node import core_replication, replica_owner
 from danube.machines.replication import follower as follower_module
 from danube.machines.replication.follower import FollowerLog
 from danube.machines.replication.messages import (
@@ -216,6 +217,68 @@ def loads_in_batches() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def adopt_refused_proposal() -> Iterator[None]:
+    """An owner's in-sync proposal is taken as written whatever the store answered: a
+    refused or lost write is not read back (the rule is: only a committed write is the new
+    value without a read-back, issue 23). The owner then acknowledges by an in-sync set etcd
+    does not hold, and a promotion by etcd's set may pick a follower that lacks what it
+    acknowledged."""
+    original = flows.propose_in_sync
+
+    def propose(proposal: Any, epoch_start: int = 0, known: Any = None) -> Generator[Any, Any, Any]:
+        flow = original(proposal, epoch_start, known)
+        effect = next(flow)
+        while True:
+            try:
+                reply = yield effect
+            except Exception as error:  # handed to the flow as it is
+                try:
+                    effect = flow.throw(error)
+                except StopIteration as stop:
+                    return stop.value
+                continue
+            if isinstance(effect, StoreTxn) and not reply.committed:
+                reply = TxnAnswer(Outcome.COMMITTED, revision=proposal.expected_version + 1)
+            try:
+                effect = flow.send(reply)
+            except StopIteration as stop:
+                return stop.value
+
+    with mock.patch.object(flows, "propose_in_sync", propose):
+        yield
+
+
+@contextlib.contextmanager
+def registration_never_made_again() -> Iterator[None]:
+    """An owner's registration that was lost (the store did not answer) or whose answer went
+    astray is never made again: the owner holds back every acknowledgement until its epoch
+    shows in the replica set, so its topic takes publishes it never acknowledges."""
+    original = replica_owner.OwnerReplicas.proposal_lost
+    answered = core_replication.ReplicationRoutes.replica_proposal_answered
+
+    def proposal_lost(self: Any, record: Any) -> list[Any]:
+        registering = record.log.registering
+        out = original(self, record)
+        record.log.registering = registering
+        return out
+
+    def proposal_answered(self: Any, topic: str, config: Any, *, now_ms: int) -> Any:
+        record = self._topics.get(topic)
+        if record is None or not record.log.registering:
+            return answered(self, topic, config, now_ms=now_ms)
+        return self.replicas_changed(topic, config, now_ms=now_ms)  # not over: never again
+
+    with (
+        mock.patch.object(replica_owner.OwnerReplicas, "proposal_lost", proposal_lost),
+        mock.patch.object(
+            core_replication.ReplicationRoutes, "replica_proposal_answered", proposal_answered
+        ),
+        mock.patch.object(replica_owner, "REGISTER_RETRY_MS", 1 << 62),
+    ):
+        yield
+
+
 REPLICATION_MUTATIONS: dict[str, Patch] = {
     "acknowledge_before_followers": acknowledge_before_followers,
     "promote_any_follower": promote_any_follower,
@@ -226,4 +289,6 @@ REPLICATION_MUTATIONS: dict[str, Patch] = {
     "seal_after_rewind": seal_after_rewind,
     "count_written_end": count_written_end,
     "load_batch_forgets_replica_sets": load_batch_forgets_replica_sets,
+    "adopt_refused_proposal": adopt_refused_proposal,
+    "registration_never_made_again": registration_never_made_again,
 }

@@ -14,7 +14,7 @@ import pytest
 
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_admin import OVERRIDES
-from sim.cluster_data_checker import FOREIGN_FRAMES, KEPT_DIRECTORY, REPLICA_LOSS
+from sim.cluster_data_checker import FOREIGN_FRAMES, HELD_BACK, KEPT_DIRECTORY, REPLICA_LOSS
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 from sim.faults import Faults, Injected
 from sim.network import Network
@@ -258,3 +258,29 @@ def test_an_override_answered_unavailable_is_written_again() -> None:
                 )
                 return
     pytest.fail("no seed of 25-49 caught topic_overrides_not_written_again")
+
+
+def test_taking_a_refused_proposal_as_written_is_caught() -> None:
+    """An owner's in-sync proposal is the new value without a read-back only when it
+    committed (issue 23 point 4); taking a refused or lost one as written leaves the owner
+    with a value etcd does not hold: caught within 200 seeds (seed 1 when written, by r5:
+    an owner left holding acknowledgements back; before r5 existed, seed 9 by r1:
+    acknowledged messages lost). The same seed passes without the bug."""
+    caught = first_caught("adopt_refused_proposal", range(1, 201))
+    assert caught is not None, "adopt_refused_proposal went unnoticed for 200 seeds"
+    seed, _ = caught
+    result = ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS)
+    assert result.ok and result.settled, seed
+
+
+def test_a_registration_never_made_again_holds_acknowledgements_back() -> None:
+    """An owner's registration (its epoch recorded in the replica set) is made again when
+    lost, or after `REGISTER_RETRY_MS` without an answer; one never made again holds its
+    topic's acknowledgements back for good, which r5 finds at the end. Not at every tick,
+    as before issue 23 point 4: a failover's new owner sent each registration tens of times
+    over."""
+    caught = first_caught("registration_never_made_again", range(1, 41))
+    assert caught is not None, "registration_never_made_again went unnoticed for 40 seeds"
+    seed, invariants = caught
+    assert HELD_BACK in invariants, (seed, invariants)
+    assert ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS).ok, seed

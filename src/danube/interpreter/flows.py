@@ -342,21 +342,28 @@ def read_frames(topic: str, plan: FileRead) -> Flow[FramesOutcome]:
     return FramesOutcome(frames, end)
 
 
-def propose_in_sync(proposal: ProposeInSync, epoch_start: int = 0) -> Flow[ReplicaConfig | None]:
+def propose_in_sync(
+    proposal: ProposeInSync, epoch_start: int = 0, known: ReplicaSet | None = None
+) -> Flow[ReplicaConfig | None]:
     """An owner's change of the topic's in-sync set: written only while the owner's claim
     is the one of `proposal.epoch` and the value is at `proposal.expected_version` (a
-    deposed owner, or one that read an older value, changes nothing); then read back, since
-    the answer may be lost, and the read-back (None: no value) is what the core adopts. The
-    first change under an epoch also records where it starts (`epochs`): this owner
-    replicates, which the promotion rule reads."""
+    deposed owner, or one that read an older value, changes nothing). The value changed is
+    `known` (the owner's, at that version) when it has one, else read first. A committed
+    write is the new value at the transaction's revision; any other outcome is read back,
+    since the answer may be lost, and the read-back (None: no value) is what the core
+    adopts. Why not read always: a failover adopted hundreds of topics at once, each
+    proposing once, and two reads per proposal were most of the new owner's store work
+    (issue 23). The first change under an epoch also records where it starts (`epochs`):
+    this owner replicates, which the promotion rule reads."""
     key = replicas_key(proposal.topic)
-    found = yield StoreRead(key)
-    current = _replica_set(found)
-    if (
-        found is not None
-        and current is not None
-        and (found.mod_revision == proposal.expected_version)
-    ):
+    if known is not None:
+        found, current = None, known
+        at_expected = True
+    else:
+        found = yield StoreRead(key)
+        current = _replica_set(found)
+        at_expected = found is not None and found.mod_revision == proposal.expected_version
+    if current is not None and at_expected:
         epochs = current.epochs
         if current.epoch == proposal.epoch and (not epochs or epochs[-1][0] != proposal.epoch):
             start = max(epoch_start, epochs[-1][1] if epochs else 0)
@@ -366,9 +373,11 @@ def propose_in_sync(proposal: ProposeInSync, epoch_start: int = 0) -> Flow[Repli
             Compare(owner_key(proposal.topic), "mod_revision", "==", proposal.epoch),
             Compare(key, "mod_revision", "==", proposal.expected_version),
         )
-        yield StoreTxn(
+        answer: TxnAnswer = yield StoreTxn(
             compares, (Put(key, changed.to_json()),), purpose=f"replicas {proposal.topic}"
         )
+        if answer.committed and answer.revision > 0:
+            return replica_config(changed, answer.revision)
         found = yield StoreRead(key)
         current = _replica_set(found)
     if found is None or current is None:

@@ -3,8 +3,9 @@
 - `ReplicaSend` goes to the port as it is: the port owns the streams to the followers (one
   per follower, in order) and answers at once once the send is queued on it; a follower's
   answers come back through `answered`, a broken stream through `stream_broke`.
-- `ReplicaPropose` runs the proposal flow (`flows.propose_in_sync`), whose read-back is the
-  replicas value the core hears (`BrokerCore.replicas_changed`), whatever the outcome.
+- `ReplicaPropose` runs the proposal flow (`flows.propose_in_sync`), whose written value
+  (committed) or read-back (any other outcome) is the replicas value the core hears
+  (`BrokerCore.replicas_changed`).
 - `ReplicaRead` reads raw frames from the WAL (`flows.read_frames`) and feeds them to the
   core; a read that fails leaves that follower behind (its lag shrinks it out of the in-sync
   set) and is reported as an event.
@@ -57,9 +58,10 @@ class Replication:
                     core = it.core
                     it._apply_step(lambda: core.replica_proposal_lost(topic))
                     return
-                self.replicas_changed(topic, config)
+                now = it.host.now_ms()
+                it._apply_step(lambda: it.core.replica_proposal_answered(topic, config, now_ms=now))
 
-            it._run(flows.propose_in_sync(effect.proposal, effect.epoch_start), seen)
+            it._run(flows.propose_in_sync(effect.proposal, effect.epoch_start, effect.known), seen)
         else:
             self._read(effect)
 

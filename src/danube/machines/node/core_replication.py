@@ -74,6 +74,18 @@ class ReplicationRoutes:
             return Step(None)
         return Step(None, tuple(self.logs.replicas.configure(record, config, now_ms)))
 
+    def replica_proposal_answered(
+        self, topic: str, config: ReplicaConfig, *, now_ms: int
+    ) -> Step[None]:
+        """A `ReplicaPropose` flow's value (written, or read back): as `replicas_changed`,
+        and a registration under way is over, whatever the value says (one that does not
+        show this owner's epoch, or that the owner ignores as older than the one it holds,
+        is made again at once or at the next tick rather than after `REGISTER_RETRY_MS`)."""
+        record = self._topics.get(topic)
+        if record is not None:
+            record.log.registering = False
+        return self.replicas_changed(topic, config, now_ms=now_ms)
+
     def replica_proposal_lost(self, topic: str) -> Step[None]:
         """A `ReplicaPropose` flow failed without a read-back: the owner proposes again later."""
         record = self._topics.get(topic)

@@ -6,7 +6,7 @@ without the decisions that produce them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from danube.effects import EpochHistory
 from danube.machines.dispatch import ConsumerReady
@@ -17,6 +17,9 @@ from danube.machines.wal import machine as wal
 from danube.machines.wal import records
 from danube.metadata.model import Delete, DeletePrefix, Op, Put
 from danube.values.frozen import fast_init
+
+if TYPE_CHECKING:
+    from danube.machines.cluster.replicas import ReplicaSet
 
 T = TypeVar("T")
 
@@ -274,14 +277,18 @@ class ReplicaSend:
 @dataclass(frozen=True, slots=True)
 class ReplicaPropose:
     """Effect: record `proposal.in_sync` as the topic's in-sync set with a transaction fenced
-    on the owner's claim and the replicas value's version (`danube.interpreter.flows`), read
-    the value back whatever happened and call `BrokerCore.replicas_seen`."""
+    on the owner's claim and the replicas value's version (`danube.interpreter.flows`), and
+    call `BrokerCore.replicas_changed` with the value written (committed) or read back."""
 
     proposal: ProposeInSync
     epoch_start: int = 0
     """Where the owner's epoch starts in its log: the replica set's `epochs` gains it with
     the first change under this epoch, which tells the load manager that this owner
     replicates (its acknowledged tail may lie on it alone: it is a promotion candidate)."""
+    known: ReplicaSet | None = None
+    """The replicas value at `proposal.expected_version` as the owner holds it: the flow
+    writes on it without reading it first, and takes a committed write as the new value
+    without reading it back (issue 23: two reads per topic a failover adopts)."""
 
 
 @fast_init

@@ -95,6 +95,8 @@ class TopicLog:
     """The owner's replication machine while the topic has followers to replicate to."""
     registering: bool = False
     """A proposal recording this owner's epoch in the replica set is under way."""
+    registering_since: int = 0
+    """When it was made (`replica_owner.REGISTER_RETRY_MS`)."""
     held_end: int = 0
     """Replicated, not registered yet: the end the high watermark reached meanwhile."""
     handing_over: bool = False

@@ -72,7 +72,7 @@ machine's; this module only routes inputs to it and translates its effects:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from danube.machines.cluster.replicas import ReplicaSet
@@ -97,6 +97,14 @@ RESEND_READ_BYTES = 1 << 20
 """Largest file range one resend read asks for: the machine asks for the rest as the
 follower acknowledges."""
 
+REGISTER_RETRY_MS = 5_000
+"""A registration (the proposal recording this owner's epoch) under way this long is made
+again at a tick. A lost one (the store did not answer) is made again at the next tick
+(`proposal_lost`); this covers one whose answer the owner ignored (a read-back older than a
+value the watch brought meanwhile). Until issue 23 every tick (50 ms) made it again while it
+was under way: a failover's new owner, adopting hundreds of topics at once, sent each
+registration to a slow store tens of times over, and the copies kept it slow."""
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaConfig:
@@ -111,13 +119,27 @@ class ReplicaConfig:
     replicating: bool = False
     """`epochs` names `epoch`: the owner of `epoch` recorded that it replicates, which
     makes it a promotion candidate (`danube.machines.cluster.replicas.promotion_candidates`)."""
+    record: ReplicaSet | None = field(default=None, compare=False)
+    """The whole value at `version`, when it was read or written here: a proposal writes on
+    it without reading it first (the compare on `version` makes that safe: a value with that
+    mod_revision is this one; issue 23, a failover adopting hundreds of topics)."""
 
 
 def replica_config(record: ReplicaSet, version: int) -> ReplicaConfig:
     """A replica set read from the store (at `version`, its mod_revision) as the core
     takes it (`BrokerCore.replicas_changed`)."""
     replicating = bool(record.epochs) and record.epochs[-1][0] == record.epoch
-    return ReplicaConfig(record.epoch, record.followers, record.in_sync, version, replicating)
+    return ReplicaConfig(
+        record.epoch, record.followers, record.in_sync, version, replicating, record
+    )
+
+
+def known_value(config: ReplicaConfig | None, version: int) -> ReplicaSet | None:
+    """The replicas value held at `version` (a proposal's expected version), or None when
+    the one held is another (the proposal then reads the store first)."""
+    if config is None or config.version != version:
+        return None
+    return config.record
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,11 +213,13 @@ class OwnerReplicas:
         if state.registering or machine.deposed or state.replica_config is None:
             return []
         state.registering = True
+        state.registering_since = now_ms
         config = state.replica_config
         proposal = rm.ProposeInSync(
             record.name.full, machine.epoch, tuple(config.in_sync), config.version
         )
-        return [ReplicaPropose(proposal, self._epoch_start(record))]
+        known = known_value(config, config.version)
+        return [ReplicaPropose(proposal, self._epoch_start(record), known)]
 
     def restart(self, record: TopicRecord, now_ms: int) -> list[Effect]:
         """(Re)creates the topic's machine from its replicas value and its WAL as loaded: at
@@ -329,7 +353,9 @@ class OwnerReplicas:
         machine = record.log.replication
         if machine is None or record.log.handing_over:
             return []
-        record.log.registering = False  # a registration lost on its way is made again
+        state = record.log
+        if state.registering and now_ms - state.registering_since >= REGISTER_RETRY_MS:
+            state.registering = False  # its answer went astray: made again
         return self._translate(record, machine.tick(now_ms), now_ms) + self._register(
             record, now_ms
         )
@@ -371,7 +397,8 @@ class OwnerReplicas:
                     out.extend(self._logs.make_readable(record, effect.end - 1, now_ms))
             elif isinstance(effect, rm.ProposeInSync):
                 if not record.log.handing_over:  # the set the hand-over relies on stays
-                    out.append(ReplicaPropose(effect, self._epoch_start(record)))
+                    known = known_value(record.log.replica_config, effect.expected_version)
+                    out.append(ReplicaPropose(effect, self._epoch_start(record), known))
             elif isinstance(effect, rm.ReadForResend):
                 out.extend(self._plan_resend(record, effect, now_ms))
             elif isinstance(effect, rm.NotEnoughInSync):

@@ -80,8 +80,8 @@ class Send:
 class ProposeInSync:
     """Write the topic's replicas value with `in_sync` as its in-sync set, in an etcd
     transaction that compares the owner's claim for `epoch` and the replicas value's version
-    with `expected_version`. Whatever the outcome (committed, refused, answer lost), the driver
-    reads the value back and calls `replicas_seen`."""
+    with `expected_version`. The driver calls `replicas_seen` with the value written when it
+    committed, else (refused, answer lost) with the value read back."""
 
     topic: str
     epoch: int
