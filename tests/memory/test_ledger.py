@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube.machines.memory.accounting import list_batch_cost
+from danube.machines.memory.accounting import batch_cost
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.wal.cache import HotCache
 from danube.machines.wal.machine import WalConfig, WalMachine, release
@@ -63,7 +63,7 @@ def test_stale_entries_do_not_pile_up() -> None:
 
 
 def test_wal_machines_share_the_pool_and_release_on_drop() -> None:
-    cost = list_batch_cost(4, 1)
+    cost = batch_cost(4, 1)
     ledger = CacheLedger(pool=3 * cost)
     machines = [WalMachine(f"/default/t{i}", WalConfig(), cache_ledger=ledger) for i in range(2)]
     for i in range(4):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from danube.machines.memory.accounting import list_batch_cost
+from danube.machines.memory.accounting import batch_cost
 from danube.machines.wal import format
 from danube.machines.wal.machine import (
     Acknowledge,
@@ -322,7 +322,7 @@ def filled(config: WalConfig, batches: list[list[bytes]]) -> tuple[WalMachine, S
 
 
 def test_the_cache_is_byte_bounded_and_evicts_the_oldest() -> None:
-    one = list_batch_cost(4, 1)  # what a one-record batch of 4 bytes costs in memory
+    one = batch_cost(4, 1)  # what a one-record batch of 4 bytes costs in memory
     machine, disk = filled(WalConfig(cache_bytes=2 * one + 1), [[b"aaaa"], [b"bbbb"], [b"cccc"]])
     assert machine.cached_bytes == 2 * one
     assert machine.read(1, 10, 100) == CachedRecords(1, (b"bbbb", b"cccc"))
@@ -424,7 +424,7 @@ def test_retention_evicts_cached_records_of_deleted_segments() -> None:
     size = frame_size(b"ab")
     config = WalConfig(segment_bytes=HEADER + size, retention_bytes=1)
     machine, _ = filled(config, [[b"ab"] for _ in range(3)])
-    one = list_batch_cost(2, 1)
+    one = batch_cost(2, 1)
     assert machine.cached_bytes == 3 * one
     machine.tick(NOW)
     assert machine.cached_bytes == one

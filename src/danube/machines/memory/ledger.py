@@ -14,6 +14,9 @@ Its reads go to the segment files, as for any batch not cached.
 
 Entries of batches a cache dropped by itself (its own bound, retention) stay in the order until
 they reach its head and are skipped then: the ledger never walks the order to remove them.
+An entry is the cache alone (no tuple, no offset: nothing allocated per batch, issue 28): a
+cache's entries come in the order of its batches, so its k-th entry taken off the order is
+about its k-th batch, still held unless the cache has dropped more than k batches.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ class LedgerCache(Protocol):
     """What the ledger needs of a topic's cache."""
 
     topic: str
+    dropped_batches: int
+    """Batches the cache has dropped over its life."""
+    ledger_popped: int
+    """Written by the ledger: how many of the cache's entries it took off its order."""
 
     @property
     def oldest(self) -> int | None: ...
@@ -64,8 +71,8 @@ class CacheLedger:
         self.total = 0
         """Accounted bytes of every cache registered, added up."""
         self._by_topic: dict[str, int] = {}
-        self._order: deque[tuple[LedgerCache, int]] = deque()
-        """(cache, first offset of a batch it added), oldest first."""
+        self._order: deque[LedgerCache] = deque()
+        """The cache of each batch added, oldest first."""
         self._batches = 0
         """Batches held by the caches (the live entries of `_order`)."""
         self.evicted_bytes = 0
@@ -104,10 +111,10 @@ class CacheLedger:
         """Accounted bytes per topic (a copy)."""
         return dict(self._by_topic)
 
-    def added(self, cache: LedgerCache, first_offset: int, size: int) -> None:
+    def added(self, cache: LedgerCache, size: int) -> None:
         """`cache` holds a new batch: count it. The cache calls `fit` once it has applied its
         own bound, so that the ledger evicts only what that bound left over the pool."""
-        self._order.append((cache, first_offset))
+        self._order.append(cache)
         self._active[cache] = self._now_ms or 0
         self.total += size
         self._batches += 1
@@ -135,8 +142,10 @@ class CacheLedger:
         (the newest batch too, if it alone does): afterwards `total <= pool`."""
         order = self._order
         while self.total > self.pool and order:
-            cache, first_offset = order.popleft()
-            if cache.oldest != first_offset:
+            cache = order.popleft()
+            entry = cache.ledger_popped
+            cache.ledger_popped = entry + 1
+            if entry < cache.dropped_batches:
                 continue  # the cache dropped that batch itself, or was released
             before = self.total
             cache.drop_oldest_for_ledger()
@@ -166,10 +175,14 @@ class CacheLedger:
 
     def _compact(self) -> None:
         """Drops the entries of batches no cache holds any more (a cache holds a suffix of
-        the batches it added: those from its `oldest` on)."""
-        live = []
-        for cache, first_offset in self._order:
-            oldest = cache.oldest
-            if oldest is not None and first_offset >= oldest:
-                live.append((cache, first_offset))
-        self._order = deque(live)
+        the batches it added: those it has not dropped), and counts them as taken off."""
+        live: deque[LedgerCache] = deque()
+        entries: dict[LedgerCache, int] = {}
+        for cache in self._order:
+            entry = entries.get(cache, cache.ledger_popped)
+            entries[cache] = entry + 1
+            if entry >= cache.dropped_batches:
+                live.append(cache)
+        for cache, end in entries.items():
+            cache.ledger_popped = min(end, cache.dropped_batches)
+        self._order = live

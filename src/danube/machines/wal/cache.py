@@ -7,62 +7,165 @@ every topic's cache reports to and that evicts the broker's oldest batches, whic
 holds them, once the hot-cache pool is full. Sizes are the accounted ones
 (`danube.machines.memory.accounting`): what a batch really costs in memory, not only its
 payload bytes.
+
+How a batch is held (issue 28): no Python object per record nor per batch. A batch is the
+record region of its WAL frame (each record's 4-byte length, then its bytes), kept in one of
+the cache's chunks: small frames are copied one after the other into a growing `bytearray`
+of up to `CHUNK_BYTES`, a frame of `OWN_CHUNK_BYTES` or more is kept as it is (the very
+`bytes` the WAL writes, no copy) as a chunk of its own. Where each batch and record lies is
+kept in flat `array`s (first offset, accounted size, chunk, first record of each batch; each
+record's position in its chunk). Reads slice records out on demand (copies the dispatcher
+sends and drops). So a cached batch is a few bytes in arrays plus its frame's bytes in a
+buffer larger than pymalloc's small objects (512 bytes): a chunk goes back to the allocator
+whole once its last batch is evicted, instead of leaving small objects scattered over
+CPython's arenas, where a few long-lived neighbours kept them pinned (the hunt in
+bench/RESULTS.md: evicting 10.5 MiB of cached objects gave back 1.4 MiB of RSS).
 """
 
 from __future__ import annotations
 
-import itertools
+import struct
+from array import array
 from bisect import bisect_right
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 from danube.machines.memory.ledger import CacheLedger
-from danube.values.frozen import fast_init
+from danube.machines.wal.layout import FRAME_HEADER
+
+CHUNK_BYTES = 16 * 1024
+"""Small frames share chunks of up to this many bytes: what an evicted batch may keep alive
+until the rest of its chunk is evicted too (at most one chunk a topic)."""
+OWN_CHUNK_BYTES = 4 * 1024
+"""A frame at least this large is its own chunk, uncopied."""
+
+_U32 = struct.Struct("<I")
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class CachedBatch:
-    first_offset: int
-    records: Sequence[bytes]
-    size: int
-    """Accounted bytes (what the batch costs in memory)."""
-
-
-def _first_offset(batch: CachedBatch) -> int:
-    return batch.first_offset
+def record_positions(frame: bytes, count: int) -> list[int]:
+    """Where each of a frame's `count` records (its length prefix) starts in `frame`."""
+    positions = []
+    cursor = FRAME_HEADER
+    unpack = _U32.unpack_from
+    for _ in range(count):
+        positions.append(cursor)
+        cursor += 4 + unpack(frame, cursor)[0]
+    return positions
 
 
 class HotCache:
     """One topic's batches in offset order. Single-threaded, like its WAL machine."""
 
-    __slots__ = ("_batches", "_head", "_ledger", "_limit", "bytes", "topic")
+    __slots__ = (
+        "_chunk_base",
+        "_chunk_of",
+        "_chunks",
+        "_firsts",
+        "_head",
+        "_ledger",
+        "_limit",
+        "_next_record",
+        "_record_base",
+        "_records_at",
+        "_sizes",
+        "_starts",
+        "added_batches",
+        "bytes",
+        "dropped_batches",
+        "ledger_popped",
+        "topic",
+    )
 
     def __init__(self, limit: int, topic: str = "", ledger: CacheLedger | None = None) -> None:
         """`ledger`: the broker's, which every batch added and dropped is reported to."""
         self.topic = topic
         self._ledger = ledger
-        self._batches: list[CachedBatch] = []
-        self._head = 0
-        """Batches before this index are evicted (compacted away in bulk)."""
         self._limit = limit
         self.bytes = 0
         """Accounted bytes of the batches held."""
+        self._chunks: list[bytes | bytearray] = []
+        self._chunk_base = 0
+        """The sequence number of `_chunks[0]` (chunks are numbered as they are opened)."""
+        self._firsts = array("q")
+        """Per batch: its first offset."""
+        self._sizes = array("q")
+        """Per batch: its accounted bytes."""
+        self._chunk_of = array("q")
+        """Per batch: the sequence number of the chunk holding it."""
+        self._records_at = array("q")
+        """Per batch: the number (counted over the cache's life) of its first record."""
+        self._head = 0
+        """Batches before this index are evicted (compacted away in bulk)."""
+        self._starts = array("I")
+        """Per record: where its length prefix starts in its chunk."""
+        self._record_base = 0
+        """The number of the record `_starts[0]` is about."""
+        self._next_record = 0
+        self.added_batches = 0
+        self.dropped_batches = 0
+        """Batches added and dropped over the cache's life (the ledger's bookkeeping)."""
+        self.ledger_popped = 0
+        """The ledger's: how many of this cache's entries it has taken off its order."""
 
     @property
     def oldest(self) -> int | None:
         """The first offset of the oldest batch held, None when empty."""
-        if self._head < len(self._batches):
-            return self._batches[self._head].first_offset
+        if self._head < len(self._firsts):
+            return self._firsts[self._head]
         return None
 
+    @property
+    def chunk_count(self) -> int:
+        """Buffers held (for tests and the memory dump)."""
+        return len(self._chunks)
+
     def put(self, first: int, records: Sequence[bytes], size: int) -> None:
-        """Adds the newest batch, then drops the oldest while over the topic's limit."""
-        self._batches.append(CachedBatch(first, records, size))
+        """Adds the newest batch given as records (joined into one frame-shaped region)."""
+        region = b"".join(part for r in records for part in (_U32.pack(len(r)), r))
+        self.put_frame(first, bytes(FRAME_HEADER) + region, size, len(records))
+
+    def put_frame(
+        self,
+        first: int,
+        frame: bytes,
+        size: int,
+        count: int,
+        positions: np.ndarray | Iterable[int] | None = None,
+    ) -> None:
+        """Adds the newest batch, the `count` records of a WAL `frame` (`positions`: where
+        each record's length prefix starts in it, found from the frame when not given),
+        then drops the oldest while over the topic's limit."""
+        if positions is None:
+            positions = record_positions(frame, count)
+        chunks = self._chunks
+        if len(frame) >= OWN_CHUNK_BYTES:
+            chunks.append(frame)
+            shift = 0
+        else:
+            current = chunks[-1] if chunks else None
+            if (
+                type(current) is not bytearray
+                or len(current) + len(frame) - FRAME_HEADER > CHUNK_BYTES
+            ):
+                current = bytearray()
+                chunks.append(current)
+            shift = len(current) - FRAME_HEADER
+            current += memoryview(frame)[FRAME_HEADER:]
+        if isinstance(positions, np.ndarray):
+            self._starts.frombytes((positions + shift).astype(np.uint32).tobytes())
+        else:
+            self._starts.extend(p + shift for p in positions)
+        self._firsts.append(first)
+        self._sizes.append(size)
+        self._chunk_of.append(self._chunk_base + len(chunks) - 1)
+        self._records_at.append(self._next_record)
+        self._next_record += count
+        self.added_batches += 1
         self.bytes += size
         ledger = self._ledger
         if ledger is not None:
-            ledger.added(self, first, size)
+            ledger.added(self, size)
         limit = self._limit
         while self.bytes > limit and self._drop_oldest():
             pass
@@ -84,8 +187,8 @@ class HotCache:
 
     def evict_below(self, first_retained: int) -> None:
         """Drops every batch that starts below `first_retained` (retention deleted it)."""
-        batches = self._batches
-        while self._head < len(batches) and batches[self._head].first_offset < first_retained:
+        firsts = self._firsts
+        while self._head < len(firsts) and firsts[self._head] < first_retained:
             self._drop_oldest()
         self._compact()
 
@@ -97,34 +200,61 @@ class HotCache:
     def read(self, from_offset: int, limit: int, max_bytes: int) -> tuple[bytes, ...]:
         """Records `from_offset` ... below `limit`, at least one, then while they fit
         `max_bytes`. The caller checked `holds(from_offset)`."""
-        batches = self._batches
-        index = bisect_right(batches, from_offset, self._head, key=_first_offset) - 1
+        firsts = self._firsts
+        batch = bisect_right(firsts, from_offset, self._head) - 1
+        batches = len(firsts)
+        starts = self._starts
+        unpack = _U32.unpack_from
         records: list[bytes] = []
         size = 0
         offset = from_offset
-        for batch in itertools.islice(batches, index, None):
-            batch_records = batch.records
-            for position in range(offset - batch.first_offset, len(batch_records)):
-                record = batch_records[position]
-                if offset >= limit or (records and size + len(record) > max_bytes):
-                    return tuple(records)
-                records.append(record)
-                size += len(record)
-                offset += 1
+        while batch < batches and offset < limit:
+            chunk = self._chunks[self._chunk_of[batch] - self._chunk_base]
+            number = self._records_at[batch] + offset - firsts[batch]
+            end = self._records_at[batch + 1] if batch + 1 < batches else self._next_record
+            with memoryview(chunk) as view:
+                while number < end:
+                    start = starts[number - self._record_base]
+                    length = unpack(chunk, start)[0]
+                    if offset >= limit or (records and size + length > max_bytes):
+                        return tuple(records)
+                    records.append(bytes(view[start + 4 : start + 4 + length]))
+                    size += length
+                    offset += 1
+                    number += 1
+            batch += 1
         return tuple(records)
 
     def _drop_oldest(self) -> bool:
-        """Drops the oldest batch; False when there is none."""
-        if self._head >= len(self._batches):
+        """Drops the oldest batch, and the chunks no batch left uses; False when empty."""
+        head = self._head
+        if head >= len(self._firsts):
             return False
-        size = self._batches[self._head].size
+        size = self._sizes[head]
         self.bytes -= size
-        self._head += 1
+        self._head = head = head + 1
+        self.dropped_batches += 1
+        if head < len(self._firsts):
+            unused = self._chunk_of[head] - self._chunk_base
+        else:
+            unused = len(self._chunks)
+        if unused:
+            del self._chunks[:unused]
+            self._chunk_base += unused
         if self._ledger is not None:
             self._ledger.dropped(self, size)
         return True
 
     def _compact(self) -> None:
-        if self._head > len(self._batches) // 2:
-            del self._batches[: self._head]
-            self._head = 0
+        """Forgets the evicted batches' entries in bulk, once they are half of them."""
+        head = self._head
+        if not head or head <= len(self._firsts) // 2:
+            return
+        kept = self._records_at[head] if head < len(self._firsts) else self._next_record
+        del self._firsts[:head]
+        del self._sizes[:head]
+        del self._chunk_of[:head]
+        del self._records_at[:head]
+        del self._starts[: kept - self._record_base]
+        self._record_base = kept
+        self._head = 0

@@ -28,20 +28,24 @@ Decisions a driver relies on (each explained in spec/durability.md):
 
 from __future__ import annotations
 
+import struct
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from danube.kernels import scan_frames
-from danube.machines.memory.accounting import list_batch_cost, packed_batch_cost
+from danube.machines.memory.accounting import batch_cost
 from danube.machines.wal import format
 from danube.machines.wal.batches import PackedRecords
 from danube.machines.wal.cache import HotCache
 from danube.machines.wal.file_reads import FileRead as FileRead
 from danube.machines.wal.file_reads import decode_file_read as decode_file_read
 from danube.machines.wal.file_reads import frames_of_file_read as frames_of_file_read
+from danube.machines.wal.layout import FRAME_HEADER
 from danube.values.errors import DanubeError, ErrorCode
 from danube.values.frozen import fast_init
 from danube.values.wal_config import MIB as MIB
@@ -52,6 +56,9 @@ if TYPE_CHECKING:
     from danube.machines.wal.recovery import RecoveryPlan
 
 _FSYNC = Durability.FSYNC
+_COUNT_BASE = struct.Struct("<HQ")
+"""A frame header's record count and base offset (spec/wal-format.md)."""
+_COUNT_AT = 14
 
 # -- effects --------------------------------------------------------------------------------------
 
@@ -368,9 +375,9 @@ class WalMachine:
             frame = format.encode_frame(first, now_ms, records)
         except ValueError as exc:
             raise DanubeError(ErrorCode.INVALID_ARGUMENT, f"{self.topic}: {exc}") from exc
-        records = list(records)
-        cost = list_batch_cost(sum(len(r) for r in records), len(records))
-        self._queue(first, frame, records, cost)
+        count = len(records)
+        cost = batch_cost(len(frame) - FRAME_HEADER - 4 * count, count)
+        self._queue(first, frame, count, cost)
         return first, self._pump(now_ms)
 
     def append_packed(self, packed: PackedRecords, now_ms: int) -> tuple[int, list[Effect]]:
@@ -384,8 +391,8 @@ class WalMachine:
                 f"{self.topic}: a frame stamped at {packed.first_offset} cannot be appended at "
                 f"{self._next_offset}"
             )
-        cost = packed_batch_cost(packed.record_bytes, packed.count)
-        self._queue(packed.first_offset, packed.frame, packed, cost)
+        cost = batch_cost(packed.record_bytes, packed.count)
+        self._queue(packed.first_offset, packed.frame, packed.count, cost, packed.positions)
         return packed.first_offset, self._pump(now_ms)
 
     def append_frames(self, frames: bytes, now_ms: int) -> tuple[int, list[Effect]]:
@@ -408,19 +415,20 @@ class WalMachine:
         ends = [*scan.positions[1:], len(frames)]
         for position, end in zip(scan.positions, ends, strict=True):
             frame = bytes(view[position:end])
-            decoded = format.decode_frame(frame, 0)
-            records = decoded.records
-            cost = list_batch_cost(sum(len(r) for r in records), len(records))
-            self._queue(decoded.base_offset, frame, records, cost)
+            count, base = _COUNT_BASE.unpack_from(frame, _COUNT_AT)
+            cost = batch_cost(len(frame) - FRAME_HEADER - 4 * count, count)
+            self._queue(base, frame, count, cost)
         return self._next_offset, self._pump(now_ms)
 
-    def _queue(self, first: int, frame: bytes, records: Sequence[bytes], size: int) -> None:
-        self._next_offset += len(records)
+    def _queue(
+        self, first: int, frame: bytes, count: int, size: int, positions: np.ndarray | None = None
+    ) -> None:
+        self._next_offset += count
         if self._pending is None:
             self._pending = deque()
-        self._pending.append(_Pending(first, len(records), frame))
+        self._pending.append(_Pending(first, count, frame))
         self._pending_bytes += len(frame)
-        self._cache.put(first, records, size)
+        self._cache.put_frame(first, frame, size, count, positions)
 
     def io_done(self, effect: Effect, error: str | None, now_ms: int) -> list[Effect]:
         """A file effect finished (`error` None) or failed: `write_done` / `write_failed`

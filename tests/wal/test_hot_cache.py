@@ -1,0 +1,179 @@
+"""The hot cache holds batches as frame regions in shared buffers, not a `bytes` per record
+(issue 28): whatever the puts (as records, as frames, packed with positions, large frames
+kept whole), evictions and reads, it returns exactly what a list-of-records cache would."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from danube.machines.memory.ledger import CacheLedger
+from danube.machines.wal import format
+from danube.machines.wal.cache import CHUNK_BYTES, OWN_CHUNK_BYTES, HotCache, record_positions
+
+
+class ListCache:
+    """The model: batches of records in a list, the same bounds."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.batches: list[tuple[int, list[bytes], int]] = []
+
+    @property
+    def bytes(self) -> int:
+        return sum(size for _, _, size in self.batches)
+
+    def put(self, first: int, records: list[bytes], size: int) -> None:
+        self.batches.append((first, records, size))
+        while self.bytes > self.limit and self.batches:
+            self.batches.pop(0)
+
+    def drop_oldest(self) -> None:
+        if self.batches:
+            self.batches.pop(0)
+
+    def evict_below(self, first_retained: int) -> None:
+        while self.batches and self.batches[0][0] < first_retained:
+            self.batches.pop(0)
+
+    @property
+    def oldest(self) -> int | None:
+        return self.batches[0][0] if self.batches else None
+
+    def read(self, from_offset: int, limit: int, max_bytes: int) -> tuple[bytes, ...]:
+        flat = [
+            (first + i, record)
+            for first, records, _ in self.batches
+            for i, record in enumerate(records)
+        ]
+        out: list[bytes] = []
+        size = 0
+        for offset, record in flat:
+            if offset < from_offset:
+                continue
+            if offset >= limit or (out and size + len(record) > max_bytes):
+                break
+            out.append(record)
+            size += len(record)
+        return tuple(out)
+
+
+record = st.binary(min_size=0, max_size=300) | st.binary(min_size=1000, max_size=3000)
+batch = st.lists(record, min_size=1, max_size=12)
+step = st.one_of(
+    st.tuples(st.just("put"), batch, st.sampled_from(["records", "frame", "packed"])),
+    st.tuples(st.just("evict"), st.integers(0, 3)),
+    st.tuples(st.just("retain"), st.integers(0, 40)),
+    st.tuples(st.just("read"), st.integers(0, 80), st.integers(1, 30), st.integers(1, 9000)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(step, max_size=60), st.sampled_from([2_000, 20_000, 1 << 40]))
+def test_any_puts_evictions_and_reads_return_what_a_list_cache_would(
+    steps: list[tuple], limit: int
+) -> None:
+    ledger = CacheLedger(pool=1 << 40)
+    cache, model = HotCache(limit, "t", ledger), ListCache(limit)
+    offset = 0
+    for action, *args in steps:
+        if action == "put":
+            records, how = args
+            size = sum(len(r) for r in records) + 8 * len(records) + 48
+            frame = format.encode_frame(offset, 0, records)
+            if how == "records":
+                cache.put(offset, records, size)
+            elif how == "frame":
+                cache.put_frame(offset, frame, size, len(records))
+            else:
+                positions = np.array(record_positions(frame, len(records)), dtype=np.int64)
+                cache.put_frame(offset, frame, size, len(records), positions)
+            model.put(offset, list(records), size)
+            offset += len(records)
+        elif action == "evict":
+            for _ in range(args[0]):
+                cache.drop_oldest_for_ledger()
+                model.drop_oldest()
+        elif action == "retain":
+            cache.evict_below(args[0])
+            model.evict_below(args[0])
+        else:
+            start, count, max_bytes = args
+            oldest = model.oldest
+            if oldest is not None and start >= oldest:
+                assert cache.holds(start)
+                got = cache.read(start, min(offset, start + count), max_bytes)
+                want = model.read(start, min(offset, start + count), max_bytes)
+                assert got == want
+                assert all(type(r) is bytes for r in got)
+        assert cache.oldest == model.oldest
+        assert cache.bytes == model.bytes == ledger.total
+    cache.release()
+    assert cache.bytes == 0 and cache.chunk_count == 0 and ledger.total == 0
+
+
+def test_small_frames_share_a_buffer_and_an_evicted_buffer_is_let_go() -> None:
+    """Many one-record batches: a few chunks of at most CHUNK_BYTES, no object per batch;
+    evicting every batch in a chunk drops that chunk."""
+    cache = HotCache(1 << 40)
+    records = [bytes([i % 256]) * 100 for i in range(1000)]
+    for offset, body in enumerate(records):
+        cache.put_frame(offset, format.encode_frame(offset, 0, [body]), 156, 1)
+    assert cache.chunk_count == -(-1000 * 104 // CHUNK_BYTES)
+    assert cache.read(500, 1000, 1 << 30) == tuple(records[500:])
+    for _ in range(CHUNK_BYTES // 104 + 1):
+        cache.drop_oldest_for_ledger()
+    assert cache.chunk_count == -(-1000 * 104 // CHUNK_BYTES) - 1
+    assert cache.read(cache.oldest or 0, 1000, 1 << 30) == tuple(records[cache.oldest or 0 :])
+
+
+def test_a_large_frame_is_kept_as_it_is() -> None:
+    body = b"x" * OWN_CHUNK_BYTES
+    frame = format.encode_frame(7, 0, [body, b"y"])
+    cache = HotCache(1 << 40)
+    cache.put_frame(7, frame, len(frame), 2)
+    assert cache._chunks[0] is frame
+    assert cache.read(7, 9, 1) == (body,)  # at least one record, then what fits
+    assert cache.read(8, 9, 1) == (b"y",)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2), st.sampled_from(["put", "retain", "release"]), st.integers(1, 3)
+        ),
+        max_size=80,
+    ),
+    st.integers(0, 1500),
+)
+def test_the_ledger_evicts_the_brokers_oldest_batches(
+    steps: list[tuple[int, str, int]], pool: int
+) -> None:
+    """An entry of the ledger's order is the cache alone (no tuple, no offset per batch): it
+    still evicts exactly the broker's oldest batches, skipping those a cache dropped itself
+    (compacting its order on the way)."""
+    ledger = CacheLedger(pool)
+    caches = [HotCache(1 << 40, f"t{i}", ledger) for i in range(3)]
+    held: list[tuple[int, int, int]] = []  # (cache, first offset, size), oldest first
+    offsets = [0, 0, 0]
+    for index, action, count in steps:
+        cache = caches[index]
+        if action == "put":
+            for _ in range(count * 10):
+                cache.put(offsets[index], [b"r" * 40], 100)
+                held.append((index, offsets[index], 100))
+                offsets[index] += 1
+                while sum(size for _, _, size in held) > pool:
+                    held.pop(0)
+        elif action == "retain":
+            cache.evict_below(offsets[index] - count)
+            held = [h for h in held if h[0] != index or h[1] >= offsets[index] - count]
+        else:
+            cache.release()
+            held = [h for h in held if h[0] != index]
+        for i, each in enumerate(caches):
+            mine = [first for c, first, _ in held if c == i]
+            assert each.oldest == (mine[0] if mine else None)
+        assert ledger.total == sum(size for _, _, size in held)
