@@ -177,3 +177,14 @@ def test_the_ledger_evicts_the_brokers_oldest_batches(
             mine = [first for c, first, _ in held if c == i]
             assert each.oldest == (mine[0] if mine else None)
         assert ledger.total == sum(size for _, _, size in held)
+
+
+def test_an_empty_cache_shares_its_arrays_and_gets_its_own_at_its_first_batch() -> None:
+    idle, other = HotCache(1 << 20, "a"), HotCache(1 << 20, "b")
+    assert idle._firsts is other._firsts  # an idle topic carries no arrays of its own
+    idle.put(0, [b"x", b"yy"], 64)
+    assert idle._firsts is not other._firsts and other.oldest is None
+    idle.release()  # everything evicted: back to the shared ones, which stay empty
+    assert idle._firsts is other._firsts and len(other._firsts) == 0
+    idle.put(2, [b"z"], 32)
+    assert idle.read(2, 3, 1 << 20) == (b"z",) and not other.holds(0)

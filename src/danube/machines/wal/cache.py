@@ -42,6 +42,12 @@ OWN_CHUNK_BYTES = 4 * 1024
 
 _U32 = struct.Struct("<I")
 
+_NO_BATCHES = array("q")
+_NO_RECORDS = array("I")
+"""Shared by every empty cache, never written: an empty cache's five arrays cost about
+500 bytes, which every idle topic would carry (issue 23's bytes per idle topic). A cache
+gets its own arrays at its first batch and goes back to these once it holds none."""
+
 
 def record_positions(frame: bytes, count: int) -> list[int]:
     """Where each of a frame's `count` records (its length prefix) starts in `frame`."""
@@ -87,17 +93,17 @@ class HotCache:
         self._chunks: list[bytes | bytearray] = []
         self._chunk_base = 0
         """The sequence number of `_chunks[0]` (chunks are numbered as they are opened)."""
-        self._firsts = array("q")
+        self._firsts = _NO_BATCHES
         """Per batch: its first offset."""
-        self._sizes = array("q")
+        self._sizes = _NO_BATCHES
         """Per batch: its accounted bytes."""
-        self._chunk_of = array("q")
+        self._chunk_of = _NO_BATCHES
         """Per batch: the sequence number of the chunk holding it."""
-        self._records_at = array("q")
+        self._records_at = _NO_BATCHES
         """Per batch: the number (counted over the cache's life) of its first record."""
         self._head = 0
         """Batches before this index are evicted (compacted away in bulk)."""
-        self._starts = array("I")
+        self._starts = _NO_RECORDS
         """Per record: where its length prefix starts in its chunk."""
         self._record_base = 0
         """The number of the record `_starts[0]` is about."""
@@ -138,6 +144,10 @@ class HotCache:
         then drops the oldest while over the topic's limit."""
         if positions is None:
             positions = record_positions(frame, count)
+        if self._firsts is _NO_BATCHES:
+            self._firsts, self._sizes = array("q"), array("q")
+            self._chunk_of, self._records_at = array("q"), array("q")
+            self._starts = array("I")
         chunks = self._chunks
         if len(frame) >= OWN_CHUNK_BYTES:
             chunks.append(frame)
@@ -249,6 +259,12 @@ class HotCache:
         """Forgets the evicted batches' entries in bulk, once they are half of them."""
         head = self._head
         if not head or head <= len(self._firsts) // 2:
+            return
+        if head >= len(self._firsts):  # nothing held: back to the shared empty arrays
+            self._firsts = self._sizes = self._chunk_of = self._records_at = _NO_BATCHES
+            self._starts = _NO_RECORDS
+            self._record_base = self._next_record
+            self._head = 0
             return
         kept = self._records_at[head] if head < len(self._firsts) else self._next_record
         del self._firsts[:head]
