@@ -431,7 +431,28 @@ def test_a_registration_under_way_is_not_made_again_at_every_tick() -> None:
     assert proposals(replica_owner.REGISTER_RETRY_MS) == 1, "an answer gone astray: made again"
     owner.core.replica_proposal_lost(TOPIC)
     assert proposals(50) == 1, "a lost registration is made again at the next tick"
-    # Its answer older than the value held (ignored): over all the same, made again at once.
+    # Its answer older than the value held (ignored): over all the same, made again soon.
     older = ReplicaConfig(0, ("b2",), ("b2",), owner.version - 1)
     owner.core.replica_proposal_answered(TOPIC, older, now_ms=owner.now)
-    assert proposals(50) == 1, "an answered registration that does not show is made again"
+    assert proposals(50) == 0, "not at once"
+    again = replica_owner.REGISTER_AGAIN_MS - 50
+    assert proposals(again) == 1, "an answered registration that does not show is made again"
+
+
+def test_a_registration_answered_without_the_owners_epoch_is_not_made_again_at_once() -> None:
+    """A refused claim (or a set recording another epoch) answers every registration the same
+    way: made again at once, it looped on the store, one transaction per round trip, for ever
+    (review finding); now once `REGISTER_AGAIN_MS` after the answer, at a tick."""
+    owner = Owner()
+    config = ReplicaConfig(0, ("b2",), ("b2",), owner.version)
+    step = owner.core.replicas_changed(TOPIC, config, now_ms=owner.now)
+    assert sum(isinstance(e, ReplicaPropose) for e in step.effects) == 1
+    made = 0
+    for _ in range(100):  # refused, and the read-back is the same value
+        step = owner.core.replica_proposal_answered(TOPIC, config, now_ms=owner.now)
+        made += sum(isinstance(e, ReplicaPropose) for e in step.effects)
+        made += sum(isinstance(e, ReplicaPropose) for e in owner.core.tick(owner.now).effects)
+    assert made == 0, f"{made} registrations at one instant: a loop on the store"
+    owner.driver.now_ms += replica_owner.REGISTER_AGAIN_MS
+    tick = owner.core.tick(owner.now)
+    assert sum(isinstance(e, ReplicaPropose) for e in tick.effects) == 1

@@ -16,7 +16,12 @@ from danube.machines.node.lifecycle import Lifecycle
 from danube.machines.node.records import TopicRecord
 from danube.machines.node.reliable_log import ReliableLogs
 from danube.machines.node.replica_follower import FollowerReplicas, still_follows
-from danube.machines.node.replica_owner import ReplicaConfig, replica_config
+from danube.machines.node.replica_owner import (
+    REGISTER_AGAIN_MS,
+    REGISTER_RETRY_MS,
+    ReplicaConfig,
+    replica_config,
+)
 from danube.machines.replication import messages as rm
 from danube.machines.wal.recovery import RecoveryPlan
 
@@ -78,12 +83,17 @@ class ReplicationRoutes:
         self, topic: str, config: ReplicaConfig, *, now_ms: int
     ) -> Step[None]:
         """A `ReplicaPropose` flow's value (written, or read back): as `replicas_changed`,
-        and a registration under way is over, whatever the value says (one that does not
-        show this owner's epoch, or that the owner ignores as older than the one it holds,
-        is made again at once or at the next tick rather than after `REGISTER_RETRY_MS`)."""
+        and a registration under way is over, whatever the value says: one that does not
+        show this owner's epoch (or that the owner ignores as older than the one it holds)
+        is made again `REGISTER_AGAIN_MS` later, at a tick, rather than after
+        `REGISTER_RETRY_MS`, and never at once: a refused claim or a set recording another
+        epoch answers the same way every time, and an immediate retry made one store
+        transaction per round trip, for ever (review finding)."""
         record = self._topics.get(topic)
         if record is not None:
-            record.log.registering = False
+            state = record.log
+            again = now_ms - REGISTER_RETRY_MS + REGISTER_AGAIN_MS
+            state.registering_since = min(state.registering_since, again)
         return self.replicas_changed(topic, config, now_ms=now_ms)
 
     def replica_proposal_lost(self, topic: str) -> Step[None]:

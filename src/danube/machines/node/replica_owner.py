@@ -104,6 +104,10 @@ again at a tick. A lost one (the store did not answer) is made again at the next
 value the watch brought meanwhile). Until issue 23 every tick (50 ms) made it again while it
 was under way: a failover's new owner, adopting hundreds of topics at once, sent each
 registration to a slow store tens of times over, and the copies kept it slow."""
+REGISTER_AGAIN_MS = 250
+"""A registration answered without this owner's epoch (its claim refused, or a set that
+records another epoch) is made again this long after the answer, at a tick: at most four a
+second per topic, where an immediate retry looped on the store (review finding)."""
 
 
 @dataclass(frozen=True, slots=True)
