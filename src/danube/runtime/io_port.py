@@ -251,8 +251,13 @@ class ProductionPort:
             self._loop.call_later(effect.ms / 1000, done, None, None)
             return
         if isinstance(effect, RemoveTopicFiles) and effect.recreate:
-            self._reset_files(effect.topic, done)
-            return
+            files = self._new_files(effect.topic)
+            if not files.directory.exists():  # a new topic: nothing to remove
+                self._reset_files(effect.topic, files, done)
+                return
+            # Leftovers (a replica's log, a deleted topic's files): removed in a worker
+            # thread, not on the WAL writer thread whose other topics' group commits would
+            # wait behind the removal of a whole log (review finding).
         if isinstance(effect, MarkDurable):
             self._began()
             files = self._topic_files(effect.topic)
@@ -350,16 +355,16 @@ class ProductionPort:
                 )
         done(None, error)
 
-    def _reset_files(self, topic: str, done: Done) -> None:
-        """A fresh topic's directory emptied and made again on the topic's WAL writer thread,
-        ahead of the segment it creates next: one batched hand-off instead of a trio task and
-        a `trio.to_thread` call for each of a removal and a scan (issue 23)."""
+    def _reset_files(self, topic: str, files: SegmentFiles, done: Done) -> None:
+        """A new topic's directory made on the topic's WAL writer thread, ahead of the
+        segment it creates next: one batched hand-off instead of a trio task and a
+        `trio.to_thread` call for each of a removal and a scan (issue 23)."""
         self._began()
         self._loaded_at.setdefault(topic, time.monotonic())
         stale = self._files.pop(topic, None)
         if stale is not None:
             stale.close()
-        files = self._files[topic] = self._new_files(topic)
+        self._files[topic] = files
         self.wal_writers.submit(topic, files.reset, partial(self._marked, done))
 
     def _marked(self, done: Done, _wrote: Any, error: BaseException | None) -> None:
@@ -436,6 +441,9 @@ class ProductionPort:
         if isinstance(effect, RemoveTopicFiles):
             files = self._files.pop(effect.topic, None) or self._new_files(effect.topic)
             await trio.to_thread.run_sync(files.remove)
+            if effect.recreate:  # a fresh topic over leftovers: its directory again, empty
+                files = self._files[effect.topic] = self._new_files(effect.topic)
+                await trio.to_thread.run_sync(files.reset)
             return None
         if isinstance(effect, CloseTopicFiles):
             files = self._files.pop(effect.topic, None)
