@@ -83,17 +83,21 @@ class ReplicationRoutes:
         self, topic: str, config: ReplicaConfig, *, now_ms: int
     ) -> Step[None]:
         """A `ReplicaPropose` flow's value (written, or read back): as `replicas_changed`,
-        and a registration under way is over, whatever the value says: one that does not
-        show this owner's epoch (or that the owner ignores as older than the one it holds)
-        is made again `REGISTER_AGAIN_MS` later, at a tick, rather than after
-        `REGISTER_RETRY_MS`, and never at once: a refused claim or a set recording another
-        epoch answers the same way every time, and an immediate retry made one store
-        transaction per round trip, for ever (review finding)."""
+        and a registration under way is over: one that does not show this owner's epoch is
+        made again at once (or at the next tick, when the owner ignores the value as older
+        than the one it holds) if the store holds anything newer than the value it was
+        made on, else `REGISTER_AGAIN_MS` later: a refused claim answers with that same
+        value every time, and an immediate retry looped on the store (review finding)."""
         record = self._topics.get(topic)
         if record is not None:
             state = record.log
-            again = now_ms - REGISTER_RETRY_MS + REGISTER_AGAIN_MS
-            state.registering_since = min(state.registering_since, again)
+            held = state.replica_config
+            newest = max(config.version, -1 if held is None else held.version)
+            if state.registering and newest <= state.registering_on:
+                again = now_ms - REGISTER_RETRY_MS + REGISTER_AGAIN_MS
+                state.registering_since = min(state.registering_since, again)
+            else:
+                state.registering = False
         return self.replicas_changed(topic, config, now_ms=now_ms)
 
     def replica_proposal_lost(self, topic: str) -> Step[None]:

@@ -96,7 +96,8 @@ class TopicLog:
     registering: bool = False
     """A proposal recording this owner's epoch in the replica set is under way."""
     registering_since: int = 0
-    """When it was made (`replica_owner.REGISTER_RETRY_MS`)."""
+    registering_on: int = -1
+    """When it was made (`replica_owner.REGISTER_RETRY_MS`), on which replicas version."""
     held_end: int = 0
     """Replicated, not registered yet: the end the high watermark reached meanwhile."""
     handing_over: bool = False

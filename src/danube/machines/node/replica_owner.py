@@ -105,9 +105,10 @@ value the watch brought meanwhile). Until issue 23 every tick (50 ms) made it ag
 was under way: a failover's new owner, adopting hundreds of topics at once, sent each
 registration to a slow store tens of times over, and the copies kept it slow."""
 REGISTER_AGAIN_MS = 250
-"""A registration answered without this owner's epoch (its claim refused, or a set that
-records another epoch) is made again this long after the answer, at a tick: at most four a
-second per topic, where an immediate retry looped on the store (review finding)."""
+"""A registration answered without this owner's epoch and with nothing newer than the value
+it was made on (its claim refused: the read-back is that same value) is made again this long
+after the answer, at a tick: made again at once, it looped on the store, one transaction per
+round trip, for as long as the owner was not told it was deposed (review finding)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +220,7 @@ class OwnerReplicas:
         state.registering = True
         state.registering_since = now_ms
         config = state.replica_config
+        state.registering_on = config.version
         proposal = rm.ProposeInSync(
             record.name.full, machine.epoch, tuple(config.in_sync), config.version
         )
