@@ -13,6 +13,7 @@ from unittest import mock
 
 import pytest
 
+from danube.machines.node.reliable_log import ReliableLogs
 from sim import cluster_main
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_faults import CLUSTER_PROFILES
@@ -119,8 +120,8 @@ def test_a_consumer_whose_end_of_stream_was_lost_looks_the_topic_up_again() -> N
     assert result.ok and result.settled, cluster_report(result, workload, DEFAULT)
 
 
-SEED_3053 = (
-    "--seed 3053 --profile none --brokers 4 --topics 8 --no-rebalance --replicated --admin 16 "
+SEED_3082 = (
+    "--seed 3082 --profile none --brokers 4 --topics 8 --no-rebalance --replicated --admin 16 "
     "--scratch-topics 1 --poison 4 --partition 0.01 --crash 0.0025 --kill 0.004 --stall 0.003 "
     "--slow 0.0025 --store-partition 0.01 --link-partition 0.02 --slow-link 0.02 --in-flight 1 "
     "--batched 0"
@@ -128,22 +129,33 @@ SEED_3053 = (
 
 
 def test_dead_letters_held_for_a_topic_gone_for_good_starve_no_other_subscription() -> None:
-    """Seed 3053 of CI's fuzz command: broker 4's consumer pool fills with topic-0's dead
-    letters, waiting for `/default/topic-0-dlq` (every replica killed, unassigned for good);
-    topic-1, -2 and -3 hold nothing and read on (the consumer pool's early resume,
-    spec/memory.md), so every message of theirs settles. Without the early resume
-    (`ReliableLogs._holds_nothing` always False) they wait for ever: 45-62 messages each
-    unsettled (p). topic-0 is left out of the judge."""
-    args = cluster_main._parser().parse_args(SEED_3053.split())
+    """Found as seed 3053 of CI's fuzz command: a broker's consumer pool fills with a topic's
+    dead letters, waiting for its dead-letter topic (every replica killed, unassigned for
+    good); the other poison topics hold nothing and read on (the consumer pool's early
+    resume, spec/memory.md), so every message of theirs settles. Without the early resume
+    (`ReliableLogs._holds_nothing` always False) they wait for ever (p). The topic whose
+    dead-letter topic is gone is left out of the judge. Seed 3053's flags at seed 3082 since
+    the failover's registrations changed (issue 23): 3053 no longer loses a dead-letter
+    topic for good, 3082 does, and the early resume's planted bug fails it (p)."""
+    args = cluster_main._parser().parse_args(SEED_3082.split())
     workload, faults = cluster_main._settings(args)
-    simulation = ClusterSimulation(3053, workload, faults)
+    simulation = ClusterSimulation(3082, workload, faults)
     result = simulation.run(15)
     assert result.ok and result.settled, cluster_report(result, workload, faults)
     assert simulation.data_checker is not None and simulation.ledger is not None
     gone = simulation.data_checker.all_unavailable_for_good()
-    assert gone == ["/default/topic-0-dlq"], gone
+    assert gone == ["/dlq/topic-3-dlq"], gone
     topics = [t for t in simulation.created_topics if t not in gone]
-    assert simulation.ledger.judged(topics) == [f"/default/topic-{n}" for n in (1, 2, 3)]
+    assert simulation.ledger.judged(topics) == [f"/default/topic-{n}" for n in (0, 1, 2)]
+
+
+def test_without_the_early_resume_the_other_topics_starve() -> None:
+    args = cluster_main._parser().parse_args(SEED_3082.split())
+    workload, faults = cluster_main._settings(args)
+    with mock.patch.object(ReliableLogs, "_holds_nothing", lambda *_a, **_k: False):
+        result = ClusterSimulation(3082, workload, faults).run(15)
+    assert not result.ok
+    assert result.violations[0].invariant.startswith("p "), result.violations[0]
 
 
 @pytest.mark.parametrize("seed", [41, 48, 58])
