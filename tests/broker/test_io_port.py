@@ -149,12 +149,8 @@ def test_log_lines_keep_their_old_shape() -> None:
     )
 
 
-@pytest.mark.trio
-async def test_a_recovery_with_nothing_to_carry_out_takes_no_worker_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A new topic's load ends with a `RecoverTopic` that has no action, no mark and no file
-    to clear: the port answers it without a hop to a worker thread; one with work still goes."""
+def _counted_hops(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The functions handed to `trio.to_thread.run_sync` from now on (worker-thread hops)."""
     hops: list[object] = []
     real = trio.to_thread.run_sync
 
@@ -163,17 +159,31 @@ async def test_a_recovery_with_nothing_to_carry_out_takes_no_worker_thread(
         return await real(fn, *args, **kwargs)
 
     monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    return hops
+
+
+def _standalone_port(tmp_path: Path, nursery: Any, loop: Any, core: Any) -> ProductionPort:
+    return ProductionPort(
+        MemoryStore(),
+        tmp_path,
+        nursery,
+        loop,
+        None,
+        metrics=BrokerMetrics(core, "b1", "standalone"),
+        claims=lambda: None,
+    )
+
+
+@pytest.mark.trio
+async def test_a_recovery_with_nothing_to_carry_out_takes_no_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new topic's load ends with a `RecoverTopic` that has no action, no mark and no file
+    to clear: the port answers it without a hop to a worker thread; one with work still goes."""
+    hops = _counted_hops(monkeypatch)
     core = make_core()
     async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
-        port = ProductionPort(
-            MemoryStore(),
-            tmp_path,
-            nursery,
-            loop,
-            None,
-            metrics=BrokerMetrics(core, "b1", "standalone"),
-            claims=lambda: None,
-        )
+        port = _standalone_port(tmp_path, nursery, loop, core)
         assert await port._directory(RecoverTopic("/default/t", (), None, False)) is None
         assert hops == []
         await port._directory(RecoverTopic("/default/t", (), 0, False))
@@ -191,29 +201,14 @@ async def test_a_fresh_topics_load_is_one_writer_job_and_leaves_an_empty_directo
     WAL writer thread and the flow knows the scan is empty: no `trio.to_thread` at all, the
     plan a new log's. Leftovers (a replica's whole log) are removed in a worker thread, not
     on the writer thread other topics' group commits wait on (review finding)."""
-    hops: list[object] = []
-    real = trio.to_thread.run_sync
-
-    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        hops.append(fn)
-        return await real(fn, *args, **kwargs)
-
-    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    hops = _counted_hops(monkeypatch)
     directory = tmp_path / "default" / "t"
     if leftovers:
         directory.mkdir(parents=True)
         (directory / "00000000000000000000.wal").write_bytes(b"an earlier topic's segment")
     core = make_core()
     async with trio_asyncio.open_loop() as loop, trio.open_nursery() as nursery:
-        port = ProductionPort(
-            MemoryStore(),
-            tmp_path,
-            nursery,
-            loop,
-            None,
-            metrics=BrokerMetrics(core, "b1", "standalone"),
-            claims=lambda: None,
-        )
+        port = _standalone_port(tmp_path, nursery, loop, core)
         flow = flows.recover("/default/t", lambda: (0, 0), fresh=True, now_ms=lambda: 0)
         plan = await _drive(port, flow)
         port.wal_writers.close()
