@@ -103,7 +103,8 @@ class _Recorded(WalWriters):
     effects: list[str]
 
     def submit(self, topic: str, run: Any, done: Any) -> None:
-        self.effects.append(type(run.args[0]).__name__)
+        args = getattr(run, "args", ())  # a file effect's partial, or a new topic's reset
+        self.effects.append(type(args[0]).__name__ if args else run.__name__)
         super().submit(topic, run, done)
 
 
