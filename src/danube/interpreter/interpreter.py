@@ -554,8 +554,8 @@ class Interpreter:
         def loaded(plan: RecoveryPlan | None, error: BaseException | None) -> None:
             try:
                 if self.closed:
-                    pass
-                elif lane.epoch != epoch:
+                    return
+                if lane.epoch != epoch:
                     self.host.event("wal_load_stale", topic=topic)
                     self._apply(self.core.wal_load_stale(topic).effects)
                 else:
