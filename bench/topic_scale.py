@@ -11,6 +11,10 @@ the first publish to the last topic, publishes to `--restart-sample` topics spre
 them (each a new producer and one message: every topic reachable, not only the last), and when
 the sweep has loaded every topic (the broker's `event=wal_loaded` lines). A rate that falls as
 buckets go by is a per-topic cost that grows with the topic count.
+
+`--restart-only DIR` times only the restart, on a `--keep` run's directory or on one
+`python -m bench.topic_synth --topics N` made in a minute (100,000 topics through a broker
+take most of an hour here; `bench.topic_synth --check` shows the two kinds equivalent).
 """
 
 from __future__ import annotations
@@ -239,7 +243,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
     parser.add_argument(
         "--restart-only", type=Path, default=None, metavar="DIR",
-        help="only start a broker on a --keep run's DIR (with the same --topics) and time it",
+        help="only start a broker on a --keep run's DIR (or one `bench.topic_synth` made, with the "
+        "same --topics) and time it",
     )  # fmt: skip
     parser.add_argument("--dir", default=None, help="parent of the temporary data directory")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")

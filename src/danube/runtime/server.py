@@ -266,7 +266,18 @@ async def serve(
     data_dir.mkdir(parents=True, exist_ok=True)
     broker_id = broker_id_for(data_dir)
     clustered = config.mode == "cluster"
-    store = await _open_store(config, data_dir)
+    # No cyclic collection while the start builds its long-lived state (the store's keys, a
+    # record per topic): it is all frozen below (`gc.freeze`) once built, and the collections
+    # its allocations set off meanwhile rescanned it again and again: 2.5 of 5.8 CPU seconds
+    # of loading and restoring 100,000 topics (issue 23 point 3).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        store = await _open_store(config, data_dir)
+    except BaseException:
+        if collecting:
+            gc.enable()
+        raise
     sockets: list[socket.socket] = []
     try:
         broker_sock = _listen(config.broker_addr)
@@ -450,6 +461,8 @@ async def serve(
             # collector's reach, a full collection (set off by a schema check's garbage in a
             # worker thread, say) no longer pauses the event loop for 100+ ms scanning it.
             gc.freeze()
+            if collecting:
+                gc.enable()
             batch_limit = BATCH_REQUEST_LIMIT + _message_limit(config)
             client_services = [
                 ClientPortSchemaRegistry(schemas),
@@ -547,6 +560,8 @@ async def serve(
                 member_scope.cancel()
             nursery.cancel_scope.cancel()
     finally:
+        if collecting:  # a start that failed before the freeze
+            gc.enable()
         for sock in sockets:
             sock.close()
         await store.aclose()
