@@ -63,6 +63,7 @@ from sim.disk import SimDisk, SimFile
 if TYPE_CHECKING:
     from sim.audit_output import AuditOutput  # pyarrow: only with the audit extra
 from sim.faults import Faults, Injected
+from sim.late_timers import late_timers
 from sim.network import Network, Stream
 from sim.objects import SimObjectStore
 from sim.requests import (
@@ -166,20 +167,6 @@ class OpenStream:
 PRESSURE_LEFT = 512
 """What the memory-pressure fault leaves free of the publish pool: room for one small publish
 (so some go on) and not for a batch (so streams pause)."""
-
-
-def _late_timers(core: BrokerCore, now_ms: int) -> list[str]:
-    """Subscriptions of serving reliable topics whose next timer is not after the tick that
-    just ran: it skipped them (invariant 19). Read without touching (`sub.machine`)."""
-    late = []
-    for record in core.catalogue.topics_by_name.values():
-        if record.log.wal is None or not record.phase.writable:
-            continue
-        for sub in record.subscriptions.values():
-            due = cast(ReliableSubscription, sub.machine).next_timer_ms
-            if due is not None and due <= now_ms:
-                late.append(f"{record.name.full}/{sub.name} due at {due} ms")
-    return late
 
 
 def _held(core: BrokerCore) -> tuple[int, list[str]]:
@@ -543,7 +530,7 @@ class SimBroker:
         transport = self._transport_open()
         core.transport_open(*transport)  # as the runtime reports its gRPC streams and connections
         effects = core.tick(self.now_ms, self.monotonic_ms).effects
-        self.observer.timers_checked(_late_timers(core, self.now_ms))
+        self.observer.timers_checked(late_timers(core, self.now_ms))
         # judged as the tick left them: its effects may answer publishes, whose room
         # goes to paused reads at the next tick
         in_vain = _paused_in_vain(core) if core.logs.consumer_pool is not None else []

@@ -267,6 +267,8 @@ class ClusterSimulation:
                 self.world, self.etcd, self.objects, self.nodes, self.created_topics,
                 replicated=self.streams is not None,
             )  # fmt: skip
+            for node in self.nodes:
+                node.data_checker = self.data_checker  # invariant 19 after each tick
             if self.streams is not None:
                 self.streams.on_ack = self.data_checker.broker_acknowledged
                 self.streams.on_foreign = self.data_checker.foreign_frames

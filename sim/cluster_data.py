@@ -75,6 +75,7 @@ from sim.run import UPLOADS
 from sim.world import US_PER_MS, World
 
 if TYPE_CHECKING:
+    from sim.cluster_data_checker import DataChecker
     from sim.cluster_poison import DeadLetterForwarder, PoisonLedger
 
 DATA_WAL = WalConfig(
@@ -134,6 +135,13 @@ class _ClusterObserver(_MemoryObserver):
         self.host = host
         node = getattr(host, "node", None)
         self.ledger: PoisonLedger | None = getattr(node, "poison", None)
+        self.data: DataChecker | None = getattr(node, "data_checker", None)
+
+    def timers_checked(self, late: list[str]) -> None:
+        """19 (`sim.late_timers`): in a cluster run too, a tick leaves no timer due, a
+        replicated owner's and an uploader's included (issue 23 point 4)."""
+        if late and self.data is not None:
+            self.data.timers_late(self.host.name, late)
 
     def policy_dropped(self, topic: str, subscription: str, offset: int, attempts: int) -> None:
         if self.ledger is not None:

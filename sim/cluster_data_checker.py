@@ -64,6 +64,8 @@ STALE_EPOCH_ACK = "r2 no acknowledgement under a superseded epoch"
 FOREIGN_FRAMES = "r3 a follower holds only frames its epoch's owner sent"
 KEPT_DIRECTORY = "r4 a handed-over directory goes once no replica set counts on it"
 HELD_BACK = "r5 no owner holds acknowledgements back at the end"
+TIMERS = "19 timers are never late"
+"""As `sim.checker.TIMERS`, judged in cluster runs since issue 23 point 4."""
 DATA_WRITES = ("persist", "index", "writer")
 
 
@@ -95,6 +97,10 @@ class DataChecker:
         reaches `committed` (reading the claim at each data write cost a JSON decode)."""
         self.replicated = replicated
         etcd.observers.append(self)
+
+    def timers_late(self, broker: str, late: list[str]) -> None:
+        """19, judged after each tick of a broker (`sim.late_timers`)."""
+        self._violate(TIMERS, f"a tick of {broker} left timers due: {', '.join(late[:3])}")
 
     def _violate(self, invariant: str, detail: str) -> None:
         self.world.log(f"VIOLATION {invariant}: {detail}")

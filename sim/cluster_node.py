@@ -506,6 +506,8 @@ class SimNode:
         """The replication streams between brokers (`--replicated`)."""
         self.poison: Any = None
         """The poison workload's ledger (`sim.cluster_poison.PoisonLedger`, `--poison`)."""
+        self.data_checker: Any = None
+        """The data checker (`sim.cluster_data_checker.DataChecker`) of a run with data."""
 
     @property
     def running(self) -> BrokerProcess | None:

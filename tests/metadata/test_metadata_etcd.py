@@ -7,6 +7,7 @@ import asyncio
 import threading
 import traceback
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -24,6 +25,7 @@ from danube.metadata import (
     WatchEvent,
 )
 from danube.metadata.etcd import EtcdStore, EtcdUnavailable, wire
+from danube.metadata.etcd import store as store_module
 from danube.metadata.etcd.store import CALLS_IN_FLIGHT
 from tests.support.etcd import EtcdStores
 
@@ -255,6 +257,45 @@ async def test_kv_calls_wait_for_a_slot_and_lease_calls_do_not(etcd_stores: Etcd
     store._calls.release()
     with trio.fail_after(5):
         assert await store.get("/k") is None
+
+
+async def test_a_renewal_goes_out_while_the_kv_connection_is_stuck(
+    etcd_stores: EtcdStores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lease calls have a connection of their own (issue 23 point 4): under a failover's
+    hundreds of reads and transactions a renewal queued on the KV connection failed, and the
+    broker fenced itself. Here every call on the KV connection stalls until its deadline;
+    the renewal still goes out and is answered by the real etcd."""
+    store = await etcd_stores.open(timeout_s=2)
+    lease = await store.grant_lease(10)
+    original = store_module._request_reply
+
+    async def stalled(channel: Any, *args: Any) -> Any:
+        if channel is store._channel:  # the bulk lane: nothing gets through
+            await asyncio.sleep(args[-1])
+            raise TimeoutError("stalled")
+        return await original(channel, *args)
+
+    monkeypatch.setattr(store_module, "_request_reply", stalled)
+    failed: list[BaseException] = []
+
+    async def read() -> None:
+        try:
+            await store.get("/k")
+        except MetadataError as error:
+            failed.append(error)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(8):
+            nursery.start_soon(read)
+        await trio.sleep(0.2)  # the reads are on the stuck connection
+        with trio.fail_after(1):
+            await store.keepalive(lease)
+            await store.keepalive(lease)
+        assert not failed, "the reads were not stuck when the renewals went out"
+    assert len(failed) == 8
+    monkeypatch.setattr(store_module, "_request_reply", original)
+    await store.revoke(lease)
 
 
 async def test_the_store_runs_on_the_callers_thread_beside_another_asyncio_loop(

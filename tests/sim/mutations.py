@@ -13,6 +13,7 @@ from danube.effects import Backoff
 from danube.interpreter import flows
 from danube.interpreter.waiters import Publishes
 from danube.machines.dispatch import reliable
+from danube.machines.node import reliable_log, topic_deadline
 from danube.machines.node.core import BrokerCore
 from danube.machines.node.deferred_loads import DeferredLoads
 from danube.machines.node.effects import LoadWal
@@ -23,7 +24,6 @@ from danube.machines.requests import publish
 from danube.machines.requests.effects import AwaitStored
 from danube.machines.tiering.uploader import AllowLocalDelete, Uploader
 from danube.machines.wal import recovery
-from danube.machines.wal.deadline import DUE_NOW, next_due_ms
 from danube.machines.wal.machine import Acknowledge, Durability, WalMachine
 
 
@@ -274,22 +274,18 @@ def tick_forgets_touched_topics() -> Iterator[None]:
 
 @contextlib.contextmanager
 def subscription_timers_not_scheduled() -> Iterator[None]:
-    """A topic's next tick ignores its subscriptions' timers (`ReliableLogs._next_due`): an
+    """A topic's next tick ignores its subscriptions' timers (`topic_deadline.next_due`): an
     ack deadline or a cursor flush waits for an input that touches the topic again."""
+    original = topic_deadline.next_due
 
-    def next_due(self: ReliableLogs, record: Any, batch: int) -> int | None:
-        state = record.log
-        if state.wal is None or not record.phase.writable:
-            return None
-        if state.replication is not None or state.uploader is not None:
-            return DUE_NOW
-        due = next_due_ms(state.wal)
-        since = state.ack_batch_since
-        if since is not None:
-            due = since + batch if due is None else min(due, since + batch)
-        return due
+    def next_due(record: Any, batch: int, replicas: Any) -> int | None:
+        subscriptions, record.subscriptions = record.subscriptions, {}
+        try:
+            return original(record, batch, replicas)
+        finally:
+            record.subscriptions = subscriptions
 
-    with mock.patch.object(ReliableLogs, "_next_due", next_due):
+    with mock.patch.object(reliable_log, "next_due", next_due):
         yield
 
 

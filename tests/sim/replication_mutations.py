@@ -279,6 +279,40 @@ def registration_never_made_again() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def lost_proposal_not_touched() -> Iterator[None]:
+    """A lost proposal (the store did not answer) does not touch its topic: the broker ticks
+    a replicated topic only when touched or at its deadline (issue 23 point 4), and with
+    nothing else reaching the topic the retry waits for an unrelated input (invariant 19)."""
+    original = replica_owner.OwnerReplicas.proposal_lost
+
+    def proposal_lost(self: Any, record: Any) -> list[Any]:
+        touched, name = record.touched, record.name.full
+        before = touched is not None and name in touched
+        out = original(self, record)
+        if touched is not None and not before:
+            touched.discard(name)
+        return out
+
+    with mock.patch.object(replica_owner.OwnerReplicas, "proposal_lost", proposal_lost):
+        yield
+
+
+@contextlib.contextmanager
+def replication_deadline_too_late() -> Iterator[None]:
+    """The owner's next deadline is computed `lag_ms` too late (issue 23 point 4): an in-sync
+    member silent past `lag_ms` is shrunk away, and a catching-up follower probed, a lag late,
+    while acknowledgements wait (invariant 19)."""
+    original = OwnerReplication.next_timer_ms
+
+    def late(self: OwnerReplication) -> int | None:
+        due = original.fget(self)  # type: ignore[attr-defined]
+        return due if not due else due + self.lag_ms
+
+    with mock.patch.object(OwnerReplication, "next_timer_ms", property(late)):
+        yield
+
+
 REPLICATION_MUTATIONS: dict[str, Patch] = {
     "acknowledge_before_followers": acknowledge_before_followers,
     "promote_any_follower": promote_any_follower,
@@ -291,4 +325,6 @@ REPLICATION_MUTATIONS: dict[str, Patch] = {
     "load_batch_forgets_replica_sets": load_batch_forgets_replica_sets,
     "adopt_refused_proposal": adopt_refused_proposal,
     "registration_never_made_again": registration_never_made_again,
+    "lost_proposal_not_touched": lost_proposal_not_touched,
+    "replication_deadline_too_late": replication_deadline_too_late,
 }

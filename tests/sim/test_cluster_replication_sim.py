@@ -12,9 +12,16 @@ from unittest import mock
 
 import pytest
 
+from sim import late_timers
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_admin import OVERRIDES
-from sim.cluster_data_checker import FOREIGN_FRAMES, HELD_BACK, KEPT_DIRECTORY, REPLICA_LOSS
+from sim.cluster_data_checker import (
+    FOREIGN_FRAMES,
+    HELD_BACK,
+    KEPT_DIRECTORY,
+    REPLICA_LOSS,
+    TIMERS,
+)
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 from sim.faults import Faults, Injected
 from sim.network import Network
@@ -283,9 +290,30 @@ def test_a_registration_never_made_again_holds_acknowledgements_back() -> None:
     lost, or after `REGISTER_RETRY_MS` without an answer; one never made again holds its
     topic's acknowledgements back for good, which r5 finds at the end. Not at every tick,
     as before issue 23 point 4: a failover's new owner sent each registration tens of times
-    over."""
+    over. Since replicated topics are ticked only when touched or due (issue 23 point 4),
+    19 judges the registration's retry after each tick and catches it first (seed 1); with
+    that judgement switched off, r5 still catches it at the end."""
     caught = first_caught("registration_never_made_again", range(1, 41))
     assert caught is not None, "registration_never_made_again went unnoticed for 40 seeds"
     seed, invariants = caught
-    assert HELD_BACK in invariants, (seed, invariants)
+    assert TIMERS in invariants, (seed, invariants)
+    assert ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS).ok, seed
+    with mock.patch.object(late_timers, "replication_work", lambda record, now_ms: None):
+        caught = first_caught("registration_never_made_again", range(1, 41))
+    assert caught is not None, "without 19, r5 missed it for 40 seeds"
+    assert HELD_BACK in caught[1], caught
+
+
+@pytest.mark.parametrize(
+    ("mutation", "seeds"),
+    [("replication_deadline_too_late", range(1, 41)), ("lost_proposal_not_touched", range(1, 41))],
+)
+def test_replication_timers_left_late_are_caught(mutation: str, seeds: range) -> None:
+    """Issue 23 point 4: a replicated topic is ticked only when touched or at its deadline,
+    so invariant 19 judges the owner's timers after each tick (`sim.late_timers`): a
+    deadline computed too late, and an input that does not touch the topic, are caught."""
+    caught = first_caught(mutation, seeds)
+    assert caught is not None, f"{mutation} went unnoticed for {len(seeds)} seeds"
+    seed, invariants = caught
+    assert TIMERS in invariants, (seed, invariants)
     assert ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS).ok, seed

@@ -82,9 +82,9 @@ since each ack of a batch is carried out before the next, as a later ack of the 
 offset failing inside the core (16); an exception inside the core is 16
 (production's INTERNAL); an offset assigned again after a restart shows at the load, before
 any delivery under it; a tick that forgets the topics touched since the last one, forgets
-their subscriptions' timers (`_next_due`), or an input to a dispatcher that does not touch its
-topic, leaves a subscription's timer due after the tick (19; before 19 the first of them was
-seen as a backlog that never drains, 4b)."""
+their subscriptions' timers (`topic_deadline.next_due`), or an input to a dispatcher that
+does not touch its topic, leaves a subscription's timer due after the tick (19; before 19 the
+first of them was seen as a backlog that never drains, 4b)."""
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))

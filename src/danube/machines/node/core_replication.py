@@ -90,6 +90,7 @@ class ReplicationRoutes:
         value every time, and an immediate retry looped on the store (review finding)."""
         record = self._topics.get(topic)
         if record is not None:
+            record.touch()  # the registration's retry deadline moves (`OwnerReplicas.next_due`)
             state = record.log
             held = state.replica_config
             newest = max(config.version, -1 if held is None else held.version)

@@ -30,6 +30,7 @@ class ObjectTier:
         state = record.log
         if state.uploader is None or state.uploader_id != io.uploader:
             return Step(None)
+        record.touch()  # its timers move: the next tick takes them (`ReliableLogs._next_due`)
         return Step(None, tuple(self._logs.tier_effects(record, call(state.uploader))))
 
     def upload_done(

@@ -121,6 +121,12 @@ class TopicRecord:
     def reliable(self) -> bool:
         return self.strategy is DispatchStrategy.RELIABLE
 
+    def touch(self) -> None:
+        """An input reached one of the topic's machines that `wal` does not hand out (its
+        replication, its uploader): the next tick visits it and takes its next deadline."""
+        if self.touched is not None:
+            self.touched.add(self.name.full)
+
     def advance(self, event: TopicEvent) -> None:
         """Moves the topic along its life cycle; an event its phase does not allow raises."""
         self.phase = advance(self.phase, event)

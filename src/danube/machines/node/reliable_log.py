@@ -42,12 +42,12 @@ from danube.machines.node.replica_owner import (
     ReplicaConfig,
     ReplicationSettings,
 )
+from danube.machines.node.topic_deadline import next_due
 from danube.machines.replication.owner import OwnerReplication
 from danube.machines.tiering import reader as tier_reader
 from danube.machines.tiering import uploader as tier
 from danube.machines.tiering.index import IndexEntry
 from danube.machines.wal import machine as wal
-from danube.machines.wal.deadline import DUE_NOW, next_due_ms
 from danube.machines.wal.recovery import RecoveryPlan
 from danube.values.config import OBJECT_DURABILITY, TopicDurability
 from danube.values.errors import DanubeError, ErrorCode
@@ -451,6 +451,7 @@ class ReliableLogs:
                 break
             state.sealed_waiting.pop(0)
             sealed = uploader.segment_sealed(base, next_offset, size, now_ms)
+            record.touch()  # its batch window starts: `topic_deadline`
             state.sealed_through = next_offset
             out.extend(self.tier_effects(record, sealed))
         return out
@@ -680,7 +681,7 @@ class ReliableLogs:
                 if due is not None and due <= now_ms:
                     effects.extend(self.dispatch(record, sub, sub.reliable.tick(now_ms), now_ms))
         for record in visits:
-            topics.schedule(record, self._next_due(record, batch))
+            topics.schedule(record, next_due(record, batch, self.replicas))
         if self.consumer_pool is not None and self.consumer_pool.paused:
             effects.extend(self.resume_reads(now_ms))
         effects.extend(self.deferred.due())  # loads a request asked for, the sweep's next
@@ -725,27 +726,6 @@ class ReliableLogs:
         record = self._topics.get(topic)
         sub = record.subscriptions.get(name) if record is not None else None
         return sub is None or sub.epoch != epoch or not sub.records
-
-    def _next_due(self, record: TopicRecord, batch: int) -> int | None:
-        """Until when a tick would find nothing to do for the topic, unless an input touches
-        it (`topic_table`); a lower bound. Its subscriptions' timers count (an input to one
-        touches the topic, `SubscriptionRecord.dispatcher`); replication and the object tier
-        keep it visited at every tick (their timers are not indexed yet)."""
-        state = record.log
-        log = state.wal
-        if log is None or not record.phase.writable:
-            return None  # a WAL that loads or a phase that changes touches the topic
-        if state.replication is not None or state.uploader is not None:
-            return DUE_NOW
-        due = next_due_ms(log)
-        since = state.ack_batch_since
-        if since is not None:
-            due = since + batch if due is None else min(due, since + batch)
-        for sub in record.subscriptions.values():  # their inputs touch the topic
-            timer = cast(rd.ReliableSubscription, sub.machine).next_timer_ms
-            if timer is not None and (due is None or timer < due):
-                due = timer
-        return due
 
     def seal(self, record: TopicRecord, now_ms: int) -> list[Effect]:
         """Seals the topic's active segment (if its WAL works), so the uploader takes it."""

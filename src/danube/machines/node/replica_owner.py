@@ -181,6 +181,7 @@ class OwnerReplicas:
         without a member etcd records (`python -m sim --cluster --data --replicated --seed
         74`: version 199, in sync none, after 281, in sync the follower, lost 23
         acknowledged messages at the promotion)."""
+        record.touch()
         state = record.log
         held = state.replica_config
         if held is not None and config.version < held.version:
@@ -234,6 +235,7 @@ class OwnerReplicas:
         topic without followers (one broker left) runs one too: it registers its epoch, so
         that its loss makes the topic wait for this broker instead of going to another
         without the records acknowledged here."""
+        record.touch()
         state = record.log
         config = state.replica_config
         log = record.wal
@@ -314,6 +316,7 @@ class OwnerReplicas:
     def durable(self, record: TopicRecord, through: int, now_ms: int) -> list[Effect]:
         """The WAL acknowledged offsets ≤ `through` locally: they count for the high
         watermark (the followers were sent them as they were written)."""
+        record.touch()
         state = record.log
         machine = state.replication
         assert machine is not None
@@ -324,6 +327,7 @@ class OwnerReplicas:
 
     def answered(self, record: TopicRecord, follower: str, answer: rm.FollowerAnswer,
                  now_ms: int) -> list[Effect]:  # fmt: skip
+        record.touch()
         machine = record.log.replication
         if machine is None:
             return []
@@ -336,6 +340,7 @@ class OwnerReplicas:
         return self._translate(record, effects, now_ms)
 
     def broke(self, record: TopicRecord, follower: str, now_ms: int) -> list[Effect]:
+        record.touch()
         machine = record.log.replication
         if machine is None or follower not in machine.links:
             return []
@@ -343,6 +348,7 @@ class OwnerReplicas:
 
     def frames_read(self, record: TopicRecord, follower: str, from_offset: int, frames: bytes,
                     end: int, now_ms: int) -> list[Effect]:  # fmt: skip
+        record.touch()
         machine = record.log.replication
         if machine is None:
             return []
@@ -350,10 +356,29 @@ class OwnerReplicas:
         return self._translate(record, effects, now_ms)
 
     def proposal_lost(self, record: TopicRecord) -> list[Effect]:
-        """A proposal's flow failed before any read-back (the store did not answer)."""
+        """A proposal's flow failed before any read-back (the store did not answer): made
+        again at the next tick, so the topic is touched (`next_due`)."""
+        record.touch()
         machine = record.log.replication
         record.log.registering = False
         return [] if machine is None else self._translate(record, machine.proposal_lost(), 0)
+
+    def next_due(self, record: TopicRecord) -> int | None:
+        """When `tick` next has something to do for the topic (a lower bound; 0: at the next
+        tick), None when only an input can give it work: every input above touches the topic
+        (`TopicRecord.touch`), so the broker ticks a replicated topic only then or at this
+        deadline (issue 23 point 4). The earliest of the machine's own
+        (`OwnerReplication.next_timer_ms`) and the registration's: made at once when due and
+        not under way, made again `REGISTER_RETRY_MS` after it went out."""
+        state = record.log
+        machine = state.replication
+        if machine is None or state.handing_over:
+            return None
+        due = machine.next_timer_ms
+        if self._registered(record) or machine.deposed or state.replica_config is None:
+            return due
+        at = state.registering_since + REGISTER_RETRY_MS if state.registering else 0
+        return at if due is None or at < due else due
 
     def tick(self, record: TopicRecord, now_ms: int) -> list[Effect]:
         machine = record.log.replication

@@ -100,6 +100,11 @@ Lease calls are not counted: a renewal must not wait behind a failover's reads, 
 broker fences itself."""
 
 _BOUNDED_CALLS = frozenset({_RANGE, _PUT, _DELETE_RANGE, _TXN})
+_LEASE_CALLS = frozenset({_LEASE_GRANT, _LEASE_REVOKE, _LEASE_KEEPALIVE})
+"""Calls made on the lease lane (`EtcdStore._lease_channel`), a connection of their own: a
+failover's hundreds of reads and transactions fill the KV connection's HTTP/2 send queue and
+flow-control windows, and a renewal queued behind them failed under load (issue 23 point 4:
+`membership_request_failed`, brokers fenced)."""
 
 WATCH_BUFFER = 16_384
 """Events a watch holds unread before it ends with CompactedError. A leader's load manager
@@ -154,6 +159,9 @@ class EtcdStore:
         self._timeout_s = timeout_s
         self.watch_buffer = watch_buffer
         self._channel: Channel | None = None
+        self._lease_channel: Channel | None = None
+        """The lease lane: grants, renewals and revokes on a connection of their own
+        (`_LEASE_CALLS`); grpclib connects a channel at its first call."""
         self._watches: set[Watch] = set()
         self._closed = False
 
@@ -196,6 +204,7 @@ class EtcdStore:
             )
             try:
                 store._channel = await loop.run(_open_channel, host, port, ssl_context)
+                store._lease_channel = await loop.run(_open_channel, host, port, ssl_context)
                 await store._probe()
             except MetadataError as exc:
                 failures.append(str(exc))
@@ -424,9 +433,10 @@ class EtcdStore:
                 watch.end(None)
             for watch in list(self._watches):
                 await watch.finished.wait()
-            if self._channel is not None:
-                with contextlib.suppress(StoreClosed):  # the loop is gone already
-                    await self._host.run(_close_channel, self._channel)
+            for channel in (self._channel, self._lease_channel):
+                if channel is not None:
+                    with contextlib.suppress(StoreClosed):  # the loop is gone already
+                        await self._host.run(_close_channel, channel)
             await self._host.stop()
 
     # -- internals ----------------------------------------------------------------------------
@@ -465,11 +475,12 @@ class EtcdStore:
         cancelled caller still waits for its call rather than abandoning it, since an abandoned
         write could land after the same caller's next one. A KV call first takes one of
         `CALLS_IN_FLIGHT` slots; waiting for one (none free) can be cancelled, as nothing was
-        sent.
+        sent. Lease calls go on the lease lane's connection (`_LEASE_CALLS`).
         """
         self._ensure_open()
         timeout = self._timeout_s if timeout_s is None else timeout_s
         bounded = path in _BOUNDED_CALLS  # lease calls take no slot
+        channel = self._lease_channel if path in _LEASE_CALLS else self._channel
         if bounded:
             try:
                 self._calls.acquire_nowait()
@@ -478,7 +489,7 @@ class EtcdStore:
         try:
             with trio.CancelScope(shield=True):
                 reply: Reply | None = await self._host.run(
-                    _request_reply, self._channel, path, cardinality, request, reply_type, timeout
+                    _request_reply, channel, path, cardinality, request, reply_type, timeout
                 )
         except (GRPCError, wire.WireError, *_TRANSPORT_ERRORS) as exc:
             raise self.error(exc) from None
