@@ -180,7 +180,7 @@ class HotCache:
         while self.bytes > limit and self._drop_oldest():
             pass
         self._compact()
-        if ledger is not None and ledger.total > ledger.pool:
+        if ledger is not None and ledger.total > ledger.limit:
             ledger.fit()
 
     def drop_oldest_for_ledger(self) -> None:
