@@ -42,9 +42,11 @@ not accounted). Issue 28 point 1: chunks that grew by `+=` up to 16 KiB left gli
 fragmented by reallocs of every size across 1,000 topics: 1,000 caches holding 52 MiB
 accounted added 88.4 MiB of RSS; fixed 4 KiB chunks, 71.0 (8 MiB accounted: 30.4 -> 18.0;
 fixed 16 KiB chunks: 86.3 and 37.5; bench/RESULTS.md, issue 28 part 11)."""
-OWN_CHUNK_BYTES = 2 * 1024
-"""A frame at least this large is its own chunk, uncopied: a shared chunk wastes less than
-a third of itself at the end."""
+OWN_CHUNK_BYTES = 1024
+"""A frame at least this large is its own chunk, uncopied (an exact `bytes`): a shared chunk
+wastes at most about a fifth of itself at its end (2 KiB frames, one a chunk, left half of
+each unused: 1 KiB batches were accounted at 0.76 of their live bytes with this at 2 KiB,
+`bench/cache_memory.py`)."""
 
 _U32 = struct.Struct("<I")
 
