@@ -60,7 +60,7 @@ SUBSCRIPTIONS = "soak"
 """`--subscription-prefix` of every load: the set-up makes the subscriptions the load uses."""
 HEAD = ("t_s", "phase", "rss_mib", "accounted_mib", "cache_mib", "publish_mib", "consumer_mib",
         "state_mib", "paused_s", "refused", "slow_held_mib", "others_consumer_mib",
-        "hot_cache_mib", "others_cache_mib")  # fmt: skip
+        "hot_cache_mib", "others_cache_mib", "squeeze_mib", "unaccounted_mib")  # fmt: skip
 
 
 def _rss_mib(pid: int) -> float:
@@ -93,6 +93,8 @@ def _sample(broker: BrokerProcess, started: float, phase: str) -> tuple[object, 
         pools.get("danube_memory_publish_refused_total", 0),
         round(slow / 2**20, 2), round((pools.get(f"{used}consumer", 0) - slow) / 2**20, 2),
         round(hot / 2**20, 2), round((pools.get(f"{used}cache", 0) - hot) / 2**20, 2),
+        round(pools.get("danube_memory_rss_squeeze_bytes", 0) / 2**20, 1),
+        round(pools.get("danube_memory_unaccounted_bytes", 0) / 2**20, 1),
     )  # fmt: skip
 
 

@@ -31,6 +31,7 @@ from danube.machines.dispatch.types import SubscriptionType
 from danube.machines.memory.budget import MemoryPools
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool
+from danube.machines.memory.rss import HIGH_WATER
 from danube.machines.node import requests
 from danube.machines.node.core import (
     BrokerCore,
@@ -217,6 +218,16 @@ def _paused_in_vain(core: BrokerCore, only: tuple[str, str] | None = None) -> li
     return waiting
 
 
+def _squeezed_room(pool: PublishPool, ledger: CacheLedger) -> int:
+    """What the RSS squeeze took of the publish pool's room to borrow (its capacity shrinks
+    by it after admission, as by what held records borrow; `PublishPool.room_to_borrow`)."""
+    if not ledger.squeeze:
+        return 0
+    kept = max(ledger.state, ledger.state_limit) + ledger.consumers
+    whole = max(0, min(pool.borrowable, pool._cache_pool - kept))
+    return whole - pool.room_to_borrow
+
+
 def _relieved(pool: PublishPool) -> None:
     pool.relieve()
 
@@ -304,8 +315,12 @@ class Observer:
         """After a tick, and after a subscription's acknowledgements: the reads the consumer
         pool keeps paused although they should go on (spec/memory.md, "Consumer queues")."""
 
-    def returns_checked(self, returns: list[tuple[int, int, int]], drop_bytes: int) -> None:
+    def returns_checked(self, returns: list[tuple[int, int, int, bool]], drop_bytes: int) -> None:
         """After a tick: every `ReturnMemory` so far (spec/memory.md, "Giving memory back")."""
+
+    def rss_checked(self, ledger: CacheLedger, rss: int, high: int) -> None:
+        """After a tick: the cache ledger, the synthetic RSS fed to that tick and the
+        high-water mark it is held against (spec/memory.md, "The process's RSS")."""
 
     def idle_checked(self, ledger: CacheLedger, now_ms: int) -> None:
         """After a tick: the cache ledger, for caches idle past their time."""
@@ -387,9 +402,12 @@ class SimBroker:
         self.objects = objects
         self.uploads = uploads
         self.tier_stats: Counter[str] = Counter()
-        self.memory_returns: list[tuple[int, int, int]] = []
-        """(incarnation, simulated ms, accounted bytes whose fall decided it) of each
-        `ReturnMemory` (spec/memory.md, "Giving memory back")."""
+        self.memory_returns: list[tuple[int, int, int, bool]] = []
+        """(incarnation, simulated ms, accounted bytes whose fall decided it, whether RSS was
+        over its mark then) of each `ReturnMemory` (spec/memory.md, "Giving memory back")."""
+        self.rss_over = 0
+        """Bytes the synthetic RSS is over the high-water mark while the memory-pressure
+        fault lasts (0: RSS follows what the pools account, under the mark)."""
         self._landed: set[str] = set()
         """Objects uploaded since the last crash whose index entry is not committed yet."""
         self._left: set[str] = set()
@@ -529,7 +547,8 @@ class SimBroker:
             return
         transport = self._transport_open()
         core.transport_open(*transport)  # as the runtime reports its gRPC streams and connections
-        effects = core.tick(self.now_ms, self.monotonic_ms).effects
+        rss = self._synthetic_rss(core)
+        effects = core.tick(self.now_ms, self.monotonic_ms, rss=rss).effects
         self.observer.timers_checked(late_timers(core, self.now_ms))
         # judged as the tick left them: its effects may answer publishes, whose room
         # goes to paused reads at the next tick
@@ -555,6 +574,8 @@ class SimBroker:
             if returning is not None:
                 self.observer.returns_checked(self.memory_returns, returning.drop_bytes)
             self.observer.idle_checked(ledger, self.monotonic_ms)
+            if rss is not None and core.memory is not None:
+                self.observer.rss_checked(ledger, rss, int(core.memory.budget * HIGH_WATER))
         self.publish_checked(idle=not self.requests.in_flight)
         self.world.at(TICK_US, lambda: self._tick(incarnation))
 
@@ -567,7 +588,8 @@ class SimBroker:
         pools = core.memory.cache + core.memory.publish
         ledger = core.cache_ledger
         cached = ledger.total + ledger.state
-        self.observer.publish_pool_checked(pool, cached, pools, idle, ledger.consumers)
+        lent = ledger.consumers + _squeezed_room(pool, ledger)  # both shrink the capacity
+        self.observer.publish_pool_checked(pool, cached, pools, idle, lent)
         held = core.logs.consumer_pool
         state = core.state_pool
         over_share = max(0, ledger.state - state.limit) if state is not None else 0
@@ -593,15 +615,38 @@ class SimBroker:
 
     def memory_pressure(self, duration_us: int) -> None:
         """The memory-pressure fault: for `duration_us` memory outside the pools leaves the
-        publish pool only `PRESSURE_LEFT` bytes of the room it had free."""
+        publish pool only `PRESSURE_LEFT` bytes of the room it had free, and the process's
+        RSS (synthetic, `_synthetic_rss`) is over its high-water mark by half the cache
+        pool: the caches give way to it, then recover."""
         core = self.core
         pool = core.publish_pool if self.up and core is not None else None
-        if pool is None:
+        if pool is None or core is None or core.memory is None:
             return
         pool.pressure = max(0, pool.capacity - pool.used - PRESSURE_LEFT)
+        self.rss_over = max(1, core.memory.cache // 2)
         self.injected["memory_pressure"] += 1
-        self.world.log(f"fault memory_pressure {pool.pressure} bytes for {duration_us} us")
-        self.world.at(duration_us, lambda: _relieved(pool))
+        self.world.log(
+            f"fault memory_pressure {pool.pressure} bytes, RSS {self.rss_over} over its mark, "
+            f"for {duration_us} us"
+        )
+        self.world.at(duration_us, lambda: self._relieved(pool))
+
+    def _relieved(self, pool: PublishPool) -> None:
+        self.rss_over = 0
+        _relieved(pool)
+
+    def _synthetic_rss(self, core: BrokerCore) -> int | None:
+        """The RSS fed to a tick: what the pools account, capped under the high-water mark
+        (the simulated process holds nothing else), or the mark and `rss_over` more while
+        the memory-pressure fault lasts; None without a budget."""
+        memory, ledger, publish = core.memory, core.cache_ledger, core.publish_pool
+        if memory is None or ledger is None or publish is None:
+            return None
+        high = int(memory.budget * HIGH_WATER)
+        if self.rss_over:
+            return high + self.rss_over
+        held = core.logs.consumer_pool.used if core.logs.consumer_pool is not None else 0
+        return min(high, ledger.total + ledger.state + publish.used + held)
 
     # -- requests ---------------------------------------------------------------------------------
 

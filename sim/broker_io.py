@@ -133,7 +133,8 @@ class SimPort:
         """`ReturnMemory` in the simulator: recorded (nothing to give back; the trace says
         when the machine decided it)."""
         broker = self.broker
-        broker.memory_returns.append((broker.incarnation, broker.monotonic_ms, freed))
+        pressed = broker.rss_over > 0  # decided by RSS over its mark, not by a drop
+        broker.memory_returns.append((broker.incarnation, broker.monotonic_ms, freed, pressed))
 
     def resolve(self, waiter: Any) -> None:
         waiter.ok()

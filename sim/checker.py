@@ -252,20 +252,42 @@ class InvariantChecker(Observer):
         if charged != cost:
             self._violate(MEMORY, f"state charged {charged} bytes to the cache pool, costs {cost}")
 
-    def returns_checked(self, returns: list[tuple[int, int, int]], drop_bytes: int) -> None:
+    def returns_checked(self, returns: list[tuple[int, int, int, bool]], drop_bytes: int) -> None:
         """18, giving memory back: a `ReturnMemory` only after a large drop of the pools'
-        accounted use (at least `drop_bytes`) and at most once in `MIN_INTERVAL_MS` within a
-        process (a collection and a trim stall the loop: a rule that returned at every
-        drop would run them at every tick under load)."""
+        accounted use (at least `drop_bytes`) or while the process's RSS is over its
+        high-water mark, and at most once in `MIN_INTERVAL_MS` within a process (a
+        collection and a trim stall the loop: a rule that returned at every drop, or at
+        every tick over the mark, would run them at every tick under load)."""
         if not returns:
             return
-        incarnation, at_ms, freed = returns[-1]
-        if freed < drop_bytes:
+        incarnation, at_ms, freed, pressed = returns[-1]
+        if freed < drop_bytes and not pressed:
             self._violate(MEMORY, f"memory given back after a fall of {freed} < {drop_bytes} B")
         if len(returns) > 1 and returns[-2][0] == incarnation:
             since = at_ms - returns[-2][1]
             if since < MIN_INTERVAL_MS:
                 self._violate(MEMORY, f"memory given back twice within {since} ms")
+
+    def rss_checked(self, ledger: CacheLedger, rss: int, high: int) -> None:
+        """18, the budget held on RSS: after a tick fed an RSS over the high-water mark, the
+        caches hold no more than their pool less the overshoot (they gave way to memory the
+        pools do not account), and under the mark the pool's limit is whole again (it
+        recovers as RSS falls). The accounted total stays within the budget either way
+        (`memory_checked`, `publish_pool_checked`)."""
+        over = max(0, rss - high)
+        room = max(0, ledger.pool - over)
+        if ledger.total > room:
+            self._violate(
+                MEMORY,
+                f"hot caches account {ledger.total} bytes with RSS {over} over its mark, over "
+                f"their squeezed pool {room}",
+            )
+        if not over and ledger.limit != ledger.pool:
+            self._violate(
+                MEMORY,
+                f"the cache pool stays squeezed to {ledger.limit} of {ledger.pool} bytes with "
+                "RSS under its mark",
+            )
 
     def idle_checked(self, ledger: CacheLedger, now_ms: int) -> None:
         """18, idle caches: with `idle_ms` set, no cache holds batches once nothing was added

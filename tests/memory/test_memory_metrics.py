@@ -107,3 +107,18 @@ def test_what_each_subscription_holds_and_each_topic_caches_is_exported() -> Non
     ]
     assert broker.core.cache_ledger is not None
     assert sum(cached) == broker.core.cache_ledger.total > 0
+
+
+def test_the_rss_what_it_holds_unaccounted_and_the_squeeze_are_exported() -> None:
+    """spec/memory.md, "The process's RSS": the last RSS the runtime gave the tick."""
+    core = _core(memory=True)
+    assert core.cache_ledger is not None
+    before = _samples(BrokerMetrics(core, "7", "standalone").exposition().decode())
+    assert ("danube_memory_rss_bytes", "") not in before, "not sampled yet"
+    high = int(64 * MIB * 0.9)
+    core.tick(0, rss=high + 2 * MIB)
+    samples = _samples(BrokerMetrics(core, "7", "standalone").exposition().decode())
+    assert samples[("danube_memory_rss_bytes", "")] == high + 2 * MIB
+    accounted = core.cache_ledger.total + core.cache_ledger.state
+    assert samples[("danube_memory_unaccounted_bytes", "")] == high + 2 * MIB - accounted
+    assert samples[("danube_memory_rss_squeeze_bytes", "")] == 2 * MIB

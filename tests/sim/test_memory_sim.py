@@ -19,6 +19,7 @@ from danube.machines.memory.consumer import ConsumerPool, HeldRecords
 from danube.machines.memory.giveback import MemoryReturn, ReturnMemory
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool, RoomWaiter, send_cost
+from danube.machines.memory.rss import RssGuard
 from danube.machines.memory.state import StatePool
 from danube.machines.node import requests
 from danube.machines.node.consumers import Consumers
@@ -369,7 +370,9 @@ def test_memory_given_back_at_every_drop_is_caught() -> None:
     """Giving memory back stalls the loop (a full collection, a trim): the machine does it
     at most once in `MIN_INTERVAL_MS`. Planted: a rule without the interval."""
 
-    def eager(self: MemoryReturn, accounted: int, now_ms: int) -> tuple[ReturnMemory, ...]:
+    def eager(
+        self: MemoryReturn, accounted: int, now_ms: int, over_rss: bool = False
+    ) -> tuple[ReturnMemory, ...]:
         if accounted >= self._high:
             self._high = accounted
             return ()
@@ -389,5 +392,60 @@ def test_pools_timed_on_the_wall_clock_are_caught() -> None:
     """Planted: the core's tick gives the memory pools the wall clock (review finding: set
     back, it held idle caches and memory returns off for as long as the step)."""
     tick = BrokerCore.tick
-    with mock.patch.object(BrokerCore, "tick", lambda self, now, monotonic=None: tick(self, now)):
+    with mock.patch.object(
+        BrokerCore, "tick", lambda self, now, monotonic=None, rss=None: tick(self, now, rss=rss)
+    ):
         assert _first_violation(range(1, 11), JUMPS) == MEMORY
+
+
+# -- the budget held on RSS (spec/memory.md, "The process's RSS") ---------------------------------
+
+_SAMPLE = RssGuard.sample
+
+
+def _rss_ignored(self: RssGuard, rss: int | None, accounted: int) -> bool:
+    """The planted bug: the guard never hears the sampled RSS."""
+    return _SAMPLE(self, None, accounted)
+
+
+def _squeeze_never_lifted(self: RssGuard, rss: int | None, accounted: int) -> bool:
+    """The planted bug: the cache pool stays squeezed by the largest overshoot seen."""
+    before = self.squeeze
+    over = _SAMPLE(self, rss, accounted)
+    self.squeeze = max(before, self.squeeze)
+    return over
+
+
+def test_under_rss_pressure_the_caches_give_way_and_recover() -> None:
+    """The memory-pressure fault feeds an RSS over the high-water mark: the caches shrink by
+    the overshoot and the budget's invariants still hold."""
+    squeezed = 0
+    original = RssGuard.sample
+
+    def counted(self: RssGuard, rss: int | None, accounted: int) -> bool:
+        nonlocal squeezed
+        over = original(self, rss, accounted)
+        squeezed += over
+        return over
+
+    with mock.patch.object(RssGuard, "sample", counted):
+        for seed in range(1, 4):
+            result = Simulation(seed, Workload(), PRESSURE).run(10)
+            assert result.ok, result.violations
+    assert squeezed
+
+
+@pytest.mark.parametrize(
+    ("planted", "seed", "detail"),
+    [
+        (_rss_ignored, 2, "over their squeezed pool"),
+        (_squeeze_never_lifted, 1, "stays squeezed"),
+    ],
+)
+def test_an_rss_input_ignored_or_a_squeeze_never_lifted_is_caught(
+    planted: Any, seed: int, detail: str
+) -> None:
+    with mock.patch.object(RssGuard, "sample", planted):
+        result = Simulation(seed, Workload(), PRESSURE).run(10)
+    assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
+    assert detail in result.violations[0].detail

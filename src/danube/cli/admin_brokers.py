@@ -119,7 +119,7 @@ async def memory(client: AdminClient, _: argparse.Namespace) -> Result:
             # traceback (review finding).
             error = _scrape_error(error)
             row["error"] = str(error)
-            rows.append((broker.broker_id, f"metrics unreachable: {error}", *[""] * 7))
+            rows.append((broker.broker_id, f"metrics unreachable: {error}", *[""] * 10))
             data.append(row)
             continue
         row.update(found)
@@ -141,6 +141,9 @@ async def memory(client: AdminClient, _: argparse.Namespace) -> Result:
                 pool("state"),
                 f"{found.get('danube_memory_publish_paused_seconds_total', 0):.1f}",
                 int(found.get("danube_memory_publish_refused_total", 0)),
+                _mib(found.get("danube_memory_rss_bytes")),
+                _mib(found.get("danube_memory_unaccounted_bytes")),
+                _mib(found.get("danube_memory_rss_squeeze_bytes")),
             )
         )
     text = table(
@@ -154,6 +157,9 @@ async def memory(client: AdminClient, _: argparse.Namespace) -> Result:
             "state_mib",
             "paused_s",
             "refused",
+            "rss_mib",
+            "unaccounted_mib",
+            "squeeze_mib",
         ),
         rows,
         "no brokers registered",

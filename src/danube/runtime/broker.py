@@ -25,6 +25,7 @@ from danube.machines.cluster.ownership import NotOwner, fence_compares
 from danube.machines.node.core import BrokerCore, Effect, PersistMeta, Step
 from danube.metadata import MetadataStore
 from danube.runtime.io_port import ProductionPort, StreamSlot, monotonic_ms, now_ms
+from danube.runtime.memory_return import rss_bytes
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.object_store import ObjectStore
 from danube.values.errors import DanubeError, ErrorCode
@@ -154,14 +155,15 @@ class BrokerRuntime:
 
     def _tick_core(self) -> Step[None]:
         """The open streams and connections of every server first (the state pool charges
-        them, spec/memory.md "State"), then the core's tick."""
+        them, spec/memory.md "State"), then the core's tick with the process's RSS
+        (/proc/self/statm: one small read a tick; the budget holds on it, "The process's RSS")."""
         streams = connections = 0
         for counts in self.transports:
             more_streams, more_connections = counts()
             streams += more_streams
             connections += more_connections
         self.core.transport_open(streams, connections)
-        return self.core.tick(now_ms(), monotonic_ms())
+        return self.core.tick(now_ms(), monotonic_ms(), rss_bytes())
 
     def _in_loop(self, call: Callable[[], Step[Any]]) -> None:
         """Calls the core from a trio task: on the asyncio loop, where the handlers call it

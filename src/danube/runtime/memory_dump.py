@@ -156,6 +156,29 @@ def _owner_fields(thing: object) -> list[tuple[str, object]]:
     return fields
 
 
+def cache_memory() -> dict[str, int]:
+    """What the hot caches really hold against what they account (issue 28 point 1): every
+    live `HotCache`'s accounted bytes, the bytes its chunks hold (`sys.getsizeof`: a
+    bytearray's allocated capacity, growth slack included) and its flat arrays' (a cache's
+    arrays keep evicted batches' entries until compacted)."""
+    from danube.machines.wal.cache import HotCache
+
+    totals = {"caches": 0, "holding": 0, "accounted": 0, "chunks": 0, "chunk_bytes": 0}
+    totals |= {"chunk_used": 0, "arrays": 0}
+    for each in gc.get_objects():
+        if type(each) is not HotCache:
+            continue
+        totals["caches"] += 1
+        totals["holding"] += each.bytes > 0
+        totals["accounted"] += each.bytes
+        totals["chunks"] += len(each._chunks)
+        totals["chunk_bytes"] += sum(sys.getsizeof(chunk) for chunk in each._chunks)
+        totals["chunk_used"] += sum(len(chunk) for chunk in each._chunks)
+        arrays = (each._firsts, each._sizes, each._chunk_of, each._records_at, each._starts)
+        totals["arrays"] += sum(sys.getsizeof(a) for a in arrays if len(a))
+    return totals
+
+
 def container_lengths(
     top: int = 25, fields_top: int | None = None
 ) -> dict[str, list[dict[str, Any]]]:
@@ -250,6 +273,7 @@ def snapshot(top: int = 60) -> dict[str, Any]:
         out["referrers"] = {name: referrers(name) for name in wanted.split(",")}
     if os.environ.get(CONTAINERS_ENV):
         out["containers"] = container_lengths()
+        out["caches"] = cache_memory()
     if tracemalloc.is_tracing():
         traced = tracemalloc.take_snapshot().statistics("lineno")
         out["traced_bytes"] = sum(stat.size for stat in traced)

@@ -648,7 +648,26 @@ def _memory_families(broker: str, use: stats.MemoryUse | None) -> Iterable[Metri
     )
     for topic, holding in use.cached:
         cached.add_metric([broker, topic], holding)
-    return (budget, size, used, evicted, borrowed, paused, refused, held, cached)
+    rss = _gauge(
+        "danube_memory_rss_bytes",
+        "The broker process's resident set at the last tick (/proc/self/statm).",
+    )
+    unaccounted = _gauge(
+        "danube_memory_unaccounted_bytes",
+        "The resident set less what the pools account: the interpreter, buffers and "
+        "fragmentation no pool measures.",
+    )
+    squeeze = _gauge(
+        "danube_memory_rss_squeeze_bytes",
+        "Bytes the cache pool is lowered by because the resident set is over 90 % of the "
+        "budget (spec/memory.md, the process's RSS).",
+    )
+    if use.rss is not None:
+        rss.add_metric([broker], use.rss)
+        unaccounted.add_metric([broker], use.unaccounted)
+    squeeze.add_metric([broker], use.rss_squeeze)
+    families = (budget, size, used, evicted, borrowed, paused, refused, held, cached)
+    return (*families, rss, unaccounted, squeeze)
 
 
 def _wal_families(broker: str, wal: WalMetrics) -> Iterable[Metric]:

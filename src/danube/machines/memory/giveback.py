@@ -48,14 +48,19 @@ class MemoryReturn:
         self.returns = 0
         """How many `ReturnMemory` were decided (a counter)."""
 
-    def observe(self, accounted: int, now_ms: int) -> tuple[ReturnMemory, ...]:
-        """The pools hold `accounted` bytes now: a `ReturnMemory` when that is a large drop
-        and the last return is long enough ago."""
+    def observe(
+        self, accounted: int, now_ms: int, over_rss: bool = False
+    ) -> tuple[ReturnMemory, ...]:
+        """The pools hold `accounted` bytes now: a `ReturnMemory` when that is a large drop,
+        or when the process's RSS is over its high-water mark (`over_rss`, `RssGuard`: the
+        caches were just squeezed, what they freed is to go back), and the last return is
+        long enough ago."""
         if accounted >= self._high:
             self._high = accounted
-            return ()
+            if not over_rss:
+                return ()
         fell = self._high - accounted
-        if fell < self.drop_bytes:
+        if fell < self.drop_bytes and not over_rss:
             return ()
         if self._last_ms is not None and now_ms - self._last_ms < MIN_INTERVAL_MS:
             return ()

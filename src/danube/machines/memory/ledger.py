@@ -59,6 +59,7 @@ class CacheLedger:
         "pool",
         "publishes",
         "share",
+        "squeeze",
         "state",
         "state_limit",
         "total",
@@ -98,6 +99,15 @@ class CacheLedger:
         self._now_ms: int | None = None
         """The last tick's time (None before the first)."""
         self._next_sweep_ms = 0
+        self.squeeze = 0
+        """Bytes the cache pool's share is lowered by while the process's RSS is over its
+        high-water mark (`danube.machines.memory.rss.RssGuard`): the caches' `limit` and
+        what may be lent shrink by it; 0 when RSS is under the mark."""
+
+    @property
+    def limit(self) -> int:
+        """What the caches may hold now: `pool` less the RSS `squeeze`."""
+        return max(0, self.pool - self.squeeze)
 
     def lendable(self) -> int:
         """What publishes and held records may still borrow: the share less the state's room
@@ -105,7 +115,8 @@ class CacheLedger:
         never finds its room lent) and what is lent already. Borrowing no more than this
         keeps caches + state + publishes + held records within the budget."""
         reserved = max(self.state, self.state_limit)
-        return max(0, self.share - reserved - self.publishes - self.consumers)
+        lent = self.publishes + self.consumers + self.squeeze
+        return max(0, self.share - reserved - lent)
 
     def by_topic(self) -> dict[str, int]:
         """Accounted bytes per topic (a copy)."""
@@ -138,10 +149,12 @@ class CacheLedger:
             del self._by_topic[topic]
 
     def fit(self) -> None:
-        """Evicts the broker's oldest batches while the caches together exceed the pool
-        (the newest batch too, if it alone does): afterwards `total <= pool`."""
+        """Evicts the broker's oldest batches while the caches together exceed their limit
+        (the pool less the RSS squeeze; the newest batch too, if it alone does): afterwards
+        `total <= limit`."""
         order = self._order
-        while self.total > self.pool and order:
+        limit = self.limit
+        while self.total > limit and order:
             cache = order.popleft()
             entry = cache.ledger_popped
             cache.ledger_popped = entry + 1

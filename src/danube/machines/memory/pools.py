@@ -12,6 +12,7 @@ from danube.machines.memory.consumer import ConsumerPool
 from danube.machines.memory.giveback import MemoryReturn, ReturnMemory
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool
+from danube.machines.memory.rss import RssGuard
 from danube.machines.memory.state import StatePool
 
 
@@ -22,11 +23,16 @@ class BrokerPools:
     state_pool: StatePool | None = None
     consumer_pool: ConsumerPool | None = None
     memory_return: MemoryReturn | None = None
+    rss_guard: RssGuard | None = None
 
-    def tick(self, counts: tuple[int, int, int], now_ms: int) -> tuple[ReturnMemory, ...]:
+    def tick(
+        self, counts: tuple[int, int, int], now_ms: int, rss: int | None = None
+    ) -> tuple[ReturnMemory, ...]:
         """Time passes: state brought up to date with the core's `counts` (topics,
-        subscriptions, consumers), idle caches emptied, and memory given back after a large
-        drop of what the pools account."""
+        subscriptions, consumers), idle caches emptied, the cache pool squeezed while the
+        process's `rss` (sampled by the runtime; None: not known) is over its high-water
+        mark (`RssGuard`), and memory given back after a large drop of what the pools
+        account or while RSS is over the mark."""
         ledger, publish, state = self.cache_ledger, self.publish_pool, self.state_pool
         if state is not None:
             state.update(*counts)
@@ -35,7 +41,15 @@ class BrokerPools:
         ledger.evict_idle(now_ms)
         held = self.consumer_pool.used if self.consumer_pool is not None else 0
         accounted = ledger.total + ledger.state + publish.used + held
-        return self.memory_return.observe(accounted, now_ms)
+        over = False
+        guard = self.rss_guard
+        if guard is not None:
+            over = guard.sample(rss, accounted)
+            if guard.squeeze != ledger.squeeze:
+                ledger.squeeze = guard.squeeze
+                publish.restate()  # the caches give way now; publishes served if it grew
+                accounted = ledger.total + ledger.state + publish.used + held
+        return self.memory_return.observe(accounted, now_ms, over)
 
 
 def broker_pools(memory: MemoryPools | None) -> BrokerPools:
@@ -52,4 +66,6 @@ def broker_pools(memory: MemoryPools | None) -> BrokerPools:
     # held records borrowing more or less of the cache pool: it shrinks or grows back, and
     # room given back goes to the publishes waiting for it, as when the state changes
     consumer = ConsumerPool(memory.consumer, ledger, publish.restate)
-    return BrokerPools(ledger, publish, state, consumer, MemoryReturn(memory.budget))
+    return BrokerPools(
+        ledger, publish, state, consumer, MemoryReturn(memory.budget), RssGuard(memory.budget)
+    )

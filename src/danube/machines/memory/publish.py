@@ -202,11 +202,13 @@ class PublishPool:
         publish pool of 192 (a 256 MiB budget under `danube-cli load`'s 3,000 streams).
         Nor what held records borrow of it (`CacheLedger.consumers`), nor the state's room up
         to its share (`CacheLedger.state_limit`), which they may not borrow either: so state
-        created later within its share always finds its room (`CacheLedger.lendable`)."""
+        created later within its share always finds its room (`CacheLedger.lendable`). Nor
+        the RSS squeeze (`CacheLedger.squeeze`): a process over its high-water mark lends
+        less, so publishes wait once the caches have given what they held."""
         ledger = self._ledger
         if ledger is None:
             return 0
-        kept = max(ledger.state, ledger.state_limit) + ledger.consumers
+        kept = max(ledger.state, ledger.state_limit) + ledger.consumers + ledger.squeeze
         return max(0, min(self.borrowable, self._cache_pool - kept))
 
     @property

@@ -677,14 +677,17 @@ class BrokerCore(ReplicationRoutes):
         Anything else (a frame that no longer verifies, a failing disk) stops the topic."""
         return self.logs.wal_read_failed(read, reason, missing=missing, now_ms=now_ms)
 
-    def tick(self, now_ms: int, monotonic_ms: int | None = None) -> Step[None]:
+    def tick(
+        self, now_ms: int, monotonic_ms: int | None = None, rss: int | None = None
+    ) -> Step[None]:
         """Time passes: WAL flushes, rotation and retention; ack deadlines, redeliveries and
         cursor flushes of reliable subscriptions; topic overrides whose write failed are
         written again (`Catalogue.overrides_to_write_again`); a changed namespace default
         failure policy reaches the live subscriptions. The memory pools time idle caches and
-        returns on `monotonic_ms` (default `now_ms`): a wall clock set back held them off."""
+        returns on `monotonic_ms` (default `now_ms`): a wall clock set back held them off;
+        `rss`, the process's resident set the runtime sampled, squeezes the cache pool."""
         clock = now_ms if monotonic_ms is None else monotonic_ms
-        again: list[Any] = [*self.pools.tick(self.state_counts(), clock)]  # spec/memory.md
+        again: list[Any] = [*self.pools.tick(self.state_counts(), clock, rss)]  # spec/memory.md
         step = self.logs.tick(now_ms)
         again.extend(self.catalogue.overrides_to_write_again(now_ms))
         again.extend(self.settings.apply_namespace_defaults(now_ms))  # issue 24

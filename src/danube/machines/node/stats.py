@@ -107,6 +107,12 @@ class MemoryUse:
     (the soak, issue 28 point 3)."""
     cached: tuple[tuple[str, int], ...] = ()
     """(topic, accounted bytes) of every topic whose hot cache holds something now."""
+    rss: int | None = None
+    """The process's resident set at the last tick (None: not sampled; `RssGuard`)."""
+    unaccounted: int = 0
+    """RSS less what the pools accounted at that tick."""
+    rss_squeeze: int = 0
+    """Bytes the cache pool is lowered by now because RSS is over its high-water mark."""
 
 
 def memory_use(core: BrokerCore) -> MemoryUse | None:
@@ -144,4 +150,13 @@ def memory_use(core: BrokerCore) -> MemoryUse | None:
         publish.refused,
         tuple(holders),
         tuple(cached),
+        *_rss_of(core),
     )
+
+
+def _rss_of(core: BrokerCore) -> tuple[int | None, int, int]:
+    """The last RSS sample, what it holds beyond the pools, the cache pool's squeeze."""
+    guard = core.pools.rss_guard
+    if guard is None:
+        return None, 0, 0
+    return guard.rss, guard.unaccounted, guard.squeeze

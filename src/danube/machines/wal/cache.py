@@ -10,8 +10,8 @@ payload bytes.
 
 How a batch is held (issue 28): no Python object per record nor per batch. A batch is the
 record region of its WAL frame (each record's 4-byte length, then its bytes), kept in one of
-the cache's chunks: small frames are copied one after the other into a growing `bytearray`
-of up to `CHUNK_BYTES`, a frame of `OWN_CHUNK_BYTES` or more is kept as it is (the very
+the cache's chunks: small frames are copied one after the other into a `bytearray` of
+`CHUNK_BYTES` allocated whole, a frame of `OWN_CHUNK_BYTES` or more is kept as it is (the very
 `bytes` the WAL writes, no copy) as a chunk of its own. Where each batch and record lies is
 kept in flat `array`s (first offset, accounted size, chunk, first record of each batch; each
 record's position in its chunk). Reads slice records out on demand (copies the dispatcher
@@ -34,11 +34,19 @@ import numpy as np
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.wal.layout import FRAME_HEADER
 
-CHUNK_BYTES = 16 * 1024
-"""Small frames share chunks of up to this many bytes: what an evicted batch may keep alive
-until the rest of its chunk is evicted too (at most one chunk a topic)."""
-OWN_CHUNK_BYTES = 4 * 1024
-"""A frame at least this large is its own chunk, uncopied."""
+CHUNK_BYTES = 4 * 1024
+"""Small frames share chunks of this many bytes, each allocated whole when opened (no
+realloc as it fills): what an evicted batch may keep alive until the rest of its chunk is
+evicted too, and what a topic's newest chunk holds unfilled (at most two chunks a topic, 8 KiB,
+not accounted). Issue 28 point 1: chunks that grew by `+=` up to 16 KiB left glibc's heap
+fragmented by reallocs of every size across 1,000 topics: 1,000 caches holding 52 MiB
+accounted added 88.4 MiB of RSS; fixed 4 KiB chunks, 71.0 (8 MiB accounted: 30.4 -> 18.0;
+fixed 16 KiB chunks: 86.3 and 37.5; bench/RESULTS.md, issue 28 part 11)."""
+OWN_CHUNK_BYTES = 1024
+"""A frame at least this large is its own chunk, uncopied (an exact `bytes`): a shared chunk
+wastes at most about a fifth of itself at its end (2 KiB frames, one a chunk, left half of
+each unused: 1 KiB batches were accounted at 0.76 of their live bytes with this at 2 KiB,
+`bench/cache_memory.py`)."""
 
 _U32 = struct.Struct("<I")
 
@@ -67,6 +75,7 @@ class HotCache:
         "_chunk_base",
         "_chunk_of",
         "_chunks",
+        "_fill",
         "_firsts",
         "_head",
         "_ledger",
@@ -92,6 +101,8 @@ class HotCache:
         """Accounted bytes of the batches held."""
         self._chunks: list[bytes | bytearray] = []
         self._chunk_base = 0
+        self._fill = 0
+        """Bytes written into the newest chunk when it is a shared `bytearray`."""
         """The sequence number of `_chunks[0]` (chunks are numbered as they are opened)."""
         self._firsts = _NO_BATCHES
         """Per batch: its first offset."""
@@ -154,14 +165,15 @@ class HotCache:
             shift = 0
         else:
             current = chunks[-1] if chunks else None
-            if (
-                type(current) is not bytearray
-                or len(current) + len(frame) - FRAME_HEADER > CHUNK_BYTES
-            ):
-                current = bytearray()
+            fill = self._fill
+            end = fill + len(frame) - FRAME_HEADER
+            if type(current) is not bytearray or end > CHUNK_BYTES:
+                current = bytearray(CHUNK_BYTES)  # allocated whole: no realloc as it fills
                 chunks.append(current)
-            shift = len(current) - FRAME_HEADER
-            current += memoryview(frame)[FRAME_HEADER:]
+                fill, end = 0, len(frame) - FRAME_HEADER
+            shift = fill - FRAME_HEADER
+            current[fill:end] = memoryview(frame)[FRAME_HEADER:]
+            self._fill = end
         if isinstance(positions, np.ndarray):
             self._starts.frombytes((positions + shift).astype(np.uint32).tobytes())
         else:
@@ -180,7 +192,7 @@ class HotCache:
         while self.bytes > limit and self._drop_oldest():
             pass
         self._compact()
-        if ledger is not None and ledger.total > ledger.pool:
+        if ledger is not None and ledger.total > ledger.limit:
             ledger.fit()
 
     def drop_oldest_for_ledger(self) -> None:
