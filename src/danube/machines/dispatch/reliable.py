@@ -389,7 +389,7 @@ class ReliableSubscription(PoisonHandling):
             offset = self.read_position
             end = offset + self._read_pending
             while offset < end and offset in keys:
-                if offset not in self._acked:  # (read again after `carry_over`)
+                if offset > self.cursor and offset not in self._acked:  # (`carry_over`)
                     self._admit(offset, keys[offset])
                 offset += 1
             self.read_position = offset
