@@ -107,6 +107,9 @@ def swarm_draw(
 
 
 BOOLEAN_HELP = {
+    "departing": "clients leave and come back: producers health-check and go silent or "
+    "pause, consumers close their stream, against a short producer idle timeout and "
+    "consumer-pool grace (spec/memory.md, Departed clients)",
     "tiered": "object tier: uploads to a simulated S3, local retention, a late audit "
     "subscription reading from the earliest offset",
     "synced_writes": "the WAL driver fsyncs every write itself, as the broker's does, so no "

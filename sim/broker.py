@@ -170,6 +170,22 @@ PRESSURE_LEFT = 512
 (so some go on) and not for a batch (so streams pause)."""
 
 
+def _expired_early(core: BrokerCore, before: set[int], broker: SimBroker) -> list[str]:
+    """Invariant 20: producers the tick removed for idleness (`idle_producers`) that a
+    publish, a health check or their creation reached less than `producer_idle_ms` ago."""
+    idle_ms = core.producers.idle.idle_ms
+    early = []
+    for producer_id in before.difference(core.producers.by_id):
+        _, why = core.producers.departed.get(producer_id, ("", 0))
+        seen = broker.producer_seen.get(producer_id)
+        if why and seen is not None and broker.monotonic_ms - seen < idle_ms:
+            early.append(
+                f"producer {producer_id} removed {broker.monotonic_ms - seen} ms after it was "
+                f"last seen (timeout {idle_ms} ms)"
+            )
+    return early
+
+
 def _held(core: BrokerCore) -> tuple[int, list[str]]:
     """What reliable subscriptions hold, added up, and what is held in vain: offsets their
     dispatcher no longer waits on (a record kept after its acknowledgement), outboxes of
@@ -186,6 +202,21 @@ def _held(core: BrokerCore) -> tuple[int, list[str]]:
             if not record.reliable:
                 continue
             held += getattr(sub.records, "held", 0)
+            machine = cast(ReliableSubscription, sub.machine)
+            for consumer_id in sub.consumers.values():
+                consumer = core.consumer_record(consumer_id)
+                if (
+                    consumer is not None
+                    and consumer.stream
+                    and not machine.is_connected(consumer_id)
+                ):
+                    stray.append(f"consumer {consumer_id}'s stream, unknown to its dispatcher")
+                elif consumer is not None and consumer.stream:
+                    stray.extend(
+                        f"{record.name.full}/{sub.name}@{o} in flight and not held"
+                        for o in machine.in_flight(consumer_id)
+                        if o not in sub.records
+                    )
             stray.extend(
                 f"{record.name.full}/{sub.name}@{o}"
                 for o in sub.records
@@ -328,6 +359,9 @@ class Observer:
     def connections_checked(self, connections: SimConnections, now_us: int) -> None:
         """After a tick and a connection flood: the incarnation's connection gate."""
 
+    def producers_checked(self, early: list[str]) -> None:
+        """After a tick: producers it removed for idleness that were not idle that long."""
+
     def timers_checked(self, late: list[str]) -> None:
         """After a tick: the reliable subscriptions whose timer was due and still is."""
 
@@ -428,6 +462,15 @@ class SimBroker:
         self.stopped_topics: dict[str, str] = {}
         self._records: dict[bytes, tuple[records.Record, str]] = {}
         """Stored records decoded lately (`_decoded`)."""
+        self.expired_producers = 0
+        self.subscriptions_let_go = 0
+        """Producers removed for idleness, subscriptions that let go of their records, over
+        every incarnation (`--departing`)."""
+        self._let_go_mark: tuple[BrokerCore | None, int] = (None, 0)
+        self.producer_seen: dict[int, int] = {}
+        """Producer id -> the broker's monotonic ms when it last created, published or
+        health-checked it (a request that reached a core knowing the producer): what
+        invariant 20 judges an idleness removal by."""
 
     @property
     def now_ms(self) -> int:
@@ -547,8 +590,19 @@ class SimBroker:
             return
         transport = self._transport_open()
         core.transport_open(*transport)  # as the runtime reports its gRPC streams and connections
+        idle_ms = core.producers.idle.idle_ms
+        producers = set(core.producers.by_id) if idle_ms else set()
         rss = self._synthetic_rss(core)
         effects = core.tick(self.now_ms, self.monotonic_ms, rss=rss).effects
+        if producers:
+            self.observer.producers_checked(_expired_early(core, producers, self))
+            self.expired_producers += sum(
+                1 for p in producers.difference(core.producers.by_id)
+                if core.producers.departed.get(p, ("", 0))[1]
+            )  # fmt: skip
+        marked, count = self._let_go_mark
+        self.subscriptions_let_go += core.departed.let_go - (count if marked is core else 0)
+        self._let_go_mark = (core, core.departed.let_go)
         self.observer.timers_checked(late_timers(core, self.now_ms))
         # judged as the tick left them: its effects may answer publishes, whose room
         # goes to paused reads at the next tick
@@ -661,6 +715,7 @@ class SimBroker:
         try:
             kind = type(request)
             if kind is records.Record:  # a SendMessage
+                self._seen(core, request.producer_id)
                 flow = self.requests.publish_one(request)
                 self.requests.run(flow, _answered(reply, Answer(request.request_id)))
             elif kind is AckRequest:
@@ -668,6 +723,7 @@ class SimBroker:
                 self.requests.run(flow, _answered(reply, Answer(request.request_id)))
                 self._acked(core, request.topic_name, request.subscription_name)
             elif kind is PublishBatch:
+                self._seen(core, request.producer_id)
                 batch = BatchRequest(request.producer_id, request.topic_name, request.frame)
                 flow = self.requests.publish_batch(batch)
                 self.requests.run(flow, _answered(reply, Answer(request.sequence)))
@@ -684,9 +740,16 @@ class SimBroker:
             elif kind is ProducerRequest:
                 step = requests.create_producer(core, request)
                 self._apply(step.effects)
+                self._seen(core, step.value)
                 reply(ProducerResponse(request.request_id, step.value, request.producer_name))
             elif kind is ConsumerRequest:
                 self._subscribe(request, stream.get("start"), reply)
+            elif isinstance(request, pb.HealthCheckRequest):
+                healthy = core.producer_healthy(request.id)
+                if healthy:
+                    self.producer_seen[request.id] = self.monotonic_ms
+                status = pb.HealthCheckResponseClientStatus
+                reply(pb.HealthCheckResponse(status=status.OK if healthy else status.CLOSE))
             elif isinstance(request, pb.ReceiveRequest):
                 self._open_stream(core, request.consumer_id, reply, None, **stream)
             elif isinstance(request, ext_pb.ReceiveBatchesRequest):
@@ -697,6 +760,10 @@ class SimBroker:
             reply(error)
         except Exception as error:  # answered INTERNAL, as the gRPC services do
             reply(self.internal_error(_describe(request), error))
+
+    def _seen(self, core: BrokerCore, producer_id: int) -> None:
+        if producer_id in core.producers.by_id:
+            self.producer_seen[producer_id] = self.monotonic_ms
 
     def _acked(self, core: BrokerCore, topic: str, subscription: str) -> None:
         """Invariant 18 after acknowledgements: the reads they let go on went on."""

@@ -39,6 +39,8 @@ stream writer sends, and, white-box, the dispatcher's in-flight sets). What it c
    but a `DanubeError` is a bug of the broker; production answers it INTERNAL, the simulator
    does too and reports it (a planted bug that corrupts a dispatcher shows first as a later
    request's `KeyError` inside the core).
+20. only idle producers expire: a producer removed for idleness had neither a publish nor a
+   health check (nor its creation) reach the broker for `producer_idle_ms` (`--departing`).
 19. timers are never late: after each tick, no reliable subscription of a serving topic has a
    timer (ack deadline, redelivery, cursor flush) due at or before it: the tick visits only
    topics touched or due, so it must know of every subscription's timer.
@@ -84,6 +86,7 @@ LIVENESS = "4b backlog drains"
 POISON = "17 poison messages are settled by policy"
 MEMORY = "18 memory within budget"
 TIMERS = "19 timers are never late"
+IDLE = "20 only idle producers expire"
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +325,13 @@ class InvariantChecker(Observer):
             )
         if stray:
             self._violate(MEMORY, f"records held in vain: {', '.join(stray[:3])}")
+
+    def producers_checked(self, early: list[str]) -> None:
+        """20: a producer is removed for idleness only once neither a publish nor a health
+        check reached the broker for `producer_idle_ms` (spec/memory.md, "Departed
+        clients")."""
+        if early:
+            self._violate(IDLE, f"producers expired early: {', '.join(early[:3])}")
 
     def timers_checked(self, late: list[str]) -> None:
         """19: a tick handles every reliable subscription timer due by then (an ack deadline,

@@ -32,6 +32,19 @@ if TYPE_CHECKING:
 
 REQUEST_TIMEOUT_US = 1_000_000
 RETRY_US = 100_000
+HEALTH_US = 250_000
+"""`--departing`: how often a producer sends a HealthCheck (Danube's clients: every 5 s
+against a 60 s idle timeout; the simulation scales both down, `run.DEPARTING_IDLE_MS`)."""
+AWAY_US = (1_000_000, 6_000_000)
+"""`--departing`: how long a client that leaves stays away (around the idle timeout and the
+consumer pool's grace, so it comes back both before and after them)."""
+LEAVE = 0.02
+"""`--departing`: the chance, per acknowledged publish or received message, that the client
+leaves for a while (a producer: silent, or only pausing its publishes; a consumer: its stream
+closes)."""
+UNAVAILABLE_RETRIES = 5
+"""`--departing`: a producer told UNAVAILABLE this many times in a row creates itself again
+(Danube's clients: `max_retries` retries, then a lookup and a new create)."""
 ACK_BATCH_US = 20_000
 POISON_SHARE = 4
 """With `--poison`: one message in this many of the poison key is poison."""
@@ -151,6 +164,14 @@ class SimProducer:
         self.acknowledged = 0
         self.retries = 0
         self.stopped = False
+        self.departing = False
+        """Leaves and comes back now and then, and health-checks meanwhile (`--departing`)."""
+        self._health = Caller(world, network, broker, name)
+        self._checking = False
+        self._away_until = 0
+        """Silent (no publish, no health check) until then: a client that left."""
+        self._unavailable = 0
+        self.left = 0
 
     def start(self) -> None:
         self._create()
@@ -171,7 +192,36 @@ class SimProducer:
             self._retry_create()
             return
         self._producer_id = answer.producer_id
+        self._unavailable = 0
+        if self.departing and not self._checking:
+            self._checking = True
+            self.world.at(HEALTH_US, self._health_check)
         self._send()
+
+    def _health_check(self) -> None:
+        """Every `HEALTH_US` while created, unless away (its answer changes nothing: Danube's
+        clients do not act on CLOSE either)."""
+        if self.stopped:
+            return
+        if self._producer_id is not None and self.world.now >= self._away_until:
+            request = pb.HealthCheckRequest(
+                request_id=self._health.next_request_id(),
+                client=pb.HealthCheckRequestClientType.Producer,
+                id=self._producer_id,
+            )
+            self._health.call(request, lambda answer: None, lambda: None)
+        self.world.at(HEALTH_US, self._health_check)
+
+    def _leaves(self) -> int:
+        """`--departing`: how long the producer stays away now (0: it does not). Half of
+        those that leave keep health-checking (only their publishes pause)."""
+        if not self.departing or self.world.rng.random() >= LEAVE:
+            return 0
+        away = self.world.rng.randrange(*AWAY_US)
+        self.left += 1
+        if self.world.rng.random() < 0.5:
+            self._away_until = self.world.now + away
+        return away
 
     def _payload(self) -> bytes:
         return f"{self.name}:{self._sequence}".encode()
@@ -204,14 +254,20 @@ class SimProducer:
     def _answered(self, answer: Any, started: int) -> None:
         if isinstance(answer, DanubeError):
             self.retries += 1
-            if answer.code is ErrorCode.NOT_FOUND:
+            unavailable = answer.code is ErrorCode.UNAVAILABLE
+            self._unavailable = self._unavailable + 1 if unavailable else 0
+            if answer.code is ErrorCode.NOT_FOUND or (
+                self.departing and self._unavailable >= UNAVAILABLE_RETRIES
+            ):
                 self.world.at(RETRY_US, self._create)
             else:
                 self.world.at(RETRY_US, self._send)
             return
+        self._unavailable = 0
         count = self._acked(started)
         self._key = None
-        self.world.at(max(0, started + count * self.interval_us - self.world.now), self._send)
+        wait = max(0, started + count * self.interval_us - self.world.now)
+        self.world.at(wait + self._leaves(), self._send)
 
     def _acked(self, started: int) -> int:
         """Tells the checker what was acknowledged; returns how many messages that was."""
@@ -330,6 +386,10 @@ class SimConsumer:
         self._consumer_id: int | None = None
         self._stream = 0
         self.received = 0
+        self.departing = False
+        """Leaves (its stream closes) and comes back now and then (`--departing`)."""
+        self._back_at = 0
+        self.left = 0
 
     @property
     def client(self) -> str:
@@ -390,7 +450,20 @@ class SimConsumer:
 
     def _on_end(self, stream: int, why: str) -> None:
         if stream == self._stream:
-            self.world.at(self.reopen_us, self._reconnect)
+            wait = max(self.reopen_us, self._back_at - self.world.now)
+            self.world.at(wait, self._reconnect)
+
+    def _maybe_leave(self) -> None:
+        """`--departing`: now and then the client goes away, its stream closed, and comes
+        back `AWAY_US` later (the broker then lets go of what its subscription held after
+        the consumer pool's grace, and reads it again when it is back)."""
+        if not self.departing or self.world.now < self._back_at:
+            return
+        if self.world.rng.random() >= LEAVE:
+            return
+        self._back_at = self.world.now + self.world.rng.randrange(*AWAY_US)
+        self.left += 1
+        self.world.at(0, lambda: self.broker.break_streams(self.client))
 
     def _on_message(self, stream: int, record: records.Record) -> None:
         self.received += 1
@@ -400,6 +473,7 @@ class SimConsumer:
         if self.audit is not None:
             self.audit.delivered(self.client, self.subscription, self.sub_type, record)
         self.world.at(self.world.rng.randrange(self.ack_delay_us + 1), lambda: self._settle(record))
+        self._maybe_leave()
 
     def _fails(self, record: records.Record) -> bool:
         """Nacked: a poison message always, another with probability `nack`."""

@@ -130,6 +130,12 @@ class Workload:
     `poison_limit` redeliveries
     (sim/poison.py). "" (the default): no poison, digests as before."""
     poison_limit: int = 2
+    departing: bool = False
+    """Clients leave and come back (spec/memory.md, "Departed clients"): producers
+    health-check every 250 ms and now and then go silent for 1 to 6 s (half of them only
+    pause their publishes and keep health-checking), against a producer idle timeout of
+    `DEPARTING_IDLE_MS`, and consumers close their stream for as long, against the consumer
+    pool's grace of `DEPARTING_GRACE_MS`. False (the default): digests as before."""
     history_every_ms: int = 0
     """Tiered runs: once local retention pruned a segment, a new Exclusive subscription per
     topic starts at the earliest offset every this many ms (sim/history_readers.py), so
@@ -151,6 +157,8 @@ class Workload:
             publish_wait_ms=1_000,
             state_costs=SIM_STATE,
             transport_costs=SIM_TRANSPORT,
+            producer_idle_ms=DEPARTING_IDLE_MS if self.departing else 0,
+            departed_grace_ms=DEPARTING_GRACE_MS if self.departing else 10_000,
         )
 
     def wal_config(self) -> WalConfig:
@@ -163,6 +171,13 @@ class Workload:
             retention_bytes=self.retention_bytes if self.tiered and self.retention_bytes else None,
         )
 
+
+DEPARTING_IDLE_MS = 3_000
+"""`--departing`: the producer idle timeout, twelve health intervals as the broker's default
+(60 s against Danube's 5 s), scaled to the simulation's short runs."""
+DEPARTING_GRACE_MS = 2_000
+"""`--departing`: the consumer pool's grace before a subscription with no connected consumer
+lets go of what it holds (10 s in the broker), scaled down likewise."""
 
 TIERED = Workload(tiered=True, segment_bytes=1024, retention_bytes=1024)
 """What `--tiered` starts from: segments of about a dozen messages, sealed about twice a second
@@ -334,6 +349,9 @@ class Simulation:
                 self.producers.append(
                     producer(self.world, self.network, self.broker, self.checker, **options)
                 )
+        if workload.departing:
+            for client in (*self.producers, *self.consumers):
+                client.departing = True
         self.history: HistoryReaders | None = None
         if workload.tiered and workload.history_every_ms:
             self.history = HistoryReaders(

@@ -78,6 +78,9 @@ class FakeCore:
     def serves(self, topic: str) -> bool:
         return False
 
+    def producer_active(self, producer_id: int) -> None:
+        """The flow marks the producer active as the request arrives (`idle_producers`)."""
+
     def publish(self, *args: Any, encode: Any, now_ms: int) -> Any:
         if self.refuse:
             raise DanubeError(ErrorCode.UNAVAILABLE, "the topic is writing behind the disk")

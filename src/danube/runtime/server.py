@@ -317,7 +317,9 @@ async def serve(
             cache_idle_ms=config.cache_idle_ms,
         )
         pools = dataclasses.replace(
-            pools, state_costs=topic_costs(tiered=config.storage.tiered, replicated=clustered)
+            pools,
+            state_costs=topic_costs(tiered=config.storage.tiered, replicated=clustered),
+            producer_idle_ms=config.producer_idle_timeout_ms,
         )
         gates = connection_gates(pools.budget, config.grpc)
         connections = GatedConnections(gates["client"])

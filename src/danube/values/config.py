@@ -303,6 +303,9 @@ class BrokerConfig:
     cache_idle_ms: int = 60_000
     """`broker.cache_idle_ms`: a topic's hot cache with nothing added for this long is emptied
     (spec/memory.md, "Giving memory back"); 0 keeps it."""
+    producer_idle_timeout_ms: int = 60_000
+    """`broker.producer_idle_timeout_ms`: a producer with no publish nor health check for this
+    long is removed (spec/memory.md, "Departed clients"); 0 keeps it."""
     bootstrap_namespaces: tuple[str, ...] = ("default",)
     auto_create_topics: bool = True
     policies: Policies = field(default_factory=Policies)
@@ -416,6 +419,7 @@ def _addresses(broker: dict[str, Any], config: BrokerConfig) -> dict[str, Any]:
         "memory_budget",
         "publish_wait_ms",
         "cache_idle_ms",
+        "producer_idle_timeout_ms",
     }
     _keys(broker, known, "broker")
     ports = _section(broker, "ports", "broker.")

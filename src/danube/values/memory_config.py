@@ -1,5 +1,6 @@
 """The memory budget's keys of the broker's configuration (spec/memory.md, spec/configuration.md):
-`broker.memory_budget`, `broker.publish_wait_ms`, `broker.cache_idle_ms`. Kept apart from
+`broker.memory_budget`, `broker.publish_wait_ms`, `broker.cache_idle_ms`,
+`broker.producer_idle_timeout_ms`. Kept apart from
 `danube.values.config`, which is at its size limit."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def memory_updates(broker: dict[str, Any], number: Callable[..., Any]) -> dict[s
     updates: dict[str, Any] = {}
     if broker.get("memory_budget") is not None:
         updates["memory_budget"] = memory_budget(broker["memory_budget"], "broker.memory_budget")
-    for key in ("publish_wait_ms", "cache_idle_ms"):
+    for key in ("publish_wait_ms", "cache_idle_ms", "producer_idle_timeout_ms"):
         value = number(broker, key, "broker.", minimum=0)
         if value is not None:
             updates[key] = value

@@ -261,6 +261,20 @@ class ReliableSubscription(PoisonHandling):
     def is_connected(self, consumer_id: int) -> bool:
         return self._consumers[consumer_id].connected
 
+    @property
+    def connected_count(self) -> int:
+        """Consumers with a live stream: with none, nothing is in flight."""
+        return self._connected
+
+    def carry_over(self, old: ReliableSubscription) -> None:
+        """A machine rebuilt at `old.cursor + 1` to read its window again
+        (`node.departed_subscriptions`) keeps what `old` knew past the cursor: the offsets
+        acknowledged out of order and the retention gaps (read again, they are not admitted),
+        and what the WAL can serve."""
+        self._acked = {offset for offset in old._acked if offset > self.cursor}
+        self._gaps = dict(old._gaps)
+        self.readable_end = max(self.readable_end, old.readable_end)
+
     def in_flight(self, consumer_id: int) -> frozenset[int]:
         """Offsets sent to the consumer and not acknowledged, failed or taken back."""
         return frozenset(self._consumers[consumer_id].in_flight)
@@ -375,7 +389,8 @@ class ReliableSubscription(PoisonHandling):
             offset = self.read_position
             end = offset + self._read_pending
             while offset < end and offset in keys:
-                self._admit(offset, keys[offset])
+                if offset > self.cursor and offset not in self._acked:  # (`carry_over`)
+                    self._admit(offset, keys[offset])
                 offset += 1
             self.read_position = offset
             self._read_pending = 0

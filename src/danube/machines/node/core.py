@@ -37,6 +37,7 @@ from danube.machines.node.catalogue import Catalogue, policies_to_json
 from danube.machines.node.consumers import Consumers
 from danube.machines.node.core_replication import ReplicationRoutes
 from danube.machines.node.dead_letters import DeadLetters
+from danube.machines.node.departed_subscriptions import DepartedSubscriptions
 from danube.machines.node.effects import (
     AskEpochEnd,
     BatchPublished,
@@ -209,6 +210,7 @@ class BrokerCore(ReplicationRoutes):
             auto_create_topics=auto_create_topics,
             clustered=clustered,
             routing_key_of=routing_key_of,
+            producer_idle_ms=memory.producer_idle_ms if memory else 0,
         )
         self.consumers = Consumers(
             self.catalogue,
@@ -227,6 +229,8 @@ class BrokerCore(ReplicationRoutes):
             clustered=clustered,
         )
         self.logs.republish = self.dead_letters.republish
+        grace_ms = memory.departed_grace_ms if memory else 0  # spec/memory.md "Departed clients"
+        self.departed = DepartedSubscriptions(self.logs, self._topics, consumers, grace_ms)
         self.dead_letters.state = (self.state_pool, self.state_counts)
         self.settings = SubscriptionSettingsAdmin(self.catalogue, self.logs, clustered=clustered)
         self.restorer = Restorer(self.catalogue, self.producers, self.consumers)
@@ -553,6 +557,12 @@ class BrokerCore(ReplicationRoutes):
     def producer_healthy(self, producer_id: int) -> bool:
         return self.producers.healthy(producer_id)
 
+    def producer_active(self, producer_id: int) -> None:
+        """A publish of the producer arrived: it is not idle (`idle_producers`)."""
+        producer = self.producers.by_id.get(producer_id)
+        if producer is not None:
+            producer.active = True
+
     # -- consumers ----------------------------------------------------------------------------
 
     def subscribe(
@@ -691,6 +701,8 @@ class BrokerCore(ReplicationRoutes):
         step = self.logs.tick(now_ms)
         again.extend(self.catalogue.overrides_to_write_again(now_ms))
         again.extend(self.settings.apply_namespace_defaults(now_ms))  # issue 24
+        again.extend(self.producers.expire_idle(clock))  # spec/memory.md "Departed clients"
+        again.extend(self.departed.tick(clock))
         return Step(None, (*step.effects, *again)) if again else step
 
     def cached_bytes_held(self) -> int:

@@ -14,6 +14,7 @@ from danube.machines.dispatch.protocol import Subscription
 from danube.machines.node import pacing, paths
 from danube.machines.node.catalogue import Catalogue
 from danube.machines.node.effects import BatchPublished, Effect, PersistMeta, Step
+from danube.machines.node.idle_producers import IdleSweep, expired_message
 from danube.machines.node.records import (
     ProducerRecord,
     TopicRecord,
@@ -51,7 +52,10 @@ class Producers:
         auto_create_topics: bool,
         clustered: bool,
         routing_key_of: Callable[[bytes], bytes],
+        producer_idle_ms: int = 0,
     ) -> None:
+        """`producer_idle_ms`: a producer that neither publishes nor is health-checked for
+        this long is removed (`idle_producers`); 0: never."""
         self._catalogue = catalogue
         self._topics = catalogue.topics_by_name
         self._logs = logs
@@ -60,9 +64,14 @@ class Producers:
         self._clustered = clustered
         self._routing_key_of = routing_key_of
         self.by_id: dict[int, ProducerRecord] = {}
-        self.departed: dict[int, str] = {}
-        """Producers of topics that left this broker: their publishes answer UNAVAILABLE, a
-        status every client retries with a new lookup (an unknown producer is NOT_FOUND)."""
+        self.departed: dict[int, tuple[str, int]] = {}
+        """Producers of topics that left this broker (topic, 0), or removed for idleness
+        (topic, the timeout), whose publishes are told so with UNAVAILABLE: a status every
+        client retries, then looks the topic up and creates the producer again (an unknown
+        producer is NOT_FOUND, which Danube's clients do not recover from)."""
+        self.idle = IdleSweep(producer_idle_ms)
+        self.expired = 0
+        """Producers removed for idleness since the start (a counter)."""
 
     def create_producer(
         self,
@@ -129,14 +138,41 @@ class Producers:
         record.producers[producer.name] = producer.producer_id
 
     def healthy(self, producer_id: int) -> bool:
-        return producer_id in self.by_id
+        """A producer's health check: OK while it is registered (and it counts as active,
+        `idle_producers`); CLOSE once it is not."""
+        producer = self.by_id.get(producer_id)
+        if producer is None:
+            return False
+        producer.active = True
+        return True
 
     def depart(self, record: TopicRecord) -> None:
         """The topic moved: its producers' publishes say to look it up again."""
         for producer_id in record.producers.values():
-            self.departed[producer_id] = record.name.full
+            self._departed(producer_id, (record.name.full, 0))
+
+    def _departed(self, producer_id: int, why: tuple[str, int]) -> None:
+        self.departed.pop(producer_id, None)  # the newest last, so the oldest go first
+        self.departed[producer_id] = why
         while len(self.departed) > MAX_DEPARTED_PRODUCERS:
             del self.departed[next(iter(self.departed))]
+
+    def expire_idle(self, now_ms: int) -> list[Effect]:
+        """At a tick: producers idle for `producer_idle_ms` are removed (`idle_producers`):
+        their record, their name on the topic, their metadata. Their later health checks
+        answer CLOSE; their publishes UNAVAILABLE, saying why."""
+        if not self.idle.due(now_ms):
+            return []
+        deletes: list[str] = []
+        for producer in self.idle.idle(self.by_id.values(), now_ms):
+            del self.by_id[producer.producer_id]
+            record = self._topics.get(producer.topic.full)
+            if record is not None and record.producers.get(producer.name) == producer.producer_id:
+                del record.producers[producer.name]
+            self._departed(producer.producer_id, (producer.topic.full, self.idle.idle_ms))
+            deletes.append(paths.producer(producer.topic, producer.producer_id))
+            self.expired += 1
+        return [PersistMeta(deletes=tuple(deletes))] if deletes else []
 
     def forget(self, record: TopicRecord) -> None:
         """The topic's producers are unknown from now on (health checks answer CLOSE)."""
@@ -185,15 +221,19 @@ class Producers:
     def _publisher(self, producer_id: int, topic: str) -> tuple[ProducerRecord, TopicRecord]:
         producer = self.by_id.get(producer_id)
         if producer is None and producer_id in self.departed:
+            topic_left, idle_ms = self.departed[producer_id]
             raise DanubeError(
                 ErrorCode.UNAVAILABLE,
-                f"{self.departed[producer_id]} moved to another broker; look it up and "
-                "create the producer there",
+                expired_message(topic_left, producer_id, idle_ms)
+                if idle_ms
+                else f"{topic_left} moved to another broker; look it up and create the "
+                "producer there",
             )
         if producer is None:
             raise not_found(
                 f"producer {producer_id} does not exist on this broker; create the producer again"
             )
+        producer.active = True  # idle tracking's only cost on the publish path
         if producer.topic.full != topic:
             raise invalid(
                 f"producer {producer_id} belongs to {producer.topic.full}, not {quoted(topic)}"

@@ -31,6 +31,11 @@ class ProducerRecord:
     name: str
     topic: TopicName
     access_mode: int
+    active: bool = True
+    """It published or was health-checked since the last idle sweep (`idle_producers`): the
+    one attribute a publish writes for idle tracking (no clock read on the publish path)."""
+    seen_ms: int = -1
+    """When an idle sweep last found it active (-1: not swept yet)."""
 
 
 @dataclass(slots=True)

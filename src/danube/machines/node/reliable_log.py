@@ -589,7 +589,8 @@ class ReliableLogs:
         pairs = [(first + i, key_of(r) if keyed else b"") for i, r in enumerate(records)]
         effects = dispatcher.records_read(pairs, now_ms)
         for offset in range(max(before, first), dispatcher.read_position):
-            sub.records[offset] = records[offset - first]
+            if dispatcher.is_pending(offset):  # not one acknowledged before it was read again
+                sub.records[offset] = records[offset - first]
         return effects
 
     def wal_read_done(

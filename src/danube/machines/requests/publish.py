@@ -175,6 +175,7 @@ def stored_and_unfenced(step: Any, stored: AwaitStored | None) -> Flow:
 
 def publish_one(core: BrokerCore, message: records.Record, now: Clock, *, monotonic: Clock) -> Flow:
     """SendMessage: returns `Published`; refusals raise `DanubeError`."""
+    core.producer_active(message.producer_id)  # from its arrival, a wait included
     yield from unfenced()
     topic = message.topic_name
     if core.serves(topic):
@@ -197,6 +198,7 @@ def publish_batch(core: BrokerCore, request: BatchRequest, now: Clock, *, monoto
     """One `PublishBatch`: returns the core's `BatchPublished`; all or nothing, so a
     refusal (raised) stores none of it. The schema policy judges each message (decoded only
     when the topic's policy inspects them): all must pass before any of it is stored."""
+    core.producer_active(request.producer_id)  # from its arrival, a wait included
     yield from unfenced()
     batch = request.checked = check_batch(request.frame)
     topic = request.topic

@@ -1,0 +1,127 @@
+"""Records held for reliable subscriptions whose consumers all left (spec/memory.md,
+"Departed clients").
+
+A reliable subscription keeps the records it read and that are not acknowledged
+(`SubscriptionRecord.records`, counted in the consumer pool) until they are acknowledged. Its
+consumers may all leave (a crash, a scale-down) and never come back, and a reliable
+subscription is never removed by the broker: it would hold up to its window of records in
+the pool for ever, room other subscriptions then lack.
+
+Once a subscription has had no connected consumer for `grace_ms` (`DEPARTED_GRACE_MS`), its
+held records are let go and the pool gets their room back. With no consumer connected none
+of them is in flight (a disconnect puts a consumer's in-flight records back to be sent
+again, `ReliableSubscription._disconnect`), so letting go loses no delivery. The dispatcher
+is rebuilt at its cursor (as after a WAL reload, `ReliableLogs._rebuild`), keeping the
+offsets acknowledged out of order, the retention gaps and the failure counts
+(`ReliableSubscription.carry_over`, `attempt_counts`): when a consumer comes back, the
+window is read again from the WAL (its cache, or segment files, or objects) and what was
+acknowledged is not delivered again. The cursor is persisted first if it moved. A
+subscription holding a blocked message or one whose dead letter is being stored keeps its
+window (the poison policy's state lives in it; a few records).
+
+Pure: `now_ms` in, effects out; the sweep runs at most every `SWEEP_MS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from danube.machines.dispatch import reliable as rd
+from danube.machines.node.effects import Effect
+
+if TYPE_CHECKING:
+    from danube.machines.node.records import ConsumerRecord, SubscriptionRecord, TopicRecord
+    from danube.machines.node.reliable_log import ReliableLogs
+
+DEPARTED_GRACE_MS = 10_000
+"""How long a subscription may have no connected consumer before its held records are let
+go. Longer than a consumer's ordinary way back: Danube's consumers reopen a broken stream at
+once and resubscribe after a health check's CLOSE (every 5 s) with backoffs of a few
+seconds, so a consumer that is coming back finds its window still held and nothing is read
+twice; short enough that the room of departed ones comes back within seconds."""
+SWEEP_MS = 1_000
+"""How often (at most) the subscriptions holding records are looked at."""
+
+
+class DepartedSubscriptions:
+    """Times how long each subscription holding records has had no connected consumer, and
+    lets go of the records of those past `grace_ms`."""
+
+    __slots__ = ("_consumers", "_logs", "_topics", "grace_ms", "idle_since", "let_go", "next_ms")
+
+    def __init__(
+        self,
+        logs: ReliableLogs,
+        topics: Mapping[str, TopicRecord],
+        consumers: Mapping[int, ConsumerRecord],
+        grace_ms: int = DEPARTED_GRACE_MS,
+    ) -> None:
+        """`grace_ms` 0: never let go."""
+        self._logs = logs
+        self._consumers = consumers
+        self._topics = topics
+        self.grace_ms = grace_ms
+        self.next_ms = 0
+        self.idle_since: dict[tuple[str, str, int], int] = {}
+        """(topic, subscription, epoch) holding records with no consumer connected -> when a
+        sweep first saw it so."""
+        self.let_go = 0
+        """Subscriptions whose records were let go since the start (a counter)."""
+
+    def tick(self, now_ms: int) -> list[Effect]:
+        if not self.grace_ms or self.next_ms - SWEEP_MS <= now_ms < self.next_ms:
+            return []
+        self.next_ms = now_ms + SWEEP_MS
+        effects: list[Effect] = []
+        seen: dict[tuple[str, str, int], int] = {}
+        let_go = self.let_go
+        for record in self._topics.values():
+            if not record.reliable or not record.subscriptions:
+                continue
+            for sub in record.subscriptions.values():
+                if not sub.records or sub.machine.connected_count:  # type: ignore[attr-defined]
+                    continue
+                key = (record.name.full, sub.name, sub.epoch)
+                since = min(self.idle_since.get(key, now_ms), now_ms)
+                if now_ms - since >= self.grace_ms and not sub.machine.held:  # type: ignore[attr-defined]
+                    effects.extend(self._let_go(record, sub, now_ms))
+                else:
+                    seen[key] = since
+        self.idle_since = seen
+        if let_go != self.let_go and self._logs.consumer_pool is not None:
+            effects.extend(self._logs.resume_reads(now_ms))  # the room came: reads go on
+        return effects
+
+    def _let_go(self, record: TopicRecord, sub: SubscriptionRecord, now_ms: int) -> list[Effect]:
+        """The subscription's window is read again when a consumer comes back (module
+        docstring)."""
+        logs = self._logs
+        effects = logs.dispatch(record, sub, sub.reliable.flush(now_ms), now_ms)
+        old = sub.reliable
+        fresh = rd.ReliableSubscription(
+            sub.sub_type,
+            old.cursor + 1,
+            max_unacked_messages=old.max_unacked_messages,
+            cursor_flush_ms=old.cursor_flush_ms,
+            policy=old.policy,
+            attempts=old.attempt_counts(),
+        )
+        fresh.carry_over(old)
+        fresh.redelivered = old.redelivered
+        fresh.dropped = old.dropped
+        fresh.dispatch_rate = old.dispatch_rate
+        fresh.redeliveries_by_cause = old.redeliveries_by_cause
+        fresh.dead_letters_stored = old.dead_letters_stored
+        sub.records.clear()  # gives their room back to the consumer pool
+        sub.dispatcher = fresh
+        sub.epoch += 1  # reads under way or paused for the old window are void
+        sub.read_lost = False
+        members = sorted(
+            (self._consumers[c] for c in sub.consumers.values()), key=lambda c: c.order
+        )
+        for consumer in members:
+            logs.outbox.pop(consumer.consumer_id, None)
+            fresh.add_consumer(consumer.consumer_id, consumer.name, consumer.key_filters, now_ms)
+        self.let_go += 1
+        return effects

@@ -1,0 +1,74 @@
+"""Producers of clients that left (spec/memory.md, "Departed clients").
+
+A client that creates a producer and goes away (a crash, a scale-down, a script run in a loop)
+sends nothing to say so: there is no close RPC, and Danube's clients only stop their health
+checks. Its producer would stay registered until its topic leaves the broker: its record, its
+metadata and its name (creation is idempotent by name) kept for ever. Danube's clients send a
+HealthCheck every 5 s per producer, so a producer that neither published nor was
+health-checked for `producer_idle_ms` (`broker.producer_idle_timeout_ms`, default 60 s:
+twelve health intervals, so a client paused by a long GC or a slow network is not cut off) is
+gone, and is removed.
+
+Cost on the publish path: one attribute write (`ProducerRecord.active = True`), no clock read.
+The sweep, at most every `SWEEP_MS`, turns that flag into a time (`seen_ms`: the sweep's own
+time, never earlier than the activity it saw) and removes those whose `seen_ms` is
+`producer_idle_ms` old. So a producer is never removed less than `producer_idle_ms` after its
+last publish or health check, and at most `SWEEP_MS` more than that after it.
+
+Pure: `now_ms` in, the producers to remove out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from danube.machines.node.records import ProducerRecord
+
+SWEEP_MS = 1_000
+"""How often (at most) the producers are swept: a 10,000-producer sweep costs a few
+milliseconds, so once a second is cheap, and it is small against any sensible timeout."""
+
+
+class IdleSweep:
+    """When the producers were last swept, and the sweep's decision."""
+
+    __slots__ = ("idle_ms", "next_ms")
+
+    def __init__(self, idle_ms: int) -> None:
+        if idle_ms < 0:
+            raise ValueError(f"producer_idle_ms must be 0 (never) or more, got {idle_ms}")
+        self.idle_ms = idle_ms
+        self.next_ms = 0
+
+    def due(self, now_ms: int) -> bool:
+        """Whether a sweep runs at this tick (never with `idle_ms` 0)."""
+        period = min(SWEEP_MS, max(1, self.idle_ms // 4))
+        if not self.idle_ms or self.next_ms - period <= now_ms < self.next_ms:
+            return False  # (a clock set back before the last sweep sweeps at once)
+        self.next_ms = now_ms + period
+        return True
+
+    def idle(self, producers: Iterable[ProducerRecord], now_ms: int) -> list[ProducerRecord]:
+        """Stamps the producers active since the last sweep with `now_ms` and returns those
+        idle for `idle_ms` or more. A producer not swept yet (just created or restored)
+        counts as seen now. A clock set back does not expire anyone: `seen_ms` in the future
+        is taken as now."""
+        expired: list[ProducerRecord] = []
+        limit = now_ms - self.idle_ms
+        for producer in producers:
+            if producer.active or producer.seen_ms < 0 or producer.seen_ms > now_ms:
+                producer.active = False
+                producer.seen_ms = now_ms
+            elif producer.seen_ms <= limit:
+                expired.append(producer)
+        return expired
+
+
+def expired_message(topic: str, producer_id: int, idle_ms: int) -> str:
+    """What a publish of a removed producer is told (UNAVAILABLE: Danube's clients retry it,
+    then look the topic up and create the producer again)."""
+    return (
+        f"producer {producer_id} of {topic} expired: it neither published nor was "
+        f"health-checked for {idle_ms} ms (broker.producer_idle_timeout_ms); create the "
+        "producer again"
+    )
