@@ -27,9 +27,7 @@ from danube.interpreter import Interpreter
 from danube.kernels import find_frame, scan_frames
 from danube.machines.dispatch import QueueLimits
 from danube.machines.dispatch.reliable import ReliableSubscription
-from danube.machines.dispatch.types import SubscriptionType
 from danube.machines.memory.budget import MemoryPools
-from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool
 from danube.machines.memory.rss import HIGH_WATER
 from danube.machines.node import requests
@@ -42,14 +40,12 @@ from danube.machines.requests import receive
 from danube.machines.requests.publish import BatchRequest
 from danube.machines.requests.receive import Receiver, Send
 from danube.machines.tiering import (
-    ObjectRead,
     UploaderConfig,
 )
 from danube.machines.wal import format, records
 from danube.machines.wal.batches import check_batch, stamp
 from danube.machines.wal.checkpoint import encode_checkpoint, next_mark
 from danube.machines.wal.machine import (
-    Durability,
     WalConfig,
     Write,
 )
@@ -63,6 +59,14 @@ from sim.disk import SimDisk, SimFile
 
 if TYPE_CHECKING:
     from sim.audit_output import AuditOutput  # pyarrow: only with the audit extra
+from sim.broker_checks import (
+    expired_early,
+    held_records,
+    paused_in_vain,
+    relieve_pool,
+    squeezed_room,
+)
+from sim.broker_observer import Observer, SubscriptionRecordView
 from sim.faults import Faults, Injected
 from sim.late_timers import late_timers
 from sim.network import Network, Stream
@@ -168,237 +172,6 @@ class OpenStream:
 PRESSURE_LEFT = 512
 """What the memory-pressure fault leaves free of the publish pool: room for one small publish
 (so some go on) and not for a batch (so streams pause)."""
-
-
-def _expired_early(core: BrokerCore, before: set[int], broker: SimBroker) -> list[str]:
-    """Invariant 20: producers the tick removed for idleness (`idle_producers`) that a
-    publish, a health check or their creation reached less than `producer_idle_ms` ago."""
-    idle_ms = core.producers.idle.idle_ms
-    early = []
-    for producer_id in before.difference(core.producers.by_id):
-        _, why = core.producers.departed.get(producer_id, ("", 0))
-        seen = broker.producer_seen.get(producer_id)
-        if why and seen is not None and broker.monotonic_ms - seen < idle_ms:
-            early.append(
-                f"producer {producer_id} removed {broker.monotonic_ms - seen} ms after it was "
-                f"last seen (timeout {idle_ms} ms)"
-            )
-    return early
-
-
-def _held(core: BrokerCore) -> tuple[int, list[str]]:
-    """What reliable subscriptions hold, added up, and what is held in vain: offsets their
-    dispatcher no longer waits on (a record kept after its acknowledgement), outboxes of
-    consumers without a stream (kept after a disconnect), records of a subscription none of
-    whose consumers has a stream (not let go when the last one left), unless an exhausted
-    message is blocked or being dead-lettered there."""
-    held, stray = 0, []
-    for consumer_id, box in core.logs.outbox.items():
-        consumer = core.consumer_record(consumer_id)
-        if box and (consumer is None or not consumer.stream):
-            stray.append(f"the outbox of consumer {consumer_id}, which has no stream")
-    for record in core.catalogue.topics_by_name.values():
-        for sub in record.subscriptions.values():
-            if not record.reliable:
-                continue
-            held += getattr(sub.records, "held", 0)
-            machine = cast(ReliableSubscription, sub.machine)
-            for consumer_id in sub.consumers.values():
-                consumer = core.consumer_record(consumer_id)
-                if (
-                    consumer is not None
-                    and consumer.stream
-                    and not machine.is_connected(consumer_id)
-                ):
-                    stray.append(f"consumer {consumer_id}'s stream, unknown to its dispatcher")
-                elif consumer is not None and consumer.stream:
-                    stray.extend(
-                        f"{record.name.full}/{sub.name}@{o} in flight and not held"
-                        for o in machine.in_flight(consumer_id)
-                        if o not in sub.records
-                    )
-            stray.extend(
-                f"{record.name.full}/{sub.name}@{o}"
-                for o in sub.records
-                if not sub.machine.is_pending(o)  # an observer: not a touch
-            )
-    return held, stray
-
-
-def _paused_in_vain(core: BrokerCore, only: tuple[str, str] | None = None) -> list[str]:
-    """Reads the consumer pool keeps paused that should have gone on: every one whose room
-    came (the pool's own room, or, for a subscription that holds nothing or is gone or
-    rebuilt, what it may borrow of the cache pool). `only` (topic, subscription): judge that
-    subscription's reads alone (after its acknowledgements; one emptied some other way,
-    by a policy drop or a stored dead letter, goes on at the next tick)."""
-    pool = core.logs.consumer_pool
-    if pool is None or not pool.paused:
-        return []
-    topics = core.catalogue.topics_by_name
-    waiting = []
-    for paused in pool.paused:
-        topic, name, epoch, _ = paused
-        if only is not None and only != (topic, name):
-            continue
-        record = topics.get(topic)
-        sub = record.subscriptions.get(name) if record is not None else None
-        holding = sub is not None and sub.epoch == epoch and bool(sub.records)
-        if pool.ready(paused, holding):
-            which = "holds records" if holding else "holds nothing"
-            waiting.append(f"{topic}/{name}, which {which}, while its room is free")
-    return waiting
-
-
-def _squeezed_room(pool: PublishPool, ledger: CacheLedger) -> int:
-    """What the RSS squeeze took of the publish pool's room to borrow (its capacity shrinks
-    by it after admission, as by what held records borrow; `PublishPool.room_to_borrow`)."""
-    if not ledger.squeeze:
-        return 0
-    kept = max(ledger.state, ledger.state_limit) + ledger.consumers
-    whole = max(0, min(pool.borrowable, pool._cache_pool - kept))
-    return whole - pool.room_to_borrow
-
-
-def _relieved(pool: PublishPool) -> None:
-    pool.relieve()
-
-
-class Observer:
-    """What the checker wants to hear from inside the broker."""
-
-    def acknowledged(self, topic: str, through: int, durability: Durability) -> None: ...
-
-    def restarted(self) -> None:
-        """The broker process started (again): nothing is in flight any more."""
-
-    def sent(
-        self, topic: str, sub: SubscriptionRecordView, consumer_id: int, offset: int, key: str
-    ) -> None: ...
-
-    def written(self, topic: str, data: bytes) -> None:
-        """Frames reached the topic's segment file (a torn write passes its prefix)."""
-
-    def retention_skipped(self, topic: str, subscription: str, first: int, end: int) -> None:
-        """The broker found offsets [first, end) in no tier for a subscription's read."""
-
-    def policy_dropped(self, topic: str, subscription: str, offset: int, attempts: int) -> None:
-        """The subscription's poison policy skipped `offset` after `attempts` failures."""
-
-    def dead_lettered(
-        self,
-        topic: str,
-        subscription: str,
-        offset: int,
-        attempts: int,
-        target: str,
-        at: int,
-        held: bool | None,
-    ) -> None:
-        """The subscription's dead letter of `offset` is stored at `target`'s offset `at`,
-        reported before the subscription hears it: `held`, whether it still holds the
-        original (None: the incarnation that asked is gone)."""
-
-    def retry_scheduled(
-        self, topic: str, subscription: str, offset: int, delay: int, cap: int
-    ) -> None:
-        """A nacked `offset` goes out again in `delay` ms; its policy caps delays at `cap`."""
-
-    def index_committed(self, topic: str) -> None:
-        """An index entry of the topic was created in the metadata."""
-
-    def object_read(self, topic: str, plan: ObjectRead) -> None:
-        """The broker plans a history read from an object."""
-
-    def object_served(self, topic: str, first: int, records: tuple[bytes, ...]) -> None:
-        """An object read decoded these records, from offset `first` on."""
-
-    def object_deleted(self, topic: str, key: str) -> None:
-        """The broker deletes an object (an orphan, it believes)."""
-
-    def segment_deleted(self, topic: str, base: int, next_offset: int) -> None:
-        """Local retention deletes a segment file holding offsets [base, next_offset)."""
-
-    def tier_halted(self, topic: str, reason: str, resumable: bool) -> None: ...
-
-    def memory_checked(self, pool: int, accounted: int, held: int) -> None:
-        """After a tick: the cache ledger's pool and total, and the bytes the WAL machines'
-        caches really hold (spec/memory.md)."""
-
-    def state_checked(
-        self,
-        counts: tuple[int, int, int],
-        subscriptions: int,
-        charged: int,
-        costs: tuple[int, int, int],
-        transport: tuple[int, int] = (0, 0),
-        transport_costs: tuple[int, int] = (0, 0),
-    ) -> None:
-        """After a tick: the core's counts of topics, subscriptions and consumers, the
-        subscriptions its topics hold, what the cache pool is charged for them and the costs;
-        the open streams and clients reported to the core before the tick and their costs
-        (spec/memory.md, "State")."""
-
-    def held_checked(self, used: int, held: tuple[int, list[str]]) -> None:
-        """After a tick: the consumer pool's total, and what the reliable subscriptions hold
-        and hold in vain (spec/memory.md, "Consumer queues")."""
-
-    def paused_checked(self, waiting: list[str]) -> None:
-        """After a tick, and after a subscription's acknowledgements: the reads the consumer
-        pool keeps paused although they should go on (spec/memory.md, "Consumer queues")."""
-
-    def returns_checked(self, returns: list[tuple[int, int, int, bool]], drop_bytes: int) -> None:
-        """After a tick: every `ReturnMemory` so far (spec/memory.md, "Giving memory back")."""
-
-    def rss_checked(self, ledger: CacheLedger, rss: int, high: int) -> None:
-        """After a tick: the cache ledger, the synthetic RSS fed to that tick and the
-        high-water mark it is held against (spec/memory.md, "The process's RSS")."""
-
-    def idle_checked(self, ledger: CacheLedger, now_ms: int) -> None:
-        """After a tick: the cache ledger, for caches idle past their time."""
-
-    def connections_checked(self, connections: SimConnections, now_us: int) -> None:
-        """After a tick and a connection flood: the incarnation's connection gate."""
-
-    def producers_checked(self, early: list[str]) -> None:
-        """After a tick: producers it removed for idleness that were not idle that long."""
-
-    def timers_checked(self, late: list[str]) -> None:
-        """After a tick: the reliable subscriptions whose timer was due and still is."""
-
-    def publish_pool_checked(
-        self, pool: PublishPool, cached: int, pools: int, idle: bool, lent: int = 0
-    ) -> None:
-        """After a publish was admitted and handed to the core, and after a tick: the publish
-        pool, the cache ledger's total, what the cache and publish pools add up to, whether
-        no request flow is in flight, and what held records borrow of the cache pool
-        (spec/memory.md, "Back-pressure")."""
-
-    def room_wait_checked(self, timeout_ms: int, pool: PublishPool) -> None:
-        """A publish waits for room in the publish pool for `timeout_ms` more (spec/memory.md,
-        "Back-pressure")."""
-
-    def budget_checked(
-        self, accounted: tuple[int, int, int, int], budget: int, over_share: int
-    ) -> None:
-        """After a publish step and a tick: what the pools account (caches, state,
-        publishes, held records) and the budget; `over_share`, what state holds beyond the
-        share it may take (restored by a restart, or open streams, never refused)."""
-
-    def internal_error(self, request: str, error: Exception) -> None:
-        """A request failed with an unforeseen exception (production answers INTERNAL): a
-        bug of the broker. An observer that does not judge it lets it propagate."""
-        raise error
-
-    def recovered(self, topic: str, next_offset: int, *, fresh: bool) -> None:
-        """A topic's WAL was loaded (not stopped): offsets continue at `next_offset`;
-        `fresh`: a topic created now, owning no earlier offsets."""
-
-
-@dataclass(frozen=True, slots=True)
-class SubscriptionRecordView:
-    name: str
-    sub_type: SubscriptionType
-    dispatcher: ReliableSubscription | None
 
 
 class SimBroker:
@@ -595,7 +368,7 @@ class SimBroker:
         rss = self._synthetic_rss(core)
         effects = core.tick(self.now_ms, self.monotonic_ms, rss=rss).effects
         if producers:
-            self.observer.producers_checked(_expired_early(core, producers, self))
+            self.observer.producers_checked(expired_early(core, producers, self))
             self.expired_producers += sum(
                 1 for p in producers.difference(core.producers.by_id)
                 if core.producers.departed.get(p, ("", 0))[1]
@@ -606,7 +379,7 @@ class SimBroker:
         self.observer.timers_checked(late_timers(core, self.now_ms))
         # judged as the tick left them: its effects may answer publishes, whose room
         # goes to paused reads at the next tick
-        in_vain = _paused_in_vain(core) if core.logs.consumer_pool is not None else []
+        in_vain = paused_in_vain(core) if core.logs.consumer_pool is not None else []
         if effects:  # most ticks: nothing for the interpreter (it would only run nothing)
             self._apply(effects)
         self.observer.connections_checked(self.connections, self.world.now)
@@ -622,7 +395,7 @@ class SimBroker:
                 core.state_counts(), subscriptions, ledger.state, costs, transport, transport_costs
             )
             if core.logs.consumer_pool is not None:
-                self.observer.held_checked(core.logs.consumer_pool.used, _held(core))
+                self.observer.held_checked(core.logs.consumer_pool.used, held_records(core))
                 self.observer.paused_checked(in_vain)
             returning = core.pools.memory_return
             if returning is not None:
@@ -642,7 +415,7 @@ class SimBroker:
         pools = core.memory.cache + core.memory.publish
         ledger = core.cache_ledger
         cached = ledger.total + ledger.state
-        lent = ledger.consumers + _squeezed_room(pool, ledger)  # both shrink the capacity
+        lent = ledger.consumers + squeezed_room(pool, ledger)  # both shrink the capacity
         self.observer.publish_pool_checked(pool, cached, pools, idle, lent)
         held = core.logs.consumer_pool
         state = core.state_pool
@@ -687,7 +460,7 @@ class SimBroker:
 
     def _relieved(self, pool: PublishPool) -> None:
         self.rss_over = 0
-        _relieved(pool)
+        relieve_pool(pool)
 
     def _synthetic_rss(self, core: BrokerCore) -> int | None:
         """The RSS fed to a tick: what the pools account, capped under the high-water mark
@@ -768,7 +541,7 @@ class SimBroker:
     def _acked(self, core: BrokerCore, topic: str, subscription: str) -> None:
         """Invariant 18 after acknowledgements: the reads they let go on went on."""
         if core.logs.consumer_pool is not None and core.memory is not None:
-            self.observer.paused_checked(_paused_in_vain(core, (topic, subscription)))
+            self.observer.paused_checked(paused_in_vain(core, (topic, subscription)))
 
     def _retry_scheduled(self, core: BrokerCore, request: Any) -> None:
         """Tells the observer when a nacked message goes out again (the backoff's cap)."""
