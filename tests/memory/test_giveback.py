@@ -184,3 +184,18 @@ def test_glibc_trim_is_found_here() -> None:
     assert returner._trim is not None
     returner(0)
     returner.wait(10)
+
+
+def test_over_rss_a_return_needs_something_freed_since_the_last() -> None:
+    """A process over the RSS mark by its own baseline (a small budget) collected every
+    `MIN_INTERVAL_MS` for ever, for nothing (review finding): over the mark, a return needs
+    a quarter of a large drop since the last one (what the squeeze evicted)."""
+    machine = MemoryReturn(budget=64 * MIB)
+    assert machine.observe(10 * MIB, 0, over_rss=True) == ()
+    assert machine.observe(5 * MIB, 1_000, over_rss=True) == (ReturnMemory(5 * MIB),)
+    for step in range(1, 10):  # squeezed for good, nothing left to free: no more returns
+        assert machine.observe(5 * MIB, 1_000 + step * MIN_INTERVAL_MS, over_rss=True) == ()
+    later = 1_000 + 10 * MIN_INTERVAL_MS
+    assert machine.observe(9 * MIB, later, over_rss=True) == ()
+    assert machine.observe(5 * MIB, later + 1, over_rss=True) == (ReturnMemory(4 * MIB),)
+    assert machine.returns == 2

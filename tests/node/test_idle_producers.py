@@ -120,8 +120,35 @@ def test_a_negative_timeout_is_refused() -> None:
 
 
 def test_the_timeout_is_configured_with_a_safe_default() -> None:
-    assert config_from_mapping({}).producer_idle_timeout_ms == 60_000
+    assert config_from_mapping({}).producer_idle_timeout_ms == 600_000, "ten minutes (spec)"
     config = config_from_mapping({"broker": {"producer_idle_timeout_ms": 0}})
     assert config.producer_idle_timeout_ms == 0
     with pytest.raises(Exception, match="producer_idle_timeout_ms"):
         config_from_mapping({"broker": {"producer_idle_timeout_ms": -5}})
+
+
+def test_an_unknown_id_on_a_served_topic_is_unavailable_and_elsewhere_not_found() -> None:
+    """After a restart the broker no longer knows why an id is missing (an expiry is not
+    remembered across it): to a topic it serves, UNAVAILABLE, which Danube's clients recover
+    from by creating the producer again; NOT_FOUND reached the application (review finding)."""
+    core = new_core()
+    create(core)
+    error = publish_error(core, 4242)
+    assert error.code is ErrorCode.UNAVAILABLE, error
+    assert "4242" in error.message and "create the producer again" in error.message
+    with pytest.raises(DanubeError) as caught:
+        core.publish(4242, "/default/never-served", "m", 1, b"")
+    assert caught.value.code is ErrorCode.NOT_FOUND
+
+
+def test_expiries_of_two_topics_are_written_one_topic_at_a_time() -> None:
+    """Each metadata write is fenced by its topic's claim: one write for all topics made one
+    topic claimed away meanwhile refuse every other topic's deletes (review finding)."""
+    core = new_core()
+    first = create(core, "a", "/default/t")
+    second = create(core, "b", "/default/u")
+    changes = tick_until(core, 0, IDLE_MS + SWEEP_MS)
+    assert sorted(c.deletes for c in changes) == [
+        (f"/topics/default/t/producers/{first}",),
+        (f"/topics/default/u/producers/{second}",),
+    ]

@@ -20,6 +20,7 @@ import trio_asyncio
 
 from danube import keys
 from danube.machines.dispatch import DropReason, QueueLimits
+from danube.machines.memory.rss import baseline_warning
 from danube.machines.memory.state import topic_costs
 from danube.machines.node.core import BrokerCore, BrokerIdentity, ReplicationSettings
 from danube.machines.requests.receive import RECEIVE_BATCH
@@ -52,6 +53,7 @@ from danube.runtime.grpc_util import DEFAULT_REQUEST_LIMIT, Server, Unimplemente
 from danube.runtime.h2_guard import GatedConnections
 from danube.runtime.kernels_warm import warm_kernels
 from danube.runtime.memory import broker_pools, connection_gates
+from danube.runtime.memory_return import rss_bytes
 from danube.runtime.metrics import BrokerMetrics
 from danube.runtime.metrics_http import Endpoints, Health, serve_http
 from danube.runtime.object_store import ObjectStore
@@ -75,6 +77,8 @@ from danube.values.config import (
 )
 
 log = logging.getLogger("danube.runtime")
+SHORT_PRODUCER_IDLE_MS = 15_000
+"""Shorter producer idle timeouts are warned of at start (clients health-check every 5 s)."""
 
 CLIENT_PORT_BASES: list[type] = [
     pb.ProducerServiceBase,
@@ -465,6 +469,17 @@ async def serve(
             gc.freeze()
             if collecting:
                 gc.enable()
+            below = baseline_warning(rss_bytes(), pools.budget)
+            if below is not None:
+                log.warning("event=memory_budget_below_baseline %s", below)
+            if 0 < config.producer_idle_timeout_ms < SHORT_PRODUCER_IDLE_MS:
+                log.warning(
+                    "event=producer_idle_timeout_short timeout_ms=%d: Danube's clients "
+                    "health-check every 5 s, so producers idle between two checks may be "
+                    "removed; at least %d ms is advised",
+                    config.producer_idle_timeout_ms,
+                    SHORT_PRODUCER_IDLE_MS,
+                )
             batch_limit = BATCH_REQUEST_LIMIT + _message_limit(config)
             client_services = [
                 ClientPortSchemaRegistry(schemas),

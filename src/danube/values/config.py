@@ -303,9 +303,11 @@ class BrokerConfig:
     cache_idle_ms: int = 60_000
     """`broker.cache_idle_ms`: a topic's hot cache with nothing added for this long is emptied
     (spec/memory.md, "Giving memory back"); 0 keeps it."""
-    producer_idle_timeout_ms: int = 60_000
+    producer_idle_timeout_ms: int = 600_000
     """`broker.producer_idle_timeout_ms`: a producer with no publish nor health check for this
-    long is removed (spec/memory.md, "Departed clients"); 0 keeps it."""
+    long is removed (spec/memory.md, "Departed clients"); 0 keeps it. Ten minutes: the
+    official clients stop health-checking after a failed check, so a shorter timeout makes
+    a rare publisher recreate its producer (seconds of retries) at each publish."""
     bootstrap_namespaces: tuple[str, ...] = ("default",)
     auto_create_topics: bool = True
     policies: Policies = field(default_factory=Policies)

@@ -59,12 +59,12 @@ class MemoryPools:
     """A topic's hot cache with nothing added for this long is emptied (`broker.
     cache_idle_ms`; `CacheLedger.evict_idle`); 0: never."""
     producer_idle_ms: int = 0
+    """A producer with no publish nor health check for this long is removed (`broker.
+    producer_idle_timeout_ms`; `danube.machines.node.idle_producers`); 0: never."""
     departed_grace_ms: int = 10_000
     """A reliable subscription with no connected consumer for this long lets go of the records
     it holds (`danube.machines.node.departed_subscriptions.DEPARTED_GRACE_MS`, why this long);
     0: never. Not configured: the simulator shortens it."""
-    """A producer with no publish nor health check for this long is removed (`broker.
-    producer_idle_timeout_ms`; `danube.machines.node.idle_producers`); 0: never."""
 
 
 def split(budget: int, publish_wait_ms: int = 3_000) -> MemoryPools:

@@ -27,6 +27,12 @@ DROP_SHARE = 16
 """A large drop: a sixteenth of the budget (16 MiB of 256 MiB; a budget is at least 16 MiB,
 the simulator's kilobyte pools scale it down with them)."""
 
+OVER_RSS_DROP_SHARE = 4
+"""While RSS is over its mark a return needs a quarter of a large drop since the last one:
+what the squeeze evicted. Without it a process whose own baseline is over the mark (a small
+budget) collected every `MIN_INTERVAL_MS` for ever, holding the loop each time for nothing
+(review finding)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ReturnMemory:
@@ -48,19 +54,25 @@ class MemoryReturn:
         self.returns = 0
         """How many `ReturnMemory` were decided (a counter)."""
 
+    def seen(self, accounted: int) -> None:
+        """The pools held `accounted` bytes a moment ago (before a squeeze evicts in the same
+        tick): the highest point the next `observe` measures the drop from."""
+        self._high = max(self._high, accounted)
+
     def observe(
         self, accounted: int, now_ms: int, over_rss: bool = False
     ) -> tuple[ReturnMemory, ...]:
         """The pools hold `accounted` bytes now: a `ReturnMemory` when that is a large drop,
         or when the process's RSS is over its high-water mark (`over_rss`, `RssGuard`: the
-        caches were just squeezed, what they freed is to go back), and the last return is
-        long enough ago."""
+        caches were just squeezed, what they freed is to go back) and they freed at least
+        `OVER_RSS_DROP_SHARE`'s share of a large drop, and the last return is long enough
+        ago."""
         if accounted >= self._high:
             self._high = accounted
             if not over_rss:
                 return ()
         fell = self._high - accounted
-        if fell < self.drop_bytes and not over_rss:
+        if fell < (self.drop_bytes // OVER_RSS_DROP_SHARE if over_rss else self.drop_bytes):
             return ()
         if self._last_ms is not None and now_ms - self._last_ms < MIN_INTERVAL_MS:
             return ()

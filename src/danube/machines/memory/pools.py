@@ -45,6 +45,7 @@ class BrokerPools:
         guard = self.rss_guard
         if guard is not None:
             over = guard.sample(rss, accounted)
+            self.memory_return.seen(accounted)  # what the squeeze evicts now counts as freed
             if guard.squeeze != ledger.squeeze:
                 ledger.squeeze = guard.squeeze
                 publish.restate()  # the caches give way now; publishes served if it grew

@@ -23,6 +23,8 @@ Pure: RSS, accounted bytes and times in, the squeeze and effects out.
 
 from __future__ import annotations
 
+from danube.values.sizes import MIB
+
 HIGH_WATER = 0.9
 """The share of the budget RSS may reach before the cache pool gives way (230 MiB of 256)."""
 
@@ -58,3 +60,19 @@ class RssGuard:
         if self.squeeze:
             self.squeezed_samples += 1
         return self.squeeze > 0
+
+
+def baseline_warning(rss: int | None, budget: int) -> str | None:
+    """Why this budget cannot be held, or None: the process's RSS once started (before any
+    load) is already over the high-water mark, so the caches stay squeezed to nothing and
+    every read goes to disk. Logged at start (`event=memory_budget_below_baseline`) with the
+    smallest budget that would leave the caches any room (review finding: a 64 MiB budget
+    under a broker that starts at 80 MiB was squeezed for good, silently)."""
+    if rss is None or rss < int(budget * HIGH_WATER):
+        return None
+    least = -(-int(rss / HIGH_WATER) // MIB) * MIB
+    return (
+        f"the broker holds {rss} bytes of RSS before any load, over {HIGH_WATER:.0%} of its "
+        f"memory budget of {budget} bytes: the hot caches will stay empty and reads go to "
+        f"disk. Give it a --memory-budget well above {least} bytes"
+    )

@@ -5,9 +5,12 @@ sends nothing to say so: there is no close RPC, and Danube's clients only stop t
 checks. Its producer would stay registered until its topic leaves the broker: its record, its
 metadata and its name (creation is idempotent by name) kept for ever. Danube's clients send a
 HealthCheck every 5 s per producer, so a producer that neither published nor was
-health-checked for `producer_idle_ms` (`broker.producer_idle_timeout_ms`, default 60 s:
-twelve health intervals, so a client paused by a long GC or a slow network is not cut off) is
-gone, and is removed.
+health-checked for `producer_idle_ms` (`broker.producer_idle_timeout_ms`, default 10
+minutes, far beyond a client paused by a long GC or a slow network) is gone, and is removed.
+Not shorter by default: the official Python client's health loop ends for good after one
+failed check (a broker restart, a network blip) or a CLOSE, so its producers are then seen
+only when they publish, and a producer removed under a client that comes back costs the
+client its retries, a lookup and a new producer (1.5-3 s) before the publish goes through.
 
 Cost on the publish path: one attribute write (`ProducerRecord.active = True`), no clock read.
 The sweep, at most every `SWEEP_MS`, turns that flag into a time (`seen_ms`: the sweep's own
@@ -71,4 +74,16 @@ def expired_message(topic: str, producer_id: int, idle_ms: int) -> str:
         f"producer {producer_id} of {topic} expired: it neither published nor was "
         f"health-checked for {idle_ms} ms (broker.producer_idle_timeout_ms); create the "
         "producer again"
+    )
+
+
+def unknown_message(topic: str, producer_id: int) -> str:
+    """What a publish with an id this broker does not know, to a topic it serves, is told.
+    UNAVAILABLE, not Danube's NOT_FOUND: here a producer may have expired for idleness and
+    the broker restarted since (the record of why is not kept across a restart), and
+    Danube's clients give NOT_FOUND to the application where they recover from UNAVAILABLE
+    by creating the producer again (review finding; spec/memory.md, "Departed clients")."""
+    return (
+        f"producer {producer_id} of {topic} is not registered on this broker (it may have "
+        "expired for idleness before a restart); create the producer again"
     )

@@ -14,7 +14,7 @@ from danube.machines.dispatch.protocol import Subscription
 from danube.machines.node import pacing, paths
 from danube.machines.node.catalogue import Catalogue
 from danube.machines.node.effects import BatchPublished, Effect, PersistMeta, Step
-from danube.machines.node.idle_producers import IdleSweep, expired_message
+from danube.machines.node.idle_producers import IdleSweep, expired_message, unknown_message
 from danube.machines.node.records import (
     ProducerRecord,
     TopicRecord,
@@ -163,16 +163,19 @@ class Producers:
         answer CLOSE; their publishes UNAVAILABLE, saying why."""
         if not self.idle.due(now_ms):
             return []
-        deletes: list[str] = []
+        deletes: dict[str, list[str]] = {}
         for producer in self.idle.idle(self.by_id.values(), now_ms):
             del self.by_id[producer.producer_id]
             record = self._topics.get(producer.topic.full)
             if record is not None and record.producers.get(producer.name) == producer.producer_id:
                 del record.producers[producer.name]
             self._departed(producer.producer_id, (producer.topic.full, self.idle.idle_ms))
-            deletes.append(paths.producer(producer.topic, producer.producer_id))
+            key = paths.producer(producer.topic, producer.producer_id)
+            deletes.setdefault(producer.topic.full, []).append(key)
             self.expired += 1
-        return [PersistMeta(deletes=tuple(deletes))] if deletes else []
+        # one write per topic: each is fenced by its topic's claim, so a topic claimed away
+        # meanwhile refuses its own deletes, not every other topic's (review finding)
+        return [PersistMeta(deletes=tuple(keys)) for keys in deletes.values()]
 
     def forget(self, record: TopicRecord) -> None:
         """The topic's producers are unknown from now on (health checks answer CLOSE)."""
@@ -230,6 +233,8 @@ class Producers:
                 "producer there",
             )
         if producer is None:
+            if topic in self._topics:  # served here: most likely expired before a restart
+                raise DanubeError(ErrorCode.UNAVAILABLE, unknown_message(topic, producer_id))
             raise not_found(
                 f"producer {producer_id} does not exist on this broker; create the producer again"
             )
