@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from unittest import mock
 
 from danube.machines.memory.connections import Admission, ConnectionGate, Refusal
-from sim.checker import MEMORY
 from sim.faults import Faults
+from sim.memory_checks import MEMORY
 from sim.run import Simulation, Workload
 
 FLOODS = Faults(connection_flood=0.05, crash=0.01, partition=0.01)

@@ -16,8 +16,8 @@ from unittest import mock
 from danube.machines.node.departed_subscriptions import DepartedSubscriptions
 from danube.machines.node.idle_producers import IdleSweep
 from danube.machines.node.records import ProducerRecord
-from sim.checker import IDLE, MEMORY
 from sim.faults import Faults
+from sim.memory_checks import IDLE, MEMORY
 from sim.run import Simulation, Workload
 
 DEPARTING = Workload(departing=True)

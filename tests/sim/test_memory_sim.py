@@ -27,10 +27,10 @@ from danube.machines.node.core import BrokerCore
 from danube.machines.node.reliable_log import ReliableLogs
 from danube.machines.requests import publish
 from danube.machines.wal.cache import HotCache
-from sim.checker import MEMORY
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_faults import CLUSTER_PROFILES
 from sim.faults import Faults
+from sim.memory_checks import MEMORY
 from sim.requests import SimRequests
 from sim.run import SIM_STATE, TIERED, Simulation, Workload
 
