@@ -245,7 +245,11 @@ def test_a_reliable_topic_replicates_between_secured_brokers(
 
 def admin_tool(broker: BrokerProcess, pki: Pki, *args: str) -> str:
     done = _tool("danube-admin", "--endpoint", broker.admin_addr, *args, env=admin_env(pki))
-    assert done.returncode == 0, done.stderr
+    # the broker's state and log tail with a failure: a clean-clone CI run once found the
+    # admin port refused mid-test with nothing else to go on
+    assert done.returncode == 0, (
+        f"{done.stderr}\nbroker alive: {broker.alive()}\n{broker.log_text()[-4000:]}"
+    )
     return done.stdout
 
 

@@ -152,3 +152,14 @@ def test_expiries_of_two_topics_are_written_one_topic_at_a_time() -> None:
         (f"/topics/default/t/producers/{first}",),
         (f"/topics/default/u/producers/{second}",),
     ]
+
+
+def test_a_producer_of_a_deleted_topic_stays_not_found_when_the_topic_is_back() -> None:
+    """Danube's answer for a producer whose topic was deleted is NOT_FOUND, also once the
+    topic is created again (the conformance scenario, tests/conformance/test_official_client.py);
+    only an id the broker cannot place is UNAVAILABLE (CI found the difference)."""
+    core = new_core()
+    pid = create(core)
+    core.delete_topic("/default/t")
+    create(core, "other")
+    assert publish_error(core, pid).code is ErrorCode.NOT_FOUND

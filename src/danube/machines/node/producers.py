@@ -64,6 +64,9 @@ class Producers:
         self._clustered = clustered
         self._routing_key_of = routing_key_of
         self.by_id: dict[int, ProducerRecord] = {}
+        self.deleted: dict[int, None] = {}
+        """Producers of topics deleted here (insertion-ordered, at most
+        `MAX_DEPARTED_PRODUCERS`): an unknown id among them is NOT_FOUND (`forget`)."""
         self.departed: dict[int, tuple[str, int]] = {}
         """Producers of topics that left this broker (topic, 0), or removed for idleness
         (topic, the timeout), whose publishes are told so with UNAVAILABLE: a status every
@@ -178,9 +181,16 @@ class Producers:
         return [PersistMeta(deletes=tuple(keys)) for keys in deletes.values()]
 
     def forget(self, record: TopicRecord) -> None:
-        """The topic's producers are unknown from now on (health checks answer CLOSE)."""
+        """The topic's producers are unknown from now on (health checks answer CLOSE). Those
+        not departed (the topic was deleted, not moved) are remembered as deleted: their
+        publishes answer Danube's NOT_FOUND even once the topic is created again, not the
+        UNAVAILABLE of an id unknown to a served topic, which the clients recover from."""
         for producer_id in record.producers.values():
             del self.by_id[producer_id]
+            if producer_id not in self.departed:
+                self.deleted[producer_id] = None
+        while len(self.deleted) > MAX_DEPARTED_PRODUCERS:
+            del self.deleted[next(iter(self.deleted))]
 
     # -- publishing ---------------------------------------------------------------------------
 
@@ -233,7 +243,8 @@ class Producers:
                 "producer there",
             )
         if producer is None:
-            if topic in self._topics:  # served here: most likely expired before a restart
+            # served here and not of a deleted topic: most likely expired before a restart
+            if topic in self._topics and producer_id not in self.deleted:
                 raise DanubeError(ErrorCode.UNAVAILABLE, unknown_message(topic, producer_id))
             raise not_found(
                 f"producer {producer_id} does not exist on this broker; create the producer again"
