@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from danube.machines.dispatch import reliable as rd
 from danube.machines.node.effects import Effect
 
 if TYPE_CHECKING:
@@ -98,30 +97,6 @@ class DepartedSubscriptions:
         docstring)."""
         logs = self._logs
         effects = logs.dispatch(record, sub, sub.reliable.flush(now_ms), now_ms)
-        old = sub.reliable
-        fresh = rd.ReliableSubscription(
-            sub.sub_type,
-            old.cursor + 1,
-            max_unacked_messages=old.max_unacked_messages,
-            cursor_flush_ms=old.cursor_flush_ms,
-            policy=old.policy,
-            attempts=old.attempt_counts(),
-        )
-        fresh.carry_over(old)
-        fresh.redelivered = old.redelivered
-        fresh.dropped = old.dropped
-        fresh.dispatch_rate = old.dispatch_rate
-        fresh.redeliveries_by_cause = old.redeliveries_by_cause
-        fresh.dead_letters_stored = old.dead_letters_stored
-        sub.records.clear()  # gives their room back to the consumer pool
-        sub.dispatcher = fresh
-        sub.epoch += 1  # reads under way or paused for the old window are void
-        sub.read_lost = False
-        members = sorted(
-            (self._consumers[c] for c in sub.consumers.values()), key=lambda c: c.order
-        )
-        for consumer in members:
-            logs.outbox.pop(consumer.consumer_id, None)
-            fresh.add_consumer(consumer.consumer_id, consumer.name, consumer.key_filters, now_ms)
+        logs.rebuild(sub, now_ms, keep_past=True)  # none connected: none re-connected
         self.let_go += 1
         return effects

@@ -284,7 +284,7 @@ class ReliableLogs:
         readable_end = self.readable_end(record) if machine is None else machine.high_watermark
         for sub in record.subscriptions.values():
             if repaired and log.readable_offset < sub.reliable.read_position:
-                self._rebuild(sub, now_ms)
+                self.rebuild(sub, now_ms)
             elif sub.read_lost:
                 # its read was dropped while the WAL was down: an empty answer asks again
                 sub.read_lost = False
@@ -313,7 +313,11 @@ class ReliableLogs:
         state.history = EpochHistory(seen, (*starts, (state.epoch, start)))
         return [SaveEpochs(record.name.full, state.history)]
 
-    def _rebuild(self, sub: SubscriptionRecord, now_ms: int) -> None:
+    def rebuild(self, sub: SubscriptionRecord, now_ms: int, *, keep_past: bool = False) -> None:
+        """A fresh dispatcher at the subscription's cursor, its records let go and read again,
+        its consumers added back (connected if their stream is open). `keep_past`: also what
+        the old one knew past its cursor and its counters (`departed_subscriptions`: nothing
+        past the cursor was rewound, as after a repair here)."""
         old = sub.reliable
         fresh = rd.ReliableSubscription(
             sub.sub_type,
@@ -323,12 +327,16 @@ class ReliableLogs:
             policy=old.policy,
             attempts=old.attempt_counts(),
         )
+        if keep_past:
+            fresh.carry_over(old)
+            fresh.redeliveries_by_cause = old.redeliveries_by_cause
+            fresh.dead_letters_stored = old.dead_letters_stored
         fresh.redelivered = old.redelivered
         fresh.dropped = old.dropped
         fresh.dispatch_rate = old.dispatch_rate
         sub.records.clear()  # gives their room back to the consumer pool
         sub.dispatcher = fresh
-        sub.epoch += 1
+        sub.epoch += 1  # reads under way or paused for the old window are void
         sub.read_lost = False
         members = sorted((self._consumers[c] for c in sub.consumers.values()), key=_order)
         for consumer in members:
