@@ -11,7 +11,12 @@ import pytest
 from danube.machines.dispatch import QueueLimits
 from danube.machines.memory.budget import split
 from danube.machines.node.core import BrokerCore, BrokerIdentity, PersistMeta
-from danube.machines.node.idle_producers import SWEEP_MS, IdleSweep
+from danube.machines.node.idle_producers import (
+    SHORT_IDLE_MS,
+    SWEEP_MS,
+    IdleSweep,
+    short_timeout_warning,
+)
 from danube.values.config import DispatchStrategy, Policies, config_from_mapping
 from danube.values.errors import DanubeError, ErrorCode
 
@@ -163,3 +168,10 @@ def test_a_producer_of_a_deleted_topic_stays_not_found_when_the_topic_is_back() 
     core.delete_topic("/default/t")
     create(core, "other")
     assert publish_error(core, pid).code is ErrorCode.NOT_FOUND
+
+
+def test_a_timeout_shorter_than_a_few_health_checks_is_warned_of() -> None:
+    assert short_timeout_warning(0) is None, "0: never removed"
+    assert short_timeout_warning(SHORT_IDLE_MS) is None
+    warning = short_timeout_warning(1_500)
+    assert warning is not None and "timeout_ms=1500" in warning and "5 s" in warning

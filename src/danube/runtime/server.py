@@ -23,6 +23,7 @@ from danube.machines.dispatch import DropReason, QueueLimits
 from danube.machines.memory.rss import baseline_warning
 from danube.machines.memory.state import topic_costs
 from danube.machines.node.core import BrokerCore, BrokerIdentity, ReplicationSettings
+from danube.machines.node.idle_producers import short_timeout_warning
 from danube.machines.requests.receive import RECEIVE_BATCH
 from danube.machines.tiering import UploaderConfig
 from danube.machines.wal import records
@@ -77,8 +78,6 @@ from danube.values.config import (
 )
 
 log = logging.getLogger("danube.runtime")
-SHORT_PRODUCER_IDLE_MS = 15_000
-"""Shorter producer idle timeouts are warned of at start (clients health-check every 5 s)."""
 
 CLIENT_PORT_BASES: list[type] = [
     pb.ProducerServiceBase,
@@ -472,14 +471,9 @@ async def serve(
             below = baseline_warning(rss_bytes(), pools.budget)
             if below is not None:
                 log.warning("event=memory_budget_below_baseline %s", below)
-            if 0 < config.producer_idle_timeout_ms < SHORT_PRODUCER_IDLE_MS:
-                log.warning(
-                    "event=producer_idle_timeout_short timeout_ms=%d: Danube's clients "
-                    "health-check every 5 s, so producers idle between two checks may be "
-                    "removed; at least %d ms is advised",
-                    config.producer_idle_timeout_ms,
-                    SHORT_PRODUCER_IDLE_MS,
-                )
+            short = short_timeout_warning(config.producer_idle_timeout_ms)
+            if short is not None:
+                log.warning("event=producer_idle_timeout_short %s", short)
             batch_limit = BATCH_REQUEST_LIMIT + _message_limit(config)
             client_services = [
                 ClientPortSchemaRegistry(schemas),

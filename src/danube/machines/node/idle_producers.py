@@ -27,6 +27,8 @@ from collections.abc import Iterable
 
 from danube.machines.node.records import ProducerRecord
 
+SHORT_IDLE_MS = 15_000
+"""Shorter timeouts are warned of at start: Danube's clients health-check every 5 s."""
 SWEEP_MS = 1_000
 """How often (at most) the producers are swept: a 10,000-producer sweep costs a few
 milliseconds, so once a second is cheap, and it is small against any sensible timeout."""
@@ -86,4 +88,16 @@ def unknown_message(topic: str, producer_id: int) -> str:
     return (
         f"producer {producer_id} of {topic} is not registered on this broker (it may have "
         "expired for idleness before a restart); create the producer again"
+    )
+
+
+def short_timeout_warning(idle_ms: int) -> str | None:
+    """Why `broker.producer_idle_timeout_ms` is unsafe, or None (logged at start as
+    `event=producer_idle_timeout_short`): under `SHORT_IDLE_MS`, producers idle between two of
+    their clients' 5 s health checks may be removed."""
+    if not 0 < idle_ms < SHORT_IDLE_MS:
+        return None
+    return (
+        f"timeout_ms={idle_ms}: Danube's clients health-check every 5 s, so producers idle "
+        f"between two checks may be removed; at least {SHORT_IDLE_MS} ms is advised"
     )
