@@ -10,7 +10,8 @@ minutes, far beyond a client paused by a long GC or a slow network) is gone, and
 Not shorter by default: the official Python client's health loop ends for good after one
 failed check (a broker restart, a network blip) or a CLOSE, so its producers are then seen
 only when they publish, and a producer removed under a client that comes back costs the
-client its retries, a lookup and a new producer (1.5-3 s) before the publish goes through.
+client its retries, a lookup and a new producer (about 1.5-3 s by its retry settings)
+before the publish goes through.
 
 Cost on the publish path: one attribute write (`ProducerRecord.active = True`), no clock read.
 The sweep, at most every `SWEEP_MS`, turns that flag into a time (`seen_ms`: the sweep's own
