@@ -10,6 +10,7 @@ from danube.machines.dispatch.reliable import ReliableSubscription
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool
 from danube.machines.node.core import BrokerCore
+from danube.machines.node.departed_subscriptions import SWEEP_MS
 
 if TYPE_CHECKING:
     from sim.broker import SimBroker
@@ -106,3 +107,35 @@ def squeezed_room(pool: PublishPool, ledger: CacheLedger) -> int:
 
 def relieve_pool(pool: PublishPool) -> None:
     pool.relieve()
+
+
+def held_past_grace(
+    core: BrokerCore, since: dict[tuple[str, str, int], int], now_ms: int
+) -> list[str]:
+    """Invariant 18, departed subscriptions: a reliable subscription that has held records
+    with no connected consumer for longer than the grace and two sweeps (the first sweep
+    to see it may come a sweep late, the one that lets go a sweep after the grace) lets
+    them go, unless a blocked message or a dead letter being stored keeps its window. A
+    departure the sweep never hears of (its set not noting a disconnect) would hold them
+    for ever. `since` ((topic, subscription, epoch) -> first seen so, monotonic ms) is kept
+    by the caller across ticks of one core."""
+    grace = core.departed.grace_ms
+    if not grace:
+        return []
+    late = grace + 2 * SWEEP_MS + 100
+    seen: dict[tuple[str, str, int], int] = {}
+    kept = []
+    for record in core.catalogue.topics_by_name.values():
+        if not record.reliable:
+            continue
+        for sub in record.subscriptions.values():
+            machine = cast(ReliableSubscription, sub.machine)
+            if not sub.records or machine.connected_count or machine.held:
+                continue
+            key = (record.name.full, sub.name, sub.epoch)
+            seen[key] = first = since.get(key, now_ms)
+            if now_ms - first > late:
+                kept.append(f"{record.name.full}/{sub.name} held {now_ms - first} ms unconnected")
+    since.clear()
+    since.update(seen)
+    return kept

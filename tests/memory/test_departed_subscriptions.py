@@ -8,14 +8,22 @@ import dataclasses
 
 from danube.machines.memory.budget import MemoryPools
 from danube.machines.node.departed_subscriptions import SWEEP_MS
-from tests.node.test_core_reliable import SHARED, Broker, payloads
+from tests.node.test_core_reliable import EARLIEST, REL, SHARED, Broker, payloads
 
 KIB = 1024
 GRACE_MS = 5_000
 
 
-def _broker(grace_ms: int = GRACE_MS) -> Broker:
-    memory = MemoryPools(1024 * KIB, 512 * KIB, 256 * KIB, 256 * KIB, departed_grace_ms=grace_ms)
+def _broker(grace_ms: int = GRACE_MS, state_costs: tuple[int, int, int] | None = None) -> Broker:
+    memory = MemoryPools(
+        1024 * KIB,
+        512 * KIB,
+        256 * KIB,
+        256 * KIB,
+        departed_grace_ms=grace_ms,
+        state_costs=state_costs,
+        transport_costs=(1, 1) if state_costs else None,
+    )
     return Broker(memory=memory, max_unacked=10)
 
 
@@ -142,3 +150,38 @@ def test_offsets_the_cursor_passed_are_not_admitted_when_read_again() -> None:
     assert fresh.cursor == 3, "over the offsets acknowledged before"
     sent = fresh.records_read([(o, b"") for o in range(2, 6)], 5)
     assert [e.offsets for e in sent if isinstance(e, rd.Deliver)] == [(4, 5)], "not 2 and 3"
+
+
+def _topic_with_consumer(broker: Broker, n: int, *, leaves: bool) -> None:
+    """Another topic, one message, a consumer that took it (and left, `leaves`, after
+    acknowledging it: it holds nothing)."""
+    topic = f"/default/other{n}"
+    core = broker.core
+    made = core.create_producer(topic, "p", access_mode=0, strategy=REL)
+    broker.run(made.effects)
+    step = core.subscribe(topic, "c", "s", SHARED, (), EARLIEST, now_ms=broker.driver.now_ms)
+    broker.run(step.effects)
+    opened = core.open_stream(step.value, now_ms=broker.driver.now_ms)
+    broker.run(opened.effects)
+    if leaves:
+        broker.run(core.ack(topic, "s", 0, now_ms=broker.driver.now_ms).effects)
+        broker.run(core.close_stream(step.value, opened.value, now_ms=1).effects)
+
+
+def test_the_sweep_visits_only_subscriptions_without_a_connected_consumer() -> None:
+    """1,000 topics: 899 with a connected consumer, 100 whose consumer left holding nothing,
+    one whose consumer left holding records. The sweep looks at that one alone, not at every
+    topic (it walked all of them each second: about 10 ms at 100,000 topics), and once its
+    records are let go at none."""
+    broker = _broker(state_costs=(1, 1, 1))  # room for 1,000 topics' state in a small pool
+    start = broker.driver.now_ms
+    for n in range(999):
+        _topic_with_consumer(broker, n, leaves=n % 10 == 0)
+    _departed_consumer(broker)
+    departed = broker.core.departed
+    _tick_until(broker, start, start + SWEEP_MS)
+    assert departed.visited == 1, "the one departed subscription holding records"
+    _tick_until(broker, start + SWEEP_MS, start + GRACE_MS + 2 * SWEEP_MS)
+    assert departed.let_go == 1 and _held(broker) == 0
+    assert departed.visited == 0, "let go: it holds nothing, waits for no read"
+    assert len(broker.core.logs.unconnected or {}) == 0

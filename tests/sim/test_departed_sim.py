@@ -89,3 +89,29 @@ def test_letting_go_of_records_in_flight_is_caught() -> None:
         result = Simulation(1, DEPARTING, Faults()).run(10)
     assert not result.ok
     assert result.violations[0].invariant == MEMORY, result.violations
+
+
+@contextlib.contextmanager
+def departures_not_noted() -> Iterator[None]:
+    """The planted bug: the dispatcher inputs that leave a subscription with no connected
+    consumer (a stream closing, a consumer removed, a read landing after the last one left)
+    are not noted (`ReliableLogs.unconnected`), so the sweep, which visits only those,
+    never hears of a departure and the records are held for ever. (Only a stream's close
+    left unnoted is not enough: the subscription's next timer, an ack deadline or a cursor
+    flush, goes through the same path and notes it.)"""
+    original = DepartedSubscriptions.__init__
+
+    def init(self: DepartedSubscriptions, logs: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, logs, *args, **kwargs)
+        logs.unconnected = None
+
+    with mock.patch.object(DepartedSubscriptions, "__init__", init):
+        yield
+
+
+def test_a_departure_the_sweep_does_not_hear_of_is_caught() -> None:
+    with departures_not_noted():
+        result = Simulation(1, DEPARTING, Faults()).run(30)
+    assert not result.ok
+    assert result.violations[0].invariant == MEMORY, result.violations
+    assert "unconnected" in result.violations[0].detail, result.violations

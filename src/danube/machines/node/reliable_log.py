@@ -162,6 +162,9 @@ class ReliableLogs:
             Callable[[TopicRecord, SubscriptionRecord, rd.DeadLetter, int], list[Effect]] | None
         ) = None
         """`DeadLetters.republish`, set by the core (it needs the producers' path)."""
+        self.unconnected: dict[tuple[str, str], None] | None = None
+        """(topic, subscription) left with no connected consumer by a dispatcher input, for
+        `DepartedSubscriptions` (which sets it, and prunes it); None: not noted."""
 
     # -- loading and repair -------------------------------------------------------------------
 
@@ -552,6 +555,9 @@ class ReliableLogs:
                         lost = (dispatcher.read_position, planned.first_offset)
                         work.extend(dispatcher.records_lost(planned.first_offset, now_ms))
                         out.append(RetentionSkipped(record.name.full, sub.name, *lost))
+        noted = self.unconnected  # every input that may disconnect or hold records ends here
+        if noted is not None and record.reliable and not sub.machine.connected_count:  # type: ignore[attr-defined]
+            noted[record.name.full, sub.name] = None
         return out
 
     def _plan_history(
