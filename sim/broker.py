@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from sim.audit_output import AuditOutput  # pyarrow: only with the audit extra
 from sim.broker_checks import (
     expired_early,
+    expired_for_idleness,
     held_past_grace,
     held_records,
     paused_in_vain,
@@ -366,6 +367,7 @@ class SimBroker:
             return
         transport = self._transport_open()
         core.transport_open(*transport)  # as the runtime reports its gRPC streams and connections
+        remembered = len(core.producers.remembered)  # charged as the tick begins
         idle_ms = core.producers.idle.idle_ms
         producers = set(core.producers.by_id) if idle_ms else set()
         rss = self._synthetic_rss(core)
@@ -374,7 +376,7 @@ class SimBroker:
             self.observer.producers_checked(expired_early(core, producers, self))
             self.expired_producers += sum(
                 1 for p in producers.difference(core.producers.by_id)
-                if core.producers.departed.get(p, ("", 0))[1]
+                if expired_for_idleness(core, p)
             )  # fmt: skip
         marked, count = self._let_go_mark
         self.subscriptions_let_go += core.departed.let_go - (count if marked is core else 0)
@@ -395,7 +397,13 @@ class SimBroker:
             costs = state.costs if state is not None else (0, 0, 0)
             transport_costs = state.transport_costs if state is not None else (0, 0)
             self.observer.state_checked(
-                core.state_counts(), subscriptions, ledger.state, costs, transport, transport_costs
+                core.state_counts(),
+                subscriptions,
+                ledger.state,
+                costs,
+                transport,
+                transport_costs,
+                remembered,
             )
             if core.logs.consumer_pool is not None:
                 held = held_records(core)

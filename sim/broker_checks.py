@@ -11,6 +11,7 @@ from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool
 from danube.machines.node.core import BrokerCore
 from danube.machines.node.departed_subscriptions import SWEEP_MS
+from danube.machines.node.remembered_producers import Gone
 
 if TYPE_CHECKING:
     from sim.broker import SimBroker
@@ -22,14 +23,23 @@ def expired_early(core: BrokerCore, before: set[int], broker: SimBroker) -> list
     idle_ms = core.producers.idle.idle_ms
     early = []
     for producer_id in before.difference(core.producers.by_id):
-        _, why = core.producers.departed.get(producer_id, ("", 0))
         seen = broker.producer_seen.get(producer_id)
-        if why and seen is not None and broker.monotonic_ms - seen < idle_ms:
+        if (
+            expired_for_idleness(core, producer_id)
+            and seen is not None
+            and broker.monotonic_ms - seen < idle_ms
+        ):
             early.append(
                 f"producer {producer_id} removed {broker.monotonic_ms - seen} ms after it was "
                 f"last seen (timeout {idle_ms} ms)"
             )
     return early
+
+
+def expired_for_idleness(core: BrokerCore, producer_id: int) -> bool:
+    """The producer is remembered as removed for idleness (`RememberedProducers`)."""
+    gone = core.producers.remembered.why(producer_id)
+    return gone is not None and gone[0] is Gone.EXPIRED
 
 
 def held_records(core: BrokerCore) -> tuple[int, list[str]]:

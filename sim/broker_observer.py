@@ -90,11 +90,12 @@ class Observer:
         costs: tuple[int, int, int],
         transport: tuple[int, int] = (0, 0),
         transport_costs: tuple[int, int] = (0, 0),
+        remembered: int = 0,
     ) -> None:
         """After a tick: the core's counts of topics, subscriptions and consumers, the
         subscriptions its topics hold, what the cache pool is charged for them and the costs;
-        the open streams and clients reported to the core before the tick and their costs
-        (spec/memory.md, "State")."""
+        the open streams and clients reported to the core before the tick and their costs,
+        and the ids of producers gone it remembered then (spec/memory.md, "State")."""
 
     def held_checked(self, used: int, held: tuple[int, list[str]]) -> None:
         """After a tick: the consumer pool's total, and what the reliable subscriptions hold

@@ -8,7 +8,7 @@ from __future__ import annotations
 from danube.machines.memory.giveback import MIN_INTERVAL_MS
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool
-from danube.machines.memory.state import state_cost, transport_cost
+from danube.machines.memory.state import REMEMBERED_ID_BYTES, state_cost, transport_cost
 from sim.connections import SimConnections
 
 MEMORY = "18 memory within budget"
@@ -42,17 +42,19 @@ class MemoryChecks:
         costs: tuple[int, int, int],
         transport: tuple[int, int] = (0, 0),
         transport_costs: tuple[int, int] = (0, 0),
+        remembered: int = 0,
     ) -> None:
         """18, state: after a tick the cache pool is charged exactly what the core's topics,
-        subscriptions and consumers and the open streams and connections reported before it
-        cost, and the running count of subscriptions equals
-        the subscriptions the topics hold (a path that adds or drops one without counting
-        would make the budget drift)."""
+        subscriptions and consumers, the open streams and connections reported before it and
+        the ids of producers gone it remembered then cost, and the running count of
+        subscriptions equals the subscriptions the topics hold (a path that adds or drops
+        one without counting would make the budget drift)."""
         if counts[1] != subscriptions:
             self._violate(
                 MEMORY, f"{counts[1]} subscriptions counted, the topics hold {subscriptions}"
             )
         cost = state_cost(*counts, costs) + transport_cost(*transport, transport_costs)
+        cost += remembered * REMEMBERED_ID_BYTES
         if charged != cost:
             self._violate(MEMORY, f"state charged {charged} bytes to the cache pool, costs {cost}")
 

@@ -91,6 +91,13 @@ def topic_costs(*, tiered: bool, replicated: bool) -> tuple[int, int, int]:
 
 TRANSPORT = (STREAM_BYTES, CONNECTION_BYTES)
 
+REMEMBERED_ID_BYTES = 32
+"""The id of a producer gone, remembered to answer its publishes
+(`danube.machines.node.remembered_producers`, at most 100,000): 25 bytes in its arrays (id,
+when, why, a reference to its topic's name), measured 25.0 by tracemalloc at 100,000
+(bench/RESULTS.md, "remembered producer ids"), and room for the arrays' copies as they grow.
+Before, about 140 bytes each in dicts, not charged."""
+
 
 def transport_cost(streams: int, connections: int, costs: tuple[int, int] = TRANSPORT) -> int:
     """Accounted bytes of that many open gRPC streams and client connections."""
@@ -116,6 +123,7 @@ class StatePool:
         "costs",
         "limit",
         "refused",
+        "remembered_bytes",
         "transport_bytes",
         "transport_costs",
         "used",
@@ -145,16 +153,25 @@ class StatePool:
         """Creations refused for want of room (a counter, for metrics)."""
         self.transport_bytes = 0
         """What the open streams and connections the runtime last reported cost."""
+        self.remembered_bytes = 0
+        """What the remembered ids of producers gone cost, as last reported."""
 
     def transport(self, streams: int, connections: int) -> None:
         """The runtime holds that many open gRPC streams and client connections now: charged
         at the next `update` (module docstring)."""
         self.transport_bytes = transport_cost(streams, connections, self.transport_costs)
 
+    def remembered(self, ids: int) -> None:
+        """The core remembers that many ids of producers gone (`RememberedProducers`):
+        charged at the next `update`."""
+        self.remembered_bytes = ids * REMEMBERED_ID_BYTES
+
     def update(self, topics: int, subscriptions: int, consumers: int) -> None:
-        """The core's tables hold that many now (and the runtime's transport what it last
-        reported): the cache pool shrinks (or grows) to match."""
-        used = state_cost(topics, subscriptions, consumers, self.costs) + self.transport_bytes
+        """The core's tables hold that many now (and the runtime's transport and the core's
+        remembered ids what they last reported): the cache pool shrinks (or grows) to
+        match."""
+        used = state_cost(topics, subscriptions, consumers, self.costs)
+        used += self.transport_bytes + self.remembered_bytes
         if used == self.used:
             return
         self.used = used

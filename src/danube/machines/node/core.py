@@ -697,6 +697,8 @@ class BrokerCore(ReplicationRoutes):
         returns on `monotonic_ms` (default `now_ms`): a wall clock set back held them off;
         `rss`, the process's resident set the runtime sampled, squeezes the cache pool."""
         clock = now_ms if monotonic_ms is None else monotonic_ms
+        if self.state_pool is not None:  # the ids of producers gone (spec/memory.md "State")
+            self.state_pool.remembered(len(self.producers.remembered))
         again: list[Any] = [*self.pools.tick(self.state_counts(), clock, rss)]  # spec/memory.md
         step = self.logs.tick(now_ms)
         again.extend(self.catalogue.overrides_to_write_again(now_ms))

@@ -23,13 +23,14 @@ from danube.machines.node.records import (
     new_id,
 )
 from danube.machines.node.reliable_log import ReliableLogs
+from danube.machines.node.remembered_producers import MAX_REMEMBERED, Gone, RememberedProducers
 from danube.machines.wal import batches, records
 from danube.machines.wal.machine import WalMachine
 from danube.values.config import DispatchStrategy
 from danube.values.errors import DanubeError, ErrorCode, invalid, not_found, quoted
 from danube.values.names import MAX_NAME_LENGTH, parse_topic, too_long
 
-MAX_DEPARTED_PRODUCERS = 100_000
+MAX_DEPARTED_PRODUCERS = MAX_REMEMBERED
 MAX_QUEUED_WAL_BYTES = 64 * 1024 * 1024
 """Appends waiting for the disk beyond this are refused (UNAVAILABLE) instead of queued."""
 
@@ -64,14 +65,12 @@ class Producers:
         self._clustered = clustered
         self._routing_key_of = routing_key_of
         self.by_id: dict[int, ProducerRecord] = {}
-        self.deleted: dict[int, None] = {}
-        """Producers of topics deleted here (insertion-ordered, at most
-        `MAX_DEPARTED_PRODUCERS`): an unknown id among them is NOT_FOUND (`forget`)."""
-        self.departed: dict[int, tuple[str, int]] = {}
-        """Producers of topics that left this broker (topic, 0), or removed for idleness
-        (topic, the timeout), whose publishes are told so with UNAVAILABLE: a status every
-        client retries, then looks the topic up and creates the producer again (an unknown
-        producer is NOT_FOUND, which Danube's clients do not recover from)."""
+        self.remembered = RememberedProducers(MAX_DEPARTED_PRODUCERS)
+        """Producers gone, and why (`remembered_producers`): of topics deleted here (their
+        publishes NOT_FOUND, `forget`), of topics that left this broker or removed for
+        idleness (told so with UNAVAILABLE: a status every client retries, then looks the
+        topic up and creates the producer again; an unknown producer is NOT_FOUND, which
+        Danube's clients do not recover from)."""
         self.idle = IdleSweep(producer_idle_ms)
         self.expired = 0
         """Producers removed for idleness since the start (a counter)."""
@@ -151,14 +150,7 @@ class Producers:
 
     def depart(self, record: TopicRecord) -> None:
         """The topic moved: its producers' publishes say to look it up again."""
-        for producer_id in record.producers.values():
-            self._departed(producer_id, (record.name.full, 0))
-
-    def _departed(self, producer_id: int, why: tuple[str, int]) -> None:
-        self.departed.pop(producer_id, None)  # the newest last, so the oldest go first
-        self.departed[producer_id] = why
-        while len(self.departed) > MAX_DEPARTED_PRODUCERS:
-            del self.departed[next(iter(self.departed))]
+        self.remembered.remember(record.producers.values(), Gone.MOVED, record.name.full)
 
     def expire_idle(self, now_ms: int) -> list[Effect]:
         """At a tick: producers idle for `producer_idle_ms` are removed (`idle_producers`):
@@ -167,15 +159,18 @@ class Producers:
         if not self.idle.due(now_ms):
             return []
         deletes: dict[str, list[str]] = {}
+        gone: dict[str, list[int]] = {}
         for producer in self.idle.idle(self.by_id.values(), now_ms):
             del self.by_id[producer.producer_id]
             record = self._topics.get(producer.topic.full)
             if record is not None and record.producers.get(producer.name) == producer.producer_id:
                 del record.producers[producer.name]
-            self._departed(producer.producer_id, (producer.topic.full, self.idle.idle_ms))
+            gone.setdefault(producer.topic.full, []).append(producer.producer_id)
             key = paths.producer(producer.topic, producer.producer_id)
             deletes.setdefault(producer.topic.full, []).append(key)
             self.expired += 1
+        for topic, ids in gone.items():
+            self.remembered.remember(ids, Gone.EXPIRED, topic)
         # one write per topic: each is fenced by its topic's claim, so a topic claimed away
         # meanwhile refuses its own deletes, not every other topic's (review finding)
         return [PersistMeta(deletes=tuple(keys)) for keys in deletes.values()]
@@ -187,10 +182,7 @@ class Producers:
         UNAVAILABLE of an id unknown to a served topic, which the clients recover from."""
         for producer_id in record.producers.values():
             del self.by_id[producer_id]
-            if producer_id not in self.departed:
-                self.deleted[producer_id] = None
-        while len(self.deleted) > MAX_DEPARTED_PRODUCERS:
-            del self.deleted[next(iter(self.deleted))]
+        self.remembered.remember_deleted(record.producers.values())
 
     # -- publishing ---------------------------------------------------------------------------
 
@@ -233,18 +225,19 @@ class Producers:
 
     def _publisher(self, producer_id: int, topic: str) -> tuple[ProducerRecord, TopicRecord]:
         producer = self.by_id.get(producer_id)
-        if producer is None and producer_id in self.departed:
-            topic_left, idle_ms = self.departed[producer_id]
+        gone = self.remembered.why(producer_id) if producer is None else None
+        if gone is not None and gone[0] is not Gone.DELETED:
+            why, topic_left = gone
             raise DanubeError(
                 ErrorCode.UNAVAILABLE,
-                expired_message(topic_left, producer_id, idle_ms)
-                if idle_ms
+                expired_message(topic_left, producer_id, self.idle.idle_ms)
+                if why is Gone.EXPIRED
                 else f"{topic_left} moved to another broker; look it up and create the "
                 "producer there",
             )
         if producer is None:
             # served here and not of a deleted topic: most likely expired before a restart
-            if topic in self._topics and producer_id not in self.deleted:
+            if topic in self._topics and gone is None:
                 raise DanubeError(ErrorCode.UNAVAILABLE, unknown_message(topic, producer_id))
             raise not_found(
                 f"producer {producer_id} does not exist on this broker; create the producer again"
