@@ -185,3 +185,29 @@ def test_the_sweep_visits_only_subscriptions_without_a_connected_consumer() -> N
     assert departed.let_go == 1 and _held(broker) == 0
     assert departed.visited == 0, "let go: it holds nothing, waits for no read"
     assert len(broker.core.logs.unconnected or {}) == 0
+
+
+def test_a_let_go_runs_the_dispatchers_on_the_wall_clock() -> None:
+    """The grace is timed on the monotonic clock, but the inputs a let-go makes (the cursor
+    flush, the rebuilt dispatcher's consumers) carry the wall clock the dispatchers run on:
+    given the monotonic one, far behind it, a rebuilt dispatcher's clock started there and a
+    tick left a timer due (`--departing` swarm seed 69, invariant 19)."""
+    behind = 1_000_000_000  # the monotonic clock this far behind the wall clock
+    broker = _broker()
+    start = broker.driver.now_ms
+    _departed_consumer(broker)
+    for now in range(start, start + GRACE_MS + 2 * SWEEP_MS + 1, 100):
+        broker.driver.now_ms = now
+        broker.run(broker.core.tick(now, monotonic_ms=now - behind).effects)
+    assert broker.core.departed.let_go == 1
+    sub = broker.core._topics["/default/r"].subscriptions["s"]
+    machine = sub.reliable
+    assert machine._now >= start + GRACE_MS, "the rebuilt dispatcher runs on the wall clock"
+    back = broker.consumer("c", sub_type=SHARED)
+    assert payloads(broker.take(back)) == ["m1", "m3", "m4", "m5"]
+    for offset in (1, 3):
+        broker.ack(offset)
+    now = broker.driver.now_ms
+    broker.run(broker.core.tick(now, monotonic_ms=now - behind).effects)
+    due = sub.reliable.next_timer_ms
+    assert due is None or due > now, f"a timer left due at {due} by the tick at {now}"

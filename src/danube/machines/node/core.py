@@ -704,7 +704,7 @@ class BrokerCore(ReplicationRoutes):
         again.extend(self.catalogue.overrides_to_write_again(now_ms))
         again.extend(self.settings.apply_namespace_defaults(now_ms))  # issue 24
         again.extend(self.producers.expire_idle(clock))  # spec/memory.md "Departed clients"
-        again.extend(self.departed.tick(clock))
+        again.extend(self.departed.tick(clock, now_ms))
         return Step(None, (*step.effects, *again)) if again else step
 
     def cached_bytes_held(self) -> int:

@@ -96,7 +96,13 @@ class DepartedSubscriptions:
         if grace_ms:
             logs.unconnected = self._noted
 
-    def tick(self, now_ms: int) -> list[Effect]:
+    def tick(self, now_ms: int, wall_ms: int | None = None) -> list[Effect]:
+        """`now_ms`: the monotonic clock, which times the grace (a wall clock set back or
+        forward neither holds nor hastens a let-go); `wall_ms` (default `now_ms`): the clock
+        the dispatchers run on, given to the inputs a let-go makes (the monotonic one set a
+        rebuilt dispatcher's clock far from its timers', and a tick left a timer due:
+        `--departing` swarm seed 69)."""
+        wall = now_ms if wall_ms is None else wall_ms
         if not self.grace_ms or self.next_ms - SWEEP_MS <= now_ms < self.next_ms:
             return []
         self.next_ms = now_ms + SWEEP_MS
@@ -111,12 +117,12 @@ class DepartedSubscriptions:
             key = (record.name.full, sub.name, sub.epoch)
             since = min(self.idle_since.get(key, now_ms), now_ms)
             if now_ms - since >= self.grace_ms and not sub.machine.held:  # type: ignore[attr-defined]
-                effects.extend(self._let_go(record, sub, now_ms))
+                effects.extend(self._let_go(record, sub, wall))
             else:
                 seen[key] = since
         self.idle_since = seen
         if let_go != self.let_go and self._logs.consumer_pool is not None:
-            effects.extend(self._logs.resume_reads(now_ms))  # the room came: reads go on
+            effects.extend(self._logs.resume_reads(wall))  # the room came: reads go on
         return effects
 
     def _let_go(self, record: TopicRecord, sub: SubscriptionRecord, now_ms: int) -> list[Effect]:
