@@ -69,7 +69,7 @@ def let_go_of_connected_subscriptions() -> Iterator[None]:
     original = DepartedSubscriptions.tick
     holding: dict[tuple[str, str, int], int] = {}
 
-    def tick(self: DepartedSubscriptions, now_ms: int) -> list[Any]:
+    def tick(self: DepartedSubscriptions, now_ms: int, wall_ms: int | None = None) -> list[Any]:
         effects = []
         for record in list(self._topics.values()):
             for sub in list(record.subscriptions.values()):
@@ -77,8 +77,9 @@ def let_go_of_connected_subscriptions() -> Iterator[None]:
                 if record.reliable and sub.records and machine.connected_count:
                     since = holding.setdefault((record.name.full, sub.name, sub.epoch), now_ms)
                     if now_ms - since >= self.grace_ms and not machine.held:
-                        effects.extend(self._let_go(record, sub, now_ms))
-        return [*effects, *original(self, now_ms)]
+                        wall = now_ms if wall_ms is None else wall_ms
+                        effects.extend(self._let_go(record, sub, wall))
+        return [*effects, *original(self, now_ms, wall_ms)]
 
     with mock.patch.object(DepartedSubscriptions, "tick", tick):
         yield
