@@ -60,9 +60,9 @@ from sim.disk import SimDisk, SimFile
 if TYPE_CHECKING:
     from sim.audit_output import AuditOutput  # pyarrow: only with the audit extra
 from sim.broker_checks import (
+    HeldPastGrace,
     expired_early,
     expired_for_idleness,
-    held_past_grace,
     held_records,
     paused_in_vain,
     relieve_pool,
@@ -242,8 +242,7 @@ class SimBroker:
         """Producers removed for idleness, subscriptions that let go of their records, over
         every incarnation (`--departing`)."""
         self._let_go_mark: tuple[BrokerCore | None, int] = (None, 0)
-        self._unconnected_since: tuple[BrokerCore | None, dict[tuple[str, str, int], int]]
-        self._unconnected_since = (None, {})  # `held_past_grace`
+        self._held_past_grace = HeldPastGrace()
         self.producer_seen: dict[int, int] = {}
         """Producer id -> the broker's monotonic ms when it last created, published or
         health-checked it (a request that reached a core knowing the producer): what
@@ -407,10 +406,7 @@ class SimBroker:
             )
             if core.logs.consumer_pool is not None:
                 held = held_records(core)
-                since = self._unconnected_since
-                if since[0] is not core:  # a restart: the new core's subscriptions afresh
-                    self._unconnected_since = since = (core, {})
-                held[1].extend(held_past_grace(core, since[1], self.monotonic_ms))
+                held[1].extend(self._held_past_grace(core, self.monotonic_ms))
                 self.observer.held_checked(core.logs.consumer_pool.used, held)
                 self.observer.paused_checked(in_vain)
             returning = core.pools.memory_return

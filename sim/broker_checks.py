@@ -149,3 +149,19 @@ def held_past_grace(
     since.clear()
     since.update(seen)
     return kept
+
+
+class HeldPastGrace:
+    """`held_past_grace` across the ticks of a broker: what it has seen of the current core
+    (a restart's new core starts afresh)."""
+
+    __slots__ = ("_core", "_since")
+
+    def __init__(self) -> None:
+        self._core: BrokerCore | None = None
+        self._since: dict[tuple[str, str, int], int] = {}
+
+    def __call__(self, core: BrokerCore, now_ms: int) -> list[str]:
+        if core is not self._core:
+            self._core, self._since = core, {}
+        return held_past_grace(core, self._since, now_ms)
