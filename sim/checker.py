@@ -126,7 +126,7 @@ class _Subscription:
     """Stream-writer sends of each offset (first sends and redeliveries)."""
 
 
-def _payload(record: bytes) -> bytes:
+def stored_payload(record: bytes) -> bytes:
     """The payload (field 3) of a stored `StreamMessage`, skipping the fields before it as the
     broker writes them (one-byte tags, varints and length-delimited fields): the checker
     reads every written record, and the full codec costs five times as much. Anything else
@@ -552,7 +552,7 @@ class InvariantChecker(MemoryChecks, Observer):
             frame = format.decode_frame(data, cursor)
             for index, record in enumerate(frame.records):
                 offset = frame.base_offset + index
-                payload = _payload(record)
+                payload = stored_payload(record)
                 payload_at[offset] = payload
                 stored_at.setdefault(payload, []).append(offset)
                 if stored is not None:
@@ -687,7 +687,7 @@ class InvariantChecker(MemoryChecks, Observer):
             self._violate(TIER, f"{where}: offset_index pairs {wrong[:3]} name no frame start")
         held = self._held[topic]
         for offset, record in format.scanned_records(data, scan):
-            held.add(_payload(record))
+            held.add(stored_payload(record))
             if not self._same_record(topic, offset, record, where):
                 return
 

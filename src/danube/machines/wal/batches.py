@@ -46,12 +46,15 @@ class ClientBatch:
 
     @property
     def payload_bytes(self) -> int:
-        return int(self.payload_sizes.sum())
+        # A batch holds a few sizes: numpy's `sum` costs its call layers (2-3 µs) on them,
+        # Python's on the list a tenth of that (every batch published pays it).
+        return sum(self.payload_sizes.tolist())
 
     def largest_payload(self) -> tuple[int, int]:
-        """(index, size) of the largest payload."""
-        index = int(self.payload_sizes.argmax())
-        return index, int(self.payload_sizes[index])
+        """(index, size) of the largest payload: the first of equals, as `argmax` gives."""
+        sizes = self.payload_sizes.tolist()
+        size = max(sizes)
+        return sizes.index(size), size
 
 
 def check_batch(frame: bytes) -> ClientBatch:

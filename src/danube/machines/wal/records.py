@@ -13,6 +13,7 @@ where they are stricter than one parser, are in spec/record-validity.md. Decodin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -510,8 +511,13 @@ def _decode_msg_id(data: bytes, record: Record, count: int) -> int:
     return count
 
 
+@functools.lru_cache(maxsize=4096)
 def msg_id_fields(producer_id: int, topic_name: str, broker_addr: str) -> bytes:
-    """The encoded fields of a `MsgID` other than its offset (which each record adds)."""
+    """The encoded fields of a `MsgID` other than its offset (which each record adds).
+
+    Kept per (producer, topic, broker): every batch a producer publishes stamps the same
+    fields, and encoding them was a tenth of `batches.stamp` (a pure function of its
+    arguments returning immutable bytes; 4,096 producers' worth, well under 2 MiB)."""
     out = bytearray()
     if producer_id:
         out.append(1 << 3)
