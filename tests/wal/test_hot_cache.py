@@ -275,3 +275,25 @@ def test_what_a_read_returns_does_not_change_when_its_page_is_reused() -> None:
     other = HotCache(1 << 40, "u", None, pool)
     other.put(0, [b"over"], 64)
     assert got == (b"kept",) and other.read(0, 1, 100) == (b"over",)
+
+
+def test_a_deep_copy_reads_the_same_and_never_gives_back_the_originals_pages() -> None:
+    """The WAL machine's property tests deep-copy its state; a copy holding the original's
+    pages would give them back when collected, under the original's batches."""
+    import copy
+    import gc
+
+    pool = PagePool(slab_pages=64)
+    cache = HotCache(1 << 40, "t", None, pool)
+    for offset in range(50):
+        cache.put(offset, [bytes([offset]) * 100], 200)
+    held = pool.stats().in_use
+    clone = copy.deepcopy(cache)
+    assert clone.read(0, 50, 1 << 20) == cache.read(0, 50, 1 << 20)
+    clone.put(50, [b"new"], 64)
+    assert clone.read(50, 51, 100) == (b"new",)
+    assert len(cache.read(0, 51, 1 << 20)) == 50, "the original did not get it"
+    del clone
+    gc.collect()
+    assert pool.stats().in_use == held
+    assert cache.read(0, 50, 1 << 20) == tuple(bytes([o]) * 100 for o in range(50))

@@ -19,12 +19,15 @@ read out of a page may alias it once given back: the caches copy what they retur
 
 Not a machine: an allocator with system calls, kept beside the pools it serves. Process-wide
 (`PAGES`), like malloc: the simulator's many brokers in one process share it, which decides
-nothing (what to evict stays the ledger's). Single-threaded, like the machines using it.
+nothing (what to evict stays the ledger's). The machines using it are single-threaded, but a
+cache collected as garbage gives its pages back from whichever thread the collector runs in (a
+worker of `trio.to_thread`): a lock keeps the free maps whole.
 """
 
 from __future__ import annotations
 
 import mmap
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -64,6 +67,7 @@ class PagePool:
         "_free",
         "_given_back",
         "_in_use",
+        "_lock",
         "_maps",
         "_own",
         "_partial",
@@ -86,6 +90,7 @@ class PagePool:
         self._given_back = 0
         self._advise_calls = 0
         self._own = 0
+        self._lock = threading.Lock()
 
     @property
     def slab_pages(self) -> int:
@@ -105,6 +110,10 @@ class PagePool:
             raise ValueError(f"a run needs at least one page, got {pages}")
         if pages > self._slab_pages:
             return -1, self._own_mapping(pages)
+        with self._lock:
+            return self._take(pages)
+
+    def _take(self, pages: int) -> tuple[int, memoryview]:
         want = bytes(pages)  # `_FREE` bytes
         for slab in self._partial:
             free = self._free[slab]
@@ -131,6 +140,10 @@ class PagePool:
     def give_back_runs(self, runs: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> None:
         """`give_back` of several runs, consecutive pages of one slab advised in one call."""
         spans = sorted((h, n) for h, n in runs if h >= 0)
+        with self._lock:
+            self._release_spans(spans)
+
+    def _release_spans(self, spans: list[tuple[int, int]]) -> None:
         index = 0
         while index < len(spans):
             first, count = spans[index]

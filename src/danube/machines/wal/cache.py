@@ -28,10 +28,12 @@ evicting 10.5 MiB of cached objects gave back 1.4 MiB of RSS).
 
 from __future__ import annotations
 
+import copy
 import struct
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -186,7 +188,7 @@ class HotCache:
         current = chunks[-1] if chunks else None
         fill = self._fill
         end = fill + region
-        if current is None or end > len(current):
+        if type(current) is not memoryview or end > len(current):
             pages = max(CHUNK_PAGES, -(-region // PAGE))
             handle, current = self._pool.take(pages)
             chunks.append(current)
@@ -304,6 +306,25 @@ class HotCache:
             self._runs = _NO_BATCHES
         if given:
             self._pool.give_back_runs(given)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HotCache:
+        """A copy (tests compare a machine's state before and after a call) holds its chunks as
+        `bytes` and none of the original's pages, which it must never give back; a frame put
+        into it later opens pages of its own."""
+        clone = HotCache.__new__(HotCache)
+        memo[id(self)] = clone
+        for name in HotCache.__slots__:
+            value = getattr(self, name)
+            if name == "_chunks":
+                value = [bytes(chunk) for chunk in value]
+            elif name == "_runs":
+                value = array("q", [-1] * len(value)) if len(value) else _NO_BATCHES
+            elif name == "_front_given":
+                value = 0
+            elif name != "_pool" and not (value is _NO_BATCHES or value is _NO_RECORDS):
+                value = copy.deepcopy(value, memo)
+            setattr(clone, name, value)
+        return clone
 
     def __del__(self) -> None:
         """A cache dropped without `release` (a machine thrown away, a simulated broker
