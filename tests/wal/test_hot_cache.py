@@ -297,3 +297,18 @@ def test_a_deep_copy_reads_the_same_and_never_gives_back_the_originals_pages() -
     gc.collect()
     assert pool.stats().in_use == held
     assert cache.read(0, 50, 1 << 20) == tuple(bytes([o]) * 100 for o in range(50))
+
+
+def test_a_frame_longer_than_a_slab_is_a_mapping_of_its_own_unmapped_with_its_chunk() -> None:
+    import gc
+
+    pool = PagePool(slab_pages=CHUNK_PAGES)
+    cache = HotCache(1 << 40, "t", None, pool)
+    body = b"L" * (CHUNK_BYTES + 10)
+    cache.put(0, [body], len(body) + 56)
+    cache.put(1, [b"tail"], 64)
+    assert pool.stats().own_mappings == 1 and pool.stats().in_use == 0
+    assert cache.read(0, 2, 1 << 30) == (body, b"tail")
+    cache.release()
+    gc.collect()
+    assert pool.stats().own_mappings == 0 and cache.chunk_count == 0

@@ -116,10 +116,11 @@ class HotCache:
         self.bytes = 0
         """Accounted bytes of the batches held."""
         self._chunks: list[bytes | memoryview] = []
-        """Runs of pages (`memoryview`s of the pool's) and frames kept as they are."""
+        """Runs of pages (`memoryview`s of the pool's; `bytes` in a deep copy)."""
         self._runs = _NO_BATCHES
         """Per chunk: its pages, `handle << 16 | pages` for `PagePool.give_back`, or -1
-        (a frame kept as it is, or a run longer than a slab: nothing to give back)."""
+        (a run longer than a slab, a mapping of its own, or a deep copy's `bytes`: nothing
+        to give back)."""
         self._chunk_base = 0
         """The sequence number of `_chunks[0]` (chunks are numbered as they are opened)."""
         self._fill = 0
