@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from danube.machines.memory.ledger import CacheLedger
+from danube.machines.memory.pages import PAGE, PagePool
 from danube.machines.wal import format
-from danube.machines.wal.cache import CHUNK_BYTES, OWN_CHUNK_BYTES, HotCache, record_positions
+from danube.machines.wal.cache import CHUNK_BYTES, CHUNK_PAGES, HotCache, record_positions
 
 
 class ListCache:
@@ -128,14 +129,19 @@ def test_small_frames_share_a_buffer_and_an_evicted_buffer_is_let_go() -> None:
     assert cache.read(cache.oldest or 0, 1000, 1 << 30) == tuple(records[cache.oldest or 0 :])
 
 
-def test_a_large_frame_is_kept_as_it_is() -> None:
-    body = b"x" * OWN_CHUNK_BYTES
+def test_a_frame_larger_than_a_chunk_gets_pages_of_its_own_and_fills_their_rest() -> None:
+    """Issue 28 part 13: frames of 1 KiB or more were kept as the WAL's `bytes`, in glibc's
+    heap, which kept them once evicted; every frame is now copied into pages."""
+    body = b"x" * CHUNK_BYTES
     frame = format.encode_frame(7, 0, [body, b"y"])
     cache = HotCache(1 << 40)
     cache.put_frame(7, frame, len(frame), 2)
-    assert cache._chunks[0] is frame
+    assert type(cache._chunks[0]) is memoryview and len(cache._chunks[0]) == CHUNK_BYTES + 4096
     assert cache.read(7, 9, 1) == (body,)  # at least one record, then what fits
     assert cache.read(8, 9, 1) == (b"y",)
+    cache.put(9, [b"z" * 100], 200)
+    assert cache.chunk_count == 1, "a small frame after it fills the rest of its pages"
+    assert cache.read(9, 10, 1 << 20) == (b"z" * 100,)
 
 
 @settings(max_examples=200, deadline=None)
@@ -210,3 +216,99 @@ def test_a_shared_chunk_is_allocated_whole_and_never_reallocated_as_it_fills() -
         cache.put(offset, [b"z" * 100], 200)
     assert cache.chunk_count == 2, "the next frame did not fit: a new chunk"
     assert cache.read(per_chunk, per_chunk + 1, 1 << 20) == (b"z" * 100,)
+
+
+def test_evicted_batches_give_their_pages_back_at_once() -> None:
+    """Issue 28 part 13: a chunk is a run of pages of the page pool; as the oldest batches
+    are evicted (by the ledger, the topic's own bound, retention or a release) the pages
+    wholly before the oldest batch held go back to the pool, which hands the memory to the
+    kernel, and the rest of a chunk when its last batch goes; the pool reuses them."""
+    pool = PagePool(slab_pages=64)
+    ledger = CacheLedger(pool=1 << 40)
+    cache = HotCache(1 << 40, "t", ledger, pool)
+    per_chunk = CHUNK_BYTES // 104
+    per_page = PAGE // 104
+    for offset in range(3 * per_chunk):
+        cache.put(offset, [bytes([offset % 256]) * 100], 200)
+    assert cache.chunk_count == 3 and pool.stats().in_use == 3 * CHUNK_PAGES
+    for _ in range(per_page):
+        cache.drop_oldest_for_ledger()
+    assert pool.stats().in_use == 3 * CHUNK_PAGES, "page 0 still holds the oldest batch's start"
+    cache.drop_oldest_for_ledger()
+    assert pool.stats().in_use == 3 * CHUNK_PAGES - 1 and pool.stats().given_back == 1
+    for _ in range(per_chunk - per_page - 1):
+        cache.drop_oldest_for_ledger()
+    assert cache.chunk_count == 2 and pool.stats().in_use == 2 * CHUNK_PAGES
+    cache.evict_below(2 * per_chunk + 2 * per_page + 2)
+    assert pool.stats().in_use == CHUNK_PAGES - 2
+    assert cache.read(2 * per_chunk + 2 * per_page + 2, 3 * per_chunk, 1 << 20) == tuple(
+        bytes([o % 256]) * 100 for o in range(2 * per_chunk + 2 * per_page + 2, 3 * per_chunk)
+    )
+    cache.release()
+    assert pool.stats().in_use == 0 and ledger.total == 0
+    assert pool.stats().given_back == 3 * CHUNK_PAGES
+    cache.put(0, [b"again"], 64)
+    assert pool.stats().slabs == 1 and cache.read(0, 1, 100) == (b"again",)
+
+
+def test_a_cache_thrown_away_without_release_still_gives_its_pages_back() -> None:
+    """A WAL machine dropped without `release_cache` (a simulated broker discarded): its
+    cache's pages would stay taken in the process-wide pool for ever."""
+    import gc
+
+    pool = PagePool(slab_pages=16)
+    cache = HotCache(1 << 40, "t", None, pool)
+    for offset in range(100):
+        cache.put(offset, [b"x" * 100], 200)
+    assert pool.stats().in_use > 0
+    del cache
+    gc.collect()
+    assert pool.stats().in_use == 0
+
+
+def test_what_a_read_returns_does_not_change_when_its_page_is_reused() -> None:
+    pool = PagePool(slab_pages=4)
+    cache = HotCache(1 << 40, "t", None, pool)
+    cache.put(0, [b"kept"], 64)
+    got = cache.read(0, 1, 100)
+    cache.release()
+    other = HotCache(1 << 40, "u", None, pool)
+    other.put(0, [b"over"], 64)
+    assert got == (b"kept",) and other.read(0, 1, 100) == (b"over",)
+
+
+def test_a_deep_copy_reads_the_same_and_never_gives_back_the_originals_pages() -> None:
+    """The WAL machine's property tests deep-copy its state; a copy holding the original's
+    pages would give them back when collected, under the original's batches."""
+    import copy
+    import gc
+
+    pool = PagePool(slab_pages=64)
+    cache = HotCache(1 << 40, "t", None, pool)
+    for offset in range(50):
+        cache.put(offset, [bytes([offset]) * 100], 200)
+    held = pool.stats().in_use
+    clone = copy.deepcopy(cache)
+    assert clone.read(0, 50, 1 << 20) == cache.read(0, 50, 1 << 20)
+    clone.put(50, [b"new"], 64)
+    assert clone.read(50, 51, 100) == (b"new",)
+    assert len(cache.read(0, 51, 1 << 20)) == 50, "the original did not get it"
+    del clone
+    gc.collect()
+    assert pool.stats().in_use == held
+    assert cache.read(0, 50, 1 << 20) == tuple(bytes([o]) * 100 for o in range(50))
+
+
+def test_a_frame_longer_than_a_slab_is_a_mapping_of_its_own_unmapped_with_its_chunk() -> None:
+    import gc
+
+    pool = PagePool(slab_pages=CHUNK_PAGES)
+    cache = HotCache(1 << 40, "t", None, pool)
+    body = b"L" * (CHUNK_BYTES + 10)
+    cache.put(0, [body], len(body) + 56)
+    cache.put(1, [b"tail"], 64)
+    assert pool.stats().own_mappings == 1 and pool.stats().in_use == 0
+    assert cache.read(0, 2, 1 << 30) == (body, b"tail")
+    cache.release()
+    gc.collect()
+    assert pool.stats().own_mappings == 0 and cache.chunk_count == 0

@@ -158,13 +158,15 @@ def _owner_fields(thing: object) -> list[tuple[str, object]]:
 
 def cache_memory() -> dict[str, int]:
     """What the hot caches really hold against what they account (issue 28 point 1): every
-    live `HotCache`'s accounted bytes, the bytes its chunks hold (`sys.getsizeof`: a
-    bytearray's allocated capacity, growth slack included) and its flat arrays' (a cache's
-    arrays keep evicted batches' entries until compacted)."""
+    live `HotCache`'s accounted bytes, the bytes its chunks span (runs of pages: address
+    space, resident only as far as written) and its flat arrays' (a cache's arrays keep
+    evicted batches' entries until compacted); the page pool's pages handed out and given
+    back (`danube.machines.memory.pages`)."""
+    from danube.machines.memory.pages import PAGE, PAGES
     from danube.machines.wal.cache import HotCache
 
     totals = {"caches": 0, "holding": 0, "accounted": 0, "chunks": 0, "chunk_bytes": 0}
-    totals |= {"chunk_used": 0, "arrays": 0}
+    totals |= {"arrays": 0}
     for each in gc.get_objects():
         if type(each) is not HotCache:
             continue
@@ -172,10 +174,12 @@ def cache_memory() -> dict[str, int]:
         totals["holding"] += each.bytes > 0
         totals["accounted"] += each.bytes
         totals["chunks"] += len(each._chunks)
-        totals["chunk_bytes"] += sum(sys.getsizeof(chunk) for chunk in each._chunks)
-        totals["chunk_used"] += sum(len(chunk) for chunk in each._chunks)
+        totals["chunk_bytes"] += sum(len(chunk) for chunk in each._chunks)
         arrays = (each._firsts, each._sizes, each._chunk_of, each._records_at, each._starts)
         totals["arrays"] += sum(sys.getsizeof(a) for a in arrays if len(a))
+    pages = PAGES.stats()
+    totals |= {"page_slabs": pages.slabs, "pages_held_bytes": pages.in_use * PAGE}
+    totals |= {"pages_given_back": pages.given_back}
     return totals
 
 

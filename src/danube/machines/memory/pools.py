@@ -45,12 +45,13 @@ class BrokerPools:
         guard = self.rss_guard
         if guard is not None:
             over = guard.sample(rss, accounted)
-            self.memory_return.seen(accounted)  # what the squeeze evicts now counts as freed
+            # what the squeeze evicts now counts as freed (the caches' part went back already)
+            self.memory_return.seen(accounted, ledger.total)
             if guard.squeeze != ledger.squeeze:
                 ledger.squeeze = guard.squeeze
                 publish.restate()  # the caches give way now; publishes served if it grew
                 accounted = ledger.total + ledger.state + publish.used + held
-        return self.memory_return.observe(accounted, now_ms, over)
+        return self.memory_return.observe(accounted, now_ms, over, ledger.total)
 
 
 def broker_pools(memory: MemoryPools | None) -> BrokerPools:

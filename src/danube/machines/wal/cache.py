@@ -9,44 +9,49 @@ holds them, once the hot-cache pool is full. Sizes are the accounted ones
 payload bytes.
 
 How a batch is held (issue 28): no Python object per record nor per batch. A batch is the
-record region of its WAL frame (each record's 4-byte length, then its bytes), kept in one of
-the cache's chunks: small frames are copied one after the other into a `bytearray` of
-`CHUNK_BYTES` allocated whole, a frame of `OWN_CHUNK_BYTES` or more is kept as it is (the very
-`bytes` the WAL writes, no copy) as a chunk of its own. Where each batch and record lies is
+record region of its WAL frame (each record's 4-byte length, then its bytes), copied into the
+cache's newest chunk, frames one after the other: a chunk is a run of `CHUNK_PAGES` pages
+(more for a frame larger than that) of the process's page pool (`danube.machines.memory.
+pages`), anonymous memory outside every allocator's heap. Where each batch and record lies is
 kept in flat `array`s (first offset, accounted size, chunk, first record of each batch; each
 record's position in its chunk). Reads slice records out on demand (copies the dispatcher
-sends and drops). So a cached batch is a few bytes in arrays plus its frame's bytes in a
-buffer larger than pymalloc's small objects (512 bytes): a chunk goes back to the allocator
-whole once its last batch is evicted, instead of leaving small objects scattered over
-CPython's arenas, where a few long-lived neighbours kept them pinned (the hunt in
-bench/RESULTS.md: evicting 10.5 MiB of cached objects gave back 1.4 MiB of RSS).
+sends and drops: nothing read aliases a page, which another cache may get once it is given
+back). As the oldest batches are evicted, the pages wholly before the oldest batch held go
+back to the kernel at once (`madvise`), and the rest of a chunk when its last batch goes:
+RSS follows the caches down as well as up, with no collection and no trim. Before, chunks
+were `bytearray`s of 4 KiB (and frames of 1 KiB or more their own `bytes`) in glibc's heap,
+which kept what eviction freed (fragmentation across 1,000 topics): evicting 1,000 caches of
+52 MiB gave back 16.4 MiB of their 71 at once (bench/RESULTS.md, issue 28 part 13); and
+before that, small objects in CPython's arenas, pinned by long-lived neighbours (the hunt:
+evicting 10.5 MiB of cached objects gave back 1.4 MiB of RSS).
 """
 
 from __future__ import annotations
 
+import copy
 import struct
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from danube.machines.memory.ledger import CacheLedger
+from danube.machines.memory.pages import PAGE, PAGES, PagePool
 from danube.machines.wal.layout import FRAME_HEADER
 
-CHUNK_BYTES = 4 * 1024
-"""Small frames share chunks of this many bytes, each allocated whole when opened (no
-realloc as it fills): what an evicted batch may keep alive until the rest of its chunk is
-evicted too, and what a topic's newest chunk holds unfilled (at most two chunks a topic, 8 KiB,
-not accounted). Issue 28 point 1: chunks that grew by `+=` up to 16 KiB left glibc's heap
-fragmented by reallocs of every size across 1,000 topics: 1,000 caches holding 52 MiB
-accounted added 88.4 MiB of RSS; fixed 4 KiB chunks, 71.0 (8 MiB accounted: 30.4 -> 18.0;
-fixed 16 KiB chunks: 86.3 and 37.5; bench/RESULTS.md, issue 28 part 11)."""
-OWN_CHUNK_BYTES = 1024
-"""A frame at least this large is its own chunk, uncopied (an exact `bytes`): a shared chunk
-wastes at most about a fifth of itself at its end (2 KiB frames, one a chunk, left half of
-each unused: 1 KiB batches were accounted at 0.76 of their live bytes with this at 2 KiB,
-`bench/cache_memory.py`)."""
+CHUNK_PAGES = 16
+"""Pages a chunk (64 KiB): frames fill it one after the other, across its pages, so a frame
+wastes nothing at a page's end, and at a chunk's end only the rest of the page it stopped in
+(a page never written costs no RSS). A chunk's size is not what an evicted batch keeps alive:
+pages go back as the batches before them go (`_give_back_front`), so a topic holds at most
+two partly used pages beyond its batches (its oldest and its newest). Measured against one
+page a chunk (a frame that does not fit the page's rest opens the next): 2 KiB and 4 KiB
+single-record batches cost 2.1 times their accounted bytes there (one frame a page, or a
+frame just over a page taking two), about 1.0 here (`bench/cache_memory.py`,
+bench/RESULTS.md issue 28 part 13)."""
+CHUNK_BYTES = CHUNK_PAGES * PAGE
 
 _U32 = struct.Struct("<I")
 
@@ -77,12 +82,15 @@ class HotCache:
         "_chunks",
         "_fill",
         "_firsts",
+        "_front_given",
         "_head",
         "_ledger",
         "_limit",
         "_next_record",
+        "_pool",
         "_record_base",
         "_records_at",
+        "_runs",
         "_sizes",
         "_starts",
         "added_batches",
@@ -92,18 +100,33 @@ class HotCache:
         "topic",
     )
 
-    def __init__(self, limit: int, topic: str = "", ledger: CacheLedger | None = None) -> None:
-        """`ledger`: the broker's, which every batch added and dropped is reported to."""
+    def __init__(
+        self,
+        limit: int,
+        topic: str = "",
+        ledger: CacheLedger | None = None,
+        pool: PagePool = PAGES,
+    ) -> None:
+        """`ledger`: the broker's, which every batch added and dropped is reported to;
+        `pool`: where the chunks' pages come from (the process's)."""
         self.topic = topic
         self._ledger = ledger
+        self._pool = pool
         self._limit = limit
         self.bytes = 0
         """Accounted bytes of the batches held."""
-        self._chunks: list[bytes | bytearray] = []
+        self._chunks: list[bytes | memoryview] = []
+        """Runs of pages (`memoryview`s of the pool's; `bytes` in a deep copy)."""
+        self._runs = _NO_BATCHES
+        """Per chunk: its pages, `handle << 16 | pages` for `PagePool.give_back`, or -1
+        (a run longer than a slab, a mapping of its own, or a deep copy's `bytes`: nothing
+        to give back)."""
         self._chunk_base = 0
-        self._fill = 0
-        """Bytes written into the newest chunk when it is a shared `bytearray`."""
         """The sequence number of `_chunks[0]` (chunks are numbered as they are opened)."""
+        self._fill = 0
+        """Bytes written into the newest chunk."""
+        self._front_given = 0
+        """Pages at the start of the oldest chunk given back already (`_give_back_front`)."""
         self._firsts = _NO_BATCHES
         """Per batch: its first offset."""
         self._sizes = _NO_BATCHES
@@ -160,20 +183,21 @@ class HotCache:
             self._chunk_of, self._records_at = array("q"), array("q")
             self._starts = array("I")
         chunks = self._chunks
-        if len(frame) >= OWN_CHUNK_BYTES:
-            chunks.append(frame)
-            shift = 0
-        else:
-            current = chunks[-1] if chunks else None
-            fill = self._fill
-            end = fill + len(frame) - FRAME_HEADER
-            if type(current) is not bytearray or end > CHUNK_BYTES:
-                current = bytearray(CHUNK_BYTES)  # allocated whole: no realloc as it fills
-                chunks.append(current)
-                fill, end = 0, len(frame) - FRAME_HEADER
-            shift = fill - FRAME_HEADER
-            current[fill:end] = memoryview(frame)[FRAME_HEADER:]
-            self._fill = end
+        if self._runs is _NO_BATCHES:
+            self._runs = array("q")
+        region = len(frame) - FRAME_HEADER
+        current = chunks[-1] if chunks else None
+        fill = self._fill
+        end = fill + region
+        if type(current) is not memoryview or end > len(current):
+            pages = max(CHUNK_PAGES, -(-region // PAGE))
+            handle, current = self._pool.take(pages)
+            chunks.append(current)
+            self._runs.append(handle << 16 | pages if handle >= 0 else -1)
+            fill, end = 0, region
+        shift = fill - FRAME_HEADER
+        current[fill:end] = memoryview(frame)[FRAME_HEADER:]
+        self._fill = end
         if isinstance(positions, np.ndarray):
             self._starts.frombytes((positions + shift).astype(np.uint32).tobytes())
         else:
@@ -261,14 +285,77 @@ class HotCache:
         else:
             unused = len(self._chunks)
         if unused:
-            del self._chunks[:unused]
-            self._chunk_base += unused
+            self._give_back(unused)
         if self._ledger is not None:
             self._ledger.dropped(self, size)
         return True
 
+    def _give_back(self, count: int) -> None:
+        """The `count` oldest chunks hold no batch: their pages go back to the kernel now
+        (those of the oldest that `_give_back_front` gave back already excepted)."""
+        runs = self._runs
+        given = [(run >> 16, run & 0xFFFF) for run in runs[:count] if run >= 0]
+        if given and runs[0] >= 0 and self._front_given:
+            handle, pages = given[0]
+            given[0] = (handle + self._front_given, pages - self._front_given)
+        self._front_given = 0
+        del self._chunks[:count]
+        self._chunk_base += count
+        if len(self._chunks):
+            del runs[:count]
+        else:
+            self._runs = _NO_BATCHES
+        if given:
+            self._pool.give_back_runs(given)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HotCache:
+        """A copy (tests compare a machine's state before and after a call) holds its chunks as
+        `bytes` and none of the original's pages, which it must never give back; a frame put
+        into it later opens pages of its own."""
+        clone = HotCache.__new__(HotCache)
+        memo[id(self)] = clone
+        for name in HotCache.__slots__:
+            value = getattr(self, name)
+            if name == "_chunks":
+                value = [bytes(chunk) for chunk in value]
+            elif name == "_runs":
+                value = array("q", [-1] * len(value)) if len(value) else _NO_BATCHES
+            elif name == "_front_given":
+                value = 0
+            elif name != "_pool" and not (value is _NO_BATCHES or value is _NO_RECORDS):
+                value = copy.deepcopy(value, memo)
+            setattr(clone, name, value)
+        return clone
+
+    def __del__(self) -> None:
+        """A cache dropped without `release` (a machine thrown away, a simulated broker
+        discarded) still gives its pages back: the pool would keep them otherwise."""
+        try:
+            if self._chunks:
+                self._give_back(len(self._chunks))
+        except Exception:  # interpreter shutdown: the pool may be gone, nothing to give back to
+            pass
+
+    def _give_back_front(self) -> None:
+        """The pages of the oldest chunk wholly before its oldest batch held go back now: an
+        evicted batch keeps at most the page it shares with the next (a chunk is many pages,
+        `CHUNK_PAGES`, given back as its batches go, not when its last one does)."""
+        head = self._head
+        if head >= len(self._firsts) or self._chunk_of[head] != self._chunk_base:
+            return
+        run = self._runs[0]
+        at = self._records_at[head] - self._record_base
+        if run < 0 or at >= len(self._starts):
+            return
+        below = self._starts[at] // PAGE
+        if below > self._front_given:
+            self._pool.give_back((run >> 16) + self._front_given, below - self._front_given)
+            self._front_given = below
+
     def _compact(self) -> None:
-        """Forgets the evicted batches' entries in bulk, once they are half of them."""
+        """Gives back the pages evicted batches left wholly unused, then forgets the evicted
+        batches' entries in bulk, once they are half of them."""
+        self._give_back_front()
         head = self._head
         if not head or head <= len(self._firsts) // 2:
             return

@@ -1,0 +1,116 @@
+"""The hot caches' page pool (`danube.machines.memory.pages`, issue 28 part 13): pages carved
+out of mmap slabs, reused, and given back to the kernel at once (RSS falls, no collection, no
+malloc_trim)."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from danube.machines.memory.pages import PAGE, PagePool
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * _PAGE_SIZE
+
+
+def test_a_page_given_back_is_handed_out_again_and_reads_as_zeros() -> None:
+    pool = PagePool(slab_pages=4)
+    handle, view = pool.take()
+    view[:5] = b"hello"
+    pool.give_back(handle, 1)
+    again, reused = pool.take()
+    assert again == handle, "the freed page is reused before a new one is touched"
+    assert bytes(reused[:5]) == bytes(5), "advised away: a private page comes back as zeros"
+    assert pool.stats().slabs == 1 and pool.stats().in_use == 1
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
+def test_rss_falls_as_soon_as_touched_pages_are_given_back() -> None:
+    pool = PagePool()
+    mib = 1 << 20
+    runs = [pool.take() for _ in range(16 * mib // PAGE)]
+    for _, view in runs:
+        view[:] = b"\xa5" * PAGE  # touched: resident
+    touched = _rss()
+    pool.give_back_runs([(handle, 1) for handle, _ in runs])
+    given = touched - _rss()
+    assert given >= 15 * mib, f"only {given / mib:.1f} MiB of 16 went back"
+    stats = pool.stats()
+    assert stats.in_use == 0 and stats.given_back == 16 * mib // PAGE
+    assert stats.advise_calls <= stats.slabs, "consecutive pages are advised in one call"
+
+
+def test_a_run_is_contiguous_within_a_slab_and_a_longer_one_is_a_mapping_of_its_own() -> None:
+    pool = PagePool(slab_pages=8)
+    first, _ = pool.take(1)
+    handle, run = pool.take(3)
+    assert len(run) == 3 * PAGE and handle == first + 1
+    pool.give_back(first, 1)
+    handle2, _ = pool.take(2)
+    assert handle2 == handle + 3, "a run of two does not fit the one free page before it"
+    own, big = pool.take(9)
+    assert own == -1 and len(big) == 9 * PAGE and pool.stats().own_mappings == 1
+    big[-1] = 7
+    del big
+    gc.collect()
+    assert pool.stats().own_mappings == 0, "unmapped once its view is gone"
+    pool.give_back(own, 9)  # nothing to give back: no error
+
+
+def test_giving_back_a_page_not_handed_out_is_refused() -> None:
+    pool = PagePool(slab_pages=4)
+    handle, _ = pool.take(2)
+    pool.give_back(handle, 2)
+    with pytest.raises(ValueError, match="not all handed out"):
+        pool.give_back(handle, 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("take"), st.integers(1, 6)),
+            st.tuples(st.just("give"), st.integers(0, 50), st.integers(1, 3)),
+        ),
+        max_size=80,
+    )
+)
+def test_no_page_is_handed_out_twice(steps: list[tuple]) -> None:
+    pool = PagePool(slab_pages=8)
+    held: list[tuple[int, int, memoryview]] = []
+    marks: dict[int, int] = {}
+    in_use: set[int] = set()
+    taken = 0
+    for step in steps:
+        if step[0] == "take":
+            handle, view = pool.take(step[1])
+            pages = set(range(handle, handle + step[1]))
+            assert len(view) == step[1] * PAGE
+            assert handle // 8 == (handle + step[1] - 1) // 8, "a run stays in one slab"
+            assert not pages & in_use, "a page handed out twice"
+            in_use |= pages
+            taken += 1
+            view[0] = marks[handle] = taken % 256
+            held.append((handle, step[1], view))
+        elif held:
+            index, count = step[1] % len(held), min(step[2], len(held) - step[1] % len(held))
+            given = held[index : index + count]
+            del held[index : index + count]
+            pool.give_back_runs([(h, n) for h, n, _ in given])
+            for h, n, _ in given:
+                in_use -= set(range(h, h + n))
+        assert pool.stats().in_use == len(in_use)
+        for handle, _, view in held:
+            assert view[0] == marks[handle], "a page held was written by another taker"
+    for handle, pages, view in held:
+        assert bytes(view[1:]) == bytes(len(view) - 1), "nobody else wrote into a page held"
+        pool.give_back(handle, pages)
+    assert pool.stats().in_use == 0
