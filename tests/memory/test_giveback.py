@@ -199,26 +199,3 @@ def test_over_rss_a_return_needs_something_freed_since_the_last() -> None:
     assert machine.observe(9 * MIB, later, over_rss=True) == ()
     assert machine.observe(5 * MIB, later + 1, over_rss=True) == (ReturnMemory(4 * MIB),)
     assert machine.returns == 2
-
-
-def test_over_rss_the_caches_evicted_pages_need_no_collection() -> None:
-    """Issue 28 part 13: the caches' chunks are pages given back to the kernel as they are
-    evicted, so a squeeze met by evicting cached batches needs no return of memory (the
-    soak's returns under the squeeze held the loop 240-268 ms for 0.3-0.7 MiB); a fall of
-    what is not cached (state, publishes, held records) still does."""
-    machine = MemoryReturn(budget=64 * MIB)
-    machine.seen(40 * MIB, cached=30 * MIB)
-    assert machine.observe(20 * MIB, 0, over_rss=True, cached=10 * MIB) == (), (
-        "20 MiB of cached batches evicted: already returned"
-    )
-    assert machine.observe(15 * MIB, 1_000, over_rss=True, cached=9 * MIB) == (
-        ReturnMemory(4 * MIB),
-    ), "4 MiB of state went: the allocators keep it until a collection and a trim"
-    later = 1_000 + MIN_INTERVAL_MS
-    assert machine.observe(6 * MIB, later, over_rss=True, cached=0) == (), "caches only"
-    assert machine.observe(6 * MIB, later + 1) == (), "the caches' fall under the mark neither"
-    # not over the mark, a large drop returns memory whatever held it (arrays, heap)
-    assert machine.observe(80 * MIB, later + 1, cached=70 * MIB) == ()
-    assert machine.observe(60 * MIB, later + MIN_INTERVAL_MS, cached=50 * MIB) == (
-        ReturnMemory(20 * MIB),
-    )

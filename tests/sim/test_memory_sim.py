@@ -371,11 +371,7 @@ def test_memory_given_back_at_every_drop_is_caught() -> None:
     at most once in `MIN_INTERVAL_MS`. Planted: a rule without the interval."""
 
     def eager(
-        self: MemoryReturn,
-        accounted: int,
-        now_ms: int,
-        over_rss: bool = False,
-        cached: int = 0,
+        self: MemoryReturn, accounted: int, now_ms: int, over_rss: bool = False
     ) -> tuple[ReturnMemory, ...]:
         if accounted >= self._high:
             self._high = accounted

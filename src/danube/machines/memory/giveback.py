@@ -28,13 +28,10 @@ DROP_SHARE = 16
 the simulator's kilobyte pools scale it down with them)."""
 
 OVER_RSS_DROP_SHARE = 4
-"""While RSS is over its mark a return needs a quarter of a large drop since the last one,
-of what is not in the caches' pages. Without it a process whose own baseline is over the
-mark (a small budget) collected every `MIN_INTERVAL_MS` for ever, holding the loop each time
-for nothing (review finding). The caches' part does not count there (issue 28 part 13): what
-the squeeze evicts is in pages (`danube.machines.memory.pages`), which went back to the kernel
-as they were evicted; a collection and a trim after it held the loop 240-268 ms to give back
-0.3-0.7 MiB (the 10-minute soak of part 12)."""
+"""While RSS is over its mark a return needs a quarter of a large drop since the last one:
+what the squeeze evicted. Without it a process whose own baseline is over the mark (a small
+budget) collected every `MIN_INTERVAL_MS` for ever, holding the loop each time for nothing
+(review finding)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,55 +45,38 @@ class ReturnMemory:
 class MemoryReturn:
     """Decides when the broker gives memory back (module docstring)."""
 
-    __slots__ = ("_high", "_high_heap", "_last_ms", "drop_bytes", "returns")
+    __slots__ = ("_high", "_last_ms", "drop_bytes", "returns")
 
     def __init__(self, budget: int) -> None:
         self.drop_bytes = max(1, budget // DROP_SHARE)
         self._high = 0
-        self._high_heap = 0
-        """The highest accounted total less the caches' since the last return."""
         self._last_ms: int | None = None
         self.returns = 0
         """How many `ReturnMemory` were decided (a counter)."""
 
-    def seen(self, accounted: int, cached: int = 0) -> None:
-        """The pools held `accounted` bytes a moment ago, `cached` of them the caches' (before
-        a squeeze evicts in the same tick): the highest point the next `observe` measures the
-        drop from."""
+    def seen(self, accounted: int) -> None:
+        """The pools held `accounted` bytes a moment ago (before a squeeze evicts in the same
+        tick): the highest point the next `observe` measures the drop from."""
         self._high = max(self._high, accounted)
-        self._high_heap = max(self._high_heap, accounted - cached)
 
     def observe(
-        self, accounted: int, now_ms: int, over_rss: bool = False, cached: int = 0
+        self, accounted: int, now_ms: int, over_rss: bool = False
     ) -> tuple[ReturnMemory, ...]:
-        """The pools hold `accounted` bytes now, `cached` of them the caches': a
-        `ReturnMemory` when that is a large drop, or when the process's RSS is over its
-        high-water mark (`over_rss`, `RssGuard`) and what is not the caches' (state,
-        publishes, held records: memory of the allocators, which only a collection and a trim
-        give back) fell by at least `OVER_RSS_DROP_SHARE`'s share of a large drop (the caches'
-        pages went back as the squeeze evicted them, and their fall is forgotten), and the
-        last return is long enough ago."""
-        heap = accounted - cached
-        self._high_heap = max(self._high_heap, heap)
+        """The pools hold `accounted` bytes now: a `ReturnMemory` when that is a large drop,
+        or when the process's RSS is over its high-water mark (`over_rss`, `RssGuard`: the
+        caches were just squeezed, what they freed is to go back) and they freed at least
+        `OVER_RSS_DROP_SHARE`'s share of a large drop, and the last return is long enough
+        ago."""
         if accounted >= self._high:
             self._high = accounted
             if not over_rss:
                 return ()
-        if over_rss:
-            fell = self._high_heap - heap
-            # what the caches gave of the drop went back with their pages: it no longer
-            # counts toward a large drop either, once RSS is under the mark again
-            self._high = min(self._high, accounted + fell)
-            needed = self.drop_bytes // OVER_RSS_DROP_SHARE
-        else:
-            fell = self._high - accounted
-            needed = self.drop_bytes
-        if fell < needed:
+        fell = self._high - accounted
+        if fell < (self.drop_bytes // OVER_RSS_DROP_SHARE if over_rss else self.drop_bytes):
             return ()
         if self._last_ms is not None and now_ms - self._last_ms < MIN_INTERVAL_MS:
             return ()
         self._high = accounted
-        self._high_heap = heap
         self._last_ms = now_ms
         self.returns += 1
         return (ReturnMemory(fell),)

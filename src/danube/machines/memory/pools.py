@@ -45,13 +45,12 @@ class BrokerPools:
         guard = self.rss_guard
         if guard is not None:
             over = guard.sample(rss, accounted)
-            # what the squeeze evicts now counts as freed (the caches' part went back already)
-            self.memory_return.seen(accounted, ledger.total)
+            self.memory_return.seen(accounted)  # what the squeeze evicts now counts as freed
             if guard.squeeze != ledger.squeeze:
                 ledger.squeeze = guard.squeeze
                 publish.restate()  # the caches give way now; publishes served if it grew
                 accounted = ledger.total + ledger.state + publish.used + held
-        return self.memory_return.observe(accounted, now_ms, over, ledger.total)
+        return self.memory_return.observe(accounted, now_ms, over)
 
 
 def broker_pools(memory: MemoryPools | None) -> BrokerPools:
