@@ -114,3 +114,34 @@ def test_no_page_is_handed_out_twice(steps: list[tuple]) -> None:
         assert bytes(view[1:]) == bytes(len(view) - 1), "nobody else wrote into a page held"
         pool.give_back(handle, pages)
     assert pool.stats().in_use == 0
+
+
+def test_a_cache_finalized_while_its_pool_is_locked_does_not_wait_for_the_lock() -> None:
+    """The cyclic collector runs a dropped cache's `__del__` inside whatever allocation crosses
+    its threshold, including those `PagePool.take` makes while it holds its lock: the finalizer
+    then waited on a lock its own thread held, for ever (review finding). Here the lock is held
+    by the thread that drops the cache; the give back is queued and done at the next take."""
+    import threading
+
+    from danube.machines.wal.cache import HotCache
+
+    pool = PagePool(slab_pages=32)
+    cache = HotCache(1 << 20, pool=pool)
+    cache.put(0, [b"x" * 100], 104)
+    assert pool.stats().in_use > 0
+    held = pool.stats().in_use
+    done = threading.Event()
+
+    def drop_while_locked() -> None:
+        nonlocal cache
+        with pool._lock:
+            del cache  # the last reference: `__del__` runs here, in this thread
+        done.set()
+
+    worker = threading.Thread(target=drop_while_locked, daemon=True)
+    worker.start()
+    worker.join(timeout=5)
+    assert done.is_set(), "the finalizer waited for a lock its own thread held"
+    assert sum(pages for _, pages in pool._later) == held, "queued, not released there"
+    pool.take()
+    assert not pool._later and pool.stats().in_use == 1, "released at the next take"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import mmap
 import threading
 import weakref
+from collections import deque
 from dataclasses import dataclass
 
 PAGE = mmap.PAGESIZE
@@ -67,6 +68,7 @@ class PagePool:
         "_free",
         "_given_back",
         "_in_use",
+        "_later",
         "_lock",
         "_maps",
         "_own",
@@ -91,12 +93,17 @@ class PagePool:
         self._advise_calls = 0
         self._own = 0
         self._lock = threading.Lock()
+        self._later: deque[tuple[int, int]] = deque()
+        """Runs given back by `give_back_later` (a finalizer), released at the next `take` or
+        `give_back_runs`, under the lock."""
 
     @property
     def slab_pages(self) -> int:
         return self._slab_pages
 
     def stats(self) -> PageStats:
+        with self._lock:
+            self._release_later()
         return PageStats(
             len(self._maps), self._in_use, self._own, self._given_back, self._advise_calls
         )
@@ -111,6 +118,7 @@ class PagePool:
         if pages > self._slab_pages:
             return -1, self._own_mapping(pages)
         with self._lock:
+            self._release_later()
             return self._take(pages)
 
     def _take(self, pages: int) -> tuple[int, memoryview]:
@@ -141,6 +149,24 @@ class PagePool:
         """`give_back` of several runs, consecutive pages of one slab advised in one call."""
         spans = sorted((h, n) for h, n in runs if h >= 0)
         with self._lock:
+            self._release_later()
+            self._release_spans(spans)
+
+    def give_back_later(self, runs: list[tuple[int, int]]) -> None:
+        """`give_back_runs` for a finalizer (`HotCache.__del__`): queued without the lock and
+        released at the next `take` or `give_back_runs`. The cyclic collector runs finalizers
+        inside whatever allocation crosses its threshold, including those `take` makes while
+        it holds the (non-reentrant) lock: a finalizer that took the lock there waited for its
+        own thread for ever (review finding, reproduced with a lowered threshold)."""
+        self._later.extend([run for run in runs if run[0] >= 0])
+
+    def _release_later(self) -> None:
+        later = self._later
+        if later:
+            spans: list[tuple[int, int]] = []
+            while later:  # a finalizer may append while this runs: popleft is atomic
+                spans.append(later.popleft())
+            spans.sort()
             self._release_spans(spans)
 
     def _release_spans(self, spans: list[tuple[int, int]]) -> None:

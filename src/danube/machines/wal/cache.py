@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import struct
+import sys
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
@@ -290,9 +291,10 @@ class HotCache:
             self._ledger.dropped(self, size)
         return True
 
-    def _give_back(self, count: int) -> None:
+    def _give_back(self, count: int, later: bool = False) -> None:
         """The `count` oldest chunks hold no batch: their pages go back to the kernel now
-        (those of the oldest that `_give_back_front` gave back already excepted)."""
+        (those of the oldest that `_give_back_front` gave back already excepted); `later`:
+        from a finalizer, which must not take the pool's lock (`PagePool.give_back_later`)."""
         runs = self._runs
         given = [(run >> 16, run & 0xFFFF) for run in runs[:count] if run >= 0]
         if given and runs[0] >= 0 and self._front_given:
@@ -306,7 +308,10 @@ class HotCache:
         else:
             self._runs = _NO_BATCHES
         if given:
-            self._pool.give_back_runs(given)
+            if later:
+                self._pool.give_back_later(given)
+            else:
+                self._pool.give_back_runs(given)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> HotCache:
         """A copy (tests compare a machine's state before and after a call) holds its chunks as
@@ -332,9 +337,10 @@ class HotCache:
         discarded) still gives its pages back: the pool would keep them otherwise."""
         try:
             if self._chunks:
-                self._give_back(len(self._chunks))
-        except Exception:  # interpreter shutdown: the pool may be gone, nothing to give back to
-            pass
+                self._give_back(len(self._chunks), later=True)
+        except Exception:
+            if not sys.is_finalizing():  # the pool may be gone at shutdown; otherwise a bug
+                raise
 
     def _give_back_front(self) -> None:
         """The pages of the oldest chunk wholly before its oldest batch held go back now: an
