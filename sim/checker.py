@@ -127,33 +127,45 @@ class _Subscription:
 
 
 def stored_payload(record: bytes) -> bytes:
-    """The payload (field 3) of a stored `StreamMessage`, skipping the fields before it as the
-    broker writes them (one-byte tags, varints and length-delimited fields): the checker
-    reads every written record, and the full codec costs five times as much. Anything else
-    goes through the full codec."""
+    """The payload (field 3) of a stored `StreamMessage`, walking the fields as the broker
+    writes them (one-byte tags, varints and length-delimited fields): the checker reads every
+    written record, and the full codec costs five times as much. A record the walk does not
+    end cleanly on (a field running past the end, a second payload, another wire type) goes
+    through the full codec, which rejects what is malformed."""
     pos, end = 0, len(record)
-    while pos < end:
-        tag = record[pos]
-        pos += 1
-        wire = tag & 7
-        if tag > 0x7F or wire not in (0, 2):
-            break
-        if wire == 0:
-            while record[pos] & 0x80:
-                pos += 1
+    payload: bytes | None = None
+    try:
+        while pos < end:
+            tag = record[pos]
             pos += 1
-            continue
-        length = shift = 0
-        while True:
-            byte = record[pos]
-            pos += 1
-            length |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
+            wire = tag & 7
+            if tag > 0x7F or wire not in (0, 2):
                 break
-        if tag >> 3 == 3:
-            return record[pos : pos + length]
-        pos += length
+            if wire == 0:
+                while record[pos] & 0x80:
+                    pos += 1
+                pos += 1
+                continue
+            length = shift = 0
+            while True:
+                byte = record[pos]
+                pos += 1
+                length |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+            if pos + length > end:
+                break
+            if tag >> 3 == 3:
+                if payload is not None:
+                    break
+                payload = record[pos : pos + length]
+            pos += length
+        else:
+            if payload is not None:
+                return payload
+    except IndexError:
+        pass
     return records.decode(record).payload
 
 

@@ -65,3 +65,33 @@ def test_an_objects_records_are_read_as_the_full_codec_reads_them() -> None:
     assert _records_of(segment) == expected
     assert [p for _, p in expected] == ["t#0", "t#1", "t#2", "b#0", "b#1", "b#2", "b#3"]
     assert [o for o, _ in expected] == list(range(10, 17))
+
+
+def _encoded(record: Record) -> bytes:
+    return records.encode(record)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["payload past the end", "a second payload", "garbage after the fields"],
+)
+def test_a_malformed_record_gets_what_the_full_codec_gives(damage: str) -> None:
+    """The short read must not accept what the full codec would not (review finding: it
+    returned a payload cut short, or the first of two payloads where protobuf takes the
+    last): the walk gives way to the codec, so both answer the same, an error included."""
+    good = _encoded(RECORDS[2])
+    if damage == "payload past the end":
+        bad = bytes([0x1A, 50]) + b"short"
+    elif damage == "a second payload":
+        bad = good + bytes([0x1A, 3]) + b"two"
+    else:
+        bad = good + bytes([0xFF, 0xFF])
+    try:
+        expected: bytes | type[BaseException] = records.decode(bad).payload
+    except Exception as error:
+        expected = type(error)
+    try:
+        got: bytes | type[BaseException] = stored_payload(bad)
+    except Exception as error:
+        got = type(error)
+    assert got == expected
