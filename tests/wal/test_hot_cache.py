@@ -312,3 +312,26 @@ def test_a_frame_longer_than_a_slab_is_a_mapping_of_its_own_unmapped_with_its_ch
     cache.release()
     gc.collect()
     assert pool.stats().own_mappings == 0 and cache.chunk_count == 0
+
+
+def test_a_finalized_cache_is_empty_for_the_rest_of_its_garbage_cycle() -> None:
+    """The collector runs every finalizer of a garbage cycle before it clears any object, so
+    the cycle's other objects (a simulated broker's ledger, a publish generator closing) may
+    still call a cache whose `__del__` gave its pages back. It must then behave as an empty
+    cache, not index chunks it no longer has (IndexError in `_give_back_front`, found by the
+    cluster data simulator's tests)."""
+    from danube.machines.memory.ledger import CacheLedger
+    from danube.machines.memory.pages import PagePool
+
+    pool = PagePool(slab_pages=64)
+    ledger = CacheLedger(1 << 20)
+    cache = HotCache(1 << 20, "t", ledger=ledger, pool=pool)
+    for offset in range(40):
+        cache.put(offset, [bytes([offset]) * 900], 904)
+    cache.__del__()  # what the collector does first
+    cache.drop_oldest_for_ledger()
+    ledger.squeeze = ledger.pool  # a limit of 0: fit evicts whatever it counts
+    ledger.fit()
+    assert cache.oldest is None and not cache.holds(0)
+    cache.release()
+    assert pool.stats().in_use == 0

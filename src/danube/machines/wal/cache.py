@@ -338,6 +338,17 @@ class HotCache:
         try:
             if self._chunks:
                 self._give_back(len(self._chunks), later=True)
+            # Empty from here on, batches included: the collector finalizes every object of a
+            # garbage cycle before it clears any, so the cycle's other objects may still use
+            # this cache (a closed publish generator's `finally` releasing its pool room made
+            # the ledger evict from it, and the batches left without chunks raised IndexError;
+            # tests/sim run of the cluster data simulator). Its ledger is in the same garbage
+            # (it references every cache it counts) and is not told.
+            self._firsts = self._sizes = self._chunk_of = self._records_at = _NO_BATCHES
+            self._starts = _NO_RECORDS
+            self._head = 0
+            self._record_base = self._next_record
+            self.bytes = 0
         except Exception:
             if not sys.is_finalizing():  # the pool may be gone at shutdown; otherwise a bug
                 raise
