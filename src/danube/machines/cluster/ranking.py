@@ -208,12 +208,15 @@ class LoadReport:
 # -- scores (§7.3) -------------------------------------------------------------------------------
 
 
-def topic_weight(topics: Sequence[TopicLoad]) -> float:
-    """Danube's weighted topic load W: count, throughput, connections and backlog."""
-    if not topics:
+def topic_weight(topics: Sequence[TopicLoad], count: int | None = None) -> float:
+    """Danube's weighted topic load W: count, throughput, connections and backlog. With
+    `count`, `topics` are only those of `count` topics whose figures are not all zero (the
+    others add nothing to the sums): the load manager keeps those as they change."""
+    count = len(topics) if count is None else count
+    if not count:
         return 0.0
     return (
-        0.2 * len(topics)
+        0.2 * count
         + 0.3 * sum(t.byte_rate_mbps for t in topics)
         + 0.3 * sum(t.producer_count + t.consumer_count for t in topics)
         + 0.2 * sum(t.backlog_messages for t in topics) / 10_000
@@ -234,10 +237,21 @@ class BrokerLoad:
     throughput_mbps: float
 
     @classmethod
-    def of(cls, report: LoadReport) -> BrokerLoad:
+    def of(
+        cls,
+        report: LoadReport,
+        *,
+        count: int | None = None,
+        topics: Sequence[TopicLoad] | None = None,
+    ) -> BrokerLoad:
+        """The report's figures; with `count` and `topics`, those instead of the report's
+        topics (`topic_weight`'s shorthand: the topics with figures, of `count`)."""
+        if topics is None:
+            topics = report.topics
+        count = len(topics) if count is None else count
         return cls(
-            len(report.topics),
-            topic_weight(report.topics),
+            count,
+            topic_weight(topics, count),
             report.usage(Resource.CPU),
             report.usage(Resource.MEMORY),
             report.usage(Resource.DISK_IO),
