@@ -14,7 +14,13 @@ import pytest
 
 from danube import keys
 from danube.machines.cluster.load_manager import LoadManager, LoadManagerConfig
-from danube.machines.cluster.placement import Answer, Located, ViewFacts, lookup_from_view
+from danube.machines.cluster.placement import (
+    Answer,
+    Located,
+    ViewFacts,
+    lookup_from_view,
+    route_from_view,
+)
 from danube.metadata import KeyValue, WatchEvent
 from danube.runtime.placement import ClusterPlacement
 from danube.values.errors import DanubeError, ErrorCode
@@ -93,3 +99,31 @@ def test_the_cluster_placement_answers_from_the_view_without_reading_the_store()
     with pytest.raises(DanubeError) as raised:
         asyncio.run(placement.lookup(T))
     assert raised.value.code is ErrorCode.UNAVAILABLE
+
+
+def test_create_and_subscribe_for_a_topic_being_assigned_are_answered_from_the_view() -> None:
+    """Issue 23 point 4: each CreateProducer retry of a failover's producers read the store
+    twice on the broker it reached; the view tells as much without a read."""
+    placement = ClusterPlacement(_Core(), _NoStore(), ME, auto_create_topics=True)  # type: ignore[arg-type]
+    for seen in (ViewFacts(None, True, None), ViewFacts(ME, False, None)):
+        placement.view = lambda topic, seen=seen: seen
+        with pytest.raises(DanubeError) as raised:
+            asyncio.run(placement.route(T, None))
+        assert raised.value.code is ErrorCode.UNAVAILABLE
+        assert "being assigned" in str(raised.value)
+    placement.view = lambda topic: ViewFacts("2", False, OTHER)
+    with pytest.raises(DanubeError) as raised:
+        asyncio.run(placement.route(T, None))
+    assert raised.value.code is ErrorCode.UNAVAILABLE
+    assert "look it up again" in str(raised.value)
+
+
+def test_what_the_view_cannot_tell_of_a_create_goes_to_the_store() -> None:
+    """No assignment and no marker (the topic may not exist: a create makes it), or a
+    deletion's marker: the view does not answer."""
+    assert route_from_view(T, ViewFacts(None, False, None), ME) is None
+    assert route_from_view(T, ViewFacts(None, True, None, deleting=True), ME) is None
+    placement = ClusterPlacement(_Core(), _NoStore(), ME, auto_create_topics=True)  # type: ignore[arg-type]
+    placement.view = lambda topic: ViewFacts(None, False, None)
+    with pytest.raises(AssertionError, match="read the store"):
+        asyncio.run(placement.route(T, None))

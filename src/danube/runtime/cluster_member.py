@@ -27,6 +27,7 @@ from danube.machines.cluster.membership import (
 from danube.machines.cluster.ownership import Ownership, OwnershipConfig
 from danube.machines.cluster.placement import ViewFacts
 from danube.machines.cluster.ranking import LoadReport, TopicLoad
+from danube.machines.cluster.records import MarkerReason
 from danube.metadata import MetadataStore, WatchEvent
 from danube.runtime.broker import BrokerRuntime
 from danube.runtime.load_manager import LoadManagerDriver
@@ -106,7 +107,9 @@ class ClusterMember:
         assigned = machine.owner(topic)
         broker = None if assigned is None else assigned[0]
         registration = None if broker is None else machine.registration(broker)
-        return ViewFacts(broker, machine.marker(topic) is not None, registration)
+        marker = machine.marker(topic)
+        deleting = marker is not None and marker[0].reason is MarkerReason.DELETE
+        return ViewFacts(broker, marker is not None, registration, deleting)
 
     def leader(self) -> str | None:
         machine = self.membership.machine

@@ -113,6 +113,9 @@ class ClusterPlacement:
         if self._core.serves(topic):
             return
         name = parse_topic(topic)
+        seen = None if self.view is None else self.view(topic)
+        if seen is not None:
+            rules.route_from_view(topic, seen, self._broker_id)
         facts = await self._facts(name)
         strategy = rules.route(
             topic, facts, self._broker_id, create=create, auto_create=self._auto_create

@@ -81,6 +81,8 @@ class ViewFacts:
     assigned_to: str | None
     pending: bool
     registration: Mapping[str, Any] | None
+    deleting: bool = False
+    """The marker waiting is a deletion's (the topic is going, not coming)."""
 
 
 def lookup_from_view(topic: str, facts: ViewFacts, me: str) -> Located | None:
@@ -105,6 +107,25 @@ def lookup_from_view(topic: str, facts: ViewFacts, me: str) -> Located | None:
     broker_url = str(registration["broker_url"])
     connect_url = registration.get("connect_url")
     return Located(Answer.REDIRECT, broker_url, str(connect_url or broker_url))
+
+
+def route_from_view(topic: str, facts: ViewFacts, me: str) -> None:
+    """CreateProducer or Subscribe for a topic this broker does not serve, answered from the
+    view when it shows the topic assigned or being assigned: the answer `route` gives from
+    the store for an existing topic, without its two reads. Returns when the view cannot
+    tell (no assignment, no marker, or a deletion's marker): the store decides.
+
+    Why: during a failover each of the dead broker's producers sends CreateProducer again
+    and again, to the broker it last reached (a lookup that fails keeps it), and each of
+    those cost two store reads on a survivor that is loading the very topics (issue 23
+    point 4). As with lookups, a lagging view only sends the client to look up again."""
+    if facts.assigned_to == me or (facts.assigned_to is None and facts.pending):
+        if facts.deleting:
+            return None
+        raise unavailable(f"{topic} is being assigned to a broker; retry shortly")
+    if facts.assigned_to is not None:
+        raise unavailable(f"{topic} is served by another broker; look it up again")
+    return None
 
 
 def admin_route(
