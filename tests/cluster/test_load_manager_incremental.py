@@ -17,6 +17,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 
+from danube.machines.cluster import load_manager
 from danube.machines.cluster.load_manager import LoadManager, LoadManagerConfig
 from danube.machines.cluster.ranking import BrokerLoad, LoadReport, TopicLoad, scores
 from tests.cluster import test_load_manager_properties as worlds
@@ -114,3 +115,23 @@ def test_a_planted_miscount_is_caught() -> None:
         assert "decided differently" in str(caught) or "after" in str(caught)
     else:
         raise AssertionError("the planted miscount went unnoticed")
+
+
+def test_a_planted_weight_bug_is_caught(monkeypatch: Any) -> None:
+    """And a machine whose counts ignore what the reports say of each topic (only the count
+    weighs) ranks differently once a report with figures arrives."""
+    monkeypatch.setattr(load_manager, "_weighs", lambda load: False)
+    config = LoadManagerConfig()
+    ops: list[tuple[Any, ...]] = [("create", t) for t in worlds.TOPICS]
+    ops += [("pump",), ("pump",), ("report", "1", 50), ("pump",)]
+    world = TwinWorld(config)
+    try:
+        world.register("1")
+        world.resync()
+        world.lead(True)
+        for op in ops:
+            world.step(op)
+    except AssertionError as caught:
+        assert "decided differently" in str(caught) or "after" in str(caught)
+    else:
+        raise AssertionError("the planted weight bug went unnoticed")
