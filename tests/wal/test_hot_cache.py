@@ -136,7 +136,7 @@ def test_a_frame_larger_than_a_chunk_gets_pages_of_its_own_and_fills_their_rest(
     frame = format.encode_frame(7, 0, [body, b"y"])
     cache = HotCache(1 << 40)
     cache.put_frame(7, frame, len(frame), 2)
-    assert type(cache._chunks[0]) is memoryview and len(cache._chunks[0]) == CHUNK_BYTES + 4096
+    assert type(cache._chunks[0]) is memoryview and len(cache._chunks[0]) == CHUNK_BYTES + PAGE
     assert cache.read(7, 9, 1) == (body,)  # at least one record, then what fits
     assert cache.read(8, 9, 1) == (b"y",)
     cache.put(9, [b"z" * 100], 200)
