@@ -59,6 +59,7 @@ from pathlib import Path
 
 from grpclib.client import Channel
 
+from bench import stage_breakdown
 from bench.e2e_reliable import _HEAD, _payload
 from danube.client import DanubeClient, DispatchStrategy, RetryPolicy, SubType
 from danube.localcluster.broker_process import BrokerProcess
@@ -450,6 +451,9 @@ async def _e2e(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, obj
             await stored
             ack_ms.append((time.monotonic_ns() - before) / 1e6)
 
+        scraped = {b.pid: stage_breakdown.scrape(b.metrics_url) for b in cluster.brokers}
+        cpu_before = {b.pid: _cpu_s(b.pid) for b in cluster.brokers}
+        client_cpu = time.process_time()
         receiving = asyncio.ensure_future(consume())
         interval = 1.0 / args.rate
         started = time.monotonic()
@@ -471,6 +475,14 @@ async def _e2e(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, obj
             delivered_at = await asyncio.wait_for(receiving, limit)
         except TimeoutError:
             raise SystemExit(f"consumer stalled: {len(seen)} of {messages} received") from None
+        client_cpu = time.process_time() - client_cpu
+        brokers = {}
+        for b in cluster.brokers:
+            after = stage_breakdown.scrape(b.metrics_url)
+            brokers[b.pid] = {
+                "cpu_ms_per_message": (_cpu_s(b.pid) - cpu_before[b.pid]) * 1000 / messages,
+                "stages": stage_breakdown.table(stage_breakdown.difference(after, scraped[b.pid])),
+            }
         await consumer.close()
     replication = await _replication(cluster.brokers[0], topic)
     return {
@@ -486,6 +498,8 @@ async def _e2e(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, obj
         "followers": [f.broker_id for f in replication.followers],
         "in_sync": list(replication.in_sync),
         "check": {"missing": messages - len(seen), "duplicates": duplicates},
+        "client_cpu_ms_per_message": client_cpu * 1000 / messages,
+        "brokers": brokers,
     }
 
 
@@ -507,6 +521,13 @@ def e2e(args: argparse.Namespace, root: Path) -> None:
               f"publish→delivered p50 {found['end_to_end_p50_ms']:.2f} ms p99 "
               f"{found['end_to_end_p99_ms']:.2f} ms; most late send "
               f"{found['most_late_send_ms']:.1f} ms; {found['check']}", flush=True)  # fmt: skip
+        print(f"client CPU {found['client_cpu_ms_per_message']:.3f} ms a message", flush=True)
+        if args.stages:
+            for pid, seen in found["brokers"].items():  # type: ignore[attr-defined]
+                print(f"broker pid {pid}: CPU {seen['cpu_ms_per_message']:.3f} ms a message")
+                rows = [row for row in seen["stages"] if row["count"]]
+                if rows:
+                    print(stage_breakdown.render(rows), flush=True)
 
 
 def main() -> None:
@@ -543,6 +564,11 @@ def main() -> None:
     five.add_argument("--rate", type=int, default=1000, help="msg/s offered (open loop)")
     five.add_argument("--seconds", type=float, default=20.0)
     five.add_argument("--size", type=int, default=1024, help="payload bytes (>= 16)")
+    five.add_argument(
+        "--stages",
+        action="store_true",
+        help="each broker's stage table (danube_stage_latency_ms) and CPU for the measured run",
+    )
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
           f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip

@@ -16,8 +16,16 @@ import pytest
 from bench import stage_breakdown
 from danube.client import DanubeClient, SubType
 from danube.localcluster.broker_process import BrokerProcess
-from danube.runtime.stage_metrics import STAGE_BUCKETS_MS, STAGES, StageHistogram, StageLatency
+from danube.localcluster.cluster import ClusterSettings, LocalCluster
+from danube.runtime.stage_metrics import (
+    REPLICATION_STAGES,
+    STAGE_BUCKETS_MS,
+    STAGES,
+    StageHistogram,
+    StageLatency,
+)
 from danube.values.config import DispatchStrategy
+from tests.support import replicated
 from tests.support.aio import receive_n, run, unique_topic
 from tests.support.metrics import Samples, scrape
 
@@ -68,7 +76,10 @@ def test_every_stage_is_observed_for_reliable_messages(
     for stage in ("dispatch", "send"):
         assert 1 <= _count(after, stage) <= SENDS, stage
     for stage in STAGES:
-        assert _total(after, stage) > 0, stage
+        if stage in REPLICATION_STAGES:  # a standalone broker replicates nothing
+            assert _count(after, stage) == 0, stage
+        else:
+            assert _total(after, stage) > 0, stage
     # A publish's whole time covers its parts that run one after the other.
     assert _total(after, "publish") >= _total(after, "check")
 
@@ -171,3 +182,50 @@ def test_the_bench_table_reads_the_difference_of_two_scrapes() -> None:
     assert 2.5 < row["p50_ms"] <= 5  # type: ignore[operator]
     (whole,) = stage_breakdown.table(after)
     assert whole["count"] == 14 and 0.25 < whole["p50_ms"] <= 0.5  # type: ignore[operator]
+
+
+@pytest.mark.slow
+def test_a_replicated_round_is_observed_on_the_owner_and_the_follower(tmp_path: Path) -> None:
+    """Issue 27 point 6: the owner observes the send and the round of each replicated group
+    commit, its follower the way to durable and the answer (`bench.cluster_e2e e2e
+    --stages` prints them)."""
+    topic = unique_topic("stages-replicated")
+    with LocalCluster(tmp_path / "cluster", ClusterSettings(brokers=2)) as cluster:
+
+        async def create() -> None:
+            async with DanubeClient(cluster.brokers[0].url) as client:
+                producer = await client.producer(
+                    topic, "creator", dispatch=DispatchStrategy.RELIABLE
+                ).create()
+                await producer.send(b"first")
+
+        run(create)
+        replicated.wait(
+            lambda: (o := replicated.owner(cluster, topic)) and replicated.copies(o, topic) == 2,
+            30,
+            "a follower in sync",
+            cluster,
+        )
+        owner = replicated.owner(cluster, topic)
+        assert owner is not None
+        follower = next(b for b in cluster.brokers if b is not owner)
+        before = {b.pid: scrape(b.metrics_url) for b in cluster.brokers}
+
+        async def publish() -> None:
+            async with DanubeClient(owner.url) as client:
+                producer = await client.producer(
+                    topic, "p", dispatch=DispatchStrategy.RELIABLE, batching=None
+                ).create()
+                for n in range(SENDS):
+                    await producer.send(b"r%d" % n)
+
+        run(publish)
+        owner_seen, follower_seen = scrape(owner.metrics_url), scrape(follower.metrics_url)
+        for stage in ("replicate_queue", "replicate_round"):
+            grew = _count(owner_seen, stage) - _count(before[owner.pid], stage)
+            assert SENDS <= grew <= SENDS + 1, (stage, grew)  # + the creator's, if not seen yet
+            assert _count(follower_seen, stage) == 0, stage
+        for stage in ("replica_durable", "replica_answer"):
+            grew = _count(follower_seen, stage) - _count(before[follower.pid], stage)
+            assert 1 <= grew <= SENDS + 1, (stage, grew)
+            assert _count(owner_seen, stage) == 0, stage

@@ -1,9 +1,9 @@
-"""The replication transport (`danube.runtime.replication_link`) over real grpclib servers on
-loopback: an owner's `ReplicationLinks` streams `Replicate`s for several topics to follower
-brokers' `ReplicationService`s in order and gets their answers in order; a follower's restart
-is exactly one `on_broken` and a reconnect; sends queued while a follower is away arrive once it
-is back; an overflowing queue is one loss; malformed messages are refused with a clear error
-on either side; `EpochEnd` answers a follower's question."""
+"""The replication transport (`danube.runtime.replication_link`, `replication_service`) over
+real grpclib servers on loopback: an owner's `ReplicationLinks` streams `Replicate`s for
+several topics to follower brokers' `ReplicationService`s in order and gets their answers in
+order; a follower's restart is exactly one `on_broken` and a reconnect; sends queued while a
+follower is away arrive once it is back; an overflowing queue is one loss; malformed messages
+are refused with a clear error on either side; `EpochEnd` answers a follower's question."""
 
 from __future__ import annotations
 
@@ -29,13 +29,8 @@ from danube.machines.replication.messages import (
 from danube.proto import danube_ext as ext_pb
 from danube.runtime.grpc_util import Server, Unimplemented
 from danube.runtime.replication_codec import FROM_BROKER_HEADER, ReplicaCodecError
-from danube.runtime.replication_link import (
-    STREAM_PATH,
-    Outbox,
-    ReplicationLinks,
-    ReplicationService,
-    ask_epoch_end,
-)
+from danube.runtime.replication_link import ReplicationLinks, ask_epoch_end
+from danube.runtime.replication_service import STREAM_PATH, Outbox, ReplicationService
 from danube.values.errors import DanubeError, ErrorCode, not_found
 
 TOPICS = ("/default/a", "/default/b")
@@ -230,6 +225,35 @@ def test_sends_from_inside_on_broken_go_on_the_next_stream() -> None:
     _run(test)
 
 
+def test_a_send_on_an_idle_established_stream_is_written_at_once_in_order() -> None:
+    """Issue 27 point 6: nothing queued, so the send goes to the stream in the call, not a
+    loop turn later by the writer task; a send larger than one frame still queues, and the
+    small sends after it queue behind it (order kept)."""
+
+    async def test() -> None:
+        handler = Echo()
+        follower = await Follower(handler).start()
+        owner = Owner({"f": follower.address})
+        first = _replicate(TOPICS[0], 0)
+        assert owner.links.send("f", first)  # connecting: queued
+        await _until(lambda: len(owner.answers.get("f", [])) == 1)
+        link = owner.links._links["f"]
+        second = _replicate(TOPICS[0], 2)
+        assert owner.links.send("f", second)
+        assert not link.queue and owner.links.stats_of("f").sent == 2  # written in the call
+        large = _replicate(TOPICS[0], 4, count=4000)  # more than one 16 KiB frame
+        after = _replicate(TOPICS[0], 4004)
+        assert owner.links.send("f", large) and owner.links.send("f", after)
+        assert len(link.queue) == 2
+        await _until(lambda: len(owner.answers.get("f", [])) == 4)
+        assert [m for _, m in handler.received] == [first, second, large, after]
+        assert owner.broken("f") == 0
+        await owner.links.close()
+        await follower.stop()
+
+    _run(test)
+
+
 def test_a_full_queue_is_one_loss() -> None:
     async def test() -> None:
         with socket.socket() as unused:
@@ -324,6 +348,7 @@ class BadAnswers:
     """A follower that answers with an unknown kind."""
 
     async def replicate(self, from_broker: str, message: Replicate, outbox: Outbox) -> None:
+        outbox._stream = None  # queued, not written at once (`Outbox._send_now`): swapped below
         outbox.put(Mismatch(message.topic, message.epoch, 0))
         outbox._answers[-1] = bytes(ext_pb.ReplicaAnswer(kind=9, topic="t"))  # type: ignore[arg-type]
 
@@ -424,12 +449,48 @@ def test_a_newer_stream_from_the_same_owner_replaces_the_older() -> None:
 
 
 class Chatty(Echo):
-    """Answers every request three times: beyond the outbox's limit of 2."""
+    """Answers every request three times: beyond the outbox's limit of 2. The answers queue
+    as they do when the stream cannot take them at once (its flow-control window used up by
+    an owner that does not read), not written in the call (`Outbox._send_now`)."""
 
     async def replicate(self, from_broker: str, message: Replicate, outbox: Outbox) -> None:
         self.received.append((from_broker, message))
+        outbox._stream = None
         for _ in range(3):
             outbox.put(Replicated(message.topic, message.epoch, message.end))
+
+
+class Counting(Echo):
+    """Echoes, noting after each answer how many answers wait in the outbox."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: list[int] = []
+
+    async def replicate(self, from_broker: str, message: Replicate, outbox: Outbox) -> None:
+        self.received.append((from_broker, message))
+        outbox.put(Replicated(message.topic, message.epoch, message.end))
+        self.waiting.append(len(outbox._answers))
+
+
+def test_an_answer_on_an_idle_stream_is_written_at_once() -> None:
+    """Issue 27 point 6: the follower's answer goes to the stream in `put`, not a loop turn
+    later by the outbox's writer task."""
+
+    async def test() -> None:
+        handler = Counting()
+        follower = await Follower(handler).start()
+        owner = Owner({"f": follower.address})
+        for i in range(5):
+            owner.links.send("f", _replicate(TOPICS[0], 2 * i))
+        await _until(lambda: len(owner.answers.get("f", [])) == 5)
+        assert handler.waiting == [0] * 5
+        assert follower.service.stats.answers_sent == 5
+        assert owner.answers["f"] == [Replicated(TOPICS[0], 3, 2 * i + 2) for i in range(5)]
+        await owner.links.close()
+        await follower.stop()
+
+    _run(test)
 
 
 def test_unread_answers_beyond_the_limit_end_the_stream() -> None:
@@ -467,7 +528,8 @@ def test_nothing_of_a_lost_stream_is_delivered_after_its_break() -> None:
         def burst(follower_id: str, answer: FollowerAnswer) -> None:
             owner._answer(follower_id, answer)
             if len(owner.answers[follower_id]) == 1:
-                owner.links.send(follower_id, _replicate(TOPICS[1], 0))
+                # larger than one HTTP/2 frame: queued, not written at once (`_send_now`)
+                owner.links.send(follower_id, _replicate(TOPICS[1], 0, count=4000))
                 owner.links.send(follower_id, _replicate(TOPICS[1], 2))  # the queue is full
 
         owner.links._on_answer = burst

@@ -7,8 +7,12 @@ machines'), so the node wiring plugs it in as a port.
 **Owner side: `ReplicationLinks`.** One bidirectional stream per follower broker carries the
 `Replicate`s of every topic the owner replicates to it, in the order `send` was called, and
 delivers the follower's answers to `on_answer` in the order the follower sent them. `send`
-never waits: it encodes (a malformed `Replicate` raises `ReplicaCodecError` at once) and queues
-on the follower's link; a writer task drains the queue onto the stream.
+never waits: it encodes (a malformed `Replicate` raises `ReplicaCodecError` at once) and, when
+the stream is up with nothing queued or being written and HTTP/2 takes the message without
+waiting (one frame, within the flow-control window), writes it to the stream in the call;
+else it queues on the follower's link and a writer task drains the queue onto the stream
+(issue 27 point 6: the writer task's wake-up was a loop turn on every group commit's way to the
+follower, bench/RESULTS.md).
 
 A *loss* is anything after which a `Replicate` handed to `send` may not arrive: an established
 stream ending or breaking (follower restarted, connection reset, keepalive timeout, a
@@ -27,20 +31,9 @@ follower that never answers is the machine's business (its `lag_ms`), not the tr
 Callbacks run on the event loop, synchronously; an exception in one is logged and does not
 stop the link.
 
-**Follower side: `ReplicationService(handler)`.** For each stream it checks the sender's
-broker id (header `x-danube-replica-from`), then hands each request to
-`handler.replicate(from_broker, message, outbox)` in stream order, awaiting it before reading
-the next (the handler's backpressure reaches the owner through HTTP/2 flow control). The
-handler answers whenever it likes (once the frames are durable, usually later) by
-`outbox.put(answer)`; answers go out in `put` order. When the stream ends, `outbox.closed`
-turns true, later `put`s are dropped (the owner resends after its break) and
-`handler.stream_closed(from_broker, outbox)` is called. A newer stream from the same broker
-closes the older one (a half-open connection must not hold a second outbox). A malformed
-request ends the stream with INVALID_ARGUMENT naming the rule it broke.
-`EpochEnd(topic, epoch)` is answered by `handler.epoch_end(topic, epoch)`, which returns
-`(end, owner_epoch)` or raises `DanubeError`; `ask_epoch_end` is its client.
+**Follower side**: `danube.runtime.replication_service`.
 
-Counters are plain attributes (`LinkStats`, `ServiceStats`) for the metrics exporter.
+Counters are plain attributes (`LinkStats`) for the metrics exporter.
 
 Wiring (not done here): the service goes on the admin server beside `AdminServices` in
 `runtime/server.py` (cluster mode; the owner reaches it at the follower's registered
@@ -59,12 +52,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import struct
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import grpclib.client
 import grpclib.const
@@ -72,14 +63,13 @@ import grpclib.protocol
 import grpclib.server
 from grpclib import GRPCError
 from grpclib.config import Configuration
-from grpclib.const import Status
 
 from danube.client.errors import TRANSPORT_ERRORS
-from danube.machines.replication.messages import FollowerAnswer, Replicate
+from danube.machines.replication.messages import FollowerAnswer, Replicate, Replicated
 from danube.proto import danube_ext as ext_pb
 from danube.runtime import replication_codec as codec
 from danube.runtime.forwarding import host_port
-from danube.runtime.grpc_util import recv_bounded, send_encoded, unary
+from danube.runtime.grpc_util import send_data_now
 from danube.runtime.peers import PEERS
 from danube.runtime.replication_codec import (
     ANSWER_LIMIT,
@@ -87,12 +77,12 @@ from danube.runtime.replication_codec import (
     FROM_BROKER_HEADER,
     ReplicaCodecError,
 )
-from danube.values.errors import DanubeError, ErrorCode, invalid
+from danube.runtime.replication_service import EPOCH_END_PATH, FRAME_HEADER, STREAM_PATH
+from danube.runtime.stage_metrics import StageLatency
+from danube.values.errors import DanubeError, ErrorCode
 
 log = logging.getLogger("danube.runtime")
 
-STREAM_PATH = "/danube_ext.Replication/Stream"
-EPOCH_END_PATH = "/danube_ext.Replication/EpochEnd"
 
 QUEUE_MESSAGES = 4096
 """Replicates queued on one follower's link (not yet written to its stream) before a loss."""
@@ -103,16 +93,15 @@ charged to the broker's publish pool (`charge`, `PublishPool.replication_queued`
 publishes wait while followers lag (spec/memory.md, "Replication send queues")."""
 WRITE_BATCH_BYTES = 1 << 20
 """Queued messages written to the stream in one HTTP/2 send, up to this many bytes."""
-OUTBOX_ANSWERS = 65_536
-"""Answers queued on one follower stream that the owner does not read; beyond, the stream
-is ended (the owner resends after its break)."""
 CONNECT_TIMEOUT_S = 5.0
 EPOCH_END_TIMEOUT_S = 5.0
 KEEPALIVE_S = 15.0
 """Client PINGs on an idle link (the broker's guard tolerates one per 10 s without data)."""
 KEEPALIVE_TIMEOUT_S = 10.0
+TIMED_SENDS = 1024
+"""Sends per topic remembered for `replicate_round` until their answer (measurement only:
+the oldest are forgotten beyond this, a lost stream forgets them all)."""
 
-_HEADER = struct.Struct(">?I")
 
 ResolveAddress = Callable[[str], str | None]
 """A broker id's admin address (`host:port` or `http://host:port`), None when unknown."""
@@ -166,13 +155,20 @@ class _Session:
     alive: bool = True
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     reported: bool = False
+    raw: grpclib.protocol.Stream | None = None
+    """The stream once established: `send` writes to it at once when nothing is queued."""
+    writing: bool = False
+    """The writer task is inside a send: a message now must queue behind it."""
 
 
 @dataclass(eq=False, slots=True)
 class _Link:
     follower: str
-    queue: deque[tuple[bytes, int]] = field(default_factory=deque)
-    """Encoded `ReplicaRequest`s with their frames' sizes."""
+    queue: deque[tuple[bytes, int, str, int, float]] = field(default_factory=deque)
+    """Encoded `ReplicaRequest`s with their frames' sizes, topic, end and `send` time."""
+    on_wire: dict[str, deque[tuple[int, float]]] = field(default_factory=dict)
+    """Topic -> ends handed to the stream and when, until an answer covers them (the
+    `replicate_round` stage; measurement only)."""
     queued_bytes: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     session: _Session | None = None
@@ -204,14 +200,17 @@ class ReplicationLinks:
         loop: asyncio.AbstractEventLoop | None = None,
         charge: Callable[[int], None] | None = None,
         fits: Callable[[int], bool] | None = None,
+        stages: StageLatency | None = None,
     ) -> None:
-        """`charge(bytes)`: told what is queued (positive) and what leaves the queues
+        """`stages`: where `replicate_queue` and `replicate_round` are observed.
+        `charge(bytes)`: told what is queued (positive) and what leaves the queues
         (negative), for the memory budget (`PublishPool.replication_queued`); `fits(bytes)`:
         whether the budget lets that much more be queued, else the link is lost
         (`PublishPool.replication_fits`)."""
         self._loop = loop
         self._charge = charge
         self._fits = fits
+        self._stages = stages
         self._resolve = resolve_address
         self._on_answer = on_answer
         self._on_broken = on_broken
@@ -242,6 +241,8 @@ class ReplicationLinks:
             loop = self._loop = self._loop or asyncio.get_running_loop()
             link.task = loop.create_task(self._run(link))
         size = len(body)
+        if self._send_now(link, message, body):
+            return True
         if len(link.queue) >= self.queue_messages or link.queued_bytes + size > self.queue_bytes:
             link.stats.dropped += 1
             self._lose(link, "queue full")
@@ -250,11 +251,28 @@ class ReplicationLinks:
             link.stats.dropped += 1
             self._lose(link, "queue full (memory budget)")
             return False
-        link.queue.append((body, len(message.frames)))
+        now = time.perf_counter() if self._stages is not None else 0.0
+        link.queue.append((body, len(message.frames), message.topic, message.end, now))
         link.queued_bytes += size
         if self._charge is not None:
             self._charge(size)
         link.ready.set()
+        return True
+
+    def _send_now(self, link: _Link, message: Replicate, body: bytes) -> bool:
+        """Writes `body` to the established stream at once when nothing is queued or being
+        written before it (order kept) and HTTP/2 lets it go without waiting; else the
+        writer task sends it (`_write`)."""
+        session = link.session
+        if session is None or session.raw is None or session.writing or link.queue:
+            return False
+        framed = FRAME_HEADER.pack(False, len(body)) + body
+        if not session.alive or not send_data_now(session.raw, framed):
+            return False
+        link.stats.sent += 1
+        link.stats.sent_bytes += len(message.frames)
+        if self._stages is not None:
+            self._timed_on_wire(link, [(message.topic, message.end, time.perf_counter())])
         return True
 
     def connected(self, follower: str) -> bool:
@@ -299,6 +317,7 @@ class ReplicationLinks:
             self._charge(-link.queued_bytes)
         link.queue.clear()
         link.queued_bytes = 0
+        link.on_wire.clear()
 
     async def _stop(self, link: _Link) -> None:
         if link.session is not None:
@@ -370,6 +389,7 @@ class ReplicationLinks:
                     await stream.send_request()
                     await stream.recv_initial_metadata()
                 established = True
+                session.raw = stream._stream
                 link.session = session
                 link.stats.connects += 1
                 log.info(
@@ -433,25 +453,55 @@ class ReplicationLinks:
                 await link.ready.wait()
                 continue
             parts: list[bytes] = []
+            timed: list[tuple[str, int, float]] = []
             count = frames = size = 0
             while link.queue and (not parts or size + len(link.queue[0][0]) <= WRITE_BATCH_BYTES):
-                body, frame_bytes = link.queue.popleft()
+                body, frame_bytes, topic, end, queued_at = link.queue.popleft()
+                timed.append((topic, end, queued_at))
                 link.queued_bytes -= len(body)
-                parts.append(_HEADER.pack(False, len(body)))
+                parts.append(FRAME_HEADER.pack(False, len(body)))
                 parts.append(body)
                 count += 1
                 frames += frame_bytes
                 size += len(body)
             if self._charge is not None:
                 self._charge(-size)
+            session.writing = True
             try:
                 with stream._wrapper:  # woken with an error when the connection is lost
                     await raw.send_data(b"".join(parts))
             except BaseException:
                 link.stats.dropped += count
                 raise
+            finally:
+                session.writing = False
             link.stats.sent += count
             link.stats.sent_bytes += frames
+            if self._stages is not None:
+                self._timed_on_wire(link, timed)
+
+    def _timed_on_wire(self, link: _Link, timed: list[tuple[str, int, float]]) -> None:
+        """`replicate_queue` of each message just written; remembers when, for its round."""
+        now = time.perf_counter()
+        histogram = self._stages.histograms["replicate_queue"]  # type: ignore[union-attr]
+        for topic, end, queued_at in timed:
+            histogram.observe((now - queued_at) * 1000)
+            sent = link.on_wire.get(topic)
+            if sent is None:
+                sent = link.on_wire[topic] = deque(maxlen=TIMED_SENDS)
+            sent.append((end, now))
+
+    def _timed_answer(self, link: _Link, answer: FollowerAnswer) -> None:
+        """`replicate_round` of every send this `Replicated` covers."""
+        if not isinstance(answer, Replicated):
+            return
+        sent = link.on_wire.get(answer.topic)
+        if not sent:
+            return
+        now = time.perf_counter()
+        histogram = self._stages.histograms["replicate_round"]  # type: ignore[union-attr]
+        while sent and sent[0][0] <= answer.end:
+            histogram.observe((now - sent.popleft()[1]) * 1000)
 
     async def _read(self, link: _Link, session: _Session, stream: grpclib.client.Stream) -> None:
         """Delivers answers in stream order until the follower ends the stream."""
@@ -463,6 +513,8 @@ class ReplicationLinks:
             if not session.alive:
                 return
             link.stats.answers += 1
+            if self._stages is not None:
+                self._timed_answer(link, answer)
             try:
                 self._on_answer(link.follower, answer)
             except Exception:
@@ -482,7 +534,7 @@ async def _recv_answer_raw(raw: grpclib.protocol.Stream) -> FollowerAnswer | Non
         return None
     if len(header) < 5:
         raise ReplicaCodecError("truncated answer")
-    compressed, length = _HEADER.unpack(header)
+    compressed, length = FRAME_HEADER.unpack(header)
     if compressed:
         raise ReplicaCodecError("compressed answers are not supported")
     if length > ANSWER_LIMIT:
@@ -538,209 +590,3 @@ async def ask_epoch_end(
         return codec.decode_epoch_end_response(reply)
     except ReplicaCodecError as error:
         raise DanubeError(ErrorCode.UNAVAILABLE, f"the broker at {address}: {error}") from None
-
-
-# -- follower side -------------------------------------------------------------------------------
-
-
-class Outbox:
-    """Answers of one follower-side stream, sent in `put` order (module docstring)."""
-
-    def __init__(self, from_broker: str, limit: int, stats: ServiceStats) -> None:
-        self.from_broker = from_broker
-        self.closed = False
-        self._limit = limit
-        self._stats = stats
-        self._answers: deque[bytes] = deque()
-        self._ready = asyncio.Event()
-        self.ended: tuple[Status, str] | None = None
-        """Why the service ended the stream itself (superseded, overflow), if it did."""
-        self._end: Callable[[Status, str], None] | None = None
-
-    def put(self, answer: FollowerAnswer) -> bool:
-        """Queues `answer` (raises `ReplicaCodecError` when malformed). False when the stream
-        has ended: the answer is dropped, the owner resends after its break."""
-        body = codec.answer_bytes(answer)
-        if self.closed:
-            self._stats.answers_dropped += 1
-            return False
-        if len(self._answers) >= self._limit:
-            self._stats.answers_dropped += 1
-            self.end(Status.RESOURCE_EXHAUSTED, f"more than {self._limit} answers unread")
-            return False
-        self._answers.append(body)
-        self._ready.set()
-        return True
-
-    def close(self) -> None:
-        self.closed = True
-        self._ready.set()
-
-    def end(self, status: Status, reason: str) -> None:
-        """Ends the stream with `status` (the owner sees a break)."""
-        self.close()
-        if self.ended is None and self._end is not None:
-            self.ended = (status, reason)
-            self._end(status, reason)
-
-    async def _take(self) -> list[bytes]:
-        """What is queued, waiting for something; [] once closed and drained."""
-        while not self._answers:
-            if self.closed:
-                return []
-            self._ready.clear()
-            await self._ready.wait()
-        answers = list(self._answers)
-        self._answers.clear()
-        return answers
-
-
-class _RawRequest:
-    """The request type grpclib is given: the body stays bytes, for the hand codec."""
-
-    @staticmethod
-    def FromString(data: bytes) -> bytes:  # the protobuf API grpclib's codec calls
-        return data
-
-
-class ReplicaHandler(Protocol):
-    """What the follower broker's node wiring provides to `ReplicationService`."""
-
-    async def replicate(self, from_broker: str, message: Replicate, outbox: Outbox) -> None:
-        """Take `message` (e.g. into the topic's `FollowerLog`); answer through `outbox`,
-        now or later. Returns when the service may read the next request."""
-        ...
-
-    def stream_closed(self, from_broker: str, outbox: Outbox) -> None:
-        """The stream that `outbox` answers on has ended; nothing put on it arrives."""
-        ...
-
-    async def epoch_end(self, topic: str, epoch: int) -> tuple[int, int]:
-        """`(end, owner_epoch)` where `epoch`'s records of `topic` end on this broker's log,
-        as the topic's owner; raises `DanubeError` when this broker is not its owner."""
-        ...
-
-
-@dataclass(slots=True)
-class ServiceStats:
-    streams: int = 0
-    """Streams accepted."""
-    requests: int = 0
-    request_bytes: int = 0
-    """Frames' bytes received."""
-    refused: int = 0
-    """Streams ended for a malformed request or a missing sender id."""
-    answers_sent: int = 0
-    answers_dropped: int = 0
-    """Answers put after their stream ended (or beyond `OUTBOX_ANSWERS`)."""
-
-
-class ReplicationService:
-    """The follower broker's `danube_ext.Replication` (module docstring). Registered on the
-    admin (internal) port's server."""
-
-    def __init__(
-        self,
-        handler: ReplicaHandler,
-        *,
-        frames_limit: int = FRAMES_LIMIT,
-        outbox_limit: int = OUTBOX_ANSWERS,
-    ) -> None:
-        self._handler = handler
-        self._frames_limit = frames_limit
-        self._request_limit = codec.request_limit(frames_limit)
-        self._outbox_limit = outbox_limit
-        self._streams: dict[str, Outbox] = {}
-        self.stats = ServiceStats()
-
-    async def stream(self, stream: grpclib.server.Stream) -> None:
-        from_broker = self._sender(stream)
-        task = asyncio.current_task()
-        assert task is not None
-        outbox = Outbox(from_broker, self._outbox_limit, self.stats)
-        outbox._end = lambda status, reason: task.cancel()
-        older = self._streams.get(from_broker)
-        if older is not None:
-            older.end(Status.ABORTED, "replaced by a newer stream from the same broker")
-        self._streams[from_broker] = outbox
-        self.stats.streams += 1
-        writer: asyncio.Task[None] | None = None
-        try:
-            await stream.send_initial_metadata()
-            writer = asyncio.ensure_future(self._write(stream, outbox))
-            while not writer.done():
-                request = await recv_bounded(stream, self._request_limit, end_ok=True)
-                if request is None:
-                    break
-                try:
-                    message = codec.request_from_bytes(request, self._frames_limit)
-                except ReplicaCodecError as error:
-                    reason = f"malformed Replicate: {error}"
-                    raise GRPCError(Status.INVALID_ARGUMENT, reason) from None
-                self.stats.requests += 1
-                self.stats.request_bytes += len(message.frames)
-                await self._handler.replicate(from_broker, message, outbox)
-            outbox.close()  # the owner ended its side: send what is queued, then end
-            await writer
-        except GRPCError as error:
-            if error.status is Status.INVALID_ARGUMENT:
-                self.stats.refused += 1
-            raise
-        except asyncio.CancelledError:
-            # Our own `Outbox.end` (and nothing else, e.g. the server's shutdown): answer with
-            # its status, which grpclib sends; a cancelled handler would leave the owner
-            # waiting on a stream nobody serves.
-            if outbox.ended is None or task.cancelling() > 1:
-                raise
-            task.uncancel()
-            raise GRPCError(*outbox.ended) from None
-        finally:
-            outbox.close()
-            if writer is not None:
-                writer.cancel()
-            if self._streams.get(from_broker) is outbox:
-                del self._streams[from_broker]
-            try:
-                self._handler.stream_closed(from_broker, outbox)
-            except Exception:
-                log.exception("event=replication_stream_closed_failed from=%s", from_broker)
-
-    def _sender(self, stream: grpclib.server.Stream) -> str:
-        metadata = stream.metadata
-        value = metadata.get(FROM_BROKER_HEADER) if metadata is not None else None
-        try:
-            return codec.check_broker_id(value)
-        except ReplicaCodecError as error:
-            self.stats.refused += 1
-            raise GRPCError(
-                Status.INVALID_ARGUMENT, f"header {FROM_BROKER_HEADER}: {error}"
-            ) from None
-
-    async def _write(self, stream: grpclib.server.Stream, outbox: Outbox) -> None:
-        while answers := await outbox._take():
-            await send_encoded(stream, answers)
-            self.stats.answers_sent += len(answers)
-
-    async def epoch_end(self, request: ext_pb.EpochEndRequest) -> ext_pb.EpochEndResponse:
-        try:
-            topic, epoch = codec.decode_epoch_end_request(request)
-        except ReplicaCodecError as error:
-            raise invalid(f"malformed EpochEnd: {error}") from None
-        end, owner_epoch = await self._handler.epoch_end(topic, epoch)
-        return codec.encode_epoch_end_response(end, owner_epoch)
-
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return {
-            STREAM_PATH: grpclib.const.Handler(
-                self.stream,
-                grpclib.const.Cardinality.STREAM_STREAM,
-                _RawRequest,
-                ext_pb.ReplicaAnswer,
-            ),
-            EPOCH_END_PATH: unary(
-                self.epoch_end,
-                ext_pb.EpochEndRequest,
-                ext_pb.EpochEndResponse,
-                limit=codec.MESSAGE_OVERHEAD,
-            ),
-        }

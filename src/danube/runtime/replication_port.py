@@ -1,6 +1,6 @@
 """The broker process's replication port (spec/replication.md, issue 27): what joins the core's
-replication effects and inputs to the transport (`danube.runtime.replication_link`) and to
-the cluster's records.
+replication effects and inputs to the transport (`danube.runtime.replication_link`,
+`replication_service`) and to the cluster's records.
 
 - **Effects** (`perform`, called by `ProductionPort`): `ReplicaSend` is queued on the stream
   to the follower (`ReplicationLinks.send`) and answered at once; `ReplicaAnswer` is put on
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -31,14 +33,11 @@ from danube import keys
 from danube.interpreter.host import Done
 from danube.machines.cluster.replicas import ReplicaSet, ReplicaSetError
 from danube.machines.node.core import AskEpochEnd, ReplicaAnswer, ReplicaSend
-from danube.machines.replication.messages import FollowerAnswer, Replicate
+from danube.machines.replication.messages import FollowerAnswer, Replicate, Replicated
 from danube.metadata import KeyValue, MetadataStore, WatchEvent
-from danube.runtime.replication_link import (
-    Outbox,
-    ReplicationLinks,
-    ReplicationService,
-    ask_epoch_end,
-)
+from danube.runtime.replication_link import TIMED_SENDS, ReplicationLinks, ask_epoch_end
+from danube.runtime.replication_service import Outbox, ReplicationService
+from danube.runtime.stage_metrics import StageLatency
 from danube.values.errors import DanubeError, ErrorCode
 
 if TYPE_CHECKING:
@@ -58,7 +57,10 @@ class ReplicationPort:
         broker_id: str,
         store: MetadataStore,
         loop: asyncio.AbstractEventLoop,
+        stages: StageLatency | None = None,
     ) -> None:
+        """`stages`: the broker's stage histograms, where the replication stages are observed
+        (`danube.runtime.stage_metrics`); None observes none."""
         self._runtime = runtime
         self.broker_id = broker_id
         self._store = store
@@ -72,6 +74,10 @@ class ReplicationPort:
         self._outboxes: dict[str, Outbox] = {}
         """Owner broker -> the answer outbox of the stream it opened to us."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stages = stages
+        self._received: dict[tuple[str, str], deque[tuple[int, float]]] = {}
+        """(owner, topic) -> ends of `Replicate`s received and when, until their answer
+        (the `replica_durable` stage; measurement only, at most `TIMED_SENDS` each)."""
         pool = runtime.core.publish_pool
         self.links = ReplicationLinks(
             self.addresses.get,
@@ -81,8 +87,9 @@ class ReplicationPort:
             loop=loop,
             charge=pool.replication_queued if pool is not None else None,
             fits=pool.replication_fits if pool is not None else None,
+            stages=stages,
         )
-        self.service = ReplicationService(self)
+        self.service = ReplicationService(self, stages=stages)
 
     # -- the core's effects (called on the asyncio loop) ----------------------------------------
 
@@ -93,6 +100,7 @@ class ReplicationPort:
         elif isinstance(effect, ReplicaAnswer):
             outbox = self._outboxes.get(effect.owner)
             if outbox is not None:
+                self._timed_answer(effect.owner, effect.answer)
                 outbox.put(effect.answer)
             done(None, None)
         else:
@@ -125,11 +133,28 @@ class ReplicationPort:
 
     async def replicate(self, from_broker: str, message: Replicate, outbox: Outbox) -> None:
         self._outboxes[from_broker] = outbox
+        if message.record_count and self._stages is not None:
+            received = self._received.get((from_broker, message.topic))
+            if received is None:
+                received = self._received[from_broker, message.topic] = deque(maxlen=TIMED_SENDS)
+            received.append((message.end, time.perf_counter()))
         self._runtime.interpreter.replication.received(from_broker, message)
 
     def stream_closed(self, from_broker: str, outbox: Outbox) -> None:
         if self._outboxes.get(from_broker) is outbox:
             del self._outboxes[from_broker]
+            for key in [key for key in self._received if key[0] == from_broker]:
+                del self._received[key]
+
+    def _timed_answer(self, owner: str, answer: FollowerAnswer) -> None:
+        """`replica_durable` of every `Replicate` this answer covers."""
+        if self._stages is None or not isinstance(answer, Replicated):
+            return
+        received = self._received.get((owner, answer.topic))
+        now = time.perf_counter()
+        histogram = self._stages.histograms["replica_durable"]
+        while received and received[0][0] <= answer.end:
+            histogram.observe((now - received.popleft()[1]) * 1000)
 
     async def epoch_end(self, topic: str, epoch: int) -> tuple[int, int]:
         end = self._runtime.interpreter.replication.epoch_end(topic, epoch)

@@ -422,7 +422,9 @@ async def serve(
             member: ClusterMember | None = None
             replication: ReplicationPort | None = None
             if clustered:
-                replication = ReplicationPort(runtime, broker_id, store, loop)
+                replication = ReplicationPort(
+                    runtime, broker_id, store, loop, stages=metrics.stages
+                )
                 runtime.port.replication = replication
                 # dead letters for topics other brokers serve (issue 24): an internal
                 # producer through this broker's own lookup and redirect

@@ -22,6 +22,20 @@ The stages, in the order a message passes them (spec/message-path.md):
   newest commit);
 - `send`: records taken → written to the consumer's HTTP/2 stream (encoding, h2, socket).
 
+Replication (issue 27 point 6), one observation per `Replicate` or answer, never per message:
+
+- `replicate_queue` (owner): the core's `ReplicaSend` → its bytes handed to the follower's
+  HTTP/2 stream (the link's queue and writer task's wake-up);
+- `replicate_round` (owner): handed to the stream → the follower's `Replicated` covering it
+  read on the owner's loop (the network both ways and everything the follower does);
+- `replica_durable` (follower): a `Replicate` decoded → the follower's `Replicated` for it put
+  on the answer outbox (its lane, its WAL's write and fsync, whose `write`/`fsync`/`back` are
+  the follower broker's own stages above, and the core's turn);
+- `replica_answer` (follower): the answer put → written to the owner's stream.
+
+On the owner, `acknowledgement` then also holds the wait for the follower after the owner's
+own fsync (its answer runs on the loop before the follower's `Replicated` comes).
+
 A message waiting in its topic's lane for the group commit before it shows in none of them:
 a publish's whole time in the broker is `publish` (read → reply handed to grpclib), and what
 the stages leave of it is that wait plus the loop's queueing.
@@ -44,6 +58,9 @@ STAGE_BUCKETS_MS = (
 )  # fmt: skip
 """Finer than the send latency's buckets: most stages take tens of microseconds."""
 
+REPLICATION_STAGES = ("replicate_queue", "replicate_round", "replica_durable", "replica_answer")
+"""The stages of a replicated group commit's round (owner and follower): none on a standalone
+broker or an unreplicated topic."""
 STAGES = (
     "receive",
     "check",
@@ -54,6 +71,7 @@ STAGES = (
     "dispatch",
     "send",
     "publish",
+    *REPLICATION_STAGES,
 )
 
 
