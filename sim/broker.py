@@ -211,9 +211,10 @@ class SimBroker:
         self.objects = objects
         self.uploads = uploads
         self.tier_stats: Counter[str] = Counter()
-        self.memory_returns: list[tuple[int, int, int, bool]] = []
+        self.memory_returns: list[tuple[int, int, int, bool, bool]] = []
         """(incarnation, simulated ms, accounted bytes whose fall decided it, whether RSS was
-        over its mark then) of each `ReturnMemory` (spec/memory.md, "Giving memory back")."""
+        over its mark then, whether it was full) of each `ReturnMemory` (spec/memory.md,
+        "Giving memory back")."""
         self.rss_over = 0
         """Bytes the synthetic RSS is over the high-water mark while the memory-pressure
         fault lasts (0: RSS follows what the pools account, under the mark)."""

@@ -129,12 +129,14 @@ class SimPort:
     def restart_topic(self, topic: str) -> None:
         """A standalone broker has no replicated topic; `ClusterPort` carries it out."""
 
-    def return_memory(self, freed: int) -> None:
+    def return_memory(self, freed: int, full: bool = True) -> None:
         """`ReturnMemory` in the simulator: recorded (nothing to give back; the trace says
-        when the machine decided it)."""
+        when the machine decided it and whether it was full)."""
         broker = self.broker
         pressed = broker.rss_over > 0  # decided by RSS over its mark, not by a drop
-        broker.memory_returns.append((broker.incarnation, broker.monotonic_ms, freed, pressed))
+        broker.memory_returns.append(
+            (broker.incarnation, broker.monotonic_ms, freed, pressed, full)
+        )
 
     def resolve(self, waiter: Any) -> None:
         waiter.ok()

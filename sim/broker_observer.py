@@ -105,7 +105,9 @@ class Observer:
         """After a tick, and after a subscription's acknowledgements: the reads the consumer
         pool keeps paused although they should go on (spec/memory.md, "Consumer queues")."""
 
-    def returns_checked(self, returns: list[tuple[int, int, int, bool]], drop_bytes: int) -> None:
+    def returns_checked(
+        self, returns: list[tuple[int, int, int, bool, bool]], drop_bytes: int
+    ) -> None:
         """After a tick: every `ReturnMemory` so far (spec/memory.md, "Giving memory back")."""
 
     def rss_checked(self, ledger: CacheLedger, rss: int, high: int) -> None:

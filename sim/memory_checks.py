@@ -5,7 +5,7 @@ idle caches, connections, held records, paused reads, the publish pool. Split ou
 
 from __future__ import annotations
 
-from danube.machines.memory.giveback import MIN_INTERVAL_MS
+from danube.machines.memory.giveback import FULL_MIN_INTERVAL_MS, MIN_INTERVAL_MS
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.memory.publish import PublishPool
 from danube.machines.memory.state import REMEMBERED_ID_BYTES, state_cost, transport_cost
@@ -58,21 +58,33 @@ class MemoryChecks:
         if charged != cost:
             self._violate(MEMORY, f"state charged {charged} bytes to the cache pool, costs {cost}")
 
-    def returns_checked(self, returns: list[tuple[int, int, int, bool]], drop_bytes: int) -> None:
+    def returns_checked(
+        self, returns: list[tuple[int, int, int, bool, bool]], drop_bytes: int
+    ) -> None:
         """18, giving memory back: a `ReturnMemory` only after a large drop of the pools'
         accounted use (at least `drop_bytes`) or while the process's RSS is over its
         high-water mark, and at most once in `MIN_INTERVAL_MS` within a process (a
         collection and a trim stall the loop: a rule that returned at every drop, or at
-        every tick over the mark, would run them at every tick under load)."""
+        every tick over the mark, would run them at every tick under load); a full one (every
+        generation collected, what holds the loop longest) at most once in
+        `FULL_MIN_INTERVAL_MS` within a process, the first of a process full."""
         if not returns:
             return
-        incarnation, at_ms, freed, pressed = returns[-1]
+        incarnation, at_ms, freed, pressed, full = returns[-1]
         if freed < drop_bytes and not pressed:
             self._violate(MEMORY, f"memory given back after a fall of {freed} < {drop_bytes} B")
         if len(returns) > 1 and returns[-2][0] == incarnation:
             since = at_ms - returns[-2][1]
             if since < MIN_INTERVAL_MS:
                 self._violate(MEMORY, f"memory given back twice within {since} ms")
+        earlier = [r for r in returns[:-1] if r[0] == incarnation]
+        if not earlier and not full:
+            self._violate(MEMORY, "the first return of memory of a process was not full")
+        fulls = [r[1] for r in earlier if r[4]]
+        if full and fulls and at_ms - fulls[-1] < FULL_MIN_INTERVAL_MS:
+            self._violate(
+                MEMORY, f"a full collection {at_ms - fulls[-1]} ms after the last full one"
+            )
 
     def rss_checked(self, ledger: CacheLedger, rss: int, high: int) -> None:
         """18, the budget held on RSS: after a tick fed an RSS over the high-water mark, the

@@ -4,6 +4,7 @@ production port collects and trims; caches of topics idle for `cache_idle_ms` ar
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 
@@ -11,7 +12,13 @@ import pytest
 
 from danube.machines.dispatch import QueueLimits
 from danube.machines.memory.budget import MIB, split
-from danube.machines.memory.giveback import MIN_INTERVAL_MS, MemoryReturn, ReturnMemory
+from danube.machines.memory.giveback import (
+    FULL_MAX_INTERVAL_MS,
+    FULL_MIN_INTERVAL_MS,
+    MIN_INTERVAL_MS,
+    MemoryReturn,
+    ReturnMemory,
+)
 from danube.machines.memory.ledger import CacheLedger
 from danube.machines.node.core import BrokerCore, BrokerIdentity
 from danube.machines.wal.cache import HotCache
@@ -28,9 +35,86 @@ def test_a_large_drop_returns_memory_once_then_waits_the_interval() -> None:
     assert machine.observe(100 * MIB, 3_000) == ()
     assert machine.observe(50 * MIB, 4_000) == (), "within the interval: it waits"
     later = 2_000 + MIN_INTERVAL_MS
-    assert machine.observe(50 * MIB, later) == (ReturnMemory(50 * MIB),), "the drop is kept"
+    assert machine.observe(50 * MIB, later) == (ReturnMemory(50 * MIB, full=False),), (
+        "the drop is kept (a light return: the full one was 30 s ago)"
+    )
     assert machine.observe(50 * MIB, later + MIN_INTERVAL_MS) == (), "nothing fell since"
     assert machine.returns == 2
+
+
+def _returns(machine: MemoryReturn, rss_after: int, rounds: int) -> list[tuple[int, bool]]:
+    """`rounds` large drops one `MIN_INTERVAL_MS` apart, RSS 200 MiB at each decision and
+    `rss_after` at a sample between: (when, full) of each return decided."""
+    out = []
+    for n in range(rounds):
+        at = n * MIN_INTERVAL_MS
+        machine.observe(100 * MIB, at - 1, rss=rss_after)  # a sample between, then a rise
+        for effect in machine.observe(50 * MIB, at, rss=200 * MIB):
+            out.append((at, effect.full))
+    return out
+
+
+def test_a_full_collection_at_most_once_in_its_interval_light_returns_between() -> None:
+    """Issue 28 part 15: a full collection held the loop 52-278 ms at each return of the
+    soak; the returns between full ones collect the young generations only."""
+    machine = MemoryReturn(budget=256 * MIB)
+    done = _returns(machine, rss_after=150 * MIB, rounds=9)  # each full one gave 50 MiB
+    assert len(done) == 9
+    fulls = [at for at, full in done if full]
+    assert fulls == [0, FULL_MIN_INTERVAL_MS, 2 * FULL_MIN_INTERVAL_MS], done
+    assert machine.full_returns == 3 and machine.full_interval_ms == FULL_MIN_INTERVAL_MS
+
+
+def test_a_full_collection_that_gave_back_little_backs_off_up_to_its_most() -> None:
+    machine = MemoryReturn(budget=256 * MIB)
+    done = _returns(machine, rss_after=199 * MIB, rounds=120)  # 1 MiB back: not enough
+    fulls = [at for at, full in done if full]
+    gaps = [b - a for a, b in itertools.pairwise(fulls)]
+    # each full return is judged at the next return (30 s on): the interval doubled by then
+    assert gaps == [
+        2 * FULL_MIN_INTERVAL_MS,
+        4 * FULL_MIN_INTERVAL_MS,
+        FULL_MAX_INTERVAL_MS,
+        FULL_MAX_INTERVAL_MS,
+    ], gaps
+    assert machine.full_interval_ms == FULL_MAX_INTERVAL_MS
+
+
+def test_a_full_collection_that_gave_enough_sets_the_back_off_back() -> None:
+    machine = MemoryReturn(budget=256 * MIB)
+    _returns(machine, rss_after=199 * MIB, rounds=10)
+    assert machine.full_interval_ms > FULL_MIN_INTERVAL_MS
+    # the next full one gives 40 MiB back (a sample after it, however late, counts)
+    at = 10 * MIN_INTERVAL_MS + FULL_MAX_INTERVAL_MS
+    assert machine.observe(100 * MIB, at - 1, rss=200 * MIB) == ()
+    assert machine.observe(50 * MIB, at, rss=200 * MIB)[0].full
+    machine.observe(50 * MIB, at + 1_000, rss=190 * MIB)
+    machine.observe(50 * MIB, at + 2_000, rss=160 * MIB)  # the trim done, RSS down
+    machine.observe(100 * MIB, at + MIN_INTERVAL_MS - 1, rss=180 * MIB)
+    assert not machine.observe(50 * MIB, at + MIN_INTERVAL_MS, rss=200 * MIB)[0].full
+    assert machine.full_interval_ms == FULL_MIN_INTERVAL_MS, "judged at that return"
+
+
+def test_without_rss_the_back_off_stays_at_its_least() -> None:
+    machine = MemoryReturn(budget=256 * MIB)
+    done = []
+    for n in range(9):
+        machine.observe(100 * MIB, n * MIN_INTERVAL_MS - 1)
+        done += [e.full for e in machine.observe(50 * MIB, n * MIN_INTERVAL_MS)]
+    assert done == [True, False, False, False, True, False, False, False, True]
+
+
+def test_the_port_collects_the_young_generations_only_for_a_light_return(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import gc
+    from unittest import mock
+
+    returner = MemoryReturner(trim=None)
+    with mock.patch.object(gc, "collect", wraps=gc.collect) as collect:
+        returner(1, full=False)
+        returner(1, full=True)
+    assert [c.args for c in collect.call_args_list] == [(1,), ()]
 
 
 def _core_with_a_topic() -> BrokerCore:

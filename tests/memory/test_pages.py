@@ -116,6 +116,55 @@ def test_no_page_is_handed_out_twice(steps: list[tuple]) -> None:
     assert pool.stats().in_use == 0
 
 
+def _fits(pool: PagePool, slab: int, pages: int) -> bool:
+    """The slow scan's answer (the pool before part 15): the slab's free map holds a run."""
+    return pool._free[slab].find(bytes(pages)) >= 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("take"), st.integers(1, 8)),
+            st.tuples(st.just("give"), st.integers(0, 80), st.integers(1, 4)),
+        ),
+        max_size=120,
+    )
+)
+def test_a_take_picks_a_slab_the_slow_scan_would_accept(steps: list[tuple]) -> None:
+    """Issue 28 part 15: a take visits only the slabs whose longest free run fits. It picks a
+    slab the linear scan would have accepted, opens a new slab only when no slab fits, and the
+    buckets it picks from always match the free maps."""
+    pool = PagePool(slab_pages=8)
+    held: list[tuple[int, int]] = []
+    for step in steps:
+        if step[0] == "take":
+            pages = step[1]
+            slabs = len(pool._maps)
+            accepted = {slab for slab in range(slabs) if _fits(pool, slab, pages)}
+            handle, _ = pool.take(pages)
+            slab = handle // 8
+            if accepted:
+                assert slab in accepted, f"slab {slab} picked, the scan accepted {accepted}"
+                assert len(pool._maps) == slabs, "a new slab while one fitted"
+            else:
+                assert slab == slabs, "no slab fitted: a new one"
+            held.append((handle, pages))
+        elif held:
+            index = step[1] % len(held)
+            given = held[index : index + step[2]]
+            del held[index : index + step[2]]
+            pool.give_back_runs(given)
+        for slab, free in enumerate(pool._free):
+            longest = max(map(len, free.split(b"\x01")))
+            assert pool._longest[slab] == longest
+            for run, bucket in enumerate(pool._buckets):
+                assert (slab in bucket) == (run == longest and run > 0)
+                if slab in bucket:
+                    assert bucket[pool._place[slab]] == slab
+        assert pool._mask == sum(1 << run for run, b in enumerate(pool._buckets) if b)
+
+
 def test_a_cache_finalized_while_its_pool_is_locked_does_not_wait_for_the_lock() -> None:
     """The cyclic collector runs a dropped cache's `__del__` inside whatever allocation crosses
     its threshold, including those `PagePool.take` makes while it holds its lock: the finalizer

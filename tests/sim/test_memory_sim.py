@@ -371,7 +371,11 @@ def test_memory_given_back_at_every_drop_is_caught() -> None:
     at most once in `MIN_INTERVAL_MS`. Planted: a rule without the interval."""
 
     def eager(
-        self: MemoryReturn, accounted: int, now_ms: int, over_rss: bool = False
+        self: MemoryReturn,
+        accounted: int,
+        now_ms: int,
+        over_rss: bool = False,
+        rss: int | None = None,
     ) -> tuple[ReturnMemory, ...]:
         if accounted >= self._high:
             self._high = accounted
@@ -386,6 +390,22 @@ def test_memory_given_back_at_every_drop_is_caught() -> None:
         result = Simulation(1, Workload(), PRESSURE).run(10)
     assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
     assert "memory given back twice" in result.violations[0].detail
+
+
+def test_a_full_collection_at_every_return_is_caught() -> None:
+    """A full collection held the soak's loop 52-278 ms at each return (issue 28 part 15): the
+    machine makes one full at most once in `FULL_MIN_INTERVAL_MS`, light ones between.
+    Planted: every return full (the rule before)."""
+    observe = MemoryReturn.observe
+
+    def always_full(self: MemoryReturn, *args: Any, **kwargs: Any) -> tuple[ReturnMemory, ...]:
+        return tuple(dataclasses.replace(e, full=True) for e in observe(self, *args, **kwargs))
+
+    assert Simulation(1, Workload(), PRESSURE).run(150).ok
+    with mock.patch.object(MemoryReturn, "observe", always_full):
+        result = Simulation(1, Workload(), PRESSURE).run(150)
+    assert not result.ok and result.violations[0].invariant == MEMORY, result.violations
+    assert "a full collection 30000 ms after the last full one" in result.violations[0].detail
 
 
 def test_pools_timed_on_the_wall_clock_are_caught() -> None:

@@ -40,10 +40,11 @@ class Host(Protocol):
     def end_stream(self, generation: int) -> None:
         """The receive stream of this generation is over (status OK)."""
 
-    def return_memory(self, freed: int) -> None:
+    def return_memory(self, freed: int, full: bool = True) -> None:
         """The pools' accounted use fell by `freed` bytes (`ReturnMemory`): give freed memory
-        back to the system (production: a collection and glibc's `malloc_trim`; the
-        simulator and the test port record it)."""
+        back to the system (production: a collection, of every generation when `full`, else
+        of the young ones, and glibc's `malloc_trim`; the simulator and the test port record
+        it)."""
 
     def resolve(self, waiter: Any) -> None:
         """A waiter (a publish waiting for durability, a reply waiting for its metadata)

@@ -359,7 +359,7 @@ class Interpreter:
             elif isinstance(effect, POISON_EFFECTS):
                 poison.carry(self, effect)
             elif isinstance(effect, ReturnMemory):  # spec/memory.md, "Giving memory back"
-                host.return_memory(effect.freed)
+                host.return_memory(effect.freed, effect.full)
             elif isinstance(effect, RetentionSkipped):
                 host.event(
                     "retention_skipped",

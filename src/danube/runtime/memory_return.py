@@ -1,5 +1,7 @@
-"""Carries out `ReturnMemory` (spec/memory.md, "Giving memory back"): a full collection, then
-glibc's `malloc_trim(0)`, which hands the heap's free pages back to the kernel (CPython's
+"""Carries out `ReturnMemory` (spec/memory.md, "Giving memory back"): a collection (of every
+generation when the effect is `full`, else of generations 0 and 1 only, which visits what the
+last seconds allocated and not the broker's long-lived state), then glibc's `malloc_trim(0)`,
+which hands the heap's free pages back to the kernel (CPython's
 small-object arenas are returned by the allocator itself once empty; the rest of the freed
 memory sits in malloc's free lists). Where there is no glibc (musl, macOS) the trim is a
 no-op, logged once. The RSS before and after is logged (`event=memory_returned`), which is
@@ -19,6 +21,8 @@ from collections.abc import Callable
 
 log = logging.getLogger("danube.runtime")
 
+YOUNG = 1
+"""The oldest generation a light return collects (0 and 1; 2 is the long-lived state)."""
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -62,10 +66,10 @@ class MemoryReturner:
         self.returned = 0
         """Bytes of RSS the returns gave back, added up (a counter, for tests and logs)."""
 
-    def __call__(self, freed: int) -> None:
+    def __call__(self, freed: int, full: bool = True) -> None:
         before = rss_bytes()
         started = time.perf_counter()
-        collected = gc.collect()
+        collected = gc.collect() if full else gc.collect(YOUNG)
         gc_s = time.perf_counter() - started
         if self._trim is None:
             if not self._said_absent:
@@ -73,10 +77,10 @@ class MemoryReturner:
                 log.info(
                     "event=malloc_trim_absent detail=no glibc: freed heap stays with the process"
                 )
-            self._finish(freed, collected, before, gc_s, 0.0, gc_s)
+            self._finish(freed, full, collected, before, gc_s, 0.0, gc_s)
         elif self._in_thread and (self._worker is None or not self._worker.is_alive()):
             self._worker = threading.Thread(
-                target=self._trim_then_finish, args=(freed, collected, before, gc_s),
+                target=self._trim_then_finish, args=(freed, full, collected, before, gc_s),
                 name="danube-malloc-trim", daemon=True,
             )  # fmt: skip
             self._worker.start()
@@ -84,28 +88,28 @@ class MemoryReturner:
             trimmed = time.perf_counter()
             self._trim()
             trim_s = time.perf_counter() - trimmed
-            self._finish(freed, collected, before, gc_s, trim_s, gc_s + trim_s)
+            self._finish(freed, full, collected, before, gc_s, trim_s, gc_s + trim_s)
 
     def _trim_then_finish(
-        self, freed: int, collected: int, before: int | None, gc_s: float
+        self, freed: int, full: bool, collected: int, before: int | None, gc_s: float
     ) -> None:
         assert self._trim is not None
         trimmed = time.perf_counter()
         self._trim()
-        self._finish(freed, collected, before, gc_s, time.perf_counter() - trimmed, gc_s)
+        self._finish(freed, full, collected, before, gc_s, time.perf_counter() - trimmed, gc_s)
 
     def _finish(
-        self, freed: int, collected: int, before: int | None, gc_s: float, trim_s: float,
-        stall_s: float,
+        self, freed: int, full: bool, collected: int, before: int | None, gc_s: float,
+        trim_s: float, stall_s: float,
     ) -> None:  # fmt: skip
         after = rss_bytes()
         gave = before - after if before is not None and after is not None else 0
         self.returned += max(0, gave)
         log.info(
             "event=memory_returned accounted_fell=%d collected=%d rss_before=%s rss_after=%s "
-            "ms=%.1f gc_ms=%.1f trim_ms=%.1f stall_ms=%.1f",
+            "ms=%.1f gc_ms=%.1f trim_ms=%.1f stall_ms=%.1f full=%s",
             freed, collected, before, after, (gc_s + trim_s) * 1000, gc_s * 1000,
-            trim_s * 1000, stall_s * 1000,
+            trim_s * 1000, stall_s * 1000, full,
         )  # fmt: skip
 
     def wait(self, timeout: float | None = None) -> None:

@@ -90,6 +90,8 @@ class MemoryPort:
     """Topics the core asked to restart under a new epoch (`Host.restart_topic`)."""
     memory_returns: list[int] = field(default_factory=list)
     """`ReturnMemory` effects carried out, by the bytes whose fall decided each."""
+    full_returns: list[bool] = field(default_factory=list)
+    """Whether each of them was full (every generation collected)."""
     hold: Callable[[Any], bool] | None = None
     """Effects for which this returns True are kept in `held` instead of being performed
     (an upload still under way): `release` performs them later."""
@@ -127,8 +129,9 @@ class MemoryPort:
     def restart_topic(self, topic: str) -> None:
         self.restarted.append(topic)
 
-    def return_memory(self, freed: int) -> None:
+    def return_memory(self, freed: int, full: bool = True) -> None:
         self.memory_returns.append(freed)
+        self.full_returns.append(full)
 
     def resolve(self, waiter: Any) -> None:
         waiter.answers += 1

@@ -15,6 +15,16 @@ a large drop: when the pools' accounted total fell by at least `drop_bytes` from
 point since the last return, and `MIN_INTERVAL_MS` passed since it. Pure: totals and times
 in, the `ReturnMemory` effect out; the production port carries it out, the simulator
 records it.
+
+A return is light unless a full one is due (issue 28 part 15): the 10-minute soak's nine
+returns held the loop 52-278 ms each, almost all of it the full collection (the trim runs in
+a worker thread), and under the squeeze they came every 30 s for a few hundred KiB. A light
+return collects the young generations only (0 and 1: what the last seconds allocated, where a
+closed stream's fresh cycles are) and trims; a full one (every generation) at most once in
+`FULL_MIN_INTERVAL_MS`, and that interval doubles (to `FULL_MAX_INTERVAL_MS`) each time a full
+return did not give back enough: RSS never fell by a quarter of a large drop below the sample
+that decided it, at any sample until the next return. A full return that gave enough sets it
+back to the least. The first return of a process is full.
 """
 
 from __future__ import annotations
@@ -27,6 +37,11 @@ DROP_SHARE = 16
 """A large drop: a sixteenth of the budget (16 MiB of 256 MiB; a budget is at least 16 MiB,
 the simulator's kilobyte pools scale it down with them)."""
 
+FULL_MIN_INTERVAL_MS = 120_000
+"""At most one full collection in this long (a light return in between)."""
+FULL_MAX_INTERVAL_MS = 960_000
+"""The longest the back-off waits between full collections that gave back too little."""
+
 OVER_RSS_DROP_SHARE = 4
 """While RSS is over its mark a return needs a quarter of a large drop since the last one:
 what the squeeze evicted. Without it a process whose own baseline is over the mark (a small
@@ -37,22 +52,58 @@ budget) collected every `MIN_INTERVAL_MS` for ever, holding the loop each time f
 @dataclass(frozen=True, slots=True)
 class ReturnMemory:
     """Effect: collect garbage and give freed heap back to the system (`freed`: the fall of
-    accounted bytes that decided it, for the log)."""
+    accounted bytes that decided it, for the log; `full`: collect every generation, else the
+    young ones only, generations 0 and 1)."""
 
     freed: int
+    full: bool = True
 
 
 class MemoryReturn:
     """Decides when the broker gives memory back (module docstring)."""
 
-    __slots__ = ("_high", "_last_ms", "drop_bytes", "returns")
+    __slots__ = (
+        "_full_low",
+        "_full_rss",
+        "_high",
+        "_last_full_ms",
+        "_last_ms",
+        "drop_bytes",
+        "full_interval_ms",
+        "full_returns",
+        "returns",
+    )
 
     def __init__(self, budget: int) -> None:
         self.drop_bytes = max(1, budget // DROP_SHARE)
         self._high = 0
         self._last_ms: int | None = None
+        self._last_full_ms: int | None = None
+        self._full_rss: int | None = None
+        """The RSS sampled when the last full return was decided, until the next return
+        judges what it gave back (None: judged, or RSS not known then)."""
+        self._full_low: int | None = None
+        """The lowest RSS sampled since (the trim runs in a worker thread: the sample just
+        after may come before it is done)."""
+        self.full_interval_ms = FULL_MIN_INTERVAL_MS
+        """The least time from a full return to the next (the back-off)."""
         self.returns = 0
         """How many `ReturnMemory` were decided (a counter)."""
+        self.full_returns = 0
+        """How many of them were full (a counter)."""
+
+    def _judge_full(self) -> None:
+        """At the next return: the last full one gave back enough (RSS fell by a quarter of a
+        large drop at some sample since: the interval back to the least) or not (doubled, up
+        to the most)."""
+        if self._full_rss is None or self._full_low is None:
+            return
+        gave = self._full_rss - self._full_low
+        self._full_rss = self._full_low = None
+        if gave >= self.drop_bytes // OVER_RSS_DROP_SHARE:
+            self.full_interval_ms = FULL_MIN_INTERVAL_MS
+        else:
+            self.full_interval_ms = min(FULL_MAX_INTERVAL_MS, 2 * self.full_interval_ms)
 
     def seen(self, accounted: int) -> None:
         """The pools held `accounted` bytes a moment ago (before a squeeze evicts in the same
@@ -60,13 +111,16 @@ class MemoryReturn:
         self._high = max(self._high, accounted)
 
     def observe(
-        self, accounted: int, now_ms: int, over_rss: bool = False
+        self, accounted: int, now_ms: int, over_rss: bool = False, rss: int | None = None
     ) -> tuple[ReturnMemory, ...]:
         """The pools hold `accounted` bytes now: a `ReturnMemory` when that is a large drop,
         or when the process's RSS is over its high-water mark (`over_rss`, `RssGuard`: the
         caches were just squeezed, what they freed is to go back) and they freed at least
         `OVER_RSS_DROP_SHARE`'s share of a large drop, and the last return is long enough
-        ago."""
+        ago. Full when the back-off allows one (module docstring); `rss`, the process's RSS
+        now (None: not known), is what judges the last full return."""
+        if rss is not None and self._full_rss is not None:
+            self._full_low = rss if self._full_low is None else min(self._full_low, rss)
         if accounted >= self._high:
             self._high = accounted
             if not over_rss:
@@ -79,4 +133,11 @@ class MemoryReturn:
         self._high = accounted
         self._last_ms = now_ms
         self.returns += 1
-        return (ReturnMemory(fell),)
+        self._judge_full()
+        last_full = self._last_full_ms
+        full = last_full is None or now_ms - last_full >= self.full_interval_ms
+        if full:
+            self._last_full_ms = now_ms
+            self._full_rss, self._full_low = rss, None
+            self.full_returns += 1
+        return (ReturnMemory(fell, full),)

@@ -12,6 +12,12 @@ space, not its memory: a page never touched or given back costs no RSS). A page 
 trim), and it reads as zeros when it is used again. Consecutive pages given back together are
 advised in one call.
 
+A take visits only slabs that fit (issue 28 part 15): each slab's longest free run is kept, and
+the slabs are bucketed by it, with a bit mask of the buckets not empty; a take of `n` pages
+picks the lowest non-empty bucket of `n` or more (best fit by longest run, one bit operation)
+and looks for the run in that slab alone (`find`, in C, over `SLAB_PAGES` bytes). It scanned
+every partly free slab before: 251 us a take at 2,000 fragmented slabs.
+
 A caller takes a run of `n` contiguous pages from one slab (one page for small frames; a
 frame larger than a page takes the pages it needs) as a writable `memoryview` and a handle; a
 run longer than a slab is a mapping of its own, unmapped when its last view goes. Nothing
@@ -39,6 +45,7 @@ SLAB_PAGES = 256
 slab's free map (`bytearray(SLAB_PAGES)`) searched in C for a run."""
 
 _FREE, _USED = 0, 1
+_USED_BYTE = b"\x01"
 _FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20)
 """Private: a shared anonymous mapping's pages stay in its shmem object when advised away
 (RSS falls, memory does not)."""
@@ -65,14 +72,18 @@ class PagePool:
 
     __slots__ = (
         "_advise_calls",
+        "_buckets",
         "_free",
         "_given_back",
         "_in_use",
         "_later",
         "_lock",
+        "_longest",
         "_maps",
+        "_mask",
         "_own",
-        "_partial",
+        "_place",
+        "_runs",
         "_slab_pages",
         "_views",
     )
@@ -86,8 +97,19 @@ class PagePool:
         """Per slab: a view of all of it, sliced for each run handed out."""
         self._free: list[bytearray] = []
         """Per slab: one byte a page, `_FREE` or `_USED` (`find` looks for a run in C)."""
-        self._partial: list[int] = []
-        """Slabs with a free page, lowest first (a run is looked for in these only)."""
+        self._longest: list[int] = []
+        """Per slab: its longest run of free pages."""
+        self._buckets: list[list[int]] = [[] for _ in range(slab_pages + 1)]
+        """By longest free run (1 to `slab_pages`): the slabs with that longest run, in no
+        order (removed by moving the last into the hole: O(1); a dict or a set would do it
+        too, but finding the first entry of one that had many removed walks their slots).
+        Full slabs (0) are in none."""
+        self._runs = tuple(bytes(n) for n in range(slab_pages + 1))
+        """`_runs[n]`: a run of `n` free pages, as `find` looks for it."""
+        self._place: list[int] = []
+        """Per slab: its index in its bucket."""
+        self._mask = 0
+        """Bit `n` set: bucket `n` holds a slab."""
         self._in_use = 0
         self._given_back = 0
         self._advise_calls = 0
@@ -122,22 +144,59 @@ class PagePool:
             return self._take(pages)
 
     def _take(self, pages: int) -> tuple[int, memoryview]:
-        want = bytes(pages)  # `_FREE` bytes
-        for slab in self._partial:
+        fitting = self._mask >> pages
+        if fitting:
+            slab = self._buckets[pages + ((fitting & -fitting).bit_length() - 1)][-1]
             free = self._free[slab]
-            at = free.find(want)
-            if at >= 0:
-                break
+            at = free.find(self._runs[pages])  # found: the slab's longest run fits
         else:
             slab = self._new_slab()
             free = self._free[slab]
             at = 0
-        free[at : at + pages] = b"\x01" * pages
-        if free.find(_FREE) < 0:
-            self._partial.remove(slab)
+        # `at` starts the first run that fits (the first `pages` free bytes in a row)
+        end = free.find(_USED_BYTE, at)
+        run = (self._slab_pages if end < 0 else end) - at
+        free[at : at + pages] = _USED_BYTE * pages
+        was = self._longest[slab]
+        if run == was and free.find(self._runs[was]) < 0:  # the one longest run was cut
+            self._refile(slab, self._longest_from(free, run - pages, was - 1))
         self._in_use += pages
         start = at * PAGE
         return slab * self._slab_pages + at, self._views[slab][start : start + pages * PAGE]
+
+    def _longest_from(self, free: bytearray, low: int, high: int) -> int:
+        """The longest free run of a slab's map known to be `low` to `high` pages: a binary
+        search of `find`s (in C, at most log2(`SLAB_PAGES`) of them)."""
+        runs = self._runs
+        while low < high:  # a run of `low` fits, one of `high + 1` does not
+            middle = (low + high + 1) // 2
+            if free.find(runs[middle]) >= 0:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    def _refile(self, slab: int, now: int) -> None:
+        """The slab's longest free run is `now` pages: kept, and the slab moved to that run's
+        bucket."""
+        was = self._longest[slab]
+        if now == was:
+            return
+        self._longest[slab] = now
+        buckets, place = self._buckets, self._place
+        if was:
+            bucket = buckets[was]
+            last = bucket.pop()
+            if last != slab:
+                bucket[place[slab]] = last
+                place[last] = place[slab]
+            if not bucket:
+                self._mask &= ~(1 << was)
+        if now:
+            bucket = buckets[now]
+            place[slab] = len(bucket)
+            bucket.append(slab)
+            self._mask |= 1 << now
 
     def give_back(self, handle: int, pages: int) -> None:
         """The run `take` handed out as `handle` is free: its memory goes back to the kernel
@@ -188,25 +247,16 @@ class PagePool:
         free = self._free[slab]
         if at + count > self._slab_pages or free.find(_FREE, at, at + count) >= 0:
             raise ValueError(f"pages {first}..{first + count - 1} were not all handed out")
-        had_free = free.find(_FREE) >= 0
         self._maps[slab].madvise(mmap.MADV_DONTNEED, at * PAGE, count * PAGE)
         self._advise_calls += 1
         free[at : at + count] = bytes(count)
         self._in_use -= count
         self._given_back += count
-        if not had_free:
-            self._insert_partial(slab)
-
-    def _insert_partial(self, slab: int) -> None:
-        partial = self._partial
-        low, high = 0, len(partial)
-        while low < high:
-            middle = (low + high) // 2
-            if partial[middle] < slab:
-                low = middle + 1
-            else:
-                high = middle
-        partial.insert(low, slab)
+        # the run now free around them: from the used page before to the used page after
+        end = free.find(_USED_BYTE, at + count)
+        run = (self._slab_pages if end < 0 else end) - (free.rfind(_USED_BYTE, 0, at) + 1)
+        if run > self._longest[slab]:
+            self._refile(slab, run)
 
     def _new_slab(self) -> int:
         slab = len(self._maps)
@@ -214,7 +264,9 @@ class PagePool:
         self._maps.append(mapped)
         self._views.append(memoryview(mapped))
         self._free.append(bytearray(self._slab_pages))
-        self._partial.append(slab)
+        self._longest.append(0)
+        self._place.append(0)
+        self._refile(slab, self._slab_pages)
         return slab
 
     def _own_mapping(self, pages: int) -> memoryview:

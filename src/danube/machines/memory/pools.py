@@ -50,7 +50,7 @@ class BrokerPools:
                 ledger.squeeze = guard.squeeze
                 publish.restate()  # the caches give way now; publishes served if it grew
                 accounted = ledger.total + ledger.state + publish.used + held
-        return self.memory_return.observe(accounted, now_ms, over)
+        return self.memory_return.observe(accounted, now_ms, over, rss)
 
 
 def broker_pools(memory: MemoryPools | None) -> BrokerPools:
