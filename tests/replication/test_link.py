@@ -694,3 +694,125 @@ def test_a_follower_that_is_down_holds_back_at_most_its_share_of_the_publishes()
         await owner.links.close()
 
     _run(test)
+
+
+class _GatedEcho(Echo):
+    """Holds its answer to the Replicate after `gate_after` until `gate` is set, so the
+    owner's writer stops inside a send with the window spent (the follower reads no more)."""
+
+    def __init__(self, gate_after: int) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate_after = gate_after
+
+    async def replicate(self, from_broker: str, message: Replicate, outbox: Outbox) -> None:
+        self.received.append((from_broker, message))
+        if message.prev_end == self.gate_after:
+            await self.gate.wait()
+        outbox.put(Replicated(message.topic, message.epoch, message.end))
+
+
+def test_a_send_while_the_writer_is_inside_a_send_queues_behind_it() -> None:
+    """The writer task blocked half-way through a large message on the flow-control window,
+    nothing queued: a send from the answer callback that runs just before the writer resumes
+    must queue behind (`_Session.writing`), not write its bytes into the middle of the large
+    message (the follower would refuse the garbled message and the link would break)."""
+
+    async def test() -> None:
+        handler = _GatedEcho(gate_after=1000)
+        follower = await Follower(handler).start()
+        owner = Owner({"f": follower.address})
+        first = _replicate(TOPICS[0], 0)
+        owner.links.send("f", first)
+        await _until(lambda: len(owner.answers.get("f", [])) == 1)
+        link = owner.links._links["f"]
+        big = [_replicate(TOPICS[0], 1000 + i, count=70000) for i in range(2)]  # one write
+        for message in big:
+            owner.links.send("f", message)
+        await _until(lambda: not link.queue and link.session is not None and link.session.writing)
+        small = _replicate(TOPICS[1], 0)
+        sent: list[bool] = []
+        answered = owner._answer
+
+        def on_answer(name: str, answer: FollowerAnswer) -> None:
+            answered(name, answer)
+            if not sent:
+                sent.append(owner.links.send("f", small))
+
+        owner.links._on_answer = on_answer
+        handler.gate.set()
+        await _until(lambda: len(handler.received) == 4 or owner.broken("f") > 0, timeout=8)
+        assert owner.broken("f") == 0
+        assert [message for _, message in handler.received] == [first, *big, small]
+        await owner.links.close()
+        await follower.stop()
+
+    asyncio.run(asyncio.wait_for(test(), 20))
+
+
+def test_timing_records_of_answered_topics_are_let_go() -> None:
+    """`replicate_round`'s per-topic records go once every send of a topic is answered: topics
+    that come and go on a long-lived link leave nothing behind."""
+    from danube.runtime.stage_metrics import StageLatency
+
+    async def test() -> None:
+        follower = await Follower(Echo()).start()
+        owner = Owner({"f": follower.address}, stages=StageLatency())
+        topics = [f"/default/t{i}" for i in range(20)]
+        for topic in topics:
+            owner.links.send("f", _replicate(topic, 0))
+        await _until(lambda: len(owner.answers.get("f", [])) == len(topics))
+        assert owner.links._links["f"].on_wire == {}
+        await owner.links.close()
+        await follower.stop()
+
+    _run(test)
+
+
+def test_replica_answer_observes_only_the_answers_written() -> None:
+    """An answer put while the writer is inside a send stays queued: `_sent` of that send
+    observes only the answers `_take` handed it."""
+    from danube.runtime.replication_service import ServiceStats
+    from danube.runtime.stage_metrics import StageLatency
+
+    async def test() -> None:
+        stages = StageLatency()
+        outbox = Outbox("owner-1", 100, ServiceStats(), stages)
+        outbox.put(Replicated(TOPICS[0], 3, 2))
+        taken = await outbox._take()
+        outbox._writing = True
+        outbox.put(Replicated(TOPICS[0], 3, 4))  # during the send
+        outbox._writing = False
+        outbox._sent()
+        histogram = stages.histograms["replica_answer"]
+        assert len(taken) == 1
+        assert sum(histogram.counts) == 1
+        await outbox._take()
+        outbox._sent()
+        assert sum(histogram.counts) == 2
+
+    _run(test)
+
+
+def test_a_send_queues_while_the_writer_is_inside_a_send() -> None:
+    """The guard itself, without the race above: with the writer marked inside a send and
+    nothing queued, `send` queues the message for the writer instead of writing it in-call."""
+
+    async def test() -> None:
+        follower = await Follower(Echo()).start()
+        owner = Owner({"f": follower.address})
+        owner.links.send("f", _replicate(TOPICS[0], 0))
+        await _until(lambda: len(owner.answers.get("f", [])) == 1)
+        link = owner.links._links["f"]
+        assert link.session is not None and not link.queue
+        link.session.writing = True
+        assert owner.links.send("f", _replicate(TOPICS[0], 2))
+        assert len(link.queue) == 1  # queued, not written in the call
+        sent = link.stats.sent
+        link.session.writing = False
+        await _until(lambda: len(owner.answers.get("f", [])) == 2)
+        assert link.stats.sent == sent + 1  # the writer task sent it
+        await owner.links.close()
+        await follower.stop()
+
+    _run(test)

@@ -189,17 +189,20 @@ def send_data_now(raw: grpclib.protocol.Stream, data: bytes) -> bool:
     (or when h2 refuses the frame): the caller then goes the awaiting way, which waits or
     raises as grpclib does. Saves the replication path a task wake-up per message
     (issue 27 point 6: the queue and writer task cost one loop turn on a busy broker)."""
-    connection = raw.connection
-    transport = raw._transport
-    if raw.id is None or not connection.write_ready.is_set() or transport.is_closing():
-        return False
-    h2_connection = raw._h2_connection
     size = len(data)
-    try:
+    try:  # grpclib's private names: anything unexpected goes the awaiting way, nothing sent
+        connection = raw.connection
+        transport = raw._transport
+        if raw.id is None or not connection.write_ready.is_set() or transport.is_closing():
+            return False
+        h2_connection = raw._h2_connection
         if size > h2_connection.max_outbound_frame_size:
             return False
         if h2_connection.local_flow_control_window(raw.id) < size:
             return False
+    except Exception:
+        return False
+    try:
         h2_connection.send_data(raw.id, data)
     except h2.exceptions.H2Error:
         return False

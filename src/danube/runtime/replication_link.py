@@ -472,6 +472,7 @@ class ReplicationLinks:
                     await raw.send_data(b"".join(parts))
             except BaseException:
                 link.stats.dropped += count
+                session.alive = False  # a half-written message: no in-call send may follow it
                 raise
             finally:
                 session.writing = False
@@ -502,6 +503,8 @@ class ReplicationLinks:
         histogram = self._stages.histograms["replicate_round"]  # type: ignore[union-attr]
         while sent and sent[0][0] <= answer.end:
             histogram.observe((now - sent.popleft()[1]) * 1000)
+        if not sent:
+            del link.on_wire[answer.topic]  # topics come and go on a long-lived link
 
     async def _read(self, link: _Link, session: _Session, stream: grpclib.client.Stream) -> None:
         """Delivers answers in stream order until the follower ends the stream."""

@@ -155,6 +155,8 @@ class ReplicationPort:
         histogram = self._stages.histograms["replica_durable"]
         while received and received[0][0] <= answer.end:
             histogram.observe((now - received.popleft()[1]) * 1000)
+        if received is not None and not received:
+            del self._received[owner, answer.topic]  # topics come and go on a long stream
 
     async def epoch_end(self, topic: str, epoch: int) -> tuple[int, int]:
         end = self._runtime.interpreter.replication.epoch_end(topic, epoch)

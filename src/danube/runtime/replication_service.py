@@ -69,6 +69,9 @@ class Outbox:
         self._stages = stages
         self._put_at: deque[float] = deque()
         """When each queued answer was put (`replica_answer`), when `stages` is given."""
+        self._taken_at: list[float] = []
+        """When each answer `_take` last returned was put: those `_sent` observes (answers put
+        while the writer is inside a send are still queued, not sent)."""
         self.closed = False
         self._limit = limit
         self._stats = stats
@@ -136,6 +139,9 @@ class Outbox:
             await self._ready.wait()
         answers = list(self._answers)
         self._answers.clear()
+        if self._stages is not None:
+            self._taken_at = list(self._put_at)
+            self._put_at.clear()
         return answers
 
     def _sent(self) -> None:
@@ -144,9 +150,9 @@ class Outbox:
             return
         now = time.perf_counter()
         histogram = self._stages.histograms["replica_answer"]
-        for put_at in self._put_at:
+        for put_at in self._taken_at:
             histogram.observe((now - put_at) * 1000)
-        self._put_at.clear()
+        self._taken_at = []
 
 
 class _RawRequest:
@@ -279,6 +285,9 @@ class ReplicationService:
             outbox._writing = True
             try:
                 await send_encoded(stream, answers)
+            except BaseException:
+                outbox.close()  # a half-written answer: nothing more may follow it in-call
+                raise
             finally:
                 outbox._writing = False
             outbox._sent()
