@@ -95,6 +95,27 @@ def test_a_full_collection_that_gave_enough_sets_the_back_off_back() -> None:
     assert machine.full_interval_ms == FULL_MIN_INTERVAL_MS, "judged at that return"
 
 
+def test_what_the_squeeze_evicted_is_not_the_full_returns_credit() -> None:
+    """Review finding (issue 28 part 15): RSS is sampled before the tick whose squeeze evicts
+    the caches, whose pages go back at once; the next samples fall by them whatever the
+    collection does. Every 30 s the squeeze evicts 5 MiB (over the RSS mark) and the
+    collection and trim give nothing: the full returns must back off, not come every 120 s."""
+    machine = MemoryReturn(budget=256 * MIB)
+    rss, fulls = 200 * MIB, []
+    for n in range(80):
+        at = n * MIN_INTERVAL_MS
+        machine.seen(100 * MIB)
+        for effect in machine.observe(95 * MIB, at, over_rss=True, rss=rss, evicted=5 * MIB):
+            if effect.full:
+                fulls.append(at)
+        rss -= 5 * MIB  # the evicted pages went back; the collection gave nothing
+        machine.observe(95 * MIB, at + 1_000, over_rss=True, rss=rss)
+        rss += 5 * MIB  # and the load brings it back up before the next squeeze
+    gaps = [b - a for a, b in itertools.pairwise(fulls)]
+    assert gaps[:3] == [2 * FULL_MIN_INTERVAL_MS, 4 * FULL_MIN_INTERVAL_MS, FULL_MAX_INTERVAL_MS]
+    assert machine.full_interval_ms == FULL_MAX_INTERVAL_MS
+
+
 def test_without_rss_the_back_off_stays_at_its_least() -> None:
     machine = MemoryReturn(budget=256 * MIB)
     done = []

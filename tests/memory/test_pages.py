@@ -194,3 +194,15 @@ def test_a_cache_finalized_while_its_pool_is_locked_does_not_wait_for_the_lock()
     assert sum(pages for _, pages in pool._later) == held, "queued, not released there"
     pool.take()
     assert not pool._later and pool.stats().in_use == 1, "released at the next take"
+
+
+def test_a_bad_span_queued_by_a_finalizer_does_not_fail_an_unrelated_take() -> None:
+    """Review finding: the finalizers' queue is released inside the next `take`; a span that
+    was not handed out is counted and skipped, the good spans beside it released."""
+    pool = PagePool(slab_pages=8)
+    first, _ = pool.take(2)
+    second, _ = pool.take(2)
+    pool.give_back_later([(first, 2), (first + 6, 2), (second, 2)])  # the middle one: bad
+    handle, _ = pool.take(1)
+    assert pool.bad_give_backs == 1
+    assert handle == first, "the good spans were released and reused"

@@ -376,6 +376,7 @@ def test_memory_given_back_at_every_drop_is_caught() -> None:
         now_ms: int,
         over_rss: bool = False,
         rss: int | None = None,
+        evicted: int = 0,
     ) -> tuple[ReturnMemory, ...]:
         if accounted >= self._high:
             self._high = accounted

@@ -19,11 +19,15 @@ records it.
 A return is light unless a full one is due (issue 28 part 15): the 10-minute soak's nine
 returns held the loop 52-278 ms each, almost all of it the full collection (the trim runs in
 a worker thread), and under the squeeze they came every 30 s for a few hundred KiB. A light
-return collects the young generations only (0 and 1: what the last seconds allocated, where a
-closed stream's fresh cycles are) and trims; a full one (every generation) at most once in
+return collects the young generations only (0 and 1: cheap, and it frees little, since the
+automatic collector already visits them; cyclic garbage that reached generation 2 waits for the
+automatic collection of that generation or the next full return) and trims, which is what
+gives most back; a full one (every generation) at most once in
 `FULL_MIN_INTERVAL_MS`, and that interval doubles (to `FULL_MAX_INTERVAL_MS`) each time a full
 return did not give back enough: RSS never fell by a quarter of a large drop below the sample
-that decided it, at any sample until the next return. A full return that gave enough sets it
+that decided it, less what the pools evicted after that sample (their pages go back at once,
+whatever the collection does), at any sample until the next return. A full return that gave
+enough sets it
 back to the least. The first return of a process is full.
 """
 
@@ -97,6 +101,7 @@ class MemoryReturn:
         large drop at some sample since: the interval back to the least) or not (doubled, up
         to the most)."""
         if self._full_rss is None or self._full_low is None:
+            self._full_rss = self._full_low = None  # not judged: never against later samples
             return
         gave = self._full_rss - self._full_low
         self._full_rss = self._full_low = None
@@ -111,14 +116,22 @@ class MemoryReturn:
         self._high = max(self._high, accounted)
 
     def observe(
-        self, accounted: int, now_ms: int, over_rss: bool = False, rss: int | None = None
+        self,
+        accounted: int,
+        now_ms: int,
+        over_rss: bool = False,
+        rss: int | None = None,
+        evicted: int = 0,
     ) -> tuple[ReturnMemory, ...]:
         """The pools hold `accounted` bytes now: a `ReturnMemory` when that is a large drop,
         or when the process's RSS is over its high-water mark (`over_rss`, `RssGuard`: the
         caches were just squeezed, what they freed is to go back) and they freed at least
         `OVER_RSS_DROP_SHARE`'s share of a large drop, and the last return is long enough
         ago. Full when the back-off allows one (module docstring); `rss`, the process's RSS
-        now (None: not known), is what judges the last full return."""
+        now (None: not known), is what judges the last full return; `evicted`, what the pools
+        evicted after `rss` was sampled (their pages go back to the kernel at once, so the
+        next samples fall by them whatever the collection does: not the full return's
+        credit; review finding: the squeeze's own evictions reset the back-off every time)."""
         if rss is not None and self._full_rss is not None:
             self._full_low = rss if self._full_low is None else min(self._full_low, rss)
         if accounted >= self._high:
@@ -138,6 +151,7 @@ class MemoryReturn:
         full = last_full is None or now_ms - last_full >= self.full_interval_ms
         if full:
             self._last_full_ms = now_ms
-            self._full_rss, self._full_low = rss, None
+            self._full_rss = None if rss is None else rss - evicted
+            self._full_low = None
             self.full_returns += 1
         return (ReturnMemory(fell, full),)

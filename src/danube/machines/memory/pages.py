@@ -86,6 +86,7 @@ class PagePool:
         "_runs",
         "_slab_pages",
         "_views",
+        "bad_give_backs",
     )
 
     def __init__(self, slab_pages: int = SLAB_PAGES) -> None:
@@ -113,6 +114,8 @@ class PagePool:
         self._in_use = 0
         self._given_back = 0
         self._advise_calls = 0
+        self.bad_give_backs = 0
+        """Spans queued by finalizers that were not all handed out (skipped, not released)."""
         self._own = 0
         self._lock = threading.Lock()
         self._later: deque[tuple[int, int]] = deque()
@@ -149,6 +152,8 @@ class PagePool:
             slab = self._buckets[pages + ((fitting & -fitting).bit_length() - 1)][-1]
             free = self._free[slab]
             at = free.find(self._runs[pages])  # found: the slab's longest run fits
+            if at < 0:  # the record said it fits: bookkeeping broken, fail before corrupting
+                raise RuntimeError(f"page pool: slab {slab}'s longest free run is stale")
         else:
             slab = self._new_slab()
             free = self._free[slab]
@@ -226,9 +231,11 @@ class PagePool:
             while later:  # a finalizer may append while this runs: popleft is atomic
                 spans.append(later.popleft())
             spans.sort()
-            self._release_spans(spans)
+            self._release_spans(spans, tolerant=True)
 
-    def _release_spans(self, spans: list[tuple[int, int]]) -> None:
+    def _release_spans(self, spans: list[tuple[int, int]], tolerant: bool = False) -> None:
+        """`tolerant`: a bad span (queued by a finalizer) is counted and skipped, the others
+        released, instead of failing the unrelated `take` that released the queue."""
         index = 0
         while index < len(spans):
             first, count = spans[index]
@@ -240,7 +247,13 @@ class PagePool:
             ):
                 count += spans[index][1]
                 index += 1
-            self._release(first, count)
+            if not tolerant:
+                self._release(first, count)
+                continue
+            try:
+                self._release(first, count)
+            except ValueError:
+                self.bad_give_backs += 1  # counted (a machine does not log); pages kept
 
     def _release(self, first: int, count: int) -> None:
         slab, at = divmod(first, self._slab_pages)

@@ -38,8 +38,9 @@ class BrokerPools:
             state.update(*counts)
         if ledger is None or publish is None or self.memory_return is None:
             return ()
-        ledger.evict_idle(now_ms)
         held = self.consumer_pool.used if self.consumer_pool is not None else 0
+        before = ledger.total
+        ledger.evict_idle(now_ms)
         accounted = ledger.total + ledger.state + publish.used + held
         over = False
         guard = self.rss_guard
@@ -50,7 +51,8 @@ class BrokerPools:
                 ledger.squeeze = guard.squeeze
                 publish.restate()  # the caches give way now; publishes served if it grew
                 accounted = ledger.total + ledger.state + publish.used + held
-        return self.memory_return.observe(accounted, now_ms, over, rss)
+        evicted = max(0, before - ledger.total)  # after `rss` was sampled
+        return self.memory_return.observe(accounted, now_ms, over, rss, evicted)
 
 
 def broker_pools(memory: MemoryPools | None) -> BrokerPools:
