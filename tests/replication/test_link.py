@@ -716,7 +716,9 @@ def test_a_send_while_the_writer_is_inside_a_send_queues_behind_it() -> None:
     """The writer task blocked half-way through a large message on the flow-control window,
     nothing queued: a send from the answer callback that runs just before the writer resumes
     must queue behind (`_Session.writing`), not write its bytes into the middle of the large
-    message (the follower would refuse the garbled message and the link would break)."""
+    message (the follower would refuse the garbled message and the link would break). The
+    race is the real one, so without the guard this fails only when the answer callback runs
+    before the writer resumes (1 run of 3 here); the next test checks the guard itself."""
 
     async def test() -> None:
         handler = _GatedEcho(gate_after=1000)

@@ -41,7 +41,8 @@ log = logging.getLogger("danube.runtime")
 DEFAULT_REQUEST_LIMIT = 1024 * 1024
 """Largest request other than a published message; anything bigger is not a Danube request."""
 
-_MESSAGE_HEADER = struct.Struct(">?I")
+MESSAGE_HEADER = struct.Struct(">?I")
+"""A gRPC message's prefix on the wire: compressed flag, body length."""
 
 FORWARDED_HEADER = "x-danube-forwarded"
 """Marks an admin call one broker forwarded to another (`danube.runtime.forwarding`)."""
@@ -109,7 +110,7 @@ async def recv_bounded(stream: grpclib.server.Stream, limit: int, *, end_ok: boo
         raise GRPCError(Status.INVALID_ARGUMENT, "the request carried no message")
     if len(header) < 5:
         raise GRPCError(Status.INVALID_ARGUMENT, "truncated gRPC message header")
-    compressed, length = _MESSAGE_HEADER.unpack(header)
+    compressed, length = MESSAGE_HEADER.unpack(header)
     if compressed:
         raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
     if length > limit:
@@ -174,12 +175,24 @@ async def send_encoded(stream: grpclib.server.Stream, messages: list[bytes]) -> 
     """Sends encoded messages on a server stream whose initial metadata went out: each is its
     own gRPC message (its own length prefix), but all go in one HTTP/2 send, where grpclib's
     `send_message` costs a send (flow-control check, frame, socket write) per message."""
-    pack = _MESSAGE_HEADER.pack
+    pack = MESSAGE_HEADER.pack
     await stream._stream.send_data(b"".join([pack(False, len(m)) + m for m in messages]))
     stream._messages_sent += len(messages)  # grpclib's counters (channelz), kept true
     connection = stream._stream.connection
     connection.messages_sent += len(messages)
     connection.last_message_sent = time.monotonic()
+
+
+def send_message_now(raw: grpclib.protocol.Stream, body: bytes) -> bool:
+    """`body` as one uncompressed gRPC message, sent at once when `send_data_now` can; the
+    connection's counters (channelz) kept as `send_encoded` keeps them. False, nothing sent:
+    the caller goes the awaiting way."""
+    if not send_data_now(raw, MESSAGE_HEADER.pack(False, len(body)) + body):
+        return False
+    connection = raw.connection
+    connection.messages_sent += 1
+    connection.last_message_sent = time.monotonic()
+    return True
 
 
 def send_data_now(raw: grpclib.protocol.Stream, data: bytes) -> bool:

@@ -69,7 +69,7 @@ from danube.machines.replication.messages import FollowerAnswer, Replicate, Repl
 from danube.proto import danube_ext as ext_pb
 from danube.runtime import replication_codec as codec
 from danube.runtime.forwarding import host_port
-from danube.runtime.grpc_util import send_data_now
+from danube.runtime.grpc_util import send_message_now
 from danube.runtime.peers import PEERS
 from danube.runtime.replication_codec import (
     ANSWER_LIMIT,
@@ -266,8 +266,7 @@ class ReplicationLinks:
         session = link.session
         if session is None or session.raw is None or session.writing or link.queue:
             return False
-        framed = FRAME_HEADER.pack(False, len(body)) + body
-        if not session.alive or not send_data_now(session.raw, framed):
+        if not session.alive or not send_message_now(session.raw, body):
             return False
         link.stats.sent += 1
         link.stats.sent_bytes += len(message.frames)

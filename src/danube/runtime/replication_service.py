@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -38,7 +37,13 @@ from grpclib.const import Status
 from danube.machines.replication.messages import FollowerAnswer, Replicate
 from danube.proto import danube_ext as ext_pb
 from danube.runtime import replication_codec as codec
-from danube.runtime.grpc_util import recv_bounded, send_data_now, send_encoded, unary
+from danube.runtime.grpc_util import (
+    MESSAGE_HEADER,
+    recv_bounded,
+    send_encoded,
+    send_message_now,
+    unary,
+)
 from danube.runtime.replication_codec import FRAMES_LIMIT, FROM_BROKER_HEADER, ReplicaCodecError
 from danube.runtime.stage_metrics import StageLatency
 from danube.values.errors import invalid
@@ -51,7 +56,7 @@ OUTBOX_ANSWERS = 65_536
 """Answers queued on one follower stream that the owner does not read; beyond, the stream
 is ended (the owner resends after its break)."""
 
-FRAME_HEADER = struct.Struct(">?I")
+FRAME_HEADER = MESSAGE_HEADER
 """A gRPC message's prefix: compressed flag, length."""
 
 
@@ -82,7 +87,7 @@ class Outbox:
         self._end: Callable[[Status, str], None] | None = None
         self._stream: grpclib.server.Stream | None = None
         """The stream once its initial metadata went out: `put` writes to it at once when
-        nothing is queued or being written (`send_data_now`)."""
+        nothing is queued or being written (`send_message_now`)."""
         self._writing = False
 
     def put(self, answer: FollowerAnswer) -> bool:
@@ -106,14 +111,9 @@ class Outbox:
 
     def _send_now(self, body: bytes) -> bool:
         stream = self._stream
-        if stream is None or not send_data_now(
-            stream._stream, FRAME_HEADER.pack(False, len(body)) + body
-        ):
+        if stream is None or not send_message_now(stream._stream, body):
             return False
-        stream._messages_sent += 1  # grpclib's counters (channelz), as `send_encoded` keeps them
-        connection = stream._stream.connection
-        connection.messages_sent += 1
-        connection.last_message_sent = time.monotonic()
+        stream._messages_sent += 1  # the server stream's own count, as `send_encoded` keeps it
         self._stats.answers_sent += 1
         if self._stages is not None:
             self._stages.histograms["replica_answer"].observe(0.0)
