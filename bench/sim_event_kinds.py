@@ -5,7 +5,10 @@
 Counts every event the run schedules by what it runs (the function, or for a broker port's
 delayed completion `SimPort._later`, the completion it wraps, with the file effect's type) and
 divides by the acknowledged messages. It changes nothing of the run: the digest printed is the
-run's own. Why: the speed of the cluster simulator is set by how many events a message costs
+run's own. The column "same instant" counts the events of a kind due at the very microsecond
+of an earlier event of that kind: what coalescing the events of one kind at one instant
+(deliveries on a link, completions of a disk, timers) could save at most. Why: the speed of
+the cluster simulator is set by how many events a message costs
 more than by what one event costs (bench/RESULTS.md, issue 22 rounds 6 and 7)."""
 
 from __future__ import annotations
@@ -42,10 +45,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     counts: collections.Counter[str] = collections.Counter()
+    instants: collections.Counter[tuple[int, str]] = collections.Counter()
     schedule = sim_world.World.at
 
     def at(world: sim_world.World, delay_us: int, action: Callable[[], None]) -> None:
-        counts[kind(action)] += 1
+        name = kind(action)
+        counts[name] += 1
+        instants[world.now + max(delay_us, 0), name] += 1
         schedule(world, delay_us, action)
 
     sim_world.World.at = at  # type: ignore[method-assign]
@@ -57,13 +63,18 @@ def main() -> None:
     finally:
         sim_world.World.at = schedule  # type: ignore[method-assign]
     acknowledged = max(1, result.data.get("acknowledged", 0))
+    same: collections.Counter[str] = collections.Counter()
+    for (_, name), count in instants.items():
+        same[name] += count - 1
     print(
         f"seed {args.seed} --profile {args.profile}: {result.events} events, "
         f"{result.data.get('acknowledged', 0)} acknowledged, "
-        f"{result.events / acknowledged:.2f} events per message, digest {result.digest[:16]}"
+        f"{result.events / acknowledged:.2f} events per message, digest {result.digest[:16]}; "
+        f"{sum(same.values())} due at the instant of an earlier event of their kind"
     )
+    print("   events   /msg  same instant  kind")
     for name, count in counts.most_common(args.top):
-        print(f"{count:9d} {count / acknowledged:6.2f}  {name}")
+        print(f"{count:9d} {count / acknowledged:6.2f} {same[name]:13d}  {name}")
 
 
 if __name__ == "__main__":
