@@ -417,6 +417,8 @@ class ClusterSimulation:
                 world.log("settled")
                 return True, (world.now - began) / US_PER_S
         if problems:
+            if self.data_checker is not None and self.data_checker.replicated:
+                self.data_checker.held_back()  # r5: a registration never made again
             self.checker.unsettled_for_good(problems + poison)
         elif self.ledger is not None:  # the cluster settled, a poison message did not: p
             self.ledger.final(topics)
