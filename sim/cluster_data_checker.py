@@ -27,7 +27,8 @@ r3. **a follower holds only frames its epoch's owner sent**: a follower that has
     is delivered (`sim.replica_streams`), by the follower log's end before and after;
 r5. **no owner holds acknowledgements back at the end**: no serving owner waits for good to
     record its epoch in the replica set (a registration lost or unanswered is made again); the
-    settle waits for one under way, so r5 is broken when the settle runs out with one left.
+    run waits for one under way once settled, so r5 is broken only when one is left at the
+    settle's limit.
 """
 
 from __future__ import annotations
@@ -214,12 +215,7 @@ class DataChecker:
         return sorted(t for t in found if t is not None and self.unavailable_for_good(t))
 
     def unsettled(self, topics: Sequence[str] | None = None) -> list[str]:
-        """Every topic served by the broker it is assigned to, and (replicated) no serving
-        owner holding acknowledgements back: a registration still under way when the faults
-        stop (its request slowed or its answer lost, so the driver's timeout ends it and the
-        owner makes it again, `OwnerReplicas.proposal_lost`) is waited for, not judged by
-        r5 half-way (seed 4 of a branch with two commits in flight settled 0.1 s after the
-        faults stopped, its new owner's read-back 3.3 s late)."""
+        """Every topic served by the broker it is assigned to."""
         problems = []
         for topic in self.topics if topics is None else topics:
             serving = [
@@ -231,13 +227,15 @@ class DataChecker:
             ]
             if len(serving) != 1:
                 problems.append(f"{topic} is served by {serving or 'no broker'}")
-        if self.replicated:
-            problems += self.holding_back(topics)
         return problems
 
     def holding_back(self, topics: Sequence[str] | None = None) -> list[str]:
         """Serving owners that hold acknowledgements back for an epoch they have not recorded
-        in the replica set yet (`TopicRecord.log.held_end`)."""
+        in the replica set yet (`TopicRecord.log.held_end`). Once the cluster settled the
+        run waits for them (`ClusterSimulation._settle`): a registration under way when the
+        faults stop (its read-back lost or slowed, so the driver's 3 s timeout ends it and
+        the owner makes it again, `OwnerReplicas.proposal_lost`) is not judged by r5
+        half-way (seeds 42, 52, 105, 110, 146, 153, 158, 163 of the default profile did)."""
         found = []
         for node in self.nodes:
             plane = node.running.data if node.running is not None else None
@@ -260,8 +258,8 @@ class DataChecker:
     def held_back(self) -> None:
         """r5 at the end of the run: no owner holds acknowledgements back for an epoch it has
         not recorded in the replica set (its registration is made again when lost or
-        unanswered: planted `registration_never_made_again`). The settle waits for it
-        (`unsettled`), so r5 is reported when it never happens (with d)."""
+        unanswered: planted `registration_never_made_again`). The run waited for it up to
+        the settle's limit (`holding_back`)."""
         for problem in self.holding_back():
             self._violate(HELD_BACK, problem)
 

@@ -12,7 +12,6 @@ from unittest import mock
 
 import pytest
 
-from danube.machines.cluster.ownership import Phase
 from sim import late_timers
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_admin import OVERRIDES
@@ -286,33 +285,18 @@ def test_taking_a_refused_proposal_as_written_is_caught() -> None:
     assert result.ok and result.settled, seed
 
 
-def test_the_settle_waits_for_an_owner_holding_acknowledgements_back() -> None:
-    """A serving owner that holds acknowledgements back (its registration under way when the
-    faults stop: its read-back slowed past the driver's timeout, made again after it) keeps
-    the cluster unsettled, so r5 judges it only once the settle gave it time. Before, the
-    settle did not look at it: seed 4 with two commits in flight settled 0.1 s after the
-    faults stopped, while a new owner's read-back was 3.3 s late, and r5 fired on a
-    registration the owner was about to make again."""
-    simulation = ClusterSimulation(1, REPLICATED, DEFAULT)
-    assert simulation.run(4).ok
-    checker = simulation.data_checker
-    assert checker is not None
-    served = [
-        (plane, topic, record)
-        for node in checker.nodes
-        if node.running is not None and (plane := node.running.data) is not None
-        for topic, record in plane.broker.core._topics.items()
-        if record.log.replication is not None
-        and not record.log.held_end
-        and plane.machine.phase(topic) is Phase.SERVING
-    ]
-    assert served, "no replicated topic served after 4 s"
-    _, topic, record = served[0]
-    before = checker.unsettled([topic])
-    record.log.held_end = 7
-    assert any("holds acknowledgements below 7" in p for p in checker.unsettled([topic]))
-    record.log.held_end = 0
-    assert checker.unsettled([topic]) == before
+@pytest.mark.parametrize("seed", [52, 163])
+def test_a_registration_under_way_when_the_faults_stop_is_waited_for(seed: int) -> None:
+    """A new owner's registration under way when the faults stop holds acknowledgements back
+    for a while; the run waits for it once settled, as for any liveness property. Seeds 52
+    and 163: the registration, made on the replica set the watch showed, fails its compare
+    against the value the load's writer record wrote; the read-back's answer is lost, the
+    driver's 3 s timeout ends it and the owner makes it again (recorded at 16.1 s, 15.4 s).
+    Before, the runs settled at 15.4 s and 15.1 s with it under way and r5 reported it as
+    never made again."""
+    result = ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS)
+    assert result.ok, [v.detail for v in result.violations]
+    assert result.settled
 
 
 def test_a_registration_never_made_again_holds_acknowledgements_back() -> None:
