@@ -25,8 +25,10 @@ r2. **nothing is acknowledged under an epoch after a higher one was recorded**: 
 r3. **a follower holds only frames its epoch's owner sent**: a follower that has seen epoch
     *e* appends no frames a lower epoch's (deposed) owner sent; observed as each `Replicate`
     is delivered (`sim.replica_streams`), by the follower log's end before and after;
-r5. **no owner holds acknowledgements back at the end**: once settled, no serving owner waits
-    to record its epoch in the replica set (a registration lost or unanswered is made again).
+r5. **no owner holds acknowledgements back at the end**: no serving owner waits for good to
+    record its epoch in the replica set (a registration lost or unanswered is made again); the
+    run waits for one under way once settled, so r5 is broken only when one is left at the
+    settle's limit.
 """
 
 from __future__ import annotations
@@ -227,27 +229,39 @@ class DataChecker:
                 problems.append(f"{topic} is served by {serving or 'no broker'}")
         return problems
 
-    def held_back(self) -> None:
-        """r5 at the end of a settled run: no owner holds acknowledgements back for an epoch
-        it has not recorded in the replica set (its registration is made again when lost or
-        unanswered: planted `registration_never_made_again`)."""
+    def holding_back(self, topics: Sequence[str] | None = None) -> list[str]:
+        """Serving owners that hold acknowledgements back for an epoch they have not recorded
+        in the replica set yet (`TopicRecord.log.held_end`). Once the cluster settled the
+        run waits for them (`ClusterSimulation._settle`): a registration under way when the
+        faults stop (its read-back lost or slowed, so the driver's 3 s timeout ends it and
+        the owner makes it again, `OwnerReplicas.proposal_lost`) is not judged by r5
+        half-way (seeds 42, 52, 105, 110, 146, 153, 158, 163 of the default profile did)."""
+        found = []
         for node in self.nodes:
             plane = node.running.data if node.running is not None else None
             core = plane.broker.core if plane is not None else None
             if core is None:
                 continue
-            for topic in self.topics:
+            for topic in self.topics if topics is None else topics:
                 record = core._topics.get(topic)
                 if (
                     record is not None
                     and record.log.held_end
                     and plane.machine.phase(topic) is Phase.SERVING
                 ):
-                    self._violate(
-                        HELD_BACK,
+                    found.append(
                         f"{topic}: {node.name} holds acknowledgements below "
-                        f"{record.log.held_end} back (its epoch is not recorded)",
+                        f"{record.log.held_end} back (its epoch is not recorded)"
                     )
+        return found
+
+    def held_back(self) -> None:
+        """r5 at the end of the run: no owner holds acknowledgements back for an epoch it has
+        not recorded in the replica set (its registration is made again when lost or
+        unanswered: planted `registration_never_made_again`). The run waited for it up to
+        the settle's limit (`holding_back`)."""
+        for problem in self.holding_back():
+            self._violate(HELD_BACK, problem)
 
     def final(self) -> None:
         """h at the end, from the store alone: the index is sound from offset 0 and its
