@@ -266,6 +266,10 @@ class ClusterConfig:
     replication_min_in_sync: int = 1
     """`cluster.replication.min_in_sync`: the copies (owner included) an acknowledged record
     must be on; with fewer in sync the owner refuses reliable publishes."""
+    lookup_hold_ms: int = 3_000
+    """`cluster.lookup_hold_ms`: how long a lookup, CreateProducer or Subscribe whose topic
+    is between owners (being assigned, or loading here) waits for it before answering
+    UNAVAILABLE; 0 answers at once, as Danube does (spec/cluster.md, "Held answers")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -621,6 +625,7 @@ def _cluster(meta: dict[str, Any], data: dict[str, Any]) -> ClusterConfig:
             "load_report_interval_ms",
             "replication",
             "replication_factor",
+            "lookup_hold_ms",
         },
         "cluster",
     )
@@ -631,6 +636,7 @@ def _cluster(meta: dict[str, Any], data: dict[str, Any]) -> ClusterConfig:
         for key in ("lease_ttl_ms", "renew_interval_ms", "load_report_interval_ms")
     }
     timings["drift_ms"] = _number(section, "drift_ms", "cluster.", minimum=0)
+    timings["lookup_hold_ms"] = _number(section, "lookup_hold_ms", "cluster.", minimum=0)
     values: dict[str, Any] = {k: v for k, v in timings.items() if v is not None}
     for key in ("lag_ms", "min_in_sync"):
         number = _number(replication, key, "cluster.replication.")

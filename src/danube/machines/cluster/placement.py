@@ -46,6 +46,15 @@ def unavailable(message: str) -> DanubeError:
     return DanubeError(ErrorCode.UNAVAILABLE, message)
 
 
+class Settling(DanubeError):
+    """UNAVAILABLE for a topic the view shows between owners: being assigned, or assigned
+    to this broker and not served yet. The answer changes within moments without the client
+    doing anything, so the request may wait for it (`holding.hold_until`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.UNAVAILABLE, message)
+
+
 def _owner_address(
     topic: str, facts: TopicFacts, me: str, registration: Mapping[str, Any] | None, field: str
 ) -> str:
@@ -97,10 +106,10 @@ def lookup_from_view(topic: str, facts: ViewFacts, me: str) -> Located | None:
     and ownership stays fenced by the claims whatever a lookup answered."""
     if facts.assigned_to is None:
         if facts.pending:
-            raise unavailable(f"{topic} is being assigned to a broker; retry shortly")
+            raise Settling(f"{topic} is being assigned to a broker; retry shortly")
         return None
     if facts.assigned_to == me:
-        raise unavailable(f"{topic} is loading or moving on this broker; retry shortly")
+        raise Settling(f"{topic} is loading or moving on this broker; retry shortly")
     registration = facts.registration
     if not isinstance(registration, Mapping) or not registration.get("broker_url"):
         return None  # the assignee's registration not seen: the store decides
@@ -122,7 +131,7 @@ def route_from_view(topic: str, facts: ViewFacts, me: str) -> None:
     if facts.assigned_to == me or (facts.assigned_to is None and facts.pending):
         if facts.deleting:
             return None
-        raise unavailable(f"{topic} is being assigned to a broker; retry shortly")
+        raise Settling(f"{topic} is being assigned to a broker; retry shortly")
     if facts.assigned_to is not None:
         raise unavailable(f"{topic} is served by another broker; look it up again")
     return None
