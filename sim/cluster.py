@@ -469,6 +469,12 @@ class ClusterSimulation:
             up = [node for node in self.nodes if node.running is not None]
             if up:
                 self._fill_disk(rng.choice(up))
+        if faults.lease_lane and rng.random() < faults.lease_lane:
+            node = rng.choice(self.nodes)
+            cut = rng.randint(faults.partition_us // 10, faults.partition_us)
+            node.lease_lane_cut_until = max(node.lease_lane_cut_until, world.now + cut)
+            self.injected["lease_lane"] += 1
+            world.log(f"fault lease_lane {node.name} for {cut}us")
         world.at(FAULT_TICK_US, self._fault_tick)
 
     def _fill_disk(self, node: SimNode) -> None:

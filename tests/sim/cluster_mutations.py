@@ -140,7 +140,34 @@ def claim_ignores_read_back() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def claim_answer_without_token() -> Iterator[None]:
+    """`Ownership.claim_done` takes any answer for the topic's claim in flight, whatever claim
+    it answers (the check of `Claim.token` dropped): the answer of a claim sent under an old
+    lease, arriving after a new registration sent the new stay's claim, loads the topic under
+    the old claim, whose key vanishes with the old lease."""
+    original = ownership.Ownership.claim_done
+
+    def claim_done(
+        self: ownership.Ownership,
+        topic: str,
+        succeeded: bool,
+        revision: int,
+        now_ms: int,
+        *,
+        known: bool,
+        token: int,
+    ) -> list[ownership.Effect]:
+        current = self.last_claim(topic)
+        token = token if current is None else current
+        return original(self, topic, succeeded, revision, now_ms, known=known, token=token)
+
+    with mock.patch.object(ownership.Ownership, "claim_done", claim_done):
+        yield
+
+
 DATA_MUTATIONS: dict[str, Patch] = {
+    "claim_answer_without_token": claim_answer_without_token,
     "claim_ignores_read_back": claim_ignores_read_back,
     "writes_without_claim_compare": writes_without_claim_compare,
     "object_keys_without_epoch": object_keys_without_epoch,

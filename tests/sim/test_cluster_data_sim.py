@@ -166,6 +166,27 @@ def test_a_claim_flow_that_ignores_its_read_back_leaves_a_topic_unserved() -> No
     raise AssertionError("no seed of 50 caught the planted bug")
 
 
+def test_a_claim_answer_taken_without_its_token_is_caught_under_lost_leases() -> None:
+    """A claim whose answer comes after the broker registered again under a new lease is
+    not the new stay's claim (`Claim.token`). Taken for it, the topic loads under the old
+    lease's claim, which vanishes with that lease: the topic stays assigned and is served
+    by nobody. The `leases` profile makes it happen (renewals lost while the claims go on,
+    slow answers); the planted bug is caught within 40 seeds (the first at seed 16), and
+    the same seeds pass without it."""
+    leases = CLUSTER_PROFILES["leases"]
+    with DATA_MUTATIONS["claim_answer_without_token"]():
+        for seed in range(1, 41):
+            result = ClusterSimulation(seed, DATA, leases).run(10)
+            if not result.ok:
+                assert "every topic on a live broker" in result.violations[0].invariant
+                break
+        else:
+            raise AssertionError("no seed of 40 caught the planted bug")
+    for fixed in range(1, seed + 1):
+        result = ClusterSimulation(fixed, DATA, leases).run(10)
+        assert result.ok, (fixed, [v.detail for v in result.violations])
+
+
 def test_topic_overrides_hold_at_the_owner_and_a_lost_write_is_caught() -> None:
     """The operator sets topic overrides through the shared routing flow (`at_owner`) while
     topics move; after the cluster settles each answered override is in force at the owner
