@@ -266,7 +266,7 @@ class ClusterConfig:
     replication_min_in_sync: int = 1
     """`cluster.replication.min_in_sync`: the copies (owner included) an acknowledged record
     must be on; with fewer in sync the owner refuses reliable publishes."""
-    lookup_hold_ms: int = 3_000
+    lookup_hold_ms: int = 10_000
     """`cluster.lookup_hold_ms`: how long a lookup, CreateProducer or Subscribe whose topic
     is between owners (being assigned, or loading here) waits for it before answering
     UNAVAILABLE; 0 answers at once, as Danube does (spec/cluster.md, "Held answers")."""

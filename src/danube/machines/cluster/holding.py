@@ -9,7 +9,8 @@ client sleeps its backoff, which by then has grown to a second or two (the offic
 of a 10 s lease's failover went on the clients' sleeps after the last load (bench/RESULTS.md,
 issue 23 point 4). Held instead, the request is asked again as the view changes and answered
 as soon as the topic has an owner (a lookup: the new owner's address) or is served here (a
-create or subscribe: it succeeds), and UNAVAILABLE as before once `hold_ms` has passed.
+create or subscribe: it succeeds), and UNAVAILABLE as before once `hold_ms` has passed
+(`cluster.lookup_hold_ms`, 10 s).
 
 Only what the broker's own view says is held (`placement.Settling`): asking again costs no
 store read. The answer itself is decided again each time by the placement rules."""
