@@ -239,9 +239,9 @@ class Claim:
     topic: str
     compares: tuple[Compare, ...]
     ops: tuple[Op, ...]
-    lease_id: int = 0
+    lease_id: int
     """The lease the claim puts the owner key under."""
-    token: int = 0
+    token: int
     """Which claim this is (the machine numbers its claims): `claim_done` takes the answer
     only while it is the topic's claim in flight. The answer of a claim sent under an old
     lease may arrive after a new registration started a new stay and sent a new claim; taken
