@@ -83,6 +83,7 @@ class ClusterPlacement:
         *,
         auto_create_topics: bool,
         hold_ms: int = 0,
+        hold_max: int = holding.MAX_HELD,
     ) -> None:
         self._core = core
         self._store = store
@@ -91,6 +92,10 @@ class ClusterPlacement:
         self._hold_ms = hold_ms
         """`cluster.lookup_hold_ms`: how long a request for a topic between owners waits
         for it (`holding.hold_until`)."""
+        self._hold_max = hold_max
+        """`cluster.lookup_hold_max`: requests held at once; past it, answered at once."""
+        self.holding = 0
+        """Requests held now (counted here, capped by `holding.hold_until`)."""
         self.view: Callable[[str], rules.ViewFacts | None] | None = None
         """The cluster member's view of `/cluster/` (None until it is read): lookups are
         answered from it when it can tell (`rules.lookup_from_view`)."""
@@ -101,15 +106,30 @@ class ClusterPlacement:
     async def _held(self, ask: Callable[[str], Awaitable[_T]], topic: str) -> _T:
         """`ask`, asked again while `holding.hold_until` holds its refusal."""
         asked_at = _monotonic_ms()
-        while True:
-            try:
-                return await ask(topic)
-            except DanubeError as error:
-                now = _monotonic_ms()
-                until = holding.hold_until(error, asked_at, now, self._hold_ms)
-                if until is None:
-                    raise
-            await asyncio.sleep((until - now) / 1000)
+        held = False
+        try:
+            while True:
+                try:
+                    return await ask(topic)
+                except DanubeError as error:
+                    now = _monotonic_ms()
+                    until = holding.hold_until(
+                        error,
+                        asked_at,
+                        now,
+                        self._hold_ms,
+                        others_held=self.holding - held,
+                        max_held=self._hold_max,
+                    )
+                    if until is None:
+                        raise
+                if not held:
+                    held = True
+                    self.holding += 1
+                await asyncio.sleep((until - now) / 1000)
+        finally:
+            if held:
+                self.holding -= 1
 
     async def _lookup(self, topic: str) -> Located:
         if self._core.serves(topic):

@@ -438,6 +438,7 @@ async def serve(
                     broker_id,
                     auto_create_topics=config.auto_create_topics,
                     hold_ms=config.cluster.lookup_hold_ms,
+                    hold_max=config.cluster.lookup_hold_max,
                 )
                 placement = cluster_placement
                 if (why := unreachable_admin(admin_seen, advertised)) is not None:

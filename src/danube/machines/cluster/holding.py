@@ -25,12 +25,30 @@ RECHECK_MS = 50
 memory: a check is a few dictionary reads)."""
 
 
-def hold_until(error: DanubeError, asked_at_ms: int, now_ms: int, hold_ms: int) -> int | None:
+MAX_HELD = 256
+"""`cluster.lookup_hold_max`'s default: requests held at once on a broker. A failover of a
+few hundred topics holds one request per producer and consumer of each; past the cap a
+request is answered at once, as Danube does, so no number of clients can make held requests
+cost the event loop more than this many rechecks every `RECHECK_MS`."""
+
+
+def hold_until(
+    error: DanubeError,
+    asked_at_ms: int,
+    now_ms: int,
+    hold_ms: int,
+    *,
+    others_held: int,
+    max_held: int,
+) -> int | None:
     """When a request first asked at `asked_at_ms`, refused now with `error`, asks again
     (monotonic milliseconds); None: answer `error` now. Held: a topic between owners
     (`Settling`), while `hold_ms` has not passed since the request came (0: never held,
-    Danube's behaviour)."""
+    Danube's behaviour) and fewer than `max_held` other requests are held on the broker
+    (`others_held`, not counting this one: a request already held keeps its place)."""
     if hold_ms <= 0 or not isinstance(error, Settling):
+        return None
+    if others_held >= max_held:
         return None
     deadline = asked_at_ms + hold_ms
     if now_ms >= deadline:

@@ -381,6 +381,12 @@ class Ownership:
         state = self._topics.get(topic)
         return None if state is None else state.claim_token
 
+    def failed_load(self, topic: str) -> bool:
+        """The topic's last load here failed (`load_failed`); it is retried after
+        `retry_ms`, but a request for it is not held (`placement.ViewFacts.load_failed`)."""
+        state = self._topics.get(topic)
+        return state is not None and state.load_failed
+
     def serving(self) -> list[str]:
         return sorted(t for t, s in self._topics.items() if s.phase is Phase.SERVING)
 
