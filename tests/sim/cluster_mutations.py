@@ -13,7 +13,7 @@ from unittest import mock
 
 from danube import keys as danube_keys
 from danube.effects import StoreTxn, TxnAnswer
-from danube.machines.cluster import admin_ops, keys, ownership, ownership_flows
+from danube.machines.cluster import admin_ops, holding, keys, ownership, ownership_flows
 from danube.machines.cluster.load_manager import Assign, LoadManager
 from danube.machines.cluster.membership import Campaign, Effect, Membership
 from danube.machines.node import settings
@@ -166,7 +166,24 @@ def claim_answer_without_token() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def hold_ignores_deadline() -> Iterator[None]:
+    """`holding.hold_until` forgets `hold_ms`: a request for a topic between owners is held
+    until the topic has one, however long that takes (a failover that outlasts the hold
+    keeps the client waiting instead of sending it back to its retries)."""
+    original = holding.hold_until
+
+    def hold_until(
+        error: Any, asked_at_ms: int, now_ms: int, hold_ms: int, **budget: int
+    ) -> int | None:
+        return original(error, now_ms, now_ms, hold_ms, **budget)
+
+    with mock.patch.object(holding, "hold_until", hold_until):
+        yield
+
+
 DATA_MUTATIONS: dict[str, Patch] = {
+    "hold_ignores_deadline": hold_ignores_deadline,
     "claim_answer_without_token": claim_answer_without_token,
     "claim_ignores_read_back": claim_ignores_read_back,
     "writes_without_claim_compare": writes_without_claim_compare,

@@ -17,7 +17,7 @@ from danube import keys
 from sim.cluster import CYCLIC_GARBAGE_PER_S, ClusterSimulation, ClusterWorkload
 from sim.cluster_admin import OVERRIDES
 from sim.cluster_clients import ClusterProducer
-from sim.cluster_data_checker import NO_LOSS, ONE_WRITER
+from sim.cluster_data_checker import HELD_LOOKUP, NO_LOSS, ONE_WRITER
 from sim.cluster_faults import CLUSTER_PROFILES
 from tests.sim.cluster_mutations import ADMIN_DATA_MUTATIONS, DATA_MUTATIONS
 
@@ -185,6 +185,28 @@ def test_a_claim_answer_taken_without_its_token_is_caught_under_lost_leases() ->
     for fixed in range(1, seed + 1):
         result = ClusterSimulation(fixed, DATA, leases).run(10)
         assert result.ok, (fixed, [v.detail for v in result.violations])
+
+
+def test_a_hold_past_its_deadline_is_caught() -> None:
+    """With `lookup_hold_ms` the simulated producers hold a lookup refused as `Settling`
+    through `holding.hold_until` on the simulated clock, as the brokers do, and invariant t
+    asks that each is answered within the hold (500 ms here, shorter than a failover) and a
+    recheck. Planted: the hold forgets its deadline, so a failover that outlasts it keeps
+    the lookup waiting (caught at seed 1 of the default profile); seeds 1-5 of the default
+    and leases profiles keep every invariant without it."""
+    held = dataclasses.replace(DATA, lookup_hold_ms=500)
+    with DATA_MUTATIONS["hold_ignores_deadline"]():
+        for seed in range(1, 11):
+            result = ClusterSimulation(seed, held, DEFAULT).run(10)
+            if not result.ok:
+                assert result.violations[0].invariant == HELD_LOOKUP, result.violations
+                break
+        else:
+            raise AssertionError("no seed of 10 caught the planted bug")
+    for profile in (DEFAULT, CLUSTER_PROFILES["leases"]):
+        for fixed in range(1, max(seed, 5) + 1):
+            result = ClusterSimulation(fixed, held, profile).run(10)
+            assert result.ok, (fixed, [v.detail for v in result.violations])
 
 
 def test_topic_overrides_hold_at_the_owner_and_a_lost_write_is_caught() -> None:
