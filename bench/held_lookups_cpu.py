@@ -8,6 +8,7 @@ with `hold_ms` and `cluster.lookup_hold_max` as given; prints wall and CPU time 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from typing import Any
@@ -25,10 +26,8 @@ class _Core:
 
 
 async def _one(placement: ClusterPlacement) -> None:
-    try:
+    with contextlib.suppress(DanubeError):
         await placement.lookup("/default/t")
-    except DanubeError:
-        pass
 
 
 async def _all(placement: ClusterPlacement) -> None:

@@ -264,7 +264,9 @@ def test_a_failed_load_keeps_the_claim_and_tries_again() -> None:
     o = machine()
     o.assignment_seen(T, True, 0)
     o.claim_done(T, True, 40, 0, known=True, token=last(o))
+    assert not o.failed_load(T)
     assert o.load_failed(T, 100) == [WakeAt(600)]
+    assert o.failed_load(T)  # requests for it are not held (`ViewFacts.load_failed`)
     assert o.tick(600) == [Load(T, 40)]
 
 
