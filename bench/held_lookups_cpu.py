@@ -38,9 +38,10 @@ def main(argv: list[str]) -> None:
     hold_max = int(argv[0])
     hold_ms = int(argv[1]) if len(argv) > 1 else 2_000
     core: Any = _Core()
+    store: Any = None  # never read: the view answers every lookup
     placement = ClusterPlacement(
-        core, None, "1", auto_create_topics=True, hold_ms=hold_ms, hold_max=hold_max
-    )  # type: ignore[arg-type]
+        core, store, "1", auto_create_topics=True, hold_ms=hold_ms, hold_max=hold_max
+    )
     placement.view = lambda topic: ViewFacts(None, True, None)
     wall, cpu = time.monotonic(), time.process_time()
     asyncio.run(_all(placement))
