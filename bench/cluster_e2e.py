@@ -274,6 +274,14 @@ async def _failover_many(cluster: LocalCluster, args: argparse.Namespace) -> Non
         return f"{min(values):.2f}–{max(values):.2f} s" if values else "none"
 
     loads = sorted(load_at.values())
+    # Each topic's first acknowledgement after its own load: the client's side of the wait.
+    after_load = sorted(
+        s.result() - killed - load_at[t] for t, s in sends.items() if s.done() and t in load_at
+    )
+    if after_load:
+        print(f"first publish acknowledged after its topic's load: p50 "
+              f"{_percentile(after_load, 0.5):.2f} s, p90 {_percentile(after_load, 0.9):.2f} s, "
+              f"max {max(after_load):.2f} s", flush=True)  # fmt: skip
     print(f"lease TTL {args.lease_ttl_ms} ms; {len(mine)} topics of the killed broker; "
           f"after SIGKILL: FailOver commits {span(fails)} ({len(fails)}), Assign commits "
           f"{span(assigns)} ({len(assigns)}), loaded by new owners {span(loads)} "
@@ -309,7 +317,9 @@ def _cpu_s(pid: int) -> float:
 
 
 def failover_many(args: argparse.Namespace, root: Path) -> None:
-    settings = ClusterSettings(brokers=3, lease_ttl_ms=args.lease_ttl_ms)
+    settings = ClusterSettings(
+        brokers=3, lease_ttl_ms=args.lease_ttl_ms, lookup_hold_ms=args.lookup_hold_ms
+    )
     with LocalCluster(root, settings) as cluster:
         time.sleep(3)  # every broker registered: topics spread over all three
         asyncio.run(_failover_many(cluster, args))
@@ -548,6 +558,10 @@ def main() -> None:
     many.add_argument(
         "--fast-retry", action="store_true",
         help="client backoff 0.1-1 s instead of the official clients' 0.2 s steps up to 5 s",
+    )  # fmt: skip
+    many.add_argument(
+        "--lookup-hold-ms", type=int, default=None,
+        help="the brokers' cluster.lookup_hold_ms (default: theirs)",
     )  # fmt: skip
     two = sub.add_parser("assign")
     two.add_argument("--topics", type=int, default=50)

@@ -126,6 +126,11 @@ class ClusterWorkload:
     from the seed (plain producers only, the runs of before issue 22's round 13)."""
     batch: int = 8
     """With `batched`: most payloads a `PublishBatch` carries."""
+    lookup_hold_ms: int = 0
+    """With data planes: the brokers' `cluster.lookup_hold_ms` as the producers' lookups see
+    it (`sim.cluster_clients`, invariant t). 0: answered at once (Danube's behaviour, and
+    the runs whose seeds the tests pin); `tests/sim/test_cluster_data_sim.py` runs 500 ms,
+    shorter than a failover so that the deadline is exercised."""
     admin: int = 8
     """Operations of the operator (`sim.cluster_admin`): drains, unloads, deletions of its
     own topics, namespace-policy changes, at random times under the faults (0: none)."""
@@ -283,6 +288,7 @@ class ClusterSimulation:
                     rate=workload.rate,
                     in_flight=workload.in_flight,
                     batch=workload.batch if _batched(self.world, workload.batched) else 1,
+                    hold_ms=workload.lookup_hold_ms,
                 )
         self.ledger: PoisonLedger | None = None
         self.consumers: dict[str, ClusterConsumer] = {}
@@ -478,6 +484,12 @@ class ClusterSimulation:
             up = [node for node in self.nodes if node.running is not None]
             if up:
                 self._fill_disk(rng.choice(up))
+        if faults.lease_lane and rng.random() < faults.lease_lane:
+            node = rng.choice(self.nodes)
+            cut = rng.randint(faults.partition_us // 10, faults.partition_us)
+            node.lease_lane_cut_until = max(node.lease_lane_cut_until, world.now + cut)
+            self.injected["lease_lane"] += 1
+            world.log(f"fault lease_lane {node.name} for {cut}us")
         world.at(FAULT_TICK_US, self._fault_tick)
 
     def _fill_disk(self, node: SimNode) -> None:

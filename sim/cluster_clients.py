@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from danube.machines.cluster import holding
 from danube.machines.cluster.placement import ViewFacts, lookup_from_view
 from danube.machines.wal import records
 from danube.machines.wal.format import encode_frame
@@ -37,10 +38,14 @@ from sim.world import US_PER_MS, US_PER_S, Timeout, World
 
 REQUEST_TIMEOUT_US = 2 * US_PER_S
 RETRY_US = 200 * US_PER_MS
+HOLD_SLACK_MS = 100
+"""How late past its hold a held lookup may be answered: one recheck and the clock's ms."""
 
 
 class Acknowledgements(Protocol):
     def acknowledged(self, topic: str, payload: str, broker: str) -> None: ...
+
+    def lookup_answered(self, topic: str, held_ms: int, hold_ms: int) -> None: ...
 
 
 class ClusterProducer:
@@ -56,8 +61,10 @@ class ClusterProducer:
         rate: float,
         in_flight: int = 1,
         batch: int = 1,
+        hold_ms: int = 0,
     ) -> None:
-        """`batch` 1: one `SendMessage` a publish; above: the batched path (module doc)."""
+        """`batch` 1: one `SendMessage` a publish; above: the batched path (module doc).
+        `hold_ms`: the brokers' `cluster.lookup_hold_ms` (`_ask`; 0: never held)."""
         self.world = world
         self.network = network
         self.nodes = nodes
@@ -67,6 +74,7 @@ class ClusterProducer:
         self.interval_us = int(US_PER_S / rate)
         self.in_flight = in_flight
         self.batch = batch
+        self.hold_ms = hold_ms
         self.started = False
         self.stopped = False
         self.lookups = 0
@@ -108,7 +116,36 @@ class ClusterProducer:
             self.world.at(RETRY_US, self._lookup)
             return
         asked = self.world.rng.choice(running)
-        target = route_for(self.nodes, asked, self.topic)
+        self._ask(asked, asked.running, self.world.now_ms)
+
+    def _ask(self, asked: SimNode, process: Any, asked_at_ms: int) -> None:
+        """The lookup at `asked`, held as the production placement holds it: a `Settling`
+        refusal is asked again from the view (`holding.hold_until`, on the simulated clock)
+        until the topic has an owner or `hold_ms` has passed. A broker that went down
+        meanwhile refuses the lookup (its connection is gone)."""
+        if self.stopped:
+            return
+        target: SimNode | None = None
+        if asked.running is process:
+            try:
+                target = locate(self.nodes, asked, self.topic)
+            except DanubeError as error:
+                now = self.world.now_ms
+                until = holding.hold_until(
+                    error,
+                    asked_at_ms,
+                    now,
+                    self.hold_ms,
+                    others_held=0,
+                    max_held=holding.MAX_HELD,
+                )
+                if until is not None:
+                    delay = (until - now) * US_PER_MS
+                    self.world.at(delay, lambda: self._ask(asked, process, asked_at_ms))
+                    return
+        if self.hold_ms > 0:
+            held = self.world.now_ms - asked_at_ms
+            self.checker.lookup_answered(self.topic, held, self.hold_ms)
         if target is None:
             self.world.at(RETRY_US, self._lookup)
             return
@@ -286,12 +323,21 @@ class ClusterProducer:
 
 
 def route_for(nodes: Sequence[SimNode], asked: SimNode, topic: str) -> SimNode | None:
+    """Where a TopicLookup answered by `asked` (a running broker) sends its client, answered
+    at once (`locate`); None: the lookup was refused (the client asks again later). Shared
+    by consumers and the brokers' own dead-letter producers (`sim.cluster_poison`)."""
+    try:
+        return locate(nodes, asked, topic)
+    except DanubeError:
+        return None
+
+
+def locate(nodes: Sequence[SimNode], asked: SimNode, topic: str) -> SimNode:
     """Where a TopicLookup answered by `asked` (a running broker) sends its client: the broker
     itself when its core serves the topic (CONNECT, before any rule), else the owner by the
     broker's rule (`placement.lookup_from_view`, from its load manager's view), as the
     production lookup; what that cannot tell, the store's facts as the data plane's view has
-    them. None: the lookup was refused (the client asks again later). Shared by producers,
-    consumers and the brokers' own dead-letter producers (`sim.cluster_poison`)."""
+    them. Raises the rule's refusal (`placement.Settling` for a topic between owners)."""
     process = asked.running
     assert process is not None
     core = getattr(process.data, "core", None)  # none before the data plane starts
@@ -302,10 +348,7 @@ def route_for(nodes: Sequence[SimNode], asked: SimNode, topic: str) -> SimNode |
     broker = None if assigned is None else assigned[0]
     registration = None if broker is None else manager.registration(broker)
     facts = ViewFacts(broker, manager.marker(topic) is not None, registration)
-    try:
-        located = lookup_from_view(topic, facts, asked.name)
-    except DanubeError:
-        return None
+    located = lookup_from_view(topic, facts, asked.name)
     owner = broker if located is not None else process.assignments.get(topic)
     return next((n for n in nodes if n.name == owner), asked)
 

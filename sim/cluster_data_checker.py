@@ -49,6 +49,7 @@ from danube.metadata.model import WatchEvent
 from danube.values.names import parse_topic
 from sim.broker import warm_kernels
 from sim.checker import Violation, stored_payload
+from sim.cluster_clients import HOLD_SLACK_MS
 from sim.cluster_node import SimNode
 from sim.disk import SimDisk
 from sim.etcd import Origin, SimEtcd
@@ -67,6 +68,7 @@ STALE_EPOCH_ACK = "r2 no acknowledgement under a superseded epoch"
 FOREIGN_FRAMES = "r3 a follower holds only frames its epoch's owner sent"
 KEPT_DIRECTORY = "r4 a handed-over directory goes once no replica set counts on it"
 HELD_BACK = "r5 no owner holds acknowledgements back at the end"
+HELD_LOOKUP = "t a held lookup is answered within lookup_hold_ms"
 DATA_WRITES = ("persist", "index", "writer")
 
 
@@ -102,6 +104,12 @@ class DataChecker:
     def timers_late(self, broker: str, late: list[str]) -> None:
         """19, judged after each tick of a broker (`sim.late_timers`)."""
         self._violate(TIMERS, f"a tick of {broker} left timers due: {', '.join(late[:3])}")
+
+    def lookup_answered(self, topic: str, held_ms: int, hold_ms: int) -> None:
+        """t, at each held producer lookup's answer: held (`holding.hold_until`) no longer
+        than the hold and a recheck (`sim.cluster_clients.HOLD_SLACK_MS`)."""
+        if held_ms > hold_ms + HOLD_SLACK_MS:
+            self._violate(HELD_LOOKUP, f"a lookup of {topic} held {held_ms} ms (hold {hold_ms})")
 
     def _violate(self, invariant: str, detail: str) -> None:
         self.world.log(f"VIOLATION {invariant}: {detail}")

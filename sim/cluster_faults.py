@@ -74,6 +74,13 @@ class ClusterFaults:
     whose write of a group commit it already sent fails repairs its log below what its
     followers hold, and claims the topic again under a new epoch (`Ownership.restart`)."""
     disk_full_us: int = 500_000
+    lease_lane: float = 0.0
+    """Per fault tick: one broker's lease renewals vanish (its lease lane's connection is
+    down, the broker's other requests still reach etcd), for as long as `partition` cuts: it
+    fences itself, its lease expires, and once renewals go through again it learns so and
+    registers under a new lease while the claims it sent under the old one, on the other
+    connection, may still be on their way (a slow answer). Drawn after `disk_full` (a
+    profile without it draws nothing more)."""
 
     def network(self) -> Faults:
         """What `sim.network.Network` reads: latency and loss (and the brokers' disks read
@@ -120,6 +127,12 @@ planted bug at replication factor 3 they reach a WAL cut bug still open (spec/re
 CLUSTER_PROFILES["power"] = dataclasses.replace(
     CLUSTER_PROFILES["default"], power=0.02, fsync_us=5_000
 )
+CLUSTER_PROFILES["leases"] = dataclasses.replace(
+    CLUSTER_PROFILES["default"], lease_lane=0.05, slow=0.3
+)
+"""The default's faults, leases lost while the broker's other requests go on, and more slow
+requests: a claim whose answer is still on its way when the broker registers again under a
+new lease and claims the topic afresh (`Claim.token`)."""
 CLUSTER_PROFILES["disk"] = dataclasses.replace(CLUSTER_PROFILES["default"], disk_full=0.02)
 """The default's faults and full disks: failed WAL writes of group commits already sent to
 the followers (spec/replication.md, "A repair that rewinds")."""

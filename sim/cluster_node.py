@@ -230,6 +230,8 @@ class BrokerProcess:
             done(result)
 
         timer = self._timeouts.start(lambda: finish(TIMEOUT))
+        if self.node.lease_lane_cut_until > self.world.now and what.startswith("renew lease"):
+            return  # `ClusterFaults.lease_lane`: the renewal vanishes, the call times out
         self.etcd.request(self.name, what, run, finish)
 
     # -- watches -----------------------------------------------------------------------------------
@@ -508,6 +510,8 @@ class SimNode:
         """The poison workload's ledger (`sim.cluster_poison.PoisonLedger`, `--poison`)."""
         self.data_checker: Any = None
         """The data checker (`sim.cluster_data_checker.DataChecker`) of a run with data."""
+        self.lease_lane_cut_until = -1
+        """World time until which this machine's lease renewals vanish (`lease_lane`)."""
 
     @property
     def running(self) -> BrokerProcess | None:

@@ -212,7 +212,7 @@ def test_the_owner_drops_a_deleted_topic_without_sealing_and_marks_the_tombstone
     o.member(7, 0)
     (claim,) = o.assignment_seen(T, True, 0)
     assert isinstance(claim, Claim)
-    assert o.claim_done(T, True, 40, 0, known=True) == [Load(T, 40)]
+    assert o.claim_done(T, True, 40, 0, known=True, token=claim.token) == [Load(T, 40)]
     o.loaded(T, 0)
     o.marker_seen(T, Marker(MarkerReason.DELETE, "1", ready=False), 50, 0)
     assert o.assignment_seen(T, False, 0) == [Unload(T, 40, deleted=True)]
@@ -224,8 +224,9 @@ def test_the_owner_drops_a_deleted_topic_without_sealing_and_marks_the_tombstone
 def test_an_unload_is_not_a_deletion() -> None:
     o = Ownership(OwnershipConfig("1", retry_ms=500))
     o.member(7, 0)
-    o.assignment_seen(T, True, 0)
-    o.claim_done(T, True, 40, 0, known=True)
+    (claim,) = o.assignment_seen(T, True, 0)
+    assert isinstance(claim, Claim)
+    o.claim_done(T, True, 40, 0, known=True, token=claim.token)
     o.loaded(T, 0)
     o.marker_seen(T, Marker(MarkerReason.UNLOAD, "1", ready=False), 50, 0)
     assert o.assignment_seen(T, False, 0) == [Unload(T, 40, deleted=False)]

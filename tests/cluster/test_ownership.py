@@ -39,10 +39,19 @@ def machine(lease: int = 7) -> Ownership:
     return o
 
 
+def last(o: Ownership, topic: str = T) -> int:
+    """The token of the topic's last claim, which its answer names (`Claim.token`)."""
+    token = o.last_claim(topic)
+    assert token is not None
+    return token
+
+
 def serving(o: Ownership, claim_revision: int = 40) -> None:
     (claim,) = o.assignment_seen(T, True, 0)
     assert isinstance(claim, Claim)
-    assert o.claim_done(T, True, claim_revision, 0, known=True) == [Load(T, claim_revision)]
+    assert o.claim_done(T, True, claim_revision, 0, known=True, token=last(o)) == [
+        Load(T, claim_revision)
+    ]
     assert o.loaded(T, 0) == []
     assert o.serving() == [T]
 
@@ -61,7 +70,13 @@ def test_an_assignment_is_claimed_under_the_lease_by_compare_and_create() -> Non
     o = machine()
     assigned = Compare(assignment_key("1", T), "mod_revision", ">", 0)
     assert o.assignment_seen(T, True, 0) == [
-        Claim(T, (Compare(OWNER, "version", "==", 0), assigned), (Put(OWNER, {"broker_id": 1}, 7),))
+        Claim(
+            T,
+            (Compare(OWNER, "version", "==", 0), assigned),
+            (Put(OWNER, {"broker_id": 1}, 7),),
+            lease_id=7,
+            token=1,
+        )
     ]
     assert o.phase(T) is Phase.CLAIMING
     assert o.assignment_seen(T, True, 1) == []  # one claim at a time
@@ -75,7 +90,7 @@ def test_a_claim_carries_its_revision_into_the_load() -> None:
 def test_a_refused_claim_is_retried_after_the_delay() -> None:
     o = machine()
     o.assignment_seen(T, True, 0)
-    assert o.claim_done(T, False, 0, 100, known=True) == [WakeAt(600)]
+    assert o.claim_done(T, False, 0, 100, known=True, token=last(o)) == [WakeAt(600)]
     assert o.tick(599) == [WakeAt(600)]
     assert [type(e) for e in o.tick(600)] == [Claim]
 
@@ -160,7 +175,7 @@ def test_a_failed_release_is_retried() -> None:
 def test_an_assignment_deleted_while_loading_is_unloaded_once_the_load_answers() -> None:
     o = machine()
     o.assignment_seen(T, True, 0)
-    o.claim_done(T, True, 40, 0, known=True)  # Load(T, 40) is out
+    o.claim_done(T, True, 40, 0, known=True, token=last(o))  # Load(T, 40) is out
     assert o.assignment_seen(T, False, 0) == []
     assert o.loaded(T, 0) == [Unload(T, 40)]
 
@@ -169,7 +184,7 @@ def test_an_assignment_deleted_while_claiming_needs_no_unload() -> None:
     o = machine()
     o.assignment_seen(T, True, 0)
     o.assignment_seen(T, False, 0)
-    assert o.claim_done(T, False, 0, 0, known=True) == []
+    assert o.claim_done(T, False, 0, 0, known=True, token=last(o)) == []
     assert o.phase(T) is None
 
 
@@ -184,13 +199,13 @@ def test_a_topic_moved_away_before_its_claim_landed_still_marks_the_marker_ready
     o = machine()
     o.assignment_seen(T, True, 0)
     if not claim_out:
-        assert o.claim_done(T, False, 0, 0, known=True) == [WakeAt(500)]
+        assert o.claim_done(T, False, 0, 0, known=True, token=last(o)) == [WakeAt(500)]
     moved = Marker(MarkerReason.REBALANCE, "1", "2", False, 1_700_000_000)
     assert o.marker_seen(T, moved, 60, 1) == ([] if claim_out else [WakeAt(500)])
     effects = o.assignment_seen(T, False, 2)
     if claim_out:
         assert effects == []
-        effects = o.claim_done(T, False, 0, 3, known=True)
+        effects = o.claim_done(T, False, 0, 3, known=True, token=last(o))
     (release,) = effects
     assert release == Release(
         T,
@@ -207,13 +222,13 @@ def test_a_claim_whose_answer_was_lost_is_settled_before_the_topic_is_forgotten(
     and releases what that finds."""
     o = machine()
     o.assignment_seen(T, True, 0)
-    assert o.claim_done(T, False, 0, 100, known=False) == [WakeAt(600)]
+    assert o.claim_done(T, False, 0, 100, known=False, token=last(o)) == [WakeAt(600)]
     assert o.assignment_seen(T, False, 200) == [WakeAt(600)], "the retry still stands"
     (again,) = o.tick(600)
     assert isinstance(again, Claim)
     # It had landed (own_claim): the topic is loaded, then unloaded, since its WAL may hold
     # what no object holds yet.
-    assert o.claim_done(T, True, 41, 650, known=True) == [Load(T, 41)]
+    assert o.claim_done(T, True, 41, 650, known=True, token=last(o)) == [Load(T, 41)]
     assert o.loaded(T, 660) == [Unload(T, 41)]
     (release,) = o.unloaded(T, 700)
     assert release == Release(
@@ -226,11 +241,13 @@ def test_a_claim_whose_answer_was_lost_is_settled_before_the_topic_is_forgotten(
 def test_an_unassigned_topic_whose_claim_is_known_to_have_failed_is_forgotten() -> None:
     o = machine()
     o.assignment_seen(T, True, 0)
-    assert o.claim_done(T, False, 0, 100, known=False) == [WakeAt(600)]
+    assert o.claim_done(T, False, 0, 100, known=False, token=last(o)) == [WakeAt(600)]
     o.assignment_seen(T, False, 200)
     (again,) = o.tick(600)
     assert isinstance(again, Claim)
-    assert o.claim_done(T, False, 0, 650, known=True) == []  # another broker's claim is there
+    assert (
+        o.claim_done(T, False, 0, 650, known=True, token=last(o)) == []
+    )  # another broker's claim is there
     assert o.phase(T) is None
 
 
@@ -246,8 +263,10 @@ def test_a_topic_assigned_back_during_its_unload_is_claimed_again_after_release(
 def test_a_failed_load_keeps_the_claim_and_tries_again() -> None:
     o = machine()
     o.assignment_seen(T, True, 0)
-    o.claim_done(T, True, 40, 0, known=True)
+    o.claim_done(T, True, 40, 0, known=True, token=last(o))
+    assert not o.failed_load(T)
     assert o.load_failed(T, 100) == [WakeAt(600)]
+    assert o.failed_load(T)  # requests for it are not held (`ViewFacts.load_failed`)
     assert o.tick(600) == [Load(T, 40)]
 
 
@@ -261,6 +280,28 @@ def test_a_new_lease_drops_every_topic_and_claims_the_assignments_again() -> Non
     claims = [e for e in effects if isinstance(e, Claim)]
     assert [c.topic for c in claims] == [T, other]
     assert all(c.ops[0] == Put(owner_key(c.topic), {"broker_id": 1}, 8) for c in claims)
+
+
+def test_the_answer_of_a_claim_sent_under_an_old_lease_is_not_the_new_claims() -> None:
+    """A claim in flight across a new registration: its answer, landed under the old lease
+    at revision 40, arrives once the new stay's claim is out. Taken for the new claim's, it
+    loaded the topic under revision 40, a key of the old lease that is about to vanish (and
+    the new claim's own answer was then ignored). It is ignored; the new claim, refused
+    while the old lease's key stands, is retried and lands."""
+    o = machine(lease=7)
+    (old,) = o.assignment_seen(T, True, 0)
+    assert isinstance(old, Claim) and old.lease_id == 7
+    effects = o.member(8, 0)
+    (new,) = [e for e in effects if isinstance(e, Claim)]
+    assert new.lease_id == 8 and new.token != old.token
+    assert o.claim_done(T, True, 40, 10, known=True, token=old.token) == []
+    assert o.phase(T) is Phase.CLAIMING
+    assert o.claim_done(T, False, 0, 20, known=False, token=old.token) == []
+    assert o.tick(5_000) == []  # still one claim in flight: the new one
+    assert o.claim_done(T, False, 0, 30, known=True, token=new.token) == [WakeAt(530)]
+    (again,) = o.tick(530)
+    assert isinstance(again, Claim) and again.lease_id == 8
+    assert o.claim_done(T, True, 60, 600, known=True, token=again.token) == [Load(T, 60)]
 
 
 def test_a_new_lease_claims_no_assignment_of_a_past_incarnation() -> None:
@@ -277,7 +318,7 @@ def test_a_new_lease_claims_no_assignment_of_a_past_incarnation() -> None:
     (claim,) = o.member(lease, 0, registered_at=registration.revision)
     assert isinstance(claim, Claim)
     assert not store.txn(claim.compares, claim.ops)[0].succeeded
-    assert o.claim_done(T, False, 0, 0, known=True) == [WakeAt(500)]
+    assert o.claim_done(T, False, 0, 0, known=True, token=last(o)) == [WakeAt(500)]
     store.txn((), (Delete(assignment_key("1", T)),))  # the leader fails it over...
     store.put(assignment_key("1", T), None)  # ...and assigns it here again
     (claim,) = [e for e in o.tick(500) if isinstance(e, Claim)]
@@ -359,7 +400,7 @@ def test_an_unload_overtaken_by_a_new_lease_and_claim_is_no_longer_current() -> 
     o.member(8, 0)  # a new lease: Drop, the topic is not assigned any more
     assert not o.unloading(T, 40)
     o.assignment_seen(T, True, 0)
-    o.claim_done(T, True, 90, 0, known=True)
+    o.claim_done(T, True, 90, 0, known=True, token=last(o))
     o.loaded(T, 0)
     assert o.phase(T) is Phase.SERVING
     assert not o.unloading(T, 40)
@@ -429,12 +470,12 @@ def test_a_claimed_topic_unassigned_before_its_load_is_loaded_then_unloaded() ->
     whose load failed is unloaded without (nothing readable to seal)."""
     o = machine()
     o.assignment_seen(T, True, 0)
-    assert o.claim_done(T, True, 41, 100, known=True) == [Load(T, 41)]
+    assert o.claim_done(T, True, 41, 100, known=True, token=last(o)) == [Load(T, 41)]
     o.assignment_seen(T, False, 110)
     assert o.loaded(T, 120) == [Unload(T, 41)]
     o = machine()
     o.assignment_seen(T, True, 0)
-    assert o.claim_done(T, True, 41, 100, known=True) == [Load(T, 41)]
+    assert o.claim_done(T, True, 41, 100, known=True, token=last(o)) == [Load(T, 41)]
     o.assignment_seen(T, False, 110)
     assert o.load_failed(T, 120) == [WakeAt(620)]
     assert o.tick(620) == [Unload(T, 41)]
@@ -446,7 +487,7 @@ def test_only_an_unload_of_a_served_topic_marks_its_replica_set_sealed() -> None
     replication, heavy faults, seed 56: the next owner came from the empty index)."""
     o = machine()
     o.assignment_seen(T, True, 0)
-    assert o.claim_done(T, True, 41, 100, known=True) == [Load(T, 41)]
+    assert o.claim_done(T, True, 41, 100, known=True, token=last(o)) == [Load(T, 41)]
     o.assignment_seen(T, False, 110)
     assert o.load_failed(T, 120) == [WakeAt(620)]
     assert o.tick(620) == [Unload(T, 41)]
@@ -471,7 +512,7 @@ def test_a_restart_unloads_releases_without_sealing_and_claims_again() -> None:
     assert release.ops == (Delete(OWNER),)
     (claim,) = o.released(T, True, 0)
     assert isinstance(claim, Claim) and o.phase(T) is Phase.CLAIMING
-    assert o.claim_done(T, True, 60, 0, known=True) == [Load(T, 60)]
+    assert o.claim_done(T, True, 60, 0, known=True, token=last(o)) == [Load(T, 60)]
     assert o.loaded(T, 0) == [] and o.serving() == [T]
     # The new stay is an ordinary one: a later move seals as usual.
     o.assignment_seen(T, False, 0)
@@ -485,7 +526,7 @@ def test_a_topic_not_served_ignores_a_restart_and_one_loading_restarts_once_load
     o.assignment_seen(T, True, 0)
     assert o.restart(T, 0) == [] and o.phase(T) is Phase.CLAIMING
     # Adopted in a batch whose answer comes later: the restart waits for the load's answer.
-    assert o.claim_done(T, True, 41, 0, known=True) == [Load(T, 41)]
+    assert o.claim_done(T, True, 41, 0, known=True, token=last(o)) == [Load(T, 41)]
     assert o.restart(T, 0) == []
     assert o.loaded(T, 0) == [Unload(T, 41, restart=True)]
 

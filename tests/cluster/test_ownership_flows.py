@@ -36,7 +36,10 @@ class Machine:
         self._unloading = unloading
         self.inputs: list[tuple[Any, ...]] = []
 
-    def claim_done(self, topic: str, ok: bool, revision: int, now: int, *, known: bool) -> list:
+    def claim_done(
+        self, topic: str, ok: bool, revision: int, now: int, *, known: bool, token: int
+    ) -> list:
+        assert token == TOKEN  # every answer names the claim it answers
         self.inputs.append(("claim_done", topic, ok, revision, known))
         return []
 
@@ -78,8 +81,11 @@ def answers(*replies: Any) -> tuple[list[Any], Any]:
     return asked, perform
 
 
-def claim_effect() -> own.Claim:
-    return own.Claim(TOPIC, (), ())
+TOKEN = 3
+
+
+def claim_effect(lease_id: int = 7) -> own.Claim:
+    return own.Claim(TOPIC, (), (), lease_id, TOKEN)
 
 
 def test_a_committed_claim_is_done_at_its_revision() -> None:
@@ -97,6 +103,21 @@ def test_an_unanswered_claim_found_as_its_own_is_done() -> None:
     _, perform = answers(TxnAnswer(Outcome.UNKNOWN, found))
     run_now(flows.claim(machine, claim_effect(), lambda: 0), perform)  # type: ignore[arg-type]
     assert machine.inputs == [("claim_done", TOPIC, True, 52, True)]
+
+
+def test_a_claim_is_found_as_its_own_by_the_lease_it_was_made_under() -> None:
+    """A claim made under lease 7 whose answer comes after the machine registered again
+    with lease 9: what it finds under lease 7 is its own landing (the machine then ignores
+    the answer by its token), and a claim under lease 9 is not a lease-7 claim's."""
+    machine = Machine(lease_id=9)
+    found = {OWNER: claim_of(keys.broker_id_to_json("b1"), 7, 52)}
+    _, perform = answers(TxnAnswer(Outcome.UNKNOWN, found))
+    run_now(flows.claim(machine, claim_effect(7), lambda: 0), perform)  # type: ignore[arg-type]
+    assert machine.inputs == [("claim_done", TOPIC, True, 52, True)]
+    machine = Machine(lease_id=7)
+    _, perform = answers(TxnAnswer(Outcome.REFUSED, found))
+    run_now(flows.claim(machine, claim_effect(9), lambda: 0), perform)  # type: ignore[arg-type]
+    assert machine.inputs == [("claim_done", TOPIC, False, 0, True)]
 
 
 def test_an_unanswered_claim_not_found_is_not_known_to_have_failed() -> None:

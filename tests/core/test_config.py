@@ -222,12 +222,22 @@ def test_cluster_settings_come_from_meta_store_cluster_and_load_manager() -> Non
         ({"cluster": {"lease_ttl_ms": 3000, "renew_interval_ms": 2900}}, "renew_interval_ms"),
         ({"meta_store": {"etcd_endpoints": ["no-port"]}}, "etcd_endpoints"),
         ({"cluster": {"lease": 1}}, "cluster: unknown key(s) lease"),
+        ({"cluster": {"lookup_hold_ms": 60_001}}, "cluster.lookup_hold_ms: expected an integer <="),
+        ({"cluster": {"lookup_hold_max": -1}}, "cluster.lookup_hold_max: expected an integer >="),
     ],
 )
 def test_cluster_mode_mistakes_name_the_key(change: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(needle)):
         config = config_from_mapping({**CLUSTER_FILE, **change})
         dataclasses.replace(config, mode="cluster").check_mode()
+
+
+def test_held_answers_are_bounded_in_time_and_number() -> None:
+    """`cluster.lookup_hold_ms` up to 60 s (a held request keeps its stream open), and a
+    broker-wide cap on requests held at once (`cluster.lookup_hold_max`)."""
+    section = {"lookup_hold_ms": 60_000, "lookup_hold_max": 10}
+    config = config_from_mapping({**CLUSTER_FILE, "cluster": section})
+    assert (config.cluster.lookup_hold_ms, config.cluster.lookup_hold_max) == (60_000, 10)
 
 
 def test_standalone_mode_needs_no_cluster_settings() -> None:

@@ -13,7 +13,7 @@ from unittest import mock
 
 from danube import keys as danube_keys
 from danube.effects import StoreTxn, TxnAnswer
-from danube.machines.cluster import admin_ops, keys, ownership, ownership_flows
+from danube.machines.cluster import admin_ops, holding, keys, ownership, ownership_flows
 from danube.machines.cluster.load_manager import Assign, LoadManager
 from danube.machines.cluster.membership import Campaign, Effect, Membership
 from danube.machines.node import settings
@@ -140,7 +140,51 @@ def claim_ignores_read_back() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def claim_answer_without_token() -> Iterator[None]:
+    """`Ownership.claim_done` takes any answer for the topic's claim in flight, whatever claim
+    it answers (the check of `Claim.token` dropped): the answer of a claim sent under an old
+    lease, arriving after a new registration sent the new stay's claim, loads the topic under
+    the old claim, whose key vanishes with the old lease."""
+    original = ownership.Ownership.claim_done
+
+    def claim_done(
+        self: ownership.Ownership,
+        topic: str,
+        succeeded: bool,
+        revision: int,
+        now_ms: int,
+        *,
+        known: bool,
+        token: int,
+    ) -> list[ownership.Effect]:
+        current = self.last_claim(topic)
+        token = token if current is None else current
+        return original(self, topic, succeeded, revision, now_ms, known=known, token=token)
+
+    with mock.patch.object(ownership.Ownership, "claim_done", claim_done):
+        yield
+
+
+@contextlib.contextmanager
+def hold_ignores_deadline() -> Iterator[None]:
+    """`holding.hold_until` forgets `hold_ms`: a request for a topic between owners is held
+    until the topic has one, however long that takes (a failover that outlasts the hold
+    keeps the client waiting instead of sending it back to its retries)."""
+    original = holding.hold_until
+
+    def hold_until(
+        error: Any, asked_at_ms: int, now_ms: int, hold_ms: int, **budget: int
+    ) -> int | None:
+        return original(error, now_ms, now_ms, hold_ms, **budget)
+
+    with mock.patch.object(holding, "hold_until", hold_until):
+        yield
+
+
 DATA_MUTATIONS: dict[str, Patch] = {
+    "hold_ignores_deadline": hold_ignores_deadline,
+    "claim_answer_without_token": claim_answer_without_token,
     "claim_ignores_read_back": claim_ignores_read_back,
     "writes_without_claim_compare": writes_without_claim_compare,
     "object_keys_without_epoch": object_keys_without_epoch,

@@ -17,7 +17,7 @@ from danube import keys
 from sim.cluster import CYCLIC_GARBAGE_PER_S, ClusterSimulation, ClusterWorkload
 from sim.cluster_admin import OVERRIDES
 from sim.cluster_clients import ClusterProducer
-from sim.cluster_data_checker import NO_LOSS, ONE_WRITER
+from sim.cluster_data_checker import HELD_LOOKUP, NO_LOSS, ONE_WRITER
 from sim.cluster_faults import CLUSTER_PROFILES
 from tests.sim.cluster_mutations import ADMIN_DATA_MUTATIONS, DATA_MUTATIONS
 
@@ -164,6 +164,49 @@ def test_a_claim_flow_that_ignores_its_read_back_leaves_a_topic_unserved() -> No
                 assert "every topic on a live broker" in result.violations[0].invariant
                 return
     raise AssertionError("no seed of 50 caught the planted bug")
+
+
+def test_a_claim_answer_taken_without_its_token_is_caught_under_lost_leases() -> None:
+    """A claim whose answer comes after the broker registered again under a new lease is
+    not the new stay's claim (`Claim.token`). Taken for it, the topic loads under the old
+    lease's claim, which vanishes with that lease: the topic stays assigned and is served
+    by nobody. The `leases` profile makes it happen (renewals lost while the claims go on,
+    slow answers); the planted bug is caught within 40 seeds (the first at seed 16), and
+    the same seeds pass without it."""
+    leases = CLUSTER_PROFILES["leases"]
+    with DATA_MUTATIONS["claim_answer_without_token"]():
+        for seed in range(1, 41):
+            result = ClusterSimulation(seed, DATA, leases).run(10)
+            if not result.ok:
+                assert "every topic on a live broker" in result.violations[0].invariant
+                break
+        else:
+            raise AssertionError("no seed of 40 caught the planted bug")
+    for fixed in range(1, seed + 1):
+        result = ClusterSimulation(fixed, DATA, leases).run(10)
+        assert result.ok, (fixed, [v.detail for v in result.violations])
+
+
+def test_a_hold_past_its_deadline_is_caught() -> None:
+    """With `lookup_hold_ms` the simulated producers hold a lookup refused as `Settling`
+    through `holding.hold_until` on the simulated clock, as the brokers do, and invariant t
+    asks that each is answered within the hold (500 ms here, shorter than a failover) and a
+    recheck. Planted: the hold forgets its deadline, so a failover that outlasts it keeps
+    the lookup waiting (caught at seed 1 of the default profile); seeds 1-5 of the default
+    and leases profiles keep every invariant without it."""
+    held = dataclasses.replace(DATA, lookup_hold_ms=500)
+    with DATA_MUTATIONS["hold_ignores_deadline"]():
+        for seed in range(1, 11):
+            result = ClusterSimulation(seed, held, DEFAULT).run(10)
+            if not result.ok:
+                assert result.violations[0].invariant == HELD_LOOKUP, result.violations
+                break
+        else:
+            raise AssertionError("no seed of 10 caught the planted bug")
+    for profile in (DEFAULT, CLUSTER_PROFILES["leases"]):
+        for fixed in range(1, max(seed, 5) + 1):
+            result = ClusterSimulation(fixed, held, profile).run(10)
+            assert result.ok, (fixed, [v.detail for v in result.violations])
 
 
 def test_topic_overrides_hold_at_the_owner_and_a_lost_write_is_caught() -> None:

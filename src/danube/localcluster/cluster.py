@@ -36,6 +36,9 @@ class ClusterSettings:
     replication_lag_ms: int | None = None
     """`cluster.replication.lag_ms` (None: the broker's default): how long an owner waits
     for a silent follower before acknowledging without it."""
+    lookup_hold_ms: int | None = None
+    """`cluster.lookup_hold_ms` (None: the broker's default): how long a request for a topic
+    between owners waits for it (spec/cluster.md, "Held answers")."""
     auth: dict[str, object] | None = None
     """Every broker's `auth` section (spec/security.md, "In a cluster"); the secrets come
     from the environment the brokers inherit (DANUBE_JWT_SECRET_KEY, DANUBE_CLUSTER_KEY)."""
@@ -106,6 +109,11 @@ class LocalCluster:
                 "renew_interval_ms": max(ttl // 5, 100),
                 "drift_ms": ttl // 6,
                 "load_report_interval_ms": 2_000,
+                **(
+                    {"lookup_hold_ms": self.settings.lookup_hold_ms}
+                    if self.settings.lookup_hold_ms is not None
+                    else {}
+                ),
                 **(
                     {"replication": {"lag_ms": self.settings.replication_lag_ms}}
                     if self.settings.replication_lag_ms is not None

@@ -109,7 +109,8 @@ class ClusterMember:
         registration = None if broker is None else machine.registration(broker)
         marker = machine.marker(topic)
         deleting = marker is not None and marker[0].reason is MarkerReason.DELETE
-        return ViewFacts(broker, marker is not None, registration, deleting)
+        failed = self.ownership.machine.failed_load(topic)
+        return ViewFacts(broker, marker is not None, registration, deleting, failed)
 
     def leader(self) -> str | None:
         machine = self.membership.machine

@@ -11,13 +11,15 @@ is decided by the pure rules of `danube.machines.cluster.placement`; this module
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from danube import keys
 from danube.keys import owner_key
+from danube.machines.cluster import holding, records
 from danube.machines.cluster import placement as rules
-from danube.machines.cluster import records
 from danube.machines.cluster.placement import Answer, Located
 from danube.machines.node.core import BrokerCore
 from danube.metadata import KeyValue, MetadataStore, TxnResult
@@ -31,6 +33,12 @@ from danube.values.names import (
     partition_index,
     partition_names,
 )
+
+_T = TypeVar("_T")
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
 class Placement(Protocol):
@@ -74,16 +82,56 @@ class ClusterPlacement:
         broker_id: str,
         *,
         auto_create_topics: bool,
+        hold_ms: int = 0,
+        hold_max: int = holding.MAX_HELD,
     ) -> None:
         self._core = core
         self._store = store
         self._broker_id = broker_id
         self._auto_create = auto_create_topics
+        self._hold_ms = hold_ms
+        """`cluster.lookup_hold_ms`: how long a request for a topic between owners waits
+        for it (`holding.hold_until`)."""
+        self._hold_max = hold_max
+        """`cluster.lookup_hold_max`: requests held at once; past it, answered at once."""
+        self.holding = 0
+        """Requests held now (counted here, capped by `holding.hold_until`)."""
         self.view: Callable[[str], rules.ViewFacts | None] | None = None
         """The cluster member's view of `/cluster/` (None until it is read): lookups are
         answered from it when it can tell (`rules.lookup_from_view`)."""
 
     async def lookup(self, topic: str) -> Located:
+        return await self._held(self._lookup, topic)
+
+    async def _held(self, ask: Callable[[str], Awaitable[_T]], topic: str) -> _T:
+        """`ask`, asked again while `holding.hold_until` holds its refusal."""
+        asked_at = _monotonic_ms()
+        held = False
+        try:
+            while True:
+                try:
+                    return await ask(topic)
+                except DanubeError as error:
+                    now = _monotonic_ms()
+                    until = holding.hold_until(
+                        error,
+                        asked_at,
+                        now,
+                        self._hold_ms,
+                        others_held=self.holding - held,
+                        max_held=self._hold_max,
+                    )
+                    if until is None:
+                        raise
+                if not held:
+                    held = True
+                    self.holding += 1
+                await asyncio.sleep((until - now) / 1000)
+        finally:
+            if held:
+                self.holding -= 1
+
+    async def _lookup(self, topic: str) -> Located:
         if self._core.serves(topic):
             return _here(self._core)
         seen = None if self.view is None else self.view(topic)
@@ -110,6 +158,12 @@ class ClusterPlacement:
         return await self._partitions_of(name)
 
     async def route(self, topic: str, create: DispatchStrategy | None) -> None:
+        async def ask(topic: str) -> None:
+            return await self._route(topic, create)
+
+        await self._held(ask, topic)
+
+    async def _route(self, topic: str, create: DispatchStrategy | None) -> None:
         if self._core.serves(topic):
             return
         name = parse_topic(topic)

@@ -433,7 +433,12 @@ async def serve(
                 )
                 metrics.replication = replication
                 cluster_placement = ClusterPlacement(
-                    core, store, broker_id, auto_create_topics=config.auto_create_topics
+                    core,
+                    store,
+                    broker_id,
+                    auto_create_topics=config.auto_create_topics,
+                    hold_ms=config.cluster.lookup_hold_ms,
+                    hold_max=config.cluster.lookup_hold_max,
                 )
                 placement = cluster_placement
                 if (why := unreachable_admin(admin_seen, advertised)) is not None:

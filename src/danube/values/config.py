@@ -65,6 +65,8 @@ class Policies:
 
 
 MAX_UNACKED_MESSAGES_LIMIT = 10_000
+MAX_LOOKUP_HOLD_MS = 60_000
+"""`cluster.lookup_hold_ms` at most: a held request keeps its stream open that long."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +268,15 @@ class ClusterConfig:
     replication_min_in_sync: int = 1
     """`cluster.replication.min_in_sync`: the copies (owner included) an acknowledged record
     must be on; with fewer in sync the owner refuses reliable publishes."""
+    lookup_hold_ms: int = 10_000
+    """`cluster.lookup_hold_ms`: how long a lookup, CreateProducer or Subscribe whose topic
+    is between owners (being assigned, or loading here) waits for it before answering
+    UNAVAILABLE; 0 answers at once, as Danube does (spec/cluster.md, "Held answers"); at
+    most 60 000."""
+    lookup_hold_max: int = 256
+    """`cluster.lookup_hold_max`: requests held at once on the broker; past it a request
+    for a topic between owners is answered UNAVAILABLE at once (spec/cluster.md, "Held
+    answers")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,12 +503,16 @@ _TOP_LEVEL = {
 }  # fmt: skip
 
 
-def _number(data: dict[str, Any], key: str, where: str, *, minimum: int = 1) -> int | None:
+def _number(
+    data: dict[str, Any], key: str, where: str, *, minimum: int = 1, maximum: int | None = None
+) -> int | None:
     if key not in data:
         return None
     value = data[key]
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigError(f"{where}{key}: expected an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{where}{key}: expected an integer <= {maximum}, got {value!r}")
     return value
 
 
@@ -621,6 +636,8 @@ def _cluster(meta: dict[str, Any], data: dict[str, Any]) -> ClusterConfig:
             "load_report_interval_ms",
             "replication",
             "replication_factor",
+            "lookup_hold_ms",
+            "lookup_hold_max",
         },
         "cluster",
     )
@@ -631,6 +648,10 @@ def _cluster(meta: dict[str, Any], data: dict[str, Any]) -> ClusterConfig:
         for key in ("lease_ttl_ms", "renew_interval_ms", "load_report_interval_ms")
     }
     timings["drift_ms"] = _number(section, "drift_ms", "cluster.", minimum=0)
+    timings["lookup_hold_ms"] = _number(
+        section, "lookup_hold_ms", "cluster.", minimum=0, maximum=MAX_LOOKUP_HOLD_MS
+    )
+    timings["lookup_hold_max"] = _number(section, "lookup_hold_max", "cluster.", minimum=0)
     values: dict[str, Any] = {k: v for k, v in timings.items() if v is not None}
     for key in ("lag_ms", "min_in_sync"):
         number = _number(replication, key, "cluster.replication.")

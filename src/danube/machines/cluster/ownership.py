@@ -230,14 +230,22 @@ class OwnershipConfig:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """Run as one transaction; answer `claim_done(topic, succeeded, revision, known=...)`,
-    where a failed compare still succeeded, at the found claim's revision, if `own_claim`
-    says so, and `known` is False when no answer says the claim did not land (the
-    transaction or the read after its failed compare timed out)."""
+    """Run as one transaction; answer `claim_done(topic, succeeded, revision, known=...,
+    token=token)`, where a failed compare still succeeded, at the found claim's revision, if
+    `own_claim` says so of the lease the claim was made under (`lease_id`), and `known` is
+    False when no answer says the claim did not land (the transaction or the read after its
+    failed compare timed out)."""
 
     topic: str
     compares: tuple[Compare, ...]
     ops: tuple[Op, ...]
+    lease_id: int
+    """The lease the claim puts the owner key under."""
+    token: int
+    """Which claim this is (the machine numbers its claims): `claim_done` takes the answer
+    only while it is the topic's claim in flight. The answer of a claim sent under an old
+    lease may arrive after a new registration started a new stay and sent a new claim; taken
+    for the new claim's, it would load the topic under the old claim's revision."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +322,8 @@ class _Topic:
     """Revision of the marker the `Release` in flight marks ready."""
     claim_unknown: bool = False
     """The last claim's answer was lost: it may have landed under the lease."""
+    claim_token: int | None = None
+    """The token of this stay's last claim (`Claim.token`); only its answer counts."""
     load_failed: bool = False
     """The last load of this claim failed (its storage or metadata is unreadable)."""
     sealed: bool = False
@@ -345,6 +355,8 @@ class Ownership:
         self._topics: dict[str, _Topic] = {}
         self._assigned: set[str] = set()
         self._markers: dict[str, _Marker] = {}
+        self._claims = 0
+        """Claims made so far: the next claim's token is one more."""
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -362,6 +374,18 @@ class Ownership:
             and state.phase is Phase.UNLOADING
             and state.claim_revision == claim_revision
         )
+
+    def last_claim(self, topic: str) -> int | None:
+        """The token of the topic's last claim in its current stay (`Claim.token`), None
+        before its first."""
+        state = self._topics.get(topic)
+        return None if state is None else state.claim_token
+
+    def failed_load(self, topic: str) -> bool:
+        """The topic's last load here failed (`load_failed`); it is retried after
+        `retry_ms`, but a request for it is not held (`placement.ViewFacts.load_failed`)."""
+        state = self._topics.get(topic)
+        return state is not None and state.load_failed
 
     def serving(self) -> list[str]:
         return sorted(t for t, s in self._topics.items() if s.phase is Phase.SERVING)
@@ -419,12 +443,19 @@ class Ownership:
         return self._step(now_ms)
 
     def claim_done(
-        self, topic: str, succeeded: bool, revision: int, now_ms: int, *, known: bool
+        self, topic: str, succeeded: bool, revision: int, now_ms: int, *, known: bool, token: int
     ) -> list[Effect]:
         """`known` False: the claim failed without an answer that says it did not land (the
-        transaction or the read after its failed compare timed out)."""
+        transaction or the read after its failed compare timed out). `token`: the answered
+        `Claim.token`. The answer of any claim but the topic's claim in flight is ignored: a
+        claim sent before a new lease (`member`) belongs to a stay that is gone. If it landed,
+        its key lives under the old lease, which the new claim finds and does not take for
+        its own (`own_claim`): the new claim is refused and retried until the old lease
+        expires and takes the key, as any claim of an old lease."""
         state = self._topics.get(topic)
         if state is None or state.phase is not Phase.CLAIMING or not state.busy:
+            return []
+        if state.claim_token != token:
             return []
         state.busy = False
         state.claim_unknown = not succeeded and not known
@@ -602,7 +633,11 @@ class Ownership:
             Compare(key, "version", "==", 0),
             Compare(assignment, "mod_revision", ">", self.registered_at),
         )
-        return Claim(topic, compares, (Put(key, claim, self.lease_id),))
+        assert self.lease_id is not None  # `_step` claims only as a member
+        self._claims += 1
+        self._topics[topic].claim_token = self._claims
+        put = Put(key, claim, self.lease_id)
+        return Claim(topic, compares, (put,), self.lease_id, self._claims)
 
     def _released_all(self, topic: str) -> bool:
         """Nothing of the topic's stay is left to release: forget it, or, if it was assigned

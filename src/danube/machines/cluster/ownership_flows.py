@@ -93,23 +93,24 @@ CoreRequest = Adopt | Seal | AwaitSettled | Forget
 def claim(machine: own.Ownership, effect: own.Claim, now: Now) -> Flow[list[own.Effect]]:
     """One transaction. A refused or unanswered claim reads the owner key back: a claim of
     this broker under its lease found there landed after all (`own_claim`)."""
-    topic, owner = effect.topic, own.owner_key(effect.topic)
+    topic, owner, token = effect.topic, own.owner_key(effect.topic), effect.token
     try:
         answer = yield StoreTxn(
             effect.compares, effect.ops, read_back=(owner,), purpose=f"claim {topic}"
         )
     except StoreUnreachable:
-        return machine.claim_done(topic, False, 0, now(), known=False)
+        return machine.claim_done(topic, False, 0, now(), known=False, token=token)
     if answer.committed:
-        return machine.claim_done(topic, True, answer.revision, now(), known=True)
+        return machine.claim_done(topic, True, answer.revision, now(), known=True, token=token)
     read = owner in answer.found
     found = answer.found.get(owner)
-    if read and own.own_claim(found, machine.config.broker_id, machine.lease_id):
+    if read and own.own_claim(found, machine.config.broker_id, effect.lease_id):
         assert found is not None
-        return machine.claim_done(topic, True, found.mod_revision, now(), known=True)
+        revision = found.mod_revision
+        return machine.claim_done(topic, True, revision, now(), known=True, token=token)
     # An unanswered claim that is not found may still land: only a refusal is known.
     known = read and answer.outcome is not Outcome.UNKNOWN
-    return machine.claim_done(topic, False, 0, now(), known=known)
+    return machine.claim_done(topic, False, 0, now(), known=known, token=token)
 
 
 def release(machine: own.Ownership, effect: own.Release, now: Now) -> Flow[list[own.Effect]]:

@@ -46,6 +46,15 @@ def unavailable(message: str) -> DanubeError:
     return DanubeError(ErrorCode.UNAVAILABLE, message)
 
 
+class Settling(DanubeError):
+    """UNAVAILABLE for a topic the view shows between owners: being assigned, or assigned
+    to this broker and not served yet. The answer changes within moments without the client
+    doing anything, so the request may wait for it (`holding.hold_until`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.UNAVAILABLE, message)
+
+
 def _owner_address(
     topic: str, facts: TopicFacts, me: str, registration: Mapping[str, Any] | None, field: str
 ) -> str:
@@ -83,6 +92,15 @@ class ViewFacts:
     registration: Mapping[str, Any] | None
     deleting: bool = False
     """The marker waiting is a deletion's (the topic is going, not coming)."""
+    load_failed: bool = False
+    """This broker's last load of the topic failed (its storage or metadata is unreadable):
+    assigned here, it is not served until an operator acts, however long a request waits."""
+
+    @property
+    def settling(self) -> bool:
+        """The topic between owners is about to have one: not going (`deleting`) and not
+        stuck here (`load_failed`). Only then is its refusal `Settling` (may be held)."""
+        return not self.deleting and not self.load_failed
 
 
 def lookup_from_view(topic: str, facts: ViewFacts, me: str) -> Located | None:
@@ -95,12 +113,13 @@ def lookup_from_view(topic: str, facts: ViewFacts, me: str) -> Located | None:
     survivors while they load those very topics (issue 23). The view may lag the store by
     a watch event: a client sent to the previous assignee is told there to look up again,
     and ownership stays fenced by the claims whatever a lookup answered."""
+    refuse = Settling if facts.settling else unavailable
     if facts.assigned_to is None:
         if facts.pending:
-            raise unavailable(f"{topic} is being assigned to a broker; retry shortly")
+            raise refuse(f"{topic} is being assigned to a broker; retry shortly")
         return None
     if facts.assigned_to == me:
-        raise unavailable(f"{topic} is loading or moving on this broker; retry shortly")
+        raise refuse(f"{topic} is loading or moving on this broker; retry shortly")
     registration = facts.registration
     if not isinstance(registration, Mapping) or not registration.get("broker_url"):
         return None  # the assignee's registration not seen: the store decides
@@ -122,7 +141,8 @@ def route_from_view(topic: str, facts: ViewFacts, me: str) -> None:
     if facts.assigned_to == me or (facts.assigned_to is None and facts.pending):
         if facts.deleting:
             return None
-        raise unavailable(f"{topic} is being assigned to a broker; retry shortly")
+        refuse = Settling if facts.settling else unavailable
+        raise refuse(f"{topic} is being assigned to a broker; retry shortly")
     if facts.assigned_to is not None:
         raise unavailable(f"{topic} is served by another broker; look it up again")
     return None
