@@ -270,6 +270,21 @@ def test_a_failed_load_keeps_the_claim_and_tries_again() -> None:
     assert o.tick(600) == [Load(T, 40)]
 
 
+def test_a_load_whose_writer_record_went_unanswered_is_retried_with_its_decision() -> None:
+    """The writer transaction may land after the load failed: the retry carries what the
+    load decided about the local WAL (`become_writer` keeps it once the replica set shows
+    that transaction landed); a new claim starts afresh."""
+    o = machine()
+    o.assignment_seen(T, True, 0)
+    o.claim_done(T, True, 40, 0, known=True)
+    assert o.load_failed(T, 100, keep_local=True) == [WakeAt(600)]
+    assert o.tick(600) == [Load(T, 40, True)]
+    assert o.load_failed(T, 700) == [WakeAt(1200)]
+    assert o.tick(1200) == [Load(T, 40, True)]
+    o.member(8, 1300)  # a new lease: every topic dropped, the assignment claimed again
+    assert o.claim_done(T, True, 90, 1300, known=True) == [Load(T, 90)]
+
+
 def test_a_new_lease_drops_every_topic_and_claims_the_assignments_again() -> None:
     o = machine()
     serving(o)
@@ -369,6 +384,25 @@ def test_a_broker_keeps_its_wal_only_while_it_is_still_the_writer() -> None:
     assert mine.ops == (Put(writer_key(T), {"broker_id": 1}),)
     assert not become_writer(T, "1", 40, {writer_key(T): {"broker_id": 2}}).keep_local
     assert not become_writer(T, "1", 40, {}).keep_local
+
+
+def test_a_replica_set_written_by_this_claim_keeps_the_earlier_loads_decision() -> None:
+    """A replica set naming this broker owner at this claim's epoch was written by an
+    earlier load of the claim whose answer was lost: it took the broker out of `in_sync`,
+    so the retry keeps that load's decision (`Load.keep_local`), whatever the writer key
+    read says; a set of another epoch or owner decides afresh."""
+    ours = ReplicaSet(40, "1", ("1", "2"), ("2",))
+    found = KeyValue("/cluster/replicas/default/orders", ours.to_json(), 5, 41, 2, None)
+    other = {writer_key(T): {"broker_id": 2}}
+    assert not become_writer(T, "1", 40, other, found).keep_local
+    assert become_writer(T, "1", 40, other, found, landed=True).keep_local
+    assert not become_writer(T, "1", 40, other, found, landed=False).keep_local
+    older = ReplicaSet(30, "1", ("1", "2"), ("2",))
+    found = KeyValue("/cluster/replicas/default/orders", older.to_json(), 5, 31, 2, None)
+    assert not become_writer(T, "1", 40, other, found, landed=True).keep_local
+    theirs = ReplicaSet(40, "2", ("1", "2"), ("2",))
+    found = KeyValue("/cluster/replicas/default/orders", theirs.to_json(), 5, 41, 2, None)
+    assert not become_writer(T, "1", 40, other, found, landed=True).keep_local
 
 
 def test_a_claim_found_is_ours_only_under_our_name_and_lease() -> None:

@@ -51,8 +51,9 @@ class Machine:
         self.inputs.append(("loaded", topic))
         return []
 
-    def load_failed(self, topic: str, now: int) -> list:
+    def load_failed(self, topic: str, now: int, keep_local: bool | None = None) -> list:
         self.inputs.append(("load_failed", topic))
+        self.keep_local = keep_local
         return []
 
     def unloaded(self, topic: str, now: int, *, handed_over: bool = False) -> list:
@@ -229,3 +230,33 @@ def test_a_load_keeps_the_local_log_of_an_in_sync_follower_and_claims_the_replic
     junk = KeyValue(all_keys.replicas_key(TOPIC), {"epoch": -1}, 7, 41, 3, None)
     writer = own.become_writer(TOPIC, "b2", 50, entries, junk)
     assert not writer.keep_local and len(writer.ops) == 1
+
+
+def test_a_retried_load_keeps_the_decision_of_a_writer_record_that_landed_late() -> None:
+    """Seed 78 of the replicated cluster simulator: b2, in sync, claims at 50; its writer
+    transaction goes unanswered (it lands later) and the load fails, remembering its
+    decision to keep the directory. The retry reads the replica set that transaction wrote
+    (b2 owner at epoch 50, out of `in_sync`) and the writer key from before it (b1): it
+    keeps the directory all the same, instead of dropping the acknowledged tail."""
+    delivery = paths.topic_delivery(parse_topic(TOPIC))
+    entry = KeyValue(delivery, {"strategy": "reliable"}, 1, 1, 1, None)
+    before = ReplicaSet(40, "b1", ("b2", "b3"), ("b2", "b3"))
+    found = KeyValue(all_keys.replicas_key(TOPIC), before.to_json(), 7, 41, 3, None)
+    writer_entry = KeyValue(all_keys.writer_key(TOPIC), {"broker_id": "b1"}, 1, 30, 1, None)
+    machine = Machine()
+    machine.config = own.OwnershipConfig("b2")
+    lost = TxnAnswer(Outcome.UNKNOWN)
+    _, perform = answers([entry, writer_entry], [], None, found, lost)
+    run_now(flows.load(machine, own.Load(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
+    assert machine.inputs == [("load_failed", TOPIC)] and machine.keep_local is True
+    landed = ReplicaSet(50, "b2", ("b2", "b3"), ("b3",))
+    found = KeyValue(all_keys.replicas_key(TOPIC), landed.to_json(), 7, 60, 4, None)
+    committed = TxnAnswer(Outcome.COMMITTED, revision=61)
+    asked, perform = answers([entry, writer_entry], [], None, found, committed, None)
+    retry = own.Load(TOPIC, 50, machine.keep_local)
+    run_now(flows.load(machine, retry, lambda: 0), perform)  # type: ignore[arg-type]
+    assert isinstance(asked[-1], flows.Adopt) and asked[-1].keep_local
+    # without the earlier decision, the same reads drop the directory
+    asked, perform = answers([entry, writer_entry], [], None, found, committed, None)
+    run_now(flows.load(machine, own.Load(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
+    assert not asked[-1].keep_local

@@ -12,7 +12,7 @@ from unittest import mock
 from danube import keys
 from danube.effects import Outcome, ReadManyAnswer, StoreReadMany, StoreTxn, TxnAnswer
 from danube.interpreter import flows
-from danube.machines.cluster import ownership_flows, replicas, request_batching
+from danube.machines.cluster import ownership, ownership_flows, replicas, request_batching
 from danube.machines.cluster.ownership import Load, Ownership
 from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.node import core_replication, replica_owner
@@ -313,6 +313,28 @@ def replication_deadline_too_late() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def retry_forgets_writer_decision() -> Iterator[None]:
+    """A load retried after its writer transaction went unanswered decides afresh on the
+    local WAL, ignoring the earlier decision (`Load.keep_local`): when that transaction
+    landed late, its replica set no longer lists this broker in sync and a hand-over's
+    replicated tail is dropped (seed 78 of the default profile)."""
+    original = ownership.become_writer
+
+    def become_writer(
+        topic: str,
+        broker_id: str,
+        claim_revision: int,
+        entries: Any,
+        replicas: Any = None,
+        landed: bool | None = None,
+    ) -> Any:
+        return original(topic, broker_id, claim_revision, entries, replicas)
+
+    with mock.patch.object(ownership, "become_writer", become_writer):
+        yield
+
+
 REPLICATION_MUTATIONS: dict[str, Patch] = {
     "acknowledge_before_followers": acknowledge_before_followers,
     "promote_any_follower": promote_any_follower,
@@ -327,4 +349,5 @@ REPLICATION_MUTATIONS: dict[str, Patch] = {
     "registration_never_made_again": registration_never_made_again,
     "lost_proposal_not_touched": lost_proposal_not_touched,
     "replication_deadline_too_late": replication_deadline_too_late,
+    "retry_forgets_writer_decision": retry_forgets_writer_decision,
 }

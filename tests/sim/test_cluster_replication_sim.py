@@ -331,3 +331,19 @@ def test_replication_timers_left_late_are_caught(mutation: str, seeds: range) ->
     seed, invariants = caught
     assert TIMERS in invariants, (seed, invariants)
     assert ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS).ok, seed
+
+
+@pytest.mark.parametrize("seed", [78])
+def test_a_writer_record_landed_late_keeps_the_handed_over_log(seed: int) -> None:
+    """Seed 78: broker 3 hands topic-12 over with 45 records not indexed; broker 1 claims it
+    (r176), in sync, but its writer transaction goes unanswered and lands late (r247). The
+    retried load reads the writer key before that and the replica set after it, which no
+    longer lists broker 1 in sync: it dropped the replicated directory, and r1 found 44
+    acknowledged messages lost. The retry now keeps the unanswered load's decision
+    (`Load.keep_local`). Planted: the retry forgets it, and r1 catches the loss again."""
+    result = ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS)
+    assert result.ok, [v.detail for v in result.violations]
+    assert result.settled
+    with REPLICATION_MUTATIONS["retry_forgets_writer_decision"]():
+        planted = ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS)
+    assert REPLICA_LOSS in [v.invariant for v in planted.violations]

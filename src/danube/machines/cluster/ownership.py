@@ -156,6 +156,7 @@ def become_writer(
     claim_revision: int,
     entries: Mapping[str, Any],
     replicas: KeyValue | None = None,
+    landed: bool | None = None,
 ) -> Writer:
     """`entries`: the topic's metadata as read before the load; `replicas`: its replica set
     (`danube.machines.cluster.replicas`) as read then, None when it has none.
@@ -165,12 +166,23 @@ def become_writer(
     acknowledged record (spec/replication.md, "Failover and moves"). The replica set is
     rewritten in the same transaction, compared on its revision: this claim's revision is the
     new epoch, this broker the owner, and it leaves the in-sync set (the owner always
-    counts)."""
+    counts).
+
+    `landed`: the decision of an earlier load under this claim whose writer transaction went
+    unanswered (`Load.keep_local`). A replica set that names this broker owner at this
+    claim's epoch is that transaction's, landed late: it already took this broker out of
+    `in_sync`, and the writer key read may predate it, so neither says any more what the
+    directory is; the earlier decision, made before it landed, still holds (nobody else
+    wrote the topic under this claim). Seed 78 of the replicated cluster simulator lost a
+    hand-over's 45 acknowledged records to it."""
     me = records.broker_id_to_json(broker_id)
     previous = entries.get(writer_key(topic))
     record = replica_set_of(replicas)
     in_sync_here = record is not None and broker_id in record.in_sync
     keep_local = (isinstance(previous, dict) and previous.get("broker_id") == me) or in_sync_here
+    ours = record is not None and (record.owner, record.epoch) == (broker_id, claim_revision)
+    if landed is not None and ours:
+        keep_local = landed
     compares = [Compare(owner_key(topic), "mod_revision", "==", claim_revision)]
     ops: list[Op] = [Put(writer_key(topic), {"broker_id": me})]
     if replicas is not None and record is not None:
@@ -250,10 +262,15 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """Load the topic and serve it; `claim_revision` fences its durable writes."""
+    """Load the topic and serve it; `claim_revision` fences its durable writes.
+
+    `keep_local`: what an earlier load under this claim decided about the local WAL
+    directory (`Writer.keep_local`) when its writer transaction went unanswered; None when
+    none did. That transaction may have landed (`become_writer`)."""
 
     topic: str
     claim_revision: int
+    keep_local: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +343,9 @@ class _Topic:
     """The token of this stay's last claim (`Claim.token`); only its answer counts."""
     load_failed: bool = False
     """The last load of this claim failed (its storage or metadata is unreadable)."""
+    keep_local: bool | None = None
+    """A failed load's decision on the local WAL, its writer transaction unanswered
+    (`Load.keep_local`)."""
     sealed: bool = False
     """The stay's unload completed with everything sealed and indexed: it served the topic
     (a load succeeded) and it was not a deletion."""
@@ -461,6 +481,7 @@ class Ownership:
         state.claim_unknown = not succeeded and not known
         if succeeded:
             state.claim_revision = revision
+            state.keep_local = None
             state.phase = Phase.LOADING
         elif topic in self._assigned or state.claim_unknown:
             state.retry_at = now_ms + self.config.retry_ms
@@ -475,14 +496,18 @@ class Ownership:
         state.served = True
         return self._step(now_ms)
 
-    def load_failed(self, topic: str, now_ms: int) -> list[Effect]:
+    def load_failed(self, topic: str, now_ms: int, keep_local: bool | None = None) -> list[Effect]:
         """The topic cannot be served here (its storage is unreadable): keep the claim so no
-        other broker writes over what an operator must look at, and try again later."""
+        other broker writes over what an operator must look at, and try again later.
+        `keep_local`: the load's decision on the local WAL when its writer transaction went
+        unanswered (it may have landed): the retry carries it (`Load.keep_local`)."""
         state = self._topics.get(topic)
         if state is None or state.phase is not Phase.LOADING:
             return []
         state.busy = False
         state.load_failed = True
+        if keep_local is not None:
+            state.keep_local = keep_local
         state.retry_at = now_ms + self.config.retry_ms
         return self._step(now_ms)
 
@@ -589,7 +614,7 @@ class Ownership:
             # Claimed and unassigned meanwhile, the topic is still loaded first: its local
             # WAL may hold acknowledged records no object holds yet (a replicated topic
             # waits for its last owner), which the unload's seal then uploads.
-            return Load(topic, state.claim_revision)
+            return Load(topic, state.claim_revision, state.keep_local)
         if state.phase is Phase.SERVING:
             if topic in self._assigned:
                 return None

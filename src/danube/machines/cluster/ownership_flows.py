@@ -11,7 +11,7 @@ flows yield `danube.effects` values for the store and these, for the broker's co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +138,7 @@ def load(machine: own.Ownership, effect: own.Load, now: Now) -> Flow[list[own.Ef
     meanwhile), a store that does not answer or a claim that is gone: `load_failed`."""
     topic = effect.topic
     prefixes, policy_key = own.load_reads(topic)
+    decided: bool | None = None  # the writer transaction is out: it may land
     try:
         scanned = []
         for prefix in prefixes:
@@ -146,13 +147,19 @@ def load(machine: own.Ownership, effect: own.Load, now: Now) -> Flow[list[own.Ef
         entries = own.load_entries(topic, scanned, policy)
         replicas = yield StoreRead(keys.replicas_key(topic))
         writer = own.become_writer(
-            topic, machine.config.broker_id, effect.claim_revision, entries, replicas
+            topic,
+            machine.config.broker_id,
+            effect.claim_revision,
+            entries,
+            replicas,
+            effect.keep_local,
         )
+        decided = writer.keep_local
         answer = yield StoreTxn(writer.compares, writer.ops, purpose=f"writer {topic}")
         if not answer.committed:
             raise LookupError(f"the claim on {topic} is gone")
     except (StoreUnreachable, LookupError):
-        return machine.load_failed(topic, now())
+        return machine.load_failed(topic, now(), decided)
     written = _written_set(writer, topic, answer.revision)
     yield Adopt(topic, entries, writer.keep_local, effect.claim_revision, written)
     return machine.loaded(topic, now())
@@ -189,10 +196,16 @@ def load_many(
             continue
         replicas = answer.found.get(keys.replicas_key(topic))
         writer = own.become_writer(
-            topic, machine.config.broker_id, effect.claim_revision, entries, replicas
+            topic,
+            machine.config.broker_id,
+            effect.claim_revision,
+            entries,
+            replicas,
+            effect.keep_local,
         )
         writing.append((effect, entries, writer))
     txns = tuple(StoreTxn(w.compares, w.ops, purpose=f"writer {e.topic}") for e, _, w in writing)
+    decided = {e.topic: w.keep_local for e, _, w in writing}
     answers = (yield StoreTxns(txns)) if txns else []
     loaded = []
     for (effect, entries, writer), written in zip(writing, answers, strict=True):
@@ -202,18 +215,23 @@ def load_many(
         replica_set = _written_set(writer, effect.topic, written.revision)
         yield Adopt(effect.topic, entries, writer.keep_local, effect.claim_revision, replica_set)
         loaded.append(effect.topic)
-    return _load_ends(machine, loaded, failed, now)
+    return _load_ends(machine, loaded, failed, now, decided)
 
 
 def _load_ends(
-    machine: own.Ownership, loaded: list[str], failed: list[str], now: Now
+    machine: own.Ownership,
+    loaded: list[str],
+    failed: list[str],
+    now: Now,
+    decided: Mapping[str, bool] | None = None,
 ) -> list[own.Effect]:
-    """The machine's answers to a batch's loads, in one list for the driver to apply."""
+    """The machine's answers to a batch's loads, in one list for the driver to apply;
+    `decided`: the local-WAL decision of each topic whose writer transaction went out."""
     effects: list[own.Effect] = []
     for topic in loaded:
         effects += machine.loaded(topic, now())
     for topic in failed:
-        effects += machine.load_failed(topic, now())
+        effects += machine.load_failed(topic, now(), (decided or {}).get(topic))
     return effects
 
 
