@@ -276,13 +276,13 @@ def test_a_load_whose_writer_record_went_unanswered_is_retried_with_its_decision
     that transaction landed); a new claim starts afresh."""
     o = machine()
     o.assignment_seen(T, True, 0)
-    o.claim_done(T, True, 40, 0, known=True)
+    o.claim_done(T, True, 40, 0, known=True, token=last(o))
     assert o.load_failed(T, 100, keep_local=True) == [WakeAt(600)]
     assert o.tick(600) == [Load(T, 40, True)]
     assert o.load_failed(T, 700) == [WakeAt(1200)]
     assert o.tick(1200) == [Load(T, 40, True)]
     o.member(8, 1300)  # a new lease: every topic dropped, the assignment claimed again
-    assert o.claim_done(T, True, 90, 1300, known=True) == [Load(T, 90)]
+    assert o.claim_done(T, True, 90, 1300, known=True, token=last(o)) == [Load(T, 90)]
 
 
 def test_a_new_lease_drops_every_topic_and_claims_the_assignments_again() -> None:
