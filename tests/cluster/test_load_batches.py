@@ -138,3 +138,23 @@ def test_a_full_batchs_reads_fit_in_one_etcd_transaction() -> None:
     policies = {own.load_reads(t)[1] for t in topics}
     reads = sum(len(own.load_reads(t)[0]) + 1 for t in topics) + len(policies)
     assert reads <= 128
+
+
+def test_a_batch_whose_writer_records_went_unanswered_hands_each_decision_back() -> None:
+    """`load_many`'s half of the seed-78 fix: each topic's decision on its local WAL goes to
+    `load_failed` with the unanswered writer transaction, so the retry keeps it once the
+    record shows it landed (review: dropping the hand-over failed no test)."""
+    machine = Machine()
+    machine.config = own.OwnershipConfig("b1")
+    seen: dict[str, bool | None] = {}
+
+    def load_failed(topic: str, now: int, keep_local: bool | None = None) -> list[own.Effect]:
+        seen[topic] = keep_local
+        return []
+
+    machine.load_failed = load_failed  # type: ignore[method-assign]
+    in_sync = {"/default/b": ReplicaSet(2, "b0", ("b1",), ("b1",))}
+    unknown = TxnAnswer(Outcome.UNKNOWN)
+    _, perform = answers(metadata(*TOPICS, replicas=in_sync), [unknown] * 3)
+    run_now(flows.load_many(machine, loads(), lambda: 0), perform)  # type: ignore[arg-type]
+    assert seen == {"/default/a": False, "/default/b": True, "/default/c": False}
