@@ -260,3 +260,27 @@ def test_a_retried_load_keeps_the_decision_of_a_writer_record_that_landed_late()
     asked, perform = answers([entry, writer_entry], [], None, found, committed, None)
     run_now(flows.load(machine, own.Load(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
     assert not asked[-1].keep_local
+
+
+def test_a_retry_without_a_replica_set_keeps_the_earlier_decision_after_a_late_writer_record() -> (
+    None
+):
+    """Not replicated: the first attempt finds another broker the writer and decides to drop
+    this broker's old directory; its writer record goes unanswered but lands, so the retry
+    finds this broker the writer. It must still drop the directory (review of the seed-78
+    fix: the retry kept the stale directory, against spec/cluster.md)."""
+    delivery = paths.topic_delivery(parse_topic(TOPIC))
+    entry = KeyValue(delivery, {"strategy": "reliable"}, 1, 1, 1, None)
+    other = KeyValue(all_keys.writer_key(TOPIC), {"broker_id": "b1"}, 1, 30, 1, None)
+    machine = Machine()
+    machine.config = own.OwnershipConfig("b2")
+    _, perform = answers([entry, other], [], None, None, TxnAnswer(Outcome.UNKNOWN))
+    run_now(flows.load(machine, own.Load(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
+    assert machine.keep_local is False  # the first attempt: drop the directory
+    landed = KeyValue(all_keys.writer_key(TOPIC), {"broker_id": "b2"}, 2, 51, 2, None)
+    asked, perform = answers(
+        [entry, landed], [], None, None, TxnAnswer(Outcome.COMMITTED, revision=61), None
+    )
+    run_now(flows.load(machine, own.Load(TOPIC, 50, False), lambda: 0), perform)  # type: ignore[arg-type]
+    assert isinstance(asked[-1], flows.Adopt)
+    assert asked[-1].keep_local is False

@@ -174,13 +174,18 @@ def become_writer(
     `in_sync`, and the writer key read may predate it, so neither says any more what the
     directory is; the earlier decision, made before it landed, still holds (nobody else
     wrote the topic under this claim). Seed 78 of the replicated cluster simulator lost a
-    hand-over's 45 acknowledged records to it."""
+    hand-over's 45 acknowledged records to it. Without a replica set the earlier decision
+    holds too: the writer key alone cannot tell this broker's old record from this claim's
+    late one, and nobody else can write it while the claim stands."""
     me = records.broker_id_to_json(broker_id)
     previous = entries.get(writer_key(topic))
     record = replica_set_of(replicas)
     in_sync_here = record is not None and broker_id in record.in_sync
     keep_local = (isinstance(previous, dict) and previous.get("broker_id") == me) or in_sync_here
-    ours = record is not None and (record.owner, record.epoch) == (broker_id, claim_revision)
+    # Without a replica set only this claim writes the writer key while it stands: the
+    # earlier decision holds whether its record landed or not (review: a late record made
+    # the retry keep a directory the first attempt had decided to drop).
+    ours = record is None or (record.owner, record.epoch) == (broker_id, claim_revision)
     if landed is not None and ours:
         keep_local = landed
     compares = [Compare(owner_key(topic), "mod_revision", "==", claim_revision)]
