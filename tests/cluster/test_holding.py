@@ -110,7 +110,9 @@ def test_a_held_lookup_is_answered_once_the_topic_is_assigned() -> None:
     )
     located = asyncio.run(placement.lookup(T))
     assert located.answer is Answer.REDIRECT and located.broker_url == "http://b2:6650"
-    assert 0.2 <= time.monotonic() - started < 1.0
+    # Held until the assignment, answered before the hold's 3 s ran out (a hold that ran
+    # out answers UNAVAILABLE, above): no tight wall-clock bound on a loaded CI machine.
+    assert 0.2 <= time.monotonic() - started < 3.0
 
 
 def test_a_held_create_succeeds_once_the_topic_is_served_here() -> None:
@@ -137,7 +139,7 @@ def test_a_hold_ends_with_the_refusal_it_held() -> None:
     with pytest.raises(DanubeError) as raised:
         asyncio.run(placement.lookup(T))
     assert raised.value.code is ErrorCode.UNAVAILABLE
-    assert 0.15 <= time.monotonic() - started < 1.0
+    assert 0.15 <= time.monotonic() - started < 3.0  # ended, not held for ever
 
 
 def test_held_requests_past_the_cap_are_answered_at_once_and_counted_back() -> None:
@@ -153,21 +155,22 @@ def test_held_requests_past_the_cap_are_answered_at_once_and_counted_back() -> N
     )
     placement.view = lambda topic: ViewFacts(None, True, None)
 
-    async def third_after_two() -> tuple[float, int]:
+    async def third_after_two() -> tuple[bool, int]:
         held = [asyncio.ensure_future(placement.lookup(T)) for _ in range(2)]
         await asyncio.sleep(0.05)
         assert placement.holding == 2
-        started = time.monotonic()
         with pytest.raises(DanubeError):
             await placement.lookup(T)
-        waited = time.monotonic() - started
+        # Not held: refused while the two held before it still wait (held, it would have
+        # waited out its 300 ms after theirs ended).
+        not_held = not any(request.done() for request in held)
         for request in held:
             with pytest.raises(DanubeError):
                 await request
-        return waited, placement.holding
+        return not_held, placement.holding
 
-    waited, left = asyncio.run(third_after_two())
-    assert waited < 0.1  # not held
+    not_held, left = asyncio.run(third_after_two())
+    assert not_held
     assert left == 0
 
 
