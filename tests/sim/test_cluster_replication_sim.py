@@ -347,3 +347,19 @@ def test_a_writer_record_landed_late_keeps_the_handed_over_log(seed: int) -> Non
     with REPLICATION_MUTATIONS["retry_forgets_writer_decision"]():
         planted = ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS)
     assert REPLICA_LOSS in [v.invariant for v in planted.violations]
+
+
+def test_overrides_are_judged_once_their_write_under_way_ends() -> None:
+    """Seed 73: the operator sets topic-12's overrides at broker 3 (10.9 s); the write queues
+    behind one whose answer is lost, is sent at 13.8 s into a partition of broker 3 from
+    etcd, and is still under way when the run settled at 15.1 s: l judged memory (the
+    change, which the call was never answered ok) against the store (`{}`). A false alarm:
+    the settle now waits for the overrides' writes under way (`Operator.writing`); this one
+    times out at 16.8 s (answered UNAVAILABLE), broker 1 took the topic over with the
+    store's overrides, and l holds. The planted bugs of l are still caught
+    (`test_topic_overrides_hold_at_the_owner_and_a_lost_write_is_caught`,
+    `test_an_override_answered_unavailable_is_written_again`)."""
+    result = ClusterSimulation(73, REPLICATED, DEFAULT).run(SECONDS)
+    assert result.ok, [v.detail for v in result.violations]
+    assert result.settled
+    assert result.admin.get("topic_policy UNAVAILABLE", 0) >= 1, result.admin
