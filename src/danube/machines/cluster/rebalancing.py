@@ -181,6 +181,12 @@ class Rebalancer:
                     best = (load, topic, owned.revision)
             if best is not None:
                 target = view.target(best[1], source, ranked)
+                after = view.after(best[1], source, target)
+                if after.get(target, 0) > after.get(source, 0):
+                    # It would overshoot: the target left heavier than the source, and the
+                    # next step would move a topic back (a manual run "until balanced" that
+                    # never ends). Its lightest topic is the least likely to fit: skip it.
+                    continue
                 return Proposal(best[1], source, target, best[0], best[2])
         return None
 
@@ -237,3 +243,7 @@ class View:
     target: Target
     """Where a move goes (the load manager's: a lighter in-sync follower, else the least
     loaded other broker, `replicas.rebalance_target`)."""
+    after: Callable[[str, str, str], Mapping[str, int]]
+    """(topic, source, target) → the active brokers' scores were `topic` moved from `source`
+    to `target` (the reports' other figures as they are): a move must not leave the target
+    heavier than the source."""
