@@ -179,15 +179,18 @@ class Rebalancer:
                 load = (known.get(topic) or TopicLoad(topic)).estimated_load
                 if best is None or load < best[0]:
                     best = (load, topic, owned.revision)
-            if best is not None:
-                target = view.target(best[1], source, ranked)
+            if best is None:
+                continue
+            # The target (a lighter in-sync follower, else the least loaded other broker);
+            # if that move would overshoot, the least loaded other broker.
+            lightest = next(b for b in ranked if b != source)
+            for target in dict.fromkeys((view.target(best[1], source, ranked), lightest)):
                 after = view.after(best[1], source, target)
-                if after.get(target, 0) > after.get(source, 0):
-                    # It would overshoot: the target left heavier than the source, and the
-                    # next step would move a topic back (a manual run "until balanced" that
-                    # never ends). Its lightest topic is the least likely to fit: skip it.
-                    continue
-                return Proposal(best[1], source, target, best[0], best[2])
+                if after.get(target, 0) <= after.get(source, 0):
+                    return Proposal(best[1], source, target, best[0], best[2])
+            # Every target would overshoot: left heavier than the source, the next step would
+            # move a topic back (a manual run "until balanced" never ended). The source's
+            # lightest topic is the least likely to overshoot: the source is skipped.
         return None
 
     def _move(
