@@ -39,6 +39,7 @@ from danube.machines.node import paths
 from danube.machines.node.core import policies_to_json
 from danube.metadata.model import Put
 from danube.values.config import Policies
+from danube.values.load_manager_config import Strategy
 from danube.values.names import parse_topic
 from sim.broker import EPOCH_MS
 from sim.checker import Violation
@@ -91,6 +92,13 @@ class ClusterWorkload:
     rebalance: bool = True
     """Automatic rebalancing every second (aggressive, a second of cooldown, topics older than
     two seconds), so restarted brokers draw `Move`s and the data plane's ready markers."""
+    strategy: str = "balanced"
+    """`load_manager.assignment_strategy`. The brokers report no CPU or memory, so `balanced`
+    and `fair` count topics; `weighted_load` scores each broker's topic weight as a fraction
+    of the cluster's largest (spec/cluster.md), where a move can overshoot."""
+    quiet_s: int = 0
+    """Once settled, the run goes on this many simulated seconds without faults: the moves
+    must stop (invariant m). 0: the run ends when settled."""
     lease_ttl_ms: int = 4_000
     renew_interval_ms: int = 1_000
     drift_ms: int = 400
@@ -170,6 +178,7 @@ class ClusterWorkload:
             else None
         )
         manager = LoadManagerConfig(
+            Strategy(self.strategy),
             load_report_interval_seconds=max(1, self.report_interval_ms // 1000),
             rebalancing=rebalancing,
             retry_ms=self.assign_retry_ms,
@@ -353,6 +362,8 @@ class ClusterSimulation:
         settled, settle_s = False, 0.0
         if not self.violations:
             settled, settle_s = self._settle()
+        if settled and self.workload.quiet_s:
+            self._quiet()
         if settled and self.data_checker is not None:
             self.data_checker.final()
             if self.ledger is not None:
@@ -436,6 +447,13 @@ class ClusterSimulation:
         elif self.ledger is not None:  # the cluster settled, a poison message did not: p
             self.ledger.final(topics)
         return False, 0.0
+
+    def _quiet(self) -> None:
+        """Settled: `quiet_s` more seconds without faults, in which the moves must stop (m)."""
+        world = self.world
+        began = world.now
+        world.run_until(began + self.workload.quiet_s * US_PER_S, stop=self.checker.check)
+        self.checker.quiet(began, world.now)
 
     def _create(self, topic: str) -> None:
         if topic in self.checker.created:

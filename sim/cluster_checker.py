@@ -13,7 +13,10 @@ e. an assignment is written only for a broker registered (and active) in the sto
    written;
 f. only the leader's decisions land: every load-manager transaction that took effect was sent
    by the broker the leader key named when it was applied (spec/cluster.md, "Fencing of its
-   writes").
+   writes");
+m. with `ClusterWorkload.quiet_s`, once settled the run goes on that long without faults, and
+   no `Move` lands in the second half of that time: rebalancing stops in a quiet cluster
+   (spec/cluster.md, "Rebalancing": a move never leaves its target heavier than its source).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ ONE_OWNER = "c one owner per topic"
 SETTLED = "d every topic on a live broker"
 REGISTERED = "e assigned only to registered brokers"
 LEADER_WRITES = "f only the leader's decisions land"
+QUIET = "m the moves stop in a quiet cluster"
 NEVER = 1 << 62
 DECISIONS = ("Assign", "Move", "FailOver", "Release", "MarkDrained", "SetFollowers")
 
@@ -57,6 +61,8 @@ class ClusterChecker:
         self._due_us = NEVER
         """When `check` must run in full even if nothing it reads was written: the earliest
         lease deadline of an unfenced broker (simulated microseconds)."""
+        self.moved: list[tuple[int, str]] = []
+        """When each `Move` landed (simulated microseconds), and by whom."""
         self.others: list[list[Violation]] = []
         """The other checkers' violation lists, which `check` also tests."""
         self._leader: str | None = None
@@ -152,6 +158,8 @@ class ClusterChecker:
                 self.etcd.changed = True  # `check` compares it with who believes it leads
         if origin is not None and events:
             self.landed[origin.kind] += 1
+            if origin.kind == "Move":
+                self.moved.append((self.world.now, origin.broker))
             if origin.kind in DECISIONS:
                 self._leader_wrote(origin)
         for event in events:
@@ -243,6 +251,24 @@ class ClusterChecker:
         if markers:
             problems.append(f"markers left: {', '.join(kv.key for kv in markers[:5])}")
         return problems
+
+    def quiet(self, began: int, ended: int) -> None:
+        """(m) The cluster settled at `began` and ran on without faults until `ended`: the
+        moves stop within the first half of that window. Rebalancing is a move a second at
+        most (the runs' cooldown): a cluster still moving topics after half of a quiet window
+        moves them back and forth (a move that left its target heavier than its source: the
+        next one undoes it). The hourly cap (`max_moves_per_hour`) is what an operator has
+        against that; the runs' cap is 10,000, so this invariant looks for it instead."""
+        half = began + (ended - began) // 2
+        late = [(t, broker) for t, broker in self.moved if t >= half]
+        if late:
+            during = sum(1 for t, _ in self.moved if t >= began)
+            self._violate(
+                QUIET,
+                f"{during} moves in the {(ended - began) / US_PER_S:g} s after the cluster "
+                f"settled without faults, {len(late)} of them in the second half (the last "
+                f"at {late[-1][0] / US_PER_S:.3f} s, by broker {late[-1][1]})",
+            )
 
     def unsettled_for_good(self, problems: list[str]) -> None:
         shown = "; ".join(problems[:6]) + ("; ..." if len(problems) > 6 else "")

@@ -616,6 +616,29 @@ def test_manual_rebalance_respects_topic_age_and_stops_when_balanced() -> None:
     assert of(balanced.manager.trigger_rebalance(None, 0, unix_s=UNIX), Move) == []
 
 
+def test_a_move_never_leaves_its_target_heavier_than_its_source() -> None:
+    """Weighted load scores each figure as a fraction of the cluster's largest and switches to
+    the bottleneck's weights above 70 %: seven idle topics split 4/3 score 40/15 (CV 0.45 over
+    the conservative 0.40), and moving one gives 15/40. Without the overshoot rule a manual
+    run "until balanced" moved topics back and forth for ever (the property test's example)."""
+    section = rebalancing(enabled=False, aggressiveness=Aggressiveness.CONSERVATIVE).rebalancing
+    d = cluster("1", "2", cfg=config(Strategy.WEIGHTED_LOAD, rebalancing=section))
+    give(d, "1", *(f"/ns/t{i}" for i in range(7)))
+    d.run(d.manager.trigger_rebalance(None, 10 * S, unix_s=UNIX))
+    d.settle(10 * S)
+    complete_moves(d, 10 * S)
+    moves = []
+    for _ in range(20):  # bounded: without the rule the moves never stop, all at 10 s
+        if d.tick_at is None:
+            break
+        moves += of(d.tick(d.tick_at, UNIX + d.tick_at // S), Move)
+        complete_moves(d, d.tick_at or 10 * S)
+    assert len(moves) == 2  # 7/0 → 6/1 (the first, above) → 5/2 → 4/3, then done
+    assert {m.from_broker for m in moves} == {"1"}
+    assert [owner(d, f"/ns/t{i}") for i in range(7)].count("2") == 3
+    assert d.tick_at is None
+
+
 def test_manual_rebalance_needs_the_section_and_a_positive_max() -> None:
     d = cluster("1", "2")
     give(d, "1", "/ns/a", "/ns/b", "/ns/c")

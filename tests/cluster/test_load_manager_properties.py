@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from danube.machines.cluster import keys
@@ -440,6 +440,17 @@ def test_every_topic_ends_on_one_live_broker(config: LoadManagerConfig, run: Run
 
 @settings(max_examples=60, deadline=None)
 @given(configs(busy=True), runs)
+@example(  # a manual run that moved topics back and forth for ever (weighted load's 40/15)
+    LoadManagerConfig(
+        Strategy.WEIGHTED_LOAD,
+        rebalancing=RebalancingConfig(True, Aggressiveness.CONSERVATIVE, 22, 0, 0, 2, 0, ()),
+        retry_ms=107,
+    ),
+    (
+        ["/ns/t0", "/ns/t7", "/ns/t9", "/ns/t2", "/ns/t8", "/other/y", "/ns/t3"],
+        [("deliver", 17), ("deliver", 17), ("deliver", 17), ("deliver", 17), ("trigger", None)],
+    ),
+)
 def test_automatic_moves_respect_the_hourly_cap(config: LoadManagerConfig, run: Run) -> None:
     world = play(config, run)
     world.calm()

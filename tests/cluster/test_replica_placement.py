@@ -385,6 +385,22 @@ def test_a_move_of_a_replicated_topic_goes_to_its_in_sync_follower() -> None:
     assert not d.failed
 
 
+def test_a_move_that_would_overshoot_its_in_sync_follower_goes_to_the_lightest_broker() -> None:
+    """The in-sync follower "3" (4 topics) is lighter than the source "2" (5), but taking the
+    topic would leave it heavier (5/4): the move goes to the least loaded "1" instead. Skipping
+    the source (the overshoot rule alone) left 1/5/4 unbalanced: no other broker is a source;
+    moving to "3" made it the next source, and its own topic could move back."""
+    d = cluster("1", "2", "3", cfg=config(enabled=True, min_topic_age_seconds=0))
+    owned(d, "/ns/x", "2", ("3",))
+    shrink(d, "/ns/x", ("3",))
+    give(d, "2", *(f"/zz/t{i}" for i in range(4)))
+    give(d, "3", *(f"/zz/u{i}" for i in range(4)))
+    give(d, "1", "/zz/v0")
+    (move,) = of(d.run(d.manager.trigger_rebalance(1, 0, unix_s=1)), Move)
+    assert (move.topic, move.from_broker, move.to_broker) == ("/ns/x", "2", "1")
+    assert not d.failed
+
+
 def test_an_unload_of_a_replicated_topic_goes_to_its_in_sync_follower() -> None:
     """An unload (or a drain's redirect) names no target: the in-sync follower is chosen
     over a less loaded broker, and never the source while another member is active."""

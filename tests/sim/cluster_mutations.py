@@ -224,6 +224,25 @@ def delete_answered_before_release() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def rebalance_overshoots() -> Iterator[None]:
+    """A rebalancing move no longer asks what the scores would be after it
+    (`LoadManager._scores_after_move` answers nothing, so no move overshoots): with weighted
+    load and a few topics a broker each, a move leaves its target heavier than its source and
+    the next one moves a topic back, for ever (the rule of spec/cluster.md, "Rebalancing")."""
+
+    def scores_after_move(self: LoadManager, *move: str) -> dict[str, int]:
+        return {}
+
+    with mock.patch.object(LoadManager, "_scores_after_move", scores_after_move):
+        yield
+
+
+QUIET_MUTATIONS: dict[str, Patch] = {"rebalance_overshoots": rebalance_overshoots}
+"""Planted bugs that only a run going on once settled (`ClusterWorkload.quiet_s`) sees, with
+the invariant (m) that the moves stop in a quiet cluster."""
+
+
 MUTATIONS: dict[str, Patch] = {
     "never_fence": never_fence,
     "campaign_without_compare": campaign_without_compare,

@@ -5,6 +5,7 @@ seed is replayed; `tests/sim/cluster_mutations.py`)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,15 +18,19 @@ import pytest
 from danube.machines.cluster.membership import Effect, Membership, Phase
 from sim.checker import Violation
 from sim.cluster import ClusterResult, ClusterSimulation, ClusterWorkload, cluster_replay_command
-from sim.cluster_checker import ALIVE, ONE_LEADER, ClusterChecker
+from sim.cluster_checker import ALIVE, ONE_LEADER, QUIET, ClusterChecker
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 from sim.cluster_main import cluster_report
-from tests.sim.cluster_mutations import FOUND_BUGS, MUTATIONS
+from tests.sim.cluster_mutations import FOUND_BUGS, MUTATIONS, QUIET_MUTATIONS
 
 DEFAULT = CLUSTER_PROFILES["default"]
 HEAVY = CLUSTER_PROFILES["heavy"]
 DURATION = 30
 WORKLOAD = ClusterWorkload()
+WEIGHTED_QUIET = ClusterWorkload(topics=8, strategy="weighted_load", quiet_s=60)
+"""Weighted load with a few topics a broker (where a move can overshoot: each broker's
+topic weight is a fraction of the cluster's largest, and a broker above 70 % is scored by
+it alone), then a minute without faults once settled, in which the moves must stop (m)."""
 CAUGHT_BY = {
     "never_fence": "b",
     "campaign_without_compare": "a",
@@ -83,8 +88,19 @@ def test_a_seed_gives_the_same_digest_in_any_process(planes: list[str]) -> None:
         (HEAVY, WORKLOAD, range(1, 41)),
         (HEAVY, ClusterWorkload(brokers=5, topics=40), range(1, 16)),
         (HEAVY, ClusterWorkload(rebalance=False), range(1, 16)),
+        (DEFAULT, WEIGHTED_QUIET, range(1, 41)),
+        (HEAVY, dataclasses.replace(WEIGHTED_QUIET, topics=24), range(1, 16)),
+        (HEAVY, dataclasses.replace(WORKLOAD, quiet_s=60), range(1, 16)),
     ],
-    ids=["default", "heavy", "heavy-5-brokers", "heavy-no-rebalancing"],
+    ids=[
+        "default",
+        "heavy",
+        "heavy-5-brokers",
+        "heavy-no-rebalancing",
+        "weighted-few-topics-quiet",
+        "heavy-weighted-quiet",
+        "heavy-quiet",
+    ],
 )
 def test_the_machines_keep_every_invariant(
     faults: ClusterFaults, workload: ClusterWorkload, seeds: range
@@ -125,6 +141,25 @@ def test_each_planted_bug_is_caught_within_200_seeds(mutation: str) -> None:
             assert "trace before the violation:" in text
             return
     pytest.fail(f"the cluster run did not catch {mutation} in 200 seeds")
+
+
+@pytest.mark.parametrize("mutation", sorted(QUIET_MUTATIONS))
+def test_a_planted_bug_of_rebalancing_is_caught_once_the_cluster_is_quiet(mutation: str) -> None:
+    """A move that overshoots (spec/cluster.md, "Rebalancing") moves topics back and forth for
+    as long as the cluster runs: the faults' end does not stop it, (m) does (caught at seed 1
+    of the weighted few-topic runs, and in 16 of seeds 1-40), and the same seed keeps every
+    invariant without the bug."""
+    for seed in range(1, 51):
+        with QUIET_MUTATIONS[mutation]():
+            result = run(seed, DEFAULT, WEIGHTED_QUIET)
+        if result.ok:
+            continue
+        text = cluster_report(result, WEIGHTED_QUIET, DEFAULT)
+        assert result.violations[0].invariant == QUIET, text
+        assert "--strategy weighted_load --quiet-s 60" in text, text
+        assert run(seed, DEFAULT, WEIGHTED_QUIET).ok, seed
+        return
+    pytest.fail(f"the quiet cluster run did not catch {mutation} in 50 seeds")
 
 
 @pytest.mark.parametrize(

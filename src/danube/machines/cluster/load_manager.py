@@ -712,8 +712,37 @@ class LoadManager:
 
     def _rebalance_view(self) -> rebalancing.View:
         return rebalancing.View(
-            self._scores(), self._owned, self._pending, self._topic_loads, self._move_target
+            self._scores(),
+            self._owned,
+            self._pending,
+            self._topic_loads,
+            self._move_target,
+            self._scores_after_move,
         )
+
+    def _scores_after_move(self, topic: str, source: str, target: str) -> dict[str, int]:
+        """The active brokers' scores were `topic` counted on `target` instead of `source`
+        (its figures from the source's report; CPU, memory and the rest as reported)."""
+        loads = {broker: self._load(broker) for broker in self._active()}
+        moved = self._topic_loads.get(source, {}).get(topic)
+        for broker in (source, target):
+            if broker not in loads:
+                continue
+            counted = set(self._counted.get(broker, ()))
+            weighted = dict(self._weighted.get(broker, {}))
+            if broker == source:
+                counted.discard(topic)
+                weighted.pop(topic, None)
+            else:
+                counted.add(topic)
+                if moved is not None and _weighs(moved):
+                    weighted[topic] = moved
+            loads[broker] = BrokerLoad.of(
+                self._reports.get(broker) or LoadReport(broker),
+                count=len(counted),
+                topics=tuple(weighted[name] for name in sorted(weighted)),
+            )
+        return scores(self.config.assignment_strategy, loads)
 
     def _move_target(self, topic: str, source: str, ranked: Sequence[str]) -> str:
         """A replicated topic moves to an in-sync follower when one is lighter than the

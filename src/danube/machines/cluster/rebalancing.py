@@ -179,9 +179,18 @@ class Rebalancer:
                 load = (known.get(topic) or TopicLoad(topic)).estimated_load
                 if best is None or load < best[0]:
                     best = (load, topic, owned.revision)
-            if best is not None:
-                target = view.target(best[1], source, ranked)
-                return Proposal(best[1], source, target, best[0], best[2])
+            if best is None:
+                continue
+            # The target (a lighter in-sync follower, else the least loaded other broker);
+            # if that move would overshoot, the least loaded other broker.
+            lightest = next(b for b in ranked if b != source)
+            for target in dict.fromkeys((view.target(best[1], source, ranked), lightest)):
+                after = view.after(best[1], source, target)
+                if after.get(target, 0) <= after.get(source, 0):
+                    return Proposal(best[1], source, target, best[0], best[2])
+            # Every target would overshoot: left heavier than the source, the next step would
+            # move a topic back (a manual run "until balanced" never ended). The source's
+            # lightest topic is the least likely to overshoot: the source is skipped.
         return None
 
     def _move(
@@ -237,3 +246,7 @@ class View:
     target: Target
     """Where a move goes (the load manager's: a lighter in-sync follower, else the least
     loaded other broker, `replicas.rebalance_target`)."""
+    after: Callable[[str, str, str], Mapping[str, int]]
+    """(topic, source, target) → the active brokers' scores were `topic` moved from `source`
+    to `target` (the reports' other figures as they are): a move must not leave the target
+    heavier than the source."""
