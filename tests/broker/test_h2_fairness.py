@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from danube.runtime.grpc_util import Server
 from danube.runtime.h2_guard import GuardedProtocol
 from danube.runtime.h2_policy import (
-    FRAME_HEADER_BYTES,
     HEADERS_FRAME,
     PREFACE_BYTES,
     STREAMS_PER_TURN,
@@ -61,9 +60,12 @@ def test_cuts_fall_on_frame_ends_and_each_share_is_as_large_as_the_limits_allow(
     frames: list[tuple[int, int]], reads: list[int], frame_limit: int, stream_limit: int
 ) -> None:
     """Whatever the reads' sizes, each turn's share (one `cut` of what is pending) holds no
-    more frames or HEADERS than the limits, and one cut short of what is pending ends where
-    the frame that reached a limit ends."""
+    more frames or HEADERS than the limits, and one cut short of what is pending ends on a
+    frame boundary: after the frame that reached the frame limit, or before the HEADERS
+    frame that would pass the stream limit (a call's other frames stay with its HEADERS)."""
     data, ends = _wire(frames)
+    starts = {PREFACE_BYTES} | {end for end, _ in ends}
+    kind_at = {start: kind for start, (_, kind) in zip(sorted(starts), ends, strict=False)}
     cutter = FrameCutter()
     offset, pending, at = 0, b"", 0
     turn = 0
@@ -78,21 +80,24 @@ def test_cuts_fall_on_frame_ends_and_each_share_is_as_large_as_the_limits_allow(
         headers = sum(kind == HEADERS_FRAME for kind in inside)
         assert len(inside) <= frame_limit and headers <= stream_limit
         offset, pending = offset + cut, pending[cut:]
-        if pending:  # cut short: on a frame's end, the limit reached by that frame
-            assert offset in {end for end, _ in ends}
-            assert len(inside) == frame_limit or headers == stream_limit
+        if pending:  # cut short: on a frame boundary, a limit reached
+            assert offset in starts
+            assert len(inside) == frame_limit or (
+                headers == stream_limit and kind_at.get(offset) == HEADERS_FRAME
+            )
     assert offset == len(data)
 
 
 def test_a_frame_header_split_across_reads_is_followed() -> None:
-    data, ends = _wire([(HEADERS_FRAME, 5), (HEADERS_FRAME, 0), (0x0, 3)])
+    data, ends = _wire([(HEADERS_FRAME, 5), (0x0, 3), (HEADERS_FRAME, 0), (0x0, 2)])
     cutter = FrameCutter()
     first = PREFACE_BYTES + 4  # the preface and part of the first frame's header
     assert cutter.cut(data[:first], 10, 1) == first
     rest = data[first:]
     cut = cutter.cut(rest, 10, 1)
-    assert first + cut == ends[0][0]
-    assert cutter.cut(rest[cut:], 10, 1) == FRAME_HEADER_BYTES  # the empty HEADERS frame
+    assert first + cut == ends[1][0]  # the first call's HEADERS and DATA, not the next HEADERS
+    rest = rest[cut:]
+    assert cutter.cut(rest, 10, 1) == len(rest)  # the second call, whole
 
 
 # -- the guard: a real grpclib server protocol, a recording transport --------------------------
@@ -107,6 +112,7 @@ class RecordingTransport(asyncio.Transport):
         self.pauses = 0
         self.resumes = 0
         self.closing = False
+        self.eof = False
 
     def write(self, data: Any) -> None:
         pass
@@ -129,7 +135,10 @@ class RecordingTransport(asyncio.Transport):
         self.closing = True
 
     def can_write_eof(self) -> bool:
-        return False
+        return True
+
+    def write_eof(self) -> None:
+        self.eof = True
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
@@ -238,3 +247,27 @@ def test_a_call_cancelled_on_an_open_connection_is_still_logged(
     with caplog.at_level(logging.INFO, logger="danube.runtime"):
         run(scenario)
     assert len([r for r in caplog.records if "event=stream_closed" in r.getMessage()]) == 1
+
+
+def test_a_connection_shut_with_a_read_unfed_reads_again_for_its_lingering_close() -> None:
+    """A connection error further on in a read (here a DATA frame on stream 0) closes the
+    connection lingering: GOAWAY, write side shut, and what the peer still sends is read and
+    dropped until its FIN. Reading paused for the unfed rest of the read stayed paused, so
+    the FIN was never seen (review finding)."""
+
+    async def scenario() -> None:
+        probe = Probe(delay=30.0)
+        protocol, transport = _connected(probe)
+        data = _requests(5 * STREAMS_PER_TURN)
+        data += (1).to_bytes(3, "big") + bytes([0x0, 0]) + (0).to_bytes(4, "big") + b"x"
+        protocol.data_received(data)
+        assert transport.paused
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert protocol.closed_reason == "protocol_error"
+        assert transport.eof
+        assert not transport.paused
+        protocol.data_received(b"anything the peer still sends")  # dropped, no error
+        protocol.connection_lost(None)
+
+    run(scenario)

@@ -674,6 +674,14 @@ class GuardedProtocol(H2Protocol):
         if self.closed_reason is not None:
             return
         self.closed_reason = reason
+        # What a read still held unfed is dropped, and the socket read again: a lingering
+        # close reads and drops what the peer still sends, and sees its FIN.
+        self._backlog = None
+        if self._reading_paused:
+            self._reading_paused = False
+            transport = self._transport
+            if transport is not None and not transport.is_closing():
+                transport.resume_reading()
         h2_conn = self.connection._connection
         try:
             if goaway:

@@ -169,18 +169,22 @@ class FrameCutter:
         self._in_frame = False
         """Whether `_skip` counts a frame's payload (its end ends a frame)."""
         self._headers_frame = False
-        """Whether the current frame is a HEADERS frame."""
+        """Whether the frame whose payload `_skip` counts is a HEADERS frame: one that ends
+        in this share counts against it, wherever its header was read."""
         self._header = b""
         """The part of a frame header read so far."""
 
     def cut(
         self, data: bytes, frames: int = FRAMES_PER_TURN, streams: int = STREAMS_PER_TURN
     ) -> int:
-        """The offset in `data` just after the frame that reaches `frames` complete frames or
-        `streams` complete HEADERS frames, or `len(data)` when neither is reached in it; the
-        state moves to that offset."""
+        """The offset in `data` where this turn's share ends: just after the frame that
+        completes `frames` frames, or just before the HEADERS frame past `streams` of them
+        (so a call's DATA or RST_STREAM stays in the share of its HEADERS); `len(data)` when
+        neither comes in it. The state moves to that offset."""
         end = len(data)
         pos = 0
+        if self._in_frame and self._headers_frame:
+            streams -= 1
         while pos < end:
             if self._skip:
                 taken = min(self._skip, end - pos)
@@ -189,21 +193,24 @@ class FrameCutter:
                 if self._skip or not self._in_frame:
                     continue
             else:
+                start = -1 if self._header else pos
                 needed = FRAME_HEADER_BYTES - len(self._header)
                 self._header += data[pos : pos + needed]
                 pos = min(pos + needed, end)
                 if len(self._header) < FRAME_HEADER_BYTES:
                     continue
                 header, self._header = self._header, b""
-                self._skip = int.from_bytes(header[:3], "big")
                 self._headers_frame = header[3] == HEADERS_FRAME
+                if self._headers_frame:
+                    if streams <= 0 and start > 0:
+                        return start  # unread: the next share starts with this header
+                    streams -= 1
+                self._skip = int.from_bytes(header[:3], "big")
                 self._in_frame = True
                 if self._skip:
                     continue
             self._in_frame = False
             frames -= 1
-            if self._headers_frame:
-                streams -= 1
-            if frames <= 0 or streams <= 0:
+            if frames <= 0:
                 return pos
         return end
