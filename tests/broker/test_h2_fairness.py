@@ -221,7 +221,7 @@ def test_a_dropped_connection_logs_its_cut_calls_in_one_line(
     messages = [r.getMessage() for r in caplog.records]
     assert not [m for m in messages if "event=stream_closed" in m]
     cut = [m for m in messages if "event=grpc_streams_cut" in m]
-    assert len(cut) == 1 and "count=100" in cut[0], cut
+    assert len(cut) == 1 and "count=100 rpcs=/danube.HealthCheck/Slow:100 " in cut[0], cut
 
 
 def test_a_call_cancelled_on_an_open_connection_is_still_logged(
@@ -242,6 +242,7 @@ def test_a_call_cancelled_on_an_open_connection_is_still_logged(
         for _ in range(10):
             await asyncio.sleep(0)
         assert probe.finished == 1
+        assert not protocol.handler.paths  # nothing kept of a call that ended
         protocol.connection_lost(None)
 
     with caplog.at_level(logging.INFO, logger="danube.runtime"):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -119,6 +120,11 @@ class GuardedHandler(grpclib.server.Handler):
     """Told once the connection closed and every task of it ended (set by `Server`: it lets
     go of this handler)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.paths: dict[Any, str] = {}
+        """The method of each call whose task is kept (`GuardedEventsProcessor`'s line)."""
+
     def accept(
         self,
         stream: Any,
@@ -142,6 +148,7 @@ class GuardedHandler(grpclib.server.Handler):
             self._forget(stream, task)
 
         super().accept(stream, headers, release_once)
+        self.paths[stream] = next((value for name, value in headers if name == ":path"), "-")
         task = self._tasks[stream]
         task.add_done_callback(on_done)
         count = self.count
@@ -152,6 +159,8 @@ class GuardedHandler(grpclib.server.Handler):
     def _forget(self, stream: Any, task: asyncio.Task[None]) -> None:
         if self._tasks.get(stream) is task:
             del self._tasks[stream]
+        if stream not in self._tasks:  # `cancel` took it out of `_tasks` already
+            self.paths.pop(stream, None)
         self._cancelled.discard(task)
         self._finish_if_idle()
 
@@ -297,6 +306,9 @@ STREAMS_LOGGED_EACH = 8
 """A closed connection with more calls open than this logs them in one line (the count), not
 one line each with the method's name (`GuardedEventsProcessor`)."""
 
+RPCS_LOGGED = 4
+"""Methods named in that line, with their counts, most frequent first."""
+
 
 class GuardedEventsProcessor(EventsProcessor):
     """grpclib's events processor, whose `close`, when the closed connection cut short more
@@ -310,9 +322,12 @@ class GuardedEventsProcessor(EventsProcessor):
         count = len(self.streams)
         if count > STREAMS_LOGGED_EACH and isinstance(connection, GuardedConnection):
             connection.streams_cut = count
+            handler = self.handler
+            paths = handler.paths.values() if isinstance(handler, GuardedHandler) else ()
+            rpcs = ",".join(f"{path}:{n}" for path, n in Counter(paths).most_common(RPCS_LOGGED))
             log.info(
-                "event=grpc_streams_cut peer=%s count=%d reason=%s",
-                connection.peer_name, count, reason,
+                "event=grpc_streams_cut peer=%s count=%d rpcs=%s reason=%s",
+                connection.peer_name, count, rpcs or "-", reason,
             )  # fmt: skip
         super().close(reason)
 
