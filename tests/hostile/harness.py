@@ -312,8 +312,18 @@ class WatchedBroker:
         tracebacks = [line for line in self.process.log_lines if "Traceback" in line]
         self.run.tracebacks = len(tracebacks)
         if tracebacks:
-            problems.append(f"{len(tracebacks)} tracebacks in the broker log")
+            problems.append(
+                f"{len(tracebacks)} tracebacks in the broker log; the first:\n"
+                + self._log_around(tracebacks[0])
+            )
         return problems
+
+    def _log_around(self, line: str, after: int = 60) -> str:
+        """The broker's log from `line` on (a traceback and what it says), for the report:
+        the broker's temporary directory is gone by the time anyone reads a CI log."""
+        lines = self.process.log_lines
+        start = lines.index(line)
+        return "\n".join(lines[max(0, start - 3) : start + after])
 
     def checkpoint(self) -> list[str]:
         """`finish` for a broker shared by several modules (the secured one): judges what

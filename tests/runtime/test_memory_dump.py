@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import signal
+import weakref
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,20 @@ def test_a_shared_container_counts_once() -> None:
     fields = {entry["field"]: entry for entry in lengths["by_field"]}
     assert fields["_Holder.offsets"]["entries"] == 700
     assert fields["_Holder.offsets"]["owners"] == 30
+
+
+class _Gone:
+    pass
+
+
+def test_a_dead_weak_proxy_anywhere_does_not_stop_the_dump() -> None:
+    """A `weakref.proxy` whose object is gone, left in any container of the process (asyncio
+    and the tests leave some), raised ReferenceError out of `container_lengths`."""
+    proxies = [weakref.proxy(_Gone())]
+    gc.collect()
+    lengths = memory_dump.container_lengths(fields_top=1_000_000)
+    assert lengths["largest"]
+    assert len(proxies) == 1
 
 
 def test_container_lengths_see_frozen_objects() -> None:

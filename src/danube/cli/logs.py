@@ -7,7 +7,8 @@ other text under `message`, and a traceback under `exc_info`.
 
 grpclib logs an INFO line of its own for every call a client abandons ("Request was
 cancelled: Connection lost"), without saying which call: it is kept at WARNING, and the
-broker logs its own `event=stream_closed` (danube.runtime.grpc_util) instead; with
+broker logs its own `event=stream_closed` (danube.runtime.grpc_util) instead, or one
+`event=grpc_streams_cut` for a connection that closed with many calls open; with
 `--log-level debug` grpclib's lines are shown too.
 """
 

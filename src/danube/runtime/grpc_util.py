@@ -329,11 +329,13 @@ def _guarded(path: str, handler: grpclib.const.Handler) -> grpclib.const.Handler
         except (asyncio.CancelledError, StreamTerminatedError):
             # The client left, reset the stream or its deadline passed: the broker's own
             # event, where grpclib logged an INFO line without the RPC's name ("Request was
-            # cancelled: Connection lost"); `setup_logging` keeps grpclib at WARNING.
-            log.info(
-                "event=stream_closed rpc=%s status=%s peer=%s",
-                path, _abandoned(stream).name, _peer(stream),
-            )  # fmt: skip
+            # cancelled: Connection lost"); `setup_logging` keeps grpclib at WARNING. A
+            # connection that closed logged one line for all its calls (`h2_guard`).
+            if not _cut_with_connection(stream):
+                log.info(
+                    "event=stream_closed rpc=%s status=%s peer=%s",
+                    path, _abandoned(stream).name, _peer(stream),
+                )  # fmt: skip
             raise
         except _PASSED_THROUGH:
             raise
@@ -350,6 +352,12 @@ def _peer(stream: grpclib.server.Stream) -> str:
     except Exception:  # the transport may already be gone
         return "-"
     return f"{address[0]}:{address[1]}" if address else "-"
+
+
+def _cut_with_connection(stream: grpclib.server.Stream) -> bool:
+    """Whether the call ended because its connection closed (logged there, once)."""
+    connection = getattr(getattr(stream, "_stream", None), "connection", None)
+    return bool(getattr(connection, "streams_cut", 0))
 
 
 def _abandoned(stream: grpclib.server.Stream) -> Status:

@@ -132,3 +132,85 @@ class Keepalive:
             if due <= now:  # silent but idle: look again an interval later
                 due = now + self.interval
         return max(due - now, 0.001)
+
+
+PREFACE_BYTES = 24
+"""The client's connection preface (RFC 9113 §3.4): `PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n`."""
+
+FRAME_HEADER_BYTES = 9
+"""Length (24 bits), type, flags, stream id (RFC 9113 §4.1)."""
+
+FRAMES_PER_TURN = 64
+"""Whole frames one connection may hand h2 and grpclib in one turn of the loop; the rest of
+the read is fed after the loop's other work, the socket's reading paused meanwhile."""
+
+STREAMS_PER_TURN = 8
+"""Of those, HEADERS frames (a new call each: parsing, a handler task and its first steps).
+grpclib fed a whole read at once: 550 HEADERS in one read queued 500 handler tasks ahead of
+every other client's next step, and a HealthCheck, which takes several steps, waited behind
+them all, 100-150 ms (the hostile suite's limit is 100 ms; 1 run in 4 failed). A call costs
+up to about 0.4 ms (h2's count of open streams, a token to check), so a turn adds about 3 ms
+per flooding connection (spec/hardening.md, HTTP/2)."""
+
+HEADERS_FRAME = 0x1
+
+
+class FrameCutter:
+    """Where to cut one connection's incoming bytes so that a turn of the loop feeds at most
+    so many whole frames and new streams: it follows the frame boundaries (preface, then
+    9-byte headers and their payloads) across reads, reading only each frame's length and
+    type. What it is handed past the cut is its caller's to hand back later, in order."""
+
+    __slots__ = ("_header", "_headers_frame", "_in_frame", "_skip")
+
+    def __init__(self, preface: int = PREFACE_BYTES) -> None:
+        self._skip = preface
+        """Bytes still to come of the preface or of the current frame's payload."""
+        self._in_frame = False
+        """Whether `_skip` counts a frame's payload (its end ends a frame)."""
+        self._headers_frame = False
+        """Whether the frame whose payload `_skip` counts is a HEADERS frame: one that ends
+        in this share counts against it, wherever its header was read."""
+        self._header = b""
+        """The part of a frame header read so far."""
+
+    def cut(
+        self, data: bytes, frames: int = FRAMES_PER_TURN, streams: int = STREAMS_PER_TURN
+    ) -> int:
+        """The offset in `data` where this turn's share ends: just after the frame that
+        completes `frames` frames, or just before the HEADERS frame past `streams` of them
+        (so a call's DATA or RST_STREAM stays in the share of its HEADERS); `len(data)` when
+        neither comes in it. The state moves to that offset."""
+        end = len(data)
+        pos = 0
+        if self._in_frame and self._headers_frame:
+            streams -= 1
+        while pos < end:
+            if self._skip:
+                taken = min(self._skip, end - pos)
+                self._skip -= taken
+                pos += taken
+                if self._skip or not self._in_frame:
+                    continue
+            else:
+                start = -1 if self._header else pos
+                needed = FRAME_HEADER_BYTES - len(self._header)
+                self._header += data[pos : pos + needed]
+                pos = min(pos + needed, end)
+                if len(self._header) < FRAME_HEADER_BYTES:
+                    continue
+                header, self._header = self._header, b""
+                self._headers_frame = header[3] == HEADERS_FRAME
+                if self._headers_frame:
+                    if streams <= 0 and start > 0:
+                        return start  # unread: the next share starts with this header
+                    streams -= 1
+                self._skip = int.from_bytes(header[:3], "big")
+                self._in_frame = True
+                if self._skip:
+                    continue
+            self._in_frame = False
+            frames -= 1
+            if frames <= 0:
+                return pos
+        return end

@@ -29,6 +29,7 @@ import signal
 import sys
 import tempfile
 import tracemalloc
+import weakref
 from collections import deque as deque_type
 from itertools import islice
 from pathlib import Path
@@ -183,6 +184,11 @@ def cache_memory() -> dict[str, int]:
     return totals
 
 
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+"""Skipped as owners: a proxy whose object is gone raises ReferenceError on any look at it
+(`isinstance` included), and a live one is its object, counted as itself."""
+
+
 def container_lengths(
     top: int = 25, fields_top: int | None = None
 ) -> dict[str, list[dict[str, Any]]]:
@@ -205,7 +211,7 @@ def container_lengths(
     by_field: dict[str, list[int]] = {}
     counted: set[tuple[str, int]] = set()
     for owner in objects:
-        if type(owner) in kinds or isinstance(owner, (type, FrameType)):
+        if type(owner) in kinds or type(owner) in _PROXIES or isinstance(owner, (type, FrameType)):
             continue
         try:
             fields = _owner_fields(owner)
