@@ -139,7 +139,9 @@ def topic_metadata(d: ManagerDriver, topic: str) -> None:
 
 
 def step(d: ManagerDriver, topic: str = T) -> admin_ops.Decision:
-    return admin_ops.delete_step(ME, topic, d.manager.owner(topic), d.manager.marker(topic))
+    return admin_ops.delete_step(
+        ME, topic, d.manager.owner(topic), d.manager.marker(topic), d.manager.registered()
+    )
 
 
 def test_deleting_an_owned_topic_waits_for_the_owner_then_purges_everything() -> None:
@@ -249,10 +251,26 @@ def test_a_tombstone_decided_on_a_stale_view_does_not_outlive_the_purge() -> Non
     (the operator of the cluster run found one landing late, after the purge, left behind
     for good)."""
     d = cluster("1", "2")
-    decision = admin_ops.delete_step(ME, T, None, None)
+    decision = admin_ops.delete_step(ME, T, None, None, d.manager.registered())
     assert decision.step is Step.POST and decision.txn is not None
     assert not run(d, decision.txn)  # gone already: nothing is left behind
     assert MARKER not in d.store.data
     topic_metadata(d, T)
     assert run(d, decision.txn)
     assert Marker.from_json(d.store.value(MARKER)) == Marker(MarkerReason.DELETE)
+
+
+def test_a_tombstone_decided_before_an_assignment_landed_does_not_land_after_it() -> None:
+    """The view showed neither marker nor owner; the topic was assigned meanwhile (its
+    pending marker taken by the load manager) and the tombstone landed late: the purge then
+    left a broker assigned a topic whose metadata was gone (the cluster run's seed 31,
+    heavy profile, 5 brokers). The tombstone now finds no registered broker assigned it."""
+    d = cluster("1", "2")
+    topic_metadata(d, T)
+    decision = admin_ops.delete_step(ME, T, None, None, d.manager.registered())
+    assert decision.step is Step.POST and decision.txn is not None
+    d.store.put(keys.assignment_key("2", T), None)  # assigned meanwhile
+    assert not run(d, decision.txn)
+    assert MARKER not in d.store.data
+    d.store.delete(keys.assignment_key("2", T))
+    assert run(d, decision.txn)

@@ -21,7 +21,12 @@ from sim.cluster import ClusterResult, ClusterSimulation, ClusterWorkload, clust
 from sim.cluster_checker import ALIVE, ONE_LEADER, QUIET, ClusterChecker
 from sim.cluster_faults import CLUSTER_PROFILES, ClusterFaults
 from sim.cluster_main import cluster_report
-from tests.sim.cluster_mutations import FOUND_BUGS, MUTATIONS, QUIET_MUTATIONS
+from tests.sim.cluster_mutations import (
+    FOUND_BUGS,
+    MUTATIONS,
+    QUIET_MUTATIONS,
+    tombstone_ignores_assignments,
+)
 
 DEFAULT = CLUSTER_PROFILES["default"]
 HEAVY = CLUSTER_PROFILES["heavy"]
@@ -175,6 +180,20 @@ def test_a_planted_bug_of_the_shared_admin_flows_is_caught_within_50_seeds(mutat
                 assert result.violations[0].invariant.startswith(CAUGHT_BY[mutation])
                 return
     pytest.fail(f"the cluster run did not catch {mutation} in 50 seeds")
+
+
+def test_a_tombstone_decided_before_an_assignment_landed_is_refused() -> None:
+    """Seed 31 (heavy, 5 brokers, 12 topics): a DeleteTopic step decided on a view that had
+    not seen the topic's assignment posted a tombstone that landed late, after it; the purge
+    then left the assignment behind (invariant i). The tombstone compares every registered
+    broker's assignment key now; without (the planted `tombstone_ignores_assignments`) the
+    seed breaks i again."""
+    workload = ClusterWorkload(brokers=5, topics=12)
+    result = run(31, HEAVY, workload)
+    assert result.ok, cluster_report(result, workload, HEAVY)
+    with tombstone_ignores_assignments():
+        planted = run(31, HEAVY, workload)
+    assert not planted.ok and planted.violations[0].invariant.startswith("i")
 
 
 @pytest.mark.parametrize("name", sorted(FOUND_BUGS))

@@ -127,9 +127,11 @@ def delete_step(
     topic: str,
     owner: tuple[str, int] | None,
     marker: tuple[Marker, int] | None,
+    brokers: Iterable[str],
 ) -> Decision:
     """The next step of deleting `topic`, from the leader's view: its assignment
-    (broker, revision) and its unassigned marker (marker, revision)."""
+    (broker, revision), its unassigned marker (marker, revision) and the registered
+    `brokers` (a tombstone for a topic nobody owns must find none of them assigned it)."""
     if marker is not None and marker[0].reason is MarkerReason.DELETE:
         if not marker[0].ready:
             return Decision(Step.WAIT, why=f"broker {marker[0].from_broker} is letting it go")
@@ -152,11 +154,21 @@ def delete_step(
         seen = (Compare(marker_key, "mod_revision", "==", marker[1]),)  # a pending assignment
     else:
         return Decision(Step.WAIT, why=f"broker {marker[0].from_broker} is unloading it")
-    # Nobody owns it: the tombstone is ready at once. No claim may stand either.
+    # Nobody owns it: the tombstone is ready at once. No claim may stand either, and no
+    # assignment: one made after the view this was decided on (a request that lands late
+    # after the pending assignment it saw was made) would outlive the purge, a broker
+    # assigned a topic whose metadata is gone (the cluster run's seed 31, heavy profile).
     claim = Compare(owner_key(topic), "version", "==", 0)
+    unassigned = tuple(
+        Compare(keys.assignment_key(broker, topic), "version", "==", 0)
+        for broker in sorted(brokers)
+    )
     return Decision(
         Step.POST,
-        Txn((records.leader_compare(leader), *seen, claim), (Put(marker_key, tombstone),)),
+        Txn(
+            (records.leader_compare(leader), *seen, claim, *unassigned),
+            (Put(marker_key, tombstone),),
+        ),
     )
 
 

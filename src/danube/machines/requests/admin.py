@@ -346,7 +346,9 @@ def delete_one(me: str, topic: str, deadline: int, now: Now) -> Flow[bool]:
     marker_key = keys.unassigned_key(topic)
     while True:
         view = yield from _leading(me)
-        decision = admin_ops.delete_step(me, topic, view.owner(topic), view.marker(topic))
+        decision = admin_ops.delete_step(
+            me, topic, view.owner(topic), view.marker(topic), view.registered()
+        )
         if decision.step is Step.DONE:
             return True
         if decision.step is Step.PURGE:
