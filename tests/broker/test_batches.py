@@ -13,7 +13,7 @@ import pytest
 from grpclib.client import Channel
 from grpclib.const import Status
 
-from danube.client import Batching, DanubeClient, DispatchStrategy
+from danube.client import Batching, Consumer, DanubeClient, DispatchStrategy, Message
 from danube.localcluster.broker_process import BrokerProcess
 from danube.machines.wal import format, records
 from danube.proto import danube as pb
@@ -23,6 +23,33 @@ from tests.support.aio import receive_n, run, unique_topic
 
 pytestmark = pytest.mark.slow
 RELIABLE = DispatchStrategy.RELIABLE
+ACK_TIMEOUT_S = 30.0
+"""The broker's default `ack_timeout_ms` (spec/failure-policies.md)."""
+STALL_S = ACK_TIMEOUT_S / 3
+"""Longest wait for the next message of a reliable topic being drained: a lost ack keeps a
+window slot until the ack timeout redelivers, so a stall a third as long fails first and says
+so (at load 6-7 on two cores the slowest ack round trip measured 136 ms)."""
+
+
+async def receive_n_acking_behind(consumer: Consumer, count: int) -> list[Message]:
+    """`count` messages, each acknowledged as it arrives without waiting for the broker's
+    answer before the next `receive` (as a consumer that acks from a task of its own): the
+    client sends the acks gathered meanwhile in one `AckBatch`, so the reliable window (10 by
+    default) refills per batch, not per round trip. Every acknowledgement must be taken.
+
+    Awaiting each ack in turn made this 2,990 sequential round trips, each two process
+    wake-ups: at load 4-6 on two cores 15-20 ms each (the broker's own work per ack is the
+    RPC's: the ack itself was 3 % of its samples), so the test timed the scheduler. What
+    fails it now is a stall (`STALL_S`), not the speed of the machine."""
+    received: list[Message] = []
+    acks: list[asyncio.Future[bool]] = []
+    while len(received) < count:
+        async with asyncio.timeout(STALL_S):
+            message = await consumer.receive()
+        acks.append(asyncio.ensure_future(consumer.ack(message)))
+        received.append(message)
+    assert all(await asyncio.gather(*acks))
+    return received
 
 
 def test_enqueued_messages_arrive_once_in_order_on_a_reliable_topic(
@@ -40,7 +67,7 @@ def test_enqueued_messages_arrive_once_in_order_on_a_reliable_topic(
                 for answer in answers:
                     await answer
             consumer = await client.consumer(topic, "c", "s", start="earliest").subscribe()
-            received = await receive_n(consumer, count - 10)
+            received = await receive_n_acking_behind(consumer, count - 10)
             rest = await receive_n(consumer, 10, ack=False)
             assert await consumer.ack_many(rest)
             received += rest
