@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import signal
+import tracemalloc
 import weakref
 from pathlib import Path
 
@@ -42,6 +43,35 @@ def test_sigusr2_writes_a_dump(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert dump["garbage"]["builtins.list"] >= 1
     if dump["mallinfo2"] is not None:  # glibc >= 2.33
         assert dump["mallinfo2"]["uordblks"] > 0
+
+
+def test_a_late_trace_starts_at_the_first_dump(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`DANUBE_MEMORY_TRACE_LATE`: not traced until the first SIGUSR2 (that dump untraced),
+    the next one traced with its snapshot, so what it holds was allocated after the first."""
+    monkeypatch.setenv(memory_dump.DUMP_ENV, str(tmp_path))
+    monkeypatch.setenv(memory_dump.TRACE_ENV, "2")
+    monkeypatch.setenv(memory_dump.TRACE_LATE_ENV, "1")
+    before = signal.getsignal(signal.SIGUSR2)
+    assert not tracemalloc.is_tracing()
+    try:
+        assert memory_dump.install_from_environment() is True
+        assert not tracemalloc.is_tracing()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert tracemalloc.is_tracing()
+        kept = [bytearray(1000) for _ in range(100)]
+        os.kill(os.getpid(), signal.SIGUSR2)
+        first = json.loads((tmp_path / "dump-1.json").read_text())
+        second = json.loads((tmp_path / "dump-2.json").read_text())
+        trace = tracemalloc.Snapshot.load(str(tmp_path / "dump-2.trace"))
+    finally:
+        tracemalloc.stop()
+        signal.signal(signal.SIGUSR2, before)
+    assert "traced_bytes" not in first and not (tmp_path / "dump-1.trace").exists()
+    assert second["traced_bytes"] >= 100_000
+    here = [s for s in trace.statistics("filename") if s.traceback[0].filename == __file__]
+    assert sum(s.size for s in here) >= 100_000 and len(kept) == 100
 
 
 class _Holder:

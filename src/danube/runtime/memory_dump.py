@@ -10,7 +10,9 @@ whose containers hold the most entries summed over their owners (where entries p
 objects of those types, with `DANUBE_MEMORY_TRACE=<frames>` also tracemalloc's top allocation
 sites and the whole snapshot in `dump-<n>.trace` (`bench/idle_topic_memory.py` diffs two;
 tracemalloc started at once, which costs memory and time: a measurement's own run, never
-production).
+production); with `DANUBE_MEMORY_TRACE_LATE=1` as well, tracemalloc starts at the first
+SIGUSR2 instead (that dump untraced), so a broker set up at full speed traces only what a
+later phase allocates (`bench/stream_memory.py`).
 
 It is how a leak (objects still alive after the streams that made them closed) is told from
 fragmentation (the objects gone, the memory not given back): `bench/memory_return.py --dump`
@@ -41,6 +43,7 @@ TRACE_ENV = "DANUBE_MEMORY_TRACE"
 REFERRERS_ENV = "DANUBE_MEMORY_REFERRERS"
 GARBAGE_ENV = "DANUBE_MEMORY_GARBAGE"
 CONTAINERS_ENV = "DANUBE_MEMORY_CONTAINERS"
+TRACE_LATE_ENV = "DANUBE_MEMORY_TRACE_LATE"
 MALLINFO2_FIELDS = (
     "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
     "fordblks", "keepcost",
@@ -303,13 +306,20 @@ def install_from_environment() -> bool:
     directory = Path(where)
     directory.mkdir(parents=True, exist_ok=True)
     frames = int(os.environ.get(TRACE_ENV) or 0)
-    if frames:
+    late = bool(os.environ.get(TRACE_LATE_ENV))
+    if frames and not late:
         tracemalloc.start(frames)
     dumped = 0
 
     def dump(signum: int, frame: FrameType | None) -> None:
         nonlocal dumped
         dumped += 1
+        if frames and late and dumped == 1:  # this dump untraced; what follows traced
+            path = directory / "dump-1.json"
+            path.with_suffix(".tmp").write_text(json.dumps(snapshot(), indent=1))
+            path.with_suffix(".tmp").rename(path)
+            tracemalloc.start(frames)
+            return
         path = directory / f"dump-{dumped}.json"
         path.with_suffix(".tmp").write_text(json.dumps(snapshot(), indent=1))
         path.with_suffix(".tmp").rename(path)

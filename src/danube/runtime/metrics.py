@@ -22,7 +22,6 @@ from prometheus_client import (
     PLATFORM_COLLECTOR,
     PROCESS_COLLECTOR,
     CollectorRegistry,
-    generate_latest,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -36,6 +35,7 @@ from danube.machines.dispatch.types import DropReason
 from danube.machines.memory.connections import ConnectionGate
 from danube.machines.node import stats
 from danube.machines.node.core import BrokerCore
+from danube.runtime.metrics_exposition import Continued, exposition_parts, histogram_pieces
 from danube.runtime.poison_metrics import poison_families
 from danube.runtime.replication_metrics import replication_families
 from danube.runtime.stage_metrics import StageLatency, stage_families
@@ -199,7 +199,12 @@ class BrokerMetrics:
             self.registry.register(collector)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return b"".join(self.exposition_parts())
+
+    def exposition_parts(self) -> list[bytes]:
+        """The exposition, a part per metric family (`exposition_parts`): what the metrics
+        port sends."""
+        return exposition_parts(self.registry)
 
     # -- events (driver side) ---------------------------------------------------------------
 
@@ -309,7 +314,7 @@ class _Collector(Collector):
         if self._metrics.per_topic:
             yield from families
         else:
-            yield from (summed_per_broker(family) for family in families)
+            yield from _summed(families)
 
     def _families(self) -> Iterator[Metric]:
         m = self._metrics
@@ -382,67 +387,61 @@ def summed_per_broker(family: Metric) -> Metric:
     return summed
 
 
-def _topic_families(broker: str, topics: list[stats.TopicStats]) -> Iterable[Metric]:
+def _topic_families(broker: str, topics: list[stats.TopicStats]) -> Iterator[Metric]:
+    """A family made, filled and handed on at a time, so that a scrape holds one family's
+    samples at once (`exposition_parts`), not every topic's series of every family: no local
+    keeps a family past its `yield`."""
     owned = _gauge("danube_broker_topics_owned", "Topics this broker serves.")
     owned.add_metric([broker], len(topics))
-    messages = _counter(
-        "danube_topic_messages_in_total",
-        "Messages accepted on the topic since this broker loaded it.",
-        ["topic"],
-    )
-    size = _counter(
-        "danube_topic_bytes_in_total",
-        "Payload bytes accepted on the topic since this broker loaded it.",
-        ["topic"],
-    )
-    producers = _gauge("danube_topic_active_producers", "Producers of the topic.", ["topic"])
-    consumers = _gauge(
-        "danube_topic_active_consumers",
-        "Consumers attached to the topic's subscriptions (receive stream open).",
-        ["topic"],
-    )
-    subscriptions = _gauge(
-        "danube_topic_active_subscriptions", "Subscriptions of the topic.", ["topic"]
-    )
-    sub_consumers = _gauge(
-        "danube_subscription_active_consumers",
-        "Consumers attached to the subscription (receive stream open).",
-        ["topic", "subscription"],
-    )
-    lag = _gauge(
-        "danube_subscription_lag_messages",
-        "Reliable subscriptions: messages stored and not yet acknowledged (the backlog).",
-        ["topic", "subscription"],
-    )
-    redelivered = _counter(
-        "danube_subscription_redelivery_total",
-        "Reliable subscriptions: messages sent again (after a nack, an ack timeout or their "
-        "consumer leaving) since the subscription was loaded on this broker.",
-        ["topic", "subscription"],
-    )
-    upload = _gauge(
+    yield owned
+    TopicValue = Callable[[stats.TopicStats], float]
+    per_topic: tuple[tuple[Callable[..., Metric], str, str, TopicValue], ...] = (
+        (_counter, "danube_topic_messages_in_total",
+         "Messages accepted on the topic since this broker loaded it.",
+         lambda topic: topic.messages_in),
+        (_counter, "danube_topic_bytes_in_total",
+         "Payload bytes accepted on the topic since this broker loaded it.",
+         lambda topic: topic.bytes_in),
+        (_gauge, "danube_topic_active_producers", "Producers of the topic.",
+         lambda topic: topic.producers),
+        (_gauge, "danube_topic_active_consumers",
+         "Consumers attached to the topic's subscriptions (receive stream open).",
+         lambda topic: sum(s.consumers for s in topic.subscriptions)),
+        (_gauge, "danube_topic_active_subscriptions", "Subscriptions of the topic.",
+         lambda topic: len(topic.subscriptions)),
+    )  # fmt: skip
+    for make, name, help_text, value in per_topic:
+        family = make(name, help_text, ["topic"])
+        for topic in topics:
+            family.add_metric([broker, topic.topic], value(topic))
+        yield family
+    per_subscription: tuple[tuple[Callable[..., Metric], str, str, str, bool], ...] = (
+        (_gauge, "danube_subscription_active_consumers",
+         "Consumers attached to the subscription (receive stream open).", "consumers", False),
+        (_gauge, "danube_subscription_lag_messages",
+         "Reliable subscriptions: messages stored and not yet acknowledged (the backlog).",
+         "backlog", True),
+        (_counter, "danube_subscription_redelivery_total",
+         "Reliable subscriptions: messages sent again (after a nack, an ack timeout or their "
+         "consumer leaving) since the subscription was loaded on this broker.",
+         "redeliveries", True),
+    )  # fmt: skip
+    for make, name, help_text, attribute, reliable_only in per_subscription:
+        family = make(name, help_text, ["topic", "subscription"])
+        for topic in topics:
+            for sub in topic.subscriptions:
+                if not reliable_only or sub.backlog is not None:
+                    family.add_metric([broker, topic.topic, sub.name], getattr(sub, attribute))
+        yield family
+    family = _gauge(
         "danube_tier_upload_lag_messages",
         "Object tier: committed messages of the topic not yet in an indexed object.",
         ["topic"],
     )
     for topic in topics:
-        name = topic.topic
-        messages.add_metric([broker, name], topic.messages_in)
-        size.add_metric([broker, name], topic.bytes_in)
-        producers.add_metric([broker, name], topic.producers)
-        consumers.add_metric([broker, name], sum(s.consumers for s in topic.subscriptions))
-        subscriptions.add_metric([broker, name], len(topic.subscriptions))
-        for sub in topic.subscriptions:
-            sub_consumers.add_metric([broker, name, sub.name], sub.consumers)
-            if sub.backlog is not None:
-                lag.add_metric([broker, name, sub.name], sub.backlog)
-                redelivered.add_metric([broker, name, sub.name], sub.redeliveries)
         if topic.upload_lag is not None:
-            upload.add_metric([broker, name], topic.upload_lag)
-    return (
-        owned, messages, size, producers, consumers, subscriptions, sub_consumers, lag,
-        redelivered, upload,
-    )  # fmt: skip
+            family.add_metric([broker, topic.topic], topic.upload_lag)
+    yield family
 
 
 def _security_families(m: BrokerMetrics) -> Iterable[Metric]:
@@ -495,7 +494,8 @@ def _connection_families(broker: str, gates: Mapping[str, ConnectionGate]) -> It
     return open_, limit, refused
 
 
-def _event_families(m: BrokerMetrics) -> Iterable[Metric]:
+def _event_families(m: BrokerMetrics) -> Iterator[Metric]:
+    """Each family handed on once filled, and its local dropped (`_topic_families`)."""
     broker = m.broker_id
     rpcs = _counter(
         "danube_broker_rpc_total",
@@ -504,6 +504,8 @@ def _event_families(m: BrokerMetrics) -> Iterable[Metric]:
     )
     for (service, method, status), count in sorted(m.rpcs.items()):
         rpcs.add_metric([broker, service, method, status], count)
+    yield rpcs
+    del rpcs
     sends = _counter(
         "danube_producer_send_total",
         "Messages producers sent, by result (ok, error) and error code.",
@@ -511,6 +513,8 @@ def _event_families(m: BrokerMetrics) -> Iterable[Metric]:
     )
     for (topic, result, code), count in sorted(m.sends.items()):
         sends.add_metric([broker, topic, result, code], count)
+    yield sends
+    del sends
     out_messages = _counter(
         "danube_consumer_messages_out_total",
         "Messages sent to consumers of the subscription (redeliveries included).",
@@ -524,6 +528,10 @@ def _event_families(m: BrokerMetrics) -> Iterable[Metric]:
     for (topic, sub), (count, size) in sorted(m.delivered.items()):
         out_messages.add_metric([broker, topic, sub], count)
         out_bytes.add_metric([broker, topic, sub], size)
+    yield out_messages
+    del out_messages
+    yield out_bytes
+    del out_bytes
     nacks = _counter(
         "danube_subscription_nack_total",
         "Negative acknowledgements accepted on the subscription.",
@@ -531,24 +539,26 @@ def _event_families(m: BrokerMetrics) -> Iterable[Metric]:
     )
     for (topic, sub), count in sorted(m.nacks.items()):
         nacks.add_metric([broker, topic, sub], count)
-    latency = _histogram(
+    yield nacks
+    del nacks
+    yield from histogram_pieces(
         "danube_producer_send_latency_ms",
         "Time from a send's arrival to its acknowledgement (per SendMessage or per batch).",
-        ["topic"],
+        broker,
+        m.send_latency,
     )
-    for topic, histogram in sorted(m.send_latency.items()):
-        latency.add_metric([broker, topic], histogram.buckets(), histogram.total)
-    sizes = _histogram(
-        "danube_topic_message_size_bytes", "Payload sizes of accepted messages.", ["topic"]
-    )
-    for topic, histogram in sorted(m.message_size.items()):
-        sizes.add_metric([broker, topic], histogram.buckets(), histogram.total)
+    yield from histogram_pieces(
+        "danube_topic_message_size_bytes", "Payload sizes of accepted messages.", broker,
+        m.message_size,
+    )  # fmt: skip
     redirects = _counter(
         "danube_client_redirects_total",
         "Topic lookups answered with a Redirect: the topic is served by another broker.",
         ["reason"],
     )
     redirects.add_metric([broker, "not_local"], m.redirects)
+    yield redirects
+    del redirects
     checks = _counter(
         "danube_schema_validation_total",
         "Messages checked against their topic's schema policy (topics with a policy only).",
@@ -556,6 +566,8 @@ def _event_families(m: BrokerMetrics) -> Iterable[Metric]:
     )
     for (topic, policy), count in sorted(m.schema_checks.items()):
         checks.add_metric([broker, topic, policy], count)
+    yield checks
+    del checks
     failures = _counter(
         "danube_schema_validation_failures_total",
         "Checked messages that did not fit the schema, refused (enforce) or accepted (warn).",
@@ -563,6 +575,8 @@ def _event_families(m: BrokerMetrics) -> Iterable[Metric]:
     )
     for (topic, reason), count in sorted(m.schema_failures.items()):
         failures.add_metric([broker, topic, reason], count)
+    yield failures
+    del failures
     parses = _counter(
         "danube_schema_parse_total",
         "Schema definitions sent by callers that were parsed (Protobuf: compiled), by type.",
@@ -570,19 +584,29 @@ def _event_families(m: BrokerMetrics) -> Iterable[Metric]:
     )
     for schema_type, count in sorted(m.schema_parses.items()):
         parses.add_metric([broker, schema_type], count)
-    return (
-        rpcs,
-        sends,
-        out_messages,
-        out_bytes,
-        nacks,
-        latency,
-        sizes,
-        redirects,
-        checks,
-        failures,
-        parses,
-    )
+    yield parses
+    del parses
+
+
+def _summed(families: Iterable[Metric]) -> Iterator[Metric]:
+    """`summed_per_broker` of each family, a family's pieces (`_Continued`) added into one."""
+    pending: Metric | None = None
+    for family in families:
+        summed = summed_per_broker(family)
+        if isinstance(family, Continued) and pending is not None:
+            totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+            for sample in (*pending.samples, *summed.samples):
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                totals[key] = totals.get(key, 0.0) + sample.value
+            pending = Metric(pending.name, pending.documentation, pending.type, pending.unit)
+            for (sample_name, labels), value in totals.items():
+                pending.add_sample(sample_name, dict(labels), value)
+            continue
+        if pending is not None:
+            yield pending
+        pending = summed
+    if pending is not None:
+        yield pending
 
 
 def _drop_families(broker: str, core: BrokerCore) -> Iterable[Metric]:

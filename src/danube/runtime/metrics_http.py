@@ -19,7 +19,7 @@ import itertools
 import logging
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,17 +60,21 @@ class Request:
 class Response:
     status: int
     reason: str
-    body: bytes
+    body: bytes | Sequence[bytes]
+    """The body, or its parts (an exposition's metric families), sent one after the other."""
     content_type: str = TEXT
 
-    def encode(self) -> bytes:
+    def encode(self) -> list[bytes]:
+        """The head, then the body's parts as they are: never copied into one buffer (an
+        exposition of 1,000 topics is megabytes; `metrics.exposition_parts`)."""
+        parts = [self.body] if isinstance(self.body, bytes) else list(self.body)
         head = (
             f"HTTP/1.1 {self.status} {self.reason}\r\n"
             f"Content-Type: {self.content_type}\r\n"
-            f"Content-Length: {len(self.body)}\r\n"
+            f"Content-Length: {sum(map(len, parts))}\r\n"
             "Connection: close\r\n\r\n"
         )
-        return head.encode("ascii") + self.body
+        return [head.encode("ascii"), *parts]
 
 
 def _text(status: int, reason: str, body: str) -> Response:
@@ -115,7 +119,7 @@ class Endpoints:
     """What the paths answer with: the exposition, why the broker is not ready (None when
     it is), and whether its event loop answers."""
 
-    metrics: Callable[[], bytes]
+    metrics: Callable[[], bytes | Sequence[bytes]]
     not_ready: Callable[[], str | None]
     alive: Callable[[], Awaitable[bool]]
     scrape_refused: Callable[[str | None, Any], tuple[int, str] | None] | None = None
@@ -317,12 +321,17 @@ async def _exchange(
     else:
         scrapes.active += 1
         try:
-            await stream.send_all((await _answered(endpoints, request)).encode())
+            await _send(stream, await _answered(endpoints, request))
         finally:
             scrapes.active -= 1
         return True
-    await stream.send_all(response.encode())
+    await _send(stream, response)
     return True
+
+
+async def _send(stream: trio.abc.Stream, response: Response) -> None:
+    for part in response.encode():
+        await stream.send_all(part)
 
 
 def _peer_certificate(stream: trio.abc.Stream) -> Any:

@@ -394,7 +394,7 @@ async def serve(
                 )
             if metrics_sock is not None:
                 endpoints = Endpoints(
-                    metrics.exposition,
+                    metrics.exposition_parts,
                     health.not_ready,
                     health.alive,
                     guard.scrape_refused if guard is not None else None,

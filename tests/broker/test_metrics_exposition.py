@@ -1,0 +1,123 @@
+"""The `/metrics` answer of a broker with many topics, made a family (or a histogram's piece)
+at a time (`danube.runtime.metrics_exposition`; issue 28: a scrape held six times its body)."""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from danube.machines.dispatch import QueueLimits
+from danube.machines.node.core import BrokerCore, BrokerIdentity
+from danube.runtime.metrics import BrokerMetrics, Histogram
+from danube.runtime.metrics_exposition import HISTOGRAM_PIECE_TOPICS, exposition_parts
+from danube.runtime.metrics_http import Endpoints, Request, answer
+from danube.values.config import Policies
+
+LATENCY = "danube_producer_send_latency_ms"
+
+
+def _metrics(topics: int, per_topic: bool = True) -> BrokerMetrics:
+    """A broker's metrics with `topics` topics' series as a load leaves them (a send latency
+    and a message size histogram, a sends counter, two subscriptions' deliveries and nacks)."""
+    core = BrokerCore(
+        BrokerIdentity("http://b:1", "http://b:1"),
+        rng=random.Random(1),
+        default_policies=Policies(),
+        queue_limits=QueueLimits(10, 1 << 20),
+    )
+    core.bootstrap(["default"])
+    metrics = BrokerMetrics(core, "7", "standalone", per_topic=per_topic)
+    for i in range(topics):
+        topic = f"/default/t-{i:05d}"
+        metrics.sends[(topic, "ok", "")] = i
+        for table, bounds in (
+            (metrics.send_latency, (1, 5, 25, 100)),
+            (metrics.message_size, (64, 1024)),
+        ):
+            histogram = table[topic] = Histogram(bounds)
+            histogram.counts[:] = range(1, len(histogram.counts) + 1)
+            histogram.total = float(i)
+        for sub in ("a", "b"):
+            metrics.delivered[(topic, sub)] = [i, 128 * i]
+            metrics.nacks[(topic, sub)] = i
+    metrics.forget_removed = lambda topics: None  # type: ignore[method-assign]  # no core topics
+    return metrics
+
+
+async def _alive() -> bool:
+    return True
+
+
+def _answered(metrics: BrokerMetrics) -> list[bytes]:
+    endpoints = Endpoints(metrics.exposition_parts, lambda: None, _alive)
+    response = trio.run(answer, endpoints, Request("GET", "/metrics"))
+    return response.encode()
+
+
+def test_a_scrape_of_many_topics_holds_less_than_its_body_beside_it() -> None:
+    """The peak traced while the answer is made and encoded, beyond the body it sends, is
+    under the body's size; `generate_latest` of the whole registry and the head copied onto
+    the body held 5.1 times the body beside it (1,000 topics: 15.3 MiB for 3.0)."""
+    metrics = _metrics(500)
+    _answered(metrics)  # warm: imports and caches are not the scrape's
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        parts = _answered(metrics)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    body = sum(map(len, parts))
+    assert body > 800_000  # a real exposition: the series of 500 topics
+    assert peak - body < body, (peak, body)
+
+
+def test_the_parts_make_one_exposition_each_family_headed_once() -> None:
+    metrics = _metrics(2 * HISTOGRAM_PIECE_TOPICS + 7)
+    parts = _answered(metrics)
+    head, text = parts[0].decode(), b"".join(parts[1:]).decode()
+    assert f"Content-Length: {len(text.encode())}\r\n" in head
+    assert text.count(f"# TYPE {LATENCY} histogram\n") == 1
+    assert text.count(f"# HELP {LATENCY} ") == 1
+    families = [family.name for family in text_string_to_metric_families(text)]
+    assert len(families) == len(set(families))
+    # the histogram's pieces, joined, are the family formatted whole
+    whole = HistogramMetricFamily(LATENCY, "", labels=["broker", "topic"])
+    for topic, histogram in sorted(metrics.send_latency.items()):
+        whole.add_metric(["7", topic], histogram.buckets(), histogram.total)
+    lines = generate_latest(_One(whole)).decode().split("\n", 2)[2]
+    assert lines in text
+
+
+def test_summed_per_broker_adds_a_histograms_pieces_into_one_family() -> None:
+    topics = 2 * HISTOGRAM_PIECE_TOPICS + 7
+    metrics = _metrics(topics, per_topic=False)
+    text = b"".join(metrics.exposition_parts()).decode()
+    latency = [f for f in text_string_to_metric_families(text) if f.name == LATENCY]
+    assert len(latency) == 1
+    values = {(s.name, s.labels.get("le")): s.value for s in latency[0].samples}
+    assert values[(f"{LATENCY}_count", None)] == 15 * topics  # 1 + 2 + 3 + 4 + 5 a topic
+    assert values[(f"{LATENCY}_bucket", "1")] == topics
+    assert values[(f"{LATENCY}_sum", None)] == sum(range(topics))
+
+
+class _One(Collector):
+    def __init__(self, family: Metric) -> None:
+        self.family = family
+
+    def collect(self) -> list[Metric]:
+        return [self.family]
+
+
+def test_a_registry_of_one_family_is_formatted_as_generate_latest_does() -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(
+        _One(HistogramMetricFamily("h", "d", buckets=[("1", 1), ("+Inf", 2)], sum_value=3))
+    )
+    assert b"".join(exposition_parts(registry)) == generate_latest(registry)
