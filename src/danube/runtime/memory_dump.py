@@ -12,7 +12,7 @@ sites and the whole snapshot in `dump-<n>.trace` (`bench/idle_topic_memory.py` d
 tracemalloc started at once, which costs memory and time: a measurement's own run, never
 production); with `DANUBE_MEMORY_TRACE_LATE=1` as well, tracemalloc starts at the first
 SIGUSR2 instead (that dump untraced), so a broker set up at full speed traces only what a
-later phase allocates (`bench/stream_memory.py`).
+later phase allocates (`bench/memory_soak.py`, bench/RESULTS.md issue 28 part 17).
 
 It is how a leak (objects still alive after the streams that made them closed) is told from
 fragmentation (the objects gone, the memory not given back): `bench/memory_return.py --dump`
@@ -306,7 +306,7 @@ def install_from_environment() -> bool:
     directory = Path(where)
     directory.mkdir(parents=True, exist_ok=True)
     frames = int(os.environ.get(TRACE_ENV) or 0)
-    late = bool(os.environ.get(TRACE_LATE_ENV))
+    late = os.environ.get(TRACE_LATE_ENV) == "1"
     if frames and not late:
         tracemalloc.start(frames)
     dumped = 0

@@ -589,7 +589,8 @@ def _event_families(m: BrokerMetrics) -> Iterator[Metric]:
 
 
 def _summed(families: Iterable[Metric]) -> Iterator[Metric]:
-    """`summed_per_broker` of each family, a family's pieces (`_Continued`) added into one."""
+    """`summed_per_broker` of each family, a family's pieces
+    (`metrics_exposition.Continued`) added into one."""
     pending: Metric | None = None
     for family in families:
         summed = summed_per_broker(family)

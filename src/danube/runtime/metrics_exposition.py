@@ -38,13 +38,14 @@ def exposition_parts(registry: Collector) -> list[bytes]:
     """The text exposition of `registry`, a part per metric family, the same bytes as
     `generate_latest(registry)` once joined. `generate_latest` keeps a line string of every
     family's every sample until the end, then joins them into one string and encodes it: at
-    1,000 topics a scrape held 5.9 times its body at its peak (17.6 MiB for a 3.0 MiB body,
-    `bench/metrics_scrape_memory.py`; bench/RESULTS.md, issue 28 part 17), outside every pool
-    the budget governs, and its tens of thousands of small strings spread over CPython's
-    arenas among the load's objects. Here a family's lines are formatted, joined and encoded
-    at once and dropped before the next family's (its samples too: the collector makes them
-    as they are asked for, a per-topic histogram in pieces of 100 topics): the peak is the
-    body's bytes and one family's (or piece's) samples and lines."""
+    1,000 topics a scrape held 4.9 times its body beside it at its peak (14.6 MiB beside a 3.0
+    MiB body, `bench/metrics_scrape_memory.py`; bench/RESULTS.md, issue 28 part 17), outside
+    every pool the budget governs, and its tens of thousands of small strings spread over
+    CPython's arenas among the load's objects. Here a family's lines are formatted, joined and
+    encoded at once and dropped before the next family's (its samples too: the collector makes
+    them as they are asked for, a per-topic histogram in pieces of 100 topics): the peak is the
+    body's bytes and one family's (or piece's) samples and lines.
+    """
     parts = []
     for family in registry.collect():
         text = generate_latest(_OneFamily(family))
