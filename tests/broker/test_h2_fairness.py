@@ -67,20 +67,21 @@ def test_cuts_fall_on_frame_ends_and_each_share_is_as_large_as_the_limits_allow(
     starts = {PREFACE_BYTES} | {end for end, _ in ends}
     kind_at = {start: kind for start, (_, kind) in zip(sorted(starts), ends, strict=False)}
     cutter = FrameCutter()
-    offset, pending, at = 0, b"", 0
+    offset, read, begin, at = 0, b"", 0, 0
     turn = 0
-    while at < len(data) or pending:
-        if not pending:  # a turn with nothing left over: the socket is read again
+    while at < len(data) or begin < len(read):
+        if begin == len(read):  # a turn with nothing left over: the socket is read again
             size = reads[turn % len(reads)]
-            pending, at = data[at : at + size], at + size
+            read, begin, at = data[at : at + size], 0, at + size
         turn += 1
-        cut = cutter.cut(pending, frame_limit, stream_limit)
-        assert 0 < cut <= len(pending)
-        inside = [kind for end, kind in ends if offset < end <= offset + cut]
+        cut = cutter.cut(read, frame_limit, stream_limit, begin=begin)
+        assert begin < cut <= len(read)
+        share = cut - begin
+        inside = [kind for end, kind in ends if offset < end <= offset + share]
         headers = sum(kind == HEADERS_FRAME for kind in inside)
         assert len(inside) <= frame_limit and headers <= stream_limit
-        offset, pending = offset + cut, pending[cut:]
-        if pending:  # cut short: on a frame boundary, a limit reached
+        offset, begin = offset + share, cut
+        if begin < len(read):  # cut short: on a frame boundary, a limit reached
             assert offset in starts
             assert len(inside) == frame_limit or (
                 headers == stream_limit and kind_at.get(offset) == HEADERS_FRAME
@@ -191,6 +192,51 @@ def test_one_read_of_many_calls_starts_a_few_handlers_per_turn() -> None:
         protocol.connection_lost(None)
         for _ in range(40):
             await asyncio.sleep(0)
+
+    run(scenario)
+
+
+class TallyBytes(bytes):
+    """A read that counts the bytes sliced out of it: what feeding it in turns copies."""
+
+    sliced = 0
+
+    def __getitem__(self, key: Any) -> Any:
+        part = super().__getitem__(key)
+        if isinstance(key, slice):
+            TallyBytes.sliced += len(part)
+            return TallyBytes(part)  # a copy of a copy is counted too
+        return part
+
+
+def test_a_large_read_of_small_frames_is_fed_in_turns_without_copying_its_rest() -> None:
+    """Each turn kept what was left of the read as a new copy (`data[cut:]`): a 256 KiB read
+    of empty frames is about 450 turns, 58 MB copied and 39 ms of the loop (review of the
+    cutter). Now the read stays whole and each turn takes its share by offset."""
+
+    async def scenario() -> None:
+        protocol, transport = _connected(Probe(delay=30.0))
+        client = _client()
+        client.ping(b"12345678")
+        handshake = client.data_to_send()
+        empty_frames = b"".join(  # PING ACKs: 17 bytes each, no stream, nothing answered
+            len(b"12345678").to_bytes(3, "big")
+            + bytes([0x6, 0x1])
+            + (0).to_bytes(4, "big")
+            + b"12345678"
+            for _ in range(16_000)
+        )
+        read = TallyBytes(handshake + empty_frames)
+        TallyBytes.sliced = 0
+        protocol.data_received(read)
+        for _ in range(400):
+            if not transport.paused:
+                break
+            await asyncio.sleep(0)
+        assert not transport.paused and transport.pauses == 1
+        assert protocol.closed_reason is None
+        assert TallyBytes.sliced <= 2 * len(read), (TallyBytes.sliced, len(read))
+        protocol.connection_lost(None)
 
     run(scenario)
 

@@ -374,8 +374,10 @@ class GuardedProtocol(H2Protocol):
         """The gate's id of this connection while it counts it open."""
         self._cutter = FrameCutter()
         self._backlog: bytes | None = None
-        """Read and not yet handed to h2 (past this turn's share): reading is
+        """A read not yet handed to h2 whole (past this turn's share): reading is
         paused until it is all fed."""
+        self._backlog_at = 0
+        """Where in `_backlog` the next turn's share starts."""
         self._reading_paused = False
 
     # -- connection set-up ------------------------------------------------------------------
@@ -534,29 +536,31 @@ class GuardedProtocol(H2Protocol):
             return
         self.connection.read_at = time.perf_counter()
         if self._backlog is not None:  # a transport may deliver once more after the pause
-            self._backlog += data
+            self._backlog = self._backlog[self._backlog_at :] + data
+            self._backlog_at = 0
             return
-        self._feed_turn(data)
+        self._feed_turn(data, 0)
 
-    def _feed_turn(self, data: bytes) -> None:
-        """Feeds this turn's share of `data` (`FrameCutter`); the rest waits for
-        a later turn with the socket's reading paused, so it neither grows nor starves the
-        other connections."""
-        cut = self._cutter.cut(data)
+    def _feed_turn(self, data: bytes, begin: int) -> None:
+        """Feeds this turn's share of `data` from `begin` (`FrameCutter`); the rest waits
+        for a later turn with the socket's reading paused, so it neither grows nor starves
+        the other connections. The rest is kept as the read and an offset into it: copying
+        what is left at every turn made a large read of small frames cost its square."""
+        cut = self._cutter.cut(data, begin=begin)
         if cut < len(data):
             if not self._reading_paused and self._transport is not None:
                 self._reading_paused = True
                 self._transport.pause_reading()
-            self._backlog = data[cut:]
+            self._backlog = data
+            self._backlog_at = cut
             self._loop.call_soon(self._next_turn)
-            data = data[:cut]
-        self._feed(data)
+        self._feed(data if begin == 0 and cut == len(data) else data[begin:cut])
 
     def _next_turn(self) -> None:
         backlog, self._backlog = self._backlog, None
         if backlog is None or self.closed_reason is not None:
             return
-        self._feed_turn(backlog)
+        self._feed_turn(backlog, self._backlog_at)
         transport = self._transport
         if self._backlog is None and self._reading_paused and transport is not None:
             self._reading_paused = False

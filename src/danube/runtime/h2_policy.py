@@ -175,14 +175,21 @@ class FrameCutter:
         """The part of a frame header read so far."""
 
     def cut(
-        self, data: bytes, frames: int = FRAMES_PER_TURN, streams: int = STREAMS_PER_TURN
+        self,
+        data: bytes,
+        frames: int = FRAMES_PER_TURN,
+        streams: int = STREAMS_PER_TURN,
+        *,
+        begin: int = 0,
     ) -> int:
-        """The offset in `data` where this turn's share ends: just after the frame that
-        completes `frames` frames, or just before the HEADERS frame past `streams` of them
-        (so a call's DATA or RST_STREAM stays in the share of its HEADERS); `len(data)` when
-        neither comes in it. The state moves to that offset."""
+        """The offset in `data` where this turn's share, starting at `begin`, ends: just
+        after the frame that completes `frames` frames, or just before the HEADERS frame past
+        `streams` of them (so a call's DATA or RST_STREAM stays in the share of its HEADERS);
+        `len(data)` when neither comes in it. The state moves to that offset. `begin` lets
+        the caller keep one read and hand back the rest of it by offset, turn after turn,
+        instead of copying what is left of it each turn."""
         end = len(data)
-        pos = 0
+        pos = begin
         if self._in_frame and self._headers_frame:
             streams -= 1
         while pos < end:
@@ -202,7 +209,7 @@ class FrameCutter:
                 header, self._header = self._header, b""
                 self._headers_frame = header[3] == HEADERS_FRAME
                 if self._headers_frame:
-                    if streams <= 0 and start > 0:
+                    if streams <= 0 and start > begin:
                         return start  # unread: the next share starts with this header
                     streams -= 1
                 self._skip = int.from_bytes(header[:3], "big")
