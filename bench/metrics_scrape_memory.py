@@ -13,28 +13,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import resource
 import tracemalloc
 
 from danube.machines.dispatch import QueueLimits
-from danube.machines.node.core import BrokerCore, BrokerIdentity
 from danube.runtime.metrics import BrokerMetrics, Histogram
 from danube.runtime.metrics_http import Endpoints, Request, answer
-from danube.values.config import Policies
+from danube.testing.support import make_core
 
 LATENCY_BOUNDS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 SIZE_BOUNDS = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 
 
 def filled_metrics(topics: int) -> BrokerMetrics:
-    core = BrokerCore(
-        BrokerIdentity("http://b:1", "http://b:1"),
-        rng=random.Random(1),
-        default_policies=Policies(),
-        queue_limits=QueueLimits(10, 1 << 20),
-    )
-    core.bootstrap(["default"])
+    core = make_core(url="http://b:1", limits=QueueLimits(10, 1 << 20), namespaces=("default",))
     metrics = BrokerMetrics(core, "7", "standalone")
     for i in range(topics):
         topic = f"/default/soak-{i:05d}"

@@ -3,7 +3,6 @@ at a time (`danube.runtime.metrics_exposition`; issue 28: a scrape held six time
 
 from __future__ import annotations
 
-import random
 import tracemalloc
 from typing import Any
 
@@ -14,11 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from danube.machines.dispatch import QueueLimits
-from danube.machines.node.core import BrokerCore, BrokerIdentity
 from danube.runtime.metrics import BrokerMetrics, Histogram
 from danube.runtime.metrics_exposition import HISTOGRAM_PIECE_TOPICS, exposition_parts
 from danube.runtime.metrics_http import Endpoints, Request, answer
-from danube.values.config import Policies
+from danube.testing.support import make_core
 
 LATENCY = "danube_producer_send_latency_ms"
 
@@ -26,13 +24,7 @@ LATENCY = "danube_producer_send_latency_ms"
 def _metrics(topics: int, per_topic: bool = True) -> BrokerMetrics:
     """A broker's metrics with `topics` topics' series as a load leaves them (a send latency
     and a message size histogram, a sends counter, two subscriptions' deliveries and nacks)."""
-    core = BrokerCore(
-        BrokerIdentity("http://b:1", "http://b:1"),
-        rng=random.Random(1),
-        default_policies=Policies(),
-        queue_limits=QueueLimits(10, 1 << 20),
-    )
-    core.bootstrap(["default"])
+    core = make_core(url="http://b:1", limits=QueueLimits(10, 1 << 20), namespaces=("default",))
     metrics = BrokerMetrics(core, "7", "standalone", per_topic=per_topic)
     for i in range(topics):
         topic = f"/default/t-{i:05d}"
