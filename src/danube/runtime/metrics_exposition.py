@@ -1,5 +1,5 @@
 """The broker's `/metrics` text exposition made a metric family at a time (issue 28: a scrape
-of 1,000 topics held six times its body while it was answered, outside every pool the budget
+of 1,000 topics held 4.9 times its body beside it while answered, outside every pool the budget
 governs; bench/RESULTS.md, issue 28 part 17): `exposition_parts` formats each family alone
 and drops it before the next, and a per-topic histogram family comes in pieces
 (`histogram_pieces`) whose later ones are sent without the family's head."""
