@@ -325,7 +325,9 @@ class BrokerProcess:
             if name == "leader":
                 if event.key == LEADER_KEY:
                     leader = None if event.kind == "delete" else str(event.value)
-                    self._membership(self.membership.leader_seen(leader, self.now_ms()))
+                    self._membership(
+                        self.membership.leader_seen(leader, self.now_ms(), lease=event.lease)
+                    )
             else:
                 self._manager(self.manager.observe(event, self.now_ns()))
                 revision = event.mod_revision if event.kind == "put" else None

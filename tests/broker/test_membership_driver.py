@@ -202,3 +202,28 @@ async def test_a_member_cut_off_from_etcd_fences_itself_before_its_lease_expires
         assert [c for c in leader.changes if isinstance(c, LeadershipGained)] == [
             LeadershipGained()
         ]
+
+
+async def test_a_late_campaign_of_a_past_incarnation_seen_by_the_watch_is_not_ours(
+    etcd_stores: EtcdStores,
+) -> None:
+    """A crash and a restart within the TTL: the past incarnation's campaign lands after the
+    new one watches, naming this broker under a lease it no longer holds. Taking that key as
+    its own made a broker lead while the key would die with a lease nobody renews (the
+    cluster simulator's seed 425, `leases` profile): the watch event must carry its lease."""
+    names = ["b1", "b2"]
+    stores = [await etcd_stores.open() for _ in names]
+    async with members(stores, names) as group:
+        await wait_for(lambda: sum(m.leading for m in group) == 1)
+        (leader,) = [m for m in group if m.leading]
+        (other,) = [m for m in group if not m.leading]
+        past = await stores[0].grant_lease(2)  # the past incarnation's lease, still alive
+        await stores[0].put(LEADER_KEY, other.name, lease=past)
+        await wait_for(lambda: LeadershipLost("replaced") in leader.changes)
+        await trio.sleep(0.5)  # ample for the watch event to reach `other`
+        assert not other.leading, "a key put under a past incarnation's lease is not ours"
+        assert LeadershipGained() not in other.changes
+        await stores[0].revoke(past)  # that lease ends: the key goes, a campaign follows
+        await wait_for(lambda: sum(m.leading for m in group) == 1)
+        (now_leading,) = [m for m in group if m.leading]
+        assert (await stores[0].get(LEADER_KEY)).value == now_leading.name  # type: ignore[union-attr]

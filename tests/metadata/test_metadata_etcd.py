@@ -182,6 +182,19 @@ async def test_read_modify_cas_loops_from_two_stores_lose_no_update(
     assert counter is not None and (counter.value, counter.version) == (50, 51)
 
 
+async def test_a_put_event_carries_its_lease(etcd_stores: EtcdStores) -> None:
+    """The lease tells a broker's own leader key from its past incarnation's (issue 23)."""
+    store = await etcd_stores.open()
+    lease = await store.grant_lease(5.0)
+    async with store.watch("/leader/") as events:
+        await store.put("/leader/x", "b1", lease=lease)
+        await store.put("/leader/y", "b1")
+        with trio.fail_after(5):
+            leased, plain = await anext(events), await anext(events)
+    assert (leased.lease, plain.lease) == (lease, None)
+    await store.revoke(lease)
+
+
 @pytest.mark.slow
 async def test_lease_expiry_deletes_keys_with_events(etcd_stores: EtcdStores) -> None:
     store = await etcd_stores.open()

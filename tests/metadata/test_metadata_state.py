@@ -209,6 +209,19 @@ def test_lease_lifecycle() -> None:
         state.revoke(lease)
 
 
+def test_a_put_event_carries_the_lease_it_was_put_with() -> None:
+    """A watcher tells a broker's own leader key from its past incarnation's by the lease."""
+    state = MetadataState()
+    lease = state.grant_lease(10, now_s=0)
+    state.put("/leased", "b1", lease=lease)
+    state.put("/plain", "b1")
+    state.delete("/leased")
+    leased, plain, deleted = state.events_since(0)
+    assert (leased.lease, plain.lease, deleted.lease) == (lease, None, None)
+    assert leased == WatchEvent("put", "/leased", "b1", leased.mod_revision, None, lease)
+    assert leased != WatchEvent("put", "/leased", "b1", leased.mod_revision, None)
+
+
 def test_keepalive_cannot_revive_an_expired_lease() -> None:
     state = MetadataState()
     lease = state.grant_lease(1, now_s=0)

@@ -187,6 +187,20 @@ def test_a_claim_answer_taken_without_its_token_is_caught_under_lost_leases() ->
         assert result.ok, (fixed, [v.detail for v in result.violations])
 
 
+def test_a_late_campaign_of_a_past_incarnation_leads_nobody() -> None:
+    """Found at seed 425 of the `leases` profile (10 s): a broker crashed and restarted
+    within its TTL, and its past incarnation's campaign landed after the new incarnation's
+    watch began. The watch event named this broker and carried no lease, so the new
+    incarnation took the key for its own and led while the key died with a lease nobody
+    renewed (invariant a: "broker 1 believes it leads, the leader key names no one"). Watch
+    events now carry their lease (tests/broker/test_membership_driver.py replays it on
+    etcd); this seed and its neighbours stay quiet."""
+    leases = CLUSTER_PROFILES["leases"]
+    for seed in (425, 426, 427):
+        result = ClusterSimulation(seed, DATA, leases).run(10)
+        assert result.ok, (seed, [v.detail for v in result.violations])
+
+
 def test_a_hold_past_its_deadline_is_caught() -> None:
     """With `lookup_hold_ms` the simulated producers hold a lookup refused as `Settling`
     through `holding.hold_until` on the simulated clock, as the brokers do, and invariant t

@@ -132,9 +132,10 @@ class TxnResult:
 class WatchEvent:
     """One change of one key.
 
-    A delete has `value` None and the removed value in `prev_value`. The same event object is
-    handed to every watcher of the change and kept in the replay history, so treat its values
-    as read-only.
+    A delete has `value` None and the removed value in `prev_value`. A put carries the `lease`
+    it was put with (None for none): a key's value alone cannot tell this broker's own key from
+    one its past incarnation put before a crash. The same event object is handed to every
+    watcher of the change and kept in the replay history, so treat its values as read-only.
     """
 
     kind: Literal["put", "delete"]
@@ -142,6 +143,7 @@ class WatchEvent:
     value: JSONValue
     mod_revision: int
     prev_value: JSONValue
+    lease: int | None = None
 
 
 class MetadataError(Exception):

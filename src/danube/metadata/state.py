@@ -177,8 +177,10 @@ class StoredEvent(WatchEvent):
         text: str | None,
         mod_revision: int,
         prev_text: str | None,
+        lease: int | None = None,
     ) -> None:
         object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "lease", lease)
         object.__setattr__(self, "key", key)
         object.__setattr__(self, "mod_revision", mod_revision)
         object.__setattr__(self, "_text", text)
@@ -204,7 +206,7 @@ class StoredEvent(WatchEvent):
 
 
 def _fields(event: WatchEvent) -> tuple[Any, ...]:
-    return (event.kind, event.key, event.value, event.mod_revision, event.prev_value)
+    return (event.kind, event.key, event.value, event.mod_revision, event.prev_value, event.lease)
 
 
 @dataclass(slots=True)
@@ -545,6 +547,7 @@ class MetadataState:
                     None if new is None else new.text,
                     revision,
                     None if old is None else old.text,
+                    None if new is None else new.lease,
                 )
             )
         if events:

@@ -145,4 +145,4 @@ class MembershipDriver:
     def _leader_event(self, event: WatchEvent) -> None:
         if event.key == LEADER_KEY:  # the watch is of a prefix: not /cluster/leader_x
             leader = None if event.kind == "delete" else str(event.value)
-            self._apply(self.machine.leader_seen(leader, _now_ms()))
+            self._apply(self.machine.leader_seen(leader, _now_ms(), lease=event.lease))

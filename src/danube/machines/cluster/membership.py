@@ -276,10 +276,11 @@ class Membership:
     def leader_seen(
         self, leader: str | None, now_ms: int, *, lease: int | None = None
     ) -> list[Effect]:
-        """The watch of the leader key (also its value when the watch started, with the
-        `lease` it was put with: a read tells it, a watch event does not). A key naming this
-        broker under another lease is a past incarnation's (a crash and a restart within the
-        TTL): it is somebody else's until it expires, never a reason to lead."""
+        """The watch of the leader key (its value when the watch started, then each change),
+        with the `lease` it was put with. A key naming this broker under another lease is a
+        past incarnation's (a crash and a restart within the TTL, or that incarnation's
+        campaign landing after the restart): it is somebody else's until it expires, never a
+        reason to lead."""
         if leader == self.config.broker_id and lease is not None and lease != self.lease_id:
             leader = PAST_INCARNATION
         self.leader = leader

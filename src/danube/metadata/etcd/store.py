@@ -572,6 +572,7 @@ class EtcdStore:
             self._decode(kv.key, kv.value),
             kv.mod_revision,
             prev_value,
+            kv.lease or None,
         )
 
     def _compare(self, compare: Compare) -> bytes:
