@@ -148,7 +148,9 @@ def test_a_batch_whose_writer_records_went_unanswered_hands_each_decision_back()
     machine.config = own.OwnershipConfig("b1")
     seen: dict[str, bool | None] = {}
 
-    def load_failed(topic: str, now: int, keep_local: bool | None = None) -> list[own.Effect]:
+    def load_failed(
+        topic: str, now: int, keep_local: bool | None = None, claim_revision: int | None = None
+    ) -> list[own.Effect]:
         seen[topic] = keep_local
         return []
 
@@ -158,3 +160,24 @@ def test_a_batch_whose_writer_records_went_unanswered_hands_each_decision_back()
     _, perform = answers(metadata(*TOPICS, replicas=in_sync), [unknown] * 3)
     run_now(flows.load_many(machine, loads(), lambda: 0), perform)  # type: ignore[arg-type]
     assert seen == {"/default/a": False, "/default/b": True, "/default/c": False}
+
+
+def test_a_batch_adopts_none_of_the_loads_the_machine_no_longer_waits_for() -> None:
+    """`load`'s rule for each topic of a batch: a topic dropped and claimed again while the
+    batch read and wrote is left to its new stay's load, and only its own answers end the
+    others' loads, each naming its claim."""
+    machine = Machine()
+    stale = "/default/b"
+    machine.loading = lambda topic, revision: topic != stale  # type: ignore[method-assign]
+    seen: list[tuple[str, int | None]] = []
+
+    def loaded(topic: str, now: int, claim_revision: int | None = None) -> list[own.Effect]:
+        seen.append((topic, claim_revision))
+        return []
+
+    machine.loaded = loaded  # type: ignore[method-assign]
+    committed = TxnAnswer(Outcome.COMMITTED, revision=60)
+    asked, perform = answers(metadata(*TOPICS), [committed] * 3, None, None)
+    run_now(flows.load_many(machine, loads(), lambda: 0), perform)  # type: ignore[arg-type]
+    assert [a.topic for a in asked if isinstance(a, flows.Adopt)] == ["/default/a", "/default/c"]
+    assert seen == [("/default/a", 50), ("/default/c", 52)]

@@ -442,6 +442,25 @@ def test_an_unload_overtaken_by_a_new_lease_and_claim_is_no_longer_current() -> 
     assert o.unloading(T, 90) and not o.unloading(T, 40)
 
 
+def test_a_load_of_an_earlier_stay_adopts_nothing_once_a_new_claim_loads_the_topic() -> None:
+    """A load in flight across a new lease: the topic is dropped, claimed again at a new
+    revision and loading again. The earlier load is no longer the topic's step (`loading`),
+    so its flow adopts nothing, and its answers (`loaded`, `load_failed` naming its claim)
+    leave the new stay's load alone."""
+    o = machine()
+    o.assignment_seen(T, True, 0)
+    assert o.claim_done(T, True, 40, 0, known=True, token=last(o)) == [Load(T, 40)]
+    assert o.loading(T, 40)
+    o.member(8, 10)  # a new lease: Drop, and the assignment claimed again
+    assert not o.loading(T, 40)
+    assert o.claim_done(T, True, 90, 20, known=True, token=last(o)) == [Load(T, 90)]
+    assert o.loading(T, 90) and not o.loading(T, 40)
+    assert o.loaded(T, 30, 40) == [] and o.phase(T) is Phase.LOADING
+    assert o.load_failed(T, 30, None, 40) == [] and not o.failed_load(T)
+    assert o.loaded(T, 40, 90) == [] and o.phase(T) is Phase.SERVING
+    assert not o.loading(T, 90)
+
+
 def test_a_release_whose_claim_is_gone_is_done_and_one_whose_claim_stands_is_not() -> None:
     """Found in review: a release that landed but whose answer was lost compared a deleted
     claim on every retry and stayed RELEASING for good."""

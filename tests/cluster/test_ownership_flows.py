@@ -30,10 +30,11 @@ OWNER = own.owner_key(TOPIC)
 class Machine:
     """Records the inputs a flow feeds to the machine (the flows call nothing else)."""
 
-    def __init__(self, *, lease_id: int = 7, unloading: bool = True) -> None:
+    def __init__(self, *, lease_id: int = 7, unloading: bool = True, loading: bool = True) -> None:
         self.config = own.OwnershipConfig("b1")
         self.lease_id = lease_id
         self._unloading = unloading
+        self._loading = loading
         self.inputs: list[tuple[Any, ...]] = []
 
     def claim_done(
@@ -47,13 +48,21 @@ class Machine:
         self.inputs.append(("released", topic, ok))
         return []
 
-    def loaded(self, topic: str, now: int) -> list:
+    def loaded(self, topic: str, now: int, claim_revision: int | None = None) -> list:
         self.inputs.append(("loaded", topic))
+        self.claim_revision = claim_revision
         return []
 
-    def load_failed(self, topic: str, now: int, keep_local: bool | None = None) -> list:
+    def load_failed(
+        self,
+        topic: str,
+        now: int,
+        keep_local: bool | None = None,
+        claim_revision: int | None = None,
+    ) -> list:
         self.inputs.append(("load_failed", topic))
         self.keep_local = keep_local
+        self.claim_revision = claim_revision
         return []
 
     def unloaded(self, topic: str, now: int, *, handed_over: bool = False) -> list:
@@ -62,6 +71,9 @@ class Machine:
 
     def unloading(self, topic: str, revision: int) -> bool:
         return self._unloading
+
+    def loading(self, topic: str, revision: int) -> bool:
+        return self._loading
 
 
 def claim_of(holder: str, lease: int, revision: int) -> KeyValue:
@@ -158,6 +170,24 @@ def test_a_load_without_metadata_or_store_fails_without_adopting() -> None:
     _, perform = answers(StoreUnreachable("down"))
     run_now(flows.load(machine, own.Load(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
     assert machine.inputs == [("load_failed", TOPIC)]
+
+
+def test_a_load_the_machine_no_longer_waits_for_adopts_nothing() -> None:
+    """An earlier stay's load whose writer record landed before a new lease dropped the
+    topic and a new claim loaded it again: adopting it would serve the topic under the claim
+    that is gone, and its answer would pass for the new stay's load."""
+    machine = Machine(loading=False)
+    delivery = paths.topic_delivery(parse_topic(TOPIC))
+    entry = KeyValue(delivery, {"strategy": "reliable"}, 1, 1, 1, None)
+    committed = TxnAnswer(Outcome.COMMITTED, revision=60)
+    asked, perform = answers([entry], [], None, None, committed)
+    run_now(flows.load(machine, own.Load(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
+    assert flows.Adopt not in [type(a) for a in asked]
+    assert machine.inputs == []
+    machine = Machine()  # the current stay's answers name their claim
+    asked, perform = answers([entry], [], None, None, committed, None)
+    run_now(flows.load(machine, own.Load(TOPIC, 50), lambda: 0), perform)  # type: ignore[arg-type]
+    assert machine.inputs == [("loaded", TOPIC)] and machine.claim_revision == 50
 
 
 def test_a_deleted_topic_is_forgotten_at_once_and_a_moved_one_sealed_first() -> None:

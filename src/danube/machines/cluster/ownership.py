@@ -400,6 +400,18 @@ class Ownership:
             and state.claim_revision == claim_revision
         )
 
+    def loading(self, topic: str, claim_revision: int) -> bool:
+        """The `Load` of this claim is still the topic's step. A driver asks before it adopts
+        the topic: while the load read and wrote, a new lease may have dropped the topic and
+        a new claim started loading it again; the earlier stay's load must not be adopted
+        (under a claim that is gone) nor taken for the new stay's."""
+        state = self._topics.get(topic)
+        return (
+            state is not None
+            and state.phase is Phase.LOADING
+            and state.claim_revision == claim_revision
+        )
+
     def last_claim(self, topic: str) -> int | None:
         """The token of the topic's last claim in its current stay (`Claim.token`), None
         before its first."""
@@ -492,22 +504,35 @@ class Ownership:
             state.retry_at = now_ms + self.config.retry_ms
         return self._step(now_ms)
 
-    def loaded(self, topic: str, now_ms: int) -> list[Effect]:
+    def loaded(self, topic: str, now_ms: int, claim_revision: int | None = None) -> list[Effect]:
+        """The topic's `Load` ended with the topic adopted. `claim_revision`: the load's
+        claim; the answer of another claim's load (an earlier stay's) is ignored."""
         state = self._topics.get(topic)
         if state is None or state.phase is not Phase.LOADING:
+            return []
+        if claim_revision is not None and claim_revision != state.claim_revision:
             return []
         state.busy = False
         state.phase = Phase.UNLOADING if state.restarting else Phase.SERVING
         state.served = True
         return self._step(now_ms)
 
-    def load_failed(self, topic: str, now_ms: int, keep_local: bool | None = None) -> list[Effect]:
+    def load_failed(
+        self,
+        topic: str,
+        now_ms: int,
+        keep_local: bool | None = None,
+        claim_revision: int | None = None,
+    ) -> list[Effect]:
         """The topic cannot be served here (its storage is unreadable): keep the claim so no
         other broker writes over what an operator must look at, and try again later.
         `keep_local`: the load's decision on the local WAL when its writer transaction went
-        unanswered (it may have landed): the retry carries it (`Load.keep_local`)."""
+        unanswered (it may have landed): the retry carries it (`Load.keep_local`).
+        `claim_revision`: as for `loaded`."""
         state = self._topics.get(topic)
         if state is None or state.phase is not Phase.LOADING:
+            return []
+        if claim_revision is not None and claim_revision != state.claim_revision:
             return []
         state.busy = False
         state.load_failed = True

@@ -135,7 +135,10 @@ def release(machine: own.Ownership, effect: own.Release, now: Now) -> Flow[list[
 def load(machine: own.Ownership, effect: own.Load, now: Now) -> Flow[list[own.Effect]]:
     """Read the topic's metadata, record this broker as its writer (compared on the claim,
     so a stale claim loads nothing), then adopt it. A topic without metadata (deleted
-    meanwhile), a store that does not answer or a claim that is gone: `load_failed`."""
+    meanwhile), a store that does not answer or a claim that is gone: `load_failed`. A load
+    the machine no longer waits for (`Ownership.loading`: a new lease dropped the topic and a
+    new claim loads it again) adopts nothing: its writer record may have landed before the
+    new claim, and adopting would serve the topic under the claim that is gone."""
     topic = effect.topic
     prefixes, policy_key = own.load_reads(topic)
     decided: bool | None = None  # the writer transaction is out: it may land
@@ -159,10 +162,12 @@ def load(machine: own.Ownership, effect: own.Load, now: Now) -> Flow[list[own.Ef
         if not answer.committed:
             raise LookupError(f"the claim on {topic} is gone")
     except (StoreUnreachable, LookupError):
-        return machine.load_failed(topic, now(), decided)
+        return machine.load_failed(topic, now(), decided, effect.claim_revision)
+    if not machine.loading(topic, effect.claim_revision):
+        return []
     written = _written_set(writer, topic, answer.revision)
     yield Adopt(topic, entries, writer.keep_local, effect.claim_revision, written)
-    return machine.loaded(topic, now())
+    return machine.loaded(topic, now(), effect.claim_revision)
 
 
 def load_many(
@@ -180,19 +185,19 @@ def load_many(
     keys_read = {policy for _, policy in reads.values()}
     keys_read.update(keys.replicas_key(topic) for topic in reads)
     prefixes = tuple(prefix for topic_prefixes, _ in reads.values() for prefix in topic_prefixes)
-    failed: list[str] = []
+    failed: list[own.Load] = []
     writing: list[tuple[own.Load, dict[str, Any], own.Writer]] = []
     try:
         answer: ReadManyAnswer = yield StoreReadMany(tuple(sorted(keys_read)), prefixes)
     except StoreUnreachable:
-        return _load_ends(machine, [], [e.topic for e in effects], now)
+        return _load_ends(machine, [], list(effects), now)
     for effect in effects:
         topic, (topic_prefixes, policy) = effect.topic, reads[effect.topic]
         scanned = [kv for prefix in topic_prefixes for kv in answer.scanned.get(prefix, ())]
         try:
             entries = own.load_entries(topic, scanned, answer.found.get(policy))
         except LookupError:
-            failed.append(topic)
+            failed.append(effect)
             continue
         replicas = answer.found.get(keys.replicas_key(topic))
         writer = own.become_writer(
@@ -210,28 +215,31 @@ def load_many(
     loaded = []
     for (effect, entries, writer), written in zip(writing, answers, strict=True):
         if not written.committed:
-            failed.append(effect.topic)
+            failed.append(effect)
             continue
+        if not machine.loading(effect.topic, effect.claim_revision):
+            continue  # an earlier stay's load: see `load`
         replica_set = _written_set(writer, effect.topic, written.revision)
         yield Adopt(effect.topic, entries, writer.keep_local, effect.claim_revision, replica_set)
-        loaded.append(effect.topic)
+        loaded.append(effect)
     return _load_ends(machine, loaded, failed, now, decided)
 
 
 def _load_ends(
     machine: own.Ownership,
-    loaded: list[str],
-    failed: list[str],
+    loaded: list[own.Load],
+    failed: list[own.Load],
     now: Now,
     decided: Mapping[str, bool] | None = None,
 ) -> list[own.Effect]:
     """The machine's answers to a batch's loads, in one list for the driver to apply;
     `decided`: the local-WAL decision of each topic whose writer transaction went out."""
     effects: list[own.Effect] = []
-    for topic in loaded:
-        effects += machine.loaded(topic, now())
-    for topic in failed:
-        effects += machine.load_failed(topic, now(), (decided or {}).get(topic))
+    for load in loaded:
+        effects += machine.loaded(load.topic, now(), load.claim_revision)
+    for load in failed:
+        keep_local = (decided or {}).get(load.topic)
+        effects += machine.load_failed(load.topic, now(), keep_local, load.claim_revision)
     return effects
 
 
