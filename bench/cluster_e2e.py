@@ -259,6 +259,12 @@ async def _failover_many(cluster: LocalCluster, args: argparse.Namespace) -> Non
         ]
 
     fails, assigns = of_victim("topic_failover"), of_victim("topic_assign")
+    if args.logs:
+        Path(args.logs).mkdir(parents=True, exist_ok=True)
+        for b in survivors:
+            role = "leader" if b is leader else "owner"
+            lines = b.log_lines[marks[b] :]
+            (Path(args.logs) / f"{role}-{b.pid}.log").write_text("".join(f"{x}\n" for x in lines))
     problems = {
         b.pid: sum(1 for line in b.log_lines[marks[b] :] if "level=WARNING" in line)
         for b in survivors
@@ -555,6 +561,9 @@ def main() -> None:
     many.add_argument("--timeout-s", type=float, default=120.0)
     many.add_argument("--profile", default="", help="directory for py-spy raw flame data")
     many.add_argument("--profile-s", type=int, default=25)
+    many.add_argument(
+        "--logs", default="", help="directory for each survivor's log lines from the kill on"
+    )
     many.add_argument(
         "--fast-retry", action="store_true",
         help="client backoff 0.1-1 s instead of the official clients' 0.2 s steps up to 5 s",

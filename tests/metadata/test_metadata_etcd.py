@@ -104,6 +104,35 @@ async def test_watch_from_a_compacted_revision_fails(etcd_stores: EtcdStores) ->
         assert await anext(events) == WatchEvent("put", "/k", 3, revision, 2)
 
 
+async def test_a_watch_hands_over_the_events_of_one_response_without_a_turn_between_them(
+    etcd_stores: EtcdStores,
+) -> None:
+    """The events of one etcd response (one transaction's 40 puts) reach the consumer in
+    bursts (`watch.BURST`), not one trio scheduling round each: on a busy leader a round per event
+    spread a failover's markers over most of a second. A task that counts scheduling rounds
+    sees a few while the 40 events are read, not 40."""
+    store = await etcd_stores.open()
+    rounds = 0
+
+    async def count_rounds() -> None:
+        nonlocal rounds
+        while True:
+            await trio.lowlevel.checkpoint()
+            rounds += 1
+
+    async with store.watch("/burst/") as events, trio.open_nursery() as nursery:
+        await store.txn([], [Put(f"/burst/{n:02}", n) for n in range(40)])
+        first = await anext(events)  # waits for the response: its other events are here too
+        nursery.start_soon(count_rounds)
+        await trio.lowlevel.checkpoint()
+        before = rounds
+        rest = [await anext(events) for _ in range(39)]
+        during = rounds - before
+        nursery.cancel_scope.cancel()
+    assert [e.value for e in (first, *rest)] == list(range(40))
+    assert during <= 4, f"{during} scheduling rounds while reading 39 events"
+
+
 async def test_txn_many_keeps_each_transactions_compares_and_outcome(
     etcd_stores: EtcdStores,
 ) -> None:

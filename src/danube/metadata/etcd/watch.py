@@ -141,13 +141,35 @@ class Watch:
         return True
 
 
+BURST = 32
+"""Events a watch hands over already received without a trio checkpoint between them. A
+checkpoint per event gave every other runnable task (gRPC handlers, client lookups) a turn
+between two events of one etcd response: on a busy leader a failover's markers reached the
+load manager 4-13 ms apart, 0.6 s after the transaction that wrote them, and 1.5-1.9 s
+passed from the first `FailOver` to the last `Assign` of 100 topics (bench/RESULTS.md,
+2026-12-02; 0.8-1.4 s with bursts).
+Bounded, so that a long replay still lets the loop run (at most `BURST` events' handling at
+a time) and a cancellation is seen."""
+
+
 class WatchStream(AsyncIterator[WatchEvent]):
     def __init__(self, watch: Watch) -> None:
         self._watch = watch
+        self._unyielded = 0
 
     async def __anext__(self) -> WatchEvent:
+        receive = self._watch.receive
         try:
-            return await self._watch.receive.receive()
+            if self._unyielded < BURST:
+                try:
+                    event = receive.receive_nowait()
+                except trio.WouldBlock:
+                    pass
+                else:
+                    self._unyielded += 1
+                    return event
+            self._unyielded = 0
+            return await receive.receive()
         except trio.EndOfChannel:
             if self._watch.error is not None:
                 raise self._watch.error from None
