@@ -99,8 +99,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite, slow and conformance tests included (this is what CI runs)."""
-    session.run("pytest", "-q", *session.posargs, external=True)
+    """The whole suite, slow and conformance tests included (this is what CI runs). The 30
+    slowest tests are listed at the end, so that a CI log shows where its time goes."""
+    session.run("pytest", "-q", "--durations=30", *session.posargs, external=True)
 
 
 @nox.session
