@@ -393,24 +393,18 @@ class Ownership:
         """The `Unload` of this claim is still the topic's step. A driver asks before it
         forgets the topic: while it waited for the seal, a new lease may have dropped the
         topic and a new claim loaded it again, and that stay must not be forgotten."""
-        state = self._topics.get(topic)
-        return (
-            state is not None
-            and state.phase is Phase.UNLOADING
-            and state.claim_revision == claim_revision
-        )
+        return self._in_step(topic, Phase.UNLOADING, claim_revision)
 
     def loading(self, topic: str, claim_revision: int) -> bool:
         """The `Load` of this claim is still the topic's step. A driver asks before it adopts
         the topic: while the load read and wrote, a new lease may have dropped the topic and
         a new claim started loading it again; the earlier stay's load must not be adopted
         (under a claim that is gone) nor taken for the new stay's."""
+        return self._in_step(topic, Phase.LOADING, claim_revision)
+
+    def _in_step(self, topic: str, phase: Phase, claim_revision: int) -> bool:
         state = self._topics.get(topic)
-        return (
-            state is not None
-            and state.phase is Phase.LOADING
-            and state.claim_revision == claim_revision
-        )
+        return state is not None and state.phase is phase and state.claim_revision == claim_revision
 
     def last_claim(self, topic: str) -> int | None:
         """The token of the topic's last claim in its current stay (`Claim.token`), None

@@ -38,7 +38,10 @@ Now = Callable[[], int]
 class Adopt:
     """Register `claim_revision` as the fencing token of the topic's writes, then adopt the
     topic in the core (`BrokerCore.adopt`) and wait until its metadata is durable and its
-    WAL loaded. Answered with None."""
+    WAL loaded. Answered with None. A driver may answer a batch's (`load_many`) at once,
+    once each is started in the core's order, and wait for them all before it feeds the
+    flow's answer to the machine (`danube.runtime.ownership`); the simulator's answers at
+    once."""
 
     topic: str
     entries: dict[str, Any]

@@ -147,7 +147,7 @@ checkpoint per event gave every other runnable task (gRPC handlers, client looku
 between two events of one etcd response: on a busy leader a failover's markers reached the
 load manager 4-13 ms apart, 0.6 s after the transaction that wrote them, and 1.5-1.9 s
 passed from the first `FailOver` to the last `Assign` of 100 topics (bench/RESULTS.md,
-2026-12-02; 0.8-1.4 s with bursts).
+2026-12-02; 0.75-1.41 s with bursts).
 Bounded, so that a long replay still lets the loop run (at most `BURST` events' handling at
 a time) and a cancellation is seen."""
 
