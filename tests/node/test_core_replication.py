@@ -456,3 +456,27 @@ def test_a_registration_answered_without_the_owners_epoch_is_not_made_again_at_o
     owner.driver.now_ms += replica_owner.REGISTER_AGAIN_MS
     tick = owner.core.tick(owner.now)
     assert sum(isinstance(e, ReplicaPropose) for e in tick.effects) == 1
+
+
+def test_a_registration_written_under_another_epoch_is_not_made_again_at_once() -> None:
+    """A proposal records the owner's epoch only where the set names that epoch (the claim
+    wrote it). An owner whose set names another one had each of its registrations commit,
+    a newer value every time, and made it again at once: about 900 transactions a simulated
+    second for as long as it owned the topic (`load_batch_forgets_replica_sets`, an owner
+    loaded without reading its set). Now the same wait as for a refused one."""
+    owner = Owner()
+    state = owner.core._topics[TOPIC].log
+    state.epoch, epoch = 7, 3  # the owner's claim is newer than the epoch the set names
+    config = ReplicaConfig(epoch, ("b2",), ("b2",), owner.version)
+    step = owner.core.replicas_changed(TOPIC, config, now_ms=owner.now)
+    assert sum(isinstance(e, ReplicaPropose) for e in step.effects) == 1
+    made = 0
+    for version in range(owner.version + 1, owner.version + 101):  # each one committed
+        written = ReplicaConfig(epoch, ("b2",), ("b2",), version)
+        step = owner.core.replica_proposal_answered(TOPIC, written, now_ms=owner.now)
+        made += sum(isinstance(e, ReplicaPropose) for e in step.effects)
+        made += sum(isinstance(e, ReplicaPropose) for e in owner.core.tick(owner.now).effects)
+    assert made == 0, f"{made} registrations at one instant: a loop on the store"
+    owner.driver.now_ms += replica_owner.REGISTER_AGAIN_MS
+    tick = owner.core.tick(owner.now)
+    assert sum(isinstance(e, ReplicaPropose) for e in tick.effects) == 1

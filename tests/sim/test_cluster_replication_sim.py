@@ -129,13 +129,16 @@ def first_caught(
     seeds: range,
     workload: ClusterWorkload = REPLICATED,
     faults: ClusterFaults = DEFAULT,
+    wanted: str | None = None,
 ) -> tuple[int, list[str]] | None:
-    """The first seed whose run with the planted bug breaks an invariant, and which."""
+    """The first seed whose run with the planted bug breaks an invariant (`wanted`, if
+    given), and which."""
     for seed in seeds:
         with REPLICATION_MUTATIONS[mutation]():
             result = ClusterSimulation(seed, workload, faults).run(SECONDS)
-        if not result.ok:
-            return seed, [v.invariant for v in result.violations]
+        invariants = [v.invariant for v in result.violations]
+        if invariants and (wanted is None or wanted in invariants):
+            return seed, invariants
     return None
 
 
@@ -161,12 +164,16 @@ def test_planted_bugs_lose_acknowledged_messages(mutation: str) -> None:
 def test_loads_in_batches_keep_the_replicated_log_and_a_batch_that_forgets_it_loses() -> None:
     """Loads in batches (`ownership_flows.load_many`, one load slot so that batches form in
     the default workload) hold every invariant; the planted bug of a batch that reads no
-    replica set loses acknowledged messages (caught at seed 1 of 30)."""
+    replica set loses acknowledged messages (r1 at seed 2 of 30; seed 1's run does not
+    settle: its owner, which never recorded its epoch in the set, holds its
+    acknowledgements back). Each of these runs took 76 s while that owner rewrote its set
+    in a loop; a proposal answered with another epoch now waits before it is made again
+    (`BrokerCore.replica_proposal_answered`), and they take about 1.5 s."""
     with loads_in_batches():
         for seed in range(1, 4):
             result = ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS)
             assert result.ok, (seed, [v.detail for v in result.violations])
-        caught = first_caught("load_batch_forgets_replica_sets", range(1, 31))
+        caught = first_caught("load_batch_forgets_replica_sets", range(1, 31), wanted=REPLICA_LOSS)
     assert caught is not None, "a batch that forgets replica sets went unnoticed for 30 seeds"
     seed, invariants = caught
     assert REPLICA_LOSS in invariants, (seed, invariants)
