@@ -124,7 +124,8 @@ def fuzz(session: nox.Session) -> None:
     """Many simulator seeds with the default fault profile: `nox -s fuzz -- 500` or
     FUZZ_SEEDS=500 (default 200); FUZZ_FIRST_SEED moves the window. Further arguments go to
     `python -m sim` (for example `--profile heavy --duration 20`, or `--swarm`: each seed draws
-    which faults and workload features are on, sim/README.md "Swarm testing")."""
+    which faults and workload features are on, sim/README.md "Swarm testing").
+    The seeds run in one worker process per CPU (`--jobs N` to choose)."""
     args = list(session.posargs)
     seeds = args.pop(0) if args and args[0].isdigit() else os.environ.get("FUZZ_SEEDS", "200")
     first = os.environ.get("FUZZ_FIRST_SEED", "1")

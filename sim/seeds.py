@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
+import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -95,6 +97,11 @@ def add_run_arguments(
     parser.add_argument("--trace", type=Path, help="write the whole trace of the run here")
     parser.add_argument("--json", action="store_true", help="print one JSON summary per run")
     parser.add_argument(
+        "--jobs", type=int, default=None,
+        help="worker processes for a multi-seed run (default: one per CPU this process may "
+        "use); each seed's outcome is the same whatever the number, reports stay in seed order",
+    )  # fmt: skip
+    parser.add_argument(
         "--swarm", action="store_true",
         help="swarm testing: each seed also draws, from its own RNG, which of the profile's "
         "faults are on (each half the time, at the profile's probability or half or twice "
@@ -152,35 +159,95 @@ def chosen_faults(args: argparse.Namespace, profiles: Mapping[str, T]) -> T:
     return dataclasses.replace(chosen, **overrides)  # type: ignore[type-var]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SeedOutcome:
+    """What the seed loop needs of one seed's run, in plain data, so that a worker process can
+    hand it back: whether it kept every invariant, its JSON summary (`--json`), its report
+    (a single seed or a failing one) and its whole trace (`--trace`)."""
+
+    seed: int
+    ok: bool
+    summary: dict[str, Any] | None
+    report: str | None
+    trace: list[str] | None
+
+
+_OUTCOME: Callable[[int], SeedOutcome] | None = None
+"""The running loop's `outcome` function, which forked workers inherit: it is a closure over
+the parsed arguments, which cannot be pickled to a worker, but a fork copies it."""
+
+
+def _outcome_in_worker(seed: int) -> SeedOutcome:
+    assert _OUTCOME is not None
+    return _OUTCOME(seed)
+
+
+def _outcomes(
+    seeds: range, outcome: Callable[[int], SeedOutcome], jobs: int
+) -> Iterator[SeedOutcome]:
+    """Each seed's outcome, in seed order, from `jobs` forked workers (each seed is its own
+    deterministic world, so the outcomes are the same whatever `jobs` is: only the wall time
+    changes)."""
+    if jobs <= 1 or len(seeds) <= 1:
+        yield from map(outcome, seeds)
+        return
+    global _OUTCOME
+    _OUTCOME = outcome
+    context = multiprocessing.get_context("fork")
+    try:
+        with context.Pool(min(jobs, len(seeds))) as pool:
+            yield from pool.imap(_outcome_in_worker, seeds, chunksize=1)
+    finally:
+        _OUTCOME = None
+
+
+def default_jobs() -> int:
+    """Worker processes for a multi-seed run when `--jobs` is not given: the CPUs this
+    process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def run_seeds(
     args: argparse.Namespace,
     run: Callable[[int], SeedResult],
     report: Callable[[Any], str],
     swarm: Callable[[int], Draw[Any, Any]] | None = None,
 ) -> int:
-    """Runs `args.seeds` seeds from `args.seed`: JSON lines with `--json`, else the report of
-    a single seed or of each failing one, and a progress bar on stderr. Exit status 1 when any
-    seed failed. `swarm`: each seed's draw (`--swarm`), added to its JSON summary and counted
-    for the closing line (which features the failing seeds had on)."""
+    """Runs `args.seeds` seeds from `args.seed` in `args.jobs` worker processes: JSON lines
+    with `--json`, else the report of a single seed or of each failing one, in seed order,
+    and a progress bar on stderr. Exit status 1 when any seed failed. `swarm`: each seed's
+    draw (`--swarm`), added to its JSON summary and counted for the closing line (which
+    features the failing seeds had on)."""
     failures = 0
     started = time.perf_counter()
     tally = Tally()
-    for seed in range(args.seed, args.seed + args.seeds):
+
+    def outcome(seed: int) -> SeedOutcome:
         result = run(seed)
-        if args.trace is not None and result.trace is not None:
-            args.trace.write_text("\n".join(result.trace) + "\n")
-        failures += not result.ok
-        if swarm is not None:
-            tally.add(swarm(seed), result.ok)
+        summary = None
         if args.json:
             summary = result.summary()
             if swarm is not None:
                 summary["swarm"] = swarm(seed).summary()
-            print(json.dumps(summary, sort_keys=True))
-        elif args.seeds == 1 or not result.ok:
-            print(report(result))
+        shown = args.seeds == 1 or not result.ok
+        return SeedOutcome(
+            seed, result.ok, summary, report(result) if shown and not args.json else None,
+            result.trace if args.trace is not None else None,
+        )  # fmt: skip
+
+    jobs = args.jobs if getattr(args, "jobs", None) is not None else default_jobs()
+    seeds = range(args.seed, args.seed + args.seeds)
+    for done, result in enumerate(_outcomes(seeds, outcome, jobs), start=1):
+        if args.trace is not None and result.trace is not None:
+            args.trace.write_text("\n".join(result.trace) + "\n")
+        failures += not result.ok
+        if swarm is not None:
+            tally.add(swarm(result.seed), result.ok)
+        if result.summary is not None:
+            print(json.dumps(result.summary, sort_keys=True))
+        elif result.report is not None:
+            print(result.report, flush=True)
         else:
-            done = seed - args.seed + 1
             filled = 30 * done // args.seeds
             print(
                 f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{args.seeds} seeds, "
