@@ -16,6 +16,7 @@ from danube.effects import Outcome, Sleep, StoreList, StoreRead, StoreTxn, TxnAn
 from danube.effects.flow import Flow, run_now
 from danube.machines.cluster import keys, records
 from danube.machines.cluster.keys import Marker
+from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.node import paths
 from danube.machines.node.settings import merged_policies
 from danube.machines.requests import admin as flows
@@ -144,6 +145,33 @@ def test_an_unload_that_nobody_finishes_is_under_way_after_the_wait() -> None:
     error = refused(port, flows.unload_topic(ME, T, port.now))
     assert error.code is ErrorCode.UNAVAILABLE and "under way" in error.message
     assert port.clock >= flows.MOVE_WAIT_MS
+
+
+def test_an_unload_the_leader_gives_back_is_refused_after_one_round() -> None:
+    """A replicated topic whose follower is not in sync may only go back to its owner (the
+    one holding everything acknowledged): the leader gives it back. The unload used to post
+    again at every poll until its 30 s wait was over, one claim and one epoch more in the
+    replica set each time (20 a second in the simulator); it now says why it cannot move."""
+    d = cluster("1", "2")
+    created(d, T, "2")
+    record = ReplicaSet(7, "2", ("1",), (), ((7, 0),))
+    d.store.put(danube_keys.replicas_key(T), record.to_json())
+    d.settle(0)
+    port = Port(d)
+    unloads: list[StoreTxn] = []
+
+    def on_txn(txn: StoreTxn) -> None:
+        if txn.purpose.startswith("unload"):
+            unloads.append(txn)
+
+    port.on_txn = on_txn
+    port.on_sleep = lambda: mark_ready(d, T)
+    error = refused(port, flows.unload_topic(ME, T, port.now))
+    assert error.code is ErrorCode.FAILED_PRECONDITION, error
+    assert "gave /default/orders back to broker 2" in error.message
+    assert len(unloads) == 1, f"{len(unloads)} unloads of a topic that can only come back"
+    assert owner(d, T) == "2"
+    assert port.clock < 1_000
 
 
 def test_unloading_an_unknown_topic_is_not_found() -> None:

@@ -270,17 +270,37 @@ def drain_topic(me: str, broker: str, topic: str, now: Now) -> Flow[bool]:
 
 def move_away(me: str, topic: str, broker: str, deadline: int, now: Now) -> Flow[bool]:
     """Unloads `topic` from `broker`: True once another broker has it (or it is gone), False
-    at `deadline`. A compare that failed is decided again from the view as it is then."""
+    at `deadline`. A compare that failed is decided again from the view as it is then. A
+    topic the leader gave back to `broker` after an unload of this flow landed is refused
+    (FAILED_PRECONDITION): no other broker may take it now (the replica set names no other
+    member in sync, or `broker` is the only active one), and unloading it again would move
+    it back again. It was unloaded again at every poll until the deadline: a simulated
+    operator's unload bounced one topic 20 times a second, each a claim and an epoch more
+    in its replica set (issue 23)."""
+    unloaded: set[int] = set()
+    """The assignment revisions of `broker` that an unload of this flow deleted."""
     while True:
         view = yield from _leading(me)
-        decision = admin_ops.unload_step(me, topic, broker, view.owner(topic), view.marker(topic))
+        owner = view.owner(topic)
+        if owner is not None and owner[0] == broker and unloaded and owner[1] not in unloaded:
+            raise DanubeError(
+                ErrorCode.FAILED_PRECONDITION,
+                f"the leader gave {topic} back to broker {broker} after it was unloaded: no "
+                "other broker may take it now (no other member of its replica set is in sync, "
+                "or no other broker is active); try again once its followers have caught up",
+            )
+        decision = admin_ops.unload_step(me, topic, broker, owner, view.marker(topic))
         if decision.step is Step.DONE:
             return True
         if now() >= deadline:
             return False
         if decision.step is Step.POST:
-            assert decision.txn is not None
-            yield StoreTxn(decision.txn.compares, decision.txn.ops, purpose=f"unload {topic}")
+            assert decision.txn is not None and owner is not None
+            answer = yield StoreTxn(
+                decision.txn.compares, decision.txn.ops, purpose=f"unload {topic}"
+            )
+            if answer.outcome is not Outcome.REFUSED:  # committed, or perhaps (unknown)
+                unloaded.add(owner[1])
         yield Sleep(POLL_MS)
 
 
