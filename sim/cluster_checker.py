@@ -14,6 +14,9 @@ e. an assignment is written only for a broker registered (and active) in the sto
 f. only the leader's decisions land: every load-manager transaction that took effect was sent
    by the broker the leader key named when it was applied (spec/cluster.md, "Fencing of its
    writes");
+n. no broker loops on the store: none sends more than `HOT_WRITES_PER_S` transactions that
+   write one key within one simulated second, whether they commit or are refused (an owner
+   whose replica set named another epoch rewrote it about 900 times a second, issue 23);
 m. with `ClusterWorkload.quiet_s`, once settled the run goes on that long without faults, and
    no `Move` lands in the second half of that time: rebalancing stops in a quiet cluster
    (spec/cluster.md, "Rebalancing": a move never leaves its target heavier than its source).
@@ -27,7 +30,7 @@ from collections.abc import Sequence
 
 from danube.machines.cluster import keys
 from danube.machines.cluster.membership import Phase
-from danube.metadata.model import WatchEvent
+from danube.metadata.model import Delete, Op, Put, WatchEvent
 from sim.checker import Violation
 from sim.cluster_node import SimNode
 from sim.etcd import Origin, SimEtcd
@@ -40,6 +43,11 @@ SETTLED = "d every topic on a live broker"
 REGISTERED = "e assigned only to registered brokers"
 LEADER_WRITES = "f only the leader's decisions land"
 QUIET = "m the moves stop in a quiet cluster"
+NO_HOT_LOOP = "n no broker loops on the store"
+HOT_WRITES_PER_S = 100
+"""(n): a broker's transactions writing one key within one simulated second. Correct runs
+stay far below it (sim/README.md, "Cluster invariants", gives the highest seen); a loop that
+answers itself at etcd's round trip goes far above."""
 NEVER = 1 << 62
 DECISIONS = ("Assign", "Move", "FailOver", "Release", "MarkDrained", "SetFollowers")
 
@@ -65,6 +73,12 @@ class ClusterChecker:
         """When each `Move` landed (simulated microseconds), and by whom."""
         self.others: list[list[Violation]] = []
         """The other checkers' violation lists, which `check` also tests."""
+        self._second = -1
+        self._writes: Counter[tuple[str, str]] = Counter()
+        """(broker, key) → transactions of the broker writing the key in `_second`."""
+        self.hottest: tuple[int, str] = (0, "")
+        """The most transactions one broker sent writing one key within a second, and which."""
+        etcd.txn_observer = self.attempted
         self._leader: str | None = None
         """The broker the leader key names, as in the store: every change of the store
         reaches `committed` (reading the key after every event cost a JSON decode each)."""
@@ -149,7 +163,29 @@ class ClusterChecker:
                     ONE_LEADER, f"broker {name} believes it leads, the leader key names {held}"
                 )
 
-    # -- at every commit ---------------------------------------------------------------------------
+    # -- at every transaction, and at every commit ------------------------------------------------
+
+    def attempted(self, ops: Sequence[Op], origin: Origin) -> None:
+        """(n): a transaction about to be applied, committed or refused."""
+        second = self.world.now // US_PER_S
+        if second != self._second:
+            self._second = second
+            self._writes.clear()
+        writes = self._writes
+        for op in ops:
+            if not isinstance(op, Put | Delete):
+                continue
+            counted = (origin.broker, op.key)
+            writes[counted] += 1
+            if writes[counted] > self.hottest[0]:
+                self.hottest = (writes[counted], f"broker {origin.broker} {op.key}")
+            if writes[counted] == HOT_WRITES_PER_S + 1:
+                self._violate(
+                    NO_HOT_LOOP,
+                    f"broker {origin.broker} sent more than {HOT_WRITES_PER_S} transactions "
+                    f"writing {op.key} ({origin.kind}) within simulated second {second}: a loop "
+                    "on the store",
+                )
 
     def committed(self, events: list[WatchEvent], origin: Origin | None) -> None:
         for event in events:  # first: `_leader_wrote` reads the key as this commit left it

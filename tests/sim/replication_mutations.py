@@ -250,6 +250,33 @@ def adopt_refused_proposal() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def register_again_under_another_epoch() -> Iterator[None]:
+    """A registration answered by a value that names another epoch than the owner's is made
+    again at once when the value is newer than the one it was made on, as before issue 23's
+    fix: an owner whose set names another epoch (here, loaded by a batch that read no set,
+    `load_batch_forgets_replica_sets`) has each registration commit without its epoch, a
+    newer value every time, and loops on the store."""
+    answered = core_replication.ReplicationRoutes.replica_proposal_answered
+
+    def proposal_answered(self: Any, topic: str, config: Any, *, now_ms: int) -> Any:
+        record = self._topics.get(topic)
+        if record is not None and record.log.registering:
+            held = record.log.replica_config
+            newest = max(config.version, -1 if held is None else held.version)
+            if newest > record.log.registering_on:  # newer: over, made again at once
+                record.log.registering = False
+        return answered(self, topic, config, now_ms=now_ms)
+
+    with (
+        load_batch_forgets_replica_sets(),
+        mock.patch.object(
+            core_replication.ReplicationRoutes, "replica_proposal_answered", proposal_answered
+        ),
+    ):
+        yield
+
+
+@contextlib.contextmanager
 def registration_never_made_again() -> Iterator[None]:
     """An owner's registration that was lost (the store did not answer) or whose answer went
     astray is never made again: the owner holds back every acknowledgement until its epoch
@@ -345,6 +372,7 @@ REPLICATION_MUTATIONS: dict[str, Patch] = {
     "seal_after_rewind": seal_after_rewind,
     "count_written_end": count_written_end,
     "load_batch_forgets_replica_sets": load_batch_forgets_replica_sets,
+    "register_again_under_another_epoch": register_again_under_another_epoch,
     "adopt_refused_proposal": adopt_refused_proposal,
     "registration_never_made_again": registration_never_made_again,
     "lost_proposal_not_touched": lost_proposal_not_touched,

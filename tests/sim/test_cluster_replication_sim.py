@@ -15,6 +15,7 @@ import pytest
 from sim import late_timers
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_admin import OVERRIDES
+from sim.cluster_checker import NO_HOT_LOOP
 from sim.cluster_data_checker import (
     FOREIGN_FRAMES,
     HELD_BACK,
@@ -177,6 +178,19 @@ def test_loads_in_batches_keep_the_replicated_log_and_a_batch_that_forgets_it_lo
     assert caught is not None, "a batch that forgets replica sets went unnoticed for 30 seeds"
     seed, invariants = caught
     assert REPLICA_LOSS in invariants, (seed, invariants)
+
+
+def test_a_registration_loop_on_the_store_is_caught_at_once() -> None:
+    """(n) no broker loops on the store: an owner whose replica set names another epoch,
+    making its registration again at once after each committed answer
+    (`register_again_under_another_epoch`, issue 23's fix undone), is stopped within its
+    first simulated second of looping; with the fix the same batch bug runs to its end and
+    r1 judges it (the test above)."""
+    with loads_in_batches():
+        caught = first_caught("register_again_under_another_epoch", range(1, 4))
+    assert caught is not None, "a registration loop went unnoticed for 3 seeds"
+    seed, invariants = caught
+    assert invariants[0] == NO_HOT_LOOP, (seed, invariants)
 
 
 @pytest.mark.slow
