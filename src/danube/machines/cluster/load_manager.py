@@ -282,6 +282,10 @@ class LoadManager:
         """topic → assignment `mod_revision` of every topic assigned to the broker."""
         return {topic: owned.revision for topic, owned in self._owned.get(broker, {}).items()}
 
+    def in_sync(self, topic: str) -> tuple[str, ...]:
+        """The topic's in-sync followers as its replica set records them (none: no set)."""
+        return self._replicas.in_sync(topic)
+
     def registration(self, broker: str) -> Any:
         """The broker's registration value (its URLs) as seen; None when not registered."""
         return self._addresses.get(broker)

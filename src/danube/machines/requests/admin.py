@@ -61,6 +61,8 @@ class ClusterView(Protocol):
 
     def marker(self, topic: str) -> tuple[Marker, int] | None: ...
 
+    def in_sync(self, topic: str) -> tuple[str, ...]: ...
+
 
 # -- the admin requests a port answers --------------------------------------------------------
 
@@ -270,31 +272,39 @@ def drain_topic(me: str, broker: str, topic: str, now: Now) -> Flow[bool]:
 
 def move_away(me: str, topic: str, broker: str, deadline: int, now: Now) -> Flow[bool]:
     """Unloads `topic` from `broker`: True once another broker has it (or it is gone), False
-    at `deadline`. A compare that failed is decided again from the view as it is then. A
-    topic the leader gave back to `broker` after an unload of this flow landed is refused
-    (FAILED_PRECONDITION): no other broker may take it now (the replica set names no other
-    member in sync, or `broker` is the only active one), and unloading it again would move
-    it back again. It was unloaded again at every poll until the deadline: a simulated
-    operator's unload bounced one topic 20 times a second, each a claim and an epoch more
-    in its replica set (issue 23)."""
+    at `deadline`. A compare that failed is decided again from the view as it is then.
+
+    The leader may give the topic back to `broker` (a replicated topic with no other member
+    in sync may only go to the broker that holds everything acknowledged,
+    `replicas.hand_over_target`). Unloading it again then would bring it back again: the
+    flow waits until an active broker other than `broker` is in sync, and unloads then; at
+    the deadline, FAILED_PRECONDITION says why it could not move. It was unloaded again at
+    every poll until the deadline: a simulated operator's unload bounced one topic 20 times
+    a second, each a claim and one more epoch in its replica set (issue 23)."""
     unloaded: set[int] = set()
     """The assignment revisions of `broker` that an unload of this flow deleted."""
+    given_back = False
     while True:
         view = yield from _leading(me)
         owner = view.owner(topic)
-        if owner is not None and owner[0] == broker and unloaded and owner[1] not in unloaded:
-            raise DanubeError(
-                ErrorCode.FAILED_PRECONDITION,
-                f"the leader gave {topic} back to broker {broker} after it was unloaded: no "
-                "other broker may take it now (no other member of its replica set is in sync, "
-                "or no other broker is active); try again once its followers have caught up",
-            )
+        if owner is not None and owner[0] == broker and owner[1] not in unloaded and unloaded:
+            given_back = True
         decision = admin_ops.unload_step(me, topic, broker, owner, view.marker(topic))
         if decision.step is Step.DONE:
             return True
         if now() >= deadline:
+            if given_back:
+                raise DanubeError(
+                    ErrorCode.FAILED_PRECONDITION,
+                    f"the leader gave {topic} back to broker {broker} after it was unloaded, "
+                    "and no other active broker has come in sync with it since: no other "
+                    "broker may take it without losing acknowledged messages; try again once "
+                    "its followers have caught up",
+                )
             return False
-        if decision.step is Step.POST:
+        active = set(view.active())
+        taker = any(b != broker and b in active for b in view.in_sync(topic))
+        if decision.step is Step.POST and (taker or not given_back):
             assert decision.txn is not None and owner is not None
             answer = yield StoreTxn(
                 decision.txn.compares, decision.txn.ops, purpose=f"unload {topic}"
