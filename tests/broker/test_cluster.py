@@ -216,7 +216,9 @@ def test_killed_broker_fails_over_and_a_new_broker_takes_topics_without_loss(
         try:
             _wait(served_after_kill, 60, "a message of a failed-over partition")
         except AssertionError as error:
-            raise AssertionError(f"{error}\n{_logs_of(cluster, ours_on_victim)}") from None
+            raise AssertionError(
+                f"{error}\nour client's errors: {ours.errors}\n{_logs_of(cluster, ours_on_victim)}"
+            ) from None
         first_served = min(served_after_kill())
 
         newcomer = cluster.add_broker()
