@@ -22,7 +22,7 @@ fi
 setsid "${idle[@]}" bash scripts/fuzz.sh > "$fuzz_log" 2>&1 &
 fuzz_pid=$!
 stop_fuzz() { kill -- "-$fuzz_pid" 2> /dev/null || true; }
-trap stop_fuzz EXIT
+trap 'stop_fuzz; rm -f "$fuzz_log"' EXIT
 trap 'exit 143' INT TERM
 tests_status=0
 .venv/bin/nox -s tests -- "$@" || tests_status=$?
@@ -35,5 +35,4 @@ echo "tests passed; waiting for the fuzz runs (scripts/fuzz.sh, started beside t
 fuzz_status=0
 wait "$fuzz_pid" || fuzz_status=$?
 tr '\r' '\n' < "$fuzz_log" | grep -v '^\[#*\.*\] ' || true
-rm -f "$fuzz_log"
 exit "$fuzz_status"

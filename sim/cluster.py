@@ -209,6 +209,9 @@ class ClusterResult(ResultMethods):
     """With data planes: messages acknowledged, objects indexed, producers' lookups."""
     admin: dict[str, int] = field(default_factory=dict)
     """The operator's calls answered, by kind and status."""
+    hottest_writes: int = 0
+    """The most transactions one broker sent writing one key within a simulated second
+    (invariant n allows `cluster_checker.HOT_WRITES_PER_S`; `--json` shows it)."""
     trace_tail: list[str] = field(default_factory=list)
     trace: list[str] | None = None
 
@@ -400,6 +403,7 @@ class ClusterSimulation:
             landed=dict(sorted(self.checker.landed.items())),
             data=data,
             admin=dict(sorted(self.operator.answers.items())),
+            hottest_writes=self.checker.hottest,
             trace_tail=list(world.recent),
             trace=world.lines,
         )

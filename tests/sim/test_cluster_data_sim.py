@@ -113,8 +113,8 @@ def test_a_deposed_owners_late_upload_lands_beside_the_new_owners_object() -> No
     window's; for the same reason plain producers (`batched=0`). Until issue 23's watch
     bursts the runs also took the 20 ms object batch of before round 13 (`as_found`), as
     objects of one message were thought likelier to cover the same offsets; since the bursts,
-    with that batch, seed 360 is the first to catch the bug (5 of 101-600, a 200 s search),
-    and with the product's 100 ms batch seed 114 is (5 of 101-260): the product's batch it is."""
+    with that batch, seed 360 is the first to catch the bug (3 of 101-600, a 200 s search),
+    and with the product's 100 ms batch seed 114 is (5 of 101-261): the product's batch it is."""
     quiet = dataclasses.replace(DATA, admin=0, in_flight=1, batched=0.0)
     for seed in range(1, 101):
         simulation = ClusterSimulation(seed, quiet, DEFAULT)

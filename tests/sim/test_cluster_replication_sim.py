@@ -15,7 +15,7 @@ import pytest
 from sim import late_timers
 from sim.cluster import ClusterSimulation, ClusterWorkload
 from sim.cluster_admin import OVERRIDES
-from sim.cluster_checker import NO_HOT_LOOP
+from sim.cluster_checker import HOT_WRITES_PER_S, NO_HOT_LOOP
 from sim.cluster_data_checker import (
     FOREIGN_FRAMES,
     HELD_BACK,
@@ -191,6 +191,10 @@ def test_a_registration_loop_on_the_store_is_caught_at_once() -> None:
     assert caught is not None, "a registration loop went unnoticed for 3 seeds"
     seed, invariants = caught
     assert invariants[0] == NO_HOT_LOOP, (seed, invariants)
+    with loads_in_batches():
+        result = ClusterSimulation(seed, REPLICATED, DEFAULT).run(SECONDS)
+    assert result.ok, [v.detail for v in result.violations]
+    assert 0 < result.hottest_writes <= HOT_WRITES_PER_S, result.hottest_writes
 
 
 @pytest.mark.slow

@@ -287,7 +287,7 @@ def move_away(me: str, topic: str, broker: str, deadline: int, now: Now) -> Flow
     while True:
         view = yield from _leading(me)
         owner = view.owner(topic)
-        if owner is not None and owner[0] == broker and owner[1] not in unloaded and unloaded:
+        if unloaded and owner is not None and owner[0] == broker and owner[1] not in unloaded:
             given_back = True
         decision = admin_ops.unload_step(me, topic, broker, owner, view.marker(topic))
         if decision.step is Step.DONE:
@@ -298,8 +298,8 @@ def move_away(me: str, topic: str, broker: str, deadline: int, now: Now) -> Flow
                     ErrorCode.FAILED_PRECONDITION,
                     f"the leader gave {topic} back to broker {broker} after it was unloaded, "
                     "and no other active broker has come in sync with it since: no other "
-                    "broker may take it without losing acknowledged messages; try again once "
-                    "its followers have caught up",
+                    "broker may take it now (none holds everything it acknowledged, or none "
+                    "is active); try again once its followers have caught up",
                 )
             return False
         active = set(view.active())
