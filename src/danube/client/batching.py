@@ -17,6 +17,7 @@ import grpclib.client
 from grpclib import GRPCError
 from grpclib.const import Status
 
+from danube.client.connection import RetryPolicy
 from danube.client.errors import RETRYABLE, TRANSPORT_ERRORS, DanubeClientError
 from danube.client.frame import encode_batch
 from danube.machines.wal.layout import MAX_RECORDS_PER_FRAME
@@ -91,15 +92,25 @@ OpenStream = Callable[[], grpclib.client.Stream]
 class BatchSender:
     """One producer's accumulator and its stream. `add` queues an encoded message (a
     `StreamMessage` without msg_id) and returns the batch that took it; the caller awaits
-    that batch's `done`."""
+    that batch's `done`.
+
+    A stream that broke on a retryable answer is opened again at once the first time (the
+    topic moved: the producer is created again where it went), and after the policy's backoff
+    when it breaks again before a batch was stored (the new owner is still loading its
+    write-ahead log): the senders queue their messages again at once, in their order, and
+    the wait is here, in one place, so it cannot reorder them."""
 
     def __init__(
         self,
         settings: Batching,
         open_stream: Callable[[bool], Awaitable[tuple[OpenStream, int, str]]],
+        retry: RetryPolicy | None = None,
     ) -> None:
         self._settings = settings
         self._open_stream = open_stream
+        self._retry = retry or RetryPolicy()
+        self._broken = 0
+        """Streams that broke in a row, without a batch stored in between."""
         self._current: Batch | None = None
         self._ready: collections.deque[Batch] = collections.deque()
         self._wakeup = asyncio.Event()
@@ -161,6 +172,8 @@ class BatchSender:
         in_flight: collections.deque[Batch] = collections.deque()
         window = asyncio.Semaphore(self._settings.max_in_flight)
         try:
+            if self._broken > 1:
+                await asyncio.sleep(self._retry.delay(self._broken - 2))
             open_stream, producer_id, topic = await self._open_stream(self._recreate)
             self._recreate = False
             async with open_stream() as stream:
@@ -176,8 +189,10 @@ class BatchSender:
                     for task in done:
                         task.result()
                 finally:
-                    reader.cancel()
-                    sender.cancel()
+                    for task in (reader, sender):
+                        task.cancel()
+                        if task.done() and not task.cancelled():
+                            task.exception()  # retrieved: the first failure is the one raised
         except (GRPCError, DanubeClientError, *TRANSPORT_ERRORS) as error:
             self._fail_all(in_flight, error)
 
@@ -210,6 +225,7 @@ class BatchSender:
             batch = in_flight.popleft()
             window.release()
             if ack.status == 0:
+                self._broken = 0
                 batch.done.set_result(ack.first_offset)
                 continue
             status = Status(ack.status)
@@ -233,6 +249,7 @@ class BatchSender:
         if isinstance(cause, GRPCError) and cause.status is Status.UNIMPLEMENTED:
             self.unsupported = True
         self._recreate = True
+        self._broken += 1
         if isinstance(cause, GRPCError):
             cause = DanubeClientError.from_grpc("publish", cause)
         elif not isinstance(cause, DanubeClientError):

@@ -56,7 +56,9 @@ class _TopicProducer:
         batching: Batching | None,
     ) -> None:
         self._connections = connections
-        self._batcher = BatchSender(batching, self._batch_stream) if batching else None
+        self._batcher = (
+            BatchSender(batching, self._batch_stream, connections.retry) if batching else None
+        )
         self.topic = topic
         self.name = name
         self._strategy = strategy
@@ -129,22 +131,29 @@ class _TopicProducer:
         record = self._record(payload, key, attributes)
         return await self._stored(self._batcher.add(record), record, message)
 
-    async def _stored(
-        self, batch: Batch, record: bytes, message: _Message, *, retried: bool = False
-    ) -> Receipt:
+    async def _stored(self, batch: Batch, record: bytes, message: _Message) -> Receipt:
         """Waits for the batch holding `record`. A batch the broker refused as retryable, or
-        lost with its stream, is sent again once (in a new batch, after the producer was
-        created again); against a broker without the batched path the message goes alone."""
-        try:
-            await asyncio.shield(batch.done)
-        except Unsupported:
-            return await self._send_one(*message)
-        except Retry as retry:
-            if retried or self._batcher is None:
-                raise retry.error from None
-            log.info("event=batch_retry topic=%s reason=%s", self.topic, retry.error)
-            return await self._stored(self._batcher.add(record), record, message, retried=True)
-        return Receipt(self.topic, self.name)
+        lost with its stream, is sent again in a new batch (after the producer was created
+        again, and after the sender's backoff from the second time on) for as long as the
+        retry policy allows: at least `min_elapsed_s`, as long as a failover or a new
+        owner's load of its write-ahead log may take. Against a broker without the batched
+        path the message goes alone."""
+        policy = self._connections.retry
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                await asyncio.shield(batch.done)
+                return Receipt(self.topic, self.name)
+            except Unsupported:
+                return await self._send_one(*message)
+            except Retry as retry:
+                elapsed = time.monotonic() - started
+                if self._batcher is None or policy.exhausted(attempt, elapsed, True):
+                    raise retry.error from None
+                log.info("event=batch_retry topic=%s reason=%s", self.topic, retry.error)
+            attempt += 1
+            batch = self._batcher.add(record)
 
     def _record(
         self, payload: bytes, key: str | None, attributes: Mapping[str, str] | None
@@ -174,10 +183,17 @@ class _TopicProducer:
     async def _send_one(
         self, payload: bytes, key: str | None, attributes: Mapping[str, str] | None
     ) -> Receipt:
-        """Sends one message; re-creates the producer once if the broker no longer knows it
-        (topic moved, broker restarted without our metadata) and on retryable statuses."""
-        for attempt in range(2):
+        """Sends one message. On NOT_FOUND or UNAVAILABLE (topic moved, broker restarted
+        without our metadata, a new owner still loading its write-ahead log) or a broken
+        connection, creates the producer again and resends: at once the first time, then
+        after the retry policy's backoff, for as long as it allows."""
+        policy = self._connections.retry
+        started = time.monotonic()
+        attempt = 0
+        while True:
             if self._stub is None or attempt:
+                if attempt > 1:
+                    await asyncio.sleep(policy.delay(attempt - 2))
                 await self.create()
             assert self._stub is not None and self._producer_id is not None
             message = pb.StreamMessage(
@@ -195,17 +211,18 @@ class _TopicProducer:
                 schema_id=self.schema[1].schema_id if self.schema else None,
                 schema_version=self.schema[1].version if self.schema else None,
             )
+            exhausted = policy.exhausted(attempt, time.monotonic() - started, True)
             try:
                 await self._stub.send_message(message)
                 return Receipt(self.topic, self.name)
             except GRPCError as error:
                 recoverable = error.status in (Status.NOT_FOUND, Status.UNAVAILABLE)
-                if attempt or not recoverable:
+                if exhausted or not recoverable:
                     raise DanubeClientError.from_grpc(f"send to {self.topic}", error) from None
             except TRANSPORT_ERRORS as error:
-                if attempt:
+                if exhausted:
                     raise DanubeClientError(f"send to {self.topic}: {error}") from None
-        raise AssertionError("unreachable")
+            attempt += 1
 
 
 class _Enqueued:
