@@ -85,3 +85,26 @@ def test_a_held_value_at_another_version_is_not_known() -> None:
     assert known_value(held, 41) is None
     assert known_value(ReplicaConfig(7, ("b2",), (), 40), 40) is None
     assert known_value(None, 40) is None
+
+
+def test_a_refusal_read_back_at_the_version_compared_says_the_claim_is_gone() -> None:
+    """Of the two compares (the claim at the proposal's epoch, the value at its expected
+    version) the value's held, so the claim's failed."""
+    effects, config = _run(
+        propose_in_sync(PROPOSAL, known=HELD),
+        [TxnAnswer(Outcome.REFUSED), _stored(HELD, 40)],
+    )
+    assert [type(e) for e in effects] == [StoreTxn, StoreRead]
+    assert config.claim_gone == 7 and config.version == 40
+
+
+def test_a_value_changed_meanwhile_or_an_unknown_outcome_says_nothing_of_the_claim() -> None:
+    newer = ReplicaSet(epoch=7, owner="b1", followers=("b3",), in_sync=())
+    _, config = _run(
+        propose_in_sync(PROPOSAL, known=HELD), [TxnAnswer(Outcome.REFUSED), _stored(newer, 45)]
+    )
+    assert config.claim_gone is None
+    _, config = _run(
+        propose_in_sync(PROPOSAL, known=HELD), [TxnAnswer(Outcome.UNKNOWN), _stored(HELD, 40)]
+    )
+    assert config.claim_gone is None

@@ -324,6 +324,29 @@ def test_a_higher_epoch_stops_the_topic() -> None:
         owner.publish("m1")
 
 
+def test_a_proposal_refused_for_its_claim_stops_the_topic_and_proposes_no_more() -> None:
+    """The read-back of a refused proposal at the version it compared (`claim_gone`): the
+    claim of the owner's epoch is gone. The topic stops as for a higher epoch, saying so,
+    and nothing more is proposed at its ticks (before: one refused proposal a tick)."""
+    owner = Owner()
+    owner.configure(("b2",), ("b2",))
+    waiter = owner.driver.wait_stored(TOPIC, 0)
+    owner.publish("m0")
+    config = ReplicaConfig(0, ("b2",), ("b2",), owner.version, claim_gone=0)
+    effects = owner.run(
+        owner.core.replica_proposal_answered(TOPIC, config, now_ms=owner.now).effects
+    )
+    assert any(
+        isinstance(e, TopicStopped) and f"the claim of epoch 0 on {TOPIC} is gone" in e.reason
+        for e in effects
+    ), effects
+    assert waiter.error is not None
+    for _ in range(20):
+        owner.driver.now_ms += 50
+        tick = owner.core.tick(owner.now).effects
+        assert not [e for e in tick if isinstance(e, ReplicaPropose)], tick
+
+
 def test_a_follower_behind_the_window_is_resent_from_the_wal() -> None:
     owner = Owner(ReplicationSettings(broker_id="b1", window_bytes=1))
     owner.configure(("b2",), ())

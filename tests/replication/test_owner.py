@@ -229,3 +229,30 @@ def test_a_proposal_lost_without_a_read_back_is_made_again_at_a_tick() -> None:
     assert o.proposal_lost() == []
     assert o.pending == ()  # it may still land
     assert o.tick(103) == [ProposeInSync("t", 1, (), 1)]
+
+
+def test_a_proposal_refused_for_its_claim_deposes_the_owner_and_it_proposes_no_more() -> None:
+    """The read-back of a refused proposal at the version it compared says the claim's
+    compare failed (`claim_gone`): the owner stops as for a higher epoch. Taken as an
+    unresolved proposal instead, it was made again at every tick, 20 refused writes a
+    second per topic until the owner heard otherwise (invariant o, seed 22 of the `peers`
+    swarm)."""
+    o = _owner(lag_ms=100)
+    o.durable(2, b"ab", 0)
+    assert o.tick(101) == [ProposeInSync("t", 1, (), 1)]
+    assert o.replicas_seen(("f1", "f2"), 1, 1, claim_gone=1) == [Deposed("t", 1)]
+    assert o.deposed
+    assert o.tick(102) == [] and o.tick(10_000) == []
+    assert o.next_timer_ms is None
+
+
+def test_a_claim_gone_under_an_older_epoch_says_nothing_of_this_one() -> None:
+    o = OwnerReplication(
+        "t", 3, durable_end=0, high_watermark=0, followers=("f1", "f2"), in_sync=("f1", "f2"),
+        version=1, lag_ms=100,
+    )  # fmt: skip
+    o.durable(2, b"ab", 0)
+    assert o.tick(101) == [ProposeInSync("t", 3, (), 1)]
+    assert o.replicas_seen(("f1", "f2"), 1, 3, claim_gone=2) == []
+    assert not o.deposed
+    assert o.tick(102) == [ProposeInSync("t", 3, (), 1)]

@@ -24,6 +24,7 @@ from danube.effects import (
     ObjectList,
     ObjectPut,
     ObjectStoreFailed,
+    Outcome,
     ReadTopicFile,
     RecoverTopic,
     RemoveTopicFiles,
@@ -354,7 +355,8 @@ def propose_in_sync(
     adopts. Why not read always: a failover adopted hundreds of topics at once, each
     proposing once, and two reads per proposal were most of the new owner's store work
     (issue 23). The first change under an epoch also records where it starts (`epochs`):
-    this owner replicates, which the promotion rule reads."""
+    this owner replicates, which the promotion rule reads. A refusal read back at the
+    version compared says the claim is gone (`ReplicaConfig.claim_gone`)."""
     key = replicas_key(proposal.topic)
     if known is not None:
         found, current = None, known
@@ -380,6 +382,17 @@ def propose_in_sync(
             return replica_config(changed, answer.revision)
         found = yield StoreRead(key)
         current = _replica_set(found)
+        if (
+            answer.outcome is Outcome.REFUSED
+            and found is not None
+            and current is not None
+            and found.mod_revision == proposal.expected_version
+        ):
+            # The value's compare held, so the claim's failed: this owner was deposed, and
+            # proposing again at every tick looped on the store until it heard so otherwise
+            # (20 refused writes a second per topic; swarm seed 13 of the peers profile).
+            config = replica_config(current, found.mod_revision)
+            return dataclasses.replace(config, claim_gone=proposal.epoch)
     if found is None or current is None:
         return None
     return replica_config(current, found.mod_revision)

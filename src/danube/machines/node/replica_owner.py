@@ -128,6 +128,10 @@ class ReplicaConfig:
     """The whole value at `version`, when it was read or written here: a proposal writes on
     it without reading it first (the compare on `version` makes that safe: a value with that
     mod_revision is this one; issue 23, a failover adopting hundreds of topics)."""
+    claim_gone: int | None = None
+    """Read back after a proposal under this epoch was refused, at the very version that
+    proposal compared: of its two compares (the claim, the value's version) the claim's
+    failed, so the claim of that epoch is gone (`flows.propose_in_sync`)."""
 
 
 def replica_config(record: ReplicaSet, version: int) -> ReplicaConfig:
@@ -191,7 +195,9 @@ class OwnerReplicas:
         me = self._settings.broker_id
         followers = sorted(f for f in config.followers if f != me)
         if machine is not None and followers == sorted(machine.links):
-            effects = machine.replicas_seen(config.in_sync, config.version, config.epoch)
+            effects = machine.replicas_seen(
+                config.in_sync, config.version, config.epoch, claim_gone=config.claim_gone
+            )
             return self._translate(record, effects, now_ms) + self._register(record, now_ms)
         return self.restart(record, now_ms)
 
@@ -482,7 +488,10 @@ class OwnerReplicas:
         """A higher epoch than this owner's exists: the topic stops here, acknowledging
         nothing more; its replication machine is dropped."""
         topic = record.name.full
-        reason = f"deposed: another broker owns {topic} now (epoch {epoch})"
+        if epoch == record.log.epoch:  # `ReplicaConfig.claim_gone`
+            reason = f"deposed: the claim of epoch {epoch} on {topic} is gone"
+        else:
+            reason = f"deposed: another broker owns {topic} now (epoch {epoch})"
         if record.phase.stopped:
             return []
         record.stop_reason = reason

@@ -368,12 +368,19 @@ class OwnerReplication:
             self.retry_pending = True  # it may still land: its members keep counting
         return []
 
-    def replicas_seen(self, in_sync: Iterable[str], version: int, epoch: int) -> list[OwnerEffect]:
-        """The topic's replicas value as read from etcd (watch or read-back)."""
+    def replicas_seen(
+        self, in_sync: Iterable[str], version: int, epoch: int, *, claim_gone: int | None = None
+    ) -> list[OwnerEffect]:
+        """The topic's replicas value as read from etcd (watch or read-back). `claim_gone`:
+        the read-back of a proposal under that epoch refused for its claim compare. This
+        owner then stops as it does for a higher epoch: whoever holds the claim now, none
+        of its writes can land, and proposing again looped on the store until it heard."""
         if self.deposed:
             return []
         if epoch > self.epoch:
             return self._depose(epoch)
+        if claim_gone == self.epoch:
+            return self._depose(self.epoch)
         unresolved = self.pending is not None and version <= self.version
         if version >= self.version:
             self.in_sync = frozenset(in_sync)
