@@ -14,8 +14,8 @@ import pytest
 from danube import keys as danube_keys
 from danube.effects import Outcome, Sleep, StoreList, StoreRead, StoreTxn, TxnAnswer
 from danube.effects.flow import Flow, run_now
-from danube.machines.cluster import keys, records
-from danube.machines.cluster.keys import Marker
+from danube.machines.cluster import admin_ops, keys, records
+from danube.machines.cluster.keys import Marker, MarkerReason
 from danube.machines.cluster.replicas import ReplicaSet
 from danube.machines.node import paths
 from danube.machines.node.settings import merged_policies
@@ -41,6 +41,12 @@ class Port:
         self.on_sleep: Callable[[], None] = lambda: None
         self.on_txn: Callable[[StoreTxn], Outcome | None] = lambda txn: None
         self.served_here = False
+        self.view_lags_until = 0
+        """Until then (ms on `clock`) the leader's view is not brought up to the store."""
+
+    def settle(self) -> None:
+        if self.clock >= self.view_lags_until:
+            self.d.settle(0)
 
     def now(self) -> int:
         return self.clock
@@ -54,7 +60,7 @@ class Port:
         if isinstance(request, StoreTxn):
             forced = self.on_txn(request)
             ok = forced is None and store.txn(request.compares, request.ops)
-            self.d.settle(0)
+            self.settle()
             if ok:
                 return TxnAnswer(Outcome.COMMITTED, revision=store.revision)
             found = {key: store.data.get(key) for key in request.read_back}
@@ -64,7 +70,7 @@ class Port:
         if isinstance(request, Sleep):
             self.clock += request.ms
             self.on_sleep()
-            self.d.settle(0)
+            self.settle()
             return None
         self.asked.append(request)
         if isinstance(request, flows.ServedHere):
@@ -91,6 +97,10 @@ def created(d: ManagerDriver, topic: str, broker: str) -> None:
     d.store.put(paths.topic_delivery(name), "reliable")
     d.store.put(paths.namespace_topic(name), {})
     give(d, broker, topic)
+
+
+def _txn(txn: Any) -> tuple[Any, Any]:
+    return txn.compares, txn.ops
 
 
 def refused(port: Port, flow: Flow[Any]) -> DanubeError:
@@ -194,6 +204,24 @@ def test_a_given_back_topic_is_unloaded_again_once_a_follower_is_in_sync() -> No
     port.run(flows.unload_topic(ME, T, port.now))
     assert owner(d, T) == "1"
     assert len(unloads) == 2
+
+
+def test_an_unload_decided_again_from_a_view_that_lags_is_not_posted_at_every_poll() -> None:
+    """Seed 12 of the `peers` swarm: the unload committed, the leader's view went on showing
+    the assignment it deleted for 1.3 s, and the same unload, refused, went out at every
+    50 ms poll (26 times). It goes again only after a doubling wait (`admin.Reposts`)."""
+    d = cluster("1", "2")
+    created(d, T, "2")
+    port = Port(d)
+    port.view_lags_until = 1_000
+    port.on_sleep = lambda: mark_ready(d, T)
+    unloads: list[int] = []
+    port.on_txn = lambda txn: (
+        unloads.append(port.clock) if txn.purpose.startswith("unload") else None
+    )
+    port.run(flows.unload_topic(ME, T, port.now))
+    assert owner(d, T) == "1"
+    assert unloads == [0, 100, 300, 700], unloads
 
 
 def test_unloading_an_unknown_topic_is_not_found() -> None:
@@ -302,6 +330,53 @@ def test_a_purge_whose_answer_was_lost_is_read_back() -> None:
     port.on_txn = lost
     assert port.run(flows.delete_topic(ME, T, port.now)) == [T]
     assert port.asked == [flows.DeleteObjects(T)]
+
+
+def test_a_second_deletion_finds_the_topic_gone_when_its_step_is_refused() -> None:
+    """Seed 11 of the `peers` swarm: a second deletion of one topic (its first step lost)
+    decided a tombstone, compared on the topic's record, which the first deletion had
+    purged: refused at every poll for 30 s, then "not finished; run it again". The
+    refusal's read-back finds the record gone: the topic is deleted."""
+    d = cluster("1", "2")
+    created(d, T, "2")
+    first = Port(d)
+    first.on_sleep = lambda: mark_ready(d, T)
+    assert first.run(flows.delete_topic(ME, T, first.now)) == [T]
+    second = Port(d)
+    posted: list[str] = []
+    second.on_txn = lambda txn: posted.append(txn.purpose) and None
+    assert second.run(flows.delete_one(ME, T, flows.MOVE_WAIT_MS, second.now)) is True
+    assert posted == [f"delete {T}"]
+    assert second.asked == []  # the first deletion deletes the objects
+
+
+def test_a_purge_refused_because_another_deletion_purged_it_is_done() -> None:
+    """Seed 2 of the `peers` swarm: a second deletion's view still showed the ready delete
+    marker the first had purged, and it purged again at every poll until its deadline."""
+    d = cluster("1", "2")
+    created(d, T, "2")
+    d.store.txn(
+        *_txn(
+            admin_ops.unload(
+                ME,
+                T,
+                "2",
+                d.store.data[keys.assignment_key("2", T)].mod_revision,
+                reason=MarkerReason.DELETE,
+            )
+        )
+    )
+    mark_ready(d, T)
+    d.settle(0)
+    marker = d.store.data[keys.unassigned_key(T)].mod_revision
+    assert d.store.txn(*_txn(admin_ops.purge(ME, T, marker)))  # the first deletion's purge
+    port = Port(d)
+    port.view_lags_until = flows.MOVE_WAIT_MS * 2  # the view keeps showing the marker
+    purges: list[int] = []
+    port.on_txn = lambda txn: purges.append(port.clock) if txn.purpose.startswith("purge") else None
+    assert port.run(flows.delete_one(ME, T, flows.MOVE_WAIT_MS, port.now)) is True
+    assert purges == [0]
+    assert port.asked == []
 
 
 def test_deleting_an_unknown_topic_is_not_found() -> None:
