@@ -212,6 +212,9 @@ class ClusterResult(ResultMethods):
     hottest_writes: int = 0
     """The most transactions one broker sent writing one key within a simulated second
     (invariant n allows `cluster_checker.HOT_WRITES_PER_S`; `--json` shows it)."""
+    most_refused: int = 0
+    """The most of them refused within a second (invariant o allows
+    `cluster_checker.REFUSED_WRITES_PER_S`)."""
     trace_tail: list[str] = field(default_factory=list)
     trace: list[str] | None = None
 
@@ -404,6 +407,7 @@ class ClusterSimulation:
             data=data,
             admin=dict(sorted(self.operator.answers.items())),
             hottest_writes=self.checker.hottest,
+            most_refused=self.checker.most_refused,
             trace_tail=list(world.recent),
             trace=world.lines,
         )

@@ -104,7 +104,11 @@ class AdminChecker:
                 continue
             changes = self.asked.get(namespace)
             wanted = None if changes is None else merged_policies(before, changes)
-            if event.value != wanted:
+            # A write that changes nothing is an answered call's late copy: it compares the
+            # revision its value was read at, so it lands only over that same value (seed 210
+            # of `leases`, 5 brokers, 12 topics, admin 32: a call answered ok on its
+            # read-back after a timeout; its copy landed under the next call's changes).
+            if event.value != wanted and event.value != before:
                 self._violate(
                     MERGED,
                     f"the policies of {namespace} were written {event.value} over {before}; "

@@ -17,6 +17,10 @@ f. only the leader's decisions land: every load-manager transaction that took ef
 n. no broker loops on the store: none sends more than `HOT_WRITES_PER_S` transactions that
    write one key within one simulated second, whether they commit or are refused (an owner
    whose replica set named another epoch rewrote it about 900 times a second, issue 27);
+o. no broker posts a refused write again and again: none has more than
+   `REFUSED_WRITES_PER_S` transactions writing one key refused within one simulated second
+   (an owner whose claim was gone proposed its in-sync set at every tick; a deletion
+   decided from a view that lagged the store posted the same refused step at every poll);
 m. with `ClusterWorkload.quiet_s`, once settled the run goes on that long without faults, and
    no `Move` lands in the second half of that time: rebalancing stops in a quiet cluster
    (spec/cluster.md, "Rebalancing": a move never leaves its target heavier than its source).
@@ -48,6 +52,11 @@ HOT_WRITES_PER_S = 100
 """(n): a broker's transactions writing one key within one simulated second. Correct runs
 stay far below it (sim/README.md, "Cluster invariants", gives the highest seen); a loop that
 answers itself at etcd's round trip goes far above."""
+NO_REFUSED_LOOP = "o no broker repeats a refused write"
+REFUSED_WRITES_PER_S = 12
+"""(o): a broker's transactions writing one key refused within one simulated second. A step
+repeated at every 50 ms tick or poll while what refused it stands is 20; correct runs peak at
+6 (sim/README.md, "Cluster invariants")."""
 NEVER = 1 << 62
 DECISIONS = ("Assign", "Move", "FailOver", "Release", "MarkDrained", "SetFollowers")
 
@@ -76,8 +85,12 @@ class ClusterChecker:
         self._second = -1
         self._writes: Counter[tuple[str, str]] = Counter()
         """(broker, key) → transactions of the broker writing the key in `_second`."""
+        self._refused: Counter[tuple[str, str]] = Counter()
+        """(broker, key) → those of them refused."""
         self.hottest = 0
         """The most transactions one broker sent writing one key within a second."""
+        self.most_refused = 0
+        """The most of them refused within a second."""
         etcd.txn_observer = self.attempted
         self._leader: str | None = None
         """The broker the leader key names, as in the store: every change of the store
@@ -165,13 +178,14 @@ class ClusterChecker:
 
     # -- at every transaction, and at every commit ------------------------------------------------
 
-    def attempted(self, ops: Sequence[Op], origin: Origin) -> None:
-        """(n): a transaction about to be applied, committed or refused."""
+    def attempted(self, ops: Sequence[Op], origin: Origin, committed: bool) -> None:
+        """(n, o): a transaction just applied, committed or refused."""
         second = self.world.now // US_PER_S
         if second != self._second:
             self._second = second
             self._writes.clear()
-        writes = self._writes
+            self._refused.clear()
+        writes, refused = self._writes, self._refused
         for op in ops:
             if not isinstance(op, Put | Delete):
                 continue
@@ -185,6 +199,18 @@ class ClusterChecker:
                     f"broker {origin.broker} sent more than {HOT_WRITES_PER_S} transactions "
                     f"writing {op.key} ({origin.kind}) within simulated second {second}: a loop "
                     "on the store",
+                )
+            if committed:
+                continue
+            refused[counted] += 1
+            if refused[counted] > self.most_refused:
+                self.most_refused = refused[counted]
+            if refused[counted] == REFUSED_WRITES_PER_S + 1:
+                self._violate(
+                    NO_REFUSED_LOOP,
+                    f"broker {origin.broker} had more than {REFUSED_WRITES_PER_S} transactions "
+                    f"writing {op.key} ({origin.kind}) refused within simulated second "
+                    f"{second}: a refused write posted again and again",
                 )
 
     def committed(self, events: list[WatchEvent], origin: Origin | None) -> None:

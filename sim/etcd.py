@@ -145,9 +145,9 @@ class SimEtcd:
         self.injected = injected
         self.state = MetadataState()
         self.observers: list[CommitObserver] = []
-        self.txn_observer: Callable[[Sequence[Op], Origin], None] | None = None
-        """Told of every transaction as it is applied, committed or refused, with the keys
-        it would write (`ClusterChecker.attempted`: a broker looping on the store)."""
+        self.txn_observer: Callable[[Sequence[Op], Origin, bool], None] | None = None
+        """Told of every transaction once applied, with the keys it would write and whether
+        it committed (`ClusterChecker.attempted`: a broker looping on the store)."""
         self._ttl_s: dict[int, float] = {}
         self._deadline_s: dict[int, float] = {}
         """Each live lease's expiry on the store's clock (the state keeps its own, privately;
@@ -209,9 +209,9 @@ class SimEtcd:
         return self.state.scan(prefix)
 
     def txn(self, compares: Sequence[Compare], ops: Sequence[Op], origin: Origin) -> TxnResult:
-        if self.txn_observer is not None:
-            self.txn_observer(ops, origin)
         result, events = self.state.txn(compares, ops)
+        if self.txn_observer is not None:
+            self.txn_observer(ops, origin, result.succeeded)
         self._publish(events, origin)
         return result
 

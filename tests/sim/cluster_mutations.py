@@ -227,21 +227,6 @@ def delete_answered_before_release() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def tombstone_ignores_assignments() -> Iterator[None]:
-    """DeleteTopic's tombstone for a topic its view shows nobody owning no longer checks that
-    no broker was assigned it meanwhile (`admin_ops.delete_step` told of no broker): decided
-    on a view that had not seen an assignment and landing after it, the tombstone is purged
-    and the assignment left behind (invariant i; seed 31, heavy, 5 brokers, 12 topics)."""
-    original = admin_ops.delete_step
-
-    def delete_step(leader: str, topic: str, owner: Any, marker: Any, brokers: Any) -> Any:
-        return original(leader, topic, owner, marker, ())
-
-    with mock.patch.object(admin_ops, "delete_step", delete_step):
-        yield
-
-
-@contextlib.contextmanager
 def rebalance_overshoots() -> Iterator[None]:
     """A rebalancing move no longer asks what the scores would be after it
     (`LoadManager._scores_after_move` answers nothing, so no move overshoots): with weighted
@@ -326,8 +311,20 @@ def topic_overrides_not_written_again() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def admin_step_posted_at_every_poll() -> Iterator[None]:
+    """An unload or deletion step answered on the leader's view is posted again at every
+    poll while that view lags the store (`admin.Reposts` always lets it go)."""
+    with mock.patch.object(admin_flows.Reposts, "may_post", lambda self, compares, now: True):
+        yield
+
+
 ADMIN_DATA_MUTATIONS: dict[str, Patch] = {
     "topic_overrides_not_stored": topic_overrides_not_stored,
     "topic_overrides_not_written_again": topic_overrides_not_written_again,
 }
 """Planted bugs the operator's calls catch in a run with data planes (invariant l)."""
+ADMIN_STEP_MUTATIONS: dict[str, Patch] = {
+    "admin_step_posted_at_every_poll": admin_step_posted_at_every_poll,
+}
+"""Planted bugs of the admin flows' steps (invariant o)."""

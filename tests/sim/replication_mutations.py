@@ -362,6 +362,21 @@ def retry_forgets_writer_decision() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def deposed_owner_proposes_again() -> Iterator[None]:
+    """An owner does not hear that a proposal of its was refused for its claim
+    (`ReplicaConfig.claim_gone` ignored): it takes the read-back as an unresolved proposal
+    and makes it again at every tick until something else tells it it was deposed."""
+    original = OwnerReplication.replicas_seen
+
+    def replicas_seen(self: OwnerReplication, in_sync: Any, version: int, epoch: int,
+                      *, claim_gone: int | None = None) -> Any:  # fmt: skip
+        return original(self, in_sync, version, epoch)
+
+    with mock.patch.object(OwnerReplication, "replicas_seen", replicas_seen):
+        yield
+
+
 REPLICATION_MUTATIONS: dict[str, Patch] = {
     "acknowledge_before_followers": acknowledge_before_followers,
     "promote_any_follower": promote_any_follower,
@@ -378,4 +393,5 @@ REPLICATION_MUTATIONS: dict[str, Patch] = {
     "lost_proposal_not_touched": lost_proposal_not_touched,
     "replication_deadline_too_late": replication_deadline_too_late,
     "retry_forgets_writer_decision": retry_forgets_writer_decision,
+    "deposed_owner_proposes_again": deposed_owner_proposes_again,
 }

@@ -25,7 +25,6 @@ from tests.sim.cluster_mutations import (
     FOUND_BUGS,
     MUTATIONS,
     QUIET_MUTATIONS,
-    tombstone_ignores_assignments,
 )
 
 DEFAULT = CLUSTER_PROFILES["default"]
@@ -186,14 +185,27 @@ def test_a_tombstone_decided_before_an_assignment_landed_is_refused() -> None:
     """Seed 31 (heavy, 5 brokers, 12 topics): a DeleteTopic step decided on a view that had
     not seen the topic's assignment posted a tombstone that landed late, after it; the purge
     then left the assignment behind (invariant i). The tombstone compares every registered
-    broker's assignment key now; without (the planted `tombstone_ignores_assignments`) the
-    seed breaks i again."""
+    broker's assignment key now (`tests/cluster/test_admin_ops.py` holds the rule). The
+    planted `tombstone_ignores_assignments` broke i at this seed until the deletion flow
+    stopped posting from a lagging view (`admin.Reposts`, and a deletion that finds the
+    topic's record gone is done): it kept posting its tombstone for up to 30 s, so one
+    reached a topic of the same name created and assigned meanwhile. Since, no run reached
+    the planted bug in 1,300 seeds of five settings (heavy with 5 brokers; with busier
+    operators, plain, swarmed, and under `leases`)."""
     workload = ClusterWorkload(brokers=5, topics=12)
     result = run(31, HEAVY, workload)
     assert result.ok, cluster_report(result, workload, HEAVY)
-    with tombstone_ignores_assignments():
-        planted = run(31, HEAVY, workload)
-    assert not planted.ok and planted.violations[0].invariant.startswith("i")
+
+
+def test_a_late_copy_of_an_answered_policies_write_is_no_false_alarm() -> None:
+    """Seed 210 of `leases` (5 brokers, 12 topics, 32 operator calls): a SetNamespacePolicies
+    timed out, found its value in the store and answered ok; its transaction, compared on the
+    revision it read, landed later over that same value, while the next call's changes were
+    the ones asked. k took the write for the next call's and failed the run. A write that
+    changes nothing cannot break k."""
+    workload = ClusterWorkload(brokers=5, topics=12, admin=32, scratch_topics=6)
+    result = run(210, CLUSTER_PROFILES["leases"], workload)
+    assert result.ok, cluster_report(result, workload, CLUSTER_PROFILES["leases"])
 
 
 @pytest.mark.parametrize("name", sorted(FOUND_BUGS))
