@@ -46,6 +46,17 @@ def test_a_replicated_poison_run_settles_every_message() -> None:
         assert result.data["poison_forwarded"], result.data
 
 
+def test_a_second_copy_of_a_dead_letter_stored_after_the_first_is_no_violation() -> None:
+    """Seed 38 of the `disk` swarm, replicated: a forwarded dead letter whose answer was
+    lost was asked again; both copies landed, the first (held: the subscription still had
+    the original) let the original go, and the second was then reported with the original
+    passed. p took that for an original passed before its copy was stored. At least once, as
+    any publish: a copy already reported stored makes the next one no violation."""
+    drawn = swarm_draw(38, ClusterWorkload(replicated=True), CLUSTER_PROFILES["disk"], set())
+    result = ClusterSimulation(38, drawn.workload, drawn.faults).run(30)
+    assert result.ok and result.settled, cluster_report(result, drawn.workload, drawn.faults)
+
+
 def test_the_workload_is_off_by_default_and_in_the_swarm() -> None:
     assert ClusterWorkload().poison == 0
     for base in (POISONED, ClusterWorkload(replicated=True)):  # the latter: CI's fuzz
