@@ -56,7 +56,7 @@ NO_REFUSED_LOOP = "o no broker repeats a refused write"
 REFUSED_WRITES_PER_S = 12
 """(o): a broker's transactions writing one key refused within one simulated second. A step
 repeated at every 50 ms tick or poll while what refused it stands is 20; correct runs peak at
-6 (sim/README.md, "Cluster invariants")."""
+7 (sim/README.md, "Cluster invariants")."""
 NEVER = 1 << 62
 DECISIONS = ("Assign", "Move", "FailOver", "Release", "MarkDrained", "SetFollowers")
 
