@@ -390,7 +390,7 @@ def propose_in_sync(
         ):
             # The value's compare held, so the claim's failed: this owner was deposed, and
             # proposing again at every tick looped on the store until it heard so otherwise
-            # (20 refused writes a second per topic; swarm seed 13 of the peers profile).
+            # (20 refused writes a second per topic; 8 of 40 seeds of the `peers` swarm).
             config = replica_config(current, found.mod_revision)
             return dataclasses.replace(config, claim_gone=proposal.epoch)
     if found is None or current is None:
