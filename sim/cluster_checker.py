@@ -185,15 +185,13 @@ class ClusterChecker:
             self._second = second
             self._writes.clear()
             self._refused.clear()
-        writes, refused = self._writes, self._refused
         for op in ops:
             if not isinstance(op, Put | Delete):
                 continue
             counted = (origin.broker, op.key)
-            writes[counted] += 1
-            if writes[counted] > self.hottest:
-                self.hottest = writes[counted]
-            if writes[counted] == HOT_WRITES_PER_S + 1:
+            writes = self._writes[counted] = self._writes[counted] + 1
+            self.hottest = max(self.hottest, writes)
+            if writes == HOT_WRITES_PER_S + 1:
                 self._violate(
                     NO_HOT_LOOP,
                     f"broker {origin.broker} sent more than {HOT_WRITES_PER_S} transactions "
@@ -202,10 +200,9 @@ class ClusterChecker:
                 )
             if committed:
                 continue
-            refused[counted] += 1
-            if refused[counted] > self.most_refused:
-                self.most_refused = refused[counted]
-            if refused[counted] == REFUSED_WRITES_PER_S + 1:
+            refused = self._refused[counted] = self._refused[counted] + 1
+            self.most_refused = max(self.most_refused, refused)
+            if refused == REFUSED_WRITES_PER_S + 1:
                 self._violate(
                     NO_REFUSED_LOOP,
                     f"broker {origin.broker} had more than {REFUSED_WRITES_PER_S} transactions "
